@@ -1,0 +1,34 @@
+#!/bin/sh
+# Rendered by unibake for demo-llm:1.3.1-tp4: do not edit by hand.
+# PROFILE selects the layout (tp4; default tp4).
+#   (no arguments) or serve [ARGS...]   start the engine with the profile's arguments
+#   self-check                          run the profile's fail-closed checks; exit 0 only if all pass
+#   COMMAND [ARGS...]                   run COMMAND in the profile's environment
+set -eu
+UNIBAKE_ROOT=/opt/unibake
+PROFILE="${PROFILE:-tp4}"
+case "$PROFILE" in
+  tp4)
+    UNIBAKE_GPUS=4
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
+    UNIBAKE_TUNE_EXPECT=5
+    start_engine() { exec python3 -m demo_engine --tp 4 "$@"; }
+    ;;
+  *)
+    printf "error: unknown PROFILE '%s'; known profiles: %s\n" "$PROFILE" tp4 >&2
+    exit 2
+    ;;
+esac
+export PROFILE UNIBAKE_ROOT UNIBAKE_GPUS UNIBAKE_KERNELS UNIBAKE_TUNE_DIR UNIBAKE_TUNE_EXPECT
+if [ -n "$UNIBAKE_KERNEL_DIRS" ]; then
+  export LD_LIBRARY_PATH="$UNIBAKE_KERNEL_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export PYTHONPATH="$UNIBAKE_ROOT/engine${PYTHONPATH:+:$PYTHONPATH}"
+
+case "${1:-serve}" in
+  serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;
+  self-check) exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" ;;
+  *) exec "$@" ;;
+esac

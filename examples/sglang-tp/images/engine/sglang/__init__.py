@@ -1,0 +1,7 @@
+"""Placeholder for the SGLang fork's source tree (python/sglang/ in the real repository).
+
+Only a handful of files stand in for the whole package, enough to show where the engine, the
+overlay and the launcher go. A real product puts its fork's source here.
+"""
+
+__version__ = "0.4.6.post1"

@@ -1,0 +1,1 @@
+"""Placeholder for sglang.srt, the SGLang runtime."""

@@ -1,0 +1,34 @@
+#!/bin/sh
+# Rendered by unibake for vllm-rocm-tp:0.8.5-rocm6.3.1-r2-tp4: do not edit by hand.
+# PROFILE selects the layout (tp4; default tp4).
+#   (no arguments) or serve [ARGS...]   start the engine with the profile's arguments
+#   self-check                          run the profile's fail-closed checks; exit 0 only if all pass
+#   COMMAND [ARGS...]                   run COMMAND in the profile's environment
+set -eu
+UNIBAKE_ROOT=/opt/unibake
+PROFILE="${PROFILE:-tp4}"
+case "$PROFILE" in
+  tp4)
+    UNIBAKE_GPUS=4
+    UNIBAKE_KERNELS=/opt/unibake/kernels/rocm_c/librocm_c.so:/opt/unibake/kernels/moe_c/libmoe_c.so:/opt/unibake/kernels/aiter/libaiter.so:/opt/unibake/profiles/tp4/kernels/custom_ar/libcustom_ar.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/rocm_c:/opt/unibake/kernels/moe_c:/opt/unibake/kernels/aiter:/opt/unibake/profiles/tp4/kernels/custom_ar
+    UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
+    UNIBAKE_TUNE_EXPECT=3
+    start_engine() { exec /bin/sh -c 'exec python3 -m vllm.entrypoints.openai.api_server --host 0.0.0.0 --port "$PORT" --model "$UNIBAKE_MOUNT_MODEL" --served-model-name "$MODEL_NAME" "$@"' vllm-api-server --tensor-parallel-size 4 --max-model-len 32768 --enable-chunked-prefill "$@"; }
+    ;;
+  *)
+    printf "error: unknown PROFILE '%s'; known profiles: %s\n" "$PROFILE" tp4 >&2
+    exit 2
+    ;;
+esac
+export PROFILE UNIBAKE_ROOT UNIBAKE_GPUS UNIBAKE_KERNELS UNIBAKE_TUNE_DIR UNIBAKE_TUNE_EXPECT
+if [ -n "$UNIBAKE_KERNEL_DIRS" ]; then
+  export LD_LIBRARY_PATH="$UNIBAKE_KERNEL_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+export PYTHONPATH="$UNIBAKE_ROOT/engine${PYTHONPATH:+:$PYTHONPATH}"
+
+case "${1:-serve}" in
+  serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;
+  self-check) exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" ;;
+  *) exec "$@" ;;
+esac

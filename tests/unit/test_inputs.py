@@ -1,0 +1,92 @@
+"""Sources must stay inside the project, and a build must match inputs.lock."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from unibake.errors import InputError
+from unibake.plan import make_plan
+
+
+def set_tune_source(profiles, value: str) -> None:
+    path = profiles / "tp1.yaml"
+    path.write_text(path.read_text().replace("source: images/tune/tp1", f"source: {value}"))
+
+
+@pytest.mark.parametrize("source", ["../outside", "/etc", "images/../../outside", "images/tune/../../.."])
+def test_a_source_outside_the_project_is_refused(busybox_product, source):
+    set_tune_source(busybox_product, f'"{source}"')
+    with pytest.raises(InputError, match=r"tp1\.yaml:\d+: key 'tune_caches.source' has an invalid value .*"
+                                         r"a relative path inside the repository"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_symlinked_source_that_points_out_is_refused(busybox_product, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.json").write_text("{}")
+    (busybox_product.parent / "images/tune/escape").symlink_to(outside)
+    set_tune_source(busybox_product, "images/tune/escape")
+    with pytest.raises(InputError, match=r"source 'images/tune/escape' resolves outside the project"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_symlinked_file_that_points_out_is_refused(busybox_product, tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    os.symlink(secret, busybox_product.parent / "images/tune/tp1/cache-3.json")
+    with pytest.raises(InputError, match=r"'images/tune/tp1/cache-3\.json' is a symlink that points outside"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_missing_source_is_named(busybox_product):
+    set_tune_source(busybox_product, "images/tune/tp7")
+    with pytest.raises(InputError, match=r"tp1\.yaml:\d+: source 'images/tune/tp7' does not exist"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_an_input_that_differs_from_the_lock_is_named(busybox_product):
+    (busybox_product.parent / "images/tune/tp2/cache-2.json").write_text('{"tp2_cache": "edited"}\n')
+    with pytest.raises(InputError, match=r"input 'images/tune/tp2/cache-2\.json' differs from "
+                                         r".*inputs\.lock \(locked [0-9a-f]{12}, now [0-9a-f]{12}\); "
+                                         r"review the change, then run: python build.py lock"):
+        make_plan(busybox_product)
+
+
+def test_a_new_input_must_be_locked(busybox_product):
+    (busybox_product.parent / "images/engine/extra.sh").write_text("echo extra\n")
+    with pytest.raises(InputError, match=r"input 'images/engine/extra\.sh' is not in .*inputs\.lock"):
+        make_plan(busybox_product)
+
+
+def test_a_missing_lock_is_refused(busybox_product):
+    (busybox_product / "inputs.lock").unlink()
+    with pytest.raises(InputError, match=r"inputs\.lock: the inputs lock is missing; create it with: "
+                                         r"python build.py lock"):
+        make_plan(busybox_product)
+
+
+def test_lock_command_rewrites_the_lock_and_then_the_build_accepts(busybox_product, cli):
+    changed = busybox_product.parent / "images/tune/tp2/cache-2.json"
+    changed.write_text('{"tp2_cache": "edited"}\n')
+    refused = cli("--stage", "render", "--config", str(busybox_product))
+    assert refused.code == 2
+    assert refused.error_lines == [refused.err.strip().splitlines()[-1]]
+    locked = cli("lock", "--config", str(busybox_product))
+    assert locked.code == 0
+    assert "changed: images/tune/tp2/cache-2.json" in locked.out
+    assert cli("--stage", "render", "--config", str(busybox_product)).code == 0
+    lines = (busybox_product / "inputs.lock").read_text().splitlines()
+    entries = [line.split("  ", 1)[1] for line in lines if not line.startswith("#")]
+    assert entries == sorted(entries) and "images/tune/tp2/cache-2.json" in entries
+
+
+def test_pycache_is_never_baked(busybox_product):
+    cache = busybox_product.parent / "images/engine/__pycache__"
+    cache.mkdir()
+    (cache / "x.cpython-311.pyc").write_bytes(b"\0")
+    (busybox_product.parent / "images/engine/y.pyc").write_bytes(b"\0")
+    plan = make_plan(busybox_product)  # the lock knows nothing of them, and need not
+    assert not [f for f in plan.inputs if f.path.endswith(".pyc")]

@@ -1,0 +1,197 @@
+"""Loading, validating and merging profile YAMLs: what a user sees when a file is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unibake.errors import InputError
+from unibake.plan import make_plan
+from unibake.profiles import merge
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+# --- the merge rules ---------------------------------------------------------------------------
+
+
+def test_merge_maps_key_by_key_child_wins_lists_replace_sidecars_merge_by_name():
+    parent = {"env": {"A": "1", "B": "2"}, "args": ["--x"], "gpus": 1,
+              "sidecars": [{"name": "a"}, {"name": "c", "version": "1"}],
+              "smoke": {"expect_reply": "P", "timeout": 5},
+              "profile": "base", "extends": "product.yaml"}
+    child = {"env": {"B": "3", "C": "4"}, "args": ["--y"], "gpus": 2,
+             "sidecars": [{"name": "b"}, {"name": "c", "version": "2"}],
+             "smoke": {"expect_reply": "C"}, "profile": "child"}
+    merged = merge(parent, child)
+    assert merged["env"] == {"A": "1", "B": "3", "C": "4"}
+    assert merged["args"] == ["--y"]
+    assert merged["gpus"] == 2
+    assert merged["sidecars"] == [{"name": "a"}, {"name": "c", "version": "2"}, {"name": "b"}]
+    assert merged["smoke"] == {"expect_reply": "C", "timeout": 5}
+    assert merged["profile"] == "child"
+    assert "extends" not in merged
+
+
+def test_merge_is_pure():
+    parent = {"env": {"A": "1"}, "sidecars": [{"name": "a"}]}
+    child = {"env": {"B": "2"}, "sidecars": [{"name": "a", "version": "2"}]}
+    merge(parent, child)
+    assert parent == {"env": {"A": "1"}, "sidecars": [{"name": "a"}]}
+    assert child == {"env": {"B": "2"}, "sidecars": [{"name": "a", "version": "2"}]}
+
+
+def test_a_profile_inherits_from_a_profile_it_extends(busybox_product):
+    plan = make_plan(busybox_product)
+    tp2 = plan.profile("tp2")
+    assert tp2.smoke.timeout == 20  # from tp1.yaml, which tp2.yaml extends
+    assert tp2.env == {"SHARED_SETTING": "on", "NCCL_ALGO": "Ring"}
+    assert plan.env_common == {"SHARED_SETTING": "on"}
+
+
+# --- bad files ------------------------------------------------------------------------------------
+
+
+def test_unknown_key_names_file_line_and_closest_key(busybox_product):
+    write(busybox_product / "tp1.yaml", "profile: tp1\ngpus: 1\ntune_cache: {source: images/tune/tp1}\n")
+    with pytest.raises(InputError, match=r"tp1\.yaml:3: unknown key 'tune_cache'; did you mean 'tune_caches'\?"):
+        make_plan(busybox_product)
+
+
+def test_unknown_nested_key_is_named_with_its_path(busybox_product):
+    write(busybox_product / "tp1.yaml",
+          "profile: tp1\ngpus: 1\ntune_caches:\n  source: images/tune/tp1\n  expected: 2\n")
+    with pytest.raises(InputError, match=r"tp1\.yaml:5: unknown key 'tune_caches.expected'; did you mean 'expect'"):
+        make_plan(busybox_product)
+
+
+def test_wrong_type_is_refused_with_a_hint(busybox_product):
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace("version: 0.1.0", "version: 1.10"))
+    with pytest.raises(InputError, match=r"product\.yaml:3: key 'version' must be a string, not float; "
+                                         r"put it in quotes, or YAML reads it as the number 1\.1$"):
+        make_plan(busybox_product)
+
+
+def test_missing_required_key_is_named(busybox_product):
+    write(busybox_product / "tp1.yaml", "profile: tp1\ntune_caches: {source: images/tune/tp1, expect: 2}\n")
+    with pytest.raises(InputError, match=r"tp1\.yaml: required key 'gpus' is missing"):
+        make_plan(busybox_product)
+
+
+def test_missing_product_key_points_at_product_yaml(busybox_product):
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace("product: unibake-test\n", ""))
+    with pytest.raises(InputError, match=r"product\.yaml: required key 'product' is missing"):
+        make_plan(busybox_product)
+
+
+def test_yaml_syntax_error_names_the_line(busybox_product):
+    write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\nenv: {A: [1, 2}\n")
+    with pytest.raises(InputError, match=r"tp2\.yaml:3: YAML syntax error"):
+        make_plan(busybox_product)
+
+
+def test_duplicate_key_in_one_file_is_refused(busybox_product):
+    write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\ngpus: 4\n")
+    with pytest.raises(InputError, match=r"tp2\.yaml:3: key 'gpus' appears twice"):
+        make_plan(busybox_product)
+
+
+def test_extends_cycle_is_refused(busybox_product):
+    write(busybox_product / "tp1.yaml", "profile: tp1\nextends: tp2.yaml\ngpus: 1\n")
+    with pytest.raises(InputError, match=r"'extends' forms a cycle: .*tp1\.yaml -> .*tp2\.yaml -> .*tp1\.yaml"):
+        make_plan(busybox_product)
+
+
+def test_missing_parent_is_refused(busybox_product):
+    write(busybox_product / "tp2.yaml", "profile: tp2\nextends: tp9.yaml\ngpus: 2\n")
+    with pytest.raises(InputError, match=r"tp2\.yaml:2: 'extends' names 'tp9\.yaml', which does not exist"):
+        make_plan(busybox_product)
+
+
+def test_duplicate_profile_names_are_refused(busybox_product):
+    write(busybox_product / "tp3.yaml", "profile: tp2\ngpus: 3\n")
+    with pytest.raises(InputError, match=r"tp3\.yaml:1: profile 'tp2' is also defined in .*tp2\.yaml"):
+        make_plan(busybox_product)
+
+
+def test_shared_key_in_a_profile_file_is_refused(busybox_product):
+    write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\nbase: {image: other}\n")
+    with pytest.raises(InputError, match=r"tp2\.yaml:3: key 'base' can only be set in product\.yaml"):
+        make_plan(busybox_product)
+
+
+def test_unknown_default_profile_is_refused(busybox_product):
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace("default_profile: tp1", "default_profile: tp8"))
+    with pytest.raises(InputError, match=r"default_profile 'tp8' is not a profile; known: tp1, tp2"):
+        make_plan(busybox_product)
+
+
+def test_tune_cache_count_mismatch_is_refused_before_building(busybox_product):
+    (busybox_product.parent / "images/tune/tp2/cache-3.json").unlink()
+    with pytest.raises(InputError, match=r"profile 'tp2' expects 3 tune-cache JSON files in "
+                                         r"'images/tune/tp2', found 2"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("env", '{A: "x\\ny"}', r"key 'env.A' contains a control character"),
+    ("env", '{A: "x\\u0000y"}', r"key 'env.A' contains a control character"),
+    ("env", '{"A B": x}', r"key 'A B' in 'env' is not valid"),
+    ("env", "{A: " + "x" * 5000 + "}", r"key 'env.A' is 5000 characters long"),
+    ("args", '["--a\\rb"]', r"key 'args\[0\]' contains a control character"),
+])
+def test_hostile_values_are_refused(busybox_product, field, value, message):
+    write(busybox_product / "tp2.yaml", f"profile: tp2\ngpus: 2\n{field}: {value}\n")
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("version", ["1.0\n", "1.0; rm", "../1", "v1 0", "-1", "1.0\"", "x" * 65])
+def test_invalid_versions_are_refused(busybox_product, version):
+    with pytest.raises(InputError, match=r"--version .* is not a valid version"):
+        make_plan(busybox_product, version=version)
+
+
+@pytest.mark.parametrize("label", ['{"Bad Key": x}', '{"a\\nb": x}'])
+def test_invalid_label_keys_are_refused(busybox_product, label):
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text() + f"labels: {label}\n")
+    with pytest.raises(InputError, match=r"in 'labels' is not valid"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_base_by_tag_is_refused_when_a_digest_is_required(busybox_product):
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace('base: {image: "localhost/unibake-busybox:1"}',
+                                               'base: {image: "localhost/unibake-busybox:1", require_digest: true}'))
+    with pytest.raises(InputError, match=r"base\.image .* is given by tag, but base\.require_digest is set"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_profile_selection_decides_the_tag(busybox_product):
+    assert make_plan(busybox_product).tag == "unibake-test:0.1.0"
+    assert make_plan(busybox_product, profiles=["all"]).tag == "unibake-test:0.1.0"
+    subset = make_plan(busybox_product, profiles=["tp2"], version="0.2.0")
+    assert subset.tag == "unibake-test:0.2.0-tp2"
+    assert subset.default_profile == "tp2"  # the product's default (tp1) is not in the image
+    with pytest.raises(InputError, match=r"unknown profile 'tp8' \(--profile\); known: tp1, tp2"):
+        make_plan(busybox_product, profiles=["tp8"])
+
+
+def test_a_profile_replaces_an_inherited_sidecar_by_name(demo_product):
+    (demo_product / "tp4.yaml").write_text(
+        "profile: tp4\nextends: tp2.yaml\ngpus: 4\nargs: [--tp, '4']\n"
+        "tune_caches: {source: images/tune/tp4, expect: 5}\n"
+        "sidecars:\n  - {name: flash_attn, version: '260700', source: images/kernels/flash_attn}\n")
+    plan = make_plan(demo_product)
+    tp2, tp4 = plan.profile("tp2"), plan.profile("tp4")
+    assert [(k.name, k.version) for k in tp2.sidecars] == [("flash_attn", "260602")]
+    assert [(k.name, k.version) for k in tp4.sidecars] == [("flash_attn", "260700")]
+    assert tp4.env["NCCL_ALGO"] == "Ring"  # inherited from tp2.yaml
+    assert [k.version for k in tp4.kernels(plan.kernels)] == ["260700", "2.1.0"]

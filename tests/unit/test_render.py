@@ -1,0 +1,198 @@
+"""Rendering: goldens kept in git, layer order, and values that cannot add an instruction."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from unibake.errors import InputError
+from unibake.plan import make_plan
+from unibake.render import render, write_context_tar, write_rendered
+
+from ..conftest import BUSYBOX_PRODUCT, REPO
+
+GOLDEN_SETS = [
+    (REPO / "profiles", ["all"]),
+    (REPO / "profiles", ["tp4"]),
+    (BUSYBOX_PRODUCT / "profiles", ["all"]),
+] + [(p, ["all"]) for p in sorted((REPO / "examples").glob("*/profiles"))]
+
+
+def golden_id(case) -> str:
+    config, profiles = case
+    return f"{config.parent.relative_to(REPO)}:{'-'.join(profiles)}"
+
+
+@pytest.mark.parametrize("case", GOLDEN_SETS, ids=golden_id)
+def test_rendered_files_match_the_goldens_in_git(case):
+    """A stale golden fails here: re-render with python build.py --stage render and review the diff."""
+    config, profiles = case
+    context = render(make_plan(config, profiles=profiles, cwd=REPO))
+    folder = config.parent / "dockerfiles" / "rendered" / context.selection
+    for name, text in context.rendered.items():
+        golden = folder / name
+        assert golden.exists(), f"{golden} is missing: run python build.py --stage render --config {config}"
+        assert golden.read_text() == text, (f"{golden.relative_to(REPO)} is stale: run python build.py "
+                                            f"--stage render --config {config.relative_to(REPO)}")
+
+
+def test_a_changed_profile_makes_the_golden_stale(busybox_product):
+    before = render(make_plan(busybox_product))
+    write_rendered(before, busybox_product.parent)
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace("NCCL_ALGO: Ring", "NCCL_ALGO: CollNet"))
+    after = render(make_plan(busybox_product))
+    golden = busybox_product.parent / "dockerfiles/rendered/all/entrypoint.sh"
+    assert golden.read_text() != after.entrypoint
+    assert "CollNet" in after.entrypoint and "CollNet" not in golden.read_text()
+
+
+def test_rendering_does_not_depend_on_the_working_directory(busybox_product, tmp_path):
+    a = render(make_plan(busybox_product, cwd=busybox_product.parent))
+    b = render(make_plan(busybox_product, cwd=tmp_path))
+    assert a.rendered == b.rendered
+
+
+def runtime_instructions(dockerfile: str) -> list[str]:
+    stage = dockerfile.split("\nFROM ")[-1]
+    joined = re.sub(r"\\\n", " ", stage)
+    return [line.strip() for line in joined.splitlines()[1:] if line.strip() and not line.startswith("#")]
+
+
+def test_layers_go_from_least_to_most_often_changed():
+    dockerfile = render(make_plan(REPO / "profiles", cwd=REPO)).dockerfile
+    order = [
+        "COPY ctx/engine/", "COPY --from=kernels /out/kernels/", "COPY --from=kernels /out/profiles/",
+        "COPY ctx/profiles/", "COPY ctx/overlays/", "ENV ", "COPY ctx/meta/", "RUN ", "LABEL ", "ENTRYPOINT",
+    ]
+    lines = runtime_instructions(dockerfile)
+    positions = [next(i for i, line in enumerate(lines) if line.startswith(prefix)) for prefix in order]
+    assert positions == sorted(positions), lines
+
+
+def test_only_the_profiles_sidecar_replaces_the_shared_kernel():
+    entrypoint = render(make_plan(REPO / "profiles", cwd=REPO)).entrypoint
+    tp2 = entrypoint.split("  tp2)")[1].split(";;")[0]
+    tp4 = entrypoint.split("  tp4)")[1].split(";;")[0]
+    assert "/opt/unibake/profiles/tp2/kernels/flash_attn/libflash_attn.so" in tp2
+    assert "/opt/unibake/kernels/flash_attn/libflash_attn.so" not in tp2
+    assert "/opt/unibake/kernels/flash_attn/libflash_attn.so" in tp4
+    assert "profiles/tp2" not in tp4
+
+
+HOSTILE = 'a"b $HOME `id` \\c \'d\' ${X:-y} RUN rm -rf /'
+
+
+def add_env(profiles: Path, file: str, value: str) -> None:
+    path = profiles / file
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    path.write_text(path.read_text().replace("env: {", f'env: {{HOSTILE: "{escaped}", ', 1))
+
+
+def test_a_hostile_shared_env_value_stays_one_escaped_dockerfile_word(busybox_product):
+    add_env(busybox_product, "product.yaml", HOSTILE)
+    dockerfile = render(make_plan(busybox_product)).dockerfile
+    line = next(line for line in dockerfile.splitlines() if "HOSTILE=" in line)
+    assert line.strip() == r'''HOSTILE="a\"b \$HOME `id` \\c 'd' \${X:-y} RUN rm -rf /"''' + " \\"
+    assert sum(1 for line in dockerfile.splitlines() if line.startswith("RUN ")) == 1
+
+
+def test_a_hostile_profile_env_value_reaches_the_engine_unchanged(busybox_product, tmp_path):
+    add_env(busybox_product, "tp2.yaml", HOSTILE)
+    entrypoint = tmp_path / "entrypoint.sh"
+    entrypoint.write_text(render(make_plan(busybox_product, verify_lock=False)).entrypoint)
+    out = subprocess.run(["sh", str(entrypoint), "printenv", "HOSTILE"], capture_output=True, text=True,
+                         env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin", "HOME": "/root"}, check=True).stdout
+    assert out == HOSTILE + "\n"
+    overridden = subprocess.run(["sh", str(entrypoint), "printenv", "HOSTILE"], capture_output=True, text=True,
+                                env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin", "HOSTILE": "mine"},
+                                check=True).stdout
+    assert overridden == "mine\n"  # docker run -e wins over the profile's default
+
+
+def test_a_hostile_label_value_is_escaped(busybox_product):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "labels: {com.example.note: 'x\" \\\\ $PATH'}\n")
+    dockerfile = render(make_plan(busybox_product)).dockerfile
+    assert r'com.example.note="x\" \\\\ \$PATH"' in dockerfile
+
+
+def test_the_entrypoint_refuses_an_unknown_profile_naming_the_known_ones(busybox_product, tmp_path):
+    entrypoint = tmp_path / "entrypoint.sh"
+    entrypoint.write_text(render(make_plan(busybox_product)).entrypoint)
+    result = subprocess.run(["sh", str(entrypoint), "true"], capture_output=True, text=True,
+                            env={"PROFILE": "tp3; rm -rf /", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert result.stderr == "error: unknown PROFILE 'tp3; rm -rf /'; known profiles: tp1, tp2\n"
+
+
+@pytest.mark.parametrize("where,text,message", [
+    ("product.yaml", "labels: {io.unibake.tag: mine}\n", r"label 'io\.unibake\.tag' is set by unibake"),
+    ("product.yaml", "labels: {org.opencontainers.image.version: '9'}\n", r"is set by unibake"),
+    ("tp2.yaml", "env: {PORT: '1'}\n", r"env key 'PORT' is set by the image itself"),
+    ("tp2.yaml", "env: {UNIBAKE_KERNELS: x}\n", r"env key 'UNIBAKE_KERNELS' is set by the image itself"),
+])
+def test_keys_the_image_sets_itself_cannot_be_taken_over(busybox_product, where, text, message):
+    path = busybox_product / where
+    content = path.read_text()
+    if where == "tp2.yaml":
+        content = content.replace("env: {NCCL_ALGO: Ring}\n", "")
+    path.write_text(content + text)
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def context_tar(context, mtime=1700000000) -> bytes:
+    buf = io.BytesIO()
+    write_context_tar(context, buf, mtime=mtime)
+    return buf.getvalue()
+
+
+def test_the_build_context_tar_is_reproducible_and_root_owned(busybox_product):
+    context = render(make_plan(busybox_product))
+    first, second = context_tar(context), context_tar(context)
+    assert first == second
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        members = tar.getmembers()
+        assert {(m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, "", "")}
+        assert {m.mtime for m in members} == {1700000000}
+        names = [m.name for m in members]
+        assert "Dockerfile" in names and "ctx/engine/serve.sh" in names
+        assert tar.getmember("ctx/engine/serve.sh").mode == 0o755
+        assert tar.getmember("ctx/profiles/tp2/tune/cache-1.json").mode == 0o644
+
+
+def test_an_input_edited_after_planning_is_caught_while_tarring(busybox_product):
+    context = render(make_plan(busybox_product))
+    (busybox_product.parent / "images/tune/tp1/cache-1.json").write_text('{"tp1_cache": 9}\n')
+    with pytest.raises(InputError, match=r"cache-1\.json: changed while the build context was written"):
+        context_tar(context)
+
+
+def test_the_image_manifest_lists_every_baked_file_with_its_digest(busybox_product):
+    context = render(make_plan(busybox_product))
+    manifest = next(f.data for f in context.files if f.name == "ctx/meta/files.sha256").decode()
+    paths = [line.split("  ", 1)[1] for line in manifest.splitlines()]
+    assert paths == sorted(paths)
+    assert {"engine/serve.sh", "engine/handle.sh", "profiles/tp1/tune/cache-1.json",
+            "profiles/tp2/tune/cache-3.json", "meta/entrypoint.sh", "meta/self-check.sh"} <= set(paths)
+
+
+def test_engine_words_expand_only_braced_variables_at_start(busybox_product, tmp_path):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+        "command: [echo, '--port=${PORT}', '${MODEL_NAME}', 'lit$HOME', '`id`', '${WEIGHTS}x']"))
+    entrypoint = tmp_path / "entrypoint.sh"
+    entrypoint.write_text(render(make_plan(busybox_product)).entrypoint)
+    env = {"PROFILE": "tp1", "PATH": "/usr/bin:/bin", "PORT": "8080", "MODEL_NAME": "m 1", "HOME": "/root"}
+    run = subprocess.run(["sh", str(entrypoint), "serve", "extra arg"], capture_output=True, text=True,
+                         env={**env, "WEIGHTS": "/w"})
+    assert run.stdout == "--port=8080 m 1 lit$HOME `id` /wx extra arg\n"
+    unset = subprocess.run(["sh", str(entrypoint)], capture_output=True, text=True, env=env)
+    assert unset.returncode != 0 and "WEIGHTS" in unset.stderr  # an unset variable stops the start

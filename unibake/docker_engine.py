@@ -1,0 +1,173 @@
+"""The Docker implementation of :class:`unibake.engine.Engine`, over docker-py's low-level API."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from .engine import BuildOutcome, BuildStep, Engine, ImageInfo, LoadOutcome, RunOutcome
+from .errors import BuildFailed, EngineError
+
+STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+# Long steps (a compile, a big COPY) may print nothing for minutes.
+TIMEOUT = 3600
+
+
+class DockerEngine(Engine):
+    """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``; None: DOCKER_HOST or default)."""
+
+    def __init__(self, address: str | None = None):
+        try:
+            if address:
+                self.api = docker.APIClient(base_url=address, version="auto", timeout=TIMEOUT)
+            else:
+                kwargs = docker.utils.kwargs_from_env()
+                self.api = docker.APIClient(version="auto", timeout=TIMEOUT, **kwargs)
+        except docker.errors.DockerException as exc:
+            raise EngineError(f"cannot reach the Docker engine at {address or 'the default socket'}: "
+                              f"{_reason(exc)}; start it (scripts/setup.sh does) or name one with --engine") from None
+        self.address = self.api.base_url.replace("http+docker://localhost", "unix:///var/run/docker.sock")
+
+    def _fail(self, what: str, exc: Exception) -> EngineError:
+        return EngineError(f"{what}: {_reason(exc)} (engine at {self.address})")
+
+    def version(self) -> str:
+        try:
+            return self.api.version()["Version"]
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail("the Docker engine does not answer", exc) from None
+
+    def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
+              on_line: Callable[[str], None]) -> BuildOutcome:
+        steps: list[BuildStep] = []
+        current: tuple[int, str] | None = None
+        cached = False
+        tail: deque[str] = deque(maxlen=40)
+        image_id = ""
+
+        def close_step() -> None:
+            if current:
+                steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached))
+
+        try:
+            events = self.api.build(fileobj=context, custom_context=True, tag=tag, buildargs=buildargs,
+                                    nocache=nocache, rm=True, forcerm=True, pull=False, decode=True)
+            for event in events:
+                if "error" in event:
+                    message = event.get("errorDetail", {}).get("message") or event["error"]
+                    step = f"Step {current[0]}: {current[1]}" if current else "before the first step"
+                    raise BuildFailed(f"the build failed at {step}: {message.strip()}",
+                                      step=step, output=tuple(tail))
+                if "aux" in event and "ID" in event["aux"]:
+                    image_id = event["aux"]["ID"]
+                text = event.get("stream", "")
+                for line in text.splitlines():
+                    match = STEP_RE.match(line)
+                    if match:
+                        close_step()
+                        current, cached = (int(match.group(1)), match.group(3)), False
+                        tail.clear()
+                    elif line.strip() == "---> Using cache":
+                        cached = True
+                    elif line.strip():
+                        tail.append(line)
+                    if line.strip():
+                        on_line(line)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail("the build could not run", exc) from None
+        close_step()
+        if not image_id:
+            info = self.inspect_image(tag)
+            if info is None:
+                raise EngineError(f"the build reported no image and {tag} does not exist")
+            image_id = info.id
+        return BuildOutcome(image_id=image_id, steps=tuple(steps))
+
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        try:
+            raw = self.api.inspect_image(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot inspect {ref}", exc) from None
+        config = raw.get("Config") or {}
+        return ImageInfo(id=raw["Id"], tags=tuple(raw.get("RepoTags") or ()),
+                         diff_ids=tuple(raw.get("RootFS", {}).get("Layers") or ()),
+                         labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
+                         created=raw.get("Created", ""), env=tuple(config.get("Env") or ()), raw=raw)
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        try:
+            yield from self.api.get_image(ref, chunk_size=1 << 20)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"saving {ref} failed", exc) from None
+
+    def load(self, chunks: Iterable[bytes]) -> LoadOutcome:
+        ids: list[str] = []
+        tags: list[str] = []
+        messages: list[str] = []
+        try:
+            for event in self.api.load_image(chunks):
+                if isinstance(event, (bytes, str)):
+                    event = json.loads(event)
+                if "error" in event or "errorDetail" in event:
+                    message = event.get("errorDetail", {}).get("message") or event.get("error")
+                    raise EngineError(f"the engine refused the image: {message} (engine at {self.address})")
+                text = (event.get("stream") or "").strip()
+                if text:
+                    messages.append(text)
+                    if text.startswith("Loaded image ID: "):
+                        ids.append(text.removeprefix("Loaded image ID: "))
+                    elif text.startswith("Loaded image: "):
+                        tags.append(text.removeprefix("Loaded image: "))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail("loading the image failed", exc) from None
+        return LoadOutcome(image_ids=tuple(ids), tags=tuple(tags), messages=tuple(messages))
+
+    def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
+            timeout: int = 120) -> RunOutcome:
+        container = None
+        try:
+            container = self.api.create_container(image, command=args, environment=env or {},
+                                                  host_config=self.api.create_host_config(network_mode="none"))
+            self.api.start(container)
+            try:
+                result = self.api.wait(container, timeout=timeout)
+            except requests.exceptions.ReadTimeout:
+                self.api.kill(container)
+                raise EngineError(f"{image} {' '.join(args)} did not finish within {timeout} s") from None
+            output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+            return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"running {image} failed", exc) from None
+        finally:
+            if container is not None:
+                try:
+                    self.api.remove_container(container, force=True)
+                except (docker.errors.DockerException, requests.exceptions.RequestException):
+                    pass
+
+    def remove_image(self, ref: str) -> None:
+        try:
+            self.api.remove_image(ref, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot remove {ref}", exc) from None
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("FileNotFoundError", "ConnectionRefusedError", "Connection refused", "No such file"):
+        if marker in text:
+            return "no engine listens there"
+    if isinstance(exc, docker.errors.APIError) and exc.explanation:
+        return str(exc.explanation)
+    return text.splitlines()[0] if text else type(exc).__name__

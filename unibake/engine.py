@@ -1,0 +1,88 @@
+"""The container engine behind one small interface: build, save, load, inspect, run, remove.
+
+Only this module and :mod:`unibake.docker_engine` know about Docker. Unit tests use a fake;
+engine tests and the CLI use :class:`unibake.docker_engine.DockerEngine`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildStep:
+    number: int
+    instruction: str
+    cached: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOutcome:
+    image_id: str
+    steps: tuple[BuildStep, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    """What the engine reports about an image."""
+
+    id: str  # sha256:<hex> of the config
+    tags: tuple[str, ...]
+    diff_ids: tuple[str, ...]
+    labels: dict[str, str]
+    size: int
+    created: str
+    env: tuple[str, ...] = ()
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    exit_code: int
+    output: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadOutcome:
+    image_ids: tuple[str, ...]
+    tags: tuple[str, ...]
+    messages: tuple[str, ...]
+
+
+class Engine(ABC):
+    """A container engine. Errors are :class:`unibake.errors.EngineError` (or its subclasses)."""
+
+    address: str
+
+    @abstractmethod
+    def version(self) -> str:
+        """The engine's server version; raises EngineError when it does not answer."""
+
+    @abstractmethod
+    def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
+              on_line: Callable[[str], None]) -> BuildOutcome:
+        """Build from a tar context; tags only on success. Raises BuildFailed with the failing step."""
+
+    @abstractmethod
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        """The image, or None when the engine does not have it."""
+
+    @abstractmethod
+    def save(self, ref: str) -> Iterator[bytes]:
+        """The ``docker save`` tar stream of one image, in chunks."""
+
+    @abstractmethod
+    def load(self, chunks: Iterable[bytes]) -> LoadOutcome:
+        """Load a ``docker save`` tar stream; raises EngineError on any error the engine reports."""
+
+    @abstractmethod
+    def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
+            timeout: int = 120) -> RunOutcome:
+        """Run a container to completion and remove it; returns its exit code and output."""
+
+    @abstractmethod
+    def remove_image(self, ref: str) -> None:
+        """Remove an image (untag, then delete if nothing else refers to it); missing is fine."""

@@ -1,0 +1,156 @@
+"""Every baked input, hashed; and ``inputs.lock``, the assembly ledger that a build must match.
+
+A source is a file or a folder inside the project root. Paths that leave the root (``..``,
+absolute paths, symlinks that point out) are refused; ``__pycache__`` folders and ``*.pyc`` files
+are never baked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+
+LOCK_FILE = "inputs.lock"
+LOCK_HEADER = (
+    "# The sha256 of every input baked into the image (sha256sum format, paths from the project root).\n"
+    "# A build refuses inputs that differ. Review the change, then rewrite with: python build.py lock\n"
+)
+SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
+SKIPPED_SUFFIXES = (".pyc", ".pyo")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputFile:
+    """One file that is baked in: where it is, its sha256, size and mode."""
+
+    path: str  # project-relative, POSIX
+    absolute: Path
+    sha256: str
+    size: int
+    mode: int  # 0o755 or 0o644
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """A baked file or folder: its files (sorted) and one digest over names and contents."""
+
+    path: str
+    files: tuple[InputFile, ...]
+    digest: str
+    is_dir: bool
+
+    def relative(self, f: InputFile) -> str:
+        """A file's path inside this source (its name, for a single-file source)."""
+        if not self.is_dir:
+            return Path(f.path).name
+        return f.path[len(self.path.rstrip("/")) + 1:]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _inside(root: Path, path: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Source:
+    """Hash the file or folder ``rel`` under ``root``; ``where`` names the YAML key for errors."""
+    root = root.resolve()
+    rel = rel.rstrip("/")
+    if rel.startswith("/") or ".." in Path(rel).parts:
+        raise InputError(f"{where}: source '{rel}' is outside the project ({root}); use a path inside it")
+    path = root / rel
+    if not os.path.lexists(path):
+        raise InputError(f"{where}: source '{rel}' does not exist under {root}")
+    real = path.resolve()
+    if not _inside(root, real):
+        raise InputError(f"{where}: source '{rel}' resolves outside the project (to {real}); "
+                         "symlinks must point inside it")
+    if want == "dir" and not real.is_dir():
+        raise InputError(f"{where}: source '{rel}' must be a folder")
+    if want == "file" and not real.is_file():
+        raise InputError(f"{where}: source '{rel}' must be a file")
+    files: list[InputFile] = []
+    if real.is_dir():
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+            for d in dirnames:
+                if os.path.islink(os.path.join(dirpath, d)):
+                    shown = os.path.relpath(os.path.join(dirpath, d), root)
+                    raise InputError(f"{where}: '{shown}' is a symlinked folder; copy it in instead")
+            for name in sorted(filenames):
+                if name.endswith(SKIPPED_SUFFIXES):
+                    continue
+                files.append(_input_file(root, Path(dirpath) / name, where))
+        if not files:
+            raise InputError(f"{where}: source '{rel}' is an empty folder")
+    else:
+        files.append(_input_file(root, path, where))
+    files.sort(key=lambda f: f.path)
+    listing = "".join(f"{f.sha256}  {f.path[len(rel) + 1:] if real.is_dir() else Path(f.path).name}\n"
+                      for f in files)
+    return Source(path=rel, files=tuple(files), digest=hashlib.sha256(listing.encode()).hexdigest(),
+                  is_dir=real.is_dir())
+
+
+def _input_file(root: Path, path: Path, where: str) -> InputFile:
+    rel = path.relative_to(root).as_posix()
+    if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):
+        raise InputError(f"{where}: the file name {rel!r} holds a control character or backslash; rename it")
+    real = path.resolve()
+    if not _inside(root, real):
+        raise InputError(f"{where}: '{rel}' is a symlink that points outside the project (to {real})")
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{where}: '{rel}' is not a regular file")
+    mode = 0o755 if st.st_mode & 0o111 else 0o644
+    return InputFile(path=rel, absolute=real, sha256=sha256_file(real), size=st.st_size, mode=mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs.lock
+
+
+def read_lock(lock_path: Path, display: str) -> dict[str, str]:
+    """``{path: sha256}`` from a lock file; a missing lock is an empty one."""
+    if not lock_path.exists():
+        return {}
+    entries: dict[str, str] = {}
+    for n, line in enumerate(lock_path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        digest, sep, path = line.partition("  ")
+        if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise InputError(f"{display}:{n}: not a 'sha256  path' line: {line[:80]!r}")
+        entries[path] = digest
+    return entries
+
+
+def render_lock(files: list[InputFile]) -> str:
+    by_path = {f.path: f.sha256 for f in files}
+    return LOCK_HEADER + "".join(f"{by_path[p]}  {p}\n" for p in sorted(by_path))
+
+
+def check_lock(files: list[InputFile], locked: dict[str, str], display: str) -> None:
+    """Refuse inputs that are new or differ from the lock, naming the first and counting the rest."""
+    problems: list[str] = []
+    for f in sorted({f.path: f for f in files}.values(), key=lambda f: f.path):
+        want = locked.get(f.path)
+        if want is None:
+            problems.append(f"input '{f.path}' is not in {display}")
+        elif want != f.sha256:
+            problems.append(f"input '{f.path}' differs from {display} "
+                            f"(locked {want[:12]}, now {f.sha256[:12]})")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(f"{problems[0]}{more}; review the change, then run: python build.py lock")

@@ -1,0 +1,358 @@
+"""Load, validate and merge the profile YAMLs.
+
+``product.yaml`` holds what every profile shares; each other ``*.yaml`` in the folder is one
+profile and may ``extends:`` another file (by default ``product.yaml``). Merging is the pure
+function :func:`merge` and follows the per-key rules in :mod:`unibake.schema`:
+
+* the child file's value wins over its parent's;
+* maps and records merge key by key; lists replace, except ``sidecars``, which merge by name (a
+  child's sidecar replaces the parent's of the same name, others are added after the parent's);
+* ``profile`` and ``extends`` are never inherited.
+
+Every error names the file and line and, for an unknown key, the closest valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InputError
+from .schema import MAX_VALUE_LEN, NOT_INHERITED, SCHEMA, Key
+
+PRODUCT_FILE = "product.yaml"
+
+Path_ = tuple  # a key path inside a document: ("tune_caches", "expect") or ("kernels", 0, "name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Document:
+    """One YAML file: its data and the line of every key path."""
+
+    file: Path
+    display: str
+    data: dict[str, Any]
+    lines: dict[Path_, int]
+
+    def where(self, path: Path_) -> str:
+        """``file:line`` of a key path (or of its closest located parent)."""
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.lines:
+                return f"{self.display}:{self.lines[path[:n]]}"
+        return self.display
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergedProfile:
+    """A profile after its ``extends`` chain is merged; ``origins`` locate every key path."""
+
+    name: str
+    file: str
+    chain: tuple[str, ...]
+    data: dict[str, Any]
+    origins: dict[Path_, str]
+
+    def where(self, path: Path_) -> str:
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.origins:
+                return self.origins[path[:n]]
+        return self.file
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading YAML with line numbers
+
+
+def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key must be a plain name")
+            key = key_node.value
+            if key in out:
+                raise InputError(f"{display}:{key_node.start_mark.line + 1}: key '{dotted(path + (key,))}' "
+                                 "appears twice")
+            lines[path + (key,)] = key_node.start_mark.line + 1
+            out[key] = _construct(value_node, path + (key,), lines, display)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        items = []
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            items.append(_construct(item, path + (i,), lines, display))
+        return items
+    return yaml.SafeLoader("").construct_object(node, deep=True)
+
+
+def read_document(file: Path, display: str) -> Document:
+    """Parse one YAML file into a :class:`Document`; syntax errors name the file and line."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{display}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{display}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"{display}: cannot read ({exc.strerror})") from None
+    if "\x00" in text:
+        raise InputError(f"{display}: contains a NUL character")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        lines: dict[Path_, int] = {}
+        data = {} if node is None else _construct(node, (), lines, display)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InputError(f"{display}{line}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{display}: YAML error: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{display}: YAML nested too deeply") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{display}:1: the top level must be a mapping of keys")
+    return Document(file=file, display=display, data=data, lines=lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation against the schema
+
+
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "bool": "true or false", "list": "a list",
+               "map": "a mapping", "record": "a mapping"}
+
+
+def _type_ok(spec: Key, value: Any) -> bool:
+    if spec.type == "str":
+        return isinstance(value, str)
+    if spec.type == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if spec.type == "bool":
+        return isinstance(value, bool)
+    if spec.type == "list":
+        return isinstance(value, list)
+    return isinstance(value, dict)
+
+
+def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
+    name = dotted(path)
+    if not _type_ok(spec, value):
+        hint = ""
+        if spec.type == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            hint = f"; put it in quotes, or YAML reads it as the number {value!r}"
+        raise InputError(f"{where(path)}: key '{name}' must be {_TYPE_NAMES[spec.type]}, "
+                         f"not {type(value).__name__}{hint}")
+    if spec.type == "str":
+        _check_text(value, path, where)
+        if spec.pattern and not spec.pattern.fullmatch(value):
+            raise InputError(f"{where(path)}: key '{name}' has an invalid value {value!r}: "
+                             f"expected {spec.pattern_doc}")
+        if spec.choices and value not in spec.choices:
+            raise InputError(f"{where(path)}: key '{name}' must be one of {', '.join(spec.choices)}, "
+                             f"not {value!r}")
+    elif spec.type == "int":
+        if spec.minimum is not None and value < spec.minimum:
+            raise InputError(f"{where(path)}: key '{name}' must be at least {spec.minimum}, not {value}")
+    elif spec.type == "list":
+        assert spec.item is not None
+        for i, item in enumerate(value):
+            _check_value(spec.item, item, path + (i,), where)
+    elif spec.type == "map":
+        assert spec.value is not None and spec.key_pattern is not None
+        for key, item in value.items():
+            if not isinstance(key, str) or not spec.key_pattern.fullmatch(key):
+                raise InputError(f"{where(path + (key,))}: key {key!r} in '{name}' is not valid: "
+                                 f"expected {spec.key_doc}")
+            _check_value(spec.value, item, path + (key,), where)
+    elif spec.type == "record":
+        _check_record(spec.fields, value, path, where, required=False)
+
+
+def _check_text(value: str, path: Path_, where) -> None:
+    """Values end up in a Dockerfile and a shell script: refuse what no escaping makes safe."""
+    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise InputError(f"{where(path)}: key '{dotted(path)}' contains a control character "
+                         f"({bad!r}); newlines, tabs and NUL are not allowed in values")
+    if len(value) > MAX_VALUE_LEN:
+        raise InputError(f"{where(path)}: key '{dotted(path)}' is {len(value)} characters long; "
+                         f"the limit is {MAX_VALUE_LEN}")
+
+
+def _check_record(fields: dict[str, Key], data: dict, path: Path_, where, *, required: bool) -> None:
+    for key, value in data.items():
+        spec = fields.get(key) if isinstance(key, str) else None
+        if spec is None:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(fields))}"
+            raise InputError(f"{where(path + (key,))}: unknown key '{dotted(path + (key,))}'{hint}")
+        _check_value(spec, value, path + (key,), where)
+    if required:
+        _check_required(fields, data, path, where)
+
+
+def _check_required(fields: dict[str, Key], data: dict, path: Path_, where) -> None:
+    for key, spec in fields.items():
+        if key in data:
+            value = data[key]
+            if spec.type == "record" and isinstance(value, dict):
+                _check_required(spec.fields, value, path + (key,), where)
+            elif spec.type == "list" and spec.item is not None and spec.item.type == "record":
+                for i, item in enumerate(value):
+                    _check_required(spec.item.fields, item, path + (key, i), where)
+        elif spec.required and key not in NOT_INHERITED:
+            raise InputError(f"{where(path)}: required key '{dotted(path + (key,))}' is missing")
+
+
+def validate_document(doc: Document, *, is_product: bool) -> None:
+    """Types, patterns and unknown keys of one file, and which keys it may set."""
+    _check_record(SCHEMA, doc.data, (), lambda p: doc.where(p), required=False)
+    for key in doc.data:
+        scope = SCHEMA[key].scope
+        if not is_product and scope == "product":
+            raise InputError(f"{doc.where((key,))}: key '{key}' can only be set in {PRODUCT_FILE} "
+                             "(it is shared by every profile of the image)")
+    if is_product:
+        for key in NOT_INHERITED:
+            if key in doc.data:
+                raise InputError(f"{doc.where((key,))}: {PRODUCT_FILE} must not set '{key}'; "
+                                 "it is the root every profile extends")
+    elif "profile" not in doc.data:
+        raise InputError(f"{doc.display}:1: required key 'profile' is missing (the profile's name)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Merging
+
+
+def merge(parent: dict, child: dict, fields: dict[str, Key] = SCHEMA) -> dict:
+    """The child's document over its parent's, by the schema's per-key rules. Pure."""
+    out = {k: v for k, v in parent.items() if k not in NOT_INHERITED or fields is not SCHEMA}
+    for key, value in child.items():
+        spec = fields.get(key)
+        if key not in out or spec is None:
+            out[key] = value
+        elif spec.merge == "merge" and spec.type == "record":
+            out[key] = merge(out[key], value, spec.fields)
+        elif spec.merge == "merge" and spec.type == "map":
+            out[key] = {**out[key], **value}
+        elif spec.merge == "by_name":
+            out[key] = merge_by_name(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def merge_by_name(parent: list, child: list) -> list:
+    """Named records: the child's replace the parent's of the same name in place; new ones follow."""
+    names = [item.get("name") if isinstance(item, dict) else None for item in parent]
+    out = list(parent)
+    for item in child:
+        name = item.get("name") if isinstance(item, dict) else None
+        if name is not None and name in names:
+            out[names.index(name)] = item
+        else:
+            out.append(item)
+            names.append(name)
+    return out
+
+
+def _merge_origins(parent: dict[Path_, str], child: dict[Path_, str], parent_data: dict,
+                   child_data: dict) -> dict[Path_, str]:
+    """Where each key path of the merged document was set (``file:line``)."""
+    out = {p: w for p, w in parent.items() if p[0] not in NOT_INHERITED}
+    for key, spec in SCHEMA.items():
+        if spec.merge == "by_name" and key in child_data and key in parent_data:
+            # positions move when named items merge: relocate the child's paths to their new index
+            merged = merge_by_name(parent_data[key], child_data[key])
+            names = [item.get("name") if isinstance(item, dict) else None for item in merged]
+            remap = {}
+            for i, item in enumerate(child_data[key]):
+                name = item.get("name") if isinstance(item, dict) else None
+                remap[i] = names.index(name) if name in names else len(parent_data[key]) + i
+            child = {((key, remap[p[1]]) + p[2:] if p[0] == key and len(p) > 1 else p): w
+                     for p, w in child.items()}
+    out.update(child)
+    return out
+
+
+def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, Document],
+            stack: tuple[Path, ...] = ()) -> tuple[dict, dict[Path_, str], tuple[str, ...]]:
+    """Merge ``file`` over its ``extends`` chain; returns data, origins and the chain of files."""
+    file = file.resolve()
+    display = _display(file, display_root)
+    if file in stack:
+        cycle = " -> ".join(_display(f, display_root) for f in stack + (file,))
+        raise InputError(f"{display}: 'extends' forms a cycle: {cycle}")
+    doc = cache.get(file)
+    if doc is None:
+        doc = read_document(file, display)
+        validate_document(doc, is_product=file.name == PRODUCT_FILE and file.parent == config_dir)
+        cache[file] = doc
+    origins = {p: f"{doc.display}:{line}" for p, line in doc.lines.items()}
+    is_product = file.name == PRODUCT_FILE and file.parent == config_dir
+    if is_product:
+        return doc.data, origins, (doc.display,)
+    parent_name = doc.data.get("extends", PRODUCT_FILE)
+    parent = (file.parent / parent_name).resolve()
+    if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
+        raise InputError(f"{doc.where(('extends',))}: 'extends' must name a .yaml file in "
+                         f"{_display(config_dir, display_root)}/, not {parent_name!r}")
+    if not parent.is_file():
+        raise InputError(f"{doc.where(('extends',))}: 'extends' names {parent_name!r}, which does not exist")
+    p_data, p_origins, p_chain = resolve(config_dir, parent, display_root, cache, stack + (file,))
+    return (merge(p_data, doc.data), _merge_origins(p_origins, origins, p_data, doc.data),
+            p_chain + (doc.display,))
+
+
+def _display(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[str, MergedProfile]]:
+    """Every profile of a config folder, merged and checked for required keys, by name."""
+    config_dir = config_dir.resolve()
+    if not config_dir.is_dir():
+        raise InputError(f"{config_dir}: the profiles folder does not exist")
+    cache: dict[Path, Document] = {}
+    product_file = config_dir / PRODUCT_FILE
+    resolve(config_dir, product_file, display_root, cache)
+    product = cache[product_file.resolve()]
+    shared = {k: v for k, v in SCHEMA.items() if v.scope == "product"}
+    _check_required(shared, product.data, (), lambda p: product.where(p) if p else product.display)
+    profiles: dict[str, MergedProfile] = {}
+    files = sorted(p for p in config_dir.iterdir()
+                   if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE)
+    for file in files:
+        data, origins, chain = resolve(config_dir, file, display_root, cache)
+        doc = cache[file.resolve()]
+        name = doc.data["profile"]
+        if name in profiles:
+            raise InputError(f"{doc.where(('profile',))}: profile '{name}' is also defined in "
+                             f"{profiles[name].file}; profile names must be unique")
+        merged = MergedProfile(name=name, file=doc.display, chain=chain, data=data, origins=origins)
+        _check_required(SCHEMA, data, (), lambda p, m=merged: m.where(p) if p else m.file)
+        profiles[name] = merged
+    if not profiles:
+        raise InputError(f"{_display(config_dir, display_root)}: no profile files (*.yaml besides "
+                         f"{PRODUCT_FILE})")
+    default = product.data["default_profile"]
+    if default not in profiles:
+        raise InputError(f"{product.where(('default_profile',))}: default_profile '{default}' is not a "
+                         f"profile; known: {', '.join(sorted(profiles))}")
+    return product, profiles
