@@ -5,9 +5,9 @@ PY := .venv/bin/python
 setup:
 	scripts/setup.sh
 
-# Build the example product's unified image (all profiles) on the local engine.
+# The whole pipeline on the example product: build, archive, round trip, smoke gates, release/1.3.1/.
 demo: setup
-	$(PY) build.py --profile all --stage build
+	$(PY) build.py --profile all --force
 
 # The whole suite: unit tests and engine tests against the real engine.
 test: setup

@@ -12,13 +12,18 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from contextlib import ExitStack
+
+from .archive import DEFAULT_LEVEL
 from .errors import BuildFailed, CheckFailed, InputError, UnibakeError
 from .inputs import LOCK_FILE, read_lock, render_lock
 from .log import Reporter
 from .plan import display_path, make_plan
+from .publish import ReleaseFolder, release_tag
+from .release import ReleaseOptions, parse_size, release_image, summary_rows
 
-COMMANDS = ("lock",)
-STAGES = ("render", "build")
+COMMANDS = ("lock", "archive")
+STAGES = ("render", "build", "release")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,16 +33,52 @@ class _Parser(argparse.ArgumentParser):
 
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", description="Build, check and release a unified inference image from "
-                "declarative profile YAMLs. Commands: lock (rewrite profiles/inputs.lock).")
+                "declarative profile YAMLs. Other commands: 'lock' (rewrite profiles/inputs.lock), "
+                "'archive IMAGE' (release an image the engine already has); see 'build.py COMMAND --help'.")
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
                    help="profile to include; repeat for several; 'all' (default) is the unified image")
     p.add_argument("--version", help="release version (default: product.yaml's)")
-    p.add_argument("--stage", choices=STAGES, default="build", help="stop after this stage (default: build)")
+    p.add_argument("--stage", choices=STAGES, default="release",
+                   help="stop after this stage (default: release, the whole pipeline)")
     p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
     p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
     p.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
-    p.add_argument("--quiet", action="store_true", help="print only errors and the summary")
+    _release_options(p, out_help="release folder parent (default: release/ next to the profiles folder)")
     return p
+
+
+def _release_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
+    p.add_argument("--out", metavar="DIR", help=out_help)
+    p.add_argument("--force", action="store_true", help="replace a finished release of the same tag")
+    p.add_argument("--level", type=int, default=DEFAULT_LEVEL, help=f"zstd level (default {DEFAULT_LEVEL})")
+    p.add_argument("--long", action="store_true", help="zstd long-distance matching (window 128 MiB)")
+    p.add_argument("--split", metavar="SIZE", help="write the archive in parts of SIZE (e.g. 1900MiB)")
+    p.add_argument("--no-roundtrip", action="store_true",
+                   help="skip the load into a fresh engine and the smoke gates (the notes say so)")
+    p.add_argument("--verify-engine", metavar="URL",
+                   help="load into this engine (it must not have the image) instead of a scratch dockerd")
+    p.add_argument("--scratch-dir", metavar="DIR", help="where the scratch engine keeps its data (default: $TMPDIR)")
+    p.add_argument("--quiet", action="store_true", help="print only errors and the summary")
+
+
+def _archive_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="build.py archive", description="Release an image that already exists in the engine: "
+                "archive, round trip, smoke gates (for images built by unibake) and publish.")
+    p.add_argument("image", metavar="IMAGE", help="image reference, e.g. demo-llm:1.3.1")
+    p.add_argument("--tag", help="release tag (default: the image's tag)")
+    p.add_argument("--product", help="product name for the archive file (default: the image's repository)")
+    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
+    _release_options(p, out_help="release folder parent (default: ./release)")
+    return p
+
+
+def _options(args: argparse.Namespace, out: Path) -> ReleaseOptions:
+    if args.level < 1 or args.level > 19:
+        raise InputError(f"--level {args.level} is out of range 1..19")
+    return ReleaseOptions(out=out, force=args.force, level=args.level, long_distance=args.long,
+                          split=parse_size(args.split) if args.split else None, roundtrip=not args.no_roundtrip,
+                          verify_engine=args.verify_engine,
+                          scratch_dir=Path(args.scratch_dir) if args.scratch_dir else None)
 
 
 def _lock_parser() -> argparse.ArgumentParser:
@@ -111,16 +152,50 @@ def cmd_build(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     if args.stage == "render":
         reporter.summary("unibake: rendered", rows)
         return 0
+    options = _options(args, (cwd / args.out).resolve() if args.out else plan.project_root / "release")
+    with ExitStack() as stack:
+        if args.stage == "release":  # refuse an existing release, or a concurrent run, before building
+            folder = stack.enter_context(ReleaseFolder(options.out, release_tag(plan.tag), force=options.force))
+        engine = DockerEngine(args.engine)
+        engine_version = engine.version()
+        with reporter.stage("build", f"{plan.tag} on engine {engine_version}"):
+            built = build_image(context, engine, revision=git_revision(plan.project_root),
+                                epoch=source_date_epoch(plan.project_root, env), nocache=args.no_cache,
+                                on_line=reporter.build_line)
+        rows += [("image ID", built.image_id), ("layers", str(len(built.diff_ids))),
+                 ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused")]
+        if args.stage == "build":
+            rows.append(("image size", f"{built.size / 2**30:.2f} GiB ({built.size} bytes)"))
+            reporter.summary("unibake: built", rows)
+            return 0
+        release = release_image(engine, plan.tag, product=plan.product, folder=folder, options=options,
+                                reporter=reporter)
+    reporter.summary("unibake: released", rows[:2] + summary_rows(release))
+    return 0
+
+
+def cmd_archive(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+    from .docker_engine import DockerEngine
+
+    args = _archive_parser().parse_args(argv)
+    reporter = Reporter(env=env, quiet=args.quiet)
+    options = _options(args, (cwd / (args.out or "release")).resolve())
     engine = DockerEngine(args.engine)
-    engine_version = engine.version()
-    with reporter.stage("build", f"{plan.tag} on engine {engine_version}"):
-        built = build_image(context, engine, revision=git_revision(plan.project_root),
-                            epoch=source_date_epoch(plan.project_root, env), nocache=args.no_cache,
-                            on_line=reporter.build_line)
-    rows += [("image ID", built.image_id), ("layers", str(len(built.diff_ids))),
-             ("size", f"{built.size / 2**30:.2f} GiB ({built.size} bytes)"),
-             ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused")]
-    reporter.summary("unibake: built", rows)
+    engine.version()
+    info = engine.inspect_image(args.image)
+    if info is None:
+        raise InputError(f"the engine at {engine.address} has no image {args.image!r}")
+    repository = args.image.rsplit(":", 1)[0] if ":" in args.image.rsplit("/", 1)[-1] else args.image
+    if args.image.startswith("sha256:") or "@" in args.image:
+        if not args.tag or not args.product:
+            raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
+        repository = args.product
+    product = args.product or info.labels.get("org.opencontainers.image.title") or repository.rsplit("/", 1)[-1]
+    tag = args.tag or release_tag(args.image)
+    with ReleaseFolder(options.out, tag, force=options.force) as folder:
+        release = release_image(engine, args.image, product=product, folder=folder, options=options,
+                                reporter=reporter)
+    reporter.summary("unibake: released", summary_rows(release))
     return 0
 
 
@@ -132,6 +207,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         if argv and argv[0] == "lock":
             return cmd_lock(argv[1:], env, cwd)
+        if argv and argv[0] == "archive":
+            return cmd_archive(argv[1:], env, cwd)
         return cmd_build(argv, env, cwd)
     except UnibakeError as exc:
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output:

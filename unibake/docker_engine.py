@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +34,7 @@ class DockerEngine(Engine):
         except docker.errors.DockerException as exc:
             raise EngineError(f"cannot reach the Docker engine at {address or 'the default socket'}: "
                               f"{_reason(exc)}; start it (scripts/setup.sh does) or name one with --engine") from None
-        self.address = self.api.base_url.replace("http+docker://localhost", "unix:///var/run/docker.sock")
+        self.address = address or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
     def _fail(self, what: str, exc: Exception) -> EngineError:
         return EngineError(f"{what}: {_reason(exc)} (engine at {self.address})")
@@ -153,6 +154,30 @@ class DockerEngine(Engine):
                     self.api.remove_container(container, force=True)
                 except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
+
+    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None) -> str:
+        try:
+            container = self.api.create_container(image, command=args or None, environment=env or {})
+            self.api.start(container)
+            return container["Id"]
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"starting {image} failed", exc) from None
+
+    def container_state(self, container: str) -> tuple[bool, str, str]:
+        try:
+            info = self.api.inspect_container(container)
+            logs = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
+        return bool(info["State"]["Running"]), info["NetworkSettings"].get("IPAddress") or "", logs
+
+    def remove_container(self, container: str) -> None:
+        try:
+            self.api.remove_container(container, force=True)
+        except docker.errors.NotFound:
+            pass
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot remove container {container[:12]}", exc) from None
 
     def remove_image(self, ref: str) -> None:
         try:

@@ -84,5 +84,17 @@ class Engine(ABC):
         """Run a container to completion and remove it; returns its exit code and output."""
 
     @abstractmethod
+    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None) -> str:
+        """Start a container in the background on the engine's default bridge; returns its ID."""
+
+    @abstractmethod
+    def container_state(self, container: str) -> tuple[bool, str, str]:
+        """(running, IP address on the bridge, log output so far) of a started container."""
+
+    @abstractmethod
+    def remove_container(self, container: str) -> None:
+        """Stop and remove a container; missing is fine."""
+
+    @abstractmethod
     def remove_image(self, ref: str) -> None:
         """Remove an image (untag, then delete if nothing else refers to it); missing is fine."""

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
 from rich.table import Table
 
 
@@ -61,6 +63,34 @@ class Reporter:
     def skipped(self, name: str, why: str) -> None:
         self.stages.append(StageTime(name=name, seconds=0.0, status="skipped", detail=why))
         self.info(f"==> {name}: skipped ({why})")
+
+    @contextmanager
+    def progress(self, description: str, total: int | None) -> Iterator:
+        """A byte counter for long work: a rich bar on a terminal, a line every few seconds otherwise."""
+        if self.quiet:
+            yield lambda n: None
+            return
+        if self.plain:
+            state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}
+
+            def advance(n: int) -> None:
+                state["done"] += n
+                now = time.monotonic()
+                if now - state["last"] >= 5:
+                    state["last"] = now
+                    rate = state["done"] / max(now - state["start"], 1e-6)
+                    eta = f", about {max(total - state['done'], 0) / rate:.0f} s left" if total and rate else ""
+                    share = f" of {total / 2**30:.2f} GiB" if total else ""
+                    self.console.print(f"    {description}: {state['done'] / 2**30:.2f} GiB{share}, "
+                                       f"{rate / 2**20:.0f} MiB/s{eta}", markup=False)
+
+            yield advance
+            return
+        with Progress(TextColumn("    {task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
+                      transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n: bar.advance(task, n)
 
     def build_line(self, line: str) -> None:
         """One line of build output: every line in plain mode; step headers and a status otherwise."""

@@ -177,7 +177,10 @@ def render(plan: ReleasePlan) -> BuildContext:
         "default_profile": plan.default_profile,
         "profiles": {p.name: {"gpus": p.gpus, "vendor": p.vendor, "kernels": pr["kernels"],
                               "tune_caches": len(p.tune.json_files) if p.tune else 0,
-                              "smoke": {"expect_reply": p.smoke.expect_reply, "prompt": p.smoke.prompt}}
+                              "smoke": {"expect_reply": p.smoke.expect_reply, "prompt": p.smoke.prompt,
+                                        "timeout": p.smoke.timeout},
+                              "sidecars": [{"name": k.name, "version": k.version} for k in p.sidecars],
+                              "args": list(p.args)}
                      for p, pr in zip(plan.profiles, profiles)},
         "components": [c.__dict__ for c in plan.components],
         "launch": {"port": plan.launch.port, "model_name": plan.launch.model_name, "mounts": plan.launch.mounts},

@@ -1,0 +1,165 @@
+"""The whole pipeline on a busybox-sized product: a release folder a downloader can trust."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import REPO
+
+
+def release(cli, profiles: Path, version: str, out: Path, *extra: str):
+    return cli("--config", str(profiles), "--version", version, "--out", str(out), *extra)
+
+
+def scratch_leftovers() -> list[str]:
+    return [p for p in os.listdir("/tmp") if p.startswith("ub-scratch-")]
+
+
+def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, engine, busybox_product, version,
+                                                                         images, tmp_path):
+    images(f"unibake-test:{version}")
+    out = tmp_path / "release"
+    result = release(cli, busybox_product, version, out)
+    assert result.code == 0, result.err
+    folder = out / version
+    archive = folder / f"unibake-test-{version}.tar.zst"
+    assert sorted(os.listdir(folder)) == sorted(["IMAGE_ID", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
+                                                 "manifest.json", "run.sh", archive.name])
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True).returncode == 0
+    assert subprocess.run(["zstd", "-q", "-t", str(archive)]).returncode == 0
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    validation = json.loads((folder / "VALIDATION.json").read_text())
+    built = engine.inspect_image(f"unibake-test:{version}")
+    assert manifest["image_id"] == built.id == validation["round_trip"]["image_id"]
+    assert manifest["diff_ids"] == list(built.diff_ids) == validation["round_trip"]["diff_ids"]
+    assert "ub-scratch-" in validation["round_trip"]["engine"]
+    assert [(g["profile"], g["passed"]) for g in validation["smoke"]] == [("tp1", True), ("tp2", True)]
+    chat = [s for g in validation["smoke"] for s in g["steps"] if s["name"] == "chat"]
+    assert [c["detail"] for c in chat] == ["UNIFIED_TP1_OK", "UNIFIED_TP2_OK"]
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert built.id in notes and f"zstd -dc {archive.name} | docker load" in notes
+    assert "| `tp2` |" in notes and "passed" in notes
+    assert "release:" in result.err and "SHA256:" in result.err  # the closing summary
+    assert scratch_leftovers() == []
+
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    bad = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True, text=True)
+    assert bad.returncode != 0 and f"{archive.name}: FAILED" in bad.stdout
+
+
+def test_a_profile_whose_engine_cannot_start_fails_the_release(cli, busybox_product, version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text() + "args: [--explode]\n")
+    out = tmp_path / "release"
+    result = release(cli, busybox_product, version, out)
+    assert result.code == 3
+    assert result.error_lines[-1].startswith("error: smoke gate failed for profile tp2 at step ")
+    assert "unknown argument --explode" in result.error_lines[-1]
+    assert not (out / version).exists()
+    assert [p for p in os.listdir(out) if not p.endswith(".lock")] == []
+    assert scratch_leftovers() == []
+
+
+def test_an_image_built_elsewhere_is_released_without_smoke_gates(cli, engine, tmp_path):
+    out = tmp_path / "release"
+    result = cli("archive", "localhost/unibake-busybox:1", "--out", str(out), "--tag", "bb-1")
+    assert result.code == 0, result.err
+    folder = out / "bb-1"
+    assert (folder / "unibake-busybox-bb-1.tar.zst").exists()
+    validation = json.loads((folder / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["image_id"] == engine.inspect_image("localhost/unibake-busybox:1").id
+    assert validation["smoke"] == [] and "no unibake profiles" in validation["smoke_skipped"]
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True).returncode == 0
+
+
+def test_without_the_round_trip_the_notes_say_so(cli, busybox_product, version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    out = tmp_path / "release"
+    assert release(cli, busybox_product, version, out, "--no-roundtrip").code == 0
+    notes = (out / version / "RELEASE_NOTES.md").read_text()
+    assert "Round trip: **not run** (skipped with --no-roundtrip)" in notes
+    assert json.loads((out / version / "VALIDATION.json").read_text())["round_trip"] is None
+
+
+def test_an_existing_release_needs_force_and_is_refused_before_building(cli, engine, busybox_product, version,
+                                                                         images, tmp_path):
+    images(f"unibake-test:{version}")
+    out = tmp_path / "release"
+    assert release(cli, busybox_product, version, out, "--no-roundtrip").code == 0
+    engine.remove_image(f"unibake-test:{version}")
+    again = release(cli, busybox_product, version, out, "--no-roundtrip")
+    assert again.code == 2 and "already exists; use --force" in again.error_lines[-1]
+    assert engine.inspect_image(f"unibake-test:{version}") is None  # refused before the build
+    assert release(cli, busybox_product, version, out, "--no-roundtrip", "--force").code == 0
+
+
+@pytest.fixture(scope="module")
+def big_image(engine):
+    """A 300 MB incompressible image, so that the archive stage lasts long enough to interrupt."""
+    tag = "unibake-test-big:1"
+    dockerfile = b"FROM localhost/unibake-busybox:1\nRUN head -c 300000000 /dev/urandom > /blob\n"
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    buf.seek(0)
+    engine.build(buf, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
+    yield tag
+    engine.remove_image(tag)
+
+
+def test_a_run_killed_mid_archive_leaves_no_file_under_a_final_name(big_image, tmp_path):
+    out = tmp_path / "release"
+    cmd = [sys.executable, str(REPO / "build.py"), "archive", big_image, "--out", str(out), "--no-roundtrip"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "CI": "1"})
+    temp = out / ".1.partial" / ".unibake-test-big-1.tar.zst.tmp"
+    deadline = time.monotonic() + 60
+    while not (temp.exists() and temp.stat().st_size > 1 << 20):
+        assert proc.poll() is None and time.monotonic() < deadline, "the archive stage never started"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "1").exists()
+    leftovers = os.listdir(out / ".1.partial")
+    assert leftovers and all(name.startswith(".") and name.endswith(".tmp") for name in leftovers)
+
+    rerun = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CI": "1"})
+    assert rerun.returncode == 0, rerun.stderr
+    assert not (out / ".1.partial").exists()
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out / "1", capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs: too small for the busybox product's archive (about 1 MiB)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(cli, busybox_product, version, images, small_disk):
+    images(f"unibake-test:{version}")
+    out = small_disk / "release"
+    result = release(cli, busybox_product, version, out, "--no-roundtrip")
+    assert result.code == 1
+    line = result.error_lines[-1]
+    assert line.startswith(f"error: no space left in {out}/.{version}.partial after writing ")
+    assert f"the release folder {out} has " in line and "bytes uncompressed" in line
+    assert [p for p in os.listdir(out) if not p.endswith(".lock")] == []

@@ -1,0 +1,156 @@
+"""The release folder: complete or absent, sums last, notes and run.sh a downloader can follow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from unibake.archive import write_archive
+from unibake.errors import InputError, UnibakeError
+from unibake.publish import (ReleaseFolder, Validation, build_manifest, find_releases, publish, render_files)
+from unibake.smoke import GateResult, GateStep
+
+from ..savefixtures import docker_layout
+
+METADATA = {
+    "product": "demo-llm", "default_profile": "tp4",
+    "launch": {"port": 30000, "model_name": "demo-llm", "mounts": {"target": "/models/target", "draft": "/models/draft"}},
+    "profiles": {
+        "tp1": {"gpus": 1, "vendor": "nvidia", "kernels": ["/k/a.so"], "tune_caches": 3, "sidecars": [],
+                "smoke": {"expect_reply": "UNIFIED_TP1_OK"}},
+        "tp2": {"gpus": 2, "vendor": "nvidia", "kernels": ["/k/a.so"], "tune_caches": 7,
+                "sidecars": [{"name": "flash_attn", "version": "260602"}], "smoke": {"expect_reply": "UNIFIED_TP2_OK"}},
+        "tp4": {"gpus": 4, "vendor": "amd", "kernels": ["/k/a.so"], "tune_caches": 5, "sidecars": [],
+                "smoke": {"expect_reply": "UNIFIED_TP4_OK"}},
+    },
+    "components": [{"kind": "engine", "name": "demo-engine", "version": "0.5.12", "digest": "a" * 64, "profile": ""},
+                   {"kind": "tune_caches", "name": "tp2", "version": "7", "digest": "b" * 64, "profile": "tp2"}],
+}
+PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-roundtrip", gates=(
+    GateResult(profile="tp1", steps=(GateStep(name="self-check", passed=True, seconds=0.2),
+                                     GateStep(name="chat", passed=True, seconds=0.1))),), gates_skipped="")
+
+
+def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False):
+    data, image_id, _ = docker_layout(tag=f"demo-llm:{tag}")
+    with ReleaseFolder(out, tag, force=force) as folder:
+        archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", split=split)
+        previous = find_releases(out)[-1] if find_releases(out) else None
+        manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
+                                  metadata=metadata, labels={"org.opencontainers.image.version": tag},
+                                  previous=previous)
+        return publish(folder, archive, render_files(manifest, PASSED, previous), out.parent / "checksums"), image_id
+
+
+def test_a_release_folder_is_complete_and_its_sums_pass(tmp_path):
+    folder, image_id = make_release(tmp_path / "release")
+    assert sorted(os.listdir(folder)) == ["IMAGE_ID", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
+                                          "demo-llm-1.3.1.tar.zst", "manifest.json", "run.sh"]
+    subprocess.run(["sha256sum", "--quiet", "--strict", "-c", "SHA256SUMS"], cwd=folder, check=True)
+    listed = [line.split("  ")[1] for line in (folder / "SHA256SUMS").read_text().splitlines()]
+    assert sorted(listed) == sorted(set(os.listdir(folder)) - {"SHA256SUMS"})
+    assert (tmp_path / "checksums/1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+    assert (folder / "IMAGE_ID").read_text() == image_id + "\n"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["image_id"] == image_id and manifest["default_profile"] == "tp4"
+    assert manifest["archive"]["files"][0]["name"] == "demo-llm-1.3.1.tar.zst"
+    assert {"uncompressed_bytes", "uncompressed_sha256", "sha256", "bytes"} <= set(manifest["archive"])
+    assert [p for p in os.listdir(tmp_path / "release") if not p.startswith(".")] == ["1.3.1"]
+
+
+def test_the_notes_carry_every_digest_and_the_import_command(tmp_path):
+    folder, image_id = make_release(tmp_path / "release")
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert image_id in notes and manifest["archive"]["sha256"] in notes
+    assert "zstd -dc demo-llm-1.3.1.tar.zst | docker load" in notes
+    assert "sha256sum -c SHA256SUMS" in notes
+    assert "| `tp2` | 2 | nvidia | 1 | flash_attn 260602 | 7 | `./run.sh tp2` |" in notes
+    assert "Round trip: **not run** (skipped with --no-roundtrip)" in notes
+    assert f"({manifest['archive']['bytes']} bytes)" in notes
+
+
+def test_the_next_release_names_the_previous_one_and_how_to_roll_back(tmp_path):
+    make_release(tmp_path / "release", "1.3.0")
+    changed = json.loads(json.dumps(METADATA))
+    changed["components"][1]["digest"] = "c" * 64
+    folder, _ = make_release(tmp_path / "release", "1.3.1", changed)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "## Changes since 1.3.0" in notes
+    assert "| tune_caches tp2 | tp2 | 7 bbbbbbbbbbbb | 7 cccccccccccc |" in notes
+    assert "IMAGE=demo-llm:1.3.0 ./run.sh tp4" in notes
+    assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0"
+
+
+def test_an_existing_release_is_kept_unless_forced(tmp_path):
+    out = tmp_path / "release"
+    make_release(out)
+    with pytest.raises(InputError, match=r"release .*/1\.3\.1 already exists; use --force"):
+        make_release(out)
+    make_release(out, force=True)
+    assert sorted(p for p in os.listdir(out) if not p.endswith(".lock")) == ["1.3.1"]
+
+
+def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
+    out = tmp_path / "release"
+    with ReleaseFolder(out, "1.3.1", force=False):
+        with pytest.raises(UnibakeError, match=r"another run is writing release .*1\.3\.1 \(pid \d+\)"):
+            ReleaseFolder(out, "1.3.1", force=False).__enter__()
+
+
+def test_an_interrupted_run_leaves_nothing_under_a_final_name_and_the_next_cleans_up(tmp_path):
+    out = tmp_path / "release"
+    folder = ReleaseFolder(out, "1.3.1", force=False).__enter__()
+    (folder.staging / ".demo-llm-1.3.1.tar.zst.tmp").write_bytes(b"partial")
+    folder._unlock()  # as if the process had died: the lock goes with it, the staging folder stays
+    assert not (out / "1.3.1").exists()
+    make_release(out)
+    assert not (out / ".1.3.1.partial").exists()
+    assert (out / "1.3.1/SHA256SUMS").exists()
+
+
+@pytest.mark.parametrize("tag", ["../x", ".hidden", "a/b", "1.0 beta", ""])
+def test_unsafe_release_tags_are_refused(tmp_path, tag):
+    with pytest.raises(InputError, match="is not valid"):
+        ReleaseFolder(tmp_path, tag, force=False)
+
+
+def run_sh(folder, *args, **env):
+    return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **env})
+
+
+def test_run_sh_gives_each_profile_only_the_gpus_it_needs(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    base = "docker run --rm --name demo-llm-{p} -e PROFILE={p} -e PORT=30000 -p 30000:30000 --ipc=host --shm-size=16g"
+    assert run_sh(folder, "tp1").stdout == base.format(p="tp1") + " --gpus '\"device=0\"' demo-llm:1.3.1\n"
+    assert run_sh(folder, "tp2").stdout == base.format(p="tp2") + " --gpus '\"device=0,1\"' demo-llm:1.3.1\n"
+    assert run_sh(folder, "tp2", GPUS="2,3").stdout == base.format(p="tp2") + " --gpus '\"device=2,3\"' demo-llm:1.3.1\n"
+    amd = run_sh(folder, "tp4", GPUS="4,5,6,7").stdout
+    assert amd == base.format(p="tp4") + (" --device /dev/kfd --group-add video --security-opt seccomp=unconfined"
+                                          " --device /dev/dri/renderD132 --device /dev/dri/renderD133"
+                                          " --device /dev/dri/renderD134 --device /dev/dri/renderD135 demo-llm:1.3.1\n")
+    assert run_sh(folder).stdout.startswith(base.format(p="tp4"))  # the default profile
+
+
+def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    out = run_sh(folder, "tp1", "--max-len", "4 096", PORT="8080", MODEL_NAME="my model", MODEL_TARGET="/data/w 1",
+                 IMAGE="demo-llm:1.3.0").stdout
+    assert out == ("docker run --rm --name demo-llm-tp1 -e PROFILE=tp1 -e PORT=8080 -p 8080:8080 --ipc=host "
+                   "--shm-size=16g --gpus '\"device=0\"' -e 'MODEL_NAME=my model' -v '/data/w 1:/models/target:ro' "
+                   "demo-llm:1.3.0 serve --max-len '4 096'\n")
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (["tp8"], {}, "error: unknown profile 'tp8'; known: tp1, tp2, tp4"),
+    (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
+    (["tp1"], {"GPUS": "a"}, "error: GPUS must be GPU numbers like 0,1; got 'a'"),
+])
+def test_run_sh_refuses_what_cannot_work(tmp_path, args, env, message):
+    folder, _ = make_release(tmp_path / "release")
+    result = run_sh(folder, *args, **env)
+    assert result.returncode == 2 and result.stderr.strip() == message

@@ -1,0 +1,54 @@
+"""The smoke gate's HTTP client, run as ``python -m unibake.probe`` (inside the scratch engine's
+network namespace when there is one). Waits for /health, then asks for one chat completion and
+prints one JSON object with what it saw and how long each step took. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def probe(base_url: str, *, prompt: str, model: str, timeout: float) -> dict:
+    result: dict = {"health": None, "chat": None}
+    start = time.monotonic()
+    deadline = start + timeout
+    last_error = ""
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=3) as response:
+                result["health"] = {"status": response.status, "body": json.loads(response.read() or b"{}"),
+                                    "seconds": round(time.monotonic() - start, 3)}
+            break
+        except (OSError, ValueError) as exc:
+            last_error = str(getattr(exc, "reason", exc))
+            if time.monotonic() > deadline:
+                result["error"] = f"/health did not answer within {timeout:.0f} s ({last_error})"
+                return result
+            time.sleep(0.25)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": 64, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    chat_start = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=max(5.0, deadline - time.monotonic())) as response:
+            reply = json.loads(response.read())
+        content = reply["choices"][0]["message"]["content"]
+        result["chat"] = {"reply": content, "seconds": round(time.monotonic() - chat_start, 3)}
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        result["error"] = f"the chat completion failed: {exc}"
+    return result
+
+
+def main(argv: list[str]) -> int:
+    base_url, prompt, model, timeout = argv[0], argv[1], argv[2], float(argv[3])
+    print(json.dumps(probe(base_url, prompt=prompt, model=model, timeout=timeout)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
