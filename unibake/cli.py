@@ -22,7 +22,7 @@ from .plan import display_path, make_plan
 from .publish import ReleaseFolder, release_tag
 from .release import ReleaseOptions, parse_size, release_image, summary_rows
 
-COMMANDS = ("lock", "archive")
+COMMANDS = ("lock", "archive", "verify", "releases")
 STAGES = ("render", "build", "release")
 
 
@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", description="Build, check and release a unified inference image from "
                 "declarative profile YAMLs. Other commands: 'lock' (rewrite profiles/inputs.lock), "
-                "'archive IMAGE' (release an image the engine already has); see 'build.py COMMAND --help'.")
+                "'archive IMAGE' (release an image the engine already has), 'verify DIR' (check a release "
+                "folder), 'releases' (list them); see 'build.py COMMAND --help'.")
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
                    help="profile to include; repeat for several; 'all' (default) is the unified image")
     p.add_argument("--version", help="release version (default: product.yaml's)")
@@ -69,6 +70,24 @@ def _archive_parser() -> argparse.ArgumentParser:
     p.add_argument("--product", help="product name for the archive file (default: the image's repository)")
     p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
     _release_options(p, out_help="release folder parent (default: ./release)")
+    return p
+
+
+def _verify_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="build.py verify", description="Check a release folder as a downloader would: SHA256SUMS, "
+                "sizes, zstd integrity and the archive's structure against manifest.json; with --load, load "
+                "it into the engine and compare the image ID. Exit 0 when everything passes, 3 otherwise.")
+    p.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
+    p.add_argument("--load", action="store_true", help="also load the archive and compare the image ID")
+    p.add_argument("--engine", metavar="URL", help="Docker engine for --load (default: DOCKER_HOST or the local socket)")
+    return p
+
+
+def _releases_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="build.py releases", description="The releases under a release folder, and whether each "
+                "still verifies (SHA256SUMS and sizes; --deep adds zstd and structure).")
+    p.add_argument("--out", default="release", metavar="DIR", help="the folder that holds the releases (default: release)")
+    p.add_argument("--deep", action="store_true", help="also check zstd integrity and the archive's structure")
     return p
 
 
@@ -199,6 +218,74 @@ def cmd_archive(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     return 0
 
 
+def _verify_rows(report) -> list[list[str]]:
+    return [[c.name, c.target, "ok" if c.passed else "FAILED", c.detail] for c in report.checks]
+
+
+def cmd_verify(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+    from .verify import check_folder_arg, load_and_compare, verify_folder
+
+    args = _verify_parser().parse_args(argv)
+    reporter = Reporter(env=env)
+    folder = check_folder_arg((cwd / args.folder).resolve())
+    report = verify_folder(folder)
+    if args.load and not report.failures:
+        from .docker_engine import DockerEngine
+        load_and_compare(report, DockerEngine(args.engine))
+    reporter.table(f"verify {display_path(folder, cwd)}", ["check", "file", "result", "detail"], _verify_rows(report))
+    report.raise_if_failed()
+    return 0
+
+
+def cmd_releases(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+    from .publish import find_releases
+    from .verify import verify_folder
+
+    args = _releases_parser().parse_args(argv)
+    reporter = Reporter(env=env)
+    out = (cwd / args.out).resolve()
+    rows = []
+    for manifest in find_releases(out):
+        folder = manifest["_folder"]
+        parts = [f["name"] for f in manifest["archive"]["files"]]
+        if not all((folder / p).is_file() for p in parts):
+            state = "archive absent"
+        else:
+            try:
+                report = verify_folder(folder) if args.deep else _quick_verify(folder, parts)
+                state = "verifies" if not report.failures else "FAILS: " + "; ".join(
+                    f"{c.target} {c.detail}" for c in report.failures[:2])
+            except UnibakeError as exc:
+                state = f"FAILS: {exc}"
+        size = manifest["archive"]["bytes"]
+        rows.append([manifest.get("release", folder.name), manifest.get("published", ""),
+                     manifest.get("image_id", "")[:19], f"{size / 2**30:.2f} GiB", manifest.get("previous") or "",
+                     state])
+    if not rows:
+        reporter.info(f"no releases under {display_path(out, cwd)}")
+        return 0
+    reporter.table(f"releases in {display_path(out, cwd)}", ["release", "published", "image ID", "archive",
+                                                            "previous", "state"], rows)
+    return 0
+
+
+def _quick_verify(folder: Path, parts: list[str]):
+    """SHA256SUMS and sizes only: what `sha256sum -c` checks, without decompressing."""
+    import hashlib
+
+    from .verify import Report, read_sums
+    report = Report(folder=folder)
+    for name, digest in read_sums(folder).items():
+        path = folder / name
+        if not path.is_file():
+            report.add("sha256", name, False, "missing")
+            continue
+        with open(path, "rb") as fh:
+            ok = hashlib.file_digest(fh, "sha256").hexdigest() == digest
+        report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
+    return report
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
          cwd: Path | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -209,6 +296,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return cmd_lock(argv[1:], env, cwd)
         if argv and argv[0] == "archive":
             return cmd_archive(argv[1:], env, cwd)
+        if argv and argv[0] == "verify":
+            return cmd_verify(argv[1:], env, cwd)
+        if argv and argv[0] == "releases":
+            return cmd_releases(argv[1:], env, cwd)
         return cmd_build(argv, env, cwd)
     except UnibakeError as exc:
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output:

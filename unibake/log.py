@@ -112,6 +112,22 @@ class Reporter:
             self._status.stop()
             self._status = None
 
+    def table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
+        """A plain table of results (verify, releases): aligned text when plain, rich otherwise."""
+        if self.plain:
+            widths = [max(len(str(x)) for x in [c] + [r[i] for r in rows]) for i, c in enumerate(columns)]
+            self.console.print(title, markup=False)
+            for row in [columns] + rows:
+                self.console.print("  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip(),
+                                   markup=False)
+            return
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for c in columns:
+            table.add_column(c, overflow="fold")
+        for r in rows:
+            table.add_row(*[str(x) for x in r])
+        self.console.print(table)
+
     def summary(self, title: str, rows: list[tuple[str, str]]) -> None:
         """The closing table: stages with their times, then the facts (size, SHA256, where)."""
         if self.plain:

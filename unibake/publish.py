@@ -248,6 +248,7 @@ def render_files(manifest: dict, validation: Validation, previous: dict | None) 
     }
     if manifest["profiles"]:  # an image built elsewhere has no profiles to start
         files["run.sh"] = env.get_template("run.sh.j2").render(**values)
+    files["README-DIST.md"] = env.get_template("README-DIST.md.j2").render(**values)
     return files
 
 

@@ -32,7 +32,7 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     assert result.code == 0, result.err
     folder = out / version
     archive = folder / f"unibake-test-{version}.tar.zst"
-    assert sorted(os.listdir(folder)) == sorted(["IMAGE_ID", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
+    assert sorted(os.listdir(folder)) == sorted(["IMAGE_ID", "README-DIST.md", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
                                                  "manifest.json", "run.sh", archive.name])
     assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True).returncode == 0
     assert subprocess.run(["zstd", "-q", "-t", str(archive)]).returncode == 0

@@ -34,8 +34,8 @@ PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-round
                                      GateStep(name="chat", passed=True, seconds=0.1))),), gates_skipped="")
 
 
-def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False):
-    data, image_id, _ = docker_layout(tag=f"demo-llm:{tag}")
+def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None):
+    data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}")
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", split=split)
         previous = find_releases(out)[-1] if find_releases(out) else None
@@ -47,7 +47,7 @@ def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False
 
 def test_a_release_folder_is_complete_and_its_sums_pass(tmp_path):
     folder, image_id = make_release(tmp_path / "release")
-    assert sorted(os.listdir(folder)) == ["IMAGE_ID", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
+    assert sorted(os.listdir(folder)) == ["IMAGE_ID", "README-DIST.md", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
                                           "demo-llm-1.3.1.tar.zst", "manifest.json", "run.sh"]
     subprocess.run(["sha256sum", "--quiet", "--strict", "-c", "SHA256SUMS"], cwd=folder, check=True)
     listed = [line.split("  ")[1] for line in (folder / "SHA256SUMS").read_text().splitlines()]

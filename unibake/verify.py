@@ -1,0 +1,213 @@
+"""``build.py verify DIR``: what a downloader runs on a release folder.
+
+One read of the archive does everything: each file's sha256 (against SHA256SUMS and the manifest),
+the zstd frames' integrity (their checksums), the uncompressed stream's sha256, and the tar parsed
+on the fly with every layer's diffID and the config digest recomputed against ``manifest.json``.
+With ``--load`` the archive is then loaded into an engine and the image ID compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+from .archive import LDM_WINDOW_LOG, TeeReader
+from .engine import Engine
+from .errors import InputError, VerificationError
+from .publish import SUMS
+from .savestream import ArchiveError, check_against, inspect_save_stream
+
+
+@dataclass(kw_only=True)
+class Check:
+    name: str  # sha256 | size | zstd | structure | load
+    target: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass(kw_only=True)
+class Report:
+    folder: Path
+    checks: list[Check] = field(default_factory=list)
+    manifest: dict = field(default_factory=dict)
+
+    def add(self, name: str, target: str, passed: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name=name, target=target, passed=passed, detail=detail))
+        return passed
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+    def raise_if_failed(self) -> None:
+        failed = self.failures
+        if failed:
+            first = failed[0]
+            more = f" (and {len(failed) - 1} more failed checks)" if len(failed) > 1 else ""
+            raise VerificationError(f"{first.target}: {first.name} check failed: {first.detail}{more}")
+
+
+def read_sums(folder: Path) -> dict[str, str]:
+    path = folder / SUMS
+    if not path.is_file():
+        raise VerificationError(f"{path}: missing; this is not a complete release folder")
+    sums: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        digest, sep, name = line.partition("  ")
+        if not sep:
+            digest, sep, name = line.partition(" *")
+        if not sep or len(digest) != 64 or "/" in name or name in ("", ".", ".."):
+            raise VerificationError(f"{path}:{n}: not a 'sha256  name' line")
+        sums[name] = digest.lower()
+    return sums
+
+
+class _HashingParts:
+    """Reads the archive's files in order, hashing each (and all of them together) as it goes."""
+
+    def __init__(self, folder: Path, names: list[str]):
+        self.folder, self.names = folder, list(names)
+        self.index = -1
+        self.fh = None
+        self.part_hash = hashlib.sha256()
+        self.whole = hashlib.sha256()
+        self.digests: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+        self._size = 0
+
+    def _advance(self) -> bool:
+        if self.fh is not None:
+            self.fh.close()
+            self.digests[self.names[self.index]] = self.part_hash.hexdigest()
+            self.sizes[self.names[self.index]] = self._size
+        self.index += 1
+        if self.index >= len(self.names):
+            self.fh = None
+            return False
+        self.fh = open(self.folder / self.names[self.index], "rb")
+        self.part_hash, self._size = hashlib.sha256(), 0
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while True:
+            if self.fh is None and (self.index >= len(self.names) or not self._advance()):
+                return b""
+            data = self.fh.read(size if size and size > 0 else 1 << 20)
+            if data:
+                self.part_hash.update(data)
+                self.whole.update(data)
+                self._size += len(data)
+                return data
+            if not self._advance():
+                return b""
+
+    def finish(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+def verify_folder(folder: Path) -> Report:
+    """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file."""
+    report = Report(folder=folder)
+    sums = read_sums(folder)
+    if "manifest.json" not in sums or not (folder / "manifest.json").is_file():
+        raise VerificationError(f"{folder}/manifest.json: missing; this is not a complete release folder")
+    manifest_bytes = (folder / "manifest.json").read_bytes()
+    manifest_ok = hashlib.sha256(manifest_bytes).hexdigest() == sums["manifest.json"]
+    if not report.add("sha256", "manifest.json", manifest_ok, "" if manifest_ok else "differs from SHA256SUMS"):
+        raise VerificationError("manifest.json: sha256 differs from SHA256SUMS; the folder cannot be trusted")
+    try:
+        manifest = json.loads(manifest_bytes)
+        archive = manifest["archive"]
+        parts = [f["name"] for f in archive["files"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VerificationError(f"{folder}/manifest.json: not a unibake release manifest ({exc})") from None
+    report.manifest = manifest
+
+    for name in sorted(set(sums) - set(parts) - {"manifest.json"}):
+        path = folder / name
+        if not path.is_file():
+            report.add("sha256", name, False, "missing (listed in SHA256SUMS)")
+            continue
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        report.add("sha256", name, digest == sums[name], "" if digest == sums[name] else "differs from SHA256SUMS")
+
+    readable = True
+    for f in archive["files"]:
+        name, path = f["name"], folder / f["name"]
+        if name not in sums:
+            report.add("sha256", name, False, "not listed in SHA256SUMS")
+        if not path.is_file():
+            report.add("size", name, False, "missing" + (" part" if len(parts) > 1 else "") + " (listed in manifest.json)")
+            readable = False
+            continue
+        size = path.stat().st_size
+        if size < f["bytes"]:
+            report.add("size", name, False, f"truncated: {size} of {f['bytes']} bytes")
+        elif size > f["bytes"]:
+            report.add("size", name, False, f"{size} bytes, {size - f['bytes']} more than the {f['bytes']} recorded")
+        else:
+            report.add("size", name, True, f"{size} bytes")
+    if not readable:
+        report.add("structure", archive["name"], False, "not checked: a file of the archive is missing")
+        return report
+
+    reader = _HashingParts(folder, parts)
+    raw = hashlib.sha256()
+    dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
+    zstd_ok, structure = True, ""
+    try:
+        with dctx.stream_reader(reader, read_across_frames=True, read_size=1 << 20) as stream:
+            tee = TeeReader(iter(lambda: stream.read(1 << 20), b""), [raw.update])
+            saved = inspect_save_stream(tee)
+            tee.drain()
+        check_against(saved, image_id=manifest["image_id"], diff_ids=manifest["diff_ids"], what="manifest.json")
+        if raw.hexdigest() != archive.get("uncompressed_sha256", raw.hexdigest()):
+            structure = "the uncompressed stream's sha256 differs from manifest.json"
+    except zstandard.ZstdError as exc:
+        zstd_ok, structure = False, f"zstd cannot decode it: {exc}"
+    except ArchiveError as exc:
+        structure = str(exc)
+    reader.finish()
+    for name in parts:
+        digest = reader.digests.get(name)
+        if name in sums:
+            ok = digest == sums[name]
+            report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
+    whole = reader.whole.hexdigest()
+    if whole != archive.get("sha256", whole):
+        report.add("sha256", archive["name"] + (" (all parts)" if len(parts) > 1 else ""), False,
+                   "differs from manifest.json")
+    report.add("zstd", archive["name"], zstd_ok, "frames and their checksums" if zstd_ok else structure)
+    if zstd_ok:
+        report.add("structure", archive["name"], not structure, structure or
+                   f"config {manifest['image_id'][:19]}... and {len(manifest['diff_ids'])} diffIDs recomputed")
+    return report
+
+
+def load_and_compare(report: Report, engine: Engine) -> None:
+    """Load the verified archive into ``engine`` and compare the image ID with the manifest's."""
+    from .archive import read_archive
+
+    manifest = report.manifest
+    image_id = manifest["image_id"]
+    if engine.inspect_image(image_id) is not None:
+        report.add("load", manifest["tag"], True, f"the engine already has {image_id}; not loaded again")
+        return
+    outcome = engine.load(read_archive(report.folder, [f["name"] for f in manifest["archive"]["files"]]))
+    loaded = engine.inspect_image(manifest["tag"])
+    ok = loaded is not None and loaded.id == image_id
+    report.add("load", manifest["tag"], ok, f"loaded as {image_id}" if ok else
+               f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} ({'; '.join(outcome.messages)})")
+
+
+def check_folder_arg(path: Path) -> Path:
+    if not path.is_dir():
+        raise InputError(f"{path}: not a folder (give the release folder, e.g. release/1.3.1)")
+    return path
