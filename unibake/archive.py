@@ -1,25 +1,39 @@
-"""Stage 5: the archive, in one streaming pass.
+"""Stage 5: the archive, written by our own canonical writer in one pass over the engine's save.
 
-The engine's save stream flows once through: the sha256 of the uncompressed stream, a zstd
-compressor writing straight into the output file (or parts), the sha256 of what is written, and
-the tar parser that recomputes every layer's diffID and the config digest. No uncompressed tar
-touches the disk and memory stays flat whatever the image size.
+The save stream is read once: every member hashed, every layer's diffID and the config digest
+recomputed and checked, each layer compressed with zstd into its own frame in a temporary file
+next to the archive (no uncompressed tar touches the disk; memory stays flat). The archive is
+then assembled in a fixed form, whatever layout or order the engine used:
+
+    blobs/  blobs/sha256/  blobs/sha256/<digest>...  index.json  manifest.json  oci-layout
+
+sorted by name, every header fixed (root, no owner names, mtime 0), each piece a zstd frame;
+``zstd -dc`` reads the frames as one stream. So the same image always gives the same
+``.tar.zst``, byte for byte, and both image stores can load it: the classic one reads
+``manifest.json``, the containerd one ``index.json``. A hotfix archive is the same form without
+the layers the previous release already shipped.
+
+The sha256 of the uncompressed stream needs the layers uncompressed again, so it is computed by
+the pass that reads the finished archive back (the round trip, or :func:`check_archive`).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
+import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import zstandard
 
 from .errors import UnibakeError
-from .savestream import SavedImage, inspect_save_stream
+from .savestream import Member, SavedImage, inspect_save_stream, interpret, read_members
 
 DEFAULT_LEVEL = 3
 # zstd's decoders accept a window up to 2^27 without --long; keep long-distance matching within it.
@@ -47,11 +61,18 @@ class Archive:
     compressed_bytes: int
     compressed_sha256: str  # of the whole compressed stream (all parts in order)
     uncompressed_bytes: int
-    uncompressed_sha256: str
+    uncompressed_sha256: str | None  # known once the archive has been read back
     level: int
     long_distance: bool
     image: SavedImage
     seconds: float
+    tag: str = ""
+    shipped: tuple[str, ...] = ()  # diffIDs whose layers the archive carries
+    omitted: tuple[str, ...] = ()  # diffIDs left out (a hotfix: the previous release has them)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.files]
 
     @property
     def is_split(self) -> bool:
@@ -95,10 +116,7 @@ class PartWriter:
         try:
             self._fh.write(data)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFull(f"no space left in {self.folder} after writing {self.total} bytes of the "
-                               "archive") from None
-            raise UnibakeError(f"cannot write the archive in {self.folder}: {exc.strerror}") from None
+            raise _disk_error(exc, self.folder) from None
         self._part_hash.update(data)
         self._part_bytes += len(data)
 
@@ -199,26 +217,170 @@ def compressor(level: int, long_distance: bool, threads: int = -1) -> zstandard.
     return zstandard.ZstdCompressor(compression_params=params)
 
 
-def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, level: int = DEFAULT_LEVEL,
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
+
+
+def _json_bytes(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _header(name: str, size: int, *, directory: bool = False) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = size, 0, 0, 0, "", ""
+    info.type, info.mode = (tarfile.DIRTYPE, 0o755) if directory else (tarfile.REGTYPE, 0o644)
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+def _pad(size: int) -> bytes:
+    return bytes(-size % tarfile.BLOCKSIZE)
+
+
+def full_reference(tag: str) -> str:
+    """The fully qualified name the containerd image store uses for a tag."""
+    first = tag.split("/", 1)[0]
+    if "/" in tag and ("." in first or ":" in first or first == "localhost"):
+        return tag
+    return f"docker.io/{tag}" if "/" in tag else f"docker.io/library/{tag}"
+
+
+class _Spool:
+    """One big member compressed into its own zstd frame in a temporary file beside the archive."""
+
+    def __init__(self, folder: Path, index: int, cctx: zstandard.ZstdCompressor):
+        self.path = folder / f".member-{index:04d}.zst.tmp"
+        self._fh = open(self.path, "wb")
+        self._writer = cctx.stream_writer(self._fh, closefd=False)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._writer.write(data)
+        except OSError as exc:
+            raise _disk_error(exc, self.path.parent) from None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                self._fh.close()
+            except OSError as exc:
+                raise _disk_error(exc, self.path.parent) from None
+            self._writer = None
+
+
+def _disk_error(exc: OSError, folder: Path) -> UnibakeError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"no space left in {folder} while writing the archive")
+    return UnibakeError(f"cannot write the archive in {folder}: {exc.strerror}")
+
+
+def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list[tuple[str, object, int]]:
+    """(name, content, size) of every entry of the canonical tar; content is bytes or a spooled Member."""
+    layers, seen = [], set()
+    descriptors = []
+    for member, diff_id in zip(image.layer_members, image.diff_ids):
+        digest = f"sha256:{member.sha256}"
+        compressed = member.content_sha256 != member.sha256
+        descriptors.append({"mediaType": OCI_LAYER + ("+gzip" if compressed else ""), "digest": digest,
+                            "size": member.size})
+        if diff_id in omit or digest in seen:
+            continue
+        seen.add(digest)
+        layers.append((f"blobs/sha256/{member.sha256}", member.spool if member.spool else member.data, member.size))
+    config = image.config_bytes
+    config_hex = hashlib.sha256(config).hexdigest()
+    oci_manifest = _json_bytes({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                                "config": {"mediaType": OCI_CONFIG, "digest": f"sha256:{config_hex}",
+                                           "size": len(config)},
+                                "layers": descriptors})
+    manifest_hex = hashlib.sha256(oci_manifest).hexdigest()
+    ref = tag.rsplit(":", 1)[1] if ":" in tag.rsplit("/", 1)[-1] else "latest"
+    index = _json_bytes({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
+        "mediaType": OCI_MANIFEST, "digest": f"sha256:{manifest_hex}", "size": len(oci_manifest),
+        "annotations": {"io.containerd.image.name": full_reference(tag), "org.opencontainers.image.ref.name": ref}}]})
+    classic = _json_bytes([{"Config": f"blobs/sha256/{config_hex}", "RepoTags": [tag],
+                            "Layers": [f"blobs/sha256/{m.sha256}" for m in image.layer_members]}])
+    blobs = layers + [(f"blobs/sha256/{config_hex}", config, len(config)),
+                      (f"blobs/sha256/{manifest_hex}", oci_manifest, len(oci_manifest))]
+    blobs = sorted({name: (name, data, size) for name, data, size in blobs}.values())
+    return ([("blobs/", None, 0), ("blobs/sha256/", None, 0)] + blobs +
+            [("index.json", index, len(index)), ("manifest.json", classic, len(classic)),
+             ("oci-layout", OCI_LAYOUT, len(OCI_LAYOUT))])
+
+
+def _assemble(entries, out: PartWriter, cctx: zstandard.ZstdCompressor) -> int:
+    """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames copied."""
+    pending: list[bytes] = []
+    total = 0
+
+    def flush() -> None:
+        if pending:
+            out.write(cctx.compress(b"".join(pending)))
+            pending.clear()
+
+    for name, content, size in entries:
+        header = _header(name, size, directory=content is None)
+        pending.append(header)
+        total += len(header)
+        if content is None:
+            continue
+        if isinstance(content, (bytes, bytearray)):
+            pending.append(bytes(content))
+        else:
+            flush()
+            with open(content.path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    out.write(block)
+        pending.append(_pad(size))
+        total += size + len(_pad(size))
+    pending.append(bytes(2 * tarfile.BLOCKSIZE))
+    total += 2 * tarfile.BLOCKSIZE
+    flush()
+    return total
+
+
+def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str, level: int = DEFAULT_LEVEL,
                   long_distance: bool = False, split: int | None = None, threads: int = -1,
-                  progress: Callable[[int], object] = lambda n: None) -> Archive:
-    """Compress a save stream into ``folder/name`` (or parts) while recomputing the image's identity."""
+                  omit: Iterable[str] = (), progress: Callable[[int], object] = lambda n: None) -> Archive:
+    """Read a save stream once, check it, and write ``folder/name`` (or parts) in the canonical form.
+
+    ``omit`` names diffIDs whose layers stay out (a hotfix). Nothing is left behind on failure.
+    """
     start = time.monotonic()
-    raw = hashlib.sha256()
+    cctx = compressor(level, long_distance, threads)
+    spools: list[_Spool] = []
+
+    def spool(member_name: str, size: int) -> _Spool:
+        spools.append(_Spool(folder, len(spools), compressor(level, long_distance, threads)))
+        return spools[-1]
+
     writer = PartWriter(folder, name, split)
     try:
-        with compressor(level, long_distance, threads).stream_writer(writer, closefd=False) as zstd_out:
-            tee = TeeReader(chunks, [raw.update, zstd_out.write, lambda c: progress(len(c))])
-            saved = inspect_save_stream(tee)
-            tee.drain()
+        members = read_members(TeeReader(chunks, [lambda c: progress(len(c))]), spool=spool)
+        saved = interpret(members)
+        omit_set = frozenset(omit)
+        entries = canonical_entries(saved, tag, omit_set)
+        uncompressed = _assemble(entries, writer, cctx)
         files = writer.finish()
     except BaseException:
         writer.abort()
         raise
+    finally:
+        for s in spools:
+            try:
+                s.close()
+            except UnibakeError:
+                pass
+            s.path.unlink(missing_ok=True)
+    shipped = tuple(d for d in saved.diff_ids if d not in omit_set)
     return Archive(folder=folder, name=name, files=files, compressed_bytes=writer.total,
-                   compressed_sha256=writer.whole.hexdigest(), uncompressed_bytes=tee.total,
-                   uncompressed_sha256=raw.hexdigest(), level=level, long_distance=long_distance,
-                   image=saved, seconds=time.monotonic() - start)
+                   compressed_sha256=writer.whole.hexdigest(), uncompressed_bytes=uncompressed,
+                   uncompressed_sha256=None, level=level, long_distance=long_distance, image=saved,
+                   seconds=time.monotonic() - start, tag=tag, shipped=shipped,
+                   omitted=tuple(d for d in saved.diff_ids if d in omit_set))
 
 
 def read_archive(folder: Path, files: Iterable[str]) -> Iterator[bytes]:

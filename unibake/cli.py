@@ -22,7 +22,7 @@ from .plan import display_path, make_plan
 from .publish import ReleaseFolder, release_tag
 from .release import ReleaseOptions, parse_size, release_image, summary_rows
 
-COMMANDS = ("lock", "archive", "verify", "releases")
+COMMANDS = ("lock", "archive", "verify", "releases", "hotfix", "repro")
 STAGES = ("render", "build", "release")
 
 
@@ -35,7 +35,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", description="Build, check and release a unified inference image from "
                 "declarative profile YAMLs. Other commands: 'lock' (rewrite profiles/inputs.lock), "
                 "'archive IMAGE' (release an image the engine already has), 'verify DIR' (check a release "
-                "folder), 'releases' (list them); see 'build.py COMMAND --help'.")
+                "folder), 'releases' (list them), 'hotfix --from TAG' (a delta release), 'repro' (two cold "
+                "builds compared); see 'build.py COMMAND --help'.")
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
                    help="profile to include; repeat for several; 'all' (default) is the unified image")
     p.add_argument("--version", help="release version (default: product.yaml's)")
@@ -153,21 +154,47 @@ def cmd_lock(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     return 0
 
 
-def cmd_build(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
-    from .builder import build_image
-    from .docker_engine import DockerEngine
+def _plan_and_render(args: argparse.Namespace, reporter: Reporter, cwd: Path, version: str | None = None):
     from .render import render, write_rendered
+
+    config = (cwd / args.config).resolve()
+    with reporter.stage("plan", display_path(config, cwd)):
+        plan = make_plan(config, profiles=args.profile, version=version or args.version, cwd=cwd)
+    with reporter.stage("render", plan.tag):
+        context = render(plan)
+        # the tracked copies under dockerfiles/rendered/ follow the YAML, not a --version given here
+        out = write_rendered(context, plan.project_root) if not (version or args.version) else None
+    return plan, context, out
+
+
+def _build(plan, context, engine, reporter: Reporter, *, epoch: int, nocache: bool):
+    """Build, then normalise: the tag always names the reproducible image."""
+    from .builder import build_image
+    from .normalise import normalise_image
+    from .plan import INSTALL_ROOT
+
+    with reporter.stage("build", f"{plan.tag} on engine {engine.version()}"):
+        built = build_image(context, engine, revision=git_revision(plan.project_root), epoch=epoch,
+                            nocache=nocache, on_line=reporter.build_line)
+    with reporter.stage("normalise", f"times set to SOURCE_DATE_EPOCH={epoch}"):
+        normalised = normalise_image(engine, built, epoch=epoch, base_image=plan.base_image, owned=INSTALL_ROOT)
+    return normalised
+
+
+def _built_rows(built) -> list[tuple[str, str]]:
+    return [("image ID", built.image_id), ("layers", str(len(built.diff_ids))),
+            ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused")]
+
+
+def cmd_build(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+    from .docker_engine import DockerEngine
 
     args = _build_parser().parse_args(argv)
     reporter = Reporter(env=env, quiet=args.quiet)
-    config = (cwd / args.config).resolve()
-    with reporter.stage("plan", display_path(config, cwd)):
-        plan = make_plan(config, profiles=args.profile, version=args.version, cwd=cwd)
-    with reporter.stage("render", plan.tag):
-        context = render(plan)
-        out = write_rendered(context, plan.project_root)
-    rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names)),
-            ("rendered", display_path(out, cwd))]
+    plan, context, out = _plan_and_render(args, reporter, cwd)
+    rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names))]
+    if out is not None:
+        rows.append(("rendered", display_path(out, cwd)))
     if args.stage == "render":
         reporter.summary("unibake: rendered", rows)
         return 0
@@ -176,13 +203,9 @@ def cmd_build(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
         if args.stage == "release":  # refuse an existing release, or a concurrent run, before building
             folder = stack.enter_context(ReleaseFolder(options.out, release_tag(plan.tag), force=options.force))
         engine = DockerEngine(args.engine)
-        engine_version = engine.version()
-        with reporter.stage("build", f"{plan.tag} on engine {engine_version}"):
-            built = build_image(context, engine, revision=git_revision(plan.project_root),
-                                epoch=source_date_epoch(plan.project_root, env), nocache=args.no_cache,
-                                on_line=reporter.build_line)
-        rows += [("image ID", built.image_id), ("layers", str(len(built.diff_ids))),
-                 ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused")]
+        built = _build(plan, context, engine, reporter, epoch=source_date_epoch(plan.project_root, env),
+                       nocache=args.no_cache)
+        rows += _built_rows(built)
         if args.stage == "build":
             rows.append(("image size", f"{built.size / 2**30:.2f} GiB ({built.size} bytes)"))
             reporter.summary("unibake: built", rows)
@@ -191,6 +214,126 @@ def cmd_build(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
                                 reporter=reporter)
     reporter.summary("unibake: released", rows[:2] + summary_rows(release))
     return 0
+
+
+def _hotfix_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="build.py hotfix", description="A release that ships only the layers that changed since "
+                "an earlier release: built from the same profiles with that release's SOURCE_DATE_EPOCH, so "
+                "every unchanged layer is identical and stays out of the archive.")
+    p.add_argument("--from", dest="base", required=True, metavar="TAG", help="the release it builds on (release/TAG/)")
+    p.add_argument("--version", required=True, help="the hotfix's version")
+    p.add_argument("--profile", action="append", default=[], metavar="NAME",
+                   help="profiles (default: those of the base release)")
+    p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
+    p.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    _release_options(p, out_help="release folder parent (default: release/ next to the profiles folder)")
+    return p
+
+
+def cmd_hotfix(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+    import json
+
+    from .docker_engine import DockerEngine
+
+    args = _hotfix_parser().parse_args(argv)
+    reporter = Reporter(env=env, quiet=args.quiet)
+    config = (cwd / args.config).resolve()
+    out = (cwd / args.out).resolve() if args.out else config.parent / "release"
+    base_path = out / release_tag_arg(args.base) / "manifest.json"
+    try:
+        base = json.loads(base_path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"--from {args.base}: {base_path} does not exist; name a published release") from None
+    except ValueError as exc:
+        raise InputError(f"--from {args.base}: {base_path} is not valid JSON ({exc})") from None
+    base["_folder"] = base_path.parent
+    if not base.get("source_date_epoch"):
+        raise InputError(f"--from {args.base}: that release records no SOURCE_DATE_EPOCH (made before normalising "
+                         "existed); a hotfix needs it to rebuild identical layers")
+    if not args.profile:
+        args.profile = list(base.get("profiles") or []) or ["all"]
+    epoch = int(base["source_date_epoch"])
+    if env.get("SOURCE_DATE_EPOCH") not in (None, str(epoch)):
+        reporter.warn(f"SOURCE_DATE_EPOCH={env['SOURCE_DATE_EPOCH']} is ignored: the hotfix uses {epoch}, the "
+                      f"epoch of {args.base}, so that unchanged layers stay identical")
+    plan, context, _ = _plan_and_render(args, reporter, cwd)
+    if plan.tag == base.get("tag"):
+        raise InputError(f"--version {args.version} gives {plan.tag}, the tag of the base release; choose a new version")
+    options = _options(args, out)
+    with ReleaseFolder(options.out, release_tag(plan.tag), force=options.force) as folder:
+        engine = DockerEngine(args.engine)
+        built = _build(plan, context, engine, reporter, epoch=epoch, nocache=args.no_cache)
+        release = release_image(engine, plan.tag, product=plan.product, folder=folder, options=options,
+                                reporter=reporter, hotfix=base)
+    h = release.manifest["hotfix"]
+    rows = [("image", plan.tag), ("base", f"{base['tag']} ({base['image_id'][:19]})"),
+            ("layers shipped", f"{len(h['shipped_diff_ids'])} of {len(built.diff_ids)}"),
+            ("delta / full", f"{release.archive.compressed_bytes} / {h['base_archive_bytes']} bytes "
+                             f"({100 * release.archive.compressed_bytes / h['base_archive_bytes']:.2f} %)")]
+    reporter.summary("unibake: hotfix released", rows + summary_rows(release))
+    return 0
+
+
+def release_tag_arg(tag: str) -> str:
+    """``--from`` takes a release folder's name (1.3.1) or an image reference (demo-llm:1.3.1)."""
+    return release_tag(tag) if ":" in tag else tag
+
+
+def _repro_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="build.py repro", description="Build twice from cold (no cache) and compare image IDs, every "
+                "diffID and the release archive's sha256; name the layer and files that differ. Exit 0 when "
+                "both builds are identical, 3 when not.")
+    p.add_argument("--profile", action="append", default=[], metavar="NAME")
+    p.add_argument("--version", help="release version (default: product.yaml's)")
+    p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
+    p.add_argument("--quiet", action="store_true", help="print only errors and the summary")
+    return p
+
+
+def cmd_repro(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+    import tempfile
+
+    from .archive import write_archive
+    from .docker_engine import DockerEngine
+    from .errors import VerificationError
+    from .repro import diff_layer
+
+    args = _repro_parser().parse_args(argv)
+    reporter = Reporter(env=env, quiet=args.quiet)
+    plan, context, _ = _plan_and_render(args, reporter, cwd)
+    engine = DockerEngine(args.engine)
+    epoch = source_date_epoch(plan.project_root, env)
+    builds, archives = [], []
+    with tempfile.TemporaryDirectory(prefix="unibake-repro-") as tmp:
+        for n in (1, 2):
+            built = _build(plan, context, engine, reporter, epoch=epoch, nocache=True)
+            with reporter.stage(f"archive {n}", "the archive this build would ship"):
+                folder = Path(tmp) / str(n)
+                folder.mkdir()
+                archives.append(write_archive(engine.save(built.image_id), folder, "image.tar.zst", tag=plan.tag))
+            builds.append(built)
+    a, b = builds
+    rows = [["image ID", a.image_id, b.image_id, "same" if a.image_id == b.image_id else "DIFFERENT"]]
+    for i, (x, y) in enumerate(zip(a.diff_ids, b.diff_ids)):
+        rows.append([f"layer {i + 1}", x, y, "same" if x == y else "DIFFERENT"])
+    sha_a, sha_b = archives[0].compressed_sha256, archives[1].compressed_sha256
+    rows.append(["archive sha256", sha_a, sha_b, "same" if sha_a == sha_b else "DIFFERENT"])
+    reporter.table(f"repro {plan.tag}: two cold builds", ["what", "first build", "second build", ""], rows)
+    if a.image_id == b.image_id and sha_a == sha_b:
+        reporter.info(f"reproducible: {plan.tag} is {a.image_id} both times, archive sha256 {sha_a}")
+        return 0
+    differing = [i for i, (x, y) in enumerate(zip(a.diff_ids, b.diff_ids)) if x != y]
+    if not differing:
+        raise VerificationError(f"the builds differ only in their config ({a.image_id} against {b.image_id}): "
+                                "labels, environment or history")
+    diff = diff_layer(engine, a.image_id, b.image_id, differing[0], (a.diff_ids[differing[0]], b.diff_ids[differing[0]]))
+    reporter.table(f"layer {diff.index + 1}: entries that differ", ["path", "difference"],
+                   [list(e) for e in diff.entries[:50]])
+    first = diff.entries[0] if diff.entries else ("(no entry)", "the layer tars differ in order or padding")
+    raise VerificationError(f"not reproducible: layer {diff.index + 1} differs ({len(diff.entries)} entries), "
+                            f"first {first[0]}: {first[1]}")
 
 
 def cmd_archive(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
@@ -300,6 +443,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return cmd_verify(argv[1:], env, cwd)
         if argv and argv[0] == "releases":
             return cmd_releases(argv[1:], env, cwd)
+        if argv and argv[0] == "hotfix":
+            return cmd_hotfix(argv[1:], env, cwd)
+        if argv and argv[0] == "repro":
+            return cmd_repro(argv[1:], env, cwd)
         return cmd_build(argv, env, cwd)
     except UnibakeError as exc:
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output:

@@ -190,16 +190,18 @@ def changes(previous: dict | None, manifest: dict) -> list[dict]:
 
 
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, metadata: dict | None,
-                   labels: dict[str, str], previous: dict | None) -> dict:
+                   labels: dict[str, str], previous: dict | None, hotfix: dict | None = None,
+                   image_size: int = 0) -> dict:
     meta = metadata or {}
     profiles = meta.get("profiles") or {}
-    return {
+    manifest = {
         "schema": 1,
         "product": product,
         "release": tag,
         "version": labels.get("org.opencontainers.image.version", tag),
         "tag": image_ref,
         "image_id": archive.image.image_id,
+        "image_size": image_size,
         "diff_ids": list(archive.image.diff_ids),
         "save_layout": archive.image.layout,
         "profiles": sorted(profiles),
@@ -222,9 +224,18 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
         "labels": dict(sorted(labels.items())),
         "revision": labels.get("org.opencontainers.image.revision", ""),
         "created": labels.get("org.opencontainers.image.created", ""),
+        "source_date_epoch": labels.get("io.unibake.source-date-epoch"),
         "published": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "previous": previous.get("release") if previous else None,
+        "hotfix": None,
     }
+    if hotfix is not None:
+        manifest["hotfix"] = {
+            "base_release": hotfix["release"], "base_tag": hotfix["tag"], "base_image_id": hotfix["image_id"],
+            "base_archive_bytes": hotfix["archive"]["bytes"],
+            "omitted_diff_ids": list(archive.omitted), "shipped_diff_ids": list(archive.shipped),
+        }
+    return manifest
 
 
 def _templates() -> jinja2.Environment:
@@ -248,6 +259,8 @@ def render_files(manifest: dict, validation: Validation, previous: dict | None) 
     }
     if manifest["profiles"]:  # an image built elsewhere has no profiles to start
         files["run.sh"] = env.get_template("run.sh.j2").render(**values)
+    if manifest["hotfix"]:
+        files["apply.sh"] = env.get_template("apply.sh.j2").render(**values)
     files["README-DIST.md"] = env.get_template("README-DIST.md.j2").render(**values)
     return files
 

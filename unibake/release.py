@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .archive import DEFAULT_LEVEL, Archive, DiskFull, write_archive
@@ -20,7 +20,7 @@ from .engine import Engine
 from .errors import InputError, VerificationError
 from .log import Reporter
 from .publish import ReleaseFolder, Validation, build_manifest, previous_release, publish, render_files
-from .roundtrip import ScratchEngine, round_trip
+from .roundtrip import ReadBack, ScratchEngine, read_back, round_trip
 from .savestream import check_against
 from .smoke import GateResult, image_metadata, run_gates
 
@@ -69,13 +69,16 @@ def _gate_line(reporter: Reporter, result: GateResult) -> None:
     reporter.info(f"    {result.profile}: {'passed' if result.passed else 'FAILED'} ({steps})")
 
 
-def validate(archive: Archive, image_ref: str, image_id: str, metadata: dict | None, options: ReleaseOptions,
-             reporter: Reporter) -> Validation:
-    """Round trip, then every profile's smoke gate on the image as loaded."""
+def validate(archive: Archive, image_ref: str, metadata: dict | None, options: ReleaseOptions,
+             reporter: Reporter, base: tuple[Path, list[str]] | None = None) -> tuple[Validation, ReadBack]:
+    """Read the archive back (in the round trip's load when there is one), then every profile's smoke gate."""
+    omitted = frozenset(archive.omitted)
     if not options.roundtrip:
         reporter.skipped("round trip", "--no-roundtrip")
+        with reporter.stage("read back", "decompress, hash and check the archive written"):
+            back = read_back(archive, omitted=omitted)
         return Validation(round_trip=None, round_trip_skipped="skipped with --no-roundtrip", gates=(),
-                          gates_skipped="they run on the loaded image, and the round trip was skipped")
+                          gates_skipped="they run on the loaded image, and the round trip was skipped"), back
     with ExitStack() as stack:
         netns_pid = None
         if options.verify_engine:
@@ -85,54 +88,85 @@ def validate(archive: Archive, image_ref: str, image_id: str, metadata: dict | N
             with reporter.stage("scratch engine", "a dockerd in its own network namespace"):
                 scratch = stack.enter_context(ScratchEngine(options.scratch_dir, on_line=reporter.info))
             engine, netns_pid, where = scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
-        with reporter.stage("round trip", where):
-            trip = round_trip(archive, engine, image_id=image_id, diff_ids=archive.image.diff_ids, tag=image_ref)
+        with reporter.stage("round trip", where + (" (the previous release first)" if base else "")):
+            trip, back = round_trip(archive, engine, base=base)
         if options.verify_engine:
-            stack.callback(engine.remove_image, image_id)
+            stack.callback(engine.remove_image, archive.image.image_id)
         if metadata is None:
             reporter.skipped("smoke gates", "the image carries no unibake profiles")
             return Validation(round_trip=trip, round_trip_skipped="", gates=(),
-                              gates_skipped="the image carries no unibake profiles")
+                              gates_skipped="the image carries no unibake profiles"), back
         with reporter.stage("smoke gates", ", ".join(sorted(metadata.get("profiles") or {}))):
             gates = run_gates(engine, image_ref, metadata, netns_pid=netns_pid,
                               on_result=lambda r: _gate_line(reporter, r))
-        return Validation(round_trip=trip, round_trip_skipped="", gates=tuple(gates), gates_skipped="")
+        return Validation(round_trip=trip, round_trip_skipped="", gates=tuple(gates), gates_skipped=""), back
 
 
 def release_image(engine: Engine, image_ref: str, *, product: str, folder: ReleaseFolder, options: ReleaseOptions,
-                  reporter: Reporter) -> Release:
-    """Archive, round-trip, gate and publish ``image_ref`` into ``folder`` (entered by the caller)."""
+                  reporter: Reporter, hotfix: dict | None = None) -> Release:
+    """Archive, round-trip, gate and publish ``image_ref`` into ``folder`` (entered by the caller).
+
+    ``hotfix``: the manifest of the release this one builds on; the archive then leaves out the
+    layers that release already shipped, and the round trip loads that release first.
+    """
     info = engine.inspect_image(image_ref)
     if info is None:
         raise InputError(f"the engine at {engine.address} has no image {image_ref}")
     metadata = image_metadata(engine, image_ref)
-    previous = previous_release(options.out, product, folder.tag)
+    previous = hotfix or previous_release(options.out, product, folder.tag)
+    omit, base = (), None
+    if hotfix is not None:
+        omit = hotfix_omits(hotfix["diff_ids"], info.diff_ids)
+        if options.roundtrip:
+            base = (hotfix["_folder"], [f["name"] for f in hotfix["archive"]["files"]])
+            missing = [n for n in base[1] if not (base[0] / n).is_file()]
+            if missing:
+                raise InputError(f"the round trip of a hotfix loads release {hotfix['release']} first, but "
+                                 f"{base[0] / missing[0]} is missing; restore it or use --no-roundtrip")
     name = f"{product}-{folder.tag}.tar.zst"
     with reporter.stage("archive", f"{image_ref} -> {name}"):
         with reporter.progress("archive", info.size) as advance:
             try:
-                archive = write_archive(engine.save(image_ref), folder.staging, name, level=options.level,
-                                        long_distance=options.long_distance, split=options.split, progress=advance)
+                archive = write_archive(engine.save(image_ref), folder.staging, name, tag=image_ref,
+                                        level=options.level, long_distance=options.long_distance,
+                                        split=options.split, omit=omit, progress=advance)
             except DiskFull as exc:
                 free = shutil.disk_usage(options.out).free
                 raise DiskFull(f"{exc}: the release folder {options.out} has {free} bytes free; the image is "
-                               f"{info.size} bytes uncompressed and its archive needs up to that much; free space "
-                               "or choose another --out (the partial files were removed)") from None
+                               f"{info.size} bytes uncompressed and its archive needs up to twice its compressed "
+                               "size while it is written; free space or choose another --out (the partial files "
+                               "were removed)") from None
         check_against(archive.image, image_id=info.id, diff_ids=info.diff_ids, what=f"the engine's {image_ref}")
-        reporter.info(f"    {archive.uncompressed_bytes} bytes -> {archive.compressed_bytes} bytes "
-                      f"(ratio {archive.ratio:.2f}) in {archive.seconds:.1f} s; config and "
-                      f"{len(archive.image.diff_ids)} diffIDs recomputed and matched")
-    validation = validate(archive, image_ref, info.id, metadata, options, reporter)
+        shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if omit else ""
+        reporter.info(f"    {archive.compressed_bytes} bytes compressed in {archive.seconds:.1f} s; {shipped}config "
+                      f"and {len(archive.image.diff_ids)} diffIDs recomputed and matched")
+    validation, back = validate(archive, image_ref, metadata, options, reporter, base)
+    archive = replace(archive, uncompressed_sha256=back.uncompressed_sha256)
     failed = [g for g in validation.gates if not g.passed]
     if failed:
         step = failed[0].failed
         raise VerificationError(f"smoke gate failed for profile {failed[0].profile} at step {step.name}: "
                                 f"{step.detail}; nothing was published")
     manifest = build_manifest(product=product, tag=folder.tag, image_ref=image_ref, archive=archive,
-                              metadata=metadata, labels=info.labels, previous=previous)
+                              metadata=metadata, labels=info.labels, previous=previous, hotfix=hotfix,
+                              image_size=info.size)
     with reporter.stage("publish", str(folder.final)):
         final = publish(folder, archive, render_files(manifest, validation, previous), options.checksums)
     return Release(folder=final, archive=archive, validation=validation, manifest=manifest)
+
+
+def hotfix_omits(base_diff_ids: list[str], diff_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The layers a hotfix leaves out: the longest run, from the bottom, shared with the base release.
+
+    An engine reuses a layer it has only when everything below it is the same too (its chain ID),
+    so a layer above the first changed one ships again even when its content did not change.
+    """
+    shared = 0
+    for mine, theirs in zip(diff_ids, base_diff_ids):
+        if mine != theirs:
+            break
+        shared += 1
+    return tuple(diff_ids[:shared])
 
 
 def summary_rows(release: Release) -> list[tuple[str, str]]:

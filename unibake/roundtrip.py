@@ -8,19 +8,23 @@ layers it already has.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from queue import Queue
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import Archive, read_archive
+from .archive import Archive, TeeReader, read_archive
 from .docker_engine import DockerEngine
-from .engine import Engine
+from .engine import Engine, LoadOutcome
 from .errors import EngineError, VerificationError
+from .savestream import SavedImage, inspect_save_stream
 
 SCRATCH_PREFIX = "ub-scratch-"
 START_TIMEOUT = 90
@@ -219,24 +223,81 @@ class ScratchEngine:
         self._cleanup()
 
 
-def round_trip(archive: Archive, engine: Engine, *, image_id: str, diff_ids: tuple[str, ...],
-               tag: str) -> RoundTrip:
-    """Load the archive (decompressed here: Engine 20.10 cannot read zstd) and compare what loaded."""
+@dataclass(frozen=True, kw_only=True)
+class ReadBack:
+    """What one read of the finished archive established."""
+
+    uncompressed_sha256: str
+    uncompressed_bytes: int
+    image: SavedImage
+    loaded: LoadOutcome | None
+    seconds: float
+
+
+def read_back(archive: Archive, *, load=None, omitted: frozenset[str] = frozenset()) -> ReadBack:
+    """Read the archive once: decompress, hash, parse and check it, and, with ``load``, feed the same
+    stream to an engine's load (in a second thread, through a small bounded queue)."""
+    start = time.monotonic()
+    raw = hashlib.sha256()
+    size = [0]
+    queue: Queue = Queue(maxsize=8)
+    result: dict = {}
+
+    def loader() -> None:
+        try:
+            result["outcome"] = load(iter(queue.get, None))
+        except BaseException as exc:  # handed to the main thread below
+            result["error"] = exc
+            while queue.get() is not None:  # keep the reader from blocking
+                pass
+
+    def count(chunk: bytes) -> None:
+        size[0] += len(chunk)
+
+    sinks = [raw.update, count]
+    thread = None
+    if load is not None:
+        thread = threading.Thread(target=loader, name="load", daemon=True)
+        thread.start()
+        sinks.append(queue.put)
+    try:
+        tee = TeeReader(read_archive(archive.folder, archive.names), sinks)
+        image = inspect_save_stream(tee, omitted)
+        tee.drain()
+    finally:
+        if thread is not None:
+            queue.put(None)
+            thread.join()
+    if "error" in result:
+        raise result["error"]
+    if image.image_id != archive.image.image_id or image.diff_ids != archive.image.diff_ids:
+        raise VerificationError(f"the archive written reads back as {image.image_id}, not {archive.image.image_id}")
+    return ReadBack(uncompressed_sha256=raw.hexdigest(), uncompressed_bytes=size[0], image=image,
+                    loaded=result.get("outcome"), seconds=time.monotonic() - start)
+
+
+def round_trip(archive: Archive, engine: Engine, *,
+               base: tuple[Path, list[str]] | None = None) -> tuple[RoundTrip, ReadBack]:
+    """Load the archive (decompressed here: Engine 20.10 cannot read zstd) into ``engine``, which must
+    never have seen the image, in the same read that checks the archive; then compare what loaded.
+    A hotfix needs the release it builds on: ``base`` (its folder and archive files) is loaded first."""
+    image_id, tag = archive.image.image_id, archive.tag
     if engine.inspect_image(image_id) is not None:
         raise VerificationError(f"the verify engine at {engine.address} already holds {image_id}: a load "
                                 "there proves nothing; remove the image from it or use the scratch engine")
-    start = time.monotonic()
-    outcome = engine.load(read_archive(archive.folder, [f.name for f in archive.files]))
-    seconds = time.monotonic() - start
+    if base is not None:
+        engine.load(read_archive(*base))
+    back = read_back(archive, load=engine.load, omitted=frozenset(archive.omitted))
     loaded = engine.inspect_image(image_id)
     if loaded is None:
-        said = "; ".join(outcome.messages[-3:]) or "nothing"
+        said = "; ".join(back.loaded.messages[-3:]) if back.loaded else "nothing"
         raise VerificationError(f"after the load, the engine has no image {image_id} (it said: {said})")
-    if tuple(loaded.diff_ids) != tuple(diff_ids):
-        raise VerificationError(f"the loaded image's diffIDs differ from the manifest's: {loaded.diff_ids} "
-                                f"against {diff_ids}")
+    if tuple(loaded.diff_ids) != tuple(archive.image.diff_ids):
+        raise VerificationError(f"the loaded image's diffIDs differ from the archive's: {loaded.diff_ids} "
+                                f"against {archive.image.diff_ids}")
     tagged = engine.inspect_image(tag)
     if tagged is None or tagged.id != image_id:
         raise VerificationError(f"after the load, {tag} does not name {image_id}")
     return RoundTrip(engine=engine.address, engine_version=engine.version(), image_id=loaded.id,
-                     diff_ids=loaded.diff_ids, tags=outcome.tags, seconds=seconds)
+                     diff_ids=loaded.diff_ids, tags=back.loaded.tags if back.loaded else (),
+                     seconds=back.seconds), back

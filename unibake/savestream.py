@@ -42,6 +42,7 @@ class Member:
     content_sha256: str  # of the uncompressed content (the diffID for a layer)
     data: bytes | None  # kept when small
     link: str | None = None  # for a symlink or hard link: the member it points at
+    spool: object = None  # where the bytes went instead, when a spool was given
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,8 @@ class SavedImage:
     repo_tags: tuple[str, ...]
     config: dict
     members: int
+    config_bytes: bytes = b""
+    layer_members: tuple[Member | None, ...] = ()  # each layer's member, links resolved; None if omitted
 
 
 def _safe_name(name: str) -> str:
@@ -65,7 +68,8 @@ def _safe_name(name: str) -> str:
     return "" if norm == "." else norm
 
 
-def _hash_member(stream: BinaryIO, size: int, keep: bool) -> tuple[str, str, bytes | None]:
+def _hash_member(stream: BinaryIO, size: int, keep: bool, sink=None,
+                 first_block: bytes = b"") -> tuple[str, str, bytes | None]:
     raw = hashlib.sha256()
     content = None  # a second hash only for compressed blobs
     decomp = None
@@ -73,7 +77,10 @@ def _hash_member(stream: BinaryIO, size: int, keep: bool) -> tuple[str, str, byt
     remaining = size
     first = True
     while remaining > 0:
-        block = stream.read(min(CHUNK, remaining))
+        if first_block:
+            block, first_block = first_block, b""
+        else:
+            block = stream.read(min(CHUNK, remaining))
         if not block:
             raise ArchiveError(f"the archive ends in the middle of a member ({remaining} bytes missing): "
                                "truncated download?")
@@ -86,6 +93,8 @@ def _hash_member(stream: BinaryIO, size: int, keep: bool) -> tuple[str, str, byt
                 decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj()
                 content = hashlib.sha256()
         raw.update(block)
+        if sink is not None:
+            sink.write(block)
         if decomp is not None:
             try:
                 _inflate(decomp, block, content)
@@ -108,8 +117,16 @@ def _inflate(decomp, block: bytes, sink) -> None:
         sink.update(decomp.decompress(block))
 
 
-def read_members(reader: BinaryIO) -> dict[str, Member]:
-    """Every member of a tar stream, hashed; refuses unsafe names and links that escape."""
+SPOOL_THRESHOLD = 64 << 10
+
+
+def read_members(reader: BinaryIO, spool=None) -> dict[str, Member]:
+    """Every member of a tar stream, hashed; refuses unsafe names and links that escape.
+
+    Small members are kept. With ``spool`` (``spool(name, size)`` returning an object with
+    ``write`` and ``close``), members over 64 KiB that are not JSON (the layers) are written there
+    instead of being kept, and closed when complete.
+    """
     members: dict[str, Member] = {}
     try:
         with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:
@@ -127,11 +144,18 @@ def read_members(reader: BinaryIO) -> dict[str, Member]:
                     continue
                 if not info.isreg():
                     raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
-                keep = info.size <= KEEP_LIMIT
                 stream = tar.extractfile(info)
                 assert stream is not None
-                raw, content, data = _hash_member(stream, info.size, keep)
-                members[name] = Member(name=name, size=info.size, sha256=raw, content_sha256=content, data=data)
+                first = stream.read(min(CHUNK, info.size))
+                sink = None
+                if spool is not None and info.size > SPOOL_THRESHOLD and first[:1] not in (b"{", b"["):
+                    sink = spool(name, info.size)
+                keep = sink is None and info.size <= KEEP_LIMIT
+                raw, content, data = _hash_member(stream, info.size, keep, sink, first)
+                if sink is not None:
+                    sink.close()  # the member is complete: its frame can end
+                members[name] = Member(name=name, size=info.size, sha256=raw, content_sha256=content, data=data,
+                                       spool=sink)
             # tarfile stops quietly at a damaged or cut header; a real end is two zero blocks (and padding)
             rest = 0
             while True:
@@ -182,8 +206,12 @@ def _blob_name(digest: str) -> str:
     return f"blobs/sha256/{hexdigest}"
 
 
-def interpret(members: dict[str, Member]) -> SavedImage:
-    """The image the members describe; checks content addresses and the config's diffIDs."""
+def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset()) -> SavedImage:
+    """The image the members describe; checks content addresses and the config's diffIDs.
+
+    ``omitted``: diffIDs whose layers may be absent (a hotfix archive leaves out the layers the
+    previous release shipped); their diffIDs are taken from the config, every other one recomputed.
+    """
     layout = "oci" if "oci-layout" in members or "index.json" in members else "docker"
     if layout == "oci":
         for name, member in members.items():
@@ -217,21 +245,30 @@ def interpret(members: dict[str, Member]) -> SavedImage:
     stem = posixpath.basename(config_name).removesuffix(".json")
     if len(stem) == 64 and stem != config_member.sha256:
         raise ArchiveError(f"config {config_name} does not match its content address: corrupted archive")
-    diff_ids = tuple(f"sha256:{_resolve(members, name).content_sha256}" for name in layer_names)
     declared = tuple((config.get("rootfs") or {}).get("diff_ids") or ()) if isinstance(config, dict) else ()
-    if declared != diff_ids:
-        for i, (want, got) in enumerate(zip(declared, diff_ids)):
-            if want != got:
-                raise ArchiveError(f"layer {i + 1} ({layer_names[i]}) has diffID {got}, but the image config "
-                                   f"says {want}: corrupted archive")
-        raise ArchiveError(f"the image config lists {len(declared)} layers, the archive holds {len(diff_ids)}")
-    return SavedImage(layout=layout, image_id=image_id, diff_ids=diff_ids, repo_tags=repo_tags,
-                      config=config, members=len(members))
+    if len(declared) != len(layer_names):
+        raise ArchiveError(f"the image config lists {len(declared)} layers, the manifest {len(layer_names)}")
+    diff_ids, layer_members = [], []
+    for i, name in enumerate(layer_names):
+        if _safe_name(name) not in members and declared[i] in omitted:
+            diff_ids.append(declared[i])
+            layer_members.append(None)
+            continue
+        member = _resolve(members, name)
+        got = f"sha256:{member.content_sha256}"
+        if got != declared[i]:
+            raise ArchiveError(f"layer {i + 1} ({name}) has diffID {got}, but the image config says "
+                               f"{declared[i]}: corrupted archive")
+        diff_ids.append(got)
+        layer_members.append(member)
+    return SavedImage(layout=layout, image_id=image_id, diff_ids=tuple(diff_ids), repo_tags=repo_tags,
+                      config=config, members=len(members), config_bytes=config_member.data or b"",
+                      layer_members=tuple(layer_members))
 
 
-def inspect_save_stream(reader: BinaryIO) -> SavedImage:
+def inspect_save_stream(reader: BinaryIO, omitted: frozenset[str] = frozenset()) -> SavedImage:
     """Read a whole ``docker save`` stream from ``reader`` and recompute the image's identity."""
-    return interpret(read_members(reader))
+    return interpret(read_members(reader), omitted)
 
 
 def check_against(saved: SavedImage, *, image_id: str, diff_ids: tuple[str, ...] | list[str], what: str) -> None:

@@ -165,7 +165,8 @@ def verify_folder(folder: Path) -> Report:
     try:
         with dctx.stream_reader(reader, read_across_frames=True, read_size=1 << 20) as stream:
             tee = TeeReader(iter(lambda: stream.read(1 << 20), b""), [raw.update])
-            saved = inspect_save_stream(tee)
+            hotfix = manifest.get("hotfix") or {}
+            saved = inspect_save_stream(tee, frozenset(hotfix.get("omitted_diff_ids") or ()))
             tee.drain()
         check_against(saved, image_id=manifest["image_id"], diff_ids=manifest["diff_ids"], what="manifest.json")
         if raw.hexdigest() != archive.get("uncompressed_sha256", raw.hexdigest()):
@@ -197,6 +198,12 @@ def load_and_compare(report: Report, engine: Engine) -> None:
 
     manifest = report.manifest
     image_id = manifest["image_id"]
+    hotfix = manifest.get("hotfix")
+    if hotfix and engine.inspect_image(hotfix["base_image_id"]) is None:
+        report.add("load", manifest["tag"], False, f"this hotfix needs image {hotfix['base_image_id']} "
+                   f"({hotfix['base_tag']}) in the engine; load release {hotfix['base_release']} first "
+                   "(nothing was loaded)")
+        return
     if engine.inspect_image(image_id) is not None:
         report.add("load", manifest["tag"], True, f"the engine already has {image_id}; not loaded again")
         return

@@ -160,6 +160,6 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(cli, busybox_pr
     result = release(cli, busybox_product, version, out, "--no-roundtrip")
     assert result.code == 1
     line = result.error_lines[-1]
-    assert line.startswith(f"error: no space left in {out}/.{version}.partial after writing ")
+    assert line.startswith(f"error: no space left in {out}/.{version}.partial while writing the archive")
     assert f"the release folder {out} has " in line and "bytes uncompressed" in line
     assert [p for p in os.listdir(out) if not p.endswith(".lock")] == []

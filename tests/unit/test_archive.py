@@ -1,17 +1,24 @@
-"""The one-pass archive writer: real zstd frames, both hashes, parts, and nothing left on failure."""
+"""The canonical archive writer: real zstd frames, one form whatever the engine's layout, parts,
+hotfix deltas, and nothing left behind on failure."""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import subprocess
+import tarfile
 
 import pytest
 
 from unibake.archive import read_archive, write_archive
+from unibake.roundtrip import read_back
 from unibake.savestream import ArchiveError
 
-from ..savefixtures import docker_layout, layer_tar
+from ..savefixtures import DEFAULT_LAYERS, docker_layout, layer_tar, oci_layout
+
+TAG = "demo:1"
 
 
 def chunks(data: bytes, size: int = 4096):
@@ -19,55 +26,103 @@ def chunks(data: bytes, size: int = 4096):
         yield data[i:i + size]
 
 
-def big_save_stream() -> tuple[bytes, str, list[str]]:
-    # Incompressible, so that the compressed stream is big enough to split.
-    return docker_layout([layer_tar({"weights.bin": os.urandom(3 << 20)}), layer_tar({"a.json": b"{}"})])
+def big_layers() -> list[bytes]:
+    # Incompressible and above the spool threshold, so that layers go through temporary frames.
+    return [layer_tar({"weights.bin": os.urandom(3 << 20)}), layer_tar({"a.json": b"{}"})]
 
 
-def test_the_archive_is_a_real_zstd_file_with_both_hashes(tmp_path):
-    data, image_id, diff_ids = docker_layout()
-    archive = write_archive(chunks(data), tmp_path, "demo-1.tar.zst")
+def test_the_archive_is_a_real_zstd_file_that_reads_back_as_the_image(tmp_path):
+    data, image_id, diff_ids = docker_layout(big_layers())
+    archive = write_archive(chunks(data, 1 << 16), tmp_path, "demo-1.tar.zst", tag=TAG)
     path = tmp_path / "demo-1.tar.zst"
-    assert [f.name for f in archive.files] == ["demo-1.tar.zst"]
+    assert archive.names == ["demo-1.tar.zst"] and sorted(os.listdir(tmp_path)) == ["demo-1.tar.zst"]
     assert archive.compressed_sha256 == hashlib.sha256(path.read_bytes()).hexdigest() == archive.files[0].sha256
-    assert archive.uncompressed_sha256 == hashlib.sha256(data).hexdigest()
-    assert archive.uncompressed_bytes == len(data) and archive.compressed_bytes == path.stat().st_size
     assert archive.image.image_id == image_id and list(archive.image.diff_ids) == diff_ids
     subprocess.run(["zstd", "-q", "-t", str(path)], check=True)
-    assert subprocess.run(["zstd", "-dc", str(path)], capture_output=True, check=True).stdout == data
-    assert sorted(os.listdir(tmp_path)) == ["demo-1.tar.zst"]
+    stream = subprocess.run(["zstd", "-dc", str(path)], capture_output=True, check=True).stdout
+    assert len(stream) == archive.uncompressed_bytes
+    back = read_back(archive)
+    assert back.uncompressed_sha256 == hashlib.sha256(stream).hexdigest()
+    assert back.image.image_id == image_id
+
+
+def test_the_canonical_form_lists_both_layouts_sorted_with_fixed_headers(tmp_path):
+    data, image_id, diff_ids = docker_layout()
+    write_archive(chunks(data), tmp_path, "x.tar.zst", tag=TAG)
+    stream = b"".join(read_archive(tmp_path, ["x.tar.zst"]))
+    with tarfile.open(fileobj=io.BytesIO(stream)) as tar:
+        members = tar.getmembers()
+        names = [m.name for m in members]
+        assert names == sorted(names)
+        assert names[:2] == ["blobs", "blobs/sha256"] and names[-3:] == ["index.json", "manifest.json", "oci-layout"]
+        assert {(m.uid, m.gid, m.uname, m.gname, m.mtime) for m in members} == {(0, 0, "", "", 0)}
+        classic = json.loads(tar.extractfile("manifest.json").read())
+        index = json.loads(tar.extractfile("index.json").read())
+    assert classic == [{"Config": f"blobs/sha256/{image_id[7:]}", "RepoTags": [TAG],
+                        "Layers": [f"blobs/sha256/{d[7:]}" for d in diff_ids]}]
+    assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == "docker.io/library/demo:1"
+
+
+def test_the_same_image_gives_the_same_bytes_whatever_layout_or_order_the_engine_used(tmp_path):
+    layers = big_layers() + DEFAULT_LAYERS
+    sources = {"docker": docker_layout(layers)[0], "oci": oci_layout(layers)[0],
+               "oci-index-only": oci_layout(layers, with_docker_manifest=False)[0]}
+    digests = {}
+    for name, data in sources.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        digests[name] = write_archive(chunks(data, 1 << 15), folder, "x.tar.zst", tag=TAG).compressed_sha256
+    assert len(set(digests.values())) == 1, digests
 
 
 def test_long_distance_matching_stays_readable_by_the_zstd_cli(tmp_path):
-    data, _, _ = docker_layout()
-    write_archive(chunks(data), tmp_path, "x.tar.zst", level=5, long_distance=True)
-    assert subprocess.run(["zstd", "-dc", str(tmp_path / "x.tar.zst")], capture_output=True,
-                          check=True).stdout == data
+    data, _, _ = docker_layout(big_layers())
+    archive = write_archive(chunks(data), tmp_path, "x.tar.zst", tag=TAG, level=5, long_distance=True)
+    out = subprocess.run(["zstd", "-dc", str(tmp_path / "x.tar.zst")], capture_output=True, check=True).stdout
+    assert len(out) == archive.uncompressed_bytes
 
 
 def test_split_parts_concatenate_to_the_whole_stream(tmp_path):
-    data, image_id, _ = big_save_stream()
-    archive = write_archive(chunks(data, 1 << 16), tmp_path, "big.tar.zst", split=1 << 20)
-    names = [f.name for f in archive.files]
+    data, image_id, _ = docker_layout(big_layers())
+    archive = write_archive(chunks(data, 1 << 16), tmp_path, "big.tar.zst", tag=TAG, split=1 << 20)
+    names = archive.names
     assert names == [f"big.tar.zst.part-{i:03d}" for i in range(len(names))] and len(names) >= 3
     assert all(f.bytes == 1 << 20 for f in archive.files[:-1]) and 0 < archive.files[-1].bytes <= 1 << 20
     whole = b"".join((tmp_path / n).read_bytes() for n in names)
     assert hashlib.sha256(whole).hexdigest() == archive.compressed_sha256
     for f in archive.files:
         assert hashlib.sha256((tmp_path / f.name).read_bytes()).hexdigest() == f.sha256
-    assert b"".join(read_archive(tmp_path, names)) == data
-    assert archive.image.image_id == image_id
+    assert read_back(archive).image.image_id == image_id
+    assert sorted(os.listdir(tmp_path)) == names
+
+
+def test_a_hotfix_archive_leaves_out_the_layers_it_was_told_to(tmp_path):
+    layers = big_layers() + [layer_tar({"tune.json": b'{"v": 2}'})]
+    data, image_id, diff_ids = docker_layout(layers)
+    full = write_archive(chunks(data, 1 << 16), tmp_path, "full.tar.zst", tag=TAG)
+    delta = write_archive(chunks(data, 1 << 16), tmp_path, "delta.tar.zst", tag=TAG, omit=diff_ids[:2])
+    assert delta.omitted == tuple(diff_ids[:2]) and delta.shipped == (diff_ids[2],)
+    assert delta.compressed_bytes < full.compressed_bytes / 100
+    stream = b"".join(read_archive(tmp_path, ["delta.tar.zst"]))
+    with tarfile.open(fileobj=io.BytesIO(stream)) as tar:
+        blobs = {m.name for m in tar.getmembers() if m.name.startswith("blobs/sha256/")}
+        classic = json.loads(tar.extractfile("manifest.json").read())
+    assert f"blobs/sha256/{diff_ids[2][7:]}" in blobs and f"blobs/sha256/{diff_ids[0][7:]}" not in blobs
+    assert len(classic[0]["Layers"]) == 3  # the manifest still names every layer
+    assert read_back(delta, omitted=frozenset(diff_ids[:2])).image.image_id == image_id
+    with pytest.raises(ArchiveError, match="the archive has no"):
+        read_back(delta)  # without being told, missing layers are an error
 
 
 def test_a_stream_that_fails_midway_leaves_no_file(tmp_path):
-    data, _, _ = big_save_stream()
+    data, _, _ = docker_layout(big_layers())
 
     def broken():
         yield from chunks(data[: len(data) // 2], 1 << 16)
         raise ConnectionResetError("the engine stopped mid-save")
 
     with pytest.raises(ConnectionResetError):
-        write_archive(broken(), tmp_path, "big.tar.zst", split=1 << 20)
+        write_archive(broken(), tmp_path, "big.tar.zst", tag=TAG, split=1 << 20)
     assert os.listdir(tmp_path) == []
 
 
@@ -75,5 +130,13 @@ def test_a_corrupt_stream_is_refused_and_leaves_no_file(tmp_path):
     data, _, _ = docker_layout()
     corrupt = data.replace(b'{"a": 1}', b'{"a": 2}', 1)
     with pytest.raises(ArchiveError, match="diffID"):
-        write_archive(chunks(corrupt), tmp_path, "x.tar.zst")
+        write_archive(chunks(corrupt), tmp_path, "x.tar.zst", tag=TAG)
     assert os.listdir(tmp_path) == []
+
+
+def test_several_big_layers_each_keep_their_whole_frame(tmp_path):
+    layers = [layer_tar({f"w{i}.bin": os.urandom(2 << 20)}) for i in range(3)]
+    data, image_id, _ = docker_layout(layers)
+    archive = write_archive(chunks(data, 1 << 16), tmp_path, "x.tar.zst", tag=TAG)
+    assert archive.compressed_bytes > 6 << 20  # random data does not compress: nothing was lost
+    assert read_back(archive).image.image_id == image_id

@@ -1,0 +1,132 @@
+"""Reproducible builds and hotfix releases, on the real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from unibake.repro import layer_member, list_layer
+from unibake.roundtrip import ScratchEngine
+
+EPOCH = "1700000000"
+
+
+def release(cli, profiles: Path, version: str, out: Path, *extra: str, epoch: str = EPOCH):
+    return cli("--config", str(profiles), "--version", version, "--out", str(out), *extra,
+               env={"CI": "true", "SOURCE_DATE_EPOCH": epoch})
+
+
+def test_the_layers_unibake_adds_carry_the_epoch_and_no_owner_names(cli, engine, busybox_product, version, images):
+    tag = f"unibake-test:{version}"
+    images(tag)
+    result = cli("--config", str(busybox_product), "--version", version, "--stage", "build",
+                 env={"CI": "true", "SOURCE_DATE_EPOCH": EPOCH})
+    assert result.code == 0, result.err
+    info = engine.inspect_image(tag)
+    assert info.labels["io.unibake.source-date-epoch"] == EPOCH
+    assert info.raw["Created"].startswith("2023-11-14T22:13:20")
+    base = engine.inspect_image("localhost/unibake-busybox:1")
+    assert info.diff_ids[: len(base.diff_ids)] == base.diff_ids  # the base's layers are untouched
+    for index in range(len(base.diff_ids), len(info.diff_ids)):
+        entries = list_layer(engine, tag, layer_member(engine, tag, index))
+        assert entries and {e[4] for e in entries.values()} == {int(EPOCH)}
+    history = engine.api.history(tag)
+    assert {h["Created"] for h in history} == {int(EPOCH)}
+
+
+def test_repro_passes_on_the_example_product(cli, demo_product, version, images):
+    images(f"demo-llm:{version}")
+    result = cli("repro", "--config", str(demo_product), "--version", version,
+                 env={"CI": "true", "SOURCE_DATE_EPOCH": EPOCH})
+    assert result.code == 0, result.err
+    assert f"reproducible: demo-llm:{version} is sha256:" in result.err
+    assert "DIFFERENT" not in result.err
+
+
+def test_repro_names_the_layer_and_file_that_differ(cli, demo_product, version, images):
+    images(f"demo-llm:{version}")
+    source = demo_product.parent / "images/kernels/rmsnorm/rmsnorm.c"
+    source.write_text(source.read_text() + '\nconst char *built_at(void) { return __DATE__ " " __TIME__; }\n')
+    assert cli("lock", "--config", str(demo_product)).code == 0
+    result = cli("repro", "--config", str(demo_product), "--version", version,
+                 env={"CI": "true", "SOURCE_DATE_EPOCH": EPOCH})
+    assert result.code == 3
+    assert result.error_lines[-1].startswith("error: not reproducible: layer 3 differs")
+    assert "opt/unibake/kernels/rmsnorm/librmsnorm.so: content" in result.error_lines[-1]
+
+
+def test_two_releases_of_the_same_commit_give_the_same_archive(cli, busybox_product, version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    sums = []
+    for n in (1, 2):
+        out = tmp_path / f"r{n}"
+        assert release(cli, busybox_product, version, out, "--no-roundtrip", *(["--no-cache"] if n == 2 else [])).code == 0
+        sums.append(json.loads((out / version / "manifest.json").read_text())["archive"]["sha256"])
+    assert sums[0] == sums[1]
+
+
+@pytest.fixture
+def hotfix_pair(cli, demo_product, version, images, tmp_path):
+    """Release 1 of the example product, then a hotfix that changes one tune-cache JSON."""
+    out = tmp_path / "release"
+    base, fix = f"{version}a", f"{version}b"
+    images(f"demo-llm:{base}")
+    images(f"demo-llm:{fix}")
+    assert release(cli, demo_product, base, out).code == 0
+    tune = demo_product.parent / "images/tune/tp2/E=8,N=3584,device_name=NVIDIA_H100_80GB_HBM3.json"
+    tune.write_text(tune.read_text().replace("{", '{"retuned": true, ', 1))
+    assert cli("lock", "--config", str(demo_product)).code == 0
+    result = cli("hotfix", "--from", base, "--version", fix, "--config", str(demo_product), "--out", str(out))
+    assert result.code == 0, result.err
+    return out / base, out / fix
+
+
+def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, demo_product, hotfix_pair, tmp_path):
+    base, fix = hotfix_pair
+    full_manifest = json.loads((base / "manifest.json").read_text())
+    manifest = json.loads((fix / "manifest.json").read_text())
+    hotfix = manifest["hotfix"]
+    assert hotfix["base_release"] == base.name and hotfix["base_image_id"] == full_manifest["image_id"]
+    assert 0 < len(hotfix["shipped_diff_ids"]) < len(manifest["diff_ids"])
+    ratio = manifest["archive"]["bytes"] / full_manifest["archive"]["bytes"]
+    assert ratio < 0.01, ratio
+    validation = json.loads((fix / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["image_id"] == manifest["image_id"]  # loaded on top of the base release
+    assert all(g["passed"] for g in validation["smoke"])
+    notes = (fix / "RELEASE_NOTES.md").read_text()
+    assert f"## Hotfix on top of {base.name}" in notes and hotfix["base_image_id"] in notes
+    assert (fix / "apply.sh").exists() and "apply.sh" in (fix / "SHA256SUMS").read_text()
+    print(f"\nhotfix delta {manifest['archive']['bytes']} bytes, full archive {full_manifest['archive']['bytes']} "
+          f"bytes: {100 * ratio:.3f} %")
+
+    # The same inputs built in full, from cold, give the very same image.
+    out = tmp_path / "full"
+    engine.remove_image(manifest["tag"])
+    assert release(cli, demo_product, fix.name, out, "--no-cache", "--no-roundtrip").code == 0
+    assert json.loads((out / fix.name / "manifest.json").read_text())["image_id"] == manifest["image_id"]
+    assert cli("verify", str(fix)).code == 0
+
+
+def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(cli, hotfix_pair):
+    base, fix = hotfix_pair
+    manifest = json.loads((fix / "manifest.json").read_text())
+    with ScratchEngine() as scratch:
+        env = {**os.environ, "DOCKER_HOST": scratch.engine.address}
+        refused = cli("verify", str(fix), "--load", "--engine", scratch.engine.address)
+        assert refused.code == 3 and f"this hotfix needs image {manifest['hotfix']['base_image_id']}" in refused.err
+        apply = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True, env=env)
+        assert apply.returncode == 3
+        assert f"error: this hotfix needs image {manifest['hotfix']['base_image_id']}" in apply.stderr
+        assert scratch.engine.inspect_image(manifest["image_id"]) is None  # nothing was loaded
+
+        archive = base / json.loads((base / "manifest.json").read_text())["archive"]["name"]
+        subprocess.run(f"zstd -dc {archive} | docker load", shell=True, check=True, env=env, capture_output=True)
+        apply = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True, env=env)
+        assert apply.returncode == 0, apply.stderr
+        assert scratch.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
+        previous = json.loads((base / "manifest.json").read_text())
+        assert scratch.engine.inspect_image(previous["tag"]).id == previous["image_id"]  # the base is untouched
