@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
+import threading
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,7 +22,8 @@ from .errors import BuildFailed, CheckFailed, InputError, UnibakeError
 from .inputs import LOCK_FILE, read_lock, render_lock
 from .log import Reporter
 from .plan import display_path, make_plan
-from .publish import ReleaseFolder, release_tag
+from .publish import ReleaseFolder, check_tag, release_tag
+from .schema import NAME_RE
 from .release import ReleaseOptions, parse_size, release_image, summary_rows
 
 COMMANDS = ("lock", "archive", "verify", "releases", "hotfix", "repro")
@@ -60,6 +64,8 @@ def _release_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
     p.add_argument("--verify-engine", metavar="URL",
                    help="load into this engine (it must not have the image) instead of a scratch dockerd")
     p.add_argument("--scratch-dir", metavar="DIR", help="where the scratch engine keeps its data (default: $TMPDIR)")
+    p.add_argument("--allow", action="append", default=[], metavar="REGEX",
+                   help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow)")
     p.add_argument("--quiet", action="store_true", help="print only errors and the summary")
 
 
@@ -92,13 +98,23 @@ def _releases_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _options(args: argparse.Namespace, out: Path) -> ReleaseOptions:
+def _options(args: argparse.Namespace, out: Path, env: Mapping[str, str], plan_allow: tuple[str, ...] = ()) \
+        -> ReleaseOptions:
+    """The release options, checked; called before anything is planned, rendered or built."""
+    from .sanitise import builder_identity
+
     if args.level < 1 or args.level > 19:
         raise InputError(f"--level {args.level} is out of range 1..19")
+    for pattern in args.allow:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InputError(f"--allow {pattern!r} is not a regular expression: {exc}") from None
     return ReleaseOptions(out=out, force=args.force, level=args.level, long_distance=args.long,
                           split=parse_size(args.split) if args.split else None, roundtrip=not args.no_roundtrip,
                           verify_engine=args.verify_engine,
-                          scratch_dir=Path(args.scratch_dir) if args.scratch_dir else None)
+                          scratch_dir=Path(args.scratch_dir) if args.scratch_dir else None,
+                          allow=plan_allow + tuple(args.allow), identity=builder_identity(dict(env)))
 
 
 def _lock_parser() -> argparse.ArgumentParser:
@@ -154,30 +170,40 @@ def cmd_lock(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     return 0
 
 
-def _plan_and_render(args: argparse.Namespace, reporter: Reporter, cwd: Path, version: str | None = None):
-    from .render import render, write_rendered
+def _plan_and_render(args: argparse.Namespace, reporter: Reporter, cwd: Path, env: Mapping[str, str],
+                     version: str | None = None):
+    from .render import context_texts, render, write_rendered
+    from .sanitise import builder_identity, enforce, scan_context
 
     config = (cwd / args.config).resolve()
     with reporter.stage("plan", display_path(config, cwd)):
         plan = make_plan(config, profiles=args.profile, version=version or args.version, cwd=cwd)
     with reporter.stage("render", plan.tag):
         context = render(plan)
-        # the tracked copies under dockerfiles/rendered/ follow the YAML, not a --version given here
-        out = write_rendered(context, plan.project_root) if not (version or args.version) else None
+    with reporter.stage("sanitise", "the build context and the Dockerfile"):
+        enforce(scan_context(context_texts(context), builder_identity(dict(env))),
+                plan.sanitise_allow + tuple(getattr(args, "allow", None) or ()), "the build context")
+    # the tracked copies under dockerfiles/rendered/ follow the YAML, not a --version given here
+    out = write_rendered(context, plan.project_root) if not (version or args.version) else None
     return plan, context, out
 
 
-def _build(plan, context, engine, reporter: Reporter, *, epoch: int, nocache: bool):
-    """Build, then normalise: the tag always names the reproducible image."""
+def _build(plan, context, engine, reporter: Reporter, *, epoch: int, nocache: bool, allow: tuple[str, ...] = (),
+           env: Mapping[str, str] | None = None):
+    """Build, then normalise (the tag always names the reproducible image), then scan its config."""
     from .builder import build_image
     from .normalise import normalise_image
     from .plan import INSTALL_ROOT
+    from .sanitise import builder_identity, enforce, scan_added
 
     with reporter.stage("build", f"{plan.tag} on engine {engine.version()}"):
         built = build_image(context, engine, revision=git_revision(plan.project_root), epoch=epoch,
                             nocache=nocache, on_line=reporter.build_line)
     with reporter.stage("normalise", f"times set to SOURCE_DATE_EPOCH={epoch}"):
         normalised = normalise_image(engine, built, epoch=epoch, base_image=plan.base_image, owned=INSTALL_ROOT)
+    with reporter.stage("sanitise", "what the image config adds: env, labels, history"):
+        enforce(scan_added(engine, plan.tag, plan.base_image, builder_identity(dict(env or {}))),
+                allow, f"the image {plan.tag}")
     return normalised
 
 
@@ -191,20 +217,22 @@ def cmd_build(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
 
     args = _build_parser().parse_args(argv)
     reporter = Reporter(env=env, quiet=args.quiet)
-    plan, context, out = _plan_and_render(args, reporter, cwd)
+    _options(args, cwd, env)  # refuse bad release options before anything is written
+    plan, context, out = _plan_and_render(args, reporter, cwd, env)
     rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names))]
     if out is not None:
         rows.append(("rendered", display_path(out, cwd)))
     if args.stage == "render":
         reporter.summary("unibake: rendered", rows)
         return 0
-    options = _options(args, (cwd / args.out).resolve() if args.out else plan.project_root / "release")
+    options = _options(args, (cwd / args.out).resolve() if args.out else plan.project_root / "release", env,
+                       plan.sanitise_allow)
     with ExitStack() as stack:
         if args.stage == "release":  # refuse an existing release, or a concurrent run, before building
             folder = stack.enter_context(ReleaseFolder(options.out, release_tag(plan.tag), force=options.force))
         engine = DockerEngine(args.engine)
         built = _build(plan, context, engine, reporter, epoch=source_date_epoch(plan.project_root, env),
-                       nocache=args.no_cache)
+                       nocache=args.no_cache, allow=options.allow, env=env)
         rows += _built_rows(built)
         if args.stage == "build":
             rows.append(("image size", f"{built.size / 2**30:.2f} GiB ({built.size} bytes)"))
@@ -238,6 +266,7 @@ def cmd_hotfix(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
 
     args = _hotfix_parser().parse_args(argv)
     reporter = Reporter(env=env, quiet=args.quiet)
+    _options(args, cwd, env)  # refuse bad release options before anything is written
     config = (cwd / args.config).resolve()
     out = (cwd / args.out).resolve() if args.out else config.parent / "release"
     base_path = out / release_tag_arg(args.base) / "manifest.json"
@@ -257,13 +286,14 @@ def cmd_hotfix(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     if env.get("SOURCE_DATE_EPOCH") not in (None, str(epoch)):
         reporter.warn(f"SOURCE_DATE_EPOCH={env['SOURCE_DATE_EPOCH']} is ignored: the hotfix uses {epoch}, the "
                       f"epoch of {args.base}, so that unchanged layers stay identical")
-    plan, context, _ = _plan_and_render(args, reporter, cwd)
+    plan, context, _ = _plan_and_render(args, reporter, cwd, env)
     if plan.tag == base.get("tag"):
         raise InputError(f"--version {args.version} gives {plan.tag}, the tag of the base release; choose a new version")
-    options = _options(args, out)
+    options = _options(args, out, env, plan.sanitise_allow)
     with ReleaseFolder(options.out, release_tag(plan.tag), force=options.force) as folder:
         engine = DockerEngine(args.engine)
-        built = _build(plan, context, engine, reporter, epoch=epoch, nocache=args.no_cache)
+        built = _build(plan, context, engine, reporter, epoch=epoch, nocache=args.no_cache, allow=options.allow,
+                       env=env)
         release = release_image(engine, plan.tag, product=plan.product, folder=folder, options=options,
                                 reporter=reporter, hotfix=base)
     h = release.manifest["hotfix"]
@@ -302,13 +332,14 @@ def cmd_repro(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
 
     args = _repro_parser().parse_args(argv)
     reporter = Reporter(env=env, quiet=args.quiet)
-    plan, context, _ = _plan_and_render(args, reporter, cwd)
+    plan, context, _ = _plan_and_render(args, reporter, cwd, env)
     engine = DockerEngine(args.engine)
     epoch = source_date_epoch(plan.project_root, env)
     builds, archives = [], []
     with tempfile.TemporaryDirectory(prefix="unibake-repro-") as tmp:
         for n in (1, 2):
-            built = _build(plan, context, engine, reporter, epoch=epoch, nocache=True)
+            built = _build(plan, context, engine, reporter, epoch=epoch, nocache=True, allow=plan.sanitise_allow,
+                           env=env)
             with reporter.stage(f"archive {n}", "the archive this build would ship"):
                 folder = Path(tmp) / str(n)
                 folder.mkdir()
@@ -341,19 +372,23 @@ def cmd_archive(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
 
     args = _archive_parser().parse_args(argv)
     reporter = Reporter(env=env, quiet=args.quiet)
-    options = _options(args, (cwd / (args.out or "release")).resolve())
+    options = _options(args, (cwd / (args.out or "release")).resolve(), env)
+    by_digest = args.image.startswith("sha256:") or "@" in args.image
+    if by_digest and not (args.tag and args.product):
+        raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
+    tag = check_tag(args.tag or release_tag(args.image))
+    if args.product and not NAME_RE.fullmatch(args.product):
+        raise InputError(f"--product {args.product!r} is not valid: lower-case letters, digits, '.', '_' and '-'")
     engine = DockerEngine(args.engine)
     engine.version()
     info = engine.inspect_image(args.image)
     if info is None:
         raise InputError(f"the engine at {engine.address} has no image {args.image!r}")
-    repository = args.image.rsplit(":", 1)[0] if ":" in args.image.rsplit("/", 1)[-1] else args.image
-    if args.image.startswith("sha256:") or "@" in args.image:
-        if not args.tag or not args.product:
-            raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
+    if by_digest:
         repository = args.product
+    else:
+        repository = args.image.rsplit(":", 1)[0] if ":" in args.image.rsplit("/", 1)[-1] else args.image
     product = args.product or info.labels.get("org.opencontainers.image.title") or repository.rsplit("/", 1)[-1]
-    tag = args.tag or release_tag(args.image)
     with ReleaseFolder(options.out, tag, force=options.force) as folder:
         release = release_image(engine, args.image, product=product, folder=folder, options=options,
                                 reporter=reporter)
@@ -429,9 +464,16 @@ def _quick_verify(folder: Path, parts: list[str]):
     return report
 
 
+def _terminate(signum, frame):  # SIGTERM cleans up like Ctrl-C: scratch engine stopped, partial files removed
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
          cwd: Path | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     env = os.environ if env is None else env
     cwd = cwd or Path.cwd()
     try:
@@ -459,6 +501,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except BrokenPipeError:  # output piped into head: not an error of ours
         sys.stdout = open(os.devnull, "w")
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

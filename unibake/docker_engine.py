@@ -104,6 +104,12 @@ class DockerEngine(Engine):
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
                          created=raw.get("Created", ""), env=tuple(config.get("Env") or ()), raw=raw)
 
+    def history(self, ref: str) -> list[str]:
+        try:
+            return [h.get("CreatedBy") or "" for h in reversed(self.api.history(ref))]
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot read the history of {ref}", exc) from None
+
     def save(self, ref: str) -> Iterator[bytes]:
         try:
             yield from self.api.get_image(ref, chunk_size=1 << 20)

@@ -71,6 +71,10 @@ class Engine(ABC):
         """The image, or None when the engine does not have it."""
 
     @abstractmethod
+    def history(self, ref: str) -> list[str]:
+        """The ``created_by`` of every history entry of an image, oldest first."""
+
+    @abstractmethod
     def save(self, ref: str) -> Iterator[bytes]:
         """The ``docker save`` tar stream of one image, in chunks."""
 

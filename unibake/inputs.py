@@ -141,9 +141,16 @@ def render_lock(files: list[InputFile]) -> str:
     return LOCK_HEADER + "".join(f"{by_path[p]}  {p}\n" for p in sorted(by_path))
 
 
-def check_lock(files: list[InputFile], locked: dict[str, str], display: str) -> None:
-    """Refuse inputs that are new or differ from the lock, naming the first and counting the rest."""
+def check_lock(files: list[InputFile], locked: dict[str, str], display: str,
+               sources: tuple[str, ...] = ()) -> None:
+    """Refuse inputs that are new, differ from the lock, or are locked under one of ``sources`` but
+    gone; name the first and count the rest."""
     problems: list[str] = []
+    present = {f.path for f in files}
+    for path in sorted(locked):
+        under = any(path == src or path.startswith(src.rstrip("/") + "/") for src in sources)
+        if under and path not in present:
+            problems.append(f"input '{path}' is in {display} but missing")
     for f in sorted({f.path: f for f in files}.values(), key=lambda f: f.path):
         want = locked.get(f.path)
         if want is None:

@@ -6,6 +6,7 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +140,7 @@ class ReleasePlan:
     config_dir: Path
     config_files: tuple[str, ...]  # relative to project_root
     inputs: tuple[InputFile, ...]
+    sanitise_allow: tuple[str, ...] = ()
 
     @property
     def profile_names(self) -> tuple[str, ...]:
@@ -242,6 +244,13 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
     for key in data.get("env", {}):
         _check_env_key(key, where(("env", key)))
+    allow = tuple(data.get("sanitise", {}).get("allow", []))
+    for i, pattern in enumerate(allow):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InputError(f"{where(('sanitise', 'allow', i))}: sanitise.allow[{i}] is not a regular "
+                             f"expression: {exc}") from None
     launch = data.get("launch", {})
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
     tag = f"{data['product']}:{version}{tag_suffix}"
@@ -263,7 +272,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         lock_display = display_path(lock_path, cwd)
         if not lock_path.exists():
             raise InputError(f"{lock_display}: the inputs lock is missing; create it with: python build.py lock")
-        check_lock(inputs, read_lock(lock_path, lock_display), lock_display)
+        sources = [engine.source.path] + [k.source.path for k in kernels] + [o.source.path for o in overlays]
+        sources += [k.source.path for p in chosen for k in p.sidecars] + [p.tune.source.path for p in chosen if p.tune]
+        check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources))
 
     return ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
@@ -278,6 +289,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         config_files=tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
                                    for m in merged.values() for f in m.chain})),
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
+        sanitise_allow=allow,
     )
 
 

@@ -21,6 +21,7 @@ from .errors import InputError, VerificationError
 from .log import Reporter
 from .publish import ReleaseFolder, Validation, build_manifest, previous_release, publish, render_files
 from .roundtrip import ReadBack, ScratchEngine, read_back, round_trip
+from .sanitise import enforce, scan_release_texts
 from .savestream import check_against
 from .smoke import GateResult, image_metadata, run_gates
 
@@ -50,6 +51,8 @@ class ReleaseOptions:
     roundtrip: bool = True
     verify_engine: str | None = None
     scratch_dir: Path | None = None
+    allow: tuple[str, ...] = ()  # sanitisation: values let through
+    identity: tuple[str, ...] = ()  # sanitisation: the builder's home and user name
 
     @property
     def checksums(self) -> Path:
@@ -150,8 +153,11 @@ def release_image(engine: Engine, image_ref: str, *, product: str, folder: Relea
     manifest = build_manifest(product=product, tag=folder.tag, image_ref=image_ref, archive=archive,
                               metadata=metadata, labels=info.labels, previous=previous, hotfix=hotfix,
                               image_size=info.size)
+    files = render_files(manifest, validation, previous)
+    with reporter.stage("sanitise", "the release's text files"):
+        enforce(scan_release_texts(files, options.identity), options.allow, f"release {folder.tag}")
     with reporter.stage("publish", str(folder.final)):
-        final = publish(folder, archive, render_files(manifest, validation, previous), options.checksums)
+        final = publish(folder, archive, files, options.checksums)
     return Release(folder=final, archive=archive, validation=validation, manifest=manifest)
 
 

@@ -199,6 +199,15 @@ def render(plan: ReleasePlan) -> BuildContext:
                         files=tuple(files[n] for n in sorted(files)), baked=tuple(sorted(baked.items())))
 
 
+def context_texts(context: BuildContext, limit: int = 32 << 20):
+    """(name, bytes) of every context file up to ``limit`` bytes, for the sanitisation gate."""
+    for f in context.files:
+        if f.data is not None:
+            yield f.name, f.data
+        elif f.source is not None and f.source.stat().st_size <= limit:
+            yield f.name, f.source.read_bytes()
+
+
 def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -> None:
     """The build context as a reproducible tar: sorted, root-owned, one fixed mtime."""
     with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:

@@ -132,6 +132,10 @@ SCHEMA: dict[str, Key] = {
                                    pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
                       "run": _str("shell command; exit 0 means pass", required=True),
                   })),
+    "sanitise": Key(type="record", doc="the sanitisation gate", scope="product", merge="merge", fields={
+        "allow": Key(type="list", doc="regular expressions for deliberate values the gate lets through",
+                     item=_str("a regular expression")),
+    }),
     "launch": Key(type="record", doc="run-time defaults", scope="product", merge="merge", fields={
         "port": Key(type="int", doc="default PORT", minimum=1),
         "model_name": _str("default MODEL_NAME"),
