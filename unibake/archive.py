@@ -24,16 +24,15 @@ import hashlib
 import json
 import os
 import tarfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import zstandard
 
 from .errors import UnibakeError
-from .savestream import Member, SavedImage, inspect_save_stream, interpret, read_members
+from .savestream import ArchiveError, SavedImage, interpret, read_members
 
 DEFAULT_LEVEL = 3
 # zstd's decoders accept a window up to 2^27 without --long; keep long-distance matching within it.
@@ -383,13 +382,16 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
                    omitted=tuple(d for d in saved.diff_ids if d in omit_set))
 
 
-def read_archive(folder: Path, files: Iterable[str]) -> Iterator[bytes]:
+def read_archive(folder: Path, files: list[str]) -> Iterator[bytes]:
     """The decompressed stream of an archive's file(s), concatenated in order."""
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
     reader = dctx.stream_reader(_Concatenated([folder / f for f in files]), read_across_frames=True)
     with reader:
         while True:
-            block = reader.read(1 << 20)
+            try:
+                block = reader.read(1 << 20)
+            except zstandard.ZstdError as exc:
+                raise ArchiveError(f"{folder / files[0]}: zstd cannot decode it: {exc}") from None
             if not block:
                 return
             yield block

@@ -389,6 +389,9 @@ def cmd_archive(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     else:
         repository = args.image.rsplit(":", 1)[0] if ":" in args.image.rsplit("/", 1)[-1] else args.image
     product = args.product or info.labels.get("org.opencontainers.image.title") or repository.rsplit("/", 1)[-1]
+    from .sanitise import enforce, scan_added
+    with reporter.stage("sanitise", "the image config: env, labels, history"):
+        enforce(scan_added(engine, args.image, None, options.identity), options.allow, f"the image {args.image}")
     with ReleaseFolder(options.out, tag, force=options.force) as folder:
         release = release_image(engine, args.image, product=product, folder=folder, options=options,
                                 reporter=reporter)

@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from queue import Queue
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,12 +105,24 @@ def _unmount_under(folder: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
+def _runtime_of(folder: Path) -> Path | None:
+    try:
+        return Path((folder / "runtime").read_text().strip())
+    except OSError:
+        return None
+
+
 def remove_scratch_dir(folder: Path) -> None:
-    """Stop whatever still runs from ``folder`` (by PID), unmount what it left, delete it."""
-    for pid in _processes_using(folder):
-        _stop(pid, STOP_TIMEOUT)
-    _unmount_under(folder)
-    shutil.rmtree(folder, ignore_errors=True)
+    """Stop whatever still runs from ``folder`` or its runtime folder (by PID), unmount, delete both."""
+    runtime = _runtime_of(folder)
+    for place in (folder, runtime):
+        if place is not None:
+            for pid in _processes_using(place):
+                _stop(pid, STOP_TIMEOUT)
+    for place in (folder, runtime):
+        if place is not None and place.name.startswith(("ub-scratch-", "ubx-")):
+            _unmount_under(place)
+            shutil.rmtree(place, ignore_errors=True)
 
 
 def clean_stale_scratch(base: Path) -> list[Path]:
@@ -162,11 +175,14 @@ class ScratchEngine:
             self.on_line(f"removed a scratch engine left by an interrupted run: {folder}")
         self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))
         (self.folder / "owner").write_text(f"{os.getpid()}\n")
-        sock = self.folder / "sock"
+        # Unix socket paths are limited to 107 bytes: the sockets live in a short folder of their own.
+        runtime = Path(tempfile.mkdtemp(prefix="ubx-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        (self.folder / "runtime").write_text(f"{runtime}\n")
+        sock = runtime / "sock"
         log = open(self.folder / "dockerd.log", "wb")
         # Its own network namespace: its bridge can never touch the host engine's docker0.
         cmd = ["unshare", "--net", "--", shutil.which("dockerd"), "--data-root", str(self.folder / "root"),
-               "--exec-root", str(self.folder / "exec"), "--pidfile", str(self.folder / "pid"),
+               "--exec-root", str(runtime / "exec"), "--pidfile", str(runtime / "pid"),
                "-H", f"unix://{sock}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
                "--userland-proxy=false"]
         try:
@@ -242,14 +258,21 @@ def read_back(archive: Archive, *, load=None, omitted: frozenset[str] = frozense
     size = [0]
     queue: Queue = Queue(maxsize=8)
     result: dict = {}
+    ended = threading.Event()  # the end of the stream has been taken from the queue
+
+    def chunks() -> Iterator[bytes]:
+        while (item := queue.get()) is not None:
+            yield item
+        ended.set()
 
     def loader() -> None:
         try:
-            result["outcome"] = load(iter(queue.get, None))
+            result["outcome"] = load(chunks())
         except BaseException as exc:  # handed to the main thread below
             result["error"] = exc
-            while queue.get() is not None:  # keep the reader from blocking
-                pass
+            while not ended.is_set():  # keep the reader from blocking on a full queue
+                if queue.get() is None:
+                    ended.set()
 
     def count(chunk: bytes) -> None:
         size[0] += len(chunk)

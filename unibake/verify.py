@@ -172,7 +172,11 @@ def verify_folder(folder: Path) -> Report:
         if raw.hexdigest() != archive.get("uncompressed_sha256", raw.hexdigest()):
             structure = "the uncompressed stream's sha256 differs from manifest.json"
     except zstandard.ZstdError as exc:
-        zstd_ok, structure = False, f"zstd cannot decode it: {exc}"
+        reason = str(exc)
+        if "too much memory" in reason:
+            reason = (f"a zstd frame declares a window over {1 << LDM_WINDOW_LOG >> 20} MiB, more memory than a "
+                      "release archive may ask of its decoder")
+        zstd_ok, structure = False, f"zstd cannot decode it: {reason}"
     except ArchiveError as exc:
         structure = str(exc)
     reader.finish()

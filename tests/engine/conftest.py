@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 import uuid
 
 import pytest
@@ -39,3 +41,19 @@ def images(engine):
     yield refs.append
     for ref in refs:
         engine.remove_image(ref)
+
+
+@pytest.fixture(scope="session")
+def big_image(engine):
+    """A 300 MB incompressible image, so that the archive stage lasts long enough to interrupt."""
+    tag = "unibake-test-big:1"
+    dockerfile = b"FROM localhost/unibake-busybox:1\nRUN head -c 300000000 /dev/urandom > /blob\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    buf.seek(0)
+    engine.build(buf, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
+    yield tag
+    engine.remove_image(tag)

@@ -84,3 +84,44 @@ def test_a_missing_part_is_named(cli, tmp_path):
     result = cli("verify", str(folder))
     assert result.code == 3
     assert f"{parts[-1]}: " in result.error_lines[0] and "missing" in result.error_lines[0]
+
+
+@pytest.fixture
+def split_folder(tmp_path):
+    incompressible = [layer_tar({"weights.bin": os.urandom(3 << 20)})]
+    return make_release(tmp_path / "release", split=1 << 20, layers=incompressible)[0]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+def test_a_flipped_byte_in_any_part_is_named(cli, split_folder, index):
+    part = sorted(split_folder.glob("*.part-*"))[index]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    part.write_bytes(bytes(data))
+    result = cli("verify", str(split_folder))
+    assert result.code == 3
+    assert result.error_lines[0].startswith(f"error: {part.name}: sha256 check failed")
+
+
+def test_a_part_from_another_release_is_refused(cli, tmp_path, split_folder):
+    other = make_release(tmp_path / "other", "1.3.2", split=1 << 20,
+                         layers=[layer_tar({"weights.bin": os.urandom(3 << 20)})])[0]
+    mine = sorted(split_folder.glob("*.part-*"))[1]
+    theirs = sorted(other.glob("*.part-*"))[1]
+    mine.write_bytes(theirs.read_bytes())
+    result = cli("verify", str(split_folder))
+    assert result.code == 3 and mine.name in result.error_lines[0]
+
+
+def test_a_zstd_stream_with_a_huge_window_is_refused(cli, folder):
+    """A frame that declares a 2 GiB window would make a decoder allocate it: refused, not decoded."""
+    archive = folder / "demo-llm-1.3.1.tar.zst"
+    stream = zstandard.ZstdDecompressor().decompressobj().decompress(archive.read_bytes())
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=31, enable_ldm=True)
+    with open(archive, "wb") as fh, zstandard.ZstdCompressor(compression_params=params).stream_writer(fh) as out:
+        out.write(stream)
+    rewrite_sums(folder, archive.name)
+    result = cli("verify", str(folder))
+    assert result.code == 3
+    zstd_line = next(line for line in result.err.splitlines() if line.lstrip().startswith("zstd"))
+    assert "FAILED" in zstd_line and "window" in zstd_line.lower()

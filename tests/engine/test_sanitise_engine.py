@@ -1,0 +1,40 @@
+"""The sanitisation gate on real images: build arguments in history, addresses in the notes."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+
+def test_a_secret_passed_as_a_build_argument_fails_the_release(cli, engine, tmp_path):
+    tag = "unibake-test-leaky:1"
+    dockerfile = b"FROM localhost/unibake-busybox:1\nARG DB_PASSWORD\nRUN echo fetched > /weights.txt\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    buf.seek(0)
+    engine.build(buf, tag=tag, buildargs={"DB_PASSWORD": "correct-horse-battery"}, nocache=True, on_line=lambda line: None)
+    try:
+        out = tmp_path / "release"
+        result = cli("archive", tag, "--out", str(out), "--no-roundtrip")
+        assert result.code == 3
+        line = result.error_lines[-1]
+        assert "history[" in line and "build argument DB_PASSWORD" in line and "correct-horse-battery" not in line
+        assert not out.exists()  # refused before the release folder was made
+    finally:
+        engine.remove_image(tag)
+
+
+def test_a_private_address_in_the_release_texts_fails_the_release(cli, busybox_product, version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("model_name: tiny", "model_name: tiny-on-10.20.30.40"))
+    out = tmp_path / "release"
+    result = cli("--config", str(busybox_product), "--version", version, "--out", str(out), "--no-roundtrip")
+    assert result.code == 3
+    line = result.error_lines[-1]
+    assert line.startswith("error: sanitisation: ") and "private network address (10.2…40)" in line
+    assert f"in release {version}" in line
+    assert not (out / version).exists()

@@ -1,0 +1,96 @@
+"""The sanitisation gate: what it finds, how it reports it, and what the allowlist lets through."""
+
+from __future__ import annotations
+
+import pytest
+
+from unibake.sanitise import builder_identity, enforce, scan_env, scan_image, scan_release_texts, scan_text
+from unibake.errors import VerificationError
+
+SECRETS = {
+    "private key": "-----BEGIN OPENSSH PRIVATE KEY-----",
+    "AWS access key": "AKIAIOSFODNN7EXAMPLQ",
+    "GitHub token": "ghp_" + "a1B2c3D4e5" * 4,
+    "Hugging Face token": "hf_" + "AbCdEfGhIj" * 4,
+    "OpenAI key": "sk-proj-" + "Zx9" * 10,
+    "Slack token": "xoxb-123456789012-abcdefghij",
+    "Google API key": "AIza" + "S" * 35,
+    "JSON web token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlc2lnbmF0dXJl",
+    "password in a URL": "https://deploy:hunter2@pypi.example.com/simple",
+    "home folder": "/home/alice",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SECRETS))
+def test_each_kind_of_secret_is_found_and_masked(kind):
+    value = SECRETS[kind]
+    findings = scan_text(f"line one\nsetting = {value} # here\n", "engine/config.py")
+    assert [f.kind for f in findings] == [kind]
+    report = str(findings[0])
+    assert report.startswith(f"engine/config.py:2: {kind} (")
+    assert value not in report  # never printed whole
+
+
+def test_the_builders_root_folder_user_and_home_are_found():
+    identity = builder_identity({"HOME": "/home/alice", "USER": "alice"})
+    assert identity == ("/home/alice", "alice")
+    assert {f.kind for f in scan_text("cache: /root/.cache/huggingface\n", "x")} == {"the builder's /root folder"}
+    found = scan_text("built by alice in /srv\n", "x", identity=identity)
+    assert [f.kind for f in found] == ["the builder's home or user name"]
+    assert builder_identity({"HOME": "/root", "USER": "root"}) == ()
+
+
+def test_secret_variables_are_found_by_name_only_when_set():
+    findings = scan_env([("HF_TOKEN", "abc"), ("DB_PASSWORD", "x"), ("API_KEY", ""), ("NCCL_ALGO", "Ring")], "env")
+    assert [f.where for f in findings] == ["env HF_TOKEN", "env DB_PASSWORD"]
+
+
+def test_build_arguments_in_history_are_found():
+    history = ["|2 HF_TOKEN=abc123 MODE=fast /bin/sh -c make", "/bin/sh -c #(nop) COPY dir:abc in /opt"]
+    findings = scan_image([], {}, history, "image config")
+    assert [(f.where, f.kind) for f in findings] == [("image config: history[0] build argument HF_TOKEN",
+                                                       "secret in the environment")]
+
+
+def test_private_addresses_count_in_release_texts_only():
+    text = "engine at tcp://10.1.2.3:2375 and 192.168.0.7; public 8.8.8.8; loopback 127.0.0.1\n"
+    assert scan_text(text, "x") == []
+    found = scan_release_texts({"RELEASE_NOTES.md": text}, ())
+    assert [f.value for f in found] == ["10.1.2.3", "192.168.0.7"]
+
+
+def test_a_finding_fails_with_one_line_and_the_allowlist_lets_deliberate_values_through():
+    findings = scan_text(f"token: {SECRETS['Hugging Face token']}\n", "images/tune/tp1/x.json")
+    with pytest.raises(VerificationError, match=r"^sanitisation: images/tune/tp1/x\.json:1: Hugging Face token "
+                                                r"\(hf_A…Ij\) in the build context; remove it, or allowlist"):
+        enforce(findings, (), "the build context")
+    enforce(findings, (r"^hf_AbCd",), "the build context")
+
+
+def test_a_secret_in_an_input_stops_the_run_before_anything_is_written(cli, busybox_product):
+    cache = busybox_product.parent / "images/tune/tp1/cache-1.json"
+    cache.write_text('{"hub_token": "%s"}\n' % SECRETS["Hugging Face token"])
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    result = cli("--config", str(busybox_product))
+    assert result.code == 3
+    assert result.error_lines == ["error: sanitisation: ctx/profiles/tp1/tune/cache-1.json:1: Hugging Face token "
+                                  "(hf_A…Ij) in the build context; remove it, or allowlist a deliberate value in "
+                                  "product.yaml under sanitise.allow"]
+    assert not (busybox_product.parent / "dockerfiles").exists()
+    assert not (busybox_product.parent / "release").exists()
+
+
+def test_a_secret_in_a_yaml_env_value_is_caught_in_the_dockerfile(cli, busybox_product):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace('env: {SHARED_SETTING: "on"}',
+                                                   'env: {SHARED_SETTING: "on", MIRROR: "https://u:p4ss@mirror.example"}'))
+    result = cli("--config", str(busybox_product))
+    assert result.code == 3 and "Dockerfile:" in result.error_lines[0] and "password in a URL" in result.error_lines[0]
+
+
+def test_a_deliberate_value_allowlisted_in_product_yaml_passes(cli, busybox_product):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        'env: {SHARED_SETTING: "on"}', 'env: {SHARED_SETTING: "on", DOCS_URL: "https://user:pass@docs.example"}')
+        + "sanitise: {allow: ['^https://user:pass@docs\\.example$']}\n")
+    assert cli("--config", str(busybox_product), "--stage", "render").code == 0
