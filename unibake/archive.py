@@ -7,14 +7,17 @@ then assembled in a fixed form, whatever layout or order the engine used:
 
     blobs/  blobs/sha256/  blobs/sha256/<digest>...  index.json  manifest.json  oci-layout
 
-sorted by name, every header fixed (root, no owner names, mtime 0), each piece a zstd frame;
+in a fixed order, every header fixed (root, no owner names, mtime 0), each piece a zstd frame;
 ``zstd -dc`` reads the frames as one stream. So the same image always gives the same
 ``.tar.zst``, byte for byte, and both image stores can load it: the classic one reads
 ``manifest.json``, the containerd one ``index.json``. A hotfix archive is the same form without
 the layers the previous release already shipped.
 
-The sha256 of the uncompressed stream needs the layers uncompressed again, so it is computed by
-the pass that reads the finished archive back (the round trip, or :func:`check_archive`).
+The order is fixed by the image alone (the biggest layer first, then the rest sorted), so that the
+biggest layer's frames, written while the engine's stream arrived, become the archive in place and
+are never copied; the other spooled frames are copied by the kernel. The digests of what was
+written, compressed and uncompressed, come from the pass that reads the finished archive back
+(the round trip's load, or a check without one), which every release makes.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import errno
 import hashlib
 import json
 import os
+import struct
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from queue import Empty, Queue
 
 import zstandard
 
@@ -47,7 +53,7 @@ class DiskFull(UnibakeError):
 class ArchiveFile:
     name: str
     bytes: int
-    sha256: str
+    sha256: str | None = None  # known once the archive has been read back
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +64,7 @@ class Archive:
     name: str  # the archive's name; with parts, they are name.part-000, ...
     files: tuple[ArchiveFile, ...]
     compressed_bytes: int
-    compressed_sha256: str  # of the whole compressed stream (all parts in order)
+    compressed_sha256: str | None  # of the whole compressed stream (all parts in order), once read back
     uncompressed_bytes: int
     uncompressed_sha256: str | None  # known once the archive has been read back
     level: int
@@ -72,6 +78,11 @@ class Archive:
     @property
     def names(self) -> list[str]:
         return [f.name for f in self.files]
+
+    def with_digests(self, back) -> "Archive":
+        """This archive with the digests a read-back (:class:`unibake.roundtrip.ReadBack`) measured."""
+        return replace(self, files=tuple(replace(f, sha256=back.file_sha256[f.name]) for f in self.files),
+                       compressed_sha256=back.compressed_sha256, uncompressed_sha256=back.uncompressed_sha256)
 
     @property
     def is_split(self) -> bool:
@@ -90,17 +101,24 @@ class PartWriter:
     """A write-only file that lands in ``folder`` as ``name`` (or ``name.part-NNN`` of ``split`` bytes each).
 
     Each file is written under a temporary dot-name and renamed only when complete and fsynced.
+    ``adopt``: an existing file that becomes the start of the (single) output, so what it holds is
+    not copied again. Digests are not taken here: the read-back pass hashes what was written.
     """
 
-    def __init__(self, folder: Path, name: str, split: int | None = None):
+    def __init__(self, folder: Path, name: str, split: int | None = None, adopt: Path | None = None):
         self.folder, self.name, self.split = folder, name, split
-        self.whole = hashlib.sha256()
         self.total = 0
         self.done: list[ArchiveFile] = []
         self._temps: list[Path] = []
         self._fh = None
-        self._part_hash = hashlib.sha256()
         self._part_bytes = 0
+        if adopt is not None:
+            assert not split
+            temp = folder / f".{name}.tmp"
+            os.replace(adopt, temp)
+            self._temps.append(temp)
+            self._fh = open(temp, "r+b")  # not "ab": the kernel's copy refuses files opened to append
+            self.total = self._part_bytes = self._fh.seek(0, os.SEEK_END)
 
     def _final_name(self, index: int) -> str:
         return part_name(self.name, index) if self.split else self.name
@@ -109,33 +127,48 @@ class PartWriter:
         temp = self.folder / f".{self._final_name(len(self.done))}.tmp"
         self._temps.append(temp)
         self._fh = open(temp, "wb")
-        self._part_hash, self._part_bytes = hashlib.sha256(), 0
+        self._part_bytes = 0
 
-    def _write(self, data: memoryview) -> None:
-        try:
-            self._fh.write(data)
-        except OSError as exc:
-            raise _disk_error(exc, self.folder) from None
-        self._part_hash.update(data)
-        self._part_bytes += len(data)
+    def _room(self, wanted: int) -> int:
+        if self._fh is None:
+            self._open()
+        return wanted if not self.split else min(wanted, self.split - self._part_bytes)
+
+    def _advance(self, n: int) -> None:
+        self._part_bytes += n
+        self.total += n
+        if self.split and self._part_bytes >= self.split:
+            self._close_part()
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self.whole.update(view)
-        self.total += len(view)
         while len(view):
-            if self._fh is None:
-                self._open()
-            room = len(view) if not self.split else self.split - self._part_bytes
-            self._write(view[:room])
+            room = self._room(len(view))
+            try:
+                self._fh.write(view[:room])
+            except OSError as exc:
+                raise _disk_error(exc, self.folder) from None
             view = view[room:]
-            if self.split and self._part_bytes >= self.split:
-                self._close_part()
+            self._advance(room)
         return len(data)
 
-    def flush(self) -> None:
-        if self._fh is not None:
-            self._fh.flush()
+    def copy_from(self, path: Path, offset: int = 0) -> None:
+        """Append ``path`` from ``offset`` on, copied by the kernel (no pass through Python)."""
+        with open(path, "rb") as src:
+            left = os.fstat(src.fileno()).st_size - offset
+            while left > 0:
+                room = self._room(left)
+                self._fh.flush()
+                try:
+                    copied = os.copy_file_range(src.fileno(), self._fh.fileno(), room, offset)
+                except OSError as exc:
+                    raise _disk_error(exc, self.folder) from None
+                if copied <= 0:
+                    raise UnibakeError(f"cannot copy {path} into the archive")
+                self._fh.seek(0, os.SEEK_END)
+                offset += copied
+                left -= copied
+                self._advance(copied)
 
     def _close_part(self) -> None:
         fh, self._fh = self._fh, None
@@ -144,7 +177,7 @@ class PartWriter:
         fh.close()
         final = self._final_name(len(self.done))
         os.replace(self._temps[-1], self.folder / final)
-        self.done.append(ArchiveFile(name=final, bytes=self._part_bytes, sha256=self._part_hash.hexdigest()))
+        self.done.append(ArchiveFile(name=final, bytes=self._part_bytes))
 
     def finish(self) -> tuple[ArchiveFile, ...]:
         if self._fh is not None or not self.done:
@@ -207,6 +240,38 @@ class TeeReader:
             self._buffer, self._offset = b"", 0
 
 
+def prefetch(chunks: Iterable[bytes], depth: int = 64) -> Iterator[bytes]:
+    """The chunks, read ahead by a second thread (up to ``depth`` of them), so that the engine never
+    waits on our hashing and compression and we never wait on its next write."""
+    queue: Queue = Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    break
+                queue.put(chunk)
+            queue.put(None)
+        except BaseException as exc:  # handed to the consumer
+            queue.put(exc)
+
+    thread = threading.Thread(target=reader, name="save-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a reader waiting on a full queue
+            try:
+                queue.get(timeout=0.1)
+            except Empty:
+                pass
+
+
 def compressor(level: int, long_distance: bool, threads: int = -1) -> zstandard.ZstdCompressor:
     if not 1 <= level <= 19:
         raise UnibakeError(f"zstd level {level} is out of range 1..19")
@@ -246,15 +311,31 @@ def full_reference(tag: str) -> str:
     return f"docker.io/{tag}" if "/" in tag else f"docker.io/library/{tag}"
 
 
+SKIPPABLE_MAGIC = b"\x50\x2a\x4d\x18"  # a zstd skippable frame: decoders pass over its content
+RESERVE = 4096  # room kept at the head of each spool for the frame of the tar headers before it
+
+
+def skippable(size: int) -> bytes:
+    """A skippable frame of exactly ``size`` bytes (at least 8)."""
+    return SKIPPABLE_MAGIC + struct.pack("<I", size - 8) + bytes(size - 8)
+
+
 class _Spool:
-    """One big member compressed into its own zstd frame in a temporary file beside the archive."""
+    """One big member compressed into its own zstd frame in a temporary file beside the archive.
+
+    The file starts with ``RESERVE`` bytes of skippable frame, so that the biggest spool can
+    become the archive itself: the headers that precede its content are written into that room
+    instead of copying the member's frames behind them.
+    """
 
     def __init__(self, folder: Path, index: int, cctx: zstandard.ZstdCompressor):
         self.path = folder / f".member-{index:04d}.zst.tmp"
         self._fh = open(self.path, "wb")
+        self._fh.write(skippable(RESERVE))
         self._writer = cctx.stream_writer(self._fh, closefd=False)
+        self.compressed = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data) -> None:
         try:
             self._writer.write(data)
         except OSError as exc:
@@ -264,10 +345,11 @@ class _Spool:
         if self._writer is not None:
             try:
                 self._writer.close()
+                self.compressed = self._fh.tell() - RESERVE
                 self._fh.close()
             except OSError as exc:
                 raise _disk_error(exc, self.path.parent) from None
-            self._writer = None
+            self._writer = self._fh = None
 
 
 def _disk_error(exc: OSError, folder: Path) -> UnibakeError:
@@ -277,7 +359,12 @@ def _disk_error(exc: OSError, folder: Path) -> UnibakeError:
 
 
 def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list[tuple[str, object, int]]:
-    """(name, content, size) of every entry of the canonical tar; content is bytes or a spooled Member."""
+    """(name, content, size) of every entry of the canonical tar; content is bytes or a spooled Member.
+
+    The order is fixed by the image alone: the two folders, the biggest layer (so that its frames
+    can stay where they were written), then every other blob sorted by name, then ``index.json``,
+    ``manifest.json`` and ``oci-layout``.
+    """
     layers, seen = [], set()
     descriptors = []
     for member, diff_id in zip(image.layer_members, image.diff_ids):
@@ -305,40 +392,59 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
     blobs = layers + [(f"blobs/sha256/{config_hex}", config, len(config)),
                       (f"blobs/sha256/{manifest_hex}", oci_manifest, len(oci_manifest))]
     blobs = sorted({name: (name, data, size) for name, data, size in blobs}.values())
+    spooled = [b for b in blobs if isinstance(b[1], _Spool)]
+    if spooled:
+        biggest = max(spooled, key=lambda b: (b[2], b[0]))
+        blobs = [biggest] + [b for b in blobs if b is not biggest]
     return ([("blobs/", None, 0), ("blobs/sha256/", None, 0)] + blobs +
             [("index.json", index, len(index)), ("manifest.json", classic, len(classic)),
              ("oci-layout", OCI_LAYOUT, len(OCI_LAYOUT))])
 
 
-def _assemble(entries, out: PartWriter, cctx: zstandard.ZstdCompressor) -> int:
-    """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames copied."""
-    pending: list[bytes] = []
+def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstandard.ZstdCompressor) \
+        -> tuple[PartWriter, int]:
+    """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames
+    copied by the kernel; the first spool, when nothing big precedes it, is not copied at all."""
+    first = entries[2][1] if len(entries) > 2 and isinstance(entries[2][1], _Spool) else None
+    head = b"".join(_header(n, s, directory=c is None) for n, c, s in entries[:3]) if first else b""
+    head_frame = cctx.compress(head) if first else b""
+    if first and len(head_frame) + 8 > RESERVE:
+        first = None  # never with two folders and one header; kept for safety
     total = 0
+    if first is not None:
+        with open(first.path, "r+b") as fh:  # the headers go into the room kept at its head
+            fh.write(head_frame + skippable(RESERVE - len(head_frame)))
+        out = PartWriter(folder, name, split, adopt=None if split else first.path)
+        if split:
+            out.copy_from(first.path)
+        entries, total = [(None, first, entries[2][2])] + entries[3:], len(head)
+    else:
+        out = PartWriter(folder, name, split)
+    pending: list[bytes] = []
 
     def flush() -> None:
         if pending:
             out.write(cctx.compress(b"".join(pending)))
             pending.clear()
 
-    for name, content, size in entries:
-        header = _header(name, size, directory=content is None)
-        pending.append(header)
-        total += len(header)
-        if content is None:
-            continue
-        if isinstance(content, (bytes, bytearray)):
-            pending.append(bytes(content))
-        else:
-            flush()
-            with open(content.path, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    out.write(block)
+    for entry_name, content, size in entries:
+        if entry_name is not None:  # (the adopted spool's header is already written)
+            header = _header(entry_name, size, directory=content is None)
+            pending.append(header)
+            total += len(header)
+            if content is None:
+                continue
+            if isinstance(content, (bytes, bytearray)):
+                pending.append(bytes(content))
+            else:
+                flush()
+                out.copy_from(content.path, RESERVE)
         pending.append(_pad(size))
         total += size + len(_pad(size))
     pending.append(bytes(2 * tarfile.BLOCKSIZE))
     total += 2 * tarfile.BLOCKSIZE
     flush()
-    return total
+    return out, total
 
 
 def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str, level: int = DEFAULT_LEVEL,
@@ -347,6 +453,7 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
     """Read a save stream once, check it, and write ``folder/name`` (or parts) in the canonical form.
 
     ``omit`` names diffIDs whose layers stay out (a hotfix). Nothing is left behind on failure.
+    The archive's digests come from reading it back (:func:`unibake.roundtrip.read_back`).
     """
     start = time.monotonic()
     cctx = compressor(level, long_distance, threads)
@@ -356,16 +463,21 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
         spools.append(_Spool(folder, len(spools), compressor(level, long_distance, threads)))
         return spools[-1]
 
-    writer = PartWriter(folder, name, split)
+    def counted(source: Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in source:
+            progress(len(chunk))
+            yield chunk
+
+    out = None
     try:
-        members = read_members(TeeReader(chunks, [lambda c: progress(len(c))]), spool=spool)
+        members = read_members(counted(prefetch(chunks)), spool=spool)
         saved = interpret(members)
         omit_set = frozenset(omit)
-        entries = canonical_entries(saved, tag, omit_set)
-        uncompressed = _assemble(entries, writer, cctx)
-        files = writer.finish()
+        out, uncompressed = _assemble(canonical_entries(saved, tag, omit_set), folder, name, split, cctx)
+        files = out.finish()
     except BaseException:
-        writer.abort()
+        if out is not None:
+            out.abort()
         raise
     finally:
         for s in spools:
@@ -374,11 +486,10 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
             except UnibakeError:
                 pass
             s.path.unlink(missing_ok=True)
-    shipped = tuple(d for d in saved.diff_ids if d not in omit_set)
-    return Archive(folder=folder, name=name, files=files, compressed_bytes=writer.total,
-                   compressed_sha256=writer.whole.hexdigest(), uncompressed_bytes=uncompressed,
-                   uncompressed_sha256=None, level=level, long_distance=long_distance, image=saved,
-                   seconds=time.monotonic() - start, tag=tag, shipped=shipped,
+    return Archive(folder=folder, name=name, files=files, compressed_bytes=out.total, compressed_sha256=None,
+                   uncompressed_bytes=uncompressed, uncompressed_sha256=None, level=level,
+                   long_distance=long_distance, image=saved, seconds=time.monotonic() - start, tag=tag,
+                   shipped=tuple(d for d in saved.diff_ids if d not in omit_set),
                    omitted=tuple(d for d in saved.diff_ids if d in omit_set))
 
 

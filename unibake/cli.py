@@ -200,7 +200,8 @@ def _build(plan, context, engine, reporter: Reporter, *, epoch: int, nocache: bo
         built = build_image(context, engine, revision=git_revision(plan.project_root), epoch=epoch,
                             nocache=nocache, on_line=reporter.build_line)
     with reporter.stage("normalise", f"times set to SOURCE_DATE_EPOCH={epoch}"):
-        normalised = normalise_image(engine, built, epoch=epoch, base_image=plan.base_image, owned=INSTALL_ROOT)
+        normalised = normalise_image(engine, built, epoch=epoch, base_image=plan.base_image, owned=INSTALL_ROOT,
+                                     cache=plan.project_root / ".cache" / "normalised", reuse=not nocache)
     with reporter.stage("sanitise", "what the image config adds: env, labels, history"):
         enforce(scan_added(engine, plan.tag, plan.base_image, builder_identity(dict(env or {}))),
                 allow, f"the image {plan.tag}")
@@ -329,6 +330,7 @@ def cmd_repro(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     from .docker_engine import DockerEngine
     from .errors import VerificationError
     from .repro import diff_layer
+    from .roundtrip import read_back
 
     args = _repro_parser().parse_args(argv)
     reporter = Reporter(env=env, quiet=args.quiet)
@@ -343,7 +345,8 @@ def cmd_repro(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
             with reporter.stage(f"archive {n}", "the archive this build would ship"):
                 folder = Path(tmp) / str(n)
                 folder.mkdir()
-                archives.append(write_archive(engine.save(built.image_id), folder, "image.tar.zst", tag=plan.tag))
+                archive = write_archive(engine.save(built.image_id), folder, "image.tar.zst", tag=plan.tag)
+                archives.append(archive.with_digests(read_back(archive)))
             builds.append(built)
     a, b = builds
     rows = [["image ID", a.image_id, b.image_id, "same" if a.image_id == b.image_id else "DIFFERENT"]]

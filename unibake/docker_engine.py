@@ -112,7 +112,7 @@ class DockerEngine(Engine):
 
     def save(self, ref: str) -> Iterator[bytes]:
         try:
-            yield from self.api.get_image(ref, chunk_size=1 << 20)
+            yield from self.api.get_image(ref, chunk_size=4 << 20)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"saving {ref} failed", exc) from None
 
@@ -184,6 +184,13 @@ class DockerEngine(Engine):
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot remove container {container[:12]}", exc) from None
+
+    def tag(self, image: str, ref: str) -> None:
+        repository, _, tag = ref.rpartition(":")
+        try:
+            self.api.tag(image, repository, tag, force=True)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot tag {image} as {ref}", exc) from None
 
     def remove_image(self, ref: str) -> None:
         try:

@@ -100,5 +100,9 @@ class Engine(ABC):
         """Stop and remove a container; missing is fine."""
 
     @abstractmethod
+    def tag(self, image: str, ref: str) -> None:
+        """Point the tag ``ref`` (name:tag) at ``image``."""
+
+    @abstractmethod
     def remove_image(self, ref: str) -> None:
         """Remove an image (untag, then delete if nothing else refers to it); missing is fine."""

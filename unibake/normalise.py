@@ -25,6 +25,7 @@ import posixpath
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .archive import TeeReader
 from .builder import BuiltImage, iso_time
@@ -34,6 +35,7 @@ from .layertar import LayerFormatError, LayerRewrite
 from .savestream import CHUNK, ArchiveError, _safe_name
 
 EPOCH_LABEL = "io.unibake.source-date-epoch"
+VERSION = 1  # of the rewrite: a change to it must not reuse images normalised before
 META_LIMIT = 16 << 20
 DROPPED_CONFIG_KEYS = ("container", "container_config", "docker_version")
 
@@ -207,8 +209,22 @@ def _finish(state: _Rewrite) -> None:
     state.config = normalised_config(raw_config, diff_ids, state.epoch)
 
 
-def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image: str, owned: str) -> BuiltImage:
-    """Rewrite ``built`` as described above and point its tag at the result."""
+def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image: str, owned: str,
+                    cache: Path | None = None, reuse: bool = True) -> BuiltImage:
+    """Rewrite ``built`` as described above and point its tag at the result.
+
+    ``cache``: a folder remembering which normalised image each built image gave, so that a build
+    the engine took wholly from its cache is not rewritten again (kept outside the image: recording
+    the built image's ID inside it would make the normalised ID depend on build times again).
+    ``reuse=False`` (a cold build) still records, but does not look.
+    """
+    memo = cache / f"v{VERSION}-{built.image_id.removeprefix('sha256:')}-{epoch}" if cache else None
+    if reuse and memo is not None and memo.is_file():
+        known = engine.inspect_image(memo.read_text().strip())
+        if known is not None:
+            engine.tag(known.id, built.tag)
+            return BuiltImage(image_id=known.id, tag=built.tag, diff_ids=known.diff_ids, labels=known.labels,
+                              size=known.size, steps=built.steps, seconds=built.seconds)
     base = engine.inspect_image(base_image)
     if base is None:
         raise EngineError(f"the base image {base_image} is gone from the engine")
@@ -223,5 +239,8 @@ def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image
     if info is None or info.id != image_id or list(info.diff_ids) != state.diff_ids:
         raise VerificationError(f"after normalising, {built.tag} is {info.id if info else 'missing'}, not the "
                                 f"{image_id} the rewritten config describes")
+    if memo is not None:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(image_id + "\n")
     return BuiltImage(image_id=info.id, tag=built.tag, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                       steps=built.steps, seconds=built.seconds)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .archive import DEFAULT_LEVEL, Archive, DiskFull, write_archive
@@ -144,7 +144,7 @@ def release_image(engine: Engine, image_ref: str, *, product: str, folder: Relea
         reporter.info(f"    {archive.compressed_bytes} bytes compressed in {archive.seconds:.1f} s; {shipped}config "
                       f"and {len(archive.image.diff_ids)} diffIDs recomputed and matched")
     validation, back = validate(archive, image_ref, metadata, options, reporter, base)
-    archive = replace(archive, uncompressed_sha256=back.uncompressed_sha256)
+    archive = archive.with_digests(back)
     failed = [g for g in validation.gates if not g.passed]
     if failed:
         step = failed[0].failed

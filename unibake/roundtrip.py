@@ -21,11 +21,13 @@ from queue import Queue
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import Archive, TeeReader, read_archive
+import zstandard
+
+from .archive import LDM_WINDOW_LOG, Archive, read_archive
 from .docker_engine import DockerEngine
 from .engine import Engine, LoadOutcome
 from .errors import EngineError, VerificationError
-from .savestream import SavedImage, inspect_save_stream
+from .savestream import ArchiveError, SavedImage, Hasher, interpret, read_members
 
 SCRATCH_PREFIX = "ub-scratch-"
 START_TIMEOUT = 90
@@ -245,58 +247,108 @@ class ReadBack:
 
     uncompressed_sha256: str
     uncompressed_bytes: int
-    image: SavedImage
+    image: SavedImage | None  # parsed when nothing was loaded; a load checks the structure itself
     loaded: LoadOutcome | None
     seconds: float
+    file_sha256: dict[str, str]
+    compressed_sha256: str
 
 
 def read_back(archive: Archive, *, load=None, omitted: frozenset[str] = frozenset()) -> ReadBack:
-    """Read the archive once: decompress, hash, parse and check it, and, with ``load``, feed the same
-    stream to an engine's load (in a second thread, through a small bounded queue)."""
+    """Read the finished archive once: the sha256 of every file and of the whole compressed stream,
+    the zstd frames decoded, the sha256 of the uncompressed stream; and either its structure parsed
+    and checked (every diffID and the config digest recomputed) or, with ``load``, the same stream
+    fed to an engine's load (in a second thread, through a small bounded queue), which recomputes
+    them itself and is compared with the archive afterwards. The hashing runs in its own thread."""
     start = time.monotonic()
+    hasher = Hasher()
+    compressed = _HashingFiles(archive.folder, archive.names, hasher)
     raw = hashlib.sha256()
     size = [0]
     queue: Queue = Queue(maxsize=8)
     result: dict = {}
     ended = threading.Event()  # the end of the stream has been taken from the queue
 
-    def chunks() -> Iterator[bytes]:
+    def queued() -> Iterator[bytes]:
         while (item := queue.get()) is not None:
             yield item
         ended.set()
 
     def loader() -> None:
         try:
-            result["outcome"] = load(chunks())
+            result["outcome"] = load(queued())
         except BaseException as exc:  # handed to the main thread below
             result["error"] = exc
             while not ended.is_set():  # keep the reader from blocking on a full queue
                 if queue.get() is None:
                     ended.set()
 
-    def count(chunk: bytes) -> None:
-        size[0] += len(chunk)
+    def decoded() -> Iterator[bytes]:
+        dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
+        with dctx.stream_reader(compressed, read_across_frames=True, read_size=1 << 20) as reader:
+            while True:
+                try:
+                    chunk = reader.read(1 << 20)
+                except zstandard.ZstdError as exc:
+                    raise ArchiveError(f"{archive.folder / archive.name}: zstd cannot decode it: {exc}") from None
+                if not chunk:
+                    return
+                hasher.update(raw, chunk)
+                size[0] += len(chunk)
+                yield chunk
 
-    sinks = [raw.update, count]
-    thread = None
-    if load is not None:
-        thread = threading.Thread(target=loader, name="load", daemon=True)
-        thread.start()
-        sinks.append(queue.put)
+    thread = image = None
     try:
-        tee = TeeReader(read_archive(archive.folder, archive.names), sinks)
-        image = inspect_save_stream(tee, omitted)
-        tee.drain()
+        if load is not None:
+            thread = threading.Thread(target=loader, name="load", daemon=True)
+            thread.start()
+            for chunk in decoded():
+                queue.put(chunk)
+        else:
+            image = interpret(read_members(decoded()), omitted)
     finally:
         if thread is not None:
             queue.put(None)
             thread.join()
+        hasher.finish()
     if "error" in result:
         raise result["error"]
-    if image.image_id != archive.image.image_id or image.diff_ids != archive.image.diff_ids:
+    if image is not None and (image.image_id != archive.image.image_id or image.diff_ids != archive.image.diff_ids):
         raise VerificationError(f"the archive written reads back as {image.image_id}, not {archive.image.image_id}")
+    if size[0] != archive.uncompressed_bytes:
+        raise VerificationError(f"the archive written reads back as {size[0]} bytes, not {archive.uncompressed_bytes}")
     return ReadBack(uncompressed_sha256=raw.hexdigest(), uncompressed_bytes=size[0], image=image,
-                    loaded=result.get("outcome"), seconds=time.monotonic() - start)
+                    loaded=result.get("outcome"), seconds=time.monotonic() - start,
+                    file_sha256=compressed.digests(), compressed_sha256=compressed.whole.hexdigest())
+
+
+class _HashingFiles:
+    """A readable file over the archive's files in order, hashing each and the whole (in the hasher's thread)."""
+
+    def __init__(self, folder: Path, names: list[str], hasher: Hasher):
+        self.folder, self.names, self.hasher = folder, list(names), hasher
+        self.whole = hashlib.sha256()
+        self.per_file = [hashlib.sha256() if len(names) > 1 else self.whole for _ in names]
+        self.index, self.fh = -1, None
+
+    def read(self, size: int = -1) -> bytes:
+        while True:
+            if self.fh is None:
+                self.index += 1
+                if self.index >= len(self.names):
+                    return b""
+                self.fh = open(self.folder / self.names[self.index], "rb")
+            data = self.fh.read(size if size > 0 else 1 << 20)
+            if data:
+                self.hasher.update(self.per_file[self.index], data)
+                if len(self.names) > 1:
+                    self.hasher.update(self.whole, data)
+                return data
+            self.fh.close()
+            self.fh = None
+
+    def digests(self) -> dict[str, str]:
+        return {name: h.hexdigest() for name, h in zip(self.names, self.per_file)}
 
 
 def round_trip(archive: Archive, engine: Engine, *,

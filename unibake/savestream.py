@@ -16,9 +16,10 @@ import hashlib
 import json
 import posixpath
 import tarfile
+import threading
 import zlib
-from dataclasses import dataclass
-from typing import BinaryIO
+from dataclasses import dataclass, field
+from queue import Queue
 
 import zstandard
 
@@ -68,44 +69,6 @@ def _safe_name(name: str) -> str:
     return "" if norm == "." else norm
 
 
-def _hash_member(stream: BinaryIO, size: int, keep: bool, sink=None,
-                 first_block: bytes = b"") -> tuple[str, str, bytes | None]:
-    raw = hashlib.sha256()
-    content = None  # a second hash only for compressed blobs
-    decomp = None
-    kept: list[bytes] | None = [] if keep else None
-    remaining = size
-    first = True
-    while remaining > 0:
-        if first_block:
-            block, first_block = first_block, b""
-        else:
-            block = stream.read(min(CHUNK, remaining))
-        if not block:
-            raise ArchiveError(f"the archive ends in the middle of a member ({remaining} bytes missing): "
-                               "truncated download?")
-        remaining -= len(block)
-        if first:
-            first = False
-            if block.startswith(GZIP_MAGIC):
-                decomp, content = zlib.decompressobj(wbits=31), hashlib.sha256()
-            elif block.startswith(ZSTD_MAGIC):
-                decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj()
-                content = hashlib.sha256()
-        raw.update(block)
-        if sink is not None:
-            sink.write(block)
-        if decomp is not None:
-            try:
-                _inflate(decomp, block, content)
-            except (zlib.error, zstandard.ZstdError):
-                decomp, content = None, None  # not a compressed layer after all
-        if kept is not None:
-            kept.append(block)
-    digest = raw.hexdigest()
-    return digest, content.hexdigest() if content is not None else digest, b"".join(kept) if kept is not None else None
-
-
 def _inflate(decomp, block: bytes, sink) -> None:
     """Decompress ``block`` into ``sink`` a bounded piece at a time (no decompression bomb in memory)."""
     if hasattr(decomp, "unconsumed_tail"):  # zlib
@@ -118,63 +81,229 @@ def _inflate(decomp, block: bytes, sink) -> None:
 
 
 SPOOL_THRESHOLD = 64 << 10
+HEAD = tarfile.BLOCKSIZE  # bytes of a member looked at before deciding where it goes
 
 
-def read_members(reader: BinaryIO, spool=None) -> dict[str, Member]:
+class Hasher:
+    """sha256 updates in a second thread, in order: hashlib lets go of the GIL, so the hashing runs
+    beside the reading and the compression instead of after them."""
+
+    def __init__(self) -> None:
+        self._queue: Queue = Queue(maxsize=64)
+        self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            item[0].update(item[1])
+
+    def update(self, hasher, data) -> None:
+        self._queue.put((hasher, data))
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+@dataclass
+class _Open:
+    """A member being read."""
+
+    name: str
+    size: int
+    remaining: int
+    raw: object = field(default_factory=hashlib.sha256)
+    content: object = None  # a second hash, of the uncompressed content, for compressed blobs
+    decomp: object = None
+    kept: list | None = None
+    sink: object = None
+    head: bytearray = field(default_factory=bytearray)
+    started: bool = False
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    records, pos = {}, 0
+    while pos < len(data) and data[pos:pos + 1] != b"\0":
+        space = data.find(b" ", pos)
+        if space < 0 or not data[pos:space].isdigit():
+            raise ArchiveError("the archive has a malformed PAX header: corrupted archive")
+        length = int(data[pos:space])
+        record = data[space + 1:pos + length]
+        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise ArchiveError("the archive has a malformed PAX header: corrupted archive")
+        key, _, value = record[:-1].partition(b"=")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def read_members(source, spool=None) -> dict[str, Member]:
     """Every member of a tar stream, hashed; refuses unsafe names and links that escape.
 
-    Small members are kept. With ``spool`` (``spool(name, size)`` returning an object with
-    ``write`` and ``close``), members over 64 KiB that are not JSON (the layers) are written there
-    instead of being kept, and closed when complete.
+    ``source`` is an iterable of chunks (or a file with ``read``). Small members are kept. With
+    ``spool`` (``spool(name, size)`` returning an object with ``write`` and ``close``), members over
+    64 KiB that are not JSON (the layers) are written there instead, and closed when complete.
+    The stream is walked block by block over the chunks as they come, without copying them
+    (Python's tarfile copies every byte three times on the way); the hashing runs in a thread.
     """
-    members: dict[str, Member] = {}
+    chunks = iter(lambda: source.read(CHUNK), b"") if hasattr(source, "read") else source
+    hasher = Hasher()
+    done: list[_Open] = []
+    links: dict[str, str] = {}
+    header = bytearray()
+    meta: bytearray | None = None
+    meta_kind = b""
+    meta_size = 0
+    pax: dict[str, str] = {}
+    long_names: dict[bytes, str] = {}
+    current: _Open | None = None
+    skip = 0  # padding still to pass over
+    zeros = 0  # zero blocks seen at the end
+    headers = 0
     try:
-        with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:
-            for info in tar:
-                name = _safe_name(info.name)
-                if info.isdir() or not name:
-                    continue
-                if info.issym() or info.islnk():
-                    target = info.linkname if info.islnk() else posixpath.join(posixpath.dirname(name),
-                                                                             info.linkname)
-                    if info.linkname.startswith("/"):
-                        raise ArchiveError(f"archive member {name!r} links to an absolute path {info.linkname!r}")
-                    members[name] = Member(name=name, size=0, sha256="", content_sha256="", data=None,
-                                           link=_safe_name(target))
-                    continue
-                if not info.isreg():
-                    raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
-                stream = tar.extractfile(info)
-                assert stream is not None
-                first = stream.read(min(CHUNK, info.size))
-                sink = None
-                if spool is not None and info.size > SPOOL_THRESHOLD and first[:1] not in (b"{", b"["):
-                    sink = spool(name, info.size)
-                keep = sink is None and info.size <= KEEP_LIMIT
-                raw, content, data = _hash_member(stream, info.size, keep, sink, first)
-                if sink is not None:
-                    sink.close()  # the member is complete: its frame can end
-                members[name] = Member(name=name, size=info.size, sha256=raw, content_sha256=content, data=data,
-                                       spool=sink)
-            # tarfile stops quietly at a damaged or cut header; a real end is two zero blocks (and padding)
-            rest = 0
-            while True:
-                block = tar.fileobj.read(CHUNK)
-                if not block:
-                    break
-                rest += len(block)
-                if block.strip(b"\0"):
-                    raise ArchiveError(f"the archive has a damaged member header after {len(members)} members "
-                                       "(or data past its end): corrupted archive")
-            if rest < tarfile.BLOCKSIZE:
-                raise ArchiveError("the archive ends early (no end-of-archive marker): truncated download?")
-    except tarfile.ReadError as exc:
-        if "unexpected end" in str(exc):
-            raise ArchiveError("the archive ends early: truncated download?") from None
-        raise ArchiveError(f"the archive is not a valid tar stream: {exc}") from None
-    except (EOFError, tarfile.StreamError) as exc:
-        raise ArchiveError(f"the archive ends early: truncated download? ({exc})") from None
+        for chunk in chunks:
+            view = memoryview(chunk)
+            pos, end = 0, len(view)
+            while pos < end:
+                if skip:
+                    n = min(skip, end - pos)
+                    skip -= n
+                    pos += n
+                elif zeros:  # past the end-of-archive block: nothing but zeros may follow
+                    if bytes(view[pos:end]).strip(b"\0"):
+                        raise ArchiveError(f"the archive has a damaged member header after {len(done)} members "
+                                           "(or data past its end): corrupted archive")
+                    zeros += (end - pos + tarfile.BLOCKSIZE - 1) // tarfile.BLOCKSIZE
+                    pos = end
+                elif current is not None:
+                    n = min(current.remaining, end - pos)
+                    _deliver(current, view[pos:pos + n], hasher, spool)
+                    current.remaining -= n
+                    pos += n
+                    if current.remaining == 0:
+                        _close(current, hasher, spool)
+                        done.append(current)
+                        skip = -current.size % tarfile.BLOCKSIZE
+                        current = None
+                elif meta is not None:
+                    n = min(meta_size - len(meta), end - pos)
+                    meta += view[pos:pos + n]
+                    pos += n
+                    if len(meta) == meta_size:
+                        if meta_kind == tarfile.XHDTYPE:
+                            pax = _pax_records(bytes(meta))
+                        elif meta_kind in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+                            long_names[meta_kind] = bytes(meta).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                        skip = -meta_size % tarfile.BLOCKSIZE
+                        meta = None
+                else:
+                    n = min(tarfile.BLOCKSIZE - len(header), end - pos)
+                    header += view[pos:pos + n]
+                    pos += n
+                    if len(header) < tarfile.BLOCKSIZE:
+                        continue
+                    block, header = bytes(header), bytearray()
+                    if not block.strip(b"\0"):
+                        zeros = 1
+                        continue
+                    try:
+                        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+                    except tarfile.HeaderError:
+                        if not headers:
+                            raise ArchiveError("the archive is not a valid tar stream: its first block is not a "
+                                               "tar header") from None
+                        raise ArchiveError(f"the archive has a damaged member header after {headers} headers: "
+                                           "corrupted archive") from None
+                    headers += 1
+                    size = int(pax["size"]) if "size" in pax and info.type != tarfile.XHDTYPE else info.size
+                    if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME,
+                                     tarfile.GNUTYPE_LONGLINK):
+                        if size > KEEP_LIMIT:
+                            raise ArchiveError("the archive has an oversized metadata header: corrupted archive")
+                        meta, meta_kind, meta_size = bytearray(), info.type, size
+                        if size == 0:
+                            meta = None
+                        continue
+                    raw_name = long_names.pop(tarfile.GNUTYPE_LONGNAME, None) or pax.get("path") or info.name
+                    linkname = long_names.pop(tarfile.GNUTYPE_LONGLINK, None) or pax.get("linkpath") or info.linkname
+                    pax = {}
+                    name = _safe_name(raw_name)
+                    if info.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+                        if linkname.startswith("/"):
+                            raise ArchiveError(f"archive member {name!r} links to an absolute path {linkname!r}")
+                        target = linkname if info.type == tarfile.LNKTYPE else posixpath.join(posixpath.dirname(name),
+                                                                                              linkname)
+                        links[name] = _safe_name(target)
+                        continue
+                    if info.type == tarfile.DIRTYPE or not name:
+                        skip = size + (-size % tarfile.BLOCKSIZE) if info.type != tarfile.DIRTYPE else 0
+                        continue
+                    if info.type not in tarfile.REGULAR_TYPES or info.type == tarfile.GNUTYPE_SPARSE:
+                        raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
+                    current = _Open(name=name, size=size, remaining=size)
+                    if size == 0:
+                        _close(current, hasher, spool)
+                        done.append(current)
+                        current = None
+        if current is not None or meta is not None:
+            missing = current.remaining if current is not None else meta_size - len(meta)
+            raise ArchiveError(f"the archive ends in the middle of a member ({missing} bytes missing): "
+                               "truncated download?")
+        if header or not zeros:
+            raise ArchiveError("the archive ends early (no end-of-archive marker): truncated download?")
+    finally:
+        hasher.finish()
+        for m in done + ([current] if current is not None else []):
+            if m.sink is not None and m is current:
+                m.sink.close()
+    members: dict[str, Member] = {}
+    for m in done:
+        raw = m.raw.hexdigest()
+        members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
+                                 content_sha256=m.content.hexdigest() if m.content is not None else raw,
+                                 data=b"".join(m.kept) if m.kept is not None else None, spool=m.sink)
+    for name, target in links.items():
+        members[name] = Member(name=name, size=0, sha256="", content_sha256="", data=None, link=target)
     return members
+
+
+def _deliver(m: _Open, piece: memoryview, hasher: Hasher, spool) -> None:
+    """Hand a piece of a member on; the first bytes decide where it goes (kept, spooled; compressed?)."""
+    if not m.started:
+        m.head += piece
+        if len(m.head) < min(HEAD, m.size):
+            return
+        m.started = True
+        first = bytes(m.head)
+        piece = memoryview(first)
+        if spool is not None and m.size > SPOOL_THRESHOLD and first[:1] not in (b"{", b"["):
+            m.sink = spool(m.name, m.size)
+        elif m.size <= KEEP_LIMIT:
+            m.kept = []
+        if first.startswith(GZIP_MAGIC):
+            m.decomp, m.content = zlib.decompressobj(wbits=31), hashlib.sha256()
+        elif first.startswith(ZSTD_MAGIC):
+            m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj()
+            m.content = hashlib.sha256()
+    hasher.update(m.raw, piece)
+    if m.sink is not None:
+        m.sink.write(piece)
+    if m.kept is not None:
+        m.kept.append(bytes(piece))
+    if m.decomp is not None:
+        try:
+            _inflate(m.decomp, piece, m.content)
+        except (zlib.error, zstandard.ZstdError):
+            m.decomp = m.content = None  # not a compressed layer after all
+
+
+def _close(m: _Open, hasher: Hasher, spool) -> None:
+    if not m.started:  # shorter than the bytes looked at first
+        m.started, head = True, bytes(m.head)
+        m.kept = [head]
+        hasher.update(m.raw, head)
+    if m.sink is not None:
+        m.sink.close()  # the member is complete: its frame can end
 
 
 def _resolve(members: dict[str, Member], name: str, seen: tuple[str, ...] = ()) -> Member:
@@ -266,9 +395,9 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
                       layer_members=tuple(layer_members))
 
 
-def inspect_save_stream(reader: BinaryIO, omitted: frozenset[str] = frozenset()) -> SavedImage:
-    """Read a whole ``docker save`` stream from ``reader`` and recompute the image's identity."""
-    return interpret(read_members(reader), omitted)
+def inspect_save_stream(source, omitted: frozenset[str] = frozenset()) -> SavedImage:
+    """Read a whole ``docker save`` stream (chunks, or a file) and recompute the image's identity."""
+    return interpret(read_members(source), omitted)
 
 
 def check_against(saved: SavedImage, *, image_id: str, diff_ids: tuple[str, ...] | list[str], what: str) -> None:

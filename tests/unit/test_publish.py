@@ -8,8 +8,6 @@ import subprocess
 
 import pytest
 
-from dataclasses import replace
-
 from unibake.archive import write_archive
 from unibake.roundtrip import read_back
 from unibake.errors import InputError, UnibakeError
@@ -41,7 +39,7 @@ def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False
     data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}")
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
-        archive = replace(archive, uncompressed_sha256=read_back(archive).uncompressed_sha256)
+        archive = archive.with_digests(read_back(archive))
         previous = find_releases(out)[-1] if find_releases(out) else None
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
                                   metadata=metadata, labels={"org.opencontainers.image.version": tag},

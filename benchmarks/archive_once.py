@@ -1,0 +1,29 @@
+"""One run of our archive stage on an image, for the benchmark (run as a child, so its peak RSS is its own).
+
+    python -m benchmarks.archive_once IMAGE FOLDER [--long]
+Prints JSON: compressed and uncompressed bytes, the sha256, the stage's own seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from pathlib import Path
+
+from unibake.archive import write_archive
+from unibake.docker_engine import DockerEngine
+
+
+def main(argv: list[str]) -> int:
+    image, folder = argv[0], Path(argv[1])
+    archive = write_archive(DockerEngine().save(image), folder, "image.tar.zst", tag=image,
+                            long_distance="--long" in argv)
+    (folder / "archive.pickle").write_bytes(pickle.dumps(archive))
+    print(json.dumps({"bytes": archive.compressed_bytes, "uncompressed": archive.uncompressed_bytes,
+                      "seconds": archive.seconds}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
