@@ -1,7 +1,7 @@
 # The two commands of README.md; each does its own set-up first (scripts/setup.sh is idempotent).
 PY := .venv/bin/python
 
-.PHONY: setup demo test unit render
+.PHONY: setup demo test unit render bench
 setup:
 	scripts/setup.sh
 
@@ -17,6 +17,10 @@ test: setup
 unit:
 	scripts/setup.sh --venv
 	$(PY) -m pytest tests/unit
+
+# The performance benchmark (about 2.5 GB, a few minutes): prints a table, writes docs/BENCHMARKS.md.
+bench: setup
+	$(PY) benchmarks/bench.py
 
 # Re-render every golden after a template or YAML change (review the diff, then commit).
 render:

@@ -140,8 +140,9 @@ def measure_build_cache(work: Path, table: dict) -> dict:
     engine = DockerEngine()
     engine.remove_image("demo-llm:bench")
     table.update(cold=cold, noop=noop, one=one)
-    return {"cold": reused(log_cold), "noop": reused(log_noop), "one": reused(log_one),
-            "stages_one": [x.strip() for x in log_one.splitlines() if x.strip().startswith(("build ", "normalise "))]}
+    stages = [" ".join(x.split()[:3]) for x in log_one.splitlines() if x.strip().startswith(("build ", "normalise "))
+              and x.strip().split()[1][0].isdigit()]
+    return {"cold": reused(log_cold), "noop": reused(log_noop), "one": reused(log_one), "stages_one": stages}
 
 
 def measure_compression(image: str, work: Path, table: dict) -> dict:
@@ -220,7 +221,7 @@ def main() -> int:
          comp["default_bytes"] <= info["peer_bytes"]),
         ("stretch: archive + round trip + structure <= 2.0 x bare export", whole / save, whole / save <= 2.0),
     ]
-    lines = [f"# Benchmarks\n",
+    lines = ["# Benchmarks\n",
              f"Produced by `{' '.join(['.venv/bin/python', 'benchmarks/bench.py'] + sys.argv[1:])}` on "
              f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; image `{big}` "
              f"({info['uncompressed']} bytes as saved), {args.rounds} rounds, medians (min, max).\n",
@@ -230,6 +231,9 @@ def main() -> int:
     lines += [f"| {name} | {value:.3f} | {verdict(ok)} |" if "RSS <= 256" not in name else
               f"| {name} | {value:.0f} MiB | {verdict(ok)} |" for name, value, ok in targets]
     lines += ["", f"Rebuild after one tune-cache change, by stage: {'; '.join(cache['stages_one'])}.", ""]
+    notes = Path(__file__).with_name("NOTES.md")
+    if notes.exists() and not args.quick:  # the analysis of the figures above, kept by hand
+        lines += ["", notes.read_text().strip(), ""]
     report = "\n".join(lines)
     print(report)
     Path(args.out).write_text(report + ("\n" if not report.endswith("\n") else ""))

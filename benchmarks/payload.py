@@ -7,7 +7,6 @@ caches (4 %); one layer each, on the busybox base.
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import tarfile
@@ -93,14 +92,3 @@ def ensure_image(engine, total: int, seed: int = 2026) -> str:
             context.seek(0)
             engine.build(context, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
     return tag
-
-
-def tar_bytes(files: dict[str, bytes]) -> io.BytesIO:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    return buf

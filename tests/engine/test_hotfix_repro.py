@@ -123,6 +123,15 @@ def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(c
         assert f"error: this hotfix needs image {manifest['hotfix']['base_image_id']}" in apply.stderr
         assert scratch.engine.inspect_image(manifest["image_id"]) is None  # nothing was loaded
 
+        # Loaded by hand anyway, the delta fails as a whole: no image, no tag, no layer of it remains.
+        delta = fix / manifest["archive"]["name"]
+        by_hand = subprocess.run(f"zstd -dc {delta} | docker load", shell=True, capture_output=True, text=True,
+                                 env=env)
+        assert by_hand.returncode != 0
+        assert scratch.engine.inspect_image(manifest["image_id"]) is None
+        assert scratch.engine.inspect_image(manifest["tag"]) is None
+        assert scratch.engine.api.images(all=True) == []
+
         archive = base / json.loads((base / "manifest.json").read_text())["archive"]["name"]
         subprocess.run(f"zstd -dc {archive} | docker load", shell=True, check=True, env=env, capture_output=True)
         apply = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True, env=env)
