@@ -38,7 +38,7 @@ from queue import Empty, Queue
 import zstandard
 
 from .errors import UnibakeError
-from .savestream import ArchiveError, SavedImage, interpret, read_members
+from .savestream import ArchiveError, Hasher, SavedImage, interpret, read_members
 
 DEFAULT_LEVEL = 3
 # zstd's decoders accept a window up to 2^27 without --long; keep long-distance matching within it.
@@ -83,10 +83,6 @@ class Archive:
         """This archive with the digests a read-back (:class:`unibake.roundtrip.ReadBack`) measured."""
         return replace(self, files=tuple(replace(f, sha256=back.file_sha256[f.name]) for f in self.files),
                        compressed_sha256=back.compressed_sha256, uncompressed_sha256=back.uncompressed_sha256)
-
-    @property
-    def is_split(self) -> bool:
-        return len(self.files) > 1 or self.files[0].name != self.name
 
     @property
     def ratio(self) -> float:
@@ -199,45 +195,28 @@ class PartWriter:
             path.unlink(missing_ok=True)
 
 
-class TeeReader:
-    """A readable file over an iterator of chunks that hands every byte it reads to ``sinks`` too."""
+class ChunkReader:
+    """A readable file over an iterator of chunks (for ``tarfile``, which wants ``read``)."""
 
-    def __init__(self, chunks: Iterable[bytes], sinks: list[Callable[[bytes], object]]):
+    def __init__(self, chunks: Iterable[bytes]):
         self._chunks: Iterator[bytes] = iter(chunks)
-        self._sinks = sinks
         self._buffer = b""
         self._offset = 0
-        self.total = 0
-
-    def _next(self) -> bool:
-        for chunk in self._chunks:
-            if chunk:
-                self.total += len(chunk)
-                for sink in self._sinks:
-                    sink(chunk)
-                self._buffer, self._offset = chunk, 0
-                return True
-        return False
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            parts = [self._buffer[self._offset:]]
-            while self._next():
-                parts.append(self._buffer)
+            rest = [self._buffer[self._offset:], *self._chunks]
             self._buffer, self._offset = b"", 0
-            return b"".join(parts)
-        if self._offset >= len(self._buffer) and not self._next():
-            return b""
+            return b"".join(rest)
+        while self._offset >= len(self._buffer):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._buffer, self._offset = chunk, 0
         end = self._offset + size
         data = self._buffer[self._offset:end] if (self._offset or end < len(self._buffer)) else self._buffer
         self._offset = min(end, len(self._buffer))
         return data
-
-    def drain(self) -> None:
-        """Consume what the parser did not read (tar padding), so every byte is compressed and hashed."""
-        self._buffer, self._offset = b"", 0
-        while self._next():
-            self._buffer, self._offset = b"", 0
 
 
 def prefetch(chunks: Iterable[bytes], depth: int = 64) -> Iterator[bytes]:
@@ -292,14 +271,14 @@ def _json_bytes(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _header(name: str, size: int, *, directory: bool = False) -> bytes:
+def tar_header(name: str, size: int, *, directory: bool = False) -> bytes:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = size, 0, 0, 0, "", ""
     info.type, info.mode = (tarfile.DIRTYPE, 0o755) if directory else (tarfile.REGTYPE, 0o644)
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
 
 
-def _pad(size: int) -> bytes:
+def tar_padding(size: int) -> bytes:
     return bytes(-size % tarfile.BLOCKSIZE)
 
 
@@ -406,7 +385,7 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
     """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames
     copied by the kernel; the first spool, when nothing big precedes it, is not copied at all."""
     first = entries[2][1] if len(entries) > 2 and isinstance(entries[2][1], _Spool) else None
-    head = b"".join(_header(n, s, directory=c is None) for n, c, s in entries[:3]) if first else b""
+    head = b"".join(tar_header(n, s, directory=c is None) for n, c, s in entries[:3]) if first else b""
     head_frame = cctx.compress(head) if first else b""
     if first and len(head_frame) + 8 > RESERVE:
         first = None  # never with two folders and one header; kept for safety
@@ -429,7 +408,7 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
 
     for entry_name, content, size in entries:
         if entry_name is not None:  # (the adopted spool's header is already written)
-            header = _header(entry_name, size, directory=content is None)
+            header = tar_header(entry_name, size, directory=content is None)
             pending.append(header)
             total += len(header)
             if content is None:
@@ -439,8 +418,8 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
             else:
                 flush()
                 out.copy_from(content.path, RESERVE)
-        pending.append(_pad(size))
-        total += size + len(_pad(size))
+        pending.append(tar_padding(size))
+        total += size + len(tar_padding(size))
     pending.append(bytes(2 * tarfile.BLOCKSIZE))
     total += 2 * tarfile.BLOCKSIZE
     flush()
@@ -493,40 +472,76 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
                    omitted=tuple(d for d in saved.diff_ids if d in omit_set))
 
 
-def read_archive(folder: Path, files: list[str]) -> Iterator[bytes]:
-    """The decompressed stream of an archive's file(s), concatenated in order."""
-    dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
-    reader = dctx.stream_reader(_Concatenated([folder / f for f in files]), read_across_frames=True)
-    with reader:
-        while True:
-            try:
-                block = reader.read(1 << 20)
-            except zstandard.ZstdError as exc:
-                raise ArchiveError(f"{folder / files[0]}: zstd cannot decode it: {exc}") from None
-            if not block:
-                return
-            yield block
+class ZstdDecodeError(ArchiveError):
+    """The archive's zstd frames cannot be decoded (corrupted, truncated, or asking too much memory)."""
 
 
-class _Concatenated:
-    """A readable file over several files in order (the parts of a split archive)."""
+class ArchiveReader:
+    """One read of an archive's file(s), in order: with ``hashed``, the sha256 of each file, of the
+    whole compressed stream and of the decoded stream, taken in a second thread as the bytes pass.
 
-    def __init__(self, paths: list[Path]):
-        self._paths = list(paths)
-        self._fh = None
+    Iterate :meth:`chunks` for the decoded stream; after a failure, :meth:`finish` reads what is
+    left so that every file's digest is still complete (a downloader wants to know which part is bad).
+    """
+
+    def __init__(self, folder: Path, names: list[str], *, hashed: bool = True):
+        self.folder, self.names = folder, list(names)
+        self.hasher = Hasher() if hashed else None
+        self.whole = hashlib.sha256()
+        self.per_file = [hashlib.sha256() if len(self.names) > 1 else self.whole for _ in self.names]
+        self.decoded = hashlib.sha256()
+        self.decoded_bytes = 0
+        self._index, self._fh = -1, None
 
     def read(self, size: int = -1) -> bytes:
+        """The compressed bytes, file after file (what the zstd decoder reads)."""
         while True:
             if self._fh is None:
-                if not self._paths:
+                self._index += 1
+                if self._index >= len(self.names):
                     return b""
-                self._fh = open(self._paths.pop(0), "rb")
-            data = self._fh.read(size)
+                self._fh = open(self.folder / self.names[self._index], "rb")
+            data = self._fh.read(size if size > 0 else 1 << 20)
             if data:
+                if self.hasher is not None:
+                    self.hasher.update(self.per_file[self._index], data)
+                    if len(self.names) > 1:
+                        self.hasher.update(self.whole, data)
                 return data
             self._fh.close()
             self._fh = None
 
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
+    def chunks(self) -> Iterator[bytes]:
+        dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
+        with dctx.stream_reader(self, read_across_frames=True, read_size=1 << 20, closefd=False) as reader:
+            while True:
+                try:
+                    chunk = reader.read(1 << 20)
+                except zstandard.ZstdError as exc:
+                    reason = str(exc)
+                    if "too much memory" in reason:
+                        reason = (f"a zstd frame declares a window over {1 << LDM_WINDOW_LOG >> 20} MiB, more "
+                                  "memory than a release archive may ask of its decoder")
+                    raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: {reason}") from None
+                if not chunk:
+                    return
+                if self.hasher is not None:
+                    self.hasher.update(self.decoded, chunk)
+                self.decoded_bytes += len(chunk)
+                yield chunk
+
+    def finish(self) -> None:
+        """Read to the end (after a failure midway) and wait for the hashing."""
+        while self.read(1 << 20):
+            pass
+        if self.hasher is not None:
+            self.hasher.finish()
+            self.hasher = None
+
+    def file_sha256(self) -> dict[str, str]:
+        return {name: h.hexdigest() for name, h in zip(self.names, self.per_file)}
+
+
+def read_archive(folder: Path, files: list[str]) -> Iterator[bytes]:
+    """The decoded stream of an archive's file(s), concatenated in order."""
+    return ArchiveReader(folder, files, hashed=False).chunks()

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .archive import TeeReader
+from .archive import ChunkReader, tar_header, tar_padding
 from .builder import BuiltImage, iso_time
 from .engine import Engine
 from .errors import EngineError, VerificationError
@@ -38,20 +38,6 @@ EPOCH_LABEL = "io.unibake.source-date-epoch"
 VERSION = 1  # of the rewrite: a change to it must not reuse images normalised before
 META_LIMIT = 16 << 20
 DROPPED_CONFIG_KEYS = ("container", "container_config", "docker_version")
-
-
-def tar_header(name: str, size: int, *, kind: bytes = tarfile.REGTYPE, linkname: str = "",
-               mode: int = 0o644) -> bytes:
-    """One fixed tar header: root-owned, no names, mtime 0."""
-    info = tarfile.TarInfo(name)
-    info.size, info.type, info.linkname, info.mode, info.mtime = size, kind, linkname, mode, 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
-
-
-def padding(size: int) -> bytes:
-    return bytes(-size % tarfile.BLOCKSIZE)
 
 
 def normalised_config(raw: bytes, diff_ids: list[str], epoch: int) -> bytes:
@@ -100,7 +86,7 @@ def _is_layer(name: str, first: bytes) -> bool:
 
 def _stream(chunks, state: _Rewrite) -> Iterator[bytes]:
     """The normalised image as a ``docker load`` stream (classic layout), built as the save is read."""
-    reader = TeeReader(chunks, [])
+    reader = ChunkReader(chunks)
     try:
         with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:
             for info in tar:
@@ -129,7 +115,7 @@ def _stream(chunks, state: _Rewrite) -> Iterator[bytes]:
                     for piece in pieces:
                         digest.update(piece)
                         yield piece
-                    yield padding(info.size)
+                    yield tar_padding(info.size)
                     state.new_digests[name] = digest.hexdigest()
                 else:  # the base image's: the engine has it; hash it only to check that
                     for piece in pieces:
@@ -142,7 +128,7 @@ def _stream(chunks, state: _Rewrite) -> Iterator[bytes]:
     manifest = json.dumps([{"Config": config_name, "RepoTags": [state.tag],
                             "Layers": [state.out_names.get(n, n) for n in state.layer_names]}]).encode()
     for name, data in ((config_name, state.config), ("manifest.json", manifest)):
-        yield tar_header(name, len(data)) + data + padding(len(data))
+        yield tar_header(name, len(data)) + data + tar_padding(len(data))
     yield bytes(2 * tarfile.BLOCKSIZE)
 
 

@@ -12,7 +12,7 @@ import hashlib
 import tarfile
 from dataclasses import dataclass
 
-from .archive import TeeReader
+from .archive import ChunkReader
 from .engine import Engine
 from .savestream import CHUNK, interpret, read_members
 
@@ -28,14 +28,14 @@ class LayerDiff:
 
 def layer_member(engine: Engine, image: str, index: int) -> str:
     """The save stream's member that holds layer ``index`` of ``image``."""
-    saved = interpret(read_members(TeeReader(engine.save(image), [])))
+    saved = interpret(read_members(engine.save(image)))
     return saved.layer_members[index].name
 
 
 def list_layer(engine: Engine, image: str, member: str) -> dict[str, Entry]:
     """Every entry of one layer of ``image``, with the digest of its content."""
     listing: dict[str, Entry] = {}
-    with tarfile.open(fileobj=TeeReader(engine.save(image), []), mode="r|", bufsize=CHUNK) as outer:
+    with tarfile.open(fileobj=ChunkReader(engine.save(image)), mode="r|", bufsize=CHUNK) as outer:
         for info in outer:
             if info.name.removeprefix("./") != member or not info.isreg():
                 continue

@@ -8,7 +8,6 @@ layers it already has.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -21,13 +20,11 @@ from queue import Queue
 from dataclasses import dataclass
 from pathlib import Path
 
-import zstandard
-
-from .archive import LDM_WINDOW_LOG, Archive, read_archive
+from .archive import Archive, ArchiveReader, read_archive
 from .docker_engine import DockerEngine
 from .engine import Engine, LoadOutcome
 from .errors import EngineError, VerificationError
-from .savestream import ArchiveError, SavedImage, Hasher, interpret, read_members
+from .savestream import SavedImage, interpret, read_members
 
 SCRATCH_PREFIX = "ub-scratch-"
 START_TIMEOUT = 90
@@ -256,15 +253,12 @@ class ReadBack:
 
 def read_back(archive: Archive, *, load=None, omitted: frozenset[str] = frozenset()) -> ReadBack:
     """Read the finished archive once: the sha256 of every file and of the whole compressed stream,
-    the zstd frames decoded, the sha256 of the uncompressed stream; and either its structure parsed
+    the zstd frames decoded, the sha256 of the decoded stream; and either its structure parsed
     and checked (every diffID and the config digest recomputed) or, with ``load``, the same stream
     fed to an engine's load (in a second thread, through a small bounded queue), which recomputes
-    them itself and is compared with the archive afterwards. The hashing runs in its own thread."""
+    them itself and is compared with the archive afterwards."""
     start = time.monotonic()
-    hasher = Hasher()
-    compressed = _HashingFiles(archive.folder, archive.names, hasher)
-    raw = hashlib.sha256()
-    size = [0]
+    reader = ArchiveReader(archive.folder, archive.names)
     queue: Queue = Queue(maxsize=8)
     result: dict = {}
     ended = threading.Event()  # the end of the stream has been taken from the queue
@@ -283,72 +277,30 @@ def read_back(archive: Archive, *, load=None, omitted: frozenset[str] = frozense
                 if queue.get() is None:
                     ended.set()
 
-    def decoded() -> Iterator[bytes]:
-        dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
-        with dctx.stream_reader(compressed, read_across_frames=True, read_size=1 << 20) as reader:
-            while True:
-                try:
-                    chunk = reader.read(1 << 20)
-                except zstandard.ZstdError as exc:
-                    raise ArchiveError(f"{archive.folder / archive.name}: zstd cannot decode it: {exc}") from None
-                if not chunk:
-                    return
-                hasher.update(raw, chunk)
-                size[0] += len(chunk)
-                yield chunk
-
     thread = image = None
     try:
         if load is not None:
             thread = threading.Thread(target=loader, name="load", daemon=True)
             thread.start()
-            for chunk in decoded():
+            for chunk in reader.chunks():
                 queue.put(chunk)
         else:
-            image = interpret(read_members(decoded()), omitted)
+            image = interpret(read_members(reader.chunks()), omitted)
     finally:
         if thread is not None:
             queue.put(None)
             thread.join()
-        hasher.finish()
+        reader.finish()
     if "error" in result:
         raise result["error"]
     if image is not None and (image.image_id != archive.image.image_id or image.diff_ids != archive.image.diff_ids):
         raise VerificationError(f"the archive written reads back as {image.image_id}, not {archive.image.image_id}")
-    if size[0] != archive.uncompressed_bytes:
-        raise VerificationError(f"the archive written reads back as {size[0]} bytes, not {archive.uncompressed_bytes}")
-    return ReadBack(uncompressed_sha256=raw.hexdigest(), uncompressed_bytes=size[0], image=image,
-                    loaded=result.get("outcome"), seconds=time.monotonic() - start,
-                    file_sha256=compressed.digests(), compressed_sha256=compressed.whole.hexdigest())
-
-
-class _HashingFiles:
-    """A readable file over the archive's files in order, hashing each and the whole (in the hasher's thread)."""
-
-    def __init__(self, folder: Path, names: list[str], hasher: Hasher):
-        self.folder, self.names, self.hasher = folder, list(names), hasher
-        self.whole = hashlib.sha256()
-        self.per_file = [hashlib.sha256() if len(names) > 1 else self.whole for _ in names]
-        self.index, self.fh = -1, None
-
-    def read(self, size: int = -1) -> bytes:
-        while True:
-            if self.fh is None:
-                self.index += 1
-                if self.index >= len(self.names):
-                    return b""
-                self.fh = open(self.folder / self.names[self.index], "rb")
-            data = self.fh.read(size if size > 0 else 1 << 20)
-            if data:
-                self.hasher.update(self.per_file[self.index], data)
-                if len(self.names) > 1:
-                    self.hasher.update(self.whole, data)
-                return data
-            self.fh.close()
-            self.fh = None
-
-    def digests(self) -> dict[str, str]:
-        return {name: h.hexdigest() for name, h in zip(self.names, self.per_file)}
+    if reader.decoded_bytes != archive.uncompressed_bytes:
+        raise VerificationError(f"the archive written reads back as {reader.decoded_bytes} bytes, not "
+                                f"{archive.uncompressed_bytes}")
+    return ReadBack(uncompressed_sha256=reader.decoded.hexdigest(), uncompressed_bytes=reader.decoded_bytes,
+                    image=image, loaded=result.get("outcome"), seconds=time.monotonic() - start,
+                    file_sha256=reader.file_sha256(), compressed_sha256=reader.whole.hexdigest())
 
 
 def round_trip(archive: Archive, engine: Engine, *,

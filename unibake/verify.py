@@ -13,9 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import zstandard
 
-from .archive import LDM_WINDOW_LOG, TeeReader
+from .archive import ArchiveReader, ZstdDecodeError
 from .engine import Engine
 from .errors import InputError, VerificationError
 from .publish import SUMS
@@ -67,50 +66,6 @@ def read_sums(folder: Path) -> dict[str, str]:
     return sums
 
 
-class _HashingParts:
-    """Reads the archive's files in order, hashing each (and all of them together) as it goes."""
-
-    def __init__(self, folder: Path, names: list[str]):
-        self.folder, self.names = folder, list(names)
-        self.index = -1
-        self.fh = None
-        self.part_hash = hashlib.sha256()
-        self.whole = hashlib.sha256()
-        self.digests: dict[str, str] = {}
-        self.sizes: dict[str, int] = {}
-        self._size = 0
-
-    def _advance(self) -> bool:
-        if self.fh is not None:
-            self.fh.close()
-            self.digests[self.names[self.index]] = self.part_hash.hexdigest()
-            self.sizes[self.names[self.index]] = self._size
-        self.index += 1
-        if self.index >= len(self.names):
-            self.fh = None
-            return False
-        self.fh = open(self.folder / self.names[self.index], "rb")
-        self.part_hash, self._size = hashlib.sha256(), 0
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        while True:
-            if self.fh is None and (self.index >= len(self.names) or not self._advance()):
-                return b""
-            data = self.fh.read(size if size and size > 0 else 1 << 20)
-            if data:
-                self.part_hash.update(data)
-                self.whole.update(data)
-                self._size += len(data)
-                return data
-            if not self._advance():
-                return b""
-
-    def finish(self) -> None:
-        while self.read(1 << 20):
-            pass
-
-
 def verify_folder(folder: Path) -> Report:
     """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file."""
     report = Report(folder=folder)
@@ -158,32 +113,24 @@ def verify_folder(folder: Path) -> Report:
         report.add("structure", archive["name"], False, "not checked: a file of the archive is missing")
         return report
 
-    reader = _HashingParts(folder, parts)
-    raw = hashlib.sha256()
-    dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
+    reader = ArchiveReader(folder, parts)
     zstd_ok, structure = True, ""
     try:
-        with dctx.stream_reader(reader, read_across_frames=True, read_size=1 << 20) as stream:
-            tee = TeeReader(iter(lambda: stream.read(1 << 20), b""), [raw.update])
-            hotfix = manifest.get("hotfix") or {}
-            saved = inspect_save_stream(tee, frozenset(hotfix.get("omitted_diff_ids") or ()))
-            tee.drain()
+        hotfix = manifest.get("hotfix") or {}
+        saved = inspect_save_stream(reader.chunks(), frozenset(hotfix.get("omitted_diff_ids") or ()))
         check_against(saved, image_id=manifest["image_id"], diff_ids=manifest["diff_ids"], what="manifest.json")
-        if raw.hexdigest() != archive.get("uncompressed_sha256", raw.hexdigest()):
-            structure = "the uncompressed stream's sha256 differs from manifest.json"
-    except zstandard.ZstdError as exc:
-        reason = str(exc)
-        if "too much memory" in reason:
-            reason = (f"a zstd frame declares a window over {1 << LDM_WINDOW_LOG >> 20} MiB, more memory than a "
-                      "release archive may ask of its decoder")
-        zstd_ok, structure = False, f"zstd cannot decode it: {reason}"
+    except ZstdDecodeError as exc:
+        zstd_ok, structure = False, str(exc)
     except ArchiveError as exc:
         structure = str(exc)
-    reader.finish()
+    finally:
+        reader.finish()
+    if not structure and reader.decoded.hexdigest() != archive.get("uncompressed_sha256"):
+        structure = "the uncompressed stream's sha256 differs from manifest.json"
+    digests = reader.file_sha256()
     for name in parts:
-        digest = reader.digests.get(name)
         if name in sums:
-            ok = digest == sums[name]
+            ok = digests[name] == sums[name]
             report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
     whole = reader.whole.hexdigest()
     if whole != archive.get("sha256", whole):
