@@ -46,11 +46,17 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", help="release version (default: product.yaml's)")
     p.add_argument("--stage", choices=STAGES, default="release",
                    help="stop after this stage (default: release, the whole pipeline)")
-    p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
-    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
-    p.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    _project_options(p, cache=True)
     _release_options(p, out_help="release folder parent (default: release/ next to the profiles folder)")
     return p
+
+
+def _project_options(p: argparse.ArgumentParser, *, cache: bool) -> None:
+    """The options of every command that builds from a profiles folder."""
+    p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
+    if cache:
+        p.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
 
 
 def _release_options(p: argparse.ArgumentParser, *, out_help: str) -> None:
@@ -253,9 +259,7 @@ def _hotfix_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", required=True, help="the hotfix's version")
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
                    help="profiles (default: those of the base release)")
-    p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
-    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
-    p.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    _project_options(p, cache=True)
     _release_options(p, out_help="release folder parent (default: release/ next to the profiles folder)")
     return p
 
@@ -317,8 +321,7 @@ def _repro_parser() -> argparse.ArgumentParser:
                 "both builds are identical, 3 when not.")
     p.add_argument("--profile", action="append", default=[], metavar="NAME")
     p.add_argument("--version", help="release version (default: product.yaml's)")
-    p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
-    p.add_argument("--engine", metavar="URL", help="Docker engine address (default: DOCKER_HOST or the local socket)")
+    _project_options(p, cache=False)
     p.add_argument("--quiet", action="store_true", help="print only errors and the summary")
     return p
 
@@ -423,7 +426,7 @@ def cmd_verify(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
 
 def cmd_releases(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     from .publish import find_releases
-    from .verify import verify_folder
+    from .verify import Report, check_sums, read_sums, verify_folder
 
     args = _releases_parser().parse_args(argv)
     reporter = Reporter(env=env)
@@ -436,7 +439,7 @@ def cmd_releases(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
             state = "archive absent"
         else:
             try:
-                report = verify_folder(folder) if args.deep else _quick_verify(folder, parts)
+                report = verify_folder(folder) if args.deep else check_sums(Report(folder=folder), read_sums(folder))
                 state = "verifies" if not report.failures else "FAILS: " + "; ".join(
                     f"{c.target} {c.detail}" for c in report.failures[:2])
             except UnibakeError as exc:
@@ -451,23 +454,6 @@ def cmd_releases(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
     reporter.table(f"releases in {display_path(out, cwd)}", ["release", "published", "image ID", "archive",
                                                             "previous", "state"], rows)
     return 0
-
-
-def _quick_verify(folder: Path, parts: list[str]):
-    """SHA256SUMS and sizes only: what `sha256sum -c` checks, without decompressing."""
-    import hashlib
-
-    from .verify import Report, read_sums
-    report = Report(folder=folder)
-    for name, digest in read_sums(folder).items():
-        path = folder / name
-        if not path.is_file():
-            report.add("sha256", name, False, "missing")
-            continue
-        with open(path, "rb") as fh:
-            ok = hashlib.file_digest(fh, "sha256").hexdigest() == digest
-        report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
-    return report
 
 
 def _terminate(signum, frame):  # SIGTERM cleans up like Ctrl-C: scratch engine stopped, partial files removed

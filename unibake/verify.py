@@ -66,6 +66,19 @@ def read_sums(folder: Path) -> dict[str, str]:
     return sums
 
 
+def check_sums(report: Report, sums: dict[str, str]) -> Report:
+    """What ``sha256sum -c`` checks, for the files named in ``sums``, into ``report``."""
+    for name in sorted(sums):
+        path = report.folder / name
+        if not path.is_file():
+            report.add("sha256", name, False, "missing (listed in SHA256SUMS)")
+            continue
+        with open(path, "rb") as fh:
+            ok = hashlib.file_digest(fh, "sha256").hexdigest() == sums[name]
+        report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
+    return report
+
+
 def verify_folder(folder: Path) -> Report:
     """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file."""
     report = Report(folder=folder)
@@ -84,14 +97,7 @@ def verify_folder(folder: Path) -> Report:
         raise VerificationError(f"{folder}/manifest.json: not a unibake release manifest ({exc})") from None
     report.manifest = manifest
 
-    for name in sorted(set(sums) - set(parts) - {"manifest.json"}):
-        path = folder / name
-        if not path.is_file():
-            report.add("sha256", name, False, "missing (listed in SHA256SUMS)")
-            continue
-        with open(path, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        report.add("sha256", name, digest == sums[name], "" if digest == sums[name] else "differs from SHA256SUMS")
+    check_sums(report, {n: d for n, d in sums.items() if n not in parts and n != "manifest.json"})
 
     readable = True
     for f in archive["files"]:

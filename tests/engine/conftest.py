@@ -43,17 +43,23 @@ def images(engine):
         engine.remove_image(ref)
 
 
-@pytest.fixture(scope="session")
-def big_image(engine):
-    """A 300 MB incompressible image, so that the archive stage lasts long enough to interrupt."""
-    tag = "unibake-test-big:1"
-    dockerfile = b"FROM localhost/unibake-busybox:1\nRUN head -c 300000000 /dev/urandom > /blob\n"
+def build_dockerfile(engine, tag: str, dockerfile: bytes, *, buildargs: dict | None = None,
+                     nocache: bool = False) -> str:
+    """Build an image from a Dockerfile alone (an image built elsewhere, by hand)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo("Dockerfile")
         info.size = len(dockerfile)
         tar.addfile(info, io.BytesIO(dockerfile))
     buf.seek(0)
-    engine.build(buf, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
+    engine.build(buf, tag=tag, buildargs=buildargs or {}, nocache=nocache, on_line=lambda line: None)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def big_image(engine):
+    """A 300 MB incompressible image, so that the archive stage lasts long enough to interrupt."""
+    tag = build_dockerfile(engine, "unibake-test-big:1",
+                           b"FROM localhost/unibake-busybox:1\nRUN head -c 300000000 /dev/urandom > /blob\n")
     yield tag
     engine.remove_image(tag)

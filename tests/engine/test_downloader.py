@@ -22,16 +22,19 @@ def scratch():
         yield engine
 
 
+def make_release(cli, product: Path, version: str, out: Path, split: bool) -> Path:
+    """A busybox-sized release of the test product, in one file or in 1 MiB parts."""
+    extra = ["--split", "1MiB"] if split else []
+    assert cli("--config", str(product), "--version", version, "--out", str(out), "--no-roundtrip", *extra).code == 0
+    return out / version
+
+
 @pytest.fixture
 def split_release(cli, busybox_product, version, images, tmp_path) -> Path:
     images(f"unibake-test:{version}")
     tp2 = busybox_product / "tp2.yaml"
     tp2.write_text(tp2.read_text() + "devices: {vendor: amd}\n")
-    out = tmp_path / "release"
-    result = cli("--config", str(busybox_product), "--version", version, "--out", str(out), "--split", "1MiB",
-                 "--no-roundtrip")
-    assert result.code == 0, result.err
-    return out / version
+    return make_release(cli, busybox_product, version, tmp_path / "release", split=True)
 
 
 def sh(cmd: list[str] | str, cwd: Path, **env) -> subprocess.CompletedProcess:
@@ -127,12 +130,8 @@ def run_guide(markdown: str, folder: Path, engine_address: str, *, skip: tuple[s
 @pytest.mark.parametrize("split", [False, True], ids=["single-file", "parts"])
 def test_every_command_of_the_release_guide_works(cli, busybox_product, version, images, tmp_path, scratch, split):
     images(f"unibake-test:{version}")
-    out = tmp_path / "release"
-    extra = ["--split", "1MiB"] if split else []
-    assert cli("--config", str(busybox_product), "--version", version, "--out", str(out), "--no-roundtrip",
-               *extra).code == 0
-    guide = (out / version / "README-DIST.md").read_text()
-    lines = run_guide(guide, out / version, scratch.engine.address, skip=())
+    folder = make_release(cli, busybox_product, version, tmp_path / "release", split)
+    lines = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=())
     assert any("zstd -dc | docker load" in line or "| docker load" in line for line in lines)
     assert any(".part-*" in line for line in lines) == split
     assert any("image ID ok" in line for line in lines)
@@ -142,12 +141,9 @@ def test_every_command_of_the_release_guide_works(cli, busybox_product, version,
 @pytest.mark.parametrize("split", [False, True], ids=["single-file", "parts"])
 def test_every_command_of_the_top_level_guide_works(cli, busybox_product, version, images, tmp_path, scratch, split):
     images(f"unibake-test:{version}")
-    out = tmp_path / "release"
-    extra = ["--split", "1MiB"] if split else []
-    assert cli("--config", str(busybox_product), "--version", version, "--out", str(out), "--no-roundtrip",
-               *extra).code == 0
+    folder = make_release(cli, busybox_product, version, tmp_path / "release", split)
     guide = (REPO / "README-DIST.md").read_text()
     skip = ("# single file only",) if split else ("# parts only",)
-    lines = run_guide(guide, out / version, scratch.engine.address, skip=skip,
+    lines = run_guide(guide, folder, scratch.engine.address, skip=skip,
                       variables={"ARCHIVE": f"unibake-test-{version}.tar.zst", "TAG": f"unibake-test:{version}"})
     assert any("docker load" in line for line in lines) and any("self-check" in line for line in lines)

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import io
-import tarfile
+from .conftest import build_dockerfile
 
 
 def test_a_secret_passed_as_a_build_argument_fails_the_release(cli, engine, tmp_path):
-    tag = "unibake-test-leaky:1"
-    dockerfile = b"FROM localhost/unibake-busybox:1\nARG DB_PASSWORD\nRUN echo fetched > /weights.txt\n"
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-    buf.seek(0)
-    engine.build(buf, tag=tag, buildargs={"DB_PASSWORD": "correct-horse-battery"}, nocache=True, on_line=lambda line: None)
+    tag = build_dockerfile(engine, "unibake-test-leaky:1",
+                           b"FROM localhost/unibake-busybox:1\nARG DB_PASSWORD\nRUN echo fetched > /weights.txt\n",
+                           buildargs={"DB_PASSWORD": "correct-horse-battery"}, nocache=True)
     try:
         out = tmp_path / "release"
         result = cli("archive", tag, "--out", str(out), "--no-roundtrip")
