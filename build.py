@@ -1,9 +1,48 @@
 #!/usr/bin/env python3
-"""Entry point: python build.py [--profile NAME ...] [--stage render|build] | lock. See README.md."""
+"""Entry point: ``python build.py [COMMAND] [OPTIONS]``; see ``python build.py --help`` and README.md.
 
+Works with whatever ``python3`` is first on PATH: when the project's dependencies are not importable
+it re-executes itself with the project's ``.venv`` (made by ``scripts/setup.sh``), and otherwise
+says how to get them, in one ``error:`` line.
+"""
+
+import os
 import sys
 
-from unibake.cli import main
+ROOT = os.path.dirname(os.path.abspath(__file__))
+NEEDED = ("docker", "zstandard", "yaml", "jinja2", "rich", "pydantic")
+
+
+def _missing() -> str | None:
+    import importlib.util
+
+    for name in NEEDED:
+        if importlib.util.find_spec(name) is None:
+            return name
+    return None
+
+
+def _ensure_environment() -> None:
+    if sys.version_info < (3, 11):
+        sys.stderr.write(f"error: unibake needs Python 3.11 or newer; this is {sys.version.split()[0]} "
+                         f"({sys.executable}); run scripts/setup.sh, then .venv/bin/python build.py\n")
+        sys.exit(1)
+    missing = _missing()
+    if missing is None:
+        return
+    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(ROOT, ".venv"))
+    if os.path.exists(venv_python) and not in_venv and not os.environ.get("UNIBAKE_REEXEC"):
+        os.environ["UNIBAKE_REEXEC"] = "1"
+        os.execv(venv_python, [venv_python, os.path.abspath(__file__), *sys.argv[1:]])
+    sys.stderr.write(f"error: the Python package {missing!r} is not installed for {sys.executable}: run "
+                     "scripts/setup.sh (it makes .venv with every pinned dependency), then python build.py again\n")
+    sys.exit(1)
+
 
 if __name__ == "__main__":
+    _ensure_environment()
+    sys.path.insert(0, ROOT)
+    from unibake.cli import main
+
     sys.exit(main())

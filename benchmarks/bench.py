@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.payload import ensure_image  # noqa: E402
 from unibake.docker_engine import DockerEngine  # noqa: E402
-from unibake.roundtrip import ScratchEngine  # noqa: E402
+from unibake.scratch import ScratchEngine  # noqa: E402
 
 PY = sys.executable
 

@@ -19,6 +19,25 @@ def layer_tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def tar_of(entries, fmt=tarfile.PAX_FORMAT) -> bytes:
+    """A tar of (name, data or None for a folder, TarInfo fields) entries, as a build writes them:
+    a build time and a builder's owner names unless the fields say otherwise."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, data, fields in entries:
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uname, info.gname, info.uid, info.gid = 1234567, "builder", "staff", 1000, 1000
+            for key, value in (fields or {}).items():
+                setattr(info, key, value)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

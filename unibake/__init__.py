@@ -1,3 +1,25 @@
 """unibake: declarative profile YAMLs to one unified, verified, released inference image."""
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+
+def _version(pyproject=None) -> str:
+    """The package version: ``pyproject.toml``'s in a source checkout, the installed one otherwise."""
+    import tomllib
+    from importlib import metadata
+    from pathlib import Path
+
+    pyproject = pyproject or Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        if project.get("name") == "unibake":
+            return str(project["version"])
+    except (OSError, tomllib.TOMLDecodeError, KeyError):
+        pass
+    try:
+        return metadata.version("unibake")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()

@@ -1,4 +1,4 @@
-"""Stage 5: the archive, written by our own canonical writer in one pass over the engine's save.
+"""The archive, written by our own canonical writer in one pass over the engine's save.
 
 The save stream is read once: every member hashed, every layer's diffID and the config digest
 recomputed and checked, each layer compressed with zstd into its own frame in a temporary file
@@ -17,7 +17,8 @@ The order is fixed by the image alone (the biggest layer first, then the rest so
 biggest layer's frames, written while the engine's stream arrived, become the archive in place and
 are never copied; the other spooled frames are copied by the kernel. The digests of what was
 written, compressed and uncompressed, come from the pass that reads the finished archive back
-(the round trip's load, or a check without one), which every release makes.
+(:mod:`unibake.archive_reader`: the round trip's load, or a check without one), which every
+release makes; they are its result, not this one's.
 """
 
 from __future__ import annotations
@@ -27,62 +28,49 @@ import hashlib
 import json
 import os
 import struct
-import tarfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from queue import Empty, Queue
 
 import zstandard
 
-from .errors import UnibakeError
-from .savestream import ArchiveError, Hasher, SavedImage, interpret, read_members
+from .errors import DiskFull, UnibakeError
+from .imagetar import BLOCK, SavedImage, interpret, read_members, tar_header, tar_padding
+from .threads import read_ahead
 
 DEFAULT_LEVEL = 3
+SPOOL_THRESHOLD = 64 << 10  # members above this that are not JSON get a zstd frame of their own
 # zstd's decoders accept a window up to 2^27 without --long; keep long-distance matching within it.
 LDM_WINDOW_LOG = 27
-
-
-class DiskFull(UnibakeError):
-    """The output folder ran out of space; partial files are removed."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ArchiveFile:
     name: str
     bytes: int
-    sha256: str | None = None  # known once the archive has been read back
 
 
 @dataclass(frozen=True, kw_only=True)
 class Archive:
-    """The compressed archive on disk and what one pass over it established."""
+    """The compressed archive on disk, and the image one pass over the save stream established."""
 
     folder: Path
     name: str  # the archive's name; with parts, they are name.part-000, ...
     files: tuple[ArchiveFile, ...]
     compressed_bytes: int
-    compressed_sha256: str | None  # of the whole compressed stream (all parts in order), once read back
     uncompressed_bytes: int
-    uncompressed_sha256: str | None  # known once the archive has been read back
     level: int
     long_distance: bool
     image: SavedImage
     seconds: float
-    tag: str = ""
-    shipped: tuple[str, ...] = ()  # diffIDs whose layers the archive carries
-    omitted: tuple[str, ...] = ()  # diffIDs left out (a hotfix: the previous release has them)
+    tag: str
+    shipped: tuple[str, ...]  # diffIDs whose layers the archive carries
+    omitted: tuple[str, ...]  # diffIDs left out (a hotfix: the previous release has them)
 
     @property
     def names(self) -> list[str]:
         return [f.name for f in self.files]
-
-    def with_digests(self, back) -> "Archive":
-        """This archive with the digests a read-back (:class:`unibake.roundtrip.ReadBack`) measured."""
-        return replace(self, files=tuple(replace(f, sha256=back.file_sha256[f.name]) for f in self.files),
-                       compressed_sha256=back.compressed_sha256, uncompressed_sha256=back.uncompressed_sha256)
 
     @property
     def ratio(self) -> float:
@@ -195,62 +183,6 @@ class PartWriter:
             path.unlink(missing_ok=True)
 
 
-class ChunkReader:
-    """A readable file over an iterator of chunks (for ``tarfile``, which wants ``read``)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._buffer = b""
-        self._offset = 0
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            rest = [self._buffer[self._offset:], *self._chunks]
-            self._buffer, self._offset = b"", 0
-            return b"".join(rest)
-        while self._offset >= len(self._buffer):
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return b""
-            self._buffer, self._offset = chunk, 0
-        end = self._offset + size
-        data = self._buffer[self._offset:end] if (self._offset or end < len(self._buffer)) else self._buffer
-        self._offset = min(end, len(self._buffer))
-        return data
-
-
-def prefetch(chunks: Iterable[bytes], depth: int = 64) -> Iterator[bytes]:
-    """The chunks, read ahead by a second thread (up to ``depth`` of them), so that the engine never
-    waits on our hashing and compression and we never wait on its next write."""
-    queue: Queue = Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def reader() -> None:
-        try:
-            for chunk in chunks:
-                if stop.is_set():
-                    break
-                queue.put(chunk)
-            queue.put(None)
-        except BaseException as exc:  # handed to the consumer
-            queue.put(exc)
-
-    thread = threading.Thread(target=reader, name="save-reader", daemon=True)
-    thread.start()
-    try:
-        while (item := queue.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                queue.get(timeout=0.1)
-            except Empty:
-                pass
-
-
 def compressor(level: int, long_distance: bool, threads: int = -1) -> zstandard.ZstdCompressor:
     if not 1 <= level <= 19:
         raise UnibakeError(f"zstd level {level} is out of range 1..19")
@@ -269,17 +201,6 @@ OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
 def _json_bytes(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def tar_header(name: str, size: int, *, directory: bool = False) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = size, 0, 0, 0, "", ""
-    info.type, info.mode = (tarfile.DIRTYPE, 0o755) if directory else (tarfile.REGTYPE, 0o644)
-    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
-
-
-def tar_padding(size: int) -> bytes:
-    return bytes(-size % tarfile.BLOCKSIZE)
 
 
 def full_reference(tag: str) -> str:
@@ -320,7 +241,7 @@ class _Spool:
         except OSError as exc:
             raise _disk_error(exc, self.path.parent) from None
 
-    def close(self) -> None:
+    def close(self) -> "_Spool":
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -329,6 +250,7 @@ class _Spool:
             except OSError as exc:
                 raise _disk_error(exc, self.path.parent) from None
             self._writer = self._fh = None
+        return self
 
 
 def _disk_error(exc: OSError, folder: Path) -> UnibakeError:
@@ -354,7 +276,7 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
         if diff_id in omit or digest in seen:
             continue
         seen.add(digest)
-        layers.append((f"blobs/sha256/{member.sha256}", member.spool if member.spool else member.data, member.size))
+        layers.append((f"blobs/sha256/{member.sha256}", member.routed if member.routed else member.data, member.size))
     config = image.config_bytes
     config_hex = hashlib.sha256(config).hexdigest()
     oci_manifest = _json_bytes({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
@@ -420,8 +342,8 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
                 out.copy_from(content.path, RESERVE)
         pending.append(tar_padding(size))
         total += size + len(tar_padding(size))
-    pending.append(bytes(2 * tarfile.BLOCKSIZE))
-    total += 2 * tarfile.BLOCKSIZE
+    pending.append(bytes(2 * BLOCK))
+    total += 2 * BLOCK
     flush()
     return out, total
 
@@ -432,13 +354,16 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
     """Read a save stream once, check it, and write ``folder/name`` (or parts) in the canonical form.
 
     ``omit`` names diffIDs whose layers stay out (a hotfix). Nothing is left behind on failure.
-    The archive's digests come from reading it back (:func:`unibake.roundtrip.read_back`).
+    The archive's digests come from reading it back (:func:`unibake.archive_reader.read_back`).
     """
     start = time.monotonic()
     cctx = compressor(level, long_distance, threads)
     spools: list[_Spool] = []
 
-    def spool(member_name: str, size: int) -> _Spool:
+    def spool(member_name: str, size: int, head: bytes) -> _Spool | None:
+        """Big members that are not JSON (the layers) are compressed into frames of their own."""
+        if size <= SPOOL_THRESHOLD or head[:1] in (b"{", b"["):
+            return None
         spools.append(_Spool(folder, len(spools), compressor(level, long_distance, threads)))
         return spools[-1]
 
@@ -449,7 +374,7 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
 
     out = None
     try:
-        members = read_members(counted(prefetch(chunks)), spool=spool)
+        members = read_members(counted(read_ahead(chunks, name="save")), route=spool)
         saved = interpret(members)
         omit_set = frozenset(omit)
         out, uncompressed = _assemble(canonical_entries(saved, tag, omit_set), folder, name, split, cctx)
@@ -465,83 +390,8 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
             except UnibakeError:
                 pass
             s.path.unlink(missing_ok=True)
-    return Archive(folder=folder, name=name, files=files, compressed_bytes=out.total, compressed_sha256=None,
-                   uncompressed_bytes=uncompressed, uncompressed_sha256=None, level=level,
+    return Archive(folder=folder, name=name, files=files, compressed_bytes=out.total,
+                   uncompressed_bytes=uncompressed, level=level,
                    long_distance=long_distance, image=saved, seconds=time.monotonic() - start, tag=tag,
                    shipped=tuple(d for d in saved.diff_ids if d not in omit_set),
                    omitted=tuple(d for d in saved.diff_ids if d in omit_set))
-
-
-class ZstdDecodeError(ArchiveError):
-    """The archive's zstd frames cannot be decoded (corrupted, truncated, or asking too much memory)."""
-
-
-class ArchiveReader:
-    """One read of an archive's file(s), in order: with ``hashed``, the sha256 of each file, of the
-    whole compressed stream and of the decoded stream, taken in a second thread as the bytes pass.
-
-    Iterate :meth:`chunks` for the decoded stream; after a failure, :meth:`finish` reads what is
-    left so that every file's digest is still complete (a downloader wants to know which part is bad).
-    """
-
-    def __init__(self, folder: Path, names: list[str], *, hashed: bool = True):
-        self.folder, self.names = folder, list(names)
-        self.hasher = Hasher() if hashed else None
-        self.whole = hashlib.sha256()
-        self.per_file = [hashlib.sha256() if len(self.names) > 1 else self.whole for _ in self.names]
-        self.decoded = hashlib.sha256()
-        self.decoded_bytes = 0
-        self._index, self._fh = -1, None
-
-    def read(self, size: int = -1) -> bytes:
-        """The compressed bytes, file after file (what the zstd decoder reads)."""
-        while True:
-            if self._fh is None:
-                self._index += 1
-                if self._index >= len(self.names):
-                    return b""
-                self._fh = open(self.folder / self.names[self._index], "rb")
-            data = self._fh.read(size if size > 0 else 1 << 20)
-            if data:
-                if self.hasher is not None:
-                    self.hasher.update(self.per_file[self._index], data)
-                    if len(self.names) > 1:
-                        self.hasher.update(self.whole, data)
-                return data
-            self._fh.close()
-            self._fh = None
-
-    def chunks(self) -> Iterator[bytes]:
-        dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
-        with dctx.stream_reader(self, read_across_frames=True, read_size=1 << 20, closefd=False) as reader:
-            while True:
-                try:
-                    chunk = reader.read(1 << 20)
-                except zstandard.ZstdError as exc:
-                    reason = str(exc)
-                    if "too much memory" in reason:
-                        reason = (f"a zstd frame declares a window over {1 << LDM_WINDOW_LOG >> 20} MiB, more "
-                                  "memory than a release archive may ask of its decoder")
-                    raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: {reason}") from None
-                if not chunk:
-                    return
-                if self.hasher is not None:
-                    self.hasher.update(self.decoded, chunk)
-                self.decoded_bytes += len(chunk)
-                yield chunk
-
-    def finish(self) -> None:
-        """Read to the end (after a failure midway) and wait for the hashing."""
-        while self.read(1 << 20):
-            pass
-        if self.hasher is not None:
-            self.hasher.finish()
-            self.hasher = None
-
-    def file_sha256(self) -> dict[str, str]:
-        return {name: h.hexdigest() for name, h in zip(self.names, self.per_file)}
-
-
-def read_archive(folder: Path, files: list[str]) -> Iterator[bytes]:
-    """The decoded stream of an archive's file(s), concatenated in order."""
-    return ArchiveReader(folder, files, hashed=False).chunks()

@@ -1,10 +1,15 @@
-"""Stage 3: build the rendered context on the engine; the in-image checks run as a build step.
+"""Build the rendered context on the engine; the in-image checks run as a build step.
 
-A check that fails fails the build, so a bad image never gets a tag.
+A check that fails fails the build, so a bad image never gets a tag. What the build leaves behind
+that the engine would otherwise list as dangling (the builder stage's last image, the image before
+it was normalised, the last good step of a failed build) is kept as labelled build cache under
+``unibake-cache/<product>:<selection>-<role>``: one image per role, the one it replaces removed
+unless something still needs it, and ``build.py prune`` removes them all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tempfile
 import time
@@ -17,19 +22,21 @@ from .errors import BuildFailed, CheckFailed, EngineError
 from .render import BuildContext, write_context_tar
 
 CHECK_ERROR_RE = re.compile(r"error: self-check\[[^\]]+\]: .*")
+CACHE_REPOSITORY = "unibake-cache"
 
 
 @dataclass(frozen=True, kw_only=True)
 class BuiltImage:
-    """An image the engine holds under ``tag``, with what it reported about it."""
+    """An image the engine built and tagged, with what it reported about the build."""
 
     image_id: str
     tag: str
     diff_ids: tuple[str, ...]
-    labels: dict[str, str]
-    size: int
     steps: tuple[BuildStep, ...]
+    stage_images: tuple[str, ...]
     seconds: float
+    size: int = 0  # the engine's size of the image (its layers' content)
+    replaced: str | None = None  # the image the tag named before this build, if another
 
     @property
     def cacheable_steps(self) -> tuple[BuildStep, ...]:
@@ -41,14 +48,50 @@ class BuiltImage:
         return sum(1 for s in self.steps if s.cached)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Image:
+    """An image in the engine, ready to be released: what the engine says of it."""
+
+    ref: str  # the reference it is saved by (its tag)
+    image_id: str
+    diff_ids: tuple[str, ...]
+    labels: dict[str, str]
+    size: int
+    save_bytes: int = 0  # the length of its save stream, when a stage has read one
+
+
 def iso_time(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def build_image(context: BuildContext, engine: Engine, *, revision: str, epoch: int, nocache: bool = False,
-                on_line: Callable[[str], None] = lambda line: None) -> BuiltImage:
+def cache_ref(product: str, selection: str, role: str) -> str:
+    """``unibake-cache/<product>:<selection>-<role>``; a long selection is shortened to a digest."""
+    if len(selection) + len(role) > 100:
+        selection = "sel" + hashlib.sha256(selection.encode()).hexdigest()[:16]
+    return f"{CACHE_REPOSITORY}/{product}:{selection}-{role}"
+
+
+def keep_as_cache(engine: Engine, ref: str, image_id: str) -> None:
+    """Tag ``image_id`` as ``ref``; the image the tag named before is removed unless still needed."""
+    if not image_id:
+        return
+    before = engine.inspect_image(ref)
+    engine.tag(image_id, ref)
+    after = engine.inspect_image(ref)
+    if before is not None and after is not None and before.id != after.id:
+        engine.remove_if_unused(before.id)
+
+
+def _keep_stages(engine: Engine, product: str, selection: str, stage_images: tuple[str, ...]) -> None:
+    for n, stage_image in enumerate(stage_images, 1):
+        keep_as_cache(engine, cache_ref(product, selection, f"stage{n}"), stage_image)
+
+
+def build_image(context: BuildContext, engine: Engine, *, product: str, revision: str, epoch: int,
+                nocache: bool = False, on_line: Callable[[str], None] = lambda line: None) -> BuiltImage:
     """Build ``context`` and tag it; raises CheckFailed when an in-image check fails."""
     start = time.monotonic()
+    before = engine.inspect_image(context.tag)
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as tar:
         write_context_tar(context, tar, mtime=epoch)
         tar.seek(0)
@@ -56,13 +99,17 @@ def build_image(context: BuildContext, engine: Engine, *, revision: str, epoch: 
             outcome = engine.build(tar, tag=context.tag, nocache=nocache, on_line=on_line,
                                    buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
         except BuildFailed as exc:
+            _keep_stages(engine, product, context.selection, exc.stage_images)
+            keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)
             checks = [m.group(0) for line in exc.output for m in [CHECK_ERROR_RE.search(line)] if m]
             if checks:
                 raise CheckFailed(f"in-image check failed during the build, so {context.tag} was not tagged: "
                                   f"{checks[0].removeprefix('error: ')}", output=exc.output) from None
             raise
+    _keep_stages(engine, product, context.selection, outcome.stage_images)
     info = engine.inspect_image(context.tag)
     if info is None or info.id != outcome.image_id:
         raise EngineError(f"the build finished but {context.tag} does not point at {outcome.image_id}")
-    return BuiltImage(image_id=info.id, tag=context.tag, diff_ids=info.diff_ids, labels=info.labels,
-                      size=info.size, steps=outcome.steps, seconds=time.monotonic() - start)
+    return BuiltImage(image_id=info.id, tag=context.tag, diff_ids=info.diff_ids, steps=outcome.steps,
+                      stage_images=outcome.stage_images, seconds=time.monotonic() - start, size=info.size,
+                      replaced=before.id if before is not None and before.id != info.id else None)

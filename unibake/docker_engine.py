@@ -6,35 +6,40 @@ import json
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import BinaryIO
 
 import docker
 import docker.errors
 import requests.exceptions
 
-from .engine import BuildOutcome, BuildStep, Engine, ImageInfo, LoadOutcome, RunOutcome
+from .engine import BuildOutcome, BuildStep, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
 from .errors import BuildFailed, EngineError
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
 # Long steps (a compile, a big COPY) may print nothing for minutes.
 TIMEOUT = 3600
 
 
 class DockerEngine(Engine):
-    """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``; None: DOCKER_HOST or default)."""
+    """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``, ``ssh://user@host``);
+    without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket."""
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
+        self.address = address or env.get("DOCKER_HOST") or DEFAULT_ADDRESS
         try:
             if address:
                 self.api = docker.APIClient(base_url=address, version="auto", timeout=TIMEOUT)
             else:
-                kwargs = docker.utils.kwargs_from_env()
+                kwargs = docker.utils.kwargs_from_env(environment=dict(env))
+                kwargs.setdefault("base_url", self.address)
                 self.api = docker.APIClient(version="auto", timeout=TIMEOUT, **kwargs)
         except docker.errors.DockerException as exc:
-            raise EngineError(f"cannot reach the Docker engine at {address or 'the default socket'}: "
+            raise EngineError(f"cannot reach the Docker engine at {self.address}: "
                               f"{_reason(exc)}; start it (scripts/setup.sh does) or name one with --engine") from None
-        self.address = address or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
     def _fail(self, what: str, exc: Exception) -> EngineError:
         return EngineError(f"{what}: {_reason(exc)} (engine at {self.address})")
@@ -52,6 +57,8 @@ class DockerEngine(Engine):
         cached = False
         tail: deque[str] = deque(maxlen=40)
         image_id = ""
+        last_image = ""  # the image of the last step that finished
+        stage_images: list[str] = []
 
         def close_step() -> None:
             if current:
@@ -65,7 +72,8 @@ class DockerEngine(Engine):
                     message = event.get("errorDetail", {}).get("message") or event["error"]
                     step = f"Step {current[0]}: {current[1]}" if current else "before the first step"
                     raise BuildFailed(f"the build failed at {step}: {message.strip()}",
-                                      step=step, output=tuple(tail))
+                                      step=step, output=tuple(tail), last_image=last_image,
+                                      stage_images=tuple(stage_images))
                 if "aux" in event and "ID" in event["aux"]:
                     image_id = event["aux"]["ID"]
                 text = event.get("stream", "")
@@ -75,6 +83,10 @@ class DockerEngine(Engine):
                         close_step()
                         current, cached = (int(match.group(1)), match.group(3)), False
                         tail.clear()
+                        if current[1].upper().startswith("FROM ") and last_image:
+                            stage_images.append(last_image)  # the stage before this one is complete
+                    elif STEP_IMAGE_RE.match(line):
+                        last_image = STEP_IMAGE_RE.match(line).group(1)
                     elif line.strip() == "---> Using cache":
                         cached = True
                     elif line.strip():
@@ -89,7 +101,7 @@ class DockerEngine(Engine):
             if info is None:
                 raise EngineError(f"the build reported no image and {tag} does not exist")
             image_id = info.id
-        return BuildOutcome(image_id=image_id, steps=tuple(steps))
+        return BuildOutcome(image_id=image_id, steps=tuple(steps), stage_images=tuple(stage_images))
 
     def inspect_image(self, ref: str) -> ImageInfo | None:
         try:
@@ -102,7 +114,8 @@ class DockerEngine(Engine):
         return ImageInfo(id=raw["Id"], tags=tuple(raw.get("RepoTags") or ()),
                          diff_ids=tuple(raw.get("RootFS", {}).get("Layers") or ()),
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
-                         created=raw.get("Created", ""), env=tuple(config.get("Env") or ()), raw=raw)
+                         created=raw.get("Created", ""), env=tuple(config.get("Env") or ()),
+                         architecture=raw.get("Architecture") or "", os=raw.get("Os") or "")
 
     def history(self, ref: str) -> list[str]:
         try:
@@ -199,6 +212,33 @@ class DockerEngine(Engine):
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot remove {ref}", exc) from None
+
+    def remove_if_unused(self, image_id: str) -> bool:
+        info = self.inspect_image(image_id)
+        if info is None:
+            return True
+        if info.tags:
+            return False
+        try:
+            self.api.remove_image(image_id, force=False)
+        except docker.errors.ImageNotFound:
+            return True
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a child image or a container still uses it
+                return False
+            raise self._fail(f"cannot remove {image_id}", exc) from None
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot remove {image_id}", exc) from None
+        return True
+
+    def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
+        try:
+            found = self.api.images(filters={"dangling": True} if dangling else None)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail("cannot list images", exc) from None
+        return [ImageSummary(id=i["Id"], tags=tuple(t for t in i.get("RepoTags") or () if t != "<none>:<none>"),
+                             labels=dict(i.get("Labels") or {}), created=int(i.get("Created") or 0))
+                for i in found]
 
 
 def _reason(exc: Exception) -> str:

@@ -1,14 +1,14 @@
 """The container engine behind one small interface: build, save, load, inspect, run, remove.
 
-Only this module and :mod:`unibake.docker_engine` know about Docker. Unit tests use a fake;
-engine tests and the CLI use :class:`unibake.docker_engine.DockerEngine`.
+Only this module and :mod:`unibake.docker_engine` know about Docker. Unit tests use a fake
+(``tests/fake_engine.py``); engine tests and the CLI use :class:`unibake.docker_engine.DockerEngine`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO
 
 
@@ -23,6 +23,7 @@ class BuildStep:
 class BuildOutcome:
     image_id: str
     steps: tuple[BuildStep, ...]
+    stage_images: tuple[str, ...] = ()  # the last image of every stage before the final one (build cache)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +37,18 @@ class ImageInfo:
     size: int
     created: str
     env: tuple[str, ...] = ()
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
+    architecture: str = ""
+    os: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSummary:
+    """One line of the engine's image list."""
+
+    id: str
+    tags: tuple[str, ...]
+    labels: dict[str, str]
+    created: int  # seconds since the epoch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,3 +118,11 @@ class Engine(ABC):
     @abstractmethod
     def remove_image(self, ref: str) -> None:
         """Remove an image (untag, then delete if nothing else refers to it); missing is fine."""
+
+    @abstractmethod
+    def remove_if_unused(self, image_id: str) -> bool:
+        """Delete an untagged image that no image or container needs; False when something does."""
+
+    @abstractmethod
+    def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
+        """The engine's top-level images (``docker images``), or only the dangling ones."""

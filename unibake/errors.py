@@ -1,7 +1,7 @@
-"""One error hierarchy; each class carries the exit code the CLI returns for it.
+"""Every error class of the package, in one hierarchy; each carries the exit code the CLI returns.
 
 Only ``unibake.cli.main`` catches these. Messages name the file, key or artifact and, where there
-is one, the fix.
+is one, the fix. Nothing else in the package defines an exception.
 """
 
 from __future__ import annotations
@@ -34,10 +34,13 @@ class EngineError(UnibakeError):
 class BuildFailed(EngineError):
     """A Dockerfile step failed; carries the failing step and the tail of its output."""
 
-    def __init__(self, message: str, *, step: str = "", output: tuple[str, ...] = ()):
+    def __init__(self, message: str, *, step: str = "", output: tuple[str, ...] = (), last_image: str = "",
+                 stage_images: tuple[str, ...] = ()):
         super().__init__(message)
         self.step = step
         self.output = output
+        self.last_image = last_image  # the last step that succeeded: build cache worth keeping
+        self.stage_images = stage_images  # earlier stages that completed (the kernels' builder stage)
 
 
 class CheckFailed(VerificationError):
@@ -46,3 +49,32 @@ class CheckFailed(VerificationError):
     def __init__(self, message: str, *, output: tuple[str, ...] = ()):
         super().__init__(message)
         self.output = output
+
+
+class ArchiveError(VerificationError):
+    """An archive or save stream is not a well-formed image archive, or not what it claims to be."""
+
+
+class ZstdDecodeError(ArchiveError):
+    """The archive's zstd frames cannot be decoded (corrupted, truncated, or asking too much memory)."""
+
+
+class LayerFormatError(UnibakeError):
+    """A layer the normalise stage rewrites is not a tar it understands."""
+
+
+class DiskFull(UnibakeError):
+    """The output folder ran out of space; partial files are removed."""
+
+
+class RoundTripUnavailable(EngineError):
+    """No engine that has never seen the image can be had here."""
+
+
+class PipelineError(UnibakeError):
+    """The stages of a command are wired wrongly: a bug in unibake, never the user's input."""
+
+
+class HandoffAborted(Exception):
+    """Ends a thread's items when the side that produced them failed (``unibake.threads``); it is
+    caught there and never reaches the user."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
+from .files import read_small_text
+from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
 LOCK_HEADER = (
@@ -121,24 +123,19 @@ def _input_file(root: Path, path: Path, where: str) -> InputFile:
 # inputs.lock
 
 
+LOCK_LIMIT = 64 << 20
+
+
 def read_lock(lock_path: Path, display: str) -> dict[str, str]:
     """``{path: sha256}`` from a lock file; a missing lock is an empty one."""
-    if not lock_path.exists():
+    if not os.path.lexists(lock_path):
         return {}
-    entries: dict[str, str] = {}
-    for n, line in enumerate(lock_path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        digest, sep, path = line.partition("  ")
-        if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise InputError(f"{display}:{n}: not a 'sha256  path' line: {line[:80]!r}")
-        entries[path] = digest
-    return entries
+    text = read_small_text(lock_path, InputError, limit=LOCK_LIMIT)
+    return {e.name: e.sha256 for e in parse_sums(text, display, InputError, comments=True)}
 
 
 def render_lock(files: list[InputFile]) -> str:
-    by_path = {f.path: f.sha256 for f in files}
-    return LOCK_HEADER + "".join(f"{by_path[p]}  {p}\n" for p in sorted(by_path))
+    return render_sums({f.path: f.sha256 for f in files}, LOCK_HEADER)
 
 
 def check_lock(files: list[InputFile], locked: dict[str, str], display: str,

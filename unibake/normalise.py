@@ -1,4 +1,4 @@
-"""Stage 4: normalise the built image so that identical inputs give an identical image ID.
+"""Normalise the built image so that identical inputs give an identical image ID.
 
 The engine stamps build times everywhere: in the folders a COPY creates, on files a builder stage
 compiles, in the config's ``created`` and history, and the build container's ID in the config.
@@ -14,7 +14,7 @@ This stage rewrites the image in one stream (save -> rewrite -> load, nothing he
   and records the epoch in the label ``io.unibake.source-date-epoch``; it is written with sorted
   keys, so its digest (the image ID) is stable.
 
-The tag then names the normalised image; the image the engine built stays as build cache.
+The tag then names the normalised image; the image the engine built is kept as build cache.
 """
 
 from __future__ import annotations
@@ -22,21 +22,19 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-import tarfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import ChunkReader, tar_header, tar_padding
-from .builder import BuiltImage, iso_time
+from .builder import BuiltImage, Image, iso_time
 from .engine import Engine
-from .errors import EngineError, VerificationError
-from .layertar import LayerFormatError, LayerRewrite
-from .savestream import CHUNK, ArchiveError, _safe_name
+from .errors import ArchiveError, EngineError, LayerFormatError, VerificationError
+from .imagetar import (BLOCK, LayerRewriter, Member, locate, looks_like_layer, read_members, resolve, tar_header,
+                       tar_padding)
+from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
 
 EPOCH_LABEL = "io.unibake.source-date-epoch"
-VERSION = 1  # of the rewrite: a change to it must not reuse images normalised before
-META_LIMIT = 16 << 20
+VERSION = 2  # of the rewrite: a change to it must not reuse images normalised before
 DROPPED_CONFIG_KEYS = ("container", "container_config", "docker_version")
 
 
@@ -56,147 +54,121 @@ def normalised_config(raw: bytes, diff_ids: list[str], epoch: int) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-@dataclass
-class _Rewrite:
-    epoch: int
-    owned: str
-    tag: str
-    base_diff_ids: tuple[str, ...]
-    new_digests: dict[str, str] = field(default_factory=dict)  # member -> sha256 of the rewritten layer
-    untouched: dict[str, str] = field(default_factory=dict)  # member -> sha256, layers passed through
-    links: dict[str, str] = field(default_factory=dict)
-    kept: dict[str, bytes] = field(default_factory=dict)
-    out_names: dict[str, str] = field(default_factory=dict)
-    layer_names: list[str] = field(default_factory=list)
-    config: bytes = b""
-    diff_ids: list[str] = field(default_factory=list)
+@dataclass(frozen=True, kw_only=True)
+class RewrittenLayer:
+    """A layer of ours as it went to the engine: its name in the load stream, and the sha256 of what
+    was sent (final once the hashing thread has been closed)."""
+
+    out_name: str
+    sha256: object
 
 
-def _is_layer(name: str, first: bytes) -> bool:
-    if name.endswith("/layer.tar"):
-        return True
-    if name.startswith("blobs/sha256/") and len(first) == tarfile.BLOCKSIZE:
+class _LayerOut:
+    """The sink of one layer member: rewritten into the load stream when it is ours, dropped otherwise."""
+
+    def __init__(self, name: str, size: int, *, epoch: int, owned: str, put: Callable, hasher: Consumer):
+        self.name, self.size, self.put, self.hasher = name, size, put, hasher
+        self.out_name = name if name.endswith("/layer.tar") else f"layers/{posixpath.basename(name)}.tar"
+        self.digest = hashlib.sha256()
+        self.sent = 0
+        self.rewriter = LayerRewriter(epoch=epoch, owned=owned, emit=self._emit)
+
+    def _emit(self, data) -> None:
+        if not self.sent:
+            self.put(tar_header(self.out_name, self.size))
+        self.sent += len(data)
+        self.hasher.put((self.digest, data))
+        self.put(data)
+
+    def write(self, piece: memoryview) -> None:
+        self.rewriter.write(piece)
+
+    def close(self) -> RewrittenLayer | None:
+        self.rewriter.close()
+        if not self.rewriter.ours:
+            return None
+        if self.sent != self.size:
+            raise LayerFormatError(f"layer {self.name} was rewritten to {self.sent} bytes, not {self.size}")
+        self.put(tar_padding(self.size))
+        return RewrittenLayer(out_name=self.out_name, sha256=self.digest)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rewrite:
+    """What the rewrite of one save stream established."""
+
+    config: bytes
+    diff_ids: tuple[str, ...]
+    save_bytes: int
+
+    @property
+    def image_id(self) -> str:
+        return f"sha256:{hashlib.sha256(self.config).hexdigest()}"
+
+
+def rewrite_into(engine_load: Callable, save: Callable[[], object], *, tag: str, epoch: int, owned: str,
+                 base_diff_ids: tuple[str, ...], progress: Callable[[int], object] = lambda n: None) -> Rewrite:
+    """Read ``save()`` once and feed ``engine_load`` (in its own thread) the normalised image:
+    the rewritten layers of ours, then the new config and a manifest naming every layer."""
+    counted = {"bytes": 0}
+    with consume_in_thread(engine_load, name="load") as loader, hashing_thread() as hasher:
+        def route(name: str, size: int, head: bytes):
+            if not looks_like_layer(name, head):
+                return None
+            return _LayerOut(name, size, epoch=epoch, owned=owned, put=loader.put, hasher=hasher)
+
+        def chunks():
+            for chunk in read_ahead(save(), name="save"):
+                counted["bytes"] += len(chunk)
+                progress(len(chunk))
+                yield chunk
+
         try:
-            tarfile.TarInfo.frombuf(first, "utf-8", "surrogateescape")
-            return True
-        except tarfile.HeaderError:
-            return False
-    return False
+            members = read_members(chunks(), route=route)
+        except LayerFormatError as exc:
+            raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
+        hasher.close()
+        rewrite, layer_names, out_names = _finish(members, epoch, base_diff_ids, owned)
+        config_name = f"{rewrite.image_id.removeprefix('sha256:')}.json"
+        manifest = json.dumps([{"Config": config_name, "RepoTags": [tag],
+                                "Layers": [out_names.get(n, n) for n in layer_names]}]).encode()
+        for name, data in ((config_name, rewrite.config), ("manifest.json", manifest)):
+            loader.put(tar_header(name, len(data)) + data + tar_padding(len(data)))
+        loader.put(bytes(2 * BLOCK))
+        loader.close()
+    return Rewrite(config=rewrite.config, diff_ids=rewrite.diff_ids, save_bytes=counted["bytes"])
 
 
-def _stream(chunks, state: _Rewrite) -> Iterator[bytes]:
-    """The normalised image as a ``docker load`` stream (classic layout), built as the save is read."""
-    reader = ChunkReader(chunks)
+def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str) -> tuple[Rewrite, tuple[str, ...], dict[str, str]]:
+    """The new diffIDs and config, once every layer has passed."""
+    where = locate(members)
+    config_member = resolve(members, where.config_name)
     try:
-        with tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK) as tar:
-            for info in tar:
-                name = _safe_name(info.name)
-                if info.isdir() or not name:
-                    continue
-                if info.issym() or info.islnk():
-                    target = info.linkname if info.islnk() else posixpath.join(posixpath.dirname(name), info.linkname)
-                    state.links[name] = _safe_name(target)
-                    continue
-                stream = tar.extractfile(info)
-                first = stream.read(min(tarfile.BLOCKSIZE, info.size))
-                if not _is_layer(name, first):
-                    if info.size > META_LIMIT:
-                        raise ArchiveError(f"{name} in the save stream is neither a layer nor metadata")
-                    state.kept[name] = first + stream.read()
-                    continue
-                rewrite = LayerRewrite(_Prefixed(first, stream), info.size, epoch=state.epoch, owned=state.owned)
-                pieces = iter(rewrite)
-                head = next(pieces, b"")
-                digest = hashlib.sha256(head)
-                if rewrite.ours:
-                    out = name if name.endswith("/layer.tar") else f"layers/{posixpath.basename(name)}.tar"
-                    state.out_names[name] = out
-                    yield tar_header(out, info.size) + head
-                    for piece in pieces:
-                        digest.update(piece)
-                        yield piece
-                    yield tar_padding(info.size)
-                    state.new_digests[name] = digest.hexdigest()
-                else:  # the base image's: the engine has it; hash it only to check that
-                    for piece in pieces:
-                        digest.update(piece)
-                    state.untouched[name] = digest.hexdigest()
-    except (LayerFormatError, tarfile.TarError) as exc:
-        raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
-    _finish(state)
-    config_name = f"{hashlib.sha256(state.config).hexdigest()}.json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [state.tag],
-                            "Layers": [state.out_names.get(n, n) for n in state.layer_names]}]).encode()
-    for name, data in ((config_name, state.config), ("manifest.json", manifest)):
-        yield tar_header(name, len(data)) + data + tar_padding(len(data))
-    yield bytes(2 * tarfile.BLOCKSIZE)
-
-
-class _Prefixed:
-    """A stream with the bytes already read from it put back in front."""
-
-    def __init__(self, first: bytes, stream):
-        self._first, self._stream = first, stream
-
-    def read(self, size: int = -1) -> bytes:
-        if self._first:
-            n = len(self._first) if size < 0 else min(size, len(self._first))
-            data, self._first = self._first[:n], self._first[n:]
-            return data
-        return self._stream.read(size)
-
-
-def _resolve(state: _Rewrite, name: str) -> str:
-    seen = set()
-    while name in state.links:
-        if name in seen:
-            raise ArchiveError(f"link loop at {name} in the save stream")
-        seen.add(name)
-        name = state.links[name]
-    return name
-
-
-def _finish(state: _Rewrite) -> None:
-    """Work out the new diffIDs and config once every layer has passed."""
-    def kept_json(name: str):
-        data = state.kept.get(_resolve(state, name))
-        if data is None:
-            raise ArchiveError(f"the save stream has no {name}")
-        return json.loads(data)
-
-    if "manifest.json" in state.kept:
-        entry = kept_json("manifest.json")[0]
-        config_name, layers = entry["Config"], list(entry["Layers"])
-    else:
-        index = kept_json("index.json")
-        digest = index["manifests"][0]["digest"].split(":", 1)[1]
-        oci = kept_json(f"blobs/sha256/{digest}")
-        config_name = "blobs/sha256/" + oci["config"]["digest"].split(":", 1)[1]
-        layers = ["blobs/sha256/" + layer["digest"].split(":", 1)[1] for layer in oci["layers"]]
-    raw_config = state.kept[_resolve(state, config_name)]
-    raw_diff_ids = json.loads(raw_config)["rootfs"]["diff_ids"]
-    state.layer_names = layers
-    diff_ids = []
-    for i, name in enumerate(layers):
-        real = _resolve(state, name)
-        if real in state.new_digests:
-            diff_ids.append(f"sha256:{state.new_digests[real]}")
-            if real != name:  # a duplicate layer saved as a link: the engine needs the file
-                state.out_names[name] = state.out_names[real]
+        raw_diff_ids = json.loads(config_member.data or b"")["rootfs"]["diff_ids"]
+    except (ValueError, KeyError, TypeError):
+        raise ArchiveError(f"the save stream's config {where.config_name} has no rootfs.diff_ids") from None
+    diff_ids: list[str] = []
+    out_names: dict[str, str] = {}
+    for i, name in enumerate(where.layer_names):
+        member = resolve(members, name)
+        if i >= len(raw_diff_ids) or f"sha256:{member.content_sha256}" != raw_diff_ids[i]:
+            raise ArchiveError(f"layer {i + 1} ({name}) of the save stream does not match the image's diffID")
+        if isinstance(member.routed, RewrittenLayer):
+            diff_ids.append(f"sha256:{member.routed.sha256.hexdigest()}")
+            out_names[name] = member.routed.out_name  # a duplicate saved as a link: the engine needs the file
             continue
-        digest = f"sha256:{state.untouched.get(real, '')}"
-        if digest != raw_diff_ids[i]:
-            raise ArchiveError(f"layer {i + 1} ({name}) does not match the image's diffID {raw_diff_ids[i]}")
-        if i >= len(state.base_diff_ids) or state.base_diff_ids[i] != digest:
-            raise VerificationError(f"layer {i + 1} ({digest}) lies outside {state.owned} but is not a layer of "
+        digest = f"sha256:{member.content_sha256}"
+        if i >= len(base_diff_ids) or base_diff_ids[i] != digest:
+            raise VerificationError(f"layer {i + 1} ({digest}) lies outside {owned} but is not a layer of "
                                     "the base image; normalise only knows the layers unibake adds")
         diff_ids.append(digest)
-    state.diff_ids = diff_ids
-    state.config = normalised_config(raw_config, diff_ids, state.epoch)
+    config = normalised_config(config_member.data, diff_ids, epoch)
+    return Rewrite(config=config, diff_ids=tuple(diff_ids), save_bytes=0), where.layer_names, out_names
 
 
 def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image: str, owned: str,
-                    cache: Path | None = None, reuse: bool = True) -> BuiltImage:
+                    cache: Path | None = None, reuse: bool = True,
+                    progress: Callable[[int], object] = lambda n: None) -> Image:
     """Rewrite ``built`` as described above and point its tag at the result.
 
     ``cache``: a folder remembering which normalised image each built image gave, so that a build
@@ -209,24 +181,19 @@ def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image
         known = engine.inspect_image(memo.read_text().strip())
         if known is not None:
             engine.tag(known.id, built.tag)
-            return BuiltImage(image_id=known.id, tag=built.tag, diff_ids=known.diff_ids, labels=known.labels,
-                              size=known.size, steps=built.steps, seconds=built.seconds)
+            return Image(ref=built.tag, image_id=known.id, diff_ids=known.diff_ids, labels=known.labels,
+                         size=known.size, save_bytes=0)
     base = engine.inspect_image(base_image)
     if base is None:
         raise EngineError(f"the base image {base_image} is gone from the engine")
-    state = _Rewrite(epoch=epoch, owned=owned, tag=built.tag, base_diff_ids=base.diff_ids)
-    stream = _stream(engine.save(built.tag), state)
-    try:
-        engine.load(stream)
-    finally:
-        stream.close()
-    image_id = f"sha256:{hashlib.sha256(state.config).hexdigest()}"
+    rewrite = rewrite_into(engine.load, lambda: engine.save(built.tag), tag=built.tag, epoch=epoch, owned=owned,
+                           base_diff_ids=base.diff_ids, progress=progress)
     info = engine.inspect_image(built.tag)
-    if info is None or info.id != image_id or list(info.diff_ids) != state.diff_ids:
+    if info is None or info.id != rewrite.image_id or tuple(info.diff_ids) != rewrite.diff_ids:
         raise VerificationError(f"after normalising, {built.tag} is {info.id if info else 'missing'}, not the "
-                                f"{image_id} the rewritten config describes")
+                                f"{rewrite.image_id} the rewritten config describes")
     if memo is not None:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(image_id + "\n")
-    return BuiltImage(image_id=info.id, tag=built.tag, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
-                      steps=built.steps, seconds=built.seconds)
+        memo.write_text(rewrite.image_id + "\n")
+    return Image(ref=built.tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
+                 save_bytes=rewrite.save_bytes)

@@ -12,13 +12,11 @@ from pathlib import Path
 
 from .errors import InputError
 from .inputs import LOCK_FILE, InputFile, Source, check_lock, read_lock, read_source
+from .metadata import Component
 from .profiles import MergedProfile, load_profiles
-from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE
+from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
 
 INSTALL_ROOT = "/opt/unibake"
-DEFAULT_PORT = 30000
-DEFAULT_PROMPT = "Say the smoke-test phrase."
-DEFAULT_SMOKE_TIMEOUT = 60
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,24 +96,6 @@ class Launch:
 class Check:
     name: str
     run: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class Component:
-    """A versioned, hashed part of the image, for labels, the manifest and the notes."""
-
-    kind: str  # engine | kernel | sidecar | tune_caches | overlay
-    name: str
-    version: str
-    digest: str
-    profile: str = ""
-
-    @property
-    def label(self) -> tuple[str, str]:
-        """The image label that records this component: key, "version sha256:digest"."""
-        key = f"io.unibake.{self.kind.replace('_', '-')}."
-        key += self.name if self.kind == "tune_caches" else ".".join(filter(None, (self.profile, self.name)))
-        return key, f"{self.version} sha256:{self.digest}".strip()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +262,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         base_image=base["image"], builder_image=builder if needs_builder else None,
         engine=engine, kernels=kernels, overlays=overlays, labels=dict(data.get("labels", {})),
         checks=tuple(Check(name=c["name"], run=c["run"]) for c in data.get("checks", [])),
-        launch=Launch(port=launch.get("port", DEFAULT_PORT),
+        launch=Launch(port=launch.get("port", default_of("launch", "port")),
                       model_name=launch.get("model_name", data["product"]),
                       mounts=dict(launch.get("mounts", {}))),
         project_root=root, config_dir=config_dir,
@@ -335,8 +315,9 @@ def _profile(root: Path, m: MergedProfile) -> Profile:
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
     smoke = d.get("smoke", {})
-    return Profile(name=m.name, file=m.file, gpus=d["gpus"], vendor=d.get("devices", {}).get("vendor", "nvidia"),
+    return Profile(name=m.name, file=m.file, gpus=d["gpus"],
+                   vendor=d.get("devices", {}).get("vendor", default_of("devices", "vendor")),
                    env=dict(d.get("env", {})), args=tuple(d.get("args", [])), sidecars=sidecars, tune=tune,
                    smoke=Smoke(expect_reply=smoke.get("expect_reply"),
-                               prompt=smoke.get("prompt", DEFAULT_PROMPT),
-                               timeout=smoke.get("timeout", DEFAULT_SMOKE_TIMEOUT)))
+                               prompt=smoke.get("prompt", default_of("smoke", "prompt")),
+                               timeout=smoke.get("timeout", default_of("smoke", "timeout"))))

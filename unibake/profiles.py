@@ -165,6 +165,8 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
     elif spec.type == "int":
         if spec.minimum is not None and value < spec.minimum:
             raise InputError(f"{where(path)}: key '{name}' must be at least {spec.minimum}, not {value}")
+        if spec.maximum is not None and value > spec.maximum:
+            raise InputError(f"{where(path)}: key '{name}' must be at most {spec.maximum}, not {value}")
     elif spec.type == "list":
         assert spec.item is not None
         for i, item in enumerate(value):

@@ -1,4 +1,4 @@
-"""Stage 7: the release folder: manifest, notes, validation, run.sh, sums; nothing half-written.
+"""The release folder: manifest, notes, validation, run.sh, sums; nothing half-written.
 
 Everything is written into ``<out>/.<tag>.partial/`` under temporary names, each file renamed
 when complete and fsynced, ``SHA256SUMS`` last; the folder then takes its final name in one
@@ -9,56 +9,35 @@ replaced only with ``--force``; what an interrupted run left is removed by the n
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import jinja2
-
+from . import __version__
 from .archive import Archive
-from .errors import InputError, UnibakeError
-from .roundtrip import RoundTrip
-from .smoke import GateResult
+from .archive_reader import ReadBack
+from .errors import InputError, UnibakeError, VerificationError
+from .files import fsync_dir, write_atomic
+from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
+                       ReleaseManifest, Tool, Validation, load_manifest)
+from .metadata import ImageMetadata
+from .sums import render_sums
+from .templates import render_template
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "release" / "templates"
 SUMS = "SHA256SUMS"
 TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
-@dataclass(frozen=True, kw_only=True)
-class Validation:
-    round_trip: RoundTrip | None
-    round_trip_skipped: str  # why, when round_trip is None
-    gates: tuple[GateResult, ...]
-    gates_skipped: str  # why, when there are no gates
-
-    @property
-    def passed(self) -> bool:
-        return all(g.passed for g in self.gates)
-
-    def as_json(self) -> dict:
-        rt = self.round_trip
-        return {
-            "round_trip": None if rt is None else {
-                "engine": rt.engine, "engine_version": rt.engine_version, "image_id": rt.image_id,
-                "diff_ids": list(rt.diff_ids), "tags": list(rt.tags), "seconds": round(rt.seconds, 3),
-                "passed": True},
-            "round_trip_skipped": self.round_trip_skipped or None,
-            "smoke": [{"profile": g.profile, "passed": g.passed,
-                       "steps": [{"name": s.name, "passed": s.passed, "seconds": round(s.seconds, 3),
-                                  "detail": s.detail} for s in g.steps]} for g in self.gates],
-            "smoke_skipped": self.gates_skipped or None,
-            "passed": self.passed,
-        }
-
-
 def release_tag(image_ref: str) -> str:
-    tag = image_ref.rsplit(":", 1)[1] if ":" in image_ref.rsplit("/", 1)[-1] else "latest"
-    return tag
+    """The tag part of an image reference (``latest`` when it has none): the release folder's name."""
+    return image_ref.rsplit(":", 1)[1] if ":" in image_ref.rsplit("/", 1)[-1] else "latest"
+
+
+def repository(image_ref: str) -> str:
+    """The repository part of an image reference (``demo-llm`` of ``demo-llm:1.3.1``)."""
+    return image_ref.rsplit(":", 1)[0] if ":" in image_ref.rsplit("/", 1)[-1] else image_ref
 
 
 def check_tag(tag: str) -> str:
@@ -109,7 +88,7 @@ class ReleaseFolder:
         if self.final.exists():
             os.replace(self.final, old)
         os.replace(self.staging, self.final)
-        _fsync_dir(self.out)
+        fsync_dir(self.out)
         shutil.rmtree(old, ignore_errors=True)
         return self.final
 
@@ -124,155 +103,121 @@ class ReleaseFolder:
         self._unlock()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+@dataclass(frozen=True, kw_only=True)
+class PublishedRelease:
+    """A release folder found on disk, with its manifest parsed (or why it could not be)."""
+
+    folder: Path
+    manifest: ReleaseManifest | None
+    problem: str = ""
 
 
-def write_atomic(folder: Path, name: str, text: str, *, mode: int = 0o644) -> str:
-    """Write ``folder/name`` via a temporary name, fsynced; returns its sha256."""
-    data = text.encode("utf-8")
-    temp = folder / f".{name}.tmp"
-    with open(temp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(temp, mode)
-    os.replace(temp, folder / name)
-    return hashlib.sha256(data).hexdigest()
-
-
-def find_releases(out: Path) -> list[dict]:
-    """Every published release under ``out`` (folders with a manifest.json), oldest first."""
-    found = []
+def find_releases(out: Path) -> list[PublishedRelease]:
+    """Every folder under ``out`` with a manifest.json, oldest first; unreadable ones last, with why."""
+    good, bad = [], []
     if not out.is_dir():
-        return found
+        return []
     for folder in sorted(out.iterdir()):
-        manifest = folder / "manifest.json"
-        if folder.name.startswith(".") or not manifest.is_file():
+        if folder.name.startswith(".") or folder.is_symlink() or not folder.is_dir():
+            continue
+        if not os.path.lexists(folder / MANIFEST):
             continue
         try:
-            data = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            continue
-        data["_folder"] = folder
-        found.append(data)
-    return sorted(found, key=lambda m: str(m.get("published", "")))
+            good.append(PublishedRelease(folder=folder, manifest=load_manifest(folder)))
+        except VerificationError as exc:
+            bad.append(PublishedRelease(folder=folder, manifest=None, problem=str(exc)))
+    good.sort(key=lambda r: r.manifest.published)
+    return good + bad
 
 
-def previous_release(out: Path, product: str, tag: str) -> dict | None:
-    candidates = [m for m in find_releases(out) if m.get("product") == product and m.get("release") != tag]
+def previous_release(out: Path, product: str, tag: str) -> ReleaseManifest | None:
+    candidates = [r.manifest for r in find_releases(out)
+                  if r.manifest is not None and r.manifest.product == product and r.manifest.release != tag]
     return candidates[-1] if candidates else None
 
 
-def changes(previous: dict | None, manifest: dict) -> list[dict]:
+def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
     """Components that differ from the previous release: added, removed or changed."""
     if previous is None:
         return []
-
-    def key(c):
-        return (c["kind"], c.get("profile", ""), c["name"])
-
-    before = {key(c): c for c in previous.get("components", [])}
-    after = {key(c): c for c in manifest["components"]}
+    before = {(c.kind, c.profile, c.name): c for c in previous.components}
+    after = {(c.kind, c.profile, c.name): c for c in manifest.components}
     out = []
     for k in sorted(set(before) | set(after)):
         b, a = before.get(k), after.get(k)
-        if b and a and (b["version"], b["digest"]) == (a["version"], a["digest"]):
+        if b and a and (b.version, b.digest) == (a.version, a.digest):
             continue
         out.append({"kind": k[0], "profile": k[1], "name": k[2],
-                    "before": f"{b['version']} {b['digest'][:12]}".strip() if b else "",
-                    "after": f"{a['version']} {a['digest'][:12]}".strip() if a else ""})
+                    "before": f"{b.version} {b.digest[:12]}".strip() if b else "",
+                    "after": f"{a.version} {a.digest[:12]}".strip() if a else ""})
     return out
 
 
-def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, metadata: dict | None,
-                   labels: dict[str, str], previous: dict | None, hotfix: dict | None = None,
-                   image_size: int = 0) -> dict:
-    meta = metadata or {}
-    profiles = meta.get("profiles") or {}
-    manifest = {
-        "schema": 1,
-        "product": product,
-        "release": tag,
-        "version": labels.get("org.opencontainers.image.version", tag),
-        "tag": image_ref,
-        "image_id": archive.image.image_id,
-        "image_size": image_size,
-        "diff_ids": list(archive.image.diff_ids),
-        "save_layout": archive.image.layout,
-        "profiles": sorted(profiles),
-        "default_profile": meta.get("default_profile"),
-        "profile_details": {name: {"gpus": p.get("gpus"), "vendor": p.get("vendor"), "kernels": p.get("kernels", []),
-                                   "sidecars": p.get("sidecars", []), "tune_caches": p.get("tune_caches", 0),
-                                   "args": p.get("args", []), "expect_reply": (p.get("smoke") or {}).get("expect_reply")}
-                            for name, p in sorted(profiles.items())},
-        "launch": meta.get("launch") or {},
-        "archive": {
-            "name": archive.name,
-            "files": [{"name": f.name, "bytes": f.bytes, "sha256": f.sha256} for f in archive.files],
-            "bytes": archive.compressed_bytes,
-            "sha256": archive.compressed_sha256,
-            "uncompressed_bytes": archive.uncompressed_bytes,
-            "uncompressed_sha256": archive.uncompressed_sha256,
-            "compression": {"algorithm": "zstd", "level": archive.level, "long_distance": archive.long_distance},
-        },
-        "components": [dict(c) for c in meta.get("components", [])],
-        "labels": dict(sorted(labels.items())),
-        "revision": labels.get("org.opencontainers.image.revision", ""),
-        "created": labels.get("org.opencontainers.image.created", ""),
-        "source_date_epoch": labels.get("io.unibake.source-date-epoch"),
-        "published": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "previous": previous.get("release") if previous else None,
-        "hotfix": None,
-    }
-    if hotfix is not None:
-        manifest["hotfix"] = {
-            "base_release": hotfix["release"], "base_tag": hotfix["tag"], "base_image_id": hotfix["image_id"],
-            "base_archive_bytes": hotfix["archive"]["bytes"],
-            "omitted_diff_ids": list(archive.omitted), "shipped_diff_ids": list(archive.shipped),
-        }
-    return manifest
+def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,
+                   metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
+                   hotfix: ReleaseManifest | None = None, image_size: int = 0) -> ReleaseManifest:
+    """``manifest.json`` of a release: the archive as written and read back, and what the image is."""
+    epoch = labels.get("io.unibake.source-date-epoch", "")
+    return ReleaseManifest(
+        schema_version=SCHEMA_VERSION,
+        tool=Tool(name="unibake", version=__version__),
+        product=product, release=tag,
+        version=labels.get("org.opencontainers.image.version", tag),
+        tag=image_ref, image_id=archive.image.image_id, image_size=image_size,
+        diff_ids=archive.image.diff_ids, save_layout=archive.image.layout,
+        default_profile=metadata.default_profile if metadata else None,
+        profiles=dict(sorted(metadata.profiles.items())) if metadata else {},
+        launch=metadata.launch if metadata else None,
+        components=metadata.components if metadata else (),
+        archive=ArchiveRecord(
+            name=archive.name,
+            files=tuple(ArchiveFile(name=f.name, bytes=f.bytes, sha256=digests.file_sha256[f.name])
+                        for f in archive.files),
+            bytes=archive.compressed_bytes, sha256=digests.compressed_sha256,
+            uncompressed_bytes=archive.uncompressed_bytes, uncompressed_sha256=digests.uncompressed_sha256,
+            compression=Compression(algorithm="zstd", level=archive.level, long_distance=archive.long_distance)),
+        labels=dict(sorted(labels.items())),
+        revision=labels.get("org.opencontainers.image.revision", ""),
+        created=labels.get("org.opencontainers.image.created", ""),
+        source_date_epoch=int(epoch) if epoch.isdigit() else None,
+        published=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        previous=previous.release if previous else None,
+        hotfix=None if hotfix is None else HotfixRecord(
+            base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
+            base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,
+            shipped_diff_ids=archive.shipped))
 
 
-def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
-    env.filters["gib"] = lambda n: f"{n / 2**30:.2f} GiB"
-    env.filters["sh"] = __import__("shlex").quote
-    return env
-
-
-def render_files(manifest: dict, validation: Validation, previous: dict | None) -> dict[str, str]:
+def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None) \
+        -> dict[str, str]:
     """The text files of a release folder, by name (the archive and SHA256SUMS aside)."""
-    env = _templates()
-    values = dict(m=manifest, v=validation.as_json(), previous=previous, changes=changes(previous, manifest))
+    m = manifest.model_dump(mode="json", by_alias=True)
+    v = validation.document()
+    p = previous.model_dump(mode="json", by_alias=True) if previous else None
+    values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest))
     files = {
-        "manifest.json": json.dumps(manifest, indent=2) + "\n",
-        "VALIDATION.json": json.dumps(validation.as_json(), indent=2) + "\n",
-        "RELEASE_NOTES.md": env.get_template("RELEASE_NOTES.md.j2").render(**values),
-        "IMAGE_ID": manifest["image_id"] + "\n",
+        MANIFEST: manifest.to_json(),
+        VALIDATION: validation.to_json(),
+        "RELEASE_NOTES.md": render_template("RELEASE_NOTES.md.j2", **values),
+        "IMAGE_ID": manifest.image_id + "\n",
     }
-    if manifest["profiles"]:  # an image built elsewhere has no profiles to start
-        files["run.sh"] = env.get_template("run.sh.j2").render(**values)
-    if manifest["hotfix"]:
-        files["apply.sh"] = env.get_template("apply.sh.j2").render(**values)
-    files["README-DIST.md"] = env.get_template("README-DIST.md.j2").render(**values)
+    if manifest.profiles:  # an image built elsewhere has no profiles to start
+        files["run.sh"] = render_template("run.sh.j2", **values)
+    if manifest.hotfix:
+        files["apply.sh"] = render_template("apply.sh.j2", **values)
+    files["README-DIST.md"] = render_template("README-DIST.md.j2", **values)
     return files
 
 
-def publish(folder: ReleaseFolder, archive: Archive, files: dict[str, str], checksums_dir: Path) -> Path:
+def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str],
+            checksums_dir: Path) -> Path:
     """Write the text files, then SHA256SUMS (last), then give the folder its final name."""
-    sums = {f.name: f.sha256 for f in archive.files}
+    sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
     for name, text in files.items():
         sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
-    listing = "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items()))
+    listing = render_sums(sums)
     write_atomic(folder.staging, SUMS, listing)
-    _fsync_dir(folder.staging)
+    fsync_dir(folder.staging)
     final = folder.commit()
     checksums_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(checksums_dir, f"{folder.tag}.{SUMS}", listing)

@@ -1,9 +1,10 @@
-"""Stage 2: render a :class:`ReleasePlan` into a :class:`BuildContext` (pure; golden-tested).
+"""Render a :class:`ReleasePlan` into a :class:`BuildContext` (pure; golden-tested).
 
 The Dockerfile, entrypoint and self-check come from the Jinja2 templates in
-``dockerfiles/templates/``. Every value from YAML reaches them through an escaping filter:
-``dq`` for a double-quoted Dockerfile word, ``sh`` for a POSIX shell word, ``json`` for exec form.
-Control characters never get this far (the schema refuses them), so no value can end a line.
+``unibake/templates/``. Every value from YAML reaches them through an escaping filter of
+:mod:`unibake.templates`: ``dq`` for a double-quoted Dockerfile word, ``sh`` for a POSIX shell
+word, ``json`` for exec form. Control characters never get this far (the schema refuses them), so
+no value can end a line.
 
 Layers, least to most often changed: base, engine, shared kernels, per-profile sidecars, tune
 caches, overlays, environment + launcher + metadata, the in-image checks, labels.
@@ -13,21 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
-import re
-import shlex
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import jinja2
-
 from .errors import InputError
+from .files import write_atomic
 from .inputs import InputFile
-from .plan import INSTALL_ROOT, Kernel, ReleasePlan
-
-TEMPLATES = Path(__file__).resolve().parent.parent / "dockerfiles" / "templates"
+from .metadata import METADATA_LABEL, ImageMetadata
+from .plan import INSTALL_ROOT, Kernel, Profile, ReleasePlan
+from .templates import render_template
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,48 +49,13 @@ class BuildContext:
     self_check: str
     files: tuple[ContextFile, ...]
     baked: tuple[tuple[str, str], ...]  # (path under INSTALL_ROOT, sha256), known before the build
+    metadata: ImageMetadata  # what the image will say about itself (label and meta/release.json)
 
     @property
     def rendered(self) -> dict[str, str]:
         """The reviewable outputs, by file name (as kept under ``dockerfiles/rendered/``)."""
         return {"Dockerfile": self.dockerfile, "entrypoint.sh": self.entrypoint,
                 "self-check.sh": self.self_check}
-
-
-def dq(value: object) -> str:
-    """A double-quoted Dockerfile word (ENV, LABEL): backslash, quote and ``$`` escaped."""
-    text = str(value)
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
-
-
-def sh(value: object) -> str:
-    """A single POSIX shell word."""
-    return shlex.quote(str(value))
-
-
-RUNTIME_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def sh_runtime(value: object) -> str:
-    """A shell word in which ``${NAME}`` is expanded when the container starts; all else is literal."""
-    text = str(value)
-    parts, last = [], 0
-    for m in RUNTIME_VAR_RE.finditer(text):
-        if m.start() > last:
-            parts.append(shlex.quote(text[last:m.start()]))
-        parts.append(f'"${{{m.group(1)}}}"')
-        last = m.end()
-    if last < len(text) or not parts:
-        parts.append(shlex.quote(text[last:]))
-    return "".join(parts)
-
-
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, dirname=lambda v: str(v).rsplit("/", 1)[0])
-    return env
 
 
 def _sha(data: bytes) -> str:
@@ -107,6 +69,17 @@ def selection_name(plan: ReleasePlan) -> str:
 def _kernel_path(kernel: Kernel, profile: str | None) -> str:
     base = f"profiles/{profile}/kernels" if profile else "kernels"
     return f"{base}/{kernel.name}/{kernel.library}"
+
+
+def _profile_kernel_paths(plan: ReleasePlan, profile: Profile) -> list[str]:
+    """The kernels a profile loads, under the install root: its sidecars where they replace a shared one."""
+    own = {k.name for k in profile.sidecars}
+    return [_kernel_path(k, profile.name if k.name in own else None) for k in profile.kernels(plan.kernels)]
+
+
+def kernel_paths(plan: ReleasePlan, profile: Profile) -> tuple[str, ...]:
+    """The absolute paths in the image of the kernels a profile loads."""
+    return tuple(f"{INSTALL_ROOT}/{x}" for x in _profile_kernel_paths(plan, profile))
 
 
 def render(plan: ReleasePlan) -> BuildContext:
@@ -139,9 +112,7 @@ def render(plan: ReleasePlan) -> BuildContext:
     shared_env = plan.env_common
     profiles = []
     for p in plan.profiles:
-        kernels = p.kernels(plan.kernels)
-        own = {k.name for k in p.sidecars}
-        paths = [_kernel_path(k, p.name if k.name in own else None) for k in kernels]
+        paths = _profile_kernel_paths(plan, p)
         profiles.append({
             "name": p.name, "gpus": p.gpus, "args": list(p.args),
             "env": {k: v for k, v in p.env.items() if k not in shared_env},
@@ -160,43 +131,32 @@ def render(plan: ReleasePlan) -> BuildContext:
         k = b["kernel"]
         b["c_files"] = [f"{b['src']}/{k.source.relative(f)}" for f in k.source.files if f.path.endswith(".c")]
 
-    env = _environment()
+    metadata = ImageMetadata.from_plan(plan)
     values = dict(plan=plan, root=INSTALL_ROOT, profiles=profiles, shared_env=shared_env,
                   has_kernels=has_kernels, builds=builds, engine_py=engine_py,
                   has_sidecars=any(p.sidecars for p in plan.profiles),
                   has_tune=any(p.tune for p in plan.profiles), components=plan.components,
-                  names=",".join(plan.profile_names))
-    entrypoint = env.get_template("entrypoint.sh.j2").render(**values)
-    self_check = env.get_template("self-check.sh.j2").render(**values)
+                  names=",".join(plan.profile_names), metadata_label=METADATA_LABEL, metadata=metadata.to_json())
+    entrypoint = render_template("entrypoint.sh.j2", **values)
+    self_check = render_template("self-check.sh.j2", **values)
     for name, text in (("entrypoint.sh", entrypoint), ("self-check.sh", self_check)):
         data = text.encode()
         files[f"ctx/meta/{name}"] = ContextFile(name=f"ctx/meta/{name}", mode=0o755, sha256=_sha(data), data=data)
         baked[f"meta/{name}"] = _sha(data)
-    release = json.dumps({
-        "product": plan.product, "version": plan.version, "tag": plan.tag,
-        "default_profile": plan.default_profile,
-        "profiles": {p.name: {"gpus": p.gpus, "vendor": p.vendor, "kernels": pr["kernels"],
-                              "tune_caches": len(p.tune.json_files) if p.tune else 0,
-                              "smoke": {"expect_reply": p.smoke.expect_reply, "prompt": p.smoke.prompt,
-                                        "timeout": p.smoke.timeout},
-                              "sidecars": [{"name": k.name, "version": k.version} for k in p.sidecars],
-                              "args": list(p.args)}
-                     for p, pr in zip(plan.profiles, profiles)},
-        "components": [c.__dict__ for c in plan.components],
-        "launch": {"port": plan.launch.port, "model_name": plan.launch.model_name, "mounts": plan.launch.mounts},
-    }, indent=2, sort_keys=True).encode() + b"\n"
+    release = (metadata.model_dump_json(indent=2) + "\n").encode()
     files["ctx/meta/release.json"] = ContextFile(name="ctx/meta/release.json", mode=0o644, sha256=_sha(release),
                                                  data=release)
     baked["meta/release.json"] = _sha(release)
     manifest = "".join(f"{digest}  {path}\n" for path, digest in sorted(baked.items())).encode()
     files["ctx/meta/files.sha256"] = ContextFile(name="ctx/meta/files.sha256", mode=0o644, sha256=_sha(manifest),
                                                  data=manifest)
-    dockerfile = env.get_template("Dockerfile.j2").render(**values)
+    dockerfile = render_template("Dockerfile.j2", **values)
     files["Dockerfile"] = ContextFile(name="Dockerfile", mode=0o644, sha256=_sha(dockerfile.encode()),
                                       data=dockerfile.encode())
     return BuildContext(tag=plan.tag, selection=selection_name(plan), dockerfile=dockerfile,
                         entrypoint=entrypoint, self_check=self_check,
-                        files=tuple(files[n] for n in sorted(files)), baked=tuple(sorted(baked.items())))
+                        files=tuple(files[n] for n in sorted(files)), baked=tuple(sorted(baked.items())),
+                        metadata=metadata)
 
 
 def context_texts(context: BuildContext, limit: int = 32 << 20):
@@ -258,7 +218,5 @@ def write_rendered(context: BuildContext, root: Path) -> Path:
     out = root / "dockerfiles" / "rendered" / context.selection
     out.mkdir(parents=True, exist_ok=True)
     for name, text in context.rendered.items():
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / name)
+        write_atomic(out, name, text)
     return out

@@ -1,22 +1,30 @@
 """``build.py repro``: build twice from cold and compare, layer by layer and file by file.
 
-Two builds without the engine's cache, each normalised; then the image IDs, every diffID and the
-sha256 of the release archive each would ship are compared. When a layer differs, both copies of
-it are listed entry by entry (content digest, mode, owner, time, size, link) and the entries that
-differ are named, like diffoci does.
+Two builds without the engine's cache, each normalised and archived as a release would be; then
+the image IDs, every diffID and the sha256 of the archive each would ship are compared
+(:func:`compare`, pure). When a layer differs, both copies of it are listed entry by entry
+(content digest, mode, owner, time, size, link) and the entries that differ are named, like
+diffoci does (:func:`diff_layer`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import tarfile
 from dataclasses import dataclass
 
-from .archive import ChunkReader
 from .engine import Engine
-from .savestream import CHUNK, interpret, read_members
+from .errors import VerificationError
+from .imagetar import LayerLister, LayerListing, looks_like_layer, read_members
 
-Entry = tuple  # (type, mode, uid, gid, mtime, size, sha256, linkname)
+FIELDS = ("type", "mode", "uid", "gid", "mtime", "size", "content", "link")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReproBuild:
+    """One of the two cold builds: its image and the sha256 of the archive it would ship."""
+
+    image_id: str
+    diff_ids: tuple[str, ...]
+    archive_sha256: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,38 +34,65 @@ class LayerDiff:
     entries: tuple[tuple[str, str], ...]  # (path, what differs)
 
 
-def layer_member(engine: Engine, image: str, index: int) -> str:
-    """The save stream's member that holds layer ``index`` of ``image``."""
-    saved = interpret(read_members(engine.save(image)))
-    return saved.layer_members[index].name
+@dataclass(frozen=True, kw_only=True)
+class ReproReport:
+    tag: str
+    first: ReproBuild
+    second: ReproBuild
+    layer: LayerDiff | None = None  # the first layer that differs, entry by entry
+
+    @property
+    def reproducible(self) -> bool:
+        return self.first.image_id == self.second.image_id and \
+            self.first.archive_sha256 == self.second.archive_sha256
+
+    @property
+    def differing_layers(self) -> list[int]:
+        return [i for i, (x, y) in enumerate(zip(self.first.diff_ids, self.second.diff_ids)) if x != y]
+
+    def rows(self) -> list[list[str]]:
+        a, b = self.first, self.second
+        rows = [["image ID", a.image_id, b.image_id, _same(a.image_id, b.image_id)]]
+        rows += [[f"layer {i + 1}", x, y, _same(x, y)] for i, (x, y) in enumerate(zip(a.diff_ids, b.diff_ids))]
+        rows.append(["archive sha256", a.archive_sha256, b.archive_sha256, _same(a.archive_sha256, b.archive_sha256)])
+        return rows
+
+    def document(self) -> dict:
+        return {"tag": self.tag, "reproducible": self.reproducible,
+                "builds": [{"image_id": x.image_id, "diff_ids": list(x.diff_ids), "archive_sha256": x.archive_sha256}
+                           for x in (self.first, self.second)],
+                "layer": None if self.layer is None else {
+                    "index": self.layer.index + 1, "diff_ids": list(self.layer.diff_ids),
+                    "entries": [{"path": p, "difference": d} for p, d in self.layer.entries]}}
+
+    def raise_if_different(self) -> None:
+        if self.reproducible:
+            return
+        if not self.differing_layers:
+            raise VerificationError(f"the builds differ only in their config ({self.first.image_id} against "
+                                    f"{self.second.image_id}): labels, environment or history")
+        diff = self.layer
+        assert diff is not None
+        first = diff.entries[0] if diff.entries else ("(no entry)", "the layer tars differ in order or padding")
+        raise VerificationError(f"not reproducible: layer {diff.index + 1} differs ({len(diff.entries)} entries), "
+                                f"first {first[0]}: {first[1]}")
 
 
-def list_layer(engine: Engine, image: str, member: str) -> dict[str, Entry]:
-    """Every entry of one layer of ``image``, with the digest of its content."""
-    listing: dict[str, Entry] = {}
-    with tarfile.open(fileobj=ChunkReader(engine.save(image)), mode="r|", bufsize=CHUNK) as outer:
-        for info in outer:
-            if info.name.removeprefix("./") != member or not info.isreg():
-                continue
-            with tarfile.open(fileobj=outer.extractfile(info), mode="r|") as layer:
-                for entry in layer:
-                    digest = ""
-                    if entry.isreg():
-                        h = hashlib.sha256()
-                        stream = layer.extractfile(entry)
-                        for block in iter(lambda: stream.read(CHUNK), b""):
-                            h.update(block)
-                        digest = h.hexdigest()
-                    listing[entry.name] = (entry.type.decode(), oct(entry.mode), entry.uid, entry.gid,
-                                           int(entry.mtime), entry.size, digest, entry.linkname)
-            break
+def _same(x: str, y: str) -> str:
+    return "same" if x == y else "DIFFERENT"
+
+
+def list_layer(engine: Engine, image: str, diff_id: str) -> LayerListing:
+    """Every entry of the layer ``diff_id`` of ``image``, with the digest of its content; one save."""
+    members = read_members(engine.save(image),
+                           route=lambda name, size, head: LayerLister(diff_id) if looks_like_layer(name, head) else None)
+    listing = next((m.routed for m in members.values() if m.routed is not None), None)
+    if listing is None:
+        raise VerificationError(f"{image} has no layer {diff_id}")
     return listing
 
 
-FIELDS = ("type", "mode", "uid", "gid", "mtime", "size", "content", "link")
-
-
-def compare_listings(a: dict[str, Entry], b: dict[str, Entry]) -> list[tuple[str, str]]:
+def compare_listings(a: LayerListing, b: LayerListing) -> list[tuple[str, str]]:
     out = []
     for path in sorted(set(a) | set(b)):
         if path not in a:
@@ -71,6 +106,16 @@ def compare_listings(a: dict[str, Entry], b: dict[str, Entry]) -> list[tuple[str
 
 
 def diff_layer(engine: Engine, first: str, second: str, index: int, diff_ids: tuple[str, str]) -> LayerDiff:
-    a = list_layer(engine, first, layer_member(engine, first, index))
-    b = list_layer(engine, second, layer_member(engine, second, index))
+    a = list_layer(engine, first, diff_ids[0])
+    b = list_layer(engine, second, diff_ids[1])
     return LayerDiff(index=index, diff_ids=diff_ids, entries=tuple(compare_listings(a, b)))
+
+
+def compare(engine: Engine, tag: str, first: ReproBuild, second: ReproBuild) -> ReproReport:
+    """The two builds compared; the first differing layer listed entry by entry."""
+    report = ReproReport(tag=tag, first=first, second=second)
+    if report.reproducible or not report.differing_layers:
+        return report
+    i = report.differing_layers[0]
+    layer = diff_layer(engine, first.image_id, second.image_id, i, (first.diff_ids[i], second.diff_ids[i]))
+    return ReproReport(tag=tag, first=first, second=second, layer=layer)

@@ -41,6 +41,7 @@ RESERVED_ENV = frozenset({"PROFILE", "PORT", "MODEL_NAME", "PATH", "LD_LIBRARY_P
 RESERVED_ENV_PREFIX = "UNIBAKE_"
 # A command word or argument of the engine: printable, no control characters.
 MAX_VALUE_LEN = 4096
+MAX_GPUS = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +56,8 @@ class Key:
     pattern: re.Pattern[str] | None = None
     pattern_doc: str = ""
     minimum: int | None = None
+    maximum: int | None = None
+    default: object = None  # the value when the key is absent: the one place each default lives
     choices: tuple[str, ...] = ()
     fields: dict[str, "Key"] = field(default_factory=dict)  # record
     item: "Key | None" = None  # list
@@ -137,16 +140,16 @@ SCHEMA: dict[str, Key] = {
                      item=_str("a regular expression")),
     }),
     "launch": Key(type="record", doc="run-time defaults", scope="product", merge="merge", fields={
-        "port": Key(type="int", doc="default PORT", minimum=1),
-        "model_name": _str("default MODEL_NAME"),
+        "port": Key(type="int", doc="default PORT", minimum=1, maximum=65535, default=30000),
+        "model_name": _str("default MODEL_NAME (default: the product name)"),
         "mounts": Key(type="map", doc="weight mount points (never baked)", merge="merge",
                       key_pattern=NAME_RE, key_doc="a mount name like target",
                       value=_str("absolute path in the image", pattern=IMAGE_PATH_RE,
                                  pattern_doc="an absolute path like /models/target")),
     }),
-    "gpus": Key(type="int", doc="GPUs this profile needs", required=True, minimum=1),
+    "gpus": Key(type="int", doc="GPUs this profile needs", required=True, minimum=1, maximum=MAX_GPUS),
     "devices": Key(type="record", doc="GPU device style for run.sh", merge="merge", fields={
-        "vendor": _str("nvidia or amd", choices=("nvidia", "amd")),
+        "vendor": _str("nvidia or amd", choices=("nvidia", "amd"), default="nvidia"),
     }),
     "args": Key(type="list", doc="extra engine arguments for this profile; ${VARS} expand at start",
                 item=_str("one argument")),
@@ -157,13 +160,23 @@ SCHEMA: dict[str, Key] = {
                     merge="by_name", item=Key(type="record", doc="a sidecar kernel", fields=_kernel_fields())),
     "tune_caches": Key(type="record", doc="this profile's autotune caches", merge="merge", fields={
         "source": _path("directory of *.json tune caches"),
-        "expect": Key(type="int", doc="fail-closed count of JSON files", minimum=0),
+        "expect": Key(type="int", doc="fail-closed count of JSON files", minimum=0, maximum=1_000_000),
     }),
     "smoke": Key(type="record", doc="the smoke gate", merge="merge", fields={
         "expect_reply": _str("text the chat completion must contain"),
-        "prompt": _str("prompt sent to the engine"),
-        "timeout": Key(type="int", doc="seconds to wait for /health", minimum=1),
+        "prompt": _str("prompt sent to the engine", default="Say the smoke-test phrase."),
+        "timeout": Key(type="int", doc="seconds to wait for /health", minimum=1, maximum=3600, default=60),
     }),
 }
 
 NOT_INHERITED = ("profile", "extends")
+
+
+def default_of(*path: str) -> object:
+    """The schema's default for a key path, e.g. ``default_of("launch", "port")``."""
+    spec = SCHEMA[path[0]]
+    for part in path[1:]:
+        spec = spec.fields[part]
+    if spec.default is None:
+        raise KeyError(f"the schema gives no default for {'.'.join(path)}")
+    return spec.default

@@ -1,4 +1,4 @@
-"""Stage 6b: the smoke gate of every profile, on the image as loaded in the verify engine.
+"""The smoke gate of every profile, on the image as loaded in the verify engine.
 
 For each profile: ``self-check`` passes; the engine starts with that ``PROFILE``; ``/health``
 answers; a chat completion contains the profile's expected reply. The HTTP client runs in the
@@ -8,69 +8,33 @@ verify engine's network namespace (the scratch engine's bridge is invisible from
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .engine import Engine
-from .errors import EngineError, VerificationError
+from .errors import EngineError
+from .manifest import GateResult, GateStep
+from .metadata import ImageMetadata, ProfileMetadata
 
-METADATA_PATH = "/opt/unibake/meta/release.json"
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True, kw_only=True)
-class GateStep:
-    name: str  # self-check | start | health | chat
-    passed: bool
-    seconds: float
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class GateResult:
-    profile: str
-    steps: tuple[GateStep, ...]
-
-    @property
-    def passed(self) -> bool:
-        return all(s.passed for s in self.steps)
-
-    @property
-    def failed(self) -> GateStep | None:
-        return next((s for s in self.steps if not s.passed), None)
-
-
-def image_metadata(engine: Engine, image: str) -> dict | None:
-    """The release metadata unibake bakes into its images; None for an image it did not build."""
-    info = engine.inspect_image(image)
-    if info is None or "io.unibake.profiles" not in info.labels:
-        return None
-    run = engine.run(image, ["cat", METADATA_PATH], timeout=60)
-    if run.exit_code != 0:
-        raise VerificationError(f"{image} carries unibake labels but {METADATA_PATH} cannot be read: "
-                                f"{run.output.strip()[-200:]}")
-    try:
-        return json.loads(run.output)
-    except ValueError:
-        raise VerificationError(f"{METADATA_PATH} in {image} is not valid JSON") from None
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
 
 
 def _probe_command(url: str, prompt: str, model: str, timeout: int, netns_pid: int | None) -> list[str]:
-    cmd = [sys.executable, "-m", "unibake.probe", url, prompt, model, str(timeout)]
+    cmd = [sys.executable, "-m", "unibake.smoke_client", url, prompt, model, str(timeout)]
     if netns_pid is not None:
         cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
     return cmd
 
 
-def run_gate(engine: Engine, image: str, profile: str, spec: dict, *, port: int, model: str,
+def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *, port: int, model: str,
              netns_pid: int | None) -> GateResult:
     """One profile's gate; stops at the first step that fails."""
     steps: list[GateStep] = []
-    smoke = spec.get("smoke") or {}
-    timeout = int(smoke.get("timeout") or 60)
+    smoke = spec.smoke
+    timeout = smoke.timeout
 
     start = time.monotonic()
     check = engine.run(image, ["self-check"], env={"PROFILE": profile}, timeout=max(120, timeout))
@@ -95,10 +59,9 @@ def run_gate(engine: Engine, image: str, profile: str, spec: dict, *, port: int,
             return GateResult(profile=profile, steps=tuple(steps))
         steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
-        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", smoke.get("prompt") or "ping", model,
-                                                timeout, netns_pid),
+        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", smoke.prompt, model, timeout, netns_pid),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={"PYTHONPATH": str(PACKAGE_ROOT), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+                                 env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
         probe_start = time.monotonic()
         while probe.poll() is None:
             running, _, logs = engine.container_state(container)
@@ -122,7 +85,7 @@ def run_gate(engine: Engine, image: str, profile: str, spec: dict, *, port: int,
         steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
                               detail=json.dumps(health["body"], sort_keys=True)))
         chat = result.get("chat")
-        expect = smoke.get("expect_reply")
+        expect = smoke.expect_reply
         if not chat:
             steps.append(GateStep(name="chat", passed=False, seconds=0.0, detail=str(result.get("error"))))
         else:
@@ -139,14 +102,13 @@ def _tail(logs: str) -> str:
     return " | ".join(lines[-3:]) or "no output"
 
 
-def run_gates(engine: Engine, image: str, metadata: dict, *, netns_pid: int | None,
-              on_result=lambda result: None) -> list[GateResult]:
+def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,
+              on_result=lambda result: None) -> tuple[GateResult, ...]:
     """Every profile's gate, in order; all run, so the notes show each result."""
-    launch = metadata.get("launch") or {}
     results = []
-    for profile, spec in sorted((metadata.get("profiles") or {}).items()):
-        result = run_gate(engine, image, profile, spec, port=int(launch.get("port") or 30000),
-                          model=str(launch.get("model_name") or "model"), netns_pid=netns_pid)
+    for profile, spec in sorted(metadata.profiles.items()):
+        result = run_gate(engine, image, profile, spec, port=metadata.launch.port,
+                          model=metadata.launch.model_name, netns_pid=netns_pid)
         on_result(result)
         results.append(result)
-    return results
+    return tuple(results)

@@ -9,19 +9,25 @@ With ``--load`` the archive is then loaded into an engine and the image ID compa
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, field
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-
-from .archive import ArchiveReader, ZstdDecodeError
+from .archive_reader import ArchiveReader, read_archive
 from .engine import Engine
-from .errors import InputError, VerificationError
+from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
+from .files import read_small_text
+from .imagetar import check_against, inspect_save_stream
+from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
-from .savestream import ArchiveError, check_against, inspect_save_stream
+from .sums import parse_sums
+
+SUMS_LIMIT = 1 << 20
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Check:
     name: str  # sha256 | size | zstd | structure | load
     target: str
@@ -29,15 +35,13 @@ class Check:
     detail: str = ""
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Report:
-    folder: Path
-    checks: list[Check] = field(default_factory=list)
-    manifest: dict = field(default_factory=dict)
+    """Every check made on a release folder, in order, and the manifest they were made against."""
 
-    def add(self, name: str, target: str, passed: bool, detail: str = "") -> bool:
-        self.checks.append(Check(name=name, target=target, passed=passed, detail=detail))
-        return passed
+    folder: Path
+    checks: tuple[Check, ...]
+    manifest: ReleaseManifest | None
 
     @property
     def failures(self) -> list[Check]:
@@ -50,125 +54,156 @@ class Report:
             more = f" (and {len(failed) - 1} more failed checks)" if len(failed) > 1 else ""
             raise VerificationError(f"{first.target}: {first.name} check failed: {first.detail}{more}")
 
+    def document(self) -> dict:
+        """The report as ``--json`` prints it."""
+        return {"folder": str(self.folder), "passed": not self.failures,
+                "image_id": self.manifest.image_id if self.manifest else None,
+                "tag": self.manifest.tag if self.manifest else None,
+                "checks": [{"check": c.name, "target": c.target, "passed": c.passed, "detail": c.detail}
+                           for c in self.checks]}
+
+
+class _Checks(list):
+    def add(self, name: str, target: str, passed: bool, detail: str = "") -> bool:
+        self.append(Check(name=name, target=target, passed=passed, detail=detail))
+        return passed
+
 
 def read_sums(folder: Path) -> dict[str, str]:
+    """``SHA256SUMS`` of a release folder, by name: plain file names only."""
     path = folder / SUMS
-    if not path.is_file():
-        raise VerificationError(f"{path}: missing; this is not a complete release folder")
-    sums: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        digest, sep, name = line.partition("  ")
-        if not sep:
-            digest, sep, name = line.partition(" *")
-        if not sep or len(digest) != 64 or "/" in name or name in ("", ".", ".."):
-            raise VerificationError(f"{path}:{n}: not a 'sha256  name' line")
-        sums[name] = digest.lower()
+    text = read_small_text(path, VerificationError, limit=SUMS_LIMIT, what="this is not a complete release folder",
+                           follow=False)
+    sums = {}
+    for entry in parse_sums(text, str(path), VerificationError):
+        if "/" in entry.name or entry.name in (".", ".."):
+            raise VerificationError(f"{path}:{entry.line}: {entry.name!r} is not a file of this folder")
+        sums[entry.name] = entry.sha256
     return sums
 
 
-def check_sums(report: Report, sums: dict[str, str]) -> Report:
-    """What ``sha256sum -c`` checks, for the files named in ``sums``, into ``report``."""
+def _sha256_of(path: Path) -> str | None:
+    """The sha256 of a regular file in the folder; None for anything else (a link, a FIFO, a folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def check_sums(folder: Path, sums: dict[str, str], checks: _Checks | None = None) -> _Checks:
+    """What ``sha256sum -c`` checks, for the files named in ``sums``."""
+    checks = checks if checks is not None else _Checks()
     for name in sorted(sums):
-        path = report.folder / name
-        if not path.is_file():
-            report.add("sha256", name, False, "missing (listed in SHA256SUMS)")
+        path = folder / name
+        if not os.path.lexists(path):
+            checks.add("sha256", name, False, "missing (listed in SHA256SUMS)")
             continue
-        with open(path, "rb") as fh:
-            ok = hashlib.file_digest(fh, "sha256").hexdigest() == sums[name]
-        report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
-    return report
+        digest = _sha256_of(path)
+        if digest is None:
+            checks.add("sha256", name, False, "not a regular file")
+            continue
+        ok = digest == sums[name]
+        checks.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
+    return checks
+
+
+def sums_report(folder: Path) -> Report:
+    """Only what ``sha256sum -c SHA256SUMS`` checks (``releases``' quick look)."""
+    return Report(folder=folder, checks=tuple(check_sums(folder, read_sums(folder))), manifest=None)
 
 
 def verify_folder(folder: Path) -> Report:
     """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file."""
-    report = Report(folder=folder)
+    checks = _Checks()
     sums = read_sums(folder)
-    if "manifest.json" not in sums or not (folder / "manifest.json").is_file():
-        raise VerificationError(f"{folder}/manifest.json: missing; this is not a complete release folder")
-    manifest_bytes = (folder / "manifest.json").read_bytes()
-    manifest_ok = hashlib.sha256(manifest_bytes).hexdigest() == sums["manifest.json"]
-    if not report.add("sha256", "manifest.json", manifest_ok, "" if manifest_ok else "differs from SHA256SUMS"):
-        raise VerificationError("manifest.json: sha256 differs from SHA256SUMS; the folder cannot be trusted")
-    try:
-        manifest = json.loads(manifest_bytes)
-        archive = manifest["archive"]
-        parts = [f["name"] for f in archive["files"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise VerificationError(f"{folder}/manifest.json: not a unibake release manifest ({exc})") from None
-    report.manifest = manifest
-
-    check_sums(report, {n: d for n, d in sums.items() if n not in parts and n != "manifest.json"})
+    if MANIFEST not in sums:
+        raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
+    manifest_ok = _sha256_of(folder / MANIFEST) == sums[MANIFEST]
+    if not checks.add("sha256", MANIFEST, manifest_ok, "" if manifest_ok else "differs from SHA256SUMS"):
+        raise VerificationError(f"{MANIFEST}: sha256 differs from SHA256SUMS; the folder cannot be trusted")
+    manifest = load_manifest(folder)
+    archive = manifest.archive
+    parts = [f.name for f in archive.files]
+    check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
 
     readable = True
-    for f in archive["files"]:
-        name, path = f["name"], folder / f["name"]
-        if name not in sums:
-            report.add("sha256", name, False, "not listed in SHA256SUMS")
-        if not path.is_file():
-            report.add("size", name, False, "missing" + (" part" if len(parts) > 1 else "") + " (listed in manifest.json)")
+    for f in archive.files:
+        path = folder / f.name
+        if f.name not in sums:
+            checks.add("sha256", f.name, False, "not listed in SHA256SUMS")
+        if not path.is_file() or path.is_symlink():
+            checks.add("size", f.name, False, "missing" + (" part" if len(parts) > 1 else "") + " (listed in manifest.json)")
             readable = False
             continue
         size = path.stat().st_size
-        if size < f["bytes"]:
-            report.add("size", name, False, f"truncated: {size} of {f['bytes']} bytes")
-        elif size > f["bytes"]:
-            report.add("size", name, False, f"{size} bytes, {size - f['bytes']} more than the {f['bytes']} recorded")
+        if size < f.bytes:
+            checks.add("size", f.name, False, f"truncated: {size} of {f.bytes} bytes")
+        elif size > f.bytes:
+            checks.add("size", f.name, False, f"{size} bytes, {size - f.bytes} more than the {f.bytes} recorded")
         else:
-            report.add("size", name, True, f"{size} bytes")
+            checks.add("size", f.name, True, f"{size} bytes")
     if not readable:
-        report.add("structure", archive["name"], False, "not checked: a file of the archive is missing")
-        return report
+        checks.add("structure", archive.name, False, "not checked: a file of the archive is missing")
+        return Report(folder=folder, checks=tuple(checks), manifest=manifest)
 
     reader = ArchiveReader(folder, parts)
     zstd_ok, structure = True, ""
     try:
-        hotfix = manifest.get("hotfix") or {}
-        saved = inspect_save_stream(reader.chunks(), frozenset(hotfix.get("omitted_diff_ids") or ()))
-        check_against(saved, image_id=manifest["image_id"], diff_ids=manifest["diff_ids"], what="manifest.json")
+        omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
+        saved = inspect_save_stream(reader.chunks(), omitted)
+        check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
     except ZstdDecodeError as exc:
         zstd_ok, structure = False, str(exc)
     except ArchiveError as exc:
         structure = str(exc)
     finally:
         reader.finish()
-    if not structure and reader.decoded.hexdigest() != archive.get("uncompressed_sha256"):
+    if not structure and reader.decoded.hexdigest() != archive.uncompressed_sha256:
         structure = "the uncompressed stream's sha256 differs from manifest.json"
     digests = reader.file_sha256()
     for name in parts:
         if name in sums:
             ok = digests[name] == sums[name]
-            report.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
-    whole = reader.whole.hexdigest()
-    if whole != archive.get("sha256", whole):
-        report.add("sha256", archive["name"] + (" (all parts)" if len(parts) > 1 else ""), False,
+            checks.add("sha256", name, ok, "" if ok else "differs from SHA256SUMS")
+    if reader.whole.hexdigest() != archive.sha256:
+        checks.add("sha256", archive.name + (" (all parts)" if len(parts) > 1 else ""), False,
                    "differs from manifest.json")
-    report.add("zstd", archive["name"], zstd_ok, "frames and their checksums" if zstd_ok else structure)
+    checks.add("zstd", archive.name, zstd_ok, "frames and their checksums" if zstd_ok else structure)
     if zstd_ok:
-        report.add("structure", archive["name"], not structure, structure or
-                   f"config {manifest['image_id'][:19]}... and {len(manifest['diff_ids'])} diffIDs recomputed")
-    return report
+        checks.add("structure", archive.name, not structure, structure or
+                   f"config {manifest.image_id[:19]}... and {len(manifest.diff_ids)} diffIDs recomputed")
+    return Report(folder=folder, checks=tuple(checks), manifest=manifest)
 
 
-def load_and_compare(report: Report, engine: Engine) -> None:
+def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], object] = lambda n: None) -> Report:
     """Load the verified archive into ``engine`` and compare the image ID with the manifest's."""
-    from .archive import read_archive
-
     manifest = report.manifest
-    image_id = manifest["image_id"]
-    hotfix = manifest.get("hotfix")
-    if hotfix and engine.inspect_image(hotfix["base_image_id"]) is None:
-        report.add("load", manifest["tag"], False, f"this hotfix needs image {hotfix['base_image_id']} "
-                   f"({hotfix['base_tag']}) in the engine; load release {hotfix['base_release']} first "
+    assert manifest is not None
+    checks = _Checks(report.checks)
+    image_id, hotfix = manifest.image_id, manifest.hotfix
+    if hotfix and engine.inspect_image(hotfix.base_image_id) is None:
+        checks.add("load", manifest.tag, False, f"this hotfix needs image {hotfix.base_image_id} "
+                   f"({hotfix.base_tag}) in the engine; load release {hotfix.base_release} first "
                    "(nothing was loaded)")
-        return
-    if engine.inspect_image(image_id) is not None:
-        report.add("load", manifest["tag"], True, f"the engine already has {image_id}; not loaded again")
-        return
-    outcome = engine.load(read_archive(report.folder, [f["name"] for f in manifest["archive"]["files"]]))
-    loaded = engine.inspect_image(manifest["tag"])
-    ok = loaded is not None and loaded.id == image_id
-    report.add("load", manifest["tag"], ok, f"loaded as {image_id}" if ok else
-               f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} ({'; '.join(outcome.messages)})")
+    elif engine.inspect_image(image_id) is not None:
+        checks.add("load", manifest.tag, True, f"the engine already has {image_id}; not loaded again")
+    else:
+        def counted():
+            for chunk in read_archive(report.folder, [f.name for f in manifest.archive.files]):
+                progress(len(chunk))
+                yield chunk
+
+        outcome = engine.load(counted())
+        loaded = engine.inspect_image(manifest.tag)
+        ok = loaded is not None and loaded.id == image_id
+        checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
+                   f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
+                   f"({'; '.join(outcome.messages)})")
+    return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
 
 
 def check_folder_arg(path: Path) -> Path:

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from unibake.builder import CACHE_REPOSITORY
 from unibake.docker_engine import DockerEngine
 from unibake.errors import EngineError
 
@@ -26,6 +27,31 @@ def engine() -> DockerEngine:
     except EngineError as exc:
         pytest.fail(f"engine tests need a Docker engine ({exc}); run scripts/setup.sh first", pytrace=False)
     return found
+
+
+def engine_state(engine: DockerEngine) -> dict[str, set[str]]:
+    """What a test session may leave behind: dangling images, containers, volumes, networks, cache tags."""
+    api = engine.api
+    return {
+        "dangling images": {i.id for i in engine.list_images(dangling=True)},
+        "containers": {c["Id"] for c in api.containers(all=True)},
+        "volumes": {v["Name"] for v in api.volumes().get("Volumes") or []},
+        "networks": {n["Id"] for n in api.networks()},
+        "build cache tags": {t for i in engine.list_images() for t in i.tags if t.startswith(f"{CACHE_REPOSITORY}/")},
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_left_as_found(engine):
+    """The suite leaves the engine as it found it: the build cache its builds kept is removed, and
+    nothing else may remain (a dangling image, a container, a volume, a network)."""
+    before = engine_state(engine)
+    yield
+    for tag in engine_state(engine)["build cache tags"] - before["build cache tags"]:
+        engine.remove_image(tag)
+    after = engine_state(engine)
+    grown = {kind: sorted(after[kind] - before[kind]) for kind in after if after[kind] - before[kind]}
+    assert not grown, f"the test session left these in the engine: {grown}"
 
 
 @pytest.fixture

@@ -44,7 +44,8 @@ def test_the_unified_image_honours_profile_port_and_model_name(cli, engine, busy
 def test_a_tampered_file_fails_the_self_check_at_run_time(engine, busybox_product, version, images):
     tag = f"unibake-test:{version}"
     images(tag)
-    build_image(render(make_plan(busybox_product, version=version)), engine, revision="r", epoch=0)
+    build_image(render(make_plan(busybox_product, version=version)), engine, product="unibake-test", revision="r",
+                epoch=0)
     run = engine.run(tag, ["sh", "-c", "echo '{}' > /opt/unibake/profiles/tp2/tune/cache-1.json && "
                                        "/opt/unibake/meta/entrypoint.sh self-check"], env={"PROFILE": "tp2"})
     assert run.exit_code == 1
@@ -56,10 +57,13 @@ def test_changing_one_tune_json_rebuilds_only_from_the_tune_caches_on(cli, engin
                                                                       images):
     tag = f"unibake-test:{version}"
     images(tag)
-    first = build_image(render(make_plan(busybox_product, version=version)), engine, revision="r", epoch=0)
+    first = build_image(render(make_plan(busybox_product, version=version)), engine, product="unibake-test",
+                        revision="r", epoch=0)
+    images(first.image_id)  # the second build moves the tag away from it
     (busybox_product.parent / "images/tune/tp2/cache-2.json").write_text('{"tp2_cache": "retuned"}\n')
     assert cli("lock", "--config", str(busybox_product)).code == 0
-    second = build_image(render(make_plan(busybox_product, version=version)), engine, revision="r", epoch=0)
+    second = build_image(render(make_plan(busybox_product, version=version)), engine, product="unibake-test",
+                         revision="r", epoch=0)
 
     tune_step = next(s.number for s in second.steps if s.instruction.startswith("COPY ctx/profiles/"))
     before = [s for s in second.steps if s.number < tune_step and not s.instruction.startswith("FROM")]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from unibake.roundtrip import ScratchEngine
+from unibake.scratch import ScratchEngine
 
 from ..conftest import REPO
 

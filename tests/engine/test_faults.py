@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from unibake.roundtrip import ScratchEngine
+from unibake.scratch import ScratchEngine
 
 from ..conftest import REPO
 
@@ -118,7 +118,7 @@ def test_interrupted_during_the_round_trip_stops_the_scratch_engine(big_image, t
     out, scratch = tmp_path / "release", tmp_path / "scratch"
     scratch.mkdir()
     run = Run(tmp_path, "archive", big_image, "--out", str(out), "--scratch-dir", str(scratch))
-    run.wait_for(lambda: "==> round trip" in run.err, "the round trip")
+    run.wait_for(lambda: "loading into scratch dockerd" in run.err, "the round trip's load")
     folder = scratch_dirs(scratch)[0]
     assert running_from(folder)
     assert run.stop(sig) == 130
@@ -131,7 +131,7 @@ def test_killed_during_the_round_trip_the_next_run_cleans_up(big_image, tmp_path
     scratch.mkdir()
     args = ["archive", big_image, "--out", str(out), "--scratch-dir", str(scratch)]
     run = Run(tmp_path, *args)
-    run.wait_for(lambda: "==> round trip" in run.err, "the round trip")
+    run.wait_for(lambda: "loading into scratch dockerd" in run.err, "the round trip's load")
     folder = scratch_dirs(scratch)[0]
     run.stop(signal.SIGKILL)
     assert running_from(folder), "a killed run cannot stop its scratch engine: the next run must"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from unibake.repro import layer_member, list_layer
-from unibake.roundtrip import ScratchEngine
+from unibake.repro import list_layer
+from unibake.scratch import ScratchEngine
 
 EPOCH = "1700000000"
 
@@ -28,11 +28,11 @@ def test_the_layers_unibake_adds_carry_the_epoch_and_no_owner_names(cli, engine,
     assert result.code == 0, result.err
     info = engine.inspect_image(tag)
     assert info.labels["io.unibake.source-date-epoch"] == EPOCH
-    assert info.raw["Created"].startswith("2023-11-14T22:13:20")
+    assert info.created.startswith("2023-11-14T22:13:20")
     base = engine.inspect_image("localhost/unibake-busybox:1")
     assert info.diff_ids[: len(base.diff_ids)] == base.diff_ids  # the base's layers are untouched
     for index in range(len(base.diff_ids), len(info.diff_ids)):
-        entries = list_layer(engine, tag, layer_member(engine, tag, index))
+        entries = list_layer(engine, tag, info.diff_ids[index])
         assert entries and {e[4] for e in entries.values()} == {int(EPOCH)}
     history = engine.api.history(tag)
     assert {h["Created"] for h in history} == {int(EPOCH)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unibake.cli import source_date_epoch
+from unibake.pipeline import source_date_epoch
 from unibake.errors import InputError
 
 
@@ -48,3 +48,101 @@ def test_source_date_epoch_must_be_a_number(cli, busybox_product):
     with pytest.raises(InputError, match="SOURCE_DATE_EPOCH='yesterday' is not a whole number"):
         source_date_epoch(busybox_product.parent, {"SOURCE_DATE_EPOCH": "yesterday"})
     assert source_date_epoch(busybox_product.parent, {"SOURCE_DATE_EPOCH": "1700000000"}) == 1700000000
+
+
+# --- the command line itself: sub-commands, global options, JSON, the tool's version ----------
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tomllib  # noqa: E402
+
+from ..conftest import REPO  # noqa: E402
+
+
+def pyproject_version() -> str:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+@pytest.mark.parametrize("flag", ["-V", "--tool-version"])
+def test_the_tool_version_is_the_package_version(cli, flag):
+    result = cli(flag)
+    assert result.code == 0 and result.out == f"unibake {pyproject_version()}\n"
+
+
+def test_help_lists_every_command_and_exits_0(cli):
+    result = cli("--help")
+    assert result.code == 0
+    for command in ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune"):
+        assert command in result.out
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_global_options_go_before_or_after_the_command(cli, busybox_product, where):
+    command = ["lock", "--config", str(busybox_product)]
+    args = ["--quiet", "--json", *command] if where == "before" else [*command, "--quiet", "--json"]
+    result = cli(*args)
+    assert result.code == 0
+    assert json.loads(result.out)["inputs"] == 7  # exactly one JSON document on stdout
+    assert result.err.strip().splitlines() == [f"{busybox_product}/inputs.lock: 7 inputs (0 added, 0 changed, "
+                                               "0 removed)"]  # --quiet: the final line only
+
+
+def test_the_default_command_is_build(cli, busybox_product):
+    plain = cli("--stage", "render", "--config", str(busybox_product), "--json")
+    named = cli("build", "--stage", "render", "--config", str(busybox_product), "--json")
+    assert plain.code == named.code == 0
+    assert json.loads(plain.out) == json.loads(named.out)
+    assert json.loads(plain.out)["image"] == "unibake-test:0.1.0"
+
+
+def test_options_are_never_abbreviated(cli, busybox_product):
+    result = cli("--stage", "render", "--config", str(busybox_product), "--prof", "tp1")
+    assert result.code == 2 and "unrecognized arguments: --prof tp1" in result.error_lines[0]
+
+
+def test_metadata_file_holds_the_same_document_as_json(cli, busybox_product, tmp_path):
+    result = cli("--stage", "render", "--config", str(busybox_product), "--json", "--metadata-file",
+                 str(tmp_path / "ci" / "meta.json"))
+    assert result.code == 0
+    assert json.loads((tmp_path / "ci" / "meta.json").read_text()) == json.loads(result.out)
+
+
+def test_a_failure_with_json_is_still_one_json_document(cli, busybox_product):
+    (busybox_product / "tp2.yaml").write_text("profile: tp2\ngpus: two\n")
+    result = cli("--json", "--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2
+    document = json.loads(result.out)
+    assert document["exit_code"] == 2 and "key 'gpus' must be an integer" in document["error"]
+
+
+def test_build_py_reexecutes_itself_with_the_project_venv(tmp_path):
+    """`python build.py` with a Python that lacks the dependencies (-S: no site-packages)."""
+    run = subprocess.run([sys.executable, "-S", str(REPO / "build.py"), "-V"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == f"unibake {pyproject_version()}\n"
+
+
+def test_build_py_without_a_venv_says_to_run_setup(tmp_path):
+    (tmp_path / "build.py").write_text((REPO / "build.py").read_text())
+    run = subprocess.run([sys.executable, "-S", str(tmp_path / "build.py"), "--help"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.startswith("error: the Python package 'docker' is not installed")
+    assert "run scripts/setup.sh" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_the_version_comes_from_pyproject_in_a_checkout_and_from_the_install_otherwise(tmp_path):
+    import unibake
+
+    assert unibake._version() == pyproject_version()
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "something-else"\nversion = "9"\n')
+    assert unibake._version(tmp_path / "pyproject.toml") in ("0+unknown", pyproject_version())
+    (tmp_path / "broken.toml").write_text("[project\n")
+    assert unibake._version(tmp_path / "broken.toml") in ("0+unknown", pyproject_version())
+
+
+def test_python_m_unibake_is_the_same_command(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "unibake", "-V"], capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 0 and run.stdout == f"unibake {pyproject_version()}\n"

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from unibake.errors import InputError
 from unibake.plan import make_plan
-from unibake.savestream import ArchiveError, inspect_save_stream
+from unibake.errors import ArchiveError
+from unibake.imagetar import inspect_save_stream
 from unibake.schema import SCHEMA
 
 from ..conftest import BUSYBOX_PRODUCT
@@ -108,7 +109,7 @@ def test_a_corrupted_archive_is_refused_or_still_the_same_image(layout, mutation
     legacy VERSION file or tar padding, may change without consequence: SHA256SUMS covers those.)"""
     data, image_id, diff_ids = ARCHIVES[layout]
     try:
-        saved = inspect_save_stream(io.BytesIO(mutate(data, mutations)))
+        saved = inspect_save_stream([mutate(data, mutations)])
     except ArchiveError as exc:
         assert str(exc)
         return

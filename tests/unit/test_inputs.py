@@ -76,7 +76,7 @@ def test_lock_command_rewrites_the_lock_and_then_the_build_accepts(busybox_produ
     assert refused.error_lines == [refused.err.strip().splitlines()[-1]]
     locked = cli("lock", "--config", str(busybox_product))
     assert locked.code == 0
-    assert "changed: images/tune/tp2/cache-2.json" in locked.out
+    assert "changed: images/tune/tp2/cache-2.json" in locked.err  # human output goes to stderr
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0
     lines = (busybox_product / "inputs.lock").read_text().splitlines()
     entries = [line.split("  ", 1)[1] for line in lines if not line.startswith("#")]

@@ -9,42 +9,46 @@ import subprocess
 import pytest
 
 from unibake.archive import write_archive
-from unibake.roundtrip import read_back
+from unibake.archive_reader import read_back
 from unibake.errors import InputError, UnibakeError
-from unibake.publish import (ReleaseFolder, Validation, build_manifest, find_releases, publish, render_files)
-from unibake.smoke import GateResult, GateStep
+from unibake.manifest import GateResult, GateStep, Validation
+from unibake.metadata import ImageMetadata
+from unibake.publish import ReleaseFolder, build_manifest, find_releases, publish, render_files
 
-from ..savefixtures import docker_layout
+from ..savefixtures import docker_layout, layer_tar
 
 METADATA = {
-    "product": "demo-llm", "default_profile": "tp4",
+    "product": "demo-llm", "version": "1.3.1", "tag": "demo-llm:1.3.1", "default_profile": "tp4",
     "launch": {"port": 30000, "model_name": "demo-llm", "mounts": {"target": "/models/target", "draft": "/models/draft"}},
     "profiles": {
-        "tp1": {"gpus": 1, "vendor": "nvidia", "kernels": ["/k/a.so"], "tune_caches": 3, "sidecars": [],
-                "smoke": {"expect_reply": "UNIFIED_TP1_OK"}},
-        "tp2": {"gpus": 2, "vendor": "nvidia", "kernels": ["/k/a.so"], "tune_caches": 7,
-                "sidecars": [{"name": "flash_attn", "version": "260602"}], "smoke": {"expect_reply": "UNIFIED_TP2_OK"}},
-        "tp4": {"gpus": 4, "vendor": "amd", "kernels": ["/k/a.so"], "tune_caches": 5, "sidecars": [],
-                "smoke": {"expect_reply": "UNIFIED_TP4_OK"}},
+        "tp1": {"gpus": 1, "vendor": "nvidia", "kernels": ["/k/a.so"], "tune_caches": 3, "sidecars": [], "args": [],
+                "smoke": {"expect_reply": "UNIFIED_TP1_OK", "prompt": "p", "timeout": 60}},
+        "tp2": {"gpus": 2, "vendor": "nvidia", "kernels": ["/k/a.so"], "tune_caches": 7, "args": [],
+                "sidecars": [{"name": "flash_attn", "version": "260602"}],
+                "smoke": {"expect_reply": "UNIFIED_TP2_OK", "prompt": "p", "timeout": 60}},
+        "tp4": {"gpus": 4, "vendor": "amd", "kernels": ["/k/a.so"], "tune_caches": 5, "sidecars": [], "args": [],
+                "smoke": {"expect_reply": "UNIFIED_TP4_OK", "prompt": "p", "timeout": 60}},
     },
     "components": [{"kind": "engine", "name": "demo-engine", "version": "0.5.12", "digest": "a" * 64, "profile": ""},
                    {"kind": "tune_caches", "name": "tp2", "version": "7", "digest": "b" * 64, "profile": "tp2"}],
 }
-PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-roundtrip", gates=(
+PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-roundtrip", smoke=(
     GateResult(profile="tp1", steps=(GateStep(name="self-check", passed=True, seconds=0.2),
-                                     GateStep(name="chat", passed=True, seconds=0.1))),), gates_skipped="")
+                                     GateStep(name="chat", passed=True, seconds=0.1))),), smoke_skipped=None)
 
 
 def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None):
     data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}")
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
-        archive = archive.with_digests(read_back(archive))
-        previous = find_releases(out)[-1] if find_releases(out) else None
+        back = read_back(archive)
+        found = [r.manifest for r in find_releases(out) if r.manifest]
+        previous = found[-1] if found else None
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
-                                  metadata=metadata, labels={"org.opencontainers.image.version": tag},
-                                  previous=previous)
-        return publish(folder, archive, render_files(manifest, PASSED, previous), out.parent / "checksums"), image_id
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(metadata)),
+                                  labels={"org.opencontainers.image.version": tag}, previous=previous)
+        files = render_files(manifest, PASSED, previous)
+        return publish(folder, archive, back, files, out.parent / "checksums"), image_id
 
 
 def test_a_release_folder_is_complete_and_its_sums_pass(tmp_path):
@@ -156,3 +160,22 @@ def test_run_sh_refuses_what_cannot_work(tmp_path, args, env, message):
     folder, _ = make_release(tmp_path / "release")
     result = run_sh(folder, *args, **env)
     assert result.returncode == 2 and result.stderr.strip() == message
+
+
+def test_every_manifest_written_validates_against_the_published_schema(tmp_path):
+    """Checked with jsonschema, a validator independent of the models that wrote the manifest."""
+    import jsonschema
+
+    from ..conftest import REPO
+
+    schema = json.loads((REPO / "docs" / "manifest.schema.json").read_text())
+    make_release(tmp_path / "release", "1.3.0")
+    folder, _ = make_release(tmp_path / "release", "1.3.1", split=1 << 20,
+                             layers=[layer_tar({"w.bin": os.urandom(3 << 20)})])
+    for name in ("1.3.0", "1.3.1"):
+        manifest = json.loads((tmp_path / "release" / name / "manifest.json").read_text())
+        jsonschema.validate(manifest, schema, format_checker=jsonschema.FormatChecker())
+    broken = json.loads((folder / "manifest.json").read_text())
+    del broken["archive"]["sha256"]
+    with pytest.raises(jsonschema.ValidationError, match="'sha256' is a required property"):
+        jsonschema.validate(broken, schema)

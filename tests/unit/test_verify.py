@@ -125,3 +125,28 @@ def test_a_zstd_stream_with_a_huge_window_is_refused(cli, folder):
     assert result.code == 3
     zstd_line = next(line for line in result.err.splitlines() if line.lstrip().startswith("zstd"))
     assert "FAILED" in zstd_line and "window" in zstd_line.lower()
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda m: m.pop("image_id"), "image_id: Field required"),
+    (lambda m: m.update(diff_ids="sha256:x"), "diff_ids: Input should be a valid array"),
+    (lambda m: m["archive"]["files"][0].update(name="../../etc/passwd"), "archive.files.0.name: String should match"),
+    (lambda m: m.update(schema=1), "manifest schema '1', not 2"),
+    (lambda m: m.update(extra="x"), "extra: Extra inputs are not permitted"),
+])
+def test_a_malformed_manifest_is_refused_with_one_line(cli, folder, change, message):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_sums(folder, "manifest.json")
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "Traceback" not in result.err
+    assert len(result.error_lines) == 1 and message in result.error_lines[0]
+
+
+def test_verify_json_is_the_report(cli, folder):
+    result = cli("--quiet", "verify", str(folder), "--json")
+    assert result.code == 0
+    report = json.loads(result.out)
+    assert report["passed"] and {c["check"] for c in report["checks"]} == {"sha256", "size", "zstd", "structure"}
+    assert result.err.strip().startswith("verified ")  # --quiet: the final line only

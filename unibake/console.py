@@ -1,11 +1,14 @@
-"""One reporter for the whole run: stage timings, build output, progress and the closing summary.
+"""The terminal side of a run: stage lines, build output, progress bars, tables and the summary.
 
-On a terminal it uses rich (a live status line, a progress bar, tables); when stderr is not a
-terminal, or ``CI`` is set, it prints plain lines so logs stay readable.
+Everything goes to stderr (stdout is kept for ``--json``). On a terminal it uses rich (a live
+status line, progress bars, tables); when stderr is not a terminal, or ``CI`` is set, it prints
+plain lines so logs stay readable, with a progress line every few seconds instead of a bar.
+``NO_COLOR`` turns colour off; ``--quiet`` leaves errors, warnings and the final line.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -13,9 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
+
+
+STEP_RE = re.compile(r"^Step (\d+)/(\d+) : ")
 
 
 @dataclass(kw_only=True)
@@ -26,15 +32,21 @@ class StageTime:
     detail: str = ""
 
 
+WIDTH = 80  # the summary stays readable in a terminal this wide
+
+
 class Reporter:
     def __init__(self, *, env: Mapping[str, str], stream=None, quiet: bool = False):
         stream = stream or sys.stderr
         self.plain = not stream.isatty() or bool(env.get("CI"))
+        no_color = self.plain or bool(env.get("NO_COLOR"))
         self.console = Console(file=stream, highlight=False, soft_wrap=True,
-                               force_terminal=False if self.plain else None, no_color=self.plain)
+                               force_terminal=False if self.plain else None, no_color=no_color,
+                               color_system=None if no_color else "auto")
         self.quiet = quiet
         self.stages: list[StageTime] = []
         self._status = None
+        self._steps = None  # the build's progress bar: (Progress, task)
 
     def info(self, message: str) -> None:
         if not self.quiet:
@@ -42,6 +54,10 @@ class Reporter:
 
     def warn(self, message: str) -> None:
         self.console.print(f"warning: {message}", markup=False)
+
+    def final(self, line: str) -> None:
+        """The one line a command ends with; printed even with --quiet."""
+        self.console.print(line, markup=False)
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[StageTime]:
@@ -93,27 +109,39 @@ class Reporter:
             yield lambda n: bar.advance(task, n)
 
     def build_line(self, line: str) -> None:
-        """One line of build output: every line in plain mode; step headers and a status otherwise."""
+        """One line of build output: every line in plain mode; a bar over the steps otherwise."""
         if self.quiet:
             return
         if self.plain:
             self.console.print(f"    {line}", markup=False)
             return
-        if line.startswith("Step "):
-            self.console.print(f"    {line}", markup=False, style="bold")
-            self._stop_status()
-            self._status = self.console.status(line[:100])
-            self._status.start()
-        elif self._status is not None:
-            self._status.update(line[:100])
+        step = STEP_RE.match(line)
+        if step:
+            self.console.print(f"    {line[:WIDTH * 2]}", markup=False, style="bold")
+            done, total = int(step.group(1)) - 1, int(step.group(2))
+            if self._steps is None:
+                bar = Progress(TextColumn("    build"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
+                               console=self.console, transient=True)
+                self._steps = (bar, bar.add_task("build", total=total, now=""))
+                bar.start()
+            bar, task = self._steps
+            bar.update(task, completed=done, total=total, now=line[:40])
+        elif self._steps is not None:
+            bar, task = self._steps
+            bar.update(task, now=line.strip()[:40])
 
     def _stop_status(self) -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None
+        if self._steps is not None:
+            self._steps[0].stop()
+            self._steps = None
 
     def table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
         """A plain table of results (verify, releases): aligned text when plain, rich otherwise."""
+        if self.quiet:
+            return
         if self.plain:
             widths = [max(len(str(x)) for x in [c] + [r[i] for r in rows]) for i, c in enumerate(columns)]
             self.console.print(title, markup=False)
@@ -128,26 +156,21 @@ class Reporter:
             table.add_row(*[str(x) for x in r])
         self.console.print(table)
 
-    def summary(self, title: str, rows: list[tuple[str, str]]) -> None:
-        """The closing table: stages with their times, then the facts (size, SHA256, where)."""
-        if self.plain:
+    def summary(self, title: str, rows: list[tuple[str, str]], final: str) -> None:
+        """The closing summary: stages with their times, then the facts (size, SHA256, where), then
+        one final line; ``--quiet`` keeps only the final line. Fits 80 columns: a value too long for
+        its line goes on the next one, whole (digests are copied from here)."""
+        if not self.quiet:
             self.console.print(title, markup=False)
             for st in self.stages:
                 detail = f" ({st.detail})" if st.detail else ""
-                self.console.print(f"  {st.name:<12} {st.seconds:8.1f} s  {st.status}{detail}", markup=False)
+                line = f"  {st.name:<16} {st.seconds:7.1f} s  {st.status}{detail}"
+                self.console.print(line if len(line) <= WIDTH else line[:WIDTH - 1] + "…", markup=False)
             for key, value in rows:
-                self.console.print(f"  {key + ':':<13} {value}", markup=False)
-            return
-        table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
-        table.add_column("stage")
-        table.add_column("time", justify="right")
-        table.add_column("result")
-        for st in self.stages:
-            table.add_row(st.name, f"{st.seconds:.1f} s", st.status + (f" ({st.detail})" if st.detail else ""))
-        self.console.print(table)
-        facts = Table(show_header=False, box=None)
-        facts.add_column(style="bold", no_wrap=True)
-        facts.add_column(overflow="fold")
-        for key, value in rows:
-            facts.add_row(key, value)
-        self.console.print(facts)
+                line = f"  {key + ':':<17} {value}"
+                if len(line) <= WIDTH:
+                    self.console.print(line, markup=False)
+                else:
+                    self.console.print(f"  {key}:", markup=False)
+                    self.console.print(f"    {value}", markup=False)
+        self.console.print(final, markup=False)

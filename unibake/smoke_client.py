@@ -1,4 +1,4 @@
-"""The smoke gate's HTTP client, run as ``python -m unibake.probe`` (inside the scratch engine's
+"""The smoke gate's HTTP client, run as ``python -m unibake.smoke_client`` (inside the scratch engine's
 network namespace when there is one). Waits for /health, then asks for one chat completion and
 prints one JSON object with what it saw and how long each step took. Standard library only.
 """

@@ -1,4 +1,4 @@
-"""The save-stream parser over both layouts: identity recomputed, corruption and tricks refused."""
+"""Both `docker save` layouts read by imagetar: identity recomputed, corruption and tricks refused."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ import io
 
 import pytest
 
-from unibake.savestream import ArchiveError, check_against, inspect_save_stream
+from unibake.errors import ArchiveError
+from unibake.imagetar import check_against, inspect_save_stream
 
 from ..savefixtures import DEFAULT_LAYERS, _archive, docker_layout, layer_tar, oci_layout
 
 
 def inspect(data: bytes):
-    return inspect_save_stream(io.BytesIO(data))
+    return inspect_save_stream(chunks_of(data))
+
+
+def chunks_of(data: bytes, size: int = 4096):
+    return [data[i:i + size] for i in range(0, len(data), size)]
 
 
 @pytest.mark.parametrize("build", [docker_layout, oci_layout,

@@ -1,0 +1,223 @@
+"""An engine in memory, for unit tests of the stages that talk to one (normalise, smoke, the release
+pipeline, publish, prune). It keeps images as a config and layer tars, writes ``docker save``
+streams in Engine 20.10's layout, and reads ``docker load`` streams with Python's own ``tarfile``,
+checking every diffID and the config digest as a real engine does: an implementation independent
+of the package's own tar walker, so that tests of our writers are not checked by our readers.
+Containers are scripted by the test (``runner`` for ``run``, ``server`` for ``start``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from unibake.engine import BuildOutcome, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
+from unibake.errors import EngineError
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class FakeImage:
+    config: bytes
+    layers: list[bytes]
+
+    @property
+    def id(self) -> str:
+        return f"sha256:{sha(self.config)}"
+
+    @property
+    def parsed(self) -> dict:
+        return json.loads(self.config)
+
+
+@dataclass
+class FakeContainer:
+    image: str
+    env: dict
+    running: bool = True
+    address: str = "127.0.0.1"
+    logs: str = ""
+
+
+@dataclass
+class FakeEngine(Engine):
+    address: str = "fake://engine"
+    images: dict[str, FakeImage] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    containers: dict[str, FakeContainer] = field(default_factory=dict)
+    runner: Callable[[str, list[str], dict], RunOutcome] = lambda image, args, env: RunOutcome(exit_code=0, output="ok")
+    starter: Callable[[FakeContainer], None] = lambda container: None
+    loads: int = 0
+
+    # --- test helpers ---------------------------------------------------------------------
+
+    def add(self, config: dict, layers: list[bytes], tag: str | None = None) -> str:
+        config = {**config, "rootfs": {"type": "layers", "diff_ids": [f"sha256:{sha(x)}" for x in layers]}}
+        image = FakeImage(config=json.dumps(config, sort_keys=True).encode(), layers=list(layers))
+        self.images[image.id] = image
+        if tag:
+            self.tags[tag] = image.id
+        return image.id
+
+    def _find(self, ref: str) -> FakeImage | None:
+        if ref in self.tags:
+            return self.images.get(self.tags[ref])
+        if ref in self.images:
+            return self.images[ref]
+        matches = [i for k, i in self.images.items() if k.removeprefix("sha256:").startswith(ref.removeprefix("sha256:"))
+                   and len(ref.removeprefix("sha256:")) >= 12]
+        return matches[0] if len(matches) == 1 else None
+
+    def layer(self, diff_id: str) -> bytes | None:
+        for image in self.images.values():
+            for layer in image.layers:
+                if f"sha256:{sha(layer)}" == diff_id:
+                    return layer
+        return None
+
+    # --- the interface ----------------------------------------------------------------------
+
+    def version(self) -> str:
+        return "fake-1.0"
+
+    def build(self, context, *, tag, buildargs, nocache, on_line) -> BuildOutcome:
+        raise EngineError("the fake engine does not build; engine tests do")
+
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        image = self._find(ref)
+        if image is None:
+            return None
+        config = image.parsed
+        inner = config.get("config") or {}
+        return ImageInfo(id=image.id, tags=tuple(t for t, i in self.tags.items() if i == image.id),
+                         diff_ids=tuple(config["rootfs"]["diff_ids"]), labels=dict(inner.get("Labels") or {}),
+                         size=sum(len(x) for x in image.layers), created=config.get("created", ""),
+                         env=tuple(inner.get("Env") or ()), architecture=config.get("architecture", ""),
+                         os=config.get("os", ""))
+
+    def history(self, ref: str) -> list[str]:
+        image = self._find(ref)
+        return [h.get("created_by", "") for h in (image.parsed.get("history") or [])] if image else []
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        image = self._find(ref)
+        if image is None:
+            raise EngineError(f"no such image: {ref}")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            names = []
+            for i, layer in enumerate(image.layers):
+                folder = sha(f"{i}".encode() + layer)
+                _add(tar, f"{folder}/layer.tar", layer)
+                _add(tar, f"{folder}/VERSION", b"1.0")
+                names.append(f"{folder}/layer.tar")
+            _add(tar, f"{image.id[7:]}.json", image.config)
+            tags = [t for t, i in self.tags.items() if i == image.id]
+            _add(tar, "manifest.json", json.dumps([{"Config": f"{image.id[7:]}.json", "RepoTags": tags,
+                                                    "Layers": names}]).encode())
+        data = buf.getvalue()
+        for i in range(0, len(data), 1 << 16):
+            yield data[i:i + (1 << 16)]
+
+    def load(self, chunks: Iterable[bytes]) -> LoadOutcome:
+        self.loads += 1
+        data = b"".join(chunks)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        except tarfile.TarError as exc:
+            raise EngineError(f"the engine refused the image: {exc} (engine at {self.address})") from None
+        manifest = json.loads(files["manifest.json"])
+        loaded_ids, loaded_tags = [], []
+        for entry in manifest:
+            config = files[entry["Config"]]
+            diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+            layers = []
+            for name, diff_id in zip(entry["Layers"], diff_ids):
+                layer = files.get(name)
+                if layer is None:
+                    layer = self.layer(diff_id)
+                    if layer is None:
+                        raise EngineError(f"the engine refused the image: layer {diff_id} is missing "
+                                          f"(engine at {self.address})")
+                if f"sha256:{sha(layer)}" != diff_id:
+                    raise EngineError(f"the engine refused the image: layer {name} is not {diff_id} "
+                                      f"(engine at {self.address})")
+                layers.append(layer)
+            image = FakeImage(config=config, layers=layers)
+            self.images[image.id] = image
+            loaded_ids.append(image.id)
+            for tag in entry.get("RepoTags") or []:
+                self.tags[tag] = image.id
+                loaded_tags.append(tag)
+        messages = tuple(f"Loaded image: {t}" for t in loaded_tags) or tuple(f"Loaded image ID: {i}" for i in loaded_ids)
+        return LoadOutcome(image_ids=tuple(loaded_ids), tags=tuple(loaded_tags), messages=messages)
+
+    def run(self, image: str, args: list[str], *, env=None, timeout: int = 120) -> RunOutcome:
+        if self._find(image) is None:
+            raise EngineError(f"running {image} failed: no such image (engine at {self.address})")
+        return self.runner(image, list(args), dict(env or {}))
+
+    def start(self, image: str, args: list[str], *, env=None) -> str:
+        container = FakeContainer(image=image, env=dict(env or {}))
+        self.starter(container)
+        cid = sha(f"{len(self.containers)}{image}".encode())
+        self.containers[cid] = container
+        return cid
+
+    def container_state(self, container: str) -> tuple[bool, str, str]:
+        c = self.containers[container]
+        return c.running, c.address if c.running else "", c.logs
+
+    def remove_container(self, container: str) -> None:
+        self.containers.pop(container, None)
+
+    def tag(self, image: str, ref: str) -> None:
+        found = self._find(image)
+        if found is None:
+            raise EngineError(f"cannot tag {image} as {ref}: no such image")
+        self.tags[ref] = found.id
+
+    def remove_image(self, ref: str) -> None:
+        image = self._find(ref)
+        if image is None:
+            return
+        if ref in self.tags:
+            del self.tags[ref]
+            if image.id in self.tags.values():
+                return
+        for t in [t for t, i in self.tags.items() if i == image.id]:
+            del self.tags[t]
+        self.images.pop(image.id, None)
+
+    def remove_if_unused(self, image_id: str) -> bool:
+        image = self._find(image_id)
+        if image is None:
+            return True
+        if image.id in self.tags.values():
+            return False
+        self.images.pop(image.id)
+        return True
+
+    def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
+        out = []
+        for image_id, image in self.images.items():
+            tags = tuple(t for t, i in self.tags.items() if i == image_id)
+            if dangling and tags:
+                continue
+            labels = (image.parsed.get("config") or {}).get("Labels") or {}
+            out.append(ImageSummary(id=image_id, tags=tags, labels=dict(labels), created=0))
+        return out
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))

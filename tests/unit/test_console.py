@@ -1,0 +1,66 @@
+"""What the reader of a run sees: plain lines in logs, bars on a terminal, 80 columns, --quiet, NO_COLOR."""
+
+from __future__ import annotations
+
+import io
+
+from unibake.console import Reporter
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_summary_fits_80_columns_and_keeps_digests_whole():
+    out = io.StringIO()
+    reporter = Reporter(env={}, stream=out)
+    with reporter.stage("archive", "demo:1 -> demo-1.tar.zst"):
+        pass
+    reporter.summary("unibake: released", [("image", "demo:1"), ("image ID", DIGEST)], "released demo:1")
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert f"    {DIGEST}" in lines and lines[-1] == "released demo:1"
+
+
+def test_quiet_leaves_only_the_final_line_and_warnings():
+    out = io.StringIO()
+    reporter = Reporter(env={}, stream=out, quiet=True)
+    with reporter.stage("build"):
+        reporter.info("noise")
+        reporter.build_line("Step 1/2 : FROM x")
+    reporter.table("t", ["a"], [["b"]])
+    reporter.warn("careful")
+    reporter.summary("title", [("k", "v")], "done")
+    assert out.getvalue() == "warning: careful\ndone\n"
+
+
+def test_plain_output_prints_progress_lines_not_bars(monkeypatch):
+    out = io.StringIO()
+    reporter = Reporter(env={"CI": "true"}, stream=out)
+    clock = iter([0.0, 0.0, 6.0, 6.0, 12.0, 12.0])
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    with reporter.progress("archive", 4 << 30) as advance:
+        advance(1 << 30)
+        advance(1 << 30)
+    text = out.getvalue()
+    assert "archive: 1.00 GiB of 4.00 GiB" in text and "\x1b[" not in text
+
+
+def test_a_terminal_gets_bars_and_colour_unless_no_color():
+    screen = Terminal()
+    reporter = Reporter(env={}, stream=screen)
+    assert not reporter.plain and not reporter.console.no_color
+    reporter.build_line("Step 1/3 : FROM base")
+    reporter.build_line(" ---> 1234567890ab")
+    reporter.build_line("Step 2/3 : RUN make")
+    with reporter.stage("build"):
+        pass
+    with reporter.progress("archive", 100) as advance:
+        advance(50)
+    reporter.table("releases", ["release", "state"], [["1.3.1", "verifies"]])
+    reporter.summary("unibake: built", [("image", "demo:1")], "built demo:1")
+    assert "Step 2/3 : RUN make" in screen.getvalue() and "verifies" in screen.getvalue()
+    assert Reporter(env={"NO_COLOR": "1"}, stream=Terminal()).console.no_color

@@ -1,0 +1,104 @@
+"""The pipeline's stage list and runner, and a whole release of an existing image on fake engines:
+inspect, scan, folder, archive, read back into a second engine, smoke gates, publish."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from unibake.console import Reporter
+from unibake.engine import RunOutcome
+from unibake.errors import PipelineError, VerificationError
+from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
+from unibake.pipeline import (ARCHIVE, BUILD, HOTFIX, REPRO, STAGES, STOP_AFTER, Request, Stage, check_wiring,
+                              run_stages, selection)
+from unibake.verify import verify_folder
+
+from ..fake_engine import FakeEngine
+from ..savefixtures import DEFAULT_LAYERS
+from .test_smoke import metadata, server  # noqa: F401 - the fixture is used by name
+
+
+class Quiet(Reporter):
+    def __init__(self):
+        import io
+        self.stream = io.StringIO()
+        super().__init__(env={"CI": "1"}, stream=self.stream)
+
+
+@pytest.mark.parametrize("names,stop", [(BUILD, stop) for stop in sorted(STOP_AFTER)] + [
+    (HOTFIX, "release"), (ARCHIVE, "release"), (REPRO, "release")], ids=lambda x: x if isinstance(x, str) else x[0])
+def test_every_command_is_a_wired_selection_of_the_one_list(names, stop):
+    stages = selection(names, stop)
+    check_wiring(stages)
+    order = [s.name for s in STAGES]
+    assert [order.index(s.name) for s in stages] == sorted(order.index(s.name) for s in stages)
+    assert all(s.about for s in stages)
+
+
+def test_a_stage_whose_needs_no_earlier_stage_gives_is_refused_before_anything_runs():
+    ran = []
+    stages = (Stage(name="a", about="a", needs=("request",), gives=("x",), run=lambda run: ran.append("a") or (1,)),
+              Stage(name="b", about="b", needs=("y",), gives=("z",), run=lambda run: (2,)))
+    with pytest.raises(PipelineError, match="stage 'b' needs y, which no earlier stage gives"):
+        run_stages(stages, Request(env={}, cwd=Path(".")), Quiet())
+    assert ran == []
+
+
+def test_a_skipped_stage_gives_its_placeholder_and_says_why():
+    stages = (Stage(name="a", about="a", needs=("request",), gives=("x",), run=lambda run: (1,),
+                    skip=lambda run: "not today", on_skip=lambda why: (why,)),
+              Stage(name="b", about="b", needs=("x",), gives=("y",), run=lambda run: (run["x"] + "!",)))
+    reporter = Quiet()
+    results = run_stages(stages, Request(env={}, cwd=Path(".")), reporter)
+    assert results["y"] == "not today!"
+    assert [(s.name, s.status, s.detail) for s in reporter.stages][0] == ("a", "skipped", "not today")
+
+
+@pytest.fixture
+def engines(server):  # noqa: F811
+    """The engine that holds an image unibake built, and a fresh one for the round trip."""
+    source = FakeEngine(address="fake://source")
+    labels = {METADATA_LABEL: metadata(server.server_port).to_json(), PROFILES_LABEL: "tp1",
+              "org.opencontainers.image.version": "1.0", "io.unibake.source-date-epoch": "1700000000"}
+    source.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                "history": [{"created_by": "x"}] * 3}, DEFAULT_LAYERS, tag="demo:1.0")
+    return {None: source, "fake://verify": FakeEngine(address="fake://verify")}
+
+
+def release(engines, out: Path, **kw):
+    request = Request(env={}, cwd=out.parent, out=out, image="demo:1.0", verify_engine="fake://verify", **kw)
+    return run_stages(selection(ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+
+
+def test_an_image_unibake_built_is_released_through_every_stage(engines, tmp_path):
+    results = release(engines, tmp_path / "release")
+    folder = results["release"].folder
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["image_id"] == engines[None].inspect_image("demo:1.0").id
+    assert manifest["default_profile"] == "tp1" and manifest["source_date_epoch"] == 1700000000
+    validation = json.loads((folder / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["engine"] == "fake://verify" and validation["passed"]
+    assert [s["name"] for s in validation["smoke"][0]["steps"]] == ["self-check", "start", "health", "chat"]
+    assert engines["fake://verify"].inspect_image(manifest["image_id"]) is None  # removed from the verify engine
+    assert subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=folder).returncode == 0
+    assert not verify_folder(folder).failures
+
+
+def test_a_failing_gate_publishes_nothing(engines, tmp_path):
+    engines["fake://verify"].runner = lambda image, args, env: RunOutcome(exit_code=1,
+                                                                           output="error: self-check[tp1]: broken\n")
+    with pytest.raises(VerificationError, match="smoke gate failed for profile tp1 at step self-check"):
+        release(engines, tmp_path / "release")
+    assert [p.name for p in (tmp_path / "release").iterdir()] == [".1.0.lock"]
+
+
+def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_skipped(engines, tmp_path):
+    results = release(engines, tmp_path / "release", roundtrip=False)
+    validation = results["release"].validation
+    assert validation.round_trip is None and validation.round_trip_skipped == "skipped with --no-roundtrip"
+    assert validation.smoke == () and "round trip was skipped" in validation.smoke_skipped
+    assert engines["fake://verify"].loads == 0

@@ -1,0 +1,45 @@
+"""repro's comparison, on its own and on the fake engine: the layer and the entries that differ."""
+
+from __future__ import annotations
+
+import pytest
+
+from unibake.errors import VerificationError
+from unibake.repro import ReproBuild, compare
+
+from ..fake_engine import FakeEngine
+from .test_normalise import layer
+
+D1, D2, D3 = ("sha256:" + c * 64 for c in "123")
+
+
+def test_identical_builds_are_reproducible():
+    build = ReproBuild(image_id=D1, diff_ids=(D2, D3), archive_sha256="a" * 64)
+    report = compare(FakeEngine(), "demo:1", build, build)
+    assert report.reproducible and report.layer is None
+    report.raise_if_different()
+    assert [row[-1] for row in report.rows()] == ["same"] * 4
+
+
+def test_builds_that_differ_only_in_their_config_say_so():
+    a = ReproBuild(image_id=D1, diff_ids=(D2,), archive_sha256="a" * 64)
+    b = ReproBuild(image_id=D3, diff_ids=(D2,), archive_sha256="b" * 64)
+    with pytest.raises(VerificationError, match="differ only in their config"):
+        compare(FakeEngine(), "demo:1", a, b).raise_if_different()
+
+
+def test_the_first_differing_layer_is_listed_entry_by_entry():
+    engine = FakeEngine()
+    base = layer([("bin/sh", b"sh", 1)])
+    one = engine.add({"config": {}}, [base, layer([("opt/unibake/a.so", b"built at 10:00", 5)])])
+    two = engine.add({"config": {}}, [base, layer([("opt/unibake/a.so", b"built at 10:01", 5)])])
+    a = ReproBuild(image_id=one, diff_ids=tuple(engine.inspect_image(one).diff_ids), archive_sha256="a" * 64)
+    b = ReproBuild(image_id=two, diff_ids=tuple(engine.inspect_image(two).diff_ids), archive_sha256="b" * 64)
+    report = compare(engine, "demo:1", a, b)
+    assert report.differing_layers == [1]
+    assert [p for p, _ in report.layer.entries] == ["opt/unibake/a.so"]
+    assert report.layer.entries[0][1].startswith("content ")
+    with pytest.raises(VerificationError, match=r"not reproducible: layer 2 differs \(1 entries\), first "
+                                                r"opt/unibake/a.so: content"):
+        report.raise_if_different()
+    assert report.document()["layer"]["entries"][0]["path"] == "opt/unibake/a.so"

@@ -1,0 +1,107 @@
+"""The small shared pieces: the sha256sum format, safe small-file reads, and the thread hand-off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+
+import pytest
+
+from unibake.errors import InputError, VerificationError
+from unibake.files import read_small_text, write_atomic
+from unibake.sums import parse_sums, render_sums
+from unibake.threads import consume_in_thread, read_ahead
+
+A, B = "a" * 64, "b" * 64
+
+
+def test_every_form_sha256sum_reads_is_read_and_what_it_writes_it_checks(tmp_path):
+    text = f"{A}  text.bin\n{B} *binary.bin\nSHA256 (bsd.bin) = {A.upper()}\n"
+    assert [(e.name, e.sha256) for e in parse_sums(text, "SUMS", VerificationError)] == \
+        [("text.bin", A), ("binary.bin", B), ("bsd.bin", A)]
+    (tmp_path / "x").write_bytes(b"x")
+    digest = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+    (tmp_path / "SUMS").write_text(render_sums({"x": digest}))
+    assert subprocess.run(["sha256sum", "--strict", "-c", "SUMS"], cwd=tmp_path, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("text,message", [
+    (f"{A}  x\n{B}  x\n", r"'x' is listed twice \(first on line 1\)"),
+    (f"\\{A}  x\\ny\n", "escaped file name"),
+    (f"{A} x\n", "not a 'sha256  name' line"),
+    (f"{A[:-1]}  x\n", "not a 'sha256  name' line"),
+    (f"{A}  x\r\n", "carriage return"),
+])
+def test_sums_lines_that_could_be_read_two_ways_are_refused(text, message):
+    with pytest.raises(VerificationError, match=message):
+        parse_sums(text, "SUMS", VerificationError)
+
+
+def test_comments_are_only_allowed_where_asked():
+    assert parse_sums(f"# a header\n\n{A}  x\n", "inputs.lock", InputError, comments=True)[0].name == "x"
+    with pytest.raises(InputError):
+        parse_sums(f"# a header\n{A}  x\n", "SUMS", InputError)
+
+
+def test_small_files_are_read_only_when_regular_and_small(tmp_path):
+    (tmp_path / "ok").write_text("fine")
+    assert read_small_text(tmp_path / "ok", InputError, limit=10) == "fine"
+    with pytest.raises(InputError, match="more than the 2 it may hold"):
+        read_small_text(tmp_path / "ok", InputError, limit=2)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InputError, match="not a regular file"):
+        read_small_text(tmp_path / "fifo", InputError, limit=10)  # would hang if opened for a blocking read
+    os.symlink(tmp_path / "ok", tmp_path / "link")
+    with pytest.raises(InputError, match="a symlink"):
+        read_small_text(tmp_path / "link", InputError, limit=10, follow=False)
+    with pytest.raises(InputError, match="missing"):
+        read_small_text(tmp_path / "absent", InputError, limit=10)
+    (tmp_path / "bin").write_bytes(b"\xff\xfe")
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_small_text(tmp_path / "bin", InputError, limit=10)
+
+
+def test_an_atomic_write_leaves_nothing_on_failure(tmp_path):
+    write_atomic(tmp_path, "f", "data")
+    with pytest.raises(TypeError):
+        write_atomic(tmp_path, "g", 42)  # not text: fails before anything is written
+    assert sorted(os.listdir(tmp_path)) == ["f"]
+
+
+def test_read_ahead_passes_the_producers_error_and_stops_it_when_the_reader_leaves():
+    def broken():
+        yield b"one"
+        raise ConnectionResetError("the engine went away")
+
+    with pytest.raises(ConnectionResetError):
+        list(read_ahead(broken()))
+    produced = []
+
+    def endless():
+        while True:
+            produced.append(1)
+            yield b"x"
+
+    chunks = read_ahead(endless(), depth=4)
+    assert next(chunks) == b"x"
+    chunks.close()  # the reader leaves: the producer thread ends instead of blocking forever
+    assert len(produced) < 100 and threading.active_count() < 20
+
+
+def test_a_consumer_in_a_thread_returns_its_result_or_raises_its_error_at_the_next_put():
+    total = consume_in_thread(lambda items: sum(items))
+    for n in range(10):
+        total.put(n)
+    assert total.close() == 45
+
+    def refuse(items):
+        next(items)
+        raise ValueError("the engine refused the image")
+
+    failing = consume_in_thread(refuse, depth=1)
+    with pytest.raises(ValueError, match="refused"):
+        for n in range(1000):
+            failing.put(n)
+    with pytest.raises(ValueError):
+        failing.close()

@@ -1,0 +1,72 @@
+"""Small files, read and written safely: only regular files are read (never a FIFO, a device or a
+huge file), and a file only ever appears under its name complete and fsynced."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from .errors import UnibakeError
+
+
+def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",
+                    follow: bool = True) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``error`` (naming ``path``) otherwise.
+
+    ``follow=False`` refuses a symlink as the last component.
+    """
+    suffix = f"; {what}" if what else ""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise error(f"{path}: missing{suffix}") from None
+    except OSError as exc:
+        reason = "a symlink" if exc.errno == 40 else exc.strerror  # ELOOP: O_NOFOLLOW met a link
+        raise error(f"{path}: cannot be read ({reason}){suffix}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: not a regular file{suffix}")
+        if info.st_size > limit:
+            raise error(f"{path}: {info.st_size} bytes, more than the {limit} it may hold{suffix}")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{path}: more than the {limit} bytes it may hold{suffix}")
+    return data
+
+
+def read_small_text(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",
+                    follow: bool = True) -> str:
+    data = read_small_file(path, error, limit=limit, what=what, follow=follow)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644) -> str:
+    """Write ``folder/name`` via a temporary name, fsynced; returns its sha256."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    temp = folder / f".{name}.tmp"
+    try:
+        with open(temp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, folder / name)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,66 @@
+"""Hotfix releases: what a release that ships only the layers that changed needs of its base.
+
+A hotfix is built from the same profiles with the base release's ``SOURCE_DATE_EPOCH``, so every
+layer below the first change is identical to the one the base shipped; its archive leaves those
+layers out, and its round trip loads the base release first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .manifest import ReleaseManifest, load_manifest
+from .publish import release_tag
+
+
+@dataclass(frozen=True, kw_only=True)
+class HotfixBase:
+    """The published release a hotfix builds on."""
+
+    folder: Path
+    manifest: ReleaseManifest
+
+    @property
+    def epoch(self) -> int:
+        assert self.manifest.source_date_epoch is not None  # load_base refuses a release without one
+        return self.manifest.source_date_epoch
+
+    @property
+    def archive_files(self) -> list[str]:
+        return [f.name for f in self.manifest.archive.files]
+
+    def missing_files(self) -> list[str]:
+        return [n for n in self.archive_files if not (self.folder / n).is_file()]
+
+
+def base_folder_name(name: str) -> str:
+    """``--from`` takes a release folder's name (1.3.1) or an image reference (demo-llm:1.3.1)."""
+    return release_tag(name) if ":" in name else name
+
+
+def load_base(out: Path, name: str) -> HotfixBase:
+    """The release ``--from`` names, under ``out``; refused (exit 2) when it cannot be a base."""
+    folder = out / base_folder_name(name)
+    if not (folder / "manifest.json").exists():
+        raise InputError(f"--from {name}: {folder / 'manifest.json'} does not exist; name a published release")
+    manifest = load_manifest(folder, InputError)
+    if manifest.source_date_epoch is None:
+        raise InputError(f"--from {name}: that release records no SOURCE_DATE_EPOCH (made before normalising "
+                         "existed); a hotfix needs it to rebuild identical layers")
+    return HotfixBase(folder=folder, manifest=manifest)
+
+
+def omitted_layers(base_diff_ids: tuple[str, ...], diff_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The layers a hotfix leaves out: the longest run, from the bottom, shared with the base release.
+
+    An engine reuses a layer it has only when everything below it is the same too (its chain ID),
+    so a layer above the first changed one ships again even when its content did not change.
+    """
+    shared = 0
+    for mine, theirs in zip(diff_ids, base_diff_ids):
+        if mine != theirs:
+            break
+        shared += 1
+    return tuple(diff_ids[:shared])

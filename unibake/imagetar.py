@@ -1,0 +1,735 @@
+"""Every tar this tool reads or rewrites, through one walker.
+
+* :class:`TarWalker` parses a tar stream block by block as chunks arrive (push, not pull), without
+  copying the members' content: ``docker save`` streams, our own archives, and the layers inside
+  them (normalise rewrites their headers, repro lists their entries). Python's ``tarfile`` copies
+  every byte three times on its way and cannot rewrite a stream in place, hence this walker;
+  ``tarfile`` still parses each 512-byte header (:meth:`tarfile.TarInfo.frombuf`), so the field
+  rules are the standard library's.
+* :func:`pax_records` is the one PAX parser; :func:`tar_header` the one header writer.
+* :class:`LayerRewriter` sets every time in a layer's headers to an epoch and empties owner names,
+  keeping every header's length, so a rewritten layer is exactly as long as the original.
+* :func:`read_members` reads a ``docker save`` stream, or one of our archives, in one pass:
+  every member hashed, small metadata kept, large members routed elsewhere (a compressor, a
+  rewriter); :func:`interpret` then recomputes the image's identity from what was read, in both
+  layouts: Engine 20.10's (``manifest.json``, ``<id>.json``, ``<id>/layer.tar``) and the OCI
+  layout of Engine 25+ (``oci-layout``, ``index.json``, ``blobs/sha256/<hex>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import tarfile
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import zstandard
+
+from .errors import ArchiveError, LayerFormatError
+from .threads import hashing_thread
+
+BLOCK = tarfile.BLOCKSIZE
+CHUNK = 1 << 20
+KEEP_LIMIT = 16 << 20  # metadata files (configs, manifests) and extended headers are kept up to this size
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+PAX_TIME_KEYS = ("mtime", "atime", "ctime")
+DIGITS_RE = re.compile(r"^[0-9]{1,20}$")
+
+
+# ---------------------------------------------------------------------------------------------
+# The walker
+
+
+@dataclass(frozen=True, kw_only=True)
+class TarEntry:
+    """One entry as the walker saw it: its parsed fields and its raw header blocks."""
+
+    name: str  # after GNU long names and PAX paths; not yet checked for safety
+    type: bytes
+    size: int  # bytes of content that follow the header (0 for links, folders and devices)
+    linkname: str
+    mode: int
+    uid: int
+    gid: int
+    mtime: int
+    extended: tuple[tuple[bytes, bytes], ...]  # (header block, padded data) of each extended header
+    header: bytes  # the entry's own header block
+
+
+class TarVisitor(Protocol):
+    def begin(self, entry: TarEntry) -> None: ...
+
+    def data(self, piece: memoryview) -> None: ...
+
+    def end(self) -> None: ...
+
+    def raw(self, piece: memoryview) -> None:
+        """Bytes that are neither a header nor content: padding and the end-of-archive blocks."""
+
+
+def pax_records(data: bytes, what: str = "the archive") -> dict[str, str]:
+    """The records of a PAX extended header (``LENGTH KEY=VALUE\\n``...); strict."""
+    records, pos = {}, 0
+    while pos < len(data) and data[pos:pos + 1] != b"\0":
+        space = data.find(b" ", pos, pos + 21)
+        if space < 0 or not data[pos:space].isdigit():
+            raise ArchiveError(f"{what} has a malformed PAX header: corrupted archive")
+        length = int(data[pos:space])
+        record = data[space + 1:pos + length]
+        if length <= space - pos + 1 or pos + length > len(data) or not record.endswith(b"\n") or b"=" not in record:
+            raise ArchiveError(f"{what} has a malformed PAX header: corrupted archive")
+        key, _, value = record[:-1].partition(b"=")
+        records[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _has_content(kind: bytes) -> bool:
+    """Whether the header's size counts content bytes: as tarfile and Go's archive/tar read it."""
+    return kind in tarfile.REGULAR_TYPES or kind not in tarfile.SUPPORTED_TYPES
+
+
+class TarWalker:
+    """Feed a tar stream's bytes in pieces of any size; the visitor hears every entry."""
+
+    def __init__(self, visitor: TarVisitor, what: str = "the archive"):
+        self.visitor, self.what = visitor, what
+        self._header = bytearray()
+        self._extended: list[tuple[bytes, bytes]] = []
+        self._meta: bytearray | None = None  # an extended header's data being read (padded)
+        self._meta_header = b""
+        self._meta_size = 0
+        self._meta_total = 0  # with its padding
+        self._pax: dict[str, str] = {}
+        self._long: dict[bytes, str] = {}
+        self._remaining = 0  # content bytes of the current entry still to come
+        self._pad = 0  # padding still to pass
+        self._in_entry = False
+        self._zeros = False  # past the first end-of-archive block: only zeros may follow
+        self.headers = 0
+
+    def feed(self, chunk) -> None:
+        view = chunk if isinstance(chunk, memoryview) else memoryview(chunk)
+        pos, end = 0, len(view)
+        visitor = self.visitor
+        while pos < end:
+            if self._remaining:
+                n = min(self._remaining, end - pos)
+                visitor.data(view[pos:pos + n])
+                self._remaining -= n
+                pos += n
+                if not self._remaining:
+                    self._finish_entry()
+            elif self._pad:
+                n = min(self._pad, end - pos)
+                visitor.raw(view[pos:pos + n])
+                self._pad -= n
+                pos += n
+            elif self._meta is not None:
+                n = min(self._meta_total - len(self._meta), end - pos)
+                self._meta += view[pos:pos + n]
+                pos += n
+                if len(self._meta) == self._meta_total:
+                    self._finish_meta()
+            elif self._zeros:
+                rest = view[pos:end]
+                if bytes(rest).strip(b"\0"):
+                    raise ArchiveError(f"{self.what} has a damaged member header after {self.headers} headers "
+                                       "(or data past its end): corrupted archive")
+                visitor.raw(rest)
+                pos = end
+            else:
+                n = min(BLOCK - len(self._header), end - pos)
+                self._header += view[pos:pos + n]
+                pos += n
+                if len(self._header) == BLOCK:
+                    block, self._header = bytes(self._header), bytearray()
+                    self._on_header(block)
+
+    def _on_header(self, block: bytes) -> None:
+        if not block.strip(b"\0"):
+            if self._extended:
+                raise ArchiveError(f"{self.what} has an extended header that describes no member: corrupted archive")
+            self._zeros = True
+            self.visitor.raw(memoryview(block))
+            return
+        try:
+            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            if not self.headers:
+                raise ArchiveError(f"{self.what} is not a valid tar stream: its first block is not a "
+                                   "tar header") from None
+            raise ArchiveError(f"{self.what} has a damaged member header after {self.headers} headers: "
+                               "corrupted archive") from None
+        self.headers += 1
+        if info.type in EXTENDED_TYPES:
+            if info.size > KEEP_LIMIT:
+                raise ArchiveError(f"{self.what} has an oversized extended header: corrupted archive")
+            self._meta, self._meta_header, self._meta_size = bytearray(), block, info.size
+            self._meta_total = info.size + (-info.size % BLOCK)
+            if not info.size:
+                self._finish_meta()
+            return
+        pax, self._pax = self._pax, {}
+        size = info.size
+        if "size" in pax:
+            if not DIGITS_RE.fullmatch(pax["size"]):
+                raise ArchiveError(f"{self.what} has a PAX size {pax['size'][:30]!r} that is not a whole "
+                                   "number: corrupted archive")
+            size = int(pax["size"])
+        name = self._long.pop(tarfile.GNUTYPE_LONGNAME, None) or pax.get("path") or info.name
+        linkname = self._long.pop(tarfile.GNUTYPE_LONGLINK, None) or pax.get("linkpath") or info.linkname
+        if not _has_content(info.type):
+            size = 0
+        entry = TarEntry(name=name, type=info.type, size=size, linkname=linkname, mode=info.mode, uid=info.uid,
+                         gid=info.gid, mtime=int(info.mtime), extended=tuple(self._extended), header=block)
+        self._extended = []
+        self._in_entry = True
+        self.visitor.begin(entry)
+        self._remaining = size
+        self._pad = -size % BLOCK
+        if not size:
+            self._finish_entry()
+
+    def _finish_meta(self) -> None:
+        data, self._meta = bytes(self._meta), None
+        kind = self._meta_header[156:157]
+        self._extended.append((self._meta_header, data))
+        content = data[:self._meta_size]
+        if kind == tarfile.XHDTYPE:
+            self._pax = pax_records(content, self.what)
+        elif kind in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+            self._long[kind] = content.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+    def _finish_entry(self) -> None:
+        self._in_entry = False
+        self.visitor.end()
+
+    def close(self) -> None:
+        """The stream ended: refuse a cut member or a missing end-of-archive marker."""
+        if self._remaining or self._meta is not None:
+            missing = self._remaining if self._meta is None else self._meta_total - len(self._meta)
+            raise ArchiveError(f"{self.what} ends in the middle of a member ({missing} bytes missing): "
+                               "truncated download?")
+        if self._header or not self._zeros:
+            raise ArchiveError(f"{self.what} ends early (no end-of-archive marker): truncated download?")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing headers, and rewriting them in place
+
+
+def tar_header(name: str, size: int, *, directory: bool = False) -> bytes:
+    """Our one header form: root, no owner names, mtime 0, PAX for what ustar cannot hold."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = size, 0, 0, 0, "", ""
+    info.type, info.mode = (tarfile.DIRTYPE, 0o755) if directory else (tarfile.REGTYPE, 0o644)
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+def tar_padding(size: int) -> bytes:
+    return bytes(-size % BLOCK)
+
+
+def rewrite_header(block: bytes, epoch: int) -> bytes:
+    """A header block with its mtime set to ``epoch``, owner names emptied, checksum recomputed."""
+    h = bytearray(block)
+    h[136:148] = b"%011o\0" % epoch
+    h[265:297] = bytes(32)  # uname
+    h[297:329] = bytes(32)  # gname
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def rewrite_pax_times(data: bytes, size: int, epoch: int) -> tuple[bytes, int]:
+    """PAX records (``data``: ``size`` bytes of records, then padding) with every time set to
+    ``epoch``; returns the new data, padded as before, and the new size of the records.
+
+    A record keeps its length where the time fits (leading zeros); one that must grow may, as long
+    as the records still fit in the padded blocks they had, so the layer keeps its length."""
+    records = pax_records(data[:size], "a layer")
+    out = bytearray()
+    for key, value in records.items():
+        if key in PAX_TIME_KEYS:
+            wanted = str(epoch)
+            value = wanted.rjust(len(value), "0") if len(value) >= len(wanted) else wanted
+        out += _pax_record(key, value)
+    if len(out) > len(data):
+        raise LayerFormatError(f"the PAX times of an entry cannot be set to {epoch} without growing the layer")
+    return bytes(out) + bytes(len(data) - len(out)), len(out)
+
+
+def _pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode("utf-8", "surrogateescape")
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+def rewrite_extended(header: bytes, data: bytes, epoch: int) -> bytes:
+    """An extended header block and its padded data, normalised: PAX times set (the header's size
+    follows the records), the header's own time and owner names too."""
+    kind = header[156:157]
+    if kind in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+        data, size = rewrite_pax_times(data, _size(header), epoch)
+        header = header[:124] + b"%011o\0" % size + header[136:]
+    return rewrite_header(header, epoch) + data
+
+
+class LayerRewriter:
+    """A layer's bytes in, the same layer out with every time ``epoch`` and owner names empty,
+    when it belongs under ``owned``; otherwise nothing comes out.
+
+    A layer belongs to unibake when its first entry that is not a parent folder of ``owned``
+    (``opt/`` for ``opt/unibake``) lies under ``owned``. ``ours`` is known once that entry (or
+    the end) has been seen; until then the entries are held (a few header blocks at most).
+    ``emit`` receives the output, exactly as many bytes as came in.
+    """
+
+    def __init__(self, *, epoch: int, owned: str, emit: Callable[[bytes | memoryview], None]):
+        self.epoch, self.emit = epoch, emit
+        self.owned = owned.strip("/")
+        self._parents = {"/".join(self.owned.split("/")[:i]) for i in range(1, self.owned.count("/") + 1)}
+        self.ours: bool | None = None
+        self._held: list[bytes | memoryview] = []
+        self._walker = TarWalker(self, "a layer")
+
+    def write(self, piece: memoryview) -> None:
+        if self.ours is False:
+            return
+        try:
+            self._walker.feed(piece)
+        except ArchiveError as exc:
+            raise LayerFormatError(str(exc)) from None
+
+    def close(self) -> None:
+        if self.ours is None:
+            self.ours, self._held = False, []
+        if self.ours:
+            try:
+                self._walker.close()
+            except ArchiveError as exc:
+                raise LayerFormatError(str(exc)) from None
+
+    def _out(self, data: bytes | memoryview) -> None:
+        if self.ours:
+            self.emit(data)
+        elif self.ours is None:
+            self._held.append(bytes(data))
+
+    def _decide(self, ours: bool) -> None:
+        self.ours = ours
+        held, self._held = self._held, []
+        if ours:
+            for piece in held:
+                self.emit(piece)
+
+    def begin(self, entry: TarEntry) -> None:
+        path = entry.name.removeprefix("./").rstrip("/")
+        if self.ours is None and not (path in self._parents and not entry.size):
+            # held entries were written unchanged; rewrite them now that the layer is ours
+            self._decide(path == self.owned or path.startswith(self.owned + "/"))
+            if not self.ours:
+                return
+        if self.ours is False:
+            return
+        out = b"".join(rewrite_extended(h, d, self.epoch) for h, d in entry.extended)
+        self._out(out + rewrite_header(entry.header, self.epoch))
+
+    def data(self, piece: memoryview) -> None:
+        self._out(piece)
+
+    def end(self) -> None:
+        pass
+
+    def raw(self, piece: memoryview) -> None:
+        if self.ours is None and not bytes(piece).strip(b"\0"):
+            self._decide(False)  # the end of the layer before any entry of ours
+            return
+        self._out(piece)
+
+
+def looks_like_layer(name: str, head: bytes) -> bool:
+    """Whether a save stream's member is a layer: by its name, or (OCI blobs) by a tar header first."""
+    if name.endswith("/layer.tar"):
+        return True
+    if name.startswith("blobs/sha256/") and len(head) == BLOCK:
+        try:
+            tarfile.TarInfo.frombuf(head, "utf-8", "surrogateescape")
+            return True
+        except tarfile.HeaderError:
+            return False
+    return False
+
+
+def _size(header: bytes) -> int:
+    return tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape").size
+
+
+# ---------------------------------------------------------------------------------------------
+# A layer's entries (repro)
+
+
+LayerListing = dict  # path -> (type, mode, uid, gid, mtime, size, sha256, linkname)
+
+
+class LayerLister:
+    """A layer's bytes in; ``close()`` gives every entry with the digest of its content, when the
+    layer's own digest is ``wanted`` (``sha256:...``), else None: one listing in memory at a time."""
+
+    def __init__(self, wanted: str) -> None:
+        self.wanted = wanted
+        self.listing: LayerListing = {}
+        self.digest = hashlib.sha256()
+        self._current: tuple[TarEntry, object] | None = None
+        self._walker = TarWalker(self, "a layer")
+
+    def write(self, piece: memoryview) -> None:
+        self.digest.update(piece)
+        self._walker.feed(piece)
+
+    def close(self) -> LayerListing | None:
+        if f"sha256:{self.digest.hexdigest()}" != self.wanted:
+            return None
+        self._walker.close()
+        return self.listing
+
+    def begin(self, entry: TarEntry) -> None:
+        self._current = (entry, hashlib.sha256())
+
+    def data(self, piece: memoryview) -> None:
+        self._current[1].update(piece)
+
+    def end(self) -> None:
+        entry, h = self._current
+        digest = h.hexdigest() if entry.type in tarfile.REGULAR_TYPES else ""
+        self.listing[entry.name.removeprefix("./")] = (entry.type.decode(), oct(entry.mode), entry.uid, entry.gid,
+                                                       entry.mtime, entry.size, digest, entry.linkname)
+
+    def raw(self, piece: memoryview) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# docker save archives
+
+
+class Sink(Protocol):
+    def write(self, piece: memoryview) -> None: ...
+
+    def close(self) -> object: ...
+
+
+Route = Callable[[str, int, bytes], "Sink | None"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Member:
+    name: str
+    size: int
+    sha256: str  # of the bytes as stored
+    content_sha256: str  # of the uncompressed content (the diffID for a layer)
+    data: bytes | None  # kept when small and not routed
+    link: str | None = None  # for a symlink or hard link: the member it points at
+    routed: object = None  # what the route's sink returned when the member was complete
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Where an image's parts are in an archive: the layout, the config and the layers, by name."""
+
+    layout: str  # "docker" or "oci"
+    config_name: str
+    layer_names: tuple[str, ...]
+    repo_tags: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SavedImage:
+    """What an archive says about its image, recomputed from its bytes."""
+
+    layout: str  # "docker" or "oci"
+    image_id: str  # sha256:<hex> of the config
+    diff_ids: tuple[str, ...]
+    repo_tags: tuple[str, ...]
+    config: dict
+    members: int
+    config_bytes: bytes = b""
+    layer_members: tuple[Member | None, ...] = ()  # each layer's member, links resolved; None if omitted
+
+
+def safe_name(name: str) -> str:
+    if name.startswith("/") or "\\" in name:
+        raise ArchiveError(f"archive member {name!r} has an absolute or unsafe path")
+    norm = posixpath.normpath(name)
+    if norm == ".." or norm.startswith("../"):
+        raise ArchiveError(f"archive member {name!r} points outside the archive")
+    return "" if norm == "." else norm
+
+
+@dataclass
+class _Open:
+    """A member being read."""
+
+    name: str
+    size: int
+    raw: object = field(default_factory=hashlib.sha256)
+    content: object = None  # a second hash, of the uncompressed content, for compressed blobs
+    decomp: object = None
+    kept: list | None = None
+    sink: Sink | None = None
+    head: bytearray = field(default_factory=bytearray)
+    started: bool = False
+
+
+class _MemberReader:
+    """The visitor behind :func:`read_members`."""
+
+    def __init__(self, route: Route | None, hasher):
+        self.route, self.hasher = route, hasher
+        self.done: list[tuple[_Open, object]] = []
+        self.links: dict[str, str] = {}
+        self.current: _Open | None = None
+
+    def begin(self, entry: TarEntry) -> None:
+        name = safe_name(entry.name)
+        if entry.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+            if entry.linkname.startswith("/"):
+                raise ArchiveError(f"archive member {name!r} links to an absolute path {entry.linkname!r}")
+            target = entry.linkname if entry.type == tarfile.LNKTYPE else \
+                posixpath.join(posixpath.dirname(name), entry.linkname)
+            self.links[name] = safe_name(target)
+            return
+        if entry.type == tarfile.DIRTYPE or not name:
+            return
+        if entry.type not in tarfile.REGULAR_TYPES or entry.type == tarfile.GNUTYPE_SPARSE:
+            raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
+        self.current = _Open(name=name, size=entry.size)
+
+    def data(self, piece: memoryview) -> None:
+        m = self.current
+        if m is None:
+            return
+        if not m.started:
+            m.head += piece
+            if len(m.head) < min(BLOCK, m.size):
+                return
+            self._start(m)
+            piece = memoryview(bytes(m.head))
+        self._deliver(m, piece)
+
+    def _start(self, m: _Open) -> None:
+        """The first bytes decide where the member goes: routed, kept; compressed or not."""
+        m.started = True
+        first = bytes(m.head[:BLOCK])
+        if self.route is not None:
+            m.sink = self.route(m.name, m.size, first)
+        if m.sink is None and m.size <= KEEP_LIMIT:
+            m.kept = []
+        if first.startswith(GZIP_MAGIC):
+            m.decomp, m.content = zlib.decompressobj(wbits=31), hashlib.sha256()
+        elif first.startswith(ZSTD_MAGIC):
+            m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj()
+            m.content = hashlib.sha256()
+
+    def _deliver(self, m: _Open, piece: memoryview) -> None:
+        self.hasher.put((m.raw, piece))
+        if m.sink is not None:
+            m.sink.write(piece)
+        if m.kept is not None:
+            m.kept.append(bytes(piece))
+        if m.decomp is not None:
+            try:
+                _inflate(m.decomp, piece, m.content)
+            except (zlib.error, zstandard.ZstdError):
+                m.decomp = m.content = None  # not a compressed layer after all
+
+    def end(self) -> None:
+        m, self.current = self.current, None
+        if m is None:
+            return
+        if not m.started:  # shorter than the bytes looked at first
+            self._start(m)
+            self._deliver(m, memoryview(bytes(m.head)))
+        routed = m.sink.close() if m.sink is not None else None
+        self.done.append((m, routed))
+
+    def raw(self, piece: memoryview) -> None:
+        pass
+
+
+def _inflate(decomp, block: memoryview, sink) -> None:
+    """Decompress ``block`` into ``sink`` a bounded piece at a time (no decompression bomb in memory)."""
+    if hasattr(decomp, "unconsumed_tail"):  # zlib
+        data = decomp.decompress(block, CHUNK)
+        sink.update(data)
+        while decomp.unconsumed_tail:
+            sink.update(decomp.decompress(decomp.unconsumed_tail, CHUNK))
+    else:
+        sink.update(decomp.decompress(block))
+
+
+def read_members(source: Iterable[bytes], route: Route | None = None) -> dict[str, Member]:
+    """Every member of a tar stream (an iterable of chunks), hashed; refuses unsafe names and links
+    that escape. Small members are kept. ``route(name, size, first_block)`` may return a sink for
+    a member: its bytes go there instead of being kept, and what its ``close()`` returns is the
+    member's ``routed``. The hashing runs in its own thread."""
+    hasher = hashing_thread()
+    reader = _MemberReader(route, hasher)
+    walker = TarWalker(reader)
+    try:
+        for chunk in source:
+            walker.feed(chunk)
+        walker.close()
+    except BaseException:
+        hasher.abort()
+        raise
+    hasher.close()
+    members: dict[str, Member] = {}
+    for m, routed in reader.done:
+        raw = m.raw.hexdigest()
+        members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
+                                 content_sha256=m.content.hexdigest() if m.content is not None else raw,
+                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed)
+    for name, target in reader.links.items():
+        members[name] = Member(name=name, size=0, sha256="", content_sha256="", data=None, link=target)
+    return members
+
+
+def resolve(members: dict[str, Member], name: str, seen: tuple[str, ...] = ()) -> Member:
+    """The member ``name`` refers to, links followed."""
+    name = safe_name(name)
+    member = members.get(name)
+    if member is None:
+        raise ArchiveError(f"the archive has no {name!r}, which its manifest names")
+    if member.link is not None:
+        if name in seen:
+            raise ArchiveError(f"archive member {name!r} is part of a link loop")
+        return resolve(members, member.link, seen + (name,))
+    return member
+
+
+def member_json(members: dict[str, Member], name: str) -> object:
+    member = resolve(members, name)
+    if member.data is None:
+        raise ArchiveError(f"archive member {name!r} is too large for a metadata file ({member.size} bytes)")
+    try:
+        return json.loads(member.data)
+    except (ValueError, RecursionError) as exc:
+        raise ArchiveError(f"archive member {name!r} is not valid JSON: {str(exc)[:100]}") from None
+
+
+def blob_name(digest: object) -> str:
+    algo, _, hexdigest = str(digest).partition(":")
+    if algo != "sha256" or len(hexdigest) != 64 or any(c not in "0123456789abcdef" for c in hexdigest):
+        raise ArchiveError(f"unsupported digest {str(digest)[:80]!r} in the archive")
+    return f"blobs/sha256/{hexdigest}"
+
+
+def locate(members: dict[str, Member]) -> Layout:
+    """Where the image's config and layers are: from ``manifest.json`` (both layouts) or ``index.json``."""
+    layout = "oci" if "oci-layout" in members or "index.json" in members else "docker"
+    if "manifest.json" in members:
+        manifest = member_json(members, "manifest.json")
+        if not isinstance(manifest, list) or len(manifest) != 1 or not isinstance(manifest[0], dict):
+            raise ArchiveError("manifest.json must describe exactly one image")
+        entry = manifest[0]
+        config_name, layer_names = entry.get("Config"), entry.get("Layers")
+        tags = entry.get("RepoTags") or []
+        repo_tags = tuple(tags) if isinstance(tags, list) and all(isinstance(t, str) for t in tags) else None
+        if repo_tags is None:
+            raise ArchiveError("manifest.json has RepoTags that are not a list of names")
+    elif layout == "oci":
+        index = member_json(members, "index.json")
+        manifests = index.get("manifests") if isinstance(index, dict) else None
+        if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
+            raise ArchiveError("index.json must name exactly one image manifest")
+        oci_manifest = member_json(members, blob_name(manifests[0].get("digest")))
+        if not isinstance(oci_manifest, dict) or not isinstance(oci_manifest.get("config"), dict) \
+                or not isinstance(oci_manifest.get("layers"), list):
+            raise ArchiveError("the OCI image manifest lacks its config or layers")
+        config_name = blob_name(oci_manifest["config"].get("digest"))
+        layer_names = [blob_name(layer.get("digest") if isinstance(layer, dict) else None)
+                       for layer in oci_manifest["layers"]]
+        annotations = manifests[0].get("annotations")
+        ref = annotations.get("io.containerd.image.name") if isinstance(annotations, dict) else None
+        repo_tags = (ref,) if isinstance(ref, str) else ()
+    else:
+        raise ArchiveError("the archive has neither manifest.json nor index.json: not a docker save archive")
+    if not isinstance(config_name, str) or not isinstance(layer_names, list) \
+            or not all(isinstance(n, str) for n in layer_names):
+        raise ArchiveError("the image manifest lacks its Config or Layers")
+    return Layout(layout=layout, config_name=config_name, layer_names=tuple(layer_names), repo_tags=repo_tags)
+
+
+def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset()) -> SavedImage:
+    """The image the members describe; checks content addresses and the config's diffIDs.
+
+    ``omitted``: diffIDs whose layers may be absent (a hotfix archive leaves out the layers the
+    previous release shipped); their diffIDs are taken from the config, every other one recomputed.
+    """
+    where = locate(members)
+    if where.layout == "oci":
+        for name, member in members.items():
+            if name.startswith("blobs/sha256/") and member.link is None and member.sha256 != name.rsplit("/", 1)[1]:
+                raise ArchiveError(f"blob {name} does not match its content address (its sha256 is "
+                                   f"{member.sha256}): corrupted archive")
+    config_member = resolve(members, where.config_name)
+    config = member_json(members, where.config_name)
+    image_id = f"sha256:{config_member.sha256}"
+    stem = posixpath.basename(where.config_name).removesuffix(".json")
+    if len(stem) == 64 and stem != config_member.sha256:
+        raise ArchiveError(f"config {where.config_name} does not match its content address: corrupted archive")
+    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    declared = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if not isinstance(declared, list) or not all(isinstance(d, str) for d in declared):
+        raise ArchiveError("the image config has no list of diffIDs (rootfs.diff_ids)")
+    if len(declared) != len(where.layer_names):
+        raise ArchiveError(f"the image config lists {len(declared)} layers, the manifest {len(where.layer_names)}")
+    diff_ids, layer_members = [], []
+    for i, name in enumerate(where.layer_names):
+        if safe_name(name) not in members and declared[i] in omitted:
+            diff_ids.append(declared[i])
+            layer_members.append(None)
+            continue
+        member = resolve(members, name)
+        got = f"sha256:{member.content_sha256}"
+        if got != declared[i]:
+            raise ArchiveError(f"layer {i + 1} ({name}) has diffID {got}, but the image config says "
+                               f"{declared[i]}: corrupted archive")
+        diff_ids.append(got)
+        layer_members.append(member)
+    return SavedImage(layout=where.layout, image_id=image_id, diff_ids=tuple(diff_ids), repo_tags=where.repo_tags,
+                      config=config, members=len(members), config_bytes=config_member.data or b"",
+                      layer_members=tuple(layer_members))
+
+
+def inspect_save_stream(source: Iterable[bytes], omitted: frozenset[str] = frozenset()) -> SavedImage:
+    """Read a whole ``docker save`` stream (chunks) and recompute the image's identity."""
+    return interpret(read_members(source), omitted)
+
+
+def check_against(saved: SavedImage, *, image_id: str, diff_ids: tuple[str, ...] | list[str], what: str) -> None:
+    """Refuse an archive whose recomputed identity differs from what ``what`` recorded."""
+    if saved.image_id != image_id:
+        raise ArchiveError(f"the archive's config digest {saved.image_id} differs from the image ID {image_id} "
+                           f"that {what} records")
+    if tuple(saved.diff_ids) != tuple(diff_ids):
+        for i, (want, got) in enumerate(zip(diff_ids, saved.diff_ids)):
+            if want != got:
+                raise ArchiveError(f"layer {i + 1}: the archive's diffID {got} differs from {want} in {what}")
+        raise ArchiveError(f"the archive holds {len(saved.diff_ids)} layers; {what} records {len(diff_ids)}")
+
+
+def file_chunks(fh, size: int = CHUNK) -> Iterable[bytes]:
+    """The chunks of a readable file."""
+    return iter(lambda: fh.read(size), b"")

@@ -1,0 +1,195 @@
+"""The release folder's machine-readable files, typed: ``manifest.json`` (:class:`ReleaseManifest`)
+and ``VALIDATION.json`` (:class:`Validation`).
+
+The models are the schema: ``docs/manifest.schema.json`` is generated from
+:class:`ReleaseManifest` (``python -m unibake.manifest > docs/manifest.schema.json``) and the
+tests check both that it is current and that every manifest the pipeline writes validates against
+it. A manifest read from a downloaded folder is parsed against the same model, strictly: a field
+missing, of the wrong type or unknown is refused with one line naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from .errors import UnibakeError, VerificationError
+from .files import read_small_text
+from .metadata import DIGEST, HEX64, Digest, Component, ImageMetadata, LaunchMetadata, ProfileMetadata, Record, first_error
+from .schema import NAME_RE
+
+SCHEMA_VERSION = 2
+MANIFEST = "manifest.json"
+VALIDATION = "VALIDATION.json"
+MAX_MANIFEST_BYTES = 16 << 20
+TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$"  # a plain file inside the release folder
+
+
+class ArchiveFile(Record):
+    name: str = Field(pattern=FILE_NAME_PATTERN)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=HEX64)
+
+
+class Compression(Record):
+    algorithm: Literal["zstd"]
+    level: int = Field(ge=1, le=19)
+    long_distance: bool
+
+
+class ArchiveRecord(Record):
+    """The archive as published: its file(s) and the digests of both streams."""
+
+    name: str = Field(pattern=FILE_NAME_PATTERN)
+    files: tuple[ArchiveFile, ...] = Field(min_length=1)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=HEX64)  # of the whole compressed stream (all parts in order)
+    uncompressed_bytes: int = Field(ge=0)
+    uncompressed_sha256: str = Field(pattern=HEX64)
+    compression: Compression
+
+
+class HotfixRecord(Record):
+    base_release: str = Field(pattern=TAG_PATTERN)
+    base_tag: str = Field(max_length=255)
+    base_image_id: str = Field(pattern=DIGEST)
+    base_archive_bytes: int = Field(ge=1)
+    omitted_diff_ids: tuple[Digest, ...]
+    shipped_diff_ids: tuple[Digest, ...]
+
+
+class Tool(Record):
+    name: Literal["unibake"]
+    version: str = Field(max_length=64)
+
+
+class ReleaseManifest(Record):
+    """``manifest.json``: everything a downloader, a later release or a tool needs to know."""
+
+    schema_version: Literal[2] = Field(alias="schema")
+    tool: Tool
+    product: str = Field(pattern=NAME_RE.pattern)
+    release: str = Field(pattern=TAG_PATTERN)
+    version: str = Field(max_length=128)
+    tag: str = Field(max_length=255)
+    image_id: str = Field(pattern=DIGEST)
+    image_size: int = Field(ge=0)
+    diff_ids: tuple[Digest, ...]
+    save_layout: Literal["docker", "oci"]
+    default_profile: str | None
+    profiles: dict[str, ProfileMetadata]
+    launch: LaunchMetadata | None
+    components: tuple[Component, ...]
+    archive: ArchiveRecord
+    labels: dict[str, str]
+    revision: str = Field(max_length=256)
+    created: str = Field(max_length=64)
+    source_date_epoch: int | None = Field(ge=0)
+    published: str = Field(max_length=64)
+    previous: str | None = Field(pattern=TAG_PATTERN)
+    hotfix: HotfixRecord | None
+
+    model_config = Record.model_config | {"populate_by_name": True}
+
+    @property
+    def metadata(self) -> ImageMetadata | None:
+        """The image's own metadata, for an image unibake built."""
+        if self.default_profile is None or self.launch is None:
+            return None
+        return ImageMetadata(product=self.product, version=self.version, tag=self.tag,
+                             default_profile=self.default_profile, profiles=self.profiles,
+                             components=self.components, launch=self.launch)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"
+
+
+class RoundTripRecord(Record):
+    engine: str
+    engine_version: str
+    image_id: str = Field(pattern=DIGEST)
+    diff_ids: tuple[Digest, ...]
+    tags: tuple[str, ...]
+    seconds: float
+
+
+class GateStep(Record):
+    name: str  # self-check | start | health | chat
+    passed: bool
+    seconds: float
+    detail: str = ""
+
+
+class GateResult(Record):
+    profile: str
+    steps: tuple[GateStep, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in self.steps)
+
+    @property
+    def failed(self) -> GateStep | None:
+        return next((s for s in self.steps if not s.passed), None)
+
+
+class Validation(Record):
+    """``VALIDATION.json``: the round trip and the smoke gates, or why they did not run."""
+
+    round_trip: RoundTripRecord | None
+    round_trip_skipped: str | None
+    smoke: tuple[GateResult, ...]
+    smoke_skipped: str | None
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.smoke)
+
+    def document(self) -> dict:
+        """As written to ``VALIDATION.json``: with each gate's verdict and the overall one."""
+        document = self.model_dump(mode="json")
+        document["passed"] = self.passed
+        for gate, result in zip(document["smoke"], self.smoke):
+            gate["passed"] = result.passed
+        return document
+
+    def to_json(self) -> str:
+        return json.dumps(self.document(), indent=2) + "\n"
+
+
+def load_manifest(folder: Path, error: type[UnibakeError] = VerificationError) -> ReleaseManifest:
+    """A release folder's ``manifest.json``, parsed against the schema; ``error`` for anything else."""
+    path = folder / MANIFEST
+    text = read_small_text(path, error, limit=MAX_MANIFEST_BYTES, what="this is not a complete release folder",
+                           follow=False)
+    return parse_manifest(text, str(path), error)
+
+
+def parse_manifest(text: str, where: str, error: type[UnibakeError] = VerificationError) -> ReleaseManifest:
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{where}: not valid JSON ({str(exc)[:100]})") from None
+    if isinstance(raw, dict) and raw.get("schema") != SCHEMA_VERSION:
+        raise error(f"{where}: manifest schema {str(raw.get('schema'))[:20]!r}, not {SCHEMA_VERSION}: not a release "
+                    "of this unibake (a foreign folder, or one made by another version)")
+    try:
+        return ReleaseManifest.model_validate_json(text)
+    except ValidationError as exc:
+        raise error(f"{where}: not a valid release manifest: {first_error(exc)}") from None
+
+
+def json_schema() -> dict:
+    """The JSON Schema of ``manifest.json``, as published in ``docs/manifest.schema.json``."""
+    schema = ReleaseManifest.model_json_schema(by_alias=True, mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema,
+            "title": "unibake release manifest (manifest.json)"}
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")

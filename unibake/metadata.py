@@ -1,0 +1,155 @@
+"""What an image built by unibake says about itself: :class:`ImageMetadata`, typed once.
+
+It is made from the plan when we build the image (:meth:`ImageMetadata.from_plan`), baked into the
+image twice (the label ``io.unibake.metadata`` and ``/opt/unibake/meta/release.json``), and read
+back from the label when we release an image we did not just build
+(:meth:`ImageMetadata.from_labels`). An image's labels come from whoever built it: they are
+parsed against this schema, strictly, and anything else is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+from .errors import VerificationError
+from .schema import IMAGE_PATH_RE, MAX_GPUS, NAME_RE, VERSION_RE
+
+if TYPE_CHECKING:
+    from .plan import ReleasePlan
+
+METADATA_LABEL = "io.unibake.metadata"
+PROFILES_LABEL = "io.unibake.profiles"
+HEX64 = r"^[0-9a-f]{64}$"
+DIGEST = r"^sha256:[0-9a-f]{64}$"
+Vendor = Literal["nvidia", "amd"]
+Digest = Annotated[str, StringConstraints(pattern=DIGEST)]
+
+
+class Record(BaseModel):
+    """A frozen record that refuses unknown fields and values of the wrong type."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def _pattern(regex) -> str:
+    return regex.pattern
+
+
+class Component(Record):
+    """A versioned, hashed part of the image, for labels, the manifest and the notes."""
+
+    kind: Literal["engine", "kernel", "sidecar", "tune_caches", "overlay"]
+    name: str = Field(max_length=128)
+    version: str = Field(max_length=4096)
+    digest: str = Field(pattern=HEX64)
+    profile: str = Field(default="", max_length=64)
+
+    @property
+    def label(self) -> tuple[str, str]:
+        """The image label that records this component: key, "version sha256:digest"."""
+        key = f"io.unibake.{self.kind.replace('_', '-')}."
+        key += self.name if self.kind == "tune_caches" else ".".join(filter(None, (self.profile, self.name)))
+        return key, f"{self.version} sha256:{self.digest}".strip()
+
+
+class Sidecar(Record):
+    name: str = Field(pattern=_pattern(NAME_RE))
+    version: str = Field(pattern=_pattern(VERSION_RE))
+
+
+class SmokeSpec(Record):
+    expect_reply: str | None = Field(max_length=4096)
+    prompt: str = Field(max_length=4096)
+    timeout: int = Field(ge=1, le=3600)
+
+
+class ProfileMetadata(Record):
+    gpus: int = Field(ge=1, le=MAX_GPUS)
+    vendor: Vendor
+    kernels: tuple[str, ...]
+    tune_caches: int = Field(ge=0)
+    sidecars: tuple[Sidecar, ...]
+    args: tuple[str, ...]
+    smoke: SmokeSpec
+
+
+class LaunchMetadata(Record):
+    port: int = Field(ge=1, le=65535)
+    model_name: str = Field(max_length=4096)
+    mounts: dict[str, str]
+
+    @model_validator(mode="after")
+    def _mounts(self) -> "LaunchMetadata":
+        for name, path in self.mounts.items():
+            if not NAME_RE.fullmatch(name) or not IMAGE_PATH_RE.fullmatch(path):
+                raise ValueError(f"mount {name[:40]!r} at {path[:80]!r} is not a name and an absolute path")
+        return self
+
+
+class ImageMetadata(Record):
+    """The product, its profiles, components and run-time defaults, as baked into the image."""
+
+    product: str = Field(pattern=_pattern(NAME_RE))
+    version: str = Field(pattern=_pattern(VERSION_RE))
+    tag: str = Field(max_length=255)
+    default_profile: str = Field(pattern=_pattern(NAME_RE))
+    profiles: dict[str, ProfileMetadata] = Field(min_length=1)
+    components: tuple[Component, ...]
+    launch: LaunchMetadata
+
+    @model_validator(mode="after")
+    def _profiles(self) -> "ImageMetadata":
+        for name in self.profiles:
+            if not NAME_RE.fullmatch(name):
+                raise ValueError(f"profile name {name[:40]!r} is not valid")
+        if self.default_profile not in self.profiles:
+            raise ValueError(f"default_profile {self.default_profile!r} is not one of the profiles")
+        return self
+
+    @classmethod
+    def from_plan(cls, plan: "ReleasePlan") -> "ImageMetadata":
+        from .render import kernel_paths  # the image layout is render's to decide
+
+        return cls(
+            product=plan.product, version=plan.version, tag=plan.tag, default_profile=plan.default_profile,
+            profiles={p.name: ProfileMetadata(
+                gpus=p.gpus, vendor=p.vendor, kernels=kernel_paths(plan, p),
+                tune_caches=len(p.tune.json_files) if p.tune else 0,
+                sidecars=tuple(Sidecar(name=k.name, version=k.version) for k in p.sidecars), args=p.args,
+                smoke=SmokeSpec(expect_reply=p.smoke.expect_reply, prompt=p.smoke.prompt, timeout=p.smoke.timeout))
+                for p in plan.profiles},
+            components=plan.components,
+            launch=LaunchMetadata(port=plan.launch.port, model_name=plan.launch.model_name,
+                                  mounts=dict(plan.launch.mounts)))
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str], image: str) -> "ImageMetadata | None":
+        """The metadata an image's labels carry; None for an image unibake did not build."""
+        text = labels.get(METADATA_LABEL)
+        if text is None:
+            if PROFILES_LABEL in labels:
+                raise VerificationError(f"{image} carries unibake labels but no {METADATA_LABEL}: it was built "
+                                        "by an older unibake; rebuild it")
+            return None
+        return cls.parse(text, f"the label {METADATA_LABEL} of {image}")
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> "ImageMetadata":
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise VerificationError(f"{where} is not valid unibake metadata: {first_error(exc)}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def first_error(exc: ValidationError) -> str:
+    """One line for the first problem pydantic found: where, and what."""
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in error["loc"]) or "the document"
+    return f"{where}: {error['msg']}"[:300]
+

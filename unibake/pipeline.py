@@ -1,0 +1,602 @@
+"""The pipeline: one ordered list of stages, declared once, run by one runner.
+
+Each stage names what it needs (results of earlier stages), what it gives, and why it may be
+skipped; the runner checks the wiring before anything runs, times every stage, reports progress,
+and keeps every result frozen. The commands are selections of :data:`STAGES`:
+
+    build    plan, render, scan context, rendered copies, target, folder, build, normalise, scan image,
+             archive, round trip, smoke gates, publish      (--stage render/build stops early)
+    hotfix   hotfix base + build's
+    archive  inspect, scan inspected, folder, archive, round trip, smoke gates, publish
+    repro    build's up to the archive, into a temporary folder, twice; then compare
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .archive import DEFAULT_LEVEL, Archive, write_archive
+from .archive_reader import ReadBack, read_back
+from .builder import BuiltImage, Image, build_image, cache_ref, keep_as_cache
+from .console import Reporter
+from .docker_engine import DockerEngine
+from .engine import Engine
+from .errors import DiskFull, InputError, PipelineError, VerificationError
+from .hotfix import HotfixBase, load_base, omitted_layers
+from .imagetar import check_against
+from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
+from .metadata import ImageMetadata
+from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
+from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
+from .render import BuildContext, context_texts, render, write_rendered
+from .repro import ReproBuild
+from .roundtrip import round_trip
+from .sanitise import enforce, scan_added, scan_context, scan_release_texts
+from .scratch import ScratchEngine
+from .smoke import run_gates
+
+
+# ---------------------------------------------------------------------------------------------
+# What a command asks for
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """Everything the command line asked for, checked; the pipeline's only input."""
+
+    env: Mapping[str, str]
+    cwd: Path
+    config: Path = Path("profiles")
+    profiles: tuple[str, ...] = ()
+    version: str | None = None
+    out: Path = Path("release")
+    force: bool = False
+    level: int = DEFAULT_LEVEL
+    long_distance: bool = False
+    split: int | None = None
+    roundtrip: bool = True
+    verify_engine: str | None = None
+    scratch_dir: Path | None = None
+    allow: tuple[str, ...] = ()  # sanitisation: values let through, besides product.yaml's
+    identity: tuple[str, ...] = ()  # sanitisation: the builder's home and user name
+    nocache: bool = False
+    engine: str | None = None
+    epoch: int = 0  # SOURCE_DATE_EPOCH
+    revision: str = "unknown"
+    image: str | None = None  # archive: the image to release
+    tag: str | None = None  # archive: the release's name
+    product: str | None = None  # archive: the product name
+    base: str | None = None  # hotfix: the release it builds on
+    write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
+
+    @property
+    def checksums(self) -> Path:
+        return self.out.parent / "checksums"
+
+
+# ---------------------------------------------------------------------------------------------
+# Results that only the pipeline makes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """What is released, under which name: the product, the release folder's name, the image."""
+
+    product: str
+    release: str
+    ref: str  # the image reference the archive is saved from and tagged with
+    metadata: ImageMetadata | None  # None: an image unibake did not build (no smoke gates)
+    base_image: str | None  # the image it was built on: what it adds is scanned, not the base
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scan:
+    """A sanitisation pass that found nothing (beyond what the allowlist lets through)."""
+
+    what: str
+    allowed: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Proof:
+    """The archive read back: its digests, and the round trip into a fresh engine unless skipped."""
+
+    back: ReadBack
+    round_trip: RoundTripRecord | None
+    skipped: str  # why there was no round trip
+    engine: Engine | None = field(default=None, compare=False)  # where the image is loaded, for the gates
+    netns_pid: int | None = None  # the scratch engine's network namespace, for the gates' client
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gates:
+    results: tuple[GateResult, ...]
+    skipped: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release:
+    folder: Path
+    manifest: ReleaseManifest
+    validation: Validation
+    archive: Archive
+
+
+class TempFolder:
+    """Where repro writes the archives it compares: a temporary folder, removed at the end."""
+
+    def __init__(self) -> None:
+        self.staging = Path(tempfile.mkdtemp(prefix="unibake-repro-"))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+Connect = Callable[[str | None], Engine]  # an engine address (None: the default one) to an engine
+
+
+class Run:
+    """One command's run: the request, the results so far, the engine and what to clean up."""
+
+    def __init__(self, request: Request, reporter: Reporter, stack: ExitStack, connect: Connect):
+        self.request, self.reporter, self.stack, self.connect = request, reporter, stack, connect
+        self.results: dict[str, object] = {"request": request}
+        self._engine: Engine | None = None
+
+    def __getitem__(self, name: str):
+        return self.results[name]
+
+    def get(self, name: str):
+        return self.results.get(name)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self.connect(self.request.engine)
+        return self._engine
+
+    @property
+    def epoch(self) -> int:
+        base: HotfixBase | None = self.get("base")
+        return base.epoch if base is not None else self.request.epoch
+
+    @property
+    def allow(self) -> tuple[str, ...]:
+        plan: ReleasePlan | None = self.get("plan")
+        return (plan.sanitise_allow if plan else ()) + self.request.allow
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One stage: what it needs and gives, what it does, and why it may not run."""
+
+    name: str
+    about: str
+    needs: tuple[str, ...]
+    gives: tuple[str, ...]
+    run: Callable[[Run], tuple]
+    detail: Callable[[Run], str] = lambda run: ""
+    skip: Callable[[Run], str | None] = lambda run: None  # a reason: the stage does not run
+    on_skip: Callable[[str], tuple] = lambda reason: ()  # what it gives when skipped
+    uses: tuple[str, ...] = ()  # results it reads when an earlier stage gave them
+
+
+def _one(value) -> tuple:
+    return (value,)
+
+
+# --- the stages ------------------------------------------------------------------------------
+
+
+def _hotfix_base(run: Run) -> tuple:
+    base = load_base(run.request.out, run.request.base or "")
+    env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
+    if env_epoch not in (None, str(base.epoch)):
+        run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: the hotfix uses {base.epoch}, the epoch of "
+                          f"{base.manifest.release}, so that unchanged layers stay identical")
+    return _one(base)
+
+
+def _plan(run: Run) -> tuple:
+    request = run.request
+    base: HotfixBase | None = run.get("base")
+    profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
+    plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
+                     version=request.version, cwd=request.cwd)
+    if base is not None and plan.tag == base.manifest.tag:
+        raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
+                         "choose a new version")
+    return _one(plan)
+
+
+def _render(run: Run) -> tuple:
+    return _one(render(run["plan"]))
+
+
+def _rendered_skip(run: Run) -> str | None:
+    if not run.request.write_rendered:
+        return "this command keeps no copies"
+    if run.request.version is not None:  # the tracked copies follow the YAML, not a --version given here
+        return "--version differs from the YAML's"
+    return None
+
+
+def _write_rendered(run: Run) -> tuple:
+    folder = write_rendered(run["context"], run["plan"].project_root)
+    run.reporter.info(f"    {display_path(folder, run.request.cwd)}")
+    return _one(folder)
+
+
+def _scan_context(run: Run) -> tuple:
+    context: BuildContext = run["context"]
+    findings = scan_context(context_texts(context), run.request.identity)
+    enforce(findings, run.allow, "the build context")
+    return _one(Scan(what="the build context and the Dockerfile", allowed=len(findings)))
+
+
+def _target_of_plan(run: Run) -> tuple:
+    plan: ReleasePlan = run["plan"]
+    context: BuildContext = run["context"]
+    return _one(Target(product=plan.product, release=release_tag(plan.tag), ref=plan.tag, metadata=context.metadata,
+                       base_image=plan.base_image))
+
+
+def _inspect(run: Run) -> tuple:
+    request = run.request
+    ref = request.image or ""
+    by_digest = ref.startswith("sha256:") or "@" in ref
+    info = run.engine.inspect_image(ref)
+    if info is None:
+        raise InputError(f"the engine at {run.engine.address} has no image {ref!r}")
+    repo = request.product if by_digest else ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+    metadata = ImageMetadata.from_labels(info.labels, ref)
+    product = request.product or (metadata.product if metadata else None) or repo.rsplit("/", 1)[-1]
+    release = check_tag(request.tag or release_tag(ref))
+    image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size)
+    return Target(product=product, release=release, ref=ref, metadata=metadata, base_image=None), image
+
+
+def _folder(run: Run) -> tuple:
+    target: Target = run["target"]
+    return _one(run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force)))
+
+
+def _temp_folder(run: Run) -> tuple:
+    folder = TempFolder()
+    run.stack.callback(folder.remove)
+    return _one(folder)
+
+
+def _build(run: Run) -> tuple:
+    plan: ReleasePlan = run["plan"]
+    built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
+                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line)
+    if built.replaced:
+        run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
+    run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache")
+    return _one(built)
+
+
+def _normalise(run: Run) -> tuple:
+    from .normalise import normalise_image
+
+    plan: ReleasePlan = run["plan"]
+    built: BuiltImage = run["built"]
+    context: BuildContext = run["context"]
+    with run.reporter.progress("normalise", built.size or None) as advance:
+        image = normalise_image(run.engine, built, epoch=run.epoch, base_image=plan.base_image, owned=INSTALL_ROOT,
+                                cache=plan.project_root / ".cache" / "normalised", reuse=not run.request.nocache,
+                                progress=advance)
+    if image.image_id != built.image_id:  # the image the engine built is build cache now, not dangling
+        keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
+    if built.replaced and built.replaced not in (image.image_id, built.image_id):
+        run.engine.remove_if_unused(built.replaced)  # what the tag named before, unless something else needs it
+    return _one(image)
+
+
+def _scan_image(run: Run) -> tuple:
+    target: Target = run["target"]
+    image: Image = run["image"]
+    findings = scan_added(run.engine, image.ref, target.base_image, run.request.identity)
+    enforce(findings, run.allow, f"the image {image.ref}")
+    return _one(Scan(what="what the image config adds: env, labels, history", allowed=len(findings)))
+
+
+def _archive(run: Run) -> tuple:
+    target: Target = run["target"]
+    image: Image = run["image"]
+    base: HotfixBase | None = run.get("base")
+    request = run.request
+    omit = omitted_layers(base.manifest.diff_ids, image.diff_ids) if base else ()
+    name = f"{target.product}-{target.release}.tar.zst"
+    staging = run["folder"].staging
+    with run.reporter.progress("archive", image.save_bytes or image.size) as advance:
+        try:
+            archive = write_archive(run.engine.save(image.ref), staging, name, tag=image.ref, level=request.level,
+                                    long_distance=request.long_distance, split=request.split, omit=omit,
+                                    progress=advance)
+        except DiskFull as exc:
+            free = shutil.disk_usage(staging).free
+            raise DiskFull(f"{exc}: the release folder {request.out} has {free} bytes free; the image is "
+                           f"{image.size} bytes uncompressed and its archive needs up to twice its compressed "
+                           "size while it is written; free space or choose another --out (the partial files "
+                           "were removed)") from None
+    check_against(archive.image, image_id=image.image_id, diff_ids=image.diff_ids, what=f"the engine's {image.ref}")
+    shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if omit else ""
+    run.reporter.info(f"    {archive.compressed_bytes} bytes compressed in {archive.seconds:.1f} s; {shipped}config "
+                      f"and {len(archive.image.diff_ids)} diffIDs recomputed and matched")
+    return _one(archive)
+
+
+def _read_back(run: Run) -> tuple:
+    archive: Archive = run["archive"]
+    base: HotfixBase | None = run.get("base")
+    request = run.request
+    omitted = frozenset(archive.omitted)
+    if not request.roundtrip:
+        why = "skipped with --no-roundtrip"
+        with run.reporter.progress("read back", archive.uncompressed_bytes) as advance:
+            back = read_back(archive, omitted=omitted, progress=advance)
+        return _one(Proof(back=back, round_trip=None, skipped=why))
+    netns_pid = None
+    if request.verify_engine:
+        engine: Engine = run.connect(request.verify_engine)
+        where = request.verify_engine
+    else:
+        scratch = run.stack.enter_context(ScratchEngine(request.scratch_dir, on_line=run.reporter.info))
+        engine, netns_pid, where = scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
+    if base is not None:
+        missing = base.missing_files()
+        if missing:
+            raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
+                             f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+    run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
+    with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance:
+        trip, back = round_trip(archive, engine, base=(base.folder, base.archive_files) if base else None,
+                                progress=advance)
+    if request.verify_engine:
+        run.stack.callback(engine.remove_image, archive.image.image_id)
+    return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))
+
+
+def _smoke_skip(run: Run) -> str | None:
+    proof: Proof = run["proof"]
+    if proof.round_trip is None:
+        return "they run on the loaded image, and the round trip was skipped"
+    if run["target"].metadata is None:
+        return "the image carries no unibake profiles"
+    return None
+
+
+def _smoke(run: Run) -> tuple:
+    proof: Proof = run["proof"]
+    target: Target = run["target"]
+
+    def line(result: GateResult) -> None:
+        steps = ", ".join(f"{s.name} {s.seconds:.2f} s{'' if s.passed else ' FAILED'}" for s in result.steps)
+        run.reporter.info(f"    {result.profile}: {'passed' if result.passed else 'FAILED'} ({steps})")
+
+    results = run_gates(proof.engine, run["image"].ref, target.metadata, netns_pid=proof.netns_pid, on_result=line)
+    failed = [g for g in results if not g.passed]
+    if failed:
+        step = failed[0].failed
+        raise VerificationError(f"smoke gate failed for profile {failed[0].profile} at step {step.name}: "
+                                f"{step.detail}; nothing was published")
+    return _one(Gates(results=results, skipped=""))
+
+
+def _publish(run: Run) -> tuple:
+    target: Target = run["target"]
+    image: Image = run["image"]
+    archive: Archive = run["archive"]
+    proof: Proof = run["proof"]
+    gates: Gates = run["gates"]
+    folder: ReleaseFolder = run["folder"]
+    base: HotfixBase | None = run.get("base")
+    request = run.request
+    previous = base.manifest if base else previous_release(request.out, target.product, target.release)
+    manifest = build_manifest(product=target.product, tag=target.release, image_ref=image.ref, archive=archive,
+                              digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
+                              hotfix=base.manifest if base else None, image_size=image.size)
+    validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
+                            smoke=gates.results, smoke_skipped=gates.skipped or None)
+    files = render_files(manifest, validation, previous)
+    enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
+    final = publish(folder, archive, proof.back, files, request.checksums)
+    return _one(Release(folder=final, manifest=manifest, validation=validation, archive=archive))
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(name="hotfix base", about="the published release a hotfix builds on, and its SOURCE_DATE_EPOCH",
+          needs=("request",), gives=("base",), run=_hotfix_base,
+          detail=lambda run: f"release {run.request.base}"),
+    Stage(name="inspect", about="an image the engine already has: its identity and its own metadata",
+          needs=("request",), gives=("target", "image"), run=_inspect, detail=lambda run: run.request.image or ""),
+    Stage(name="scan inspected", about="the sanitisation gate on the image config: env, labels, history",
+          needs=("target", "image"), uses=("plan",), gives=("image_scan",), run=_scan_image),
+    Stage(name="plan", about="profiles loaded, validated, merged; every input hashed and checked against the lock",
+          needs=("request",), uses=("base",), gives=("plan",), run=_plan,
+          detail=lambda run: display_path((run.request.cwd / run.request.config).resolve(), run.request.cwd)),
+    Stage(name="render", about="the Dockerfile, entrypoint, self-check and build context (pure)",
+          needs=("plan",), gives=("context",), run=_render, detail=lambda run: run["plan"].tag),
+    Stage(name="scan context", about="the sanitisation gate on the build context and the Dockerfile",
+          needs=("context",), uses=("plan",), gives=("context_scan",), run=_scan_context),
+    Stage(name="rendered copies", about="dockerfiles/rendered/ kept in step with the YAML, for review in git",
+          needs=("plan", "context", "context_scan"), gives=("rendered",), run=_write_rendered, skip=_rendered_skip,
+          on_skip=lambda reason: (None,)),
+    Stage(name="target", about="the product, the release's name and the image reference",
+          needs=("plan", "context"), gives=("target",), run=_target_of_plan),
+    Stage(name="folder", about="the release folder, locked and staged; an existing release refused before any work",
+          needs=("target",), gives=("folder",), run=_folder,
+          detail=lambda run: str(run.request.out / run["target"].release)),
+    Stage(name="build", about="the image built; the in-image checks run as its last steps, so a failure tags nothing",
+          needs=("plan", "context"), uses=("base",), gives=("built",), run=_build,
+          detail=lambda run: f"{run['plan'].tag} on engine {run.engine.version()} at {run.engine.address}"),
+    Stage(name="normalise", about="times set to SOURCE_DATE_EPOCH in the layers unibake adds: the same inputs, "
+                                  "the same image ID", needs=("plan", "context", "built"), uses=("base",),
+          gives=("image",), run=_normalise, detail=lambda run: f"times set to SOURCE_DATE_EPOCH={run.epoch}"),
+    Stage(name="scan image", about="the sanitisation gate on what the image config adds: env, labels, history",
+          needs=("target", "image"), uses=("plan",), gives=("image_scan",), run=_scan_image),
+    Stage(name="temp folder", about="a temporary folder for an archive that is not published (repro)",
+          needs=("request",), gives=("folder",), run=_temp_folder),
+    Stage(name="archive", about="one pass over the save stream: every diffID recomputed, zstd frames, the canonical "
+                                ".tar.zst", needs=("target", "image", "folder"), uses=("base",), gives=("archive",),
+          run=_archive, detail=lambda run: f"{run['image'].ref} -> {run['target'].product}-"
+                                           f"{run['target'].release}.tar.zst"),
+    Stage(name="round trip", about="the archive read back once: every digest taken, and loaded into an engine "
+                                   "that never saw the image (with --no-roundtrip: only parsed and checked)",
+          needs=("archive",), uses=("base",), gives=("proof",), run=_read_back,
+          detail=lambda run: "load into an engine that never saw the image" if run.request.roundtrip
+          else "read back only (--no-roundtrip): decompress, hash and check the archive written"),
+    Stage(name="smoke gates", about="every profile's gate on the loaded image: self-check, start, /health, a chat",
+          needs=("proof", "target", "image"), gives=("gates",), run=_smoke, skip=_smoke_skip,
+          on_skip=lambda reason: (Gates(results=(), skipped=reason),),
+          detail=lambda run: ", ".join(sorted(run["target"].metadata.profiles))),
+    Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last; the folder renamed into place",
+          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base",), gives=("release",),
+          run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
+)
+BY_NAME = {s.name: s for s in STAGES}
+BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "normalise", "scan image", "archive",
+         "round trip", "smoke gates", "publish")
+ARCHIVE = ("inspect", "scan inspected", "folder", "archive", "round trip", "smoke gates", "publish")
+HOTFIX = ("hotfix base",) + BUILD
+REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
+         "round trip")
+STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "publish"}
+
+
+def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage, ...]:
+    """The stages of a command, in the order of :data:`STAGES`, up to ``--stage``; the build and
+    render stops leave out the release folder."""
+    last = STOP_AFTER[stop_after]
+    chosen = [n for n in names]
+    chosen = chosen[:chosen.index(last) + 1] if last in chosen else chosen
+    if stop_after != "release":
+        chosen = [n for n in chosen if n != "folder"]
+    order = {s.name: i for i, s in enumerate(STAGES)}
+    if [order[n] for n in chosen] != sorted(order[n] for n in chosen):
+        raise PipelineError(f"stages out of order: {', '.join(chosen)}")
+    return tuple(BY_NAME[n] for n in chosen)
+
+
+def check_wiring(stages: Sequence[Stage]) -> None:
+    """Every stage's needs are given by an earlier one: a wiring mistake fails before any work."""
+    given = {"request"}
+    for stage in stages:
+        missing = [n for n in stage.needs if n not in given]
+        if missing:
+            raise PipelineError(f"stage {stage.name!r} needs {', '.join(missing)}, which no earlier stage gives")
+        given.update(stage.gives)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Results:
+    """What a run gave, by name."""
+
+    values: Mapping[str, object]
+
+    def __getitem__(self, name: str):
+        return self.values[name]
+
+    def get(self, name: str):
+        return self.values.get(name)
+
+
+def docker_engines(request: Request) -> Connect:
+    return lambda address: DockerEngine(address, request.env)
+
+
+def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
+               connect: Connect | None = None) -> Results:
+    """Run ``stages`` in order: each timed and reported, skipped ones recorded with why.
+    ``connect`` makes an engine of an address (default: docker-py's; unit tests pass a fake)."""
+    check_wiring(stages)
+    with ExitStack() as stack:
+        run = Run(request, reporter, stack, connect or docker_engines(request))
+        for stage in stages:
+            reason = stage.skip(run)
+            if reason:
+                reporter.skipped(stage.name, reason)
+                given = stage.on_skip(reason)
+            else:
+                with reporter.stage(stage.name, stage.detail(run)):
+                    given = stage.run(run)
+            if len(given) != len(stage.gives):
+                raise PipelineError(f"stage {stage.name!r} gave {len(given)} results, not {len(stage.gives)}")
+            run.results.update(zip(stage.gives, given))
+        return Results(values=dict(run.results))
+
+
+# ---------------------------------------------------------------------------------------------
+# Repro: the build's stages twice, then the comparison
+
+
+def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None = None):
+    """Two cold builds of the same inputs, each archived as a release would be, compared.
+
+    Each build's image is held under ``unibake-repro/<product>:<n>`` until the comparison is done
+    (the second build moves the tag away from the first); the holding tags are removed after."""
+    from .repro import compare
+
+    connect = connect or docker_engines(request)
+    engine = connect(request.engine)
+    builds, held = [], []
+    try:
+        for n in (1, 2):
+            reporter.info(f"==> cold build {n} of 2")
+            results = run_stages(selection(REPRO), request, reporter, connect=connect)
+            image: Image = results["image"]
+            proof: Proof = results["proof"]
+            hold = f"unibake-repro/{results['plan'].product}:{n}"
+            engine.tag(image.image_id, hold)
+            held.append(hold)
+            builds.append(ReproBuild(image_id=image.image_id, diff_ids=image.diff_ids,
+                                     archive_sha256=proof.back.compressed_sha256))
+        return compare(engine, results["plan"].tag, *builds)
+    finally:
+        for hold in held:
+            engine.remove_image(hold)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the epoch and revision come from
+
+
+def git_revision(root: Path) -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("-dirty" if dirty else "")
+
+
+MAX_EPOCH = 8 ** 11 - 1  # what a tar header's 11 octal digits hold (the year 2242)
+
+
+def source_date_epoch(root: Path, env: Mapping[str, str]) -> int:
+    """SOURCE_DATE_EPOCH if set, else the last commit's time, else 0: never the wall clock."""
+    value = env.get("SOURCE_DATE_EPOCH")
+    if value is not None:
+        if not value.isdigit() or not value.isascii() or int(value) > MAX_EPOCH:
+            raise InputError(f"SOURCE_DATE_EPOCH={value!r} is not a whole number of seconds (0 to {MAX_EPOCH})")
+        return int(value)
+    try:
+        out = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        return int(out) if out.isdigit() else 0
+    except (OSError, subprocess.CalledProcessError):
+        return 0

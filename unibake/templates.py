@@ -1,0 +1,64 @@
+"""The one Jinja2 environment: the templates shipped in ``unibake/templates/`` and the filters
+that escape a value for where it lands.
+
+* ``dq``: a double-quoted Dockerfile word (ENV, LABEL): backslash, quote and ``$`` escaped;
+* ``sh``: one POSIX shell word; ``sh_runtime``: a shell word in which ``${NAME}`` expands when the
+  container starts and everything else is literal;
+* ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+RUNTIME_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def dq(value: object) -> str:
+    """A double-quoted Dockerfile word (ENV, LABEL): backslash, quote and ``$`` escaped."""
+    text = str(value)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def sh(value: object) -> str:
+    """A single POSIX shell word."""
+    return shlex.quote(str(value))
+
+
+def sh_runtime(value: object) -> str:
+    """A shell word in which ``${NAME}`` is expanded when the container starts; all else is literal."""
+    text = str(value)
+    parts, last = [], 0
+    for m in RUNTIME_VAR_RE.finditer(text):
+        if m.start() > last:
+            parts.append(shlex.quote(text[last:m.start()]))
+        parts.append(f'"${{{m.group(1)}}}"')
+        last = m.end()
+    if last < len(text) or not parts:
+        parts.append(shlex.quote(text[last:]))
+    return "".join(parts)
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib,
+                       dirname=lambda v: str(v).rsplit("/", 1)[0])
+    return env
+
+
+def render_template(name: str, **values: object) -> str:
+    return environment().get_template(name).render(**values)

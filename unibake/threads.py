@@ -1,0 +1,154 @@
+"""The one way work is handed between threads: a bounded queue with an end and an error.
+
+Two shapes, both over :class:`Handoff`:
+
+* :func:`read_ahead`: a producer (the engine's save stream) runs in a thread, the caller iterates;
+  the engine never waits on our hashing and compression, and we never wait on its next write.
+* :func:`consume_in_thread`: the caller puts items, a consumer runs in a thread (the sha256
+  updates, which let go of the GIL; an engine's load of a stream); ``close()`` returns what the
+  consumer returned or raises what it raised.
+
+Memory stays bounded by the queue's depth; an error on either side reaches the other promptly.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from queue import Empty, Full, Queue
+from typing import Generic, TypeVar
+
+from .errors import HandoffAborted
+
+T = TypeVar("T")
+R = TypeVar("R")
+_END = object()
+
+
+class Handoff(Generic[T]):
+    """A bounded queue from one thread to another that can be ended, failed and abandoned."""
+
+    def __init__(self, depth: int):
+        self._queue: Queue = Queue(maxsize=depth)
+        self.abandoned = threading.Event()  # the receiving side stopped taking items
+
+    def put(self, item: object) -> bool:
+        """Hand ``item`` over; False once the receiver has stopped (it will take nothing more)."""
+        while not self.abandoned.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except Full:  # look at ``abandoned`` again
+                continue
+        return False
+
+    def end(self, error: BaseException | None = None) -> None:
+        self.put(error if error is not None else _END)
+
+    def items(self) -> Iterator[T]:
+        """What was put, until the end; raises an error that was put instead."""
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def abandon(self) -> None:
+        """The receiver stops: a blocked ``put`` returns, and what was queued is dropped."""
+        self.abandoned.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except Empty:
+                return
+
+
+def read_ahead(chunks: Iterable[T], depth: int = 64, name: str = "read-ahead") -> Iterator[T]:
+    """``chunks``, produced by a second thread up to ``depth`` ahead of the caller."""
+    handoff: Handoff[T] = Handoff(depth)
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not handoff.put(chunk):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            handoff.end(exc)
+            return
+        handoff.end()
+
+    thread = threading.Thread(target=produce, name=name, daemon=True)
+    thread.start()
+    try:
+        yield from handoff.items()
+    finally:
+        handoff.abandon()
+        thread.join()
+
+
+class Consumer(Generic[T, R]):
+    """A function of an iterator, run in its own thread over the items the caller puts."""
+
+    def __init__(self, consume: Callable[[Iterator[T]], R], depth: int, name: str):
+        self._consume = consume
+        self._handoff: Handoff[T] = Handoff(depth)
+        self._result: R | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._consume(self._handoff.items())
+        except BaseException as exc:  # raised in the caller's thread, by put() or close()
+            self._error = exc
+        finally:
+            self._handoff.abandon()
+
+    def put(self, item: T) -> None:
+        """Hand one item to the consumer; raises at once what the consumer raised."""
+        if not self._handoff.put(item) and self._error is not None:
+            raise self._error
+
+    def close(self) -> R:
+        """End the items, wait for the consumer; its result, or what it raised."""
+        if not self._closed:
+            self._closed = True
+            self._handoff.end()
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def abort(self) -> None:
+        """Stop early (the caller failed): the consumer sees the items end and is waited for."""
+        if not self._closed:
+            self._closed = True
+            self._handoff.end(HandoffAborted())
+            self._thread.join()
+
+    def __enter__(self) -> "Consumer[T, R]":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is not None:
+            self.abort()
+
+
+def consume_in_thread(consume: Callable[[Iterator[T]], R], depth: int = 8, name: str = "consumer") \
+        -> Consumer[T, R]:
+    """Run ``consume(items)`` in a thread; ``put`` items, then ``close()`` for its result."""
+    return Consumer(consume, depth, name)
+
+
+def hashing_thread(depth: int = 64) -> Consumer[tuple, None]:
+    """sha256 updates, in order, beside the reading and compressing (hashlib lets go of the GIL):
+    ``put((hasher, data))``."""
+    def update(items: Iterator[tuple]) -> None:
+        for hasher, data in items:
+            hasher.update(data)
+
+    return Consumer(update, depth, "sha256")
