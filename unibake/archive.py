@@ -36,7 +36,7 @@ from pathlib import Path
 import zstandard
 
 from .errors import DiskFull, UnibakeError
-from .imagetar import BLOCK, SavedImage, interpret, read_members, tar_header, tar_padding
+from .imagetar import BLOCK, SavedImage, full_reference, interpret, read_members, tar_header, tar_padding
 from .threads import read_ahead
 
 DEFAULT_LEVEL = 3
@@ -203,14 +203,6 @@ def _json_bytes(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def full_reference(tag: str) -> str:
-    """The fully qualified name the containerd image store uses for a tag."""
-    first = tag.split("/", 1)[0]
-    if "/" in tag and ("." in first or ":" in first or first == "localhost"):
-        return tag
-    return f"docker.io/{tag}" if "/" in tag else f"docker.io/library/{tag}"
-
-
 SKIPPABLE_MAGIC = b"\x50\x2a\x4d\x18"  # a zstd skippable frame: decoders pass over its content
 RESERVE = 4096  # room kept at the head of each spool for the frame of the tar headers before it
 
@@ -374,7 +366,8 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
 
     out = None
     try:
-        members = read_members(counted(read_ahead(chunks, name="save")), route=spool)
+        members = read_members(counted(read_ahead(chunks, name="save")), route=spool,
+                               keep=lambda name, size, head: True)  # small layers go into the archive as they are
         saved = interpret(members)
         omit_set = frozenset(omit)
         out, uncompressed = _assemble(canonical_entries(saved, tag, omit_set), folder, name, split, cctx)

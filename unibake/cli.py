@@ -29,7 +29,7 @@ from .archive import DEFAULT_LEVEL
 from .console import Reporter
 from .errors import BuildFailed, CheckFailed, InputError, UnibakeError
 from .files import write_atomic
-from .schema import NAME_RE
+from .schema import IMAGE_REF_RE, NAME_RE
 
 STAGES = ("render", "build", "release")
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$", re.IGNORECASE)
@@ -317,6 +317,8 @@ def cmd_archive(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .publish import check_tag, release_tag
 
     by_digest = args.image.startswith("sha256:") or "@" in args.image
+    if not (IMAGE_REF_RE.fullmatch(args.image) or re.fullmatch(r"sha256:[0-9a-f]{12,64}", args.image)):
+        raise InputError(f"{args.image[:200]!r} is not an image reference (name[:tag][@sha256:digest] or sha256:ID)")
     if by_digest and not (args.tag and args.product):
         raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
     check_tag(args.tag or release_tag(args.image))
@@ -511,6 +513,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except BrokenPipeError:  # output piped into head: not an error of ours
         sys.stdout = open(os.devnull, "w")
         return 0
+    except OSError as exc:  # a file or folder the stages did not expect to fail: named, never a traceback
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -19,8 +19,9 @@ from pydantic import Field, ValidationError
 
 from .errors import UnibakeError, VerificationError
 from .files import read_small_text
-from .metadata import DIGEST, HEX64, Digest, Component, ImageMetadata, LaunchMetadata, ProfileMetadata, Record, first_error
-from .schema import NAME_RE
+from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
+                       Record, first_error)
+from .schema import IMAGE_REF_RE, NAME_RE
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -56,7 +57,7 @@ class ArchiveRecord(Record):
 
 class HotfixRecord(Record):
     base_release: str = Field(pattern=TAG_PATTERN)
-    base_tag: str = Field(max_length=255)
+    base_tag: str = Field(pattern=IMAGE_REF_RE.pattern, max_length=255)
     base_image_id: str = Field(pattern=DIGEST)
     base_archive_bytes: int = Field(ge=1)
     omitted_diff_ids: tuple[Digest, ...]
@@ -68,7 +69,7 @@ class Tool(Record):
     version: str = Field(max_length=64)
 
 
-class ReleaseManifest(Record):
+class ReleaseManifest(Document):
     """``manifest.json``: everything a downloader, a later release or a tool needs to know."""
 
     schema_version: Literal[2] = Field(alias="schema")
@@ -76,12 +77,12 @@ class ReleaseManifest(Record):
     product: str = Field(pattern=NAME_RE.pattern)
     release: str = Field(pattern=TAG_PATTERN)
     version: str = Field(max_length=128)
-    tag: str = Field(max_length=255)
+    tag: str = Field(pattern=IMAGE_REF_RE.pattern, max_length=255)
     image_id: str = Field(pattern=DIGEST)
     image_size: int = Field(ge=0)
     diff_ids: tuple[Digest, ...]
     save_layout: Literal["docker", "oci"]
-    default_profile: str | None
+    default_profile: str | None = Field(pattern=NAME_RE.pattern)
     profiles: dict[str, ProfileMetadata]
     launch: LaunchMetadata | None
     components: tuple[Component, ...]

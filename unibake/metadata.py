@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from .errors import VerificationError
-from .schema import IMAGE_PATH_RE, MAX_GPUS, NAME_RE, VERSION_RE
+from .schema import IMAGE_PATH_RE, IMAGE_REF_RE, MAX_GPUS, NAME_RE, VERSION_RE
 
 if TYPE_CHECKING:
     from .plan import ReleasePlan
@@ -32,6 +32,39 @@ class Record(BaseModel):
     """A frozen record that refuses unknown fields and values of the wrong type."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def control_character(value: object, path: str = "", skip: frozenset[str] = frozenset()) -> str | None:
+    """Where in a document (keys and values, recursively) a control character is; None if nowhere.
+    Every string of these documents can reach a shell script or Markdown: none may end a line."""
+    if isinstance(value, str):
+        return path or "the document" if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key in skip:
+                continue
+            found = control_character(key, here) or control_character(item, here)
+            if found:
+                return found
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = control_character(item, f"{path}.{i}")
+            if found:
+                return found
+    return None
+
+
+class Document(Record):
+    """A top-level document read from outside (an image's label, a downloaded manifest): no string in
+    it may hold a control character."""
+
+    @model_validator(mode="after")
+    def _no_control_characters(self) -> "Document":
+        found = control_character(self.model_dump(by_alias=True), skip=frozenset({"labels"}))
+        if found:
+            raise ValueError(f"{found} holds a control character")
+        return self
 
 
 def _pattern(regex) -> str:
@@ -89,12 +122,12 @@ class LaunchMetadata(Record):
         return self
 
 
-class ImageMetadata(Record):
+class ImageMetadata(Document):
     """The product, its profiles, components and run-time defaults, as baked into the image."""
 
     product: str = Field(pattern=_pattern(NAME_RE))
     version: str = Field(pattern=_pattern(VERSION_RE))
-    tag: str = Field(max_length=255)
+    tag: str = Field(pattern=_pattern(IMAGE_REF_RE), max_length=255)
     default_profile: str = Field(pattern=_pattern(NAME_RE))
     profiles: dict[str, ProfileMetadata] = Field(min_length=1)
     components: tuple[Component, ...]

@@ -34,7 +34,7 @@ from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
-from .render import BuildContext, context_texts, render, write_rendered
+from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
@@ -212,7 +212,7 @@ def _plan(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
     plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd)
+                     version=request.version, cwd=request.cwd, allow=request.allow)
     if base is not None and plan.tag == base.manifest.tag:
         raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
                          "choose a new version")
@@ -239,7 +239,8 @@ def _write_rendered(run: Run) -> tuple:
 
 def _scan_context(run: Run) -> tuple:
     context: BuildContext = run["context"]
-    findings = scan_context(context_texts(context), run.request.identity)
+    root = run["plan"].project_root
+    findings = scan_context(context_files(context, root), run.request.identity, cache=root / ".cache" / "sanitise")
     enforce(findings, run.allow, "the build context")
     return _one(Scan(what="the build context and the Dockerfile", allowed=len(findings)))
 

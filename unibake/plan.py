@@ -14,6 +14,7 @@ from .errors import InputError
 from .inputs import LOCK_FILE, InputFile, Source, check_lock, read_lock, read_source
 from .metadata import Component
 from .profiles import MergedProfile, load_profiles
+from .sanitise import enforce, scan_values
 from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
 
 INSTALL_ROOT = "/opt/unibake"
@@ -176,8 +177,9 @@ def select_profiles(requested: list[str], known: list[str]) -> list[str]:
 
 
 def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
-              cwd: Path | None = None, verify_lock: bool = True) -> ReleasePlan:
-    """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock."""
+              cwd: Path | None = None, verify_lock: bool = True, allow: tuple[str, ...] = ()) -> ReleasePlan:
+    """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
+    every value that will be baked for secrets, before anything is rendered or built."""
     cwd = cwd or Path.cwd()
     config_dir = config_dir.resolve()
     root = config_dir.parent
@@ -224,13 +226,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
     for key in data.get("env", {}):
         _check_env_key(key, where(("env", key)))
-    allow = tuple(data.get("sanitise", {}).get("allow", []))
-    for i, pattern in enumerate(allow):
+    allow_yaml = tuple(data.get("sanitise", {}).get("allow", []))
+    for i, pattern in enumerate(allow_yaml):
         try:
             re.compile(pattern)
         except re.error as exc:
             raise InputError(f"{where(('sanitise', 'allow', i))}: sanitise.allow[{i}] is not a regular "
                              f"expression: {exc}") from None
+    _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml)
     launch = data.get("launch", {})
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
     tag = f"{data['product']}:{version}{tag_suffix}"
@@ -269,8 +272,22 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         config_files=tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
                                    for m in merged.values() for f in m.chain})),
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
-        sanitise_allow=allow,
+        sanitise_allow=allow_yaml,
     )
+
+
+def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[str, ...]) -> None:
+    """Env, labels, args, checks and run-time names are baked into the image: a secret there is
+    refused now, naming the YAML key, before anything is rendered or built."""
+    values = [(f"{where(('env', k))}: env.{k}", k, v) for k, v in data.get("env", {}).items()]
+    values += [(f"{where(('labels', k))}: labels.{k}", "", v) for k, v in data.get("labels", {}).items()]
+    values += [(f"{where(('checks', i, 'run'))}: checks[{i}].run", "", c.get("run", ""))
+               for i, c in enumerate(data.get("checks", []))]
+    values += [(f"{where(('launch', 'model_name'))}: launch.model_name", "", data.get("launch", {}).get("model_name", ""))]
+    for m in chosen:
+        values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
+        values += [(f"{m.where(('args', i))}: args[{i}]", "", a) for i, a in enumerate(m.data.get("args", []))]
+    enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
 
 
 def _kernel(root: Path, data: dict, where) -> Kernel:

@@ -159,13 +159,17 @@ def render(plan: ReleasePlan) -> BuildContext:
                         metadata=metadata)
 
 
-def context_texts(context: BuildContext, limit: int = 32 << 20):
-    """(name, bytes) of every context file up to ``limit`` bytes, for the sanitisation gate."""
+def context_files(context: BuildContext, root: Path):
+    """(where, bytes or path, sha256) of every context file, for the sanitisation gate: a file from
+    the repository is named by its repository path, a generated one by its name in the context."""
     for f in context.files:
         if f.data is not None:
-            yield f.name, f.data
-        elif f.source is not None and f.source.stat().st_size <= limit:
-            yield f.name, f.source.read_bytes()
+            yield f.name, f.data, f.sha256
+        elif f.source is not None:
+            try:
+                yield f.source.relative_to(root).as_posix(), f.source, f.sha256
+            except ValueError:
+                yield str(f.source), f.source, f.sha256
 
 
 def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -> None:

@@ -4,6 +4,8 @@ that escape a value for where it lands.
 * ``dq``: a double-quoted Dockerfile word (ENV, LABEL): backslash, quote and ``$`` escaped;
 * ``sh``: one POSIX shell word; ``sh_runtime``: a shell word in which ``${NAME}`` expands when the
   container starts and everything else is literal;
+* ``md``: text from outside as inline Markdown (no markup, no HTML); ``code``: a value as a code
+  span whatever backticks or pipes it holds;
 * ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder.
 """
 
@@ -46,6 +48,26 @@ def sh_runtime(value: object) -> str:
     return "".join(parts)
 
 
+MD_SPECIAL_RE = re.compile(r"([\\`*\[\]|])")  # what can make a link, code, emphasis or a new table cell
+
+
+def md(value: object) -> str:
+    """Text from outside (an image's labels, an engine's version) as inline Markdown: no markup, no
+    HTML, no table cell it could break out of."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return MD_SPECIAL_RE.sub(r"\\\1", text)
+
+
+def code(value: object) -> str:
+    """A value as a Markdown code span whatever it holds: a fence longer than its own backticks,
+    pipes escaped so it stays in its table cell, and no HTML even for renderers that are not CommonMark."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
@@ -55,7 +77,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib,
+    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md, code=code,
                        dirname=lambda v: str(v).rsplit("/", 1)[0])
     return env
 

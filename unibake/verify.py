@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +20,13 @@ from .archive_reader import ArchiveReader, read_archive
 from .engine import Engine
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import read_small_text
-from .imagetar import check_against, inspect_save_stream
-from .manifest import MANIFEST, ReleaseManifest, load_manifest
+from .imagetar import check_against, check_release_form, interpret, read_members
+from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
 from .sums import parse_sums
 
 SUMS_LIMIT = 1 << 20
+PLAIN_NAME_RE = re.compile(FILE_NAME_PATTERN)  # a file of the folder itself; verify-release.sh uses the same rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,9 +78,11 @@ def read_sums(folder: Path) -> dict[str, str]:
                            follow=False)
     sums = {}
     for entry in parse_sums(text, str(path), VerificationError):
-        if "/" in entry.name or entry.name in (".", ".."):
-            raise VerificationError(f"{path}:{entry.line}: {entry.name!r} is not a file of this folder")
+        if not PLAIN_NAME_RE.fullmatch(entry.name) or entry.name in (".", ".."):
+            raise VerificationError(f"{path}:{entry.line}: {entry.name[:80]!r} is not a file of this folder")
         sums[entry.name] = entry.sha256
+    if not sums:
+        raise VerificationError(f"{path}: lists nothing; this is not a complete release folder")
     return sums
 
 
@@ -154,8 +158,10 @@ def verify_folder(folder: Path) -> Report:
     zstd_ok, structure = True, ""
     try:
         omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
-        saved = inspect_save_stream(reader.chunks(), omitted)
+        members = read_members(reader.chunks())
+        saved = interpret(members, omitted)
         check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
+        check_release_form(members, manifest.tag)
     except ZstdDecodeError as exc:
         zstd_ok, structure = False, str(exc)
     except ArchiveError as exc:
@@ -191,6 +197,9 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
                    "(nothing was loaded)")
     elif engine.inspect_image(image_id) is not None:
         checks.add("load", manifest.tag, True, f"the engine already has {image_id}; not loaded again")
+    elif (named := engine.inspect_image(manifest.tag)) is not None:
+        checks.add("load", manifest.tag, False, f"the engine's {manifest.tag} is {named.id}, another image: loading "
+                   "would move that tag (nothing was loaded)")
     else:
         def counted():
             for chunk in read_archive(report.folder, [f.name for f in manifest.archive.files]):
@@ -199,10 +208,10 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
 
         outcome = engine.load(counted())
         loaded = engine.inspect_image(manifest.tag)
-        ok = loaded is not None and loaded.id == image_id
+        ok = loaded is not None and loaded.id == image_id and set(outcome.tags) <= {manifest.tag}
         checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
                    f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
-                   f"({'; '.join(outcome.messages)})")
+                   f"({'; '.join(outcome.messages)[:300]})")
     return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
 
 
