@@ -42,7 +42,7 @@ class NodeResult:
 
 def check_address(address: str, where: str) -> str:
     """An engine address as docker-py takes it: unix://, tcp://, ssh://user@host, http(s)://."""
-    if not ADDRESS_RE.match(address) or any(not c.isprintable() for c in address):
+    if not ADDRESS_RE.fullmatch(address) or any(not c.isprintable() for c in address):
         raise InputError(f"{where}: {address[:100]!r} is not an engine address (unix:///path, tcp://host:port or "
                          "ssh://user@host)")
     return address

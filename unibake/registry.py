@@ -97,7 +97,7 @@ class Reference:
 def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
     """A registry reference from the command line; ``digest``: one is required (pull) or refused (push)."""
     shown = text[:300]
-    match = REFERENCE_RE.match(text) if len(text) <= 512 else None
+    match = REFERENCE_RE.fullmatch(text) if len(text) <= 512 else None
     if not match:
         raise InputError(f"{what} {shown!r} is not REGISTRY/REPOSITORY[:TAG]{'@sha256:DIGEST' if digest else ''} "
                          "(the registry host first, e.g. localhost:5000/demo-llm; lower-case repository names)")
@@ -370,7 +370,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
                             "digest its notes give")
     config, layers = document.get("config"), document.get("layers")
     if not isinstance(config, dict) or not isinstance(layers, list) \
-            or not isinstance(config.get("digest"), str) or not DIGEST_RE.match(config["digest"]):
+            or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
         raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
     kinds = set()
     for layer in layers:
