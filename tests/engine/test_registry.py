@@ -14,11 +14,13 @@ import pytest
 import requests
 import zstandard
 
+from unibake.amend import MARKER
 from unibake.scratch import ScratchEngine
 
 from ..conftest import REPO
 from ..registry_lab import USER, bridge, registry
 from .conftest import build_dockerfile
+from .test_downloader import code_lines
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +89,22 @@ def test_push_records_the_digest_and_a_fresh_engine_pulls_the_same_image(cli, en
         assert got.id == manifest["image_id"]
         assert scratch.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
 
-        # deploy from the registry: the same engine is skipped, a second fresh one pulls
-        with ScratchEngine(tmp_path / "scratch-2") as other, bridge(reg, other.pid):
+        # the downloader's guides, as written: docker pull by digest, the ID check, the tag
+        with ScratchEngine(tmp_path / "scratch-2") as guided, bridge(reg, guided.pid):
+            for markdown, marker in ((folder / "README-DIST.md").read_text().split(MARKER)[1], ""), \
+                                    ((REPO / "README-DIST.md").read_text(), "# from a registry"):
+                lines = [line for line in code_lines(markdown, ()) if marker in line]
+                script = "set -e\n" + "".join(line + "\n" for line in lines)
+                done = subprocess.run(["sh", "-c", script], cwd=folder, capture_output=True, text=True,
+                                      env={**os.environ, "DOCKER_HOST": guided.engine.address,
+                                           "DOCKER_CONFIG": str(reg.auth_file.parent),
+                                           "REF": record["reference"], "TAG": manifest["tag"]})
+                assert done.returncode == 0 and "image ID ok" in done.stdout, done.stderr
+                assert any(line.startswith("docker pull") for line in lines)
+            assert guided.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
+
+        # deploy from the registry: the same engine is skipped, a fresh one pulls
+        with ScratchEngine(tmp_path / "scratch-3") as other, bridge(reg, other.pid):
             deployed = cli("--json", "deploy", str(folder), "--from", "registry", "--engine", scratch.engine.address,
                            "--engine", other.engine.address, *registry_args(reg))
             assert deployed.code == 0, deployed.err
