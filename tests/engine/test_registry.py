@@ -181,7 +181,7 @@ def test_a_digest_that_is_not_the_release_is_exit_3(cli, engine, reg, images, tm
 def test_a_registry_killed_mid_push_is_a_clear_error_and_a_push_after_restart_works(cli, engine, reg, images, tmp_path):
     images("unibake-test-push-big:1")
     build_dockerfile(engine, "unibake-test-push-big:1",
-                     b"FROM localhost/unibake-busybox:1\nRUN head -c 64000000 /dev/urandom > /blob\n")
+                     b"FROM localhost/unibake-busybox:1\nRUN head -c 24000000 /dev/urandom > /blob\n")
     folder = make_release(cli, "unibake-test-push-big:1", tmp_path / "release", "big-1")
     snapshot = files_of(folder)
     cmd = [sys.executable, str(REPO / "build.py"), "push", str(folder), "--to", f"{reg.host}/unibake-test/big",
