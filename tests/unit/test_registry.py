@@ -7,21 +7,27 @@ import base64
 import gzip
 import hashlib
 import json
+import shutil
 import subprocess
 
 import pytest
 import requests
 
 from unibake import amend
+from unibake.archive import write_archive
+from unibake.archive_reader import read_back
 from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError
 from unibake.manifest import load_manifest
+from unibake.metadata import ImageMetadata
+from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
 from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
 from unibake.verify import read_sums, verify_folder
 
 from dxf import exceptions as dxf_errors
 
-from .test_publish import make_release
+from ..savefixtures import docker_layout, layer_tar
+from .test_publish import METADATA, PASSED, make_release
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -254,3 +260,33 @@ def test_without_an_atomic_exchange_the_files_are_replaced_sums_last(tmp_path, m
     monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
     amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+
+
+def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_release(tmp_path):
+    out = tmp_path / "release"
+    shared, old, new = (layer_tar({name: name.encode() * 100}) for name in ("base", "old", "new"))
+    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
+    base = load_manifest(base_folder)
+    data, image_id, _ = docker_layout([shared, new], tag="demo-llm:1.1")
+    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with ReleaseFolder(out, "1.1", force=False) as staged:
+        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    manifest = load_manifest(folder)
+    assert manifest.hotfix.omitted_diff_ids == (omitted,)
+
+    registry = RecordingClient()
+    target = parse_reference("r.example/demo-llm", what="--to", digest=False)
+    push_release(folder, manifest, target, registry, temp_dir=tmp_path)
+    document = json.loads(registry.manifests["1.1"])
+    assert document["config"]["digest"] == image_id
+    layers = [gzip.decompress(registry.blobs[layer["digest"]]) for layer in document["layers"]]
+    assert layers == [shared, new]
+
+    shutil.rmtree(base_folder)
+    with pytest.raises(InputError, match="is a hotfix on 1.0, whose folder"):
+        push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path)
