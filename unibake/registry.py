@@ -184,10 +184,18 @@ def _registry_message(response) -> str:
     return f"HTTP {response.status_code}" + (f" {text}" if text else "")
 
 
+def _certificate_refused(exc: BaseException) -> bool:
+    """A TLS error that is about the certificate (not a connection that broke during TLS)."""
+    text = str(exc).lower()
+    return isinstance(exc, requests.exceptions.SSLError) and ("certificate" in text or "hostname" in text)
+
+
 def _transient(exc: BaseException) -> str | None:
     """Why ``exc`` is worth another try, or None when it is not."""
-    if isinstance(exc, requests.exceptions.SSLError):
+    if _certificate_refused(exc):
         return None
+    if isinstance(exc, requests.exceptions.SSLError):  # the registry went away during TLS
+        return "connection broken"
     if isinstance(exc, requests.exceptions.ConnectionError):
         return "connection refused" if "refused" in str(exc).lower() else "connection failed"
     if isinstance(exc, requests.exceptions.Timeout):
@@ -263,7 +271,7 @@ class RegistryClient:
         host, repo = self.ref.host, self.ref.repository
         creds = self.credentials
         where = f"the credentials from {creds.source}" if creds else "no credentials (none found for it)"
-        if isinstance(exc, requests.exceptions.SSLError):
+        if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
         if isinstance(exc, dxf_errors.DXFUnauthorizedError):

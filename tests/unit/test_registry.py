@@ -124,12 +124,13 @@ def failing(*errors, result="done"):
 
 
 def test_transient_errors_are_retried_with_backoff_then_succeed():
-    c, waits, lines = client(attempts=4)
+    c, waits, lines = client(attempts=5)
     call, calls = failing(requests.exceptions.ConnectionError("Connection refused"), http_error(503),
-                          requests.exceptions.ReadTimeout())
+                          requests.exceptions.ReadTimeout(), requests.exceptions.SSLError("EOF occurred in violation "
+                                                                                          "of protocol"))
     assert c._call("uploading layer 1", call) == "done"
-    assert len(calls) == 4 and waits == [1, 2, 4]
-    assert "connection refused; retrying in 1 s (attempt 2 of 4)" in lines[0] and "HTTP 503" in lines[1]
+    assert len(calls) == 5 and waits == [1, 2, 4, 8]
+    assert "connection refused; retrying in 1 s (attempt 2 of 5)" in lines[0] and "HTTP 503" in lines[1]
 
 
 def test_retries_run_out_with_one_clear_error():
@@ -146,7 +147,8 @@ def test_retries_run_out_with_one_clear_error():
     (http_error(403, b'{"errors":[{"code":"DENIED","message":"no"}]}'), RegistryAuthError, "DENIED: no"),
     (http_error(400, b'{"errors":[{"code":"MANIFEST_INVALID","message":"bad\\u0007"}]}'), RegistryError,
      r"HTTP 400 MANIFEST_INVALID: bad\?"),
-    (requests.exceptions.SSLError("certificate verify failed"), RegistryError, "--ca-file"),
+    (requests.exceptions.SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), RegistryError,
+     "--ca-file"),
     (dxf_errors.DXFDigestMismatchError("a", "b"), DigestMismatch, "does not match its digest"),
 ])
 def test_answers_that_are_not_worth_a_retry_fail_at_once(error, kind, message):
