@@ -131,6 +131,8 @@ main() {
   setup_venv
   [ "${1:-}" = --venv ] && return 0
   apt_install zstd
+  # the registry tests: the distribution registry, bcrypt htpasswd, a CA made with openssl, relays into netns
+  apt_install docker-registry apache2-utils openssl socat
   setup_engine
   setup_busybox_image
   debootstrap_image "$DEMO_BASE_IMAGE" python3

@@ -55,6 +55,7 @@ class FakeEngine(Engine):
     runner: Callable[[str, list[str], dict], RunOutcome] = lambda image, args, env: RunOutcome(exit_code=0, output="ok")
     starter: Callable[[FakeContainer], None] = lambda container: None
     loads: int = 0
+    remote: dict[str, FakeImage] = field(default_factory=dict)  # a registry: "repository@digest" -> image
 
     # --- test helpers ---------------------------------------------------------------------
 
@@ -205,6 +206,14 @@ class FakeEngine(Engine):
             return False
         self.images.pop(image.id)
         return True
+
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
+        """From ``self.remote``, which a test may share between fakes."""
+        image = self.remote.get(f"{repository}@{digest}")
+        if image is None:
+            raise EngineError(f"the engine could not pull {repository}@{digest}: manifest unknown")
+        self.images[image.id] = image
+        self.tags[f"{repository}@{digest}"] = image.id
 
     def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
         out = []

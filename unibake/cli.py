@@ -2,7 +2,8 @@
 catches errors and exits.
 
 Commands: ``build`` (the default: ``python build.py --profile tp4`` builds and releases),
-``hotfix``, ``archive``, ``repro``, ``verify``, ``releases``, ``lock``, ``prune``. Global options
+``hotfix``, ``archive``, ``repro``, ``verify``, ``releases``, ``lock``, ``prune``; ``push``, ``pull``
+and ``deploy`` take a release beyond one machine. Global options
 (``--quiet``, ``--json``, ``--metadata-file``, ``--engine``) go before or after the command.
 ``--version V`` is the release version (as it always was); ``-V``/``--tool-version`` prints
 unibake's own.
@@ -49,7 +50,7 @@ class _ToolVersion(argparse.Action):
         parser.exit(0)
 
 
-def _global_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool = True) -> None:
     """Accepted before or after the command; after it they only override what was given before."""
     default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
     g = p.add_argument_group("global options")
@@ -60,9 +61,10 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                         "releases table, ...); the human output stays on stderr")
     g.add_argument("--metadata-file", metavar="PATH", default=default(None),
                    help="also write that JSON document to PATH (for CI)")
-    g.add_argument("--engine", metavar="URL", default=default(None),
-                   help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
-                        "(default: DOCKER_HOST, else the local socket)")
+    if engine:  # deploy has its own, repeatable --engine
+        g.add_argument("--engine", metavar="URL", default=default(None),
+                       help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
+                            "(default: DOCKER_HOST, else the local socket)")
     g.add_argument("-V", "--tool-version", action=_ToolVersion, nargs=0, help="print unibake's own version and exit")
 
 
@@ -98,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def command(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, description: str, engine: bool = True) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text, description=description, allow_abbrev=False)
-        _global_options(sp, suppress=True)
+        _global_options(sp, suppress=True, engine=engine)
         return sp
 
     b = command("build", "build, check and release the image of the profiles (the default command)",
@@ -158,12 +160,63 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="releases to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+
+    ps = command("push", "push a release's image to a registry and record its digest in the release",
+                 "Check the release folder, upload its image from the archive over the registry API (no engine needed) "
+                 "and record the manifest digest in manifest.json and the notes (a pull line with @sha256:). Pushing "
+                 "the same release again uploads nothing and changes nothing.")
+    ps.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
+    ps.add_argument("--to", required=True, metavar="REGISTRY/REPO[:TAG]",
+                    help="where to push, e.g. registry.example:5000/team/demo-llm (default tag: the release's name)")
+    ps.add_argument("--compression", choices=("gzip", "zstd"), default="gzip",
+                    help="layer compression: gzip (the default; every engine pulls it) or zstd (OCI tar+zstd: "
+                         "Docker 23+ and containerd pull it, Engine 20.10 does not)")
+    ps.add_argument("--temp-dir", metavar="DIR",
+                    help="where compressed layers wait for upload (default: $TMPDIR; room for the compressed image)")
+    _registry_options(ps)
+
+    pl = command("pull", "pull a release's image by digest and check its image ID",
+                 "Check the registry's manifest for REF@sha256:... against the release (its digest and image ID), let "
+                 "the engine pull it by digest, compare the image ID and tag it as the release's tag.")
+    pl.add_argument("ref", metavar="REF@sha256:DIGEST", help="what the release's notes give, e.g. "
+                                                            "registry.example:5000/demo-llm@sha256:...")
+    pl.add_argument("--release", metavar="DIR", help="the release folder to check against (default: the release "
+                                                     "under --out whose manifest records this digest)")
+    pl.add_argument("--out", metavar="DIR", help=OUT_HELP)
+    _registry_options(pl)
+
+    d = command("deploy", "load a release onto many engines at once, each checked",
+                "Load the release onto every engine in parallel, from its archive or by a pull of its pushed digest; "
+                "compare the image ID on each; an engine that already holds it is skipped. Prints a table; goes on past "
+                "a failing engine; exit 3 if any failed.", engine=False)
+    d.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
+    d.add_argument("--engine", dest="engines", action="append", default=[], metavar="URL",
+                   help="an engine: unix:///path, tcp://host:port or ssh://user@host (repeat for several)")
+    d.add_argument("--hosts", metavar="FILE", help="a file of engine addresses, one a line (# comments)")
+    d.add_argument("--from", dest="source", choices=("archive", "registry"), default="archive",
+                   help="load the archive (the default) or pull the digest the release recorded at its push")
+    d.add_argument("--ref", metavar="REF@sha256:DIGEST",
+                   help="with --from registry: which push to pull (default: the release's latest)")
+    d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
+    _registry_options(d)
     return p
 
 
-COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune")
+def _registry_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--auth-file", metavar="FILE",
+                   help="registry credentials in a Docker config file (default: $DOCKER_CONFIG/config.json, else "
+                        "~/.docker/config.json, with its credential helpers)")
+    p.add_argument("--ca-file", metavar="FILE", help="the CA certificate of a private registry (TLS is always verified)")
+    p.add_argument("--retries", type=int, default=5, metavar="N",
+                   help="attempts per registry request on a connection error, a timeout or a 5xx answer, waiting 1, "
+                        "2, 4 ... s between them (default 5)")
+
+
+COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy")
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
-                 "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep"}
+                 "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
+                 "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
+                 "--ref", "--jobs"}
 
 
 def with_command(argv: list[str]) -> list[str]:
@@ -445,9 +498,175 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                    final=f"{verb} {len(removed)} images or tags")
 
 
+def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .amend import amend_release
+    from .registry import RegistryClient, merge_record, parse_reference, push_release
+    from .verify import check_folder_arg, read_sums, verify_folder
+
+    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    target = parse_reference(args.to, what="--to", digest=False)
+    settings = _registry_settings(args, ctx, target.host)
+    temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
+    with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
+        report = verify_folder(folder)
+        report.raise_if_failed()
+    m = report.manifest
+    with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
+                                    "layers"):
+        with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
+            result = push_release(folder, m, target, client, compression=args.compression, temp_dir=temp_dir,
+                                  on_line=ctx.reporter.info)
+    record = result.record
+    updated = merge_record(m, record)
+    if updated is not None:
+        with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS"):
+            amend_release(folder, updated, read_sums(folder), folder.parent.parent / "checksums")
+    else:
+        ctx.reporter.skipped("record", "the release already records this push")
+    rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
+            ("digest", record.digest), ("layers", f"{record.layers}: {result.uploaded} uploaded "
+                                                  f"({result.uploaded_bytes} bytes), {result.present} already there"),
+            ("pull", record.reference)]
+    document = {"release": m.release, "folder": str(folder), "image_id": m.image_id,
+                **record.model_dump(mode="json"), "uploaded": result.uploaded, "already_present": result.present,
+                "uploaded_bytes": result.uploaded_bytes, "recorded": updated is not None}
+    return Outcome(document=document, title="unibake: pushed", rows=rows, final=f"pushed {m.tag} as {record.reference}")
+
+
+def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .docker_engine import DockerEngine
+    from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
+    from .verify import check_folder_arg
+
+    ref = parse_reference(args.ref, what="the reference", digest=True)
+    if args.release:
+        folder = check_folder_arg((ctx.cwd / args.release).resolve())
+    else:
+        out = _out(args, ctx.cwd)
+        folder = find_release_by_digest(out, ref.digest)
+        if folder is None:
+            raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
+                             "with --release DIR")
+    m = _trusted_manifest(folder)
+    settings = _registry_settings(args, ctx, ref.host)
+    with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
+        with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
+            info = check_remote(ref, m, client)
+    engine = DockerEngine(args.engine, ctx.env)
+    with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
+        image_id = pull_into(engine, ref, m, info, settings["credentials"])
+    return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
+                             "tag": m.tag, "engine": engine.address},
+                   title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),
+                                                  ("image ID", f"{image_id} (release {m.release}: the same)"),
+                                                  ("tagged", m.tag)],
+                   final=f"pulled {ref.pinned}: image {image_id}, as release {m.release} records; tagged {m.tag}")
+
+
+def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .deploy import Plan, deploy, engines_of, raise_if_failed, read_hosts
+    from .docker_engine import DockerEngine
+    from .plan import display_path
+    from .registry import RegistryClient, check_remote, parse_reference, pull_into
+    from .verify import check_folder_arg, verify_folder
+
+    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    if args.jobs < 1:
+        raise InputError(f"--jobs {args.jobs} must be 1 or more")
+    hosts = read_hosts((ctx.cwd / args.hosts).resolve()) if args.hosts else []
+    addresses = engines_of(args.engines or ([args.engine] if getattr(args, "engine", None) else []), hosts)
+    if args.source == "archive":
+        if args.ref:
+            raise InputError("--ref goes with --from registry")
+        with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
+            report = verify_folder(folder)
+            report.raise_if_failed()
+        plan = Plan(folder=folder, manifest=report.manifest, source="archive")
+    else:
+        m = _trusted_manifest(folder)
+        if args.ref:
+            ref = parse_reference(args.ref, what="--ref", digest=True)
+        elif m.registry:
+            last = m.registry[-1]
+            ref = parse_reference(last.reference, what=f"{folder}/manifest.json registry", digest=True)
+        else:
+            raise InputError(f"release {m.release} records no push: run 'build.py push {args.folder} --to "
+                             "REGISTRY/REPO' first, or deploy --from archive")
+        settings = _registry_settings(args, ctx, ref.host)
+        with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
+            with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
+                info = check_remote(ref, m, client)
+        plan = Plan(folder=folder, manifest=m, source="registry",
+                    pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
+    m = plan.manifest
+    with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
+        results = deploy(plan, addresses, lambda address: DockerEngine(address, ctx.env), jobs=args.jobs,
+                         on_result=lambda r: ctx.reporter.info(f"    {r.engine}: {r.result}"))
+    ctx.reporter.table(f"deploy {m.tag} ({m.image_id[:19]}...) from the {args.source}",
+                       ["engine", "time", "result", "detail"],
+                       [[r.engine, f"{r.seconds:.1f} s", r.result.upper() if r.failed else r.result, r.detail]
+                        for r in results])
+    error = None
+    try:
+        raise_if_failed(results)
+    except UnibakeError as exc:
+        error = exc
+    failed = sum(r.failed for r in results)
+    document = {"release": m.release, "folder": str(folder), "image_id": m.image_id, "tag": m.tag,
+                "source": args.source, "failed": failed,
+                "engines": [{"engine": r.engine, "result": r.result, "seconds": r.seconds, "detail": r.detail,
+                             "image_id": r.image_id} for r in results]}
+    where = display_path(folder, ctx.cwd)
+    final = f"deployed {where} to {len(results)} engines" if not failed else \
+        f"deploy of {where}: {failed} of {len(results)} engines failed"
+    return Outcome(document=document, final=final, error=error)
+
+
+def _existing_dir(cwd: Path, value: str | None, option: str) -> Path | None:
+    if not value:
+        return None
+    path = (cwd / value).resolve()
+    if not path.is_dir():
+        raise InputError(f"{option} {value}: not a folder")
+    return path
+
+
+def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dict:
+    """The credentials, CA and retries for one registry host, from the command line and the Docker config."""
+    from .registry import Retry, load_credentials
+
+    if args.retries < 1 or args.retries > 20:
+        raise InputError(f"--retries {args.retries} is out of range 1..20")
+    auth_file = ca_file = None
+    if args.auth_file:
+        auth_file = (ctx.cwd / args.auth_file).resolve()
+    if args.ca_file:
+        ca_file = (ctx.cwd / args.ca_file).resolve()
+        if not ca_file.is_file():
+            raise InputError(f"--ca-file {args.ca_file}: no such file")
+    return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
+            "retry": Retry(attempts=args.retries)}
+
+
+def _trusted_manifest(folder: Path):
+    """A release's manifest, checked against its SHA256SUMS (the archive itself is not needed to pull)."""
+    from .errors import VerificationError
+    from .manifest import MANIFEST, load_manifest
+    from .verify import check_sums, read_sums
+
+    sums = read_sums(folder)
+    if MANIFEST not in sums:
+        raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
+    bad = [c for c in check_sums(folder, {MANIFEST: sums[MANIFEST]}) if not c.passed]
+    if bad:
+        raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
+    return load_manifest(folder)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace, Context], Outcome]] = {
     "build": cmd_build, "hotfix": cmd_hotfix, "archive": cmd_archive, "repro": cmd_repro, "verify": cmd_verify,
-    "releases": cmd_releases, "lock": cmd_lock, "prune": cmd_prune}
+    "releases": cmd_releases, "lock": cmd_lock, "prune": cmd_prune, "push": cmd_push, "pull": cmd_pull,
+    "deploy": cmd_deploy}
 
 
 # ---------------------------------------------------------------------------------------------

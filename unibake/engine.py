@@ -126,3 +126,7 @@ class Engine(ABC):
     @abstractmethod
     def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
         """The engine's top-level images (``docker images``), or only the dangling ones."""
+
+    @abstractmethod
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
+        """Pull ``repository@digest`` from its registry (``auth``: user name and password, or None)."""

@@ -69,6 +69,18 @@ class Tool(Record):
     version: str = Field(max_length=64)
 
 
+class RegistryRecord(Record):
+    """Where ``build.py push`` put the image: pull ``reference`` (by digest) to get exactly this release."""
+
+    reference: str = Field(max_length=512)  # REGISTRY/REPO@sha256:...
+    repository: str = Field(max_length=255)  # REGISTRY/REPO
+    tag: str = Field(pattern=TAG_PATTERN)
+    digest: str = Field(pattern=DIGEST)  # of the manifest (or, with several platforms, the index)
+    media_type: str = Field(max_length=128)
+    layers: Literal["gzip", "zstd"]
+    pushed: str = Field(max_length=64)
+
+
 class ReleaseManifest(Document):
     """``manifest.json``: everything a downloader, a later release or a tool needs to know."""
 
@@ -94,6 +106,7 @@ class ReleaseManifest(Document):
     published: str = Field(max_length=64)
     previous: str | None = Field(pattern=TAG_PATTERN)
     hotfix: HotfixRecord | None
+    registry: tuple[RegistryRecord, ...] = ()  # build.py push records each push here
 
     model_config = Record.model_config | {"populate_by_name": True}
 
