@@ -157,7 +157,7 @@ def _owner_alive(folder: Path) -> bool:
         pid_number = int(pid)
     except (OSError, ValueError):
         return False
-    return pid_number != os.getpid() and _alive(pid_number) and _start_time(pid_number) == started
+    return _alive(pid_number) and _start_time(pid_number) == started  # this process's other engines too
 
 
 def clean_stale_scratch(base: Path) -> list[Path]:
