@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this stage: render (validate and render only), build, or release (the default: "
                         "everything)")
     b.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    b.add_argument("--sequential", action="store_true",
+                   help="normalise, archive and round trip in three passes (two exports) instead of one")
     _release_options(b)
 
     h = command("hotfix", "a release that ships only the layers that changed since an earlier one",
@@ -122,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the release it builds on: a folder name under --out (1.3.1) or its tag (demo-llm:1.3.1)")
     _profile_options(h, version_required=True)
     h.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    h.add_argument("--sequential", action="store_true",
+                   help="normalise, archive and round trip in three passes (two exports) instead of one")
     _release_options(h)
 
     a = command("archive", "release an image the engine already has",
@@ -331,10 +335,10 @@ def _release_outcome(results, title: str) -> Outcome:
 
 
 def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .pipeline import BUILD, run_stages, selection
+    from .pipeline import BUILD, SEQUENTIAL, run_stages, selection
 
-    request = _request(args, ctx)
-    results = run_stages(selection(BUILD, args.stage), request, ctx.reporter)
+    request = _request(args, ctx, sequential=args.sequential)
+    results = run_stages(selection(SEQUENTIAL if args.sequential else BUILD, args.stage), request, ctx.reporter)
     plan = results["plan"]
     if args.stage == "render":
         context, folder = results["context"], results["rendered"]
@@ -358,10 +362,10 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 
 def cmd_hotfix(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .pipeline import HOTFIX, run_stages, selection
+    from .pipeline import HOTFIX, HOTFIX_SEQUENTIAL, run_stages, selection
 
-    request = _request(args, ctx, base=args.base)
-    results = run_stages(selection(HOTFIX), request, ctx.reporter)
+    request = _request(args, ctx, base=args.base, sequential=args.sequential)
+    results = run_stages(selection(HOTFIX_SEQUENTIAL if args.sequential else HOTFIX), request, ctx.reporter)
     return _release_outcome(results, "unibake: hotfix released")
 
 

@@ -4,8 +4,9 @@ Each stage names what it needs (results of earlier stages), what it gives, and w
 skipped; the runner checks the wiring before anything runs, times every stage, reports progress,
 and keeps every result frozen. The commands are selections of :data:`STAGES`:
 
-    build    plan, render, scan context, rendered copies, target, folder, build, normalise, scan image,
-             archive, round trip, smoke gates, publish      (--stage render/build stops early)
+    build    plan, render, scan context, rendered copies, target, folder, build, export, scan image,
+             smoke gates, publish      (--stage render/build stops early, after normalise for build;
+             --sequential: normalise, scan image, archive, round trip instead of export)
     hotfix   hotfix base + build's
     archive  inspect, scan inspected, folder, archive, round trip, smoke gates, publish
     repro    build's up to the archive, into a temporary folder, twice; then compare
@@ -74,6 +75,7 @@ class Request:
     product: str | None = None  # archive: the product name
     base: str | None = None  # hotfix: the release it builds on
     write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
+    sequential: bool = False  # normalise, archive and round trip as three passes instead of one
 
     @property
     def checksums(self) -> Path:
@@ -305,6 +307,60 @@ def _normalise(run: Run) -> tuple:
     return _one(image)
 
 
+def _fresh_engine(run: Run) -> tuple[Engine, int | None, str]:
+    """The engine that never saw the image: the one --verify-engine names, or a scratch dockerd."""
+    if run.request.verify_engine:
+        return run.connect(run.request.verify_engine), None, run.request.verify_engine
+    scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
+    return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
+
+
+def _export(run: Run) -> tuple:
+    from .export import export_once
+
+    plan: ReleasePlan = run["plan"]
+    built: BuiltImage = run["built"]
+    target: Target = run["target"]
+    base: HotfixBase | None = run.get("base")
+    request = run.request
+    fresh = netns_pid = None
+    if request.roundtrip:
+        fresh, netns_pid, where = _fresh_engine(run)
+        run.reporter.info(f"    loading into {where}" + (" after the pass (the previous release first)" if base else
+                                                         " as the save stream is read"))
+    name = f"{target.product}-{target.release}.tar.zst"
+    with run.reporter.progress("export", built.size or None) as advance:
+        try:
+            done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
+                               owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
+                               long_distance=request.long_distance, split=request.split,
+                               omit_base=base.manifest.diff_ids if base else None, progress=advance)
+        except DiskFull as exc:
+            raise DiskFull(f"{exc}: free space or choose another --out (the partial files were removed)") from None
+    image, archive = done.image, done.archive
+    context: BuildContext = run["context"]
+    keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
+    if built.replaced and built.replaced not in (image.image_id, built.image_id):
+        run.engine.remove_if_unused(built.replaced)
+    shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base else ""
+    run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{len(archive.image.diff_ids)} diffIDs "
+                      "and the config recomputed from the archive read back")
+    if not request.roundtrip:
+        proof = Proof(back=done.back, round_trip=None, skipped="skipped with --no-roundtrip")
+    elif base is None:
+        proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    else:  # a hotfix: the fresh engine holds its base release; its small archive is loaded as it is
+        missing = base.missing_files()
+        if missing:
+            raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
+                             f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+        trip, back = round_trip(archive, fresh, base=(base.folder, base.archive_files))
+        proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    if request.verify_engine and fresh is not None:
+        run.stack.callback(fresh.remove_image, archive.image.image_id)
+    return image, archive, proof
+
+
 def _scan_image(run: Run) -> tuple:
     target: Target = run["target"]
     image: Image = run["image"]
@@ -446,6 +502,10 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="normalise", about="times set to SOURCE_DATE_EPOCH in the layers unibake adds: the same inputs, "
                                   "the same image ID", needs=("plan", "context", "built"), uses=("base",),
           gives=("image",), run=_normalise, detail=lambda run: f"times set to SOURCE_DATE_EPOCH={run.epoch}"),
+    Stage(name="export", about="one pass over the save stream: normalised, archived in canonical form, loaded "
+                               "into an engine that never saw the image, and the archive read back",
+          needs=("plan", "context", "built", "target", "folder"), uses=("base",), gives=("image", "archive", "proof"),
+          run=_export, detail=lambda run: f"{run['built'].tag}, times set to SOURCE_DATE_EPOCH={run.epoch}"),
     Stage(name="scan image", about="the sanitisation gate on what the image config adds: env, labels, history",
           needs=("target", "image"), uses=("plan",), gives=("image_scan",), run=_scan_image),
     Stage(name="temp folder", about="a temporary folder for an archive that is not published (repro)",
@@ -468,10 +528,13 @@ STAGES: tuple[Stage, ...] = (
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
-BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "normalise", "scan image", "archive",
-         "round trip", "smoke gates", "publish")
+BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "export", "scan image",
+         "smoke gates", "publish")
+SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "normalise",
+              "scan image", "archive", "round trip", "smoke gates", "publish")
 ARCHIVE = ("inspect", "scan inspected", "folder", "archive", "round trip", "smoke gates", "publish")
 HOTFIX = ("hotfix base",) + BUILD
+HOTFIX_SEQUENTIAL = ("hotfix base",) + SEQUENTIAL
 REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
          "round trip")
 STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "publish"}
@@ -479,9 +542,11 @@ STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "pu
 
 def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage, ...]:
     """The stages of a command, in the order of :data:`STAGES`, up to ``--stage``; the build and
-    render stops leave out the release folder."""
+    render stops leave out the release folder (and stop after normalising: nothing is archived)."""
     last = STOP_AFTER[stop_after]
     chosen = [n for n in names]
+    if stop_after != "release" and "export" in chosen:
+        chosen = [("normalise" if n == "export" else n) for n in chosen]
     chosen = chosen[:chosen.index(last) + 1] if last in chosen else chosen
     if stop_after != "release":
         chosen = [n for n in chosen if n != "folder"]
