@@ -28,10 +28,11 @@ bench: setup
 # Re-render every golden after a template or YAML change (review the diff, then commit).
 render:
 	scripts/setup.sh --venv
-	$(PY) build.py --quiet --stage render
-	$(PY) build.py --quiet --stage render --profile tp4
-	$(PY) build.py --quiet --stage render --config tests/fixtures/busybox-product/profiles
-	for d in examples/*/profiles; do $(PY) build.py --quiet --stage render --config $$d; done
+	$(PY) build.py --quiet --stage render --platform linux/amd64
+	$(PY) build.py --quiet --stage render --platform linux/arm64
+	$(PY) build.py --quiet --stage render --platform linux/amd64 --profile tp4
+	$(PY) build.py --quiet --stage render --platform linux/amd64 --config tests/fixtures/busybox-product/profiles
+	for d in examples/*/profiles; do $(PY) build.py --quiet --stage render --platform linux/amd64 --config $$d; done
 	$(PY) -m unibake.manifest > docs/manifest.schema.json
 
 # Remove old release images and unibake's build cache from the engine (release folders stay).

@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError
 from .errors import UnibakeError, VerificationError
 from .files import read_small_text
 from .metadata import DIGEST, HEX64, Digest, Component, ImageMetadata, LaunchMetadata, ProfileMetadata, Record, first_error
+from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
 from .schema import NAME_RE
 
 SCHEMA_VERSION = 2
@@ -93,6 +94,8 @@ class ReleaseManifest(Record):
     published: str = Field(max_length=64)
     previous: str | None = Field(pattern=TAG_PATTERN)
     hotfix: HotfixRecord | None
+    # os/architecture the image config records (None: it records none); releases made before were amd64
+    platform: str | None = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)
 
     model_config = Record.model_config | {"populate_by_name": True}
 
@@ -103,7 +106,8 @@ class ReleaseManifest(Record):
             return None
         return ImageMetadata(product=self.product, version=self.version, tag=self.tag,
                              default_profile=self.default_profile, profiles=self.profiles,
-                             components=self.components, launch=self.launch)
+                             components=self.components, launch=self.launch,
+                             platform=self.platform or DEFAULT_PLATFORM)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"

@@ -23,6 +23,7 @@ from .files import fsync_dir, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
                        ReleaseManifest, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata
+from .platforms import recorded_by
 from .sums import render_sums
 from .templates import render_template
 
@@ -182,6 +183,7 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
         source_date_epoch=int(epoch) if epoch.isdigit() else None,
         published=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         previous=previous.release if previous else None,
+        platform=recorded_by(archive.image.config) or None,
         hotfix=None if hotfix is None else HotfixRecord(
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,

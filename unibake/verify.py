@@ -21,6 +21,7 @@ from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import read_small_text
 from .imagetar import check_against, inspect_save_stream
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
+from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
 
@@ -156,6 +157,9 @@ def verify_folder(folder: Path) -> Report:
         omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
         saved = inspect_save_stream(reader.chunks(), omitted)
         check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
+        if recorded_by(saved.config) != (manifest.platform or ""):
+            structure = (f"the image config is for {recorded_by(saved.config) or 'no platform'}, but {MANIFEST} says "
+                         f"{manifest.platform}")
     except ZstdDecodeError as exc:
         zstd_ok, structure = False, str(exc)
     except ArchiveError as exc:
