@@ -65,7 +65,8 @@ class DockerEngine(Engine):
                 steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached))
 
         try:
-            # platform: only when asked (Engine 20.10's classic builder uses it for FROM, not the config)
+            # platform: only when asked; Engine 20.10's classic builder takes a local FROM image as it is
+            # (an amd64 one too) and copies its platform into the config, so the caller checks the base
             events = self.api.build(fileobj=context, custom_context=True, tag=tag, buildargs=buildargs,
                                     nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
                                     **({"platform": platform} if platform else {}))

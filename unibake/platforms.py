@@ -9,8 +9,10 @@ so the names do not depend on the machine that built them and both can sit side 
 
 An engine of another architecture runs a foreign image's programs under emulation: qemu-user
 registered with the host kernel's ``binfmt_misc`` (``scripts/setup.sh`` does it). Engine 20.10's
-classic builder then runs the ``RUN`` steps, but it copies the base image's config and ignores the
-build's platform, so the normalise stage writes the platform into the config itself.
+classic builder then runs the ``RUN`` steps, but it ignores the build's platform: it builds on the
+local ``FROM`` image whatever its platform, and copies that image's ``architecture`` into the
+config (``amd64`` for a base made with ``docker import``). So the build stage refuses a base of
+another platform, and the normalise stage writes the platform into the config itself.
 """
 
 from __future__ import annotations

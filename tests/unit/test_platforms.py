@@ -228,3 +228,23 @@ def test_a_manifest_from_before_platforms_reads_as_amd64(arm64_engines, tmp_path
     old = parse_manifest(json.dumps(document), "old manifest.json")
     assert old.platform == "linux/amd64" and old.metadata.platform == "linux/amd64"
     assert load_manifest(folder).platform == "linux/arm64"
+
+
+def hotfix_plan(busybox_product, base_platform: str, **request):
+    """The plan stage of a hotfix on a release of ``base_platform`` (the base stage's result, faked)."""
+    from types import SimpleNamespace
+
+    from unibake.pipeline import BY_NAME, Results
+
+    base = SimpleNamespace(manifest=SimpleNamespace(platform=base_platform, profiles={"tp1": None, "tp2": None},
+                                                    tag="unibake-test:0.1.0", release="0.1.0"))
+    request = Request(env={}, cwd=busybox_product.parent, config=busybox_product, version="0.1.1", **request)
+    return run_stages([BY_NAME["plan"]], request, Quiet(), given=Results(values={"base": base}))["plan"]
+
+
+def test_a_hotfix_is_built_for_its_base_releases_platform(busybox_product):
+    plan = hotfix_plan(with_arm64(busybox_product), "linux/arm64")
+    assert (plan.platform, plan.tag) == (ARM64, "unibake-test:0.1.1-arm64")
+    with pytest.raises(InputError, match="release 0.1.0 is linux/arm64; a hotfix on it is built for the same "
+                                         "platform, not linux/amd64"):
+        hotfix_plan(busybox_product, "linux/arm64", platform="linux/amd64")
