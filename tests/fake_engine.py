@@ -88,7 +88,7 @@ class FakeEngine(Engine):
     def version(self) -> str:
         return "fake-1.0"
 
-    def build(self, context, *, tag, buildargs, nocache, on_line) -> BuildOutcome:
+    def build(self, context, *, tag, buildargs, nocache, on_line, platform=None) -> BuildOutcome:
         raise EngineError("the fake engine does not build; engine tests do")
 
     def inspect_image(self, ref: str) -> ImageInfo | None:
@@ -101,7 +101,7 @@ class FakeEngine(Engine):
                          diff_ids=tuple(config["rootfs"]["diff_ids"]), labels=dict(inner.get("Labels") or {}),
                          size=sum(len(x) for x in image.layers), created=config.get("created", ""),
                          env=tuple(inner.get("Env") or ()), architecture=config.get("architecture", ""),
-                         os=config.get("os", ""))
+                         os=config.get("os", ""), variant=config.get("variant", ""))
 
     def history(self, ref: str) -> list[str]:
         image = self._find(ref)

@@ -37,6 +37,7 @@ import zstandard
 
 from .errors import DiskFull, UnibakeError
 from .imagetar import BLOCK, SavedImage, full_reference, interpret, read_members, tar_header, tar_padding
+from .platforms import of_config
 from .threads import read_ahead
 
 DEFAULT_LEVEL = 3
@@ -277,8 +278,10 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
                                 "layers": descriptors})
     manifest_hex = hashlib.sha256(oci_manifest).hexdigest()
     ref = tag.rsplit(":", 1)[1] if ":" in tag.rsplit("/", 1)[-1] else "latest"
+    platform = of_config(image.config)  # the index says which platform the image is for, as a registry's does
     index = _json_bytes({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
         "mediaType": OCI_MANIFEST, "digest": f"sha256:{manifest_hex}", "size": len(oci_manifest),
+        **({"platform": platform} if platform else {}),
         "annotations": {"io.containerd.image.name": full_reference(tag), "org.opencontainers.image.ref.name": ref}}]})
     classic = _json_bytes([{"Config": f"blobs/sha256/{config_hex}", "RepoTags": [tag],
                             "Layers": [f"blobs/sha256/{m.sha256}" for m in image.layer_members]}])

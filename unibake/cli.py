@@ -74,6 +74,10 @@ def _profile_options(p: argparse.ArgumentParser, *, version_required: bool = Fal
     p.add_argument("--version", required=version_required, metavar="V",
                    help="the release version, the image's tag (default: product.yaml's version)")
     p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    p.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
+                   help="the platform to build for: linux/amd64 or linux/arm64 (default: product.yaml's platform, "
+                        "else the host's); build takes several (repeat, or comma-separated): one image and one "
+                        "release each")
 
 
 def _release_options(p: argparse.ArgumentParser) -> None:
@@ -220,7 +224,7 @@ COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock",
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
                  "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
                  "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
-                 "--ref", "--jobs"}
+                 "--ref", "--jobs", "--platform"}
 
 
 def with_command(argv: list[str]) -> list[str]:
@@ -304,15 +308,27 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         scratch_dir=Path(args.scratch_dir) if getattr(args, "scratch_dir", None) else None,
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
-        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root))
+        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root),
+        platform=_one_platform(args))
     return replace(request, **extra)
+
+
+def _one_platform(args: argparse.Namespace) -> str | None:
+    """The ``--platform`` of a command that builds one image; None when not given."""
+    from .platforms import parse_options
+
+    given = parse_options(getattr(args, "platform", ()))
+    if len(given) > 1 and args.command != "build":
+        raise InputError(f"--platform: {args.command} builds for one platform, not {len(given)}")
+    return given[0].name if len(given) == 1 else None
 
 
 def _release_outcome(results, title: str) -> Outcome:
     release = results["release"]
     m = release.manifest
     a = m.archive
-    rows = [("image", m.tag), ("profiles", ", ".join(m.profiles) or "(none)"), ("release", str(release.folder)),
+    rows = [("image", m.tag), ("profiles", ", ".join(m.profiles) or "(none)"), ("platform", m.platform or "(none)"),
+            ("release", str(release.folder)),
             ("archive", ", ".join(f.name for f in a.files)),
             ("size", f"{a.bytes / 2**30:.2f} GiB ({a.bytes} bytes), ratio {release.archive.ratio:.2f}"),
             ("SHA256", a.sha256), ("image ID", m.image_id)]
@@ -336,9 +352,34 @@ def _release_outcome(results, title: str) -> Outcome:
 
 def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .pipeline import BUILD, SEQUENTIAL, run_stages, selection
+    from .plan import product_platforms
+    from .platforms import parse_options
+    from .targets import run_platforms
 
+    names = SEQUENTIAL if args.sequential else BUILD
+    platforms = parse_options(args.platform)
+    if not platforms:
+        try:
+            platforms = product_platforms((ctx.cwd / args.config).resolve(), ctx.cwd)
+        except InputError:
+            platforms = ()  # the plan stage reports it, as for any bad YAML
+    if len(platforms) > 1:
+        runs = run_platforms(selection(names, args.stage), _request(args, ctx, sequential=args.sequential),
+                             platforms, ctx.reporter)
+        return _several(args, [_built_outcome(args, results) for results in runs])
     request = _request(args, ctx, sequential=args.sequential)
-    results = run_stages(selection(SEQUENTIAL if args.sequential else BUILD, args.stage), request, ctx.reporter)
+    return _built_outcome(args, run_stages(selection(names, args.stage), request, ctx.reporter))
+
+
+def _several(args: argparse.Namespace, outcomes: list[Outcome]) -> Outcome:
+    """One outcome of a build for several platforms: every release's rows, and a list of documents."""
+    rows = [row for outcome in outcomes for row in outcome.rows]
+    key = {"render": "rendered", "build": "images"}.get(args.stage, "releases")
+    return Outcome(document={key: [o.document for o in outcomes]}, title=outcomes[0].title, rows=rows,
+                   final="; ".join(o.final for o in outcomes))
+
+
+def _built_outcome(args: argparse.Namespace, results) -> Outcome:
     plan = results["plan"]
     if args.stage == "render":
         context, folder = results["context"], results["rendered"]
@@ -346,16 +387,18 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
                                  "rendered": str(folder) if folder else None,
                                  "dockerfile_sha256": next(f.sha256 for f in context.files if f.name == "Dockerfile")},
                        title="unibake: rendered", rows=[("image", plan.tag), ("profiles", ", ".join(plan.profile_names)),
+                                                        ("platform", plan.platform.name),
                                                         ("rendered", str(folder or "(not written)"))],
                        final=f"rendered {plan.tag}" + (f" in {folder}" if folder else ""))
     if args.stage == "build":
         built, image = results["built"], results["image"]
-        rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names)), ("image ID", image.image_id),
+        rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names)), ("platform", image.platform),
+                ("image ID", image.image_id),
                 ("layers", str(len(image.diff_ids))),
                 ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused"),
                 ("image size", f"{image.size / 2**30:.2f} GiB ({image.size} bytes)")]
         return Outcome(document={"image": plan.tag, "image_id": image.image_id, "diff_ids": list(image.diff_ids),
-                                 "size": image.size, "profiles": list(plan.profile_names),
+                                 "size": image.size, "profiles": list(plan.profile_names), "platform": image.platform,
                                  "cached_steps": built.cached_steps, "steps": len(built.cacheable_steps)},
                        title="unibake: built", rows=rows, final=f"built {plan.tag} as {image.image_id}")
     return _release_outcome(results, "unibake: released")

@@ -53,7 +53,7 @@ class DockerEngine(Engine):
             raise self._fail("the Docker engine does not answer", exc) from None
 
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
-              on_line: Callable[[str], None]) -> BuildOutcome:
+              on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:
         steps: list[BuildStep] = []
         current: tuple[int, str] | None = None
         cached = False
@@ -67,8 +67,11 @@ class DockerEngine(Engine):
                 steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached))
 
         try:
+            # platform: only when asked; Engine 20.10's classic builder takes a local FROM image as it is
+            # (an amd64 one too) and copies its platform into the config, so the caller checks the base
             events = self.api.build(fileobj=context, custom_context=True, tag=tag, buildargs=buildargs,
-                                    nocache=nocache, rm=True, forcerm=True, pull=False, decode=True)
+                                    nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
+                                    **({"platform": platform} if platform else {}))
             for event in events:
                 if "error" in event:
                     message = event.get("errorDetail", {}).get("message") or event["error"]
@@ -117,7 +120,8 @@ class DockerEngine(Engine):
                          diff_ids=tuple(raw.get("RootFS", {}).get("Layers") or ()),
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
                          created=raw.get("Created", ""), env=tuple(config.get("Env") or ()),
-                         architecture=raw.get("Architecture") or "", os=raw.get("Os") or "")
+                         architecture=raw.get("Architecture") or "", os=raw.get("Os") or "",
+                         variant=raw.get("Variant") or "")
 
     def history(self, ref: str) -> list[str]:
         try:

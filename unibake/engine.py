@@ -39,6 +39,7 @@ class ImageInfo:
     env: tuple[str, ...] = ()
     architecture: str = ""
     os: str = ""
+    variant: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +76,9 @@ class Engine(ABC):
 
     @abstractmethod
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
-              on_line: Callable[[str], None]) -> BuildOutcome:
-        """Build from a tar context; tags only on success. Raises BuildFailed with the failing step."""
+              on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:
+        """Build from a tar context; tags only on success. Raises BuildFailed with the failing step.
+        ``platform`` (``linux/arm64``): the target, passed to the engine when given."""
 
     @abstractmethod
     def inspect_image(self, ref: str) -> ImageInfo | None:

@@ -31,13 +31,14 @@ from pathlib import Path
 
 from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _Spool, canonical_entries, compressor)
 from .archive_reader import ReadBack, read_back
-from .builder import BuiltImage, Image
+from .builder import BuiltImage, Image, image_platform
 from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, VerificationError
 from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, locate, looks_like_layer, read_members, resolve,
                        tar_header, tar_padding)
 from .manifest import RoundTripRecord
 from .normalise import normalised_config
+from .platforms import Platform
 from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
 
 
@@ -133,7 +134,7 @@ class Exported:
 
 
 def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
-            platform: object = None) -> tuple[bytes, tuple[str, ...], list[PassedLayer], tuple[str, ...]]:
+            platform: Platform | None) -> tuple[bytes, tuple[str, ...], list[PassedLayer], tuple[str, ...]]:
     """The normalised config, its diffIDs, every layer in order, and the load stream's layer names."""
     where = locate(members)
     config_member = resolve(members, where.config_name)
@@ -159,8 +160,7 @@ def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ..
             diff_ids.append(digest)
         layers.append(layer)
         names.append(layer.out_name)
-    kwargs = {"platform": platform} if platform is not None else {}
-    return normalised_config(config_member.data, diff_ids, epoch, **kwargs), tuple(diff_ids), layers, tuple(names)
+    return normalised_config(config_member.data, diff_ids, epoch, platform), tuple(diff_ids), layers, tuple(names)
 
 
 def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...]) -> None:
@@ -174,12 +174,13 @@ def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[s
 def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, epoch: int, owned: str,
                 base_image: str, fresh: Engine | None, level: int = DEFAULT_LEVEL, long_distance: bool = False,
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
-                progress: Callable[[int], object] = lambda n: None) -> Exported:
+                progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
     ``omit_base``: a hotfix: the diffIDs of the release it builds on; the archive leaves out the
     layers they share from the bottom, and ``fresh`` (which holds that release) is not fed here.
+    ``platform``: what the config records (None: what the engine wrote).
     """
     start = time.monotonic()
     tag = built.tag
@@ -218,7 +219,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 except LayerFormatError as exc:
                     raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
                 hasher.close()
-                config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned)
+                config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
                 _end_of_load(local, config, tag, names)
                 if remote is not None:
                     _end_of_load(remote, config, tag, names)
@@ -255,7 +256,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                       shipped=tuple(d for d in diff_ids if d not in omit), omitted=tuple(d for d in diff_ids if d in omit))
     back = read_back(archive, omitted=frozenset(archive.omitted))
     image = Image(ref=tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
-                  save_bytes=counted["bytes"])
+                  save_bytes=counted["bytes"], platform=image_platform(info))
     trip = None
     if feed_fresh:
         held = fresh.inspect_image(image_id)

@@ -21,6 +21,7 @@ from .errors import UnibakeError, VerificationError
 from .files import read_small_text
 from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
                        Record, first_error)
+from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
 from .schema import IMAGE_REF_RE, NAME_RE
 
 SCHEMA_VERSION = 2
@@ -107,6 +108,8 @@ class ReleaseManifest(Document):
     previous: str | None = Field(pattern=TAG_PATTERN)
     hotfix: HotfixRecord | None
     registry: tuple[RegistryRecord, ...] = ()  # build.py push records each push here
+    # os/architecture the image config records (None: it records none); releases made before were amd64
+    platform: str | None = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)
 
     model_config = Record.model_config | {"populate_by_name": True}
 
@@ -117,7 +120,8 @@ class ReleaseManifest(Document):
             return None
         return ImageMetadata(product=self.product, version=self.version, tag=self.tag,
                              default_profile=self.default_profile, profiles=self.profiles,
-                             components=self.components, launch=self.launch)
+                             components=self.components, launch=self.launch,
+                             platform=self.platform or DEFAULT_PLATFORM)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from .errors import VerificationError
+from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
 from .schema import IMAGE_PATH_RE, IMAGE_REF_RE, MAX_GPUS, NAME_RE, VERSION_RE
 
 if TYPE_CHECKING:
@@ -132,6 +133,7 @@ class ImageMetadata(Document):
     profiles: dict[str, ProfileMetadata] = Field(min_length=1)
     components: tuple[Component, ...]
     launch: LaunchMetadata
+    platform: str = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)  # images made before it were amd64
 
     @model_validator(mode="after")
     def _profiles(self) -> "ImageMetadata":
@@ -156,7 +158,8 @@ class ImageMetadata(Document):
                 for p in plan.profiles},
             components=plan.components,
             launch=LaunchMetadata(port=plan.launch.port, model_name=plan.launch.model_name,
-                                  mounts=dict(plan.launch.mounts)))
+                                  mounts=dict(plan.launch.mounts)),
+            platform=plan.platform.name)
 
     @classmethod
     def from_labels(cls, labels: dict[str, str], image: str) -> "ImageMetadata | None":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .archive import DEFAULT_LEVEL, Archive, write_archive
 from .archive_reader import ReadBack, read_back
-from .builder import BuiltImage, Image, build_image, cache_ref, keep_as_cache
+from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
 from .console import Reporter
 from .docker_engine import DockerEngine
 from .engine import Engine
@@ -34,6 +34,7 @@ from .imagetar import check_against
 from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
+from .platforms import parse as parse_platforms
 from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -76,6 +77,7 @@ class Request:
     base: str | None = None  # hotfix: the release it builds on
     write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
     sequential: bool = False  # normalise, archive and round trip as three passes instead of one
+    platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
 
     @property
     def checksums(self) -> Path:
@@ -213,8 +215,13 @@ def _plan(run: Run) -> tuple:
     request = run.request
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
+    platform = request.platform or (base.manifest.platform if base else None)
     plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd, allow=request.allow)
+                     version=request.version, cwd=request.cwd, allow=request.allow,
+                     platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    if base is not None and plan.platform.name != base.manifest.platform:
+        raise InputError(f"release {base.manifest.release} is {base.manifest.platform}; a hotfix on it is built for "
+                         f"the same platform, not {plan.platform.name}")
     if base is not None and plan.tag == base.manifest.tag:
         raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
                          "choose a new version")
@@ -265,7 +272,8 @@ def _inspect(run: Run) -> tuple:
     metadata = ImageMetadata.from_labels(info.labels, ref)
     product = request.product or (metadata.product if metadata else None) or repo.rsplit("/", 1)[-1]
     release = check_tag(request.tag or release_tag(ref))
-    image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size)
+    image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
+                  platform=image_platform(info))
     return Target(product=product, release=release, ref=ref, metadata=metadata, base_image=None), image
 
 
@@ -281,9 +289,13 @@ def _temp_folder(run: Run) -> tuple:
 
 
 def _build(run: Run) -> tuple:
+    from .targets import check_base
+
     plan: ReleasePlan = run["plan"]
+    check_base(run.engine, plan)
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
-                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line)
+                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line,
+                        platform=plan.platform.name)
     if built.replaced:
         run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache")
@@ -299,7 +311,7 @@ def _normalise(run: Run) -> tuple:
     with run.reporter.progress("normalise", built.size or None) as advance:
         image = normalise_image(run.engine, built, epoch=run.epoch, base_image=plan.base_image, owned=INSTALL_ROOT,
                                 cache=plan.project_root / ".cache" / "normalised", reuse=not run.request.nocache,
-                                progress=advance)
+                                progress=advance, platform=plan.platform)
     if image.image_id != built.image_id:  # the image the engine built is build cache now, not dangling
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
     if built.replaced and built.replaced not in (image.image_id, built.image_id):
@@ -334,7 +346,8 @@ def _export(run: Run) -> tuple:
             done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
                                owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
                                long_distance=request.long_distance, split=request.split,
-                               omit_base=base.manifest.diff_ids if base else None, progress=advance)
+                               omit_base=base.manifest.diff_ids if base else None, progress=advance,
+                               platform=plan.platform)
         except DiskFull as exc:
             raise DiskFull(f"{exc}: free space or choose another --out (the partial files were removed)") from None
     image, archive = done.image, done.archive
@@ -498,7 +511,8 @@ STAGES: tuple[Stage, ...] = (
           detail=lambda run: str(run.request.out / run["target"].release)),
     Stage(name="build", about="the image built; the in-image checks run as its last steps, so a failure tags nothing",
           needs=("plan", "context"), uses=("base",), gives=("built",), run=_build,
-          detail=lambda run: f"{run['plan'].tag} on engine {run.engine.version()} at {run.engine.address}"),
+          detail=lambda run: f"{run['plan'].tag} ({run['plan'].platform.name}) on engine {run.engine.version()} at "
+                             f"{run.engine.address}"),
     Stage(name="normalise", about="times set to SOURCE_DATE_EPOCH in the layers unibake adds: the same inputs, "
                                   "the same image ID", needs=("plan", "context", "built"), uses=("base",),
           gives=("image",), run=_normalise, detail=lambda run: f"times set to SOURCE_DATE_EPOCH={run.epoch}"),
@@ -556,9 +570,10 @@ def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage,
     return tuple(BY_NAME[n] for n in chosen)
 
 
-def check_wiring(stages: Sequence[Stage]) -> None:
-    """Every stage's needs are given by an earlier one: a wiring mistake fails before any work."""
-    given = {"request"}
+def check_wiring(stages: Sequence[Stage], given: Sequence[str] = ()) -> None:
+    """Every stage's needs are given by an earlier one (or by ``given``, the results of an earlier
+    run): a wiring mistake fails before any work."""
+    given = {"request", *given}
     for stage in stages:
         missing = [n for n in stage.needs if n not in given]
         if missing:
@@ -584,12 +599,16 @@ def docker_engines(request: Request) -> Connect:
 
 
 def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
-               connect: Connect | None = None) -> Results:
+               connect: Connect | None = None, stack: ExitStack | None = None,
+               given: Results | None = None) -> Results:
     """Run ``stages`` in order: each timed and reported, skipped ones recorded with why.
-    ``connect`` makes an engine of an address (default: docker-py's; unit tests pass a fake)."""
-    check_wiring(stages)
-    with ExitStack() as stack:
-        run = Run(request, reporter, stack, connect or docker_engines(request))
+    ``connect`` makes an engine of an address (default: docker-py's; unit tests pass a fake).
+    ``stack``: the caller's, so that what the stages hold (the release folder, the scratch engine)
+    outlives this call; ``given``: the results of an earlier call on it, to go on from."""
+    check_wiring(stages, tuple(given.values) if given else ())
+    with ExitStack() as own:
+        run = Run(request, reporter, stack if stack is not None else own, connect or docker_engines(request))
+        run.results.update(given.values if given else {})
         for stage in stages:
             reason = stage.skip(run)
             if reason:

@@ -13,6 +13,7 @@ from pathlib import Path
 from .errors import InputError
 from .inputs import LOCK_FILE, InputFile, Source, check_lock, read_lock, read_source
 from .metadata import Component
+from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .sanitise import enforce, scan_values
 from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
@@ -122,6 +123,7 @@ class ReleasePlan:
     config_files: tuple[str, ...]  # relative to project_root
     inputs: tuple[InputFile, ...]
     sanitise_allow: tuple[str, ...] = ()
+    platform: Platform = PLATFORMS[DEFAULT_PLATFORM]  # the one this plan builds for
 
     @property
     def profile_names(self) -> tuple[str, ...]:
@@ -176,15 +178,31 @@ def select_profiles(requested: list[str], known: list[str]) -> list[str]:
     return sorted(set(requested))
 
 
+def product_platforms(config_dir: Path, cwd: Path | None = None) -> tuple[Platform, ...]:
+    """The platforms product.yaml's ``platform`` names, in order; the host's when it names none."""
+    product_doc, _ = load_profiles(config_dir.resolve(), (cwd or Path.cwd()).resolve())
+    return _platforms_of(product_doc)
+
+
+def _platforms_of(product_doc) -> tuple[Platform, ...]:
+    value = product_doc.data.get("platform")
+    return parse_platforms(value, product_doc.where(("platform",))) if value is not None else (host(),)
+
+
 def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
-              cwd: Path | None = None, verify_lock: bool = True, allow: tuple[str, ...] = ()) -> ReleasePlan:
+              cwd: Path | None = None, verify_lock: bool = True, allow: tuple[str, ...] = (),
+              platform: Platform | None = None) -> ReleasePlan:
     """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
-    every value that will be baked for secrets, before anything is rendered or built."""
+    every value that will be baked for secrets, before anything is rendered or built.
+
+    ``platform``: the one to build for (default: product.yaml's, the first when it names several; else
+    the host's); a platform other than linux/amd64 adds its architecture to the tag."""
     cwd = cwd or Path.cwd()
     config_dir = config_dir.resolve()
     root = config_dir.parent
     product_doc, merged = load_profiles(config_dir, cwd.resolve())
     data = product_doc.data
+    platform = platform or _platforms_of(product_doc)[0]
     selected = select_profiles(list(profiles or []), list(merged))
     if version is not None and not VERSION_RE.fullmatch(version):
         raise InputError(f"--version {version!r} is not a valid version: letters, digits, '.', '_' and '-', "
@@ -213,13 +231,16 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if default not in selected:
         default = selected[0]
     needs_builder = kernels or any(p.sidecars for p in chosen)
-    builder = data.get("builder", {}).get("image")
+    builder_data = data.get("builder", {})
+    builder = builder_data.get("platforms", {}).get(platform.name, builder_data.get("image"))
     if needs_builder and not builder:
         raise InputError(f"{product_doc.display}: kernels are compiled in a builder stage; set builder.image "
                          "to an image with a C compiler")
     base = data["base"]
-    if base.get("require_digest") and "@sha256:" not in base["image"]:
-        raise InputError(f"{where(('base', 'image'))}: base.image {base['image']!r} is given by tag, but "
+    base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
+    base_image = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
+    if base.get("require_digest") and "@sha256:" not in base_image:
+        raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_image!r} is given by tag, but "
                          "base.require_digest is set: pin it as name@sha256:<digest>")
     for key in data.get("labels", {}):
         if key.startswith(RESERVED_LABEL_PREFIXES):
@@ -236,7 +257,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml)
     launch = data.get("launch", {})
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
-    tag = f"{data['product']}:{version}{tag_suffix}"
+    tag = f"{data['product']}:{version}{tag_suffix}{platform.suffix}"
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
 
@@ -262,7 +283,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     return ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
-        base_image=base["image"], builder_image=builder if needs_builder else None,
+        base_image=base_image, builder_image=builder if needs_builder else None,
         engine=engine, kernels=kernels, overlays=overlays, labels=dict(data.get("labels", {})),
         checks=tuple(Check(name=c["name"], run=c["run"]) for c in data.get("checks", [])),
         launch=Launch(port=launch.get("port", default_of("launch", "port")),
@@ -272,7 +293,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         config_files=tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
                                    for m in merged.values() for f in m.chain})),
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
-        sanitise_allow=allow_yaml,
+        sanitise_allow=allow_yaml, platform=platform,
     )
 
 

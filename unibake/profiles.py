@@ -67,9 +67,12 @@ class MergedProfile:
 
 
 def dotted(path: Path_) -> str:
+    """A key path as one line: ``tune_caches.expect``, ``kernels[0].name``; odd characters escaped."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        text = str(part) if isinstance(part, int) or str(part).isprintable() else \
+            str(part).encode("unicode_escape").decode("ascii")
+        out += f"[{text}]" if isinstance(part, int) else (f".{text}" if out else text)
     return out
 
 

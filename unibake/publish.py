@@ -26,6 +26,7 @@ from .files import fsync_dir, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
                        ReleaseManifest, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
+from .platforms import recorded_by
 from .sums import render_sums
 from .templates import render_template
 
@@ -201,6 +202,7 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
         source_date_epoch=int(epoch) if epoch.isdigit() and epoch.isascii() and len(epoch) < 12 else None,
         published=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         previous=previous.release if previous else None,
+        platform=recorded_by(archive.image.config) or None,
         hotfix=None if hotfix is None else HotfixRecord(
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,

@@ -63,7 +63,8 @@ def _sha(data: bytes) -> str:
 
 
 def selection_name(plan: ReleasePlan) -> str:
-    return "all" if plan.is_unified else "-".join(plan.profile_names)
+    """``all`` or the profiles; another platform than linux/amd64 adds its architecture (``all-arm64``)."""
+    return ("all" if plan.is_unified else "-".join(plan.profile_names)) + plan.platform.suffix
 
 
 def _kernel_path(kernel: Kernel, profile: str | None) -> str:

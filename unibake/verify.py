@@ -22,6 +22,7 @@ from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import read_small_text
 from .imagetar import check_against, check_release_form, interpret, read_members
 from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
+from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
 
@@ -162,6 +163,9 @@ def verify_folder(folder: Path) -> Report:
         saved = interpret(members, omitted)
         check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
         check_release_form(members, manifest.tag)
+        if recorded_by(saved.config) != (manifest.platform or ""):
+            structure = (f"the image config is for {recorded_by(saved.config) or 'no platform'}, but {MANIFEST} says "
+                         f"{manifest.platform}")
     except ZstdDecodeError as exc:
         zstd_ok, structure = False, str(exc)
     except ArchiveError as exc:
