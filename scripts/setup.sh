@@ -130,7 +130,7 @@ debootstrap_image() {
 main() {
   setup_venv
   [ "${1:-}" = --venv ] && return 0
-  apt_install zstd
+  apt_install zstd gpg gpgv minisign  # zstd for archives; gpg, gpgv and minisign sign and verify releases
   setup_engine
   setup_busybox_image
   debootstrap_image "$DEMO_BASE_IMAGE" python3

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +22,7 @@ from .archive_reader import ReadBack
 from .errors import InputError, UnibakeError, VerificationError
 from .files import fsync_dir, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
-                       ReleaseManifest, Tool, Validation, load_manifest)
+                       ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata
 from .sums import render_sums
 from .templates import render_template
@@ -155,7 +156,8 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
 
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
-                   hotfix: ReleaseManifest | None = None, image_size: int = 0) -> ReleaseManifest:
+                   hotfix: ReleaseManifest | None = None, image_size: int = 0,
+                   supply_chain: SupplyChain | None = None) -> ReleaseManifest:
     """``manifest.json`` of a release: the archive as written and read back, and what the image is."""
     epoch = labels.get("io.unibake.source-date-epoch", "")
     return ReleaseManifest(
@@ -185,7 +187,8 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
         hotfix=None if hotfix is None else HotfixRecord(
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,
-            shipped_diff_ids=archive.shipped))
+            shipped_diff_ids=archive.shipped),
+        supply_chain=supply_chain)
 
 
 def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None) \
@@ -210,13 +213,20 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
 
 
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str],
-            checksums_dir: Path) -> Path:
-    """Write the text files, then SHA256SUMS (last), then give the folder its final name."""
+            checksums_dir: Path, extra: Mapping[str, str] | None = None,
+            sign: Callable[[Path], object] | None = None) -> Path:
+    """Write the text files, then SHA256SUMS (last), then give the folder its final name.
+
+    ``extra``: files earlier stages wrote into the staging folder (name -> sha256), listed too;
+    ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
+    sums.update(extra or {})
     for name, text in files.items():
         sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
     listing = render_sums(sums)
     write_atomic(folder.staging, SUMS, listing)
+    if sign is not None:
+        sign(folder.staging / SUMS)
     fsync_dir(folder.staging)
     final = folder.commit()
     checksums_dir.mkdir(parents=True, exist_ok=True)
