@@ -175,8 +175,8 @@ def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext,
             "Dockerfile": (dockerfile, 0o644), CONTEXT: (context_tar, 0o644),
             LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
             KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2) + "\n").encode(), 0o644),
-            "README.md": (render_template("kit-README.md.j2", k=record, name=name, top=top).encode(), 0o644),
-            "verify.sh": (render_template("kit-verify.sh.j2", k=record, name=name).encode(), 0o755),
+            "README.md": (render_template("kit-README.md.j2", k=record, kit=name, top=top).encode(), 0o644),
+            "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=name).encode(), 0o755),
         }
         for rel in plan.config_files:
             entries[rel] = ((plan.project_root / rel).read_bytes(), 0o644)

@@ -8,9 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from unibake.pipeline import ARCHIVE, Request, run_stages, selection
 from unibake.signing import _child_env, check_keys
 from unibake.verify import verify_folder
 
+from ..conftest import gpg_home, minisign_key, run  # noqa: F401 - fixtures used by name
 from ..fake_engine import FakeEngine
 from ..savefixtures import tar_of
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
@@ -75,36 +73,6 @@ def engines(server):  # noqa: F811
 def release(engines, out: Path, env: dict | None = None, **kw):
     request = Request(env=env or {}, cwd=out.parent, out=out, image="demo:1.0", verify_engine="fake://verify", **kw)
     return run_stages(selection(ARCHIVE), request, Quiet(), connect=engines.__getitem__)
-
-
-def run(*argv: str, env: dict | None = None, cwd: Path | None = None, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd,
-                          input=stdin)
-
-
-@pytest.fixture(scope="module")
-def gpg_home():
-    """A throwaway keyring (a short path: gpg-agent's socket lives in it) with one signing key."""
-    home = Path(tempfile.mkdtemp(prefix="ubg-"))
-    home.chmod(0o700)
-    env = {"GNUPGHOME": str(home)}
-    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer <signer@example.invalid>",
-               "ed25519", "sign", "never", env=env)
-    assert made.returncode == 0, made.stderr
-    public = home / "publisher.asc"
-    public.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
-    yield env, public
-    run("gpgconf", "--kill", "gpg-agent", env=env)  # the agent gpg started for this keyring
-    shutil.rmtree(home, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def minisign_key(tmp_path_factory):
-    """A minisign key pair without a password (a password costs seconds of key derivation per signature)."""
-    folder = tmp_path_factory.mktemp("minisign")
-    made = run("minisign", "-G", "-W", "-p", str(folder / "publisher.pub"), "-s", str(folder / "secret.key"))
-    assert made.returncode == 0, made.stderr
-    return folder / "secret.key", folder / "publisher.pub"
 
 
 def test_a_signed_release_verifies_with_gpg_minisign_and_verify_key_and_a_tampered_sums_fails_all(
