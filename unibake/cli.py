@@ -493,12 +493,13 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .errors import VerificationError
-    from .kit import rebuild
+    from .kit import check_kit, rebuild
     from .plan import display_path
 
     folder = (ctx.cwd / args.folder).resolve()
     if not folder.is_dir():
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
+    check_kit(folder)  # before reaching for an engine
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):

@@ -190,7 +190,8 @@ class LayerInspector:
     """Reads the layers of one save stream for :class:`ImageContents`; one per archive pass."""
 
     def __init__(self, install_root: str):
-        self._under = install_root.strip("/") + "/"
+        root = install_root.strip("/")
+        self._under = root + "/" if root else ""  # "/": every library of the image
         self._found: dict[str, _Found] = {}  # by member name
 
     def sink(self, name: str, size: int, head: bytes) -> _LayerReader | None:

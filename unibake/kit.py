@@ -271,6 +271,18 @@ def check_ledger(folder: Path) -> list[str]:
     return problems
 
 
+def check_kit(folder: Path) -> KitRecord:
+    """An unpacked kit, checked against its ledger and its record; VerificationError otherwise."""
+    problems = check_ledger(folder)
+    if problems:
+        raise VerificationError(f"{folder}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
+                                                               else ""))
+    record = read_kit(folder)
+    if sha256_file(folder / CONTEXT) != record.context_sha256:
+        raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
+    return record
+
+
 @dataclass(frozen=True, kw_only=True)
 class Rebuilt:
     record: KitRecord
@@ -288,14 +300,8 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     return the result for comparison; tags it ``unibake-kit/<product>:<release>``."""
     from .normalise import normalise_image
 
-    problems = check_ledger(folder)
-    if problems:
-        raise VerificationError(f"{folder}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
-                                                               else ""))
-    record = read_kit(folder)
+    record = check_kit(folder)
     context = folder / CONTEXT
-    if sha256_file(context) != record.context_sha256:
-        raise VerificationError(f"{context}: its sha256 differs from kit.json's context_sha256")
     for role, image in (("base image", record.base), ("builder image", record.builder)):
         if image is None:
             continue

@@ -123,21 +123,31 @@ def subjects_of(document: dict) -> dict[str, str]:
 
 def materials_of(document: dict, role: str) -> dict[str, str]:
     """name -> sha256 of the resolved dependencies with the annotation ``role``."""
-    definition = document["predicate"].get("buildDefinition") or {}
     out = {}
-    for d in definition.get("resolvedDependencies") or []:
-        if isinstance(d, dict) and (d.get("annotations") or {}).get("role") == role:
-            sha = (d.get("digest") or {}).get("sha256")
-            if isinstance(d.get("name"), str) and isinstance(sha, str):
-                out[d["name"]] = sha
+    for d in _list(_dict(document["predicate"].get("buildDefinition")).get("resolvedDependencies")):
+        d = _dict(d)
+        sha = _dict(d.get("digest")).get("sha256")
+        if _dict(d.get("annotations")).get("role") == role and isinstance(d.get("name"), str) and isinstance(sha, str):
+            out[d["name"]] = sha
     return out
 
 
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
 def byproducts_of(document: dict) -> dict[str, str]:
-    details = document["predicate"].get("runDetails") or {}
-    return {b["name"]: b["digest"]["sha256"] for b in details.get("byproducts") or []
-            if isinstance(b, dict) and isinstance(b.get("name"), str) and isinstance(b.get("digest"), dict)
-            and isinstance(b["digest"].get("sha256"), str)}
+    out = {}
+    for b in _list(_dict(document["predicate"].get("runDetails")).get("byproducts")):
+        b = _dict(b)
+        sha = _dict(b.get("digest")).get("sha256")
+        if isinstance(b.get("name"), str) and isinstance(sha, str):
+            out[b["name"]] = sha
+    return out
 
 
 def check_subjects(document: dict, *, files: Mapping[str, str], image_ref: str, image_id: str,

@@ -160,7 +160,9 @@ def check_sbom(text: str, *, image_id: str, where: str) -> list[str]:
     subject = (document.get("metadata") or {}).get("component") if isinstance(document.get("metadata"), dict) else None
     if not isinstance(subject, dict):
         return [f"{where}: names no subject (metadata.component)"]
-    hashes = {h.get("alg"): h.get("content") for h in subject.get("hashes") or [] if isinstance(h, dict)}
+    listed = subject.get("hashes")
+    hashes = {h.get("alg"): h.get("content") for h in (listed if isinstance(listed, list) else [])
+              if isinstance(h, dict)}
     if hashes.get("SHA-256") != image_id.removeprefix("sha256:"):
         return [f"{where}: describes image sha256:{str(hashes.get('SHA-256'))[:64]}, not this release's {image_id}"]
     return []

@@ -13,11 +13,15 @@ from pathlib import Path
 import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unibake.console import Reporter
-from unibake.errors import InputError
+from unibake.errors import InputError, VerificationError
 from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
 from unibake.pipeline import ARCHIVE, Request, run_stages, selection
+from unibake.provenance import byproducts_of, check_subjects, materials_of, parse_provenance
+from unibake.sbom import check_sbom
 from unibake.signing import _child_env, check_keys
 from unibake.verify import verify_folder
 
@@ -207,3 +211,30 @@ def test_the_provenance_names_the_archive_and_the_image_and_verify_checks_both_d
     rewrite(other, "provenance.intoto.json", lambda t: t.replace(manifest["archive"]["sha256"], "1" * 64))
     failed = {c.name: c.detail for c in verify_folder(other).checks if not c.passed}
     assert set(failed) == {"provenance"} and "the sha256 of demo-1.0.tar.zst differs" in failed["provenance"]
+
+
+JSON_KEYS = ["bomFormat", "specVersion", "metadata", "component", "hashes", "alg", "content", "_type", "predicateType",
+             "subject", "predicate", "name", "digest", "sha256", "buildDefinition", "resolvedDependencies",
+             "annotations", "role", "runDetails", "byproducts"]
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20),
+              st.sampled_from(["CycloneDX", "1.6", "SHA-256", "https://in-toto.io/Statement/v1", "input",
+                               "https://slsa.dev/provenance/v1"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(JSON_KEYS), inner,
+                                                                         max_size=5)), max_leaves=25)
+
+
+@settings(max_examples=int(os.environ.get("UNIBAKE_FUZZ_EXAMPLES", "150")), deadline=None)
+@given(document=json_values)
+def test_a_hostile_sbom_or_provenance_is_a_failed_check_never_a_crash(document):
+    text = json.dumps(document)
+    assert isinstance(check_sbom(text, image_id="sha256:" + "0" * 64, where="sbom.cdx.json"), list)
+    try:
+        statement = parse_provenance(text, "provenance.intoto.json")
+    except VerificationError:
+        return
+    for role in ("input", "profile", "lock", "base image"):
+        assert isinstance(materials_of(statement, role), dict)
+    assert isinstance(byproducts_of(statement), dict)
+    assert isinstance(check_subjects(statement, files={}, image_ref="demo:1", image_id="sha256:" + "0" * 64,
+                                     required=("a",), where="p"), list)
