@@ -22,6 +22,7 @@ from .normalise import EPOCH_LABEL
 from .plan import INSTALL_ROOT, ReleasePlan, display_path
 from .provenance import PROVENANCE, Material, provenance_document
 from .sbom import SBOM, BaseImage, sbom_document
+from .sanitise import enforce, scan_release_texts
 from .signing import Signer, check_keys
 
 if TYPE_CHECKING:
@@ -130,9 +131,11 @@ def kit_stage(run: Run) -> tuple:
     if sbom.base is None:
         raise VerificationError(f"the kit of {target.release} needs its base image's ID")
     name = kit_name(target.product, target.release)
+    epoch = _epoch(image.labels)  # what the image was built with, as the manifest records it
     written = write_kit(run["folder"].staging, name, plan=plan, context=run["context"], release=target.release,
-                        image_id=image.image_id, diff_ids=image.diff_ids, epoch=_epoch(image.labels) or run.epoch,
-                        revision=run.request.revision, base=sbom.base, builder=sbom.builder)
+                        image_id=image.image_id, diff_ids=image.diff_ids, epoch=run.epoch if epoch is None else epoch,
+                        revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
+                        base=sbom.base, builder=sbom.builder)
     run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
     return (Kit(file=written.file, context_sha256=written.context_sha256,
                 dockerfile_sha256=written.dockerfile_sha256),)
@@ -188,6 +191,8 @@ def provenance_stage(run: Run) -> tuple:
         materials=materials(plan) if plan is not None else (), revision=run.request.revision if plan else "",
         base=sbom.base, builder=sbom.builder, source_image=source, engine_version=sbom.engine_version,
         byproducts=byproducts, builder_id=run.request.env.get("UNIBAKE_BUILDER_ID") or "urn:unibake:builder:local")
+    # the gate the release's texts pass (the SBOM's paths are the image's own, not the builder's: not scanned)
+    enforce(scan_release_texts({PROVENANCE: text}, run.request.identity), run.allow, f"release {target.release}")
     sha = write_atomic(staging, PROVENANCE, text)
     signatures = {}
     if signer is not None:

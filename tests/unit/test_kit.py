@@ -19,6 +19,7 @@ from unibake.plan import make_plan
 from unibake.render import render, write_context_tar
 from unibake.sbom import BaseImage
 
+from ..conftest import REPO
 from ..fake_engine import FakeEngine
 
 BASE = BaseImage(ref="localhost/unibake-busybox:1", image_id="sha256:" + "b" * 64)
@@ -92,10 +93,15 @@ def test_verify_sh_and_the_rebuild_check_the_ledger_and_the_base_image_before_bu
 
 
 def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, tmp_path):
-    old = cli("kit", "release/1.3.1", "--out", str(tmp_path / "kit"))  # released before the provenance existed
-    assert old.code == 2 and old.error_lines == [
-        "error: release 1.3.1 (" + str(Path("release/1.3.1").resolve()) + ") has no provenance (it was made before "
-        "unibake wrote one): its inputs cannot be checked, so no kit is written"]
+    old = tmp_path / "1.3.1"  # a release made before the provenance existed: its manifest has no supply_chain
+    old.mkdir()
+    manifest = json.loads((REPO / "release/1.3.1/manifest.json").read_text())
+    manifest.pop("supply_chain", None)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    refused = cli("kit", str(old), "--out", str(tmp_path / "kit"))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: release 1.3.1 ({old}) has no provenance (it was made before unibake wrote one): its inputs cannot be "
+        "checked, so no kit is written"]
     assert not (tmp_path / "kit").exists()
     not_a_kit = cli("rebuild", str(tmp_path))
     assert not_a_kit.code == 3 and not_a_kit.error_lines[-1].startswith(f"error: {tmp_path}/kit.sha256: missing")
