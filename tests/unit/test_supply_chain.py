@@ -119,10 +119,10 @@ def test_a_signed_release_verifies_with_gpg_minisign_and_verify_key_and_a_tamper
     assert run("gpg", "--verify", "SHA256SUMS.asc", "SHA256SUMS", env=env, cwd=folder).returncode != 0
     assert run("minisign", "-Vm", "SHA256SUMS", "-p", str(minisign_public), cwd=folder).returncode != 0
     for key in (public, minisign_public):
-        bad = cli("verify", str(folder), "--key", str(key))
+        bad = cli("--json", "verify", str(folder), "--key", str(key))
         assert bad.code == 3
         assert bad.error_lines[-1].startswith("error: SHA256SUMS.") and "signature check failed: BAD" in bad.err
-        assert "sha256" not in bad.err.split("error:")[0].split("check")[-1]  # nothing else was checked first
+        assert [c["check"] for c in json.loads(bad.out)["checks"]] == ["signature"]  # nothing else was trusted
 
 
 def test_verify_key_refuses_an_unsigned_release_and_a_key_that_is_not_one(engines, tmp_path, gpg_home, cli):
