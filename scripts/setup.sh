@@ -235,7 +235,7 @@ debootstrap_arm64_images() {
 main() {
   setup_venv
   [ "${1:-}" = --venv ] && return 0
-  apt_install zstd
+  apt_install zstd gpg gpgv minisign  # zstd for archives; gpg, gpgv and minisign sign and verify releases
   # the registry tests: the distribution registry, bcrypt htpasswd, a CA made with openssl, relays into netns
   apt_install docker-registry apache2-utils openssl socat
   setup_engine

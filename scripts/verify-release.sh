@@ -8,21 +8,55 @@
 #      image in our canonical form: the release's tag only, nothing that nothing refers to
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
 #   5. the loaded image ID equals the one in IMAGE_ID
-# Usage: scripts/verify-release.sh RELEASE_DIR [--no-load]
-# Exit: 0 all passed; 3 a check failed; 2 bad usage.
+# With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
+# key, minisign for a minisign public key): absent or wrong, nothing else is read.
+# Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
+# Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage.
 set -eu
 
-usage() { echo "usage: verify-release.sh RELEASE_DIR [--no-load]" >&2; exit 2; }
+usage() { echo "usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 fail() { echo "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage
 dir=$1
+shift
 load=1
-if [ "${2:-}" = "--no-load" ]; then load=0; elif [ "$#" -gt 1 ]; then usage; fi
+key=
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --no-load) load=0; shift ;;
+    --key) [ "$#" -ge 2 ] || usage; key=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
 [ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
+if [ -n "$key" ]; then
+  [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
+  key=$(cd "$(dirname "$key")" && pwd)/$(basename "$key")
+fi
 cd "$dir"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM HUP
+
+# --- 0. the signature, before anything else --------------------------------------------------
+if [ -n "$key" ]; then
+  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
+    echo "== gpgv SHA256SUMS.asc SHA256SUMS"
+    [ -f SHA256SUMS.asc ] && [ ! -L SHA256SUMS.asc ] || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
+      || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
+    gpgv --homedir "$work" --keyring "$work/publisher.gpg" SHA256SUMS.asc SHA256SUMS \
+      || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
+  elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
+    echo "== minisign -Vm SHA256SUMS"
+    [ -f SHA256SUMS.minisig ] && [ ! -L SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
+    minisign -V -p "$key" -m SHA256SUMS -x SHA256SUMS.minisig \
+      || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
+  else
+    echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
+    exit 2
+  fi
+fi
 
 NAME='[A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}'
 HEX='[0-9a-fA-F]\{64\}'

@@ -2,8 +2,8 @@
 catches errors and exits.
 
 Commands: ``build`` (the default: ``python build.py --profile tp4`` builds and releases),
-``hotfix``, ``archive``, ``repro``, ``verify``, ``releases``, ``lock``, ``prune``; ``push``, ``pull``
-and ``deploy`` take a release beyond one machine. Global options
+``hotfix``, ``archive``, ``repro``, ``verify``, ``releases``, ``lock``, ``prune``, ``kit``, ``rebuild``;
+``push``, ``pull`` and ``deploy`` take a release beyond one machine. Global options
 (``--quiet``, ``--json``, ``--metadata-file``, ``--engine``) go before or after the command.
 ``--version V`` is the release version (as it always was); ``-V``/``--tool-version`` prints
 unibake's own.
@@ -93,6 +93,12 @@ def _release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scratch-dir", metavar="DIR", help="where the scratch engine keeps its data (default: $TMPDIR)")
     p.add_argument("--allow", action="append", default=[], metavar="REGEX",
                    help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow)")
+    p.add_argument("--sign", metavar="KEYID",
+                   help="sign SHA256SUMS and the provenance with this OpenPGP key of the GNUPGHOME keyring (gpg; "
+                        "passphrase from UNIBAKE_GPG_PASSPHRASE): SHA256SUMS.asc")
+    p.add_argument("--sign-minisign", metavar="KEYFILE",
+                   help="also sign them with this minisign secret key (password from UNIBAKE_MINISIGN_PASSWORD): "
+                        "SHA256SUMS.minisig")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
                 "otherwise.")
     v.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
     v.add_argument("--load", action="store_true", help="also load the archive and compare the image ID")
+    v.add_argument("--key", metavar="PUBKEY",
+                   help="the publisher's public key (armoured OpenPGP or minisign): SHA256SUMS's signature is checked "
+                        "before anything else; absent or wrong is exit 3")
+
+    k = command("kit", "write the reconstruct kit of an existing release again",
+                "Render the release's profiles from the checkout, check its inputs, profiles and build context against "
+                "the release's provenance, and write <product>-<tag>-kit.tar.zst into --out.")
+    k.add_argument("folder", metavar="RELEASE_DIR", help="the release folder, e.g. release/1.3.1")
+    k.add_argument("--out", required=True, metavar="DIR", help="where to write the kit")
+    k.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+
+    rb = command("rebuild", "rebuild an unpacked reconstruct kit and compare the image ID",
+                 "Check the kit's files against its ledger, build its context without the cache on the engine, "
+                 "normalise it with the release's SOURCE_DATE_EPOCH and compare the image ID with the release's. "
+                 "Exit 0 when identical, 3 when not. (The kit's verify.sh --rebuild runs this.)")
+    rb.add_argument("folder", metavar="KIT_DIR", help="the unpacked kit, e.g. demo-llm-1.3.1-kit")
 
     rl = command("releases", "the releases in a folder, and whether each still verifies",
                  "List the releases with date, image ID, size, previous release and state (SHA256SUMS; --deep adds "
@@ -220,11 +242,12 @@ def _registry_options(p: argparse.ArgumentParser) -> None:
                         "2, 4 ... s between them (default 5)")
 
 
-COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy")
+COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy",
+            "kit", "rebuild")
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
                  "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
                  "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
-                 "--ref", "--jobs", "--platform"}
+                 "--ref", "--jobs", "--platform", "--sign", "--sign-minisign", "--key"}
 
 
 def with_command(argv: list[str]) -> list[str]:
@@ -309,7 +332,8 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
         epoch=source_date_epoch(root, ctx.env), revision=git_revision(root),
-        platform=_one_platform(args))
+        platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
+        sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
     return replace(request, **extra)
 
 
@@ -451,10 +475,11 @@ def cmd_repro(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
-    from .verify import check_folder_arg, load_and_compare, verify_folder
+    from .verify import check_folder_arg, load_and_compare, verify_folder, verify_signatures, with_signatures
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
-    report = verify_folder(folder)
+    signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
+    report = signed if signed is not None and signed.failures else with_signatures(signed, verify_folder(folder))
     if args.load and not report.failures:
         from .docker_engine import DockerEngine
         engine = DockerEngine(args.engine, ctx.env)
@@ -708,12 +733,57 @@ def _trusted_manifest(folder: Path):
     if bad:
         raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
     return load_manifest(folder)
+def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .kit import kit_for_release
+    from .plan import display_path
+    from .verify import check_folder_arg
+
+    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    out = (ctx.cwd / args.out).resolve()
+    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd)
+    same = published == written.file.sha256
+    verdict = "identical to the published kit" if same else \
+        "the release published none" if published is None else f"DIFFERS from the published kit ({published})"
+    path = display_path(out / written.file.name, ctx.cwd)
+    return Outcome(document={"kit": str(out / written.file.name), "sha256": written.file.sha256,
+                             "bytes": written.file.bytes, "context_sha256": written.context_sha256,
+                             "published_sha256": published, "identical": same},
+                   title="unibake: kit", rows=[("kit", path), ("sha256", written.file.sha256),
+                                               ("build context", f"{written.context_sha256} (the release's)"),
+                                               ("published", verdict)],
+                   final=f"wrote {path}: {verdict}")
+
+
+def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .docker_engine import DockerEngine
+    from .errors import VerificationError
+    from .kit import check_kit, rebuild
+    from .plan import display_path
+
+    folder = (ctx.cwd / args.folder).resolve()
+    if not folder.is_dir():
+        raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
+    check_kit(folder)  # before reaching for an engine
+    engine = DockerEngine(args.engine, ctx.env)
+    with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
+                                       f"{engine.address}"):
+        result = rebuild(folder, engine, on_line=ctx.reporter.build_line)
+    record = result.record
+    error = None if result.matches else VerificationError(
+        f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {record.image_id}")
+    verdict = "identical" if result.matches else "DIFFERENT"
+    return Outcome(document={"release": record.release, "tag": record.tag, "released": record.image_id,
+                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": result.matches},
+                   title="unibake: rebuild", rows=[("release", f"{record.tag} ({record.release})"),
+                                                   ("released", record.image_id), ("rebuilt", result.image.image_id),
+                                                   ("tagged", result.ref), ("image ID", verdict)],
+                   final=f"rebuilt {record.tag}: {verdict} image ID", error=error)
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace, Context], Outcome]] = {
     "build": cmd_build, "hotfix": cmd_hotfix, "archive": cmd_archive, "repro": cmd_repro, "verify": cmd_verify,
     "releases": cmd_releases, "lock": cmd_lock, "prune": cmd_prune, "push": cmd_push, "pull": cmd_pull,
-    "deploy": cmd_deploy}
+    "deploy": cmd_deploy, "kit": cmd_kit, "rebuild": cmd_rebuild}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _Spool, canonical_entries, compressor)
 from .archive_reader import ReadBack, read_back
 from .builder import BuiltImage, Image, image_platform
+from .contents import LayerInspector
 from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, VerificationError
 from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, locate, looks_like_layer, read_members, resolve,
@@ -59,9 +60,11 @@ class _Layer:
     """One layer member of the save stream on its way to the loads and the archive."""
 
     def __init__(self, name: str, size: int, *, epoch: int, owned: str, local: Consumer, fresh: Consumer | None,
-                 hasher: Consumer, spool: Callable[[], _Spool]):
+                 hasher: Consumer, spool: Callable[[], _Spool], inspector: LayerInspector | None):
         self.name, self.size, self.local, self.fresh, self.hasher = name, size, local, fresh, hasher
-        self.out_name = name if name.endswith("/layer.tar") else f"layers/{posixpath.basename(name)}.tar"
+        self.out_name = name if name.endswith("/layer.tar") else f"{posixpath.basename(name)}/layer.tar"
+        self.inspector = inspector
+        self.look = None  # the SBOM's reader of this layer, as it goes into the archive
         self.digest = hashlib.sha256()
         self.spool = spool() if size > SPOOL_THRESHOLD else None
         self.kept: list[bytes] | None = None if self.spool is not None else []
@@ -76,6 +79,8 @@ class _Layer:
                 self.local.put(header)
             if self.fresh is not None:
                 self.fresh.put(header)
+            if self.inspector is not None and self.spool is not None:
+                self.look = self.inspector.sink(self.out_name, self.size, bytes(data[:BLOCK]))
         self.sent += len(data)
         if local:
             self.local.put(data)
@@ -83,6 +88,8 @@ class _Layer:
             self.fresh.put(data)
         if self.spool is not None:
             self.spool.write(data)
+            if self.look is not None:
+                self.look.write(data)
         else:
             self.kept.append(bytes(data))
 
@@ -119,6 +126,8 @@ class _Layer:
             self.fresh.put(padding)
         if self.spool is not None:
             self.spool.close()
+        if self.look is not None:
+            self.look.close()
         return PassedLayer(out_name=self.out_name, size=self.size, ours=bool(self.rewriter.ours), sha256=self.digest,
                            spool=self.spool, data=b"".join(self.kept) if self.kept is not None else None)
 
@@ -174,13 +183,15 @@ def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[s
 def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, epoch: int, owned: str,
                 base_image: str, fresh: Engine | None, level: int = DEFAULT_LEVEL, long_distance: bool = False,
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
-                progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None) -> Exported:
+                progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
+                inspector: LayerInspector | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
     ``omit_base``: a hotfix: the diffIDs of the release it builds on; the archive leaves out the
     layers they share from the bottom, and ``fresh`` (which holds that release) is not fed here.
-    ``platform``: what the config records (None: what the engine wrote).
+    ``platform``: what the config records (None: what the engine wrote). ``inspector`` reads every
+    layer as it goes into the archive (the SBOM's contents, in the same pass).
     """
     start = time.monotonic()
     tag = built.tag
@@ -212,7 +223,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                     if not looks_like_layer(member, head):
                         return None
                     return _Layer(member, size, epoch=epoch, owned=owned, local=local, fresh=remote, hasher=hasher,
-                                  spool=new_spool)
+                                  spool=new_spool, inspector=inspector)
 
                 try:
                     members = read_members(chunks(), route=route)
@@ -236,6 +247,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
         saved = SavedImage(layout="docker", image_id=image_id, diff_ids=diff_ids, repo_tags=(tag,),
                            config=json.loads(config), members=len(members), config_bytes=config,
                            layer_members=layer_members)
+        contents = inspector.finish(saved) if inspector is not None else None
         omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
         out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split, cctx)
         files = out.finish()
@@ -253,7 +265,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     archive = Archive(folder=staging, name=name, files=files, compressed_bytes=out.total,
                       uncompressed_bytes=uncompressed, level=level, long_distance=long_distance, image=saved,
                       seconds=time.monotonic() - start, tag=tag,
-                      shipped=tuple(d for d in diff_ids if d not in omit), omitted=tuple(d for d in diff_ids if d in omit))
+                      shipped=tuple(d for d in diff_ids if d not in omit), omitted=tuple(d for d in diff_ids if d in omit),
+                      contents=contents)
     back = read_back(archive, omitted=frozenset(archive.omitted))
     image = Image(ref=tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                   save_bytes=counted["bytes"], platform=image_platform(info))

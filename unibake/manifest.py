@@ -82,6 +82,31 @@ class RegistryRecord(Record):
     pushed: str = Field(max_length=64)
 
 
+class SupplyFile(Record):
+    """A supply-chain file of the release folder (SBOM, provenance, kit)."""
+
+    name: str = Field(pattern=FILE_NAME_PATTERN)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=HEX64)
+
+
+class Signature(Record):
+    """Detached signatures of one kind, by one key: of SHA256SUMS and of the provenance."""
+
+    kind: Literal["openpgp", "minisign"]
+    key: str = Field(pattern=r"^[0-9A-F]{1,64}$")  # the OpenPGP fingerprint or the minisign key ID
+    files: tuple[str, ...]
+
+
+class SupplyChain(Record):
+    """``sbom.cdx.json``, ``provenance.intoto.json``, the reconstruct kit and the signatures."""
+
+    sbom: SupplyFile
+    provenance: SupplyFile
+    kit: SupplyFile | None
+    signatures: tuple[Signature, ...]
+
+
 class ReleaseManifest(Document):
     """``manifest.json``: everything a downloader, a later release or a tool needs to know."""
 
@@ -110,6 +135,7 @@ class ReleaseManifest(Document):
     registry: tuple[RegistryRecord, ...] = ()  # build.py push records each push here
     # os/architecture the image config records (None: it records none); releases made before were amd64
     platform: str | None = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)
+    supply_chain: SupplyChain | None = None  # absent in releases made before the SBOM and provenance
 
     model_config = Record.model_config | {"populate_by_name": True}
 

@@ -4,11 +4,13 @@ Each stage names what it needs (results of earlier stages), what it gives, and w
 skipped; the runner checks the wiring before anything runs, times every stage, reports progress,
 and keeps every result frozen. The commands are selections of :data:`STAGES`:
 
-    build    plan, render, scan context, rendered copies, target, folder, build, export, scan image,
-             smoke gates, publish      (--stage render/build stops early, after normalise for build;
-             --sequential: normalise, scan image, archive, round trip instead of export)
+    build    plan, render, scan context, rendered copies, target, folder, signing keys, build, export,
+             scan image, smoke gates, sbom, kit, provenance, publish      (--stage render/build stops
+             early, after normalise for build; --sequential: normalise, scan image, archive, round trip
+             instead of export)
     hotfix   hotfix base + build's
-    archive  inspect, scan inspected, folder, archive, round trip, smoke gates, publish
+    archive  inspect, scan inspected, folder, signing keys, archive, round trip, smoke gates, sbom,
+             provenance, publish
     repro    build's up to the archive, into a temporary folder, twice; then compare
 """
 
@@ -22,10 +24,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import supply
 from .archive import DEFAULT_LEVEL, Archive, write_archive
 from .archive_reader import ReadBack, read_back
 from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
 from .console import Reporter
+from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
 from .errors import DiskFull, InputError, PipelineError, VerificationError
@@ -78,6 +82,8 @@ class Request:
     write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
     sequential: bool = False  # normalise, archive and round trip as three passes instead of one
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
+    sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
+    sign_minisign: Path | None = None  # --sign-minisign: the minisign secret key file
 
     @property
     def checksums(self) -> Path:
@@ -347,7 +353,7 @@ def _export(run: Run) -> tuple:
                                owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
                                long_distance=request.long_distance, split=request.split,
                                omit_base=base.manifest.diff_ids if base else None, progress=advance,
-                               platform=plan.platform)
+                               platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT))
         except DiskFull as exc:
             raise DiskFull(f"{exc}: free space or choose another --out (the partial files were removed)") from None
     image, archive = done.image, done.archive
@@ -394,7 +400,7 @@ def _archive(run: Run) -> tuple:
         try:
             archive = write_archive(run.engine.save(image.ref), staging, name, tag=image.ref, level=request.level,
                                     long_distance=request.long_distance, split=request.split, omit=omit,
-                                    progress=advance)
+                                    progress=advance, inspector=LayerInspector(INSTALL_ROOT))
         except DiskFull as exc:
             free = shutil.disk_usage(staging).free
             raise DiskFull(f"{exc}: the release folder {request.out} has {free} bytes free; the image is "
@@ -477,12 +483,14 @@ def _publish(run: Run) -> tuple:
     previous = base.manifest if base else previous_release(request.out, target.product, target.release)
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=image.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
-                              hotfix=base.manifest if base else None, image_size=image.size)
+                              hotfix=base.manifest if base else None, image_size=image.size,
+                              supply_chain=supply.supply_chain(run))
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
     files = render_files(manifest, validation, previous)
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
-    final = publish(folder, archive, proof.back, files, request.checksums)
+    final = publish(folder, archive, proof.back, files, request.checksums, extra=supply.extra_files(run),
+                    sign=supply.sign_sums(run))
     return _one(Release(folder=final, manifest=manifest, validation=validation, archive=archive))
 
 
@@ -509,6 +517,9 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="folder", about="the release folder, locked and staged; an existing release refused before any work",
           needs=("target",), gives=("folder",), run=_folder,
           detail=lambda run: str(run.request.out / run["target"].release)),
+    Stage(name="signing keys", about="the --sign and --sign-minisign keys checked: each signs a probe before any work",
+          needs=("request",), gives=("signer",), run=supply.signing_keys, skip=supply.signing_keys_skip,
+          on_skip=lambda reason: (None,)),
     Stage(name="build", about="the image built; the in-image checks run as its last steps, so a failure tags nothing",
           needs=("plan", "context"), uses=("base",), gives=("built",), run=_build,
           detail=lambda run: f"{run['plan'].tag} ({run['plan'].platform.name}) on engine {run.engine.version()} at "
@@ -537,16 +548,28 @@ STAGES: tuple[Stage, ...] = (
           needs=("proof", "target", "image"), gives=("gates",), run=_smoke, skip=_smoke_skip,
           on_skip=lambda reason: (Gates(results=(), skipped=reason),),
           detail=lambda run: ", ".join(sorted(run["target"].metadata.profiles))),
-    Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last; the folder renamed into place",
-          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base",), gives=("release",),
+    Stage(name="sbom", about="sbom.cdx.json (CycloneDX): the base by digest, components, kernels' .so digests, "
+                             "packages read in the archive pass", needs=("target", "image", "archive", "folder"),
+          uses=("plan",), gives=("sbom",), run=supply.sbom_stage),
+    Stage(name="kit", about="the reconstruct kit: Dockerfile, context as built, inputs.lock, profiles, the tool, "
+                            "verify.sh", needs=("target", "image", "folder", "sbom"), uses=("plan", "context"),
+          gives=("kit",), run=supply.kit_stage, skip=supply.kit_skip, on_skip=lambda reason: (None,)),
+    Stage(name="provenance", about="provenance.intoto.json (in-toto, SLSA v1): subjects, materials, builder; signed",
+          needs=("target", "image", "archive", "proof", "sbom", "folder"), uses=("plan", "kit", "signer"),
+          gives=("provenance",), run=supply.provenance_stage),
+    Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last and signed; the folder renamed "
+                                "into place",
+          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base", "sbom", "kit", "provenance",
+                                                                                  "signer"), gives=("release",),
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
-BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "export", "scan image",
-         "smoke gates", "publish")
-SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "normalise",
-              "scan image", "archive", "round trip", "smoke gates", "publish")
-ARCHIVE = ("inspect", "scan inspected", "folder", "archive", "round trip", "smoke gates", "publish")
+BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build", "export",
+         "scan image", "smoke gates", "sbom", "kit", "provenance", "publish")
+SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build",
+              "normalise", "scan image", "archive", "round trip", "smoke gates", "sbom", "kit", "provenance", "publish")
+ARCHIVE = ("inspect", "scan inspected", "folder", "signing keys", "archive", "round trip", "smoke gates", "sbom",
+           "provenance", "publish")
 HOTFIX = ("hotfix base",) + BUILD
 HOTFIX_SEQUENTIAL = ("hotfix base",) + SEQUENTIAL
 REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
@@ -563,7 +586,7 @@ def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage,
         chosen = [("normalise" if n == "export" else n) for n in chosen]
     chosen = chosen[:chosen.index(last) + 1] if last in chosen else chosen
     if stop_after != "release":
-        chosen = [n for n in chosen if n != "folder"]
+        chosen = [n for n in chosen if n not in ("folder", "signing keys")]
     order = {s.name: i for i, s in enumerate(STAGES)}
     if [order[n] for n in chosen] != sorted(order[n] for n in chosen):
         raise PipelineError(f"stages out of order: {', '.join(chosen)}")

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +25,7 @@ from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
-                       ReleaseManifest, Tool, Validation, load_manifest)
+                       ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
 from .platforms import recorded_by
 from .sums import render_sums
@@ -164,19 +165,21 @@ def _text(value: str, limit: int) -> str:
 
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
-                   hotfix: ReleaseManifest | None = None, image_size: int = 0) -> ReleaseManifest:
+                   hotfix: ReleaseManifest | None = None, image_size: int = 0,
+                   supply_chain: SupplyChain | None = None) -> ReleaseManifest:
     """``manifest.json`` of a release: the archive as written and read back, and what the image is.
     The labels of an image unibake did not build come from its builder: kept as they are in
     ``labels``, cleaned where they become fields of their own."""
     try:
         return _manifest(product=product, tag=tag, image_ref=image_ref, archive=archive, digests=digests,
-                         metadata=metadata, labels=labels, previous=previous, hotfix=hotfix, image_size=image_size)
+                         metadata=metadata, labels=labels, previous=previous, hotfix=hotfix, image_size=image_size,
+                         supply_chain=supply_chain)
     except ValidationError as exc:
         raise VerificationError(f"cannot describe the release of {image_ref}: {first_error(exc)}") from None
 
 
 def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, previous, hotfix,
-              image_size) -> ReleaseManifest:
+              image_size, supply_chain) -> ReleaseManifest:
     epoch = labels.get("io.unibake.source-date-epoch", "")
     return ReleaseManifest(
         schema_version=SCHEMA_VERSION,
@@ -206,7 +209,8 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
         hotfix=None if hotfix is None else HotfixRecord(
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,
-            shipped_diff_ids=archive.shipped))
+            shipped_diff_ids=archive.shipped),
+        supply_chain=supply_chain)
 
 
 def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None) \
@@ -231,17 +235,24 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
 
 
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str],
-            checksums_dir: Path) -> Path:
-    """Write the text files, then SHA256SUMS (last), and the checksums/ record under a temporary
-    name; only then give the folder its final name: nothing is committed until everything that can
-    fail (a full disk, a read-only folder) has run."""
+            checksums_dir: Path, extra: Mapping[str, str] | None = None,
+            sign: Callable[[Path], object] | None = None) -> Path:
+    """Write the text files, then SHA256SUMS (last) and its signatures, and the checksums/ record
+    under a temporary name; only then give the folder its final name: nothing is committed until
+    everything that can fail (a full disk, a read-only folder, a signature) has run.
+
+    ``extra``: files earlier stages wrote into the staging folder (name -> sha256), listed too;
+    ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
+    sums.update(extra or {})
     record = checksums_dir / f".{folder.tag}.{SUMS}.tmp"
     try:
         for name, text in files.items():
             sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
         listing = render_sums(sums)
         write_atomic(folder.staging, SUMS, listing)
+        if sign is not None:
+            sign(folder.staging / SUMS)
         fsync_dir(folder.staging)
         checksums_dir.mkdir(parents=True, exist_ok=True)
         record.write_text(listing, encoding="utf-8")

@@ -34,7 +34,8 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     folder = out / version
     archive = folder / f"unibake-test-{version}.tar.zst"
     assert sorted(os.listdir(folder)) == sorted(["IMAGE_ID", "README-DIST.md", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
-                                                 "manifest.json", "run.sh", archive.name])
+                                                 "manifest.json", "run.sh", archive.name, "sbom.cdx.json",
+                                                 "provenance.intoto.json", f"unibake-test-{version}-kit.tar.zst"])
     assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True).returncode == 0
     assert subprocess.run(["zstd", "-q", "-t", str(archive)]).returncode == 0
 
