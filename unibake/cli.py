@@ -590,6 +590,12 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                                   on_line=ctx.reporter.info)
     record = result.record
     updated = merge_record(m, record)
+    signed = [n for n in ("SHA256SUMS.asc", "SHA256SUMS.minisig") if (folder / n).exists()]
+    if updated is not None and signed:
+        # recording would change SHA256SUMS under its signatures: the folder stays as it was signed
+        ctx.reporter.warn(f"release {m.release} is signed ({', '.join(signed)}): the push is not recorded in it, so "
+                          f"its SHA256SUMS and signatures stay valid; pull it by {record.reference}")
+        updated = None
     if updated is not None:
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS"):
             amend_release(folder, updated, read_sums(folder), folder.parent.parent / "checksums")
