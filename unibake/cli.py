@@ -88,6 +88,8 @@ def _release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", metavar="SIZE", help="write the archive in parts of SIZE (e.g. 1900MiB)")
     p.add_argument("--no-roundtrip", action="store_true",
                    help="skip the load into a fresh engine and the smoke gates (the notes say so)")
+    p.add_argument("--no-smoke", action="store_true",
+                   help="skip the smoke gates only; the round trip still runs (the notes say so)")
     p.add_argument("--verify-engine", metavar="URL",
                    help="load into this engine (it must not have the image) instead of a scratch dockerd")
     p.add_argument("--scratch-dir", metavar="DIR", help="where the scratch engine keeps its data (default: $TMPDIR)")
@@ -327,7 +329,8 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         version=getattr(args, "version", None), out=_out(args, ctx.cwd), force=getattr(args, "force", False),
         level=level, long_distance=getattr(args, "long", False),
         split=parse_size(args.split) if getattr(args, "split", None) else None,
-        roundtrip=not getattr(args, "no_roundtrip", False), verify_engine=getattr(args, "verify_engine", None),
+        roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
+        verify_engine=getattr(args, "verify_engine", None),
         scratch_dir=Path(args.scratch_dir) if getattr(args, "scratch_dir", None) else None,
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,

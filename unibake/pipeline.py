@@ -67,6 +67,7 @@ class Request:
     long_distance: bool = False
     split: int | None = None
     roundtrip: bool = True
+    smoke: bool = True  # --no-smoke: the gates are skipped, the round trip still runs
     verify_engine: str | None = None
     scratch_dir: Path | None = None
     allow: tuple[str, ...] = ()  # sanitisation: values let through, besides product.yaml's
@@ -449,6 +450,8 @@ def _smoke_skip(run: Run) -> str | None:
     proof: Proof = run["proof"]
     if proof.round_trip is None:
         return "they run on the loaded image, and the round trip was skipped"
+    if not run.request.smoke:
+        return "skipped with --no-smoke"
     if run["target"].metadata is None:
         return "the image carries no unibake profiles"
     return None
