@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+import yaml
 
 from benchmarks.payload import BASE as BUSYBOX, _library, _python
 
@@ -176,12 +177,14 @@ def lay_out_product(dest: Path, base_tag: str, wheel: Path) -> Path:
     shutil.copytree(ROOT / "profiles", dest / "profiles")
     shutil.copytree(ROOT / "images", dest / "images", ignore=shutil.ignore_patterns("__pycache__"))
     product_yaml = dest / "profiles" / "product.yaml"
-    text = product_yaml.read_text()
-    for key, value in (("product", PRODUCT), ("base", f'{{image: "{base_tag}"}}')):
-        text, n = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, count=1, flags=re.MULTILINE)
-        if n != 1:  # the example product's layout changed: say so rather than measure something else
-            raise SystemExit(f"error: {product_yaml}: no top-level '{key}:' line to replace")
-    product_yaml.write_text(text)
+    # Rewritten as data, not text: the example's layout (one-line or block keys) may change freely.
+    doc = yaml.safe_load(product_yaml.read_text())
+    for key in ("product", "base"):
+        if key not in doc:  # the example product changed shape: say so rather than measure something else
+            raise SystemExit(f"error: {product_yaml}: no top-level '{key}' to replace")
+    doc["product"] = PRODUCT
+    doc["base"] = {"image": base_tag}  # amd64 only: the wheel's base has no other platform
+    product_yaml.write_text(yaml.safe_dump(doc, sort_keys=False))
     lib = dest / ENGINE_LIB
     lib.parent.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as z, z.open(LIB) as src, open(lib, "wb") as out:
