@@ -66,7 +66,10 @@ setup_engine() {
   is_root || die "no Docker engine answers on ${DOCKER_HOST:-the default socket}: start dockerd (needs root), or set DOCKER_HOST"
   local log=${UNIBAKE_DOCKERD_LOG:-/var/log/unibake-dockerd.log}
   say "starting dockerd in the background (log: $log)"
-  setsid nohup dockerd >"$log" 2>&1 </dev/null &
+  # The daemon outlives this script: it must not inherit our descriptors (a `flock` held on fd 3 by
+  # whoever ran us would otherwise stay held for the daemon's whole life).
+  (for fd in /proc/self/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"; done
+   exec setsid nohup dockerd >"$log" 2>&1 </dev/null) &
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && return 0
     sleep 1

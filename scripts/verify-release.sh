@@ -90,10 +90,17 @@ tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' manifest.json)
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
 
-# The archive: NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order; only files SHA256SUMS lists.
-grep -e '\.tar\.zst$' -e '\.tar\.zst\.part-[0-9][0-9][0-9]$' "$work/names" | LC_ALL=C sort > "$work/parts" || true
-[ -s "$work/parts" ] || fail "$dir: SHA256SUMS lists no .tar.zst archive"
-[ "$(sed 's/\.part-[0-9]*$//' "$work/parts" | sort -u | wc -l)" -eq 1 ] || fail "$dir: SHA256SUMS lists more than one archive"
+# The archive manifest.json names (the folder may hold other .tar.zst files, such as the reconstruct kit):
+# NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order; only files SHA256SUMS lists.
+archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' manifest.json |
+  sed -n 's/^    "name": "\([^"\\]*\)",$/\1/p')
+printf '%s\n' "$archive" | grep -qx "$NAME\\.tar\\.zst" || fail "$dir/manifest.json: no archive name ending in .tar.zst"
+awk -v a="$archive" '$0 == a || (index($0, a ".part-") == 1 && substr($0, length(a) + 7) ~ /^[0-9][0-9][0-9]$/)' \
+  "$work/names" | LC_ALL=C sort > "$work/parts"
+[ -s "$work/parts" ] || fail "$dir: SHA256SUMS does not list the archive $archive"
+if grep -qx -F "$archive" "$work/parts" && [ "$(wc -l < "$work/parts")" -gt 1 ]; then
+  fail "$dir: SHA256SUMS lists $archive both whole and in parts"
+fi
 if grep -q '\.part-' "$work/parts"; then
   n=0
   while IFS= read -r part; do

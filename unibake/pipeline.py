@@ -356,7 +356,7 @@ def _export(run: Run) -> tuple:
                                omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT))
         except DiskFull as exc:
-            raise DiskFull(f"{exc}: free space or choose another --out (the partial files were removed)") from None
+            raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
@@ -389,6 +389,14 @@ def _scan_image(run: Run) -> tuple:
     return _one(Scan(what="what the image config adds: env, labels, history", allowed=len(findings)))
 
 
+def _disk_full(exc: DiskFull, staging: Path, out: Path, size: int | None) -> DiskFull:
+    """The archive did not fit: say how much room there is and how much the image needs."""
+    free = shutil.disk_usage(staging).free if staging.exists() else shutil.disk_usage(out).free
+    return DiskFull(f"{exc}: the release folder {out} has {free} bytes free; the image is {size or 'an unknown number of'} "
+                    "bytes uncompressed and its archive needs up to twice its compressed size while it is written; "
+                    "free space or choose another --out (the partial files were removed)")
+
+
 def _archive(run: Run) -> tuple:
     target: Target = run["target"]
     image: Image = run["image"]
@@ -403,11 +411,7 @@ def _archive(run: Run) -> tuple:
                                     long_distance=request.long_distance, split=request.split, omit=omit,
                                     progress=advance, inspector=LayerInspector(INSTALL_ROOT))
         except DiskFull as exc:
-            free = shutil.disk_usage(staging).free
-            raise DiskFull(f"{exc}: the release folder {request.out} has {free} bytes free; the image is "
-                           f"{image.size} bytes uncompressed and its archive needs up to twice its compressed "
-                           "size while it is written; free space or choose another --out (the partial files "
-                           "were removed)") from None
+            raise _disk_full(exc, staging, request.out, image.size) from None
     check_against(archive.image, image_id=image.image_id, diff_ids=image.diff_ids, what=f"the engine's {image.ref}")
     shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if omit else ""
     run.reporter.info(f"    {archive.compressed_bytes} bytes compressed in {archive.seconds:.1f} s; {shipped}config "
