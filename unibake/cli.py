@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "otherwise.")
     v.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
     v.add_argument("--load", action="store_true", help="also load the archive and compare the image ID")
+    v.add_argument("--external", action="append", default=[], metavar="PATH",
+                   help="check your copy of an artifact the release records but does not ship (weights, a patch "
+                        "set): a file, or a folder holding them by name; repeat for several")
 
     rl = command("releases", "the releases in a folder, and whether each still verifies",
                  "List the releases with date, image ID, size, previous release and state (SHA256SUMS; --deep adds "
@@ -163,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune")
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
-                 "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep"}
+                 "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
+                 "--external"}
 
 
 def with_command(argv: list[str]) -> list[str]:
@@ -280,7 +284,7 @@ def _release_outcome(results, title: str) -> Outcome:
 def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .pipeline import BUILD, run_stages, selection
 
-    request = _request(args, ctx)
+    request = _request(args, ctx, require_lock=args.stage != "render")  # rendering needs no lock yet
     results = run_stages(selection(BUILD, args.stage), request, ctx.reporter)
     plan = results["plan"]
     if args.stage == "render":
@@ -349,10 +353,12 @@ def cmd_repro(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
-    from .verify import check_folder_arg, load_and_compare, verify_folder
+    from .verify import check_external, check_folder_arg, load_and_compare, verify_folder
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     report = verify_folder(folder)
+    if args.external:
+        report = check_external(report, [(ctx.cwd / p).resolve() for p in args.external])
     if args.load and not report.failures:
         from .docker_engine import DockerEngine
         engine = DockerEngine(args.engine, ctx.env)

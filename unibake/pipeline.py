@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .archive import DEFAULT_LEVEL, Archive, write_archive
@@ -34,6 +34,7 @@ from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
+from .released import refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_texts, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
@@ -74,6 +75,8 @@ class Request:
     product: str | None = None  # archive: the product name
     base: str | None = None  # hotfix: the release it builds on
     write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
+    require_lock: bool = True  # False for --stage render: a missing inputs.lock is no error
+    hold: str | None = None  # repro: build under unibake-repro/<product>:<hold>, never the release's tag
 
     @property
     def checksums(self) -> Path:
@@ -212,7 +215,7 @@ def _plan(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
     plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd)
+                     version=request.version, cwd=request.cwd, require_lock=request.require_lock)
     if base is not None and plan.tag == base.manifest.tag:
         raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
                          "choose a new version")
@@ -279,8 +282,11 @@ def _temp_folder(run: Run) -> tuple:
 
 def _build(run: Run) -> tuple:
     plan: ReleasePlan = run["plan"]
+    ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
+    if ref == plan.tag:
+        refuse_moving_a_released_tag(run.request.out, plan.tag, force=run.request.force)
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
-                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line)
+                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref)
     if built.replaced:
         run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache")
@@ -404,13 +410,17 @@ def _publish(run: Run) -> tuple:
     folder: ReleaseFolder = run["folder"]
     base: HotfixBase | None = run.get("base")
     request = run.request
+    plan: ReleasePlan | None = run.get("plan")
+    notes = plan.notes if plan is not None else None
+    attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
     previous = base.manifest if base else previous_release(request.out, target.product, target.release)
-    manifest = build_manifest(product=target.product, tag=target.release, image_ref=image.ref, archive=archive,
+    manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
-                              hotfix=base.manifest if base else None, image_size=image.size)
+                              hotfix=base.manifest if base else None, image_size=image.size, notes=notes,
+                              attachments=attachments)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
-    files = render_files(manifest, validation, previous)
+    files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
     final = publish(folder, archive, proof.back, files, request.checksums)
     return _one(Release(folder=final, manifest=manifest, validation=validation, archive=archive))
@@ -463,7 +473,7 @@ STAGES: tuple[Stage, ...] = (
           on_skip=lambda reason: (Gates(results=(), skipped=reason),),
           detail=lambda run: ", ".join(sorted(run["target"].metadata.profiles))),
     Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last; the folder renamed into place",
-          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base",), gives=("release",),
+          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base", "plan"), gives=("release",),
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
@@ -545,8 +555,9 @@ def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
 def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None = None):
     """Two cold builds of the same inputs, each archived as a release would be, compared.
 
-    Each build's image is held under ``unibake-repro/<product>:<n>`` until the comparison is done
-    (the second build moves the tag away from the first); the holding tags are removed after."""
+    Each build is made under its own tag, ``unibake-repro/<product>:<n>`` (a released tag never
+    moves), and held there until the comparison is done; the archives name the release's tag, as
+    the release would; the holding tags are removed after."""
     from .repro import compare
 
     connect = connect or docker_engines(request)
@@ -555,12 +566,10 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
     try:
         for n in (1, 2):
             reporter.info(f"==> cold build {n} of 2")
-            results = run_stages(selection(REPRO), request, reporter, connect=connect)
+            results = run_stages(selection(REPRO), replace(request, hold=str(n)), reporter, connect=connect)
             image: Image = results["image"]
             proof: Proof = results["proof"]
-            hold = f"unibake-repro/{results['plan'].product}:{n}"
-            engine.tag(image.image_id, hold)
-            held.append(hold)
+            held.append(image.ref)
             builds.append(ReproBuild(image_id=image.image_id, diff_ids=image.diff_ids,
                                      archive_sha256=proof.back.compressed_sha256))
         return compare(engine, results["plan"].tag, *builds)

@@ -9,6 +9,7 @@ replaced only with ``--force``; what an interrupted run left is removed by the n
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -20,9 +21,10 @@ from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import InputError, UnibakeError, VerificationError
 from .files import fsync_dir, write_atomic
-from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
-                       ReleaseManifest, Tool, Validation, load_manifest)
+from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
+                       ExternalRecord, HotfixRecord, ReleaseManifest, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata
+from .notes import Notes
 from .sums import render_sums
 from .templates import render_template
 
@@ -136,12 +138,18 @@ def previous_release(out: Path, product: str, tag: str) -> ReleaseManifest | Non
     return candidates[-1] if candidates else None
 
 
+def _component_key(c) -> tuple[str, str, str]:
+    # releases before overlays had names numbered them by position: "0", "1", ...; those keep no name to match
+    return (c.kind, c.profile, c.name)
+
+
 def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
-    """Components that differ from the previous release: added, removed or changed."""
+    """Components that differ from the previous release, by kind, profile and name (overlays and env
+    files by their names, never by position): added, removed or changed."""
     if previous is None:
         return []
-    before = {(c.kind, c.profile, c.name): c for c in previous.components}
-    after = {(c.kind, c.profile, c.name): c for c in manifest.components}
+    before = {_component_key(c): c for c in previous.components}
+    after = {_component_key(c): c for c in manifest.components}
     out = []
     for k in sorted(set(before) | set(after)):
         b, a = before.get(k), after.get(k)
@@ -153,9 +161,28 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
     return out
 
 
+def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
+    """Per profile of this release: the env's count and fingerprint before and after, and every key
+    added, removed or changed (``recorded`` is False when the previous release kept no env)."""
+    if previous is None:
+        return []
+    out = []
+    for name, p in manifest.profiles.items():
+        old = previous.profiles.get(name)
+        before = old.env if old is not None else {}
+        recorded = old is not None and bool(old.env)
+        keys = [{"key": k, "before": before.get(k), "after": p.env.get(k)}
+                for k in sorted(set(before) | set(p.env)) if before.get(k) != p.env.get(k)]
+        out.append({"profile": name, "count": p.env_count, "sha256": p.env_sha256, "recorded": recorded,
+                    "count_before": len(before), "sha256_before": old.env_sha256 if old is not None else "",
+                    "keys": keys if recorded else []})
+    return out
+
+
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
-                   hotfix: ReleaseManifest | None = None, image_size: int = 0) -> ReleaseManifest:
+                   hotfix: ReleaseManifest | None = None, image_size: int = 0, notes: Notes | None = None,
+                   attachments: dict[str, bytes] | None = None) -> ReleaseManifest:
     """``manifest.json`` of a release: the archive as written and read back, and what the image is."""
     epoch = labels.get("io.unibake.source-date-epoch", "")
     return ReleaseManifest(
@@ -185,16 +212,22 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
         hotfix=None if hotfix is None else HotfixRecord(
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,
-            shipped_diff_ids=archive.shipped))
+            shipped_diff_ids=archive.shipped),
+        attachments=tuple(AttachmentRecord(name=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+                          for name, data in (attachments or {}).items()),
+        external=tuple(ExternalRecord(name=e.name, bytes=e.bytes, sha256=e.sha256)
+                       for e in (notes.external if notes else ())))
 
 
-def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None) \
-        -> dict[str, str]:
-    """The text files of a release folder, by name (the archive and SHA256SUMS aside)."""
+def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None,
+                 notes: Notes | None = None) -> dict[str, str]:
+    """The text files of a release folder, by name (the archive, attachments and SHA256SUMS aside)."""
     m = manifest.model_dump(mode="json", by_alias=True)
     v = validation.document()
     p = previous.model_dump(mode="json", by_alias=True) if previous else None
-    values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest))
+    values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest), env=env_changes(previous, manifest),
+                  notes=notes or Notes(), env_of={name: {"count": x.env_count, "sha256": x.env_sha256}
+                                                  for name, x in manifest.profiles.items()})
     files = {
         MANIFEST: manifest.to_json(),
         VALIDATION: validation.to_json(),
@@ -209,9 +242,9 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
     return files
 
 
-def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str],
+def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
             checksums_dir: Path) -> Path:
-    """Write the text files, then SHA256SUMS (last), then give the folder its final name."""
+    """Write the text files and attachments, then SHA256SUMS (last), then give the folder its final name."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
     for name, text in files.items():
         sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)

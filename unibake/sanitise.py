@@ -28,7 +28,8 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b")),
     ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
     ("JSON web token", re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}")),
-    ("password in a URL", re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s/:@\"'<>]+:[^\s/@\"'<>]+@[^\s/\"'<>]+", re.I)),
+    # no backslash in the host: a URL inside escaped JSON (a label) ends at its \"
+    ("password in a URL", re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s/:@\"'<>]+:[^\s/@\"'<>]+@[^\s/\"'<>\\]+", re.I)),
     ("home folder", re.compile(r"(?:/home/|/Users/)[A-Za-z0-9._-]+")),
 )
 PRIVATE_ADDRESS_RE = re.compile(
@@ -141,9 +142,14 @@ def scan_context(files: Iterable[tuple[str, bytes]], identity: tuple[str, ...]) 
     return findings
 
 
-def scan_release_texts(texts: dict[str, str], identity: tuple[str, ...]) -> list[Finding]:
+def scan_release_texts(texts: dict[str, str | bytes], identity: tuple[str, ...]) -> list[Finding]:
+    """The release's files (notes, manifest, attachments): binary attachments are skipped."""
     findings = []
     for name, text in texts.items():
+        if isinstance(text, bytes):
+            if b"\0" in text[:8192]:
+                continue
+            text = text.decode("utf-8", "replace")
         findings += scan_text(text, name, addresses=True, identity=identity)
     return findings
 

@@ -4,7 +4,8 @@ that escape a value for where it lands.
 * ``dq``: a double-quoted Dockerfile word (ENV, LABEL): backslash, quote and ``$`` escaped;
 * ``sh``: one POSIX shell word; ``sh_runtime``: a shell word in which ``${NAME}`` expands when the
   container starts and everything else is literal;
-* ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder.
+* ``json``: a JSON value (exec form); ``md``: a literal Markdown code span (table-safe);
+  ``gib``: bytes as GiB; ``dirname``: a path's folder.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def sh_runtime(value: object) -> str:
     return "".join(parts)
 
 
+def md(value: object) -> str:
+    """A Markdown code span holding ``value`` literally, safe in a table cell: the fence is longer than
+    any run of backticks inside, ``|`` is escaped (GitHub splits cells on it even in code), line
+    breaks become spaces."""
+    text = " ".join(str(value).split("\n")).replace("\r", " ").replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
@@ -55,7 +67,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib,
+    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md,
                        dirname=lambda v: str(v).rsplit("/", 1)[0])
     return env
 
