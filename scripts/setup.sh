@@ -107,9 +107,15 @@ debian_mirror() {
 }
 
 debootstrap_image() {
-  # $1 image name, $2 comma-separated packages to include
-  local name=$1 include=$2 tmp cache
-  image_exists "$name" && return 0
+  # $1 image name, $2 comma-separated packages to include, $3 a command it must pass (else it is rebuilt)
+  local name=$1 include=$2 probe=${3:-} tmp cache old=""
+  if image_exists "$name"; then
+    if [ -z "$probe" ] || docker run --rm --network none "$name" sh -c "$probe" >/dev/null 2>&1; then
+      return 0
+    fi
+    say "$name lacks what it needs now ($probe): building it again"
+    old=$(docker image inspect --format '{{.Id}}' "$name")
+  fi
   is_root || die "building $name needs root (debootstrap): run this script as root"
   apt_install debootstrap
   cache=${UNIBAKE_CACHE:-$ROOT/.cache}/debootstrap
@@ -125,6 +131,8 @@ debootstrap_image() {
   tar --numeric-owner -C "$tmp/rootfs" -c . \
     | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         -c 'CMD ["/bin/bash"]' - "$name" >/dev/null
+  # the image it replaces goes, unless build cache still grows from it (then it goes with that cache)
+  if [ -n "$old" ]; then docker rmi "$old" >/dev/null 2>&1 || true; fi
 }
 
 main() {
@@ -134,7 +142,9 @@ main() {
   setup_engine
   setup_busybox_image
   debootstrap_image "$DEMO_BASE_IMAGE" python3
-  debootstrap_image "$DEMO_BUILDER_IMAGE" python3,gcc,libc6-dev
+  # a second toolchain (g++) and make: kernels built by a command or a Makefile target
+  debootstrap_image "$DEMO_BUILDER_IMAGE" python3,gcc,g++,make,libc6-dev 'command -v g++ && command -v make'
+
   say "ready: $(docker version --format 'engine {{.Server.Version}}') at ${DOCKER_HOST:-the default socket}"
 }
 

@@ -150,7 +150,7 @@ def _zip_members(file: InputFile, where: str) -> list[Member]:
                 continue
             path = _clean(info.filename, where)
             mode = info.external_attr >> 16
-            if mode and not stat.S_ISREG(mode):
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # many zips carry permission bits only
                 raise InputError(f"{where}: the archive member {info.filename[:120]!r} is not a regular file")
             if path in out:
                 raise InputError(f"{where}: the archive member {path!r} appears twice")

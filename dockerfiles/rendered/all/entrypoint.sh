@@ -11,28 +11,31 @@ PROFILE="${PROFILE:-tp4}"
 case "$PROFILE" in
   tp1)
     UNIBAKE_GPUS=1
-    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp1/tune
     UNIBAKE_TUNE_EXPECT=3
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     [ -n "${NCCL_ALGO+set}" ] || export NCCL_ALGO=Tree
     start_engine() { exec python3 -m demo_engine --tp 1 "$@"; }
     ;;
   tp2)
     UNIBAKE_GPUS=2
-    UNIBAKE_KERNELS=/opt/unibake/profiles/tp2/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/profiles/tp2/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/profiles/tp2/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/profiles/tp2/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp2/tune
     UNIBAKE_TUNE_EXPECT=7
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     [ -n "${NCCL_ALGO+set}" ] || export NCCL_ALGO=Ring
     start_engine() { exec python3 -m demo_engine --tp 2 "$@"; }
     ;;
   tp4)
     UNIBAKE_GPUS=4
-    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
     UNIBAKE_TUNE_EXPECT=5
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     [ -n "${NCCL_ALGO+set}" ] || export NCCL_ALGO=Ring
     [ -n "${NCCL_P2P_LEVEL+set}" ] || export NCCL_P2P_LEVEL=NVL
     start_engine() { exec python3 -m demo_engine --tp 4 "$@"; }

@@ -11,10 +11,11 @@ PROFILE="${PROFILE:-tp4}"
 case "$PROFILE" in
   tp4)
     UNIBAKE_GPUS=4
-    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
     UNIBAKE_TUNE_EXPECT=5
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     start_engine() { exec python3 -m demo_engine --tp 4 "$@"; }
     ;;
   *)
