@@ -250,6 +250,8 @@ def _scan_context(run: Run) -> tuple:
 def _target_of_plan(run: Run) -> tuple:
     plan: ReleasePlan = run["plan"]
     context: BuildContext = run["context"]
+    if not run.request.hold:  # refused here, before the engine is reached: nothing is built
+        refuse_moving_a_released_tag(run.request.out, plan.tag, force=run.request.force)
     return _one(Target(product=plan.product, release=release_tag(plan.tag), ref=plan.tag, metadata=context.metadata,
                        base_image=plan.base_image))
 
@@ -283,8 +285,6 @@ def _temp_folder(run: Run) -> tuple:
 def _build(run: Run) -> tuple:
     plan: ReleasePlan = run["plan"]
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
-    if ref == plan.tag:
-        refuse_moving_a_released_tag(run.request.out, plan.tag, force=run.request.force)
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref)
     if built.replaced:

@@ -37,7 +37,7 @@ PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-round
                                      GateStep(name="chat", passed=True, seconds=0.1))),), smoke_skipped=None)
 
 
-def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None):
+def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None, notes=None):
     data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}")
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
@@ -46,8 +46,10 @@ def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False
         previous = found[-1] if found else None
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
                                   digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(metadata)),
-                                  labels={"org.opencontainers.image.version": tag}, previous=previous)
-        files = render_files(manifest, PASSED, previous)
+                                  labels={"org.opencontainers.image.version": tag}, previous=previous, notes=notes,
+                                  attachments={a.name: a.read() for a in notes.attachments} if notes else None)
+        files = {**render_files(manifest, PASSED, previous, notes),
+                 **({a.name: a.read() for a in notes.attachments} if notes else {})}
         return publish(folder, archive, back, files, out.parent / "checksums"), image_id
 
 
