@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from .errors import VerificationError
 
-SECRET_KEY_RE = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)", re.I)
+# TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets
+SECRET_KEY_RE = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN(?!S)|API_?KEY|PRIVATE_?KEY|CREDENTIALS?)", re.I)
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("private key", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )?PRIVATE KEY-----")),
     ("AWS access key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
