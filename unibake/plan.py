@@ -217,12 +217,12 @@ class ReleasePlan:
         out = [Component(kind="engine", name=self.engine.name, version=self.engine.version,
                          digest=self.engine.source.digest)]
         out += [Component(kind="kernel", name=k.name, version=k.version, digest=k.digest) for k in self.kernels]
-        out += [Component(kind="patch", name=x.name, version=f"{len(x.files)} files", digest=x.file.sha256)
+        out += [Component(kind="patch", name=x.name, version=_count(len(x.files), "file"), digest=x.file.sha256)
                 for x in self.patches]
-        out += [Component(kind="overlay", name=o.name, version=f"{len(o.source.files)} files", digest=o.source.digest)
-                for o in self.overlays]
+        out += [Component(kind="overlay", name=o.name, version=_count(len(o.source.files), "file"),
+                          digest=o.source.digest) for o in self.overlays]
         env_files = {e.source.path: e for p in self.profiles for e in p.env_files}
-        out += [Component(kind="env_file", name=e.source.path, version=f"{len(e.values)} keys",
+        out += [Component(kind="env_file", name=e.source.path, version=_count(len(e.values), "key"),
                           digest=e.source.files[0].sha256) for _, e in sorted(env_files.items())]
         for p in self.profiles:
             out += [Component(kind="sidecar", name=k.name, version=k.version, digest=k.digest,
@@ -234,6 +234,10 @@ class ReleasePlan:
 
     def profile(self, name: str) -> Profile:
         return next(p for p in self.profiles if p.name == name)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def display_path(path: Path, cwd: Path) -> str:

@@ -138,18 +138,13 @@ def previous_release(out: Path, product: str, tag: str) -> ReleaseManifest | Non
     return candidates[-1] if candidates else None
 
 
-def _component_key(c) -> tuple[str, str, str]:
-    # releases before overlays had names numbered them by position: "0", "1", ...; those keep no name to match
-    return (c.kind, c.profile, c.name)
-
-
 def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
     """Components that differ from the previous release, by kind, profile and name (overlays and env
     files by their names, never by position): added, removed or changed."""
     if previous is None:
         return []
-    before = {_component_key(c): c for c in previous.components}
-    after = {_component_key(c): c for c in manifest.components}
+    before = {(c.kind, c.profile, c.name): c for c in previous.components}
+    after = {(c.kind, c.profile, c.name): c for c in manifest.components}
     out = []
     for k in sorted(set(before) | set(after)):
         b, a = before.get(k), after.get(k)
