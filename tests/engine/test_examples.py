@@ -21,6 +21,7 @@ import pytest
 from unibake.scratch import ScratchEngine
 
 from ..conftest import REPO
+from .test_downloader import run_guide
 
 pytestmark = pytest.mark.slow
 
@@ -73,6 +74,9 @@ def test_the_example_is_built_released_and_verified_as_a_downloader_would(cli, e
         script = sh([str(REPO / "scripts/verify-release.sh"), str(folder)], folder, DOCKER_HOST=scratch.engine.address)
         assert script.returncode == 0, script.stderr
         assert f"ok: {tag} is {manifest['image_id']}, as IMAGE_ID says" in script.stdout
+        # every command of the release's own guide, multi-node dry runs and the in-image self-check included
+        lines = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=())
+        assert any(line.startswith("NODE_RANK=0 MASTER_ADDR=") for line in lines) == (example == "sglang-arm64-roce")
 
     # What the stack itself needs, in the image.
     profile = spec["profiles"][0]

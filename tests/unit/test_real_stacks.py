@@ -442,3 +442,22 @@ def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
     assert "| `NEW` | (unset) | `` `x` `` |" in notes and "| `OLD` | `1` | (removed) |" in notes
     assert "SAME" not in notes.split("keys changed")[1]
     assert f"3 keys, `{fingerprint(after['profiles']['tp1']['env'])[:12]}`" in notes
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda p: p.update(devices={"extra": ["/dev/x; rm -rf /"], "groups": []}), "devices.extra.0"),
+    (lambda p: p.update(topology={"ipc": "host", "shm_size": "1g$(id)"}), "topology.shm_size"),
+    (lambda p: p.update(env={"A B": "x"}), "env key 'A B' is not a variable name"),
+    (lambda p: p["smoke"].update(prompts=[{"prompt": "p", "expect": "(", "match": "regex"}]), "not a regular expression"),
+])
+def test_hostile_image_labels_cannot_reach_run_sh(change, message):
+    """What run.sh and the gates read comes from an image's labels when releasing an image built elsewhere."""
+    from unibake.errors import VerificationError
+    from unibake.metadata import ImageMetadata
+
+    from .test_publish import METADATA
+
+    document = json.loads(json.dumps(METADATA))
+    change(document["profiles"]["tp1"])
+    with pytest.raises(VerificationError, match=message.replace("(", r"\(")):
+        ImageMetadata.from_labels({"io.unibake.metadata": json.dumps(document)}, "evil:1")
