@@ -328,7 +328,7 @@ def _archive(run: Run) -> tuple:
     staging = run["folder"].staging
     with run.reporter.progress("archive", image.save_bytes or image.size) as advance:
         try:
-            archive = write_archive(run.engine.save(image.ref), staging, name, tag=image.ref, level=request.level,
+            archive = write_archive(run.engine.save(image.ref), staging, name, tag=target.ref, level=request.level,
                                     long_distance=request.long_distance, split=request.split, omit=omit,
                                     progress=advance)
         except DiskFull as exc:
