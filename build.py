@@ -10,7 +10,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-NEEDED = ("docker", "zstandard", "yaml", "jinja2", "rich", "pydantic")
+NEEDED = ("docker", "zstandard", "yaml", "jinja2", "rich", "pydantic", "cyclonedx", "in_toto_attestation")
 
 
 def _missing() -> str | None:

@@ -1,7 +1,9 @@
 """One run of our archive stage on an image, for the benchmark (run as a child, so its peak RSS is its own).
 
-    python -m benchmarks.archive_once IMAGE FOLDER [--long]
-Prints JSON: compressed and uncompressed bytes, the sha256, the stage's own seconds.
+    python -m benchmarks.archive_once IMAGE FOLDER [--long] [--no-inspect | --inspect-root DIR]
+Prints JSON: compressed and uncompressed bytes, the sha256, the stage's own seconds. As in the
+pipeline, the layers are read for the SBOM in the same pass (libraries hashed under /opt/unibake,
+or DIR); --no-inspect leaves that out, to measure what it costs.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ import sys
 from pathlib import Path
 
 from unibake.archive import write_archive
+from unibake.contents import LayerInspector
 from unibake.docker_engine import DockerEngine
 
 
 def main(argv: list[str]) -> int:
     image, folder = argv[0], Path(argv[1])
+    root = argv[argv.index("--inspect-root") + 1] if "--inspect-root" in argv else "/opt/unibake"
+    inspector = None if "--no-inspect" in argv else LayerInspector(root)
     archive = write_archive(DockerEngine().save(image), folder, "image.tar.zst", tag=image,
-                            long_distance="--long" in argv)
+                            long_distance="--long" in argv, inspector=inspector)
     (folder / "archive.pickle").write_bytes(pickle.dumps(archive))
     print(json.dumps({"bytes": archive.compressed_bytes, "uncompressed": archive.uncompressed_bytes,
-                      "seconds": archive.seconds}))
+                      "seconds": archive.seconds,
+                      "libraries": len(archive.contents.libraries) if archive.contents else None}))
     return 0
 
 

@@ -1,46 +1,169 @@
 #!/bin/sh
-# Verify a downloaded release with nothing but POSIX sh, sha256sum, zstd and docker:
-#   1. sha256sum -c SHA256SUMS          every file is what the release published
-#   2. zstd -t                          the archive (or its parts, in order) decompresses cleanly
-#   3. zstd -dc | docker load           the image loads (DOCKER_HOST picks the engine)
-#   4. the loaded image ID equals the one in IMAGE_ID
-# Usage: scripts/verify-release.sh RELEASE_DIR [--no-load]
-# Exit: 0 all passed; 3 a check failed; 2 bad usage.
+# Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, tar, zstd and docker.
+# What is loaded is exactly what was checked:
+#   1. SHA256SUMS is well formed (plain file names of this folder, each once) and every file it
+#      lists is a regular file here; nothing it does not list is read
+#   2. sha256sum -c SHA256SUMS
+#   3. the archive (the .tar.zst, or its parts in order, as listed) decompresses, and holds one
+#      image in our canonical form: the release's tag only, nothing that nothing refers to
+#   4. zstd -dc | docker load, refused first if the engine's tag already names another image
+#   5. the loaded image ID equals the one in IMAGE_ID
+# With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
+# key, minisign for a minisign public key): absent or wrong, nothing else is read.
+# Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
+# Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage.
 set -eu
 
-usage() { echo "usage: verify-release.sh RELEASE_DIR [--no-load]" >&2; exit 2; }
+usage() { echo "usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 fail() { echo "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage
 dir=$1
+shift
 load=1
-if [ "${2:-}" = "--no-load" ]; then load=0; elif [ "$#" -gt 1 ]; then usage; fi
+key=
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --no-load) load=0; shift ;;
+    --key) [ "$#" -ge 2 ] || usage; key=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
 [ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
+if [ -n "$key" ]; then
+  [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
+  key=$(cd "$(dirname "$key")" && pwd)/$(basename "$key")
+fi
 cd "$dir"
-[ -f SHA256SUMS ] || fail "$dir/SHA256SUMS is missing: not a complete release folder"
-[ -f IMAGE_ID ] || fail "$dir/IMAGE_ID is missing: not a complete release folder"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT INT TERM HUP
+
+# --- 0. the signature, before anything else --------------------------------------------------
+if [ -n "$key" ]; then
+  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
+    echo "== gpgv SHA256SUMS.asc SHA256SUMS"
+    [ -f SHA256SUMS.asc ] && [ ! -L SHA256SUMS.asc ] || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
+      || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
+    gpgv --homedir "$work" --keyring "$work/publisher.gpg" SHA256SUMS.asc SHA256SUMS \
+      || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
+  elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
+    echo "== minisign -Vm SHA256SUMS"
+    [ -f SHA256SUMS.minisig ] && [ ! -L SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
+    minisign -V -p "$key" -m SHA256SUMS -x SHA256SUMS.minisig \
+      || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
+  else
+    echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
+    exit 2
+  fi
+fi
+
+NAME='[A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}'
+HEX='[0-9a-fA-F]\{64\}'
+
+# --- 1. SHA256SUMS, read as unibake's own verifier reads it -----------------------------------
+[ -f SHA256SUMS ] && [ ! -L SHA256SUMS ] || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+if grep -n "$(printf '\r')" SHA256SUMS >/dev/null; then fail "$dir/SHA256SUMS: a carriage return ends a line"; fi
+bad=$(grep -n -v -e "^$HEX [ *]$NAME\$" -e "^SHA256 ($NAME) = $HEX\$" SHA256SUMS | head -n 1 || true)
+[ -z "$bad" ] || fail "$dir/SHA256SUMS:${bad%%:*}: not a 'sha256  name' line of a file of this folder"
+sed -e "s/^$HEX [ *]//" -e 's/^SHA256 (\(.*\)) = .*$/\1/' SHA256SUMS > "$work/names"
+[ -s "$work/names" ] || fail "$dir/SHA256SUMS lists nothing"
+twice=$(sort "$work/names" | uniq -d | head -n 1)
+[ -z "$twice" ] || fail "$dir/SHA256SUMS: '$twice' is listed twice"
+while IFS= read -r name; do
+  case "$name" in .|..) fail "$dir/SHA256SUMS: '$name' is not a file of this folder" ;; esac
+  [ -e "$name" ] || [ -L "$name" ] || fail "$dir/$name: missing (listed in SHA256SUMS)"
+  [ -f "$name" ] && [ ! -L "$name" ] || fail "$dir/$name: not a regular file"
+done < "$work/names"
+for needed in IMAGE_ID manifest.json; do
+  grep -qx "$needed" "$work/names" || fail "$dir/SHA256SUMS does not list $needed: not a complete release folder"
+done
 
 echo "== sha256sum -c SHA256SUMS"
-sha256sum -c SHA256SUMS || fail "$dir: files differ from SHA256SUMS (see the lines above)"
+sha256sum --strict -c SHA256SUMS || fail "$dir: files differ from SHA256SUMS (see the lines above)"
 
-# The archive is NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order.
-parts=$(ls -- *.tar.zst.part-* 2>/dev/null | LC_ALL=C sort || true)
-[ -n "$parts" ] || parts=$(ls -- *.tar.zst 2>/dev/null || true)
-[ -n "$parts" ] || fail "$dir: no .tar.zst archive"
-
-echo "== zstd -t $(echo $parts)"
-# shellcheck disable=SC2086
-cat -- $parts | zstd -q -t || fail "$dir: the archive does not decompress (corrupted or truncated)"
-
-[ "$load" -eq 1 ] || { echo "ok: sums and zstd (not loaded)"; exit 0; }
-
-echo "== zstd -dc | docker load"
-# shellcheck disable=SC2086
-out=$(cat -- $parts | zstd -dc | docker load) || fail "docker load refused the archive"
-printf '%s\n' "$out"
-ref=$(printf '%s\n' "$out" | sed -n -e 's/^Loaded image: //p' -e 's/^Loaded image ID: //p' | tail -n 1)
-[ -n "$ref" ] || fail "docker load did not say what it loaded"
+# --- what the release says it is --------------------------------------------------------------
 want=$(cat IMAGE_ID)
-got=$(docker image inspect --format '{{.Id}}' "$ref") || fail "the engine has no $ref after the load"
-[ "$got" = "$want" ] || fail "the loaded image $ref is $got; IMAGE_ID says $want"
-echo "ok: $ref is $got, as IMAGE_ID says"
+case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
+printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
+tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' manifest.json)
+[ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
+printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
+
+# The archive: NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order; only files SHA256SUMS lists.
+grep -e '\.tar\.zst$' -e '\.tar\.zst\.part-[0-9][0-9][0-9]$' "$work/names" | LC_ALL=C sort > "$work/parts" || true
+[ -s "$work/parts" ] || fail "$dir: SHA256SUMS lists no .tar.zst archive"
+[ "$(sed 's/\.part-[0-9]*$//' "$work/parts" | sort -u | wc -l)" -eq 1 ] || fail "$dir: SHA256SUMS lists more than one archive"
+if grep -q '\.part-' "$work/parts"; then
+  n=0
+  while IFS= read -r part; do
+    expected=$(printf '%s.part-%03d' "$(sed 's/\.part-[0-9]*$//' "$work/parts" | head -n 1)" "$n")
+    [ "$part" = "$expected" ] || fail "$dir: the archive's parts are not NAME.part-000 onwards in order ($part)"
+    n=$((n + 1))
+  done < "$work/parts"
+fi
+stream() { while IFS= read -r part; do cat -- "$part"; done < "$work/parts"; }
+
+# --- 3. the archive's structure, before anything is loaded ------------------------------------
+echo "== zstd -t $(tr '\n' ' ' < "$work/parts")"
+stream | zstd -q -t || fail "$dir: the archive does not decompress (corrupted or truncated)"
+echo "== its structure (zstd -dc | tar -tv)"
+# (zstd's status is not looked at here: tar stops reading at the end-of-archive blocks)
+stream | zstd -q -dc 2>/dev/null | { if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi \
+  > "$work/tar.rc"; }
+[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
+# every member: the two folders, blobs named by their digest, and the three metadata files, each once
+awk 'NF != 6 { print "x", "a name with spaces or a link"; next } {print substr($1, 1, 1), $NF}' "$work/list" > "$work/members"
+odd=$(grep -v -e '^d blobs/$' -e '^d blobs/sha256/$' -e '^- blobs/sha256/[0-9a-f]\{64\}$' \
+              -e '^- index\.json$' -e '^- manifest\.json$' -e '^- oci-layout$' "$work/members" | head -n 1 || true)
+[ -z "$odd" ] || fail "$dir: the archive holds '${odd#? }', which a release archive does not (a link, another file)"
+twice=$(cut -d' ' -f2 "$work/members" | sort | uniq -d | head -n 1)
+[ -z "$twice" ] || fail "$dir: the archive holds '$twice' twice"
+for meta in index.json manifest.json oci-layout; do
+  grep -qx -e "- $meta" "$work/members" || fail "$dir: the archive lacks $meta: not a release archive"
+done
+mkdir "$work/x"
+stream | zstd -q -dc | tar -xf - -C "$work/x" index.json manifest.json 2>/dev/null \
+  || fail "$dir: the archive's index.json and manifest.json cannot be read"
+man=$(cat "$work/x/manifest.json")
+case "$man" in
+  "[{\"Config\":\"blobs/sha256/${want#sha256:}\",\"Layers\":["*"],\"RepoTags\":[\"$tag\"]}]") ;;
+  *) fail "$dir: the archive's manifest.json is not one image $want tagged $tag only: a load would do more than the release says" ;;
+esac
+first=${tag%%/*}
+case "$tag" in
+  */*) case "$first" in *.*|*:*|localhost) full=$tag ;; *) full=docker.io/$tag ;; esac ;;
+  *) full=docker.io/library/$tag ;;
+esac
+case "${tag##*/}" in *:*) ref=${tag##*:} ;; *) ref=latest ;; esac
+index=$(cat "$work/x/index.json")
+[ "$(printf '%s' "$index" | grep -o '"digest"' | wc -l)" -eq 1 ] || fail "$dir: the archive's index.json names more than one image"
+printf '%s' "$index" | grep -qF "\"annotations\":{\"io.containerd.image.name\":\"$full\",\"org.opencontainers.image.ref.name\":\"$ref\"}" \
+  || fail "$dir: the archive's index.json does not name the release's tag $tag only"
+oci=$(printf '%s' "$index" | grep -o '"digest":"sha256:[0-9a-f]\{64\}"' | sed 's/.*sha256:\([0-9a-f]*\)"/\1/')
+grep -qx -e "- blobs/sha256/$oci" "$work/members" || fail "$dir: the archive lacks the image manifest its index.json names"
+stream | zstd -q -dc | tar -xf - -C "$work/x" "blobs/sha256/$oci" 2>/dev/null \
+  || fail "$dir: the archive's image manifest cannot be read"
+# the image manifest (what containerd loads) names the same config and layers as manifest.json (what Engine 20.10 loads)
+printf '%s' "$man" | grep -o 'blobs/sha256/[0-9a-f]\{64\}' | sed 's|blobs/sha256/||' > "$work/by-manifest"
+grep -o '"digest":"sha256:[0-9a-f]\{64\}"' "$work/x/blobs/sha256/$oci" | sed 's/.*sha256:\([0-9a-f]*\)"/\1/' > "$work/by-index"
+cmp -s "$work/by-manifest" "$work/by-index" || fail "$dir: the archive's index.json and manifest.json describe different images"
+# nothing that nothing refers to (a hotfix's archive leaves out layers; it never adds any)
+{ cat "$work/by-manifest"; echo "$oci"; } | sort -u > "$work/referenced"
+sed -n 's|^- blobs/sha256/||p' "$work/members" | sort > "$work/blobs"
+stray=$(comm -23 "$work/blobs" "$work/referenced" | head -n 1)
+[ -z "$stray" ] || fail "$dir: the archive holds blobs/sha256/$stray, which nothing refers to: refused before any load"
+grep -qx "${want#sha256:}" "$work/blobs" || fail "$dir: the archive lacks its image config"
+
+[ "$load" -eq 1 ] || { echo "ok: sums, zstd and the archive's structure (not loaded)"; exit 0; }
+
+# --- 4. the load, and 5. the image ID -----------------------------------------------------------
+if have=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) && [ "$have" != "$want" ]; then
+  fail "the engine's $tag is $have, another image: loading would move that tag (nothing was loaded)"
+fi
+echo "== zstd -dc | docker load"
+out=$(stream | zstd -q -dc | docker load) || fail "docker load refused the archive"
+printf '%s\n' "$out"
+got=$(docker image inspect --format '{{.Id}}' "$tag") || fail "the engine has no $tag after the load"
+[ "$got" = "$want" ] || fail "the loaded image $tag is $got; IMAGE_ID says $want"
+echo "ok: $tag is $got, as IMAGE_ID says"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,3 +62,36 @@ def demo_product(tmp_path) -> Path:
     shutil.copytree(REPO / "profiles", root / "profiles")
     shutil.copytree(REPO / "images", root / "images", ignore=shutil.ignore_patterns("__pycache__"))
     return root / "profiles"
+
+
+def run(*argv: str, env: dict | None = None, cwd: Path | None = None, stdin: str = "") -> subprocess.CompletedProcess:
+    """A command's exit code and output (text), with ``env`` added to ours."""
+    return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd,
+                          input=stdin)
+
+
+@pytest.fixture(scope="session")
+def gpg_home():
+    """A throwaway OpenPGP keyring with one signing key (no passphrase), and its armoured public key.
+    The folder's path is short: gpg-agent's socket lives in it."""
+    home = Path(tempfile.mkdtemp(prefix="ubg-"))
+    home.chmod(0o700)
+    env = {"GNUPGHOME": str(home)}
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer <signer@example.invalid>",
+               "ed25519", "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    public = home / "publisher.asc"
+    public.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
+    yield env, public
+    run("gpgconf", "--kill", "gpg-agent", env=env)  # the agent gpg started for this keyring
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def minisign_key(tmp_path_factory):
+    """A throwaway minisign key pair without a password (a password costs seconds of key derivation
+    per signature; the password path has its own test): (secret key, public key)."""
+    folder = tmp_path_factory.mktemp("minisign")
+    made = run("minisign", "-G", "-W", "-p", str(folder / "publisher.pub"), "-s", str(folder / "secret.key"))
+    assert made.returncode == 0, made.stderr
+    return folder / "secret.key", folder / "publisher.pub"

@@ -59,6 +59,7 @@ class FakeEngine(Engine):
     runner: Callable[[str, list[str], dict], RunOutcome] = lambda image, args, env: RunOutcome(exit_code=0, output="ok")
     starter: Callable[[FakeContainer], None] = lambda container: None
     loads: int = 0
+    remote: dict[str, FakeImage] = field(default_factory=dict)  # a registry: "repository@digest" -> image
 
     # --- test helpers ---------------------------------------------------------------------
 
@@ -91,7 +92,7 @@ class FakeEngine(Engine):
     def version(self) -> str:
         return "fake-1.0"
 
-    def build(self, context, *, tag, buildargs, nocache, on_line) -> BuildOutcome:
+    def build(self, context, *, tag, buildargs, nocache, on_line, platform=None) -> BuildOutcome:
         raise EngineError("the fake engine does not build; engine tests do")
 
     def inspect_image(self, ref: str) -> ImageInfo | None:
@@ -104,7 +105,7 @@ class FakeEngine(Engine):
                          diff_ids=tuple(config["rootfs"]["diff_ids"]), labels=dict(inner.get("Labels") or {}),
                          size=sum(len(x) for x in image.layers), created=config.get("created", ""),
                          env=tuple(inner.get("Env") or ()), architecture=config.get("architecture", ""),
-                         os=config.get("os", ""))
+                         os=config.get("os", ""), variant=config.get("variant", ""))
 
     def history(self, ref: str) -> list[str]:
         image = self._find(ref)
@@ -214,6 +215,14 @@ class FakeEngine(Engine):
             return False
         self.images.pop(image.id)
         return True
+
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
+        """From ``self.remote``, which a test may share between fakes."""
+        image = self.remote.get(f"{repository}@{digest}")
+        if image is None:
+            raise EngineError(f"the engine could not pull {repository}@{digest}: manifest unknown")
+        self.images[image.id] = image
+        self.tags[f"{repository}@{digest}"] = image.id
 
     def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
         out = []

@@ -35,8 +35,10 @@ from pathlib import Path
 
 import zstandard
 
+from .contents import ImageContents, LayerInspector
 from .errors import DiskFull, UnibakeError
-from .imagetar import BLOCK, SavedImage, interpret, read_members, tar_header, tar_padding
+from .imagetar import BLOCK, SavedImage, full_reference, interpret, read_members, tar_header, tar_padding
+from .platforms import of_config
 from .threads import read_ahead
 
 DEFAULT_LEVEL = 3
@@ -67,6 +69,7 @@ class Archive:
     tag: str
     shipped: tuple[str, ...]  # diffIDs whose layers the archive carries
     omitted: tuple[str, ...]  # diffIDs left out (a hotfix: the previous release has them)
+    contents: ImageContents | None = None  # what the layers hold, when an inspector read them (the SBOM)
 
     @property
     def names(self) -> list[str]:
@@ -203,14 +206,6 @@ def _json_bytes(value) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def full_reference(tag: str) -> str:
-    """The fully qualified name the containerd image store uses for a tag."""
-    first = tag.split("/", 1)[0]
-    if "/" in tag and ("." in first or ":" in first or first == "localhost"):
-        return tag
-    return f"docker.io/{tag}" if "/" in tag else f"docker.io/library/{tag}"
-
-
 SKIPPABLE_MAGIC = b"\x50\x2a\x4d\x18"  # a zstd skippable frame: decoders pass over its content
 RESERVE = 4096  # room kept at the head of each spool for the frame of the tar headers before it
 
@@ -218,6 +213,21 @@ RESERVE = 4096  # room kept at the head of each spool for the frame of the tar h
 def skippable(size: int) -> bytes:
     """A skippable frame of exactly ``size`` bytes (at least 8)."""
     return SKIPPABLE_MAGIC + struct.pack("<I", size - 8) + bytes(size - 8)
+
+
+class _Tee:
+    """A layer on its way to its spool, read by the inspector too (the same pieces, no copy)."""
+
+    def __init__(self, spool: "_Spool", look):
+        self.spool, self.look = spool, look
+
+    def write(self, data) -> None:
+        self.spool.write(data)
+        self.look.write(data)
+
+    def close(self) -> "_Spool":
+        self.look.close()
+        return self.spool.close()
 
 
 class _Spool:
@@ -285,8 +295,10 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
                                 "layers": descriptors})
     manifest_hex = hashlib.sha256(oci_manifest).hexdigest()
     ref = tag.rsplit(":", 1)[1] if ":" in tag.rsplit("/", 1)[-1] else "latest"
+    platform = of_config(image.config)  # the index says which platform the image is for, as a registry's does
     index = _json_bytes({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
         "mediaType": OCI_MANIFEST, "digest": f"sha256:{manifest_hex}", "size": len(oci_manifest),
+        **({"platform": platform} if platform else {}),
         "annotations": {"io.containerd.image.name": full_reference(tag), "org.opencontainers.image.ref.name": ref}}]})
     classic = _json_bytes([{"Config": f"blobs/sha256/{config_hex}", "RepoTags": [tag],
                             "Layers": [f"blobs/sha256/{m.sha256}" for m in image.layer_members]}])
@@ -350,10 +362,12 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
 
 def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str, level: int = DEFAULT_LEVEL,
                   long_distance: bool = False, split: int | None = None, threads: int = -1,
-                  omit: Iterable[str] = (), progress: Callable[[int], object] = lambda n: None) -> Archive:
+                  omit: Iterable[str] = (), progress: Callable[[int], object] = lambda n: None,
+                  inspector: LayerInspector | None = None) -> Archive:
     """Read a save stream once, check it, and write ``folder/name`` (or parts) in the canonical form.
 
-    ``omit`` names diffIDs whose layers stay out (a hotfix). Nothing is left behind on failure.
+    ``omit`` names diffIDs whose layers stay out (a hotfix). ``inspector`` reads every layer in the
+    same pass (a tee beside the compressor): the archive's ``contents``. Nothing is left behind on failure.
     The archive's digests come from reading it back (:func:`unibake.archive_reader.read_back`).
     """
     start = time.monotonic()
@@ -363,9 +377,10 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
     def spool(member_name: str, size: int, head: bytes) -> _Spool | None:
         """Big members that are not JSON (the layers) are compressed into frames of their own."""
         if size <= SPOOL_THRESHOLD or head[:1] in (b"{", b"["):
-            return None
+            return None  # kept in memory: the inspector reads it after the pass
         spools.append(_Spool(folder, len(spools), compressor(level, long_distance, threads)))
-        return spools[-1]
+        look = inspector.sink(member_name, size, head) if inspector is not None else None
+        return spools[-1] if look is None else _Tee(spools[-1], look)
 
     def counted(source: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in source:
@@ -374,8 +389,10 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
 
     out = None
     try:
-        members = read_members(counted(read_ahead(chunks, name="save")), route=spool)
+        members = read_members(counted(read_ahead(chunks, name="save")), route=spool,
+                               keep=lambda name, size, head: True)  # small layers go into the archive as they are
         saved = interpret(members)
+        contents = inspector.finish(saved) if inspector is not None else None
         omit_set = frozenset(omit)
         out, uncompressed = _assemble(canonical_entries(saved, tag, omit_set), folder, name, split, cctx)
         files = out.finish()
@@ -394,4 +411,4 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
                    uncompressed_bytes=uncompressed, level=level,
                    long_distance=long_distance, image=saved, seconds=time.monotonic() - start, tag=tag,
                    shipped=tuple(d for d in saved.diff_ids if d not in omit_set),
-                   omitted=tuple(d for d in saved.diff_ids if d in omit_set))
+                   omitted=tuple(d for d in saved.diff_ids if d in omit_set), contents=contents)

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .engine import BuildStep, Engine
+from .engine import BuildStep, Engine, ImageInfo
 from .errors import BuildFailed, CheckFailed, EngineError
+from .platforms import EXEC_FORMAT, emulation_hint, recorded
 from .render import BuildContext, write_context_tar
 
 CHECK_ERROR_RE = re.compile(r"error: self-check\[[^\]]+\]: .*")
@@ -59,6 +60,12 @@ class Image:
     labels: dict[str, str]
     size: int
     save_bytes: int = 0  # the length of its save stream, when a stage has read one
+    platform: str = ""  # os/architecture its config records (linux/arm64); "" when it records none
+
+
+def image_platform(info: ImageInfo) -> str:
+    """The platform an engine's image records, as ``linux/arm64``; "" when it records none."""
+    return recorded(info.architecture, info.os, info.variant)
 
 
 def iso_time(epoch: int) -> str:
@@ -90,9 +97,10 @@ def _keep_stages(engine: Engine, product: str, selection: str, stage_images: tup
 
 def build_image(context: BuildContext, engine: Engine, *, product: str, revision: str, epoch: int,
                 nocache: bool = False, on_line: Callable[[str], None] = lambda line: None,
-                ref: str | None = None) -> BuiltImage:
+                ref: str | None = None, platform: str | None = None) -> BuiltImage:
     """Build ``context`` and tag it ``ref`` (default: the image's own tag); raises CheckFailed when an
-    in-image check fails, BuildFailed naming the kernel when a kernel does not compile."""
+    in-image check fails, BuildFailed naming the kernel when a kernel does not compile.
+    ``platform``: the target, when the engine is told one (``linux/arm64``)."""
     start = time.monotonic()
     tag = ref or context.tag
     before = engine.inspect_image(tag)
@@ -100,7 +108,7 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
         write_context_tar(context, tar, mtime=epoch)
         tar.seek(0)
         try:
-            outcome = engine.build(tar, tag=tag, nocache=nocache, on_line=on_line,
+            outcome = engine.build(tar, tag=tag, nocache=nocache, on_line=on_line, platform=platform,
                                    buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
         except BuildFailed as exc:
             _keep_stages(engine, product, context.selection, exc.stage_images)
@@ -109,6 +117,9 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
             if checks:
                 raise CheckFailed(f"in-image check failed during the build, so {tag} was not tagged: "
                                   f"{checks[0].removeprefix('error: ')}", output=exc.output) from None
+            if platform and any(EXEC_FORMAT in text for text in (str(exc), *exc.output)):
+                raise BuildFailed(f"{exc}; {emulation_hint(platform)}", step=exc.step, output=exc.output,
+                                  last_image=exc.last_image, stage_images=exc.stage_images) from None
             kernel = next((m for line in exc.output for m in [KERNEL_ERROR_RE.search(line)] if m), None)
             if kernel:
                 raise BuildFailed(f"kernel {kernel.group(1)} failed to build, so {tag} was not tagged: "

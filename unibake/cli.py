@@ -2,7 +2,8 @@
 catches errors and exits.
 
 Commands: ``build`` (the default: ``python build.py --profile tp4`` builds and releases),
-``hotfix``, ``archive``, ``repro``, ``verify``, ``releases``, ``lock``, ``prune``. Global options
+``hotfix``, ``archive``, ``repro``, ``verify``, ``releases``, ``lock``, ``prune``, ``kit``, ``rebuild``;
+``push``, ``pull`` and ``deploy`` take a release beyond one machine. Global options
 (``--quiet``, ``--json``, ``--metadata-file``, ``--engine``) go before or after the command.
 ``--version V`` is the release version (as it always was); ``-V``/``--tool-version`` prints
 unibake's own.
@@ -29,7 +30,7 @@ from .archive import DEFAULT_LEVEL
 from .console import Reporter
 from .errors import BuildFailed, CheckFailed, InputError, UnibakeError
 from .files import write_atomic
-from .schema import NAME_RE
+from .schema import IMAGE_REF_RE, NAME_RE
 
 STAGES = ("render", "build", "release")
 SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$", re.IGNORECASE)
@@ -49,7 +50,7 @@ class _ToolVersion(argparse.Action):
         parser.exit(0)
 
 
-def _global_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool = True) -> None:
     """Accepted before or after the command; after it they only override what was given before."""
     default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
     g = p.add_argument_group("global options")
@@ -60,9 +61,10 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
                         "releases table, ...); the human output stays on stderr")
     g.add_argument("--metadata-file", metavar="PATH", default=default(None),
                    help="also write that JSON document to PATH (for CI)")
-    g.add_argument("--engine", metavar="URL", default=default(None),
-                   help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
-                        "(default: DOCKER_HOST, else the local socket)")
+    if engine:  # deploy has its own, repeatable --engine
+        g.add_argument("--engine", metavar="URL", default=default(None),
+                       help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
+                            "(default: DOCKER_HOST, else the local socket)")
     g.add_argument("-V", "--tool-version", action=_ToolVersion, nargs=0, help="print unibake's own version and exit")
 
 
@@ -72,6 +74,10 @@ def _profile_options(p: argparse.ArgumentParser, *, version_required: bool = Fal
     p.add_argument("--version", required=version_required, metavar="V",
                    help="the release version, the image's tag (default: product.yaml's version)")
     p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    p.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
+                   help="the platform to build for: linux/amd64 or linux/arm64 (default: product.yaml's platform, "
+                        "else the host's); build takes several (repeat, or comma-separated): one image and one "
+                        "release each")
 
 
 def _release_options(p: argparse.ArgumentParser) -> None:
@@ -82,11 +88,19 @@ def _release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", metavar="SIZE", help="write the archive in parts of SIZE (e.g. 1900MiB)")
     p.add_argument("--no-roundtrip", action="store_true",
                    help="skip the load into a fresh engine and the smoke gates (the notes say so)")
+    p.add_argument("--no-smoke", action="store_true",
+                   help="skip the smoke gates only; the round trip still runs (the notes say so)")
     p.add_argument("--verify-engine", metavar="URL",
                    help="load into this engine (it must not have the image) instead of a scratch dockerd")
     p.add_argument("--scratch-dir", metavar="DIR", help="where the scratch engine keeps its data (default: $TMPDIR)")
     p.add_argument("--allow", action="append", default=[], metavar="REGEX",
                    help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow)")
+    p.add_argument("--sign", metavar="KEYID",
+                   help="sign SHA256SUMS and the provenance with this OpenPGP key of the GNUPGHOME keyring (gpg; "
+                        "passphrase from UNIBAKE_GPG_PASSPHRASE): SHA256SUMS.asc")
+    p.add_argument("--sign-minisign", metavar="KEYFILE",
+                   help="also sign them with this minisign secret key (password from UNIBAKE_MINISIGN_PASSWORD): "
+                        "SHA256SUMS.minisig")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    def command(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+    def command(name: str, help_text: str, description: str, engine: bool = True) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text, description=description, allow_abbrev=False)
-        _global_options(sp, suppress=True)
+        _global_options(sp, suppress=True, engine=engine)
         return sp
 
     b = command("build", "build, check and release the image of the profiles (the default command)",
@@ -111,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after this stage: render (validate and render only), build, or release (the default: "
                         "everything)")
     b.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    b.add_argument("--sequential", action="store_true",
+                   help="normalise, archive and round trip in three passes (two exports) instead of one")
     _release_options(b)
 
     h = command("hotfix", "a release that ships only the layers that changed since an earlier one",
@@ -120,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the release it builds on: a folder name under --out (1.3.1) or its tag (demo-llm:1.3.1)")
     _profile_options(h, version_required=True)
     h.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
+    h.add_argument("--sequential", action="store_true",
+                   help="normalise, archive and round trip in three passes (two exports) instead of one")
     _release_options(h)
 
     a = command("archive", "release an image the engine already has",
@@ -143,6 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--external", action="append", default=[], metavar="PATH",
                    help="check your copy of an artifact the release records but does not ship (weights, a patch "
                         "set): a file, or a folder holding them by name; repeat for several")
+    v.add_argument("--key", metavar="PUBKEY",
+                   help="the publisher's public key (armoured OpenPGP or minisign): SHA256SUMS's signature is checked "
+                        "before anything else; absent or wrong is exit 3")
+
+    k = command("kit", "write the reconstruct kit of an existing release again",
+                "Render the release's profiles from the checkout, check its inputs, profiles and build context against "
+                "the release's provenance, and write <product>-<tag>-kit.tar.zst into --out.")
+    k.add_argument("folder", metavar="RELEASE_DIR", help="the release folder, e.g. release/1.3.1")
+    k.add_argument("--out", required=True, metavar="DIR", help="where to write the kit")
+    k.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+
+    rb = command("rebuild", "rebuild an unpacked reconstruct kit and compare the image ID",
+                 "Check the kit's files against its ledger, build its context without the cache on the engine, "
+                 "normalise it with the release's SOURCE_DATE_EPOCH and compare the image ID with the release's. "
+                 "Exit 0 when identical, 3 when not. (The kit's verify.sh --rebuild runs this.)")
+    rb.add_argument("folder", metavar="KIT_DIR", help="the unpacked kit, e.g. demo-llm-1.3.1-kit")
 
     rl = command("releases", "the releases in a folder, and whether each still verifies",
                  "List the releases with date, image ID, size, previous release and state (SHA256SUMS; --deep adds "
@@ -161,12 +195,64 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="releases to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+
+    ps = command("push", "push a release's image to a registry and record its digest in the release",
+                 "Check the release folder, upload its image from the archive over the registry API (no engine needed) "
+                 "and record the manifest digest in manifest.json and the notes (a pull line with @sha256:). Pushing "
+                 "the same release again uploads nothing and changes nothing.")
+    ps.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
+    ps.add_argument("--to", required=True, metavar="REGISTRY/REPO[:TAG]",
+                    help="where to push, e.g. registry.example:5000/team/demo-llm (default tag: the release's name)")
+    ps.add_argument("--compression", choices=("gzip", "zstd"), default="gzip",
+                    help="layer compression: gzip (the default; every engine pulls it) or zstd (OCI tar+zstd: "
+                         "Docker 23+ and containerd pull it, Engine 20.10 does not)")
+    ps.add_argument("--temp-dir", metavar="DIR",
+                    help="where compressed layers wait for upload (default: $TMPDIR; room for the compressed image)")
+    _registry_options(ps)
+
+    pl = command("pull", "pull a release's image by digest and check its image ID",
+                 "Check the registry's manifest for REF@sha256:... against the release (its digest and image ID), let "
+                 "the engine pull it by digest, compare the image ID and tag it as the release's tag.")
+    pl.add_argument("ref", metavar="REF@sha256:DIGEST", help="what the release's notes give, e.g. "
+                                                            "registry.example:5000/demo-llm@sha256:...")
+    pl.add_argument("--release", metavar="DIR", help="the release folder to check against (default: the release "
+                                                     "under --out whose manifest records this digest)")
+    pl.add_argument("--out", metavar="DIR", help=OUT_HELP)
+    _registry_options(pl)
+
+    d = command("deploy", "load a release onto many engines at once, each checked",
+                "Load the release onto every engine in parallel, from its archive or by a pull of its pushed digest; "
+                "compare the image ID on each; an engine that already holds it is skipped. Prints a table; goes on past "
+                "a failing engine; exit 3 if any failed.", engine=False)
+    d.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
+    d.add_argument("--engine", dest="engines", action="append", default=[], metavar="URL",
+                   help="an engine: unix:///path, tcp://host:port or ssh://user@host (repeat for several)")
+    d.add_argument("--hosts", metavar="FILE", help="a file of engine addresses, one a line (# comments)")
+    d.add_argument("--from", dest="source", choices=("archive", "registry"), default="archive",
+                   help="load the archive (the default) or pull the digest the release recorded at its push")
+    d.add_argument("--ref", metavar="REF@sha256:DIGEST",
+                   help="with --from registry: which push to pull (default: the release's latest)")
+    d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
+    _registry_options(d)
     return p
 
 
-COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune")
+def _registry_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--auth-file", metavar="FILE",
+                   help="registry credentials in a Docker config file (default: $DOCKER_CONFIG/config.json, else "
+                        "~/.docker/config.json, with its credential helpers)")
+    p.add_argument("--ca-file", metavar="FILE", help="the CA certificate of a private registry (TLS is always verified)")
+    p.add_argument("--retries", type=int, default=5, metavar="N",
+                   help="attempts per registry request on a connection error, a timeout or a 5xx answer, waiting 1, "
+                        "2, 4 ... s between them (default 5)")
+
+
+COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy",
+            "kit", "rebuild")
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
                  "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
+                 "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
+                 "--ref", "--jobs", "--platform", "--sign", "--sign-minisign", "--key",
                  "--external"}
 
 
@@ -247,19 +333,33 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         version=getattr(args, "version", None), out=_out(args, ctx.cwd), force=getattr(args, "force", False),
         level=level, long_distance=getattr(args, "long", False),
         split=parse_size(args.split) if getattr(args, "split", None) else None,
-        roundtrip=not getattr(args, "no_roundtrip", False), verify_engine=getattr(args, "verify_engine", None),
+        roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
+        verify_engine=getattr(args, "verify_engine", None),
         scratch_dir=Path(args.scratch_dir) if getattr(args, "scratch_dir", None) else None,
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
-        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root))
+        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root),
+        platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
+        sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
     return replace(request, **extra)
+
+
+def _one_platform(args: argparse.Namespace) -> str | None:
+    """The ``--platform`` of a command that builds one image; None when not given."""
+    from .platforms import parse_options
+
+    given = parse_options(getattr(args, "platform", ()))
+    if len(given) > 1 and args.command != "build":
+        raise InputError(f"--platform: {args.command} builds for one platform, not {len(given)}")
+    return given[0].name if len(given) == 1 else None
 
 
 def _release_outcome(results, title: str) -> Outcome:
     release = results["release"]
     m = release.manifest
     a = m.archive
-    rows = [("image", m.tag), ("profiles", ", ".join(m.profiles) or "(none)"), ("release", str(release.folder)),
+    rows = [("image", m.tag), ("profiles", ", ".join(m.profiles) or "(none)"), ("platform", m.platform or "(none)"),
+            ("release", str(release.folder)),
             ("archive", ", ".join(f.name for f in a.files)),
             ("size", f"{a.bytes / 2**30:.2f} GiB ({a.bytes} bytes), ratio {release.archive.ratio:.2f}"),
             ("SHA256", a.sha256), ("image ID", m.image_id)]
@@ -282,10 +382,36 @@ def _release_outcome(results, title: str) -> Outcome:
 
 
 def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .pipeline import BUILD, run_stages, selection
+    from .pipeline import BUILD, SEQUENTIAL, run_stages, selection
+    from .plan import product_platforms
+    from .platforms import parse_options
+    from .targets import run_platforms
 
-    request = _request(args, ctx, require_lock=args.stage != "render")  # rendering needs no lock yet
-    results = run_stages(selection(BUILD, args.stage), request, ctx.reporter)
+    names = SEQUENTIAL if args.sequential else BUILD
+    lock = args.stage != "render"  # rendering needs no lock yet
+    platforms = parse_options(args.platform)
+    if not platforms:
+        try:
+            platforms = product_platforms((ctx.cwd / args.config).resolve(), ctx.cwd)
+        except InputError:
+            platforms = ()  # the plan stage reports it, as for any bad YAML
+    if len(platforms) > 1:
+        runs = run_platforms(selection(names, args.stage),
+                             _request(args, ctx, sequential=args.sequential, require_lock=lock), platforms, ctx.reporter)
+        return _several(args, [_built_outcome(args, results) for results in runs])
+    request = _request(args, ctx, sequential=args.sequential, require_lock=lock)
+    return _built_outcome(args, run_stages(selection(names, args.stage), request, ctx.reporter))
+
+
+def _several(args: argparse.Namespace, outcomes: list[Outcome]) -> Outcome:
+    """One outcome of a build for several platforms: every release's rows, and a list of documents."""
+    rows = [row for outcome in outcomes for row in outcome.rows]
+    key = {"render": "rendered", "build": "images"}.get(args.stage, "releases")
+    return Outcome(document={key: [o.document for o in outcomes]}, title=outcomes[0].title, rows=rows,
+                   final="; ".join(o.final for o in outcomes))
+
+
+def _built_outcome(args: argparse.Namespace, results) -> Outcome:
     plan = results["plan"]
     if args.stage == "render":
         context, folder = results["context"], results["rendered"]
@@ -293,26 +419,28 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
                                  "rendered": str(folder) if folder else None,
                                  "dockerfile_sha256": next(f.sha256 for f in context.files if f.name == "Dockerfile")},
                        title="unibake: rendered", rows=[("image", plan.tag), ("profiles", ", ".join(plan.profile_names)),
+                                                        ("platform", plan.platform.name),
                                                         ("rendered", str(folder or "(not written)"))],
                        final=f"rendered {plan.tag}" + (f" in {folder}" if folder else ""))
     if args.stage == "build":
         built, image = results["built"], results["image"]
-        rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names)), ("image ID", image.image_id),
+        rows = [("image", plan.tag), ("profiles", ", ".join(plan.profile_names)), ("platform", image.platform),
+                ("image ID", image.image_id),
                 ("layers", str(len(image.diff_ids))),
                 ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused"),
                 ("image size", f"{image.size / 2**30:.2f} GiB ({image.size} bytes)")]
         return Outcome(document={"image": plan.tag, "image_id": image.image_id, "diff_ids": list(image.diff_ids),
-                                 "size": image.size, "profiles": list(plan.profile_names),
+                                 "size": image.size, "profiles": list(plan.profile_names), "platform": image.platform,
                                  "cached_steps": built.cached_steps, "steps": len(built.cacheable_steps)},
                        title="unibake: built", rows=rows, final=f"built {plan.tag} as {image.image_id}")
     return _release_outcome(results, "unibake: released")
 
 
 def cmd_hotfix(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .pipeline import HOTFIX, run_stages, selection
+    from .pipeline import HOTFIX, HOTFIX_SEQUENTIAL, run_stages, selection
 
-    request = _request(args, ctx, base=args.base)
-    results = run_stages(selection(HOTFIX), request, ctx.reporter)
+    request = _request(args, ctx, base=args.base, sequential=args.sequential)
+    results = run_stages(selection(HOTFIX_SEQUENTIAL if args.sequential else HOTFIX), request, ctx.reporter)
     return _release_outcome(results, "unibake: hotfix released")
 
 
@@ -321,6 +449,8 @@ def cmd_archive(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .publish import check_tag, release_tag
 
     by_digest = args.image.startswith("sha256:") or "@" in args.image
+    if not (IMAGE_REF_RE.fullmatch(args.image) or re.fullmatch(r"sha256:[0-9a-f]{12,64}", args.image)):
+        raise InputError(f"{args.image[:200]!r} is not an image reference (name[:tag][@sha256:digest] or sha256:ID)")
     if by_digest and not (args.tag and args.product):
         raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
     check_tag(args.tag or release_tag(args.image))
@@ -353,11 +483,13 @@ def cmd_repro(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
-    from .verify import check_external, check_folder_arg, load_and_compare, verify_folder
+    from .verify import (check_external, check_folder_arg, load_and_compare, verify_folder, verify_signatures,
+                         with_signatures)
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
-    report = verify_folder(folder)
-    if args.external:
+    signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
+    report = signed if signed is not None and signed.failures else with_signatures(signed, verify_folder(folder))
+    if args.external and not (signed is not None and signed.failures):
         report = check_external(report, [(ctx.cwd / p).resolve() for p in args.external])
     if args.load and not report.failures:
         from .docker_engine import DockerEngine
@@ -418,15 +550,19 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .inputs import LOCK_FILE, read_lock, render_lock
     from .plan import display_path, make_plan
 
+    from .platforms import KNOWN
+
     config = (ctx.cwd / args.config).resolve()
-    plan = make_plan(config, cwd=ctx.cwd, verify_lock=False)
+    # every platform's inputs: a prebuilt kernel may be another file on another platform
+    inputs = {f.path: f for p in KNOWN.values()
+              for f in make_plan(config, cwd=ctx.cwd, verify_lock=False, platform=p).inputs}
     lock_path = config / LOCK_FILE
     display = display_path(lock_path, ctx.cwd)
     before = read_lock(lock_path, display)
-    after = {f.path: f.sha256 for f in plan.inputs}
+    after = {path: f.sha256 for path, f in inputs.items()}
     changed = {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
                "changed": sorted(p for p in set(after) & set(before) if after[p] != before[p])}
-    write_atomic(config, LOCK_FILE, render_lock(list(plan.inputs)))
+    write_atomic(config, LOCK_FILE, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
     for label in ("added", "changed", "removed"):
         for path in changed[label]:
             ctx.reporter.info(f"  {label}: {path}")
@@ -449,9 +585,226 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                    final=f"{verb} {len(removed)} images or tags")
 
 
+def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .amend import amend_release
+    from .registry import RegistryClient, merge_record, parse_reference, push_release
+    from .verify import check_folder_arg, read_sums, verify_folder
+
+    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    target = parse_reference(args.to, what="--to", digest=False)
+    settings = _registry_settings(args, ctx, target.host)
+    temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
+    with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
+        report = verify_folder(folder)
+        report.raise_if_failed()
+    m = report.manifest
+    with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
+                                    "layers"):
+        with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
+            result = push_release(folder, m, target, client, compression=args.compression, temp_dir=temp_dir,
+                                  on_line=ctx.reporter.info)
+    record = result.record
+    updated = merge_record(m, record)
+    signed = [n for n in ("SHA256SUMS.asc", "SHA256SUMS.minisig") if (folder / n).exists()]
+    if updated is not None and signed:
+        # recording would change SHA256SUMS under its signatures: the folder stays as it was signed
+        ctx.reporter.warn(f"release {m.release} is signed ({', '.join(signed)}): the push is not recorded in it, so "
+                          f"its SHA256SUMS and signatures stay valid; pull it by {record.reference}")
+        updated = None
+    if updated is not None:
+        with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS"):
+            amend_release(folder, updated, read_sums(folder), folder.parent.parent / "checksums")
+    else:
+        ctx.reporter.skipped("record", "the release already records this push")
+    rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
+            ("digest", record.digest), ("layers", f"{record.layers}: {result.uploaded} uploaded "
+                                                  f"({result.uploaded_bytes} bytes), {result.present} already there"),
+            ("pull", record.reference)]
+    document = {"release": m.release, "folder": str(folder), "image_id": m.image_id,
+                **record.model_dump(mode="json"), "uploaded": result.uploaded, "already_present": result.present,
+                "uploaded_bytes": result.uploaded_bytes, "recorded": updated is not None}
+    return Outcome(document=document, title="unibake: pushed", rows=rows, final=f"pushed {m.tag} as {record.reference}")
+
+
+def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .docker_engine import DockerEngine
+    from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
+    from .verify import check_folder_arg
+
+    ref = parse_reference(args.ref, what="the reference", digest=True)
+    if args.release:
+        folder = check_folder_arg((ctx.cwd / args.release).resolve())
+    else:
+        out = _out(args, ctx.cwd)
+        folder = find_release_by_digest(out, ref.digest)
+        if folder is None:
+            raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
+                             "with --release DIR")
+    m = _trusted_manifest(folder)
+    settings = _registry_settings(args, ctx, ref.host)
+    with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
+        with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
+            info = check_remote(ref, m, client)
+    engine = DockerEngine(args.engine, ctx.env)
+    with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
+        image_id = pull_into(engine, ref, m, info, settings["credentials"])
+    return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
+                             "tag": m.tag, "engine": engine.address},
+                   title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),
+                                                  ("image ID", f"{image_id} (release {m.release}: the same)"),
+                                                  ("tagged", m.tag)],
+                   final=f"pulled {ref.pinned}: image {image_id}, as release {m.release} records; tagged {m.tag}")
+
+
+def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .deploy import Plan, deploy, engines_of, raise_if_failed, read_hosts
+    from .docker_engine import DockerEngine
+    from .plan import display_path
+    from .registry import RegistryClient, check_remote, parse_reference, pull_into
+    from .verify import check_folder_arg, verify_folder
+
+    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    if args.jobs < 1:
+        raise InputError(f"--jobs {args.jobs} must be 1 or more")
+    hosts = read_hosts((ctx.cwd / args.hosts).resolve()) if args.hosts else []
+    addresses = engines_of(args.engines or ([args.engine] if getattr(args, "engine", None) else []), hosts)
+    if args.source == "archive":
+        if args.ref:
+            raise InputError("--ref goes with --from registry")
+        with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
+            report = verify_folder(folder)
+            report.raise_if_failed()
+        plan = Plan(folder=folder, manifest=report.manifest, source="archive")
+    else:
+        m = _trusted_manifest(folder)
+        if args.ref:
+            ref = parse_reference(args.ref, what="--ref", digest=True)
+        elif m.registry:
+            last = m.registry[-1]
+            ref = parse_reference(last.reference, what=f"{folder}/manifest.json registry", digest=True)
+        else:
+            raise InputError(f"release {m.release} records no push: run 'build.py push {args.folder} --to "
+                             "REGISTRY/REPO' first, or deploy --from archive")
+        settings = _registry_settings(args, ctx, ref.host)
+        with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
+            with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
+                info = check_remote(ref, m, client)
+        plan = Plan(folder=folder, manifest=m, source="registry",
+                    pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
+    m = plan.manifest
+    with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
+        results = deploy(plan, addresses, lambda address: DockerEngine(address, ctx.env), jobs=args.jobs,
+                         on_result=lambda r: ctx.reporter.info(f"    {r.engine}: {r.result}"))
+    ctx.reporter.table(f"deploy {m.tag} ({m.image_id[:19]}...) from the {args.source}",
+                       ["engine", "time", "result", "detail"],
+                       [[r.engine, f"{r.seconds:.1f} s", r.result.upper() if r.failed else r.result, r.detail]
+                        for r in results])
+    error = None
+    try:
+        raise_if_failed(results)
+    except UnibakeError as exc:
+        error = exc
+    failed = sum(r.failed for r in results)
+    document = {"release": m.release, "folder": str(folder), "image_id": m.image_id, "tag": m.tag,
+                "source": args.source, "failed": failed,
+                "engines": [{"engine": r.engine, "result": r.result, "seconds": r.seconds, "detail": r.detail,
+                             "image_id": r.image_id} for r in results]}
+    where = display_path(folder, ctx.cwd)
+    final = f"deployed {where} to {len(results)} engines" if not failed else \
+        f"deploy of {where}: {failed} of {len(results)} engines failed"
+    return Outcome(document=document, final=final, error=error)
+
+
+def _existing_dir(cwd: Path, value: str | None, option: str) -> Path | None:
+    if not value:
+        return None
+    path = (cwd / value).resolve()
+    if not path.is_dir():
+        raise InputError(f"{option} {value}: not a folder")
+    return path
+
+
+def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dict:
+    """The credentials, CA and retries for one registry host, from the command line and the Docker config."""
+    from .registry import Retry, load_credentials
+
+    if args.retries < 1 or args.retries > 20:
+        raise InputError(f"--retries {args.retries} is out of range 1..20")
+    auth_file = ca_file = None
+    if args.auth_file:
+        auth_file = (ctx.cwd / args.auth_file).resolve()
+    if args.ca_file:
+        ca_file = (ctx.cwd / args.ca_file).resolve()
+        if not ca_file.is_file():
+            raise InputError(f"--ca-file {args.ca_file}: no such file")
+    return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
+            "retry": Retry(attempts=args.retries)}
+
+
+def _trusted_manifest(folder: Path):
+    """A release's manifest, checked against its SHA256SUMS (the archive itself is not needed to pull)."""
+    from .errors import VerificationError
+    from .manifest import MANIFEST, load_manifest
+    from .verify import check_sums, read_sums
+
+    sums = read_sums(folder)
+    if MANIFEST not in sums:
+        raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
+    bad = [c for c in check_sums(folder, {MANIFEST: sums[MANIFEST]}) if not c.passed]
+    if bad:
+        raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
+    return load_manifest(folder)
+def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .kit import kit_for_release
+    from .plan import display_path
+    from .verify import check_folder_arg
+
+    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    out = (ctx.cwd / args.out).resolve()
+    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd)
+    same = published == written.file.sha256
+    verdict = "identical to the published kit" if same else \
+        "the release published none" if published is None else f"DIFFERS from the published kit ({published})"
+    path = display_path(out / written.file.name, ctx.cwd)
+    return Outcome(document={"kit": str(out / written.file.name), "sha256": written.file.sha256,
+                             "bytes": written.file.bytes, "context_sha256": written.context_sha256,
+                             "published_sha256": published, "identical": same},
+                   title="unibake: kit", rows=[("kit", path), ("sha256", written.file.sha256),
+                                               ("build context", f"{written.context_sha256} (the release's)"),
+                                               ("published", verdict)],
+                   final=f"wrote {path}: {verdict}")
+
+
+def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .docker_engine import DockerEngine
+    from .errors import VerificationError
+    from .kit import check_kit, rebuild
+    from .plan import display_path
+
+    folder = (ctx.cwd / args.folder).resolve()
+    if not folder.is_dir():
+        raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
+    check_kit(folder)  # before reaching for an engine
+    engine = DockerEngine(args.engine, ctx.env)
+    with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
+                                       f"{engine.address}"):
+        result = rebuild(folder, engine, on_line=ctx.reporter.build_line)
+    record = result.record
+    error = None if result.matches else VerificationError(
+        f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {record.image_id}")
+    verdict = "identical" if result.matches else "DIFFERENT"
+    return Outcome(document={"release": record.release, "tag": record.tag, "released": record.image_id,
+                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": result.matches},
+                   title="unibake: rebuild", rows=[("release", f"{record.tag} ({record.release})"),
+                                                   ("released", record.image_id), ("rebuilt", result.image.image_id),
+                                                   ("tagged", result.ref), ("image ID", verdict)],
+                   final=f"rebuilt {record.tag}: {verdict} image ID", error=error)
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace, Context], Outcome]] = {
     "build": cmd_build, "hotfix": cmd_hotfix, "archive": cmd_archive, "repro": cmd_repro, "verify": cmd_verify,
-    "releases": cmd_releases, "lock": cmd_lock, "prune": cmd_prune}
+    "releases": cmd_releases, "lock": cmd_lock, "prune": cmd_prune, "push": cmd_push, "pull": cmd_pull,
+    "deploy": cmd_deploy, "kit": cmd_kit, "rebuild": cmd_rebuild}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,6 +870,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except BrokenPipeError:  # output piped into head: not an error of ours
         sys.stdout = open(os.devnull, "w")
         return 0
+    except OSError as exc:  # a file or folder the stages did not expect to fail: named, never a traceback
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

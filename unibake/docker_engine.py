@@ -32,12 +32,14 @@ class DockerEngine(Engine):
         env = os.environ if env is None else env
         self.address = address or env.get("DOCKER_HOST") or DEFAULT_ADDRESS
         try:
+            # ssh://: docker-py runs the system's ssh client (its config, agent and known hosts), as the CLI does
+            ssh = self.address.startswith("ssh://")
             if address:
-                self.api = docker.APIClient(base_url=address, version="auto", timeout=TIMEOUT)
+                self.api = docker.APIClient(base_url=address, version="auto", timeout=TIMEOUT, use_ssh_client=ssh)
             else:
                 kwargs = docker.utils.kwargs_from_env(environment=dict(env))
                 kwargs.setdefault("base_url", self.address)
-                self.api = docker.APIClient(version="auto", timeout=TIMEOUT, **kwargs)
+                self.api = docker.APIClient(version="auto", timeout=TIMEOUT, use_ssh_client=ssh, **kwargs)
         except docker.errors.DockerException as exc:
             raise EngineError(f"cannot reach the Docker engine at {self.address}: "
                               f"{_reason(exc)}; start it (scripts/setup.sh does) or name one with --engine") from None
@@ -52,7 +54,7 @@ class DockerEngine(Engine):
             raise self._fail("the Docker engine does not answer", exc) from None
 
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
-              on_line: Callable[[str], None]) -> BuildOutcome:
+              on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:
         steps: list[BuildStep] = []
         current: tuple[int, str] | None = None
         cached = False
@@ -66,8 +68,11 @@ class DockerEngine(Engine):
                 steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached))
 
         try:
+            # platform: only when asked; Engine 20.10's classic builder takes a local FROM image as it is
+            # (an amd64 one too) and copies its platform into the config, so the caller checks the base
             events = self.api.build(fileobj=context, custom_context=True, tag=tag, buildargs=buildargs,
-                                    nocache=nocache, rm=True, forcerm=True, pull=False, decode=True)
+                                    nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
+                                    **({"platform": platform} if platform else {}))
             for event in events:
                 if "error" in event:
                     message = event.get("errorDetail", {}).get("message") or event["error"]
@@ -116,7 +121,8 @@ class DockerEngine(Engine):
                          diff_ids=tuple(raw.get("RootFS", {}).get("Layers") or ()),
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
                          created=raw.get("Created", ""), env=tuple(config.get("Env") or ()),
-                         architecture=raw.get("Architecture") or "", os=raw.get("Os") or "")
+                         architecture=raw.get("Architecture") or "", os=raw.get("Os") or "",
+                         variant=raw.get("Variant") or "")
 
     def history(self, ref: str) -> list[str]:
         try:
@@ -253,6 +259,17 @@ class DockerEngine(Engine):
                              labels=dict(i.get("Labels") or {}), created=int(i.get("Created") or 0))
                 for i in found]
 
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
+        try:
+            for event in self.api.pull(repository, tag=digest, auth_config=auth, stream=True, decode=True):
+                if "error" in event or "errorDetail" in event:
+                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                    raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
+                                      f"(engine at {self.address})")
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise EngineError(f"pulling {repository}@{digest} failed: {_pull_hint(_reason(exc))} "
+                              f"(engine at {self.address})") from None
+
 
 def _reason(exc: Exception) -> str:
     text = str(exc)
@@ -262,3 +279,12 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, docker.errors.APIError) and exc.explanation:
         return str(exc.explanation)
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _pull_hint(message: str) -> str:
+    """An engine's pull error, with what to do when it is the registry's certificate."""
+    if "x509" in message or "certificate" in message:
+        host = message.split("https://", 1)[-1].split("/", 1)[0] if "https://" in message else "HOST:PORT"
+        return (f"{message}; the engine does not trust the registry's certificate: put its CA certificate in "
+                f"/etc/docker/certs.d/{host}/ca.crt on the engine's host")
+    return message

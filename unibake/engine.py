@@ -39,6 +39,7 @@ class ImageInfo:
     env: tuple[str, ...] = ()
     architecture: str = ""
     os: str = ""
+    variant: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,8 +87,9 @@ class Engine(ABC):
 
     @abstractmethod
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
-              on_line: Callable[[str], None]) -> BuildOutcome:
-        """Build from a tar context; tags only on success. Raises BuildFailed with the failing step."""
+              on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:
+        """Build from a tar context; tags only on success. Raises BuildFailed with the failing step.
+        ``platform`` (``linux/arm64``): the target, passed to the engine when given."""
 
     @abstractmethod
     def inspect_image(self, ref: str) -> ImageInfo | None:
@@ -142,3 +144,7 @@ class Engine(ABC):
     @abstractmethod
     def list_images(self, *, dangling: bool = False) -> list[ImageSummary]:
         """The engine's top-level images (``docker images``), or only the dangling ones."""
+
+    @abstractmethod
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
+        """Pull ``repository@digest`` from its registry (``auth``: user name and password, or None)."""

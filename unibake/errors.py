@@ -71,6 +71,18 @@ class RoundTripUnavailable(EngineError):
     """No engine that has never seen the image can be had here."""
 
 
+class RegistryError(UnibakeError):
+    """A registry refused or failed a request, or did not answer after the retries; nothing was recorded."""
+
+
+class RegistryAuthError(RegistryError):
+    """A registry refused the credentials (or gave none the right to the repository)."""
+
+
+class DigestMismatch(VerificationError):
+    """What a registry or an engine holds is not what the release recorded: another digest or image ID."""
+
+
 class PipelineError(UnibakeError):
     """The stages of a command are wired wrongly: a bug in unibake, never the user's input."""
 

@@ -36,6 +36,7 @@ from .threads import hashing_thread
 BLOCK = tarfile.BLOCKSIZE
 CHUNK = 1 << 20
 KEEP_LIMIT = 16 << 20  # metadata files (configs, manifests) and extended headers are kept up to this size
+KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metadata" members stays cheap
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
@@ -430,6 +431,12 @@ class Sink(Protocol):
 
 
 Route = Callable[[str, int, bytes], "Sink | None"]
+Keep = Callable[[str, int, bytes], bool]
+
+
+def keep_json(name: str, size: int, head: bytes) -> bool:
+    """Keep what can be metadata (JSON); hash the rest."""
+    return head[:1] in (b"{", b"[")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -494,14 +501,20 @@ class _Open:
 class _MemberReader:
     """The visitor behind :func:`read_members`."""
 
-    def __init__(self, route: Route | None, hasher):
-        self.route, self.hasher = route, hasher
+    def __init__(self, route: Route | None, keep: Keep, hasher):
+        self.route, self.keep, self.hasher = route, keep, hasher
         self.done: list[tuple[_Open, object]] = []
         self.links: dict[str, str] = {}
+        self.seen: set[str] = set()
+        self.kept_bytes = 0
         self.current: _Open | None = None
 
     def begin(self, entry: TarEntry) -> None:
         name = safe_name(entry.name)
+        if entry.type != tarfile.DIRTYPE and name:
+            if name in self.seen:  # a reader and an engine could take different copies: neither is taken
+                raise ArchiveError(f"archive member {name!r} appears twice")
+            self.seen.add(name)
         if entry.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
             if entry.linkname.startswith("/"):
                 raise ArchiveError(f"archive member {name!r} links to an absolute path {entry.linkname!r}")
@@ -533,7 +546,11 @@ class _MemberReader:
         first = bytes(m.head[:BLOCK])
         if self.route is not None:
             m.sink = self.route(m.name, m.size, first)
-        if m.sink is None and m.size <= KEEP_LIMIT:
+        if m.sink is None and m.size <= KEEP_LIMIT and self.keep(m.name, m.size, first):
+            self.kept_bytes += m.size
+            if self.kept_bytes > KEEP_TOTAL:
+                raise ArchiveError(f"the archive's metadata members add up to more than {KEEP_TOTAL >> 20} MiB: "
+                                   "not an image archive")
             m.kept = []
         if first.startswith(GZIP_MAGIC):
             m.decomp, m.content = zlib.decompressobj(wbits=31), hashlib.sha256()
@@ -578,13 +595,14 @@ def _inflate(decomp, block: memoryview, sink) -> None:
         sink.update(decomp.decompress(block))
 
 
-def read_members(source: Iterable[bytes], route: Route | None = None) -> dict[str, Member]:
-    """Every member of a tar stream (an iterable of chunks), hashed; refuses unsafe names and links
-    that escape. Small members are kept. ``route(name, size, first_block)`` may return a sink for
-    a member: its bytes go there instead of being kept, and what its ``close()`` returns is the
-    member's ``routed``. The hashing runs in its own thread."""
+def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json) -> dict[str, Member]:
+    """Every member of a tar stream (an iterable of chunks), hashed; refuses unsafe names, links
+    that escape and names that appear twice. Small members that ``keep`` accepts (by default what
+    can be JSON metadata; at most 64 MiB in all) are kept. ``route(name, size, first_block)`` may
+    return a sink for a member: its bytes go there instead of being kept, and what its ``close()``
+    returns is the member's ``routed``. The hashing runs in its own thread."""
     hasher = hashing_thread()
-    reader = _MemberReader(route, hasher)
+    reader = _MemberReader(route, keep, hasher)
     walker = TarWalker(reader)
     try:
         for chunk in source:
@@ -711,6 +729,51 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
     return SavedImage(layout=where.layout, image_id=image_id, diff_ids=tuple(diff_ids), repo_tags=where.repo_tags,
                       config=config, members=len(members), config_bytes=config_member.data or b"",
                       layer_members=tuple(layer_members))
+
+
+def full_reference(tag: str) -> str:
+    """The fully qualified name the containerd image store uses for a tag."""
+    first = tag.split("/", 1)[0]
+    if "/" in tag and ("." in first or ":" in first or first == "localhost"):
+        return tag
+    return f"docker.io/{tag}" if "/" in tag else f"docker.io/library/{tag}"
+
+
+CANONICAL_NAMES = frozenset({"index.json", "manifest.json", "oci-layout"})
+
+
+def check_release_form(members: dict[str, Member], tag: str) -> None:
+    """A downloaded release archive is in our canonical form and names one image, ``tag``, in both
+    layouts alike, and holds nothing else: what a load installs is exactly what was checked."""
+    where = locate(members)
+    if any(m.link is not None for m in members.values()):
+        raise ArchiveError("the archive holds a link: a release archive has none")
+    if not CANONICAL_NAMES <= set(members):
+        raise ArchiveError(f"the archive lacks {', '.join(sorted(CANONICAL_NAMES - set(members)))}: not a release "
+                           "archive")
+    if where.repo_tags != (tag,):
+        raise ArchiveError(f"the archive's manifest.json names {list(where.repo_tags)}, not only the release's "
+                           f"tag {tag!r}: a load would tag other images")
+    index = member_json(members, "index.json")
+    manifests = index.get("manifests") if isinstance(index, dict) else None
+    if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
+        raise ArchiveError("the archive's index.json must name exactly one image")
+    annotations = manifests[0].get("annotations")
+    want = {"io.containerd.image.name": full_reference(tag), "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[1]
+            if ":" in tag.rsplit("/", 1)[-1] else "latest"}
+    if annotations != want:
+        raise ArchiveError(f"the archive's index.json names {annotations!r}, not only the release's tag {tag!r}")
+    oci_name = blob_name(manifests[0].get("digest"))
+    oci = member_json(members, oci_name)
+    if not isinstance(oci, dict) or blob_name((oci.get("config") or {}).get("digest")) != where.config_name or \
+            [blob_name(d.get("digest") if isinstance(d, dict) else None) for d in oci.get("layers") or []] \
+            != list(where.layer_names):
+        raise ArchiveError("the archive's index.json and manifest.json describe different images")
+    referenced = CANONICAL_NAMES | {oci_name, where.config_name} | set(where.layer_names)
+    stray = sorted(set(members) - referenced)
+    if stray:
+        raise ArchiveError(f"the archive holds {len(stray)} member(s) nothing refers to, first {stray[0]!r}: "
+                           "refused before any load")
 
 
 def inspect_save_stream(source: Iterable[bytes], omitted: frozenset[str] = frozenset()) -> SavedImage:

@@ -19,8 +19,10 @@ from pydantic import Field, ValidationError
 
 from .errors import UnibakeError, VerificationError
 from .files import read_small_text
-from .metadata import DIGEST, HEX64, Digest, Component, ImageMetadata, LaunchMetadata, ProfileMetadata, Record, first_error
-from .schema import EXTERNAL_NAME_RE, NAME_RE
+from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
+                       Record, first_error)
+from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
+from .schema import EXTERNAL_NAME_RE, IMAGE_REF_RE, NAME_RE
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -59,7 +61,7 @@ class ArchiveRecord(Record):
 
 class HotfixRecord(Record):
     base_release: str = Field(pattern=TAG_PATTERN)
-    base_tag: str = Field(max_length=255)
+    base_tag: str = Field(pattern=IMAGE_REF_RE.pattern, max_length=255)
     base_image_id: str = Field(pattern=DIGEST)
     base_archive_bytes: int = Field(ge=1)
     omitted_diff_ids: tuple[Digest, ...]
@@ -88,7 +90,44 @@ class Tool(Record):
     version: str = Field(max_length=64)
 
 
-class ReleaseManifest(Record):
+class RegistryRecord(Record):
+    """Where ``build.py push`` put the image: pull ``reference`` (by digest) to get exactly this release."""
+
+    reference: str = Field(max_length=512)  # REGISTRY/REPO@sha256:...
+    repository: str = Field(max_length=255)  # REGISTRY/REPO
+    tag: str = Field(pattern=TAG_PATTERN)
+    digest: str = Field(pattern=DIGEST)  # of the manifest (or, with several platforms, the index)
+    media_type: str = Field(max_length=128)
+    layers: Literal["gzip", "zstd"]
+    pushed: str = Field(max_length=64)
+
+
+class SupplyFile(Record):
+    """A supply-chain file of the release folder (SBOM, provenance, kit)."""
+
+    name: str = Field(pattern=FILE_NAME_PATTERN)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=HEX64)
+
+
+class Signature(Record):
+    """Detached signatures of one kind, by one key: of SHA256SUMS and of the provenance."""
+
+    kind: Literal["openpgp", "minisign"]
+    key: str = Field(pattern=r"^[0-9A-F]{1,64}$")  # the OpenPGP fingerprint or the minisign key ID
+    files: tuple[str, ...]
+
+
+class SupplyChain(Record):
+    """``sbom.cdx.json``, ``provenance.intoto.json``, the reconstruct kit and the signatures."""
+
+    sbom: SupplyFile
+    provenance: SupplyFile
+    kit: SupplyFile | None
+    signatures: tuple[Signature, ...]
+
+
+class ReleaseManifest(Document):
     """``manifest.json``: everything a downloader, a later release or a tool needs to know."""
 
     schema_version: Literal[2] = Field(alias="schema")
@@ -96,12 +135,12 @@ class ReleaseManifest(Record):
     product: str = Field(pattern=NAME_RE.pattern)
     release: str = Field(pattern=TAG_PATTERN)
     version: str = Field(max_length=128)
-    tag: str = Field(max_length=255)
+    tag: str = Field(pattern=IMAGE_REF_RE.pattern, max_length=255)
     image_id: str = Field(pattern=DIGEST)
     image_size: int = Field(ge=0)
     diff_ids: tuple[Digest, ...]
     save_layout: Literal["docker", "oci"]
-    default_profile: str | None
+    default_profile: str | None = Field(pattern=NAME_RE.pattern)
     profiles: dict[str, ProfileMetadata]
     launch: LaunchMetadata | None
     components: tuple[Component, ...]
@@ -115,6 +154,10 @@ class ReleaseManifest(Record):
     hotfix: HotfixRecord | None
     attachments: tuple[AttachmentRecord, ...] = ()
     external: tuple[ExternalRecord, ...] = ()
+    registry: tuple[RegistryRecord, ...] = ()  # build.py push records each push here
+    # os/architecture the image config records (None: it records none); releases made before were amd64
+    platform: str | None = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)
+    supply_chain: SupplyChain | None = None  # absent in releases made before the SBOM and provenance
 
     model_config = Record.model_config | {"populate_by_name": True}
 
@@ -125,7 +168,8 @@ class ReleaseManifest(Record):
             return None
         return ImageMetadata(product=self.product, version=self.version, tag=self.tag,
                              default_profile=self.default_profile, profiles=self.profiles,
-                             components=self.components, launch=self.launch)
+                             components=self.components, launch=self.launch,
+                             platform=self.platform or DEFAULT_PLATFORM)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"

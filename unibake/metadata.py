@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from .errors import VerificationError
 from .envfile import fingerprint
-from .schema import (COMPONENT_VERSION_RE, DEVICE_RE, ENV_KEY_RE, GROUP_RE, IMAGE_PATH_RE, MAX_GPUS, NAME_RE,
-                     SHM_SIZE_RE, UPSTREAM_NAME_RE, VERSION_RE, default_of)
+from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
+from .schema import (COMPONENT_VERSION_RE, DEVICE_RE, ENV_KEY_RE, GROUP_RE, IMAGE_PATH_RE, IMAGE_REF_RE, MAX_GPUS,
+                     NAME_RE, SHM_SIZE_RE, UPSTREAM_NAME_RE, VERSION_RE, default_of)
 
 if TYPE_CHECKING:
     from .plan import ReleasePlan
@@ -39,6 +40,39 @@ class Record(BaseModel):
 
     # python-re: the schema's path patterns refuse '.' and '..' components with a look-ahead
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, regex_engine="python-re")
+
+
+def control_character(value: object, path: str = "", skip: frozenset[str] = frozenset()) -> str | None:
+    """Where in a document (keys and values, recursively) a control character is; None if nowhere.
+    Every string of these documents can reach a shell script or Markdown: none may end a line."""
+    if isinstance(value, str):
+        return path or "the document" if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if key in skip:
+                continue
+            found = control_character(key, here) or control_character(item, here)
+            if found:
+                return found
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = control_character(item, f"{path}.{i}")
+            if found:
+                return found
+    return None
+
+
+class Document(Record):
+    """A top-level document read from outside (an image's label, a downloaded manifest): no string in
+    it may hold a control character."""
+
+    @model_validator(mode="after")
+    def _no_control_characters(self) -> "Document":
+        found = control_character(self.model_dump(by_alias=True), skip=frozenset({"labels"}))
+        if found:
+            raise ValueError(f"{found} holds a control character")
+        return self
 
 
 def _pattern(regex) -> str:
@@ -159,16 +193,17 @@ class LaunchMetadata(Record):
         return self
 
 
-class ImageMetadata(Record):
+class ImageMetadata(Document):
     """The product, its profiles, components and run-time defaults, as baked into the image."""
 
     product: str = Field(pattern=_pattern(NAME_RE))
     version: str = Field(pattern=_pattern(VERSION_RE))
-    tag: str = Field(max_length=255)
+    tag: str = Field(pattern=_pattern(IMAGE_REF_RE), max_length=255)
     default_profile: str = Field(pattern=_pattern(NAME_RE))
     profiles: dict[str, ProfileMetadata] = Field(min_length=1)
     components: tuple[Component, ...]
     launch: LaunchMetadata
+    platform: str = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)  # images made before it were amd64
 
     @model_validator(mode="after")
     def _profiles(self) -> "ImageMetadata":
@@ -199,7 +234,8 @@ class ImageMetadata(Record):
                 for p in plan.profiles},
             components=plan.components,
             launch=LaunchMetadata(port=plan.launch.port, model_name=plan.launch.model_name,
-                                  mounts=dict(plan.launch.mounts)))
+                                  mounts=dict(plan.launch.mounts)),
+            platform=plan.platform.name)
 
     @classmethod
     def from_labels(cls, labels: dict[str, str], image: str) -> "ImageMetadata | None":

@@ -11,8 +11,10 @@ This stage rewrites the image in one stream (save -> rewrite -> load, nothing he
 * the base image's layers pass through untouched (and are not sent back to the engine: it has them);
 * the config gets ``created`` and every history time set to the epoch, loses the fields that name
   the build container (``container``, ``container_config``, ``docker_version``, ``config.Image``),
-  and records the epoch in the label ``io.unibake.source-date-epoch``; it is written with sorted
-  keys, so its digest (the image ID) is stable.
+  records the epoch in the label ``io.unibake.source-date-epoch`` and the target platform in
+  ``os``/``architecture``/``variant`` (Engine 20.10's classic builder copies them from the base
+  and ignores the build's platform); it is written with sorted keys, so its digest (the image ID)
+  is stable.
 
 The tag then names the normalised image; the image the engine built is kept as build cache.
 """
@@ -26,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .builder import BuiltImage, Image, iso_time
+from .builder import BuiltImage, Image, image_platform, iso_time
 from .engine import Engine
 from .errors import ArchiveError, EngineError, LayerFormatError, VerificationError
 from .imagetar import (BLOCK, LayerRewriter, Member, locate, looks_like_layer, read_members, resolve, tar_header,
                        tar_padding)
+from .platforms import Platform, apply as apply_platform
 from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
 
 EPOCH_LABEL = "io.unibake.source-date-epoch"
@@ -38,9 +41,12 @@ VERSION = 2  # of the rewrite: a change to it must not reuse images normalised b
 DROPPED_CONFIG_KEYS = ("container", "container_config", "docker_version")
 
 
-def normalised_config(raw: bytes, diff_ids: list[str], epoch: int) -> bytes:
-    """The image config with build-time traces removed; sorted keys, so its digest is stable."""
+def normalised_config(raw: bytes, diff_ids: list[str], epoch: int, platform: Platform | None = None) -> bytes:
+    """The image config with build-time traces removed and ``platform`` recorded; sorted keys, so its
+    digest is stable."""
     config = json.loads(raw)
+    if platform is not None:
+        apply_platform(config, platform)
     stamp = iso_time(epoch)
     config["created"] = stamp
     for entry in config.get("history") or []:
@@ -107,7 +113,8 @@ class Rewrite:
 
 
 def rewrite_into(engine_load: Callable, save: Callable[[], object], *, tag: str, epoch: int, owned: str,
-                 base_diff_ids: tuple[str, ...], progress: Callable[[int], object] = lambda n: None) -> Rewrite:
+                 base_diff_ids: tuple[str, ...], progress: Callable[[int], object] = lambda n: None,
+                 platform: Platform | None = None) -> Rewrite:
     """Read ``save()`` once and feed ``engine_load`` (in its own thread) the normalised image:
     the rewritten layers of ours, then the new config and a manifest naming every layer."""
     counted = {"bytes": 0}
@@ -128,7 +135,7 @@ def rewrite_into(engine_load: Callable, save: Callable[[], object], *, tag: str,
         except LayerFormatError as exc:
             raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
         hasher.close()
-        rewrite, layer_names, out_names = _finish(members, epoch, base_diff_ids, owned)
+        rewrite, layer_names, out_names = _finish(members, epoch, base_diff_ids, owned, platform)
         config_name = f"{rewrite.image_id.removeprefix('sha256:')}.json"
         manifest = json.dumps([{"Config": config_name, "RepoTags": [tag],
                                 "Layers": [out_names.get(n, n) for n in layer_names]}]).encode()
@@ -139,7 +146,8 @@ def rewrite_into(engine_load: Callable, save: Callable[[], object], *, tag: str,
     return Rewrite(config=rewrite.config, diff_ids=rewrite.diff_ids, save_bytes=counted["bytes"])
 
 
-def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str) -> tuple[Rewrite, tuple[str, ...], dict[str, str]]:
+def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
+            platform: Platform | None = None) -> tuple[Rewrite, tuple[str, ...], dict[str, str]]:
     """The new diffIDs and config, once every layer has passed."""
     where = locate(members)
     config_member = resolve(members, where.config_name)
@@ -162,32 +170,34 @@ def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ..
             raise VerificationError(f"layer {i + 1} ({digest}) lies outside {owned} but is not a layer of "
                                     "the base image; normalise only knows the layers unibake adds")
         diff_ids.append(digest)
-    config = normalised_config(config_member.data, diff_ids, epoch)
+    config = normalised_config(config_member.data, diff_ids, epoch, platform)
     return Rewrite(config=config, diff_ids=tuple(diff_ids), save_bytes=0), where.layer_names, out_names
 
 
 def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image: str, owned: str,
                     cache: Path | None = None, reuse: bool = True,
-                    progress: Callable[[int], object] = lambda n: None) -> Image:
+                    progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None) -> Image:
     """Rewrite ``built`` as described above and point its tag at the result.
 
     ``cache``: a folder remembering which normalised image each built image gave, so that a build
     the engine took wholly from its cache is not rewritten again (kept outside the image: recording
     the built image's ID inside it would make the normalised ID depend on build times again).
-    ``reuse=False`` (a cold build) still records, but does not look.
+    ``reuse=False`` (a cold build) still records, but does not look. ``platform``: what the config
+    records (None: what the engine wrote).
     """
-    memo = cache / f"v{VERSION}-{built.image_id.removeprefix('sha256:')}-{epoch}" if cache else None
+    where = f"-{platform.os}-{platform.architecture}" if platform else ""
+    memo = cache / f"v{VERSION}-{built.image_id.removeprefix('sha256:')}-{epoch}{where}" if cache else None
     if reuse and memo is not None and memo.is_file():
         known = engine.inspect_image(memo.read_text().strip())
         if known is not None:
             engine.tag(known.id, built.tag)
             return Image(ref=built.tag, image_id=known.id, diff_ids=known.diff_ids, labels=known.labels,
-                         size=known.size, save_bytes=0)
+                         size=known.size, save_bytes=0, platform=image_platform(known))
     base = engine.inspect_image(base_image)
     if base is None:
         raise EngineError(f"the base image {base_image} is gone from the engine")
     rewrite = rewrite_into(engine.load, lambda: engine.save(built.tag), tag=built.tag, epoch=epoch, owned=owned,
-                           base_diff_ids=base.diff_ids, progress=progress)
+                           base_diff_ids=base.diff_ids, progress=progress, platform=platform)
     info = engine.inspect_image(built.tag)
     if info is None or info.id != rewrite.image_id or tuple(info.diff_ids) != rewrite.diff_ids:
         raise VerificationError(f"after normalising, {built.tag} is {info.id if info else 'missing'}, not the "
@@ -196,4 +206,4 @@ def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image
         memo.parent.mkdir(parents=True, exist_ok=True)
         memo.write_text(rewrite.image_id + "\n")
     return Image(ref=built.tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
-                 save_bytes=rewrite.save_bytes)
+                 save_bytes=rewrite.save_bytes, platform=image_platform(info))

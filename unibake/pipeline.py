@@ -4,10 +4,13 @@ Each stage names what it needs (results of earlier stages), what it gives, and w
 skipped; the runner checks the wiring before anything runs, times every stage, reports progress,
 and keeps every result frozen. The commands are selections of :data:`STAGES`:
 
-    build    plan, render, scan context, rendered copies, target, folder, build, normalise, scan image,
-             archive, round trip, smoke gates, publish      (--stage render/build stops early)
+    build    plan, render, scan context, rendered copies, target, folder, signing keys, build, export,
+             scan image, smoke gates, sbom, kit, provenance, publish      (--stage render/build stops
+             early, after normalise for build; --sequential: normalise, scan image, archive, round trip
+             instead of export)
     hotfix   hotfix base + build's
-    archive  inspect, scan inspected, folder, archive, round trip, smoke gates, publish
+    archive  inspect, scan inspected, folder, signing keys, archive, round trip, smoke gates, sbom,
+             provenance, publish
     repro    build's up to the archive, into a temporary folder, twice; then compare
 """
 
@@ -21,10 +24,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import supply
 from .archive import DEFAULT_LEVEL, Archive, write_archive
 from .archive_reader import ReadBack, read_back
-from .builder import BuiltImage, Image, build_image, cache_ref, keep_as_cache
+from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
 from .console import Reporter
+from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
 from .errors import DiskFull, InputError, PipelineError, VerificationError
@@ -33,9 +38,10 @@ from .imagetar import check_against
 from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
+from .platforms import parse as parse_platforms
 from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
 from .released import refuse_moving_a_released_tag, repro_ref
-from .render import BuildContext, context_texts, render, write_rendered
+from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
@@ -62,6 +68,7 @@ class Request:
     long_distance: bool = False
     split: int | None = None
     roundtrip: bool = True
+    smoke: bool = True  # --no-smoke: the gates are skipped, the round trip still runs
     verify_engine: str | None = None
     scratch_dir: Path | None = None
     allow: tuple[str, ...] = ()  # sanitisation: values let through, besides product.yaml's
@@ -77,6 +84,10 @@ class Request:
     write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
     require_lock: bool = True  # False for --stage render: a missing inputs.lock is no error
     hold: str | None = None  # repro: build under unibake-repro/<product>:<hold>, never the release's tag
+    sequential: bool = False  # normalise, archive and round trip as three passes instead of one
+    platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
+    sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
+    sign_minisign: Path | None = None  # --sign-minisign: the minisign secret key file
 
     @property
     def checksums(self) -> Path:
@@ -214,8 +225,14 @@ def _plan(run: Run) -> tuple:
     request = run.request
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
+    platform = request.platform or (base.manifest.platform if base else None)
     plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd, require_lock=request.require_lock)
+                     version=request.version, cwd=request.cwd, require_lock=request.require_lock,
+                     allow=request.allow,
+                     platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    if base is not None and plan.platform.name != base.manifest.platform:
+        raise InputError(f"release {base.manifest.release} is {base.manifest.platform}; a hotfix on it is built for "
+                         f"the same platform, not {plan.platform.name}")
     if base is not None and plan.tag == base.manifest.tag:
         raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
                          "choose a new version")
@@ -242,7 +259,8 @@ def _write_rendered(run: Run) -> tuple:
 
 def _scan_context(run: Run) -> tuple:
     context: BuildContext = run["context"]
-    findings = scan_context(context_texts(context), run.request.identity)
+    root = run["plan"].project_root
+    findings = scan_context(context_files(context, root), run.request.identity, cache=root / ".cache" / "sanitise")
     enforce(findings, run.allow, "the build context")
     return _one(Scan(what="the build context and the Dockerfile", allowed=len(findings)))
 
@@ -267,7 +285,8 @@ def _inspect(run: Run) -> tuple:
     metadata = ImageMetadata.from_labels(info.labels, ref)
     product = request.product or (metadata.product if metadata else None) or repo.rsplit("/", 1)[-1]
     release = check_tag(request.tag or release_tag(ref))
-    image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size)
+    image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
+                  platform=image_platform(info))
     return Target(product=product, release=release, ref=ref, metadata=metadata, base_image=None), image
 
 
@@ -283,10 +302,14 @@ def _temp_folder(run: Run) -> tuple:
 
 
 def _build(run: Run) -> tuple:
+    from .targets import check_base
+
     plan: ReleasePlan = run["plan"]
+    check_base(run.engine, plan)
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
-                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref)
+                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
+                        platform=plan.platform.name)
     if built.replaced:
         run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache")
@@ -302,12 +325,67 @@ def _normalise(run: Run) -> tuple:
     with run.reporter.progress("normalise", built.size or None) as advance:
         image = normalise_image(run.engine, built, epoch=run.epoch, base_image=plan.base_image, owned=INSTALL_ROOT,
                                 cache=plan.project_root / ".cache" / "normalised", reuse=not run.request.nocache,
-                                progress=advance)
+                                progress=advance, platform=plan.platform)
     if image.image_id != built.image_id:  # the image the engine built is build cache now, not dangling
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
     if built.replaced and built.replaced not in (image.image_id, built.image_id):
         run.engine.remove_if_unused(built.replaced)  # what the tag named before, unless something else needs it
     return _one(image)
+
+
+def _fresh_engine(run: Run) -> tuple[Engine, int | None, str]:
+    """The engine that never saw the image: the one --verify-engine names, or a scratch dockerd."""
+    if run.request.verify_engine:
+        return run.connect(run.request.verify_engine), None, run.request.verify_engine
+    scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
+    return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
+
+
+def _export(run: Run) -> tuple:
+    from .export import export_once
+
+    plan: ReleasePlan = run["plan"]
+    built: BuiltImage = run["built"]
+    target: Target = run["target"]
+    base: HotfixBase | None = run.get("base")
+    request = run.request
+    fresh = netns_pid = None
+    if request.roundtrip:
+        fresh, netns_pid, where = _fresh_engine(run)
+        run.reporter.info(f"    loading into {where}" + (" after the pass (the previous release first)" if base else
+                                                         " as the save stream is read"))
+    name = f"{target.product}-{target.release}.tar.zst"
+    with run.reporter.progress("export", built.size or None) as advance:
+        try:
+            done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
+                               owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
+                               long_distance=request.long_distance, split=request.split,
+                               omit_base=base.manifest.diff_ids if base else None, progress=advance,
+                               platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT))
+        except DiskFull as exc:
+            raise DiskFull(f"{exc}: free space or choose another --out (the partial files were removed)") from None
+    image, archive = done.image, done.archive
+    context: BuildContext = run["context"]
+    keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
+    if built.replaced and built.replaced not in (image.image_id, built.image_id):
+        run.engine.remove_if_unused(built.replaced)
+    shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base else ""
+    run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{len(archive.image.diff_ids)} diffIDs "
+                      "and the config recomputed from the archive read back")
+    if not request.roundtrip:
+        proof = Proof(back=done.back, round_trip=None, skipped="skipped with --no-roundtrip")
+    elif base is None:
+        proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    else:  # a hotfix: the fresh engine holds its base release; its small archive is loaded as it is
+        missing = base.missing_files()
+        if missing:
+            raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
+                             f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+        trip, back = round_trip(archive, fresh, base=(base.folder, base.archive_files))
+        proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    if request.verify_engine and fresh is not None:
+        run.stack.callback(fresh.remove_image, archive.image.image_id)
+    return image, archive, proof
 
 
 def _scan_image(run: Run) -> tuple:
@@ -330,7 +408,7 @@ def _archive(run: Run) -> tuple:
         try:
             archive = write_archive(run.engine.save(image.ref), staging, name, tag=target.ref, level=request.level,
                                     long_distance=request.long_distance, split=request.split, omit=omit,
-                                    progress=advance)
+                                    progress=advance, inspector=LayerInspector(INSTALL_ROOT))
         except DiskFull as exc:
             free = shutil.disk_usage(staging).free
             raise DiskFull(f"{exc}: the release folder {request.out} has {free} bytes free; the image is "
@@ -379,6 +457,8 @@ def _smoke_skip(run: Run) -> str | None:
     proof: Proof = run["proof"]
     if proof.round_trip is None:
         return "they run on the loaded image, and the round trip was skipped"
+    if not run.request.smoke:
+        return "skipped with --no-smoke"
     if run["target"].metadata is None:
         return "the image carries no unibake profiles"
     return None
@@ -417,12 +497,13 @@ def _publish(run: Run) -> tuple:
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
                               hotfix=base.manifest if base else None, image_size=image.size, notes=notes,
-                              attachments=attachments)
+                              attachments=attachments, supply_chain=supply.supply_chain(run))
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
     files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
-    final = publish(folder, archive, proof.back, files, request.checksums)
+    final = publish(folder, archive, proof.back, files, request.checksums, extra=supply.extra_files(run),
+                    sign=supply.sign_sums(run))
     return _one(Release(folder=final, manifest=manifest, validation=validation, archive=archive))
 
 
@@ -449,12 +530,20 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="folder", about="the release folder, locked and staged; an existing release refused before any work",
           needs=("target",), gives=("folder",), run=_folder,
           detail=lambda run: str(run.request.out / run["target"].release)),
+    Stage(name="signing keys", about="the --sign and --sign-minisign keys checked: each signs a probe before any work",
+          needs=("request",), gives=("signer",), run=supply.signing_keys, skip=supply.signing_keys_skip,
+          on_skip=lambda reason: (None,)),
     Stage(name="build", about="the image built; the in-image checks run as its last steps, so a failure tags nothing",
           needs=("plan", "context"), uses=("base",), gives=("built",), run=_build,
-          detail=lambda run: f"{run['plan'].tag} on engine {run.engine.version()} at {run.engine.address}"),
+          detail=lambda run: f"{run['plan'].tag} ({run['plan'].platform.name}) on engine {run.engine.version()} at "
+                             f"{run.engine.address}"),
     Stage(name="normalise", about="times set to SOURCE_DATE_EPOCH in the layers unibake adds: the same inputs, "
                                   "the same image ID", needs=("plan", "context", "built"), uses=("base",),
           gives=("image",), run=_normalise, detail=lambda run: f"times set to SOURCE_DATE_EPOCH={run.epoch}"),
+    Stage(name="export", about="one pass over the save stream: normalised, archived in canonical form, loaded "
+                               "into an engine that never saw the image, and the archive read back",
+          needs=("plan", "context", "built", "target", "folder"), uses=("base",), gives=("image", "archive", "proof"),
+          run=_export, detail=lambda run: f"{run['built'].tag}, times set to SOURCE_DATE_EPOCH={run.epoch}"),
     Stage(name="scan image", about="the sanitisation gate on what the image config adds: env, labels, history",
           needs=("target", "image"), uses=("plan",), gives=("image_scan",), run=_scan_image),
     Stage(name="temp folder", about="a temporary folder for an archive that is not published (repro)",
@@ -472,15 +561,31 @@ STAGES: tuple[Stage, ...] = (
           needs=("proof", "target", "image"), gives=("gates",), run=_smoke, skip=_smoke_skip,
           on_skip=lambda reason: (Gates(results=(), skipped=reason),),
           detail=lambda run: ", ".join(sorted(run["target"].metadata.profiles))),
-    Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last; the folder renamed into place",
-          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base", "plan"), gives=("release",),
+    Stage(name="sbom", about="sbom.cdx.json (CycloneDX): the base by digest, components, kernels' .so digests, "
+                             "packages read in the archive pass", needs=("target", "image", "archive", "folder"),
+          uses=("plan",), gives=("sbom",), run=supply.sbom_stage),
+    Stage(name="kit", about="the reconstruct kit: Dockerfile, context as built, inputs.lock, profiles, the tool, "
+                            "verify.sh", needs=("target", "image", "folder", "sbom"), uses=("plan", "context"),
+          gives=("kit",), run=supply.kit_stage, skip=supply.kit_skip, on_skip=lambda reason: (None,)),
+    Stage(name="provenance", about="provenance.intoto.json (in-toto, SLSA v1): subjects, materials, builder; signed",
+          needs=("target", "image", "archive", "proof", "sbom", "folder"), uses=("plan", "kit", "signer"),
+          gives=("provenance",), run=supply.provenance_stage),
+    Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last and signed; the folder renamed "
+                                "into place",
+          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base", "plan", "sbom", "kit",
+                                                                                  "provenance", "signer"),
+          gives=("release",),
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
-BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "build", "normalise", "scan image", "archive",
-         "round trip", "smoke gates", "publish")
-ARCHIVE = ("inspect", "scan inspected", "folder", "archive", "round trip", "smoke gates", "publish")
+BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build", "export",
+         "scan image", "smoke gates", "sbom", "kit", "provenance", "publish")
+SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build",
+              "normalise", "scan image", "archive", "round trip", "smoke gates", "sbom", "kit", "provenance", "publish")
+ARCHIVE = ("inspect", "scan inspected", "folder", "signing keys", "archive", "round trip", "smoke gates", "sbom",
+           "provenance", "publish")
 HOTFIX = ("hotfix base",) + BUILD
+HOTFIX_SEQUENTIAL = ("hotfix base",) + SEQUENTIAL
 REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
          "round trip")
 STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "publish"}
@@ -488,21 +593,24 @@ STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "pu
 
 def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage, ...]:
     """The stages of a command, in the order of :data:`STAGES`, up to ``--stage``; the build and
-    render stops leave out the release folder."""
+    render stops leave out the release folder (and stop after normalising: nothing is archived)."""
     last = STOP_AFTER[stop_after]
     chosen = [n for n in names]
+    if stop_after != "release" and "export" in chosen:
+        chosen = [("normalise" if n == "export" else n) for n in chosen]
     chosen = chosen[:chosen.index(last) + 1] if last in chosen else chosen
     if stop_after != "release":
-        chosen = [n for n in chosen if n != "folder"]
+        chosen = [n for n in chosen if n not in ("folder", "signing keys")]
     order = {s.name: i for i, s in enumerate(STAGES)}
     if [order[n] for n in chosen] != sorted(order[n] for n in chosen):
         raise PipelineError(f"stages out of order: {', '.join(chosen)}")
     return tuple(BY_NAME[n] for n in chosen)
 
 
-def check_wiring(stages: Sequence[Stage]) -> None:
-    """Every stage's needs are given by an earlier one: a wiring mistake fails before any work."""
-    given = {"request"}
+def check_wiring(stages: Sequence[Stage], given: Sequence[str] = ()) -> None:
+    """Every stage's needs are given by an earlier one (or by ``given``, the results of an earlier
+    run): a wiring mistake fails before any work."""
+    given = {"request", *given}
     for stage in stages:
         missing = [n for n in stage.needs if n not in given]
         if missing:
@@ -528,12 +636,16 @@ def docker_engines(request: Request) -> Connect:
 
 
 def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
-               connect: Connect | None = None) -> Results:
+               connect: Connect | None = None, stack: ExitStack | None = None,
+               given: Results | None = None) -> Results:
     """Run ``stages`` in order: each timed and reported, skipped ones recorded with why.
-    ``connect`` makes an engine of an address (default: docker-py's; unit tests pass a fake)."""
-    check_wiring(stages)
-    with ExitStack() as stack:
-        run = Run(request, reporter, stack, connect or docker_engines(request))
+    ``connect`` makes an engine of an address (default: docker-py's; unit tests pass a fake).
+    ``stack``: the caller's, so that what the stages hold (the release folder, the scratch engine)
+    outlives this call; ``given``: the results of an earlier call on it, to go on from."""
+    check_wiring(stages, tuple(given.values) if given else ())
+    with ExitStack() as own:
+        run = Run(request, reporter, stack if stack is not None else own, connect or docker_engines(request))
+        run.results.update(given.values if given else {})
         for stage in stages:
             reason = stage.skip(run)
             if reason:

@@ -17,7 +17,10 @@ from .metadata import Component
 from .notes import Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
 from .prebuilt import SO_RE, Prebuilt, read_prebuilt
+from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
+from .regexsafe import check_regex
+from .sanitise import enforce, scan_values
 from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
 
 INSTALL_ROOT = "/opt/unibake"
@@ -197,6 +200,7 @@ class ReleasePlan:
     patches: tuple[Patch, ...] = ()
     patched: dict[str, PatchedFile] = field(default_factory=dict)  # engine-relative path: what the patches made
     notes: Notes = field(default_factory=Notes)
+    platform: Platform = PLATFORMS[DEFAULT_PLATFORM]  # the one this plan builds for
 
     @property
     def profile_names(self) -> tuple[str, ...]:
@@ -259,16 +263,32 @@ def select_profiles(requested: list[str], known: list[str]) -> list[str]:
     return sorted(set(requested))
 
 
-def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
-              cwd: Path | None = None, verify_lock: bool = True, require_lock: bool = True) -> ReleasePlan:
-    """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock.
+def product_platforms(config_dir: Path, cwd: Path | None = None) -> tuple[Platform, ...]:
+    """The platforms product.yaml's ``platform`` names, in order; the host's when it names none."""
+    product_doc, _ = load_profiles(config_dir.resolve(), (cwd or Path.cwd()).resolve())
+    return _platforms_of(product_doc)
 
-    ``require_lock=False`` (``--stage render``): a missing lock is no error; one that exists is checked."""
+
+def _platforms_of(product_doc) -> tuple[Platform, ...]:
+    value = product_doc.data.get("platform")
+    return parse_platforms(value, product_doc.where(("platform",))) if value is not None else (host(),)
+
+
+def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
+              cwd: Path | None = None, verify_lock: bool = True, require_lock: bool = True,
+              allow: tuple[str, ...] = (), platform: Platform | None = None) -> ReleasePlan:
+    """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
+    every value that will be baked for secrets, before anything is rendered or built.
+
+    ``require_lock=False`` (``--stage render``): a missing lock is no error; one that exists is checked.
+    ``platform``: the one to build for (default: product.yaml's, the first when it names several; else
+    the host's); a platform other than linux/amd64 adds its architecture to the tag."""
     cwd = cwd or Path.cwd()
     config_dir = config_dir.resolve()
     root = config_dir.parent
     product_doc, merged = load_profiles(config_dir, cwd.resolve())
     data = product_doc.data
+    platform = platform or _platforms_of(product_doc)[0]
     selected = select_profiles(list(profiles or []), list(merged))
     if version is not None and not VERSION_RE.fullmatch(version):
         raise InputError(f"--version {version!r} is not a valid version: letters, digits, '.', '_' and '-', "
@@ -289,14 +309,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                     for i, x in enumerate(data.get("patches", [])))
     patched = apply_patches(engine.source, patches)
     builder_data = data.get("builder", {})
-    builder = builder_data.get("id") or builder_data.get("image")
-    kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder)
+    # a platforms entry names that platform's builder; builder.id pins builder.image
+    builder = builder_data.get("platforms", {}).get(platform.name) or builder_data.get("id") or builder_data.get("image")
+    kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform)
                     for i, k in enumerate(data.get("kernels", [])))
     _unique([k.name for k in kernels], where(("kernels",)), "kernel")
     overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p))
                      for i, o in enumerate(data.get("overlays", [])))
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
-    chosen = [_profile(root, merged[name], builder) for name in selected]
+    chosen = [_profile(root, merged[name], builder, platform) for name in selected]
 
     default = data["default_profile"]
     if default not in selected:
@@ -304,9 +325,13 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     uses_builder = builder is not None and any(k.builder == builder for k in kernels) or \
         any(k.builder == builder for p in chosen for k in p.sidecars)
     base = data["base"]
-    pinned = "@sha256:" in base["image"] or "id" in base
+    # a platforms entry names that platform's base; base.id pins base.image (the other platforms' bases)
+    base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
+    base_name = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
+    base_image = base_name if len(base_key) == 3 else base.get("id") or base_name
+    pinned = "@sha256:" in base_name or base_image != base_name
     if base.get("require_digest") and not pinned:
-        raise InputError(f"{where(('base', 'image'))}: base.image {base['image']!r} is given by tag, but "
+        raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_name!r} is given by tag, but "
                          "base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or with "
                          "base.id: sha256:<image ID> (a local image)")
     for key in data.get("labels", {}):
@@ -314,16 +339,17 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
     for key in data.get("env", {}):
         _check_env_key(key, where(("env", key)))
-    allow = tuple(data.get("sanitise", {}).get("allow", []))
-    for i, pattern in enumerate(allow):
+    allow_yaml = tuple(data.get("sanitise", {}).get("allow", []))
+    for i, pattern in enumerate(allow_yaml):
         try:
             re.compile(pattern)
         except re.error as exc:
             raise InputError(f"{where(('sanitise', 'allow', i))}: sanitise.allow[{i}] is not a regular "
                              f"expression: {exc}") from None
+    _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml)
     launch = data.get("launch", {})
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
-    tag = f"{data['product']}:{version}{tag_suffix}"
+    tag = f"{data['product']}:{version}{tag_suffix}{platform.suffix}"
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
     notes = read_notes(root, data.get("notes", {}), lambda p: where(("notes",) + p))
@@ -354,7 +380,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     return ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
-        base_image=base.get("id") or base["image"], builder_image=builder if uses_builder else None,
+        base_image=base_image, builder_image=builder if uses_builder else None,
         engine=engine, kernels=kernels, overlays=overlays, labels=dict(data.get("labels", {})),
         checks=tuple(Check(name=c["name"], run=c["run"]) for c in data.get("checks", [])),
         launch=Launch(port=launch.get("port", default_of("launch", "port")),
@@ -364,16 +390,35 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         config_files=tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
                                    for m in merged.values() for f in m.chain})),
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
-        sanitise_allow=allow, base_name=base["image"], patches=patches, patched=patched, notes=notes,
+        sanitise_allow=allow_yaml, base_name=base_name, patches=patches, patched=patched, notes=notes,
+        platform=platform,
     )
 
 
-def _kernel(root: Path, data: dict, where, default_builder: str | None) -> Kernel:
-    """A kernel or sidecar of the YAML: compiled (from ``source``) or prebuilt, never both."""
+def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[str, ...]) -> None:
+    """Env, labels, args, checks and run-time names are baked into the image: a secret there is
+    refused now, naming the YAML key, before anything is rendered or built."""
+    values = [(f"{where(('env', k))}: env.{k}", k, v) for k, v in data.get("env", {}).items()]
+    values += [(f"{where(('labels', k))}: labels.{k}", "", v) for k, v in data.get("labels", {}).items()]
+    values += [(f"{where(('checks', i, 'run'))}: checks[{i}].run", "", c.get("run", ""))
+               for i, c in enumerate(data.get("checks", []))]
+    values += [(f"{where(('launch', 'model_name'))}: launch.model_name", "", data.get("launch", {}).get("model_name", ""))]
+    for m in chosen:
+        values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
+        values += [(f"{m.where(('args', i))}: args[{i}]", "", a) for i, a in enumerate(m.data.get("args", []))]
+    enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
+
+
+def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform) -> Kernel:
+    """A kernel or sidecar of the YAML: compiled (from ``source``) or prebuilt, never both; a prebuilt
+    one takes ``platforms``' file for ``platform`` when it names one (a vendor ships one per CPU)."""
     name = data["name"]
     if ("source" in data) == ("prebuilt" in data):
         raise InputError(f"{where(())}: kernel '{name}' needs either source: (built here) or prebuilt: (taken as "
                          "it is)")
+    if "platforms" in data and "prebuilt" not in data:
+        raise InputError(f"{where(('platforms',))}: kernel '{name}' is built here, for the platform it is built "
+                         "on; platforms names prebuilt files of other platforms")
     outputs = tuple(data.get("outputs", []))
     for i, out in enumerate(outputs):
         if not SO_RE.search(out) or out.endswith("/"):
@@ -383,10 +428,11 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None) -> Kerne
         for key in ("build", "cflags"):
             if key in data:
                 raise InputError(f"{where((key,))}: kernel '{name}' is prebuilt; {key} applies to kernels built here")
-        rel = data["prebuilt"]
-        source = read_external(rel, where(("prebuilt",))) if rel.startswith("/") else \
-            read_source(root, rel, where(("prebuilt",)), want="file")
-        prebuilt = read_prebuilt(source.files[0], where(("prebuilt",)))
+        key = ("platforms", platform.name) if platform.name in data.get("platforms", {}) else ("prebuilt",)
+        rel = data["platforms"][platform.name] if len(key) == 2 else data["prebuilt"]
+        source = read_external(rel, where(key)) if rel.startswith("/") else \
+            read_source(root, rel, where(key), want="file")
+        prebuilt = read_prebuilt(source.files[0], where(key))
         found = {m.path for m in prebuilt.members}
         for i, out in enumerate(outputs):
             if out not in found:
@@ -480,16 +526,13 @@ def _smoke(d: dict, where) -> Smoke:
         if p.expect is None and p.match != "exact":
             raise InputError(f"{where(key)}: match: {p.match} needs the expected reply to compare with")
         if p.match == "regex":
-            try:
-                re.compile(p.expect or "")
-            except re.error as exc:
-                raise InputError(f"{where(key)}: the expected reply is not a regular expression: {exc}") from None
+            check_regex(p.expect or "", where(key))
     return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")))
 
 
-def _profile(root: Path, m: MergedProfile, builder: str | None) -> Profile:
+def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
     d = m.data
-    sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder)
+    sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
                      for i, k in enumerate(d.get("sidecars", [])))
     _unique([k.name for k in sidecars], m.where(("sidecars",)), "sidecar")
     tune = None

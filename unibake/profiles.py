@@ -15,6 +15,8 @@ Every error names the file and line and, for an unknown key, the closest valid o
 from __future__ import annotations
 
 import difflib
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import yaml
 
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
+from .files import read_small_text
 from .schema import MAX_VALUE_LEN, NOT_INHERITED, SCHEMA, Key
 
 PRODUCT_FILE = "product.yaml"
@@ -66,9 +69,12 @@ class MergedProfile:
 
 
 def dotted(path: Path_) -> str:
+    """A key path as one line: ``tune_caches.expect``, ``kernels[0].name``; odd characters escaped."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        text = str(part) if isinstance(part, int) or str(part).isprintable() else \
+            str(part).encode("unicode_escape").decode("ascii")
+        out += f"[{text}]" if isinstance(part, int) else (f".{text}" if out else text)
     return out
 
 
@@ -76,7 +82,15 @@ def dotted(path: Path_) -> str:
 # Reading YAML with line numbers
 
 
-def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str) -> Any:
+MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
+MAX_YAML_BYTES = 4 << 20
+FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
+
+
+def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str, count: list[int]) -> Any:
+    count[0] += 1
+    if count[0] > MAX_VALUES:
+        raise InputError(f"{display}: more than {MAX_VALUES} values once aliases are expanded (nested aliases?)")
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -87,33 +101,28 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: key '{dotted(path + (key,))}' "
                                  "appears twice")
             lines[path + (key,)] = key_node.start_mark.line + 1
-            out[key] = _construct(value_node, path + (key,), lines, display)
+            out[key] = _construct(value_node, path + (key,), lines, display, count)
         return out
     if isinstance(node, yaml.SequenceNode):
         items = []
         for i, item in enumerate(node.value):
             lines[path + (i,)] = item.start_mark.line + 1
-            items.append(_construct(item, path + (i,), lines, display))
+            items.append(_construct(item, path + (i,), lines, display, count))
         return items
     return yaml.SafeLoader("").construct_object(node, deep=True)
 
 
 def read_document(file: Path, display: str) -> Document:
     """Parse one YAML file into a :class:`Document`; syntax errors name the file and line."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{display}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{display}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise InputError(f"{display}: cannot read ({exc.strerror})") from None
+    if not os.path.lexists(file):
+        raise InputError(f"{display}: no such file")
+    text = read_small_text(file, InputError, limit=MAX_YAML_BYTES)  # a FIFO or a device is refused unread
     if "\x00" in text:
         raise InputError(f"{display}: contains a NUL character")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[Path_, int] = {}
-        data = {} if node is None else _construct(node, (), lines, display)
+        data = {} if node is None else _construct(node, (), lines, display, [0])
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
@@ -340,6 +349,18 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
             p_chain + (doc.display,), p_env + env_files)
 
 
+def _check_profile_file(file: Path, config_dir: Path, display_root: Path) -> None:
+    """A profile's file name reaches the Dockerfile's header and the notes: plain names only; and the
+    file itself must be a regular file inside the profiles folder."""
+    if not FILE_NAME_RE.fullmatch(file.name):
+        raise InputError(f"{_display(config_dir, display_root)}: the profile file name {file.name!r} is not a plain "
+                         "name (letters, digits, '.', '_', '-', ending .yaml); rename it")
+    real = file.resolve()
+    if not real.is_relative_to(config_dir):
+        raise InputError(f"{_display(file, display_root)}: a symlink that points outside the profiles folder "
+                         f"(to {real}); profiles must live in the folder")
+
+
 def _display(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
@@ -355,6 +376,8 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     cache: dict[Path, Document] = {}
     env_cache: dict[str, EnvFile] = {}
     product_file = config_dir / PRODUCT_FILE
+    if os.path.lexists(product_file):
+        _check_profile_file(product_file, config_dir, display_root)
     resolve(config_dir, product_file, display_root, cache, env_cache=env_cache)
     product = cache[product_file.resolve()]
     shared = {k: v for k, v in SCHEMA.items() if v.scope == "product"}
@@ -362,6 +385,8 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     profiles: dict[str, MergedProfile] = {}
     files = sorted(p for p in config_dir.iterdir()
                    if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE)
+    for file in files:
+        _check_profile_file(file, config_dir, display_root)
     for file in files:
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]

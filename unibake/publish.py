@@ -8,23 +8,28 @@ replaced only with ``--force``; what an interrupted run left is removed by the n
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
-from .errors import InputError, UnibakeError, VerificationError
+from .errors import DiskFull, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
-                       ExternalRecord, HotfixRecord, ReleaseManifest, Tool, Validation, load_manifest)
-from .metadata import ImageMetadata
+                       ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
+from .metadata import ImageMetadata, first_error
 from .notes import Notes
+from .platforms import recorded_by
 from .sums import render_sums
 from .templates import render_template
 
@@ -174,17 +179,35 @@ def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> 
     return out
 
 
+def _text(value: str, limit: int) -> str:
+    """A label's value as a manifest field: control characters replaced, cut to ``limit``."""
+    return "".join("\ufffd" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in value)[:limit]
+
+
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
                    hotfix: ReleaseManifest | None = None, image_size: int = 0, notes: Notes | None = None,
-                   attachments: dict[str, bytes] | None = None) -> ReleaseManifest:
-    """``manifest.json`` of a release: the archive as written and read back, and what the image is."""
+                   attachments: dict[str, bytes] | None = None,
+                   supply_chain: SupplyChain | None = None) -> ReleaseManifest:
+    """``manifest.json`` of a release: the archive as written and read back, and what the image is.
+    The labels of an image unibake did not build come from its builder: kept as they are in
+    ``labels``, cleaned where they become fields of their own."""
+    try:
+        return _manifest(product=product, tag=tag, image_ref=image_ref, archive=archive, digests=digests,
+                         metadata=metadata, labels=labels, previous=previous, hotfix=hotfix, image_size=image_size,
+                         notes=notes, attachments=attachments, supply_chain=supply_chain)
+    except ValidationError as exc:
+        raise VerificationError(f"cannot describe the release of {image_ref}: {first_error(exc)}") from None
+
+
+def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, previous, hotfix,
+              image_size, notes, attachments, supply_chain) -> ReleaseManifest:
     epoch = labels.get("io.unibake.source-date-epoch", "")
     return ReleaseManifest(
         schema_version=SCHEMA_VERSION,
         tool=Tool(name="unibake", version=__version__),
         product=product, release=tag,
-        version=labels.get("org.opencontainers.image.version", tag),
+        version=_text(labels.get("org.opencontainers.image.version", tag), 128),
         tag=image_ref, image_id=archive.image.image_id, image_size=image_size,
         diff_ids=archive.image.diff_ids, save_layout=archive.image.layout,
         default_profile=metadata.default_profile if metadata else None,
@@ -199,11 +222,12 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
             uncompressed_bytes=archive.uncompressed_bytes, uncompressed_sha256=digests.uncompressed_sha256,
             compression=Compression(algorithm="zstd", level=archive.level, long_distance=archive.long_distance)),
         labels=dict(sorted(labels.items())),
-        revision=labels.get("org.opencontainers.image.revision", ""),
-        created=labels.get("org.opencontainers.image.created", ""),
-        source_date_epoch=int(epoch) if epoch.isdigit() else None,
+        revision=_text(labels.get("org.opencontainers.image.revision", ""), 256),
+        created=_text(labels.get("org.opencontainers.image.created", ""), 64),
+        source_date_epoch=int(epoch) if epoch.isdigit() and epoch.isascii() and len(epoch) < 12 else None,
         published=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         previous=previous.release if previous else None,
+        platform=recorded_by(archive.image.config) or None,
         hotfix=None if hotfix is None else HotfixRecord(
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,
@@ -211,7 +235,8 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
         attachments=tuple(AttachmentRecord(name=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
                           for name, data in (attachments or {}).items()),
         external=tuple(ExternalRecord(name=e.name, bytes=e.bytes, sha256=e.sha256)
-                       for e in (notes.external if notes else ())))
+                       for e in (notes.external if notes else ())),
+        supply_chain=supply_chain)
 
 
 def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None,
@@ -238,15 +263,37 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
 
 
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
-            checksums_dir: Path) -> Path:
-    """Write the text files and attachments, then SHA256SUMS (last), then give the folder its final name."""
+            checksums_dir: Path, extra: Mapping[str, str] | None = None,
+            sign: Callable[[Path], object] | None = None) -> Path:
+    """Write the text files and attachments, then SHA256SUMS (last) and its signatures, and the
+    checksums/ record under a temporary name; only then give the folder its final name: nothing is
+    committed until everything that can fail (a full disk, a read-only folder, a signature) has run.
+
+    ``extra``: files earlier stages wrote into the staging folder (name -> sha256), listed too;
+    ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
-    for name, text in files.items():
-        sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
-    listing = render_sums(sums)
-    write_atomic(folder.staging, SUMS, listing)
-    fsync_dir(folder.staging)
+    sums.update(extra or {})
+    record = checksums_dir / f".{folder.tag}.{SUMS}.tmp"
+    try:
+        for name, text in files.items():
+            sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
+        listing = render_sums(sums)
+        write_atomic(folder.staging, SUMS, listing)
+        if sign is not None:
+            sign(folder.staging / SUMS)
+        fsync_dir(folder.staging)
+        checksums_dir.mkdir(parents=True, exist_ok=True)
+        record.write_text(listing, encoding="utf-8")
+    except OSError as exc:
+        try:
+            record.unlink(missing_ok=True)
+        except OSError:
+            pass  # never made: its folder could not be
+        where = exc.filename or folder.staging
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
+                           "published") from None
+        raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
     final = folder.commit()
-    checksums_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(checksums_dir, f"{folder.tag}.{SUMS}", listing)
+    os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}")
     return final

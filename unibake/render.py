@@ -87,7 +87,8 @@ def _sha(data: bytes) -> str:
 
 
 def selection_name(plan: ReleasePlan) -> str:
-    return "all" if plan.is_unified else "-".join(plan.profile_names)
+    """``all`` or the profiles; another platform than linux/amd64 adds its architecture (``all-arm64``)."""
+    return ("all" if plan.is_unified else "-".join(plan.profile_names)) + plan.platform.suffix
 
 
 def _kernel_dir(kernel: Kernel, profile: str | None) -> str:
@@ -278,12 +279,19 @@ def _md5(f: InputFile) -> str:
     return h.hexdigest()
 
 
-def context_texts(context: BuildContext, limit: int = 32 << 20):
-    """(name, bytes) of every context file up to ``limit`` bytes, for the sanitisation gate."""
+def context_files(context: BuildContext, root: Path):
+    """(where, bytes or path, sha256) of every context file, for the sanitisation gate: a file from
+    the repository is named by its repository path, a generated one by its name in the context."""
     for f in context.files:
-        size = f.size
-        if size is not None and size <= limit:
-            yield f.name, f.read()
+        if f.data is not None:
+            yield f.name, f.data, f.sha256
+        elif f.source is not None:
+            try:
+                yield f.source.relative_to(root).as_posix(), f.source, f.sha256
+            except ValueError:
+                yield str(f.source), f.source, f.sha256
+        elif f.member is not None:  # a member of a prebuilt archive: its bytes, read from the archive
+            yield f"{f.prebuilt.file.path}:{f.member.source}", f.read(), f.sha256  # type: ignore[union-attr]
 
 
 def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .platforms import LIST_RE as PLATFORMS_RE
+
 # Names that end up in image references, paths and shell words: conservative on purpose.
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 # A version is part of a Docker tag ([A-Za-z0-9_.-], at most 128 characters with the suffix).
@@ -52,6 +54,8 @@ IMAGE_REF_RE = re.compile(
     r"^(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
 )
+# One target platform, as a key of base.platforms and builder.platforms.
+PLATFORM_KEY_RE = re.compile(r"^linux/(?:amd64|arm64)$")
 # A compiler flag: no shell metacharacters, no spaces.
 CFLAG_RE = re.compile(r"^-[A-Za-z0-9_=.,+:/-]{1,100}$")
 # Set by the image itself: a YAML value may not take them over.
@@ -100,6 +104,12 @@ COMPONENT_VERSION_DOC = "letters, digits, '.', '_', '-', '+', '~' and ':', as th
 IMAGE_ID_DOC = "an image ID like sha256:<64 hex digits> (docker image inspect --format '{{.Id}}')"
 
 
+def _platform_images(doc: str) -> Key:
+    return Key(type="map", doc=doc, merge="merge", key_pattern=PLATFORM_KEY_RE,
+               key_doc="a platform: linux/amd64 or linux/arm64",
+               value=_str("image reference", pattern=IMAGE_REF_RE, pattern_doc="an image reference"))
+
+
 def _kernel_fields() -> dict[str, Key]:
     return {
         "name": _str("kernel name; by default the library is lib<name>.so", required=True,
@@ -125,6 +135,11 @@ def _kernel_fields() -> dict[str, Key]:
         "prebuilt": _str("a prebuilt .so, tarball or wheel taken as it is: a path in the repository, or an "
                          "absolute path outside it for large binaries; pinned by sha256 in inputs.lock",
                          pattern=PREBUILT_RE, pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl"),
+        "platforms": Key(type="map", doc="the prebuilt file of one platform, when it is not prebuilt (a wheel per "
+                         "CPU); pinned in inputs.lock like prebuilt", key_pattern=PLATFORM_KEY_RE,
+                         key_doc="a platform: linux/amd64 or linux/arm64",
+                         value=_str("a prebuilt file", pattern=PREBUILT_RE,
+                                    pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl")),
     }
 
 
@@ -139,6 +154,9 @@ SCHEMA: dict[str, Key] = {
                     pattern_doc="letters, digits, '.', '_' and '-', starting with a letter or digit"),
     "default_profile": _str("profile used when PROFILE is unset", required=True, scope="product",
                             pattern=NAME_RE, pattern_doc="a profile name"),
+    "platform": _str("the platform(s) the image is built for; several comma-separated, each its own image and "
+                     "release (default: the host's)", scope="product", pattern=PLATFORMS_RE,
+                     pattern_doc="linux/amd64, linux/arm64, or both comma-separated"),
     "base": Key(type="record", doc="the runtime base image", required=True, scope="product", merge="merge",
                 fields={
                     "image": _str("image reference; a registry image is pinned as name@sha256:...",
@@ -148,12 +166,16 @@ SCHEMA: dict[str, Key] = {
                                pattern_doc=IMAGE_ID_DOC),
                     "require_digest": Key(type="bool", doc="refuse a base given by tag alone (a digest or an "
                                           "id pins it)"),
+                    "platforms": _platform_images("the base image of one platform, when it is not image"),
                 }),
     "builder": Key(type="record", doc="image of the stage that compiles kernels", scope="product",
                    merge="merge", fields={
                        "image": _str("image reference with a C compiler", required=True,
                                      pattern=IMAGE_REF_RE, pattern_doc="an image reference"),
                        "id": _str("the builder pinned by image ID", pattern=IMAGE_ID_RE, pattern_doc=IMAGE_ID_DOC),
+                       "platforms": _platform_images("the builder of one platform, when it is not image: its cc "
+                                                     "must compile for that platform (natively or as a cross "
+                                                     "compiler)"),
                    }),
     "engine": Key(type="record", doc="the inference engine", required=True, scope="product", merge="merge",
                   fields={

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -20,8 +21,43 @@ from .docker_engine import DockerEngine
 from .errors import EngineError, RoundTripUnavailable
 
 SCRATCH_PREFIX = "ub-scratch-"
+RUNTIME_PREFIX = "ubx-"
 START_TIMEOUT = 90
 STOP_TIMEOUT = 30
+# What a scratch engine runs: only processes of these executables, of this user, whose arguments
+# name one of its folders, are ever stopped; a file in a folder (which anyone may have planted) is
+# never enough.
+DAEMON_EXECUTABLES = frozenset({"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
+                                "docker-proxy", "runc"})
+
+
+def private_base() -> Path:
+    """``/var/tmp/unibake-<uid>``: the default scratch place, on disk (a scratch engine holds a whole
+    image), created 0700 and refused unless it is this user's own folder."""
+    base = Path("/var/tmp") / f"unibake-{os.geteuid()}"
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise RoundTripUnavailable(f"cannot make the scratch folder {base}: {exc.strerror}") from None
+    check_private(base)
+    return base
+
+
+def check_private(folder: Path) -> None:
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
+            or info.st_mode & 0o077:
+        raise RoundTripUnavailable(f"{folder} is not a private folder of this user (a symlink, another owner, or "
+                                   "open to others); remove it or choose --scratch-dir")
+
+
+def _ours(folder: Path) -> bool:
+    """A folder this user made for a scratch engine: a real folder, its own, private."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
 def _alive(pid: int) -> bool:
@@ -34,21 +70,35 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _cmdline(pid: int) -> str:
+def _start_time(pid: int) -> str:
+    """The process's start time (in clock ticks since boot): a PID that was reused has another."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
         return ""
 
 
-def _processes_using(folder: Path) -> list[int]:
-    """PIDs whose command line names ``folder``: the scratch dockerd and the containerd it started."""
-    marker = str(folder)
-    pids = []
+def _processes_of(places: list[Path]) -> list[int]:
+    """The scratch engine's processes: this user's dockerd/containerd/shims whose arguments name one
+    of ``places`` (the data root, the exec root, the socket)."""
+    prefixes = [str(p) for p in places]
+    found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and marker in _cmdline(int(entry.name)):
-            pids.append(int(entry.name))
-    return pids
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.geteuid():
+                continue
+            exe = os.path.basename(os.readlink(entry / "exe")).removesuffix(" (deleted)")
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if exe not in DAEMON_EXECUTABLES:
+            continue
+        words = [a.decode("utf-8", "replace").removeprefix("unix://") for a in args]
+        if any(w == p or w.startswith(p + "/") for w in words for p in prefixes):
+            found.append(int(entry.name))
+    return found
 
 
 def _stop(pid: int, timeout: float) -> None:
@@ -83,35 +133,38 @@ def _unmount_under(folder: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
-def _runtime_of(folder: Path) -> Path | None:
-    try:
-        return Path((folder / "runtime").read_text().strip())
-    except OSError:
-        return None
+def runtime_of(folder: Path) -> Path:
+    """The short folder of a scratch engine's sockets (Unix socket paths are limited to 107 bytes),
+    named after its data folder, never read from a file."""
+    return private_base() / (RUNTIME_PREFIX + folder.name.removeprefix(SCRATCH_PREFIX))
 
 
 def remove_scratch_dir(folder: Path) -> None:
-    """Stop whatever still runs from ``folder`` or its runtime folder (by PID), unmount, delete both."""
-    runtime = _runtime_of(folder)
-    for place in (folder, runtime):
-        if place is not None:
-            for pid in _processes_using(place):
-                _stop(pid, STOP_TIMEOUT)
-    for place in (folder, runtime):
-        if place is not None and place.name.startswith(("ub-scratch-", "ubx-")):
-            _unmount_under(place)
-            shutil.rmtree(place, ignore_errors=True)
+    """Stop what still runs from ``folder`` and its runtime folder (verified processes, by PID),
+    unmount, delete both: only folders this user made."""
+    places = [p for p in (folder, runtime_of(folder)) if _ours(p)]
+    for pid in _processes_of(places):
+        _stop(pid, STOP_TIMEOUT)
+    for place in places:
+        _unmount_under(place)
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the run that made ``folder`` still runs (its PID and that process's start time)."""
+    try:
+        pid, started = (folder / "owner").read_text().split()
+        pid_number = int(pid)
+    except (OSError, ValueError):
+        return False
+    return _alive(pid_number) and _start_time(pid_number) == started  # this process's other engines too
 
 
 def clean_stale_scratch(base: Path) -> list[Path]:
-    """Scratch folders whose owning run is gone (killed with SIGKILL): stop their daemon, remove them."""
+    """Scratch folders of this user whose run is gone (killed with SIGKILL): stop their daemon, remove them."""
     removed = []
     for folder in sorted(base.glob(f"{SCRATCH_PREFIX}*")):
-        try:
-            owner = int((folder / "owner").read_text().strip())
-        except (OSError, ValueError):
-            owner = 0
-        if owner and _alive(owner) and owner != os.getpid():
+        if not _ours(folder) or _owner_alive(folder):
             continue
         remove_scratch_dir(folder)
         removed.append(folder)
@@ -122,7 +175,7 @@ class ScratchEngine:
     """A throwaway dockerd in its own network namespace; a context manager that always stops it."""
 
     def __init__(self, base: Path | None = None, *, on_line=lambda line: None):
-        self.base = Path(base or tempfile.gettempdir())
+        self.base = Path(base) if base else None
         self.on_line = on_line
         self.folder: Path | None = None
         self.process: subprocess.Popen | None = None
@@ -148,14 +201,19 @@ class ScratchEngine:
             raise RoundTripUnavailable(f"no scratch engine for the round trip: {reason}; run as root, name an "
                                        "engine that never saw the image with --verify-engine URL, or skip with "
                                        "--no-roundtrip (the notes will say so)")
-        self.base.mkdir(parents=True, exist_ok=True)
+        if self.base is None:
+            self.base = private_base()
+        else:
+            try:
+                self.base.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RoundTripUnavailable(f"cannot use --scratch-dir {self.base}: {exc.strerror}") from None
         for folder in clean_stale_scratch(self.base):
             self.on_line(f"removed a scratch engine left by an interrupted run: {folder}")
-        self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))
-        (self.folder / "owner").write_text(f"{os.getpid()}\n")
-        # Unix socket paths are limited to 107 bytes: the sockets live in a short folder of their own.
-        runtime = Path(tempfile.mkdtemp(prefix="ubx-", dir="/tmp" if os.path.isdir("/tmp") else None))
-        (self.folder / "runtime").write_text(f"{runtime}\n")
+        self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
+        (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        runtime = runtime_of(self.folder)
+        runtime.mkdir(mode=0o700)
         sock = runtime / "sock"
         log = open(self.folder / "dockerd.log", "wb")
         # Its own network namespace: its bridge can never touch the host engine's docker0.

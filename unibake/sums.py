@@ -33,12 +33,13 @@ def parse_sums(text: str, where: str, error: type[UnibakeError], *, comments: bo
     """
     entries: list[SumsEntry] = []
     seen: dict[str, int] = {}
-    for n, line in enumerate(text.split("\n"), 1):
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    for n, line in enumerate(lines, 1):
         if line.endswith("\r"):
             raise error(f"{where}:{n}: a carriage return ends the line (a file edited on Windows?)")
-        if not line:
-            continue
-        if comments and line.startswith("#"):
+        if comments and (not line or line.startswith("#")):
             continue
         if line.startswith("\\"):
             raise error(f"{where}:{n}: an escaped file name (backslash or newline in a name) is not accepted")

@@ -4,8 +4,9 @@ that escape a value for where it lands.
 * ``dq``: a double-quoted Dockerfile word (ENV, LABEL): backslash, quote and ``$`` escaped;
 * ``sh``: one POSIX shell word; ``sh_runtime``: a shell word in which ``${NAME}`` expands when the
   container starts and everything else is literal;
-* ``json``: a JSON value (exec form); ``md``: a literal Markdown code span (table-safe);
-  ``gib``: bytes as GiB; ``dirname``: a path's folder.
+* ``md``: text from outside as inline Markdown (no markup, no HTML); ``code``: a value as a code
+  span whatever backticks or pipes it holds;
+* ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder.
 """
 
 from __future__ import annotations
@@ -47,11 +48,21 @@ def sh_runtime(value: object) -> str:
     return "".join(parts)
 
 
+MD_SPECIAL_RE = re.compile(r"([\\`*\[\]|])")  # what can make a link, code, emphasis or a new table cell
+
+
 def md(value: object) -> str:
-    """A Markdown code span holding ``value`` literally, safe in a table cell: the fence is longer than
-    any run of backticks inside, ``|`` is escaped (GitHub splits cells on it even in code), line
-    breaks become spaces."""
-    text = " ".join(str(value).split("\n")).replace("\r", " ").replace("|", "\\|")
+    """Text from outside (an image's labels, an engine's version) as inline Markdown: no markup, no
+    HTML, no table cell it could break out of."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return MD_SPECIAL_RE.sub(r"\\\1", text)
+
+
+def code(value: object) -> str:
+    """A value as a Markdown code span whatever it holds: a fence longer than its own backticks,
+    pipes escaped so it stays in its table cell, and no HTML even for renderers that are not CommonMark."""
+    text = " ".join(str(value).split("\n")).replace("\r", " ")  # a line break would end the table row
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
@@ -67,7 +78,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md,
+    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md, code=code,
                        dirname=lambda v: str(v).rsplit("/", 1)[0])
     return env
 

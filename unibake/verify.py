@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,12 +20,14 @@ from .archive_reader import ArchiveReader, read_archive
 from .engine import Engine
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import read_small_text
-from .imagetar import check_against, inspect_save_stream
-from .manifest import MANIFEST, ReleaseManifest, load_manifest
+from .imagetar import check_against, check_release_form, interpret, read_members
+from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
+from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
 
 SUMS_LIMIT = 1 << 20
+PLAIN_NAME_RE = re.compile(FILE_NAME_PATTERN)  # a file of the folder itself; verify-release.sh uses the same rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,9 +79,11 @@ def read_sums(folder: Path) -> dict[str, str]:
                            follow=False)
     sums = {}
     for entry in parse_sums(text, str(path), VerificationError):
-        if "/" in entry.name or entry.name in (".", ".."):
-            raise VerificationError(f"{path}:{entry.line}: {entry.name!r} is not a file of this folder")
+        if not PLAIN_NAME_RE.fullmatch(entry.name) or entry.name in (".", ".."):
+            raise VerificationError(f"{path}:{entry.line}: {entry.name[:80]!r} is not a file of this folder")
         sums[entry.name] = entry.sha256
+    if not sums:
+        raise VerificationError(f"{path}: lists nothing; this is not a complete release folder")
     return sums
 
 
@@ -154,8 +159,13 @@ def verify_folder(folder: Path) -> Report:
     zstd_ok, structure = True, ""
     try:
         omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
-        saved = inspect_save_stream(reader.chunks(), omitted)
+        members = read_members(reader.chunks())
+        saved = interpret(members, omitted)
         check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
+        check_release_form(members, manifest.tag)
+        if recorded_by(saved.config) != (manifest.platform or ""):
+            structure = (f"the image config is for {recorded_by(saved.config) or 'no platform'}, but {MANIFEST} says "
+                         f"{manifest.platform}")
     except ZstdDecodeError as exc:
         zstd_ok, structure = False, str(exc)
     except ArchiveError as exc:
@@ -176,7 +186,72 @@ def verify_folder(folder: Path) -> Report:
     if zstd_ok:
         checks.add("structure", archive.name, not structure, structure or
                    f"config {manifest.image_id[:19]}... and {len(manifest.diff_ids)} diffIDs recomputed")
+    check_supply_chain(folder, manifest, sums, checks)
     return Report(folder=folder, checks=tuple(checks), manifest=manifest)
+
+
+def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checks: _Checks) -> None:
+    """The SBOM's and the provenance's subjects against the release; their files against the
+    manifest. (Their bytes are checked against SHA256SUMS with every other file.)"""
+    from .provenance import PROVENANCE_LIMIT, check_subjects, parse_provenance
+    from .sbom import SBOM_LIMIT, check_sbom
+
+    record = manifest.supply_chain
+    if record is None:
+        return
+    files = [record.sbom, record.provenance] + ([record.kit] if record.kit else [])
+    for f in files:
+        if sums.get(f.name) != f.sha256:
+            checks.add("sha256", f.name, False, "not listed in SHA256SUMS" if f.name not in sums else
+                       "SHA256SUMS and manifest.json disagree")
+    texts = {}
+    for f, limit in ((record.sbom, SBOM_LIMIT), (record.provenance, PROVENANCE_LIMIT)):
+        try:
+            texts[f.name] = read_small_text(folder / f.name, VerificationError, limit=limit, follow=False)
+        except VerificationError as exc:
+            checks.add("sbom" if f is record.sbom else "provenance", f.name, False, str(exc))
+    if record.sbom.name in texts:
+        problems = check_sbom(texts[record.sbom.name], image_id=manifest.image_id, where=record.sbom.name)
+        checks.add("sbom", record.sbom.name, not problems, problems[0] if problems else
+                   f"CycloneDX; its subject is {manifest.image_id[:19]}...")
+    if record.provenance.name in texts:
+        try:
+            document = parse_provenance(texts[record.provenance.name], record.provenance.name)
+            required = tuple(f.name for f in manifest.archive.files) + tuple(f.name for f in files[:1] + files[2:])
+            problems = check_subjects(document, files=sums, image_ref=manifest.tag, image_id=manifest.image_id,
+                                      required=required, where=record.provenance.name)
+        except VerificationError as exc:
+            problems = [str(exc)]
+        checks.add("provenance", record.provenance.name, not problems, problems[0] if problems else
+                   f"in-toto SLSA v1; {len(required) + 1} subjects match the release")
+    for signature in record.signatures:
+        for name in signature.files:
+            present = (folder / name).is_file() and not (folder / name).is_symlink()
+            if not present:
+                checks.add("signature", name, False, f"missing ({signature.kind} signature by {signature.key})")
+
+
+def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> Report:
+    """``SHA256SUMS`` (and the provenance, when signed) against the publisher's key: the first
+    check of ``verify --key``; absent or wrong is a failed check, and nothing else is trusted."""
+    from .provenance import PROVENANCE
+    from .signing import read_public_key, verify_signature
+
+    key = read_public_key(key_path)
+    checks = _Checks()
+    first = verify_signature(folder, SUMS, key, env)
+    checks.add("signature", first.target, first.passed, first.detail)
+    if first.passed and (folder / (PROVENANCE + key.suffix)).is_file():
+        second = verify_signature(folder, PROVENANCE, key, env)
+        checks.add("signature", second.target, second.passed, second.detail)
+    return Report(folder=folder, checks=tuple(checks), manifest=None)
+
+
+def with_signatures(signed: Report | None, report: Report) -> Report:
+    """A folder's report with the signature checks first."""
+    if signed is None:
+        return report
+    return Report(folder=report.folder, checks=signed.checks + report.checks, manifest=report.manifest)
 
 
 def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], object] = lambda n: None) -> Report:
@@ -191,6 +266,9 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
                    "(nothing was loaded)")
     elif engine.inspect_image(image_id) is not None:
         checks.add("load", manifest.tag, True, f"the engine already has {image_id}; not loaded again")
+    elif (named := engine.inspect_image(manifest.tag)) is not None:
+        checks.add("load", manifest.tag, False, f"the engine's {manifest.tag} is {named.id}, another image: loading "
+                   "would move that tag (nothing was loaded)")
     else:
         def counted():
             for chunk in read_archive(report.folder, [f.name for f in manifest.archive.files]):
@@ -199,10 +277,10 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
 
         outcome = engine.load(counted())
         loaded = engine.inspect_image(manifest.tag)
-        ok = loaded is not None and loaded.id == image_id
+        ok = loaded is not None and loaded.id == image_id and set(outcome.tags) <= {manifest.tag}
         checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
                    f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
-                   f"({'; '.join(outcome.messages)})")
+                   f"({'; '.join(outcome.messages)[:300]})")
     return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
 
 

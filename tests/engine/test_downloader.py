@@ -119,7 +119,8 @@ def test_verify_release_script_refuses_a_corrupt_part_before_loading(split_relea
 def run_guide(markdown: str, folder: Path, engine_address: str, *, skip: tuple[str, ...],
               variables: dict[str, str] | None = None) -> list[str]:
     """Run every command of a guide's code blocks in ``folder``, in order, as one script."""
-    lines = code_lines(markdown, skip + ("# needs GPUs",))
+    # the registry's and the many engines' lines run in tests/engine/test_registry.py and test_deploy.py
+    lines = code_lines(markdown, skip + ("# needs GPUs", "# from a registry", "# several engines"))
     script = "set -e\n" + "".join(f"{k}={v}\n" for k, v in (variables or {}).items())
     script += "".join(line + "\n" for line in lines if not re.match(r"^[A-Z]+=\S+\s+#", line))
     result = sh(["sh", "-c", script], folder, DOCKER_HOST=engine_address)

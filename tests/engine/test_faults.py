@@ -113,7 +113,7 @@ def test_interrupted_during_the_archive(big_image, tmp_path, sig):
     assert rerun.proc.wait(180) == 0, rerun.err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_interrupted_during_the_round_trip_stops_the_scratch_engine(big_image, tmp_path, sig):
     out, scratch = tmp_path / "release", tmp_path / "scratch"
     scratch.mkdir()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from unibake.scratch import private_base
+
 from ..conftest import REPO
 
 
@@ -20,7 +22,7 @@ def release(cli, profiles: Path, version: str, out: Path, *extra: str):
 
 
 def scratch_leftovers() -> list[str]:
-    return [p for p in os.listdir("/tmp") if p.startswith(("ub-scratch-", "ubx-"))]
+    return [p for p in os.listdir(private_base()) if p.startswith(("ub-scratch-", "ubx-"))]
 
 
 def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, engine, busybox_product, version,
@@ -32,7 +34,8 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     folder = out / version
     archive = folder / f"unibake-test-{version}.tar.zst"
     assert sorted(os.listdir(folder)) == sorted(["IMAGE_ID", "README-DIST.md", "RELEASE_NOTES.md", "SHA256SUMS", "VALIDATION.json",
-                                                 "manifest.json", "run.sh", archive.name])
+                                                 "manifest.json", "run.sh", archive.name, "sbom.cdx.json",
+                                                 "provenance.intoto.json", f"unibake-test-{version}-kit.tar.zst"])
     assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True).returncode == 0
     assert subprocess.run(["zstd", "-q", "-t", str(archive)]).returncode == 0
 
@@ -41,7 +44,7 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     built = engine.inspect_image(f"unibake-test:{version}")
     assert manifest["image_id"] == built.id == validation["round_trip"]["image_id"]
     assert manifest["diff_ids"] == list(built.diff_ids) == validation["round_trip"]["diff_ids"]
-    assert validation["round_trip"]["engine"].startswith("unix:///tmp/ubx-")  # the scratch engine
+    assert validation["round_trip"]["engine"].startswith(f"unix://{private_base()}/ubx-")  # the scratch engine
     assert [(g["profile"], g["passed"]) for g in validation["smoke"]] == [("tp1", True), ("tp2", True)]
     chat = [s for g in validation["smoke"] for s in g["steps"] if s["name"] == "chat"]
     assert [c["detail"] for c in chat] == ["UNIFIED_TP1_OK", "UNIFIED_TP2_OK"]

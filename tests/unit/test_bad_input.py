@@ -166,3 +166,19 @@ def test_bad_arguments_of_other_commands_exit_2_without_an_engine(cli, tmp_path,
 def test_hostile_values_are_refused_in_every_case_counted():
     """The figure docs/RELIABILITY.md quotes."""
     assert len(YAML_CASES) + len(ARGUMENT_CASES) >= 30
+
+
+def test_nested_yaml_aliases_are_refused_quickly(cli, busybox_product):
+    """A billion laughs in 1 KB: bounded, one error line, in well under a second's work."""
+    import time
+
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, "
+              f"*a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, 9)]
+    text = "profile: tp9\ngpus: 1\nx: {" + ", ".join(f"k{i}: *a8" for i in range(3)) + "}\n"
+    (busybox_product / "tp9.yaml").write_text("\n".join(lines) + "\n" + text)
+    assert len((busybox_product / "tp9.yaml").read_bytes()) < 1500
+    start = time.monotonic()
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert time.monotonic() - start < 5
+    assert result.code == 2 and "nested aliases" in result.error_lines[0]

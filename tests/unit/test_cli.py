@@ -146,3 +146,15 @@ def test_the_version_comes_from_pyproject_in_a_checkout_and_from_the_install_oth
 def test_python_m_unibake_is_the_same_command(tmp_path):
     run = subprocess.run([sys.executable, "-m", "unibake", "-V"], capture_output=True, text=True, cwd=REPO)
     assert run.returncode == 0 and run.stdout == f"unibake {pyproject_version()}\n"
+
+
+@pytest.mark.parametrize("command", ["build", "hotfix", "archive"])
+def test_no_smoke_reaches_the_request_and_leaves_the_round_trip_on(command, tmp_path):
+    from unibake.cli import Context, _request, build_parser
+    from unibake.console import Reporter
+
+    extra = {"build": [], "hotfix": ["--from", "1.0", "--version", "1.1"], "archive": ["demo:1.0"]}[command]
+    ctx = Context(env={"SOURCE_DATE_EPOCH": "0"}, cwd=tmp_path, reporter=Reporter(env={"CI": "1"}))
+    for flags, smoke in (([], True), (["--no-smoke"], False)):
+        request = _request(build_parser().parse_args([command, *extra, *flags]), ctx)
+        assert (request.smoke, request.roundtrip) == (smoke, True)

@@ -102,3 +102,14 @@ def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_ski
     assert validation.round_trip is None and validation.round_trip_skipped == "skipped with --no-roundtrip"
     assert validation.smoke == () and "round trip was skipped" in validation.smoke_skipped
     assert engines["fake://verify"].loads == 0
+
+
+def test_with_no_smoke_the_round_trip_still_runs_and_only_the_gates_are_skipped(engines, tmp_path):
+    results = release(engines, tmp_path / "release", smoke=False)
+    validation = results["release"].validation
+    assert validation.round_trip is not None and validation.round_trip_skipped is None
+    assert validation.round_trip.image_id == engines[None].inspect_image("demo:1.0").id
+    assert validation.smoke == () and validation.smoke_skipped == "skipped with --no-smoke"
+    assert engines["fake://verify"].loads == 1
+    notes = (results["release"].folder / "RELEASE_NOTES.md").read_text()
+    assert "Smoke gates: not run (skipped with --no-smoke)." in notes

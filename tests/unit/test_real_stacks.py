@@ -62,9 +62,9 @@ def test_what_reaches_a_tag_a_path_or_a_shell_is_still_validated(demo_product, t
         content = content.replace("version: 1.3.1", text)
     else:
         key = text.split(":", 1)[0]
-        content = content[:content.index(f"{key}:")] + text + content[content.index("\n", content.index(
-            "\n  - {source: images/overlays" if key == "overlays" else "\n  - {name: demo_quant")) + 1:] \
-            if key in ("kernels", "overlays") else content + text
+        end = {"kernels": "overlays:", "overlays": "env:"}  # the key after the block replaced
+        content = content[:content.index(f"{key}:")] + text + content[content.index(f"\n{end[key]}") + 1:] \
+            if key in end else content + text
     product.write_text(content)
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                        .replace(")", r"\)").replace("+", r"\+")):

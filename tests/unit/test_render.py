@@ -12,33 +12,35 @@ import pytest
 
 from unibake.errors import InputError
 from unibake.plan import make_plan
+from unibake.platforms import KNOWN
 from unibake.render import render, write_context_tar, write_rendered
 
 from ..conftest import BUSYBOX_PRODUCT, REPO
 
+AMD64, ARM64 = KNOWN["linux/amd64"], KNOWN["linux/arm64"]
 GOLDEN_SETS = [
-    (REPO / "profiles", ["all"]),
-    (REPO / "profiles", ["tp4"]),
-    (BUSYBOX_PRODUCT / "profiles", ["all"]),
-] + [(p, ["all"]) for p in sorted((REPO / "examples").glob("*/profiles"))]
+    (REPO / "profiles", ["all"], AMD64),
+    (REPO / "profiles", ["all"], ARM64),
+    (REPO / "profiles", ["tp4"], AMD64),
+    (BUSYBOX_PRODUCT / "profiles", ["all"], AMD64),
+] + [(p, ["all"], AMD64) for p in sorted((REPO / "examples").glob("*/profiles"))]
 
 
 def golden_id(case) -> str:
-    config, profiles = case
-    return f"{config.parent.relative_to(REPO)}:{'-'.join(profiles)}"
+    config, profiles, platform = case
+    return f"{config.parent.relative_to(REPO)}:{'-'.join(profiles)}:{platform.architecture}"
 
 
 @pytest.mark.parametrize("case", GOLDEN_SETS, ids=golden_id)
 def test_rendered_files_match_the_goldens_in_git(case):
-    """A stale golden fails here: re-render with python build.py --stage render and review the diff."""
-    config, profiles = case
-    context = render(make_plan(config, profiles=profiles, cwd=REPO))
+    """A stale golden fails here: re-render with make render and review the diff."""
+    config, profiles, platform = case
+    context = render(make_plan(config, profiles=profiles, cwd=REPO, platform=platform))
     folder = config.parent / "dockerfiles" / "rendered" / context.selection
     for name, text in context.rendered.items():
         golden = folder / name
-        assert golden.exists(), f"{golden} is missing: run python build.py --stage render --config {config}"
-        assert golden.read_text() == text, (f"{golden.relative_to(REPO)} is stale: run python build.py "
-                                            f"--stage render --config {config.relative_to(REPO)}")
+        assert golden.exists(), f"{golden} is missing: run make render"
+        assert golden.read_text() == text, f"{golden.relative_to(REPO)} is stale: run make render and review the diff"
 
 
 def test_a_changed_profile_makes_the_golden_stale(busybox_product):

@@ -63,7 +63,9 @@ def test_private_addresses_count_in_release_texts_only():
 def test_a_finding_fails_with_one_line_and_the_allowlist_lets_deliberate_values_through():
     findings = scan_text(f"token: {SECRETS['Hugging Face token']}\n", "images/tune/tp1/x.json")
     with pytest.raises(VerificationError, match=r"^sanitisation: images/tune/tp1/x\.json:1: Hugging Face token "
-                                                r"\(hf_A…Ij\) in the build context; remove it, or allowlist"):
+                                                r"\(hf_A…Ij, 43 characters\) in the build context; remove it, or "
+                                                r"if it is deliberate, allow it in product\.yaml under sanitise\.allow "
+                                                r"\(e\.g\. '\^hf_A\.\*Ij\$'\) or with --allow"):
         enforce(findings, (), "the build context")
     enforce(findings, (r"^hf_AbCd",), "the build context")
 
@@ -74,19 +76,22 @@ def test_a_secret_in_an_input_stops_the_run_before_anything_is_written(cli, busy
     assert cli("lock", "--config", str(busybox_product)).code == 0
     result = cli("--config", str(busybox_product))
     assert result.code == 3
-    assert result.error_lines == ["error: sanitisation: ctx/profiles/tp1/tune/cache-1.json:1: Hugging Face token "
-                                  "(hf_A…Ij) in the build context; remove it, or allowlist a deliberate value in "
-                                  "product.yaml under sanitise.allow"]
+    # named by its repository path, not by its copy in the build context
+    assert result.error_lines == ["error: sanitisation: images/tune/tp1/cache-1.json:1: Hugging Face token "
+                                  "(hf_A…Ij, 43 characters) in the build context; remove it, or if it is deliberate, "
+                                  "allow it in product.yaml under sanitise.allow (e.g. '^hf_A.*Ij$') or with --allow"]
     assert not (busybox_product.parent / "dockerfiles").exists()
     assert not (busybox_product.parent / "release").exists()
 
 
-def test_a_secret_in_a_yaml_env_value_is_caught_in_the_dockerfile(cli, busybox_product):
+def test_a_secret_in_a_yaml_env_value_is_caught_at_plan_time_naming_the_key(cli, busybox_product):
     product = busybox_product / "product.yaml"
     product.write_text(product.read_text().replace('env: {SHARED_SETTING: "on"}',
                                                    'env: {SHARED_SETTING: "on", MIRROR: "https://u:p4ss@mirror.example"}'))
     result = cli("--config", str(busybox_product))
-    assert result.code == 3 and "Dockerfile:" in result.error_lines[0] and "password in a URL" in result.error_lines[0]
+    assert result.code == 3 and "password in a URL" in result.error_lines[0]
+    assert f"{product}:11: env.MIRROR: password in a URL" in result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists()  # before anything was rendered
 
 
 def test_a_deliberate_value_allowlisted_in_product_yaml_passes(cli, busybox_product):

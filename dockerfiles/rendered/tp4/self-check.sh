@@ -10,6 +10,14 @@ fail() { printf 'error: self-check[%s]: %s\n' "$profile" "$*" >&2; failed=1; }
 pass() { printf 'self-check[%s]: ok: %s\n' "$profile" "$*"; }
 cd /opt/unibake || { fail "install root /opt/unibake is missing"; exit 1; }
 
+# the image's programs are linux/amd64 ones: uname -m says so natively and under emulation
+machine=$(uname -m)
+if [ "$machine" = x86_64 ]; then
+  pass "platform linux/amd64 (uname -m: $machine)"
+else
+  fail "the image is for linux/amd64 (x86_64), but its programs run as $machine"
+fi
+
 # every baked file matches the ledgers written into the image
 if [ ! -f meta/files.sha256 ]; then
   fail "ledger meta/files.sha256 is missing"

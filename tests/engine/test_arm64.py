@@ -1,0 +1,121 @@
+"""arm64 on this amd64 machine, under emulation (qemu-user with binfmt_misc, as scripts/setup.sh
+registers it): the busybox product and the example product released for linux/arm64, and both
+platforms released at once, or neither."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+OCI_ARM64 = {"architecture": "arm64", "os": "linux", "variant": "v8"}
+
+
+def with_arm64_base(profiles: Path, base: str = "localhost/unibake-busybox:1-arm64") -> Path:
+    product = profiles / "product.yaml"
+    product.write_text(product.read_text().replace(
+        'base: {image: "localhost/unibake-busybox:1"}',
+        f'base: {{image: "localhost/unibake-busybox:1", platforms: {{linux/arm64: "{base}"}}}}'))
+    return profiles
+
+
+def archive_index(archive: Path) -> dict:
+    with open(archive, "rb") as fh:
+        data = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return json.loads(tar.extractfile("index.json").read())
+
+
+def assert_arm64_release(cli, engine, folder: Path, tag: str, archive: str, profiles: list[str]) -> dict:
+    """The image config, manifest, notes and the archive's OCI index all say linux/arm64; the gates
+    passed on the scratch engine under emulation; the folder verifies."""
+    info = engine.inspect_image(tag)
+    assert (info.architecture, info.variant, info.os) == ("arm64", "v8", "linux")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["platform"] == "linux/arm64" and manifest["image_id"] == info.id
+    assert "| Platform | `linux/arm64` |" in (folder / "RELEASE_NOTES.md").read_text()
+    assert archive_index(folder / archive)["manifests"][0]["platform"] == OCI_ARM64
+    validation = json.loads((folder / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["image_id"] == info.id
+    assert [(g["profile"], g["passed"]) for g in validation["smoke"]] == [(p, True) for p in profiles]
+    verified = cli("verify", str(folder))
+    assert verified.code == 0, verified.err
+    return manifest
+
+
+def test_an_arm64_release_carries_its_platform_and_passes_its_gates_under_emulation(cli, engine, busybox_product,
+                                                                                   version, images, tmp_path):
+    tag = f"unibake-test:{version}-arm64"
+    images(tag)
+    out = tmp_path / "release"
+    result = cli("--config", str(with_arm64_base(busybox_product)), "--version", version, "--out", str(out),
+                 "--platform", "linux/arm64")
+    assert result.code == 0, result.err
+    folder = out / f"{version}-arm64"
+    assert_arm64_release(cli, engine, folder, tag, f"unibake-test-{version}-arm64.tar.zst", ["tp1", "tp2"])
+    run = engine.run(tag, ["self-check"], env={"PROFILE": "tp2"})  # the engine itself, under emulation
+    assert run.exit_code == 0 and "ok: platform linux/arm64 (uname -m: aarch64)" in run.output, run.output
+
+
+def test_both_platforms_are_released_at_once_as_two_folders(cli, engine, busybox_product, version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    images(f"unibake-test:{version}-arm64")
+    out = tmp_path / "release"
+    result = cli("--json", "--config", str(with_arm64_base(busybox_product)), "--version", version, "--out", str(out),
+                 "--platform", "linux/amd64", "--platform", "linux/arm64")
+    assert result.code == 0, result.err
+    releases = json.loads(result.out)["releases"]
+    assert [(r["release"], r["platform"]) for r in releases] == [(version, "linux/amd64"),
+                                                                 (f"{version}-arm64", "linux/arm64")]
+    assert sorted(p for p in os.listdir(out) if not p.startswith(".")) == [version, f"{version}-arm64"]
+    assert_arm64_release(cli, engine, out / f"{version}-arm64", f"unibake-test:{version}-arm64",
+                         f"unibake-test-{version}-arm64.tar.zst", ["tp1", "tp2"])
+    amd64 = engine.inspect_image(f"unibake-test:{version}")
+    assert amd64.architecture == "amd64" and releases[0]["image_id"] == amd64.id != releases[1]["image_id"]
+    assert archive_index(out / version / f"unibake-test-{version}.tar.zst")["manifests"][0]["platform"] == \
+        {"architecture": "amd64", "os": "linux"}
+    assert cli("verify", str(out / version)).code == 0
+
+
+def test_a_failure_on_one_platform_publishes_neither(cli, engine, busybox_product, version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    out = tmp_path / "release"
+    profiles = with_arm64_base(busybox_product, base="localhost/unibake-busybox:1")  # an amd64 image as the arm64 base
+    result = cli("--config", str(profiles), "--version", version, "--out", str(out), "--no-roundtrip",
+                 "--platform", "linux/amd64,linux/arm64")
+    assert result.code == 2
+    assert result.error_lines == ["error: the base image localhost/unibake-busybox:1 is linux/amd64, not linux/arm64: "
+                                  "set base.platforms.linux/arm64 in product.yaml to a linux/arm64 image "
+                                  "(scripts/setup.sh makes the example's)"]
+    assert "==> platform linux/arm64 (2 of 2)" in result.err  # amd64 had passed every stage but publish
+    assert [p for p in os.listdir(out) if not p.endswith(".lock")] == []
+    assert engine.inspect_image(f"unibake-test:{version}-arm64") is None
+
+
+@pytest.mark.slow
+def test_the_example_product_is_released_for_arm64_and_checks_itself_under_emulation(cli, engine, demo_product,
+                                                                                    version, images, tmp_path):
+    tag = f"demo-llm:{version}-arm64"
+    images(tag)
+    out = tmp_path / "release"
+    started = time.monotonic()
+    result = cli("--config", str(demo_product), "--version", version, "--out", str(out), "--platform", "linux/arm64")
+    assert result.code == 0, result.err
+    print(f"\narm64 demo release in {time.monotonic() - started:.1f} s")
+    folder = out / f"{version}-arm64"
+    assert_arm64_release(cli, engine, folder, tag, f"demo-llm-{version}-arm64.tar.zst", ["tp1", "tp2", "tp4"])
+    for profile in ("tp1", "tp2", "tp4"):
+        run = engine.run(tag, ["self-check"], env={"PROFILE": profile})
+        assert run.exit_code == 0, run.output
+        assert "ok: platform linux/arm64 (uname -m: aarch64)" in run.output
+        assert "kernels load" in run.output  # kernels compiled for arm64, loaded by arm64 Python
+    elf = engine.run(tag, ["python3", "-c", "import struct,sys; d=open(sys.argv[1],'rb').read(20); "
+                                            "print(struct.unpack('<H', d[18:20])[0])",
+                           "/opt/unibake/kernels/rmsnorm/librmsnorm.so"])
+    assert elf.output.strip() == "183"  # e_machine EM_AARCH64

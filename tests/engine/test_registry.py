@@ -1,0 +1,210 @@
+"""Push and pull by digest through a real registry (the distribution registry 2.8, TLS, htpasswd)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import zstandard
+
+from unibake.amend import MARKER
+from unibake.scratch import ScratchEngine
+
+from ..conftest import REPO
+from ..registry_lab import USER, bridge, registry
+from .conftest import build_dockerfile
+from .test_downloader import code_lines
+
+
+@pytest.fixture(scope="module")
+def reg():
+    with registry() as running:
+        yield running
+
+
+def make_release(cli, image: str, out: Path, tag: str) -> Path:
+    result = cli("archive", image, "--tag", tag, "--out", str(out), "--no-roundtrip")
+    assert result.code == 0, result.err
+    return out / tag
+
+
+def registry_args(reg) -> list[str]:
+    return ["--auth-file", str(reg.auth_file), "--ca-file", str(reg.ca)]
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_push_records_the_digest_and_a_fresh_engine_pulls_the_same_image(cli, engine, reg, tmp_path):
+    folder = make_release(cli, "localhost/unibake-busybox:1", tmp_path / "release", "bb-1")
+    before = json.loads((folder / "manifest.json").read_text())
+    repo = f"{reg.host}/unibake-test/bb"
+
+    pushed = cli("--json", "push", str(folder), "--to", repo, *registry_args(reg))
+    assert pushed.code == 0, pushed.err
+    doc = json.loads(pushed.out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    [record] = manifest["registry"]
+    assert record["reference"] == f"{repo}@{doc['digest']}" and record["tag"] == "bb-1" and record["layers"] == "gzip"
+    assert {k: v for k, v in manifest.items() if k != "registry"} == {k: v for k, v in before.items() if k != "registry"}
+    # the registry holds exactly that manifest, naming the release's image ID as its config
+    body = requests.get(f"https://{reg.host}/v2/unibake-test/bb/manifests/{record['digest']}",
+                        auth=(USER, reg.password), verify=str(reg.ca),
+                        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).content
+    assert "sha256:" + hashlib.sha256(body).hexdigest() == record["digest"]
+    assert json.loads(body)["config"]["digest"] == manifest["image_id"]
+    # the folder is still a release that verifies, with the pull line in its notes and sums
+    for name in ("RELEASE_NOTES.md", "README-DIST.md"):
+        assert f"docker pull {record['reference']}" in (folder / name).read_text()
+    assert subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=folder).returncode == 0
+    assert (tmp_path / "checksums" / "bb-1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+    assert cli("verify", str(folder)).code == 0
+    # no credential anywhere: files, output, the JSON document
+    everything = pushed.out + pushed.err + "".join(b.decode("utf-8", "replace") for b in files_of(folder).values())
+    assert reg.password not in everything
+
+    # a second push uploads nothing and changes nothing
+    snapshot = files_of(folder)
+    again = cli("--json", "push", str(folder), "--to", repo, *registry_args(reg))
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["uploaded"] == 0 and json.loads(again.out)["digest"] == record["digest"]
+    assert files_of(folder) == snapshot
+
+    # an engine that never saw the image pulls it by digest; same image ID
+    # each scratch engine in a base folder of its own: a new one sweeps its folder of this process's others
+    with ScratchEngine(tmp_path / "scratch-1") as scratch, bridge(reg, scratch.pid):
+        assert scratch.engine.inspect_image(manifest["image_id"]) is None
+        pulled = cli("pull", record["reference"], "--engine", scratch.engine.address, "--out", str(tmp_path / "release"),
+                     *registry_args(reg))
+        assert pulled.code == 0, pulled.err
+        got = scratch.engine.inspect_image(record["reference"])
+        assert got.id == manifest["image_id"]
+        assert scratch.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
+
+        # the downloader's guides, as written: docker pull by digest, the ID check, the tag
+        with ScratchEngine(tmp_path / "scratch-2") as guided, bridge(reg, guided.pid):
+            for markdown, marker in ((folder / "README-DIST.md").read_text().split(MARKER)[1], ""), \
+                                    ((REPO / "README-DIST.md").read_text(), "# from a registry"):
+                lines = [line for line in code_lines(markdown, ()) if marker in line]
+                script = "set -e\n" + "".join(line + "\n" for line in lines)
+                done = subprocess.run(["sh", "-c", script], cwd=folder, capture_output=True, text=True,
+                                      env={**os.environ, "DOCKER_HOST": guided.engine.address,
+                                           "DOCKER_CONFIG": str(reg.auth_file.parent),
+                                           "REF": record["reference"], "TAG": manifest["tag"]})
+                assert done.returncode == 0 and "image ID ok" in done.stdout, done.stderr
+                assert any(line.startswith("docker pull") for line in lines)
+            assert guided.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
+
+        # deploy from the registry: the same engine is skipped, a fresh one pulls
+        with ScratchEngine(tmp_path / "scratch-3") as other, bridge(reg, other.pid):
+            deployed = cli("--json", "deploy", str(folder), "--from", "registry", "--engine", scratch.engine.address,
+                           "--engine", other.engine.address, *registry_args(reg))
+            assert deployed.code == 0, deployed.err
+            rows = {r["engine"]: r["result"] for r in json.loads(deployed.out)["engines"]}
+            assert rows == {scratch.engine.address: "skipped", other.engine.address: "pulled"}
+            assert other.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
+
+
+def test_zstd_layers_are_pushed_as_oci_tar_zstd_and_engine_20_10_is_told_it_cannot_pull_them(cli, engine, reg,
+                                                                                          tmp_path):
+    folder = make_release(cli, "localhost/unibake-busybox:1", tmp_path / "release", "bb-z")
+    pushed = cli("--json", "push", str(folder), "--to", f"{reg.host}/unibake-test/bbz", "--compression", "zstd",
+                 *registry_args(reg))
+    assert pushed.code == 0, pushed.err
+    digest = json.loads(pushed.out)["digest"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    session = requests.Session()
+    session.auth = (USER, reg.password)
+    base = f"https://{reg.host}/v2/unibake-test/bbz"
+    document = session.get(f"{base}/manifests/{digest}", verify=str(reg.ca),
+                           headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).json()
+    [layer] = document["layers"]
+    assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+zstd"
+    blob = session.get(f"{base}/blobs/{layer['digest']}", verify=str(reg.ca)).content
+    tar = zstandard.ZstdDecompressor().stream_reader(blob).read()
+    assert "sha256:" + hashlib.sha256(tar).hexdigest() == manifest["diff_ids"][0]
+    assert manifest["registry"][0]["layers"] == "zstd"
+
+    refused = cli("pull", f"{reg.host}/unibake-test/bbz@{digest}", "--release", str(folder), *registry_args(reg))
+    assert refused.code == 1
+    assert "cannot pull zstd layers" in refused.error_lines[-1] and "--compression gzip" in refused.error_lines[-1]
+
+
+def test_bad_credentials_are_exit_1_and_never_shown(cli, reg, tmp_path):
+    folder = make_release(cli, "localhost/unibake-busybox:1", tmp_path / "release", "bb-auth")
+    wrong = reg.write_auth(tmp_path / "wrong" / "config.json", "not-the-password-" + reg.password[:6])
+    result = cli("push", str(folder), "--to", f"{reg.host}/unibake-test/bb", "--auth-file", str(wrong),
+                 "--ca-file", str(reg.ca))
+    assert result.code == 1
+    assert f"the registry {reg.host} refused the credentials from {wrong}" in result.error_lines[-1]
+    assert "not-the-password" not in result.out + result.err
+
+    # none at all: DOCKER_CONFIG names a folder with no config.json
+    (tmp_path / "empty").mkdir()
+    anonymous = cli("push", str(folder), "--to", f"{reg.host}/unibake-test/bb", "--ca-file", str(reg.ca),
+                    env={"CI": "true", "DOCKER_CONFIG": str(tmp_path / "empty")})
+    assert anonymous.code == 1 and "refused no credentials (none found for it)" in anonymous.error_lines[-1]
+    # the Docker config is where credentials come from without --auth-file
+    from_config = cli("push", str(folder), "--to", f"{reg.host}/unibake-test/bb", "--ca-file", str(reg.ca),
+                      env={"CI": "true", "DOCKER_CONFIG": str(reg.auth_file.parent)})
+    assert from_config.code == 0, from_config.err
+    # TLS is verified: without the CA the registry's certificate is refused
+    untrusted = cli("push", str(folder), "--to", f"{reg.host}/unibake-test/bb", "--auth-file", str(reg.auth_file))
+    assert untrusted.code == 1 and "--ca-file" in untrusted.error_lines[-1]
+
+
+def test_a_digest_that_is_not_the_release_is_exit_3(cli, engine, reg, images, tmp_path):
+    out = tmp_path / "release"
+    folder = make_release(cli, "localhost/unibake-busybox:1", out, "bb-m")
+    images("unibake-test-other:1")
+    build_dockerfile(engine, "unibake-test-other:1", b"FROM localhost/unibake-busybox:1\nLABEL other=1\n")
+    other = make_release(cli, "unibake-test-other:1", out, "other-1")
+    assert cli("push", str(other), "--to", f"{reg.host}/unibake-test/bb", *registry_args(reg)).code == 0
+    other_ref = json.loads((other / "manifest.json").read_text())["registry"][0]["reference"]
+
+    result = cli("pull", other_ref, "--release", str(folder), *registry_args(reg))
+    assert result.code == 3
+    assert f"is image {json.loads((other / 'manifest.json').read_text())['image_id']}, not release bb-m's" \
+        in result.error_lines[-1]
+    unknown = cli("pull", f"{reg.host}/unibake-test/bb@sha256:{'0' * 64}", "--out", str(out), *registry_args(reg))
+    assert unknown.code == 2 and "no release under" in unknown.error_lines[-1]
+
+
+def test_a_registry_killed_mid_push_is_a_clear_error_and_a_push_after_restart_works(cli, engine, reg, images, tmp_path):
+    images("unibake-test-push-big:1")
+    build_dockerfile(engine, "unibake-test-push-big:1",
+                     b"FROM localhost/unibake-busybox:1\nRUN head -c 24000000 /dev/urandom > /blob\n")
+    folder = make_release(cli, "unibake-test-push-big:1", tmp_path / "release", "big-1")
+    snapshot = files_of(folder)
+    cmd = [sys.executable, str(REPO / "build.py"), "push", str(folder), "--to", f"{reg.host}/unibake-test/big",
+           "--retries", "2", *registry_args(reg)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CI": "true"})
+    deadline = time.monotonic() + 60
+    while not reg.uploads_started():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "no upload"
+        time.sleep(0.005)
+    reg.kill()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        reg.start()
+    assert proc.returncode == 1, err
+    last = [line for line in err.splitlines() if line.startswith("error:")][-1]
+    assert f"the registry {reg.host} did not answer while" in last and "after 2 attempts" in last
+    assert "nothing was recorded in the release" in last
+    assert "retrying in 1 s (attempt 2 of 2)" in err
+    assert files_of(folder) == snapshot  # the release is as it was
+
+    again = cli("--json", "push", str(folder), "--to", f"{reg.host}/unibake-test/big", *registry_args(reg))
+    assert again.code == 0, again.err
+    assert json.loads((folder / "manifest.json").read_text())["registry"][0]["digest"] == json.loads(again.out)["digest"]
+    assert cli("verify", str(folder)).code == 0

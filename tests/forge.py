@@ -1,0 +1,93 @@
+"""What an attacker who controls a downloaded release folder can do: rewrite the archive's tar and
+then make every checksum and size in the folder agree with it, so only the verifier's own rules
+stand between the forged archive and a load."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import zstandard
+
+Entry = tuple[tarfile.TarInfo, bytes | None]
+
+
+def read_entries(folder: Path) -> list[Entry]:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    raw = b"".join((folder / f["name"]).read_bytes() for f in manifest["archive"]["files"])
+    data = zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for info in tar.getmembers():
+            out.append((info, tar.extractfile(info).read() if info.isfile() else None))
+    return out
+
+
+def write_tar(entries: list[Entry]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in entries:
+            if data is not None:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def member(name: str, data: bytes) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    return info, data
+
+
+def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> Entry:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info, None
+
+
+def forge(folder: Path, change: Callable[[list[Entry]], list[Entry]] | None = None, *, stream: bytes | None = None,
+          compressed: tuple[bytes, int, str] | None = None, manifest_change: Callable[[dict], None] | None = None) -> None:
+    """Rewrite the archive (its tar changed by ``change``, or replaced by ``stream``, or by
+    ``compressed``: the zstd bytes with the size and sha256 of what they decode to), then the
+    manifest's sizes and digests and SHA256SUMS to match."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if compressed is not None:
+        compressed, size, sha = compressed
+    else:
+        tar = stream if stream is not None else write_tar(change(read_entries(folder)))
+        compressed = zstandard.ZstdCompressor(write_checksum=True).compress(tar)
+        size, sha = len(tar), hashlib.sha256(tar).hexdigest()
+    for f in manifest["archive"]["files"]:
+        (folder / f["name"]).unlink()
+    name = manifest["archive"]["name"]
+    (folder / name).write_bytes(compressed)
+    digest = hashlib.sha256(compressed).hexdigest()
+    manifest["archive"].update(files=[{"name": name, "bytes": len(compressed), "sha256": digest}],
+                               bytes=len(compressed), sha256=digest, uncompressed_bytes=size, uncompressed_sha256=sha)
+    if manifest_change:
+        manifest_change(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+def resum(folder: Path) -> None:
+    """SHA256SUMS rewritten over every file of the folder, as a forger would."""
+    lines = []
+    for path in sorted(folder.iterdir()):
+        if path.name != "SHA256SUMS" and path.is_file() and not path.is_symlink():
+            lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    (folder / "SHA256SUMS").write_text("".join(lines))
+
+
+def json_member(entries: list[Entry], name: str) -> object:
+    return json.loads(next(d for i, d in entries if i.name == name))
+
+
+def replace_member(entries: list[Entry], name: str, data: bytes) -> list[Entry]:
+    return [member(name, data) if i.name == name else (i, d) for i, d in entries]

@@ -1,0 +1,122 @@
+"""What the archive pass finds in an image's layers for the SBOM: packages, Python distributions and
+the digests of the libraries under the install root, stacked as the engine stacks the layers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+
+from unibake.archive import write_archive
+from unibake.contents import LayerInspector
+
+from ..savefixtures import docker_layout, oci_layout, tar_of
+
+STATUS = b"""Package: bash
+Status: install ok installed
+Priority: required
+Architecture: amd64
+Version: 5.2.15-2+b7
+Description: GNU Bourne Again SHell
+ Bash is an sh-compatible command language interpreter.
+ .
+ It is a continuation line.
+
+Package: libzstd1
+Status: install ok installed
+Architecture: amd64
+Source: libzstd
+Version: 1.5.4+dfsg2-5
+
+Package: removed-one
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 1.0
+"""
+
+METADATA = b"""Metadata-Version: 2.1
+Name: PyYAML
+Version: 6.0.1
+Summary: YAML parser
+
+Name: Not-A-Header
+Long description follows.
+"""
+
+
+def chunks(data: bytes, size: int = 1 << 16):
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+def inspect(layers: list[bytes], layout=docker_layout, tmp_path=None):
+    data, image_id, diff_ids = layout(layers)
+    archive = write_archive(chunks(data), tmp_path, "x.tar.zst", tag="demo:1",
+                            inspector=LayerInspector("/opt/unibake"))
+    return archive, diff_ids
+
+
+def test_packages_python_distributions_and_library_digests_are_found_in_one_pass(tmp_path):
+    kernel = os.urandom(300 << 10)  # above the spool threshold: read through the tee
+    base = tar_of([("var/lib/dpkg/status", STATUS, None),
+                   ("etc/os-release", b'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\n',
+                    None),
+                   ("usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info/METADATA", METADATA, None),
+                   ("usr/lib/x86_64-linux-gnu/libzstd.so.1", b"\x7fELF outside the install root", None)])
+    ours = tar_of([("opt/unibake/kernels/rmsnorm/librmsnorm.so", kernel, None),
+                   ("opt/unibake/kernels/rmsnorm/librmsnorm.so.1", b"", {"type": tarfile.SYMTYPE,
+                                                                          "linkname": "librmsnorm.so"}),
+                   ("opt/unibake/engine/app.py", b"print()\n", None)])
+    small = tar_of([("./opt/unibake/profiles/tp2/kernels/fa/libfa.so", b"\x7fELF small", None)])  # kept in memory
+    archive, diff_ids = inspect([base, ours, small], tmp_path=tmp_path)
+    contents = archive.contents
+    assert contents.layers == 3 and contents.not_inspected == () and contents.problems == ()
+    assert [(p.kind, p.name, p.version, p.arch, p.source) for p in contents.packages] == [
+        ("deb", "bash", "5.2.15-2+b7", "amd64", ""), ("deb", "libzstd1", "1.5.4+dfsg2-5", "amd64", "libzstd"),
+        ("pypi", "PyYAML", "6.0.1", "", "")]
+    assert contents.packages[2].path == "/usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info"
+    assert {p.layer for p in contents.packages} == {diff_ids[0]}
+    assert [(lib.path, lib.sha256, lib.size, lib.layer) for lib in contents.libraries] == [
+        ("/opt/unibake/kernels/rmsnorm/librmsnorm.so", hashlib.sha256(kernel).hexdigest(), len(kernel), diff_ids[1]),
+        ("/opt/unibake/profiles/tp2/kernels/fa/libfa.so", hashlib.sha256(b"\x7fELF small").hexdigest(), 10,
+         diff_ids[2])]
+    assert (contents.os.id, contents.os.version_id, contents.os.pretty_name) == (
+        "debian", "12", "Debian GNU/Linux 12 (bookworm)")
+
+
+def test_a_later_layer_replaces_whites_out_and_hides_what_lies_below(tmp_path):
+    first = tar_of([("var/lib/dpkg/status", STATUS, None),
+                    ("opt/unibake/kernels/a/liba.so", b"old a" * 20000, None),
+                    ("opt/unibake/kernels/b/libb.so", b"b" * 100000, None),
+                    ("opt/unibake/kernels/c/libc.so", b"c" * 100000, None),
+                    ("opt/unibake/lib/libd.so", b"d" * 100000, None)])
+    second = tar_of([("var/lib/dpkg/status", STATUS.split(b"\n\n")[0] + b"\n", None),  # libzstd1 removed
+                     ("opt/unibake/kernels/a/liba.so", b"new a" * 20000, None),
+                     ("opt/unibake/kernels/b/.wh.libb.so", b"", None),
+                     ("opt/unibake/lib/.wh..wh..opq", b"", None),
+                     ("opt/unibake/kernels/c/libc.so", b"", {"type": tarfile.SYMTYPE, "linkname": "/dev/null"})])
+    archive, diff_ids = inspect([first, second], layout=oci_layout, tmp_path=tmp_path)
+    contents = archive.contents
+    assert [p.name for p in contents.packages] == ["bash"] and contents.packages[0].layer == diff_ids[1]
+    assert [(lib.path, lib.sha256) for lib in contents.libraries] == [
+        ("/opt/unibake/kernels/a/liba.so", hashlib.sha256(b"new a" * 20000).hexdigest())]
+
+
+def test_a_hard_link_to_a_library_carries_its_digest(tmp_path):
+    layer = tar_of([("opt/unibake/kernels/a/liba.so", b"a" * 70000, None),
+                    ("opt/unibake/profiles/tp1/kernels/a/liba.so", b"",
+                     {"type": tarfile.LNKTYPE, "linkname": "opt/unibake/kernels/a/liba.so"})])
+    archive, _ = inspect([layer], tmp_path=tmp_path)
+    digest = hashlib.sha256(b"a" * 70000).hexdigest()
+    assert [(lib.path, lib.sha256) for lib in archive.contents.libraries] == [
+        ("/opt/unibake/kernels/a/liba.so", digest), ("/opt/unibake/profiles/tp1/kernels/a/liba.so", digest)]
+
+
+def test_a_layer_the_inspector_cannot_parse_is_reported_and_the_archive_is_still_written(tmp_path):
+    layer = bytearray(tar_of([("a.bin", os.urandom(70000), None), ("var/lib/dpkg/status", STATUS, None)]))
+    second = layer.index(b"var/lib/dpkg/status")
+    layer[second + 148:second + 156] = b"garbage!"  # the second header's checksum
+    data, _, diff_ids = oci_layout([bytes(layer)])
+    archive = write_archive(chunks(data), tmp_path, "y.tar.zst", tag="demo:1", inspector=LayerInspector("/opt/x"))
+    assert archive.contents.not_inspected == (diff_ids[0],) and archive.contents.packages == ()
+    assert (tmp_path / "y.tar.zst").stat().st_size == archive.compressed_bytes

@@ -1,0 +1,112 @@
+"""Deploy's own logic over fake engines: parallel, a row per engine, past a failure, idempotent;
+the hosts file and the command line's bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unibake.deploy import Plan, deploy, engines_of, raise_if_failed, read_hosts
+from unibake.errors import EngineError, InputError, VerificationError
+from unibake.manifest import load_manifest
+
+from ..fake_engine import FakeEngine
+from .test_publish import make_release
+
+
+def fleet(*names):
+    engines = {f"tcp://{n}:2375": FakeEngine(address=f"tcp://{n}:2375") for n in names}
+
+    def connect(address):
+        if address not in engines:
+            raise EngineError(f"cannot reach the Docker engine at {address}: no engine listens there")
+        return engines[address]
+    return engines, connect
+
+
+def test_every_engine_gets_the_release_a_broken_one_is_a_row_and_a_second_run_skips(tmp_path):
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b", "c")
+    addresses = ["tcp://a:2375", "tcp://gone:2375", "tcp://b:2375", "tcp://c:2375"]
+    plan = Plan(folder=folder, manifest=m, source="archive")
+    seen = []
+    results = deploy(plan, addresses, connect, jobs=3, on_result=seen.append)
+    assert [(r.engine, r.result) for r in results] == [(addresses[0], "loaded"), (addresses[1], "failed"),
+                                                      (addresses[2], "loaded"), (addresses[3], "loaded")]
+    assert seen == results and "no engine listens there" in results[1].detail
+    for engine in engines.values():
+        assert engine.inspect_image(m.tag).id == image_id and engine.loads == 1
+    with pytest.raises(VerificationError, match=r"1 of 4 engines failed: tcp://gone:2375: cannot reach"):
+        raise_if_failed(results)
+
+    again = deploy(plan, addresses, connect)
+    assert [r.result for r in again] == ["skipped", "failed", "skipped", "skipped"]
+    assert all(e.loads == 1 for e in engines.values())
+
+    engines["tcp://a:2375"].tags.pop(m.tag)  # the image is there but its tag was removed
+    assert deploy(plan, ["tcp://a:2375"], connect)[0].result == "tagged"
+    assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
+    raise_if_failed(deploy(plan, ["tcp://a:2375", "tcp://b:2375"], connect))
+
+
+def test_an_engine_that_ends_up_with_another_image_fails_its_row(tmp_path):
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a")
+    other = FakeEngine()
+    other_id = other.add({"config": {}}, [b"x"])
+    engines["tcp://a:2375"].remote = {f"r.example/a@sha256:{'1' * 64}": other.images[other_id]}
+
+    def pull(engine):
+        engine.pull("r.example/a", f"sha256:{'1' * 64}", None)
+        engine.tag(other_id, m.tag)
+        return other_id
+    results = deploy(Plan(folder=folder, manifest=m, source="registry", pull=pull), ["tcp://a:2375"], connect)
+    assert results[0].result == "failed" and f"image ID {other_id} after the pull, not {image_id}" in results[0].detail
+
+
+def test_the_hosts_file_and_the_engines_given(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# nodes\nssh://root@node1\n\n  tcp://10.0.0.2:2376  # the second\nunix:///run/docker.sock\n")
+    assert read_hosts(hosts) == ["ssh://root@node1", "tcp://10.0.0.2:2376", "unix:///run/docker.sock"]
+    assert engines_of(["ssh://root@node0"], read_hosts(hosts))[0] == "ssh://root@node0"
+    hosts.write_text("ssh://root@node1\nnode2\n")
+    with pytest.raises(InputError, match=rf"{hosts}:2: 'node2' is not an engine address"):
+        read_hosts(hosts)
+    hosts.write_text("# nothing\n")
+    with pytest.raises(InputError, match="no engine address"):
+        read_hosts(hosts)
+    with pytest.raises(InputError, match="named twice"):
+        engines_of(["ssh://a", "ssh://a"], [])
+    with pytest.raises(InputError, match="at least one engine"):
+        engines_of([], [])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["deploy", "{folder}"], "deploy needs at least one engine"),
+    (["deploy", "{folder}", "--engine", "tcp://a:1", "--jobs", "0"], "--jobs 0 must be 1 or more"),
+    (["deploy", "{folder}", "--engine", "tcp://a:1", "--from", "registry"], "records no push"),
+    (["deploy", "{folder}", "--engine", "tcp://a:1", "--ref", "r.example/a@sha256:" + "0" * 64],
+     "--ref goes with --from registry"),
+    (["push", "{folder}", "--to", "demo-llm"], "is not REGISTRY/REPOSITORY"),
+    (["push", "{folder}", "--to", "r.example/a", "--retries", "0"], "--retries 0 is out of range"),
+    (["push", "{folder}", "--to", "r.example/a", "--ca-file", "/nonexistent/ca.crt"], "no such file"),
+    (["pull", "r.example/a:1"], "names no digest"),
+    (["pull", "r.example/a@sha256:" + "0" * 64, "--out", "{out}"], "no release under"),
+])
+def test_bad_input_is_exit_2_before_anything_is_reached(cli, tmp_path, args, message):
+    folder, _ = make_release(tmp_path / "release")
+    result = cli(*[a.format(folder=folder, out=tmp_path / "release") for a in args])
+    assert result.code == 2, result.err
+    assert message in result.error_lines[-1]
+
+
+def test_a_tampered_manifest_is_not_pulled_against(cli, tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["image_id"] = "sha256:" + "0" * 64
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("pull", "r.example/a@sha256:" + "0" * 64, "--release", str(folder))
+    assert result.code == 3 and "differs from SHA256SUMS" in result.error_lines[-1]

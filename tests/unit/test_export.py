@@ -1,0 +1,80 @@
+"""The one-pass export on fake engines: the same normalised image as the sequential path, an
+archive that reads back as it, and a fresh engine that holds it, from a single save."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unibake.archive_reader import read_archive
+from unibake.errors import VerificationError
+from unibake.export import export_once
+from unibake.normalise import normalise_image
+
+from ..fake_engine import FakeEngine
+from .test_normalise import EPOCH, built, engine, layer  # noqa: F401 - the fixture is used by name
+
+
+class CountingEngine(FakeEngine):
+    saves: int = 0
+
+    def save(self, ref):
+        self.saves += 1
+        return super().save(ref)
+
+
+@pytest.fixture
+def counted(engine):  # noqa: F811
+    e = CountingEngine()
+    e.images, e.tags = engine.images, engine.tags
+    return e
+
+
+def export(engine, image, tmp_path, fresh=None, **kw):
+    staging = tmp_path / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    return export_once(engine, image, staging=staging, name="demo.tar.zst", epoch=EPOCH, owned="/opt/unibake",
+                       base_image="base:1", fresh=fresh, **kw)
+
+
+def test_one_save_gives_the_normalised_image_its_archive_and_the_fresh_engines_copy(counted, tmp_path):
+    fresh = FakeEngine(address="fake://fresh")
+    done = export(counted, built(counted, "demo:1", 1111, "2026-01-01T00:00:00Z"), tmp_path, fresh=fresh)
+    assert counted.saves == 1
+    assert counted.inspect_image("demo:1").id == done.image.image_id  # the tag names the normalised image
+    assert done.archive.image.image_id == done.image.image_id == done.back.image.image_id
+    held = fresh.inspect_image("demo:1")
+    assert held.id == done.image.image_id and held.diff_ids == done.image.diff_ids
+    assert done.round_trip.image_id == done.image.image_id and done.round_trip.engine == "fake://fresh"
+    assert fresh.images[held.id].layers[0] == counted.images[counted.tags["base:1"]].layers[0]  # the base went too
+    other = FakeEngine()
+    other.load(read_archive(tmp_path / "staging", [f.name for f in done.archive.files]))
+    assert other.inspect_image("demo:1").id == done.image.image_id  # the archive itself loads as the same image
+
+
+def test_the_export_gives_what_the_sequential_path_gives(engine, tmp_path):  # noqa: F811
+    one = export(engine, built(engine, "demo:1", 1111, "x"), tmp_path).image.image_id
+    two = normalise_image(engine, built(engine, "demo:2", 2222, "y"), epoch=EPOCH, base_image="base:1",
+                          owned="/opt/unibake").image_id
+    assert one == two
+
+
+def test_a_hotfix_archive_leaves_out_what_its_base_shipped_and_feeds_no_fresh_engine(engine, tmp_path):  # noqa: F811
+    first = export(engine, built(engine, "demo:1", 1111, "x"), tmp_path / "a").image
+    fresh = FakeEngine(address="fake://fresh")
+    done = export(engine, built(engine, "demo:2", 1111, "x", tune=b'{"t": 9}\n'), tmp_path / "b", fresh=fresh,
+                  omit_base=first.diff_ids)
+    assert done.archive.omitted == first.diff_ids[:2] and len(done.archive.shipped) == 1
+    assert fresh.loads == 0 and done.round_trip is None
+
+
+def test_a_layer_outside_the_install_root_is_refused_and_nothing_is_left(engine, tmp_path):  # noqa: F811
+    base = engine.images[engine.tags["base:1"]].layers
+    image_id = engine.add(json.loads(engine.images[engine.tags["base:1"]].config), base + [layer([("etc/x", b"x", 5)])],
+                          tag="demo:1")
+    from unibake.builder import BuiltImage
+    with pytest.raises(VerificationError, match="lies outside /opt/unibake"):
+        export(engine, BuiltImage(image_id=image_id, tag="demo:1", diff_ids=(), steps=(), stage_images=(), seconds=0),
+               tmp_path)
+    assert list((tmp_path / "staging").iterdir()) == []

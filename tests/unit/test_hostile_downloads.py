@@ -1,0 +1,275 @@
+"""A downloaded folder is hostile until checked (issue 12, classes 1-4): the forger controls every
+file and makes every sum agree, so only the verifiers' own rules stand between the folder and a
+load. Both verifiers (`build.py verify`, `scripts/verify-release.sh`) must refuse the same things."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ..conftest import REPO
+from ..forge import forge, json_member, link, member, read_entries, replace_member, resum, write_tar
+from ..savefixtures import layer_tar
+from .test_publish import make_release
+
+SCRIPT = REPO / "scripts" / "verify-release.sh"
+EXAMPLES = int(os.environ.get("UNIBAKE_FUZZ_EXAMPLES", "150"))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return make_release(tmp_path / "release")[0]
+
+
+def shell(folder) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], capture_output=True, text=True, timeout=120)
+
+
+def both_refuse(cli, folder, python_says: str, shell_says: str) -> None:
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "Traceback" not in result.err, result.err
+    assert python_says in result.err, result.err
+    script = shell(folder)
+    assert script.returncode == 3, script.stdout + script.stderr
+    assert shell_says in script.stderr, script.stderr
+
+
+def test_a_good_release_passes_both_verifiers(cli, folder):
+    assert cli("verify", str(folder)).code == 0
+    assert shell(folder).returncode == 0
+
+
+# --- class 1: what is loaded is exactly what was checked ---------------------------------------
+
+
+def add_repo_tag(entries):
+    manifest = json_member(entries, "manifest.json")
+    manifest[0]["RepoTags"].append("localhost/unibake-demo-base:bookworm")
+    return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":"),
+                                                               sort_keys=True).encode())
+
+
+def test_an_inner_manifest_naming_another_tag_is_refused(cli, folder):
+    forge(folder, add_repo_tag)
+    both_refuse(cli, folder, "a load would tag other images", "a load would do more than the release says")
+
+
+def test_an_index_naming_another_image_is_refused(cli, folder):
+    def rename(entries):
+        index = json_member(entries, "index.json")
+        index["manifests"][0]["annotations"]["io.containerd.image.name"] = "docker.io/library/busybox:latest"
+        return replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+
+    forge(folder, rename)
+    both_refuse(cli, folder, "index.json names", "index.json does not name the release's tag")
+
+
+def test_a_link_and_a_file_of_the_same_name_are_refused(cli, folder):
+    forge(folder, lambda entries: entries + [link("manifest.json", "index.json")])
+    both_refuse(cli, folder, "'manifest.json' appears twice", "holds")
+
+
+def test_a_link_in_place_of_metadata_is_refused(cli, folder):
+    forge(folder, lambda entries: [e for e in entries if e[0].name != "oci-layout"] + [link("oci-layout", "index.json")])
+    both_refuse(cli, folder, "holds a link", "a link")
+
+
+def test_a_member_nothing_refers_to_is_refused_before_any_load(cli, folder):
+    extra = layer_tar({"etc/cron.d/x": b"* * * * * root sh\n"})
+    forge(folder, lambda entries: entries + [member(f"blobs/sha256/{hashlib.sha256(extra).hexdigest()}", extra)])
+    both_refuse(cli, folder, "nothing refers to", "which nothing refers to")
+
+
+def test_two_images_in_one_archive_are_refused(cli, folder):
+    def double(entries):
+        manifest = json_member(entries, "manifest.json")
+        return replace_member(entries, "manifest.json", json.dumps(manifest * 2).encode())
+
+    forge(folder, double)
+    both_refuse(cli, folder, "manifest.json must describe exactly one image", "is not one image")
+
+
+def test_the_shell_verifier_reads_only_files_sums_list(folder):
+    archive = next(folder.glob("*.tar.zst"))
+    (folder / "zzz-extra.tar.zst").write_bytes(archive.read_bytes())  # not listed: ignored, not loaded
+    result = shell(folder)
+    assert result.returncode == 0 and "zzz-extra" not in result.stdout
+
+
+# --- class 2: names from downloaded files name only plain files of the folder ------------------
+
+
+@pytest.mark.parametrize("name", ["/etc/shadow", "../../x", "sub/dir.tar.zst", ".hidden", "a b"])
+def test_a_manifest_naming_a_path_outside_the_folder_is_refused_unread(cli, folder, name):
+    forge(folder, lambda e: e, manifest_change=lambda m: m["archive"]["files"][0].update(name=name))
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "String should match pattern" in result.error_lines[-1]
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../x", "./a", "sub/x"])
+def test_sums_naming_a_path_outside_the_folder_are_refused_by_both(cli, folder, name):
+    with open(folder / "SHA256SUMS", "a") as fh:
+        fh.write(f"{hashlib.sha256(b'').hexdigest()}  {name}\n")
+    both_refuse(cli, folder, "is not a file of this folder", "not a 'sha256  name' line")
+
+
+def test_a_listed_file_that_is_a_symlink_out_of_the_folder_is_refused_by_both(cli, folder):
+    target = folder.parent / "elsewhere"
+    target.write_text("secret\n")
+    os.symlink(target, folder / "notes.txt")
+    digest = hashlib.sha256(b"secret\n").hexdigest()
+    with open(folder / "SHA256SUMS", "a") as fh:
+        fh.write(f"{digest}  notes.txt\n")
+    both_refuse(cli, folder, "not a regular file", "not a regular file")
+
+
+# --- class 3: malformed metadata: exit 3, one line, the same verdict from both -----------------
+
+
+def test_a_deeply_nested_manifest_is_one_error_line(cli, folder):
+    (folder / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    resum(folder)
+    result = cli("verify", str(folder))
+    assert result.code == 3 and len(result.error_lines) == 1 and "Traceback" not in result.err
+
+
+def test_a_pax_size_that_is_not_a_number_is_refused(cli, folder):
+    entries = read_entries(folder)
+    tar = bytearray(write_tar(entries))
+    pax = tarfile.TarInfo("x")
+    pax.type = tarfile.XHDTYPE
+    record = b"12 size=1e5\n"
+    pax.size = len(record)
+    evil = pax.tobuf(format=tarfile.USTAR_FORMAT) + record + bytes(512 - len(record))
+    forge(folder, stream=evil + bytes(tar))
+    both_refuse(cli, folder, "PAX size '1e5' that is not a whole number", "")
+
+
+def test_a_foreign_manifest_under_releases_is_listed_not_a_traceback(cli, tmp_path, folder):
+    foreign = folder.parent / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "someone else\'s"}')
+    result = cli("releases", "--out", str(folder.parent))
+    assert result.code == 0 and "UNREADABLE" in result.err and "Traceback" not in result.err
+    assert "verifies" in result.err
+
+
+SUMS_LINES = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["gnu", "bin", "bsd", "upper", "three", "tab", "cr", "blank", "star-space",
+                               "dotslash", "escaped"]),
+              st.sampled_from(["IMAGE_ID", "manifest.json", "run.sh", "VALIDATION.json", "x"]))),
+    min_size=0, max_size=3)
+
+
+def sums_variant(folder, extra):
+    """The folder's own SHA256SUMS, in a mix of forms, plus odd lines."""
+    digests = {line.split("  ")[1]: line.split("  ")[0] for line in (folder / "SHA256SUMS").read_text().splitlines()}
+    lines = []
+    for i, (name, digest) in enumerate(sorted(digests.items())):
+        lines.append(f"SHA256 ({name}) = {digest}" if i % 2 else f"{digest} *{name}")
+    for form, name in extra:
+        d = digests.get(name, "0" * 64)
+        lines.append({"gnu": f"{d}  {name}", "bin": f"{d} *{name}", "bsd": f"SHA256 ({name}) = {d}",
+                      "upper": f"{d.upper()}  {name}", "three": f"{d}   {name}", "tab": f"{d}\t{name}",
+                      "cr": f"{d}  {name}\r", "blank": "", "star-space": f"{d} * {name}",
+                      "dotslash": f"{d}  ./{name}", "escaped": f"\\{d}  {name}"}[form])
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=SUMS_LINES)
+def test_both_verifiers_reach_the_same_verdict_on_any_sha256sums(cli, tmp_path_factory, extra):
+    folder = make_release(tmp_path_factory.mktemp("sums") / "release")[0]
+    (folder / "SHA256SUMS").write_text(sums_variant(folder, extra))
+    python = cli("verify", str(folder)).code
+    script = shell(folder).returncode
+    assert python == script, (extra, python, script)
+    assert python in (0, 3)
+
+
+# --- class 4: tiny inputs, bounded costs --------------------------------------------------------
+
+
+def test_a_tiny_archive_of_many_large_members_is_refused_in_bounded_memory(tmp_path, folder):
+    """50 members of 10 MiB that look like JSON: a few KB compressed, 500 MB if each were kept."""
+    entries = read_entries(folder)
+    blob = b"{" + bytes(10 << 20)
+    for i in range(50):
+        entries.append(member(f"blobs/sha256/{i:064x}", blob))
+    forge(folder, lambda _: entries)
+    assert (folder / "demo-llm-1.3.1.tar.zst").stat().st_size < 200_000
+    start = time.monotonic()
+    code, stderr, peak = run_measured([sys.executable, str(REPO / "build.py"), "verify", str(folder)])
+    assert code == 3 and "Traceback" not in stderr
+    assert "the archive's metadata members add up to more than 64 MiB" in stderr
+    assert peak < 256 << 20, f"peak RSS {peak >> 20} MiB"
+    assert time.monotonic() - start < 60
+
+
+def test_a_huge_member_nothing_refers_to_is_refused_without_being_kept(tmp_path, folder):
+    """512 MiB of zeros: a few hundred KB to download, refused before any load."""
+    class Zeros:  # the member's content, made as tarfile reads it
+        def __init__(self, size):
+            self.left = size
+
+        def read(self, n):
+            n = min(n, self.left)
+            self.left -= n
+            return bytes(n)
+
+    class Counted:  # the tar's bytes as they go into the compressor: their size and sha256
+        def __init__(self, out):
+            self.out, self.size, self.sha = out, 0, hashlib.sha256()
+
+        def write(self, data):
+            self.size += len(data)
+            self.sha.update(data)
+            return self.out.write(data)
+
+    blob = hashlib.sha256()
+    for _ in range(512):
+        blob.update(bytes(1 << 20))
+    compressed = tmp_path / "forged.zst"
+    with open(compressed, "wb") as fh, zstandard.ZstdCompressor(write_checksum=True).stream_writer(fh) as zw:
+        counted = Counted(zw)
+        with tarfile.open(fileobj=counted, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for info, data in read_entries(folder):
+                tar.addfile(info, io.BytesIO(data) if data is not None else None)
+            huge = tarfile.TarInfo(f"blobs/sha256/{blob.hexdigest()}")
+            huge.size = 512 << 20
+            tar.addfile(huge, Zeros(huge.size))
+    forge(folder, compressed=(compressed.read_bytes(), counted.size, counted.sha.hexdigest()))
+    code, stderr, peak = run_measured([sys.executable, str(REPO / "build.py"), "verify", str(folder)])
+    assert code == 3 and "nothing refers to" in stderr and "Traceback" not in stderr
+    assert peak < 256 << 20, f"peak RSS {peak >> 20} MiB"
+
+
+def run_measured(cmd: list[str]) -> tuple[int, str, int]:
+    """Exit code, stderr and peak RSS in bytes of one child process, read from its VmHWM after its
+    exec (the rusage of a forked child counts the parent's pages too)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CI": "1"})
+    peak = 0
+    reader = threading.Thread(target=lambda: setattr(proc, "err", proc.stderr.read()))
+    reader.start()
+    while proc.poll() is None:
+        try:
+            status = open(f"/proc/{proc.pid}/status").read()
+            peak = max(peak, int(status.split("VmHWM:")[1].split()[0]) * 1024)
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
+    reader.join()
+    return proc.returncode, proc.err, peak

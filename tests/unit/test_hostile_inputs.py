@@ -1,0 +1,204 @@
+"""Inputs from someone else (issue 12, classes 5, 7, 8, 9, 10): an image's labels, a profile's file
+name, special files, out-of-range values, failures at the very end, secrets in every disguise."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from unibake.errors import UnibakeError, VerificationError
+from unibake.metadata import METADATA_LABEL
+from unibake.pipeline import ARCHIVE, Request, run_stages, selection
+from unibake.sanitise import enforce, scan_bytes, scan_file, scan_text
+
+from ..fake_engine import FakeEngine
+from ..savefixtures import DEFAULT_LAYERS
+from .test_pipeline import Quiet
+from .test_smoke import metadata, server  # noqa: F401 - the fixture is used by name
+
+EXAMPLES = int(os.environ.get("UNIBAKE_FUZZ_EXAMPLES", "150"))
+HOSTILE = ["$(touch {canary})", "`touch {canary}`", "'; touch {canary}; '", "\"; touch {canary}; \"",
+           "</code><script>alert(1)</script>", "| x | y |", "[link](javascript:alert(1))", "${{IFS}}touch${{IFS}}{canary}"]
+
+
+def release_foreign(tmp_path, labels: dict, engines: dict | None = None):
+    source = FakeEngine(address="fake://source")
+    source.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                "history": [{"created_by": "x"}] * 3}, DEFAULT_LAYERS, tag="demo:1.0")
+    engines = engines or {None: source, "fake://verify": FakeEngine(address="fake://verify")}
+    engines[None] = source
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", image="demo:1.0",
+                      verify_engine="fake://verify")
+    return run_stages(selection(ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+
+
+# --- class 5: what reaches a shell script, a Dockerfile or Markdown is validated or escaped ------
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_labels_of_a_foreign_image_reach_the_notes_escaped(tmp_path, value):
+    canary = tmp_path / "pwned"
+    text = value.format(canary=canary)
+    labels = {"org.opencontainers.image.revision": text, "org.opencontainers.image.created": text,
+              "org.opencontainers.image.version": text, "com.example.note": text + "\nsecond line"}
+    folder = release_foreign(tmp_path, labels)["release"].folder
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    outside_code = re.sub(r"(`+).*?\1", "", notes)  # inside a code span nothing is markup
+    assert "<script>" not in notes and "[link](javascript" not in outside_code
+    assert "\nsecond line" not in notes
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["labels"]["com.example.note"] == text + "\nsecond line"  # kept as data, where it is inert
+    for script in folder.glob("*.sh"):
+        subprocess.run(["sh", str(script), "--dry-run"], cwd=folder, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("field,value", [("model_name", "x$(touch {canary})"), ("model_name", "a\nb"),
+                                         ("tag", "demo:1;touch {canary}"), ("profile", "tp1$(id)")])
+def test_hostile_image_metadata_is_refused_or_inert(tmp_path, server, field, value):  # noqa: F811
+    canary = tmp_path / "pwned"
+    meta = json.loads(metadata(server.server_port).to_json())
+    if field == "model_name":
+        meta["launch"]["model_name"] = value.format(canary=canary)
+    elif field == "tag":
+        meta["tag"] = value.format(canary=canary)
+    else:
+        meta["profiles"] = {value: meta["profiles"]["tp1"]}
+        meta["default_profile"] = value
+    labels = {METADATA_LABEL: json.dumps(meta), "io.unibake.profiles": "tp1"}
+    try:
+        folder = release_foreign(tmp_path, labels)["release"].folder
+    except VerificationError as exc:
+        assert "is not valid unibake metadata" in str(exc)
+        return
+    for args in (["--dry-run"], ["--dry-run", "tp1"], ["--help"]):
+        subprocess.run(["sh", str(folder / "run.sh"), *args], cwd=folder, capture_output=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert not canary.exists()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text(min_size=1, max_size=60))
+def test_any_label_text_gives_a_release_or_one_clear_error(tmp_path_factory, value):
+    tmp_path = tmp_path_factory.mktemp("label")
+    labels = {"org.opencontainers.image.revision": value, "org.opencontainers.image.version": value}
+    try:
+        folder = release_foreign(tmp_path, labels)["release"].folder
+    except UnibakeError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "<" not in notes.split("## Verify")[0].replace("<none>", "")  # no HTML from a label above the fold
+
+
+def test_a_profile_file_name_holding_a_newline_is_refused(cli, busybox_product):
+    (busybox_product / "tp3\nRUN id.yaml").write_text("profile: tp3\ngpus: 1\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and "is not a plain name" in result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists()
+
+
+# --- class 7: special files are refused before they are opened for reading ---------------------
+
+
+def test_a_profile_that_is_a_fifo_is_refused_not_waited_on(cli, busybox_product):
+    os.mkfifo(busybox_product / "tp9.yaml")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and "not a regular file" in result.error_lines[0]
+
+
+def test_an_inputs_lock_that_is_a_fifo_is_refused(cli, busybox_product):
+    (busybox_product / "inputs.lock").unlink()
+    os.mkfifo(busybox_product / "inputs.lock")
+    result = cli("--stage", "build", "--config", str(busybox_product))
+    assert result.code == 2 and "not a regular file" in result.error_lines[0]
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "/dev/zero"])
+def test_a_profile_symlinked_out_of_the_folder_is_refused_unread(cli, busybox_product, target):
+    os.symlink(target, busybox_product / "tp9.yaml")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and "points outside the profiles folder" in result.error_lines[0]
+
+
+# --- class 8: ranges are checked at plan time --------------------------------------------------
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("gpus: 1", "gpus: 100000000", "key 'gpus' must be at most 1024"),
+    ("port: 30000", "port: 70000", "key 'launch.port' must be at most 65535"),
+    ("port: 30000", "port: 0", "key 'launch.port' must be at least 1"),
+])
+def test_values_out_of_range_are_refused_before_anything_is_built(cli, busybox_product, old, new, message):
+    for name in ("tp1.yaml", "product.yaml"):
+        path = busybox_product / name
+        path.write_text(path.read_text().replace(old, new, 1))
+    result = cli("--config", str(busybox_product))
+    assert result.code == 2 and message in result.error_lines[0]
+
+
+# --- class 9: nothing is committed until everything that can fail has run ----------------------
+
+
+def test_a_checksums_record_that_cannot_be_written_publishes_nothing(tmp_path):
+    (tmp_path / "checksums").write_text("a file where the folder should be")
+    with pytest.raises(UnibakeError, match="nothing was published"):
+        release_foreign(tmp_path, {})
+    assert [p.name for p in (tmp_path / "release").iterdir()] == [".1.0.lock"]
+
+
+# --- class 10: secrets in every disguise --------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("-----BEGIN PGP PRIVATE KEY BLOCK-----", "private key"),
+    ("-----BEGIN ENCRYPTED PRIVATE KEY-----", "private key"),
+    ("redis://:pw@cache.internal:6379/0", "password in a URL"),
+    ("postgres://app:s3cret@db/app", "password in a URL"),
+])
+def test_secret_shapes_are_found(text, kind):
+    assert [f.kind for f in scan_text(f"x = {text}\n", "f")] == [kind]
+
+
+@pytest.mark.parametrize("key", ["DB_PASSWORD", "MYSQL_PWD", "NPM_AUTH", "SSH_KEY", "HF_TOKEN", "APP_SECRET",
+                                 "GPG_PASSPHRASE"])
+def test_secret_names_with_a_literal_value_are_refused_at_plan_time(cli, busybox_product, key):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace('env: {SHARED_SETTING: "on"}',
+                                                   f'env: {{SHARED_SETTING: "on", {key}: "hunter22"}}'))
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 3 and f"env.{key}: secret in the environment" in result.error_lines[0]
+    assert "hunter22" not in result.err and not (busybox_product.parent / "dockerfiles").exists()
+
+
+def test_a_private_address_in_an_env_value_is_refused_at_plan_time(cli, busybox_product):
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text().replace("env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, MASTER: 10.1.2.3}"))
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 3 and "tp1.yaml:4: env.MASTER: private network address" in result.error_lines[0]
+
+
+def test_a_key_after_a_nul_byte_or_deep_in_a_big_file_is_found(tmp_path):
+    token = "hf_" + "Q" * 34
+    assert [f.kind for f in scan_bytes(b"\x7fELF\x00\x01" + token.encode() + b"\x00", "lib.so")] == ["Hugging Face token"]
+    big = tmp_path / "weights.bin"
+    with open(big, "wb") as fh:
+        fh.write(os.urandom(1 << 20) * 40)  # past the first part: 40 MiB, streamed in chunks
+        fh.write(b"\x00" + token.encode() + b"\x00")
+    found = [f for f in scan_file(big, "images/weights.bin") if f.kind == "Hugging Face token"]
+    assert [f.where for f in found] == [f"images/weights.bin at byte {(40 << 20) + 1}"]
+
+
+def test_the_error_shows_enough_to_write_an_allow_rule_and_the_rule_works():
+    findings = scan_text("url = https://deploy:hunter2@pypi.example.com/simple\n", "setup.cfg")
+    with pytest.raises(VerificationError) as caught:
+        enforce(findings, (), "the build context")
+    rule = str(caught.value).split("(e.g. '")[1].split("')")[0]
+    assert "hunter2" not in str(caught.value)
+    enforce(findings, (rule,), "the build context")  # the suggested rule lets exactly this value through

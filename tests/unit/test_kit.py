@@ -1,0 +1,107 @@
+"""The reconstruct kit without an engine: deterministic bytes, the context exactly as the build sends
+it, a ledger that verify.sh (plain sh) and the rebuild both check, and a rebuild that refuses
+before building when the kit or the engine's base image is not the release's."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from unibake.errors import InputError, VerificationError
+from unibake.kit import check_ledger, kit_name, read_kit, rebuild, write_kit
+from unibake.plan import make_plan
+from unibake.render import render, write_context_tar
+from unibake.sbom import BaseImage
+
+from ..conftest import REPO
+from ..fake_engine import FakeEngine
+
+BASE = BaseImage(ref="localhost/unibake-busybox:1", image_id="sha256:" + "b" * 64)
+IMAGE_ID = "sha256:" + "e" * 64
+
+
+def make_kit(profiles: Path, out: Path) -> tuple[Path, object]:
+    plan = make_plan(profiles, cwd=profiles.parent)
+    out.mkdir(exist_ok=True)
+    name = kit_name(plan.product, "0.1.0")
+    written = write_kit(out, name, plan=plan, context=render(plan), release="0.1.0", image_id=IMAGE_ID,
+                        diff_ids=("sha256:" + "1" * 64,), epoch=1700000000, revision="abc", base=BASE, builder=None)
+    return out / name, written
+
+
+def unpack(kit: Path, into: Path) -> Path:
+    into.mkdir()
+    data = zstandard.ZstdDecompressor().stream_reader(open(kit, "rb")).read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="tar")
+    (folder,) = into.iterdir()
+    return folder
+
+
+def test_the_kit_is_deterministic_and_holds_the_context_exactly_as_built(busybox_product, tmp_path):
+    first, written = make_kit(busybox_product, tmp_path / "a")
+    second, _ = make_kit(busybox_product, tmp_path / "b")
+    assert first.read_bytes() == second.read_bytes()
+    folder = unpack(first, tmp_path / "unpacked")
+    assert folder.name == "unibake-test-0.1.0-kit"
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    expected = io.BytesIO()
+    write_context_tar(render(plan), expected, mtime=1700000000)
+    assert (folder / "context.tar").read_bytes() == expected.getvalue()
+    assert (folder / "Dockerfile").read_text() == render(plan).dockerfile
+    assert (folder / "inputs.lock").read_bytes() == (busybox_product / "inputs.lock").read_bytes()
+    assert sorted(p.name for p in (folder / "profiles").iterdir()) == ["product.yaml", "tp1.yaml", "tp2.yaml"]
+    assert (folder / "tool/unibake/normalise.py").is_file() and (folder / "tool/requirements.txt").is_file()
+    record = read_kit(folder)
+    assert (record.image_id, record.source_date_epoch, record.revision) == (IMAGE_ID, 1700000000, "abc")
+    assert record.build_args == {"UNIBAKE_REVISION": "abc", "UNIBAKE_CREATED": "2023-11-14T22:13:20Z"}
+    assert json.loads((folder / "kit.json").read_text())["base"] == {"ref": BASE.ref, "image_id": BASE.image_id}
+    assert written.files == len((folder / "kit.sha256").read_text().splitlines())
+    assert (folder / "verify.sh").stat().st_mode & 0o111
+
+
+def test_verify_sh_and_the_rebuild_check_the_ledger_and_the_base_image_before_building(busybox_product, tmp_path):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    ok = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True)
+    assert ok.returncode == 0 and "files match kit.sha256" in ok.stdout, ok.stderr
+    assert check_ledger(folder) == []
+
+    engine = FakeEngine()  # it has no base image: the rebuild refuses before building anything
+    with pytest.raises(InputError, match=r"the base image localhost/unibake-busybox:1 is missing in the engine at "
+                                         r"fake://engine; release 0.1.0 was built on sha256:b{64}: load that image"):
+        rebuild(folder, engine)
+
+    (folder / "stray.txt").write_text("x")
+    extra = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True)
+    assert extra.returncode == 3 and "not listed in kit.sha256: stray.txt" in extra.stderr
+    (folder / "stray.txt").unlink()
+    with open(folder / "context.tar", "ab") as fh:
+        fh.write(b"\0" * 512)
+    changed = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True)
+    assert changed.returncode == 3 and "context.tar: FAILED" in changed.stdout + changed.stderr
+    assert check_ledger(folder) == ["context.tar: differs from kit.sha256"]
+    with pytest.raises(VerificationError, match="context.tar: differs from kit.sha256"):
+        rebuild(folder, engine)
+    assert subprocess.run(["sh", "./verify.sh", "--bogus"], cwd=folder, capture_output=True).returncode == 2
+
+
+def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, tmp_path):
+    old = tmp_path / "1.3.1"  # a release made before the provenance existed: its manifest has no supply_chain
+    old.mkdir()
+    manifest = json.loads((REPO / "release/1.3.1/manifest.json").read_text())
+    manifest.pop("supply_chain", None)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    refused = cli("kit", str(old), "--out", str(tmp_path / "kit"))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: release 1.3.1 ({old}) has no provenance (it was made before unibake wrote one): its inputs cannot be "
+        "checked, so no kit is written"]
+    assert not (tmp_path / "kit").exists()
+    not_a_kit = cli("rebuild", str(tmp_path))
+    assert not_a_kit.code == 3 and not_a_kit.error_lines[-1].startswith(f"error: {tmp_path}/kit.sha256: missing")

@@ -1,0 +1,294 @@
+"""The registry side without a registry: references, credentials, the retry loop, the OCI documents,
+what a push uploads (into a recording client), and the release folder amended atomically."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import shutil
+import subprocess
+
+import pytest
+import requests
+
+from unibake import amend
+from unibake.archive import write_archive
+from unibake.archive_reader import read_back
+from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError
+from unibake.manifest import load_manifest
+from unibake.metadata import ImageMetadata
+from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
+from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, image_manifest,
+                              load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
+from unibake.verify import read_sums, verify_folder
+
+from dxf import exceptions as dxf_errors
+
+from ..savefixtures import docker_layout, layer_tar
+from .test_publish import METADATA, PASSED, make_release
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize("text, host, path, tag", [
+    ("localhost:5000/demo-llm", "localhost:5000", "demo-llm", None),
+    ("registry.example.org/team/demo-llm:1.3.1", "registry.example.org", "team/demo-llm", "1.3.1"),
+    ("127.0.0.1:443/a/b/c:v_1.2-rc", "127.0.0.1:443", "a/b/c", "v_1.2-rc"),
+])
+def test_push_references(text, host, path, tag):
+    ref = parse_reference(text, what="--to", digest=False)
+    assert (ref.host, ref.path, ref.tag, ref.digest) == (host, path, tag, None)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("demo-llm", "is not REGISTRY/REPOSITORY"),
+    ("localhost:5000/Demo", "lower-case"),
+    ("localhost:5000/a//b", "is not REGISTRY/REPOSITORY"),
+    ("localhost:5000/a:b c", "is not REGISTRY/REPOSITORY"),
+    (f"localhost:5000/a@{DIGEST}", "a push names a tag, not a digest"),
+    ("localhost:5000/a\n", "is not REGISTRY/REPOSITORY"),
+])
+def test_bad_push_references_are_exit_2(text, message):
+    with pytest.raises(InputError, match=message):
+        parse_reference(text, what="--to", digest=False)
+
+
+def test_pull_references_need_a_digest():
+    ref = parse_reference(f"localhost:5000/team/a:1@{DIGEST}", what="ref", digest=True)
+    assert ref.pinned == f"localhost:5000/team/a@{DIGEST}"
+    with pytest.raises(InputError, match="names no digest"):
+        parse_reference("localhost:5000/team/a:1", what="ref", digest=True)
+    with pytest.raises(InputError):
+        parse_reference("localhost:5000/team/a@sha256:abc", what="ref", digest=True)
+
+
+def config_file(path, entries):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"auths": entries}))
+    return path
+
+
+def test_credentials_come_from_the_auth_file_or_the_docker_config(tmp_path):
+    auth = base64.b64encode(b"ci:s3cret-value").decode()
+    given = config_file(tmp_path / "given.json", {"reg.example:5000": {"auth": auth}})
+    found = load_credentials("reg.example:5000", {}, given)
+    assert (found.username, found.password, found.source) == ("ci", "s3cret-value", str(given))
+    assert "s3cret-value" not in repr(found)
+    assert load_credentials("other.example", {}, given) is None
+
+    config_file(tmp_path / "dc" / "config.json", {"https://reg.example:5000": {"auth": auth}})
+    assert load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None).username == "ci"
+    config_file(tmp_path / "home" / ".docker" / "config.json", {"reg.example:5000": {"auth": auth}})
+    assert load_credentials("reg.example:5000", {"HOME": str(tmp_path / "home")}, None).username == "ci"
+    assert load_credentials("reg.example:5000", {"HOME": str(tmp_path / "nobody")}, None) is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "not a Docker config file"),
+    (json.dumps({"auths": {"reg.example": {"identitytoken": "x"}}}), "identity token"),
+])
+def test_a_bad_auth_file_is_exit_2(tmp_path, content, message):
+    path = tmp_path / "auth.json"
+    path.write_text(content)
+    with pytest.raises(InputError, match=message):
+        load_credentials("reg.example", {}, path)
+    with pytest.raises(InputError, match="missing"):
+        load_credentials("reg.example", {}, tmp_path / "absent.json")
+
+
+def client(attempts=3, credentials=None):
+    waits, lines = [], []
+    c = RegistryClient(Reference(host="reg.example:5000", path="team/a"), credentials=credentials, ca_file=None,
+                       retry=Retry(attempts=attempts, sleep=waits.append), on_retry=lines.append)
+    return c, waits, lines
+
+
+def http_error(status, body=b""):
+    response = requests.Response()
+    response.status_code, response._content = status, body
+    return requests.exceptions.HTTPError(response=response)
+
+
+def failing(*errors, result="done"):
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) <= len(errors):
+            raise errors[len(calls) - 1]
+        return result
+    return call, calls
+
+
+def test_transient_errors_are_retried_with_backoff_then_succeed():
+    c, waits, lines = client(attempts=5)
+    call, calls = failing(requests.exceptions.ConnectionError("Connection refused"), http_error(503),
+                          requests.exceptions.ReadTimeout(), requests.exceptions.SSLError("EOF occurred in violation "
+                                                                                          "of protocol"))
+    assert c._call("uploading layer 1", call) == "done"
+    assert len(calls) == 5 and waits == [1, 2, 4, 8]
+    assert "connection refused; retrying in 1 s (attempt 2 of 5)" in lines[0] and "HTTP 503" in lines[1]
+
+
+def test_retries_run_out_with_one_clear_error():
+    c, waits, _ = client(attempts=2)
+    call, calls = failing(*[requests.exceptions.ConnectionError("Connection refused")] * 2)
+    with pytest.raises(RegistryError, match="did not answer while uploading x .connection refused. after 2 attempts; "
+                                            "nothing was recorded"):
+        c._call("uploading x", call)
+    assert len(calls) == 2 and waits == [1]
+
+
+@pytest.mark.parametrize("error, kind, message", [
+    (dxf_errors.DXFUnauthorizedError(), RegistryAuthError, "refused the credentials from /x/config.json"),
+    (http_error(403, b'{"errors":[{"code":"DENIED","message":"no"}]}'), RegistryAuthError, "DENIED: no"),
+    (http_error(400, b'{"errors":[{"code":"MANIFEST_INVALID","message":"bad\\u0007"}]}'), RegistryError,
+     r"HTTP 400 MANIFEST_INVALID: bad\?"),
+    (requests.exceptions.SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), RegistryError,
+     "--ca-file"),
+    (dxf_errors.DXFDigestMismatchError("a", "b"), DigestMismatch, "does not match its digest"),
+])
+def test_answers_that_are_not_worth_a_retry_fail_at_once(error, kind, message):
+    c, waits, _ = client(credentials=Credentials(username="u", password="pw-never-shown", source="/x/config.json"))
+    call, calls = failing(error)
+    with pytest.raises(kind, match=message) as caught:
+        c._call("pushing", call)
+    assert len(calls) == 1 and waits == [] and "pw-never-shown" not in str(caught.value)
+
+
+def test_the_manifest_is_one_fixed_form_and_an_index_is_refused():
+    config = Blob(digest=DIGEST, size=10, media_type="application/vnd.oci.image.config.v1+json")
+    layer = Blob(digest="sha256:" + "cd" * 32, size=5, media_type="application/vnd.oci.image.layer.v1.tar+zstd")
+    body = image_manifest(config, [layer])
+    assert body == image_manifest(config, [layer]) and b" " not in body
+    info = manifest_config_digest(body, "x")
+    assert info.config_digest == DIGEST and info.compressions == {"zstd"}
+    with pytest.raises(RegistryError, match="image index"):
+        manifest_config_digest(json.dumps({"mediaType": OCI_INDEX, "manifests": []}).encode(), "x")
+    with pytest.raises(DigestMismatch, match="not an image manifest"):
+        manifest_config_digest(b'{"layers": []}', "x")
+
+
+class RecordingClient:
+    """Stands in for the registry's side of the HTTP calls: keeps what a push uploads."""
+
+    def __init__(self):
+        self.blobs: dict[str, bytes] = {}
+        self.manifests: dict[str, bytes] = {}
+
+    def blob_exists(self, digest):
+        return digest in self.blobs
+
+    def upload(self, digest, opener, what):
+        data = opener()
+        data = data if isinstance(data, bytes) else data.read()
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == digest, what
+        self.blobs[digest] = data
+
+    def put_manifest(self, tag, body, media_type):
+        self.manifests[tag] = body
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def test_a_push_uploads_each_layer_compressed_and_a_manifest_naming_the_image(tmp_path):
+    folder, image_id = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    registry = RecordingClient()
+    first = push_release(folder, manifest, target, registry, temp_dir=tmp_path)
+    assert first.record.tag == "1.3.1" and first.uploaded == len(manifest.diff_ids)
+    document = json.loads(registry.manifests["1.3.1"])
+    assert document["config"]["digest"] == manifest.image_id == image_id
+    for layer, diff_id in zip(document["layers"], manifest.diff_ids):
+        assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip"
+        tar = gzip.decompress(registry.blobs[layer["digest"]])
+        assert "sha256:" + hashlib.sha256(tar).hexdigest() == diff_id
+    assert list(tmp_path.glob("unibake-push-*")) == []  # the spool folder is gone
+
+    second = push_release(folder, manifest, target, registry, temp_dir=tmp_path)
+    assert second.record.digest == first.record.digest and second.uploaded == 0  # the same bytes every time
+    zstd = push_release(folder, manifest, target, RecordingClient(), compression="zstd", temp_dir=tmp_path)
+    assert zstd.record.digest != first.record.digest and zstd.record.layers == "zstd"
+
+
+def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    record = push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path).record
+    updated = merge_record(manifest, record)
+    amend.amend_release(folder, updated, read_sums(folder), tmp_path / "checksums")
+    assert not verify_folder(folder).failures
+    assert subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=folder).returncode == 0
+    assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+    assert load_manifest(folder).registry == (record,)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert notes.count(amend.MARKER) == 1 and f"docker pull {record.reference}" in notes
+    assert merge_record(load_manifest(folder), record) is None  # the same push again changes nothing
+
+    later = record.model_copy(update={"digest": DIGEST, "reference": f"{record.repository}@{DIGEST}"})
+    amend.amend_release(folder, merge_record(load_manifest(folder), later), read_sums(folder), tmp_path / "checksums")
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert notes.count(amend.MARKER) == 1 and f"docker pull {later.reference}" in notes
+    assert load_manifest(folder).registry == (later,)  # a new push to the same tag replaces the old record
+    assert not verify_folder(folder).failures
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
+
+
+def test_an_interrupted_amend_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+
+    def interrupted(a, b):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(amend, "_exchange", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not (folder.parent / f".{folder.name}.amend").exists()
+
+
+def test_without_an_atomic_exchange_the_files_are_replaced_sums_last(tmp_path, monkeypatch):
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+
+
+def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_release(tmp_path):
+    out = tmp_path / "release"
+    shared, old, new = (layer_tar({name: name.encode() * 100}) for name in ("base", "old", "new"))
+    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
+    base = load_manifest(base_folder)
+    data, image_id, _ = docker_layout([shared, new], tag="demo-llm:1.1")
+    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with ReleaseFolder(out, "1.1", force=False) as staged:
+        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    manifest = load_manifest(folder)
+    assert manifest.hotfix.omitted_diff_ids == (omitted,)
+
+    registry = RecordingClient()
+    target = parse_reference("r.example/demo-llm", what="--to", digest=False)
+    push_release(folder, manifest, target, registry, temp_dir=tmp_path)
+    document = json.loads(registry.manifests["1.1"])
+    assert document["config"]["digest"] == image_id
+    layers = [gzip.decompress(registry.blobs[layer["digest"]]) for layer in document["layers"]]
+    assert layers == [shared, new]
+
+    shutil.rmtree(base_folder)
+    with pytest.raises(InputError, match="is a hotfix on 1.0, whose folder"):
+        push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path)

@@ -1,0 +1,65 @@
+"""Cleaning up after a killed run trusts no file: only this user's private folders are removed, and
+only processes that are this user's dockerd/containerd naming those folders are stopped."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import time
+
+from unibake.scratch import _processes_of, clean_stale_scratch, private_base, runtime_of
+
+
+def test_a_planted_scratch_folder_cannot_make_a_run_kill_or_delete_what_is_not_its_own(tmp_path):
+    base = tmp_path / "scratch"
+    base.mkdir()
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "data").write_text("keep me")
+    planted = base / "ub-scratch-evil"
+    planted.mkdir(mode=0o700)
+    # an unrelated process whose command line names the planted folder, recorded as its "owner"
+    bystander = subprocess.Popen(["sh", "-c", "sleep 30", str(planted / "root")])
+    try:
+        (planted / "owner").write_text(f"{bystander.pid} 0\n")
+        (planted / "runtime").write_text(f"{victim}\n")  # an old scratch engine's way to name its sockets
+        not_private = base / "ub-scratch-open"
+        not_private.mkdir()
+        os.chmod(not_private, 0o755)
+
+        removed = clean_stale_scratch(base)
+
+        assert bystander.poll() is None, "an unrelated process was stopped"
+        assert (victim / "data").read_text() == "keep me"
+        assert removed == [planted] and not planted.exists()  # this user's stale folder, and nothing else
+        assert not_private.exists()  # not private: not made by a scratch engine, left alone
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_live_runs_folder_is_left_alone(tmp_path):
+    folder = tmp_path / "ub-scratch-live"
+    folder.mkdir(mode=0o700)
+    started = open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[19]
+    (folder / "owner").write_text(f"{os.getppid()} {started}\n")
+    assert clean_stale_scratch(tmp_path) == [] and folder.exists()
+
+
+def test_only_daemon_executables_naming_the_folder_count_as_its_processes(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30", str(tmp_path / "root")])
+    try:
+        time.sleep(0.1)
+        assert _processes_of([tmp_path]) == []  # named, but not a dockerd or containerd
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_default_scratch_place_is_private_and_the_sockets_live_there():
+    base = private_base()
+    info = os.lstat(base)
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+    runtime = runtime_of(base / "ub-scratch-abc123")
+    assert runtime == base / "ubx-abc123" and len(str(runtime / "exec/containerd/containerd.sock")) < 100

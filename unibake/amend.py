@@ -1,0 +1,117 @@
+"""Changing a published release folder after the fact (``build.py push`` records where the image
+went), without ever showing a half-changed folder.
+
+The new folder is made beside the old one (``<out>/.<tag>.amend/``): every unchanged file hard-linked
+(the archive is never copied), the changed texts written and fsynced, ``SHA256SUMS`` last; then the
+two folders are exchanged in one ``renameat2(RENAME_EXCHANGE)``, so a reader sees the old folder or
+the new one, never a mix; an interrupted run leaves the old folder as it was. Where the file system
+cannot exchange, the new files are renamed into the folder one by one, ``SHA256SUMS`` last. The
+release's lock (``<out>/.<tag>.lock``, the one publishing takes) keeps two runs apart.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+from .errors import UnibakeError
+from .files import fsync_dir, write_atomic
+from .manifest import MANIFEST, ReleaseManifest
+from .publish import SUMS
+from .sums import render_sums
+from .templates import render_template
+
+MARKER = "<!-- unibake: registry -->"
+NOTES = ("RELEASE_NOTES.md", "README-DIST.md")
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def registry_section(manifest: ReleaseManifest, name: str) -> str:
+    """The notes' registry section (from ``MARKER`` to the end), as the templates render it."""
+    return render_template("registry.md.j2", m=manifest.model_dump(mode="json", by_alias=True), file=name)
+
+
+def splice(text: str, section: str) -> str:
+    """``text`` with its registry section (everything from ``MARKER`` on) replaced by ``section``."""
+    head = text.split(MARKER, 1)[0].rstrip("\n")
+    return f"{head}\n\n{section}" if section else head + "\n"
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically; False when this system or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(a))
+
+
+class _Lock:
+    def __init__(self, out: Path, tag: str):
+        self.path = out / f".{tag}.lock"
+
+    def __enter__(self) -> "_Lock":
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.close()
+            raise UnibakeError(f"another run is writing the release beside {self.path}; wait for it and run "
+                               "again") from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path) -> None:
+    """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
+    ``SHA256SUMS`` (and ``checksums/<tag>.SHA256SUMS`` when it is the folder's record); ``sums`` is the
+    folder's current ``SHA256SUMS``, already checked."""
+    out, tag = folder.parent, folder.name
+    texts = {MANIFEST: manifest.to_json()}
+    for name in NOTES:
+        path = folder / name
+        if path.is_file() and name in sums:
+            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name))
+    old_listing = (folder / SUMS).read_text(encoding="utf-8")
+    with _Lock(out, tag):
+        staging = out / f".{tag}.amend"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            new_sums = dict(sums)
+            for entry in os.scandir(folder):
+                if entry.name not in texts and entry.name != SUMS and entry.is_file(follow_symlinks=False):
+                    os.link(entry.path, staging / entry.name)
+            for name, text in texts.items():
+                new_sums[name] = write_atomic(staging, name, text)
+            listing = render_sums(new_sums)
+            write_atomic(staging, SUMS, listing)
+            fsync_dir(staging)
+            if _exchange(staging, folder):
+                fsync_dir(out)
+            else:  # one file at a time, SHA256SUMS last
+                for name in [*texts, SUMS]:
+                    os.replace(staging / name, folder / name)
+                fsync_dir(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    record = checksums_dir / f"{tag}.{SUMS}"
+    try:
+        is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
+    except (OSError, UnicodeDecodeError):
+        is_ours = False
+    if is_ours:
+        write_atomic(checksums_dir, record.name, listing)

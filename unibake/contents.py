@@ -1,0 +1,314 @@
+"""What an image holds, read in the pass that archives it: OS and Python packages, native libraries.
+
+The archive stage reads each layer once on its way to the compressor; :class:`LayerInspector` gives
+it a second sink per layer (a tee), a :class:`~unibake.imagetar.TarWalker` over the layer's bytes
+that keeps only what the SBOM needs and never holds a layer in memory:
+
+* ``var/lib/dpkg/status`` (and ``status.d/*``), ``etc/os-release``: kept whole (small texts);
+* ``*.dist-info/METADATA`` and ``*.egg-info/PKG-INFO``: their first 64 KiB (the headers);
+* every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size.
+
+Layers the engine keeps in memory (below the spool threshold) are read from their bytes afterwards.
+:meth:`LayerInspector.finish` then stacks the layers as the engine does (a later file replaces an
+earlier one; ``.wh.`` whiteouts and opaque folders remove what lies below) and parses the texts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import shlex
+import tarfile
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+
+from .errors import ArchiveError
+from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer
+
+DPKG_STATUS = "var/lib/dpkg/status"
+DPKG_STATUS_D = "var/lib/dpkg/status.d/"
+OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
+PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO")
+TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
+HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Package:
+    """An OS (``deb``) or Python (``pypi``) package found in the image."""
+
+    kind: str  # deb | pypi
+    name: str
+    version: str
+    arch: str = ""
+    source: str = ""  # deb: the source package, when it differs
+    path: str = ""  # where it was found: /var/lib/dpkg/status or the .dist-info folder
+    layer: str = ""  # the diffID of the layer that gave it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Library:
+    """A shared library under the install root: its digest as it lies in the image."""
+
+    path: str  # absolute, e.g. /opt/unibake/kernels/rmsnorm/librmsnorm.so
+    sha256: str
+    size: int
+    layer: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class OsRelease:
+    id: str
+    version_id: str
+    pretty_name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageContents:
+    """What the image's layers hold, stacked: the SBOM's raw material."""
+
+    packages: tuple[Package, ...]
+    libraries: tuple[Library, ...]
+    os: OsRelease | None
+    layers: int
+    not_inspected: tuple[str, ...]  # diffIDs of layers that could not be read (compressed)
+    problems: tuple[str, ...] = ()
+
+    def library(self, path: str) -> Library | None:
+        return next((lib for lib in self.libraries if lib.path == path), None)
+
+
+@dataclass
+class _Found:
+    """What one layer holds of interest: files by path, and what it removes from the layers below."""
+
+    files: dict[str, tuple[str, object]] = field(default_factory=dict)  # path -> (kind, bytes or (sha, size))
+    whiteouts: list[str] = field(default_factory=list)
+    opaque: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)  # tracked names this layer makes something else
+    problems: list[str] = field(default_factory=list)
+
+
+def _path(name: str) -> str:
+    return posixpath.normpath("/" + name).lstrip("/")
+
+
+class _LayerReader:
+    """A sink for one layer's bytes (a tee beside the compressor), and the walker's visitor."""
+
+    def __init__(self, libraries_under: str, on_close):
+        self._under = libraries_under
+        self._on_close = on_close
+        self.found = _Found()
+        self._walker = TarWalker(self, "a layer")
+        self._current: tuple[str, str, object] | None = None  # (path, kind, bytearray or hash)
+        self._size = 0
+        self.failed: str | None = None
+
+    def kind_of(self, path: str) -> str | None:
+        base = posixpath.basename(path)
+        if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE:
+            return "text"
+        if path.endswith(PY_METADATA):
+            return "metadata"
+        if path.startswith(self._under) and (base.endswith(".so") or ".so." in base):
+            return "library"
+        return None
+
+    # the sink: a layer it cannot parse is reported as not inspected; the archive is not the inspector's to fail
+    def write(self, piece: memoryview) -> None:
+        if self.failed is None:
+            try:
+                self._walker.feed(piece)
+            except ArchiveError as exc:
+                self.failed = str(exc)
+
+    def close(self) -> None:
+        if self.failed is None:
+            try:
+                self._walker.close()
+            except ArchiveError as exc:
+                self.failed = str(exc)
+        self._on_close(self.found if self.failed is None else None)
+
+    # the visitor
+    def begin(self, entry: TarEntry) -> None:
+        path = _path(entry.name)
+        folder, base = posixpath.split(path)
+        if base == OPAQUE:
+            self.found.opaque.append(folder)
+            return
+        if base.startswith(WHITEOUT):
+            self.found.whiteouts.append(posixpath.join(folder, base[len(WHITEOUT):]))
+            return
+        kind = self.kind_of(path)
+        if kind is None:
+            return
+        if entry.type == tarfile.LNKTYPE:  # a hard link: the same content as a file earlier in this layer
+            same = self.found.files.get(_path(entry.linkname))
+            if same is not None and same[0] == kind:
+                self.found.files[path] = same
+            else:
+                self.found.hidden.append(path)
+            return
+        if entry.type not in tarfile.REGULAR_TYPES:
+            self.found.hidden.append(path)  # a link or folder now stands where a tracked file was
+            return
+        self._current = (path, kind, hashlib.sha256() if kind == "library" else bytearray())
+        self._size = 0
+
+    def data(self, piece: memoryview) -> None:
+        if self._current is None:
+            return
+        path, kind, sink = self._current
+        self._size += len(piece)
+        if kind == "library":
+            sink.update(piece)
+        elif len(sink) < (HEADER_LIMIT if kind == "metadata" else TEXT_LIMIT + 1):
+            sink += piece
+
+    def end(self) -> None:
+        if self._current is None:
+            return
+        path, kind, sink = self._current
+        self._current = None
+        if kind == "library":
+            self.found.files[path] = (kind, (sink.hexdigest(), self._size))
+        elif kind == "text" and len(sink) > TEXT_LIMIT:
+            self.found.problems.append(f"/{path} is larger than {TEXT_LIMIT} bytes: not read")
+            self.found.hidden.append(path)
+        else:
+            self.found.files[path] = (kind, bytes(sink[:HEADER_LIMIT] if kind == "metadata" else sink))
+
+    def raw(self, piece: memoryview) -> None:
+        pass
+
+
+class LayerInspector:
+    """Reads the layers of one save stream for :class:`ImageContents`; one per archive pass."""
+
+    def __init__(self, install_root: str):
+        root = install_root.strip("/")
+        self._under = root + "/" if root else ""  # "/": every library of the image
+        self._found: dict[str, _Found] = {}  # by member name
+
+    def sink(self, name: str, size: int, head: bytes) -> _LayerReader | None:
+        """A sink for a routed member's bytes when it is a layer; None otherwise."""
+        if not looks_like_layer(name, head):
+            return None
+        return _LayerReader(self._under, lambda found: self._found.__setitem__(name, found))
+
+    def _read_small(self, name: str, data: bytes) -> _Found | None:
+        if not looks_like_layer(name, data[:BLOCK]):
+            return None
+        reader = _LayerReader(self._under, lambda found: None)
+        reader.write(memoryview(data))
+        reader.close()
+        return None if reader.failed else reader.found
+
+    def finish(self, saved: SavedImage) -> ImageContents:
+        """The layers stacked in the image's order, and the texts parsed."""
+        layers: list[tuple[str, _Found]] = []
+        missing = []
+        for member, diff_id in zip(saved.layer_members, saved.diff_ids):
+            found = None
+            if member is not None:
+                found = self._found.get(member.name)
+                if found is None and member.name not in self._found and member.data is not None:
+                    found = self._read_small(member.name, member.data)
+            if found is None:
+                missing.append(diff_id)
+            else:
+                layers.append((diff_id, found))
+        return _stack(layers, len(saved.diff_ids), tuple(missing))
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...]) -> ImageContents:
+    files: dict[str, tuple[str, str, object]] = {}  # path -> (diffID, kind, value)
+    problems: list[str] = []
+    for diff_id, found in layers:
+        for gone in found.whiteouts:
+            for path in [p for p in files if _under(p, gone)]:
+                del files[path]
+        for folder in found.opaque:
+            for path in [p for p in files if p.startswith(folder.rstrip("/") + "/")]:
+                del files[path]
+        for path in found.hidden:
+            files.pop(path, None)
+        for path, (kind, value) in found.files.items():
+            files[path] = (diff_id, kind, value)
+        problems += found.problems
+    packages: list[Package] = []
+    libraries: list[Library] = []
+    os_release = None
+    for path in sorted(files):
+        diff_id, kind, value = files[path]
+        if kind == "library":
+            sha, size = value
+            libraries.append(Library(path="/" + path, sha256=sha, size=size, layer=diff_id))
+        elif kind == "metadata":
+            package = _python_package(value, path, diff_id)
+            if package is None:
+                problems.append(f"/{path} names no package and version: left out")
+            else:
+                packages.append(package)
+        elif path in OS_RELEASE:
+            if os_release is None or path == OS_RELEASE[0]:
+                os_release = _os_release(value)
+        else:
+            packages += _dpkg_packages(value, path, diff_id)
+    packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
+    return ImageContents(packages=tuple(packages), libraries=tuple(libraries), os=os_release, layers=count,
+                         not_inspected=missing, problems=tuple(problems))
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _dpkg_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
+    """The installed packages of a dpkg status file: RFC 822 stanzas, read by the standard library's
+    header parser (continuation lines included), one stanza at a time."""
+    out = []
+    parser = HeaderParser()
+    for stanza in _text(data).split("\n\n"):
+        if not stanza.strip():
+            continue
+        fields = parser.parsestr(stanza.strip("\n") + "\n")
+        name, version = (fields.get("Package") or "").strip(), (fields.get("Version") or "").strip()
+        status = (fields.get("Status") or "install ok installed").split()
+        if not name or not version or status[-1:] != ["installed"]:
+            continue
+        source = (fields.get("Source") or "").split(" ")[0].strip()
+        out.append(Package(kind="deb", name=name, version=version, arch=(fields.get("Architecture") or "").strip(),
+                           source=source if source != name else "", path="/" + path, layer=diff_id))
+    return out
+
+
+def _python_package(data: bytes, path: str, diff_id: str) -> Package | None:
+    """``Name`` and ``Version`` of a core-metadata file (the email header format the spec names)."""
+    headers = _text(data).split("\n\n", 1)[0] + "\n"
+    fields = HeaderParser().parsestr(headers)
+    name, version = (fields.get("Name") or "").strip(), (fields.get("Version") or "").strip()
+    if not name or not version:
+        return None
+    return Package(kind="pypi", name=name, version=version, path="/" + posixpath.dirname(path), layer=diff_id)
+
+
+def _os_release(data: bytes) -> OsRelease:
+    values = {}
+    for line in _text(data).splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().isidentifier():
+            try:
+                values[key.strip()] = " ".join(shlex.split(value))  # the shell quoting os-release uses
+            except ValueError:
+                values[key.strip()] = value.strip()
+    return OsRelease(id=values.get("ID", ""), version_id=values.get("VERSION_ID", ""),
+                     pretty_name=values.get("PRETTY_NAME", ""))

@@ -1,0 +1,146 @@
+"""``build.py deploy``: one release onto many engines at once, each checked, none stopping the others.
+
+Every engine gets its own thread (at most ``--jobs`` at a time): an engine that already holds the
+image is skipped (its tag set when missing), otherwise the release's archive is loaded into it
+(decompressed here and streamed, as ``verify --load`` does) or it pulls the pushed digest from the
+registry; then its image ID is compared with the release's. A failing engine (unreachable, a refused
+load, another image ID) is one row of the table; the others go on; any failure is exit 3.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .archive_reader import read_archive
+from .engine import Engine
+from .errors import InputError, UnibakeError, VerificationError
+from .files import read_small_text
+from .manifest import ReleaseManifest
+
+ADDRESS_RE = re.compile(r"^(unix|tcp|ssh|http|https)://[^\s]{1,400}$")
+HOSTS_LIMIT = 1 << 20
+SOURCES = ("archive", "registry")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeResult:
+    engine: str
+    result: str  # loaded | pulled | skipped | tagged | failed
+    seconds: float
+    detail: str = ""
+    image_id: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.result == "failed"
+
+
+def check_address(address: str, where: str) -> str:
+    """An engine address as docker-py takes it: unix://, tcp://, ssh://user@host, http(s)://."""
+    if not ADDRESS_RE.fullmatch(address) or any(not c.isprintable() for c in address):
+        raise InputError(f"{where}: {address[:100]!r} is not an engine address (unix:///path, tcp://host:port or "
+                         "ssh://user@host)")
+    return address
+
+
+def read_hosts(path: Path) -> list[str]:
+    """``--hosts FILE``: one engine address per line; blank lines and ``#`` comments are skipped."""
+    text = read_small_text(path, InputError, limit=HOSTS_LIMIT, what="a list of engine addresses, one a line")
+    found: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            found.append(check_address(line, f"{path}:{n}"))
+    if not found:
+        raise InputError(f"{path}: no engine address in it")
+    return found
+
+
+def engines_of(addresses: list[str], hosts: list[str]) -> list[str]:
+    """The engines of the command line and the hosts file, each once, in order."""
+    out: list[str] = []
+    for address in [*addresses, *hosts]:
+        check_address(address, "--engine")
+        if address in out:
+            raise InputError(f"engine {address} is named twice")
+        out.append(address)
+    if not out:
+        raise InputError("deploy needs at least one engine: --engine URL (repeat it) or --hosts FILE")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What goes onto every engine: the release, and how (its archive, or a pull of its pushed digest)."""
+
+    folder: Path
+    manifest: ReleaseManifest
+    source: str  # archive | registry
+    pull: Callable[[Engine], str] | None = None  # the registry's pull into one engine; returns the image ID
+
+
+def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> NodeResult:
+    m = plan.manifest
+    start = time.monotonic()
+
+    def done(result: str, detail: str = "", image_id: str = "") -> NodeResult:
+        return NodeResult(engine=address, result=result, seconds=round(time.monotonic() - start, 2),
+                          detail=detail, image_id=image_id)
+
+    try:
+        engine = connect(address)
+        held = engine.inspect_image(m.image_id)
+        if held is not None:
+            tagged = engine.inspect_image(m.tag)
+            if tagged is not None and tagged.id == m.image_id:
+                return done("skipped", "already holds the image", m.image_id)
+            engine.tag(m.image_id, m.tag)
+            return done("tagged", f"already held the image; tagged {m.tag}", m.image_id)
+        if m.hotfix and engine.inspect_image(m.hotfix.base_image_id) is None:
+            return done("failed", f"this hotfix needs release {m.hotfix.base_release} ({m.hotfix.base_image_id[:19]}) "
+                                  "first; nothing was loaded")
+        if plan.source == "registry":
+            plan.pull(engine)
+            result = "pulled"
+        else:
+            engine.load(read_archive(plan.folder, [f.name for f in m.archive.files]))
+            result = "loaded"
+        got = engine.inspect_image(m.tag)
+        if got is None or got.id != m.image_id:
+            return done("failed", f"image ID {got.id if got else '(no image)'} after the {result[:-2]}, not "
+                                  f"{m.image_id}", got.id if got else "")
+        return done(result, f"image ID {m.image_id[:19]}... checked", m.image_id)
+    except UnibakeError as exc:
+        return done("failed", str(exc))
+    except Exception as exc:  # one node's surprise must not stop the others: it is that node's row
+        return done("failed", f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *, jobs: int = 4,
+           on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
+    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given."""
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(addresses))), thread_name_prefix="deploy") as pool:
+        futures = [pool.submit(_deploy_one, plan, address, connect) for address in addresses]
+        try:
+            results = []
+            for future in futures:
+                results.append(future.result())
+                on_result(results[-1])
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
+    return results
+
+
+def raise_if_failed(results: list[NodeResult]) -> None:
+    failed = [r for r in results if r.failed]
+    if failed:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise VerificationError(f"{len(failed)} of {len(results)} engines failed: {first.engine}: {first.detail}{more}")

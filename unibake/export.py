@@ -1,0 +1,290 @@
+"""One export does it all: normalise, archive and the round trip's load in a single pass over the
+engine's save stream (the default; ``--sequential`` keeps the three stages apart).
+
+Reading the built image's save stream once, every layer is
+
+* ours (under the install root): rewritten (times set to the epoch, owner names emptied), hashed
+  (its new diffID), sent to the local engine's load (the tag then names the normalised image),
+  compressed into its own zstd frame for the archive, and sent to the fresh engine's load;
+* the base image's: checked against the base's diffID, compressed into its frame, and sent to the
+  fresh engine's load (the local engine has it).
+
+When the stream ends, the new config is written and sent to both loads, the archive is assembled in
+its canonical form from the frames, and the archive file is read back once: every file's sha256,
+the stream decoded and every diffID and the config digest recomputed from the archive's own bytes.
+So the fresh engine, which recomputes every diffID as it loads, holds an image with the same
+diffIDs and config as the archive: the round trip's proof, without a second export or a second
+read of the archive. A hotfix's fresh engine holds its base release, so its round trip loads the
+(small) archive itself after the pass, as the sequential path does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _Spool, canonical_entries, compressor)
+from .archive_reader import ReadBack, read_back
+from .builder import BuiltImage, Image, image_platform
+from .contents import LayerInspector
+from .engine import Engine, LoadOutcome
+from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, VerificationError
+from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, locate, looks_like_layer, read_members, resolve,
+                       tar_header, tar_padding)
+from .manifest import RoundTripRecord
+from .normalise import normalised_config
+from .platforms import Platform
+from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassedLayer:
+    """A layer as the pass wrote it: its name in the load streams, its digest (final once the hashing
+    thread is closed), whether it is ours (rewritten), and its frame or bytes for the archive."""
+
+    out_name: str
+    size: int
+    ours: bool
+    sha256: object
+    spool: _Spool | None
+    data: bytes | None
+
+
+class _Layer:
+    """One layer member of the save stream on its way to the loads and the archive."""
+
+    def __init__(self, name: str, size: int, *, epoch: int, owned: str, local: Consumer, fresh: Consumer | None,
+                 hasher: Consumer, spool: Callable[[], _Spool], inspector: LayerInspector | None):
+        self.name, self.size, self.local, self.fresh, self.hasher = name, size, local, fresh, hasher
+        self.out_name = name if name.endswith("/layer.tar") else f"{posixpath.basename(name)}/layer.tar"
+        self.inspector = inspector
+        self.look = None  # the SBOM's reader of this layer, as it goes into the archive
+        self.digest = hashlib.sha256()
+        self.spool = spool() if size > SPOOL_THRESHOLD else None
+        self.kept: list[bytes] | None = None if self.spool is not None else []
+        self.held: list[bytes] = []  # the raw bytes read before the rewriter knows whose layer it is
+        self.sent = 0
+        self.rewriter = LayerRewriter(epoch=epoch, owned=owned, emit=self._ours)
+
+    def _out(self, data, *, local: bool) -> None:
+        if not self.sent:
+            header = tar_header(self.out_name, self.size)
+            if local:
+                self.local.put(header)
+            if self.fresh is not None:
+                self.fresh.put(header)
+            if self.inspector is not None and self.spool is not None:
+                self.look = self.inspector.sink(self.out_name, self.size, bytes(data[:BLOCK]))
+        self.sent += len(data)
+        if local:
+            self.local.put(data)
+        if self.fresh is not None:
+            self.fresh.put(data)
+        if self.spool is not None:
+            self.spool.write(data)
+            if self.look is not None:
+                self.look.write(data)
+        else:
+            self.kept.append(bytes(data))
+
+    def _ours(self, data) -> None:
+        self.hasher.put((self.digest, data))
+        self._out(data, local=True)
+
+    def write(self, piece: memoryview) -> None:
+        if self.rewriter.ours is None:
+            self.held.append(bytes(piece))
+            self.rewriter.write(piece)
+            if self.rewriter.ours is False:  # the base image's: on as it is, from the first byte
+                for data in self.held:
+                    self._out(data, local=False)
+                self.held = []
+            elif self.rewriter.ours:
+                self.held = []  # the rewriter has sent them on, rewritten
+        elif self.rewriter.ours:
+            self.rewriter.write(piece)
+        else:
+            self._out(piece, local=False)
+
+    def close(self) -> PassedLayer:
+        self.rewriter.close()
+        if not self.rewriter.ours:
+            for data in self.held:  # an empty layer: decided only at its end
+                self._out(data, local=False)
+        if self.sent != self.size:
+            raise LayerFormatError(f"layer {self.name} went on as {self.sent} bytes, not {self.size}")
+        padding = tar_padding(self.size)
+        if self.rewriter.ours:
+            self.local.put(padding)
+        if self.fresh is not None:
+            self.fresh.put(padding)
+        if self.spool is not None:
+            self.spool.close()
+        if self.look is not None:
+            self.look.close()
+        return PassedLayer(out_name=self.out_name, size=self.size, ours=bool(self.rewriter.ours), sha256=self.digest,
+                           spool=self.spool, data=b"".join(self.kept) if self.kept is not None else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exported:
+    """What the one pass established: the normalised image, its archive, and the read back."""
+
+    image: Image
+    archive: Archive
+    back: ReadBack
+    round_trip: RoundTripRecord | None
+
+
+def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
+            platform: Platform | None) -> tuple[bytes, tuple[str, ...], list[PassedLayer], tuple[str, ...]]:
+    """The normalised config, its diffIDs, every layer in order, and the load stream's layer names."""
+    where = locate(members)
+    config_member = resolve(members, where.config_name)
+    try:
+        raw_diff_ids = json.loads(config_member.data or b"")["rootfs"]["diff_ids"]
+    except (ValueError, KeyError, TypeError):
+        raise ArchiveError(f"the save stream's config {where.config_name} has no rootfs.diff_ids") from None
+    diff_ids, layers, names = [], [], []
+    for i, name in enumerate(where.layer_names):
+        member = resolve(members, name)
+        if i >= len(raw_diff_ids) or f"sha256:{member.content_sha256}" != raw_diff_ids[i]:
+            raise ArchiveError(f"layer {i + 1} ({name}) of the save stream does not match the image's diffID")
+        layer: PassedLayer = member.routed
+        if not isinstance(layer, PassedLayer):
+            raise ArchiveError(f"layer {i + 1} ({name}) of the save stream is not a layer tar")
+        if layer.ours:
+            diff_ids.append(f"sha256:{layer.sha256.hexdigest()}")
+        else:
+            digest = f"sha256:{member.content_sha256}"
+            if i >= len(base_diff_ids) or base_diff_ids[i] != digest:
+                raise VerificationError(f"layer {i + 1} ({digest}) lies outside {owned} but is not a layer of the "
+                                        "base image; normalise only knows the layers unibake adds")
+            diff_ids.append(digest)
+        layers.append(layer)
+        names.append(layer.out_name)
+    return normalised_config(config_member.data, diff_ids, epoch, platform), tuple(diff_ids), layers, tuple(names)
+
+
+def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...]) -> None:
+    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": list(layer_names)}]).encode()
+    for name, data in ((config_name, config), ("manifest.json", manifest)):
+        loader.put(tar_header(name, len(data)) + data + tar_padding(len(data)))
+    loader.put(bytes(2 * BLOCK))
+
+
+def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, epoch: int, owned: str,
+                base_image: str, fresh: Engine | None, level: int = DEFAULT_LEVEL, long_distance: bool = False,
+                split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
+                progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
+                inspector: LayerInspector | None = None) -> Exported:
+    """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
+    that never saw it; None: no round trip), reading the engine's save stream once.
+
+    ``omit_base``: a hotfix: the diffIDs of the release it builds on; the archive leaves out the
+    layers they share from the bottom, and ``fresh`` (which holds that release) is not fed here.
+    ``platform``: what the config records (None: what the engine wrote). ``inspector`` reads every
+    layer as it goes into the archive (the SBOM's contents, in the same pass).
+    """
+    start = time.monotonic()
+    tag = built.tag
+    base = engine.inspect_image(base_image)
+    if base is None:
+        raise EngineError(f"the base image {base_image} is gone from the engine")
+    spools: list[_Spool] = []
+    feed_fresh = fresh is not None and omit_base is None
+    cctx = compressor(level, long_distance, threads)
+    counted = {"bytes": 0}
+    out = None
+
+    def new_spool() -> _Spool:
+        spools.append(_Spool(staging, len(spools), compressor(level, long_distance, threads)))
+        return spools[-1]
+
+    def chunks():
+        for chunk in read_ahead(engine.save(tag), name="save"):
+            counted["bytes"] += len(chunk)
+            progress(len(chunk))
+            yield chunk
+
+    try:
+        local = consume_in_thread(engine.load, name="load")
+        remote = consume_in_thread(fresh.load, name="fresh-load") if feed_fresh else None
+        with local, hashing_thread() as hasher:
+            with remote if remote is not None else nullcontext():
+                def route(member: str, size: int, head: bytes):
+                    if not looks_like_layer(member, head):
+                        return None
+                    return _Layer(member, size, epoch=epoch, owned=owned, local=local, fresh=remote, hasher=hasher,
+                                  spool=new_spool, inspector=inspector)
+
+                try:
+                    members = read_members(chunks(), route=route)
+                except LayerFormatError as exc:
+                    raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
+                hasher.close()
+                config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
+                _end_of_load(local, config, tag, names)
+                if remote is not None:
+                    _end_of_load(remote, config, tag, names)
+                    loaded: LoadOutcome = remote.close()
+                local.close()
+        image_id = f"sha256:{hashlib.sha256(config).hexdigest()}"
+        info = engine.inspect_image(tag)
+        if info is None or info.id != image_id or tuple(info.diff_ids) != diff_ids:
+            raise VerificationError(f"after normalising, {tag} is {info.id if info else 'missing'}, not the "
+                                    f"{image_id} the rewritten config describes")
+        layer_members = tuple(Member(name=layer.out_name, size=layer.size, sha256=d.removeprefix("sha256:"),
+                                     content_sha256=d.removeprefix("sha256:"), data=layer.data, routed=layer.spool)
+                              for layer, d in zip(layers, diff_ids))
+        saved = SavedImage(layout="docker", image_id=image_id, diff_ids=diff_ids, repo_tags=(tag,),
+                           config=json.loads(config), members=len(members), config_bytes=config,
+                           layer_members=layer_members)
+        contents = inspector.finish(saved) if inspector is not None else None
+        omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
+        out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split, cctx)
+        files = out.finish()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    finally:
+        for s in spools:
+            try:
+                s.close()
+            except UnibakeError:
+                pass
+            s.path.unlink(missing_ok=True)
+    archive = Archive(folder=staging, name=name, files=files, compressed_bytes=out.total,
+                      uncompressed_bytes=uncompressed, level=level, long_distance=long_distance, image=saved,
+                      seconds=time.monotonic() - start, tag=tag,
+                      shipped=tuple(d for d in diff_ids if d not in omit), omitted=tuple(d for d in diff_ids if d in omit),
+                      contents=contents)
+    back = read_back(archive, omitted=frozenset(archive.omitted))
+    image = Image(ref=tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
+                  save_bytes=counted["bytes"], platform=image_platform(info))
+    trip = None
+    if feed_fresh:
+        held = fresh.inspect_image(image_id)
+        if held is None or tuple(held.diff_ids) != diff_ids:
+            raise VerificationError(f"the fresh engine at {fresh.address} does not hold {image_id} after the load "
+                                    f"(it said: {'; '.join(loaded.messages[-3:])})")
+        tagged = fresh.inspect_image(tag)
+        if tagged is None or tagged.id != image_id:
+            raise VerificationError(f"after the load, {tag} does not name {image_id} in the fresh engine")
+        trip = RoundTripRecord(engine=fresh.address, engine_version=fresh.version(), image_id=held.id,
+                               diff_ids=held.diff_ids, tags=loaded.tags, seconds=round(time.monotonic() - start, 3))
+    return Exported(image=image, archive=archive, back=back, round_trip=trip)
+
+
+def _shared_prefix(base_diff_ids: tuple[str, ...], diff_ids: tuple[str, ...]) -> tuple[str, ...]:
+    from .hotfix import omitted_layers
+
+    return omitted_layers(base_diff_ids, diff_ids)

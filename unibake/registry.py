@@ -1,0 +1,594 @@
+"""``build.py push`` and ``build.py pull``: a release through a container registry, by digest.
+
+Push reads the release's own archive (checked first with :func:`unibake.verify.verify_folder`) and
+uploads its blobs over the registry API (python-dxf, on requests): no image is needed in any engine,
+the layers are compressed here (gzip by default, deterministic, so the same release always gives the
+same manifest digest and a second push uploads nothing; ``zstd`` as an option), and the manifest
+digest is computed here and compared with what the registry answers. Pull asks the registry for
+the manifest by digest, checks its bytes and its config digest (the image ID) against the release
+before the engine pulls anything, then lets the engine pull by digest and compares the image ID again.
+
+Credentials come from the Docker config (``DOCKER_CONFIG``, else ``~/.docker/config.json``, with its
+credential helpers, read by docker-py) or ``--auth-file``; never from YAML; never printed. TLS is
+always verified (``--ca-file`` adds a private CA). Connection errors, timeouts and 5xx/429 answers
+are retried with exponential backoff; a refused login is exit 1, a digest that differs exit 3.
+
+The OCI documents (the image manifest today; an image index when a release has several platforms)
+are made in one place: :func:`image_manifest` and :func:`manifest_config_digest`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import docker.auth
+import docker.errors
+import requests
+import requests.exceptions
+from dxf import DXF
+from dxf import exceptions as dxf_errors
+
+from .archive import compressor
+from .archive_reader import ArchiveReader
+from .engine import Engine
+from .errors import (DigestMismatch, EngineError, InputError, RegistryAuthError, RegistryError, UnibakeError,
+                     VerificationError)
+from .files import read_small_text
+from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
+    read_members
+from .manifest import ReleaseManifest, RegistryRecord, load_manifest
+
+# ---------------------------------------------------------------------------------------------
+# References: REGISTRY/REPO[:TAG][@sha256:...], the grammar of the distribution project's
+# reference package (only what a registry path needs; written here to give exact errors).
+
+_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REFERENCE_RE = re.compile(rf"^(?P<host>{_HOST})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+                          r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+LAYER_TYPES = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
+               "zstd": "application/vnd.oci.image.layer.v1.tar+zstd"}
+DOCKER_LAYER_TYPES = {"application/vnd.docker.image.rootfs.diff.tar.gzip": "gzip"}
+COMPRESSIONS = tuple(LAYER_TYPES)
+GZIP_LEVEL = 6
+ZSTD_LEVEL = 3
+MAX_MANIFEST = 4 << 20
+AUTH_FILE_LIMIT = 1 << 20
+UPLOAD_CHUNK = 1 << 20
+ZSTD_ENGINE_MAJOR = 23  # Docker Engine pulls tar+zstd layers from 23.0 on
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reference:
+    host: str  # registry host[:port]
+    path: str  # repository path inside the registry
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def repository(self) -> str:
+        return f"{self.host}/{self.path}"
+
+    @property
+    def pinned(self) -> str:
+        """``REGISTRY/REPO@sha256:...``: what to pull."""
+        return f"{self.repository}@{self.digest}"
+
+
+def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
+    """A registry reference from the command line; ``digest``: one is required (pull) or refused (push)."""
+    shown = text[:300]
+    match = REFERENCE_RE.fullmatch(text) if len(text) <= 512 else None
+    if not match:
+        raise InputError(f"{what} {shown!r} is not REGISTRY/REPOSITORY[:TAG]{'@sha256:DIGEST' if digest else ''} "
+                         "(the registry host first, e.g. localhost:5000/demo-llm; lower-case repository names)")
+    host, path = match.group("host"), match.group("path")
+    if len(f"{host}/{path}") > 255:
+        raise InputError(f"{what} {shown!r}: the repository name is longer than 255 characters")
+    if digest and not match.group("digest"):
+        raise InputError(f"{what} {shown!r} names no digest: give REPOSITORY@sha256:<64 hex digits> (the pull line "
+                         "of the release's notes)")
+    if not digest and match.group("digest"):
+        raise InputError(f"{what} {shown!r}: a push names a tag, not a digest (the digest is what the push gives)")
+    return Reference(host=host, path=path, tag=match.group("tag"), digest=match.group("digest"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Credentials
+
+
+@dataclass(frozen=True, kw_only=True)
+class Credentials:
+    """A user name and secret for one registry host, and where they were found (never the secret)."""
+
+    username: str
+    password: str = field(repr=False)
+    source: str
+
+
+def docker_config_path(env: Mapping[str, str]) -> Path | None:
+    """``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json`` (as the docker CLI reads it)."""
+    if env.get("DOCKER_CONFIG"):
+        return Path(env["DOCKER_CONFIG"]) / "config.json"
+    home = env.get("HOME")
+    return Path(home) / ".docker" / "config.json" if home else None
+
+
+def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) -> Credentials | None:
+    """The credentials for ``host`` from ``auth_file`` (a Docker config file) or the Docker config;
+    None when neither has any for it. Credential helpers (``credsStore``, ``credHelpers``) are run by
+    docker-py as the docker CLI runs them."""
+    path = auth_file or docker_config_path(env)
+    if path is None or (auth_file is None and not path.is_file()):
+        return None
+    error = InputError if auth_file else UnibakeError
+    text = read_small_text(path, error, limit=AUTH_FILE_LIMIT, what="a Docker config file (config.json format)")
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise error(f"{path}: not valid JSON ({str(exc)[:80]}); it must be a Docker config file") from None
+    if not isinstance(config, dict):
+        raise error(f"{path}: not a Docker config file (a JSON object with 'auths')")
+    try:
+        found = docker.auth.load_config(config_dict=config, credstore_env=dict(env)).resolve_authconfig(host)
+    except docker.errors.DockerException as exc:
+        # the helper's own message may quote what it was given: only its kind is shown
+        raise UnibakeError(f"{path}: the credential helper for {host} failed ({type(exc).__name__})") from None
+    if not found:
+        return None
+    if found.get("IdentityToken"):
+        raise InputError(f"{path}: the entry for {host} holds an identity token, which unibake cannot use; "
+                         "log in with a user name and password or token (docker login), or give --auth-file")
+    username, password = found.get("Username") or found.get("username"), found.get("Password") or found.get("password")
+    if not username or password is None:
+        raise InputError(f"{path}: the entry for {host} has no user name and password (an 'auth' of user:password "
+                         "in base64)")
+    return Credentials(username=username, password=password, source=str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry client: python-dxf for the protocol and its authentication (Basic and Bearer
+# tokens), and one retry loop around each request.
+
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def _registry_message(response) -> str:
+    """The registry's own error code and message (its JSON ``errors``), short and printable."""
+    try:
+        errors = response.json().get("errors") or []
+        first = errors[0]
+        text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
+    except (ValueError, AttributeError, IndexError, TypeError):
+        text = ""
+    text = "".join(c if c.isprintable() else "?" for c in text)[:200]
+    return f"HTTP {response.status_code}" + (f" {text}" if text else "")
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    """A TLS error that is about the certificate (not a connection that broke during TLS)."""
+    text = str(exc).lower()
+    return isinstance(exc, requests.exceptions.SSLError) and ("certificate" in text or "hostname" in text)
+
+
+def _transient(exc: BaseException) -> str | None:
+    """Why ``exc`` is worth another try, or None when it is not."""
+    if _certificate_refused(exc):
+        return None
+    if isinstance(exc, requests.exceptions.SSLError):  # the registry went away during TLS
+        return "connection broken"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return "connection refused" if "refused" in str(exc).lower() else "connection failed"
+    if isinstance(exc, requests.exceptions.Timeout):
+        return "timed out"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return "connection broken"
+    if isinstance(exc, requests.exceptions.HTTPError) and exc.response is not None \
+            and exc.response.status_code in TRANSIENT_STATUS:
+        return _registry_message(exc.response)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """How often and how patiently a request is tried: ``attempts`` in all, waiting ``delay`` s, then
+    twice as long each time (at most ``max_delay``)."""
+
+    attempts: int = 5
+    delay: float = 1.0
+    max_delay: float = 30.0
+    sleep: Callable[[float], None] = time.sleep
+
+
+class RegistryClient:
+    """One repository of one registry, with credentials, a CA and retries; a context manager
+    (one HTTP session). Errors are :class:`RegistryError`, :class:`RegistryAuthError` or
+    :class:`DigestMismatch`, and never carry a credential."""
+
+    def __init__(self, ref: Reference, *, credentials: Credentials | None, ca_file: Path | None,
+                 retry: Retry = Retry(), on_retry: Callable[[str], None] = lambda line: None, push: bool = False):
+        self.ref, self.credentials, self.retry, self.on_retry = ref, credentials, retry, on_retry
+        actions = ["pull", "push"] if push else ["pull"]
+
+        def authenticate(client: DXF, response) -> None:
+            if credentials is None:
+                client.authenticate(response=response, actions=actions)
+            else:
+                client.authenticate(credentials.username, credentials.password, response=response, actions=actions)
+
+        self.dxf = DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
+                       timeout=(30, 600))
+
+    def __enter__(self) -> "RegistryClient":
+        self.dxf.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.dxf.__exit__(*exc)
+
+    # the retry loop is written here, not taken from a retry library: it must classify the
+    # registry's answers (a 401 is never retried), report each wait, and raise our own errors
+    def _call(self, what: str, call: Callable[[], object]):
+        retry = self.retry
+        for attempt in range(1, retry.attempts + 1):
+            try:
+                return call()
+            except Exception as exc:  # classified below; anything unknown is re-raised as it is
+                reason = _transient(exc)
+                if reason is None:
+                    raise self._translate(exc, what) from None
+                if attempt == retry.attempts:
+                    raise RegistryError(f"the registry {self.ref.host} did not answer while {what} ({reason}) after "
+                                        f"{retry.attempts} attempts; nothing was recorded in the release; run the "
+                                        "command again when the registry is back (blobs already there are not "
+                                        "uploaded again)") from None
+                wait = min(retry.delay * 2 ** (attempt - 1), retry.max_delay)
+                self.on_retry(f"{self.ref.host}: {what}: {reason}; retrying in {wait:g} s "
+                              f"(attempt {attempt + 1} of {retry.attempts})")
+                retry.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def _translate(self, exc: Exception, what: str) -> UnibakeError:
+        host, repo = self.ref.host, self.ref.repository
+        creds = self.credentials
+        where = f"the credentials from {creds.source}" if creds else "no credentials (none found for it)"
+        if _certificate_refused(exc):
+            return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
+                                 "CA certificate with --ca-file (TLS is never turned off)")
+        if isinstance(exc, dxf_errors.DXFUnauthorizedError):
+            return RegistryAuthError(f"the registry {host} refused {where} for {repo} while {what}; log in with "
+                                     f"'docker login {host}' or give --auth-file")
+        if isinstance(exc, dxf_errors.DXFDigestMismatchError):
+            return DigestMismatch(f"the registry {host} sent content that does not match its digest while {what}")
+        if isinstance(exc, requests.exceptions.HTTPError) and exc.response is not None:
+            status = exc.response.status_code
+            if status == 403:
+                return RegistryAuthError(f"the registry {host} denied {where} access to {repo} while {what} "
+                                         f"({_registry_message(exc.response)})")
+            return RegistryError(f"the registry {host} refused {what}: {_registry_message(exc.response)}")
+        if isinstance(exc, (requests.exceptions.RequestException, dxf_errors.DXFError)):
+            return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__})")
+        if isinstance(exc, UnibakeError):
+            return exc
+        raise exc
+
+    def blob_exists(self, digest: str) -> bool:
+        def head() -> bool:
+            try:
+                self.dxf.blob_size(digest)
+                return True
+            except requests.exceptions.HTTPError as exc:
+                if exc.response is not None and exc.response.status_code == 404:
+                    return False
+                raise
+        return self._call(f"looking for blob {digest[:19]}", head)
+
+    def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
+        """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try)."""
+        def put() -> None:
+            data = opener()
+            try:
+                self.dxf.push_blob(data=data, digest=digest, check_exists=False)
+            finally:
+                if hasattr(data, "close"):
+                    data.close()
+        self._call(f"uploading {what}", put)
+
+    def put_manifest(self, tag: str, body: bytes, media_type: str) -> str:
+        """Put a manifest under ``tag``; the digest the registry now gives for the tag."""
+        def put() -> str:
+            self.dxf.set_manifest(tag, body.decode("utf-8"))
+            digest, _ = self.dxf.head_manifest_and_response(tag)
+            return digest or ""
+        return self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
+
+    def manifest(self, digest: str) -> bytes:
+        """The manifest (or index) stored under ``digest``, its bytes checked against the digest."""
+        def get() -> bytes:
+            _, response = self.dxf.get_manifest_and_response(digest)
+            return response.content
+        body = self._call(f"reading manifest {digest[:19]}", get)
+        if len(body) > MAX_MANIFEST:
+            raise RegistryError(f"the registry {self.ref.host} answered {len(body)} bytes for manifest {digest}")
+        got = "sha256:" + hashlib.sha256(body).hexdigest()
+        if got != digest:
+            raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "
+                                 f"digest is {got}")
+        return body
+
+
+# ---------------------------------------------------------------------------------------------
+# OCI documents: made and read here only (a release of several platforms adds an image index here)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Blob:
+    digest: str
+    size: int
+    media_type: str
+
+
+def image_manifest(config: Blob, layers: list[Blob]) -> bytes:
+    """An OCI image manifest, serialised in one fixed form (so its digest is a function of its blobs)."""
+    def descriptor(blob: Blob) -> dict:
+        return {"mediaType": blob.media_type, "digest": blob.digest, "size": blob.size}
+    document = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": descriptor(config),
+                "layers": [descriptor(b) for b in layers]}
+    return json.dumps(document, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManifestInfo:
+    media_type: str
+    config_digest: str
+    compressions: frozenset[str]
+
+
+def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
+    """What an image manifest names: its config digest (the image ID) and its layers' compression.
+    An image index (several platforms) is refused with a clear message."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise DigestMismatch(f"{where}: the manifest is not JSON") from None
+    if not isinstance(document, dict):
+        raise DigestMismatch(f"{where}: the manifest is not a JSON object")
+    media_type = document.get("mediaType")
+    if media_type in (OCI_INDEX, DOCKER_LIST) or "manifests" in document:
+        raise RegistryError(f"{where} is an image index (several platforms); this release has one image: pull the "
+                            "digest its notes give")
+    config, layers = document.get("config"), document.get("layers")
+    if not isinstance(config, dict) or not isinstance(layers, list) \
+            or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
+        raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
+    kinds = set()
+    for layer in layers:
+        kind = layer.get("mediaType", "") if isinstance(layer, dict) else ""
+        kinds.add("zstd" if kind.endswith("+zstd") or kind.endswith(".zstd") else "gzip")
+    return ManifestInfo(media_type=str(media_type or ""), config_digest=config["digest"],
+                        compressions=frozenset(kinds))
+
+
+# ---------------------------------------------------------------------------------------------
+# Push
+
+
+class _Spool:
+    """A layer's bytes in, compressed into a spool file (or kept as they are when the archive already
+    holds them compressed); ``close()`` gives the blob and its file."""
+
+    def __init__(self, folder: Path, compression: str, head: bytes):
+        kept = "gzip" if head.startswith(GZIP_MAGIC) else "zstd" if head.startswith(ZSTD_MAGIC) else None
+        self.compression = kept or compression
+        if kept:
+            self.compress = None
+        elif compression == "gzip":
+            # wbits 31: a gzip stream with a fixed header (no name, no time): the same bytes every push
+            self.compress = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+        else:
+            self.compress = compressor(ZSTD_LEVEL, False).compressobj()
+        fd, name = tempfile.mkstemp(prefix="layer-", dir=folder)
+        self.path = Path(name)
+        self.file = os.fdopen(fd, "wb")
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def _out(self, data: bytes) -> None:
+        if data:
+            self.file.write(data)
+            self.digest.update(data)
+            self.size += len(data)
+
+    def write(self, piece: memoryview) -> None:
+        self._out(self.compress.compress(piece) if self.compress else bytes(piece))
+
+    def close(self) -> tuple[Blob, Path]:
+        if self.compress is not None:
+            self._out(self.compress.flush())
+        self.file.close()
+        return Blob(digest=f"sha256:{self.digest.hexdigest()}", size=self.size,
+                    media_type=LAYER_TYPES[self.compression]), self.path
+
+
+def _read_image(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> SavedImage:
+    """One read of the archive: every layer compressed into the spool folder, the image recomputed."""
+    def route(name: str, size: int, head: bytes):
+        if looks_like_layer(name, head) or head.startswith((GZIP_MAGIC, ZSTD_MAGIC)):
+            return _Spool(spool, compression, head)
+        return None
+
+    reader = ArchiveReader(folder, [f.name for f in manifest.archive.files], hashed=False)
+    omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
+    return interpret(read_members(reader.chunks(), route), omitted)
+
+
+def _layer_blob(member: Member, spool: Path, compression: str) -> tuple[Blob, Path]:
+    if member.routed is not None:
+        return member.routed
+    sink = _Spool(spool, compression, (member.data or b"")[:512])  # a small layer the walker kept in memory
+    sink.write(memoryview(member.data or b""))
+    return sink.close()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushResult:
+    record: RegistryRecord
+    uploaded: int
+    present: int
+    uploaded_bytes: int
+    seconds: float
+
+
+def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, client: RegistryClient, *,
+                 compression: str = "gzip", temp_dir: Path | None = None,
+                 on_line: Callable[[str], None] = lambda line: None) -> PushResult:
+    """Push the release's image from its archive (a hotfix's unchanged layers from its base release's
+    archive); returns the record of the push. The folder must have been verified."""
+    start = time.monotonic()
+    tag = target.tag or manifest.release
+    spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
+    try:
+        saved = _read_image(folder, manifest, spool, compression)
+        check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what="manifest.json")
+        layers = [_layer_blob(m, spool, compression) if m is not None else None for m in saved.layer_members]
+        if None in layers:
+            layers = _with_base_layers(folder, manifest, saved, layers, spool, compression)
+        uploaded = present = uploaded_bytes = 0
+        seen: set[str] = set()
+        for i, (blob, path) in enumerate(layers, 1):
+            if blob.digest in seen:
+                continue
+            seen.add(blob.digest)
+            if client.blob_exists(blob.digest):
+                present += 1
+                on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} already in the registry")
+            else:
+                client.upload(blob.digest, lambda p=path: open(p, "rb"), f"layer {i} of {len(layers)} "
+                              f"({blob.digest[:19]}, {blob.size} bytes)")
+                uploaded, uploaded_bytes = uploaded + 1, uploaded_bytes + blob.size
+                on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} uploaded ({blob.size} bytes)")
+            path.unlink(missing_ok=True)
+        config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
+        if not client.blob_exists(config.digest):
+            client.upload(config.digest, lambda: saved.config_bytes, "the image config")
+        body = image_manifest(config, [blob for blob, _ in layers])
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        answered = client.put_manifest(tag, body, OCI_MANIFEST)
+        if answered != digest:
+            raise DigestMismatch(f"the registry {target.host} says {target.repository}:{tag} is {answered or 'nothing'}, "
+                                 f"not the manifest just pushed ({digest}); nothing was recorded")
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
+                            digest=digest, media_type=OCI_MANIFEST, layers=compression,
+                            pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return PushResult(record=record, uploaded=uploaded, present=present, uploaded_bytes=uploaded_bytes,
+                      seconds=time.monotonic() - start)
+
+
+def _with_base_layers(folder: Path, manifest: ReleaseManifest, saved: SavedImage, layers: list, spool: Path,
+                      compression: str) -> list:
+    """A hotfix archive leaves out the layers its base release shipped: they come from the base's archive."""
+    from .verify import verify_folder
+
+    hotfix = manifest.hotfix
+    base_folder = folder.parent / hotfix.base_release
+    if not base_folder.is_dir():
+        raise InputError(f"{folder.name} is a hotfix on {hotfix.base_release}, whose folder {base_folder} holds the "
+                         "layers it leaves out; put that release beside it to push")
+    report = verify_folder(base_folder)
+    report.raise_if_failed()
+    base = load_manifest(base_folder)
+    if base.image_id != hotfix.base_image_id:
+        raise VerificationError(f"{base_folder} holds image {base.image_id}, not the base {hotfix.base_image_id}")
+    base_saved = _read_image(base_folder, base, spool, compression)
+    by_diff = {d: _layer_blob(m, spool, compression) for d, m in zip(base_saved.diff_ids, base_saved.layer_members)
+               if m is not None}
+    out = []
+    for diff_id, layer in zip(saved.diff_ids, layers):
+        if layer is None and diff_id not in by_diff:
+            raise VerificationError(f"layer {diff_id} is in neither {folder.name}'s archive nor its base's")
+        out.append(layer if layer is not None else by_diff[diff_id])
+    return out
+
+
+def merge_record(manifest: ReleaseManifest, record: RegistryRecord) -> ReleaseManifest | None:
+    """The manifest with ``record`` added (replacing an older push to the same repository and tag);
+    None when it already holds that exact push (a second push changes nothing)."""
+    for old in manifest.registry:
+        if (old.repository, old.tag, old.digest, old.layers) == (record.repository, record.tag, record.digest,
+                                                                  record.layers):
+            return None
+    kept = tuple(r for r in manifest.registry if (r.repository, r.tag) != (record.repository, record.tag))
+    return manifest.model_copy(update={"registry": kept + (record,)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Pull
+
+
+def find_release_by_digest(out: Path, digest: str) -> Path | None:
+    """The release folder under ``out`` whose manifest records a push with ``digest``."""
+    from .publish import find_releases
+
+    for found in find_releases(out):
+        if found.manifest is not None and any(r.digest == digest for r in found.manifest.registry):
+            return found.folder
+    return None
+
+
+def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClient) -> ManifestInfo:
+    """The registry's manifest for ``ref``'s digest: its bytes match the digest and it names the
+    release's image ID (exit 3 otherwise), before any engine pulls anything."""
+    body = client.manifest(ref.digest)
+    info = manifest_config_digest(body, ref.pinned)
+    if info.config_digest != manifest.image_id:
+        raise DigestMismatch(f"{ref.pinned} is image {info.config_digest}, not release {manifest.release}'s "
+                             f"{manifest.image_id}")
+    return info
+
+
+def engine_major(engine: Engine) -> int:
+    try:
+        return int(engine.version().split(".")[0])
+    except ValueError:
+        return 0
+
+
+def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
+              credentials: Credentials | None) -> str:
+    """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
+    release's tag (as a load of the archive would); returns the image ID."""
+    if "zstd" in info.compressions and engine_major(engine) < ZSTD_ENGINE_MAJOR:
+        raise EngineError(f"the engine at {engine.address} (Docker {engine.version()}) cannot pull zstd layers; "
+                          f"Docker {ZSTD_ENGINE_MAJOR} or later can; push the release with --compression gzip "
+                          "(the default) for this engine")
+    auth = {"username": credentials.username, "password": credentials.password} if credentials else None
+    engine.pull(ref.repository, ref.digest, auth)
+    pulled = engine.inspect_image(ref.pinned)
+    if pulled is None:
+        raise EngineError(f"after pulling {ref.pinned}, the engine at {engine.address} does not have it")
+    if pulled.id != manifest.image_id:
+        raise DigestMismatch(f"the engine at {engine.address} pulled {ref.pinned} as image {pulled.id}, not "
+                             f"{manifest.image_id} (release {manifest.release})")
+    engine.tag(pulled.id, manifest.tag)
+    return pulled.id

@@ -1,0 +1,178 @@
+"""``sbom.cdx.json``: a CycloneDX 1.6 bill of materials of what the image holds, made with
+cyclonedx-python-lib.
+
+Its subject (``metadata.component``) is the image, by ID. Its components: the base image by
+digest, the OS, the engine, every kernel and sidecar with the sha256 of its ``.so`` as it lies in
+the image, the tune caches and overlays, every other library under the install root, and the OS
+and Python packages found in the image's layers. The layers are read in the pass that archives
+the image (:mod:`unibake.contents`), not by another export. The document is deterministic: the
+serial number derives from the image ID and release, the timestamp is ``SOURCE_DATE_EPOCH``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from cyclonedx.model import HashAlgorithm, HashType, Property
+from cyclonedx.model.bom import Bom
+from cyclonedx.model.component import Component as CdxComponent
+from cyclonedx.model.component import ComponentType
+from cyclonedx.output import make_outputter
+from cyclonedx.schema import OutputFormat, SchemaVersion
+from packageurl import PackageURL
+
+from . import __version__
+from .contents import ImageContents
+from .errors import VerificationError
+from .metadata import Component
+
+SBOM = "sbom.cdx.json"
+SPEC = SchemaVersion.V1_6
+SBOM_LIMIT = 64 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseImage:
+    """An image a release was built on (the base, or the kernels' builder), as the engine knows it."""
+
+    ref: str
+    image_id: str
+    diff_ids: tuple[str, ...] = ()
+    repo_digests: tuple[str, ...] = ()
+
+
+def kernel_folder(component: Component, install_root: str) -> str:
+    """Where render puts a kernel's or sidecar's libraries in the image (``render.kernel_paths``): one
+    ``lib<name>.so``, the outputs a build declares, or every ``.so`` of a prebuilt archive."""
+    folder = f"profiles/{component.profile}/kernels" if component.kind == "sidecar" else "kernels"
+    return f"{install_root}/{folder}/{component.name}"
+
+
+def _sha(hexdigest: str) -> list[HashType]:
+    return [HashType(alg=HashAlgorithm.SHA_256, content=hexdigest.removeprefix("sha256:"))]
+
+
+def _props(**values: object) -> list[Property]:
+    return [Property(name=f"unibake:{k.replace('_', '-')}", value=str(v)) for k, v in values.items() if v not in ("", None)]
+
+
+def _pypi_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as the purl spec asks
+
+
+def sbom_document(*, product: str, release: str, tag: str, version: str, image_id: str, diff_ids: tuple[str, ...],
+                  components: tuple[Component, ...], contents: ImageContents, base: BaseImage | None,
+                  engine_version: str, install_root: str, epoch: int | None) -> str:
+    """The SBOM of one release, as JSON text; raises when a kernel the image declares is not in it."""
+    bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"unibake:{image_id}:{product}:{release}"))
+    bom.metadata.timestamp = datetime.fromtimestamp(epoch or 0, timezone.utc)
+    bom.metadata.tools.components.add(CdxComponent(type=ComponentType.APPLICATION, name="unibake",
+                                                   version=__version__, bom_ref="tool:unibake"))
+    if engine_version:
+        bom.metadata.tools.components.add(CdxComponent(
+            type=ComponentType.PLATFORM, name="docker-engine", version=engine_version, bom_ref="tool:docker-engine",
+            description="the container engine that built and saved the image"))
+    image = CdxComponent(type=ComponentType.CONTAINER, name=tag.rsplit(":", 1)[0] if ":" in tag else tag,
+                         version=version, bom_ref="image", hashes=_sha(image_id),
+                         properties=_props(image_id=image_id, tag=tag, release=release, layers=len(diff_ids),
+                                           source_date_epoch=epoch))
+    bom.metadata.component = image
+    top: list[CdxComponent] = []
+    seen: set[str] = set()
+
+    def add(component: CdxComponent, dependency: bool = True) -> None:
+        ref = str(component.bom_ref)
+        if ref in seen:
+            return
+        seen.add(ref)
+        bom.components.add(component)
+        if dependency:
+            top.append(component)
+
+    if base is not None:
+        add(CdxComponent(type=ComponentType.CONTAINER, name=base.ref, version=base.image_id, bom_ref="base-image",
+                         hashes=_sha(base.image_id), description="the base image",
+                         properties=_props(role="base", image_id=base.image_id, layers=len(base.diff_ids),
+                                           repo_digests=" ".join(base.repo_digests))))
+    if contents.os is not None and contents.os.id:
+        add(CdxComponent(type=ComponentType.OPERATING_SYSTEM, name=contents.os.id, version=contents.os.version_id,
+                         description=contents.os.pretty_name or None, bom_ref="os"))
+    claimed: set[str] = set()
+    for c in components:
+        ref = f"{c.kind}:{c.profile + ':' if c.profile else ''}{c.name}"
+        props = dict(kind=c.kind, profile=c.profile, source_sha256=c.digest)
+        if c.kind in ("kernel", "sidecar"):
+            folder = kernel_folder(c, install_root)
+            libs = [lib for lib in contents.libraries if lib.path.startswith(folder + "/")]
+            if not libs and not contents.not_inspected:
+                raise VerificationError(f"the image declares {c.kind} {c.name} {c.version} in {folder}, but its "
+                                        "layers hold no library there")
+            # one library: the kernel's hash is its own; several: each is listed as a file with its hash
+            lib = libs[0] if len(libs) == 1 else None
+            if lib is not None:
+                claimed.add(lib.path)
+            add(CdxComponent(type=ComponentType.LIBRARY, name=c.name, version=c.version, bom_ref=ref,
+                             hashes=_sha(lib.sha256) if lib else [],
+                             properties=_props(**props, path=lib.path if lib else folder, size=lib.size if lib else None,
+                                               layer=lib.layer if lib else None, libraries=len(libs) or None)))
+        elif c.kind == "engine":
+            add(CdxComponent(type=ComponentType.FRAMEWORK, name=c.name, version=c.version, bom_ref=ref,
+                             properties=_props(**props, path=f"{install_root}/engine")))
+        elif c.kind == "tune_caches":
+            add(CdxComponent(type=ComponentType.FILE, name=f"tune-caches-{c.profile or c.name}", version=c.version,
+                             bom_ref=ref, description=f"{c.version} autotune cache files",
+                             properties=_props(**props, path=f"{install_root}/profiles/{c.profile or c.name}/tune")))
+        elif c.kind == "patch":  # a patch applied to the engine's files at build time
+            add(CdxComponent(type=ComponentType.FILE, name=f"patch-{c.name}", version=c.version, bom_ref=ref,
+                             hashes=_sha(c.digest), properties=_props(**props, path=f"{install_root}/engine")))
+        elif c.kind == "env_file":  # its KEY=VALUE lines are baked as the profiles' environment
+            add(CdxComponent(type=ComponentType.DATA, name=f"env-file-{c.name}", version=c.version, bom_ref=ref,
+                             hashes=_sha(c.digest), properties=_props(**props)))
+        else:  # an overlay: a file or a folder laid over the engine (its version: how many files)
+            add(CdxComponent(type=ComponentType.FILE, name=f"overlay-{c.name}", version=c.version, bom_ref=ref,
+                             hashes=_sha(c.digest), properties=_props(**props)))
+    for lib in contents.libraries:
+        if lib.path not in claimed:
+            add(CdxComponent(type=ComponentType.FILE, name=lib.path, bom_ref=f"file:{lib.path}", hashes=_sha(lib.sha256),
+                             properties=_props(path=lib.path, size=lib.size, layer=lib.layer)))
+    distro = f"{contents.os.id}-{contents.os.version_id}" if contents.os and contents.os.version_id else None
+    namespace = contents.os.id if contents.os and contents.os.id else "debian"
+    for p in contents.packages:
+        if p.kind == "deb":
+            qualifiers = {k: v for k, v in (("arch", p.arch), ("distro", distro)) if v}
+            purl = PackageURL("deb", namespace, p.name, p.version, qualifiers)
+            ref = f"deb:{p.name}:{p.arch}"
+        else:
+            purl = PackageURL("pypi", None, _pypi_name(p.name), p.version)
+            ref = f"pypi:{p.path}"
+        add(CdxComponent(type=ComponentType.LIBRARY, name=p.name, version=p.version, purl=purl, bom_ref=ref,
+                         properties=_props(path=p.path, source=p.source, layer=p.layer)))
+    bom.register_dependency(image, top)
+    text = make_outputter(bom, OutputFormat.JSON, SPEC).output_as_string(indent=2)
+    return json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+
+
+def check_sbom(text: str, *, image_id: str, where: str) -> list[str]:
+    """What is wrong with a release's SBOM as the release's: not CycloneDX, or about another image."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return [f"{where}: not valid JSON ({str(exc)[:80]})"]
+    if not isinstance(document, dict) or document.get("bomFormat") != "CycloneDX":
+        return [f"{where}: not a CycloneDX document"]
+    spec = str(document.get("specVersion", ""))
+    if not re.fullmatch(r"1\.([5-9]|\d\d)", spec):
+        return [f"{where}: CycloneDX {spec[:10]!r}, not 1.5 or later"]
+    subject = (document.get("metadata") or {}).get("component") if isinstance(document.get("metadata"), dict) else None
+    if not isinstance(subject, dict):
+        return [f"{where}: names no subject (metadata.component)"]
+    listed = subject.get("hashes")
+    hashes = {h.get("alg"): h.get("content") for h in (listed if isinstance(listed, list) else [])
+              if isinstance(h, dict)}
+    if hashes.get("SHA-256") != image_id.removeprefix("sha256:"):
+        return [f"{where}: describes image sha256:{str(hashes.get('SHA-256'))[:64]}, not this release's {image_id}"]
+    return []

@@ -1,0 +1,251 @@
+"""Signatures of a release's ``SHA256SUMS`` (and of its provenance): OpenPGP and minisign.
+
+Signing uses Debian's tools as a maintainer would: ``gpg`` with the keyring in ``GNUPGHOME``
+(``--sign KEYID``: a detached ASCII-armoured ``FILE.asc``) and ``minisign`` (``--sign-minisign
+KEYFILE``: ``FILE.minisig``). Keys come from the command line only, never from YAML. Passwords
+come from the environment (``UNIBAKE_GPG_PASSPHRASE``, ``UNIBAKE_MINISIGN_PASSWORD``: a CI's secret
+variables) and reach the tool through a pipe on its standard input: never an argument (``ps``
+shows those), never a log line, never a child's environment. Without one, a key that needs it
+fails at once instead of waiting at a prompt. The keys are tried on a probe before any work, so a
+wrong password never costs a build.
+
+Verifying (``build.py verify --key``, ``verify-release.sh --key``) takes a public key file: an
+armoured OpenPGP key (checked with ``gpgv``, the verifier apt uses, against a keyring holding only
+that key) or a minisign public key (``minisign -V``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InputError, UnibakeError
+from .files import read_small_text
+
+GPG_PASSPHRASE = "UNIBAKE_GPG_PASSPHRASE"
+MINISIGN_PASSWORD = "UNIBAKE_MINISIGN_PASSWORD"
+SECRETS = (GPG_PASSPHRASE, MINISIGN_PASSWORD)
+ASC, MINISIG = ".asc", ".minisig"
+KEY_LIMIT = 1 << 20
+TIMEOUT = 120  # seconds: a signing tool that waits longer is waiting for something we cannot give it
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignatureRecord:
+    """One kind of signature a release carries, and the key that made it."""
+
+    kind: str  # openpgp | minisign
+    key: str  # the OpenPGP fingerprint, or the minisign key ID
+    suffix: str  # .asc | .minisig
+
+
+def _child_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a signing tool runs with: ours, less the secrets (they go on its stdin)."""
+    return {k: v for k, v in env.items() if k not in SECRETS}
+
+
+def _run(argv: list[str], env: Mapping[str, str], stdin: str | None, what: str) -> subprocess.CompletedProcess:
+    if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
+        raise UnibakeError(f"{what}: {argv[0]} is not installed (Debian: apt-get install {argv[0]}; "
+                           "scripts/setup.sh installs it)")
+    try:
+        return subprocess.run(argv, input=(stdin or "").encode(), capture_output=True, env=_child_env(env),
+                              timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise UnibakeError(f"{what}: {argv[0]} did not finish in {TIMEOUT} s") from None
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+    return "; ".join(lines[-2:])[:300] or f"exit {proc.returncode}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signer:
+    """The keys a release is signed with, checked; ``sign(path)`` writes ``path.asc`` / ``path.minisig``."""
+
+    openpgp: str | None = None  # the key as given (ID, fingerprint or user ID)
+    fingerprint: str = ""
+    minisign: Path | None = None
+    minisign_id: str = ""
+    env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # holds the secrets
+
+    @property
+    def records(self) -> tuple[SignatureRecord, ...]:
+        out = []
+        if self.openpgp:
+            out.append(SignatureRecord(kind="openpgp", key=self.fingerprint, suffix=ASC))
+        if self.minisign:
+            out.append(SignatureRecord(kind="minisign", key=self.minisign_id, suffix=MINISIG))
+        return tuple(out)
+
+    def sign(self, path: Path, comment: str = "") -> dict[str, str]:
+        """Detached signatures of ``path`` beside it, each written under a temporary name first;
+        returns {file name: its text}."""
+        written = {}
+        if self.openpgp:
+            written[path.name + ASC] = self._gpg(path)
+        if self.minisign:
+            written[path.name + MINISIG] = self._minisign(path, comment or path.name)[0]
+        return written
+
+    def _gpg(self, path: Path) -> str:
+        out = path.parent / f".{path.name}{ASC}.tmp"
+        try:
+            proc = _run(["gpg", "--batch", "--yes", "--no-tty", "--pinentry-mode", "loopback", "--passphrase-fd", "0",
+                         "--local-user", self.openpgp, "--armor", "--detach-sign", "--output", str(out), str(path)],
+                        self.env, self.env.get(GPG_PASSPHRASE, ""), f"--sign {self.openpgp}")
+            if proc.returncode != 0 or not out.is_file():
+                hint = "" if self.env.get(GPG_PASSPHRASE) else f" (a key with a passphrase needs {GPG_PASSPHRASE})"
+                raise UnibakeError(f"--sign {self.openpgp}: gpg could not sign {path.name}: {_tail(proc)}{hint}")
+            text = out.read_text()
+            os.replace(out, path.parent / (path.name + ASC))
+            return text
+        finally:
+            out.unlink(missing_ok=True)
+
+    def _minisign(self, path: Path, comment: str) -> tuple[str, str]:
+        out = path.parent / f".{path.name}{MINISIG}.tmp"
+        password = self.env.get(MINISIGN_PASSWORD)
+        try:
+            proc = _run(["minisign", "-S", "-s", str(self.minisign), "-m", str(path), "-x", str(out),
+                         "-t", comment], self.env, (password + "\n") if password is not None else None,
+                        f"--sign-minisign {self.minisign}")
+            if proc.returncode != 0 or not out.is_file():
+                hint = "" if password is not None else f" (a key with a password needs {MINISIGN_PASSWORD})"
+                raise UnibakeError(f"--sign-minisign {self.minisign}: minisign could not sign {path.name}: "
+                                   f"{_tail(proc).replace('Password: ', '')}{hint}")
+            text = out.read_text()
+            os.replace(out, path.parent / (path.name + MINISIG))
+            return text, minisign_key_id(text)
+        finally:
+            out.unlink(missing_ok=True)
+
+
+def minisign_key_id(text: str) -> str:
+    """The key ID in a minisign signature or public key (as minisign prints it)."""
+    lines = text.splitlines()
+    try:
+        raw = base64.b64decode(lines[1], validate=True)
+    except (IndexError, ValueError):
+        return ""
+    return format(int.from_bytes(raw[2:10], "little"), "X") if len(raw) >= 10 else ""  # minisign's %llX
+
+
+def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str]) -> Signer | None:
+    """The signing keys given on the command line, checked before any work: the tool is there, the
+    secret key is, and it signs a probe (a wrong password fails here, not after the build)."""
+    if not openpgp and minisign is None:
+        return None
+    fingerprint = ""
+    if openpgp:
+        if openpgp.startswith("-") or "\n" in openpgp:
+            raise InputError(f"--sign {openpgp[:40]!r} is not a key ID, fingerprint or user ID")
+        where = env.get("GNUPGHOME") or "~/.gnupg"
+        proc = _run(["gpg", "--batch", "--with-colons", "--list-secret-keys", "--", openpgp], env, None,
+                    f"--sign {openpgp}")
+        fprs = [line.split(":")[9] for line in proc.stdout.decode("utf-8", "replace").splitlines()
+                if line.startswith("fpr:")]
+        if proc.returncode != 0 or not fprs:
+            raise InputError(f"--sign {openpgp}: no secret key {openpgp!r} in the keyring of GNUPGHOME={where}")
+        fingerprint = fprs[0]
+    if minisign is not None:
+        if not minisign.is_file():
+            raise InputError(f"--sign-minisign {minisign}: no such key file (make one with: minisign -G)")
+        minisign = minisign.resolve()
+    signer = Signer(openpgp=openpgp, fingerprint=fingerprint, minisign=minisign, env=env)
+    with tempfile.TemporaryDirectory(prefix="unibake-sign-") as temp:
+        probe = Path(temp) / "probe"
+        probe.write_text("unibake signing probe\n")
+        key_id = ""
+        try:
+            if openpgp:
+                signer._gpg(probe)
+            if minisign is not None:
+                key_id = signer._minisign(probe, "unibake signing probe")[1]
+        except UnibakeError as exc:  # a key that cannot sign, or a wrong password: bad input, before any work
+            raise InputError(str(exc)) from None
+    if minisign is not None:
+        return Signer(openpgp=openpgp, fingerprint=fingerprint, minisign=minisign, minisign_id=key_id, env=env)
+    return signer
+
+
+# ---------------------------------------------------------------------------------------------
+# Verifying
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublicKey:
+    kind: str  # openpgp | minisign
+    path: Path
+    text: str
+
+    @property
+    def suffix(self) -> str:
+        return ASC if self.kind == "openpgp" else MINISIG
+
+
+def read_public_key(path: Path) -> PublicKey:
+    """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
+    text = read_small_text(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
+    if "-----BEGIN PGP PUBLIC KEY BLOCK-----" in text:
+        return PublicKey(kind="openpgp", path=path, text=text)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) == 2 and lines[0].startswith("untrusted comment:"):
+        try:
+            raw = base64.b64decode(lines[1].strip(), validate=True)
+        except ValueError:
+            raw = b""
+        if len(raw) == 42 and raw[:2] == b"Ed":
+            return PublicKey(kind="minisign", path=path, text=text)
+    if "PRIVATE KEY" in text or "secret key" in text:
+        raise InputError(f"--key {path}: this is a secret key; give the public one")
+    raise InputError(f"--key {path}: neither an armoured OpenPGP public key (gpg --armor --export) nor a "
+                     "minisign public key")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SignatureCheck:
+    target: str  # the signature file
+    passed: bool
+    detail: str
+
+
+def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, str]) -> SignatureCheck:
+    """``folder/name`` against its detached signature by ``key``: absent or wrong is a failed check."""
+    signature = folder / (name + key.suffix)
+    target = signature.name
+    if not signature.is_file() or signature.is_symlink():
+        return SignatureCheck(target=target, passed=False,
+                              detail=f"missing: {name} is not signed ({key.kind} key {key.path.name} given)")
+    if not (folder / name).is_file():
+        return SignatureCheck(target=target, passed=False, detail=f"{name} is missing")
+    with tempfile.TemporaryDirectory(prefix="unibake-verify-") as temp:
+        if key.kind == "openpgp":
+            home = Path(temp)
+            keyring = home / "publisher.gpg"
+            dearmor = _run(["gpg", "--batch", "--homedir", str(home), "--dearmor", "--output", str(keyring),
+                            str(key.path.resolve())], env, None, f"--key {key.path}")
+            if dearmor.returncode != 0:
+                raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(dearmor)}")
+            proc = _run(["gpgv", "--homedir", str(home), "--status-fd", "1", "--keyring", str(keyring),
+                         str(signature), str(folder / name)], env, None, "verify")
+            valid = [line.split()[2] for line in proc.stdout.decode("utf-8", "replace").splitlines()
+                     if line.startswith("[GNUPG:] VALIDSIG ")]
+            if proc.returncode == 0 and valid:
+                return SignatureCheck(target=target, passed=True, detail=f"good OpenPGP signature by {valid[0]}")
+            return SignatureCheck(target=target, passed=False,
+                                  detail=f"BAD: not a valid signature of {name} by {key.path.name} ({_tail(proc)})")
+        proc = _run(["minisign", "-V", "-q", "-p", str(key.path.resolve()), "-m", str(folder / name),
+                     "-x", str(signature)], env, None, "verify")
+        if proc.returncode == 0:
+            return SignatureCheck(target=target, passed=True,
+                                  detail=f"good minisign signature by {minisign_key_id(key.text)}")
+        return SignatureCheck(target=target, passed=False,
+                              detail=f"BAD: not a valid signature of {name} by {key.path.name} ({_tail(proc)})")

@@ -1,0 +1,240 @@
+"""The supply-chain stages of a release: signing keys checked, the SBOM, the reconstruct kit, the
+provenance; and what they hand to the publish stage.
+
+Each writes its file into the release's staging folder (nothing is final until the publish stage
+renames the folder) and gives a frozen record of it; the publish stage lists them in
+``SHA256SUMS``, ``manifest.json`` and the notes, and signs ``SHA256SUMS`` before the folder is
+committed. The stages are declared in :data:`unibake.pipeline.STAGES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .engine import Engine
+from .errors import EngineError, VerificationError
+from .files import write_atomic
+from .inputs import LOCK_FILE, sha256_file
+from .manifest import Signature, SupplyChain, SupplyFile
+from .normalise import EPOCH_LABEL
+from .plan import INSTALL_ROOT, ReleasePlan, display_path
+from .provenance import PROVENANCE, Material, provenance_document
+from .sbom import SBOM, BaseImage, sbom_document
+from .sanitise import enforce, scan_release_texts
+from .signing import Signer, check_keys
+
+if TYPE_CHECKING:
+    from .pipeline import Run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sbom:
+    """The SBOM written, and what it found out about the images the release was built on."""
+
+    file: SupplyFile
+    base: BaseImage | None
+    builder: BaseImage | None
+    engine_version: str
+    packages: int
+    libraries: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kit:
+    file: SupplyFile
+    context_sha256: str
+    dockerfile_sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    file: SupplyFile
+    signatures: dict[str, str]  # the provenance's own signature files: name -> sha256
+
+
+def image_record(engine: Engine, ref: str, role: str) -> BaseImage:
+    """An image the release was built on, by ID (and by repository digest when the ref has one)."""
+    info = engine.inspect_image(ref)
+    if info is None:
+        raise EngineError(f"the {role} {ref} is gone from the engine at {engine.address}")
+    return BaseImage(ref=ref, image_id=info.id, diff_ids=info.diff_ids,
+                     repo_digests=(ref,) if "@sha256:" in ref else ())
+
+
+def _epoch(labels: dict[str, str]) -> int | None:
+    value = labels.get(EPOCH_LABEL, "")
+    return int(value) if value.isdigit() else None
+
+
+# --- signing keys ------------------------------------------------------------------------------
+
+
+def signing_keys_skip(run: Run) -> str | None:
+    return None if run.request.sign or run.request.sign_minisign else "no --sign or --sign-minisign given"
+
+
+def signing_keys(run: Run) -> tuple:
+    signer = check_keys(run.request.sign, run.request.sign_minisign, run.request.env)
+    for record in signer.records:
+        run.reporter.info(f"    {record.kind} key {record.key}: signs (a probe was signed)")
+    return (signer,)
+
+
+# --- the SBOM ----------------------------------------------------------------------------------
+
+
+def sbom_stage(run: Run) -> tuple:
+    target, image, archive = run["target"], run["image"], run["archive"]
+    plan: ReleasePlan | None = run.get("plan")
+    contents = archive.contents
+    if contents is None:
+        raise VerificationError("the archive stage read no layers for the SBOM")
+    if contents.not_inspected:
+        run.reporter.warn(f"{len(contents.not_inspected)} layers could not be read for the SBOM "
+                          f"(first {contents.not_inspected[0][:19]}): their packages are not listed")
+    for problem in contents.problems[:5]:
+        run.reporter.warn(f"SBOM: {problem}")
+    base = image_record(run.engine, target.base_image, "base image") if target.base_image else None
+    if base is not None and tuple(image.diff_ids[:len(base.diff_ids)]) != tuple(base.diff_ids):
+        raise VerificationError(f"the base image {base.ref} is now {base.image_id}, whose layers are not the first "
+                                f"layers of {image.ref}: it changed since the build; build again")
+    builder = image_record(run.engine, plan.builder_image, "builder image") if plan and plan.builder_image else None
+    engine_version = run.engine.version()
+    labels = image.labels
+    text = sbom_document(product=target.product, release=target.release, tag=image.ref,
+                         version=labels.get("org.opencontainers.image.version", target.release),
+                         image_id=image.image_id, diff_ids=image.diff_ids,
+                         components=target.metadata.components if target.metadata else (), contents=contents,
+                         base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=_epoch(labels))
+    sha = write_atomic(run["folder"].staging, SBOM, text)
+    debs = sum(1 for p in contents.packages if p.kind == "deb")
+    run.reporter.info(f"    {debs} OS packages, {len(contents.packages) - debs} Python packages, "
+                      f"{len(contents.libraries)} libraries under {INSTALL_ROOT}, from {contents.layers} layers")
+    return (Sbom(file=SupplyFile(name=SBOM, bytes=len(text.encode()), sha256=sha), base=base, builder=builder,
+                 engine_version=engine_version, packages=len(contents.packages), libraries=len(contents.libraries)),)
+
+
+# --- the reconstruct kit -----------------------------------------------------------------------
+
+
+def kit_skip(run: Run) -> str | None:
+    return None if run.get("plan") is not None else "the image was not built from profiles here"
+
+
+def kit_stage(run: Run) -> tuple:
+    from .kit import kit_name, write_kit
+
+    target, image, sbom = run["target"], run["image"], run["sbom"]
+    plan: ReleasePlan = run["plan"]
+    if sbom.base is None:
+        raise VerificationError(f"the kit of {target.release} needs its base image's ID")
+    name = kit_name(target.product, target.release)
+    epoch = _epoch(image.labels)  # what the image was built with, as the manifest records it
+    written = write_kit(run["folder"].staging, name, plan=plan, context=run["context"], release=target.release,
+                        image_id=image.image_id, diff_ids=image.diff_ids, epoch=run.epoch if epoch is None else epoch,
+                        revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
+                        base=sbom.base, builder=sbom.builder)
+    run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
+    return (Kit(file=written.file, context_sha256=written.context_sha256,
+                dockerfile_sha256=written.dockerfile_sha256),)
+
+
+# --- the provenance ----------------------------------------------------------------------------
+
+
+def materials(plan: ReleasePlan) -> tuple[Material, ...]:
+    """The files a build was made from: every input of inputs.lock, the profiles, and the lock."""
+    out = [Material(name=f.path, sha256=f.sha256, role="input") for f in plan.inputs]
+    out += [Material(name=rel, sha256=sha256_file(plan.project_root / rel), role="profile") for rel in plan.config_files]
+    lock = plan.config_dir / LOCK_FILE
+    out.append(Material(name=lock.relative_to(plan.project_root).as_posix(), sha256=sha256_file(lock), role="lock"))
+    return tuple(out)
+
+
+def build_parameters(run: Run) -> dict[str, object]:
+    """What the command line asked for that shapes the release (never a key or a password)."""
+    request = run.request
+    plan: ReleasePlan | None = run.get("plan")
+    out: dict[str, object] = {
+        "command": "hotfix" if request.base else "build" if plan is not None else "archive",
+        "release": run["target"].release, "level": request.level, "long_distance": request.long_distance,
+        "split": request.split, "roundtrip": request.roundtrip, "source_date_epoch": run.epoch,
+    }
+    if plan is not None:
+        out.update(profiles=list(plan.profile_names), version=plan.version,
+                   config=display_path(plan.config_dir, plan.project_root), nocache=request.nocache)
+    if request.base:
+        out["hotfix_from"] = request.base
+    if request.image:
+        out["image"] = request.image
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def provenance_stage(run: Run) -> tuple:
+    target, image, archive, proof, sbom = run["target"], run["image"], run["archive"], run["proof"], run["sbom"]
+    kit: Kit | None = run.get("kit")
+    plan: ReleasePlan | None = run.get("plan")
+    signer: Signer | None = run.get("signer")
+    staging: Path = run["folder"].staging
+    subjects = {f.name: proof.back.file_sha256[f.name] for f in archive.files}
+    subjects[sbom.file.name] = sbom.file.sha256
+    byproducts = {}
+    if kit is not None:
+        subjects[kit.file.name] = kit.file.sha256
+        byproducts = {"context.tar": kit.context_sha256, "Dockerfile": kit.dockerfile_sha256}
+    # an image released as it is (archive IMAGE) is itself the material
+    source = None if plan is not None else BaseImage(ref=image.ref, image_id=image.image_id, diff_ids=image.diff_ids)
+    text = provenance_document(
+        subjects=subjects, image_ref=image.ref, image_id=image.image_id, parameters=build_parameters(run),
+        materials=materials(plan) if plan is not None else (), revision=run.request.revision if plan else "",
+        base=sbom.base, builder=sbom.builder, source_image=source, engine_version=sbom.engine_version,
+        byproducts=byproducts, builder_id=run.request.env.get("UNIBAKE_BUILDER_ID") or "urn:unibake:builder:local")
+    # the gate the release's texts pass (the SBOM's paths are the image's own, not the builder's: not scanned)
+    enforce(scan_release_texts({PROVENANCE: text}, run.request.identity), run.allow, f"release {target.release}")
+    sha = write_atomic(staging, PROVENANCE, text)
+    signatures = {}
+    if signer is not None:
+        for name in signer.sign(staging / PROVENANCE, f"{target.product} {target.release} {PROVENANCE}"):
+            signatures[name] = sha256_file(staging / name)
+    run.reporter.info(f"    {len(subjects) + 1} subjects" + (f", signed: {', '.join(signatures)}" if signatures else ""))
+    return (Provenance(file=SupplyFile(name=PROVENANCE, bytes=len(text.encode()), sha256=sha), signatures=signatures),)
+
+
+def supply_chain(run: Run) -> SupplyChain | None:
+    """The manifest's record of the supply-chain files, when the stages ran."""
+    sbom: Sbom | None = run.get("sbom")
+    provenance: Provenance | None = run.get("provenance")
+    if sbom is None or provenance is None:
+        return None
+    kit: Kit | None = run.get("kit")
+    signer: Signer | None = run.get("signer")
+    from .publish import SUMS
+
+    signatures = tuple(Signature(kind=r.kind, key=r.key, files=(SUMS + r.suffix, provenance.file.name + r.suffix))
+                       for r in (signer.records if signer else ()))
+    return SupplyChain(sbom=sbom.file, provenance=provenance.file, kit=kit.file if kit else None,
+                       signatures=signatures)
+
+
+def extra_files(run: Run) -> dict[str, str]:
+    """The files the supply-chain stages wrote into the staging folder, for SHA256SUMS: name -> sha256."""
+    out = {}
+    for key in ("sbom", "kit", "provenance"):
+        result = run.get(key)
+        if result is not None:
+            out[result.file.name] = result.file.sha256
+    provenance: Provenance | None = run.get("provenance")
+    if provenance is not None:
+        out.update(provenance.signatures)
+    return out
+
+
+def sign_sums(run: Run):
+    """What the publish stage calls on SHA256SUMS once written, before the folder is committed."""
+    signer: Signer | None = run.get("signer")
+    if signer is None:
+        return None
+    target = run["target"]
+    return lambda path: signer.sign(path, f"{target.product} {target.release} {path.name}")

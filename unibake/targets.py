@@ -1,0 +1,51 @@
+"""Releasing for several platforms at once, and the base image's platform checked before a build.
+
+``build.py --platform linux/amd64,linux/arm64`` (or ``platform: linux/amd64,linux/arm64`` in
+product.yaml) makes one image and one release folder per platform (``release/1.3.1/`` and
+``release/1.3.1-arm64/``), each a complete release that verifies on its own. Every platform is
+built, archived, round-tripped and gated before any folder is published: both releases or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import replace
+
+from .builder import image_platform
+from .console import Reporter
+from .engine import Engine
+from .errors import InputError
+from .pipeline import Connect, Request, Results, Stage, run_stages
+from .plan import ReleasePlan
+from .platforms import Platform
+
+
+def check_base(engine: Engine, plan: ReleasePlan) -> None:
+    """The base image must record the plan's platform: a foreign base would be relabelled, not rebuilt."""
+    info = engine.inspect_image(plan.base_image)
+    if info is None:
+        return  # the build names the missing image
+    found = image_platform(info)
+    if found and found != plan.platform.name:
+        raise InputError(f"the base image {plan.base_image} is {found}, not {plan.platform.name}: set "
+                         f"base.platforms.{plan.platform.name} in product.yaml to a {plan.platform.name} image "
+                         "(scripts/setup.sh makes the example's)")
+
+
+def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence[Platform], reporter: Reporter, *,
+                  connect: Connect | None = None) -> list[Results]:
+    """``stages`` once per platform; publishing (when selected) waits until every platform has passed
+    everything before it, so a failure on one platform publishes nothing."""
+    before = [s for s in stages if s.name != "publish"]
+    after = [s for s in stages if s.name == "publish"]
+    requests = [replace(request, platform=p.name) for p in platforms]
+    with ExitStack() as stack:  # every release folder and scratch engine is held until the end
+        done = []
+        for n, one in enumerate(requests, 1):
+            reporter.info(f"==> platform {one.platform} ({n} of {len(requests)})")
+            done.append(run_stages(before, one, reporter, connect=connect, stack=stack))
+        if not after:
+            return done
+        return [run_stages(after, one, reporter, connect=connect, stack=stack, given=results)
+                for one, results in zip(requests, done)]
