@@ -115,9 +115,15 @@ debian_mirror() {
 }
 
 debootstrap_image() {
-  # $1 image name, $2 comma-separated packages to include
-  local name=$1 include=$2 tmp cache
-  image_exists "$name" && return 0
+  # $1 image name, $2 comma-separated packages to include, $3 a command it must pass (else it is rebuilt)
+  local name=$1 include=$2 probe=${3:-} tmp cache old=""
+  if image_exists "$name"; then
+    if [ -z "$probe" ] || docker run --rm --network none "$name" sh -c "$probe" >/dev/null 2>&1; then
+      return 0
+    fi
+    say "$name lacks what it needs now ($probe): building it again"
+    old=$(docker image inspect --format '{{.Id}}' "$name")
+  fi
   is_root || die "building $name needs root (debootstrap): run this script as root"
   apt_install debootstrap
   cache=${UNIBAKE_CACHE:-$ROOT/.cache}/debootstrap
@@ -133,6 +139,8 @@ debootstrap_image() {
   tar --numeric-owner -C "$tmp/rootfs" -c . \
     | docker import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         -c 'CMD ["/bin/bash"]' - "$name" >/dev/null
+  # the image it replaces goes, unless build cache still grows from it (then it goes with that cache)
+  if [ -n "$old" ]; then docker rmi "$old" >/dev/null 2>&1 || true; fi
 }
 
 setup_emulation() {
@@ -203,10 +211,16 @@ setup_busybox_arm64_image() {
 }
 
 debootstrap_arm64_images() {
-  # The demo's arm64 base (minbase + python3) and builder (the same + gcc). debootstrap --arch=arm64
-  # runs its second stage under emulation (about 5 minutes here); the builder is that rootfs plus
-  # apt-get install in a chroot (under 2 minutes), not a second debootstrap.
-  image_exists "$DEMO_BASE_ARM64_IMAGE" && image_exists "$DEMO_BUILDER_ARM64_IMAGE" && return 0
+  # The demo's arm64 base (minbase + python3) and builder (the same + gcc, g++, make). debootstrap
+  # --arch=arm64 runs its second stage under emulation (about 5 minutes here); the builder is that
+  # rootfs plus apt-get install in a chroot (under 2 minutes), not a second debootstrap.
+  local probe='command -v g++ && command -v make' old=()
+  if image_exists "$DEMO_BASE_ARM64_IMAGE" && image_exists "$DEMO_BUILDER_ARM64_IMAGE"; then
+    docker run --rm --network none "$DEMO_BUILDER_ARM64_IMAGE" sh -c "$probe" >/dev/null 2>&1 && return 0
+    say "$DEMO_BUILDER_ARM64_IMAGE lacks what it needs now ($probe): building the arm64 images again"
+    old=("$(docker image inspect --format '{{.Id}}' "$DEMO_BASE_ARM64_IMAGE")"
+         "$(docker image inspect --format '{{.Id}}' "$DEMO_BUILDER_ARM64_IMAGE")")
+  fi
   is_root || die "building the arm64 base images needs root (debootstrap, chroot): run this script as root"
   apt_install debootstrap
   local tmp cache root
@@ -218,10 +232,10 @@ debootstrap_arm64_images() {
     "$SUITE" "$tmp/base" "$(debian_mirror)" >"$tmp/debootstrap.log" 2>&1 \
     || { tail -n 20 "$tmp/debootstrap.log" >&2; die "debootstrap --arch=arm64 failed"; }
   cp -a "$tmp/base" "$tmp/builder"
-  say "adding gcc to the arm64 builder, under emulation (about 2 minutes)"
+  say "adding gcc, g++ and make to the arm64 builder, under emulation (about 2 minutes)"
   { chroot "$tmp/builder" apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive chroot "$tmp/builder" apt-get install -y -qq --no-install-recommends gcc libc6-dev
-  } >"$tmp/apt.log" 2>&1 || { tail -n 20 "$tmp/apt.log" >&2; die "apt-get install gcc in the arm64 builder failed"; }
+      && DEBIAN_FRONTEND=noninteractive chroot "$tmp/builder" apt-get install -y -qq --no-install-recommends gcc g++ make libc6-dev
+  } >"$tmp/apt.log" 2>&1 || { tail -n 20 "$tmp/apt.log" >&2; die "apt-get install gcc g++ make in the arm64 builder failed"; }
   mkdir -p "$tmp/layers"
   for part in base builder; do
     rm -rf "$tmp/$part/var/cache/apt/archives/"*.deb "$tmp/$part/var/lib/apt/lists/"* \
@@ -233,6 +247,8 @@ debootstrap_arm64_images() {
   local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
   load_rootfs_image "$DEMO_BASE_ARM64_IMAGE" "$tmp/layers/base/layer.tar" arm64 v8 "$path" '["/bin/bash"]'
   load_rootfs_image "$DEMO_BUILDER_ARM64_IMAGE" "$tmp/layers/builder/layer.tar" arm64 v8 "$path" '["/bin/bash"]'
+  # the images they replace go, unless build cache still grows from them (then they go with that cache)
+  if [ ${#old[@]} -gt 0 ]; then docker rmi "${old[@]}" >/dev/null 2>&1 || true; fi
 }
 
 main() {
@@ -244,7 +260,8 @@ main() {
   setup_engine
   setup_busybox_image
   debootstrap_image "$DEMO_BASE_IMAGE" python3
-  debootstrap_image "$DEMO_BUILDER_IMAGE" python3,gcc,libc6-dev
+  # a second toolchain (g++) and make: kernels built by a command or a Makefile target
+  debootstrap_image "$DEMO_BUILDER_IMAGE" python3,gcc,g++,make,libc6-dev 'command -v g++ && command -v make'
   setup_emulation
   setup_busybox_arm64_image
   debootstrap_arm64_images

@@ -15,7 +15,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from unibake.engine import BuildOutcome, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
+from unibake.engine import BuildOutcome, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
 from unibake.errors import EngineError
 
 
@@ -44,6 +44,10 @@ class FakeContainer:
     running: bool = True
     address: str = "127.0.0.1"
     logs: str = ""
+    restarts: int = 0  # the restart policy it was started with
+    restart_count: int = 0  # what the test says happened
+    oom_killed: bool = False
+    exit_code: int = 0
 
 
 @dataclass
@@ -166,8 +170,8 @@ class FakeEngine(Engine):
             raise EngineError(f"running {image} failed: no such image (engine at {self.address})")
         return self.runner(image, list(args), dict(env or {}))
 
-    def start(self, image: str, args: list[str], *, env=None) -> str:
-        container = FakeContainer(image=image, env=dict(env or {}))
+    def start(self, image: str, args: list[str], *, env=None, restarts: int = 0) -> str:
+        container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts)
         self.starter(container)
         cid = sha(f"{len(self.containers)}{image}".encode())
         self.containers[cid] = container
@@ -176,6 +180,11 @@ class FakeEngine(Engine):
     def container_state(self, container: str) -> tuple[bool, str, str]:
         c = self.containers[container]
         return c.running, c.address if c.running else "", c.logs
+
+    def container_status(self, container: str) -> ContainerStatus:
+        c = self.containers[container]
+        return ContainerStatus(running=c.running, restarting=False, restart_count=c.restart_count, oom_killed=c.oom_killed,
+                               exit_code=c.exit_code)
 
     def remove_container(self, container: str) -> None:
         self.containers.pop(container, None)

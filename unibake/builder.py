@@ -23,6 +23,7 @@ from .platforms import EXEC_FORMAT, emulation_hint, recorded
 from .render import BuildContext, write_context_tar
 
 CHECK_ERROR_RE = re.compile(r"error: self-check\[[^\]]+\]: .*")
+KERNEL_ERROR_RE = re.compile(r"error: kernel-build\[([^\]]+)\]: (.*)")  # the line the kernel's RUN prints
 CACHE_REPOSITORY = "unibake-cache"
 
 
@@ -96,32 +97,40 @@ def _keep_stages(engine: Engine, product: str, selection: str, stage_images: tup
 
 def build_image(context: BuildContext, engine: Engine, *, product: str, revision: str, epoch: int,
                 nocache: bool = False, on_line: Callable[[str], None] = lambda line: None,
-                platform: str | None = None) -> BuiltImage:
-    """Build ``context`` and tag it; raises CheckFailed when an in-image check fails.
+                ref: str | None = None, platform: str | None = None) -> BuiltImage:
+    """Build ``context`` and tag it ``ref`` (default: the image's own tag); raises CheckFailed when an
+    in-image check fails, BuildFailed naming the kernel when a kernel does not compile.
     ``platform``: the target, when the engine is told one (``linux/arm64``)."""
     start = time.monotonic()
-    before = engine.inspect_image(context.tag)
+    tag = ref or context.tag
+    before = engine.inspect_image(tag)
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as tar:
         write_context_tar(context, tar, mtime=epoch)
         tar.seek(0)
         try:
-            outcome = engine.build(tar, tag=context.tag, nocache=nocache, on_line=on_line, platform=platform,
+            outcome = engine.build(tar, tag=tag, nocache=nocache, on_line=on_line, platform=platform,
                                    buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
         except BuildFailed as exc:
             _keep_stages(engine, product, context.selection, exc.stage_images)
             keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)
             checks = [m.group(0) for line in exc.output for m in [CHECK_ERROR_RE.search(line)] if m]
             if checks:
-                raise CheckFailed(f"in-image check failed during the build, so {context.tag} was not tagged: "
+                raise CheckFailed(f"in-image check failed during the build, so {tag} was not tagged: "
                                   f"{checks[0].removeprefix('error: ')}", output=exc.output) from None
             if platform and any(EXEC_FORMAT in text for text in (str(exc), *exc.output)):
                 raise BuildFailed(f"{exc}; {emulation_hint(platform)}", step=exc.step, output=exc.output,
                                   last_image=exc.last_image, stage_images=exc.stage_images) from None
+            kernel = next((m for line in exc.output for m in [KERNEL_ERROR_RE.search(line)] if m), None)
+            if kernel:
+                raise BuildFailed(f"kernel {kernel.group(1)} failed to build, so {tag} was not tagged: "
+                                  f"{kernel.group(2).strip()[:400]}", step=f"kernel {kernel.group(1)}",
+                                  output=exc.output, last_image=exc.last_image,
+                                  stage_images=exc.stage_images) from None
             raise
     _keep_stages(engine, product, context.selection, outcome.stage_images)
-    info = engine.inspect_image(context.tag)
+    info = engine.inspect_image(tag)
     if info is None or info.id != outcome.image_id:
-        raise EngineError(f"the build finished but {context.tag} does not point at {outcome.image_id}")
-    return BuiltImage(image_id=info.id, tag=context.tag, diff_ids=info.diff_ids, steps=outcome.steps,
+        raise EngineError(f"the build finished but {tag} does not point at {outcome.image_id}")
+    return BuiltImage(image_id=info.id, tag=tag, diff_ids=info.diff_ids, steps=outcome.steps,
                       stage_images=outcome.stage_images, seconds=time.monotonic() - start, size=info.size,
                       replaced=before.id if before is not None and before.id != info.id else None)

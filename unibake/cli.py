@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "otherwise.")
     v.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
     v.add_argument("--load", action="store_true", help="also load the archive and compare the image ID")
+    v.add_argument("--external", action="append", default=[], metavar="PATH",
+                   help="check your copy of an artifact the release records but does not ship (weights, a patch "
+                        "set): a file, or a folder holding them by name; repeat for several")
     v.add_argument("--key", metavar="PUBKEY",
                    help="the publisher's public key (armoured OpenPGP or minisign): SHA256SUMS's signature is checked "
                         "before anything else; absent or wrong is exit 3")
@@ -249,7 +252,8 @@ COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock",
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
                  "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
                  "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
-                 "--ref", "--jobs", "--platform", "--sign", "--sign-minisign", "--key"}
+                 "--ref", "--jobs", "--platform", "--sign", "--sign-minisign", "--key",
+                 "--external"}
 
 
 def with_command(argv: list[str]) -> list[str]:
@@ -384,6 +388,7 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .targets import run_platforms
 
     names = SEQUENTIAL if args.sequential else BUILD
+    lock = args.stage != "render"  # rendering needs no lock yet
     platforms = parse_options(args.platform)
     if not platforms:
         try:
@@ -391,10 +396,10 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
         except InputError:
             platforms = ()  # the plan stage reports it, as for any bad YAML
     if len(platforms) > 1:
-        runs = run_platforms(selection(names, args.stage), _request(args, ctx, sequential=args.sequential),
-                             platforms, ctx.reporter)
+        runs = run_platforms(selection(names, args.stage),
+                             _request(args, ctx, sequential=args.sequential, require_lock=lock), platforms, ctx.reporter)
         return _several(args, [_built_outcome(args, results) for results in runs])
-    request = _request(args, ctx, sequential=args.sequential)
+    request = _request(args, ctx, sequential=args.sequential, require_lock=lock)
     return _built_outcome(args, run_stages(selection(names, args.stage), request, ctx.reporter))
 
 
@@ -478,11 +483,14 @@ def cmd_repro(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
-    from .verify import check_folder_arg, load_and_compare, verify_folder, verify_signatures, with_signatures
+    from .verify import (check_external, check_folder_arg, load_and_compare, verify_folder, verify_signatures,
+                         with_signatures)
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
     report = signed if signed is not None and signed.failures else with_signatures(signed, verify_folder(folder))
+    if args.external and not (signed is not None and signed.failures):
+        report = check_external(report, [(ctx.cwd / p).resolve() for p in args.external])
     if args.load and not report.failures:
         from .docker_engine import DockerEngine
         engine = DockerEngine(args.engine, ctx.env)
@@ -542,15 +550,19 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .inputs import LOCK_FILE, read_lock, render_lock
     from .plan import display_path, make_plan
 
+    from .platforms import KNOWN
+
     config = (ctx.cwd / args.config).resolve()
-    plan = make_plan(config, cwd=ctx.cwd, verify_lock=False)
+    # every platform's inputs: a prebuilt kernel may be another file on another platform
+    inputs = {f.path: f for p in KNOWN.values()
+              for f in make_plan(config, cwd=ctx.cwd, verify_lock=False, platform=p).inputs}
     lock_path = config / LOCK_FILE
     display = display_path(lock_path, ctx.cwd)
     before = read_lock(lock_path, display)
-    after = {f.path: f.sha256 for f in plan.inputs}
+    after = {path: f.sha256 for path, f in inputs.items()}
     changed = {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
                "changed": sorted(p for p in set(after) & set(before) if after[p] != before[p])}
-    write_atomic(config, LOCK_FILE, render_lock(list(plan.inputs)))
+    write_atomic(config, LOCK_FILE, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
     for label in ("added", "changed", "removed"):
         for path in changed[label]:
             ctx.reporter.info(f"  {label}: {path}")

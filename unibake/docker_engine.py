@@ -13,7 +13,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .engine import BuildOutcome, BuildStep, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
+from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
+                     RunOutcome)
 from .errors import BuildFailed, EngineError
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -180,13 +181,25 @@ class DockerEngine(Engine):
                 except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
 
-    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None) -> str:
+    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
+        policy = {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
         try:
-            container = self.api.create_container(image, command=args or None, environment=env or {})
+            container = self.api.create_container(image, command=args or None, environment=env or {},
+                                                  host_config=self.api.create_host_config(restart_policy=policy))
             self.api.start(container)
             return container["Id"]
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"starting {image} failed", exc) from None
+
+    def container_status(self, container: str) -> ContainerStatus:
+        try:
+            info = self.api.inspect_container(container)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
+        state = info.get("State") or {}
+        return ContainerStatus(running=bool(state.get("Running")), restarting=bool(state.get("Restarting")),
+                               restart_count=int(info.get("RestartCount") or 0),
+                               oom_killed=bool(state.get("OOMKilled")), exit_code=int(state.get("ExitCode") or 0))
 
     def container_state(self, container: str) -> tuple[bool, str, str]:
         try:

@@ -59,6 +59,17 @@ class RunOutcome:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ContainerStatus:
+    """What the engine says of a started container's health: is it up, did it restart, was it OOM-killed."""
+
+    running: bool
+    restarting: bool  # waiting to be restarted by its restart policy
+    restart_count: int
+    oom_killed: bool
+    exit_code: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadOutcome:
     image_ids: tuple[str, ...]
     tags: tuple[str, ...]
@@ -102,8 +113,13 @@ class Engine(ABC):
         """Run a container to completion and remove it; returns its exit code and output."""
 
     @abstractmethod
-    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None) -> str:
-        """Start a container in the background on the engine's default bridge; returns its ID."""
+    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
+        """Start a container in the background on the engine's default bridge; returns its ID. With
+        ``restarts`` the engine restarts it on failure up to that many times (and counts them)."""
+
+    @abstractmethod
+    def container_status(self, container: str) -> ContainerStatus:
+        """A started container's restart count, OOM-killed flag, state and exit code."""
 
     @abstractmethod
     def container_state(self, container: str) -> tuple[bool, str, str]:

@@ -105,6 +105,25 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
                   is_dir=real.is_dir())
 
 
+def read_external(path: str, where: str) -> Source:
+    """A file outside the project, named by its absolute path (a large prebuilt binary): hashed like
+    any input and locked under its absolute path."""
+    real = Path(path)
+    if not real.is_absolute() or ".." in real.parts:
+        raise InputError(f"{where}: {path!r} must be an absolute path without '..'")
+    if not os.path.lexists(real):
+        raise InputError(f"{where}: {path} does not exist")
+    if not real.resolve().is_file():
+        raise InputError(f"{where}: {path} is not a regular file")
+    if any(ord(c) < 0x20 or c in "\\\x7f" for c in path):
+        raise InputError(f"{where}: the file name {path!r} holds a control character or backslash; rename it")
+    st = os.stat(real)
+    f = InputFile(path=path, absolute=real.resolve(), sha256=sha256_file(real), size=st.st_size,
+                  mode=0o755 if st.st_mode & 0o111 else 0o644)
+    return Source(path=path, files=(f,), digest=hashlib.sha256(f"{f.sha256}  {real.name}\n".encode()).hexdigest(),
+                  is_dir=False)
+
+
 def _input_file(root: Path, path: Path, where: str) -> InputFile:
     rel = path.relative_to(root).as_posix()
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):

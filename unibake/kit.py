@@ -361,7 +361,11 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     if hashlib.sha256(text.encode()).hexdigest() != read_sums(release).get(PROVENANCE):
         raise VerificationError(f"{release / PROVENANCE}: differs from SHA256SUMS; the release cannot be trusted")
     document = parse_provenance(text, str(release / PROVENANCE))
-    plan = make_plan(config, profiles=list(manifest.profiles), version=manifest.version, cwd=cwd)
+    from .platforms import KNOWN
+
+    # the release's platform: its base, builder and prebuilt kernels are that platform's
+    plan = make_plan(config, profiles=list(manifest.profiles), version=manifest.version, cwd=cwd,
+                     platform=KNOWN.get(manifest.platform or ""))
     if plan.tag != manifest.tag:
         raise InputError(f"the profiles in {config} give the image {plan.tag}, not {where}'s {manifest.tag}")
     checks = (("input", {f.path: f.sha256 for f in plan.inputs}),

@@ -22,7 +22,7 @@ from .files import read_small_text
 from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
                        Record, first_error)
 from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
-from .schema import IMAGE_REF_RE, NAME_RE
+from .schema import EXTERNAL_NAME_RE, IMAGE_REF_RE, NAME_RE
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -30,6 +30,9 @@ VALIDATION = "VALIDATION.json"
 MAX_MANIFEST_BYTES = 16 << 20
 TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
 FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$"  # a plain file inside the release folder
+# The files every release folder has (the archive aside); an attachment may not take one of their names.
+RELEASE_FILES = frozenset({MANIFEST, VALIDATION, "SHA256SUMS", "RELEASE_NOTES.md", "IMAGE_ID", "run.sh", "apply.sh",
+                           "README-DIST.md"})
 
 
 class ArchiveFile(Record):
@@ -63,6 +66,23 @@ class HotfixRecord(Record):
     base_archive_bytes: int = Field(ge=1)
     omitted_diff_ids: tuple[Digest, ...]
     shipped_diff_ids: tuple[Digest, ...]
+
+
+class AttachmentRecord(Record):
+    """A file of the project copied into the release (results, tables), listed in SHA256SUMS."""
+
+    name: str = Field(pattern=FILE_NAME_PATTERN)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=HEX64)
+
+
+class ExternalRecord(Record):
+    """An artifact the release needs but does not ship (weights, a patch set): checked by
+    ``build.py verify DIR --external PATH``."""
+
+    name: str = Field(max_length=1024, pattern=EXTERNAL_NAME_RE.pattern)
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=HEX64)
 
 
 class Tool(Record):
@@ -132,6 +152,8 @@ class ReleaseManifest(Document):
     published: str = Field(max_length=64)
     previous: str | None = Field(pattern=TAG_PATTERN)
     hotfix: HotfixRecord | None
+    attachments: tuple[AttachmentRecord, ...] = ()
+    external: tuple[ExternalRecord, ...] = ()
     registry: tuple[RegistryRecord, ...] = ()  # build.py push records each push here
     # os/architecture the image config records (None: it records none); releases made before were amd64
     platform: str | None = Field(default=DEFAULT_PLATFORM, pattern=PLATFORM_PATTERN)
@@ -163,15 +185,29 @@ class RoundTripRecord(Record):
 
 
 class GateStep(Record):
-    name: str  # self-check | start | health | chat
+    name: str  # self-check | start | health | chat | stability
     passed: bool
     seconds: float
     detail: str = ""
 
 
+class ChatCheck(Record):
+    """One prompt of a smoke gate: what was asked, what was expected, and what came back."""
+
+    prompt: str
+    match: Literal["exact", "contains", "regex"]
+    expect: str | None
+    reply: str
+    passed: bool
+    seconds: float
+
+
 class GateResult(Record):
     profile: str
     steps: tuple[GateStep, ...]
+    chats: tuple[ChatCheck, ...] = ()
+    restart_count: int | None = None  # read from the container after the gate (None: it never started)
+    oom_killed: bool | None = None
 
     @property
     def passed(self) -> bool:

@@ -10,13 +10,16 @@ parsed against this schema, strictly, and anything else is refused.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from .errors import VerificationError
+from .envfile import fingerprint
 from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
-from .schema import IMAGE_PATH_RE, IMAGE_REF_RE, MAX_GPUS, NAME_RE, VERSION_RE
+from .schema import (COMPONENT_VERSION_RE, DEVICE_RE, ENV_KEY_RE, GROUP_RE, IMAGE_PATH_RE, IMAGE_REF_RE, MAX_GPUS,
+                     NAME_RE, SHM_SIZE_RE, UPSTREAM_NAME_RE, VERSION_RE, default_of)
 
 if TYPE_CHECKING:
     from .plan import ReleasePlan
@@ -25,14 +28,18 @@ METADATA_LABEL = "io.unibake.metadata"
 PROFILES_LABEL = "io.unibake.profiles"
 HEX64 = r"^[0-9a-f]{64}$"
 DIGEST = r"^sha256:[0-9a-f]{64}$"
-Vendor = Literal["nvidia", "amd"]
+Vendor = Literal["nvidia", "amd", "hygon"]
+Match = Literal["exact", "contains", "regex"]
 Digest = Annotated[str, StringConstraints(pattern=DIGEST)]
+DevicePath = Annotated[str, StringConstraints(pattern=DEVICE_RE.pattern)]
+Group = Annotated[str, StringConstraints(pattern=GROUP_RE.pattern)]
 
 
 class Record(BaseModel):
     """A frozen record that refuses unknown fields and values of the wrong type."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # python-re: the schema's path patterns refuse '.' and '..' components with a look-ahead
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, regex_engine="python-re")
 
 
 def control_character(value: object, path: str = "", skip: frozenset[str] = frozenset()) -> str | None:
@@ -75,8 +82,8 @@ def _pattern(regex) -> str:
 class Component(Record):
     """A versioned, hashed part of the image, for labels, the manifest and the notes."""
 
-    kind: Literal["engine", "kernel", "sidecar", "tune_caches", "overlay"]
-    name: str = Field(max_length=128)
+    kind: Literal["engine", "kernel", "sidecar", "tune_caches", "overlay", "patch", "env_file"]
+    name: str = Field(max_length=1024)
     version: str = Field(max_length=4096)
     digest: str = Field(pattern=HEX64)
     profile: str = Field(default="", max_length=64)
@@ -90,14 +97,59 @@ class Component(Record):
 
 
 class Sidecar(Record):
-    name: str = Field(pattern=_pattern(NAME_RE))
-    version: str = Field(pattern=_pattern(VERSION_RE))
+    name: str = Field(pattern=_pattern(UPSTREAM_NAME_RE))
+    version: str = Field(pattern=_pattern(COMPONENT_VERSION_RE))
+
+
+class SmokePrompt(Record):
+    """One prompt of a smoke gate and the reply it must give."""
+
+    prompt: str = Field(max_length=4096)
+    expect: str | None = Field(default=None, max_length=4096)
+    match: Match = "exact"
+
+    @model_validator(mode="after")
+    def _regex(self) -> "SmokePrompt":
+        if self.match == "regex":
+            try:
+                re.compile(self.expect or "")
+            except re.error as exc:
+                raise ValueError(f"the expected reply is not a regular expression: {exc}") from None
+        return self
 
 
 class SmokeSpec(Record):
-    expect_reply: str | None = Field(max_length=4096)
-    prompt: str = Field(max_length=4096)
+    """The smoke gate of a profile: its prompts (``prompts``), or, as images made before several
+    prompts existed say it, one ``prompt`` and ``expect_reply``, compared by ``match``."""
+
+    expect_reply: str | None = Field(default=None, max_length=4096)
+    prompt: str | None = Field(default=None, max_length=4096)
+    # images made before exact matching existed were checked with "contains"; new ones say prompts
+    match: Match = "contains"
+    prompts: tuple[SmokePrompt, ...] = ()
     timeout: int = Field(ge=1, le=3600)
+
+    @property
+    def checks(self) -> tuple[SmokePrompt, ...]:
+        """Every prompt the gate sends, with what its reply must be."""
+        if self.prompts:
+            return self.prompts
+        return (SmokePrompt(prompt=self.prompt or default_of("smoke", "prompt"), expect=self.expect_reply,
+                            match=self.match),)
+
+
+class DeviceMetadata(Record):
+    extra: tuple[DevicePath, ...] = ()
+    groups: tuple[Group, ...] = ()
+
+
+class TopologyMetadata(Record):
+    nodes: int = Field(default=1, ge=1, le=MAX_GPUS)
+    network: Literal["bridge", "host"] = "bridge"
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: str | None = Field(default=None, pattern=SHM_SIZE_RE.pattern)
+    rdma: bool = False
+    master_port: int = Field(default=29500, ge=1, le=65535)
 
 
 class ProfileMetadata(Record):
@@ -108,6 +160,24 @@ class ProfileMetadata(Record):
     sidecars: tuple[Sidecar, ...]
     args: tuple[str, ...]
     smoke: SmokeSpec
+    devices: DeviceMetadata = DeviceMetadata()
+    topology: TopologyMetadata = TopologyMetadata()
+    env: dict[str, str] = {}  # every variable the profile sets (shared, its own, its env files'), for the notes
+
+    @model_validator(mode="after")
+    def _env(self) -> "ProfileMetadata":
+        for key, value in self.env.items():
+            if not ENV_KEY_RE.fullmatch(key) or len(value) > 4096:
+                raise ValueError(f"env key {key[:40]!r} is not a variable name, or its value is too long")
+        return self
+
+    @property
+    def env_count(self) -> int:
+        return len(self.env)
+
+    @property
+    def env_sha256(self) -> str:
+        return fingerprint(self.env)
 
 
 class LaunchMetadata(Record):
@@ -154,7 +224,13 @@ class ImageMetadata(Document):
                 gpus=p.gpus, vendor=p.vendor, kernels=kernel_paths(plan, p),
                 tune_caches=len(p.tune.json_files) if p.tune else 0,
                 sidecars=tuple(Sidecar(name=k.name, version=k.version) for k in p.sidecars), args=p.args,
-                smoke=SmokeSpec(expect_reply=p.smoke.expect_reply, prompt=p.smoke.prompt, timeout=p.smoke.timeout))
+                smoke=SmokeSpec(match="exact", timeout=p.smoke.timeout, prompts=tuple(
+                    SmokePrompt(prompt=x.prompt, expect=x.expect, match=x.match) for x in p.smoke.prompts)),
+                devices=DeviceMetadata(extra=p.devices.extra, groups=p.devices.groups),
+                topology=TopologyMetadata(nodes=p.topology.nodes, network=p.topology.network, ipc=p.topology.ipc,
+                                          shm_size=p.topology.shm_size, rdma=p.topology.rdma,
+                                          master_port=p.topology.master_port),
+                env=dict(sorted(p.env.items())))
                 for p in plan.profiles},
             components=plan.components,
             launch=LaunchMetadata(port=plan.launch.port, model_name=plan.launch.model_name,

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import supply
@@ -40,6 +40,7 @@ from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
 from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
+from .released import refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
@@ -81,6 +82,8 @@ class Request:
     product: str | None = None  # archive: the product name
     base: str | None = None  # hotfix: the release it builds on
     write_rendered: bool = True  # keep dockerfiles/rendered/ in step with the YAML
+    require_lock: bool = True  # False for --stage render: a missing inputs.lock is no error
+    hold: str | None = None  # repro: build under unibake-repro/<product>:<hold>, never the release's tag
     sequential: bool = False  # normalise, archive and round trip as three passes instead of one
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
     sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
@@ -224,7 +227,8 @@ def _plan(run: Run) -> tuple:
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
     platform = request.platform or (base.manifest.platform if base else None)
     plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd, allow=request.allow,
+                     version=request.version, cwd=request.cwd, require_lock=request.require_lock,
+                     allow=request.allow,
                      platform=parse_platforms(platform, "--platform")[0] if platform else None)
     if base is not None and plan.platform.name != base.manifest.platform:
         raise InputError(f"release {base.manifest.release} is {base.manifest.platform}; a hotfix on it is built for "
@@ -264,6 +268,8 @@ def _scan_context(run: Run) -> tuple:
 def _target_of_plan(run: Run) -> tuple:
     plan: ReleasePlan = run["plan"]
     context: BuildContext = run["context"]
+    if not run.request.hold:  # refused here, before the engine is reached: nothing is built
+        refuse_moving_a_released_tag(run.request.out, plan.tag, force=run.request.force)
     return _one(Target(product=plan.product, release=release_tag(plan.tag), ref=plan.tag, metadata=context.metadata,
                        base_image=plan.base_image))
 
@@ -300,8 +306,9 @@ def _build(run: Run) -> tuple:
 
     plan: ReleasePlan = run["plan"]
     check_base(run.engine, plan)
+    ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
-                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line,
+                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
                         platform=plan.platform.name)
     if built.replaced:
         run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
@@ -407,7 +414,7 @@ def _archive(run: Run) -> tuple:
     staging = run["folder"].staging
     with run.reporter.progress("archive", image.save_bytes or image.size) as advance:
         try:
-            archive = write_archive(run.engine.save(image.ref), staging, name, tag=image.ref, level=request.level,
+            archive = write_archive(run.engine.save(image.ref), staging, name, tag=target.ref, level=request.level,
                                     long_distance=request.long_distance, split=request.split, omit=omit,
                                     progress=advance, inspector=LayerInspector(INSTALL_ROOT))
         except DiskFull as exc:
@@ -487,14 +494,17 @@ def _publish(run: Run) -> tuple:
     folder: ReleaseFolder = run["folder"]
     base: HotfixBase | None = run.get("base")
     request = run.request
+    plan: ReleasePlan | None = run.get("plan")
+    notes = plan.notes if plan is not None else None
+    attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
     previous = base.manifest if base else previous_release(request.out, target.product, target.release)
-    manifest = build_manifest(product=target.product, tag=target.release, image_ref=image.ref, archive=archive,
+    manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
-                              hotfix=base.manifest if base else None, image_size=image.size,
-                              supply_chain=supply.supply_chain(run))
+                              hotfix=base.manifest if base else None, image_size=image.size, notes=notes,
+                              attachments=attachments, supply_chain=supply.supply_chain(run))
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
-    files = render_files(manifest, validation, previous)
+    files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
     final = publish(folder, archive, proof.back, files, request.checksums, extra=supply.extra_files(run),
                     sign=supply.sign_sums(run))
@@ -566,8 +576,9 @@ STAGES: tuple[Stage, ...] = (
           gives=("provenance",), run=supply.provenance_stage),
     Stage(name="publish", about="manifest, notes, validation, run.sh, SHA256SUMS last and signed; the folder renamed "
                                 "into place",
-          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base", "sbom", "kit", "provenance",
-                                                                                  "signer"), gives=("release",),
+          needs=("target", "image", "archive", "proof", "gates", "folder"), uses=("base", "plan", "sbom", "kit",
+                                                                                  "provenance", "signer"),
+          gives=("release",),
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
@@ -660,8 +671,9 @@ def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
 def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None = None):
     """Two cold builds of the same inputs, each archived as a release would be, compared.
 
-    Each build's image is held under ``unibake-repro/<product>:<n>`` until the comparison is done
-    (the second build moves the tag away from the first); the holding tags are removed after."""
+    Each build is made under its own tag, ``unibake-repro/<product>:<n>`` (a released tag never
+    moves), and held there until the comparison is done; the archives name the release's tag, as
+    the release would; the holding tags are removed after."""
     from .repro import compare
 
     connect = connect or docker_engines(request)
@@ -670,12 +682,10 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
     try:
         for n in (1, 2):
             reporter.info(f"==> cold build {n} of 2")
-            results = run_stages(selection(REPRO), request, reporter, connect=connect)
+            results = run_stages(selection(REPRO), replace(request, hold=str(n)), reporter, connect=connect)
             image: Image = results["image"]
             proof: Proof = results["proof"]
-            hold = f"unibake-repro/{results['plan'].product}:{n}"
-            engine.tag(image.image_id, hold)
-            held.append(hold)
+            held.append(image.ref)
             builds.append(ReproBuild(image_id=image.image_id, diff_ids=image.diff_ids,
                                      archive_sha256=proof.back.compressed_sha256))
         return compare(engine, results["plan"].tag, *builds)

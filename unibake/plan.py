@@ -7,14 +7,19 @@ were selected, every source hashed, the lock checked, the image tag decided.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .envfile import EnvFile, fingerprint
 from .errors import InputError
-from .inputs import LOCK_FILE, InputFile, Source, check_lock, read_lock, read_source
+from .inputs import LOCK_FILE, InputFile, Source, check_lock, read_external, read_lock, read_source
 from .metadata import Component
+from .notes import Notes, read_notes
+from .patches import Patch, PatchedFile, apply_patches, read_patch
+from .prebuilt import SO_RE, Prebuilt, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
+from .regexsafe import check_regex
 from .sanitise import enforce, scan_values
 from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
 
@@ -22,23 +27,58 @@ INSTALL_ROOT = "/opt/unibake"
 
 
 @dataclass(frozen=True, kw_only=True)
+class KernelBuild:
+    """How a kernel is built when not with ``cc``: in ``image``, by a shell command or a make target."""
+
+    image: str  # the builder image (FROM): a reference, or an image ID
+    run: str | None
+    make: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Kernel:
-    """A native kernel compiled from C sources into ``lib<name>.so``."""
+    """A native kernel: compiled in a builder stage (from C with ``cc`` by default, or as ``build``
+    says), or prebuilt and taken as it is; its ``outputs`` are the ``.so`` files a profile loads."""
 
     name: str
     version: str
-    source: Source
+    source: Source | None  # the sources it is compiled from; None when prebuilt
     cflags: tuple[str, ...]
+    outputs: tuple[str, ...]  # relative to the kernel's folder
+    builder: str | None = None  # the image it is compiled in (None: prebuilt)
+    build: KernelBuild | None = None  # None: cc on the C sources
+    prebuilt: Prebuilt | None = None
 
     @property
     def library(self) -> str:
-        return f"lib{self.name}.so"
+        return self.outputs[0]
+
+    @property
+    def digest(self) -> str:
+        return self.prebuilt.file.sha256 if self.prebuilt else self.source.digest  # type: ignore[union-attr]
+
+    @property
+    def files(self) -> tuple[InputFile, ...]:
+        return (self.prebuilt.file,) if self.prebuilt else self.source.files  # type: ignore[union-attr]
+
+    @property
+    def is_wheel(self) -> bool:
+        return self.prebuilt is not None and self.prebuilt.kind == "zip"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Overlay:
     source: Source
-    target: str  # relative to the engine folder
+    target: str  # relative to the engine folder ("." is the folder itself)
+    name: str
+    md5: bool = False
+
+    def files(self) -> tuple[tuple[str, InputFile], ...]:
+        """(path relative to the engine folder, file) of everything it copies."""
+        base = "" if self.target in (".", "./") else self.target.rstrip("/")
+        if not self.source.is_dir:
+            return ((base, self.source.files[0]),)
+        return tuple(("/".join(filter(None, (base, self.source.relative(f)))), f) for f in self.source.files)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,10 +93,33 @@ class TuneCaches:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Smoke:
-    expect_reply: str | None
+class SmokePrompt:
     prompt: str
+    expect: str | None
+    match: str  # exact | contains | regex
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoke:
+    prompts: tuple[SmokePrompt, ...]
     timeout: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Devices:
+    vendor: str
+    extra: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    nodes: int
+    network: str  # host | bridge
+    ipc: str  # host | private | shareable
+    shm_size: str | None
+    rdma: bool
+    master_port: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,12 +129,22 @@ class Profile:
     name: str
     file: str
     gpus: int
-    vendor: str
+    devices: Devices
+    topology: Topology
     env: dict[str, str]
+    env_files: tuple[EnvFile, ...]
     args: tuple[str, ...]
     sidecars: tuple[Kernel, ...]
     tune: TuneCaches | None
     smoke: Smoke
+
+    @property
+    def vendor(self) -> str:
+        return self.devices.vendor
+
+    @property
+    def env_sha256(self) -> str:
+        return fingerprint(self.env)
 
     def kernels(self, shared: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
         """The kernels this profile loads: the shared ones, a sidecar replacing its namesake."""
@@ -110,7 +183,7 @@ class ReleasePlan:
     default_profile: str
     profiles: tuple[Profile, ...]
     known_profiles: tuple[str, ...]
-    base_image: str
+    base_image: str  # what FROM names: the reference, or the image ID it is pinned by
     builder_image: str | None
     engine: EngineSpec
     kernels: tuple[Kernel, ...]
@@ -123,6 +196,10 @@ class ReleasePlan:
     config_files: tuple[str, ...]  # relative to project_root
     inputs: tuple[InputFile, ...]
     sanitise_allow: tuple[str, ...] = ()
+    base_name: str = ""  # base.image as written, when FROM names an image ID
+    patches: tuple[Patch, ...] = ()
+    patched: dict[str, PatchedFile] = field(default_factory=dict)  # engine-relative path: what the patches made
+    notes: Notes = field(default_factory=Notes)
     platform: Platform = PLATFORMS[DEFAULT_PLATFORM]  # the one this plan builds for
 
     @property
@@ -143,12 +220,16 @@ class ReleasePlan:
     def components(self) -> tuple[Component, ...]:
         out = [Component(kind="engine", name=self.engine.name, version=self.engine.version,
                          digest=self.engine.source.digest)]
-        out += [Component(kind="kernel", name=k.name, version=k.version, digest=k.source.digest)
-                for k in self.kernels]
-        out += [Component(kind="overlay", name=str(i), version=o.target, digest=o.source.digest)
-                for i, o in enumerate(self.overlays)]
+        out += [Component(kind="kernel", name=k.name, version=k.version, digest=k.digest) for k in self.kernels]
+        out += [Component(kind="patch", name=x.name, version=_count(len(x.files), "file"), digest=x.file.sha256)
+                for x in self.patches]
+        out += [Component(kind="overlay", name=o.name, version=_count(len(o.source.files), "file"),
+                          digest=o.source.digest) for o in self.overlays]
+        env_files = {e.source.path: e for p in self.profiles for e in p.env_files}
+        out += [Component(kind="env_file", name=e.source.path, version=_count(len(e.values), "key"),
+                          digest=e.source.files[0].sha256) for _, e in sorted(env_files.items())]
         for p in self.profiles:
-            out += [Component(kind="sidecar", name=k.name, version=k.version, digest=k.source.digest,
+            out += [Component(kind="sidecar", name=k.name, version=k.version, digest=k.digest,
                               profile=p.name) for k in p.sidecars]
             if p.tune:
                 out.append(Component(kind="tune_caches", name=p.name, version=str(len(p.tune.json_files)),
@@ -157,6 +238,10 @@ class ReleasePlan:
 
     def profile(self, name: str) -> Profile:
         return next(p for p in self.profiles if p.name == name)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def display_path(path: Path, cwd: Path) -> str:
@@ -190,11 +275,12 @@ def _platforms_of(product_doc) -> tuple[Platform, ...]:
 
 
 def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
-              cwd: Path | None = None, verify_lock: bool = True, allow: tuple[str, ...] = (),
-              platform: Platform | None = None) -> ReleasePlan:
+              cwd: Path | None = None, verify_lock: bool = True, require_lock: bool = True,
+              allow: tuple[str, ...] = (), platform: Platform | None = None) -> ReleasePlan:
     """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
     every value that will be baked for secrets, before anything is rendered or built.
 
+    ``require_lock=False`` (``--stage render``): a missing lock is no error; one that exists is checked.
     ``platform``: the one to build for (default: product.yaml's, the first when it names several; else
     the host's); a platform other than linux/amd64 adds its architecture to the tag."""
     cwd = cwd or Path.cwd()
@@ -206,7 +292,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     selected = select_profiles(list(profiles or []), list(merged))
     if version is not None and not VERSION_RE.fullmatch(version):
         raise InputError(f"--version {version!r} is not a valid version: letters, digits, '.', '_' and '-', "
-                         "starting with a letter or digit")
+                         "starting with a letter or digit (it is the image's tag)")
     version = version or data["version"]
 
     def where(path: tuple) -> str:
@@ -219,29 +305,35 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                         source=read_source(root, engine_data["source"], where(("engine", "source")),
                                            want="dir"),
                         command=tuple(engine_data["command"]))
-    kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p))
+    patches = tuple(read_patch(root, x, lambda p, i=i: where(("patches", i) + p))
+                    for i, x in enumerate(data.get("patches", [])))
+    patched = apply_patches(engine.source, patches)
+    builder_data = data.get("builder", {})
+    # a platforms entry names that platform's builder; builder.id pins builder.image
+    builder = builder_data.get("platforms", {}).get(platform.name) or builder_data.get("id") or builder_data.get("image")
+    kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform)
                     for i, k in enumerate(data.get("kernels", [])))
     _unique([k.name for k in kernels], where(("kernels",)), "kernel")
-    overlays = tuple(Overlay(source=read_source(root, o["source"], where(("overlays", i, "source")),
-                                                want="file"), target=o["target"])
+    overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p))
                      for i, o in enumerate(data.get("overlays", [])))
-    chosen = [_profile(root, merged[name]) for name in selected]
+    _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
+    chosen = [_profile(root, merged[name], builder, platform) for name in selected]
 
     default = data["default_profile"]
     if default not in selected:
         default = selected[0]
-    needs_builder = kernels or any(p.sidecars for p in chosen)
-    builder_data = data.get("builder", {})
-    builder = builder_data.get("platforms", {}).get(platform.name, builder_data.get("image"))
-    if needs_builder and not builder:
-        raise InputError(f"{product_doc.display}: kernels are compiled in a builder stage; set builder.image "
-                         "to an image with a C compiler")
+    uses_builder = builder is not None and any(k.builder == builder for k in kernels) or \
+        any(k.builder == builder for p in chosen for k in p.sidecars)
     base = data["base"]
+    # a platforms entry names that platform's base; base.id pins base.image (the other platforms' bases)
     base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
-    base_image = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
-    if base.get("require_digest") and "@sha256:" not in base_image:
-        raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_image!r} is given by tag, but "
-                         "base.require_digest is set: pin it as name@sha256:<digest>")
+    base_name = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
+    base_image = base_name if len(base_key) == 3 else base.get("id") or base_name
+    pinned = "@sha256:" in base_name or base_image != base_name
+    if base.get("require_digest") and not pinned:
+        raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_name!r} is given by tag, but "
+                         "base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or with "
+                         "base.id: sha256:<image ID> (a local image)")
     for key in data.get("labels", {}):
         if key.startswith(RESERVED_LABEL_PREFIXES):
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
@@ -260,30 +352,35 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     tag = f"{data['product']}:{version}{tag_suffix}{platform.suffix}"
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
+    notes = read_notes(root, data.get("notes", {}), lambda p: where(("notes",) + p))
 
-    inputs = list(engine.source.files)
+    inputs = list(engine.source.files) + [x.file for x in patches]
     for k in kernels:
-        inputs += k.source.files
+        inputs += k.files
     for o in overlays:
         inputs += o.source.files
     for p in chosen:
         for k in p.sidecars:
-            inputs += k.source.files
+            inputs += k.files
         if p.tune:
             inputs += p.tune.source.files
+        inputs += [e.source.files[0] for e in p.env_files]
     if verify_lock:
         lock_path = config_dir / LOCK_FILE
         lock_display = display_path(lock_path, cwd)
-        if not lock_path.exists():
-            raise InputError(f"{lock_display}: the inputs lock is missing; create it with: python build.py lock")
-        sources = [engine.source.path] + [k.source.path for k in kernels] + [o.source.path for o in overlays]
-        sources += [k.source.path for p in chosen for k in p.sidecars] + [p.tune.source.path for p in chosen if p.tune]
-        check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources))
+        if lock_path.exists() or require_lock:
+            if not lock_path.exists():
+                raise InputError(f"{lock_display}: the inputs lock is missing; create it with: python build.py lock")
+            sources = [engine.source.path] + [f.path for f in inputs if f.path.startswith("/")]
+            sources += [k.source.path for k in kernels if k.source] + [o.source.path for o in overlays]
+            sources += [k.source.path for p in chosen for k in p.sidecars if k.source]
+            sources += [p.tune.source.path for p in chosen if p.tune]
+            check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources))
 
     return ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
-        base_image=base_image, builder_image=builder if needs_builder else None,
+        base_image=base_image, builder_image=builder if uses_builder else None,
         engine=engine, kernels=kernels, overlays=overlays, labels=dict(data.get("labels", {})),
         checks=tuple(Check(name=c["name"], run=c["run"]) for c in data.get("checks", [])),
         launch=Launch(port=launch.get("port", default_of("launch", "port")),
@@ -293,7 +390,8 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         config_files=tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
                                    for m in merged.values() for f in m.chain})),
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
-        sanitise_allow=allow_yaml, platform=platform,
+        sanitise_allow=allow_yaml, base_name=base_name, patches=patches, patched=patched, notes=notes,
+        platform=platform,
     )
 
 
@@ -311,12 +409,71 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
     enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
 
 
-def _kernel(root: Path, data: dict, where) -> Kernel:
+def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform) -> Kernel:
+    """A kernel or sidecar of the YAML: compiled (from ``source``) or prebuilt, never both; a prebuilt
+    one takes ``platforms``' file for ``platform`` when it names one (a vendor ships one per CPU)."""
+    name = data["name"]
+    if ("source" in data) == ("prebuilt" in data):
+        raise InputError(f"{where(())}: kernel '{name}' needs either source: (built here) or prebuilt: (taken as "
+                         "it is)")
+    if "platforms" in data and "prebuilt" not in data:
+        raise InputError(f"{where(('platforms',))}: kernel '{name}' is built here, for the platform it is built "
+                         "on; platforms names prebuilt files of other platforms")
+    outputs = tuple(data.get("outputs", []))
+    for i, out in enumerate(outputs):
+        if not SO_RE.search(out) or out.endswith("/"):
+            raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is not a shared library "
+                             "(.so or .so.N)")
+    if "prebuilt" in data:
+        for key in ("build", "cflags"):
+            if key in data:
+                raise InputError(f"{where((key,))}: kernel '{name}' is prebuilt; {key} applies to kernels built here")
+        key = ("platforms", platform.name) if platform.name in data.get("platforms", {}) else ("prebuilt",)
+        rel = data["platforms"][platform.name] if len(key) == 2 else data["prebuilt"]
+        source = read_external(rel, where(key)) if rel.startswith("/") else \
+            read_source(root, rel, where(key), want="file")
+        prebuilt = read_prebuilt(source.files[0], where(key))
+        found = {m.path for m in prebuilt.members}
+        for i, out in enumerate(outputs):
+            if out not in found:
+                raise InputError(f"{where(('outputs', i))}: {out} is not in {rel}; it holds "
+                                 f"{', '.join(prebuilt.libraries) or 'no .so'}")
+        outputs = outputs or prebuilt.libraries
+        if not outputs:
+            raise InputError(f"{where(('prebuilt',))}: {rel} holds no .so for kernel '{name}' to load")
+        return Kernel(name=name, version=data["version"], source=None, cflags=(), outputs=outputs,
+                      prebuilt=prebuilt)
     source = read_source(root, data["source"], where(("source",)), want="dir")
-    if not any(f.path.endswith(".c") for f in source.files):
-        raise InputError(f"{where(('source',))}: kernel source '{data['source']}' holds no .c file")
-    return Kernel(name=data["name"], version=data["version"], source=source,
-                  cflags=tuple(data.get("cflags", [])))
+    spec = data.get("build")
+    build = None
+    if spec is not None:
+        if ("run" in spec) == ("make" in spec):
+            raise InputError(f"{where(('build',))}: kernel '{name}' is built by build.run (a command) or "
+                             "build.make (a Makefile target): give exactly one")
+        if "make" in spec and not any(Path(f.path).name in ("Makefile", "makefile", "GNUmakefile")
+                                      for f in source.files if "/" not in source.relative(f)):
+            raise InputError(f"{where(('build', 'make'))}: kernel '{name}' is built by make, but "
+                             f"'{data['source']}' holds no Makefile")
+        build = KernelBuild(image=spec.get("id") or spec.get("image") or default_builder or "",
+                            run=spec.get("run"), make=spec.get("make"))
+    elif not any(f.path.endswith(".c") for f in source.files):
+        raise InputError(f"{where(('source',))}: kernel source '{data['source']}' holds no .c file; kernels in "
+                         "other languages say how they are built (build.run or build.make)")
+    image = build.image if build else default_builder
+    if not image:
+        raise InputError(f"{where(())}: kernel '{name}' is compiled in a builder stage; set builder.image in "
+                         "product.yaml (or build.image) to an image with its compiler")
+    return Kernel(name=name, version=data["version"], source=source, cflags=tuple(data.get("cflags", [])),
+                  outputs=outputs or (f"lib{name}.so",), builder=image, build=build)
+
+
+def _overlay(root: Path, data: dict, where) -> Overlay:
+    source = read_source(root, data["source"], where(("source",)))
+    target = data["target"]
+    if target in (".", "./") and not source.is_dir:
+        raise InputError(f"{where(('target',))}: a file overlay needs a file name as its target, not '.'")
+    return Overlay(source=source, target=target, name=data.get("name", target.rstrip("/")),
+                   md5=data.get("md5", default_of("overlays", "md5")))
 
 
 def _check_env_key(key: str, where: str) -> None:
@@ -333,9 +490,49 @@ def _unique(names: list[str], where: str, what: str) -> None:
         seen.add(n)
 
 
-def _profile(root: Path, m: MergedProfile) -> Profile:
+def _topology(d: dict, where) -> Topology:
+    t = d.get("topology", {})
+    nodes = t.get("nodes", default_of("topology", "nodes"))
+    network = t.get("network", "host" if nodes > 1 else "bridge")
+    if nodes > 1 and network != "host":
+        raise InputError(f"{where(('topology', 'network'))}: a profile on {nodes} nodes needs network: host (its "
+                         "ranks reach each other over the host's interfaces)")
+    ipc = t.get("ipc", default_of("topology", "ipc"))
+    if ipc == "host" and "shm_size" in t:
+        raise InputError(f"{where(('topology', 'shm_size'))}: shm_size has no effect with ipc: host (the "
+                         "container uses the host's /dev/shm); set ipc: private, or remove shm_size")
+    return Topology(nodes=nodes, network=network, ipc=ipc, shm_size=t.get("shm_size"),
+                    rdma=t.get("rdma", nodes > 1), master_port=t.get("master_port", default_of("topology",
+                                                                                             "master_port")))
+
+
+def _smoke(d: dict, where) -> Smoke:
+    smoke = d.get("smoke", {})
+    if "prompts" in smoke:
+        clash = [k for k in ("prompt", "expect_reply", "match") if k in smoke]
+        if clash:
+            raise InputError(f"{where(('smoke', clash[0]))}: smoke.prompts replaces smoke.prompt, expect_reply and "
+                             "match; give one or the other")
+        if not smoke["prompts"]:
+            raise InputError(f"{where(('smoke', 'prompts'))}: smoke.prompts is empty")
+        prompts = tuple(SmokePrompt(prompt=x["prompt"], expect=x.get("expect"),
+                                    match=x.get("match", default_of("smoke", "match"))) for x in smoke["prompts"])
+        keys = [("smoke", "prompts", i) for i in range(len(prompts))]
+    else:
+        prompts = (SmokePrompt(prompt=smoke.get("prompt", default_of("smoke", "prompt")),
+                               expect=smoke.get("expect_reply"), match=smoke.get("match", default_of("smoke", "match"))),)
+        keys = [("smoke",)]
+    for p, key in zip(prompts, keys):
+        if p.expect is None and p.match != "exact":
+            raise InputError(f"{where(key)}: match: {p.match} needs the expected reply to compare with")
+        if p.match == "regex":
+            check_regex(p.expect or "", where(key))
+    return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")))
+
+
+def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
     d = m.data
-    sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p))
+    sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
                      for i, k in enumerate(d.get("sidecars", [])))
     _unique([k.name for k in sidecars], m.where(("sidecars",)), "sidecar")
     tune = None
@@ -352,10 +549,9 @@ def _profile(root: Path, m: MergedProfile) -> Profile:
                              f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}")
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
-    smoke = d.get("smoke", {})
-    return Profile(name=m.name, file=m.file, gpus=d["gpus"],
-                   vendor=d.get("devices", {}).get("vendor", default_of("devices", "vendor")),
-                   env=dict(d.get("env", {})), args=tuple(d.get("args", [])), sidecars=sidecars, tune=tune,
-                   smoke=Smoke(expect_reply=smoke.get("expect_reply"),
-                               prompt=smoke.get("prompt", default_of("smoke", "prompt")),
-                               timeout=smoke.get("timeout", default_of("smoke", "timeout"))))
+    dev = d.get("devices", {})
+    devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
+                      extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
+    return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=_topology(d, m.where),
+                   env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
+                   sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where))

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from .envfile import EnvFile, read_env_file
 from .errors import InputError
 from .files import read_small_text
 from .schema import MAX_VALUE_LEN, NOT_INHERITED, SCHEMA, Key
@@ -58,6 +59,7 @@ class MergedProfile:
     chain: tuple[str, ...]
     data: dict[str, Any]
     origins: dict[Path_, str]
+    env_files: tuple[EnvFile, ...] = ()  # from product.yaml to the profile's file, in the order they apply
 
     def where(self, path: Path_) -> str:
         for n in range(len(path), 0, -1):
@@ -299,9 +301,27 @@ def _merge_origins(parent: dict[Path_, str], child: dict[Path_, str], parent_dat
     return out
 
 
+def _with_env_file(doc: Document, origins: dict[Path_, str], root: Path,
+                   env_cache: dict[str, EnvFile]) -> tuple[dict, dict[Path_, str], tuple[EnvFile, ...]]:
+    """A file's data with its ``env_file`` read under its ``env`` (the file's own env wins), so that a
+    child file's env file and env override its parent's, key by key."""
+    rel = doc.data.get("env_file")
+    if rel is None:
+        return doc.data, origins, ()
+    env_file = env_cache.get(rel)
+    if env_file is None:
+        env_file = env_cache[rel] = read_env_file(root, rel, doc.where(("env_file",)))
+    own = doc.data.get("env", {})
+    where = {("env", k): f"{env_file.display}:{env_file.lines[k]}" for k in env_file.values if k not in own}
+    return {**doc.data, "env": {**env_file.values, **own}}, {**origins, **where}, (env_file,)
+
+
 def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, Document],
-            stack: tuple[Path, ...] = ()) -> tuple[dict, dict[Path_, str], tuple[str, ...]]:
-    """Merge ``file`` over its ``extends`` chain; returns data, origins and the chain of files."""
+            stack: tuple[Path, ...] = (), env_cache: dict[str, EnvFile] | None = None
+            ) -> tuple[dict, dict[Path_, str], tuple[str, ...], tuple[EnvFile, ...]]:
+    """Merge ``file`` over its ``extends`` chain; returns data, origins, the chain of files and the env
+    files read along it."""
+    env_cache = {} if env_cache is None else env_cache
     file = file.resolve()
     display = _display(file, display_root)
     if file in stack:
@@ -313,9 +333,10 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
         validate_document(doc, is_product=file.name == PRODUCT_FILE and file.parent == config_dir)
         cache[file] = doc
     origins = {p: f"{doc.display}:{line}" for p, line in doc.lines.items()}
+    data, origins, env_files = _with_env_file(doc, origins, config_dir.parent, env_cache)
     is_product = file.name == PRODUCT_FILE and file.parent == config_dir
     if is_product:
-        return doc.data, origins, (doc.display,)
+        return data, origins, (doc.display,), env_files
     parent_name = doc.data.get("extends", PRODUCT_FILE)
     parent = (file.parent / parent_name).resolve()
     if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
@@ -323,9 +344,9 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
                          f"{_display(config_dir, display_root)}/, not {parent_name!r}")
     if not parent.is_file():
         raise InputError(f"{doc.where(('extends',))}: 'extends' names {parent_name!r}, which does not exist")
-    p_data, p_origins, p_chain = resolve(config_dir, parent, display_root, cache, stack + (file,))
-    return (merge(p_data, doc.data), _merge_origins(p_origins, origins, p_data, doc.data),
-            p_chain + (doc.display,))
+    p_data, p_origins, p_chain, p_env = resolve(config_dir, parent, display_root, cache, stack + (file,), env_cache)
+    return (merge(p_data, data), _merge_origins(p_origins, origins, p_data, data),
+            p_chain + (doc.display,), p_env + env_files)
 
 
 def _check_profile_file(file: Path, config_dir: Path, display_root: Path) -> None:
@@ -353,10 +374,11 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     if not config_dir.is_dir():
         raise InputError(f"{config_dir}: the profiles folder does not exist")
     cache: dict[Path, Document] = {}
+    env_cache: dict[str, EnvFile] = {}
     product_file = config_dir / PRODUCT_FILE
     if os.path.lexists(product_file):
         _check_profile_file(product_file, config_dir, display_root)
-    resolve(config_dir, product_file, display_root, cache)
+    resolve(config_dir, product_file, display_root, cache, env_cache=env_cache)
     product = cache[product_file.resolve()]
     shared = {k: v for k, v in SCHEMA.items() if v.scope == "product"}
     _check_required(shared, product.data, (), lambda p: product.where(p) if p else product.display)
@@ -366,13 +388,14 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     for file in files:
         _check_profile_file(file, config_dir, display_root)
     for file in files:
-        data, origins, chain = resolve(config_dir, file, display_root, cache)
+        data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]
         name = doc.data["profile"]
         if name in profiles:
             raise InputError(f"{doc.where(('profile',))}: profile '{name}' is also defined in "
                              f"{profiles[name].file}; profile names must be unique")
-        merged = MergedProfile(name=name, file=doc.display, chain=chain, data=data, origins=origins)
+        merged = MergedProfile(name=name, file=doc.display, chain=chain, data=data, origins=origins,
+                               env_files=env_files)
         _check_required(SCHEMA, data, (), lambda p, m=merged: m.where(p) if p else m.file)
         profiles[name] = merged
     if not profiles:

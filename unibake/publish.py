@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -24,9 +25,10 @@ from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, write_atomic
-from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, Compression, HotfixRecord,
-                       ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
+from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
+                       ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
+from .notes import Notes
 from .platforms import recorded_by
 from .sums import render_sums
 from .templates import render_template
@@ -142,7 +144,8 @@ def previous_release(out: Path, product: str, tag: str) -> ReleaseManifest | Non
 
 
 def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
-    """Components that differ from the previous release: added, removed or changed."""
+    """Components that differ from the previous release, by kind, profile and name (overlays and env
+    files by their names, never by position): added, removed or changed."""
     if previous is None:
         return []
     before = {(c.kind, c.profile, c.name): c for c in previous.components}
@@ -158,6 +161,24 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
     return out
 
 
+def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
+    """Per profile of this release: the env's count and fingerprint before and after, and every key
+    added, removed or changed (``recorded`` is False when the previous release kept no env)."""
+    if previous is None:
+        return []
+    out = []
+    for name, p in manifest.profiles.items():
+        old = previous.profiles.get(name)
+        before = old.env if old is not None else {}
+        recorded = old is not None and bool(old.env)
+        keys = [{"key": k, "before": before.get(k), "after": p.env.get(k)}
+                for k in sorted(set(before) | set(p.env)) if before.get(k) != p.env.get(k)]
+        out.append({"profile": name, "count": p.env_count, "sha256": p.env_sha256, "recorded": recorded,
+                    "count_before": len(before), "sha256_before": old.env_sha256 if old is not None else "",
+                    "keys": keys if recorded else []})
+    return out
+
+
 def _text(value: str, limit: int) -> str:
     """A label's value as a manifest field: control characters replaced, cut to ``limit``."""
     return "".join("\ufffd" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in value)[:limit]
@@ -165,7 +186,8 @@ def _text(value: str, limit: int) -> str:
 
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
-                   hotfix: ReleaseManifest | None = None, image_size: int = 0,
+                   hotfix: ReleaseManifest | None = None, image_size: int = 0, notes: Notes | None = None,
+                   attachments: dict[str, bytes] | None = None,
                    supply_chain: SupplyChain | None = None) -> ReleaseManifest:
     """``manifest.json`` of a release: the archive as written and read back, and what the image is.
     The labels of an image unibake did not build come from its builder: kept as they are in
@@ -173,13 +195,13 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
     try:
         return _manifest(product=product, tag=tag, image_ref=image_ref, archive=archive, digests=digests,
                          metadata=metadata, labels=labels, previous=previous, hotfix=hotfix, image_size=image_size,
-                         supply_chain=supply_chain)
+                         notes=notes, attachments=attachments, supply_chain=supply_chain)
     except ValidationError as exc:
         raise VerificationError(f"cannot describe the release of {image_ref}: {first_error(exc)}") from None
 
 
 def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, previous, hotfix,
-              image_size, supply_chain) -> ReleaseManifest:
+              image_size, notes, attachments, supply_chain) -> ReleaseManifest:
     epoch = labels.get("io.unibake.source-date-epoch", "")
     return ReleaseManifest(
         schema_version=SCHEMA_VERSION,
@@ -210,16 +232,22 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
             base_release=hotfix.release, base_tag=hotfix.tag, base_image_id=hotfix.image_id,
             base_archive_bytes=hotfix.archive.bytes, omitted_diff_ids=archive.omitted,
             shipped_diff_ids=archive.shipped),
+        attachments=tuple(AttachmentRecord(name=name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+                          for name, data in (attachments or {}).items()),
+        external=tuple(ExternalRecord(name=e.name, bytes=e.bytes, sha256=e.sha256)
+                       for e in (notes.external if notes else ())),
         supply_chain=supply_chain)
 
 
-def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None) \
-        -> dict[str, str]:
-    """The text files of a release folder, by name (the archive and SHA256SUMS aside)."""
+def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None,
+                 notes: Notes | None = None) -> dict[str, str]:
+    """The text files of a release folder, by name (the archive, attachments and SHA256SUMS aside)."""
     m = manifest.model_dump(mode="json", by_alias=True)
     v = validation.document()
     p = previous.model_dump(mode="json", by_alias=True) if previous else None
-    values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest))
+    values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest), env=env_changes(previous, manifest),
+                  notes=notes or Notes(), env_of={name: {"count": x.env_count, "sha256": x.env_sha256}
+                                                  for name, x in manifest.profiles.items()})
     files = {
         MANIFEST: manifest.to_json(),
         VALIDATION: validation.to_json(),
@@ -234,12 +262,12 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
     return files
 
 
-def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str],
+def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
             checksums_dir: Path, extra: Mapping[str, str] | None = None,
             sign: Callable[[Path], object] | None = None) -> Path:
-    """Write the text files, then SHA256SUMS (last) and its signatures, and the checksums/ record
-    under a temporary name; only then give the folder its final name: nothing is committed until
-    everything that can fail (a full disk, a read-only folder, a signature) has run.
+    """Write the text files and attachments, then SHA256SUMS (last) and its signatures, and the
+    checksums/ record under a temporary name; only then give the folder its final name: nothing is
+    committed until everything that can fail (a full disk, a read-only folder, a signature) has run.
 
     ``extra``: files earlier stages wrote into the staging folder (name -> sha256), listed too;
     ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""

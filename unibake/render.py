@@ -24,7 +24,12 @@ from .files import write_atomic
 from .inputs import InputFile
 from .metadata import METADATA_LABEL, ImageMetadata
 from .plan import INSTALL_ROOT, Kernel, Profile, ReleasePlan
-from .templates import render_template
+from .prebuilt import Member, Prebuilt, open_member
+from .templates import render_template, sh
+
+BUILD_LOG = "/tmp/unibake-kernel-build.log"
+# the compiler's own first error line, else the last line of what the build printed
+FIRST_ERROR = f"grep -m 1 -i -E 'error|undefined reference|fatal' {BUILD_LOG} || tail -n 1 {BUILD_LOG}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +41,25 @@ class ContextFile:
     sha256: str
     source: Path | None = None
     data: bytes | None = None
+    prebuilt: Prebuilt | None = None  # a member of a prebuilt archive: read from it, never from disk
+    member: Member | None = None
+
+    @property
+    def size(self) -> int | None:
+        if self.data is not None:
+            return len(self.data)
+        if self.member is not None:
+            return self.member.size
+        return self.source.stat().st_size if self.source is not None else None
+
+    def read(self) -> bytes:
+        if self.data is not None:
+            return self.data
+        if self.member is not None:
+            with open_member(self.prebuilt, self.member) as fh:  # type: ignore[arg-type]
+                return fh.read()
+        assert self.source is not None
+        return self.source.read_bytes()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,15 +91,75 @@ def selection_name(plan: ReleasePlan) -> str:
     return ("all" if plan.is_unified else "-".join(plan.profile_names)) + plan.platform.suffix
 
 
+def _kernel_dir(kernel: Kernel, profile: str | None) -> str:
+    """A kernel's folder under the install root: shared, or a profile's sidecar."""
+    return f"profiles/{profile}/kernels/{kernel.name}" if profile else f"kernels/{kernel.name}"
+
+
 def _kernel_path(kernel: Kernel, profile: str | None) -> str:
-    base = f"profiles/{profile}/kernels" if profile else "kernels"
-    return f"{base}/{kernel.name}/{kernel.library}"
+    return f"{_kernel_dir(kernel, profile)}/{kernel.library}"
 
 
 def _profile_kernel_paths(plan: ReleasePlan, profile: Profile) -> list[str]:
-    """The kernels a profile loads, under the install root: its sidecars where they replace a shared one."""
+    """The libraries a profile loads, under the install root: its sidecars where they replace a shared one."""
     own = {k.name for k in profile.sidecars}
-    return [_kernel_path(k, profile.name if k.name in own else None) for k in profile.kernels(plan.kernels)]
+    return [f"{_kernel_dir(k, profile.name if k.name in own else None)}/{out}"
+            for k in profile.kernels(plan.kernels) for out in k.outputs]
+
+
+def _python_dirs(plan: ReleasePlan, profile: Profile) -> list[str]:
+    """The folders of the wheels a profile loads: importable, as a wheel is meant to be."""
+    own = {k.name for k in profile.sidecars}
+    return [f"{INSTALL_ROOT}/{_kernel_dir(k, profile.name if k.name in own else None)}"
+            for k in profile.kernels(plan.kernels) if k.is_wheel]
+
+
+def _build_script(kernel: Kernel, out: str, src: str) -> str:
+    """The RUN of one kernel in its builder stage: the compile, its output kept in a log, and on failure
+    one line naming the kernel and the compiler's own first error."""
+    flags = " ".join(kernel.cflags)
+    name, version = kernel.name, kernel.version
+    if kernel.build is None:
+        c_files = " ".join(sh(f"{src}/{kernel.source.relative(f)}") for f in kernel.source.files  # type: ignore
+                           if f.path.endswith(".c"))
+        command = (f"cc -O2 -shared -fPIC -ffile-prefix-map=/src=. {''.join(sh(f) + ' ' for f in kernel.cflags)}"
+                   f"-DUNIBAKE_KERNEL_NAME={sh(chr(34) + name + chr(34))} "
+                   f"-DUNIBAKE_KERNEL_VERSION={sh(chr(34) + version + chr(34))} -o \"$out\"/{sh(kernel.library)} "
+                   f"{c_files} -lm")
+    elif kernel.build.make is not None:
+        command = (f"make -C {sh(src)} {sh(kernel.build.make)} OUT=\"$out\" CFLAGS={sh(flags)} "
+                   f"UNIBAKE_KERNEL_NAME={sh(name)} UNIBAKE_KERNEL_VERSION={sh(version)}")
+    else:
+        command = (f"env OUT=\"$out\" SRC={sh(src)} CFLAGS={sh(flags)} UNIBAKE_KERNEL_NAME={sh(name)} "
+                   f"UNIBAKE_KERNEL_VERSION={sh(version)} sh -c {sh(kernel.build.run)}")
+    lines = [
+        f"set -eu; out={sh(out)}; mkdir -p \"$out\"; cd {sh(src)};",
+        f"if ! {command} >{BUILD_LOG} 2>&1; then",
+        f"  cat {BUILD_LOG}; printf 'error: kernel-build[%s]: %s\\n' {sh(name)} \"$({FIRST_ERROR})\"; exit 1;",
+        f"fi; cat {BUILD_LOG}; rm -f {BUILD_LOG};",
+        f"for f in {' '.join(sh(o) for o in kernel.outputs)}; do",
+        f"  [ -f \"$out/$f\" ] || {{ printf 'error: kernel-build[%s]: %s was not built\\n' {sh(name)} \"$f\"; exit 1; }};",
+        "done",
+    ]
+    return " \\\n    ".join(lines)
+
+
+def _stages(plan: ReleasePlan) -> list[dict]:
+    """The builder stages: one per builder image, each compiling its kernels; the first is ``kernels``."""
+    stages: dict[str, dict] = {}
+    compiled = [(k, None) for k in plan.kernels] + [(k, p.name) for p in plan.profiles for k in p.sidecars]
+    for k, profile in compiled:
+        if k.prebuilt is not None:
+            continue
+        assert k.builder is not None and k.source is not None
+        stage = stages.setdefault(k.builder, {"name": "kernels" if not stages else f"kernels{len(stages) + 1}",
+                                              "image": k.builder, "builds": [], "shared": False, "sidecars": False})
+        stage["shared" if profile is None else "sidecars"] = True
+        ctx = f"ctx/kernels/{k.name}" if profile is None else f"ctx/sidecars/{profile}/{k.name}"
+        src = f"/src/kernels/{k.name}" if profile is None else f"/src/sidecars/{profile}/{k.name}"
+        out = f"/out/{_kernel_dir(k, profile)}"
+        stage["builds"].append({"kernel": k, "ctx": ctx, "src": src, "script": _build_script(k, out, src)})
+    return list(stages.values())
 
 
 def kernel_paths(plan: ReleasePlan, profile: Profile) -> tuple[str, ...]:
@@ -95,20 +179,37 @@ def render(plan: ReleasePlan) -> BuildContext:
 
     for f in plan.engine.source.files:
         rel = plan.engine.source.relative(f)
-        add_input(f"ctx/engine/{rel}", f, f"engine/{rel}")
-    for k in plan.kernels:
-        for f in k.source.files:
-            add_input(f"ctx/kernels/{k.name}/{k.source.relative(f)}", f, None)
-    for p in plan.profiles:
-        for k in p.sidecars:
+        if rel not in plan.patched:
+            add_input(f"ctx/engine/{rel}", f, f"engine/{rel}")
+    for rel, patched in sorted(plan.patched.items()):
+        if patched.data is not None:
+            files[f"ctx/engine/{rel}"] = ContextFile(name=f"ctx/engine/{rel}", mode=patched.mode,
+                                                     sha256=patched.sha256, data=patched.data)
+            baked[f"engine/{rel}"] = patched.sha256
+    stages = _stages(plan)
+    for stage in stages:
+        for b in stage["builds"]:
+            k = b["kernel"]
             for f in k.source.files:
-                add_input(f"ctx/sidecars/{p.name}/{k.name}/{k.source.relative(f)}", f, None)
+                add_input(f"{b['ctx']}/{k.source.relative(f)}", f, None)
+    prebuilt = [(k, None) for k in plan.kernels if k.prebuilt] + \
+               [(k, p.name) for p in plan.profiles for k in p.sidecars if k.prebuilt]
+    for k, profile in prebuilt:
+        for m in k.prebuilt.members:
+            path = f"{_kernel_dir(k, profile)}/{m.path}"
+            files[f"ctx/prebuilt/{path}"] = ContextFile(name=f"ctx/prebuilt/{path}", mode=m.mode, sha256=m.sha256,
+                                                        prebuilt=k.prebuilt, member=m)
+            baked[path] = m.sha256
+    for p in plan.profiles:
         if p.tune:
             for f in p.tune.source.files:
                 rel = p.tune.source.relative(f)
                 add_input(f"ctx/profiles/{p.name}/tune/{rel}", f, f"profiles/{p.name}/tune/{rel}")
+    overlaid: dict[str, tuple[InputFile, bool]] = {}
     for o in plan.overlays:
-        add_input(f"ctx/overlays/{o.target}", o.source.files[0], f"engine/{o.target}")
+        for rel, f in o.files():
+            add_input(f"ctx/overlays/{rel}", f, f"engine/{rel}")
+            overlaid[f"engine/{rel}"] = (f, o.md5)
 
     shared_env = plan.env_common
     profiles = []
@@ -119,38 +220,47 @@ def render(plan: ReleasePlan) -> BuildContext:
             "env": {k: v for k, v in p.env.items() if k not in shared_env},
             "kernels": [f"{INSTALL_ROOT}/{x}" for x in paths],
             "kernel_dirs": [f"{INSTALL_ROOT}/{x.rsplit('/', 1)[0]}" for x in paths],
+            "python_dirs": _python_dirs(plan, p),
             "tune_dir": f"{INSTALL_ROOT}/profiles/{p.name}/tune" if p.tune else "",
             "tune_expect": "" if not p.tune or p.tune.expect is None else p.tune.expect,
+            "topology": p.topology,
         })
     engine_py = any(path.startswith("engine/") and path.endswith(".py") for path in baked)
     has_kernels = bool(plan.kernels) or any(p.sidecars for p in plan.profiles)
-    builds = [{"kernel": k, "out": _kernel_path(k, None), "src": f"/src/kernels/{k.name}"}
-              for k in plan.kernels]
-    builds += [{"kernel": k, "out": _kernel_path(k, p.name), "src": f"/src/sidecars/{p.name}/{k.name}"}
-               for p in plan.profiles for k in p.sidecars]
-    for b in builds:
-        k = b["kernel"]
-        b["c_files"] = [f"{b['src']}/{k.source.relative(f)}" for f in k.source.files if f.path.endswith(".c")]
 
     metadata = ImageMetadata.from_plan(plan)
+    ledgers = [("meta/files.sha256", "sha256sum")] + [(f"meta/{s['name']}.sha256", "sha256sum") for s in stages]
+    if overlaid:
+        ledgers.append(("meta/overlays.sha256", "sha256sum"))
+    md5_files = {path: f for path, (f, md5) in overlaid.items() if md5}
+    if md5_files:
+        ledgers.append(("meta/overlays.md5", "md5sum"))
     values = dict(plan=plan, root=INSTALL_ROOT, profiles=profiles, shared_env=shared_env,
-                  has_kernels=has_kernels, builds=builds, engine_py=engine_py,
-                  has_sidecars=any(p.sidecars for p in plan.profiles),
-                  has_tune=any(p.tune for p in plan.profiles), components=plan.components,
+                  has_kernels=has_kernels, stages=stages, engine_py=engine_py, has_prebuilt=bool(prebuilt),
+                  has_tune=any(p.tune for p in plan.profiles), components=plan.components, ledgers=ledgers,
                   names=",".join(plan.profile_names), metadata_label=METADATA_LABEL, metadata=metadata.to_json())
     entrypoint = render_template("entrypoint.sh.j2", **values)
     self_check = render_template("self-check.sh.j2", **values)
+
+    def add_meta(name: str, data: bytes, mode: int = 0o644) -> None:
+        files[f"ctx/meta/{name}"] = ContextFile(name=f"ctx/meta/{name}", mode=mode, sha256=_sha(data), data=data)
+
     for name, text in (("entrypoint.sh", entrypoint), ("self-check.sh", self_check)):
-        data = text.encode()
-        files[f"ctx/meta/{name}"] = ContextFile(name=f"ctx/meta/{name}", mode=0o755, sha256=_sha(data), data=data)
-        baked[f"meta/{name}"] = _sha(data)
+        add_meta(name, text.encode(), 0o755)
+        baked[f"meta/{name}"] = _sha(text.encode())
     release = (metadata.model_dump_json(indent=2) + "\n").encode()
-    files["ctx/meta/release.json"] = ContextFile(name="ctx/meta/release.json", mode=0o644, sha256=_sha(release),
-                                                 data=release)
+    add_meta("release.json", release)
     baked["meta/release.json"] = _sha(release)
+    if overlaid:
+        ledger = "".join(f"{f.sha256}  {path}\n" for path, (f, _) in sorted(overlaid.items())).encode()
+        add_meta("overlays.sha256", ledger)
+        baked["meta/overlays.sha256"] = _sha(ledger)
+    if md5_files:
+        ledger = "".join(f"{_md5(f)}  {path}\n" for path, f in sorted(md5_files.items())).encode()
+        add_meta("overlays.md5", ledger)
+        baked["meta/overlays.md5"] = _sha(ledger)
     manifest = "".join(f"{digest}  {path}\n" for path, digest in sorted(baked.items())).encode()
-    files["ctx/meta/files.sha256"] = ContextFile(name="ctx/meta/files.sha256", mode=0o644, sha256=_sha(manifest),
-                                                 data=manifest)
+    add_meta("files.sha256", manifest)
     dockerfile = render_template("Dockerfile.j2", **values)
     files["Dockerfile"] = ContextFile(name="Dockerfile", mode=0o644, sha256=_sha(dockerfile.encode()),
                                       data=dockerfile.encode())
@@ -158,6 +268,15 @@ def render(plan: ReleasePlan) -> BuildContext:
                         entrypoint=entrypoint, self_check=self_check,
                         files=tuple(files[n] for n in sorted(files)), baked=tuple(sorted(baked.items())),
                         metadata=metadata)
+
+
+def _md5(f: InputFile) -> str:
+    """The md5 of an overlay file, for the ledger such stacks keep (md5sum -c), never for integrity alone."""
+    h = hashlib.md5(usedforsecurity=False)
+    with open(f.absolute, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def context_files(context: BuildContext, root: Path):
@@ -171,6 +290,8 @@ def context_files(context: BuildContext, root: Path):
                 yield f.source.relative_to(root).as_posix(), f.source, f.sha256
             except ValueError:
                 yield str(f.source), f.source, f.sha256
+        elif f.member is not None:  # a member of a prebuilt archive: its bytes, read from the archive
+            yield f"{f.prebuilt.file.path}:{f.member.source}", f.read(), f.sha256  # type: ignore[union-attr]
 
 
 def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -> None:
@@ -191,6 +312,14 @@ def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -
             if f.data is not None:
                 info.size = len(f.data)
                 tar.addfile(info, io.BytesIO(f.data))
+            elif f.member is not None:
+                with open_member(f.prebuilt, f.member) as fh:  # type: ignore[arg-type]
+                    info.size = f.member.size
+                    reader = _HashingReader(fh)
+                    tar.addfile(info, reader)
+                if reader.hexdigest() != f.sha256:
+                    raise InputError(f"{f.prebuilt.file.path}: {f.member.source} changed while the build context "
+                                     "was written; run the build again")
             else:
                 assert f.source is not None
                 with open(f.source, "rb") as fh:

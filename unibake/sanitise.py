@@ -25,7 +25,8 @@ from pathlib import Path
 from .errors import VerificationError
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
-SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
+# TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets
+SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S)|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
                             r"(^|_)PWD$|(^|_)AUTH($|_)|_KEY$)", re.I)
 # Each rule: what it finds, the literal anchors every match contains (found first, at memory
 # speed: Python's regex engine would otherwise try the whole pattern at every byte of a 400 MB
@@ -40,7 +41,8 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Slack token", ("xox",), r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"),
     ("Google API key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}\b"),
     ("JSON web token", ("eyJ",), r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
-    ("password in a URL", ("://",), r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@\"'<>]*:[^\s/@\"'<>]+@[^\s/\"'<>]+"),
+    # no backslash in the host: a URL inside escaped JSON (a label) ends at its \"
+    ("password in a URL", ("://",), r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@\"'<>]*:[^\s/@\"'<>]+@[^\s/\"'<>\\]+"),
     ("home folder", ("/home/", "/Users/"), r"(?:/home/|/Users/)[A-Za-z0-9._-]+"),
     ("the builder's /root folder", ("/root/",), r"/root/[A-Za-z0-9._-][^\s\"'\x00]*"),
 )
@@ -266,8 +268,13 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
     return findings
 
 
-def scan_release_texts(texts: dict[str, str], identity: tuple[str, ...]) -> list[Finding]:
+def scan_release_texts(texts: dict[str, str | bytes], identity: tuple[str, ...]) -> list[Finding]:
+    """The release's files (notes, manifest, attachments): binary attachments are skipped."""
     findings = []
     for name, text in texts.items():
+        if isinstance(text, bytes):
+            if b"\0" in text[:8192]:
+                continue
+            text = text.decode("utf-8", "replace")
         findings += scan_text(text, name, addresses=True, identity=identity)
     return findings

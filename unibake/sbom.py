@@ -45,10 +45,11 @@ class BaseImage:
     repo_digests: tuple[str, ...] = ()
 
 
-def library_path(component: Component, install_root: str) -> str:
-    """Where render puts a kernel's or sidecar's library in the image (``render.kernel_paths``)."""
+def kernel_folder(component: Component, install_root: str) -> str:
+    """Where render puts a kernel's or sidecar's libraries in the image (``render.kernel_paths``): one
+    ``lib<name>.so``, the outputs a build declares, or every ``.so`` of a prebuilt archive."""
     folder = f"profiles/{component.profile}/kernels" if component.kind == "sidecar" else "kernels"
-    return f"{install_root}/{folder}/{component.name}/lib{component.name}.so"
+    return f"{install_root}/{folder}/{component.name}"
 
 
 def _sha(hexdigest: str) -> list[HashType]:
@@ -105,16 +106,19 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
         ref = f"{c.kind}:{c.profile + ':' if c.profile else ''}{c.name}"
         props = dict(kind=c.kind, profile=c.profile, source_sha256=c.digest)
         if c.kind in ("kernel", "sidecar"):
-            path = library_path(c, install_root)
-            lib = contents.library(path)
-            if lib is None and not contents.not_inspected:
-                raise VerificationError(f"the image declares {c.kind} {c.name} {c.version} at {path}, but its layers "
-                                        "hold no such file")
-            claimed.add(path)
+            folder = kernel_folder(c, install_root)
+            libs = [lib for lib in contents.libraries if lib.path.startswith(folder + "/")]
+            if not libs and not contents.not_inspected:
+                raise VerificationError(f"the image declares {c.kind} {c.name} {c.version} in {folder}, but its "
+                                        "layers hold no library there")
+            # one library: the kernel's hash is its own; several: each is listed as a file with its hash
+            lib = libs[0] if len(libs) == 1 else None
+            if lib is not None:
+                claimed.add(lib.path)
             add(CdxComponent(type=ComponentType.LIBRARY, name=c.name, version=c.version, bom_ref=ref,
                              hashes=_sha(lib.sha256) if lib else [],
-                             properties=_props(**props, path=path, size=lib.size if lib else None,
-                                               layer=lib.layer if lib else None)))
+                             properties=_props(**props, path=lib.path if lib else folder, size=lib.size if lib else None,
+                                               layer=lib.layer if lib else None, libraries=len(libs) or None)))
         elif c.kind == "engine":
             add(CdxComponent(type=ComponentType.FRAMEWORK, name=c.name, version=c.version, bom_ref=ref,
                              properties=_props(**props, path=f"{install_root}/engine")))
@@ -122,9 +126,15 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
             add(CdxComponent(type=ComponentType.FILE, name=f"tune-caches-{c.profile or c.name}", version=c.version,
                              bom_ref=ref, description=f"{c.version} autotune cache files",
                              properties=_props(**props, path=f"{install_root}/profiles/{c.profile or c.name}/tune")))
-        else:  # an overlay: its version is the file it replaces in the engine
+        elif c.kind == "patch":  # a patch applied to the engine's files at build time
+            add(CdxComponent(type=ComponentType.FILE, name=f"patch-{c.name}", version=c.version, bom_ref=ref,
+                             hashes=_sha(c.digest), properties=_props(**props, path=f"{install_root}/engine")))
+        elif c.kind == "env_file":  # its KEY=VALUE lines are baked as the profiles' environment
+            add(CdxComponent(type=ComponentType.DATA, name=f"env-file-{c.name}", version=c.version, bom_ref=ref,
+                             hashes=_sha(c.digest), properties=_props(**props)))
+        else:  # an overlay: a file or a folder laid over the engine (its version: how many files)
             add(CdxComponent(type=ComponentType.FILE, name=f"overlay-{c.name}", version=c.version, bom_ref=ref,
-                             properties=_props(**props, path=f"{install_root}/engine/{c.version}")))
+                             hashes=_sha(c.digest), properties=_props(**props)))
     for lib in contents.libraries:
         if lib.path not in claimed:
             add(CdxComponent(type=ComponentType.FILE, name=lib.path, bom_ref=f"file:{lib.path}", hashes=_sha(lib.sha256),

@@ -23,8 +23,28 @@ from .platforms import LIST_RE as PLATFORMS_RE
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 # A version is part of a Docker tag ([A-Za-z0-9_.-], at most 128 characters with the suffix).
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-# A repository-relative path: plain components only; '..' and absolute paths are refused apart.
-PATH_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*/?$")
+# A component's version as its package spells it: PEP 440 local parts (2.8.3+das.opt1.dtk2604), Debian's
+# '~' and epochs (1:2.3~rc1). It reaches labels, compiler defines and notes, always escaped; never a tag.
+COMPONENT_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~:-]{0,127}$")
+# A kernel's or engine's name as upstream spells it (tp2_row_LDSx, flash_attn-2.6.3): a path component
+# and part of a label key, so no '/', no space.
+UPSTREAM_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9_])?$")
+# One path component: dot-files are fine, '.' and '..' never are.
+_COMPONENT = r"(?!\.{1,2}(?:/|$))[A-Za-z0-9_.][A-Za-z0-9._+-]*"
+# A repository-relative path: plain components only (dot-files included); '..' and absolute paths refused.
+PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*/?$")
+# A prebuilt file: inside the repository (relative), or outside it for large binaries (absolute).
+PREBUILT_RE = re.compile(rf"^/?{_COMPONENT}(?:/{_COMPONENT})*$")
+# An image ID: what `docker image inspect --format '{{.Id}}'` prints; pins a local image exactly.
+IMAGE_ID_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MAKE_TARGET_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+/-]{0,127}$")
+# A device node passed to the container: no ':' (it would read as host:container) and no '..'.
+DEVICE_RE = re.compile(r"^/dev(?:/(?!\.{1,2}(?:/|$))[A-Za-z0-9_.][A-Za-z0-9_.+-]*)+$")
+GROUP_RE = re.compile(r"^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$")
+SHM_SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[bkmg]?$")
+# A file named in a release's notes but not shipped (weights, a patch set): a relative name.
+EXTERNAL_NAME_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 # An absolute path inside the image (mount points).
 IMAGE_PATH_RE = re.compile(r"^/[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -46,6 +66,7 @@ RESERVED_ENV_PREFIX = "UNIBAKE_"
 # A command word or argument of the engine: printable, no control characters.
 MAX_VALUE_LEN = 4096
 MAX_GPUS = 1024
+MATCHES = ("exact", "contains", "regex")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +99,11 @@ def _path(doc: str, **kw) -> Key:
     return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc="a relative path inside the repository", **kw)
 
 
+UPSTREAM_NAME_DOC = "letters, digits, '.', '_' and '-', as upstream spells it"
+COMPONENT_VERSION_DOC = "letters, digits, '.', '_', '-', '+', '~' and ':', as the package spells it"
+IMAGE_ID_DOC = "an image ID like sha256:<64 hex digits> (docker image inspect --format '{{.Id}}')"
+
+
 def _platform_images(doc: str) -> Key:
     return Key(type="map", doc=doc, merge="merge", key_pattern=PLATFORM_KEY_RE,
                key_doc="a platform: linux/amd64 or linux/arm64",
@@ -86,13 +112,34 @@ def _platform_images(doc: str) -> Key:
 
 def _kernel_fields() -> dict[str, Key]:
     return {
-        "name": _str("kernel name; the library is lib<name>.so", required=True, pattern=NAME_RE,
-                     pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
-        "version": _str("kernel version, compiled into the library", required=True, pattern=VERSION_RE,
-                        pattern_doc="letters, digits, '.', '_' and '-'"),
-        "source": _path("directory of C sources compiled into lib<name>.so", required=True),
-        "cflags": Key(type="list", doc="extra compiler flags",
+        "name": _str("kernel name; by default the library is lib<name>.so", required=True,
+                     pattern=UPSTREAM_NAME_RE, pattern_doc=UPSTREAM_NAME_DOC),
+        "version": _str("kernel version, compiled into the library", required=True, pattern=COMPONENT_VERSION_RE,
+                        pattern_doc=COMPONENT_VERSION_DOC),
+        "source": _path("directory of the sources it is built from (without build: C sources, compiled with cc)"),
+        "cflags": Key(type="list", doc="compiler flags: given to cc, or as $CFLAGS to build.run and build.make",
                       item=_str("one flag", pattern=CFLAG_RE, pattern_doc="one flag like -O3 or -DNAME=1")),
+        "build": Key(type="record", doc="how it is built when not with cc: a builder image and a shell command or "
+                     "a Makefile target, run in the source folder with $OUT, $SRC, $CFLAGS set", fields={
+                         "image": _str("builder image with its toolchain (default: builder.image)",
+                                       pattern=IMAGE_REF_RE, pattern_doc="an image reference"),
+                         "id": _str("that builder image pinned by image ID", pattern=IMAGE_ID_RE,
+                                    pattern_doc=IMAGE_ID_DOC),
+                         "run": _str("shell command that writes the outputs into $OUT"),
+                         "make": _str("Makefile target (make -C $SRC TARGET OUT=... CFLAGS=...)",
+                                      pattern=MAKE_TARGET_RE, pattern_doc="a make target like all or kernels"),
+                     }),
+        "outputs": Key(type="list", doc="the .so files it gives, relative to its folder (default lib<name>.so; "
+                       "for a prebuilt archive: every .so in it)",
+                       item=_path("a .so path like lib/libfoo.so")),
+        "prebuilt": _str("a prebuilt .so, tarball or wheel taken as it is: a path in the repository, or an "
+                         "absolute path outside it for large binaries; pinned by sha256 in inputs.lock",
+                         pattern=PREBUILT_RE, pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl"),
+        "platforms": Key(type="map", doc="the prebuilt file of one platform, when it is not prebuilt (a wheel per "
+                         "CPU); pinned in inputs.lock like prebuilt", key_pattern=PLATFORM_KEY_RE,
+                         key_doc="a platform: linux/amd64 or linux/arm64",
+                         value=_str("a prebuilt file", pattern=PREBUILT_RE,
+                                    pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl")),
     }
 
 
@@ -114,23 +161,28 @@ SCHEMA: dict[str, Key] = {
                 fields={
                     "image": _str("image reference; a registry image is pinned as name@sha256:...",
                                   required=True, pattern=IMAGE_REF_RE, pattern_doc="an image reference"),
-                    "require_digest": Key(type="bool", doc="refuse a base given by tag alone"),
+                    "id": _str("the base pinned by image ID: how a local base (docker import, a local build) "
+                               "is pinned, since it has no registry digest", pattern=IMAGE_ID_RE,
+                               pattern_doc=IMAGE_ID_DOC),
+                    "require_digest": Key(type="bool", doc="refuse a base given by tag alone (a digest or an "
+                                          "id pins it)"),
                     "platforms": _platform_images("the base image of one platform, when it is not image"),
                 }),
     "builder": Key(type="record", doc="image of the stage that compiles kernels", scope="product",
                    merge="merge", fields={
                        "image": _str("image reference with a C compiler", required=True,
                                      pattern=IMAGE_REF_RE, pattern_doc="an image reference"),
+                       "id": _str("the builder pinned by image ID", pattern=IMAGE_ID_RE, pattern_doc=IMAGE_ID_DOC),
                        "platforms": _platform_images("the builder of one platform, when it is not image: its cc "
                                                      "must compile for that platform (natively or as a cross "
                                                      "compiler)"),
                    }),
     "engine": Key(type="record", doc="the inference engine", required=True, scope="product", merge="merge",
                   fields={
-                      "name": _str("engine name", required=True, pattern=NAME_RE,
-                                   pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
-                      "version": _str("engine version", required=True, pattern=VERSION_RE,
-                                      pattern_doc="letters, digits, '.', '_' and '-'"),
+                      "name": _str("engine name", required=True, pattern=UPSTREAM_NAME_RE,
+                                   pattern_doc=UPSTREAM_NAME_DOC),
+                      "version": _str("engine version", required=True, pattern=COMPONENT_VERSION_RE,
+                                      pattern_doc=COMPONENT_VERSION_DOC),
                       "source": _path("directory baked as the engine", required=True),
                       "command": Key(type="list", doc="command that starts the engine; ${PORT}, "
                                      "${MODEL_NAME} and other ${VARS} are expanded when the container starts",
@@ -138,11 +190,25 @@ SCHEMA: dict[str, Key] = {
                   }),
     "kernels": Key(type="list", doc="native kernels shared by every profile", scope="product",
                    item=Key(type="record", doc="a kernel", fields=_kernel_fields())),
-    "overlays": Key(type="list", doc="files patched over the engine, in order", scope="product",
+    "overlays": Key(type="list", doc="files and folders copied over the engine, in order", scope="product",
                     item=Key(type="record", doc="an overlay", fields={
-                        "source": _path("the file to copy", required=True),
-                        "target": _path("where it goes, relative to the engine folder", required=True),
+                        "source": _path("the file, or the folder (its whole tree, dot-files included), to copy",
+                                        required=True),
+                        "target": Key(type="str", doc="where it goes, relative to the engine folder ('.' for "
+                                      "the engine folder itself)", required=True, pattern=re.compile(
+                                          rf"^(?:\.|{_COMPONENT}(?:/{_COMPONENT})*/?)$"),
+                                      pattern_doc="a relative path inside the engine folder, or '.'"),
+                        "name": _str("its name in the notes and labels (default: the target)",
+                                     pattern=PATH_RE, pattern_doc="a name like adapter or sglang/srt/adapter"),
+                        "md5": Key(type="bool", doc="also list its files in the md5 ledger meta/overlays.md5",
+                                   default=False),
                     })),
+    "patches": Key(type="list", doc="unified diffs applied to the engine's files when the image is planned, "
+                   "in order", scope="product", item=Key(type="record", doc="a patch", fields={
+                       "file": _path("the patch file", required=True),
+                       "strip": Key(type="int", doc="leading path components to strip, as patch -p",
+                                    minimum=0, maximum=16, default=1),
+                   })),
     "labels": Key(type="map", doc="extra image labels", scope="product", merge="merge",
                   key_pattern=LABEL_KEY_RE, key_doc="a label key like com.example.team",
                   value=_str("label value")),
@@ -165,11 +231,34 @@ SCHEMA: dict[str, Key] = {
                                  pattern_doc="an absolute path like /models/target")),
     }),
     "gpus": Key(type="int", doc="GPUs this profile needs", required=True, minimum=1, maximum=MAX_GPUS),
-    "devices": Key(type="record", doc="GPU device style for run.sh", merge="merge", fields={
-        "vendor": _str("nvidia or amd", choices=("nvidia", "amd"), default="nvidia"),
+    "devices": Key(type="record", doc="the devices run.sh gives the container", merge="merge", fields={
+        "vendor": _str("nvidia (--gpus), amd or hygon (/dev/kfd and one render node per GPU; hygon also "
+                       "sets HIP_VISIBLE_DEVICES)", choices=("nvidia", "amd", "hygon"), default="nvidia"),
+        "extra": Key(type="list", doc="more device nodes this profile needs, like /dev/mkfd",
+                     item=_str("a device path", pattern=DEVICE_RE, pattern_doc="a path like /dev/mkfd")),
+        "groups": Key(type="list", doc="more groups the container joins, like render",
+                      item=_str("a group name or number", pattern=GROUP_RE, pattern_doc="a group like render")),
     }),
+    "topology": Key(type="record", doc="how the container shares the host: IPC, shared memory, nodes",
+                    merge="merge", fields={
+                        "nodes": Key(type="int", doc="nodes the profile spans; over 1, run.sh takes NODE_RANK and "
+                                     "MASTER_ADDR and adds host networking, RDMA devices and memlock",
+                                     minimum=1, maximum=MAX_GPUS, default=1),
+                        "network": _str("host or bridge (default: host on several nodes, else bridge)",
+                                        choices=("host", "bridge")),
+                        "ipc": _str("host, private or shareable", choices=("host", "private", "shareable"),
+                                    default="host"),
+                        "shm_size": _str("size of /dev/shm, like 16g (not with ipc: host, which shares the "
+                                         "host's)", pattern=SHM_SIZE_RE, pattern_doc="a size like 16g or 512m"),
+                        "rdma": Key(type="bool", doc="give the container /dev/infiniband and unlimited memlock "
+                                    "(default: true on several nodes)"),
+                        "master_port": Key(type="int", doc="default MASTER_PORT on several nodes", minimum=1,
+                                           maximum=65535, default=29500),
+                    }),
     "args": Key(type="list", doc="extra engine arguments for this profile; ${VARS} expand at start",
                 item=_str("one argument")),
+    "env_file": _path("a file of KEY=VALUE lines (as docker run --env-file reads them) under this file's env; "
+                      "product.yaml's applies to every profile"),
     "env": Key(type="map", doc="environment; product.yaml's apply to every profile", merge="merge",
                key_pattern=ENV_KEY_RE, key_doc="a variable name like NCCL_ALGO",
                value=_str("value")),
@@ -180,19 +269,49 @@ SCHEMA: dict[str, Key] = {
         "expect": Key(type="int", doc="fail-closed count of JSON files", minimum=0, maximum=1_000_000),
     }),
     "smoke": Key(type="record", doc="the smoke gate", merge="merge", fields={
-        "expect_reply": _str("text the chat completion must contain"),
+        "expect_reply": _str("the reply the chat completion must give (surrounding whitespace trimmed)"),
+        "match": _str("how the reply is compared: exact, contains, or regex (the whole trimmed reply)",
+                      choices=MATCHES, default="exact"),
         "prompt": _str("prompt sent to the engine", default="Say the smoke-test phrase."),
+        "prompts": Key(type="list", doc="several prompts, each with its expected reply (instead of prompt and "
+                       "expect_reply)", item=Key(type="record", doc="a prompt", fields={
+                           "prompt": _str("prompt sent to the engine", required=True),
+                           "expect": _str("the reply it must give"),
+                           "match": _str("exact, contains or regex", choices=MATCHES, default="exact"),
+                       })),
         "timeout": Key(type="int", doc="seconds to wait for /health", minimum=1, maximum=3600, default=60),
     }),
+    "notes": Key(type="record", doc="what the release notes carry besides what unibake measures",
+                 scope="product", merge="merge", fields={
+                     "changelog": _path("a Markdown file written by a person: what changed, for the notes"),
+                     "known_limits": _path("a Markdown file: known limits, for the notes"),
+                     "attachments": Key(type="list", doc="files copied into the release (results JSON, tables), "
+                                        "listed in SHA256SUMS and linked from the notes",
+                                        item=_path("a file in the repository")),
+                     "external": Key(type="list", doc="artifacts the release needs but does not ship (weights, "
+                                     "a patch set): recorded by name, size and sha256; build.py verify DIR "
+                                     "--external PATH checks a copy", item=Key(type="record", doc="an artifact",
+                                                                               fields={
+                         "name": _str("its file name, or path in a folder", required=True, pattern=EXTERNAL_NAME_RE,
+                                      pattern_doc="a relative name like weights/model-00001.safetensors"),
+                         "bytes": Key(type="int", doc="its size", required=True, minimum=0,
+                                      maximum=1 << 50),
+                         "sha256": _str("its sha256", required=True, pattern=SHA256_RE,
+                                        pattern_doc="64 lower-case hex digits"),
+                     })),
+                 }),
 }
 
 NOT_INHERITED = ("profile", "extends")
 
 
 def default_of(*path: str) -> object:
-    """The schema's default for a key path, e.g. ``default_of("launch", "port")``."""
+    """The schema's default for a key path, e.g. ``default_of("launch", "port")``; a list's items are
+    passed through: ``default_of("patches", "strip")``."""
     spec = SCHEMA[path[0]]
     for part in path[1:]:
+        if spec.type == "list" and spec.item is not None:
+            spec = spec.item
         spec = spec.fields[part]
     if spec.default is None:
         raise KeyError(f"the schema gives no default for {'.'.join(path)}")

@@ -1,39 +1,77 @@
 """The smoke gate of every profile, on the image as loaded in the verify engine.
 
-For each profile: ``self-check`` passes; the engine starts with that ``PROFILE``; ``/health``
-answers; a chat completion contains the profile's expected reply. The HTTP client runs in the
-verify engine's network namespace (the scratch engine's bridge is invisible from here otherwise).
+For each profile: ``self-check`` passes; the engine starts with that ``PROFILE`` (with a restart
+policy, so that a crash the engine recovers from is counted, not hidden); ``/health`` answers;
+every prompt gets the reply the profile expects: the exact reply (surrounding whitespace trimmed)
+unless the profile asks for ``contains`` or a regular expression (which must match the whole
+trimmed reply); then the container must still be running, never restarted and never OOM-killed.
+The HTTP client runs in the verify engine's network namespace (the scratch engine's bridge is
+invisible from here otherwise).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .engine import Engine
+from .engine import ContainerStatus, Engine
 from .errors import EngineError
-from .manifest import GateResult, GateStep
-from .metadata import ImageMetadata, ProfileMetadata
+from .manifest import ChatCheck, GateResult, GateStep
+from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
+RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
 
 
-def _probe_command(url: str, prompt: str, model: str, timeout: int, netns_pid: int | None) -> list[str]:
-    cmd = [sys.executable, "-m", "unibake.smoke_client", url, prompt, model, str(timeout)]
+def reply_matches(reply: str, check: SmokePrompt) -> bool:
+    """Whether ``reply`` is what ``check`` expects (no expectation: any reply)."""
+    if check.expect is None:
+        return True
+    text = reply.strip()
+    if check.match == "exact":
+        return text == check.expect.strip()
+    if check.match == "contains":
+        return check.expect in reply
+    return re.fullmatch(check.expect, text) is not None
+
+
+def _expected(check: SmokePrompt) -> str:
+    return {"exact": f"exactly {check.expect!r}", "contains": f"{check.expect!r} in the reply",
+            "regex": f"a reply matching {check.expect!r}"}[check.match]
+
+
+def _probe_command(url: str, prompts: list[str], model: str, timeout: int, netns_pid: int | None) -> list[str]:
+    cmd = [sys.executable, "-m", "unibake.smoke_client", url, json.dumps(prompts), model, str(timeout)]
     if netns_pid is not None:
         cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
     return cmd
+
+
+def _stability(status: ContainerStatus) -> GateStep:
+    """After the prompts: still running, never restarted, never OOM-killed."""
+    problems = []
+    if status.restart_count:
+        problems.append(f"restarted {status.restart_count} time{'s' if status.restart_count > 1 else ''}")
+    if status.oom_killed:
+        problems.append("OOM-killed")
+    if not status.running:
+        problems.append(f"not running (exit code {status.exit_code})")
+    detail = "; ".join(problems) or "running, 0 restarts, not OOM-killed"
+    return GateStep(name="stability", passed=not problems, seconds=0.0, detail=detail)
 
 
 def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *, port: int, model: str,
              netns_pid: int | None) -> GateResult:
     """One profile's gate; stops at the first step that fails."""
     steps: list[GateStep] = []
+    chats: list[ChatCheck] = []
     smoke = spec.smoke
+    checks = smoke.checks
     timeout = smoke.timeout
 
     start = time.monotonic()
@@ -45,56 +83,76 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
         return GateResult(profile=profile, steps=tuple(steps))
 
     start = time.monotonic()
-    container = engine.start(image, [], env={"PROFILE": profile})
+    container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS)
     try:
-        running, address, logs = engine.container_state(container)
-        for _ in range(50):
-            if address or not running:
-                break
-            time.sleep(0.1)
-            running, address, logs = engine.container_state(container)
-        if not running or not address:
-            steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start,
-                                  detail=f"the engine exited at once: {_tail(logs)}"))
-            return GateResult(profile=profile, steps=tuple(steps))
-        steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
-
-        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", smoke.prompt, model, timeout, netns_pid),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
-        probe_start = time.monotonic()
-        while probe.poll() is None:
-            running, _, logs = engine.container_state(container)
-            if not running:
-                probe.kill()
-                probe.wait()
-                steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
-                                      detail=f"the engine exited before answering: {_tail(logs)}"))
-                return GateResult(profile=profile, steps=tuple(steps))
-            time.sleep(0.2)
-        out, err = probe.communicate()
-        try:
-            result = json.loads(out)
-        except ValueError:
-            raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:]}") from None
-        health = result.get("health")
-        if not health:
-            steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
-                                  detail=f"{result.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"))
-            return GateResult(profile=profile, steps=tuple(steps))
-        steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
-                              detail=json.dumps(health["body"], sort_keys=True)))
-        chat = result.get("chat")
-        expect = smoke.expect_reply
-        if not chat:
-            steps.append(GateStep(name="chat", passed=False, seconds=0.0, detail=str(result.get("error"))))
-        else:
-            ok = expect is None or expect in chat["reply"]
-            detail = chat["reply"][:300] if ok else f"expected {expect!r} in the reply, got {chat['reply'][:300]!r}"
-            steps.append(GateStep(name="chat", passed=ok, seconds=chat["seconds"], detail=detail))
-        return GateResult(profile=profile, steps=tuple(steps))
+        stability = _serve(engine, container, checks, steps, chats, start=start, port=port, model=model,
+                           timeout=timeout, netns_pid=netns_pid)
+        status = engine.container_status(container)  # recorded for every gate that started, passed or not
     finally:
         engine.remove_container(container)
+    if stability:
+        steps.append(_stability(status))
+    return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats), restart_count=status.restart_count,
+                      oom_killed=status.oom_killed)
+
+
+def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], steps: list[GateStep],
+           chats: list[ChatCheck], *, start: float, port: int, model: str, timeout: int,
+           netns_pid: int | None) -> bool:
+    """The steps on a started container: start, health, every prompt. True when it got to the prompts."""
+    running, address, logs = engine.container_state(container)
+    for _ in range(50):
+        if address or not running:
+            break
+        time.sleep(0.1)
+        running, address, logs = engine.container_state(container)
+    if not running or not address:
+        steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start,
+                              detail=f"the engine exited at once: {_tail(logs)}"))
+        return False
+    steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
+
+    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", [c.prompt for c in checks], model,
+                                            timeout, netns_pid),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+    probe_start = time.monotonic()
+    while probe.poll() is None:
+        status = engine.container_status(container)
+        if not status.running and not status.restarting:  # exited for good: the restart policy gave up
+            probe.kill()
+            probe.wait()
+            steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
+                                  detail=f"the engine exited before answering: "
+                                         f"{_tail(engine.container_state(container)[2])}"))
+            return False
+        time.sleep(0.2)
+    out, err = probe.communicate()
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:]}") from None
+    health = answer.get("health")
+    if not health:
+        steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
+                              detail=f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"))
+        return False
+    steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
+                          detail=json.dumps(health["body"], sort_keys=True)))
+    for n, (want, got) in enumerate(zip(checks, answer.get("chats") or []), 1):
+        which = f"prompt {n} of {len(checks)}: " if len(checks) > 1 else ""
+        if "reply" not in got:
+            chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply="",
+                                   passed=False, seconds=got.get("seconds", 0.0)))
+            steps.append(GateStep(name="chat", passed=False, seconds=got.get("seconds", 0.0),
+                                  detail=f"{which}{got.get('error')}"))
+            continue
+        ok = reply_matches(got["reply"], want)
+        chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply=got["reply"][:4096],
+                               passed=ok, seconds=got["seconds"]))
+        detail = got["reply"][:300] if ok else f"{which}expected {_expected(want)}, got {got['reply'][:300]!r}"
+        steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
+    return True
 
 
 def _tail(logs: str) -> str:

@@ -1,6 +1,6 @@
 """The smoke gate's HTTP client, run as ``python -m unibake.smoke_client`` (inside the scratch engine's
-network namespace when there is one). Waits for /health, then asks for one chat completion and
-prints one JSON object with what it saw and how long each step took. Standard library only.
+network namespace when there is one). Waits for /health, then asks for a chat completion per prompt
+and prints one JSON object with what it saw and how long each step took. Standard library only.
 """
 
 from __future__ import annotations
@@ -12,8 +12,26 @@ import urllib.error
 import urllib.request
 
 
-def probe(base_url: str, *, prompt: str, model: str, timeout: float) -> dict:
-    result: dict = {"health": None, "chat": None}
+def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
+    """One chat completion: its reply and how long it took, or what went wrong."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": 64, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=max(5.0, timeout)) as response:
+            reply = json.loads(response.read())
+        content = reply["choices"][0]["message"]["content"]
+        if not isinstance(content, str):
+            raise TypeError(f"the reply's content is {type(content).__name__}, not text")
+        return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return {"error": f"the chat completion failed: {exc}", "seconds": round(time.monotonic() - start, 3)}
+
+
+def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> dict:
+    result: dict = {"health": None, "chats": []}
     start = time.monotonic()
     deadline = start + timeout
     last_error = ""
@@ -29,24 +47,14 @@ def probe(base_url: str, *, prompt: str, model: str, timeout: float) -> dict:
                 result["error"] = f"/health did not answer within {timeout:.0f} s ({last_error})"
                 return result
             time.sleep(0.25)
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": 64, "temperature": 0}).encode()
-    request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    chat_start = time.monotonic()
-    try:
-        with urllib.request.urlopen(request, timeout=max(5.0, deadline - time.monotonic())) as response:
-            reply = json.loads(response.read())
-        content = reply["choices"][0]["message"]["content"]
-        result["chat"] = {"reply": content, "seconds": round(time.monotonic() - chat_start, 3)}
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        result["error"] = f"the chat completion failed: {exc}"
+    for prompt in prompts:
+        result["chats"].append(chat(base_url, prompt, model, deadline - time.monotonic()))
     return result
 
 
 def main(argv: list[str]) -> int:
-    base_url, prompt, model, timeout = argv[0], argv[1], argv[2], float(argv[3])
-    print(json.dumps(probe(base_url, prompt=prompt, model=model, timeout=timeout)))
+    base_url, prompts, model, timeout = argv[0], json.loads(argv[1]), argv[2], float(argv[3])
+    print(json.dumps(probe(base_url, prompts=prompts, model=model, timeout=timeout)))
     return 0
 
 

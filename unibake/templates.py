@@ -61,10 +61,11 @@ def md(value: object) -> str:
 def code(value: object) -> str:
     """A value as a Markdown code span whatever it holds: a fence longer than its own backticks,
     pipes escaped so it stays in its table cell, and no HTML even for renderers that are not CommonMark."""
-    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    text = " ".join(str(value).split("\n")).replace("\r", " ")  # a line break would end the table row
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 

@@ -32,7 +32,7 @@ PLAIN_NAME_RE = re.compile(FILE_NAME_PATTERN)  # a file of the folder itself; ve
 
 @dataclass(frozen=True, kw_only=True)
 class Check:
-    name: str  # sha256 | size | zstd | structure | load
+    name: str  # sha256 | size | zstd | structure | load | external
     target: str
     passed: bool
     detail: str = ""
@@ -281,6 +281,44 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
         checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
                    f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
                    f"({'; '.join(outcome.messages)[:300]})")
+    return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
+
+
+def check_external(report: Report, paths: list[Path]) -> Report:
+    """Your copies of the artifacts the release records but does not ship, against their size and sha256:
+    each path is a file (matched by name) or a folder that holds them under their recorded names."""
+    manifest = report.manifest
+    assert manifest is not None
+    checks = _Checks(report.checks)
+    records = {e.name: e for e in manifest.external}
+    if not records:
+        raise InputError(f"{report.folder}: this release records no external artifacts; --external has nothing to "
+                         "check")
+    for path in paths:
+        if not path.exists():
+            raise InputError(f"--external {path}: no such file or folder")
+        if path.is_dir():
+            pairs = [(e, path / e.name) for e in records.values()]
+        else:
+            found = [e for e in records.values() if e.name == path.name or e.name.rsplit("/", 1)[-1] == path.name]
+            if not found:
+                checks.add("external", path.name, False, f"not an artifact of this release; it records "
+                           f"{', '.join(sorted(records))}")
+                continue
+            pairs = [(found[0], path)]
+        for record, file in pairs:
+            if not file.is_file():
+                checks.add("external", record.name, False, f"missing in {path}")
+                continue
+            size = file.stat().st_size
+            if size != record.bytes:
+                checks.add("external", record.name, False, f"{size} bytes, the release records {record.bytes}")
+                continue
+            with open(file, "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            ok = digest == record.sha256
+            checks.add("external", record.name, ok, f"{size} bytes, sha256 matches" if ok else
+                       f"sha256 {digest[:16]}... differs from the recorded {record.sha256[:16]}...")
     return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
 
 

@@ -140,3 +140,18 @@ def test_an_unreachable_engine_is_a_clear_error(cli, busybox_product, tmp_path, 
     assert result.error_lines == [f"error: cannot reach the Docker engine at unix://{tmp_path}/no-engine.sock: "
                                   "no engine listens there; start it (scripts/setup.sh does) or name one with "
                                   "--engine"]
+
+
+def test_a_local_base_pinned_by_image_id_builds_where_a_digest_cannot(cli, engine, busybox_product, version, images):
+    """A local image has no registry digest (FROM name@sha256:... would try a registry); its image ID pins it."""
+    tag = f"unibake-test:{version}"
+    images(tag)
+    base_id = engine.inspect_image("localhost/unibake-busybox:1").id
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        'base: {image: "localhost/unibake-busybox:1"}',
+        f'base: {{image: "localhost/unibake-busybox:1", id: "{base_id}", require_digest: true}}'))
+    result = build(cli, busybox_product, version)
+    assert result.code == 0, result.err
+    assert engine.inspect_image(tag).diff_ids[0] == engine.inspect_image(base_id).diff_ids[0]
+    assert engine.run(tag, ["self-check"]).exit_code == 0

@@ -61,6 +61,11 @@ def test_the_unified_demo_image_serves_every_profile(cli, engine, demo_product, 
     content = reply["choices"][0]["message"]["content"]
     assert content.startswith("UNIFIED_TP2_OK model=served-name tp=2")  # the overlay is what answered
     assert "flash_attn@260602" in content  # TP2's sidecar, not the shared 260728 build
+    assert "rope@3.0.1" in content  # built by g++, the builder image's second toolchain
+    assert "demo_quant@1.0.0+cpu" in content  # the prebuilt wheel's library, unpacked as it is
+    wheel = engine.run(tag, ["python3", "-c", "import demo_quant, os; print(os.path.isfile(demo_quant.LIBRARY))"],
+                       env={"PROFILE": "tp2"})
+    assert wheel.output.strip() == "True", wheel.output  # the wheel's folder is importable
     _, reply = chat(engine, tag, "tp4")
     assert "UNIFIED_TP4_OK" in reply["choices"][0]["message"]["content"]
     assert "flash_attn@260728" in reply["choices"][0]["message"]["content"]
@@ -100,4 +105,17 @@ def test_a_kernel_that_does_not_load_fails_the_build_with_no_tag(cli, engine, de
         f"error: in-image check failed during the build, so demo-llm:{version}-tp1 was not tagged: "
         "self-check[tp1]: kernel /opt/unibake/kernels/rmsnorm/librmsnorm.so does not load: ")
     assert "undefined symbol: vendor_only_symbol" in result.error_lines[-1]
+    assert engine.inspect_image(f"demo-llm:{version}-tp1") is None
+
+
+def test_a_kernel_that_does_not_compile_is_named_with_the_compilers_first_error(cli, engine, demo_product, version):
+    source = demo_product.parent / "images/kernels/rope/rope.cpp"
+    source.write_text(source.read_text() + "\nextern \"C\" double rope_broken() { return undeclared_value; }\n")
+    assert cli("lock", "--config", str(demo_product)).code == 0
+    result = cli("--profile", "tp1", "--stage", "build", "--config", str(demo_product), "--version", version)
+    assert result.code == 1
+    line = result.error_lines[-1]
+    assert line.startswith(f"error: kernel rope failed to build, so demo-llm:{version}-tp1 was not tagged: ")
+    assert "rope.cpp" in line and "error: 'undeclared_value' was not declared" in line
+    assert len(line) < 600  # one line naming the kernel, not the whole RUN
     assert engine.inspect_image(f"demo-llm:{version}-tp1") is None

@@ -103,8 +103,12 @@ def test_an_existing_release_needs_force_and_is_refused_before_building(cli, eng
     assert release(cli, busybox_product, version, out, "--no-roundtrip").code == 0
     engine.remove_image(f"unibake-test:{version}")
     again = release(cli, busybox_product, version, out, "--no-roundtrip")
-    assert again.code == 2 and "already exists; use --force" in again.error_lines[-1]
+    assert again.code == 2 and f"unibake-test:{version} is released ({out / version}, image sha256:" \
+        in again.error_lines[-1] and "a released tag never moves" in again.error_lines[-1]
     assert engine.inspect_image(f"unibake-test:{version}") is None  # refused before the build
+    build_only = cli("--config", str(busybox_product), "--version", version, "--out", str(out), "--stage", "build")
+    assert build_only.code == 2 and "a released tag never moves" in build_only.error_lines[-1]
+    assert engine.inspect_image(f"unibake-test:{version}") is None  # --stage build is refused alike
     assert release(cli, busybox_product, version, out, "--no-roundtrip", "--force").code == 0
 
 

@@ -107,8 +107,10 @@ def test_the_demo_sbom_validates_its_kernel_digests_are_the_files_in_the_image_a
         props = {p["name"]: p["value"] for p in c.get("properties", [])}
         if props.get("unibake:kind") in ("kernel", "sidecar"):
             libraries[props["unibake:path"]] = c["hashes"][0]["content"]
-    assert sorted(libraries) == ["/opt/unibake/kernels/flash_attn/libflash_attn.so",
+    assert sorted(libraries) == ["/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so",  # the prebuilt wheel's
+                                 "/opt/unibake/kernels/flash_attn/libflash_attn.so",
                                  "/opt/unibake/kernels/rmsnorm/librmsnorm.so",
+                                 "/opt/unibake/kernels/rope/librope.so",  # built by g++
                                  "/opt/unibake/profiles/tp2/kernels/flash_attn/libflash_attn.so"]
     in_image = engine.run(tag, ["sha256sum", *sorted(libraries)])
     assert in_image.exit_code == 0, in_image.output

@@ -194,4 +194,4 @@ def test_a_profile_replaces_an_inherited_sidecar_by_name(demo_product):
     assert [(k.name, k.version) for k in tp2.sidecars] == [("flash_attn", "260602")]
     assert [(k.name, k.version) for k in tp4.sidecars] == [("flash_attn", "260700")]
     assert tp4.env["NCCL_ALGO"] == "Ring"  # inherited from tp2.yaml
-    assert [k.version for k in tp4.kernels(plan.kernels)] == ["260700", "2.1.0"]
+    assert [k.version for k in tp4.kernels(plan.kernels)] == ["260700", "2.1.0", "3.0.1", "1.0.0+cpu"]

@@ -37,7 +37,7 @@ PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-round
                                      GateStep(name="chat", passed=True, seconds=0.1))),), smoke_skipped=None)
 
 
-def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None):
+def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None, notes=None):
     data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}")
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
@@ -46,8 +46,10 @@ def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False
         previous = found[-1] if found else None
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
                                   digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(metadata)),
-                                  labels={"org.opencontainers.image.version": tag}, previous=previous)
-        files = render_files(manifest, PASSED, previous)
+                                  labels={"org.opencontainers.image.version": tag}, previous=previous, notes=notes,
+                                  attachments={a.name: a.read() for a in notes.attachments} if notes else None)
+        files = {**render_files(manifest, PASSED, previous, notes),
+                 **({a.name: a.read() for a in notes.attachments} if notes else {})}
         return publish(folder, archive, back, files, out.parent / "checksums"), image_id
 
 
@@ -74,7 +76,8 @@ def test_the_notes_carry_every_digest_and_the_import_command(tmp_path):
     assert image_id in notes and manifest["archive"]["sha256"] in notes
     assert "zstd -dc demo-llm-1.3.1.tar.zst | docker load" in notes
     assert "sha256sum -c SHA256SUMS" in notes
-    assert "| `tp2` | 2 | nvidia | 1 | flash_attn 260602 | 7 | `./run.sh tp2` |" in notes
+    assert ("| `tp2` | 2 | 1 | nvidia | 1 | `flash_attn` `260602` | 7 | 0 keys, `e3b0c44298fc` | `./run.sh tp2` |"
+            in notes)
     assert "Round trip: **not run** (skipped with --no-roundtrip)" in notes
     assert f"({manifest['archive']['bytes']} bytes)" in notes
 
@@ -86,7 +89,7 @@ def test_the_next_release_names_the_previous_one_and_how_to_roll_back(tmp_path):
     folder, _ = make_release(tmp_path / "release", "1.3.1", changed)
     notes = (folder / "RELEASE_NOTES.md").read_text()
     assert "## Changes since 1.3.0" in notes
-    assert "| tune_caches tp2 | tp2 | 7 bbbbbbbbbbbb | 7 cccccccccccc |" in notes
+    assert "| tune_caches `tp2` | tp2 | `7 bbbbbbbbbbbb` | `7 cccccccccccc` |" in notes
     assert "IMAGE=demo-llm:1.3.0 ./run.sh tp4" in notes
     assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0"
 
@@ -131,7 +134,7 @@ def run_sh(folder, *args, **env):
 
 def test_run_sh_gives_each_profile_only_the_gpus_it_needs(tmp_path):
     folder, _ = make_release(tmp_path / "release")
-    base = "docker run --rm --name demo-llm-{p} -e PROFILE={p} -e PORT=30000 -p 30000:30000 --ipc=host --shm-size=16g"
+    base = "docker run --rm --name demo-llm-{p} -e PROFILE={p} -e PORT=30000 -p 30000:30000 --ipc=host"
     assert run_sh(folder, "tp1").stdout == base.format(p="tp1") + " --gpus '\"device=0\"' demo-llm:1.3.1\n"
     assert run_sh(folder, "tp2").stdout == base.format(p="tp2") + " --gpus '\"device=0,1\"' demo-llm:1.3.1\n"
     assert run_sh(folder, "tp2", GPUS="2,3").stdout == base.format(p="tp2") + " --gpus '\"device=2,3\"' demo-llm:1.3.1\n"
@@ -147,14 +150,14 @@ def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
     out = run_sh(folder, "tp1", "--max-len", "4 096", PORT="8080", MODEL_NAME="my model", MODEL_TARGET="/data/w 1",
                  IMAGE="demo-llm:1.3.0").stdout
     assert out == ("docker run --rm --name demo-llm-tp1 -e PROFILE=tp1 -e PORT=8080 -p 8080:8080 --ipc=host "
-                   "--shm-size=16g --gpus '\"device=0\"' -e 'MODEL_NAME=my model' -v '/data/w 1:/models/target:ro' "
+                   "--gpus '\"device=0\"' -e 'MODEL_NAME=my model' -v '/data/w 1:/models/target:ro' "
                    "demo-llm:1.3.0 serve --max-len '4 096'\n")
 
 
 @pytest.mark.parametrize("args,env,message", [
     (["tp8"], {}, "error: unknown profile 'tp8'; known: tp1, tp2, tp4"),
     (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
-    (["tp1"], {"GPUS": "a"}, "error: GPUS must be GPU numbers like 0,1; got 'a'"),
+    (["tp1"], {"GPUS": "a"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got 'a'"),
 ])
 def test_run_sh_refuses_what_cannot_work(tmp_path, args, env, message):
     folder, _ = make_release(tmp_path / "release")

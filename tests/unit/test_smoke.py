@@ -18,6 +18,7 @@ from ..fake_engine import FakeEngine
 
 class Engine(BaseHTTPRequestHandler):
     reply = "UNIFIED_TP1_OK model=demo"
+    replies: dict = {}
     health = 200
 
     def do_GET(self):  # noqa: N802 - the handler's name is http.server's
@@ -29,8 +30,10 @@ class Engine(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert request["messages"][0]["content"] == "Say it."
-        body = json.dumps({"choices": [{"message": {"content": self.reply}}]}).encode()
+        prompt = request["messages"][0]["content"]
+        reply = self.replies.get(prompt, self.reply) if self.replies else self.reply
+        assert prompt.startswith("Say")
+        body = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -47,7 +50,7 @@ def server():
     thread.start()
     yield httpd
     httpd.shutdown()
-    Engine.reply, Engine.health = "UNIFIED_TP1_OK model=demo", 200
+    Engine.reply, Engine.health, Engine.replies = "UNIFIED_TP1_OK model=demo", 200, {}
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -69,8 +72,9 @@ def engine():
 def test_a_profile_that_starts_and_answers_passes(engine, server):
     results = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
     assert [(s.name, s.passed) for s in results[0].steps] == [("self-check", True), ("start", True),
-                                                              ("health", True), ("chat", True)]
-    assert results[0].steps[-1].detail == "UNIFIED_TP1_OK model=demo"
+                                                              ("health", True), ("chat", True), ("stability", True)]
+    assert results[0].steps[3].detail == "UNIFIED_TP1_OK model=demo"
+    assert (results[0].restart_count, results[0].oom_killed) == (0, False)
     assert engine.containers == {}  # the engine's container is removed after its gate
 
 
@@ -99,3 +103,59 @@ def test_an_engine_that_exits_at_once_fails_the_start_step(engine, server):
 def test_an_engine_that_never_answers_fails_the_health_step(engine):
     result = run_gates(engine, "demo:1", metadata(1, timeout=1), netns_pid=None)[0]  # nothing listens on port 1
     assert result.failed.name == "health" and "did not answer" in result.failed.detail
+
+
+def planned(port: int, smoke: dict) -> ImageMetadata:
+    """Metadata as a build writes it today: the profile's smoke spec through the plan's rules."""
+    document = metadata(port).model_dump()
+    document["profiles"]["tp1"]["smoke"] = {"timeout": 5, "prompts": smoke}
+    return ImageMetadata.model_validate(document, strict=False)
+
+
+def test_the_exact_reply_is_the_default_and_a_reply_that_only_contains_it_fails(engine, server):
+    Engine.reply = "NOT UNIFIED_TP1_OK -- a wrong answer"
+    result = run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": "UNIFIED_TP1_OK"}]),
+                       netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat"
+    assert result.failed.detail == "expected exactly 'UNIFIED_TP1_OK', got 'NOT UNIFIED_TP1_OK -- a wrong answer'"
+    Engine.reply = "  UNIFIED_TP1_OK\n"  # surrounding whitespace is not part of the answer
+    assert run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": "UNIFIED_TP1_OK"}]),
+                     netns_pid=None)[0].passed
+
+
+def test_several_prompts_each_with_its_own_match(engine, server):
+    Engine.replies = {"Say one.": "ONE", "Say two.": "the answer is TWO today", "Say three.": "tp=3 kernels=[a b]"}
+    smoke = [{"prompt": "Say one.", "expect": "ONE"},
+             {"prompt": "Say two.", "expect": "TWO", "match": "contains"},
+             {"prompt": "Say three.", "expect": r"tp=3 kernels=\[.*\]", "match": "regex"}]
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert [(c.prompt, c.match, c.passed) for c in result.chats] == [
+        ("Say one.", "exact", True), ("Say two.", "contains", True), ("Say three.", "regex", True)]
+    Engine.replies["Say three."] = "prefix tp=3 kernels=[a b]"  # a regex must match the whole reply
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert [c.passed for c in result.chats] == [True, True, False]
+    assert result.failed.detail.startswith("prompt 3 of 3: expected a reply matching ")
+
+
+@pytest.mark.parametrize("restarts,oom,detail", [
+    (1, False, "restarted 1 time"),
+    (0, True, "OOM-killed"),
+])
+def test_a_restarted_or_oom_killed_engine_fails_the_gate_after_answering(engine, server, restarts, oom, detail):
+    def unstable(container):
+        container.restart_count, container.oom_killed = restarts, oom
+
+    engine.starter = unstable
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert [s.name for s in result.steps][-2:] == ["chat", "stability"]
+    assert result.failed.name == "stability" and result.failed.detail == detail
+    assert (result.restart_count, result.oom_killed) == (restarts, oom)
+    assert next(iter(engine.containers.values()), None) is None  # removed all the same
+
+
+def test_the_gate_container_runs_with_a_restart_policy(engine, server):
+    seen = []
+    engine.starter = lambda container: seen.append(container.restarts)
+    run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
+    assert seen and seen[0] > 0  # without one, the engine would never count a restart

@@ -6,32 +6,36 @@
 #   COMMAND [ARGS...]                   run COMMAND in the profile's environment
 set -eu
 UNIBAKE_ROOT=/opt/unibake
+UNIBAKE_PYTHON_DIRS=""
 PROFILE="${PROFILE:-tp4}"
 case "$PROFILE" in
   tp1)
     UNIBAKE_GPUS=1
-    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp1/tune
     UNIBAKE_TUNE_EXPECT=3
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     [ -n "${NCCL_ALGO+set}" ] || export NCCL_ALGO=Tree
     start_engine() { exec python3 -m demo_engine --tp 1 "$@"; }
     ;;
   tp2)
     UNIBAKE_GPUS=2
-    UNIBAKE_KERNELS=/opt/unibake/profiles/tp2/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/profiles/tp2/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/profiles/tp2/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/profiles/tp2/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp2/tune
     UNIBAKE_TUNE_EXPECT=7
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     [ -n "${NCCL_ALGO+set}" ] || export NCCL_ALGO=Ring
     start_engine() { exec python3 -m demo_engine --tp 2 "$@"; }
     ;;
   tp4)
     UNIBAKE_GPUS=4
-    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
     UNIBAKE_TUNE_EXPECT=5
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     [ -n "${NCCL_ALGO+set}" ] || export NCCL_ALGO=Ring
     [ -n "${NCCL_P2P_LEVEL+set}" ] || export NCCL_P2P_LEVEL=NVL
     start_engine() { exec python3 -m demo_engine --tp 4 "$@"; }
@@ -45,7 +49,7 @@ export PROFILE UNIBAKE_ROOT UNIBAKE_GPUS UNIBAKE_KERNELS UNIBAKE_TUNE_DIR UNIBAK
 if [ -n "$UNIBAKE_KERNEL_DIRS" ]; then
   export LD_LIBRARY_PATH="$UNIBAKE_KERNEL_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export PYTHONPATH="$UNIBAKE_ROOT/engine${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$UNIBAKE_ROOT/engine${UNIBAKE_PYTHON_DIRS:+:$UNIBAKE_PYTHON_DIRS}${PYTHONPATH:+:$PYTHONPATH}"
 
 case "${1:-serve}" in
   serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;

@@ -6,14 +6,16 @@
 #   COMMAND [ARGS...]                   run COMMAND in the profile's environment
 set -eu
 UNIBAKE_ROOT=/opt/unibake
+UNIBAKE_PYTHON_DIRS=""
 PROFILE="${PROFILE:-tp4}"
 case "$PROFILE" in
   tp4)
     UNIBAKE_GPUS=4
-    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so
-    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm
+    UNIBAKE_KERNELS=/opt/unibake/kernels/flash_attn/libflash_attn.so:/opt/unibake/kernels/rmsnorm/librmsnorm.so:/opt/unibake/kernels/rope/librope.so:/opt/unibake/kernels/demo_quant/demo_quant/libdemo_quant.so
+    UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/rope:/opt/unibake/kernels/demo_quant/demo_quant
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
     UNIBAKE_TUNE_EXPECT=5
+    UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/demo_quant
     start_engine() { exec python3 -m demo_engine --tp 4 "$@"; }
     ;;
   *)
@@ -25,7 +27,7 @@ export PROFILE UNIBAKE_ROOT UNIBAKE_GPUS UNIBAKE_KERNELS UNIBAKE_TUNE_DIR UNIBAK
 if [ -n "$UNIBAKE_KERNEL_DIRS" ]; then
   export LD_LIBRARY_PATH="$UNIBAKE_KERNEL_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export PYTHONPATH="$UNIBAKE_ROOT/engine${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$UNIBAKE_ROOT/engine${UNIBAKE_PYTHON_DIRS:+:$UNIBAKE_PYTHON_DIRS}${PYTHONPATH:+:$PYTHONPATH}"
 
 case "${1:-serve}" in
   serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;

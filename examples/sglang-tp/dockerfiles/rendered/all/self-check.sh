@@ -18,16 +18,28 @@ else
   fail "the image is for linux/amd64 (x86_64), but its programs run as $machine"
 fi
 
-# every baked file matches the manifest written into the image
-for manifest in meta/files.sha256 meta/kernels.sha256; do
-  if [ ! -f "$manifest" ]; then
-    fail "manifest $manifest is missing"
-  elif out=$(sha256sum -c "$manifest" 2>&1); then
-    pass "$(grep -c . "$manifest") files match $manifest"
-  else
-    fail "files differ from $manifest: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"
-  fi
-done
+# every baked file matches the ledgers written into the image
+if [ ! -f meta/files.sha256 ]; then
+  fail "ledger meta/files.sha256 is missing"
+elif out=$(sha256sum -c meta/files.sha256 2>&1); then
+  pass "$(grep -c . meta/files.sha256) files match meta/files.sha256"
+else
+  fail "files differ from meta/files.sha256: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"
+fi
+if [ ! -f meta/kernels.sha256 ]; then
+  fail "ledger meta/kernels.sha256 is missing"
+elif out=$(sha256sum -c meta/kernels.sha256 2>&1); then
+  pass "$(grep -c . meta/kernels.sha256) files match meta/kernels.sha256"
+else
+  fail "files differ from meta/kernels.sha256: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"
+fi
+if [ ! -f meta/overlays.sha256 ]; then
+  fail "ledger meta/overlays.sha256 is missing"
+elif out=$(sha256sum -c meta/overlays.sha256 2>&1); then
+  pass "$(grep -c . meta/overlays.sha256) files match meta/overlays.sha256"
+else
+  fail "files differ from meta/overlays.sha256: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"
+fi
 
 # the profile's tune caches: fail-closed count
 if [ -n "${UNIBAKE_TUNE_EXPECT:-}" ]; then

@@ -6,6 +6,7 @@
 #   COMMAND [ARGS...]                   run COMMAND in the profile's environment
 set -eu
 UNIBAKE_ROOT=/opt/unibake
+UNIBAKE_PYTHON_DIRS=""
 PROFILE="${PROFILE:-tp4}"
 case "$PROFILE" in
   tp1)
@@ -45,7 +46,7 @@ export PROFILE UNIBAKE_ROOT UNIBAKE_GPUS UNIBAKE_KERNELS UNIBAKE_TUNE_DIR UNIBAK
 if [ -n "$UNIBAKE_KERNEL_DIRS" ]; then
   export LD_LIBRARY_PATH="$UNIBAKE_KERNEL_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export PYTHONPATH="$UNIBAKE_ROOT/engine${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$UNIBAKE_ROOT/engine${UNIBAKE_PYTHON_DIRS:+:$UNIBAKE_PYTHON_DIRS}${PYTHONPATH:+:$PYTHONPATH}"
 
 case "${1:-serve}" in
   serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;

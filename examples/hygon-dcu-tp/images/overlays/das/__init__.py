@@ -1,0 +1,1 @@
+"""The DAS (Hygon DCU) platform for vLLM, baked as a folder overlay."""

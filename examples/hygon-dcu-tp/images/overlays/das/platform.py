@@ -1,0 +1,3 @@
+"""Which device family this build targets."""
+
+NAME = "das-gfx936"

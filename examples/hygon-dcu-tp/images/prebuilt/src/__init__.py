@@ -1,0 +1,1 @@
+"""lmslim: prebuilt quantisation kernels; the library sits next to this file."""

@@ -1,0 +1,463 @@
+"""What real stacks need, on copies of the products: names and versions as upstream spells them, kernels
+from any toolchain or prebuilt, folder overlays and their ledgers, patches, env files, devices and
+topology in run.sh, release notes that carry attachments and external artifacts, and tags that never move."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from unibake.envfile import fingerprint, parse_env
+from unibake.errors import InputError
+from unibake.plan import make_plan
+from unibake.render import render, write_context_tar
+
+from ..conftest import REPO
+
+
+def lock(cli, profiles: Path) -> None:
+    result = cli("lock", "--config", str(profiles))
+    assert result.code == 0, result.err
+
+
+def append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+# --- 1. versions and names as packages spell them -------------------------------------------------
+
+
+def test_versions_and_names_as_upstream_spells_them_are_accepted(demo_product, cli):
+    product = demo_product / "product.yaml"
+    product.write_text(product.read_text().replace('version: "2.1.0"', 'version: "2.8.3+das.opt1.dtk2604"')
+                       .replace("version: 0.5.12", 'version: "1:0.5.12~rc1"'))
+    tp2 = demo_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace(
+        "sidecars:                    # an older flash_attn build that only TP2 loads\n",
+        "sidecars:\n  - {name: tp2_row_LDSx, version: '1.0+das', source: images/kernels/rmsnorm}\n"))
+    lock(cli, demo_product)
+    context = render(make_plan(demo_product))
+    assert "-DUNIBAKE_KERNEL_VERSION='\"2.8.3+das.opt1.dtk2604\"'" in context.dockerfile
+    assert "/opt/unibake/profiles/tp2/kernels/tp2_row_LDSx/libtp2_row_LDSx.so" in context.entrypoint
+    assert context.metadata.profiles["tp2"].sidecars[0].name == "tp2_row_LDSx"
+
+
+@pytest.mark.parametrize("text,message", [
+    ('version: "1.3.1+local"', "'1.3.1+local': expected letters, digits, '.', '_' and '-'"),
+    ("kernels:\n  - {name: 'x y', version: '1', source: images/kernels/rmsnorm}\n", "key 'kernels[0].name'"),
+    ("kernels:\n  - {name: x, version: '1;rm', source: images/kernels/rmsnorm}\n", "key 'kernels[0].version'"),
+    ("overlays:\n  - {source: images/overlays/sampling.py, target: ../escape.py}\n", "key 'overlays[0].target'"),
+])
+def test_what_reaches_a_tag_a_path_or_a_shell_is_still_validated(demo_product, text, message):
+    product = demo_product / "product.yaml"
+    content = product.read_text()
+    if text.startswith("version"):
+        content = content.replace("version: 1.3.1", text)
+    else:
+        key = text.split(":", 1)[0]
+        end = {"kernels": "overlays:", "overlays": "env:"}  # the key after the block replaced
+        content = content[:content.index(f"{key}:")] + text + content[content.index(f"\n{end[key]}") + 1:] \
+            if key in end else content + text
+    product.write_text(content)
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)").replace("+", r"\+")):
+        make_plan(demo_product, verify_lock=False)
+
+
+# --- 2. kernels from any toolchain, or prebuilt ---------------------------------------------------
+
+
+def wheel(path: Path, files: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(busybox_product, cli, tmp_path):
+    root = busybox_product.parent
+    (root / "images/k").mkdir(parents=True)
+    (root / "images/k/Makefile").write_text("all:\n\tcc -shared -o $(OUT)/liba.so a.c\n")
+    (root / "images/k/a.c").write_text("int a(void) { return 1; }\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("lib/libv.so.3", b"\x7fELF-v3"), ("include/v.h", b"int v(void);\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("lib/libv.so")
+        link.type, link.linkname = tarfile.SYMTYPE, "libv.so.3"
+        tar.addfile(link)
+    (root / "images/v.tar.gz").write_bytes(buf.getvalue())
+    append(busybox_product / "product.yaml",
+           "builder: {image: 'localhost/unibake-demo-builder:bookworm'}\n"
+           "kernels:\n  - {name: alpha, version: '1.0', source: images/k, build: {make: all}, outputs: [liba.so],"
+           " cflags: [-O3]}\n  - {name: vendor, version: '3.0+cu12', prebuilt: images/v.tar.gz}\n")
+    lock(cli, busybox_product)
+    context = render(make_plan(busybox_product))
+    assert "make -C /src/kernels/alpha all OUT=\"$out\" CFLAGS=-O3 UNIBAKE_KERNEL_NAME=alpha" in context.dockerfile
+    assert "COPY ctx/prebuilt/ /opt/unibake/" in context.dockerfile
+    baked = dict(context.baked)
+    assert baked["kernels/vendor/lib/libv.so"] == baked["kernels/vendor/lib/libv.so.3"] == \
+        hashlib.sha256(b"\x7fELF-v3").hexdigest()  # the link is baked as a copy of what it names
+    assert "/opt/unibake/kernels/vendor/lib/libv.so:" in context.entrypoint + ":"  # both .so are loaded
+    out = io.BytesIO()
+    write_context_tar(context, out, mtime=0)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        assert tar.extractfile("ctx/prebuilt/kernels/vendor/include/v.h").read() == b"int v(void);\n"
+
+
+@pytest.mark.parametrize("member,message", [
+    ("../evil.so", "would leave the kernel's folder"),
+    ("/abs.so", "would leave the kernel's folder"),
+])
+def test_a_prebuilt_archive_cannot_write_outside_its_folder(busybox_product, member, message):
+    root = busybox_product.parent
+    wheel(root / "images/x.whl", {member: b"x"})
+    append(busybox_product / "product.yaml", "kernels:\n  - {name: x, version: '1', prebuilt: images/x.whl}\n")
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busybox_product, cli, tmp_path):
+    big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl", {"vendor/libbig.so": b"big", "vendor/__init__.py": b""})
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
+    lock(cli, busybox_product)
+    assert f"  {big}\n" in (busybox_product / "inputs.lock").read_text()
+    plan = make_plan(busybox_product)
+    assert plan.kernels[0].outputs == ("vendor/libbig.so",) and plan.kernels[0].is_wheel
+    assert "UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/big" in render(plan).entrypoint  # a wheel is importable
+    wheel(big, {"vendor/libbig.so": b"changed"})
+    with pytest.raises(InputError, match=f"input '{big}' differs from"):
+        make_plan(busybox_product)
+
+
+@pytest.mark.parametrize("kernel,message", [
+    ("{name: x, version: '1', source: images/engine, prebuilt: images/engine/serve.sh}", "needs either source:"),
+    ("{name: x, version: '1', source: images/engine}", "holds no .c file; kernels in other languages say"),
+    ("{name: x, version: '1', source: images/engine, build: {make: all}}", "holds no Makefile"),
+    ("{name: x, version: '1', source: images/engine, build: {run: x, make: all}}", "give exactly one"),
+    ("{name: x, version: '1', prebuilt: images/engine/serve.sh}", "is not a .so, a tarball"),
+])
+def test_a_kernel_that_cannot_be_built_is_refused_at_the_plan(busybox_product, kernel, message):
+    append(busybox_product / "product.yaml", f"builder: {{image: b}}\nkernels:\n  - {kernel}\n")
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+# --- 4. folder overlays, ledgers and patches ------------------------------------------------------
+
+
+def test_a_folder_overlay_with_dot_files_gets_a_sha256_and_an_md5_ledger(busybox_product, cli):
+    adapter = busybox_product.parent / "images/adapter"
+    (adapter / "sub").mkdir(parents=True)
+    for name in (".version", "a.py", "sub/b.json"):
+        (adapter / name).write_text(f"{name}\n")
+    append(busybox_product / "product.yaml",
+           "overlays:\n  - {source: images/adapter, target: pkg/adapter, md5: true}\n"
+           "  - {source: images/adapter/a.py, target: pkg/adapter/a.py, name: hotfix-a}\n")
+    lock(cli, busybox_product)
+    context = render(make_plan(busybox_product))
+    files = {f.name: f for f in context.files}
+    md5 = files["ctx/meta/overlays.md5"].data.decode()
+    names = (".version", "sub/b.json")  # a.py is the later overlay's now, which keeps no md5
+    assert md5 == "".join(f"{hashlib.md5((n + chr(10)).encode()).hexdigest()}  engine/pkg/adapter/{n}\n" for n in names)
+    assert "engine/pkg/adapter/.version" in files["ctx/meta/overlays.sha256"].data.decode()
+    assert "md5sum -c meta/overlays.md5" in context.self_check
+    names = [c.name for c in make_plan(busybox_product).components if c.kind == "overlay"]
+    assert names == ["pkg/adapter", "hotfix-a"]  # compared by name in the notes, never by position
+
+
+PATCH = """\
+--- a/serve.sh
++++ b/serve.sh
+@@ -1,3 +1,3 @@
+ #!/bin/sh
+-# A tiny engine for tests: busybox nc serves /health, /v1/models and /v1/chat/completions.
++# A patched engine: busybox nc serves /health, /v1/models and /v1/chat/completions.
+ set -eu
+--- /dev/null
++++ b/NEW.txt
+@@ -0,0 +1 @@
++added by the patch
+"""
+
+
+def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_product, cli):
+    root = busybox_product.parent
+    (root / "images/patches").mkdir()
+    (root / "images/patches/fix.patch").write_text(PATCH)
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/patches/fix.patch}\n")
+    lock(cli, busybox_product)
+    context = render(make_plan(busybox_product))
+    files = {f.name: f for f in context.files}
+    assert files["ctx/engine/serve.sh"].data.startswith(b"#!/bin/sh\n# A patched engine:")
+    assert files["ctx/engine/serve.sh"].mode == 0o755
+    assert files["ctx/engine/NEW.txt"].data == b"added by the patch\n"
+    assert dict(context.baked)["engine/NEW.txt"] == hashlib.sha256(b"added by the patch\n").hexdigest()
+
+    (root / "images/patches/fix.patch").write_text(PATCH.replace("-# A tiny engine", "-# Another engine"))
+    assert cli("lock", "--config", str(busybox_product)).code == 2  # the lock is refused alike
+    with pytest.raises(InputError, match=r"fix\.patch: hunk #1 \(@@ -1,3 \+1,3 @@\) does not apply to serve\.sh: "
+                                         r"line 2 is '# A tiny engine.*', the patch expects '# Another engine"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+# --- 5. env files ---------------------------------------------------------------------------------
+
+
+def test_env_files_layer_under_each_files_env_and_are_counted_and_fingerprinted(busybox_product, cli):
+    root = busybox_product.parent
+    (root / "images/common.env").write_text("# shared\nA=1\nB=two words\nSHARED_SETTING=from-file\n")
+    (root / "images/tp2.env").write_text("A=2\nC=\"quoted\"\n")
+    append(busybox_product / "product.yaml", "env_file: images/common.env\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/tp2.env\n")
+    lock(cli, busybox_product)
+    plan = make_plan(busybox_product)
+    tp1, tp2 = plan.profile("tp1").env, plan.profile("tp2").env
+    assert tp1 == {"A": "1", "B": "two words", "SHARED_SETTING": "on", "NCCL_ALGO": "Tree"}  # env: wins in its file
+    assert tp2 == {"A": "2", "B": "two words", "SHARED_SETTING": "on", "NCCL_ALGO": "Ring", "C": '"quoted"'}
+    assert plan.profile("tp2").env_sha256 == fingerprint(tp2)
+    assert [(c.name, c.version) for c in plan.components if c.kind == "env_file"] == [
+        ("images/common.env", "3 keys"), ("images/tp2.env", "2 keys")]
+    assert len(render(plan).metadata.profiles["tp2"].env) == 5
+
+
+@pytest.mark.parametrize("text,message", [
+    ("A=1\nJUST_A_KEY\n", r"x\.env:2: 'JUST_A_KEY' has no '=VALUE'"),
+    ("export A=1\n", r"x\.env:1: 'export' is shell"),
+    ("A=1\nA=2\n", r"x\.env:2: A is set twice in this file \(first on line 1\)"),
+    ("1A=x\n", r"x\.env:1: '1A' is not a variable name"),
+    ("A=a\tb\n", r"x\.env:1: the value of A contains a control character"),
+])
+def test_an_env_file_line_that_cannot_be_baked_is_named(text, message):
+    with pytest.raises(InputError, match=message):
+        parse_env(text, "x.env")
+
+
+def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_product):
+    (busybox_product.parent / "images/x.env").write_text("OK=1\nPORT=8080\n")
+    append(busybox_product / "tp1.yaml", "env_file: images/x.env\n")
+    with pytest.raises(InputError, match=r"images/x\.env:2: env key 'PORT' is set by the image itself"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+# --- 3. devices and topology; run.sh --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,message", [
+    ("topology: {shm_size: 16g}\n", "shm_size has no effect with ipc: host"),
+    ("topology: {nodes: 2, network: bridge}\n", "a profile on 2 nodes needs network: host"),
+    ("devices: {vendor: intel}\n", "must be one of nvidia, amd, hygon"),
+    ("devices: {extra: ['/dev/a:/dev/b']}\n", r"key 'devices\.extra\[0\]'"),
+])
+def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
+    append(busybox_product / "tp2.yaml", text)
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+# --- 6. smoke specs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,message", [
+    ("smoke: {prompts: [{prompt: a, expect: b}], expect_reply: c}\n", "smoke.prompts replaces smoke.prompt"),
+    ("smoke: {expect_reply: '[unclosed', match: regex}\n", "is not a regular expression"),
+    ("smoke: {prompts: [{prompt: a, match: contains}]}\n", "match: contains needs the expected reply"),
+])
+def test_a_smoke_spec_that_cannot_be_checked_is_refused(busybox_product, text, message):
+    path = busybox_product / "tp1.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}\n", text))
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+# --- 8. bases pinned by image ID; --stage render needs no lock -------------------------------------
+
+
+def test_a_base_pinned_by_image_id_is_what_from_names(busybox_product, cli):
+    image_id = "sha256:" + "ab" * 32
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        'base: {image: "localhost/unibake-busybox:1"}',
+        f'base: {{image: "localhost/unibake-busybox:1", id: "{image_id}", require_digest: true}}'))
+    dockerfile = render(make_plan(busybox_product)).dockerfile
+    assert f"# base localhost/unibake-busybox:1, pinned by image ID\nFROM {image_id}\n" in dockerfile
+
+
+def test_render_needs_no_lock_but_a_build_does(busybox_product, cli):
+    (busybox_product / "inputs.lock").unlink()
+    assert cli("--config", str(busybox_product), "--stage", "render").code == 0
+    build = cli("--config", str(busybox_product), "--stage", "build")
+    assert build.code == 2 and "the inputs lock is missing" in build.error_lines[-1]
+
+
+# --- 9. released tags never move -------------------------------------------------------------------
+
+
+def test_a_build_under_a_released_tag_is_refused_before_the_engine_is_reached(busybox_product, cli, tmp_path):
+    out = tmp_path / "release"
+    (out / "0.1.0").mkdir(parents=True)
+    (out / "0.1.0/manifest.json").write_text("{}")
+    result = cli("--config", str(busybox_product), "--stage", "build", "--out", str(out))
+    assert result.code == 2  # the unit tests' guard would have failed the test had the engine been reached
+    assert result.error_lines[-1].startswith(f"error: unibake-test:0.1.0 is released ({out}/0.1.0, its manifest.json "
+                                             "unreadable): a released tag never moves")
+
+
+# --- the examples mirroring real stacks: what they must hold --------------------------------------
+
+
+def test_the_sglang_roce_example_holds_what_its_stack_needs():
+    plan = make_plan(REPO / "examples/sglang-arm64-roce/profiles", cwd=REPO)
+    overlay = plan.overlays[0]
+    assert len(overlay.source.files) == 87 and overlay.md5
+    assert any(Path(f.path).name.startswith(".") for f in overlay.source.files)
+    assert len(plan.profile("tp4").env_files[0].values) == 56
+    tp16 = plan.profile("tp16")
+    assert (tp16.topology.nodes, tp16.topology.rdma, tp16.topology.network) == (4, True, "host")
+    assert [k.name for k in tp16.sidecars] == ["deep_ep"]
+    assert [(k.name, bool(k.prebuilt), k.build.make if k.build else None) for k in plan.kernels] == [
+        ("sgl_kernel", False, None), ("deep_gemm", False, "all"), ("nvshmem", True, None)]
+    assert plan.patched["sglang/srt/distributed.py"].data.count(b'TRANSPORT = "roce"') == 1
+
+
+def test_the_hygon_example_holds_what_its_stack_needs():
+    plan = make_plan(REPO / "examples/hygon-dcu-tp/profiles", cwd=REPO)
+    compiled = [o for k in plan.kernels if not k.prebuilt for o in k.outputs]
+    assert len(compiled) == 7
+    assert {p.vendor for p in plan.profiles} == {"hygon"}
+    assert plan.profile("tp2").devices.extra == ("/dev/mkfd",)
+    assert [(k.name, k.version) for k in plan.profile("tp2").sidecars] == [
+        ("flash_attn", "2.0.4+das.dtk2404"), ("tp2_row_LDSx", "1.0.0+das")]
+    assert next(k for k in plan.kernels if k.name == "flash_attn").version == "2.8.3+das.opt1.dtk2604"
+    assert next(k for k in plan.kernels if k.name == "lmslim").is_wheel
+
+
+def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_path):
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"]["topology"] = {"nodes": 4, "network": "host", "rdma": True, "master_port": 20000}
+    metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/mkfd"], "groups": ["render"]},
+                                       topology={"ipc": "private", "shm_size": "32g"})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+
+    def run(*args, **env):
+        return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", **env})
+
+    ok = run("tp2", "--dry-run", NODE_RANK="3", MASTER_ADDR="node0.example")  # --dry-run after the profile
+    assert ok.returncode == 0, ok.stderr
+    assert ("-e NNODES=4 -e NODE_RANK=3 -e MASTER_ADDR=node0.example -e MASTER_PORT=20000 --network host --ipc=host "
+            "--device /dev/infiniband --ulimit memlock=-1:-1 --gpus '\"device=0,1\"'") in ok.stdout
+    assert "-p " not in ok.stdout
+    for env, message in (({}, "set NODE_RANK (0 to 3) and MASTER_ADDR"),
+                         ({"NODE_RANK": "4", "MASTER_ADDR": "n0"}, "NODE_RANK must be a number from 0 to 3"),
+                         ({"NODE_RANK": "0", "MASTER_ADDR": "$(id)"}, "MASTER_ADDR must be a host name or an IP"),
+                         ({"NODE_RANK": "0", "MASTER_ADDR": "n0", "MASTER_PORT": "70000"}, "MASTER_PORT must be")):
+        bad = run("--dry-run", "tp2", **env)
+        assert bad.returncode == 2 and message in bad.stderr, (env, bad.stderr)
+
+    hygon = run("--dry-run", "tp4", GPUS="2,3,4,5")
+    assert ("--ipc=private --shm-size=32g --device /dev/kfd --group-add video --security-opt seccomp=unconfined "
+            "--device /dev/dri/renderD130 --device /dev/dri/renderD131 --device /dev/dri/renderD132 "
+            "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1,2,3 --device /dev/mkfd --group-add render"
+            ) in hygon.stdout
+    uuid = run("--dry-run", "tp4", GPUS="GPU-1,GPU-2,GPU-3,GPU-4")
+    assert uuid.returncode == 2 and "hygon GPUs are chosen by number, not UUID" in uuid.stderr
+    nvidia = run("--dry-run", "tp1", GPUS="MIG-4f1c9a2e-1b2c-4d5e-8f90-aabbccddeeff")
+    assert "--gpus '\"device=MIG-4f1c9a2e-1b2c-4d5e-8f90-aabbccddeeff\"'" in nvidia.stdout
+    assert "--gpus all" in run("--dry-run", "tp1", GPUS="all").stdout
+    named = run("--name", "mine.1", "tp1", "--dry-run")
+    assert "--name mine.1 " in named.stdout
+    for args, env, message in ((["--name", "-x", "tp1"], {}, "must start with a letter or digit"),
+                               (["tp1"], {"PORT": "80; id"}, "PORT must be a number from 1 to 65535"),
+                               (["tp1"], {"GPUS": "01"}, "no leading zeros"),
+                               (["tp1"], {"MODEL_TARGET": "weights"}, "must be an absolute path"),
+                               (["tp1"], {"IMAGE": "--privileged"}, "IMAGE must be an image reference")):
+        bad = run("--dry-run", *args, **env)
+        assert bad.returncode == 2 and message in bad.stderr, (args, env, bad.stderr)
+    helped = run("tp1", "--help")
+    assert helped.returncode == 0 and "Usage: ./run.sh" in helped.stdout and "Profiles: tp1, tp2, tp4" in helped.stdout
+
+
+# --- 7. notes: attachments, changelog, known limits, external artifacts ----------------------------
+
+
+def test_notes_carry_attachments_and_external_artifacts_and_verify_checks_copies(tmp_path, cli):
+    from unibake.notes import Attachment, External, Notes
+
+    from .test_publish import METADATA, make_release
+
+    results = tmp_path / "results.json"
+    results.write_text('{"accuracy": 0.95}\n')
+    weights = tmp_path / "w" / "model.bin"
+    weights.parent.mkdir()
+    weights.write_bytes(b"weights" * 100)
+    from unibake.inputs import read_source
+
+    notes = Notes(changelog="- faster\n", known_limits="- none known\n",
+                  attachments=(Attachment(name="results.json", file=read_source(tmp_path, "results.json", "x").files[0]),),
+                  external=(External(name="model.bin", bytes=700,
+                                     sha256=hashlib.sha256(b"weights" * 100).hexdigest()),))
+    folder, _ = make_release(tmp_path / "release", metadata=METADATA, notes=notes)
+    text = (folder / "RELEASE_NOTES.md").read_text()
+    assert "## What changed\n\n- faster\n" in text and "## Known limits\n\n- none known\n" in text
+    assert "| [results.json](results.json) | 19 |" in text and "| `model.bin` | 700 |" in text
+    assert (folder / "results.json").read_text() == '{"accuracy": 0.95}\n'
+    assert "  results.json\n" in (folder / "SHA256SUMS").read_text()
+    assert cli("verify", str(folder), "--external", str(weights)).code == 0
+    assert cli("verify", str(folder), "--external", str(weights.parent)).code == 0
+    weights.write_bytes(b"weights" * 99 + b"WEIGHTS")
+    bad = cli("verify", str(folder), "--external", str(weights))
+    assert bad.code == 3 and "model.bin: external check failed: sha256" in bad.error_lines[-1]
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"x")
+    assert "not an artifact of this release" in cli("verify", str(folder), "--external", str(other)).err
+
+
+def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
+    from .test_publish import METADATA, make_release
+
+    before = json.loads(json.dumps(METADATA))
+    before["profiles"]["tp1"]["env"] = {"NCCL_ALGO": "Tree", "OLD": "1", "SAME": "x"}
+    before["components"].append({"kind": "overlay", "name": "adapter", "version": "87 files", "digest": "d" * 64,
+                                 "profile": ""})
+    make_release(tmp_path / "release", "1.3.0", before)
+    after = json.loads(json.dumps(before))
+    after["profiles"]["tp1"]["env"] = {"NCCL_ALGO": "Ring|Tree", "NEW": "`x`", "SAME": "x"}
+    after["components"][-1]["digest"] = "e" * 64
+    folder, _ = make_release(tmp_path / "release", "1.3.1", after)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "| overlay `adapter` | all | `87 files dddddddddddd` | `87 files eeeeeeeeeeee` |" in notes
+    assert "| `NCCL_ALGO` | `Tree` | `Ring\\|Tree` |" in notes  # a '|' cannot split the table
+    assert "| `NEW` | (unset) | `` `x` `` |" in notes and "| `OLD` | `1` | (removed) |" in notes
+    assert "SAME" not in notes.split("keys changed")[1]
+    assert f"3 keys, `{fingerprint(after['profiles']['tp1']['env'])[:12]}`" in notes
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda p: p.update(devices={"extra": ["/dev/x; rm -rf /"], "groups": []}), "devices.extra.0"),
+    (lambda p: p.update(topology={"ipc": "host", "shm_size": "1g$(id)"}), "topology.shm_size"),
+    (lambda p: p.update(env={"A B": "x"}), "env key 'A B' is not a variable name"),
+    (lambda p: p["smoke"].update(prompts=[{"prompt": "p", "expect": "(", "match": "regex"}]), "not a regular expression"),
+])
+def test_hostile_image_labels_cannot_reach_run_sh(change, message):
+    """What run.sh and the gates read comes from an image's labels when releasing an image built elsewhere."""
+    from unibake.errors import VerificationError
+    from unibake.metadata import ImageMetadata
+
+    from .test_publish import METADATA
+
+    document = json.loads(json.dumps(METADATA))
+    change(document["profiles"]["tp1"])
+    with pytest.raises(VerificationError, match=message.replace("(", r"\(")):
+        ImageMetadata.from_labels({"io.unibake.metadata": json.dumps(document)}, "evil:1")

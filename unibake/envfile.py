@@ -1,0 +1,80 @@
+"""Env files: the ``KEY=VALUE`` lines of a validated configuration, read as ``docker run --env-file``
+reads them, strictly.
+
+A line is ``KEY=VALUE`` (the value is everything after the first ``=``, quotes included, as Docker
+keeps them), a comment starting with ``#``, or blank. Everything else is refused with the file and
+line: a key alone (Docker would take it from the host's environment, which cannot be baked), a key
+twice, ``export KEY=...``, an invalid key, a control character. Written by hand: Docker's format has
+no escapes or quoting to interpret, and python-dotenv interprets both (and only logs bad lines).
+
+An env's count and fingerprint (:func:`fingerprint`) are what the notes compare between releases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .files import read_small_text
+from .inputs import Source, read_source
+from .schema import ENV_KEY_RE, MAX_VALUE_LEN
+
+MAX_ENV_FILE = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvFile:
+    """One env file: the hashed source, its values in file order, and the line of every key."""
+
+    source: Source
+    values: dict[str, str]
+    lines: dict[str, int]
+
+    @property
+    def display(self) -> str:
+        return self.source.path
+
+
+def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
+    """``{key: value}`` and ``{key: line}`` of an env file's text; InputError naming the line otherwise."""
+    values: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.lstrip(" \t")
+        if not line.strip() or line.startswith("#"):
+            continue
+        where = f"{display}:{n}"
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise InputError(f"{where}: {key.strip()[:60]!r} has no '=VALUE'; docker would take it from the host's "
+                             "environment, which an image cannot bake: give its value")
+        if key.startswith("export "):
+            raise InputError(f"{where}: 'export' is shell, not an env file; write {key[7:].strip()[:60]}=VALUE")
+        if not ENV_KEY_RE.fullmatch(key):
+            raise InputError(f"{where}: {key[:60]!r} is not a variable name like NCCL_ALGO")
+        bad = next((c for c in value if ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F), None)
+        if bad is not None or "\t" in value:
+            raise InputError(f"{where}: the value of {key} contains a control character "
+                             f"({(bad or chr(9))!r}); tabs and other control characters are not allowed")
+        if len(value) > MAX_VALUE_LEN:
+            raise InputError(f"{where}: the value of {key} is {len(value)} characters long; the limit is "
+                             f"{MAX_VALUE_LEN}")
+        if key in values:
+            raise InputError(f"{where}: {key} is set twice in this file (first on line {lines[key]})")
+        values[key], lines[key] = value, n
+    return values, lines
+
+
+def read_env_file(root: Path, rel: str, where: str) -> EnvFile:
+    """The env file ``rel`` under ``root`` (an input, hashed like any other), parsed."""
+    source = read_source(root, rel, where, want="file")
+    text = read_small_text(source.files[0].absolute, InputError, limit=MAX_ENV_FILE)
+    values, lines = parse_env(text, source.path)
+    return EnvFile(source=source, values=values, lines=lines)
+
+
+def fingerprint(env: dict[str, str]) -> str:
+    """The sha256 of an environment as sorted ``KEY=VALUE`` lines: equal envs, equal fingerprints."""
+    return hashlib.sha256("".join(f"{k}={env[k]}\n" for k in sorted(env)).encode()).hexdigest()

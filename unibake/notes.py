@@ -1,0 +1,78 @@
+"""What a release's notes carry besides what unibake measures (``notes:`` in product.yaml).
+
+* ``changelog`` and ``known_limits``: Markdown files written by people, included in the notes;
+* ``attachments``: files copied into the release folder (results JSON, tables), listed in
+  ``SHA256SUMS`` and the manifest, linked from the notes;
+* ``external``: artifacts the release needs but does not ship (weights, a patch set), recorded by
+  name, size and sha256; ``build.py verify DIR --external PATH`` checks a copy.
+
+None of it is baked into the image, so none of it is in ``inputs.lock``: a new changelog is a new
+release's notes, not a new image.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .files import read_small_file, read_small_text
+from .inputs import InputFile, read_source
+from .manifest import FILE_NAME_PATTERN, RELEASE_FILES
+
+MAX_TEXT = 1 << 20
+MAX_ATTACHMENT = 64 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attachment:
+    name: str  # its file name in the release folder
+    file: InputFile
+
+    def read(self) -> bytes:
+        return read_small_file(self.file.absolute, InputError, limit=MAX_ATTACHMENT,
+                               what="attachments are copied into the release whole")
+
+
+@dataclass(frozen=True, kw_only=True)
+class External:
+    name: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notes:
+    changelog: str | None = None
+    known_limits: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    external: tuple[External, ...] = ()
+
+
+def read_notes(root: Path, data: dict, where) -> Notes:
+    """``notes:`` of product.yaml, read and checked; ``where(path)`` locates its keys."""
+    texts = {}
+    for key in ("changelog", "known_limits"):
+        if key in data:
+            f = read_source(root, data[key], where((key,)), want="file").files[0]
+            texts[key] = read_small_text(f.absolute, InputError, limit=MAX_TEXT).strip() + "\n"
+    attachments: list[Attachment] = []
+    for i, rel in enumerate(data.get("attachments", [])):
+        f = read_source(root, rel, where(("attachments", i)), want="file").files[0]
+        name = Path(f.path).name
+        if not re.fullmatch(FILE_NAME_PATTERN, name) or name in RELEASE_FILES or ".tar.zst" in name:
+            raise InputError(f"{where(('attachments', i))}: an attachment cannot be named {name!r} in the release "
+                             f"folder (not {', '.join(sorted(RELEASE_FILES))}, no .tar.zst, plain characters)")
+        if any(a.name == name for a in attachments):
+            raise InputError(f"{where(('attachments', i))}: two attachments are named {name}")
+        if f.size > MAX_ATTACHMENT:
+            raise InputError(f"{where(('attachments', i))}: {f.path} is {f.size} bytes; attachments are at most "
+                             f"{MAX_ATTACHMENT} (record a large file under notes.external instead)")
+        attachments.append(Attachment(name=name, file=f))
+    external = tuple(External(name=e["name"], bytes=e["bytes"], sha256=e["sha256"]) for e in data.get("external", []))
+    names = [e.name for e in external]
+    if len(set(names)) != len(names):
+        raise InputError(f"{where(('external',))}: an external artifact is listed twice")
+    return Notes(changelog=texts.get("changelog"), known_limits=texts.get("known_limits"),
+                 attachments=tuple(attachments), external=external)

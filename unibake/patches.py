@@ -1,0 +1,140 @@
+"""Patch files applied to the engine's files when the image is planned.
+
+Each patch (a unified diff: ``diff -u``, ``git diff`` or ``git format-patch`` output) is parsed with
+``unidiff`` and applied in order, in memory, to the engine folder as hashed; the patched files then
+go into the build context in place of the originals (so ``files.sha256`` and ``self-check`` know
+them). A hunk applies exactly where it says, with its context lines equal to the file's (no offset,
+no fuzz: a release applies what was reviewed); otherwise the plan is refused, naming the patch,
+the file, the hunk and the first line that differs. unidiff only parses, and the one library that
+also applies (whatthepatch) misreads git's deleted-file headers and format-patch signatures, so the
+apply step is written here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import unidiff
+
+from .errors import InputError
+from .files import read_small_text
+from .inputs import InputFile, Source, read_source
+from .schema import PATH_RE, default_of
+
+MAX_PATCH = 16 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch:
+    """One patch file: where it is, how many leading components its paths carry, what it changes."""
+
+    name: str
+    file: InputFile
+    strip: int
+    diff: unidiff.PatchSet
+    where: str
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(sorted({_target(f, self.strip, self.where) for f in self.diff}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchedFile:
+    """An engine file after the patches: its new bytes, or None when a patch deletes it."""
+
+    path: str  # relative to the engine folder
+    data: bytes | None
+    mode: int = 0o644
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data or b"").hexdigest()
+
+
+def _strip(path: str, n: int, where: str) -> str:
+    parts = path.split("/")
+    if len(parts) <= n:
+        raise InputError(f"{where}: the path {path!r} has fewer than {n + 1} components (strip: {n})")
+    out = "/".join(parts[n:])
+    if not PATH_RE.fullmatch(out):
+        raise InputError(f"{where}: the patched path {out!r} is not a relative path inside the engine folder")
+    return out
+
+
+def _target(f: unidiff.PatchedFile, strip: int, where: str) -> str:
+    return _strip(f.source_file if f.is_removed_file else f.target_file, strip, where)
+
+
+def read_patch(root: Path, spec: dict, where) -> Patch:
+    """A patch file of ``patches:``, hashed and parsed; ``where(path)`` locates its YAML keys."""
+    source: Source = read_source(root, spec["file"], where(("file",)), want="file")
+    f = source.files[0]
+    text = read_small_text(f.absolute, InputError, limit=MAX_PATCH)
+    try:
+        diff = unidiff.PatchSet(text)
+    except unidiff.UnidiffParseError as exc:
+        raise InputError(f"{f.path}: not a unified diff: {exc}") from None
+    if not len(diff):
+        raise InputError(f"{f.path}: holds no file changes")
+    strip = spec.get("strip", default_of("patches", "strip"))
+    for pf in diff:
+        if pf.is_binary_file:
+            raise InputError(f"{f.path}: changes the binary file {pf.path}; bake binaries with an overlay")
+        if pf.is_rename or (not pf.is_added_file and not pf.is_removed_file
+                            and _strip(pf.source_file, strip, f.path) != _strip(pf.target_file, strip, f.path)):
+            raise InputError(f"{f.path}: renames {pf.source_file} to {pf.target_file}; use a new file and a "
+                             "deletion instead")
+    return Patch(name=Path(f.path).name, file=f, strip=strip, diff=diff, where=f.path)
+
+
+def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: str) -> list[str]:
+    out = list(lines)
+    delta = 0
+    for number, hunk in enumerate(pf, 1):
+        old = [line.value for line in hunk if line.line_type in (" ", "-")]
+        new = [line.value for line in hunk if line.line_type in (" ", "+")]
+        start = (hunk.source_start if hunk.source_length == 0 else hunk.source_start - 1) + delta
+        found = out[start:start + len(old)]
+        if found != old:
+            header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
+            bad = next((i for i, (a, b) in enumerate(zip(found, old)) if a != b), min(len(found), len(old)))
+            want = old[bad].rstrip("\n") if bad < len(old) else "(end of hunk)"
+            got = found[bad].rstrip("\n") if bad < len(found) else "(end of file)"
+            raise InputError(f"{patch.where}: hunk #{number} ({header}) does not apply to {path}: line "
+                             f"{hunk.source_start + bad} is {got[:120]!r}, the patch expects {want[:120]!r}")
+        out[start:start + len(old)] = new
+        delta += len(new) - len(old)
+    return out
+
+
+def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, PatchedFile]:
+    """The engine files the patches change (``data`` None: deleted), by path in the engine folder."""
+    originals = {engine.relative(f): f for f in engine.files}
+    current: dict[str, PatchedFile] = {}
+    for patch in patches:
+        for pf in patch.diff:
+            path = _target(pf, patch.strip, patch.where)
+            exists = path in current and current[path].data is not None or \
+                path not in current and path in originals
+            if pf.is_added_file and exists:
+                raise InputError(f"{patch.where}: creates {path}, which the engine already has")
+            if not pf.is_added_file and not exists:
+                raise InputError(f"{patch.where}: changes {path}, which is not in the engine folder "
+                                 f"{engine.path} (strip: {patch.strip})")
+            if path in current:
+                before, mode = (current[path].data or b""), current[path].mode
+            elif path in originals:
+                before, mode = originals[path].absolute.read_bytes(), originals[path].mode
+            else:
+                before, mode = b"", 0o644
+            try:
+                text = before.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"{patch.where}: {path} is not UTF-8 text; patch text files only") from None
+            lines = _apply_hunks(text.splitlines(keepends=True), pf, patch, path)
+            current[path] = PatchedFile(path=path, data=None if pf.is_removed_file else "".join(lines).encode(),
+                                        mode=mode)
+    return current

@@ -1,0 +1,179 @@
+"""Prebuilt kernels, taken as they are: a ``.so``, a tarball or a wheel.
+
+The file is an input like any other (hashed, pinned in ``inputs.lock``). A tarball or a wheel is
+unpacked, unchanged, into the kernel's folder in the image; this module lists its members (with the
+sha256 of each, so the image's ledger knows them before the build) and hands each member's bytes to
+the build context. Nothing is ever extracted to disk. Members that would leave the kernel's folder
+(absolute names, ``..``, links pointing out), devices and FIFOs are refused; a link inside the
+archive is baked as a copy of what it points to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import stat
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .errors import InputError
+from .inputs import InputFile
+
+SO_RE = re.compile(r"\.so(?:\.[0-9]+)*$")
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
+ZIP_SUFFIXES = (".whl", ".zip")
+MAX_MEMBERS = 20_000
+MAX_BYTES = 64 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Member:
+    """One file of a prebuilt kernel: where it goes in the kernel's folder, and what it holds."""
+
+    path: str
+    source: str  # its name in the archive (the file it is a copy of, for a link)
+    sha256: str
+    size: int
+    mode: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prebuilt:
+    """A prebuilt file and what it unpacks to."""
+
+    file: InputFile
+    kind: str  # so | tar | zip
+    members: tuple[Member, ...]
+
+    @property
+    def libraries(self) -> tuple[str, ...]:
+        """Every shared library it holds, by its path in the kernel's folder."""
+        return tuple(m.path for m in self.members if SO_RE.search(m.path))
+
+
+def kind_of(name: str) -> str | None:
+    """``so``, ``tar`` or ``zip`` from a file name; None when it is none of them."""
+    lower = name.lower()
+    if SO_RE.search(lower):
+        return "so"
+    if lower.endswith(TAR_SUFFIXES):
+        return "tar"
+    if lower.endswith(ZIP_SUFFIXES):
+        return "zip"
+    return None
+
+
+def _clean(name: str, where: str) -> str:
+    """A member name as a relative path inside the kernel's folder; refused when it would leave it."""
+    path = name.removeprefix("./").rstrip("/")
+    parts = path.split("/")
+    if (not path or name.startswith("/") or any(p in ("", ".", "..") for p in parts)
+            or any(ord(c) < 0x20 or c in "\\\x7f" for c in path)):
+        raise InputError(f"{where}: the archive member {name[:120]!r} would leave the kernel's folder")
+    return path
+
+
+def _digest(stream: BinaryIO) -> tuple[str, int]:
+    h, size = hashlib.sha256(), 0
+    for block in iter(lambda: stream.read(1 << 20), b""):
+        h.update(block)
+        size += len(block)
+    return h.hexdigest(), size
+
+
+def read_prebuilt(file: InputFile, where: str) -> Prebuilt:
+    """List and hash what ``file`` unpacks to; InputError naming ``where`` for anything unsafe."""
+    kind = kind_of(file.path)
+    if kind is None:
+        raise InputError(f"{where}: prebuilt {file.path!r} is not a .so, a tarball ({', '.join(TAR_SUFFIXES)}) "
+                         f"or a wheel (.whl, .zip)")
+    if kind == "so":
+        name = posixpath.basename(file.path)
+        return Prebuilt(file=file, kind=kind, members=(Member(path=name, source=name, sha256=file.sha256,
+                                                               size=file.size, mode=file.mode),))
+    try:
+        members = _tar_members(file, where) if kind == "tar" else _zip_members(file, where)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise InputError(f"{where}: prebuilt {file.path} is not a readable {kind} archive: {exc}") from None
+    if not members:
+        raise InputError(f"{where}: prebuilt {file.path} holds no files")
+    return Prebuilt(file=file, kind=kind, members=tuple(sorted(members, key=lambda m: m.path)))
+
+
+def _check_counts(count: int, total: int, file: InputFile, where: str) -> None:
+    if count > MAX_MEMBERS or total > MAX_BYTES:
+        raise InputError(f"{where}: prebuilt {file.path} unpacks to more than {MAX_MEMBERS} files or "
+                         f"{MAX_BYTES >> 30} GiB")
+
+
+def _tar_members(file: InputFile, where: str) -> list[Member]:
+    out: dict[str, Member] = {}
+    with tarfile.open(file.absolute, "r:*") as tar:
+        infos = tar.getmembers()
+        by_name = {_clean(i.name, where): i for i in infos if not i.isdir()}
+        total = 0
+        for path, info in by_name.items():
+            target = info
+            for _ in range(32):  # follow links inside the archive, as a copy of what they name
+                if target.issym():
+                    link = posixpath.normpath(posixpath.join(posixpath.dirname(_clean(target.name, where)),
+                                                             target.linkname))
+                elif target.islnk():
+                    link = target.linkname.removeprefix("./")
+                else:
+                    break
+                if link.startswith(("../", "/")) or link == ".." or link not in by_name:
+                    raise InputError(f"{where}: the archive member {info.name[:120]!r} links to "
+                                     f"{target.linkname[:120]!r}, outside the archive's files")
+                target = by_name[link]
+            if not target.isfile():
+                raise InputError(f"{where}: the archive member {info.name[:120]!r} is not a regular file")
+            digest, size = _digest(tar.extractfile(target))
+            total += size
+            _check_counts(len(out) + 1, total, file, where)
+            out[path] = Member(path=path, source=target.name, sha256=digest, size=size,
+                               mode=0o755 if target.mode & 0o111 else 0o644)
+    return list(out.values())
+
+
+def _zip_members(file: InputFile, where: str) -> list[Member]:
+    out: dict[str, Member] = {}
+    total = 0
+    with zipfile.ZipFile(file.absolute) as zf:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            path = _clean(info.filename, where)
+            mode = info.external_attr >> 16
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # many zips carry permission bits only
+                raise InputError(f"{where}: the archive member {info.filename[:120]!r} is not a regular file")
+            if path in out:
+                raise InputError(f"{where}: the archive member {path!r} appears twice")
+            total += info.file_size
+            _check_counts(len(out) + 1, total, file, where)
+            with zf.open(info) as fh:
+                digest, size = _digest(fh)
+            out[path] = Member(path=path, source=info.filename, sha256=digest, size=size,
+                               mode=0o755 if mode & 0o111 else 0o644)
+    return list(out.values())
+
+
+@contextmanager
+def open_member(prebuilt: Prebuilt, member: Member) -> Iterator[BinaryIO]:
+    """The bytes of one member, as a readable stream."""
+    if prebuilt.kind == "so":
+        with open(prebuilt.file.absolute, "rb") as fh:
+            yield fh
+    elif prebuilt.kind == "tar":
+        with tarfile.open(prebuilt.file.absolute, "r:*") as tar:
+            stream = tar.extractfile(member.source)
+            assert stream is not None
+            yield stream
+    else:
+        with zipfile.ZipFile(prebuilt.file.absolute) as zf, zf.open(member.source) as fh:
+            yield fh
