@@ -1,7 +1,7 @@
 """One run of our archive stage on an image, for the benchmark (run as a child, so its peak RSS is its own).
 
     python -m benchmarks.archive_once IMAGE FOLDER [--long]
-Prints JSON: compressed and uncompressed bytes, the sha256, the stage's own seconds.
+Prints JSON: compressed and uncompressed bytes, the stage's own seconds, and its peak RSS.
 """
 
 from __future__ import annotations
@@ -15,13 +15,22 @@ from unibake.archive import write_archive
 from unibake.docker_engine import DockerEngine
 
 
+def peak_rss_mib() -> int:
+    """This process's own peak RSS (VmHWM). Not the parent's ru_maxrss of the child: that counts the
+    memory of the process that forked it, which the kernel carries over to the child at exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    raise SystemExit("error: /proc/self/status has no VmHWM line")
+
+
 def main(argv: list[str]) -> int:
     image, folder = argv[0], Path(argv[1])
     archive = write_archive(DockerEngine().save(image), folder, "image.tar.zst", tag=image,
                             long_distance="--long" in argv)
     (folder / "archive.pickle").write_bytes(pickle.dumps(archive))
     print(json.dumps({"bytes": archive.compressed_bytes, "uncompressed": archive.uncompressed_bytes,
-                      "seconds": archive.seconds}))
+                      "seconds": archive.seconds, "peak_rss_mib": peak_rss_mib()}))
     return 0
 
 
