@@ -69,21 +69,21 @@ class Series:
         return f"{self.median:.2f} s (min {min(self.values):.2f}, max {max(self.values):.2f})"
 
 
-def child(args: list[str]) -> tuple[float, int, dict]:
-    """Wall time, peak RSS (MiB) and JSON output of a Python child."""
+def child(args: list[str]) -> tuple[float, dict]:
+    """Wall time and JSON output of a Python child."""
     start = time.monotonic()
-    proc = subprocess.Popen([PY, *args], stdout=subprocess.PIPE, cwd=ROOT)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise SystemExit(f"error: {' '.join(args)} failed ({status})")
-    return time.monotonic() - start, usage.ru_maxrss // 1024, json.loads(out or b"{}")
+    run = subprocess.run([PY, *args], stdout=subprocess.PIPE, cwd=ROOT)
+    if run.returncode != 0:
+        raise SystemExit(f"error: {' '.join(args)} failed ({run.returncode})")
+    return time.monotonic() - start, json.loads(run.stdout or b"{}")
 
 
 def ours_archive(image: str, folder: Path, *extra: str) -> tuple[float, int, dict]:
+    """Our archive stage in a child of its own: wall time, its own peak RSS (MiB), what it reported."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    return child(["-m", "benchmarks.archive_once", image, str(folder), *extra])
+    seconds, out = child(["-m", "benchmarks.archive_once", image, str(folder), *extra])
+    return seconds, out["peak_rss_mib"], out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,8 +136,7 @@ def measure_round_trip(work: Path, rounds: int) -> tuple[Series, Series]:
                     shell.values.append(sh(f"zstd -dc {work / 'peer.tar.zst'} | docker load",
                                            {"DOCKER_HOST": scratch.engine.address}))
                 else:
-                    _, _, out = child(["-m", "benchmarks.roundtrip_once", str(work / "ours"),
-                                       scratch.engine.address])
+                    _, out = child(["-m", "benchmarks.roundtrip_once", str(work / "ours"), scratch.engine.address])
                     ours.values.append(out["seconds"])
     return shell, ours
 
@@ -240,7 +239,8 @@ def stage_table(rel: ReleaseRuns) -> list[str]:
     lines = ["| stage | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
     for name in names:
         lines.append(f"| {name} | " + " | ".join(med(ms, name) for ms in runs.values()) + " |")
-    lines.append("| outside the stages (Python start-up, imports, the summary) | " + " | ".join(
+    lines.append("| outside the stages (start-up and imports; the scratch engine stopped and removed after "
+                 "publish) | " + " | ".join(
         f"{statistics.median(m.seconds - sum(m.stages.values()) for m in ms):.1f} s" for ms in runs.values()) + " |")
     lines.append("| **whole run (wall)** | " + " | ".join(
         f"**{statistics.median(m.seconds for m in ms):.1f} s**" for ms in runs.values()) + " |")
@@ -265,6 +265,7 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
            rel: ReleaseRuns, wall: float) -> str:
     rt_shell, rt_ours = trip
     cold, peer = series("cold", (m.seconds for m in rel.cold)), series("peer", (p["total"] for p in rel.peer))
+    with_engine = series("peer", (p["with engine"] for p in rel.peer))
     tune, hotfix = series("tune", (m.seconds for m in rel.tune)), series("hotfix", (m.seconds for m in rel.hotfix))
     m0 = rel.cold[-1].manifest
     image_size, archive_bytes, saved = m0["image_size"], m0["archive"]["bytes"], m0["archive"]["uncompressed_bytes"]
@@ -272,7 +273,9 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
     flat = {run.image: run.rss.median / run.small_rss.median for run in (big, libs)}
     goals = [
         ("1", "cold release, build to published folder, <= 1.0 x the same work by hand",
-         f"{cold.median:.1f} s against {peer.median:.1f} s", cold.median / peer.median, cold.median <= peer.median),
+         f"{cold.median:.1f} s against {peer.median:.1f} s ({with_engine.median:.1f} s counting the fresh engine's "
+         f"start and stop: {cold.median / with_engine.median:.3f})", cold.median / peer.median,
+         cold.median <= peer.median),
         ("2", "release after one tune-cache JSON change <= 15 % of the cold release",
          f"{tune.median:.1f} s against {cold.median:.1f} s", tune.median / cold.median, tune.median <= 0.15 * cold.median),
         ("2", "`hotfix --from` after one tune-cache JSON change <= 15 % of the cold release",
@@ -348,11 +351,12 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         f"| by hand: `docker build --no-cache` (classic builder, as ours) of the context unibake renders, unpacked "
         f"into a folder | {peer_parts['build'].cell()} |",
         f"| by hand: `docker save IMAGE \\| zstd -T0 -3 \\| tee FILE \\| sha256sum` | {peer_parts['save'].cell()} |",
-        f"| by hand: a fresh engine started (`unibake.scratch.ScratchEngine`, as ours uses) | "
+        f"| by hand: `zstd -dc FILE \\| docker load` into a fresh engine | {peer_parts['load'].cell()} |",
+        f"| **by hand, in all** (the issue's sum of the three above; no verification of any kind) | "
+        f"{peer_parts['total'].cell()} |",
+        f"| not in that sum: the fresh engine started (`unibake.scratch.ScratchEngine`, as ours uses) | "
         f"{peer_parts['start'].cell()} |",
-        f"| by hand: `zstd -dc FILE \\| docker load` into it | {peer_parts['load'].cell()} |",
-        f"| by hand: that engine stopped and removed | {peer_parts['stop'].cell()} |",
-        f"| **by hand, in all** (no verification of any kind) | {peer_parts['total'].cell()} |",
+        f"| not in that sum: that engine stopped and its data removed | {peer_parts['stop'].cell()} |",
         f"| ours, after one tune-cache JSON change: `build.py --profile all --no-smoke --version tuneN` | {tune.cell()} |",
         f"| ours, `build.py hotfix --from tuneN --no-smoke` after one more such change | {hotfix.cell()} |",
         f"| ours, no-op rebuild: `build.py --stage build` on unchanged inputs | {rel.noop.seconds:.2f} s |", "",

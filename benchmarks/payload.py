@@ -33,21 +33,25 @@ def _library(rng: random.Random, size: int, snippets: list[bytes]) -> bytes:
 def _python(rng: random.Random, size: int) -> bytes:
     words = ["tensor", "rank", "shard", "kv_cache", "attention", "logits", "sampler", "batch", "stream", "block"]
     lines = ['"""Generated module of the benchmark payload."""', "from __future__ import annotations", ""]
-    n = 0
-    while sum(len(x) + 1 for x in lines) < size:
+    n, length = 0, sum(len(x) + 1 for x in lines)  # kept as lines are added: re-summing them is quadratic
+    while length < size:
         a, b = rng.choice(words), rng.choice(words)
-        lines += [f"def {a}_{b}_{n}(x, {b}=None):", f"    \"\"\"Return {a} of {b}.\"\"\"",
-                  f"    return [v * {rng.randint(1, 999)} for v in x if v is not {b}]", ""]
+        more = [f"def {a}_{b}_{n}(x, {b}=None):", f"    \"\"\"Return {a} of {b}.\"\"\"",
+                f"    return [v * {rng.randint(1, 999)} for v in x if v is not {b}]", ""]
+        lines += more
+        length += sum(len(x) + 1 for x in more)
         n += 1
     return ("\n".join(lines) + "\n").encode()[:size]
 
 
 def _tune(rng: random.Random, size: int) -> bytes:
-    table, m = {}, 1
-    while len(json.dumps(table)) < size:
-        table[str(m)] = {"BLOCK_SIZE_M": rng.choice([16, 32, 64]), "BLOCK_SIZE_N": rng.choice([64, 128]),
-                         "GROUP_SIZE_M": rng.choice([1, 8, 16]), "num_warps": rng.choice([4, 8]),
-                         "num_stages": rng.choice([2, 3, 4])}
+    table, m, length = {}, 1, 2  # len(json.dumps(table)), kept as entries are added: re-dumping is quadratic
+    while length < size:
+        entry = {"BLOCK_SIZE_M": rng.choice([16, 32, 64]), "BLOCK_SIZE_N": rng.choice([64, 128]),
+                 "GROUP_SIZE_M": rng.choice([1, 8, 16]), "num_warps": rng.choice([4, 8]),
+                 "num_stages": rng.choice([2, 3, 4])}
+        length += len(json.dumps(str(m))) + len(": ") + len(json.dumps(entry)) + (len(", ") if table else 0)
+        table[str(m)] = entry
         m += 1
     return json.dumps(table, indent=1).encode()
 

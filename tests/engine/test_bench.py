@@ -32,7 +32,7 @@ def test_the_benchmark_runs_every_scenario_reports_every_goal_and_leaves_the_eng
                 "archive stage <= 0.9 x the peer, today's payload", "archive stage <= 0.9 x the peer, compressible",
                 "peak RSS of the archive stage <= 256 MiB", "peak RSS flat in image size",
                 "by hand: `docker build --no-cache`", "by hand: `docker save IMAGE \\| zstd -T0 -3 \\| tee FILE \\| "
-                "sha256sum`", "by hand: `zstd -dc FILE \\| docker load` into it", "no-op rebuild",
+                "sha256sum`", "by hand: `zstd -dc FILE \\| docker load` into a fresh engine", "no-op rebuild",
                 "`docker save IMAGE > /dev/null`", "ours: archive stage", "round trip, shell", "round trip, ours",
                 "compression, level 3", "long-distance matching", "### Where the time goes"):
         assert row in report, row
