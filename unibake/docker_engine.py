@@ -141,7 +141,7 @@ class DockerEngine(Engine):
         tags: list[str] = []
         messages: list[str] = []
         try:
-            for event in self.api.load_image(chunks):
+            for event in self.api.load_image(iter(chunks)):  # requests streams an iterator, not a list
                 if isinstance(event, (bytes, str)):
                     event = json.loads(event)
                 if "error" in event or "errorDetail" in event:

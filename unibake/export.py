@@ -279,8 +279,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
         tagged = fresh.inspect_image(tag)
         if tagged is None or tagged.id != image_id:
             raise VerificationError(f"after the load, {tag} does not name {image_id} in the fresh engine")
-        trip = RoundTripRecord(engine=fresh.address, engine_version=fresh.version(), image_id=held.id,
-                               diff_ids=held.diff_ids, tags=loaded.tags, seconds=round(time.monotonic() - start, 3))
+        trip = RoundTripRecord(engine=fresh.address, engine_version=fresh.version(), method="stream",
+                               image_id=held.id, diff_ids=held.diff_ids, tags=loaded.tags,
+                               seconds=round(time.monotonic() - start, 3))
     return Exported(image=image, archive=archive, back=back, round_trip=trip)
 
 

@@ -178,6 +178,9 @@ class ReleaseManifest(Document):
 class RoundTripRecord(Record):
     engine: str
     engine_version: str
+    # what the fresh engine loaded: the archive file itself (the sequential path, a hotfix), or the
+    # normalised save stream as it was read (the one-pass export; the archive decoded to the same digests)
+    method: Literal["archive", "stream"] = "archive"
     image_id: str = Field(pattern=DIGEST)
     diff_ids: tuple[Digest, ...]
     tags: tuple[str, ...]

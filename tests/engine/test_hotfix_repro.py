@@ -96,6 +96,7 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
     assert ratio < 0.01, ratio
     validation = json.loads((fix / "VALIDATION.json").read_text())
     assert validation["round_trip"]["image_id"] == manifest["image_id"]  # loaded on top of the base release
+    assert validation["round_trip"]["method"] == "archive"  # the hotfix's archive file itself, not the stream
     assert all(g["passed"] for g in validation["smoke"])
     notes = (fix / "RELEASE_NOTES.md").read_text()
     assert f"## Hotfix on top of {base.name}" in notes and hotfix["base_image_id"] in notes

@@ -51,6 +51,8 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     notes = (folder / "RELEASE_NOTES.md").read_text()
     assert built.id in notes and f"zstd -dc {archive.name} | docker load" in notes
     assert "| `tp2` |" in notes and "passed" in notes
+    # the default one-pass export loads the stream it reads; the notes say so, and what the sequential path does
+    assert validation["round_trip"]["method"] == "stream" and "Round trip (one pass)" in notes
     assert "release:" in result.err and "SHA256:" in result.err  # the closing summary
     assert scratch_leftovers() == []
 

@@ -1,0 +1,84 @@
+"""The engine adapter against the real engine when an operation cannot be done: each failure is one
+EngineError naming what was attempted, what it was attempted on and which engine, never docker-py's
+exception (which the command line would print as a traceback)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+import uuid
+
+import pytest
+
+from unibake.docker_engine import DockerEngine
+from unibake.errors import EngineError
+
+BUSYBOX = "localhost/unibake-busybox:1"
+
+
+@pytest.fixture
+def missing() -> str:
+    """An image reference no engine holds."""
+    return f"unibake-test-missing/{uuid.uuid4().hex[:12]}:none"
+
+
+def test_operations_on_an_image_the_engine_lacks_name_it(engine, missing):
+    cases = (("starting", lambda: engine.start(missing, ["true"])),
+             ("cannot read the history of", lambda: engine.history(missing)),
+             ("cannot tag", lambda: engine.tag(missing, f"{missing}-copy")))
+    for what, call in cases:
+        with pytest.raises(EngineError) as caught:
+            call()
+        message = str(caught.value)
+        assert what in message and missing in message and f"(engine at {engine.address})" in message
+    assert engine.inspect_image(missing) is None  # absence is an answer, not an error
+    engine.remove_image(missing)  # removing what is not there is no error either
+    assert engine.remove_if_unused("sha256:" + "0" * 64)
+
+
+def test_operations_on_a_container_that_does_not_exist_name_it(engine):
+    unknown = uuid.uuid4().hex * 2
+    for call in (engine.container_status, engine.container_state):
+        with pytest.raises(EngineError, match=rf"cannot inspect container {unknown[:12]}: .*No such container"):
+            call(unknown)
+    engine.remove_container(unknown)  # already gone: no error
+
+
+def test_a_started_container_reports_its_exit_and_restarts(engine):
+    container = engine.start(BUSYBOX, ["sh", "-c", "exit 3"], restarts=2)
+    try:
+        for _ in range(200):  # the engine restarts it twice, then leaves it exited
+            status = engine.container_status(container)
+            if not status.running and not status.restarting and status.restart_count == 2:
+                break
+            time.sleep(0.1)
+        assert (status.running, status.restart_count, status.exit_code, status.oom_killed) == (False, 2, 3, False)
+    finally:
+        engine.remove_container(container)
+
+
+def test_a_load_the_engine_refuses_is_one_error_with_its_reason(engine):
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as tar:  # a tar, but no image in it
+        data = b"not an image"
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(EngineError, match=r"(the engine refused the image|loading the image failed): .+ \(engine at "):
+        engine.load([stream.getvalue()])
+
+
+def test_an_engine_that_does_not_listen_is_named(tmp_path):
+    address = f"unix://{tmp_path}/nobody.sock"
+    with pytest.raises(EngineError) as caught:
+        DockerEngine(address).version()
+    assert str(caught.value).startswith(f"cannot reach the Docker engine at {address}: no engine listens there") or \
+        str(caught.value).startswith("the Docker engine does not answer: no engine listens there")
+
+
+def test_a_pull_from_a_registry_nobody_serves_says_so(engine):
+    digest = "sha256:" + "1" * 64
+    with pytest.raises(EngineError, match=r"the engine could not pull 127\.0\.0\.1:9/nothing@sha256:1{64}|"
+                                          r"pulling 127\.0\.0\.1:9/nothing@sha256:1{64} failed"):
+        engine.pull("127.0.0.1:9/nothing", digest, None)
