@@ -328,9 +328,10 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
             raise InputError(f"--allow {pattern!r} is not a regular expression: {exc}") from None
     config = Path(getattr(args, "config", "profiles"))
     root = (ctx.cwd / config).resolve().parent
+    out = _out(args, ctx.cwd)
     request = Request(
         env=ctx.env, cwd=ctx.cwd, config=config, profiles=tuple(getattr(args, "profile", ())),
-        version=getattr(args, "version", None), out=_out(args, ctx.cwd), force=getattr(args, "force", False),
+        version=getattr(args, "version", None), out=out, force=getattr(args, "force", False),
         level=level, long_distance=getattr(args, "long", False),
         split=parse_size(args.split) if getattr(args, "split", None) else None,
         roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
@@ -338,7 +339,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         scratch_dir=Path(args.scratch_dir) if getattr(args, "scratch_dir", None) else None,
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
-        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root),
+        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root, outputs=(out, out.parent / "checksums")),
         platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
         sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
     return replace(request, **extra)

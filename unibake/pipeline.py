@@ -698,14 +698,22 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
 # Where the epoch and revision come from
 
 
-def git_revision(root: Path) -> str:
+def git_revision(root: Path, outputs: Sequence[Path] = ()) -> str:
+    """HEAD's commit, ``-dirty`` when a tracked file differs from it. Changes under ``outputs`` (the
+    release folder, the checksums folder) do not count: they are what a run writes, not its sources,
+    so a second run of the same commit must not call the first one's results a change."""
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        git = ["git", "-C", str(root)]
+        rev = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        top = Path(subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                                  check=True).stdout.strip())
+        status = subprocess.run([*git, "status", "--porcelain", "-z", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    skip = [o.resolve() for o in outputs]
+    changed = [top / entry[3:] for entry in status.split("\0") if len(entry) > 3]
+    dirty = [p for p in changed if not any(p == o or o in p.parents for o in skip)]
     return rev + ("-dirty" if dirty else "")
 
 

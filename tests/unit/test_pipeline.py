@@ -113,3 +113,29 @@ def test_with_no_smoke_the_round_trip_still_runs_and_only_the_gates_are_skipped(
     assert engines["fake://verify"].loads == 1
     notes = (results["release"].folder / "RELEASE_NOTES.md").read_text()
     assert "Smoke gates: not run (skipped with --no-smoke)." in notes
+
+
+def test_the_revision_is_dirty_for_changed_sources_but_not_for_what_a_run_wrote(tmp_path):
+    from unibake.pipeline import git_revision
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    for name in ("profiles/product.yaml", "release/1.0/manifest.json", "checksums/1.0.SHA256SUMS"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("one\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD").strip()
+    outputs = (tmp_path / "release", tmp_path / "checksums")
+    root = tmp_path / "profiles"
+    assert git_revision(root, outputs) == head
+    # a run rewrote the tracked release folder and its checksums: still the same sources
+    (tmp_path / "release/1.0/manifest.json").write_text("two\n")
+    (tmp_path / "checksums/1.0.SHA256SUMS").write_text("two\n")
+    assert git_revision(root, outputs) == head
+    assert git_revision(root) == head + "-dirty"  # without outputs every tracked change counts
+    (tmp_path / "profiles/product.yaml").write_text("two\n")
+    assert git_revision(root, outputs) == head + "-dirty"
+    assert git_revision(tmp_path / "missing") == "unknown"  # no folder, no repository: said, not guessed
