@@ -1,55 +1,143 @@
 #!/bin/sh
 # Start one profile of demo-llm:1.3.1 with only the GPUs it needs.
-# Usage: ./run.sh [--dry-run] [PROFILE] [ENGINE ARGS...]       (default profile: tp4)
-# Environment:
-#   GPUS=2,3        which GPUs (default: the first N the profile needs)
+# Usage: ./run.sh [--dry-run] [--name NAME] [PROFILE] [ENGINE ARGS...] [-- ENGINE ARGS...]
+#        (default profile: tp4; --dry-run, --name and --help are taken anywhere before "--")
+# Environment (each value is checked; a bad one stops here with exit 2):
+#   GPUS=2,3        which GPUs: numbers, NVIDIA GPU-/MIG- UUIDs, or all (default: the first N the profile needs)
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
 #   MODEL_DRAFT=/host/dir   mounted read-only at /models/draft
 #   MODEL_TARGET=/host/dir   mounted read-only at /models/target
 #   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back)
-#   NAME            the container name (default demo-llm-PROFILE)
+#   NAME            the container name (default demo-llm-PROFILE; --name wins)
 set -eu
 quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
-IMAGE="${IMAGE:-demo-llm:1.3.1}"
+die() { printf 'error: %s\n' "$*" >&2; exit 2; }
+usage() {
+  sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  echo "Profiles: tp1, tp2, tp4"
+}
+number() {  # $1 name, $2 value, $3 lowest, $4 highest: a whole number in range, or exit 2
+  case "$2" in ""|*[!0-9]*) die "$1 must be a number from $3 to $4; got '$2'" ;; esac
+  [ "${#2}" -le 5 ] && [ "$2" -ge "$3" ] && [ "$2" -le "$4" ] || die "$1 must be a number from $3 to $4; got '$2'"
+}
+
 dry_run=0
-if [ "${1:-}" = "--dry-run" ]; then dry_run=1; shift; fi
-profile="${1:-tp4}"
-[ "$#" -eq 0 ] || shift
+name="${NAME:-}"
+profile=""
 engine_args=""
-for arg in "$@"; do engine_args="$engine_args $(quote "$arg")"; done
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    -h|--help) usage; exit 0 ;;
+    --name) [ "$#" -ge 2 ] || die "--name needs a value"; name=$2; shift ;;
+    --name=*) name=${1#--name=} ;;
+    --) shift; for arg in "$@"; do engine_args="$engine_args $(quote "$arg")"; done; break ;;
+    *)
+      if [ -z "$profile" ] && [ -z "$engine_args" ]; then
+        case "$1" in -*) die "unknown option '$1' before the profile (see ./run.sh --help)" ;; esac
+        profile=$1
+      else
+        engine_args="$engine_args $(quote "$1")"
+      fi ;;
+  esac
+  shift
+done
+profile="${profile:-tp4}"
 case "$profile" in
-  tp1) need=1; vendor=nvidia ;;
-  tp2) need=2; vendor=nvidia ;;
-  tp4) need=4; vendor=nvidia ;;
-  *) echo "error: unknown profile '$profile'; known: tp1, tp2, tp4" >&2; exit 2 ;;
+  tp1) need=1; vendor=nvidia; nodes=1; network=bridge; ipc=host; shm=''; rdma=0; master_port=29500
+    extra_devices=''; extra_groups='' ;;
+  tp2) need=2; vendor=nvidia; nodes=1; network=bridge; ipc=host; shm=''; rdma=0; master_port=29500
+    extra_devices=''; extra_groups='' ;;
+  tp4) need=4; vendor=nvidia; nodes=1; network=bridge; ipc=host; shm=''; rdma=0; master_port=29500
+    extra_devices=''; extra_groups='' ;;
+  *) die "unknown profile '$profile'; known: tp1, tp2, tp4" ;;
 esac
 
+if [ -z "$name" ]; then name="demo-llm-$profile"; fi
+case "$name" in
+  [A-Za-z0-9]*) case "$name" in *[!A-Za-z0-9_.-]*) die "the container name must be letters, digits, '_', '.' and '-'; got '$name'" ;; esac ;;
+  *) die "the container name must start with a letter or digit; got '$name'" ;;
+esac
+IMAGE="${IMAGE:-demo-llm:1.3.1}"
+case "$IMAGE" in ""|-*|*[!A-Za-z0-9_.:/@-]*) die "IMAGE must be an image reference like demo-llm:1.3.1; got '$IMAGE'" ;; esac
+
+# GPUs: numbers (every vendor), GPU-/MIG- UUIDs (NVIDIA), or all
 gpus="${GPUS:-}"
 if [ -z "$gpus" ]; then
   i=0
   while [ "$i" -lt "$need" ]; do gpus="${gpus:+$gpus,}$i"; i=$((i + 1)); done
 fi
-count=$(printf '%s\n' "$gpus" | tr ',' '\n' | grep -c .)
-if [ "$count" -ne "$need" ]; then
-  echo "error: profile $profile needs $need GPUs; GPUS=$gpus names $count" >&2
-  exit 2
+if [ "$gpus" != all ]; then
+  case "$gpus" in ,*|*,|*,,*) die "GPUS must be GPU numbers like 0,1, UUIDs, or all; got '$gpus'" ;; esac
+  for g in $(printf '%s' "$gpus" | tr ',' ' '); do
+    case "$g" in
+      *[!0-9]*)
+        case "$g" in
+          GPU-*|MIG-*) [ "$vendor" = nvidia ] || die "GPUS: $vendor GPUs are chosen by number, not UUID; got '$g'"
+                       case "${g#*-}" in ""|*[!A-Za-z0-9/-]*) die "GPUS: '$g' is not a GPU or MIG UUID" ;; esac ;;
+          *) die "GPUS must be GPU numbers like 0,1, UUIDs, or all; got '$gpus'" ;;
+        esac ;;
+      0?*) die "GPUS: '$g' is not a GPU number (no leading zeros)" ;;
+      *) [ "${#g}" -le 4 ] || die "GPUS: '$g' is not a GPU number" ;;
+    esac
+  done
+  count=$(printf '%s\n' "$gpus" | tr ',' '\n' | grep -c .)
+  [ "$count" -eq "$need" ] || die "profile $profile needs $need GPUs; GPUS=$gpus names $count"
 fi
-for g in $(printf '%s' "$gpus" | tr ',' ' '); do
-  case "$g" in *[!0-9]*|"") echo "error: GPUS must be GPU numbers like 0,1; got '$gpus'" >&2; exit 2 ;; esac
-done
 
 port="${PORT:-30000}"
-set -- docker run --rm --name "${NAME:-demo-llm-$profile}" -e PROFILE="$profile" -e PORT="$port" \
-  -p "$port:$port" --ipc=host --shm-size=16g
-if [ "$vendor" = amd ]; then
-  set -- "$@" --device /dev/kfd --group-add video --security-opt seccomp=unconfined
-  for g in $(printf '%s' "$gpus" | tr ',' ' '); do set -- "$@" --device "/dev/dri/renderD$((128 + g))"; done
-else
-  set -- "$@" --gpus "\"device=$gpus\""
+number PORT "$port" 1 65535
+set -- docker run --rm --name "$name" -e PROFILE="$profile" -e PORT="$port"
+if [ "$nodes" -gt 1 ]; then
+  [ -n "${NODE_RANK:-}" ] || die "profile $profile runs on $nodes nodes: set NODE_RANK (0 to $((nodes - 1))) and MASTER_ADDR"
+  number NODE_RANK "$NODE_RANK" 0 $((nodes - 1))
+  [ -n "${MASTER_ADDR:-}" ] || die "profile $profile runs on $nodes nodes: set MASTER_ADDR, the address of the node with NODE_RANK=0"
+  case "$MASTER_ADDR" in
+    -*|*[!A-Za-z0-9.:-]*) die "MASTER_ADDR must be a host name or an IP address; got '$MASTER_ADDR'" ;;
+  esac
+  [ "${#MASTER_ADDR}" -le 253 ] || die "MASTER_ADDR is longer than a host name can be"
+  mport="${MASTER_PORT:-$master_port}"
+  number MASTER_PORT "$mport" 1 65535
+  set -- "$@" -e NNODES="$nodes" -e NODE_RANK="$NODE_RANK" -e MASTER_ADDR="$MASTER_ADDR" -e MASTER_PORT="$mport"
 fi
+if [ "$network" = host ]; then
+  set -- "$@" --network host
+else
+  set -- "$@" -p "$port:$port"
+fi
+set -- "$@" --ipc="$ipc"
+if [ -n "$shm" ]; then set -- "$@" --shm-size="$shm"; fi
+if [ "$rdma" -eq 1 ]; then set -- "$@" --device /dev/infiniband --ulimit memlock=-1:-1; fi
+case "$vendor" in
+  amd|hygon)
+    set -- "$@" --device /dev/kfd --group-add video --security-opt seccomp=unconfined
+    if [ "$gpus" = all ]; then
+      set -- "$@" --device /dev/dri
+    else
+      for g in $(printf '%s' "$gpus" | tr ',' ' '); do set -- "$@" --device "/dev/dri/renderD$((128 + g))"; done
+      if [ "$vendor" = hygon ]; then
+        visible=""
+        i=0
+        while [ "$i" -lt "$need" ]; do visible="${visible:+$visible,}$i"; i=$((i + 1)); done
+        set -- "$@" -e HIP_VISIBLE_DEVICES="$visible"
+      fi
+    fi ;;
+  *)
+    if [ "$gpus" = all ]; then set -- "$@" --gpus all; else set -- "$@" --gpus "\"device=$gpus\""; fi ;;
+esac
+for d in $extra_devices; do set -- "$@" --device "$d"; done
+for g in $extra_groups; do set -- "$@" --group-add "$g"; done
 if [ -n "${MODEL_NAME:-}" ]; then set -- "$@" -e MODEL_NAME="$MODEL_NAME"; fi
-if [ -n "${MODEL_DRAFT:-}" ]; then set -- "$@" -v "${MODEL_DRAFT}:/models/draft:ro"; fi
-if [ -n "${MODEL_TARGET:-}" ]; then set -- "$@" -v "${MODEL_TARGET}:/models/target:ro"; fi
+if [ -n "${MODEL_DRAFT:-}" ]; then
+  case "${MODEL_DRAFT}" in /*) ;; *) die "MODEL_DRAFT must be an absolute path on this host; got '${MODEL_DRAFT}'" ;; esac
+  case "${MODEL_DRAFT}" in *:*|*,*) die "MODEL_DRAFT must not hold ':' or ','; got '${MODEL_DRAFT}'" ;; esac
+  set -- "$@" -v "${MODEL_DRAFT}:/models/draft:ro"
+fi
+if [ -n "${MODEL_TARGET:-}" ]; then
+  case "${MODEL_TARGET}" in /*) ;; *) die "MODEL_TARGET must be an absolute path on this host; got '${MODEL_TARGET}'" ;; esac
+  case "${MODEL_TARGET}" in *:*|*,*) die "MODEL_TARGET must not hold ':' or ','; got '${MODEL_TARGET}'" ;; esac
+  set -- "$@" -v "${MODEL_TARGET}:/models/target:ro"
+fi
 set -- "$@" "$IMAGE"
 if [ -n "$engine_args" ]; then eval "set -- \"\$@\" serve $engine_args"; fi
 
