@@ -104,7 +104,7 @@ fi
 if grep -q '\.part-' "$work/parts"; then
   n=0
   while IFS= read -r part; do
-    expected=$(printf '%s.part-%03d' "$(sed 's/\.part-[0-9]*$//' "$work/parts" | head -n 1)" "$n")
+    expected=$(printf '%s.part-%03d' "$archive" "$n")
     [ "$part" = "$expected" ] || fail "$dir: the archive's parts are not NAME.part-000 onwards in order ($part)"
     n=$((n + 1))
   done < "$work/parts"

@@ -712,7 +712,12 @@ def git_revision(root: Path, outputs: Sequence[Path] = ()) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     skip = [o.resolve() for o in outputs]
-    changed = [top / entry[3:] for entry in status.split("\0") if len(entry) > 3]
+    entries, changed = iter(status.split("\0")), []
+    for entry in entries:
+        if len(entry) > 3:
+            changed.append(top / entry[3:])
+            if entry[0] in "RC":  # a rename or copy: its source path is the next field
+                changed.append(top / next(entries, ""))
     dirty = [p for p in changed if not any(p == o or o in p.parents for o in skip)]
     return rev + ("-dirty" if dirty else "")
 
