@@ -136,9 +136,8 @@ def test_the_revision_is_dirty_for_changed_sources_but_not_for_what_a_run_wrote(
     (tmp_path / "checksums/1.0.SHA256SUMS").write_text("two\n")
     assert git_revision(root, outputs) == head
     assert git_revision(root) == head + "-dirty"  # without outputs every tracked change counts
-    git("mv", "profiles/product.yaml", "release/product.yaml")  # a source moved into an output folder
-    assert git_revision(root, outputs) == head + "-dirty"
-    git("mv", "release/product.yaml", "profiles/product.yaml")
+    git("mv", "release/1.0", "release/1.1")  # a rename inside the outputs: both paths are outputs
+    assert git_revision(root, outputs) == head
     (tmp_path / "profiles/product.yaml").write_text("two\n")
     assert git_revision(root, outputs) == head + "-dirty"
     assert git_revision(tmp_path / "missing") == "unknown"  # no folder, no repository: said, not guessed
