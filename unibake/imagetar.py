@@ -4,8 +4,8 @@
   copying the members' content: ``docker save`` streams, our own archives, and the layers inside
   them (normalise rewrites their headers, repro lists their entries). Python's ``tarfile`` copies
   every byte three times on its way and cannot rewrite a stream in place, hence this walker;
-  ``tarfile`` still parses each 512-byte header (:meth:`tarfile.TarInfo.frombuf`), so the field
-  rules are the standard library's.
+  the field rules of each 512-byte header stay the standard library's: :func:`parse_header` reads
+  the common case itself and hands every other header to :meth:`tarfile.TarInfo.frombuf`.
 * :func:`pax_records` is the one PAX parser; :func:`tar_header` the one header writer.
 * :class:`LayerRewriter` sets every time in a layer's headers to an epoch and empties owner names,
   keeping every header's length, so a rewritten layer is exactly as long as the original.
@@ -92,6 +92,71 @@ def pax_records(data: bytes, what: str = "the archive") -> dict[str, str]:
     return records
 
 
+@dataclass(frozen=True, slots=True)
+class Header:
+    """The fields of one header block that the walker uses, as ``tarfile`` reads them."""
+
+    name: str
+    type: bytes
+    size: int
+    linkname: str
+    mode: int
+    uid: int
+    gid: int
+    mtime: int
+
+
+_NUMBERS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345))
+_UTF8 = ("utf-8", "surrogateescape")
+
+
+def _text(field: bytes) -> str:
+    end = field.find(b"\0")
+    return (field if end < 0 else field[:end]).decode(*_UTF8)
+
+
+def parse_header(block: bytes) -> Header:
+    """One header block's fields, exactly as :meth:`tarfile.TarInfo.frombuf` gives them.
+
+    Written here because ``frombuf`` is what a layer's walk spends most of its Python time on
+    (51,000 headers in a 2.5 GB image of libraries: 2.3 CPU-seconds, about 45 us each: it parses
+    every field and sums the block twice through tuples). This reads the same fields for the
+    common header (octal numbers, the unsigned checksum) in about a third of that; any other
+    header (base-256 numbers, a signed checksum, GNU sparse, anything odd) goes to ``frombuf``
+    itself, so its rules and its errors (:class:`tarfile.HeaderError`) stay the only ones.
+    ``tests/unit/test_imagetar.py`` holds the two to the same answers on generated headers.
+    """
+    try:
+        numbers = []
+        for start, stop in _NUMBERS:
+            field = block[start:stop]
+            end = field.find(b"\0")
+            numbers.append(int((field if end < 0 else field[:end]) or b"0", 8))
+        field = block[148:156]
+        end = field.find(b"\0")
+        checksum = int((field if end < 0 else field[:end]) or b"0", 8)
+        fast = (len(block) == BLOCK and block[156:157] != tarfile.GNUTYPE_SPARSE
+                and checksum == 256 + sum(block) - sum(field) and all(n >= 0 for n in numbers))
+    except ValueError:  # not plain octal: frombuf decides (int() reads bytes as frombuf reads the text)
+        fast = False
+    if not fast:
+        info = tarfile.TarInfo.frombuf(block, *_UTF8)
+        return Header(name=info.name, type=info.type, size=info.size, linkname=info.linkname, mode=info.mode,
+                      uid=info.uid, gid=info.gid, mtime=int(info.mtime))
+    kind = block[156:157]
+    name = _text(block[0:100])
+    if kind == tarfile.AREGTYPE and name.endswith("/"):
+        kind = tarfile.DIRTYPE
+    if kind == tarfile.DIRTYPE:
+        name = name.rstrip("/")
+    prefix = _text(block[345:500])
+    if prefix and kind not in tarfile.GNU_TYPES:
+        name = prefix + "/" + name
+    mode, uid, gid, size, mtime = numbers[:5]
+    return Header(name=name, type=kind, size=size, linkname=_text(block[157:257]), mode=mode, uid=uid, gid=gid,
+                  mtime=mtime)
+
+
 def _has_content(kind: bytes) -> bool:
     """Whether the header's size counts content bytes: as tarfile and Go's archive/tar read it."""
     return kind in tarfile.REGULAR_TYPES or kind not in tarfile.SUPPORTED_TYPES
@@ -162,13 +227,16 @@ class TarWalker:
             self.visitor.raw(memoryview(block))
             return
         try:
-            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+            info = parse_header(block)
         except tarfile.HeaderError:
             if not self.headers:
                 raise ArchiveError(f"{self.what} is not a valid tar stream: its first block is not a "
                                    "tar header") from None
             raise ArchiveError(f"{self.what} has a damaged member header after {self.headers} headers: "
                                "corrupted archive") from None
+        if info.size < 0:  # tarfile reads "-12" (and base-256) as negative: the walk would go backwards
+            raise ArchiveError(f"{self.what} has a member header with a negative size ({info.size}) after "
+                               f"{self.headers} headers: corrupted archive")
         self.headers += 1
         if info.type in EXTENDED_TYPES:
             if info.size > KEEP_LIMIT:
@@ -190,7 +258,7 @@ class TarWalker:
         if not _has_content(info.type):
             size = 0
         entry = TarEntry(name=name, type=info.type, size=size, linkname=linkname, mode=info.mode, uid=info.uid,
-                         gid=info.gid, mtime=int(info.mtime), extended=tuple(self._extended), header=block)
+                         gid=info.gid, mtime=info.mtime, extended=tuple(self._extended), header=block)
         self._extended = []
         self._in_entry = True
         self.visitor.begin(entry)

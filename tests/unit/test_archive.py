@@ -156,3 +156,14 @@ def test_several_big_layers_each_keep_their_whole_frame(tmp_path):
     archive = write_archive(chunks(data, 1 << 16), tmp_path, "x.tar.zst", tag=TAG)
     assert archive.compressed_bytes > 6 << 20  # random data does not compress: nothing was lost
     assert read_back(archive).image.image_id == image_id
+
+
+@pytest.mark.parametrize("sizes", [[32768] * 100, [1, 2, 3], [5 << 20], [32768] * 31 + [5 << 20, 7], []])
+def test_the_save_stream_is_handed_on_in_pieces_of_at_least_a_mebibyte(sizes):
+    """urllib3 yields the engine's 32 KiB HTTP chunks one by one; the archive stage gets them joined."""
+    from unibake.docker_engine import SAVE_PIECE, coalesced
+    pieces = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    out = list(coalesced(iter(pieces), SAVE_PIECE))
+    assert b"".join(out) == b"".join(pieces)
+    assert all(len(p) >= SAVE_PIECE for p in out[:-1])
+    assert len(out) <= max(1, -(-sum(sizes) // SAVE_PIECE)) + sum(n >= SAVE_PIECE for n in sizes)

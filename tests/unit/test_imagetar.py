@@ -86,6 +86,20 @@ def test_a_pax_size_that_is_not_a_number_is_refused():
         walker.feed(data)
 
 
+@pytest.mark.parametrize("field", [b"-0000000012\0", b"\xff" + b"\xff" * 10 + b"\xf6"])
+def test_a_negative_member_size_is_refused_before_the_walk_goes_backwards(field):
+    """tarfile reads "-12" in octal, and base-256 starting with 0xff, as a negative size; the walker
+    once took it and stepped back over bytes it had read."""
+    header = bytearray(tar_header("x", 0))
+    header[124:136] = field
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    seen = Collect()
+    with pytest.raises(ArchiveError, match=r"negative size \(-1[02]\)"):
+        TarWalker(seen).feed(bytes(header) + b"x" * BLOCK + bytes(2 * BLOCK))
+    assert seen.entries == []
+
+
 @pytest.mark.parametrize("records", [b"5 a=b\n", b"x a=b\n", b"99 a=b\n", b"6 ab\n\n", b"1000000000000000000000000 a"])
 def test_malformed_pax_records_are_refused(records):
     with pytest.raises(ArchiveError, match="malformed PAX header"):
