@@ -239,8 +239,8 @@ def stage_table(rel: ReleaseRuns) -> list[str]:
     lines = ["| stage | " + " | ".join(runs) + " |", "|---|" + "---|" * len(runs)]
     for name in names:
         lines.append(f"| {name} | " + " | ".join(med(ms, name) for ms in runs.values()) + " |")
-    lines.append("| outside the stages (start-up and imports; the scratch engine stopped and removed after "
-                 "publish) | " + " | ".join(
+    lines.append("| outside the stages (start-up and imports; waiting at the end for the scratch engine, "
+                 "stopped and removed in a thread since the smoke gates) | " + " | ".join(
         f"{statistics.median(m.seconds - sum(m.stages.values()) for m in ms):.1f} s" for ms in runs.values()) + " |")
     lines.append("| **whole run (wall)** | " + " | ".join(
         f"**{statistics.median(m.seconds for m in ms):.1f} s**" for ms in runs.values()) + " |")

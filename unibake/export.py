@@ -9,9 +9,10 @@ Reading the built image's save stream once, every layer is
 * the base image's: checked against the base's diffID, compressed into its frame, and sent to the
   fresh engine's load (the local engine has it).
 
-When the stream ends, the new config is written and sent to both loads, the archive is assembled in
-its canonical form from the frames, and the archive file is read back once: every file's sha256,
-the stream decoded and every diffID and the config digest recomputed from the archive's own bytes.
+When the stream ends, the new config is written and sent to both loads; while the engines unpack
+what they were sent, the archive is assembled in its canonical form from the frames, and the
+archive file is read back once: every file's sha256, the stream decoded and every diffID and the
+config digest recomputed from the archive's own bytes.
 So the fresh engine, which recomputes every diffID as it loads, holds an image with the same
 diffIDs and config as the archive: the round trip's proof, without a second export or a second
 read of the archive. A hotfix's fresh engine holds its base release, so its round trip loads the
@@ -234,23 +235,35 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 _end_of_load(local, config, tag, names)
                 if remote is not None:
                     _end_of_load(remote, config, tag, names)
+                # Both engines now take in what they were sent (Engine 20.10 unpacks a load only once
+                # its stream has ended: seconds for a big image); the archive is assembled and read
+                # back meanwhile, and the loads are waited for after.
+                image_id = f"sha256:{hashlib.sha256(config).hexdigest()}"
+                layer_members = tuple(Member(name=layer.out_name, size=layer.size, sha256=d.removeprefix("sha256:"),
+                                             content_sha256=d.removeprefix("sha256:"), data=layer.data,
+                                             routed=layer.spool)
+                                      for layer, d in zip(layers, diff_ids))
+                saved = SavedImage(layout="docker", image_id=image_id, diff_ids=diff_ids, repo_tags=(tag,),
+                                   config=json.loads(config), members=len(members), config_bytes=config,
+                                   layer_members=layer_members)
+                contents = inspector.finish(saved) if inspector is not None else None
+                omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
+                out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split,
+                                              cctx)
+                files = out.finish()
+                archive = Archive(folder=staging, name=name, files=files, compressed_bytes=out.total,
+                                  uncompressed_bytes=uncompressed, level=level, long_distance=long_distance,
+                                  image=saved, seconds=time.monotonic() - start, tag=tag,
+                                  shipped=tuple(d for d in diff_ids if d not in omit),
+                                  omitted=tuple(d for d in diff_ids if d in omit), contents=contents)
+                back = read_back(archive, omitted=frozenset(archive.omitted))
+                if remote is not None:
                     loaded: LoadOutcome = remote.close()
                 local.close()
-        image_id = f"sha256:{hashlib.sha256(config).hexdigest()}"
         info = engine.inspect_image(tag)
         if info is None or info.id != image_id or tuple(info.diff_ids) != diff_ids:
             raise VerificationError(f"after normalising, {tag} is {info.id if info else 'missing'}, not the "
                                     f"{image_id} the rewritten config describes")
-        layer_members = tuple(Member(name=layer.out_name, size=layer.size, sha256=d.removeprefix("sha256:"),
-                                     content_sha256=d.removeprefix("sha256:"), data=layer.data, routed=layer.spool)
-                              for layer, d in zip(layers, diff_ids))
-        saved = SavedImage(layout="docker", image_id=image_id, diff_ids=diff_ids, repo_tags=(tag,),
-                           config=json.loads(config), members=len(members), config_bytes=config,
-                           layer_members=layer_members)
-        contents = inspector.finish(saved) if inspector is not None else None
-        omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
-        out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split, cctx)
-        files = out.finish()
     except BaseException:
         if out is not None:
             out.abort()
@@ -262,12 +275,6 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
             except UnibakeError:
                 pass
             s.path.unlink(missing_ok=True)
-    archive = Archive(folder=staging, name=name, files=files, compressed_bytes=out.total,
-                      uncompressed_bytes=uncompressed, level=level, long_distance=long_distance, image=saved,
-                      seconds=time.monotonic() - start, tag=tag,
-                      shipped=tuple(d for d in diff_ids if d not in omit), omitted=tuple(d for d in diff_ids if d in omit),
-                      contents=contents)
-    back = read_back(archive, omitted=frozenset(archive.omitted))
     image = Image(ref=tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                   save_bytes=counted["bytes"], platform=image_platform(info))
     trip = None

@@ -21,8 +21,9 @@ the cache, normalises it with the release's epoch, and compares the image ID wit
 The base and builder images must be in that engine with the IDs the release was built on; the
 rebuild refuses before building when they are not.
 
-The kit is deterministic (sorted entries, fixed owners, times set to the epoch, single-threaded
-zstd), so ``build.py kit RELEASE_DIR --out DIR`` writes, from the checkout, a kit byte for byte
+The kit is deterministic (sorted entries, fixed owners, times set to the epoch, zstd with workers:
+its frames are the same bytes for any number of workers from 1 up, so the machine's core count does
+not change them; only 0 workers, which this never uses, would), so ``build.py kit RELEASE_DIR --out DIR`` writes, from the checkout, a kit byte for byte
 equal to the one published, after checking the checkout's inputs and profiles against the
 release's provenance.
 """
@@ -194,7 +195,7 @@ def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext,
         try:
             with open(temp, "wb") as fh:
                 counted = _Hashing(fh)
-                with compressor(DEFAULT_LEVEL, False, threads=0).stream_writer(counted, closefd=False) as zw:
+                with compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(counted, closefd=False) as zw:
                     _write_tar(zw, top, entries, epoch)
                 fh.flush()
                 os.fsync(fh.fileno())

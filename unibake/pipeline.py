@@ -20,13 +20,14 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import supply
 from .archive import DEFAULT_LEVEL, Archive, write_archive
-from .archive_reader import ReadBack, read_back
+from .archive_reader import ReadBack, read_archive, read_back
 from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
 from .console import Reporter
 from .contents import LayerInspector
@@ -166,6 +167,17 @@ class Run:
         self.request, self.reporter, self.stack, self.connect = request, reporter, stack, connect
         self.results: dict[str, object] = {"request": request}
         self._engine: Engine | None = None
+        self._after: dict[str, list[Callable[[], None]]] = {}
+
+    def after(self, stage: str, let_go: Callable[[], None]) -> None:
+        """Call ``let_go`` once ``stage`` has run or been skipped in this run (what only that stage
+        and those before it need: the scratch engine after the smoke gates). A run whose selection
+        lacks ``stage`` never calls it: the stack's exit still cleans up, as it always does."""
+        self._after.setdefault(stage, []).append(let_go)
+
+    def stage_done(self, stage: str) -> None:
+        for let_go in self._after.pop(stage, ()):
+            let_go()
 
     def __getitem__(self, name: str):
         return self.results[name]
@@ -338,7 +350,15 @@ def _fresh_engine(run: Run) -> tuple[Engine, int | None, str]:
     if run.request.verify_engine:
         return run.connect(run.request.verify_engine), None, run.request.verify_engine
     scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
+    run.after("smoke gates", scratch.stop_in_background)
     return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
+
+
+def _forget_base_after(run: Run, engine: Engine, base: HotfixBase, held_before: bool) -> None:
+    """A --verify-engine took in a hotfix's base release for the round trip: it is removed again at
+    the end, unless that engine held it before (a scratch engine goes away whole anyway)."""
+    if run.request.verify_engine and not held_before:
+        run.stack.callback(engine.remove_image, base.manifest.image_id)
 
 
 def _export(run: Run) -> tuple:
@@ -351,19 +371,37 @@ def _export(run: Run) -> tuple:
     request = run.request
     fresh = netns_pid = None
     if request.roundtrip:
+        if base is not None:
+            missing = base.missing_files()
+            if missing:
+                raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
+                                 f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
         fresh, netns_pid, where = _fresh_engine(run)
-        run.reporter.info(f"    loading into {where}" + (" after the pass (the previous release first)" if base else
-                                                         " as the save stream is read"))
+        run.reporter.info(f"    loading into {where}" + (" (the previous release during the pass, the hotfix after)"
+                                                         if base else " as the save stream is read"))
     name = f"{target.product}-{target.release}.tar.zst"
-    with run.reporter.progress("export", built.size or None) as advance:
-        try:
-            done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
-                               owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
-                               long_distance=request.long_distance, split=request.split,
-                               omit_base=base.manifest.diff_ids if base else None, progress=advance,
-                               platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT))
-        except DiskFull as exc:
-            raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
+    # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
+    # spends most of its time writing its temporary folder, with a core to spare.
+    preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
+        if base is not None and fresh is not None else None
+    held_before = preload is not None and fresh.inspect_image(base.manifest.image_id) is not None
+    loading = preload.submit(fresh.load, read_archive(base.folder, base.archive_files)) if preload else None
+    try:
+        with run.reporter.progress("export", built.size or None) as advance:
+            try:
+                done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
+                                   owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
+                                   long_distance=request.long_distance, split=request.split,
+                                   omit_base=base.manifest.diff_ids if base else None, progress=advance,
+                                   platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT))
+            except DiskFull as exc:
+                raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
+        if loading is not None:
+            loading.result()  # its error, if the base release did not load
+            _forget_base_after(run, fresh, base, held_before)
+    finally:
+        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it
+            preload.shutdown(wait=loading.done())
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
@@ -376,12 +414,8 @@ def _export(run: Run) -> tuple:
         proof = Proof(back=done.back, round_trip=None, skipped="skipped with --no-roundtrip")
     elif base is None:
         proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
-    else:  # a hotfix: the fresh engine holds its base release; its small archive is loaded as it is
-        missing = base.missing_files()
-        if missing:
-            raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
-                             f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
-        trip, back = round_trip(archive, fresh, base=(base.folder, base.archive_files))
+    else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
+        trip, back = round_trip(archive, fresh)
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
     if request.verify_engine and fresh is not None:
         run.stack.callback(fresh.remove_image, archive.image.image_id)
@@ -442,6 +476,7 @@ def _read_back(run: Run) -> tuple:
         where = request.verify_engine
     else:
         scratch = run.stack.enter_context(ScratchEngine(request.scratch_dir, on_line=run.reporter.info))
+        run.after("smoke gates", scratch.stop_in_background)
         engine, netns_pid, where = scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
     if base is not None:
         missing = base.missing_files()
@@ -449,9 +484,12 @@ def _read_back(run: Run) -> tuple:
             raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
                              f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
     run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
+    held_before = base is not None and engine.inspect_image(base.manifest.image_id) is not None
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance:
         trip, back = round_trip(archive, engine, base=(base.folder, base.archive_files) if base else None,
                                 progress=advance)
+    if base is not None:
+        _forget_base_after(run, engine, base, held_before)
     if request.verify_engine:
         run.stack.callback(engine.remove_image, archive.image.image_id)
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))
@@ -661,6 +699,7 @@ def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
             if len(given) != len(stage.gives):
                 raise PipelineError(f"stage {stage.name!r} gave {len(given)} results, not {len(stage.gives)}")
             run.results.update(zip(stage.gives, given))
+            run.stage_done(stage.name)
         return Results(values=dict(run.results))
 
 

@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -180,6 +181,7 @@ class ScratchEngine:
         self.folder: Path | None = None
         self.process: subprocess.Popen | None = None
         self.engine: DockerEngine | None = None
+        self._stopping: threading.Thread | None = None
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -265,7 +267,21 @@ class ScratchEngine:
             remove_scratch_dir(self.folder)
             self.folder = None
 
+    def stop_in_background(self) -> None:
+        """No stage needs this engine any more: stop it and remove its data in a thread while the
+        release's last stages run (about 3 s for a 1.3 GB image: dockerd's shutdown and the removal
+        of its layer store). The exit waits for that thread, so nothing is left behind either way."""
+        if self._stopping is None and (self.process is not None or self.folder is not None):
+            self._stopping = threading.Thread(target=self._stop_all, name="scratch-engine-stop")
+            self._stopping.start()
+
     def __exit__(self, *exc) -> None:
+        if self._stopping is not None:
+            self._stopping.join()
+            self._stopping = None
+        self._stop_all()
+
+    def _stop_all(self) -> None:
         if self.engine is not None:
             self.engine.api.close()
             self.engine = None

@@ -140,3 +140,19 @@ def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(c
         assert scratch.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
         previous = json.loads((base / "manifest.json").read_text())
         assert scratch.engine.inspect_image(previous["tag"]).id == previous["image_id"]  # the base is untouched
+
+
+def test_a_hotfix_verified_in_a_named_engine_leaves_nothing_there(cli, demo_product, hotfix_pair, version, images,
+                                                                   tmp_path):
+    """--verify-engine: the round trip of a hotfix loads its base release there first (during the
+    pass), then the hotfix; both are removed again at the end, as the engine held neither before."""
+    base, _ = hotfix_pair
+    again = f"{version}c"
+    images(f"demo-llm:{again}")
+    with ScratchEngine(tmp_path / "verify") as verify:
+        result = cli("hotfix", "--from", base.name, "--version", again, "--config", str(demo_product),
+                     "--out", str(base.parent), "--verify-engine", verify.engine.address, "--no-smoke")
+        assert result.code == 0, result.err
+        validation = json.loads((base.parent / again / "VALIDATION.json").read_text())
+        assert validation["round_trip"]["engine"] == verify.engine.address and validation["passed"]
+        assert verify.engine.api.images(all=True) == []

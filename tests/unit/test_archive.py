@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from unibake.archive import write_archive
+from unibake.archive import compressor, write_archive
 from unibake.archive_reader import read_archive, read_back
 from unibake.errors import ArchiveError
 
@@ -167,3 +167,22 @@ def test_the_save_stream_is_handed_on_in_pieces_of_at_least_a_mebibyte(sizes):
     assert b"".join(out) == b"".join(pieces)
     assert all(len(p) >= SAVE_PIECE for p in out[:-1])
     assert len(out) <= max(1, -(-sum(sizes) // SAVE_PIECE)) + sum(n >= SAVE_PIECE for n in sizes)
+
+
+def test_compressed_bytes_do_not_depend_on_how_many_cores_the_machine_has():
+    """The archive and the kit compress with zstd workers (threads=-1: one per core); a release made
+    on 2 cores and one made on 64 must be the same bytes. zstd cuts its jobs by size, not by worker,
+    so any number of workers from 1 gives the same frames (0, in-thread, would not)."""
+    import random
+    rng = random.Random(7)
+    words = [bytes(rng.getrandbits(8) for _ in range(rng.randint(3, 12))) for _ in range(500)]
+    data = b"".join(b" ".join(rng.choice(words) for _ in range(250_000)) + bytes([i]) for i in range(12))  # ~25 MB: 3 jobs
+    outs = set()
+    for workers in (1, 2, 3, 8):
+        cctx = compressor(3, False, threads=workers)
+        sink = io.BytesIO()
+        with cctx.stream_writer(sink, closefd=False) as writer:
+            for i in range(0, len(data), 1 << 20 | 12345):  # writes of an odd size
+                writer.write(data[i:i + (1 << 20 | 12345)])
+        outs.add(hashlib.sha256(sink.getvalue()).hexdigest())
+    assert len(outs) == 1

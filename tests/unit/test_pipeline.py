@@ -48,6 +48,28 @@ def test_a_stage_whose_needs_no_earlier_stage_gives_is_refused_before_anything_r
     assert ran == []
 
 
+@pytest.mark.parametrize("skip_b", [False, True])
+def test_what_a_stage_registers_to_let_go_is_let_go_right_after_that_stage_and_only_then(skip_b):
+    """The scratch engine is stopped once the smoke gates are done (run or skipped), while the
+    release's last stages run; a selection without that stage leaves it to the stack's exit."""
+    events = []
+
+    def a(run):
+        run.after("b", lambda: events.append("let go"))
+        events.append("a")
+        return (1,)
+
+    stages = (Stage(name="a", about="a", needs=("request",), gives=("x",), run=a),
+              Stage(name="b", about="b", needs=("x",), gives=("y",), run=lambda run: events.append("b") or (2,),
+                    skip=lambda run: "not today" if skip_b else None, on_skip=lambda why: (0,)),
+              Stage(name="c", about="c", needs=("y",), gives=("z",), run=lambda run: events.append("c") or (3,)))
+    run_stages(stages, Request(env={}, cwd=Path(".")), Quiet())
+    assert events == (["a", "let go", "c"] if skip_b else ["a", "b", "let go", "c"])
+    events.clear()
+    run_stages(stages[:1], Request(env={}, cwd=Path(".")), Quiet())
+    assert events == ["a"]
+
+
 def test_a_skipped_stage_gives_its_placeholder_and_says_why():
     stages = (Stage(name="a", about="a", needs=("request",), gives=("x",), run=lambda run: (1,),
                     skip=lambda run: "not today", on_skip=lambda why: (why,)),
