@@ -173,6 +173,13 @@ def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ..
     return normalised_config(config_member.data, diff_ids, epoch, platform), tuple(diff_ids), layers, tuple(names)
 
 
+def _layer_members(layers: list[PassedLayer], diff_ids: tuple[str, ...]) -> tuple[Member, ...]:
+    """The layers as members of the canonical archive: named as loaded, their frames or bytes."""
+    return tuple(Member(name=layer.out_name, size=layer.size, sha256=d.removeprefix("sha256:"),
+                        content_sha256=d.removeprefix("sha256:"), data=layer.data, routed=layer.spool)
+                 for layer, d in zip(layers, diff_ids))
+
+
 def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...]) -> None:
     config_name = f"{hashlib.sha256(config).hexdigest()}.json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": list(layer_names)}]).encode()
@@ -239,13 +246,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 # its stream has ended: seconds for a big image); the archive is assembled and read
                 # back meanwhile, and the loads are waited for after.
                 image_id = f"sha256:{hashlib.sha256(config).hexdigest()}"
-                layer_members = tuple(Member(name=layer.out_name, size=layer.size, sha256=d.removeprefix("sha256:"),
-                                             content_sha256=d.removeprefix("sha256:"), data=layer.data,
-                                             routed=layer.spool)
-                                      for layer, d in zip(layers, diff_ids))
                 saved = SavedImage(layout="docker", image_id=image_id, diff_ids=diff_ids, repo_tags=(tag,),
                                    config=json.loads(config), members=len(members), config_bytes=config,
-                                   layer_members=layer_members)
+                                   layer_members=_layer_members(layers, diff_ids))
                 contents = inspector.finish(saved) if inspector is not None else None
                 omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
                 out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split,
@@ -255,7 +258,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                   uncompressed_bytes=uncompressed, level=level, long_distance=long_distance,
                                   image=saved, seconds=time.monotonic() - start, tag=tag,
                                   shipped=tuple(d for d in diff_ids if d not in omit),
-                                  omitted=tuple(d for d in diff_ids if d in omit), contents=contents)
+                                  omitted=tuple(d for d in diff_ids if d in omit),
+                                  contents=contents)
                 back = read_back(archive, omitted=frozenset(archive.omitted))
                 if remote is not None:
                     loaded: LoadOutcome = remote.close()

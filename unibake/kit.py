@@ -21,11 +21,10 @@ the cache, normalises it with the release's epoch, and compares the image ID wit
 The base and builder images must be in that engine with the IDs the release was built on; the
 rebuild refuses before building when they are not.
 
-The kit is deterministic (sorted entries, fixed owners, times set to the epoch, zstd with workers:
-its frames are the same bytes for any number of workers from 1 up, so the machine's core count does
-not change them; only 0 workers, which this never uses, would), so ``build.py kit RELEASE_DIR --out DIR`` writes, from the checkout, a kit byte for byte
-equal to the one published, after checking the checkout's inputs and profiles against the
-release's provenance.
+The kit is deterministic (sorted entries, fixed owners, times set to the epoch, zstd with workers,
+whose frames are the same bytes for any number of workers from 1 up), so ``build.py kit
+RELEASE_DIR --out DIR`` writes, from the checkout, a kit byte for byte equal to the one published,
+after checking the checkout's inputs and profiles against the release's provenance.
 """
 
 from __future__ import annotations

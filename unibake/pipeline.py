@@ -354,6 +354,14 @@ def _fresh_engine(run: Run) -> tuple[Engine, int | None, str]:
     return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
 
 
+def _check_base_archive(base: HotfixBase) -> None:
+    """A hotfix's round trip loads its base release first: its archive must still be there."""
+    missing = base.missing_files()
+    if missing:
+        raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
+                         f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+
+
 def _forget_base_after(run: Run, engine: Engine, base: HotfixBase, held_before: bool) -> None:
     """A --verify-engine took in a hotfix's base release for the round trip: it is removed again at
     the end, unless that engine held it before (a scratch engine goes away whole anyway)."""
@@ -372,10 +380,7 @@ def _export(run: Run) -> tuple:
     fresh = netns_pid = None
     if request.roundtrip:
         if base is not None:
-            missing = base.missing_files()
-            if missing:
-                raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
-                                 f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+            _check_base_archive(base)
         fresh, netns_pid, where = _fresh_engine(run)
         run.reporter.info(f"    loading into {where}" + (" (the previous release during the pass, the hotfix after)"
                                                          if base else " as the save stream is read"))
@@ -470,19 +475,9 @@ def _read_back(run: Run) -> tuple:
         with run.reporter.progress("read back", archive.uncompressed_bytes) as advance:
             back = read_back(archive, omitted=omitted, progress=advance)
         return _one(Proof(back=back, round_trip=None, skipped=why))
-    netns_pid = None
-    if request.verify_engine:
-        engine: Engine = run.connect(request.verify_engine)
-        where = request.verify_engine
-    else:
-        scratch = run.stack.enter_context(ScratchEngine(request.scratch_dir, on_line=run.reporter.info))
-        run.after("smoke gates", scratch.stop_in_background)
-        engine, netns_pid, where = scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
     if base is not None:
-        missing = base.missing_files()
-        if missing:
-            raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
-                             f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+        _check_base_archive(base)
+    engine, netns_pid, where = _fresh_engine(run)
     run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
     held_before = base is not None and engine.inspect_image(base.manifest.image_id) is not None
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance:
