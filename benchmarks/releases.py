@@ -88,6 +88,8 @@ class Releases:
         self.peer_ctx = work / "peer" / "ctx"
         self.peer_file = work / "peer" / "image.tar.zst"
         self.cold_sha256: set[str] = set()
+        # the scratch engines' folder, the seeded verify engine's too: its own, removed with the work folder
+        self.scratch = work / "scratch"
 
     def prepare(self) -> None:
         """The realistic base image (once), the product laid out and locked, the by-hand context."""
@@ -115,7 +117,7 @@ class Releases:
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.unlink(missing_ok=True)
         cmd = [sys.executable, str(ROOT / "build.py"), *args, "--config", str(self.profiles),
-               "--metadata-file", str(meta)]
+               "--metadata-file", str(meta), "--scratch-dir", str(self.scratch)]
         start = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=self.work)
         seconds = time.monotonic() - start
@@ -147,11 +149,14 @@ class Releases:
         if problems:
             raise SystemExit(f"error: {name}: release {folder}: " + "; ".join(problems))
 
-    def cold(self, r: int) -> Measured:
+    def cold(self, r: int | str, *extra: str) -> Measured:
         m = self.ours(f"cold-{r}", "build", "--profile", "all", "--no-cache", "--version", "cold", "--force",
-                      "--out", str(self.out), "--no-smoke")
+                      "--out", str(self.out), "--no-smoke", *extra)
         self.cold_sha256.add(m.manifest["archive"]["sha256"])
         return m
+
+    def seed_dirs(self) -> list[Path]:
+        return sorted(p for p in self.scratch.glob("ub-seed-*") if p.is_dir()) if self.scratch.is_dir() else []
 
     def tune(self, r: int) -> Measured:
         realistic.set_tune(self.profiles, f"r{r}a")

@@ -14,10 +14,12 @@ import re
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from pathlib import Path
 
-from .engine import BuildStep, Engine, ImageInfo
+from . import buildmemo
+from .engine import BuildOutcome, BuildStep, Engine, ImageInfo
 from .errors import BuildFailed, CheckFailed, EngineError
 from .platforms import EXEC_FORMAT, emulation_hint, recorded
 from .render import BuildContext, write_context_tar
@@ -39,6 +41,7 @@ class BuiltImage:
     seconds: float
     size: int = 0  # the engine's size of the image (its layers' content)
     replaced: str | None = None  # the image the tag named before this build, if another
+    memoised: int = 0  # steps not sent to the engine: the build memo held their image
 
     @property
     def cacheable_steps(self) -> tuple[BuildStep, ...]:
@@ -97,19 +100,53 @@ def _keep_stages(engine: Engine, product: str, selection: str, stage_images: tup
 
 def build_image(context: BuildContext, engine: Engine, *, product: str, revision: str, epoch: int,
                 nocache: bool = False, on_line: Callable[[str], None] = lambda line: None,
-                ref: str | None = None, platform: str | None = None) -> BuiltImage:
+                ref: str | None = None, platform: str | None = None, memo: Path | None = None) -> BuiltImage:
     """Build ``context`` and tag it ``ref`` (default: the image's own tag); raises CheckFailed when an
     in-image check fails, BuildFailed naming the kernel when a kernel does not compile.
-    ``platform``: the target, when the engine is told one (``linux/arm64``)."""
+    ``platform``: the target, when the engine is told one (``linux/arm64``). ``memo``: the folder of
+    the build memo (:mod:`unibake.buildmemo`); None: the whole Dockerfile is always built."""
     start = time.monotonic()
     tag = ref or context.tag
     before = engine.inspect_image(tag)
+    cut = buildmemo.split(context.dockerfile) if memo is not None else None
+    key = buildmemo.inputs_digest(context, cut, engine, platform) if cut is not None else None
+    hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine) \
+        if key is not None and not nocache else None
+    if hit is not None:
+        on_line(f"the {cut.lower_steps} steps above the build memo's marker are unchanged (inputs "
+                f"sha256:{key[:12]}): building FROM {hit.lower[:19]}, without their context")
+        outcome = _build(buildmemo.upper_context(context, cut, hit), engine, tag=tag, product=product,
+                         revision=revision, epoch=epoch, nocache=False, on_line=on_line, platform=platform)
+        lower = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
+                 for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
+        upper = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]  # its FROM: the memo
+        outcome = replace(outcome, steps=(*lower, *upper), stage_images=hit.stages)
+        memoised = cut.lower_steps
+    else:
+        outcome = _build(context, engine, tag=tag, product=product, revision=revision, epoch=epoch,
+                         nocache=nocache, on_line=on_line, platform=platform)
+        memoised = 0
+        if key is not None:
+            buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps, outcome.stage_images, engine)
+    _keep_stages(engine, product, context.selection, outcome.stage_images)
+    info = engine.inspect_image(tag)
+    if info is None or info.id != outcome.image_id:
+        raise EngineError(f"the build finished but {tag} does not point at {outcome.image_id}")
+    return BuiltImage(image_id=info.id, tag=tag, diff_ids=info.diff_ids, steps=outcome.steps,
+                      stage_images=outcome.stage_images, seconds=time.monotonic() - start, size=info.size,
+                      replaced=before.id if before is not None and before.id != info.id else None,
+                      memoised=memoised)
+
+
+def _build(context: BuildContext, engine: Engine, *, tag: str, product: str, revision: str, epoch: int,
+           nocache: bool, on_line: Callable[[str], None], platform: str | None) -> BuildOutcome:
+    """One build on the engine; its failures named (a failed check, a kernel that did not compile)."""
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as tar:
         write_context_tar(context, tar, mtime=epoch)
         tar.seek(0)
         try:
-            outcome = engine.build(tar, tag=tag, nocache=nocache, on_line=on_line, platform=platform,
-                                   buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
+            return engine.build(tar, tag=tag, nocache=nocache, on_line=on_line, platform=platform,
+                                buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
         except BuildFailed as exc:
             _keep_stages(engine, product, context.selection, exc.stage_images)
             keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)
@@ -127,10 +164,3 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
                                   output=exc.output, last_image=exc.last_image,
                                   stage_images=exc.stage_images) from None
             raise
-    _keep_stages(engine, product, context.selection, outcome.stage_images)
-    info = engine.inspect_image(tag)
-    if info is None or info.id != outcome.image_id:
-        raise EngineError(f"the build finished but {tag} does not point at {outcome.image_id}")
-    return BuiltImage(image_id=info.id, tag=tag, diff_ids=info.diff_ids, steps=outcome.steps,
-                      stage_images=outcome.stage_images, seconds=time.monotonic() - start, size=info.size,
-                      replaced=before.id if before is not None and before.id != info.id else None)

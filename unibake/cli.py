@@ -92,7 +92,11 @@ def _release_options(p: argparse.ArgumentParser) -> None:
                    help="skip the smoke gates only; the round trip still runs (the notes say so)")
     p.add_argument("--verify-engine", metavar="URL",
                    help="load into this engine (it must not have the image) instead of a scratch dockerd")
-    p.add_argument("--scratch-dir", metavar="DIR", help="where the scratch engine keeps its data (default: $TMPDIR)")
+    p.add_argument("--scratch-dir", metavar="DIR",
+                   help="where the scratch engine keeps its data (default: /var/tmp/unibake-UID)")
+    p.add_argument("--no-seed", action="store_true",
+                   help="start the one-pass round trip's scratch engine empty, instead of the verify engine kept in "
+                        "the scratch folder that holds only the base image (slower: the whole image is loaded)")
     p.add_argument("--allow", action="append", default=[], metavar="REGEX",
                    help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow)")
     p.add_argument("--sign", metavar="KEYID",
@@ -337,6 +341,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
         verify_engine=getattr(args, "verify_engine", None),
         scratch_dir=Path(args.scratch_dir) if getattr(args, "scratch_dir", None) else None,
+        seed=not getattr(args, "no_seed", False),
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
         epoch=source_date_epoch(root, ctx.env), revision=git_revision(root, outputs=(out, out.parent / "checksums")),

@@ -87,11 +87,13 @@ class DockerEngine(Engine):
         tail: deque[str] = deque(maxlen=40)
         image_id = ""
         last_image = ""  # the image of the last step that finished
+        step_image = False  # whether the current step has printed its image
         stage_images: list[str] = []
 
         def close_step() -> None:
             if current:
-                steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached))
+                steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached,
+                                       image=last_image if step_image else ""))
 
         try:
             # platform: only when asked; Engine 20.10's classic builder takes a local FROM image as it is
@@ -113,12 +115,12 @@ class DockerEngine(Engine):
                     match = STEP_RE.match(line)
                     if match:
                         close_step()
-                        current, cached = (int(match.group(1)), match.group(3)), False
+                        current, cached, step_image = (int(match.group(1)), match.group(3)), False, False
                         tail.clear()
                         if current[1].upper().startswith("FROM ") and last_image:
                             stage_images.append(last_image)  # the stage before this one is complete
                     elif STEP_IMAGE_RE.match(line):
-                        last_image = STEP_IMAGE_RE.match(line).group(1)
+                        last_image, step_image = STEP_IMAGE_RE.match(line).group(1), True
                     elif line.strip() == "---> Using cache":
                         cached = True
                     elif line.strip():

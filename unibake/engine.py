@@ -17,6 +17,7 @@ class BuildStep:
     number: int
     instruction: str
     cached: bool
+    image: str = ""  # the image the engine committed for this step (short ID, as it printed it)
 
 
 @dataclass(frozen=True, kw_only=True)

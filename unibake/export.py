@@ -61,8 +61,10 @@ class _Layer:
     """One layer member of the save stream on its way to the loads and the archive."""
 
     def __init__(self, name: str, size: int, *, epoch: int, owned: str, local: Consumer, fresh: Consumer | None,
-                 hasher: Consumer, spool: Callable[[], _Spool], inspector: LayerInspector | None):
+                 hasher: Consumer, spool: Callable[[], _Spool], inspector: LayerInspector | None,
+                 fresh_has_base: bool = False):
         self.name, self.size, self.local, self.fresh, self.hasher = name, size, local, fresh, hasher
+        self.fresh_has_base = fresh_has_base  # the fresh engine holds the base image: its layers are not sent
         self.out_name = name if name.endswith("/layer.tar") else f"{posixpath.basename(name)}/layer.tar"
         self.inspector = inspector
         self.look = None  # the SBOM's reader of this layer, as it goes into the archive
@@ -73,19 +75,22 @@ class _Layer:
         self.sent = 0
         self.rewriter = LayerRewriter(epoch=epoch, owned=owned, emit=self._ours)
 
+    def _to_fresh(self, ours: bool) -> bool:
+        return self.fresh is not None and (ours or not self.fresh_has_base)
+
     def _out(self, data, *, local: bool) -> None:
         if not self.sent:
             header = tar_header(self.out_name, self.size)
             if local:
                 self.local.put(header)
-            if self.fresh is not None:
+            if self._to_fresh(local):
                 self.fresh.put(header)
             if self.inspector is not None and self.spool is not None:
                 self.look = self.inspector.sink(self.out_name, self.size, bytes(data[:BLOCK]))
         self.sent += len(data)
         if local:
             self.local.put(data)
-        if self.fresh is not None:
+        if self._to_fresh(local):
             self.fresh.put(data)
         if self.spool is not None:
             self.spool.write(data)
@@ -123,7 +128,7 @@ class _Layer:
         padding = tar_padding(self.size)
         if self.rewriter.ours:
             self.local.put(padding)
-        if self.fresh is not None:
+        if self._to_fresh(bool(self.rewriter.ours)):
             self.fresh.put(padding)
         if self.spool is not None:
             self.spool.close()
@@ -192,7 +197,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 base_image: str, fresh: Engine | None, level: int = DEFAULT_LEVEL, long_distance: bool = False,
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
-                inspector: LayerInspector | None = None) -> Exported:
+                inspector: LayerInspector | None = None, fresh_holds: str | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -200,12 +205,18 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     layers they share from the bottom, and ``fresh`` (which holds that release) is not fed here.
     ``platform``: what the config records (None: what the engine wrote). ``inspector`` reads every
     layer as it goes into the archive (the SBOM's contents, in the same pass).
+    ``fresh_holds``: the base image's ID when ``fresh`` holds it (a seeded verify engine): the base
+    image's layers are not sent to it, only the layers unibake added and the config (Engine 20.10
+    takes an archive whose manifest names layers it already holds without their files).
     """
     start = time.monotonic()
     tag = built.tag
     base = engine.inspect_image(base_image)
     if base is None:
         raise EngineError(f"the base image {base_image} is gone from the engine")
+    if fresh_holds is not None and base.id != fresh_holds:
+        raise VerificationError(f"the base image {base_image} is {base.id} now, not the {fresh_holds} the verify "
+                                "engine was seeded with")
     spools: list[_Spool] = []
     feed_fresh = fresh is not None and omit_base is None
     cctx = compressor(level, long_distance, threads)
@@ -231,7 +242,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                     if not looks_like_layer(member, head):
                         return None
                     return _Layer(member, size, epoch=epoch, owned=owned, local=local, fresh=remote, hasher=hasher,
-                                  spool=new_spool, inspector=inspector)
+                                  spool=new_spool, inspector=inspector, fresh_has_base=fresh_holds is not None)
 
                 try:
                     members = read_members(chunks(), route=route)
@@ -292,6 +303,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
             raise VerificationError(f"after the load, {tag} does not name {image_id} in the fresh engine")
         trip = RoundTripRecord(engine=fresh.address, engine_version=fresh.version(), method="stream",
                                image_id=held.id, diff_ids=held.diff_ids, tags=loaded.tags,
+                               held_before=(fresh_holds,) if fresh_holds else (),
                                seconds=round(time.monotonic() - start, 3))
     return Exported(image=image, archive=archive, back=back, round_trip=trip)
 

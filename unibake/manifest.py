@@ -181,6 +181,10 @@ class RoundTripRecord(Record):
     # what the fresh engine loaded: the archive file itself (the sequential path, a hotfix), or the
     # normalised save stream as it was read (the one-pass export; the archive decoded to the same digests)
     method: Literal["archive", "stream"] = "archive"
+    # the images the engine held before the load: none (an empty scratch engine), the base image the
+    # product is built FROM (a seeded verify engine: only the layers the release adds were loaded),
+    # and for a hotfix the release it builds on
+    held_before: tuple[Digest, ...] = ()
     image_id: str = Field(pattern=DIGEST)
     diff_ids: tuple[Digest, ...]
     tags: tuple[str, ...]

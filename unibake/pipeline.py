@@ -46,7 +46,7 @@ from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
-from .scratch import ScratchEngine
+from .scratch import ScratchEngine, SeedBusy, SeededEngine
 from .smoke import run_gates
 
 
@@ -72,6 +72,7 @@ class Request:
     smoke: bool = True  # --no-smoke: the gates are skipped, the round trip still runs
     verify_engine: str | None = None
     scratch_dir: Path | None = None
+    seed: bool = True  # the one-pass export's round trip in a scratch engine kept holding only the base image
     allow: tuple[str, ...] = ()  # sanitisation: values let through, besides product.yaml's
     identity: tuple[str, ...] = ()  # sanitisation: the builder's home and user name
     nocache: bool = False
@@ -319,12 +320,15 @@ def _build(run: Run) -> tuple:
     plan: ReleasePlan = run["plan"]
     check_base(run.engine, plan)
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
+    # repro proves a build from its inputs: never from the memo
+    memo = None if run.request.hold else plan.project_root / ".cache" / "build-memo"
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
-                        platform=plan.platform.name)
+                        platform=plan.platform.name, memo=memo)
     if built.replaced:
         run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
-    run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache")
+    memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
+    run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache{memoised}")
     return _one(built)
 
 
@@ -345,13 +349,33 @@ def _normalise(run: Run) -> tuple:
     return _one(image)
 
 
-def _fresh_engine(run: Run) -> tuple[Engine, int | None, str]:
-    """The engine that never saw the image: the one --verify-engine names, or a scratch dockerd."""
+def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None, str, str | None]:
+    """The engine that never saw the image: the one --verify-engine names, a scratch dockerd, or
+    (``seed``, the base image's ID) a scratch dockerd kept between runs that holds only the base
+    image. Its network namespace's PID, where it is, and the image it held (None: nothing) come with it."""
     if run.request.verify_engine:
-        return run.connect(run.request.verify_engine), None, run.request.verify_engine
+        return run.connect(run.request.verify_engine), None, run.request.verify_engine, None
+    if seed is not None:
+        try:
+            seeded = run.stack.enter_context(SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
+                                                          on_line=run.reporter.info))
+        except SeedBusy as exc:
+            run.reporter.info(f"    {exc}: an empty scratch engine instead")
+        else:
+            run.after("smoke gates", seeded.stop_in_background)
+            return seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed
     scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
     run.after("smoke gates", scratch.stop_in_background)
-    return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}"
+    return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}", None
+
+
+def _seed_of(run: Run, base_image: str) -> str | None:
+    """The base image's ID when the round trip may use a seeded verify engine (not with
+    --verify-engine or --no-seed)."""
+    if not run.request.seed or run.request.verify_engine:
+        return None
+    info = run.engine.inspect_image(base_image)
+    return info.id if info is not None else None
 
 
 def _check_base_archive(base: HotfixBase) -> None:
@@ -377,11 +401,11 @@ def _export(run: Run) -> tuple:
     target: Target = run["target"]
     base: HotfixBase | None = run.get("base")
     request = run.request
-    fresh = netns_pid = None
+    fresh = netns_pid = held = None
     if request.roundtrip:
         if base is not None:
             _check_base_archive(base)
-        fresh, netns_pid, where = _fresh_engine(run)
+        fresh, netns_pid, where, held = _fresh_engine(run, _seed_of(run, plan.base_image))
         run.reporter.info(f"    loading into {where}" + (" (the previous release during the pass, the hotfix after)"
                                                          if base else " as the save stream is read"))
     name = f"{target.product}-{target.release}.tar.zst"
@@ -398,7 +422,8 @@ def _export(run: Run) -> tuple:
                                    owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
                                    long_distance=request.long_distance, split=request.split,
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
-                                   platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT))
+                                   platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT),
+                                   fresh_holds=held)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
@@ -421,6 +446,7 @@ def _export(run: Run) -> tuple:
         proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
     else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
         trip, back = round_trip(archive, fresh)
+        trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
     if request.verify_engine and fresh is not None:
         run.stack.callback(fresh.remove_image, archive.image.image_id)
@@ -477,7 +503,7 @@ def _read_back(run: Run) -> tuple:
         return _one(Proof(back=back, round_trip=None, skipped=why))
     if base is not None:
         _check_base_archive(base)
-    engine, netns_pid, where = _fresh_engine(run)
+    engine, netns_pid, where, _ = _fresh_engine(run)
     run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
     held_before = base is not None and engine.inspect_image(base.manifest.image_id) is not None
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance:
@@ -485,6 +511,7 @@ def _read_back(run: Run) -> tuple:
                                 progress=advance)
     if base is not None:
         _forget_base_after(run, engine, base, held_before)
+        trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
     if request.verify_engine:
         run.stack.callback(engine.remove_image, archive.image.image_id)
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))

@@ -4,11 +4,20 @@ It runs in its own network namespace (``unshare --net``: its bridge can never to
 engine's ``docker0``), with its own data root, exec root, pidfile and socket, and is stopped by its
 PID when the context ends (also on Ctrl-C and SIGTERM). One left behind by a killed run is
 stopped and removed by the next run that uses the same scratch folder.
+
+:class:`SeededEngine` is the one-pass export's verify engine: a scratch engine whose data folder
+is kept between runs and holds ONE image, the base image the product is built FROM (checked at
+every start: that image and nothing else, no container; anything else and it is wiped and seeded
+again). The round trip then loads only the layers the release adds and its config: the engine
+never saw the release's image, and the base layers it holds carry the same diffIDs the archive's
+read back recomputed. Each run removes what it loaded before the engine stops.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import signal
 import stat
@@ -18,10 +27,16 @@ import threading
 import time
 from pathlib import Path
 
+import docker
+import requests
+
 from .docker_engine import DockerEngine
-from .errors import EngineError, RoundTripUnavailable
+from .errors import EngineError, RoundTripUnavailable, VerificationError
 
 SCRATCH_PREFIX = "ub-scratch-"
+SEED_PREFIX = "ub-seed-"
+SEEDED_MARK = "seeded"  # written once the base image is loaded: the base image ID it holds
+SEEDS_KEPT = 2  # seeded engines kept per scratch folder (each holds a copy of one base image)
 RUNTIME_PREFIX = "ubx-"
 START_TIMEOUT = 90
 STOP_TIMEOUT = 30
@@ -162,13 +177,71 @@ def _owner_alive(folder: Path) -> bool:
 
 
 def clean_stale_scratch(base: Path) -> list[Path]:
-    """Scratch folders of this user whose run is gone (killed with SIGKILL): stop their daemon, remove them."""
+    """Scratch folders of this user whose run is gone (killed with SIGKILL): stop their daemon, remove
+    them. A seeded engine's daemon left running by such a run is stopped; its data folder stays."""
     removed = []
     for folder in sorted(base.glob(f"{SCRATCH_PREFIX}*")):
         if not _ours(folder) or _owner_alive(folder):
             continue
         remove_scratch_dir(folder)
         removed.append(folder)
+    for folder in sorted(base.glob(f"{SEED_PREFIX}*")):
+        if not _ours(folder) or folder.name.endswith(".lock"):
+            continue
+        lock = _try_lock(folder)
+        if lock is None:  # in use by a running run
+            continue
+        try:
+            _stop_seed_processes(folder)
+        finally:
+            os.close(lock)
+    return removed
+
+
+def _try_lock(folder: Path) -> int | None:
+    """The seeded engine's lock (a file beside its folder), taken without waiting; None: another run
+    holds it. The lock goes with the process, so a killed run never leaves it taken."""
+    try:
+        fd = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        raise RoundTripUnavailable(f"cannot open the lock of {folder}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _stop_seed_processes(folder: Path) -> None:
+    """Stop a seeded engine's daemon (verified processes, by PID) and remove its runtime folder; the
+    data folder stays."""
+    runtime = runtime_of(folder)
+    for pid in _processes_of([p for p in (folder, runtime) if _ours(p)]):
+        _stop(pid, STOP_TIMEOUT)
+    for place in (folder, runtime):
+        if _ours(place):
+            _unmount_under(place)
+    if _ours(runtime):
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _evict_seeds(base: Path, keep: Path) -> list[Path]:
+    """Seeded engines beyond the newest SEEDS_KEPT (``keep`` counts as the newest), removed whole
+    unless a run is using them."""
+    others = [f for f in base.glob(f"{SEED_PREFIX}*") if f != keep and _ours(f) and not f.name.endswith(".lock")]
+    others.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    removed = []
+    for folder in others[SEEDS_KEPT - 1:]:
+        lock = _try_lock(folder)
+        if lock is None:
+            continue
+        try:
+            remove_scratch_dir(folder)
+            removed.append(folder)
+        finally:
+            os.close(lock)  # the lock file stays: removing it could let two runs lock two files
     return removed
 
 
@@ -198,6 +271,13 @@ class ScratchEngine:
         return self.process.pid
 
     def __enter__(self) -> "ScratchEngine":
+        self._prepare_base()
+        self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
+        (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        self._start()
+        return self
+
+    def _prepare_base(self) -> None:
         reason = self.unavailable_reason()
         if reason:
             raise RoundTripUnavailable(f"no scratch engine for the round trip: {reason}; run as root, name an "
@@ -212,10 +292,20 @@ class ScratchEngine:
                 raise RoundTripUnavailable(f"cannot use --scratch-dir {self.base}: {exc.strerror}") from None
         for folder in clean_stale_scratch(self.base):
             self.on_line(f"removed a scratch engine left by an interrupted run: {folder}")
-        self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
-        (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+
+    def _start(self) -> None:
+        """Start dockerd on ``self.folder``'s data root and wait until it answers; on any failure
+        everything is stopped and cleaned up."""
+        try:
+            self._start_daemon()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+
+    def _start_daemon(self) -> None:
         runtime = runtime_of(self.folder)
-        runtime.mkdir(mode=0o700)
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        check_private(runtime)
         sock = runtime / "sock"
         log = open(self.folder / "dockerd.log", "wb")
         # Its own network namespace: its bridge can never touch the host engine's docker0.
@@ -228,15 +318,9 @@ class ScratchEngine:
                                             start_new_session=True)
         except OSError as exc:
             log.close()
-            self._cleanup()
             raise RoundTripUnavailable(f"cannot start a scratch dockerd: {exc}") from None
         log.close()
-        try:
-            self._wait_ready(sock)
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
+        self._wait_ready(sock)
 
     def _wait_ready(self, sock: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -289,3 +373,124 @@ class ScratchEngine:
             _stop(self.process.pid, STOP_TIMEOUT)
             self.process = None
         self._cleanup()
+
+
+class SeedBusy(RoundTripUnavailable):
+    """Another run is using the seeded engine of this base image."""
+
+
+class SeededEngine(ScratchEngine):
+    """A scratch engine kept between runs that holds only the base image ``base_id`` when a run
+    starts using it (see the module's docstring). A run that finds it in use by another run, or
+    holding anything else, gets :class:`SeedBusy`, or a wiped and newly seeded engine."""
+
+    def __init__(self, base: Path | None = None, *, source, base_id: str, on_line=lambda line: None):
+        super().__init__(base, on_line=on_line)
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", base_id):
+            raise EngineError(f"the base image ID {base_id!r} is not a sha256 digest")
+        self.source, self.base_id = source, base_id
+        self.seeded_now = False
+        self._lock: int | None = None
+
+    def __enter__(self) -> "SeededEngine":
+        self._prepare_base()
+        folder = self.base / f"{SEED_PREFIX}{self.base_id.removeprefix('sha256:')[:16]}"
+        self._lock = _try_lock(folder)
+        if self._lock is None:
+            raise SeedBusy(f"the verify engine seeded with the base image {self.base_id[:19]} is in use by another run")
+        try:
+            try:
+                folder.mkdir(mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise RoundTripUnavailable(f"cannot make the verify engine's folder {folder}: "
+                                           f"{exc.strerror or exc}") from None
+            check_private(folder)
+            _stop_seed_processes(folder)  # a daemon a killed run left running
+            self.folder = folder
+            if self._mark() != self.base_id:
+                self._wipe()
+            self._start()
+            if not self._holds_only_base():
+                if self._mark() == self.base_id:
+                    self.on_line(f"    the seeded verify engine {folder} held more than its base image: seeded again")
+                    self._stop_daemon()
+                    self._wipe()
+                    self._start()
+                self._seed()
+            os.utime(folder)  # the newest, for the eviction of older ones
+            for old in _evict_seeds(self.base, folder):
+                self.on_line(f"    removed an older seeded verify engine: {old}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _mark(self) -> str:
+        try:
+            return (self.folder / SEEDED_MARK).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def _wipe(self) -> None:
+        """The data root removed (the engine must be stopped): the next start is an empty engine."""
+        (self.folder / SEEDED_MARK).unlink(missing_ok=True)
+        _unmount_under(self.folder)
+        shutil.rmtree(self.folder / "root", ignore_errors=True)
+
+    def _holds_only_base(self) -> bool:
+        """The base image and nothing else: no other image, no container."""
+        try:
+            api = self.engine.api
+            return {i["Id"] for i in api.images(all=True)} == {self.base_id} and not api.containers(all=True)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+
+    def _seed(self) -> None:
+        """Load the base image from the engine that built on it (by ID: a tag moved meanwhile cannot
+        put another image here), then check it is all the engine holds."""
+        self.on_line(f"    seeding the verify engine with the base image {self.base_id[:19]} (once per base image; "
+                     f"kept in {self.folder})")
+        self.engine.load(self.source.save(self.base_id))
+        if not self._holds_only_base():
+            raise VerificationError(f"the verify engine {self.folder} does not hold exactly the base image "
+                                    f"{self.base_id} after seeding it")
+        (self.folder / SEEDED_MARK).write_text(self.base_id + "\n", encoding="ascii")
+        self.seeded_now = True
+
+    def _forget_loaded(self) -> None:
+        """Every container and every image but the base removed: the engine is as the next run expects.
+        If that fails, the mark goes, and the next run seeds it again."""
+        try:
+            api = self.engine.api
+            for container in api.containers(all=True):
+                api.remove_container(container["Id"], force=True, v=True)
+            for image in api.images(all=True):
+                if image["Id"] != self.base_id:
+                    api.remove_image(image["Id"], force=True)
+            if not self._holds_only_base():
+                raise EngineError("it still holds more than its base image")
+        except (docker.errors.DockerException, requests.exceptions.RequestException, EngineError):
+            (self.folder / SEEDED_MARK).unlink(missing_ok=True)
+
+    def _stop_daemon(self) -> None:
+        if self.engine is not None:
+            self.engine.api.close()
+            self.engine = None
+        if self.process is not None:
+            _stop(self.process.pid, STOP_TIMEOUT)
+            self.process = None
+
+    def _stop_all(self) -> None:
+        if self.engine is not None and self.folder is not None:
+            self._forget_loaded()
+        self._stop_daemon()
+        self._cleanup()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def _cleanup(self) -> None:
+        """The daemon's stragglers stopped and its runtime folder removed; the data folder stays."""
+        if self.folder is not None:
+            _stop_seed_processes(self.folder)
+            self.folder = None

@@ -11,6 +11,7 @@ import pytest
 from unibake.builder import CACHE_REPOSITORY
 from unibake.docker_engine import DockerEngine
 from unibake.errors import EngineError
+from unibake.scratch import SEED_PREFIX, private_base, remove_scratch_dir
 
 
 def pytest_collection_modifyitems(items):
@@ -46,7 +47,13 @@ def engine_left_as_found(engine):
     """The suite leaves the engine as it found it: the build cache its builds kept is removed, and
     nothing else may remain (a dangling image, a container, a volume, a network)."""
     before = engine_state(engine)
+    seeds = set(private_base().glob(f"{SEED_PREFIX}*"))
     yield
+    for seed in set(private_base().glob(f"{SEED_PREFIX}*")) - seeds:  # verify engines the tests' releases seeded
+        if seed.is_file():
+            seed.unlink()
+        else:
+            remove_scratch_dir(seed)
     for tag in engine_state(engine)["build cache tags"] - before["build cache tags"]:
         engine.remove_image(tag)
     after = engine_state(engine)

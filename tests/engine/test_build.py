@@ -44,13 +44,24 @@ def test_the_unified_image_honours_profile_port_and_model_name(cli, engine, busy
 def test_a_tampered_file_fails_the_self_check_at_run_time(engine, busybox_product, version, images):
     tag = f"unibake-test:{version}"
     images(tag)
-    build_image(render(make_plan(busybox_product, version=version)), engine, product="unibake-test", revision="r",
-                epoch=0)
+    first = build_image(render(make_plan(busybox_product, version=version)), engine, product="unibake-test",
+                        revision="r", epoch=0)
+    images(first.image_id)  # the second build below moves the tag away from it
     run = engine.run(tag, ["sh", "-c", "echo '{}' > /opt/unibake/profiles/tp2/tune/cache-1.json && "
                                        "/opt/unibake/meta/entrypoint.sh self-check"], env={"PROFILE": "tp2"})
     assert run.exit_code == 1
     assert "error: self-check[tp2]: files differ from meta/files.sha256: " \
            "profiles/tp2/tune/cache-1.json: FAILED" in run.output
+
+    # The build checks the ledgers with its first profile only (one hash of a big engine folder, not one
+    # per profile); that option is refused unless spelled exactly, and the default checks them.
+    lines = []
+    build_image(render(make_plan(busybox_product, version=version)), engine, product="unibake-test", revision="r",
+                epoch=0, nocache=True, on_line=lines.append)
+    assert sum("files match meta/files.sha256" in line for line in lines) == 1
+    assert any("self-check[tp2]: ok: file ledgers not checked again (--skip-ledgers)" in line for line in lines)
+    bogus = engine.run(tag, ["self-check", "--skip"], env={"PROFILE": "tp1"})
+    assert bogus.exit_code == 1 and "error: self-check[tp1]: unknown option --skip" in bogus.output
 
 
 def test_changing_one_tune_json_rebuilds_only_from_the_tune_caches_on(cli, engine, busybox_product, version,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from unibake.scratch import private_base
+from unibake.scratch import SEED_PREFIX, _try_lock, private_base
 
 from ..conftest import REPO
 
@@ -53,6 +53,10 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     assert "| `tp2` |" in notes and "passed" in notes
     # the default one-pass export loads the stream it reads; the notes say so, and what the sequential path does
     assert validation["round_trip"]["method"] == "stream" and "Round trip (one pass)" in notes
+    # ... into the verify engine kept holding only the base image: only the layers above it were loaded
+    base_id = engine.inspect_image("localhost/unibake-busybox:1").id
+    assert validation["round_trip"]["held_before"] == [base_id]
+    assert f"held only the base image `{base_id}`" in notes
     assert "release:" in result.err and "SHA256:" in result.err  # the closing summary
     assert scratch_leftovers() == []
 
@@ -61,6 +65,28 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     archive.write_bytes(bytes(data))
     bad = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True, text=True)
     assert bad.returncode != 0 and f"{archive.name}: FAILED" in bad.stdout
+
+
+def test_the_round_trip_starts_empty_with_no_seed_or_while_another_run_uses_the_seed(cli, engine, busybox_product,
+                                                                                      version, images, tmp_path):
+    images(f"unibake-test:{version}")
+    out = tmp_path / "release"
+    base_id = engine.inspect_image("localhost/unibake-busybox:1").id
+    empty = release(cli, busybox_product, version, out, "--no-seed", "--no-smoke")
+    assert empty.code == 0, empty.err
+    validation = json.loads((out / version / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["held_before"] == [] and validation["round_trip"]["image_id"]
+    assert "held only" not in (out / version / "RELEASE_NOTES.md").read_text()
+
+    lock = _try_lock(private_base() / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}")  # another run's
+    try:
+        busy = release(cli, busybox_product, version, out, "--no-smoke", "--force")
+    finally:
+        os.close(lock)
+    assert busy.code == 0, busy.err
+    assert "is in use by another run: an empty scratch engine instead" in busy.err
+    assert json.loads((out / version / "VALIDATION.json").read_text())["round_trip"]["held_before"] == []
+    assert scratch_leftovers() == []
 
 
 def test_a_profile_whose_engine_cannot_start_fails_the_release(cli, busybox_product, version, images, tmp_path):

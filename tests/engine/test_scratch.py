@@ -1,12 +1,20 @@
 """The scratch engine of the round trip, let go early: stopped in a thread while the release's last
-stages run, and gone, daemon and data, by the time the run's exit returns."""
+stages run, and gone, daemon and data, by the time the run's exit returns; and the seeded verify
+engine, kept between runs holding only the base image."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
-from unibake.scratch import ScratchEngine, runtime_of
+import pytest
 
+from unibake.errors import RoundTripUnavailable
+from unibake.scratch import SEED_PREFIX, ScratchEngine, SeedBusy, SeededEngine, runtime_of
+
+from ..conftest import REPO
 from .test_faults import running_from
 
 
@@ -20,3 +28,75 @@ def test_a_scratch_engine_let_go_early_is_gone_by_the_exit(tmp_path):
     assert running_from(folder) == []
     assert not folder.exists() and not runtime_of(folder).exists()
     assert os.listdir(tmp_path / "scratch") == []
+
+
+BASE = "localhost/unibake-busybox:1"
+
+
+def _images(seeded) -> set[str]:
+    return {i["Id"] for i in seeded.engine.api.images(all=True)}
+
+
+def test_a_seeded_verify_engine_holds_only_its_base_image_and_is_seeded_once(engine, tmp_path):
+    base_id = engine.inspect_image(BASE).id
+    scratch = tmp_path / "scratch"
+    with SeededEngine(scratch, source=engine, base_id=base_id) as seeded:
+        folder = seeded.folder
+        assert seeded.seeded_now and _images(seeded) == {base_id}
+        # What a run loads there (here: an image built on the base) is gone when it stops.
+        seeded.engine.load(engine.save("localhost/unibake-busybox:1-arm64"))
+        assert len(_images(seeded)) == 2
+        seeded.stop_in_background()
+    assert running_from(folder) == [] and not runtime_of(folder).exists()
+    assert (folder / "root").is_dir()  # the data stays for the next run
+
+    with SeededEngine(scratch, source=engine, base_id=base_id) as again:
+        assert not again.seeded_now and _images(again) == {base_id}
+        # A run killed before it cleaned up leaves an image behind: the next run seeds again.
+        again.engine.load(engine.save("localhost/unibake-busybox:1-arm64"))
+        again._stop_daemon()
+    with SeededEngine(scratch, source=engine, base_id=base_id) as third:
+        assert third.seeded_now and _images(third) == {base_id}
+        # A second run with the same base image while this one runs gets none: it is busy.
+        with pytest.raises(SeedBusy):
+            SeededEngine(scratch, source=engine, base_id=base_id).__enter__()
+    assert running_from(folder) == []
+
+
+def test_a_seed_folder_that_is_not_the_users_own_is_refused(engine, tmp_path):
+    base_id = engine.inspect_image(BASE).id
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (scratch / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}").symlink_to(elsewhere)
+    with pytest.raises(RoundTripUnavailable, match="not a private folder"):
+        with SeededEngine(scratch, source=engine, base_id=base_id):
+            pass
+    assert os.listdir(elsewhere) == []
+    (scratch / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}").unlink()
+    (scratch / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}").symlink_to(tmp_path / "missing")
+    with pytest.raises(RoundTripUnavailable, match="cannot make"):
+        with SeededEngine(scratch, source=engine, base_id=base_id):
+            pass
+
+
+def test_a_seeded_engine_left_running_by_a_killed_run_is_stopped_by_the_next(engine, tmp_path):
+    base_id = engine.inspect_image(BASE).id
+    scratch = tmp_path / "scratch"
+    code = ("import sys, time\nfrom unibake.docker_engine import DockerEngine\nfrom unibake.scratch import SeededEngine\n"
+            f"s = SeededEngine({str(scratch)!r}, source=DockerEngine(), base_id={base_id!r}).__enter__()\n"
+            "print(s.folder, flush=True)\ntime.sleep(600)\n")
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        folder = Path(run.stdout.readline().strip())
+        left = running_from(folder)
+        assert left, "the seeded engine's daemon should run"
+    finally:
+        run.kill()  # SIGKILL: nothing cleans up
+        run.wait()
+    assert running_from(folder), "the daemon outlives a killed run"
+    with SeededEngine(scratch, source=engine, base_id=base_id) as next_run:
+        assert not next_run.seeded_now  # the data was whole: not seeded again
+        assert not set(left) & set(running_from(folder))  # the old daemon is gone, a new one runs
+    assert running_from(folder) == []

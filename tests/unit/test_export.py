@@ -78,3 +78,32 @@ def test_a_layer_outside_the_install_root_is_refused_and_nothing_is_left(engine,
         export(engine, BuiltImage(image_id=image_id, tag="demo:1", diff_ids=(), steps=(), stage_images=(), seconds=0),
                tmp_path)
     assert list((tmp_path / "staging").iterdir()) == []
+
+
+class RecordingEngine(FakeEngine):
+    """Remembers the names of the files of every load stream it took."""
+
+    def load(self, chunks):
+        import io
+        import tarfile
+        data = b"".join(chunks)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            self.streams = getattr(self, "streams", []) + [[m.name for m in tar.getmembers() if m.isfile()]]
+        return super().load([data])
+
+
+def test_a_verify_engine_holding_the_base_image_is_sent_only_the_layers_above_it(engine, tmp_path):  # noqa: F811
+    base_id = engine.tags["base:1"]
+    fresh = RecordingEngine(address="fake://seeded")
+    fresh.load(engine.save("base:1"))  # seeded: it holds the base image, and only it
+    done = export(engine, built(engine, "demo:1", 1111, "x"), tmp_path, fresh=fresh, fresh_holds=base_id)
+    held = fresh.inspect_image("demo:1")
+    assert held.id == done.image.image_id and held.diff_ids == done.image.diff_ids
+    assert done.round_trip.held_before == (base_id,)
+    base_layers = len(engine.images[base_id].layers)
+    sent = [n for n in fresh.streams[-1] if n.endswith("/layer.tar")]
+    assert len(sent) == len(done.image.diff_ids) - base_layers  # the base's layers were not sent again
+
+    with pytest.raises(VerificationError, match="not the sha256:0+ the verify engine was seeded with"):
+        export(engine, built(engine, "demo:2", 2222, "y"), tmp_path / "other", fresh=RecordingEngine(),
+               fresh_holds="sha256:" + "0" * 64)

@@ -8,7 +8,8 @@ import stat
 import subprocess
 import time
 
-from unibake.scratch import _processes_of, clean_stale_scratch, private_base, runtime_of
+from unibake.scratch import (SEED_PREFIX, SEEDS_KEPT, _evict_seeds, _processes_of, _try_lock, clean_stale_scratch,
+                             private_base, runtime_of)
 
 
 def test_a_planted_scratch_folder_cannot_make_a_run_kill_or_delete_what_is_not_its_own(tmp_path):
@@ -63,3 +64,29 @@ def test_the_default_scratch_place_is_private_and_the_sockets_live_there():
     assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
     runtime = runtime_of(base / "ub-scratch-abc123")
     assert runtime == base / "ubx-abc123" and len(str(runtime / "exec/containerd/containerd.sock")) < 100
+
+
+def test_older_seeded_engines_are_evicted_unless_a_run_uses_them(tmp_path):
+    base = tmp_path / "scratch"
+    base.mkdir()
+    seeds = []
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        folder = base / f"{SEED_PREFIX}{name}"
+        folder.mkdir(mode=0o700)
+        (folder / "root").mkdir()
+        os.utime(folder, (1000 + i, 1000 + i))
+        seeds.append(folder)
+    open_seed = base / f"{SEED_PREFIX}open"  # not private: not made by unibake
+    open_seed.mkdir()
+    os.chmod(open_seed, 0o755)
+    in_use = _try_lock(seeds[0])  # the oldest, locked by a running run
+    try:
+        assert _try_lock(seeds[0]) is None  # a second lock on it is refused
+        removed = _evict_seeds(base, keep=seeds[3])
+    finally:
+        os.close(in_use)
+    # SEEDS_KEPT in all: the one in use now and the newest other; the rest go, except one in use
+    assert SEEDS_KEPT == 2
+    assert sorted(removed) == [seeds[1]]
+    assert seeds[0].exists() and seeds[2].exists() and seeds[3].exists() and open_seed.exists()
+    assert not seeds[1].exists() and (base / f"{SEED_PREFIX}b.lock").exists()

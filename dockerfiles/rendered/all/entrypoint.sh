@@ -2,7 +2,8 @@
 # Rendered by unibake for demo-llm:1.3.1: do not edit by hand.
 # PROFILE selects the layout (tp1, tp2, tp4; default tp4).
 #   (no arguments) or serve [ARGS...]   start the engine with the profile's arguments
-#   self-check                          run the profile's fail-closed checks; exit 0 only if all pass
+#   self-check [--skip-ledgers]         run the profile's fail-closed checks; exit 0 only if all pass
+#                                       (--skip-ledgers: not the file ledgers, checked for another profile)
 #   COMMAND [ARGS...]                   run COMMAND in the profile's environment
 set -eu
 UNIBAKE_ROOT=/opt/unibake
@@ -53,6 +54,6 @@ export PYTHONPATH="$UNIBAKE_ROOT/engine${UNIBAKE_PYTHON_DIRS:+:$UNIBAKE_PYTHON_D
 
 case "${1:-serve}" in
   serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;
-  self-check) exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" ;;
+  self-check) shift; exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" "$@" ;;
   *) exec "$@" ;;
 esac

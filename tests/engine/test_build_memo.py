@@ -1,0 +1,67 @@
+"""The build memo on the real engine: a tune-cache change builds only the steps below the marker,
+from a context without the engine folder, and gives the very image a whole build gives; a change
+above the marker, a damaged memo, or --no-cache build the whole Dockerfile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MEMO_LINE = "steps above the build memo's marker are unchanged"
+
+
+def build(cli, profiles: Path, version: str, *extra: str):
+    result = cli("--stage", "build", "--config", str(profiles), "--version", version, *extra)
+    assert result.code == 0, result.err
+    return result
+
+
+def memo_file(profiles: Path) -> Path:
+    found = sorted((profiles.parent / ".cache" / "build-memo").glob("*.json"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_tune_change_builds_from_the_memo_the_same_image_a_whole_build_gives(cli, engine, busybox_product,
+                                                                                version, images):
+    tag = f"unibake-test:{version}"
+    images(tag)
+    first = build(cli, busybox_product, version)
+    assert MEMO_LINE not in first.err  # nothing recorded yet
+    memo = json.loads(memo_file(busybox_product).read_text())
+    assert engine.inspect_image(memo["lower"]) is not None
+
+    (busybox_product.parent / "images/tune/tp2/cache-2.json").write_text('{"tp2_cache": "retuned"}\n')
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    from_memo = build(cli, busybox_product, version)
+    assert MEMO_LINE in from_memo.err and "their context was not sent" in from_memo.err
+    assert f"FROM {memo['lower']}" in from_memo.err  # the upper part only, on the recorded image
+    assert "COPY ctx/engine/" not in from_memo.err.split(MEMO_LINE, 1)[1]
+    memo_id = engine.inspect_image(tag).id
+
+    whole = build(cli, busybox_product, version, "--no-cache")
+    assert MEMO_LINE not in whole.err and "COPY ctx/engine/" in whole.err
+    assert engine.inspect_image(tag).id == memo_id  # the same image, byte for byte
+
+
+def test_a_change_above_the_marker_or_a_damaged_memo_builds_everything(cli, engine, busybox_product, version,
+                                                                        images):
+    tag = f"unibake-test:{version}"
+    images(tag)
+    build(cli, busybox_product, version)
+    engine_file = next(p for p in sorted((busybox_product.parent / "images/engine").rglob("*")) if p.is_file())
+    engine_file.write_text(engine_file.read_text() + "\n# changed\n")
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    changed = build(cli, busybox_product, version)
+    assert MEMO_LINE not in changed.err and "COPY ctx/engine/" in changed.err
+    assert MEMO_LINE in build(cli, busybox_product, version).err  # recorded again for the new inputs
+
+    path = memo_file(busybox_product)
+    good = json.loads(path.read_text())
+    for damaged in ("{not json", json.dumps({**good, "lower": "sha256:" + "0" * 64}),
+                    json.dumps({**good, "lower": "../../etc/passwd"}), json.dumps({**good, "stages": ["x"]}),
+                    json.dumps([1, 2])):
+        path.write_text(damaged)
+        again = build(cli, busybox_product, version)
+        assert MEMO_LINE not in again.err and "error" not in again.err.lower(), again.err
+        assert json.loads(path.read_text())["lower"] == good["lower"]  # the whole build recorded it again

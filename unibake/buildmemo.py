@@ -1,0 +1,182 @@
+"""The build's lower part, memoised by the digest of its inputs.
+
+The rendered Dockerfile has a marker line (:data:`MARKER`) after the layers that change least
+(the builder stages, the base, the engine, the kernels, the sidecars, the prebuilt kernels). After
+a build, the image of the last step above the marker and the last image of every builder stage are
+recorded under the digest of everything those steps read: the instructions above the marker, the image IDs
+of its ``FROM`` images, the build platform, and the name, mode and sha256 of every context file a
+``COPY`` above the marker reads.
+
+A later build whose inputs have the same digest, and whose engine still holds those images, builds
+only the part below the marker: ``FROM`` the recorded image, ``COPY --from=`` the recorded stage
+images, from a context holding only the files that part reads. The engine's classic builder then
+does exactly what it does for the same steps of the whole Dockerfile (the recorded image is the
+one the whole build committed for that step; its cache serves the steps below as before), so the
+image is the same, but the big lower context (an engine folder of gigabytes) is neither sent nor
+hashed again. ``--no-cache`` builds everything; a memo that does not match is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .engine import BuildStep, Engine
+from .files import write_atomic
+from .render import BuildContext, ContextFile
+
+MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
+VERSION = 1
+_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+_FROM = re.compile(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?$", re.IGNORECASE)
+_COPY_FROM = re.compile(r"^(COPY\s+--from=)(\S+)(\s)", re.IGNORECASE | re.MULTILINE)
+_COPY_SOURCE = re.compile(r"^(?:COPY|ADD)\s+(?!--)(\S+)\s", re.IGNORECASE)
+
+
+def instructions(text: str) -> list[str]:
+    """The Dockerfile's instructions, one per entry (continuation lines joined), comments left out.
+    Hand-written: the Dockerfiles read here are the ones unibake renders (no parser directives,
+    no comments inside a continued instruction, no heredocs)."""
+    found, current = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1].rstrip() + " "
+            continue
+        found.append((current + stripped).strip())
+        current = ""
+    if current.strip():
+        found.append(current.strip())
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """The Dockerfile cut at the marker."""
+
+    lower: str
+    upper: str
+    lower_steps: int  # the classic builder's steps above the marker (FROM counts as one)
+    stages: tuple[str, ...]  # the builder stages' names, in order
+    bases: tuple[str, ...]  # every FROM image above the marker
+    lower_sources: tuple[str, ...]  # the context paths the COPY lines above the marker read
+    upper_sources: tuple[str, ...]
+
+
+def split(dockerfile: str) -> Split | None:
+    """The cut, or None when the Dockerfile has no single marker or the part below it is not plain
+    (a FROM, or a COPY --from naming no builder stage, below the marker)."""
+    if dockerfile.count(MARKER) != 1:
+        return None
+    lower, upper = dockerfile.split(MARKER)
+    low, up = instructions(lower), instructions(upper)
+    stages, bases = [], []
+    for step in low:
+        m = _FROM.match(step)
+        if m:
+            bases.append(m.group(1))
+            if m.group(2):
+                stages.append(m.group(2))
+    if not bases or low[-1].upper().startswith("FROM ") or any(_FROM.match(s) for s in up):
+        return None
+    if len(stages) != len(bases) - 1 or len(set(stages)) != len(stages):
+        return None
+    if any(m.group(2) not in stages for m in _COPY_FROM.finditer("\n".join(up))):
+        return None
+    return Split(lower=lower, upper=upper, lower_steps=len(low), stages=tuple(stages), bases=tuple(bases),
+                 lower_sources=tuple(m.group(1) for s in low for m in [_COPY_SOURCE.match(s)] if m),
+                 upper_sources=tuple(m.group(1) for s in up for m in [_COPY_SOURCE.match(s)] if m))
+
+
+def _reads(f: ContextFile, sources: tuple[str, ...]) -> bool:
+    return any(f.name == s or (s.endswith("/") and f.name.startswith(s)) for s in sources)
+
+
+def inputs_digest(context: BuildContext, cut: Split, engine: Engine, platform: str | None) -> str | None:
+    """The digest of everything the steps above the marker read; None when a FROM image is missing."""
+    h = hashlib.sha256(f"unibake build memo {VERSION}\nplatform {platform or ''}\n".encode())
+    h.update("\n".join(instructions(cut.lower)).encode())  # comments (the header names the version) left out
+    for ref in cut.bases:
+        info = engine.inspect_image(ref)
+        if info is None:
+            return None
+        h.update(f"\nFROM {ref} = {info.id}".encode())
+    for f in context.files:
+        if _reads(f, cut.lower_sources):
+            h.update(f"\n{f.name}\0{f.mode:o}\0{f.sha256}".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memo:
+    """What a build recorded: the image of its last step above the marker, its stages' last images."""
+
+    key: str
+    lower: str
+    stages: tuple[str, ...]
+
+
+def _path(folder: Path, selection: str, platform: str | None) -> tuple[Path, str]:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{selection}-{platform or 'native'}")[:120]
+    return folder, f"{name}.json"
+
+
+def lookup(folder: Path, selection: str, platform: str | None, key: str, cut: Split, engine: Engine) -> Memo | None:
+    """The memo of these inputs, if it is well-formed and the engine still holds its images; else None
+    (the whole Dockerfile is built). The file is never trusted further than that."""
+    where, name = _path(folder, selection, platform)
+    try:
+        raw = json.loads((where / name).read_text(encoding="utf-8"))
+        memo = Memo(key=raw["key"], lower=raw["lower"], stages=tuple(raw["stages"]))
+        if raw.get("version") != VERSION or memo.key != key or len(memo.stages) != len(cut.stages):
+            return None
+        if not all(isinstance(i, str) and _ID.match(i) for i in (memo.lower, *memo.stages)):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for image_id in (memo.lower, *memo.stages):
+        info = engine.inspect_image(image_id)
+        if info is None or info.id != image_id:
+            return None
+    return memo
+
+
+def record(folder: Path, selection: str, platform: str | None, key: str, cut: Split, steps: tuple[BuildStep, ...],
+           stage_images: tuple[str, ...], engine: Engine) -> Memo | None:
+    """After a whole build: the image the engine committed for the last step above the marker, and the
+    stages' last images, kept under ``key``. Nothing is recorded if the build's report does not line up
+    with the Dockerfile (a step count that differs, an image not found)."""
+    if len(steps) < cut.lower_steps or len(stage_images) != len(cut.stages):
+        return None
+    step = steps[cut.lower_steps - 1]
+    if step.number != cut.lower_steps or not step.image:
+        return None
+    ids = []
+    for ref in (step.image, *stage_images):
+        info = engine.inspect_image(ref)
+        if info is None:
+            return None
+        ids.append(info.id)
+    memo = Memo(key=key, lower=ids[0], stages=tuple(ids[1:]))
+    where, name = _path(folder, selection, platform)
+    where.mkdir(parents=True, exist_ok=True)
+    write_atomic(where, name, json.dumps({"version": VERSION, "key": key, "lower": memo.lower,
+                                         "stages": list(memo.stages)}, indent=2) + "\n")
+    return memo
+
+
+def upper_context(context: BuildContext, cut: Split, memo: Memo) -> BuildContext:
+    """The context of the part below the marker: FROM the recorded image, COPY --from the recorded
+    stage images, and only the files that part reads."""
+    stage_ids = dict(zip(cut.stages, memo.stages))
+    body = _COPY_FROM.sub(lambda m: f"{m.group(1)}{stage_ids[m.group(2)]}{m.group(3)}", cut.upper)
+    dockerfile = f"# the steps above the marker: image {memo.lower} (build memo)\nFROM {memo.lower}\n{body}"
+    data = dockerfile.encode()
+    files = [f for f in context.files if _reads(f, cut.upper_sources)]
+    files.append(ContextFile(name="Dockerfile", mode=0o644, sha256=hashlib.sha256(data).hexdigest(), data=data))
+    return replace(context, dockerfile=dockerfile, files=tuple(sorted(files, key=lambda f: f.name)))
