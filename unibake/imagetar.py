@@ -24,7 +24,7 @@ import posixpath
 import re
 import tarfile
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -305,6 +305,62 @@ def tar_header(name: str, size: int, *, directory: bool = False) -> bytes:
 
 def tar_padding(size: int) -> bytes:
     return bytes(-size % BLOCK)
+
+
+def without_members(source: Iterable[bytes], drop: frozenset[str]) -> Iterator[bytes]:
+    """The tar stream ``source`` less the regular files named in ``drop`` (header, content, padding).
+
+    For a load into an engine that already holds those files' layers (a manifest may name a layer
+    the engine holds without carrying it). Only plain headers are read: at the first extended header
+    (PAX, GNU long name), a header that does not parse, or the end-of-archive blocks, everything
+    from there on passes as it is, so the stream stays a valid tar and at worst leaves out less.
+    Hand-written: ``tarfile`` cannot write a member it reads without holding or re-reading it.
+    """
+    buf = bytearray()
+    skip = keep = 0  # bytes of the current member still to leave out / to pass on
+    filtering = True
+    for chunk in source:
+        if not filtering:
+            yield chunk
+            continue
+        buf += chunk
+        out = bytearray()
+        while True:
+            if skip:
+                n = min(skip, len(buf))
+                del buf[:n]
+                skip -= n
+                if skip:
+                    break
+            if keep:
+                n = min(keep, len(buf))
+                out += buf[:n]
+                del buf[:n]
+                keep -= n
+                if keep:
+                    break
+            if len(buf) < BLOCK:
+                break
+            block = bytes(buf[:BLOCK])
+            try:
+                header = parse_header(block) if any(block) else None
+            except tarfile.HeaderError:
+                header = None
+            if header is None or header.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE,
+                                                     tarfile.SYMTYPE, tarfile.LNKTYPE):
+                filtering = False
+                out += buf
+                buf.clear()
+                break
+            length = BLOCK + (header.size + -header.size % BLOCK if _has_content(header.type) else 0)
+            if header.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and header.name in drop:
+                skip = length
+            else:
+                keep = length
+        if out:
+            yield bytes(out)
+    if buf:
+        yield bytes(buf)
 
 
 def rewrite_header(block: bytes, epoch: int) -> bytes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -35,7 +35,7 @@ from .docker_engine import DockerEngine
 from .engine import Engine
 from .errors import DiskFull, InputError, PipelineError, VerificationError
 from .hotfix import HotfixBase, load_base, omitted_layers
-from .imagetar import check_against
+from .imagetar import blob_name, check_against, without_members
 from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
@@ -393,6 +393,17 @@ def _forget_base_after(run: Run, engine: Engine, base: HotfixBase, held_before: 
         run.stack.callback(engine.remove_image, base.manifest.image_id)
 
 
+def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:
+    """A hotfix's base release as its fresh engine loads it: the whole archive, or, when that engine
+    is seeded with the base image and the release's layers start with the base image's, without the
+    base image's layer files (the engine holds them: the same chain IDs)."""
+    stream = read_archive(base.folder, base.archive_files)
+    info = run.engine.inspect_image(held) if held else None
+    if info is None or tuple(base.manifest.diff_ids[:len(info.diff_ids)]) != tuple(info.diff_ids):
+        return stream
+    return without_members(stream, frozenset(blob_name(d) for d in info.diff_ids))
+
+
 def _export(run: Run) -> tuple:
     from .export import export_once
 
@@ -414,7 +425,7 @@ def _export(run: Run) -> tuple:
     preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
         if base is not None and fresh is not None else None
     held_before = preload is not None and fresh.inspect_image(base.manifest.image_id) is not None
-    loading = preload.submit(fresh.load, read_archive(base.folder, base.archive_files)) if preload else None
+    loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
     try:
         with run.reporter.progress("export", built.size or None) as advance:
             try:

@@ -97,6 +97,11 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
     validation = json.loads((fix / "VALIDATION.json").read_text())
     assert validation["round_trip"]["image_id"] == manifest["image_id"]  # loaded on top of the base release
     assert validation["round_trip"]["method"] == "archive"  # the hotfix's archive file itself, not the stream
+    # in the verify engine seeded with the base image: it held that and the base release (loaded without the
+    # base image's layer files, which it held), nothing else
+    base_image = engine.inspect_image("localhost/unibake-demo-base:bookworm")
+    assert validation["round_trip"]["held_before"] == [full_manifest["image_id"], base_image.id]
+    assert full_manifest["diff_ids"][:len(base_image.diff_ids)] == list(base_image.diff_ids)
     assert all(g["passed"] for g in validation["smoke"])
     notes = (fix / "RELEASE_NOTES.md").read_text()
     assert f"## Hotfix on top of {base.name}" in notes and hotfix["base_image_id"] in notes

@@ -11,7 +11,7 @@ import pytest
 
 from unibake.errors import ArchiveError, LayerFormatError
 from unibake.imagetar import (BLOCK, LayerLister, LayerRewriter, TarWalker, pax_records, rewrite_header,
-                              rewrite_pax_times, tar_header)
+                              rewrite_pax_times, tar_header, without_members)
 
 from ..savefixtures import tar_of
 
@@ -204,3 +204,38 @@ def test_tar_header_is_our_one_fixed_form():
     info = tarfile.TarInfo.frombuf(header[:BLOCK], "utf-8", "strict")
     assert (info.size, info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode) == (123, 0, 0, 0, "", "", 0o644)
     assert len(tar_header("x" * 200, 0)) == 3 * BLOCK  # a long name goes in a PAX record first
+
+
+def _tar(members: list[tuple[str, bytes]], fmt=tarfile.USTAR_FORMAT) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _pieces(data: bytes, size: int):
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("piece", [1, 7, 512, 513, 4096, 1 << 20])
+def test_without_members_leaves_out_the_named_files_whatever_the_chunking(piece):
+    members = [("blobs/sha256/aa", b"A" * 1500), ("blobs/sha256/bb", b"B" * 10), ("manifest.json", b"[]"),
+               ("blobs/sha256/cc", b""), ("index.json", b"{}" * 300)]
+    data = _tar(members)
+    out = b"".join(without_members(_pieces(data, piece), frozenset({"blobs/sha256/aa", "blobs/sha256/cc"})))
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert got == {"blobs/sha256/bb": b"B" * 10, "manifest.json": b"[]", "index.json": b"{}" * 300}
+
+
+def test_without_members_passes_everything_from_the_first_header_it_does_not_read():
+    long_name = "blobs/" + "x" * 120  # a PAX header: from there on, nothing is left out
+    data = _tar([("keep", b"k"), (long_name, b"L"), ("drop", b"d")], fmt=tarfile.PAX_FORMAT)
+    out = b"".join(without_members(_pieces(data, 100), frozenset({"drop"})))
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        assert [m.name for m in tar.getmembers()] == ["keep", long_name, "drop"]
+    garbage = b"\x01" * 2048
+    assert b"".join(without_members([garbage], frozenset({"x"}))) == garbage
