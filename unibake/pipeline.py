@@ -33,7 +33,7 @@ from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
-from .errors import DiskFull, InputError, PipelineError, VerificationError
+from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, VerificationError
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
 from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
@@ -46,7 +46,7 @@ from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
-from .scratch import ScratchEngine, SeedBusy, SeededEngine
+from .scratch import ScratchEngine, SeededEngine
 from .smoke import run_gates
 
 
@@ -359,7 +359,7 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
         try:
             seeded = run.stack.enter_context(SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
                                                           on_line=run.reporter.info))
-        except SeedBusy as exc:
+        except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:
             run.after("smoke gates", seeded.stop_in_background)

@@ -188,7 +188,10 @@ def clean_stale_scratch(base: Path) -> list[Path]:
     for folder in sorted(base.glob(f"{SEED_PREFIX}*")):
         if not _ours(folder) or folder.name.endswith(".lock"):
             continue
-        lock = _try_lock(folder)
+        try:
+            lock = _try_lock(folder)
+        except RoundTripUnavailable:  # its lock cannot be opened (planted?): not ours to touch
+            continue
         if lock is None:  # in use by a running run
             continue
         try:
@@ -234,7 +237,10 @@ def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     others.sort(key=lambda f: f.stat().st_mtime, reverse=True)
     removed = []
     for folder in others[SEEDS_KEPT - 1:]:
-        lock = _try_lock(folder)
+        try:
+            lock = _try_lock(folder)
+        except RoundTripUnavailable:
+            continue
         if lock is None:
             continue
         try:

@@ -88,6 +88,20 @@ def test_the_round_trip_starts_empty_with_no_seed_or_while_another_run_uses_the_
     assert json.loads((out / version / "VALIDATION.json").read_text())["round_trip"]["held_before"] == []
     assert scratch_leftovers() == []
 
+    seed = private_base() / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}"
+    made = not seed.exists()
+    seed.mkdir(exist_ok=True)
+    os.chmod(seed, 0o755)  # open to others: not a folder this run may trust
+    try:
+        refused = release(cli, busybox_product, version, out, "--no-smoke", "--force")
+    finally:
+        os.chmod(seed, 0o700)
+        if made:
+            seed.rmdir()
+    assert refused.code == 0, refused.err
+    assert "is not a private folder of this user" in refused.err and "an empty scratch engine instead" in refused.err
+    assert json.loads((out / version / "VALIDATION.json").read_text())["round_trip"]["held_before"] == []
+
 
 def test_a_profile_whose_engine_cannot_start_fails_the_release(cli, busybox_product, version, images, tmp_path):
     images(f"unibake-test:{version}")
