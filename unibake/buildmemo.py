@@ -30,7 +30,7 @@ from .render import BuildContext, ContextFile
 
 MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
 VERSION = 1
-_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+_ID = re.compile(r"sha256:[0-9a-f]{64}")
 _FROM = re.compile(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?$", re.IGNORECASE)
 _COPY_FROM = re.compile(r"^(COPY\s+--from=)(\S+)(\s)", re.IGNORECASE | re.MULTILINE)
 _COPY_SOURCE = re.compile(r"^(?:COPY|ADD)\s+(?!--)(\S+)\s", re.IGNORECASE)
@@ -121,21 +121,19 @@ class Memo:
     stages: tuple[str, ...]
 
 
-def _path(folder: Path, selection: str, platform: str | None) -> tuple[Path, str]:
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{selection}-{platform or 'native'}")[:120]
-    return folder, f"{name}.json"
+def _file(folder: Path, selection: str, platform: str | None) -> Path:
+    return folder / (re.sub(r"[^A-Za-z0-9_.-]", "-", f"{selection}-{platform or 'native'}")[:120] + ".json")
 
 
 def lookup(folder: Path, selection: str, platform: str | None, key: str, cut: Split, engine: Engine) -> Memo | None:
     """The memo of these inputs, if it is well-formed and the engine still holds its images; else None
     (the whole Dockerfile is built). The file is never trusted further than that."""
-    where, name = _path(folder, selection, platform)
     try:
-        raw = json.loads((where / name).read_text(encoding="utf-8"))
+        raw = json.loads(_file(folder, selection, platform).read_text(encoding="utf-8"))
         memo = Memo(key=raw["key"], lower=raw["lower"], stages=tuple(raw["stages"]))
         if raw.get("version") != VERSION or memo.key != key or len(memo.stages) != len(cut.stages):
             return None
-        if not all(isinstance(i, str) and _ID.match(i) for i in (memo.lower, *memo.stages)):
+        if not all(isinstance(i, str) and _ID.fullmatch(i) for i in (memo.lower, *memo.stages)):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -163,9 +161,9 @@ def record(folder: Path, selection: str, platform: str | None, key: str, cut: Sp
             return None
         ids.append(info.id)
     memo = Memo(key=key, lower=ids[0], stages=tuple(ids[1:]))
-    where, name = _path(folder, selection, platform)
-    where.mkdir(parents=True, exist_ok=True)
-    write_atomic(where, name, json.dumps({"version": VERSION, "key": key, "lower": memo.lower,
+    path = _file(folder, selection, platform)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path.parent, path.name, json.dumps({"version": VERSION, "key": key, "lower": memo.lower,
                                          "stages": list(memo.stages)}, indent=2) + "\n")
     return memo
 

@@ -186,7 +186,7 @@ def clean_stale_scratch(base: Path) -> list[Path]:
         remove_scratch_dir(folder)
         removed.append(folder)
     for folder in sorted(base.glob(f"{SEED_PREFIX}*")):
-        if not _ours(folder) or folder.name.endswith(".lock"):
+        if not _ours(folder):  # a real private folder (not a lock file, nothing planted)
             continue
         try:
             lock = _try_lock(folder)
@@ -233,7 +233,7 @@ def _stop_seed_processes(folder: Path) -> None:
 def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     """Seeded engines beyond the newest SEEDS_KEPT (``keep`` counts as the newest), removed whole
     unless a run is using them."""
-    others = [f for f in base.glob(f"{SEED_PREFIX}*") if f != keep and _ours(f) and not f.name.endswith(".lock")]
+    others = [f for f in base.glob(f"{SEED_PREFIX}*") if f != keep and _ours(f)]
     others.sort(key=lambda f: f.stat().st_mtime, reverse=True)
     removed = []
     for folder in others[SEEDS_KEPT - 1:]:
@@ -372,13 +372,16 @@ class ScratchEngine:
         self._stop_all()
 
     def _stop_all(self) -> None:
+        self._stop_daemon()
+        self._cleanup()
+
+    def _stop_daemon(self) -> None:
         if self.engine is not None:
             self.engine.api.close()
             self.engine = None
         if self.process is not None:
             _stop(self.process.pid, STOP_TIMEOUT)
             self.process = None
-        self._cleanup()
 
 
 class SeedBusy(RoundTripUnavailable):
@@ -478,19 +481,10 @@ class SeededEngine(ScratchEngine):
         except (docker.errors.DockerException, requests.exceptions.RequestException, EngineError):
             (self.folder / SEEDED_MARK).unlink(missing_ok=True)
 
-    def _stop_daemon(self) -> None:
-        if self.engine is not None:
-            self.engine.api.close()
-            self.engine = None
-        if self.process is not None:
-            _stop(self.process.pid, STOP_TIMEOUT)
-            self.process = None
-
     def _stop_all(self) -> None:
         if self.engine is not None and self.folder is not None:
             self._forget_loaded()
-        self._stop_daemon()
-        self._cleanup()
+        super()._stop_all()
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
