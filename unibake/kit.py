@@ -21,8 +21,9 @@ the cache, normalises it with the release's epoch, and compares the image ID wit
 The base and builder images must be in that engine with the IDs the release was built on; the
 rebuild refuses before building when they are not.
 
-The kit is deterministic (sorted entries, fixed owners, times set to the epoch, zstd with workers,
-whose frames are the same bytes for any number of workers from 1 up), so ``build.py kit
+The kit is deterministic (the folders, then ``Dockerfile`` and ``context.tar``, then the rest sorted;
+fixed owners, times set to the epoch, zstd with workers, whose frames are the same bytes for any
+number of workers from 1 up), so ``build.py kit
 RELEASE_DIR --out DIR`` writes, from the checkout, a kit byte for byte equal to the one published,
 after checking the checkout's inputs and profiles against the release's provenance.
 """
@@ -35,6 +36,7 @@ import io
 import os
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
-from .errors import BuildFailed, InputError, UnibakeError, VerificationError
+from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, read_small_text
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
@@ -133,106 +135,190 @@ def _tool_files() -> dict[str, tuple[bytes | Path, int]]:
 
 
 class _Hashing(io.RawIOBase):
-    """A write-only file that hashes and counts what passes to ``fh``."""
+    """A write-only file that hashes and counts what passes to ``fh``; once ``stop`` is set, every
+    write raises (a kit abandoned while its context is compressed stops at the next block)."""
 
-    def __init__(self, fh):
-        self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
+    def __init__(self, fh, stop: threading.Event):
+        self.fh, self.sha, self.bytes, self.stop = fh, hashlib.sha256(), 0, stop
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:
+        if self.stop.is_set():
+            raise HandoffAborted()
         self.sha.update(data)
         self.bytes += len(data)
         return self.fh.write(data)
 
 
+# Written first, after the folders: they depend on the build context alone, so a kit can be begun
+# (the context tar written, hashed and compressed: nearly all of its cost) before the image is known.
+EARLY = ("Dockerfile", CONTEXT)
+
+
+class KitDraft:
+    """A kit being written into ``out/.name.tmp``: :meth:`begin` writes the part that depends on the
+    build context alone (the folders, the Dockerfile, ``context.tar``), :meth:`finish` the entries
+    that name the image, and renames the file into place. The pipeline begins it in a thread while
+    the image is exported (:meth:`begin_in_thread`); :meth:`abandon` stops it and removes the file.
+    The bytes are the same whichever way it is written: one zstd stream of one tar."""
+
+    def __init__(self, out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, epoch: int,
+                 expect_context: str | None = None):
+        self.out, self.name, self.plan, self.context, self.epoch = out, name, plan, context, epoch
+        self.release = release
+        self.expect_context = expect_context
+        self.top = name.removesuffix(".tar.zst")
+        self.temp = out / f".{name}.tmp"
+        self.tool = _tool_files()
+        self.context_sha = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._spool = self._fh = self._zw = self._tar = self._counted = None
+        self._begun = self._done = False
+
+    def names(self) -> list[str]:
+        """Every entry the kit will hold (the ledger's own included)."""
+        return [*EARLY, LOCK_FILE, KIT_JSON, "README.md", "verify.sh", LEDGER, *self.plan.config_files, *self.tool]
+
+    def begin(self) -> None:
+        self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+        write_context_tar(self.context, self._spool, mtime=self.epoch)  # the build stage's call: the same bytes
+        self._spool.seek(0)
+        self.context_sha = hashlib.file_digest(self._spool, "sha256").hexdigest()
+        if self.expect_context is not None and self.context_sha != self.expect_context:
+            raise VerificationError(f"the build context of {self.plan.tag} rendered here (sha256 "
+                                    f"{self.context_sha[:16]}...) differs from the one release {self.release} was built from "
+                                    f"({self.expect_context[:16]}...); no kit was written")
+        if self._stop.is_set():
+            raise HandoffAborted()
+        self._fh = open(self.temp, "wb")
+        self._counted = _Hashing(self._fh, self._stop)
+        self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
+        self._tar = tarfile.open(fileobj=self._zw, mode="w|", format=tarfile.PAX_FORMAT)
+        folders = {self.top}
+        for rel in self.names():
+            parts = rel.split("/")[:-1]
+            folders.update(f"{self.top}/{'/'.join(parts[:i])}" for i in range(1, len(parts) + 1))
+        for folder in sorted(folders):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, self.epoch
+            self._tar.addfile(info)
+        _add(self._tar, f"{self.top}/Dockerfile", self.context.dockerfile.encode(), 0o644, self.epoch)
+        _add(self._tar, f"{self.top}/{CONTEXT}", self._spool, 0o644, self.epoch)
+        self._begun = True
+
+    def begin_in_thread(self) -> None:
+        def run() -> None:
+            try:
+                self.begin()
+            except BaseException as exc:  # raised in the caller's thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="kit", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """The thread begun by :meth:`begin_in_thread` done; what it raised, raised here."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def finish(self, *, image_id: str, diff_ids: tuple[str, ...], revision: str, base: BaseImage,
+               builder: BaseImage | None) -> WrittenKit:
+        from .manifest import SupplyFile
+
+        self.wait()
+        if not self._begun:
+            self.begin()
+        plan, dockerfile = self.plan, self.context.dockerfile.encode()
+        record = KitRecord(
+            schema_version=SCHEMA, product=plan.product, release=self.release, tag=plan.tag,
+            version=plan.version, profiles=plan.profile_names, image_id=image_id, diff_ids=diff_ids,
+            source_date_epoch=self.epoch,
+            revision=revision, base=KitImage(ref=base.ref, image_id=base.image_id),
+            builder=KitImage(ref=builder.ref, image_id=builder.image_id) if builder else None,
+            tool=Tool(name="unibake", version=__version__), install_root=INSTALL_ROOT,
+            context_sha256=self.context_sha, dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest())
+        later: dict[str, tuple[bytes | Path, int]] = {
+            LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
+            KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2) + "\n").encode(), 0o644),
+            "README.md": (render_template("kit-README.md.j2", k=record, kit=self.name, top=self.top).encode(), 0o644),
+            "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
+        }
+        for rel in plan.config_files:
+            later[rel] = ((plan.project_root / rel).read_bytes(), 0o644)
+        later.update(self.tool)
+        digests = {"Dockerfile": record.dockerfile_sha256, CONTEXT: self.context_sha}
+        for rel, (content, _) in later.items():
+            digests[rel] = hashlib.sha256(content).hexdigest() if isinstance(content, bytes) else sha256_file(content)
+        later[LEDGER] = (render_sums(digests).encode(), 0o644)
+        for rel in sorted(later):
+            content, mode = later[rel]
+            _add(self._tar, f"{self.top}/{rel}", content, mode, self.epoch)
+        self._tar.close()
+        self._zw.close()
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        os.replace(self.temp, self.out / self.name)
+        fsync_dir(self.out)
+        self._done = True
+        self._release()
+        return WrittenKit(file=SupplyFile(name=self.name, bytes=self._counted.bytes,
+                                          sha256=self._counted.sha.hexdigest()),
+                          context_sha256=self.context_sha, dockerfile_sha256=record.dockerfile_sha256,
+                          files=len(digests))
+
+    def abandon(self) -> None:
+        """Stop (the release failed, or the draft cannot be used): the thread waited for, the
+        temporary file removed. Nothing once finished."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._release()
+        if not self._done:
+            self.temp.unlink(missing_ok=True)
+
+    def _release(self) -> None:
+        for fh in (self._fh, self._spool):
+            if fh is not None:
+                fh.close()
+
+
 def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, image_id: str,
               diff_ids: tuple[str, ...], epoch: int, revision: str, base: BaseImage,
               builder: BaseImage | None, expect_context: str | None = None) -> WrittenKit:
-    """Write ``out/name`` (via a temporary name): the kit of the release of ``plan``.
+    """Write ``out/name`` (via a temporary name): the kit of the release of ``plan``, in one go.
     ``expect_context``: the sha256 the build context must have; nothing is written otherwise."""
-    from .manifest import SupplyFile
-
-    top = name.removesuffix(".tar.zst")
-    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as context_tar:
-        write_context_tar(context, context_tar, mtime=epoch)  # the same call, the same bytes as the build stage's
-        context_tar.seek(0)
-        context_sha = hashlib.file_digest(context_tar, "sha256").hexdigest()
-        if expect_context is not None and context_sha != expect_context:
-            raise VerificationError(f"the build context of {plan.tag} rendered here (sha256 {context_sha[:16]}...) "
-                                    f"differs from the one release {release} was built from ({expect_context[:16]}...); "
-                                    "no kit was written")
-        dockerfile = context.dockerfile.encode()
-        record = KitRecord(
-            schema_version=SCHEMA, product=plan.product, release=release, tag=plan.tag, version=plan.version,
-            profiles=plan.profile_names, image_id=image_id, diff_ids=diff_ids, source_date_epoch=epoch,
-            revision=revision, base=KitImage(ref=base.ref, image_id=base.image_id),
-            builder=KitImage(ref=builder.ref, image_id=builder.image_id) if builder else None,
-            tool=Tool(name="unibake", version=__version__), install_root=INSTALL_ROOT, context_sha256=context_sha,
-            dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest())
-        entries: dict[str, tuple[bytes | Path | object, int]] = {
-            "Dockerfile": (dockerfile, 0o644), CONTEXT: (context_tar, 0o644),
-            LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
-            KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2) + "\n").encode(), 0o644),
-            "README.md": (render_template("kit-README.md.j2", k=record, kit=name, top=top).encode(), 0o644),
-            "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=name).encode(), 0o755),
-        }
-        for rel in plan.config_files:
-            entries[rel] = ((plan.project_root / rel).read_bytes(), 0o644)
-        entries.update(_tool_files())
-        digests = {}
-        for rel, (content, _) in entries.items():
-            if isinstance(content, bytes):
-                digests[rel] = hashlib.sha256(content).hexdigest()
-            elif isinstance(content, Path):
-                digests[rel] = sha256_file(content)
-            else:
-                digests[rel] = context_sha
-        entries[LEDGER] = (render_sums(digests).encode(), 0o644)
-        temp = out / f".{name}.tmp"
-        try:
-            with open(temp, "wb") as fh:
-                counted = _Hashing(fh)
-                with compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(counted, closefd=False) as zw:
-                    _write_tar(zw, top, entries, epoch)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(temp, out / name)
-            fsync_dir(out)
-        finally:
-            temp.unlink(missing_ok=True)
-    return WrittenKit(file=SupplyFile(name=name, bytes=counted.bytes, sha256=counted.sha.hexdigest()),
-                      context_sha256=context_sha, dockerfile_sha256=record.dockerfile_sha256, files=len(digests))
+    draft = KitDraft(out, name, plan=plan, context=context, release=release, epoch=epoch,
+                     expect_context=expect_context)
+    try:
+        return draft.finish(image_id=image_id, diff_ids=diff_ids, revision=revision, base=base,
+                            builder=builder)
+    finally:
+        draft.abandon()
 
 
-def _write_tar(fileobj, top: str, entries: dict, epoch: int) -> None:
-    """A tar in one fixed form: sorted, folders first, root-owned, every time the epoch."""
-    folders = {top}
-    for rel in entries:
-        parts = rel.split("/")[:-1]
-        folders.update(f"{top}/{'/'.join(parts[:i])}" for i in range(1, len(parts) + 1))
-    with tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for folder in sorted(folders):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, epoch
-            tar.addfile(info)
-        for rel in sorted(entries):
-            content, mode = entries[rel]
-            info = tarfile.TarInfo(f"{top}/{rel}")
-            info.mode, info.mtime = mode, epoch
-            if isinstance(content, bytes):
-                info.size = len(content)
-                tar.addfile(info, io.BytesIO(content))
-            elif isinstance(content, Path):
-                with open(content, "rb") as fh:
-                    info.size = os.fstat(fh.fileno()).st_size
-                    tar.addfile(info, fh)
-            else:
-                content.seek(0, os.SEEK_END)
-                info.size = content.tell()
-                content.seek(0)
-                tar.addfile(info, content)
+def _add(tar: tarfile.TarFile, name: str, content, mode: int, epoch: int) -> None:
+    """One file of the kit's tar: root-owned, its time the epoch."""
+    info = tarfile.TarInfo(name)
+    info.mode, info.mtime = mode, epoch
+    if isinstance(content, bytes):
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    elif isinstance(content, Path):
+        with open(content, "rb") as fh:
+            info.size = os.fstat(fh.fileno()).st_size
+            tar.addfile(info, fh)
+    else:
+        content.seek(0, os.SEEK_END)
+        info.size = content.tell()
+        content.seek(0)
+        tar.addfile(info, content)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -612,6 +612,10 @@ STAGES: tuple[Stage, ...] = (
           needs=("plan", "context"), uses=("base",), gives=("built",), run=_build,
           detail=lambda run: f"{run['plan'].tag} ({run['plan'].platform.name}) on engine {run.engine.version()} at "
                              f"{run.engine.address}"),
+    Stage(name="kit begin", about="the reconstruct kit begun in a thread while the image is exported: its "
+                                  "build context written, hashed and compressed",
+          needs=("plan", "context", "target", "folder"),
+          gives=("kit_draft",), run=supply.kit_begin_stage, skip=supply.kit_skip, on_skip=lambda reason: (None,)),
     Stage(name="normalise", about="times set to SOURCE_DATE_EPOCH in the layers unibake adds: the same inputs, "
                                   "the same image ID", needs=("plan", "context", "built"), uses=("base",),
           gives=("image",), run=_normalise, detail=lambda run: f"times set to SOURCE_DATE_EPOCH={run.epoch}"),
@@ -640,7 +644,7 @@ STAGES: tuple[Stage, ...] = (
                              "packages read in the archive pass", needs=("target", "image", "archive", "folder"),
           uses=("plan",), gives=("sbom",), run=supply.sbom_stage),
     Stage(name="kit", about="the reconstruct kit: Dockerfile, context as built, inputs.lock, profiles, the tool, "
-                            "verify.sh", needs=("target", "image", "folder", "sbom"), uses=("plan", "context"),
+                            "verify.sh", needs=("target", "image", "folder", "sbom"), uses=("plan", "context", "kit_draft"),
           gives=("kit",), run=supply.kit_stage, skip=supply.kit_skip, on_skip=lambda reason: (None,)),
     Stage(name="provenance", about="provenance.intoto.json (in-toto, SLSA v1): subjects, materials, builder; signed",
           needs=("target", "image", "archive", "proof", "sbom", "folder"), uses=("plan", "kit", "signer"),
@@ -653,10 +657,11 @@ STAGES: tuple[Stage, ...] = (
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
-BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build", "export",
-         "scan image", "smoke gates", "sbom", "kit", "provenance", "publish")
+BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build", "kit begin",
+         "export", "scan image", "smoke gates", "sbom", "kit", "provenance", "publish")
 SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build",
-              "normalise", "scan image", "archive", "round trip", "smoke gates", "sbom", "kit", "provenance", "publish")
+              "kit begin", "normalise", "scan image", "archive", "round trip", "smoke gates", "sbom", "kit",
+              "provenance", "publish")
 ARCHIVE = ("inspect", "scan inspected", "folder", "signing keys", "archive", "round trip", "smoke gates", "sbom",
            "provenance", "publish")
 HOTFIX = ("hotfix base",) + BUILD
@@ -675,7 +680,7 @@ def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage,
         chosen = [("normalise" if n == "export" else n) for n in chosen]
     chosen = chosen[:chosen.index(last) + 1] if last in chosen else chosen
     if stop_after != "release":
-        chosen = [n for n in chosen if n not in ("folder", "signing keys")]
+        chosen = [n for n in chosen if n not in ("folder", "signing keys", "kit begin")]
     order = {s.name: i for i, s in enumerate(STAGES)}
     if [order[n] for n in chosen] != sorted(order[n] for n in chosen):
         raise PipelineError(f"stages out of order: {', '.join(chosen)}")

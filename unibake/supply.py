@@ -123,8 +123,21 @@ def kit_skip(run: Run) -> str | None:
     return None if run.get("plan") is not None else "the image was not built from profiles here"
 
 
+def kit_begin_stage(run: Run) -> tuple:
+    """The kit begun in a thread (its context tar written, hashed and compressed) while the image is
+    exported: the export waits on the engine for most of its time, with a core to spare."""
+    from .kit import KitDraft, kit_name
+
+    target = run["target"]
+    draft = KitDraft(run["folder"].staging, kit_name(target.product, target.release), plan=run["plan"],
+                     context=run["context"], release=target.release, epoch=run.epoch)
+    run.stack.callback(draft.abandon)  # after a failure: stopped, its file removed (nothing once finished)
+    draft.begin_in_thread()
+    return (draft,)
+
+
 def kit_stage(run: Run) -> tuple:
-    from .kit import kit_name, write_kit
+    from .kit import KitDraft, kit_name
 
     target, image, sbom = run["target"], run["image"], run["sbom"]
     plan: ReleasePlan = run["plan"]
@@ -132,10 +145,17 @@ def kit_stage(run: Run) -> tuple:
         raise VerificationError(f"the kit of {target.release} needs its base image's ID")
     name = kit_name(target.product, target.release)
     epoch = _epoch(image.labels)  # what the image was built with, as the manifest records it
-    written = write_kit(run["folder"].staging, name, plan=plan, context=run["context"], release=target.release,
-                        image_id=image.image_id, diff_ids=image.diff_ids, epoch=run.epoch if epoch is None else epoch,
-                        revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
-                        base=sbom.base, builder=sbom.builder)
+    epoch = run.epoch if epoch is None else epoch
+    draft: KitDraft | None = run.get("kit_draft")
+    if draft is None or draft.epoch != epoch:  # not begun, or begun with another epoch than the image's
+        if draft is not None:
+            draft.abandon()
+        draft = KitDraft(run["folder"].staging, name, plan=plan, context=run["context"], release=target.release,
+                         epoch=epoch)
+        run.stack.callback(draft.abandon)
+    written = draft.finish(image_id=image.image_id, diff_ids=image.diff_ids,
+                           revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
+                           base=sbom.base, builder=sbom.builder)
     run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
     return (Kit(file=written.file, context_sha256=written.context_sha256,
                 dockerfile_sha256=written.dockerfile_sha256),)

@@ -4,6 +4,7 @@ before building when the kit or the engine's base image is not the release's."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import zstandard
 
 from unibake.errors import InputError, VerificationError
-from unibake.kit import check_ledger, kit_name, read_kit, rebuild, write_kit
+from unibake.kit import KitDraft, check_ledger, kit_name, read_kit, rebuild, write_kit
 from unibake.plan import make_plan
 from unibake.render import render, write_context_tar
 from unibake.sbom import BaseImage
@@ -64,6 +65,56 @@ def test_the_kit_is_deterministic_and_holds_the_context_exactly_as_built(busybox
     assert json.loads((folder / "kit.json").read_text())["base"] == {"ref": BASE.ref, "image_id": BASE.image_id}
     assert written.files == len((folder / "kit.sha256").read_text().splitlines())
     assert (folder / "verify.sh").stat().st_mode & 0o111
+
+
+def test_a_kit_begun_in_a_thread_before_the_image_is_known_is_the_same_file(busybox_product, tmp_path):
+    # the pipeline begins the kit (context tar, hashed and compressed) while the image is exported and
+    # finishes it with the image's ID: the bytes must be those of the kit written in one go
+    whole, _ = make_kit(busybox_product, tmp_path / "whole")
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    out = tmp_path / "drafted"
+    out.mkdir()
+    draft = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    draft.begin_in_thread()
+    draft.wait()
+    assert [p.name for p in out.iterdir()] == [f".{whole.name}.tmp"]  # not in place before it is finished
+    written = draft.finish(image_id=IMAGE_ID, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE,
+                           builder=None)
+    draft.abandon()  # what the pipeline's clean-up does after a successful run: nothing
+    assert sorted(p.name for p in out.iterdir()) == [whole.name]
+    assert (out / whole.name).read_bytes() == whole.read_bytes()
+    assert written.file.sha256 == hashlib.sha256(whole.read_bytes()).hexdigest()
+    data = zstandard.ZstdDecompressor().stream_reader(open(whole, "rb")).read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        files = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
+    assert files[:2] == ["Dockerfile", "context.tar"] and files[2:] == sorted(files[2:])
+
+
+def test_an_abandoned_kit_leaves_nothing_and_its_thread_stops(busybox_product, tmp_path):
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    for when in ("before", "running", "begun"):
+        out = tmp_path / when
+        out.mkdir()
+        draft = KitDraft(out, "k.tar.zst", plan=plan, context=render(plan), release="0.1.0", epoch=0)
+        if when != "before":
+            draft.begin_in_thread()
+        if when == "begun":
+            draft.wait()
+            assert (out / ".k.tar.zst.tmp").is_file()
+        draft.abandon()
+        assert list(out.iterdir()) == [], when
+        assert draft._thread is None or not draft._thread.is_alive()
+
+
+def test_a_kit_whose_context_is_not_the_releases_is_never_written(busybox_product, tmp_path):
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(VerificationError, match=r"the build context of .* differs from the one release 0\.1\.0 was "
+                                                r"built from \(ffffffffffffffff\.\.\.\); no kit was written"):
+        write_kit(out, "k.tar.zst", plan=plan, context=render(plan), release="0.1.0", image_id=IMAGE_ID,
+                  diff_ids=(), epoch=0, revision="abc", base=BASE, builder=None, expect_context="f" * 64)
+    assert list(out.iterdir()) == []
 
 
 def test_verify_sh_and_the_rebuild_check_the_ledger_and_the_base_image_before_building(busybox_product, tmp_path):
