@@ -28,7 +28,7 @@ from pathlib import Path
 from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter
-from .errors import BuildFailed, CheckFailed, InputError, UnibakeError
+from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError
 from .files import write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
@@ -192,13 +192,17 @@ def build_parser() -> argparse.ArgumentParser:
                  "Hash every input the profiles bake in and rewrite profiles/inputs.lock; lists what changed.")
     lk.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
 
-    pr = command("prune", "remove old release images and build cache from the engine",
+    pr = command("prune", "remove old release images and build cache from the engine, and the seeded verify engines",
                  "Keep the images of the newest --keep releases of each product under --out; remove the engine's "
                  "tags of older ones, unibake's build cache (unibake-cache/*) and dangling images unibake made. "
+                 "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
+                 "the next release on that base seeds one again), except one a run is using. "
                  "Release folders are never touched.")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="releases to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    pr.add_argument("--scratch-dir", metavar="DIR",
+                    help="the scratch folder whose seeded verify engines to remove (default: /var/tmp/unibake-UID)")
 
     ps = command("push", "push a release's image to a registry and record its digest in the release",
                  "Check the release folder, upload its image from the archive over the registry API (no engine needed) "
@@ -580,15 +584,30 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .prune import prune
+    from .scratch import check_private, prune_seeds
 
     if args.keep < 0:
         raise InputError(f"--keep {args.keep} must be 0 or more")
     out = _out(args, ctx.cwd)
+    scratch = (ctx.cwd / args.scratch_dir) if args.scratch_dir else Path("/var/tmp") / f"unibake-{os.geteuid()}"
+    try:
+        if scratch.exists() or scratch.is_symlink():
+            check_private(scratch)  # before any work
+    except RoundTripUnavailable as exc:
+        raise InputError(f"--scratch-dir: {exc}") from None
     removed = prune(DockerEngine(args.engine, ctx.env), out, keep=args.keep, dry_run=args.dry_run,
                     on_line=ctx.reporter.info)
+    seeds = prune_seeds(scratch, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    return Outcome(document={"dry_run": args.dry_run, "removed": [{"image": r.ref, "why": r.why} for r in removed]},
-                   final=f"{verb} {len(removed)} images or tags")
+    for seed in seeds:
+        held = f"holds the base image {seed.base_id}" if seed.base_id else "never seeded to the end"
+        ctx.reporter.info(f"    {'kept (a run is using it)' if seed.busy else verb} the seeded verify engine "
+                          f"{seed.folder} ({held})")
+    gone = [s for s in seeds if not s.busy]
+    return Outcome(document={"dry_run": args.dry_run, "removed": [{"image": r.ref, "why": r.why} for r in removed],
+                             "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
+                                        and not args.dry_run} for s in seeds]},
+                   final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines")
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:

@@ -92,6 +92,9 @@ class KitRecord(Record):
     install_root: str = Field(pattern=r"^/[A-Za-z0-9_./-]+$")
     context_sha256: str = Field(pattern=HEX64)
     dockerfile_sha256: str = Field(pattern=HEX64)
+    # the target the release was built for (linux/arm64): the rebuild tells the engine and records it
+    # in the config, as the build stage does; absent in kits written before it was recorded
+    platform: str | None = Field(default=None, pattern=r"^[a-z0-9]+/[a-z0-9]+(/[a-z0-9]+)?$")
 
     model_config = Record.model_config | {"populate_by_name": True}
 
@@ -190,8 +193,8 @@ class KitDraft:
         self.context_sha = hashlib.file_digest(self._spool, "sha256").hexdigest()
         if self.expect_context is not None and self.context_sha != self.expect_context:
             raise VerificationError(f"the build context of {self.plan.tag} rendered here (sha256 "
-                                    f"{self.context_sha[:16]}...) differs from the one release {self.release} was built from "
-                                    f"({self.expect_context[:16]}...); no kit was written")
+                                    f"{self.context_sha[:16]}...) differs from the one release {self.release} was "
+                                    f"built from ({self.expect_context[:16]}...); no kit was written")
         if self._stop.is_set():
             raise HandoffAborted()
         self._fh = open(self.temp, "wb")
@@ -242,7 +245,8 @@ class KitDraft:
             revision=revision, base=KitImage(ref=base.ref, image_id=base.image_id),
             builder=KitImage(ref=builder.ref, image_id=builder.image_id) if builder else None,
             tool=Tool(name="unibake", version=__version__), install_root=INSTALL_ROOT,
-            context_sha256=self.context_sha, dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest())
+            context_sha256=self.context_sha, dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest(),
+            platform=plan.platform.name)
         later: dict[str, tuple[bytes | Path, int]] = {
             LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
             KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2) + "\n").encode(), 0o644),
@@ -386,8 +390,14 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     return the result for comparison; tags it ``unibake-kit/<product>:<release>``."""
     from .normalise import normalise_image
 
+    from .platforms import EXEC_FORMAT, KNOWN, emulation_hint
+
     record = check_kit(folder)
     context = folder / CONTEXT
+    platform = KNOWN.get(record.platform) if record.platform else None
+    if record.platform and platform is None:
+        raise InputError(f"{folder / KIT_JSON}: platform {record.platform} is not one this unibake builds for "
+                         f"({', '.join(sorted(KNOWN))})")
     for role, image in (("base image", record.base), ("builder image", record.builder)):
         if image is None:
             continue
@@ -400,11 +410,15 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     selection = f"kit-{record.release}"
     with open(context, "rb") as fh:
         try:
-            outcome = engine.build(fh, tag=ref, buildargs=record.build_args, nocache=True, on_line=on_line)
+            outcome = engine.build(fh, tag=ref, buildargs=record.build_args, nocache=True, on_line=on_line,
+                                   platform=record.platform)
         except BuildFailed as exc:
             for n, stage in enumerate(exc.stage_images, 1):
                 keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
             keep_as_cache(engine, cache_ref(record.product, selection, "failed"), exc.last_image)
+            if record.platform and any(EXEC_FORMAT in text for text in (str(exc), *exc.output)):
+                raise BuildFailed(f"{exc}; {emulation_hint(record.platform)}", step=exc.step, output=exc.output,
+                                  last_image=exc.last_image, stage_images=exc.stage_images) from None
             raise
     for n, stage in enumerate(outcome.stage_images, 1):  # as the build stage keeps them: cache, never dangling
         keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
@@ -414,7 +428,7 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     built = BuiltImage(image_id=info.id, tag=ref, diff_ids=info.diff_ids, steps=outcome.steps,
                        stage_images=outcome.stage_images, seconds=0.0, size=info.size)
     image = normalise_image(engine, built, epoch=record.source_date_epoch, base_image=record.base.ref,
-                            owned=record.install_root, cache=None, progress=progress)
+                            owned=record.install_root, cache=None, progress=progress, platform=platform)
     if image.image_id != built.image_id:
         keep_as_cache(engine, cache_ref(record.product, selection, "build"), built.image_id)
     return Rebuilt(record=record, image=image, ref=ref)

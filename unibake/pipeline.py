@@ -358,7 +358,7 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
     if seed is not None:
         try:
             seeded = run.stack.enter_context(SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
-                                                          on_line=run.reporter.info))
+                                                          on_line=run.reporter.info, progress=run.reporter.progress))
         except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:

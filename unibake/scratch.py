@@ -25,6 +25,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -235,20 +238,59 @@ def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     unless a run is using them."""
     others = [f for f in base.glob(f"{SEED_PREFIX}*") if f != keep and _ours(f)]
     others.sort(key=lambda f: f.stat().st_mtime, reverse=True)
-    removed = []
-    for folder in others[SEEDS_KEPT - 1:]:
+    return [f for f, busy in _remove_seeds(others[SEEDS_KEPT - 1:]) if not busy]
+
+
+def _counted(chunks: Iterable[bytes], advance: Callable[[int], object]) -> Iterator[bytes]:
+    for chunk in chunks:
+        advance(len(chunk))
+        yield chunk
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seed:
+    folder: Path
+    base_id: str  # what its mark names ("" when it was never seeded to the end)
+    busy: bool  # a run holds its lock: not removed
+
+
+def _remove_seeds(folders: list[Path], *, dry_run: bool = False) -> list[tuple[Path, bool]]:
+    """Each folder removed whole (daemon stopped, mounts undone) unless a run holds its lock:
+    ``(folder, busy)``. The lock file stays: removing it could let two runs lock two files."""
+    out = []
+    for folder in folders:
         try:
             lock = _try_lock(folder)
-        except RoundTripUnavailable:
+        except RoundTripUnavailable:  # its lock cannot be opened (planted?): not ours to touch
             continue
         if lock is None:
+            out.append((folder, True))
             continue
         try:
-            remove_scratch_dir(folder)
-            removed.append(folder)
+            if not dry_run:
+                remove_scratch_dir(folder)
+            out.append((folder, False))
         finally:
-            os.close(lock)  # the lock file stays: removing it could let two runs lock two files
-    return removed
+            os.close(lock)
+    return out
+
+
+def prune_seeds(base: Path, *, dry_run: bool = False) -> list[Seed]:
+    """``build.py prune``: every seeded verify engine of this user in the scratch folder ``base``
+    removed (a copy of a base image each; the next release on that base seeds one again), except
+    those a run is using. Refuses a scratch folder that is not this user's private folder."""
+    if not base.exists():
+        return []
+    check_private(base)
+    folders = sorted(f for f in base.glob(f"{SEED_PREFIX}*") if _ours(f))
+    marks = {}
+    for folder in folders:
+        try:
+            mark = (folder / SEEDED_MARK).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            mark = ""
+        marks[folder] = mark if re.fullmatch(r"sha256:[0-9a-f]{64}", mark) else ""
+    return [Seed(folder=f, base_id=marks[f], busy=busy) for f, busy in _remove_seeds(folders, dry_run=dry_run)]
 
 
 class ScratchEngine:
@@ -393,8 +435,10 @@ class SeededEngine(ScratchEngine):
     starts using it (see the module's docstring). A run that finds it in use by another run, or
     holding anything else, gets :class:`SeedBusy`, or a wiped and newly seeded engine."""
 
-    def __init__(self, base: Path | None = None, *, source, base_id: str, on_line=lambda line: None):
+    def __init__(self, base: Path | None = None, *, source, base_id: str, on_line=lambda line: None,
+                 progress: Callable[[str, int | None], AbstractContextManager] | None = None):
         super().__init__(base, on_line=on_line)
+        self.progress = progress or (lambda description, total: nullcontext(lambda n: None))
         if not re.fullmatch(r"sha256:[0-9a-f]{64}", base_id):
             raise EngineError(f"the base image ID {base_id!r} is not a sha256 digest")
         self.source, self.base_id = source, base_id
@@ -459,7 +503,9 @@ class SeededEngine(ScratchEngine):
         put another image here), then check it is all the engine holds."""
         self.on_line(f"    seeding the verify engine with the base image {self.base_id[:19]} (once per base image; "
                      f"kept in {self.folder})")
-        self.engine.load(self.source.save(self.base_id))
+        info = self.source.inspect_image(self.base_id)
+        with self.progress("seeding the verify engine", info.size if info else None) as advance:
+            self.engine.load(_counted(self.source.save(self.base_id), advance))
         if not self._holds_only_base():
             raise VerificationError(f"the verify engine {self.folder} does not hold exactly the base image "
                                     f"{self.base_id} after seeding it")

@@ -4,6 +4,7 @@ platforms released at once, or neither."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -61,6 +62,66 @@ def test_an_arm64_release_carries_its_platform_and_passes_its_gates_under_emulat
     assert_arm64_release(cli, engine, folder, tag, f"unibake-test-{version}-arm64.tar.zst", ["tp1", "tp2"])
     run = engine.run(tag, ["self-check"], env={"PROFILE": "tp2"})  # the engine itself, under emulation
     assert run.exit_code == 0 and "ok: platform linux/arm64 (uname -m: aarch64)" in run.output, run.output
+
+
+def without_variant(engine, source: str, tag: str) -> str:
+    """``source`` loaded again as ``tag`` with a config that records no CPU variant (``arm64``, as many
+    published arm64 images do), its layers unchanged."""
+    members = {}
+    with tarfile.open(fileobj=io.BytesIO(b"".join(engine.save(source)))) as tar:
+        for m in tar.getmembers():
+            members[m.name] = (m, tar.extractfile(m).read() if m.isfile() else None)
+    manifest = json.loads(members["manifest.json"][1])
+    config = json.loads(members[manifest[0]["Config"]][1])
+    config.pop("variant", None)
+    raw = json.dumps(config).encode()
+    name = f"{hashlib.sha256(raw).hexdigest()}.json"
+    del members[manifest[0]["Config"]]
+    manifest[0].update(Config=name, RepoTags=[tag])
+    members.pop("repositories", None)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for m, data in members.values():
+            if m.name == "manifest.json":
+                data = json.dumps(manifest).encode()
+                m.size = len(data)
+            tar.addfile(m, io.BytesIO(data) if data is not None else None)
+        info = tarfile.TarInfo(name)
+        info.size = len(raw)
+        tar.addfile(info, io.BytesIO(raw))
+    engine.load([out.getvalue()])
+    return tag
+
+
+def test_the_kit_of_an_arm64_release_rebuilds_to_its_image_id_on_this_amd64_machine(cli, engine, busybox_product,
+                                                                                  version, images, tmp_path):
+    # the base records no variant: the build stage records linux/arm64/v8 in the config, and so must
+    # the kit's rebuild (the kit names the platform), or it rebuilds another image ID
+    base = f"unibake-test-base:{version}-novariant"
+    images(base)
+    without_variant(engine, "localhost/unibake-busybox:1-arm64", base)
+    assert engine.inspect_image(base).variant in (None, "")
+    tag = f"unibake-test:{version}-arm64"
+    images(tag)
+    images(f"unibake-kit/unibake-test:{version}-arm64")
+    out = tmp_path / "release"
+    result = cli("--config", str(with_arm64_base(busybox_product, base=base)), "--version", version, "--out",
+                 str(out), "--platform", "linux/arm64", "--no-smoke")
+    assert result.code == 0, result.err
+    folder = out / f"{version}-arm64"
+    released = engine.inspect_image(tag)
+    assert (released.architecture, released.variant) == ("arm64", "v8")
+    kit_folder = tmp_path / "kit"
+    kit_folder.mkdir()
+    with open(folder / f"unibake-test-{version}-arm64-kit.tar.zst", "rb") as fh:
+        data = zstandard.ZstdDecompressor().stream_reader(fh).read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(kit_folder, filter="tar")
+    (unpacked,) = kit_folder.iterdir()
+    assert json.loads((unpacked / "kit.json").read_text())["platform"] == "linux/arm64"
+    rebuilt = cli("rebuild", str(unpacked))
+    assert rebuilt.code == 0, rebuilt.err
+    assert engine.inspect_image(f"unibake-kit/unibake-test:{version}-arm64").id == released.id
 
 
 def test_both_platforms_are_released_at_once_as_two_folders(cli, engine, busybox_product, version, images, tmp_path):

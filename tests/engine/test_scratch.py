@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,19 @@ def _images(seeded) -> set[str]:
 def test_a_seeded_verify_engine_holds_only_its_base_image_and_is_seeded_once(engine, tmp_path):
     base_id = engine.inspect_image(BASE).id
     scratch = tmp_path / "scratch"
-    with SeededEngine(scratch, source=engine, base_id=base_id) as seeded:
+    seen = []
+
+    @contextmanager
+    def progress(description, total):  # what the reporter's bar gets: the base image's size, then its bytes
+        seen.append([description, total, 0])
+        yield lambda n: seen[-1].__setitem__(2, seen[-1][2] + n)
+
+    with SeededEngine(scratch, source=engine, base_id=base_id, progress=progress) as seeded:
         folder = seeded.folder
         assert seeded.seeded_now and _images(seeded) == {base_id}
+        ((description, total, moved),) = seen
+        assert description == "seeding the verify engine" and total == engine.inspect_image(BASE).size
+        assert moved >= total  # the saved tar: every layer, the config and the headers
         # What a run loads there (here: an image built on the base) is gone when it stops.
         seeded.engine.load(engine.save("localhost/unibake-busybox:1-arm64"))
         assert len(_images(seeded)) == 2
@@ -50,8 +61,8 @@ def test_a_seeded_verify_engine_holds_only_its_base_image_and_is_seeded_once(eng
     assert running_from(folder) == [] and not runtime_of(folder).exists()
     assert (folder / "root").is_dir()  # the data stays for the next run
 
-    with SeededEngine(scratch, source=engine, base_id=base_id) as again:
-        assert not again.seeded_now and _images(again) == {base_id}
+    with SeededEngine(scratch, source=engine, base_id=base_id, progress=progress) as again:
+        assert not again.seeded_now and _images(again) == {base_id} and len(seen) == 1  # no seeding, no bar
         # A run killed before it cleaned up leaves an image behind: the next run seeds again.
         again.engine.load(engine.save("localhost/unibake-busybox:1-arm64"))
         again._stop_daemon()

@@ -60,7 +60,8 @@ def test_the_kit_is_deterministic_and_holds_the_context_exactly_as_built(busybox
     assert sorted(p.name for p in (folder / "profiles").iterdir()) == ["product.yaml", "tp1.yaml", "tp2.yaml"]
     assert (folder / "tool/unibake/normalise.py").is_file() and (folder / "tool/requirements.txt").is_file()
     record = read_kit(folder)
-    assert (record.image_id, record.source_date_epoch, record.revision) == (IMAGE_ID, 1700000000, "abc")
+    assert (record.image_id, record.source_date_epoch, record.revision, record.platform) == \
+        (IMAGE_ID, 1700000000, "abc", "linux/amd64")
     assert record.build_args == {"UNIBAKE_REVISION": "abc", "UNIBAKE_CREATED": "2023-11-14T22:13:20Z"}
     assert json.loads((folder / "kit.json").read_text())["base"] == {"ref": BASE.ref, "image_id": BASE.image_id}
     assert written.files == len((folder / "kit.sha256").read_text().splitlines())

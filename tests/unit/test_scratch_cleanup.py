@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from unibake.scratch import (SEED_PREFIX, SEEDS_KEPT, _evict_seeds, _processes_of, _try_lock, clean_stale_scratch,
+                             prune_seeds,
                              private_base, runtime_of)
 
 
@@ -90,3 +91,44 @@ def test_older_seeded_engines_are_evicted_unless_a_run_uses_them(tmp_path):
     assert sorted(removed) == [seeds[1]]
     assert seeds[0].exists() and seeds[2].exists() and seeds[3].exists() and open_seed.exists()
     assert not seeds[1].exists() and (base / f"{SEED_PREFIX}b.lock").exists()
+
+
+def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_scratch_folder(tmp_path, cli):
+    base = tmp_path / "scratch"
+    base.mkdir(mode=0o700)
+    seeds = {}
+    for name, mark in (("a", "sha256:" + "a" * 64), ("b", "planted\nmark"), ("c", None)):
+        folder = base / f"{SEED_PREFIX}{name}"
+        (folder / "root").mkdir(parents=True)
+        folder.chmod(0o700)
+        if mark is not None:
+            (folder / "seeded").write_text(mark)
+        seeds[name] = folder
+    foreign = base / f"{SEED_PREFIX}open"
+    foreign.mkdir(mode=0o755)
+    foreign.chmod(0o755)
+
+    listed = prune_seeds(base, dry_run=True)
+    assert [(s.folder.name, s.base_id, s.busy) for s in listed] == [
+        (f"{SEED_PREFIX}a", "sha256:" + "a" * 64, False), (f"{SEED_PREFIX}b", "", False),
+        (f"{SEED_PREFIX}c", "", False)]
+    assert all(f.exists() for f in seeds.values())  # a dry run removes nothing
+
+    in_use = _try_lock(seeds["a"])
+    try:
+        done = prune_seeds(base)
+    finally:
+        os.close(in_use)
+    assert [(s.folder.name, s.busy) for s in done] == [(f"{SEED_PREFIX}a", True), (f"{SEED_PREFIX}b", False),
+                                                       (f"{SEED_PREFIX}c", False)]
+    assert seeds["a"].exists() and not seeds["b"].exists() and not seeds["c"].exists() and foreign.exists()
+    assert prune_seeds(tmp_path / "none") == []  # no scratch folder yet: nothing to do
+
+    open_base = tmp_path / "open"
+    open_base.mkdir(mode=0o755)
+    open_base.chmod(0o755)
+    refused = cli("prune", "--scratch-dir", str(open_base), "--out", str(tmp_path), "--engine",
+                  "unix:///nonexistent/unibake-test.sock")
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: --scratch-dir: {open_base} is not a private folder of this user (a symlink, another owner, or open to "
+        "others); remove it or choose --scratch-dir"]
