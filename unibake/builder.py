@@ -115,8 +115,13 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
     if hit is not None:
         on_line(f"the {cut.lower_steps} steps above the build memo's marker are unchanged (inputs "
                 f"sha256:{key[:12]}): building FROM {hit.lower[:19]}, without their context")
-        outcome = _build(buildmemo.upper_context(context, cut, hit), engine, tag=tag, product=product,
-                         revision=revision, epoch=epoch, nocache=False, on_line=on_line, platform=platform)
+        offset = cut.lower_steps - 1  # the upper Dockerfile's FROM stands for the steps above the marker
+        try:
+            outcome = _build(buildmemo.upper_context(context, cut, hit), engine, tag=tag, product=product,
+                             revision=revision, epoch=epoch, nocache=False, platform=platform,
+                             on_line=lambda line: on_line(_renumbered(line, offset)))
+        except BuildFailed as exc:
+            raise _renumbered_failure(exc, offset) from None
         lower = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
                  for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
         upper = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]  # its FROM: the memo
@@ -136,6 +141,27 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
                       stage_images=outcome.stage_images, seconds=time.monotonic() - start, size=info.size,
                       replaced=before.id if before is not None and before.id != info.id else None,
                       memoised=memoised)
+
+
+_STEP_LINE = re.compile(r"^Step (\d+)/(\d+) : ")
+_STEP_NAME = re.compile(r"^Step (\d+): ")
+
+
+def _renumbered(line: str, offset: int) -> str:
+    """A build line of the upper Dockerfile with the whole Dockerfile's step numbers (``Step 5/12``
+    of the memo build is ``Step 17/24`` of the file the user has)."""
+    m = _STEP_LINE.match(line)
+    return f"Step {int(m[1]) + offset}/{int(m[2]) + offset} : {line[m.end():]}" if m else line
+
+
+def _renumbered_failure(exc: BuildFailed, offset: int) -> BuildFailed:
+    """The same failure, its step named with the whole Dockerfile's number."""
+    m = _STEP_NAME.match(exc.step)
+    if m is None:  # a failed check or kernel, or before the first step: no number to change
+        return exc
+    step = f"Step {int(m[1]) + offset}: {exc.step[m.end():]}"
+    return BuildFailed(str(exc).replace(exc.step, step, 1), step=step, output=exc.output, last_image=exc.last_image,
+                       stage_images=exc.stage_images)
 
 
 def _build(context: BuildContext, engine: Engine, *, tag: str, product: str, revision: str, epoch: int,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 MEMO_LINE = "steps above the build memo's marker are unchanged"
 
 
@@ -65,3 +67,34 @@ def test_a_change_above_the_marker_or_a_damaged_memo_builds_everything(cli, engi
         again = build(cli, busybox_product, version)
         assert MEMO_LINE not in again.err and "error" not in again.err.lower(), again.err
         assert json.loads(path.read_text())["lower"] == good["lower"]  # the whole build recorded it again
+
+
+def test_a_step_that_fails_in_a_memo_build_is_named_by_its_number_in_the_whole_dockerfile(engine, busybox_product,
+                                                                                          version, images, tmp_path):
+    from dataclasses import replace
+
+    from unibake.builder import build_image
+    from unibake.errors import BuildFailed
+    from unibake.plan import make_plan
+    from unibake.render import render
+
+    tag = f"unibake-test:{version}"
+    images(tag)
+    context = render(make_plan(busybox_product, cwd=busybox_product.parent, version=version))
+    memo = tmp_path / "memo"
+    lines: list[str] = []
+    build_image(context, engine, product="unibake-test", revision="r", epoch=0, nocache=False,
+                on_line=lines.append, memo=memo)
+    whole = [line for line in lines if line.startswith("Step ")]
+    total = int(whole[-1].split("/")[1].split()[0])
+    failing = replace(context, dockerfile=context.dockerfile + "RUN echo broken >&2 && exit 3\n")
+    lines.clear()
+    with pytest.raises(BuildFailed) as failed:
+        build_image(failing, engine, product="unibake-test", revision="r", epoch=0, nocache=False,
+                    on_line=lines.append, memo=memo)
+    assert any(MEMO_LINE in line for line in lines)  # built from the memo: the upper Dockerfile only
+    steps = [line for line in lines if line.startswith("Step ")]
+    # numbered as in the Dockerfile the user has: one more step than the whole build, the last one failing
+    assert steps[-1] == f"Step {total + 1}/{total + 1} : RUN echo broken >&2 && exit 3"
+    assert failed.value.step == f"Step {total + 1}: RUN echo broken >&2 && exit 3"
+    assert str(failed.value).startswith(f"the build failed at Step {total + 1}: RUN echo broken")
