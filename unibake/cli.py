@@ -593,8 +593,8 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     try:
         if scratch.exists() or scratch.is_symlink():
             check_private(scratch)  # before any work
-    except RoundTripUnavailable as exc:
-        raise InputError(f"--scratch-dir: {exc}") from None
+    except RoundTripUnavailable as exc:  # names the folder and says to remove it or choose --scratch-dir
+        raise InputError(str(exc)) from None
     removed = prune(DockerEngine(args.engine, ctx.env), out, keep=args.keep, dry_run=args.dry_run,
                     on_line=ctx.reporter.info)
     seeds = prune_seeds(scratch, dry_run=args.dry_run)

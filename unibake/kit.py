@@ -23,9 +23,9 @@ rebuild refuses before building when they are not.
 
 The kit is deterministic (the folders, then ``Dockerfile`` and ``context.tar``, then the rest sorted;
 fixed owners, times set to the epoch, zstd with workers, whose frames are the same bytes for any
-number of workers from 1 up), so ``build.py kit
-RELEASE_DIR --out DIR`` writes, from the checkout, a kit byte for byte equal to the one published,
-after checking the checkout's inputs and profiles against the release's provenance.
+number of workers from 1 up), so ``build.py kit RELEASE_DIR --out DIR`` writes, from the checkout,
+a kit byte for byte equal to the one published, after checking the checkout's inputs and profiles
+against the release's provenance.
 """
 
 from __future__ import annotations
@@ -241,8 +241,7 @@ class KitDraft:
         record = KitRecord(
             schema_version=SCHEMA, product=plan.product, release=self.release, tag=plan.tag,
             version=plan.version, profiles=plan.profile_names, image_id=image_id, diff_ids=diff_ids,
-            source_date_epoch=self.epoch,
-            revision=revision, base=KitImage(ref=base.ref, image_id=base.image_id),
+            source_date_epoch=self.epoch, revision=revision, base=KitImage(ref=base.ref, image_id=base.image_id),
             builder=KitImage(ref=builder.ref, image_id=builder.image_id) if builder else None,
             tool=Tool(name="unibake", version=__version__), install_root=INSTALL_ROOT,
             context_sha256=self.context_sha, dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest(),

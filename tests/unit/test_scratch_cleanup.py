@@ -130,5 +130,5 @@ def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_s
     refused = cli("prune", "--scratch-dir", str(open_base), "--out", str(tmp_path), "--engine",
                   "unix:///nonexistent/unibake-test.sock")
     assert refused.code == 2 and refused.error_lines == [
-        f"error: --scratch-dir: {open_base} is not a private folder of this user (a symlink, another owner, or open to "
+        f"error: {open_base} is not a private folder of this user (a symlink, another owner, or open to "
         "others); remove it or choose --scratch-dir"]
