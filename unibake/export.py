@@ -41,7 +41,7 @@ from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, locate, looks_l
 from .manifest import RoundTripRecord
 from .normalise import normalised_config
 from .platforms import Platform
-from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
+from .threads import Consumer, consume_in_thread, counted, hashing_thread, read_ahead
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,18 +220,16 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     spools: list[_Spool] = []
     feed_fresh = fresh is not None and omit_base is None
     cctx = compressor(level, long_distance, threads)
-    counted = {"bytes": 0}
+    save_count = {"bytes": 0}
     out = None
 
     def new_spool() -> _Spool:
         spools.append(_Spool(staging, len(spools), compressor(level, long_distance, threads)))
         return spools[-1]
 
-    def chunks():
-        for chunk in read_ahead(engine.save(tag), name="save"):
-            counted["bytes"] += len(chunk)
-            progress(len(chunk))
-            yield chunk
+    def advance(n: int) -> None:
+        save_count["bytes"] += n
+        progress(n)
 
     try:
         local = consume_in_thread(engine.load, name="load")
@@ -245,7 +243,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                   spool=new_spool, inspector=inspector, fresh_has_base=fresh_holds is not None)
 
                 try:
-                    members = read_members(chunks(), route=route)
+                    members = read_members(counted(read_ahead(engine.save(tag), name="save"), advance), route=route)
                 except LayerFormatError as exc:
                     raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
                 hasher.close()
@@ -291,7 +289,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 pass
             s.path.unlink(missing_ok=True)
     image = Image(ref=tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
-                  save_bytes=counted["bytes"], platform=image_platform(info))
+                  save_bytes=save_count["bytes"], platform=image_platform(info))
     trip = None
     if feed_fresh:
         held = fresh.inspect_image(image_id)

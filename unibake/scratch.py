@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ import requests
 
 from .docker_engine import DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
+from .threads import counted
 
 SCRATCH_PREFIX = "ub-scratch-"
 SEED_PREFIX = "ub-seed-"
@@ -241,10 +242,18 @@ def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     return [f for f, busy in _remove_seeds(others[SEEDS_KEPT - 1:]) if not busy]
 
 
-def _counted(chunks: Iterable[bytes], advance: Callable[[int], object]) -> Iterator[bytes]:
-    for chunk in chunks:
-        advance(len(chunk))
-        yield chunk
+def _is_image_id(value: str) -> bool:
+    return re.fullmatch(r"sha256:[0-9a-f]{64}", value) is not None
+
+
+def _read_mark(folder: Path) -> str:
+    """The base image ID a seeded engine's mark names; "" when it has none (never seeded to the end)
+    or it names no image ID."""
+    try:
+        mark = (folder / SEEDED_MARK).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return mark if _is_image_id(mark) else ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,13 +292,7 @@ def prune_seeds(base: Path, *, dry_run: bool = False) -> list[Seed]:
         return []
     check_private(base)
     folders = sorted(f for f in base.glob(f"{SEED_PREFIX}*") if _ours(f))
-    marks = {}
-    for folder in folders:
-        try:
-            mark = (folder / SEEDED_MARK).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            mark = ""
-        marks[folder] = mark if re.fullmatch(r"sha256:[0-9a-f]{64}", mark) else ""
+    marks = {folder: _read_mark(folder) for folder in folders}
     return [Seed(folder=f, base_id=marks[f], busy=busy) for f, busy in _remove_seeds(folders, dry_run=dry_run)]
 
 
@@ -439,7 +442,7 @@ class SeededEngine(ScratchEngine):
                  progress: Callable[[str, int | None], AbstractContextManager] | None = None):
         super().__init__(base, on_line=on_line)
         self.progress = progress or (lambda description, total: nullcontext(lambda n: None))
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", base_id):
+        if not _is_image_id(base_id):
             raise EngineError(f"the base image ID {base_id!r} is not a sha256 digest")
         self.source, self.base_id = source, base_id
         self.seeded_now = False
@@ -460,11 +463,11 @@ class SeededEngine(ScratchEngine):
             check_private(folder)
             _stop_seed_processes(folder)  # a daemon a killed run left running
             self.folder = folder
-            if self._mark() != self.base_id:
+            if _read_mark(self.folder) != self.base_id:
                 self._wipe()
             self._start()
             if not self._holds_only_base():
-                if self._mark() == self.base_id:
+                if _read_mark(self.folder) == self.base_id:
                     self.on_line(f"    the seeded verify engine {folder} held more than its base image: seeded again")
                     self._stop_daemon()
                     self._wipe()
@@ -477,12 +480,6 @@ class SeededEngine(ScratchEngine):
             self.__exit__(None, None, None)
             raise
         return self
-
-    def _mark(self) -> str:
-        try:
-            return (self.folder / SEEDED_MARK).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            return ""
 
     def _wipe(self) -> None:
         """The data root removed (the engine must be stopped): the next start is an empty engine."""
@@ -505,7 +502,7 @@ class SeededEngine(ScratchEngine):
                      f"kept in {self.folder})")
         info = self.source.inspect_image(self.base_id)
         with self.progress("seeding the verify engine", info.size if info else None) as advance:
-            self.engine.load(_counted(self.source.save(self.base_id), advance))
+            self.engine.load(counted(self.source.save(self.base_id), advance))
         if not self._holds_only_base():
             raise VerificationError(f"the verify engine {self.folder} does not hold exactly the base image "
                                     f"{self.base_id} after seeding it")

@@ -147,9 +147,10 @@ def kit_stage(run: Run) -> tuple:
     epoch = _epoch(image.labels)  # what the image was built with, as the manifest records it
     epoch = run.epoch if epoch is None else epoch
     draft: KitDraft | None = run.get("kit_draft")
-    if draft is None or draft.epoch != epoch:  # not begun, or begun with another epoch than the image's
-        if draft is not None:
-            draft.abandon()
+    if draft is not None and draft.epoch != epoch:  # normalise writes run.epoch into the label: cannot be
+        raise VerificationError(f"the kit of {target.release} was begun with the epoch {draft.epoch}, "
+                                f"the image records {epoch}")
+    if draft is None:  # not begun (a run of single stages)
         draft = KitDraft(run["folder"].staging, name, plan=plan, context=run["context"], release=target.release,
                          epoch=epoch)
         run.stack.callback(draft.abandon)

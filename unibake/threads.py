@@ -65,6 +65,13 @@ class Handoff(Generic[T]):
                 return
 
 
+def counted(chunks: Iterable[bytes], advance: Callable[[int], object]) -> Iterator[bytes]:
+    """``chunks`` passed on, each one's length told to ``advance`` first (progress, byte counts)."""
+    for chunk in chunks:
+        advance(len(chunk))
+        yield chunk
+
+
 def read_ahead(chunks: Iterable[T], depth: int = 32, name: str = "read-ahead") -> Iterator[T]:
     """``chunks``, produced by a second thread up to ``depth`` ahead of the caller. The engine's save
     stream comes in pieces of 256 KiB (``docker_engine.SAVE_PIECE``): 32 ahead is 8 MiB. (64 pieces
