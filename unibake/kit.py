@@ -7,7 +7,8 @@ image and check that it is the one released.
       inputs.lock        the ledger of every baked input
       profiles/*.yaml    the profiles it was rendered from (their paths from the project root)
       tool/              unibake itself at the release's version: the package, build.py, the pins
-      kit.json           the release: image ID, diffIDs, SOURCE_DATE_EPOCH, revision, base and builder by ID
+      kit.json           the release: image ID, diffIDs, SOURCE_DATE_EPOCH, revision, base, builder and
+                         the kernels' other builder images (toolchains) by ID
       README.md          what this is
       verify.sh          ./verify.sh checks every file against kit.sha256; --rebuild rebuilds and compares
       kit.sha256         the kit's own ledger (sha256sum format)
@@ -18,8 +19,8 @@ built image (times set to ``SOURCE_DATE_EPOCH``, the config's build traces remov
 run by ``verify.sh --rebuild`` from the kit's own copy of unibake in a virtual environment made from
 its pins) builds ``context.tar`` on the engine at hand with the release's build arguments, without
 the cache, normalises it with the release's epoch, and compares the image ID with ``kit.json``'s.
-The base and builder images must be in that engine with the IDs the release was built on; the
-rebuild refuses before building when they are not.
+The base, builder and toolchain images must be in that engine with the IDs the release was built
+on; the rebuild refuses before building when they are not.
 
 The kit is deterministic (the folders, then ``Dockerfile`` and ``context.tar``, then the rest sorted;
 fixed owners, times set to the epoch, zstd with workers, whose frames are the same bytes for any
@@ -95,6 +96,9 @@ class KitRecord(Record):
     # the target the release was built for (linux/arm64): the rebuild tells the engine and records it
     # in the config, as the build stage does; absent in kits written before it was recorded
     platform: str | None = Field(default=None, pattern=r"^[a-z0-9]+/[a-z0-9]+(/[a-z0-9]+)?$")
+    # the images kernels are compiled in besides the builder (a build.image of their own); absent
+    # in kits written before they were recorded
+    toolchains: tuple[KitImage, ...] = Field(default=(), max_length=256)
 
     model_config = Record.model_config | {"populate_by_name": True}
 
@@ -231,7 +235,7 @@ class KitDraft:
             raise self._error
 
     def finish(self, *, image_id: str, diff_ids: tuple[str, ...], revision: str, base: BaseImage,
-               builder: BaseImage | None) -> WrittenKit:
+               builder: BaseImage | None, toolchains: tuple[BaseImage, ...] = ()) -> WrittenKit:
         from .manifest import SupplyFile
 
         self.wait()
@@ -245,10 +249,14 @@ class KitDraft:
             builder=KitImage(ref=builder.ref, image_id=builder.image_id) if builder else None,
             tool=Tool(name="unibake", version=__version__), install_root=INSTALL_ROOT,
             context_sha256=self.context_sha, dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest(),
-            platform=plan.platform.name)
+            platform=plan.platform.name,
+            toolchains=tuple(KitImage(ref=t.ref, image_id=t.image_id) for t in toolchains))
         later: dict[str, tuple[bytes | Path, int]] = {
             LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
-            KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2) + "\n").encode(), 0o644),
+            # no toolchains: kit.json as before they were recorded (the same kit bytes for such products)
+            KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2,
+                                               exclude=None if record.toolchains else {"toolchains"}) + "\n").encode(),
+                       0o644),
             "README.md": (render_template("kit-README.md.j2", k=record, kit=self.name, top=self.top).encode(), 0o644),
             "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
         }
@@ -294,14 +302,15 @@ class KitDraft:
 
 def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, image_id: str,
               diff_ids: tuple[str, ...], epoch: int, revision: str, base: BaseImage,
-              builder: BaseImage | None, expect_context: str | None = None) -> WrittenKit:
+              builder: BaseImage | None, expect_context: str | None = None,
+              toolchains: tuple[BaseImage, ...] = ()) -> WrittenKit:
     """Write ``out/name`` (via a temporary name): the kit of the release of ``plan``, in one go.
     ``expect_context``: the sha256 the build context must have; nothing is written otherwise."""
     draft = KitDraft(out, name, plan=plan, context=context, release=release, epoch=epoch,
                      expect_context=expect_context)
     try:
         return draft.finish(image_id=image_id, diff_ids=diff_ids, revision=revision, base=base,
-                            builder=builder)
+                            builder=builder, toolchains=toolchains)
     finally:
         draft.abandon()
 
@@ -397,7 +406,9 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     if record.platform and platform is None:
         raise InputError(f"{folder / KIT_JSON}: platform {record.platform} is not one this unibake builds for "
                          f"({', '.join(sorted(KNOWN))})")
-    for role, image in (("base image", record.base), ("builder image", record.builder)):
+    images = [("base image", record.base), ("builder image", record.builder)]
+    images += [("toolchain image", image) for image in record.toolchains]
+    for role, image in images:
         if image is None:
             continue
         info = engine.inspect_image(image.ref)
@@ -444,7 +455,8 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     the one the release was built from (its sha256 is a byproduct in the provenance)."""
     from .manifest import load_manifest
     from .plan import make_plan
-    from .provenance import PROVENANCE, PROVENANCE_LIMIT, byproducts_of, materials_of, parse_provenance
+    from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, materials_of,
+                             parse_provenance)
     from .render import render
     from .verify import read_sums
 
@@ -485,11 +497,13 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
             if found else None
     if images["base image"] is None:
         raise VerificationError(f"{release / PROVENANCE}: names no base image")
+    toolchains = tuple(BaseImage(ref=ref, image_id=f"sha256:{sha}")
+                       for ref, sha in sorted(materials_of(document, TOOLCHAIN_ROLE).items()))
     out.mkdir(parents=True, exist_ok=True)
     name = kit_name(manifest.product, manifest.release)
     written = write_kit(out, name, plan=plan, context=render(plan), release=manifest.release,
                         image_id=manifest.image_id, diff_ids=manifest.diff_ids, epoch=manifest.source_date_epoch,
                         revision=manifest.revision, base=images["base image"], builder=images["builder image"],
-                        expect_context=byproducts_of(document).get(CONTEXT, "none recorded"))
+                        expect_context=byproducts_of(document).get(CONTEXT, "none recorded"), toolchains=toolchains)
     kit = manifest.supply_chain.kit
     return written, kit.sha256 if kit else None

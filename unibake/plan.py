@@ -207,6 +207,13 @@ class ReleasePlan:
         return tuple(p.name for p in self.profiles)
 
     @property
+    def toolchain_images(self) -> tuple[str, ...]:
+        """The images a kernel or sidecar is compiled in (its ``build.image``) other than
+        ``builder_image``: materials of the release like the base and the builder."""
+        used = {k.builder for k in self.kernels} | {k.builder for p in self.profiles for k in p.sidecars}
+        return tuple(sorted(used - {None, self.builder_image}))
+
+    @property
     def is_unified(self) -> bool:
         return self.profile_names == self.known_profiles
 

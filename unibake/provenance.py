@@ -3,7 +3,8 @@ made with the in-toto-attestation library.
 
 Subjects: the archive's files, the image (its ID: the config digest), the SBOM and the kit.
 Materials (``resolvedDependencies``): every entry of ``inputs.lock``, the profile YAMLs and the lock
-itself, the source revision, and the base and builder images by ID. The builder is unibake with
+itself, the source revision, and the base and builder images by ID (and every other image a kernel
+is compiled in: role ``toolchain image``). The builder is unibake with
 its version (and the engine's); the build parameters are what the command line asked for. The
 build context and Dockerfile are byproducts, so that ``build.py kit`` can prove a kit written
 later holds the same context.
@@ -31,6 +32,7 @@ PROVENANCE = "provenance.intoto.json"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 BUILD_TYPE = "urn:unibake:buildtype:release:v1"  # defines the parameters below; a URN: no host to resolve
+TOOLCHAIN_ROLE = "toolchain image"  # a kernel's own build.image, beside the product's builder image
 BUILDER_ID = "urn:unibake:builder:local"  # a CI declares its own with UNIBAKE_BUILDER_ID
 IMAGE_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"  # the image ID is its config's digest
 HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
@@ -65,7 +67,8 @@ def _ints(value):
 def provenance_document(*, subjects: Mapping[str, str], image_ref: str, image_id: str, parameters: Mapping[str, object],
                         materials: tuple[Material, ...], revision: str, base: BaseImage | None,
                         builder: BaseImage | None, source_image: BaseImage | None, engine_version: str,
-                        byproducts: Mapping[str, str], builder_id: str = BUILDER_ID) -> str:
+                        byproducts: Mapping[str, str], builder_id: str = BUILDER_ID,
+                        toolchains: tuple[BaseImage, ...] = ()) -> str:
     """The statement as JSON text. ``subjects``: file name -> sha256 (the archive files, SBOM, kit)."""
     described = [_descriptor(name, {"sha256": sha}) for name, sha in sorted(subjects.items())]
     described.append(ResourceDescriptor(name=image_ref, digest={"sha256": image_id.removeprefix("sha256:")},
@@ -74,7 +77,9 @@ def provenance_document(*, subjects: Mapping[str, str], image_ref: str, image_id
     commit, _, dirty = revision.partition("-")
     if HEX.fullmatch(commit):
         dependencies.append(_descriptor("source", {"gitCommit": commit}, role="revision", dirty=bool(dirty) or None))
-    for role, image in (("base image", base), ("builder image", builder), ("image", source_image)):
+    images = [("base image", base), ("builder image", builder), ("image", source_image)]
+    images += [(TOOLCHAIN_ROLE, image) for image in toolchains]
+    for role, image in images:
         if image is not None:
             dependencies.append(_descriptor(image.ref, {"sha256": image.image_id.removeprefix("sha256:")}, role=role,
                                             repo_digests=" ".join(image.repo_digests)))

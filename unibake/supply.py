@@ -39,6 +39,7 @@ class Sbom:
     engine_version: str
     packages: int
     libraries: int
+    toolchains: tuple[BaseImage, ...] = ()  # the kernels' other builder images (plan.toolchain_images)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +102,8 @@ def sbom_stage(run: Run) -> tuple:
         raise VerificationError(f"the base image {base.ref} is now {base.image_id}, whose layers are not the first "
                                 f"layers of {image.ref}: it changed since the build; build again")
     builder = image_record(run.engine, plan.builder_image, "builder image") if plan and plan.builder_image else None
+    toolchains = tuple(image_record(run.engine, ref, "toolchain image") for ref in plan.toolchain_images) if plan \
+        else ()
     engine_version = run.engine.version()
     labels = image.labels
     text = sbom_document(product=target.product, release=target.release, tag=image.ref,
@@ -113,7 +116,8 @@ def sbom_stage(run: Run) -> tuple:
     run.reporter.info(f"    {debs} OS packages, {len(contents.packages) - debs} Python packages, "
                       f"{len(contents.libraries)} libraries under {INSTALL_ROOT}, from {contents.layers} layers")
     return (Sbom(file=SupplyFile(name=SBOM, bytes=len(text.encode()), sha256=sha), base=base, builder=builder,
-                 engine_version=engine_version, packages=len(contents.packages), libraries=len(contents.libraries)),)
+                 engine_version=engine_version, packages=len(contents.packages), libraries=len(contents.libraries),
+                 toolchains=toolchains),)
 
 
 # --- the reconstruct kit -----------------------------------------------------------------------
@@ -156,7 +160,7 @@ def kit_stage(run: Run) -> tuple:
         run.stack.callback(draft.abandon)
     written = draft.finish(image_id=image.image_id, diff_ids=image.diff_ids,
                            revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
-                           base=sbom.base, builder=sbom.builder)
+                           base=sbom.base, builder=sbom.builder, toolchains=sbom.toolchains)
     run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
     return (Kit(file=written.file, context_sha256=written.context_sha256,
                 dockerfile_sha256=written.dockerfile_sha256),)
@@ -210,7 +214,8 @@ def provenance_stage(run: Run) -> tuple:
     text = provenance_document(
         subjects=subjects, image_ref=image.ref, image_id=image.image_id, parameters=build_parameters(run),
         materials=materials(plan) if plan is not None else (), revision=run.request.revision if plan else "",
-        base=sbom.base, builder=sbom.builder, source_image=source, engine_version=sbom.engine_version,
+        base=sbom.base, builder=sbom.builder, toolchains=sbom.toolchains, source_image=source,
+        engine_version=sbom.engine_version,
         byproducts=byproducts, builder_id=run.request.env.get("UNIBAKE_BUILDER_ID") or "urn:unibake:builder:local")
     # the gate the release's texts pass (the SBOM's paths are the image's own, not the builder's: not scanned)
     enforce(scan_release_texts({PROVENANCE: text}, run.request.identity), run.allow, f"release {target.release}")

@@ -129,3 +129,49 @@ def test_the_demo_sbom_validates_its_kernel_digests_are_the_files_in_the_image_a
     rebuilt = run("./verify.sh", "--rebuild", cwd=kit_folder, env={"UNIBAKE_PYTHON": sys.executable})
     assert rebuilt.returncode == 0, rebuilt.stdout[-2000:] + rebuilt.stderr[-3000:]
     assert engine.inspect_image(f"unibake-kit/demo-llm:{version}").id == image.id
+
+
+def test_a_kernel_compiled_in_its_own_toolchain_image_is_a_material_and_the_kit_rebuild_needs_it(
+        cli, engine, busybox_product, version, images, tmp_path):
+    # a kernel whose build.image is not the product's builder: the provenance, kit.json and the kit's
+    # README name it by ID, `build.py kit` finds it in the provenance, and the rebuild refuses another image
+    toolchain = f"localhost/unibake-toolchain-test:{version}"
+    for ref in (toolchain, f"unibake-test:{version}", f"unibake-kit/unibake-test:{version}"):
+        images(ref)
+    builder = engine.inspect_image("localhost/unibake-demo-builder:bookworm")
+    engine.api.tag(builder.id, *toolchain.rsplit(":", 1))
+    root = busybox_product.parent
+    (root / "images/tk").mkdir()
+    (root / "images/tk/tk.c").write_text("int tk(void) { return 1; }\n")
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace('"localhost/unibake-busybox:1"', '"localhost/unibake-demo-base:bookworm"')
+                       + "kernels:\n  - {name: tk, version: '1.0', source: images/tk, build: {image: \"" + toolchain
+                       + "\", run: \"cc -shared -fPIC -o $OUT/libtk.so $SRC/tk.c\"}}\n")
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    out = tmp_path / "release"
+    result = cli("--config", str(busybox_product), "--version", version, "--out", str(out), "--no-roundtrip")
+    assert result.code == 0, result.err
+    folder = out / version
+    statement = json.loads((folder / "provenance.intoto.json").read_text())
+    named = {d["name"]: (d["annotations"]["role"], d["digest"]["sha256"])
+             for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert named[toolchain] == ("toolchain image", builder.id.removeprefix("sha256:"))
+    kit = f"unibake-test-{version}-kit.tar.zst"
+    kit_folder = unpack(folder / kit, tmp_path / "unpacked")
+    assert json.loads((kit_folder / "kit.json").read_text())["toolchains"] == [{"ref": toolchain,
+                                                                              "image_id": builder.id}]
+    assert f"| Toolchain image | `{toolchain}` as `{builder.id}` |" in (kit_folder / "README.md").read_text()
+
+    again = cli("kit", str(folder), "--out", str(tmp_path / "again"), "--config", str(busybox_product))
+    assert again.code == 0, again.err
+    assert (tmp_path / "again" / kit).read_bytes() == (folder / kit).read_bytes()
+
+    other = engine.inspect_image("localhost/unibake-busybox:1")
+    engine.api.tag(other.id, *toolchain.rsplit(":", 1))  # the ref now names another image: refused before building
+    refused = cli("rebuild", str(kit_folder))
+    assert refused.code == 2 and f"the toolchain image {toolchain} is {other.id} in the engine" in \
+        refused.error_lines[-1] and f"was built on {builder.id}" in refused.error_lines[-1]
+    engine.api.tag(builder.id, *toolchain.rsplit(":", 1))
+    rebuilt = cli("rebuild", str(kit_folder))
+    assert rebuilt.code == 0, rebuilt.err
+    assert engine.inspect_image(f"unibake-kit/unibake-test:{version}").id == (folder / "IMAGE_ID").read_text().strip()

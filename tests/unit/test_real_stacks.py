@@ -461,3 +461,19 @@ def test_hostile_image_labels_cannot_reach_run_sh(change, message):
     change(document["profiles"]["tp1"])
     with pytest.raises(VerificationError, match=message.replace("(", r"\(")):
         ImageMetadata.from_labels({"io.unibake.metadata": json.dumps(document)}, "evil:1")
+
+
+def test_the_images_kernels_are_compiled_in_besides_the_builder_are_the_plans_toolchain_images(cli, busybox_product):
+    # they are materials of the release (provenance, kit.json) like the builder; the builder is not repeated
+    (busybox_product.parent / "images/k").mkdir()
+    (busybox_product.parent / "images/k/k.c").write_text("int k;\n")
+    append(busybox_product / "product.yaml",
+           "builder: {image: 'localhost/b:1'}\n"
+           "kernels:\n  - {name: a, version: '1', source: images/k}\n"
+           "  - {name: b, version: '1', source: images/k, build: {image: 'localhost/rocm:6', run: 'true'}}\n"
+           "  - {name: c, version: '1', source: images/k, build: {image: 'localhost/b:1', run: 'true'}}\n"
+           "  - {name: d, version: '1', source: images/k, build: {image: 'localhost/cuda:12', run: 'true'}}\n")
+    lock(cli, busybox_product)
+    plan = make_plan(busybox_product)
+    assert plan.builder_image == "localhost/b:1"
+    assert plan.toolchain_images == ("localhost/cuda:12", "localhost/rocm:6")
