@@ -56,6 +56,7 @@ from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Record, first_error
 from .plan import INSTALL_ROOT, ReleasePlan
 from .render import BuildContext, write_context_tar
+from .schema import IMAGE_REF_RE
 from .sbom import BaseImage
 from .sums import parse_sums, render_sums
 from .templates import render_template
@@ -70,7 +71,8 @@ SKIPPED = ("__pycache__", ".venv")
 
 
 class KitImage(Record):
-    ref: str = Field(max_length=512)
+    # what the profiles allow (a hostile kit.json cannot aim the engine's API or the README elsewhere)
+    ref: str = Field(max_length=512, pattern=IMAGE_REF_RE.pattern)
     image_id: str = Field(pattern=DIGEST)
 
 

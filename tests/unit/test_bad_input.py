@@ -116,6 +116,10 @@ def case_base_by_tag(p):
          'base: {image: "localhost/unibake-busybox:1", require_digest: true}')
 
 
+def case_base_with_dot_segments(p):  # not a registry host: ".." would walk the engine API's URL
+    edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}', 'base: {image: "../containers/x"}')
+
+
 def case_bad_allow_regex(p):
     edit(p / "product.yaml", "env:", "sanitise: {allow: ['(unclosed']}\nenv:")
 

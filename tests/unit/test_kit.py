@@ -157,3 +157,21 @@ def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, 
     assert not (tmp_path / "kit").exists()
     not_a_kit = cli("rebuild", str(tmp_path))
     assert not_a_kit.code == 3 and not_a_kit.error_lines[-1].startswith(f"error: {tmp_path}/kit.sha256: missing")
+
+
+@pytest.mark.parametrize("field", ["base", "toolchains"])
+def test_a_kit_json_naming_an_image_by_something_not_an_image_reference_is_refused_before_the_engine_is_asked(
+        busybox_product, tmp_path, field):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    record = json.loads((folder / "kit.json").read_text())
+    hostile = {"ref": "../containers/x", "image_id": BASE.image_id}
+    record[field] = [hostile] if field == "toolchains" else hostile
+    (folder / "kit.json").write_text(json.dumps(record))
+    ledger = (folder / "kit.sha256").read_text().splitlines()  # the ledger rewritten to match, as an attacker would
+    digest = hashlib.sha256((folder / "kit.json").read_bytes()).hexdigest()
+    (folder / "kit.sha256").write_text("\n".join(f"{digest}  kit.json" if line.endswith("  kit.json") else line
+                                                 for line in ledger) + "\n")
+    engine = FakeEngine()
+    with pytest.raises(VerificationError, match=r"kit.json: not a valid kit record: .*ref.*pattern"):
+        rebuild(folder, engine)
