@@ -27,10 +27,11 @@ import posixpath
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _Spool, canonical_entries, compressor)
+from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _disk_error, _Spool, canonical_entries,
+                      compressor)
 from .archive_reader import ReadBack, read_back
 from .builder import BuiltImage, Image, image_platform
 from .contents import LayerInspector
@@ -53,24 +54,71 @@ class PassedLayer:
     size: int
     ours: bool
     sha256: object
-    spool: _Spool | None
+    spool: _Spool | _Raw | _Discard | None
     data: bytes | None
+
+
+class _Discard:
+    """A hotfix's big base-image layer, which its base release shipped: the archive never holds it,
+    so it is not compressed (the SBOM's reader still reads it, beside)."""
+
+    def __init__(self, path: Path):
+        self.path = path  # never written
+
+    def write(self, data) -> None:
+        pass
+
+    def close(self) -> "_Discard":
+        return self
+
+
+class _Raw:
+    """A hotfix's big layer of ours, kept as it is until its diffID says whether the archive ships it
+    (compressed then into a :class:`_Spool`, once) or its base release did (dropped, never compressed).
+    Only what ships is compressed: a hotfix changing one small layer no longer compresses the image."""
+
+    def __init__(self, folder: Path, index: int):
+        self.path = folder / f".member-{index:04d}.raw.tmp"
+        self._fh = open(self.path, "wb")
+
+    def write(self, data) -> None:
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            raise _disk_error(exc, self.path.parent) from None
+
+    def close(self) -> "_Raw":
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError as exc:
+                raise _disk_error(exc, self.path.parent) from None
+            self._fh = None
+        return self
+
+    def compress_into(self, spool: _Spool) -> _Spool:
+        with open(self.path, "rb") as fh:
+            while piece := fh.read(1 << 20):
+                spool.write(piece)
+        self.path.unlink(missing_ok=True)
+        return spool.close()
 
 
 class _Layer:
     """One layer member of the save stream on its way to the loads and the archive."""
 
     def __init__(self, name: str, size: int, *, epoch: int, owned: str, local: Consumer, fresh: Consumer | None,
-                 hasher: Consumer, spool: Callable[[], _Spool], inspector: LayerInspector | None,
-                 fresh_has_base: bool = False):
+                 hasher: Consumer, spool: Callable[[bool], _Spool | _Raw | _Discard],
+                 inspector: LayerInspector | None, fresh_has_base: bool = False):
         self.name, self.size, self.local, self.fresh, self.hasher = name, size, local, fresh, hasher
         self.fresh_has_base = fresh_has_base  # the fresh engine holds the base image: its layers are not sent
         self.out_name = name if name.endswith("/layer.tar") else f"{posixpath.basename(name)}/layer.tar"
         self.inspector = inspector
         self.look = None  # the SBOM's reader of this layer, as it goes into the archive
         self.digest = hashlib.sha256()
-        self.spool = spool() if size > SPOOL_THRESHOLD else None
-        self.kept: list[bytes] | None = None if self.spool is not None else []
+        self.new_spool, self.big = spool, size > SPOOL_THRESHOLD
+        self.spool = None  # made at the first byte, once it is known whose layer it is
+        self.kept: list[bytes] | None = None if self.big else []
         self.held: list[bytes] = []  # the raw bytes read before the rewriter knows whose layer it is
         self.sent = 0
         self.rewriter = LayerRewriter(epoch=epoch, owned=owned, emit=self._ours)
@@ -80,6 +128,8 @@ class _Layer:
 
     def _out(self, data, *, local: bool) -> None:
         if not self.sent:
+            if self.big:
+                self.spool = self.new_spool(local)  # (local: the layer is ours)
             header = tar_header(self.out_name, self.size)
             if local:
                 self.local.put(header)
@@ -217,15 +267,35 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     if fresh_holds is not None and base.id != fresh_holds:
         raise VerificationError(f"the base image {base_image} is {base.id} now, not the {fresh_holds} the verify "
                                 "engine was seeded with")
-    spools: list[_Spool] = []
+    spools: list[_Spool | _Raw | _Discard] = []
     feed_fresh = fresh is not None and omit_base is None
+    # a hotfix compresses only what it ships: its base release shipped the base image's layers when it
+    # holds them at its bottom (they are then omitted), and a layer of ours waits for its diffID
+    base_shipped = omit_base is not None and tuple(omit_base[:len(base.diff_ids)]) == tuple(base.diff_ids)
     cctx = compressor(level, long_distance, threads)
     save_count = {"bytes": 0}
     out = None
 
-    def new_spool() -> _Spool:
+    def real_spool() -> _Spool:
         spools.append(_Spool(staging, len(spools), compressor(level, long_distance, threads)))
         return spools[-1]
+
+    def new_spool(ours: bool) -> _Spool | _Raw | _Discard:
+        if omit_base is not None and ours:
+            spools.append(_Raw(staging, len(spools)))
+        elif base_shipped:
+            spools.append(_Discard(staging / f".member-{len(spools):04d}.discarded"))
+        else:
+            return real_spool()
+        return spools[-1]
+
+    def settled(layer: PassedLayer, omitted: bool) -> PassedLayer:
+        """A deferred layer compressed into its frame when the archive ships it."""
+        if omitted or not isinstance(layer.spool, (_Raw, _Discard)):
+            return layer
+        if isinstance(layer.spool, _Discard):  # _finish holds the base's layers to the base image's diffIDs
+            raise VerificationError(f"the base image's layer {layer.out_name} is not one the base release holds")
+        return replace(layer, spool=layer.spool.compress_into(real_spool()))
 
     def advance(n: int) -> None:
         save_count["bytes"] += n
@@ -248,6 +318,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                     raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
                 hasher.close()
                 config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
+                omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
+                layers = [settled(layer, d in omit) for layer, d in zip(layers, diff_ids)]
                 _end_of_load(local, config, tag, names)
                 if remote is not None:
                     _end_of_load(remote, config, tag, names)
@@ -259,7 +331,6 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                    config=json.loads(config), members=len(members), config_bytes=config,
                                    layer_members=_layer_members(layers, diff_ids))
                 contents = inspector.finish(saved) if inspector is not None else None
-                omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
                 out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split,
                                               cctx)
                 files = out.finish()

@@ -3,11 +3,13 @@ archive that reads back as it, and a fresh engine that holds it, from a single s
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
 from unibake.archive_reader import read_archive
+from unibake.builder import BuiltImage
 from unibake.errors import VerificationError
 from unibake.export import export_once
 from unibake.normalise import normalise_image
@@ -107,3 +109,47 @@ def test_a_verify_engine_holding_the_base_image_is_sent_only_the_layers_above_it
     with pytest.raises(VerificationError, match="not the sha256:0+ the verify engine was seeded with"):
         export(engine, built(engine, "demo:2", 2222, "y"), tmp_path / "other", fresh=RecordingEngine(),
                fresh_holds="sha256:" + "0" * 64)
+
+
+def test_a_hotfix_compresses_only_the_layers_it_ships_and_still_reads_every_layer_for_the_sbom(tmp_path):
+    # big layers (above the spool threshold): the base image's and the engine's, which the base release
+    # shipped, are not in the hotfix archive, yet the SBOM reader sees their files; a big layer of ours
+    # that changed is compressed after its diffID is known and loads over the base release
+    import os
+
+    from unibake.archive_reader import read_archive
+    from unibake.contents import LayerInspector
+
+    from .test_contents import STATUS
+    from .test_normalise import config, layer
+
+    e = FakeEngine()
+    e.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}},
+          [layer([("var/lib/dpkg/status", STATUS, 5), ("bin/big", os.urandom(300 << 10), 5)], uname="root")],
+          tag="base:1")
+    library = os.urandom(300 << 10)
+
+    def build(tag: str, mtime: int, kernel: bytes, tune: bytes) -> object:
+        base = e.images[e.tags["base:1"]].layers
+        ours = [layer([("opt", None, mtime), ("opt/unibake", None, mtime), ("opt/unibake/kernels", None, mtime),
+                       ("opt/unibake/kernels/libk.so", kernel, mtime)]),
+                layer([("opt/unibake/profiles/tp1/tune/a.json", tune, mtime)])]
+        image_id = e.add(config("x", f"c{mtime}"), base + ours, tag=tag)
+        return BuiltImage(image_id=image_id, tag=tag, diff_ids=(), steps=(), stage_images=(), seconds=0.0)
+
+    first = export(e, build("demo:1", 1111, library, b"{}\n"), tmp_path / "a")
+    for name, kernel, shipped in (("tune", library, 1), ("kernel", os.urandom(300 << 10), 2)):
+        staging = tmp_path / name / "staging"  # (where export() writes)
+        done = export(e, build(f"demo:{name}", 2222, kernel, b'{"t": 2}\n'), tmp_path / name,
+                      omit_base=first.image.diff_ids, inspector=LayerInspector("/opt/unibake"))
+        assert len(done.archive.shipped) == shipped and done.archive.omitted == first.image.diff_ids[:3 - shipped]
+        assert [p.name for p in staging.iterdir() if p.name.startswith(".")] == []  # no spool left behind
+        contents = done.archive.contents
+        assert {p.name for p in contents.packages} >= {"bash", "libzstd1"}  # read from the omitted base layer
+        assert contents.library("/opt/unibake/kernels/libk.so").sha256 == hashlib.sha256(kernel).hexdigest()
+        target = FakeEngine()
+        target.load(e.save(first.image.image_id))  # the fresh engine of a hotfix holds its base release
+        target.load(read_archive(staging, [f.name for f in done.archive.files]))
+        held = target.inspect_image(f"demo:{name}")
+        assert held.id == done.image.image_id and held.diff_ids == done.image.diff_ids
+        assert target.layer(done.image.diff_ids[1]) is not None
