@@ -109,8 +109,11 @@ class _Layer:
 
     def __init__(self, name: str, size: int, *, epoch: int, owned: str, local: Consumer, fresh: Consumer | None,
                  hasher: Consumer, spool: Callable[[bool], _Spool | _Raw | _Discard],
-                 inspector: LayerInspector | None, fresh_has_base: bool = False):
+                 inspector: LayerInspector | None, fresh_has_base: bool = False, defer_local: bool = False):
         self.name, self.size, self.local, self.fresh, self.hasher = name, size, local, fresh, hasher
+        # a hotfix whose base release the local engine holds: ours goes to the local load once its
+        # diffID says the engine lacks it (:func:`_send_later`), not as it streams
+        self.defer_local = defer_local
         self.fresh_has_base = fresh_has_base  # the fresh engine holds the base image: its layers are not sent
         self.out_name = name if name.endswith("/layer.tar") else f"{posixpath.basename(name)}/layer.tar"
         self.inspector = inspector
@@ -131,14 +134,14 @@ class _Layer:
             if self.big:
                 self.spool = self.new_spool(local)  # (local: the layer is ours)
             header = tar_header(self.out_name, self.size)
-            if local:
+            if local and not self.defer_local:
                 self.local.put(header)
             if self._to_fresh(local):
                 self.fresh.put(header)
             if self.inspector is not None and self.spool is not None:
                 self.look = self.inspector.sink(self.out_name, self.size, bytes(data[:BLOCK]))
         self.sent += len(data)
-        if local:
+        if local and not self.defer_local:
             self.local.put(data)
         if self._to_fresh(local):
             self.fresh.put(data)
@@ -176,7 +179,7 @@ class _Layer:
         if self.sent != self.size:
             raise LayerFormatError(f"layer {self.name} went on as {self.sent} bytes, not {self.size}")
         padding = tar_padding(self.size)
-        if self.rewriter.ours:
+        if self.rewriter.ours and not self.defer_local:
             self.local.put(padding)
         if self._to_fresh(bool(self.rewriter.ours)):
             self.fresh.put(padding)
@@ -235,6 +238,18 @@ def _layer_members(layers: list[PassedLayer], diff_ids: tuple[str, ...]) -> tupl
                  for layer, d in zip(layers, diff_ids))
 
 
+def _send_later(loader: Consumer, layer: PassedLayer) -> None:
+    """A deferred layer of ours into the local load: from its bytes, or its uncompressed spool."""
+    loader.put(tar_header(layer.out_name, layer.size))
+    if layer.data is not None:
+        loader.put(layer.data)
+    else:
+        with open(layer.spool.path, "rb") as fh:
+            while piece := fh.read(1 << 20):
+                loader.put(piece)
+    loader.put(tar_padding(layer.size))
+
+
 def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...]) -> None:
     config_name = f"{hashlib.sha256(config).hexdigest()}.json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": list(layer_names)}]).encode()
@@ -247,7 +262,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 base_image: str, fresh: Engine | None, level: int = DEFAULT_LEVEL, long_distance: bool = False,
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
-                inspector: LayerInspector | None = None, fresh_holds: str | None = None) -> Exported:
+                inspector: LayerInspector | None = None, fresh_holds: str | None = None,
+                base_release: str | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -258,6 +274,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     ``fresh_holds``: the base image's ID when ``fresh`` holds it (a seeded verify engine): the base
     image's layers are not sent to it, only the layers unibake added and the config (Engine 20.10
     takes an archive whose manifest names layers it already holds without their files).
+    ``base_release``: a hotfix's base release by image ID: when the local engine holds it, the layers
+    the hotfix shares with it are not loaded back into the local engine (it has them), only the others.
     """
     start = time.monotonic()
     tag = built.tag
@@ -272,6 +290,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     # a hotfix compresses only what it ships: its base release shipped the base image's layers when it
     # holds them at its bottom (they are then omitted), and a layer of ours waits for its diffID
     base_shipped = omit_base is not None and tuple(omit_base[:len(base.diff_ids)]) == tuple(base.diff_ids)
+    held = engine.inspect_image(base_release) if omit_base is not None and base_release else None
+    defer_local = held is not None and tuple(held.diff_ids) == tuple(omit_base)
     cctx = compressor(level, long_distance, threads)
     save_count = {"bytes": 0}
     out = None
@@ -310,7 +330,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                     if not looks_like_layer(member, head):
                         return None
                     return _Layer(member, size, epoch=epoch, owned=owned, local=local, fresh=remote, hasher=hasher,
-                                  spool=new_spool, inspector=inspector, fresh_has_base=fresh_holds is not None)
+                                  spool=new_spool, inspector=inspector, fresh_has_base=fresh_holds is not None,
+                                  defer_local=defer_local)
 
                 try:
                     members = read_members(counted(read_ahead(engine.save(tag), name="save"), advance), route=route)
@@ -319,6 +340,10 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 hasher.close()
                 config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
                 omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
+                if defer_local:  # the local engine holds what the hotfix shares with its base release
+                    for layer, d in zip(layers, diff_ids):
+                        if layer.ours and d not in omit:
+                            _send_later(local, layer)
                 layers = [settled(layer, d in omit) for layer, d in zip(layers, diff_ids)]
                 _end_of_load(local, config, tag, names)
                 if remote is not None:

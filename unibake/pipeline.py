@@ -434,7 +434,7 @@ def _export(run: Run) -> tuple:
                                    long_distance=request.long_distance, split=request.split,
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                    platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT),
-                                   fresh_holds=held)
+                                   fresh_holds=held, base_release=base.manifest.image_id if base else None)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:

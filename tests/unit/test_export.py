@@ -123,7 +123,7 @@ def test_a_hotfix_compresses_only_the_layers_it_ships_and_still_reads_every_laye
     from .test_contents import STATUS
     from .test_normalise import config, layer
 
-    e = FakeEngine()
+    e = RecordingEngine()
     e.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}},
           [layer([("var/lib/dpkg/status", STATUS, 5), ("bin/big", os.urandom(300 << 10), 5)], uname="root")],
           tag="base:1")
@@ -138,11 +138,18 @@ def test_a_hotfix_compresses_only_the_layers_it_ships_and_still_reads_every_laye
         return BuiltImage(image_id=image_id, tag=tag, diff_ids=(), steps=(), stage_images=(), seconds=0.0)
 
     first = export(e, build("demo:1", 1111, library, b"{}\n"), tmp_path / "a")
-    for name, kernel, shipped in (("tune", library, 1), ("kernel", os.urandom(300 << 10), 2)):
+    cases = (("tune", library, 1, first.image.image_id), ("kernel", os.urandom(300 << 10), 2, first.image.image_id),
+             ("not-held", library, 1, "sha256:" + "0" * 64))
+    for name, kernel, shipped, base_release in cases:
         staging = tmp_path / name / "staging"  # (where export() writes)
         done = export(e, build(f"demo:{name}", 2222, kernel, b'{"t": 2}\n'), tmp_path / name,
-                      omit_base=first.image.diff_ids, inspector=LayerInspector("/opt/unibake"))
+                      omit_base=first.image.diff_ids, inspector=LayerInspector("/opt/unibake"),
+                      base_release=base_release)
         assert len(done.archive.shipped) == shipped and done.archive.omitted == first.image.diff_ids[:3 - shipped]
+        # the local engine, which holds the base release, is sent only what it lacks (else both layers of ours)
+        loaded_back = [n for n in e.streams[-1] if n.endswith("/layer.tar")]
+        assert len(loaded_back) == (2 if name == "not-held" else shipped), name
+        assert e.inspect_image(f"demo:{name}").id == done.image.image_id
         assert [p.name for p in staging.iterdir() if p.name.startswith(".")] == []  # no spool left behind
         contents = done.archive.contents
         assert {p.name for p in contents.packages} >= {"bash", "libzstd1"}  # read from the omitted base layer
