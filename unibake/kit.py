@@ -56,7 +56,7 @@ from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Record, first_error
 from .plan import INSTALL_ROOT, ReleasePlan
 from .render import BuildContext, write_context_tar
-from .schema import IMAGE_REF_RE
+from .schema import IMAGE_REF_RE, SHA256_RE as HEX64_RE
 from .sbom import BaseImage
 from .sums import parse_sums, render_sums
 from .templates import render_template
@@ -492,14 +492,19 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
                 state = "is not one" if path not in theirs else "is missing here" if path not in ours else "differs"
                 raise InputError(f"{role} {path} {state} of {where}'s (its provenance lists them); check out the "
                                  f"revision it was built from ({manifest.revision})")
+    def image(role: str, ref: str, sha: str) -> BaseImage:  # as kit.json will hold it: checked here, by name
+        if not (IMAGE_REF_RE.fullmatch(ref) and len(ref) <= 512 and HEX64_RE.fullmatch(sha)):
+            raise VerificationError(f"{release / PROVENANCE}: its {role} {ref[:80]!r} is not an image reference "
+                                    "with a sha256 digest")
+        return BaseImage(ref=ref, image_id=f"sha256:{sha}")
+
     images = {}
     for role in ("base image", "builder image"):
         found = materials_of(document, role)
-        images[role] = BaseImage(ref=next(iter(found)), image_id=f"sha256:{next(iter(found.values()))}") \
-            if found else None
+        images[role] = image(role, *next(iter(found.items()))) if found else None
     if images["base image"] is None:
         raise VerificationError(f"{release / PROVENANCE}: names no base image")
-    toolchains = tuple(BaseImage(ref=ref, image_id=f"sha256:{sha}")
+    toolchains = tuple(image(TOOLCHAIN_ROLE, ref, sha)
                        for ref, sha in sorted(materials_of(document, TOOLCHAIN_ROLE).items()))
     out.mkdir(parents=True, exist_ok=True)
     name = kit_name(manifest.product, manifest.release)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -175,3 +176,25 @@ def test_a_kit_json_naming_an_image_by_something_not_an_image_reference_is_refus
     engine = FakeEngine()
     with pytest.raises(VerificationError, match=r"kit.json: not a valid kit record: .*ref.*pattern"):
         rebuild(folder, engine)
+
+
+@pytest.mark.parametrize("name,digest", [("../containers/x", None), (None, "not-a-digest")])
+def test_kit_refuses_a_provenance_naming_an_image_it_cannot_hold_with_one_error_line(cli, tmp_path, name, digest):
+    # the release folder is outside input: its provenance (SHA256SUMS rewritten to match) names the base image
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    statement = json.loads((folder / "provenance.intoto.json").read_text())
+    base = next(d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                if d.get("annotations", {}).get("role") == "base image")
+    base["name"] = name or base["name"]
+    base["digest"]["sha256"] = digest or base["digest"]["sha256"]
+    (folder / "provenance.intoto.json").write_text(json.dumps(statement, indent=2))
+    sha = hashlib.sha256((folder / "provenance.intoto.json").read_bytes()).hexdigest()
+    sums = (folder / "SHA256SUMS").read_text().splitlines()
+    (folder / "SHA256SUMS").write_text("\n".join(f"{sha}  provenance.intoto.json"
+                                                 if s.endswith("  provenance.intoto.json") else s for s in sums) + "\n")
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 3 and refused.error_lines == [
+        f"error: {folder}/provenance.intoto.json: its base image {name or base['name']!r} is not an image reference "
+        "with a sha256 digest"], refused.err
+    assert not (tmp_path / "kit").exists() or list((tmp_path / "kit").iterdir()) == []
