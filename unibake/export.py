@@ -25,7 +25,7 @@ import hashlib
 import json
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -96,12 +96,10 @@ class _Raw:
             self._fh = None
         return self
 
-    def compress_into(self, spool: _Spool) -> _Spool:
+    def pieces(self) -> Iterator[bytes]:
         with open(self.path, "rb") as fh:
             while piece := fh.read(1 << 20):
-                spool.write(piece)
-        self.path.unlink(missing_ok=True)
-        return spool.close()
+                yield piece
 
 
 class _Layer:
@@ -112,7 +110,7 @@ class _Layer:
                  inspector: LayerInspector | None, fresh_has_base: bool = False, defer_local: bool = False):
         self.name, self.size, self.local, self.fresh, self.hasher = name, size, local, fresh, hasher
         # a hotfix whose base release the local engine holds: ours goes to the local load once its
-        # diffID says the engine lacks it (:func:`_send_later`), not as it streams
+        # diffID says the engine lacks it (``settled`` in :func:`export_once`), not as it streams
         self.defer_local = defer_local
         self.fresh_has_base = fresh_has_base  # the fresh engine holds the base image: its layers are not sent
         self.out_name = name if name.endswith("/layer.tar") else f"{posixpath.basename(name)}/layer.tar"
@@ -238,18 +236,6 @@ def _layer_members(layers: list[PassedLayer], diff_ids: tuple[str, ...]) -> tupl
                  for layer, d in zip(layers, diff_ids))
 
 
-def _send_later(loader: Consumer, layer: PassedLayer) -> None:
-    """A deferred layer of ours into the local load: from its bytes, or its uncompressed spool."""
-    loader.put(tar_header(layer.out_name, layer.size))
-    if layer.data is not None:
-        loader.put(layer.data)
-    else:
-        with open(layer.spool.path, "rb") as fh:
-            while piece := fh.read(1 << 20):
-                loader.put(piece)
-    loader.put(tar_padding(layer.size))
-
-
 def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...]) -> None:
     config_name = f"{hashlib.sha256(config).hexdigest()}.json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": list(layer_names)}]).encode()
@@ -309,13 +295,31 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
             return real_spool()
         return spools[-1]
 
-    def settled(layer: PassedLayer, omitted: bool) -> PassedLayer:
-        """A deferred layer compressed into its frame when the archive ships it."""
-        if omitted or not isinstance(layer.spool, (_Raw, _Discard)):
+    def settled(layer: PassedLayer, omitted: bool, local: Consumer) -> PassedLayer:
+        """What a hotfix deferred, done in one read of the layer: compressed into its frame when the
+        archive ships it, sent to the local load when the local engine lacks it (``defer_local``)."""
+        if omitted:
             return layer
         if isinstance(layer.spool, _Discard):  # _finish holds the base's layers to the base image's diffIDs
             raise VerificationError(f"the base image's layer {layer.out_name} is not one the base release holds")
-        return replace(layer, spool=layer.spool.compress_into(real_spool()))
+        raw = layer.spool if isinstance(layer.spool, _Raw) else None
+        to_local = defer_local and layer.ours
+        if raw is None and not to_local:
+            return layer
+        frame = real_spool() if raw is not None else None
+        if to_local:
+            local.put(tar_header(layer.out_name, layer.size))
+        for piece in raw.pieces() if raw is not None else (layer.data,):
+            if to_local:
+                local.put(piece)
+            if frame is not None:
+                frame.write(piece)
+        if to_local:
+            local.put(tar_padding(layer.size))
+        if raw is None:
+            return layer
+        raw.path.unlink(missing_ok=True)
+        return replace(layer, spool=frame.close())
 
     def advance(n: int) -> None:
         save_count["bytes"] += n
@@ -340,11 +344,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 hasher.close()
                 config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
                 omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
-                if defer_local:  # the local engine holds what the hotfix shares with its base release
-                    for layer, d in zip(layers, diff_ids):
-                        if layer.ours and d not in omit:
-                            _send_later(local, layer)
-                layers = [settled(layer, d in omit) for layer, d in zip(layers, diff_ids)]
+                layers = [settled(layer, d in omit, local) for layer, d in zip(layers, diff_ids)]
                 _end_of_load(local, config, tag, names)
                 if remote is not None:
                     _end_of_load(remote, config, tag, names)

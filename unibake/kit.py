@@ -401,6 +401,7 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     from .normalise import normalise_image
 
     from .platforms import EXEC_FORMAT, KNOWN, emulation_hint
+    from .provenance import TOOLCHAIN_ROLE
 
     record = check_kit(folder)
     context = folder / CONTEXT
@@ -409,7 +410,7 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
         raise InputError(f"{folder / KIT_JSON}: platform {record.platform} is not one this unibake builds for "
                          f"({', '.join(sorted(KNOWN))})")
     images = [("base image", record.base), ("builder image", record.builder)]
-    images += [("toolchain image", image) for image in record.toolchains]
+    images += [(TOOLCHAIN_ROLE, image) for image in record.toolchains]
     for role, image in images:
         if image is None:
             continue

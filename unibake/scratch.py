@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shutil
 import signal
 import stat
@@ -35,6 +34,7 @@ import requests
 
 from .docker_engine import DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
+from .schema import IMAGE_ID_RE
 from .threads import counted
 
 SCRATCH_PREFIX = "ub-scratch-"
@@ -242,10 +242,6 @@ def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     return [f for f, busy in _remove_seeds(others[SEEDS_KEPT - 1:]) if not busy]
 
 
-def _is_image_id(value: str) -> bool:
-    return re.fullmatch(r"sha256:[0-9a-f]{64}", value) is not None
-
-
 def _read_mark(folder: Path) -> str:
     """The base image ID a seeded engine's mark names; "" when it has none (never seeded to the end)
     or it names no image ID."""
@@ -253,7 +249,7 @@ def _read_mark(folder: Path) -> str:
         mark = (folder / SEEDED_MARK).read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return ""
-    return mark if _is_image_id(mark) else ""
+    return mark if IMAGE_ID_RE.fullmatch(mark) else ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -442,7 +438,7 @@ class SeededEngine(ScratchEngine):
                  progress: Callable[[str, int | None], AbstractContextManager] | None = None):
         super().__init__(base, on_line=on_line)
         self.progress = progress or (lambda description, total: nullcontext(lambda n: None))
-        if not _is_image_id(base_id):
+        if not IMAGE_ID_RE.fullmatch(base_id):
             raise EngineError(f"the base image ID {base_id!r} is not a sha256 digest")
         self.source, self.base_id = source, base_id
         self.seeded_now = False

@@ -20,7 +20,7 @@ from .inputs import LOCK_FILE, sha256_file
 from .manifest import Signature, SupplyChain, SupplyFile
 from .normalise import EPOCH_LABEL
 from .plan import INSTALL_ROOT, ReleasePlan, display_path
-from .provenance import PROVENANCE, Material, provenance_document
+from .provenance import PROVENANCE, TOOLCHAIN_ROLE, Material, provenance_document
 from .sbom import SBOM, BaseImage, sbom_document
 from .sanitise import enforce, scan_release_texts
 from .signing import Signer, check_keys
@@ -102,7 +102,7 @@ def sbom_stage(run: Run) -> tuple:
         raise VerificationError(f"the base image {base.ref} is now {base.image_id}, whose layers are not the first "
                                 f"layers of {image.ref}: it changed since the build; build again")
     builder = image_record(run.engine, plan.builder_image, "builder image") if plan and plan.builder_image else None
-    toolchains = tuple(image_record(run.engine, ref, "toolchain image") for ref in plan.toolchain_images) if plan \
+    toolchains = tuple(image_record(run.engine, ref, TOOLCHAIN_ROLE) for ref in plan.toolchain_images) if plan \
         else ()
     engine_version = run.engine.version()
     labels = image.labels
