@@ -141,7 +141,9 @@ def verify_folder(folder: Path) -> Report:
         if f.name not in sums:
             checks.add("sha256", f.name, False, "not listed in SHA256SUMS")
         if not path.is_file() or path.is_symlink():
-            checks.add("size", f.name, False, "missing" + (" part" if len(parts) > 1 else "") + " (listed in manifest.json)")
+            part = " part" if len(parts) > 1 else ""
+            what = f"missing{part}" if not os.path.lexists(path) else f"a{part or ' file'} that is not a regular file"
+            checks.add("size", f.name, False, f"{what} (listed in manifest.json)")
             readable = False
             continue
         size = path.stat().st_size
@@ -152,7 +154,8 @@ def verify_folder(folder: Path) -> Report:
         else:
             checks.add("size", f.name, True, f"{size} bytes")
     if not readable:
-        checks.add("structure", archive.name, False, "not checked: a file of the archive is missing")
+        checks.add("structure", archive.name, False, "not checked: a file of the archive is missing or not a "
+                   "regular file")
         return Report(folder=folder, checks=tuple(checks), manifest=manifest)
 
     reader = ArchiveReader(folder, parts)

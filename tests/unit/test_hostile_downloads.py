@@ -135,6 +135,17 @@ def test_a_listed_file_that_is_a_symlink_out_of_the_folder_is_refused_by_both(cl
     both_refuse(cli, folder, "not a regular file", "not a regular file")
 
 
+
+def test_an_archive_replaced_by_a_link_to_the_real_one_is_named_as_a_link_not_as_missing(cli, folder):
+    archive = next(folder.glob("*.tar.zst"))
+    kept = folder.parent / archive.name
+    archive.rename(kept)
+    os.symlink(kept, archive)
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "Traceback" not in result.err, result.err
+    assert "not a regular file (listed in manifest.json)" in result.err, result.err
+    assert "missing (listed" not in result.err, result.err
+
 # --- class 3: malformed metadata: exit 3, one line, the same verdict from both -----------------
 
 
