@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UnibakeError
@@ -75,10 +76,12 @@ class _Lock:
         self.fh.close()
 
 
-def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path) -> None:
+def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path,
+                  sign: Callable[[Path], dict[str, str]] | None = None) -> None:
     """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
     ``SHA256SUMS`` (and ``checksums/<tag>.SHA256SUMS`` when it is the folder's record); ``sums`` is the
-    folder's current ``SHA256SUMS``, already checked."""
+    folder's current ``SHA256SUMS``, already checked. ``sign``: writes the new ``SHA256SUMS``'s detached
+    signatures beside it (in the staging folder, so they replace the old ones with it)."""
     out, tag = folder.parent, folder.name
     texts = {MANIFEST: manifest.to_json()}
     for name in NOTES:
@@ -99,11 +102,12 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                 new_sums[name] = write_atomic(staging, name, text)
             listing = render_sums(new_sums)
             write_atomic(staging, SUMS, listing)
+            signatures = list(sign(staging / SUMS)) if sign is not None else []
             fsync_dir(staging)
             if _exchange(staging, folder):
                 fsync_dir(out)
             else:  # one file at a time, SHA256SUMS last
-                for name in [*texts, SUMS]:
+                for name in [*texts, SUMS, *signatures]:
                     os.replace(staging / name, folder / name)
                 fsync_dir(folder)
         finally:

@@ -99,11 +99,15 @@ def _release_options(p: argparse.ArgumentParser) -> None:
                         "the scratch folder that holds only the base image (slower: the whole image is loaded)")
     p.add_argument("--allow", action="append", default=[], metavar="REGEX",
                    help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow)")
+    _signing_options(p, "sign SHA256SUMS and the provenance with")
+
+
+def _signing_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--sign", metavar="KEYID",
-                   help="sign SHA256SUMS and the provenance with this OpenPGP key of the GNUPGHOME keyring (gpg; "
-                        "passphrase from UNIBAKE_GPG_PASSPHRASE): SHA256SUMS.asc")
+                   help=f"{what} this OpenPGP key of the GNUPGHOME keyring (gpg; passphrase from "
+                        "UNIBAKE_GPG_PASSPHRASE): SHA256SUMS.asc")
     p.add_argument("--sign-minisign", metavar="KEYFILE",
-                   help="also sign them with this minisign secret key (password from UNIBAKE_MINISIGN_PASSWORD): "
+                   help=f"{what} this minisign secret key too (password from UNIBAKE_MINISIGN_PASSWORD): "
                         "SHA256SUMS.minisig")
 
 
@@ -216,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "Docker 23+ and containerd pull it, Engine 20.10 does not)")
     ps.add_argument("--temp-dir", metavar="DIR",
                     help="where compressed layers wait for upload (default: $TMPDIR; room for the compressed image)")
+    _signing_options(ps, "a signed release: record the push and sign its new SHA256SUMS again with")
     _registry_options(ps)
 
     pl = command("pull", "pull a release's image by digest and check its image ID",
@@ -613,16 +618,22 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .amend import amend_release
     from .registry import RegistryClient, merge_record, parse_reference, push_release
+    from .publish import SUMS
+    from .signing import ASC, MINISIG, check_keys, check_signer
     from .verify import check_folder_arg, read_sums, verify_folder
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     target = parse_reference(args.to, what="--to", digest=False)
     settings = _registry_settings(args, ctx, target.host)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
+    signer = check_keys(args.sign, (ctx.cwd / args.sign_minisign) if args.sign_minisign else None, ctx.env)
     with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
         report = verify_folder(folder)
         report.raise_if_failed()
     m = report.manifest
+    signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
+    if signer is not None:
+        check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
     with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
@@ -630,15 +641,17 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                                   on_line=ctx.reporter.info)
     record = result.record
     updated = merge_record(m, record)
-    signed = [n for n in ("SHA256SUMS.asc", "SHA256SUMS.minisig") if (folder / n).exists()]
-    if updated is not None and signed:
+    if updated is not None and signed and signer is None:
         # recording would change SHA256SUMS under its signatures: the folder stays as it was signed
         ctx.reporter.warn(f"release {m.release} is signed ({', '.join(signed)}): the push is not recorded in it, so "
-                          f"its SHA256SUMS and signatures stay valid; pull it by {record.reference}")
+                          f"its SHA256SUMS and signatures stay valid; pull it by {record.reference} (to record it, "
+                          "push again with the keys it was signed with: --sign / --sign-minisign)")
         updated = None
     if updated is not None:
-        with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS"):
-            amend_release(folder, updated, read_sums(folder), folder.parent.parent / "checksums")
+        sign = (lambda path: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
+        with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
+                                (", signed again" if sign else "")):
+            amend_release(folder, updated, read_sums(folder), folder.parent.parent / "checksums", sign=sign)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
@@ -647,7 +660,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
             ("pull", record.reference)]
     document = {"release": m.release, "folder": str(folder), "image_id": m.image_id,
                 **record.model_dump(mode="json"), "uploaded": result.uploaded, "already_present": result.present,
-                "uploaded_bytes": result.uploaded_bytes, "recorded": updated is not None}
+                "uploaded_bytes": result.uploaded_bytes, "recorded": updated is not None,
+                "signed_again": updated is not None and signer is not None}
     return Outcome(document=document, title="unibake: pushed", rows=rows, final=f"pushed {m.tag} as {record.reference}")
 
 

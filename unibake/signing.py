@@ -176,6 +176,26 @@ def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str
     return signer
 
 
+def check_signer(signer: Signer, recorded: tuple, what: str) -> None:
+    """A signed release signed again (``push`` recording its digest) must be signed by the very keys
+    it records: each kind of signature it has, and no other (its provenance stays signed by them)."""
+    given = {r.kind: r.key for r in signer.records}
+    had = {s.kind: s.key for s in recorded}
+    options = {"openpgp": "--sign", "minisign": "--sign-minisign"}
+    if not had:
+        raise InputError(f"{what} is not signed; --sign and --sign-minisign sign a signed release's SHA256SUMS "
+                         "again, they do not sign an unsigned one (sign it when it is built)")
+    for kind in had.keys() - given.keys():
+        raise InputError(f"{what} is also signed by the {kind} key {had[kind]}: give {options[kind]} too, or its "
+                         "signature would no longer match SHA256SUMS")
+    for kind in given.keys() - had.keys():
+        raise InputError(f"{options[kind]}: {what} has no {kind} signature to sign again")
+    for kind, key in sorted(given.items()):
+        if key != had[kind]:
+            raise InputError(f"{options[kind]}: that is the {kind} key {key}, but {what} was signed by {had[kind]} "
+                             "(manifest.json); sign it again with that key")
+
+
 # ---------------------------------------------------------------------------------------------
 # Verifying
 

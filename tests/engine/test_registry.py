@@ -138,6 +138,54 @@ def test_zstd_layers_are_pushed_as_oci_tar_zstd_and_engine_20_10_is_told_it_cann
     assert "cannot pull zstd layers" in refused.error_lines[-1] and "--compression gzip" in refused.error_lines[-1]
 
 
+
+def test_a_signed_release_is_recorded_only_when_signed_again_by_its_own_keys(cli, engine, reg, tmp_path, gpg_home,
+                                                                             minisign_key):
+    env, public = gpg_home
+    secret, minisign_public = minisign_key
+    env = {"CI": "true", **env}
+    made = cli("archive", "localhost/unibake-busybox:1", "--tag", "bb-signed", "--out", str(tmp_path / "release"),
+               "--no-roundtrip", "--sign", "signer@example.invalid", "--sign-minisign", str(secret), env=env)
+    assert made.code == 0, made.err
+    folder = tmp_path / "release" / "bb-signed"
+    repo = f"{reg.host}/unibake-test/bbsigned"
+    signed = files_of(folder)
+
+    # without the keys: pushed, not recorded (the folder stays exactly as it was signed)
+    unrecorded = cli("--json", "push", str(folder), "--to", repo, *registry_args(reg), env=env)
+    assert unrecorded.code == 0, unrecorded.err
+    assert "is signed" in unrecorded.err and "--sign" in unrecorded.err
+    assert json.loads(unrecorded.out)["recorded"] is False and files_of(folder) == signed
+
+    # one of its two keys, or another key: refused before anything is uploaded or changed
+    made = subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Other <other@example.invalid>",
+                           "ed25519", "sign", "never"], env={**os.environ, **env}, capture_output=True)
+    assert made.returncode == 0, made.stderr
+    for keys, says in (([], "give --sign-minisign too"),
+                       (["--sign-minisign", str(secret)], "that is the openpgp key")):
+        args = ["--sign", "other@example.invalid" if keys else "signer@example.invalid", *keys]
+        refused = cli("push", str(folder), "--to", repo, *registry_args(reg), *args, env=env)
+        assert refused.code == 2 and says in refused.error_lines[-1], refused.err
+        assert files_of(folder) == signed
+
+    # with both of its keys: recorded, and SHA256SUMS signed again: every verifier accepts the folder
+    recorded = cli("--json", "push", str(folder), "--to", repo, *registry_args(reg), "--sign", "signer@example.invalid",
+                   "--sign-minisign", str(secret), env=env)
+    assert recorded.code == 0, recorded.err
+    doc = json.loads(recorded.out)
+    assert doc["recorded"] is True and doc["signed_again"] is True and doc["uploaded"] == 0
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["registry"][0]["digest"] == doc["digest"]
+    assert (folder / "SHA256SUMS.asc").read_bytes() != signed["SHA256SUMS.asc"]
+    assert subprocess.run(["gpg", "--verify", "SHA256SUMS.asc", "SHA256SUMS"], cwd=folder, capture_output=True,
+                          env={**os.environ, **env}).returncode == 0
+    assert subprocess.run(["minisign", "-Vm", "SHA256SUMS", "-p", str(minisign_public)], cwd=folder,
+                          capture_output=True).returncode == 0
+    for key in (public, minisign_public):
+        assert cli("verify", str(folder), "--key", str(key), env=env).code == 0
+    assert (tmp_path / "checksums" / "bb-signed.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+    assert not [p.name for p in (tmp_path / "release").iterdir() if p.name.endswith(".amend")]  # no staging left
+
 def test_bad_credentials_are_exit_1_and_never_shown(cli, reg, tmp_path):
     folder = make_release(cli, "localhost/unibake-busybox:1", tmp_path / "release", "bb-auth")
     wrong = reg.write_auth(tmp_path / "wrong" / "config.json", "not-the-password-" + reg.password[:6])

@@ -17,11 +17,12 @@ from unibake import amend
 from unibake.archive import write_archive
 from unibake.archive_reader import read_back
 from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError
-from unibake.manifest import load_manifest
+from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
 from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
+from unibake.signing import check_keys, check_signer
 from unibake.verify import read_sums, verify_folder
 
 from dxf import exceptions as dxf_errors
@@ -263,6 +264,40 @@ def test_without_an_atomic_exchange_the_files_are_replaced_sums_last(tmp_path, m
     amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
 
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_an_amend_signs_the_new_sums_again_and_moves_the_signature_in_with_them(tmp_path, monkeypatch, minisign_key,
+                                                                                 atomic):
+    secret, public = minisign_key
+    folder, _ = make_release(tmp_path / "release")
+    signer = check_keys(None, secret, {})
+    signer.sign(folder / "SHA256SUMS")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    if not atomic:
+        monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
+    old = (folder / "SHA256SUMS.minisig").read_bytes()
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
+                        sign=signer.sign)
+    assert (folder / "SHA256SUMS.minisig").read_bytes() != old
+    checked = subprocess.run(["minisign", "-Vm", "SHA256SUMS", "-p", str(public)], cwd=folder, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+
+
+def test_signing_again_needs_the_very_keys_the_release_records(minisign_key):
+    secret, _ = minisign_key
+    signer = check_keys(None, secret, {})
+    [mine] = signer.records
+    ours = Signature(kind="minisign", key=mine.key, files=("SHA256SUMS.minisig",))
+    check_signer(signer, (ours,), "release 1.3.1")  # the same key: fine
+    for recorded, says in (((), "is not signed"),
+                           ((ours.model_copy(update={"key": "ABCDEF"}),), "but release 1.3.1 was signed by ABCDEF"),
+                           ((ours, Signature(kind="openpgp", key="AB" * 20, files=())), "give --sign too")):
+        with pytest.raises(InputError, match=says):
+            check_signer(signer, recorded, "release 1.3.1")
 
 def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_release(tmp_path):
     out = tmp_path / "release"
