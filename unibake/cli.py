@@ -563,17 +563,33 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .inputs import LOCK_FILE, read_lock, render_lock
-    from .plan import display_path, make_plan
-
+    from .plan import display_path, make_plan, product_platforms
     from .platforms import KNOWN
 
     config = (ctx.cwd / args.config).resolve()
-    # every platform's inputs: a prebuilt kernel may be another file on another platform
-    inputs = {f.path: f for p in KNOWN.values()
-              for f in make_plan(config, cwd=ctx.cwd, verify_lock=False, platform=p).inputs}
+    # every platform's inputs: a prebuilt kernel may be another file on another platform. The
+    # platforms the product builds must plan; another one that cannot (its base given by tag while
+    # base.require_digest is set, say) is left out of the lock with a warning, not a failure.
+    builds = product_platforms(config, ctx.cwd)
+    inputs = {}
+    for platform in sorted(KNOWN.values(), key=lambda p: p not in builds):
+        try:
+            plan = make_plan(config, cwd=ctx.cwd, verify_lock=False, platform=platform)
+        except InputError as exc:
+            if platform in builds:
+                raise
+            ctx.reporter.warn(f"{platform.name} is not locked (the product does not build it by default): {exc}")
+            continue
+        inputs.update({f.path: f for f in plan.inputs})
     lock_path = config / LOCK_FILE
     display = display_path(lock_path, ctx.cwd)
-    before = read_lock(lock_path, display)
+    try:
+        before = read_lock(lock_path, display)
+    except InputError as exc:  # a lock left conflicted by a merge: this command is how it is made again
+        if not lock_path.is_file():  # a folder or a FIFO in its place: not ours to replace
+            raise
+        ctx.reporter.warn(f"the old lock cannot be read, so it is written anew: {exc}")
+        before = {}
     after = {path: f.sha256 for path, f in inputs.items()}
     changed = {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
                "changed": sorted(p for p in set(after) & set(before) if after[p] != before[p])}

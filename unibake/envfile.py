@@ -41,8 +41,11 @@ def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
     """``{key: value}`` and ``{key: line}`` of an env file's text; InputError naming the line otherwise."""
     values: dict[str, str] = {}
     lines: dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.lstrip(" \t")
+    # Lines as `docker run --env-file` reads them (Go's bufio.ScanLines): split at "\n" only, one "\r"
+    # before it dropped, a UTF-8 byte-order mark at the start dropped. str.splitlines() would also
+    # split at form feeds, \x1c-\x1e, \x85 and U+2028, making variables docker never sees.
+    for n, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
+        line = raw.removesuffix("\r").lstrip(" \t")
         if not line.strip() or line.startswith("#"):
             continue
         where = f"{display}:{n}"

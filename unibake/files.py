@@ -26,10 +26,11 @@ def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: 
     except OSError as exc:
         reason = "a symlink" if exc.errno == 40 else exc.strerror  # ELOOP: O_NOFOLLOW met a link
         raise error(f"{path}: cannot be read ({reason}){suffix}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # before fdopen: it refuses a folder with an error naming no file
+        os.close(fd)
+        raise error(f"{path}: not a regular file{suffix}")
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{path}: not a regular file{suffix}")
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes, more than the {limit} it may hold{suffix}")
         data = fh.read(limit + 1)

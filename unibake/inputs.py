@@ -108,6 +108,7 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
 def read_external(path: str, where: str) -> Source:
     """A file outside the project, named by its absolute path (a large prebuilt binary): hashed like
     any input and locked under its absolute path."""
+    _check_utf8_name(path, where)
     real = Path(path)
     if not real.is_absolute() or ".." in real.parts:
         raise InputError(f"{where}: {path!r} must be an absolute path without '..'")
@@ -124,8 +125,19 @@ def read_external(path: str, where: str) -> Source:
                   is_dir=False)
 
 
+def _check_utf8_name(name: str, where: str) -> None:
+    """A name the file system gave that is not UTF-8 (Python holds its bad bytes as surrogates): no
+    ledger, lock or Dockerfile can name it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise InputError(f"{where}: the file name '{shown[:200]}' is not UTF-8; rename it") from None
+
+
 def _input_file(root: Path, path: Path, where: str) -> InputFile:
     rel = path.relative_to(root).as_posix()
+    _check_utf8_name(rel, where)
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):
         raise InputError(f"{where}: the file name {rel!r} holds a control character or backslash; rename it")
     real = path.resolve()

@@ -90,6 +90,13 @@ def read_patch(root: Path, spec: dict, where) -> Patch:
     return Patch(name=Path(f.path).name, file=f, strip=strip, diff=diff, where=f.path)
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of a file as diff and patch count them: ended by "\n" only (str.splitlines() also
+    ends one at a form feed, a lone "\r", \x85 or U+2028, and every hunk below it would miss)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: str) -> list[str]:
     out = list(lines)
     delta = 0
@@ -134,7 +141,7 @@ def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, Patch
                 text = before.decode("utf-8")
             except UnicodeDecodeError:
                 raise InputError(f"{patch.where}: {path} is not UTF-8 text; patch text files only") from None
-            lines = _apply_hunks(text.splitlines(keepends=True), pf, patch, path)
+            lines = _apply_hunks(_lines(text), pf, patch, path)
             current[path] = PatchedFile(path=path, data=None if pf.is_removed_file else "".join(lines).encode(),
                                         mode=mode)
     return current

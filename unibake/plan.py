@@ -6,6 +6,7 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -314,6 +315,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                         command=tuple(engine_data["command"]))
     patches = tuple(read_patch(root, x, lambda p, i=i: where(("patches", i) + p))
                     for i, x in enumerate(data.get("patches", [])))
+    _unique([x.name for x in patches], where(("patches",)), "patch file name (each names a label of the image)")
     patched = apply_patches(engine.source, patches)
     builder_data = data.get("builder", {})
     # a platforms entry names that platform's builder; builder.id pins builder.image
@@ -321,7 +323,8 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform)
                     for i, k in enumerate(data.get("kernels", [])))
     _unique([k.name for k in kernels], where(("kernels",)), "kernel")
-    overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p))
+    engine_files = frozenset(engine.source.relative(f) for f in engine.source.files)
+    overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p), engine_files)
                      for i, o in enumerate(data.get("overlays", [])))
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
     chosen = [_profile(root, merged[name], builder, platform) for name in selected]
@@ -355,7 +358,12 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                              f"expression: {exc}") from None
     _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml)
     launch = data.get("launch", {})
+    _check_mounts(launch.get("mounts", {}), lambda name: where(("launch", "mounts", name)))
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
+    if len(selected) > 1 and "-".join(selected) in merged:
+        raise InputError(f"{merged['-'.join(selected)].file}: the profile '{'-'.join(selected)}' would share the tag "
+                         f"{data['product']}:{version}{tag_suffix}{platform.suffix} with the profiles "
+                         f"{', '.join(selected)} built together; rename it")
     tag = f"{data['product']}:{version}{tag_suffix}{platform.suffix}"
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
@@ -474,11 +482,26 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                   outputs=outputs or (f"lib{name}.so",), builder=image, build=build)
 
 
-def _overlay(root: Path, data: dict, where) -> Overlay:
+def _overlay(root: Path, data: dict, where, engine_files: frozenset[str]) -> Overlay:
     source = read_source(root, data["source"], where(("source",)))
     target = data["target"]
     if target in (".", "./") and not source.is_dir:
         raise InputError(f"{where(('target',))}: a file overlay needs a file name as its target, not '.'")
+    if target.endswith("/") and not source.is_dir:
+        raise InputError(f"{where(('target',))}: a file overlay's target is the file it becomes, like "
+                         f"{target}{Path(source.path).name}, not a folder")
+    # the engine folder's own layout: a file cannot become a folder, nor a folder a file
+    parts = [] if target in (".", "./") else target.rstrip("/").split("/")
+    engine_dirs = {"/".join(f.split("/")[:i]) for f in engine_files for i in range(1, f.count("/") + 1)}
+    for i in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:i])
+        last = i == len(parts)
+        if prefix in engine_files and (not last or source.is_dir):
+            raise InputError(f"{where(('target',))}: '{prefix}' is a file of the engine, so the overlay cannot "
+                             f"put a folder there (target: {target})")
+        if last and not source.is_dir and prefix in engine_dirs:
+            raise InputError(f"{where(('target',))}: '{prefix}' is a folder of the engine; a file overlay cannot "
+                             "replace it: name a file in it")
     return Overlay(source=source, target=target, name=data.get("name", target.rstrip("/")),
                    md5=data.get("md5", default_of("overlays", "md5")))
 
@@ -487,6 +510,26 @@ def _check_env_key(key: str, where: str) -> None:
     if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
         raise InputError(f"{where}: env key '{key}' is set by the image itself (PORT and MODEL_NAME come "
                          "from launch:); choose another name")
+
+
+def _check_mounts(mounts: dict[str, str], where) -> None:
+    """Weight mounts: each its own variable (run.sh's MODEL_<NAME>, the image's UNIBAKE_MOUNT_<NAME>)
+    and its own path, none over the install (a mount there would hide the engine)."""
+    variables: dict[str, str] = {}
+    paths: dict[str, str] = {}
+    for name, path in mounts.items():
+        variable = name.upper().replace("-", "_").replace(".", "_")
+        if variable in variables:
+            raise InputError(f"{where(name)}: mounts '{variables[variable]}' and '{name}' are both "
+                             f"MODEL_{variable} in run.sh; rename one")
+        clean = posixpath.normpath(path)
+        if clean in paths:
+            raise InputError(f"{where(name)}: '{name}' and '{paths[clean]}' both mount at {clean}; docker refuses "
+                             "two mounts at one path")
+        if clean == "/" or f"{clean}/".startswith(f"{INSTALL_ROOT}/") or f"{INSTALL_ROOT}/".startswith(f"{clean}/"):
+            raise InputError(f"{where(name)}: mount '{name}' at {path} would hide the install under {INSTALL_ROOT}; "
+                             "mount weights elsewhere, like /models/" + name)
+        variables[variable], paths[clean] = name, name
 
 
 def _unique(names: list[str], where: str, what: str) -> None:

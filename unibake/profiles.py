@@ -26,9 +26,12 @@ import yaml
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
 from .files import read_small_text
+from .platforms import KNOWN
 from .schema import MAX_VALUE_LEN, NOT_INHERITED, SCHEMA, Key
 
 PRODUCT_FILE = "product.yaml"
+# ``--profile all`` selects every profile; a platform's architecture is the suffix of its releases' tags
+RESERVED_PROFILE_NAMES = frozenset({"all"} | {p.architecture for p in KNOWN.values()})
 
 Path_ = tuple  # a key path inside a document: ("tune_caches", "expect") or ("kernels", 0, "name")
 
@@ -97,6 +100,10 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key must be a plain name")
             key = key_node.value
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise InputError(f"{display}:{key_node.start_mark.line + 1}: YAML merge keys ('<<') are not "
+                                 "supported; a profile inherits with extends: FILE, and maps such as env merge "
+                                 "key by key")
             if key in out:
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: key '{dotted(path + (key,))}' "
                                  "appears twice")
@@ -391,6 +398,9 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]
         name = doc.data["profile"]
+        if name in RESERVED_PROFILE_NAMES:
+            raise InputError(f"{doc.where(('profile',))}: '{name}' cannot name a profile: --profile all means every "
+                             "profile, and a platform's architecture ends its release's tag; choose another name")
         if name in profiles:
             raise InputError(f"{doc.where(('profile',))}: profile '{name}' is also defined in "
                              f"{profiles[name].file}; profile names must be unique")

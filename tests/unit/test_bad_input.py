@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -124,7 +125,86 @@ def case_bad_allow_regex(p):
     edit(p / "product.yaml", "env:", "sanitise: {allow: ['(unclosed']}\nenv:")
 
 
+def lock_also(p, *paths: str) -> None:
+    """New input files, locked as `build.py lock` would (so a case fails for its own reason)."""
+    with open(p / "inputs.lock", "a") as fh:
+        for rel in paths:
+            fh.write(f"{hashlib.sha256((p.parent / rel).read_bytes()).hexdigest()}  {rel}\n")
+
+
+def case_file_name_not_utf8(p):  # the file system gives it as surrogates: no ledger or lock can name it
+    (p.parent / "images/tune/tp1").joinpath(os.fsdecode(b"cache-\xff.json")).write_text("{}\n")
+
+
+def case_env_file_form_feed(p):  # docker reads one line, "A=x\x0cB=y": a control character in a value
+    (p.parent / "images/tp1.env").write_text("A=x\x0cB=y\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
+def case_mounts_one_variable(p):
+    edit(p / "product.yaml", "mounts: {target: /models/target}",
+         "mounts: {target: /models/target, draft-a: /models/a, draft_a: /models/b}")
+
+
+def case_mounts_one_path(p):
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/x, draft: /models/x}")
+
+
+def case_mount_over_the_install(p):
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /opt}")
+
+
+def case_patches_one_label(p):
+    for folder in ("a", "b"):
+        (p.parent / "images" / folder).mkdir()
+        (p.parent / "images" / folder / "fix.patch").write_text(
+            "--- a/handle.sh\n+++ b/handle.sh\n@@ -1,2 +1,2 @@\n #!/bin/sh\n-# One HTTP request on stdin, one "
+            f"response on stdout.\n+# {folder}\n")
+    lock_also(p, "images/a/fix.patch", "images/b/fix.patch")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() +
+                                    "patches: [{file: images/a/fix.patch}, {file: images/b/fix.patch}]\n")
+
+
+def case_profile_named_all(p):
+    (p / "tp3.yaml").write_text("profile: all\ngpus: 3\n")
+
+
+def case_profile_named_like_a_platform(p):
+    (p / "tp3.yaml").write_text("profile: arm64\ngpus: 3\n")
+
+
+def case_yaml_merge_key(p):
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {<<: {NCCL_ALGO: Ring}, NCCL_P2P_LEVEL: NVL}")
+
+
+def case_file_overlay_into_a_folder_name(p):
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() +
+                                    "overlays: [{source: images/tune/tp1/cache-1.json, target: extra/}]\n")
+
+
+def case_overlay_under_an_engine_file(p):
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() +
+                                    "overlays: [{source: images/tune/tp1/cache-1.json, target: serve.sh/x.json}]\n")
+
+
+def case_lock_is_a_folder(p):
+    (p / "inputs.lock").unlink()
+    (p / "inputs.lock").mkdir()
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
+# what the error line must say, where an earlier check could refuse the same input for another reason
+SAYS = {
+    "env_file_form_feed": "images/tp1.env:1: the value of A contains a control character ('\\x0c')",
+    "mounts_one_path": "both mount at /models/x",
+    "patches_one_label": "'fix.patch' is listed twice",
+    "yaml_merge_key": "YAML merge keys ('<<') are not supported",
+    "file_overlay_into_a_folder_name": "a file overlay's target is the file it becomes",
+    "overlay_under_an_engine_file": "'serve.sh' is a file of the engine",
+    "file_name_not_utf8": "'images/tune/tp1/cache-\\xff.json' is not UTF-8",
+    "lock_is_a_folder": "inputs.lock: not a regular file",
+}
 
 ARGUMENT_CASES = {
     "unknown-profile": ["--profile", "tp9"],
@@ -149,7 +229,9 @@ def assert_refused(result, product_root: Path):
 @pytest.mark.parametrize("case", sorted(YAML_CASES))
 def test_bad_yaml_and_inputs_are_refused_before_anything_happens(cli, busybox_product, case):
     YAML_CASES[case](busybox_product)
-    assert_refused(cli("--config", str(busybox_product)), busybox_product.parent)
+    result = cli("--config", str(busybox_product))
+    assert_refused(result, busybox_product.parent)
+    assert SAYS.get(case, "") in result.error_lines[0]
 
 
 @pytest.mark.parametrize("case", sorted(ARGUMENT_CASES))

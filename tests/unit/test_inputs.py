@@ -83,6 +83,29 @@ def test_lock_command_rewrites_the_lock_and_then_the_build_accepts(busybox_produ
     assert entries == sorted(entries) and "images/tune/tp2/cache-2.json" in entries
 
 
+
+def test_lock_writes_a_lock_it_cannot_read_anew_and_leaves_out_a_platform_the_product_does_not_build(
+        busybox_product, cli):
+    lock_file = busybox_product / "inputs.lock"
+    good = lock_file.read_text()
+    lock_file.write_text("<<<<<<< HEAD\n" + good + "=======\n" + good + ">>>>>>> feature\n")
+    refused = cli("--stage", "render", "--config", str(busybox_product))
+    assert refused.code == 2 and "not a 'sha256  name' line" in refused.error_lines[0]
+    locked = cli("lock", "--config", str(busybox_product))
+    assert locked.code == 0, locked.err
+    assert "the old lock cannot be read, so it is written anew" in locked.err
+    assert lock_file.read_text() == good
+
+    # amd64 only, its base pinned as require_digest asks; arm64 (not built) cannot be planned
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        'base: {image: "localhost/unibake-busybox:1"}',
+        'platform: linux/amd64\nbase: {image: "localhost/unibake-busybox:1", require_digest: true, platforms: '
+        '{linux/amd64: "registry.example/busybox@sha256:' + "a" * 64 + '"}}'))
+    locked = cli("lock", "--config", str(busybox_product))
+    assert locked.code == 0, locked.err
+    assert "linux/arm64 is not locked" in locked.err and lock_file.read_text() == good
+
 def test_pycache_is_never_baked(busybox_product):
     cache = busybox_product.parent / "images/engine/__pycache__"
     cache.mkdir()

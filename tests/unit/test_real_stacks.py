@@ -210,6 +210,21 @@ def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_pro
         make_plan(busybox_product, verify_lock=False)
 
 
+
+def test_a_patch_counts_lines_as_diff_does_across_a_form_feed_and_a_unicode_line_separator(busybox_product, cli):
+    root = busybox_product.parent
+    serve = root / "images/engine/serve.sh"
+    lines = serve.read_text().split("\n")
+    serve.write_text("\n".join(lines[:1] + ["\x0c", "# a \x85 b \u2028 c"] + lines[1:]))
+    made = subprocess.run(["diff", "-u", "--label", "a/serve.sh", "--label", "b/serve.sh", str(serve), "-"],
+                          input=serve.read_text().replace("set -eu", "set -eux", 1), capture_output=True, text=True)
+    assert made.returncode == 1 and "+set -eux" in made.stdout
+    (root / "images/fix.patch").write_text(made.stdout)
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/fix.patch}\n")
+    lock(cli, busybox_product)
+    files = {f.name: f for f in render(make_plan(busybox_product)).files}
+    assert files["ctx/engine/serve.sh"].data == serve.read_bytes().replace(b"set -eu", b"set -eux", 1)
+
 # --- 5. env files ---------------------------------------------------------------------------------
 
 
@@ -240,6 +255,14 @@ def test_env_files_layer_under_each_files_env_and_are_counted_and_fingerprinted(
 def test_an_env_file_line_that_cannot_be_baked_is_named(text, message):
     with pytest.raises(InputError, match=message):
         parse_env(text, "x.env")
+
+
+def test_an_env_file_is_split_into_lines_as_docker_splits_it():
+    # docker's --env-file: lines end at "\n" only ("\r\n" too); a byte-order mark at the start is dropped
+    text = "\ufeffA=1\r\nB=x\x85y\u2028z\nC=\u2029\n"
+    assert parse_env(text, "x.env")[0] == {"A": "1", "B": "x\x85y\u2028z", "C": "\u2029"}
+    with pytest.raises(InputError, match=r"x\.env:1: the value of A contains a control character \('\\x0c'\)"):
+        parse_env("A=x\x0cB=y\n", "x.env")
 
 
 def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_product):
