@@ -44,7 +44,7 @@ def cli(capsys):
 
 def copy_product(src: Path, dst: Path) -> Path:
     """A writable copy of a product folder (profiles/, images/); returns its profiles folder."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("dockerfiles", "__pycache__"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("dockerfiles", "__pycache__", ".cache"))
     return dst / "profiles"
 
 

@@ -541,7 +541,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
             state = "archive absent"
         else:
             try:
-                report = verify_folder(found.folder) if args.deep else sums_report(found.folder)
+                report = verify_folder(found.folder) if args.deep else sums_report(found.folder, m)
                 state = "verifies" if not report.failures else "FAILS: " + "; ".join(
                     f"{c.target} {c.detail}" for c in report.failures[:2])
             except UnibakeError as exc:
@@ -684,7 +684,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
-    from .verify import check_folder_arg
+    from .verify import check_folder_arg, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     if args.release:
@@ -695,7 +695,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
         if folder is None:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")
-    m = _trusted_manifest(folder)
+    m = trusted_manifest(folder)
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
@@ -716,7 +716,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
-    from .verify import check_folder_arg, verify_folder
+    from .verify import check_folder_arg, trusted_manifest, verify_folder
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     if args.jobs < 1:
@@ -731,7 +731,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             report.raise_if_failed()
         plan = Plan(folder=folder, manifest=report.manifest, source="archive")
     else:
-        m = _trusted_manifest(folder)
+        m = trusted_manifest(folder)
         if args.ref:
             ref = parse_reference(args.ref, what="--ref", digest=True)
         elif m.registry:
@@ -796,20 +796,8 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
             "retry": Retry(attempts=args.retries)}
 
 
-def _trusted_manifest(folder: Path):
-    """A release's manifest, checked against its SHA256SUMS (the archive itself is not needed to pull)."""
-    from .errors import VerificationError
-    from .manifest import MANIFEST, load_manifest
-    from .verify import check_sums, read_sums
-
-    sums = read_sums(folder)
-    if MANIFEST not in sums:
-        raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
-    bad = [c for c in check_sums(folder, {MANIFEST: sums[MANIFEST]}) if not c.passed]
-    if bad:
-        raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
-    return load_manifest(folder)
 def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .errors import VerificationError
     from .kit import kit_for_release
     from .plan import display_path
     from .verify import check_folder_arg
@@ -818,6 +806,11 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
     out = (ctx.cwd / args.out).resolve()
     written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd)
     same = published == written.file.sha256
+    if published is not None and not same:  # not the release's kit: nothing may pass for it
+        (out / written.file.name).unlink(missing_ok=True)
+        raise VerificationError(f"the kit written from this checkout is sha256:{written.file.sha256}, not the "
+                                f"sha256:{published} release {folder.name} published (the inputs matched: unibake's "
+                                "own sources or the kit's templates differ); nothing written")
     verdict = "identical to the published kit" if same else \
         "the release published none" if published is None else f"DIFFERS from the published kit ({published})"
     path = display_path(out / written.file.name, ctx.cwd)

@@ -37,6 +37,9 @@ BLOCK = tarfile.BLOCKSIZE
 CHUNK = 1 << 20
 KEEP_LIMIT = 16 << 20  # metadata files (configs, manifests) and extended headers are kept up to this size
 KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metadata" members stays cheap
+# entries of an image archive (a layer is 4 in the docker layout: 127 layers make about 520): each one read
+# is remembered (about 1 KiB), so a tiny archive of a million empty entries would take a GiB
+MAX_ENTRIES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
@@ -630,14 +633,23 @@ class _MemberReader:
         self.done: list[tuple[_Open, object]] = []
         self.links: dict[str, str] = {}
         self.seen: set[str] = set()
+        self.directories: set[str] = set()
+        self.entries = 0
         self.kept_bytes = 0
         self.current: _Open | None = None
 
     def begin(self, entry: TarEntry) -> None:
+        self.entries += 1
+        if self.entries > MAX_ENTRIES:  # each is remembered: a tiny archive of empty entries must not eat memory
+            raise ArchiveError(f"the archive holds more than {MAX_ENTRIES} entries: not an image archive")
         name = safe_name(entry.name)
-        if entry.type != tarfile.DIRTYPE and name:
-            if name in self.seen:  # a reader and an engine could take different copies: neither is taken
-                raise ArchiveError(f"archive member {name!r} appears twice")
+        if entry.type == tarfile.DIRTYPE and name:
+            if name in self.seen:
+                raise ArchiveError(f"archive member {name!r} appears twice (as a file and as a folder)")
+            self.directories.add(name)
+        elif name:
+            if name in self.seen or name in self.directories:  # a reader and an engine could take different
+                raise ArchiveError(f"archive member {name!r} appears twice")  # copies: neither is taken
             self.seen.add(name)
         if entry.type in (tarfile.SYMTYPE, tarfile.LNKTYPE):
             if entry.linkname.startswith("/"):
@@ -719,6 +731,12 @@ def _inflate(decomp, block: memoryview, sink) -> None:
         sink.update(decomp.decompress(block))
 
 
+class Members(dict):
+    """An archive's members by name (``read_members``), and the folders it lists beside them."""
+
+    directories: frozenset[str] = frozenset()
+
+
 def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json) -> dict[str, Member]:
     """Every member of a tar stream (an iterable of chunks), hashed; refuses unsafe names, links
     that escape and names that appear twice. Small members that ``keep`` accepts (by default what
@@ -736,7 +754,8 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
         hasher.abort()
         raise
     hasher.close()
-    members: dict[str, Member] = {}
+    members = Members()
+    members.directories = frozenset(reader.directories)
     for m, routed in reader.done:
         raw = m.raw.hexdigest()
         members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
@@ -894,7 +913,10 @@ def check_release_form(members: dict[str, Member], tag: str) -> None:
             != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")
     referenced = CANONICAL_NAMES | {oci_name, where.config_name} | set(where.layer_names)
-    stray = sorted(set(members) - referenced)
+    folders = {posixpath.dirname(name) for name in referenced} - {""}
+    folders |= {posixpath.dirname(f) for f in folders} - {""}
+    stray = sorted(set(members) - referenced) + \
+        sorted(f"{d}/" for d in set(getattr(members, "directories", ())) - folders)
     if stray:
         raise ArchiveError(f"the archive holds {len(stray)} member(s) nothing refers to, first {stray[0]!r}: "
                            "refused before any load")

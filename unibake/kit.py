@@ -53,7 +53,7 @@ from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, Verif
 from .files import fsync_dir, read_small_text
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
-from .metadata import DIGEST, HEX64, Digest, Record, first_error
+from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
 from .plan import INSTALL_ROOT, ReleasePlan
 from .render import BuildContext, write_context_tar
 from .schema import IMAGE_REF_RE, SHA256_RE as HEX64_RE
@@ -76,7 +76,7 @@ class KitImage(Record):
     image_id: str = Field(pattern=DIGEST)
 
 
-class KitRecord(Record):
+class KitRecord(Document):
     """``kit.json``: the release a kit rebuilds, and everything the rebuild needs to be identical."""
 
     schema_version: Literal[1] = Field(alias="schema")
@@ -456,14 +456,13 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     and inputs, after checking them against the release's provenance; returns the kit and the
     sha256 the release published for it (None when it has none). The context rendered now must be
     the one the release was built from (its sha256 is a byproduct in the provenance)."""
-    from .manifest import load_manifest
     from .plan import make_plan
     from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, materials_of,
                              parse_provenance)
     from .render import render
-    from .verify import read_sums
+    from .verify import read_sums, trusted_manifest
 
-    manifest = load_manifest(release, InputError)
+    manifest = trusted_manifest(release)  # what kit.json will say comes from it: it must be the release's
     where = f"release {manifest.release} ({release})"
     if manifest.supply_chain is None or manifest.source_date_epoch is None:
         raise InputError(f"{where} has no provenance (it was made before unibake wrote one): its inputs cannot be "

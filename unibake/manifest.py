@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
+from .archive import part_name
 from .errors import UnibakeError, VerificationError
 from .files import read_small_text
 from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
@@ -57,6 +58,16 @@ class ArchiveRecord(Record):
     uncompressed_bytes: int = Field(ge=0)
     uncompressed_sha256: str = Field(pattern=HEX64)
     compression: Compression
+
+    @model_validator(mode="after")
+    def _files_are_the_named_archive(self) -> "ArchiveRecord":
+        # the file the notes tell downloaders to load is NAME (or NAME.part-000, ... in order): the
+        # files checked must be those, or a verifier would pass one file while users load another
+        names = [f.name for f in self.files]
+        if names != [self.name] and names != [part_name(self.name, i) for i in range(len(names))]:
+            raise ValueError(f"the archive {self.name} is recorded as the files {', '.join(names)[:200]}, not "
+                             f"{self.name} or its parts {part_name(self.name, 0)}, ...")
+        return self
 
 
 class HotfixRecord(Record):

@@ -30,10 +30,12 @@ from pathlib import Path
 
 from .builder import BuiltImage, Image, image_platform, iso_time
 from .engine import Engine
-from .errors import ArchiveError, EngineError, LayerFormatError, VerificationError
+from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, VerificationError
+from .files import read_small_text, write_atomic
 from .imagetar import (BLOCK, LayerRewriter, Member, locate, looks_like_layer, read_members, resolve, tar_header,
                        tar_padding)
 from .platforms import Platform, apply as apply_platform
+from .schema import IMAGE_ID_RE
 from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
 
 EPOCH_LABEL = "io.unibake.source-date-epoch"
@@ -174,6 +176,24 @@ def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ..
     return Rewrite(config=config, diff_ids=tuple(diff_ids), save_bytes=0), where.layer_names, out_names
 
 
+def _remembered(engine: Engine, memo: Path, built: BuiltImage, base_diff_ids: tuple[str, ...], epoch: int):
+    """The image a memo says ``built`` was normalised to, when it plausibly is (its ID well-formed, the
+    engine holding it, its labels ``built``'s own plus the epoch, its layers as many, the base's at
+    the bottom); None otherwise: a damaged or planted memo means a rewrite, never another image."""
+    try:
+        remembered = read_small_text(memo, UnibakeError, limit=256, follow=False).strip()
+    except UnibakeError:
+        return None
+    if not IMAGE_ID_RE.fullmatch(remembered):
+        return None
+    known, own = engine.inspect_image(remembered), engine.inspect_image(built.image_id)
+    if known is None or own is None or known.labels != {**own.labels, EPOCH_LABEL: str(epoch)} or \
+            len(known.diff_ids) != len(own.diff_ids) or \
+            tuple(known.diff_ids[:len(base_diff_ids)]) != tuple(base_diff_ids):
+        return None
+    return known
+
+
 def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image: str, owned: str,
                     cache: Path | None = None, reuse: bool = True,
                     progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None) -> Image:
@@ -187,23 +207,25 @@ def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image
     """
     where = f"-{platform.os}-{platform.architecture}" if platform else ""
     memo = cache / f"v{VERSION}-{built.image_id.removeprefix('sha256:')}-{epoch}{where}" if cache else None
-    if reuse and memo is not None and memo.is_file():
-        known = engine.inspect_image(memo.read_text().strip())
-        if known is not None:
-            engine.tag(known.id, built.tag)
-            return Image(ref=built.tag, image_id=known.id, diff_ids=known.diff_ids, labels=known.labels,
-                         size=known.size, save_bytes=0, platform=image_platform(known))
     base = engine.inspect_image(base_image)
     if base is None:
         raise EngineError(f"the base image {base_image} is gone from the engine")
+    known = _remembered(engine, memo, built, base.diff_ids, epoch) if reuse and memo is not None else None
+    if known is not None:
+        engine.tag(known.id, built.tag)
+        return Image(ref=built.tag, image_id=known.id, diff_ids=known.diff_ids, labels=known.labels,
+                     size=known.size, save_bytes=0, platform=image_platform(known))
     rewrite = rewrite_into(engine.load, lambda: engine.save(built.tag), tag=built.tag, epoch=epoch, owned=owned,
                            base_diff_ids=base.diff_ids, progress=progress, platform=platform)
     info = engine.inspect_image(built.tag)
     if info is None or info.id != rewrite.image_id or tuple(info.diff_ids) != rewrite.diff_ids:
         raise VerificationError(f"after normalising, {built.tag} is {info.id if info else 'missing'}, not the "
                                 f"{rewrite.image_id} the rewritten config describes")
-    if memo is not None:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        memo.write_text(rewrite.image_id + "\n")
+    if memo is not None and not memo.parent.is_symlink():
+        try:  # a memo saves the next run a rewrite; one that cannot be written costs only that
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(memo.parent, memo.name, rewrite.image_id + "\n")
+        except OSError:
+            pass
     return Image(ref=built.tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                  save_bytes=rewrite.save_bytes, platform=image_platform(info))

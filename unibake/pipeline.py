@@ -270,10 +270,18 @@ def _write_rendered(run: Run) -> tuple:
     return _one(folder)
 
 
+def _sanitise_cache(env) -> Path | None:
+    """Where the gate remembers each file's findings by its sha256: the user's own cache folder, not
+    the project, so a checkout cannot bring memos that say a file holds no secret (None: no cache,
+    when the environment names no home)."""
+    base = env.get("XDG_CACHE_HOME") or (f"{env['HOME']}/.cache" if env.get("HOME") else "")
+    return Path(base) / "unibake" / "sanitise" if base.startswith("/") else None
+
+
 def _scan_context(run: Run) -> tuple:
     context: BuildContext = run["context"]
     root = run["plan"].project_root
-    findings = scan_context(context_files(context, root), run.request.identity, cache=root / ".cache" / "sanitise")
+    findings = scan_context(context_files(context, root), run.request.identity, cache=_sanitise_cache(run.request.env))
     enforce(findings, run.allow, "the build context")
     return _one(Scan(what="the build context and the Dockerfile", allowed=len(findings)))
 

@@ -390,8 +390,9 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     shared = {k: v for k, v in SCHEMA.items() if v.scope == "product"}
     _check_required(shared, product.data, (), lambda p: product.where(p) if p else product.display)
     profiles: dict[str, MergedProfile] = {}
+    # hidden files are an editor's (Emacs locks a file being edited as a link .#NAME), not profiles
     files = sorted(p for p in config_dir.iterdir()
-                   if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE)
+                   if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE and not p.name.startswith("."))
     for file in files:
         _check_profile_file(file, config_dir, display_root)
     for file in files:

@@ -160,6 +160,10 @@ def check_subjects(document: dict, *, files: Mapping[str, str], image_ref: str, 
     """What is wrong with the provenance's subjects against the release: a subject whose digest is
     not the file's, a required file it does not name, or another image."""
     problems = []
+    names = [s.get("name") for s in document["subject"] if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # which of the two a reader believes would be its own choice
+        problems.append(f"{where}: names {twice[0][:80]!r} as a subject more than once")
     subjects = subjects_of(document)
     if subjects.get(image_ref) != image_id.removeprefix("sha256:"):
         problems.append(f"{where}: its image subject is {str(subjects.get(image_ref))[:64]!r}, not {image_id}")

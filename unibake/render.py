@@ -350,6 +350,10 @@ class _HashingReader:
 def write_rendered(context: BuildContext, root: Path) -> Path:
     """Write the reviewable outputs to ``dockerfiles/rendered/<selection>/``; returns the folder."""
     out = root / "dockerfiles" / "rendered" / context.selection
+    for part in (root / "dockerfiles", out.parent, out):  # written where they are shown, never through a link
+        if part.is_symlink():
+            raise InputError(f"{part}: is a symlink; the rendered copies are written only inside the project: "
+                             "remove it")
     out.mkdir(parents=True, exist_ok=True)
     for name, text in context.rendered.items():
         write_atomic(out, name, text)

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import VerificationError
+from .errors import UnibakeError, VerificationError
+from .files import read_small_text, write_atomic
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
 # TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets
@@ -46,6 +47,9 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("home folder", ("/home/", "/Users/"), r"(?:/home/|/Users/)[A-Za-z0-9._-]+"),
     ("the builder's /root folder", ("/root/",), r"/root/[A-Za-z0-9._-][^\s\"'\x00]*"),
 )
+# what a memo of scan_context may remember (anything else in one means it is not ours: scanned again)
+MEMO_KINDS = frozenset({kind for kind, _, _ in RULES} | {"private network address", "the builder's home or user name"})
+MEMO_LIMIT = 4 << 20
 PRIVATE_ADDRESS = (("10.", "172.", "192.168."),
                    r"\b(?:10\.\d{1,3}|172\.(?:1[6-9]|2\d|3[01])|192\.168)\.\d{1,3}\.\d{1,3}\b")
 WINDOW = 4096  # how far before and after an anchor a match may reach
@@ -253,8 +257,9 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
             findings += scan_bytes(bytes(content), where, identity=identity)
             continue
         memo = cache / f"{rules_key}-{sha256}.json" if cache is not None else None
-        if memo is not None and memo.is_file():
-            findings += [Finding(where=where, kind=k, value=v) for k, v in json.loads(memo.read_text())]
+        remembered = _read_memo(memo) if memo is not None else None
+        if remembered is not None:
+            findings += [Finding(where=where, kind=k, value=v) for k, v in remembered]
             continue
         todo.append((where, Path(content), memo))
     big = [path for _, path, _ in todo if path.stat().st_size > TEXT_LIMIT]
@@ -262,10 +267,37 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
     for where, path, memo in todo:
         found = scan_file(path, where, identity=identity, offsets=offsets.get(path))
         findings += found
-        if memo is not None:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps([[f.kind, f.value] for f in found]))
+        if memo is not None and _cache_folder(memo.parent):
+            write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]))
     return findings
+
+
+def _cache_folder(folder: Path) -> bool:
+    """The memo folder made if need be; False (no memo written) when it, or the project's .cache
+    above it, is a link or not a folder: the memos are not written somewhere else."""
+    for part in (folder.parent, folder):
+        if part.is_symlink() or (part.exists() and not part.is_dir()):
+            return False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return True
+
+
+def _read_memo(memo: Path) -> list[tuple[str, str]] | None:
+    """A file's remembered findings; None (the file is scanned again) for anything that is not a
+    memo this code wrote: a missing, linked, truncated or malformed file never stops a run."""
+    if memo.parent.is_symlink() or memo.parent.parent.is_symlink():
+        return None
+    try:
+        found = json.loads(read_small_text(memo, UnibakeError, limit=MEMO_LIMIT, follow=False))
+    except (UnibakeError, ValueError, RecursionError):
+        return None
+    if not isinstance(found, list) or not all(
+            isinstance(f, list) and len(f) == 2 and f[0] in MEMO_KINDS and isinstance(f[1], str) for f in found):
+        return None
+    return [(k, v) for k, v in found]
 
 
 def scan_release_texts(texts: dict[str, str | bytes], identity: tuple[str, ...]) -> list[Finding]:

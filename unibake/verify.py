@@ -26,6 +26,8 @@ from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
 
+IMAGE_ID = "IMAGE_ID"
+
 SUMS_LIMIT = 1 << 20
 PLAIN_NAME_RE = re.compile(FILE_NAME_PATTERN)  # a file of the folder itself; verify-release.sh uses the same rule
 
@@ -116,9 +118,44 @@ def check_sums(folder: Path, sums: dict[str, str], checks: _Checks | None = None
     return checks
 
 
-def sums_report(folder: Path) -> Report:
-    """Only what ``sha256sum -c SHA256SUMS`` checks (``releases``' quick look)."""
-    return Report(folder=folder, checks=tuple(check_sums(folder, read_sums(folder))), manifest=None)
+def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, checks: _Checks) -> None:
+    """``IMAGE_ID``, what the downloaders' guide compares ``docker load``'s answer with, must be listed
+    and name the image the manifest does (its bytes are checked against SHA256SUMS above)."""
+    if IMAGE_ID not in sums:
+        checks.add("image id", IMAGE_ID, False, "not listed in SHA256SUMS")
+        return
+    try:
+        text = read_small_text(folder / IMAGE_ID, VerificationError, limit=1024, follow=False)
+    except VerificationError:
+        return  # missing or not a regular file: the sha256 check above has said so
+    ok = text.strip() == image_id
+    checks.add("image id", IMAGE_ID, ok, image_id[:19] + "..., as manifest.json" if ok else
+               f"names {text.strip()[:80]!r}, but {MANIFEST} says {image_id}")
+
+
+def trusted_manifest(folder: Path) -> ReleaseManifest:
+    """A release's manifest, checked against its SHA256SUMS first (for commands that need the
+    manifest and not the archive: pull, deploy, kit)."""
+    sums = read_sums(folder)
+    if MANIFEST not in sums:
+        raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
+    bad = [c for c in check_sums(folder, {MANIFEST: sums[MANIFEST]}) if not c.passed]
+    if bad:
+        raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
+    return load_manifest(folder)
+
+
+def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:
+    """``releases``' quick look: what ``sha256sum -c SHA256SUMS`` checks, and that SHA256SUMS lists
+    what makes the release (``manifest.json``, every file of the archive, ``IMAGE_ID`` naming its
+    image): a folder whose sums leave the archive out does not verify, even at a glance."""
+    sums = read_sums(folder)
+    checks = check_sums(folder, sums)
+    for name in (MANIFEST, *(f.name for f in manifest.archive.files)):
+        if name not in sums:
+            checks.add("sha256", name, False, "not listed in SHA256SUMS")
+    _check_image_id_file(folder, sums, manifest.image_id, checks)
+    return Report(folder=folder, checks=tuple(checks), manifest=None)
 
 
 def verify_folder(folder: Path) -> Report:
@@ -134,6 +171,7 @@ def verify_folder(folder: Path) -> Report:
     archive = manifest.archive
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
+    _check_image_id_file(folder, sums, manifest.image_id, checks)
 
     readable = True
     for f in archive.files:

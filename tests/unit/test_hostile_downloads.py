@@ -284,3 +284,113 @@ def run_measured(cmd: list[str]) -> tuple[int, str, int]:
         time.sleep(0.02)
     reader.join()
     return proc.returncode, proc.err, peak
+
+
+# --- the folder's own files must agree with each other, not only with SHA256SUMS ----------------
+
+
+def test_an_archive_recorded_under_another_file_name_than_the_one_users_load_is_refused(cli, folder):
+    # verify would check other.tar.zst while the guide's `zstd -dc NAME | docker load` loads NAME
+    manifest = json.loads((folder / "manifest.json").read_text())
+    name = manifest["archive"]["name"]
+    os.rename(folder / name, folder / "other.tar.zst")
+    (folder / name).write_bytes(zstandard.ZstdCompressor().compress(b"another image"))
+    manifest["archive"]["files"][0]["name"] = "other.tar.zst"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "Traceback" not in result.err
+    assert f"the archive {name} is recorded as the files other.tar.zst" in result.error_lines[-1], result.err
+
+
+def test_an_image_id_file_naming_another_image_or_left_out_of_the_sums_fails(cli, folder):
+    (folder / "IMAGE_ID").write_text("sha256:" + "1" * 64 + "\n")
+    resum(folder)
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "IMAGE_ID: image id check failed: names 'sha256:1111" in result.error_lines[-1]
+    assert shell(folder).returncode == 3
+    lines = (folder / "SHA256SUMS").read_text().splitlines()
+    (folder / "SHA256SUMS").write_text("".join(f"{line}\n" for line in lines if not line.endswith("  IMAGE_ID")))
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "IMAGE_ID: image id check failed: not listed in SHA256SUMS" in result.error_lines[-1]
+
+
+def test_folders_in_the_archive_that_nothing_refers_to_or_named_as_a_file_are_refused(cli, folder):
+    def folder_entry(name):
+        info = tarfile.TarInfo(name)
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        return info, None
+
+    forge(folder, lambda entries: entries + [folder_entry("zzz-unreferenced")])
+    both_refuse(cli, folder, "nothing refers to, first 'zzz-unreferenced/'", "zzz-unreferenced")
+    forge(folder, lambda entries: [e for e in entries if e[0].name != "zzz-unreferenced"] +
+          [folder_entry("manifest.json")])
+    assert "'manifest.json' appears twice" in cli("verify", str(folder)).error_lines[-1]
+
+
+def test_an_archive_of_more_entries_than_an_image_has_is_refused_before_they_fill_memory(cli, folder):
+    from unibake.imagetar import MAX_ENTRIES
+
+    empty = [member(f"e{i}", b"") for i in range(MAX_ENTRIES + 1)]
+    forge(folder, lambda entries: entries + empty)
+    result = cli("verify", str(folder))
+    assert result.code == 3 and f"more than {MAX_ENTRIES} entries" in result.error_lines[-1], result.err
+
+
+def test_releases_does_not_call_a_folder_whose_sums_leave_out_its_archive_verified(cli, tmp_path):
+    release = make_release(tmp_path / "release")[0]
+    name = json.loads((release / "manifest.json").read_text())["archive"]["name"]
+    lines = (release / "SHA256SUMS").read_text().splitlines()
+    (release / "SHA256SUMS").write_text("".join(f"{line}\n" for line in lines if not line.endswith(f"  {name}")))
+    (release / name).write_bytes(os.urandom(1000))
+    result = cli("--json", "releases", "--out", str(tmp_path / "release"))
+    [row] = json.loads(result.out)["releases"]
+    assert row["state"].startswith("FAILS") and name in row["state"], row
+
+
+@pytest.fixture
+def demo(tmp_path):
+    """A copy of the example's release: SBOM and provenance included."""
+    import shutil
+
+    shutil.copytree(REPO / "release/1.3.1", tmp_path / "1.3.1")
+    (tmp_path / "1.3.1" / "SHA256SUMS.asc").unlink(missing_ok=True)
+    return tmp_path / "1.3.1"
+
+
+def supply(folder, name: str, change) -> None:
+    """A supply-chain file changed, and the manifest's record of it and SHA256SUMS made to agree."""
+    document = json.loads((folder / name).read_text())
+    change(document)
+    (folder / name).write_text(json.dumps(document))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    key = "sbom" if name.startswith("sbom") else "provenance"
+    data = (folder / name).read_bytes()
+    manifest["supply_chain"][key].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+
+
+@pytest.mark.parametrize("case, says", [
+    ("an alg that is a list", "its subject has"),  # was a TypeError traceback
+    ("two SHA-256 hashes", "its subject has 2 SHA-256 hashes, not one"),
+])
+def test_an_sbom_whose_subject_hashes_cannot_be_read_one_way_fails_in_one_line(cli, demo, case, says):
+    def change(document):
+        hashes = document["metadata"]["component"]["hashes"]
+        hashes.append({"alg": [], "content": "x"} if case == "an alg that is a list" else
+                      {"alg": "SHA-256", "content": "1" * 64})
+        if case == "an alg that is a list":
+            hashes.append({"alg": "SHA-256", "content": "2" * 64})
+    supply(demo, "sbom.cdx.json", change)
+    result = cli("verify", str(demo))
+    assert result.code == 3 and "Traceback" not in result.err and says in result.error_lines[-1], result.err
+
+
+def test_a_provenance_naming_one_subject_twice_fails(cli, demo):
+    def change(document):
+        image = next(s for s in document["subject"] if ":" in s["name"])
+        document["subject"].insert(0, {"name": image["name"], "digest": {"sha256": "1" * 64}})
+    supply(demo, "provenance.intoto.json", change)
+    result = cli("verify", str(demo))
+    assert result.code == 3 and "as a subject more than once" in result.error_lines[-1], result.err

@@ -202,3 +202,20 @@ def test_the_error_shows_enough_to_write_an_allow_rule_and_the_rule_works():
     rule = str(caught.value).split("(e.g. '")[1].split("')")[0]
     assert "hunter2" not in str(caught.value)
     enforce(findings, (rule,), "the build context")  # the suggested rule lets exactly this value through
+
+
+def test_rendered_copies_are_never_written_through_a_link_out_of_the_project(cli, busybox_product, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rendered = busybox_product.parent / "dockerfiles" / "rendered"
+    rendered.mkdir(parents=True)
+    (rendered / "all").symlink_to(outside)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and "rendered/all: is a symlink" in result.error_lines[-1], result.err
+    assert list(outside.iterdir()) == []
+
+
+def test_an_editors_lock_beside_the_profiles_is_not_a_profile(cli, busybox_product):
+    os.symlink("root@host.1234:1700000000", busybox_product / ".#tp1.yaml")  # what Emacs leaves while editing
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err

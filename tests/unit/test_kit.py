@@ -151,6 +151,8 @@ def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, 
     manifest = json.loads((REPO / "release/1.3.1/manifest.json").read_text())
     manifest.pop("supply_chain", None)
     (old / "manifest.json").write_text(json.dumps(manifest))
+    sha = hashlib.sha256((old / "manifest.json").read_bytes()).hexdigest()
+    (old / "SHA256SUMS").write_text(f"{sha}  manifest.json\n")
     refused = cli("kit", str(old), "--out", str(tmp_path / "kit"))
     assert refused.code == 2 and refused.error_lines == [
         f"error: release 1.3.1 ({old}) has no provenance (it was made before unibake wrote one): its inputs cannot be "
@@ -198,3 +200,46 @@ def test_kit_refuses_a_provenance_naming_an_image_it_cannot_hold_with_one_error_
         f"error: {folder}/provenance.intoto.json: its base image {name or base['name']!r} is not an image reference "
         "with a sha256 digest"], refused.err
     assert not (tmp_path / "kit").exists() or list((tmp_path / "kit").iterdir()) == []
+
+
+def resum(folder, name: str) -> None:
+    sha = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    sums = (folder / "SHA256SUMS").read_text().splitlines()
+    (folder / "SHA256SUMS").write_text("\n".join(f"{sha}  {name}" if s.endswith(f"  {name}") else s for s in sums) + "\n")
+
+
+def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_that_is_not_the_published_one(
+        cli, tmp_path):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    # kit.json takes the image ID from the manifest: one that SHA256SUMS does not vouch for is refused
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "image_id": "sha256:" + "1" * 64}))
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 3 and "manifest.json: differs from SHA256SUMS" in refused.error_lines[-1], refused.err
+    assert not (tmp_path / "kit").exists()
+    # the sums rewritten to match, the published kit named by another sha256: what is written now is not it
+    manifest["supply_chain"]["kit"]["sha256"] = "2" * 64
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder, "manifest.json")
+    differs = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert differs.code == 3 and f"not the sha256:{'2' * 64} release 1.3.1 published" in differs.error_lines[-1], \
+        differs.err
+    assert list((tmp_path / "kit").iterdir()) == []
+
+
+@pytest.mark.parametrize("field", ["release", "product"])
+def test_a_kit_json_value_ending_in_a_newline_is_refused_before_the_engine_is_asked(busybox_product, tmp_path, field):
+    # the models' patterns end in "$", which a final "\n" passes: the tag built from it would not be the release's
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    record = json.loads((folder / "kit.json").read_text())
+    record[field] += "\n"
+    (folder / "kit.json").write_text(json.dumps(record))
+    ledger = (folder / "kit.sha256").read_text().splitlines()
+    digest = hashlib.sha256((folder / "kit.json").read_bytes()).hexdigest()
+    (folder / "kit.sha256").write_text("\n".join(f"{digest}  kit.json" if line.endswith("  kit.json") else line
+                                                 for line in ledger) + "\n")
+    engine = FakeEngine()
+    with pytest.raises(VerificationError, match=rf"kit.json: not a valid kit record: .*{field} holds a control"):
+        rebuild(folder, engine)

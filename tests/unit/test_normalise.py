@@ -112,6 +112,24 @@ def test_a_build_taken_wholly_from_the_cache_is_not_rewritten_again(engine, tmp_
     assert cold.image_id == first.image_id and engine.loads == loads + 1
 
 
+
+@pytest.mark.parametrize("planted", ["another image", "garbage", "empty", "a folder"])
+def test_a_damaged_or_planted_normalise_memo_means_a_rewrite_never_another_image(engine, tmp_path, planted):
+    image = built(engine, "demo:1", 1111, "x")
+    first = normalise(engine, image, cache=tmp_path)
+    [memo] = list(tmp_path.iterdir())
+    memo.unlink()
+    if planted == "a folder":
+        memo.mkdir()
+    else:
+        memo.write_text({"another image": engine.tags["base:1"] + "\n", "garbage": "../../x\n",
+                         "empty": ""}[planted])
+    loads = engine.loads
+    again = normalise(engine, image, cache=tmp_path)
+    assert again.image_id == first.image_id and engine.loads == loads + 1
+    assert engine.inspect_image("demo:1").id == first.image_id
+
+
 def test_a_corrupt_layer_in_the_save_stream_is_refused(engine):
     image = built(engine, "demo:1", 1111, "x")
     stored = engine.images[image.image_id]

@@ -100,3 +100,50 @@ def test_a_deliberate_value_allowlisted_in_product_yaml_passes(cli, busybox_prod
         'env: {SHARED_SETTING: "on"}', 'env: {SHARED_SETTING: "on", DOCS_URL: "https://user:pass@docs.example"}')
         + "sanitise: {allow: ['^https://user:pass@docs\\.example$']}\n")
     assert cli("--config", str(busybox_product), "--stage", "render").code == 0
+
+
+def test_the_gate_remembers_a_big_files_findings_and_a_damaged_or_foreign_memo_is_scanned_again(tmp_path):
+    from unibake.sanitise import scan_context
+
+    token = "ghp_" + "A1b2C3d4" * 5
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"\0" * 1000 + f"token={token}".encode() + b"\0" * 1000)
+    import hashlib
+
+    sha = hashlib.sha256(lib.read_bytes()).hexdigest()
+    cache = tmp_path / "cache"
+    first = scan_context([("lib.so", lib, sha)], (), cache=cache)
+    [memo] = cache.iterdir()
+    assert [f.value for f in first] == [token]
+    for damaged in ("", "{", '[["not a kind", "x"]]', "[[1, 2]]"):
+        memo.write_text(damaged)
+        assert [f.value for f in scan_context([("lib.so", lib, sha)], (), cache=cache)] == [token]  # no traceback
+    memo.write_text('[["GitHub token", "' + token + '"]]')
+    lib.write_bytes(b"\0" * 2000)  # the memo is trusted for the sha256 it is named by, not re-read
+    assert [f.value for f in scan_context([("lib.so", lib, sha)], (), cache=cache)] == [token]
+    # a linked cache folder is neither read nor written
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").symlink_to(elsewhere)
+    scan_context([("lib.so", lib, "0" * 64)], (), cache=tmp_path / "linked" / "sanitise")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_checkout_cannot_bring_memos_that_hide_a_secret(cli, busybox_product, tmp_path):
+    # the gate's memos live in the user's cache folder, not in the project a pull request can change
+    import shutil
+
+    root = busybox_product.parent
+    (root / "images/engine/handle.sh").write_text("#!/bin/sh\ntoken=ghp_" + "A1b2C3d4" * 5 + "\n")
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    home = tmp_path / "home"
+    found = cli("--config", str(busybox_product), env={"CI": "true", "HOME": str(home)})
+    assert found.code == 3 and "GitHub token" in found.error_lines[-1], found.err
+    memos = home / ".cache" / "unibake" / "sanitise"
+    assert sorted(memos.iterdir()) and not (root / ".cache" / "sanitise").exists()
+    # the same memos, each saying "nothing found", planted in the project: not read
+    shutil.copytree(memos, root / ".cache" / "sanitise")
+    for memo in (root / ".cache" / "sanitise").iterdir():
+        memo.write_text("[]")
+    again = cli("--config", str(busybox_product), env={"CI": "true", "HOME": str(tmp_path / "other-home")})
+    assert again.code == 3 and "GitHub token" in again.error_lines[-1], again.err

@@ -148,5 +148,5 @@ def test_verify_json_is_the_report(cli, folder):
     result = cli("--quiet", "verify", str(folder), "--json")
     assert result.code == 0
     report = json.loads(result.out)
-    assert report["passed"] and {c["check"] for c in report["checks"]} == {"sha256", "size", "zstd", "structure"}
+    assert report["passed"] and {c["check"] for c in report["checks"]} == {"sha256", "size", "zstd", "structure", "image id"}
     assert result.err.strip().startswith("verified ")  # --quiet: the final line only
