@@ -86,6 +86,8 @@ sha256sum --strict -c SHA256SUMS || fail "$dir: files differ from SHA256SUMS (se
 want=$(cat IMAGE_ID)
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
+recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' manifest.json)
+[ "$recorded" = "$want" ] || fail "$dir/IMAGE_ID names $want, but manifest.json records ${recorded:-no single image ID}"
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' manifest.json)
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
