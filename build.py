@@ -41,6 +41,8 @@ def _ensure_environment() -> None:
 
 
 if __name__ == "__main__":
+    if os.path.isfile(os.path.join(ROOT, os.pardir, "kit.sha256")):
+        sys.dont_write_bytecode = True  # the tool of a reconstruct kit: no file appears in the kit
     _ensure_environment()
     sys.path.insert(0, ROOT)
     from unibake.cli import main

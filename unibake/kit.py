@@ -35,6 +35,7 @@ import hashlib
 import importlib.metadata
 import io
 import os
+import re
 import tarfile
 import tempfile
 import threading
@@ -67,7 +68,8 @@ CONTEXT = "context.tar"
 SCHEMA = 1
 KIT_REPOSITORY = "unibake-kit"  # the rebuilt image's tag: never the release's own, which it must not move
 PACKAGE = Path(__file__).resolve().parent
-SKIPPED = ("__pycache__", ".venv")
+SKIPPED = ("__pycache__", ".venv")  # never copied into a kit
+LEDGER_LINE_RE = re.compile(r"^[0-9a-f]{64}  [A-Za-z0-9_+-][A-Za-z0-9._+/-]*$")  # what verify.sh accepts too
 
 
 class KitImage(Record):
@@ -353,7 +355,8 @@ def check_ledger(folder: Path) -> list[str]:
     text = read_small_text(folder / LEDGER, VerificationError, limit=16 << 20, what="not a reconstruct kit folder",
                            follow=False)
     listed = {e.name: e.sha256 for e in parse_sums(text, str(folder / LEDGER), VerificationError)}
-    problems = []
+    problems = [f"{LEDGER}:{n}: not 'SHA256  PATH' (a plain path inside the kit)"
+                for n, line in enumerate(text.splitlines(), 1) if not LEDGER_LINE_RE.fullmatch(line)][:1]
     for rel, sha in sorted(listed.items()):
         path = folder / rel
         if ".." in Path(rel).parts or rel.startswith("/"):
@@ -362,11 +365,11 @@ def check_ledger(folder: Path) -> list[str]:
             problems.append(f"{rel}: missing")
         elif sha256_file(path) != sha:
             problems.append(f"{rel}: differs from {LEDGER}")
+    # nothing skipped: a __pycache__ or a .venv in the kit holds code the rebuild would run (the kit's
+    # verify.sh makes its venv in the user's cache folder, and the tool writes no bytecode in a kit)
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
-        if any(part in SKIPPED for part in path.relative_to(folder).parts) or rel == LEDGER:
-            continue
-        if (path.is_file() or path.is_symlink()) and rel not in listed:
+        if rel != LEDGER and (path.is_symlink() or not path.is_dir()) and rel not in listed:
             problems.append(f"{rel}: not listed in {LEDGER}")
     return problems
 

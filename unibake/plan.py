@@ -573,6 +573,9 @@ def _smoke(d: dict, where) -> Smoke:
                                expect=smoke.get("expect_reply"), match=smoke.get("match", default_of("smoke", "match"))),)
         keys = [("smoke",)]
     for p, key in zip(prompts, keys):
+        if p.expect is not None and not p.expect.strip():
+            raise InputError(f"{where(key)}: the expected reply is empty: every reply would match it; give the "
+                             "text the engine must answer")
         if p.expect is None and p.match != "exact":
             raise InputError(f"{where(key)}: match: {p.match} needs the expected reply to compare with")
         if p.match == "regex":

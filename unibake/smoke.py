@@ -96,6 +96,9 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
                       oom_killed=status.oom_killed)
 
 
+PROBE_MARGIN = 10.0  # seconds over the probe's own bounds before it is stopped
+
+
 def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], steps: list[GateStep],
            chats: list[ChatCheck], *, start: float, port: int, model: str, timeout: int,
            netns_pid: int | None) -> bool:
@@ -117,17 +120,25 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()
-    while probe.poll() is None:
+    # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
+    # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
+    # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
+    limit = timeout + len(checks) * max(5.0, timeout) + PROBE_MARGIN
+    while True:
+        try:
+            out, err = probe.communicate(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
         status = engine.container_status(container)
-        if not status.running and not status.restarting:  # exited for good: the restart policy gave up
+        gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
+        if gone or time.monotonic() - probe_start > limit:
             probe.kill()
-            probe.wait()
-            steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
-                                  detail=f"the engine exited before answering: "
-                                         f"{_tail(engine.container_state(container)[2])}"))
+            probe.communicate()
+            detail = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
+                else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
+            steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start, detail=detail))
             return False
-        time.sleep(0.2)
-    out, err = probe.communicate()
     try:
         answer = json.loads(out)
     except ValueError:

@@ -12,6 +12,20 @@ import urllib.error
 import urllib.request
 
 
+MAX_BODY = 1 << 20  # a reply or health body larger than this is not an answer to a smoke prompt
+
+
+def _json_body(response) -> object:
+    """The JSON of a response body: at most MAX_BODY bytes, UTF-8, and text every file can hold (a
+    lone surrogate escaped in the JSON, "\\ud800", would pass a match and break the notes after)."""
+    data = response.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise ValueError(f"the body is over {MAX_BODY} bytes")
+    value = json.loads(data.decode("utf-8") or "{}")
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError (a ValueError) on a lone surrogate
+    return value
+
+
 def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
     """One chat completion: its reply and how long it took, or what went wrong."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
@@ -21,7 +35,7 @@ def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
     start = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=max(5.0, timeout)) as response:
-            reply = json.loads(response.read())
+            reply = _json_body(response)
         content = reply["choices"][0]["message"]["content"]
         if not isinstance(content, str):
             raise TypeError(f"the reply's content is {type(content).__name__}, not text")
@@ -38,7 +52,7 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> d
     while True:
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=3) as response:
-                result["health"] = {"status": response.status, "body": json.loads(response.read() or b"{}"),
+                result["health"] = {"status": response.status, "body": _json_body(response),
                                     "seconds": round(time.monotonic() - start, 3)}
             break
         except (OSError, ValueError) as exc:

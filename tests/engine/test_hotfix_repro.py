@@ -128,6 +128,9 @@ def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(c
         assert apply.returncode == 3
         assert f"error: this hotfix needs image {manifest['hotfix']['base_image_id']}" in apply.stderr
         assert scratch.engine.inspect_image(manifest["image_id"]) is None  # nothing was loaded
+        unreachable = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True,
+                                     env={**env, "DOCKER_HOST": f"unix://{fix}/no-engine.sock"})
+        assert unreachable.returncode == 1 and "cannot reach the Docker engine" in unreachable.stderr  # not "import"
 
         # Loaded by hand anyway, the delta fails as a whole: no image, no tag, no layer of it remains.
         delta = fix / manifest["archive"]["name"]

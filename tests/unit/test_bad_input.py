@@ -125,6 +125,10 @@ def case_bad_allow_regex(p):
     edit(p / "product.yaml", "env:", "sanitise: {allow: ['(unclosed']}\nenv:")
 
 
+def case_smoke_expects_nothing(p):  # every reply contains "": the gate would pass any engine
+    edit(p / "tp1.yaml", "expect_reply: UNIFIED_TP1_OK", 'expect_reply: "  ", match: contains')
+
+
 def lock_also(p, *paths: str) -> None:
     """New input files, locked as `build.py lock` would (so a case fails for its own reason)."""
     with open(p / "inputs.lock", "a") as fh:
@@ -204,6 +208,7 @@ SAYS = {
     "overlay_under_an_engine_file": "'serve.sh' is a file of the engine",
     "file_name_not_utf8": "'images/tune/tp1/cache-\\xff.json' is not UTF-8",
     "lock_is_a_folder": "inputs.lock: not a regular file",
+    "smoke_expects_nothing": "the expected reply is empty",
 }
 
 ARGUMENT_CASES = {

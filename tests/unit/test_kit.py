@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -243,3 +245,57 @@ def test_a_kit_json_value_ending_in_a_newline_is_refused_before_the_engine_is_as
     engine = FakeEngine()
     with pytest.raises(VerificationError, match=rf"kit.json: not a valid kit record: .*{field} holds a control"):
         rebuild(folder, engine)
+
+
+def relist(folder: Path, lines: list[str]) -> None:
+    (folder / "kit.sha256").write_text("".join(f"{line}\n" for line in lines))
+
+
+@pytest.mark.parametrize("case", ["outside", "absolute", "twice", "blank line", "bsd line", "fifo", "linked file",
+                                  "bytecode", "venv"])
+def test_verify_sh_and_the_rebuild_refuse_the_same_ledgers_and_leftovers(busybox_product, tmp_path, case):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    lines = (folder / "kit.sha256").read_text().splitlines()
+    empty = hashlib.sha256(b"").hexdigest()
+    if case == "outside":
+        (tmp_path / "unpacked" / "outside.txt").write_text("")
+        relist(folder, lines + [f"{empty}  ../outside.txt"])
+    elif case == "absolute":
+        relist(folder, lines + [f"{empty}  {tmp_path}/unpacked/outside.txt"])
+    elif case == "twice":
+        relist(folder, lines + [lines[0]])
+    elif case == "blank line":
+        relist(folder, lines + [""])
+    elif case == "bsd line":
+        name = lines[0][66:]
+        relist(folder, lines[1:] + [f"SHA256 ({name}) = {lines[0][:64]}"])
+    elif case == "fifo":  # sha256sum would wait on it for ever
+        os.mkfifo(folder / "pipe")
+        relist(folder, lines + [f"{empty}  pipe"])
+    elif case == "linked file":
+        target = folder / "kit.json"
+        moved = tmp_path / "kit.json"
+        target.rename(moved)
+        target.symlink_to(moved)
+    elif case == "bytecode":  # an unlisted .pyc is what Python runs instead of the listed source
+        (folder / "tool/unibake/__pycache__").mkdir()
+        (folder / "tool/unibake/__pycache__/__init__.cpython-311.pyc").write_bytes(b"\0" * 16)
+    else:  # a planted interpreter the rebuild would pick up
+        (folder / ".venv/bin").mkdir(parents=True)
+        (folder / ".venv/bin/python").write_text("#!/bin/sh\nexit 0\n")
+    shell = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert shell.returncode == 3 and "error:" in shell.stderr, (shell.stdout, shell.stderr)
+    with pytest.raises(VerificationError):
+        rebuild(folder, FakeEngine())
+
+
+def test_the_kits_tool_writes_no_bytecode_into_the_kit(busybox_product, tmp_path):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as a user's shell has it
+    ran = subprocess.run([sys.executable, "tool/build.py", "rebuild", ".", "--engine", "unix:///nonexistent.sock"],
+                         cwd=folder, capture_output=True, text=True, timeout=120, env=env)
+    assert ran.returncode != 0  # no engine there: what matters is what it left behind
+    assert not list(folder.rglob("__pycache__")), ran.stderr
+    assert subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True).returncode == 0

@@ -158,6 +158,12 @@ def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
     (["tp8"], {}, "error: unknown profile 'tp8'; known: tp1, tp2, tp4"),
     (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
     (["tp1"], {"GPUS": "a"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got 'a'"),
+    # a space, a newline or a glob would be split or expanded into GPUs the count never saw
+    (["tp1"], {"GPUS": "0 1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0 1'"),
+    (["tp2"], {"GPUS": "0\n1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0\n1'"),
+    (["tp1"], {"GPUS": "*"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '*'"),
+    (["tp4"], {"GPUS": "0 1 2 3 4,5,6,7"},
+     "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0 1 2 3 4,5,6,7'"),
 ])
 def test_run_sh_refuses_what_cannot_work(tmp_path, args, env, message):
     folder, _ = make_release(tmp_path / "release")

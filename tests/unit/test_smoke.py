@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -28,16 +29,28 @@ class Engine(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    raw: bytes | None = None  # a body sent as it is
+    trickle = False  # a body that never ends: a byte now and then
+
     def do_POST(self):  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = request["messages"][0]["content"]
         reply = self.replies.get(prompt, self.reply) if self.replies else self.reply
         assert prompt.startswith("Say")
-        body = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
+        body = self.raw if self.raw is not None else json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if not self.trickle else 1 << 20))
         self.end_headers()
-        self.wfile.write(body)
+        if not self.trickle:
+            self.wfile.write(body)
+            return
+        for _ in range(600):  # until the client is stopped (a broken pipe), at most a minute
+            try:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.1)
 
     def log_message(self, *args):
         pass
@@ -50,7 +63,8 @@ def server():
     thread.start()
     yield httpd
     httpd.shutdown()
-    Engine.reply, Engine.health, Engine.replies = "UNIFIED_TP1_OK model=demo", 200, {}
+    Engine.reply, Engine.health, Engine.replies, Engine.raw, Engine.trickle = "UNIFIED_TP1_OK model=demo", 200, {}, \
+        None, False
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -159,3 +173,44 @@ def test_the_gate_container_runs_with_a_restart_policy(engine, server):
     engine.starter = lambda container: seen.append(container.restarts)
     run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
     assert seen and seen[0] > 0  # without one, the engine would never count a restart
+
+
+
+def gates_within(seconds: float, *args, **kwargs):
+    """run_gates, in a thread: a gate that hangs fails the test instead of hanging the suite."""
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(run_gates(*args, **kwargs)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert done, f"the gate did not finish within {seconds} s"
+    return done[0]
+
+
+def test_a_reply_bigger_than_a_pipe_holds_is_read_not_waited_on(engine, server):
+    Engine.reply = "UNIFIED_TP1_OK " + "x" * 200_000
+    smoke = [{"prompt": "Say it.", "expect": "UNIFIED_TP1_OK", "match": "contains"}]
+    result = gates_within(60, engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.passed, result.steps
+
+
+def test_a_reply_that_never_ends_fails_within_the_gates_bound(engine, server, monkeypatch):
+    import unibake.smoke
+
+    monkeypatch.setattr(unibake.smoke, "PROBE_MARGIN", 1.0)
+    Engine.trickle = True
+    start = time.monotonic()
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
+    assert not result.passed and "did not finish answering within 7 s" in result.failed.detail
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("body", [b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \\ud800"}}]}',
+                                  b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK"}}], "pad": "' +
+                                  b"x" * (2 << 20) + b'"}'])
+def test_a_reply_no_file_could_hold_or_too_big_to_be_an_answer_fails_the_chat_step(engine, server, body):
+    Engine.raw = body
+    smoke = [{"prompt": "Say it.", "expect": "UNIFIED_TP1_OK", "match": "contains"}]
+    result = gates_within(60, engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat", result.steps
+    assert "the chat completion failed" in result.failed.detail
+    result.model_dump_json()  # what the notes and VALIDATION.json are written from
