@@ -15,7 +15,7 @@ import requests.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, EngineError
+from .errors import BuildFailed, EngineError, InputError
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -50,6 +50,16 @@ def coalesced(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
         yield b"".join(held)
 
 
+def parse_address(address: str) -> str | None:
+    """What is wrong with an engine address as docker-py would read it (a port out of range, a
+    broken IPv6 host), or None; docker-py raises a bare ValueError for these."""
+    try:
+        docker.utils.parse_host(address, False, False)
+    except (ValueError, docker.errors.DockerException) as exc:
+        return str(exc)[:200]
+    return None
+
+
 class DockerEngine(Engine):
     """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``, ``ssh://user@host``);
     without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket."""
@@ -57,6 +67,10 @@ class DockerEngine(Engine):
     def __init__(self, address: str | None = None, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         self.address = address or env.get("DOCKER_HOST") or DEFAULT_ADDRESS
+        problem = parse_address(self.address)
+        if problem:
+            where = "--engine" if address else "DOCKER_HOST"
+            raise InputError(f"{where} {self.address[:100]!r} is not an engine address: {problem}")
         try:
             # ssh://: docker-py runs the system's ssh client (its config, agent and known hosts), as the CLI does
             ssh = self.address.startswith("ssh://")

@@ -49,6 +49,12 @@ def load_base(out: Path, name: str) -> HotfixBase:
     if manifest.source_date_epoch is None:
         raise InputError(f"--from {name}: that release records no SOURCE_DATE_EPOCH (made before normalising "
                          "existed); a hotfix needs it to rebuild identical layers")
+    if manifest.hotfix is not None:
+        # its archive lacks the layers its own base shipped: the round trip, apply.sh and push would each
+        # need the whole chain of folders; a hotfix is made on a full release
+        raise InputError(f"--from {name}: release {manifest.release} is itself a hotfix on "
+                         f"{manifest.hotfix.base_release}; make the hotfix on a full release (--from "
+                         f"{manifest.hotfix.base_release}, or a full release of {manifest.release}'s inputs)")
     return HotfixBase(folder=folder, manifest=manifest)
 
 

@@ -1,7 +1,8 @@
 """``build.py prune``: what unibake leaves in the engine over time, removed on request.
 
 Kept: the images of the newest ``--keep`` releases of each product found under ``--out`` (by
-their published time). Removed: the engine's tags of older releases, unibake's build cache
+their published time). Removed: the engine's tags of older releases (when the image's own metadata
+label names that release: a folder alone cannot name an image to remove), unibake's build cache
 (``unibake-cache/*``), and dangling images that carry unibake's labels. Release folders and images
 unibake did not make are never touched.
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
 from .engine import Engine
-from .metadata import PROFILES_LABEL
+from .errors import UnibakeError
+from .metadata import PROFILES_LABEL, ImageMetadata
 from .publish import find_releases
 
 
@@ -38,7 +40,7 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
         kept.update(m.tag for m in new)
         for m in old:
             info = engine.inspect_image(m.tag)
-            if info is not None and info.id == m.image_id and m.tag not in kept:
+            if info is not None and info.id == m.image_id and m.tag not in kept and _made_by_unibake(info.labels, m):
                 removals.append(Removal(ref=m.tag, why=f"release {m.release} of {product}, older than the "
                                                        f"newest {keep}"))
     for image in engine.list_images():
@@ -49,6 +51,17 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
         if PROFILES_LABEL in image.labels:
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     return removals
+
+
+def _made_by_unibake(labels: dict[str, str], manifest) -> bool:
+    """A folder under --out only says which image it released; the image itself must say unibake
+    built it as that release (its metadata label naming the same product and tag), or it is left
+    alone: a folder naming, say, postgres:15 removes nothing."""
+    try:
+        metadata = ImageMetadata.from_labels(labels or {}, manifest.tag)
+    except UnibakeError:
+        return False
+    return metadata is not None and (metadata.product, metadata.tag) == (manifest.product, manifest.tag)
 
 
 def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,

@@ -149,10 +149,21 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
     if not isinstance(config, dict):
         raise error(f"{path}: not a Docker config file (a JSON object with 'auths')")
     try:
-        found = docker.auth.load_config(config_dict=config, credstore_env=dict(env)).resolve_authconfig(host)
+        try:  # (docker-py empties the dict it is given: each try gets its own copy)
+            found = docker.auth.load_config(config_dict=json.loads(text), credstore_env=dict(env)) \
+                .resolve_authconfig(host)
+        except (ValueError, TypeError, AttributeError, KeyError):
+            # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
+            # the entries for this host are tried alone (a broken one of its own is still an error)
+            auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
+            own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
+            found = docker.auth.load_config(config_dict=own, credstore_env=dict(env)).resolve_authconfig(host)
     except docker.errors.DockerException as exc:
         # the helper's own message may quote what it was given: only its kind is shown
         raise UnibakeError(f"{path}: the credential helper for {host} failed ({type(exc).__name__})") from None
+    except (ValueError, TypeError, AttributeError, KeyError):
+        raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
+                    "(what docker login writes)") from None
     if not found:
         return None
     if found.get("IdentityToken"):
@@ -289,6 +300,11 @@ class RegistryClient:
             return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__})")
         if isinstance(exc, UnibakeError):
             return exc
+        if isinstance(exc, (ValueError, KeyError, IndexError, TypeError, AttributeError)):
+            # what python-dxf makes of an answer it cannot read: a body that is not UTF-8 or JSON, a 401
+            # without WWW-Authenticate, a token answer without a token
+            return RegistryError(f"the registry {host} gave an answer that cannot be read while {what} "
+                                 f"({type(exc).__name__})")
         raise exc
 
     def blob_exists(self, digest: str) -> bool:
@@ -323,12 +339,29 @@ class RegistryClient:
 
     def manifest(self, digest: str) -> bytes:
         """The manifest (or index) stored under ``digest``, its bytes checked against the digest."""
+        def too_big(size: str) -> RegistryError:
+            return RegistryError(f"the registry {self.ref.host} answered {size} bytes for manifest {digest}, more "
+                                 f"than the {MAX_MANIFEST} a manifest may be")
+
         def get() -> bytes:
-            _, response = self.dxf.get_manifest_and_response(digest)
-            return response.content
+            # python-dxf's get_manifest reads the whole body (and decodes it) before anything can look at its
+            # size: its request is streamed here and read up to the limit (dxf still does the auth)
+            response = self.dxf._request("get", "manifests/" + digest, stream=True,
+                                         headers={"Accept": ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST,
+                                                                       DOCKER_LIST))})
+            try:
+                declared = response.headers.get("Content-Length", "")
+                if declared.isdigit() and int(declared) > MAX_MANIFEST:
+                    raise too_big(declared)
+                body = bytearray()
+                for chunk in response.iter_content(1 << 16):
+                    body += chunk
+                    if len(body) > MAX_MANIFEST:
+                        raise too_big(f"over {MAX_MANIFEST}")
+                return bytes(body)
+            finally:
+                response.close()
         body = self._call(f"reading manifest {digest[:19]}", get)
-        if len(body) > MAX_MANIFEST:
-            raise RegistryError(f"the registry {self.ref.host} answered {len(body)} bytes for manifest {digest}")
         got = "sha256:" + hashlib.sha256(body).hexdigest()
         if got != digest:
             raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "

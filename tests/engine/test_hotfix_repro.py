@@ -106,6 +106,11 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
     notes = (fix / "RELEASE_NOTES.md").read_text()
     assert f"## Hotfix on top of {base.name}" in notes and hotfix["base_image_id"] in notes
     assert (fix / "apply.sh").exists() and "apply.sh" in (fix / "SHA256SUMS").read_text()
+    # a hotfix on this hotfix would need its base's base too (round trip, apply.sh, push): refused up front
+    chained = cli("hotfix", "--from", fix.name, "--version", f"{fix.name}c", "--config", str(demo_product),
+                  "--out", str(fix.parent))
+    assert chained.code == 2 and f"release {fix.name} is itself a hotfix on {base.name}" in chained.error_lines[-1]
+    assert not (fix.parent / f"{fix.name}c").exists()
     print(f"\nhotfix delta {manifest['archive']['bytes']} bytes, full archive {full_manifest['archive']['bytes']} "
           f"bytes: {100 * ratio:.3f} %")
 

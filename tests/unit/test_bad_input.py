@@ -246,7 +246,11 @@ def test_bad_arguments_are_refused_before_anything_happens(cli, busybox_product,
 
 @pytest.mark.parametrize("args", [["archive", "x:1", "--tag", "../up"], ["archive", "x:1", "--tag", "a b"],
                                   ["archive", "sha256:" + "0" * 64], ["archive", "x:1", "--product", "Bad Name"],
-                                  ["hotfix", "--version", "2"], ["verify", "/nonexistent/release"]])
+                                  ["hotfix", "--version", "2"], ["verify", "/nonexistent/release"],
+                                  # docker-py raises a bare ValueError for these addresses
+                                  ["prune", "--dry-run", "--engine", "tcp://host:99999"],
+                                  ["prune", "--dry-run", "--engine", "ssh://a:b:c"],
+                                  ["prune", "--dry-run", "--engine", "http://[::1"]])
 def test_bad_arguments_of_other_commands_exit_2_without_an_engine(cli, tmp_path, args):
     result = cli(*args, "--out", str(tmp_path / "out")) if args[0] == "archive" else cli(*args)
     assert result.code == 2, result.err

@@ -86,6 +86,8 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["deploy", "{folder}"], "deploy needs at least one engine"),
+    (["deploy", "{folder}", "--engine", "ssh://a:b:c"], "Port could not be cast to integer"),
+    (["deploy", "{folder}", "--engine", "tcp://a:99999"], "Port out of range"),
     (["deploy", "{folder}", "--engine", "tcp://a:1", "--jobs", "0"], "--jobs 0 must be 1 or more"),
     (["deploy", "{folder}", "--engine", "tcp://a:1", "--from", "registry"], "records no push"),
     (["deploy", "{folder}", "--engine", "tcp://a:1", "--ref", "r.example/a@sha256:" + "0" * 64],

@@ -37,8 +37,9 @@ PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-round
                                      GateStep(name="chat", passed=True, seconds=0.1))),), smoke_skipped=None)
 
 
-def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None, notes=None):
-    data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}")
+def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None, notes=None,
+                 image_labels=None):
+    data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", labels=image_labels)
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
         back = read_back(archive)

@@ -16,7 +16,7 @@ import requests
 from unibake import amend
 from unibake.archive import write_archive
 from unibake.archive_reader import read_back
-from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError
+from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError, UnibakeError
 from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
@@ -86,6 +86,21 @@ def test_credentials_come_from_the_auth_file_or_the_docker_config(tmp_path):
     assert load_credentials("reg.example:5000", {"HOME": str(tmp_path / "nobody")}, None) is None
 
 
+def test_a_broken_entry_is_an_error_for_its_own_host_only(tmp_path):
+    import base64
+
+    good = base64.b64encode(b"ci:pw").decode()
+    auths = {"reg.example:5000": {"auth": good}, "other.example": {"auth": base64.b64encode(b"nocolon").decode()}}
+    config_file(tmp_path / "dc" / "config.json", auths)
+    env = {"DOCKER_CONFIG": str(tmp_path / "dc")}
+    assert load_credentials("reg.example:5000", env, None).username == "ci"  # another registry's entry is not ours
+    with pytest.raises(UnibakeError, match="the entry for other.example cannot be read"):
+        load_credentials("other.example", env, None)
+    (tmp_path / "auth.json").write_text(json.dumps({"auths": {"reg.example": {"auth": 123}}}))
+    with pytest.raises(InputError, match="the entry for reg.example cannot be read"):
+        load_credentials("reg.example", {}, tmp_path / "auth.json")
+
+
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "not a Docker config file"),
@@ -151,6 +166,11 @@ def test_retries_run_out_with_one_clear_error():
     (requests.exceptions.SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), RegistryError,
      "--ca-file"),
     (dxf_errors.DXFDigestMismatchError("a", "b"), DigestMismatch, "does not match its digest"),
+    # what python-dxf raises on answers it cannot read (a manifest that is not UTF-8, a 401 without
+    # WWW-Authenticate, a token answer that is a list or lacks the token): one error line, not a traceback
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), RegistryError, "an answer that cannot be read"),
+    (KeyError("www-authenticate"), RegistryError, r"cannot be read while pushing \(KeyError\)"),
+    (AttributeError("'list' object has no attribute 'get'"), RegistryError, "cannot be read"),
 ])
 def test_answers_that_are_not_worth_a_retry_fail_at_once(error, kind, message):
     c, waits, _ = client(credentials=Credentials(username="u", password="pw-never-shown", source="/x/config.json"))
@@ -327,3 +347,48 @@ def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_releas
     shutil.rmtree(base_folder)
     with pytest.raises(InputError, match="is a hotfix on 1.0, whose folder"):
         push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path)
+
+
+def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_path):
+    """A registry (or something posing as one) that answers a manifest request with endless bytes:
+    the client stops at the limit, it does not hold the answer in memory first."""
+    import http.server
+    import ssl
+    import threading
+
+    from unibake.registry import MAX_MANIFEST
+
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
+                           str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], capture_output=True)
+    assert made.returncode == 0, made.stderr
+    sent = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            self.end_headers()  # no Content-Length: the body ends when the connection does
+            try:
+                for _ in range(400):  # 100 MiB at most
+                    self.wfile.write(b" " * (256 << 10))
+                    sent.append(256 << 10)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = parse_reference(f"127.0.0.1:{server.server_port}/team/a@{DIGEST}", what="ref", digest=True)
+        c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
+        with pytest.raises(RegistryError, match=f"more than the {MAX_MANIFEST} a manifest may be"):
+            c.manifest(DIGEST)
+    finally:
+        server.shutdown()
+    assert sum(sent) < 32 << 20, sum(sent)  # it stopped reading near the limit, not at the end of 100 MiB
