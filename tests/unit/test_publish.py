@@ -151,7 +151,8 @@ def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
     out = run_sh(folder, "tp1", "--max-len", "4 096", PORT="8080", MODEL_NAME="my model", MODEL_TARGET="/data/w 1",
                  IMAGE="demo-llm:1.3.0").stdout
     assert out == ("docker run --rm --name demo-llm-tp1 -e PROFILE=tp1 -e PORT=8080 -p 8080:8080 --ipc=host "
-                   "--gpus '\"device=0\"' -e 'MODEL_NAME=my model' -v '/data/w 1:/models/target:ro' "
+                   "--gpus '\"device=0\"' -e 'MODEL_NAME=my model' "
+                   "--mount 'type=bind,source=/data/w 1,target=/models/target,readonly' "
                    "demo-llm:1.3.0 serve --max-len '4 096'\n")
 
 
@@ -160,6 +161,8 @@ def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
     (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
     (["tp1"], {"GPUS": "a"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got 'a'"),
     # a space, a newline or a glob would be split or expanded into GPUs the count never saw
+    (["tp1"], {"MODEL_TARGET": '/w/a"b'},
+     "error: MODEL_TARGET must not hold ':', ',', '\"' or a control character; got '/w/a\"b'"),
     (["tp1"], {"GPUS": "0 1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0 1'"),
     (["tp2"], {"GPUS": "0\n1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0\n1'"),
     (["tp1"], {"GPUS": "*"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '*'"),
