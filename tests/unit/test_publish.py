@@ -156,6 +156,12 @@ def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
                    "demo-llm:1.3.0 serve --max-len '4 096'\n")
 
 
+def test_run_sh_passes_engine_arguments_whole_final_newlines_and_quotes_included(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    out = run_sh(folder, "tp1", "--", "--chat-template=x\n\n", "it's").stdout
+    assert out.endswith(" demo-llm:1.3.1 serve '--chat-template=x\n\n' 'it'\\''s'\n"), out
+
+
 @pytest.mark.parametrize("args,env,message", [
     (["tp8"], {}, "error: unknown profile 'tp8'; known: tp1, tp2, tp4"),
     (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
