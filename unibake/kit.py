@@ -69,7 +69,10 @@ SCHEMA = 1
 KIT_REPOSITORY = "unibake-kit"  # the rebuilt image's tag: never the release's own, which it must not move
 PACKAGE = Path(__file__).resolve().parent
 SKIPPED = ("__pycache__", ".venv")  # never copied into a kit
-LEDGER_LINE_RE = re.compile(r"^[0-9a-f]{64}  [A-Za-z0-9_+-][A-Za-z0-9._+/-]*$")  # what verify.sh accepts too
+# a ledger line, as verify.sh checks it too: a relative path without control characters or backslashes
+# (a "." or ".." part is refused apart, in both)
+LEDGER_LINE_RE = re.compile(r"^[0-9a-f]{64}  [^/\\\x00-\x1f\x7f][^\\\x00-\x1f\x7f]*$")
+DOT_PART_RE = re.compile(r"(?:^|/)\.\.?(?:/|$)|//|/$")
 
 
 class KitImage(Record):
@@ -270,6 +273,10 @@ class KitDraft:
         digests = {"Dockerfile": record.dockerfile_sha256, CONTEXT: self.context_sha}
         for rel, (content, _) in later.items():
             digests[rel] = hashlib.sha256(content).hexdigest() if isinstance(content, bytes) else sha256_file(content)
+        for rel, sha in digests.items():  # never a kit its own checks refuse
+            if not LEDGER_LINE_RE.fullmatch(f"{sha}  {rel}") or DOT_PART_RE.search(rel):
+                raise InputError(f"{rel}: a name the kit's ledger cannot hold (a control character, a backslash or "
+                                 "a '.' part); rename it")
         later[LEDGER] = (render_sums(digests).encode(), 0o644)
         for rel in sorted(later):
             content, mode = later[rel]
@@ -356,7 +363,8 @@ def check_ledger(folder: Path) -> list[str]:
                            follow=False)
     listed = {e.name: e.sha256 for e in parse_sums(text, str(folder / LEDGER), VerificationError)}
     problems = [f"{LEDGER}:{n}: not 'SHA256  PATH' (a plain path inside the kit)"
-                for n, line in enumerate(text.splitlines(), 1) if not LEDGER_LINE_RE.fullmatch(line)][:1]
+                for n, line in enumerate(text.splitlines(), 1)
+                if not LEDGER_LINE_RE.fullmatch(line) or DOT_PART_RE.search(line[66:])][:1]
     for rel, sha in sorted(listed.items()):
         path = folder / rel
         if ".." in Path(rel).parts or rel.startswith("/"):

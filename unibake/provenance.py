@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -161,7 +162,7 @@ def check_subjects(document: dict, *, files: Mapping[str, str], image_ref: str, 
     not the file's, a required file it does not name, or another image."""
     problems = []
     names = [s.get("name") for s in document["subject"] if isinstance(s, dict) and isinstance(s.get("name"), str)]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:  # which of the two a reader believes would be its own choice
         problems.append(f"{where}: names {twice[0][:80]!r} as a subject more than once")
     subjects = subjects_of(document)

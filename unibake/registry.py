@@ -152,18 +152,18 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         try:  # (docker-py empties the dict it is given: each try gets its own copy)
             found = docker.auth.load_config(config_dict=json.loads(text), credstore_env=dict(env)) \
                 .resolve_authconfig(host)
-        except (ValueError, TypeError, AttributeError, KeyError):
+        except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
             # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
             # the entries for this host are tried alone (a broken one of its own is still an error)
             auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
             own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
             found = docker.auth.load_config(config_dict=own, credstore_env=dict(env)).resolve_authconfig(host)
+    except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
+        raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
+                    "(what docker login writes)") from None
     except docker.errors.DockerException as exc:
         # the helper's own message may quote what it was given: only its kind is shown
         raise UnibakeError(f"{path}: the credential helper for {host} failed ({type(exc).__name__})") from None
-    except (ValueError, TypeError, AttributeError, KeyError):
-        raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
-                    "(what docker login writes)") from None
     if not found:
         return None
     if found.get("IdentityToken"):

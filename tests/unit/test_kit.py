@@ -299,3 +299,13 @@ def test_the_kits_tool_writes_no_bytecode_into_the_kit(busybox_product, tmp_path
     assert ran.returncode != 0  # no engine there: what matters is what it left behind
     assert not list(folder.rglob("__pycache__")), ran.stderr
     assert subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("name", [".unibake", "my profiles"])
+def test_a_kit_of_profiles_in_a_dot_or_spaced_folder_passes_its_own_checks(busybox_product, tmp_path, name):
+    profiles = busybox_product.rename(busybox_product.parent / name)
+    kit, _ = make_kit(profiles, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    shell = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert shell.returncode == 0, shell.stderr
+    assert check_ledger(folder) == []

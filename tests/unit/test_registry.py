@@ -94,6 +94,9 @@ def test_a_broken_entry_is_an_error_for_its_own_host_only(tmp_path):
     config_file(tmp_path / "dc" / "config.json", auths)
     env = {"DOCKER_CONFIG": str(tmp_path / "dc")}
     assert load_credentials("reg.example:5000", env, None).username == "ci"  # another registry's entry is not ours
+    for broken in ("oops", None):  # not even an object: docker-py's InvalidConfigFile
+        config_file(tmp_path / "dc2" / "config.json", {"reg.example:5000": {"auth": good}, "third.example": broken})
+        assert load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc2")}, None).username == "ci"
     with pytest.raises(UnibakeError, match="the entry for other.example cannot be read"):
         load_credentials("other.example", env, None)
     (tmp_path / "auth.json").write_text(json.dumps({"auths": {"reg.example": {"auth": 123}}}))
