@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import __version__
 from .archive import DEFAULT_LEVEL
-from .console import Reporter
+from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError
 from .files import write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
@@ -902,13 +902,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             reporter.final(outcome.final)
         _emit_document(args, outcome.document, cwd)
         if outcome.error is not None:  # the document (a failed verify's report) is out; then the verdict
-            print(f"error: {outcome.error}", file=sys.stderr)
+            print(f"error: {one_line(str(outcome.error))}", file=sys.stderr)
             return outcome.error.exit_code
         return 0
     except UnibakeError as exc:
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet:
             print("    " + "\n    ".join(exc.output), file=sys.stderr)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         if args is not None and getattr(args, "json", False):
             sys.stdout.write(json.dumps({"error": str(exc), "exit_code": exc.exit_code}) + "\n")
         return exc.exit_code
@@ -919,7 +919,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         sys.stdout = open(os.devnull, "w")
         return 0
     except OSError as exc:  # a file or folder the stages did not expect to fail: named, never a traceback
-        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc.filename or 'a file'))}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     finally:
         for sig, handler in previous.items():

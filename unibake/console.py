@@ -35,6 +35,17 @@ class StageTime:
 WIDTH = 80  # the summary stays readable in a terminal this wide
 
 
+# control characters, C1 ones too, as visible escapes: text that comes from outside (an image's output, a
+# file name in a layer) can neither end the line it is on (a second, forged "error:" line) nor drive
+# the terminal (clear it, retitle it)
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line."""
+    return text.translate(_CONTROLS)
+
+
 class Reporter:
     def __init__(self, *, env: Mapping[str, str], stream=None, quiet: bool = False):
         stream = stream or sys.stderr
@@ -50,14 +61,14 @@ class Reporter:
 
     def info(self, message: str) -> None:
         if not self.quiet:
-            self.console.print(message, markup=False)
+            self.console.print(one_line(message), markup=False)
 
     def warn(self, message: str) -> None:
-        self.console.print(f"warning: {message}", markup=False)
+        self.console.print(f"warning: {one_line(message)}", markup=False)
 
     def final(self, line: str) -> None:
         """The one line a command ends with; printed even with --quiet."""
-        self.console.print(line, markup=False)
+        self.console.print(one_line(line), markup=False)
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[StageTime]:
@@ -112,6 +123,7 @@ class Reporter:
         """One line of build output: every line in plain mode; a bar over the steps otherwise."""
         if self.quiet:
             return
+        line = one_line(line)
         if self.plain:
             self.console.print(f"    {line}", markup=False)
             return

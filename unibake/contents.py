@@ -92,7 +92,14 @@ class _Found:
 
 
 def _path(name: str) -> str:
-    return posixpath.normpath("/" + name).lstrip("/")
+    """A member's path as the SBOM names it: a byte that is not UTF-8 (held by the tar reader as a lone
+    surrogate, which no JSON reader takes) written visibly as ``\\xff``."""
+    clean = posixpath.normpath("/" + name).lstrip("/")
+    try:
+        clean.encode("utf-8")
+    except UnicodeEncodeError:
+        clean = clean.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return clean
 
 
 class _LayerReader:
@@ -151,10 +158,10 @@ class _LayerReader:
             if same is not None and same[0] == kind:
                 self.found.files[path] = same
             else:
-                self.found.hidden.append(path)
+                self._unread(path, kind, f"a hard link to /{_path(entry.linkname)}")
             return
         if entry.type not in tarfile.REGULAR_TYPES:
-            self.found.hidden.append(path)  # a link or folder now stands where a tracked file was
+            self._unread(path, kind, "a link or a folder")  # where a tracked file was, or would be
             return
         self._current = (path, kind, hashlib.sha256() if kind == "library" else bytearray())
         self._size = 0
@@ -168,6 +175,14 @@ class _LayerReader:
             sink.update(piece)
         elif len(sink) < (HEADER_LIMIT if kind == "metadata" else TEXT_LIMIT + 1):
             sink += piece
+
+    def _unread(self, path: str, kind: str, what: str) -> None:
+        """A package list or package metadata that is not a plain file here is not read: said, so a
+        base image cannot leave its packages out of the SBOM unnoticed (the shared libraries' links
+        and os-release's usual link are not worth a word)."""
+        self.found.hidden.append(path)
+        if kind != "library" and path not in OS_RELEASE:
+            self.found.problems.append(f"/{path} is {what}, not a file: the packages it lists are not in the SBOM")
 
     def end(self) -> None:
         if self._current is None:

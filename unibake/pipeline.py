@@ -33,7 +33,7 @@ from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
-from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, VerificationError
+from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, UnibakeError, VerificationError
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
 from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
@@ -322,6 +322,27 @@ def _temp_folder(run: Run) -> tuple:
     return _one(folder)
 
 
+def _release_tag_on_failure(run: Run, plan: ReleasePlan, built: BuiltImage):
+    """The build tags the release's tag at once; when the run then fails (a check, the smoke gates,
+    an interrupt), the tag must not name an image that was never released: what it names is kept as
+    build cache (``...-failed``) and the tag goes back to the image it named before, or away."""
+    def on_exit(exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            return False
+        try:
+            now = run.engine.inspect_image(plan.tag)
+            if now is not None and now.id != built.replaced:
+                keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, "failed"), now.id)
+                if built.replaced and run.engine.inspect_image(built.replaced) is not None:
+                    run.engine.tag(built.replaced, plan.tag)
+                else:
+                    run.engine.remove_image(plan.tag)
+        except UnibakeError as err:  # the run's own error is the one to report
+            run.reporter.warn(f"{plan.tag} may still name the image of this failed run: {err}")
+        return False
+    return on_exit
+
+
 def _build(run: Run) -> tuple:
     from .targets import check_base
 
@@ -335,6 +356,8 @@ def _build(run: Run) -> tuple:
                         platform=plan.platform.name, memo=memo)
     if built.replaced:
         run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
+    if not run.request.hold:
+        run.stack.push(_release_tag_on_failure(run, plan, built))
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache{memoised}")
     return _one(built)

@@ -65,8 +65,8 @@ def image_record(engine: Engine, ref: str, role: str) -> BaseImage:
 
 
 def _epoch(labels: dict[str, str]) -> int | None:
-    value = labels.get(EPOCH_LABEL, "")
-    return int(value) if value.isdigit() else None
+    value = labels.get(EPOCH_LABEL, "")  # an image's label: "²" is a digit, 10**20 no time
+    return int(value) if value.isdigit() and value.isascii() and len(value) < 12 else None
 
 
 # --- signing keys ------------------------------------------------------------------------------

@@ -31,6 +31,13 @@ def check_base(engine: Engine, plan: ReleasePlan) -> None:
         raise InputError(f"the base image {plan.base_image} is {found}, not {plan.platform.name}: set "
                          f"base.platforms.{plan.platform.name} in product.yaml to a {plan.platform.name} image "
                          "(scripts/setup.sh makes the example's)")
+    # labels pass from the base into the image: one of unibake's own (a kernel, a component, the
+    # metadata) would then describe the release as if unibake had set it
+    ours = sorted(k for k in info.labels or {} if k.startswith("io.unibake."))
+    if ours:
+        raise InputError(f"the base image {plan.base_image} carries unibake's own labels ({', '.join(ours)[:200]}): "
+                         "they would pass into the release as if unibake had set them; build on an image without "
+                         "them (a released image is not a base: use hotfix --from for a release on a release)")
 
 
 def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence[Platform], reporter: Reporter, *,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from unibake.builder import cache_ref
 from unibake.scratch import SEED_PREFIX, _try_lock, private_base
 
 from ..conftest import REPO
@@ -103,7 +104,8 @@ def test_the_round_trip_starts_empty_with_no_seed_or_while_another_run_uses_the_
     assert json.loads((out / version / "VALIDATION.json").read_text())["round_trip"]["held_before"] == []
 
 
-def test_a_profile_whose_engine_cannot_start_fails_the_release(cli, busybox_product, version, images, tmp_path):
+def test_a_profile_whose_engine_cannot_start_fails_the_release(cli, engine, busybox_product, version, images,
+                                                               tmp_path):
     images(f"unibake-test:{version}")
     tp2 = busybox_product / "tp2.yaml"
     tp2.write_text(tp2.read_text() + "args: [--explode]\n")
@@ -113,6 +115,9 @@ def test_a_profile_whose_engine_cannot_start_fails_the_release(cli, busybox_prod
     assert result.error_lines[-1].startswith("error: smoke gate failed for profile tp2 at step ")
     assert "unknown argument --explode" in result.error_lines[-1]
     assert not (out / version).exists()
+    # the release's tag names no image that was never released: what it named is kept as build cache
+    assert engine.inspect_image(f"unibake-test:{version}") is None
+    assert engine.inspect_image(cache_ref("unibake-test", "all", "failed")) is not None
     assert [p for p in os.listdir(out) if not p.endswith(".lock")] == []
     assert scratch_leftovers() == []
 

@@ -158,3 +158,13 @@ def test_no_smoke_reaches_the_request_and_leaves_the_round_trip_on(command, tmp_
     for flags, smoke in (([], True), (["--no-smoke"], False)):
         request = _request(build_parser().parse_args([command, *extra, *flags]), ctx)
         assert (request.smoke, request.roundtrip) == (smoke, True)
+
+
+def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_terminal(cli, tmp_path):
+    # a path, an image's output, a file name in a layer: printed with its control characters escaped
+    hostile = str(tmp_path / "a\nerror: everything is fine\x1b[2J\x1b]0;PWNED\x07")
+    result = cli("verify", hostile)
+    assert result.code == 2
+    assert result.err.count("\n") == 1 and result.err.count("error:") == 2  # the real one and the quoted text
+    assert "\\nerror: everything is fine\\x1b[2J\\x1b]0;PWNED\\x07" in result.err
+    assert "\x1b" not in result.err and "\x07" not in result.err

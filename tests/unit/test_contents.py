@@ -120,3 +120,28 @@ def test_a_layer_the_inspector_cannot_parse_is_reported_and_the_archive_is_still
     archive = write_archive(chunks(data), tmp_path, "y.tar.zst", tag="demo:1", inspector=LayerInspector("/opt/x"))
     assert archive.contents.not_inspected == (diff_ids[0],) and archive.contents.packages == ()
     assert (tmp_path / "y.tar.zst").stat().st_size == archive.compressed_bytes
+
+
+def test_a_package_list_behind_a_hard_link_or_a_symlink_is_said_not_silently_left_out(tmp_path):
+    # a base image's author could otherwise keep its packages out of the SBOM (and out of its scanners)
+    layer = tar_of([("aaa/status", STATUS, None),
+                    ("var/lib/dpkg/status", b"", {"type": tarfile.LNKTYPE, "linkname": "aaa/status"}),
+                    ("aaa/META", METADATA, None),
+                    ("usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info/METADATA", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/META"}),
+                    ("usr/lib/os-release", b"ID=debian\n", None),
+                    ("etc/os-release", b"", {"type": tarfile.SYMTYPE, "linkname": "../usr/lib/os-release"})])
+    archive, _ = inspect([layer], tmp_path=tmp_path)
+    problems = archive.contents.problems
+    assert "/var/lib/dpkg/status is a hard link to /aaa/status, not a file: the packages it lists are not in the " \
+           "SBOM" in problems
+    assert any(p.startswith("/usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info/METADATA is a link") for p in problems)
+    assert not any("os-release" in p for p in problems)  # Debian's usual link is not worth a word
+
+
+def test_a_file_name_that_is_not_utf8_is_written_visibly_not_as_a_lone_surrogate(tmp_path):
+    name = os.fsdecode(b"usr/lib/python3/dist-packages/n\xff-1.0.dist-info/METADATA")
+    archive, _ = inspect([tar_of([(name, METADATA, None)])], tmp_path=tmp_path)
+    [package] = archive.contents.packages
+    assert package.path == "/usr/lib/python3/dist-packages/n\\xff-1.0.dist-info"  # a backslash, then xff
+    package.path.encode("utf-8")  # no lone surrogate: every JSON reader takes it

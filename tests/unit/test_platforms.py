@@ -248,3 +248,12 @@ def test_a_hotfix_is_built_for_its_base_releases_platform(busybox_product):
     with pytest.raises(InputError, match="release 0.1.0 is linux/arm64; a hotfix on it is built for the same "
                                          "platform, not linux/amd64"):
         hotfix_plan(busybox_product, "linux/arm64", platform="linux/amd64")
+
+
+def test_a_base_image_carrying_unibakes_own_labels_is_refused_before_building(busybox_product):
+    fake = FakeEngine()
+    fake.add({"architecture": "amd64", "os": "linux",
+              "config": {"Labels": {"io.unibake.kernel.evil": "1.0 sha256:" + "0" * 64, "maintainer": "x"}}},
+             [b"x" * 1024], tag="localhost/unibake-busybox:1")
+    with pytest.raises(InputError, match=r"carries unibake's own labels \(io\.unibake\.kernel\.evil\)"):
+        check_base(fake, make_plan(busybox_product, platform=AMD64))

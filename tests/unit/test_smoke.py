@@ -214,3 +214,22 @@ def test_a_reply_no_file_could_hold_or_too_big_to_be_an_answer_fails_the_chat_st
     assert not result.passed and result.failed.name == "chat", result.steps
     assert "the chat completion failed" in result.failed.detail
     result.model_dump_json()  # what the notes and VALIDATION.json are written from
+
+
+def test_an_images_own_smoke_regex_that_could_backtrack_for_ever_is_refused_as_a_profiles_is():
+    # archive IMAGE reads the gate from the image's label; its engine supplies the reply matched against it
+    from unibake.errors import VerificationError
+
+    document = metadata(1).model_dump()
+    document["profiles"]["tp1"]["smoke"] = {"timeout": 5, "prompts": [{"prompt": "Say it.", "expect": "(a+)+$",
+                                                                        "match": "regex"}]}
+    with pytest.raises(VerificationError, match="could backtrack without end"):
+        ImageMetadata.parse(json.dumps(document), "the label io.unibake.metadata of x:1")
+
+
+def test_an_epoch_label_that_is_no_time_is_ignored_not_a_traceback():
+    from unibake.normalise import EPOCH_LABEL
+    from unibake.supply import _epoch
+
+    assert _epoch({EPOCH_LABEL: "1700000000"}) == 1700000000
+    assert _epoch({EPOCH_LABEL: "9" * 23}) is None and _epoch({EPOCH_LABEL: "\u00b2"}) is None
