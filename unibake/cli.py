@@ -907,7 +907,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 0
     except UnibakeError as exc:
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet:
-            print("    " + "\n    ".join(exc.output), file=sys.stderr)
+            print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         if args is not None and getattr(args, "json", False):
             sys.stdout.write(json.dumps({"error": str(exc), "exit_code": exc.exit_code}) + "\n")

@@ -363,7 +363,7 @@ def check_ledger(folder: Path) -> list[str]:
                            follow=False)
     listed = {e.name: e.sha256 for e in parse_sums(text, str(folder / LEDGER), VerificationError)}
     problems = [f"{LEDGER}:{n}: not 'SHA256  PATH' (a plain path inside the kit)"
-                for n, line in enumerate(text.splitlines(), 1)
+                for n, line in enumerate(text.removesuffix("\n").split("\n"), 1)  # lines as parse_sums has them
                 if not LEDGER_LINE_RE.fullmatch(line) or DOT_PART_RE.search(line[66:])][:1]
     for rel, sha in sorted(listed.items()):
         path = folder / rel

@@ -323,16 +323,22 @@ def _temp_folder(run: Run) -> tuple:
 
 
 def _release_tag_on_failure(run: Run, plan: ReleasePlan, built: BuiltImage):
-    """The build tags the release's tag at once; when the run then fails (a check, the smoke gates,
-    an interrupt), the tag must not name an image that was never released: what it names is kept as
-    build cache (``...-failed``) and the tag goes back to the image it named before, or away."""
+    """The build tags the release's tag at once. When the run ends well, or once its release folder
+    is published, the image the tag named before is let go (unless something else needs it). When
+    it fails before that (a check, the smoke gates, an interrupt), the tag must not name an image
+    that was never released: what it names is kept as build cache (``...-failed``, per platform) and
+    the tag goes back to the image it named before, or away."""
     def on_exit(exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            return False
+        folder: ReleaseFolder | None = run.get("folder")
         try:
             now = run.engine.inspect_image(plan.tag)
+            if exc_type is None or (folder is not None and folder.committed):
+                if built.replaced and built.replaced != built.image_id and (now is None or now.id != built.replaced):
+                    run.engine.remove_if_unused(built.replaced)
+                return False
             if now is not None and now.id != built.replaced:
-                keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, "failed"), now.id)
+                role = f"failed{plan.platform.suffix}"
+                keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, role), now.id)
                 if built.replaced and run.engine.inspect_image(built.replaced) is not None:
                     run.engine.tag(built.replaced, plan.tag)
                 else:
@@ -375,8 +381,6 @@ def _normalise(run: Run) -> tuple:
                                 progress=advance, platform=plan.platform)
     if image.image_id != built.image_id:  # the image the engine built is build cache now, not dangling
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
-    if built.replaced and built.replaced not in (image.image_id, built.image_id):
-        run.engine.remove_if_unused(built.replaced)  # what the tag named before, unless something else needs it
     return _one(image)
 
 
@@ -477,8 +481,6 @@ def _export(run: Run) -> tuple:
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
-    if built.replaced and built.replaced not in (image.image_id, built.image_id):
-        run.engine.remove_if_unused(built.replaced)
     shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base else ""
     run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{len(archive.image.diff_ids)} diffIDs "
                       "and the config recomputed from the archive read back")

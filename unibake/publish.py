@@ -61,6 +61,7 @@ class ReleaseFolder:
         self.out, self.tag, self.force = out, check_tag(tag), force
         self.final = out / tag
         self.staging = out / f".{tag}.partial"
+        self.committed = False  # the release is published (the run may still fail after, at clean-up)
         self._lock = None
 
     def __enter__(self) -> "ReleaseFolder":
@@ -95,6 +96,7 @@ class ReleaseFolder:
         if self.final.exists():
             os.replace(self.final, old)
         os.replace(self.staging, self.final)
+        self.committed = True
         fsync_dir(self.out)
         shutil.rmtree(old, ignore_errors=True)
         return self.final

@@ -301,7 +301,7 @@ def test_the_kits_tool_writes_no_bytecode_into_the_kit(busybox_product, tmp_path
     assert subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("name", [".unibake", "my profiles"])
+@pytest.mark.parametrize("name", [".unibake", "my profiles", "pro\u2028files"])
 def test_a_kit_of_profiles_in_a_dot_or_spaced_folder_passes_its_own_checks(busybox_product, tmp_path, name):
     profiles = busybox_product.rename(busybox_product.parent / name)
     kit, _ = make_kit(profiles, tmp_path / "out")

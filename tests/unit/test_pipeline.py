@@ -163,3 +163,48 @@ def test_the_revision_is_dirty_for_changed_sources_but_not_for_what_a_run_wrote(
     (tmp_path / "profiles/product.yaml").write_text("two\n")
     assert git_revision(root, outputs) == head + "-dirty"
     assert git_revision(tmp_path / "missing") == "unknown"  # no folder, no repository: said, not guessed
+
+
+class _Run:
+    """What the release-tag hook reads of a run: the engine, the reporter, its results."""
+
+    def __init__(self, engine, results):
+        import io
+
+        self.engine, self.results = engine, results
+        self.reporter = Reporter(env={"CI": "1"}, stream=io.StringIO())
+
+    def get(self, name):
+        return self.results.get(name)
+
+    def __getitem__(self, name):
+        return self.results[name]
+
+
+@pytest.mark.parametrize("case", ["failed, the tag named an image before", "failed, the tag named nothing",
+                                  "failed after the release was published", "succeeded"])
+def test_the_release_tag_never_names_an_image_that_was_not_released(tmp_path, case):
+    from types import SimpleNamespace
+
+    from unibake.builder import cache_ref
+    from unibake.pipeline import _release_tag_on_failure
+    from unibake.platforms import KNOWN
+
+    engine = FakeEngine()
+    old = engine.add({"created": "old"}, [b"old"], tag="demo:1.0") if "named nothing" not in case else None
+    new = engine.add({"created": "new"}, [b"new"], tag="demo:1.0")  # the build moved the tag
+    folder = SimpleNamespace(committed="published" in case)
+    run = _Run(engine, {"folder": folder, "context": SimpleNamespace(selection="all")})
+    plan = SimpleNamespace(tag="demo:1.0", product="demo", platform=KNOWN["linux/arm64"])
+    hook = _release_tag_on_failure(run, plan, SimpleNamespace(image_id=new, replaced=old))
+    failed = case.startswith("failed")
+    hook(RuntimeError if failed else None, RuntimeError("smoke gate failed") if failed else None, None)
+    tag = engine.inspect_image("demo:1.0")
+    if case == "failed, the tag named an image before":  # the old release's tag and image, as they were
+        assert tag.id == old
+        assert engine.inspect_image(cache_ref("demo", "all", "failed-arm64")).id == new
+    elif case == "failed, the tag named nothing":
+        assert tag is None and engine.inspect_image(cache_ref("demo", "all", "failed-arm64")).id == new
+    else:  # published (even if clean-up failed after) or succeeded: the tag stays, the image it replaced goes
+        assert tag.id == new and engine.inspect_image(old) is None
+        assert engine.inspect_image(cache_ref("demo", "all", "failed-arm64")) is None
