@@ -10,7 +10,7 @@
 #   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back)
 #   NAME            the container name (default demo-llm-PROFILE; --name wins)
 set -eu
-quote() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
+quote() { q=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${q%.}"; }  # (the '.': $() drops final newlines)
 die() { printf 'error: %s\n' "$*" >&2; exit 2; }
 usage() {
   sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -68,7 +68,9 @@ if [ -z "$gpus" ]; then
   while [ "$i" -lt "$need" ]; do gpus="${gpus:+$gpus,}$i"; i=$((i + 1)); done
 fi
 if [ "$gpus" != all ]; then
-  case "$gpus" in ,*|*,|*,,*) die "GPUS must be GPU numbers like 0,1, UUIDs, or all; got '$gpus'" ;; esac
+  # commas between items, nothing else: a space, a newline or a glob would split or expand below into
+  # items the count never saw
+  case "$gpus" in ,*|*,|*,,*|*[!A-Za-z0-9,/-]*) die "GPUS must be GPU numbers like 0,1, UUIDs, or all; got '$gpus'" ;; esac
   for g in $(printf '%s' "$gpus" | tr ',' ' '); do
     case "$g" in
       *[!0-9]*)
@@ -130,13 +132,17 @@ for g in $extra_groups; do set -- "$@" --group-add "$g"; done
 if [ -n "${MODEL_NAME:-}" ]; then set -- "$@" -e MODEL_NAME="$MODEL_NAME"; fi
 if [ -n "${MODEL_DRAFT:-}" ]; then
   case "${MODEL_DRAFT}" in /*) ;; *) die "MODEL_DRAFT must be an absolute path on this host; got '${MODEL_DRAFT}'" ;; esac
-  case "${MODEL_DRAFT}" in *:*|*,*) die "MODEL_DRAFT must not hold ':' or ','; got '${MODEL_DRAFT}'" ;; esac
-  set -- "$@" -v "${MODEL_DRAFT}:/models/draft:ro"
+  case "${MODEL_DRAFT}" in *:*|*,*|*\"*|*[[:cntrl:]]*) die "MODEL_DRAFT must not hold ':', ',', '\"' or a control character; got '${MODEL_DRAFT}'" ;; esac
+  # --mount, not -v: a source that does not exist is an error (-v would make an empty folder of it and
+  # start the engine without its weights)
+  set -- "$@" --mount "type=bind,source=${MODEL_DRAFT},target=/models/draft,readonly"
 fi
 if [ -n "${MODEL_TARGET:-}" ]; then
   case "${MODEL_TARGET}" in /*) ;; *) die "MODEL_TARGET must be an absolute path on this host; got '${MODEL_TARGET}'" ;; esac
-  case "${MODEL_TARGET}" in *:*|*,*) die "MODEL_TARGET must not hold ':' or ','; got '${MODEL_TARGET}'" ;; esac
-  set -- "$@" -v "${MODEL_TARGET}:/models/target:ro"
+  case "${MODEL_TARGET}" in *:*|*,*|*\"*|*[[:cntrl:]]*) die "MODEL_TARGET must not hold ':', ',', '\"' or a control character; got '${MODEL_TARGET}'" ;; esac
+  # --mount, not -v: a source that does not exist is an error (-v would make an empty folder of it and
+  # start the engine without its weights)
+  set -- "$@" --mount "type=bind,source=${MODEL_TARGET},target=/models/target,readonly"
 fi
 set -- "$@" "$IMAGE"
 if [ -n "$engine_args" ]; then eval "set -- \"\$@\" serve $engine_args"; fi
