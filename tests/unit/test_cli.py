@@ -168,3 +168,18 @@ def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_termina
     assert result.err.count("\n") == 1 and result.err.count("error:") == 2  # the real one and the quoted text
     assert "\\nerror: everything is fine\\x1b[2J\\x1b]0;PWNED\\x07" in result.err
     assert "\x1b" not in result.err and "\x07" not in result.err
+
+
+def test_a_failed_builds_output_reprinted_at_the_end_is_escaped_too(cli, monkeypatch):
+    # the tail of the build's output comes from the base image's programs: the same rule as every line
+    import unibake.cli
+    from unibake.errors import BuildFailed
+
+    def failing(args, ctx):
+        raise BuildFailed("step 3 failed", output=("Step 3/9 : RUN x", "ok\x1b]0;PWNED\x07\nerror: all fine"))
+
+    monkeypatch.setitem(unibake.cli.HANDLERS, "build", failing)
+    result = cli("--stage", "render")
+    assert result.code == 1 and "\x1b" not in result.err and "\x07" not in result.err
+    assert "ok\\x1b]0;PWNED\\x07\\nerror: all fine" in result.err
+    assert [line for line in result.err.splitlines() if line.startswith("error:")] == ["error: step 3 failed"]
