@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 
 from .errors import ArchiveError
+from .files import visible_name
 from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer
 
 DPKG_STATUS = "var/lib/dpkg/status"
@@ -94,12 +95,7 @@ class _Found:
 def _path(name: str) -> str:
     """A member's path as the SBOM names it: a byte that is not UTF-8 (held by the tar reader as a lone
     surrogate, which no JSON reader takes) written visibly as ``\\xff``."""
-    clean = posixpath.normpath("/" + name).lstrip("/")
-    try:
-        clean.encode("utf-8")
-    except UnicodeEncodeError:
-        clean = clean.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return clean
+    return visible_name(posixpath.normpath("/" + name).lstrip("/"))
 
 
 class _LayerReader:

@@ -44,8 +44,9 @@ def check_address(address: str, where: str) -> str:
     """An engine address as docker-py takes it: unix://, tcp://, ssh://user@host, http(s)://."""
     from .docker_engine import parse_address
 
-    problem = parse_address(address) if ADDRESS_RE.fullmatch(address) else None
-    if not ADDRESS_RE.fullmatch(address) or any(not c.isprintable() for c in address) or problem:
+    well_formed = ADDRESS_RE.fullmatch(address) and all(c.isprintable() for c in address)
+    problem = parse_address(address) if well_formed else None
+    if not well_formed or problem:
         raise InputError(f"{where}: {address[:100]!r} is not an engine address (unix:///path, tcp://host:port or "
                          f"ssh://user@host){': ' + problem if problem else ''}")
     return address

@@ -11,6 +11,16 @@ from pathlib import Path
 from .errors import UnibakeError
 
 
+def visible_name(name: str) -> str:
+    """A name the file system or a tar gave, as text every file and JSON reader takes: a byte that
+    is not UTF-8 (held by Python as a lone surrogate) written as ``\\xff``; others unchanged."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",
                     follow: bool = True) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes; ``error`` (naming ``path``) otherwise.

@@ -737,7 +737,7 @@ class Members(dict):
     directories: frozenset[str] = frozenset()
 
 
-def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json) -> dict[str, Member]:
+def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json) -> Members:
     """Every member of a tar stream (an iterable of chunks), hashed; refuses unsafe names, links
     that escape and names that appear twice. Small members that ``keep`` accepts (by default what
     can be JSON metadata; at most 64 MiB in all) are kept. ``route(name, size, first_block)`` may
@@ -885,7 +885,7 @@ def full_reference(tag: str) -> str:
 CANONICAL_NAMES = frozenset({"index.json", "manifest.json", "oci-layout"})
 
 
-def check_release_form(members: dict[str, Member], tag: str) -> None:
+def check_release_form(members: Members, tag: str) -> None:
     """A downloaded release archive is in our canonical form and names one image, ``tag``, in both
     layouts alike, and holds nothing else: what a load installs is exactly what was checked."""
     where = locate(members)
@@ -913,10 +913,8 @@ def check_release_form(members: dict[str, Member], tag: str) -> None:
             != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")
     referenced = CANONICAL_NAMES | {oci_name, where.config_name} | set(where.layer_names)
-    folders = {posixpath.dirname(name) for name in referenced} - {""}
-    folders |= {posixpath.dirname(f) for f in folders} - {""}
-    stray = sorted(set(members) - referenced) + \
-        sorted(f"{d}/" for d in set(getattr(members, "directories", ())) - folders)
+    folders = {name.rsplit("/", n)[0] for name in referenced for n in range(1, name.count("/") + 1)}
+    stray = sorted(set(members) - referenced) + sorted(f"{d}/" for d in members.directories - folders)
     if stray:
         raise ArchiveError(f"the archive holds {len(stray)} member(s) nothing refers to, first {stray[0]!r}: "
                            "refused before any load")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
-from .files import read_small_text
+from .files import read_small_text, visible_name
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
@@ -128,11 +128,9 @@ def read_external(path: str, where: str) -> Source:
 def _check_utf8_name(name: str, where: str) -> None:
     """A name the file system gave that is not UTF-8 (Python holds its bad bytes as surrogates): no
     ledger, lock or Dockerfile can name it."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise InputError(f"{where}: the file name '{shown[:200]}' is not UTF-8; rename it") from None
+    shown = visible_name(name)
+    if shown != name:
+        raise InputError(f"{where}: the file name '{shown[:200]}' is not UTF-8; rename it")
 
 
 def _input_file(root: Path, path: Path, where: str) -> InputFile:

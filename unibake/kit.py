@@ -75,6 +75,11 @@ LEDGER_LINE_RE = re.compile(r"^[0-9a-f]{64}  [^/\\\x00-\x1f\x7f][^\\\x00-\x1f\x7
 DOT_PART_RE = re.compile(r"(?:^|/)\.\.?(?:/|$)|//|/$")
 
 
+def _ledger_line(line: str) -> bool:
+    """A line the kit's ledger may hold (the rule verify.sh applies too)."""
+    return bool(LEDGER_LINE_RE.fullmatch(line)) and not DOT_PART_RE.search(line[66:])
+
+
 class KitImage(Record):
     # what the profiles allow (a hostile kit.json cannot aim the engine's API or the README elsewhere)
     ref: str = Field(max_length=512, pattern=IMAGE_REF_RE.pattern)
@@ -274,7 +279,7 @@ class KitDraft:
         for rel, (content, _) in later.items():
             digests[rel] = hashlib.sha256(content).hexdigest() if isinstance(content, bytes) else sha256_file(content)
         for rel, sha in digests.items():  # never a kit its own checks refuse
-            if not LEDGER_LINE_RE.fullmatch(f"{sha}  {rel}") or DOT_PART_RE.search(rel):
+            if not _ledger_line(f"{sha}  {rel}"):
                 raise InputError(f"{rel}: a name the kit's ledger cannot hold (a control character, a backslash or "
                                  "a '.' part); rename it")
         later[LEDGER] = (render_sums(digests).encode(), 0o644)
@@ -364,7 +369,7 @@ def check_ledger(folder: Path) -> list[str]:
     listed = {e.name: e.sha256 for e in parse_sums(text, str(folder / LEDGER), VerificationError)}
     problems = [f"{LEDGER}:{n}: not 'SHA256  PATH' (a plain path inside the kit)"
                 for n, line in enumerate(text.removesuffix("\n").split("\n"), 1)  # lines as parse_sums has them
-                if not LEDGER_LINE_RE.fullmatch(line) or DOT_PART_RE.search(line[66:])][:1]
+                if not _ledger_line(line)][:1]
     for rel, sha in sorted(listed.items()):
         path = folder / rel
         if ".." in Path(rel).parts or rel.startswith("/"):

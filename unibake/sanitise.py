@@ -272,12 +272,16 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
     return findings
 
 
+def _linked(folder: Path) -> bool:
+    """The memo folder, or the folder above it, is a link: its memos are neither read nor written."""
+    return folder.is_symlink() or folder.parent.is_symlink()
+
+
 def _cache_folder(folder: Path) -> bool:
-    """The memo folder made if need be; False (no memo written) when it, or the project's .cache
-    above it, is a link or not a folder: the memos are not written somewhere else."""
-    for part in (folder.parent, folder):
-        if part.is_symlink() or (part.exists() and not part.is_dir()):
-            return False
+    """The memo folder made if need be; False (no memo written) when it, or the folder above it, is a
+    link or not a folder: the memos are not written somewhere else."""
+    if _linked(folder) or any(part.exists() and not part.is_dir() for part in (folder.parent, folder)):
+        return False
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -288,7 +292,7 @@ def _cache_folder(folder: Path) -> bool:
 def _read_memo(memo: Path) -> list[tuple[str, str]] | None:
     """A file's remembered findings; None (the file is scanned again) for anything that is not a
     memo this code wrote: a missing, linked, truncated or malformed file never stops a run."""
-    if memo.parent.is_symlink() or memo.parent.parent.is_symlink():
+    if _linked(memo.parent):
         return None
     try:
         found = json.loads(read_small_text(memo, UnibakeError, limit=MEMO_LIMIT, follow=False))

@@ -25,6 +25,7 @@ from unibake.sbom import BaseImage
 
 from ..conftest import REPO
 from ..fake_engine import FakeEngine
+from ..forge import resum
 
 BASE = BaseImage(ref="localhost/unibake-busybox:1", image_id="sha256:" + "b" * 64)
 IMAGE_ID = "sha256:" + "e" * 64
@@ -164,19 +165,24 @@ def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, 
     assert not_a_kit.code == 3 and not_a_kit.error_lines[-1].startswith(f"error: {tmp_path}/kit.sha256: missing")
 
 
+def forge_kit_json(folder: Path, change) -> None:
+    """kit.json changed, and its line of the ledger rewritten to match, as an attacker would."""
+    record = json.loads((folder / "kit.json").read_text())
+    change(record)
+    (folder / "kit.json").write_text(json.dumps(record))
+    ledger = (folder / "kit.sha256").read_text().splitlines()
+    digest = hashlib.sha256((folder / "kit.json").read_bytes()).hexdigest()
+    (folder / "kit.sha256").write_text("\n".join(f"{digest}  kit.json" if line.endswith("  kit.json") else line
+                                                 for line in ledger) + "\n")
+
+
 @pytest.mark.parametrize("field", ["base", "toolchains"])
 def test_a_kit_json_naming_an_image_by_something_not_an_image_reference_is_refused_before_the_engine_is_asked(
         busybox_product, tmp_path, field):
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
-    record = json.loads((folder / "kit.json").read_text())
     hostile = {"ref": "../containers/x", "image_id": BASE.image_id}
-    record[field] = [hostile] if field == "toolchains" else hostile
-    (folder / "kit.json").write_text(json.dumps(record))
-    ledger = (folder / "kit.sha256").read_text().splitlines()  # the ledger rewritten to match, as an attacker would
-    digest = hashlib.sha256((folder / "kit.json").read_bytes()).hexdigest()
-    (folder / "kit.sha256").write_text("\n".join(f"{digest}  kit.json" if line.endswith("  kit.json") else line
-                                                 for line in ledger) + "\n")
+    forge_kit_json(folder, lambda record: record.update({field: [hostile] if field == "toolchains" else hostile}))
     engine = FakeEngine()
     with pytest.raises(VerificationError, match=r"kit.json: not a valid kit record: .*ref.*pattern"):
         rebuild(folder, engine)
@@ -193,21 +199,12 @@ def test_kit_refuses_a_provenance_naming_an_image_it_cannot_hold_with_one_error_
     base["name"] = name or base["name"]
     base["digest"]["sha256"] = digest or base["digest"]["sha256"]
     (folder / "provenance.intoto.json").write_text(json.dumps(statement, indent=2))
-    sha = hashlib.sha256((folder / "provenance.intoto.json").read_bytes()).hexdigest()
-    sums = (folder / "SHA256SUMS").read_text().splitlines()
-    (folder / "SHA256SUMS").write_text("\n".join(f"{sha}  provenance.intoto.json"
-                                                 if s.endswith("  provenance.intoto.json") else s for s in sums) + "\n")
+    resum(folder)
     refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert refused.code == 3 and refused.error_lines == [
         f"error: {folder}/provenance.intoto.json: its base image {name or base['name']!r} is not an image reference "
         "with a sha256 digest"], refused.err
     assert not (tmp_path / "kit").exists() or list((tmp_path / "kit").iterdir()) == []
-
-
-def resum(folder, name: str) -> None:
-    sha = hashlib.sha256((folder / name).read_bytes()).hexdigest()
-    sums = (folder / "SHA256SUMS").read_text().splitlines()
-    (folder / "SHA256SUMS").write_text("\n".join(f"{sha}  {name}" if s.endswith(f"  {name}") else s for s in sums) + "\n")
 
 
 def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_that_is_not_the_published_one(
@@ -223,7 +220,7 @@ def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_tha
     # the sums rewritten to match, the published kit named by another sha256: what is written now is not it
     manifest["supply_chain"]["kit"]["sha256"] = "2" * 64
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    resum(folder, "manifest.json")
+    resum(folder)
     differs = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert differs.code == 3 and f"not the sha256:{'2' * 64} release 1.3.1 published" in differs.error_lines[-1], \
         differs.err
@@ -235,13 +232,7 @@ def test_a_kit_json_value_ending_in_a_newline_is_refused_before_the_engine_is_as
     # the models' patterns end in "$", which a final "\n" passes: the tag built from it would not be the release's
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
-    record = json.loads((folder / "kit.json").read_text())
-    record[field] += "\n"
-    (folder / "kit.json").write_text(json.dumps(record))
-    ledger = (folder / "kit.sha256").read_text().splitlines()
-    digest = hashlib.sha256((folder / "kit.json").read_bytes()).hexdigest()
-    (folder / "kit.sha256").write_text("\n".join(f"{digest}  kit.json" if line.endswith("  kit.json") else line
-                                                 for line in ledger) + "\n")
+    forge_kit_json(folder, lambda record: record.update({field: record[field] + "\n"}))
     engine = FakeEngine()
     with pytest.raises(VerificationError, match=rf"kit.json: not a valid kit record: .*{field} holds a control"):
         rebuild(folder, engine)
