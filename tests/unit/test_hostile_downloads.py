@@ -348,54 +348,6 @@ def test_releases_does_not_call_a_folder_whose_sums_leave_out_its_archive_verifi
     assert row["state"].startswith("FAILS") and name in row["state"], row
 
 
-@pytest.fixture
-def demo(tmp_path):
-    """A copy of the example's release: SBOM and provenance included."""
-    import shutil
-
-    shutil.copytree(REPO / "release/1.3.1", tmp_path / "1.3.1")
-    (tmp_path / "1.3.1" / "SHA256SUMS.asc").unlink(missing_ok=True)
-    return tmp_path / "1.3.1"
-
-
-def supply(folder, name: str, change) -> None:
-    """A supply-chain file changed, and the manifest's record of it and SHA256SUMS made to agree."""
-    document = json.loads((folder / name).read_text())
-    change(document)
-    (folder / name).write_text(json.dumps(document))
-    manifest = json.loads((folder / "manifest.json").read_text())
-    key = "sbom" if name.startswith("sbom") else "provenance"
-    data = (folder / name).read_bytes()
-    manifest["supply_chain"][key].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    resum(folder)
-
-
-@pytest.mark.parametrize("case, says", [
-    ("an alg that is a list", "its subject has"),  # was a TypeError traceback
-    ("two SHA-256 hashes", "its subject has 2 SHA-256 hashes, not one"),
-])
-def test_an_sbom_whose_subject_hashes_cannot_be_read_one_way_fails_in_one_line(cli, demo, case, says):
-    def change(document):
-        hashes = document["metadata"]["component"]["hashes"]
-        hashes.append({"alg": [], "content": "x"} if case == "an alg that is a list" else
-                      {"alg": "SHA-256", "content": "1" * 64})
-        if case == "an alg that is a list":
-            hashes.append({"alg": "SHA-256", "content": "2" * 64})
-    supply(demo, "sbom.cdx.json", change)
-    result = cli("verify", str(demo))
-    assert result.code == 3 and "Traceback" not in result.err and says in result.error_lines[-1], result.err
-
-
-def test_a_provenance_naming_one_subject_twice_fails(cli, demo):
-    def change(document):
-        image = next(s for s in document["subject"] if ":" in s["name"])
-        document["subject"].insert(0, {"name": image["name"], "digest": {"sha256": "1" * 64}})
-    supply(demo, "provenance.intoto.json", change)
-    result = cli("verify", str(demo))
-    assert result.code == 3 and "as a subject more than once" in result.error_lines[-1], result.err
-
-
 def test_a_provenance_of_many_subjects_is_checked_in_linear_time():
     # each subject counted once, not once per subject: 40,000 (4 MB, under the 64 MiB limit) took 35 s
     import time

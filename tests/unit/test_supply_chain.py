@@ -27,6 +27,7 @@ from unibake.verify import verify_folder
 
 from ..conftest import gpg_home, minisign_key, run  # noqa: F401 - fixtures used by name
 from ..fake_engine import FakeEngine
+from ..forge import resum
 from ..savefixtures import tar_of
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
 
@@ -238,3 +239,48 @@ def test_a_hostile_sbom_or_provenance_is_a_failed_check_never_a_crash(document):
     assert isinstance(byproducts_of(statement), dict)
     assert isinstance(check_subjects(statement, files={}, image_ref="demo:1", image_id="sha256:" + "0" * 64,
                                      required=("a",), where="p"), list)
+
+
+@pytest.fixture
+def demo(engines, tmp_path):
+    """A whole release, SBOM and provenance included, its archive in the folder (the example's
+    release/1.3.1 is tracked without its archive, so a clean clone has none to copy)."""
+    return release(engines, tmp_path / "release")["release"].folder
+
+
+def supply(folder, name: str, change) -> None:
+    """A supply-chain file changed, and the manifest's record of it and SHA256SUMS made to agree."""
+    document = json.loads((folder / name).read_text())
+    change(document)
+    (folder / name).write_text(json.dumps(document))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    key = "sbom" if name.startswith("sbom") else "provenance"
+    data = (folder / name).read_bytes()
+    manifest["supply_chain"][key].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+
+
+@pytest.mark.parametrize("case, says", [
+    ("an alg that is a list", "its subject has"),  # was a TypeError traceback
+    ("two SHA-256 hashes", "its subject has 2 SHA-256 hashes, not one"),
+])
+def test_an_sbom_whose_subject_hashes_cannot_be_read_one_way_fails_in_one_line(cli, demo, case, says):
+    def change(document):
+        hashes = document["metadata"]["component"]["hashes"]
+        hashes.append({"alg": [], "content": "x"} if case == "an alg that is a list" else
+                      {"alg": "SHA-256", "content": "1" * 64})
+        if case == "an alg that is a list":
+            hashes.append({"alg": "SHA-256", "content": "2" * 64})
+    supply(demo, "sbom.cdx.json", change)
+    result = cli("verify", str(demo))
+    assert result.code == 3 and "Traceback" not in result.err and says in result.error_lines[-1], result.err
+
+
+def test_a_provenance_naming_one_subject_twice_fails(cli, demo):
+    def change(document):
+        image = next(s for s in document["subject"] if ":" in s["name"])
+        document["subject"].insert(0, {"name": image["name"], "digest": {"sha256": "1" * 64}})
+    supply(demo, "provenance.intoto.json", change)
+    result = cli("verify", str(demo))
+    assert result.code == 3 and "as a subject more than once" in result.error_lines[-1], result.err
