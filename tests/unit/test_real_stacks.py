@@ -412,6 +412,41 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     assert helped.returncode == 0 and "Usage: ./run.sh" in helped.stdout and "Profiles: tp1, tp2, tp4" in helped.stdout
 
 
+
+@pytest.mark.parametrize("image, takes", [
+    ("demo-llm:1.3.1", True), ("localhost:5000/team/demo-llm:1.3.1", True), ("Registry.Example:443/demo:v1", True),
+    ("demo-llm@sha256:" + "a" * 64, True), ("demo-llm:1.3.1@sha256:" + "a" * 64, True), ("a__b/c--d.e:T_1", True),
+    ("Demo-LLM:1.3.1", False), ("team/Demo:1", False), ("demo:1.3.1@sha256:" + "A" * 64, False),
+    ("demo@sha256:abc", False), ("demo@md5:" + "a" * 32, False), ("demo:.1", False), ("demo:" + "1" * 129, False),
+    ("demo..llm:1", False), ("demo._llm", False), ("demo/", False), ("/demo", False), ("demo//llm", False),
+    ("localhost:/demo", False), ("localhost:50a0/demo", False), (".host/demo", False), ("demo___llm", False),
+    ("demo:1:2", False),
+])
+def test_run_sh_takes_exactly_the_image_references_the_engine_takes(tmp_path, image, takes):
+    # upper case in a repository, or a short digest, passed the old character check and failed as the engine's exit 125
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "tp1"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "IMAGE": image})
+    if takes:
+        assert run.returncode == 0 and run.stdout.rstrip().rstrip("'").endswith(image), run.stderr
+    else:
+        assert run.returncode == 2 and f"IMAGE must be an image reference like demo-llm:1.3.1" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize("name, value", [("PORT", "00080"), ("PORT", "08080"), ("NODE_RANK", "00")])
+def test_run_sh_refuses_numbers_with_leading_zeros(tmp_path, name, value):
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"]["topology"] = {"nodes": 2, "network": "host"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "tp2"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "NODE_RANK": "1", "MASTER_ADDR": "n0", name: value})
+    assert run.returncode == 2 and f"{name} must be a number from" in run.stderr, run.stderr
+
+
 # --- 7. notes: attachments, changelog, known limits, external artifacts ----------------------------
 
 
