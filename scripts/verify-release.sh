@@ -2,14 +2,15 @@
 # Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, tar, zstd and docker.
 # What is loaded is exactly what was checked:
 #   1. SHA256SUMS is well formed (plain file names of this folder, each once) and every file it
-#      lists is a regular file here; nothing it does not list is read
+#      lists is a regular file here; nothing it does not list is read, and a file named like the
+#      archive that it does not list fails
 #   2. sha256sum -c SHA256SUMS
 #   3. the archive (the .tar.zst, or its parts in order, as listed) decompresses, and holds one
 #      image in our canonical form: the release's tag only, nothing that nothing refers to
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
 #   5. the loaded image ID equals the one in IMAGE_ID
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
-# key, minisign for a minisign public key): absent or wrong, nothing else is read.
+# key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
 # Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage.
 set -eu
@@ -32,24 +33,45 @@ done
 [ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
 if [ -n "$key" ]; then
   [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
-  key=$(cd "$(dirname "$key")" && pwd)/$(basename "$key")
+  key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
 cd "$dir"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM HUP
+LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
+small() {  # $1: a regular file here (not a link, FIFO or folder) of at most LIMIT bytes, or fail
+  [ -f "$1" ] && [ ! -L "$1" ] || return 1
+  [ "$(wc -c < "$1")" -le "$LIMIT" ] || fail "$dir/$1: more than $LIMIT bytes; not a release's $1"
+}
 
 # --- 0. the signature, before anything else --------------------------------------------------
 if [ -n "$key" ]; then
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
-    [ -f SHA256SUMS.asc ] && [ ! -L SHA256SUMS.asc ] || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    small SHA256SUMS || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+    small SHA256SUMS.asc || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    keys=$(gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$key" 2>/dev/null | grep -c '^pub:' || true)
+    [ "$keys" -le 1 ] || { echo "error: --key $key: holds $keys OpenPGP keys; give the publisher's key alone" >&2; exit 2; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
       || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
-    gpgv --homedir "$work" --keyring "$work/publisher.gpg" SHA256SUMS.asc SHA256SUMS \
+    # a good signature (GOODSIG, or EXPKEYSIG: made by a key that has expired since) and VALIDSIG;
+    # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
+    gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" SHA256SUMS.asc SHA256SUMS \
+      3> "$work/gpgv.status" || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
+    if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
+      fail "$dir: SHA256SUMS.asc was made by a key that has been revoked ($key)"
+    fi
+    if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: SHA256SUMS.asc is a signature that has expired"; fi
+    grep -q -e '^\[GNUPG:\] GOODSIG ' -e '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status" \
+      && grep -q '^\[GNUPG:\] VALIDSIG ' "$work/gpgv.status" \
       || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
+    if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
+      echo "warning: SHA256SUMS.asc is good, but the key that made it has expired since" >&2
+    fi
   elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
     echo "== minisign -Vm SHA256SUMS"
-    [ -f SHA256SUMS.minisig ] && [ ! -L SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
+    small SHA256SUMS || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+    small SHA256SUMS.minisig || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
     minisign -V -p "$key" -m SHA256SUMS -x SHA256SUMS.minisig \
       || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
   else
@@ -62,7 +84,9 @@ NAME='[A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}'
 HEX='[0-9a-fA-F]\{64\}'
 
 # --- 1. SHA256SUMS, read as unibake's own verifier reads it -----------------------------------
-[ -f SHA256SUMS ] && [ ! -L SHA256SUMS ] || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+small SHA256SUMS || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+# a NUL byte makes grep call the file binary and keep its lines to itself: refused first
+tr -d '\000' < SHA256SUMS | cmp -s - SHA256SUMS || fail "$dir/SHA256SUMS: holds a NUL byte"
 if grep -n "$(printf '\r')" SHA256SUMS >/dev/null; then fail "$dir/SHA256SUMS: a carriage return ends a line"; fi
 bad=$(grep -n -v -e "^$HEX [ *]$NAME\$" -e "^SHA256 ($NAME) = $HEX\$" SHA256SUMS | head -n 1 || true)
 [ -z "$bad" ] || fail "$dir/SHA256SUMS:${bad%%:*}: not a 'sha256  name' line of a file of this folder"
@@ -112,6 +136,19 @@ if grep -q '\.part-' "$work/parts"; then
   done < "$work/parts"
 fi
 stream() { while IFS= read -r part; do cat -- "$part"; done < "$work/parts"; }
+# a file named like the archive that SHA256SUMS does not list (a part added after the release was
+# signed) fails: whoever loads the parts by a pattern would load it too; any other is named, not read
+nl='
+'
+for f in * .[!.]* ..?*; do
+  [ -e "$f" ] || [ -L "$f" ] || continue
+  case "$f" in SHA256SUMS|SHA256SUMS.asc|SHA256SUMS.minisig) continue ;; esac
+  case "$f" in *"$nl"*) ;; *) if grep -qxF -- "$f" "$work/names"; then continue; fi ;; esac
+  case "$f" in
+    "$archive"*) fail "$dir/$f: named like the archive, but SHA256SUMS does not list it: nothing vouches for it; remove it" ;;
+    *) echo "note: $f is not listed in SHA256SUMS: not part of the release, not read" ;;
+  esac
+done
 
 # --- 3. the archive's structure, before anything is loaded ------------------------------------
 echo "== zstd -t $(tr '\n' ' ' < "$work/parts")"

@@ -28,7 +28,7 @@ from pathlib import Path
 from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
-from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError
+from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
 from .files import write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
@@ -496,6 +496,20 @@ def cmd_repro(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document=report.document(), final=final, error=error)
 
 
+def _unchecked_signatures(report):
+    """A folder that carries signatures, verified without ``--key``: said in the table, so that a
+    passed verify is never read as a checked signature."""
+    from .publish import SUMS
+    from .verify import Check, Report
+
+    present = [n for n in (SUMS + ".asc", SUMS + ".minisig") if (report.folder / n).is_file()]
+    if not present:
+        return report
+    note = Check(name="signature", target=", ".join(present), passed=True,
+                 detail="present, not checked: give the publisher's public key with --key")
+    return Report(folder=report.folder, checks=(note, *report.checks), manifest=report.manifest)
+
+
 def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
     from .verify import (check_external, check_folder_arg, load_and_compare, verify_folder, verify_signatures,
@@ -503,7 +517,12 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
-    report = signed if signed is not None and signed.failures else with_signatures(signed, verify_folder(folder))
+    if signed is not None and signed.failures:
+        report = signed
+    else:
+        report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
+        if signed is None:
+            report = _unchecked_signatures(report)
     if args.external and not (signed is not None and signed.failures):
         report = check_external(report, [(ctx.cwd / p).resolve() for p in args.external])
     if args.load and not report.failures:
@@ -519,7 +538,8 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     except UnibakeError as exc:
         error = exc
     passed = len(report.checks) - len(report.failures)
-    final = f"verified {display_path(folder, ctx.cwd)}: {passed} checks passed" if error is None else \
+    what = f" ({report.manifest.tag}, image {report.manifest.image_id[:19]})" if report.manifest else ""
+    final = f"verified {display_path(folder, ctx.cwd)}{what}: {passed} checks passed" if error is None else \
         f"{display_path(folder, ctx.cwd)} does not verify: {len(report.failures)} of {len(report.checks)} checks failed"
     return Outcome(document=report.document(), final=final, error=error)
 
@@ -631,6 +651,23 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                    final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines")
 
 
+def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> None:
+    """A signed release is signed again (push recording its digest) only over a good signature by
+    the very keys given: otherwise a folder changed after it was signed (its sums rewritten to
+    match) would come out freshly signed, and verify."""
+    import tempfile
+
+    from .signing import public_keys
+    from .verify import verify_signatures
+
+    with tempfile.TemporaryDirectory(prefix="unibake-keys-") as temp:
+        for key in public_keys(signer, Path(temp)):
+            bad = verify_signatures(folder, key, ctx.env).failures
+            if bad:
+                raise VerificationError(f"{bad[0].target}: {bad[0].detail}; {what} is signed again only over a good "
+                                        "signature by the same key (was the folder changed after it was signed?)")
+
+
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .amend import amend_release
     from .registry import RegistryClient, merge_record, parse_reference, push_release
@@ -650,6 +687,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
         check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
+        _check_signed_by(folder, signer, ctx, f"release {m.release}")
     with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
@@ -797,7 +835,6 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
 
 
 def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .errors import VerificationError
     from .kit import kit_for_release
     from .plan import display_path
     from .verify import check_folder_arg
@@ -885,7 +922,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, _terminate)
-    env = os.environ if env is None else env
+    if env is None:
+        from .signing import SECRETS
+
+        env = dict(os.environ)
+        for name in SECRETS:  # every child we start inherits os.environ: the secrets reach only the signing tools
+            os.environ.pop(name, None)
     cwd = cwd or Path.cwd()
     args = None
     reporter = Reporter(env=env)

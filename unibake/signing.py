@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import read_small_text
+from .files import read_small_file, read_small_text
 
 GPG_PASSPHRASE = "UNIBAKE_GPG_PASSPHRASE"
 MINISIGN_PASSWORD = "UNIBAKE_MINISIGN_PASSWORD"
@@ -95,6 +95,22 @@ class Signer:
             written[path.name + MINISIG] = self._minisign(path, comment or path.name)[0]
         return written
 
+    def forget_passphrase(self) -> None:
+        """gpg-agent keeps a passphrase it was given in its cache: after we sign, anyone who can reach
+        the agent (a later CI step) could sign without it, and a wrong passphrase would pass the
+        probe. With a passphrase from the environment the cache of our key is cleared, before the
+        probe and after each signature."""
+        if not self.openpgp or not self.env.get(GPG_PASSPHRASE) or not self.fingerprint:
+            return
+        listed = _run(["gpg", "--batch", "--with-keygrip", "--with-colons", "--list-secret-keys", "--",
+                       self.fingerprint], self.env, None, f"--sign {self.openpgp}")
+        grips = [line.split(":")[9] for line in listed.stdout.decode("utf-8", "replace").splitlines()
+                 if line.startswith("grp:") and len(line.split(":")) > 9]
+        for grip in grips:
+            if grip.isalnum():
+                _run(["gpg-connect-agent", f"clear_passphrase --mode=normal {grip}", "/bye"], self.env, None,
+                     f"--sign {self.openpgp}")
+
     def _gpg(self, path: Path) -> str:
         out = path.parent / f".{path.name}{ASC}.tmp"
         try:
@@ -109,6 +125,7 @@ class Signer:
             return text
         finally:
             out.unlink(missing_ok=True)
+            self.forget_passphrase()
 
     def _minisign(self, path: Path, comment: str) -> tuple[str, str]:
         out = path.parent / f".{path.name}{MINISIG}.tmp"
@@ -126,6 +143,28 @@ class Signer:
             return text, minisign_key_id(text)
         finally:
             out.unlink(missing_ok=True)
+
+
+def public_keys(signer: Signer, folder: Path) -> list[Path]:
+    """The signer's public keys, written into ``folder``: the OpenPGP key exported from its keyring,
+    the minisign key recreated from the secret one (``minisign -R``)."""
+    keys = []
+    if signer.openpgp:
+        proc = _run(["gpg", "--batch", "--armor", "--export", "--", signer.fingerprint], signer.env, None,
+                    f"--sign {signer.openpgp}")
+        if proc.returncode != 0 or not proc.stdout.strip():
+            raise UnibakeError(f"--sign {signer.openpgp}: gpg cannot export its public key: {_tail(proc)}")
+        (folder / "openpgp.asc").write_bytes(proc.stdout)
+        keys.append(folder / "openpgp.asc")
+    if signer.minisign is not None:
+        password = signer.env.get(MINISIGN_PASSWORD)
+        proc = _run(["minisign", "-R", "-s", str(signer.minisign), "-p", str(folder / "minisign.pub")], signer.env,
+                    (password + "\n") if password is not None else None, f"--sign-minisign {signer.minisign}")
+        if proc.returncode != 0 or not (folder / "minisign.pub").is_file():
+            raise UnibakeError(f"--sign-minisign {signer.minisign}: minisign cannot recreate its public key: "
+                               f"{_tail(proc).replace('Password: ', '')}")
+        keys.append(folder / "minisign.pub")
+    return keys
 
 
 def minisign_key_id(text: str) -> str:
@@ -160,6 +199,7 @@ def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str
             raise InputError(f"--sign-minisign {minisign}: no such key file (make one with: minisign -G)")
         minisign = minisign.resolve()
     signer = Signer(openpgp=openpgp, fingerprint=fingerprint, minisign=minisign, env=env)
+    signer.forget_passphrase()  # a passphrase the agent still holds would let a wrong one pass the probe
     with tempfile.TemporaryDirectory(prefix="unibake-sign-") as temp:
         probe = Path(temp) / "probe"
         probe.write_text("unibake signing probe\n")
@@ -235,37 +275,87 @@ class SignatureCheck:
     target: str  # the signature file
     passed: bool
     detail: str
+    data: bytes = field(default=b"", repr=False, compare=False)  # the signed file's bytes, as verified
 
 
-def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, str]) -> SignatureCheck:
-    """``folder/name`` against its detached signature by ``key``: absent or wrong is a failed check."""
+SIGNED_LIMIT = 64 << 20  # the largest file a release signs (the provenance; SHA256SUMS is at most 1 MiB)
+
+
+def _status(stdout: bytes) -> dict[str, list[str]]:
+    """gpgv's ``--status-fd`` lines, by keyword: the first of each."""
+    out: dict[str, list[str]] = {}
+    for line in stdout.decode("utf-8", "replace").splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "[GNUPG:]":
+            out.setdefault(words[1], words[2:])
+    return out
+
+
+def _openpgp_keys(key: PublicKey, home: Path, env: Mapping[str, str]) -> None:
+    """The key file holds one primary key: any key in a keyring gpgv is given makes a good signature,
+    so a file that also holds someone else's key would let theirs sign the release."""
+    shown = _run(["gpg", "--batch", "--homedir", str(home), "--with-colons", "--show-keys",
+                  str(key.path.resolve())], env, None, f"--key {key.path}")
+    count = sum(1 for line in shown.stdout.decode("utf-8", "replace").splitlines() if line.startswith("pub:"))
+    if shown.returncode != 0 or count == 0:
+        raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(shown)}")
+    if count > 1:
+        raise InputError(f"--key {key.path}: holds {count} OpenPGP keys; give the publisher's key alone")
+
+
+def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, str],
+                     limit: int = SIGNED_LIMIT) -> SignatureCheck:
+    """``folder/name`` against its detached signature by ``key``: absent or wrong is a failed check.
+
+    Both files are read once, bounded, and must be regular files; the tools check copies of those
+    bytes, which the check hands back (``data``) so that what is verified is what is then read."""
     signature = folder / (name + key.suffix)
     target = signature.name
-    if not signature.is_file() or signature.is_symlink():
+    if not os.path.lexists(signature) or signature.is_symlink() or not signature.is_file():
         return SignatureCheck(target=target, passed=False,
                               detail=f"missing: {name} is not signed ({key.kind} key {key.path.name} given)")
-    if not (folder / name).is_file():
-        return SignatureCheck(target=target, passed=False, detail=f"{name} is missing")
     with tempfile.TemporaryDirectory(prefix="unibake-verify-") as temp:
+        home = Path(temp)
+        try:
+            data = read_small_file(folder / name, UnibakeError, limit=limit, follow=False)
+            signed = read_small_file(signature, UnibakeError, limit=KEY_LIMIT, follow=False)
+        except UnibakeError as exc:
+            return SignatureCheck(target=target, passed=False, detail=f"not checked: {str(exc)[:200]}")
+        (home / "signed").write_bytes(data)
+        (home / "signature").write_bytes(signed)
         if key.kind == "openpgp":
-            home = Path(temp)
+            _openpgp_keys(key, home, env)
             keyring = home / "publisher.gpg"
             dearmor = _run(["gpg", "--batch", "--homedir", str(home), "--dearmor", "--output", str(keyring),
                             str(key.path.resolve())], env, None, f"--key {key.path}")
             if dearmor.returncode != 0:
                 raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(dearmor)}")
             proc = _run(["gpgv", "--homedir", str(home), "--status-fd", "1", "--keyring", str(keyring),
-                         str(signature), str(folder / name)], env, None, "verify")
-            valid = [line.split()[2] for line in proc.stdout.decode("utf-8", "replace").splitlines()
-                     if line.startswith("[GNUPG:] VALIDSIG ")]
-            if proc.returncode == 0 and valid:
-                return SignatureCheck(target=target, passed=True, detail=f"good OpenPGP signature by {valid[0]}")
+                         str(home / "signature"), str(home / "signed")], env, None, "verify")
+            status = _status(proc.stdout)
+            # gpgv exits 0 for a revoked key's signature too: the status lines say what it was
+            if "REVKEYSIG" in status:
+                return SignatureCheck(target=target, passed=False,
+                                      detail=f"BAD: made by a key that has been revoked ({key.path.name})")
+            if "EXPSIG" in status:
+                return SignatureCheck(target=target, passed=False, detail="BAD: the signature has expired")
+            valid = status.get("VALIDSIG", [])
+            if proc.returncode == 0 and valid and ("GOODSIG" in status or "EXPKEYSIG" in status):
+                primary = valid[9] if len(valid) >= 10 else valid[0]  # a subkey's signature names its primary key
+                since = " (the key has expired since)" if "EXPKEYSIG" in status else ""
+                return SignatureCheck(target=target, passed=True, data=data,
+                                      detail=f"good OpenPGP signature by {primary}{since}")
             return SignatureCheck(target=target, passed=False,
                                   detail=f"BAD: not a valid signature of {name} by {key.path.name} ({_tail(proc)})")
-        proc = _run(["minisign", "-V", "-q", "-p", str(key.path.resolve()), "-m", str(folder / name),
-                     "-x", str(signature)], env, None, "verify")
+        proc = _run(["minisign", "-V", "-p", str(key.path.resolve()), "-m", str(home / "signed"),
+                     "-x", str(home / "signature")], env, None, "verify")
         if proc.returncode == 0:
-            return SignatureCheck(target=target, passed=True,
-                                  detail=f"good minisign signature by {minisign_key_id(key.text)}")
+            comments = [line[len("Trusted comment: "):] for line in proc.stdout.decode("utf-8", "replace").splitlines()
+                        if line.startswith("Trusted comment: ")]
+            said = f", trusted comment {comments[0][:120]!r}" if comments else ""
+            return SignatureCheck(target=target, passed=True, data=data,
+                                  detail=f"good minisign signature by {minisign_key_id(key.text)}{said}")
+        reason = _tail(proc) if proc.stderr.strip() else (proc.stdout.decode("utf-8", "replace").strip()[:200]
+                                                           or f"exit {proc.returncode}")
         return SignatureCheck(target=target, passed=False,
-                              detail=f"BAD: not a valid signature of {name} by {key.path.name} ({_tail(proc)})")
+                              detail=f"BAD: not a valid signature of {name} by {key.path.name} ({reason})")

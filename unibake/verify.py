@@ -19,7 +19,7 @@ from pathlib import Path
 from .archive_reader import ArchiveReader, read_archive
 from .engine import Engine
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
-from .files import read_small_text
+from .files import read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
 from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
 from .platforms import recorded_by
@@ -47,6 +47,7 @@ class Report:
     folder: Path
     checks: tuple[Check, ...]
     manifest: ReleaseManifest | None
+    signed_sums: bytes | None = None  # SHA256SUMS as its signature was checked: what verify_folder reads then
 
     @property
     def failures(self) -> list[Check]:
@@ -74,11 +75,18 @@ class _Checks(list):
         return passed
 
 
-def read_sums(folder: Path) -> dict[str, str]:
-    """``SHA256SUMS`` of a release folder, by name: plain file names only."""
+def read_sums(folder: Path, data: bytes | None = None) -> dict[str, str]:
+    """``SHA256SUMS`` of a release folder, by name: plain file names only. ``data``: its bytes as
+    its signature was checked (read once: a file swapped after the check is not read)."""
     path = folder / SUMS
-    text = read_small_text(path, VerificationError, limit=SUMS_LIMIT, what="this is not a complete release folder",
-                           follow=False)
+    if data is None:
+        text = read_small_text(path, VerificationError, limit=SUMS_LIMIT,
+                               what="this is not a complete release folder", follow=False)
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise VerificationError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     sums = {}
     for entry in parse_sums(text, str(path), VerificationError):
         if not PLAIN_NAME_RE.fullmatch(entry.name) or entry.name in (".", ".."):
@@ -133,6 +141,27 @@ def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, chec
                f"names {text.strip()[:80]!r}, but {MANIFEST} says {image_id}")
 
 
+def _check_unlisted(folder: Path, sums: Mapping[str, str], archive_name: str, checks: _Checks) -> None:
+    """Files of the folder that SHA256SUMS does not list. One named like the archive (a part added
+    after the release was signed: ``NAME.part-+``) fails: whoever loads the parts by a pattern would
+    load it too. Any other (a ``publisher.pub`` saved beside the release, as the guide says) is
+    named, not read."""
+    unsigned = {SUMS, SUMS + ".asc", SUMS + ".minisig"}
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return
+    for name in names:
+        if name in sums or name in unsigned:
+            continue
+        shown = visible_name(name)
+        if name.startswith(archive_name):
+            checks.add("listed", shown, False, "named like the archive, but SHA256SUMS does not list it: nothing "
+                       "vouches for it (a part added after the release was made?); remove it")
+        else:
+            checks.add("listed", shown, True, "not listed in SHA256SUMS: not part of the release, not read")
+
+
 def trusted_manifest(folder: Path) -> ReleaseManifest:
     """A release's manifest, checked against its SHA256SUMS first (for commands that need the
     manifest and not the archive: pull, deploy, kit)."""
@@ -155,13 +184,15 @@ def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:
         if name not in sums:
             checks.add("sha256", name, False, "not listed in SHA256SUMS")
     _check_image_id_file(folder, sums, manifest.image_id, checks)
+    _check_unlisted(folder, sums, manifest.archive.name, checks)
     return Report(folder=folder, checks=tuple(checks), manifest=None)
 
 
-def verify_folder(folder: Path) -> Report:
-    """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file."""
+def verify_folder(folder: Path, signed_sums: bytes | None = None) -> Report:
+    """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file.
+    ``signed_sums``: SHA256SUMS as its signature was checked."""
     checks = _Checks()
-    sums = read_sums(folder)
+    sums = read_sums(folder, signed_sums)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
     manifest_ok = _sha256_of(folder / MANIFEST) == sums[MANIFEST]
@@ -172,6 +203,7 @@ def verify_folder(folder: Path) -> Report:
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
+    _check_unlisted(folder, sums, archive.name, checks)
 
     readable = True
     for f in archive.files:
@@ -280,12 +312,13 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
 
     key = read_public_key(key_path)
     checks = _Checks()
-    first = verify_signature(folder, SUMS, key, env)
+    first = verify_signature(folder, SUMS, key, env, limit=SUMS_LIMIT)
     checks.add("signature", first.target, first.passed, first.detail)
     if first.passed and (folder / (PROVENANCE + key.suffix)).is_file():
         second = verify_signature(folder, PROVENANCE, key, env)
         checks.add("signature", second.target, second.passed, second.detail)
-    return Report(folder=folder, checks=tuple(checks), manifest=None)
+    return Report(folder=folder, checks=tuple(checks), manifest=None,
+                  signed_sums=first.data if first.passed else None)
 
 
 def with_signatures(signed: Report | None, report: Report) -> Report:

@@ -1,0 +1,214 @@
+"""What an attack on a signed release tried, and what each verifier and `push --sign` must do about
+it (fake engines, Debian's real gpg, gpgv and minisign with throwaway keys)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from unibake import signing
+from unibake.signing import GPG_PASSPHRASE, MINISIGN_PASSWORD, check_keys
+
+from ..conftest import REPO, gpg_home, minisign_key, run  # noqa: F401 - fixtures used by name
+from .test_smoke import server  # noqa: F401 - the fixture is used by name
+from .test_supply_chain import engines, release  # noqa: F401 - the fixture is used by name
+
+SCRIPT = REPO / "scripts" / "verify-release.sh"
+
+
+def shell(folder, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def own_gpg():
+    """A keyring of this test's own (the session's is shared: a key revoked or added here stays so)."""
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="ubr-")  # short: the agent's socket lives in it
+    os.chmod(home, 0o700)
+    env = {"GNUPGHOME": home}
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer <signer@example.invalid>",
+               "ed25519", "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    public = Path(home) / "publisher.asc"
+    public.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
+    yield env, public
+    run("gpgconf", "--kill", "gpg-agent", env=env)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def signed(engines, tmp_path, gpg_home, minisign_key):  # noqa: F811
+    env, _ = gpg_home
+    secret, _ = minisign_key
+    return release(engines, tmp_path / "release", env=env, sign="signer@example.invalid",
+                   sign_minisign=secret)["release"].folder
+
+
+def test_a_signature_by_a_key_revoked_since_fails_both_verifiers(engines, tmp_path, own_gpg, minisign_key, cli):  # noqa: F811
+    env, public = own_gpg
+    folder = signed(engines, tmp_path, own_gpg, minisign_key)
+    assert cli("verify", str(folder), "--key", str(public)).code == 0
+    # the publisher revokes the key (its secret was stolen); gpgv still exits 0 on what it signed
+    home = env["GNUPGHOME"]
+    [certificate] = os.listdir(f"{home}/openpgp-revocs.d")
+    text = open(f"{home}/openpgp-revocs.d/{certificate}").read().replace(":-----BEGIN", "-----BEGIN")
+    assert run("gpg", "--batch", "--import", stdin=text, env=env).returncode == 0
+    revoked = tmp_path / "revoked.asc"
+    revoked.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
+    refused = cli("verify", str(folder), "--key", str(revoked))
+    assert refused.code == 3 and "made by a key that has been revoked" in refused.error_lines[-1], refused.err
+    script = shell(folder, "--key", str(revoked))
+    assert script.returncode == 3 and "revoked" in script.stderr, script.stdout + script.stderr
+
+
+def test_a_key_file_holding_a_second_key_is_refused_by_both(engines, tmp_path, own_gpg, minisign_key, cli):  # noqa: F811
+    env, public = own_gpg
+    folder = signed(engines, tmp_path, own_gpg, minisign_key)
+    # any key of a keyring makes gpgv's signature good: the attacker's key beside the publisher's would sign
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Mallory <m@example.invalid>", "ed25519",
+               "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    both = tmp_path / "both.asc"
+    both.write_text(run("gpg", "--armor", "--export", env=env).stdout)
+    refused = cli("verify", str(folder), "--key", str(both))
+    assert refused.code == 2 and "holds 2 OpenPGP keys; give the publisher's key alone" in refused.error_lines[-1]
+    script = shell(folder, "--key", str(both))
+    assert script.returncode == 2 and "holds 2 OpenPGP keys" in script.stderr, script.stderr
+
+
+def test_a_file_named_like_the_archive_that_the_sums_do_not_list_fails_and_another_is_named(engines, tmp_path, cli):  # noqa: F811
+    folder = release(engines, tmp_path / "release")["release"].folder
+    (folder / "publisher.pub").write_text("the key the guide says to save here\n")
+    ok = cli("verify", str(folder))
+    assert ok.code == 0 and "publisher.pub" in ok.err and "not part of the release, not read" in ok.err, ok.err
+    assert shell(folder).returncode == 0
+    # a part added after the release was made: `cat NAME.part-*` would have loaded it first
+    forged = folder / "demo-1.0.tar.zst.part-+"
+    forged.write_bytes(b"\x28\xb5\x2f\xfd" + b"x" * 64)
+    refused = cli("verify", str(folder))
+    assert refused.code == 3 and "demo-1.0.tar.zst.part-+: listed check failed: named like the archive" in \
+        refused.error_lines[-1], refused.err
+    script = shell(folder)
+    assert script.returncode == 3 and "part-+: named like the archive" in script.stderr, script.stderr
+    guide = (folder / "README-DIST.md").read_text() + (folder / "RELEASE_NOTES.md").read_text()
+    assert ".part-*" not in guide
+
+
+def test_the_guides_name_each_part_in_order_not_by_a_pattern(tmp_path):
+    from ..savefixtures import layer_tar
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release", split=1 << 20, layers=[layer_tar({"w.bin": os.urandom(2 << 20)})])
+    parts = sorted(p.name for p in folder.glob("*.part-*"))
+    assert len(parts) >= 2
+    for name in ("README-DIST.md", "RELEASE_NOTES.md"):
+        text = (folder / name).read_text()
+        assert f"cat {' '.join(parts)} | zstd -dc | docker load" in text and ".part-*" not in text
+
+
+def test_signatures_present_but_not_checked_are_said_so(engines, tmp_path, gpg_home, minisign_key, cli):  # noqa: F811
+    folder = signed(engines, tmp_path, gpg_home, minisign_key)
+    result = cli("verify", str(folder))
+    assert result.code == 0 and "present, not checked: give the publisher's public key with --key" in result.err
+    assert "(demo:1.0, image sha256:" in result.err  # which release this folder is, whatever its folder's name
+
+
+def test_sums_too_big_or_holding_a_nul_are_refused_before_any_signature_tool_runs(
+        engines, tmp_path, gpg_home, minisign_key, cli):  # noqa: F811
+    _, public = gpg_home
+    folder = signed(engines, tmp_path, gpg_home, minisign_key)
+    sums = folder / "SHA256SUMS"
+    original = sums.read_bytes()
+    with open(sums, "r+b") as fh:
+        fh.truncate(1 << 41)  # 2 TB, sparse: gpgv hashed it until its timeout
+    start = time.monotonic()
+    refused = cli("verify", str(folder), "--key", str(public))
+    assert refused.code == 3 and "more than the 1048576" in refused.err and time.monotonic() - start < 30
+    script = shell(folder, "--key", str(public))
+    assert script.returncode == 3 and "more than 1048576 bytes" in script.stderr, script.stderr
+    # a NUL byte: grep calls the file binary and the shell verifier's line check saw nothing
+    sums.write_bytes(original.replace(b"  IMAGE_ID\n", b"  IMAGE_ID\x00\n"))
+    script = shell(folder)
+    assert script.returncode == 3 and "holds a NUL byte" in script.stderr, script.stderr
+    assert cli("verify", str(folder)).code == 3
+
+
+def test_the_sums_verified_are_the_sums_read_even_if_the_file_is_swapped_after_the_check(
+        engines, tmp_path, gpg_home, minisign_key, cli, monkeypatch):  # noqa: F811
+    _, public = gpg_home
+    folder = signed(engines, tmp_path, gpg_home, minisign_key)
+    real = signing._run
+
+    def swap_after_gpgv(argv, *a, **kw):
+        proc = real(argv, *a, **kw)
+        if argv[0] == "gpgv":  # a concurrent writer: run.sh replaced and SHA256SUMS made to match
+            old = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+            (folder / "run.sh").write_text("echo pwned\n")
+            new = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+            (folder / "SHA256SUMS").write_text((folder / "SHA256SUMS").read_text().replace(old, new))
+        return proc
+
+    monkeypatch.setattr(signing, "_run", swap_after_gpgv)
+    result = cli("verify", str(folder), "--key", str(public))
+    assert result.code == 3 and "run.sh: sha256 check failed: differs from SHA256SUMS" in result.error_lines[-1], \
+        result.err
+
+
+def test_push_sign_does_not_sign_again_a_folder_changed_after_it_was_signed(
+        engines, tmp_path, gpg_home, minisign_key, cli):  # noqa: F811
+    env, _ = gpg_home
+    secret, public = minisign_key
+    folder = signed(engines, tmp_path, gpg_home, minisign_key)
+    old = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "run.sh").write_text("echo pwned\n")
+    new = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "SHA256SUMS").write_text((folder / "SHA256SUMS").read_text().replace(old, new))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    refused = cli("push", str(folder), "--to", "127.0.0.1:9/demo", "--sign", "signer@example.invalid",
+                  "--sign-minisign", str(secret), env={"CI": "true", **env, "PATH": os.environ["PATH"]})
+    assert refused.code == 3 and "SHA256SUMS.asc: BAD" in refused.error_lines[-1] and \
+        "signed again only over a good signature by the same key" in refused.error_lines[-1], refused.err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # nothing signed, nothing pushed
+    assert cli("verify", str(folder), "--key", str(public)).code == 3
+
+
+def test_the_signing_secrets_leave_the_environment_every_child_inherits(monkeypatch, tmp_path):
+    from unibake.cli import main
+
+    monkeypatch.setenv(GPG_PASSPHRASE, "pw")
+    monkeypatch.setenv(MINISIGN_PASSWORD, "pw")
+    main(["releases", "--out", str(tmp_path)], env=None, cwd=tmp_path)
+    child = subprocess.run(["env"], capture_output=True, text=True).stdout  # what the smoke client, git, dockerd get
+    assert GPG_PASSPHRASE not in child and MINISIGN_PASSWORD not in child
+
+
+def test_a_passphrase_is_not_left_in_gpg_agent_after_signing_and_a_wrong_one_fails_the_probe(tmp_path):
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="ubp-")  # short: the agent's socket lives in it
+    os.chmod(home, 0o700)
+    env = {"GNUPGHOME": home, "PATH": os.environ["PATH"]}
+    try:
+        made = run("gpg", "--batch", "--passphrase", "pw-123", "--quick-gen-key", "P <p@example.invalid>",
+                   "ed25519", "sign", "never", env=env)
+        assert made.returncode == 0, made.stderr
+        check_keys("p@example.invalid", None, {**env, GPG_PASSPHRASE: "pw-123"})
+        probe = tmp_path / "probe"
+        probe.write_text("x\n")
+        later = run("gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", "", "-u", "p@example.invalid",
+                    "--detach-sign", "-o", str(tmp_path / "probe.sig"), str(probe), env=env)
+        assert later.returncode != 0  # a later CI step cannot sign without the passphrase
+        with pytest.raises(signing.InputError, match="gpg could not sign probe"):
+            check_keys("p@example.invalid", None, {**env, GPG_PASSPHRASE: "wrong"})
+    finally:
+        run("gpgconf", "--kill", "gpg-agent", env=env)
+        shutil.rmtree(home, ignore_errors=True)
