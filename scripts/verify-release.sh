@@ -1,5 +1,6 @@
 #!/bin/sh
-# Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, tar, zstd and docker.
+# Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, awk, tar, zstd and docker
+# (gpgv or minisign for --key).
 # What is loaded is exactly what was checked:
 #   1. SHA256SUMS is well formed (plain file names of this folder, each once) and every file it
 #      lists is a regular file here; nothing it does not list is read, and a file named like the
@@ -15,7 +16,8 @@
 # Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage.
 set -eu
 
-usage() { echo "usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
+usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
+case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 fail() { echo "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage

@@ -227,6 +227,8 @@ def _one(value) -> tuple:
 
 def _hotfix_base(run: Run) -> tuple:
     base = load_base(run.request.out, run.request.base or "")
+    if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
+        _check_base_archive(base)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
     if env_epoch not in (None, str(base.epoch)):
         run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: the hotfix uses {base.epoch}, the epoch of "
@@ -360,8 +362,12 @@ def _build(run: Run) -> tuple:
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
                         platform=plan.platform.name, memo=memo)
-    if built.replaced:
-        run.reporter.info(f"    {plan.tag} named {built.replaced[:19]} before this build")
+    if built.replaced and built.replaced != built.image_id:
+        # no release folder of this tag under --out (that is refused before the build), but the engine's
+        # tag named another image: released under another --out, perhaps; said, not silently let go
+        run.reporter.warn(f"{plan.tag} named {built.replaced[:19]} before this build; it names the new image now, "
+                          f"and {built.replaced[:19]} is removed when the run ends well, unless another tag names it "
+                          f"(to keep it: docker tag {built.replaced[:19]} NAME, before the run ends)")
     if not run.request.hold:
         run.stack.push(_release_tag_on_failure(run, plan, built))
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""

@@ -85,7 +85,8 @@ class ReleaseFolder:
         self._lock = lock
         if self.final.exists() and not self.force:
             self._unlock()
-            raise InputError(f"release {self.final} already exists; use --force to replace it, or a new --version")
+            raise InputError(f"release {self.final} already exists; use --force to replace it, or another release name "
+                             "(--version; for archive, --tag)")
         for leftover in (self.staging, self.out / f".{self.tag}.old"):
             shutil.rmtree(leftover, ignore_errors=True)
         self.staging.mkdir()

@@ -334,9 +334,10 @@ class ScratchEngine:
             self.base = private_base()
         else:
             try:
-                self.base.mkdir(parents=True, exist_ok=True)
+                self.base.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 raise RoundTripUnavailable(f"cannot use --scratch-dir {self.base}: {exc.strerror}") from None
+            check_private(self.base)  # as prune checks it: a seed made in a shared /tmp could not be pruned
         for folder in clean_stale_scratch(self.base):
             self.on_line(f"removed a scratch engine left by an interrupted run: {folder}")
 

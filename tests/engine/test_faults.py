@@ -116,7 +116,7 @@ def test_interrupted_during_the_archive(big_image, tmp_path, sig):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_interrupted_during_the_round_trip_stops_the_scratch_engine(big_image, tmp_path, sig):
     out, scratch = tmp_path / "release", tmp_path / "scratch"
-    scratch.mkdir()
+    scratch.mkdir(mode=0o700)  # a scratch folder must be private
     run = Run(tmp_path, "archive", big_image, "--out", str(out), "--scratch-dir", str(scratch))
     run.wait_for(lambda: "loading into scratch dockerd" in run.err, "the round trip's load")
     folder = scratch_dirs(scratch)[0]
@@ -128,7 +128,7 @@ def test_interrupted_during_the_round_trip_stops_the_scratch_engine(big_image, t
 
 def test_killed_during_the_round_trip_the_next_run_cleans_up(big_image, tmp_path):
     out, scratch = tmp_path / "release", tmp_path / "scratch"
-    scratch.mkdir()
+    scratch.mkdir(mode=0o700)
     args = ["archive", big_image, "--out", str(out), "--scratch-dir", str(scratch)]
     run = Run(tmp_path, *args)
     run.wait_for(lambda: "loading into scratch dockerd" in run.err, "the round trip's load")

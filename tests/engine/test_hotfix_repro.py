@@ -136,6 +136,10 @@ def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(c
         unreachable = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True,
                                      env={**env, "DOCKER_HOST": f"unix://{fix}/no-engine.sock"})
         assert unreachable.returncode == 1 and "cannot reach the Docker engine" in unreachable.stderr  # not "import"
+        bogus = subprocess.run(["./apply.sh", "--bogus"], cwd=fix, capture_output=True, text=True, env=env)
+        assert bogus.returncode == 2 and bogus.stderr.startswith("error: usage: ./apply.sh"), bogus.stderr  # not a load
+        helped = subprocess.run(["./apply.sh", "--help"], cwd=fix, capture_output=True, text=True, env=env)
+        assert helped.returncode == 0 and "Usage: ./apply.sh" in helped.stdout
 
         # Loaded by hand anyway, the delta fails as a whole: no image, no tag, no layer of it remains.
         delta = fix / manifest["archive"]["name"]

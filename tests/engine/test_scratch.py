@@ -76,8 +76,15 @@ def test_a_seeded_verify_engine_holds_only_its_base_image_and_is_seeded_once(eng
 
 def test_a_seed_folder_that_is_not_the_users_own_is_refused(engine, tmp_path):
     base_id = engine.inspect_image(BASE).id
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # a --scratch-dir like /tmp: build refuses it as prune does, before seeding in it
+    with pytest.raises(RoundTripUnavailable, match=f"{shared} is not a private folder"):
+        with SeededEngine(shared, source=engine, base_id=base_id):
+            pass
+    assert os.listdir(shared) == []
     scratch = tmp_path / "scratch"
-    scratch.mkdir()
+    scratch.mkdir(mode=0o700)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (scratch / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}").symlink_to(elsewhere)

@@ -145,7 +145,8 @@ def test_verify_sh_and_the_rebuild_check_the_ledger_and_the_base_image_before_bu
     assert check_ledger(folder) == ["context.tar: differs from kit.sha256"]
     with pytest.raises(VerificationError, match="context.tar: differs from kit.sha256"):
         rebuild(folder, engine)
-    assert subprocess.run(["sh", "./verify.sh", "--bogus"], cwd=folder, capture_output=True).returncode == 2
+    bogus = subprocess.run(["sh", "./verify.sh", "--bogus"], cwd=folder, capture_output=True, text=True)
+    assert bogus.returncode == 2 and bogus.stderr.startswith("error: usage: ./verify.sh")  # one error: line
 
 
 def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, tmp_path):

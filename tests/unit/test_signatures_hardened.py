@@ -212,3 +212,29 @@ def test_a_passphrase_is_not_left_in_gpg_agent_after_signing_and_a_wrong_one_fai
     finally:
         run("gpgconf", "--kill", "gpg-agent", env=env)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_hotfix_on_a_release_without_its_archive_is_refused_before_anything_is_built(engines, tmp_path):  # noqa: F811
+    # a fresh clone tracks release folders without their archives: the hotfix's round trip loads the
+    # base release first, so that is bad input at once, not after a build (it was, after 21 s of one)
+    from dataclasses import replace
+
+    from unibake.pipeline import BY_NAME, Request, run_stages
+
+    from .test_supply_chain import Quiet
+
+    folder = release(engines, tmp_path / "release")["release"].folder
+    (folder / "demo-1.0.tar.zst").unlink()
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="1.0", version="1.0.1")
+    with pytest.raises(signing.InputError, match=r"loads release 1.0 first, but .*demo-1.0.tar.zst is missing; "
+                                                 "restore it or use --no-roundtrip"):
+        run_stages([BY_NAME["hotfix base"]], request, Quiet())
+    base = run_stages([BY_NAME["hotfix base"]], replace(request, roundtrip=False), Quiet())["base"]
+    assert base.manifest.release == "1.0"
+
+
+def test_the_shell_verifier_s_usage_is_one_error_line_and_help_is_help(tmp_path):
+    bogus = subprocess.run(["sh", str(SCRIPT), str(tmp_path), "--bogus"], capture_output=True, text=True)
+    assert bogus.returncode == 2 and bogus.stderr.startswith("error: usage: verify-release.sh"), bogus.stderr
+    helped = subprocess.run(["sh", str(SCRIPT), "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "Usage: scripts/verify-release.sh RELEASE_DIR" in helped.stdout, helped.stderr
