@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import buildmemo
 from .engine import BuildOutcome, BuildStep, Engine, ImageInfo
-from .errors import BuildFailed, CheckFailed, EngineError
+from .errors import BuildFailed, BuildInterrupted, CheckFailed, EngineError
 from .platforms import EXEC_FORMAT, emulation_hint, recorded
 from .render import BuildContext, write_context_tar
 
@@ -173,6 +173,11 @@ def _build(context: BuildContext, engine: Engine, *, tag: str, product: str, rev
         try:
             return engine.build(tar, tag=tag, nocache=nocache, on_line=on_line, platform=platform,
                                 buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
+        except BuildInterrupted as exc:  # what finished stays as build cache, named, not dangling
+            _keep_stages(engine, product, context.selection, exc.stage_images)
+            if exc.last_image:
+                keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)
+            raise
         except BuildFailed as exc:
             _keep_stages(engine, product, context.selection, exc.stage_images)
             keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)

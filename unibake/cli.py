@@ -896,8 +896,35 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Context], Outcome]] = {
 # main
 
 
-def _terminate(signum, frame):  # SIGTERM and SIGHUP clean up like Ctrl-C: scratch engine stopped, partial files removed
-    raise KeyboardInterrupt
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_interrupts: list[int] = []  # the signals this run has had
+_argv: list[str] = []  # the command line, for the error document of one the parser refused
+
+
+def _terminate(signum, frame):
+    """The first SIGINT, SIGTERM or SIGHUP ends the run as Ctrl-C does: the scratch engine stopped,
+    partial files removed, the tag put back. Those that follow arrive while that clean-up runs (a
+    held Ctrl-C, a supervisor's second TERM): cut short, it would leave the scratch engine running,
+    so they are let be, and said so once. SIGKILL still stops at once."""
+    _interrupts.append(signum)
+    if len(_interrupts) == 1:
+        raise KeyboardInterrupt
+    if len(_interrupts) == 2:
+        print("warning: still cleaning up after the interrupt (the scratch engine, partial files); it ends by "
+              "itself, SIGKILL stops it at once and leaves them", file=sys.stderr)
+
+
+def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: Path) -> None:
+    """A failed run's document, ``{"error": ..., "exit_code": ...}``: on stdout with ``--json``, in
+    the ``--metadata-file`` too (never a failure of its own: the run's error is the one to report)."""
+    if args is None:  # the command line itself was refused: --json is honoured if it was given at all
+        if "--json" in _argv:
+            sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        return
+    try:
+        _emit_document(args, {"error": message, "exit_code": code}, cwd)
+    except (OSError, UnibakeError):
+        pass
 
 
 def _emit_document(args: argparse.Namespace | None, document: dict, cwd: Path) -> None:
@@ -918,9 +945,11 @@ def _emit_document(args: argparse.Namespace | None, document: dict, cwd: Path) -
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _argv[:] = argv
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        _interrupts.clear()
+        for sig in _SIGNALS:  # SIGINT too: a run started with it ignored (a CI's background job) still stops
             previous[sig] = signal.signal(sig, _terminate)
     if env is None:
         from .signing import SECRETS
@@ -951,17 +980,18 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet:
             print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        if args is not None and getattr(args, "json", False):
-            sys.stdout.write(json.dumps({"error": str(exc), "exit_code": exc.exit_code}) + "\n")
+        _emit_error(args, str(exc), exc.exit_code, cwd)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
+        _emit_error(args, "interrupted", 130, cwd)
         return 130
     except BrokenPipeError:  # output piped into head: not an error of ours
         sys.stdout = open(os.devnull, "w")
         return 0
     except OSError as exc:  # a file or folder the stages did not expect to fail: named, never a traceback
         print(f"error: {one_line(str(exc.filename or 'a file'))}: {exc.strerror or exc}", file=sys.stderr)
+        _emit_error(args, f"{exc.filename or 'a file'}: {exc.strerror or exc}", 1, cwd)
         return 1
     finally:
         for sig, handler in previous.items():

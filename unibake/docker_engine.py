@@ -15,7 +15,7 @@ import requests.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, EngineError, InputError
+from .errors import BuildFailed, BuildInterrupted, EngineError, InputError
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -143,6 +143,10 @@ class DockerEngine(Engine):
                         on_line(line)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail("the build could not run", exc) from None
+        except BuildInterrupted:
+            raise
+        except KeyboardInterrupt:
+            raise BuildInterrupted(last_image=last_image, stage_images=tuple(stage_images)) from None
         close_step()
         if not image_id:
             info = self.inspect_image(tag)

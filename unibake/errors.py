@@ -43,6 +43,16 @@ class BuildFailed(EngineError):
         self.stage_images = stage_images  # earlier stages that completed (the kernels' builder stage)
 
 
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, SIGHUP) during a build: what had finished, to keep as build cache, as a
+    failed build's is (else the classic builder leaves the last finished step a dangling image)."""
+
+    def __init__(self, *, last_image: str = "", stage_images: tuple[str, ...] = ()):
+        super().__init__()
+        self.last_image = last_image
+        self.stage_images = stage_images
+
+
 class CheckFailed(VerificationError):
     """An in-image fail-closed check failed during the build; no tag was created."""
 

@@ -17,6 +17,7 @@ and keeps every result frozen. The commands are selections of :data:`STAGES`:
 from __future__ import annotations
 
 import shutil
+import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -315,7 +316,19 @@ def _inspect(run: Run) -> tuple:
 
 def _folder(run: Run) -> tuple:
     target: Target = run["target"]
-    return _one(run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force)))
+    folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
+    # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
+    # said now, before the build, the export and the gates run for nothing
+    record = run.request.checksums
+    try:
+        record.mkdir(parents=True, exist_ok=True)
+        usable = os.access(record, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise UnibakeError(f"cannot write the checksums record folder {record} ({exc.strerror}); it sits beside "
+                           "--out") from None
+    if not usable:
+        raise UnibakeError(f"cannot write the checksums record folder {record} (not writable); it sits beside --out")
+    return _one(folder)
 
 
 def _temp_folder(run: Run) -> tuple:

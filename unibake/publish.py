@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -64,7 +65,7 @@ class ReleaseFolder:
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
         self._lock = None
 
-    def __enter__(self) -> "ReleaseFolder":
+    def _enter(self) -> None:
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             lock = open(self.out / f".{self.tag}.lock", "a+")
@@ -83,23 +84,49 @@ class ReleaseFolder:
         lock.write(f"{os.getpid()}\n")
         lock.flush()
         self._lock = lock
+        self._restore_old()
         if self.final.exists() and not self.force:
             self._unlock()
             raise InputError(f"release {self.final} already exists; use --force to replace it, or another release name "
                              "(--version; for archive, --tag)")
-        for leftover in (self.staging, self.out / f".{self.tag}.old"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir()
+
+    def _restore_old(self) -> None:
+        """A replaced release (``--force``) whose replacement never took its place (a run killed
+        between the two renames of a commit) goes back: it is the last release that was whole."""
+        old = self.out / f".{self.tag}.old"
+        if os.path.isdir(old) and not os.path.islink(old) and not os.path.lexists(self.final):
+            os.replace(old, self.final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def __enter__(self) -> "ReleaseFolder":
+        self._enter()
         return self
 
-    def commit(self) -> Path:
+    def commit(self, then: Callable[[], object] | None = None) -> Path:
+        """The staged folder takes its final name (a replaced one set aside first, removed after),
+        and ``then`` runs (the checksums record), with SIGINT, SIGTERM and SIGHUP held until both are
+        done: an interrupt lands before the commit (nothing published, the old release in place) or
+        after it (published, and said so), never between the renames."""
         old = self.out / f".{self.tag}.old"
-        if self.final.exists():
-            os.replace(self.final, old)
-        os.replace(self.staging, self.final)
-        self.committed = True
-        fsync_dir(self.out)
-        shutil.rmtree(old, ignore_errors=True)
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            if self.final.exists():
+                os.replace(self.final, old)
+            try:
+                os.replace(self.staging, self.final)
+            except OSError:
+                self._restore_old()
+                raise
+            self.committed = True
+            if then is not None:
+                then()
+            fsync_dir(self.out)
+            shutil.rmtree(old, ignore_errors=True)  # here too: an interrupt would leave a whole copy behind
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
         return self.final
 
     def _unlock(self) -> None:
@@ -297,6 +324,4 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    final = folder.commit()
-    os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}")
-    return final
+    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"))

@@ -16,6 +16,7 @@ read back recomputed. Each run removes what it loaded before the engine stops.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -156,7 +157,12 @@ def _unmount_under(folder: Path) -> None:
 def runtime_of(folder: Path) -> Path:
     """The short folder of a scratch engine's sockets (Unix socket paths are limited to 107 bytes),
     named after its data folder, never read from a file."""
-    return private_base() / (RUNTIME_PREFIX + folder.name.removeprefix(SCRATCH_PREFIX))
+    base = private_base()
+    name = RUNTIME_PREFIX + folder.name.removeprefix(SCRATCH_PREFIX)
+    parent = os.path.abspath(folder.parent)
+    if parent != str(base):  # a --scratch-dir: its seed of the same base image is another engine, another runtime
+        name += "-" + hashlib.sha256(parent.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return base / name
 
 
 def remove_scratch_dir(folder: Path) -> None:

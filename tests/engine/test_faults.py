@@ -76,11 +76,16 @@ def test_interrupted_during_the_build(engine, slow_product, version, images, tmp
     images(f"unibake-test:{version}")
     out = tmp_path / "release"
     args = ["--config", str(slow_product), "--version", version, "--out", str(out), "--no-roundtrip"]
+    dangling = {i.id for i in engine.list_images(dangling=True)}
     run = Run(tmp_path, *args)
     run.wait_for(lambda: "RUN for p in tp1 tp2" in run.err, "the in-image checks to start")
     assert run.stop(sig) == 130
     assert run.err.strip().splitlines()[-1] == "error: interrupted"
     assert engine.inspect_image(f"unibake-test:{version}") is None
+    # the steps that finished are kept as named build cache, as a failed build's are: none left dangling
+    assert {i.id for i in engine.list_images(dangling=True)} <= dangling
+    assert any(t.startswith("unibake-cache/unibake-test:") and t.endswith("-failed")
+               for i in engine.list_images() for t in i.tags)
     assert sorted(os.listdir(out)) == [f".{version}.lock"]  # no staging folder, no release
     rerun = Run(tmp_path, *args)
     assert rerun.proc.wait(120) == 0, rerun.err

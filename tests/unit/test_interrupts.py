@@ -1,0 +1,88 @@
+"""What an interrupt, or a second one, must not break: a replaced release is never lost, a commit is
+whole or not at all, the clean-up after Ctrl-C runs to its end, and scripts still get their JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from unibake import cli as cli_module
+from unibake.errors import InputError
+from unibake.publish import ReleaseFolder
+from unibake.scratch import private_base, runtime_of
+
+from .test_smoke import server  # noqa: F401 - the fixture is used by name
+from .test_supply_chain import engines  # noqa: F401 - the fixture is used by name
+
+
+def test_a_release_set_aside_by_an_interrupted_commit_is_put_back_not_deleted(tmp_path):
+    out = tmp_path / "release"
+    (out / ".1.0.old").mkdir(parents=True)  # a --force run killed between the commit's two renames
+    (out / ".1.0.old" / "manifest.json").write_text("the release that was whole\n")
+    with pytest.raises(InputError, match="already exists"):
+        with ReleaseFolder(out, "1.0", force=False):
+            pass
+    assert (out / "1.0" / "manifest.json").read_text() == "the release that was whole\n"
+    assert not (out / ".1.0.old").exists()
+
+
+def test_an_interrupt_during_a_commit_lands_after_it_the_release_published(tmp_path):
+    out = tmp_path / "release"
+    (out / "1.0").mkdir(parents=True)
+    (out / "1.0" / "old").write_text("x")
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ReleaseFolder(out, "1.0", force=True) as folder:
+                (folder.staging / "new").write_text("y")
+                folder.commit(then=lambda: os.kill(os.getpid(), signal.SIGTERM))  # held until the commit is done
+        assert folder.committed and sorted(os.listdir(out / "1.0")) == ["new"]
+        assert not (out / ".1.0.old").exists()  # set aside, then removed before the interrupt is let in
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+
+
+def test_a_second_interrupt_does_not_cut_the_clean_up_short(capsys):
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli_module._terminate(signal.SIGINT, None)
+        cli_module._terminate(signal.SIGINT, None)  # a held Ctrl-C: let be while the first one cleans up
+        cli_module._terminate(signal.SIGTERM, None)
+        assert capsys.readouterr().err.count("still cleaning up after the interrupt") == 1
+    finally:
+        cli_module._interrupts.clear()
+
+
+def test_a_refused_command_line_and_a_failed_run_still_give_their_json(cli, tmp_path):
+    refused = cli("--json", "--bogus")
+    assert refused.code == 2 and json.loads(refused.out) == {
+        "error": "unrecognized arguments: --bogus (see: python build.py --help)", "exit_code": 2}
+    document = tmp_path / "m.json"
+    failed = cli("--metadata-file", str(document), "verify", str(tmp_path / "absent"))
+    assert failed.code == 2 and json.loads(document.read_text())["exit_code"] == 2
+
+
+def test_scratch_folders_of_the_same_name_in_different_scratch_dirs_get_different_runtimes(tmp_path):
+    name = "ub-seed-0123456789abcdef"
+    ours = runtime_of(private_base() / name)
+    assert ours == private_base() / "ubx-ub-seed-0123456789abcdef"  # the default place: as before
+    a, b = runtime_of(tmp_path / "a" / name), runtime_of(tmp_path / "b" / name)
+    assert len({ours, a, b}) == 3 and all(p.parent == private_base() for p in (a, b))
+    assert len(str(a / "sock")) < 100  # a Unix socket's path is limited to 107 bytes
+
+
+def test_a_checksums_folder_that_cannot_be_written_is_said_before_any_work(engines, tmp_path):  # noqa: F811
+    from unibake.errors import UnibakeError
+
+    from .test_supply_chain import release
+
+    (tmp_path / "checksums").write_text("a file where the record's folder goes\n")
+    with pytest.raises(UnibakeError, match=r"cannot write the checksums record folder .*checksums"):
+        release(engines, tmp_path / "release")
+    assert engines["fake://verify"].loads == 0 and not (tmp_path / "release" / "1.0").exists()
