@@ -550,6 +550,8 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .verify import sums_report, verify_folder
 
     out = _out(args, ctx.cwd)
+    if args.out and not out.is_dir():  # a typo in --out is not "no releases"
+        raise InputError(f"--out {args.out}: no such folder")
     rows, document = [], []
     for found in find_releases(out):
         m = found.manifest
@@ -869,6 +871,9 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     folder = (ctx.cwd / args.folder).resolve()
     if not folder.is_dir():
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
+    if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
+        raise InputError(f"{args.folder}: a release folder, not a kit: write its kit with `build.py kit "
+                         f"{args.folder} --out DIR` (or unpack its -kit.tar.zst), then rebuild DIR")
     check_kit(folder)  # before reaching for an engine
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "

@@ -496,7 +496,9 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     plan = make_plan(config, profiles=list(manifest.profiles), version=manifest.version, cwd=cwd,
                      platform=KNOWN.get(manifest.platform or ""))
     if plan.tag != manifest.tag:
-        raise InputError(f"the profiles in {config} give the image {plan.tag}, not {where}'s {manifest.tag}")
+        raise InputError(f"the profiles in {config} give the image {plan.tag}, not {where}'s {manifest.tag}: a "
+                         "profile added or removed since changes which selection is 'all'; check out the revision "
+                         f"the release was made at ({manifest.revision})")
     checks = (("input", {f.path: f.sha256 for f in plan.inputs}),
               ("profile", {rel: sha256_file(plan.project_root / rel) for rel in plan.config_files}),
               ("lock", {(plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix():

@@ -256,8 +256,10 @@ def read_public_key(path: Path) -> PublicKey:
     text = read_small_text(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
     if "-----BEGIN PGP PUBLIC KEY BLOCK-----" in text:
         return PublicKey(kind="openpgp", path=path, text=text)
-    lines = [line for line in text.splitlines() if line.strip()]
-    if len(lines) == 2 and lines[0].startswith("untrusted comment:"):
+    # minisign reads the first two lines (a comment, the key) and nothing after: so does this, and so
+    # does verify-release.sh, so that both take and refuse the same files
+    lines = text.split("\n")
+    if len(lines) >= 2 and lines[0].startswith("untrusted comment:"):
         try:
             raw = base64.b64decode(lines[1].strip(), validate=True)
         except ValueError:

@@ -9,12 +9,13 @@ committed. The stages are declared in :data:`unibake.pipeline.STAGES`.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .engine import Engine
-from .errors import EngineError, VerificationError
+from .errors import DiskFull, EngineError, UnibakeError, VerificationError
 from .files import write_atomic
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import Signature, SupplyChain, SupplyFile
@@ -158,9 +159,17 @@ def kit_stage(run: Run) -> tuple:
         draft = KitDraft(run["folder"].staging, name, plan=plan, context=run["context"], release=target.release,
                          epoch=epoch)
         run.stack.callback(draft.abandon)
-    written = draft.finish(image_id=image.image_id, diff_ids=image.diff_ids,
-                           revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
-                           base=sbom.base, builder=sbom.builder, toolchains=sbom.toolchains)
+    try:
+        written = draft.finish(image_id=image.image_id, diff_ids=image.diff_ids,
+                               revision=image.labels.get("org.opencontainers.image.revision", run.request.revision),
+                               base=sbom.base, builder=sbom.builder, toolchains=sbom.toolchains)
+    except OSError as exc:  # the folder named, as the archive's disk errors are (it was "a file")
+        where = run["folder"].staging
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f"no space left in {where} while writing the reconstruct kit {name}; nothing was "
+                           "published") from None
+        raise UnibakeError(f"cannot write the reconstruct kit {name} in {where} ({exc.strerror}); nothing was "
+                           "published") from None
     run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
     return (Kit(file=written.file, context_sha256=written.context_sha256,
                 dockerfile_sha256=written.dockerfile_sha256),)

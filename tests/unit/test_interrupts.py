@@ -86,3 +86,43 @@ def test_a_checksums_folder_that_cannot_be_written_is_said_before_any_work(engin
     with pytest.raises(UnibakeError, match=r"cannot write the checksums record folder .*checksums"):
         release(engines, tmp_path / "release")
     assert engines["fake://verify"].loads == 0 and not (tmp_path / "release" / "1.0").exists()
+
+
+def test_releases_with_an_out_that_does_not_exist_and_rebuild_of_a_release_folder_are_bad_input(cli, tmp_path):
+    typo = cli("releases", "--out", str(tmp_path / "relase"))
+    assert typo.code == 2 and typo.error_lines == [f"error: --out {tmp_path / 'relase'}: no such folder"]
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    wrong = cli("rebuild", str(folder))
+    assert wrong.code == 2 and "a release folder, not a kit: write its kit with `build.py kit" in wrong.error_lines[-1]
+
+
+def test_a_full_disk_while_the_kit_is_written_names_the_folder(tmp_path):
+    # the kit's draft (its thread writes the context tar) fails as a full disk does: the stage names
+    # the staging folder and the kit, as the archive's disk errors do (it was "error: a file: ...")
+    import errno
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    from unibake.errors import DiskFull
+    from unibake.pipeline import Request, Run
+    from unibake.supply import kit_stage
+
+    from .test_supply_chain import Quiet
+
+    class FullDraft:
+        epoch = 0
+
+        def finish(self, **kw):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    run = Run(Request(env={}, cwd=tmp_path), Quiet(), ExitStack(), connect=lambda address: None)
+    run.results.update(target=SimpleNamespace(product="demo", release="1.0"),
+                       image=SimpleNamespace(labels={"io.unibake.source-date-epoch": "0"}, image_id="sha256:" + "1" * 64,
+                                             diff_ids=()),
+                       sbom=SimpleNamespace(base=object(), builder=None, toolchains=()), plan=object(),
+                       folder=SimpleNamespace(staging=tmp_path / ".1.0.partial"), kit_draft=FullDraft())
+    with pytest.raises(DiskFull, match=r"no space left in .*\.1\.0\.partial while writing the reconstruct kit "
+                                       r"demo-1\.0-kit\.tar\.zst; nothing was published"):
+        kit_stage(run)

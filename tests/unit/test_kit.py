@@ -301,3 +301,16 @@ def test_a_kit_of_profiles_in_a_dot_or_spaced_folder_passes_its_own_checks(busyb
     shell = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True, timeout=60)
     assert shell.returncode == 0, shell.stderr
     assert check_ledger(folder) == []
+
+
+def test_kit_after_a_profile_was_added_says_so_and_names_the_release_s_revision(cli, tmp_path, demo_product):
+    # release 1.3.1 was made of every profile the product had (its tag is the 'all' selection's):
+    # with tp8 added, those three profiles are a selection of their own, with another tag
+    (demo_product / "tp8.yaml").write_text((demo_product / "tp1.yaml").read_text().replace("profile: tp1",
+                                                                                          "profile: tp8"))
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(demo_product))
+    revision = json.loads((folder / "manifest.json").read_text())["revision"]
+    assert refused.code == 2 and "a profile added or removed since changes which selection is 'all'" in \
+        refused.error_lines[-1] and revision in refused.error_lines[-1], refused.err

@@ -238,3 +238,19 @@ def test_the_shell_verifier_s_usage_is_one_error_line_and_help_is_help(tmp_path)
     assert bogus.returncode == 2 and bogus.stderr.startswith("error: usage: verify-release.sh"), bogus.stderr
     helped = subprocess.run(["sh", str(SCRIPT), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "Usage: scripts/verify-release.sh RELEASE_DIR" in helped.stdout, helped.stderr
+
+
+@pytest.mark.parametrize("change, python, shell", [
+    (lambda text: text + "a note the publisher added\n", 0, 0),  # minisign reads two lines, the rest is not its
+    (lambda text: "\n" + text, 2, 2),  # the comment is not the first line: not a minisign key, for both
+])
+def test_both_verifiers_take_and_refuse_the_same_minisign_key_files(engines, tmp_path, minisign_key, cli, change,  # noqa: F811
+                                                                    python, shell):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    key = tmp_path / "key.pub"
+    key.write_text(change(public.read_text()))
+    assert cli("verify", str(folder), "--key", str(key)).code == python
+    script = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(key)], capture_output=True,
+                            text=True, timeout=120)
+    assert script.returncode == shell, script.stdout + script.stderr
