@@ -41,24 +41,28 @@ cd "$dir"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM HUP
 LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
-small() {  # $1: a regular file here (not a link, FIFO or folder) of at most LIMIT bytes, or fail
+copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most LIMIT bytes, copied once to $2
   [ -f "$1" ] && [ ! -L "$1" ] || return 1
-  [ "$(wc -c < "$1")" -le "$LIMIT" ] || fail "$dir/$1: more than $LIMIT bytes; not a release's $1"
+  # read at most LIMIT + 1 bytes (busybox's wc counts a huge sparse file slowly, and wraps at 4 GiB)
+  head -c $((LIMIT + 1)) -- "$1" > "$2"
+  [ "$(wc -c < "$2")" -le "$LIMIT" ] || fail "$dir/$1: more than $LIMIT bytes; not a release's $1"
 }
+# SHA256SUMS is read once: the copy the signature is checked on is the one every step reads
+copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete release folder"
 
 # --- 0. the signature, before anything else --------------------------------------------------
 if [ -n "$key" ]; then
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
-    small SHA256SUMS || fail "$dir/SHA256SUMS is missing: not a complete release folder"
-    small SHA256SUMS.asc || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    copy SHA256SUMS.asc "$work/sums.asc" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign)
     keys=$(gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$key" 2>/dev/null | grep -c '^pub:' || true)
-    [ "$keys" -le 1 ] || { echo "error: --key $key: holds $keys OpenPGP keys; give the publisher's key alone" >&2; exit 2; }
+    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
       || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
-    # a good signature (GOODSIG, or EXPKEYSIG: made by a key that has expired since) and VALIDSIG;
+    # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
-    gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" SHA256SUMS.asc SHA256SUMS \
+    gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
       3> "$work/gpgv.status" || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
     if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
       fail "$dir: SHA256SUMS.asc was made by a key that has been revoked ($key)"
@@ -68,13 +72,12 @@ if [ -n "$key" ]; then
       && grep -q '^\[GNUPG:\] VALIDSIG ' "$work/gpgv.status" \
       || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
-      echo "warning: SHA256SUMS.asc is good, but the key that made it has expired since" >&2
+      echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
     fi
   elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
     echo "== minisign -Vm SHA256SUMS"
-    small SHA256SUMS || fail "$dir/SHA256SUMS is missing: not a complete release folder"
-    small SHA256SUMS.minisig || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
-    minisign -V -p "$key" -m SHA256SUMS -x SHA256SUMS.minisig \
+    copy SHA256SUMS.minisig "$work/sums.minisig" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
+    minisign -V -p "$key" -m "$work/sums" -x "$work/sums.minisig" \
       || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
   else
     echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
@@ -86,13 +89,12 @@ NAME='[A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}'
 HEX='[0-9a-fA-F]\{64\}'
 
 # --- 1. SHA256SUMS, read as unibake's own verifier reads it -----------------------------------
-small SHA256SUMS || fail "$dir/SHA256SUMS is missing: not a complete release folder"
 # a NUL byte makes grep call the file binary and keep its lines to itself: refused first
-tr -d '\000' < SHA256SUMS | cmp -s - SHA256SUMS || fail "$dir/SHA256SUMS: holds a NUL byte"
-if grep -n "$(printf '\r')" SHA256SUMS >/dev/null; then fail "$dir/SHA256SUMS: a carriage return ends a line"; fi
-bad=$(grep -n -v -e "^$HEX [ *]$NAME\$" -e "^SHA256 ($NAME) = $HEX\$" SHA256SUMS | head -n 1 || true)
+tr -d '\000' < "$work/sums" | cmp -s - "$work/sums" || fail "$dir/SHA256SUMS: holds a NUL byte"
+if grep -n "$(printf '\r')" "$work/sums" >/dev/null; then fail "$dir/SHA256SUMS: a carriage return ends a line"; fi
+bad=$(grep -n -v -e "^$HEX [ *]$NAME\$" -e "^SHA256 ($NAME) = $HEX\$" "$work/sums" | head -n 1 || true)
 [ -z "$bad" ] || fail "$dir/SHA256SUMS:${bad%%:*}: not a 'sha256  name' line of a file of this folder"
-sed -e "s/^$HEX [ *]//" -e 's/^SHA256 (\(.*\)) = .*$/\1/' SHA256SUMS > "$work/names"
+sed -e "s/^$HEX [ *]//" -e 's/^SHA256 (\(.*\)) = .*$/\1/' "$work/sums" > "$work/names"
 [ -s "$work/names" ] || fail "$dir/SHA256SUMS lists nothing"
 twice=$(sort "$work/names" | uniq -d | head -n 1)
 [ -z "$twice" ] || fail "$dir/SHA256SUMS: '$twice' is listed twice"
@@ -106,7 +108,7 @@ for needed in IMAGE_ID manifest.json; do
 done
 
 echo "== sha256sum -c SHA256SUMS"
-sha256sum --strict -c SHA256SUMS || fail "$dir: files differ from SHA256SUMS (see the lines above)"
+sha256sum --strict -c "$work/sums" || fail "$dir: files differ from SHA256SUMS (see the lines above)"
 
 # --- what the release says it is --------------------------------------------------------------
 want=$(cat IMAGE_ID)

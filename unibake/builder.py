@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import buildmemo
 from .engine import BuildOutcome, BuildStep, Engine, ImageInfo
-from .errors import BuildFailed, BuildInterrupted, CheckFailed, EngineError
+from .errors import BuildFailed, BuildInterrupted, CheckFailed, EngineError, UnibakeError
 from .platforms import EXEC_FORMAT, emulation_hint, recorded
 from .render import BuildContext, write_context_tar
 
@@ -174,9 +174,12 @@ def _build(context: BuildContext, engine: Engine, *, tag: str, product: str, rev
             return engine.build(tar, tag=tag, nocache=nocache, on_line=on_line, platform=platform,
                                 buildargs={"UNIBAKE_REVISION": revision, "UNIBAKE_CREATED": iso_time(epoch)})
         except BuildInterrupted as exc:  # what finished stays as build cache, named, not dangling
-            _keep_stages(engine, product, context.selection, exc.stage_images)
-            if exc.last_image:
-                keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)
+            try:
+                _keep_stages(engine, product, context.selection, exc.stage_images)
+                if exc.last_image:
+                    keep_as_cache(engine, cache_ref(product, context.selection, "failed"), exc.last_image)
+            except UnibakeError as err:  # the engine going down with us: the interrupt is what to report
+                on_line(f"warning: the interrupted build's finished steps were not kept as cache: {err}")
             raise
         except BuildFailed as exc:
             _keep_stages(engine, product, context.selection, exc.stage_images)

@@ -653,21 +653,28 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                    final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines")
 
 
-def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> None:
+def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:
     """A signed release is signed again (push recording its digest) only over a good signature by
     the very keys given: otherwise a folder changed after it was signed (its sums rewritten to
-    match) would come out freshly signed, and verify."""
+    match) would come out freshly signed, and verify. Returns SHA256SUMS as its signatures were
+    checked: what the amend then reads (not the file again)."""
     import tempfile
 
     from .signing import public_keys
     from .verify import verify_signatures
 
+    checked: set[bytes] = set()
     with tempfile.TemporaryDirectory(prefix="unibake-keys-") as temp:
         for key in public_keys(signer, Path(temp)):
-            bad = verify_signatures(folder, key, ctx.env).failures
+            signed = verify_signatures(folder, key, ctx.env)
+            bad = signed.failures
             if bad:
                 raise VerificationError(f"{bad[0].target}: {bad[0].detail}; {what} is signed again only over a good "
                                         "signature by the same key (was the folder changed after it was signed?)")
+            checked.add(signed.signed_sums or b"")
+    if len(checked) != 1:
+        raise VerificationError(f"{folder}/SHA256SUMS changed while its signatures were checked")
+    return checked.pop()
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
@@ -689,7 +696,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
         check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
-        _check_signed_by(folder, signer, ctx, f"release {m.release}")
+        signed_sums = _check_signed_by(folder, signer, ctx, f"release {m.release}")
     with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
@@ -707,7 +714,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         sign = (lambda path: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
-            amend_release(folder, updated, read_sums(folder), folder.parent.parent / "checksums", sign=sign)
+            amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
+                          folder.parent.parent / "checksums", sign=sign)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
@@ -908,15 +916,16 @@ _argv: list[str] = []  # the command line, for the error document of one the par
 
 def _terminate(signum, frame):
     """The first SIGINT, SIGTERM or SIGHUP ends the run as Ctrl-C does: the scratch engine stopped,
-    partial files removed, the tag put back. Those that follow arrive while that clean-up runs (a
-    held Ctrl-C, a supervisor's second TERM): cut short, it would leave the scratch engine running,
-    so they are let be, and said so once. SIGKILL still stops at once."""
+    partial files removed, the tag put back. The second arrives while that clean-up runs (a held
+    Ctrl-C, a supervisor's second TERM): cut short, it would leave the scratch engine running, so
+    it is let be, and said so. A third stops the clean-up too (a wait that would not end: a load
+    into a slow engine), as SIGKILL would, leaving what it had not removed yet."""
     _interrupts.append(signum)
-    if len(_interrupts) == 1:
-        raise KeyboardInterrupt
     if len(_interrupts) == 2:
-        print("warning: still cleaning up after the interrupt (the scratch engine, partial files); it ends by "
-              "itself, SIGKILL stops it at once and leaves them", file=sys.stderr)
+        print("warning: still cleaning up after the interrupt (the scratch engine, partial files); interrupt "
+              "once more to stop at once and leave them", file=sys.stderr)
+        return
+    raise KeyboardInterrupt
 
 
 def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: Path) -> None:

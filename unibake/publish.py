@@ -14,7 +14,9 @@ import hashlib
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,6 +57,30 @@ def check_tag(tag: str) -> str:
     return tag
 
 
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def held_signals():
+    """SIGINT, SIGTERM and SIGHUP recorded, not acted on, inside the block; the first one recorded
+    is raised again after it. The handlers are swapped, not the thread's signal mask: the kernel
+    hands a signal to any thread that does not block it (the scratch engine's stopping thread runs
+    while a release is published), and Python runs its handler in the main thread whatever that
+    thread's mask. From another thread (where handlers cannot be set) the block runs unheld."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in HELD}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])
+
+
 class ReleaseFolder:
     """``<out>/<tag>/``, staged and locked; a context manager that never leaves a half release."""
 
@@ -84,7 +110,12 @@ class ReleaseFolder:
         lock.write(f"{os.getpid()}\n")
         lock.flush()
         self._lock = lock
-        self._restore_old()
+        try:
+            self._restore_old()
+        except OSError as exc:
+            self._unlock()
+            raise UnibakeError(f"cannot put back the release {self.final} a killed run set aside: {exc.strerror}") \
+                from None
         if self.final.exists() and not self.force:
             self._unlock()
             raise InputError(f"release {self.final} already exists; use --force to replace it, or another release name "
@@ -108,25 +139,24 @@ class ReleaseFolder:
         """The staged folder takes its final name (a replaced one set aside first, removed after),
         and ``then`` runs (the checksums record), with SIGINT, SIGTERM and SIGHUP held until both are
         done: an interrupt lands before the commit (nothing published, the old release in place) or
-        after it (published, and said so), never between the renames."""
+        after it (the release published, the tag kept), never between the renames."""
         old = self.out / f".{self.tag}.old"
-        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-        before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-        try:
-            if self.final.exists():
-                os.replace(self.final, old)
+        with held_signals():
             try:
-                os.replace(self.staging, self.final)
-            except OSError:
-                self._restore_old()
-                raise
-            self.committed = True
-            if then is not None:
-                then()
-            fsync_dir(self.out)
-            shutil.rmtree(old, ignore_errors=True)  # here too: an interrupt would leave a whole copy behind
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+                if self.final.exists():
+                    os.replace(self.final, old)
+                try:
+                    os.replace(self.staging, self.final)
+                except BaseException:
+                    self._restore_old()
+                    raise
+                self.committed = True
+                if then is not None:
+                    then()
+                fsync_dir(self.out)
+            finally:
+                if self.committed:  # a whole copy of the old release is never left behind
+                    shutil.rmtree(old, ignore_errors=True)
         return self.final
 
     def _unlock(self) -> None:

@@ -48,6 +48,7 @@ from .files import read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
+from .signing import SECRETS
 
 # ---------------------------------------------------------------------------------------------
 # References: REGISTRY/REPO[:TAG][@sha256:...], the grammar of the distribution project's
@@ -142,6 +143,7 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         return None
     error = InputError if auth_file else UnibakeError
     text = read_small_text(path, error, limit=AUTH_FILE_LIMIT, what="a Docker config file (config.json format)")
+    helper_env = {k: v for k, v in env.items() if k not in SECRETS}  # a credential helper is a child too
     try:
         config = json.loads(text)
     except ValueError as exc:
@@ -150,14 +152,14 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         raise error(f"{path}: not a Docker config file (a JSON object with 'auths')")
     try:
         try:  # (docker-py empties the dict it is given: each try gets its own copy)
-            found = docker.auth.load_config(config_dict=json.loads(text), credstore_env=dict(env)) \
+            found = docker.auth.load_config(config_dict=json.loads(text), credstore_env=helper_env) \
                 .resolve_authconfig(host)
         except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
             # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
             # the entries for this host are tried alone (a broken one of its own is still an error)
             auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
             own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
-            found = docker.auth.load_config(config_dict=own, credstore_env=dict(env)).resolve_authconfig(host)
+            found = docker.auth.load_config(config_dict=own, credstore_env=helper_env).resolve_authconfig(host)
     except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
         raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
                     "(what docker login writes)") from None

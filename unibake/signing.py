@@ -102,14 +102,17 @@ class Signer:
         probe and after each signature."""
         if not self.openpgp or not self.env.get(GPG_PASSPHRASE) or not self.fingerprint:
             return
-        listed = _run(["gpg", "--batch", "--with-keygrip", "--with-colons", "--list-secret-keys", "--",
-                       self.fingerprint], self.env, None, f"--sign {self.openpgp}")
-        grips = [line.split(":")[9] for line in listed.stdout.decode("utf-8", "replace").splitlines()
-                 if line.startswith("grp:") and len(line.split(":")) > 9]
-        for grip in grips:
-            if grip.isalnum():
-                _run(["gpg-connect-agent", f"clear_passphrase --mode=normal {grip}", "/bye"], self.env, None,
-                     f"--sign {self.openpgp}")
+        try:  # best effort: a failure here must not hide the signature's own outcome
+            listed = _run(["gpg", "--batch", "--with-keygrip", "--with-colons", "--list-secret-keys", "--",
+                           self.fingerprint], self.env, None, f"--sign {self.openpgp}")
+            grips = [line.split(":")[9] for line in listed.stdout.decode("utf-8", "replace").splitlines()
+                     if line.startswith("grp:") and len(line.split(":")) > 9]
+            for grip in grips:
+                if grip.isalnum():
+                    _run(["gpg-connect-agent", f"clear_passphrase --mode=normal {grip}", "/bye"], self.env, None,
+                         f"--sign {self.openpgp}")
+        except UnibakeError:
+            pass
 
     def _gpg(self, path: Path) -> str:
         out = path.parent / f".{path.name}{ASC}.tmp"
@@ -344,7 +347,7 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
             valid = status.get("VALIDSIG", [])
             if proc.returncode == 0 and valid and ("GOODSIG" in status or "EXPKEYSIG" in status):
                 primary = valid[9] if len(valid) >= 10 else valid[0]  # a subkey's signature names its primary key
-                since = " (the key has expired since)" if "EXPKEYSIG" in status else ""
+                since = " (the key has expired: ask the publisher)" if "EXPKEYSIG" in status else ""
                 return SignatureCheck(target=target, passed=True, data=data,
                                       detail=f"good OpenPGP signature by {primary}{since}")
             return SignatureCheck(target=target, passed=False,

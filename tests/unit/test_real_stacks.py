@@ -420,7 +420,8 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     ("demo@sha256:abc", False), ("demo@md5:" + "a" * 32, False), ("demo:.1", False), ("demo:" + "1" * 129, False),
     ("demo..llm:1", False), ("demo._llm", False), ("demo/", False), ("/demo", False), ("demo//llm", False),
     ("localhost:/demo", False), ("localhost:50a0/demo", False), (".host/demo", False), ("demo___llm", False),
-    ("demo:1:2", False),
+    ("demo:1:2", False), ("demo-llm:", False), ("demo-llm@", False), ("my_host.com/x", False), ("-h.com/x", False),
+    ("h-.com/x", False), ("MyHost/demo:1", True), ("a.b-c.example:5000/x/y:1", True),
 ])
 def test_run_sh_takes_exactly_the_image_references_the_engine_takes(tmp_path, image, takes):
     # upper case in a repository, or a short digest, passed the old character check and failed as the engine's exit 125

@@ -4,7 +4,9 @@ it (fake engines, Debian's real gpg, gpgv and minisign with throwaway keys)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -82,6 +84,15 @@ def test_a_key_file_holding_a_second_key_is_refused_by_both(engines, tmp_path, o
     assert refused.code == 2 and "holds 2 OpenPGP keys; give the publisher's key alone" in refused.error_lines[-1]
     script = shell(folder, "--key", str(both))
     assert script.returncode == 2 and "holds 2 OpenPGP keys" in script.stderr, script.stderr
+    # a gpg that cannot count them (older than 2.2.8: no --show-keys) fails closed, not open
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gpg").write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = --show-keys ] && exit 2; done\n'
+                                 f'exec {shutil.which("gpg")} "$@"\n')
+    (bin_dir / "gpg").chmod(0o755)
+    old = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(public)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert old.returncode == 2 and "gpg 2.2.8 or later counts them" in old.stderr, old.stderr
 
 
 def test_a_file_named_like_the_archive_that_the_sums_do_not_list_fails_and_another_is_named(engines, tmp_path, cli):  # noqa: F811
@@ -254,3 +265,25 @@ def test_both_verifiers_take_and_refuse_the_same_minisign_key_files(engines, tmp
     script = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(key)], capture_output=True,
                             text=True, timeout=120)
     assert script.returncode == shell, script.stdout + script.stderr
+
+
+def test_a_docker_credential_helper_run_for_a_push_never_sees_the_signing_secrets(tmp_path, monkeypatch):
+    # docker-py runs credsStore helpers with os.environ plus the environment it is given: the secrets
+    # must be in neither (push --sign reads credentials with them in the command's environment)
+    from unibake.registry import load_credentials
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "helper-env"
+    helper = bin_dir / "docker-credential-spy"
+    helper.write_text(f"#!/bin/sh\nenv > {seen}\n"
+                      'echo \'{"ServerURL": "r.example:5000", "Username": "u", "Secret": "p"}\'\n')
+    helper.chmod(0o755)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"credsStore": "spy", "auths": {"r.example:5000": {}}}))
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    monkeypatch.setenv("PATH", path)  # docker-py finds the helper on the process's PATH
+    env = {"PATH": path, GPG_PASSPHRASE: "gpg-secret", MINISIGN_PASSWORD: "minisign-secret"}
+    found = load_credentials("r.example:5000", env, config)
+    assert found is not None and seen.is_file()
+    assert "gpg-secret" not in seen.read_text() and "minisign-secret" not in seen.read_text()
