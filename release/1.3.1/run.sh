@@ -17,7 +17,8 @@ usage() {
   echo "Profiles: tp1, tp2, tp4"
 }
 number() {  # $1 name, $2 value, $3 lowest, $4 highest: a whole number in range, or exit 2
-  case "$2" in ""|*[!0-9]*) die "$1 must be a number from $3 to $4; got '$2'" ;; esac
+  # no leading zeros: the engine would be handed 00080 as written, and read it as it pleases
+  case "$2" in ""|*[!0-9]*|0?*) die "$1 must be a number from $3 to $4; got '$2'" ;; esac
   [ "${#2}" -le 5 ] && [ "$2" -ge "$3" ] && [ "$2" -le "$4" ] || die "$1 must be a number from $3 to $4; got '$2'"
 }
 
@@ -60,6 +61,43 @@ case "$name" in
 esac
 IMAGE="${IMAGE:-demo-llm:1.3.1}"
 case "$IMAGE" in ""|-*|*[!A-Za-z0-9_.:/@-]*) die "IMAGE must be an image reference like demo-llm:1.3.1; got '$IMAGE'" ;; esac
+image_ref() {  # the engine's reference grammar, so a bad IMAGE is one line here, not the engine's exit 125
+  ref=$1
+  case "$ref" in
+    *@*) digest=${ref#*@}; ref=${ref%%@*}
+         case "$digest" in sha256:*) ;; *) return 1 ;; esac
+         hex=${digest#sha256:}
+         case "$hex" in *[!0-9a-f]*) return 1 ;; esac
+         [ "${#hex}" -eq 64 ] || return 1 ;;
+  esac
+  case "${ref##*/}" in
+    *:*) tag=${ref##*:}; ref=${ref%:*}
+         case "$tag" in [A-Za-z0-9_]*) ;; *) return 1 ;; esac  # not empty, a word character first
+         case "$tag" in *[!A-Za-z0-9_.-]*) return 1 ;; esac
+         [ "${#tag}" -le 128 ] || return 1 ;;
+  esac
+  path=$ref
+  case "$ref" in
+    */*) host=${ref%%/*}
+         # a first part with '.', ':' or upper case, or localhost, is a registry host (as the engine reads it)
+         case "$host" in *.*|*:*|*[A-Z]*|localhost)
+           path=${ref#*/}
+           name=${host%%:*}
+           case "$host" in *:*) port=${host#*:}; case "$port" in ""|*[!0-9]*) return 1 ;; esac ;; esac
+           case "$name" in ""|.*|*.|*..*) return 1 ;; esac
+           rest=$name
+           while [ -n "$rest" ]; do  # each dot-separated label: letters, digits and inner '-'
+             label=${rest%%.*}
+             case "$label" in ""|-*|*-|*[!A-Za-z0-9-]*) return 1 ;; esac
+             case "$rest" in *.*) rest=${rest#*.} ;; *) rest="" ;; esac
+           done ;;
+         esac ;;
+  esac
+  # the repository: lower-case components of letters and digits, one '.', '_', '__' or '-'s between
+  case "$path" in ""|*[!a-z0-9._/-]*|[._/-]*|*[._/-]|*//*|*/[._-]*|*[._-]/*|*..*|*___*|*._*|*_.*|*-.*|*.-*|*_-*|*-_*) return 1 ;; esac
+  return 0
+}
+image_ref "$IMAGE" || die "IMAGE must be an image reference like demo-llm:1.3.1 (a lower-case repository, a tag, a sha256 digest); got '$IMAGE'"
 
 # GPUs: numbers (every vendor), GPU-/MIG- UUIDs (NVIDIA), or all
 gpus="${GPUS:-}"
