@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,21 +71,29 @@ def run(*argv: str, env: dict | None = None, cwd: Path | None = None, stdin: str
                           input=stdin)
 
 
-@pytest.fixture(scope="session")
-def gpg_home():
+@contextmanager
+def throwaway_gpg_home():
     """A throwaway OpenPGP keyring with one signing key (no passphrase), and its armoured public key.
     The folder's path is short: gpg-agent's socket lives in it."""
     home = Path(tempfile.mkdtemp(prefix="ubg-"))
     home.chmod(0o700)
     env = {"GNUPGHOME": str(home)}
-    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer <signer@example.invalid>",
-               "ed25519", "sign", "never", env=env)
-    assert made.returncode == 0, made.stderr
-    public = home / "publisher.asc"
-    public.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
-    yield env, public
-    run("gpgconf", "--kill", "gpg-agent", env=env)  # the agent gpg started for this keyring
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer <signer@example.invalid>",
+                   "ed25519", "sign", "never", env=env)
+        assert made.returncode == 0, made.stderr
+        public = home / "publisher.asc"
+        public.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
+        yield env, public
+    finally:
+        run("gpgconf", "--kill", "gpg-agent", env=env)  # the agent gpg started for this keyring
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def gpg_home():
+    with throwaway_gpg_home() as made:
+        yield made
 
 
 @pytest.fixture(scope="session")

@@ -1004,8 +1004,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         sys.stdout = open(os.devnull, "w")
         return 0
     except OSError as exc:  # a file or folder the stages did not expect to fail: named, never a traceback
-        print(f"error: {one_line(str(exc.filename or 'a file'))}: {exc.strerror or exc}", file=sys.stderr)
-        _emit_error(args, f"{exc.filename or 'a file'}: {exc.strerror or exc}", 1, cwd)
+        message = f"{exc.filename or 'a file'}: {exc.strerror or exc}"
+        print(f"error: {one_line(message)}", file=sys.stderr)
+        _emit_error(args, message, 1, cwd)
         return 1
     finally:
         for sig, handler in previous.items():

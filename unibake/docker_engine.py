@@ -143,8 +143,6 @@ class DockerEngine(Engine):
                         on_line(line)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail("the build could not run", exc) from None
-        except BuildInterrupted:
-            raise
         except KeyboardInterrupt:
             raise BuildInterrupted(last_image=last_image, stage_images=tuple(stage_images)) from None
         close_step()

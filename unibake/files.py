@@ -51,7 +51,11 @@ def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: 
 
 def read_small_text(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",
                     follow: bool = True) -> str:
-    data = read_small_file(path, error, limit=limit, what=what, follow=follow)
+    return decode_text(read_small_file(path, error, limit=limit, what=what, follow=follow), path, error)
+
+
+def decode_text(data: bytes, path: Path, error: type[UnibakeError]) -> str:
+    """``data`` (read from ``path``) as UTF-8 text; ``error`` naming the file and the byte otherwise."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

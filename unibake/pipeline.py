@@ -16,8 +16,8 @@ and keeps every result frozen. The commands are selections of :data:`STAGES`:
 
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence

@@ -91,7 +91,7 @@ class ReleaseFolder:
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
         self._lock = None
 
-    def _enter(self) -> None:
+    def __enter__(self) -> "ReleaseFolder":
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             lock = open(self.out / f".{self.tag}.lock", "a+")
@@ -122,6 +122,7 @@ class ReleaseFolder:
                              "(--version; for archive, --tag)")
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir()
+        return self
 
     def _restore_old(self) -> None:
         """A replaced release (``--force``) whose replacement never took its place (a run killed
@@ -130,10 +131,6 @@ class ReleaseFolder:
         if os.path.isdir(old) and not os.path.islink(old) and not os.path.lexists(self.final):
             os.replace(old, self.final)
         shutil.rmtree(old, ignore_errors=True)
-
-    def __enter__(self) -> "ReleaseFolder":
-        self._enter()
-        return self
 
     def commit(self, then: Callable[[], object] | None = None) -> Path:
         """The staged folder takes its final name (a replaced one set aside first, removed after),

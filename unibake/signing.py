@@ -283,8 +283,6 @@ class SignatureCheck:
     data: bytes = field(default=b"", repr=False, compare=False)  # the signed file's bytes, as verified
 
 
-SIGNED_LIMIT = 64 << 20  # the largest file a release signs (the provenance; SHA256SUMS is at most 1 MiB)
-
 
 def _status(stdout: bytes) -> dict[str, list[str]]:
     """gpgv's ``--status-fd`` lines, by keyword: the first of each."""
@@ -308,15 +306,15 @@ def _openpgp_keys(key: PublicKey, home: Path, env: Mapping[str, str]) -> None:
         raise InputError(f"--key {key.path}: holds {count} OpenPGP keys; give the publisher's key alone")
 
 
-def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, str],
-                     limit: int = SIGNED_LIMIT) -> SignatureCheck:
+def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, str], *,
+                     limit: int) -> SignatureCheck:
     """``folder/name`` against its detached signature by ``key``: absent or wrong is a failed check.
 
-    Both files are read once, bounded, and must be regular files; the tools check copies of those
+    Both files are read once, bounded (``limit``: the signed file's), and must be regular files; the tools check copies of those
     bytes, which the check hands back (``data``) so that what is verified is what is then read."""
     signature = folder / (name + key.suffix)
     target = signature.name
-    if not os.path.lexists(signature) or signature.is_symlink() or not signature.is_file():
+    if signature.is_symlink() or not signature.is_file():
         return SignatureCheck(target=target, passed=False,
                               detail=f"missing: {name} is not signed ({key.kind} key {key.path.name} given)")
     with tempfile.TemporaryDirectory(prefix="unibake-verify-") as temp:

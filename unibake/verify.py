@@ -19,7 +19,7 @@ from pathlib import Path
 from .archive_reader import ArchiveReader, read_archive
 from .engine import Engine
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
-from .files import read_small_text, visible_name
+from .files import decode_text, read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
 from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
 from .platforms import recorded_by
@@ -83,10 +83,7 @@ def read_sums(folder: Path, data: bytes | None = None) -> dict[str, str]:
         text = read_small_text(path, VerificationError, limit=SUMS_LIMIT,
                                what="this is not a complete release folder", follow=False)
     else:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise VerificationError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        text = decode_text(data, path, VerificationError)
     sums = {}
     for entry in parse_sums(text, str(path), VerificationError):
         if not PLAIN_NAME_RE.fullmatch(entry.name) or entry.name in (".", ".."):
@@ -307,7 +304,7 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
 def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> Report:
     """``SHA256SUMS`` (and the provenance, when signed) against the publisher's key: the first
     check of ``verify --key``; absent or wrong is a failed check, and nothing else is trusted."""
-    from .provenance import PROVENANCE
+    from .provenance import PROVENANCE, PROVENANCE_LIMIT
     from .signing import read_public_key, verify_signature
 
     key = read_public_key(key_path)
@@ -315,7 +312,7 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
     first = verify_signature(folder, SUMS, key, env, limit=SUMS_LIMIT)
     checks.add("signature", first.target, first.passed, first.detail)
     if first.passed and (folder / (PROVENANCE + key.suffix)).is_file():
-        second = verify_signature(folder, PROVENANCE, key, env)
+        second = verify_signature(folder, PROVENANCE, key, env, limit=PROVENANCE_LIMIT)
         checks.add("signature", second.target, second.passed, second.detail)
     return Report(folder=folder, checks=tuple(checks), manifest=None,
                   signed_sums=first.data if first.passed else None)

@@ -9,14 +9,13 @@ import os
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from unibake import signing
 from unibake.signing import GPG_PASSPHRASE, MINISIGN_PASSWORD, check_keys
 
-from ..conftest import REPO, gpg_home, minisign_key, run  # noqa: F401 - fixtures used by name
+from ..conftest import REPO, gpg_home, minisign_key, run, throwaway_gpg_home  # noqa: F401 - fixtures used by name
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
 from .test_supply_chain import engines, release  # noqa: F401 - the fixture is used by name
 
@@ -31,20 +30,8 @@ def shell(folder, *args) -> subprocess.CompletedProcess:
 @pytest.fixture
 def own_gpg():
     """A keyring of this test's own (the session's is shared: a key revoked or added here stays so)."""
-    import shutil
-    import tempfile
-
-    home = tempfile.mkdtemp(prefix="ubr-")  # short: the agent's socket lives in it
-    os.chmod(home, 0o700)
-    env = {"GNUPGHOME": home}
-    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer <signer@example.invalid>",
-               "ed25519", "sign", "never", env=env)
-    assert made.returncode == 0, made.stderr
-    public = Path(home) / "publisher.asc"
-    public.write_text(run("gpg", "--armor", "--export", "signer@example.invalid", env=env).stdout)
-    yield env, public
-    run("gpgconf", "--kill", "gpg-agent", env=env)
-    shutil.rmtree(home, ignore_errors=True)
+    with throwaway_gpg_home() as made:
+        yield made
 
 
 def signed(engines, tmp_path, gpg_home, minisign_key):  # noqa: F811
@@ -202,7 +189,6 @@ def test_the_signing_secrets_leave_the_environment_every_child_inherits(monkeypa
 
 
 def test_a_passphrase_is_not_left_in_gpg_agent_after_signing_and_a_wrong_one_fails_the_probe(tmp_path):
-    import shutil
     import tempfile
 
     home = tempfile.mkdtemp(prefix="ubp-")  # short: the agent's socket lives in it
