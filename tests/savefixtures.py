@@ -42,9 +42,9 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def config_for(layers: list[bytes], labels: dict[str, str] | None = None) -> bytes:
+def config_for(layers: list[bytes], labels: dict[str, str] | None = None, architecture: str = "amd64") -> bytes:
     return json.dumps({
-        "architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], **({"Labels": labels} if labels else {})},
+        "architecture": architecture, "os": "linux", "config": {"Env": ["PATH=/bin"], **({"Labels": labels} if labels else {})},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{sha(x)}" for x in layers]},
         "history": [{"created_by": "test"} for _ in layers],
     }, sort_keys=True).encode()
@@ -81,9 +81,9 @@ def _archive(entries: list[tuple[str, bytes | None, str | None]]) -> bytes:
 
 def docker_layout(layers: list[bytes] = DEFAULT_LAYERS, tag: str = "demo:1", *, duplicate_as_link: bool = False,
                   extra: list[tuple[str, bytes | None, str | None]] = (),
-                  labels: dict[str, str] | None = None) -> tuple[bytes, str, list[str]]:
+                  labels: dict[str, str] | None = None, architecture: str = "amd64") -> tuple[bytes, str, list[str]]:
     """Engine 20.10's layout: layer dirs first, the config, manifest.json and repositories last."""
-    config = config_for(layers, labels)
+    config = config_for(layers, labels, architecture)
     entries, names, seen = [], [], {}
     for i, layer in enumerate(layers):
         layer_id = sha(f"{i}".encode() + layer)

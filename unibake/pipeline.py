@@ -620,7 +620,8 @@ def _publish(run: Run) -> tuple:
     plan: ReleasePlan | None = run.get("plan")
     notes = plan.notes if plan is not None else None
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
-    previous = base.manifest if base else previous_release(request.out, target.product, target.release)
+    previous = (base.manifest if base
+                else previous_release(request.out, target.product, target.release, target.metadata))
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
                               hotfix=base.manifest if base else None, image_size=image.size, notes=notes,

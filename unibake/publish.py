@@ -194,9 +194,18 @@ def find_releases(out: Path) -> list[PublishedRelease]:
     return good + bad
 
 
-def previous_release(out: Path, product: str, tag: str) -> ReleaseManifest | None:
+def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata | None = None) -> ReleaseManifest | None:
+    """The release under ``out`` this one follows: the newest of the same product (another tag) and,
+    for an image unibake built, the same platform that holds its default profile, so the notes'
+    roll-back (``IMAGE=previous ./run.sh DEFAULT``) runs; one of exactly the same profiles is
+    preferred (``1.3.2-tp4`` follows ``1.3.1-tp4``, not the unified ``1.3.1``). None: the first."""
     candidates = [r.manifest for r in find_releases(out)
                   if r.manifest is not None and r.manifest.product == product and r.manifest.release != tag]
+    if metadata is not None:
+        candidates = [m for m in candidates if m.platform == metadata.platform
+                      and metadata.default_profile in m.profiles]
+        same = [m for m in candidates if set(m.profiles) == set(metadata.profiles)]
+        candidates = same or candidates
     return candidates[-1] if candidates else None
 
 
@@ -205,7 +214,11 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
     files by their names, never by position): added, removed or changed."""
     if previous is None:
         return []
-    before = {(c.kind, c.profile, c.name): c for c in previous.components}
+    # a profile the previous release had and this one leaves out was not removed: this is another
+    # selection of the same product (``--profile tp4`` after the unified image)
+    kept = set(manifest.profiles)
+    before = {(c.kind, c.profile, c.name): c for c in previous.components
+              if c.profile is None or not manifest.profiles or c.profile in kept}
     after = {(c.kind, c.profile, c.name): c for c in manifest.components}
     out = []
     for k in sorted(set(before) | set(after)):

@@ -13,7 +13,7 @@ from unibake.archive_reader import read_back
 from unibake.errors import InputError, UnibakeError
 from unibake.manifest import GateResult, GateStep, Validation
 from unibake.metadata import ImageMetadata
-from unibake.publish import ReleaseFolder, build_manifest, find_releases, publish, render_files
+from unibake.publish import ReleaseFolder, build_manifest, find_releases, previous_release, publish, render_files
 
 from ..savefixtures import docker_layout, layer_tar
 
@@ -39,14 +39,15 @@ PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-round
 
 def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None, notes=None,
                  image_labels=None):
-    data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", labels=image_labels)
+    data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", labels=image_labels,
+                                      architecture=metadata.get("platform", "linux/amd64").split("/")[1])
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
         back = read_back(archive)
-        found = [r.manifest for r in find_releases(out) if r.manifest]
-        previous = found[-1] if found else None
+        meta = ImageMetadata.model_validate_json(json.dumps(metadata))
+        previous = previous_release(out, "demo-llm", tag, meta)
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
-                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(metadata)),
+                                  digests=back, metadata=meta,
                                   labels={"org.opencontainers.image.version": tag}, previous=previous, notes=notes,
                                   attachments={a.name: a.read() for a in notes.attachments} if notes else None)
         files = {**render_files(manifest, PASSED, previous, notes),
@@ -93,6 +94,49 @@ def test_the_next_release_names_the_previous_one_and_how_to_roll_back(tmp_path):
     assert "| tune_caches `tp2` | tp2 | `7 bbbbbbbbbbbb` | `7 cccccccccccc` |" in notes
     assert "IMAGE=demo-llm:1.3.0 ./run.sh tp4" in notes
     assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0"
+
+
+def _selection(names, default, platform="linux/amd64", tp8=False):
+    """METADATA cut to the profiles ``names`` (tp8 added when asked), with ``default`` as default."""
+    meta = json.loads(json.dumps(METADATA))
+    if tp8:
+        meta["profiles"]["tp8"] = {**meta["profiles"]["tp4"], "gpus": 8}
+        meta["components"].append({"kind": "tune_caches", "name": "tp8", "version": "1", "digest": "d" * 64,
+                                   "profile": "tp8"})
+    meta["profiles"] = {k: v for k, v in meta["profiles"].items() if k in names}
+    meta["components"] = [c for c in meta["components"] if not c["profile"] or c["profile"] in names]
+    meta["default_profile"], meta["platform"] = default, platform
+    return meta
+
+
+def test_a_release_follows_the_newest_one_that_can_roll_it_back(tmp_path):
+    out = tmp_path / "release"
+    make_release(out, "1.3.0", _selection({"tp1", "tp2", "tp4"}, "tp4"))
+    make_release(out, "1.3.0-tp2", _selection({"tp2"}, "tp2"))
+    make_release(out, "1.3.0-arm64", _selection({"tp1", "tp2", "tp4"}, "tp4", platform="linux/arm64"))
+    # the first release of a new profile alone follows none (no image before it can run tp8)
+    folder, _ = make_release(out, "1.3.1-tp8", _selection({"tp8"}, "tp8", tp8=True))
+    assert json.loads((folder / "manifest.json").read_text())["previous"] is None
+    assert "## Changes since" not in (folder / "RELEASE_NOTES.md").read_text()
+    # a profile added to the unified image: the unified release before it holds the default profile,
+    # so it is the previous one, and the new profile's files are added, nothing removed
+    folder, _ = make_release(out, "1.3.1", _selection({"tp1", "tp2", "tp4", "tp8"}, "tp4", tp8=True))
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0"
+    assert "| tune_caches `tp8` | tp8 | (none) | `1 dddddddddddd` |" in notes
+    assert "(removed)" not in notes and "IMAGE=demo-llm:1.3.0 ./run.sh tp4" in notes
+    # one profile: the release of the same selection, not the newer unified one
+    folder, _ = make_release(out, "1.3.1-tp2", _selection({"tp2"}, "tp2"))
+    assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0-tp2"
+    # one profile first released alone follows the newest release that has it, the other profiles'
+    # files not called removed
+    folder, _ = make_release(out, "1.3.1-tp4", _selection({"tp4"}, "tp4"))
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.1"
+    assert "(removed)" not in notes and "IMAGE=demo-llm:1.3.1 ./run.sh tp4" in notes
+    # another platform follows its own platform's release, never an image this machine cannot run
+    folder, _ = make_release(out, "1.3.1-arm64", _selection({"tp1", "tp2", "tp4"}, "tp4", platform="linux/arm64"))
+    assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0-arm64"
 
 
 def test_an_existing_release_is_kept_unless_forced(tmp_path):
