@@ -931,8 +931,9 @@ def _terminate(signum, frame):
 def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: Path) -> None:
     """A failed run's document, ``{"error": ..., "exit_code": ...}``: on stdout with ``--json``, in
     the ``--metadata-file`` too (never a failure of its own: the run's error is the one to report)."""
-    if args is None:  # the command line itself was refused: --json is honoured if it was given at all
-        if "--json" in _argv:
+    if args is None:  # the command line itself was refused: --json is honoured if it was given as an option
+        options = _argv[:_argv.index("--")] if "--" in _argv else _argv  # after "--", a value, not an option
+        if "--json" in options:
             sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
         return
     try:

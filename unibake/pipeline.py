@@ -320,14 +320,16 @@ def _folder(run: Run) -> tuple:
     # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
     # said now, before the build, the export and the gates run for nothing
     record = run.request.checksums
-    try:
-        record.mkdir(parents=True, exist_ok=True)
-        usable = os.access(record, os.W_OK | os.X_OK)
-    except OSError as exc:
-        raise UnibakeError(f"cannot write the checksums record folder {record} ({exc.strerror}); it sits beside "
-                           "--out") from None
-    if not usable:
-        raise UnibakeError(f"cannot write the checksums record folder {record} (not writable); it sits beside --out")
+    # checked, not made: a run that fails leaves no empty checksums folder behind (publish makes it)
+    existing = record
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not a folder); it "
+                           "sits beside --out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not writable); it "
+                           "sits beside --out")
     return _one(folder)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unibake.errors import UnibakeError, VerificationError
+from unibake.errors import EngineError, UnibakeError, VerificationError
 from unibake.metadata import METADATA_LABEL
 from unibake.pipeline import ARCHIVE, Request, run_stages, selection
 from unibake.sanitise import enforce, scan_bytes, scan_file, scan_text
@@ -150,6 +150,17 @@ def test_a_checksums_record_that_cannot_be_written_publishes_nothing(tmp_path):
     (tmp_path / "checksums").write_text("a file where the folder should be")
     with pytest.raises(UnibakeError, match="cannot write the checksums record folder"):  # said before the work
         release_foreign(tmp_path, {})
+    assert [p.name for p in (tmp_path / "release").iterdir()] == [".1.0.lock"]
+
+
+def test_a_run_that_fails_leaves_no_checksums_folder_behind(tmp_path):
+    class Unloadable(FakeEngine):
+        def load(self, chunks):
+            raise EngineError("the verify engine refused the load (test)")
+
+    with pytest.raises(EngineError, match="refused the load"):
+        release_foreign(tmp_path, {}, {"fake://verify": Unloadable(address="fake://verify")})
+    assert not (tmp_path / "checksums").exists()  # checked at the folder stage, made only when published
     assert [p.name for p in (tmp_path / "release").iterdir()] == [".1.0.lock"]
 
 

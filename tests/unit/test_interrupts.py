@@ -87,6 +87,7 @@ def test_a_refused_command_line_and_a_failed_run_still_give_their_json(cli, tmp_
     refused = cli("--json", "--bogus")
     assert refused.code == 2 and json.loads(refused.out) == {
         "error": "unrecognized arguments: --bogus (see: python build.py --help)", "exit_code": 2}
+    assert cli("--bogus", "--", "--json").out == ""  # after "--" it is an argument, not the option
     document = tmp_path / "m.json"
     failed = cli("--metadata-file", str(document), "verify", str(tmp_path / "absent"))
     assert failed.code == 2 and json.loads(document.read_text())["exit_code"] == 2
