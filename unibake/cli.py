@@ -959,8 +959,11 @@ def _emit_document(args: argparse.Namespace | None, document: dict, cwd: Path) -
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
+    from .publish import COMMITTED
+
     argv = list(sys.argv[1:] if argv is None else argv)
     _argv[:] = argv
+    COMMITTED.clear()
     previous = {}
     if threading.current_thread() is threading.main_thread():
         _interrupts.clear()
@@ -998,8 +1001,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         _emit_error(args, str(exc), exc.exit_code, cwd)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        _emit_error(args, "interrupted", 130, cwd)
+        from .publish import COMMITTED
+
+        message = "interrupted"
+        if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
+            where = ", ".join(str(path) for path in COMMITTED)
+            message += f" after {where} was published whole (check it: python build.py verify {COMMITTED[0]})"
+        print(f"error: {one_line(message)}", file=sys.stderr)
+        _emit_error(args, message, 130, cwd)
         return 130
     except BrokenPipeError:  # output piped into head: not an error of ours
         sys.stdout = open(os.devnull, "w")

@@ -58,6 +58,8 @@ def check_tag(tag: str) -> str:
 
 
 HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# the release folders this process committed: a run interrupted after one says it was published
+COMMITTED: list[Path] = []
 
 
 @contextmanager
@@ -148,6 +150,7 @@ class ReleaseFolder:
                     self._restore_old()
                     raise
                 self.committed = True
+                COMMITTED.append(self.final)
                 if then is not None:
                     then()
                 fsync_dir(self.out)

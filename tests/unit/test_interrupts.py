@@ -83,6 +83,25 @@ def test_a_second_interrupt_does_not_cut_the_clean_up_short(capsys):
         cli_module._interrupts.clear()
 
 
+def test_an_interrupt_after_the_commit_says_the_release_was_published(cli, tmp_path, monkeypatch):
+    # the commit holds the signal until the release is whole; the run then stops with 130, and the
+    # user is told the release stands rather than left to guess from "interrupted"
+    def publish_then_interrupted(args, ctx):
+        with ReleaseFolder(tmp_path / "release", "1.0", force=False) as folder:
+            (folder.staging / "manifest.json").write_text("{}\n")
+            folder.commit()
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", publish_then_interrupted)
+    result = cli("--json", "releases")
+    folder = tmp_path / "release" / "1.0"
+    assert result.code == 130 and result.error_lines == [
+        f"error: interrupted after {folder} was published whole (check it: python build.py verify {folder})"]
+    assert json.loads(result.out)["error"].startswith(f"interrupted after {folder} was published")
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", lambda args, ctx: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli("releases").error_lines == ["error: interrupted"]  # the next run starts with none committed
+
+
 def test_a_refused_command_line_and_a_failed_run_still_give_their_json(cli, tmp_path):
     refused = cli("--json", "--bogus")
     assert refused.code == 2 and json.loads(refused.out) == {
