@@ -221,7 +221,7 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
     # selection of the same product (``--profile tp4`` after the unified image)
     kept = set(manifest.profiles)
     before = {(c.kind, c.profile, c.name): c for c in previous.components
-              if c.profile is None or not manifest.profiles or c.profile in kept}
+              if not c.profile or not manifest.profiles or c.profile in kept}
     after = {(c.kind, c.profile, c.name): c for c in manifest.components}
     out = []
     for k in sorted(set(before) | set(after)):
