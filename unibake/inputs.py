@@ -159,6 +159,10 @@ def read_lock(lock_path: Path, display: str) -> dict[str, str]:
     """``{path: sha256}`` from a lock file; a missing lock is an empty one."""
     if not os.path.lexists(lock_path):
         return {}
+    real = lock_path.resolve()
+    if not real.is_relative_to(lock_path.parent.resolve()):  # its lines are quoted in errors: never read a file
+        raise InputError(f"{display}: a symlink that points outside the profiles folder (to {real}); the lock "
+                         "must live in the folder")
     text = read_small_text(lock_path, InputError, limit=LOCK_LIMIT)
     return {e.name: e.sha256 for e in parse_sums(text, display, InputError, comments=True)}
 

@@ -22,6 +22,7 @@ from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import enforce, scan_values
+from .templates import mount_var
 from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
 
 INSTALL_ROOT = "/opt/unibake"
@@ -301,6 +302,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if version is not None and not VERSION_RE.fullmatch(version):
         raise InputError(f"--version {version!r} is not a valid version: letters, digits, '.', '_' and '-', "
                          "starting with a letter or digit (it is the image's tag)")
+    given_version = version is not None
     version = version or data["version"]
 
     def where(path: tuple) -> str:
@@ -364,6 +366,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         raise InputError(f"{merged['-'.join(selected)].file}: the profile '{'-'.join(selected)}' would share the tag "
                          f"{data['product']}:{version}{tag_suffix}{platform.suffix} with the profiles "
                          f"{', '.join(selected)} built together; rename it")
+    # the tag is VERSION[-PROFILES][-ARCH]: a version that ends as a selection or a platform does would
+    # share its tag and release folder with another build (1.3.1-tp1 for every profile, and 1.3.1 for tp1)
+    for ending in sorted(merged) + sorted(p.architecture for p in PLATFORMS.values()):
+        if version.endswith(f"-{ending}"):
+            source = f"--version {version}" if given_version else where(("version",))
+            raise InputError(f"{source}: a version ending in '-{ending}' would share its tag with the "
+                             f"{'profile' if ending in merged else 'platform'} {ending}'s release of "
+                             f"{version.removesuffix('-' + ending)}; choose another version")
     tag = f"{data['product']}:{version}{tag_suffix}{platform.suffix}"
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
@@ -518,7 +528,10 @@ def _check_mounts(mounts: dict[str, str], where) -> None:
     variables: dict[str, str] = {}
     paths: dict[str, str] = {}
     for name, path in mounts.items():
-        variable = name.upper().replace("-", "_").replace(".", "_")
+        variable = mount_var(name)
+        if variable == "NAME":  # MODEL_NAME is the served model's name, not a folder
+            raise InputError(f"{where(name)}: a mount named '{name}' would be MODEL_NAME in run.sh, which is the "
+                             "served model's name; rename it")
         if variable in variables:
             raise InputError(f"{where(name)}: mounts '{variables[variable]}' and '{name}' are both "
                              f"MODEL_{variable} in run.sh; rename one")

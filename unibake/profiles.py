@@ -100,6 +100,9 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key must be a plain name")
             key = key_node.value
+            count[1] += len(key)
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in key):
+                raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key holds a lone surrogate")
             if key_node.tag == "tag:yaml.org,2002:merge":
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: YAML merge keys ('<<') are not "
                                  "supported; a profile inherits with extends: FILE, and maps such as env merge "
@@ -116,7 +119,22 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             lines[path + (i,)] = item.start_mark.line + 1
             items.append(_construct(item, path + (i,), lines, display, count))
         return items
-    return yaml.SafeLoader("").construct_object(node, deep=True)
+    line = node.start_mark.line + 1
+    try:
+        value = yaml.SafeLoader("").construct_object(node, deep=True)
+    except ValueError:  # an integer of more digits than Python converts (int_max_str_digits)
+        raise InputError(f"{display}:{line}: a number too large to be a value") from None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 63:
+        # no key takes one; even printing it in an error can fail past 4300 digits
+        raise InputError(f"{display}:{line}: a number too large to be a value") from None
+    if isinstance(value, str):
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in value):  # "\ud800" in YAML: no UTF-8 can carry it
+            raise InputError(f"{display}:{line}: a string holds a lone surrogate ('\\u' escape of "
+                             "U+D800..U+DFFF), which is not text")
+        count[1] += len(value)
+        if count[1] > MAX_YAML_BYTES:  # a big string behind many aliases: bounded as the file itself is
+            raise InputError(f"{display}: more than {MAX_YAML_BYTES} characters once aliases are expanded")
+    return value
 
 
 def read_document(file: Path, display: str) -> Document:
@@ -129,7 +147,7 @@ def read_document(file: Path, display: str) -> Document:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[Path_, int] = {}
-        data = {} if node is None else _construct(node, (), lines, display, [0])
+        data = {} if node is None else _construct(node, (), lines, display, [0, 0])
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
@@ -399,9 +417,10 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]
         name = doc.data["profile"]
-        if name in RESERVED_PROFILE_NAMES:
+        if name in RESERVED_PROFILE_NAMES or any(name.endswith(f"-{arch}") for arch in RESERVED_PROFILE_NAMES):
             raise InputError(f"{doc.where(('profile',))}: '{name}' cannot name a profile: --profile all means every "
-                             "profile, and a platform's architecture ends its release's tag; choose another name")
+                             "profile, and a platform's architecture ends its release's tag (so tp1-arm64 is tp1 "
+                             "for arm64); choose another name")
         if name in profiles:
             raise InputError(f"{doc.where(('profile',))}: profile '{name}' is also defined in "
                              f"{profiles[name].file}; profile names must be unique")

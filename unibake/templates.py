@@ -6,7 +6,8 @@ that escape a value for where it lands.
   container starts and everything else is literal;
 * ``md``: text from outside as inline Markdown (no markup, no HTML); ``code``: a value as a code
   span whatever backticks or pipes it holds;
-* ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder.
+* ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder;
+* ``mount_var``: a weight mount's name as the suffix of its variables (``MODEL_<X>``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def code(value: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def mount_var(name: str) -> str:
+    """The suffix of a weight mount's variables (run.sh's ``MODEL_<X>``, the image's
+    ``UNIBAKE_MOUNT_<X>``): upper case, '-' and '.' as '_', so it is a shell variable name."""
+    return name.upper().replace("-", "_").replace(".", "_")
+
+
 def gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
@@ -78,7 +85,7 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md, code=code,
+    env.filters.update(mount_var=mount_var, dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md, code=code,
                        dirname=lambda v: str(v).rsplit("/", 1)[0])
     return env
 

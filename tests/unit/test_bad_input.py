@@ -197,6 +197,38 @@ def case_lock_is_a_folder(p):
     (p / "inputs.lock").mkdir()
 
 
+def case_string_lone_surrogate(p):  # "\ud800": valid YAML, not text; no UTF-8 carries it
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "\\ud800"}')
+
+
+def case_number_of_many_hex_digits(p):  # fits Python, but printing it in an error fails
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 0x" + "f" * 4000)
+
+
+def case_number_of_many_digits(p):  # past Python's int_max_str_digits: PyYAML raises ValueError
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: " + "9" * 5000)
+
+
+def case_aliases_expand_a_long_string(p):  # 84 kB of YAML, 80 MB of Dockerfile once expanded
+    (p / "tp1.yaml").write_text((p / "tp1.yaml").read_text() +
+                                'args: [&a "' + "A" * 4000 + '"' + ", *a" * 20000 + "]\n")
+
+
+def case_mount_named_name(p):
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
+
+
+def case_profile_named_like_another_for_a_platform(p):  # tp1-arm64 is the tag of tp1 built for arm64
+    (p / "tp3.yaml").write_text("profile: tp1-arm64\ngpus: 3\n")
+
+
+def case_lock_links_outside(p):
+    secret = p.parent / "outside-secret.txt"
+    secret.write_text("root:$y$j9T$SECRETSALT$SECRETHASH:20228:0:99999:7:::\n")
+    (p / "inputs.lock").unlink()
+    (p / "inputs.lock").symlink_to(secret)
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -209,6 +241,13 @@ SAYS = {
     "file_name_not_utf8": "'images/tune/tp1/cache-\\xff.json' is not UTF-8",
     "lock_is_a_folder": "inputs.lock: not a regular file",
     "smoke_expects_nothing": "the expected reply is empty",
+    "string_lone_surrogate": "tp1.yaml:4: a string holds a lone surrogate",
+    "number_of_many_hex_digits": "tp1.yaml:2: a number too large to be a value",
+    "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
+    "aliases_expand_a_long_string": "characters once aliases are expanded",
+    "mount_named_name": "would be MODEL_NAME in run.sh",
+    "profile_named_like_another_for_a_platform": "'tp1-arm64' cannot name a profile",
+    "lock_links_outside": "inputs.lock: a symlink that points outside the profiles folder",
 }
 
 ARGUMENT_CASES = {
@@ -220,6 +259,8 @@ ARGUMENT_CASES = {
     "split-not-a-size": ["--split", "lots"],
     "level-out-of-range": ["--level", "30"],
     "allow-not-a-regex": ["--allow", "("],
+    "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0
+    "version-ending-like-a-platform": ["--version", "1.0-arm64"],
 }
 
 
@@ -237,6 +278,7 @@ def test_bad_yaml_and_inputs_are_refused_before_anything_happens(cli, busybox_pr
     result = cli("--config", str(busybox_product))
     assert_refused(result, busybox_product.parent)
     assert SAYS.get(case, "") in result.error_lines[0]
+    assert "SECRET" not in result.err  # a file the lock links to is not read, so not quoted
 
 
 @pytest.mark.parametrize("case", sorted(ARGUMENT_CASES))

@@ -200,6 +200,25 @@ def test_run_sh_passes_port_model_name_mounts_and_engine_args(tmp_path):
                    "demo-llm:1.3.0 serve --max-len '4 096'\n")
 
 
+def test_run_sh_keeps_the_container_name_whatever_registry_the_image_comes_from(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    pulled = run_sh(folder, "tp2", IMAGE="registry.example:5000/team/demo-llm:1.3.1").stdout
+    assert pulled.startswith("docker run --rm --name demo-llm-tp2 ")  # not the registry's host name
+    assert pulled.rstrip().endswith(" registry.example:5000/team/demo-llm:1.3.1")
+    named = run_sh(folder, "--name", "mybox", "tp1", IMAGE="localhost/demo-llm:1.3.1").stdout
+    assert named.startswith("docker run --rm --name mybox ")
+
+
+def test_every_text_names_a_mount_by_the_variable_run_sh_reads(tmp_path):
+    meta = json.loads(json.dumps(METADATA))
+    meta["launch"]["mounts"] = {"draft-a.v2": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=meta)
+    texts = "".join((folder / name).read_text() for name in ("README-DIST.md", "RELEASE_NOTES.md", "run.sh"))
+    assert "MODEL_DRAFT_A_V2" in texts and "MODEL_DRAFT-A" not in texts
+    out = run_sh(folder, "tp1", MODEL_DRAFT_A_V2="/data/w").stdout  # what the guides say is what run.sh takes
+    assert "source=/data/w,target=/models/draft" in out
+
+
 def test_run_sh_passes_engine_arguments_whole_final_newlines_and_quotes_included(tmp_path):
     folder, _ = make_release(tmp_path / "release")
     out = run_sh(folder, "tp1", "--", "--chat-template=x\n\n", "it's").stdout
