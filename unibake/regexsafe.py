@@ -2,10 +2,11 @@
 they could backtrack catastrophically.
 
 Python's ``re`` backtracks: ``(a+)+$`` against a reply of thirty ``a`` and a ``b`` tries 2**30 ways,
-and the release would hang in the smoke gate. The classic cause is a quantifier inside a quantified
-group where one of them is unbounded (``(a+)+``, ``(\\w*)*``, ``(x+y?)+``); such a pattern is refused
-before anything is built, naming the YAML key. Written by hand on the parser ``re`` itself uses (so
-what is checked is what runs): a library that avoids backtracking (RE2) would change the syntax
+and the release would hang in the smoke gate. The classic causes are a quantifier inside a quantified
+group where one of them is unbounded (``(a+)+``, ``(\\w*)*``, ``(x+y?)+``) and alternatives under an
+unbounded repeat (``(a|aa)*``); such a pattern is refused before anything is built, naming the YAML
+key. So is one that matches an empty reply (``.*``, ``x?``): a gate it guards would pass anything.
+Written by hand on the parser ``re`` itself uses (so what is checked is what runs): a library that avoids backtracking (RE2) would change the syntax
 the profiles use, and the ReDoS scanners on the package registry are unmaintained.
 """
 
@@ -34,6 +35,11 @@ def _nested(items, outer: tuple[int, int] | None) -> str | None:
         elif op == C.SUBPATTERN:
             found = _nested(av[3], outer)
         elif op == C.BRANCH:
+            if outer is not None and outer[1] == C.MAXREPEAT:
+                # alternatives that can match the same text ((a|a)*, (a|aa)*) give the repeat
+                # exponentially many ways to split a reply; telling overlapping ones from disjoint
+                # ones is a study of its own, so every alternation under an unbounded repeat is refused
+                return "an alternation inside a repeated group, as in (a|aa)*"
             found = next((f for branch in av[1] for f in [_nested(branch, outer)] if f), None)
         elif op in (C.ASSERT, C.ASSERT_NOT):
             found = _nested(av[1], outer)
@@ -60,6 +66,9 @@ def check_regex(pattern: str, where: str, what: str = "the expected reply") -> N
     except (re.error, RecursionError, OverflowError) as exc:
         raise InputError(f"{where}: {what} is not a regular expression: {exc}") from None
     found = _nested(list(parsed), None)
+    if not found and re.fullmatch(pattern, "") is not None:
+        raise InputError(f"{where}: {what} {pattern[:80]!r} matches an empty reply, so every reply would pass; "
+                         "write what the reply must say")
     if found:
         raise InputError(f"{where}: {what} {pattern[:80]!r} could backtrack without end ({found}); write it "
                          "without nesting or back-references, e.g. [0-9.]+ instead of ([0-9]+\\.?)+")
