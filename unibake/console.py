@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
+from rich.text import Text
 
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : ")
@@ -154,6 +155,10 @@ class Reporter:
         """A plain table of results (verify, releases): aligned text when plain, rich otherwise."""
         if self.quiet:
             return
+        # cells carry text from outside (a folder's name, a manifest's problem): one printable line
+        # each, so none can forge an error: line or drive the terminal, and never rich markup
+        title, columns = one_line(str(title)), [one_line(str(c)) for c in columns]
+        rows = [[one_line(str(x)) for x in r] for r in rows]
         if self.plain:
             widths = [max(len(str(x)) for x in [c] + [r[i] for r in rows]) for i, c in enumerate(columns)]
             self.console.print(title, markup=False)
@@ -161,11 +166,11 @@ class Reporter:
                 self.console.print("  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip(),
                                    markup=False)
             return
-        table = Table(title=title, title_justify="left", header_style="bold")
+        table = Table(title=Text(title), title_justify="left", header_style="bold")
         for c in columns:
-            table.add_column(c, overflow="fold")
+            table.add_column(Text(c), overflow="fold")
         for r in rows:
-            table.add_row(*[str(x) for x in r])
+            table.add_row(*[Text(x) for x in r])
         self.console.print(table)
 
     def summary(self, title: str, rows: list[tuple[str, str]], final: str) -> None:

@@ -64,3 +64,17 @@ def test_a_terminal_gets_bars_and_colour_unless_no_color():
     reporter.summary("unibake: built", [("image", "demo:1")], "built demo:1")
     assert "Step 2/3 : RUN make" in screen.getvalue() and "verifies" in screen.getvalue()
     assert Reporter(env={"NO_COLOR": "1"}, stream=Terminal()).console.no_color
+
+
+def test_a_table_cell_from_outside_cannot_forge_a_line_drive_the_terminal_or_carry_markup(cli, tmp_path):
+    # releases lists folders by name: a name is anyone's to choose
+    out = tmp_path / "release"
+    for name in ("x\nerror: forged", "y\x1b[2J\x1b[31m", "[bold red]z[/] [oops]"):
+        (out / name).mkdir(parents=True)
+        (out / name / "manifest.json").write_text("not JSON\n")
+    plain = cli("releases", "--out", str(out))
+    assert plain.error_lines == [] and "\x1b" not in plain.err
+    terminal = Terminal()
+    Reporter(env={}, stream=terminal).table("releases", ["release"], [["[bold red]z[/] [oops]"], ["y\x1b[2J"]])
+    shown = terminal.getvalue()
+    assert "[bold red]z[/] [oops]" in shown and "\x1b[2J" not in shown  # markup shown as text, not obeyed
