@@ -225,6 +225,12 @@ def test_run_sh_passes_engine_arguments_whole_final_newlines_and_quotes_included
     assert out.endswith(" demo-llm:1.3.1 serve '--chat-template=x\n\n' 'it'\\''s'\n"), out
 
 
+def test_run_sh_takes_the_profile_from_profile_as_the_image_does(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    out = run_sh(folder, PROFILE="tp1").stdout  # before: ignored, and the default tp4 started on 4 GPUs
+    assert "--name demo-llm-tp1 -e PROFILE=tp1 " in out and "device=0\"" in out
+
+
 @pytest.mark.parametrize("args,env,message", [
     (["tp8"], {}, "error: unknown profile 'tp8'; known: tp1, tp2, tp4"),
     (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
@@ -237,6 +243,8 @@ def test_run_sh_passes_engine_arguments_whole_final_newlines_and_quotes_included
     (["tp1"], {"GPUS": "*"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '*'"),
     (["tp4"], {"GPUS": "0 1 2 3 4,5,6,7"},
      "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0 1 2 3 4,5,6,7'"),
+    (["tp2"], {"GPUS": "0,0"}, "error: GPUS names GPU '0' twice; each GPU once"),  # the count alone passed it
+    (["tp2"], {"PROFILE": "tp1"}, "error: PROFILE=tp1 and the profile argument 'tp2' disagree; give one"),
 ])
 def test_run_sh_refuses_what_cannot_work(tmp_path, args, env, message):
     folder, _ = make_release(tmp_path / "release")

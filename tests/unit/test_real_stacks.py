@@ -385,6 +385,8 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     for env, message in (({}, "set NODE_RANK (0 to 3) and MASTER_ADDR"),
                          ({"NODE_RANK": "4", "MASTER_ADDR": "n0"}, "NODE_RANK must be a number from 0 to 3"),
                          ({"NODE_RANK": "0", "MASTER_ADDR": "$(id)"}, "MASTER_ADDR must be a host name or an IP"),
+                         ({"NODE_RANK": "0", "MASTER_ADDR": "::::"}, "MASTER_ADDR must be a host name or an IP"),
+                         ({"NODE_RANK": "0", "MASTER_ADDR": "....."}, "MASTER_ADDR must be a host name or an IP"),
                          ({"NODE_RANK": "0", "MASTER_ADDR": "n0", "MASTER_PORT": "70000"}, "MASTER_PORT must be")):
         bad = run("--dry-run", "tp2", **env)
         assert bad.returncode == 2 and message in bad.stderr, (env, bad.stderr)
