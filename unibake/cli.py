@@ -262,6 +262,7 @@ def _registry_options(p: argparse.ArgumentParser) -> None:
 
 COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy",
             "kit", "rebuild")
+GLOBAL_OPTIONS = {"--quiet", "-q", "--json", "--metadata-file", "--engine", "-V", "--tool-version"}
 VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--config", "--stage", "--out", "--level",
                  "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
                  "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
@@ -272,13 +273,17 @@ VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--con
 def with_command(argv: list[str]) -> list[str]:
     """``build`` is the default command: ``build.py --profile tp4`` is ``build.py build --profile tp4``."""
     skip = False
+    build_option = False  # an option of build's own before --help: the help asked for is build's
     for token in argv:
         if skip:
             skip = False
         elif token in VALUE_OPTIONS:
             skip = True
+            build_option = build_option or token not in GLOBAL_OPTIONS
         elif token in ("-h", "--help", "-V", "--tool-version") and not any(a in COMMANDS for a in argv):
-            return argv
+            return ["build", *argv] if build_option and token in ("-h", "--help") else argv
+        elif token.startswith("-"):
+            build_option = build_option or token.split("=", 1)[0] not in GLOBAL_OPTIONS
         elif not token.startswith("-"):
             return argv if token in COMMANDS else ["build", *argv]
     return ["build", *argv]

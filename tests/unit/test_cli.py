@@ -77,6 +77,13 @@ def test_help_lists_every_command_and_exits_0(cli):
         assert command in result.out
 
 
+@pytest.mark.parametrize("args", [["--stage", "render", "--help"], ["--profile", "tp1", "--help"], ["--no-cache", "-h"]])
+def test_help_after_builds_own_options_is_builds_help(cli, args):
+    # build is the default command, so its options may come first; --help then means build's
+    result = cli(*args)
+    assert result.code == 0 and result.out.startswith("usage: build.py build ")
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_global_options_go_before_or_after_the_command(cli, busybox_product, where):
     command = ["lock", "--config", str(busybox_product)]
