@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,6 +356,10 @@ def write_rendered(context: BuildContext, root: Path) -> Path:
             raise InputError(f"{part}: is a symlink; the rendered copies are written only inside the project: "
                              "remove it")
     out.mkdir(parents=True, exist_ok=True)
+    for name in context.rendered:  # all checked before any is written: the copies stay one render's
+        target = out / name
+        if os.path.lexists(target) and not target.is_symlink() and not target.is_file():  # a link is replaced
+            raise InputError(f"{target}: is not a regular file; the rendered copies replace only files: remove it")
     for name, text in context.rendered.items():
         write_atomic(out, name, text)
     return out

@@ -215,6 +215,20 @@ def test_the_error_shows_enough_to_write_an_allow_rule_and_the_rule_works():
     enforce(findings, (rule,), "the build context")  # the suggested rule lets exactly this value through
 
 
+def test_a_render_that_cannot_replace_a_copy_writes_none_of_them(cli, busybox_product):
+    cli("--stage", "render", "--config", str(busybox_product))
+    rendered = busybox_product.parent / "dockerfiles" / "rendered" / "all"
+    before = (rendered / "Dockerfile").read_text()
+    (rendered / "entrypoint.sh").unlink()
+    (rendered / "entrypoint.sh").mkdir()  # in the way
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {rendered / 'entrypoint.sh'}: is not a regular file; the rendered copies replace only files: "
+        "remove it"]
+    assert (rendered / "Dockerfile").read_text() == before  # not half one render, half the next
+
+
 def test_rendered_copies_are_never_written_through_a_link_out_of_the_project(cli, busybox_product, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
