@@ -41,6 +41,7 @@ class FakeImage:
 class FakeContainer:
     image: str
     env: dict
+    image_id: str = ""  # what ``image`` named when it started: a container holds its image, not the tag
     running: bool = True
     address: str = "127.0.0.1"
     logs: str = ""
@@ -171,7 +172,8 @@ class FakeEngine(Engine):
         return self.runner(image, list(args), dict(env or {}))
 
     def start(self, image: str, args: list[str], *, env=None, restarts: int = 0) -> str:
-        container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts)
+        found = self._find(image)
+        container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts, image_id=found.id if found else "")
         self.starter(container)
         cid = sha(f"{len(self.containers)}{image}".encode())
         self.containers[cid] = container
@@ -207,11 +209,23 @@ class FakeEngine(Engine):
             del self.tags[t]
         self.images.pop(image.id, None)
 
+    def _in_use(self, image_id: str) -> bool:
+        return any(c.image_id == image_id for c in self.containers.values())
+
+    def untag(self, ref: str) -> bool:
+        image = self._find(ref)
+        if image is None:
+            return True
+        if self._in_use(image.id) and (ref not in self.tags or list(self.tags.values()).count(image.id) == 1):
+            return False
+        self.remove_image(ref)
+        return True
+
     def remove_if_unused(self, image_id: str) -> bool:
         image = self._find(image_id)
         if image is None:
             return True
-        if image.id in self.tags.values():
+        if image.id in self.tags.values() or self._in_use(image.id):
             return False
         self.images.pop(image.id)
         return True

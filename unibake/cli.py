@@ -197,12 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
 
     pr = command("prune", "remove old release images and build cache from the engine, and the seeded verify engines",
-                 "Keep the images of the newest --keep releases of each product under --out; remove the engine's "
-                 "tags of older ones, unibake's build cache (unibake-cache/*) and dangling images unibake made. "
+                 "Keep the images of the newest --keep versions of each product under --out (all platforms of a "
+                 "version) and the base of every kept hotfix; remove the engine's tags of older ones, unibake's "
+                 "build cache (unibake-cache/*) and dangling images unibake made, never forced: an image a "
+                 "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
                  "the next release on that base seeds one again), except one a run is using. "
                  "Release folders are never touched.")
-    pr.add_argument("--keep", type=int, default=3, metavar="N", help="releases to keep per product (default 3)")
+    pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     pr.add_argument("--scratch-dir", metavar="DIR",
@@ -652,10 +654,13 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
         ctx.reporter.info(f"    {'kept (a run is using it)' if seed.busy else verb} the seeded verify engine "
                           f"{seed.folder} ({held})")
     gone = [s for s in seeds if not s.busy]
+    kept, removed = [r for r in removed if r.kept], [r for r in removed if not r.kept]
     return Outcome(document={"dry_run": args.dry_run, "removed": [{"image": r.ref, "why": r.why} for r in removed],
+                             "kept": [{"image": r.ref, "why": r.why, "kept": r.kept} for r in kept],
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
                                         and not args.dry_run} for s in seeds]},
-                   final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines")
+                   final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines"
+                         + (f"; kept {len(kept)} that a container or another image uses" if kept else ""))
 
 
 def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:

@@ -276,6 +276,19 @@ class DockerEngine(Engine):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot remove {ref}", exc) from None
 
+    def untag(self, ref: str) -> bool:
+        try:
+            self.api.remove_image(ref, force=False)
+        except docker.errors.ImageNotFound:
+            return True
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a container uses it; or the tag went and a child image keeps the image
+                return self.inspect_image(ref) is None
+            raise self._fail(f"cannot remove {ref}", exc) from None
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot remove {ref}", exc) from None
+        return True
+
     def remove_if_unused(self, image_id: str) -> bool:
         info = self.inspect_image(image_id)
         if info is None:

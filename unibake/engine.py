@@ -139,6 +139,12 @@ class Engine(ABC):
         """Remove an image (untag, then delete if nothing else refers to it); missing is fine."""
 
     @abstractmethod
+    def untag(self, ref: str) -> bool:
+        """Remove the tag ``ref`` as ``docker rmi`` without --force does: its image goes too once no
+        other tag, image or container needs it; missing is fine. False (nothing changed) when a
+        container uses the image and ``ref`` is its last tag."""
+
+    @abstractmethod
     def remove_if_unused(self, image_id: str) -> bool:
         """Delete an untagged image that no image or container needs; False when something does."""
 

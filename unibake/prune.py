@@ -1,56 +1,97 @@
 """``build.py prune``: what unibake leaves in the engine over time, removed on request.
 
-Kept: the images of the newest ``--keep`` releases of each product found under ``--out`` (by
-their published time). Removed: the engine's tags of older releases (when the image's own metadata
-label names that release: a folder alone cannot name an image to remove), unibake's build cache
-(``unibake-cache/*``), and dangling images that carry unibake's labels. Release folders and images
-unibake did not make are never touched.
+Kept: the images of the newest ``--keep`` versions of each product found under ``--out`` (by their
+published time; a version's folders, one per platform or profile selection, count as one), and the
+base image of every kept hotfix (its archive ships only the layers the base lacks). Removed: the
+engine's tags of older releases (when the image's own metadata label names that release: a folder
+alone cannot name an image to remove), unibake's build cache (``unibake-cache/*``), and dangling
+images unibake made: an older release's image, or a build of unibake's Dockerfile (its history ends
+with the Dockerfile's own last steps; an image built FROM a release carries the release's labels
+too, so labels alone prove nothing). Nothing is forced: an image a container uses is kept, and said.
+Release folders and images unibake did not make are never touched.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
-from .engine import Engine
+from .engine import Engine, ImageSummary
 from .errors import UnibakeError
-from .metadata import PROFILES_LABEL, ImageMetadata
+from .manifest import ReleaseManifest
+from .metadata import ImageMetadata
+from .plan import INSTALL_ROOT
 from .publish import find_releases
+
+# The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
+# records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
+_NOP = r"(?:/bin/sh -c #\(nop\) +)?"
+_OWN_TAIL = (re.compile(rf"{_NOP}LABEL .*\bio\.unibake\.schema=.*", re.S),
+             re.compile(rf'{_NOP}ENTRYPOINT \["{re.escape(INSTALL_ROOT)}/meta/entrypoint\.sh"\]'),
+             re.compile(rf'{_NOP}CMD \["serve"\]'))
+_OWN_LABELS = "io.unibake."
 
 
 @dataclass(frozen=True, kw_only=True)
 class Removal:
-    ref: str
+    ref: str  # a tag, or the ID of a dangling image
     why: str
+    kept: str = ""  # set when the engine refused to let it go without force: why it stays
 
 
 def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     """What prune would remove, without removing anything."""
+    manifests = [found.manifest for found in find_releases(out) if found.manifest is not None]
+    needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
-    by_product: dict[str, list] = {}
-    for found in find_releases(out):
-        if found.manifest is not None:
-            by_product.setdefault(found.manifest.product, []).append(found.manifest)
-    kept: set[str] = set()
-    for product, manifests in by_product.items():
-        manifests.sort(key=lambda m: m.published)
-        old, new = manifests[:-keep] if keep else manifests, manifests[-keep:] if keep else []
-        kept.update(m.tag for m in new)
-        for m in old:
-            info = engine.inspect_image(m.tag)
-            if info is not None and info.id == m.image_id and m.tag not in kept and _made_by_unibake(info.labels, m):
-                removals.append(Removal(ref=m.tag, why=f"release {m.release} of {product}, older than the "
-                                                       f"newest {keep}"))
+    for m in manifests:
+        if m.image_id in needed:
+            continue
+        info = engine.inspect_image(m.tag)
+        if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
+            removals.append(Removal(ref=m.tag, why=f"release {m.release} of {m.product}, older than the "
+                                                   f"newest {keep}"))
     for image in engine.list_images():
         for tag in image.tags:
             if tag.startswith(f"{CACHE_REPOSITORY}/"):
                 removals.append(Removal(ref=tag, why="build cache"))
+    released = {m.image_id: m for m in manifests}
     for image in engine.list_images(dangling=True):
-        if PROFILES_LABEL in image.labels:
+        if image.id in needed:
+            continue
+        m = released.get(image.id)
+        if m is not None:
+            if _made_by_unibake(image.labels, m):
+                removals.append(Removal(ref=image.id, why=f"the image of release {m.release} of {m.product}, "
+                                                          f"older than the newest {keep}; no tag names it"))
+        elif _built_by_unibake(engine, image):
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     return removals
+
+
+def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
+    """The image IDs prune keeps: those of the newest ``keep`` versions of each product (all the
+    folders of a version: its platforms are published in the same second, and a count of folders
+    would keep one platform of a version and drop another), and the base of every kept hotfix,
+    transitively (``verify --load`` and apply.sh need it in the engine)."""
+    versions: dict[str, dict[str, list[ReleaseManifest]]] = {}
+    for m in manifests:  # oldest first, so a version's place is that of its newest folder
+        by_version = versions.setdefault(m.product, {})
+        by_version[m.version] = [*by_version.pop(m.version, []), m]
+    needed: set[str] = set()
+    for by_version in versions.values():
+        for folders in list(by_version.values())[len(by_version) - keep:] if keep else []:
+            needed.update(m.image_id for m in folders)
+    bases = [m.hotfix.base_image_id for m in manifests if m.hotfix and m.image_id in needed]
+    while bases:
+        base = bases.pop()
+        if base not in needed:
+            needed.add(base)
+            bases += [m.hotfix.base_image_id for m in manifests if m.hotfix and m.image_id == base]
+    return needed
 
 
 def _made_by_unibake(labels: dict[str, str], manifest) -> bool:
@@ -64,11 +105,34 @@ def _made_by_unibake(labels: dict[str, str], manifest) -> bool:
     return metadata is not None and (metadata.product, metadata.tag) == (manifest.product, manifest.tag)
 
 
+def _built_by_unibake(engine: Engine, image: ImageSummary) -> bool:
+    """A dangling image is a build of unibake's Dockerfile when its metadata label reads and its
+    history ends with that Dockerfile's last three steps, the only step that set unibake's labels
+    among them: an image built FROM a release (``RUN ...``, or even those same steps again) has
+    steps of its own after them."""
+    try:
+        if ImageMetadata.from_labels(image.labels or {}, image.id) is None:
+            return False
+    except UnibakeError:
+        return False
+    history = engine.history(image.id)
+    if len(history) < len(_OWN_TAIL) or sum(_OWN_LABELS in step for step in history) != 1:
+        return False
+    return all(pattern.fullmatch(step.strip()) for pattern, step in zip(_OWN_TAIL, history[-len(_OWN_TAIL):]))
+
+
 def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
           on_line: Callable[[str], None] = lambda line: None) -> list[Removal]:
-    removals = plan_removals(engine, out, keep=keep)
-    for r in removals:
-        on_line(f"    {'would remove' if dry_run else 'removing'} {r.ref} ({r.why})")
-        if not dry_run:
-            engine.remove_image(r.ref)
-    return removals
+    """The removals planned, each removed (unless ``dry_run``) without force: one the engine keeps
+    because a container uses it comes back with ``kept`` saying so."""
+    done = []
+    for r in plan_removals(engine, out, keep=keep):
+        if dry_run:
+            on_line(f"    would remove {r.ref} ({r.why})")
+        else:
+            gone = engine.remove_if_unused(r.ref) if r.ref.startswith("sha256:") else engine.untag(r.ref)
+            if not gone:
+                r = Removal(ref=r.ref, why=r.why, kept="a container or another image uses it")
+            on_line(f"    {f'kept {r.ref} ({r.why}; {r.kept})' if r.kept else f'removing {r.ref} ({r.why})'}")
+        done.append(r)
+    return done

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -41,6 +42,9 @@ from .threads import counted
 SCRATCH_PREFIX = "ub-scratch-"
 SEED_PREFIX = "ub-seed-"
 SEEDED_MARK = "seeded"  # written once the base image is loaded: the base image ID it holds
+SEED_DIGITS = 16  # of the base image ID, in a seeded engine's folder name
+_SEED_DIGITS = re.compile(f"[0-9a-f]{{{SEED_DIGITS}}}")
+_SEED_CONTENTS = frozenset({"root", "dockerd.log", SEEDED_MARK})  # all a seeded engine's folder holds
 SEEDS_KEPT = 2  # seeded engines kept per scratch folder (each holds a copy of one base image)
 RUNTIME_PREFIX = "ubx-"
 START_TIMEOUT = 90
@@ -195,9 +199,7 @@ def clean_stale_scratch(base: Path) -> list[Path]:
             continue
         remove_scratch_dir(folder)
         removed.append(folder)
-    for folder in sorted(base.glob(f"{SEED_PREFIX}*")):
-        if not _ours(folder):  # a real private folder (not a lock file, nothing planted)
-            continue
+    for folder in _seed_folders(base):
         try:
             lock = _try_lock(folder)
         except RoundTripUnavailable:  # its lock cannot be opened (planted?): not ours to touch
@@ -211,12 +213,13 @@ def clean_stale_scratch(base: Path) -> list[Path]:
     return removed
 
 
-def _try_lock(folder: Path) -> int | None:
+def _try_lock(folder: Path, *, create: bool = True) -> int | None:
     """The seeded engine's lock (a file beside its folder), taken without waiting; None: another run
-    holds it. The lock goes with the process, so a killed run never leaves it taken."""
+    holds it. The lock goes with the process, so a killed run never leaves it taken. ``create=False``
+    (a dry run, which writes nothing) only opens a lock file that is there."""
+    flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
     try:
-        fd = os.open(folder.parent / f"{folder.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(_lock_path(folder), flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise RoundTripUnavailable(f"cannot open the lock of {folder}: {exc.strerror}") from None
     try:
@@ -225,6 +228,31 @@ def _try_lock(folder: Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _lock_path(folder: Path) -> Path:
+    return folder.parent / f"{folder.name}.lock"
+
+
+def _seed_folders(base: Path) -> list[Path]:
+    """The seeded verify engines unibake made in ``base``: a private folder of this user named after
+    a base image ID (``ub-seed-`` and 16 hex digits), holding only what a seeded engine holds (its
+    data root, dockerd's log, the mark) and one of unibake's marks: the mark naming a base image of
+    that ID, or the log every start writes (a seeding that never finished). A folder of the same
+    prefix made by anyone else (``ub-seed-thesis``) is never locked, stopped or removed."""
+    found = []
+    for folder in sorted(base.glob(f"{SEED_PREFIX}*")):
+        digits = folder.name.removeprefix(SEED_PREFIX)
+        if not (_SEED_DIGITS.fullmatch(digits) and _ours(folder)):
+            continue
+        try:
+            names = set(os.listdir(folder))
+        except OSError:
+            continue
+        mark = _read_mark(folder)
+        if names <= _SEED_CONTENTS and (mark.startswith(f"sha256:{digits}") or "dockerd.log" in names):
+            found.append(folder)
+    return found
 
 
 def _stop_seed_processes(folder: Path) -> None:
@@ -243,7 +271,7 @@ def _stop_seed_processes(folder: Path) -> None:
 def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     """Seeded engines beyond the newest SEEDS_KEPT (``keep`` counts as the newest), removed whole
     unless a run is using them."""
-    others = [f for f in base.glob(f"{SEED_PREFIX}*") if f != keep and _ours(f)]
+    others = [f for f in _seed_folders(base) if f != keep]
     others.sort(key=lambda f: f.stat().st_mtime, reverse=True)
     return [f for f, busy in _remove_seeds(others[SEEDS_KEPT - 1:]) if not busy]
 
@@ -270,8 +298,11 @@ def _remove_seeds(folders: list[Path], *, dry_run: bool = False) -> list[tuple[P
     ``(folder, busy)``. The lock file stays: removing it could let two runs lock two files."""
     out = []
     for folder in folders:
+        if dry_run and not os.path.lexists(_lock_path(folder)):  # no run ever locked it (and none writes here)
+            out.append((folder, False))
+            continue
         try:
-            lock = _try_lock(folder)
+            lock = _try_lock(folder, create=not dry_run)
         except RoundTripUnavailable:  # its lock cannot be opened (planted?): not ours to touch
             continue
         if lock is None:
@@ -293,7 +324,7 @@ def prune_seeds(base: Path, *, dry_run: bool = False) -> list[Seed]:
     if not base.exists():
         return []
     check_private(base)
-    folders = sorted(f for f in base.glob(f"{SEED_PREFIX}*") if _ours(f))
+    folders = _seed_folders(base)
     marks = {folder: _read_mark(folder) for folder in folders}
     return [Seed(folder=f, base_id=marks[f], busy=busy) for f, busy in _remove_seeds(folders, dry_run=dry_run)]
 
@@ -453,7 +484,7 @@ class SeededEngine(ScratchEngine):
 
     def __enter__(self) -> "SeededEngine":
         self._prepare_base()
-        folder = self.base / f"{SEED_PREFIX}{self.base_id.removeprefix('sha256:')[:16]}"
+        folder = self.base / f"{SEED_PREFIX}{self.base_id.removeprefix('sha256:')[:SEED_DIGITS]}"
         self._lock = _try_lock(folder)
         if self._lock is None:
             raise SeedBusy(f"the verify engine seeded with the base image {self.base_id[:19]} is in use by another run")

@@ -82,3 +82,22 @@ def test_a_pull_from_a_registry_nobody_serves_says_so(engine):
     with pytest.raises(EngineError, match=r"the engine could not pull 127\.0\.0\.1:9/nothing@sha256:1{64}|"
                                           r"pulling 127\.0\.0\.1:9/nothing@sha256:1{64} failed"):
         engine.pull("127.0.0.1:9/nothing", digest, None)
+
+
+def test_prune_never_forces_out_an_image_a_container_uses(engine, version, images):
+    """``untag`` and ``remove_if_unused`` (what prune calls) leave an image a stopped container was
+    created from, tag and all; once the container is gone they remove it."""
+    from .conftest import build_dockerfile
+
+    tag = build_dockerfile(engine, f"unibake-test-used:{version}", f"FROM {BUSYBOX}\nLABEL t={version}\n".encode())
+    images(tag)
+    image_id = engine.inspect_image(tag).id
+    container = engine.api.create_container(image_id, ["true"])["Id"]  # docker create --name c <id> true
+    try:
+        assert engine.untag(tag) is False
+        assert engine.inspect_image(tag).id == image_id  # nothing changed
+        engine.tag(image_id, f"{tag}-second")
+        assert engine.untag(f"{tag}-second") is True and engine.inspect_image(f"{tag}-second") is None  # another tag
+    finally:
+        engine.remove_container(container)
+    assert engine.untag(tag) is True and engine.inspect_image(image_id) is None

@@ -6,7 +6,7 @@ import json
 
 from unibake.archive_reader import read_archive
 from unibake.builder import cache_ref, keep_as_cache
-from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
+from unibake.metadata import METADATA_LABEL
 from unibake.prune import prune
 
 from ..fake_engine import FakeEngine
@@ -19,13 +19,20 @@ def built_by_unibake(tag: str) -> dict[str, str]:
     return {METADATA_LABEL: json.dumps({**METADATA, "version": tag, "tag": f"demo-llm:{tag}"})}
 
 
+# unibake's Dockerfile ends so (templates/Dockerfile.j2), in the classic builder's words
+OWN_HISTORY = [{"created_by": "/bin/sh -c #(nop) COPY dir:abc in /opt/unibake/engine/"},
+               {"created_by": "/bin/sh -c #(nop)  LABEL org.opencontainers.image.title=demo-llm io.unibake.schema=1"},
+               {"created_by": '/bin/sh -c #(nop)  ENTRYPOINT ["/opt/unibake/meta/entrypoint.sh"]'},
+               {"created_by": '/bin/sh -c #(nop)  CMD ["serve"]'}]
+
+
 def test_prune_keeps_the_newest_releases_and_removes_the_rest(tmp_path):
     out = tmp_path / "release"
     engine = FakeEngine()
     for n, tag in enumerate(("1.3.0", "1.3.1", "1.3.2")):
         folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag))
         engine.load(read_archive(folder, [f"demo-llm-{tag}.tar.zst"]))  # the engine holds each release's image
-    dangling = engine.add({"config": {"Labels": {PROFILES_LABEL: "tp1"}}}, [b"an old build"])
+    dangling = engine.add({"config": {"Labels": built_by_unibake("1.2.9")}, "history": OWN_HISTORY}, [b"an old build"])
     cache = engine.add({"config": {}}, [b"cache"])
     keep_as_cache(engine, cache_ref("demo-llm", "all", "build"), cache)
     foreign = engine.add({"config": {}}, [b"not ours"], tag="someone/else:1")
@@ -68,3 +75,71 @@ def test_a_folder_naming_an_image_unibake_did_not_make_removes_nothing(tmp_path)
     planned = prune(engine, out, keep=1)
     assert "postgres:15" not in {r.ref for r in planned} and engine.inspect_image("postgres:15") is not None
     assert engine.inspect_image("demo-llm:1.0") is None  # the real old release still goes
+
+
+def _release(out, engine, tag, n, **fields):
+    """A release folder of demo-llm:``tag`` whose image the engine holds; ``fields`` rewrite its manifest."""
+    folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag))
+    engine.load(read_archive(folder, [f"demo-llm-{tag}.tar.zst"]))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(fields)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_an_image_built_from_a_release_is_the_users_and_a_container_keeps_any_image(tmp_path):
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    labels = {**built_by_unibake("1.3.0"), "io.unibake.source-date-epoch": "0"}
+    ours = engine.add({"config": {"Labels": labels}, "history": OWN_HISTORY}, [b"an old build"])
+    used = engine.add({"config": {"Labels": labels}, "history": OWN_HISTORY[1:]}, [b"an older build"])
+    engine.start(used, ["true"])  # docker create --name c <id>
+    # FROM demo-llm:1.3.0 / RUN echo x >/u, left untagged: it inherits every label of the release
+    child = engine.add({"config": {"Labels": labels},
+                        "history": [*OWN_HISTORY, {"created_by": "/bin/sh -c echo x >/u"}]}, [b"an old build", b"x"])
+    again = engine.add({"config": {"Labels": labels},  # FROM the release, its own last steps written again
+                        "history": [*OWN_HISTORY, *OWN_HISTORY[2:]]}, [b"an old build"])
+    cache = engine.add({"config": {}}, [b"cache"])
+    keep_as_cache(engine, cache_ref("demo-llm", "all", "build"), cache)
+    engine.start(cache, ["true"])
+
+    planned = prune(engine, out, keep=2, dry_run=True)
+    assert {r.ref for r in planned} == {ours, used, "unibake-cache/demo-llm:all-build"}
+    lines = []
+    done = prune(engine, out, keep=2, on_line=lines.append)
+    assert engine.inspect_image(ours) is None
+    assert engine.inspect_image(child) is not None and engine.inspect_image(again) is not None
+    assert engine.inspect_image(used) is not None and engine.inspect_image(cache_ref("demo-llm", "all", "build"))
+    assert {r.ref for r in done if r.kept} == {used, "unibake-cache/demo-llm:all-build"}
+    assert f"    kept {used} (a dangling image unibake built; a container or another image uses it)" in lines
+
+
+def test_the_base_of_a_kept_hotfix_is_kept_with_it(tmp_path):
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    base = _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    _release(out, engine, "hk3", 3, published="2026-01-01T00:00:03Z")
+    _release(out, engine, "hk4", 4, published="2026-01-01T00:00:04Z")
+    hotfix = {"base_release": "hk1", "base_tag": base["tag"], "base_image_id": base["image_id"],
+              "base_archive_bytes": 1, "omitted_diff_ids": [], "shipped_diff_ids": []}
+    _release(out, engine, "hk5", 5, published="2026-01-01T00:00:05Z", hotfix=hotfix)  # hotfix --from hk1
+    planned = prune(engine, out, keep=2, dry_run=True)
+    assert {r.ref for r in planned} == {"demo-llm:hk2", "demo-llm:hk3"}  # hk1: what verify --load hk5 needs
+    hk2 = engine.tags.pop("demo-llm:hk2")  # the tags moved on: hk1's and hk2's images are dangling now
+    engine.add({"config": {}}, [b"another"], tag="demo-llm:hk2")
+    del engine.tags["demo-llm:hk1"]
+    planned = prune(engine, out, keep=2)
+    assert {r.ref for r in planned} == {hk2, "demo-llm:hk3"}
+    assert engine.inspect_image(base["image_id"]) is not None and engine.inspect_image(hk2) is None
+
+
+def test_the_platforms_of_a_version_count_as_one_release(tmp_path):
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    _release(out, engine, "hk3", 3, published="2026-01-01T00:00:03Z")
+    _release(out, engine, "hk3-arm64", 30, published="2026-01-01T00:00:03Z", version="hk3")
+    _release(out, engine, "hk4", 4, published="2026-01-01T00:00:04Z")  # --platform linux/amd64,linux/arm64
+    _release(out, engine, "hk4-arm64", 40, published="2026-01-01T00:00:04Z", version="hk4")
+    planned = prune(engine, out, keep=1, dry_run=True)
+    assert {r.ref for r in planned} == {"demo-llm:hk3", "demo-llm:hk3-arm64"}

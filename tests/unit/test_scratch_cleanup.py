@@ -72,9 +72,10 @@ def test_older_seeded_engines_are_evicted_unless_a_run_uses_them(tmp_path):
     base.mkdir()
     seeds = []
     for i, name in enumerate(["a", "b", "c", "d"]):
-        folder = base / f"{SEED_PREFIX}{name}"
+        folder = base / f"{SEED_PREFIX}{name * 16}"
         folder.mkdir(mode=0o700)
         (folder / "root").mkdir()
+        (folder / "dockerd.log").write_text("")
         os.utime(folder, (1000 + i, 1000 + i))
         seeds.append(folder)
     open_seed = base / f"{SEED_PREFIX}open"  # not private: not made by unibake
@@ -90,7 +91,33 @@ def test_older_seeded_engines_are_evicted_unless_a_run_uses_them(tmp_path):
     assert SEEDS_KEPT == 2
     assert sorted(removed) == [seeds[1]]
     assert seeds[0].exists() and seeds[2].exists() and seeds[3].exists() and open_seed.exists()
-    assert not seeds[1].exists() and (base / f"{SEED_PREFIX}b.lock").exists()
+    assert not seeds[1].exists() and (base / f"{SEED_PREFIX}{'b' * 16}.lock").exists()
+
+
+def test_prune_removes_only_folders_unibake_seeded_and_a_dry_run_writes_nothing(tmp_path):
+    base = tmp_path / "userdir"
+    base.mkdir(mode=0o700)
+    thesis = base / f"{SEED_PREFIX}thesis"  # the user's own, private, with the same prefix
+    hexed = base / f"{SEED_PREFIX}{'0' * 16}"  # named like a seed, holding the user's files
+    planted = base / f"{SEED_PREFIX}{'1' * 16}"  # a mark, but of another base image than its name
+    for folder in (thesis, hexed, planted):
+        folder.mkdir(mode=0o700)
+    (thesis / "ch1.tex").write_text("chapter 1")
+    (hexed / "root").mkdir()
+    (hexed / "notes.txt").write_text("mine")
+    (planted / "seeded").write_text("sha256:" + "2" * 64)
+    seed = base / f"{SEED_PREFIX}{'a' * 16}"  # what SeededEngine leaves: its data root, the log, the mark
+    (seed / "root").mkdir(parents=True)
+    seed.chmod(0o700)
+    (seed / "dockerd.log").write_text("")
+    (seed / "seeded").write_text("sha256:" + "a" * 64 + "\n")
+    before = sorted(os.listdir(base))
+
+    assert [s.folder for s in prune_seeds(base, dry_run=True)] == [seed]
+    assert sorted(os.listdir(base)) == before  # no lock file made
+    assert [s.folder for s in prune_seeds(base)] == [seed]
+    assert not seed.exists() and thesis.exists() and hexed.exists() and planted.exists()
+    assert (thesis / "ch1.tex").read_text() == "chapter 1" and (hexed / "notes.txt").exists()
 
 
 def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_scratch_folder(tmp_path, cli):
@@ -98,11 +125,13 @@ def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_s
     base.mkdir(mode=0o700)
     seeds = {}
     for name, mark in (("a", "sha256:" + "a" * 64), ("b", "planted\nmark"), ("c", None)):
-        folder = base / f"{SEED_PREFIX}{name}"
+        folder = base / f"{SEED_PREFIX}{name * 16}"
         (folder / "root").mkdir(parents=True)
         folder.chmod(0o700)
         if mark is not None:
             (folder / "seeded").write_text(mark)
+        if name != "a":
+            (folder / "dockerd.log").write_text("")  # every start writes it: a seeding that did not finish
         seeds[name] = folder
     foreign = base / f"{SEED_PREFIX}open"
     foreign.mkdir(mode=0o755)
@@ -110,8 +139,8 @@ def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_s
 
     listed = prune_seeds(base, dry_run=True)
     assert [(s.folder.name, s.base_id, s.busy) for s in listed] == [
-        (f"{SEED_PREFIX}a", "sha256:" + "a" * 64, False), (f"{SEED_PREFIX}b", "", False),
-        (f"{SEED_PREFIX}c", "", False)]
+        (f"{SEED_PREFIX}{'a' * 16}", "sha256:" + "a" * 64, False), (f"{SEED_PREFIX}{'b' * 16}", "", False),
+        (f"{SEED_PREFIX}{'c' * 16}", "", False)]
     assert all(f.exists() for f in seeds.values())  # a dry run removes nothing
 
     in_use = _try_lock(seeds["a"])
@@ -119,8 +148,9 @@ def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_s
         done = prune_seeds(base)
     finally:
         os.close(in_use)
-    assert [(s.folder.name, s.busy) for s in done] == [(f"{SEED_PREFIX}a", True), (f"{SEED_PREFIX}b", False),
-                                                       (f"{SEED_PREFIX}c", False)]
+    assert [(s.folder.name, s.busy) for s in done] == [(f"{SEED_PREFIX}{'a' * 16}", True),
+                                                       (f"{SEED_PREFIX}{'b' * 16}", False),
+                                                       (f"{SEED_PREFIX}{'c' * 16}", False)]
     assert seeds["a"].exists() and not seeds["b"].exists() and not seeds["c"].exists() and foreign.exists()
     assert prune_seeds(tmp_path / "none") == []  # no scratch folder yet: nothing to do
 
