@@ -21,7 +21,7 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
 from rich.table import Table
 
 
-STEP_RE = re.compile(r"^Step (\d+)/(\d+) : ")
+STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : ")
 
 
 @dataclass(kw_only=True)

@@ -55,10 +55,12 @@ from .signing import SECRETS
 # reference package (only what a registry path needs; written here to give exact errors).
 
 _LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]{{1,5}}))?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# re.ASCII: the grammar is ASCII (a tag is manifest.TAG_PATTERN); without it \w takes any letter or digit
 REFERENCE_RE = re.compile(rf"^(?P<host>{_HOST})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
-                          r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+                          r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$",
+                          re.ASCII)
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -103,6 +105,15 @@ def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
         raise InputError(f"{what} {shown!r} is not REGISTRY/REPOSITORY[:TAG]{'@sha256:DIGEST' if digest else ''} "
                          "(the registry host first, e.g. localhost:5000/demo-llm; lower-case repository names)")
     host, path = match.group("host"), match.group("path")
+    # docker's rule: the first part is a registry host only with a '.' or a ':port', or as localhost;
+    # anything else docker reads as a repository on docker.io, and unibake pushes only where it is told
+    if "." not in host and ":" not in host and host != "localhost":
+        raise InputError(f"{what} {shown!r} names no registry host: {host!r} is not one (a host has a '.' or a "
+                         f"':PORT', or is localhost; docker would read docker.io here, unibake needs the registry "
+                         f"named): give REGISTRY/REPOSITORY, e.g. registry.example:5000/{host}/{path}")
+    port = match.group("port")
+    if port is not None and not 1 <= int(port) <= 65535:
+        raise InputError(f"{what} {shown!r}: port {port} of the registry host is out of range 1..65535")
     if len(f"{host}/{path}") > 255:
         raise InputError(f"{what} {shown!r}: the repository name is longer than 255 characters")
     if digest and not match.group("digest"):
@@ -353,7 +364,7 @@ class RegistryClient:
                                                                        DOCKER_LIST))})
             try:
                 declared = response.headers.get("Content-Length", "")
-                if declared.isdigit() and int(declared) > MAX_MANIFEST:
+                if declared.isascii() and declared.isdigit() and int(declared) > MAX_MANIFEST:
                     raise too_big(declared)
                 body = bytearray()
                 for chunk in response.iter_content(1 << 16):

@@ -50,10 +50,25 @@ def test_push_references(text, host, path, tag):
     ("localhost:5000/a:b c", "is not REGISTRY/REPOSITORY"),
     (f"localhost:5000/a@{DIGEST}", "a push names a tag, not a digest"),
     ("localhost:5000/a\n", "is not REGISTRY/REPOSITORY"),
+    # docker would read these as docker.io/team/...: unibake asks for the registry host instead
+    ("team/demo-llm", "names no registry host: 'team' is not one"),
+    ("team/demo-llm:1.3.1", "registry.example:5000/team/demo-llm"),
+    # ASCII tags only (as the manifest records them), a real port: refused before anything is sent
+    ("localhost:5000/t/bb:t\u00e5g", "is not REGISTRY/REPOSITORY"),
+    ("localhost:5000/t/bb:\u0663", "is not REGISTRY/REPOSITORY"),
+    ("localhost:99999/t/bb", "port 99999 of the registry host is out of range 1..65535"),
+    ("localhost:0/t/bb", "port 0 of the registry host"),
 ])
 def test_bad_push_references_are_exit_2(text, message):
     with pytest.raises(InputError, match=message):
         parse_reference(text, what="--to", digest=False)
+
+
+def test_a_pull_reference_names_its_registry_host_too():
+    with pytest.raises(InputError, match="names no registry host"):
+        parse_reference(f"team/demo-llm@{DIGEST}", what="the reference", digest=True)
+    assert parse_reference(f"localhost/demo-llm@{DIGEST}", what="ref", digest=True).host == "localhost"
+    assert parse_reference(f"[::1]:5000/demo-llm@{DIGEST}", what="ref", digest=True).host == "[::1]:5000"
 
 
 def test_pull_references_need_a_digest():
