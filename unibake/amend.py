@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .errors import UnibakeError
 from .files import fsync_dir, write_atomic
-from .manifest import MANIFEST, ReleaseManifest
+from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
 from .sums import render_sums
 from .templates import render_template
@@ -37,9 +37,13 @@ def registry_section(manifest: ReleaseManifest, name: str) -> str:
     return render_template("registry.md.j2", m=manifest.model_dump(mode="json", by_alias=True), file=name)
 
 
-def splice(text: str, section: str) -> str:
-    """``text`` with its registry section (everything from ``MARKER`` on) replaced by ``section``."""
-    head = text.split(MARKER, 1)[0].rstrip("\n")
+def splice(text: str, section: str, *, has_section: bool) -> str:
+    """``text`` with its registry section replaced by ``section``. ``has_section``: the release already
+    records a push, so ``text`` ends with the section unibake wrote. Only that last ``MARKER`` is ours:
+    a changelog may quote the marker, and it always comes before the section; a text without a
+    section is kept whole, whatever markers people wrote in it."""
+    head = text.rsplit(MARKER, 1)[0] if has_section else text
+    head = head.rstrip("\n")
     return f"{head}\n\n{section}" if section else head + "\n"
 
 
@@ -84,10 +88,12 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     signatures beside it (in the staging folder, so they replace the old ones with it)."""
     out, tag = folder.parent, folder.name
     texts = {MANIFEST: manifest.to_json()}
+    has_section = bool(load_manifest(folder).registry)  # the notes end with a registry section iff it records a push
     for name in NOTES:
         path = folder / name
         if path.is_file() and name in sums:
-            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name))
+            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name),
+                                 has_section=has_section)
     old_listing = (folder / SUMS).read_text(encoding="utf-8")
     with _Lock(out, tag):
         staging = out / f".{tag}.amend"

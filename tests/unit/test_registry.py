@@ -19,6 +19,7 @@ from unibake.archive_reader import read_back
 from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError, UnibakeError
 from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
+from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
 from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
@@ -275,6 +276,25 @@ def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
     assert load_manifest(folder).registry == (later,)  # a new push to the same tag replaces the old record
     assert not verify_folder(folder).failures
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize("where", ["changelog", "known_limits"])
+def test_a_changelog_that_quotes_the_registry_marker_is_kept_whole_by_every_push(tmp_path, where):
+    quoted = f"- fixed the `{amend.MARKER}` marker in docs\n\n{amend.MARKER}\n\n- a later line people wrote\n"
+    folder, _ = make_release(tmp_path / "release", notes=Notes(**{where: quoted}))
+    written = (folder / "RELEASE_NOTES.md").read_text()
+    assert "- a later line people wrote" in written
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    later = record.model_copy(update={"tag": "other"})
+    amend.amend_release(folder, merge_record(load_manifest(folder), later), read_sums(folder), tmp_path / "checksums")
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    head, section = notes.rsplit(amend.MARKER, 1)
+    assert head.rstrip("\n") == written.rstrip("\n")  # everything people wrote, as it was
+    assert section.count("docker pull") == 1 and "| `other` |" in section and "| `1.3.1` |" in section
+    assert not verify_folder(folder).failures
 
 
 def test_an_interrupted_amend_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
