@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,6 +62,26 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(a))
 
 
+def _keep_access(path: Path, like: os.stat_result) -> None:
+    """``path`` gets ``like``'s mode and group, and its owner where this user may give it: an amended
+    release keeps the access its owner gave the folder and each file."""
+    try:  # before the chmod: a chown clears the set-ID bits
+        os.chown(path, like.st_uid, like.st_gid, follow_symlinks=False)
+    except PermissionError:
+        try:
+            os.chown(path, -1, like.st_gid, follow_symlinks=False)
+        except PermissionError:
+            pass  # a group this user is not in: the group stays this user's own
+    os.chmod(path, stat.S_IMODE(like.st_mode))
+
+
+def _old_stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
+
+
 class _Lock:
     def __init__(self, out: Path, tag: str):
         self.path = out / f".{tag}.lock"
@@ -98,7 +119,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     with _Lock(out, tag):
         staging = out / f".{tag}.amend"
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
+        staging.mkdir(mode=0o700)  # private while it is made; the folder's own mode and group at the end
         try:
             new_sums = dict(sums)
             for entry in os.scandir(folder):
@@ -109,6 +130,11 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
             listing = render_sums(new_sums)
             write_atomic(staging, SUMS, listing)
             signatures = list(sign(staging / SUMS)) if sign is not None else []
+            for name in [*texts, SUMS, *signatures]:  # each new file as the one it replaces
+                old = _old_stat(folder / name)
+                if old is not None:
+                    _keep_access(staging / name, old)
+            _keep_access(staging, folder.stat())
             fsync_dir(staging)
             if _exchange(staging, folder):
                 fsync_dir(out)
@@ -124,4 +150,6 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     except (OSError, UnicodeDecodeError):
         is_ours = False
     if is_ours:
-        write_atomic(checksums_dir, record.name, listing)
+        old = record.stat()
+        write_atomic(checksums_dir, record.name, listing, mode=stat.S_IMODE(old.st_mode))
+        _keep_access(record, old)

@@ -7,7 +7,9 @@ import base64
 import gzip
 import hashlib
 import json
+import os
 import shutil
+import stat
 import subprocess
 
 import pytest
@@ -295,6 +297,31 @@ def test_a_changelog_that_quotes_the_registry_marker_is_kept_whole_by_every_push
     assert head.rstrip("\n") == written.rstrip("\n")  # everything people wrote, as it was
     assert section.count("docker pull") == 1 and "| `other` |" in section and "| `1.3.1` |" in section
     assert not verify_folder(folder).failures
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_recording_a_push_keeps_the_folder_s_mode_and_group_and_each_file_s(tmp_path, monkeypatch, atomic):
+    groups = [g for g in ([1] if os.geteuid() == 0 else os.getgroups()) if g != os.getegid()]
+    if not groups:
+        pytest.skip("needs a second group to give the release folder")
+    group = groups[0]
+    folder, _ = make_release(tmp_path / "release")
+    record_file = tmp_path / "checksums" / "1.3.1.SHA256SUMS"
+    for path in [*folder.iterdir(), record_file]:
+        os.chown(path, -1, group)
+        path.chmod(0o640)
+    os.chown(folder, -1, group)
+    folder.chmod(0o700)
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    if not atomic:
+        monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert load_manifest(folder).registry == (record,) and not verify_folder(folder).failures
+    assert (stat.S_IMODE(folder.stat().st_mode), folder.stat().st_gid) == (0o700, group)
+    for path in [*folder.iterdir(), record_file]:
+        assert (path.name, stat.S_IMODE(path.stat().st_mode), path.stat().st_gid) == (path.name, 0o640, group)
 
 
 def test_an_interrupted_amend_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
