@@ -23,7 +23,8 @@ from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
-from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, image_manifest,
+from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
+                              image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
 from unibake.signing import check_keys, check_signer
 from unibake.verify import read_sums, verify_folder
@@ -412,6 +413,53 @@ def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_releas
     shutil.rmtree(base_folder)
     with pytest.raises(InputError, match="is a hotfix on 1.0, whose folder"):
         push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path)
+
+
+class ServingClient:
+    """Stands in for a registry that answers manifest requests with what it holds (checked by digest,
+    as the real client checks them)."""
+
+    def __init__(self, *bodies):
+        self.bodies = {"sha256:" + hashlib.sha256(b).hexdigest(): b for b in bodies}
+
+    def manifest(self, digest):
+        return self.bodies[digest]
+
+
+def test_a_manifest_naming_the_release_s_image_but_other_layers_is_exit_3_before_any_pull(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    registry = RecordingClient()
+    target = parse_reference("r.example/a", what="--to", digest=False)
+    record = push_release(folder, manifest, target, registry, temp_dir=tmp_path).record
+    genuine = registry.manifests["1.3.1"]
+    document = json.loads(genuine)
+    theirs = dict(document["layers"][-1], digest="sha256:" + "ee" * 32)
+    forged = {"other layers": json.dumps({**document, "layers": [*document["layers"][:-1], theirs]}).encode(),
+              "an extra layer": json.dumps({**document, "layers": [*document["layers"], theirs]}).encode()}
+    client = ServingClient(genuine, *forged.values())
+
+    def ref(body):
+        return parse_reference(f"r.example/a@sha256:{hashlib.sha256(body).hexdigest()}", what="ref", digest=True)
+
+    recorded = merge_record(manifest, record)
+    assert check_remote(ref(genuine), recorded, client).config_digest == manifest.image_id
+    for what, body in forged.items():
+        for m, where in ((recorded, None), (manifest, None), (manifest, folder)):
+            with pytest.raises(DigestMismatch) as refused:
+                check_remote(ref(body), m, client, folder=where, temp_dir=tmp_path)
+            assert f"{ref(body).pinned} " in str(refused.value), what
+    with pytest.raises(DigestMismatch, match="layers that are not its own: a push of its archive gives "
+                                             f"{record.digest} \\(gzip layers\\)"):
+        check_remote(ref(forged["other layers"]), manifest, client, folder=folder, temp_dir=tmp_path)
+    with pytest.raises(DigestMismatch, match="names 4 layers; release 1.3.1's image has 3"):
+        check_remote(ref(forged["an extra layer"]), manifest, client, folder=folder)
+    # a push the release does not record (a signed release pushed without its keys): checked against its archive
+    with pytest.raises(DigestMismatch, match="is not a push release 1.3.1 records"):
+        check_remote(ref(genuine), manifest, client)
+    assert check_remote(ref(genuine), manifest, client, folder=folder, temp_dir=tmp_path).layers == \
+        tuple(layer["digest"] for layer in document["layers"])
+    assert list(tmp_path.glob("unibake-check-*")) == []
 
 
 def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_path):
