@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -462,19 +463,36 @@ def test_a_manifest_naming_the_release_s_image_but_other_layers_is_exit_3_before
     assert list(tmp_path.glob("unibake-check-*")) == []
 
 
-def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_path):
-    """A registry (or something posing as one) that answers a manifest request with endless bytes:
-    the client stops at the limit, it does not hold the answer in memory first."""
+@contextmanager
+def tls_server(tmp_path, handler):
+    """An HTTPS server on loopback answering with ``handler``; yields its port (its certificate in tmp_path)."""
     import http.server
     import ssl
     import threading
-
-    from unibake.registry import MAX_MANIFEST
 
     made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
                            str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], capture_output=True)
     assert made.returncode == 0, made.stderr
+    handler.log_message = lambda self, *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+
+
+def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_path):
+    """A registry (or something posing as one) that answers a manifest request with endless bytes:
+    the client stops at the limit, it does not hold the answer in memory first."""
+    import http.server
+
+    from unibake.registry import MAX_MANIFEST
+
     sent = []
 
     class Endless(http.server.BaseHTTPRequestHandler):
@@ -489,19 +507,30 @@ def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_
             except OSError:
                 pass
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        ref = parse_reference(f"127.0.0.1:{server.server_port}/team/a@{DIGEST}", what="ref", digest=True)
+    with tls_server(tmp_path, Endless) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
         c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
         with pytest.raises(RegistryError, match=f"more than the {MAX_MANIFEST} a manifest may be"):
             c.manifest(DIGEST)
-    finally:
-        server.shutdown()
     assert sum(sent) < 32 << 20, sum(sent)  # it stopped reading near the limit, not at the end of 100 MiB
+
+
+def test_a_content_length_in_other_digits_is_no_crash(tmp_path):
+    """``Content-Length: \u00b2`` is a digit to str.isdigit() and no number to int(): the answer is read
+    and checked against its digest like any other."""
+    import http.server
+
+    class Superscript(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            self.send_header("Content-Length", "\u00b2")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    with tls_server(tmp_path, Superscript) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
+        with pytest.raises(DigestMismatch, match="with a document whose digest is"):
+            c.manifest(DIGEST)
