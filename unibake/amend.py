@@ -16,12 +16,13 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UnibakeError
 from .files import fsync_dir, write_atomic
-from .manifest import MANIFEST, ReleaseManifest
+from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
 from .sums import render_sums
 from .templates import render_template
@@ -37,9 +38,13 @@ def registry_section(manifest: ReleaseManifest, name: str) -> str:
     return render_template("registry.md.j2", m=manifest.model_dump(mode="json", by_alias=True), file=name)
 
 
-def splice(text: str, section: str) -> str:
-    """``text`` with its registry section (everything from ``MARKER`` on) replaced by ``section``."""
-    head = text.split(MARKER, 1)[0].rstrip("\n")
+def splice(text: str, section: str, *, has_section: bool) -> str:
+    """``text`` with its registry section replaced by ``section``. ``has_section``: the release already
+    records a push, so ``text`` ends with the section unibake wrote. Only that last ``MARKER`` is ours:
+    a changelog may quote the marker, and it always comes before the section; a text without a
+    section is kept whole, whatever markers people wrote in it."""
+    head = text.rsplit(MARKER, 1)[0] if has_section else text
+    head = head.rstrip("\n")
     return f"{head}\n\n{section}" if section else head + "\n"
 
 
@@ -55,6 +60,26 @@ def _exchange(a: Path, b: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
         return False
     raise OSError(code, os.strerror(code), str(a))
+
+
+def _keep_access(path: Path, like: os.stat_result) -> None:
+    """``path`` gets ``like``'s mode and group, and its owner where this user may give it: an amended
+    release keeps the access its owner gave the folder and each file."""
+    try:  # before the chmod: a chown clears the set-ID bits
+        os.chown(path, like.st_uid, like.st_gid, follow_symlinks=False)
+    except PermissionError:
+        try:
+            os.chown(path, -1, like.st_gid, follow_symlinks=False)
+        except PermissionError:
+            pass  # a group this user is not in: the group stays this user's own
+    os.chmod(path, stat.S_IMODE(like.st_mode))
+
+
+def _old_stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
 
 
 class _Lock:
@@ -84,15 +109,17 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     signatures beside it (in the staging folder, so they replace the old ones with it)."""
     out, tag = folder.parent, folder.name
     texts = {MANIFEST: manifest.to_json()}
+    has_section = bool(load_manifest(folder).registry)  # the notes end with a registry section iff it records a push
     for name in NOTES:
         path = folder / name
         if path.is_file() and name in sums:
-            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name))
+            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name),
+                                 has_section=has_section)
     old_listing = (folder / SUMS).read_text(encoding="utf-8")
     with _Lock(out, tag):
         staging = out / f".{tag}.amend"
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
+        staging.mkdir(mode=0o700)  # private while it is made; the folder's own mode and group at the end
         try:
             new_sums = dict(sums)
             for entry in os.scandir(folder):
@@ -103,6 +130,11 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
             listing = render_sums(new_sums)
             write_atomic(staging, SUMS, listing)
             signatures = list(sign(staging / SUMS)) if sign is not None else []
+            for name in [*texts, SUMS, *signatures]:  # each new file as the one it replaces
+                old = _old_stat(folder / name)
+                if old is not None:
+                    _keep_access(staging / name, old)
+            _keep_access(staging, folder.stat())
             fsync_dir(staging)
             if _exchange(staging, folder):
                 fsync_dir(out)
@@ -118,4 +150,6 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     except (OSError, UnicodeDecodeError):
         is_ours = False
     if is_ours:
-        write_atomic(checksums_dir, record.name, listing)
+        old = record.stat()
+        write_atomic(checksums_dir, record.name, listing, mode=stat.S_IMODE(old.st_mode))
+        _keep_access(record, old)

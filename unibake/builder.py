@@ -143,8 +143,8 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
                       memoised=memoised)
 
 
-_STEP_LINE = re.compile(r"^Step (\d+)/(\d+) : ")
-_STEP_NAME = re.compile(r"^Step (\d+): ")
+_STEP_LINE = re.compile(r"^Step ([0-9]+)/([0-9]+) : ")
+_STEP_NAME = re.compile(r"^Step ([0-9]+): ")
 
 
 def _renumbered(line: str, offset: int) -> str:

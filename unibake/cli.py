@@ -238,10 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = command("deploy", "load a release onto many engines at once, each checked",
                 "Load the release onto every engine in parallel, from its archive or by a pull of its pushed digest; "
                 "compare the image ID on each; an engine that already holds it is skipped. Prints a table; goes on past "
-                "a failing engine; exit 3 if any failed.", engine=False)
+                "a failing engine; exit 3 if any failed. The engines are every --engine (before or after the command) "
+                "and --hosts; with none of them, DOCKER_HOST.", engine=False)
     d.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
     d.add_argument("--engine", dest="engines", action="append", default=[], metavar="URL",
-                   help="an engine: unix:///path, tcp://host:port or ssh://user@host (repeat for several)")
+                   help="an engine: unix:///path, tcp://host:port or ssh://user@host (repeat for several; one given "
+                        "before the command is one of them too; default: DOCKER_HOST when no --engine or --hosts)")
     d.add_argument("--hosts", metavar="FILE", help="a file of engine addresses, one a line (# comments)")
     d.add_argument("--from", dest="source", choices=("archive", "registry"), default="archive",
                    help="load the archive (the default) or pull the digest the release recorded at its push")
@@ -770,7 +772,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 
 def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .deploy import Plan, deploy, engines_of, raise_if_failed, read_hosts
+    from .deploy import Plan, check_address, deploy, engines_of, raise_if_failed, read_hosts
     from .docker_engine import DockerEngine
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
@@ -780,7 +782,13 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs} must be 1 or more")
     hosts = read_hosts((ctx.cwd / args.hosts).resolve()) if args.hosts else []
-    addresses = engines_of(args.engines or ([args.engine] if getattr(args, "engine", None) else []), hosts)
+    # every engine named is a target: an --engine before the command (the global option) as well as
+    # those after it, the same address once; DOCKER_HOST, as for every command, only when none is named
+    named = list(dict.fromkeys([*([args.engine] if getattr(args, "engine", None) else []), *args.engines]))
+    from_env = not named and not hosts and bool(ctx.env.get("DOCKER_HOST"))
+    if from_env:
+        named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
+    addresses = engines_of(named, hosts)
     if args.source == "archive":
         if args.ref:
             raise InputError("--ref goes with --from registry")
@@ -801,12 +809,14 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         settings = _registry_settings(args, ctx, ref.host)
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client)
+                info = check_remote(ref, m, client, folder=folder)
         plan = Plan(folder=folder, manifest=m, source="registry",
                     pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
-        results = deploy(plan, addresses, lambda address: DockerEngine(address, ctx.env), jobs=args.jobs,
+        # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too
+        results = deploy(plan, addresses, lambda address: DockerEngine(None if from_env else address, ctx.env),
+                         jobs=args.jobs,
                          on_result=lambda r: ctx.reporter.info(f"    {r.engine}: {r.result}"))
     ctx.reporter.table(f"deploy {m.tag} ({m.image_id[:19]}...) from the {args.source}",
                        ["engine", "time", "result", "detail"],

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 
-STEP_RE = re.compile(r"^Step (\d+)/(\d+) : ")
+STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : ")
 
 
 @dataclass(kw_only=True)

@@ -74,7 +74,7 @@ def engines_of(addresses: list[str], hosts: list[str]) -> list[str]:
             raise InputError(f"engine {address} is named twice")
         out.append(address)
     if not out:
-        raise InputError("deploy needs at least one engine: --engine URL (repeat it) or --hosts FILE")
+        raise InputError("deploy needs at least one engine: --engine URL (repeat it), --hosts FILE or DOCKER_HOST")
     return out
 
 

@@ -17,7 +17,7 @@ from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo
                      RunOutcome)
 from .errors import BuildFailed, BuildInterrupted, EngineError, InputError
 
-STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
 # Long steps (a compile, a big COPY) may print nothing for minutes.

@@ -5,8 +5,9 @@ uploads its blobs over the registry API (python-dxf, on requests): no image is n
 the layers are compressed here (gzip by default, deterministic, so the same release always gives the
 same manifest digest and a second push uploads nothing; ``zstd`` as an option), and the manifest
 digest is computed here and compared with what the registry answers. Pull asks the registry for
-the manifest by digest, checks its bytes and its config digest (the image ID) against the release
-before the engine pulls anything, then lets the engine pull by digest and compares the image ID again.
+the manifest by digest, checks its bytes, its config digest (the image ID) and its layers (a digest
+the release recorded, or the one a push of its archive gives) before the engine pulls anything, then
+lets the engine pull by digest and compares the image ID again.
 
 Credentials come from the Docker config (``DOCKER_CONFIG``, else ``~/.docker/config.json``, with its
 credential helpers, read by docker-py) or ``--auth-file``; never from YAML; never printed. TLS is
@@ -55,10 +56,12 @@ from .signing import SECRETS
 # reference package (only what a registry path needs; written here to give exact errors).
 
 _LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]{{1,5}}))?"
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# re.ASCII: the grammar is ASCII (a tag is manifest.TAG_PATTERN); without it \w takes any letter or digit
 REFERENCE_RE = re.compile(rf"^(?P<host>{_HOST})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
-                          r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+                          r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$",
+                          re.ASCII)
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -103,6 +106,15 @@ def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
         raise InputError(f"{what} {shown!r} is not REGISTRY/REPOSITORY[:TAG]{'@sha256:DIGEST' if digest else ''} "
                          "(the registry host first, e.g. localhost:5000/demo-llm; lower-case repository names)")
     host, path = match.group("host"), match.group("path")
+    # docker's rule: the first part is a registry host only with a '.' or a ':port', or as localhost;
+    # anything else docker reads as a repository on docker.io, and unibake pushes only where it is told
+    if "." not in host and ":" not in host and host != "localhost":
+        raise InputError(f"{what} {shown!r} names no registry host: {host!r} is not one (a host has a '.' or a "
+                         f"':PORT', or is localhost; docker would read docker.io here, unibake needs the registry "
+                         f"named): give REGISTRY/REPOSITORY, e.g. registry.example:5000/{host}/{path}")
+    port = match.group("port")
+    if port is not None and not 1 <= int(port) <= 65535:
+        raise InputError(f"{what} {shown!r}: port {port} of the registry host is out of range 1..65535")
     if len(f"{host}/{path}") > 255:
         raise InputError(f"{what} {shown!r}: the repository name is longer than 255 characters")
     if digest and not match.group("digest"):
@@ -353,7 +365,7 @@ class RegistryClient:
                                                                        DOCKER_LIST))})
             try:
                 declared = response.headers.get("Content-Length", "")
-                if declared.isdigit() and int(declared) > MAX_MANIFEST:
+                if declared.isascii() and declared.isdigit() and int(declared) > MAX_MANIFEST:
                     raise too_big(declared)
                 body = bytearray()
                 for chunk in response.iter_content(1 << 16):
@@ -396,6 +408,7 @@ class ManifestInfo:
     media_type: str
     config_digest: str
     compressions: frozenset[str]
+    layers: tuple[str, ...] = ()  # the layers' digests, in order
 
 
 def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
@@ -415,12 +428,16 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     if not isinstance(config, dict) or not isinstance(layers, list) \
             or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
         raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
-    kinds = set()
+    kinds, digests = set(), []
     for layer in layers:
-        kind = layer.get("mediaType", "") if isinstance(layer, dict) else ""
+        if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
+                or not DIGEST_RE.fullmatch(layer["digest"]):
+            raise DigestMismatch(f"{where}: not an image manifest (a layer without a sha256 digest)")
+        kind = layer.get("mediaType", "") if isinstance(layer.get("mediaType"), str) else ""
         kinds.add("zstd" if kind.endswith("+zstd") or kind.endswith(".zstd") else "gzip")
+        digests.append(layer["digest"])
     return ManifestInfo(media_type=str(media_type or ""), config_digest=config["digest"],
-                        compressions=frozenset(kinds))
+                        compressions=frozenset(kinds), layers=tuple(digests))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,11 +519,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     tag = target.tag or manifest.release
     spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
     try:
-        saved = _read_image(folder, manifest, spool, compression)
-        check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what="manifest.json")
-        layers = [_layer_blob(m, spool, compression) if m is not None else None for m in saved.layer_members]
-        if None in layers:
-            layers = _with_base_layers(folder, manifest, saved, layers, spool, compression)
+        saved, layers = _release_blobs(folder, manifest, spool, compression)
         uploaded = present = uploaded_bytes = 0
         seen: set[str] = set()
         for i, (blob, path) in enumerate(layers, 1):
@@ -538,6 +551,30 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return PushResult(record=record, uploaded=uploaded, present=present, uploaded_bytes=uploaded_bytes,
                       seconds=time.monotonic() - start)
+
+
+def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> tuple[SavedImage, list]:
+    """The release's image read from its archive, checked against its manifest, and its layers
+    compressed into ``spool``: ``(blob, file)`` each, in order."""
+    saved = _read_image(folder, manifest, spool, compression)
+    check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what="manifest.json")
+    layers = [_layer_blob(m, spool, compression) if m is not None else None for m in saved.layer_members]
+    if None in layers:
+        layers = _with_base_layers(folder, manifest, saved, layers, spool, compression)
+    return saved, layers
+
+
+def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression: str,
+                           temp_dir: Path | None = None) -> str:
+    """The manifest digest a push of the release with ``compression`` gives (nothing is uploaded):
+    the layers are compressed the same way every time, so it names exactly the release's blobs."""
+    spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
+    try:
+        saved, layers = _release_blobs(folder, manifest, spool, compression)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
+    return "sha256:" + hashlib.sha256(image_manifest(config, [blob for blob, _ in layers])).hexdigest()
 
 
 def _with_base_layers(folder: Path, manifest: ReleaseManifest, saved: SavedImage, layers: list, spool: Path,
@@ -591,14 +628,32 @@ def find_release_by_digest(out: Path, digest: str) -> Path | None:
     return None
 
 
-def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClient) -> ManifestInfo:
-    """The registry's manifest for ``ref``'s digest: its bytes match the digest and it names the
-    release's image ID (exit 3 otherwise), before any engine pulls anything."""
+def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClient, *, folder: Path | None = None,
+                 temp_dir: Path | None = None) -> ManifestInfo:
+    """The registry's manifest for ``ref``'s digest: its bytes match the digest, it names the
+    release's image ID, and its layers are the release's (exit 3 otherwise), before any engine pulls
+    anything. The layers are the release's when the digest is one the release recorded at its push
+    (that manifest was made here from the archive); any other digest is compared with what a push of
+    ``folder``'s archive gives, and without ``folder`` it is refused."""
     body = client.manifest(ref.digest)
     info = manifest_config_digest(body, ref.pinned)
     if info.config_digest != manifest.image_id:
         raise DigestMismatch(f"{ref.pinned} is image {info.config_digest}, not release {manifest.release}'s "
                              f"{manifest.image_id}")
+    if len(info.layers) != len(manifest.diff_ids):
+        raise DigestMismatch(f"{ref.pinned} names {len(info.layers)} layers; release {manifest.release}'s image has "
+                             f"{len(manifest.diff_ids)}: it is not the release's image")
+    if ref.digest in {r.digest for r in manifest.registry}:
+        return info
+    if folder is None:
+        raise DigestMismatch(f"{ref.pinned} is not a push release {manifest.release} records (its manifest.json "
+                             f"lists {', '.join(r.digest for r in manifest.registry) or 'none'}); pull a digest it "
+                             "records, or push the release to record this one")
+    expected = {c: pushed_manifest_digest(folder, manifest, c, temp_dir) for c in sorted(info.compressions)}
+    if ref.digest not in expected.values():
+        raise DigestMismatch(f"{ref.pinned} names release {manifest.release}'s image ID but layers that are not its "
+                             f"own: a push of its archive gives "
+                             f"{', '.join(f'{d} ({c} layers)' for c, d in expected.items())}")
     return info
 
 

@@ -165,7 +165,7 @@ def check_sbom(text: str, *, image_id: str, where: str) -> list[str]:
     if not isinstance(document, dict) or document.get("bomFormat") != "CycloneDX":
         return [f"{where}: not a CycloneDX document"]
     spec = str(document.get("specVersion", ""))
-    if not re.fullmatch(r"1\.([5-9]|\d\d)", spec):
+    if not re.fullmatch(r"1\.([5-9]|[0-9][0-9])", spec):
         return [f"{where}: CycloneDX {spec[:10]!r}, not 1.5 or later"]
     subject = (document.get("metadata") or {}).get("component") if isinstance(document.get("metadata"), dict) else None
     if not isinstance(subject, dict):

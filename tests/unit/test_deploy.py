@@ -93,6 +93,10 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
     (["deploy", "{folder}", "--engine", "tcp://a:1", "--ref", "r.example/a@sha256:" + "0" * 64],
      "--ref goes with --from registry"),
     (["push", "{folder}", "--to", "demo-llm"], "is not REGISTRY/REPOSITORY"),
+    (["push", "{folder}", "--to", "team/demo-llm"], "names no registry host"),
+    (["push", "{folder}", "--to", "localhost:99999/t/bb"], "out of range 1..65535"),
+    (["push", "{folder}", "--to", "localhost:5000/t/bb:t\u00e5g"], "is not REGISTRY/REPOSITORY"),
+    (["pull", "team/demo-llm@sha256:" + "0" * 64], "names no registry host"),
     (["push", "{folder}", "--to", "r.example/a", "--retries", "0"], "--retries 0 is out of range"),
     (["push", "{folder}", "--to", "r.example/a", "--ca-file", "/nonexistent/ca.crt"], "no such file"),
     (["pull", "r.example/a:1"], "names no digest"),
@@ -112,3 +116,20 @@ def test_a_tampered_manifest_is_not_pulled_against(cli, tmp_path):
     (folder / "manifest.json").write_text(json.dumps(manifest))
     result = cli("pull", "r.example/a@sha256:" + "0" * 64, "--release", str(folder))
     assert result.code == 3 and "differs from SHA256SUMS" in result.error_lines[-1]
+
+
+@pytest.mark.parametrize("before, after, env, engines", [
+    (["--engine", "unix:///nonexistent/a.sock"], ["--engine", "unix:///nonexistent/b.sock"], {},
+     ["unix:///nonexistent/a.sock", "unix:///nonexistent/b.sock"]),
+    (["--engine", "unix:///nonexistent/a.sock"], ["--engine", "unix:///nonexistent/a.sock"], {},
+     ["unix:///nonexistent/a.sock"]),
+    ([], [], {"DOCKER_HOST": "unix:///nonexistent/env.sock"}, ["unix:///nonexistent/env.sock"]),
+    ([], ["--engine", "unix:///nonexistent/b.sock"], {"DOCKER_HOST": "unix:///nonexistent/env.sock"},
+     ["unix:///nonexistent/b.sock"]),
+])
+def test_deploy_goes_to_every_engine_named_before_or_after_the_command_else_docker_host(cli, tmp_path, before, after,
+                                                                                          env, engines):
+    folder, _ = make_release(tmp_path / "release")
+    result = cli("--json", *before, "deploy", str(folder), *after, env={"CI": "true", **env})
+    assert result.code == 3, result.err  # no engine there: each one a failed row, none left out
+    assert [row["engine"] for row in json.loads(result.out)["engines"]] == engines

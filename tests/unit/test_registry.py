@@ -7,8 +7,11 @@ import base64
 import gzip
 import hashlib
 import json
+import os
 import shutil
+import stat
 import subprocess
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -19,8 +22,10 @@ from unibake.archive_reader import read_back
 from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError, UnibakeError
 from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
+from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
-from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, image_manifest,
+from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
+                              image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
 from unibake.signing import check_keys, check_signer
 from unibake.verify import read_sums, verify_folder
@@ -50,10 +55,25 @@ def test_push_references(text, host, path, tag):
     ("localhost:5000/a:b c", "is not REGISTRY/REPOSITORY"),
     (f"localhost:5000/a@{DIGEST}", "a push names a tag, not a digest"),
     ("localhost:5000/a\n", "is not REGISTRY/REPOSITORY"),
+    # docker would read these as docker.io/team/...: unibake asks for the registry host instead
+    ("team/demo-llm", "names no registry host: 'team' is not one"),
+    ("team/demo-llm:1.3.1", "registry.example:5000/team/demo-llm"),
+    # ASCII tags only (as the manifest records them), a real port: refused before anything is sent
+    ("localhost:5000/t/bb:t\u00e5g", "is not REGISTRY/REPOSITORY"),
+    ("localhost:5000/t/bb:\u0663", "is not REGISTRY/REPOSITORY"),
+    ("localhost:99999/t/bb", "port 99999 of the registry host is out of range 1..65535"),
+    ("localhost:0/t/bb", "port 0 of the registry host"),
 ])
 def test_bad_push_references_are_exit_2(text, message):
     with pytest.raises(InputError, match=message):
         parse_reference(text, what="--to", digest=False)
+
+
+def test_a_pull_reference_names_its_registry_host_too():
+    with pytest.raises(InputError, match="names no registry host"):
+        parse_reference(f"team/demo-llm@{DIGEST}", what="the reference", digest=True)
+    assert parse_reference(f"localhost/demo-llm@{DIGEST}", what="ref", digest=True).host == "localhost"
+    assert parse_reference(f"[::1]:5000/demo-llm@{DIGEST}", what="ref", digest=True).host == "[::1]:5000"
 
 
 def test_pull_references_need_a_digest():
@@ -262,6 +282,50 @@ def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
 
 
+@pytest.mark.parametrize("where", ["changelog", "known_limits"])
+def test_a_changelog_that_quotes_the_registry_marker_is_kept_whole_by_every_push(tmp_path, where):
+    quoted = f"- fixed the `{amend.MARKER}` marker in docs\n\n{amend.MARKER}\n\n- a later line people wrote\n"
+    folder, _ = make_release(tmp_path / "release", notes=Notes(**{where: quoted}))
+    written = (folder / "RELEASE_NOTES.md").read_text()
+    assert "- a later line people wrote" in written
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    later = record.model_copy(update={"tag": "other"})
+    amend.amend_release(folder, merge_record(load_manifest(folder), later), read_sums(folder), tmp_path / "checksums")
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    head, section = notes.rsplit(amend.MARKER, 1)
+    assert head.rstrip("\n") == written.rstrip("\n")  # everything people wrote, as it was
+    assert section.count("docker pull") == 1 and "| `other` |" in section and "| `1.3.1` |" in section
+    assert not verify_folder(folder).failures
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_recording_a_push_keeps_the_folder_s_mode_and_group_and_each_file_s(tmp_path, monkeypatch, atomic):
+    groups = [g for g in ([1] if os.geteuid() == 0 else os.getgroups()) if g != os.getegid()]
+    if not groups:
+        pytest.skip("needs a second group to give the release folder")
+    group = groups[0]
+    folder, _ = make_release(tmp_path / "release")
+    record_file = tmp_path / "checksums" / "1.3.1.SHA256SUMS"
+    for path in [*folder.iterdir(), record_file]:
+        os.chown(path, -1, group)
+        path.chmod(0o640)
+    os.chown(folder, -1, group)
+    folder.chmod(0o700)
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    if not atomic:
+        monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert load_manifest(folder).registry == (record,) and not verify_folder(folder).failures
+    assert (stat.S_IMODE(folder.stat().st_mode), folder.stat().st_gid) == (0o700, group)
+    for path in [*folder.iterdir(), record_file]:
+        assert (path.name, stat.S_IMODE(path.stat().st_mode), path.stat().st_gid) == (path.name, 0o640, group)
+
+
 def test_an_interrupted_amend_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
     folder, _ = make_release(tmp_path / "release")
     manifest = load_manifest(folder)
@@ -352,19 +416,83 @@ def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_releas
         push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path)
 
 
-def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_path):
-    """A registry (or something posing as one) that answers a manifest request with endless bytes:
-    the client stops at the limit, it does not hold the answer in memory first."""
+class ServingClient:
+    """Stands in for a registry that answers manifest requests with what it holds (checked by digest,
+    as the real client checks them)."""
+
+    def __init__(self, *bodies):
+        self.bodies = {"sha256:" + hashlib.sha256(b).hexdigest(): b for b in bodies}
+
+    def manifest(self, digest):
+        return self.bodies[digest]
+
+
+def test_a_manifest_naming_the_release_s_image_but_other_layers_is_exit_3_before_any_pull(tmp_path):
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    registry = RecordingClient()
+    target = parse_reference("r.example/a", what="--to", digest=False)
+    record = push_release(folder, manifest, target, registry, temp_dir=tmp_path).record
+    genuine = registry.manifests["1.3.1"]
+    document = json.loads(genuine)
+    theirs = dict(document["layers"][-1], digest="sha256:" + "ee" * 32)
+    forged = {"other layers": json.dumps({**document, "layers": [*document["layers"][:-1], theirs]}).encode(),
+              "an extra layer": json.dumps({**document, "layers": [*document["layers"], theirs]}).encode()}
+    client = ServingClient(genuine, *forged.values())
+
+    def ref(body):
+        return parse_reference(f"r.example/a@sha256:{hashlib.sha256(body).hexdigest()}", what="ref", digest=True)
+
+    recorded = merge_record(manifest, record)
+    assert check_remote(ref(genuine), recorded, client).config_digest == manifest.image_id
+    for what, body in forged.items():
+        for m, where in ((recorded, None), (manifest, None), (manifest, folder)):
+            with pytest.raises(DigestMismatch) as refused:
+                check_remote(ref(body), m, client, folder=where, temp_dir=tmp_path)
+            assert f"{ref(body).pinned} " in str(refused.value), what
+    with pytest.raises(DigestMismatch, match="layers that are not its own: a push of its archive gives "
+                                             f"{record.digest} \\(gzip layers\\)"):
+        check_remote(ref(forged["other layers"]), manifest, client, folder=folder, temp_dir=tmp_path)
+    with pytest.raises(DigestMismatch, match="names 4 layers; release 1.3.1's image has 3"):
+        check_remote(ref(forged["an extra layer"]), manifest, client, folder=folder)
+    # a push the release does not record (a signed release pushed without its keys): checked against its archive
+    with pytest.raises(DigestMismatch, match="is not a push release 1.3.1 records"):
+        check_remote(ref(genuine), manifest, client)
+    assert check_remote(ref(genuine), manifest, client, folder=folder, temp_dir=tmp_path).layers == \
+        tuple(layer["digest"] for layer in document["layers"])
+    assert list(tmp_path.glob("unibake-check-*")) == []
+
+
+@contextmanager
+def tls_server(tmp_path, handler):
+    """An HTTPS server on loopback answering with ``handler``; yields its port (its certificate in tmp_path)."""
     import http.server
     import ssl
     import threading
-
-    from unibake.registry import MAX_MANIFEST
 
     made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout",
                            str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")], capture_output=True)
     assert made.returncode == 0, made.stderr
+    handler.log_message = lambda self, *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+
+
+def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_path):
+    """A registry (or something posing as one) that answers a manifest request with endless bytes:
+    the client stops at the limit, it does not hold the answer in memory first."""
+    import http.server
+
+    from unibake.registry import MAX_MANIFEST
+
     sent = []
 
     class Endless(http.server.BaseHTTPRequestHandler):
@@ -379,19 +507,30 @@ def test_a_manifest_answer_bigger_than_a_manifest_is_cut_off_not_read_whole(tmp_
             except OSError:
                 pass
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        ref = parse_reference(f"127.0.0.1:{server.server_port}/team/a@{DIGEST}", what="ref", digest=True)
+    with tls_server(tmp_path, Endless) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
         c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
         with pytest.raises(RegistryError, match=f"more than the {MAX_MANIFEST} a manifest may be"):
             c.manifest(DIGEST)
-    finally:
-        server.shutdown()
     assert sum(sent) < 32 << 20, sum(sent)  # it stopped reading near the limit, not at the end of 100 MiB
+
+
+def test_a_content_length_in_other_digits_is_no_crash(tmp_path):
+    """``Content-Length: \u00b2`` is a digit to str.isdigit() and no number to int(): the answer is read
+    and checked against its digest like any other."""
+    import http.server
+
+    class Superscript(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            self.send_header("Content-Length", "\u00b2")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    with tls_server(tmp_path, Superscript) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
+        with pytest.raises(DigestMismatch, match="with a document whose digest is"):
+            c.manifest(DIGEST)

@@ -284,3 +284,9 @@ def test_a_provenance_naming_one_subject_twice_fails(cli, demo):
     supply(demo, "provenance.intoto.json", change)
     result = cli("verify", str(demo))
     assert result.code == 3 and "as a subject more than once" in result.error_lines[-1], result.err
+
+
+def test_an_sbom_spec_version_in_other_digits_is_not_cyclonedx_1_x():
+    """``1.٣٣`` (Arabic-Indic digits) reads as a number to Python's ``\\d``; the spec version is ASCII."""
+    text = json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.\u0663\u0663"})
+    assert any("not 1.5 or later" in p for p in check_sbom(text, image_id="sha256:" + "0" * 64, where="sbom.cdx.json"))
