@@ -314,3 +314,32 @@ def test_kit_after_a_profile_was_added_says_so_and_names_the_release_s_revision(
     revision = json.loads((folder / "manifest.json").read_text())["revision"]
     assert refused.code == 2 and "a profile added or removed since changes which selection is 'all'" in \
         refused.error_lines[-1] and revision in refused.error_lines[-1], refused.err
+
+
+def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writes_another(cli, tmp_path):
+    # --out the release folder itself: the kit written now (other tool sources, same inputs) is not the
+    # published one; the published file must stay, byte for byte, and nothing else be left behind
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    published = folder / "demo-llm-1.3.1-kit.tar.zst"
+    published.write_bytes(b"the kit the release published")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"]["sha256"] = hashlib.sha256(published.read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    differs = cli("kit", str(folder), "--out", str(folder), "--config", str(REPO / "profiles"))
+    assert differs.code == 3 and differs.error_lines[-1].endswith("nothing written"), differs.err
+    assert published.read_bytes() == b"the kit the release published"
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_kit_refuses_a_folder_in_the_kits_place_naming_it(cli, tmp_path):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    (tmp_path / "kit" / "demo-llm-1.3.1-kit.tar.zst").mkdir(parents=True)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {tmp_path}/kit/demo-llm-1.3.1-kit.tar.zst: a folder where the kit would be written; move it away "
+        "or write the kit elsewhere"], refused.err
+    assert [p.name for p in (tmp_path / "kit").iterdir()] == ["demo-llm-1.3.1-kit.tar.zst"]
