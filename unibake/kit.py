@@ -2,7 +2,7 @@
 image and check that it is the one released.
 
     <product>-<tag>-kit/
-      Dockerfile         the rendered Dockerfile
+      Dockerfile         the rendered Dockerfile (the one in context.tar: verify.sh and the rebuild check it)
       context.tar        the build context exactly as it was sent to the engine (same bytes)
       inputs.lock        the ledger of every baked input
       profiles/*.yaml    the profiles it was rendered from (their paths from the project root)
@@ -35,6 +35,7 @@ import hashlib
 import importlib.metadata
 import io
 import os
+import posixpath
 import re
 import tarfile
 import tempfile
@@ -51,7 +52,7 @@ from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
 from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, read_small_text
+from .files import fsync_dir, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
@@ -410,7 +411,32 @@ def check_kit(folder: Path) -> KitRecord:
     record = read_kit(folder)
     if sha256_file(folder / CONTEXT) != record.context_sha256:
         raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
+    _check_dockerfile(folder, record)
     return record
+
+
+def _check_dockerfile(folder: Path, record: KitRecord) -> None:
+    """The Dockerfile a reader of the kit checks is the one the engine builds: kit.json's, and the one
+    file of ``context.tar`` the engine reads as its Dockerfile (the context holds no links, as
+    unibake writes it, so no other entry can land there)."""
+    dockerfile = read_small_file(folder / "Dockerfile", VerificationError, limit=64 << 20, follow=False)
+    if hashlib.sha256(dockerfile).hexdigest() != record.dockerfile_sha256:
+        raise VerificationError(f"{folder / 'Dockerfile'}: its sha256 differs from kit.json's dockerfile_sha256")
+    inside = []
+    try:
+        with tarfile.open(folder / CONTEXT) as tar:  # "r:*", as the engine takes a compressed context too
+            for member in tar:
+                if not (member.isfile() or member.isdir()):
+                    raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
+                                            "special file; a build context unibake writes holds files and folders")
+                if member.isfile() and posixpath.normpath(member.name.lstrip("/")) == "Dockerfile":
+                    # another size is another file: not read (it may be huge)
+                    inside.append(tar.extractfile(member).read() if member.size == len(dockerfile) else None)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
+    if inside != [dockerfile]:
+        raise VerificationError(f"{folder / CONTEXT}: its Dockerfile is not the kit's Dockerfile (the one built must "
+                                "be the one checked)")
 
 
 @dataclass(frozen=True, kw_only=True)
