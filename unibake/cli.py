@@ -33,7 +33,7 @@ from .files import write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
 STAGES = ("render", "build", "release")
-SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$", re.IGNORECASE)
+SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) *(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$", re.IGNORECASE)  # ASCII: \d takes ٣
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30,
          "kib": 2**10, "mib": 2**20, "gib": 2**30}
 OUT_HELP = "the folder that holds the releases (default: release/ beside the profiles folder, i.e. ./release)"
@@ -759,7 +759,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-            info = check_remote(ref, m, client)
+            info = check_remote(ref, m, client, folder=folder)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
         image_id = pull_into(engine, ref, m, info, settings["credentials"])
@@ -809,7 +809,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         settings = _registry_settings(args, ctx, ref.host)
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client, folder=folder)
+                info = check_remote(ref, m, client)
         plan = Plan(folder=folder, manifest=m, source="registry",
                     pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
     m = plan.manifest

@@ -156,6 +156,14 @@ def test_a_signed_release_is_recorded_only_when_signed_again_by_its_own_keys(cli
     assert unrecorded.code == 0, unrecorded.err
     assert "is signed" in unrecorded.err and "--sign" in unrecorded.err
     assert json.loads(unrecorded.out)["recorded"] is False and files_of(folder) == signed
+    # the push's warning says to pull it by that reference: pull checks it against a push of the
+    # archive (the release records no digest), and an engine that never saw the image gets it
+    with ScratchEngine(tmp_path / "scratch-u") as scratch, bridge(reg, scratch.pid):
+        pulled = cli("pull", json.loads(unrecorded.out)["reference"], "--release", str(folder),
+                     "--engine", scratch.engine.address, *registry_args(reg), env=env)
+        assert pulled.code == 0, pulled.err
+        assert scratch.engine.inspect_image(json.loads(unrecorded.out)["reference"]).id == \
+            json.loads((folder / "manifest.json").read_text())["image_id"]
 
     # one of its two keys, or another key: refused before anything is uploaded or changed
     made = subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Other <other@example.invalid>",

@@ -261,6 +261,7 @@ ARGUMENT_CASES = {
     "allow-not-a-regex": ["--allow", "("],
     "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0
     "version-ending-like-a-platform": ["--version", "1.0-arm64"],
+    "split-in-other-digits": ["--split", "\u0663GiB"],  # an Arabic-Indic three: Python's \\d takes it
 }
 
 
