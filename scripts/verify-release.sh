@@ -208,6 +208,16 @@ grep -qx "${want#sha256:}" "$work/blobs" || fail "$dir: the archive lacks its im
 [ "$load" -eq 1 ] || { echo "ok: sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
+# a hotfix's archive leaves out its base release's layers: without that image the engine's refusal
+# would name a missing blob, not what to import
+hotfix_field() {
+  awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit } inside' manifest.json |
+    sed -n "s/^    \"$1\": \"\([A-Za-z0-9:._-]*\)\",\{0,1\}\$/\1/p" | head -n 1
+}
+base=$(hotfix_field base_image_id)
+if [ -n "$base" ] && ! docker image inspect "$base" >/dev/null 2>&1; then
+  fail "this hotfix needs image $base (release $(hotfix_field base_release)) in the engine; import that release first (nothing was loaded)"
+fi
 if have=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) && [ "$have" != "$want" ]; then
   fail "the engine's $tag is $have, another image: loading would move that tag (nothing was loaded)"
 fi

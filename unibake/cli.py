@@ -562,7 +562,9 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     if args.out and not out.is_dir():  # a typo in --out is not "no releases"
         raise InputError(f"--out {args.out}: no such folder")
     rows, document = [], []
-    for found in find_releases(out):
+    releases = find_releases(out)
+    images = {r.manifest.image_id for r in releases if r.manifest is not None}
+    for found in releases:
         m = found.manifest
         if m is None:
             rows.append([found.folder.name, "", "", "", "", f"UNREADABLE: {found.problem}"])
@@ -577,6 +579,11 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
                     f"{c.target} {c.detail}" for c in report.failures[:2])
             except UnibakeError as exc:
                 state = f"FAILS: {exc}"
+        if state == "verifies" and m.hotfix is not None and m.hotfix.base_image_id not in images:
+            # apply.sh and verify --load need the base release's image: without its folder here (or
+            # with that folder made again, another image), the hotfix cannot be proven or applied
+            state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
+                     f"{m.hotfix.base_image_id[:19]}")
         rows.append([m.release, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,

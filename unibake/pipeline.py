@@ -37,11 +37,12 @@ from .engine import Engine
 from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, UnibakeError, VerificationError
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
-from .manifest import GateResult, ReleaseManifest, RoundTripRecord, Validation
+from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
-from .publish import ReleaseFolder, build_manifest, check_tag, previous_release, publish, release_tag, render_files
+from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, previous_release, publish, release_tag,
+                      render_files)
 from .released import refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -230,6 +231,7 @@ def _hotfix_base(run: Run) -> tuple:
     base = load_base(run.request.out, run.request.base or "")
     if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
         _check_base_archive(base)
+    _check_base_sums(base, with_archive=run.request.roundtrip)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
     if env_epoch not in (None, str(base.epoch)):
         run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: the hotfix uses {base.epoch}, the epoch of "
@@ -246,6 +248,9 @@ def _plan(run: Run) -> tuple:
                      version=request.version, cwd=request.cwd, require_lock=request.require_lock,
                      allow=request.allow,
                      platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    if base is not None and plan.product != base.manifest.product:
+        raise InputError(f"--from {request.base}: release {base.manifest.release} is of the product "
+                         f"{base.manifest.product}, not {plan.product}; a hotfix is made on a release of its own product")
     if base is not None and plan.platform.name != base.manifest.platform:
         raise InputError(f"release {base.manifest.release} is {base.manifest.platform}; a hotfix on it is built for "
                          f"the same platform, not {plan.platform.name}")
@@ -316,6 +321,8 @@ def _inspect(run: Run) -> tuple:
 
 def _folder(run: Run) -> tuple:
     target: Target = run["target"]
+    if run.request.force:
+        _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
     # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
     # said now, before the build, the export and the gates run for nothing
@@ -331,6 +338,21 @@ def _folder(run: Run) -> tuple:
         raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not writable); it "
                            "sits beside --out")
     return _one(folder)
+
+
+def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:
+    """--force makes a release again under its name; a hotfix made on the one it replaces needs that
+    very image (apply.sh, verify --load): the new one would leave it with a base nobody can load."""
+    found = {r.folder.name: r.manifest for r in find_releases(out) if r.manifest is not None}
+    replaced = found.get(release)
+    if replaced is None:
+        return
+    needing = sorted(m.release for m in found.values()
+                     if m.hotfix is not None and m.hotfix.base_image_id == replaced.image_id)
+    if needing:
+        raise InputError(f"release {release} is the base of the hotfix {', '.join(needing)} under {out}: --force "
+                         f"would replace its image {replaced.image_id[:19]}, which the hotfix needs to be applied; "
+                         "choose another version, or remove the hotfix first")
 
 
 def _temp_folder(run: Run) -> tuple:
@@ -440,6 +462,25 @@ def _check_base_archive(base: HotfixBase) -> None:
     if missing:
         raise InputError(f"the round trip of a hotfix loads release {base.manifest.release} first, but "
                          f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
+
+
+def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
+    """The base release as ``sha256sum -c SHA256SUMS`` sees it, before anything is built: the
+    manifest whose diffIDs decide what the hotfix leaves out, and (when the round trip will load it)
+    the archive. A folder that does not verify is exit 3, naming it, not an engine's refusal later
+    or, with --no-roundtrip, a hotfix published on layers no base has."""
+    from .verify import check_sums, read_sums
+
+    sums = read_sums(base.folder)
+    names = [MANIFEST, *(base.archive_files if with_archive else ())]
+    unlisted = [n for n in names if n not in sums]
+    if unlisted:
+        raise VerificationError(f"the base release {base.folder}: {unlisted[0]} is not listed in its SHA256SUMS; "
+                                f"check it with: python build.py verify {base.folder}")
+    bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}) if not c.passed]
+    if bad:
+        raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
+                                f"made on a release that verifies (python build.py verify {base.folder})")
 
 
 def _forget_base_after(run: Run, engine: Engine, base: HotfixBase, held_before: bool) -> None:

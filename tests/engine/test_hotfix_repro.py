@@ -132,6 +132,10 @@ def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(c
         apply = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True, env=env)
         assert apply.returncode == 3
         assert f"error: this hotfix needs image {manifest['hotfix']['base_image_id']}" in apply.stderr
+        shell = subprocess.run(["sh", str(Path(__file__).resolve().parents[2] / "scripts" / "verify-release.sh"),
+                                str(fix)], capture_output=True, text=True, env=env)
+        assert shell.returncode == 3 and (  # the base named, not the engine's missing blob
+            f"this hotfix needs image {manifest['hotfix']['base_image_id']} (release {base.name})") in shell.stderr
         assert scratch.engine.inspect_image(manifest["image_id"]) is None  # nothing was loaded
         unreachable = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True,
                                      env={**env, "DOCKER_HOST": f"unix://{fix}/no-engine.sock"})
@@ -152,10 +156,15 @@ def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(c
 
         archive = base / json.loads((base / "manifest.json").read_text())["archive"]["name"]
         subprocess.run(f"zstd -dc {archive} | docker load", shell=True, check=True, env=env, capture_output=True)
+        previous = json.loads((base / "manifest.json").read_text())
+        scratch.engine.tag(previous["image_id"], manifest["tag"])  # the hotfix's tag on another image
+        moved = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True, env=env)
+        assert moved.returncode == 3 and "loading would move that tag (nothing was loaded)" in moved.stderr
+        assert scratch.engine.inspect_image(manifest["image_id"]) is None
+        scratch.engine.api.remove_image(manifest["tag"])
         apply = subprocess.run(["./apply.sh"], cwd=fix, capture_output=True, text=True, env=env)
         assert apply.returncode == 0, apply.stderr
         assert scratch.engine.inspect_image(manifest["tag"]).id == manifest["image_id"]
-        previous = json.loads((base / "manifest.json").read_text())
         assert scratch.engine.inspect_image(previous["tag"]).id == previous["image_id"]  # the base is untouched
 
 

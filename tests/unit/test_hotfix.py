@@ -1,0 +1,100 @@
+"""What a hotfix needs of its base release, checked before anything is built, and kept afterwards:
+the base verifies and is of the same product; a base a hotfix needs is not made again under its
+name; a hotfix whose base is gone says so; its guide lists the apply.sh it tells the user to run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from unibake.archive import write_archive
+from unibake.archive_reader import read_back
+from unibake.errors import InputError, VerificationError
+from unibake.manifest import load_manifest
+from unibake.metadata import ImageMetadata
+from unibake.pipeline import BY_NAME, Request, _refuse_replacing_a_hotfix_base, run_stages
+from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
+
+from ..forge import resum
+from ..savefixtures import docker_layout, layer_tar
+from .test_publish import METADATA, PASSED, make_release
+from .test_smoke import server  # noqa: F401 - the fixture is used by name
+from .test_supply_chain import Quiet, engines, release  # noqa: F401 - fixtures used by name
+
+
+def hotfix_of(out, base_folder, tag="1.1"):
+    """A hotfix folder on ``base_folder``'s release, as the pipeline publishes one."""
+    base = load_manifest(base_folder)
+    shared, new = layer_tar({"base": b"base" * 100}), layer_tar({"new": b"new" * 100})
+    data, _, _ = docker_layout([shared, new], tag=f"demo-llm:{tag}")
+    omitted = base.diff_ids[0]
+    with ReleaseFolder(out, tag, force=False) as staged:
+        archive = write_archive([data], staged.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}",
+                                omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        return publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+
+
+def base_stage(tmp_path, **kw):
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="1.0", version="1.0.1", **kw)
+    return run_stages([BY_NAME["hotfix base"]], request, Quiet())
+
+
+def test_a_base_whose_manifest_no_longer_matches_its_sums_is_refused_before_the_build(engines, tmp_path):  # noqa: F811
+    folder = release(engines, tmp_path / "release")["release"].folder
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["diff_ids"] = list(reversed(manifest["diff_ids"]))  # what decides which layers are left out
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for roundtrip in (True, False):  # with --no-roundtrip it was published on layers no base has
+        with pytest.raises(VerificationError, match=r"the base release .*/1\.0: manifest\.json .*a hotfix is made "
+                                                    r"on a release that verifies"):
+            base_stage(tmp_path, roundtrip=roundtrip)
+
+
+def test_a_base_archive_with_a_flipped_byte_is_refused_before_the_build_when_the_round_trip_loads_it(
+        engines, tmp_path):  # noqa: F811
+    folder = release(engines, tmp_path / "release")["release"].folder
+    archive = folder / "demo-1.0.tar.zst"
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    archive.write_bytes(bytes(data))
+    with pytest.raises(VerificationError, match=r"the base release .*: demo-1\.0\.tar\.zst "):
+        base_stage(tmp_path)
+    assert base_stage(tmp_path, roundtrip=False)["base"].manifest.release == "1.0"  # the archive is not needed
+
+
+def test_a_base_of_another_product_is_refused(engines, tmp_path, busybox_product):  # noqa: F811
+    release(engines, tmp_path / "release")  # product "demo"; the busybox product is unibake-test
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="1.0", version="1.0.1",
+                      config=str(busybox_product), require_lock=False)
+    with pytest.raises(InputError, match="release 1.0 is of the product demo, not unibake-test; a hotfix is made on "
+                                         "a release of its own product"):
+        run_stages([BY_NAME["hotfix base"], BY_NAME["plan"]], request, Quiet())
+
+
+def test_force_never_replaces_the_base_a_hotfix_needs_and_releases_says_when_a_base_is_gone(tmp_path, cli):
+    out = tmp_path / "release"
+    base_folder, _ = make_release(out, "1.0", layers=[layer_tar({"base": b"base" * 100}),
+                                                      layer_tar({"old": b"old" * 100})])
+    hotfix = hotfix_of(out, base_folder)
+    assert "`apply.sh`" in (hotfix / "README-DIST.md").read_text().split("## 2.")[0]  # in the download list
+    with pytest.raises(InputError, match=r"release 1.0 is the base of the hotfix 1.1 under .*: --force would "
+                                         r"replace its image sha256:"):
+        _refuse_replacing_a_hotfix_base(out, "1.0")
+    _refuse_replacing_a_hotfix_base(out, "1.1")  # nothing is made on the hotfix: it may be made again
+
+    listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert [r["state"] for r in listed] == ["verifies", "verifies"]
+    manifest = json.loads((base_folder / "manifest.json").read_text())
+    manifest["image_id"] = "sha256:" + "e" * 64  # the base made again: another image under its name
+    (base_folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (base_folder / "IMAGE_ID").write_text(manifest["image_id"] + "\n")
+    resum(base_folder)
+    listed = {r["release"]: r["state"] for r in json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]}
+    assert listed["1.0"] == "verifies"
+    assert listed["1.1"].startswith("base absent: no release here holds 1.0's image sha256:")
