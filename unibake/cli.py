@@ -365,6 +365,11 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         epoch=source_date_epoch(root, ctx.env), revision=git_revision(root, outputs=(out, out.parent / "checksums")),
         platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
         sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
+    if (args.command in ("build", "hotfix", "repro") and request.revision == "unknown"
+            and "SOURCE_DATE_EPOCH" not in ctx.env and "base" not in extra):  # a hotfix takes its base's epoch
+        ctx.reporter.warn(f"{root} is not in a git checkout: the image records the time 1970-01-01 "
+                          "(SOURCE_DATE_EPOCH=0) and the revision 'unknown'; commit the product to git, or set "
+                          "SOURCE_DATE_EPOCH")
     return replace(request, **extra)
 
 

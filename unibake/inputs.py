@@ -172,7 +172,7 @@ def render_lock(files: list[InputFile]) -> str:
 
 
 def check_lock(files: list[InputFile], locked: dict[str, str], display: str,
-               sources: tuple[str, ...] = ()) -> None:
+               sources: tuple[str, ...] = (), command: str = "python build.py lock") -> None:
     """Refuse inputs that are new, differ from the lock, or are locked under one of ``sources`` but
     gone; name the first and count the rest."""
     problems: list[str] = []
@@ -190,4 +190,4 @@ def check_lock(files: list[InputFile], locked: dict[str, str], display: str,
                             f"(locked {want[:12]}, now {f.sha256[:12]})")
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise InputError(f"{problems[0]}{more}; review the change, then run: python build.py lock")
+        raise InputError(f"{problems[0]}{more}; review the change, then run: {command}")

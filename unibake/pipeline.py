@@ -37,7 +37,7 @@ from .engine import Engine
 from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, UnibakeError, VerificationError
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
-from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
+from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation, load_manifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
@@ -322,6 +322,7 @@ def _inspect(run: Run) -> tuple:
 def _folder(run: Run) -> tuple:
     target: Target = run["target"]
     if run.request.force:
+        _refuse_replacing_another_product(run.request.out, target)
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
     # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
@@ -338,6 +339,22 @@ def _folder(run: Run) -> tuple:
         raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not writable); it "
                            "sits beside --out")
     return _one(folder)
+
+
+def _refuse_replacing_another_product(out: Path, target: Target) -> None:
+    """--force replaces this product's release of the version, never another product's that shares
+    the folder name (archive and hotfix; a build is checked at its target, with the same words)."""
+    folder = out / target.release
+    if not os.path.lexists(folder / MANIFEST):
+        return
+    try:
+        held = load_manifest(folder)
+    except VerificationError:
+        return  # an unreadable folder is replaced, as before: nothing there can be told to belong to another
+    if held.product != target.product:
+        raise InputError(f"{folder} holds the release of {held.tag} (product {held.product}), not {target.ref}: "
+                         "release folders are named by version, so each product needs its own --out; nothing "
+                         "was replaced")
 
 
 def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -393,14 +394,18 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if verify_lock:
         lock_path = config_dir / LOCK_FILE
         lock_display = display_path(lock_path, cwd)
+        config_display = display_path(config_dir, cwd)
+        # the command as it must be typed here: without --config it would lock ./profiles instead
+        lock_command = "python build.py lock" + ("" if config_display == "profiles" else
+                                                  f" --config {shlex.quote(config_display)}")
         if lock_path.exists() or require_lock:
             if not lock_path.exists():
-                raise InputError(f"{lock_display}: the inputs lock is missing; create it with: python build.py lock")
+                raise InputError(f"{lock_display}: the inputs lock is missing; create it with: {lock_command}")
             sources = [engine.source.path] + [f.path for f in inputs if f.path.startswith("/")]
             sources += [k.source.path for k in kernels if k.source] + [o.source.path for o in overlays]
             sources += [k.source.path for p in chosen for k in p.sidecars if k.source]
             sources += [p.tune.source.path for p in chosen if p.tune]
-            check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources))
+            check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources), lock_command)
 
     return ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,

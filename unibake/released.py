@@ -26,12 +26,21 @@ def repro_ref(product: str, hold: str) -> str:
 def refuse_moving_a_released_tag(out: Path, tag: str, *, force: bool) -> None:
     """InputError when ``tag`` has a release folder under ``out`` and ``force`` is not given."""
     folder = out / release_tag(tag)
-    if force or not os.path.lexists(folder / MANIFEST):
+    if not os.path.lexists(folder / MANIFEST):
         return
     try:
-        image = f"image {load_manifest(folder).image_id}"
+        held = load_manifest(folder)
+        image = f"image {held.image_id}"
     except VerificationError:
-        image = "its manifest.json unreadable"
+        held, image = None, "its manifest.json unreadable"
+    if held is not None and held.tag != tag:
+        # folders are named by version: another product's release of the same version is not this
+        # one's to move, and --force would replace it without a word
+        raise InputError(f"{folder} holds the release of {held.tag} (product {held.product}), not {tag}: release "
+                         "folders are named by version, so each product needs its own --out (e.g. --out "
+                         f"release/{tag.rsplit('/', 1)[-1].split(':', 1)[0]}); nothing was replaced")
+    if force:
+        return
     raise InputError(f"{tag} is released ({folder}, {image}): a released tag never moves to another image, so "
                      f"that IMAGE={tag} ./run.sh stays a roll-back; build a new --version, or give --force to "
                      "replace that release")

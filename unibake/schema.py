@@ -100,7 +100,8 @@ def _path(doc: str, **kw) -> Key:
     return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc="a relative path inside the repository", **kw)
 
 
-UPSTREAM_NAME_DOC = "letters, digits, '.', '_' and '-', as upstream spells it"
+UPSTREAM_NAME_DOC = ("letters, digits, '.', '_' and '-', as upstream spells it, starting with a letter or digit and "
+                     "ending with a letter, digit or '_'")
 COMPONENT_VERSION_DOC = "letters, digits, '.', '_', '-', '+', '~' and ':', as the package spells it"
 IMAGE_ID_DOC = "an image ID like sha256:<64 hex digits> (docker image inspect --format '{{.Id}}')"
 

@@ -84,6 +84,13 @@ def test_help_after_builds_own_options_is_builds_help(cli, args):
     assert result.code == 0 and result.out.startswith("usage: build.py build ")
 
 
+def test_a_product_outside_git_is_warned_that_its_image_records_1970(cli, busybox_product):
+    warned = cli("--stage", "render", "--config", str(busybox_product))
+    assert warned.code == 0 and "is not in a git checkout: the image records the time 1970-01-01" in warned.err
+    quiet = cli("--stage", "render", "--config", str(busybox_product), env={"CI": "true", "SOURCE_DATE_EPOCH": "1"})
+    assert quiet.code == 0 and "git checkout" not in quiet.err
+
+
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_global_options_go_before_or_after_the_command(cli, busybox_product, where):
     command = ["lock", "--config", str(busybox_product)]

@@ -36,7 +36,7 @@ def hotfix_of(out, base_folder, tag="1.1"):
         back = read_back(archive, omitted=frozenset([omitted]))
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
                                   digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
-                                  labels={}, previous=base, hotfix=base)
+                                  labels={}, previous=base, hotfix=base, image_size=161_247_144)
         return publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
 
 
@@ -82,7 +82,9 @@ def test_force_never_replaces_the_base_a_hotfix_needs_and_releases_says_when_a_b
     base_folder, _ = make_release(out, "1.0", layers=[layer_tar({"base": b"base" * 100}),
                                                       layer_tar({"old": b"old" * 100})])
     hotfix = hotfix_of(out, base_folder)
-    assert "`apply.sh`" in (hotfix / "README-DIST.md").read_text().split("## 2.")[0]  # in the download list
+    guide = (hotfix / "README-DIST.md").read_text()
+    assert "`apply.sh`" in guide.split("## 2.")[0]  # in the download list
+    assert "(0.15 GiB once loaded, its base release's layers included)" in guide  # not the delta's 0.00 GiB
     with pytest.raises(InputError, match=r"release 1.0 is the base of the hotfix 1.1 under .*: --force would "
                                          r"replace its image sha256:"):
         _refuse_replacing_a_hotfix_base(out, "1.0")
@@ -98,3 +100,24 @@ def test_force_never_replaces_the_base_a_hotfix_needs_and_releases_says_when_a_b
     listed = {r["release"]: r["state"] for r in json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]}
     assert listed["1.0"] == "verifies"
     assert listed["1.1"].startswith("base absent: no release here holds 1.0's image sha256:")
+
+
+def test_a_release_of_another_product_under_the_same_version_is_never_replaced(tmp_path, engines):  # noqa: F811
+    from types import SimpleNamespace
+
+    from unibake.pipeline import _refuse_replacing_another_product
+    from unibake.released import refuse_moving_a_released_tag
+
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")  # demo-llm's 1.0
+    for force in (False, True):  # the message named the wrong product, and --force replaced it silently
+        with pytest.raises(InputError, match=r"release/1\.0 holds the release of demo-llm:1\.0 \(product demo-llm\), "
+                                             r"not other:1\.0: release folders are named by version, so each "
+                                             r"product needs its own --out \(e\.g\. --out release/other\)"):
+            refuse_moving_a_released_tag(out, "other:1.0", force=force)
+    refuse_moving_a_released_tag(out, "demo-llm:1.0", force=True)  # its own product's: --force replaces it
+    with pytest.raises(InputError, match="holds the release of demo-llm:1.0 .* not demo:1.0"):
+        _refuse_replacing_another_product(out, SimpleNamespace(release="1.0", product="demo", ref="demo:1.0"))
+    with pytest.raises(InputError, match="holds the release of demo-llm:1.0"):  # archive --force, end to end
+        release(engines, out, force=True)
+    assert load_manifest(folder).product == "demo-llm"

@@ -51,8 +51,11 @@ def test_an_input_that_differs_from_the_lock_is_named(busybox_product):
     (busybox_product.parent / "images/tune/tp2/cache-2.json").write_text('{"tp2_cache": "edited"}\n')
     with pytest.raises(InputError, match=r"input 'images/tune/tp2/cache-2\.json' differs from "
                                          r".*inputs\.lock \(locked [0-9a-f]{12}, now [0-9a-f]{12}\); "
-                                         r"review the change, then run: python build.py lock"):
+                                         r"review the change, then run: python build.py lock --config "
+                                         r"\S*/product/profiles$"):  # the lock of this product, not ./profiles
         make_plan(busybox_product)
+    with pytest.raises(InputError, match=r"then run: python build.py lock$"):  # from the product: the default
+        make_plan(busybox_product, cwd=busybox_product.parent)
 
 
 def test_a_new_input_must_be_locked(busybox_product):

@@ -237,7 +237,8 @@ def hotfix_plan(busybox_product, base_platform: str, **request):
     from unibake.pipeline import BY_NAME, Results
 
     base = SimpleNamespace(manifest=SimpleNamespace(platform=base_platform, profiles={"tp1": None, "tp2": None},
-                                                    tag="unibake-test:0.1.0", release="0.1.0"))
+                                                    tag="unibake-test:0.1.0", release="0.1.0",
+                                                    product="unibake-test"))
     request = Request(env={}, cwd=busybox_product.parent, config=busybox_product, version="0.1.1", **request)
     return run_stages([BY_NAME["plan"]], request, Quiet(), given=Results(values={"base": base}))["plan"]
 
