@@ -81,6 +81,11 @@ def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o64
             os.fsync(fh.fileno())
         os.chmod(temp, mode)
         os.replace(temp, folder / name)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        if exc.filename is None:  # a write or fsync that failed (a full disk): name what was being written
+            raise OSError(exc.errno, exc.strerror, str(folder / name)) from None
+        raise
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

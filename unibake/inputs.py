@@ -84,16 +84,19 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
         raise InputError(f"{where}: source '{rel}' must be a file")
     files: list[InputFile] = []
     if real.is_dir():
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
-            for d in dirnames:
-                if os.path.islink(os.path.join(dirpath, d)):
-                    shown = os.path.relpath(os.path.join(dirpath, d), root)
-                    raise InputError(f"{where}: '{shown}' is a symlinked folder; copy it in instead")
-            for name in sorted(filenames):
-                if name.endswith(SKIPPED_SUFFIXES):
-                    continue
-                files.append(_input_file(root, Path(dirpath) / name, where))
+        try:  # os.walk recurses in Python 3.11: a tree 1000 folders deep ends it
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+                for d in dirnames:
+                    if os.path.islink(os.path.join(dirpath, d)):
+                        shown = os.path.relpath(os.path.join(dirpath, d), root)
+                        raise InputError(f"{where}: '{shown}' is a symlinked folder; copy it in instead")
+                for name in sorted(filenames):
+                    if name.endswith(SKIPPED_SUFFIXES):
+                        continue
+                    files.append(_input_file(root, Path(dirpath) / name, where))
+        except RecursionError:
+            raise InputError(f"{where}: source '{rel}' is nested too deeply; flatten it") from None
         if not files:
             raise InputError(f"{where}: source '{rel}' is an empty folder")
     else:

@@ -12,6 +12,7 @@ release's notes, not a new image.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,9 @@ def read_notes(root: Path, data: dict, where) -> Notes:
         if not re.fullmatch(FILE_NAME_PATTERN, name) or name in RELEASE_FILES or ".tar.zst" in name:
             raise InputError(f"{where(('attachments', i))}: an attachment cannot be named {name!r} in the release "
                              f"folder (not {', '.join(sorted(RELEASE_FILES))}, no .tar.zst, plain characters)")
+        if len(os.fsencode(name)) > 250:  # written as .NAME.tmp first: 255 bytes is a file name's limit
+            raise InputError(f"{where(('attachments', i))}: the attachment name {name[:40]!r}... is "
+                             f"{len(os.fsencode(name))} bytes; at most 250")
         if any(a.name == name for a in attachments):
             raise InputError(f"{where(('attachments', i))}: two attachments are named {name}")
         if f.size > MAX_ATTACHMENT:

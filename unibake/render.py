@@ -168,6 +168,9 @@ def kernel_paths(plan: ReleasePlan, profile: Profile) -> tuple[str, ...]:
     return tuple(f"{INSTALL_ROOT}/{x}" for x in _profile_kernel_paths(plan, profile))
 
 
+DOCKERFILE_LINE_LIMIT = 65535  # Engine 20.10: "dockerfile line greater than max allowed size of 65535"
+
+
 def render(plan: ReleasePlan) -> BuildContext:
     """The Dockerfile, entrypoint, self-check and context files of ``plan``. Pure."""
     files: dict[str, ContextFile] = {}
@@ -263,6 +266,13 @@ def render(plan: ReleasePlan) -> BuildContext:
     manifest = "".join(f"{digest}  {path}\n" for path, digest in sorted(baked.items())).encode()
     add_meta("files.sha256", manifest)
     dockerfile = render_template("Dockerfile.j2", **values)
+    longest = max(dockerfile.split("\n"), key=len)
+    if len(longest.encode()) >= DOCKERFILE_LINE_LIMIT:
+        # the image's metadata label is one line, and it grows with every profile and kernel: said here,
+        # not by the engine after the plan, the render and the context were all made
+        raise InputError(f"the Dockerfile of {plan.tag} would hold a line of {len(longest.encode())} bytes (the label "
+                         f"{METADATA_LABEL}, which grows with each profile and kernel); the engine refuses lines of "
+                         f"{DOCKERFILE_LINE_LIMIT} bytes or more: release fewer profiles at once (--profile)")
     files["Dockerfile"] = ContextFile(name="Dockerfile", mode=0o644, sha256=_sha(dockerfile.encode()),
                                       data=dockerfile.encode())
     return BuildContext(tag=plan.tag, selection=selection_name(plan), dockerfile=dockerfile,

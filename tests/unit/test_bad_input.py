@@ -229,6 +229,31 @@ def case_lock_links_outside(p):
     (p / "inputs.lock").symlink_to(secret)
 
 
+def case_overlay_nested_too_deeply(p):  # os.walk recursed into a RecursionError traceback
+    deep = p.parent / "images/overlays/deep"
+    deep.mkdir(parents=True)
+    leaf = deep
+    for _ in range(1000):  # one level at a time: pathlib's mkdir(parents=True) recurses too
+        leaf = leaf / "d"
+        leaf.mkdir()
+    (leaf / "x.json").write_text("{}\n")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() +
+                                    "overlays: [{source: images/overlays/deep, target: deepx}]\n")
+
+
+def case_attachment_name_too_long(p):  # written as .NAME.tmp: past 250 bytes only the publish failed
+    name = "r" * 246 + ".json"
+    (p.parent / "notes").mkdir()
+    (p.parent / "notes" / name).write_text("{}\n")
+    lock_also(p, f"notes/{name}")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + f"notes: {{attachments: [notes/{name}]}}\n")
+
+
+def case_profiles_past_the_engines_line_limit(p):  # the metadata label is one Dockerfile line
+    for i in range(100):
+        (p / f"x{i:03d}.yaml").write_text(f"profile: x{i:03d}\nextends: tp1.yaml\n")
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -248,6 +273,9 @@ SAYS = {
     "mount_named_name": "would be MODEL_NAME in run.sh",
     "profile_named_like_another_for_a_platform": "'tp1-arm64' cannot name a profile",
     "lock_links_outside": "inputs.lock: a symlink that points outside the profiles folder",
+    "overlay_nested_too_deeply": "source 'images/overlays/deep' is nested too deeply",
+    "attachment_name_too_long": "is 251 bytes; at most 250",
+    "profiles_past_the_engines_line_limit": "the engine refuses lines of 65535 bytes or more",
 }
 
 ARGUMENT_CASES = {

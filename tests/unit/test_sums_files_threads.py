@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,18 @@ def test_a_consumer_in_a_thread_returns_its_result_or_raises_its_error_at_the_ne
             failing.put(n)
     with pytest.raises(ValueError):
         failing.close()
+
+
+def test_a_write_that_fails_without_a_file_name_names_the_file_being_written(tmp_path):
+    # a full disk fails the write or the fsync, and Python's error names no file: "error: a file: ..."
+    script = ("import resource, signal, sys; from pathlib import Path; from unibake.files import write_atomic; "
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+              "try:\n    write_atomic(Path(sys.argv[1]), 'inputs.lock', b'x' * 100000)\n"
+              "except OSError as exc:\n    print(exc.filename, exc.errno)\n")
+    import errno
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.split() == [str(tmp_path / "inputs.lock"), str(errno.EFBIG)], done.stderr
+    assert list(tmp_path.iterdir()) == []  # the temporary file removed
