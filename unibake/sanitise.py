@@ -18,7 +18,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,16 +84,42 @@ def _rules(addresses: bool, identity: tuple[str, ...]) -> list[tuple[str, tuple[
     return rules
 
 
+def _windows(data: bytes, anchor: bytes) -> Iterator[tuple[int, int]]:
+    """The stretches of ``data`` within WINDOW of an occurrence of ``anchor``, overlapping ones merged,
+    in order. A stretch grows to the last occurrence inside it at once (rfind), so a file dense with
+    an anchor (``hf_`` six million times) is a few steps, not one per occurrence."""
+    at = data.find(anchor)
+    while at >= 0:
+        lo, hi = max(0, at - WINDOW), at + len(anchor) + WINDOW
+        while True:
+            last = data.rfind(anchor, at + 1, hi + len(anchor) - 1)  # the last one starting before hi
+            if last < 0:
+                break
+            at, hi = last, last + len(anchor) + WINDOW
+        yield lo, min(len(data), hi)
+        at = data.find(anchor, hi)
+
+
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
 def _matches(data: bytes, anchors: tuple[bytes, ...], rule: re.Pattern[bytes]) -> list[re.Match[bytes]]:
-    """Every match of ``rule`` in ``data``, searched only near an occurrence of an anchor."""
+    """Every match of ``rule`` in ``data`` that holds (or starts at) an occurrence of an anchor,
+    searched only near one: each byte once per rule, whatever the number of anchors (windows around
+    each occurrence, searched one by one, made a file dense with anchors quadratic)."""
     found: dict[int, re.Match[bytes]] = {}
-    for anchor in anchors:
-        at = data.find(anchor)
-        while at >= 0:
-            for m in rule.finditer(data, max(0, at - WINDOW), min(len(data), at + len(anchor) + WINDOW)):
-                if m.start() <= at < m.end() or m.start() == at:
-                    found.setdefault(m.start(), m)
-            at = data.find(anchor, at + 1)
+    for lo, hi in _merged(w for anchor in anchors for w in _windows(data, anchor)):
+        for m in rule.finditer(data, lo, hi):
+            end = max(m.end(), m.start() + 1)
+            if any(0 <= data.find(anchor, m.start(), end + len(anchor) - 1) < end for anchor in anchors):
+                found.setdefault(m.start(), m)
     return [found[k] for k in sorted(found)]
 
 
@@ -116,8 +142,11 @@ def scan_bytes(data: bytes, where: str, *, addresses: bool = False, identity: tu
     ``lines``, else ``where at byte N`` (from ``offset``)."""
     findings = []
     for kind, anchors, rule in _rules(addresses, identity):
+        line, counted = 1, 0  # matches come in order: lines counted once, not from the start each time
         for m in _matches(data, anchors, rule):
-            line = data.count(NEWLINE, 0, m.start()) + 1
+            if lines:
+                line += data.count(NEWLINE, counted, m.start())
+                counted = m.start()
             place = f"{where}:{line}" if lines else f"{where} at byte {offset + m.start()}"
             findings.append(Finding(where=place, kind=kind, value=m.group(0).decode("utf-8", "replace")))
     return findings
@@ -128,48 +157,72 @@ def scan_text(text: str, where: str, *, addresses: bool = False, identity: tuple
     return sorted(findings, key=lambda f: int(f.where.rsplit(":", 1)[1]))
 
 
-def _anchor_offsets(paths: list[Path], anchors: list[bytes]) -> dict[Path, list[int]]:
+DENSE = 100_000  # anchors in one big file past which it is scanned whole, in chunks, rather than around each
+GREP_MEMORY = 256 << 20  # grep holds a line whole: a file with no newline for gigabytes is scanned in chunks
+CHUNK = 4 << 20
+
+
+def _anchor_offsets(paths: list[Path], anchors: list[bytes]) -> dict[Path, list[int] | None]:
     """Where any anchor occurs in each file: GNU grep's fixed-string search (Aho-Corasick, hundreds of
-    MB/s) over every file in one process, instead of a Python loop per anchor."""
-    found: dict[Path, list[int]] = {p: [] for p in paths}
+    MB/s; Python's find, one pass per anchor, is three times slower on a 0.43 GB library) over each
+    big file. None for a file grep cannot bound (more than DENSE anchors, or a line bigger than
+    GREP_MEMORY): it is scanned whole, in chunks, by :func:`scan_file`."""
+    found: dict[Path, list[int] | None] = {}
     if not paths:
         return found
     with tempfile.NamedTemporaryFile("wb", suffix=".anchors") as patterns:
         patterns.write(b"\n".join(anchors) + b"\n")
         patterns.flush()
-        for start in range(0, len(paths), 500):  # keep the command line short
-            batch = paths[start:start + 500]
-            run = subprocess.run(["grep", "-F", "-a", "-b", "-o", "-H", "--null", "-f", patterns.name, "--",
-                                  *map(str, batch)], capture_output=True, env={"LC_ALL": "C", "PATH": os.defpath})
-            if run.returncode not in (0, 1):
-                raise VerificationError(f"sanitisation: grep could not read the build context: "
-                                        f"{run.stderr.decode(errors='replace').strip()[:200]}")
-            for line in run.stdout.split(b"\n"):
-                name, sep, rest = line.partition(b"\0")
-                if sep:
-                    found[Path(os.fsdecode(name))].append(int(rest.split(b":", 1)[0]))
+        for path in paths:
+            found[path] = _grep_offsets(path, patterns.name)
     return found
 
 
-def scan_file(path: Path, where: str, identity: tuple[str, ...] = (), offsets: list[int] | None = None) \
-        -> list[Finding]:
+def _grep_offsets(path: Path, patterns: str) -> list[int] | None:
+    # grep's memory capped by the shell's ulimit (a preexec_fn is unsafe beside the run's threads), so a
+    # huge line fails grep, not the machine
+    command = ["sh", "-c", f'ulimit -v {GREP_MEMORY >> 10} && exec "$@"', "sh",
+               "grep", "-F", "-a", "-b", "-o", "-f", patterns, "--", str(path)]
+    offsets: list[int] = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={"LC_ALL": "C", "PATH": os.defpath}) as grep:
+        assert grep.stdout is not None and grep.stderr is not None
+        for line in grep.stdout:  # read as it comes: a dense file's millions of lines are never held
+            offsets.append(int(line.split(b":", 1)[0]))
+            if len(offsets) > DENSE:
+                grep.kill()
+                return None
+        error = grep.stderr.read().decode(errors="replace").strip()
+    if grep.returncode not in (0, 1):
+        if "memory exhausted" in error:
+            return None
+        raise VerificationError(f"sanitisation: grep could not read {path}: {error[:200]}")
+    return offsets
+
+
+def scan_file(path: Path, where: str, identity: tuple[str, ...] = (), offsets: list[int] | None = None,
+              whole: bool = False) -> list[Finding]:
     """A file of the build context, whole and as bytes: small ones read at once (findings with line
-    numbers), big ones read only around each anchor grep found (findings with byte offsets)."""
+    numbers), big ones read around the anchors grep found (findings with byte offsets), each stretch
+    once; ``whole`` (or a file grep could not bound) read in chunks from end to end."""
     path = Path(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size <= TEXT_LIMIT:
             return scan_bytes(fh.read(), where, identity=identity)
-        if offsets is None:
+        if offsets is None and not whole:
             offsets = _anchor_offsets([path], _all_anchors(identity))[path]
+        spans = [(0, size)] if offsets is None else _merged((max(0, at - WINDOW), at + WINDOW + 64) for at in offsets)
         findings, seen = [], set()
-        for at in offsets:
-            lo = max(0, at - WINDOW)
-            fh.seek(lo)
-            for f in scan_bytes(fh.read(2 * WINDOW + 64), where, identity=identity, offset=lo, lines=False):
-                if (f.where, f.kind) not in seen:
-                    seen.add((f.where, f.kind))
-                    findings.append(f)
+        for lo, hi in spans:
+            # in chunks that overlap by a window, so no match is cut and memory stays flat
+            for start in range(lo, hi, CHUNK):
+                fh.seek(start)
+                data = fh.read(min(hi, start + CHUNK + 2 * WINDOW) - start)
+                for f in scan_bytes(data, where, identity=identity, offset=start, lines=False):
+                    if (f.where, f.kind) not in seen:
+                        seen.add((f.where, f.kind))
+                        findings.append(f)
         return findings
 
 
@@ -265,7 +318,8 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
     big = [path for _, path, _ in todo if path.stat().st_size > TEXT_LIMIT]
     offsets = _anchor_offsets(big, _all_anchors(identity))
     for where, path, memo in todo:
-        found = scan_file(path, where, identity=identity, offsets=offsets.get(path))
+        found = scan_file(path, where, identity=identity, offsets=offsets.get(path),
+                          whole=path in offsets and offsets[path] is None)
         findings += found
         if memo is not None and _cache_folder(memo.parent):
             write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]))

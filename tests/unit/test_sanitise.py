@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unibake.sanitise import builder_identity, enforce, scan_env, scan_image, scan_release_texts, scan_text
+from unibake.sanitise import builder_identity, enforce, scan_env, scan_file, scan_image, scan_release_texts, scan_text
 from unibake.errors import VerificationError
 
 SECRETS = {
@@ -147,3 +147,38 @@ def test_a_checkout_cannot_bring_memos_that_hide_a_secret(cli, busybox_product, 
         memo.write_text("[]")
     again = cli("--config", str(busybox_product), env={"CI": "true", "HOME": str(tmp_path / "other-home")})
     assert again.code == 3 and "GitHub token" in again.error_lines[-1], again.err
+
+
+TOKEN = b"hf_" + b"A1b2C3d4" * 5  # a Hugging Face token's form
+
+
+@pytest.mark.parametrize("size", [15 << 20, 18 << 20])  # read whole; read around grep's anchors
+def test_a_file_dense_with_anchors_is_scanned_once_and_its_secret_still_found(tmp_path, size):
+    # six million "hf_": each anchor's window scanned on its own took minutes and 1.7 GB (a profile
+    # author's input could stall every release); merged, each byte is scanned once per rule
+    import time
+
+    path = tmp_path / "E=16,N=14336.json"
+    filler = b"hf_" * (size // 6)
+    path.write_bytes(filler + b"\n" + TOKEN + b"\n" + filler)
+    started = time.monotonic()
+    found = scan_file(path, "images/tune/tp1/E=16,N=14336.json")
+    assert [(f.kind, f.value) for f in found] == [("Hugging Face token", TOKEN.decode())]
+    assert time.monotonic() - started < 60  # a hang guard, not a speed target: it was over 180 s
+
+
+def test_a_big_file_without_newlines_is_scanned_in_chunks_with_bounded_memory(tmp_path, monkeypatch):
+    # grep holds a line whole (2 GB with no newline took 4.2 GB); its memory is capped, and past the cap
+    # the file is read in chunks that overlap, so a token across a chunk's edge is still found
+    from unibake import sanitise
+
+    monkeypatch.setattr(sanitise, "GREP_MEMORY", 32 << 20)  # as 256 MiB is to a file of gigabytes
+    path = tmp_path / "blob.json"
+    at = 2 * sanitise.CHUNK - 10  # across the second chunk's end
+    with open(path, "wb") as fh:
+        fh.truncate(64 << 20)  # sparse: no newline in 64 MiB
+        fh.seek(at)
+        fh.write(b" " + TOKEN + b" ")
+    assert sanitise._anchor_offsets([path], sanitise._all_anchors(()))[path] is None  # grep could not bound it
+    found = scan_file(path, "images/blob.json")
+    assert [(f.where, f.kind) for f in found] == [(f"images/blob.json at byte {at + 1}", "Hugging Face token")]
