@@ -533,6 +533,12 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     document = parse_provenance(text, str(release / PROVENANCE))
     from .platforms import KNOWN
 
+    from .profiles import load_profiles
+
+    product = load_profiles(config.resolve(), cwd.resolve())[0].data.get("product")
+    if product != manifest.product:  # before the plan: its errors (an unknown profile) would hide this
+        raise InputError(f"the profiles in {config} are of the product {product}, not {where}'s {manifest.product}: "
+                         "give the release's own profiles folder with --config")
     # the release's platform: its base, builder and prebuilt kernels are that platform's
     plan = make_plan(config, profiles=list(manifest.profiles), version=manifest.version, cwd=cwd,
                      platform=KNOWN.get(manifest.platform or ""))

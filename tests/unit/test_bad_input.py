@@ -301,7 +301,6 @@ def assert_refused(result, product_root: Path):
     assert not (product_root / "checksums").exists()
 
 
-@pytest.mark.parametrize("case", sorted(YAML_CASES))
 def remove_deep(top: Path) -> None:
     """A folder tree removed without recursion: pytest's clean-up of old temporary folders (and
     shutil.rmtree) recurse, and a tree 1000 levels deep ends them in a RecursionError."""
@@ -318,6 +317,7 @@ def remove_deep(top: Path) -> None:
         os.rmdir(folder)
 
 
+@pytest.mark.parametrize("case", sorted(YAML_CASES))
 def test_bad_yaml_and_inputs_are_refused_before_anything_happens(cli, busybox_product, case):
     YAML_CASES[case](busybox_product)
     result = cli("--config", str(busybox_product))

@@ -316,6 +316,17 @@ def test_kit_after_a_profile_was_added_says_so_and_names_the_release_s_revision(
         refused.error_lines[-1] and revision in refused.error_lines[-1], refused.err
 
 
+def test_kit_with_another_products_profiles_says_so(cli, tmp_path, busybox_product):
+    # without --config the checkout's profiles/ is used: another product's, whose errors (an unknown
+    # profile, "--profile") named neither the product nor the option to give
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(busybox_product))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: the profiles in {busybox_product} are of the product unibake-test, not release 1.3.1 ({folder})'s "
+        "demo-llm: give the release's own profiles folder with --config"]
+
+
 def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writes_another(cli, tmp_path):
     # --out the release folder itself: the kit written now (other tool sources, same inputs) is not the
     # published one; the published file must stay, byte for byte, and nothing else be left behind

@@ -362,6 +362,9 @@ def test_the_hygon_example_holds_what_its_stack_needs():
         ("flash_attn", "2.0.4+das.dtk2404"), ("tp2_row_LDSx", "1.0.0+das")]
     assert next(k for k in plan.kernels if k.name == "flash_attn").version == "2.8.3+das.opt1.dtk2604"
     assert next(k for k in plan.kernels if k.name == "lmslim").is_wheel
+    # tp4's own env file is tp4's in the notes and the image's metadata; the product's is every profile's
+    assert [(c.name, c.profile) for c in plan.components if c.kind == "env_file"] == [
+        ("images/env/dcu-common.env", ""), ("images/env/tp4.env", "tp4")]
 
 
 def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_path):
