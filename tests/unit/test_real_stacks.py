@@ -438,7 +438,7 @@ def test_run_sh_takes_exactly_the_image_references_the_engine_takes(tmp_path, im
     if takes:
         assert run.returncode == 0 and run.stdout.rstrip().rstrip("'").endswith(image), run.stderr
     else:
-        assert run.returncode == 2 and f"IMAGE must be an image reference like demo-llm:1.3.1" in run.stderr, run.stderr
+        assert run.returncode == 2 and "IMAGE must be an image reference like demo-llm:1.3.1" in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("name, value", [("PORT", "00080"), ("PORT", "08080"), ("NODE_RANK", "00")])
