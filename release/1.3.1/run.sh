@@ -7,6 +7,7 @@
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
 #   MODEL_DRAFT=/host/dir   mounted read-only at /models/draft
 #   MODEL_TARGET=/host/dir   mounted read-only at /models/target
+#   PROFILE         the profile, as the image takes it (the argument and PROFILE must agree when both are given)
 #   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back)
 #   NAME            the container name (default demo-llm-PROFILE; --name wins)
 set -eu
@@ -43,7 +44,10 @@ while [ "$#" -gt 0 ]; do
   esac
   shift
 done
-profile="${profile:-tp4}"
+if [ -n "${PROFILE:-}" ] && [ -n "$profile" ] && [ "$PROFILE" != "$profile" ]; then
+  die "PROFILE=$PROFILE and the profile argument '$profile' disagree; give one"
+fi
+profile="${profile:-${PROFILE:-tp4}}"
 case "$profile" in
   tp1) need=1; vendor=nvidia; nodes=1; network=bridge; ipc=host; shm=''; rdma=0; master_port=29500
     extra_devices=''; extra_groups='' ;;
@@ -61,40 +65,42 @@ case "$name" in
 esac
 IMAGE="${IMAGE:-demo-llm:1.3.1}"
 case "$IMAGE" in ""|-*|*[!A-Za-z0-9_.:/@-]*) die "IMAGE must be an image reference like demo-llm:1.3.1; got '$IMAGE'" ;; esac
-image_ref() {  # the engine's reference grammar, so a bad IMAGE is one line here, not the engine's exit 125
-  ref=$1
-  case "$ref" in
-    *@*) digest=${ref#*@}; ref=${ref%%@*}
-         case "$digest" in sha256:*) ;; *) return 1 ;; esac
-         hex=${digest#sha256:}
-         case "$hex" in *[!0-9a-f]*) return 1 ;; esac
-         [ "${#hex}" -eq 64 ] || return 1 ;;
+# the engine's reference grammar, so a bad IMAGE is one line here, not the engine's exit 125; its
+# variables are ir_*: sh has no local variables, and $name, $tag, $port ... are the script's own
+image_ref() {
+  ir_ref=$1
+  case "$ir_ref" in
+    *@*) ir_digest=${ir_ref#*@}; ir_ref=${ir_ref%%@*}
+         case "$ir_digest" in sha256:*) ;; *) return 1 ;; esac
+         ir_hex=${ir_digest#sha256:}
+         case "$ir_hex" in *[!0-9a-f]*) return 1 ;; esac
+         [ "${#ir_hex}" -eq 64 ] || return 1 ;;
   esac
-  case "${ref##*/}" in
-    *:*) tag=${ref##*:}; ref=${ref%:*}
-         case "$tag" in [A-Za-z0-9_]*) ;; *) return 1 ;; esac  # not empty, a word character first
-         case "$tag" in *[!A-Za-z0-9_.-]*) return 1 ;; esac
-         [ "${#tag}" -le 128 ] || return 1 ;;
+  case "${ir_ref##*/}" in
+    *:*) ir_tag=${ir_ref##*:}; ir_ref=${ir_ref%:*}
+         case "$ir_tag" in [A-Za-z0-9_]*) ;; *) return 1 ;; esac  # not empty, a word character first
+         case "$ir_tag" in *[!A-Za-z0-9_.-]*) return 1 ;; esac
+         [ "${#ir_tag}" -le 128 ] || return 1 ;;
   esac
-  path=$ref
-  case "$ref" in
-    */*) host=${ref%%/*}
+  ir_path=$ir_ref
+  case "$ir_ref" in
+    */*) ir_host=${ir_ref%%/*}
          # a first part with '.', ':' or upper case, or localhost, is a registry host (as the engine reads it)
-         case "$host" in *.*|*:*|*[A-Z]*|localhost)
-           path=${ref#*/}
-           name=${host%%:*}
-           case "$host" in *:*) port=${host#*:}; case "$port" in ""|*[!0-9]*) return 1 ;; esac ;; esac
-           case "$name" in ""|.*|*.|*..*) return 1 ;; esac
-           rest=$name
-           while [ -n "$rest" ]; do  # each dot-separated label: letters, digits and inner '-'
-             label=${rest%%.*}
-             case "$label" in ""|-*|*-|*[!A-Za-z0-9-]*) return 1 ;; esac
-             case "$rest" in *.*) rest=${rest#*.} ;; *) rest="" ;; esac
+         case "$ir_host" in *.*|*:*|*[A-Z]*|localhost)
+           ir_path=${ir_ref#*/}
+           ir_name=${ir_host%%:*}
+           case "$ir_host" in *:*) ir_port=${ir_host#*:}; case "$ir_port" in ""|*[!0-9]*) return 1 ;; esac ;; esac
+           case "$ir_name" in ""|.*|*.|*..*) return 1 ;; esac
+           ir_rest=$ir_name
+           while [ -n "$ir_rest" ]; do  # each dot-separated label: letters, digits and inner '-'
+             ir_label=${ir_rest%%.*}
+             case "$ir_label" in ""|-*|*-|*[!A-Za-z0-9-]*) return 1 ;; esac
+             case "$ir_rest" in *.*) ir_rest=${ir_rest#*.} ;; *) ir_rest="" ;; esac
            done ;;
          esac ;;
   esac
   # the repository: lower-case components of letters and digits, one '.', '_', '__' or '-'s between
-  case "$path" in ""|*[!a-z0-9._/-]*|[._/-]*|*[._/-]|*//*|*/[._-]*|*[._-]/*|*..*|*___*|*._*|*_.*|*-.*|*.-*|*_-*|*-_*) return 1 ;; esac
+  case "$ir_path" in ""|*[!a-z0-9._/-]*|[._/-]*|*[._/-]|*//*|*/[._-]*|*[._-]/*|*..*|*___*|*._*|*_.*|*-.*|*.-*|*_-*|*-_*) return 1 ;; esac
   return 0
 }
 image_ref "$IMAGE" || die "IMAGE must be an image reference like demo-llm:1.3.1 (a lower-case repository, a tag, a sha256 digest); got '$IMAGE'"
@@ -121,6 +127,8 @@ if [ "$gpus" != all ]; then
       *) [ "${#g}" -le 4 ] || die "GPUS: '$g' is not a GPU number" ;;
     esac
   done
+  twice=$(printf '%s\n' "$gpus" | tr ',' '\n' | sort | uniq -d | head -n 1)
+  [ -z "$twice" ] || die "GPUS names GPU '$twice' twice; each GPU once"
   count=$(printf '%s\n' "$gpus" | tr ',' '\n' | grep -c .)
   [ "$count" -eq "$need" ] || die "profile $profile needs $need GPUs; GPUS=$gpus names $count"
 fi
@@ -133,7 +141,9 @@ if [ "$nodes" -gt 1 ]; then
   number NODE_RANK "$NODE_RANK" 0 $((nodes - 1))
   [ -n "${MASTER_ADDR:-}" ] || die "profile $profile runs on $nodes nodes: set MASTER_ADDR, the address of the node with NODE_RANK=0"
   case "$MASTER_ADDR" in
-    -*|*[!A-Za-z0-9.:-]*) die "MASTER_ADDR must be a host name or an IP address; got '$MASTER_ADDR'" ;;
+    -*|.*|*[!A-Za-z0-9.:-]*) die "MASTER_ADDR must be a host name or an IP address; got '$MASTER_ADDR'" ;;
+    *[A-Za-z0-9]*) ;;
+    *) die "MASTER_ADDR must be a host name or an IP address; got '$MASTER_ADDR'" ;;
   esac
   [ "${#MASTER_ADDR}" -le 253 ] || die "MASTER_ADDR is longer than a host name can be"
   mport="${MASTER_PORT:-$master_port}"
