@@ -37,6 +37,7 @@ SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) *(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$"
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30,
          "kib": 2**10, "mib": 2**20, "gib": 2**30}
 OUT_HELP = "the folder that holds the releases (default: release/ beside the profiles folder, i.e. ./release)"
+PLAIN_OUT_HELP = "the folder that holds the releases (default: ./release)"  # for commands without --config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -189,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl = command("releases", "the releases in a folder, and whether each still verifies",
                  "List the releases with date, image ID, size, previous release and state (SHA256SUMS; --deep adds "
                  "zstd and structure).")
-    rl.add_argument("--out", metavar="DIR", help=OUT_HELP)
+    rl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
     rl.add_argument("--deep", action="store_true", help="also check zstd integrity and the archive's structure")
 
     lk = command("lock", "rewrite inputs.lock from the inputs as they are now",
@@ -205,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "the next release on that base seeds one again), except one a run is using. "
                  "Release folders are never touched.")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
-    pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
+    pr.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     pr.add_argument("--scratch-dir", metavar="DIR",
                     help="the scratch folder whose seeded verify engines to remove (default: /var/tmp/unibake-UID)")
@@ -232,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "registry.example:5000/demo-llm@sha256:...")
     pl.add_argument("--release", metavar="DIR", help="the release folder to check against (default: the release "
                                                      "under --out whose manifest records this digest)")
-    pl.add_argument("--out", metavar="DIR", help=OUT_HELP)
+    pl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
     _registry_options(pl)
 
     d = command("deploy", "load a release onto many engines at once, each checked",

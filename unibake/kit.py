@@ -554,9 +554,11 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
         theirs = materials_of(document, role)
         for path in sorted(set(ours) | set(theirs)):
             if ours.get(path) != theirs.get(path):
-                state = "is not one" if path not in theirs else "is missing here" if path not in ours else "differs"
-                raise InputError(f"{role} {path} {state} of {where}'s (its provenance lists them); check out the "
-                                 f"revision it was built from ({manifest.revision})")
+                state = (f"is not one {where} was built from" if path not in theirs else
+                         f"of {where} is missing here" if path not in ours else
+                         f"differs from the one {where} was built from")
+                raise InputError(f"{role} {path} {state} (its provenance lists them); check out the revision it "
+                                 f"was built from ({manifest.revision})")
     def image(role: str, ref: str, sha: str) -> BaseImage:  # as kit.json will hold it: checked here, by name
         if not (IMAGE_REF_RE.fullmatch(ref) and len(ref) <= 512 and HEX64_RE.fullmatch(sha)):
             raise VerificationError(f"{release / PROVENANCE}: its {role} {ref[:80]!r} is not an image reference "

@@ -486,3 +486,16 @@ def test_verify_sh_makes_its_venv_only_in_a_private_cache_folder(busybox_product
                                                           "python3-venv)\n"), made.stderr
     (venv,) = (tmp_path / "home/.cache/unibake").iterdir()
     assert (venv.parent.stat().st_mode & 0o777, venv.stat().st_mode & 0o777) == (0o700, 0o700)
+
+
+def test_kit_after_an_input_changed_names_it_in_plain_words(cli, tmp_path, demo_product):
+    tune = sorted((demo_product.parent / "images/tune/tp2").iterdir())[0]
+    tune.write_text(tune.read_text() + "\n")
+    assert cli("lock", "--config", str(demo_product)).code == 0  # the lock agrees: the release does not
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(demo_product))
+    revision = json.loads((folder / "manifest.json").read_text())["revision"]
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: input images/tune/tp2/{tune.name} differs from the one release 1.3.1 ({folder}) was built from (its "
+        f"provenance lists them); check out the revision it was built from ({revision})"], refused.err
