@@ -289,7 +289,7 @@ def with_command(argv: list[str]) -> list[str]:
             return ["build", *argv] if build_option and token in ("-h", "--help") else argv
         elif token.startswith("-"):
             build_option = build_option or token.split("=", 1)[0] not in GLOBAL_OPTIONS
-        elif not token.startswith("-"):
+        else:
             return argv if token in COMMANDS else ["build", *argv]
     return ["build", *argv]
 
@@ -366,8 +366,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         epoch=source_date_epoch(root, ctx.env), revision=git_revision(root, outputs=(out, out.parent / "checksums")),
         platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
         sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
-    if (args.command in ("build", "hotfix", "repro") and request.revision == "unknown"
-            and "SOURCE_DATE_EPOCH" not in ctx.env and "base" not in extra):  # a hotfix takes its base's epoch
+    if args.command in ("build", "repro") and request.revision == "unknown" and "SOURCE_DATE_EPOCH" not in ctx.env:
         ctx.reporter.warn(f"{root} is not in a git checkout: the image records the time 1970-01-01 "
                           "(SOURCE_DATE_EPOCH=0) and the revision 'unknown'; commit the product to git, or set "
                           "SOURCE_DATE_EPOCH")
@@ -1028,8 +1027,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         _emit_error(args, str(exc), exc.exit_code, cwd)
         return exc.exit_code
     except KeyboardInterrupt:
-        from .publish import COMMITTED
-
         message = "interrupted"
         if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
             where = ", ".join(str(path) for path in COMMITTED)

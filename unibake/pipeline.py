@@ -37,13 +37,13 @@ from .engine import Engine
 from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, UnibakeError, VerificationError
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
-from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation, load_manifest
+from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
 from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, previous_release, publish, release_tag,
                       render_files)
-from .released import refuse_moving_a_released_tag, repro_ref
+from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import round_trip
@@ -322,7 +322,7 @@ def _inspect(run: Run) -> tuple:
 def _folder(run: Run) -> tuple:
     target: Target = run["target"]
     if run.request.force:
-        _refuse_replacing_another_product(run.request.out, target)
+        refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
     # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
@@ -339,22 +339,6 @@ def _folder(run: Run) -> tuple:
         raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not writable); it "
                            "sits beside --out")
     return _one(folder)
-
-
-def _refuse_replacing_another_product(out: Path, target: Target) -> None:
-    """--force replaces this product's release of the version, never another product's that shares
-    the folder name (archive and hotfix; a build is checked at its target, with the same words)."""
-    folder = out / target.release
-    if not os.path.lexists(folder / MANIFEST):
-        return
-    try:
-        held = load_manifest(folder)
-    except VerificationError:
-        return  # an unreadable folder is replaced, as before: nothing there can be told to belong to another
-    if held.product != target.product:
-        raise InputError(f"{folder} holds the release of {held.tag} (product {held.product}), not {target.ref}: "
-                         "release folders are named by version, so each product needs its own --out; nothing "
-                         "was replaced")
 
 
 def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:

@@ -374,7 +374,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                          f"{', '.join(selected)} built together; rename it")
     # the tag is VERSION[-PROFILES][-ARCH]: a version that ends as a selection or a platform does would
     # share its tag and release folder with another build (1.3.1-tp1 for every profile, and 1.3.1 for tp1)
-    for ending in sorted(merged) + sorted(p.architecture for p in PLATFORMS.values()):
+    for ending in sorted(merged) + sorted(p.architecture for p in PLATFORMS.values() if p.suffix):
         if version.endswith(f"-{ending}"):
             source = f"--version {version}" if given_version else where(("version",))
             raise InputError(f"{source}: a version ending in '-{ending}' would share its tag with the "

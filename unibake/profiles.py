@@ -417,7 +417,7 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]
         name = doc.data["profile"]
-        if name in RESERVED_PROFILE_NAMES or any(name.endswith(f"-{arch}") for arch in RESERVED_PROFILE_NAMES):
+        if name in RESERVED_PROFILE_NAMES or any(name.endswith(p.suffix) for p in KNOWN.values() if p.suffix):
             raise InputError(f"{doc.where(('profile',))}: '{name}' cannot name a profile: --profile all means every "
                              "profile, and a platform's architecture ends its release's tag (so tp1-arm64 is tp1 "
                              "for arm64); choose another name")

@@ -83,7 +83,7 @@ def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
         by_version[m.version] = [*by_version.pop(m.version, []), m]
     needed: set[str] = set()
     for by_version in versions.values():
-        for folders in list(by_version.values())[len(by_version) - keep:] if keep else []:
+        for folders in list(by_version.values())[-keep:] if keep else []:  # all of them when fewer than keep
             needed.update(m.image_id for m in folders)
     bases = [m.hotfix.base_image_id for m in manifests if m.hotfix and m.image_id in needed]
     while bases:

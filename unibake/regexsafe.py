@@ -5,7 +5,8 @@ Python's ``re`` backtracks: ``(a+)+$`` against a reply of thirty ``a`` and a ``b
 and the release would hang in the smoke gate. The classic causes are a quantifier inside a quantified
 group where one of them is unbounded (``(a+)+``, ``(\\w*)*``, ``(x+y?)+``) and alternatives under an
 unbounded repeat (``(a|aa)*``); such a pattern is refused before anything is built, naming the YAML
-key. So is one that matches an empty reply (``.*``, ``x?``): a gate it guards would pass anything.
+key. So is one that matches an empty reply (``.*``, ``x?``): a gate it guards would pass an engine that
+answers nothing.
 Written by hand on the parser ``re`` itself uses (so what is checked is what runs): a library that avoids backtracking (RE2) would change the syntax
 the profiles use, and the ReDoS scanners on the package registry are unmaintained.
 """
@@ -67,8 +68,8 @@ def check_regex(pattern: str, where: str, what: str = "the expected reply") -> N
         raise InputError(f"{where}: {what} is not a regular expression: {exc}") from None
     found = _nested(list(parsed), None)
     if not found and re.fullmatch(pattern, "") is not None:
-        raise InputError(f"{where}: {what} {pattern[:80]!r} matches an empty reply, so every reply would pass; "
-                         "write what the reply must say")
+        raise InputError(f"{where}: {what} {pattern[:80]!r} matches an empty reply, so an engine that "
+                         "answers nothing would pass; write what the reply must say")
     if found:
         raise InputError(f"{where}: {what} {pattern[:80]!r} could backtrack without end ({found}); write it "
                          "without nesting or back-references, e.g. [0-9.]+ instead of ([0-9]+\\.?)+")

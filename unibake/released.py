@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from .errors import InputError, VerificationError
-from .manifest import MANIFEST, load_manifest
+from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import release_tag
 
 REPRO_REPOSITORY = "unibake-repro"
@@ -23,24 +23,32 @@ def repro_ref(product: str, hold: str) -> str:
     return f"{REPRO_REPOSITORY}/{product}:{hold}"
 
 
-def refuse_moving_a_released_tag(out: Path, tag: str, *, force: bool) -> None:
-    """InputError when ``tag`` has a release folder under ``out`` and ``force`` is not given."""
-    folder = out / release_tag(tag)
+def refuse_another_release(folder: Path, tag: str) -> ReleaseManifest | None:
+    """InputError when ``folder`` holds the release of another image than ``tag``: folders are named
+    by version, so another product's release of the same version is not this one's to move, and
+    --force would replace it without a word. An unreadable manifest names no other image. Returns
+    the manifest the folder holds (None: none, or unreadable)."""
     if not os.path.lexists(folder / MANIFEST):
-        return
+        return None
     try:
         held = load_manifest(folder)
-        image = f"image {held.image_id}"
     except VerificationError:
-        held, image = None, "its manifest.json unreadable"
-    if held is not None and held.tag != tag:
-        # folders are named by version: another product's release of the same version is not this
-        # one's to move, and --force would replace it without a word
+        return None
+    if held.tag != tag:
         raise InputError(f"{folder} holds the release of {held.tag} (product {held.product}), not {tag}: release "
                          "folders are named by version, so each product needs its own --out (e.g. --out "
                          f"release/{tag.rsplit('/', 1)[-1].split(':', 1)[0]}); nothing was replaced")
-    if force:
+    return held
+
+
+def refuse_moving_a_released_tag(out: Path, tag: str, *, force: bool) -> None:
+    """InputError when ``tag`` has a release folder under ``out`` and ``force`` is not given (or when
+    that folder is another image's release, whatever ``force``)."""
+    folder = out / release_tag(tag)
+    held = refuse_another_release(folder, tag)
+    if force or not os.path.lexists(folder / MANIFEST):
         return
+    image = f"image {held.image_id}" if held is not None else "its manifest.json unreadable"
     raise InputError(f"{tag} is released ({folder}, {image}): a released tag never moves to another image, so "
                      f"that IMAGE={tag} ./run.sh stays a roll-back; build a new --version, or give --force to "
                      "replace that release")

@@ -266,7 +266,7 @@ def render(plan: ReleasePlan) -> BuildContext:
     manifest = "".join(f"{digest}  {path}\n" for path, digest in sorted(baked.items())).encode()
     add_meta("files.sha256", manifest)
     dockerfile = render_template("Dockerfile.j2", **values)
-    longest = max(dockerfile.split("\n"), key=len)
+    longest = max(dockerfile.split("\n"), key=lambda line: len(line.encode()))
     if len(longest.encode()) >= DOCKERFILE_LINE_LIMIT:
         # the image's metadata label is one line, and it grows with every profile and kernel: said here,
         # not by the engine after the plan, the render and the context were all made

@@ -5,7 +5,6 @@ name; a hotfix whose base is gone says so; its guide lists the apply.sh it tells
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -103,10 +102,7 @@ def test_force_never_replaces_the_base_a_hotfix_needs_and_releases_says_when_a_b
 
 
 def test_a_release_of_another_product_under_the_same_version_is_never_replaced(tmp_path, engines):  # noqa: F811
-    from types import SimpleNamespace
-
-    from unibake.pipeline import _refuse_replacing_another_product
-    from unibake.released import refuse_moving_a_released_tag
+    from unibake.released import refuse_another_release, refuse_moving_a_released_tag
 
     out = tmp_path / "release"
     folder, _ = make_release(out, "1.0")  # demo-llm's 1.0
@@ -117,7 +113,7 @@ def test_a_release_of_another_product_under_the_same_version_is_never_replaced(t
             refuse_moving_a_released_tag(out, "other:1.0", force=force)
     refuse_moving_a_released_tag(out, "demo-llm:1.0", force=True)  # its own product's: --force replaces it
     with pytest.raises(InputError, match="holds the release of demo-llm:1.0 .* not demo:1.0"):
-        _refuse_replacing_another_product(out, SimpleNamespace(release="1.0", product="demo", ref="demo:1.0"))
+        refuse_another_release(out / "1.0", "demo:1.0")
     with pytest.raises(InputError, match="holds the release of demo-llm:1.0"):  # archive --force, end to end
         release(engines, out, force=True)
     assert load_manifest(folder).product == "demo-llm"
