@@ -1,15 +1,18 @@
 #!/bin/sh
-# Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, awk, tar, zstd and docker
-# (gpgv or minisign for --key).
+# Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, awk, tar (GNU or busybox:
+# --to-command), zstd and docker (gpgv or minisign for --key; gzip for layers saved gzip-compressed).
 # What is loaded is exactly what was checked:
 #   1. SHA256SUMS is well formed (plain file names of this folder, each once) and every file it
 #      lists is a regular file here; nothing it does not list is read, and a file named like the
 #      archive that it does not list fails
 #   2. sha256sum -c SHA256SUMS
 #   3. the archive (the .tar.zst, or its parts in order, as listed) decompresses, and holds one
-#      image in our canonical form: the release's tag only, nothing that nothing refers to
+#      image in our canonical form: plain tar entries only (its byte count is that of its listing:
+#      no extended header another tar reads otherwise), the release's tag only, nothing that nothing
+#      refers to; every blob's sha256 is its name, and each layer is in it (a hotfix's left-out
+#      layers aside) and is the one manifest.json records
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
-#   5. the loaded image ID equals the one in IMAGE_ID
+#   5. the loaded image ID equals the one in IMAGE_ID; if not, what the load tagged is undone
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
@@ -155,8 +158,9 @@ for f in * .[!.]* ..?*; do
 done
 
 # --- 3. the archive's structure, before anything is loaded ------------------------------------
-echo "== zstd -t $(tr '\n' ' ' < "$work/parts")"
-stream | zstd -q -t || fail "$dir: the archive does not decompress (corrupted or truncated)"
+echo "== zstd -dc $(tr '\n' ' ' < "$work/parts")| wc -c"
+{ stream | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | wc -c > "$work/bytes"
+[ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
 echo "== its structure (zstd -dc | tar -tv)"
 # (zstd's status is not looked at here: tar stops reading at the end-of-archive blocks)
 stream | zstd -q -dc 2>/dev/null | { if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi \
@@ -172,14 +176,33 @@ twice=$(cut -d' ' -f2 "$work/members" | sort | uniq -d | head -n 1)
 for meta in index.json manifest.json oci-layout; do
   grep -qx -e "- $meta" "$work/members" || fail "$dir: the archive lacks $meta: not a release archive"
 done
+# our writer emits plain ustar entries and two zero blocks: the tar is exactly as long as its listing.
+# An extended header (a PAX 'x' or global 'g' size, a GNU long name) is read by one tar and skipped by
+# another (busybox ignores a PAX size, Go a global one): what this tar lists is then not what the
+# engine loads, so any header the listing does not show is refused, whichever tar runs here
+listed=$(awk '{ s += 512 + int(($3 + 511) / 512) * 512 } END { printf "%.0f\n", s + 1024 }' "$work/list")
+bytes=$(tr -d ' ' < "$work/bytes")
+[ "$bytes" = "$listed" ] || fail "$dir: the archive's tar is $bytes bytes, but its entries and end make $listed: it holds an extended header or data past its end, not the plain entries unibake writes; refused before any load"
+# index.json, manifest.json and the image manifest are read whole: at most 16 MiB each, as unibake's
+# own verifier keeps them (an index naming a huge layer as its manifest must not fill the disk)
+META=16777216
+size_of() { awk -v n="$1" '$NF == n { print $3; exit }' "$work/list"; }
+for meta in index.json manifest.json; do
+  [ "$(size_of "$meta")" -le "$META" ] || fail "$dir: the archive's $meta is more than $META bytes: not a release archive"
+done
 mkdir "$work/x"
 stream | zstd -q -dc | tar -xf - -C "$work/x" index.json manifest.json 2>/dev/null \
   || fail "$dir: the archive's index.json and manifest.json cannot be read"
 man=$(cat "$work/x/manifest.json")
-case "$man" in
-  "[{\"Config\":\"blobs/sha256/${want#sha256:}\",\"Layers\":["*"],\"RepoTags\":[\"$tag\"]}]") ;;
-  *) fail "$dir: the archive's manifest.json is not one image $want tagged $tag only: a load would do more than the release says" ;;
-esac
+# exactly one entry, byte for byte as our writer makes it: a '*' between "Layers":[ and the tag would
+# also match '...]},{"Config":...', a second image (under any tag) loaded beside the release's
+opening="[{\"Config\":\"blobs/sha256/${want#sha256:}\",\"Layers\":["
+closing="],\"RepoTags\":[\"$tag\"]}]"
+layers=-
+case "$man" in *"$nl"*) ;; "$opening"*"$closing") layers=${man#"$opening"}; layers=${layers%"$closing"} ;; esac
+BLOB='"blobs/sha256/[0-9a-f]\{64\}"'
+printf '%s\n' "$layers" | grep -qx "\\($BLOB\\(,$BLOB\\)*\\)\\{0,1\\}" \
+  || fail "$dir: the archive's manifest.json is not one image $want tagged $tag only: a load would do more than the release says"
 first=${tag%%/*}
 case "$tag" in
   */*) case "$first" in *.*|*:*|localhost) full=$tag ;; *) full=docker.io/$tag ;; esac ;;
@@ -187,17 +210,26 @@ case "$tag" in
 esac
 case "${tag##*/}" in *:*) ref=${tag##*:} ;; *) ref=latest ;; esac
 index=$(cat "$work/x/index.json")
-[ "$(printf '%s' "$index" | grep -o '"digest"' | wc -l)" -eq 1 ] || fail "$dir: the archive's index.json names more than one image"
-printf '%s' "$index" | grep -qF "\"annotations\":{\"io.containerd.image.name\":\"$full\",\"org.opencontainers.image.ref.name\":\"$ref\"}" \
-  || fail "$dir: the archive's index.json does not name the release's tag $tag only"
 oci=$(printf '%s' "$index" | grep -o '"digest":"sha256:[0-9a-f]\{64\}"' | sed 's/.*sha256:\([0-9a-f]*\)"/\1/')
+# the whole index as our writer makes it (sizes and the platform aside): one image, the release's tag only
+[ "$(printf '%s\n' "$index" | sed -e 's/"size":[0-9]\{1,\}/"size":N/g' \
+  -e 's/"platform":{"architecture":"[^"\\]*","os":"[^"\\]*"\(,"variant":"[^"\\]*"\)\{0,1\}},//')" = \
+  "{\"manifests\":[{\"annotations\":{\"io.containerd.image.name\":\"$full\",\"org.opencontainers.image.ref.name\":\"$ref\"},\"digest\":\"sha256:$oci\",\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"size\":N}],\"mediaType\":\"application/vnd.oci.image.index.v1+json\",\"schemaVersion\":2}" ] \
+  || fail "$dir: the archive's index.json does not name the release's tag $tag only: it is not in the form unibake writes"
 grep -qx -e "- blobs/sha256/$oci" "$work/members" || fail "$dir: the archive lacks the image manifest its index.json names"
+[ "$(size_of "blobs/sha256/$oci")" -le "$META" ] || fail "$dir: the archive's image manifest blobs/sha256/$oci is more than $META bytes"
 stream | zstd -q -dc | tar -xf - -C "$work/x" "blobs/sha256/$oci" 2>/dev/null \
   || fail "$dir: the archive's image manifest cannot be read"
-# the image manifest (what containerd loads) names the same config and layers as manifest.json (what Engine 20.10 loads)
+# the image manifest (what containerd loads) is, byte for byte but sizes, the one our writer makes of
+# manifest.json (what Engine 20.10 loads): the same config and layers, nothing beside them
 printf '%s' "$man" | grep -o 'blobs/sha256/[0-9a-f]\{64\}' | sed 's|blobs/sha256/||' > "$work/by-manifest"
-grep -o '"digest":"sha256:[0-9a-f]\{64\}"' "$work/x/blobs/sha256/$oci" | sed 's/.*sha256:\([0-9a-f]*\)"/\1/' > "$work/by-index"
-cmp -s "$work/by-manifest" "$work/by-index" || fail "$dir: the archive's index.json and manifest.json describe different images"
+LAYER=application/vnd.oci.image.layer.v1.tar
+LAYER_RE='application/vnd\.oci\.image\.layer\.v1\.tar'  # in a pattern: '.' would take any character
+expected=$(awk -v l="$LAYER" 'NR == 1 { printf "{\"config\":{\"digest\":\"sha256:%s\",\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"size\":N},\"layers\":[", $1; next }
+  { printf "%s{\"digest\":\"sha256:%s\",\"mediaType\":\"%s\",\"size\":N}", (NR > 2 ? "," : ""), $1, l }
+  END { printf "],\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"schemaVersion\":2}" }' "$work/by-manifest")
+[ "$(sed -e 's/"size":[0-9]\{1,\}/"size":N/g' -e "s|\"$LAYER_RE+gzip\"|\"$LAYER\"|g" "$work/x/blobs/sha256/$oci")" = "$expected" ] \
+  || fail "$dir: the archive's index.json and manifest.json describe different images"
 # nothing that nothing refers to (a hotfix's archive leaves out layers; it never adds any)
 { cat "$work/by-manifest"; echo "$oci"; } | sort -u > "$work/referenced"
 sed -n 's|^- blobs/sha256/||p' "$work/members" | sort > "$work/blobs"
@@ -205,15 +237,67 @@ stray=$(comm -23 "$work/blobs" "$work/referenced" | head -n 1)
 [ -z "$stray" ] || fail "$dir: the archive holds blobs/sha256/$stray, which nothing refers to: refused before any load"
 grep -qx "${want#sha256:}" "$work/blobs" || fail "$dir: the archive lacks its image config"
 
+# every blob's content against its name, in one more streamed read (nothing is written to disk):
+# the names checked above mean nothing until then, and an engine told of a mismatch may have tagged
+# the image already
+echo "== the sha256 of every blob (zstd -dc | tar --to-command sha256sum)"
+# A blob that starts as gzip (an engine's containerd store can save layers so) gets a third field, the
+# digest of what it decompresses to ("-" if it does not), which is its diffID: the engines and
+# unibake's reader go by those bytes, the "+gzip" media type only says so. The decompressor drains
+# what it leaves (a cut stream), so tee is never killed mid-blob and the raw digest stays whole.
+# shellcheck disable=SC2016  # expanded by the sh that tar starts for each member, not here
+hash_blob='case $TAR_FILENAME in
+  blobs/sha256/*)
+    dd bs=1 count=2 of="$W/head" 2>/dev/null || exit 1
+    if [ "$(od -An -tx1 "$W/head" | tr -d " \n")" = 1f8b ]; then
+      rm -f "$W/fifo" "$W/gzbad" && mkfifo "$W/fifo" || exit 1
+      { { gzip -dc 2>/dev/null || echo 1 > "$W/gzbad"; } | sha256sum | cut -c 1-64 > "$W/gunzipped"
+        cat > /dev/null; } < "$W/fifo" &
+      raw=$(cat "$W/head" - | tee "$W/fifo" | sha256sum | cut -c 1-64); wait
+      if [ -e "$W/gzbad" ]; then echo - > "$W/gunzipped"; fi
+      printf "%s %s %s\n" "$TAR_FILENAME" "$raw" "$(cat "$W/gunzipped")"
+    else
+      printf "%s %s\n" "$TAR_FILENAME" "$(cat "$W/head" - | sha256sum | cut -c 1-64)"
+    fi ;;
+  *) cat > /dev/null ;;
+esac'
+stream | zstd -q -dc 2>/dev/null | { if W=$work tar -xf - --to-command="$hash_blob" > "$work/hashed" 2>"$work/tar.err"
+  then echo 0; else echo 1; fi > "$work/tar.rc"; }
+[ "$(cat "$work/tar.rc")" = 0 ] && [ "$(wc -l < "$work/hashed")" -eq "$(wc -l < "$work/blobs")" ] \
+  || fail "$dir: the archive's blobs cannot be read through: $(head -n 1 "$work/tar.err")"
+bad=$(awk '"blobs/sha256/" $2 != $1 { print $1 " is " $2; exit }' "$work/hashed")
+[ -z "$bad" ] || fail "$dir: the archive's ${bad%% is *} does not hold what its name says (its sha256 is ${bad#* is }): tampered or corrupted; refused before any load"
+# and each layer is the one manifest.json records (a hotfix's left-out layers by their names alone)
+awk '/^  "diff_ids": \[$/ { inside = 1; next } inside && /^  \]/ { exit } inside' manifest.json |
+  sed -n 's/^    "sha256:\([0-9a-f]\{64\}\)",\{0,1\}$/\1/p' > "$work/diff-ids"
+sed 1d "$work/by-manifest" > "$work/layers"
+[ "$(wc -l < "$work/layers")" -eq "$(wc -l < "$work/diff-ids")" ] \
+  || fail "$dir: the archive holds $(wc -l < "$work/layers") layers; manifest.json records $(wc -l < "$work/diff-ids")"
+hotfix_field() {
+  awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit } inside' manifest.json |
+    sed -n "s/^    \"$1\": \"\([A-Za-z0-9:._-]*\)\",\{0,1\}\$/\1/p" | head -n 1
+}
+# only a hotfix may leave a layer out, and only one its manifest.json lists as left out (the base
+# release's): any other missing layer would be whatever the engine already holds under that name
+awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
+  inside && /^    "omitted_diff_ids": \[$/ { list = 1; next } list && /^    \]/ { exit } list' manifest.json |
+  sed -n 's/^      "sha256:\([0-9a-f]\{64\}\)",\{0,1\}$/\1/p' > "$work/omitted"
+bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
+  FILENAME == ARGV[2] { raw[$1] = $2; un[$1] = (NF == 3 ? $3 : $2); next }
+  FILENAME == ARGV[3] { rec[FNR] = $1; next }
+  !(("blobs/sha256/" $1) in raw) { if (rec[FNR] in left) next
+    print FNR " (blobs/sha256/" $1 ") is not in it, and manifest.json does not record it as left out by a hotfix"; exit }
+  { got = un["blobs/sha256/" $1] }
+  got == "-" { print FNR " (blobs/sha256/" $1 ") starts as gzip but does not decompress"; exit }
+  got != rec[FNR] { print FNR " has diffID sha256:" got ", but manifest.json records sha256:" rec[FNR]; exit }' \
+  "$work/omitted" "$work/hashed" "$work/diff-ids" "$work/layers")
+[ -z "$bad" ] || fail "$dir: the archive's layer $bad: refused before any load"
+
 [ "$load" -eq 1 ] || { echo "ok: sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal
 # would name a missing blob, not what to import
-hotfix_field() {
-  awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit } inside' manifest.json |
-    sed -n "s/^    \"$1\": \"\([A-Za-z0-9:._-]*\)\",\{0,1\}\$/\1/p" | head -n 1
-}
 base=$(hotfix_field base_image_id)
 if [ -n "$base" ] && ! docker image inspect "$base" >/dev/null 2>&1; then
   fail "this hotfix needs image $base (release $(hotfix_field base_release)) in the engine; import that release first (nothing was loaded)"

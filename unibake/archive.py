@@ -37,7 +37,8 @@ import zstandard
 
 from .contents import ImageContents, LayerInspector
 from .errors import DiskFull, UnibakeError
-from .imagetar import BLOCK, SavedImage, full_reference, interpret, read_members, tar_header, tar_padding
+from .imagetar import (BLOCK, OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, SavedImage, full_reference, interpret,
+                       read_members, tar_header, tar_padding)
 from .platforms import of_config
 from .threads import read_ahead
 
@@ -195,10 +196,6 @@ def compressor(level: int, long_distance: bool, threads: int = -1) -> zstandard.
     return zstandard.ZstdCompressor(compression_params=params)
 
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
-OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
 

@@ -32,8 +32,9 @@ class ArchiveReader:
     left so that every file's digest is still complete (a downloader wants to know which part is bad).
     """
 
-    def __init__(self, folder: Path, names: list[str], *, hashed: bool = True):
-        self.folder, self.names = folder, list(names)
+    def __init__(self, folder: Path, names: list[str], *, hashed: bool = True,
+                 progress: Callable[[int], object] = lambda n: None):
+        self.folder, self.names, self.progress = folder, list(names), progress
         self.hasher = hashing_thread() if hashed else None
         self.whole = hashlib.sha256()
         self.per_file = [hashlib.sha256() if len(self.names) > 1 else self.whole for _ in self.names]
@@ -53,6 +54,7 @@ class ArchiveReader:
             data = self._fh.read(size if size > 0 else CHUNK)
             if data:
                 self.compressed_bytes += len(data)
+                self.progress(len(data))
                 if self.hasher is not None:
                     self.hasher.put((self.per_file[self._index], data))
                     if len(self.names) > 1:

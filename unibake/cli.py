@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import re
 import signal
 import sys
@@ -29,7 +30,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
-from .files import write_atomic
+from .files import unwritable_reason, write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
 STAGES = ("render", "build", "release")
@@ -73,7 +74,9 @@ def _profile_options(p: argparse.ArgumentParser, *, version_required: bool = Fal
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
                    help="a profile to include; repeat for several; 'all' (the default) is the unified image")
     p.add_argument("--version", required=version_required, metavar="V",
-                   help="the release version, the image's tag (default: product.yaml's version)")
+                   help="the release version, the image's tag" + (" (required: the new release's own, e.g. 1.3.2)"
+                                                                    if version_required else
+                                                                    " (default: product.yaml's version)"))
     p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
     p.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
                    help="the platform to build for: linux/amd64 or linux/arm64 (default: product.yaml's platform, "
@@ -233,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "registry.example:5000/demo-llm@sha256:...")
     pl.add_argument("--release", metavar="DIR", help="the release folder to check against (default: the release "
                                                      "under --out whose manifest records this digest)")
+    pl.add_argument("--temp-dir", metavar="DIR",
+                    help="where the release's layers are compressed again when the registry holds an unrecorded "
+                         "push of it (default: $TMPDIR; room for the compressed image)")
     pl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
     _registry_options(pl)
 
@@ -328,10 +334,14 @@ class Context:
     reporter: Reporter
 
 
-def _out(args: argparse.Namespace, cwd: Path) -> Path:
-    """The one default for ``--out``: release/ beside the profiles folder."""
+def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path:
+    """The one default for ``--out``: release/ beside the profiles folder. ``existing``: an --out given
+    must be a folder (a typo is not "no releases", which would keep no release's image from prune)."""
     if getattr(args, "out", None):
-        return (cwd / args.out).resolve()
+        out = (cwd / args.out).resolve()
+        if existing and not out.is_dir():
+            raise InputError(f"--out {args.out}: no such folder")
+        return out
     config = getattr(args, "config", "profiles")
     return (cwd / config).resolve().parent / "release"
 
@@ -339,16 +349,13 @@ def _out(args: argparse.Namespace, cwd: Path) -> Path:
 def _request(args: argparse.Namespace, ctx: Context, **extra):
     """The pipeline's request from the command line, every option checked before anything runs."""
     from .pipeline import Request, git_revision, source_date_epoch
-    from .sanitise import builder_identity
+    from .sanitise import builder_identity, check_allow
 
     level = getattr(args, "level", DEFAULT_LEVEL)
     if not 1 <= level <= 19:
         raise InputError(f"--level {level} is out of range 1..19")
     for pattern in getattr(args, "allow", []):
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise InputError(f"--allow {pattern!r} is not a regular expression: {exc}") from None
+        check_allow(pattern, "--allow")
     config = Path(getattr(args, "config", "profiles"))
     root = (ctx.cwd / config).resolve().parent
     out = _out(args, ctx.cwd)
@@ -359,7 +366,8 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         split=parse_size(args.split) if getattr(args, "split", None) else None,
         roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
         verify_engine=getattr(args, "verify_engine", None),
-        scratch_dir=Path(args.scratch_dir) if getattr(args, "scratch_dir", None) else None,
+        # made absolute from the run's folder: dockerd given a relative --data-root never answers
+        scratch_dir=ctx.cwd / args.scratch_dir if getattr(args, "scratch_dir", None) else None,
         seed=not getattr(args, "no_seed", False),
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
@@ -534,7 +542,8 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     if signed is not None and signed.failures:
         report = signed
     else:
-        report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
+        report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None,
+                                                        progress=ctx.reporter.progress))
         if signed is None:
             report = _unchecked_signatures(report)
     if args.external and not (signed is not None and signed.failures):
@@ -563,16 +572,14 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .publish import find_releases
     from .verify import sums_report, verify_folder
 
-    out = _out(args, ctx.cwd)
-    if args.out and not out.is_dir():  # a typo in --out is not "no releases"
-        raise InputError(f"--out {args.out}: no such folder")
+    out = _out(args, ctx.cwd, existing=True)
     rows, document = [], []
     releases = find_releases(out)
     images = {r.manifest.image_id for r in releases if r.manifest is not None}
     for found in releases:
         m = found.manifest
         if m is None:
-            rows.append([found.folder.name, "", "", "", "", f"UNREADABLE: {found.problem}"])
+            rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}"])
             document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
             continue
         if not all((found.folder / f.name).is_file() for f in m.archive.files):
@@ -589,15 +596,19 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
             # with that folder made again, another image), the hotfix cannot be proven or applied
             state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
                      f"{m.hotfix.base_image_id[:19]}")
-        rows.append([m.release, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
+        rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
                          "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
                          "state": state})
     where = display_path(out, ctx.cwd)
+    columns = ["release", "product", "published", "image ID", "archive", "previous", "state"]
+    if len({r["product"] for r in document if "product" in r}) < 2:
+        # one product under --out (the usual case): its name would repeat on every row
+        columns.pop(1)
+        rows = [row[:1] + row[2:] for row in rows]
     if rows:
-        ctx.reporter.table(f"releases in {where}", ["release", "published", "image ID", "archive", "previous",
-                                                    "state"], rows)
+        ctx.reporter.table(f"releases in {where}", columns, rows)
     failing = sum(1 for r in document if r["state"] != "verifies")
     final = f"no releases under {where}" if not rows else \
         f"{len(rows)} releases under {where}; {len(rows) - failing} verify"
@@ -627,15 +638,18 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     lock_path = config / LOCK_FILE
     display = display_path(lock_path, ctx.cwd)
     try:
-        before = read_lock(lock_path, display)
+        old = read_lock(lock_path, display)
     except InputError as exc:  # a lock left conflicted by a merge: this command is how it is made again
         if not lock_path.is_file():  # a folder or a FIFO in its place: not ours to replace
             raise
         ctx.reporter.warn(f"the old lock cannot be read, so it is written anew: {exc}")
-        before = {}
+        old = None
+    before = old.digests if old else {}
     after = {path: f.sha256 for path, f in inputs.items()}
     changed = {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
-               "changed": sorted(p for p in set(after) & set(before) if after[p] != before[p])}
+               # a file made (not) executable changed too, when the old lock recorded modes
+               "changed": sorted(p for p in set(after) & set(before)
+                                 if after[p] != before[p] or old.mode_differs(inputs[p]))}
     write_atomic(config, LOCK_FILE, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
     for label in ("added", "changed", "removed"):
         for path in changed[label]:
@@ -652,7 +666,7 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
 
     if args.keep < 0:
         raise InputError(f"--keep {args.keep} must be 0 or more")
-    out = _out(args, ctx.cwd)
+    out = _out(args, ctx.cwd, existing=True)
     scratch = (ctx.cwd / args.scratch_dir) if args.scratch_dir else Path("/var/tmp") / f"unibake-{os.geteuid()}"
     try:
         if scratch.exists() or scratch.is_symlink():
@@ -768,10 +782,11 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")
     m = trusted_manifest(folder)
+    temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-            info = check_remote(ref, m, client, folder=folder)
+            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
         image_id = pull_into(engine, ref, m, info, settings["credentials"])
@@ -784,7 +799,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 
 def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .deploy import Plan, check_address, deploy, engines_of, raise_if_failed, read_hosts
+    from .deploy import Plan, check_address, deploy, engines_of, raise_if_failed, read_hosts, same_engine
     from .docker_engine import DockerEngine
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
@@ -795,8 +810,12 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         raise InputError(f"--jobs {args.jobs} must be 1 or more")
     hosts = read_hosts((ctx.cwd / args.hosts).resolve()) if args.hosts else []
     # every engine named is a target: an --engine before the command (the global option) as well as
-    # those after it, the same address once; DOCKER_HOST, as for every command, only when none is named
-    named = list(dict.fromkeys([*([args.engine] if getattr(args, "engine", None) else []), *args.engines]))
+    # those after it, the same engine once (tcp://h:1 and tcp://h:1/ are one); DOCKER_HOST, as for
+    # every command, only when none is named
+    named: dict[str, str] = {}
+    for address in [*([args.engine] if getattr(args, "engine", None) else []), *args.engines]:
+        named.setdefault(same_engine(check_address(address, "--engine")), address)
+    named = list(named.values())
     from_env = not named and not hosts and bool(ctx.env.get("DOCKER_HOST"))
     if from_env:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
@@ -883,6 +902,9 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     out = (ctx.cwd / args.out).resolve()
+    problem = unwritable_reason(out, folder=True)
+    if problem:  # before the kit is rendered and checked, and named as the option, not as an OSError
+        raise InputError(f"--out {args.out}: cannot write the kit there ({problem})")
     written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd)
     same = published == written.file.sha256  # one that is not was refused before it took the kit's name
     verdict = "identical to the published kit" if same else "the release published none"
@@ -954,34 +976,98 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+def _refused_line_options() -> tuple[bool, str | None]:
+    """``--json`` and a well-formed ``--metadata-file`` of a command line the parser refused, read
+    from the options themselves (after "--", a value, not an option; the last one counts, as
+    argparse has it)."""
+    options = _argv[:_argv.index("--")] if "--" in _argv else _argv
+    metadata = None
+    for i, token in enumerate(options):
+        if token == "--metadata-file":
+            metadata = options[i + 1] if i + 1 < len(options) else None
+        elif token.startswith("--metadata-file="):
+            metadata = token.split("=", 1)[1]
+    if metadata is not None and (not metadata or metadata.startswith("-")):
+        metadata = None  # missing or an option in its place: what the parser refused, not a path to write
+    return "--json" in options, metadata
+
+
 def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: Path) -> None:
     """A failed run's document, ``{"error": ..., "exit_code": ...}``: on stdout with ``--json``, in
     the ``--metadata-file`` too (never a failure of its own: the run's error is the one to report)."""
-    if args is None:  # the command line itself was refused: --json is honoured if it was given as an option
-        options = _argv[:_argv.index("--")] if "--" in _argv else _argv  # after "--", a value, not an option
-        if "--json" in options:
-            sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
-        return
+    if args is None:  # the command line itself was refused: its --json and --metadata-file still count
+        as_json, metadata_file = _refused_line_options()
+    else:
+        as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
+    text = json.dumps({"error": message, "exit_code": code}, indent=2) + "\n"
+    if metadata_file:
+        try:
+            _write_metadata(metadata_file, text, cwd)
+        except UnibakeError:
+            pass
+    if as_json:
+        sys.stdout.write(text)
+
+
+def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
+    """A ``--metadata-file`` that cannot be written is said before any work: found only at the end,
+    it would fail a run that had published its release."""
+    value = getattr(args, "metadata_file", None)
+    if value and _a_stream(cwd / value):
+        return  # /dev/stdout, a pipe: written as it is, at the end
+    problem = unwritable_reason((cwd / value).resolve()) if value else None
+    if problem:
+        args.metadata_file = None  # the failure's document is not tried there either
+        raise InputError(f"--metadata-file {value}: cannot write it there ({problem})")
+
+
+def _a_stream(path: Path) -> bool:
+    """Whether ``path`` is a character device or a pipe (``/dev/stdout``, ``/dev/stderr``, a FIFO):
+    written in place, not replaced by a file."""
     try:
-        _emit_document(args, {"error": message, "exit_code": code}, cwd)
-    except (OSError, UnibakeError):
-        pass
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
-def _emit_document(args: argparse.Namespace | None, document: dict, cwd: Path) -> None:
-    if args is None:
-        return
+def _write_metadata(value: str, text: str, cwd: Path) -> None:
+    try:
+        if _a_stream(cwd / value):
+            with open(cwd / value, "w") as out:
+                out.write(text)
+        else:
+            path = (cwd / value).resolve()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path.parent, path.name, text)
+    except OSError as exc:
+        raise UnibakeError(f"--metadata-file {value}: cannot write ({exc.strerror})") from None
+
+
+def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
+    """The run's document: the --metadata-file first, so that a failure to write it leaves stdout
+    with only the error's document (one JSON document, always)."""
     text = json.dumps(document, indent=2, sort_keys=False) + "\n"
+    if getattr(args, "metadata_file", None):
+        _write_metadata(args.metadata_file, text, cwd)
     if getattr(args, "json", False):
         sys.stdout.write(text)
         sys.stdout.flush()
-    if getattr(args, "metadata_file", None):
-        path = (cwd / args.metadata_file).resolve()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path.parent, path.name, text)
-        except OSError as exc:
-            raise UnibakeError(f"--metadata-file {args.metadata_file}: cannot write ({exc.strerror})") from None
+
+
+def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A value given empty (an unset CI variable: ``--key "$PUBKEY"``) is refused: several options
+    would take it as not given (no signature check, an unsigned release, the default folder) and
+    paths would mean the current folder."""
+    actions = list(parser._actions)  # argparse has no public list of a parser's arguments
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and args.command in action.choices:
+            actions += action.choices[args.command]._actions
+    for action in actions:
+        value = getattr(args, action.dest, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            name = max(action.option_strings, key=len) if action.option_strings else action.metavar or action.dest
+            raise InputError(f"{name} given empty (an unset variable?): give a value, or leave it out")
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
@@ -1005,11 +1091,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     args = None
     reporter = Reporter(env=env)
     try:
+        parser = build_parser()
         try:
-            args = build_parser().parse_args(with_command(argv))
+            args = parser.parse_args(with_command(argv))
         except SystemExit as exc:  # --help and -V print and end here
             return int(exc.code or 0)
         reporter = Reporter(env=env, quiet=args.quiet)
+        _check_empty_values(args, parser)  # before any work
+        _check_metadata_file(args, cwd)
         outcome = HANDLERS[args.command](args, Context(env=env, cwd=cwd, reporter=reporter))
         if outcome.title:
             reporter.summary(outcome.title, outcome.rows, outcome.final)

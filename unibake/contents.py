@@ -6,7 +6,9 @@ that keeps only what the SBOM needs and never holds a layer in memory:
 
 * ``var/lib/dpkg/status`` (and ``status.d/*``), ``etc/os-release``: kept whole (small texts);
 * ``*.dist-info/METADATA`` and ``*.egg-info/PKG-INFO``: their first 64 KiB (the headers);
-* every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size.
+* every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size;
+* the other files under the install root: their sha256, for a library that is a hard link to one;
+* links and files where a folder of those could have been: they hide what lay under it below.
 
 Layers the engine keeps in memory (below the spool threshold) are read from their bytes afterwards.
 :meth:`LayerInspector.finish` then stacks the layers as the engine does (a later file replaces an
@@ -32,7 +34,11 @@ OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
 PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO")
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
+UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
 WHITEOUT = ".wh."
+# folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
+PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib")
+PY_FOLDERS = (".dist-info", ".egg-info", "site-packages", "dist-packages")
 OPAQUE = ".wh..wh..opq"
 
 
@@ -89,6 +95,7 @@ class _Found:
     whiteouts: list[str] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # tracked names this layer makes something else
+    replaced: list[str] = field(default_factory=list)  # folders that could hold tracked files, made not a folder
     problems: list[str] = field(default_factory=list)
 
 
@@ -107,6 +114,9 @@ class _LayerReader:
         self.found = _Found()
         self._walker = TarWalker(self, "a layer")
         self._current: tuple[str, str, object] | None = None  # (path, kind, bytearray or hash)
+        # other files under the install root: a library may be a hard link to one, and a tar names a hard
+        # link's content only by the member before it that holds it
+        self._untracked: dict[str, tuple[str, int]] = {}
         self._size = 0
         self.failed: str | None = None
 
@@ -119,6 +129,14 @@ class _LayerReader:
         if path.startswith(self._under) and (base.endswith(".so") or ".so." in base):
             return "library"
         return None
+
+    def _could_hold_tracked(self, path: str, entry: TarEntry) -> bool:
+        """Whether a path that is not a folder here may have been a folder of tracked files in a layer below:
+        every link, and any entry where package lists, Python distributions or the install root's libraries
+        lie; not every file of the layer, so what is kept stays small."""
+        if entry.type == tarfile.SYMTYPE or path in PACKAGE_FOLDERS or path.endswith(PY_FOLDERS):
+            return True
+        return bool(self._under) and (path.startswith(self._under) or self._under.startswith(path + "/"))
 
     # the sink: a layer it cannot parse is reported as not inspected; the archive is not the inspector's to fail
     def write(self, piece: memoryview) -> None:
@@ -146,15 +164,31 @@ class _LayerReader:
         if base.startswith(WHITEOUT):
             self.found.whiteouts.append(posixpath.join(folder, base[len(WHITEOUT):]))
             return
+        if entry.type != tarfile.DIRTYPE and self._could_hold_tracked(path, entry):
+            self.found.replaced.append(path)  # overlayfs shows the new entry, nothing that lay under it
+            if entry.type in (tarfile.SYMTYPE, tarfile.LNKTYPE) and path in PACKAGE_FOLDERS[:4]:
+                self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}, not a folder: the packages "
+                                           "listed under it are not in the SBOM")
         kind = self.kind_of(path)
         if kind is None:
+            if (entry.type in tarfile.REGULAR_TYPES and self._under and path.startswith(self._under)
+                    and len(self._untracked) < UNTRACKED_LIMIT):
+                self._current = (path, "untracked", hashlib.sha256())
+                self._size = 0
             return
         if entry.type == tarfile.LNKTYPE:  # a hard link: the same content as a file earlier in this layer
-            same = self.found.files.get(_path(entry.linkname))
+            target = _path(entry.linkname)
+            same = self.found.files.get(target)
+            if kind == "library" and same is None and target in self._untracked:
+                same = (kind, self._untracked[target])
             if same is not None and same[0] == kind:
                 self.found.files[path] = same
+            elif kind == "library":  # listed all the same: a library left out would go unnoticed
+                self.found.files[path] = (kind, ("", 0))
+                self.found.problems.append(f"/{path} is a hard link to /{target}, which was not read: it is listed "
+                                           "without its sha256")
             else:
-                self._unread(path, kind, f"a hard link to /{_path(entry.linkname)}")
+                self._unread(path, kind, f"a hard link to /{target}")
             return
         if entry.type not in tarfile.REGULAR_TYPES:
             self._unread(path, kind, "a link or a folder")  # where a tracked file was, or would be
@@ -167,7 +201,7 @@ class _LayerReader:
             return
         path, kind, sink = self._current
         self._size += len(piece)
-        if kind == "library":
+        if kind in ("library", "untracked"):
             sink.update(piece)
         elif len(sink) < (HEADER_LIMIT if kind == "metadata" else TEXT_LIMIT + 1):
             sink += piece
@@ -185,7 +219,9 @@ class _LayerReader:
             return
         path, kind, sink = self._current
         self._current = None
-        if kind == "library":
+        if kind == "untracked":
+            self._untracked[path] = (sink.hexdigest(), self._size)
+        elif kind == "library":
             self.found.files[path] = (kind, (sink.hexdigest(), self._size))
         elif kind == "text" and len(sink) > TEXT_LIMIT:
             self.found.problems.append(f"/{path} is larger than {TEXT_LIMIT} bytes: not read")
@@ -240,6 +276,13 @@ def _under(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
+def _folders(path: str):
+    """The folders a path lies in, innermost first."""
+    while "/" in path:
+        path = path.rsplit("/", 1)[0]
+        yield path
+
+
 def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...]) -> ImageContents:
     files: dict[str, tuple[str, str, object]] = {}  # path -> (diffID, kind, value)
     problems: list[str] = []
@@ -252,6 +295,10 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
                 del files[path]
         for path in found.hidden:
             files.pop(path, None)
+        if found.replaced:
+            replaced = set(found.replaced)
+            for path in [p for p in files if any(folder in replaced for folder in _folders(p))]:
+                del files[path]
         for path, (kind, value) in found.files.items():
             files[path] = (diff_id, kind, value)
         problems += found.problems
@@ -267,16 +314,27 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
             package = _python_package(value, path, diff_id)
             if package is None:
                 problems.append(f"/{path} names no package and version: left out")
-            else:
+            elif _nameable(package, problems):
                 packages.append(package)
         elif path in OS_RELEASE:
             if os_release is None or path == OS_RELEASE[0]:
                 os_release = _os_release(value)
         else:
-            packages += _dpkg_packages(value, path, diff_id)
+            packages += [p for p in _dpkg_packages(value, path, diff_id) if _nameable(p, problems)]
     packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
     return ImageContents(packages=tuple(packages), libraries=tuple(libraries), os=os_release, layers=count,
                          not_inspected=missing, problems=tuple(problems))
+
+
+def _nameable(package: Package, problems: list[str]) -> bool:
+    """Whether a package's name can stand in a package URL: a '/' would make it name another package
+    (``a/b`` reads back as ``b``; packageurl-python does not encode it), and no dpkg or Python package
+    name holds one. Said when not, so the SBOM and the build log's count leave it out alike."""
+    if "/" not in package.name:
+        return True
+    problems.append(f"{package.path} lists a package named {package.name[:80]!r}: a name with '/' would name "
+                    "another package in the SBOM; left out")
+    return False
 
 
 def _text(data: bytes) -> str:

@@ -9,6 +9,7 @@ load, another image ID) is one row of the table; the others go on; any failure i
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -65,13 +66,36 @@ def read_hosts(path: Path) -> list[str]:
     return found
 
 
+def same_engine(address: str) -> str:
+    """What tells one engine from another in a checked address: docker-py's reading of it (a
+    trailing slash and ssh's default port 22 dropped) with the host's case folded, as DNS folds it."""
+    from urllib.parse import urlsplit
+
+    import docker
+
+    parsed = docker.utils.parse_host(address, False, False)
+    parts = urlsplit(parsed)
+    if not parts.hostname:  # unix://: the socket's path, its case kept, '//' and links (/var/run) resolved
+        return "unix://" + os.path.realpath(parsed.split("://", 1)[1])
+    port = parts.port  # a number: 02375 is 2375
+    if parts.scheme == "ssh" and port == 22:
+        port = None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # (hostname is lower-case)
+    user = f"{parts.username}@" if parts.username else ""
+    return f"{parts.scheme}://{user}{host}{f':{port}' if port else ''}"
+
+
 def engines_of(addresses: list[str], hosts: list[str]) -> list[str]:
     """The engines of the command line and the hosts file, each once, in order."""
     out: list[str] = []
+    seen: dict[str, str] = {}
     for address in [*addresses, *hosts]:
         check_address(address, "--engine")
-        if address in out:
-            raise InputError(f"engine {address} is named twice")
+        key = same_engine(address)
+        if key in seen:
+            same = "" if seen[key] == address else f" (as {seen[key]})"
+            raise InputError(f"engine {address} is named twice{same}")
+        seen[key] = address
         out.append(address)
     if not out:
         raise InputError("deploy needs at least one engine: --engine URL (repeat it), --hosts FILE or DOCKER_HOST")

@@ -64,7 +64,8 @@ class DockerEngine(Engine):
     """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``, ``ssh://user@host``);
     without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket."""
 
-    def __init__(self, address: str | None = None, env: Mapping[str, str] | None = None):
+    def __init__(self, address: str | None = None, env: Mapping[str, str] | None = None, *,
+                 timeout: int = TIMEOUT):
         env = os.environ if env is None else env
         self.address = address or env.get("DOCKER_HOST") or DEFAULT_ADDRESS
         problem = parse_address(self.address)
@@ -75,11 +76,11 @@ class DockerEngine(Engine):
             # ssh://: docker-py runs the system's ssh client (its config, agent and known hosts), as the CLI does
             ssh = self.address.startswith("ssh://")
             if address:
-                self.api = docker.APIClient(base_url=address, version="auto", timeout=TIMEOUT, use_ssh_client=ssh)
+                self.api = docker.APIClient(base_url=address, version="auto", timeout=timeout, use_ssh_client=ssh)
             else:
                 kwargs = docker.utils.kwargs_from_env(environment=dict(env))
                 kwargs.setdefault("base_url", self.address)
-                self.api = docker.APIClient(version="auto", timeout=TIMEOUT, use_ssh_client=ssh, **kwargs)
+                self.api = docker.APIClient(version="auto", timeout=timeout, use_ssh_client=ssh, **kwargs)
         except docker.errors.DockerException as exc:
             raise EngineError(f"cannot reach the Docker engine at {self.address}: "
                               f"{_reason(exc)}; start it (scripts/setup.sh does) or name one with --engine") from None

@@ -40,7 +40,7 @@ from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, V
 from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, locate, looks_like_layer, read_members, resolve,
                        tar_header, tar_padding)
 from .manifest import RoundTripRecord
-from .normalise import normalised_config
+from .normalise import normalised_config, refuse_a_rewritten_base_layer
 from .platforms import Platform
 from .threads import Consumer, consume_in_thread, counted, hashing_thread, read_ahead
 
@@ -217,6 +217,8 @@ def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ..
         if not isinstance(layer, PassedLayer):
             raise ArchiveError(f"layer {i + 1} ({name}) of the save stream is not a layer tar")
         if layer.ours:
+            refuse_a_rewritten_base_layer(i, f"sha256:{member.content_sha256}", f"sha256:{layer.sha256.hexdigest()}",
+                                          base_diff_ids, owned)
             diff_ids.append(f"sha256:{layer.sha256.hexdigest()}")
         else:
             digest = f"sha256:{member.content_sha256}"

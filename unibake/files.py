@@ -90,3 +90,19 @@ def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o64
         temp.unlink(missing_ok=True)
         raise
     return hashlib.sha256(data).hexdigest()
+
+
+def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
+    """Why a file (with ``folder``, a folder to write files in) cannot be made at ``path``, its
+    folders made as needed; None if it can. Checked before the work that ends in writing it, making
+    nothing (a refused run leaves no empty folder)."""
+    if path.is_dir() and not folder:
+        return f"{path} is a folder, not a file"
+    existing = path if folder else path.parent
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None

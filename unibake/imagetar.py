@@ -883,6 +883,15 @@ def full_reference(tag: str) -> str:
 
 
 CANONICAL_NAMES = frozenset({"index.json", "manifest.json", "oci-layout"})
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+def _canonical_descriptor(value: object, media_types: tuple[str, ...]) -> bool:
+    return isinstance(value, dict) and set(value) == {"digest", "mediaType", "size"} and \
+        value["mediaType"] in media_types and type(value["size"]) is int and value["size"] >= 0
 
 
 def check_release_form(members: Members, tag: str) -> None:
@@ -908,7 +917,15 @@ def check_release_form(members: Members, tag: str) -> None:
         raise ArchiveError(f"the archive's index.json names {annotations!r}, not only the release's tag {tag!r}")
     oci_name = blob_name(manifests[0].get("digest"))
     oci = member_json(members, oci_name)
-    if not isinstance(oci, dict) or blob_name((oci.get("config") or {}).get("digest")) != where.config_name or \
+    # in the form our writer gives it: the same digests under other keys or media types (a layer
+    # called zstd, a second list) are what containerd reads, not what manifest.json says
+    if not isinstance(oci, dict) or set(oci) != {"schemaVersion", "mediaType", "config", "layers"} or \
+            oci["schemaVersion"] != 2 or oci["mediaType"] != OCI_MANIFEST or \
+            not _canonical_descriptor(oci["config"], (OCI_CONFIG,)) or not isinstance(oci["layers"], list) or \
+            not all(_canonical_descriptor(d, (OCI_LAYER, OCI_LAYER + "+gzip")) for d in oci["layers"]):
+        raise ArchiveError(f"the archive's image manifest {oci_name} is not in the form unibake writes: "
+                           "index.json and manifest.json describe different images")
+    if blob_name((oci.get("config") or {}).get("digest")) != where.config_name or \
             [blob_name(d.get("digest") if isinstance(d, dict) else None) for d in oci.get("layers") or []] \
             != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")

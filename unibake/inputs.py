@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +19,13 @@ from .files import read_small_text, visible_name
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
+# a lock holding this line records which inputs are baked executable (a '*' before the name); an older
+# one without it is still read, its inputs' modes not checked
+MODES_NOTE = "# A '*' before a name: the file is baked executable (sha256sum -c reads it as binary mode: the same)."
 LOCK_HEADER = (
     "# The sha256 of every input baked into the image (sha256sum format, paths from the project root).\n"
     "# A build refuses inputs that differ. Review the change, then rewrite with: python build.py lock\n"
+    f"{MODES_NOTE}\n"
 )
 SKIPPED_DIRS = frozenset({"__pycache__", ".git"})
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
@@ -36,6 +41,10 @@ class InputFile:
     size: int
     mode: int  # 0o755 or 0o644
 
+    @property
+    def executable(self) -> bool:
+        return self.mode == 0o755
+
 
 @dataclass(frozen=True, kw_only=True)
 class Source:
@@ -45,6 +54,7 @@ class Source:
     files: tuple[InputFile, ...]
     digest: str
     is_dir: bool
+    empty_folders: tuple[str, ...] = ()  # inside it, holding nothing baked: the image has files only
 
     def relative(self, f: InputFile) -> str:
         """A file's path inside this source (its name, for a single-file source)."""
@@ -65,6 +75,33 @@ def _inside(root: Path, path: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
+def real_path(path: Path, shown: str, where: str) -> Path:
+    """``path`` with every symlink followed; one that loops or leads nowhere is named as written,
+    not as Python's RuntimeError (3.11) or the missing target would name it. An empty ``shown``: the
+    file ``where`` names itself."""
+    what = f"{where}: '{shown}' is" if shown else f"{where}:"
+    try:
+        return path.resolve(strict=True)
+    except RuntimeError:
+        raise InputError(f"{what} a symlink loop; point it at a file") from None
+    except FileNotFoundError:
+        raise InputError(f"{what} a symlink that points nowhere; point it at a file or remove it") from None
+    except OSError as exc:
+        raise InputError(f"{what} unreadable ({exc.strerror})") from None
+
+
+def file_and_folder(paths: Iterable[str]) -> tuple[str, str] | None:
+    """Two of ``paths`` that no file system holds together, the first a file and a folder of the
+    second ('a/b' and 'a/b/c'); None when there are none."""
+    files = set(paths)
+    for path in sorted(files):
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in files:
+                return "/".join(parts[:i]), path
+    return None
+
+
 def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Source:
     """Hash the file or folder ``rel`` under ``root``; ``where`` names the YAML key for errors."""
     root = root.resolve()
@@ -74,7 +111,7 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
     path = root / rel
     if not os.path.lexists(path):
         raise InputError(f"{where}: source '{rel}' does not exist under {root}")
-    real = path.resolve()
+    real = real_path(path, rel, where)
     if not _inside(root, real):
         raise InputError(f"{where}: source '{rel}' resolves outside the project (to {real}); "
                          "symlinks must point inside it")
@@ -83,6 +120,7 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
     if want == "file" and not real.is_file():
         raise InputError(f"{where}: source '{rel}' must be a file")
     files: list[InputFile] = []
+    empty: list[str] = []
     if real.is_dir():
         try:  # os.walk recurses in Python 3.11: a tree 1000 folders deep ends it
             for dirpath, dirnames, filenames in os.walk(path):
@@ -91,9 +129,10 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
                     if os.path.islink(os.path.join(dirpath, d)):
                         shown = os.path.relpath(os.path.join(dirpath, d), root)
                         raise InputError(f"{where}: '{shown}' is a symlinked folder; copy it in instead")
-                for name in sorted(filenames):
-                    if name.endswith(SKIPPED_SUFFIXES):
-                        continue
+                kept = [name for name in sorted(filenames) if not name.endswith(SKIPPED_SUFFIXES)]
+                if not dirnames and not kept and dirpath != str(path):
+                    empty.append(os.path.relpath(dirpath, path).replace(os.sep, "/"))
+                for name in kept:
                     files.append(_input_file(root, Path(dirpath) / name, where))
         except RecursionError:
             raise InputError(f"{where}: source '{rel}' is nested too deeply; flatten it") from None
@@ -105,7 +144,7 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
     listing = "".join(f"{f.sha256}  {f.path[len(rel) + 1:] if real.is_dir() else Path(f.path).name}\n"
                       for f in files)
     return Source(path=rel, files=tuple(files), digest=hashlib.sha256(listing.encode()).hexdigest(),
-                  is_dir=real.is_dir())
+                  is_dir=real.is_dir(), empty_folders=tuple(sorted(empty)))
 
 
 def read_external(path: str, where: str) -> Source:
@@ -117,7 +156,7 @@ def read_external(path: str, where: str) -> Source:
         raise InputError(f"{where}: {path!r} must be an absolute path without '..'")
     if not os.path.lexists(real):
         raise InputError(f"{where}: {path} does not exist")
-    if not real.resolve().is_file():
+    if not real_path(real, path, where).is_file():
         raise InputError(f"{where}: {path} is not a regular file")
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in path):
         raise InputError(f"{where}: the file name {path!r} holds a control character or backslash; rename it")
@@ -141,7 +180,7 @@ def _input_file(root: Path, path: Path, where: str) -> InputFile:
     _check_utf8_name(rel, where)
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):
         raise InputError(f"{where}: the file name {rel!r} holds a control character or backslash; rename it")
-    real = path.resolve()
+    real = real_path(path, rel, where)
     if not _inside(root, real):
         raise InputError(f"{where}: '{rel}' is a symlink that points outside the project (to {real})")
     st = os.stat(real)
@@ -158,27 +197,48 @@ def _input_file(root: Path, path: Path, where: str) -> InputFile:
 LOCK_LIMIT = 64 << 20
 
 
-def read_lock(lock_path: Path, display: str) -> dict[str, str]:
-    """``{path: sha256}`` from a lock file; a missing lock is an empty one."""
+@dataclass(frozen=True, kw_only=True)
+class Lock:
+    """What ``inputs.lock`` pins: each input's sha256 and, unless the lock predates it, which are executable."""
+
+    digests: dict[str, str]
+    executable: frozenset[str] | None  # None: a lock without MODES_NOTE, written before modes were locked
+
+    def mode_differs(self, f: InputFile) -> bool:
+        """Whether ``f`` is (not) executable where the lock, recording modes, says otherwise."""
+        return self.executable is not None and f.path in self.digests and (f.path in self.executable) != f.executable
+
+
+def read_lock(lock_path: Path, display: str) -> Lock:
+    """The lock in ``lock_path``; a missing lock is an empty one."""
     if not os.path.lexists(lock_path):
-        return {}
-    real = lock_path.resolve()
+        return Lock(digests={}, executable=frozenset())
+    real = real_path(lock_path, "", display)
     if not real.is_relative_to(lock_path.parent.resolve()):  # its lines are quoted in errors: never read a file
         raise InputError(f"{display}: a symlink that points outside the profiles folder (to {real}); the lock "
                          "must live in the folder")
     text = read_small_text(lock_path, InputError, limit=LOCK_LIMIT)
-    return {e.name: e.sha256 for e in parse_sums(text, display, InputError, comments=True)}
+    entries = parse_sums(text, display, InputError, comments=True)
+    modes = MODES_NOTE in text.split("\n") or any(e.binary for e in entries)
+    return Lock(digests={e.name: e.sha256 for e in entries},
+                executable=frozenset(e.name for e in entries if e.binary) if modes else None)
 
 
 def render_lock(files: list[InputFile]) -> str:
-    return render_sums({f.path: f.sha256 for f in files}, LOCK_HEADER)
+    return render_sums({f.path: f.sha256 for f in files}, LOCK_HEADER,
+                       binary=frozenset(f.path for f in files if f.executable))
 
 
-def check_lock(files: list[InputFile], locked: dict[str, str], display: str,
+def _mode_word(executable: bool) -> str:
+    return "executable" if executable else "not executable"
+
+
+def check_lock(files: list[InputFile], lock: Lock, display: str,
                sources: tuple[str, ...] = (), command: str = "python build.py lock") -> None:
-    """Refuse inputs that are new, differ from the lock, or are locked under one of ``sources`` but
-    gone; name the first and count the rest."""
+    """Refuse inputs that are new, differ from the lock (in content or, when it records modes, in being
+    executable), or are locked under one of ``sources`` but gone; name the first and count the rest."""
     problems: list[str] = []
+    locked = lock.digests
     present = {f.path for f in files}
     for path in sorted(locked):
         under = any(path == src or path.startswith(src.rstrip("/") + "/") for src in sources)
@@ -191,6 +251,9 @@ def check_lock(files: list[InputFile], locked: dict[str, str], display: str,
         elif want != f.sha256:
             problems.append(f"input '{f.path}' differs from {display} "
                             f"(locked {want[:12]}, now {f.sha256[:12]})")
+        elif lock.mode_differs(f):
+            problems.append(f"input '{f.path}' differs from {display} in its mode (locked "
+                            f"{_mode_word(not f.executable)}, now {_mode_word(f.executable)})")
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(f"{problems[0]}{more}; review the change, then run: {command}")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .builder import BuiltImage, Image, image_platform, iso_time
 from .engine import Engine
-from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, VerificationError
+from .errors import ArchiveError, EngineError, InputError, LayerFormatError, UnibakeError, VerificationError
 from .files import read_small_text, write_atomic
 from .imagetar import (BLOCK, LayerRewriter, Member, locate, looks_like_layer, read_members, resolve, tar_header,
                        tar_padding)
@@ -148,6 +148,18 @@ def rewrite_into(engine_load: Callable, save: Callable[[], object], *, tag: str,
     return Rewrite(config=rewrite.config, diff_ids=rewrite.diff_ids, save_bytes=counted["bytes"])
 
 
+def refuse_a_rewritten_base_layer(index: int, raw: str, rewritten: str, base_diff_ids: tuple[str, ...],
+                                  owned: str) -> None:
+    """A layer of the base image that starts under ``owned`` is taken for one of ours and rewritten
+    (its times and owners): the base's layers would no longer be the image's first, and the release
+    would fail later as if the base had changed since the build. Said here, naming the cause. (A
+    rewrite that changed nothing is harmless.)"""
+    if index < len(base_diff_ids) and rewritten != raw:
+        raise InputError(f"layer {index + 1} of the base image ({base_diff_ids[index][:19]}...) starts under {owned}, "
+                         f"the folder unibake owns: its files would be rewritten like the release's own; build on a "
+                         f"base without {owned}")
+
+
 def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
             platform: Platform | None = None) -> tuple[Rewrite, tuple[str, ...], dict[str, str]]:
     """The new diffIDs and config, once every layer has passed."""
@@ -164,6 +176,8 @@ def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ..
         if i >= len(raw_diff_ids) or f"sha256:{member.content_sha256}" != raw_diff_ids[i]:
             raise ArchiveError(f"layer {i + 1} ({name}) of the save stream does not match the image's diffID")
         if isinstance(member.routed, RewrittenLayer):
+            refuse_a_rewritten_base_layer(i, f"sha256:{member.content_sha256}",
+                                          f"sha256:{member.routed.sha256.hexdigest()}", base_diff_ids, owned)
             diff_ids.append(f"sha256:{member.routed.sha256.hexdigest()}")
             out_names[name] = member.routed.out_name  # a duplicate saved as a link: the engine needs the file
             continue

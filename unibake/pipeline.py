@@ -16,13 +16,12 @@ and keeps every result frozen. The commands are selections of :data:`STAGES`:
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,15 +33,17 @@ from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
-from .errors import DiskFull, InputError, PipelineError, RoundTripUnavailable, UnibakeError, VerificationError
+from .files import unwritable_reason
+from .errors import (DiskFull, EngineError, InputError, PipelineError, RoundTripUnavailable, UnibakeError,
+                     VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
 from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
-from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, previous_release, publish, release_tag,
-                      render_files)
+from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, previous_release, publish,
+                      refuse_existing, release_tag, render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -248,6 +249,8 @@ def _plan(run: Run) -> tuple:
                      version=request.version, cwd=request.cwd, require_lock=request.require_lock,
                      allow=request.allow,
                      platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    for warning in plan.warnings:
+        run.reporter.warn(warning)
     if base is not None and plan.product != base.manifest.product:
         raise InputError(f"--from {request.base}: release {base.manifest.release} is of the product "
                          f"{base.manifest.product}, not {plan.product}; a hotfix is made on a release of its own product")
@@ -314,6 +317,8 @@ def _inspect(run: Run) -> tuple:
     metadata = ImageMetadata.from_labels(info.labels, ref)
     product = request.product or (metadata.product if metadata else None) or repo.rsplit("/", 1)[-1]
     release = check_tag(request.tag or release_tag(ref))
+    if not request.force:  # said now, not after the image is scanned (the folder stage says it again)
+        refuse_existing(request.out / release)
     image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                   platform=image_platform(info))
     return Target(product=product, release=release, ref=ref, metadata=metadata, base_image=None), image
@@ -329,15 +334,9 @@ def _folder(run: Run) -> tuple:
     # said now, before the build, the export and the gates run for nothing
     record = run.request.checksums
     # checked, not made: a run that fails leaves no empty checksums folder behind (publish makes it)
-    existing = record
-    while not os.path.lexists(existing) and existing.parent != existing:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not a folder); it "
-                           "sits beside --out")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UnibakeError(f"cannot write the checksums record folder {record} ({existing} is not writable); it "
-                           "sits beside --out")
+    problem = unwritable_reason(record, folder=True)
+    if problem:
+        raise UnibakeError(f"cannot write the checksums record folder {record} ({problem}); it sits beside --out")
     return _one(folder)
 
 
@@ -428,12 +427,13 @@ def _normalise(run: Run) -> tuple:
     return _one(image)
 
 
-def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None, str, str | None]:
+def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None, str, str | None, Path | None]:
     """The engine that never saw the image: the one --verify-engine names, a scratch dockerd, or
     (``seed``, the base image's ID) a scratch dockerd kept between runs that holds only the base
-    image. Its network namespace's PID, where it is, and the image it held (None: nothing) come with it."""
+    image. Its network namespace's PID, where it is, the image it held (None: nothing) and its data
+    folder (a scratch engine's) come with it."""
     if run.request.verify_engine:
-        return run.connect(run.request.verify_engine), None, run.request.verify_engine, None
+        return run.connect(run.request.verify_engine), None, run.request.verify_engine, None, None
     if seed is not None:
         try:
             seeded = run.stack.enter_context(SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
@@ -442,10 +442,31 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:
             run.after("smoke gates", seeded.stop_in_background)
-            return seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed
+            return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed,
+                    seeded.folder)
     scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
     run.after("smoke gates", scratch.stop_in_background)
-    return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}", None
+    return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}", None, scratch.folder
+
+
+@contextmanager
+def _scratch_room(engine: Engine | None, folder: Path | None, size: int | None):
+    """A scratch engine that runs out of room while it unpacks the image: said as the full folder
+    (the --scratch-dir), not as an engine refusal naming its socket. (The local engine's own refusal,
+    which names its own address, is left as it is.)"""
+    try:
+        yield
+    except EngineError as exc:
+        if folder is None or engine is None or "no space left on device" not in str(exc) \
+                or f"(engine at {engine.address})" not in str(exc):
+            raise
+        try:
+            free = f"{shutil.disk_usage(folder).free} bytes free"
+        except OSError:
+            free = "its free space unknown"
+        raise DiskFull(f"no space left in {folder.parent} (the round trip's scratch engine, {free}) while it "
+                       f"unpacked the image ({size or 'an unknown number of'} bytes; a load needs about twice that): "
+                       "free space or give --scratch-dir a folder on a bigger disk") from None
 
 
 def _seed_of(run: Run, base_image: str) -> str | None:
@@ -510,11 +531,11 @@ def _export(run: Run) -> tuple:
     target: Target = run["target"]
     base: HotfixBase | None = run.get("base")
     request = run.request
-    fresh = netns_pid = held = None
+    fresh = netns_pid = held = room = None
     if request.roundtrip:
         if base is not None:
             _check_base_archive(base)
-        fresh, netns_pid, where, held = _fresh_engine(run, _seed_of(run, plan.base_image))
+        fresh, netns_pid, where, held, room = _fresh_engine(run, _seed_of(run, plan.base_image))
         run.reporter.info(f"    loading into {where}" + (" (the previous release during the pass, the hotfix after)"
                                                          if base else " as the save stream is read"))
     name = f"{target.product}-{target.release}.tar.zst"
@@ -525,7 +546,7 @@ def _export(run: Run) -> tuple:
     held_before = preload is not None and fresh.inspect_image(base.manifest.image_id) is not None
     loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
     try:
-        with run.reporter.progress("export", built.size or None) as advance:
+        with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
             try:
                 done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
                                    owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
@@ -536,7 +557,8 @@ def _export(run: Run) -> tuple:
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
-            loading.result()  # its error, if the base release did not load
+            with _scratch_room(fresh, room, built.size):
+                loading.result()  # its error, if the base release did not load
             _forget_base_after(run, fresh, base, held_before)
     finally:
         if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it
@@ -552,7 +574,8 @@ def _export(run: Run) -> tuple:
     elif base is None:
         proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
     else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
-        trip, back = round_trip(archive, fresh)
+        with _scratch_room(fresh, room, archive.uncompressed_bytes):
+            trip, back = round_trip(archive, fresh)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
     if request.verify_engine and fresh is not None:
@@ -610,10 +633,11 @@ def _read_back(run: Run) -> tuple:
         return _one(Proof(back=back, round_trip=None, skipped=why))
     if base is not None:
         _check_base_archive(base)
-    engine, netns_pid, where, _ = _fresh_engine(run)
+    engine, netns_pid, where, _, room = _fresh_engine(run)
     run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
     held_before = base is not None and engine.inspect_image(base.manifest.image_id) is not None
-    with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance:
+    with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
+            _scratch_room(engine, room, archive.uncompressed_bytes):
         trip, back = round_trip(archive, engine, base=(base.folder, base.archive_files) if base else None,
                                 progress=advance)
     if base is not None:

@@ -6,15 +6,16 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import os
 import posixpath
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
-from .inputs import LOCK_FILE, InputFile, Source, check_lock, read_external, read_lock, read_source
+from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, read_external, read_lock,
+                     read_source)
 from .metadata import Component
 from .notes import Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
@@ -22,9 +23,10 @@ from .prebuilt import SO_RE, Prebuilt, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
-from .sanitise import enforce, scan_values
+from .sanitise import check_allow, enforce, scan_values
 from .templates import mount_var
-from .schema import RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, VERSION_RE, default_of
+from .schema import (RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
+                     default_of)
 
 INSTALL_ROOT = "/opt/unibake"
 
@@ -227,6 +229,18 @@ class ReleasePlan:
         return {k: v for k, v in first.items() if all(r.get(k) == v for r in rest)}
 
     @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the build will do that the sources may not expect: one line per source."""
+        out = []
+        for src in {s.path: s for s in _sources(self.engine, self.kernels, self.overlays, self.profiles)}.values():
+            if src.empty_folders:  # git keeps none either: a fresh checkout would build the same image
+                n = len(src.empty_folders)
+                shown = ", ".join(f"'{f}'" for f in src.empty_folders[:3]) + (f" and {n - 3} more" if n > 3 else "")
+                out.append(f"{src.path}: {_count(n, 'empty folder')} ({shown}) not in the image, which gets files "
+                           "only; put a file in one the engine needs")
+        return tuple(out)
+
+    @property
     def components(self) -> tuple[Component, ...]:
         out = [Component(kind="engine", name=self.engine.name, version=self.engine.version,
                          digest=self.engine.source.digest)]
@@ -260,8 +274,14 @@ def _count(n: int, noun: str) -> str:
 
 
 def display_path(path: Path, cwd: Path) -> str:
+    """``path`` relative to ``cwd`` when under it; its last part as named (a lock that is a symlink is
+    shown as the lock, not as the file it leads to, and one that loops is shown at all)."""
+    if path.name not in ("", ".", ".."):
+        path = path.parent.resolve() / path.name
+    else:
+        path = path.resolve()
     try:
-        return str(path.resolve().relative_to(cwd.resolve()))
+        return str(path.relative_to(cwd.resolve()))
     except ValueError:
         return str(path)
 
@@ -276,6 +296,26 @@ def select_profiles(requested: list[str], known: list[str]) -> list[str]:
         if name not in known:
             raise InputError(f"unknown profile '{name}' (--profile); known: {', '.join(sorted(known))}")
     return sorted(set(requested))
+
+
+def _same_suffix(selected: list[str], known: list[str]) -> list[str] | None:
+    """Another selection of ``known`` profiles whose names joined by '-' spell the same tag suffix as
+    ``selected``'s ('a' + 'b-c' and 'a-b' + 'c'), or None. Every profile is no suffix: never another."""
+    parts = "-".join(selected).split("-")
+    names = set(known)
+
+    def walk(start: int, chosen: list[str]) -> list[str] | None:
+        if start == len(parts):
+            return chosen if chosen not in (selected, known) else None
+        for end in range(start + 1, len(parts) + 1):
+            name = "-".join(parts[start:end])
+            if name in names and (not chosen or name > chosen[-1]):  # a selection is sorted, each name once
+                found = walk(end, [*chosen, name])
+                if found is not None:
+                    return found
+        return None
+
+    return walk(0, [])
 
 
 def product_platforms(config_dir: Path, cwd: Path | None = None) -> tuple[Platform, ...]:
@@ -335,6 +375,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p), engine_files)
                      for i, o in enumerate(data.get("overlays", [])))
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
+    # one overlay's file where another's (or the engine's) folder goes: the build's COPY cannot make both
+    owners = {rel: "the engine" for rel in engine_files}
+    for i, o in enumerate(overlays):
+        owners.update({rel: f"overlay '{o.name}' ({where(('overlays', i))})" for rel, _ in o.files()})
+    clash = file_and_folder(owners)
+    if clash:
+        file, inner = clash
+        raise InputError(f"{owners[inner]} puts engine/{inner}, so engine/{file} must be a folder, but "
+                         f"{owners[file]} puts a file there; change one of their targets")
     chosen = [_profile(root, merged[name], builder, platform) for name in selected]
 
     default = data["default_profile"]
@@ -359,19 +408,20 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         _check_env_key(key, where(("env", key)))
     allow_yaml = tuple(data.get("sanitise", {}).get("allow", []))
     for i, pattern in enumerate(allow_yaml):
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise InputError(f"{where(('sanitise', 'allow', i))}: sanitise.allow[{i}] is not a regular "
-                             f"expression: {exc}") from None
+        check_allow(pattern, f"{where(('sanitise', 'allow', i))}: sanitise.allow[{i}]")
     _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml)
     launch = data.get("launch", {})
     _check_mounts(launch.get("mounts", {}), lambda name: where(("launch", "mounts", name)))
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
-    if len(selected) > 1 and "-".join(selected) in merged:
-        raise InputError(f"{merged['-'.join(selected)].file}: the profile '{'-'.join(selected)}' would share the tag "
-                         f"{data['product']}:{version}{tag_suffix}{platform.suffix} with the profiles "
-                         f"{', '.join(selected)} built together; rename it")
+    other = _same_suffix(selected, sorted(merged)) if tag_suffix else None
+    if other is not None:
+        shared = f"{data['product']}:{version}{tag_suffix}{platform.suffix}"
+        single, several = (other, selected) if len(other) == 1 else (selected, other)
+        if len(single) == 1:
+            raise InputError(f"{merged[single[0]].file}: the profile '{single[0]}' would share the tag {shared} with "
+                             f"the profiles {', '.join(several)} built together; rename it")
+        raise InputError(f"--profile {' --profile '.join(selected)} would share the tag {shared} (and its release "
+                         f"folder) with --profile {' --profile '.join(other)}; rename one of these profiles")
     # the tag is VERSION[-PROFILES][-ARCH]: a version that ends as a selection or a platform does would
     # share its tag and release folder with another build (1.3.1-tp1 for every profile, and 1.3.1 for tp1)
     for ending in sorted(merged) + sorted(p.architecture for p in PLATFORMS.values() if p.suffix):
@@ -403,16 +453,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         # the command as it must be typed here: without --config it would lock ./profiles instead
         lock_command = "python build.py lock" + ("" if config_display == "profiles" else
                                                   f" --config {shlex.quote(config_display)}")
-        if lock_path.exists() or require_lock:
-            if not lock_path.exists():
+        # lexists: a lock that is a broken or looping link is named by read_lock, not taken for none
+        if os.path.lexists(lock_path) or require_lock:
+            if not os.path.lexists(lock_path):
                 raise InputError(f"{lock_display}: the inputs lock is missing; create it with: {lock_command}")
-            sources = [engine.source.path] + [f.path for f in inputs if f.path.startswith("/")]
-            sources += [k.source.path for k in kernels if k.source] + [o.source.path for o in overlays]
-            sources += [k.source.path for p in chosen for k in p.sidecars if k.source]
-            sources += [p.tune.source.path for p in chosen if p.tune]
+            sources = [s.path for s in _sources(engine, kernels, overlays, chosen)]
+            sources += [f.path for f in inputs if f.path.startswith("/")]
             check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources), lock_command)
 
-    return ReleasePlan(
+    plan = ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
         base_image=base_image, builder_image=builder if uses_builder else None,
@@ -428,6 +477,32 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         sanitise_allow=allow_yaml, base_name=base_name, patches=patches, patched=patched, notes=notes,
         platform=platform,
     )
+    _check_component_labels(plan.components)
+    return plan
+
+
+def _sources(engine, kernels, overlays, profiles) -> list[Source]:
+    """The folders and files baked from the product: the engine, kernels, overlays, sidecars, tune caches."""
+    out = [engine.source] + [k.source for k in kernels if k.source] + [o.source for o in overlays]
+    out += [k.source for p in profiles for k in p.sidecars if k.source]
+    return out + [p.tune.source for p in profiles if p.tune]
+
+
+def _check_component_labels(components: tuple[Component, ...]) -> None:
+    """Each component is one image label; its key joins profile and name with '.', which both may hold
+    ('tp1' + 'x.y' and 'tp1.x' + 'y'), so two could share one key and one would be lost. Released
+    images and verifiers read the keys as they are: the collision is refused, the format kept."""
+    seen: dict[str, Component] = {}
+    for c in components:
+        key = c.label[0]
+        if key in seen:
+            raise InputError(f"{_described(seen[key])} and {_described(c)} would both be recorded in the image "
+                             f"label {key}, so one would be lost; rename one of them")
+        seen[key] = c
+
+
+def _described(c: Component) -> str:
+    return f"the {c.kind.replace('_', ' ')} '{c.name}'" + (f" of the profile '{c.profile}'" if c.profile else "")
 
 
 def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[str, ...]) -> None:
@@ -467,7 +542,7 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         rel = data["platforms"][platform.name] if len(key) == 2 else data["prebuilt"]
         source = read_external(rel, where(key)) if rel.startswith("/") else \
             read_source(root, rel, where(key), want="file")
-        prebuilt = read_prebuilt(source.files[0], where(key))
+        prebuilt = read_prebuilt(source.files[0], where(key), platform.machine)
         found = {m.path for m in prebuilt.members}
         for i, out in enumerate(outputs):
             if out not in found:
@@ -628,6 +703,13 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     dev = d.get("devices", {})
     devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
-    return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=_topology(d, m.where),
+    topology = _topology(d, m.where)
+    if topology.nodes > 1:
+        for key in d.get("env", {}):
+            if key in TOPOLOGY_ENV:
+                raise InputError(f"{m.where(('env', key))}: env key '{key}' would never take effect: on "
+                                 f"{topology.nodes} nodes it is set from topology: (use {TOPOLOGY_ENV[key]}); "
+                                 "remove it")
+    return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
                    sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where))

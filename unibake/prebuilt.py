@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .errors import InputError
-from .inputs import InputFile
+from .inputs import InputFile, file_and_folder
 
 SO_RE = re.compile(r"\.so(?:\.[0-9]+)*$")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
@@ -86,13 +86,36 @@ def _digest(stream: BinaryIO) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def read_prebuilt(file: InputFile, where: str) -> Prebuilt:
-    """List and hash what ``file`` unpacks to; InputError naming ``where`` for anything unsafe."""
+# ELF e_machine values, as uname -m names them (Platform.machine)
+ELF_MACHINES = {3: "i386", 8: "mips", 20: "ppc", 21: "ppc64", 22: "s390x", 40: "arm", 62: "x86_64", 183: "aarch64",
+                243: "riscv64", 258: "loongarch64"}
+
+
+def _check_elf(file: InputFile, where: str, machine: str) -> None:
+    """A prebuilt .so must be an ELF file for ``machine``: else the image only fails once built, with the
+    loader's 'cannot open shared object file'."""
+    with open(file.absolute, "rb") as fh:
+        head = fh.read(20)
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] not in (1, 2):
+        raise InputError(f"{where}: prebuilt {file.path} is not an ELF shared library (it does not start as one); "
+                         "give the library itself")
+    found = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+    name = ELF_MACHINES.get(found, f"ELF machine {found}")
+    if name != machine:
+        raise InputError(f"{where}: prebuilt {file.path} is built for {name}, not for {machine}, the platform's "
+                         "architecture; give that platform's build (a kernel's platforms: names one per platform)")
+
+
+def read_prebuilt(file: InputFile, where: str, machine: str | None = None) -> Prebuilt:
+    """List and hash what ``file`` unpacks to; InputError naming ``where`` for anything unsafe. A
+    ``.so`` must be an ELF library for ``machine`` (``uname -m``'s name) when one is given."""
     kind = kind_of(file.path)
     if kind is None:
         raise InputError(f"{where}: prebuilt {file.path!r} is not a .so, a tarball ({', '.join(TAR_SUFFIXES)}) "
                          f"or a wheel (.whl, .zip)")
     if kind == "so":
+        if machine is not None:
+            _check_elf(file, where, machine)
         name = posixpath.basename(file.path)
         return Prebuilt(file=file, kind=kind, members=(Member(path=name, source=name, sha256=file.sha256,
                                                                size=file.size, mode=file.mode),))
@@ -102,6 +125,10 @@ def read_prebuilt(file: InputFile, where: str) -> Prebuilt:
         raise InputError(f"{where}: prebuilt {file.path} is not a readable {kind} archive: {exc}") from None
     if not members:
         raise InputError(f"{where}: prebuilt {file.path} holds no files")
+    clash = file_and_folder(m.path for m in members)
+    if clash:  # unpacked, one would replace the other (or the build fail): refused, as a name given twice is
+        raise InputError(f"{where}: prebuilt {file.path} holds both the file {clash[0]!r} and {clash[1]!r} inside "
+                         "it, as if it were a folder")
     return Prebuilt(file=file, kind=kind, members=tuple(sorted(members, key=lambda m: m.path)))
 
 

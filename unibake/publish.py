@@ -83,6 +83,13 @@ def held_signals():
             signal.raise_signal(pending[0])
 
 
+def refuse_existing(final: Path) -> None:
+    """InputError when the release folder ``final`` exists (a run without ``--force``)."""
+    if os.path.lexists(final):
+        raise InputError(f"release {final} already exists; use --force to replace it, or another release name "
+                         "(--version; for archive, --tag)")
+
+
 class ReleaseFolder:
     """``<out>/<tag>/``, staged and locked; a context manager that never leaves a half release."""
 
@@ -97,6 +104,8 @@ class ReleaseFolder:
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             lock = open(self.out / f".{self.tag}.lock", "a+")
+        except (FileExistsError, NotADirectoryError):  # --out (or a folder above it) is a file: a bad argument
+            raise InputError(f"--out {self.out}: not a folder (a file of that name, or above it, exists)") from None
         except OSError as exc:
             raise UnibakeError(f"cannot use the release folder {self.out}: {exc.strerror}") from None
         try:
@@ -120,8 +129,7 @@ class ReleaseFolder:
                 from None
         if self.final.exists() and not self.force:
             self._unlock()
-            raise InputError(f"release {self.final} already exists; use --force to replace it, or another release name "
-                             "(--version; for archive, --tag)")
+            refuse_existing(self.final)
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir()
         return self

@@ -251,7 +251,7 @@ class RegistryClient:
 
     def __init__(self, ref: Reference, *, credentials: Credentials | None, ca_file: Path | None,
                  retry: Retry = Retry(), on_retry: Callable[[str], None] = lambda line: None, push: bool = False):
-        self.ref, self.credentials, self.retry, self.on_retry = ref, credentials, retry, on_retry
+        self.ref, self.credentials, self.retry, self.on_retry, self.push = ref, credentials, retry, on_retry, push
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
@@ -282,10 +282,12 @@ class RegistryClient:
                 if reason is None:
                     raise self._translate(exc, what) from None
                 if attempt == retry.attempts:
+                    # a pull or a deploy neither records nor uploads anything: its own words
+                    after = ("nothing was recorded in the release; run the command again when the registry is "
+                             "back (blobs already there are not uploaded again)") if self.push else \
+                        ("nothing was pulled, tagged or changed; run the command again when the registry is back")
                     raise RegistryError(f"the registry {self.ref.host} did not answer while {what} ({reason}) after "
-                                        f"{retry.attempts} attempts; nothing was recorded in the release; run the "
-                                        "command again when the registry is back (blobs already there are not "
-                                        "uploaded again)") from None
+                                        f"{retry.attempts} attempts; {after}") from None
                 wait = min(retry.delay * 2 ** (attempt - 1), retry.max_delay)
                 self.on_retry(f"{self.ref.host}: {what}: {reason}; retrying in {wait:g} s "
                               f"(attempt {attempt + 1} of {retry.attempts})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tarfile
 from dataclasses import dataclass
@@ -272,13 +273,29 @@ def render(plan: ReleasePlan) -> BuildContext:
         # not by the engine after the plan, the render and the context were all made
         raise InputError(f"the Dockerfile of {plan.tag} would hold a line of {len(longest.encode())} bytes (the label "
                          f"{METADATA_LABEL}, which grows with each profile and kernel); the engine refuses lines of "
-                         f"{DOCKERFILE_LINE_LIMIT} bytes or more: release fewer profiles at once (--profile)")
+                         f"{DOCKERFILE_LINE_LIMIT} bytes or more: " + (
+                             "release fewer profiles at once (--profile)" if len(plan.profiles) > 1
+                             else _largest_part(metadata)))
     files["Dockerfile"] = ContextFile(name="Dockerfile", mode=0o644, sha256=_sha(dockerfile.encode()),
                                       data=dockerfile.encode())
     return BuildContext(tag=plan.tag, selection=selection_name(plan), dockerfile=dockerfile,
                         entrypoint=entrypoint, self_check=self_check,
                         files=tuple(files[n] for n in sorted(files)), baked=tuple(sorted(baked.items())),
                         metadata=metadata)
+
+
+PART_NAMES = {"smoke": "smoke prompts and expected replies", "env": "env", "args": "args", "kernels": "kernels",
+              "sidecars": "sidecars"}
+
+
+def _largest_part(metadata: ImageMetadata) -> str:
+    """Where to shorten a label that holds one profile: its largest part (fewer profiles would not help)."""
+    document = json.loads(metadata.to_json())
+    parts = {f"profile {name}'s {PART_NAMES.get(key, key)}": value
+             for name, profile in document.get("profiles", {}).items() for key, value in profile.items()}
+    parts.update({f"the {key}": value for key, value in document.items() if key != "profiles"})
+    name, value = max(parts.items(), key=lambda item: len(json.dumps(item[1])))
+    return f"shorten {name}, the largest part of it ({len(json.dumps(value))} bytes)"
 
 
 def _md5(f: InputFile) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UnibakeError, VerificationError
+from .errors import InputError, UnibakeError, VerificationError
 from .files import read_small_text, write_atomic
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
@@ -200,18 +200,16 @@ def _grep_offsets(path: Path, patterns: str) -> list[int] | None:
     return offsets
 
 
-def scan_file(path: Path, where: str, identity: tuple[str, ...] = (), offsets: list[int] | None = None,
-              whole: bool = False) -> list[Finding]:
+def scan_file(path: Path, where: str, identity: tuple[str, ...] = ()) -> list[Finding]:
     """A file of the build context, whole and as bytes: small ones read at once (findings with line
     numbers), big ones read around the anchors grep found (findings with byte offsets), each stretch
-    once; ``whole`` (or a file grep could not bound) read in chunks from end to end."""
+    once; a file grep could not bound read in chunks from end to end."""
     path = Path(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size <= TEXT_LIMIT:
             return scan_bytes(fh.read(), where, identity=identity)
-        if offsets is None and not whole:
-            offsets = _anchor_offsets([path], _all_anchors(identity))[path]
+        offsets = _anchor_offsets([path], _all_anchors(identity))[path]
         spans = [(0, size)] if offsets is None else _merged((max(0, at - WINDOW), at + WINDOW + 64) for at in offsets)
         findings, seen = [], set()
         for lo, hi in spans:
@@ -281,6 +279,26 @@ def scan_added(engine, image: str, base: str | None, identity: tuple[str, ...]) 
     return scan_image(env, labels, history, f"image config of {image}", identity)
 
 
+def check_allow(pattern: str, where: str) -> None:
+    """An allow pattern (``--allow``, ``sanitise.allow``), refused when it is not a regular expression
+    or matches an empty value: such a pattern (``''``, ``.*``, ``x?``, an unset CI variable) is
+    found in every value, so it would let every finding through."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise InputError(f"{where} {pattern[:80]!r} is not a regular expression: {exc}") from None
+    if compiled.search("") is not None:
+        raise InputError(f"{where} {pattern[:80]!r} matches an empty value, so it would let every value through the "
+                         "sanitisation gate; write what the deliberate value looks like, e.g. '^hf_A.*Ij$'")
+    # no secret the gate finds is one character long: a pattern one matches ('.', '\w', '[a-z]') is
+    # found in almost every value
+    one = next((c for c in "xZ0_-/ " if compiled.search(c)), None)
+    if one is not None:
+        raise InputError(f"{where} {pattern[:80]!r} matches the one-character value {one!r}, so it would let almost "
+                         "every value through the sanitisation gate; write what the deliberate value looks like, "
+                         "e.g. '^hf_A.*Ij$'")
+
+
 def allowed(findings: list[Finding], allow: Iterable[str]) -> list[Finding]:
     patterns = [re.compile(p) for p in allow]
     return [f for f in findings if not any(p.search(f.value) for p in patterns)]
@@ -315,11 +333,8 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
             findings += [Finding(where=where, kind=k, value=v) for k, v in remembered]
             continue
         todo.append((where, Path(content), memo))
-    big = [path for _, path, _ in todo if path.stat().st_size > TEXT_LIMIT]
-    offsets = _anchor_offsets(big, _all_anchors(identity))
     for where, path, memo in todo:
-        found = scan_file(path, where, identity=identity, offsets=offsets.get(path),
-                          whole=path in offsets and offsets[path] is None)
+        found = scan_file(path, where, identity=identity)
         findings += found
         if memo is not None and _cache_folder(memo.parent):
             write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]))

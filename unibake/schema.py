@@ -64,6 +64,10 @@ RESERVED_LABEL_PREFIXES = ("org.opencontainers.image.", "io.unibake.")
 RESERVED_ENV = frozenset({"PROFILE", "PORT", "MODEL_NAME", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH",
                           "PYTHONDONTWRITEBYTECODE", "HOME", "HOSTNAME"})
 RESERVED_ENV_PREFIX = "UNIBAKE_"
+# Set from topology: on a profile of several nodes (run.sh passes them per node, the entrypoint
+# defaults them first), so a value in env would never take effect; a single-node profile sets neither.
+TOPOLOGY_ENV = {"NNODES": "topology.nodes", "NODE_RANK": "run.sh's NODE_RANK on each node",
+                "MASTER_ADDR": "run.sh's MASTER_ADDR on each node", "MASTER_PORT": "topology.master_port"}
 # A command word or argument of the engine: printable, no control characters.
 MAX_VALUE_LEN = 4096
 MAX_GPUS = 1024

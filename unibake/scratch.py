@@ -34,7 +34,7 @@ from pathlib import Path
 import docker
 import requests
 
-from .docker_engine import DockerEngine
+from .docker_engine import TIMEOUT, DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
 from .schema import IMAGE_ID_RE
 from .threads import counted
@@ -48,6 +48,7 @@ _SEED_CONTENTS = frozenset({"root", "dockerd.log", SEEDED_MARK})  # all a seeded
 SEEDS_KEPT = 2  # seeded engines kept per scratch folder (each holds a copy of one base image)
 RUNTIME_PREFIX = "ubx-"
 START_TIMEOUT = 90
+PROBE_TIMEOUT = 5  # one readiness probe of a starting scratch dockerd
 STOP_TIMEOUT = 30
 # What a scratch engine runs: only processes of these executables, of this user, whose arguments
 # name one of its folders, are ever stopped; a file in a folder (which anyone may have planted) is
@@ -414,8 +415,11 @@ class ScratchEngine:
                 raise RoundTripUnavailable(f"the scratch dockerd exited at start ({self._log_tail()})")
             if sock.exists():
                 try:
-                    engine = DockerEngine(f"unix://{sock}")
+                    # each probe bounded: a dockerd whose socket accepts but never answers would
+                    # otherwise hold the first request for the client's hour-long timeout
+                    engine = DockerEngine(f"unix://{sock}", timeout=PROBE_TIMEOUT)
                     engine.version()
+                    engine.api.timeout = TIMEOUT  # the loads and runs to come may take long
                     self.engine = engine
                     return
                 except EngineError:
@@ -445,10 +449,17 @@ class ScratchEngine:
             self._stopping.start()
 
     def __exit__(self, *exc) -> None:
+        interrupted = None
         if self._stopping is not None:
-            self._stopping.join()
+            while self._stopping.is_alive():
+                try:
+                    self._stopping.join()
+                except KeyboardInterrupt as stop:  # Ctrl-C while it stops: the clean-up still runs to its end
+                    interrupted = stop
             self._stopping = None
         self._stop_all()
+        if interrupted is not None:
+            raise interrupted
 
     def _stop_all(self) -> None:
         self._stop_daemon()

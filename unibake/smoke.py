@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -23,26 +22,41 @@ from .engine import ContainerStatus, Engine
 from .errors import EngineError
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
+from .smoke_client import MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
 RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
 
 
-def reply_matches(reply: str, check: SmokePrompt) -> bool:
-    """Whether ``reply`` is what ``check`` expects (no expectation: any reply)."""
-    if check.expect is None:
-        return True
+REGEX_SECONDS = 10.0  # a regex against a reply of at most 1 MiB: far longer than any match that ends takes
+# the match, in a child process that can be stopped: ``re`` cannot be interrupted, and patterns the
+# plan accepts (.* a .* b .*) still backtrack polynomially, minutes on a long wrong reply
+_MATCH = "import json, re, sys; p, t = json.load(sys.stdin); print(re.fullmatch(p, t) is not None)"
+
+
+def _regex_mismatch(pattern: str, text: str) -> str | None:
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _MATCH], input=json.dumps([pattern, text]),
+                              capture_output=True, text=True, timeout=REGEX_SECONDS)
+    except subprocess.TimeoutExpired:
+        return (f"the regular expression {pattern[:80]!r} took longer than {REGEX_SECONDS:g} s on a reply of "
+                f"{len(text.encode())} bytes (write it with fewer unbounded repeats like .*)")
+    if done.returncode != 0 or done.stdout.strip() not in ("True", "False"):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the regular expression {pattern[:80]!r} could not be matched: {tail[:200]}"
+    return None if done.stdout.strip() == "True" else f"expected a reply matching {pattern!r}"
+
+
+def mismatch(reply: str, check: SmokePrompt) -> str | None:
+    """Why ``reply`` is not what ``check`` expects; None when it is (no expectation: any non-empty reply)."""
     text = reply.strip()
+    if check.expect is None:  # as a blank expectation is refused: an engine that answers nothing fails
+        return None if text else "expected a non-empty reply"
     if check.match == "exact":
-        return text == check.expect.strip()
+        return None if text == check.expect.strip() else f"expected exactly {check.expect!r}"
     if check.match == "contains":
-        return check.expect in reply
-    return re.fullmatch(check.expect, text) is not None
-
-
-def _expected(check: SmokePrompt) -> str:
-    return {"exact": f"exactly {check.expect!r}", "contains": f"{check.expect!r} in the reply",
-            "regex": f"a reply matching {check.expect!r}"}[check.match]
+        return None if check.expect in reply else f"expected {check.expect!r} in the reply"
+    return _regex_mismatch(check.expect, text)
 
 
 def _probe_command(url: str, prompts: list[str], model: str, timeout: int, netns_pid: int | None) -> list[str]:
@@ -123,7 +137,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
     # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
     # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
-    limit = timeout + len(checks) * max(5.0, timeout) + PROBE_MARGIN
+    limit = timeout + len(checks) * max(MIN_WAIT, timeout) + PROBE_MARGIN
     while True:
         try:
             out, err = probe.communicate(timeout=0.2)
@@ -149,7 +163,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                               detail=f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"))
         return False
     steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
-                          detail=json.dumps(health["body"], sort_keys=True)))
+                          detail=health["body"]))
     for n, (want, got) in enumerate(zip(checks, answer.get("chats") or []), 1):
         which = f"prompt {n} of {len(checks)}: " if len(checks) > 1 else ""
         if "reply" not in got:
@@ -158,10 +172,11 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
             steps.append(GateStep(name="chat", passed=False, seconds=got.get("seconds", 0.0),
                                   detail=f"{which}{got.get('error')}"))
             continue
-        ok = reply_matches(got["reply"], want)
+        why = mismatch(got["reply"], want)
+        ok = why is None
         chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply=got["reply"][:4096],
                                passed=ok, seconds=got["seconds"]))
-        detail = got["reply"][:300] if ok else f"{which}expected {_expected(want)}, got {got['reply'][:300]!r}"
+        detail = got["reply"][:300] if ok else f"{which}{why}, got {got['reply'][:300]!r}"
         steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
     return True
 

@@ -5,6 +5,7 @@ and prints one JSON object with what it saw and how long each step took. Standar
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import time
@@ -13,6 +14,19 @@ import urllib.request
 
 
 MAX_BODY = 1 << 20  # a reply or health body larger than this is not an answer to a smoke prompt
+MIN_WAIT = 5.0  # seconds: the least any prompt is given, however short the profile's timeout
+# what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
+# broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
+ENGINE_FAULTS = (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException, RecursionError)
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in a line: the engine's reply is the input here, so no traceback."""
+    if isinstance(exc, RecursionError):
+        return "the JSON body is nested too deeply"
+    if isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
+        return f"not a well-formed HTTP reply ({type(exc).__name__}: {str(exc)[:200]!r})"
+    return str(getattr(exc, "reason", exc))
 
 
 def _json_body(response) -> object:
@@ -27,21 +41,22 @@ def _json_body(response) -> object:
 
 
 def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
-    """One chat completion: its reply and how long it took, or what went wrong."""
+    """One chat completion: its reply and how long it took, or what went wrong. ``timeout`` bounds
+    each wait on the engine (at least MIN_WAIT)."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": 64, "temperature": 0}).encode()
     request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=max(5.0, timeout)) as response:
+        with urllib.request.urlopen(request, timeout=max(MIN_WAIT, timeout)) as response:
             reply = _json_body(response)
         content = reply["choices"][0]["message"]["content"]
         if not isinstance(content, str):
             raise TypeError(f"the reply's content is {type(content).__name__}, not text")
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        return {"error": f"the chat completion failed: {exc}", "seconds": round(time.monotonic() - start, 3)}
+    except ENGINE_FAULTS as exc:
+        return {"error": f"the chat completion failed: {_why(exc)}", "seconds": round(time.monotonic() - start, 3)}
 
 
 def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> dict:
@@ -52,17 +67,20 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> d
     while True:
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=3) as response:
-                result["health"] = {"status": response.status, "body": _json_body(response),
+                # the body as text: nested JSON the parser here just read could be one level too deep
+                # for the gate's parser, which reads it wrapped in this result
+                body = json.dumps(_json_body(response), sort_keys=True)
+                result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
             break
-        except (OSError, ValueError) as exc:
-            last_error = str(getattr(exc, "reason", exc))
+        except ENGINE_FAULTS as exc:  # an engine still loading may answer anything: asked again until the timeout
+            last_error = _why(exc)
             if time.monotonic() > deadline:
                 result["error"] = f"/health did not answer within {timeout:.0f} s ({last_error})"
                 return result
             time.sleep(0.25)
-    for prompt in prompts:
-        result["chats"].append(chat(base_url, prompt, model, deadline - time.monotonic()))
+    for prompt in prompts:  # each its own bound (what the gate allows it), however late /health answered
+        result["chats"].append(chat(base_url, prompt, model, timeout))
     return result
 
 

@@ -24,6 +24,7 @@ class SumsEntry:
     name: str
     sha256: str  # lower-case hex
     line: int
+    binary: bool = False  # 'HASH *NAME': sha256sum's binary mode (the same bytes on Linux)
 
 
 def parse_sums(text: str, where: str, error: type[UnibakeError], *, comments: bool = False) -> tuple[SumsEntry, ...]:
@@ -44,8 +45,9 @@ def parse_sums(text: str, where: str, error: type[UnibakeError], *, comments: bo
         if line.startswith("\\"):
             raise error(f"{where}:{n}: an escaped file name (backslash or newline in a name) is not accepted")
         gnu, bsd = GNU_RE.match(line), BSD_RE.match(line)
+        binary = False
         if gnu:
-            digest, name = gnu.group(1), gnu.group(3)
+            digest, name, binary = gnu.group(1), gnu.group(3), gnu.group(2) == "*"
         elif bsd:
             name, digest = bsd.group(1), bsd.group(2)
         else:
@@ -53,13 +55,14 @@ def parse_sums(text: str, where: str, error: type[UnibakeError], *, comments: bo
         if name in seen:
             raise error(f"{where}:{n}: {name!r} is listed twice (first on line {seen[name]})")
         seen[name] = n
-        entries.append(SumsEntry(name=name, sha256=digest.lower(), line=n))
+        entries.append(SumsEntry(name=name, sha256=digest.lower(), line=n, binary=binary))
     return tuple(entries)
 
 
-def render_sums(digests: Mapping[str, str], header: str = "") -> str:
-    """``HASH  NAME`` lines sorted by name, after ``header``; names never hold a newline or backslash."""
+def render_sums(digests: Mapping[str, str], header: str = "", binary: frozenset[str] = frozenset()) -> str:
+    """``HASH  NAME`` lines sorted by name, after ``header`` (``HASH *NAME`` for the names in ``binary``);
+    names never hold a newline or backslash."""
     for name in digests:
         if "\n" in name or "\\" in name or not name:
             raise ValueError(f"cannot write {name!r} in the sha256sum format")
-    return header + "".join(f"{digests[name]}  {name}\n" for name in sorted(digests))
+    return header + "".join(f"{digests[name]} {'*' if name in binary else ' '}{name}\n" for name in sorted(digests))

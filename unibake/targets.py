@@ -18,6 +18,7 @@ from .engine import Engine
 from .errors import InputError
 from .pipeline import Connect, Request, Results, Stage, run_stages
 from .plan import ReleasePlan
+from .schema import TOPOLOGY_ENV
 from .platforms import Platform
 
 
@@ -38,6 +39,28 @@ def check_base(engine: Engine, plan: ReleasePlan) -> None:
         raise InputError(f"the base image {plan.base_image} carries unibake's own labels ({', '.join(ours)[:200]}): "
                          "they would pass into the release as if unibake had set them; build on an image without "
                          "them (a released image is not a base: use hotfix --from for a release on a release)")
+    # the entrypoint sets PROFILE and each profile's own env only where the container's environment
+    # has no value, so that `docker run -e` overrides them: a value in the base's config counts as
+    # given, and the container would run with the base's value (or profile) while the notes record the
+    # profile's. (What every profile sets alike is the image's ENV, over the base's.)
+    given = {entry.split("=", 1)[0] for entry in info.env or ()}
+    owned = {"PROFILE": "the default profile"}
+    common = plan.env_common
+    for p in plan.profiles:
+        for key in p.env:
+            if key not in common:
+                owned.setdefault(key, f"profile {p.name}'s env")
+        if p.topology.nodes > 1:
+            for key, source in TOPOLOGY_ENV.items():
+                owned.setdefault(key, f"profile {p.name}'s {source}")
+    clash = sorted(set(owned) & given)
+    if clash:
+        which = "; ".join(f"{k} ({owned[k]})" for k in clash[:5]) + (f"; and {len(clash) - 5} more" if len(clash) > 5
+                                                                   else "")
+        raise InputError(f"the base image {plan.base_image} sets {which} in its environment (ENV): the release's "
+                         "entrypoint gives a profile's value only where none is set, so the container would run "
+                         "with the base's value while the notes record the profile's; build on a base without "
+                         "them, or drop them from the profile")
 
 
 def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence[Platform], reporter: Reporter, *,

@@ -13,6 +13,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifes
 from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
+from .threads import counted
 
 IMAGE_ID = "IMAGE_ID"
 
@@ -185,9 +187,10 @@ def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:
     return Report(folder=folder, checks=tuple(checks), manifest=None)
 
 
-def verify_folder(folder: Path, signed_sums: bytes | None = None) -> Report:
+def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Callable | None = None) -> Report:
     """Sums, sizes, zstd integrity and structure of a release folder; never raises for a bad file.
-    ``signed_sums``: SHA256SUMS as its signature was checked."""
+    ``signed_sums``: SHA256SUMS as its signature was checked. ``progress(description, total)``: a
+    context manager giving the byte counter of the archive's read (a console's), for a big archive."""
     checks = _Checks()
     sums = read_sums(folder, signed_sums)
     if MANIFEST not in sums:
@@ -202,7 +205,7 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None) -> Report:
     _check_image_id_file(folder, sums, manifest.image_id, checks)
     _check_unlisted(folder, sums, archive.name, checks)
 
-    readable = True
+    readable, on_disk = True, 0
     for f in archive.files:
         path = folder / f.name
         if f.name not in sums:
@@ -214,6 +217,7 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None) -> Report:
             readable = False
             continue
         size = path.stat().st_size
+        on_disk += size
         if size < f.bytes:
             checks.add("size", f.name, False, f"truncated: {size} of {f.bytes} bytes")
         elif size > f.bytes:
@@ -225,23 +229,27 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None) -> Report:
                    "regular file")
         return Report(folder=folder, checks=tuple(checks), manifest=manifest)
 
-    reader = ArchiveReader(folder, parts)
-    zstd_ok, structure = True, ""
-    try:
-        omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
-        members = read_members(reader.chunks())
-        saved = interpret(members, omitted)
-        check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
-        check_release_form(members, manifest.tag)
-        if recorded_by(saved.config) != (manifest.platform or ""):
-            structure = (f"the image config is for {recorded_by(saved.config) or 'no platform'}, but {MANIFEST} says "
-                         f"{manifest.platform}")
-    except ZstdDecodeError as exc:
-        zstd_ok, structure = False, str(exc)
-    except ArchiveError as exc:
-        structure = str(exc)
-    finally:
-        reader.finish()
+    # the archive's read is the long part (hashing and decoding every byte): counted in compressed bytes,
+    # as the files are read, so that a file zstd refuses at once (read to its end for its digest) shows too
+    shown = progress("read archive", on_disk) if progress is not None else nullcontext(lambda n: None)
+    with shown as advance:
+        reader = ArchiveReader(folder, parts, progress=advance)
+        zstd_ok, structure = True, ""
+        try:
+            omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
+            members = read_members(reader.chunks())
+            saved = interpret(members, omitted)
+            check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what=MANIFEST)
+            check_release_form(members, manifest.tag)
+            if recorded_by(saved.config) != (manifest.platform or ""):
+                structure = (f"the image config is for {recorded_by(saved.config) or 'no platform'}, but {MANIFEST} "
+                             f"says {manifest.platform}")
+        except ZstdDecodeError as exc:
+            zstd_ok, structure = False, str(exc)
+        except ArchiveError as exc:
+            structure = str(exc)
+        finally:
+            reader.finish()
     if not structure and reader.decoded.hexdigest() != archive.uncompressed_sha256:
         structure = "the uncompressed stream's sha256 differs from manifest.json"
     digests = reader.file_sha256()
@@ -335,18 +343,21 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
         checks.add("load", manifest.tag, False, f"this hotfix needs image {hotfix.base_image_id} "
                    f"({hotfix.base_tag}) in the engine; load release {hotfix.base_release} first "
                    "(nothing was loaded)")
-    elif engine.inspect_image(image_id) is not None:
-        checks.add("load", manifest.tag, True, f"the engine already has {image_id}; not loaded again")
-    elif (named := engine.inspect_image(manifest.tag)) is not None:
+    elif (named := engine.inspect_image(manifest.tag)) is not None and named.id != image_id:
+        # checked first: an engine holding the release's image under another name still runs this
+        # tag's image (run.sh goes by tag), as the shell verifier says too
         checks.add("load", manifest.tag, False, f"the engine's {manifest.tag} is {named.id}, another image: loading "
                    "would move that tag (nothing was loaded)")
+    elif named is not None:
+        checks.add("load", manifest.tag, True, f"the engine already has {image_id} as {manifest.tag}; not loaded "
+                   "again")
+    elif engine.inspect_image(image_id) is not None:  # under another name: the same image (its ID is its config's digest)
+        engine.tag(image_id, manifest.tag)
+        checks.add("load", manifest.tag, True, f"the engine already has {image_id}; tagged {manifest.tag}, not "
+                   "loaded again")
     else:
-        def counted():
-            for chunk in read_archive(report.folder, [f.name for f in manifest.archive.files]):
-                progress(len(chunk))
-                yield chunk
-
-        outcome = engine.load(counted())
+        outcome = engine.load(counted(read_archive(report.folder, [f.name for f in manifest.archive.files]),
+                                      progress))
         loaded = engine.inspect_image(manifest.tag)
         ok = loaded is not None and loaded.id == image_id and set(outcome.tags) <= {manifest.tag}
         checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else

@@ -163,6 +163,22 @@ def test_an_engine_that_stops_mid_save_is_a_clear_error(engine, big_image, tmp_p
     assert sorted(os.listdir(out)) == [".1.lock"]
 
 
+def test_a_scratch_dir_too_small_for_the_image_is_named_as_the_full_folder(tmp_path):
+    out, scratch = tmp_path / "release", tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(scratch)], check=True)
+    try:
+        run = Run(tmp_path, "archive", "localhost/unibake-busybox:1", "--out", str(out), "--scratch-dir", str(scratch))
+        assert run.proc.wait(120) == 1, run.err
+        last = run.err.strip().splitlines()[-1]
+        # it named the scratch engine's socket, a folder elsewhere, and not the --scratch-dir that is full
+        assert last.startswith(f"error: no space left in {scratch} (the round trip's scratch engine, "), run.err
+        assert "give --scratch-dir a folder on a bigger disk" in last
+        assert os.listdir(scratch) == [] and sorted(os.listdir(out)) == [".1.lock"]
+    finally:
+        subprocess.run(["umount", str(scratch)], check=True)
+
+
 def test_a_second_run_on_the_same_tag_is_refused(slow_product, version, images, tmp_path):
     images(f"unibake-test:{version}")
     out = tmp_path / "release"

@@ -31,6 +31,35 @@ def test_a_scratch_engine_let_go_early_is_gone_by_the_exit(tmp_path):
     assert os.listdir(tmp_path / "scratch") == []
 
 
+def test_an_interrupt_while_it_stops_still_leaves_nothing_behind(tmp_path):
+    # Ctrl-C right after "publish done" landed in the join of the stopping thread: the run exited
+    # 130 at once and left the scratch dockerd running and its folders behind
+    import signal
+    import threading
+
+    scratch_dir = tmp_path / "scratch"
+    with pytest.raises(KeyboardInterrupt):
+        with ScratchEngine(scratch_dir) as scratch:
+            folder = scratch.folder
+            scratch.stop_in_background()
+            threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+    assert running_from(folder) == []
+    assert not folder.exists() and not runtime_of(folder).exists()
+    assert os.listdir(scratch_dir) == []
+
+
+def test_a_relative_scratch_dir_is_made_absolute_and_the_round_trip_runs(tmp_path):
+    # dockerd given a relative --data-root accepts on its socket and never answers: the run hung
+    (tmp_path / "scratch").mkdir(mode=0o700)
+    out = tmp_path / "release"
+    result = subprocess.run([sys.executable, str(REPO / "build.py"), "archive", BASE, "--tag", "rel", "--product",
+                             "relscratch", "--out", "release", "--scratch-dir", "scratch"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=240, env={**os.environ, "CI": "1"})
+    assert result.returncode == 0, result.stderr
+    assert f"loading into scratch dockerd {tmp_path / 'scratch'}/ub-scratch-" in result.stderr
+    assert (out / "rel" / "SHA256SUMS").is_file() and os.listdir(tmp_path / "scratch") == []
+
+
 BASE = "localhost/unibake-busybox:1"
 
 

@@ -112,6 +112,17 @@ def case_reserved_env(p):
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {LD_LIBRARY_PATH: /x}")
 
 
+def case_topology_env_on_several_nodes(p):  # run.sh passes -e MASTER_PORT from topology: this never applied
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, MASTER_PORT: '1234'}\ntopology: {nodes: 2}")
+
+
+def case_topology_env_in_an_env_file(p):  # the entrypoint exports NNODES from topology before the env
+    (p.parent / "images/tp2.env").write_text("A=1\nNNODES=4\n")
+    lock_also(p, "images/tp2.env")
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring}\nenv_file: images/tp2.env\n"
+                                                   "topology: {nodes: 2}")
+
+
 def case_base_by_tag(p):
     edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}',
          'base: {image: "localhost/unibake-busybox:1", require_digest: true}')
@@ -123,6 +134,10 @@ def case_base_with_dot_segments(p):  # not a registry host: ".." would walk the 
 
 def case_bad_allow_regex(p):
     edit(p / "product.yaml", "env:", "sanitise: {allow: ['(unclosed']}\nenv:")
+
+
+def case_allow_matches_everything(p):  # found in every value: the gate would let every secret through
+    edit(p / "product.yaml", "env:", "sanitise: {allow: ['^hf_A.*Ij$', 'x*']}\nenv:")
 
 
 def case_smoke_expects_nothing(p):  # every reply contains "": the gate would pass any engine
@@ -254,11 +269,43 @@ def case_profiles_past_the_engines_line_limit(p):  # the metadata label is one D
         (p / f"x{i:03d}.yaml").write_text(f"profile: x{i:03d}\nextends: tp1.yaml\n")
 
 
+def case_symlink_loop_in_a_source(p):  # Python 3.11's resolve() raised a RuntimeError traceback
+    os.symlink("loop", p.parent / "images/engine/loop")
+
+
+def case_symlink_loop_of_two_links(p):
+    os.symlink("b", p.parent / "images/engine/a")
+    os.symlink("a", p.parent / "images/engine/b")
+
+
+def case_source_folder_is_a_symlink_loop(p):
+    os.rename(p.parent / "images/tune/tp1", p.parent / "images/tune/tp1.old")
+    os.symlink("tp1", p.parent / "images/tune/tp1")
+
+
+def case_symlink_pointing_nowhere(p):  # the error named the missing target, with exit 1
+    os.symlink("gone", p.parent / "images/engine/dangling")
+
+
+def case_lock_is_a_symlink_loop(p):
+    (p / "inputs.lock").unlink()
+    (p / "inputs.lock").symlink_to("inputs.lock")
+
+
+def case_prebuilt_outside_is_a_symlink_loop(p):
+    os.symlink(p.parent / "self.so", p.parent / "self.so")
+    edit(p / "product.yaml", "engine:", f'kernels: [{{name: k, version: "1", prebuilt: {p.parent}/self.so}}]\nengine:')
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
+    "allow_matches_everything": "sanitise.allow[1] 'x*' matches an empty value, so it would let every value through",
     "env_file_form_feed": "images/tp1.env:1: the value of A contains a control character ('\\x0c')",
     "mounts_one_path": "both mount at /models/x",
+    "topology_env_on_several_nodes": "tp2.yaml:5: env key 'MASTER_PORT' would never take effect: on 2 nodes it is "
+                                     "set from topology: (use topology.master_port)",
+    "topology_env_in_an_env_file": "images/tp2.env:2: env key 'NNODES' would never take effect",
     "patches_one_label": "'fix.patch' is listed twice",
     "yaml_merge_key": "YAML merge keys ('<<') are not supported",
     "file_overlay_into_a_folder_name": "a file overlay's target is the file it becomes",
@@ -276,6 +323,12 @@ SAYS = {
     "overlay_nested_too_deeply": "source 'images/overlays/deep' is nested too deeply",
     "attachment_name_too_long": "is 251 bytes; at most 250",
     "profiles_past_the_engines_line_limit": "the engine refuses lines of 65535 bytes or more",
+    "symlink_loop_in_a_source": "profiles/product.yaml:9: 'images/engine/loop' is a symlink loop",
+    "symlink_loop_of_two_links": "'images/engine/a' is a symlink loop",
+    "source_folder_is_a_symlink_loop": "profiles/tp1.yaml:3: 'images/tune/tp1' is a symlink loop",
+    "symlink_pointing_nowhere": "profiles/product.yaml:9: 'images/engine/dangling' is a symlink that points nowhere",
+    "lock_is_a_symlink_loop": "profiles/inputs.lock: a symlink loop",
+    "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
 }
 
 ARGUMENT_CASES = {
@@ -287,6 +340,11 @@ ARGUMENT_CASES = {
     "split-not-a-size": ["--split", "lots"],
     "level-out-of-range": ["--level", "30"],
     "allow-not-a-regex": ["--allow", "("],
+    "allow-empty": ["--allow", ""],  # an unset CI variable
+    "allow-matching-everything": ["--allow", ".*"],
+    "allow-matching-an-empty-value": ["--allow", "|hf_x"],
+    "sign-empty": ["--sign", ""],  # else an unsigned release, exit 0
+    "sign-minisign-empty": ["--sign-minisign", ""],
     "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0
     "version-ending-like-a-platform": ["--version", "1.0-arm64"],
     "split-in-other-digits": ["--split", "\u0663GiB"],  # an Arabic-Indic three: Python's \\d takes it
@@ -368,3 +426,24 @@ def test_nested_yaml_aliases_are_refused_quickly(cli, busybox_product):
     # 10**9 nodes would take hours and all the memory, so the bound still tells the two apart
     assert time.monotonic() - start < 60
     assert result.code == 2 and "nested aliases" in result.error_lines[0]
+
+
+def test_pull_takes_a_temp_dir_and_refuses_one_that_is_not_a_folder(cli, tmp_path):
+    from .test_publish import make_release
+
+    folder = make_release(tmp_path / "release")[0]
+    result = cli("pull", "registry.example:5000/demo-llm@sha256:" + "a" * 64, "--release", str(folder),
+                 "--temp-dir", str(tmp_path / "nowhere"))
+    assert result.code == 2 and result.error_lines == [f"error: --temp-dir {tmp_path / 'nowhere'}: not a folder"], \
+        result.err
+
+
+def test_one_profile_past_the_engines_line_limit_is_told_what_to_shorten_not_to_select_fewer(cli, busybox_product):
+    prompts = ", ".join(f"{{prompt: 'Say {i} {'x' * 4000}', expect: UNIFIED_TP1_OK}}" for i in range(20))
+    edit(busybox_product / "tp1.yaml", "smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}",
+         f"smoke: {{timeout: 20, prompts: [{prompts}]}}")
+    result = cli("--config", str(busybox_product), "--profile", "tp1")
+    assert_refused(result, busybox_product.parent)
+    assert "the engine refuses lines of 65535 bytes or more: shorten profile tp1's smoke prompts and expected " \
+           "replies, the largest part of it (" in result.error_lines[0]
+    assert "--profile" not in result.error_lines[0]

@@ -197,3 +197,118 @@ def test_a_failed_builds_output_reprinted_at_the_end_is_escaped_too(cli, monkeyp
     assert result.code == 1 and "\x1b" not in result.err and "\x07" not in result.err
     assert "ok\\x1b]0;PWNED\\x07\\nerror: all fine" in result.err
     assert [line for line in result.err.splitlines() if line.startswith("error:")] == ["error: step 3 failed"]
+
+
+# --- values that would quietly do something else: a CI's unset variable, a folder where a file goes --
+
+
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_a_metadata_file_that_cannot_be_written_is_refused_before_any_work(cli, busybox_product, tmp_path, where):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x\n")
+    target = tmp_path / "folder" if where == "a folder" else tmp_path / "file" / "meta.json"
+    result = cli("--stage", "render", "--config", str(busybox_product), "--json", "--metadata-file", str(target))
+    cause = f"{target} is a folder, not a file" if where == "a folder" else f"{tmp_path / 'file'} is not a folder"
+    assert result.code == 2 and result.error_lines == [
+        f"error: --metadata-file {target}: cannot write it there ({cause})"], result.err
+    assert json.loads(result.out)["exit_code"] == 2  # one JSON document on stdout
+    assert not (busybox_product.parent / "dockerfiles").exists(), "the run went on"
+    assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == []
+
+
+def test_a_metadata_file_that_fails_at_the_end_leaves_one_json_document(cli, monkeypatch, tmp_path):
+    """Checked before the work, the place can still be taken while it runs: stdout then holds the
+    error's document only, never the run's and then the error's."""
+    from unibake import cli as cli_module
+
+    target = tmp_path / "meta.json"
+
+    def taken_meanwhile(args, ctx):
+        target.mkdir()
+        return cli_module.Outcome(document={"releases": []}, final="done")
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", taken_meanwhile)
+    result = cli("releases", "--json", "--metadata-file", str(target))
+    assert result.code == 1 and len(result.error_lines) == 1 and "--metadata-file" in result.error_lines[0]
+    assert json.loads(result.out)["exit_code"] == 1
+
+
+@pytest.mark.parametrize("args", [["verify", "{folder}", "--key", ""], ["verify", "{folder}", "--key="],
+                                  ["verify", "{folder}", "--external", ""], ["kit", "{folder}", "--out", ""],
+                                  ["push", "{folder}", "--to", "r.example/a", "--sign-minisign", ""],
+                                  ["--metadata-file", "", "verify", "{folder}"], ["verify", ""]])
+def test_a_value_given_empty_is_refused_not_taken_as_absent(cli, tmp_path, args):
+    """An unset CI variable (--key "$PUBKEY") would skip the signature check, sign nothing, or mean
+    the current folder."""
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    result = cli(*[a.format(folder=folder) for a in args], cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert "given empty (an unset variable?)" in result.error_lines[0]
+    assert "verified" not in result.err
+
+
+def test_a_refused_command_line_still_writes_its_failure_to_the_metadata_file(cli, tmp_path):
+    document = tmp_path / "m.json"
+    document.write_text('{"old": true}\n')
+    result = cli("verify", str(tmp_path), "--metadata-file", str(document), "--bogus")
+    assert result.code == 2 and json.loads(document.read_text()) == {
+        "error": "unrecognized arguments: --bogus (see: python build.py --help)", "exit_code": 2}
+    equals = cli("verify", str(tmp_path), f"--metadata-file={document}", "--bogus", "--more")
+    assert equals.code == 2 and "--more" in json.loads(document.read_text())["error"]
+    # a value the parser refused is no path to write: nothing is made in its name
+    missing = cli("verify", str(tmp_path), "--metadata-file", "--bogus", cwd=tmp_path)
+    assert missing.code == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+    after = cli("verify", str(tmp_path), "--bogus", "--", "--metadata-file", str(tmp_path / "x.json"))
+    assert after.code == 2 and not (tmp_path / "x.json").exists()  # after "--", an argument
+
+
+def test_prune_refuses_an_out_folder_that_does_not_exist(cli, tmp_path):
+    # "no releases" would keep no release image: a typo must not prune them all
+    result = cli("prune", "--dry-run", "--out", str(tmp_path / "relaese"))
+    assert result.code == 2 and result.error_lines == [f"error: --out {tmp_path / 'relaese'}: no such folder"]
+
+
+def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    (tmp_path / "file").write_text("x\n")
+    for out in (tmp_path / "file", tmp_path / "file" / "kit"):
+        result = cli("kit", str(folder), "--out", str(out))
+        assert result.code == 2 and result.error_lines == [
+            f"error: --out {out}: cannot write the kit there ({tmp_path / 'file'} is not a folder)"], result.err
+
+
+def test_hotfix_help_says_its_version_is_required_not_defaulted(cli):
+    hotfix, build = cli("hotfix", "--help"), cli("build", "--help")
+    assert hotfix.code == build.code == 0
+    assert "product.yaml's version" not in " ".join(hotfix.out.split())
+    assert "(required: the new release's own, e.g. 1.3.2)" in " ".join(hotfix.out.split())
+    assert "(default: product.yaml's version)" in " ".join(build.out.split())
+
+
+def test_pull_says_in_its_own_words_that_an_unreachable_registry_changed_nothing(cli, tmp_path):
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    result = cli("pull", "127.0.0.1:1/demo-llm@sha256:" + "a" * 64, "--release", str(folder), "--retries", "1")
+    assert result.code == 1 and len(result.error_lines) == 1, result.err
+    line = result.error_lines[0]
+    assert "did not answer" in line and "nothing was pulled, tagged or changed" in line
+    assert "recorded" not in line and "uploaded" not in line
+
+
+def test_a_metadata_file_that_is_a_stream_gets_the_document(tmp_path):
+    # /dev/stdout passed the early check, then failed at the end (exit 1 after the work): resolved, it
+    # names /proc/PID/fd/pipe:[N], which is no folder to write a file in
+    import os
+
+    from .test_publish import make_release
+
+    folder = make_release(tmp_path / "release")[0]
+    done = subprocess.run([sys.executable, str(REPO / "build.py"), "--quiet", "verify", str(folder),
+                           "--metadata-file", "/dev/stdout"], capture_output=True, text=True,
+                          env={**os.environ, "CI": "true"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["passed"] is True

@@ -4,11 +4,13 @@ the digests of the libraries under the install root, stacked as the engine stack
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tarfile
 
 from unibake.archive import write_archive
 from unibake.contents import LayerInspector
+from unibake.sbom import sbom_document
 
 from ..savefixtures import docker_layout, oci_layout, tar_of
 
@@ -145,3 +147,45 @@ def test_a_file_name_that_is_not_utf8_is_written_visibly_not_as_a_lone_surrogate
     [package] = archive.contents.packages
     assert package.path == "/usr/lib/python3/dist-packages/n\\xff-1.0.dist-info"  # a backslash, then xff
     package.path.encode("utf-8")  # no lone surrogate: every JSON reader takes it
+
+
+def test_a_folder_a_later_layer_makes_a_link_or_a_file_takes_what_lay_under_it_out_of_the_sbom(tmp_path):
+    # `rm -rf /var/lib/dpkg /opt/unibake/lib && ln -s /alt /var/lib/dpkg && echo x > /opt/unibake/lib`: the
+    # engine records the new entries only, no whiteouts; the image holds neither the packages nor the library
+    first = tar_of([("var/lib/dpkg/status", STATUS, None),
+                    ("opt/unibake/lib/libghost.so", b"ghost" * 20000, None),
+                    ("opt/unibake/kernels/a/liba.so", b"a" * 100, None),
+                    ("usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info/METADATA", METADATA, None)])
+    second = tar_of([("alt/status", b"Package: realpkg\nStatus: install ok installed\nVersion: 9\n", None),
+                     ("var/lib/dpkg", b"", {"type": tarfile.SYMTYPE, "linkname": "/alt"}),
+                     ("opt/unibake/lib", b"x\n", None),
+                     ("usr/lib/python3/dist-packages", b"", {"type": tarfile.SYMTYPE, "linkname": "../elsewhere"})])
+    archive, diff_ids = inspect([first, second], tmp_path=tmp_path)
+    contents = archive.contents
+    assert contents.packages == ()
+    assert [lib.path for lib in contents.libraries] == ["/opt/unibake/kernels/a/liba.so"]
+    assert contents.problems == ("/var/lib/dpkg is a link to /alt, not a folder: the packages listed under it are "
+                                 "not in the SBOM",)
+
+
+def test_a_library_that_is_a_hard_link_to_another_file_is_listed_with_that_files_digest(tmp_path):
+    # `ln /opt/unibake/aaa/blob /opt/unibake/lib/libhl.so`: the tar holds the content under blob's name only
+    layer = tar_of([("opt/unibake/aaa/blob", b"lib" * 30000, None),
+                    ("usr/share/outside", b"outside", None),
+                    ("opt/unibake/lib/libhl.so", b"", {"type": tarfile.LNKTYPE, "linkname": "opt/unibake/aaa/blob"}),
+                    ("opt/unibake/lib/libout.so", b"", {"type": tarfile.LNKTYPE, "linkname": "usr/share/outside"}),
+                    ("opt/unibake/lib/libplain.so", b"other", None)])
+    archive, _ = inspect([layer], tmp_path=tmp_path)
+    contents = archive.contents
+    assert [(lib.path, lib.sha256) for lib in contents.libraries] == [
+        ("/opt/unibake/lib/libhl.so", hashlib.sha256(b"lib" * 30000).hexdigest()),
+        ("/opt/unibake/lib/libout.so", ""),  # its content lies outside the install root: not read, but listed
+        ("/opt/unibake/lib/libplain.so", hashlib.sha256(b"other").hexdigest())]
+    assert contents.problems == ("/opt/unibake/lib/libout.so is a hard link to /usr/share/outside, which was not "
+                                 "read: it is listed without its sha256",)
+    document = json.loads(sbom_document(
+        product="p", release="1", tag="p:1", version="1", image_id="sha256:" + "0" * 64, diff_ids=("l",),
+        components=(), contents=contents, base=None, engine_version="", install_root="/opt/unibake", epoch=0))
+    by_ref = {c["bom-ref"]: c for c in document["components"]}
+    assert "hashes" not in by_ref["file:/opt/unibake/lib/libout.so"]
+    assert by_ref["file:/opt/unibake/lib/libhl.so"]["hashes"][0]["content"] == hashlib.sha256(b"lib" * 30000).hexdigest()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 
 from unibake.deploy import Plan, deploy, engines_of, raise_if_failed, read_hosts
@@ -80,6 +82,18 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
         read_hosts(hosts)
     with pytest.raises(InputError, match="named twice"):
         engines_of(["ssh://a", "ssh://a"], [])
+    with pytest.raises(InputError, match=r"engine ssh://root@NODE1:22 is named twice \(as ssh://root@node1\)"):
+        engines_of(["ssh://root@node1"], ["ssh://root@NODE1:22"])  # the hosts file names an --engine again
+    for one, again in (("unix:///var/run/docker.sock", "unix:///var/run//docker.sock"),  # one socket, two spellings
+                       ("tcp://h:2375", "tcp://h:02375"), ("tcp://[::1]:2375", "tcp://[::1]:2375/")):
+        with pytest.raises(InputError, match=rf"engine {re.escape(again)} is named twice"):
+            engines_of([one, again], [])
+    sock = tmp_path / "docker.sock"
+    sock.write_text("")
+    (tmp_path / "run").symlink_to(tmp_path)  # /var/run is a link to /run on most systems
+    with pytest.raises(InputError, match="named twice"):
+        engines_of([f"unix://{sock}", f"unix://{tmp_path / 'run' / 'docker.sock'}"], [])
+    assert len(engines_of(["tcp://h:2375", "tcp://h:2376", "ssh://h:2222", "ssh://h"], [])) == 4
     with pytest.raises(InputError, match="at least one engine"):
         engines_of([], [])
 
@@ -124,6 +138,9 @@ def test_a_tampered_manifest_is_not_pulled_against(cli, tmp_path):
     (["--engine", "unix:///nonexistent/a.sock"], ["--engine", "unix:///nonexistent/a.sock"], {},
      ["unix:///nonexistent/a.sock"]),
     ([], [], {"DOCKER_HOST": "unix:///nonexistent/env.sock"}, ["unix:///nonexistent/env.sock"]),
+    # one engine however its address is written: a trailing slash, the host's case
+    ([], ["--engine", "tcp://127.0.0.1:1", "--engine", "tcp://127.0.0.1:1/"], {}, ["tcp://127.0.0.1:1"]),
+    (["--engine", "tcp://Node1.example:1"], ["--engine", "tcp://node1.example:1/"], {}, ["tcp://Node1.example:1"]),
     ([], ["--engine", "unix:///nonexistent/b.sock"], {"DOCKER_HOST": "unix:///nonexistent/env.sock"},
      ["unix:///nonexistent/b.sock"]),
 ])

@@ -160,3 +160,24 @@ def test_a_hotfix_compresses_only_the_layers_it_ships_and_still_reads_every_laye
         held = target.inspect_image(f"demo:{name}")
         assert held.id == done.image.image_id and held.diff_ids == done.image.diff_ids
         assert target.layer(done.image.diff_ids[1]) is not None
+
+
+@pytest.mark.parametrize("path", ["export", "sequential"])
+def test_a_base_layer_under_the_install_root_is_refused_naming_it_not_rewritten(tmp_path, path):
+    # the base's layer was rewritten like ours, and the release failed later as if the base had changed
+    from unibake.errors import InputError
+
+    from .test_normalise import config, normalise, ours
+
+    engine = FakeEngine()
+    vendor = layer([("opt/unibake/vendor", None, 5), ("opt/unibake/vendor/notes.txt", b"x\n", 5)], uname="root")
+    engine.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}},
+               [layer([("bin/sh", b"\x7fELF" + bytes(2000), 1111)], uname="root"), vendor], tag="base:1")
+    base = engine.images[engine.tags["base:1"]].layers
+    image_id = engine.add(config("x", "c") | {"history": [{"created_by": "x"}] * 4}, base + ours(1111), tag="demo:1")
+    image = BuiltImage(image_id=image_id, tag="demo:1", diff_ids=(), steps=(), stage_images=(), seconds=0.0)
+    with pytest.raises(InputError, match=r"layer 2 of the base image \(sha256:[0-9a-f]{12}\.\.\.\) starts under "
+                                         r"/opt/unibake, the folder unibake owns: .* build on a base without "
+                                         r"/opt/unibake"):
+        export(engine, image, tmp_path) if path == "export" else normalise(engine, image)
+    assert engine.inspect_image("demo:1").id == image_id  # the tag still names the build

@@ -4,6 +4,7 @@ load. Both verifiers (`build.py verify`, `scripts/verify-release.sh`) must refus
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -13,6 +14,8 @@ import sys
 import tarfile
 import threading
 import time
+
+import shutil
 
 import pytest
 import zstandard
@@ -33,8 +36,9 @@ def folder(tmp_path):
     return make_release(tmp_path / "release")[0]
 
 
-def shell(folder) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], capture_output=True, text=True, timeout=120)
+def shell(folder, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], capture_output=True, text=True, timeout=120,
+                          env=env)
 
 
 def both_refuse(cli, folder, python_says: str, shell_says: str) -> None:
@@ -99,6 +103,97 @@ def test_two_images_in_one_archive_are_refused(cli, folder):
 
     forge(folder, double)
     both_refuse(cli, folder, "manifest.json must describe exactly one image", "is not one image")
+
+
+def refused_in_one_line(cli, folder, python_says: str, shell_says: str) -> None:
+    """Both verifiers exit 3 with one error: line naming the problem (the shell one before any load)."""
+    both_refuse(cli, folder, python_says, shell_says)
+    errors = [line for line in shell(folder).stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and shell_says in errors[0], errors
+
+
+def test_the_release_listed_twice_around_another_image_is_refused_before_any_load(cli, folder):
+    # a shell pattern '"Layers":[*],"RepoTags":["TAG"]' matched all three entries: the first's
+    # Layers through the last's RepoTags, loading the image in the middle under its own tag too;
+    # the image manifest lists every digest of the three in that order, as the shell compared them
+    def sandwich(entries):
+        manifest = json_member(entries, "manifest.json")
+        other = dict(manifest[0], RepoTags=["localhost/anything:1"])
+        three = [manifest[0], other, manifest[0]]
+        index = json_member(entries, "index.json")
+        old = "blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")
+        oci = json_member(entries, old)
+        digests = [name.removeprefix("blobs/sha256/") for e in three for name in [e["Config"], *e["Layers"]]]
+        oci["layers"] = [{"digest": f"sha256:{d}"} for d in digests[1:]]
+        data = json.dumps(oci, separators=(",", ":"), sort_keys=True).encode()
+        new = hashlib.sha256(data).hexdigest()
+        index["manifests"][0].update(digest=f"sha256:{new}", size=len(data))
+        entries = [(i, d) for i, d in entries if i.name != old] + [member(f"blobs/sha256/{new}", data)]
+        entries = replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+        return replace_member(entries, "manifest.json", json.dumps(three, separators=(",", ":"), sort_keys=True).encode())
+
+    forge(folder, sandwich)
+    refused_in_one_line(cli, folder, "manifest.json must describe exactly one image", "manifest.json is not one image")
+
+
+def test_a_config_whose_content_is_not_its_name_is_refused_before_any_load(cli, folder):
+    # the image ID is the config's name: a config rewritten under the same name (LD_PRELOAD added)
+    # would be loaded, and tagged, before the engine's image ID told the two apart
+    config_name = "blobs/sha256/" + (folder / "IMAGE_ID").read_text().strip().removeprefix("sha256:")
+
+    def swap_config(entries):
+        config = json_member(entries, config_name)
+        config.setdefault("config", {}).setdefault("Env", []).append("LD_PRELOAD=/tmp/evil.so")
+        return replace_member(entries, config_name, json.dumps(config, separators=(",", ":")).encode())
+
+    forge(folder, swap_config)
+    refused_in_one_line(cli, folder, "does not match its content address",
+                        f"{config_name} does not hold what its name says")
+
+
+def test_an_image_manifest_naming_the_same_digests_in_another_form_is_refused(cli, folder):
+    # the same digests in the same order, and a layer's media type changed: containerd would unpack
+    # it as zstd (after naming the image); the index names the forged manifest by its true digest
+    def reform(entries):
+        index = json_member(entries, "index.json")
+        old = index["manifests"][0]["digest"].removeprefix("sha256:")
+        oci = json_member(entries, f"blobs/sha256/{old}")
+        oci["layers"][0]["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd"
+        data = json.dumps(oci, separators=(",", ":"), sort_keys=True).encode()
+        new = hashlib.sha256(data).hexdigest()
+        index["manifests"][0].update(digest=f"sha256:{new}", size=len(data))
+        entries = [(i, d) for i, d in entries if i.name != f"blobs/sha256/{old}"] + [member(f"blobs/sha256/{new}", data)]
+        return replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+
+    forge(folder, reform)
+    refused_in_one_line(cli, folder, "is not in the form unibake writes", "index.json and manifest.json describe different images")
+
+
+def test_gzip_layers_pass_the_shell_verifier_and_a_swapped_one_is_refused_by_its_diff_id(cli, tmp_path):
+    # an engine's containerd store can save layers gzip-compressed: named by the compressed bytes,
+    # recorded (diffIDs) by what they decompress to
+    folder = make_release(tmp_path / "release", gzip_layers=True)[0]
+    assert shell(folder).returncode == 0, shell(folder).stderr
+
+    def swap_layer(entries):
+        other = gzip.compress(layer_tar({"etc/cron.d/x": b"* * * * * root sh\n"}), mtime=0)
+        new = hashlib.sha256(other).hexdigest()
+        manifest = json_member(entries, "manifest.json")
+        old = manifest[0]["Layers"][0]
+        manifest[0]["Layers"][0] = f"blobs/sha256/{new}"
+        index = json_member(entries, "index.json")
+        oci_name = "blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")
+        oci = json_member(entries, oci_name)
+        oci["layers"][0].update(digest=f"sha256:{new}", size=len(other))
+        data = json.dumps(oci, separators=(",", ":"), sort_keys=True).encode()
+        index["manifests"][0].update(digest=f"sha256:{hashlib.sha256(data).hexdigest()}", size=len(data))
+        entries = [(i, d) for i, d in entries if i.name not in (old, oci_name)]
+        entries += [member(f"blobs/sha256/{new}", other), member(f"blobs/sha256/{hashlib.sha256(data).hexdigest()}", data)]
+        entries = replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode())
+
+    forge(folder, swap_layer)
+    refused_in_one_line(cli, folder, "has diffID", "layer 1 has diffID")
 
 
 def test_the_shell_verifier_reads_only_files_sums_list(folder):
@@ -361,3 +456,133 @@ def test_a_provenance_of_many_subjects_is_checked_in_linear_time():
     problems = check_subjects(document, files={}, image_ref="demo-llm:1.3.1", image_id="sha256:" + "1" * 64,
                               required=(), where="provenance.intoto.json")
     assert problems and time.monotonic() - start < 10
+
+
+def test_releases_names_the_product_of_each_release_when_an_out_holds_two(cli, tmp_path):
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    make_release(out, "2.0")
+    single = cli("releases", "--out", str(out))
+    assert single.code == 0 and "product" not in single.err, single.err  # one product: no column repeating it
+    manifest = json.loads((out / "2.0" / "manifest.json").read_text())
+    manifest["product"] = "other-llm"  # another team's release of the same --out
+    (out / "2.0" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(out / "2.0")
+    result = cli("releases", "--out", str(out))
+    assert result.code == 0 and "product" in result.err, result.err
+    rows = {line.split()[0]: line.split() for line in result.err.splitlines() if line.strip()[:3] in ("1.0", "2.0")}
+    assert rows["1.0"][1] == "demo-llm" and rows["2.0"][1] == "other-llm", result.err
+
+
+# --- the tar the verifier runs must list what the engine loads -----------------------------------
+
+
+@pytest.fixture(params=["tar", "busybox tar"])
+def tar_env(request, tmp_path):
+    """The environment the shell verifier runs in: the system's tar, or busybox's (which reads no PAX size)."""
+    if request.param == "tar":
+        return None
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox here")
+    bin_dir = tmp_path / "busybox-bin"
+    bin_dir.mkdir()
+    (bin_dir / "tar").write_text(f'#!/bin/sh\nexec {busybox} tar "$@"\n')
+    (bin_dir / "tar").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def refused_by_the_shell(folder, env, says: str) -> None:
+    result = shell(folder, env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1 and says in errors[0], result.stdout + result.stderr
+
+
+def pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode()
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:
+        n = len(str(n)) + len(body)
+    return str(n).encode() + body
+
+
+def with_header_before_the_last_member(folder, kind: bytes) -> None:
+    """The archive rewritten as plain ustar entries, an extended header of ``kind`` carrying the last
+    member's own size put before it: GNU tar applies a global header to every later member, busybox
+    reads no PAX size at all, Go reads no global one, so such a header is where the tars disagree."""
+    entries = read_entries(folder)
+    tar = b""
+    for info, data in entries:
+        data = data or b""
+        if info is entries[-1][0]:
+            record = pax_record("size", str(len(data)))
+            header = tarfile.TarInfo("pax_header")
+            header.type, header.size = kind, len(record)
+            tar += header.tobuf(format=tarfile.USTAR_FORMAT) + record + bytes(-len(record) % 512)
+        tar += info.tobuf(format=tarfile.USTAR_FORMAT) + data + bytes(-len(data) % 512)
+    forge(folder, stream=tar + bytes(1024))
+
+
+@pytest.mark.parametrize("kind", [tarfile.XGLTYPE, tarfile.XHDTYPE], ids=["global g size", "pax x size"])
+def test_an_extended_header_is_refused_by_the_shell_whichever_tar_runs_it(folder, tar_env, kind):
+    # gsize/desync: a crafted size moved GNU or busybox tar onto other bytes than the engine reads,
+    # the release tag moved to an unchecked image; a header the listing does not show is now refused
+    with_header_before_the_last_member(folder, kind)
+    refused_by_the_shell(folder, tar_env, "holds an extended header or data past its end")
+
+
+def image_manifest(entries):
+    index = json_member(entries, "index.json")
+    name = "blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")
+    return index, name, json_member(entries, name)
+
+
+def relabel_layers(entries, media_type: str):
+    """Every layer of the image manifest labelled ``media_type``, the index naming the new manifest."""
+    index, old, oci = image_manifest(entries)
+    for layer in oci["layers"]:
+        layer["mediaType"] = media_type
+    data = json.dumps(oci, separators=(",", ":"), sort_keys=True).encode()
+    index["manifests"][0].update(digest=f"sha256:{hashlib.sha256(data).hexdigest()}", size=len(data))
+    entries = [(i, d) for i, d in entries if i.name != old] + [member(f"blobs/sha256/{hashlib.sha256(data).hexdigest()}", data)]
+    return replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+
+
+def without_first_layer(entries):
+    layer = json_member(entries, "manifest.json")[0]["Layers"][0]
+    return [(i, d) for i, d in entries if i.name != layer]
+
+
+@pytest.mark.parametrize("label", ["", "+gzip"], ids=["plain", "labelled gzip"])
+def test_a_layer_left_out_of_a_release_that_is_no_hotfix_is_refused(folder, tar_env, label):
+    # the engine already holding that layer would have loaded the image with whatever it holds
+    forge(folder, lambda entries: without_first_layer(relabel_layers(entries, LAYER_TYPE + label)))
+    refused_by_the_shell(folder, tar_env, "layer 1 (blobs/sha256/")
+    assert "is not in it, and manifest.json does not record it as left out by a hotfix" in shell(folder, tar_env).stderr
+
+
+def test_a_hotfix_may_leave_out_the_layers_it_lists_and_no_other(folder):
+    left_out = json.loads((folder / "manifest.json").read_text())["diff_ids"][0]
+
+    def hotfix(omitted):
+        def change(manifest):
+            manifest["hotfix"] = {"base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": "sha256:" + "a" * 64,
+                                  "omitted_diff_ids": omitted, "shipped_diff_ids": []}
+        return change
+
+    forge(folder, without_first_layer, manifest_change=hotfix([left_out]))
+    assert shell(folder).returncode == 0, shell(folder).stderr
+    forge(folder, lambda entries: entries, manifest_change=hotfix(["sha256:" + "b" * 64]))
+    refused_by_the_shell(folder, None, "does not record it as left out by a hotfix")
+
+
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
+
+
+def test_a_plain_layer_labelled_gzip_passes_both_verifiers_as_the_engines_load_it(cli, folder, tar_env):
+    # engines and unibake's reader go by a layer's bytes, the media type only says so: both
+    # verifiers agree, on its diffID as on its name
+    forge(folder, lambda entries: relabel_layers(entries, LAYER_TYPE + "+gzip"))
+    assert cli("verify", str(folder)).code == 0
+    result = shell(folder, tar_env)
+    assert result.returncode == 0, result.stderr

@@ -67,6 +67,18 @@ def test_a_base_archive_with_a_flipped_byte_is_refused_before_the_build_when_the
     assert base_stage(tmp_path, roundtrip=False)["base"].manifest.release == "1.0"  # the archive is not needed
 
 
+def test_a_force_run_on_the_base_of_a_hotfix_is_refused_before_anything_is_written(engines, tmp_path):  # noqa: F811
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_of(out, folder)
+    before = (folder / "SHA256SUMS").read_bytes()
+    with pytest.raises(InputError, match=r"release 1.0 is the base of the hotfix 1.1 under .*: --force would "
+                                         r"replace its image sha256:"):
+        release(engines, out, force=True)
+    assert (folder / "SHA256SUMS").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == [".1.0.lock", ".1.1.lock", "1.0", "1.1"]
+
+
 def test_a_base_of_another_product_is_refused(engines, tmp_path, busybox_product):  # noqa: F811
     release(engines, tmp_path / "release")  # product "demo"; the busybox product is unibake-test
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="1.0", version="1.0.1",

@@ -82,9 +82,43 @@ def test_lock_command_rewrites_the_lock_and_then_the_build_accepts(busybox_produ
     assert "changed: images/tune/tp2/cache-2.json" in locked.err  # human output goes to stderr
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0
     lines = (busybox_product / "inputs.lock").read_text().splitlines()
-    entries = [line.split("  ", 1)[1] for line in lines if not line.startswith("#")]
+    entries = [line[66:] for line in lines if not line.startswith("#")]  # after 'HASH  ' or 'HASH *'
     assert entries == sorted(entries) and "images/tune/tp2/cache-2.json" in entries
 
+
+
+def test_the_lock_pins_which_inputs_are_executable_and_sha256sum_still_reads_it(busybox_product, cli):
+    import subprocess
+
+    lock_file = busybox_product / "inputs.lock"
+    handle = busybox_product.parent / "images/engine/handle.sh"
+    assert "  images/tune/tp1/cache-1.json\n" in lock_file.read_text()
+    assert " *images/engine/handle.sh\n" in lock_file.read_text()  # baked executable
+    checked = subprocess.run(["sha256sum", "--strict", "-c", str(lock_file)], cwd=busybox_product.parent,
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    handle.chmod(0o644)  # the same bytes, another image: refused
+    with pytest.raises(InputError, match=r"input 'images/engine/handle\.sh' differs from \S*inputs\.lock in its mode "
+                                         r"\(locked executable, now not executable\); review the change"):
+        make_plan(busybox_product)
+    locked = cli("lock", "--config", str(busybox_product))
+    assert locked.code == 0 and "changed: images/engine/handle.sh" in locked.err
+    assert "  images/engine/handle.sh\n" in lock_file.read_text()
+    make_plan(busybox_product)
+    (busybox_product.parent / "images/tune/tp1/cache-1.json").chmod(0o755)
+    with pytest.raises(InputError,
+                       match=r"'images/tune/tp1/cache-1\.json' .* \(locked not executable, now executable\)"):
+        make_plan(busybox_product)
+
+
+def test_a_lock_written_before_modes_were_locked_is_still_accepted(busybox_product):
+    lock_file = busybox_product / "inputs.lock"
+    from unibake.inputs import MODES_NOTE
+    lock_file.write_text(lock_file.read_text().replace(MODES_NOTE + "\n", "").replace(" *", "  "))
+    make_plan(busybox_product)  # its modes are not known, so not checked; its contents still are
+    (busybox_product.parent / "images/engine/handle.sh").write_text("changed\n")
+    with pytest.raises(InputError, match=r"input 'images/engine/handle\.sh' differs from"):
+        make_plan(busybox_product)
 
 
 def test_lock_writes_a_lock_it_cannot_read_anew_and_leaves_out_a_platform_the_product_does_not_build(
@@ -109,6 +143,20 @@ def test_lock_writes_a_lock_it_cannot_read_anew_and_leaves_out_a_platform_the_pr
     assert locked.code == 0, locked.err
     assert "linux/arm64 is not locked" in locked.err and lock_file.read_text() == good
 
+def test_lock_names_the_lock_even_when_it_is_a_symlink(busybox_product, cli):
+    lock_file = busybox_product / "inputs.lock"
+    lock_file.rename(busybox_product / "current.lock")
+    lock_file.symlink_to("current.lock")
+    locked = cli("lock", "--config", str(busybox_product))
+    assert locked.code == 0, locked.err
+    assert locked.err.strip().splitlines()[-1].startswith(f"{lock_file}: 7 inputs")  # not current.lock's name
+
+    lock_file.unlink()
+    lock_file.symlink_to("inputs.lock")  # a loop: named, exit 2, never a traceback
+    refused = cli("lock", "--config", str(busybox_product))
+    assert refused.code == 2 and refused.error_lines == [f"error: {lock_file}: a symlink loop; point it at a file"]
+
+
 def test_pycache_is_never_baked(busybox_product):
     cache = busybox_product.parent / "images/engine/__pycache__"
     cache.mkdir()
@@ -116,3 +164,18 @@ def test_pycache_is_never_baked(busybox_product):
     (busybox_product.parent / "images/engine/y.pyc").write_bytes(b"\0")
     plan = make_plan(busybox_product)  # the lock knows nothing of them, and need not
     assert not [f for f in plan.inputs if f.path.endswith(".pyc")]
+
+
+def test_empty_folders_in_a_source_are_named_in_one_warning(busybox_product, cli):
+    engine = busybox_product.parent / "images/engine"
+    for folder in ("cache/a", "logs", "only-bytecode/__pycache__"):
+        (engine / folder).mkdir(parents=True)
+    (engine / "only-bytecode/x.pyc").write_bytes(b"\0")
+    assert make_plan(busybox_product).warnings == (
+        "images/engine: 3 empty folders ('cache/a', 'logs', 'only-bytecode') not in the image, which gets files only; "
+        "put a file in one the engine needs",)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    assert [line for line in result.err.splitlines() if "empty folder" in line] == [
+        "warning: images/engine: 3 empty folders ('cache/a', 'logs', 'only-bytecode') not in the image, which gets "
+        "files only; put a file in one the engine needs"]

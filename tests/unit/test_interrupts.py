@@ -142,6 +142,17 @@ def test_releases_with_an_out_that_does_not_exist_and_rebuild_of_a_release_folde
     assert wrong.code == 2 and "a release folder, not a kit: write its kit with `build.py kit" in wrong.error_lines[-1]
 
 
+@pytest.mark.parametrize("where", ["out", "out/inner"])
+def test_an_out_that_is_a_file_is_bad_input_before_anything_is_built(engines, tmp_path, where):  # noqa: F811
+    from .test_supply_chain import release
+
+    (tmp_path / "out").write_text("a file\n")
+    with pytest.raises(InputError, match=rf"--out {tmp_path / where}: not a folder \(a file of that name, or above "
+                                         r"it, exists\)"):
+        release(engines, tmp_path / where)
+    assert (tmp_path / "out").read_text() == "a file\n"
+
+
 def test_a_full_disk_while_the_kit_is_written_names_the_folder(tmp_path):
     # the kit's draft (its thread writes the context tar) fails as a full disk does: the stage names
     # the staging folder and the kit, as the archive's disk errors do (it was "error: a file: ...")

@@ -118,6 +118,19 @@ def test_a_failing_gate_publishes_nothing(engines, tmp_path):
     assert [p.name for p in (tmp_path / "release").iterdir()] == [".1.0.lock"]
 
 
+def test_archive_into_an_existing_release_is_refused_before_the_image_is_scanned(engines, tmp_path):
+    from unibake.errors import InputError
+
+    out = tmp_path / "release"
+    release(engines, out)
+    source = engines[None]  # the image now carries a token: a scan would fail, but it must not be reached
+    config = json.loads(source.images[source.tags["demo:1.0"]].config)
+    config["config"]["Env"].append("HF_TOKEN=hf_" + "AbCdEfGhIj" * 4)
+    source.add(config, source.images[source.tags["demo:1.0"]].layers, tag="demo:1.0")
+    with pytest.raises(InputError, match=r"release .*/1\.0 already exists; use --force"):
+        release(engines, out)
+
+
 def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_skipped(engines, tmp_path):
     results = release(engines, tmp_path / "release", roundtrip=False)
     validation = results["release"].validation

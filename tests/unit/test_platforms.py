@@ -258,3 +258,22 @@ def test_a_base_image_carrying_unibakes_own_labels_is_refused_before_building(bu
              [b"x" * 1024], tag="localhost/unibake-busybox:1")
     with pytest.raises(InputError, match=r"carries unibake's own labels \(io\.unibake\.kernel\.evil\)"):
         check_base(fake, make_plan(busybox_product, platform=AMD64))
+
+
+def test_a_base_image_whose_env_would_win_over_a_profiles_is_refused_before_building(busybox_product):
+    # the entrypoint sets PROFILE and a profile's own env only where none is set: a base's ENV counted
+    # as set, so the container ran tp2 (or the base's NCCL_ALGO) while the notes recorded tp1's Tree
+    fake = FakeEngine()
+    plan = make_plan(busybox_product, platform=AMD64)
+    for env, says in ((["PROFILE=tp2"], r"sets PROFILE \(the default profile\)"),
+                      (["NCCL_ALGO=FromBase"], r"sets NCCL_ALGO \(profile tp1's env\)")):
+        fake.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin", *env]}}, [b"x" * 1024],
+                 tag="localhost/unibake-busybox:1")
+        with pytest.raises(InputError, match=rf"the base image localhost/unibake-busybox:1 {says} in its environment "
+                                             r"\(ENV\): the release's entrypoint gives a profile's value only where "
+                                             "none is set"):
+            check_base(fake, plan)
+    # what every profile sets alike is the image's own ENV, over the base's: no clash
+    fake.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin", "SHARED_SETTING=off"]}},
+             [b"x" * 1024], tag="localhost/unibake-busybox:1")
+    check_base(fake, plan)

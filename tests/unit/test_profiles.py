@@ -52,6 +52,13 @@ def test_a_profile_inherits_from_a_profile_it_extends(busybox_product):
     assert plan.env_common == {"SHARED_SETTING": "on"}
 
 
+
+def test_a_single_node_profile_may_set_master_port_in_its_env(busybox_product):
+    # only several nodes take it from topology: (run.sh's -e); alone, the profile's env is what the engine sees
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text().replace("env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, MASTER_PORT: '29501'}"))
+    assert make_plan(busybox_product, verify_lock=False).profile("tp1").env["MASTER_PORT"] == "29501"
+
 # --- bad files ------------------------------------------------------------------------------------
 
 
@@ -182,6 +189,36 @@ def test_profile_selection_decides_the_tag(busybox_product):
     assert subset.default_profile == "tp2"  # the product's default (tp1) is not in the image
     with pytest.raises(InputError, match=r"unknown profile 'tp8' \(--profile\); known: tp1, tp2"):
         make_plan(busybox_product, profiles=["tp8"])
+
+
+def test_two_selections_that_would_share_a_tag_are_refused(busybox_product):
+    for name in ("a", "a-b", "b-c", "c"):
+        (busybox_product / f"{name}.yaml").write_text(f"profile: {name}\nextends: tp1.yaml\n")
+    for selection, other in ((["a", "b-c"], "--profile a-b --profile c"), (["a-b", "c"], "--profile a --profile b-c")):
+        with pytest.raises(InputError, match=f"would share the tag unibake-test:0.1.0-a-b-c .* with {other}; "
+                                             "rename one of these profiles"):
+            make_plan(busybox_product, profiles=selection, verify_lock=False)
+    assert make_plan(busybox_product, profiles=["a-b", "tp1"], verify_lock=False).tag == "unibake-test:0.1.0-a-b-tp1"
+    # a profile named like two others built together is refused whichever side is built
+    with pytest.raises(InputError, match=r"a-b\.yaml: the profile 'a-b' would share the tag unibake-test:0\.1\.0-a-b "
+                                         "with the profiles a, b built together"):
+        (busybox_product / "b.yaml").write_text("profile: b\nextends: tp1.yaml\n")
+        make_plan(busybox_product, profiles=["a-b"], verify_lock=False)
+
+
+def test_two_components_that_would_share_an_image_label_are_refused(busybox_product):
+    from .test_real_stacks import elf
+
+    (busybox_product.parent / "images/x.so").write_bytes(elf())
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text() +
+                                              "sidecars: [{name: x.y, version: '1', prebuilt: images/x.so}]\n")
+    (busybox_product / "tp1.x.yaml").write_text("profile: tp1.x\nextends: tp1.yaml\n"
+                                                "sidecars: [{name: y, version: '2', prebuilt: images/x.so}]\n")
+    with pytest.raises(InputError, match=r"the sidecar 'x\.y' of the profile 'tp1' and the sidecar 'y' of the profile "
+                                         r"'tp1\.x' would both be recorded in the image label "
+                                         r"io\.unibake\.sidecar\.tp1\.x\.y, so one would be lost"):
+        make_plan(busybox_product, profiles=["tp1", "tp1.x"], verify_lock=False)
+    make_plan(busybox_product, profiles=["tp1.x"], verify_lock=False)  # apart, each has its own label
 
 
 def test_a_profile_replaces_an_inherited_sidecar_by_name(demo_product):

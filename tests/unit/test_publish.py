@@ -11,11 +11,11 @@ import pytest
 from unibake.archive import write_archive
 from unibake.archive_reader import read_back
 from unibake.errors import InputError, UnibakeError
-from unibake.manifest import GateResult, GateStep, Validation
+from unibake.manifest import ChatCheck, GateResult, GateStep, Validation
 from unibake.metadata import ImageMetadata
 from unibake.publish import ReleaseFolder, build_manifest, find_releases, previous_release, publish, render_files
 
-from ..savefixtures import docker_layout, layer_tar
+from ..savefixtures import docker_layout, layer_tar, oci_layout
 
 METADATA = {
     "product": "demo-llm", "version": "1.3.1", "tag": "demo-llm:1.3.1", "default_profile": "tp4",
@@ -38,9 +38,12 @@ PASSED = Validation(round_trip=None, round_trip_skipped="skipped with --no-round
 
 
 def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False, layers=None, notes=None,
-                 image_labels=None):
-    data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", labels=image_labels,
-                                      architecture=metadata.get("platform", "linux/amd64").split("/")[1])
+                 image_labels=None, gzip_layers=False, validation=PASSED):
+    if gzip_layers:  # saved as an engine's containerd store can save them: layers kept gzip-compressed
+        data, image_id, _ = oci_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", gzip_layers=True)
+    else:
+        data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", labels=image_labels,
+                                          architecture=metadata.get("platform", "linux/amd64").split("/")[1])
     with ReleaseFolder(out, tag, force=force) as folder:
         archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
         back = read_back(archive)
@@ -50,7 +53,7 @@ def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False
                                   digests=back, metadata=meta,
                                   labels={"org.opencontainers.image.version": tag}, previous=previous, notes=notes,
                                   attachments={a.name: a.read() for a in notes.attachments} if notes else None)
-        files = {**render_files(manifest, PASSED, previous, notes),
+        files = {**render_files(manifest, validation, previous, notes),
                  **({a.name: a.read() for a in notes.attachments} if notes else {})}
         return publish(folder, archive, back, files, out.parent / "checksums"), image_id
 
@@ -70,6 +73,14 @@ def test_a_release_folder_is_complete_and_its_sums_pass(tmp_path):
     assert {"uncompressed_bytes", "uncompressed_sha256", "sha256", "bytes"} <= set(manifest["archive"])
     assert [p for p in os.listdir(tmp_path / "release") if not p.startswith(".")] == ["1.3.1"]
 
+
+
+def test_the_notes_say_a_prompt_without_an_expected_reply_needed_a_non_empty_one(tmp_path):
+    chat = ChatCheck(prompt="Say it.", match="exact", expect=None, reply="hello", passed=True, seconds=0.1)
+    validation = PASSED.model_copy(update={"smoke": (PASSED.smoke[0].model_copy(update={"chats": (chat,)}),)})
+    folder, _ = make_release(tmp_path / "release", validation=validation)
+    row = next(line for line in (folder / "RELEASE_NOTES.md").read_text().splitlines() if "Say it." in line)
+    assert "(any non-empty reply)" in row
 
 def test_the_notes_carry_every_digest_and_the_import_command(tmp_path):
     folder, image_id = make_release(tmp_path / "release")

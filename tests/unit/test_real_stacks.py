@@ -81,6 +81,33 @@ def wheel(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
+def elf(machine: str | None = None) -> bytes:
+    """The first bytes of a 64-bit little-endian ELF shared library for ``machine`` (uname -m; the host's)."""
+    from unibake.platforms import host
+    from unibake.prebuilt import ELF_MACHINES
+
+    number = {name: n for n, name in ELF_MACHINES.items()}[machine or host().machine]
+    return b"\x7fELF\x02\x01\x01" + bytes(9) + (3).to_bytes(2, "little") + number.to_bytes(2, "little") + bytes(44)
+
+
+@pytest.mark.parametrize("data,message", [
+    (b"#!/bin/sh\n", r"prebuilt images/x\.so is not an ELF shared library"),
+    ("other", r"prebuilt images/x\.so is built for (aarch64, not for x86_64|x86_64, not for aarch64), the platform's "
+              "architecture"),
+])
+def test_a_prebuilt_so_that_is_not_a_library_of_the_platform_is_refused_at_the_plan(busybox_product, data, message):
+    from unibake.platforms import host
+
+    if data == "other":
+        data = elf("aarch64" if host().machine == "x86_64" else "x86_64")
+    (busybox_product.parent / "images/x.so").write_bytes(data)
+    append(busybox_product / "product.yaml", "kernels:\n  - {name: x, version: '1', prebuilt: images/x.so}\n")
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: {message}"):
+        make_plan(busybox_product, verify_lock=False)
+    (busybox_product.parent / "images/x.so").write_bytes(elf())
+    assert make_plan(busybox_product, verify_lock=False).kernels[0].outputs == ("x.so",)
+
+
 def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(busybox_product, cli, tmp_path):
     root = busybox_product.parent
     (root / "images/k").mkdir(parents=True)
@@ -123,6 +150,45 @@ def test_a_prebuilt_archive_cannot_write_outside_its_folder(busybox_product, mem
     wheel(root / "images/x.whl", {member: b"x"})
     append(busybox_product / "product.yaml", "kernels:\n  - {name: x, version: '1', prebuilt: images/x.whl}\n")
     with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("kind", ["whl", "tar"])
+def test_a_prebuilt_archive_holding_a_file_and_a_folder_of_one_name_is_refused(busybox_product, kind):
+    root = busybox_product.parent
+    members = {"k/extra": b"x", "k/extra/inner.txt": b"y", "k/libk.so": b"\x7fELF"}
+    if kind == "whl":
+        wheel(root / "images/x.whl", members)
+    else:
+        with tarfile.open(root / "images/x.tar", "w") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: x, version: '1', prebuilt: images/x.{kind}}}\n")
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: prebuilt images/x\.{kind} holds both the file 'k/extra' "
+                                         "and 'k/extra/inner.txt' inside it"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_an_overlay_file_where_another_overlay_puts_a_folder_is_refused(busybox_product):
+    root = busybox_product.parent
+    (root / "images/ovA").mkdir()
+    (root / "images/ovA/fileA").write_text("x\n")
+    (root / "images/ovB/b").mkdir(parents=True)
+    (root / "images/ovB/b/c").write_text("y\n")
+    append(busybox_product / "product.yaml", "overlays:\n  - {source: images/ovA/fileA, target: a/b}\n"
+                                             "  - {source: images/ovB, target: a}\n")
+    with pytest.raises(InputError, match=r"overlay 'a' \(\S*product\.yaml:\d+\) puts engine/a/b/c, so engine/a/b "
+                                         r"must be a folder, but overlay 'a/b' \(\S*product\.yaml:\d+\) puts a file "
+                                         "there"):
+        make_plan(busybox_product, verify_lock=False)
+    # inside a folder overlay too: a folder where the engine has a file
+    (root / "images/ovB/serve.sh").mkdir()
+    (root / "images/ovB/serve.sh/x").write_text("z\n")
+    (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text().replace(
+        "  - {source: images/ovA/fileA, target: a/b}\n", "").replace("target: a}", "target: .}"))
+    with pytest.raises(InputError, match=r"overlay '.' .* puts engine/serve.sh/x, .* but the engine puts a file there"):
         make_plan(busybox_product, verify_lock=False)
 
 

@@ -138,10 +138,10 @@ def test_a_bad_auth_file_is_exit_2(tmp_path, content, message):
         load_credentials("reg.example", {}, tmp_path / "absent.json")
 
 
-def client(attempts=3, credentials=None):
+def client(attempts=3, credentials=None, push=False):
     waits, lines = [], []
     c = RegistryClient(Reference(host="reg.example:5000", path="team/a"), credentials=credentials, ca_file=None,
-                       retry=Retry(attempts=attempts, sleep=waits.append), on_retry=lines.append)
+                       retry=Retry(attempts=attempts, sleep=waits.append), on_retry=lines.append, push=push)
     return c, waits, lines
 
 
@@ -173,7 +173,7 @@ def test_transient_errors_are_retried_with_backoff_then_succeed():
 
 
 def test_retries_run_out_with_one_clear_error():
-    c, waits, _ = client(attempts=2)
+    c, waits, _ = client(attempts=2, push=True)
     call, calls = failing(*[requests.exceptions.ConnectionError("Connection refused")] * 2)
     with pytest.raises(RegistryError, match="did not answer while uploading x .connection refused. after 2 attempts; "
                                             "nothing was recorded"):

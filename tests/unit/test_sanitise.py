@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from unibake.sanitise import builder_identity, enforce, scan_env, scan_file, scan_image, scan_release_texts, scan_text
@@ -182,3 +184,24 @@ def test_a_big_file_without_newlines_is_scanned_in_chunks_with_bounded_memory(tm
     assert sanitise._anchor_offsets([path], sanitise._all_anchors(()))[path] is None  # grep could not bound it
     found = scan_file(path, "images/blob.json")
     assert [(f.where, f.kind) for f in found] == [(f"images/blob.json at byte {at + 1}", "Hugging Face token")]
+
+
+def test_an_allow_pattern_that_matches_an_empty_value_is_refused_and_the_suggested_ones_pass():
+    """'', '.*' or 'x?' is found in every value: it would let every secret through the gate."""
+    from unibake.errors import InputError
+    from unibake.sanitise import check_allow
+
+    for pattern in ("", ".*", "x?", "|hf_", "(?=)", "^$"):
+        with pytest.raises(InputError, match="matches an empty value, so it would let every value through"):
+            check_allow(pattern, "--allow")
+    for kind, value in SECRETS.items():  # the rule the gate's own message suggests for each finding
+        findings = scan_text(f"x {value}\n", "f")
+        with pytest.raises(VerificationError) as refused:
+            enforce(findings, (), "f")
+        suggested = re.search(r"\(e\.g\. '(.*)'\) or with --allow", str(refused.value)).group(1)
+        check_allow(suggested, "--allow")
+        enforce(findings, (suggested,), "f")
+    check_allow(r"^hf_AbCd", "--allow")
+    for pattern in (".", r"\w", "[a-z]", "x|hf_AbCd"):  # not empty, but found in almost every value
+        with pytest.raises(InputError, match="matches the one-character value '.', so it would let almost every"):
+            check_allow(pattern, "--allow")

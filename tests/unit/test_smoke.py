@@ -22,14 +22,28 @@ class Engine(BaseHTTPRequestHandler):
     replies: dict = {}
     health = 200
 
+    health_wire: list = []  # what the first /health requests get, one each, sent as it is (status line and all)
+    health_body = b'{"status": "ok"}'
+
+    ready_at = 0.0  # time.monotonic() before which /health answers 503 (still loading)
+    thinking = 0.0  # seconds before a chat completion is answered
+
     def do_GET(self):  # noqa: N802 - the handler's name is http.server's
-        body = json.dumps({"status": "ok"}).encode()
+        if time.monotonic() < self.ready_at:
+            self.send_error(503)
+            return
+        if self.health_wire:
+            self.wfile.write(self.health_wire.pop(0))
+            self.close_connection = True
+            return
+        body = self.health_body
         self.send_response(self.health)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     raw: bytes | None = None  # a body sent as it is
+    wire: bytes | None = None  # a whole response sent as it is, status line and all
     trickle = False  # a body that never ends: a byte now and then
 
     def do_POST(self):  # noqa: N802
@@ -37,6 +51,11 @@ class Engine(BaseHTTPRequestHandler):
         prompt = request["messages"][0]["content"]
         reply = self.replies.get(prompt, self.reply) if self.replies else self.reply
         assert prompt.startswith("Say")
+        time.sleep(self.thinking)
+        if self.wire is not None:
+            self.wfile.write(self.wire)
+            self.close_connection = True
+            return
         body = self.raw if self.raw is not None else json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body) if not self.trickle else 1 << 20))
@@ -65,6 +84,8 @@ def server():
     httpd.shutdown()
     Engine.reply, Engine.health, Engine.replies, Engine.raw, Engine.trickle = "UNIFIED_TP1_OK model=demo", 200, {}, \
         None, False
+    Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
+    Engine.ready_at, Engine.thinking = 0.0, 0.0
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -179,10 +200,19 @@ def test_the_gate_container_runs_with_a_restart_policy(engine, server):
 def gates_within(seconds: float, *args, **kwargs):
     """run_gates, in a thread: a gate that hangs fails the test instead of hanging the suite."""
     done: list = []
-    thread = threading.Thread(target=lambda: done.append(run_gates(*args, **kwargs)), daemon=True)
+
+    def gates():
+        try:
+            done.append(run_gates(*args, **kwargs))
+        except BaseException as exc:  # raised here, in the test, not lost in the thread
+            done.append(exc)
+
+    thread = threading.Thread(target=gates, daemon=True)
     thread.start()
     thread.join(seconds)
     assert done, f"the gate did not finish within {seconds} s"
+    if isinstance(done[0], BaseException):
+        raise done[0]
     return done[0]
 
 
@@ -233,3 +263,63 @@ def test_an_epoch_label_that_is_no_time_is_ignored_not_a_traceback():
 
     assert _epoch({EPOCH_LABEL: "1700000000"}) == 1700000000
     assert _epoch({EPOCH_LABEL: "9" * 23}) is None and _epoch({EPOCH_LABEL: "\u00b2"}) is None
+
+
+NOT_HTTP = {  # what an engine that is not (yet) an HTTP server, or a broken one, may send
+    "not_http": b"HELLO\r\n\r\n",
+    "over_100_headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(120)) + b"\r\n",
+    "bad_chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "json_200000_deep": b"HTTP/1.1 200 OK\r\nContent-Length: 400000\r\n\r\n" + b"[" * 200_000 + b"]" * 200_000,
+}
+
+
+@pytest.mark.parametrize("wire", NOT_HTTP.values(), ids=NOT_HTTP.keys())
+def test_a_reply_that_is_not_http_or_json_fails_the_chat_step_not_the_release(engine, server, wire):
+    Engine.wire = wire
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat", result.steps
+    assert result.failed.detail.startswith("the chat completion failed: ")
+    assert ("not a well-formed HTTP reply" in result.failed.detail) != wire.endswith(b"]")
+    assert "Traceback" not in result.failed.detail and "http/client.py" not in result.failed.detail
+
+
+def test_a_health_check_that_answers_garbage_while_loading_is_asked_again(engine, server):
+    Engine.health_wire = list(NOT_HTTP.values())
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert Engine.health_wire == []
+
+
+
+def test_each_prompt_gets_its_own_bound_however_late_the_engine_became_ready(server, monkeypatch):
+    from unibake import smoke_client
+
+    monkeypatch.setattr(smoke_client, "MIN_WAIT", 0.5)  # the floor, scaled down with the rest of the test
+    Engine.ready_at, Engine.thinking = time.monotonic() + 1.5, 1.0  # ready late in the 2 s wait; a 1 s answer
+    answer = smoke_client.probe(f"http://127.0.0.1:{server.server_port}", prompts=["Say it."], model="demo", timeout=2)
+    assert answer["health"] and answer["chats"] == [{"reply": "UNIFIED_TP1_OK model=demo",
+                                                     "seconds": answer["chats"][0]["seconds"]}], answer
+
+
+def test_a_prompt_without_an_expected_reply_still_needs_a_non_empty_one(engine, server):
+    Engine.reply = " \n"  # an engine that answers nothing
+    result = run_gates(engine, "demo:1", metadata(server.server_port, expect=None), netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat"
+    assert result.failed.detail == "expected a non-empty reply, got ' \\n'"
+    Engine.reply = "anything at all"
+    assert run_gates(engine, "demo:1", metadata(server.server_port, expect=None), netns_pid=None)[0].passed
+
+
+def test_a_smoke_regex_that_backtracks_for_long_on_a_long_reply_fails_the_gate_in_bounded_time(engine, server, monkeypatch):
+    import unibake.smoke
+
+    monkeypatch.setattr(unibake.smoke, "REGEX_SECONDS", 1.0, raising=False)
+    pattern = "SMOKE_OK .* tp=[0-9]+ .* ep=on .*done"  # accepted: no nesting, but cubic on a wrong reply
+    Engine.reply = "SMOKE_OK " + " tp=1 ep=on" * 1000  # 11 KB: seconds of backtracking (minutes at 48 KB)
+    start = time.monotonic()
+    result = run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": pattern,
+                                                                        "match": "regex"}]), netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat"
+    assert result.failed.detail.startswith(f"the regular expression {pattern!r} took longer than 1 s on a reply "
+                                           "of 11009 bytes (write it with fewer unbounded repeats like .*)")
+    assert time.monotonic() - start < 6

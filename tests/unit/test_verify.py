@@ -34,6 +34,29 @@ def test_a_good_release_verifies(cli, folder):
         assert f"{check} " in result.err
 
 
+@pytest.mark.parametrize("garbage", [False, True])
+def test_verify_counts_the_whole_archive_read_for_its_progress(folder, garbage):
+    # a huge archive was minutes of silence; one zstd refuses at once is still read to its end (its digest)
+    from contextlib import contextmanager
+
+    from unibake.verify import verify_folder
+
+    name = json.loads((folder / "manifest.json").read_text())["archive"]["name"]
+    size = (folder / name).stat().st_size
+    if garbage:
+        (folder / name).write_bytes(os.urandom(size))
+    seen = []
+
+    @contextmanager
+    def progress(description, total):
+        seen.append([description, total, 0])
+        yield lambda n: seen[-1].__setitem__(2, seen[-1][2] + n)
+
+    report = verify_folder(folder, progress=progress)
+    assert seen == [["read archive", size, size]]
+    assert bool(report.failures) == garbage
+
+
 def test_a_flipped_byte_names_the_file_and_the_check(cli, folder):
     archive = folder / "demo-llm-1.3.1.tar.zst"
     data = bytearray(archive.read_bytes())
@@ -150,3 +173,30 @@ def test_verify_json_is_the_report(cli, folder):
     report = json.loads(result.out)
     assert report["passed"] and {c["check"] for c in report["checks"]} == {"sha256", "size", "zstd", "structure", "image id"}
     assert result.err.strip().startswith("verified ")  # --quiet: the final line only
+
+
+def test_verify_load_never_passes_a_tag_that_names_another_image(folder):
+    # the engine held the release's image under another name and the release's tag on another image:
+    # verify --load said "already has it" and passed, while run.sh (by tag) would run the other one
+    from unibake.archive_reader import read_archive
+    from unibake.manifest import load_manifest
+    from unibake.verify import load_and_compare, verify_folder
+
+    from ..fake_engine import FakeEngine
+
+    manifest = load_manifest(folder)
+    engine = FakeEngine(address="fake://local")
+    engine.load(read_archive(folder, [f.name for f in manifest.archive.files]))
+    engine.tag(manifest.image_id, "copy:1")
+    engine.untag(manifest.tag)
+    other = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b""], tag=manifest.tag)
+    report = load_and_compare(verify_folder(folder), engine)
+    assert [f"{c.name} {c.detail}" for c in report.failures] == [
+        f"load the engine's {manifest.tag} is {other}, another image: loading would move that tag (nothing was "
+        "loaded)"]
+    assert engine.inspect_image(manifest.tag).id == other
+    engine.untag(manifest.tag)  # the tag gone, the image still there under its other name: tagged, not loaded
+    report = load_and_compare(verify_folder(folder), engine)
+    assert not report.failures and engine.inspect_image(manifest.tag).id == manifest.image_id
+    assert report.checks[-1].detail == f"the engine already has {manifest.image_id}; tagged {manifest.tag}, not " \
+                                       "loaded again"
