@@ -37,10 +37,10 @@ from .builder import BuiltImage, Image, image_platform
 from .contents import LayerInspector
 from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, EngineError, LayerFormatError, UnibakeError, VerificationError
-from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, locate, looks_like_layer, read_members, resolve,
-                       tar_header, tar_padding)
+from .imagetar import (BLOCK, LayerRewriter, Member, SavedImage, looks_like_layer, read_members, tar_header,
+                       tar_padding)
 from .manifest import RoundTripRecord
-from .normalise import normalised_config, refuse_a_rewritten_base_layer
+from .normalise import end_of_load, normalised_config, walk_layers
 from .platforms import Platform
 from .threads import Consumer, consume_in_thread, counted, hashing_thread, read_ahead
 
@@ -202,33 +202,17 @@ class Exported:
 def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
             platform: Platform | None) -> tuple[bytes, tuple[str, ...], list[PassedLayer], tuple[str, ...]]:
     """The normalised config, its diffIDs, every layer in order, and the load stream's layer names."""
-    where = locate(members)
-    config_member = resolve(members, where.config_name)
-    try:
-        raw_diff_ids = json.loads(config_member.data or b"")["rootfs"]["diff_ids"]
-    except (ValueError, KeyError, TypeError):
-        raise ArchiveError(f"the save stream's config {where.config_name} has no rootfs.diff_ids") from None
-    diff_ids, layers, names = [], [], []
-    for i, name in enumerate(where.layer_names):
-        member = resolve(members, name)
-        if i >= len(raw_diff_ids) or f"sha256:{member.content_sha256}" != raw_diff_ids[i]:
-            raise ArchiveError(f"layer {i + 1} ({name}) of the save stream does not match the image's diffID")
-        layer: PassedLayer = member.routed
+    def rewritten(i: int, name: str, member: Member) -> str | None:
+        layer = member.routed
         if not isinstance(layer, PassedLayer):
             raise ArchiveError(f"layer {i + 1} ({name}) of the save stream is not a layer tar")
-        if layer.ours:
-            refuse_a_rewritten_base_layer(i, f"sha256:{member.content_sha256}", f"sha256:{layer.sha256.hexdigest()}",
-                                          base_diff_ids, owned)
-            diff_ids.append(f"sha256:{layer.sha256.hexdigest()}")
-        else:
-            digest = f"sha256:{member.content_sha256}"
-            if i >= len(base_diff_ids) or base_diff_ids[i] != digest:
-                raise VerificationError(f"layer {i + 1} ({digest}) lies outside {owned} but is not a layer of the "
-                                        "base image; normalise only knows the layers unibake adds")
-            diff_ids.append(digest)
-        layers.append(layer)
-        names.append(layer.out_name)
-    return normalised_config(config_member.data, diff_ids, epoch, platform), tuple(diff_ids), layers, tuple(names)
+        return f"sha256:{layer.sha256.hexdigest()}" if layer.ours else None
+
+    config_data, walked = walk_layers(members, base_diff_ids, owned, rewritten)
+    diff_ids = tuple(d for _, _, d in walked)
+    layers: list[PassedLayer] = [m.routed for _, m, _ in walked]
+    return (normalised_config(config_data, diff_ids, epoch, platform), diff_ids, layers,
+            tuple(layer.out_name for layer in layers))
 
 
 def _layer_members(layers: list[PassedLayer], diff_ids: tuple[str, ...]) -> tuple[Member, ...]:
@@ -236,14 +220,6 @@ def _layer_members(layers: list[PassedLayer], diff_ids: tuple[str, ...]) -> tupl
     return tuple(Member(name=layer.out_name, size=layer.size, sha256=d.removeprefix("sha256:"),
                         content_sha256=d.removeprefix("sha256:"), data=layer.data, routed=layer.spool)
                  for layer, d in zip(layers, diff_ids))
-
-
-def _end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...]) -> None:
-    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": list(layer_names)}]).encode()
-    for name, data in ((config_name, config), ("manifest.json", manifest)):
-        loader.put(tar_header(name, len(data)) + data + tar_padding(len(data)))
-    loader.put(bytes(2 * BLOCK))
 
 
 def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, epoch: int, owned: str,
@@ -347,9 +323,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
                 omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
                 layers = [settled(layer, d in omit, local) for layer, d in zip(layers, diff_ids)]
-                _end_of_load(local, config, tag, names)
+                end_of_load(local, config, tag, names)
                 if remote is not None:
-                    _end_of_load(remote, config, tag, names)
+                    end_of_load(remote, config, tag, names)
                 # Both engines now take in what they were sent (Engine 20.10 unpacks a load only once
                 # its stream has ended: seconds for a big image); the archive is assembled and read
                 # back meanwhile, and the loads are waited for after.

@@ -533,15 +533,14 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
     document = parse_provenance(text, str(release / PROVENANCE))
     from .platforms import KNOWN
 
-    from .profiles import load_profiles
+    def same_product(data: dict) -> None:  # before the plan selects: an unknown profile would hide this
+        if data.get("product") != manifest.product:
+            raise InputError(f"the profiles in {config} are of the product {data.get('product')}, not {where}'s "
+                             f"{manifest.product}: give the release's own profiles folder with --config")
 
-    product = load_profiles(config.resolve(), cwd.resolve())[0].data.get("product")
-    if product != manifest.product:  # before the plan: its errors (an unknown profile) would hide this
-        raise InputError(f"the profiles in {config} are of the product {product}, not {where}'s {manifest.product}: "
-                         "give the release's own profiles folder with --config")
     # the release's platform: its base, builder and prebuilt kernels are that platform's
     plan = make_plan(config, profiles=list(manifest.profiles), version=manifest.version, cwd=cwd,
-                     platform=KNOWN.get(manifest.platform or ""))
+                     platform=KNOWN.get(manifest.platform or ""), on_product=same_product)
     if plan.tag != manifest.tag:
         raise InputError(f"the profiles in {config} give the image {plan.tag}, not {where}'s {manifest.tag}: a "
                          "profile added or removed since changes which selection is 'all'; check out the revision "
@@ -559,6 +558,7 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
                          f"differs from the one {where} was built from")
                 raise InputError(f"{role} {path} {state} (its provenance lists them); check out the revision it "
                                  f"was built from ({manifest.revision})")
+
     def image(role: str, ref: str, sha: str) -> BaseImage:  # as kit.json will hold it: checked here, by name
         if not (IMAGE_REF_RE.fullmatch(ref) and len(ref) <= 512 and HEX64_RE.fullmatch(sha)):
             raise VerificationError(f"{release / PROVENANCE}: its {role} {ref[:80]!r} is not an image reference "

@@ -36,7 +36,7 @@ from .imagetar import (BLOCK, LayerRewriter, Member, locate, looks_like_layer, r
                        tar_padding)
 from .platforms import Platform, apply as apply_platform
 from .schema import IMAGE_ID_RE
-from .threads import Consumer, consume_in_thread, hashing_thread, read_ahead
+from .threads import Consumer, consume_in_thread, counted, hashing_thread, read_ahead
 
 EPOCH_LABEL = "io.unibake.source-date-epoch"
 VERSION = 2  # of the rewrite: a change to it must not reuse images normalised before
@@ -119,33 +119,28 @@ def rewrite_into(engine_load: Callable, save: Callable[[], object], *, tag: str,
                  platform: Platform | None = None) -> Rewrite:
     """Read ``save()`` once and feed ``engine_load`` (in its own thread) the normalised image:
     the rewritten layers of ours, then the new config and a manifest naming every layer."""
-    counted = {"bytes": 0}
+    saved_bytes = 0
+
+    def advance(n: int) -> None:
+        nonlocal saved_bytes
+        saved_bytes += n
+        progress(n)
+
     with consume_in_thread(engine_load, name="load") as loader, hashing_thread() as hasher:
         def route(name: str, size: int, head: bytes):
             if not looks_like_layer(name, head):
                 return None
             return _LayerOut(name, size, epoch=epoch, owned=owned, put=loader.put, hasher=hasher)
 
-        def chunks():
-            for chunk in read_ahead(save(), name="save"):
-                counted["bytes"] += len(chunk)
-                progress(len(chunk))
-                yield chunk
-
         try:
-            members = read_members(chunks(), route=route)
+            members = read_members(counted(read_ahead(save(), name="save"), advance), route=route)
         except LayerFormatError as exc:
             raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
         hasher.close()
-        rewrite, layer_names, out_names = _finish(members, epoch, base_diff_ids, owned, platform)
-        config_name = f"{rewrite.image_id.removeprefix('sha256:')}.json"
-        manifest = json.dumps([{"Config": config_name, "RepoTags": [tag],
-                                "Layers": [out_names.get(n, n) for n in layer_names]}]).encode()
-        for name, data in ((config_name, rewrite.config), ("manifest.json", manifest)):
-            loader.put(tar_header(name, len(data)) + data + tar_padding(len(data)))
-        loader.put(bytes(2 * BLOCK))
+        rewrite, layer_names = _finish(members, epoch, base_diff_ids, owned, platform)
+        end_of_load(loader, rewrite.config, tag, layer_names)
         loader.close()
-    return Rewrite(config=rewrite.config, diff_ids=rewrite.diff_ids, save_bytes=counted["bytes"])
+    return Rewrite(config=rewrite.config, diff_ids=rewrite.diff_ids, save_bytes=saved_bytes)
 
 
 def refuse_a_rewritten_base_layer(index: int, raw: str, rewritten: str, base_diff_ids: tuple[str, ...],
@@ -160,34 +155,55 @@ def refuse_a_rewritten_base_layer(index: int, raw: str, rewritten: str, base_dif
                          f"base without {owned}")
 
 
-def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
-            platform: Platform | None = None) -> tuple[Rewrite, tuple[str, ...], dict[str, str]]:
-    """The new diffIDs and config, once every layer has passed."""
+def walk_layers(members: dict[str, Member], base_diff_ids: tuple[str, ...], owned: str,
+                rewritten: Callable[[int, str, Member], str | None]) -> tuple[bytes, list[tuple[str, Member, str]]]:
+    """A passed save stream's config and every layer in order, with its diffID once normalised:
+    ``rewritten(index, name, member)`` gives a rewritten layer's new diffID, None for a layer that
+    passed unchanged, which must then be the base image's own at that place."""
     where = locate(members)
     config_member = resolve(members, where.config_name)
     try:
         raw_diff_ids = json.loads(config_member.data or b"")["rootfs"]["diff_ids"]
     except (ValueError, KeyError, TypeError):
         raise ArchiveError(f"the save stream's config {where.config_name} has no rootfs.diff_ids") from None
-    diff_ids: list[str] = []
-    out_names: dict[str, str] = {}
+    walked: list[tuple[str, Member, str]] = []
     for i, name in enumerate(where.layer_names):
         member = resolve(members, name)
-        if i >= len(raw_diff_ids) or f"sha256:{member.content_sha256}" != raw_diff_ids[i]:
-            raise ArchiveError(f"layer {i + 1} ({name}) of the save stream does not match the image's diffID")
-        if isinstance(member.routed, RewrittenLayer):
-            refuse_a_rewritten_base_layer(i, f"sha256:{member.content_sha256}",
-                                          f"sha256:{member.routed.sha256.hexdigest()}", base_diff_ids, owned)
-            diff_ids.append(f"sha256:{member.routed.sha256.hexdigest()}")
-            out_names[name] = member.routed.out_name  # a duplicate saved as a link: the engine needs the file
-            continue
         digest = f"sha256:{member.content_sha256}"
-        if i >= len(base_diff_ids) or base_diff_ids[i] != digest:
+        if i >= len(raw_diff_ids) or digest != raw_diff_ids[i]:
+            raise ArchiveError(f"layer {i + 1} ({name}) of the save stream does not match the image's diffID")
+        new = rewritten(i, name, member)
+        if new is not None:
+            refuse_a_rewritten_base_layer(i, digest, new, base_diff_ids, owned)
+        elif i >= len(base_diff_ids) or base_diff_ids[i] != digest:
             raise VerificationError(f"layer {i + 1} ({digest}) lies outside {owned} but is not a layer of "
                                     "the base image; normalise only knows the layers unibake adds")
-        diff_ids.append(digest)
-    config = normalised_config(config_member.data, diff_ids, epoch, platform)
-    return Rewrite(config=config, diff_ids=tuple(diff_ids), save_bytes=0), where.layer_names, out_names
+        walked.append((name, member, new or digest))
+    return config_member.data or b"", walked
+
+
+def end_of_load(loader: Consumer, config: bytes, tag: str, layer_names: tuple[str, ...] | list[str]) -> None:
+    """Close a load stream: the config, a manifest naming ``tag`` and every layer, the end blocks."""
+    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": list(layer_names)}]).encode()
+    for name, data in ((config_name, config), ("manifest.json", manifest)):
+        loader.put(tar_header(name, len(data)) + data + tar_padding(len(data)))
+    loader.put(bytes(2 * BLOCK))
+
+
+def _finish(members: dict[str, Member], epoch: int, base_diff_ids: tuple[str, ...], owned: str,
+            platform: Platform | None = None) -> tuple[Rewrite, list[str]]:
+    """The new config and diffIDs once every layer has passed, and the load stream's layer names (a
+    rewritten duplicate was saved as a link: the engine needs the file)."""
+    def rewritten(i: int, name: str, member: Member) -> str | None:
+        routed = member.routed
+        return f"sha256:{routed.sha256.hexdigest()}" if isinstance(routed, RewrittenLayer) else None
+
+    config_data, walked = walk_layers(members, base_diff_ids, owned, rewritten)
+    diff_ids = tuple(d for _, _, d in walked)
+    names = [m.routed.out_name if isinstance(m.routed, RewrittenLayer) else name for name, m, _ in walked]
+    config = normalised_config(config_data, diff_ids, epoch, platform)
+    return Rewrite(config=config, diff_ids=diff_ids, save_bytes=0), names
 
 
 def _remembered(engine: Engine, memo: Path, built: BuiltImage, base_diff_ids: tuple[str, ...], epoch: int):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -331,18 +332,21 @@ def _platforms_of(product_doc) -> tuple[Platform, ...]:
 
 def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
               cwd: Path | None = None, verify_lock: bool = True, require_lock: bool = True,
-              allow: tuple[str, ...] = (), platform: Platform | None = None) -> ReleasePlan:
+              allow: tuple[str, ...] = (), platform: Platform | None = None,
+              on_product: Callable[[dict], None] = lambda data: None) -> ReleasePlan:
     """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
     every value that will be baked for secrets, before anything is rendered or built.
 
     ``require_lock=False`` (``--stage render``): a missing lock is no error; one that exists is checked.
     ``platform``: the one to build for (default: product.yaml's, the first when it names several; else
-    the host's); a platform other than linux/amd64 adds its architecture to the tag."""
+    the host's); a platform other than linux/amd64 adds its architecture to the tag. ``on_product``
+    sees product.yaml's values once loaded, before any profile is selected (and may refuse them)."""
     cwd = cwd or Path.cwd()
     config_dir = config_dir.resolve()
     root = config_dir.parent
     product_doc, merged = load_profiles(config_dir, cwd.resolve())
     data = product_doc.data
+    on_product(data)
     platform = platform or _platforms_of(product_doc)[0]
     selected = select_profiles(list(profiles or []), list(merged))
     if version is not None and not VERSION_RE.fullmatch(version):
