@@ -925,9 +925,8 @@ def check_release_form(members: Members, tag: str) -> None:
             not all(_canonical_descriptor(d, (OCI_LAYER, OCI_LAYER + "+gzip")) for d in oci["layers"]):
         raise ArchiveError(f"the archive's image manifest {oci_name} is not in the form unibake writes: "
                            "index.json and manifest.json describe different images")
-    if blob_name((oci.get("config") or {}).get("digest")) != where.config_name or \
-            [blob_name(d.get("digest") if isinstance(d, dict) else None) for d in oci.get("layers") or []] \
-            != list(where.layer_names):
+    if blob_name(oci["config"]["digest"]) != where.config_name or \
+            [blob_name(d["digest"]) for d in oci["layers"]] != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")
     referenced = CANONICAL_NAMES | {oci_name, where.config_name} | set(where.layer_names)
     folders = {name.rsplit("/", n)[0] for name in referenced for n in range(1, name.count("/") + 1)}
