@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import re
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
