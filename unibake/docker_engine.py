@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import BinaryIO
@@ -82,8 +83,8 @@ class DockerEngine(Engine):
                 kwargs.setdefault("base_url", self.address)
                 self.api = docker.APIClient(version="auto", timeout=timeout, use_ssh_client=ssh, **kwargs)
         except docker.errors.DockerException as exc:
-            raise EngineError(f"cannot reach the Docker engine at {self.address}: "
-                              f"{_reason(exc)}; start it (scripts/setup.sh does) or name one with --engine") from None
+            raise EngineError(f"cannot reach the Docker engine at {self.address}: {_unreachable(self.address, exc)}") \
+                from None
 
     def _fail(self, what: str, exc: Exception) -> EngineError:
         return EngineError(f"{what}: {_reason(exc)} (engine at {self.address})")
@@ -337,6 +338,22 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, docker.errors.APIError) and exc.explanation:
         return str(exc.explanation)
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _unreachable(address: str, exc: Exception) -> str:
+    """Why an engine could not be reached, and what to do: the local socket is started by
+    scripts/setup.sh; an engine elsewhere is for its owner to start or for the network to reach."""
+    reason = _reason(exc)
+    if address.startswith("ssh://"):
+        # docker-py runs the ssh client, whose own message (refused, unknown host, denied) is printed above;
+        # a missing client is the FileNotFoundError of starting it, not an engine that does not listen
+        reason = ("no ssh client is installed here (docker-py runs ssh)" if shutil.which("ssh") is None else
+                  "ssh did not connect, or no engine answered through it (ssh's own message, if any, is above)")
+    if address == DEFAULT_ADDRESS:
+        return f"{reason}; start it (scripts/setup.sh does) or name one with --engine"
+    if address.startswith("unix://"):
+        return f"{reason}; start the engine that serves that socket, or name another with --engine"
+    return f"{reason}; check that the engine runs there and that this machine reaches it"
 
 
 def _pull_hint(message: str) -> str:

@@ -149,8 +149,8 @@ def test_an_unreachable_engine_is_a_clear_error(cli, busybox_product, tmp_path, 
     result = build(cli, busybox_product, version, "--engine", f"unix://{tmp_path}/no-engine.sock")
     assert result.code == 1
     assert result.error_lines == [f"error: cannot reach the Docker engine at unix://{tmp_path}/no-engine.sock: "
-                                  "no engine listens there; start it (scripts/setup.sh does) or name one with "
-                                  "--engine"]
+                                  "no engine listens there; start the engine that serves that socket, or name "
+                                  "another with --engine"]
 
 
 def test_a_local_base_pinned_by_image_id_builds_where_a_digest_cannot(cli, engine, busybox_product, version, images):

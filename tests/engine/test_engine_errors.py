@@ -5,6 +5,8 @@ exception (which the command line would print as a traceback)."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import tarfile
 import time
 import uuid
@@ -101,3 +103,27 @@ def test_prune_never_forces_out_an_image_a_container_uses(engine, version, image
     finally:
         engine.remove_container(container)
     assert engine.untag(tag) is True and engine.inspect_image(image_id) is None
+
+
+def test_an_engine_elsewhere_that_cannot_be_reached_gets_a_hint_for_elsewhere():
+    """Nothing listens on port 1 here: the hint is not to run this project's setup script, which
+    starts only the local engine."""
+    with pytest.raises(EngineError) as caught:
+        DockerEngine("tcp://127.0.0.1:1")
+    assert str(caught.value) == ("cannot reach the Docker engine at tcp://127.0.0.1:1: no engine listens there; "
+                                 "check that the engine runs there and that this machine reaches it")
+
+
+@pytest.mark.parametrize("path, reason", [
+    (os.defpath, "ssh did not connect, or no engine answered through it (ssh's own message, if any, is above)"),
+    ("/nonexistent", "no ssh client is installed here (docker-py runs ssh)")])
+def test_an_ssh_engine_that_cannot_be_reached_says_what_ssh_did(monkeypatch, path, reason):
+    """Not docker-py's "('Connection aborted.', BrokenPipeError(32, 'Broken pipe'))", and never 'no
+    engine listens there' when it is the ssh client that is missing."""
+    if path == os.defpath and shutil.which("ssh", path=path) is None:
+        pytest.fail("this machine kind has an ssh client (openssh-client): the case needs it")
+    monkeypatch.setenv("PATH", path)
+    with pytest.raises(EngineError) as caught:
+        DockerEngine("ssh://nobody@127.0.0.1:1")
+    assert str(caught.value) == (f"cannot reach the Docker engine at ssh://nobody@127.0.0.1:1: {reason}; check that "
+                                 "the engine runs there and that this machine reaches it")

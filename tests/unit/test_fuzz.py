@@ -6,7 +6,6 @@ suite stays fast; raise it for a longer campaign.
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import string

@@ -13,7 +13,7 @@ from unibake.archive_reader import read_back
 from unibake.errors import InputError, UnibakeError
 from unibake.manifest import ChatCheck, GateResult, GateStep, Validation
 from unibake.metadata import ImageMetadata
-from unibake.publish import ReleaseFolder, build_manifest, find_releases, previous_release, publish, render_files
+from unibake.publish import ReleaseFolder, build_manifest, previous_release, publish, render_files
 
 from ..savefixtures import docker_layout, layer_tar, oci_layout
 
