@@ -505,11 +505,13 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
                                 f"made on a release that verifies (python build.py verify {base.folder})")
 
 
-def _forget_base_after(run: Run, engine: Engine, base: HotfixBase, held_before: bool) -> None:
-    """A --verify-engine took in a hotfix's base release for the round trip: it is removed again at
-    the end, unless that engine held it before (a scratch engine goes away whole anyway)."""
-    if run.request.verify_engine and not held_before:
-        run.stack.callback(engine.remove_image, base.manifest.image_id)
+def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
+    """What the round trip is about to load into a --verify-engine (a hotfix's base release, the
+    hotfix) is removed again when the run ends, well or not: said before the load, so that a load or
+    check that fails leaves nothing behind; unless that engine held it before (a scratch engine goes
+    away whole anyway)."""
+    if run.request.verify_engine and engine.inspect_image(image_id) is None:
+        run.stack.callback(engine.remove_image, image_id)
 
 
 def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:
@@ -543,7 +545,8 @@ def _export(run: Run) -> tuple:
     # spends most of its time writing its temporary folder, with a core to spare.
     preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
         if base is not None and fresh is not None else None
-    held_before = preload is not None and fresh.inspect_image(base.manifest.image_id) is not None
+    if preload is not None:
+        _forget_after(run, fresh, base.manifest.image_id)
     loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
     try:
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
@@ -559,10 +562,10 @@ def _export(run: Run) -> tuple:
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
                 loading.result()  # its error, if the base release did not load
-            _forget_base_after(run, fresh, base, held_before)
     finally:
-        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it
-            preload.shutdown(wait=loading.done())
+        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
+            # a --verify-engine's is waited for, so that what it loaded is there to be removed
+            preload.shutdown(wait=loading.done() or bool(request.verify_engine))
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
@@ -574,11 +577,12 @@ def _export(run: Run) -> tuple:
     elif base is None:
         proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
     else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
+        _forget_after(run, fresh, archive.image.image_id)
         with _scratch_room(fresh, room, archive.uncompressed_bytes):
             trip, back = round_trip(archive, fresh)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
-    if request.verify_engine and fresh is not None:
+    if request.verify_engine and fresh is not None and base is None:
         run.stack.callback(fresh.remove_image, archive.image.image_id)
     return image, archive, proof
 
@@ -635,16 +639,15 @@ def _read_back(run: Run) -> tuple:
         _check_base_archive(base)
     engine, netns_pid, where, _, room = _fresh_engine(run)
     run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
-    held_before = base is not None and engine.inspect_image(base.manifest.image_id) is not None
+    if base is not None:
+        _forget_after(run, engine, base.manifest.image_id)
+    _forget_after(run, engine, archive.image.image_id)  # held before: the round trip refuses, nothing is removed
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
             _scratch_room(engine, room, archive.uncompressed_bytes):
         trip, back = round_trip(archive, engine, base=(base.folder, base.archive_files) if base else None,
                                 progress=advance)
     if base is not None:
-        _forget_base_after(run, engine, base, held_before)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
-    if request.verify_engine:
-        run.stack.callback(engine.remove_image, archive.image.image_id)
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))
 
 

@@ -129,3 +129,33 @@ def test_a_release_of_another_product_under_the_same_version_is_never_replaced(t
     with pytest.raises(InputError, match="holds the release of demo-llm:1.0"):  # archive --force, end to end
         release(engines, out, force=True)
     assert load_manifest(folder).product == "demo-llm"
+
+
+def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engines, tmp_path, server):  # noqa: F811
+    from unibake.errors import EngineError, UnibakeError
+    from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
+    from unibake.pipeline import ARCHIVE, selection
+
+    from ..fake_engine import FakeEngine
+    from ..savefixtures import tar_of
+    from .test_supply_chain import LAYERS, image_metadata
+
+    class RefusingTheHotfix(FakeEngine):  # takes in the base release, then runs out of room
+        def load(self, chunks):
+            if self.loads:
+                raise EngineError("the engine refused the image: no space left on device (engine at fake://verify)")
+            return super().load(chunks)
+
+    out = tmp_path / "release"
+    release(engines, out)
+    metadata = {**json.loads(image_metadata(server.server_port)), "version": "1.1", "tag": "demo:1.1"}
+    labels = {METADATA_LABEL: json.dumps(metadata, sort_keys=True, separators=(",", ":")), PROFILES_LABEL: "tp1",
+              "org.opencontainers.image.version": "1.1", "io.unibake.source-date-epoch": "1700000000"}
+    fixed = tar_of([("opt/unibake/profiles/tp1/tune/a.json", b'{"fixed": 1}\n', None)])
+    engines[None].add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                       "history": [{"created_by": "x"}] * 2}, [LAYERS[0], fixed], tag="demo:1.1")
+    verify = engines["fake://verify"] = RefusingTheHotfix(address="fake://verify")
+    request = Request(env={}, cwd=tmp_path, out=out, image="demo:1.1", base="1.0", verify_engine="fake://verify")
+    with pytest.raises(UnibakeError, match="no space left on device"):
+        run_stages(selection(("hotfix base",) + ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+    assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})  # the base release was left in it
