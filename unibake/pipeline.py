@@ -47,7 +47,7 @@ from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, p
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
-from .roundtrip import round_trip
+from .roundtrip import check_base_loaded, round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
 from .scratch import ScratchEngine, SeededEngine
 from .smoke import run_gates
@@ -503,6 +503,12 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
     if bad:
         raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
                                 f"made on a release that verifies (python build.py verify {base.folder})")
+    # SHA256SUMS rewritten over another archive: its own sums pass, the manifest's record does not
+    other = [f.name for f in base.manifest.archive.files if with_archive and sums[f.name].lower() != f.sha256]
+    if other:
+        raise VerificationError(f"the base release {base.folder}: {other[0]} is not the archive its manifest.json "
+                                f"records (their sha256 differ); a hotfix is made on a release that verifies "
+                                f"(python build.py verify {base.folder})")
 
 
 def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
@@ -562,6 +568,7 @@ def _export(run: Run) -> tuple:
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
                 loading.result()  # its error, if the base release did not load
+            check_base_loaded(fresh, base.folder, base.manifest.image_id)
     finally:
         if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
             # a --verify-engine's is waited for, so that what it loaded is there to be removed
@@ -644,8 +651,8 @@ def _read_back(run: Run) -> tuple:
     _forget_after(run, engine, archive.image.image_id)  # held before: the round trip refuses, nothing is removed
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
             _scratch_room(engine, room, archive.uncompressed_bytes):
-        trip, back = round_trip(archive, engine, base=(base.folder, base.archive_files) if base else None,
-                                progress=advance)
+        trip, back = round_trip(archive, engine, progress=advance,
+                                base=(base.folder, base.archive_files, base.manifest.image_id) if base else None)
     if base is not None:
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))

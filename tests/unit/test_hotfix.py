@@ -131,14 +131,33 @@ def test_a_release_of_another_product_under_the_same_version_is_never_replaced(t
     assert load_manifest(folder).product == "demo-llm"
 
 
-def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engines, tmp_path, server):  # noqa: F811
-    from unibake.errors import EngineError, UnibakeError
+def hotfix_image(engines, port: int) -> None:
+    """demo:1.1 in the source engine: release 1.0's image with its top layer changed."""
     from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
-    from unibake.pipeline import ARCHIVE, selection
 
-    from ..fake_engine import FakeEngine
     from ..savefixtures import tar_of
     from .test_supply_chain import LAYERS, image_metadata
+
+    metadata = {**json.loads(image_metadata(port)), "version": "1.1", "tag": "demo:1.1"}
+    labels = {METADATA_LABEL: json.dumps(metadata, sort_keys=True, separators=(",", ":")), PROFILES_LABEL: "tp1",
+              "org.opencontainers.image.version": "1.1", "io.unibake.source-date-epoch": "1700000000"}
+    fixed = tar_of([("opt/unibake/profiles/tp1/tune/a.json", b'{"fixed": 1}\n', None)])
+    engines[None].add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                       "history": [{"created_by": "x"}] * 2}, [LAYERS[0], fixed], tag="demo:1.1")
+
+
+def hotfix_run(engines, out):
+    """``hotfix --from 1.0`` of demo:1.1, archived and round-tripped by the sequential stages."""
+    from unibake.pipeline import ARCHIVE, selection
+
+    request = Request(env={}, cwd=out.parent, out=out, image="demo:1.1", base="1.0", verify_engine="fake://verify")
+    return run_stages(selection(("hotfix base",) + ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+
+
+def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engines, tmp_path, server):  # noqa: F811
+    from unibake.errors import EngineError, UnibakeError
+
+    from ..fake_engine import FakeEngine
 
     class RefusingTheHotfix(FakeEngine):  # takes in the base release, then runs out of room
         def load(self, chunks):
@@ -148,14 +167,36 @@ def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engi
 
     out = tmp_path / "release"
     release(engines, out)
-    metadata = {**json.loads(image_metadata(server.server_port)), "version": "1.1", "tag": "demo:1.1"}
-    labels = {METADATA_LABEL: json.dumps(metadata, sort_keys=True, separators=(",", ":")), PROFILES_LABEL: "tp1",
-              "org.opencontainers.image.version": "1.1", "io.unibake.source-date-epoch": "1700000000"}
-    fixed = tar_of([("opt/unibake/profiles/tp1/tune/a.json", b'{"fixed": 1}\n', None)])
-    engines[None].add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
-                       "history": [{"created_by": "x"}] * 2}, [LAYERS[0], fixed], tag="demo:1.1")
+    hotfix_image(engines, server.server_port)
     verify = engines["fake://verify"] = RefusingTheHotfix(address="fake://verify")
-    request = Request(env={}, cwd=tmp_path, out=out, image="demo:1.1", base="1.0", verify_engine="fake://verify")
     with pytest.raises(UnibakeError, match="no space left on device"):
-        run_stages(selection(("hotfix base",) + ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+        hotfix_run(engines, out)
     assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})  # the base release was left in it
+
+
+def test_a_base_folder_holding_another_archive_is_refused_not_taken_for_the_base(engines, tmp_path, server):  # noqa: F811
+    from ..forge import forge
+    from ..savefixtures import docker_layout
+    from .test_supply_chain import LAYERS
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_image(engines, server.server_port)
+    # another product's archive, sharing the layer the hotfix leaves out, under the base's name
+    other, _, _ = docker_layout([LAYERS[0]], tag="other:1.0")
+    archive = folder / "demo-1.0.tar.zst"
+    kept = archive.read_bytes(), (folder / "manifest.json").read_bytes()
+    forge(folder, stream=other)
+    swapped = archive.read_bytes()
+    archive.write_bytes(kept[0])  # SHA256SUMS alone rewritten over it: refused before anything is built
+    (folder / "manifest.json").write_bytes(kept[1])
+    archive.write_bytes(swapped)
+    resum(folder)
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: demo-1\.0\.tar\.zst is not the archive "
+                                                r"its manifest\.json records"):
+        base_stage(tmp_path)
+    forge(folder, stream=other)  # its manifest's record of the archive rewritten too: the load tells
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: its archive did not load as the image "
+                                                r"sha256:\w+ that its manifest\.json records"):
+        hotfix_run(engines, out)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.0"]
