@@ -200,3 +200,14 @@ def test_a_base_folder_holding_another_archive_is_refused_not_taken_for_the_base
                                                 r"sha256:\w+ that its manifest\.json records"):
         hotfix_run(engines, out)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.0"]
+
+
+@pytest.mark.parametrize("name", ["../elsewhere/1.0", "{tmp}/elsewhere/1.0", "..", "."])
+def test_a_base_named_by_a_path_is_refused_its_hotfix_would_have_no_base_under_out(engines, tmp_path, name):  # noqa: F811
+    release(engines, tmp_path / "elsewhere")  # a release that verifies, but not under --out
+    (tmp_path / "release").mkdir()
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base=name.format(tmp=tmp_path), version="1.0.1")
+    with pytest.raises(InputError, match=r"--from '.*': not the name of a release folder under --out \(.*/release\)"):
+        run_stages([BY_NAME["hotfix base"]], request, Quiet())
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "elsewhere", base="1.0/", version="1.0.1")
+    assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].folder == tmp_path / "elsewhere" / "1.0"
