@@ -5,6 +5,9 @@ name; a hotfix whose base is gone says so; its guide lists the apply.sh it tells
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +214,73 @@ def test_a_base_named_by_a_path_is_refused_its_hotfix_would_have_no_base_under_o
         run_stages([BY_NAME["hotfix base"]], request, Quiet())
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "elsewhere", base="1.0/", version="1.0.1")
     assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].folder == tmp_path / "elsewhere" / "1.0"
+
+
+def hotfix_pair(out):
+    """Release 1.0 and the hotfix 1.1 on it (hotfix_of), and the hotfix's whole image as an engine holds it."""
+    from ..fake_engine import FakeImage
+    from ..savefixtures import config_for
+
+    shared, new = layer_tar({"base": b"base" * 100}), layer_tar({"new": b"new" * 100})
+    base, _ = make_release(out, "1.0", layers=[shared, layer_tar({"old": b"old" * 100})])
+    return base, hotfix_of(out, base), FakeImage(config=config_for([shared, new]), layers=[shared, new])
+
+
+def test_verify_load_of_a_hotfix_the_engine_holds_whole_needs_no_base(tmp_path):
+    from unibake.verify import load_and_compare, verify_folder
+
+    from ..fake_engine import FakeEngine
+
+    _, folder, whole = hotfix_pair(tmp_path / "release")
+    report = verify_folder(folder)
+    engine = FakeEngine()
+    refused = load_and_compare(report, engine)  # nothing there: the base is needed for a load
+    assert refused.failures[-1].detail.startswith("this hotfix needs image sha256:")
+    engine.images[whole.id] = whole  # pulled whole from a registry, or its base removed after it was applied
+    engine.tags["demo-llm:1.1"] = whole.id
+    held = load_and_compare(report, engine)
+    assert not held.failures and "already has" in held.checks[-1].detail  # was: "load release 1.0 first"
+    del engine.tags["demo-llm:1.1"]
+    assert not load_and_compare(report, engine).failures and engine.tags["demo-llm:1.1"] == whole.id
+    assert engine.loads == 0
+
+
+FAKE_DOCKER = """#!/bin/sh
+# the docker CLI as the release's scripts use it, over an engine kept as files: $ENGINE/<ref> holds its image ID
+key() { printf '%s' "$1" | tr '/:' '__'; }
+case "$1 ${2:-}" in
+  "version "*) echo 20.10.24 ;;
+  "image inspect")
+    if [ "$3" = --format ]; then ref=$5; else ref=$3; fi
+    [ -f "$ENGINE/$(key "$ref")" ] || { echo "Error: No such image: $ref" >&2; exit 1; }
+    if [ "$3" = --format ]; then cat "$ENGINE/$(key "$ref")"; fi ;;
+  "load ")
+    cat > /dev/null; echo "$LOADS_AS" > "$ENGINE/$(key "$LOADS_TAG")"; echo loaded >> "$ENGINE/.loads" ;;
+  *) echo "fake docker: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_apply_sh_and_the_shell_verifier_take_a_hotfix_the_engine_holds_whole_without_its_base(tmp_path):
+    _, folder, whole = hotfix_pair(tmp_path / "release")
+    bin_dir, engine = tmp_path / "bin", tmp_path / "engine"
+    bin_dir.mkdir()
+    engine.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENGINE": str(engine), "LOADS_AS": whole.id,
+           "LOADS_TAG": "demo-llm:1.1"}
+    verifier = Path(__file__).resolve().parents[2] / "scripts" / "verify-release.sh"
+
+    def both():
+        return (subprocess.run(["sh", "./apply.sh"], cwd=folder, capture_output=True, text=True, env=env),
+                subprocess.run(["sh", str(verifier), str(folder)], capture_output=True, text=True, env=env))
+
+    for result in both():  # neither the base nor the hotfix's image: refused, nothing loaded
+        assert result.returncode == 3 and "this hotfix needs image sha256:" in result.stderr, result.stderr
+    assert not (engine / ".loads").exists()
+    for ref in (whole.id, "demo-llm:1.1"):  # pulled whole, or its base removed after it was applied
+        (engine / ref.replace(":", "_")).write_text(whole.id + "\n")
+    for result in both():
+        assert result.returncode == 0, result.stderr  # was: "import release 1.0 first"
+        assert f"demo-llm:1.1 is {whole.id}" in result.stdout
