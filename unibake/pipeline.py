@@ -245,10 +245,17 @@ def _plan(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
     platform = request.platform or (base.manifest.platform if base else None)
-    plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd, require_lock=request.require_lock,
-                     allow=request.allow,
-                     platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    try:
+        plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
+                         version=request.version, cwd=request.cwd, require_lock=request.require_lock,
+                         allow=request.allow,
+                         platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    except InputError as exc:
+        if request.profiles or base is None or not str(exc).startswith("unknown profile"):
+            raise
+        # no --profile was given: the names are the base release's, a profile since renamed or removed
+        raise InputError(f"{str(exc).replace(' (--profile)', '')}: a hotfix builds the profiles of release "
+                         f"{base.manifest.release} ({', '.join(profiles)}) unless --profile names others") from None
     for warning in plan.warnings:
         run.reporter.warn(warning)
     if base is not None and plan.product != base.manifest.product:

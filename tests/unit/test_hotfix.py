@@ -284,3 +284,16 @@ def test_apply_sh_and_the_shell_verifier_take_a_hotfix_the_engine_holds_whole_wi
     for result in both():
         assert result.returncode == 0, result.stderr  # was: "import release 1.0 first"
         assert f"demo-llm:1.1 is {whole.id}" in result.stdout
+
+
+def test_a_profile_of_the_base_since_renamed_is_named_as_the_base_releases_not_as_a_profile_option(busybox_product):
+    from .test_platforms import hotfix_plan
+
+    renamed = busybox_product / "tp9.yaml"
+    (busybox_product / "tp2.yaml").rename(renamed)
+    renamed.write_text(renamed.read_text().replace("profile: tp2", "profile: tp9"))
+    with pytest.raises(InputError, match=r"^unknown profile 'tp2'; known: tp1, tp9: a hotfix builds the profiles of "
+                                         r"release 0\.1\.0 \(tp1, tp2\) unless --profile names others$"):
+        hotfix_plan(busybox_product, "linux/amd64")  # no --profile given: it said "(--profile)"
+    with pytest.raises(InputError, match=r"^unknown profile 'tp3' \(--profile\); known: tp1, tp9$"):
+        hotfix_plan(busybox_product, "linux/amd64", profiles=("tp3",))
