@@ -707,9 +707,14 @@ def _publish(run: Run) -> tuple:
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
     previous = (base.manifest if base
                 else previous_release(request.out, target.product, target.release, target.metadata))
+    hotfix = base.manifest if base is not None and archive.omitted else None
+    if base is not None and hotfix is None:  # apply.sh, the verifiers and deploy would ask for a base it does not need
+        run.reporter.warn(f"the image shares no layer with release {base.manifest.release} (its bottom layer changed: "
+                          "another base image?): its archive is whole, so it is released as a full release, which "
+                          "needs no base in the engine")
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
-                              hotfix=base.manifest if base else None, image_size=image.size, notes=notes,
+                              hotfix=hotfix, image_size=image.size, notes=notes,
                               attachments=attachments, supply_chain=supply.supply_chain(run))
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)

@@ -134,27 +134,29 @@ def test_a_release_of_another_product_under_the_same_version_is_never_replaced(t
     assert load_manifest(folder).product == "demo-llm"
 
 
-def hotfix_image(engines, port: int) -> None:
-    """demo:1.1 in the source engine: release 1.0's image with its top layer changed."""
+def hotfix_image(engines, port: int, bottom: bytes | None = None) -> None:
+    """demo:1.1 in the source engine: release 1.0's image with its top layer changed (and its bottom one)."""
     from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
 
     from ..savefixtures import tar_of
-    from .test_supply_chain import LAYERS, image_metadata
+    from .test_supply_chain import KERNEL, LAYERS, image_metadata
 
     metadata = {**json.loads(image_metadata(port)), "version": "1.1", "tag": "demo:1.1"}
     labels = {METADATA_LABEL: json.dumps(metadata, sort_keys=True, separators=(",", ":")), PROFILES_LABEL: "tp1",
               "org.opencontainers.image.version": "1.1", "io.unibake.source-date-epoch": "1700000000"}
-    fixed = tar_of([("opt/unibake/profiles/tp1/tune/a.json", b'{"fixed": 1}\n', None)])
+    fixed = tar_of([("opt/unibake/kernels/k/libk.so", KERNEL, None),
+                    ("opt/unibake/profiles/tp1/tune/a.json", b'{"fixed": 1}\n', None)])
     engines[None].add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
-                       "history": [{"created_by": "x"}] * 2}, [LAYERS[0], fixed], tag="demo:1.1")
+                       "history": [{"created_by": "x"}] * 2}, [bottom or LAYERS[0], fixed], tag="demo:1.1")
 
 
-def hotfix_run(engines, out):
+def hotfix_run(engines, out, reporter=None):
     """``hotfix --from 1.0`` of demo:1.1, archived and round-tripped by the sequential stages."""
     from unibake.pipeline import ARCHIVE, selection
 
     request = Request(env={}, cwd=out.parent, out=out, image="demo:1.1", base="1.0", verify_engine="fake://verify")
-    return run_stages(selection(("hotfix base",) + ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+    return run_stages(selection(("hotfix base",) + ARCHIVE), request, reporter or Quiet(),
+                      connect=engines.__getitem__)
 
 
 def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engines, tmp_path, server):  # noqa: F811
@@ -297,3 +299,18 @@ def test_a_profile_of_the_base_since_renamed_is_named_as_the_base_releases_not_a
         hotfix_plan(busybox_product, "linux/amd64")  # no --profile given: it said "(--profile)"
     with pytest.raises(InputError, match=r"^unknown profile 'tp3' \(--profile\); known: tp1, tp9$"):
         hotfix_plan(busybox_product, "linux/amd64", profiles=("tp3",))
+
+
+def test_a_hotfix_that_shares_no_layer_with_its_base_is_released_whole_needing_no_base(engines, tmp_path,
+                                                                                      server):  # noqa: F811
+    from ..savefixtures import tar_of
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port, bottom=tar_of([("etc/os-release", b"ID=debian\nVERSION_ID=13\n", None)]))
+    reporter = Quiet()
+    folder = hotfix_run(engines, out, reporter)["release"].folder
+    manifest = load_manifest(folder)
+    assert manifest.hotfix is None and manifest.previous == "1.0"  # was a "hotfix" asking for 1.0's image
+    assert not (folder / "apply.sh").exists() and "Hotfix on top of" not in (folder / "RELEASE_NOTES.md").read_text()
+    assert "the image shares no layer with release 1.0" in reporter.stream.getvalue()
