@@ -523,8 +523,15 @@ def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
     hotfix) is removed again when the run ends, well or not: said before the load, so that a load or
     check that fails leaves nothing behind; unless that engine held it before (a scratch engine goes
     away whole anyway)."""
-    if run.request.verify_engine and engine.inspect_image(image_id) is None:
-        run.stack.callback(engine.remove_image, image_id)
+    if not run.request.verify_engine or engine.inspect_image(image_id) is not None:
+        return
+
+    def forget() -> None:
+        try:
+            engine.remove_image(image_id)
+        except UnibakeError as exc:  # the run's own error, if it failed, is the one to report
+            run.reporter.warn(f"{image_id[:19]} may still be in the verify engine at {engine.address}: {exc}")
+    run.stack.callback(forget)
 
 
 def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:

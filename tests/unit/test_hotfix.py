@@ -178,6 +178,15 @@ def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engi
         hotfix_run(engines, out)
     assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})  # the base release was left in it
 
+    class AndGone(RefusingTheHotfix):  # and then unreachable: its clean-up's error does not hide the run's
+        def remove_image(self, ref):
+            raise EngineError(f"cannot reach the Docker engine at {self.address}")
+
+    engines["fake://verify"], reporter = AndGone(address="fake://verify"), Quiet()
+    with pytest.raises(UnibakeError, match="no space left on device"):
+        hotfix_run(engines, out, reporter)
+    assert "may still be in the verify engine at fake://verify: cannot reach" in reporter.stream.getvalue()
+
 
 def test_a_base_folder_holding_another_archive_is_refused_not_taken_for_the_base(engines, tmp_path, server):  # noqa: F811
     from ..forge import forge
