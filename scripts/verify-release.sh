@@ -297,9 +297,10 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal
-# would name a missing blob, not what to import
+# would name a missing blob, not what to import (unless the engine holds the hotfix's image itself,
+# pulled whole or with its base removed since: it has every layer then)
 base=$(hotfix_field base_image_id)
-if [ -n "$base" ] && ! docker image inspect "$base" >/dev/null 2>&1; then
+if [ -n "$base" ] && ! docker image inspect "$base" >/dev/null 2>&1 && ! docker image inspect "$want" >/dev/null 2>&1; then
   fail "this hotfix needs image $base (release $(hotfix_field base_release)) in the engine; import that release first (nothing was loaded)"
 fi
 if have=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) && [ "$have" != "$want" ]; then

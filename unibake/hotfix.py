@@ -7,12 +7,15 @@ layers out, and its round trip loads the base release first.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
-from .manifest import ReleaseManifest, load_manifest
+from .manifest import TAG_PATTERN, ReleaseManifest, load_manifest
 from .publish import release_tag
+
+TAG_RE = re.compile(TAG_PATTERN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +45,12 @@ def base_folder_name(name: str) -> str:
 
 def load_base(out: Path, name: str) -> HotfixBase:
     """The release ``--from`` names, under ``out``; refused (exit 2) when it cannot be a base."""
-    folder = out / base_folder_name(name)
+    release = base_folder_name(name.rstrip("/"))
+    if not TAG_RE.fullmatch(release):  # a path (../other/1.0, /abs/1.0) would make a hotfix whose base is not under
+        # --out: releases, push, prune and --force look for the base beside the hotfix, by its name
+        raise InputError(f"--from {name!r}: not the name of a release folder under --out ({out}), such as 1.3.1, "
+                         "nor its image's tag (demo-llm:1.3.1); copy a release made elsewhere under --out first")
+    folder = out / release
     if not (folder / "manifest.json").exists():
         raise InputError(f"--from {name}: {folder / 'manifest.json'} does not exist; name a published release")
     manifest = load_manifest(folder, InputError)

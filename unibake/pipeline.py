@@ -47,7 +47,7 @@ from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, p
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
-from .roundtrip import round_trip
+from .roundtrip import check_base_loaded, round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
 from .scratch import ScratchEngine, SeededEngine
 from .smoke import run_gates
@@ -245,10 +245,17 @@ def _plan(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
     platform = request.platform or (base.manifest.platform if base else None)
-    plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                     version=request.version, cwd=request.cwd, require_lock=request.require_lock,
-                     allow=request.allow,
-                     platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    try:
+        plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
+                         version=request.version, cwd=request.cwd, require_lock=request.require_lock,
+                         allow=request.allow,
+                         platform=parse_platforms(platform, "--platform")[0] if platform else None)
+    except InputError as exc:
+        if request.profiles or base is None or not str(exc).startswith("unknown profile"):
+            raise
+        # no --profile was given: the names are the base release's, a profile since renamed or removed
+        raise InputError(f"{str(exc).replace(' (--profile)', '')}: a hotfix builds the profiles of release "
+                         f"{base.manifest.release} ({', '.join(profiles)}) unless --profile names others") from None
     for warning in plan.warnings:
         run.reporter.warn(warning)
     if base is not None and plan.product != base.manifest.product:
@@ -503,13 +510,28 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
     if bad:
         raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
                                 f"made on a release that verifies (python build.py verify {base.folder})")
+    # SHA256SUMS rewritten over another archive: its own sums pass, the manifest's record does not
+    other = [f.name for f in base.manifest.archive.files if with_archive and sums[f.name].lower() != f.sha256]
+    if other:
+        raise VerificationError(f"the base release {base.folder}: {other[0]} is not the archive its manifest.json "
+                                f"records (their sha256 differ); a hotfix is made on a release that verifies "
+                                f"(python build.py verify {base.folder})")
 
 
-def _forget_base_after(run: Run, engine: Engine, base: HotfixBase, held_before: bool) -> None:
-    """A --verify-engine took in a hotfix's base release for the round trip: it is removed again at
-    the end, unless that engine held it before (a scratch engine goes away whole anyway)."""
-    if run.request.verify_engine and not held_before:
-        run.stack.callback(engine.remove_image, base.manifest.image_id)
+def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
+    """What the round trip is about to load into a --verify-engine (a hotfix's base release, the
+    hotfix) is removed again when the run ends, well or not: said before the load, so that a load or
+    check that fails leaves nothing behind; unless that engine held it before (a scratch engine goes
+    away whole anyway)."""
+    if not run.request.verify_engine or engine.inspect_image(image_id) is not None:
+        return
+
+    def forget() -> None:
+        try:
+            engine.remove_image(image_id)
+        except UnibakeError as exc:  # the run's own error, if it failed, is the one to report
+            run.reporter.warn(f"{image_id[:19]} may still be in the verify engine at {engine.address}: {exc}")
+    run.stack.callback(forget)
 
 
 def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:
@@ -543,7 +565,8 @@ def _export(run: Run) -> tuple:
     # spends most of its time writing its temporary folder, with a core to spare.
     preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
         if base is not None and fresh is not None else None
-    held_before = preload is not None and fresh.inspect_image(base.manifest.image_id) is not None
+    if preload is not None:
+        _forget_after(run, fresh, base.manifest.image_id)
     loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
     try:
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
@@ -559,10 +582,11 @@ def _export(run: Run) -> tuple:
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
                 loading.result()  # its error, if the base release did not load
-            _forget_base_after(run, fresh, base, held_before)
+            check_base_loaded(fresh, base.folder, base.manifest.image_id)
     finally:
-        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it
-            preload.shutdown(wait=loading.done())
+        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
+            # a --verify-engine's is waited for, so that what it loaded is there to be removed
+            preload.shutdown(wait=loading.done() or bool(request.verify_engine))
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
@@ -574,11 +598,12 @@ def _export(run: Run) -> tuple:
     elif base is None:
         proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
     else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
+        _forget_after(run, fresh, archive.image.image_id)
         with _scratch_room(fresh, room, archive.uncompressed_bytes):
             trip, back = round_trip(archive, fresh)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
-    if request.verify_engine and fresh is not None:
+    if request.verify_engine and fresh is not None and base is None:
         run.stack.callback(fresh.remove_image, archive.image.image_id)
     return image, archive, proof
 
@@ -635,16 +660,15 @@ def _read_back(run: Run) -> tuple:
         _check_base_archive(base)
     engine, netns_pid, where, _, room = _fresh_engine(run)
     run.reporter.info(f"    loading into {where}" + (" (the previous release first)" if base else ""))
-    held_before = base is not None and engine.inspect_image(base.manifest.image_id) is not None
+    if base is not None:
+        _forget_after(run, engine, base.manifest.image_id)
+    _forget_after(run, engine, archive.image.image_id)  # held before: the round trip refuses, nothing is removed
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
             _scratch_room(engine, room, archive.uncompressed_bytes):
-        trip, back = round_trip(archive, engine, base=(base.folder, base.archive_files) if base else None,
-                                progress=advance)
+        trip, back = round_trip(archive, engine, progress=advance,
+                                base=(base.folder, base.archive_files, base.manifest.image_id) if base else None)
     if base is not None:
-        _forget_base_after(run, engine, base, held_before)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
-    if request.verify_engine:
-        run.stack.callback(engine.remove_image, archive.image.image_id)
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))
 
 
@@ -690,9 +714,14 @@ def _publish(run: Run) -> tuple:
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
     previous = (base.manifest if base
                 else previous_release(request.out, target.product, target.release, target.metadata))
+    hotfix = base.manifest if base is not None and archive.omitted else None
+    if base is not None and hotfix is None:  # apply.sh, the verifiers and deploy would ask for a base it does not need
+        run.reporter.warn(f"the image shares no layer with release {base.manifest.release} (its bottom layer changed: "
+                          "another base image?): its archive is whole, so it is released as a full release, which "
+                          "needs no base in the engine")
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
-                              hotfix=base.manifest if base else None, image_size=image.size, notes=notes,
+                              hotfix=hotfix, image_size=image.size, notes=notes,
                               attachments=attachments, supply_chain=supply.supply_chain(run))
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)

@@ -18,17 +18,20 @@ from .errors import VerificationError
 from .manifest import RoundTripRecord
 
 
-def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str]] | None = None,
+def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str], str] | None = None,
                progress: Callable[[int], object] = lambda n: None) -> tuple[RoundTripRecord, ReadBack]:
     """Load the archive (decompressed here: Engine 20.10 cannot read zstd) into ``engine``, which must
     never have seen the image, in the same read that checks the archive; then compare what loaded.
-    A hotfix needs the release it builds on: ``base`` (its folder and archive files) is loaded first."""
+    A hotfix needs the release it builds on: ``base`` (its folder, archive files and image ID) is
+    loaded first, and must give that image."""
     image_id, tag = archive.image.image_id, archive.tag
     if engine.inspect_image(image_id) is not None:
         raise VerificationError(f"the verify engine at {engine.address} already holds {image_id}: a load "
                                 "there proves nothing; remove the image from it or use the scratch engine")
     if base is not None:
-        engine.load(read_archive(*base))
+        folder, files, base_id = base
+        engine.load(read_archive(folder, files))
+        check_base_loaded(engine, folder, base_id)
     back = read_back(archive, load=engine.load, omitted=frozenset(archive.omitted), progress=progress)
     loaded = engine.inspect_image(image_id)
     if loaded is None:
@@ -43,3 +46,13 @@ def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str]]
     return RoundTripRecord(engine=engine.address, engine_version=engine.version(), image_id=loaded.id,
                            diff_ids=loaded.diff_ids, tags=back.loaded.tags if back.loaded else (),
                            seconds=round(back.seconds, 3)), back
+
+
+def check_base_loaded(engine: Engine, folder: Path, base_id: str) -> None:
+    """A hotfix's base release, loaded from its folder's archive, must be the image its manifest
+    records: another archive there (another product's, with SHA256SUMS rewritten to match) would
+    otherwise pass for it, and the hotfix's proof would name a base it never loaded on."""
+    if engine.inspect_image(base_id) is None:
+        raise VerificationError(f"the base release {folder}: its archive did not load as the image "
+                                f"{base_id} that its manifest.json records: it holds another image; check it "
+                                f"with: python build.py verify {folder}")

@@ -339,11 +339,7 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
     assert manifest is not None
     checks = _Checks(report.checks)
     image_id, hotfix = manifest.image_id, manifest.hotfix
-    if hotfix and engine.inspect_image(hotfix.base_image_id) is None:
-        checks.add("load", manifest.tag, False, f"this hotfix needs image {hotfix.base_image_id} "
-                   f"({hotfix.base_tag}) in the engine; load release {hotfix.base_release} first "
-                   "(nothing was loaded)")
-    elif (named := engine.inspect_image(manifest.tag)) is not None and named.id != image_id:
+    if (named := engine.inspect_image(manifest.tag)) is not None and named.id != image_id:
         # checked first: an engine holding the release's image under another name still runs this
         # tag's image (run.sh goes by tag), as the shell verifier says too
         checks.add("load", manifest.tag, False, f"the engine's {manifest.tag} is {named.id}, another image: loading "
@@ -355,6 +351,11 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
         engine.tag(image_id, manifest.tag)
         checks.add("load", manifest.tag, True, f"the engine already has {image_id}; tagged {manifest.tag}, not "
                    "loaded again")
+    elif hotfix and engine.inspect_image(hotfix.base_image_id) is None:  # only a load needs it: the image may be
+        # there already (pulled whole from a registry, or its base removed after the hotfix was applied)
+        checks.add("load", manifest.tag, False, f"this hotfix needs image {hotfix.base_image_id} "
+                   f"({hotfix.base_tag}) in the engine; load release {hotfix.base_release} first "
+                   "(nothing was loaded)")
     else:
         outcome = engine.load(counted(read_archive(report.folder, [f.name for f in manifest.archive.files]),
                                       progress))

@@ -150,3 +150,28 @@ def test_deploy_goes_to_every_engine_named_before_or_after_the_command_else_dock
     result = cli("--json", *before, "deploy", str(folder), *after, env={"CI": "true", **env})
     assert result.code == 3, result.err  # no engine there: each one a failed row, none left out
     assert [row["engine"] for row in json.loads(result.out)["engines"]] == engines
+
+
+def test_a_hotfix_from_the_registry_needs_no_base_in_the_engine_from_its_archive_it_does(tmp_path):
+    from ..fake_engine import FakeImage
+    from ..savefixtures import config_for, layer_tar
+    from .test_hotfix import hotfix_of
+
+    out = tmp_path / "release"
+    shared, new = layer_tar({"base": b"base" * 100}), layer_tar({"new": b"new" * 100})
+    base, _ = make_release(out, "1.0", layers=[shared, layer_tar({"old": b"old" * 100})])
+    m = load_manifest(hotfix_of(out, base))
+    whole = FakeImage(config=config_for([shared, new]), layers=[shared, new])  # the push sends every layer
+    assert whole.id == m.image_id
+    engines, connect = fleet("a")
+    engines["tcp://a:2375"].remote = {f"r.example/demo-llm@sha256:{'1' * 64}": whole}
+
+    def pull(engine):
+        engine.pull("r.example/demo-llm", f"sha256:{'1' * 64}", None)
+        engine.tag(whole.id, m.tag)
+        return whole.id
+    refused = deploy(Plan(folder=out / "1.1", manifest=m, source="archive"), ["tcp://a:2375"], connect)[0]
+    assert refused.result == "failed" and "this hotfix needs release 1.0" in refused.detail
+    pulled = deploy(Plan(folder=out / "1.1", manifest=m, source="registry", pull=pull), ["tcp://a:2375"], connect)[0]
+    assert pulled.result == "pulled", pulled.detail  # was refused as if the archive were loaded
+    assert engines["tcp://a:2375"].inspect_image(m.tag).id == m.image_id

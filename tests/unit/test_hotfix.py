@@ -5,6 +5,9 @@ name; a hotfix whose base is gone says so; its guide lists the apply.sh it tells
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +132,194 @@ def test_a_release_of_another_product_under_the_same_version_is_never_replaced(t
     with pytest.raises(InputError, match="holds the release of demo-llm:1.0"):  # archive --force, end to end
         release(engines, out, force=True)
     assert load_manifest(folder).product == "demo-llm"
+
+
+def hotfix_image(engines, port: int, bottom: bytes | None = None) -> None:
+    """demo:1.1 in the source engine: release 1.0's image with its top layer changed (and its bottom one)."""
+    from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
+
+    from ..savefixtures import tar_of
+    from .test_supply_chain import KERNEL, LAYERS, image_metadata
+
+    metadata = {**json.loads(image_metadata(port)), "version": "1.1", "tag": "demo:1.1"}
+    labels = {METADATA_LABEL: json.dumps(metadata, sort_keys=True, separators=(",", ":")), PROFILES_LABEL: "tp1",
+              "org.opencontainers.image.version": "1.1", "io.unibake.source-date-epoch": "1700000000"}
+    fixed = tar_of([("opt/unibake/kernels/k/libk.so", KERNEL, None),
+                    ("opt/unibake/profiles/tp1/tune/a.json", b'{"fixed": 1}\n', None)])
+    engines[None].add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                       "history": [{"created_by": "x"}] * 2}, [bottom or LAYERS[0], fixed], tag="demo:1.1")
+
+
+def hotfix_run(engines, out, reporter=None):
+    """``hotfix --from 1.0`` of demo:1.1, archived and round-tripped by the sequential stages."""
+    from unibake.pipeline import ARCHIVE, selection
+
+    request = Request(env={}, cwd=out.parent, out=out, image="demo:1.1", base="1.0", verify_engine="fake://verify")
+    return run_stages(selection(("hotfix base",) + ARCHIVE), request, reporter or Quiet(),
+                      connect=engines.__getitem__)
+
+
+def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engines, tmp_path, server):  # noqa: F811
+    from unibake.errors import EngineError, UnibakeError
+
+    from ..fake_engine import FakeEngine
+
+    class RefusingTheHotfix(FakeEngine):  # takes in the base release, then runs out of room
+        def load(self, chunks):
+            if self.loads:
+                raise EngineError("the engine refused the image: no space left on device (engine at fake://verify)")
+            return super().load(chunks)
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port)
+    verify = engines["fake://verify"] = RefusingTheHotfix(address="fake://verify")
+    with pytest.raises(UnibakeError, match="no space left on device"):
+        hotfix_run(engines, out)
+    assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})  # the base release was left in it
+
+    class AndGone(RefusingTheHotfix):  # and then unreachable: its clean-up's error does not hide the run's
+        def remove_image(self, ref):
+            raise EngineError(f"cannot reach the Docker engine at {self.address}")
+
+    engines["fake://verify"], reporter = AndGone(address="fake://verify"), Quiet()
+    with pytest.raises(UnibakeError, match="no space left on device"):
+        hotfix_run(engines, out, reporter)
+    assert "may still be in the verify engine at fake://verify: cannot reach" in reporter.stream.getvalue()
+
+
+def test_a_base_folder_holding_another_archive_is_refused_not_taken_for_the_base(engines, tmp_path, server):  # noqa: F811
+    from ..forge import forge
+    from ..savefixtures import docker_layout
+    from .test_supply_chain import LAYERS
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_image(engines, server.server_port)
+    # another product's archive, sharing the layer the hotfix leaves out, under the base's name
+    other, _, _ = docker_layout([LAYERS[0]], tag="other:1.0")
+    archive = folder / "demo-1.0.tar.zst"
+    kept = archive.read_bytes(), (folder / "manifest.json").read_bytes()
+    forge(folder, stream=other)
+    swapped = archive.read_bytes()
+    archive.write_bytes(kept[0])  # SHA256SUMS alone rewritten over it: refused before anything is built
+    (folder / "manifest.json").write_bytes(kept[1])
+    archive.write_bytes(swapped)
+    resum(folder)
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: demo-1\.0\.tar\.zst is not the archive "
+                                                r"its manifest\.json records"):
+        base_stage(tmp_path)
+    forge(folder, stream=other)  # its manifest's record of the archive rewritten too: the load tells
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: its archive did not load as the image "
+                                                r"sha256:\w+ that its manifest\.json records"):
+        hotfix_run(engines, out)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.0"]
+
+
+@pytest.mark.parametrize("name", ["../elsewhere/1.0", "{tmp}/elsewhere/1.0", "..", "."])
+def test_a_base_named_by_a_path_is_refused_its_hotfix_would_have_no_base_under_out(engines, tmp_path, name):  # noqa: F811
+    release(engines, tmp_path / "elsewhere")  # a release that verifies, but not under --out
+    (tmp_path / "release").mkdir()
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base=name.format(tmp=tmp_path), version="1.0.1")
+    with pytest.raises(InputError, match=r"--from '.*': not the name of a release folder under --out \(.*/release\)"):
+        run_stages([BY_NAME["hotfix base"]], request, Quiet())
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "elsewhere", base="1.0/", version="1.0.1")
+    assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].folder == tmp_path / "elsewhere" / "1.0"
+
+
+def hotfix_pair(out):
+    """Release 1.0 and the hotfix 1.1 on it (hotfix_of), and the hotfix's whole image as an engine holds it."""
+    from ..fake_engine import FakeImage
+    from ..savefixtures import config_for
+
+    shared, new = layer_tar({"base": b"base" * 100}), layer_tar({"new": b"new" * 100})
+    base, _ = make_release(out, "1.0", layers=[shared, layer_tar({"old": b"old" * 100})])
+    return base, hotfix_of(out, base), FakeImage(config=config_for([shared, new]), layers=[shared, new])
+
+
+def test_verify_load_of_a_hotfix_the_engine_holds_whole_needs_no_base(tmp_path):
+    from unibake.verify import load_and_compare, verify_folder
+
+    from ..fake_engine import FakeEngine
+
+    _, folder, whole = hotfix_pair(tmp_path / "release")
+    report = verify_folder(folder)
+    engine = FakeEngine()
+    refused = load_and_compare(report, engine)  # nothing there: the base is needed for a load
+    assert refused.failures[-1].detail.startswith("this hotfix needs image sha256:")
+    engine.images[whole.id] = whole  # pulled whole from a registry, or its base removed after it was applied
+    engine.tags["demo-llm:1.1"] = whole.id
+    held = load_and_compare(report, engine)
+    assert not held.failures and "already has" in held.checks[-1].detail  # was: "load release 1.0 first"
+    del engine.tags["demo-llm:1.1"]
+    assert not load_and_compare(report, engine).failures and engine.tags["demo-llm:1.1"] == whole.id
+    assert engine.loads == 0
+
+
+FAKE_DOCKER = """#!/bin/sh
+# the docker CLI as the release's scripts use it, over an engine kept as files: $ENGINE/<ref> holds its image ID
+key() { printf '%s' "$1" | tr '/:' '__'; }
+case "$1 ${2:-}" in
+  "version "*) echo 20.10.24 ;;
+  "image inspect")
+    if [ "$3" = --format ]; then ref=$5; else ref=$3; fi
+    [ -f "$ENGINE/$(key "$ref")" ] || { echo "Error: No such image: $ref" >&2; exit 1; }
+    if [ "$3" = --format ]; then cat "$ENGINE/$(key "$ref")"; fi ;;
+  "load ")
+    cat > /dev/null; echo "$LOADS_AS" > "$ENGINE/$(key "$LOADS_TAG")"; echo loaded >> "$ENGINE/.loads" ;;
+  *) echo "fake docker: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_apply_sh_and_the_shell_verifier_take_a_hotfix_the_engine_holds_whole_without_its_base(tmp_path):
+    _, folder, whole = hotfix_pair(tmp_path / "release")
+    bin_dir, engine = tmp_path / "bin", tmp_path / "engine"
+    bin_dir.mkdir()
+    engine.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENGINE": str(engine), "LOADS_AS": whole.id,
+           "LOADS_TAG": "demo-llm:1.1"}
+    verifier = Path(__file__).resolve().parents[2] / "scripts" / "verify-release.sh"
+
+    def both():
+        return (subprocess.run(["sh", "./apply.sh"], cwd=folder, capture_output=True, text=True, env=env),
+                subprocess.run(["sh", str(verifier), str(folder)], capture_output=True, text=True, env=env))
+
+    for result in both():  # neither the base nor the hotfix's image: refused, nothing loaded
+        assert result.returncode == 3 and "this hotfix needs image sha256:" in result.stderr, result.stderr
+    assert not (engine / ".loads").exists()
+    for ref in (whole.id, "demo-llm:1.1"):  # pulled whole, or its base removed after it was applied
+        (engine / ref.replace(":", "_")).write_text(whole.id + "\n")
+    for result in both():
+        assert result.returncode == 0, result.stderr  # was: "import release 1.0 first"
+        assert f"demo-llm:1.1 is {whole.id}" in result.stdout
+
+
+def test_a_profile_of_the_base_since_renamed_is_named_as_the_base_releases_not_as_a_profile_option(busybox_product):
+    from .test_platforms import hotfix_plan
+
+    renamed = busybox_product / "tp9.yaml"
+    (busybox_product / "tp2.yaml").rename(renamed)
+    renamed.write_text(renamed.read_text().replace("profile: tp2", "profile: tp9"))
+    with pytest.raises(InputError, match=r"^unknown profile 'tp2'; known: tp1, tp9: a hotfix builds the profiles of "
+                                         r"release 0\.1\.0 \(tp1, tp2\) unless --profile names others$"):
+        hotfix_plan(busybox_product, "linux/amd64")  # no --profile given: it said "(--profile)"
+    with pytest.raises(InputError, match=r"^unknown profile 'tp3' \(--profile\); known: tp1, tp9$"):
+        hotfix_plan(busybox_product, "linux/amd64", profiles=("tp3",))
+
+
+def test_a_hotfix_that_shares_no_layer_with_its_base_is_released_whole_needing_no_base(engines, tmp_path,
+                                                                                      server):  # noqa: F811
+    from ..savefixtures import tar_of
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port, bottom=tar_of([("etc/os-release", b"ID=debian\nVERSION_ID=13\n", None)]))
+    reporter = Quiet()
+    folder = hotfix_run(engines, out, reporter)["release"].folder
+    manifest = load_manifest(folder)
+    assert manifest.hotfix is None and manifest.previous == "1.0"  # was a "hotfix" asking for 1.0's image
+    assert not (folder / "apply.sh").exists() and "Hotfix on top of" not in (folder / "RELEASE_NOTES.md").read_text()
+    assert "the image shares no layer with release 1.0" in reporter.stream.getvalue()
