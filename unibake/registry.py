@@ -29,6 +29,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Mapping
+from urllib.parse import urljoin, urlsplit
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -233,6 +234,28 @@ def _transient(exc: BaseException) -> str | None:
     return None
 
 
+def _origin(url: str) -> tuple[str, str, int]:
+    """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's)."""
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class _DXF(DXF):
+    """python-dxf, sending its credentials (Basic, or the token they gave) to the registry alone:
+    dxf adds them to every request, also to an upload's ``Location``, which the registry may point at
+    any host; docker sends them only to the registry it logged in to, and so does unibake."""
+
+    def _base_request(self, method, path, **kwargs):
+        if _origin(urljoin(self._base_url, path)) == _origin(self._base_url):
+            return super()._base_request(method, path, **kwargs)
+        headers, auth = self._headers, self._auth
+        self._headers, self._auth = {}, None  # (one client is used by one thread)
+        try:
+            return super()._base_request(method, path, **kwargs)
+        finally:
+            self._headers, self._auth = headers, auth
+
+
 @dataclass(frozen=True, kw_only=True)
 class Retry:
     """How often and how patiently a request is tried: ``attempts`` in all, waiting ``delay`` s, then
@@ -255,12 +278,14 @@ class RegistryClient:
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
+            if _origin(response.url) != _origin(client._base_url):
+                return  # a 401 from a host the registry redirected to: not the registry's to answer with credentials
             if credentials is None:
                 client.authenticate(response=response, actions=actions)
             else:
                 client.authenticate(credentials.username, credentials.password, response=response, actions=actions)
 
-        self.dxf = DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
+        self.dxf = _DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
                        timeout=(30, 600))
 
     def __enter__(self) -> "RegistryClient":

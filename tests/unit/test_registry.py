@@ -534,3 +534,67 @@ def test_a_content_length_in_other_digits_is_no_crash(tmp_path):
         c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
         with pytest.raises(DigestMismatch, match="with a document whose digest is"):
             c.manifest(DIGEST)
+
+
+def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp_path):
+    """A registry's upload ``Location`` may name any host, and a redirect may lead to one that asks for
+    credentials itself: neither gets the user's password (python-dxf sent it to both), as docker
+    sends it only to the registry it logged in to."""
+    import http.server
+
+    heard = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            heard.append((self.command, self.path, self.headers.get("Authorization")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path.startswith("/token"):
+                self.send_response(200)
+                body = b'{"token": "t"}'
+            elif self.path.startswith("/upload"):
+                self.send_response(201)
+                body = b""
+            else:  # what it serves, it serves to a token of its own realm
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="elsewhere"')
+                body = b""
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = answer  # noqa: N815 - http.server's names
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with tls_server(tmp_path / "b", Elsewhere) as other:
+        class Registry(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"u:pw-never-sent").decode():
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="registry"')
+                elif self.command == "POST":
+                    self.send_response(202)
+                    self.send_header("Location", f"https://127.0.0.1:{other}/upload/1")
+                else:  # a blob kept elsewhere
+                    self.send_response(307)
+                    self.send_header("Location", f"https://127.0.0.1:{other}/blob/1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_HEAD = do_POST = answer  # noqa: N815 - http.server's names
+
+        with tls_server(tmp_path / "a", Registry) as port:
+            (tmp_path / "ca.pem").write_bytes((tmp_path / "a/cert.pem").read_bytes() +
+                                              (tmp_path / "b/cert.pem").read_bytes())
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            credentials = Credentials(username="u", password="pw-never-sent", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "ca.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1")
+                with pytest.raises(RegistryAuthError, match="refused the credentials"):
+                    c.blob_exists(DIGEST)
+    assert [(command, path.split("?")[0]) for command, path, _ in heard] == \
+        [("PUT", "/upload/1"), ("HEAD", "/blob/1")]  # the upload arrived; no token was asked for elsewhere
+    assert [auth for _, _, auth in heard] == [None, None]
