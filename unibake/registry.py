@@ -77,6 +77,7 @@ COMPRESSIONS = tuple(LAYER_TYPES)
 GZIP_LEVEL = 6
 ZSTD_LEVEL = 3
 MAX_MANIFEST = 4 << 20
+MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's reply
 AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
 ZSTD_ENGINE_MAJOR = 23  # Docker Engine pulls tar+zstd layers from 23.0 on
@@ -290,7 +291,26 @@ class RegistryClient:
 
     def __enter__(self) -> "RegistryClient":
         self.dxf.__enter__()
+        self.dxf._sessions[0].hooks["response"].append(self._bounded)
         return self
+
+    def _bounded(self, response, *args, stream: bool = False, **kwargs):
+        """Every answer's body read here, up to :data:`MAX_ANSWER` (requests would read it whole, and an
+        endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error."""
+        if stream and response.ok:
+            return response
+        body = bytearray()
+        for chunk in response.iter_content(1 << 16):
+            body += chunk
+            if len(body) > MAX_ANSWER:
+                response.close()  # the rest is never read
+                if response.ok:
+                    raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} "
+                                        f"with more than the {MAX_ANSWER} bytes such an answer may be")
+                del body[MAX_ANSWER:]  # an error's body is only its message
+                break
+        response._content, response._content_consumed = bytes(body), True
+        return response
 
     def __exit__(self, *exc) -> None:
         self.dxf.__exit__(*exc)

@@ -598,3 +598,45 @@ def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp
     assert [(command, path.split("?")[0]) for command, path, _ in heard] == \
         [("PUT", "/upload/1"), ("HEAD", "/blob/1")]  # the upload arrived; no token was asked for elsewhere
     assert [auth for _, _, auth in heard] == [None, None]
+
+
+@pytest.mark.parametrize("answer", ["a token", "an error"])
+def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, answer):
+    """Every answer a registry gives is read up to a limit: a token answer (requests read it whole,
+    then python-dxf parsed it) and an error's body (read whole for its message, a streamed request's
+    too) that never end are no longer memory without bound."""
+    import http.server
+
+    from unibake.registry import MAX_ANSWER
+
+    sent = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if answer == "a token" and not self.path.startswith("/token"):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="r"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200 if answer == "a token" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()  # no Content-Length: the body ends when the connection does
+            try:
+                self.wfile.write(b'{"errors": [{"code": "MANIFEST_UNKNOWN", "message": "' if answer == "an error"
+                                 else b'{"token": "')
+                for _ in range(400):  # 100 MiB at most
+                    self.wfile.write(b"x" * (256 << 10))
+                    sent.append(256 << 10)
+            except OSError:
+                pass
+
+    with tls_server(tmp_path, Endless) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+            expected = f"answered /token with more than the {MAX_ANSWER} bytes" if answer == "a token" else \
+                "refused reading manifest sha256:abababababab: HTTP 404$"
+            with pytest.raises(RegistryError, match=expected):
+                c.manifest(DIGEST)
+    assert sum(sent) < 32 << 20, sum(sent)  # it stopped reading near the limit, not at the end of 100 MiB
