@@ -753,7 +753,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
             amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
-                          folder.parent.parent / "checksums", sign=sign)
+                          folder.parent.parent / "checksums", sign=sign, was=m)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),

@@ -640,3 +640,34 @@ def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, an
             with pytest.raises(RegistryError, match=expected):
                 c.manifest(DIGEST)
     assert sum(sent) < 32 << 20, sum(sent)  # it stopped reading near the limit, not at the end of 100 MiB
+
+
+def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_path, monkeypatch):
+    """Two pushes of one release at once (two registries, a CI matrix): the one that records second
+    used to write the manifest it read before its upload, dropping the first one's record while both
+    said 'pushed' (and recorded: true). Now the second is an error that records nothing; run again,
+    it records its push beside the first."""
+    from unibake import registry
+
+    folder, _ = make_release(tmp_path / "release")
+    real_push = registry.push_release
+    uploads = RecordingClient()
+
+    def push_while_another_records(folder, manifest, target, client, **kwargs):
+        other = parse_reference("other.example/team/demo-llm", what="--to", digest=False)
+        first = real_push(folder, manifest, other, uploads, temp_dir=tmp_path)  # the other push, done first
+        amend.amend_release(folder, merge_record(load_manifest(folder), first.record), read_sums(folder),
+                            tmp_path / "checksums")
+        return real_push(folder, manifest, target, uploads, **kwargs)
+
+    monkeypatch.setattr(registry, "push_release", push_while_another_records)
+    result = cli("push", str(folder), "--to", "reg.example/team/demo-llm")
+    assert result.code == 1 and "changed while this push ran" in result.err and "push again" in result.err
+    assert [r.repository for r in load_manifest(folder).registry] == ["other.example/team/demo-llm"]
+    assert not verify_folder(folder).failures
+
+    monkeypatch.setattr(registry, "push_release", lambda folder, manifest, target, client, **kwargs:
+                        real_push(folder, manifest, target, uploads, **kwargs))
+    assert cli("push", str(folder), "--to", "reg.example/team/demo-llm").code == 0
+    assert [r.repository for r in load_manifest(folder).registry] == ["other.example/team/demo-llm",
+                                                                      "reg.example/team/demo-llm"]
