@@ -205,7 +205,7 @@ def _registry_message(response) -> str:
         errors = response.json().get("errors") or []
         first = errors[0]
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
-    except (ValueError, AttributeError, IndexError, TypeError):
+    except (ValueError, AttributeError, IndexError, TypeError, RecursionError):  # (JSON nested past the stack)
         text = ""
     text = "".join(c if c.isprintable() else "?" for c in text)[:200]
     return f"HTTP {response.status_code}" + (f" {text}" if text else "")
@@ -361,9 +361,9 @@ class RegistryClient:
             return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__})")
         if isinstance(exc, UnibakeError):
             return exc
-        if isinstance(exc, (ValueError, KeyError, IndexError, TypeError, AttributeError)):
-            # what python-dxf makes of an answer it cannot read: a body that is not UTF-8 or JSON, a 401
-            # without WWW-Authenticate, a token answer without a token
+        if isinstance(exc, (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)):
+            # what python-dxf makes of an answer it cannot read: a body that is not UTF-8 or JSON (or JSON
+            # nested deeper than the stack), a 401 without WWW-Authenticate, a token answer without a token
             return RegistryError(f"the registry {host} gave an answer that cannot be read while {what} "
                                  f"({type(exc).__name__})")
         raise exc
@@ -463,7 +463,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     An image index (several platforms) is refused with a clear message."""
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested deeper than the stack is no manifest either)
         raise DigestMismatch(f"{where}: the manifest is not JSON") from None
     if not isinstance(document, dict):
         raise DigestMismatch(f"{where}: the manifest is not a JSON object")

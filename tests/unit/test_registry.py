@@ -671,3 +671,38 @@ def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_pa
     assert cli("push", str(folder), "--to", "reg.example/team/demo-llm").code == 0
     assert [r.repository for r in load_manifest(folder).registry] == ["other.example/team/demo-llm",
                                                                       "reg.example/team/demo-llm"]
+
+
+@pytest.mark.parametrize("answer", ["an error", "a busy registry", "a token", "a manifest"])
+def test_json_nested_past_the_stack_is_one_error_line_not_a_traceback(tmp_path, answer):
+    """``[[[[...`` in a registry's answer (an error's body, a token answer, a manifest whose digest the
+    pull was given) made json raise RecursionError, which nothing caught: a traceback."""
+    import http.server
+
+    deep = b"[" * 200_000
+    digest = "sha256:" + hashlib.sha256(deep).hexdigest()
+
+    class Deep(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if answer == "a token" and not self.path.startswith("/token"):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="r"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response({"an error": 404, "a busy registry": 503}.get(answer, 200))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(deep)))
+            self.end_headers()
+            self.wfile.write(deep)
+
+    with tls_server(tmp_path, Deep) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{digest}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=2, sleep=lambda seconds: None)) as c:
+            with pytest.raises(UnibakeError) as caught:
+                manifest_config_digest(c.manifest(digest), ref.pinned)
+    expected = {"an error": "refused reading manifest sha256:.*: HTTP 404$", "a busy registry": r"\(HTTP 503\) after 2",
+                "a token": r"an answer that cannot be read .*\(RecursionError\)", "a manifest": "the manifest is not JSON"}
+    assert caught.match(expected[answer])
