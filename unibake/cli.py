@@ -20,6 +20,7 @@ import os
 import stat
 import re
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -891,6 +892,11 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
         ca_file = (ctx.cwd / args.ca_file).resolve()
         if not ca_file.is_file():
             raise InputError(f"--ca-file {args.ca_file}: no such file")
+        try:  # a file that holds no certificate verifies nothing: said so here, not as the registry's fault
+            ssl.create_default_context(cafile=str(ca_file))
+        except (ssl.SSLError, ValueError) as exc:
+            raise InputError(f"--ca-file {args.ca_file}: no CA certificate in it (PEM, what 'openssl x509' writes): "
+                             f"{one_line(str(getattr(exc, 'reason', None) or exc))[:100]}") from None
     return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
             "retry": Retry(attempts=args.retries)}
 

@@ -276,6 +276,7 @@ class RegistryClient:
     def __init__(self, ref: Reference, *, credentials: Credentials | None, ca_file: Path | None,
                  retry: Retry = Retry(), on_retry: Callable[[str], None] = lambda line: None, push: bool = False):
         self.ref, self.credentials, self.retry, self.on_retry, self.push = ref, credentials, retry, on_retry, push
+        self.ca_file = ca_file
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
@@ -343,6 +344,12 @@ class RegistryClient:
         host, repo = self.ref.host, self.ref.repository
         creds = self.credentials
         where = f"the credentials from {creds.source}" if creds else "no credentials (none found for it)"
+        if _certificate_refused(exc) and self.ca_file:
+            why = re.search(r"certificate verify failed: ([^(']{1,120})", str(exc))
+            return RegistryError(f"the CA certificate in --ca-file {self.ca_file} does not vouch for the TLS certificate "
+                                 f"of the registry {host} while {what}"
+                                 f"{f' ({why.group(1).strip()})' if why else ''}: give the CA that signed it "
+                                 "(TLS is never turned off)")
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")

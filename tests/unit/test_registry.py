@@ -706,3 +706,30 @@ def test_json_nested_past_the_stack_is_one_error_line_not_a_traceback(tmp_path, 
     expected = {"an error": "refused reading manifest sha256:.*: HTTP 404$", "a busy registry": r"\(HTTP 503\) after 2",
                 "a token": r"an answer that cannot be read .*\(RecursionError\)", "a manifest": "the manifest is not JSON"}
     assert caught.match(expected[answer])
+
+
+def test_a_ca_file_without_a_certificate_is_exit_2_and_one_that_does_not_vouch_is_named(cli, tmp_path):
+    """``--ca-file`` given a file with no certificate (a key, a typo'd download) was told, after the
+    retries, to 'give its CA certificate with --ca-file'; one with the wrong CA was told the same."""
+    import http.server
+
+    folder, _ = make_release(tmp_path / "release")
+    (tmp_path / "key-only.pem").write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    refused = cli("push", str(folder), "--to", "127.0.0.1:1/team/a", "--ca-file", str(tmp_path / "key-only.pem"))
+    assert refused.code == 2 and "--ca-file" in refused.err and "no CA certificate in it" in refused.err
+    assert "did not answer" not in refused.err  # refused before anything was sent
+
+    class Any(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's name
+            self.send_response(404)
+            self.end_headers()
+
+    (tmp_path / "other").mkdir()
+    with tls_server(tmp_path / "other", Any):
+        pass  # only its certificate: a CA that signed nothing the registry shows
+    with tls_server(tmp_path, Any) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "other/cert.pem", retry=Retry(attempts=1)) as c:
+            with pytest.raises(RegistryError, match=f"the CA certificate in --ca-file {tmp_path}/other/cert.pem does "
+                                                    "not vouch for the TLS certificate of the registry 127.0.0.1:"):
+                c.blob_exists(DIGEST)
