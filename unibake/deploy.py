@@ -129,7 +129,8 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> N
                 return done("skipped", "already holds the image", m.image_id)
             engine.tag(m.image_id, m.tag)
             return done("tagged", f"already held the image; tagged {m.tag}", m.image_id)
-        if m.hotfix and engine.inspect_image(m.hotfix.base_image_id) is None:
+        # the archive leaves out the layers the base release shipped; a push sends the image whole
+        if m.hotfix and plan.source == "archive" and engine.inspect_image(m.hotfix.base_image_id) is None:
             return done("failed", f"this hotfix needs release {m.hotfix.base_release} ({m.hotfix.base_image_id[:19]}) "
                                   "first; nothing was loaded")
         if plan.source == "registry":

@@ -3,6 +3,7 @@ the hosts file and the command line's bad input."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import re
@@ -150,3 +151,48 @@ def test_deploy_goes_to_every_engine_named_before_or_after_the_command_else_dock
     result = cli("--json", *before, "deploy", str(folder), *after, env={"CI": "true", **env})
     assert result.code == 3, result.err  # no engine there: each one a failed row, none left out
     assert [row["engine"] for row in json.loads(result.out)["engines"]] == engines
+
+
+def test_a_hotfix_deployed_from_the_registry_needs_no_base_release_on_the_engine(tmp_path):
+    """A push sends a hotfix whole (its unchanged layers read from the base release's archive), so an
+    engine pulls it whole: deploy --from registry refused every engine without the base release
+    ('this hotfix needs release 1.0 first'), as if it were loading the archive, which leaves them out."""
+    from unibake.archive import write_archive
+    from unibake.archive_reader import read_back
+    from unibake.metadata import ImageMetadata
+    from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
+    from unibake.registry import ManifestInfo, parse_reference, pull_into
+
+    from ..savefixtures import docker_layout, layer_tar
+    from .test_publish import METADATA, PASSED
+
+    out = tmp_path / "release"
+    shared, old, new = (layer_tar({name: name.encode() * 100}) for name in ("base", "old", "new"))
+    base = load_manifest(make_release(out, "1.0", layers=[shared, old])[0])
+    data, image_id, _ = docker_layout([shared, new], tag="demo-llm:1.1")
+    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with ReleaseFolder(out, "1.1", force=False) as staged:
+        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    m = load_manifest(folder)
+    assert m.hotfix is not None
+
+    ref = parse_reference(f"r.example/demo-llm@sha256:{'1' * 64}", what="ref", digest=True)
+    whole = FakeEngine()
+    whole.load([data])  # what the registry serves: the whole image, as the push sent it
+    engines, connect = fleet("fresh")
+    engines["tcp://fresh:2375"].remote = {ref.pinned: whole.images[image_id]}
+    info = ManifestInfo(media_type="application/vnd.oci.image.manifest.v1+json", config_digest=image_id,
+                        compressions=frozenset({"gzip"}))
+    plan = Plan(folder=folder, manifest=m, source="registry",
+                pull=lambda engine: pull_into(engine, ref, m, info, None))
+    [result] = deploy(plan, ["tcp://fresh:2375"], connect)
+    assert (result.result, result.image_id) == ("pulled", image_id), result.detail
+    # from the archive, the base release is still needed first (the archive leaves its layers out)
+    engines, connect = fleet("fresh")
+    [result] = deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://fresh:2375"], connect)
+    assert result.failed and "needs release 1.0" in result.detail
