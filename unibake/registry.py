@@ -297,18 +297,20 @@ class RegistryClient:
 
     def _bounded(self, response, *args, stream: bool = False, **kwargs):
         """Every answer's body read here, up to :data:`MAX_ANSWER` (requests would read it whole, and an
-        endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error."""
-        if stream and response.ok:
+        endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error
+        or a redirect (whose body requests reads whole before it follows it)."""
+        passing = response.ok and not response.is_redirect
+        if stream and passing:
             return response
         body = bytearray()
         for chunk in response.iter_content(1 << 16):
             body += chunk
             if len(body) > MAX_ANSWER:
                 response.close()  # the rest is never read
-                if response.ok:
+                if passing:
                     raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} "
                                         f"with more than the {MAX_ANSWER} bytes such an answer may be")
-                del body[MAX_ANSWER:]  # an error's body is only its message
+                del body[MAX_ANSWER:]  # an error's body is only its message; a redirect's is not read
                 break
         response._content, response._content_consumed = bytes(body), True
         return response

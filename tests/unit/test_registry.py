@@ -600,11 +600,12 @@ def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp
     assert [auth for _, _, auth in heard] == [None, None]
 
 
-@pytest.mark.parametrize("answer", ["a token", "an error"])
+@pytest.mark.parametrize("answer", ["a token", "an error", "a redirect"])
 def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, answer):
     """Every answer a registry gives is read up to a limit: a token answer (requests read it whole,
-    then python-dxf parsed it) and an error's body (read whole for its message, a streamed request's
-    too) that never end are no longer memory without bound."""
+    then python-dxf parsed it), an error's body (read whole for its message, a streamed request's
+    too) and a redirect's (read whole before each of up to 30 redirects) that never end are no
+    longer memory without bound."""
     import http.server
 
     from unibake.registry import MAX_ANSWER
@@ -620,7 +621,8 @@ def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, an
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            self.send_response(200 if answer == "a token" else 404)
+            self.send_response({"a token": 200, "an error": 404, "a redirect": 302}[answer])
+            self.send_header("Location", self.path)
             self.send_header("Content-Type", "application/json")
             self.end_headers()  # no Content-Length: the body ends when the connection does
             try:
@@ -635,11 +637,13 @@ def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, an
     with tls_server(tmp_path, Endless) as port:
         ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
         with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
-            expected = f"answered /token with more than the {MAX_ANSWER} bytes" if answer == "a token" else \
-                "refused reading manifest sha256:abababababab: HTTP 404$"
-            with pytest.raises(RegistryError, match=expected):
+            expected = {"a token": f"answered /token with more than the {MAX_ANSWER} bytes",
+                        "an error": "refused reading manifest sha256:abababababab: HTTP 404$",
+                        "a redirect": r"failed while reading manifest sha256:abababababab \(TooManyRedirects\)"}
+            with pytest.raises(RegistryError, match=expected[answer]):
                 c.manifest(DIGEST)
-    assert sum(sent) < 32 << 20, sum(sent)  # it stopped reading near the limit, not at the end of 100 MiB
+    # it stopped reading each answer near the limit, not at the end of its 100 MiB
+    assert sum(sent) < (200 << 20 if answer == "a redirect" else 32 << 20), sum(sent)
 
 
 def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_path, monkeypatch):
