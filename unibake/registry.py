@@ -160,7 +160,7 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
     helper_env = {k: v for k, v in env.items() if k not in SECRETS}  # a credential helper is a child too
     try:
         config = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested deeper than the stack: no Docker config either)
         raise error(f"{path}: not valid JSON ({str(exc)[:80]}); it must be a Docker config file") from None
     if not isinstance(config, dict):
         raise error(f"{path}: not a Docker config file (a JSON object with 'auths')")

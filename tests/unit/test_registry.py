@@ -128,6 +128,7 @@ def test_a_broken_entry_is_an_error_for_its_own_host_only(tmp_path):
     ("{not json", "not valid JSON"),
     ("[1, 2]", "not a Docker config file"),
     (json.dumps({"auths": {"reg.example": {"identitytoken": "x"}}}), "identity token"),
+    ("[" * 100_000, "not valid JSON"),  # nested past the stack: was a RecursionError traceback
 ])
 def test_a_bad_auth_file_is_exit_2(tmp_path, content, message):
     path = tmp_path / "auth.json"
