@@ -27,6 +27,7 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Mapping
 from urllib.parse import urljoin, urlsplit
@@ -43,6 +44,7 @@ from dxf import exceptions as dxf_errors
 
 from .archive import compressor
 from .archive_reader import ArchiveReader
+from .console import one_line
 from .engine import Engine
 from .errors import (DigestMismatch, EngineError, InputError, RegistryAuthError, RegistryError, UnibakeError,
                      VerificationError)
@@ -165,19 +167,18 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
     if not isinstance(config, dict):
         raise error(f"{path}: not a Docker config file (a JSON object with 'auths')")
     try:
-        try:  # (docker-py empties the dict it is given: each try gets its own copy)
-            found = docker.auth.load_config(config_dict=json.loads(text), credstore_env=helper_env) \
-                .resolve_authconfig(host)
-        except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
-            # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
-            # the entries for this host are tried alone (a broken one of its own is still an error)
-            auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
-            own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
-            found = docker.auth.load_config(config_dict=own, credstore_env=helper_env).resolve_authconfig(host)
+        with warnings.catch_warnings():  # docker-py warns of a helper it cannot find, with its own source line
+            warnings.simplefilter("ignore")
+            found = _resolve(config, text, host, helper_env)
     except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
         raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
                     "(what docker login writes)") from None
     except docker.errors.DockerException as exc:
+        helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
+        helper = f"docker-credential-{helpers.get(host) or config.get('credsStore')}"
+        if shutil.which(helper) is None:
+            raise UnibakeError(f"{path}: the credential helper for {host}, {one_line(helper)[:100]}, is not "
+                               "installed (not on PATH): install it, or give --auth-file") from None
         # the helper's own message may quote what it was given: only its kind is shown
         raise UnibakeError(f"{path}: the credential helper for {host} failed ({type(exc).__name__})") from None
     if not found:
@@ -190,6 +191,17 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         raise InputError(f"{path}: the entry for {host} has no user name and password (an 'auth' of user:password "
                          "in base64)")
     return Credentials(username=username, password=password, source=str(path))
+
+
+def _resolve(config: dict, text: str, host: str, helper_env: Mapping[str, str]) -> dict | None:
+    try:  # (docker-py empties the dict it is given: each try gets its own copy)
+        return docker.auth.load_config(config_dict=json.loads(text), credstore_env=helper_env).resolve_authconfig(host)
+    except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
+        # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
+        # the entries for this host are tried alone (a broken one of its own is still an error)
+        auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
+        own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
+        return docker.auth.load_config(config_dict=own, credstore_env=helper_env).resolve_authconfig(host)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -738,3 +738,17 @@ def test_a_ca_file_without_a_certificate_is_exit_2_and_one_that_does_not_vouch_i
             with pytest.raises(RegistryError, match=f"the CA certificate in --ca-file {tmp_path}/other/cert.pem does "
                                                     "not vouch for the TLS certificate of the registry 127.0.0.1:"):
                 c.blob_exists(DIGEST)
+
+
+@pytest.mark.parametrize("config", [{"credsStore": "unibake-absent"},
+                                    {"credHelpers": {"reg.example:5000": "unibake-absent"}}])
+def test_a_credential_helper_that_is_not_installed_is_named_with_no_python_warning(tmp_path, config, recwarn):
+    """A Docker config from a desktop (``"credsStore": "desktop"``) on a CI runner without that helper
+    was 'the credential helper failed (DockerException)', after docker-py's UserWarning with its own
+    source line on stderr."""
+    config_file(tmp_path / "dc" / "config.json", {})
+    (tmp_path / "dc" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnibakeError, match="the credential helper for reg.example:5000, docker-credential-unibake-absent"
+                                           ", is not installed"):
+        load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
+    assert [str(w.message) for w in recwarn] == []
