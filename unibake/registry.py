@@ -608,6 +608,11 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
             client.upload(config.digest, lambda: saved.config_bytes, "the image config")
         body = image_manifest(config, [blob for blob, _ in layers])
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        # what the layers are: an archive that holds them compressed already gives them as they are
+        used = "zstd" if any(blob.media_type == LAYER_TYPES["zstd"] for blob, _ in layers) else "gzip"
+        if used != compression:
+            on_line(f"the archive holds its layers {used}-compressed: they are pushed as they are ({used} layers, "
+                    f"not {compression})")
         answered = client.put_manifest(tag, body, OCI_MANIFEST)
         if answered != digest:
             raise DigestMismatch(f"the registry {target.host} says {target.repository}:{tag} is {answered or 'nothing'}, "
@@ -615,7 +620,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
-                            digest=digest, media_type=OCI_MANIFEST, layers=compression,
+                            digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return PushResult(record=record, uploaded=uploaded, present=present, uploaded_bytes=uploaded_bytes,
                       seconds=time.monotonic() - start)

@@ -752,3 +752,19 @@ def test_a_credential_helper_that_is_not_installed_is_named_with_no_python_warni
                                            ", is not installed"):
         load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
     assert [str(w.message) for w in recwarn] == []
+
+
+def test_a_push_records_the_compression_its_layers_have_not_the_one_asked_for(tmp_path):
+    """An archive that holds its layers gzip-compressed already (as a containerd store saves them)
+    pushes them as they are: a push with --compression zstd recorded 'zstd' in the release (its notes'
+    table, the push's summary) for layers that are gzip."""
+    folder, _ = make_release(tmp_path / "release", gzip_layers=True)
+    manifest = load_manifest(folder)
+    registry, lines = RecordingClient(), []
+    target = parse_reference("r.example/a", what="--to", digest=False)
+    result = push_release(folder, manifest, target, registry, compression="zstd", temp_dir=tmp_path,
+                          on_line=lines.append)
+    kinds = {layer["mediaType"] for layer in json.loads(registry.manifests["1.3.1"])["layers"]}
+    assert kinds == {"application/vnd.oci.image.layer.v1.tar+gzip"}
+    assert result.record.layers == "gzip"
+    assert any("holds its layers gzip-compressed" in line for line in lines)
