@@ -417,18 +417,30 @@ class RegistryClient:
             self.dxf.set_manifest(tag, body.decode("utf-8"))
             digest, _ = self.dxf.head_manifest_and_response(tag)
             return digest or ""
-        return self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
+        digest = self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
+        # Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it):
+        # without it, the manifest the tag names is read and its digest computed here
+        return digest or "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
 
     def manifest(self, digest: str) -> bytes:
         """The manifest (or index) stored under ``digest``, its bytes checked against the digest."""
+        body = self._manifest_bytes(digest)
+        got = "sha256:" + hashlib.sha256(body).hexdigest()
+        if got != digest:
+            raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "
+                                 f"digest is {got}")
+        return body
+
+    def _manifest_bytes(self, reference: str) -> bytes:
+        """The manifest stored under ``reference`` (a digest or a tag), read up to :data:`MAX_MANIFEST`."""
         def too_big(size: str) -> RegistryError:
-            return RegistryError(f"the registry {self.ref.host} answered {size} bytes for manifest {digest}, more "
+            return RegistryError(f"the registry {self.ref.host} answered {size} bytes for manifest {reference}, more "
                                  f"than the {MAX_MANIFEST} a manifest may be")
 
         def get() -> bytes:
             # python-dxf's get_manifest reads the whole body (and decodes it) before anything can look at its
             # size: its request is streamed here and read up to the limit (dxf still does the auth)
-            response = self.dxf._request("get", "manifests/" + digest, stream=True,
+            response = self.dxf._request("get", "manifests/" + reference, stream=True,
                                          headers={"Accept": ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST,
                                                                        DOCKER_LIST))})
             try:
@@ -443,12 +455,7 @@ class RegistryClient:
                 return bytes(body)
             finally:
                 response.close()
-        body = self._call(f"reading manifest {digest[:19]}", get)
-        got = "sha256:" + hashlib.sha256(body).hexdigest()
-        if got != digest:
-            raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "
-                                 f"digest is {got}")
-        return body
+        return self._call(f"reading manifest {reference[:19]}", get)
 
 
 # ---------------------------------------------------------------------------------------------

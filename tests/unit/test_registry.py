@@ -24,7 +24,7 @@ from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
-from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
+from unibake.registry import (OCI_INDEX, OCI_MANIFEST, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
                               image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
 from unibake.signing import check_keys, check_signer
@@ -768,3 +768,57 @@ def test_a_push_records_the_compression_its_layers_have_not_the_one_asked_for(tm
     assert kinds == {"application/vnd.oci.image.layer.v1.tar+gzip"}
     assert result.record.layers == "gzip"
     assert any("holds its layers gzip-compressed" in line for line in lines)
+
+
+def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
+    """Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it;
+    Docker Hub leaves it out of some answers): a push to a registry that never sends it was exit 3,
+    'the registry says REPO:TAG is nothing, not the manifest just pushed', every time."""
+    import http.server
+    import threading
+
+    stored: dict[str, bytes] = {}
+    lock = threading.Lock()
+
+    class Spare(http.server.BaseHTTPRequestHandler):
+        """A registry of the OCI distribution spec's required answers, and no optional header."""
+
+        def reply(self, status, body=b"", **headers):
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self):  # noqa: N802 - http.server's names
+            with lock:
+                found = stored.get(self.path.split("?")[0])
+            self.reply(200 if found is not None else 404)
+
+        def do_GET(self):  # noqa: N802
+            with lock:
+                found = stored.get(self.path)
+            self.reply(200, found, Content_Type=OCI_MANIFEST) if found is not None else self.reply(404)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, Location="/v2/team/a/blobs/uploads/1")
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            path, _, query = self.path.partition("?")
+            with lock:
+                if path.startswith("/v2/team/a/blobs/uploads/"):
+                    stored["/v2/team/a/blobs/" + query.split("digest=")[1].replace("%3A", ":")] = data
+                else:
+                    stored[path] = data
+            self.reply(201)
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    with tls_server(tmp_path, Spare) as port:
+        target = parse_reference(f"127.0.0.1:{port}/team/a", what="--to", digest=False)
+        with RegistryClient(target, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                            push=True) as c:
+            record = push_release(folder, manifest, target, c, temp_dir=tmp_path).record
+    assert record.digest == "sha256:" + hashlib.sha256(stored["/v2/team/a/manifests/1.3.1"]).hexdigest()
