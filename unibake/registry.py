@@ -82,6 +82,8 @@ MAX_MANIFEST = 4 << 20
 MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's reply
 AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
+ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
+UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
 ZSTD_ENGINE_MAJOR = 23  # Docker Engine pulls tar+zstd layers from 23.0 on
 
 
@@ -259,6 +261,8 @@ class _DXF(DXF):
     any host; docker sends them only to the registry it logged in to, and so does unibake."""
 
     def _base_request(self, method, path, **kwargs):
+        if "data" in kwargs:
+            kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
         if _origin(urljoin(self._base_url, path)) == _origin(self._base_url):
             return super()._base_request(method, path, **kwargs)
         headers, auth = self._headers, self._auth
@@ -300,7 +304,7 @@ class RegistryClient:
                 client.authenticate(credentials.username, credentials.password, response=response, actions=actions)
 
         self.dxf = _DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
-                       timeout=(30, 600))
+                       timeout=ANSWER_TIMEOUT)
 
     def __enter__(self) -> "RegistryClient":
         self.dxf.__enter__()

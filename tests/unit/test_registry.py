@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -822,3 +823,66 @@ def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
                             push=True) as c:
             record = push_release(folder, manifest, target, c, temp_dir=tmp_path).record
     assert record.digest == "sha256:" + hashlib.sha256(stored["/v2/team/a/manifests/1.3.1"]).hexdigest()
+
+
+def test_a_registry_that_answers_nothing_is_given_up_on_not_waited_for_ten_minutes_a_try(tmp_path, monkeypatch):
+    """A registry that takes the connection and the TLS handshake, then says nothing (hung, or a
+    black hole in front of it): every request waited 600 s, five times, 50 minutes before the error.
+    An answer is now waited for a minute (here: 1 s); only a blob's upload keeps the long wait, as the
+    registry answers it once it has stored the whole blob (here: 2 s, longer than an answer's wait)."""
+    import http.server
+    import socket
+    import ssl
+    import threading
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "ANSWER_TIMEOUT", (30, 1), raising=False)
+    (tmp_path / "slow").mkdir()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(2)  # storing the blob
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            self.send_response(202)
+            self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with tls_server(tmp_path / "slow", Slow) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "slow/cert.pem", retry=Retry(attempts=1),
+                            push=True) as c:
+            c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1")
+
+    with tls_server(tmp_path, Slow):  # (only its certificate)
+        pass
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    listener, held = socket.create_server(("127.0.0.1", 0)), []
+
+    def silent():
+        connection, _ = listener.accept()
+        held.append(context.wrap_socket(connection, server_side=True))  # the handshake, then nothing
+
+    threading.Thread(target=silent, daemon=True).start()
+    ref = Reference(host=f"127.0.0.1:{listener.getsockname()[1]}", path="team/a")
+    outcome = []
+
+    def ask():
+        try:
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+                c.blob_exists(DIGEST)
+        except RegistryError as exc:
+            outcome.append(str(exc))
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(30)
+    listener.close()
+    assert outcome and "did not answer while looking for blob" in outcome[0] and "(timed out)" in outcome[0]
