@@ -184,6 +184,8 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         # the helper's own message may quote what it was given: only its kind is shown
         raise UnibakeError(f"{path}: the credential helper for {host} failed ({type(exc).__name__})") from None
     if not found:
+        found = _plain_entry(config, host)
+    if not found:
         return None
     if found.get("IdentityToken"):
         raise InputError(f"{path}: the entry for {host} holds an identity token, which unibake cannot use; "
@@ -193,6 +195,18 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         raise InputError(f"{path}: the entry for {host} has no user name and password (an 'auth' of user:password "
                          "in base64)")
     return Credentials(username=username, password=password, source=str(path))
+
+
+def _plain_entry(config: dict, host: str) -> dict | None:
+    """An entry of ``username`` and ``password`` with no ``auth`` (the docker CLI reads it; docker-py
+    passes over it as if the credentials were in a helper)."""
+    auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
+    for key, entry in auths.items():
+        if isinstance(key, str) and docker.auth.resolve_index_name(key) == host and isinstance(entry, dict) \
+                and not entry.get("auth") and isinstance(entry.get("username"), str) \
+                and isinstance(entry.get("password"), str):
+            return {"Username": entry["username"], "Password": entry["password"]}
+    return None
 
 
 def _resolve(config: dict, text: str, host: str, helper_env: Mapping[str, str]) -> dict | None:

@@ -886,3 +886,15 @@ def test_a_registry_that_answers_nothing_is_given_up_on_not_waited_for_ten_minut
     asking.join(30)
     listener.close()
     assert outcome and "did not answer while looking for blob" in outcome[0] and "(timed out)" in outcome[0]
+
+
+def test_an_entry_of_user_name_and_password_without_auth_is_used_as_the_docker_cli_uses_it(tmp_path):
+    """``{"auths": {"HOST": {"username": ..., "password": ...}}}`` (a config CI jobs write by hand; the
+    docker CLI reads it): docker-py passes over it, and the push went anonymous and was told 'no
+    credentials (none found for it)'."""
+    config_file(tmp_path / "dc" / "config.json", {"https://reg.example:5000": {"username": "ci", "password": "pw"},
+                                                  "other.example": {"username": "x", "password": "y"}})
+    found = load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
+    assert (found.username, found.password) == ("ci", "pw")
+    assert load_credentials("third.example", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None) is None
+    assert "pw" not in repr(found)
