@@ -30,10 +30,10 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
-from urllib.parse import urljoin, urlsplit
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import docker.auth
 import docker.errors
@@ -318,7 +318,7 @@ class RegistryClient:
                 client.authenticate(credentials.username, credentials.password, response=response, actions=actions)
 
         self.dxf = _DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
-                       timeout=ANSWER_TIMEOUT)
+                        timeout=ANSWER_TIMEOUT)
 
     def __enter__(self) -> "RegistryClient":
         self.dxf.__enter__()
