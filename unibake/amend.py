@@ -102,11 +102,13 @@ class _Lock:
 
 
 def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path,
-                  sign: Callable[[Path], dict[str, str]] | None = None) -> None:
+                  sign: Callable[[Path], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None) -> None:
     """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
     ``SHA256SUMS`` (and ``checksums/<tag>.SHA256SUMS`` when it is the folder's record); ``sums`` is the
     folder's current ``SHA256SUMS``, already checked. ``sign``: writes the new ``SHA256SUMS``'s detached
-    signatures beside it (in the staging folder, so they replace the old ones with it)."""
+    signatures beside it (in the staging folder, so they replace the old ones with it). ``was``: the
+    manifest ``manifest`` was made from; a folder whose manifest is no longer that one (another push
+    recorded itself meanwhile) is left as it is, an error, rather than losing what that one wrote."""
     out, tag = folder.parent, folder.name
     texts = {MANIFEST: manifest.to_json()}
     has_section = bool(load_manifest(folder).registry)  # the notes end with a registry section iff it records a push
@@ -117,6 +119,10 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                                  has_section=has_section)
     old_listing = (folder / SUMS).read_text(encoding="utf-8")
     with _Lock(out, tag):
+        if was is not None and load_manifest(folder) != was:
+            raise UnibakeError(f"{folder} changed while this push ran (another push recorded itself in it): nothing "
+                               "was recorded, so as not to drop what that one wrote; push again (the blobs are in "
+                               "the registry: nothing is uploaded again)")
         staging = out / f".{tag}.amend"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(mode=0o700)  # private while it is made; the folder's own mode and group at the end

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import stat
 import sys
 import threading
@@ -753,7 +754,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
             amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
-                          folder.parent.parent / "checksums", sign=sign)
+                          folder.parent.parent / "checksums", sign=sign, was=m)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
@@ -891,6 +892,11 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
         ca_file = (ctx.cwd / args.ca_file).resolve()
         if not ca_file.is_file():
             raise InputError(f"--ca-file {args.ca_file}: no such file")
+        try:  # a file that holds no certificate verifies nothing: said so here, not as the registry's fault
+            ssl.create_default_context(cafile=str(ca_file))
+        except (ssl.SSLError, ValueError) as exc:
+            raise InputError(f"--ca-file {args.ca_file}: no CA certificate in it (PEM, what 'openssl x509' writes): "
+                             f"{one_line(str(getattr(exc, 'reason', None) or exc))[:100]}") from None
     return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
             "retry": Retry(attempts=args.retries)}
 

@@ -27,11 +27,13 @@ import re
 import shutil
 import tempfile
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import docker.auth
 import docker.errors
@@ -42,6 +44,7 @@ from dxf import exceptions as dxf_errors
 
 from .archive import compressor
 from .archive_reader import ArchiveReader
+from .console import one_line
 from .engine import Engine
 from .errors import (DigestMismatch, EngineError, InputError, RegistryAuthError, RegistryError, UnibakeError,
                      VerificationError)
@@ -76,8 +79,11 @@ COMPRESSIONS = tuple(LAYER_TYPES)
 GZIP_LEVEL = 6
 ZSTD_LEVEL = 3
 MAX_MANIFEST = 4 << 20
+MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's reply
 AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
+ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
+UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
 ZSTD_ENGINE_MAJOR = 23  # Docker Engine pulls tar+zstd layers from 23.0 on
 
 
@@ -158,26 +164,27 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
     helper_env = {k: v for k, v in env.items() if k not in SECRETS}  # a credential helper is a child too
     try:
         config = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (nested deeper than the stack: no Docker config either)
         raise error(f"{path}: not valid JSON ({str(exc)[:80]}); it must be a Docker config file") from None
     if not isinstance(config, dict):
         raise error(f"{path}: not a Docker config file (a JSON object with 'auths')")
     try:
-        try:  # (docker-py empties the dict it is given: each try gets its own copy)
-            found = docker.auth.load_config(config_dict=json.loads(text), credstore_env=helper_env) \
-                .resolve_authconfig(host)
-        except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
-            # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
-            # the entries for this host are tried alone (a broken one of its own is still an error)
-            auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
-            own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
-            found = docker.auth.load_config(config_dict=own, credstore_env=helper_env).resolve_authconfig(host)
+        with warnings.catch_warnings():  # docker-py warns of a helper it cannot find, with its own source line
+            warnings.simplefilter("ignore")
+            found = _resolve(config, text, host, helper_env)
     except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
         raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
                     "(what docker login writes)") from None
     except docker.errors.DockerException as exc:
+        helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
+        helper = f"docker-credential-{helpers.get(host) or config.get('credsStore')}"
+        if shutil.which(helper) is None:
+            raise UnibakeError(f"{path}: the credential helper for {host}, {one_line(helper)[:100]}, is not "
+                               "installed (not on PATH): install it, or give --auth-file") from None
         # the helper's own message may quote what it was given: only its kind is shown
         raise UnibakeError(f"{path}: the credential helper for {host} failed ({type(exc).__name__})") from None
+    if not found:
+        found = _plain_entry(config, host)
     if not found:
         return None
     if found.get("IdentityToken"):
@@ -188,6 +195,29 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         raise InputError(f"{path}: the entry for {host} has no user name and password (an 'auth' of user:password "
                          "in base64)")
     return Credentials(username=username, password=password, source=str(path))
+
+
+def _plain_entry(config: dict, host: str) -> dict | None:
+    """An entry of ``username`` and ``password`` with no ``auth`` (the docker CLI reads it; docker-py
+    passes over it as if the credentials were in a helper)."""
+    auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
+    for key, entry in auths.items():
+        if isinstance(key, str) and docker.auth.resolve_index_name(key) == host and isinstance(entry, dict) \
+                and not entry.get("auth") and isinstance(entry.get("username"), str) \
+                and isinstance(entry.get("password"), str):
+            return {"Username": entry["username"], "Password": entry["password"]}
+    return None
+
+
+def _resolve(config: dict, text: str, host: str, helper_env: Mapping[str, str]) -> dict | None:
+    try:  # (docker-py empties the dict it is given: each try gets its own copy)
+        return docker.auth.load_config(config_dict=json.loads(text), credstore_env=helper_env).resolve_authconfig(host)
+    except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
+        # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
+        # the entries for this host are tried alone (a broken one of its own is still an error)
+        auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
+        own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
+        return docker.auth.load_config(config_dict=own, credstore_env=helper_env).resolve_authconfig(host)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +233,7 @@ def _registry_message(response) -> str:
         errors = response.json().get("errors") or []
         first = errors[0]
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
-    except (ValueError, AttributeError, IndexError, TypeError):
+    except (ValueError, AttributeError, IndexError, TypeError, RecursionError):  # (JSON nested past the stack)
         text = ""
     text = "".join(c if c.isprintable() else "?" for c in text)[:200]
     return f"HTTP {response.status_code}" + (f" {text}" if text else "")
@@ -233,6 +263,30 @@ def _transient(exc: BaseException) -> str | None:
     return None
 
 
+def _origin(url: str) -> tuple[str, str, int]:
+    """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's)."""
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+class _DXF(DXF):
+    """python-dxf, sending its credentials (Basic, or the token they gave) to the registry alone:
+    dxf adds them to every request, also to an upload's ``Location``, which the registry may point at
+    any host; docker sends them only to the registry it logged in to, and so does unibake."""
+
+    def _base_request(self, method, path, **kwargs):
+        if "data" in kwargs:
+            kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
+        if _origin(urljoin(self._base_url, path)) == _origin(self._base_url):
+            return super()._base_request(method, path, **kwargs)
+        headers, auth = self._headers, self._auth
+        self._headers, self._auth = {}, None  # (one client is used by one thread)
+        try:
+            return super()._base_request(method, path, **kwargs)
+        finally:
+            self._headers, self._auth = headers, auth
+
+
 @dataclass(frozen=True, kw_only=True)
 class Retry:
     """How often and how patiently a request is tried: ``attempts`` in all, waiting ``delay`` s, then
@@ -252,20 +306,44 @@ class RegistryClient:
     def __init__(self, ref: Reference, *, credentials: Credentials | None, ca_file: Path | None,
                  retry: Retry = Retry(), on_retry: Callable[[str], None] = lambda line: None, push: bool = False):
         self.ref, self.credentials, self.retry, self.on_retry, self.push = ref, credentials, retry, on_retry, push
+        self.ca_file = ca_file
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
+            if _origin(response.url) != _origin(client._base_url):
+                return  # a 401 from a host the registry redirected to: not the registry's to answer with credentials
             if credentials is None:
                 client.authenticate(response=response, actions=actions)
             else:
                 client.authenticate(credentials.username, credentials.password, response=response, actions=actions)
 
-        self.dxf = DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
-                       timeout=(30, 600))
+        self.dxf = _DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
+                        timeout=ANSWER_TIMEOUT)
 
     def __enter__(self) -> "RegistryClient":
         self.dxf.__enter__()
+        self.dxf._sessions[0].hooks["response"].append(self._bounded)
         return self
+
+    def _bounded(self, response, *args, stream: bool = False, **kwargs):
+        """Every answer's body read here, up to :data:`MAX_ANSWER` (requests would read it whole, and an
+        endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error
+        or a redirect (whose body requests reads whole before it follows it)."""
+        passing = response.ok and not response.is_redirect
+        if stream and passing:
+            return response
+        body = bytearray()
+        for chunk in response.iter_content(1 << 16):
+            body += chunk
+            if len(body) > MAX_ANSWER:
+                response.close()  # the rest is never read
+                if passing:
+                    raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} "
+                                        f"with more than the {MAX_ANSWER} bytes such an answer may be")
+                del body[MAX_ANSWER:]  # an error's body is only its message; a redirect's is not read
+                break
+        response._content, response._content_consumed = bytes(body), True
+        return response
 
     def __exit__(self, *exc) -> None:
         self.dxf.__exit__(*exc)
@@ -298,6 +376,12 @@ class RegistryClient:
         host, repo = self.ref.host, self.ref.repository
         creds = self.credentials
         where = f"the credentials from {creds.source}" if creds else "no credentials (none found for it)"
+        if _certificate_refused(exc) and self.ca_file:
+            why = re.search(r"certificate verify failed: ([^(']{1,120})", str(exc))
+            return RegistryError(f"the CA certificate in --ca-file {self.ca_file} does not vouch for the TLS certificate "
+                                 f"of the registry {host} while {what}"
+                                 f"{f' ({why.group(1).strip()})' if why else ''}: give the CA that signed it "
+                                 "(TLS is never turned off)")
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
@@ -316,9 +400,9 @@ class RegistryClient:
             return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__})")
         if isinstance(exc, UnibakeError):
             return exc
-        if isinstance(exc, (ValueError, KeyError, IndexError, TypeError, AttributeError)):
-            # what python-dxf makes of an answer it cannot read: a body that is not UTF-8 or JSON, a 401
-            # without WWW-Authenticate, a token answer without a token
+        if isinstance(exc, (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)):
+            # what python-dxf makes of an answer it cannot read: a body that is not UTF-8 or JSON (or JSON
+            # nested deeper than the stack), a 401 without WWW-Authenticate, a token answer without a token
             return RegistryError(f"the registry {host} gave an answer that cannot be read while {what} "
                                  f"({type(exc).__name__})")
         raise exc
@@ -351,18 +435,30 @@ class RegistryClient:
             self.dxf.set_manifest(tag, body.decode("utf-8"))
             digest, _ = self.dxf.head_manifest_and_response(tag)
             return digest or ""
-        return self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
+        digest = self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
+        # Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it):
+        # without it, the manifest the tag names is read and its digest computed here
+        return digest or "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
 
     def manifest(self, digest: str) -> bytes:
         """The manifest (or index) stored under ``digest``, its bytes checked against the digest."""
+        body = self._manifest_bytes(digest)
+        got = "sha256:" + hashlib.sha256(body).hexdigest()
+        if got != digest:
+            raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "
+                                 f"digest is {got}")
+        return body
+
+    def _manifest_bytes(self, reference: str) -> bytes:
+        """The manifest stored under ``reference`` (a digest or a tag), read up to :data:`MAX_MANIFEST`."""
         def too_big(size: str) -> RegistryError:
-            return RegistryError(f"the registry {self.ref.host} answered {size} bytes for manifest {digest}, more "
+            return RegistryError(f"the registry {self.ref.host} answered {size} bytes for manifest {reference}, more "
                                  f"than the {MAX_MANIFEST} a manifest may be")
 
         def get() -> bytes:
             # python-dxf's get_manifest reads the whole body (and decodes it) before anything can look at its
             # size: its request is streamed here and read up to the limit (dxf still does the auth)
-            response = self.dxf._request("get", "manifests/" + digest, stream=True,
+            response = self.dxf._request("get", "manifests/" + reference, stream=True,
                                          headers={"Accept": ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST,
                                                                        DOCKER_LIST))})
             try:
@@ -377,12 +473,7 @@ class RegistryClient:
                 return bytes(body)
             finally:
                 response.close()
-        body = self._call(f"reading manifest {digest[:19]}", get)
-        got = "sha256:" + hashlib.sha256(body).hexdigest()
-        if got != digest:
-            raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "
-                                 f"digest is {got}")
-        return body
+        return self._call(f"reading manifest {reference[:19]}", get)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +509,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     An image index (several platforms) is refused with a clear message."""
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested deeper than the stack is no manifest either)
         raise DigestMismatch(f"{where}: the manifest is not JSON") from None
     if not isinstance(document, dict):
         raise DigestMismatch(f"{where}: the manifest is not a JSON object")
@@ -542,6 +633,11 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
             client.upload(config.digest, lambda: saved.config_bytes, "the image config")
         body = image_manifest(config, [blob for blob, _ in layers])
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        # what the layers are: an archive that holds them compressed already gives them as they are
+        used = "zstd" if any(blob.media_type == LAYER_TYPES["zstd"] for blob, _ in layers) else "gzip"
+        if used != compression:
+            on_line(f"the archive holds its layers {used}-compressed: they are pushed as they are ({used} layers, "
+                    f"not {compression})")
         answered = client.put_manifest(tag, body, OCI_MANIFEST)
         if answered != digest:
             raise DigestMismatch(f"the registry {target.host} says {target.repository}:{tag} is {answered or 'nothing'}, "
@@ -549,7 +645,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
-                            digest=digest, media_type=OCI_MANIFEST, layers=compression,
+                            digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return PushResult(record=record, uploaded=uploaded, present=present, uploaded_bytes=uploaded_bytes,
                       seconds=time.monotonic() - start)

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -24,7 +25,7 @@ from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
-from unibake.registry import (OCI_INDEX, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
+from unibake.registry import (OCI_INDEX, OCI_MANIFEST, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
                               image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
 from unibake.signing import check_keys, check_signer
@@ -128,6 +129,7 @@ def test_a_broken_entry_is_an_error_for_its_own_host_only(tmp_path):
     ("{not json", "not valid JSON"),
     ("[1, 2]", "not a Docker config file"),
     (json.dumps({"auths": {"reg.example": {"identitytoken": "x"}}}), "identity token"),
+    ("[" * 100_000, "not valid JSON"),  # nested past the stack: was a RecursionError traceback
 ])
 def test_a_bad_auth_file_is_exit_2(tmp_path, content, message):
     path = tmp_path / "auth.json"
@@ -534,3 +536,365 @@ def test_a_content_length_in_other_digits_is_no_crash(tmp_path):
         c = RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1))
         with pytest.raises(DigestMismatch, match="with a document whose digest is"):
             c.manifest(DIGEST)
+
+
+def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp_path):
+    """A registry's upload ``Location`` may name any host, and a redirect may lead to one that asks for
+    credentials itself: neither gets the user's password (python-dxf sent it to both), as docker
+    sends it only to the registry it logged in to."""
+    import http.server
+
+    heard = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            heard.append((self.command, self.path, self.headers.get("Authorization")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path.startswith("/token"):
+                self.send_response(200)
+                body = b'{"token": "t"}'
+            elif self.path.startswith("/upload"):
+                self.send_response(201)
+                body = b""
+            else:  # what it serves, it serves to a token of its own realm
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="elsewhere"')
+                body = b""
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = answer  # noqa: N815 - http.server's names
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with tls_server(tmp_path / "b", Elsewhere) as other:
+        class Registry(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"u:pw-never-sent").decode():
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="registry"')
+                elif self.command == "POST":
+                    self.send_response(202)
+                    self.send_header("Location", f"https://127.0.0.1:{other}/upload/1")
+                else:  # a blob kept elsewhere
+                    self.send_response(307)
+                    self.send_header("Location", f"https://127.0.0.1:{other}/blob/1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_HEAD = do_POST = answer  # noqa: N815 - http.server's names
+
+        with tls_server(tmp_path / "a", Registry) as port:
+            (tmp_path / "ca.pem").write_bytes((tmp_path / "a/cert.pem").read_bytes() +
+                                              (tmp_path / "b/cert.pem").read_bytes())
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            credentials = Credentials(username="u", password="pw-never-sent", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "ca.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1")
+                with pytest.raises(RegistryAuthError, match="refused the credentials"):
+                    c.blob_exists(DIGEST)
+    assert [(command, path.split("?")[0]) for command, path, _ in heard] == \
+        [("PUT", "/upload/1"), ("HEAD", "/blob/1")]  # the upload arrived; no token was asked for elsewhere
+    assert [auth for _, _, auth in heard] == [None, None]
+
+
+@pytest.mark.parametrize("answer", ["a token", "an error", "a redirect"])
+def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, answer):
+    """Every answer a registry gives is read up to a limit: a token answer (requests read it whole,
+    then python-dxf parsed it), an error's body (read whole for its message, a streamed request's
+    too) and a redirect's (read whole before each of up to 30 redirects) that never end are no
+    longer memory without bound."""
+    import http.server
+
+    from unibake.registry import MAX_ANSWER
+
+    sent = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if answer == "a token" and not self.path.startswith("/token"):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="r"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response({"a token": 200, "an error": 404, "a redirect": 302}[answer])
+            self.send_header("Location", self.path)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()  # no Content-Length: the body ends when the connection does
+            try:
+                self.wfile.write(b'{"errors": [{"code": "MANIFEST_UNKNOWN", "message": "' if answer == "an error"
+                                 else b'{"token": "')
+                for _ in range(400):  # 100 MiB at most
+                    self.wfile.write(b"x" * (256 << 10))
+                    sent.append(256 << 10)
+            except OSError:
+                pass
+
+    with tls_server(tmp_path, Endless) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+            expected = {"a token": f"answered /token with more than the {MAX_ANSWER} bytes",
+                        "an error": "refused reading manifest sha256:abababababab: HTTP 404$",
+                        "a redirect": r"failed while reading manifest sha256:abababababab \(TooManyRedirects\)"}
+            with pytest.raises(RegistryError, match=expected[answer]):
+                c.manifest(DIGEST)
+    # it stopped reading each answer near the limit, not at the end of its 100 MiB
+    assert sum(sent) < (200 << 20 if answer == "a redirect" else 32 << 20), sum(sent)
+
+
+def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_path, monkeypatch):
+    """Two pushes of one release at once (two registries, a CI matrix): the one that records second
+    used to write the manifest it read before its upload, dropping the first one's record while both
+    said 'pushed' (and recorded: true). Now the second is an error that records nothing; run again,
+    it records its push beside the first."""
+    from unibake import registry
+
+    folder, _ = make_release(tmp_path / "release")
+    real_push = registry.push_release
+    uploads = RecordingClient()
+
+    def push_while_another_records(folder, manifest, target, client, **kwargs):
+        other = parse_reference("other.example/team/demo-llm", what="--to", digest=False)
+        first = real_push(folder, manifest, other, uploads, temp_dir=tmp_path)  # the other push, done first
+        amend.amend_release(folder, merge_record(load_manifest(folder), first.record), read_sums(folder),
+                            tmp_path / "checksums")
+        return real_push(folder, manifest, target, uploads, **kwargs)
+
+    monkeypatch.setattr(registry, "push_release", push_while_another_records)
+    result = cli("push", str(folder), "--to", "reg.example/team/demo-llm")
+    assert result.code == 1 and "changed while this push ran" in result.err and "push again" in result.err
+    assert [r.repository for r in load_manifest(folder).registry] == ["other.example/team/demo-llm"]
+    assert not verify_folder(folder).failures
+
+    monkeypatch.setattr(registry, "push_release", lambda folder, manifest, target, client, **kwargs:
+                        real_push(folder, manifest, target, uploads, **kwargs))
+    assert cli("push", str(folder), "--to", "reg.example/team/demo-llm").code == 0
+    assert [r.repository for r in load_manifest(folder).registry] == ["other.example/team/demo-llm",
+                                                                      "reg.example/team/demo-llm"]
+
+
+@pytest.mark.parametrize("answer", ["an error", "a busy registry", "a token", "a manifest"])
+def test_json_nested_past_the_stack_is_one_error_line_not_a_traceback(tmp_path, answer):
+    """``[[[[...`` in a registry's answer (an error's body, a token answer, a manifest whose digest the
+    pull was given) made json raise RecursionError, which nothing caught: a traceback."""
+    import http.server
+
+    deep = b"[" * 200_000
+    digest = "sha256:" + hashlib.sha256(deep).hexdigest()
+
+    class Deep(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if answer == "a token" and not self.path.startswith("/token"):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="r"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response({"an error": 404, "a busy registry": 503}.get(answer, 200))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(deep)))
+            self.end_headers()
+            self.wfile.write(deep)
+
+    with tls_server(tmp_path, Deep) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{digest}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=2, sleep=lambda seconds: None)) as c:
+            with pytest.raises(UnibakeError) as caught:
+                manifest_config_digest(c.manifest(digest), ref.pinned)
+    expected = {"an error": "refused reading manifest sha256:.*: HTTP 404$", "a busy registry": r"\(HTTP 503\) after 2",
+                "a token": r"an answer that cannot be read .*\(RecursionError\)", "a manifest": "the manifest is not JSON"}
+    assert caught.match(expected[answer])
+
+
+def test_a_ca_file_without_a_certificate_is_exit_2_and_one_that_does_not_vouch_is_named(cli, tmp_path):
+    """``--ca-file`` given a file with no certificate (a key, a typo'd download) was told, after the
+    retries, to 'give its CA certificate with --ca-file'; one with the wrong CA was told the same."""
+    import http.server
+
+    folder, _ = make_release(tmp_path / "release")
+    (tmp_path / "key-only.pem").write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+    refused = cli("push", str(folder), "--to", "127.0.0.1:1/team/a", "--ca-file", str(tmp_path / "key-only.pem"))
+    assert refused.code == 2 and "--ca-file" in refused.err and "no CA certificate in it" in refused.err
+    assert "did not answer" not in refused.err  # refused before anything was sent
+
+    class Any(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's name
+            self.send_response(404)
+            self.end_headers()
+
+    (tmp_path / "other").mkdir()
+    with tls_server(tmp_path / "other", Any):
+        pass  # only its certificate: a CA that signed nothing the registry shows
+    with tls_server(tmp_path, Any) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "other/cert.pem", retry=Retry(attempts=1)) as c:
+            with pytest.raises(RegistryError, match=f"the CA certificate in --ca-file {tmp_path}/other/cert.pem does "
+                                                    "not vouch for the TLS certificate of the registry 127.0.0.1:"):
+                c.blob_exists(DIGEST)
+
+
+@pytest.mark.parametrize("config", [{"credsStore": "unibake-absent"},
+                                    {"credHelpers": {"reg.example:5000": "unibake-absent"}}])
+def test_a_credential_helper_that_is_not_installed_is_named_with_no_python_warning(tmp_path, config, recwarn):
+    """A Docker config from a desktop (``"credsStore": "desktop"``) on a CI runner without that helper
+    was 'the credential helper failed (DockerException)', after docker-py's UserWarning with its own
+    source line on stderr."""
+    config_file(tmp_path / "dc" / "config.json", {})
+    (tmp_path / "dc" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnibakeError, match="the credential helper for reg.example:5000, docker-credential-unibake-absent"
+                                           ", is not installed"):
+        load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
+    assert [str(w.message) for w in recwarn] == []
+
+
+def test_a_push_records_the_compression_its_layers_have_not_the_one_asked_for(tmp_path):
+    """An archive that holds its layers gzip-compressed already (as a containerd store saves them)
+    pushes them as they are: a push with --compression zstd recorded 'zstd' in the release (its notes'
+    table, the push's summary) for layers that are gzip."""
+    folder, _ = make_release(tmp_path / "release", gzip_layers=True)
+    manifest = load_manifest(folder)
+    registry, lines = RecordingClient(), []
+    target = parse_reference("r.example/a", what="--to", digest=False)
+    result = push_release(folder, manifest, target, registry, compression="zstd", temp_dir=tmp_path,
+                          on_line=lines.append)
+    kinds = {layer["mediaType"] for layer in json.loads(registry.manifests["1.3.1"])["layers"]}
+    assert kinds == {"application/vnd.oci.image.layer.v1.tar+gzip"}
+    assert result.record.layers == "gzip"
+    assert any("holds its layers gzip-compressed" in line for line in lines)
+
+
+def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
+    """Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it;
+    Docker Hub leaves it out of some answers): a push to a registry that never sends it was exit 3,
+    'the registry says REPO:TAG is nothing, not the manifest just pushed', every time."""
+    import http.server
+    import threading
+
+    stored: dict[str, bytes] = {}
+    lock = threading.Lock()
+
+    class Spare(http.server.BaseHTTPRequestHandler):
+        """A registry of the OCI distribution spec's required answers, and no optional header."""
+
+        def reply(self, status, body=b"", **headers):
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self):  # noqa: N802 - http.server's names
+            with lock:
+                found = stored.get(self.path.split("?")[0])
+            self.reply(200 if found is not None else 404)
+
+        def do_GET(self):  # noqa: N802
+            with lock:
+                found = stored.get(self.path)
+            self.reply(200, found, Content_Type=OCI_MANIFEST) if found is not None else self.reply(404)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, Location="/v2/team/a/blobs/uploads/1")
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            path, _, query = self.path.partition("?")
+            with lock:
+                if path.startswith("/v2/team/a/blobs/uploads/"):
+                    stored["/v2/team/a/blobs/" + query.split("digest=")[1].replace("%3A", ":")] = data
+                else:
+                    stored[path] = data
+            self.reply(201)
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    with tls_server(tmp_path, Spare) as port:
+        target = parse_reference(f"127.0.0.1:{port}/team/a", what="--to", digest=False)
+        with RegistryClient(target, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                            push=True) as c:
+            record = push_release(folder, manifest, target, c, temp_dir=tmp_path).record
+    assert record.digest == "sha256:" + hashlib.sha256(stored["/v2/team/a/manifests/1.3.1"]).hexdigest()
+
+
+def test_a_registry_that_answers_nothing_is_given_up_on_not_waited_for_ten_minutes_a_try(tmp_path, monkeypatch):
+    """A registry that takes the connection and the TLS handshake, then says nothing (hung, or a
+    black hole in front of it): every request waited 600 s, five times, 50 minutes before the error.
+    An answer is now waited for a minute (here: 1 s); only a blob's upload keeps the long wait, as the
+    registry answers it once it has stored the whole blob (here: 2 s, longer than an answer's wait)."""
+    import http.server
+    import socket
+    import ssl
+    import threading
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "ANSWER_TIMEOUT", (30, 1), raising=False)
+    (tmp_path / "slow").mkdir()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(2)  # storing the blob
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):  # noqa: N802
+            self.send_response(202)
+            self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with tls_server(tmp_path / "slow", Slow) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "slow/cert.pem", retry=Retry(attempts=1),
+                            push=True) as c:
+            c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1")
+
+    with tls_server(tmp_path, Slow):  # (only its certificate)
+        pass
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    listener, held = socket.create_server(("127.0.0.1", 0)), []
+
+    def silent():
+        connection, _ = listener.accept()
+        held.append(context.wrap_socket(connection, server_side=True))  # the handshake, then nothing
+
+    threading.Thread(target=silent, daemon=True).start()
+    ref = Reference(host=f"127.0.0.1:{listener.getsockname()[1]}", path="team/a")
+    outcome = []
+
+    def ask():
+        try:
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+                c.blob_exists(DIGEST)
+        except RegistryError as exc:
+            outcome.append(str(exc))
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(30)
+    listener.close()
+    assert outcome and "did not answer while looking for blob" in outcome[0] and "(timed out)" in outcome[0]
+
+
+def test_an_entry_of_user_name_and_password_without_auth_is_used_as_the_docker_cli_uses_it(tmp_path):
+    """``{"auths": {"HOST": {"username": ..., "password": ...}}}`` (a config CI jobs write by hand; the
+    docker CLI reads it): docker-py passes over it, and the push went anonymous and was told 'no
+    credentials (none found for it)'."""
+    config_file(tmp_path / "dc" / "config.json", {"https://reg.example:5000": {"username": "ci", "password": "pw"},
+                                                  "other.example": {"username": "x", "password": "y"}})
+    found = load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
+    assert (found.username, found.password) == ("ci", "pw")
+    assert load_credentials("third.example", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None) is None
+    assert "pw" not in repr(found)
