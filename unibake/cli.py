@@ -841,7 +841,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         settings = _registry_settings(args, ctx, ref.host)
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client)
+                info = check_remote(ref, m, client, folder=folder)  # a push it did not record: as pull
         plan = Plan(folder=folder, manifest=m, source="registry",
                     pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
     m = plan.manifest

@@ -164,6 +164,10 @@ def test_a_signed_release_is_recorded_only_when_signed_again_by_its_own_keys(cli
         assert pulled.code == 0, pulled.err
         assert scratch.engine.inspect_image(json.loads(unrecorded.out)["reference"]).id == \
             json.loads((folder / "manifest.json").read_text())["image_id"]
+        # deploy --ref takes the same push, checked the same way (it refused every push it did not record)
+        deployed = cli("deploy", str(folder), "--from", "registry", "--ref", json.loads(unrecorded.out)["reference"],
+                       "--engine", scratch.engine.address, *registry_args(reg), env=env)
+        assert deployed.code == 0, deployed.err
 
     # one of its two keys, or another key: refused before anything is uploaded or changed
     made = subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Other <other@example.invalid>",
