@@ -114,11 +114,17 @@ class Signer:
         except UnibakeError:
             pass
 
+    @property
+    def _local_user(self) -> str:
+        """The key gpg signs with: the one whose fingerprint is recorded (a key given with ``!``, which
+        names one subkey exactly, as given)."""
+        return self.openpgp if self.openpgp.endswith("!") or not self.fingerprint else self.fingerprint
+
     def _gpg(self, path: Path) -> str:
         out = path.parent / f".{path.name}{ASC}.tmp"
         try:
             proc = _run(["gpg", "--batch", "--yes", "--no-tty", "--pinentry-mode", "loopback", "--passphrase-fd", "0",
-                         "--local-user", self.openpgp, "--armor", "--detach-sign", "--output", str(out), str(path)],
+                         "--local-user", self._local_user, "--armor", "--detach-sign", "--output", str(out), str(path)],
                         self.env, self.env.get(GPG_PASSPHRASE, ""), f"--sign {self.openpgp}")
             if proc.returncode != 0 or not out.is_file():
                 hint = "" if self.env.get(GPG_PASSPHRASE) else f" (a key with a passphrase needs {GPG_PASSPHRASE})"
@@ -180,6 +186,21 @@ def minisign_key_id(text: str) -> str:
     return format(int.from_bytes(raw[2:10], "little"), "X") if len(raw) >= 10 else ""  # minisign's %llX
 
 
+def _secret_keys(listing: bytes) -> list[tuple[str, str]]:
+    """``gpg --with-colons --list-secret-keys``: each primary key's fingerprint and the capabilities
+    of the whole key (an upper-case ``S``: it has a key that can sign now)."""
+    keys: list[tuple[str, str]] = []
+    capabilities = None
+    for line in listing.decode("utf-8", "replace").splitlines():
+        fields = line.split(":")
+        if fields[0] == "sec":
+            capabilities = fields[11] if len(fields) > 11 else ""
+        elif fields[0] == "fpr" and capabilities is not None and len(fields) > 9:
+            keys.append((fields[9], capabilities))
+            capabilities = None  # the fpr lines of its subkeys follow
+    return keys
+
+
 def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str]) -> Signer | None:
     """The signing keys given on the command line, checked before any work: the tool is there, the
     secret key is, and it signs a probe (a wrong password fails here, not after the build)."""
@@ -192,11 +213,16 @@ def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str
         where = env.get("GNUPGHOME") or "~/.gnupg"
         proc = _run(["gpg", "--batch", "--with-colons", "--list-secret-keys", "--", openpgp], env, None,
                     f"--sign {openpgp}")
-        fprs = [line.split(":")[9] for line in proc.stdout.decode("utf-8", "replace").splitlines()
-                if line.startswith("fpr:")]
-        if proc.returncode != 0 or not fprs:
+        keys = _secret_keys(proc.stdout)
+        if proc.returncode != 0 or not keys:
             raise InputError(f"--sign {openpgp}: no secret key {openpgp!r} in the keyring of GNUPGHOME={where}")
-        fingerprint = fprs[0]
+        # the key gpg signs with: the first that can sign (a rotated key's revoked or expired
+        # predecessor, matching the same user ID, is listed first and skipped by gpg too)
+        usable = [fpr for fpr, capabilities in keys if "S" in capabilities]
+        if not usable:
+            raise InputError(f"--sign {openpgp}: no secret key {openpgp!r} that can sign in the keyring of "
+                             f"GNUPGHOME={where} (revoked, expired or disabled: {', '.join(f for f, _ in keys)})")
+        fingerprint = usable[0]
     if minisign is not None:
         if not minisign.is_file():
             raise InputError(f"--sign-minisign {minisign}: no such key file (make one with: minisign -G)")

@@ -273,3 +273,24 @@ def test_a_docker_credential_helper_run_for_a_push_never_sees_the_signing_secret
     found = load_credentials("r.example:5000", env, config)
     assert found is not None and seen.is_file()
     assert "gpg-secret" not in seen.read_text() and "minisign-secret" not in seen.read_text()
+
+
+def test_a_rotated_key_records_the_key_that_signs_not_its_revoked_predecessor(engines, tmp_path, own_gpg, minisign_key,  # noqa: F811
+                                                                              cli):
+    env, _ = own_gpg
+    home = env["GNUPGHOME"]
+    # the publisher rotates: a new key of the same user ID, the old one revoked and kept in the keyring
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer 2 <signer@example.invalid>",
+               "ed25519", "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    old, new = [line.split(":")[9] for line in run("gpg", "--with-colons", "--list-secret-keys", "signer@example.invalid",
+                                                   env=env).stdout.splitlines() if line.startswith("fpr:")]
+    text = open(f"{home}/openpgp-revocs.d/{old}.rev").read().replace(":-----BEGIN", "-----BEGIN")
+    assert run("gpg", "--batch", "--import", stdin=text, env=env).returncode == 0
+    folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [s["key"] for s in manifest["supply_chain"]["signatures"]] == [new]  # was the revoked key's
+    public = tmp_path / "new.asc"
+    public.write_text(run("gpg", "--armor", "--export", new, env=env).stdout)
+    good = cli("verify", str(folder), "--key", str(public))
+    assert good.code == 0 and f"good OpenPGP signature by {new}" in good.err, good.err
