@@ -31,7 +31,10 @@ key=
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --no-load) load=0; shift ;;
-    --key) [ "$#" -ge 2 ] || usage; key=$2; shift 2 ;;
+    --key) [ "$#" -ge 2 ] || usage
+      # an unset variable (--key "$PUBKEY") would otherwise mean no signature check at all
+      [ -n "$2" ] || { echo "error: --key given empty (an unset variable?): give a value, or leave it out" >&2; exit 2; }
+      key=$2; shift 2 ;;
     *) usage ;;
   esac
 done

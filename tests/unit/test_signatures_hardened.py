@@ -294,3 +294,18 @@ def test_a_rotated_key_records_the_key_that_signs_not_its_revoked_predecessor(en
     public.write_text(run("gpg", "--armor", "--export", new, env=env).stdout)
     good = cli("verify", str(folder), "--key", str(public))
     assert good.code == 0 and f"good OpenPGP signature by {new}" in good.err, good.err
+
+
+def test_the_shell_verifier_given_an_empty_key_refuses_rather_than_check_no_signature(engines, tmp_path, minisign_key,  # noqa: F811
+                                                                                       cli):
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    old = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()  # changed after signing, sums to match
+    (folder / "run.sh").write_text("echo pwned\n")
+    new = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "SHA256SUMS").write_text((folder / "SHA256SUMS").read_text().replace(old, new))
+    # `--key "$PUBKEY"` with PUBKEY unset in CI: both verifiers refuse (the shell one checked nothing, exit 0)
+    script = shell(folder, "--key", "")
+    assert script.returncode == 2 and script.stderr == \
+        "error: --key given empty (an unset variable?): give a value, or leave it out\n", script.stdout + script.stderr
+    assert cli("verify", str(folder), "--key", "").code == 2
