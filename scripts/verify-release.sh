@@ -34,6 +34,8 @@ while [ "$#" -gt 0 ]; do
     --key) [ "$#" -ge 2 ] || usage
       # an unset variable (--key "$PUBKEY") would otherwise mean no signature check at all
       [ -n "$2" ] || { echo "error: --key given empty (an unset variable?): give a value, or leave it out" >&2; exit 2; }
+      # a second key would replace the first unsaid: the one asked to be checked would not be
+      [ -z "$key" ] || { echo "error: --key given twice: one public key is checked per run; run the script once for each key" >&2; exit 2; }
       key=$2; shift 2 ;;
     *) usage ;;
   esac

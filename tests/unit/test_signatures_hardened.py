@@ -309,3 +309,23 @@ def test_the_shell_verifier_given_an_empty_key_refuses_rather_than_check_no_sign
     assert script.returncode == 2 and script.stderr == \
         "error: --key given empty (an unset variable?): give a value, or leave it out\n", script.stdout + script.stderr
     assert cli("verify", str(folder), "--key", "").code == 2
+
+
+def test_a_key_option_given_twice_is_refused_not_the_first_key_dropped(engines, tmp_path, gpg_home, minisign_key,  # noqa: F811
+                                                                       cli):
+    env, public = gpg_home
+    secret, minisign_public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    # no OpenPGP signature: the first key, given to be checked, was silently replaced by the second
+    twice = cli("verify", str(folder), "--key", str(public), "--key", str(minisign_public))
+    assert twice.code == 2 and twice.error_lines == [
+        f"error: --key given twice ({str(public)!r} and {str(minisign_public)!r}): one public key is checked per run; "
+        "run verify once for each key (see: python build.py verify --help)"], twice.err
+    script = shell(folder, "--key", str(public), "--key", str(minisign_public))
+    assert script.returncode == 2 and script.stderr == "error: --key given twice: one public key is checked per run; " \
+        "run the script once for each key\n", script.stdout + script.stderr
+    # signing: the first key would sign nothing
+    for option, key in (("--sign", "signer@example.invalid"), ("--sign-minisign", str(secret))):
+        refused = cli(option, key, option, key, "--out", str(tmp_path / "out"), env={"CI": "true", **env})
+        assert refused.code == 2 and refused.error_lines[-1].startswith(f"error: {option} given twice"), refused.err
+        assert not (tmp_path / "out").exists()
