@@ -63,11 +63,14 @@ if [ -n "$key" ]; then
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
     copy SHA256SUMS.asc "$work/sums.asc" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
-    # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign)
-    keys=$(gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$key" 2>/dev/null | grep -c '^pub:' || true)
-    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
       || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
+    # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign);
+    # counted in that keyring, which --dearmor makes of every armoured block (--show-keys on the file
+    # reads a block headed PGP ARMORED FILE as no key), and only if gpg could read all of it
+    if gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$work/publisher.gpg" > "$work/keys" 2>/dev/null
+    then keys=$(grep -c '^pub:' "$work/keys" || true); else keys=; fi
+    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
     # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
     gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \

@@ -320,11 +320,13 @@ def _status(stdout: bytes) -> dict[str, list[str]]:
     return out
 
 
-def _openpgp_keys(key: PublicKey, home: Path, env: Mapping[str, str]) -> None:
-    """The key file holds one primary key: any key in a keyring gpgv is given makes a good signature,
-    so a file that also holds someone else's key would let theirs sign the release."""
-    shown = _run(["gpg", "--batch", "--homedir", str(home), "--with-colons", "--show-keys",
-                  str(key.path.resolve())], env, None, f"--key {key.path}")
+def _openpgp_keys(key: PublicKey, keyring: Path, home: Path, env: Mapping[str, str]) -> None:
+    """The keyring gpgv is given holds one primary key: any key in it makes a good signature, so a
+    file that also holds someone else's key would let theirs sign the release. Counted in the
+    keyring itself, as ``--dearmor`` made it of every armoured block of the file: ``--show-keys`` on
+    the file reads a block headed ``PGP ARMORED FILE`` as no key, and gpgv takes the key in it."""
+    shown = _run(["gpg", "--batch", "--homedir", str(home), "--with-colons", "--show-keys", str(keyring)],
+                 env, None, f"--key {key.path}")
     count = sum(1 for line in shown.stdout.decode("utf-8", "replace").splitlines() if line.startswith("pub:"))
     if shown.returncode != 0 or count == 0:
         raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(shown)}")
@@ -353,12 +355,12 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
         (home / "signed").write_bytes(data)
         (home / "signature").write_bytes(signed)
         if key.kind == "openpgp":
-            _openpgp_keys(key, home, env)
             keyring = home / "publisher.gpg"
             dearmor = _run(["gpg", "--batch", "--homedir", str(home), "--dearmor", "--output", str(keyring),
                             str(key.path.resolve())], env, None, f"--key {key.path}")
             if dearmor.returncode != 0:
                 raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(dearmor)}")
+            _openpgp_keys(key, keyring, home, env)
             proc = _run(["gpgv", "--homedir", str(home), "--status-fd", "1", "--keyring", str(keyring),
                          str(home / "signature"), str(home / "signed")], env, None, "verify")
             status = _status(proc.stdout)

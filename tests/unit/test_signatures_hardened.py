@@ -329,3 +329,33 @@ def test_a_key_option_given_twice_is_refused_not_the_first_key_dropped(engines, 
         refused = cli(option, key, option, key, "--out", str(tmp_path / "out"), env={"CI": "true", **env})
         assert refused.code == 2 and refused.error_lines[-1].startswith(f"error: {option} given twice"), refused.err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_second_key_in_an_armoured_block_of_another_kind_is_counted_as_gpgv_reads_it(engines, tmp_path, own_gpg,  # noqa: F811
+                                                                                       minisign_key, cli):
+    env, public = own_gpg
+    folder = signed(engines, tmp_path, own_gpg, minisign_key)
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Mallory <m@example.invalid>", "ed25519",
+               "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    # the folder changed, and SHA256SUMS signed again by Mallory
+    old = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "run.sh").write_text("echo pwned\n")
+    new = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "SHA256SUMS").write_text((folder / "SHA256SUMS").read_text().replace(old, new))
+    assert run("gpg", "--batch", "--yes", "-u", "m@example.invalid", "--armor", "--detach-sign", "-o",
+               str(folder / "SHA256SUMS.asc"), str(folder / "SHA256SUMS"), env=env).returncode == 0
+    # the publisher's key, then Mallory's in a "PGP ARMORED FILE" block (gpg --enarmor): --show-keys
+    # on the file lists one key, --dearmor puts both in gpgv's keyring
+    mallory = subprocess.run(["gpg", "--export", "m@example.invalid"], capture_output=True, env={**os.environ, **env},
+                             timeout=60).stdout
+    armoured = subprocess.run(["gpg", "--enarmor"], input=mallory, capture_output=True, env={**os.environ, **env},
+                              timeout=60).stdout.decode()
+    assert "-----BEGIN PGP ARMORED FILE-----" in armoured
+    both = tmp_path / "publisher.asc"
+    both.write_text(public.read_text() + armoured)
+    refused = cli("verify", str(folder), "--key", str(both))
+    assert refused.code == 2 and "holds 2 OpenPGP keys; give the publisher's key alone" in refused.error_lines[-1], \
+        refused.err
+    script = shell(folder, "--key", str(both))
+    assert script.returncode == 2 and "holds 2 OpenPGP keys" in script.stderr, script.stdout + script.stderr
