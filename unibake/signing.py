@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import read_small_file, read_small_text
+from .files import read_small_file
 
 GPG_PASSPHRASE = "UNIBAKE_GPG_PASSPHRASE"
 MINISIGN_PASSWORD = "UNIBAKE_MINISIGN_PASSWORD"
@@ -282,7 +282,13 @@ class PublicKey:
 
 def read_public_key(path: Path) -> PublicKey:
     """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
-    text = read_small_text(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
+    data = read_small_file(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # gpg --export without --armor, a .gpg keyring: said so, not "not UTF-8"
+        raise InputError(f"--key {path}: not text, so neither an armoured OpenPGP public key nor a minisign "
+                         "public key (a binary OpenPGP key, as gpg --export writes it without --armor: import it "
+                         "and give gpg --armor --export KEYID)") from None
     if "-----BEGIN PGP PUBLIC KEY BLOCK-----" in text:
         return PublicKey(kind="openpgp", path=path, text=text)
     # minisign reads the first two lines (a comment, the key) and nothing after: so does this, and so

@@ -359,3 +359,15 @@ def test_a_second_key_in_an_armoured_block_of_another_kind_is_counted_as_gpgv_re
         refused.err
     script = shell(folder, "--key", str(both))
     assert script.returncode == 2 and "holds 2 OpenPGP keys" in script.stderr, script.stdout + script.stderr
+
+
+def test_a_binary_openpgp_key_is_named_as_one_not_as_a_file_that_is_not_utf8(tmp_path, gpg_home, cli):  # noqa: F811
+    env, _ = gpg_home
+    key = tmp_path / "publisher.gpg"  # gpg --export without --armor, as keyrings are often handed out
+    key.write_bytes(subprocess.run(["gpg", "--export", "signer@example.invalid"], capture_output=True,
+                                   env={**os.environ, **env}, timeout=60).stdout)
+    refused = cli("verify", str(tmp_path), "--key", str(key))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: --key {key}: not text, so neither an armoured OpenPGP public key nor a minisign public key (a binary "
+        "OpenPGP key, as gpg --export writes it without --armor: import it and give gpg --armor --export KEYID)"], \
+        refused.err
