@@ -429,7 +429,9 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
                 if not (member.isfile() or member.isdir()):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
                                             "special file; a build context unibake writes holds files and folders")
-                if member.isfile() and posixpath.normpath(member.name.lstrip("/")) == "Dockerfile":
+                # the name as the engine unpacks it (Go's filepath.Clean from the root: "sub/../Dockerfile" and
+                # "/../Dockerfile" land on the Dockerfile too)
+                if member.isfile() and posixpath.normpath("/" + member.name.lstrip("/")) == "/Dockerfile":
                     # another size is another file: not read (it may be huge)
                     inside.append(tar.extractfile(member).read() if member.size == len(dockerfile) else None)
     except (tarfile.TarError, EOFError, OSError) as exc:

@@ -426,6 +426,22 @@ def test_the_dockerfile_a_kit_shows_is_the_one_it_builds(busybox_product, tmp_pa
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ["sub/../Dockerfile", "/../Dockerfile"])
+def test_a_second_dockerfile_whose_name_the_engine_cleans_onto_the_dockerfile_is_refused(busybox_product, tmp_path,
+                                                                                         shell, name):
+    # Engine 20.10 unpacks a context's names cleaned from its root (Go's filepath.Clean): both build EVIL.
+    # verify.sh (GNU tar lists "sub/../Dockerfile" as it is) passed the first, the rebuild the second
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    rewrite_context(folder, [entry(name, EVIL)])
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: its Dockerfile is not the kit's Dockerfile" in shown.stderr, \
+        (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="its Dockerfile is not the kit's Dockerfile"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
     kit, _ = make_kit(busybox_product, tmp_path / "out")
