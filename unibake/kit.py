@@ -434,6 +434,11 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
                 if member.isfile() and posixpath.normpath("/" + member.name.lstrip("/")) == "/Dockerfile":
                     # another size is another file: not read (it may be huge)
                     inside.append(tar.extractfile(member).read() if member.size == len(dockerfile) else None)
+            # a global extended header renames every later member here (and for GNU tar), not for the
+            # engine, which ignores it: a second Dockerfile would pass for another file and be built
+            if tar.pax_headers:
+                raise VerificationError(f"{folder / CONTEXT}: a global extended header (pax 'g'), which the engine "
+                                        "ignores and this reader does not; a build context unibake writes has none")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:

@@ -441,6 +441,33 @@ def test_a_second_dockerfile_whose_name_the_engine_cleans_onto_the_dockerfile_is
         rebuild(folder, FakeEngine())
 
 
+def pax_record(key: str, value: str) -> bytes:
+    """One record of a pax extended header: its length counts its own digits."""
+    body = f" {key}={value}\n"
+    length = len(body) + 1
+    while len(f"{length}{body}") != length:
+        length = len(f"{length}{body}")
+    return f"{length}{body}".encode()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_renamed_by_a_global_header_the_engine_ignores_is_refused(busybox_product, tmp_path,
+                                                                                      shell):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    # long and non-ASCII names get a pax header of their own ('x'), as unibake writes them: they pass
+    rewrite_context(folder, [entry("a/" + "b" * 120 + "/f", b"x" * 1000), entry("na\u00efve", b"y")])
+    assert verify_sh(folder, shell).returncode == 0
+    # Python's tarfile and GNU tar list the second Dockerfile as "zzz"; Engine 20.10 ignores the global
+    # header and builds EVIL (busybox's tar ignores it too: it always saw two Dockerfiles)
+    rewrite_context(folder, [entry("pax_global_header", pax_record("path", "zzz"), type=tarfile.XGLTYPE),
+                             entry("Dockerfile", EVIL)])
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match=r"a global extended header \(pax 'g'\), which the engine ignores"):
+        rebuild(folder, FakeEngine())
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
