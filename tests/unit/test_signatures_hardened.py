@@ -371,3 +371,18 @@ def test_a_binary_openpgp_key_is_named_as_one_not_as_a_file_that_is_not_utf8(tmp
         f"error: --key {key}: not text, so neither an armoured OpenPGP public key nor a minisign public key (a binary "
         "OpenPGP key, as gpg --export writes it without --armor: import it and give gpg --armor --export KEYID)"], \
         refused.err
+
+
+def test_the_downloaders_guide_fails_a_folder_stripped_of_its_signature(tmp_path):
+    # its signature lines once ran only when the signature file was there: removing it (and rewriting
+    # the sums) passed the guide's checks
+    guide = (REPO / "README-DIST.md").read_text().split("## 2. Check the download", 1)[1].split("```sh\n", 1)[1]
+    lines = [line for line in guide.split("```", 1)[0].splitlines() if "SHA256SUMS." in line or "minisign" in line]
+    assert len(lines) == 2
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  IMAGE_ID\n")
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    for line in lines:
+        ran = subprocess.run(["sh", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "GNUPGHOME": str(home)})
+        assert ran.returncode != 0, line
