@@ -225,7 +225,7 @@ def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_tha
     differs = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert differs.code == 3 and f"not the sha256:{'2' * 64} release 1.3.1 published" in differs.error_lines[-1], \
         differs.err
-    assert list((tmp_path / "kit").iterdir()) == []
+    assert not (tmp_path / "kit").exists()  # nor the folder --out named
 
 
 @pytest.mark.parametrize("field", ["release", "product"])
@@ -343,6 +343,19 @@ def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writ
     assert differs.code == 3 and differs.error_lines[-1].endswith("nothing written"), differs.err
     assert published.read_bytes() == b"the kit the release published"
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_kit_that_writes_nothing_leaves_no_out_folder_it_made(cli, tmp_path):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"]["sha256"] = "0" * 64  # the kit written now cannot be the published one
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+    (tmp_path / "kits").mkdir()
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kits/new/1.3.1"), "--config", str(REPO / "profiles"))
+    assert refused.code == 3 and refused.error_lines[-1].endswith("nothing written"), refused.err
+    assert os.listdir(tmp_path / "kits") == []  # "nothing written": not even the folders --out named
 
 
 def test_kit_refuses_a_folder_in_the_kits_place_naming_it(cli, tmp_path):
