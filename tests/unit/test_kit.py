@@ -482,6 +482,37 @@ def test_a_second_dockerfile_renamed_by_a_global_header_the_engine_ignores_is_re
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refused(busybox_product, tmp_path, shell):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+
+    def header(info: tarfile.TarInfo) -> bytes:
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+    def padded(data: bytes) -> bytes:
+        return data + b"\0" * (-len(data) % 512)
+
+    forged = b"".join(header(info) + padded(data) for info, data in entries)
+    # "pad": 0 bytes by its header, 512 by its pax header. The engine (and GNU tar, and Python) skip 512
+    # bytes and read EVIL as the last Dockerfile; busybox's tar reads those bytes as the header of
+    # "cover", 1024 bytes long, which hides EVIL from its listing
+    size = pax_record("size", "512")
+    extended, pad, cover, evil = (tarfile.TarInfo(name) for name in ("PaxHeaders/pad", "pad", "cover", "Dockerfile"))
+    extended.type, extended.size, cover.size, evil.size = tarfile.XHDTYPE, len(size), 1024, len(EVIL)
+    forged += header(extended) + padded(size) + header(pad) + header(cover) + header(evil) + padded(EVIL) + b"\0" * 1024
+    (folder / "context.tar").write_bytes(forged)
+    sha = hashlib.sha256(forged).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="its Dockerfile is not the kit's Dockerfile"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
     kit, _ = make_kit(busybox_product, tmp_path / "out")
