@@ -62,7 +62,8 @@ copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete
 if [ -n "$key" ]; then
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
-    copy SHA256SUMS.asc "$work/sums.asc" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
+    copy SHA256SUMS.asc "$work/sums.asc" || { [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
+      fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
       || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
     # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign);
@@ -87,7 +88,8 @@ if [ -n "$key" ]; then
     fi
   elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
     echo "== minisign -Vm SHA256SUMS"
-    copy SHA256SUMS.minisig "$work/sums.minisig" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
+    copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
+      fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
     minisign -V -p "$key" -m "$work/sums" -x "$work/sums.minisig" \
       || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
   else

@@ -349,6 +349,12 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
     signature = folder / (name + key.suffix)
     target = signature.name
     if signature.is_symlink() or not signature.is_file():
+        other = name + (MINISIG if key.kind == "openpgp" else ASC)
+        if os.path.lexists(folder / other):  # signed, with the other kind of key: said so, not "not signed"
+            kind = "minisign" if key.kind == "openpgp" else "OpenPGP"
+            return SignatureCheck(target=target, passed=False,
+                                  detail=f"missing: {name} has no {key.kind} signature ({key.kind} key {key.path.name} "
+                                         f"given); it has {other}: give the publisher's {kind} public key")
         return SignatureCheck(target=target, passed=False,
                               detail=f"missing: {name} is not signed ({key.kind} key {key.path.name} given)")
     with tempfile.TemporaryDirectory(prefix="unibake-verify-") as temp:

@@ -386,3 +386,18 @@ def test_the_downloaders_guide_fails_a_folder_stripped_of_its_signature(tmp_path
         ran = subprocess.run(["sh", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                              env={**os.environ, "GNUPGHOME": str(home)})
         assert ran.returncode != 0, line
+
+
+def test_a_key_of_the_other_kind_than_the_release_s_signature_is_said_so_not_unsigned(engines, tmp_path, gpg_home,  # noqa: F811
+                                                                                       minisign_key, cli):
+    _, public = gpg_home
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    refused = cli("verify", str(folder), "--key", str(public))
+    assert refused.code == 3 and refused.error_lines[-1].endswith(
+        "missing: SHA256SUMS has no openpgp signature (openpgp key publisher.asc given); it has SHA256SUMS.minisig: "
+        "give the publisher's minisign public key"), refused.err
+    script = shell(folder, "--key", str(public))
+    assert script.returncode == 3 and script.stderr.endswith(
+        "SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key\n"), \
+        script.stderr
