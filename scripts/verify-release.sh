@@ -86,13 +86,18 @@ if [ -n "$key" ]; then
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
       echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
     fi
-  elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
+  elif head -n 1 "$key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$key" \
+      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64, as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
     copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
     minisign -V -p "$key" -m "$work/sums" -x "$work/sums.minisig" \
       || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
-  else
+  else  # a file that is no public key is bad usage, not a bad signature of the release
+    if grep -q -e "PRIVATE KEY" -e "secret key" "$key"; then
+      echo "error: --key $key: this is a secret key; give the public one" >&2
+      exit 2
+    fi
     echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
     exit 2
   fi

@@ -401,3 +401,24 @@ def test_a_key_of_the_other_kind_than_the_release_s_signature_is_said_so_not_uns
     assert script.returncode == 3 and script.stderr.endswith(
         "SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key\n"), \
         script.stderr
+
+
+@pytest.mark.parametrize("case", ["minisign secret key", "damaged minisign key"])
+def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_bad_signature(
+        engines, tmp_path, minisign_key, cli, case):  # noqa: F811
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    key = tmp_path / "key"
+    if case == "minisign secret key":  # the wrong file of the pair
+        key.write_bytes(secret.read_bytes())
+        says = "this is a secret key; give the public one"
+    else:  # its key line cut short
+        comment, line = public.read_text().splitlines()[:2]
+        key.write_text(f"{comment}\n{line[:-4]}\n")
+        says = "neither an armoured OpenPGP public key"
+    python = cli("verify", str(folder), "--key", str(key))
+    assert python.code == 2 and says in python.error_lines[-1], python.err
+    # the shell verifier said "SHA256SUMS.minisig is not a good signature of SHA256SUMS" (exit 3): the release blamed
+    script = shell(folder, "--key", str(key))
+    assert script.returncode == 2 and says in script.stderr and "not a good signature" not in script.stderr, \
+        script.stdout + script.stderr
