@@ -949,7 +949,11 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
         raise InputError(f"{args.folder}: a release folder, not a kit: write its kit with `build.py kit "
                          f"{args.folder} --out DIR` (or unpack its -kit.tar.zst), then rebuild DIR")
-    check_kit(folder)  # before reaching for an engine
+    made_by = check_kit(folder).tool.version  # before reaching for an engine
+    if made_by != __version__:  # normalise differs between versions: another ID would say nothing of the release
+        raise InputError(f"{args.folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with "
+                         "its own copy (./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's "
+                         "version too")
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from unibake import __version__
 from unibake.errors import InputError, VerificationError
 from unibake.kit import KitDraft, check_ledger, kit_name, read_kit, rebuild, write_kit
 from unibake.plan import make_plan
@@ -356,6 +357,18 @@ def test_kit_that_writes_nothing_leaves_no_out_folder_it_made(cli, tmp_path):
     refused = cli("kit", str(folder), "--out", str(tmp_path / "kits/new/1.3.1"), "--config", str(REPO / "profiles"))
     assert refused.code == 3 and refused.error_lines[-1].endswith("nothing written"), refused.err
     assert os.listdir(tmp_path / "kits") == []  # "nothing written": not even the folders --out named
+
+
+def test_rebuild_of_a_kit_made_by_another_unibake_version_is_refused_before_the_engine(busybox_product, tmp_path,
+                                                                                       cli):
+    # its normalise is not this one's: "DIFFERENT" would have blamed the release, not the tool
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    forge_kit_json(folder, lambda record: record["tool"].update(version="0.0.1"))
+    refused = cli("rebuild", str(folder))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {folder}: a kit made by unibake 0.0.1, this is {__version__}: rebuild it with its own copy "
+        "(./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's version too"], refused.err
 
 
 def test_kit_refuses_a_folder_in_the_kits_place_naming_it(cli, tmp_path):
