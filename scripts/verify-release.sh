@@ -60,11 +60,15 @@ copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete
 
 # --- 0. the signature, before anything else --------------------------------------------------
 if [ -n "$key" ]; then
-  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
+  # the key read once, at most LIMIT bytes, as build.py verify reads it: a huge file is no key (grep and
+  # head would read a sparse one for hours)
+  head -c $((LIMIT + 1)) -- "$key" > "$work/key"
+  [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { echo "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
+  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$work/key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
     copy SHA256SUMS.asc "$work/sums.asc" || { [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"; }
-    gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
+    gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$work/key" \
       || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
     # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign);
     # counted in that keyring, which --dearmor makes of every armoured block (--show-keys on the file
@@ -86,15 +90,15 @@ if [ -n "$key" ]; then
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
       echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
     fi
-  elif head -n 1 "$key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$key" \
+  elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64, as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
     copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
-    minisign -V -p "$key" -m "$work/sums" -x "$work/sums.minisig" \
+    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" \
       || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
   else  # a file that is no public key is bad usage, not a bad signature of the release
-    if grep -q -e "PRIVATE KEY" -e "secret key" "$key"; then
+    if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
       echo "error: --key $key: this is a secret key; give the public one" >&2
       exit 2
     fi

@@ -422,3 +422,19 @@ def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_b
     script = shell(folder, "--key", str(key))
     assert script.returncode == 2 and says in script.stderr and "not a good signature" not in script.stderr, \
         script.stdout + script.stderr
+
+
+def test_a_huge_key_file_is_refused_by_both_verifiers_after_reading_a_bounded_part(engines, tmp_path, minisign_key,  # noqa: F811
+                                                                                     cli):
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    key = tmp_path / "huge.pub"
+    with open(key, "wb") as fh:
+        fh.truncate(1 << 30)  # sparse: the shell verifier's grep and head read all of it (a 2 TB one for hours)
+    python = cli("verify", str(folder), "--key", str(key))
+    assert python.code == 2 and "more than the 1048576 it may hold" in python.error_lines[-1], python.err
+    start = time.monotonic()
+    script = shell(folder, "--key", str(key))
+    assert script.returncode == 2 and script.stderr == f"error: --key {key}: more than 1048576 bytes; not a public key\n", \
+        script.stderr
+    assert time.monotonic() - start < 30
