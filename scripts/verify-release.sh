@@ -31,7 +31,12 @@ key=
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --no-load) load=0; shift ;;
-    --key) [ "$#" -ge 2 ] || usage; key=$2; shift 2 ;;
+    --key) [ "$#" -ge 2 ] || usage
+      # an unset variable (--key "$PUBKEY") would otherwise mean no signature check at all
+      [ -n "$2" ] || { echo "error: --key given empty (an unset variable?): give a value, or leave it out" >&2; exit 2; }
+      # a second key would replace the first unsaid: the one asked to be checked would not be
+      [ -z "$key" ] || { echo "error: --key given twice: one public key is checked per run; run the script once for each key" >&2; exit 2; }
+      key=$2; shift 2 ;;
     *) usage ;;
   esac
 done
@@ -55,14 +60,22 @@ copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete
 
 # --- 0. the signature, before anything else --------------------------------------------------
 if [ -n "$key" ]; then
-  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then
+  # the key read once, at most LIMIT bytes, as build.py verify reads it: a huge file is no key (grep and
+  # head would read a sparse one for hours)
+  head -c $((LIMIT + 1)) -- "$key" > "$work/key"
+  [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { echo "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
+  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$work/key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
-    copy SHA256SUMS.asc "$work/sums.asc" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"
-    # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign)
-    keys=$(gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$key" 2>/dev/null | grep -c '^pub:' || true)
-    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
-    gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$key" \
+    copy SHA256SUMS.asc "$work/sums.asc" || { [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
+      fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"; }
+    gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$work/key" \
       || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
+    # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign);
+    # counted in that keyring, which --dearmor makes of every armoured block (--show-keys on the file
+    # reads a block headed PGP ARMORED FILE as no key), and only if gpg could read all of it
+    if gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$work/publisher.gpg" > "$work/keys" 2>/dev/null
+    then keys=$(grep -c '^pub:' "$work/keys" || true); else keys=; fi
+    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
     # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
     gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
@@ -77,12 +90,18 @@ if [ -n "$key" ]; then
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
       echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
     fi
-  elif head -n 1 "$key" | grep -q "^untrusted comment:"; then
+  elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
+      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64, as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
-    copy SHA256SUMS.minisig "$work/sums.minisig" || fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"
-    minisign -V -p "$key" -m "$work/sums" -x "$work/sums.minisig" \
+    copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
+      fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
+    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" \
       || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
-  else
+  else  # a file that is no public key is bad usage, not a bad signature of the release
+    if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
+      echo "error: --key $key: this is a secret key; give the public one" >&2
+      exit 2
+    fi
     echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
     exit 2
   fi

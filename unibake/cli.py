@@ -53,6 +53,25 @@ class _ToolVersion(argparse.Action):
         parser.exit(0)
 
 
+class _Once(argparse.Action):
+    """An option that names a key: given twice, the first would be silently dropped (a release signed
+    or checked with one key where two were asked for)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = f"_{self.dest}_given"
+        if getattr(namespace, given, False):
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {values!r}): "
+                         f"{self.help_once}")
+        setattr(namespace, given, True)
+        setattr(namespace, self.dest, values)
+
+    @property
+    def help_once(self) -> str:
+        return {"key": "one public key is checked per run; run verify once for each key",
+                "sign": "a release carries one OpenPGP signature; give the one key",
+                "sign_minisign": "a release carries one minisign signature; give the one key"}[self.dest]
+
+
 def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool = True) -> None:
     """Accepted before or after the command; after it they only override what was given before."""
     default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
@@ -108,10 +127,10 @@ def _release_options(p: argparse.ArgumentParser) -> None:
 
 
 def _signing_options(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--sign", metavar="KEYID",
+    p.add_argument("--sign", metavar="KEYID", action=_Once,
                    help=f"{what} this OpenPGP key of the GNUPGHOME keyring (gpg; passphrase from "
                         "UNIBAKE_GPG_PASSPHRASE): SHA256SUMS.asc")
-    p.add_argument("--sign-minisign", metavar="KEYFILE",
+    p.add_argument("--sign-minisign", metavar="KEYFILE", action=_Once,
                    help=f"{what} this minisign secret key too (password from UNIBAKE_MINISIGN_PASSWORD): "
                         "SHA256SUMS.minisig")
 
@@ -174,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--external", action="append", default=[], metavar="PATH",
                    help="check your copy of an artifact the release records but does not ship (weights, a patch "
                         "set): a file, or a folder holding them by name; repeat for several")
-    v.add_argument("--key", metavar="PUBKEY",
+    v.add_argument("--key", metavar="PUBKEY", action=_Once,
                    help="the publisher's public key (armoured OpenPGP or minisign): SHA256SUMS's signature is checked "
                         "before anything else; absent or wrong is exit 3")
 
@@ -936,7 +955,11 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
         raise InputError(f"{args.folder}: a release folder, not a kit: write its kit with `build.py kit "
                          f"{args.folder} --out DIR` (or unpack its -kit.tar.zst), then rebuild DIR")
-    check_kit(folder)  # before reaching for an engine
+    made_by = check_kit(folder).tool.version  # before reaching for an engine
+    if made_by != __version__:  # normalise differs between versions: another ID would say nothing of the release
+        raise InputError(f"{args.folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with "
+                         "its own copy (./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's "
+                         "version too")
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):

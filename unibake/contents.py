@@ -352,7 +352,10 @@ def _dpkg_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
         fields = parser.parsestr(stanza.strip("\n") + "\n")
         name, version = (fields.get("Package") or "").strip(), (fields.get("Version") or "").strip()
         status = (fields.get("Status") or "install ok installed").split()
-        if not name or not version or status[-1:] != ["installed"]:
+        # its files are in the image unless dpkg says they are gone: "unpacked" (dpkg --unpack, no postinst
+        # run), "half-configured" or "triggers-pending" still ship the package; "config-files" and
+        # "not-installed" do not
+        if not name or not version or status[-1:] in (["config-files"], ["not-installed"]):
             continue
         source = (fields.get("Source") or "").split(" ")[0].strip()
         out.append(Package(kind="deb", name=name, version=version, arch=(fields.get("Architecture") or "").strip(),

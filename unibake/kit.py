@@ -429,9 +429,16 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
                 if not (member.isfile() or member.isdir()):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
                                             "special file; a build context unibake writes holds files and folders")
-                if member.isfile() and posixpath.normpath(member.name.lstrip("/")) == "Dockerfile":
+                # the name as the engine unpacks it (Go's filepath.Clean from the root: "sub/../Dockerfile" and
+                # "/../Dockerfile" land on the Dockerfile too)
+                if member.isfile() and posixpath.normpath("/" + member.name.lstrip("/")) == "/Dockerfile":
                     # another size is another file: not read (it may be huge)
                     inside.append(tar.extractfile(member).read() if member.size == len(dockerfile) else None)
+            # a global extended header renames every later member here (and for GNU tar), not for the
+            # engine, which ignores it: a second Dockerfile would pass for another file and be built
+            if tar.pax_headers:
+                raise VerificationError(f"{folder / CONTEXT}: a global extended header (pax 'g'), which the engine "
+                                        "ignores and this reader does not; a build context unibake writes has none")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:
@@ -573,12 +580,22 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
         raise VerificationError(f"{release / PROVENANCE}: names no base image")
     toolchains = tuple(image(TOOLCHAIN_ROLE, ref, sha)
                        for ref, sha in sorted(materials_of(document, TOOLCHAIN_ROLE).items()))
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]  # removed again if no kit is written
     out.mkdir(parents=True, exist_ok=True)
     name = kit_name(manifest.product, manifest.release)
     kit = manifest.supply_chain.kit
-    written = write_kit(out, name, plan=plan, context=render(plan), release=manifest.release,
-                        image_id=manifest.image_id, diff_ids=manifest.diff_ids, epoch=manifest.source_date_epoch,
-                        revision=manifest.revision, base=images["base image"], builder=images["builder image"],
-                        expect_context=byproducts_of(document).get(CONTEXT, "none recorded"), toolchains=toolchains,
-                        expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it
+    try:
+        written = write_kit(out, name, plan=plan, context=render(plan), release=manifest.release,
+                            image_id=manifest.image_id, diff_ids=manifest.diff_ids, epoch=manifest.source_date_epoch,
+                            revision=manifest.revision, base=images["base image"], builder=images["builder image"],
+                            expect_context=byproducts_of(document).get(CONTEXT, "none recorded"),
+                            toolchains=toolchains,
+                            expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it
+    except BaseException:
+        for folder in made:  # innermost first; only as they were made, empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     return written, kit.sha256 if kit else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import read_small_file, read_small_text
+from .files import read_small_file
 
 GPG_PASSPHRASE = "UNIBAKE_GPG_PASSPHRASE"
 MINISIGN_PASSWORD = "UNIBAKE_MINISIGN_PASSWORD"
@@ -114,11 +114,17 @@ class Signer:
         except UnibakeError:
             pass
 
+    @property
+    def _local_user(self) -> str:
+        """The key gpg signs with: the one whose fingerprint is recorded (a key given with ``!``, which
+        names one subkey exactly, as given)."""
+        return self.openpgp if self.openpgp.endswith("!") or not self.fingerprint else self.fingerprint
+
     def _gpg(self, path: Path) -> str:
         out = path.parent / f".{path.name}{ASC}.tmp"
         try:
             proc = _run(["gpg", "--batch", "--yes", "--no-tty", "--pinentry-mode", "loopback", "--passphrase-fd", "0",
-                         "--local-user", self.openpgp, "--armor", "--detach-sign", "--output", str(out), str(path)],
+                         "--local-user", self._local_user, "--armor", "--detach-sign", "--output", str(out), str(path)],
                         self.env, self.env.get(GPG_PASSPHRASE, ""), f"--sign {self.openpgp}")
             if proc.returncode != 0 or not out.is_file():
                 hint = "" if self.env.get(GPG_PASSPHRASE) else f" (a key with a passphrase needs {GPG_PASSPHRASE})"
@@ -180,6 +186,21 @@ def minisign_key_id(text: str) -> str:
     return format(int.from_bytes(raw[2:10], "little"), "X") if len(raw) >= 10 else ""  # minisign's %llX
 
 
+def _secret_keys(listing: bytes) -> list[tuple[str, str]]:
+    """``gpg --with-colons --list-secret-keys``: each primary key's fingerprint and the capabilities
+    of the whole key (an upper-case ``S``: it has a key that can sign now)."""
+    keys: list[tuple[str, str]] = []
+    capabilities = None
+    for line in listing.decode("utf-8", "replace").splitlines():
+        fields = line.split(":")
+        if fields[0] == "sec":
+            capabilities = fields[11] if len(fields) > 11 else ""
+        elif fields[0] == "fpr" and capabilities is not None and len(fields) > 9:
+            keys.append((fields[9], capabilities))
+            capabilities = None  # the fpr lines of its subkeys follow
+    return keys
+
+
 def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str]) -> Signer | None:
     """The signing keys given on the command line, checked before any work: the tool is there, the
     secret key is, and it signs a probe (a wrong password fails here, not after the build)."""
@@ -192,11 +213,16 @@ def check_keys(openpgp: str | None, minisign: Path | None, env: Mapping[str, str
         where = env.get("GNUPGHOME") or "~/.gnupg"
         proc = _run(["gpg", "--batch", "--with-colons", "--list-secret-keys", "--", openpgp], env, None,
                     f"--sign {openpgp}")
-        fprs = [line.split(":")[9] for line in proc.stdout.decode("utf-8", "replace").splitlines()
-                if line.startswith("fpr:")]
-        if proc.returncode != 0 or not fprs:
+        keys = _secret_keys(proc.stdout)
+        if proc.returncode != 0 or not keys:
             raise InputError(f"--sign {openpgp}: no secret key {openpgp!r} in the keyring of GNUPGHOME={where}")
-        fingerprint = fprs[0]
+        # the key gpg signs with: the first that can sign (a rotated key's revoked or expired
+        # predecessor, matching the same user ID, is listed first and skipped by gpg too)
+        usable = [fpr for fpr, capabilities in keys if "S" in capabilities]
+        if not usable:
+            raise InputError(f"--sign {openpgp}: no secret key {openpgp!r} that can sign in the keyring of "
+                             f"GNUPGHOME={where} (revoked, expired or disabled: {', '.join(f for f, _ in keys)})")
+        fingerprint = usable[0]
     if minisign is not None:
         if not minisign.is_file():
             raise InputError(f"--sign-minisign {minisign}: no such key file (make one with: minisign -G)")
@@ -256,7 +282,13 @@ class PublicKey:
 
 def read_public_key(path: Path) -> PublicKey:
     """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
-    text = read_small_text(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
+    data = read_small_file(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # gpg --export without --armor, a .gpg keyring: said so, not "not UTF-8"
+        raise InputError(f"--key {path}: not text, so neither an armoured OpenPGP public key nor a minisign "
+                         "public key (a binary OpenPGP key, as gpg --export writes it without --armor: import it "
+                         "and give gpg --armor --export KEYID)") from None
     if "-----BEGIN PGP PUBLIC KEY BLOCK-----" in text:
         return PublicKey(kind="openpgp", path=path, text=text)
     # minisign reads the first two lines (a comment, the key) and nothing after: so does this, and so
@@ -294,11 +326,13 @@ def _status(stdout: bytes) -> dict[str, list[str]]:
     return out
 
 
-def _openpgp_keys(key: PublicKey, home: Path, env: Mapping[str, str]) -> None:
-    """The key file holds one primary key: any key in a keyring gpgv is given makes a good signature,
-    so a file that also holds someone else's key would let theirs sign the release."""
-    shown = _run(["gpg", "--batch", "--homedir", str(home), "--with-colons", "--show-keys",
-                  str(key.path.resolve())], env, None, f"--key {key.path}")
+def _openpgp_keys(key: PublicKey, keyring: Path, home: Path, env: Mapping[str, str]) -> None:
+    """The keyring gpgv is given holds one primary key: any key in it makes a good signature, so a
+    file that also holds someone else's key would let theirs sign the release. Counted in the
+    keyring itself, as ``--dearmor`` made it of every armoured block of the file: ``--show-keys`` on
+    the file reads a block headed ``PGP ARMORED FILE`` as no key, and gpgv takes the key in it."""
+    shown = _run(["gpg", "--batch", "--homedir", str(home), "--with-colons", "--show-keys", str(keyring)],
+                 env, None, f"--key {key.path}")
     count = sum(1 for line in shown.stdout.decode("utf-8", "replace").splitlines() if line.startswith("pub:"))
     if shown.returncode != 0 or count == 0:
         raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(shown)}")
@@ -315,6 +349,12 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
     signature = folder / (name + key.suffix)
     target = signature.name
     if signature.is_symlink() or not signature.is_file():
+        other = name + (MINISIG if key.kind == "openpgp" else ASC)
+        if os.path.lexists(folder / other):  # signed, with the other kind of key: said so, not "not signed"
+            kind = "minisign" if key.kind == "openpgp" else "OpenPGP"
+            return SignatureCheck(target=target, passed=False,
+                                  detail=f"missing: {name} has no {key.kind} signature ({key.kind} key {key.path.name} "
+                                         f"given); it has {other}: give the publisher's {kind} public key")
         return SignatureCheck(target=target, passed=False,
                               detail=f"missing: {name} is not signed ({key.kind} key {key.path.name} given)")
     with tempfile.TemporaryDirectory(prefix="unibake-verify-") as temp:
@@ -327,12 +367,12 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
         (home / "signed").write_bytes(data)
         (home / "signature").write_bytes(signed)
         if key.kind == "openpgp":
-            _openpgp_keys(key, home, env)
             keyring = home / "publisher.gpg"
             dearmor = _run(["gpg", "--batch", "--homedir", str(home), "--dearmor", "--output", str(keyring),
                             str(key.path.resolve())], env, None, f"--key {key.path}")
             if dearmor.returncode != 0:
                 raise InputError(f"--key {key.path}: gpg cannot read it: {_tail(dearmor)}")
+            _openpgp_keys(key, keyring, home, env)
             proc = _run(["gpgv", "--homedir", str(home), "--status-fd", "1", "--keyring", str(keyring),
                          str(home / "signature"), str(home / "signed")], env, None, "verify")
             status = _status(proc.stdout)

@@ -86,6 +86,17 @@ def test_packages_python_distributions_and_library_digests_are_found_in_one_pass
         "debian", "12", "Debian GNU/Linux 12 (bookworm)")
 
 
+def test_a_package_whose_files_are_in_the_image_is_listed_whatever_its_dpkg_state(tmp_path):
+    # a base image can install with dpkg --unpack (no postinst run): its files ship as any other's, and a
+    # status that is not "installed" kept them out of the SBOM unsaid
+    states = ["installed", "unpacked", "half-installed", "half-configured", "triggers-awaited", "triggers-pending",
+              "config-files", "not-installed"]
+    status = "\n".join(f"Package: p-{state}\nStatus: install ok {state}\nArchitecture: amd64\nVersion: 1\n"
+                       for state in states).encode()
+    archive, _ = inspect([tar_of([("var/lib/dpkg/status", status, None)])], tmp_path=tmp_path)
+    assert [p.name for p in archive.contents.packages] == [f"p-{state}" for state in sorted(states[:6])]
+
+
 def test_a_later_layer_replaces_whites_out_and_hides_what_lies_below(tmp_path):
     first = tar_of([("var/lib/dpkg/status", STATUS, None),
                     ("opt/unibake/kernels/a/liba.so", b"old a" * 20000, None),

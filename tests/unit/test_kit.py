@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from unibake import __version__
 from unibake.errors import InputError, VerificationError
 from unibake.kit import KitDraft, check_ledger, kit_name, read_kit, rebuild, write_kit
 from unibake.plan import make_plan
@@ -225,7 +226,7 @@ def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_tha
     differs = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert differs.code == 3 and f"not the sha256:{'2' * 64} release 1.3.1 published" in differs.error_lines[-1], \
         differs.err
-    assert list((tmp_path / "kit").iterdir()) == []
+    assert not (tmp_path / "kit").exists()  # nor the folder --out named
 
 
 @pytest.mark.parametrize("field", ["release", "product"])
@@ -345,6 +346,31 @@ def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writ
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+def test_kit_that_writes_nothing_leaves_no_out_folder_it_made(cli, tmp_path):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"]["sha256"] = "0" * 64  # the kit written now cannot be the published one
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+    (tmp_path / "kits").mkdir()
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kits/new/1.3.1"), "--config", str(REPO / "profiles"))
+    assert refused.code == 3 and refused.error_lines[-1].endswith("nothing written"), refused.err
+    assert os.listdir(tmp_path / "kits") == []  # "nothing written": not even the folders --out named
+
+
+def test_rebuild_of_a_kit_made_by_another_unibake_version_is_refused_before_the_engine(busybox_product, tmp_path,
+                                                                                       cli):
+    # its normalise is not this one's: "DIFFERENT" would have blamed the release, not the tool
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    forge_kit_json(folder, lambda record: record["tool"].update(version="0.0.1"))
+    refused = cli("rebuild", str(folder))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {folder}: a kit made by unibake 0.0.1, this is {__version__}: rebuild it with its own copy "
+        "(./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's version too"], refused.err
+
+
 def test_kit_refuses_a_folder_in_the_kits_place_naming_it(cli, tmp_path):
     folder = tmp_path / "out" / "1.3.1"
     shutil.copytree(REPO / "release/1.3.1", folder)
@@ -422,6 +448,80 @@ def test_the_dockerfile_a_kit_shows_is_the_one_it_builds(busybox_product, tmp_pa
     assert shown.returncode == 3 and f"error: {message}" in shown.stderr, (shown.stdout, shown.stderr)
     assert "ok:" not in shown.stdout
     with pytest.raises(VerificationError, match=message.split(":")[0]):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ["sub/../Dockerfile", "/../Dockerfile"])
+def test_a_second_dockerfile_whose_name_the_engine_cleans_onto_the_dockerfile_is_refused(busybox_product, tmp_path,
+                                                                                         shell, name):
+    # Engine 20.10 unpacks a context's names cleaned from its root (Go's filepath.Clean): both build EVIL.
+    # verify.sh (GNU tar lists "sub/../Dockerfile" as it is) passed the first, the rebuild the second
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    rewrite_context(folder, [entry(name, EVIL)])
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: its Dockerfile is not the kit's Dockerfile" in shown.stderr, \
+        (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="its Dockerfile is not the kit's Dockerfile"):
+        rebuild(folder, FakeEngine())
+
+
+def pax_record(key: str, value: str) -> bytes:
+    """One record of a pax extended header: its length counts its own digits."""
+    body = f" {key}={value}\n"
+    length = len(body) + 1
+    while len(f"{length}{body}") != length:
+        length = len(f"{length}{body}")
+    return f"{length}{body}".encode()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_renamed_by_a_global_header_the_engine_ignores_is_refused(busybox_product, tmp_path,
+                                                                                      shell):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    # long and non-ASCII names get a pax header of their own ('x'), as unibake writes them: they pass
+    rewrite_context(folder, [entry("a/" + "b" * 120 + "/f", b"x" * 1000), entry("na\u00efve", b"y")])
+    assert verify_sh(folder, shell).returncode == 0
+    # Python's tarfile and GNU tar list the second Dockerfile as "zzz"; Engine 20.10 ignores the global
+    # header and builds EVIL (busybox's tar ignores it too: it always saw two Dockerfiles)
+    rewrite_context(folder, [entry("pax_global_header", pax_record("path", "zzz"), type=tarfile.XGLTYPE),
+                             entry("Dockerfile", EVIL)])
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match=r"a global extended header \(pax 'g'\), which the engine ignores"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refused(busybox_product, tmp_path, shell):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+
+    def header(info: tarfile.TarInfo) -> bytes:
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+    def padded(data: bytes) -> bytes:
+        return data + b"\0" * (-len(data) % 512)
+
+    forged = b"".join(header(info) + padded(data) for info, data in entries)
+    # "pad": 0 bytes by its header, 512 by its pax header. The engine (and GNU tar, and Python) skip 512
+    # bytes and read EVIL as the last Dockerfile; busybox's tar reads those bytes as the header of
+    # "cover", 1024 bytes long, which hides EVIL from its listing
+    size = pax_record("size", "512")
+    extended, pad, cover, evil = (tarfile.TarInfo(name) for name in ("PaxHeaders/pad", "pad", "cover", "Dockerfile"))
+    extended.type, extended.size, cover.size, evil.size = tarfile.XHDTYPE, len(size), 1024, len(EVIL)
+    forged += header(extended) + padded(size) + header(pad) + header(cover) + header(evil) + padded(EVIL) + b"\0" * 1024
+    (folder / "context.tar").write_bytes(forged)
+    sha = hashlib.sha256(forged).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="its Dockerfile is not the kit's Dockerfile"):
         rebuild(folder, FakeEngine())
 
 

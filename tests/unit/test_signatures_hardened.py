@@ -273,3 +273,168 @@ def test_a_docker_credential_helper_run_for_a_push_never_sees_the_signing_secret
     found = load_credentials("r.example:5000", env, config)
     assert found is not None and seen.is_file()
     assert "gpg-secret" not in seen.read_text() and "minisign-secret" not in seen.read_text()
+
+
+def test_a_rotated_key_records_the_key_that_signs_not_its_revoked_predecessor(engines, tmp_path, own_gpg, minisign_key,  # noqa: F811
+                                                                              cli):
+    env, _ = own_gpg
+    home = env["GNUPGHOME"]
+    # the publisher rotates: a new key of the same user ID, the old one revoked and kept in the keyring
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Release Signer 2 <signer@example.invalid>",
+               "ed25519", "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    old, new = [line.split(":")[9] for line in run("gpg", "--with-colons", "--list-secret-keys", "signer@example.invalid",
+                                                   env=env).stdout.splitlines() if line.startswith("fpr:")]
+    text = open(f"{home}/openpgp-revocs.d/{old}.rev").read().replace(":-----BEGIN", "-----BEGIN")
+    assert run("gpg", "--batch", "--import", stdin=text, env=env).returncode == 0
+    folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [s["key"] for s in manifest["supply_chain"]["signatures"]] == [new]  # was the revoked key's
+    public = tmp_path / "new.asc"
+    public.write_text(run("gpg", "--armor", "--export", new, env=env).stdout)
+    good = cli("verify", str(folder), "--key", str(public))
+    assert good.code == 0 and f"good OpenPGP signature by {new}" in good.err, good.err
+
+
+def test_the_shell_verifier_given_an_empty_key_refuses_rather_than_check_no_signature(engines, tmp_path, minisign_key,  # noqa: F811
+                                                                                       cli):
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    old = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()  # changed after signing, sums to match
+    (folder / "run.sh").write_text("echo pwned\n")
+    new = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "SHA256SUMS").write_text((folder / "SHA256SUMS").read_text().replace(old, new))
+    # `--key "$PUBKEY"` with PUBKEY unset in CI: both verifiers refuse (the shell one checked nothing, exit 0)
+    script = shell(folder, "--key", "")
+    assert script.returncode == 2 and script.stderr == \
+        "error: --key given empty (an unset variable?): give a value, or leave it out\n", script.stdout + script.stderr
+    assert cli("verify", str(folder), "--key", "").code == 2
+
+
+def test_a_key_option_given_twice_is_refused_not_the_first_key_dropped(engines, tmp_path, gpg_home, minisign_key,  # noqa: F811
+                                                                       cli):
+    env, public = gpg_home
+    secret, minisign_public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    # no OpenPGP signature: the first key, given to be checked, was silently replaced by the second
+    twice = cli("verify", str(folder), "--key", str(public), "--key", str(minisign_public))
+    assert twice.code == 2 and twice.error_lines == [
+        f"error: --key given twice ({str(public)!r} and {str(minisign_public)!r}): one public key is checked per run; "
+        "run verify once for each key (see: python build.py verify --help)"], twice.err
+    script = shell(folder, "--key", str(public), "--key", str(minisign_public))
+    assert script.returncode == 2 and script.stderr == "error: --key given twice: one public key is checked per run; " \
+        "run the script once for each key\n", script.stdout + script.stderr
+    # signing: the first key would sign nothing
+    for option, key in (("--sign", "signer@example.invalid"), ("--sign-minisign", str(secret))):
+        refused = cli(option, key, option, key, "--out", str(tmp_path / "out"), env={"CI": "true", **env})
+        assert refused.code == 2 and refused.error_lines[-1].startswith(f"error: {option} given twice"), refused.err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_second_key_in_an_armoured_block_of_another_kind_is_counted_as_gpgv_reads_it(engines, tmp_path, own_gpg,  # noqa: F811
+                                                                                       minisign_key, cli):
+    env, public = own_gpg
+    folder = signed(engines, tmp_path, own_gpg, minisign_key)
+    made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Mallory <m@example.invalid>", "ed25519",
+               "sign", "never", env=env)
+    assert made.returncode == 0, made.stderr
+    # the folder changed, and SHA256SUMS signed again by Mallory
+    old = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "run.sh").write_text("echo pwned\n")
+    new = hashlib.sha256((folder / "run.sh").read_bytes()).hexdigest()
+    (folder / "SHA256SUMS").write_text((folder / "SHA256SUMS").read_text().replace(old, new))
+    assert run("gpg", "--batch", "--yes", "-u", "m@example.invalid", "--armor", "--detach-sign", "-o",
+               str(folder / "SHA256SUMS.asc"), str(folder / "SHA256SUMS"), env=env).returncode == 0
+    # the publisher's key, then Mallory's in a "PGP ARMORED FILE" block (gpg --enarmor): --show-keys
+    # on the file lists one key, --dearmor puts both in gpgv's keyring
+    mallory = subprocess.run(["gpg", "--export", "m@example.invalid"], capture_output=True, env={**os.environ, **env},
+                             timeout=60).stdout
+    armoured = subprocess.run(["gpg", "--enarmor"], input=mallory, capture_output=True, env={**os.environ, **env},
+                              timeout=60).stdout.decode()
+    assert "-----BEGIN PGP ARMORED FILE-----" in armoured
+    both = tmp_path / "publisher.asc"
+    both.write_text(public.read_text() + armoured)
+    refused = cli("verify", str(folder), "--key", str(both))
+    assert refused.code == 2 and "holds 2 OpenPGP keys; give the publisher's key alone" in refused.error_lines[-1], \
+        refused.err
+    script = shell(folder, "--key", str(both))
+    assert script.returncode == 2 and "holds 2 OpenPGP keys" in script.stderr, script.stdout + script.stderr
+
+
+def test_a_binary_openpgp_key_is_named_as_one_not_as_a_file_that_is_not_utf8(tmp_path, gpg_home, cli):  # noqa: F811
+    env, _ = gpg_home
+    key = tmp_path / "publisher.gpg"  # gpg --export without --armor, as keyrings are often handed out
+    key.write_bytes(subprocess.run(["gpg", "--export", "signer@example.invalid"], capture_output=True,
+                                   env={**os.environ, **env}, timeout=60).stdout)
+    refused = cli("verify", str(tmp_path), "--key", str(key))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: --key {key}: not text, so neither an armoured OpenPGP public key nor a minisign public key (a binary "
+        "OpenPGP key, as gpg --export writes it without --armor: import it and give gpg --armor --export KEYID)"], \
+        refused.err
+
+
+def test_the_downloaders_guide_fails_a_folder_stripped_of_its_signature(tmp_path):
+    # its signature lines once ran only when the signature file was there: removing it (and rewriting
+    # the sums) passed the guide's checks
+    guide = (REPO / "README-DIST.md").read_text().split("## 2. Check the download", 1)[1].split("```sh\n", 1)[1]
+    lines = [line for line in guide.split("```", 1)[0].splitlines() if "SHA256SUMS." in line or "minisign" in line]
+    assert len(lines) == 2
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64}  IMAGE_ID\n")
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    for line in lines:
+        ran = subprocess.run(["sh", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "GNUPGHOME": str(home)})
+        assert ran.returncode != 0, line
+
+
+def test_a_key_of_the_other_kind_than_the_release_s_signature_is_said_so_not_unsigned(engines, tmp_path, gpg_home,  # noqa: F811
+                                                                                       minisign_key, cli):
+    _, public = gpg_home
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    refused = cli("verify", str(folder), "--key", str(public))
+    assert refused.code == 3 and refused.error_lines[-1].endswith(
+        "missing: SHA256SUMS has no openpgp signature (openpgp key publisher.asc given); it has SHA256SUMS.minisig: "
+        "give the publisher's minisign public key"), refused.err
+    script = shell(folder, "--key", str(public))
+    assert script.returncode == 3 and script.stderr.endswith(
+        "SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key\n"), \
+        script.stderr
+
+
+@pytest.mark.parametrize("case", ["minisign secret key", "damaged minisign key"])
+def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_bad_signature(
+        engines, tmp_path, minisign_key, cli, case):  # noqa: F811
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    key = tmp_path / "key"
+    if case == "minisign secret key":  # the wrong file of the pair
+        key.write_bytes(secret.read_bytes())
+        says = "this is a secret key; give the public one"
+    else:  # its key line cut short
+        comment, line = public.read_text().splitlines()[:2]
+        key.write_text(f"{comment}\n{line[:-4]}\n")
+        says = "neither an armoured OpenPGP public key"
+    python = cli("verify", str(folder), "--key", str(key))
+    assert python.code == 2 and says in python.error_lines[-1], python.err
+    # the shell verifier said "SHA256SUMS.minisig is not a good signature of SHA256SUMS" (exit 3): the release blamed
+    script = shell(folder, "--key", str(key))
+    assert script.returncode == 2 and says in script.stderr and "not a good signature" not in script.stderr, \
+        script.stdout + script.stderr
+
+
+def test_a_huge_key_file_is_refused_by_both_verifiers_after_reading_a_bounded_part(engines, tmp_path, minisign_key,  # noqa: F811
+                                                                                     cli):
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    key = tmp_path / "huge.pub"
+    with open(key, "wb") as fh:
+        fh.truncate(1 << 30)  # sparse: the shell verifier's grep and head read all of it (a 2 TB one for hours)
+    python = cli("verify", str(folder), "--key", str(key))
+    assert python.code == 2 and "more than the 1048576 it may hold" in python.error_lines[-1], python.err
+    start = time.monotonic()
+    script = shell(folder, "--key", str(key))
+    assert script.returncode == 2 and script.stderr == f"error: --key {key}: more than 1048576 bytes; not a public key\n", \
+        script.stderr
+    assert time.monotonic() - start < 30
