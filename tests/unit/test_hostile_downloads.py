@@ -586,3 +586,46 @@ def test_a_plain_layer_labelled_gzip_passes_both_verifiers_as_the_engines_load_i
     assert cli("verify", str(folder)).code == 0
     result = shell(folder, tar_env)
     assert result.returncode == 0, result.stderr
+
+
+# --- what the shell verifier reads after sha256sum -c is what sha256sum -c read -------------------
+
+
+def changing_after(tmp_path, tool: str, when: str, change: str) -> dict:
+    """The environment of a shell verifier whose TOOL runs as ever, but the first time it runs with
+    arguments matching the shell pattern WHEN, the shell command CHANGE follows: an attacker who
+    writes to the folder at that moment."""
+    bin_dir = tmp_path / f"changing-{tool}"
+    bin_dir.mkdir()
+    real = shutil.which(tool)
+    (bin_dir / tool).write_text(f'#!/bin/sh\n{real} "$@"\nrc=$?\ncase "$*" in {when}) if [ ! -e {bin_dir}/done ]; then\n'
+                                f"  : > {bin_dir}/done; {change}\nfi ;; esac\nexit $rc\n")
+    (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_a_folder_swapped_for_another_release_once_its_sums_are_checked_is_refused(folder, tmp_path):
+    # the other release: the same name and tag, another image, its files consistent with each other
+    other = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/other": b"not the release\n"})])[0]
+    swap = " ".join(f"cp {other / name} {folder / name};" for name in
+                    ("IMAGE_ID", "manifest.json", "demo-llm-1.3.1.tar.zst"))
+    env = changing_after(tmp_path, "sha256sum", "*-c*", swap)
+    result = shell(folder, env)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "IMAGE_ID: changed after sha256sum -c read it: refused" in result.stderr
+    assert "ok:" not in result.stdout  # (before: ok, of the other release's image)
+
+
+def test_an_archive_changed_between_two_of_its_reads_is_refused(folder, tmp_path, tar_env):
+    # after its structure is read and before its blobs are: an inner manifest.json tagging another
+    # image, which the blobs' read does not look at
+    forged = tmp_path / "forged"
+    shutil.copytree(folder, forged)
+    forge(forged, add_repo_tag)
+    env = changing_after(tmp_path, "comm", "*", f"cp {forged}/demo-llm-1.3.1.tar.zst {folder}/")
+    if tar_env:
+        env["PATH"] = tar_env["PATH"].split(":", 1)[0] + ":" + env["PATH"]
+    result = shell(folder, env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1, result.stdout + result.stderr
+    assert "the archive changed after sha256sum -c read it" in errors[0]  # (before: ok, not loaded)
