@@ -629,3 +629,16 @@ def test_an_archive_changed_between_two_of_its_reads_is_refused(folder, tmp_path
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 3 and len(errors) == 1, result.stdout + result.stderr
     assert "the archive changed after sha256sum -c read it" in errors[0]  # (before: ok, not loaded)
+
+
+@pytest.mark.parametrize("signal", ["TERM", "INT", "HUP"])
+def test_a_shell_verifier_told_to_stop_stops_and_leaves_no_work_folder(folder, tmp_path, signal):
+    env = changing_after(tmp_path, "mkdir", "*", f"kill -{signal} $PPID")  # the script's shell, mid-way
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    result = shell(folder, env)
+    codes = {"HUP": 129, "INT": 130, "TERM": 143}
+    # (before: it went on without its work folder: "cannot open .../parts", exit 2, or even "ok:")
+    assert result.returncode == codes[signal], result.stdout + result.stderr
+    assert "ok:" not in result.stdout and "error" not in result.stderr and "cannot" not in result.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []
