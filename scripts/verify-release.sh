@@ -131,6 +131,14 @@ for meta in IMAGE_ID manifest.json; do
 done
 
 # --- what the release says it is --------------------------------------------------------------
+# manifest.json is read line by line, each key as unibake writes it (two spaces a level): a key
+# written twice, which JSON readers take either of (this script the first, unibake's verifier
+# refuses it), is refused among the top-level keys and those of "archive" and "hotfix"
+twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLENGTH); print key }
+  /^  "(archive|hotfix)": \{$/ { block = key; next } /^  [}]/ { block = "" }
+  block != "" && /^    "[^"]*": / { match($0, /"[^"]*"/); print block "." substr($0, RSTART, RLENGTH) }' \
+  "$work/manifest.json" | sort | uniq -d | head -n 1)
+[ -z "$twice" ] || fail "$dir/manifest.json: the key $twice is written twice: not a manifest unibake writes"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"

@@ -642,3 +642,31 @@ def test_a_shell_verifier_told_to_stop_stops_and_leaves_no_work_folder(folder, t
     assert result.returncode == codes[signal], result.stdout + result.stderr
     assert "ok:" not in result.stdout and "error" not in result.stderr and "cannot" not in result.stderr
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def with_a_key_written_twice(folder, key: str, value) -> None:
+    """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
+    text = (folder / "manifest.json").read_text()
+    first = json.dumps({key: value}, indent=2)[2:-2]
+    (folder / "manifest.json").write_text(text.replace('  "schema": 2,\n', '  "schema": 2,\n' + first + ",\n", 1))
+    resum(folder)
+
+
+def test_a_manifest_key_written_twice_is_refused_by_both(cli, folder):
+    # the shell read the first, unibake's verifier the last: a release leaving out a layer, called a
+    # hotfix first and no hotfix last, passed the shell (the engine would have used the layer it holds)
+    left_out = json.loads((folder / "manifest.json").read_text())["diff_ids"][0]
+    forge(folder, without_first_layer)
+    with_a_key_written_twice(folder, "hotfix", {
+        "base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": "sha256:" + "a" * 64,
+        "omitted_diff_ids": [left_out], "shipped_diff_ids": []})
+    both_refuse(cli, folder, "the key 'hotfix' is written twice in one object", 'the key "hotfix" is written twice')
+
+
+def test_a_manifest_archive_name_written_twice_is_refused_by_both(cli, folder, tmp_path):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(text.replace('  "archive": {\n', '  "archive": {\n    "name": "x.tar.zst",\n', 1))
+    resum(folder)
+    assert manifest["archive"]["name"] in (folder / "manifest.json").read_text()
+    both_refuse(cli, folder, "the key 'name' is written twice in one object", 'the key "archive"."name" is written twice')
