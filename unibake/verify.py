@@ -204,6 +204,11 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
     _check_unlisted(folder, sums, archive.name, checks)
+    for name in sorted(sums):
+        if (name == archive.name or name.startswith(archive.name + ".part-")) and name not in parts:
+            # whoever loads the parts by a pattern (the shell verifier too) would read it
+            checks.add("listed", visible_name(name), False, f"named like the archive, but {MANIFEST} does not "
+                       "record it as one of its files: not one release's archive; remove it")
 
     readable, on_disk = True, 0
     for f in archive.files:
