@@ -12,13 +12,13 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive_reader import ArchiveReader, read_archive
-from .engine import Engine
+from .archive_reader import ArchiveReader
+from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import decode_text, read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
@@ -361,14 +361,60 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
         checks.add("load", manifest.tag, True, f"the engine already has {image_id}; tagged {manifest.tag}, not "
                    "loaded again")
     else:
-        outcome = engine.load(counted(read_archive(report.folder, [f.name for f in manifest.archive.files]),
-                                      progress))
+        before = {tag: i.id for i in engine.list_images() for tag in i.tags}
+        reader = ArchiveReader(report.folder, [f.name for f in manifest.archive.files])
+        try:
+            outcome = engine.load(counted(_as_checked(reader, manifest.archive.sha256), progress))
+        except (VerificationError, ZstdDecodeError) as exc:
+            checks.add("load", manifest.tag, False, f"{exc} (nothing was loaded)")
+            return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
         loaded = engine.inspect_image(manifest.tag)
         ok = loaded is not None and loaded.id == image_id and set(outcome.tags) <= {manifest.tag}
+        if not ok:
+            _undo_load(engine, outcome, before, manifest.tag)
         checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
                    f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
-                   f"({'; '.join(outcome.messages)[:300]})")
+                   f"({'; '.join(outcome.messages)[:300]}); what the load tagged was put back")
     return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
+
+
+def _as_checked(reader: ArchiveReader, sha256: str) -> Iterator[bytes]:
+    """The archive's decoded stream for a load, its last chunk held back until the whole read hashed
+    as the check's did: read otherwise, the stream ends in an error instead, and an engine refuses a
+    load cut short whole (it unpacks a load before it adds an image)."""
+    held = None
+    for chunk in reader.chunks():
+        if held is not None:
+            yield held
+        held = chunk
+    reader.finish()
+    if reader.whole.hexdigest() != sha256:
+        raise VerificationError("the archive changed after it was checked (its sha256 is no longer the one "
+                                f"{MANIFEST} records)")
+    if held is not None:
+        yield held
+
+
+def _undo_load(engine: Engine, outcome: LoadOutcome, before: dict[str, str], tag: str) -> None:
+    """A load that loaded another image than the release's: each tag it set back where it was (or
+    removed, with the image it named when the engine held that image under no other name)."""
+    added: set[str] = set()
+    for ref in sorted(set(outcome.tags) | {tag}):
+        now = engine.inspect_image(ref)
+        if now is None or before.get(ref) == now.id:
+            continue
+        if now.id not in before.values():
+            added.add(now.id)
+        if ref in before:
+            engine.tag(before[ref], ref)
+        elif now.id in before.values() or len(now.tags) > 1:
+            engine.untag(ref)
+        else:
+            engine.remove_image(ref)
+    for image in sorted(added):  # what the load added, left with no name
+        left = engine.inspect_image(image)
+        if left is not None and not left.tags:
+            engine.remove_image(image)
 
 
 def check_external(report: Report, paths: list[Path]) -> Report:

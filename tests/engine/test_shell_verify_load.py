@@ -124,3 +124,22 @@ def test_a_load_that_brings_another_image_is_undone_and_what_the_engine_held_sta
     # (before: demo-llm:1.3.1, victim:1 and rogue:1 stayed as the load left them)
     assert engine_images(address) == before
     assert "warning" not in result.stderr
+
+
+def test_verify_load_never_loads_an_archive_swapped_after_its_checks(tmp_path, scratch):
+    # build.py verify --load: the same swap between the check's read and the load's
+    from unibake.verify import load_and_compare, verify_folder
+
+    address = scratch.engine.address
+    folder = make_release(tmp_path / "release")[0]
+    forged = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/x": b"not the release\n"})])[0]
+    forge(forged, also_tagging_the_victim)
+    held_before(address)
+    before = engine_images(address)
+    report = verify_folder(folder)
+    assert not report.failures
+    shutil.copy(forged / "demo-llm-1.3.1.tar.zst", folder / "demo-llm-1.3.1.tar.zst")
+    report = load_and_compare(report, scratch.engine)
+    assert [c.name for c in report.failures] == ["load"]
+    assert "changed after it was checked" in report.failures[0].detail and "nothing was loaded" in report.failures[0].detail
+    assert engine_images(address) == before
