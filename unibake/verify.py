@@ -135,9 +135,12 @@ def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, chec
         text = read_small_text(folder / IMAGE_ID, VerificationError, limit=1024, follow=False)
     except VerificationError:
         return  # missing or not a regular file: the sha256 check above has said so
-    ok = text.strip() == image_id
+    # read as the guide's `test "$(docker image inspect ...)" = "$(cat IMAGE_ID)"` reads it (and the shell
+    # verifier): trailing newlines dropped, nothing else (a space, a carriage return would fail that test)
+    named = text.rstrip("\n")
+    ok = named == image_id
     checks.add("image id", IMAGE_ID, ok, image_id[:19] + "..., as manifest.json" if ok else
-               f"names {text.strip()[:80]!r}, but {MANIFEST} says {image_id}")
+               f"names {named[:80]!r}, but {MANIFEST} says {image_id}")
 
 
 def _check_unlisted(folder: Path, sums: Mapping[str, str], archive_name: str, checks: _Checks) -> None:

@@ -740,3 +740,17 @@ def test_a_zstd_compressed_layer_is_no_traceback(cli, folder):
     forge(folder, first_layer_stored(lambda raw: zstandard.ZstdCompressor().compress(raw)))
     result = cli("verify", str(folder))
     assert result.code in (0, 3) and "Traceback" not in result.err, result.err
+
+
+@pytest.mark.parametrize("written, passes", [("{}\r\n", False), (" {}\n", False), ("{}\n\n", True), ("{}", True)],
+                         ids=["carriage return", "leading space", "blank lines after", "no newline"])
+def test_both_verifiers_read_image_id_as_the_guide_compares_it(cli, folder, written, passes):
+    # the guide's test "$(docker image inspect ...)" = "$(cat IMAGE_ID)" drops trailing newlines only
+    # (before: unibake's verifier stripped all whitespace, passing two files that test fails on)
+    image_id = (folder / "IMAGE_ID").read_text().strip()
+    (folder / "IMAGE_ID").write_text(written.format(image_id), newline="")
+    resum(folder)
+    guide = subprocess.run(["sh", "-c", f'test "{image_id}" = "$(cat IMAGE_ID)"'], cwd=folder)
+    assert (guide.returncode == 0) == passes
+    assert cli("verify", str(folder)).code == (0 if passes else 3)
+    assert shell(folder).returncode == (0 if passes else 3)
