@@ -338,6 +338,11 @@ hotfix_field() {
 awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
   inside && /^    "omitted_diff_ids": \[$/ { list = 1; next } list && /^    \]/ { exit } list' "$work/manifest.json" |
   sed -n 's/^      "sha256:\([0-9a-f]\{64\}\)",\{0,1\}$/\1/p' > "$work/omitted"
+# a hotfix names its base by image ID, which the load looks for first (none read: no base looked for)
+if grep -q '^  "hotfix": {$' "$work/manifest.json"; then
+  hotfix_field base_image_id | grep -qx 'sha256:[0-9a-f]\{64\}' \
+    || fail "$dir/manifest.json: a hotfix whose base_image_id is not an image ID"
+fi
 bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   FILENAME == ARGV[2] { raw[$1] = $2; un[$1] = (NF == 3 ? $3 : $2); next }
   FILENAME == ARGV[3] { rec[FNR] = $1; next }

@@ -754,3 +754,16 @@ def test_both_verifiers_read_image_id_as_the_guide_compares_it(cli, folder, writ
     assert (guide.returncode == 0) == passes
     assert cli("verify", str(folder)).code == (0 if passes else 3)
     assert shell(folder).returncode == (0 if passes else 3)
+
+
+def test_a_hotfix_whose_base_is_named_by_no_image_id_is_refused_by_both(cli, folder):
+    # the shell read no base_image_id from it and so looked for no base before its load (before: it
+    # passed; unibake's verifier refused the manifest)
+    left_out = json.loads((folder / "manifest.json").read_text())["diff_ids"][0]
+
+    def hotfix(manifest):
+        manifest["hotfix"] = {"base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": "demo-llm:1.3.0",
+                              "base_archive_bytes": 1000, "omitted_diff_ids": [left_out], "shipped_diff_ids": []}
+
+    forge(folder, without_first_layer, manifest_change=hotfix)
+    both_refuse(cli, folder, "hotfix.base_image_id", "a hotfix whose base_image_id is not an image ID")
