@@ -660,7 +660,7 @@ class _MemberReader:
             return
         if entry.type == tarfile.DIRTYPE or not name:
             return
-        if entry.type not in tarfile.REGULAR_TYPES or entry.type == tarfile.GNUTYPE_SPARSE:
+        if entry.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):  # docker load refuses a contiguous file ('7') too
             raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
         self.current = _Open(name=name, size=entry.size)
 
