@@ -646,6 +646,8 @@ class _MemberReader:
         if entry.type == tarfile.DIRTYPE and name:
             if name in self.seen:
                 raise ArchiveError(f"archive member {name!r} appears twice (as a file and as a folder)")
+            if name in self.directories:  # as the shell verifier refuses it: a member twice
+                raise ArchiveError(f"archive member {name!r} appears twice")
             self.directories.add(name)
         elif name:
             if name in self.seen or name in self.directories:  # a reader and an engine could take different

@@ -4,6 +4,7 @@ load. Both verifiers (`build.py verify`, `scripts/verify-release.sh`) must refus
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import io
@@ -781,3 +782,9 @@ def test_a_member_typed_as_a_contiguous_file_is_refused_by_both(cli, folder, mem
 
     forge(folder, retype)
     both_refuse(cli, folder, "is not a regular file, folder or link", "which a release archive does not")
+
+
+def test_a_folder_entry_twice_is_refused_by_both(cli, folder):
+    # "both verifiers refuse ... a member twice": unibake's verifier passed a folder listed twice
+    forge(folder, lambda entries: entries + [(copy.copy(i), d) for i, d in entries if i.isdir()])
+    both_refuse(cli, folder, "archive member 'blobs' appears twice", "the archive holds 'blobs/' twice")
