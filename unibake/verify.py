@@ -20,9 +20,9 @@ from pathlib import Path
 from .archive_reader import ArchiveReader
 from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
-from .files import decode_text, read_small_text, visible_name
+from .files import decode_text, read_small_file, read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
-from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
+from .manifest import FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, ReleaseManifest, parse_manifest
 from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
@@ -170,10 +170,17 @@ def trusted_manifest(folder: Path) -> ReleaseManifest:
     sums = read_sums(folder)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
-    bad = [c for c in check_sums(folder, {MANIFEST: sums[MANIFEST]}) if not c.passed]
-    if bad:
-        raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
-    return load_manifest(folder)
+    data = _manifest_bytes(folder)
+    if hashlib.sha256(data).hexdigest() != sums[MANIFEST]:
+        raise VerificationError(f"{folder}/{MANIFEST}: differs from SHA256SUMS; the folder cannot be trusted")
+    return parse_manifest(decode_text(data, folder / MANIFEST, VerificationError), str(folder / MANIFEST))
+
+
+def _manifest_bytes(folder: Path) -> bytes:
+    """``manifest.json`` read once: the bytes whose sha256 is checked are the ones parsed (a second
+    read could find another file)."""
+    return read_small_file(folder / MANIFEST, VerificationError, limit=MAX_MANIFEST_BYTES,
+                           what="this is not a complete release folder", follow=False)
 
 
 def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:
@@ -198,10 +205,11 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     sums = read_sums(folder, signed_sums)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
-    manifest_ok = _sha256_of(folder / MANIFEST) == sums[MANIFEST]
+    data = _manifest_bytes(folder)
+    manifest_ok = hashlib.sha256(data).hexdigest() == sums[MANIFEST]
     if not checks.add("sha256", MANIFEST, manifest_ok, "" if manifest_ok else "differs from SHA256SUMS"):
         raise VerificationError(f"{MANIFEST}: sha256 differs from SHA256SUMS; the folder cannot be trusted")
-    manifest = load_manifest(folder)
+    manifest = parse_manifest(decode_text(data, folder / MANIFEST, VerificationError), str(folder / MANIFEST))
     archive = manifest.archive
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)

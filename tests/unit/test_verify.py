@@ -253,3 +253,34 @@ def test_verify_load_undoes_a_load_that_brought_another_image(folder, tmp_path):
     assert [c.name for c in report.failures] == ["load"]
     assert "what the load tagged was put back" in report.failures[0].detail
     assert engine.tags == {"victim:1": victim} and list(engine.images) == [victim]
+
+
+def test_verify_parses_the_manifest_it_checked_against_the_sums(folder, monkeypatch):
+    # manifest.json was hashed by one read and parsed from a second: a file swapped in between was
+    # trusted. The swap is played right after the hash, wherever it is taken (of the file, or of
+    # the bytes read)
+    import unibake.verify as verify
+
+    checked = json.loads((folder / "manifest.json").read_text())
+    manifest = folder / "manifest.json"
+    original = manifest.read_bytes()
+
+    def swap_once():
+        if manifest.read_bytes() == original:
+            manifest.write_text(json.dumps({**checked, "revision": "not the release's"}, indent=2) + "\n")
+
+    def file_hashed(path, real=verify._sha256_of):
+        digest = real(path)
+        if path == manifest:
+            swap_once()
+        return digest
+
+    def bytes_hashed(*data, real=hashlib.sha256):
+        if data and data[0] == original:
+            swap_once()
+        return real(*data)
+
+    monkeypatch.setattr(verify, "_sha256_of", file_hashed)
+    monkeypatch.setattr(verify.hashlib, "sha256", bytes_hashed)
+    report = verify.verify_folder(folder)
+    assert report.manifest.revision == checked["revision"]
