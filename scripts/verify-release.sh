@@ -45,9 +45,7 @@ cd "$dir"
 work=$(mktemp -d)
 # an interrupt stops the script (a trap that returns would go on without the work folder)
 trap 'rm -rf "$work"' EXIT
-trap 'exit 129' HUP
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'exit 130' HUP INT TERM
 LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
 copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (LIMIT) bytes, copied once to $2
   [ -f "$1" ] && [ ! -L "$1" ] || return 1
