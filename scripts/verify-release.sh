@@ -17,7 +17,8 @@
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
-# Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage.
+# Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage; 1 a tool it
+# needs is missing; 130 interrupted.
 set -eu
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
@@ -41,6 +42,19 @@ if [ -n "$key" ]; then
   [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
+# every tool first: one missing would otherwise read as a corrupted release ("does not decompress")
+need="awk cat cmp comm cut dd grep head mkdir mkfifo mktemp od paste rm sed sha256sum sort tail tar tee tr uniq wc zstd"
+[ "$load" = 0 ] || need="$need docker"
+if [ -n "$key" ]; then
+  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then need="$need gpg gpgv"
+  elif head -n 1 "$key" | grep -q "^untrusted comment:"; then need="$need minisign"; fi
+fi
+for tool in $need; do
+  command -v "$tool" >/dev/null 2>&1 \
+    || { echo "error: $tool is not installed here; verify-release.sh needs it (see its --help)" >&2; exit 1; }
+done
+sha256sum --strict --version >/dev/null 2>&1 \
+  || { echo "error: this sha256sum takes no --strict (busybox's?); verify-release.sh needs coreutils' sha256sum" >&2; exit 1; }
 cd "$dir"
 work=$(mktemp -d)
 # an interrupt stops the script (a trap that returns would go on without the work folder)

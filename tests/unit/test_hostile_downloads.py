@@ -788,3 +788,25 @@ def test_a_folder_entry_twice_is_refused_by_both(cli, folder):
     # "both verifiers refuse ... a member twice": unibake's verifier passed a folder listed twice
     forge(folder, lambda entries: entries + [(copy.copy(i), d) for i, d in entries if i.isdir()])
     both_refuse(cli, folder, "archive member 'blobs' appears twice", "the archive holds 'blobs/' twice")
+
+
+def test_a_tool_the_shell_verifier_lacks_is_named_not_blamed_on_the_release(folder, tmp_path):
+    # (before: no zstd read as "the archive does not decompress (corrupted or truncated)", exit 3;
+    # busybox's sha256sum, which takes no --strict, as "files differ from SHA256SUMS")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "awk", "cat", "cmp", "comm", "cut", "dd", "grep", "head", "mkdir", "mkfifo", "mktemp", "od",
+                 "paste", "rm", "sed", "sha256sum", "sort", "tail", "tar", "tee", "tr", "uniq", "wc"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    result = shell(folder, {"PATH": str(bin_dir)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr == "error: zstd is not installed here; verify-release.sh needs it (see its --help)\n"
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox here")
+    (bin_dir / "zstd").symlink_to(shutil.which("zstd"))
+    (bin_dir / "sha256sum").unlink()
+    (bin_dir / "sha256sum").write_text(f'#!/bin/sh\nexec {busybox} sha256sum "$@"\n')
+    (bin_dir / "sha256sum").chmod(0o755)
+    result = shell(folder, {"PATH": str(bin_dir)})
+    assert result.returncode == 1 and "this sha256sum takes no --strict" in result.stderr, result.stderr
