@@ -38,6 +38,7 @@ while [ "$#" -gt 0 ]; do
   esac
 done
 [ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
+case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
   [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")

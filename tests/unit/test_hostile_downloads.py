@@ -810,3 +810,14 @@ def test_a_tool_the_shell_verifier_lacks_is_named_not_blamed_on_the_release(fold
     (bin_dir / "sha256sum").chmod(0o755)
     result = shell(folder, {"PATH": str(bin_dir)})
     assert result.returncode == 1 and "this sha256sum takes no --strict" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name", ["-", "-P"])
+def test_a_release_folder_named_like_a_cd_option_is_the_one_verified(folder, tmp_path, name):
+    # (before: cd took "-" for $OLDPWD and verified that folder instead, "-P" for an option)
+    shutil.copytree(folder, tmp_path / name)
+    other = make_release(tmp_path / "other", tag="9.9.9")[0]
+    result = subprocess.run(["sh", str(SCRIPT), name, "--no-load"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "OLDPWD": str(other), "HOME": str(other)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "demo-llm-1.3.1.tar.zst" in result.stdout and "9.9.9" not in result.stdout
