@@ -12,11 +12,13 @@
 #      refers to; every blob's sha256 is its name, and each layer is in it (a hotfix's left-out
 #      layers aside) and is the one manifest.json records
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
-#   5. the loaded image ID equals the one in IMAGE_ID; if not, what the load tagged is undone
+#   5. the loaded image ID equals the one in IMAGE_ID; if not (or the load fails, or the archive
+#      changed while it was loaded), what the load tagged and added is undone
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
-# Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage.
+# Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage; 1 a tool it
+# needs is missing; 130 interrupted.
 set -eu
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
@@ -41,19 +43,35 @@ while [ "$#" -gt 0 ]; do
   esac
 done
 [ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
+case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
   [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
+# every tool first: one missing would otherwise read as a corrupted release ("does not decompress")
+need="awk cat cmp comm cut dd grep head mkdir mkfifo mktemp od paste rm sed sha256sum sort tail tar tee tr uniq wc zstd"
+[ "$load" = 0 ] || need="$need docker"
+if [ -n "$key" ]; then
+  if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then need="$need gpg gpgv"
+  elif head -n 1 "$key" | grep -q "^untrusted comment:"; then need="$need minisign"; fi
+fi
+for tool in $need; do
+  command -v "$tool" >/dev/null 2>&1 \
+    || { echo "error: $tool is not installed here; verify-release.sh needs it (see its --help)" >&2; exit 1; }
+done
+sha256sum --strict --version >/dev/null 2>&1 \
+  || { echo "error: this sha256sum takes no --strict (busybox's?); verify-release.sh needs coreutils' sha256sum" >&2; exit 1; }
 cd "$dir"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT INT TERM HUP
+# an interrupt stops the script (a trap that returns would go on without the work folder)
+trap 'rm -rf "$work"' EXIT
+trap 'exit 130' HUP INT TERM
 LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
-copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most LIMIT bytes, copied once to $2
+copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (LIMIT) bytes, copied once to $2
   [ -f "$1" ] && [ ! -L "$1" ] || return 1
-  # read at most LIMIT + 1 bytes (busybox's wc counts a huge sparse file slowly, and wraps at 4 GiB)
-  head -c $((LIMIT + 1)) -- "$1" > "$2"
-  [ "$(wc -c < "$2")" -le "$LIMIT" ] || fail "$dir/$1: more than $LIMIT bytes; not a release's $1"
+  # read at most the limit + 1 bytes (busybox's wc counts a huge sparse file slowly, and wraps at 4 GiB)
+  head -c $((${3:-$LIMIT} + 1)) -- "$1" > "$2"
+  [ "$(wc -c < "$2")" -le "${3:-$LIMIT}" ] || fail "$dir/$1: more than ${3:-$LIMIT} bytes; not a release's $1"
 }
 # SHA256SUMS is read once: the copy the signature is checked on is the one every step reads
 copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete release folder"
@@ -129,27 +147,54 @@ for needed in IMAGE_ID manifest.json; do
   grep -qx "$needed" "$work/names" || fail "$dir/SHA256SUMS does not list $needed: not a complete release folder"
 done
 
+# each listed file's sha256, as SHA256SUMS lists it: "NAME DIGEST"
+sed -e "s/^\($HEX\) [ *].*\$/\1/" -e 's/^SHA256 (.*) = \(.*\)$/\1/' "$work/sums" | tr A-F a-f |
+  paste -d ' ' "$work/names" - > "$work/listed"
+
 echo "== sha256sum -c SHA256SUMS"
 sha256sum --strict -c "$work/sums" || fail "$dir: files differ from SHA256SUMS (see the lines above)"
+# Everything read after this is read as it was checked: IMAGE_ID and manifest.json from copies whose
+# sha256 is checked again, the archive hashed on every read (a file changed after sha256sum -c,
+# between two reads, or while it is loaded would otherwise be read as something never checked)
+for meta in IMAGE_ID manifest.json; do
+  copy "$meta" "$work/$meta" 16777216 || fail "$dir/$meta: not a regular file"
+  [ "$(sha256sum < "$work/$meta" | cut -c 1-64)" = "$(awk -v n="$meta" '$1 == n { print $2 }' "$work/listed")" ] \
+    || fail "$dir/$meta: changed after sha256sum -c read it: refused"
+done
 
 # --- what the release says it is --------------------------------------------------------------
-want=$(cat IMAGE_ID)
+# manifest.json is read line by line, each key as unibake writes it (two spaces a level): a key
+# written twice, which JSON readers take either of (this script the first, unibake's verifier
+# refuses it), is refused among the top-level keys and those of "archive" and "hotfix"
+twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLENGTH); print key }
+  /^  "(archive|hotfix)": \{$/ { block = key; next } /^  [}]/ { block = "" }
+  block != "" && /^    "[^"]*": / { match($0, /"[^"]*"/); print block "." substr($0, RSTART, RLENGTH) }' \
+  "$work/manifest.json" | sort | uniq -d | head -n 1)
+[ -z "$twice" ] || fail "$dir/manifest.json: the key $twice is written twice: not a manifest unibake writes"
+want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
-recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' manifest.json)
+recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manifest.json")
 [ "$recorded" = "$want" ] || fail "$dir/IMAGE_ID names $want, but manifest.json records ${recorded:-no single image ID}"
-tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' manifest.json)
+tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
 
 # The archive manifest.json names (the folder may hold other .tar.zst files, such as the reconstruct kit):
 # NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order; only files SHA256SUMS lists.
-archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' manifest.json |
+archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' "$work/manifest.json" |
   sed -n 's/^    "name": "\([^"\\]*\)",$/\1/p')
 printf '%s\n' "$archive" | grep -qx "$NAME\\.tar\\.zst" || fail "$dir/manifest.json: no archive name ending in .tar.zst"
-awk -v a="$archive" '$0 == a || (index($0, a ".part-") == 1 && substr($0, length(a) + 7) ~ /^[0-9][0-9][0-9]$/)' \
-  "$work/names" | LC_ALL=C sort > "$work/parts"
+awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1' "$work/names" | LC_ALL=C sort > "$work/parts"
 [ -s "$work/parts" ] || fail "$dir: SHA256SUMS does not list the archive $archive"
+# and they are the files manifest.json records as the archive, in order, as unibake's verifier reads
+# them: a part listed beside them would be read by whoever loads the parts by a pattern, and one left
+# out of manifest.json by this script alone
+awk '/^  "archive": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
+  inside && /^    "files": \[$/ { files = 1; next } files && /^    \]/ { exit } files' "$work/manifest.json" |
+  sed -n 's/^        "name": "\([^"\\]*\)",$/\1/p' > "$work/recorded"
+cmp -s "$work/parts" "$work/recorded" || fail "$dir: SHA256SUMS lists the archive as $(tr '\n' ' ' < "$work/parts")\
+but manifest.json records $(tr '\n' ' ' < "$work/recorded")as its files: not one release's archive"
 if grep -qx -F "$archive" "$work/parts" && [ "$(wc -l < "$work/parts")" -gt 1 ]; then
   fail "$dir: SHA256SUMS lists $archive both whole and in parts"
 fi
@@ -161,7 +206,23 @@ if grep -q '\.part-' "$work/parts"; then
     n=$((n + 1))
   done < "$work/parts"
 fi
-stream() { while IFS= read -r part; do cat -- "$part"; done < "$work/parts"; }
+# Every read of the archive: its parts in order, each hashed as it is read (one line a part in
+# $work/streamed); "unchanged" then says whether that read was of the bytes SHA256SUMS lists. Each
+# reader reads to the end (a part cut short hashes otherwise).
+awk 'NR == FNR { d[$1] = $2; next } { print d[$0] }' "$work/listed" "$work/parts" > "$work/parts.sha256"
+stream() {
+  : > "$work/streamed"
+  while IFS= read -r part; do
+    rm -f "$work/read.fifo" && mkfifo "$work/read.fifo" || exit 1
+    sha256sum < "$work/read.fifo" | cut -c 1-64 >> "$work/streamed" &
+    tee -- "$work/read.fifo" < "$part" || :
+    wait
+  done < "$work/parts"
+}
+unchanged() {
+  cmp -s "$work/streamed" "$work/parts.sha256" || fail "$dir: the archive changed after sha256sum -c read it (a read \
+of it no longer has the sha256 SHA256SUMS lists): refused${1:-}"
+}
 # a file named like the archive that SHA256SUMS does not list (a part added after the release was
 # signed) fails: whoever loads the parts by a pattern would load it too; any other is named, not read
 nl='
@@ -180,10 +241,13 @@ done
 echo "== zstd -dc $(tr '\n' ' ' < "$work/parts")| wc -c"
 { stream | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | wc -c > "$work/bytes"
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
+unchanged
 echo "== its structure (zstd -dc | tar -tv)"
-# (zstd's status is not looked at here: tar stops reading at the end-of-archive blocks)
+# (zstd's status is not looked at here: tar stops reading at the end-of-archive blocks; what follows
+# them is drained)
 stream | zstd -q -dc 2>/dev/null | { if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi \
-  > "$work/tar.rc"; }
+  > "$work/tar.rc"; cat > /dev/null; }
+unchanged
 [ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
 # every member: the two folders, blobs named by their digest, and the three metadata files, each once
 awk 'NF != 6 { print "x", "a name with spaces or a link"; next } {print substr($1, 1, 1), $NF}' "$work/list" > "$work/members"
@@ -210,8 +274,10 @@ for meta in index.json manifest.json; do
   [ "$(size_of "$meta")" -le "$META" ] || fail "$dir: the archive's $meta is more than $META bytes: not a release archive"
 done
 mkdir "$work/x"
-stream | zstd -q -dc | tar -xf - -C "$work/x" index.json manifest.json 2>/dev/null \
-  || fail "$dir: the archive's index.json and manifest.json cannot be read"
+stream | zstd -q -dc 2>/dev/null | { if tar -xf - -C "$work/x" index.json manifest.json 2>/dev/null; then echo 0
+  else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+unchanged
+[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive's index.json and manifest.json cannot be read"
 man=$(cat "$work/x/manifest.json")
 # exactly one entry, byte for byte as our writer makes it: a '*' between "Layers":[ and the tag would
 # also match '...]},{"Config":...', a second image (under any tag) loaded beside the release's
@@ -237,8 +303,10 @@ oci=$(printf '%s' "$index" | grep -o '"digest":"sha256:[0-9a-f]\{64\}"' | sed 's
   || fail "$dir: the archive's index.json does not name the release's tag $tag only: it is not in the form unibake writes"
 grep -qx -e "- blobs/sha256/$oci" "$work/members" || fail "$dir: the archive lacks the image manifest its index.json names"
 [ "$(size_of "blobs/sha256/$oci")" -le "$META" ] || fail "$dir: the archive's image manifest blobs/sha256/$oci is more than $META bytes"
-stream | zstd -q -dc | tar -xf - -C "$work/x" "blobs/sha256/$oci" 2>/dev/null \
-  || fail "$dir: the archive's image manifest cannot be read"
+stream | zstd -q -dc 2>/dev/null | { if tar -xf - -C "$work/x" "blobs/sha256/$oci" 2>/dev/null; then echo 0
+  else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+unchanged
+[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive's image manifest cannot be read"
 # the image manifest (what containerd loads) is, byte for byte but sizes, the one our writer makes of
 # manifest.json (what Engine 20.10 loads): the same config and layers, nothing beside them
 printf '%s' "$man" | grep -o 'blobs/sha256/[0-9a-f]\{64\}' | sed 's|blobs/sha256/||' > "$work/by-manifest"
@@ -281,26 +349,32 @@ hash_blob='case $TAR_FILENAME in
   *) cat > /dev/null ;;
 esac'
 stream | zstd -q -dc 2>/dev/null | { if W=$work tar -xf - --to-command="$hash_blob" > "$work/hashed" 2>"$work/tar.err"
-  then echo 0; else echo 1; fi > "$work/tar.rc"; }
+  then echo 0; else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+unchanged
 [ "$(cat "$work/tar.rc")" = 0 ] && [ "$(wc -l < "$work/hashed")" -eq "$(wc -l < "$work/blobs")" ] \
   || fail "$dir: the archive's blobs cannot be read through: $(head -n 1 "$work/tar.err")"
 bad=$(awk '"blobs/sha256/" $2 != $1 { print $1 " is " $2; exit }' "$work/hashed")
 [ -z "$bad" ] || fail "$dir: the archive's ${bad%% is *} does not hold what its name says (its sha256 is ${bad#* is }): tampered or corrupted; refused before any load"
 # and each layer is the one manifest.json records (a hotfix's left-out layers by their names alone)
-awk '/^  "diff_ids": \[$/ { inside = 1; next } inside && /^  \]/ { exit } inside' manifest.json |
+awk '/^  "diff_ids": \[$/ { inside = 1; next } inside && /^  \]/ { exit } inside' "$work/manifest.json" |
   sed -n 's/^    "sha256:\([0-9a-f]\{64\}\)",\{0,1\}$/\1/p' > "$work/diff-ids"
 sed 1d "$work/by-manifest" > "$work/layers"
 [ "$(wc -l < "$work/layers")" -eq "$(wc -l < "$work/diff-ids")" ] \
   || fail "$dir: the archive holds $(wc -l < "$work/layers") layers; manifest.json records $(wc -l < "$work/diff-ids")"
 hotfix_field() {
-  awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit } inside' manifest.json |
+  awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit } inside' "$work/manifest.json" |
     sed -n "s/^    \"$1\": \"\([A-Za-z0-9:._-]*\)\",\{0,1\}\$/\1/p" | head -n 1
 }
 # only a hotfix may leave a layer out, and only one its manifest.json lists as left out (the base
 # release's): any other missing layer would be whatever the engine already holds under that name
 awk '/^  "hotfix": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
-  inside && /^    "omitted_diff_ids": \[$/ { list = 1; next } list && /^    \]/ { exit } list' manifest.json |
+  inside && /^    "omitted_diff_ids": \[$/ { list = 1; next } list && /^    \]/ { exit } list' "$work/manifest.json" |
   sed -n 's/^      "sha256:\([0-9a-f]\{64\}\)",\{0,1\}$/\1/p' > "$work/omitted"
+# a hotfix names its base by image ID, which the load looks for first (none read: no base looked for)
+if grep -q '^  "hotfix": {$' "$work/manifest.json"; then
+  hotfix_field base_image_id | grep -qx 'sha256:[0-9a-f]\{64\}' \
+    || fail "$dir/manifest.json: a hotfix whose base_image_id is not an image ID"
+fi
 bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   FILENAME == ARGV[2] { raw[$1] = $2; un[$1] = (NF == 3 ? $3 : $2); next }
   FILENAME == ARGV[3] { rec[FNR] = $1; next }
@@ -325,9 +399,64 @@ fi
 if have=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) && [ "$have" != "$want" ]; then
   fail "the engine's $tag is $have, another image: loading would move that tag (nothing was loaded)"
 fi
+# What the engine holds before the load, for the undo of a load that fails: each tag it set is put
+# back where it was (or removed), and each image it added that is then left without a tag is
+# removed; an image the engine held before is never removed
+images() { docker image ls -a --no-trunc --format '{{.ID}} {{.Repository}}:{{.Tag}}'; }
+images > "$work/before" || fail "the engine's images cannot be listed (nothing was loaded)"
+undone="; what the load added was removed"
+undo() {
+  { sed -n 's/^Loaded image: //p' "$work/loaded"; echo "$tag"; } | sort -u | while IFS= read -r name; do
+    now=$(docker image inspect --format '{{.Id}}' "$name" 2>/dev/null) || continue
+    old=$(awk -v n="$name" '$2 == n { print $1; exit }' "$work/before")
+    if [ -n "$old" ]; then
+      [ "$now" = "$old" ] || docker tag "$old" "$name" >/dev/null 2>&1 || :
+      continue
+    fi
+    # docker rmi removes an image with its last tag: a tag the load put on an image the engine held
+    # without one is first moved to an image another tag names (the held one stays, untagged)
+    if grep -q "^$now " "$work/before" && [ "$(docker image inspect --format '{{len .RepoTags}}' "$now")" = 1 ]; then
+      other=$(awk -v n="$name" '$2 != n && $2 !~ /:<none>$/ { print $2; exit }' "$work/before")
+      [ -n "$other" ] && docker tag "$other" "$name" >/dev/null 2>&1 || continue
+    fi
+    docker rmi "$name" >/dev/null 2>&1 || :
+  done
+  images > "$work/after" || return 0
+  awk 'NR == FNR { held[$1] = 1; next } !($1 in held) && $2 == "<none>:<none>" { print $1 }' \
+    "$work/before" "$work/after" | sort -u > "$work/added"
+  removed=1
+  while [ "$removed" = 1 ]; do  # an image before the one it is the parent of refuses: another round
+    removed=0
+    while IFS= read -r id; do
+      if docker image inspect "$id" >/dev/null 2>&1 && docker rmi "$id" >/dev/null 2>&1; then removed=1; fi
+    done < "$work/added"
+  done
+  images | awk 'NR == FNR { held[$1] = 1; held[$1 " " $2] = 1; next } !(($1 " " $2) in held) { print $2 " (" $1 ")" }' \
+    "$work/before" - | sort -u > "$work/left"
+  if [ -s "$work/left" ]; then
+    echo "warning: what the failed load left in the engine, not undone: $(tr '\n' ' ' < "$work/left")" >&2
+    undone="; what the load left is named above"
+  fi
+}
 echo "== zstd -dc | docker load"
-out=$(stream | zstd -q -dc | docker load) || fail "docker load refused the archive"
-printf '%s\n' "$out"
-got=$(docker image inspect --format '{{.Id}}' "$tag") || fail "the engine has no $tag after the load"
-[ "$got" = "$want" ] || fail "the loaded image $tag is $got; IMAGE_ID says $want"
+# The tar's last byte is held back until the whole archive was read with the sha256 SHA256SUMS
+# lists: read otherwise, the engine gets a cut tar, which it refuses before it adds any image (it
+# unpacks the whole stream first); the hash is checked again after the load, and the undo follows
+rm -f "$work/last.fifo" && mkfifo "$work/last.fifo"
+: > "$work/loaded"
+stream | zstd -q -dc 2>/dev/null | {
+  tail -c 1 < "$work/last.fifo" > "$work/last" &
+  tee "$work/last.fifo" | head -c -1
+  wait
+  if cmp -s "$work/streamed" "$work/parts.sha256"; then cat "$work/last"; fi
+} | { if docker load > "$work/loaded" 2> "$work/load.err"; then echo 0; else echo 1; fi > "$work/load.rc"; }
+cat "$work/loaded"
+if [ "$(cat "$work/load.rc")" != 0 ]; then
+  undo
+  unchanged "; docker load refused it"
+  fail "docker load refused the archive: $(head -n 1 "$work/load.err")"
+fi
+cmp -s "$work/streamed" "$work/parts.sha256" || { undo; unchanged "$undone"; }
+got=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) || { undo; fail "the engine has no $tag after the load$undone"; }
+[ "$got" = "$want" ] || { undo; fail "the loaded image $tag is $got; IMAGE_ID says $want$undone"; }
 echo "ok: $tag is $got, as IMAGE_ID says"

@@ -646,6 +646,8 @@ class _MemberReader:
         if entry.type == tarfile.DIRTYPE and name:
             if name in self.seen:
                 raise ArchiveError(f"archive member {name!r} appears twice (as a file and as a folder)")
+            if name in self.directories:  # as the shell verifier refuses it: a member twice
+                raise ArchiveError(f"archive member {name!r} appears twice")
             self.directories.add(name)
         elif name:
             if name in self.seen or name in self.directories:  # a reader and an engine could take different
@@ -660,7 +662,7 @@ class _MemberReader:
             return
         if entry.type == tarfile.DIRTYPE or not name:
             return
-        if entry.type not in tarfile.REGULAR_TYPES or entry.type == tarfile.GNUTYPE_SPARSE:
+        if entry.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):  # docker load refuses a contiguous file ('7') too
             raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
         self.current = _Open(name=name, size=entry.size)
 
@@ -689,10 +691,12 @@ class _MemberReader:
                                    "not an image archive")
             m.kept = []
         if first.startswith(GZIP_MAGIC):
-            m.decomp, m.content = zlib.decompressobj(wbits=31), hashlib.sha256()
-        elif first.startswith(ZSTD_MAGIC):
-            m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).decompressobj()
             m.content = hashlib.sha256()
+            m.decomp = _Gunzip(m.content)
+        elif first.startswith(ZSTD_MAGIC):
+            m.content = hashlib.sha256()
+            m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
+                _Updating(m.content), write_size=CHUNK, write_return_read=True)
 
     def _deliver(self, m: _Open, piece: memoryview) -> None:
         self.hasher.put((m.raw, piece))
@@ -702,7 +706,7 @@ class _MemberReader:
             m.kept.append(bytes(piece))
         if m.decomp is not None:
             try:
-                _inflate(m.decomp, piece, m.content)
+                m.decomp.write(piece)  # decompressed into m.content a bounded piece at a time
             except (zlib.error, zstandard.ZstdError):
                 m.decomp = m.content = None  # not a compressed layer after all
 
@@ -713,6 +717,8 @@ class _MemberReader:
         if not m.started:  # shorter than the bytes looked at first
             self._start(m)
             self._deliver(m, memoryview(bytes(m.head)))
+        if isinstance(m.decomp, _Gunzip) and not m.decomp.whole():
+            m.decomp = m.content = None  # a gzip stream cut short: not a compressed layer, as an engine reads it
         routed = m.sink.close() if m.sink is not None else None
         self.done.append((m, routed))
 
@@ -720,15 +726,53 @@ class _MemberReader:
         pass
 
 
-def _inflate(decomp, block: memoryview, sink) -> None:
-    """Decompress ``block`` into ``sink`` a bounded piece at a time (no decompression bomb in memory)."""
-    if hasattr(decomp, "unconsumed_tail"):  # zlib
-        data = decomp.decompress(block, CHUNK)
-        sink.update(data)
-        while decomp.unconsumed_tail:
-            sink.update(decomp.decompress(decomp.unconsumed_tail, CHUNK))
-    else:
-        sink.update(decomp.decompress(block))
+class _Updating:
+    """The file a zstd stream writer writes to: each piece it decompresses goes to a hash."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def write(self, data) -> int:
+        self.sink.update(data)
+        return len(data)
+
+
+class _Gunzip:
+    """A gzip blob decompressed into ``sink`` a bounded piece at a time (no decompression bomb in
+    memory), as an engine reads a layer: member after member, zero bytes after the last allowed;
+    anything else after a member raises ``zlib.error``, and a stream cut short is not ``whole()``."""
+
+    def __init__(self, sink):
+        self.sink = sink
+        self.member = zlib.decompressobj(wbits=31)
+        self.held = b""  # after a member: a byte too few to tell whether another member starts
+        self.zeros = False
+
+    def write(self, block) -> None:
+        data = bytes(block)
+        while data:
+            if self.member is None:
+                data, self.held = self.held + data, b""
+                if self.zeros or data[:1] == b"\0":
+                    if data.strip(b"\0"):
+                        raise zlib.error("data after the gzip stream's zero bytes")
+                    self.zeros = True
+                    return
+                if len(data) < len(GZIP_MAGIC):
+                    self.held = data
+                    return
+                if not data.startswith(GZIP_MAGIC):
+                    raise zlib.error("data after the gzip stream that is not another gzip member")
+                self.member = zlib.decompressobj(wbits=31)
+            self.sink.update(self.member.decompress(data, CHUNK))
+            while self.member.unconsumed_tail:
+                self.sink.update(self.member.decompress(self.member.unconsumed_tail, CHUNK))
+            data = b""
+            if self.member.eof:
+                data, self.member = self.member.unused_data, None
+
+    def whole(self) -> bool:
+        return self.member is None and not self.held
 
 
 class Members(dict):

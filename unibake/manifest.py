@@ -268,9 +268,20 @@ def load_manifest(folder: Path, error: type[UnibakeError] = VerificationError) -
     return parse_manifest(text, str(path), error)
 
 
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are each written once: of a key written twice, JSON readers keep
+    either (Python's the last, the shell verifier's line-reading the first), so none is trusted."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"the key {key[:40]!r} is written twice in one object")
+        seen.add(key)
+    return dict(pairs)
+
+
 def parse_manifest(text: str, where: str, error: type[UnibakeError] = VerificationError) -> ReleaseManifest:
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=_once_each)
     except (ValueError, RecursionError) as exc:
         raise error(f"{where}: not valid JSON ({str(exc)[:100]})") from None
     if isinstance(raw, dict) and raw.get("schema") != SCHEMA_VERSION:

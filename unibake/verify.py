@@ -12,17 +12,17 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive_reader import ArchiveReader, read_archive
-from .engine import Engine
+from .archive_reader import ArchiveReader
+from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
-from .files import decode_text, read_small_text, visible_name
+from .files import decode_text, read_small_file, read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
-from .manifest import FILE_NAME_PATTERN, MANIFEST, ReleaseManifest, load_manifest
+from .manifest import FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, ReleaseManifest, parse_manifest
 from .platforms import recorded_by
 from .publish import SUMS
 from .sums import parse_sums
@@ -135,9 +135,12 @@ def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, chec
         text = read_small_text(folder / IMAGE_ID, VerificationError, limit=1024, follow=False)
     except VerificationError:
         return  # missing or not a regular file: the sha256 check above has said so
-    ok = text.strip() == image_id
+    # read as the guide's `test "$(docker image inspect ...)" = "$(cat IMAGE_ID)"` reads it (and the shell
+    # verifier): trailing newlines dropped, nothing else (a space, a carriage return would fail that test)
+    named = text.rstrip("\n")
+    ok = named == image_id
     checks.add("image id", IMAGE_ID, ok, image_id[:19] + "..., as manifest.json" if ok else
-               f"names {text.strip()[:80]!r}, but {MANIFEST} says {image_id}")
+               f"names {named[:80]!r}, but {MANIFEST} says {image_id}")
 
 
 def _check_unlisted(folder: Path, sums: Mapping[str, str], archive_name: str, checks: _Checks) -> None:
@@ -167,10 +170,17 @@ def trusted_manifest(folder: Path) -> ReleaseManifest:
     sums = read_sums(folder)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
-    bad = [c for c in check_sums(folder, {MANIFEST: sums[MANIFEST]}) if not c.passed]
-    if bad:
-        raise VerificationError(f"{folder}/{MANIFEST}: {bad[0].detail}; the folder cannot be trusted")
-    return load_manifest(folder)
+    data = _manifest_bytes(folder)
+    if hashlib.sha256(data).hexdigest() != sums[MANIFEST]:
+        raise VerificationError(f"{folder}/{MANIFEST}: differs from SHA256SUMS; the folder cannot be trusted")
+    return parse_manifest(decode_text(data, folder / MANIFEST, VerificationError), str(folder / MANIFEST))
+
+
+def _manifest_bytes(folder: Path) -> bytes:
+    """``manifest.json`` read once: the bytes whose sha256 is checked are the ones parsed (a second
+    read could find another file)."""
+    return read_small_file(folder / MANIFEST, VerificationError, limit=MAX_MANIFEST_BYTES,
+                           what="this is not a complete release folder", follow=False)
 
 
 def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:
@@ -195,15 +205,21 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     sums = read_sums(folder, signed_sums)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
-    manifest_ok = _sha256_of(folder / MANIFEST) == sums[MANIFEST]
+    data = _manifest_bytes(folder)
+    manifest_ok = hashlib.sha256(data).hexdigest() == sums[MANIFEST]
     if not checks.add("sha256", MANIFEST, manifest_ok, "" if manifest_ok else "differs from SHA256SUMS"):
         raise VerificationError(f"{MANIFEST}: sha256 differs from SHA256SUMS; the folder cannot be trusted")
-    manifest = load_manifest(folder)
+    manifest = parse_manifest(decode_text(data, folder / MANIFEST, VerificationError), str(folder / MANIFEST))
     archive = manifest.archive
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
     _check_unlisted(folder, sums, archive.name, checks)
+    for name in sorted(sums):
+        if (name == archive.name or name.startswith(archive.name + ".part-")) and name not in parts:
+            # whoever loads the parts by a pattern (the shell verifier too) would read it
+            checks.add("listed", visible_name(name), False, f"named like the archive, but {MANIFEST} does not "
+                       "record it as one of its files: not one release's archive; remove it")
 
     readable, on_disk = True, 0
     for f in archive.files:
@@ -357,14 +373,60 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
                    f"({hotfix.base_tag}) in the engine; load release {hotfix.base_release} first "
                    "(nothing was loaded)")
     else:
-        outcome = engine.load(counted(read_archive(report.folder, [f.name for f in manifest.archive.files]),
-                                      progress))
+        before = {tag: i.id for i in engine.list_images() for tag in i.tags}
+        reader = ArchiveReader(report.folder, [f.name for f in manifest.archive.files])
+        try:
+            outcome = engine.load(counted(_as_checked(reader, manifest.archive.sha256), progress))
+        except (VerificationError, ZstdDecodeError) as exc:
+            checks.add("load", manifest.tag, False, f"{exc} (nothing was loaded)")
+            return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
         loaded = engine.inspect_image(manifest.tag)
         ok = loaded is not None and loaded.id == image_id and set(outcome.tags) <= {manifest.tag}
+        if not ok:
+            _undo_load(engine, outcome, before, manifest.tag)
         checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
                    f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
-                   f"({'; '.join(outcome.messages)[:300]})")
+                   f"({'; '.join(outcome.messages)[:300]}); what the load tagged was put back")
     return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
+
+
+def _as_checked(reader: ArchiveReader, sha256: str) -> Iterator[bytes]:
+    """The archive's decoded stream for a load, its last chunk held back until the whole read hashed
+    as the check's did: read otherwise, the stream ends in an error instead, and an engine refuses a
+    load cut short whole (it unpacks a load before it adds an image)."""
+    held = None
+    for chunk in reader.chunks():
+        if held is not None:
+            yield held
+        held = chunk
+    reader.finish()
+    if reader.whole.hexdigest() != sha256:
+        raise VerificationError("the archive changed after it was checked (its sha256 is no longer the one "
+                                f"{MANIFEST} records)")
+    if held is not None:
+        yield held
+
+
+def _undo_load(engine: Engine, outcome: LoadOutcome, before: dict[str, str], tag: str) -> None:
+    """A load that loaded another image than the release's: each tag it set back where it was (or
+    removed, with the image it named when the engine held that image under no other name)."""
+    added: set[str] = set()
+    for ref in sorted(set(outcome.tags) | {tag}):
+        now = engine.inspect_image(ref)
+        if now is None or before.get(ref) == now.id:
+            continue
+        if now.id not in before.values():
+            added.add(now.id)
+        if ref in before:
+            engine.tag(before[ref], ref)
+        elif now.id in before.values() or len(now.tags) > 1:
+            engine.untag(ref)
+        else:
+            engine.remove_image(ref)
+    for image in sorted(added):  # what the load added, left with no name
+        left = engine.inspect_image(image)
+        if left is not None and not left.tags:
+            engine.remove_image(image)
 
 
 def check_external(report: Report, paths: list[Path]) -> Report:

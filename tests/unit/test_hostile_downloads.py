@@ -4,6 +4,7 @@ load. Both verifiers (`build.py verify`, `scripts/verify-release.sh`) must refus
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import io
@@ -586,3 +587,237 @@ def test_a_plain_layer_labelled_gzip_passes_both_verifiers_as_the_engines_load_i
     assert cli("verify", str(folder)).code == 0
     result = shell(folder, tar_env)
     assert result.returncode == 0, result.stderr
+
+
+# --- what the shell verifier reads after sha256sum -c is what sha256sum -c read -------------------
+
+
+def changing_after(tmp_path, tool: str, when: str, change: str) -> dict:
+    """The environment of a shell verifier whose TOOL runs as ever, but the first time it runs with
+    arguments matching the shell pattern WHEN, the shell command CHANGE follows: an attacker who
+    writes to the folder at that moment."""
+    bin_dir = tmp_path / f"changing-{tool}"
+    bin_dir.mkdir()
+    real = shutil.which(tool)
+    (bin_dir / tool).write_text(f'#!/bin/sh\n{real} "$@"\nrc=$?\ncase "$*" in {when}) if [ ! -e {bin_dir}/done ]; then\n'
+                                f"  : > {bin_dir}/done; {change}\nfi ;; esac\nexit $rc\n")
+    (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_a_folder_swapped_for_another_release_once_its_sums_are_checked_is_refused(folder, tmp_path):
+    # the other release: the same name and tag, another image, its files consistent with each other
+    other = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/other": b"not the release\n"})])[0]
+    swap = " ".join(f"cp {other / name} {folder / name};" for name in
+                    ("IMAGE_ID", "manifest.json", "demo-llm-1.3.1.tar.zst"))
+    env = changing_after(tmp_path, "sha256sum", "*-c*", swap)
+    result = shell(folder, env)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "IMAGE_ID: changed after sha256sum -c read it: refused" in result.stderr
+    assert "ok:" not in result.stdout  # (before: ok, of the other release's image)
+
+
+def test_an_archive_changed_between_two_of_its_reads_is_refused(folder, tmp_path, tar_env):
+    # after its structure is read and before its blobs are: an inner manifest.json tagging another
+    # image, which the blobs' read does not look at
+    forged = tmp_path / "forged"
+    shutil.copytree(folder, forged)
+    forge(forged, add_repo_tag)
+    env = changing_after(tmp_path, "comm", "*", f"cp {forged}/demo-llm-1.3.1.tar.zst {folder}/")
+    if tar_env:
+        env["PATH"] = tar_env["PATH"].split(":", 1)[0] + ":" + env["PATH"]
+    result = shell(folder, env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1, result.stdout + result.stderr
+    assert "the archive changed after sha256sum -c read it" in errors[0]  # (before: ok, not loaded)
+
+
+@pytest.mark.parametrize("signal", ["TERM", "INT", "HUP"])
+def test_a_shell_verifier_told_to_stop_stops_and_leaves_no_work_folder(folder, tmp_path, signal):
+    env = changing_after(tmp_path, "mkdir", "*", f"kill -{signal} $PPID")  # the script's shell, mid-way
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    result = shell(folder, env)
+    # 130, as build.py exits when interrupted (before: it went on without its work folder: "cannot
+    # open .../parts", exit 2, or even "ok:")
+    assert result.returncode == 130, result.stdout + result.stderr
+    assert "ok:" not in result.stdout and "error" not in result.stderr and "cannot" not in result.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def with_a_key_written_twice(folder, key: str, value) -> None:
+    """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
+    text = (folder / "manifest.json").read_text()
+    first = json.dumps({key: value}, indent=2)[2:-2]
+    (folder / "manifest.json").write_text(text.replace('  "schema": 2,\n', '  "schema": 2,\n' + first + ",\n", 1))
+    resum(folder)
+
+
+def test_a_manifest_key_written_twice_is_refused_by_both(cli, folder):
+    # the shell read the first, unibake's verifier the last: a release leaving out a layer, called a
+    # hotfix first and no hotfix last, passed the shell (the engine would have used the layer it holds)
+    left_out = json.loads((folder / "manifest.json").read_text())["diff_ids"][0]
+    forge(folder, without_first_layer)
+    with_a_key_written_twice(folder, "hotfix", {
+        "base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": "sha256:" + "a" * 64,
+        "omitted_diff_ids": [left_out], "shipped_diff_ids": []})
+    both_refuse(cli, folder, "the key 'hotfix' is written twice in one object", 'the key "hotfix" is written twice')
+
+
+def test_a_manifest_archive_name_written_twice_is_refused_by_both(cli, folder, tmp_path):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(text.replace('  "archive": {\n', '  "archive": {\n    "name": "x.tar.zst",\n', 1))
+    resum(folder)
+    assert manifest["archive"]["name"] in (folder / "manifest.json").read_text()
+    both_refuse(cli, folder, "the key 'name' is written twice in one object", 'the key "archive"."name" is written twice')
+
+
+def test_parts_sums_list_and_manifest_json_does_not_are_refused_by_both(cli, tmp_path):
+    # one more part listed beside the archive's three (which `cat NAME.part-*` would read): unibake's
+    # verifier passed it, the shell refused it for data past the tar's end
+    folder = make_release(tmp_path / "more", split=400)[0]
+    name = "demo-llm-1.3.1.tar.zst.part-003"
+    (folder / name).write_bytes(zstandard.ZstdCompressor().compress(b"junk"))
+    resum(folder)
+    both_refuse(cli, folder, f"{name}: listed check failed: named like the archive, but manifest.json does not "
+                "record it as one of its files", "but manifest.json records")
+    # the last part left out of manifest.json's files: the shell read all three and passed it
+    folder = make_release(tmp_path / "fewer", split=400)[0]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["archive"]["files"] = manifest["archive"]["files"][:2]
+    raw = b"".join((folder / f["name"]).read_bytes() for f in manifest["archive"]["files"])
+    manifest["archive"].update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    both_refuse(cli, folder, "demo-llm-1.3.1.tar.zst.part-002: listed check failed",
+                "lists the archive as demo-llm-1.3.1.tar.zst.part-000 demo-llm-1.3.1.tar.zst.part-001 "
+                "demo-llm-1.3.1.tar.zst.part-002 but manifest.json records demo-llm-1.3.1.tar.zst.part-000 "
+                "demo-llm-1.3.1.tar.zst.part-001 as its files")
+
+
+def first_layer_stored(how):
+    """The archive's first layer stored as ``how(layer)`` (its diffID unchanged), renamed by its digest."""
+    def change(entries):
+        manifest = json_member(entries, "manifest.json")
+        old = manifest[0]["Layers"][0]
+        stored = how(next(d for i, d in entries if i.name == old))
+        new = hashlib.sha256(stored).hexdigest()
+        manifest[0]["Layers"][0] = f"blobs/sha256/{new}"
+        index, oci_name, oci = image_manifest(entries)
+        oci["layers"][0].update(digest=f"sha256:{new}", size=len(stored))
+        data = json.dumps(oci, separators=(",", ":"), sort_keys=True).encode()
+        index["manifests"][0].update(digest=f"sha256:{hashlib.sha256(data).hexdigest()}", size=len(data))
+        entries = [(i, d) for i, d in entries if i.name not in (old, oci_name)]
+        entries += [member(f"blobs/sha256/{new}", stored), member(f"blobs/sha256/{hashlib.sha256(data).hexdigest()}", data)]
+        entries = replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode())
+    return change
+
+
+# what Engine 20.10's docker load does with each (tried): it reads gzip member after member, takes
+# zero bytes after the last, and refuses other bytes there or a stream cut short
+GZIP_FORMS = {
+    "two members": (lambda raw: gzip.compress(raw[:1000], mtime=0) + gzip.compress(raw[1000:], mtime=0), True),
+    "zero bytes after": (lambda raw: gzip.compress(raw, mtime=0) + bytes(512), True),
+    "other bytes after": (lambda raw: gzip.compress(raw, mtime=0) + b"garbage", False),
+    "cut short": (lambda raw: gzip.compress(raw, mtime=0)[:-4], False),
+}
+
+
+@pytest.mark.parametrize("form", GZIP_FORMS)
+def test_both_verifiers_read_a_gzip_layer_as_the_engine_loads_it(cli, folder, form):
+    # (before: unibake's verifier read the first member only, refusing the first, and passed the
+    # last two, which the engine refuses: the shell's gzip -dc agreed with the engine)
+    how, loads = GZIP_FORMS[form]
+    forge(folder, first_layer_stored(how))
+    result, script = cli("verify", str(folder)), shell(folder)
+    assert (result.code, script.returncode) == ((0, 0) if loads else (3, 3)), result.err + script.stderr
+    assert "Traceback" not in result.err
+
+
+def test_a_zstd_compressed_layer_is_no_traceback(cli, folder):
+    # (before: zstandard 0.25's decompressobj was taken for zlib's: TypeError, exit 1)
+    forge(folder, first_layer_stored(lambda raw: zstandard.ZstdCompressor().compress(raw)))
+    result = cli("verify", str(folder))
+    assert result.code in (0, 3) and "Traceback" not in result.err, result.err
+
+
+@pytest.mark.parametrize("written, passes", [("{}\r\n", False), (" {}\n", False), ("{}\n\n", True), ("{}", True)],
+                         ids=["carriage return", "leading space", "blank lines after", "no newline"])
+def test_both_verifiers_read_image_id_as_the_guide_compares_it(cli, folder, written, passes):
+    # the guide's test "$(docker image inspect ...)" = "$(cat IMAGE_ID)" drops trailing newlines only
+    # (before: unibake's verifier stripped all whitespace, passing two files that test fails on)
+    image_id = (folder / "IMAGE_ID").read_text().strip()
+    (folder / "IMAGE_ID").write_text(written.format(image_id), newline="")
+    resum(folder)
+    guide = subprocess.run(["sh", "-c", f'test "{image_id}" = "$(cat IMAGE_ID)"'], cwd=folder)
+    assert (guide.returncode == 0) == passes
+    assert cli("verify", str(folder)).code == (0 if passes else 3)
+    assert shell(folder).returncode == (0 if passes else 3)
+
+
+def test_a_hotfix_whose_base_is_named_by_no_image_id_is_refused_by_both(cli, folder):
+    # the shell read no base_image_id from it and so looked for no base before its load (before: it
+    # passed; unibake's verifier refused the manifest)
+    left_out = json.loads((folder / "manifest.json").read_text())["diff_ids"][0]
+
+    def hotfix(manifest):
+        manifest["hotfix"] = {"base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": "demo-llm:1.3.0",
+                              "base_archive_bytes": 1000, "omitted_diff_ids": [left_out], "shipped_diff_ids": []}
+
+    forge(folder, without_first_layer, manifest_change=hotfix)
+    both_refuse(cli, folder, "hotfix.base_image_id", "a hotfix whose base_image_id is not an image ID")
+
+
+@pytest.mark.parametrize("member", ["blobs/sha256/", "manifest.json"])
+def test_a_member_typed_as_a_contiguous_file_is_refused_by_both(cli, folder, member):
+    # type '7', which tarfile reads as a regular file and Engine 20.10's docker load refuses
+    # ("unhandled tar header type 55"; tried): unibake's verifier passed it, the shell refused it
+    def retype(entries):
+        for info, data in entries:
+            if info.name.startswith(member) and data is not None:
+                info.type = tarfile.CONTTYPE
+        return entries
+
+    forge(folder, retype)
+    both_refuse(cli, folder, "is not a regular file, folder or link", "which a release archive does not")
+
+
+def test_a_folder_entry_twice_is_refused_by_both(cli, folder):
+    # "both verifiers refuse ... a member twice": unibake's verifier passed a folder listed twice
+    forge(folder, lambda entries: entries + [(copy.copy(i), d) for i, d in entries if i.isdir()])
+    both_refuse(cli, folder, "archive member 'blobs' appears twice", "the archive holds 'blobs/' twice")
+
+
+def test_a_tool_the_shell_verifier_lacks_is_named_not_blamed_on_the_release(folder, tmp_path):
+    # (before: no zstd read as "the archive does not decompress (corrupted or truncated)", exit 3;
+    # busybox's sha256sum, which takes no --strict, as "files differ from SHA256SUMS")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "awk", "cat", "cmp", "comm", "cut", "dd", "grep", "head", "mkdir", "mkfifo", "mktemp", "od",
+                 "paste", "rm", "sed", "sha256sum", "sort", "tail", "tar", "tee", "tr", "uniq", "wc"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    result = shell(folder, {"PATH": str(bin_dir)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr == "error: zstd is not installed here; verify-release.sh needs it (see its --help)\n"
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox here")
+    (bin_dir / "zstd").symlink_to(shutil.which("zstd"))
+    (bin_dir / "sha256sum").unlink()
+    (bin_dir / "sha256sum").write_text(f'#!/bin/sh\nexec {busybox} sha256sum "$@"\n')
+    (bin_dir / "sha256sum").chmod(0o755)
+    result = shell(folder, {"PATH": str(bin_dir)})
+    assert result.returncode == 1 and "this sha256sum takes no --strict" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name", ["-", "-P"])
+def test_a_release_folder_named_like_a_cd_option_is_the_one_verified(folder, tmp_path, name):
+    # (before: cd took "-" for $OLDPWD and verified that folder instead, "-P" for an option)
+    shutil.copytree(folder, tmp_path / name)
+    other = make_release(tmp_path / "other", tag="9.9.9")[0]
+    result = subprocess.run(["sh", str(SCRIPT), name, "--no-load"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "OLDPWD": str(other), "HOME": str(other)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "demo-llm-1.3.1.tar.zst" in result.stdout and "9.9.9" not in result.stdout

@@ -200,3 +200,87 @@ def test_verify_load_never_passes_a_tag_that_names_another_image(folder):
     assert not report.failures and engine.inspect_image(manifest.tag).id == manifest.image_id
     assert report.checks[-1].detail == f"the engine already has {manifest.image_id}; tagged {manifest.tag}, not " \
                                        "loaded again"
+
+
+def test_verify_load_never_loads_an_archive_changed_after_it_was_checked(folder, tmp_path):
+    # the check reads the archive, the load reads it again: swapped in between, another image tagged
+    # as the release and as an image the engine holds was loaded (and the victim's tag left moved)
+    from unibake.manifest import load_manifest
+    from unibake.verify import load_and_compare, verify_folder
+
+    from ..fake_engine import FakeEngine
+    from ..forge import forge, json_member, replace_member
+    from ..savefixtures import layer_tar
+    from .test_publish import make_release
+
+    def also_tagging_the_victim(entries):
+        manifest = json_member(entries, "manifest.json")
+        manifest[0]["RepoTags"].append("victim:1")
+        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
+
+    other = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/x": b"not the release\n"})])[0]
+    forge(other, also_tagging_the_victim)
+    engine = FakeEngine(address="fake://local")
+    victim = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b""], tag="victim:1")
+    report = verify_folder(folder)
+    assert not report.failures
+    name = load_manifest(folder).archive.name
+    (folder / name).write_bytes((other / name).read_bytes())
+    report = load_and_compare(report, engine)
+    assert [c.name for c in report.failures] == ["load"]
+    assert "changed after it was checked" in report.failures[0].detail, report.failures[0].detail
+    assert engine.loads == 1 and engine.tags == {"victim:1": victim} and list(engine.images) == [victim]
+
+
+def test_verify_load_undoes_a_load_that_brought_another_image(folder, tmp_path):
+    # an engine that loads other bytes than it is fed: what it tagged was left so
+    from unibake.verify import load_and_compare, verify_folder
+
+    from ..fake_engine import FakeEngine
+    from ..savefixtures import docker_layout, layer_tar
+
+    class Rogue(FakeEngine):
+        def load(self, chunks):
+            list(chunks)
+            data = docker_layout([layer_tar({"o": b"other\n"})], tag="demo-llm:1.3.1")[0]
+            first = super().load([data])
+            self.tags["victim:1"] = self.tags["demo-llm:1.3.1"]
+            return type(first)(image_ids=first.image_ids, tags=first.tags + ("victim:1",), messages=first.messages)
+
+    engine = Rogue(address="fake://rogue")
+    victim = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b""], tag="victim:1")
+    report = load_and_compare(verify_folder(folder), engine)
+    assert [c.name for c in report.failures] == ["load"]
+    assert "what the load tagged was put back" in report.failures[0].detail
+    assert engine.tags == {"victim:1": victim} and list(engine.images) == [victim]
+
+
+def test_verify_parses_the_manifest_it_checked_against_the_sums(folder, monkeypatch):
+    # manifest.json was hashed by one read and parsed from a second: a file swapped in between was
+    # trusted. The swap is played right after the hash, wherever it is taken (of the file, or of
+    # the bytes read)
+    import unibake.verify as verify
+
+    checked = json.loads((folder / "manifest.json").read_text())
+    manifest = folder / "manifest.json"
+    original = manifest.read_bytes()
+
+    def swap_once():
+        if manifest.read_bytes() == original:
+            manifest.write_text(json.dumps({**checked, "revision": "not the release's"}, indent=2) + "\n")
+
+    def file_hashed(path, real=verify._sha256_of):
+        digest = real(path)
+        if path == manifest:
+            swap_once()
+        return digest
+
+    def bytes_hashed(*data, real=hashlib.sha256):
+        if data and data[0] == original:
+            swap_once()
+        return real(*data)
+
+    monkeypatch.setattr(verify, "_sha256_of", file_hashed)
+    monkeypatch.setattr(verify.hashlib, "sha256", bytes_hashed)
+    report = verify.verify_folder(folder)
+    assert report.manifest.revision == checked["revision"]
