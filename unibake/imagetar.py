@@ -298,12 +298,29 @@ class TarWalker:
 # Writing headers, and rewriting them in place
 
 
+USTAR_SIZES = 8 ** 11  # ustar's size field holds 11 octal digits: members of 8 GiB and more need another form
+
+
 def tar_header(name: str, size: int, *, directory: bool = False) -> bytes:
-    """Our one header form: root, no owner names, mtime 0, PAX for what ustar cannot hold."""
+    """Our one header form: root, no owner names, mtime 0, PAX for a name ustar cannot hold.
+
+    A size of 8 GiB or more (a big layer) goes in the size field itself as a base-256 number
+    (GNU's form, which Go's archive/tar in the engine, GNU tar, busybox tar and Python all read in
+    any header), not in a PAX record: busybox tar ignores a PAX size, so such a member would list
+    otherwise there, and the shell verifier refuses every header its tar's listing does not show.
+    Hand-patched because ``tarfile`` writes base-256 only in its GNU form, whose long names differ."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.uid, info.gid, info.uname, info.gname = size, 0, 0, 0, "", ""
     info.type, info.mode = (tarfile.DIRTYPE, 0o755) if directory else (tarfile.REGTYPE, 0o644)
-    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+    if size < USTAR_SIZES:
+        return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+    info.size = 0
+    block = info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+    header = bytearray(block[-BLOCK:])  # the member's own header, after any PAX record of its name
+    header[124:136] = tarfile.itn(size, 12, tarfile.GNU_FORMAT)
+    header[148:156] = b" " * 8
+    header[148:155] = b"%06o\0" % sum(header)  # the checksum as tarfile writes it, its eighth byte a space
+    return block[:-BLOCK] + bytes(header)
 
 
 def tar_padding(size: int) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import subprocess
 import tarfile
 
 import pytest
@@ -204,6 +205,27 @@ def test_tar_header_is_our_one_fixed_form():
     info = tarfile.TarInfo.frombuf(header[:BLOCK], "utf-8", "strict")
     assert (info.size, info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode) == (123, 0, 0, 0, "", "", 0o644)
     assert len(tar_header("x" * 200, 0)) == 3 * BLOCK  # a long name goes in a PAX record first
+
+
+@pytest.mark.parametrize("tar", [["tar"], ["busybox", "tar"]], ids=["tar", "busybox tar"])
+def test_a_member_of_8_gib_or_more_is_one_plain_header_every_tar_lists_as_it_is(tmp_path, tar):
+    """A big layer's size is a base-256 number in the header itself. As a PAX record it made every
+    release with a layer of 8 GiB or more fail verify-release.sh (whose tar lists it as size 0 under
+    busybox, and whose byte count refuses any header the listing does not show)."""
+    size = 9 << 30
+    big, small = tar_header("blobs/sha256/" + "a" * 64, size), tar_header("blobs/sha256/" + "b" * 64, 5)
+    assert len(big) == BLOCK
+    assert tarfile.TarInfo.frombuf(big, "utf-8", "strict").size == size  # the checksum holds, as Python reads it
+    archive = tmp_path / "big.tar"
+    with open(archive, "wb") as out:  # the 9 GiB are a hole: the tar seeks over them
+        out.write(big)
+        out.seek(BLOCK + size)
+        out.write(small + b"hello" + bytes(BLOCK - 5) + bytes(2 * BLOCK))
+    listing = subprocess.run([*tar, "-tvf", str(archive)], capture_output=True, text=True, check=True).stdout
+    sizes = [int(line.split()[2]) for line in listing.splitlines()]
+    assert sizes == [size, 5]
+    # verify-release.sh's rule: the tar is exactly as long as its listing's entries and end
+    assert archive.stat().st_size == sum(BLOCK + -(-n // BLOCK) * BLOCK for n in sizes) + 2 * BLOCK
 
 
 def _tar(members: list[tuple[str, bytes]], fmt=tarfile.USTAR_FORMAT) -> bytes:
