@@ -574,6 +574,24 @@ def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
     assert f"3 keys, `{fingerprint(after['profiles']['tp1']['env'])[:12]}`" in notes
 
 
+def test_the_notes_show_keys_added_to_a_profile_whose_previous_release_recorded_an_empty_env(tmp_path):
+    # the previous manifest says "env": {} for tp1: that is an env of 0 keys, not an env never recorded,
+    # so the key the new release adds is listed (it read "not recorded" and hid the new key)
+    from .test_publish import METADATA, make_release
+
+    before = json.loads(json.dumps(METADATA))
+    before["profiles"]["tp1"]["env"] = {}
+    make_release(tmp_path / "release", "1.3.0", before)
+    assert json.loads((tmp_path / "release/1.3.0/manifest.json").read_text())["profiles"]["tp1"]["env"] == {}
+    after = json.loads(json.dumps(before))
+    after["profiles"]["tp1"]["env"] = {"NEW": "1"}
+    folder, _ = make_release(tmp_path / "release", "1.3.1", after)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "not recorded" not in notes
+    assert f"| `tp1` | 0 keys, `{fingerprint({})[:12]}` | 1 keys, `{fingerprint({'NEW': '1'})[:12]}` | 1 |" in notes
+    assert "| `NEW` | (unset) | `1` |" in notes
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda p: p.update(devices={"extra": ["/dev/x; rm -rf /"], "groups": []}), "devices.extra.0"),
     (lambda p: p.update(topology={"ipc": "host", "shm_size": "1g$(id)"}), "topology.shm_size"),
