@@ -100,10 +100,17 @@ def _str(doc: str, **kw) -> Key:
     return Key(type="str", doc=doc, **kw)
 
 
+# what PATH_RE takes, in words: a folder named with a space is inside the repository all the same
+PATH_DOC = ("a relative path inside the repository, each part of letters, digits, '.', '_', '+' and '-' "
+            "(no spaces, no '..')")
+
+
 def _path(doc: str, **kw) -> Key:
-    return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc="a relative path inside the repository", **kw)
+    return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc=PATH_DOC, **kw)
 
 
+PREBUILT_DOC = ("a path like images/prebuilt/x.whl or /srv/big/x.whl, each part of letters, digits, '.', '_', "
+                "'+' and '-' (no spaces, no '..')")
 UPSTREAM_NAME_DOC = ("letters, digits, '.', '_' and '-', as upstream spells it, starting with a letter or digit and "
                      "ending with a letter, digit or '_'")
 COMPONENT_VERSION_DOC = "letters, digits, '.', '_', '-', '+', '~' and ':', as the package spells it"
@@ -140,12 +147,12 @@ def _kernel_fields() -> dict[str, Key]:
                        item=_path("a .so path like lib/libfoo.so")),
         "prebuilt": _str("a prebuilt .so, tarball or wheel taken as it is: a path in the repository, or an "
                          "absolute path outside it for large binaries; pinned by sha256 in inputs.lock",
-                         pattern=PREBUILT_RE, pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl"),
+                         pattern=PREBUILT_RE, pattern_doc=PREBUILT_DOC),
         "platforms": Key(type="map", doc="the prebuilt file of one platform, when it is not prebuilt (a wheel per "
                          "CPU); pinned in inputs.lock like prebuilt", key_pattern=PLATFORM_KEY_RE,
                          key_doc="a platform: linux/amd64 or linux/arm64",
                          value=_str("a prebuilt file", pattern=PREBUILT_RE,
-                                    pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl")),
+                                    pattern_doc=PREBUILT_DOC)),
     }
 
 
