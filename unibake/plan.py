@@ -696,8 +696,12 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                                              want="dir"), expect=t.get("expect"))
         found = len(tune.json_files)
         if tune.expect is not None and found != tune.expect:
+            # the count (and self-check's) is of the folder's top level: say so when subfolders hold more
+            deeper = sum(1 for f in tune.source.files if f.path.endswith(".json")) - found
+            aside = (f" at its top level ({deeper} more in its subfolders are baked but not counted: expect "
+                     "counts the top level only)") if deeper else ""
             raise InputError(f"{m.where(('tune_caches', 'expect'))}: profile '{m.name}' expects "
-                             f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}")
+                             f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}{aside}")
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
     dev = d.get("devices", {})

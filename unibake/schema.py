@@ -279,7 +279,8 @@ SCHEMA: dict[str, Key] = {
                     merge="by_name", item=Key(type="record", doc="a sidecar kernel", fields=_kernel_fields())),
     "tune_caches": Key(type="record", doc="this profile's autotune caches", merge="merge", fields={
         "source": _path("directory of *.json tune caches"),
-        "expect": Key(type="int", doc="fail-closed count of JSON files", minimum=0, maximum=1_000_000),
+        "expect": Key(type="int", doc="fail-closed count of the *.json files at the top of source (files in its "
+                      "subfolders are baked, not counted)", minimum=0, maximum=1_000_000),
     }),
     "smoke": Key(type="record", doc="the smoke gate", merge="merge", fields={
         "expect_reply": _str("the reply the chat completion must give (surrounding whitespace trimmed)"),

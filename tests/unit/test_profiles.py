@@ -146,6 +146,19 @@ def test_tune_cache_count_mismatch_is_refused_before_building(busybox_product):
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_a_tune_cache_count_that_counted_a_subfolder_says_only_the_top_level_counts(busybox_product):
+    # a cache folder with nested JSON (a gemm/ subfolder): all three are baked, one is at the top; the
+    # message said "found 1" of a folder holding three, and nothing about why
+    tune = busybox_product.parent / "images/tune/tp2"
+    (tune / "gemm/nested").mkdir(parents=True)
+    (tune / "cache-2.json").rename(tune / "gemm/cache-2.json")
+    (tune / "cache-3.json").rename(tune / "gemm/nested/cache-3.json")
+    with pytest.raises(InputError, match=r"profile 'tp2' expects 3 tune-cache JSON files in 'images/tune/tp2', "
+                                         r"found 1 at its top level \(2 more in its subfolders are baked but not "
+                                         r"counted: expect counts the top level only\)$"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("env", '{A: "x\\ny"}', r"key 'env.A' contains a control character"),
     ("env", '{A: "x\\u0000y"}', r"key 'env.A' contains a control character"),
