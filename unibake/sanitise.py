@@ -26,8 +26,9 @@ from .errors import InputError, UnibakeError, VerificationError
 from .files import read_small_text, write_atomic
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
-# TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets
-SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S)|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
+# TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets; nor TOKENIZER(S):
+# TOKENIZERS_PARALLELISM=false and TOKENIZER_MODE=auto are settings every Hugging Face stack has
+SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S|I[SZ])|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
                             r"(^|_)PWD$|(^|_)AUTH($|_)|_KEY$)", re.I)
 # Each rule: what it finds, the literal anchors every match contains (found first, at memory
 # speed: Python's regex engine would otherwise try the whole pattern at every byte of a 400 MB

@@ -48,6 +48,14 @@ def test_secret_variables_are_found_by_name_only_when_set():
     assert [f.where for f in findings] == ["env HF_TOKEN", "env DB_PASSWORD", "env TOKEN_FILE"]  # counts of tokens are no secret
 
 
+def test_tokenizer_settings_are_no_secret_by_name():
+    # TOKENIZERS_PARALLELISM=false is in nearly every Hugging Face stack's env: it failed the release
+    findings = scan_env([("TOKENIZERS_PARALLELISM", "false"), ("TOKENIZER_MODE", "auto"),
+                         ("SGLANG_TOKENIZER_WORKERS", "4"), ("TOKENISER", "x"), ("HF_TOKEN", "abc"),
+                         ("TOKEN_IZ", "t")], "env")
+    assert [f.where for f in findings] == ["env HF_TOKEN", "env TOKEN_IZ"]
+
+
 def test_build_arguments_in_history_are_found():
     history = ["|2 HF_TOKEN=abc123 MODE=fast /bin/sh -c make", "/bin/sh -c #(nop) COPY dir:abc in /opt"]
     findings = scan_image([], {}, history, "image config")
