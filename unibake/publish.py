@@ -245,7 +245,8 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
 def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
     """Per profile of this release: the env's count and fingerprint before and after, and every key
     added, removed or changed (``recorded`` is False when the previous release kept no env: a manifest
-    written before envs were recorded has no ``env`` field; an empty env a release recorded is an env)."""
+    written before envs were recorded has no ``env`` field; an empty env a release recorded is an env;
+    ``new``: the previous release had no such profile)."""
     if previous is None:
         return []
     out = []
@@ -256,6 +257,7 @@ def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> 
         keys = [{"key": k, "before": before.get(k), "after": p.env.get(k)}
                 for k in sorted(set(before) | set(p.env)) if before.get(k) != p.env.get(k)]
         out.append({"profile": name, "count": p.env_count, "sha256": p.env_sha256, "recorded": recorded,
+                    "new": old is None,
                     "count_before": len(before), "sha256_before": old.env_sha256 if old is not None else "",
                     "keys": keys if recorded else []})
     return out

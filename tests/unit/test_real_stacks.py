@@ -592,6 +592,17 @@ def test_the_notes_show_keys_added_to_a_profile_whose_previous_release_recorded_
     assert "| `NEW` | (unset) | `1` |" in notes
 
 
+def test_the_notes_call_a_profile_the_previous_release_did_not_have_new_not_unrecorded(tmp_path):
+    from .test_publish import METADATA, make_release
+
+    before = json.loads(json.dumps(METADATA))
+    del before["profiles"]["tp1"]
+    make_release(tmp_path / "release", "1.3.0", before)
+    folder, _ = make_release(tmp_path / "release", "1.3.1", METADATA)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "| `tp1` | (new profile) | 0 keys," in notes and "not recorded" not in notes
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda p: p.update(devices={"extra": ["/dev/x; rm -rf /"], "groups": []}), "devices.extra.0"),
     (lambda p: p.update(topology={"ipc": "host", "shm_size": "1g$(id)"}), "topology.shm_size"),
