@@ -252,11 +252,12 @@ class ReleasePlan:
         env_files = {e.source.path: e for p in self.profiles for e in p.env_files}
         users = {path: [p.name for p in self.profiles if any(e.source.path == path for e in p.env_files)]
                  for path in env_files}
-        # one profile's env file is that profile's (the notes said "all"); one shared by several is the image's
+        # an env file every profile reads is the image's; one that only some read is each of theirs (the
+        # notes said "all" of a file two profiles of three read)
         out += [Component(kind="env_file", name=e.source.path, version=_count(len(e.values), "key"),
-                          digest=e.source.files[0].sha256,
-                          profile=users[path][0] if len(users[path]) == 1 and len(self.profiles) > 1 else "")
-                for path, e in sorted(env_files.items())]
+                          digest=e.source.files[0].sha256, profile=user)
+                for path, e in sorted(env_files.items())
+                for user in ([""] if len(users[path]) == len(self.profiles) else users[path])]
         for p in self.profiles:
             out += [Component(kind="sidecar", name=k.name, version=k.version, digest=k.digest,
                               profile=p.name) for k in p.sidecars]

@@ -433,6 +433,20 @@ def test_the_hygon_example_holds_what_its_stack_needs():
         ("images/env/dcu-common.env", ""), ("images/env/tp4.env", "tp4")]
 
 
+def test_an_env_file_some_profiles_read_is_each_of_theirs_not_the_images(busybox_product, cli):
+    # tp2 and tp3 read images/nodes.env, tp1 does not: the notes must not say "all" of it
+    root = busybox_product.parent
+    (root / "images/nodes.env").write_text("A=1\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/nodes.env\n")
+    (busybox_product / "tp3.yaml").write_text("profile: tp3\nextends: tp2.yaml\ngpus: 3\n")
+    lock(cli, busybox_product)
+    plan = make_plan(busybox_product)
+    assert [(c.name, c.profile) for c in plan.components if c.kind == "env_file"] == [
+        ("images/nodes.env", "tp2"), ("images/nodes.env", "tp3")]
+    assert {c.label[0] for c in plan.components if c.kind == "env_file"} == {
+        "io.unibake.env-file.tp2.images/nodes.env", "io.unibake.env-file.tp3.images/nodes.env"}
+
+
 def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_path):
     from .test_publish import METADATA, make_release
 
