@@ -433,6 +433,22 @@ def test_the_hygon_example_holds_what_its_stack_needs():
         ("images/env/dcu-common.env", ""), ("images/env/tp4.env", "tp4")]
 
 
+def test_the_notes_name_the_profiles_the_previous_release_had_and_this_one_has_not(tmp_path):
+    # the unified 1.3.1 drops tp2: its notes said only "No component changed"
+    from .test_publish import METADATA, make_release
+
+    make_release(tmp_path / "release", "1.3.0")
+    after = json.loads(json.dumps(METADATA))
+    del after["profiles"]["tp2"]
+    after["components"] = [c for c in after["components"] if c["profile"] != "tp2"]
+    folder, _ = make_release(tmp_path / "release", "1.3.1", after)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert ("Profiles 1.3.0 has that this image does not: `tp2`; to run one, use 1.3.0's image and its own "
+            "`run.sh`.") in notes
+    same, _ = make_release(tmp_path / "release", "1.3.2", after)
+    assert "this image does not" not in (same / "RELEASE_NOTES.md").read_text()
+
+
 def test_an_env_file_some_profiles_read_is_each_of_theirs_not_the_images(busybox_product, cli):
     # tp2 and tp3 read images/nodes.env, tp1 does not: the notes must not say "all" of it
     root = busybox_product.parent
