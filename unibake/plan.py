@@ -517,6 +517,14 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
     for m in chosen:
         values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
         values += [(f"{m.where(('args', i))}: args[{i}]", "", a) for i, a in enumerate(m.data.get("args", []))]
+    # a prebuilt file outside the project is a material of the provenance by its absolute path: one in a
+    # home folder (/home/..., /root/...) failed the release's last scan, after the build and the gates
+    kernels = [(where, "kernels", i, k) for i, k in enumerate(data.get("kernels", []))]
+    kernels += [(m.where, "sidecars", i, k) for m in chosen for i, k in enumerate(m.data.get("sidecars", []))]
+    for at, key, i, k in kernels:
+        files = [((key, i, "prebuilt"), f"{key}[{i}].prebuilt", k.get("prebuilt"))]
+        files += [((key, i, "platforms", p), f"{key}[{i}].platforms.{p}", f) for p, f in k.get("platforms", {}).items()]
+        values += [(f"{at(path)}: {name}", "", f) for path, name, f in files if f]
     enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
 
 

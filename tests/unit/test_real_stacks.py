@@ -192,6 +192,20 @@ def test_an_overlay_file_where_another_overlay_puts_a_folder_is_refused(busybox_
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_a_prebuilt_file_in_a_home_folder_is_refused_at_the_plan_not_after_the_build(busybox_product, cli, tmp_path):
+    # its absolute path is a material of the provenance, whose scan failed the release after the build,
+    # the export and the gates; the plan says it, naming the key, and sanitise.allow lets it through
+    from unibake.errors import VerificationError
+
+    big = tmp_path / "home/alice/artifacts/libbig.so"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(elf())
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
+    with pytest.raises(VerificationError, match=r"product\.yaml:\d+: kernels\[0\]\.prebuilt: home folder "):
+        make_plan(busybox_product, verify_lock=False)
+    make_plan(busybox_product, verify_lock=False, allow=("^/home/alice$",))
+
+
 def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busybox_product, cli, tmp_path):
     big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl", {"vendor/libbig.so": b"big", "vendor/__init__.py": b""})
     append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
