@@ -14,16 +14,17 @@ from pathlib import Path
 
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
+from .files import read_small_text
 from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, read_external, read_lock,
                      read_source)
 from .metadata import Component
-from .notes import Notes, read_notes
+from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
 from .prebuilt import SO_RE, Prebuilt, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
-from .sanitise import check_allow, enforce, scan_values
+from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import mount_var
 from .schema import (RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
                      default_of)
@@ -435,6 +436,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
     notes = read_notes(root, data.get("notes", {}), lambda p: where(("notes",) + p))
+    _scan_notes(root, data.get("notes", {}), notes, allow + allow_yaml)
 
     inputs = list(engine.source.files) + [x.file for x in patches]
     for k in kernels:
@@ -526,6 +528,15 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
         files += [((key, i, "platforms", p), f"{key}[{i}].platforms.{p}", f) for p, f in k.get("platforms", {}).items()]
         values += [(f"{at(path)}: {name}", "", f) for path, name, f in files if f]
     enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
+
+
+def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) -> None:
+    """The notes' files go into the release's texts, whose scan (at publish, after the build, the export
+    and the gates) named RELEASE_NOTES.md: scanned now, by their repository file and line."""
+    texts: dict[str, str | bytes] = {data[key]: read_small_text(root / data[key], InputError, limit=MAX_TEXT)
+                                     for key in ("changelog", "known_limits") if key in data}
+    texts.update({a.file.path: a.read() for a in notes.attachments})
+    enforce(scan_release_texts(texts, ()), allow, "the notes' files")
 
 
 def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform) -> Kernel:

@@ -598,6 +598,22 @@ def test_notes_carry_attachments_and_external_artifacts_and_verify_checks_copies
     assert "not an artifact of this release" in cli("verify", str(folder), "--external", str(other)).err
 
 
+@pytest.mark.parametrize("key,name", [("changelog", "CHANGELOG.md"), ("attachments", "results.json")])
+def test_a_finding_in_the_notes_files_is_said_at_the_plan_naming_the_repository_file(busybox_product, key, name):
+    # it failed the release at publish, after the build and the gates, naming RELEASE_NOTES.md:23
+    from unibake.errors import VerificationError
+
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    (notes / name).write_text("# notes\n\n- validated on the cluster at 192.168.1.20\n")
+    value = f"[notes/{name}]" if key == "attachments" else f"notes/{name}"
+    append(busybox_product / "product.yaml", f"notes: {{{key}: {value}}}\n")
+    with pytest.raises(VerificationError, match=rf"^sanitisation: notes/{name}:3: private network address .* in "
+                                                r"the notes' files; remove it"):
+        make_plan(busybox_product, verify_lock=False)
+    make_plan(busybox_product, verify_lock=False, allow=(r"^192\.168\.1\.20$",))
+
+
 def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
     from .test_publish import METADATA, make_release
 
