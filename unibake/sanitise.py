@@ -311,7 +311,10 @@ def enforce(findings: list[Finding], allow: Iterable[str], what: str) -> None:
         more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
         first = left[0]
         v = first.value
-        hint = f"'^{re.escape(v[:4])}.*{re.escape(v[-2:])}$'" if len(v) > 8 else "a regular expression for it"
+        # an allow pattern is searched in what was found (an address inside a value, a token inside a
+        # line), not in the whole value: a pattern for the whole MASTER=10.0.0.5:50051 never matched
+        hint = (f"'^{re.escape(v[:4])}.*{re.escape(v[-2:])}$'" if len(v) > 8 else
+                f"a regular expression for the {len(v)} characters found, not the whole value")
         raise VerificationError(f"sanitisation: {first}{more} in {what}; remove it, or if it is deliberate, allow "
                                 f"it in product.yaml under sanitise.allow (e.g. {hint}) or with --allow")
 
