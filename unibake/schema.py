@@ -21,6 +21,9 @@ from .platforms import LIST_RE as PLATFORMS_RE
 
 # Names that end up in image references, paths and shell words: conservative on purpose.
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
+# The product is the image's repository: a name the engine takes, so no two separators in a row
+# ('a-.b', 'a..b', 'a__b' passed NAME_RE and failed later, as a traceback, when the tag was made).
+PRODUCT_RE = re.compile(r"^(?=.{1,64}$)[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 # A version is part of a Docker tag ([A-Za-z0-9_.-], at most 128 characters with the suffix).
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # A component's version as its package spells it: PEP 440 local parts (2.8.3+das.opt1.dtk2604), Debian's
@@ -161,8 +164,9 @@ SCHEMA: dict[str, Key] = {
                     pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
     "extends": _path("the file this one extends, relative to this file's folder (never inherited)"),
     "product": _str("product name: the image repository and the archive file name", required=True,
-                    scope="product", pattern=NAME_RE,
-                    pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
+                    scope="product", pattern=PRODUCT_RE,
+                    pattern_doc="lower-case letters and digits, with one '.', '_' or '-' between them (an image "
+                                "repository name), at most 64 characters"),
     "version": _str("release version; the image tag", required=True, scope="product", pattern=VERSION_RE,
                     pattern_doc="letters, digits, '.', '_' and '-', starting with a letter or digit"),
     "default_profile": _str("profile used when PROFILE is unset", required=True, scope="product",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,17 @@ def test_unknown_default_profile_is_refused(busybox_product):
     write(product, product.read_text().replace("default_profile: tp1", "default_profile: tp8"))
     with pytest.raises(InputError, match=r"default_profile 'tp8' is not a profile; known: tp1, tp2"):
         make_plan(busybox_product)
+
+
+@pytest.mark.parametrize("name", ["unibake.-test", "unibake..test", "unibake__test", "unibake-_test", "unibake--test"])
+def test_a_product_name_no_image_repository_can_have_is_refused_at_the_plan(busybox_product, name):
+    # lower-case letters, digits, '.', '_' and '-' all, but two separators in a row: it passed the
+    # schema and ended in a traceback when the image's metadata was made from the tag
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace("product: unibake-test", f"product: {name}"))
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: key 'product' has an invalid value '{re.escape(name)}': "
+                                         r"expected lower-case letters and digits, with one '\.', '_' or '-' between"):
+        make_plan(busybox_product, verify_lock=False)
 
 
 def test_tune_cache_count_mismatch_is_refused_before_building(busybox_product):
