@@ -679,8 +679,10 @@ def _smoke(d: dict, where) -> Smoke:
     if "prompts" in smoke:
         clash = [k for k in ("prompt", "expect_reply", "match") if k in smoke]
         if clash:
+            # either may come from the profile this one extends: say where prompts is set
             raise InputError(f"{where(('smoke', clash[0]))}: smoke.prompts replaces smoke.prompt, expect_reply and "
-                             "match; give one or the other")
+                             f"match; give one or the other (prompts is set at {where(('smoke', 'prompts'))}: a "
+                             "profile that extends one with prompts gives its own prompts)")
         if not smoke["prompts"]:
             raise InputError(f"{where(('smoke', 'prompts'))}: smoke.prompts is empty")
         prompts = tuple(SmokePrompt(prompt=x["prompt"], expect=x.get("expect"),

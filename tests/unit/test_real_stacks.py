@@ -382,6 +382,17 @@ def test_a_smoke_spec_that_cannot_be_checked_is_refused(busybox_product, text, m
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_an_expected_reply_under_a_parents_prompts_names_where_the_prompts_are_set(busybox_product):
+    # tp2 extends tp1, which has prompts: tp2's expect_reply clashed with prompts tp2's file never shows
+    path = busybox_product / "tp1.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}\n",
+                                             "smoke: {timeout: 20, prompts: [{prompt: a, expect: UNIFIED_TP1_OK}]}\n"))
+    with pytest.raises(InputError, match=r"tp2\.yaml:\d+: smoke\.prompts replaces smoke\.prompt, expect_reply and "
+                                         r"match; give one or the other \(prompts is set at [^ ]*tp1\.yaml:\d+: a profile "
+                                         r"that extends one with prompts gives its own prompts\)$"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 # --- 8. bases pinned by image ID; --stage render needs no lock -------------------------------------
 
 
