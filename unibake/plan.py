@@ -674,15 +674,30 @@ def _topology(d: dict, where) -> Topology:
                                                                                              "master_port")))
 
 
-def _smoke(d: dict, where) -> Smoke:
+def _chain_level(origin: str, chain: tuple[str, ...]) -> int:
+    """How near the profile's own file a key was set (``origin`` is ``FILE:LINE``; -1: not in the chain)."""
+    file = origin.rsplit(":", 1)[0]
+    return chain.index(file) if file in chain else -1
+
+
+def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
     smoke = d.get("smoke", {})
+    clash = [k for k in ("prompt", "expect_reply", "match") if k in smoke] if "prompts" in smoke else []
+    if clash and chain:
+        # a file's own smoke gate wins over the one it extends, as its other keys do: prompts set nearer the
+        # profile replace an inherited prompt, expect_reply and match, and those replace inherited prompts
+        # (before, a profile extending one with expect_reply could not give prompts at all)
+        level = {k: _chain_level(where(("smoke", k)), chain) for k in ("prompts", *clash)}
+        if all(level["prompts"] > level[k] for k in clash):
+            smoke = {k: v for k, v in smoke.items() if k not in clash}
+        elif all(level["prompts"] < level[k] for k in clash):
+            smoke = {k: v for k, v in smoke.items() if k != "prompts"}
     if "prompts" in smoke:
         clash = [k for k in ("prompt", "expect_reply", "match") if k in smoke]
         if clash:
-            # either may come from the profile this one extends: say where prompts is set
+            # one of them may come from a file this one extends: say where prompts is set
             raise InputError(f"{where(('smoke', clash[0]))}: smoke.prompts replaces smoke.prompt, expect_reply and "
-                             f"match; give one or the other (prompts is set at {where(('smoke', 'prompts'))}: a "
-                             "profile that extends one with prompts gives its own prompts)")
+                             f"match; give one or the other (prompts is set at {where(('smoke', 'prompts'))})")
         if not smoke["prompts"]:
             raise InputError(f"{where(('smoke', 'prompts'))}: smoke.prompts is empty")
         prompts = tuple(SmokePrompt(prompt=x["prompt"], expect=x.get("expect"),
@@ -738,4 +753,4 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                                  "remove it")
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
-                   sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where))
+                   sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where, m.chain))

@@ -382,14 +382,34 @@ def test_a_smoke_spec_that_cannot_be_checked_is_refused(busybox_product, text, m
         make_plan(busybox_product, verify_lock=False)
 
 
-def test_an_expected_reply_under_a_parents_prompts_names_where_the_prompts_are_set(busybox_product):
-    # tp2 extends tp1, which has prompts: tp2's expect_reply clashed with prompts tp2's file never shows
+@pytest.mark.parametrize("parent,child,expect", [
+    ("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}", "smoke: {prompts: [{prompt: a, expect: B}]}", ("a", "B")),
+    ("smoke: {timeout: 20, prompts: [{prompt: a, expect: UNIFIED_TP1_OK}]}", "smoke: {expect_reply: B}",
+     ("Say the smoke-test phrase.", "B")),
+])
+def test_a_profile_replaces_the_smoke_gate_of_the_profile_it_extends_with_its_own(busybox_product, parent, child,
+                                                                                   expect):
+    # tp2 extends tp1: its own prompts (or expect_reply) replace tp1's expect_reply (or prompts), as its own
+    # keys replace its parent's; before, the merged smoke held both and tp2 was refused
+    path = busybox_product / "tp1.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}", parent))
+    path = busybox_product / "tp2.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP2_OK}", child))
+    plan = make_plan(busybox_product, verify_lock=False)
+    assert [(p.prompt, p.expect) for p in plan.profile("tp2").smoke.prompts] == [expect]
+    assert plan.profile("tp2").smoke.timeout == 20
+
+
+def test_a_smoke_gate_whose_prompts_and_expected_reply_mix_across_files_names_where_the_prompts_are_set(
+        busybox_product):
+    # match from product.yaml, prompts from tp1, expect_reply from tp2: no file's gate is whole; both are named
+    (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text() +
+                                                  "smoke: {match: exact}\n")
     path = busybox_product / "tp1.yaml"
     path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}\n",
                                              "smoke: {timeout: 20, prompts: [{prompt: a, expect: UNIFIED_TP1_OK}]}\n"))
     with pytest.raises(InputError, match=r"tp2\.yaml:\d+: smoke\.prompts replaces smoke\.prompt, expect_reply and "
-                                         r"match; give one or the other \(prompts is set at [^ ]*tp1\.yaml:\d+: a profile "
-                                         r"that extends one with prompts gives its own prompts\)$"):
+                                         r"match; give one or the other \(prompts is set at [^ ]*tp1\.yaml:\d+\)$"):
         make_plan(busybox_product, verify_lock=False)
 
 
