@@ -277,7 +277,10 @@ class KitDraft:
             KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2,
                                                exclude=None if record.toolchains else {"toolchains"}) + "\n").encode(),
                        0o644),
-            "README.md": (render_template("kit-README.md.j2", k=record, kit=self.name, top=self.top).encode(), 0o644),
+            # the profiles folder by its own name (llm-conf/, not always profiles/)
+            "README.md": (render_template("kit-README.md.j2", k=record, kit=self.name, top=self.top,
+                                          config=plan.config_dir.relative_to(plan.project_root).as_posix()).encode(),
+                          0o644),
             "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
         }
         for rel in plan.config_files:

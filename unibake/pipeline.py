@@ -43,7 +43,7 @@ from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
 from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, previous_release, publish,
-                      refuse_existing, release_tag, render_files)
+                      SUMS, refuse_existing, release_tag, render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -344,7 +344,28 @@ def _folder(run: Run) -> tuple:
     problem = unwritable_reason(record, folder=True)
     if problem:
         raise UnibakeError(f"cannot write the checksums record folder {record} ({problem}); it sits beside --out")
+    _refuse_another_products_record(record / f"{target.release}.{SUMS}", target, force=run.request.force)
     return _one(folder)
+
+
+def _refuse_another_products_record(record: Path, target: Target, *, force: bool) -> None:
+    """checksums/<tag>.SHA256SUMS is named by the tag alone, and every --out of one parent shares it:
+    another product's release of the same version under a sibling --out (release/a, release/b, as
+    each product needs its own --out) would replace that product's record without a word. Refused
+    unless --force; the same product's release of the tag made again elsewhere replaces it as before."""
+    try:
+        held = record.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return
+    names = [line.split("  ", 1)[1] for line in held.splitlines() if "  " in line]
+    ours = f"{target.product}-{target.release}.tar.zst"
+    if force or not names or any(n == ours or n.startswith(f"{ours}.part-") for n in names):
+        return
+    archive = next((n for n in names if n.endswith(".tar.zst") and not n.endswith("-kit.tar.zst")), names[0])
+    raise InputError(f"{record} is the record of another product's release {target.release} (its archive "
+                     f"{archive!r}, not {ours!r}): every --out beside {record.parent.parent} shares "
+                     f"{record.parent}; give each product its own parent folder (e.g. --out "
+                     f"releases/{target.product}/release), or --force to replace that record; nothing was built")
 
 
 def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:

@@ -15,16 +15,17 @@ from pathlib import Path
 
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
+from .files import read_small_text
 from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, read_external, read_lock,
                      read_source)
 from .metadata import Component
-from .notes import Notes, read_notes
+from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
 from .prebuilt import SO_RE, Prebuilt, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
-from .sanitise import check_allow, enforce, scan_values
+from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import mount_var
 from .schema import (RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
                      default_of)
@@ -253,11 +254,12 @@ class ReleasePlan:
         env_files = {e.source.path: e for p in self.profiles for e in p.env_files}
         users = {path: [p.name for p in self.profiles if any(e.source.path == path for e in p.env_files)]
                  for path in env_files}
-        # one profile's env file is that profile's (the notes said "all"); one shared by several is the image's
+        # an env file every profile reads is the image's; one that only some read is each of theirs (the
+        # notes said "all" of a file two profiles of three read)
         out += [Component(kind="env_file", name=e.source.path, version=_count(len(e.values), "key"),
-                          digest=e.source.files[0].sha256,
-                          profile=users[path][0] if len(users[path]) == 1 and len(self.profiles) > 1 else "")
-                for path, e in sorted(env_files.items())]
+                          digest=e.source.files[0].sha256, profile=user)
+                for path, e in sorted(env_files.items())
+                for user in ([""] if len(users[path]) == len(self.profiles) else users[path])]
         for p in self.profiles:
             out += [Component(kind="sidecar", name=k.name, version=k.version, digest=k.digest,
                               profile=p.name) for k in p.sidecars]
@@ -438,6 +440,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
     notes = read_notes(root, data.get("notes", {}), lambda p: where(("notes",) + p))
+    _scan_notes(root, data.get("notes", {}), notes, allow + allow_yaml)
 
     inputs = list(engine.source.files) + [x.file for x in patches]
     for k in kernels:
@@ -520,7 +523,24 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
     for m in chosen:
         values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
         values += [(f"{m.where(('args', i))}: args[{i}]", "", a) for i, a in enumerate(m.data.get("args", []))]
+    # a prebuilt file outside the project is a material of the provenance by its absolute path: one in a
+    # home folder (/home/..., /root/...) failed the release's last scan, after the build and the gates
+    kernels = [(where, "kernels", i, k) for i, k in enumerate(data.get("kernels", []))]
+    kernels += [(m.where, "sidecars", i, k) for m in chosen for i, k in enumerate(m.data.get("sidecars", []))]
+    for at, key, i, k in kernels:
+        files = [((key, i, "prebuilt"), f"{key}[{i}].prebuilt", k.get("prebuilt"))]
+        files += [((key, i, "platforms", p), f"{key}[{i}].platforms.{p}", f) for p, f in k.get("platforms", {}).items()]
+        values += [(f"{at(path)}: {name}", "", f) for path, name, f in files if f]
     enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
+
+
+def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) -> None:
+    """The notes' files go into the release's texts, whose scan (at publish, after the build, the export
+    and the gates) named RELEASE_NOTES.md: scanned now, by their repository file and line."""
+    texts: dict[str, str | bytes] = {data[key]: read_small_text(root / data[key], InputError, limit=MAX_TEXT)
+                                     for key in ("changelog", "known_limits") if key in data}
+    texts.update({a.file.path: a.read() for a in notes.attachments})
+    enforce(scan_release_texts(texts, ()), allow, "the notes' files")
 
 
 def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform) -> Kernel:
@@ -658,13 +678,30 @@ def _topology(d: dict, where) -> Topology:
                                                                                              "master_port")))
 
 
-def _smoke(d: dict, where) -> Smoke:
+def _chain_level(origin: str, chain: tuple[str, ...]) -> int:
+    """How near the profile's own file a key was set (``origin`` is ``FILE:LINE``; -1: not in the chain)."""
+    file = origin.rsplit(":", 1)[0]
+    return chain.index(file) if file in chain else -1
+
+
+def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
     smoke = d.get("smoke", {})
+    clash = [k for k in ("prompt", "expect_reply", "match") if k in smoke] if "prompts" in smoke else []
+    if clash and chain:
+        # a file's own smoke gate wins over the one it extends, as its other keys do: prompts set nearer the
+        # profile replace an inherited prompt, expect_reply and match, and those replace inherited prompts
+        # (before, a profile extending one with expect_reply could not give prompts at all)
+        level = {k: _chain_level(where(("smoke", k)), chain) for k in ("prompts", *clash)}
+        if all(level["prompts"] > level[k] for k in clash):
+            smoke = {k: v for k, v in smoke.items() if k not in clash}
+        elif all(level["prompts"] < level[k] for k in clash):
+            smoke = {k: v for k, v in smoke.items() if k != "prompts"}
     if "prompts" in smoke:
         clash = [k for k in ("prompt", "expect_reply", "match") if k in smoke]
         if clash:
+            # one of them may come from a file this one extends: say where prompts is set
             raise InputError(f"{where(('smoke', clash[0]))}: smoke.prompts replaces smoke.prompt, expect_reply and "
-                             "match; give one or the other")
+                             f"match; give one or the other (prompts is set at {where(('smoke', 'prompts'))})")
         if not smoke["prompts"]:
             raise InputError(f"{where(('smoke', 'prompts'))}: smoke.prompts is empty")
         prompts = tuple(SmokePrompt(prompt=x["prompt"], expect=x.get("expect"),
@@ -700,8 +737,12 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                                              want="dir"), expect=t.get("expect"))
         found = len(tune.json_files)
         if tune.expect is not None and found != tune.expect:
+            # the count (and self-check's) is of the folder's top level: say so when subfolders hold more
+            deeper = sum(1 for f in tune.source.files if f.path.endswith(".json")) - found
+            aside = (f" at its top level ({deeper} more in its subfolders are baked but not counted: expect "
+                     "counts the top level only)") if deeper else ""
             raise InputError(f"{m.where(('tune_caches', 'expect'))}: profile '{m.name}' expects "
-                             f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}")
+                             f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}{aside}")
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
     dev = d.get("devices", {})
@@ -716,4 +757,4 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                                  "remove it")
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
-                   sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where))
+                   sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where, m.chain))

@@ -244,17 +244,20 @@ def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list
 
 def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
     """Per profile of this release: the env's count and fingerprint before and after, and every key
-    added, removed or changed (``recorded`` is False when the previous release kept no env)."""
+    added, removed or changed (``recorded`` is False when the previous release kept no env: a manifest
+    written before envs were recorded has no ``env`` field; an empty env a release recorded is an env;
+    ``new``: the previous release had no such profile)."""
     if previous is None:
         return []
     out = []
     for name, p in manifest.profiles.items():
         old = previous.profiles.get(name)
         before = old.env if old is not None else {}
-        recorded = old is not None and bool(old.env)
+        recorded = old is not None and (bool(old.env) or "env" in old.model_fields_set)
         keys = [{"key": k, "before": before.get(k), "after": p.env.get(k)}
                 for k in sorted(set(before) | set(p.env)) if before.get(k) != p.env.get(k)]
         out.append({"profile": name, "count": p.env_count, "sha256": p.env_sha256, "recorded": recorded,
+                    "new": old is None,
                     "count_before": len(before), "sha256_before": old.env_sha256 if old is not None else "",
                     "keys": keys if recorded else []})
     return out

@@ -26,8 +26,9 @@ from .errors import InputError, UnibakeError, VerificationError
 from .files import read_small_text, write_atomic
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
-# TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets
-SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S)|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
+# TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets; nor TOKENIZER(S):
+# TOKENIZERS_PARALLELISM=false and TOKENIZER_MODE=auto are settings every Hugging Face stack has
+SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S|I[SZ])|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
                             r"(^|_)PWD$|(^|_)AUTH($|_)|_KEY$)", re.I)
 # Each rule: what it finds, the literal anchors every match contains (found first, at memory
 # speed: Python's regex engine would otherwise try the whole pattern at every byte of a 400 MB
@@ -310,7 +311,10 @@ def enforce(findings: list[Finding], allow: Iterable[str], what: str) -> None:
         more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
         first = left[0]
         v = first.value
-        hint = f"'^{re.escape(v[:4])}.*{re.escape(v[-2:])}$'" if len(v) > 8 else "a regular expression for it"
+        # an allow pattern is searched in what was found (an address inside a value, a token inside a
+        # line), not in the whole value: a pattern for the whole MASTER=10.0.0.5:50051 never matched
+        hint = (f"'^{re.escape(v[:4])}.*{re.escape(v[-2:])}$'" if len(v) > 8 else
+                f"a regular expression for the {len(v)} characters found, not the whole value")
         raise VerificationError(f"sanitisation: {first}{more} in {what}; remove it, or if it is deliberate, allow "
                                 f"it in product.yaml under sanitise.allow (e.g. {hint}) or with --allow")
 

@@ -21,6 +21,9 @@ from .platforms import LIST_RE as PLATFORMS_RE
 
 # Names that end up in image references, paths and shell words: conservative on purpose.
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
+# The product is the image's repository: a name the engine takes, so no two separators in a row
+# ('a-.b', 'a..b', 'a__b' passed NAME_RE and failed later, as a traceback, when the tag was made).
+PRODUCT_RE = re.compile(r"^(?=.{1,64}$)[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 # A version is part of a Docker tag ([A-Za-z0-9_.-], at most 128 characters with the suffix).
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # A component's version as its package spells it: PEP 440 local parts (2.8.3+das.opt1.dtk2604), Debian's
@@ -100,10 +103,17 @@ def _str(doc: str, **kw) -> Key:
     return Key(type="str", doc=doc, **kw)
 
 
+# what PATH_RE takes, in words: a folder named with a space is inside the repository all the same
+PATH_DOC = ("a relative path inside the repository, each part of letters, digits, '.', '_', '+' and '-' "
+            "(no spaces, no '..')")
+
+
 def _path(doc: str, **kw) -> Key:
-    return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc="a relative path inside the repository", **kw)
+    return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc=PATH_DOC, **kw)
 
 
+PREBUILT_DOC = ("a path like images/prebuilt/x.whl or /srv/big/x.whl, each part of letters, digits, '.', '_', "
+                "'+' and '-' (no spaces, no '..')")
 UPSTREAM_NAME_DOC = ("letters, digits, '.', '_' and '-', as upstream spells it, starting with a letter or digit and "
                      "ending with a letter, digit or '_'")
 COMPONENT_VERSION_DOC = "letters, digits, '.', '_', '-', '+', '~' and ':', as the package spells it"
@@ -140,12 +150,12 @@ def _kernel_fields() -> dict[str, Key]:
                        item=_path("a .so path like lib/libfoo.so")),
         "prebuilt": _str("a prebuilt .so, tarball or wheel taken as it is: a path in the repository, or an "
                          "absolute path outside it for large binaries; pinned by sha256 in inputs.lock",
-                         pattern=PREBUILT_RE, pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl"),
+                         pattern=PREBUILT_RE, pattern_doc=PREBUILT_DOC),
         "platforms": Key(type="map", doc="the prebuilt file of one platform, when it is not prebuilt (a wheel per "
                          "CPU); pinned in inputs.lock like prebuilt", key_pattern=PLATFORM_KEY_RE,
                          key_doc="a platform: linux/amd64 or linux/arm64",
                          value=_str("a prebuilt file", pattern=PREBUILT_RE,
-                                    pattern_doc="a path like images/prebuilt/x.whl or /srv/big/x.whl")),
+                                    pattern_doc=PREBUILT_DOC)),
     }
 
 
@@ -154,8 +164,9 @@ SCHEMA: dict[str, Key] = {
                     pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
     "extends": _path("the file this one extends, relative to this file's folder (never inherited)"),
     "product": _str("product name: the image repository and the archive file name", required=True,
-                    scope="product", pattern=NAME_RE,
-                    pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
+                    scope="product", pattern=PRODUCT_RE,
+                    pattern_doc="lower-case letters and digits, with one '.', '_' or '-' between them (an image "
+                                "repository name), at most 64 characters"),
     "version": _str("release version; the image tag", required=True, scope="product", pattern=VERSION_RE,
                     pattern_doc="letters, digits, '.', '_' and '-', starting with a letter or digit"),
     "default_profile": _str("profile used when PROFILE is unset", required=True, scope="product",
@@ -272,7 +283,8 @@ SCHEMA: dict[str, Key] = {
                     merge="by_name", item=Key(type="record", doc="a sidecar kernel", fields=_kernel_fields())),
     "tune_caches": Key(type="record", doc="this profile's autotune caches", merge="merge", fields={
         "source": _path("directory of *.json tune caches"),
-        "expect": Key(type="int", doc="fail-closed count of JSON files", minimum=0, maximum=1_000_000),
+        "expect": Key(type="int", doc="fail-closed count of the *.json files at the top of source (files in its "
+                      "subfolders are baked, not counted)", minimum=0, maximum=1_000_000),
     }),
     "smoke": Key(type="record", doc="the smoke gate", merge="merge", fields={
         "expect_reply": _str("the reply the chat completion must give (surrounding whitespace trimmed)"),

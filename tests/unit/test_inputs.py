@@ -23,6 +23,15 @@ def test_a_source_outside_the_project_is_refused(busybox_product, source):
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_a_source_folder_named_with_a_space_is_refused_saying_why(busybox_product):
+    # it is a relative path inside the repository: the message says what is wrong with it
+    (busybox_product.parent / "images/tune/tp one").mkdir()
+    set_tune_source(busybox_product, '"images/tune/tp one"')
+    with pytest.raises(InputError, match=r"tp1\.yaml:\d+: key 'tune_caches.source' has an invalid value "
+                                         r"'images/tune/tp one': .*\(no spaces, no '\.\.'\)$"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 def test_a_symlinked_source_that_points_out_is_refused(busybox_product, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

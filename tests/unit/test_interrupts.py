@@ -132,6 +132,25 @@ def test_a_checksums_folder_that_cannot_be_written_is_said_before_any_work(engin
     assert engines["fake://verify"].loads == 0 and not (tmp_path / "release" / "1.0").exists()
 
 
+def test_another_products_release_of_the_same_tag_does_not_replace_its_checksums_record(engines, tmp_path):  # noqa: F811
+    # release/a and release/b (each product its own --out, as the tool advises) share release/checksums/:
+    # product b's 1.0 replaced product a's record without a word
+    from .test_supply_chain import release
+
+    release(engines, tmp_path / "a")
+    record = tmp_path / "checksums/1.0.SHA256SUMS"
+    kept = record.read_text()
+    assert kept == (tmp_path / "a/1.0/SHA256SUMS").read_text()
+    with pytest.raises(InputError, match=rf"{record} is the record of another product's release 1.0 \(its archive "
+                                         r"'demo-1.0.tar.zst', not 'other-1.0.tar.zst'\): every --out beside "):
+        release(engines, tmp_path / "b", product="other")
+    assert record.read_text() == kept and not (tmp_path / "b/1.0").exists()
+    assert engines["fake://verify"].loads == 1  # refused before any work
+    release(engines, tmp_path / "again")  # the same product's 1.0 made again elsewhere: as before
+    release(engines, tmp_path / "b", product="other", force=True)  # --force replaces it, as asked
+    assert record.read_text() == (tmp_path / "b/1.0/SHA256SUMS").read_text()
+
+
 def test_releases_with_an_out_that_does_not_exist_and_rebuild_of_a_release_folder_are_bad_input(cli, tmp_path):
     typo = cli("releases", "--out", str(tmp_path / "relase"))
     assert typo.code == 2 and typo.error_lines == [f"error: --out {tmp_path / 'relase'}: no such folder"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -139,10 +140,34 @@ def test_unknown_default_profile_is_refused(busybox_product):
         make_plan(busybox_product)
 
 
+@pytest.mark.parametrize("name", ["unibake.-test", "unibake..test", "unibake__test", "unibake-_test", "unibake--test"])
+def test_a_product_name_no_image_repository_can_have_is_refused_at_the_plan(busybox_product, name):
+    # lower-case letters, digits, '.', '_' and '-' all, but two separators in a row: it passed the
+    # schema and ended in a traceback when the image's metadata was made from the tag
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace("product: unibake-test", f"product: {name}"))
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: key 'product' has an invalid value '{re.escape(name)}': "
+                                         r"expected lower-case letters and digits, with one '\.', '_' or '-' between"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 def test_tune_cache_count_mismatch_is_refused_before_building(busybox_product):
     (busybox_product.parent / "images/tune/tp2/cache-3.json").unlink()
     with pytest.raises(InputError, match=r"profile 'tp2' expects 3 tune-cache JSON files in "
                                          r"'images/tune/tp2', found 2"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_tune_cache_count_that_counted_a_subfolder_says_only_the_top_level_counts(busybox_product):
+    # a cache folder with nested JSON (a gemm/ subfolder): all three are baked, one is at the top; the
+    # message said "found 1" of a folder holding three, and nothing about why
+    tune = busybox_product.parent / "images/tune/tp2"
+    (tune / "gemm/nested").mkdir(parents=True)
+    (tune / "cache-2.json").rename(tune / "gemm/cache-2.json")
+    (tune / "cache-3.json").rename(tune / "gemm/nested/cache-3.json")
+    with pytest.raises(InputError, match=r"profile 'tp2' expects 3 tune-cache JSON files in 'images/tune/tp2', "
+                                         r"found 1 at its top level \(2 more in its subfolders are baked but not "
+                                         r"counted: expect counts the top level only\)$"):
         make_plan(busybox_product, verify_lock=False)
 
 

@@ -95,6 +95,30 @@ def test_the_notes_carry_every_digest_and_the_import_command(tmp_path):
     assert f"({manifest['archive']['bytes']} bytes)" in notes
 
 
+def test_every_run_sh_line_of_the_guides_works_when_the_default_profile_spans_nodes(tmp_path):
+    # tp4, the default, runs on 2 nodes: run.sh refuses it without NODE_RANK and MASTER_ADDR, so a line
+    # that starts it must give them (the notes' table, the guide's "needs GPUs" and roll-back lines did not)
+    import re
+    import shlex
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"]["topology"] = {"nodes": 2, "network": "host", "rdma": True}
+    make_release(tmp_path / "release", "1.3.0", metadata)
+    folder, _ = make_release(tmp_path / "release", "1.3.1", metadata)
+    lines = []
+    for name in ("README-DIST.md", "RELEASE_NOTES.md"):
+        text = (folder / name).read_text()
+        lines += [m.group(1) for m in re.finditer(r"(?:^|`)((?:[A-Z_]+=\S+ )*\./run\.sh [^`\n#]*tp4)", text, re.M)]
+    assert len(lines) >= 6, lines
+    for line in lines:
+        words = shlex.split(line)
+        env = dict(w.split("=", 1) for w in words[:words.index("./run.sh")])
+        args = [w for w in words[words.index("./run.sh") + 1:] if w != "--dry-run"]
+        run = subprocess.run(["sh", "./run.sh", "--dry-run", *args], cwd=folder, capture_output=True, text=True,
+                             env={"PATH": os.environ["PATH"], **env})
+        assert run.returncode == 0, (line, run.stderr)
+
+
 def test_the_next_release_names_the_previous_one_and_how_to_roll_back(tmp_path):
     make_release(tmp_path / "release", "1.3.0")
     changed = json.loads(json.dumps(METADATA))

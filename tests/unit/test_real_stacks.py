@@ -192,6 +192,20 @@ def test_an_overlay_file_where_another_overlay_puts_a_folder_is_refused(busybox_
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_a_prebuilt_file_in_a_home_folder_is_refused_at_the_plan_not_after_the_build(busybox_product, cli, tmp_path):
+    # its absolute path is a material of the provenance, whose scan failed the release after the build,
+    # the export and the gates; the plan says it, naming the key, and sanitise.allow lets it through
+    from unibake.errors import VerificationError
+
+    big = tmp_path / "home/alice/artifacts/libbig.so"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(elf())
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
+    with pytest.raises(VerificationError, match=r"product\.yaml:\d+: kernels\[0\]\.prebuilt: home folder "):
+        make_plan(busybox_product, verify_lock=False)
+    make_plan(busybox_product, verify_lock=False, allow=("^/home/alice$",))
+
+
 def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busybox_product, cli, tmp_path):
     big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl", {"vendor/libbig.so": b"big", "vendor/__init__.py": b""})
     append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
@@ -368,6 +382,37 @@ def test_a_smoke_spec_that_cannot_be_checked_is_refused(busybox_product, text, m
         make_plan(busybox_product, verify_lock=False)
 
 
+@pytest.mark.parametrize("parent,child,expect", [
+    ("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}", "smoke: {prompts: [{prompt: a, expect: B}]}", ("a", "B")),
+    ("smoke: {timeout: 20, prompts: [{prompt: a, expect: UNIFIED_TP1_OK}]}", "smoke: {expect_reply: B}",
+     ("Say the smoke-test phrase.", "B")),
+])
+def test_a_profile_replaces_the_smoke_gate_of_the_profile_it_extends_with_its_own(busybox_product, parent, child,
+                                                                                   expect):
+    # tp2 extends tp1: its own prompts (or expect_reply) replace tp1's expect_reply (or prompts), as its own
+    # keys replace its parent's; before, the merged smoke held both and tp2 was refused
+    path = busybox_product / "tp1.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}", parent))
+    path = busybox_product / "tp2.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP2_OK}", child))
+    plan = make_plan(busybox_product, verify_lock=False)
+    assert [(p.prompt, p.expect) for p in plan.profile("tp2").smoke.prompts] == [expect]
+    assert plan.profile("tp2").smoke.timeout == 20
+
+
+def test_a_smoke_gate_whose_prompts_and_expected_reply_mix_across_files_names_where_the_prompts_are_set(
+        busybox_product):
+    # match from product.yaml, prompts from tp1, expect_reply from tp2: no file's gate is whole; both are named
+    (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text() +
+                                                  "smoke: {match: exact}\n")
+    path = busybox_product / "tp1.yaml"
+    path.write_text(path.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}\n",
+                                             "smoke: {timeout: 20, prompts: [{prompt: a, expect: UNIFIED_TP1_OK}]}\n"))
+    with pytest.raises(InputError, match=r"tp2\.yaml:\d+: smoke\.prompts replaces smoke\.prompt, expect_reply and "
+                                         r"match; give one or the other \(prompts is set at [^ ]*tp1\.yaml:\d+\)$"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 # --- 8. bases pinned by image ID; --stage render needs no lock -------------------------------------
 
 
@@ -431,6 +476,36 @@ def test_the_hygon_example_holds_what_its_stack_needs():
     # tp4's own env file is tp4's in the notes and the image's metadata; the product's is every profile's
     assert [(c.name, c.profile) for c in plan.components if c.kind == "env_file"] == [
         ("images/env/dcu-common.env", ""), ("images/env/tp4.env", "tp4")]
+
+
+def test_the_notes_name_the_profiles_the_previous_release_had_and_this_one_has_not(tmp_path):
+    # the unified 1.3.1 drops tp2: its notes said only "No component changed"
+    from .test_publish import METADATA, make_release
+
+    make_release(tmp_path / "release", "1.3.0")
+    after = json.loads(json.dumps(METADATA))
+    del after["profiles"]["tp2"]
+    after["components"] = [c for c in after["components"] if c["profile"] != "tp2"]
+    folder, _ = make_release(tmp_path / "release", "1.3.1", after)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert ("Profiles 1.3.0 has that this image does not: `tp2`; to run one, use 1.3.0's image and its own "
+            "`run.sh`.") in notes
+    same, _ = make_release(tmp_path / "release", "1.3.2", after)
+    assert "this image does not" not in (same / "RELEASE_NOTES.md").read_text()
+
+
+def test_an_env_file_some_profiles_read_is_each_of_theirs_not_the_images(busybox_product, cli):
+    # tp2 and tp3 read images/nodes.env, tp1 does not: the notes must not say "all" of it
+    root = busybox_product.parent
+    (root / "images/nodes.env").write_text("A=1\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/nodes.env\n")
+    (busybox_product / "tp3.yaml").write_text("profile: tp3\nextends: tp2.yaml\ngpus: 3\n")
+    lock(cli, busybox_product)
+    plan = make_plan(busybox_product)
+    assert [(c.name, c.profile) for c in plan.components if c.kind == "env_file"] == [
+        ("images/nodes.env", "tp2"), ("images/nodes.env", "tp3")]
+    assert {c.label[0] for c in plan.components if c.kind == "env_file"} == {
+        "io.unibake.env-file.tp2.images/nodes.env", "io.unibake.env-file.tp3.images/nodes.env"}
 
 
 def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_path):
@@ -554,6 +629,22 @@ def test_notes_carry_attachments_and_external_artifacts_and_verify_checks_copies
     assert "not an artifact of this release" in cli("verify", str(folder), "--external", str(other)).err
 
 
+@pytest.mark.parametrize("key,name", [("changelog", "CHANGELOG.md"), ("attachments", "results.json")])
+def test_a_finding_in_the_notes_files_is_said_at_the_plan_naming_the_repository_file(busybox_product, key, name):
+    # it failed the release at publish, after the build and the gates, naming RELEASE_NOTES.md:23
+    from unibake.errors import VerificationError
+
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    (notes / name).write_text("# notes\n\n- validated on the cluster at 192.168.1.20\n")
+    value = f"[notes/{name}]" if key == "attachments" else f"notes/{name}"
+    append(busybox_product / "product.yaml", f"notes: {{{key}: {value}}}\n")
+    with pytest.raises(VerificationError, match=rf"^sanitisation: notes/{name}:3: private network address .* in "
+                                                r"the notes' files; remove it"):
+        make_plan(busybox_product, verify_lock=False)
+    make_plan(busybox_product, verify_lock=False, allow=(r"^192\.168\.1\.20$",))
+
+
 def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
     from .test_publish import METADATA, make_release
 
@@ -572,6 +663,35 @@ def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
     assert "| `NEW` | (unset) | `` `x` `` |" in notes and "| `OLD` | `1` | (removed) |" in notes
     assert "SAME" not in notes.split("keys changed")[1]
     assert f"3 keys, `{fingerprint(after['profiles']['tp1']['env'])[:12]}`" in notes
+
+
+def test_the_notes_show_keys_added_to_a_profile_whose_previous_release_recorded_an_empty_env(tmp_path):
+    # the previous manifest says "env": {} for tp1: that is an env of 0 keys, not an env never recorded,
+    # so the key the new release adds is listed (it read "not recorded" and hid the new key)
+    from .test_publish import METADATA, make_release
+
+    before = json.loads(json.dumps(METADATA))
+    before["profiles"]["tp1"]["env"] = {}
+    make_release(tmp_path / "release", "1.3.0", before)
+    assert json.loads((tmp_path / "release/1.3.0/manifest.json").read_text())["profiles"]["tp1"]["env"] == {}
+    after = json.loads(json.dumps(before))
+    after["profiles"]["tp1"]["env"] = {"NEW": "1"}
+    folder, _ = make_release(tmp_path / "release", "1.3.1", after)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "not recorded" not in notes
+    assert f"| `tp1` | 0 keys, `{fingerprint({})[:12]}` | 1 keys, `{fingerprint({'NEW': '1'})[:12]}` | 1 |" in notes
+    assert "| `NEW` | (unset) | `1` |" in notes
+
+
+def test_the_notes_call_a_profile_the_previous_release_did_not_have_new_not_unrecorded(tmp_path):
+    from .test_publish import METADATA, make_release
+
+    before = json.loads(json.dumps(METADATA))
+    del before["profiles"]["tp1"]
+    make_release(tmp_path / "release", "1.3.0", before)
+    folder, _ = make_release(tmp_path / "release", "1.3.1", METADATA)
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "| `tp1` | (new profile) | 0 keys," in notes and "not recorded" not in notes
 
 
 @pytest.mark.parametrize("change,message", [

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from unibake.sanitise import builder_identity, enforce, scan_env, scan_file, scan_image, scan_release_texts, scan_text
+from unibake.sanitise import (builder_identity, enforce, scan_env, scan_file, scan_image, scan_release_texts, scan_text,
+                              scan_values)
 from unibake.errors import VerificationError
 
 SECRETS = {
@@ -46,6 +47,24 @@ def test_secret_variables_are_found_by_name_only_when_set():
     findings = scan_env([("HF_TOKEN", "abc"), ("DB_PASSWORD", "x"), ("API_KEY", ""), ("NCCL_ALGO", "Ring"),
                          ("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "128"), ("TOKEN_FILE", "t")], "env")
     assert [f.where for f in findings] == ["env HF_TOKEN", "env DB_PASSWORD", "env TOKEN_FILE"]  # counts of tokens are no secret
+
+
+def test_tokenizer_settings_are_no_secret_by_name():
+    # TOKENIZERS_PARALLELISM=false is in nearly every Hugging Face stack's env: it failed the release
+    findings = scan_env([("TOKENIZERS_PARALLELISM", "false"), ("TOKENIZER_MODE", "auto"),
+                         ("SGLANG_TOKENIZER_WORKERS", "4"), ("TOKENISER", "x"), ("HF_TOKEN", "abc"),
+                         ("TOKEN_IZ", "t")], "env")
+    assert [f.where for f in findings] == ["env HF_TOKEN", "env TOKEN_IZ"]
+
+
+def test_a_short_finding_says_the_allow_pattern_is_for_what_was_found_not_the_whole_value():
+    # MOONCAKE_MASTER=10.0.0.5:50051: the finding is 10.0.0.5; --allow '^10\.0\.0\.5:50051$' never matched it
+    findings = scan_values([("tp1.yaml:5: env.MOONCAKE_MASTER", "MOONCAKE_MASTER", "10.0.0.5:50051")])
+    assert [f.value for f in findings] == ["10.0.0.5"]
+    with pytest.raises(VerificationError, match=r"\(e\.g\. a regular expression for the 8 characters found, not the "
+                                                r"whole value\) or with --allow$"):
+        enforce(findings, [r"^10\.0\.0\.5:50051$"], "the profiles")
+    enforce(findings, [r"^10\.0\.0\.5$"], "the profiles")
 
 
 def test_build_arguments_in_history_are_found():
