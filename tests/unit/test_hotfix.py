@@ -26,7 +26,7 @@ from .test_smoke import server  # noqa: F401 - the fixture is used by name
 from .test_supply_chain import Quiet, engines, release  # noqa: F401 - fixtures used by name
 
 
-def hotfix_of(out, base_folder, tag="1.1"):
+def hotfix_of(out, base_folder, tag="1.1", metadata=None):
     """A hotfix folder on ``base_folder``'s release, as the pipeline publishes one."""
     base = load_manifest(base_folder)
     shared, new = layer_tar({"base": b"base" * 100}), layer_tar({"new": b"new" * 100})
@@ -37,7 +37,7 @@ def hotfix_of(out, base_folder, tag="1.1"):
                                 omit=[omitted])
         back = read_back(archive, omitted=frozenset([omitted]))
         manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
-                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(metadata or METADATA)),
                                   labels={}, previous=base, hotfix=base, image_size=161_247_144)
         return publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
 
@@ -325,3 +325,22 @@ def test_a_hotfix_that_shares_no_layer_with_its_base_is_released_whole_needing_n
     assert manifest.hotfix is None and manifest.previous == "1.0"  # was a "hotfix" asking for 1.0's image
     assert not (folder / "apply.sh").exists() and "Hotfix on top of" not in (folder / "RELEASE_NOTES.md").read_text()
     assert "the image shares no layer with release 1.0" in reporter.stream.getvalue()
+
+
+def test_apply_sh_s_roll_back_line_works_when_the_default_profile_spans_nodes(tmp_path):
+    """run.sh refuses a profile on several nodes without NODE_RANK and MASTER_ADDR: the roll-back
+    apply.sh prints must give them, as the guides' lines do."""
+    import re
+    import shlex
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"]["topology"] = {"nodes": 2, "network": "host", "rdma": True}
+    shared = layer_tar({"base": b"base" * 100})
+    base, _ = make_release(tmp_path / "release", "1.0", metadata, layers=[shared, layer_tar({"old": b"old" * 100})])
+    folder = hotfix_of(tmp_path / "release", base, metadata=metadata)
+    line = re.search(r"roll back with ([^)]*\./run\.sh)", (folder / "apply.sh").read_text()).group(1)
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words[:-1])
+    run = subprocess.run(["sh", "./run.sh", "--dry-run"], cwd=folder, capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], **env})
+    assert run.returncode == 0, (line, run.stderr)
