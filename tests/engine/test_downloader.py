@@ -146,6 +146,9 @@ def test_every_command_of_the_top_level_guide_works(cli, busybox_product, versio
     folder = make_release(cli, busybox_product, version, tmp_path / "release", split)
     guide = (REPO / "README-DIST.md").read_text()
     skip = ("# single file only",) if split else ("# parts only",)
+    # the guide's signature lines are for the kinds the publisher signs with, and fail where there is
+    # none (test_signatures_hardened runs them): this release is unsigned
+    skip += ("# signed with",)
     lines = run_guide(guide, folder, scratch.engine.address, skip=skip,
                       variables={"ARCHIVE": f"unibake-test-{version}.tar.zst", "TAG": f"unibake-test:{version}"})
     assert any("docker load" in line for line in lines) and any("self-check" in line for line in lines)
