@@ -113,6 +113,10 @@ class Target:
     metadata: ImageMetadata | None  # None: an image unibake did not build (no smoke gates)
     base_image: str | None  # the image it was built on: what it adds is scanned, not the base
 
+    @property
+    def archive_name(self) -> str:
+        return f"{self.product}-{self.release}.tar.zst"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Scan:
@@ -358,7 +362,7 @@ def _refuse_another_products_record(record: Path, target: Target, *, force: bool
     except OSError:
         return
     names = [line.split("  ", 1)[1] for line in held.splitlines() if "  " in line]
-    ours = f"{target.product}-{target.release}.tar.zst"
+    ours = target.archive_name
     if force or not names or any(n == ours or n.startswith(f"{ours}.part-") for n in names):
         return
     archive = next((n for n in names if n.endswith(".tar.zst") and not n.endswith("-kit.tar.zst")), names[0])
@@ -581,7 +585,7 @@ def _export(run: Run) -> tuple:
         fresh, netns_pid, where, held, room = _fresh_engine(run, _seed_of(run, plan.base_image))
         run.reporter.info(f"    loading into {where}" + (" (the previous release during the pass, the hotfix after)"
                                                          if base else " as the save stream is read"))
-    name = f"{target.product}-{target.release}.tar.zst"
+    name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
     preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
@@ -651,7 +655,7 @@ def _archive(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     request = run.request
     omit = omitted_layers(base.manifest.diff_ids, image.diff_ids) if base else ()
-    name = f"{target.product}-{target.release}.tar.zst"
+    name = target.archive_name
     staging = run["folder"].staging
     with run.reporter.progress("archive", image.save_bytes or image.size) as advance:
         try:
@@ -800,8 +804,7 @@ STAGES: tuple[Stage, ...] = (
           needs=("request",), gives=("folder",), run=_temp_folder),
     Stage(name="archive", about="one pass over the save stream: every diffID recomputed, zstd frames, the canonical "
                                 ".tar.zst", needs=("target", "image", "folder"), uses=("base",), gives=("archive",),
-          run=_archive, detail=lambda run: f"{run['image'].ref} -> {run['target'].product}-"
-                                           f"{run['target'].release}.tar.zst"),
+          run=_archive, detail=lambda run: f"{run['image'].ref} -> {run['target'].archive_name}"),
     Stage(name="round trip", about="the archive read back once: every digest taken, and loaded into an engine "
                                    "that never saw the image (with --no-roundtrip: only parsed and checked)",
           needs=("archive",), uses=("base",), gives=("proof",), run=_read_back,
