@@ -176,24 +176,8 @@ def test_gzip_layers_pass_the_shell_verifier_and_a_swapped_one_is_refused_by_its
     folder = make_release(tmp_path / "release", gzip_layers=True)[0]
     assert shell(folder).returncode == 0, shell(folder).stderr
 
-    def swap_layer(entries):
-        other = gzip.compress(layer_tar({"etc/cron.d/x": b"* * * * * root sh\n"}), mtime=0)
-        new = hashlib.sha256(other).hexdigest()
-        manifest = json_member(entries, "manifest.json")
-        old = manifest[0]["Layers"][0]
-        manifest[0]["Layers"][0] = f"blobs/sha256/{new}"
-        index = json_member(entries, "index.json")
-        oci_name = "blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")
-        oci = json_member(entries, oci_name)
-        oci["layers"][0].update(digest=f"sha256:{new}", size=len(other))
-        data = json.dumps(oci, separators=(",", ":"), sort_keys=True).encode()
-        index["manifests"][0].update(digest=f"sha256:{hashlib.sha256(data).hexdigest()}", size=len(data))
-        entries = [(i, d) for i, d in entries if i.name not in (old, oci_name)]
-        entries += [member(f"blobs/sha256/{new}", other), member(f"blobs/sha256/{hashlib.sha256(data).hexdigest()}", data)]
-        entries = replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
-        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode())
-
-    forge(folder, swap_layer)
+    other = gzip.compress(layer_tar({"etc/cron.d/x": b"* * * * * root sh\n"}), mtime=0)
+    forge(folder, first_layer_stored(lambda stored: other))
     refused_in_one_line(cli, folder, "has diffID", "layer 1 has diffID")
 
 
@@ -697,7 +681,8 @@ def test_parts_sums_list_and_manifest_json_does_not_are_refused_by_both(cli, tmp
 
 
 def first_layer_stored(how):
-    """The archive's first layer stored as ``how(layer)`` (its diffID unchanged), renamed by its digest."""
+    """The archive's first layer stored as ``how(layer)`` (another compression: its diffID unchanged; other
+    bytes: another layer), renamed by its digest, the image manifest and index naming it."""
     def change(entries):
         manifest = json_member(entries, "manifest.json")
         old = manifest[0]["Layers"][0]

@@ -602,6 +602,15 @@ def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp
     assert [auth for _, _, auth in heard] == [None, None]
 
 
+def ask_for_a_token(handler) -> None:
+    """A registry's 401 that sends the client to its own /token realm (an http.server handler's answer)."""
+    handler.send_response(401)
+    handler.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{handler.server.server_port}/token",'
+                                            'service="r"')
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
 @pytest.mark.parametrize("answer", ["a token", "an error", "a redirect"])
 def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, answer):
     """Every answer a registry gives is read up to a limit: a token answer (requests read it whole,
@@ -617,12 +626,7 @@ def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, an
     class Endless(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
             if answer == "a token" and not self.path.startswith("/token"):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
-                                                     '/token",service="r"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
+                return ask_for_a_token(self)
             self.send_response({"a token": 200, "an error": 404, "a redirect": 302}[answer])
             self.send_header("Location", self.path)
             self.send_header("Content-Type", "application/json")
@@ -691,12 +695,7 @@ def test_json_nested_past_the_stack_is_one_error_line_not_a_traceback(tmp_path, 
     class Deep(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
             if answer == "a token" and not self.path.startswith("/token"):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{self.server.server_port}'
-                                                     '/token",service="r"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
+                return ask_for_a_token(self)
             self.send_response({"an error": 404, "a busy registry": 503}.get(answer, 200))
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(deep)))
