@@ -19,6 +19,7 @@
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
 # Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage; 1 a tool it
 # needs is missing; 130 interrupted.
+# A hotfix's apply.sh carries this script, as it was when the release was made, and runs it on its folder.
 set -eu
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
@@ -57,10 +58,10 @@ if [ -n "$key" ]; then
 fi
 for tool in $need; do
   command -v "$tool" >/dev/null 2>&1 \
-    || { echo "error: $tool is not installed here; verify-release.sh needs it (see its --help)" >&2; exit 1; }
+    || { echo "error: $tool is not installed here; ${0##*/} needs it (see its --help)" >&2; exit 1; }
 done
 sha256sum --strict --version >/dev/null 2>&1 \
-  || { echo "error: this sha256sum takes no --strict (busybox's?); verify-release.sh needs coreutils' sha256sum" >&2; exit 1; }
+  || { echo "error: this sha256sum takes no --strict (busybox's?); ${0##*/} needs coreutils' sha256sum" >&2; exit 1; }
 cd "$dir"
 work=$(mktemp -d)
 # an interrupt stops the script (a trap that returns would go on without the work folder)

@@ -8,6 +8,9 @@ that escape a value for where it lands.
   span whatever backticks or pipes it holds;
 * ``json``: a JSON value (exec form); ``gib``: bytes as GiB; ``dirname``: a path's folder;
 * ``mount_var``: a weight mount's name as the suffix of its variables (``MODEL_<X>``).
+
+``verify_release_sh()`` gives ``scripts/verify-release.sh`` (linked here as package data), which a
+hotfix's ``apply.sh`` carries and runs: one copy of the downloader's checks and load.
 """
 
 from __future__ import annotations
@@ -80,6 +83,18 @@ def gib(size: int) -> str:
     return f"{size / 2**30:.2f} GiB"
 
 
+VERIFIER_END = "END_OF_VERIFY_RELEASE_SH"  # ends the here-document apply.sh carries the verifier in
+
+
+@cache
+def verify_release_sh() -> str:
+    """The text of scripts/verify-release.sh, for a template to carry in a quoted here-document."""
+    text = (TEMPLATES / "verify-release.sh").read_text(encoding="utf-8")
+    if VERIFIER_END in text:  # it would end the here-document early
+        raise ValueError(f"scripts/verify-release.sh holds {VERIFIER_END}")
+    return text.rstrip("\n")
+
+
 @cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
@@ -87,6 +102,7 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(mount_var=mount_var, dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md, code=code,
                        dirname=lambda v: str(v).rsplit("/", 1)[0])
+    env.globals.update(verify_release_sh=verify_release_sh, verifier_end=VERIFIER_END)
     return env
 
 

@@ -1,0 +1,159 @@
+"""A hotfix's apply.sh runs the checks and the load of scripts/verify-release.sh, which it carries:
+what the shell verifier refuses, apply.sh refuses before any load (exit 3, one error line), a tool
+it lacks is named, and an interrupt is exit 130 (an engine kept as files: test_hotfix.FAKE_DOCKER)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from unibake.templates import verify_release_sh
+
+from ..conftest import REPO
+from ..forge import forge, json_member, member, replace_member, resum
+from ..savefixtures import layer_tar
+from .test_hotfix import FAKE_DOCKER, hotfix_pair
+
+
+@pytest.fixture
+def hotfix(tmp_path):
+    """(the hotfix folder, an environment whose docker is an engine holding its base release)."""
+    base, folder, whole = hotfix_pair(tmp_path / "release")
+    bin_dir, engine = tmp_path / "bin", tmp_path / "engine"
+    bin_dir.mkdir()
+    engine.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    base_id = (base / "IMAGE_ID").read_text().strip()
+    (engine / base_id.replace(":", "_")).write_text(base_id + "\n")
+    (engine / "demo-llm_1.0").write_text(base_id + "\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ENGINE": str(engine), "LOADS_AS": whole.id,
+           "LOADS_TAG": "demo-llm:1.1"}
+    return folder, env
+
+
+def apply(folder, env, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "./apply.sh"], cwd=folder, capture_output=True, text=True, timeout=120, env=env, **kw)
+
+
+def loaded(env) -> bool:
+    return os.path.exists(os.path.join(env["ENGINE"], ".loads"))
+
+
+def refused(folder, env, says: str) -> None:
+    result = apply(folder, env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1 and says in errors[0], result.stdout + result.stderr
+    assert "ok:" not in result.stdout and not loaded(env)
+
+
+def test_apply_sh_carries_the_shell_verifier_as_it_is(hotfix):
+    folder, env = hotfix
+    assert (REPO / "unibake" / "templates" / "verify-release.sh").resolve() == REPO / "scripts" / "verify-release.sh"
+    assert verify_release_sh() in (folder / "apply.sh").read_text()  # one copy of the checks, not a second
+    result = apply(folder, env)
+    assert result.returncode == 0, result.stderr
+    assert "== the sha256 of every blob" in result.stdout and loaded(env)
+    assert result.stdout.endswith("(demo-llm:1.0 is unchanged; roll back with IMAGE=demo-llm:1.0 ./run.sh)\n")
+
+
+def also_tagging_the_victim(entries):
+    manifest = json_member(entries, "manifest.json")
+    manifest[0]["RepoTags"].append("victim:1")
+    return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
+
+
+def with_a_member_nothing_refers_to(entries):
+    extra = layer_tar({"etc/cron.d/x": b"* * * * * root sh\n"})
+    return entries + [member(f"blobs/sha256/{hashlib.sha256(extra).hexdigest()}", extra)]
+
+
+def without_its_shipped_layer(entries):
+    # the layer the hotfix ships, left out as if the base had it: the engine would use what it holds
+    shipped = json_member(entries, "manifest.json")[0]["Layers"][-1]
+    return [(i, d) for i, d in entries if i.name != shipped]
+
+
+@pytest.mark.parametrize("change, says", [
+    (also_tagging_the_victim, "a load would do more than the release says"),
+    (with_a_member_nothing_refers_to, "which nothing refers to: refused before any load"),
+    (without_its_shipped_layer, "manifest.json does not record it as left out by a hotfix"),
+], ids=["another tag", "an unreferenced blob", "a shipped layer left out"])
+def test_a_forged_hotfix_archive_is_refused_by_apply_sh_before_any_load(hotfix, change, says):
+    # every sum rewritten to agree (before: sha256sum -c passed, and the archive was loaded as it was)
+    folder, env = hotfix
+    forge(folder, change)
+    refused(folder, env, says)
+
+
+def test_a_cut_hotfix_archive_is_refused_by_apply_sh_before_any_load(hotfix):
+    folder, env = hotfix
+    archive = folder / "demo-llm-1.1.tar.zst"
+    archive.write_bytes(archive.read_bytes()[:-40])
+    refused(folder, env, "files differ from SHA256SUMS")
+    resum(folder)  # the sums made to agree (before: the cut stream was loaded)
+    refused(folder, env, "the archive does not decompress (corrupted or truncated)")
+
+
+def test_a_tool_apply_sh_lacks_is_named_not_blamed_on_the_release(hotfix, tmp_path):
+    # (before: no zstd, "zstd: not found" and the engine's refusal of an empty load; busybox's
+    # sha256sum, which takes no --quiet, as "files differ from SHA256SUMS; download them again")
+    folder, env = hotfix
+    bin_dir = tmp_path / "few"
+    bin_dir.mkdir()
+    for tool in ("sh", "awk", "cat", "cmp", "comm", "cut", "dd", "dirname", "grep", "head", "mkdir", "mkfifo",
+                 "mktemp", "od", "paste", "rm", "sed", "sha256sum", "sort", "tail", "tar", "tee", "tr", "uniq", "wc"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    (bin_dir / "docker").symlink_to(tmp_path / "bin" / "docker")
+    env = {**env, "PATH": str(bin_dir)}
+    result = apply(folder, env)
+    assert result.returncode == 1 and not loaded(env), result.stdout + result.stderr
+    assert result.stderr == "error: zstd is not installed here; apply.sh needs it (see its --help)\n"
+    helped = subprocess.run(["sh", "./apply.sh", "--help"], cwd=folder, capture_output=True, text=True, env=env)
+    assert "zstd" in helped.stdout and "coreutils (sha256sum with --strict)" in helped.stdout
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox here")
+    (bin_dir / "zstd").symlink_to(shutil.which("zstd"))
+    (bin_dir / "sha256sum").unlink()
+    (bin_dir / "sha256sum").write_text(f'#!/bin/sh\nexec {busybox} sha256sum "$@"\n')
+    (bin_dir / "sha256sum").chmod(0o755)
+    result = apply(folder, env)
+    assert result.returncode == 1 and not loaded(env), result.stdout + result.stderr
+    assert result.stderr == ("error: this sha256sum takes no --strict (busybox's?); apply.sh needs coreutils' "
+                             "sha256sum\n")
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP"])
+def test_apply_sh_interrupted_exits_130_having_loaded_nothing_and_left_no_work_folder(hotfix, tmp_path, sig):
+    # as a terminal's ^C does: the whole process group told to stop while the sums are checked
+    # (before: apply.sh died of the signal, its checks' work folder left behind)
+    folder, env = hotfix
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    real = shutil.which("sha256sum")
+    (hook / "sha256sum").write_text(f'#!/bin/sh\ncase "$*" in *-c*) kill -{sig} 0 ;; esac\nexec {real} "$@"\n')
+    (hook / "sha256sum").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**env, "PATH": f"{hook}:{env['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
+    result = apply(folder, env, start_new_session=True)
+    assert result.returncode == 130, (result.returncode, result.stdout + result.stderr)
+    assert "ok:" not in result.stdout and "error" not in result.stderr and not loaded(env)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_apply_sh_in_a_folder_named_like_a_cd_option_applies_its_own_folder(hotfix, tmp_path):
+    # (before: cd "$(dirname "$0")" took "-P" for an option and checked and loaded what $HOME holds)
+    folder, env = hotfix
+    named = tmp_path / "-P"
+    shutil.copytree(folder, named)
+    result = subprocess.run(["sh", "--", "-P/apply.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**env, "HOME": str(tmp_path / "nowhere"), "OLDPWD": str(tmp_path / "nowhere")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "demo-llm-1.1.tar.zst: OK" in result.stdout
+
