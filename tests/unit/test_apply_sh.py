@@ -157,3 +157,44 @@ def test_apply_sh_in_a_folder_named_like_a_cd_option_applies_its_own_folder(hotf
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo-llm-1.1.tar.zst: OK" in result.stdout
 
+
+
+@pytest.mark.parametrize("held", ["under another name", "with its tag on another image"])
+def test_apply_sh_s_roll_back_names_the_base_as_the_engine_holds_it(hotfix, held):
+    # (before: "demo-llm:1.0 is unchanged; roll back with IMAGE=demo-llm:1.0 ./run.sh", which ran no
+    # image, or another one)
+    import re
+    import shlex
+
+    folder, env = hotfix
+    engine = env["ENGINE"]
+    base_id = open(os.path.join(engine, "demo-llm_1.0")).read().strip()
+    if held == "under another name":  # pulled from the publisher's registry, say
+        os.rename(os.path.join(engine, "demo-llm_1.0"), os.path.join(engine, "registry.example_demo-llm_1.0"))
+    else:
+        with open(os.path.join(engine, "demo-llm_1.0"), "w") as f:
+            f.write("sha256:" + "c" * 64 + "\n")
+    result = apply(folder, env)
+    assert result.returncode == 0, result.stderr
+    line = re.search(r"roll back with ([^)]*\./run\.sh)\)$", result.stdout.splitlines()[-1])
+    assert line and "but demo-llm:1.0 does not name it in this engine" in result.stdout, result.stdout
+    words = shlex.split(line.group(1))
+    run = subprocess.run(["sh", "./run.sh", "--dry-run"], cwd=folder, capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], **dict(w.split("=", 1) for w in words[:-1])})
+    assert run.returncode == 0 and run.stdout.split()[-1] == base_id, run.stdout + run.stderr
+
+
+def test_apply_sh_without_the_base_in_the_engine_says_what_a_roll_back_needs(hotfix):
+    folder, env = hotfix
+    engine = env["ENGINE"]
+    for name in os.listdir(engine):  # the hotfix's image held whole, its base removed since
+        os.unlink(os.path.join(engine, name))
+    image_id = (folder / "IMAGE_ID").read_text().strip()
+    for ref in (image_id, "demo-llm:1.1"):
+        with open(os.path.join(engine, ref.replace(":", "_")), "w") as f:
+            f.write(image_id + "\n")
+    result = apply(folder, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        f"ok: demo-llm:1.1 is {image_id} (release 1.0's image is not in this engine; to roll back, import release "
+        "1.0, then run IMAGE=demo-llm:1.0 ./run.sh)")  # (before: "demo-llm:1.0 is unchanged")
