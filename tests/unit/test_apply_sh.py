@@ -38,7 +38,7 @@ def hotfix(tmp_path):
 
 
 def apply(folder, env, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "./apply.sh"], cwd=folder, capture_output=True, text=True, timeout=120, env=env, **kw)
+    return subprocess.run(["sh", "./apply.sh"], cwd=folder, capture_output=True, text=True, timeout=60, env=env, **kw)
 
 
 def loaded(env) -> bool:
@@ -198,3 +198,11 @@ def test_apply_sh_without_the_base_in_the_engine_says_what_a_roll_back_needs(hot
     assert result.stdout.splitlines()[-1] == (
         f"ok: demo-llm:1.1 is {image_id} (release 1.0's image is not in this engine; to roll back, import release "
         "1.0, then run IMAGE=demo-llm:1.0 ./run.sh)")  # (before: "demo-llm:1.0 is unchanged")
+
+
+def test_a_listed_file_that_is_a_fifo_is_refused_at_once_not_waited_on(hotfix):
+    # (before: sha256sum -c opened it and waited for a writer for ever)
+    folder, env = hotfix
+    (folder / "VALIDATION.json").unlink()
+    os.mkfifo(folder / "VALIDATION.json")
+    refused(folder, env, "VALIDATION.json: not a regular file")
