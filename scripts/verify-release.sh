@@ -18,7 +18,7 @@
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
 # Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage; 1 a tool it
-# needs is missing; 130 interrupted.
+# needs is missing, or no engine answers; 130 interrupted.
 # A hotfix's apply.sh carries this script, as it was when the release was made, and runs it on its folder.
 set -eu
 
@@ -390,6 +390,11 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
 [ "$load" -eq 1 ] || { echo "ok: sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
+# the engine first, as build.py verify --load: none answering would read as a missing base or image
+if ! err=$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null); then
+  echo "error: cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-the default socket}): $err" >&2
+  exit 1
+fi
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal
 # would name a missing blob, not what to import (unless the engine holds the hotfix's image itself,
 # pulled whole or with its base removed since: it has every layer then)

@@ -206,3 +206,18 @@ def test_a_listed_file_that_is_a_fifo_is_refused_at_once_not_waited_on(hotfix):
     (folder / "VALIDATION.json").unlink()
     os.mkfifo(folder / "VALIDATION.json")
     refused(folder, env, "VALIDATION.json: not a regular file")
+
+
+@pytest.mark.parametrize("which", ["hotfix", "release"])
+def test_the_shell_verifier_where_no_engine_answers_says_so_as_apply_sh_does(hotfix, which):
+    # the checks apply.sh carries, run alone: (before: a hotfix's "this hotfix needs image ...; import
+    # that release first", a release's "the engine's images cannot be listed", both exit 3)
+    folder, env = hotfix
+    env = {**os.environ, "DOCKER_HOST": f"unix://{folder}/no-engine.sock"}
+    target = folder if which == "hotfix" else folder.parent / "1.0"
+    result = subprocess.run(["sh", str(REPO / "scripts" / "verify-release.sh"), str(target)], capture_output=True,
+                            text=True, timeout=60, env=env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stdout + result.stderr
+    assert errors[0].startswith(f"error: cannot reach the Docker engine (DOCKER_HOST=unix://{folder}/no-engine.sock)")
+    assert apply(folder, env).stderr.startswith("error: cannot reach the Docker engine")
