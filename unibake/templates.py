@@ -23,6 +23,8 @@ from pathlib import Path
 
 import jinja2
 
+from .errors import UnibakeError
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 RUNTIME_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -87,11 +89,13 @@ VERIFIER_END = "END_OF_VERIFY_RELEASE_SH"  # ends the here-document apply.sh car
 
 
 @cache
-def verify_release_sh() -> str:
+def verify_release_sh(path: Path = TEMPLATES / "verify-release.sh") -> str:
     """The text of scripts/verify-release.sh, for a template to carry in a quoted here-document."""
-    text = (TEMPLATES / "verify-release.sh").read_text(encoding="utf-8")
-    if VERIFIER_END in text:  # it would end the here-document early
-        raise ValueError(f"scripts/verify-release.sh holds {VERIFIER_END}")
+    text = path.read_text(encoding="utf-8")
+    # a checkout that makes links plain files holds the link's target instead: apply.sh would run that
+    if not text.startswith("#!/bin/sh\n") or VERIFIER_END in text:  # (which would end the here-document)
+        raise UnibakeError(f"{path} is not scripts/verify-release.sh, which a hotfix's apply.sh carries (a link "
+                           "checked out as a file?); nothing was published")
     return text.rstrip("\n")
 
 

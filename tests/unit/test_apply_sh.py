@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from unibake.errors import UnibakeError
 from unibake.templates import verify_release_sh
 
 from ..conftest import REPO
@@ -221,3 +222,11 @@ def test_the_shell_verifier_where_no_engine_answers_says_so_as_apply_sh_does(hot
     assert result.returncode == 1 and len(errors) == 1, result.stdout + result.stderr
     assert errors[0].startswith(f"error: cannot reach the Docker engine (DOCKER_HOST=unix://{folder}/no-engine.sock)")
     assert apply(folder, env).stderr.startswith("error: cannot reach the Docker engine")
+
+
+def test_a_link_to_the_verifier_checked_out_as_a_plain_file_is_refused_not_carried(tmp_path):
+    # git without links writes the link's target as the file's text: apply.sh would have run that path
+    plain = tmp_path / "verify-release.sh"
+    plain.write_text("../../scripts/verify-release.sh")
+    with pytest.raises(UnibakeError, match=r"is not scripts/verify-release.sh, which a hotfix's apply.sh carries"):
+        verify_release_sh(plain)
