@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .manifest import TAG_PATTERN, ReleaseManifest, load_manifest
-from .publish import release_tag
+from .publish import release_tag, repository
 
 TAG_RE = re.compile(TAG_PATTERN)
 
@@ -54,6 +54,10 @@ def load_base(out: Path, name: str) -> HotfixBase:
     if not (folder / "manifest.json").exists():
         raise InputError(f"--from {name}: {folder / 'manifest.json'} does not exist; name a published release")
     manifest = load_manifest(folder, InputError)
+    if ":" in name and repository(name.rstrip("/")) != repository(manifest.tag):
+        # the folder is named by the tag alone: other:1.0 would take this product's 1.0 without a word
+        raise InputError(f"--from {name}: {folder} is the release of {manifest.tag}, not of {repository(name)}; "
+                         f"name it {repository(manifest.tag)}:{release}, or by its folder name {release}")
     if manifest.source_date_epoch is None:
         raise InputError(f"--from {name}: that release records no SOURCE_DATE_EPOCH (made before normalising "
                          "existed); a hotfix needs it to rebuild identical layers")

@@ -227,6 +227,20 @@ def test_a_base_named_by_a_path_is_refused_its_hotfix_would_have_no_base_under_o
     assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].folder == tmp_path / "elsewhere" / "1.0"
 
 
+def test_a_base_named_by_another_repositorys_tag_is_refused_not_taken_by_its_folder_name(engines, tmp_path, cli):  # noqa: F811
+    release(engines, tmp_path / "release")  # demo:1.0
+    for name in ("other:1.0", "registry.example/demo:1.0", ":1.0"):
+        request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base=name, version="1.0.1")
+        with pytest.raises(InputError, match=rf"--from {name}: .*/release/1\.0 is the release of demo:1\.0, not of "
+                                             rf"{name.rsplit(':', 1)[0]}; name it demo:1\.0, or by its folder name 1\.0"):
+            run_stages([BY_NAME["hotfix base"]], request, Quiet())
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="demo:1.0", version="1.0.1")
+    assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].manifest.tag == "demo:1.0"
+    result = cli("hotfix", "--from", "other:1.0", "--version", "1.0.1", "--out", str(tmp_path / "release"),
+                 cwd=tmp_path)
+    assert result.code == 2 and result.err.count("error:") == 1 and "is the release of demo:1.0, not of other" in result.err
+
+
 def hotfix_pair(out):
     """Release 1.0 and the hotfix 1.1 on it (hotfix_of), and the hotfix's whole image as an engine holds it."""
     from ..fake_engine import FakeImage
