@@ -595,27 +595,39 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     out = _out(args, ctx.cwd, existing=True)
     rows, document = [], []
     releases = find_releases(out)
-    images = {r.manifest.image_id for r in releases if r.manifest is not None}
+    states: dict[Path, str] = {}
+    for found in releases:
+        m = found.manifest
+        if m is None:
+            continue
+        if not all((found.folder / f.name).is_file() for f in m.archive.files):
+            states[found.folder] = "archive absent"
+        else:
+            try:
+                report = verify_folder(found.folder) if args.deep else sums_report(found.folder, m)
+                states[found.folder] = "verifies" if not report.failures else "FAILS: " + "; ".join(
+                    f"{c.target} {c.detail}" for c in report.failures[:2])
+            except UnibakeError as exc:
+                states[found.folder] = f"FAILS: {exc}"
     for found in releases:
         m = found.manifest
         if m is None:
             rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}"])
             document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
             continue
-        if not all((found.folder / f.name).is_file() for f in m.archive.files):
-            state = "archive absent"
-        else:
-            try:
-                report = verify_folder(found.folder) if args.deep else sums_report(found.folder, m)
-                state = "verifies" if not report.failures else "FAILS: " + "; ".join(
-                    f"{c.target} {c.detail}" for c in report.failures[:2])
-            except UnibakeError as exc:
-                state = f"FAILS: {exc}"
-        if state == "verifies" and m.hotfix is not None and m.hotfix.base_image_id not in images:
+        state = states[found.folder]
+        if state == "verifies" and m.hotfix is not None:
             # apply.sh and verify --load need the base release's image: without its folder here (or
-            # with that folder made again, another image), the hotfix cannot be proven or applied
-            state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
-                     f"{m.hotfix.base_image_id[:19]}")
+            # with that folder made again, another image), the hotfix cannot be proven or applied; nor
+            # when that folder lacks its archive or fails its checks (the hotfix's archive lacks the
+            # base's layers)
+            bases = [r.folder for r in releases
+                     if r.manifest is not None and r.manifest.image_id == m.hotfix.base_image_id]
+            if not bases:
+                state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
+                         f"{m.hotfix.base_image_id[:19]}")
+            elif all(states[b] != "verifies" for b in bases):
+                state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
         rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -114,6 +115,37 @@ def test_force_never_replaces_the_base_a_hotfix_needs_and_releases_says_when_a_b
     listed = {r["release"]: r["state"] for r in json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]}
     assert listed["1.0"] == "verifies"
     assert listed["1.1"].startswith("base absent: no release here holds 1.0's image sha256:")
+
+
+def test_releases_says_a_hotfix_does_not_verify_when_its_base_folder_lacks_its_archive_or_fails(tmp_path, cli):
+    out = tmp_path / "release"
+    base_folder, _ = make_release(out, "1.0", layers=[layer_tar({"base": b"base" * 100}),
+                                                      layer_tar({"old": b"old" * 100})])
+    hotfix_of(out, base_folder)
+
+    def states():
+        result = cli("--json", "releases", "--out", str(out))
+        return {r["release"]: r["state"] for r in json.loads(result.out)["releases"]}, result.err
+
+    archive = next(base_folder.glob("*.tar.zst"))
+    archive.rename(tmp_path / archive.name)  # a fresh clone: archives are not tracked
+    listed, err = states()
+    assert listed["1.0"] == "archive absent"
+    assert listed["1.1"] == "base does not verify: release 1.0 (1.0/): archive absent"  # was "verifies"
+    assert err.rstrip().endswith("; 0 verify")
+    (tmp_path / archive.name).rename(archive)
+    notes = base_folder / "RELEASE_NOTES.md"
+    notes.write_text(notes.read_text() + "edited\n")
+    listed, _ = states()
+    assert listed["1.0"].startswith("FAILS: RELEASE_NOTES.md")
+    assert listed["1.1"].startswith("base does not verify: release 1.0 (1.0/): FAILS: RELEASE_NOTES.md")
+    shutil.copytree(base_folder, out / "1.0-copy")  # another folder holding the base image that verifies
+    notes.write_text(notes.read_text()[:-len("edited\n")])
+    shutil.copy(notes, out / "1.0-copy" / notes.name)
+    notes.write_text(notes.read_text() + "edited\n")
+    listed, err = states()  # two rows of release 1.0: one verifies
+    assert listed["1.1"] == "verifies"
+    assert err.rstrip().endswith("; 2 verify")
 
 
 def test_a_release_of_another_product_under_the_same_version_is_never_replaced(tmp_path, engines):  # noqa: F811
