@@ -111,15 +111,19 @@ class ReleaseFolder:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
+            holder = _holder(lock)
+            try:  # only a hotfix made on this release holds its lock shared
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                reading = True
+            except BlockingIOError:
+                reading = False
             lock.close()
+            if reading:
+                raise UnibakeError(f"a hotfix is being made on release {self.final} (pid {holder}): it needs that "
+                                   "release as it is until it ends; wait for it or choose another version") from None
             raise UnibakeError(f"another run is writing release {self.final} (pid {holder}); wait for it or "
                                "choose another version") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
+        _sign(lock)
         self._lock = lock
         try:
             self._restore_old()
@@ -176,6 +180,38 @@ class ReleaseFolder:
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
         self._unlock()
+
+
+def _holder(lock) -> str:
+    lock.seek(0)
+    return ", ".join(lock.read().split()) or "another process"
+
+
+def _sign(lock) -> None:
+    """The holder's pid in the lock file, for the message of a run it refuses."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+
+
+def hold_release(out: Path, tag: str):
+    """A shared hold on release ``tag``'s lock (``<out>/.<tag>.lock``), for a run that reads that
+    release until it ends (a hotfix made on it): a run that would write it (``--force``) is refused
+    while it is held, as one writing it refuses this. Returns the open lock file: closing it lets go."""
+    try:
+        lock = open(out / f".{check_tag(tag)}.lock", "a+")
+    except OSError as exc:
+        raise UnibakeError(f"cannot lock the release {out / tag}: {exc.strerror}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(lock)
+        lock.close()
+        raise UnibakeError(f"another run is writing release {out / tag} (pid {holder}); wait for it, then make "
+                           "the hotfix") from None
+    _sign(lock)
+    return lock
 
 
 @dataclass(frozen=True, kw_only=True)

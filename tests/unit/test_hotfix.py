@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,29 @@ def test_a_base_named_by_another_repositorys_tag_is_refused_not_taken_by_its_fol
     result = cli("hotfix", "--from", "other:1.0", "--version", "1.0.1", "--out", str(tmp_path / "release"),
                  cwd=tmp_path)
     assert result.code == 2 and result.err.count("error:") == 1 and "is the release of demo:1.0, not of other" in result.err
+
+
+def test_a_hotfix_holds_its_base_release_so_a_force_run_of_it_is_refused_until_the_hotfix_ends(engines, tmp_path):  # noqa: F811
+    from contextlib import ExitStack
+
+    from unibake.errors import UnibakeError
+
+    out = tmp_path / "release"
+    release(engines, out)  # demo:1.0
+    request = Request(env={}, cwd=tmp_path, out=out, base="1.0", version="1.0.1")
+    with ExitStack() as hotfix:  # the hotfix's run, from its first stage to its end
+        run_stages([BY_NAME["hotfix base"]], request, Quiet(), stack=hotfix)
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on release {out / '1.0'} \(pid {os.getpid()}\): "
+                                               "it needs that release as it is until it ends; wait for it"):
+            release(engines, out, force=True)  # build --version 1.0 --force, archive --tag 1.0 --force
+        with ExitStack() as second:  # another hotfix on the same base may run beside it
+            run_stages([BY_NAME["hotfix base"]], replace(request, version="1.0.2"), Quiet(), stack=second)
+        assert (out / "1.0" / "manifest.json").is_file()
+    release(engines, out, force=True)  # the hotfix ended: its base may be made again
+    with ReleaseFolder(out, "1.0", force=True):  # a run writing 1.0: a hotfix on it waits for it
+        with pytest.raises(UnibakeError, match=rf"another run is writing release {out / '1.0'} \(pid {os.getpid()}\); "
+                                               "wait for it, then make the hotfix"):
+            run_stages([BY_NAME["hotfix base"]], request, Quiet())
 
 
 def hotfix_pair(out):
