@@ -255,7 +255,7 @@ def _plan(run: Run) -> tuple:
     try:
         plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
                          version=request.version, cwd=request.cwd, require_lock=request.require_lock,
-                         allow=request.allow,
+                         allow=request.allow, identity=request.identity,
                          platform=parse_platforms(platform, "--platform")[0] if platform else None)
     except InputError as exc:
         if request.profiles or base is None or not str(exc).startswith("unknown profile"):
