@@ -221,6 +221,16 @@ class ReleasePlan:
         return tuple(sorted(used - {None, self.builder_image}))
 
     @property
+    def from_images(self) -> tuple[tuple[str, str], ...]:
+        """(role, reference) of every image the Dockerfile's FROM lines name: the images the kernels
+        compiled here are compiled in, and the base."""
+        compiled = [k for k in self.kernels if k.prebuilt is None]
+        compiled += [k for p in self.profiles for k in p.sidecars if k.prebuilt is None]
+        builders = dict.fromkeys(k.builder for k in compiled if k.builder)
+        return tuple(("builder image" if image == self.builder_image else "toolchain image", image)
+                     for image in builders) + (("base image", self.base_image),)
+
+    @property
     def is_unified(self) -> bool:
         return self.profile_names == self.known_profiles
 
