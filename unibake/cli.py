@@ -706,7 +706,7 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     except RoundTripUnavailable as exc:  # names the folder and says to remove it or choose --scratch-dir
         raise InputError(str(exc)) from None
     removed = prune(DockerEngine(args.engine, ctx.env), out, keep=args.keep, dry_run=args.dry_run,
-                    on_line=ctx.reporter.info)
+                    on_line=ctx.reporter.info, on_warning=ctx.reporter.warn)
     seeds = prune_seeds(scratch, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for seed in seeds:

@@ -42,11 +42,22 @@ class Removal:
     kept: str = ""  # set when the engine refused to let it go without force: why it stays
 
 
+def unreadable_releases(out: Path) -> list[Path]:
+    """The release folders under ``out`` whose manifest.json cannot be read: what they need is unknown."""
+    return [found.folder for found in find_releases(out) if found.manifest is None]
+
+
 def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
-    """What prune would remove, without removing anything."""
-    manifests = [found.manifest for found in find_releases(out) if found.manifest is not None]
+    """What prune would remove, without removing anything. With a release folder whose manifest
+    cannot be read, only build cache: that release may be the newest, or a hotfix whose base image
+    (an older release's, or a dangling one) no other folder says is needed."""
+    releases = find_releases(out)
+    manifests = [found.manifest for found in releases if found.manifest is not None]
     needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
+    if len(manifests) < len(releases):
+        return [Removal(ref=tag, why="build cache") for image in engine.list_images() for tag in image.tags
+                if tag.startswith(f"{CACHE_REPOSITORY}/")]
     for m in manifests:
         if m.image_id in needed:
             continue
@@ -122,9 +133,14 @@ def _built_by_unibake(engine: Engine, image: ImageSummary) -> bool:
 
 
 def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
-          on_line: Callable[[str], None] = lambda line: None) -> list[Removal]:
+          on_line: Callable[[str], None] = lambda line: None,
+          on_warning: Callable[[str], None] = lambda line: None) -> list[Removal]:
     """The removals planned, each removed (unless ``dry_run``) without force: one the engine keeps
     because a container uses it comes back with ``kept`` saying so."""
+    for folder in unreadable_releases(out):
+        on_warning(f"the release folder {folder} has a manifest.json that cannot be read: prune cannot tell which "
+                   "images it needs, so it removes build cache only; check it with python build.py verify "
+                   f"{folder}, then fix or move it")
     done = []
     for r in plan_removals(engine, out, keep=keep):
         if dry_run:

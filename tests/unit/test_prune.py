@@ -146,3 +146,28 @@ def test_the_platforms_of_a_version_count_as_one_release(tmp_path):
     _release(out, engine, "hk4-arm64", 40, published="2026-01-01T00:00:04Z", version="hk4")
     planned = prune(engine, out, keep=1, dry_run=True)
     assert {r.ref for r in planned} == {"demo-llm:hk3", "demo-llm:hk3-arm64"}
+
+
+def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_said(tmp_path):
+    # the newest release, a hotfix on hk1, has a damaged manifest: counted out, it let prune --keep 1
+    # keep hk2 and remove hk1's image, the base the newest release needs
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    base = _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    hotfix = {"base_release": "hk1", "base_tag": base["tag"], "base_image_id": base["image_id"],
+              "base_archive_bytes": 1, "omitted_diff_ids": [], "shipped_diff_ids": []}
+    _release(out, engine, "hk5", 5, published="2026-01-01T00:00:05Z", hotfix=hotfix)
+    assert {r.ref for r in prune(engine, out, keep=1, dry_run=True)} == {"demo-llm:hk2"}
+    manifest = out / "hk5" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:-1])
+    del engine.tags["demo-llm:hk1"]  # its image dangling, as after a build that moved the tag
+    cache = engine.add({"config": {}}, [b"cache"])
+    keep_as_cache(engine, cache_ref("demo-llm", "all", "build"), cache)
+    warnings = []
+    done = prune(engine, out, keep=1, on_warning=warnings.append)
+    assert {r.ref for r in done} == {"unibake-cache/demo-llm:all-build"}  # build cache still goes
+    assert engine.inspect_image(base["image_id"]) is not None and engine.inspect_image("demo-llm:hk2") is not None
+    assert warnings == [f"the release folder {out / 'hk5'} has a manifest.json that cannot be read: prune cannot tell "
+                        "which images it needs, so it removes build cache only; check it with python build.py "
+                        f"verify {out / 'hk5'}, then fix or move it"]
