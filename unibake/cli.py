@@ -720,7 +720,7 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
                                         and not args.dry_run} for s in seeds]},
                    final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines"
-                         + (f"; kept {len(kept)} that a container or another image uses" if kept else ""))
+                         + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
 def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:

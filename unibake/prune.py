@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
@@ -24,7 +25,7 @@ from .errors import UnibakeError
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import find_releases
+from .publish import find_releases, lock_release
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -40,6 +41,7 @@ class Removal:
     ref: str  # a tag, or the ID of a dangling image
     why: str
     kept: str = ""  # set when the engine refused to let it go without force: why it stays
+    releases: tuple[str, ...] = ()  # the release folders whose image it is: their locks are held while it goes
 
 
 def unreadable_releases(out: Path) -> list[Path]:
@@ -58,13 +60,16 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     if len(manifests) < len(releases):
         return [Removal(ref=tag, why="build cache") for image in engine.list_images() for tag in image.tags
                 if tag.startswith(f"{CACHE_REPOSITORY}/")]
+    folders: dict[str, tuple[str, ...]] = {}  # an image ID: the folders that released it
+    for found in releases:
+        folders[found.manifest.image_id] = (*folders.get(found.manifest.image_id, ()), found.folder.name)
     for m in manifests:
         if m.image_id in needed:
             continue
         info = engine.inspect_image(m.tag)
         if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
             removals.append(Removal(ref=m.tag, why=f"release {m.release} of {m.product}, older than the "
-                                                   f"newest {keep}"))
+                                                   f"newest {keep}", releases=folders[m.image_id]))
     for image in engine.list_images():
         for tag in image.tags:
             if tag.startswith(f"{CACHE_REPOSITORY}/"):
@@ -77,7 +82,8 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
         if m is not None:
             if _made_by_unibake(image.labels, m):
                 removals.append(Removal(ref=image.id, why=f"the image of release {m.release} of {m.product}, "
-                                                          f"older than the newest {keep}; no tag names it"))
+                                                          f"older than the newest {keep}; no tag names it",
+                                        releases=folders[image.id]))
         elif _built_by_unibake(engine, image):
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     return removals
@@ -142,13 +148,25 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
                    "images it needs, so it removes build cache only; check it with python build.py verify "
                    f"{folder}, then fix or move it")
     done = []
-    for r in plan_removals(engine, out, keep=keep):
-        if dry_run:
-            on_line(f"    would remove {r.ref} ({r.why})")
-        else:
-            gone = engine.remove_if_unused(r.ref) if r.ref.startswith("sha256:") else engine.untag(r.ref)
-            if not gone:
-                r = Removal(ref=r.ref, why=r.why, kept="a container or another image uses it")
-            on_line(f"    {f'kept {r.ref} ({r.why}; {r.kept})' if r.kept else f'removing {r.ref} ({r.why})'}")
-        done.append(r)
+    held: set[str] = set()
+    with ExitStack() as locks:
+        for r in plan_removals(engine, out, keep=keep):
+            try:  # a run writing that release (--force), or a hotfix made on it, needs its image till it ends
+                for release in sorted(set(r.releases) - held):
+                    lock = lock_release(out, release, create=not dry_run)
+                    if lock is not None:
+                        locks.callback(lock.close)
+                    held.add(release)
+            except UnibakeError as exc:
+                r = replace(r, kept=str(exc))
+            if r.kept:
+                on_line(f"    kept {r.ref} ({r.why}; {r.kept})")
+            elif dry_run:
+                on_line(f"    would remove {r.ref} ({r.why})")
+            else:
+                gone = engine.remove_if_unused(r.ref) if r.ref.startswith("sha256:") else engine.untag(r.ref)
+                if not gone:
+                    r = replace(r, kept="a container or another image uses it")
+                on_line(f"    {f'kept {r.ref} ({r.why}; {r.kept})' if r.kept else f'removing {r.ref} ({r.why})'}")
+            done.append(r)
     return done

@@ -214,6 +214,34 @@ def hold_release(out: Path, tag: str):
     return lock
 
 
+def lock_release(out: Path, name: str, *, create: bool = True):
+    """The lock of the release folder ``name`` under ``out`` held exclusively, as a run writing that
+    release holds it, without waiting (prune, while it removes the release's image). Returns the open
+    lock file (closing it lets go), or None when there is no lock file and ``create`` is False or it
+    cannot be made (no run holds it). Raises UnibakeError naming the holder when another run holds
+    it: one writing the release, or a hotfix made on it."""
+    path = out / f".{name}.lock"  # the folder's own name, whatever it is: one entry of out
+    lock = None
+    if create:
+        try:
+            lock = open(path, "a+")
+        except OSError:  # a folder this user cannot write: a lock file there is still read (flock needs no write)
+            pass
+    try:
+        lock = lock if lock is not None else open(path)
+    except FileNotFoundError:
+        return None  # nobody ever locked it
+    except OSError as exc:
+        raise UnibakeError(f"cannot lock the release {out / name}: {exc.strerror}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(lock)
+        lock.close()
+        raise UnibakeError(f"a run is using release {out / name} (pid {holder})") from None
+    return lock
+
+
 @dataclass(frozen=True, kw_only=True)
 class PublishedRelease:
     """A release folder found on disk, with its manifest parsed (or why it could not be)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from unibake.archive_reader import read_archive
 from unibake.builder import cache_ref, keep_as_cache
@@ -171,3 +172,26 @@ def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_s
     assert warnings == [f"the release folder {out / 'hk5'} has a manifest.json that cannot be read: prune cannot tell "
                         "which images it needs, so it removes build cache only; check it with python build.py "
                         f"verify {out / 'hk5'}, then fix or move it"]
+
+
+def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_force_run(tmp_path):
+    # a hotfix on hk1, older than --keep, reads hk1 until it ends (the local engine's hk1 saves it
+    # loading the shared layers back); a --force run of hk1 puts its old image back if it fails
+    from unibake.publish import ReleaseFolder, hold_release
+
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    for n in (1, 2, 3):
+        _release(out, engine, f"hk{n}", n, published=f"2026-01-01T00:00:0{n}Z")
+    hotfix = hold_release(out, "hk1")
+    lines = []
+    done = prune(engine, out, keep=1, on_line=lines.append)
+    assert {(r.ref, bool(r.kept)) for r in done} == {("demo-llm:hk1", True), ("demo-llm:hk2", False)}
+    assert f"    kept demo-llm:hk1 (release hk1 of demo-llm, older than the newest 1; a run is using release " \
+           f"{out / 'hk1'} (pid {os.getpid()}))" in lines
+    assert engine.inspect_image("demo-llm:hk1") is not None and engine.inspect_image("demo-llm:hk2") is None
+    hotfix.close()
+    with ReleaseFolder(out, "hk1", force=True):  # build --version hk1 --force, under way
+        assert [r.kept for r in prune(engine, out, keep=1, dry_run=True)] == \
+            [f"a run is using release {out / 'hk1'} (pid {os.getpid()})"]
+    assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
