@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "build cache (unibake-cache/*) and dangling images unibake made, never forced: an image a "
                  "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
-                 "the next release on that base seeds one again), except one a run is using. "
+                 "the next release on that base seeds one again), except one a run is using; and what a killed "
+                 "run left under --out (.TAG.partial, .TAG.amend, .TAG.old beside TAG), except under a run. "
                  "Release folders are never touched.")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
@@ -693,7 +694,7 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
-    from .prune import prune
+    from .prune import prune, remove_leftovers
     from .scratch import check_private, prune_seeds
 
     if args.keep < 0:
@@ -709,6 +710,9 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                     on_line=ctx.reporter.info, on_warning=ctx.reporter.warn)
     seeds = prune_seeds(scratch, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
+    leftovers = remove_leftovers(out, dry_run=args.dry_run)
+    for folder in leftovers:
+        ctx.reporter.info(f"    {verb} {folder} (left by a run that was killed before it ended)")
     for seed in seeds:
         held = f"holds the base image {seed.base_id}" if seed.base_id else "never seeded to the end"
         ctx.reporter.info(f"    {'kept (a run is using it)' if seed.busy else verb} the seeded verify engine "
@@ -718,8 +722,10 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document={"dry_run": args.dry_run, "removed": [{"image": r.ref, "why": r.why} for r in removed],
                              "kept": [{"image": r.ref, "why": r.why, "kept": r.kept} for r in kept],
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
-                                        and not args.dry_run} for s in seeds]},
+                                        and not args.dry_run} for s in seeds],
+                             "leftovers": [str(f) for f in leftovers]},
                    final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines"
+                         + (f" and {len(leftovers)} folders left by killed runs" if leftovers else "")
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 

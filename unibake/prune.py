@@ -13,7 +13,9 @@ Release folders and images unibake did not make are never touched.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -47,6 +49,39 @@ class Removal:
 def unreadable_releases(out: Path) -> list[Path]:
     """The release folders under ``out`` whose manifest.json cannot be read: what they need is unknown."""
     return [found.folder for found in find_releases(out) if found.manifest is None]
+
+
+# what a run leaves under --out while it writes release TAG, until it ends: the staged release, the
+# release a --force commit set aside, a push's copy
+LEFTOVERS = (".partial", ".old", ".amend")
+
+
+def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
+    """What a run killed before it ended (SIGKILL, a power cut) left under ``out``: ``.<tag>.partial``
+    (a staged release, an archive of gigabytes), ``.<tag>.amend`` (a push's copy) and ``.<tag>.old``
+    beside its release ``<tag>`` (the replaced one, once the new one took its name); removed (unless
+    ``dry_run``) while their tag's lock is held, so never under a run writing them. A ``.<tag>.old``
+    without ``<tag>`` is the last whole release: the next run of that tag puts it back, so it stays."""
+    found = []
+    for entry in sorted(out.iterdir()) if out.is_dir() else ():
+        suffix = next((s for s in LEFTOVERS if entry.name.startswith(".") and entry.name.endswith(s)), None)
+        if suffix is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        tag = entry.name[1:-len(suffix)]
+        if not tag or (suffix == ".old" and not os.path.isdir(out / tag)):
+            continue
+        try:
+            lock = lock_release(out, tag, create=False)
+        except UnibakeError:
+            continue  # a run is writing it
+        try:
+            if not dry_run:
+                shutil.rmtree(entry)
+            found.append(entry)
+        finally:
+            if lock is not None:
+                lock.close()
+    return found
 
 
 def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:

@@ -195,3 +195,27 @@ def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_forc
         assert [r.kept for r in prune(engine, out, keep=1, dry_run=True)] == \
             [f"a run is using release {out / 'hk1'} (pid {os.getpid()})"]
     assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
+
+
+def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_writing(tmp_path):
+    # a SIGKILLed run leaves .TAG.partial (its staged archive: gigabytes), a killed commit .TAG.old
+    # beside TAG; only the next run of that very tag removed them
+    from unibake.prune import remove_leftovers
+    from unibake.publish import ReleaseFolder
+
+    out = tmp_path / "release"
+    _release(out, FakeEngine(), "1.0", 1)
+    for name in (".1.0.old", ".1.1.partial", ".1.0.amend", ".2.0.old"):
+        (out / name).mkdir()
+        (out / name / "demo-llm-x.tar.zst").write_bytes(b"x" * 100)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / ".1.2.partial").symlink_to(elsewhere)
+    with ReleaseFolder(out, "1.3", force=False):  # a run writing 1.3: its staging folder is its own
+        assert remove_leftovers(out, dry_run=True) == [out / ".1.0.amend", out / ".1.0.old", out / ".1.1.partial"]
+        assert (out / ".1.1.partial").is_dir()  # a dry run removes nothing
+        assert remove_leftovers(out) == [out / ".1.0.amend", out / ".1.0.old", out / ".1.1.partial"]
+        assert (out / ".1.3.partial").is_dir()
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == \
+        [".1.2.partial", ".2.0.old", "1.0"]  # .2.0.old is release 2.0, set aside: the next run of 2.0 puts it back
+    assert elsewhere.is_dir()
