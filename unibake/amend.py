@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UnibakeError
-from .files import fsync_dir, write_atomic
+from .files import fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
 from .sums import render_sums
@@ -87,7 +87,7 @@ class _Lock:
         self.path = out / f".{tag}.lock"
 
     def __enter__(self) -> "_Lock":
-        self.fh = open(self.path, "a+")
+        self.fh = open_lock(self.path)
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,7 +27,7 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, write_atomic
+from .files import fsync_dir, open_lock, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
                        ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
@@ -103,7 +103,7 @@ class ReleaseFolder:
     def __enter__(self) -> "ReleaseFolder":
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            lock = open(self.out / f".{self.tag}.lock", "a+")
+            lock = open_lock(self.out / f".{self.tag}.lock")
         except (FileExistsError, NotADirectoryError):  # --out (or a folder above it) is a file: a bad argument
             raise InputError(f"--out {self.out}: not a folder (a file of that name, or above it, exists)") from None
         except OSError as exc:
@@ -200,7 +200,7 @@ def hold_release(out: Path, tag: str):
     release until it ends (a hotfix made on it): a run that would write it (``--force``) is refused
     while it is held, as one writing it refuses this. Returns the open lock file: closing it lets go."""
     try:
-        lock = open(out / f".{check_tag(tag)}.lock", "a+")
+        lock = open_lock(out / f".{check_tag(tag)}.lock")
     except OSError as exc:
         raise UnibakeError(f"cannot lock the release {out / tag}: {exc.strerror}") from None
     try:
@@ -224,11 +224,11 @@ def lock_release(out: Path, name: str, *, create: bool = True):
     lock = None
     if create:
         try:
-            lock = open(path, "a+")
+            lock = open_lock(path)
         except OSError:  # a folder this user cannot write: a lock file there is still read (flock needs no write)
             pass
     try:
-        lock = lock if lock is not None else open(path)
+        lock = lock if lock is not None else open_lock(path, create=False, write=False)
     except FileNotFoundError:
         return None  # nobody ever locked it
     except OSError as exc:
