@@ -139,8 +139,11 @@ def builder_identity(env: dict[str, str] | None = None, account_home: str | None
     env = env if env is not None else dict(os.environ)
     user = env.get("USER") or getpass.getuser()
     out = []
-    for home in (env.get("HOME") or os.path.expanduser("~"),
-                 _account_home() if account_home is None else account_home):
+    account = (_account_home() if account_home is None else account_home).rstrip("/")
+    # a system account's home (/bin, /usr/sbin's daemon, /nonexistent) is no personal folder: only one
+    # two folders deep or more (/var/lib/jenkins, /srv/ci) is taken from the passwd entry
+    homes = [env.get("HOME") or os.path.expanduser("~")] + ([account] if account.count("/") >= 2 else [])
+    for home in homes:
         home = home.rstrip("/")  # HOME=/srv/ci/ names /srv/ci
         if home and home != "/root" and home not in out:
             out.append(home)

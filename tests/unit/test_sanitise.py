@@ -40,6 +40,7 @@ def test_the_builders_root_folder_user_and_home_are_found():
     # a CI job's HOME and the account's own home are both the builder's
     assert builder_identity({"HOME": "/srv/ci/", "USER": "ci"}, account_home="/var/lib/ci") == \
         ("/srv/ci", "/var/lib/ci")
+    assert builder_identity({"HOME": "/srv/ci", "USER": "ci"}, account_home="/bin") == ("/srv/ci",)  # sync's
     assert {f.kind for f in scan_text("cache: /root/.cache/huggingface\n", "x")} == {"the builder's /root folder"}
     found = scan_text("built by alice in /srv\n", "x", identity=identity)
     assert [f.kind for f in found] == ["the builder's home or user name"]
