@@ -239,6 +239,8 @@ def lock_release(out: Path, name: str, *, create: bool = True):
         holder = _holder(lock)
         lock.close()
         raise UnibakeError(f"a run is using release {out / name} (pid {holder})") from None
+    if lock.writable():  # a run it refuses meanwhile names this one
+        _sign(lock)
     return lock
 
 

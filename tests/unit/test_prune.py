@@ -177,7 +177,10 @@ def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_s
 def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_force_run(tmp_path):
     # a hotfix on hk1, older than --keep, reads hk1 until it ends (the local engine's hk1 saves it
     # loading the shared layers back); a --force run of hk1 puts its old image back if it fails
-    from unibake.publish import ReleaseFolder, hold_release
+    import pytest
+
+    from unibake.errors import UnibakeError
+    from unibake.publish import ReleaseFolder, hold_release, lock_release
 
     out = tmp_path / "release"
     engine = FakeEngine()
@@ -191,6 +194,11 @@ def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_forc
            f"{out / 'hk1'} (pid {os.getpid()}))" in lines
     assert engine.inspect_image("demo-llm:hk1") is not None and engine.inspect_image("demo-llm:hk2") is None
     hotfix.close()
+    (out / ".hk2.lock").write_text("1\n")  # the pid of the run that wrote hk2, long gone
+    lock = lock_release(out, "hk2")  # as prune holds it while it removes hk2's image
+    with pytest.raises(UnibakeError, match=rf"another run is writing release {out / 'hk2'} \(pid {os.getpid()}\)"):
+        ReleaseFolder(out, "hk2", force=True).__enter__()
+    lock.close()
     with ReleaseFolder(out, "hk1", force=True):  # build --version hk1 --force, under way
         assert [r.kept for r in prune(engine, out, keep=1, dry_run=True)] == \
             [f"a run is using release {out / 'hk1'} (pid {os.getpid()})"]
