@@ -7,7 +7,10 @@ engine's tags of older releases (when the image's own metadata label names that 
 alone cannot name an image to remove), unibake's build cache (``unibake-cache/*``), and dangling
 images unibake made: an older release's image, or a build of unibake's Dockerfile (its history ends
 with the Dockerfile's own last steps; an image built FROM a release carries the release's labels
-too, so labels alone prove nothing). Nothing is forced: an image a container uses is kept, and said.
+too, so labels alone prove nothing). Nothing is forced: an image a container uses is kept, and said;
+so is the image of a release whose lock a run holds (one writing it, a hotfix made on it), and
+prune holds the lock of each release whose image it removes. With a release folder it cannot read,
+only build cache goes. What a killed run left under ``--out`` (``.<tag>.partial``, ...) is removed.
 Release folders and images unibake did not make are never touched.
 """
 
