@@ -624,7 +624,12 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
             # base's layers)
             bases = [r.folder for r in releases
                      if r.manifest is not None and r.manifest.image_id == m.hotfix.base_image_id]
-            if not bases:
+            unreadable = next((r for r in releases if r.manifest is None and r.folder.name == m.hotfix.base_release),
+                              None)
+            if not bases and unreadable is not None:
+                state = (f"base does not verify: release {m.hotfix.base_release} ({unreadable.folder.name}/): "
+                         f"UNREADABLE: {unreadable.problem}")
+            elif not bases:
                 state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
                          f"{m.hotfix.base_image_id[:19]}")
             elif all(states[b] != "verifies" for b in bases):

@@ -147,6 +147,10 @@ def test_releases_says_a_hotfix_does_not_verify_when_its_base_folder_lacks_its_a
     listed, err = states()  # two rows of release 1.0: one verifies
     assert listed["1.1"] == "verifies"
     assert err.rstrip().endswith("; 2 verify")
+    shutil.rmtree(out / "1.0-copy")
+    (base_folder / "manifest.json").write_text("{")  # damaged: not "no release here holds 1.0's image"
+    listed, _ = states()
+    assert listed["1.1"].startswith("base does not verify: release 1.0 (1.0/): UNREADABLE: ")
 
 
 def test_a_release_of_another_product_under_the_same_version_is_never_replaced(tmp_path, engines):  # noqa: F811
