@@ -91,9 +91,13 @@ class _Lock:
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            try:  # only a hotfix made on this release holds its lock shared
+                fcntl.flock(self.fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                what = "a hotfix is being made on the release"
+            except BlockingIOError:
+                what = "another run is writing the release"
             self.fh.close()
-            raise UnibakeError(f"another run is writing the release beside {self.path}; wait for it and run "
-                               "again") from None
+            raise UnibakeError(f"{what} beside {self.path}; wait for it and run again") from None
         return self
 
     def __exit__(self, *exc) -> None:
