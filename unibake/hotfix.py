@@ -59,8 +59,8 @@ def load_base(out: Path, name: str, *, hold: Callable[[str], object] = lambda re
     manifest = load_manifest(folder, InputError)
     if ":" in name and repository(name.rstrip("/")) != repository(manifest.tag):
         # the folder is named by the tag alone: other:1.0 would take this product's 1.0 without a word
-        raise InputError(f"--from {name}: {folder} is the release of {manifest.tag}, not of {repository(name)}; "
-                         f"name it {repository(manifest.tag)}:{release}, or by its folder name {release}")
+        raise InputError(f"--from {name}: {folder} is the release of {manifest.tag}, not of {repository(name)}: "
+                         f"release folders are named by version, so {name} names no release under --out ({out})")
     if manifest.source_date_epoch is None:
         raise InputError(f"--from {name}: that release records no SOURCE_DATE_EPOCH (made before normalising "
                          "existed); a hotfix needs it to rebuild identical layers")

@@ -269,7 +269,8 @@ def test_a_base_named_by_another_repositorys_tag_is_refused_not_taken_by_its_fol
     for name in ("other:1.0", "registry.example/demo:1.0", ":1.0"):
         request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base=name, version="1.0.1")
         with pytest.raises(InputError, match=rf"--from {name}: .*/release/1\.0 is the release of demo:1\.0, not of "
-                                             rf"{name.rsplit(':', 1)[0]}; name it demo:1\.0, or by its folder name 1\.0"):
+                                             rf"{name.rsplit(':', 1)[0]}: release folders are named by version, so {name} names no release "
+                                             r"under --out \("):
             run_stages([BY_NAME["hotfix base"]], request, Quiet())
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="demo:1.0", version="1.0.1")
     assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].manifest.tag == "demo:1.0"
