@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UnibakeError
-from .files import fsync_dir, write_atomic
+from .files import fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
 from .sums import render_sums
@@ -87,13 +87,17 @@ class _Lock:
         self.path = out / f".{tag}.lock"
 
     def __enter__(self) -> "_Lock":
-        self.fh = open(self.path, "a+")
+        self.fh = open_lock(self.path)
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            try:  # only a hotfix made on this release holds its lock shared
+                fcntl.flock(self.fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                what = "a hotfix is being made on the release"
+            except BlockingIOError:
+                what = "another run is writing the release"
             self.fh.close()
-            raise UnibakeError(f"another run is writing the release beside {self.path}; wait for it and run "
-                               "again") from None
+            raise UnibakeError(f"{what} beside {self.path}; wait for it and run again") from None
         return self
 
     def __exit__(self, *exc) -> None:

@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "build cache (unibake-cache/*) and dangling images unibake made, never forced: an image a "
                  "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
-                 "the next release on that base seeds one again), except one a run is using. "
+                 "the next release on that base seeds one again), except one a run is using; and what a killed "
+                 "run left under --out (.TAG.partial, .TAG.amend, .TAG.old beside TAG), except under a run. "
                  "Release folders are never touched.")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
@@ -595,27 +596,44 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     out = _out(args, ctx.cwd, existing=True)
     rows, document = [], []
     releases = find_releases(out)
-    images = {r.manifest.image_id for r in releases if r.manifest is not None}
+    states: dict[Path, str] = {}
+    for found in releases:
+        m = found.manifest
+        if m is None:
+            continue
+        if not all((found.folder / f.name).is_file() for f in m.archive.files):
+            states[found.folder] = "archive absent"
+        else:
+            try:
+                report = verify_folder(found.folder) if args.deep else sums_report(found.folder, m)
+                states[found.folder] = "verifies" if not report.failures else "FAILS: " + "; ".join(
+                    f"{c.target} {c.detail}" for c in report.failures[:2])
+            except UnibakeError as exc:
+                states[found.folder] = f"FAILS: {exc}"
     for found in releases:
         m = found.manifest
         if m is None:
             rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}"])
             document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
             continue
-        if not all((found.folder / f.name).is_file() for f in m.archive.files):
-            state = "archive absent"
-        else:
-            try:
-                report = verify_folder(found.folder) if args.deep else sums_report(found.folder, m)
-                state = "verifies" if not report.failures else "FAILS: " + "; ".join(
-                    f"{c.target} {c.detail}" for c in report.failures[:2])
-            except UnibakeError as exc:
-                state = f"FAILS: {exc}"
-        if state == "verifies" and m.hotfix is not None and m.hotfix.base_image_id not in images:
+        state = states[found.folder]
+        if state == "verifies" and m.hotfix is not None:
             # apply.sh and verify --load need the base release's image: without its folder here (or
-            # with that folder made again, another image), the hotfix cannot be proven or applied
-            state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
-                     f"{m.hotfix.base_image_id[:19]}")
+            # with that folder made again, another image), the hotfix cannot be proven or applied; nor
+            # when that folder lacks its archive or fails its checks (the hotfix's archive lacks the
+            # base's layers)
+            bases = [r.folder for r in releases
+                     if r.manifest is not None and r.manifest.image_id == m.hotfix.base_image_id]
+            unreadable = next((r for r in releases if r.manifest is None and r.folder.name == m.hotfix.base_release),
+                              None)
+            if not bases and unreadable is not None:
+                state = (f"base does not verify: release {m.hotfix.base_release} ({unreadable.folder.name}/): "
+                         f"UNREADABLE: {unreadable.problem}")
+            elif not bases:
+                state = (f"base absent: no release here holds {m.hotfix.base_release}'s image "
+                         f"{m.hotfix.base_image_id[:19]}")
+            elif all(states[b] != "verifies" for b in bases):
+                state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
         rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
@@ -681,7 +699,7 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
-    from .prune import prune
+    from .prune import prune, remove_leftovers
     from .scratch import check_private, prune_seeds
 
     if args.keep < 0:
@@ -694,9 +712,12 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     except RoundTripUnavailable as exc:  # names the folder and says to remove it or choose --scratch-dir
         raise InputError(str(exc)) from None
     removed = prune(DockerEngine(args.engine, ctx.env), out, keep=args.keep, dry_run=args.dry_run,
-                    on_line=ctx.reporter.info)
+                    on_line=ctx.reporter.info, on_warning=ctx.reporter.warn)
     seeds = prune_seeds(scratch, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
+    leftovers = remove_leftovers(out, dry_run=args.dry_run)
+    for folder in leftovers:
+        ctx.reporter.info(f"    {verb} {folder} (left by a run that was killed before it ended)")
     for seed in seeds:
         held = f"holds the base image {seed.base_id}" if seed.base_id else "never seeded to the end"
         ctx.reporter.info(f"    {'kept (a run is using it)' if seed.busy else verb} the seeded verify engine "
@@ -706,9 +727,11 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document={"dry_run": args.dry_run, "removed": [{"image": r.ref, "why": r.why} for r in removed],
                              "kept": [{"image": r.ref, "why": r.why, "kept": r.kept} for r in kept],
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
-                                        and not args.dry_run} for s in seeds]},
+                                        and not args.dry_run} for s in seeds],
+                             "leftovers": [str(f) for f in leftovers]},
                    final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines"
-                         + (f"; kept {len(kept)} that a container or another image uses" if kept else ""))
+                         + (f" and {len(leftovers)} folders left by killed runs" if leftovers else "")
+                         + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
 def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:

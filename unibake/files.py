@@ -3,6 +3,7 @@ huge file), and a file only ever appears under its name complete and fsynced."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -19,6 +20,28 @@ def visible_name(name: str) -> str:
         return name
     except UnicodeEncodeError:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def open_lock(path: Path, *, create: bool = True, write: bool = True):
+    """A release's lock file (``<out>/.<tag>.lock``), opened for ``flock``: never through a symlink,
+    and only a regular file. Whoever can write ``--out`` could plant ``.1.0.lock`` as a link to a
+    file of the releasing user's (often root's): a run writes its pid into its lock file. Raises
+    FileNotFoundError when ``create`` is False and there is none; UnibakeError naming it when it is
+    not a regular file."""
+    flags = (os.O_RDWR if write else os.O_RDONLY) | (os.O_CREAT if create else 0) | os.O_NOFOLLOW | os.O_CLOEXEC | \
+        os.O_NONBLOCK  # a FIFO opened to read would wait for a writer
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        fd = None
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        return os.fdopen(fd, "r+" if write else "r")
+    if fd is not None:
+        os.close(fd)
+    raise UnibakeError(f"{path} is not a regular file (a symlink, a folder or a FIFO): a release's lock file is "
+                       "never followed; remove it, then run again")
 
 
 def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",

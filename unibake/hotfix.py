@@ -8,12 +8,13 @@ layers out, and its round trip loads the base release first.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
 from .manifest import TAG_PATTERN, ReleaseManifest, load_manifest
-from .publish import release_tag
+from .publish import release_tag, repository
 
 TAG_RE = re.compile(TAG_PATTERN)
 
@@ -43,8 +44,9 @@ def base_folder_name(name: str) -> str:
     return release_tag(name) if ":" in name else name
 
 
-def load_base(out: Path, name: str) -> HotfixBase:
-    """The release ``--from`` names, under ``out``; refused (exit 2) when it cannot be a base."""
+def load_base(out: Path, name: str, *, hold: Callable[[str], object] = lambda release: None) -> HotfixBase:
+    """The release ``--from`` names, under ``out``; refused (exit 2) when it cannot be a base.
+    ``hold`` is called with the release's name before its folder is read (its lock is taken)."""
     release = base_folder_name(name.rstrip("/"))
     if not TAG_RE.fullmatch(release):  # a path (../other/1.0, /abs/1.0) would make a hotfix whose base is not under
         # --out: releases, push, prune and --force look for the base beside the hotfix, by its name
@@ -53,7 +55,12 @@ def load_base(out: Path, name: str) -> HotfixBase:
     folder = out / release
     if not (folder / "manifest.json").exists():
         raise InputError(f"--from {name}: {folder / 'manifest.json'} does not exist; name a published release")
+    hold(release)
     manifest = load_manifest(folder, InputError)
+    if ":" in name and repository(name.rstrip("/")) != repository(manifest.tag):
+        # the folder is named by the tag alone: other:1.0 would take this product's 1.0 without a word
+        raise InputError(f"--from {name}: {folder} is the release of {manifest.tag}, not of {repository(name)}: "
+                         f"release folders are named by version, so {name} names no release under --out ({out})")
     if manifest.source_date_epoch is None:
         raise InputError(f"--from {name}: that release records no SOURCE_DATE_EPOCH (made before normalising "
                          "existed); a hotfix needs it to rebuild identical layers")

@@ -42,8 +42,8 @@ from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Va
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
-from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, previous_release, publish,
-                      SUMS, refuse_existing, release_tag, render_files)
+from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, hold_release, previous_release,
+                      publish, SUMS, refuse_existing, release_tag, render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -233,7 +233,10 @@ def _one(value) -> tuple:
 
 
 def _hotfix_base(run: Run) -> tuple:
-    base = load_base(run.request.out, run.request.base or "")
+    def hold(release: str) -> None:  # until the run ends: a --force run of the base is refused meanwhile
+        run.stack.callback(hold_release(run.request.out, release).close)
+
+    base = load_base(run.request.out, run.request.base or "", hold=hold)
     if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
         _check_base_archive(base)
     _check_base_sums(base, with_archive=run.request.roundtrip)
@@ -252,7 +255,7 @@ def _plan(run: Run) -> tuple:
     try:
         plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
                          version=request.version, cwd=request.cwd, require_lock=request.require_lock,
-                         allow=request.allow,
+                         allow=request.allow, identity=request.identity,
                          platform=parse_platforms(platform, "--platform")[0] if platform else None)
     except InputError as exc:
         if request.profiles or base is None or not str(exc).startswith("unknown profile"):

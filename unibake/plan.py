@@ -221,6 +221,16 @@ class ReleasePlan:
         return tuple(sorted(used - {None, self.builder_image}))
 
     @property
+    def from_images(self) -> tuple[tuple[str, str], ...]:
+        """(role, reference) of every image the Dockerfile's FROM lines name: the images the kernels
+        compiled here are compiled in, and the base."""
+        compiled = [k for k in self.kernels if k.prebuilt is None]
+        compiled += [k for p in self.profiles for k in p.sidecars if k.prebuilt is None]
+        builders = dict.fromkeys(k.builder for k in compiled if k.builder)
+        return tuple(("builder image" if image == self.builder_image else "toolchain image", image)
+                     for image in builders) + (("base image", self.base_image),)
+
+    @property
     def is_unified(self) -> bool:
         return self.profile_names == self.known_profiles
 
@@ -335,14 +345,15 @@ def _platforms_of(product_doc) -> tuple[Platform, ...]:
 def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
               cwd: Path | None = None, verify_lock: bool = True, require_lock: bool = True,
               allow: tuple[str, ...] = (), platform: Platform | None = None,
-              on_product: Callable[[dict], None] = lambda data: None) -> ReleasePlan:
+              on_product: Callable[[dict], None] = lambda data: None, identity: tuple[str, ...] = ()) -> ReleasePlan:
     """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
     every value that will be baked for secrets, before anything is rendered or built.
 
     ``require_lock=False`` (``--stage render``): a missing lock is no error; one that exists is checked.
     ``platform``: the one to build for (default: product.yaml's, the first when it names several; else
     the host's); a platform other than linux/amd64 adds its architecture to the tag. ``on_product``
-    sees product.yaml's values once loaded, before any profile is selected (and may refuse them)."""
+    sees product.yaml's values once loaded, before any profile is selected (and may refuse them).
+    ``identity``: the builder's home folders and user name, which no baked value may hold."""
     cwd = cwd or Path.cwd()
     config_dir = config_dir.resolve()
     root = config_dir.parent
@@ -415,7 +426,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     allow_yaml = tuple(data.get("sanitise", {}).get("allow", []))
     for i, pattern in enumerate(allow_yaml):
         check_allow(pattern, f"{where(('sanitise', 'allow', i))}: sanitise.allow[{i}]")
-    _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml)
+    _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml, identity)
     launch = data.get("launch", {})
     _check_mounts(launch.get("mounts", {}), lambda name: where(("launch", "mounts", name)))
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
@@ -512,7 +523,8 @@ def _described(c: Component) -> str:
     return f"the {c.kind.replace('_', ' ')} '{c.name}'" + (f" of the profile '{c.profile}'" if c.profile else "")
 
 
-def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[str, ...]) -> None:
+def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[str, ...],
+                 identity: tuple[str, ...]) -> None:
     """Env, labels, args, checks and run-time names are baked into the image: a secret there is
     refused now, naming the YAML key, before anything is rendered or built."""
     values = [(f"{where(('env', k))}: env.{k}", k, v) for k, v in data.get("env", {}).items()]
@@ -524,14 +536,15 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
         values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
         values += [(f"{m.where(('args', i))}: args[{i}]", "", a) for i, a in enumerate(m.data.get("args", []))]
     # a prebuilt file outside the project is a material of the provenance by its absolute path: one in a
-    # home folder (/home/..., /root/...) failed the release's last scan, after the build and the gates
+    # home folder (/home/..., /root/..., or the builder's own: HOME=/srv/ci) failed the release's last
+    # scan, after the build and the gates
     kernels = [(where, "kernels", i, k) for i, k in enumerate(data.get("kernels", []))]
     kernels += [(m.where, "sidecars", i, k) for m in chosen for i, k in enumerate(m.data.get("sidecars", []))]
     for at, key, i, k in kernels:
         files = [((key, i, "prebuilt"), f"{key}[{i}].prebuilt", k.get("prebuilt"))]
         files += [((key, i, "platforms", p), f"{key}[{i}].platforms.{p}", f) for p, f in k.get("platforms", {}).items()]
         values += [(f"{at(path)}: {name}", "", f) for path, name, f in files if f]
-    enforce(scan_values(v for v in values if isinstance(v[2], str)), allow, "the profiles")
+    enforce(scan_values((v for v in values if isinstance(v[2], str)), identity), allow, "the profiles")
 
 
 def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) -> None:

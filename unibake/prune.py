@@ -7,15 +7,21 @@ engine's tags of older releases (when the image's own metadata label names that 
 alone cannot name an image to remove), unibake's build cache (``unibake-cache/*``), and dangling
 images unibake made: an older release's image, or a build of unibake's Dockerfile (its history ends
 with the Dockerfile's own last steps; an image built FROM a release carries the release's labels
-too, so labels alone prove nothing). Nothing is forced: an image a container uses is kept, and said.
+too, so labels alone prove nothing). Nothing is forced: an image a container uses is kept, and said;
+so is the image of a release whose lock a run holds (one writing it, a hotfix made on it), and
+prune holds the lock of each release whose image it removes. With a release folder it cannot read,
+only build cache goes. What a killed run left under ``--out`` (``.<tag>.partial``, ...) is removed.
 Release folders and images unibake did not make are never touched.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
@@ -24,7 +30,7 @@ from .errors import UnibakeError
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import find_releases
+from .publish import find_releases, lock_release
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -40,20 +46,70 @@ class Removal:
     ref: str  # a tag, or the ID of a dangling image
     why: str
     kept: str = ""  # set when the engine refused to let it go without force: why it stays
+    releases: tuple[str, ...] = ()  # the release folders whose image it is: their locks are held while it goes
+
+
+def unreadable_releases(out: Path) -> list[Path]:
+    """The release folders under ``out`` whose manifest.json cannot be read: what they need is unknown."""
+    return [found.folder for found in find_releases(out) if found.manifest is None]
+
+
+# what a run leaves under --out while it writes release TAG, until it ends: the staged release, the
+# release a --force commit set aside, a push's copy
+LEFTOVERS = (".partial", ".old", ".amend")
+
+
+def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
+    """What a run killed before it ended (SIGKILL, a power cut) left under ``out``: ``.<tag>.partial``
+    (a staged release, an archive of gigabytes), ``.<tag>.amend`` (a push's copy) and ``.<tag>.old``
+    beside its release ``<tag>`` (the replaced one, once the new one took its name); removed (unless
+    ``dry_run``) while their tag's lock is held, so never under a run writing them. A ``.<tag>.old``
+    without ``<tag>`` is the last whole release: the next run of that tag puts it back, so it stays."""
+    found = []
+    for entry in sorted(out.iterdir()) if out.is_dir() else ():
+        suffix = next((s for s in LEFTOVERS if entry.name.startswith(".") and entry.name.endswith(s)), None)
+        if suffix is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        tag = entry.name[1:-len(suffix)]
+        if not tag or (suffix == ".old" and not os.path.isdir(out / tag)):
+            continue
+        try:
+            lock = lock_release(out, tag, create=False)
+        except UnibakeError:
+            continue  # a run is writing it
+        try:
+            if not dry_run:
+                shutil.rmtree(entry)
+            found.append(entry)
+        except OSError:  # a folder this user cannot change: left, as before
+            pass
+        finally:
+            if lock is not None:
+                lock.close()
+    return found
 
 
 def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
-    """What prune would remove, without removing anything."""
-    manifests = [found.manifest for found in find_releases(out) if found.manifest is not None]
+    """What prune would remove, without removing anything. With a release folder whose manifest
+    cannot be read, only build cache: that release may be the newest, or a hotfix whose base image
+    (an older release's, or a dangling one) no other folder says is needed."""
+    releases = find_releases(out)
+    manifests = [found.manifest for found in releases if found.manifest is not None]
     needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
+    if len(manifests) < len(releases):
+        return [Removal(ref=tag, why="build cache") for image in engine.list_images() for tag in image.tags
+                if tag.startswith(f"{CACHE_REPOSITORY}/")]
+    folders: dict[str, tuple[str, ...]] = {}  # an image ID: the folders that released it
+    for found in releases:
+        folders[found.manifest.image_id] = (*folders.get(found.manifest.image_id, ()), found.folder.name)
     for m in manifests:
         if m.image_id in needed:
             continue
         info = engine.inspect_image(m.tag)
         if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
             removals.append(Removal(ref=m.tag, why=f"release {m.release} of {m.product}, older than the "
-                                                   f"newest {keep}"))
+                                                   f"newest {keep}", releases=folders[m.image_id]))
     for image in engine.list_images():
         for tag in image.tags:
             if tag.startswith(f"{CACHE_REPOSITORY}/"):
@@ -66,7 +122,8 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
         if m is not None:
             if _made_by_unibake(image.labels, m):
                 removals.append(Removal(ref=image.id, why=f"the image of release {m.release} of {m.product}, "
-                                                          f"older than the newest {keep}; no tag names it"))
+                                                          f"older than the newest {keep}; no tag names it",
+                                        releases=folders[image.id]))
         elif _built_by_unibake(engine, image):
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     return removals
@@ -122,17 +179,34 @@ def _built_by_unibake(engine: Engine, image: ImageSummary) -> bool:
 
 
 def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
-          on_line: Callable[[str], None] = lambda line: None) -> list[Removal]:
+          on_line: Callable[[str], None] = lambda line: None,
+          on_warning: Callable[[str], None] = lambda line: None) -> list[Removal]:
     """The removals planned, each removed (unless ``dry_run``) without force: one the engine keeps
     because a container uses it comes back with ``kept`` saying so."""
+    for folder in unreadable_releases(out):
+        on_warning(f"the release folder {folder} has a manifest.json that cannot be read: prune cannot tell which "
+                   "images it needs, so it removes build cache only; check it with python build.py verify "
+                   f"{folder}, then fix or move it")
     done = []
-    for r in plan_removals(engine, out, keep=keep):
-        if dry_run:
-            on_line(f"    would remove {r.ref} ({r.why})")
-        else:
-            gone = engine.remove_if_unused(r.ref) if r.ref.startswith("sha256:") else engine.untag(r.ref)
-            if not gone:
-                r = Removal(ref=r.ref, why=r.why, kept="a container or another image uses it")
-            on_line(f"    {f'kept {r.ref} ({r.why}; {r.kept})' if r.kept else f'removing {r.ref} ({r.why})'}")
-        done.append(r)
+    held: set[str] = set()
+    with ExitStack() as locks:
+        for r in plan_removals(engine, out, keep=keep):
+            try:  # a run writing that release (--force), or a hotfix made on it, needs its image till it ends
+                for release in sorted(set(r.releases) - held):
+                    lock = lock_release(out, release, create=not dry_run)
+                    if lock is not None:
+                        locks.callback(lock.close)
+                    held.add(release)
+            except UnibakeError as exc:
+                r = replace(r, kept=str(exc))
+            if r.kept:
+                on_line(f"    kept {r.ref} ({r.why}; {r.kept})")
+            elif dry_run:
+                on_line(f"    would remove {r.ref} ({r.why})")
+            else:
+                gone = engine.remove_if_unused(r.ref) if r.ref.startswith("sha256:") else engine.untag(r.ref)
+                if not gone:
+                    r = replace(r, kept="a container or another image uses it")
+                on_line(f"    {f'kept {r.ref} ({r.why}; {r.kept})' if r.kept else f'removing {r.ref} ({r.why})'}")
+            done.append(r)
     return done

@@ -27,7 +27,7 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, write_atomic
+from .files import fsync_dir, open_lock, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
                        ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
@@ -103,7 +103,7 @@ class ReleaseFolder:
     def __enter__(self) -> "ReleaseFolder":
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            lock = open(self.out / f".{self.tag}.lock", "a+")
+            lock = open_lock(self.out / f".{self.tag}.lock")
         except (FileExistsError, NotADirectoryError):  # --out (or a folder above it) is a file: a bad argument
             raise InputError(f"--out {self.out}: not a folder (a file of that name, or above it, exists)") from None
         except OSError as exc:
@@ -111,15 +111,19 @@ class ReleaseFolder:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
+            holder = _holder(lock)
+            try:  # only a hotfix made on this release holds its lock shared
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                reading = True
+            except BlockingIOError:
+                reading = False
             lock.close()
+            if reading:
+                raise UnibakeError(f"a hotfix is being made on release {self.final} (pid {holder}): it needs that "
+                                   "release as it is until it ends; wait for it or choose another version") from None
             raise UnibakeError(f"another run is writing release {self.final} (pid {holder}); wait for it or "
                                "choose another version") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
+        _sign(lock)
         self._lock = lock
         try:
             self._restore_old()
@@ -176,6 +180,68 @@ class ReleaseFolder:
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
         self._unlock()
+
+
+def _holder(lock) -> str:
+    lock.seek(0)
+    return ", ".join(lock.read().split()) or "another process"
+
+
+def _sign(lock) -> None:
+    """The holder's pid in the lock file, for the message of a run it refuses."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+
+
+def hold_release(out: Path, tag: str):
+    """A shared hold on release ``tag``'s lock (``<out>/.<tag>.lock``), for a run that reads that
+    release until it ends (a hotfix made on it): a run that would write it (``--force``) is refused
+    while it is held, as one writing it refuses this. Returns the open lock file: closing it lets go."""
+    try:
+        lock = open_lock(out / f".{check_tag(tag)}.lock")
+    except OSError as exc:
+        raise UnibakeError(f"cannot lock the release {out / tag}: {exc.strerror}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(lock)
+        lock.close()
+        raise UnibakeError(f"another run is writing release {out / tag} (pid {holder}); wait for it, then make "
+                           "the hotfix") from None
+    _sign(lock)
+    return lock
+
+
+def lock_release(out: Path, name: str, *, create: bool = True):
+    """The lock of the release folder ``name`` under ``out`` held exclusively, as a run writing that
+    release holds it, without waiting (prune, while it removes the release's image). Returns the open
+    lock file (closing it lets go), or None when there is no lock file and ``create`` is False or it
+    cannot be made (no run holds it). Raises UnibakeError naming the holder when another run holds
+    it: one writing the release, or a hotfix made on it."""
+    path = out / f".{name}.lock"  # the folder's own name, whatever it is: one entry of out
+    lock = None
+    if create:
+        try:
+            lock = open_lock(path)
+        except OSError:  # a folder this user cannot write: a lock file there is still read (flock needs no write)
+            pass
+    try:
+        lock = lock if lock is not None else open_lock(path, create=False, write=False)
+    except FileNotFoundError:
+        return None  # nobody ever locked it
+    except OSError as exc:
+        raise UnibakeError(f"cannot lock the release {out / name}: {exc.strerror}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(lock)
+        lock.close()
+        raise UnibakeError(f"a run is using release {out / name} (pid {holder})") from None
+    if lock.writable():  # a run it refuses meanwhile names this one
+        _sign(lock)
+    return lock
 
 
 @dataclass(frozen=True, kw_only=True)

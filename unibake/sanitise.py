@@ -15,6 +15,7 @@ import getpass
 import hashlib
 import json
 import os
+import pwd
 import re
 import subprocess
 import tempfile
@@ -124,14 +125,28 @@ def _matches(data: bytes, anchors: tuple[bytes, ...], rule: re.Pattern[bytes]) -
     return [found[k] for k in sorted(found)]
 
 
-def builder_identity(env: dict[str, str] | None = None) -> tuple[str, ...]:
-    """The builder's home folder and user name (other than root): they must not ship."""
+def _account_home() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # a uid with no passwd entry (a container run as --user 1234)
+        return ""
+
+
+def builder_identity(env: dict[str, str] | None = None, account_home: str | None = None) -> tuple[str, ...]:
+    """The builder's home folders (``HOME``, and the account's in the passwd database, which a CI
+    job's ``HOME=/srv/ci`` does not change: ``~user`` paths still lead there) and user name (other
+    than root): they must not ship. ``account_home``: the passwd entry's (default: looked up)."""
     env = env if env is not None else dict(os.environ)
-    home = env.get("HOME") or os.path.expanduser("~")
     user = env.get("USER") or getpass.getuser()
     out = []
-    if home and home not in ("/", "/root"):
-        out.append(home)
+    account = (_account_home() if account_home is None else account_home).rstrip("/")
+    # a system account's home (/bin, /usr/sbin's daemon, /nonexistent) is no personal folder: only one
+    # two folders deep or more (/var/lib/jenkins, /srv/ci) is taken from the passwd entry
+    homes = [env.get("HOME") or os.path.expanduser("~")] + ([account] if account.count("/") >= 2 else [])
+    for home in homes:
+        home = home.rstrip("/")  # HOME=/srv/ci/ names /srv/ci
+        if home and home != "/root" and home not in out:
+            out.append(home)
     if user and user != "root" and len(user) >= 3:
         out.append(user)
     return tuple(out)
@@ -236,15 +251,16 @@ def scan_env(pairs: Iterable[tuple[str, str]], where: str | Callable[[str], str]
             for key, value in pairs if SECRET_NAME_RE.search(key) and value]
 
 
-def scan_values(pairs: Iterable[tuple[str, str, str]]) -> list[Finding]:
+def scan_values(pairs: Iterable[tuple[str, str, str]], identity: tuple[str, ...] = ()) -> list[Finding]:
     """Profile values at plan time: (where, name, value); secret names with a literal value, and every
-    value against every rule, private addresses included."""
+    value against every rule, private addresses and the builder's ``identity`` included."""
     findings = []
     for where, name, value in pairs:
         if name and SECRET_NAME_RE.search(name) and value:
             findings.append(Finding(where=where, kind="secret in the environment", value=value))
         findings += [Finding(where=where, kind=f.kind, value=f.value)
-                     for f in scan_bytes(value.encode("utf-8", "surrogateescape"), where, addresses=True)]
+                     for f in scan_bytes(value.encode("utf-8", "surrogateescape"), where, addresses=True,
+                                         identity=identity)]
     return findings
 
 

@@ -16,17 +16,24 @@ from .builder import image_platform
 from .console import Reporter
 from .engine import Engine
 from .errors import InputError
-from .pipeline import Connect, Request, Results, Stage, run_stages
+from .pipeline import Connect, Request, Results, Stage, docker_engines, run_stages
 from .plan import ReleasePlan
 from .schema import TOPOLOGY_ENV
 from .platforms import Platform
 
 
 def check_base(engine: Engine, plan: ReleasePlan) -> None:
-    """The base image must record the plan's platform: a foreign base would be relabelled, not rebuilt."""
+    """Every image the Dockerfile builds FROM must be in the engine (the build would try to pull it and
+    fail at that step with the registry's error), and the base image must record the plan's platform:
+    a foreign base would be relabelled, not rebuilt."""
+    for role, image in plan.from_images:
+        if image != "scratch" and engine.inspect_image(image) is None:
+            raise InputError(f"{role} {image} is not in the engine ({engine.address}): unibake builds on local "
+                             f"images and pulls none; load it (docker load, or docker pull {image}), then build "
+                             "again (scripts/setup.sh makes the example's); nothing was built")
     info = engine.inspect_image(plan.base_image)
     if info is None:
-        return  # the build names the missing image
+        return  # FROM scratch
     found = image_platform(info)
     if found and found != plan.platform.name:
         raise InputError(f"the base image {plan.base_image} is {found}, not {plan.platform.name}: set "
@@ -66,15 +73,28 @@ def check_base(engine: Engine, plan: ReleasePlan) -> None:
 def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence[Platform], reporter: Reporter, *,
                   connect: Connect | None = None) -> list[Results]:
     """``stages`` once per platform; publishing (when selected) waits until every platform has passed
-    everything before it, so a failure on one platform publishes nothing."""
-    before = [s for s in stages if s.name != "publish"]
+    everything before it, so a failure on one platform publishes nothing. Every platform is planned
+    and its base images checked before any is built (an arm64 base missing is not found after the
+    amd64 image was built, exported and gated)."""
+    names = [s.name for s in stages]
+    first = names.index("build") if "build" in names else len(names)
+    planning, before = stages[:first], [s for s in stages[first:] if s.name != "publish"]
     after = [s for s in stages if s.name == "publish"]
     requests = [replace(request, platform=p.name) for p in platforms]
     with ExitStack() as stack:  # every release folder and scratch engine is held until the end
-        done = []
+        planned = []
         for n, one in enumerate(requests, 1):
+            reporter.info(f"==> platform {one.platform} ({n} of {len(requests)}): plan")
+            planned.append(run_stages(planning, one, reporter, connect=connect, stack=stack))
+        if before:
+            engine = (connect or docker_engines(request))(request.engine)
+            for results in planned:
+                check_base(engine, results["plan"])
+        done = []
+        for n, (one, results) in enumerate(zip(requests, planned), 1):
             reporter.info(f"==> platform {one.platform} ({n} of {len(requests)})")
-            done.append(run_stages(before, one, reporter, connect=connect, stack=stack))
+            done.append(run_stages(before, one, reporter, connect=connect, stack=stack, given=results)
+                        if before else results)
         if not after:
             return done
         return [run_stages(after, one, reporter, connect=connect, stack=stack, given=results)

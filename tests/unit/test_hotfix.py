@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,41 @@ def test_force_never_replaces_the_base_a_hotfix_needs_and_releases_says_when_a_b
     listed = {r["release"]: r["state"] for r in json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]}
     assert listed["1.0"] == "verifies"
     assert listed["1.1"].startswith("base absent: no release here holds 1.0's image sha256:")
+
+
+def test_releases_says_a_hotfix_does_not_verify_when_its_base_folder_lacks_its_archive_or_fails(tmp_path, cli):
+    out = tmp_path / "release"
+    base_folder, _ = make_release(out, "1.0", layers=[layer_tar({"base": b"base" * 100}),
+                                                      layer_tar({"old": b"old" * 100})])
+    hotfix_of(out, base_folder)
+
+    def states():
+        result = cli("--json", "releases", "--out", str(out))
+        return {r["release"]: r["state"] for r in json.loads(result.out)["releases"]}, result.err
+
+    archive = next(base_folder.glob("*.tar.zst"))
+    archive.rename(tmp_path / archive.name)  # a fresh clone: archives are not tracked
+    listed, err = states()
+    assert listed["1.0"] == "archive absent"
+    assert listed["1.1"] == "base does not verify: release 1.0 (1.0/): archive absent"  # was "verifies"
+    assert err.rstrip().endswith("; 0 verify")
+    (tmp_path / archive.name).rename(archive)
+    notes = base_folder / "RELEASE_NOTES.md"
+    notes.write_text(notes.read_text() + "edited\n")
+    listed, _ = states()
+    assert listed["1.0"].startswith("FAILS: RELEASE_NOTES.md")
+    assert listed["1.1"].startswith("base does not verify: release 1.0 (1.0/): FAILS: RELEASE_NOTES.md")
+    shutil.copytree(base_folder, out / "1.0-copy")  # another folder holding the base image that verifies
+    notes.write_text(notes.read_text()[:-len("edited\n")])
+    shutil.copy(notes, out / "1.0-copy" / notes.name)
+    notes.write_text(notes.read_text() + "edited\n")
+    listed, err = states()  # two rows of release 1.0: one verifies
+    assert listed["1.1"] == "verifies"
+    assert err.rstrip().endswith("; 2 verify")
+    shutil.rmtree(out / "1.0-copy")
+    (base_folder / "manifest.json").write_text("{")  # damaged: not "no release here holds 1.0's image"
+    listed, _ = states()
+    assert listed["1.1"].startswith("base does not verify: release 1.0 (1.0/): UNREADABLE: ")
 
 
 def test_a_release_of_another_product_under_the_same_version_is_never_replaced(tmp_path, engines):  # noqa: F811
@@ -225,6 +262,48 @@ def test_a_base_named_by_a_path_is_refused_its_hotfix_would_have_no_base_under_o
         run_stages([BY_NAME["hotfix base"]], request, Quiet())
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "elsewhere", base="1.0/", version="1.0.1")
     assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].folder == tmp_path / "elsewhere" / "1.0"
+
+
+def test_a_base_named_by_another_repositorys_tag_is_refused_not_taken_by_its_folder_name(engines, tmp_path, cli):  # noqa: F811
+    release(engines, tmp_path / "release")  # demo:1.0
+    for name in ("other:1.0", "registry.example/demo:1.0", ":1.0"):
+        request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base=name, version="1.0.1")
+        with pytest.raises(InputError, match=rf"--from {name}: .*/release/1\.0 is the release of demo:1\.0, not of "
+                                             rf"{name.rsplit(':', 1)[0]}: release folders are named by version, so {name} names no release "
+                                             r"under --out \("):
+            run_stages([BY_NAME["hotfix base"]], request, Quiet())
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="demo:1.0", version="1.0.1")
+    assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].manifest.tag == "demo:1.0"
+    result = cli("hotfix", "--from", "other:1.0", "--version", "1.0.1", "--out", str(tmp_path / "release"),
+                 cwd=tmp_path)
+    assert result.code == 2 and result.err.count("error:") == 1 and "is the release of demo:1.0, not of other" in result.err
+
+
+def test_a_hotfix_holds_its_base_release_so_a_force_run_of_it_is_refused_until_the_hotfix_ends(engines, tmp_path):  # noqa: F811
+    from contextlib import ExitStack
+
+    from unibake.errors import UnibakeError
+
+    out = tmp_path / "release"
+    release(engines, out)  # demo:1.0
+    request = Request(env={}, cwd=tmp_path, out=out, base="1.0", version="1.0.1")
+    with ExitStack() as hotfix:  # the hotfix's run, from its first stage to its end
+        run_stages([BY_NAME["hotfix base"]], request, Quiet(), stack=hotfix)
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on release {out / '1.0'} \(pid {os.getpid()}\): "
+                                               "it needs that release as it is until it ends; wait for it"):
+            release(engines, out, force=True)  # build --version 1.0 --force, archive --tag 1.0 --force
+        from unibake.amend import _Lock
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on the release beside {out / '.1.0.lock'}; "
+                                               "wait for it"):
+            _Lock(out, "1.0").__enter__()  # push 1.0, recording its digest in the folder
+        with ExitStack() as second:  # another hotfix on the same base may run beside it
+            run_stages([BY_NAME["hotfix base"]], replace(request, version="1.0.2"), Quiet(), stack=second)
+        assert (out / "1.0" / "manifest.json").is_file()
+    release(engines, out, force=True)  # the hotfix ended: its base may be made again
+    with ReleaseFolder(out, "1.0", force=True):  # a run writing 1.0: a hotfix on it waits for it
+        with pytest.raises(UnibakeError, match=rf"another run is writing release {out / '1.0'} \(pid {os.getpid()}\); "
+                                               "wait for it, then make the hotfix"):
+            run_stages([BY_NAME["hotfix base"]], request, Quiet())
 
 
 def hotfix_pair(out):

@@ -163,7 +163,43 @@ def test_a_base_image_of_another_platform_is_refused_before_building(busybox_pro
     with pytest.raises(InputError, match=r"the base image localhost/unibake-busybox:1-arm64 is linux/amd64, not "
                                          r"linux/arm64: set base\.platforms\.linux/arm64 in product\.yaml"):
         check_base(fake, plan)
-    check_base(fake, make_plan(busybox_product, platform=AMD64))  # absent: the build names it
+    fake.add({"architecture": "amd64", "os": "linux"}, [b"x" * 1024], tag="localhost/unibake-busybox:1")
+    check_base(fake, make_plan(busybox_product, platform=AMD64))
+
+
+def test_an_image_the_dockerfile_builds_from_that_the_engine_lacks_is_refused_before_building(busybox_product, tmp_path,
+                                                                                              cli):
+    # the build tried to pull it and failed at its FROM with the registry's error, not saying it is not local
+    from unibake.pipeline import BUILD
+    from unibake.targets import run_platforms
+
+    fake = FakeEngine()
+    with pytest.raises(InputError, match=r"^base image localhost/unibake-busybox:1 is not in the engine "
+                                         r"\(fake://engine\): unibake builds on local images and pulls none"):
+        check_base(fake, make_plan(busybox_product, platform=AMD64))
+    fake.add({"architecture": "amd64", "os": "linux"}, [b"x" * 1024], tag="localhost/unibake-busybox:1")
+    (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text().replace(
+        BUSYBOX_BASE, BUSYBOX_BASE + '\nbuilder: {image: "localhost/unibake-demo-builder:bookworm"}'))
+    (busybox_product.parent / "kernels" / "k").mkdir(parents=True)
+    (busybox_product.parent / "kernels" / "k" / "k.c").write_text("int k(void) { return 1; }\n")
+    append = "kernels:\n  - {name: k, version: '1.0', source: kernels/k}\n"
+    (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text() + append)
+    with_arm64(busybox_product)
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    plan = make_plan(busybox_product, platform=AMD64)
+    assert plan.from_images == (("builder image", "localhost/unibake-demo-builder:bookworm"),
+                                ("base image", "localhost/unibake-busybox:1"))
+    with pytest.raises(InputError, match=r"^builder image localhost/unibake-demo-builder:bookworm is not in the "
+                                         r"engine"):
+        check_base(fake, plan)
+    fake.add({"architecture": "amd64", "os": "linux"}, [b"y" * 1024], tag="localhost/unibake-demo-builder:bookworm")
+    check_base(fake, plan)
+
+    # several platforms: the arm64 base is found missing before the amd64 image is built (the fake
+    # engine builds nothing: a build would fail with its EngineError)
+    request = Request(env={}, cwd=tmp_path, config=busybox_product, out=tmp_path / "release", version="0.2.0")
+    with pytest.raises(InputError, match=r"^base image localhost/unibake-busybox:1-arm64 is not in the engine"):
+        run_platforms(selection(BUILD), request, (AMD64, ARM64), Quiet(), connect=lambda address: fake)
 
 
 class NoEmulation(FakeEngine):

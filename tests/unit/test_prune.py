@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from unibake.archive_reader import read_archive
 from unibake.builder import cache_ref, keep_as_cache
@@ -146,3 +147,83 @@ def test_the_platforms_of_a_version_count_as_one_release(tmp_path):
     _release(out, engine, "hk4-arm64", 40, published="2026-01-01T00:00:04Z", version="hk4")
     planned = prune(engine, out, keep=1, dry_run=True)
     assert {r.ref for r in planned} == {"demo-llm:hk3", "demo-llm:hk3-arm64"}
+
+
+def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_said(tmp_path):
+    # the newest release, a hotfix on hk1, has a damaged manifest: counted out, it let prune --keep 1
+    # keep hk2 and remove hk1's image, the base the newest release needs
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    base = _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    hotfix = {"base_release": "hk1", "base_tag": base["tag"], "base_image_id": base["image_id"],
+              "base_archive_bytes": 1, "omitted_diff_ids": [], "shipped_diff_ids": []}
+    _release(out, engine, "hk5", 5, published="2026-01-01T00:00:05Z", hotfix=hotfix)
+    assert {r.ref for r in prune(engine, out, keep=1, dry_run=True)} == {"demo-llm:hk2"}
+    manifest = out / "hk5" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:-1])
+    del engine.tags["demo-llm:hk1"]  # its image dangling, as after a build that moved the tag
+    cache = engine.add({"config": {}}, [b"cache"])
+    keep_as_cache(engine, cache_ref("demo-llm", "all", "build"), cache)
+    warnings = []
+    done = prune(engine, out, keep=1, on_warning=warnings.append)
+    assert {r.ref for r in done} == {"unibake-cache/demo-llm:all-build"}  # build cache still goes
+    assert engine.inspect_image(base["image_id"]) is not None and engine.inspect_image("demo-llm:hk2") is not None
+    assert warnings == [f"the release folder {out / 'hk5'} has a manifest.json that cannot be read: prune cannot tell "
+                        "which images it needs, so it removes build cache only; check it with python build.py "
+                        f"verify {out / 'hk5'}, then fix or move it"]
+
+
+def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_force_run(tmp_path):
+    # a hotfix on hk1, older than --keep, reads hk1 until it ends (the local engine's hk1 saves it
+    # loading the shared layers back); a --force run of hk1 puts its old image back if it fails
+    import pytest
+
+    from unibake.errors import UnibakeError
+    from unibake.publish import ReleaseFolder, hold_release, lock_release
+
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    for n in (1, 2, 3):
+        _release(out, engine, f"hk{n}", n, published=f"2026-01-01T00:00:0{n}Z")
+    hotfix = hold_release(out, "hk1")
+    lines = []
+    done = prune(engine, out, keep=1, on_line=lines.append)
+    assert {(r.ref, bool(r.kept)) for r in done} == {("demo-llm:hk1", True), ("demo-llm:hk2", False)}
+    assert f"    kept demo-llm:hk1 (release hk1 of demo-llm, older than the newest 1; a run is using release " \
+           f"{out / 'hk1'} (pid {os.getpid()}))" in lines
+    assert engine.inspect_image("demo-llm:hk1") is not None and engine.inspect_image("demo-llm:hk2") is None
+    hotfix.close()
+    (out / ".hk2.lock").write_text("1\n")  # the pid of the run that wrote hk2, long gone
+    lock = lock_release(out, "hk2")  # as prune holds it while it removes hk2's image
+    with pytest.raises(UnibakeError, match=rf"another run is writing release {out / 'hk2'} \(pid {os.getpid()}\)"):
+        ReleaseFolder(out, "hk2", force=True).__enter__()
+    lock.close()
+    with ReleaseFolder(out, "hk1", force=True):  # build --version hk1 --force, under way
+        assert [r.kept for r in prune(engine, out, keep=1, dry_run=True)] == \
+            [f"a run is using release {out / 'hk1'} (pid {os.getpid()})"]
+    assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
+
+
+def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_writing(tmp_path):
+    # a SIGKILLed run leaves .TAG.partial (its staged archive: gigabytes), a killed commit .TAG.old
+    # beside TAG; only the next run of that very tag removed them
+    from unibake.prune import remove_leftovers
+    from unibake.publish import ReleaseFolder
+
+    out = tmp_path / "release"
+    _release(out, FakeEngine(), "1.0", 1)
+    for name in (".1.0.old", ".1.1.partial", ".1.0.amend", ".2.0.old"):
+        (out / name).mkdir()
+        (out / name / "demo-llm-x.tar.zst").write_bytes(b"x" * 100)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / ".1.2.partial").symlink_to(elsewhere)
+    with ReleaseFolder(out, "1.3", force=False):  # a run writing 1.3: its staging folder is its own
+        assert remove_leftovers(out, dry_run=True) == [out / ".1.0.amend", out / ".1.0.old", out / ".1.1.partial"]
+        assert (out / ".1.1.partial").is_dir()  # a dry run removes nothing
+        assert remove_leftovers(out) == [out / ".1.0.amend", out / ".1.0.old", out / ".1.1.partial"]
+        assert (out / ".1.3.partial").is_dir()
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == \
+        [".1.2.partial", ".2.0.old", "1.0"]  # .2.0.old is release 2.0, set aside: the next run of 2.0 puts it back
+    assert elsewhere.is_dir()

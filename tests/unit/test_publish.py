@@ -304,3 +304,39 @@ def test_every_manifest_written_validates_against_the_published_schema(tmp_path)
     del broken["archive"]["sha256"]
     with pytest.raises(jsonschema.ValidationError, match="'sha256' is a required property"):
         jsonschema.validate(broken, schema)
+
+
+def test_a_lock_file_planted_as_a_link_is_never_followed_nor_written_through(tmp_path):
+    # whoever can write --out could make .1.0.lock a link to a file of the releasing user (root's):
+    # the run wrote its pid into that file, truncating it; a FIFO there hung prune's dry run
+    from unibake.amend import _Lock
+    from unibake.publish import hold_release, lock_release
+
+    out = tmp_path / "release"
+    out.mkdir()
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA precious\n")
+    (out / ".1.0.lock").symlink_to(victim)
+    refused = rf"{out / '.1.0.lock'} is not a regular file \(a symlink, a folder or a FIFO\): a release's lock file " \
+              "is never followed; remove it"
+    with pytest.raises(UnibakeError, match=refused):
+        ReleaseFolder(out, "1.0", force=False).__enter__()  # build, archive, hotfix: their own release
+    with pytest.raises(UnibakeError, match=refused):
+        hold_release(out, "1.0")  # a hotfix's base
+    with pytest.raises(UnibakeError, match=refused):
+        _Lock(out, "1.0").__enter__()  # push amending a release
+    with pytest.raises(UnibakeError, match=refused):
+        lock_release(out, "1.0")  # prune
+    assert victim.read_text() == "ssh-ed25519 AAAA precious\n"
+    assert not (out / ".1.0.partial").exists()
+    os.mkfifo(out / ".1.1.lock")
+    with pytest.raises(UnibakeError, match=r"\.1\.1\.lock is not a regular file"):
+        lock_release(out, "1.1", create=False)  # prune --dry-run: never waits for a writer
+    (out / ".1.2.lock").write_text("")
+    lock = lock_release(out, "1.2", create=False)  # a plain lock file still locks
+    assert lock is not None
+    with pytest.raises(UnibakeError, match="another run is writing release"):
+        ReleaseFolder(out, "1.2", force=False).__enter__()
+    lock.close()
+    with ReleaseFolder(out, "1.2", force=False) as folder:
+        assert folder.staging.is_dir()

@@ -206,6 +206,32 @@ def test_a_prebuilt_file_in_a_home_folder_is_refused_at_the_plan_not_after_the_b
     make_plan(busybox_product, verify_lock=False, allow=("^/home/alice$",))
 
 
+def test_a_prebuilt_file_in_the_builders_own_home_outside_home_and_root_is_refused_at_the_plan(busybox_product, cli,
+                                                                                               tmp_path):
+    # HOME=/srv/ci (a CI runner's): the path is no /home/... one, but the provenance's scan knows the
+    # builder's home and failed the release after the build; the plan knows it too now
+    from unibake.errors import VerificationError
+    from unibake.sanitise import builder_identity
+
+    home = tmp_path / "srv" / "ci"
+    big = home / "artifacts" / "libbig.so"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(elf())
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
+    lock(cli, busybox_product)
+    make_plan(busybox_product)  # nobody's home as such
+    for identity in (builder_identity({"HOME": f"{home}/", "USER": "ci"}, account_home="/root"),
+                     builder_identity({"HOME": "/tmp/job-1", "USER": "ci"}, account_home=str(home))):  # the passwd entry's
+        with pytest.raises(VerificationError, match=r"product\.yaml:\d+: kernels\[0\]\.prebuilt: the builder's home or "
+                                                    r"user name "):
+            make_plan(busybox_product, identity=identity)
+    result = cli("build", "--config", str(busybox_product), "--version", "0.2.0", "--out", str(tmp_path / "out"),
+                 env={"CI": "true", "HOME": str(home)})
+    assert result.code == 3 and result.err.count("error:") == 1, result.err  # at the plan: no engine was reached
+    assert "kernels[0].prebuilt: the builder's home or user name" in result.err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busybox_product, cli, tmp_path):
     big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl", {"vendor/libbig.so": b"big", "vendor/__init__.py": b""})
     append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")

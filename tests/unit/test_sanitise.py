@@ -35,12 +35,16 @@ def test_each_kind_of_secret_is_found_and_masked(kind):
 
 
 def test_the_builders_root_folder_user_and_home_are_found():
-    identity = builder_identity({"HOME": "/home/alice", "USER": "alice"})
+    identity = builder_identity({"HOME": "/home/alice", "USER": "alice"}, account_home="/home/alice")
     assert identity == ("/home/alice", "alice")
+    # a CI job's HOME and the account's own home are both the builder's
+    assert builder_identity({"HOME": "/srv/ci/", "USER": "ci"}, account_home="/var/lib/ci") == \
+        ("/srv/ci", "/var/lib/ci")
+    assert builder_identity({"HOME": "/srv/ci", "USER": "ci"}, account_home="/bin") == ("/srv/ci",)  # sync's
     assert {f.kind for f in scan_text("cache: /root/.cache/huggingface\n", "x")} == {"the builder's /root folder"}
     found = scan_text("built by alice in /srv\n", "x", identity=identity)
     assert [f.kind for f in found] == ["the builder's home or user name"]
-    assert builder_identity({"HOME": "/root", "USER": "root"}) == ()
+    assert builder_identity({"HOME": "/root", "USER": "root"}, account_home="/root") == ()
 
 
 def test_secret_variables_are_found_by_name_only_when_set():
