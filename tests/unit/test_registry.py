@@ -897,3 +897,139 @@ def test_an_entry_of_user_name_and_password_without_auth_is_used_as_the_docker_c
     assert (found.username, found.password) == ("ci", "pw")
     assert load_credentials("third.example", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None) is None
     assert "pw" not in repr(found)
+
+
+def _asked_in_a_thread(ask, seconds=20):
+    """``ask()``'s error line (or 'answered'), or None when it was still waiting after ``seconds``."""
+    import threading
+
+    outcome = []
+
+    def run():
+        try:
+            ask()
+            outcome.append("answered")
+        except RegistryError as exc:
+            outcome.append(str(exc))
+
+    asking = threading.Thread(target=run, daemon=True)
+    asking.start()
+    asking.join(seconds)
+    return outcome[0] if outcome else None
+
+
+@pytest.mark.parametrize("where", ["the body", "the headers", "a token"])
+def test_a_registry_that_sends_a_byte_at_a_time_is_given_up_on_as_too_slow(tmp_path, monkeypatch, where):
+    """A registry that sends its answer a byte at a time, each just within the per-read timeout (a
+    minute in use; here the bytes come every 0.2 s): each read was answered, so the request went on
+    for as long as the registry liked (a 4 MiB manifest: years). Now a small answer (a manifest, its
+    headers, a token) must be whole in ANSWER_DEADLINE (here 1 s), and the error names the registry
+    and what was being read."""
+    import http.server
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "ANSWER_DEADLINE", 1.0, raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    stop = []
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def trickle(self, data):
+            for byte in data:
+                if stop:
+                    return
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if where == "a token" and not self.path.startswith("/token"):
+                return ask_for_a_token(self)
+            body = b'{"token": "' + b"t" * 200 + b'"}' if where == "a token" else b"{" + b" " * 500 + b"}"
+            head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    + "X-Padding: " + "p" * 200 + "\r\n\r\n").encode()
+            try:
+                if where == "the headers":
+                    self.trickle(head)
+                else:
+                    self.wfile.write(head)
+                    self.trickle(body)
+            except OSError:
+                pass
+
+    with tls_server(tmp_path, Trickle) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+                c.manifest(DIGEST)
+
+        start = time.monotonic()
+        outcome = _asked_in_a_thread(ask)
+        stop.append(1)
+    assert outcome is not None, "still reading the answer after 20 s"
+    assert time.monotonic() - start < 10
+    assert outcome == (f"the registry 127.0.0.1:{port} did not answer while reading manifest sha256:abababababab "
+                       "(too slow: no whole answer in 1 s) after 1 attempts; nothing was pulled, tagged or changed; "
+                       "run the command again when the registry is back")
+
+
+def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slow(tmp_path, monkeypatch):
+    """A registry that reads an upload's body slowly (8 KiB a second: each write still goes through
+    within the per-write timeout) held a push for as long as the blob took at that pace (a 64 MiB layer:
+    more than two hours). Now an upload must move BLOB_RATE (here 32 MiB in 0.5 s: far more than the
+    socket buffers take in) all along, and the error names the registry and the layer; a blob that
+    moves at the pace is uploaded (the first, small one)."""
+    import http.server
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "BLOB_RATE", (32 << 20, 0.5), raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    stop, stored = [], []
+
+    class Sluggish(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.send_response(202)
+            self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_PUT(self):  # noqa: N802
+            left = int(self.headers["Content-Length"])
+            try:
+                while left and not stop:
+                    left -= len(self.rfile.read(min(left, 8 << 10)))
+                    if left:
+                        time.sleep(1 if left > 1 << 20 else 0)
+            except OSError:
+                return
+            if stop:
+                return
+            stored.append(self.path)
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    blob = tmp_path / "blob"
+    with open(blob, "wb") as f:
+        f.truncate(64 << 20)  # (sparse: quick to read)
+    with tls_server(tmp_path, Sluggish) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload("sha256:" + hashlib.sha256(b"small").hexdigest(), lambda: b"small", "the image config")
+                assert stored
+                c.upload(DIGEST, lambda: open(blob, "rb"), "layer 1 of 1")
+
+        start = time.monotonic()
+        outcome = _asked_in_a_thread(ask)
+        stop.append(1)
+    assert outcome is not None, "still uploading after 20 s"
+    assert time.monotonic() - start < 10
+    assert outcome.startswith(f"the registry 127.0.0.1:{port} did not answer while uploading layer 1 of 1 (too slow: "
+                              f"the upload moved less than {32 << 20} bytes in 0.5 s, after "), outcome
+    assert outcome.endswith("after 1 attempts; nothing was recorded in the release; run the command again when the "
+                            "registry is back (blobs already there are not uploaded again)")
