@@ -286,9 +286,9 @@ def _registry_options(p: argparse.ArgumentParser) -> None:
                    help="registry credentials in a Docker config file (default: $DOCKER_CONFIG/config.json, else "
                         "~/.docker/config.json, with its credential helpers)")
     p.add_argument("--ca-file", metavar="FILE", help="the CA certificate of a private registry (TLS is always verified)")
-    p.add_argument("--retries", type=int, default=5, metavar="N",
-                   help="attempts per registry request on a connection error, a timeout or a 5xx answer, waiting 1, "
-                        "2, 4 ... s between them (default 5)")
+    p.add_argument("--retries", type=int, default=4, metavar="N",
+                   help="retries of a registry request after its first attempt, on a connection error, a timeout or a "
+                        "5xx answer, waiting 1, 2, 4 ... s before each (default 4: 5 attempts in all; 0: none)")
 
 
 COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy",
@@ -902,8 +902,8 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
     """The credentials, CA and retries for one registry host, from the command line and the Docker config."""
     from .registry import Retry, load_credentials
 
-    if args.retries < 1 or args.retries > 20:
-        raise InputError(f"--retries {args.retries} is out of range 1..20")
+    if args.retries < 0 or args.retries > 20:
+        raise InputError(f"--retries {args.retries} is out of range 0..20")
     auth_file = ca_file = None
     if args.auth_file:
         auth_file = (ctx.cwd / args.auth_file).resolve()
@@ -917,7 +917,7 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
             raise InputError(f"--ca-file {args.ca_file}: no CA certificate in it (PEM, what 'openssl x509' writes): "
                              f"{one_line(str(getattr(exc, 'reason', None) or exc))[:100]}") from None
     return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
-            "retry": Retry(attempts=args.retries)}
+            "retry": Retry(attempts=1 + args.retries)}  # --retries counts the tries after the first
 
 
 def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:

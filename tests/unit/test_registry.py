@@ -970,7 +970,7 @@ def test_a_registry_that_sends_a_byte_at_a_time_is_given_up_on_as_too_slow(tmp_p
     assert outcome is not None, "still reading the answer after 20 s"
     assert time.monotonic() - start < 10
     assert outcome == (f"the registry 127.0.0.1:{port} did not answer while reading manifest sha256:abababababab "
-                       "(too slow: no whole answer in 1 s) after 1 attempts; nothing was pulled, tagged or changed; "
+                       "(too slow: no whole answer in 1 s) after 1 attempt; nothing was pulled, tagged or changed; "
                        "run the command again when the registry is back")
 
 
@@ -1031,5 +1031,5 @@ def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slo
     assert time.monotonic() - start < 10
     assert outcome.startswith(f"the registry 127.0.0.1:{port} did not answer while uploading layer 1 of 1 (too slow: "
                               f"the upload moved less than {32 << 20} bytes in 0.5 s, after "), outcome
-    assert outcome.endswith("after 1 attempts; nothing was recorded in the release; run the command again when the "
+    assert outcome.endswith("after 1 attempt; nothing was recorded in the release; run the command again when the "
                             "registry is back (blobs already there are not uploaded again)")
