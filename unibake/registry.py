@@ -550,8 +550,9 @@ class RegistryClient:
                     after = ("nothing was recorded in the release; run the command again when the registry is "
                              "back (blobs already there are not uploaded again)") if self.push else \
                         ("nothing was pulled, tagged or changed; run the command again when the registry is back")
+                    tries = f"{retry.attempts} attempt{'s' if retry.attempts != 1 else ''}"
                     raise RegistryError(f"the registry {self.ref.host} did not answer while {what} ({reason}) after "
-                                        f"{retry.attempts} attempt{'s' if retry.attempts != 1 else ''}; {after}") from None
+                                        f"{tries}; {after}") from None
                 wait = min(retry.delay * 2 ** (attempt - 1), retry.max_delay)
                 self.on_retry(f"{self.ref.host}: {what}: {reason}; retrying in {wait:g} s "
                               f"(attempt {attempt + 1} of {retry.attempts})")
