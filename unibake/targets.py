@@ -18,6 +18,7 @@ from .engine import Engine
 from .errors import InputError
 from .pipeline import Connect, Request, Results, Stage, run_stages
 from .plan import ReleasePlan
+from .publish import CommitGroup, ReleaseFolder
 from .schema import TOPOLOGY_ENV
 from .platforms import Platform
 
@@ -77,5 +78,13 @@ def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence
             done.append(run_stages(before, one, reporter, connect=connect, stack=stack))
         if not after:
             return done
-        return [run_stages(after, one, reporter, connect=connect, stack=stack, given=results)
-                for one, results in zip(requests, done)]
+        # each folder is written whole first; then all are renamed at once: both releases or none
+        group = CommitGroup()
+        for results in done:
+            folder = results.get("folder")
+            if isinstance(folder, ReleaseFolder):
+                folder.group = group
+        published = [run_stages(after, one, reporter, connect=connect, stack=stack, given=results)
+                     for one, results in zip(requests, done)]
+        group.commit()
+        return published

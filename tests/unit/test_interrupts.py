@@ -200,3 +200,116 @@ def test_a_full_disk_while_the_kit_is_written_names_the_folder(tmp_path):
     with pytest.raises(DiskFull, match=r"no space left in .*\.1\.0\.partial while writing the reconstruct kit "
                                        r"demo-1\.0-kit\.tar\.zst; nothing was published"):
         kit_stage(run)
+
+
+def _two_platforms(tmp_path, fail_on: str | None = None):
+    """run_platforms over two platforms with a folder stage and a publish stage (each writes its
+    release in its staging folder and commits it; the one for ``fail_on`` fails as a full disk does)."""
+    from unibake.errors import DiskFull
+    from unibake.pipeline import Request, Stage
+    from unibake.platforms import KNOWN
+    from unibake.targets import run_platforms
+
+    from .test_supply_chain import Quiet
+
+    def folder_stage(run):
+        tag = "1.0" + KNOWN[run.request.platform].suffix
+        return (run.stack.enter_context(ReleaseFolder(run.request.out, tag, force=run.request.force)),)
+
+    def publish_stage(run):
+        folder = run["folder"]
+        (folder.staging / "manifest.json").write_text(f"new {folder.tag}\n")
+        if run.request.platform == fail_on:
+            raise DiskFull(f"no space left in {folder.staging} while writing release {folder.tag}; nothing was "
+                           "published")
+        return (folder.commit(),)
+
+    stages = [Stage(name="folder", about="", needs=("request",), gives=("folder",), run=folder_stage),
+              Stage(name="publish", about="", needs=("folder",), gives=("release",), run=publish_stage)]
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", force=True)
+    return run_platforms(stages, request, [KNOWN["linux/amd64"], KNOWN["linux/arm64"]], Quiet(),
+                         connect=lambda address: None)
+
+
+def test_a_release_for_several_platforms_is_published_whole_or_not_at_all(tmp_path):
+    """A build for two platforms wrote and committed each platform's folder in turn: a failure while
+    the second was written (a full disk, a signature that failed, an interrupt) left the first one
+    published, replacing its old release, and the second not. Now both are written first, then renamed
+    together: the first is not published either, and both old releases stay as they were."""
+    from unibake import publish
+    from unibake.errors import DiskFull
+
+    out = tmp_path / "release"
+    for tag in ("1.0", "1.0-arm64"):
+        (out / tag).mkdir(parents=True)
+        (out / tag / "manifest.json").write_text(f"old {tag}\n")
+    publish.COMMITTED.clear()
+    with pytest.raises(DiskFull, match="while writing release 1.0-arm64"):
+        _two_platforms(tmp_path, fail_on="linux/arm64")
+    assert {p.name: (p / "manifest.json").read_text() for p in out.iterdir() if not p.name.endswith(".lock")} == {
+        "1.0": "old 1.0\n", "1.0-arm64": "old 1.0-arm64\n"}  # no staging, no .old left behind
+    assert publish.COMMITTED == []
+
+    published = _two_platforms(tmp_path)
+    assert [r["release"] for r in published] == [out / "1.0", out / "1.0-arm64"]
+    assert {p.name: (p / "manifest.json").read_text() for p in out.iterdir() if not p.name.endswith(".lock")} == {
+        "1.0": "new 1.0\n", "1.0-arm64": "new 1.0-arm64\n"}
+    assert publish.COMMITTED == [out / "1.0", out / "1.0-arm64"]
+    publish.COMMITTED.clear()
+
+
+def test_a_rename_that_fails_in_a_group_commit_puts_back_the_ones_renamed_before_it(tmp_path, monkeypatch):
+    from unibake import publish
+
+    out = tmp_path / "release"
+    for tag in ("1.0", "1.0-arm64"):
+        (out / tag).mkdir(parents=True)
+        (out / tag / "manifest.json").write_text(f"old {tag}\n")
+    real = os.replace
+
+    def replace(src, dst):
+        if str(src).endswith(".1.0-arm64.partial"):
+            raise OSError(5, "Input/output error")
+        real(src, dst)
+
+    monkeypatch.setattr(publish.os, "replace", replace)
+    group = publish.CommitGroup()
+    with pytest.raises(OSError):
+        with ReleaseFolder(out, "1.0", force=True) as a, ReleaseFolder(out, "1.0-arm64", force=True) as b:
+            for folder in (a, b):
+                folder.group = group
+                (folder.staging / "manifest.json").write_text(f"new {folder.tag}\n")
+                folder.commit()
+            assert not a.committed and (out / "1.0/manifest.json").read_text() == "old 1.0\n"  # (only joined)
+            group.commit()
+    assert not a.committed and not b.committed
+    assert {p.name: (p / "manifest.json").read_text() for p in out.iterdir() if not p.name.endswith(".lock")} == {
+        "1.0": "old 1.0\n", "1.0-arm64": "old 1.0-arm64\n"}
+
+
+def test_an_interrupt_during_a_group_commit_lands_after_every_folder_is_published(tmp_path, monkeypatch):
+    from unibake import publish
+
+    out = tmp_path / "release"
+    real = os.replace
+    renamed = []
+
+    def replace_then_signal(src, dst):
+        real(src, dst)
+        renamed.append(dst)
+        if len(renamed) == 1:  # the first platform's folder in place, the second not yet
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    publish.COMMITTED.clear()
+    monkeypatch.setattr(publish.os, "replace", replace_then_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _two_platforms(tmp_path)
+        assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == ["1.0", "1.0-arm64"]
+        assert publish.COMMITTED == [out / "1.0", out / "1.0-arm64"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+        publish.COMMITTED.clear()
