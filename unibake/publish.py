@@ -99,6 +99,7 @@ class ReleaseFolder:
         self.staging = out / f".{tag}.partial"
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
         self.group: CommitGroup | None = None  # set: commit() waits for the group's
+        self._abandon: list[Callable[[], object]] = []
         self._lock = None
 
     def __enter__(self) -> "ReleaseFolder":
@@ -143,12 +144,17 @@ class ReleaseFolder:
             os.replace(old, self.final)
         shutil.rmtree(old, ignore_errors=True)
 
-    def commit(self, then: Callable[[], object] | None = None) -> Path:
+    def commit(self, then: Callable[[], object] | None = None,
+               abandon: Callable[[], object] | None = None) -> Path:
         """The staged folder takes its final name (a replaced one set aside first, removed after),
         and ``then`` runs (the checksums record), with SIGINT, SIGTERM and SIGHUP held until both are
         done: an interrupt lands before the commit (nothing published, the old release in place) or
         after it (the release published, the tag kept), never between the renames. A folder of a
-        :class:`CommitGroup` only joins it here: the group commits all its folders at once."""
+        :class:`CommitGroup` only joins it here: the group commits all its folders at once.
+        ``abandon``: what removes what ``then`` would have put in place (the checksums record's
+        temporary file), called on exit when the folder was never published."""
+        if abandon is not None:
+            self._abandon.append(abandon)
         if self.group is not None:
             self.group.pending.append((self, then))
             return self.final
@@ -194,6 +200,12 @@ class ReleaseFolder:
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        if not self.committed:
+            for abandon in self._abandon:
+                try:
+                    abandon()
+                except OSError:
+                    pass
         self._unlock()
 
 
@@ -434,4 +446,5 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"))
+    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"),
+                         abandon=lambda: record.unlink(missing_ok=True))

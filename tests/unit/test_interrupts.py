@@ -210,6 +210,7 @@ def _two_platforms(tmp_path, fail_on: str | None = None):
     from unibake.platforms import KNOWN
     from unibake.targets import run_platforms
 
+    from .test_publish import publish_into
     from .test_supply_chain import Quiet
 
     def folder_stage(run):
@@ -222,7 +223,7 @@ def _two_platforms(tmp_path, fail_on: str | None = None):
         if run.request.platform == fail_on:
             raise DiskFull(f"no space left in {folder.staging} while writing release {folder.tag}; nothing was "
                            "published")
-        return (folder.commit(),)
+        return (publish_into(folder, tmp_path / "checksums"),)
 
     stages = [Stage(name="folder", about="", needs=("request",), gives=("folder",), run=folder_stage),
               Stage(name="publish", about="", needs=("folder",), gives=("release",), run=publish_stage)]
@@ -248,12 +249,13 @@ def test_a_release_for_several_platforms_is_published_whole_or_not_at_all(tmp_pa
         _two_platforms(tmp_path, fail_on="linux/arm64")
     assert {p.name: (p / "manifest.json").read_text() for p in out.iterdir() if not p.name.endswith(".lock")} == {
         "1.0": "old 1.0\n", "1.0-arm64": "old 1.0-arm64\n"}  # no staging, no .old left behind
-    assert publish.COMMITTED == []
+    assert publish.COMMITTED == [] and os.listdir(tmp_path / "checksums") == []  # no record, no temporary one
 
     published = _two_platforms(tmp_path)
     assert [r["release"] for r in published] == [out / "1.0", out / "1.0-arm64"]
-    assert {p.name: (p / "manifest.json").read_text() for p in out.iterdir() if not p.name.endswith(".lock")} == {
-        "1.0": "new 1.0\n", "1.0-arm64": "new 1.0-arm64\n"}
+    assert [json.loads((out / tag / "manifest.json").read_text())["release"] for tag in ("1.0", "1.0-arm64")] == \
+        ["1.0", "1.0-arm64"]
+    assert sorted(os.listdir(tmp_path / "checksums")) == ["1.0-arm64.SHA256SUMS", "1.0.SHA256SUMS"]
     assert publish.COMMITTED == [out / "1.0", out / "1.0-arm64"]
     publish.COMMITTED.clear()
 
@@ -296,8 +298,9 @@ def test_an_interrupt_during_a_group_commit_lands_after_every_folder_is_publishe
 
     def replace_then_signal(src, dst):
         real(src, dst)
-        renamed.append(dst)
-        if len(renamed) == 1:  # the first platform's folder in place, the second not yet
+        if str(src).endswith(".partial"):
+            renamed.append(dst)
+        if len(renamed) == 1 and str(src).endswith(".partial"):  # the first platform's folder in place, not the second
             os.kill(os.getpid(), signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, cli_module._terminate)
