@@ -445,7 +445,7 @@ class _Counted:
         except (AttributeError, OSError, io.UnsupportedOperation):
             self.size = len(data.getbuffer()) - data.tell()
 
-    def __len__(self) -> int:
+    def __len__(self) -> int:  # what is left (python-dxf sends the same data again after a 401)
         return self.size
 
     def __bool__(self) -> bool:
@@ -453,6 +453,7 @@ class _Counted:
 
     def read(self, size: int = -1) -> bytes:
         block = self.file.read(size)
+        self.size -= len(block)
         if self.watch is not None:
             self.watch.counted(len(block))
         return block
