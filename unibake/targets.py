@@ -70,12 +70,22 @@ def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence
     everything before it, so a failure on one platform publishes nothing."""
     before = [s for s in stages if s.name != "publish"]
     after = [s for s in stages if s.name == "publish"]
+    # what refuses a platform before any work (its plan; its release folder, when it exists and no
+    # --force) runs for every platform first: not after another platform was built and gated
+    first = before[:next((n + 1 for n, s in enumerate(before) if s.name == "folder"), 0)]
+    before = before[len(first):]
     requests = [replace(request, platform=p.name) for p in platforms]
     with ExitStack() as stack:  # every release folder and scratch engine is held until the end
+        planned = []
+        if first:
+            for n, one in enumerate(requests, 1):
+                reporter.info(f"==> platform {one.platform} ({n} of {len(requests)}): its plan and release folder")
+                planned.append(run_stages(first, one, reporter, connect=connect, stack=stack))
         done = []
         for n, one in enumerate(requests, 1):
             reporter.info(f"==> platform {one.platform} ({n} of {len(requests)})")
-            done.append(run_stages(before, one, reporter, connect=connect, stack=stack))
+            done.append(run_stages(before, one, reporter, connect=connect, stack=stack,
+                                   given=planned[n - 1] if planned else None))
         if not after:
             return done
         # each folder is written whole first; then all are renamed at once: both releases or none

@@ -202,7 +202,7 @@ def test_a_full_disk_while_the_kit_is_written_names_the_folder(tmp_path):
         kit_stage(run)
 
 
-def _two_platforms(tmp_path, fail_on: str | None = None):
+def _two_platforms(tmp_path, fail_on: str | None = None, force=True, built=None):
     """run_platforms over two platforms with a folder stage and a publish stage (each writes its
     release in its staging folder and commits it; the one for ``fail_on`` fails as a full disk does)."""
     from unibake.errors import DiskFull
@@ -225,9 +225,14 @@ def _two_platforms(tmp_path, fail_on: str | None = None):
                            "published")
         return (publish_into(folder, tmp_path / "checksums"),)
 
+    def build_stage(run):
+        (built if built is not None else []).append(run.request.platform)
+        return ("an image",)
+
     stages = [Stage(name="folder", about="", needs=("request",), gives=("folder",), run=folder_stage),
-              Stage(name="publish", about="", needs=("folder",), gives=("release",), run=publish_stage)]
-    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", force=True)
+              Stage(name="build", about="", needs=("folder",), gives=("image",), run=build_stage),
+              Stage(name="publish", about="", needs=("folder", "image"), gives=("release",), run=publish_stage)]
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", force=force)
     return run_platforms(stages, request, [KNOWN["linux/amd64"], KNOWN["linux/arm64"]], Quiet(),
                          connect=lambda address: None)
 
@@ -316,3 +321,15 @@ def test_an_interrupt_during_a_group_commit_lands_after_every_folder_is_publishe
         signal.signal(signal.SIGTERM, previous)
         cli_module._interrupts.clear()
         publish.COMMITTED.clear()
+
+
+def test_a_platform_whose_release_exists_is_refused_before_any_platform_is_built(tmp_path):
+    """``--platform linux/amd64,linux/arm64`` without --force where release 1.0-arm64 exists: amd64 was
+    built, archived, round-tripped and gated (minutes) before arm64's folder stage said it exists. Now
+    every platform's plan and release folder come first: refused before anything is built."""
+    (tmp_path / "release/1.0-arm64").mkdir(parents=True)
+    built = []
+    with pytest.raises(InputError, match="release .*1.0-arm64 already exists; use --force"):
+        _two_platforms(tmp_path, force=False, built=built)
+    assert built == []
+    assert sorted(os.listdir(tmp_path / "release")) == [".1.0-arm64.lock", ".1.0.lock", "1.0-arm64"]
