@@ -15,12 +15,12 @@ from dataclasses import replace
 from .builder import image_platform
 from .console import Reporter
 from .engine import Engine
-from .errors import InputError
-from .pipeline import Connect, Request, Results, Stage, run_stages
+from .errors import EngineError, InputError, UnibakeError
+from .pipeline import Connect, Request, Results, Stage, docker_engines, run_stages
 from .plan import ReleasePlan
 from .publish import CommitGroup, ReleaseFolder
 from .schema import TOPOLOGY_ENV
-from .platforms import Platform
+from .platforms import EXEC_FORMAT, MACHINES, Platform, emulation_hint
 
 
 def check_base(engine: Engine, plan: ReleasePlan) -> None:
@@ -64,6 +64,24 @@ def check_base(engine: Engine, plan: ReleasePlan) -> None:
                          "them, or drop them from the profile")
 
 
+def check_emulation(engine: Engine, plan: ReleasePlan) -> None:
+    """A platform the engine runs only under emulation (not this machine's): one program of its base
+    image is run first, so that an engine whose host has no emulator for it is said before anything
+    is built (else the build fails at its first RUN step, after every platform before it was built)."""
+    import os
+
+    if MACHINES.get(os.uname().machine) == plan.platform or engine.inspect_image(plan.base_image) is None:
+        return  # natively here (or the build names the missing image)
+    try:
+        said = engine.run(plan.base_image, ["/bin/sh", "-c", "true"], timeout=60).output
+    except EngineError as exc:
+        said = str(exc)
+    if EXEC_FORMAT in said:
+        raise UnibakeError(f"the engine at {engine.address} cannot run the {plan.platform.name} base image "
+                           f"{plan.base_image} ({EXEC_FORMAT}); {emulation_hint(plan.platform.name)}; nothing was "
+                           "built")
+
+
 def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence[Platform], reporter: Reporter, *,
                   connect: Connect | None = None) -> list[Results]:
     """``stages`` once per platform; publishing (when selected) waits until every platform has passed
@@ -81,6 +99,12 @@ def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence
             for n, one in enumerate(requests, 1):
                 reporter.info(f"==> platform {one.platform} ({n} of {len(requests)}): its plan and release folder")
                 planned.append(run_stages(first, one, reporter, connect=connect, stack=stack))
+            for one, results in zip(requests, planned):  # each platform's base, before any is built
+                plan = results.get("plan")
+                if plan is not None:
+                    engine = (connect or docker_engines(one))(one.engine)
+                    check_base(engine, plan)
+                    check_emulation(engine, plan)
         done = []
         for n, one in enumerate(requests, 1):
             reporter.info(f"==> platform {one.platform} ({n} of {len(requests)})")

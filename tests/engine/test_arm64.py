@@ -154,9 +154,10 @@ def test_a_failure_on_one_platform_publishes_neither(cli, engine, busybox_produc
     assert result.error_lines == ["error: the base image localhost/unibake-busybox:1 is linux/amd64, not linux/arm64: "
                                   "set base.platforms.linux/arm64 in product.yaml to a linux/arm64 image "
                                   "(scripts/setup.sh makes the example's)"]
-    assert "==> platform linux/arm64 (2 of 2)" in result.err  # amd64 had passed every stage but publish
+    assert "==> platform linux/arm64 (2 of 2)" in result.err
     assert [p for p in os.listdir(out) if not p.endswith(".lock")] == []
     assert engine.inspect_image(f"unibake-test:{version}-arm64") is None
+    assert engine.inspect_image(f"unibake-test:{version}") is None  # refused before amd64 was built
 
 
 @pytest.mark.slow
