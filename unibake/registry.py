@@ -20,6 +20,7 @@ are made in one place: :func:`image_manifest` and :func:`manifest_config_digest`
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -52,8 +53,8 @@ from .archive import compressor
 from .archive_reader import ArchiveReader
 from .console import one_line
 from .engine import Engine
-from .errors import (DigestMismatch, EngineError, InputError, RegistryAuthError, RegistryError, UnibakeError,
-                     VerificationError)
+from .errors import (DigestMismatch, DiskFull, EngineError, InputError, RegistryAuthError, RegistryError,
+                     UnibakeError, VerificationError)
 from .files import read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
@@ -738,7 +739,10 @@ class _Spool:
             self.compress = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
         else:
             self.compress = compressor(ZSTD_LEVEL, False).compressobj()
-        fd, name = tempfile.mkstemp(prefix="layer-", dir=folder)
+        try:
+            fd, name = tempfile.mkstemp(prefix="layer-", dir=folder)
+        except OSError as exc:
+            raise _spool_error(exc, folder) from None
         self.path = Path(name)
         self.file = os.fdopen(fd, "wb")
         self.digest = hashlib.sha256()
@@ -746,7 +750,10 @@ class _Spool:
 
     def _out(self, data: bytes) -> None:
         if data:
-            self.file.write(data)
+            try:
+                self.file.write(data)
+            except OSError as exc:
+                raise _spool_error(exc, self.path.parent) from None
             self.digest.update(data)
             self.size += len(data)
 
@@ -756,9 +763,22 @@ class _Spool:
     def close(self) -> tuple[Blob, Path]:
         if self.compress is not None:
             self._out(self.compress.flush())
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError as exc:
+            raise _spool_error(exc, self.path.parent) from None
         return Blob(digest=f"sha256:{self.digest.hexdigest()}", size=self.size,
                     media_type=LAYER_TYPES[self.compression]), self.path
+
+
+def _spool_error(exc: OSError, folder: Path) -> UnibakeError:
+    """A layer that cannot be compressed into the spool folder: the folder named, and how to give another."""
+    where = f"{folder.parent} (--temp-dir; default $TMPDIR)"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"no space left in {where} while the release's layers are compressed for the registry: "
+                        "give a --temp-dir with room for them; nothing was sent")
+    return UnibakeError(f"cannot write in {where} while the release's layers are compressed for the registry "
+                        f"({exc.strerror}): give another --temp-dir; nothing was sent")
 
 
 def _read_image(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> SavedImage:

@@ -1033,3 +1033,33 @@ def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slo
                               f"the upload moved less than {32 << 20} bytes in 0.5 s, after "), outcome
     assert outcome.endswith("after 1 attempt; nothing was recorded in the release; run the command again when the "
                             "registry is back (blobs already there are not uploaded again)")
+
+
+def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
+    """A push compresses every layer into --temp-dir (default $TMPDIR) before it uploads: a full one
+    said 'error: a file: No space left on device', naming neither the folder nor the option. Here
+    the files it writes are held to 20 kB (RLIMIT_FSIZE), as a full disk holds them."""
+    import os
+    import resource
+    import signal
+    import sys
+
+    from ..savefixtures import layer_tar
+
+    folder, _ = make_release(tmp_path / "release", layers=[layer_tar({"blob": os.urandom(300_000)})])
+    (tmp_path / "spool").mkdir()
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, os.path.join(repo, "build.py"), "push", str(folder), "--to",
+                           "127.0.0.1:1/team/a", "--temp-dir", str(tmp_path / "spool"), "--retries", "0"],
+                          capture_output=True, text=True, preexec_fn=small_files, env={**os.environ, "CI": "1"},
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"error: cannot write in {tmp_path / 'spool'} (--temp-dir; default $TMPDIR) while the release's layers are "
+        "compressed for the registry (File too large): give another --temp-dir; nothing was sent")
+    assert os.listdir(tmp_path / "spool") == []
