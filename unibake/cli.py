@@ -277,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ref", metavar="REF@sha256:DIGEST",
                    help="with --from registry: which push to pull (default: the release's latest)")
     d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
+    d.add_argument("--temp-dir", metavar="DIR",
+                   help="with --ref: where the release's layers are compressed again when it names a push the release "
+                        "does not record (default: $TMPDIR; room for the compressed image)")
     _registry_options(d)
     return p
 
@@ -841,8 +844,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
     addresses = engines_of(named, hosts)
     if args.source == "archive":
-        if args.ref:
-            raise InputError("--ref goes with --from registry")
+        if args.ref or args.temp_dir:
+            raise InputError(f"{'--ref' if args.ref else '--temp-dir'} goes with --from registry")
         with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
             report = verify_folder(folder)
             report.raise_if_failed()
@@ -858,9 +861,10 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             raise InputError(f"release {m.release} records no push: run 'build.py push {args.folder} --to "
                              "REGISTRY/REPO' first, or deploy --from archive")
         settings = _registry_settings(args, ctx, ref.host)
+        temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client, folder=folder)  # a push it did not record: as pull
+                info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
         plan = Plan(folder=folder, manifest=m, source="registry",
                     pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
     m = plan.manifest

@@ -1063,3 +1063,40 @@ def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
         f"error: cannot write in {tmp_path / 'spool'} (--temp-dir; default $TMPDIR) while the release's layers are "
         "compressed for the registry (File too large): give another --temp-dir; nothing was sent")
     assert os.listdir(tmp_path / "spool") == []
+
+
+def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull_does(cli, tmp_path):
+    """``deploy --from registry --ref`` of a push the release does not record compresses the release's
+    layers again, as ``pull`` does; pull takes --temp-dir for that (a big image does not fit every
+    $TMPDIR), deploy had none ('unrecognized arguments'). Now it takes one, and refuses it without
+    --from registry."""
+    import http.server
+
+    folder, _ = make_release(tmp_path / "release")
+    registry = RecordingClient()
+    record = push_release(folder, load_manifest(folder), parse_reference("r.example/a", what="--to", digest=False),
+                          registry, temp_dir=tmp_path).record
+    document = json.loads(registry.manifests["1.3.1"])
+    body = json.dumps({**document, "layers": [*document["layers"][:-1],
+                                              dict(document["layers"][-1], digest="sha256:" + "ee" * 32)]}).encode()
+
+    class Serving(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", OCI_MANIFEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "tls").mkdir()
+    with tls_server(tmp_path / "tls", Serving) as port:
+        ref = f"127.0.0.1:{port}/team/a@sha256:{hashlib.sha256(body).hexdigest()}"
+        result = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--from", "registry", "--ref", ref,
+                     "--ca-file", str(tmp_path / "tls/cert.pem"), "--temp-dir", str(tmp_path / "spool"))
+    assert result.code == 3, result.err
+    assert f"layers that are not its own: a push of its archive gives {record.digest} (gzip layers)" in \
+        result.error_lines[-1]
+    assert os.listdir(tmp_path / "spool") == []
+    archive = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--temp-dir", str(tmp_path / "spool"))
+    assert archive.code == 2 and archive.error_lines[-1] == "error: --temp-dir goes with --from registry"
