@@ -1151,8 +1151,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except KeyboardInterrupt:
         message = "interrupted"
         if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
-            where = ", ".join(str(path) for path in COMMITTED)
-            message += f" after {where} was published whole (check it: python build.py verify {COMMITTED[0]})"
+            if len(COMMITTED) == 1:
+                message += (f" after {COMMITTED[0]} was published whole (check it: python build.py verify "
+                            f"{COMMITTED[0]})")
+            else:  # several platforms, published together
+                message += (f" after {' and '.join(str(path) for path in COMMITTED)} were published whole (check "
+                            f"them: {'; '.join(f'python build.py verify {path}' for path in COMMITTED)})")
         print(f"error: {one_line(message)}", file=sys.stderr)
         _emit_error(args, message, 130, cwd)
         return 130

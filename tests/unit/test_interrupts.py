@@ -323,6 +323,21 @@ def test_an_interrupt_during_a_group_commit_lands_after_every_folder_is_publishe
         publish.COMMITTED.clear()
 
 
+def test_an_interrupt_after_several_platforms_are_published_names_them_all(cli, tmp_path, monkeypatch):
+    # "interrupted after A, B was published whole (check it: python build.py verify A)": the second not
+    # to be checked, in words that read as if one was published
+    def publish_then_interrupted(args, ctx):
+        _two_platforms(tmp_path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", publish_then_interrupted)
+    result = cli("releases")
+    a, b = tmp_path / "release/1.0", tmp_path / "release/1.0-arm64"
+    assert result.code == 130 and result.error_lines == [
+        f"error: interrupted after {a} and {b} were published whole (check them: python build.py verify {a}; "
+        f"python build.py verify {b})"]
+
+
 def test_a_platform_whose_release_exists_is_refused_before_any_platform_is_built(tmp_path):
     """``--platform linux/amd64,linux/arm64`` without --force where release 1.0-arm64 exists: amd64 was
     built, archived, round-tripped and gated (minutes) before arm64's folder stage said it exists. Now
