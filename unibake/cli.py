@@ -278,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ref", metavar="REF@sha256:DIGEST",
                    help="with --from registry: which push to pull (default: the release's latest)")
     d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
+    d.add_argument("--temp-dir", metavar="DIR",
+                   help="with --ref: where the release's layers are compressed again when it names a push the release "
+                        "does not record (default: $TMPDIR; room for the compressed image)")
     _registry_options(d)
     return p
 
@@ -287,9 +290,9 @@ def _registry_options(p: argparse.ArgumentParser) -> None:
                    help="registry credentials in a Docker config file (default: $DOCKER_CONFIG/config.json, else "
                         "~/.docker/config.json, with its credential helpers)")
     p.add_argument("--ca-file", metavar="FILE", help="the CA certificate of a private registry (TLS is always verified)")
-    p.add_argument("--retries", type=int, default=5, metavar="N",
-                   help="attempts per registry request on a connection error, a timeout or a 5xx answer, waiting 1, "
-                        "2, 4 ... s between them (default 5)")
+    p.add_argument("--retries", type=int, default=4, metavar="N",
+                   help="retries of a registry request after its first attempt, on a connection error, a timeout or a "
+                        "5xx answer, waiting 1, 2, 4 ... s before each (default 4: 5 attempts in all; 0: none)")
 
 
 COMMANDS = ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune", "push", "pull", "deploy",
@@ -864,8 +867,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
     addresses = engines_of(named, hosts)
     if args.source == "archive":
-        if args.ref:
-            raise InputError("--ref goes with --from registry")
+        if args.ref or args.temp_dir:
+            raise InputError(f"{'--ref' if args.ref else '--temp-dir'} goes with --from registry")
         with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
             report = verify_folder(folder)
             report.raise_if_failed()
@@ -881,9 +884,10 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             raise InputError(f"release {m.release} records no push: run 'build.py push {args.folder} --to "
                              "REGISTRY/REPO' first, or deploy --from archive")
         settings = _registry_settings(args, ctx, ref.host)
+        temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client, folder=folder)  # a push it did not record: as pull
+                info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
         plan = Plan(folder=folder, manifest=m, source="registry",
                     pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
     m = plan.manifest
@@ -925,8 +929,8 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
     """The credentials, CA and retries for one registry host, from the command line and the Docker config."""
     from .registry import Retry, load_credentials
 
-    if args.retries < 1 or args.retries > 20:
-        raise InputError(f"--retries {args.retries} is out of range 1..20")
+    if args.retries < 0 or args.retries > 20:
+        raise InputError(f"--retries {args.retries} is out of range 0..20")
     auth_file = ca_file = None
     if args.auth_file:
         auth_file = (ctx.cwd / args.auth_file).resolve()
@@ -940,7 +944,7 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
             raise InputError(f"--ca-file {args.ca_file}: no CA certificate in it (PEM, what 'openssl x509' writes): "
                              f"{one_line(str(getattr(exc, 'reason', None) or exc))[:100]}") from None
     return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
-            "retry": Retry(attempts=args.retries)}
+            "retry": Retry(attempts=1 + args.retries)}  # --retries counts the tries after the first
 
 
 def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
@@ -1170,8 +1174,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except KeyboardInterrupt:
         message = "interrupted"
         if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
-            where = ", ".join(str(path) for path in COMMITTED)
-            message += f" after {where} was published whole (check it: python build.py verify {COMMITTED[0]})"
+            if len(COMMITTED) == 1:
+                message += (f" after {COMMITTED[0]} was published whole (check it: python build.py verify "
+                            f"{COMMITTED[0]})")
+            else:  # several platforms, published together
+                message += (f" after {' and '.join(str(path) for path in COMMITTED)} were published whole (check "
+                            f"them: {'; '.join(f'python build.py verify {path}' for path in COMMITTED)})")
         print(f"error: {one_line(message)}", file=sys.stderr)
         _emit_error(args, message, 130, cwd)
         return 130

@@ -98,6 +98,8 @@ class ReleaseFolder:
         self.final = out / tag
         self.staging = out / f".{tag}.partial"
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
+        self.group: CommitGroup | None = None  # set: commit() waits for the group's
+        self._abandon: list[Callable[[], object]] = []
         self._lock = None
 
     def __enter__(self) -> "ReleaseFolder":
@@ -146,30 +148,53 @@ class ReleaseFolder:
             os.replace(old, self.final)
         shutil.rmtree(old, ignore_errors=True)
 
-    def commit(self, then: Callable[[], object] | None = None) -> Path:
+    def commit(self, then: Callable[[], object] | None = None,
+               abandon: Callable[[], object] | None = None) -> Path:
         """The staged folder takes its final name (a replaced one set aside first, removed after),
         and ``then`` runs (the checksums record), with SIGINT, SIGTERM and SIGHUP held until both are
         done: an interrupt lands before the commit (nothing published, the old release in place) or
-        after it (the release published, the tag kept), never between the renames."""
-        old = self.out / f".{self.tag}.old"
+        after it (the release published, the tag kept), never between the renames. A folder of a
+        :class:`CommitGroup` only joins it here: the group commits all its folders at once.
+        ``abandon``: what removes what ``then`` would have put in place (the checksums record's
+        temporary file), called on exit when the folder was never published."""
+        if abandon is not None:
+            self._abandon.append(abandon)
+        if self.group is not None:
+            self.group.pending.append((self, then))
+            return self.final
         with held_signals():
             try:
-                if self.final.exists():
-                    os.replace(self.final, old)
-                try:
-                    os.replace(self.staging, self.final)
-                except BaseException:
-                    self._restore_old()
-                    raise
-                self.committed = True
-                COMMITTED.append(self.final)
+                self._swap()
+                self._published()
                 if then is not None:
                     then()
                 fsync_dir(self.out)
             finally:
-                if self.committed:  # a whole copy of the old release is never left behind
-                    shutil.rmtree(old, ignore_errors=True)
+                self._let_old_go()
         return self.final
+
+    def _swap(self) -> None:
+        """The old release set aside, the staged one in its place; on a failure, the old one back."""
+        if self.final.exists():
+            os.replace(self.final, self.out / f".{self.tag}.old")
+        try:
+            os.replace(self.staging, self.final)
+        except BaseException:
+            self._restore_old()
+            raise
+
+    def _unswap(self) -> None:
+        """A swap undone: the new release back in staging (removed on exit), the old one in its place."""
+        os.replace(self.final, self.staging)
+        self._restore_old()
+
+    def _published(self) -> None:
+        self.committed = True
+        COMMITTED.append(self.final)
+
+    def _let_old_go(self) -> None:
+        if self.committed:  # a whole copy of the old release is never left behind
+            shutil.rmtree(self.out / f".{self.tag}.old", ignore_errors=True)
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -179,6 +204,12 @@ class ReleaseFolder:
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        if not self.committed:
+            for abandon in self._abandon:
+                try:
+                    abandon()
+                except OSError:
+                    pass
         self._unlock()
 
 
@@ -242,6 +273,43 @@ def lock_release(out: Path, name: str, *, create: bool = True):
     if lock.writable():  # a run it refuses meanwhile names this one
         _sign(lock)
     return lock
+
+
+class CommitGroup:
+    """Release folders published together (one per platform of a build): each written whole in its
+    staging folder first, then all renamed in one short block with SIGINT, SIGTERM and SIGHUP held;
+    a rename that fails puts back every folder already renamed (and the releases they replaced).
+    All of them are published, or none; the ``then`` of each (its checksums record) runs after."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[ReleaseFolder, Callable[[], object] | None]] = []
+
+    def commit(self) -> list[Path]:
+        with held_signals():
+            swapped: list[ReleaseFolder] = []
+            try:
+                for folder, _ in self.pending:
+                    folder._swap()
+                    swapped.append(folder)
+            except BaseException:
+                for folder in reversed(swapped):
+                    try:
+                        folder._unswap()
+                    except OSError:  # (what cannot go back is published: the error line names it)
+                        folder._published()
+                raise
+            try:
+                for folder in swapped:
+                    folder._published()
+                for folder, then in self.pending:
+                    if then is not None:
+                        then()
+                for out in dict.fromkeys(folder.out for folder in swapped):
+                    fsync_dir(out)
+            finally:
+                for folder in swapped:
+                    folder._let_old_go()
+        return [folder.final for folder, _ in self.pending]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -444,4 +512,5 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"))
+    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"),
+                         abandon=lambda: record.unlink(missing_ok=True))

@@ -20,12 +20,16 @@ are made in one place: :func:`image_manifest` and :func:`manifest_config_digest`
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import threading
 import time
 import warnings
 import zlib
@@ -38,7 +42,10 @@ from urllib.parse import urljoin, urlsplit
 import docker.auth
 import docker.errors
 import requests
+import requests.adapters
 import requests.exceptions
+import urllib3
+import urllib3.connection
 from dxf import DXF
 from dxf import exceptions as dxf_errors
 
@@ -46,8 +53,8 @@ from .archive import compressor
 from .archive_reader import ArchiveReader
 from .console import one_line
 from .engine import Engine
-from .errors import (DigestMismatch, EngineError, InputError, RegistryAuthError, RegistryError, UnibakeError,
-                     VerificationError)
+from .errors import (DigestMismatch, DiskFull, EngineError, InputError, RegistryAuthError, RegistryError,
+                     UnibakeError, VerificationError)
 from .files import read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
@@ -84,6 +91,12 @@ AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
 ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
 UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
+# The timeouts above are per read: a registry that sends a byte a minute would never trip them. Each
+# attempt at a request is also held to these as a whole (see _Watch):
+ANSWER_DEADLINE = 120.0  # s for a whole small answer (a manifest, a token, an error, an upload's location)
+BLOB_RATE = (1 << 20, 60.0)  # a blob's upload moves at least 1 MiB in every minute it takes
+BLOB_ANSWER_DEADLINE = 600.0  # s for the answer to a blob's upload after its last byte (it is stored, hashed)
+WATCH_TICK = 1.0  # s between two looks at an attempt's clock
 ZSTD_ENGINE_MAJOR = 23  # Docker Engine pulls tar+zstd layers from 23.0 on
 
 
@@ -247,6 +260,8 @@ def _certificate_refused(exc: BaseException) -> bool:
 
 def _transient(exc: BaseException) -> str | None:
     """Why ``exc`` is worth another try, or None when it is not."""
+    if isinstance(exc, _TooSlow):
+        return f"too slow: {exc}"
     if _certificate_refused(exc):
         return None
     if isinstance(exc, requests.exceptions.SSLError):  # the registry went away during TLS
@@ -287,6 +302,167 @@ class _DXF(DXF):
             self._headers, self._auth = headers, auth
 
 
+class _TooSlow(Exception):
+    """An attempt that went past its time limits (:class:`_Watch`); retried like a timeout."""
+
+
+class _Watch:
+    """The time limits of one attempt at a request (its authentication round trips, its redirects and
+    its answer's body included), kept by a thread of its own: past them, every connection the attempt
+    used is shut down, so that a read or a write blocked on it returns at once, and the attempt fails
+    as too slow. A small answer must be whole within :data:`ANSWER_DEADLINE`; a blob's upload must
+    move :data:`BLOB_RATE` (bytes in seconds) all along, and be answered within
+    :data:`BLOB_ANSWER_DEADLINE` after its last byte."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.expired: str | None = None
+        self.sent = 0
+        self.sending_since: float | None = None  # the first byte of a blob read for sending
+        self.mark = (0.0, 0)  # when the bytes sent last reached a rate's worth more, and how many they were
+        self.sent_all: float | None = None  # the last byte of the blob read for sending
+        self.done = threading.Event()
+
+    def watch(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        with self.lock:
+            if sock not in self.sockets:
+                self.sockets.append(sock)
+            if self.expired:
+                self._shut(sock)
+
+    def counted(self, size: int) -> None:
+        """``size`` more bytes of the blob read for sending (0: the end of it)."""
+        now = time.monotonic()
+        if self.sending_since is None:
+            self.sending_since, self.mark = now, (now, 0)
+        if not size:
+            self.sent_all = self.sent_all or now
+            return
+        self.sent += size
+        if self.sent - self.mark[1] >= BLOB_RATE[0]:
+            self.mark = (now, self.sent)
+
+    def overdue(self, now: float) -> str | None:
+        if self.sent_all is not None:
+            if now - self.sent_all > BLOB_ANSWER_DEADLINE:
+                return f"no answer {BLOB_ANSWER_DEADLINE:g} s after the last byte of the blob"
+        elif self.sending_since is not None:
+            if now - self.mark[0] > BLOB_RATE[1]:
+                return (f"the upload moved less than {BLOB_RATE[0]} bytes in {BLOB_RATE[1]:g} s, after "
+                        f"{self.sent} bytes")
+        elif now - self.start > ANSWER_DEADLINE:
+            return f"no whole answer in {ANSWER_DEADLINE:g} s"
+        return None
+
+    def _shut(self, sock: socket.socket) -> None:
+        try:  # the plain socket's shutdown, also under TLS: the blocked thread still holds the TLS object
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        while not self.done.wait(WATCH_TICK):
+            reason = self.overdue(time.monotonic())
+            if reason:
+                with self.lock:
+                    self.expired = reason
+                    for sock in self.sockets:
+                        self._shut(sock)
+                return
+
+    def __enter__(self) -> "_Watch":
+        _WATCHING.current = self
+        threading.Thread(target=self._run, daemon=True, name="unibake-registry-watch").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        _WATCHING.current = None
+
+
+_WATCHING = threading.local()  # the attempt this thread makes now
+
+
+def _watched(sock: socket.socket | None) -> None:
+    watch = getattr(_WATCHING, "current", None)
+    if watch is not None:
+        watch.watch(sock)
+
+
+class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
+    def _new_conn(self):  # (a new connection's socket: before its TLS handshake, which may trickle too)
+        sock = super()._new_conn()
+        _watched(sock)
+        return sock
+
+    def request(self, *args, **kwargs):  # (a connection kept from an earlier request)
+        _watched(self.sock)
+        return super().request(*args, **kwargs)
+
+
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+_WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+
+
+class _WatchedAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter, whose connections tell the attempt that uses them (:class:`_Watch`)."""
+
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _WATCHED_POOLS
+
+    def proxy_manager_for(self, proxy, **kwargs):
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if not proxy.lower().startswith("socks"):  # (a SOCKS proxy has connections of its own)
+            manager.pool_classes_by_scheme = _WATCHED_POOLS
+        return manager
+
+
+class _Counted:
+    """A blob's bytes as requests sends them (block by block, with their length known), each block
+    counted by the attempt's watch."""
+
+    def __init__(self, data, watch: _Watch | None):
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = io.BytesIO(data)
+        self.file, self.watch = data, watch
+        try:
+            self.size = os.fstat(data.fileno()).st_size - data.tell()
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            self.size = len(data.getbuffer()) - data.tell()
+
+    def __len__(self) -> int:  # what is left (python-dxf sends the same data again after a 401)
+        return self.size
+
+    def __bool__(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.file.read(size)
+        self.size -= len(block)
+        if self.watch is not None:
+            self.watch.counted(len(block))
+        return block
+
+    def close(self) -> None:
+        self.file.close()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Retry:
     """How often and how patiently a request is tried: ``attempts`` in all, waiting ``delay`` s, then
@@ -322,7 +498,10 @@ class RegistryClient:
 
     def __enter__(self) -> "RegistryClient":
         self.dxf.__enter__()
-        self.dxf._sessions[0].hooks["response"].append(self._bounded)
+        session = self.dxf._sessions[0]
+        session.hooks["response"].append(self._bounded)
+        for prefix in ("https://", "http://"):
+            session.mount(prefix, _WatchedAdapter())
         return self
 
     def _bounded(self, response, *args, stream: bool = False, **kwargs):
@@ -354,7 +533,16 @@ class RegistryClient:
         retry = self.retry
         for attempt in range(1, retry.attempts + 1):
             try:
-                return call()
+                with _Watch() as watch:
+                    try:
+                        result = call()
+                    except Exception:
+                        if watch.expired:  # whatever the shut connection made of it
+                            raise _TooSlow(watch.expired) from None
+                        raise
+                    if watch.expired:  # (an answer cut short may still have looked whole)
+                        raise _TooSlow(watch.expired)
+                return result
             except Exception as exc:  # classified below; anything unknown is re-raised as it is
                 reason = _transient(exc)
                 if reason is None:
@@ -364,8 +552,9 @@ class RegistryClient:
                     after = ("nothing was recorded in the release; run the command again when the registry is "
                              "back (blobs already there are not uploaded again)") if self.push else \
                         ("nothing was pulled, tagged or changed; run the command again when the registry is back")
+                    tries = f"{retry.attempts} attempt{'s' if retry.attempts != 1 else ''}"
                     raise RegistryError(f"the registry {self.ref.host} did not answer while {what} ({reason}) after "
-                                        f"{retry.attempts} attempts; {after}") from None
+                                        f"{tries}; {after}") from None
                 wait = min(retry.delay * 2 ** (attempt - 1), retry.max_delay)
                 self.on_retry(f"{self.ref.host}: {what}: {reason}; retrying in {wait:g} s "
                               f"(attempt {attempt + 1} of {retry.attempts})")
@@ -421,12 +610,11 @@ class RegistryClient:
     def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
         """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try)."""
         def put() -> None:
-            data = opener()
+            data = _Counted(opener(), getattr(_WATCHING, "current", None))
             try:
                 self.dxf.push_blob(data=data, digest=digest, check_exists=False)
             finally:
-                if hasattr(data, "close"):
-                    data.close()
+                data.close()
         self._call(f"uploading {what}", put)
 
     def put_manifest(self, tag: str, body: bytes, media_type: str) -> str:
@@ -551,7 +739,10 @@ class _Spool:
             self.compress = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
         else:
             self.compress = compressor(ZSTD_LEVEL, False).compressobj()
-        fd, name = tempfile.mkstemp(prefix="layer-", dir=folder)
+        try:
+            fd, name = tempfile.mkstemp(prefix="layer-", dir=folder)
+        except OSError as exc:
+            raise _spool_error(exc, folder) from None
         self.path = Path(name)
         self.file = os.fdopen(fd, "wb")
         self.digest = hashlib.sha256()
@@ -559,7 +750,10 @@ class _Spool:
 
     def _out(self, data: bytes) -> None:
         if data:
-            self.file.write(data)
+            try:
+                self.file.write(data)
+            except OSError as exc:
+                raise _spool_error(exc, self.path.parent) from None
             self.digest.update(data)
             self.size += len(data)
 
@@ -569,9 +763,22 @@ class _Spool:
     def close(self) -> tuple[Blob, Path]:
         if self.compress is not None:
             self._out(self.compress.flush())
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError as exc:
+            raise _spool_error(exc, self.path.parent) from None
         return Blob(digest=f"sha256:{self.digest.hexdigest()}", size=self.size,
                     media_type=LAYER_TYPES[self.compression]), self.path
+
+
+def _spool_error(exc: OSError, folder: Path) -> UnibakeError:
+    """A layer that cannot be compressed into the spool folder: the folder named, and how to give another."""
+    where = f"{folder.parent} (--temp-dir; default $TMPDIR)"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFull(f"no space left in {where} while the release's layers are compressed for the registry: "
+                        "give a --temp-dir with room for them; nothing was sent")
+    return UnibakeError(f"cannot write in {where} while the release's layers are compressed for the registry "
+                        f"({exc.strerror}): give another --temp-dir; nothing was sent")
 
 
 def _read_image(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> SavedImage:

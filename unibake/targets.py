@@ -8,6 +8,7 @@ built, archived, round-tripped and gated before any folder is published: both re
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import replace
@@ -15,11 +16,12 @@ from dataclasses import replace
 from .builder import image_platform
 from .console import Reporter
 from .engine import Engine
-from .errors import InputError
+from .errors import EngineError, InputError, UnibakeError
 from .pipeline import Connect, Request, Results, Stage, docker_engines, run_stages
 from .plan import ReleasePlan
+from .publish import CommitGroup, ReleaseFolder
 from .schema import TOPOLOGY_ENV
-from .platforms import Platform
+from .platforms import EXEC_FORMAT, MACHINES, Platform, emulation_hint
 
 
 def check_base(engine: Engine, plan: ReleasePlan) -> None:
@@ -70,6 +72,22 @@ def check_base(engine: Engine, plan: ReleasePlan) -> None:
                          "them, or drop them from the profile")
 
 
+def check_emulation(engine: Engine, plan: ReleasePlan) -> None:
+    """A platform the engine runs only under emulation (not this machine's): one program of its base
+    image is run first, so that an engine whose host has no emulator for it is said before anything
+    is built (else the build fails at its first RUN step, after every platform before it was built)."""
+    if MACHINES.get(os.uname().machine) == plan.platform or engine.inspect_image(plan.base_image) is None:
+        return  # natively here (or the build names the missing image)
+    try:
+        said = engine.run(plan.base_image, ["/bin/sh", "-c", "true"], timeout=60).output
+    except EngineError as exc:
+        said = str(exc)
+    if EXEC_FORMAT in said:
+        raise UnibakeError(f"the engine at {engine.address} cannot run the {plan.platform.name} base image "
+                           f"{plan.base_image} ({EXEC_FORMAT}); {emulation_hint(plan.platform.name)}; nothing was "
+                           "built")
+
+
 def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence[Platform], reporter: Reporter, *,
                   connect: Connect | None = None) -> list[Results]:
     """``stages`` once per platform; publishing (when selected) waits until every platform has passed
@@ -82,14 +100,19 @@ def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence
     after = [s for s in stages if s.name == "publish"]
     requests = [replace(request, platform=p.name) for p in platforms]
     with ExitStack() as stack:  # every release folder and scratch engine is held until the end
+        # what refuses a platform before any work (its plan; its release folder, when it exists and no
+        # --force; its base images; an engine that cannot run its programs) runs for every platform first
         planned = []
         for n, one in enumerate(requests, 1):
             reporter.info(f"==> platform {one.platform} ({n} of {len(requests)}): plan")
             planned.append(run_stages(planning, one, reporter, connect=connect, stack=stack))
         if before:
-            engine = (connect or docker_engines(request))(request.engine)
-            for results in planned:
-                check_base(engine, results["plan"])
+            plans = [results.get("plan") for results in planned]
+            engine = (connect or docker_engines(request))(request.engine) if any(plans) else None
+            for plan in filter(None, plans):
+                check_base(engine, plan)
+            for plan in filter(None, plans):
+                check_emulation(engine, plan)
         done = []
         for n, (one, results) in enumerate(zip(requests, planned), 1):
             reporter.info(f"==> platform {one.platform} ({n} of {len(requests)})")
@@ -97,5 +120,13 @@ def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence
                         if before else results)
         if not after:
             return done
-        return [run_stages(after, one, reporter, connect=connect, stack=stack, given=results)
-                for one, results in zip(requests, done)]
+        # each folder is written whole first; then all are renamed at once: both releases or none
+        group = CommitGroup()
+        for results in done:
+            folder = results.get("folder")
+            if isinstance(folder, ReleaseFolder):
+                folder.group = group
+        published = [run_stages(after, one, reporter, connect=connect, stack=stack, given=results)
+                     for one, results in zip(requests, done)]
+        group.commit()
+        return published

@@ -245,7 +245,7 @@ def test_a_registry_killed_mid_push_is_a_clear_error_and_a_push_after_restart_wo
     folder = make_release(cli, "unibake-test-push-big:1", tmp_path / "release", "big-1")
     snapshot = files_of(folder)
     cmd = [sys.executable, str(REPO / "build.py"), "push", str(folder), "--to", f"{reg.host}/unibake-test/big",
-           "--retries", "2", *registry_args(reg)]
+           "--retries", "1", *registry_args(reg)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "CI": "true"})
     deadline = time.monotonic() + 60

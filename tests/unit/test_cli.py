@@ -299,6 +299,22 @@ def test_pull_says_in_its_own_words_that_an_unreachable_registry_changed_nothing
     assert "recorded" not in line and "uploaded" not in line
 
 
+def test_retries_counts_the_tries_after_the_first_as_the_help_and_readme_say(cli, tmp_path):
+    """``--retries N`` made N attempts in all (``--retries 1``: none repeated, and ``--retries 0`` was
+    refused), where a retry is usually a try after the first: now N retries follow the first attempt."""
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    ref = "127.0.0.1:1/demo-llm@sha256:" + "a" * 64
+    none = cli("pull", ref, "--release", str(folder), "--retries", "0")
+    assert none.code == 1 and "retrying" not in none.err, none.err
+    assert "(connection refused) after 1 attempt;" in none.error_lines[-1]
+    one = cli("pull", ref, "--release", str(folder), "--retries", "1")
+    assert one.code == 1 and "retrying in 1 s (attempt 2 of 2)" in one.err, one.err
+    assert "(connection refused) after 2 attempts;" in one.error_lines[-1]
+    assert "default 4: 5 attempts in all" in " ".join(cli("pull", "--help").out.split())
+
+
 def test_a_metadata_file_that_is_a_stream_gets_the_document(tmp_path):
     # /dev/stdout passed the early check, then failed at the end (exit 1 after the work): resolved, it
     # names /proc/PID/fd/pipe:[N], which is no folder to write a file in

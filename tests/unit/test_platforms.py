@@ -22,6 +22,8 @@ from unibake.render import render
 from unibake.targets import check_base
 from unibake.verify import verify_folder
 
+from unibake.engine import RunOutcome
+
 from ..fake_engine import FakeEngine
 from ..savefixtures import DEFAULT_LAYERS
 from .test_normalise import EPOCH, built, engine, normalise  # noqa: F401 - the fixture is used by name
@@ -313,3 +315,49 @@ def test_a_base_image_whose_env_would_win_over_a_profiles_is_refused_before_buil
     fake.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin", "SHARED_SETTING=off"]}},
              [b"x" * 1024], tag="localhost/unibake-busybox:1")
     check_base(fake, plan)
+
+
+class EmulatingNothing(FakeEngine):
+    """An engine whose host has no emulator for arm64: an arm64 program cannot start; builds are counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.built = []
+        self.runner = lambda image, args, env: RunOutcome(
+            exit_code=1, output="standard_init_linux.go:228: exec user process caused: exec format error"
+            if image.endswith("-arm64") else "")
+
+    def build(self, context, *, tag, buildargs, nocache, on_line, platform=None):
+        self.built.append(tag)
+        raise BuildFailed("the build failed at Step 9: RUN self-check: The command returned a non-zero code: 1",
+                          output=("standard_init_linux.go:228: exec user process caused: exec format error",)
+                          if platform == "linux/arm64" else ("built nothing: a fake engine",))
+
+
+def test_several_platforms_without_emulation_are_refused_before_any_is_built(busybox_product, tmp_path):
+    """``--platform linux/amd64,linux/arm64`` on an engine whose host has no arm64 emulator: amd64 was
+    built (and archived, round-tripped, gated: minutes) before arm64's first RUN step failed with the
+    hint. Now each platform's base is checked, and a foreign one's program run once, before any build;
+    so is a base of the wrong platform."""
+    from unibake.errors import UnibakeError
+    from unibake.pipeline import BUILD
+    from unibake.targets import run_platforms
+
+    fake = EmulatingNothing()
+    fake.add({"architecture": "amd64", "os": "linux"}, [b"x" * 1024], tag="localhost/unibake-busybox:1")
+    fake.add({"architecture": "arm64", "variant": "v8", "os": "linux"}, [b"y" * 1024],
+             tag="localhost/unibake-busybox:1-arm64")
+    request = Request(env={}, cwd=tmp_path, config=with_arm64(busybox_product), out=tmp_path / "release",
+                      require_lock=False, write_rendered=False)
+    with pytest.raises(UnibakeError, match=r"^the engine at fake://engine cannot run the linux/arm64 base image "
+                                           r"localhost/unibake-busybox:1-arm64 \(exec format error\); the engine's "
+                                           r"host cannot run linux/arm64 programs: register qemu-user-static"):
+        run_platforms(selection(BUILD), request, [AMD64, ARM64], Quiet(), connect=lambda address: fake)
+    assert fake.built == []
+    assert [p for p in (tmp_path / "release").iterdir() if not p.name.endswith(".lock")] == []
+
+    fake.tags["localhost/unibake-busybox:1-arm64"] = fake.tags["localhost/unibake-busybox:1"]  # an amd64 image
+    with pytest.raises(InputError, match="the base image localhost/unibake-busybox:1-arm64 is linux/amd64, not "
+                                         "linux/arm64"):
+        run_platforms(selection(BUILD), request, [AMD64, ARM64], Quiet(), connect=lambda address: fake)
+    assert fake.built == []

@@ -45,17 +45,25 @@ def make_release(out, tag="1.3.1", metadata=METADATA, *, split=None, force=False
         data, image_id, _ = docker_layout(*([layers] if layers else []), tag=f"demo-llm:{tag}", labels=image_labels,
                                           architecture=metadata.get("platform", "linux/amd64").split("/")[1])
     with ReleaseFolder(out, tag, force=force) as folder:
-        archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
-        back = read_back(archive)
-        meta = ImageMetadata.model_validate_json(json.dumps(metadata))
-        previous = previous_release(out, "demo-llm", tag, meta)
-        manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
-                                  digests=back, metadata=meta,
-                                  labels={"org.opencontainers.image.version": tag}, previous=previous, notes=notes,
-                                  attachments={a.name: a.read() for a in notes.attachments} if notes else None)
-        files = {**render_files(manifest, validation, previous, notes),
-                 **({a.name: a.read() for a in notes.attachments} if notes else {})}
-        return publish(folder, archive, back, files, out.parent / "checksums"), image_id
+        return publish_into(folder, out.parent / "checksums", data, metadata=metadata, split=split, notes=notes,
+                            validation=validation), image_id
+
+
+def publish_into(folder, checksums, data=None, *, metadata=METADATA, split=None, notes=None, validation=PASSED):
+    """A release of the image saved as ``data`` (default: a small one) written in ``folder`` and committed."""
+    tag, out = folder.tag, folder.out
+    data = data if data is not None else docker_layout(tag=f"demo-llm:{tag}")[0]
+    archive = write_archive([data], folder.staging, f"demo-llm-{tag}.tar.zst", tag=f"demo-llm:{tag}", split=split)
+    back = read_back(archive)
+    meta = ImageMetadata.model_validate_json(json.dumps(metadata))
+    previous = previous_release(out, "demo-llm", tag, meta)
+    manifest = build_manifest(product="demo-llm", tag=tag, image_ref=f"demo-llm:{tag}", archive=archive,
+                              digests=back, metadata=meta,
+                              labels={"org.opencontainers.image.version": tag}, previous=previous, notes=notes,
+                              attachments={a.name: a.read() for a in notes.attachments} if notes else None)
+    files = {**render_files(manifest, validation, previous, notes),
+             **({a.name: a.read() for a in notes.attachments} if notes else {})}
+    return publish(folder, archive, back, files, checksums)
 
 
 def test_a_release_folder_is_complete_and_its_sums_pass(tmp_path):

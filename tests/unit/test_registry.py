@@ -897,3 +897,206 @@ def test_an_entry_of_user_name_and_password_without_auth_is_used_as_the_docker_c
     assert (found.username, found.password) == ("ci", "pw")
     assert load_credentials("third.example", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None) is None
     assert "pw" not in repr(found)
+
+
+def _asked_in_a_thread(ask, seconds=20):
+    """``ask()``'s error line (or 'answered'), or None when it was still waiting after ``seconds``."""
+    import threading
+
+    outcome = []
+
+    def run():
+        try:
+            ask()
+            outcome.append("answered")
+        except RegistryError as exc:
+            outcome.append(str(exc))
+
+    asking = threading.Thread(target=run, daemon=True)
+    asking.start()
+    asking.join(seconds)
+    return outcome[0] if outcome else None
+
+
+@pytest.mark.parametrize("where", ["the body", "the headers", "a token"])
+def test_a_registry_that_sends_a_byte_at_a_time_is_given_up_on_as_too_slow(tmp_path, monkeypatch, where):
+    """A registry that sends its answer a byte at a time, each just within the per-read timeout (a
+    minute in use; here the bytes come every 0.2 s): each read was answered, so the request went on
+    for as long as the registry liked (a 4 MiB manifest: years). Now a small answer (a manifest, its
+    headers, a token) must be whole in ANSWER_DEADLINE (here 1 s), and the error names the registry
+    and what was being read."""
+    import http.server
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "ANSWER_DEADLINE", 1.0, raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    stop = []
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def trickle(self, data):
+            for byte in data:
+                if stop:
+                    return
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if where == "a token" and not self.path.startswith("/token"):
+                return ask_for_a_token(self)
+            body = b'{"token": "' + b"t" * 200 + b'"}' if where == "a token" else b"{" + b" " * 500 + b"}"
+            head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                    + "X-Padding: " + "p" * 200 + "\r\n\r\n").encode()
+            try:
+                if where == "the headers":
+                    self.trickle(head)
+                else:
+                    self.wfile.write(head)
+                    self.trickle(body)
+            except OSError:
+                pass
+
+    with tls_server(tmp_path, Trickle) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+                c.manifest(DIGEST)
+
+        start = time.monotonic()
+        outcome = _asked_in_a_thread(ask)
+        stop.append(1)
+    assert outcome is not None, "still reading the answer after 20 s"
+    assert time.monotonic() - start < 10
+    assert outcome == (f"the registry 127.0.0.1:{port} did not answer while reading manifest sha256:abababababab "
+                       "(too slow: no whole answer in 1 s) after 1 attempt; nothing was pulled, tagged or changed; "
+                       "run the command again when the registry is back")
+
+
+def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slow(tmp_path, monkeypatch):
+    """A registry that reads an upload's body slowly (8 KiB a second: each write still goes through
+    within the per-write timeout) held a push for as long as the blob took at that pace (a 64 MiB layer:
+    more than two hours). Now an upload must move BLOB_RATE (here 32 MiB in 0.5 s: far more than the
+    socket buffers take in) all along, and the error names the registry and the layer; a blob that
+    moves at the pace is uploaded (the first, small one)."""
+    import http.server
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "BLOB_RATE", (32 << 20, 0.5), raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    stop, stored = [], []
+
+    class Sluggish(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.send_response(202)
+            self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_PUT(self):  # noqa: N802
+            left = int(self.headers["Content-Length"])
+            try:
+                while left and not stop:
+                    left -= len(self.rfile.read(min(left, 8 << 10)))
+                    if left:
+                        time.sleep(1 if left > 1 << 20 else 0)
+            except OSError:
+                return
+            if stop:
+                return
+            stored.append(self.path)
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    blob = tmp_path / "blob"
+    with open(blob, "wb") as f:
+        f.truncate(64 << 20)  # (sparse: quick to read)
+    with tls_server(tmp_path, Sluggish) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload("sha256:" + hashlib.sha256(b"small").hexdigest(), lambda: b"small", "the image config")
+                assert stored
+                c.upload(DIGEST, lambda: open(blob, "rb"), "layer 1 of 1")
+
+        start = time.monotonic()
+        outcome = _asked_in_a_thread(ask)
+        stop.append(1)
+    assert outcome is not None, "still uploading after 20 s"
+    assert time.monotonic() - start < 10
+    assert outcome.startswith(f"the registry 127.0.0.1:{port} did not answer while uploading layer 1 of 1 (too slow: "
+                              f"the upload moved less than {32 << 20} bytes in 0.5 s, after "), outcome
+    assert outcome.endswith("after 1 attempt; nothing was recorded in the release; run the command again when the "
+                            "registry is back (blobs already there are not uploaded again)")
+
+
+def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
+    """A push compresses every layer into --temp-dir (default $TMPDIR) before it uploads: a full one
+    said 'error: a file: No space left on device', naming neither the folder nor the option. Here
+    the files it writes are held to 20 kB (RLIMIT_FSIZE), as a full disk holds them."""
+    import os
+    import resource
+    import signal
+    import sys
+
+    from ..savefixtures import layer_tar
+
+    folder, _ = make_release(tmp_path / "release", layers=[layer_tar({"blob": os.urandom(300_000)})])
+    (tmp_path / "spool").mkdir()
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, os.path.join(repo, "build.py"), "push", str(folder), "--to",
+                           "127.0.0.1:1/team/a", "--temp-dir", str(tmp_path / "spool"), "--retries", "0"],
+                          capture_output=True, text=True, preexec_fn=small_files, env={**os.environ, "CI": "1"},
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"error: cannot write in {tmp_path / 'spool'} (--temp-dir; default $TMPDIR) while the release's layers are "
+        "compressed for the registry (File too large): give another --temp-dir; nothing was sent")
+    assert os.listdir(tmp_path / "spool") == []
+
+
+def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull_does(cli, tmp_path):
+    """``deploy --from registry --ref`` of a push the release does not record compresses the release's
+    layers again, as ``pull`` does; pull takes --temp-dir for that (a big image does not fit every
+    $TMPDIR), deploy had none ('unrecognized arguments'). Now it takes one, and refuses it without
+    --from registry."""
+    import http.server
+
+    folder, _ = make_release(tmp_path / "release")
+    registry = RecordingClient()
+    record = push_release(folder, load_manifest(folder), parse_reference("r.example/a", what="--to", digest=False),
+                          registry, temp_dir=tmp_path).record
+    document = json.loads(registry.manifests["1.3.1"])
+    body = json.dumps({**document, "layers": [*document["layers"][:-1],
+                                              dict(document["layers"][-1], digest="sha256:" + "ee" * 32)]}).encode()
+
+    class Serving(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", OCI_MANIFEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "tls").mkdir()
+    with tls_server(tmp_path / "tls", Serving) as port:
+        ref = f"127.0.0.1:{port}/team/a@sha256:{hashlib.sha256(body).hexdigest()}"
+        result = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--from", "registry", "--ref", ref,
+                     "--ca-file", str(tmp_path / "tls/cert.pem"), "--temp-dir", str(tmp_path / "spool"))
+    assert result.code == 3, result.err
+    assert f"layers that are not its own: a push of its archive gives {record.digest} (gzip layers)" in \
+        result.error_lines[-1]
+    assert os.listdir(tmp_path / "spool") == []
+    archive = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--temp-dir", str(tmp_path / "spool"))
+    assert archive.code == 2 and archive.error_lines[-1] == "error: --temp-dir goes with --from registry"
