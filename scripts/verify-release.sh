@@ -113,8 +113,11 @@ if [ -n "$key" ]; then
     echo "== minisign -Vm SHA256SUMS"
     copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
-    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" \
-      || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
+    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" > "$work/minisign.out" \
+      || { cat "$work/minisign.out"; fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"; }
+    cat "$work/minisign.out"
+    # its trusted comment, compared with manifest.json below when it is in unibake's form
+    sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
   else  # a file that is no public key is bad usage, not a bad signature of the release
     if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
       echo "error: --key $key: this is a secret key; give the public one" >&2
@@ -179,6 +182,14 @@ recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manife
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
+# a minisign trusted comment unibake wrote ("PRODUCT RELEASE SHA256SUMS") names this release: a
+# signature made for another release with the same key would otherwise be shown as that release's
+if [ -s "$work/comment" ] && grep -qx '[a-z0-9][a-z0-9._-]\{0,63\} [A-Za-z0-9_][A-Za-z0-9_.-]\{0,127\} [A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}' "$work/comment"; then
+  product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  [ "$(cat "$work/comment")" = "$product $release SHA256SUMS" ] || fail "$dir: SHA256SUMS.minisig's trusted comment says \
+'$(cat "$work/comment")', but this is '$product $release SHA256SUMS' (manifest.json): a signature made for another release or file"
+fi
 
 # The archive manifest.json names (the folder may hold other .tar.zst files, such as the reconstruct kit):
 # NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order; only files SHA256SUMS lists.

@@ -711,7 +711,7 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                          + (f"; kept {len(kept)} that a container or another image uses" if kept else ""))
 
 
-def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:
+def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) -> bytes:
     """A signed release is signed again (push recording its digest) only over a good signature by
     the very keys given: otherwise a folder changed after it was signed (its sums rewritten to
     match) would come out freshly signed, and verify. Returns SHA256SUMS as its signatures were
@@ -719,13 +719,13 @@ def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:
     import tempfile
 
     from .signing import public_keys
-    from .verify import verify_signatures
+    from .verify import comment_checks, verify_signatures
 
     checked: set[bytes] = set()
     with tempfile.TemporaryDirectory(prefix="unibake-keys-") as temp:
         for key in public_keys(signer, Path(temp)):
             signed = verify_signatures(folder, key, ctx.env)
-            bad = signed.failures
+            bad = signed.failures or [c for c in comment_checks(signed, manifest) if not c.passed]
             if bad:
                 raise VerificationError(f"{bad[0].target}: {bad[0].detail}; {what} is signed again only over a good "
                                         "signature by the same key (was the folder changed after it was signed?)")
@@ -754,7 +754,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
         check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
-        signed_sums = _check_signed_by(folder, signer, ctx, f"release {m.release}")
+        signed_sums = _check_signed_by(folder, signer, ctx, f"release {m.release}", m)
     with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:

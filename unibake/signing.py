@@ -313,6 +313,7 @@ class SignatureCheck:
     passed: bool
     detail: str
     data: bytes = field(default=b"", repr=False, compare=False)  # the signed file's bytes, as verified
+    comment: str = ""  # a good minisign signature's trusted comment
 
 
 
@@ -396,7 +397,7 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
             comments = [line[len("Trusted comment: "):] for line in proc.stdout.decode("utf-8", "replace").splitlines()
                         if line.startswith("Trusted comment: ")]
             said = f", trusted comment {comments[0][:120]!r}" if comments else ""
-            return SignatureCheck(target=target, passed=True, data=data,
+            return SignatureCheck(target=target, passed=True, data=data, comment=comments[0] if comments else "",
                                   detail=f"good minisign signature by {minisign_key_id(key.text)}{said}")
         reason = _tail(proc) if proc.stderr.strip() else (proc.stdout.decode("utf-8", "replace").strip()[:200]
                                                            or f"exit {proc.returncode}")

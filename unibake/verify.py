@@ -50,6 +50,7 @@ class Report:
     checks: tuple[Check, ...]
     manifest: ReleaseManifest | None
     signed_sums: bytes | None = None  # SHA256SUMS as its signature was checked: what verify_folder reads then
+    comments: tuple[tuple[str, str, str], ...] = ()  # (signature, the file it signs, its minisign trusted comment)
 
     @property
     def failures(self) -> list[Check]:
@@ -333,20 +334,47 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
 
     key = read_public_key(key_path)
     checks = _Checks()
+    comments = []
     first = verify_signature(folder, SUMS, key, env, limit=SUMS_LIMIT)
     checks.add("signature", first.target, first.passed, first.detail)
+    comments.append((first.target, SUMS, first.comment))
     if first.passed and (folder / (PROVENANCE + key.suffix)).is_file():
         second = verify_signature(folder, PROVENANCE, key, env, limit=PROVENANCE_LIMIT)
         checks.add("signature", second.target, second.passed, second.detail)
+        comments.append((second.target, PROVENANCE, second.comment))
     return Report(folder=folder, checks=tuple(checks), manifest=None,
-                  signed_sums=first.data if first.passed else None)
+                  signed_sums=first.data if first.passed else None,
+                  comments=tuple(c for c in comments if c[2]))
+
+
+# the trusted comment unibake signs with: "PRODUCT RELEASE FILE" (another, a publisher's own, is shown only)
+UNIBAKE_COMMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} "
+                                r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
+
+
+def comment_checks(signed: Report, manifest: ReleaseManifest) -> list[Check]:
+    """A minisign trusted comment in unibake's form must name the release the manifest is, and the
+    file it signs: a signature made for another release (the same key, a comment saying 2.0 on
+    1.0's sums) would otherwise be shown as that release's."""
+    out = []
+    for target, name, comment in signed.comments:
+        if not UNIBAKE_COMMENT_RE.fullmatch(comment):
+            continue
+        want = f"{manifest.product} {manifest.release} {name}"
+        ok = comment == want
+        out.append(Check(name="signature", target=target, passed=ok, detail=(
+            f"its trusted comment names {manifest.product} {manifest.release}, as {MANIFEST}" if ok else
+            f"its trusted comment says {comment!r}, but this is {want!r} ({MANIFEST}): a signature made for another "
+            "release or file")))
+    return out
 
 
 def with_signatures(signed: Report | None, report: Report) -> Report:
-    """A folder's report with the signature checks first."""
+    """A folder's report with the signature checks first (and its trusted comments against its manifest)."""
     if signed is None:
         return report
-    return Report(folder=report.folder, checks=signed.checks + report.checks, manifest=report.manifest)
+    compared = tuple(comment_checks(signed, report.manifest)) if report.manifest is not None else ()
+    return Report(folder=report.folder, checks=signed.checks + compared + report.checks, manifest=report.manifest)
 
 
 def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], object] = lambda n: None) -> Report:
