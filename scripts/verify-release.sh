@@ -97,13 +97,18 @@ if [ -n "$key" ]; then
     # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
     gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
-      3> "$work/gpgv.status" || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
+      3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
     if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
       fail "$dir: SHA256SUMS.asc was made by a key that has been revoked ($key)"
     fi
     if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: SHA256SUMS.asc is a signature that has expired"; fi
-    grep -q -e '^\[GNUPG:\] GOODSIG ' -e '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status" \
-      && grep -q '^\[GNUPG:\] VALIDSIG ' "$work/gpgv.status" \
+    # each signature of the file (NEWSIG begins one) is good, or one a co-signer made whose key was not
+    # given (ERRSIG code 9: gpgv exits 2 for it alone); at least one is good
+    awk -v rc="$gpgv" '$1 != "[GNUPG:]" { next } $2 == "NEWSIG" { if (seen) n++; seen = 1 } !n { n = 1 }
+      $2 == "GOODSIG" || $2 == "EXPKEYSIG" { good[n] = 1 } $2 == "VALIDSIG" { valid[n] = 1 } $2 == "BADSIG" { bad[n] = 1 }
+      $2 == "ERRSIG" && $8 == "9" { nokey[n] = 1 }
+      END { for (i = 1; i <= n; i++) { if (good[i] && valid[i] && !bad[i]) ok++; else if (nokey[i] && !good[i] && !valid[i] && !bad[i]) other++; else exit 1 }
+            exit !(ok && (rc == 0 || other)) }' "$work/gpgv.status" \
       || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
       echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2

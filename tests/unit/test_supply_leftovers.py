@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..conftest import REPO, gpg_home, minisign_key, run  # noqa: F401 - fixtures used by name
+from ..conftest import REPO, gpg_home, minisign_key, run, throwaway_gpg_home  # noqa: F401 - fixtures used by name
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
 from .test_supply_chain import engines, release  # noqa: F401 - the fixture is used by name
 
@@ -60,3 +60,51 @@ def test_a_minisign_trusted_comment_naming_another_release_fails_both_verifiers(
     assert pushed.code == 3 and "its trusted comment says 'demo 2.0 SHA256SUMS'" in pushed.error_lines[-1] and \
         "signed again only over a good signature by the same key" in pushed.error_lines[-1], pushed.err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_sums_signature_co_signed_by_a_key_not_given_passes_and_a_bad_or_foreign_one_still_fails(
+        engines, tmp_path, cli):  # noqa: F811
+    with throwaway_gpg_home() as (env, public):
+        made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Co Signer <co@example.invalid>",
+                   "ed25519", "sign", "never", env=env)
+        assert made.returncode == 0, made.stderr
+        other = tmp_path / "co.asc"
+        other.write_text(run("gpg", "--armor", "--export", "co@example.invalid", env=env).stdout)
+        folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+        sums, asc = folder / "SHA256SUMS", folder / "SHA256SUMS.asc"
+
+        def sign(*users, data=sums):
+            out = tmp_path / "sig.asc"
+            made = run("gpg", "--batch", "--yes", "--armor", "--detach-sign", *(f"--local-user={u}" for u in users),
+                       "--output", str(out), str(data), env=env)
+            assert made.returncode == 0, made.stderr
+            return out.read_text()
+
+        def both(key):
+            python, script = cli("verify", str(folder), "--key", str(key)), shell(folder, "--key", str(key))
+            return python.code, script.returncode, python.err, script.stderr
+
+        # one signature block by the publisher and a co-signer (gpg -u A -u B): gpgv exits 2 for the one
+        # whose key it was not given, and the release failed though the publisher's signature is good
+        asc.write_text(sign("signer@example.invalid", "co@example.invalid"))
+        code, script, err, _ = both(public)
+        assert (code, script) == (0, 0) and "1 more by keys not given, not checked" in err, err
+        assert shell(folder, "--key", str(other)).returncode == 0  # the co-signer's key verifies it too
+        # two armoured blocks, one each, likewise
+        asc.write_text(sign("co@example.invalid") + sign("signer@example.invalid"))
+        assert both(public)[:2] == (0, 0)
+        # signed only by the other key: not the publisher's
+        asc.write_text(sign("co@example.invalid"))
+        code, script, err, script_err = both(public)
+        assert (code, script) == (3, 3) and "signature check failed: BAD" in err and \
+            "is not a good signature of SHA256SUMS" in script_err, err + script_err
+        # the publisher's signature of something else beside the co-signer's good one: bad by the key given
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_text("another release's sums\n")
+        asc.write_text(sign("signer@example.invalid", data=elsewhere) + sign("co@example.invalid"))
+        assert both(public)[:2] == (3, 3)
+        # and the co-signed file over sums changed after it was signed
+        asc.write_text(sign("signer@example.invalid", "co@example.invalid"))
+        sums.write_text(sums.read_text().replace("  IMAGE_ID\n", "  IMAGE_ID\n", 1) + "0" * 64 + "  extra\n")
+        assert both(public)[:2] == (3, 3)
+        assert both(other)[:2] == (3, 3)
