@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("folder", metavar="RELEASE_DIR", help="the release folder, e.g. release/1.3.1")
     k.add_argument("--out", required=True, metavar="DIR", help="where to write the kit")
     k.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    k.add_argument("--key", metavar="PUBKEY", action=_Once,
+                   help="the publisher's public key (armoured OpenPGP or minisign): the release's SHA256SUMS is checked "
+                        "against its signature first, as verify --key checks it; absent or wrong is exit 3")
 
     rb = command("rebuild", "rebuild an unpacked reconstruct kit and compare the image ID",
                  "Check the kit's files against its ledger, build its context without the cache on the engine, "
@@ -923,14 +926,16 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
 def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .kit import kit_for_release
     from .plan import display_path
-    from .verify import check_folder_arg
+    from .verify import check_folder_arg, check_signed
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     out = (ctx.cwd / args.out).resolve()
     problem = unwritable_reason(out, folder=True)
     if problem:  # before the kit is rendered and checked, and named as the option, not as an OSError
         raise InputError(f"--out {args.out}: cannot write the kit there ({problem})")
-    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd)
+    # a downloaded folder's SHA256SUMS is what vouches for its manifest and provenance: signed, with --key
+    signed_sums = check_signed(folder, ctx.cwd / args.key, ctx.env)[0] if args.key else None
+    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd, signed_sums)
     same = published == written.file.sha256  # one that is not was refused before it took the kit's name
     verdict = "identical to the published kit" if same else "the release published none"
     path = display_path(out / written.file.name, ctx.cwd)

@@ -165,10 +165,11 @@ def _check_unlisted(folder: Path, sums: Mapping[str, str], archive_name: str, ch
             checks.add("listed", shown, True, "not listed in SHA256SUMS: not part of the release, not read")
 
 
-def trusted_manifest(folder: Path) -> ReleaseManifest:
+def trusted_manifest(folder: Path, signed_sums: bytes | None = None) -> ReleaseManifest:
     """A release's manifest, checked against its SHA256SUMS first (for commands that need the
-    manifest and not the archive: pull, deploy, kit)."""
-    sums = read_sums(folder)
+    manifest and not the archive: pull, deploy, kit). ``signed_sums``: SHA256SUMS as its signature
+    was checked."""
+    sums = read_sums(folder, signed_sums)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
     data = _manifest_bytes(folder)
@@ -367,6 +368,18 @@ def comment_checks(signed: Report, manifest: ReleaseManifest) -> list[Check]:
             f"its trusted comment says {comment!r}, but this is {want!r} ({MANIFEST}): a signature made for another "
             "release or file")))
     return out
+
+
+def check_signed(folder: Path, key_path: Path, env: Mapping[str, str]) -> tuple[bytes, ReleaseManifest]:
+    """``--key`` of a command that reads a release's manifest and not its archive (kit): the
+    signatures as ``verify --key`` checks them, and their trusted comments against the manifest;
+    returns SHA256SUMS as it was checked and the manifest. Raises the first failed check."""
+    signed = verify_signatures(folder, key_path, env)
+    signed.raise_if_failed()
+    assert signed.signed_sums is not None
+    manifest = trusted_manifest(folder, signed.signed_sums)
+    Report(folder=folder, checks=tuple(comment_checks(signed, manifest)), manifest=manifest).raise_if_failed()
+    return signed.signed_sums, manifest
 
 
 def with_signatures(signed: Report | None, report: Report) -> Report:

@@ -3,10 +3,17 @@ gpgv and minisign with throwaway keys)."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import shutil
 import subprocess
+import tarfile
+
+import zstandard
 
 from ..conftest import REPO, gpg_home, minisign_key, run, throwaway_gpg_home  # noqa: F401 - fixtures used by name
+from ..forge import resum
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
 from .test_supply_chain import engines, release  # noqa: F401 - the fixture is used by name
 
@@ -108,3 +115,55 @@ def test_a_sums_signature_co_signed_by_a_key_not_given_passes_and_a_bad_or_forei
         sums.write_text(sums.read_text().replace("  IMAGE_ID\n", "  IMAGE_ID\n", 1) + "0" * 64 + "  extra\n")
         assert both(public)[:2] == (3, 3)
         assert both(other)[:2] == (3, 3)
+
+
+def test_kit_key_checks_the_release_s_signature_before_trusting_its_sums(cli, tmp_path, minisign_key):  # noqa: F811
+    secret, public = minisign_key
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = None  # a release that published no kit: the one written now is taken as is
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    resign_minisign(secret, folder / "SHA256SUMS", "demo-llm 1.3.1 SHA256SUMS")  # as the publisher signed it
+
+    def kit(*key: str):
+        out = tmp_path / "kit"
+        shutil.rmtree(out, ignore_errors=True)
+        return cli("kit", str(folder), "--out", str(out), "--config", str(REPO / "profiles"), *key), out
+
+    good, out = kit("--key", str(public))
+    assert good.code == 0 and "the release published none" in good.err, good.err
+    kit_json = read_kit_json(out)
+    assert kit_json["image_id"] == manifest["image_id"]
+    # the downloaded folder forged after it was signed: another image ID, SHA256SUMS rewritten to match
+    manifest["image_id"] = "sha256:" + "1" * 64
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    signature = (folder / "SHA256SUMS.minisig").read_bytes()
+    (folder / "SHA256SUMS.minisig").unlink()
+    resum(folder)
+    (folder / "SHA256SUMS.minisig").write_bytes(signature)
+    unsigned, out = kit()
+    assert unsigned.code == 0 and read_kit_json(out)["image_id"] == "sha256:" + "1" * 64  # what --key is for
+    refused, out = kit("--key", str(public))
+    assert refused.code == 3 and refused.error_lines == [
+        "error: SHA256SUMS.minisig: signature check failed: BAD: not a valid signature of SHA256SUMS by "
+        f"{public.name} (Signature verification failed)"], refused.err
+    assert not out.exists()
+    # the forger's folder signed by the same key for another release: its trusted comment says so
+    resign_minisign(secret, folder / "SHA256SUMS", "demo-llm 1.2.0 SHA256SUMS")
+    other, out = kit("--key", str(public))
+    assert other.code == 3 and "its trusted comment says 'demo-llm 1.2.0 SHA256SUMS'" in other.error_lines[-1], \
+        other.err
+    assert not out.exists()
+    (folder / "SHA256SUMS.minisig").unlink()
+    absent, out = kit("--key", str(public))
+    assert absent.code == 3 and "SHA256SUMS is not signed" in absent.error_lines[-1], absent.err
+
+
+def read_kit_json(out):
+    (kit,) = out.iterdir()
+    data = zstandard.ZstdDecompressor().stream_reader(open(kit, "rb")).read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        (member,) = [m for m in tar.getmembers() if m.name.endswith("/kit.json")]
+        return json.loads(tar.extractfile(member).read())
