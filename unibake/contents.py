@@ -5,7 +5,8 @@ it a second sink per layer (a tee), a :class:`~unibake.imagetar.TarWalker` over 
 that keeps only what the SBOM needs and never holds a layer in memory:
 
 * ``var/lib/dpkg/status`` (and ``status.d/*``), ``etc/os-release``: kept whole (small texts);
-* ``*.dist-info/METADATA`` and ``*.egg-info/PKG-INFO``: their first 64 KiB (the headers);
+* ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO`` and a ``*.egg-info`` file (which is a PKG-INFO):
+  their first 64 KiB (the headers);
 * every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size;
 * the other files under the install root: their sha256, for a library that is a hard link to one;
 * links and files where a folder of those could have been: they hide what lay under it below.
@@ -32,6 +33,7 @@ DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_D = "var/lib/dpkg/status.d/"
 OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
 PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO")
+EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
@@ -170,6 +172,11 @@ class _LayerReader:
                 self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}, not a folder: the packages "
                                            "listed under it are not in the SBOM")
         kind = self.kind_of(path)
+        if kind is None and path.endswith(EGG_INFO):
+            if entry.type in (*tarfile.REGULAR_TYPES, tarfile.LNKTYPE):
+                kind = "metadata"  # a single-file .egg-info
+            elif entry.type == tarfile.DIRTYPE:
+                self.found.hidden.append(path)  # a folder now: a single file of that name below is gone
         if kind is None:
             if (entry.type in tarfile.REGULAR_TYPES and self._under and path.startswith(self._under)
                     and len(self._untracked) < UNTRACKED_LIMIT):
@@ -370,7 +377,8 @@ def _python_package(data: bytes, path: str, diff_id: str) -> Package | None:
     name, version = (fields.get("Name") or "").strip(), (fields.get("Version") or "").strip()
     if not name or not version:
         return None
-    return Package(kind="pypi", name=name, version=version, path="/" + posixpath.dirname(path), layer=diff_id)
+    where = path if path.endswith(EGG_INFO) else posixpath.dirname(path)  # the .egg-info file, or the folder
+    return Package(kind="pypi", name=name, version=version, path="/" + where, layer=diff_id)
 
 
 def _os_release(data: bytes) -> OsRelease:

@@ -167,3 +167,27 @@ def read_kit_json(out):
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         (member,) = [m for m in tar.getmembers() if m.name.endswith("/kit.json")]
         return json.loads(tar.extractfile(member).read())
+
+
+def test_a_single_file_egg_info_is_read_for_the_sbom_as_the_pkg_info_it_is(tmp_path):
+    from ..savefixtures import tar_of
+    from .test_contents import inspect
+
+    site = "usr/lib/python3/dist-packages"
+    pkg_info = b"Metadata-Version: 1.1\nName: six\nVersion: 1.16.0\nSummary: x\n\nlong text\n"
+    first = tar_of([(f"{site}/six-1.16.0.egg-info", pkg_info, None),  # distutils' install_egg_info writes a file
+                    (f"{site}/old-1.0.egg-info", b"Metadata-Version: 1.1\nName: old\nVersion: 1.0\n", None),
+                    (f"{site}/chardet-4.0.0.egg-info", None, None),  # a folder, as setuptools writes it
+                    (f"{site}/chardet-4.0.0.egg-info/PKG-INFO", b"Metadata-Version: 2.1\nName: chardet\n"
+                     b"Version: 4.0.0\n", None)])
+    # a later layer makes the single file a folder of another version: the file is gone
+    second = tar_of([(f"{site}/old-1.0.egg-info", None, None),
+                     (f"{site}/old-1.0.egg-info/PKG-INFO", b"Metadata-Version: 2.1\nName: old\nVersion: 1.1\n",
+                      None)])
+    archive, diff_ids = inspect([first, second], tmp_path=tmp_path)
+    contents = archive.contents
+    assert contents.problems == ()
+    assert [(p.name, p.version, p.path, p.layer) for p in contents.packages] == [
+        ("chardet", "4.0.0", f"/{site}/chardet-4.0.0.egg-info", diff_ids[0]),
+        ("old", "1.1", f"/{site}/old-1.0.egg-info", diff_ids[1]),
+        ("six", "1.16.0", f"/{site}/six-1.16.0.egg-info", diff_ids[0])]
