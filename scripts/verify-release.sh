@@ -113,8 +113,9 @@ if [ -n "$key" ]; then
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
       echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
     fi
-  elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
-      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64, as build.py verify reads it
+  elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
+      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
+    # returns trimmed from its end, as minisign reads it), as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
     copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
@@ -124,6 +125,11 @@ if [ -n "$key" ]; then
     # its trusted comment, compared with manifest.json below when it is in unibake's form
     sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
   else  # a file that is no public key is bad usage, not a bad signature of the release
+    if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
+        | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
+      echo "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
+      exit 2
+    fi
     if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
       echo "error: --key $key: this is a secret key; give the public one" >&2
       exit 2

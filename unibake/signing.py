@@ -280,6 +280,15 @@ class PublicKey:
         return ASC if self.kind == "openpgp" else MINISIG
 
 
+def _minisign_key_line(line: str) -> bool:
+    """An Ed25519 minisign public key: 42 bytes in base64, beginning with ``Ed``."""
+    try:
+        raw = base64.b64decode(line, validate=True)
+    except ValueError:
+        return False
+    return len(raw) == 42 and raw[:2] == b"Ed"
+
+
 def read_public_key(path: Path) -> PublicKey:
     """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
     data = read_small_file(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
@@ -295,12 +304,12 @@ def read_public_key(path: Path) -> PublicKey:
     # does verify-release.sh, so that both take and refuse the same files
     lines = text.split("\n")
     if len(lines) >= 2 and lines[0].startswith("untrusted comment:"):
-        try:
-            raw = base64.b64decode(lines[1].strip(), validate=True)
-        except ValueError:
-            raw = b""
-        if len(raw) == 42 and raw[:2] == b"Ed":
+        # the key line as minisign reads it: only carriage returns are trimmed from its end
+        if _minisign_key_line(lines[1].rstrip("\r")):
             return PublicKey(kind="minisign", path=path, text=text)
+        if _minisign_key_line(lines[1].strip()):
+            raise InputError(f"--key {path}: its key line (line 2) has blanks around it, which minisign does not "
+                             "take: remove them")
     if "PRIVATE KEY" in text or "secret key" in text:
         raise InputError(f"--key {path}: this is a secret key; give the public one")
     raise InputError(f"--key {path}: neither an armoured OpenPGP public key (gpg --armor --export) nor a "

@@ -191,3 +191,22 @@ def test_a_single_file_egg_info_is_read_for_the_sbom_as_the_pkg_info_it_is(tmp_p
         ("chardet", "4.0.0", f"/{site}/chardet-4.0.0.egg-info", diff_ids[0]),
         ("old", "1.1", f"/{site}/old-1.0.egg-info", diff_ids[1]),
         ("six", "1.16.0", f"/{site}/six-1.16.0.egg-info", diff_ids[0])]
+
+
+def test_a_minisign_key_line_with_blanks_around_it_is_a_bad_key_not_a_bad_release(engines, tmp_path, minisign_key,  # noqa: F811
+                                                                                 cli):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    comment, line = public.read_text().splitlines()[:2]
+    key = tmp_path / "pasted.pub"
+    # pasted from a web page: minisign trims only carriage returns, so it refused the key, and both verifiers
+    # said exit 3 "not a good signature of SHA256SUMS": the release blamed for the key file
+    for pasted in (f"{line} ", f"  {line}", f"{line}\t"):
+        key.write_text(f"{comment}\n{pasted}\n")
+        python, script = cli("verify", str(folder), "--key", str(key)), shell(folder, "--key", str(key))
+        says = "its key line (line 2) has blanks around it, which minisign does not take: remove them"
+        assert python.code == 2 and python.error_lines == [f"error: --key {key}: {says}"], python.err
+        assert script.returncode == 2 and script.stderr == f"error: --key {key}: {says}\n", script.stderr
+    key.write_text(f"{comment}\r\n{line}\r\r\n")  # carriage returns minisign trims: a key, for both
+    assert cli("verify", str(folder), "--key", str(key)).code == 0
+    assert shell(folder, "--key", str(key)).returncode == 0
