@@ -203,9 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("folder", metavar="RELEASE_DIR", help="the release folder, e.g. release/1.3.1")
     k.add_argument("--out", required=True, metavar="DIR", help="where to write the kit")
     k.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
-    k.add_argument("--key", metavar="PUBKEY", action=_Once,
-                   help="the publisher's public key (armoured OpenPGP or minisign): the release's SHA256SUMS is checked "
-                        "against its signature first, as verify --key checks it; absent or wrong is exit 3")
+    _key_option(k)
 
     rb = command("rebuild", "rebuild an unpacked reconstruct kit and compare the image ID",
                  "Check the kit's files against its ledger, build its context without the cache on the engine, "
@@ -263,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the release's layers are compressed again when the registry holds an unrecorded "
                          "push of it (default: $TMPDIR; room for the compressed image)")
     pl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
+    _key_option(pl)
     _registry_options(pl)
 
     d = command("deploy", "load a release onto many engines at once, each checked",
@@ -280,8 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ref", metavar="REF@sha256:DIGEST",
                    help="with --from registry: which push to pull (default: the release's latest)")
     d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
+    _key_option(d)
     _registry_options(d)
     return p
+
+
+def _key_option(p: argparse.ArgumentParser) -> None:
+    """``--key`` of a command that reads a downloaded release folder: its SHA256SUMS signed."""
+    p.add_argument("--key", metavar="PUBKEY", action=_Once,
+                   help="the publisher's public key (armoured OpenPGP or minisign): the release's SHA256SUMS is checked "
+                        "against its signature first, as verify --key checks it; absent or wrong is exit 3")
 
 
 def _registry_options(p: argparse.ArgumentParser) -> None:
@@ -793,7 +800,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
-    from .verify import check_folder_arg, trusted_manifest
+    from .verify import check_folder_arg, check_signed, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     if args.release:
@@ -804,7 +811,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
         if folder is None:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")
-    m = trusted_manifest(folder)
+    m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
@@ -826,7 +833,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
-    from .verify import check_folder_arg, trusted_manifest, verify_folder
+    from .verify import (check_folder_arg, check_signed, trusted_manifest, verify_folder, verify_signatures,
+                         with_signatures)
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     if args.jobs < 1:
@@ -847,11 +855,14 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         if args.ref:
             raise InputError("--ref goes with --from registry")
         with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
-            report = verify_folder(folder)
+            signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
+            if signed is not None:
+                signed.raise_if_failed()
+            report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
             report.raise_if_failed()
         plan = Plan(folder=folder, manifest=report.manifest, source="archive")
     else:
-        m = trusted_manifest(folder)
+        m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
         if args.ref:
             ref = parse_reference(args.ref, what="--ref", digest=True)
         elif m.registry:

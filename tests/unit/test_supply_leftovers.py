@@ -3,6 +3,7 @@ gpgv and minisign with throwaway keys)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -210,3 +211,36 @@ def test_a_minisign_key_line_with_blanks_around_it_is_a_bad_key_not_a_bad_releas
     key.write_text(f"{comment}\r\n{line}\r\r\n")  # carriage returns minisign trims: a key, for both
     assert cli("verify", str(folder), "--key", str(key)).code == 0
     assert shell(folder, "--key", str(key)).returncode == 0
+
+
+def test_deploy_and_pull_key_check_the_signature_before_any_engine_or_registry_is_asked(engines, tmp_path,  # noqa: F811
+                                                                                         minisign_key, cli):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    digest = "sha256:" + "1" * 64
+    env = {"CI": "true", "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+
+    def commands(*key):
+        return (cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:9", *key, env=env),
+                cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:9", "--from", "registry", "--ref",
+                    f"127.0.0.1:9/demo@{digest}", "--retries", "1", *key, env=env),
+                cli("pull", f"127.0.0.1:9/demo@{digest}", "--release", str(folder), "--retries", "1", *key, env=env))
+
+    # signed as released: the commands go on to the engine or the registry (none listens here)
+    for result in commands("--key", str(public)):
+        assert "signature" not in result.error_lines[-1] and ("127.0.0.1:9" in result.error_lines[-1]), result.err
+    # the downloaded folder changed after it was signed, SHA256SUMS rewritten to match
+    (folder / "run.sh").write_text("#!/bin/sh\necho pwned\n")
+    signature = (folder / "SHA256SUMS.minisig").read_bytes()
+    (folder / "SHA256SUMS.minisig").unlink()
+    (folder / "SHA256SUMS").write_text("".join(
+        line if not line.endswith("  run.sh\n") else
+        f"{hashlib.sha256((folder / 'run.sh').read_bytes()).hexdigest()}  run.sh\n"
+        for line in (folder / "SHA256SUMS").read_text().splitlines(keepends=True)))
+    (folder / "SHA256SUMS.minisig").write_bytes(signature)
+    for result in commands():  # unsigned: taken as it is
+        assert "signature" not in result.error_lines[-1] and "127.0.0.1:9" in result.error_lines[-1], result.err
+    for result in commands("--key", str(public)):
+        assert result.code == 3 and result.error_lines == [
+            "error: SHA256SUMS.minisig: signature check failed: BAD: not a valid signature of SHA256SUMS by "
+            f"{public.name} (Signature verification failed)"], result.err
