@@ -4,7 +4,8 @@ The archive stage reads each layer once on its way to the compressor; :class:`La
 it a second sink per layer (a tee), a :class:`~unibake.imagetar.TarWalker` over the layer's bytes
 that keeps only what the SBOM needs and never holds a layer in memory:
 
-* ``var/lib/dpkg/status`` (and ``status.d/*``), ``etc/os-release``: kept whole (small texts);
+* ``var/lib/dpkg/status`` (and ``status.d/*``), Alpine's ``lib/apk/db/installed``, ``etc/os-release``:
+  kept whole (small texts); an RPM database (not read) is said to be left out;
 * ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO`` and a ``*.egg-info`` file (which is a PKG-INFO):
   their first 64 KiB (the headers);
 * every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size;
@@ -32,6 +33,10 @@ from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_D = "var/lib/dpkg/status.d/"
 OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
+APK_INSTALLED = "lib/apk/db/installed"  # Alpine's package database: "P:name", "V:version" stanzas
+# RPM's databases (Berkeley DB, NDB, SQLite), which are not read: a base that has one is said to be left out
+RPM_DATABASES = tuple(f"{folder}/{name}" for folder in ("var/lib/rpm", "usr/lib/sysimage/rpm")
+                      for name in ("Packages", "Packages.db", "rpmdb.sqlite"))
 PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO")
 EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
@@ -39,7 +44,8 @@ HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long descri
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
 WHITEOUT = ".wh."
 # folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
-PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib")
+PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib", "lib",
+                   "lib/apk", "lib/apk/db")
 PY_FOLDERS = (".dist-info", ".egg-info", "site-packages", "dist-packages")
 OPAQUE = ".wh..wh..opq"
 
@@ -48,7 +54,7 @@ OPAQUE = ".wh..wh..opq"
 class Package:
     """An OS (``deb``) or Python (``pypi``) package found in the image."""
 
-    kind: str  # deb | pypi
+    kind: str  # deb | apk | pypi
     name: str
     version: str
     arch: str = ""
@@ -124,8 +130,10 @@ class _LayerReader:
 
     def kind_of(self, path: str) -> str | None:
         base = posixpath.basename(path)
-        if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE:
+        if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE or path == APK_INSTALLED:
             return "text"
+        if path in RPM_DATABASES:
+            return "rpm"
         if path.endswith(PY_METADATA):
             return "metadata"
         if path.startswith(self._under) and (base.endswith(".so") or ".so." in base):
@@ -199,6 +207,9 @@ class _LayerReader:
             return
         if entry.type not in tarfile.REGULAR_TYPES:
             self._unread(path, kind, "a link or a folder")  # where a tracked file was, or would be
+            return
+        if kind == "rpm":  # not read: its presence is what is said
+            self.found.files[path] = (kind, b"")
             return
         self._current = (path, kind, hashlib.sha256() if kind == "library" else bytearray())
         self._size = 0
@@ -326,6 +337,11 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
         elif path in OS_RELEASE:
             if os_release is None or path == OS_RELEASE[0]:
                 os_release = _os_release(value)
+        elif kind == "rpm":
+            problems.append(f"/{path} is an RPM database, which unibake does not read: the packages it lists are not "
+                            "in the SBOM")
+        elif path == APK_INSTALLED:
+            packages += [p for p in _apk_packages(value, path, diff_id) if _nameable(p, problems)]
         else:
             packages += [p for p in _dpkg_packages(value, path, diff_id) if _nameable(p, problems)]
     packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
@@ -367,6 +383,24 @@ def _dpkg_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
         source = (fields.get("Source") or "").split(" ")[0].strip()
         out.append(Package(kind="deb", name=name, version=version, arch=(fields.get("Architecture") or "").strip(),
                            source=source if source != name else "", path="/" + path, layer=diff_id))
+    return out
+
+
+def _apk_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
+    """The installed packages of Alpine's ``lib/apk/db/installed``: stanzas of ``X:value`` lines, one
+    a package (``P`` its name, ``V`` its version, ``A`` its architecture, ``o`` its origin)."""
+    out = []
+    for stanza in _text(data).split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and len(key) == 1:
+                fields.setdefault(key, value.strip())
+        name, version = fields.get("P", ""), fields.get("V", "")
+        if name and version:
+            origin = fields.get("o", "")
+            out.append(Package(kind="apk", name=name, version=version, arch=fields.get("A", ""),
+                               source=origin if origin != name else "", path="/" + path, layer=diff_id))
     return out
 
 

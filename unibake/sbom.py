@@ -181,12 +181,13 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
     # an os-release ID with '/' would move every purl to another namespace (packageurl-python keeps it)
     odd = contents.os is not None and "/" in contents.os.id
     distro = f"{contents.os.id}-{contents.os.version_id}" if contents.os and contents.os.version_id and not odd else None
-    namespace = contents.os.id if contents.os and contents.os.id and not odd else "debian"
+    namespace = contents.os.id if contents.os and contents.os.id and not odd else ""  # else the manager's own
     for p in contents.packages:
-        if p.kind == "deb":
+        if p.kind in ("deb", "apk"):
             qualifiers = {k: v for k, v in (("arch", p.arch), ("distro", distro)) if v}
-            purl = PackageURL("deb", namespace, p.name, p.version, qualifiers)
-            ref = f"deb:{_ref_part(p.name)}:{_ref_part(p.arch)}"
+            purl = PackageURL(p.kind, namespace or ("debian" if p.kind == "deb" else "alpine"), p.name, p.version,
+                              qualifiers)
+            ref = f"{p.kind}:{_ref_part(p.name)}:{_ref_part(p.arch)}"
         else:
             purl = PackageURL("pypi", None, _pypi_name(p.name), p.version)
             ref = f"pypi:{p.path}"

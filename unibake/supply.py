@@ -113,7 +113,7 @@ def sbom_stage(run: Run) -> tuple:
                          components=target.metadata.components if target.metadata else (), contents=contents,
                          base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=_epoch(labels))
     sha = write_atomic(run["folder"].staging, SBOM, text)
-    debs = sum(1 for p in contents.packages if p.kind == "deb")
+    debs = sum(1 for p in contents.packages if p.kind != "pypi")
     run.reporter.info(f"    {debs} OS packages, {len(contents.packages) - debs} Python packages, "
                       f"{len(contents.libraries)} libraries under {INSTALL_ROOT}, from {contents.layers} layers")
     return (Sbom(file=SupplyFile(name=SBOM, bytes=len(text.encode()), sha256=sha), base=base, builder=builder,

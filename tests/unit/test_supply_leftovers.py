@@ -244,3 +244,29 @@ def test_deploy_and_pull_key_check_the_signature_before_any_engine_or_registry_i
         assert result.code == 3 and result.error_lines == [
             "error: SHA256SUMS.minisig: signature check failed: BAD: not a valid signature of SHA256SUMS by "
             f"{public.name} (Signature verification failed)"], result.err
+
+
+def test_an_alpine_base_s_packages_are_in_the_sbom_and_an_rpm_database_is_said_to_be_left_out(tmp_path):
+    from ..savefixtures import tar_of
+    from .test_sbom import document_of
+
+    installed = (b"C:Q1abc=\nP:musl\nV:1.2.4-r2\nA:x86_64\nT:the musl c library\no:musl\nF:lib\nR:libc.so\n\n"
+                 b"C:Q1def=\nP:libcrypto3\nV:3.1.4-r5\nA:x86_64\no:openssl\n\n")
+    alpine = tar_of([("etc/os-release", b'ID=alpine\nVERSION_ID=3.19.1\nPRETTY_NAME="Alpine Linux v3.19"\n', None),
+                     ("lib/apk/db/installed", installed, None)])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "r").mkdir()
+    contents, document = document_of([alpine], tmp_path / "a")
+    # the SBOM of an Alpine base listed no OS package, and said nothing
+    assert [(p.kind, p.name, p.version, p.arch, p.source) for p in contents.packages] == [
+        ("apk", "libcrypto3", "3.1.4-r5", "x86_64", "openssl"), ("apk", "musl", "1.2.4-r2", "x86_64", "")]
+    purls = sorted(c["purl"] for c in document["components"] if "purl" in c)
+    assert purls == ["pkg:apk/alpine/libcrypto3@3.1.4-r5?arch=x86_64&distro=alpine-3.19.1",
+                     "pkg:apk/alpine/musl@1.2.4-r2?arch=x86_64&distro=alpine-3.19.1"]
+    # an RPM base (UBI, Rocky): its database is not read, and that is said
+    rpm = tar_of([("etc/os-release", b'ID="rocky"\nVERSION_ID="9.3"\n', None),
+                  ("var/lib/rpm/rpmdb.sqlite", b"SQLite format 3\x00" + bytes(100), None)])
+    contents, _ = document_of([rpm], tmp_path / "r")
+    assert contents.packages == () and contents.problems == (
+        "/var/lib/rpm/rpmdb.sqlite is an RPM database, which unibake does not read: the packages it lists are not in "
+        "the SBOM",)
