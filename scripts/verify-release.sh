@@ -408,7 +408,8 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   "$work/omitted" "$work/hashed" "$work/diff-ids" "$work/layers")
 [ -z "$bad" ] || fail "$dir: the archive's layer $bad: refused before any load"
 
-[ "$load" -eq 1 ] || { echo "ok: sums, zstd and the archive's structure (not loaded)"; exit 0; }
+# which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
+[ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal

@@ -270,3 +270,18 @@ def test_an_alpine_base_s_packages_are_in_the_sbom_and_an_rpm_database_is_said_t
     assert contents.packages == () and contents.problems == (
         "/var/lib/rpm/rpmdb.sqlite is an RPM database, which unibake does not read: the packages it lists are not in "
         "the SBOM",)
+
+
+def test_a_replayed_older_release_is_named_by_what_it_is_in_both_verifiers_last_line(engines, tmp_path, minisign_key,  # noqa: F811
+                                                                                    cli):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    # a mirror serves 1.0's folder, signed and whole, as 2.0: every check passes; the last line says which it is
+    replayed = folder.parent / "2.0"
+    shutil.copytree(folder, replayed)
+    image_id = (folder / "IMAGE_ID").read_text().strip()
+    python = cli("verify", str(replayed), "--key", str(public))
+    assert python.code == 0 and f"(demo:1.0, image {image_id[:19]})" in python.err.strip().splitlines()[-1]
+    script = shell(replayed, "--key", str(public))
+    assert script.returncode == 0 and script.stdout.splitlines()[-1] == \
+        f"ok: demo:1.0 (image {image_id}): sums, zstd and the archive's structure (not loaded)", script.stdout
