@@ -6,6 +6,7 @@ that keeps only what the SBOM needs and never holds a layer in memory:
 
 * ``var/lib/dpkg/status`` (and ``status.d/*``), Alpine's ``lib/apk/db/installed``, ``etc/os-release``:
   kept whole (small texts); an RPM database (not read) is said to be left out;
+* a conda environment's ``conda-meta/NAME-VERSION-BUILD.json``: its name alone (the package it records);
 * ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO`` and a ``*.egg-info`` file (which is a PKG-INFO):
   their first 64 KiB (the headers);
 * every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size;
@@ -54,11 +55,11 @@ OPAQUE = ".wh..wh..opq"
 class Package:
     """An OS (``deb``) or Python (``pypi``) package found in the image."""
 
-    kind: str  # deb | apk | pypi
+    kind: str  # deb | apk | conda | pypi
     name: str
     version: str
     arch: str = ""
-    source: str = ""  # deb: the source package, when it differs
+    source: str = ""  # deb, apk: the source package, when it differs; conda: the build string
     path: str = ""  # where it was found: /var/lib/dpkg/status or the .dist-info folder
     layer: str = ""  # the diffID of the layer that gave it
 
@@ -134,6 +135,8 @@ class _LayerReader:
             return "text"
         if path in RPM_DATABASES:
             return "rpm"
+        if base.endswith(".json") and posixpath.basename(posixpath.dirname(path)) == "conda-meta":
+            return "conda"
         if path.endswith(PY_METADATA):
             return "metadata"
         if path.startswith(self._under) and (base.endswith(".so") or ".so." in base):
@@ -208,7 +211,7 @@ class _LayerReader:
         if entry.type not in tarfile.REGULAR_TYPES:
             self._unread(path, kind, "a link or a folder")  # where a tracked file was, or would be
             return
-        if kind == "rpm":  # not read: its presence is what is said
+        if kind in ("rpm", "conda"):  # not read: its presence (and a conda record's name) is what is said
             self.found.files[path] = (kind, b"")
             return
         self._current = (path, kind, hashlib.sha256() if kind == "library" else bytearray())
@@ -340,6 +343,12 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
         elif kind == "rpm":
             problems.append(f"/{path} is an RPM database, which unibake does not read: the packages it lists are not "
                             "in the SBOM")
+        elif kind == "conda":
+            package = _conda_package(path, diff_id)
+            if package is None:
+                problems.append(f"/{path} is not named NAME-VERSION-BUILD.json, as conda names its records: left out")
+            elif _nameable(package, problems):
+                packages.append(package)
         elif path == APK_INSTALLED:
             packages += [p for p in _apk_packages(value, path, diff_id) if _nameable(p, problems)]
         else:
@@ -402,6 +411,16 @@ def _apk_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
             out.append(Package(kind="apk", name=name, version=version, arch=fields.get("A", ""),
                                source=origin if origin != name else "", path="/" + path, layer=diff_id))
     return out
+
+
+def _conda_package(path: str, diff_id: str) -> Package | None:
+    """A conda package by its record's name in ``conda-meta``: ``NAME-VERSION-BUILD.json`` (neither the
+    version nor the build holds a '-'); the record itself (its file list, megabytes) is not read."""
+    parts = posixpath.basename(path).removesuffix(".json").rsplit("-", 2)
+    if len(parts) != 3 or not all(parts):
+        return None
+    name, version, build = parts
+    return Package(kind="conda", name=name, version=version, source=build, path="/" + path, layer=diff_id)
 
 
 def _python_package(data: bytes, path: str, diff_id: str) -> Package | None:

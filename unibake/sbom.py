@@ -188,6 +188,9 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
             purl = PackageURL(p.kind, namespace or ("debian" if p.kind == "deb" else "alpine"), p.name, p.version,
                               qualifiers)
             ref = f"{p.kind}:{_ref_part(p.name)}:{_ref_part(p.arch)}"
+        elif p.kind == "conda":
+            purl = PackageURL("conda", None, p.name, p.version, {"build": p.source})
+            ref = f"conda:{p.path}"
         else:
             purl = PackageURL("pypi", None, _pypi_name(p.name), p.version)
             ref = f"pypi:{p.path}"
@@ -195,7 +198,7 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
         # a status file, or in status and status.d) gets a numbered reference instead of being dropped
         ref = next(r for r in itertools.chain([ref], (f"{ref}#{n}" for n in itertools.count(2))) if r not in seen)
         add(CdxComponent(type=ComponentType.LIBRARY, name=p.name, version=p.version, purl=purl, bom_ref=ref,
-                         properties=_props(path=p.path, source=p.source, layer=p.layer)))
+                         properties=_props(path=p.path, source=p.source if p.kind != "conda" else "", layer=p.layer)))
     _add_all(bom, image, listed, top)
     text = make_outputter(bom, OutputFormat.JSON, SPEC).output_as_string(indent=2)
     return json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"

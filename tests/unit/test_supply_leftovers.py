@@ -285,3 +285,27 @@ def test_a_replayed_older_release_is_named_by_what_it_is_in_both_verifiers_last_
     script = shell(replayed, "--key", str(public))
     assert script.returncode == 0 and script.stdout.splitlines()[-1] == \
         f"ok: demo:1.0 (image {image_id}): sums, zstd and the archive's structure (not loaded)", script.stdout
+
+
+def test_a_conda_environment_s_packages_are_in_the_sbom_by_their_records_names(tmp_path):
+    from ..savefixtures import tar_of
+    from .test_sbom import document_of
+
+    record = json.dumps({"name": "openssl", "files": ["lib/libssl.so.3"] * 5000}).encode()  # megabytes, not read
+    layer = tar_of([("opt/conda/conda-meta/openssl-3.0.13-h7f8727e_2.json", record, None),
+                    ("opt/conda/conda-meta/python-3.11.8-h955ad1f_0.json", b"{}", None),
+                    ("opt/conda/conda-meta/history", b"==> 2024 <==\n", None),
+                    ("opt/conda/envs/srv/conda-meta/libgcc-ng-13.2.0-h807b86a_5.json", b"{}", None),
+                    ("opt/conda/conda-meta/odd.json", b"{}", None)])
+    (tmp_path / "c").mkdir()
+    contents, document = document_of([layer], tmp_path / "c")
+    # a conda-based image (PyTorch's): its Python, OpenSSL and CUDA libraries were in no SBOM
+    assert [(p.kind, p.name, p.version, p.source, p.path) for p in contents.packages] == [
+        ("conda", "libgcc-ng", "13.2.0", "h807b86a_5", "/opt/conda/envs/srv/conda-meta/libgcc-ng-13.2.0-h807b86a_5.json"),
+        ("conda", "openssl", "3.0.13", "h7f8727e_2", "/opt/conda/conda-meta/openssl-3.0.13-h7f8727e_2.json"),
+        ("conda", "python", "3.11.8", "h955ad1f_0", "/opt/conda/conda-meta/python-3.11.8-h955ad1f_0.json")]
+    assert contents.problems == ("/opt/conda/conda-meta/odd.json is not named NAME-VERSION-BUILD.json, as conda names "
+                                 "its records: left out",)
+    assert sorted(c["purl"] for c in document["components"] if "purl" in c) == [
+        "pkg:conda/libgcc-ng@13.2.0?build=h807b86a_5", "pkg:conda/openssl@3.0.13?build=h7f8727e_2",
+        "pkg:conda/python@3.11.8?build=h955ad1f_0"]
