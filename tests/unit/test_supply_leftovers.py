@@ -12,6 +12,7 @@ import subprocess
 import tarfile
 
 import zstandard
+from pathlib import Path
 
 from ..conftest import REPO, gpg_home, minisign_key, run, throwaway_gpg_home  # noqa: F401 - fixtures used by name
 from ..forge import resum
@@ -309,3 +310,28 @@ def test_a_conda_environment_s_packages_are_in_the_sbom_by_their_records_names(t
     assert sorted(c["purl"] for c in document["components"] if "purl" in c) == [
         "pkg:conda/libgcc-ng@13.2.0?build=h807b86a_5", "pkg:conda/openssl@3.0.13?build=h7f8727e_2",
         "pkg:conda/python@3.11.8?build=h955ad1f_0"]
+
+
+def test_a_python_without_unidiff_is_told_so_in_one_line_and_the_kit_asks_for_what_build_py_asks(tmp_path):
+    import site
+    import sys
+
+    # a python3 holding every package build.py asked for but unidiff (Debian's python3-* packages and pip)
+    hidden = tmp_path / "site"
+    hidden.mkdir()
+    for folder in site.getsitepackages():
+        for entry in Path(folder).iterdir():
+            if not entry.name.lower().startswith("unidiff") and not (hidden / entry.name).exists():
+                (hidden / entry.name).symlink_to(entry)
+    result = subprocess.run([sys.executable, "-S", str(REPO / "build.py"), "verify", str(REPO / "release/1.3.1")],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(hidden), "UNIBAKE_REEXEC": "1"})  # not into .venv
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        f"error: the Python package 'unidiff' is not installed for {sys.executable}: run scripts/setup.sh (it makes "
+        ".venv with every pinned dependency), then python build.py again"], result.stderr
+    # the kit's verify.sh takes python3 as it is only when it has all of them (else a traceback in the rebuild)
+    namespace: dict = {"__file__": str(REPO / "build.py")}
+    exec((REPO / "build.py").read_text().split("\n\n\ndef ")[0], namespace)
+    template = (REPO / "unibake/templates/kit-verify.sh.j2").read_text()
+    needs = template.split('needs="import ', 1)[1].split('"', 1)[0]
+    assert needs.split(", ") == list(namespace["NEEDED"])
