@@ -335,3 +335,14 @@ def test_a_python_without_unidiff_is_told_so_in_one_line_and_the_kit_asks_for_wh
     template = (REPO / "unibake/templates/kit-verify.sh.j2").read_text()
     needs = template.split('needs="import ', 1)[1].split('"', 1)[0]
     assert needs.split(", ") == list(namespace["NEEDED"])
+
+
+def test_the_guides_say_which_trusted_comment_the_minisign_check_prints_for_this_release(engines, tmp_path,  # noqa: F811
+                                                                                         minisign_key):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    printed = run("minisign", "-Vm", "SHA256SUMS", "-p", str(public), cwd=folder).stdout
+    assert "Trusted comment: demo 1.0 SHA256SUMS\n" in printed
+    for guide in ("README-DIST.md", "RELEASE_NOTES.md"):  # a downloader told what to see there spots a replay
+        assert 'minisign -Vm SHA256SUMS -p publisher.pub   # prints "Trusted comment: demo 1.0 SHA256SUMS": this ' \
+            "release\n" in (folder / guide).read_text()
