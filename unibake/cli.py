@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "normalise it with the release's SOURCE_DATE_EPOCH and compare the image ID with the release's. "
                  "Exit 0 when identical, 3 when not. (The kit's verify.sh --rebuild runs this.)")
     rb.add_argument("folder", metavar="KIT_DIR", help="the unpacked kit, e.g. demo-llm-1.3.1-kit")
+    rb.add_argument("--release", metavar="DIR",
+                    help="the release folder the kit is said to rebuild: the kit must name its image (the kit checks "
+                         "only itself; this unibake, not the kit's tool/, then compares with the release's image ID)")
+    _key_option(rb)
 
     rl = command("releases", "the releases in a folder, and whether each still verifies",
                  "List the releases with date, image ID, size, previous release and state (SHA256SUMS; --deep adds "
@@ -965,13 +969,27 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .kit import check_kit, rebuild
     from .plan import display_path
 
+    from .verify import check_folder_arg, check_signed, trusted_manifest
+
     folder = (ctx.cwd / args.folder).resolve()
     if not folder.is_dir():
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
         raise InputError(f"{args.folder}: a release folder, not a kit: write its kit with `build.py kit "
                          f"{args.folder} --out DIR` (or unpack its -kit.tar.zst), then rebuild DIR")
-    made_by = check_kit(folder).tool.version  # before reaching for an engine
+    if args.key and not args.release:
+        raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
+    released = None
+    if args.release:  # what the kit says it rebuilds must be the release's image, by the release's own word
+        where = check_folder_arg((ctx.cwd / args.release).resolve())
+        released = check_signed(where, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(where)
+    kit = check_kit(folder)
+    if released is not None and (kit.product, kit.release, kit.image_id) != \
+            (released.product, released.release, released.image_id):
+        raise VerificationError(f"{args.folder}: a kit of {kit.product} {kit.release}, image {kit.image_id}; the "
+                                f"release in {args.release} is {released.product} {released.release}, image "
+                                f"{released.image_id}: not its kit")
+    made_by = kit.tool.version  # before reaching for an engine
     if made_by != __version__:  # normalise differs between versions: another ID would say nothing of the release
         raise InputError(f"{args.folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with "
                          "its own copy (./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's "
@@ -981,13 +999,15 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
                                        f"{engine.address}"):
         result = rebuild(folder, engine, on_line=ctx.reporter.build_line)
     record = result.record
-    error = None if result.matches else VerificationError(
-        f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {record.image_id}")
-    verdict = "identical" if result.matches else "DIFFERENT"
-    return Outcome(document={"release": record.release, "tag": record.tag, "released": record.image_id,
-                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": result.matches},
+    expected = released.image_id if released is not None else record.image_id  # (kit.json read again by rebuild)
+    matches = result.matches and result.image.image_id == expected
+    error = None if matches else VerificationError(
+        f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {expected}")
+    verdict = "identical" if matches else "DIFFERENT"
+    return Outcome(document={"release": record.release, "tag": record.tag, "released": expected,
+                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": matches},
                    title="unibake: rebuild", rows=[("release", f"{record.tag} ({record.release})"),
-                                                   ("released", record.image_id), ("rebuilt", result.image.image_id),
+                                                   ("released", expected), ("rebuilt", result.image.image_id),
                                                    ("tagged", result.ref), ("image ID", verdict)],
                    final=f"rebuilt {record.tag}: {verdict} image ID", error=error)
 

@@ -10,11 +10,12 @@ import os
 import shutil
 import subprocess
 import tarfile
-
-import zstandard
 from pathlib import Path
 
-from ..conftest import REPO, gpg_home, minisign_key, run, throwaway_gpg_home  # noqa: F401 - fixtures used by name
+import pytest
+import zstandard
+
+from ..conftest import REPO, busybox_product, gpg_home, minisign_key, run, throwaway_gpg_home  # noqa: F401 - fixtures used by name
 from ..forge import resum
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
 from .test_supply_chain import engines, release  # noqa: F401 - the fixture is used by name
@@ -346,3 +347,50 @@ def test_the_guides_say_which_trusted_comment_the_minisign_check_prints_for_this
     for guide in ("README-DIST.md", "RELEASE_NOTES.md"):  # a downloader told what to see there spots a replay
         assert 'minisign -Vm SHA256SUMS -p publisher.pub   # prints "Trusted comment: demo 1.0 SHA256SUMS": this ' \
             "release\n" in (folder / guide).read_text()
+
+
+def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_signed_release(busybox_product,  # noqa: F811
+                                                                                             tmp_path, minisign_key,
+                                                                                             cli):
+    from .test_kit import forge_kit_json, make_kit, unpack
+
+    secret, public = minisign_key
+    kit = unpack(make_kit(busybox_product, tmp_path / "out")[0], tmp_path / "unpacked")
+    record = json.loads((kit / "kit.json").read_text())
+    # the release the kit was written for, signed by its publisher
+    folder = tmp_path / "releases" / record["release"]
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(product=record["product"], release=record["release"], image_id=record["image_id"])
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (folder / "IMAGE_ID").write_text(record["image_id"] + "\n")
+    resum(folder)
+    resign_minisign(secret, folder / "SHA256SUMS", f"{record['product']} {record['release']} SHA256SUMS")
+    def rebuild(*more):
+        return cli("--engine", "tcp://127.0.0.1:9", "rebuild", str(kit), *more)
+
+    def reaches_the_engine(*more):  # (the unit tests' guard stops it there)
+        with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
+            rebuild(*more)
+        return True
+
+    assert reaches_the_engine("--release", str(folder), "--key", str(public))  # the kit is the release's
+    # the kit's files, ledger and kit.json rewritten alike (another image): the kit alone cannot tell
+    forge_kit_json(kit, lambda r: r.update(image_id="sha256:" + "f" * 64))
+    assert reaches_the_engine()
+    refused = rebuild("--release", str(folder), "--key", str(public))
+    assert refused.code == 3 and refused.error_lines == [
+        f"error: {kit}: a kit of {record['product']} {record['release']}, image sha256:{'f' * 64}; the release in "
+        f"{folder} is {record['product']} {record['release']}, image {record['image_id']}: not its kit"], refused.err
+    # nor may the release be rewritten to match it: its signature says so
+    manifest["image_id"] = "sha256:" + "f" * 64
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    signature = (folder / "SHA256SUMS.minisig").read_bytes()
+    (folder / "SHA256SUMS.minisig").unlink()
+    resum(folder)
+    (folder / "SHA256SUMS.minisig").write_bytes(signature)
+    forged = rebuild("--release", str(folder), "--key", str(public))
+    assert forged.code == 3 and "SHA256SUMS.minisig: signature check failed: BAD" in forged.error_lines[-1], forged.err
+    lone = rebuild("--key", str(public))
+    assert lone.code == 2 and lone.error_lines == [
+        "error: --key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is"], lone.err
