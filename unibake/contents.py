@@ -7,8 +7,8 @@ that keeps only what the SBOM needs and never holds a layer in memory:
 * ``var/lib/dpkg/status`` (and ``status.d/*``), Alpine's ``lib/apk/db/installed``, ``etc/os-release``:
   kept whole (small texts); an RPM database (not read) is said to be left out;
 * a conda environment's ``conda-meta/NAME-VERSION-BUILD.json``: its name alone (the package it records);
-* ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO`` and a ``*.egg-info`` file (which is a PKG-INFO):
-  their first 64 KiB (the headers);
+* ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO``, ``*.egg/EGG-INFO/PKG-INFO`` and a ``*.egg-info``
+  file (which is a PKG-INFO): their first 64 KiB (the headers); a zipped egg: its name;
 * every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size;
 * the other files under the install root: their sha256, for a library that is a hard link to one;
 * links and files where a folder of those could have been: they hide what lay under it below.
@@ -38,8 +38,10 @@ APK_INSTALLED = "lib/apk/db/installed"  # Alpine's package database: "P:name", "
 # RPM's databases (Berkeley DB, NDB, SQLite), which are not read: a base that has one is said to be left out
 RPM_DATABASES = tuple(f"{folder}/{name}" for folder in ("var/lib/rpm", "usr/lib/sysimage/rpm")
                       for name in ("Packages", "Packages.db", "rpmdb.sqlite"))
-PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO")
+# an egg folder (setup.py install: flash-attn, apex) holds its PKG-INFO in EGG-INFO/
+PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO", ".egg/EGG-INFO/PKG-INFO")
 EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
+EGG = ".egg"  # a zipped egg in site-packages: NAME-VERSION-pyX.Y[-PLATFORM].egg, known by its name alone
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
@@ -47,7 +49,7 @@ WHITEOUT = ".wh."
 # folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
 PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib", "lib",
                    "lib/apk", "lib/apk/db")
-PY_FOLDERS = (".dist-info", ".egg-info", "site-packages", "dist-packages")
+PY_FOLDERS = (".dist-info", ".egg-info", ".egg", "EGG-INFO", "site-packages", "dist-packages")
 OPAQUE = ".wh..wh..opq"
 
 
@@ -135,6 +137,8 @@ class _LayerReader:
             return "text"
         if path in RPM_DATABASES:
             return "rpm"
+        if base.endswith(EGG) and posixpath.basename(posixpath.dirname(path)) in ("site-packages", "dist-packages"):
+            return "egg"
         if base.endswith(".json") and posixpath.basename(posixpath.dirname(path)) == "conda-meta":
             return "conda"
         if path.endswith(PY_METADATA):
@@ -188,6 +192,9 @@ class _LayerReader:
                 kind = "metadata"  # a single-file .egg-info
             elif entry.type == tarfile.DIRTYPE:
                 self.found.hidden.append(path)  # a folder now: a single file of that name below is gone
+        if kind == "egg" and entry.type in (tarfile.DIRTYPE, tarfile.SYMTYPE):
+            self.found.hidden.append(path)  # an egg folder (its EGG-INFO/PKG-INFO is read), or a link: not a zipped egg
+            kind = None
         if kind is None:
             if (entry.type in tarfile.REGULAR_TYPES and self._under and path.startswith(self._under)
                     and len(self._untracked) < UNTRACKED_LIMIT):
@@ -211,7 +218,7 @@ class _LayerReader:
         if entry.type not in tarfile.REGULAR_TYPES:
             self._unread(path, kind, "a link or a folder")  # where a tracked file was, or would be
             return
-        if kind in ("rpm", "conda"):  # not read: its presence (and a conda record's name) is what is said
+        if kind in ("rpm", "conda", "egg"):  # not read: its presence (and a package's name) is what is said
             self.found.files[path] = (kind, b"")
             return
         self._current = (path, kind, hashlib.sha256() if kind == "library" else bytearray())
@@ -349,6 +356,13 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
                 problems.append(f"/{path} is not named NAME-VERSION-BUILD.json, as conda names its records: left out")
             elif _nameable(package, problems):
                 packages.append(package)
+        elif kind == "egg":
+            name, _, rest = posixpath.basename(path).partition("-")
+            version = rest.partition("-")[0].removesuffix(EGG)
+            if name and version:
+                packages.append(Package(kind="pypi", name=name, version=version, path="/" + path, layer=diff_id))
+            else:
+                problems.append(f"/{path} is not named NAME-VERSION-pyX.Y.egg, as setuptools names an egg: left out")
         elif path == APK_INSTALLED:
             packages += [p for p in _apk_packages(value, path, diff_id) if _nameable(p, problems)]
         else:
@@ -430,7 +444,9 @@ def _python_package(data: bytes, path: str, diff_id: str) -> Package | None:
     name, version = (fields.get("Name") or "").strip(), (fields.get("Version") or "").strip()
     if not name or not version:
         return None
-    where = path if path.endswith(EGG_INFO) else posixpath.dirname(path)  # the .egg-info file, or the folder
+    # the .egg-info file, the .egg folder whose EGG-INFO it is, or the .dist-info or .egg-info folder
+    where = path if path.endswith(EGG_INFO) else posixpath.dirname(posixpath.dirname(path)) if \
+        path.endswith(PY_METADATA[2]) else posixpath.dirname(path)
     return Package(kind="pypi", name=name, version=version, path="/" + where, layer=diff_id)
 
 

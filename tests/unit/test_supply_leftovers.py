@@ -394,3 +394,24 @@ def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_sig
     lone = rebuild("--key", str(public))
     assert lone.code == 2 and lone.error_lines == [
         "error: --key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is"], lone.err
+
+
+def test_eggs_that_setup_py_install_leaves_are_in_the_sbom(tmp_path):
+    from ..savefixtures import tar_of
+    from .test_contents import inspect
+
+    site = "usr/local/lib/python3.10/dist-packages"
+    layer = tar_of([(f"{site}/flash_attn-2.5.6-py3.10-linux-x86_64.egg", None, None),  # setup.py install: a folder
+                    (f"{site}/flash_attn-2.5.6-py3.10-linux-x86_64.egg/EGG-INFO", None, None),
+                    (f"{site}/flash_attn-2.5.6-py3.10-linux-x86_64.egg/EGG-INFO/PKG-INFO",
+                     b"Metadata-Version: 2.1\nName: flash-attn\nVersion: 2.5.6\n", None),
+                    (f"{site}/apex-0.1-py3.10-linux-x86_64.egg", b"PK\x03\x04 a zipped egg", None),  # zip_safe
+                    (f"{site}/odd.egg", b"PK\x03\x04", None),
+                    ("srv/data/model.egg", b"not a package", None)])
+    archive, diff_ids = inspect([layer], tmp_path=tmp_path)
+    contents = archive.contents
+    assert [(p.kind, p.name, p.version, p.path) for p in contents.packages] == [
+        ("pypi", "apex", "0.1", f"/{site}/apex-0.1-py3.10-linux-x86_64.egg"),
+        ("pypi", "flash-attn", "2.5.6", f"/{site}/flash_attn-2.5.6-py3.10-linux-x86_64.egg")]
+    assert contents.problems == (f"/{site}/odd.egg is not named NAME-VERSION-pyX.Y.egg, as setuptools names an egg: "
+                                 "left out",)
