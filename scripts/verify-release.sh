@@ -16,6 +16,9 @@
 #      changed while it was loaded), what the load tagged and added is undone
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
+# A SHA256SUMS.asc may hold other signatures beside the key's good one (co-signers whose keys are not
+# given); a minisign trusted comment in unibake's form ("PRODUCT RELEASE SHA256SUMS") must name the
+# release manifest.json says this is.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
 # Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage; 1 a tool it
 # needs is missing; 130 interrupted.
