@@ -198,7 +198,7 @@ tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
 # a minisign trusted comment unibake wrote ("PRODUCT RELEASE SHA256SUMS") names this release: a
 # signature made for another release with the same key would otherwise be shown as that release's
-if [ -s "$work/comment" ] && grep -qx '[a-z0-9][a-z0-9._-]\{0,63\} [A-Za-z0-9_][A-Za-z0-9_.-]\{0,127\} [A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}' "$work/comment"; then
+if [ -s "$work/comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} (SHA256SUMS|provenance\.intoto\.json)' "$work/comment"; then
   product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
   release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
   [ "$(cat "$work/comment")" = "$product $release SHA256SUMS" ] || fail "$dir: SHA256SUMS.minisig's trusted comment says \

@@ -348,9 +348,10 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
                   comments=tuple(c for c in comments if c[2]))
 
 
-# the trusted comment unibake signs with: "PRODUCT RELEASE FILE" (another, a publisher's own, is shown only)
+# the trusted comment unibake signs with: "PRODUCT RELEASE FILE", FILE one it signs (another, a
+# publisher's own such as "signed by ops", is shown only)
 UNIBAKE_COMMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} "
-                                r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}")
+                                r"(SHA256SUMS|provenance\.intoto\.json)")
 
 
 def comment_checks(signed: Report, manifest: ReleaseManifest) -> list[Check]:
