@@ -416,3 +416,10 @@ def test_eggs_that_setup_py_install_leaves_are_in_the_sbom(tmp_path):
         ("pypi", "flash-attn", "2.5.6", f"/{site}/flash_attn-2.5.6-py3.10-linux-x86_64.egg")]
     assert contents.problems == (f"/{site}/odd.egg is not named NAME-VERSION-pyX.Y.egg, as setuptools names an egg: "
                                  "left out",)
+
+
+def test_the_kit_s_readme_says_how_to_prove_it_is_the_release_s_kit(busybox_product, tmp_path):  # noqa: F811
+    from .test_kit import make_kit, unpack
+
+    kit = unpack(make_kit(busybox_product, tmp_path / "out")[0], tmp_path / "unpacked")
+    assert "`python build.py rebuild DIR --release RELEASE_DIR --key PUBKEY`" in (kit / "README.md").read_text()
