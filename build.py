@@ -10,7 +10,10 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-NEEDED = ("docker", "zstandard", "yaml", "jinja2", "rich", "pydantic", "cyclonedx", "in_toto_attestation")
+# every package unibake imports (the commands load them as they need them; a missing one is said here, not
+# a traceback later); the reconstruct kit's verify.sh asks for the same before it runs python3
+NEEDED = ("docker", "zstandard", "yaml", "jinja2", "rich", "pydantic", "unidiff", "cyclonedx", "in_toto_attestation",
+          "dxf")
 
 
 def _missing() -> str | None:

@@ -16,6 +16,9 @@
 #      changed while it was loaded), what the load tagged and added is undone
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
+# A SHA256SUMS.asc may hold other signatures beside the key's good one (co-signers whose keys are not
+# given); a minisign trusted comment in unibake's form ("PRODUCT RELEASE SHA256SUMS") must name the
+# release manifest.json says this is.
 # Usage: scripts/verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]
 # Exit: 0 all passed; 3 a check failed (a signature absent or wrong too); 2 bad usage; 1 a tool it
 # needs is missing, or no engine answers; 130 interrupted.
@@ -98,25 +101,39 @@ if [ -n "$key" ]; then
     # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
     gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
-      3> "$work/gpgv.status" || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
+      3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
     if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
       fail "$dir: SHA256SUMS.asc was made by a key that has been revoked ($key)"
     fi
     if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: SHA256SUMS.asc is a signature that has expired"; fi
-    grep -q -e '^\[GNUPG:\] GOODSIG ' -e '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status" \
-      && grep -q '^\[GNUPG:\] VALIDSIG ' "$work/gpgv.status" \
+    # each signature of the file (NEWSIG begins one) is good, or one a co-signer made whose key was not
+    # given (ERRSIG code 9: gpgv exits 2 for it alone); at least one is good
+    awk -v rc="$gpgv" '$1 != "[GNUPG:]" { next } $2 == "NEWSIG" { if (seen) n++; seen = 1 } !n { n = 1 }
+      $2 == "GOODSIG" || $2 == "EXPKEYSIG" { good[n] = 1 } $2 == "VALIDSIG" { valid[n] = 1 } $2 == "BADSIG" { bad[n] = 1 }
+      $2 == "ERRSIG" && $8 == "9" { nokey[n] = 1 }
+      END { for (i = 1; i <= n; i++) { if (good[i] && valid[i] && !bad[i]) ok++; else if (nokey[i] && !good[i] && !valid[i] && !bad[i]) other++; else exit 1 }
+            exit !(ok && (rc == 0 || other)) }' "$work/gpgv.status" \
       || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
     if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
       echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
     fi
-  elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
-      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64, as build.py verify reads it
+  elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
+      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
+    # returns trimmed from its end, as minisign reads it), as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
     copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
-    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" \
-      || fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"
+    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" > "$work/minisign.out" \
+      || { cat "$work/minisign.out"; fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"; }
+    cat "$work/minisign.out"
+    # its trusted comment, compared with manifest.json below when it is in unibake's form
+    sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
   else  # a file that is no public key is bad usage, not a bad signature of the release
+    if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
+        | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
+      echo "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
+      exit 2
+    fi
     if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
       echo "error: --key $key: this is a secret key; give the public one" >&2
       exit 2
@@ -180,6 +197,14 @@ recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manife
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
+# a minisign trusted comment unibake wrote ("PRODUCT RELEASE SHA256SUMS") names this release: a
+# signature made for another release with the same key would otherwise be shown as that release's
+if [ -s "$work/comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} (SHA256SUMS|provenance\.intoto\.json)' "$work/comment"; then
+  product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  [ "$(cat "$work/comment")" = "$product $release SHA256SUMS" ] || fail "$dir: SHA256SUMS.minisig's trusted comment says \
+'$(cat "$work/comment")', but this is '$product $release SHA256SUMS' (manifest.json): a signature made for another release or file"
+fi
 
 # The archive manifest.json names (the folder may hold other .tar.zst files, such as the reconstruct kit):
 # NAME.tar.zst, or NAME.tar.zst.part-000, -001, ... in that order; only files SHA256SUMS lists.
@@ -387,7 +412,8 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   "$work/omitted" "$work/hashed" "$work/diff-ids" "$work/layers")
 [ -z "$bad" ] || fail "$dir: the archive's layer $bad: refused before any load"
 
-[ "$load" -eq 1 ] || { echo "ok: sums, zstd and the archive's structure (not loaded)"; exit 0; }
+# which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
+[ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # the engine first, as build.py verify --load: none answering would read as a missing base or image

@@ -203,12 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("folder", metavar="RELEASE_DIR", help="the release folder, e.g. release/1.3.1")
     k.add_argument("--out", required=True, metavar="DIR", help="where to write the kit")
     k.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
+    _key_option(k)
 
     rb = command("rebuild", "rebuild an unpacked reconstruct kit and compare the image ID",
                  "Check the kit's files against its ledger, build its context without the cache on the engine, "
                  "normalise it with the release's SOURCE_DATE_EPOCH and compare the image ID with the release's. "
                  "Exit 0 when identical, 3 when not. (The kit's verify.sh --rebuild runs this.)")
     rb.add_argument("folder", metavar="KIT_DIR", help="the unpacked kit, e.g. demo-llm-1.3.1-kit")
+    rb.add_argument("--release", metavar="DIR",
+                    help="the release folder the kit is said to rebuild: the kit must name its image (the kit checks "
+                         "only itself; this unibake, not the kit's tool/, then compares with the release's image ID)")
+    _key_option(rb)
 
     rl = command("releases", "the releases in a folder, and whether each still verifies",
                  "List the releases with date, image ID, size, previous release and state (SHA256SUMS; --deep adds "
@@ -261,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the release's layers are compressed again when the registry holds an unrecorded "
                          "push of it (default: $TMPDIR; room for the compressed image)")
     pl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
+    _key_option(pl)
     _registry_options(pl)
 
     d = command("deploy", "load a release onto many engines at once, each checked",
@@ -281,8 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temp-dir", metavar="DIR",
                    help="with --ref: where the release's layers are compressed again when it names a push the release "
                         "does not record (default: $TMPDIR; room for the compressed image)")
+    _key_option(d)
     _registry_options(d)
     return p
+
+
+def _key_option(p: argparse.ArgumentParser) -> None:
+    """``--key`` of a command that reads a downloaded release folder: its SHA256SUMS signed."""
+    p.add_argument("--key", metavar="PUBKEY", action=_Once,
+                   help="the publisher's public key (armoured OpenPGP or minisign): the release's SHA256SUMS is checked "
+                        "against its signature first, as verify --key checks it; absent or wrong is exit 3")
 
 
 def _registry_options(p: argparse.ArgumentParser) -> None:
@@ -737,7 +751,7 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
-def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:
+def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) -> bytes:
     """A signed release is signed again (push recording its digest) only over a good signature by
     the very keys given: otherwise a folder changed after it was signed (its sums rewritten to
     match) would come out freshly signed, and verify. Returns SHA256SUMS as its signatures were
@@ -745,13 +759,13 @@ def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:
     import tempfile
 
     from .signing import public_keys
-    from .verify import verify_signatures
+    from .verify import comment_checks, verify_signatures
 
     checked: set[bytes] = set()
     with tempfile.TemporaryDirectory(prefix="unibake-keys-") as temp:
         for key in public_keys(signer, Path(temp)):
             signed = verify_signatures(folder, key, ctx.env)
-            bad = signed.failures
+            bad = signed.failures or [c for c in comment_checks(signed, manifest) if not c.passed]
             if bad:
                 raise VerificationError(f"{bad[0].target}: {bad[0].detail}; {what} is signed again only over a good "
                                         "signature by the same key (was the folder changed after it was signed?)")
@@ -780,7 +794,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
         check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
-        signed_sums = _check_signed_by(folder, signer, ctx, f"release {m.release}")
+        signed_sums = _check_signed_by(folder, signer, ctx, f"release {m.release}", m)
     with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
@@ -816,7 +830,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
-    from .verify import check_folder_arg, trusted_manifest
+    from .verify import check_folder_arg, check_signed, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     if args.release:
@@ -827,7 +841,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
         if folder is None:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")
-    m = trusted_manifest(folder)
+    m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
@@ -849,7 +863,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
-    from .verify import check_folder_arg, trusted_manifest, verify_folder
+    from .verify import (check_folder_arg, check_signed, trusted_manifest, verify_folder, verify_signatures,
+                         with_signatures)
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     if args.jobs < 1:
@@ -870,11 +885,14 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         if args.ref or args.temp_dir:
             raise InputError(f"{'--ref' if args.ref else '--temp-dir'} goes with --from registry")
         with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
-            report = verify_folder(folder)
+            signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
+            if signed is not None:
+                signed.raise_if_failed()
+            report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
             report.raise_if_failed()
         plan = Plan(folder=folder, manifest=report.manifest, source="archive")
     else:
-        m = trusted_manifest(folder)
+        m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
         if args.ref:
             ref = parse_reference(args.ref, what="--ref", digest=True)
         elif m.registry:
@@ -950,14 +968,16 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
 def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .kit import kit_for_release
     from .plan import display_path
-    from .verify import check_folder_arg
+    from .verify import check_folder_arg, check_signed
 
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     out = (ctx.cwd / args.out).resolve()
     problem = unwritable_reason(out, folder=True)
     if problem:  # before the kit is rendered and checked, and named as the option, not as an OSError
         raise InputError(f"--out {args.out}: cannot write the kit there ({problem})")
-    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd)
+    # a downloaded folder's SHA256SUMS is what vouches for its manifest and provenance: signed, with --key
+    signed_sums = check_signed(folder, ctx.cwd / args.key, ctx.env)[0] if args.key else None
+    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd, signed_sums)
     same = published == written.file.sha256  # one that is not was refused before it took the kit's name
     verdict = "identical to the published kit" if same else "the release published none"
     path = display_path(out / written.file.name, ctx.cwd)
@@ -976,13 +996,27 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .kit import check_kit, rebuild
     from .plan import display_path
 
+    from .verify import check_folder_arg, check_signed, trusted_manifest
+
     folder = (ctx.cwd / args.folder).resolve()
     if not folder.is_dir():
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
         raise InputError(f"{args.folder}: a release folder, not a kit: write its kit with `build.py kit "
                          f"{args.folder} --out DIR` (or unpack its -kit.tar.zst), then rebuild DIR")
-    made_by = check_kit(folder).tool.version  # before reaching for an engine
+    if args.key and not args.release:
+        raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
+    released = None
+    if args.release:  # what the kit says it rebuilds must be the release's image, by the release's own word
+        where = check_folder_arg((ctx.cwd / args.release).resolve())
+        released = check_signed(where, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(where)
+    kit = check_kit(folder)
+    if released is not None and (kit.product, kit.release, kit.image_id) != \
+            (released.product, released.release, released.image_id):
+        raise VerificationError(f"{args.folder}: a kit of {kit.product} {kit.release}, image {kit.image_id}; the "
+                                f"release in {args.release} is {released.product} {released.release}, image "
+                                f"{released.image_id}: not its kit")
+    made_by = kit.tool.version  # before reaching for an engine
     if made_by != __version__:  # normalise differs between versions: another ID would say nothing of the release
         raise InputError(f"{args.folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with "
                          "its own copy (./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's "
@@ -992,13 +1026,15 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
                                        f"{engine.address}"):
         result = rebuild(folder, engine, on_line=ctx.reporter.build_line)
     record = result.record
-    error = None if result.matches else VerificationError(
-        f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {record.image_id}")
-    verdict = "identical" if result.matches else "DIFFERENT"
-    return Outcome(document={"release": record.release, "tag": record.tag, "released": record.image_id,
-                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": result.matches},
+    expected = released.image_id if released is not None else record.image_id  # (kit.json read again by rebuild)
+    matches = result.matches and result.image.image_id == expected
+    error = None if matches else VerificationError(
+        f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {expected}")
+    verdict = "identical" if matches else "DIFFERENT"
+    return Outcome(document={"release": record.release, "tag": record.tag, "released": expected,
+                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": matches},
                    title="unibake: rebuild", rows=[("release", f"{record.tag} ({record.release})"),
-                                                   ("released", record.image_id), ("rebuilt", result.image.image_id),
+                                                   ("released", expected), ("rebuilt", result.image.image_id),
                                                    ("tagged", result.ref), ("image ID", verdict)],
                    final=f"rebuilt {record.tag}: {verdict} image ID", error=error)
 

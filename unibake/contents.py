@@ -4,8 +4,11 @@ The archive stage reads each layer once on its way to the compressor; :class:`La
 it a second sink per layer (a tee), a :class:`~unibake.imagetar.TarWalker` over the layer's bytes
 that keeps only what the SBOM needs and never holds a layer in memory:
 
-* ``var/lib/dpkg/status`` (and ``status.d/*``), ``etc/os-release``: kept whole (small texts);
-* ``*.dist-info/METADATA`` and ``*.egg-info/PKG-INFO``: their first 64 KiB (the headers);
+* ``var/lib/dpkg/status`` (and ``status.d/*``), Alpine's ``lib/apk/db/installed``, ``etc/os-release``:
+  kept whole (small texts); an RPM database (not read) is said to be left out;
+* a conda environment's ``conda-meta/NAME-VERSION-BUILD.json``: its name alone (the package it records);
+* ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO``, ``*.egg/EGG-INFO/PKG-INFO`` and a ``*.egg-info``
+  file (which is a PKG-INFO): their first 64 KiB (the headers); a zipped egg: its name;
 * every shared library (``*.so``, ``*.so.N``) under the install root: its sha256 and size;
 * the other files under the install root: their sha256, for a library that is a hard link to one;
 * links and files where a folder of those could have been: they hide what lay under it below.
@@ -31,14 +34,22 @@ from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_D = "var/lib/dpkg/status.d/"
 OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
-PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO")
+APK_INSTALLED = "lib/apk/db/installed"  # Alpine's package database: "P:name", "V:version" stanzas
+# RPM's databases (Berkeley DB, NDB, SQLite), which are not read: a base that has one is said to be left out
+RPM_DATABASES = tuple(f"{folder}/{name}" for folder in ("var/lib/rpm", "usr/lib/sysimage/rpm")
+                      for name in ("Packages", "Packages.db", "rpmdb.sqlite"))
+# an egg folder (setup.py install: flash-attn, apex) holds its PKG-INFO in EGG-INFO/
+PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO", ".egg/EGG-INFO/PKG-INFO")
+EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
+EGG = ".egg"  # a zipped egg in site-packages: NAME-VERSION-pyX.Y[-PLATFORM].egg, known by its name alone
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
 WHITEOUT = ".wh."
 # folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
-PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib")
-PY_FOLDERS = (".dist-info", ".egg-info", "site-packages", "dist-packages")
+PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib", "lib",
+                   "lib/apk", "lib/apk/db")
+PY_FOLDERS = (".dist-info", ".egg-info", ".egg", "EGG-INFO", "site-packages", "dist-packages")
 OPAQUE = ".wh..wh..opq"
 
 
@@ -46,11 +57,11 @@ OPAQUE = ".wh..wh..opq"
 class Package:
     """An OS (``deb``) or Python (``pypi``) package found in the image."""
 
-    kind: str  # deb | pypi
+    kind: str  # deb | apk | conda | pypi
     name: str
     version: str
     arch: str = ""
-    source: str = ""  # deb: the source package, when it differs
+    source: str = ""  # deb, apk: the source package, when it differs; conda: the build string
     path: str = ""  # where it was found: /var/lib/dpkg/status or the .dist-info folder
     layer: str = ""  # the diffID of the layer that gave it
 
@@ -122,8 +133,14 @@ class _LayerReader:
 
     def kind_of(self, path: str) -> str | None:
         base = posixpath.basename(path)
-        if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE:
+        if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE or path == APK_INSTALLED:
             return "text"
+        if path in RPM_DATABASES:
+            return "rpm"
+        if base.endswith(EGG) and posixpath.basename(posixpath.dirname(path)) in ("site-packages", "dist-packages"):
+            return "egg"
+        if base.endswith(".json") and posixpath.basename(posixpath.dirname(path)) == "conda-meta":
+            return "conda"
         if path.endswith(PY_METADATA):
             return "metadata"
         if path.startswith(self._under) and (base.endswith(".so") or ".so." in base):
@@ -170,6 +187,14 @@ class _LayerReader:
                 self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}, not a folder: the packages "
                                            "listed under it are not in the SBOM")
         kind = self.kind_of(path)
+        if kind is None and path.endswith(EGG_INFO):
+            if entry.type in (*tarfile.REGULAR_TYPES, tarfile.LNKTYPE):
+                kind = "metadata"  # a single-file .egg-info
+            elif entry.type == tarfile.DIRTYPE:
+                self.found.hidden.append(path)  # a folder now: a single file of that name below is gone
+        if kind == "egg" and entry.type in (tarfile.DIRTYPE, tarfile.SYMTYPE):
+            self.found.hidden.append(path)  # an egg folder (its EGG-INFO/PKG-INFO is read), or a link: not a zipped egg
+            kind = None
         if kind is None:
             if (entry.type in tarfile.REGULAR_TYPES and self._under and path.startswith(self._under)
                     and len(self._untracked) < UNTRACKED_LIMIT):
@@ -192,6 +217,9 @@ class _LayerReader:
             return
         if entry.type not in tarfile.REGULAR_TYPES:
             self._unread(path, kind, "a link or a folder")  # where a tracked file was, or would be
+            return
+        if kind in ("rpm", "conda", "egg"):  # not read: its presence (and a package's name) is what is said
+            self.found.files[path] = (kind, b"")
             return
         self._current = (path, kind, hashlib.sha256() if kind == "library" else bytearray())
         self._size = 0
@@ -319,6 +347,24 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
         elif path in OS_RELEASE:
             if os_release is None or path == OS_RELEASE[0]:
                 os_release = _os_release(value)
+        elif kind == "rpm":
+            problems.append(f"/{path} is an RPM database, which unibake does not read: the packages it lists are not "
+                            "in the SBOM")
+        elif kind == "conda":
+            package = _conda_package(path, diff_id)
+            if package is None:
+                problems.append(f"/{path} is not named NAME-VERSION-BUILD.json, as conda names its records: left out")
+            elif _nameable(package, problems):
+                packages.append(package)
+        elif kind == "egg":
+            name, _, rest = posixpath.basename(path).partition("-")
+            version = rest.partition("-")[0].removesuffix(EGG)
+            if name and version:
+                packages.append(Package(kind="pypi", name=name, version=version, path="/" + path, layer=diff_id))
+            else:
+                problems.append(f"/{path} is not named NAME-VERSION-pyX.Y.egg, as setuptools names an egg: left out")
+        elif path == APK_INSTALLED:
+            packages += [p for p in _apk_packages(value, path, diff_id) if _nameable(p, problems)]
         else:
             packages += [p for p in _dpkg_packages(value, path, diff_id) if _nameable(p, problems)]
     packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
@@ -363,6 +409,34 @@ def _dpkg_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
     return out
 
 
+def _apk_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
+    """The installed packages of Alpine's ``lib/apk/db/installed``: stanzas of ``X:value`` lines, one
+    a package (``P`` its name, ``V`` its version, ``A`` its architecture, ``o`` its origin)."""
+    out = []
+    for stanza in _text(data).split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and len(key) == 1:
+                fields.setdefault(key, value.strip())
+        name, version = fields.get("P", ""), fields.get("V", "")
+        if name and version:
+            origin = fields.get("o", "")
+            out.append(Package(kind="apk", name=name, version=version, arch=fields.get("A", ""),
+                               source=origin if origin != name else "", path="/" + path, layer=diff_id))
+    return out
+
+
+def _conda_package(path: str, diff_id: str) -> Package | None:
+    """A conda package by its record's name in ``conda-meta``: ``NAME-VERSION-BUILD.json`` (neither the
+    version nor the build holds a '-'); the record itself (its file list, megabytes) is not read."""
+    parts = posixpath.basename(path).removesuffix(".json").rsplit("-", 2)
+    if len(parts) != 3 or not all(parts):
+        return None
+    name, version, build = parts
+    return Package(kind="conda", name=name, version=version, source=build, path="/" + path, layer=diff_id)
+
+
 def _python_package(data: bytes, path: str, diff_id: str) -> Package | None:
     """``Name`` and ``Version`` of a core-metadata file (the email header format the spec names)."""
     headers = _text(data).split("\n\n", 1)[0] + "\n"
@@ -370,7 +444,10 @@ def _python_package(data: bytes, path: str, diff_id: str) -> Package | None:
     name, version = (fields.get("Name") or "").strip(), (fields.get("Version") or "").strip()
     if not name or not version:
         return None
-    return Package(kind="pypi", name=name, version=version, path="/" + posixpath.dirname(path), layer=diff_id)
+    # the .egg-info file, the .egg folder whose EGG-INFO it is, or the .dist-info or .egg-info folder
+    where = path if path.endswith(EGG_INFO) else posixpath.dirname(posixpath.dirname(path)) if \
+        path.endswith(PY_METADATA[2]) else posixpath.dirname(path)
+    return Package(kind="pypi", name=name, version=version, path="/" + where, layer=diff_id)
 
 
 def _os_release(data: bytes) -> OsRelease:

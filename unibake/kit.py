@@ -517,19 +517,21 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
 # The kit of an existing release, again
 
 
-def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[WrittenKit, str | None]:
+def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
+                    signed_sums: bytes | None = None) -> tuple[WrittenKit, str | None]:
     """Write the kit of the release in ``release`` again, into ``out``, from the checkout's profiles
     and inputs, after checking them against the release's provenance; returns the kit and the
     sha256 the release published for it (None when it has none). The context rendered now must be
     the one the release was built from (its sha256 is a byproduct in the provenance), and the kit the
-    published one: otherwise nothing is written and a file already at its name is left as it was."""
+    published one: otherwise nothing is written and a file already at its name is left as it was.
+    ``signed_sums``: the release's SHA256SUMS as its signature was checked (``--key``)."""
     from .plan import make_plan
     from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, materials_of,
                              parse_provenance)
     from .render import render
     from .verify import read_sums, trusted_manifest
 
-    manifest = trusted_manifest(release)  # what kit.json will say comes from it: it must be the release's
+    manifest = trusted_manifest(release, signed_sums)  # what kit.json will say comes from it: it must be the release's
     where = f"release {manifest.release} ({release})"
     if manifest.supply_chain is None or manifest.source_date_epoch is None:
         raise InputError(f"{where} has no provenance (it was made before unibake wrote one): its inputs cannot be "
@@ -538,7 +540,7 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path) -> tuple[
         raise InputError(f"{where} was made by unibake {manifest.tool.version}, this is {__version__}: run the kit "
                          f"command of that version (revision {manifest.revision})")
     text = read_small_text(release / PROVENANCE, VerificationError, limit=PROVENANCE_LIMIT, follow=False)
-    if hashlib.sha256(text.encode()).hexdigest() != read_sums(release).get(PROVENANCE):
+    if hashlib.sha256(text.encode()).hexdigest() != read_sums(release, signed_sums).get(PROVENANCE):
         raise VerificationError(f"{release / PROVENANCE}: differs from SHA256SUMS; the release cannot be trusted")
     document = parse_provenance(text, str(release / PROVENANCE))
     from .platforms import KNOWN

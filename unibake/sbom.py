@@ -181,12 +181,16 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
     # an os-release ID with '/' would move every purl to another namespace (packageurl-python keeps it)
     odd = contents.os is not None and "/" in contents.os.id
     distro = f"{contents.os.id}-{contents.os.version_id}" if contents.os and contents.os.version_id and not odd else None
-    namespace = contents.os.id if contents.os and contents.os.id and not odd else "debian"
+    namespace = contents.os.id if contents.os and contents.os.id and not odd else ""  # else the manager's own
     for p in contents.packages:
-        if p.kind == "deb":
+        if p.kind in ("deb", "apk"):
             qualifiers = {k: v for k, v in (("arch", p.arch), ("distro", distro)) if v}
-            purl = PackageURL("deb", namespace, p.name, p.version, qualifiers)
-            ref = f"deb:{_ref_part(p.name)}:{_ref_part(p.arch)}"
+            purl = PackageURL(p.kind, namespace or ("debian" if p.kind == "deb" else "alpine"), p.name, p.version,
+                              qualifiers)
+            ref = f"{p.kind}:{_ref_part(p.name)}:{_ref_part(p.arch)}"
+        elif p.kind == "conda":
+            purl = PackageURL("conda", None, p.name, p.version, {"build": p.source})
+            ref = f"conda:{p.path}"
         else:
             purl = PackageURL("pypi", None, _pypi_name(p.name), p.version)
             ref = f"pypi:{p.path}"
@@ -194,7 +198,7 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
         # a status file, or in status and status.d) gets a numbered reference instead of being dropped
         ref = next(r for r in itertools.chain([ref], (f"{ref}#{n}" for n in itertools.count(2))) if r not in seen)
         add(CdxComponent(type=ComponentType.LIBRARY, name=p.name, version=p.version, purl=purl, bom_ref=ref,
-                         properties=_props(path=p.path, source=p.source, layer=p.layer)))
+                         properties=_props(path=p.path, source=p.source if p.kind != "conda" else "", layer=p.layer)))
     _add_all(bom, image, listed, top)
     text = make_outputter(bom, OutputFormat.JSON, SPEC).output_as_string(indent=2)
     return json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"

@@ -280,6 +280,15 @@ class PublicKey:
         return ASC if self.kind == "openpgp" else MINISIG
 
 
+def _minisign_key_line(line: str) -> bool:
+    """An Ed25519 minisign public key: 42 bytes in base64, beginning with ``Ed``."""
+    try:
+        raw = base64.b64decode(line, validate=True)
+    except ValueError:
+        return False
+    return len(raw) == 42 and raw[:2] == b"Ed"
+
+
 def read_public_key(path: Path) -> PublicKey:
     """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
     data = read_small_file(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
@@ -295,12 +304,12 @@ def read_public_key(path: Path) -> PublicKey:
     # does verify-release.sh, so that both take and refuse the same files
     lines = text.split("\n")
     if len(lines) >= 2 and lines[0].startswith("untrusted comment:"):
-        try:
-            raw = base64.b64decode(lines[1].strip(), validate=True)
-        except ValueError:
-            raw = b""
-        if len(raw) == 42 and raw[:2] == b"Ed":
+        # the key line as minisign reads it: only carriage returns are trimmed from its end
+        if _minisign_key_line(lines[1].rstrip("\r")):
             return PublicKey(kind="minisign", path=path, text=text)
+        if _minisign_key_line(lines[1].strip()):
+            raise InputError(f"--key {path}: its key line (line 2) has blanks around it, which minisign does not "
+                             "take: remove them")
     if "PRIVATE KEY" in text or "secret key" in text:
         raise InputError(f"--key {path}: this is a secret key; give the public one")
     raise InputError(f"--key {path}: neither an armoured OpenPGP public key (gpg --armor --export) nor a "
@@ -313,17 +322,28 @@ class SignatureCheck:
     passed: bool
     detail: str
     data: bytes = field(default=b"", repr=False, compare=False)  # the signed file's bytes, as verified
+    comment: str = ""  # a good minisign signature's trusted comment
 
 
 
-def _status(stdout: bytes) -> dict[str, list[str]]:
-    """gpgv's ``--status-fd`` lines, by keyword: the first of each."""
-    out: dict[str, list[str]] = {}
+def _status(stdout: bytes) -> list[dict[str, list[str]]]:
+    """gpgv's ``--status-fd`` lines, one group per signature of the file (each begins with
+    ``NEWSIG``), by keyword: the first of each."""
+    groups: list[dict[str, list[str]]] = []
     for line in stdout.decode("utf-8", "replace").splitlines():
         words = line.split()
         if len(words) >= 2 and words[0] == "[GNUPG:]":
-            out.setdefault(words[1], words[2:])
-    return out
+            if not groups or (words[1] == "NEWSIG" and "NEWSIG" in groups[-1]):
+                groups.append({})  # (a line before the first NEWSIG is the first signature's)
+            groups[-1].setdefault(words[1], words[2:])
+    return groups
+
+
+def _not_given(group: dict[str, list[str]]) -> bool:
+    """A signature gpgv could not check for want of its key (``ERRSIG`` with code 9, ``NO_PUBKEY``): a
+    co-signer's, whose key was not given."""
+    errsig = group.get("ERRSIG", [])
+    return len(errsig) >= 6 and errsig[5] == "9" and not ({"GOODSIG", "BADSIG", "VALIDSIG"} & group.keys())
 
 
 def _openpgp_keys(key: PublicKey, keyring: Path, home: Path, env: Mapping[str, str]) -> None:
@@ -375,19 +395,24 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
             _openpgp_keys(key, keyring, home, env)
             proc = _run(["gpgv", "--homedir", str(home), "--status-fd", "1", "--keyring", str(keyring),
                          str(home / "signature"), str(home / "signed")], env, None, "verify")
-            status = _status(proc.stdout)
+            groups = _status(proc.stdout)
             # gpgv exits 0 for a revoked key's signature too: the status lines say what it was
-            if "REVKEYSIG" in status:
+            if any("REVKEYSIG" in g for g in groups):
                 return SignatureCheck(target=target, passed=False,
                                       detail=f"BAD: made by a key that has been revoked ({key.path.name})")
-            if "EXPSIG" in status:
+            if any("EXPSIG" in g for g in groups):
                 return SignatureCheck(target=target, passed=False, detail="BAD: the signature has expired")
-            valid = status.get("VALIDSIG", [])
-            if proc.returncode == 0 and valid and ("GOODSIG" in status or "EXPKEYSIG" in status):
+            # a file co-signed by a key not given: gpgv exits 2 for that signature alone; the given
+            # key's good, and every other one only unchecked for want of its key, passes
+            good = [g for g in groups if g.get("VALIDSIG") and ("GOODSIG" in g or "EXPKEYSIG" in g)]
+            others = [g for g in groups if g not in good]
+            if good and all(_not_given(g) for g in others) and (proc.returncode == 0 or others):
+                valid = good[0]["VALIDSIG"]
                 primary = valid[9] if len(valid) >= 10 else valid[0]  # a subkey's signature names its primary key
-                since = " (the key has expired: ask the publisher)" if "EXPKEYSIG" in status else ""
+                since = " (the key has expired: ask the publisher)" if "EXPKEYSIG" in good[0] else ""
+                also = f"; {len(others)} more by keys not given, not checked" if others else ""
                 return SignatureCheck(target=target, passed=True, data=data,
-                                      detail=f"good OpenPGP signature by {primary}{since}")
+                                      detail=f"good OpenPGP signature by {primary}{since}{also}")
             return SignatureCheck(target=target, passed=False,
                                   detail=f"BAD: not a valid signature of {name} by {key.path.name} ({_tail(proc)})")
         proc = _run(["minisign", "-V", "-p", str(key.path.resolve()), "-m", str(home / "signed"),
@@ -396,7 +421,7 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
             comments = [line[len("Trusted comment: "):] for line in proc.stdout.decode("utf-8", "replace").splitlines()
                         if line.startswith("Trusted comment: ")]
             said = f", trusted comment {comments[0][:120]!r}" if comments else ""
-            return SignatureCheck(target=target, passed=True, data=data,
+            return SignatureCheck(target=target, passed=True, data=data, comment=comments[0] if comments else "",
                                   detail=f"good minisign signature by {minisign_key_id(key.text)}{said}")
         reason = _tail(proc) if proc.stderr.strip() else (proc.stdout.decode("utf-8", "replace").strip()[:200]
                                                            or f"exit {proc.returncode}")

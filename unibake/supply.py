@@ -113,8 +113,10 @@ def sbom_stage(run: Run) -> tuple:
                          components=target.metadata.components if target.metadata else (), contents=contents,
                          base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=_epoch(labels))
     sha = write_atomic(run["folder"].staging, SBOM, text)
-    debs = sum(1 for p in contents.packages if p.kind == "deb")
-    run.reporter.info(f"    {debs} OS packages, {len(contents.packages) - debs} Python packages, "
+    debs = sum(1 for p in contents.packages if p.kind in ("deb", "apk"))
+    conda = sum(1 for p in contents.packages if p.kind == "conda")
+    also = f"{conda} conda packages, " if conda else ""
+    run.reporter.info(f"    {debs} OS packages, {len(contents.packages) - debs - conda} Python packages, {also}"
                       f"{len(contents.libraries)} libraries under {INSTALL_ROOT}, from {contents.layers} layers")
     return (Sbom(file=SupplyFile(name=SBOM, bytes=len(text.encode()), sha256=sha), base=base, builder=builder,
                  engine_version=engine_version, packages=len(contents.packages), libraries=len(contents.libraries),

@@ -50,6 +50,7 @@ class Report:
     checks: tuple[Check, ...]
     manifest: ReleaseManifest | None
     signed_sums: bytes | None = None  # SHA256SUMS as its signature was checked: what verify_folder reads then
+    comments: tuple[tuple[str, str, str], ...] = ()  # (signature, the file it signs, its minisign trusted comment)
 
     @property
     def failures(self) -> list[Check]:
@@ -164,10 +165,11 @@ def _check_unlisted(folder: Path, sums: Mapping[str, str], archive_name: str, ch
             checks.add("listed", shown, True, "not listed in SHA256SUMS: not part of the release, not read")
 
 
-def trusted_manifest(folder: Path) -> ReleaseManifest:
+def trusted_manifest(folder: Path, signed_sums: bytes | None = None) -> ReleaseManifest:
     """A release's manifest, checked against its SHA256SUMS first (for commands that need the
-    manifest and not the archive: pull, deploy, kit)."""
-    sums = read_sums(folder)
+    manifest and not the archive: pull, deploy, kit). ``signed_sums``: SHA256SUMS as its signature
+    was checked."""
+    sums = read_sums(folder, signed_sums)
     if MANIFEST not in sums:
         raise VerificationError(f"{folder}/{MANIFEST}: not listed in SHA256SUMS; this is not a complete release folder")
     data = _manifest_bytes(folder)
@@ -333,20 +335,60 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
 
     key = read_public_key(key_path)
     checks = _Checks()
+    comments = []
     first = verify_signature(folder, SUMS, key, env, limit=SUMS_LIMIT)
     checks.add("signature", first.target, first.passed, first.detail)
+    comments.append((first.target, SUMS, first.comment))
     if first.passed and (folder / (PROVENANCE + key.suffix)).is_file():
         second = verify_signature(folder, PROVENANCE, key, env, limit=PROVENANCE_LIMIT)
         checks.add("signature", second.target, second.passed, second.detail)
+        comments.append((second.target, PROVENANCE, second.comment))
     return Report(folder=folder, checks=tuple(checks), manifest=None,
-                  signed_sums=first.data if first.passed else None)
+                  signed_sums=first.data if first.passed else None,
+                  comments=tuple(c for c in comments if c[2]))
+
+
+# the trusted comment unibake signs with: "PRODUCT RELEASE FILE", FILE one it signs (another, a
+# publisher's own such as "signed by ops", is shown only)
+UNIBAKE_COMMENT_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} "
+                                r"(SHA256SUMS|provenance\.intoto\.json)")
+
+
+def comment_checks(signed: Report, manifest: ReleaseManifest) -> list[Check]:
+    """A minisign trusted comment in unibake's form must name the release the manifest is, and the
+    file it signs: a signature made for another release (the same key, a comment saying 2.0 on
+    1.0's sums) would otherwise be shown as that release's."""
+    out = []
+    for target, name, comment in signed.comments:
+        if not UNIBAKE_COMMENT_RE.fullmatch(comment):
+            continue
+        want = f"{manifest.product} {manifest.release} {name}"
+        ok = comment == want
+        out.append(Check(name="signature", target=target, passed=ok, detail=(
+            f"its trusted comment names {manifest.product} {manifest.release}, as {MANIFEST}" if ok else
+            f"its trusted comment says {comment!r}, but this is {want!r} ({MANIFEST}): a signature made for another "
+            "release or file")))
+    return out
+
+
+def check_signed(folder: Path, key_path: Path, env: Mapping[str, str]) -> tuple[bytes, ReleaseManifest]:
+    """``--key`` of a command that reads a release's manifest and not its archive (kit): the
+    signatures as ``verify --key`` checks them, and their trusted comments against the manifest;
+    returns SHA256SUMS as it was checked and the manifest. Raises the first failed check."""
+    signed = verify_signatures(folder, key_path, env)
+    signed.raise_if_failed()
+    assert signed.signed_sums is not None
+    manifest = trusted_manifest(folder, signed.signed_sums)
+    Report(folder=folder, checks=tuple(comment_checks(signed, manifest)), manifest=manifest).raise_if_failed()
+    return signed.signed_sums, manifest
 
 
 def with_signatures(signed: Report | None, report: Report) -> Report:
-    """A folder's report with the signature checks first."""
+    """A folder's report with the signature checks first (and its trusted comments against its manifest)."""
     if signed is None:
         return report
-    return Report(folder=report.folder, checks=signed.checks + report.checks, manifest=report.manifest)
+    compared = tuple(comment_checks(signed, report.manifest)) if report.manifest is not None else ()
+    return Report(folder=report.folder, checks=signed.checks + compared + report.checks, manifest=report.manifest)
 
 
 def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], object] = lambda n: None) -> Report:
