@@ -1144,8 +1144,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         _emit_error(args, str(exc), exc.exit_code, cwd)
         return exc.exit_code
-    except KeyboardInterrupt:
-        message = "interrupted"
+    except KeyboardInterrupt as exc:
+        message = "interrupted" + (f": {exc}" if str(exc) else "")  # what it had done (deploy says so)
         if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
             where = ", ".join(str(path) for path in COMMITTED)
             message += f" after {where} was published whole (check it: python build.py verify {COMMITTED[0]})"

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from .archive_reader import read_archive
 from .engine import Engine
-from .errors import InputError, UnibakeError, VerificationError
+from .errors import HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import read_small_text
 from .manifest import ReleaseManifest
 
@@ -31,7 +32,7 @@ SOURCES = ("archive", "registry")
 @dataclass(frozen=True, kw_only=True)
 class NodeResult:
     engine: str
-    result: str  # loaded | pulled | skipped | tagged | failed
+    result: str  # loaded | pulled | skipped | tagged | failed | stopped (an interrupt ended its load)
     seconds: float
     detail: str = ""
     image_id: str = ""
@@ -112,8 +113,18 @@ class Plan:
     pull: Callable[[Engine], str] | None = None  # the registry's pull into one engine; returns the image ID
 
 
-def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> NodeResult:
+def _until(stop: threading.Event, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """``chunks`` until ``stop`` is set: then the stream breaks off, and the engine refuses the load."""
+    for chunk in chunks:
+        if stop.is_set():
+            raise HandoffAborted("interrupted")
+        yield chunk
+
+
+def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
+                stop: threading.Event | None = None) -> NodeResult:
     m = plan.manifest
+    stop = stop or threading.Event()
     start = time.monotonic()
 
     def done(result: str, detail: str = "", image_id: str = "") -> NodeResult:
@@ -137,7 +148,12 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> N
             plan.pull(engine)
             result = "pulled"
         else:
-            engine.load(read_archive(plan.folder, [f.name for f in m.archive.files]))
+            try:
+                engine.load(_until(stop, read_archive(plan.folder, [f.name for f in m.archive.files])))
+            except Exception:
+                if stop.is_set():  # however the engine's client put the broken-off stream
+                    return done("stopped", "the interrupt broke its load off: the engine did not take the image")
+                raise
             result = "loaded"
         got = engine.inspect_image(m.tag)
         if got is None or got.id != m.image_id:
@@ -153,18 +169,35 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> N
 def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *, jobs: int = 4,
            on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
     """Every engine in parallel (``jobs`` at a time); results in the order the engines were given."""
+    stop = threading.Event()
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(addresses))), thread_name_prefix="deploy") as pool:
-        futures = [pool.submit(_deploy_one, plan, address, connect) for address in addresses]
+        futures = [pool.submit(_deploy_one, plan, address, connect, stop) for address in addresses]
         try:
             results = []
             for future in futures:
                 results.append(future.result())
                 on_result(results[-1])
         except KeyboardInterrupt:
+            # the loads under way break off at their next piece (a pull runs to its end); the engines
+            # not begun are not begun; then the interrupt says which engines hold the release
+            stop.set()
             for future in futures:
                 future.cancel()
-            raise
+            wait(futures)
+            raise KeyboardInterrupt(interrupted_note(addresses, futures)) from None
     return results
+
+
+def interrupted_note(addresses: list[str], futures) -> str:
+    """Which engines hold the release after an interrupt (loaded or already holding it, checked), and
+    which do not."""
+    finished = [f.result() for f in futures if f.done() and not f.cancelled()]
+    got = [r.engine for r in finished if not r.failed and r.result != "stopped"]
+    if not got:
+        return "no engine got the release"
+    missing = [a for a in addresses if a not in got]
+    said = f"{', '.join(got)} {'holds' if len(got) == 1 else 'hold'} the release (checked)"
+    return f"{said}; {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not" if missing else said
 
 
 def raise_if_failed(results: list[NodeResult]) -> None:

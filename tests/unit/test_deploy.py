@@ -4,8 +4,8 @@ the hosts file and the command line's bad input."""
 from __future__ import annotations
 
 import json
-
 import re
+import time
 
 import pytest
 
@@ -67,6 +67,39 @@ def test_an_engine_that_ends_up_with_another_image_fails_its_row(tmp_path):
         return other_id
     results = deploy(Plan(folder=folder, manifest=m, source="registry", pull=pull), ["tcp://a:2375"], connect)
     assert results[0].result == "failed" and f"image ID {other_id} after the pull, not {image_id}" in results[0].detail
+
+
+class SlowEngine(FakeEngine):
+    """An engine whose load takes each piece of the stream a while after asking for it."""
+
+    def load(self, chunks):
+        def slowly():
+            for chunk in chunks:
+                yield chunk
+                time.sleep(0.5)
+        time.sleep(0.3)
+        return super().load(slowly())
+
+
+def test_an_interrupt_breaks_off_the_loads_under_way_and_says_which_engines_hold_the_release(tmp_path):
+    """Ctrl-C once the first engine is done: the second engine's load is broken off at once (before:
+    waited for to its end, however long, and the interrupt said only "interrupted"); the interrupt
+    names the engine that holds the release."""
+    folder, image_id = make_release(tmp_path / "release", layers=[bytes(4 << 20)] * 3)
+    m = load_manifest(folder)
+    engines, connect = fleet("a")
+    engines["tcp://slow:2375"] = slow = SlowEngine(address="tcp://slow:2375")
+
+    def ctrl_c(result):
+        raise KeyboardInterrupt
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375", "tcp://slow:2375"], connect,
+               on_result=ctrl_c)
+    assert time.monotonic() - start < 1.5
+    assert str(caught.value) == "tcp://a:2375 holds the release (checked); tcp://slow:2375 does not"
+    assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
+    assert slow.inspect_image(m.tag) is None
 
 
 def test_the_hosts_file_and_the_engines_given(tmp_path):
