@@ -14,7 +14,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,31 +167,47 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
 
 def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *, jobs: int = 4,
            on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
-    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given."""
+    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given.
+
+    On an interrupt the loads under way break off at their next piece (a pull runs to its end), the
+    engines not begun are not begun, and the interrupt says which engines hold the release. The
+    workers are daemon threads: one stuck on an engine that does not answer is let go by a third
+    interrupt (and by the exit), not waited for as a pool's threads are."""
     stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(addresses))), thread_name_prefix="deploy") as pool:
-        futures = [pool.submit(_deploy_one, plan, address, connect, stop) for address in addresses]
-        try:
-            results = []
-            for future in futures:
-                results.append(future.result())
-                on_result(results[-1])
-        except KeyboardInterrupt:
-            # the loads under way break off at their next piece (a pull runs to its end); the engines
-            # not begun are not begun; then the interrupt says which engines hold the release
-            stop.set()
-            for future in futures:
-                future.cancel()
-            wait(futures)
-            raise KeyboardInterrupt(interrupted_note(addresses, futures)) from None
+    results: list[NodeResult | None] = [None] * len(addresses)
+    finished = [threading.Event() for _ in addresses]
+    todo = iter(range(len(addresses)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while not stop.is_set():
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            results[i] = _deploy_one(plan, addresses[i], connect, stop)
+            finished[i].set()
+
+    workers = [threading.Thread(target=work, name=f"deploy-{n}", daemon=True)
+               for n in range(max(1, min(jobs, len(addresses))))]
+    for worker in workers:
+        worker.start()
+    try:
+        for i in range(len(addresses)):
+            finished[i].wait()
+            on_result(results[i])
+    except KeyboardInterrupt:
+        stop.set()
+        for worker in workers:  # a second interrupt is let be while this waits; a third ends it
+            worker.join()
+        raise KeyboardInterrupt(interrupted_note(addresses, results)) from None
     return results
 
 
-def interrupted_note(addresses: list[str], futures) -> str:
+def interrupted_note(addresses: list[str], results: list[NodeResult | None]) -> str:
     """Which engines hold the release after an interrupt (loaded or already holding it, checked), and
     which do not."""
-    finished = [f.result() for f in futures if f.done() and not f.cancelled()]
-    got = [r.engine for r in finished if not r.failed and r.result != "stopped"]
+    got = [r.engine for r in results if r is not None and not r.failed and r.result != "stopped"]
     if not got:
         return "no engine got the release"
     missing = [a for a in addresses if a not in got]
