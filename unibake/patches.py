@@ -114,12 +114,30 @@ def _lines(text: str) -> list[str]:
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
+def _sides(hunk: unidiff.Hunk) -> tuple[list[str], list[str]]:
+    """A hunk's lines before and after; a line followed by "\\ No newline at end of file" ends the
+    file without one, on its side (both sides for a context line)."""
+    old: list[str] = []
+    new: list[str] = []
+    last = None
+    for line in hunk:
+        if line.line_type == "\\":
+            for side in {"-": (old,), "+": (new,), " ": (old, new)}.get(last, ()):
+                side[-1] = side[-1].removesuffix("\n")
+            continue
+        if line.line_type in (" ", "-"):
+            old.append(line.value)
+        if line.line_type in (" ", "+"):
+            new.append(line.value)
+        last = line.line_type
+    return old, new
+
+
 def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: str) -> list[str]:
     out = list(lines)
     delta = 0
     for number, hunk in enumerate(pf, 1):
-        old = [line.value for line in hunk if line.line_type in (" ", "-")]
-        new = [line.value for line in hunk if line.line_type in (" ", "+")]
+        old, new = _sides(hunk)
         start = (hunk.source_start if hunk.source_length == 0 else hunk.source_start - 1) + delta
         found = out[start:start + len(old)]
         if found != old:

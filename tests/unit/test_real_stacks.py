@@ -324,6 +324,28 @@ def test_a_git_patch_s_file_modes_are_applied_and_a_symbolic_link_is_refused(bus
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_a_patch_over_and_to_a_last_line_without_a_newline_applies_as_diff_wrote_it(busybox_product, cli, tmp_path):
+    """``\\ No newline at end of file`` (before: "line 2 is 'two', the patch expects 'two'", and a
+    line the patch left without a newline got one)."""
+    root = busybox_product.parent
+    (root / "images/engine/f.txt").write_text("one\ntwo")
+    (root / "images/engine/g.txt").write_text("x\n")
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "f.txt").write_text("one\nTWO")
+    (changed / "g.txt").write_text("x\ny")
+    patch = "".join(subprocess.run(["diff", "-u", "--label", f"a/{n}", "--label", f"b/{n}", str(root / "images/engine" / n),
+                                    str(changed / n)], capture_output=True, text=True).stdout for n in ("f.txt", "g.txt"))
+    assert patch.count("\\ No newline at end of file") == 3
+    (root / "images/patches").mkdir()
+    (root / "images/patches/nl.patch").write_text(patch)
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/patches/nl.patch}\n")
+    lock(cli, busybox_product)
+    files = {f.name: f for f in render(make_plan(busybox_product)).files}
+    assert files["ctx/engine/f.txt"].data == b"one\nTWO"
+    assert files["ctx/engine/g.txt"].data == b"x\ny"
+
+
 def test_a_patch_counts_lines_as_diff_does_across_a_form_feed_and_a_unicode_line_separator(busybox_product, cli):
     root = busybox_product.parent
     serve = root / "images/engine/serve.sh"
