@@ -736,7 +736,7 @@ def _check_signed_by(folder: Path, signer, ctx: Context, what: str) -> bytes:
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .amend import amend_release
+    from .amend import amend_release, check_keepable
     from .registry import RegistryClient, merge_record, parse_reference, push_release
     from .publish import SUMS
     from .signing import ASC, MINISIG, check_keys, check_signer
@@ -750,6 +750,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
         report = verify_folder(folder)
         report.raise_if_failed()
+        check_keepable(folder)  # before the upload: recording it would drop what is not a file
     m = report.manifest
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
