@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import UnibakeError
+from .errors import InputError, UnibakeError
 from .files import fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS
@@ -105,6 +105,16 @@ class _Lock:
         self.fh.close()
 
 
+def check_keepable(folder: Path) -> None:
+    """The new folder takes over the old one's files (hard links); a folder or symbolic link put in
+    the release folder (an unpacked kit, say) would go with the old folder: refused, before anything."""
+    other = sorted(f"{e.name}/" if e.is_dir(follow_symlinks=False) else e.name
+                   for e in os.scandir(folder) if not e.is_file(follow_symlinks=False))
+    if other:
+        raise InputError(f"{folder} holds {', '.join(other)[:300]}, which is not a file: recording the push would "
+                         "drop it; move it out of the release folder and push again")
+
+
 def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path,
                   sign: Callable[[Path], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None) -> None:
     """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
@@ -114,6 +124,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     manifest ``manifest`` was made from; a folder whose manifest is no longer that one (another push
     recorded itself meanwhile) is left as it is, an error, rather than losing what that one wrote."""
     out, tag = folder.parent, folder.name
+    check_keepable(folder)
     texts = {MANIFEST: manifest.to_json()}
     has_section = bool(load_manifest(folder).registry)  # the notes end with a registry section iff it records a push
     for name in NOTES:

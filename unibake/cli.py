@@ -776,7 +776,7 @@ def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) ->
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .amend import amend_release
+    from .amend import amend_release, check_keepable
     from .registry import RegistryClient, merge_record, parse_reference, push_release
     from .publish import SUMS
     from .signing import ASC, MINISIG, check_keys, check_signer
@@ -790,6 +790,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
         report = verify_folder(folder)
         report.raise_if_failed()
+        check_keepable(folder)  # before the upload: recording it would drop what is not a file
     m = report.manifest
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
@@ -1207,8 +1208,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         _emit_error(args, str(exc), exc.exit_code, cwd)
         return exc.exit_code
-    except KeyboardInterrupt:
-        message = "interrupted"
+    except KeyboardInterrupt as exc:
+        message = "interrupted" + (f": {exc}" if str(exc) else "")  # what it had done (deploy says so)
         if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
             if len(COMMITTED) == 1:
                 message += (f" after {COMMITTED[0]} was published whole (check it: python build.py verify "

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .archive_reader import read_archive
 from .engine import Engine
-from .errors import InputError, UnibakeError, VerificationError
+from .errors import HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import read_small_text
 from .manifest import ReleaseManifest
 
@@ -31,7 +31,7 @@ SOURCES = ("archive", "registry")
 @dataclass(frozen=True, kw_only=True)
 class NodeResult:
     engine: str
-    result: str  # loaded | pulled | skipped | tagged | failed
+    result: str  # loaded | pulled | skipped | tagged | failed | stopped (an interrupt ended its load)
     seconds: float
     detail: str = ""
     image_id: str = ""
@@ -112,8 +112,18 @@ class Plan:
     pull: Callable[[Engine], str] | None = None  # the registry's pull into one engine; returns the image ID
 
 
-def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> NodeResult:
+def _until(stop: threading.Event, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """``chunks`` until ``stop`` is set: then the stream breaks off, and the engine refuses the load."""
+    for chunk in chunks:
+        if stop.is_set():
+            raise HandoffAborted("interrupted")
+        yield chunk
+
+
+def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
+                stop: threading.Event | None = None) -> NodeResult:
     m = plan.manifest
+    stop = stop or threading.Event()
     start = time.monotonic()
 
     def done(result: str, detail: str = "", image_id: str = "") -> NodeResult:
@@ -137,7 +147,12 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> N
             plan.pull(engine)
             result = "pulled"
         else:
-            engine.load(read_archive(plan.folder, [f.name for f in m.archive.files]))
+            try:
+                engine.load(_until(stop, read_archive(plan.folder, [f.name for f in m.archive.files])))
+            except Exception:
+                if stop.is_set():  # however the engine's client put the broken-off stream
+                    return done("stopped", "the interrupt broke its load off: the engine did not take the image")
+                raise
             result = "loaded"
         got = engine.inspect_image(m.tag)
         if got is None or got.id != m.image_id:
@@ -152,19 +167,52 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine]) -> N
 
 def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *, jobs: int = 4,
            on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
-    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given."""
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(addresses))), thread_name_prefix="deploy") as pool:
-        futures = [pool.submit(_deploy_one, plan, address, connect) for address in addresses]
-        try:
-            results = []
-            for future in futures:
-                results.append(future.result())
-                on_result(results[-1])
-        except KeyboardInterrupt:
-            for future in futures:
-                future.cancel()
-            raise
+    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given.
+
+    On an interrupt the loads under way break off at their next piece (a pull runs to its end), the
+    engines not begun are not begun, and the interrupt says which engines hold the release. The
+    workers are daemon threads: one stuck on an engine that does not answer is let go by a third
+    interrupt (and by the exit), not waited for as a pool's threads are."""
+    stop = threading.Event()
+    results: list[NodeResult | None] = [None] * len(addresses)
+    finished = [threading.Event() for _ in addresses]
+    todo = iter(range(len(addresses)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while not stop.is_set():
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            results[i] = _deploy_one(plan, addresses[i], connect, stop)
+            finished[i].set()
+
+    workers = [threading.Thread(target=work, name=f"deploy-{n}", daemon=True)
+               for n in range(max(1, min(jobs, len(addresses))))]
+    for worker in workers:
+        worker.start()
+    try:
+        for i in range(len(addresses)):
+            finished[i].wait()
+            on_result(results[i])
+    except KeyboardInterrupt:
+        stop.set()
+        for worker in workers:  # a second interrupt is let be while this waits; a third ends it
+            worker.join()
+        raise KeyboardInterrupt(interrupted_note(addresses, results)) from None
     return results
+
+
+def interrupted_note(addresses: list[str], results: list[NodeResult | None]) -> str:
+    """Which engines hold the release after an interrupt (loaded or already holding it, checked), and
+    which do not."""
+    got = [r.engine for r in results if r is not None and not r.failed and r.result != "stopped"]
+    if not got:
+        return "no engine got the release"
+    missing = [a for a in addresses if a not in got]
+    said = f"{', '.join(got)} {'holds' if len(got) == 1 else 'hold'} the release (checked)"
+    return f"{said}; {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not" if missing else said
 
 
 def raise_if_failed(results: list[NodeResult]) -> None:

@@ -23,6 +23,9 @@ STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
 # Long steps (a compile, a big COPY) may print nothing for minutes.
 TIMEOUT = 3600
+# The first request, the engine's API version: an address that takes the connection and never answers
+# (a wrong port, a hung daemon, a proxy) is said within this, not after TIMEOUT.
+CONNECT_TIMEOUT = 60
 
 
 # What the engine's save stream is handed on in. urllib3 yields one piece per HTTP chunk of the
@@ -76,12 +79,14 @@ class DockerEngine(Engine):
         try:
             # ssh://: docker-py runs the system's ssh client (its config, agent and known hosts), as the CLI does
             ssh = self.address.startswith("ssh://")
+            probe = min(timeout, CONNECT_TIMEOUT)
             if address:
-                self.api = docker.APIClient(base_url=address, version="auto", timeout=timeout, use_ssh_client=ssh)
+                self.api = docker.APIClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh)
             else:
                 kwargs = docker.utils.kwargs_from_env(environment=dict(env))
                 kwargs.setdefault("base_url", self.address)
-                self.api = docker.APIClient(version="auto", timeout=timeout, use_ssh_client=ssh, **kwargs)
+                self.api = docker.APIClient(version="auto", timeout=probe, use_ssh_client=ssh, **kwargs)
+            self.api.timeout = timeout  # every request after the version's
         except docker.errors.DockerException as exc:
             raise EngineError(f"cannot reach the Docker engine at {self.address}: {_unreachable(self.address, exc)}") \
                 from None

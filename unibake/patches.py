@@ -13,6 +13,7 @@ apply step is written here.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from .inputs import InputFile, Source, read_source
 from .schema import PATH_RE, default_of
 
 MAX_PATCH = 16 << 20
+GIT_MODE_RE = re.compile(r"^(?:new file mode|new mode) ([0-7]{6})$")  # git's header of a new or changed mode
+GIT_MODES = {0o100644: 0o644, 0o100755: 0o755}  # the regular files' modes git records (only the x bit)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,11 +86,25 @@ def read_patch(root: Path, spec: dict, where) -> Patch:
     for pf in diff:
         if pf.is_binary_file:
             raise InputError(f"{f.path}: changes the binary file {pf.path}; bake binaries with an overlay")
+        _git_mode(pf, f.path)
         if pf.is_rename or (not pf.is_added_file and not pf.is_removed_file
                             and _strip(pf.source_file, strip, f.path) != _strip(pf.target_file, strip, f.path)):
             raise InputError(f"{f.path}: renames {pf.source_file} to {pf.target_file}; use a new file and a "
                              "deletion instead")
     return Patch(name=Path(f.path).name, file=f, strip=strip, diff=diff, where=f.path)
+
+
+def _git_mode(pf: unidiff.PatchedFile, where: str) -> int | None:
+    """The mode a git patch gives the file (``new file mode 100755``, ``new mode 100755``), or None."""
+    for line in pf.patch_info or ():
+        match = GIT_MODE_RE.match(str(line).rstrip("\r\n"))
+        if match:
+            mode = int(match.group(1), 8)
+            if mode not in GIT_MODES:
+                raise InputError(f"{where}: gives {pf.path} the mode {match.group(1)} (a symbolic link or a "
+                                 "submodule); patch regular files only, bake the rest with an overlay")
+            return GIT_MODES[mode]
+    return None
 
 
 def _lines(text: str) -> list[str]:
@@ -97,12 +114,30 @@ def _lines(text: str) -> list[str]:
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
+def _sides(hunk: unidiff.Hunk) -> tuple[list[str], list[str]]:
+    """A hunk's lines before and after; a line followed by "\\ No newline at end of file" ends the
+    file without one, on its side (both sides for a context line)."""
+    old: list[str] = []
+    new: list[str] = []
+    last = None
+    for line in hunk:
+        if line.line_type == "\\":
+            for side in {"-": (old,), "+": (new,), " ": (old, new)}.get(last, ()):
+                side[-1] = side[-1].removesuffix("\n")
+            continue
+        if line.line_type in (" ", "-"):
+            old.append(line.value)
+        if line.line_type in (" ", "+"):
+            new.append(line.value)
+        last = line.line_type
+    return old, new
+
+
 def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: str) -> list[str]:
     out = list(lines)
     delta = 0
     for number, hunk in enumerate(pf, 1):
-        old = [line.value for line in hunk if line.line_type in (" ", "-")]
-        new = [line.value for line in hunk if line.line_type in (" ", "+")]
+        old, new = _sides(hunk)
         start = (hunk.source_start if hunk.source_length == 0 else hunk.source_start - 1) + delta
         found = out[start:start + len(old)]
         if found != old:
@@ -142,6 +177,7 @@ def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, Patch
             except UnicodeDecodeError:
                 raise InputError(f"{patch.where}: {path} is not UTF-8 text; patch text files only") from None
             lines = _apply_hunks(_lines(text), pf, patch, path)
+            mode = _git_mode(pf, patch.where) or mode  # git's "new mode 100755": the file is executable now
             current[path] = PatchedFile(path=path, data=None if pf.is_removed_file else "".join(lines).encode(),
                                         mode=mode)
     return current

@@ -423,6 +423,19 @@ def _release_tag_on_failure(run: Run, plan: ReleasePlan, built: BuiltImage):
     return on_exit
 
 
+def _repro_tag_on_failure(run: Run, ref: str):
+    """A repro build's tag (``unibake-repro/...``) is removed when its run fails or is interrupted
+    after the build: :func:`reproduce` removes only the tags of runs that ended well."""
+    def on_exit(exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            try:
+                run.engine.remove_image(ref)
+            except UnibakeError as err:  # the run's own error is the one to report
+                run.reporter.warn(f"{ref} is left in the engine: {err}")
+        return False
+    return on_exit
+
+
 def _build(run: Run) -> tuple:
     from .targets import check_base
 
@@ -442,6 +455,8 @@ def _build(run: Run) -> tuple:
                           f"(to keep it: docker tag {built.replaced[:19]} NAME, before the run ends)")
     if not run.request.hold:
         run.stack.push(_release_tag_on_failure(run, plan, built))
+    else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
+        run.stack.push(_repro_tag_on_failure(run, ref))
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache{memoised}")
     return _one(built)

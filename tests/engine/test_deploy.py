@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from contextlib import ExitStack
 
+from unibake import docker_engine
 from unibake.scratch import ScratchEngine
+
+from ..unit.test_deploy import silent_engine
+from ..unit.test_publish import make_release
 
 
 def test_deploy_to_three_engines_goes_on_past_a_broken_one_and_a_second_run_skips(cli, tmp_path):
@@ -43,3 +48,21 @@ def test_deploy_to_three_engines_goes_on_past_a_broken_one_and_a_second_run_skip
         healthy = cli("deploy", str(folder), *[x for a in addresses for x in ("--engine", a)])
         assert healthy.code == 0, healthy.err
         assert "deployed" in healthy.err.splitlines()[-1]
+
+
+def test_an_engine_that_takes_the_connection_and_never_answers_is_a_failed_row_not_an_hour(cli, tmp_path,
+                                                                                          monkeypatch):
+    """Before: the API version request waited for the hour every request may take."""
+    monkeypatch.setattr(docker_engine, "CONNECT_TIMEOUT", 1)
+    folder, _ = make_release(tmp_path / "release")
+    with silent_engine() as address:
+        said = []
+        reaching = threading.Thread(target=lambda: said.append(cli("--json", "deploy", str(folder), "--engine", address)),
+                                    daemon=True)
+        reaching.start()
+        reaching.join(20)
+        assert not reaching.is_alive(), "deploy still waits for an engine that never answers"
+    result = said[0]
+    assert result.code == 3, result.err
+    row = json.loads(result.out)["engines"][0]
+    assert row["result"] == "failed" and f"cannot reach the Docker engine at {address}" in row["detail"]

@@ -182,3 +182,20 @@ def test_a_hotfix_verified_in_a_named_engine_leaves_nothing_there(cli, demo_prod
         validation = json.loads((base.parent / again / "VALIDATION.json").read_text())
         assert validation["round_trip"]["engine"] == verify.engine.address and validation["passed"]
         assert verify.engine.api.images(all=True) == []
+
+
+def test_a_repro_that_fails_after_its_build_leaves_no_repro_tag(cli, engine, busybox_product, version, monkeypatch):
+    """The archive's temporary folder cannot be made (the build and normalise done): exit 1, and the
+    build's unibake-repro/ tag is gone, as after an interrupt there (before: left in the engine)."""
+    import errno
+
+    from unibake import pipeline
+
+    def no_room():
+        raise OSError(errno.ENOSPC, "No space left on device", "/tmp/unibake-repro-x")
+    monkeypatch.setattr(pipeline, "TempFolder", no_room)
+    result = cli("repro", "--config", str(busybox_product), "--version", version,
+                 env={"CI": "true", "SOURCE_DATE_EPOCH": EPOCH})
+    assert result.code == 1 and "No space left" in result.error_lines[-1], result.err
+    assert "==> normalise" in result.err
+    assert engine.inspect_image("unibake-repro/unibake-test:1") is None

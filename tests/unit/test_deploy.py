@@ -4,15 +4,23 @@ the hosts file and the command line's bad input."""
 from __future__ import annotations
 
 import json
-
 import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
 
 import pytest
+
 
 from unibake.deploy import Plan, deploy, engines_of, raise_if_failed, read_hosts
 from unibake.errors import EngineError, InputError, VerificationError
 from unibake.manifest import load_manifest
 
+from ..conftest import REPO
 from ..fake_engine import FakeEngine
 from .test_publish import make_release
 
@@ -67,6 +75,82 @@ def test_an_engine_that_ends_up_with_another_image_fails_its_row(tmp_path):
         return other_id
     results = deploy(Plan(folder=folder, manifest=m, source="registry", pull=pull), ["tcp://a:2375"], connect)
     assert results[0].result == "failed" and f"image ID {other_id} after the pull, not {image_id}" in results[0].detail
+
+
+class SlowEngine(FakeEngine):
+    """An engine whose load takes each piece of the stream a while after asking for it."""
+
+    def load(self, chunks):
+        def slowly():
+            for chunk in chunks:
+                yield chunk
+                time.sleep(0.5)
+        time.sleep(0.3)
+        return super().load(slowly())
+
+
+def test_an_interrupt_breaks_off_the_loads_under_way_and_says_which_engines_hold_the_release(tmp_path):
+    """Ctrl-C once the first engine is done: the second engine's load is broken off at once (before:
+    waited for to its end, however long, and the interrupt said only "interrupted"); the interrupt
+    names the engine that holds the release."""
+    folder, image_id = make_release(tmp_path / "release", layers=[bytes(4 << 20)] * 3)
+    m = load_manifest(folder)
+    engines, connect = fleet("a")
+    engines["tcp://slow:2375"] = slow = SlowEngine(address="tcp://slow:2375")
+
+    def ctrl_c(result):
+        raise KeyboardInterrupt
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375", "tcp://slow:2375"], connect,
+               on_result=ctrl_c)
+    assert time.monotonic() - start < 1.5
+    assert str(caught.value) == "tcp://a:2375 holds the release (checked); tcp://slow:2375 does not"
+    assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
+    assert slow.inspect_image(m.tag) is None
+
+
+@contextmanager
+def silent_engine():
+    """An address that takes connections and never answers (a wrong port, a hung daemon)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    taken = []
+
+    def accept():
+        try:
+            while True:
+                taken.append(server.accept()[0])
+        except OSError:
+            return
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in taken:
+            conn.close()
+
+
+def test_a_deploy_stuck_on_an_engine_that_never_answers_ends_at_the_third_interrupt(tmp_path):
+    """As the README says of every command: the second interrupt is let be, the third cuts the
+    clean-up short (before: nothing but SIGKILL ended it, the stuck worker was waited for)."""
+    folder, _ = make_release(tmp_path / "release")
+    with silent_engine() as address:
+        run = subprocess.Popen([sys.executable, str(REPO / "build.py"), "deploy", str(folder), "--engine", address],
+                               stderr=subprocess.PIPE, text=True)
+        time.sleep(3)  # started, verified, and waiting on the engine
+        for _ in range(3):
+            run.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        try:
+            code = run.wait(10)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+            pytest.fail("deploy did not end at the third interrupt")
+        err = run.stderr.read()
+    assert code == 130, err
+    assert err.splitlines()[-1] == "error: interrupted"
 
 
 def test_the_hosts_file_and_the_engines_given(tmp_path):

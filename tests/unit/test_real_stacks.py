@@ -317,6 +317,61 @@ def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_pro
 
 
 
+GIT_MODE_PATCH = """\
+diff --git a/handle.sh b/handle.sh
+old mode 100755
+new mode 100644
+diff --git a/tool.sh b/tool.sh
+new file mode 100755
+index 0000000..05cfd7f
+--- /dev/null
++++ b/tool.sh
+@@ -0,0 +1,2 @@
++#!/bin/sh
++echo tool
+"""
+
+
+def test_a_git_patch_s_file_modes_are_applied_and_a_symbolic_link_is_refused(busybox_product, cli):
+    """``git diff`` of a chmod and of a new executable script: the context has the modes the patch
+    gives (before: the chmod was dropped and the new script baked 0644, not executable)."""
+    root = busybox_product.parent
+    (root / "images/patches").mkdir()
+    (root / "images/patches/modes.patch").write_text(GIT_MODE_PATCH)
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/patches/modes.patch}\n")
+    lock(cli, busybox_product)
+    files = {f.name: f for f in render(make_plan(busybox_product)).files}
+    assert files["ctx/engine/tool.sh"].mode == 0o755 and files["ctx/engine/tool.sh"].data == b"#!/bin/sh\necho tool\n"
+    assert files["ctx/engine/handle.sh"].mode == 0o644
+    assert files["ctx/engine/serve.sh"].mode == 0o755
+
+    (root / "images/patches/modes.patch").write_text(GIT_MODE_PATCH.replace("new file mode 100755", "new file mode 120000"))
+    with pytest.raises(InputError, match=r"modes\.patch: gives tool\.sh the mode 120000 \(a symbolic link"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_patch_over_and_to_a_last_line_without_a_newline_applies_as_diff_wrote_it(busybox_product, cli, tmp_path):
+    """``\\ No newline at end of file`` (before: "line 2 is 'two', the patch expects 'two'", and a
+    line the patch left without a newline got one)."""
+    root = busybox_product.parent
+    (root / "images/engine/f.txt").write_text("one\ntwo")
+    (root / "images/engine/g.txt").write_text("x\n")
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / "f.txt").write_text("one\nTWO")
+    (changed / "g.txt").write_text("x\ny")
+    patch = "".join(subprocess.run(["diff", "-u", "--label", f"a/{n}", "--label", f"b/{n}", str(root / "images/engine" / n),
+                                    str(changed / n)], capture_output=True, text=True).stdout for n in ("f.txt", "g.txt"))
+    assert patch.count("\\ No newline at end of file") == 3
+    (root / "images/patches").mkdir()
+    (root / "images/patches/nl.patch").write_text(patch)
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/patches/nl.patch}\n")
+    lock(cli, busybox_product)
+    files = {f.name: f for f in render(make_plan(busybox_product)).files}
+    assert files["ctx/engine/f.txt"].data == b"one\nTWO"
+    assert files["ctx/engine/g.txt"].data == b"x\ny"
+
+
 def test_a_patch_counts_lines_as_diff_does_across_a_form_feed_and_a_unicode_line_separator(busybox_product, cli):
     root = busybox_product.parent
     serve = root / "images/engine/serve.sh"

@@ -284,6 +284,24 @@ def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
 
 
+def test_recording_a_push_never_drops_a_folder_or_link_put_in_the_release_folder(tmp_path, cli):
+    """An unpacked kit, a link beside the files: refused, left where they are (before: the new folder
+    took only the files, and the old one, with them, was removed)."""
+    folder, _ = make_release(tmp_path / "release")
+    (folder / "demo-llm-1.3.1-kit").mkdir()
+    (folder / "demo-llm-1.3.1-kit" / "kit.json").write_text("{}")
+    (folder / "latest").symlink_to("manifest.json")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    with pytest.raises(InputError, match=r"holds demo-llm-1\.3\.1-kit/, latest, which is not a file"):
+        amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert (folder / "demo-llm-1.3.1-kit" / "kit.json").read_text() == "{}" and (folder / "latest").is_symlink()
+    assert load_manifest(folder) == manifest
+    pushed = cli("push", str(folder), "--to", "localhost:1/a")  # said before anything is uploaded
+    assert pushed.code == 2 and "which is not a file" in pushed.error_lines[-1]
+
+
 @pytest.mark.parametrize("where", ["changelog", "known_limits"])
 def test_a_changelog_that_quotes_the_registry_marker_is_kept_whole_by_every_push(tmp_path, where):
     quoted = f"- fixed the `{amend.MARKER}` marker in docs\n\n{amend.MARKER}\n\n- a later line people wrote\n"
