@@ -127,12 +127,16 @@ def test_a_failing_build_step_shows_the_instruction_and_its_output(cli, engine, 
     assert engine.inspect_image(f"unibake-test:{version}") is None
 
 
-def test_a_missing_base_image_fails_at_the_from_step(cli, engine, busybox_product, version):
+def test_a_missing_base_image_is_refused_before_anything_is_built(cli, engine, busybox_product, version):
     product = busybox_product / "product.yaml"
     product.write_text(product.read_text().replace("localhost/unibake-busybox:1", "localhost/unibake-absent:1"))
     result = build(cli, busybox_product, version)
-    assert result.code == 1
-    assert result.error_lines[-1].startswith("error: the build failed at Step 1: FROM localhost/unibake-absent:1")
+    assert result.code == 2
+    assert result.error_lines == [
+        f"error: base image localhost/unibake-absent:1 is not in the engine ({engine.address}): unibake builds on "
+        "local images and pulls none; load it (docker load, or docker pull localhost/unibake-absent:1), then build "
+        "again (scripts/setup.sh makes the example's); nothing was built"]
+    assert "Step 1" not in result.err  # the engine was never asked to build
     assert engine.inspect_image(f"unibake-test:{version}") is None
 
 
