@@ -251,3 +251,15 @@ def test_a_release_folder_that_is_a_link_is_listed_and_its_image_kept_and_a_seco
     assert (big / "hk1" / "manifest.json").is_file() and (out / "hk1").is_symlink()
     listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
     assert [r["release"] for r in listed] == ["hk1", "hk2", "hk5"]
+
+
+def test_a_folder_added_to_an_older_version_later_does_not_make_it_the_newer(tmp_path):
+    # --profile tp4 --version hk1 made after hk2: hk1 ranked by that folder, prune --keep 1 kept hk1
+    # and removed hk2, the version released last (README: "keeps the newest N versions")
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    _release(out, engine, "hk1-tp4", 10, published="2026-01-01T00:00:03Z", version="hk1")
+    planned = prune(engine, out, keep=1, dry_run=True)
+    assert {r.ref for r in planned} == {"demo-llm:hk1", "demo-llm:hk1-tp4"}
