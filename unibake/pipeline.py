@@ -979,7 +979,10 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
         return compare(engine, results["plan"].tag, *builds)
     finally:
         for hold in held:
-            engine.remove_image(hold)
+            try:
+                engine.remove_image(hold)
+            except UnibakeError as err:  # the run's own error (or its report) is the one to give
+                reporter.warn(f"{hold} is left in the engine: {err}")
 
 
 # ---------------------------------------------------------------------------------------------
