@@ -51,6 +51,7 @@ class Report:
     manifest: ReleaseManifest | None
     signed_sums: bytes | None = None  # SHA256SUMS as its signature was checked: what verify_folder reads then
     comments: tuple[tuple[str, str, str], ...] = ()  # (signature, the file it signs, its minisign trusted comment)
+    cosigners: tuple[str, ...] = ()  # the keys of SHA256SUMS's co-signatures by keys not given, not checked
 
     @property
     def failures(self) -> list[Check]:
@@ -345,7 +346,7 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
         comments.append((second.target, PROVENANCE, second.comment))
     return Report(folder=folder, checks=tuple(checks), manifest=None,
                   signed_sums=first.data if first.passed else None,
-                  comments=tuple(c for c in comments if c[2]))
+                  comments=tuple(c for c in comments if c[2]), cosigners=first.others)
 
 
 # the trusted comment unibake signs with: "PRODUCT RELEASE FILE", FILE one it signs (another, a
