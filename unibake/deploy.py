@@ -134,12 +134,15 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
     try:
         engine = connect(address)
         held = engine.inspect_image(m.image_id)
+        tagged = engine.inspect_image(m.tag)
+        # the release's tag on another image (a build of the same version, an older release made again):
+        # moved to the release's image, and said, as that image is left without the name
+        moved = f"; {m.tag} named {tagged.id[:19]}... before" if tagged is not None and tagged.id != m.image_id else ""
         if held is not None:
-            tagged = engine.inspect_image(m.tag)
-            if tagged is not None and tagged.id == m.image_id:
+            if not moved and tagged is not None:
                 return done("skipped", "already holds the image", m.image_id)
             engine.tag(m.image_id, m.tag)
-            return done("tagged", f"already held the image; tagged {m.tag}", m.image_id)
+            return done("tagged", f"already held the image; tagged {m.tag}{moved}", m.image_id)
         if m.hotfix and plan.source == "archive" and engine.inspect_image(m.hotfix.base_image_id) is None:
             # its archive leaves out the base release's layers; a pull of its push brings every layer
             return done("failed", f"this hotfix needs release {m.hotfix.base_release} ({m.hotfix.base_image_id[:19]}) "
@@ -161,7 +164,7 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
         if got is None or got.id != m.image_id:
             return done("failed", f"image ID {got.id if got else '(no image)'} after the {result[:-2]}, not "
                                   f"{m.image_id}", got.id if got else "")
-        return done(result, f"image ID {m.image_id[:19]}... checked", m.image_id)
+        return done(result, f"image ID {m.image_id[:19]}... checked{moved}", m.image_id)
     except UnibakeError as exc:
         return done("failed", str(exc))
     except Exception as exc:  # one node's surprise must not stop the others: it is that node's row

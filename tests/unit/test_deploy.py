@@ -304,3 +304,21 @@ def test_a_deploy_load_that_brings_another_image_leaves_that_engine_as_it_was(tm
     result = deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://rogue:2375"], lambda a: rogue)[0]
     assert result.result == "failed" and "what the load tagged was put back" in result.detail, result.detail
     assert rogue.tags == {"victim:1": victim} and list(rogue.images) == [victim]
+
+
+def test_a_deploy_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
+    # the engine's demo-llm:1.3.1 was another image (a build of the same version): the load and the
+    # tag moved it to the release's image and the row said only "checked"
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    plan = Plan(folder=folder, manifest=m, source="archive")
+    deploy(plan, ["tcp://b:2375"], connect)
+    engines["tcp://b:2375"].tag(image_id, "copy:1")
+    for engine in engines.values():
+        other = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b"a local build"], tag=m.tag)
+    results = deploy(plan, ["tcp://a:2375", "tcp://b:2375"], connect)
+    assert [r.result for r in results] == ["loaded", "tagged"]
+    for r in results:
+        assert r.detail.endswith(f"; {m.tag} named {other[:19]}... before"), r.detail
+    assert all(e.inspect_image(m.tag).id == image_id for e in engines.values())
