@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = command("prune", "remove old release images and build cache from the engine, and the seeded verify engines",
                  "Keep the images of the newest --keep versions of each product under --out (by when each "
-                 "version was first released; all platforms and profiles of a version) and the base of every kept hotfix; remove the engine's tags of older ones, unibake's "
+                 "version was first released; all platforms and profiles of a version) and the base of every "
+                 "kept hotfix; remove the engine's tags of older ones, unibake's "
                  "build cache (unibake-cache/*) and dangling images unibake made, never forced: an image a "
                  "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
