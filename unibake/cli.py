@@ -226,8 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
 
     pr = command("prune", "remove old release images and build cache from the engine, and the seeded verify engines",
-                 "Keep the images of the newest --keep versions of each product under --out (all platforms of a "
-                 "version) and the base of every kept hotfix; remove the engine's tags of older ones, unibake's "
+                 "Keep the images of the newest --keep versions of each product under --out (by when each "
+                 "version was first released; all platforms and profiles of a version) and the base of every "
+                 "kept hotfix; remove the engine's tags of older ones, unibake's "
                  "build cache (unibake-cache/*) and dangling images unibake made, never forced: an image a "
                  "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
@@ -751,17 +752,19 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
-def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) -> bytes:
+def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) -> tuple[bytes, tuple[str, ...]]:
     """A signed release is signed again (push recording its digest) only over a good signature by
     the very keys given: otherwise a folder changed after it was signed (its sums rewritten to
     match) would come out freshly signed, and verify. Returns SHA256SUMS as its signatures were
-    checked: what the amend then reads (not the file again)."""
+    checked (what the amend then reads, not the file again) and the keys of its co-signatures by
+    keys not given (signing it again drops them: only the given keys sign the new one)."""
     import tempfile
 
     from .signing import public_keys
     from .verify import comment_checks, verify_signatures
 
     checked: set[bytes] = set()
+    cosigners: list[str] = []
     with tempfile.TemporaryDirectory(prefix="unibake-keys-") as temp:
         for key in public_keys(signer, Path(temp)):
             signed = verify_signatures(folder, key, ctx.env)
@@ -770,9 +773,10 @@ def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) ->
                 raise VerificationError(f"{bad[0].target}: {bad[0].detail}; {what} is signed again only over a good "
                                         "signature by the same key (was the folder changed after it was signed?)")
             checked.add(signed.signed_sums or b"")
+            cosigners += [k for k in signed.cosigners if k not in cosigners]
     if len(checked) != 1:
         raise VerificationError(f"{folder}/SHA256SUMS changed while its signatures were checked")
-    return checked.pop()
+    return checked.pop(), tuple(cosigners)
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
@@ -795,7 +799,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
     if signer is not None:
         check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
-        signed_sums = _check_signed_by(folder, signer, ctx, f"release {m.release}", m)
+        signed_sums, cosigners = _check_signed_by(folder, signer, ctx, f"release {m.release}", m)
     with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
@@ -811,6 +815,10 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         updated = None
     if updated is not None:
         sign = (lambda path: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
+        if sign and cosigners:  # they signed the old SHA256SUMS: the new one is signed by the keys given alone
+            ctx.reporter.warn(f"{SUMS}{ASC} of release {m.release} is co-signed by {', '.join(cosigners)}, whose key "
+                              f"was not given: recording the push signs the new {SUMS} with the keys given only, so "
+                              "that co-signature is dropped; ask its holder to sign the new one again")
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
             amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),

@@ -2,9 +2,10 @@
 
 Every engine gets its own thread (at most ``--jobs`` at a time): an engine that already holds the
 image is skipped (its tag set when missing), otherwise the release's archive is loaded into it
-(decompressed here and streamed, as ``verify --load`` does) or it pulls the pushed digest from the
-registry; then its image ID is compared with the release's. A failing engine (unreachable, a refused
-load, another image ID) is one row of the table; the others go on; any failure is exit 3.
+(decompressed here and streamed, hashed as it goes, a load that brought another image undone, as
+``verify --load`` does) or it pulls the pushed digest from the registry; then its image ID is
+compared with the release's. A failing engine (unreachable, a refused load, another image ID) is
+one row of the table; the others go on; any failure is exit 3.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive_reader import read_archive
 from .engine import Engine
 from .errors import HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import read_small_text
 from .manifest import ReleaseManifest
+from .verify import checked_load
 
 ADDRESS_RE = re.compile(r"^(unix|tcp|ssh|http|https)://[^\s]{1,400}$")
 HOSTS_LIMIT = 1 << 20
@@ -133,12 +134,15 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
     try:
         engine = connect(address)
         held = engine.inspect_image(m.image_id)
+        tagged = engine.inspect_image(m.tag)
+        # the release's tag on another image (a build of the same version, an older release made again):
+        # moved to the release's image, and said, as that image is left without the name
+        moved = f"; {m.tag} named {tagged.id[:19]}... before" if tagged is not None and tagged.id != m.image_id else ""
         if held is not None:
-            tagged = engine.inspect_image(m.tag)
-            if tagged is not None and tagged.id == m.image_id:
+            if not moved and tagged is not None:
                 return done("skipped", "already holds the image", m.image_id)
             engine.tag(m.image_id, m.tag)
-            return done("tagged", f"already held the image; tagged {m.tag}", m.image_id)
+            return done("tagged", f"already held the image; tagged {m.tag}{moved}", m.image_id)
         if m.hotfix and plan.source == "archive" and engine.inspect_image(m.hotfix.base_image_id) is None:
             # its archive leaves out the base release's layers; a pull of its push brings every layer
             return done("failed", f"this hotfix needs release {m.hotfix.base_release} ({m.hotfix.base_image_id[:19]}) "
@@ -147,18 +151,20 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
             plan.pull(engine)
             result = "pulled"
         else:
-            try:
-                engine.load(_until(stop, read_archive(plan.folder, [f.name for f in m.archive.files])))
+            try:  # as verify --load: the stream hashed, its end held back till it matches; another image undone
+                problem = checked_load(engine, plan.folder, m, lambda chunks: _until(stop, chunks))
             except Exception:
                 if stop.is_set():  # however the engine's client put the broken-off stream
                     return done("stopped", "the interrupt broke its load off: the engine did not take the image")
                 raise
+            if problem:
+                return done("failed", problem)
             result = "loaded"
         got = engine.inspect_image(m.tag)
         if got is None or got.id != m.image_id:
             return done("failed", f"image ID {got.id if got else '(no image)'} after the {result[:-2]}, not "
                                   f"{m.image_id}", got.id if got else "")
-        return done(result, f"image ID {m.image_id[:19]}... checked", m.image_id)
+        return done(result, f"image ID {m.image_id[:19]}... checked{moved}", m.image_id)
     except UnibakeError as exc:
         return done("failed", str(exc))
     except Exception as exc:  # one node's surprise must not stop the others: it is that node's row

@@ -16,6 +16,7 @@ and keeps every result frozen. The commands are selections of :data:`STAGES`:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -42,8 +43,8 @@ from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Va
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
-from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, hold_release, previous_release,
-                      publish, SUMS, refuse_existing, release_tag, render_files)
+from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, hold_release, lock_release,
+                      previous_release, publish, SUMS, refuse_existing, release_tag, render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -436,10 +437,28 @@ def _repro_tag_on_failure(run: Run, ref: str):
     return on_exit
 
 
+def _hold_a_released_tag(run: Run, tag: str) -> None:
+    """``--stage build --force`` of a released version moves its tag with no release folder written
+    (which holds the release's lock): the lock is held here instead, till the run ends, so that it is
+    refused while a hotfix made on that release (or a run writing it) needs its image."""
+    release = release_tag(tag)
+    if not os.path.lexists(run.request.out / release / MANIFEST):
+        return
+    try:
+        lock = lock_release(run.request.out, release)
+    except UnibakeError as exc:
+        raise UnibakeError(f"{exc}: a hotfix made on it, or a run writing it, needs its image as it is; the build "
+                           f"would move {tag}; wait for it (nothing was built)") from None
+    if lock is not None:
+        run.stack.callback(lock.close)
+
+
 def _build(run: Run) -> tuple:
     from .targets import check_base
 
     plan: ReleasePlan = run["plan"]
+    if not run.request.hold and run.get("folder") is None:
+        _hold_a_released_tag(run, plan.tag)
     check_base(run.engine, plan)
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     # repro proves a build from its inputs: never from the memo
@@ -960,7 +979,10 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
         return compare(engine, results["plan"].tag, *builds)
     finally:
         for hold in held:
-            engine.remove_image(hold)
+            try:
+                engine.remove_image(hold)
+            except UnibakeError as err:  # the run's own error (or its report) is the one to give
+                reporter.warn(f"{hold} is left in the engine: {err}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,16 +1,18 @@
 """``build.py prune``: what unibake leaves in the engine over time, removed on request.
 
-Kept: the images of the newest ``--keep`` versions of each product found under ``--out`` (by their
-published time; a version's folders, one per platform or profile selection, count as one), and the
-base image of every kept hotfix (its archive ships only the layers the base lacks). Removed: the
-engine's tags of older releases (when the image's own metadata label names that release: a folder
-alone cannot name an image to remove), unibake's build cache (``unibake-cache/*``), and dangling
-images unibake made: an older release's image, or a build of unibake's Dockerfile (its history ends
-with the Dockerfile's own last steps; an image built FROM a release carries the release's labels
-too, so labels alone prove nothing). Nothing is forced: an image a container uses is kept, and said;
-so is the image of a release whose lock a run holds (one writing it, a hotfix made on it), and
-prune holds the lock of each release whose image it removes. With a release folder it cannot read,
-only build cache goes. What a killed run left under ``--out`` (``.<tag>.partial``, ...) is removed.
+Kept: the images of the newest ``--keep`` versions of each product found under ``--out`` (ranked by
+when each version was first published: a folder added to an older version later, ``--profile tp4
+--version 1.0`` after 2.0, does not make it newer; a version's folders, one per platform or profile
+selection, count as one), and the base image of every kept hotfix (its archive ships only the
+layers the base lacks). Removed: the engine's tags of older releases (when the image's own metadata
+label names that release: a folder alone cannot name an image to remove), unibake's build cache
+(``unibake-cache/*``), and dangling images unibake made: an older release's image, or a build of
+unibake's Dockerfile (its history ends with the Dockerfile's own last steps; an image built FROM a
+release carries the release's labels too, so labels alone prove nothing). Nothing is forced: an
+image a container uses is kept, and said; so is the image of a release whose lock a run holds (one
+writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes.
+With a release folder it cannot read, only build cache goes. What a killed run left under ``--out``
+(``.<tag>.partial``, ...) is removed.
 Release folders and images unibake did not make are never touched.
 """
 
@@ -130,14 +132,13 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
 
 
 def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
-    """The image IDs prune keeps: those of the newest ``keep`` versions of each product (all the
+    """The image IDs prune keeps: those of the ``keep`` versions of each product released last (all the
     folders of a version: its platforms are published in the same second, and a count of folders
     would keep one platform of a version and drop another), and the base of every kept hotfix,
     transitively (``verify --load`` and apply.sh need it in the engine)."""
     versions: dict[str, dict[str, list[ReleaseManifest]]] = {}
-    for m in manifests:  # oldest first, so a version's place is that of its newest folder
-        by_version = versions.setdefault(m.product, {})
-        by_version[m.version] = [*by_version.pop(m.version, []), m]
+    for m in manifests:  # oldest first, so a version's place is that of its first folder: when it was released
+        versions.setdefault(m.product, {}).setdefault(m.version, []).append(m)
     needed: set[str] = set()
     for by_version in versions.values():
         for folders in list(by_version.values())[-keep:] if keep else []:  # all of them when fewer than keep

@@ -322,13 +322,21 @@ class PublishedRelease:
 
 
 def find_releases(out: Path) -> list[PublishedRelease]:
-    """Every folder under ``out`` with a manifest.json, oldest first; unreadable ones last, with why."""
+    """Every folder under ``out`` with a manifest.json, oldest first; unreadable ones last, with why.
+    A link to a folder elsewhere (``1.0 -> /mnt/big/1.0``) is a release too (listed, and its image
+    kept by prune; nothing is ever removed through it); one to a folder already listed (``latest ->
+    1.3.1``) is not listed twice."""
     good, bad = [], []
     if not out.is_dir():
         return []
-    for folder in sorted(out.iterdir()):
-        if folder.name.startswith(".") or folder.is_symlink() or not folder.is_dir():
-            continue
+    entries = sorted(e for e in out.iterdir() if not e.name.startswith(".") and e.is_dir())
+    seen = {os.path.realpath(e) for e in entries if not e.is_symlink()}
+    for folder in entries:
+        if folder.is_symlink():
+            target = os.path.realpath(folder)
+            if target in seen:
+                continue
+            seen.add(target)
         if not os.path.lexists(folder / MANIFEST):
             continue
         try:

@@ -323,6 +323,7 @@ class SignatureCheck:
     detail: str
     data: bytes = field(default=b"", repr=False, compare=False)  # the signed file's bytes, as verified
     comment: str = ""  # a good minisign signature's trusted comment
+    others: tuple[str, ...] = ()  # the keys of the co-signatures not checked for want of their key (OpenPGP)
 
 
 
@@ -344,6 +345,12 @@ def _not_given(group: dict[str, list[str]]) -> bool:
     co-signer's, whose key was not given."""
     errsig = group.get("ERRSIG", [])
     return len(errsig) >= 6 and errsig[5] == "9" and not ({"GOODSIG", "BADSIG", "VALIDSIG"} & group.keys())
+
+
+def _signer_of(group: dict[str, list[str]]) -> str:
+    """The key of a signature gpgv could not check: its fingerprint when gpgv says it, else its key ID."""
+    errsig = group.get("ERRSIG", [])
+    return errsig[6] if len(errsig) >= 7 and errsig[6] not in ("", "-") else errsig[0] if errsig else "?"
 
 
 def _openpgp_keys(key: PublicKey, keyring: Path, home: Path, env: Mapping[str, str]) -> None:
@@ -412,7 +419,8 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
                 since = " (the key has expired: ask the publisher)" if "EXPKEYSIG" in good[0] else ""
                 also = f"; {len(others)} more by keys not given, not checked" if others else ""
                 return SignatureCheck(target=target, passed=True, data=data,
-                                      detail=f"good OpenPGP signature by {primary}{since}{also}")
+                                      detail=f"good OpenPGP signature by {primary}{since}{also}",
+                                      others=tuple(_signer_of(g) for g in others))
             return SignatureCheck(target=target, passed=False,
                                   detail=f"BAD: not a valid signature of {name} by {key.path.name} ({_tail(proc)})")
         proc = _run(["minisign", "-V", "-p", str(key.path.resolve()), "-m", str(home / "signed"),

@@ -12,7 +12,7 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,7 @@ class Report:
     manifest: ReleaseManifest | None
     signed_sums: bytes | None = None  # SHA256SUMS as its signature was checked: what verify_folder reads then
     comments: tuple[tuple[str, str, str], ...] = ()  # (signature, the file it signs, its minisign trusted comment)
+    cosigners: tuple[str, ...] = ()  # the keys of SHA256SUMS's co-signatures by keys not given, not checked
 
     @property
     def failures(self) -> list[Check]:
@@ -345,7 +346,7 @@ def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> R
         comments.append((second.target, PROVENANCE, second.comment))
     return Report(folder=folder, checks=tuple(checks), manifest=None,
                   signed_sums=first.data if first.passed else None,
-                  comments=tuple(c for c in comments if c[2]))
+                  comments=tuple(c for c in comments if c[2]), cosigners=first.others)
 
 
 # the trusted comment unibake signs with: "PRODUCT RELEASE FILE", FILE one it signs (another, a
@@ -415,21 +416,31 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
                    f"({hotfix.base_tag}) in the engine; load release {hotfix.base_release} first "
                    "(nothing was loaded)")
     else:
-        before = {tag: i.id for i in engine.list_images() for tag in i.tags}
-        reader = ArchiveReader(report.folder, [f.name for f in manifest.archive.files])
         try:
-            outcome = engine.load(counted(_as_checked(reader, manifest.archive.sha256), progress))
+            problem = checked_load(engine, report.folder, manifest, lambda chunks: counted(chunks, progress))
         except (VerificationError, ZstdDecodeError) as exc:
             checks.add("load", manifest.tag, False, f"{exc} (nothing was loaded)")
             return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
-        loaded = engine.inspect_image(manifest.tag)
-        ok = loaded is not None and loaded.id == image_id and set(outcome.tags) <= {manifest.tag}
-        if not ok:
-            _undo_load(engine, outcome, before, manifest.tag)
-        checks.add("load", manifest.tag, ok, f"loaded as {image_id}" if ok else
-                   f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
-                   f"({'; '.join(outcome.messages)[:300]}); what the load tagged was put back")
+        checks.add("load", manifest.tag, not problem, problem or f"loaded as {image_id}")
     return Report(folder=report.folder, checks=tuple(checks), manifest=manifest)
+
+
+def checked_load(engine: Engine, folder: Path, manifest: ReleaseManifest,
+                 feed: Callable[[Iterator[bytes]], Iterable[bytes]] = lambda chunks: chunks) -> str:
+    """Load the release's archive (checked before) into ``engine``: its stream hashed as it goes and
+    its last piece held back until the hash is the manifest's (raises VerificationError, the engine
+    refusing the load cut short, when it is not), and a load that brought another image, or tagged
+    more than the release's tag, undone. Returns "" when the engine holds the release's image under
+    its tag, else what it loaded instead (put back). ``feed`` wraps the stream (progress, an interrupt)."""
+    before = {tag: i.id for i in engine.list_images() for tag in i.tags}
+    reader = ArchiveReader(folder, [f.name for f in manifest.archive.files])
+    outcome = engine.load(feed(_as_checked(reader, manifest.archive.sha256)))
+    loaded = engine.inspect_image(manifest.tag)
+    if loaded is not None and loaded.id == manifest.image_id and set(outcome.tags) <= {manifest.tag}:
+        return ""
+    _undo_load(engine, outcome, before, manifest.tag)
+    return (f"the engine loaded {loaded.id if loaded else 'nothing under that tag'} "
+            f"({'; '.join(outcome.messages)[:300]}); what the load tagged was put back")
 
 
 def _as_checked(reader: ArchiveReader, sha256: str) -> Iterator[bytes]:

@@ -260,3 +260,65 @@ def test_a_hotfix_from_the_registry_needs_no_base_in_the_engine_from_its_archive
     pulled = deploy(Plan(folder=out / "1.1", manifest=m, source="registry", pull=pull), ["tcp://a:2375"], connect)[0]
     assert pulled.result == "pulled", pulled.detail  # was refused as if the archive were loaded
     assert engines["tcp://a:2375"].inspect_image(m.tag).id == m.image_id
+
+
+def test_a_deploy_load_that_brings_another_image_leaves_that_engine_as_it_was(tmp_path):
+    """The archive swapped after deploy checked it (another image, tagged as the release and as an
+    image the engine holds): the load is refused (its stream's end held back till its hash matched),
+    and an engine that loads other bytes than it is fed has what it tagged put back, as verify
+    --load does (before: a failed row, the other image left tagged as the release and the victim)."""
+    from ..forge import forge, json_member, replace_member
+    from ..savefixtures import docker_layout, layer_tar
+
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+
+    def also_tagging_the_victim(entries):
+        manifest = json_member(entries, "manifest.json")
+        manifest[0]["RepoTags"].append("victim:1")
+        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
+
+    other = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/x": b"not the release\n"})])[0]
+    forge(other, also_tagging_the_victim)
+    engines, connect = fleet("a")
+    engine = engines["tcp://a:2375"]
+    victim = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b""], tag="victim:1")
+    original = (folder / m.archive.name).read_bytes()
+    (folder / m.archive.name).write_bytes((other / m.archive.name).read_bytes())
+    result = deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)[0]
+    assert result.result == "failed" and "changed after it was checked" in result.detail, result.detail
+    assert engine.tags == {"victim:1": victim} and list(engine.images) == [victim]
+
+    (folder / m.archive.name).write_bytes(original)
+
+    class Rogue(FakeEngine):
+        def load(self, chunks):
+            list(chunks)
+            data = docker_layout([layer_tar({"o": b"other\n"})], tag=m.tag)[0]
+            first = super().load([data])
+            self.tags["victim:1"] = self.tags[m.tag]
+            return type(first)(image_ids=first.image_ids, tags=first.tags + ("victim:1",), messages=first.messages)
+
+    rogue = Rogue(address="tcp://rogue:2375")
+    victim = rogue.add({"architecture": "amd64", "os": "linux", "config": {}}, [b""], tag="victim:1")
+    result = deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://rogue:2375"], lambda a: rogue)[0]
+    assert result.result == "failed" and "what the load tagged was put back" in result.detail, result.detail
+    assert rogue.tags == {"victim:1": victim} and list(rogue.images) == [victim]
+
+
+def test_a_deploy_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
+    # the engine's demo-llm:1.3.1 was another image (a build of the same version): the load and the
+    # tag moved it to the release's image and the row said only "checked"
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    plan = Plan(folder=folder, manifest=m, source="archive")
+    deploy(plan, ["tcp://b:2375"], connect)
+    engines["tcp://b:2375"].tag(image_id, "copy:1")
+    for engine in engines.values():
+        other = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b"a local build"], tag=m.tag)
+    results = deploy(plan, ["tcp://a:2375", "tcp://b:2375"], connect)
+    assert [r.result for r in results] == ["loaded", "tagged"]
+    for r in results:
+        assert r.detail.endswith(f"; {m.tag} named {other[:19]}... before"), r.detail
+    assert all(e.inspect_image(m.tag).id == image_id for e in engines.values())

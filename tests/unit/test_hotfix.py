@@ -423,3 +423,28 @@ def test_apply_sh_s_roll_back_line_works_when_the_default_profile_spans_nodes(tm
     run = subprocess.run(["sh", "./run.sh", "--dry-run"], cwd=folder, capture_output=True, text=True,
                          env={"PATH": os.environ["PATH"], **env})
     assert run.returncode == 0, (line, run.stderr)
+
+
+def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(engines, tmp_path, busybox_product):  # noqa: F811
+    # build --stage build --force moved the released tag without the release's lock: a hotfix's hold
+    # on it did not stop it (a full build's release folder takes that lock)
+    from unibake.errors import UnibakeError
+    from unibake.pipeline import BUILD, selection
+    from unibake.publish import hold_release
+
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(product="unibake-test", tag="unibake-test:1.0")  # the busybox product's release 1.0
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    request = Request(env={}, cwd=tmp_path, out=out, version="1.0", force=True, config=str(busybox_product),
+                      require_lock=False)
+    hold = hold_release(out, "1.0")  # a hotfix made on 1.0, running
+    try:
+        with pytest.raises(UnibakeError, match=rf"a run is using release {out / '1.0'} \(pid {os.getpid()}\): a hotfix "
+                                               r"made on it, .* the build would move unibake-test:1.0; wait for it "
+                                               r"\(nothing was built\)"):
+            run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
+    finally:
+        hold.close()
+    assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags

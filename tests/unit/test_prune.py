@@ -9,6 +9,7 @@ from unibake.archive_reader import read_archive
 from unibake.builder import cache_ref, keep_as_cache
 from unibake.metadata import METADATA_LABEL
 from unibake.prune import prune
+from unibake.publish import find_releases
 
 from ..fake_engine import FakeEngine
 from ..savefixtures import layer_tar
@@ -227,3 +228,38 @@ def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_wri
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == \
         [".1.2.partial", ".2.0.old", "1.0"]  # .2.0.old is release 2.0, set aside: the next run of 2.0 puts it back
     assert elsewhere.is_dir()
+
+
+def test_a_release_folder_that_is_a_link_is_listed_and_its_image_kept_and_a_second_name_is_not_counted(tmp_path, cli):
+    # release/hk1 -> /mnt/big/hk1: skipped, its hotfix showed "base absent" and prune --keep 1 removed
+    # its image (the base the kept hotfix needs) as a dangling image unibake built
+    out, big = tmp_path / "release", tmp_path / "big"
+    engine = FakeEngine()
+    base = _release(big, engine, "hk1", 1, published="2026-01-01T00:00:01Z", version="hk1")
+    out.mkdir()
+    (out / "hk1").symlink_to(big / "hk1")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z", version="hk2")
+    hotfix = {"base_release": "hk1", "base_tag": base["tag"], "base_image_id": base["image_id"],
+              "base_archive_bytes": 1, "omitted_diff_ids": [], "shipped_diff_ids": []}
+    _release(out, engine, "hk5", 5, published="2026-01-01T00:00:05Z", version="hk5", hotfix=hotfix)
+    (out / "latest").symlink_to("hk5")  # a second name of a folder already here: not a second release
+    assert [found.folder.name for found in find_releases(out)] == ["hk1", "hk2", "hk5"]
+    del engine.tags["demo-llm:hk1"]  # no tag names the base's image: dangling
+    planned = prune(engine, out, keep=1)
+    assert {r.ref for r in planned} == {"demo-llm:hk2"}
+    assert engine.inspect_image(base["image_id"]) is not None
+    assert (big / "hk1" / "manifest.json").is_file() and (out / "hk1").is_symlink()
+    listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert [r["release"] for r in listed] == ["hk1", "hk2", "hk5"]
+
+
+def test_a_folder_added_to_an_older_version_later_does_not_make_it_the_newer(tmp_path):
+    # --profile tp4 --version hk1 made after hk2: hk1 ranked by that folder, prune --keep 1 kept hk1
+    # and removed hk2, the version released last (README: "keeps the newest N versions")
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    _release(out, engine, "hk1-tp4", 10, published="2026-01-01T00:00:03Z", version="hk1")
+    planned = prune(engine, out, keep=1, dry_run=True)
+    assert {r.ref for r in planned} == {"demo-llm:hk1", "demo-llm:hk1-tp4"}

@@ -43,3 +43,33 @@ def test_the_first_differing_layer_is_listed_entry_by_entry():
                                                 r"opt/unibake/a.so: content"):
         report.raise_if_different()
     assert report.document()["layer"]["entries"][0]["path"] == "opt/unibake/a.so"
+
+
+def test_a_holding_tag_that_cannot_be_removed_is_warned_of_and_the_runs_own_error_is_kept(monkeypatch, tmp_path):
+    # the second build failed, then removing the first build's tag failed too (the engine gone): the
+    # tag's EngineError replaced the build's error, and the second tag was not tried
+    from types import SimpleNamespace
+
+    import unibake.pipeline as pipeline
+    from unibake.errors import BuildFailed, EngineError
+    from unibake.pipeline import Request, reproduce
+
+    from .test_supply_chain import Quiet
+
+    class Gone(FakeEngine):
+        def remove_image(self, ref):
+            self.tried = [*getattr(self, "tried", []), ref]
+            raise EngineError(f"cannot reach the Docker engine at {self.address}")
+
+    def run_stages(stages, request, reporter, *, connect):  # build 1 ends well, build 2 fails
+        if request.hold == "2":
+            raise BuildFailed("the build failed at Step 3: RUN make")
+        image = SimpleNamespace(ref=f"unibake-repro/demo:{request.hold}", image_id=D1, diff_ids=(D2,))
+        return {"image": image, "proof": SimpleNamespace(back=SimpleNamespace(compressed_sha256="a" * 64))}
+    monkeypatch.setattr(pipeline, "run_stages", run_stages)
+    engine, reporter = Gone(), Quiet()
+    with pytest.raises(BuildFailed, match="the build failed at Step 3"):
+        reproduce(Request(env={}, cwd=tmp_path), reporter, connect=lambda address: engine)
+    assert engine.tried == ["unibake-repro/demo:1"]
+    assert "unibake-repro/demo:1 is left in the engine: cannot reach the Docker engine at fake://engine" in \
+        reporter.stream.getvalue()

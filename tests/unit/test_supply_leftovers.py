@@ -423,3 +423,36 @@ def test_the_kit_s_readme_says_how_to_prove_it_is_the_release_s_kit(busybox_prod
 
     kit = unpack(make_kit(busybox_product, tmp_path / "out")[0], tmp_path / "unpacked")
     assert "`python build.py rebuild DIR --release RELEASE_DIR --key PUBKEY`" in (kit / "README.md").read_text()
+
+
+def test_push_sign_on_a_co_signed_sums_names_the_co_signature_it_drops(engines, tmp_path, cli, monkeypatch):  # noqa: F811
+    # push --sign on SHA256SUMS.asc signed by the publisher and a co-signer: the new SHA256SUMS was
+    # signed by the publisher alone and the co-signature dropped without a word
+    from unibake import registry
+    from unibake.manifest import load_manifest
+
+    from .test_registry import RecordingClient
+
+    with throwaway_gpg_home() as (env, public):
+        made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", "Co Signer <co@example.invalid>",
+                   "ed25519", "sign", "never", env=env)
+        assert made.returncode == 0, made.stderr
+        fingerprint = next(line.split(":")[9] for line in run("gpg", "--with-colons", "--list-keys", "co@example.invalid",
+                                                             env=env).stdout.splitlines() if line.startswith("fpr:"))
+        other = tmp_path / "co.asc"
+        other.write_text(run("gpg", "--armor", "--export", "co@example.invalid", env=env).stdout)
+        folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+        made = run("gpg", "--batch", "--yes", "--armor", "--detach-sign", "--local-user=signer@example.invalid",
+                   "--local-user=co@example.invalid", "--output", str(folder / "SHA256SUMS.asc"),
+                   str(folder / "SHA256SUMS"), env=env)
+        assert made.returncode == 0, made.stderr
+        real_push, uploads = registry.push_release, RecordingClient()
+        monkeypatch.setattr(registry, "push_release", lambda folder, manifest, target, client, **kwargs:
+                            real_push(folder, manifest, target, uploads, **kwargs))
+        pushed = cli("push", str(folder), "--to", "reg.example/team/demo", "--sign", "signer@example.invalid",
+                     env=env)
+        assert pushed.code == 0, pushed.err
+        assert f"SHA256SUMS.asc of release 1.0 is co-signed by {fingerprint}, whose key was not given: recording " \
+               "the push signs the new SHA256SUMS with the keys given only, so that co-signature is dropped" in \
+               " ".join(pushed.err.split()), pushed.err
+        assert load_manifest(folder).registry and cli("verify", str(folder), "--key", str(public)).code == 0
