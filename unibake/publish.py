@@ -214,8 +214,10 @@ class ReleaseFolder:
 
 
 def _holder(lock) -> str:
-    lock.seek(0)
-    return ", ".join(lock.read().split()) or "another process"
+    """The pids the lock file holds, as said in a message: whoever can write ``--out`` can write
+    anything there (bytes that are not UTF-8, gigabytes, a terminal's escape sequences)."""
+    text = os.pread(lock.fileno(), 256, 0).decode("ascii", "replace")
+    return ", ".join(word for word in text.split() if word.isdigit() and len(word) <= 10) or "another process"
 
 
 def _sign(lock) -> None:
