@@ -210,10 +210,10 @@ class DockerEngine(Engine):
         return LoadOutcome(image_ids=tuple(ids), tags=tuple(tags), messages=tuple(messages))
 
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
-            timeout: int = 120) -> RunOutcome:
+            timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
         container = None
         try:
-            container = self.api.create_container(image, command=args, environment=env or {},
+            container = self.api.create_container(image, command=args, environment=env or {}, entrypoint=entrypoint,
                                                   host_config=self.api.create_host_config(network_mode="none"))
             self.api.start(container)
             try:

@@ -110,8 +110,9 @@ class Engine(ABC):
 
     @abstractmethod
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
-            timeout: int = 120) -> RunOutcome:
-        """Run a container to completion and remove it; returns its exit code and output."""
+            timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
+        """Run a container to completion and remove it; returns its exit code and output.
+        ``entrypoint``: run instead of the image's own ENTRYPOINT (``args`` after it)."""
 
     @abstractmethod
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:

@@ -214,8 +214,10 @@ class ReleaseFolder:
 
 
 def _holder(lock) -> str:
-    lock.seek(0)
-    return ", ".join(lock.read().split()) or "another process"
+    """The pids the lock file holds, as said in a message: whoever can write ``--out`` can write
+    anything there (bytes that are not UTF-8, gigabytes, a terminal's escape sequences)."""
+    text = os.pread(lock.fileno(), 256, 0).decode("ascii", "replace")
+    return ", ".join(word for word in text.split() if word.isdigit() and len(word) <= 10) or "another process"
 
 
 def _sign(lock) -> None:
@@ -230,8 +232,14 @@ def hold_release(out: Path, tag: str):
     """A shared hold on release ``tag``'s lock (``<out>/.<tag>.lock``), for a run that reads that
     release until it ends (a hotfix made on it): a run that would write it (``--force``) is refused
     while it is held, as one writing it refuses this. Returns the open lock file: closing it lets go."""
+    path = out / f".{check_tag(tag)}.lock"
     try:
-        lock = open_lock(out / f".{check_tag(tag)}.lock")
+        lock = open_lock(path)
+    except PermissionError:  # another user's release (its lock file theirs): read, as flock needs no write
+        try:
+            lock = open_lock(path, create=False, write=False)
+        except OSError as exc:
+            raise UnibakeError(f"cannot lock the release {out / tag}: {exc.strerror}") from None
     except OSError as exc:
         raise UnibakeError(f"cannot lock the release {out / tag}: {exc.strerror}") from None
     try:
@@ -241,7 +249,8 @@ def hold_release(out: Path, tag: str):
         lock.close()
         raise UnibakeError(f"another run is writing release {out / tag} (pid {holder}); wait for it, then make "
                            "the hotfix") from None
-    _sign(lock)
+    if lock.writable():
+        _sign(lock)
     return lock
 
 

@@ -369,6 +369,8 @@ class _Watch:
             reason = self.overdue(time.monotonic())
             if reason:
                 with self.lock:
+                    if self.done.is_set():  # the attempt ended meanwhile: its connections are the next one's
+                        return
                     self.expired = reason
                     for sock in self.sockets:
                         self._shut(sock)
@@ -380,7 +382,8 @@ class _Watch:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.done.set()
+        with self.lock:  # after this, no connection of the attempt is shut (the next one may take it up)
+            self.done.set()
         _WATCHING.current = None
 
 

@@ -79,7 +79,8 @@ def check_emulation(engine: Engine, plan: ReleasePlan) -> None:
     if MACHINES.get(os.uname().machine) == plan.platform or engine.inspect_image(plan.base_image) is None:
         return  # natively here (or the build names the missing image)
     try:
-        said = engine.run(plan.base_image, ["/bin/sh", "-c", "true"], timeout=60).output
+        # the shell itself: a base's ENTRYPOINT (an inference server) would run for the whole timeout
+        said = engine.run(plan.base_image, [], entrypoint=["/bin/sh", "-c", "true"], timeout=60).output
     except EngineError as exc:
         said = str(exc)
     if EXEC_FORMAT in said:

@@ -182,3 +182,23 @@ def test_the_example_product_is_released_for_arm64_and_checks_itself_under_emula
                                             "print(struct.unpack('<H', d[18:20])[0])",
                            "/opt/unibake/kernels/rmsnorm/librmsnorm.so"])
     assert elf.output.strip() == "183"  # e_machine EM_AARCH64
+
+
+def test_the_emulation_check_runs_the_base_s_shell_not_its_entrypoint(engine, images, version):
+    """A foreign base is run once before a multi-platform build (targets.check_emulation): its own
+    ENTRYPOINT (an inference server's) ran with '/bin/sh -c true' as arguments, until the 60 s timeout."""
+    from types import SimpleNamespace
+
+    from unibake.platforms import KNOWN
+    from unibake.targets import check_emulation
+
+    from .conftest import build_dockerfile
+
+    tag = f"unibake-test-entrypoint:{version}-arm64"
+    images(tag)
+    server = b'ENTRYPOINT ["/bin/sh", "-c", "exec sleep 3600"]\n'  # a server's: its arguments ignored
+    build_dockerfile(engine, tag, b"FROM localhost/unibake-busybox:1-arm64\n" + server)
+    assert engine.inspect_image(tag).architecture == "arm64"
+    started = time.monotonic()
+    check_emulation(engine, SimpleNamespace(platform=KNOWN["linux/arm64"], base_image=tag))
+    assert time.monotonic() - started < 30

@@ -448,3 +448,38 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
     finally:
         hold.close()
     assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes the hotfix's run another user's, as root can")
+def test_a_hotfix_by_another_user_holds_a_base_release_whose_lock_file_it_cannot_write(tmp_path):
+    # release 1.0 made by one user (its lock file theirs, 0644) under an --out shared with the user
+    # who makes the hotfix: the hold is a shared flock, which needs no write ("Permission denied" before)
+    import tempfile
+
+    from unibake.publish import hold_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-shared-"))
+    try:
+        shared.chmod(0o755)
+        out = shared / "release"
+        make_release(out, "1.0")
+        out.chmod(0o777)
+        assert oct((out / ".1.0.lock").stat().st_mode & 0o777) == "0o644"
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the other user: hold the base as the hotfix's first stage does
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                hold_release(out, "1.0").close()
+                said = "held"
+            except BaseException as exc:  # noqa: BLE001 - said to the parent
+                said = f"{type(exc).__name__}: {exc}"
+            os.write(write, said.encode())
+            os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as said:
+            assert said.read() == "held"
+    finally:
+        shutil.rmtree(shared)

@@ -348,3 +348,19 @@ def test_a_lock_file_planted_as_a_link_is_never_followed_nor_written_through(tmp
     lock.close()
     with ReleaseFolder(out, "1.2", force=False) as folder:
         assert folder.staging.is_dir()
+
+
+def test_a_lock_file_holding_other_text_than_a_pid_is_not_printed_and_no_traceback(tmp_path):
+    # whoever can write --out can write the lock file: bytes that are not UTF-8, a terminal's escape
+    # sequences, a flood; the run it refuses names the pid, or "another process", in one line
+    import fcntl
+
+    out = tmp_path / "release"
+    out.mkdir()
+    lock = out / ".1.3.1.lock"
+    lock.write_bytes(b"\xff\x1b]0;owned\x07\x1b[31m " + b"9" * 100 + b" 4242\n" + b"x" * (1 << 20))
+    with open(lock, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(UnibakeError) as caught:
+            ReleaseFolder(out, "1.3.1", force=True).__enter__()
+    assert str(caught.value).startswith(f"another run is writing release {out}/1.3.1 (pid 4242);")

@@ -1119,3 +1119,38 @@ def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull
     assert os.listdir(tmp_path / "spool") == []
     archive = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--temp-dir", str(tmp_path / "spool"))
     assert archive.code == 2 and archive.error_lines[-1] == "error: --temp-dir goes with --from registry"
+
+
+def test_an_attempt_s_watch_expiring_as_the_attempt_ends_never_shuts_a_connection_after_it(monkeypatch):
+    """An attempt that ends as its time runs out: its watch had found it overdue and was about to shut
+    its connections when the attempt ended and gave them back to the pool; it shut them after, under
+    the next request that took one up (a spurious 'connection failed', fatal with --retries 0). Once
+    the attempt's watch has ended, none of its connections is shut."""
+    import socket
+    import threading
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.01, raising=False)
+
+    def shut(sock) -> bool:  # read shut down: a read ends at once, with nothing
+        try:
+            return sock.recv(1, socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+
+    kept, other = socket.socketpair()
+    with kept, other:
+        watch = registry._Watch()
+        watch.start -= registry.ANSWER_DEADLINE + 1  # overdue from its first look
+        watch.sockets.append(kept)
+        with watch.lock:  # the watch finds it overdue and waits here to shut its connections
+            watch.__enter__()
+            time.sleep(0.3)
+            ending = threading.Thread(target=watch.__exit__, args=(None, None, None))
+            ending.start()  # the attempt ends
+            ending.join(0.3)
+        ending.join()
+        was = shut(kept)  # as the attempt's end left it: the next request may take it up now
+        time.sleep(0.3)
+        assert shut(kept) == was
