@@ -989,6 +989,25 @@ def check_release_form(members: Members, tag: str) -> None:
     if blob_name(oci["config"]["digest"]) != where.config_name or \
             [blob_name(d["digest"]) for d in oci["layers"]] != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")
+    # and each of the three byte for byte as our writer makes it (only an index's sizes and platform
+    # its own): the engines read JSON with Go, which takes a key written twice, or a second one that
+    # differs only in case ("repotags" after "RepoTags"), where this read took another
+    descriptor = manifests[0]
+    platform = descriptor.get("platform")
+    if set(descriptor) - {"platform"} != {"annotations", "digest", "mediaType", "size"} or \
+            type(descriptor["size"]) is not int or descriptor["size"] < 0 or ("platform" in descriptor and not (
+                isinstance(platform, dict) and set(platform) in ({"architecture", "os"}, {"architecture", "os", "variant"})
+                and all(isinstance(v, str) for v in platform.values()))):
+        raise ArchiveError("the archive's index.json is not in the form unibake writes: refused before any load")
+    written = {"manifest.json": [{"Config": where.config_name, "Layers": list(where.layer_names), "RepoTags": [tag]}],
+               "index.json": {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
+                   "mediaType": OCI_MANIFEST, "digest": descriptor["digest"], "size": descriptor["size"],
+                   **({"platform": platform} if "platform" in descriptor else {}), "annotations": want}]},
+               oci_name: oci}
+    for name, value in written.items():
+        if resolve(members, name).data.rstrip(b"\n") != json.dumps(value, sort_keys=True, separators=(",", ":")).encode():
+            raise ArchiveError(f"the archive's {name} is not written as unibake writes it (a key twice, or in "
+                               "another case, blanks, escapes): an engine may read it otherwise; refused before any load")
     referenced = CANONICAL_NAMES | {oci_name, where.config_name} | set(where.layer_names)
     folders = {name.rsplit("/", n)[0] for name in referenced for n in range(1, name.count("/") + 1)}
     stray = sorted(set(members) - referenced) + sorted(f"{d}/" for d in members.directories - folders)

@@ -806,3 +806,25 @@ def test_a_release_folder_named_like_a_cd_option_is_the_one_verified(folder, tmp
                             timeout=120, env={**os.environ, "OLDPWD": str(other), "HOME": str(other)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo-llm-1.3.1.tar.zst" in result.stdout and "9.9.9" not in result.stdout
+
+
+def edited_member(name: str, edit):
+    """The archive's member NAME, its bytes rewritten by ``edit`` (text in, text out)."""
+    def change(entries):
+        data = next(d for i, d in entries if i.name == name)
+        return replace_member(entries, name, edit(data.decode()).encode())
+    return change
+
+
+@pytest.mark.parametrize("name, edit", [
+    # Go's JSON reader (the engine's) takes a later key that differs only in case: Engine 20.10 tagged evil:1
+    ("manifest.json", lambda text: text[:-2] + ',"repotags":["evil:1"]}]'),
+    ("manifest.json", lambda text: text.replace('"RepoTags":', '"RepoTags":["evil:1"],"RepoTags":')),
+    ("manifest.json", lambda text: text.replace(",", ", ")),
+    ("index.json", lambda text: text.replace('"digest":', '"Annotations":{"io.containerd.image.name":"docker.io/library'
+                                             '/busybox:latest"},"digest":')),
+    ("index.json", lambda text: text.replace('library/demo-llm', 'library/\\u0064emo-llm')),
+], ids=["case-variant RepoTags", "RepoTags twice", "blanks", "case-variant annotations", "an escape"])
+def test_metadata_an_engine_reads_otherwise_than_python_is_refused_by_both(cli, folder, name, edit):
+    forge(folder, edited_member(name, edit))
+    both_refuse(cli, folder, f"the archive's {name} is not ", "")
