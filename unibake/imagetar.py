@@ -654,9 +654,34 @@ class _MemberReader:
         self.entries = 0
         self.kept_bytes = 0
         self.current: _Open | None = None
+        self.odd = ""
+        self.after = 0  # bytes of padding and end blocks since the last entry's content
+        self.last_size = 0
+
+    def _form(self, entry: TarEntry) -> str:
+        """What makes an entry's headers other than the one plain ustar header our writer gives it (a
+        tar that reads an extended header, a name prefix or a name another way loads something else)."""
+        if entry.extended:
+            return "an extended header (PAX or GNU)"
+        block = entry.header
+        prefix = _text(block[345:500])
+        if prefix and block[257:265] != b"ustar\x0000":
+            return f"a name prefix {prefix[:40]!r} under another magic than ustar's, which GNU tar reads as none"
+        written = f"{prefix}/{_text(block[0:100])}" if prefix else _text(block[0:100])
+        try:
+            plain = safe_name(written) + ("/" if entry.type == tarfile.DIRTYPE else "")
+        except ArchiveError:
+            return ""  # named by the caller
+        return "" if written == plain else f"the name {written[:100]!r}, not written plainly"
+
+    def end_form(self) -> str:
+        end = self.after - (-self.last_size % BLOCK)
+        return "" if end == 2 * BLOCK else f"{end} bytes after its last entry, not the two zero blocks of a tar's end"
 
     def begin(self, entry: TarEntry) -> None:
         self.entries += 1
+        self.odd = self.odd or self._form(entry)
+        self.after, self.last_size = 0, entry.size
         if self.entries > MAX_ENTRIES:  # each is remembered: a tiny archive of empty entries must not eat memory
             raise ArchiveError(f"the archive holds more than {MAX_ENTRIES} entries: not an image archive")
         name = safe_name(entry.name)
@@ -740,7 +765,7 @@ class _MemberReader:
         self.done.append((m, routed))
 
     def raw(self, piece: memoryview) -> None:
-        pass
+        self.after += len(piece)
 
 
 class _Updating:
@@ -796,6 +821,8 @@ class Members(dict):
     """An archive's members by name (``read_members``), and the folders it lists beside them."""
 
     directories: frozenset[str] = frozenset()
+    # the first header not in the plain form our writer gives every entry, as check_release_form names it
+    odd: str = ""
 
 
 def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json) -> Members:
@@ -817,6 +844,7 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
     hasher.close()
     members = Members()
     members.directories = frozenset(reader.directories)
+    members.odd = reader.odd or reader.end_form()
     for m, routed in reader.done:
         raw = m.raw.hexdigest()
         members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
@@ -1014,6 +1042,9 @@ def check_release_form(members: Members, tag: str) -> None:
     if stray:
         raise ArchiveError(f"the archive holds {len(stray)} member(s) nothing refers to, first {stray[0]!r}: "
                            "refused before any load")
+    if members.odd:
+        raise ArchiveError(f"the archive's tar holds {members.odd}: not the plain entries unibake writes, which "
+                           "every tar reads alike; refused before any load")
 
 
 def inspect_save_stream(source: Iterable[bytes], omitted: frozenset[str] = frozenset()) -> SavedImage:

@@ -828,3 +828,58 @@ def edited_member(name: str, edit):
 def test_metadata_an_engine_reads_otherwise_than_python_is_refused_by_both(cli, folder, name, edit):
     forge(folder, edited_member(name, edit))
     both_refuse(cli, folder, f"the archive's {name} is not ", "")
+
+
+def plain_tar(folder, change=None, end: bytes = bytes(1024), name: str = "oci-layout") -> bytes:
+    """The archive's entries as plain ustar headers, the header block of ``name`` passed to ``change``
+    (which returns the bytes that stand for it), ended by ``end``."""
+    entries = read_entries(folder)
+    tar = b""
+    for info, data in entries:
+        data = data or b""
+        header = info.tobuf(format=tarfile.USTAR_FORMAT)
+        if change is not None and info.name == name:
+            header = change(header)
+        tar += header + data + bytes(-len(data) % 512)
+    return tar + end
+
+
+def resummed(block: bytearray) -> bytes:
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def renamed(name: bytes, prefix: bytes = b"", magic: bytes = b"ustar\x0000"):
+    def change(header: bytes) -> bytes:
+        block = bytearray(header)
+        block[0:100], block[345:500], block[257:265] = name.ljust(100, b"\0"), prefix.ljust(155, b"\0"), magic
+        return resummed(block)
+    return change
+
+
+def comment_before(header: bytes) -> bytes:
+    record = pax_record("comment", "x")
+    info = tarfile.TarInfo("pax_header")
+    info.type, info.size = tarfile.XHDTYPE, len(record)
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + record + bytes(-len(record) % 512) + header
+
+
+@pytest.mark.parametrize("change, end, name", [
+    (comment_before, bytes(1024), "oci-layout"),
+    (renamed(b"./oci-layout"), bytes(1024), "oci-layout"),
+    (renamed(b"oci-layout/"), bytes(1024), "oci-layout"),
+    # GNU tar reads no prefix under GNU's magic (Engine 20.10's load does): the shell listed the config
+    # as "<hex>", build.py verify as blobs/sha256/<hex>
+    (lambda header: renamed(header[:100].rstrip(b"\0").rsplit(b"/", 1)[1], b"blobs/sha256", b"ustar  \0")(header),
+     bytes(1024), "config"),
+    (None, bytes(512), "oci-layout"),
+    (None, bytes(10240), "oci-layout"),
+], ids=["a PAX header", "./name", "name/", "a prefix under GNU magic", "one end block", "a 10 KiB record"])
+def test_a_tar_not_in_unibakes_plain_form_is_refused_by_both(cli, folder, change, end, name):
+    # the shell counted every header its tar lists; build.py verify read PAX, GNU long names, "./" and
+    # a prefix under any magic as it liked, so it passed what the shell refused and an engine may read otherwise
+    if name == "config":
+        name = "blobs/sha256/" + (folder / "IMAGE_ID").read_text().strip().removeprefix("sha256:")
+    forge(folder, stream=plain_tar(folder, change, end, name))
+    both_refuse(cli, folder, "not the plain entries unibake writes", "")
