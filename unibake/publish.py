@@ -307,17 +307,24 @@ class CommitGroup:
                     except OSError:  # (what cannot go back is published: the error line names it)
                         folder._published()
                 raise
+            failed: list[str] = []
             try:
                 for folder in swapped:
                     folder._published()
-                for folder, then in self.pending:
+                for folder, then in self.pending:  # every record tried: one that fails stops no other
                     if then is not None:
-                        then()
+                        try:
+                            then()
+                        except (OSError, UnibakeError) as exc:
+                            failed.append(str(exc) if isinstance(exc, UnibakeError) else
+                                          f"{folder.tag}'s checksums record: {exc.strerror or exc}")
                 for out in dict.fromkeys(folder.out for folder in swapped):
                     fsync_dir(out)
             finally:
                 for folder in swapped:
                     folder._let_old_go()
+            if failed:
+                raise UnibakeError("; ".join(failed))
         return [folder.final for folder, _ in self.pending]
 
 
@@ -529,5 +536,17 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"),
-                         abandon=lambda: record.unlink(missing_ok=True))
+    final_record = checksums_dir / f"{folder.tag}.{SUMS}"
+
+    def put_in_place() -> None:
+        try:
+            os.replace(record, final_record)
+        except OSError as exc:
+            try:
+                record.unlink(missing_ok=True)  # never left under checksums/
+            except OSError:
+                pass
+            raise UnibakeError(f"release {folder.final} was published, but its checksums record {final_record} "
+                               f"was not written ({exc.strerror}): copy its {SUMS} there") from None
+
+    return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))

@@ -348,3 +348,24 @@ def test_a_platform_whose_release_exists_is_refused_before_any_platform_is_built
         _two_platforms(tmp_path, force=False, built=built)
     assert built == []
     assert sorted(os.listdir(tmp_path / "release")) == [".1.0-arm64.lock", ".1.0.lock", "1.0-arm64"]
+
+
+def test_a_checksums_record_that_cannot_be_put_in_place_in_a_group_commit_stops_no_other(tmp_path):
+    # (before: the first platform's failed rename left the second's record as .1.0-arm64.SHA256SUMS.tmp)
+    from unibake import publish
+    from unibake.errors import UnibakeError
+
+    (tmp_path / "checksums" / "1.0.SHA256SUMS").mkdir(parents=True)  # a folder where 1.0's record goes
+    (tmp_path / "checksums" / "1.0.SHA256SUMS" / "x").write_text("")
+    publish.COMMITTED.clear()
+    try:
+        with pytest.raises(UnibakeError) as caught:
+            _two_platforms(tmp_path)
+        assert str(tmp_path / "checksums" / "1.0.SHA256SUMS") in str(caught.value)
+        assert "1.0-arm64" not in str(caught.value).replace(str(tmp_path / "release"), "")
+        assert sorted(os.listdir(tmp_path / "checksums")) == ["1.0-arm64.SHA256SUMS", "1.0.SHA256SUMS"]
+        assert (tmp_path / "checksums" / "1.0-arm64.SHA256SUMS").read_text() == \
+            (tmp_path / "release" / "1.0-arm64" / "SHA256SUMS").read_text()
+        assert publish.COMMITTED == [tmp_path / "release" / "1.0", tmp_path / "release" / "1.0-arm64"]
+    finally:
+        publish.COMMITTED.clear()
