@@ -1154,3 +1154,33 @@ def test_an_attempt_s_watch_expiring_as_the_attempt_ends_never_shuts_a_connectio
         was = shut(kept)  # as the attempt's end left it: the next request may take it up now
         time.sleep(0.3)
         assert shut(kept) == was
+
+
+def test_a_push_of_a_release_folder_that_is_a_link_locks_and_records_the_name_given(cli, tmp_path, monkeypatch):
+    # (before: push resolved release/1.3.1 -> /mnt/big/1.3.1 and took only the lock beside the target, so a
+    # hotfix's hold on release/1.3.1 did not stop it, and it left checksums/1.3.1.SHA256SUMS stale)
+    from unibake import registry
+    from unibake.publish import hold_release
+
+    real, _ = make_release(tmp_path / "big" / "release")
+    (tmp_path / "repo" / "release").mkdir(parents=True)
+    (tmp_path / "repo" / "checksums").mkdir()
+    (tmp_path / "repo" / "checksums" / "1.3.1.SHA256SUMS").write_text((real / "SHA256SUMS").read_text())
+    link = tmp_path / "repo" / "release" / "1.3.1"
+    link.symlink_to(real)
+    real_push, uploads = registry.push_release, RecordingClient()
+    monkeypatch.setattr(registry, "push_release", lambda folder, manifest, target, client, **kwargs:
+                        real_push(folder, manifest, target, uploads, **kwargs))
+
+    hold = hold_release(tmp_path / "repo" / "release", "1.3.1")  # a hotfix being made on release/1.3.1
+    try:
+        refused = cli("push", "release/1.3.1", "--to", "reg.example/team/demo-llm", cwd=tmp_path / "repo")
+    finally:
+        hold.close()
+    assert refused.code == 1 and "a hotfix is being made on the release" in refused.err, refused.err
+    assert load_manifest(real).registry == ()
+
+    assert cli("push", "release/1.3.1", "--to", "reg.example/team/demo-llm", cwd=tmp_path / "repo").code == 0
+    assert link.is_symlink() and load_manifest(real).registry and not verify_folder(real).failures
+    assert (tmp_path / "repo" / "checksums" / "1.3.1.SHA256SUMS").read_text() == (real / "SHA256SUMS").read_text()
+    assert (tmp_path / "big" / "checksums" / "1.3.1.SHA256SUMS").read_text() == (real / "SHA256SUMS").read_text()
