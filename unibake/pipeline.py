@@ -440,12 +440,13 @@ def _repro_tag_on_failure(run: Run, ref: str):
 def _hold_a_released_tag(run: Run, tag: str) -> None:
     """``--stage build --force`` of a released version moves its tag with no release folder written
     (which holds the release's lock): the lock is held here instead, till the run ends, so that it is
-    refused while a hotfix made on that release (or a run writing it) needs its image."""
+    refused while a hotfix made on that release (or a run writing it) needs its image. A version with
+    no release yet is held too when its lock file exists: a full build writing it right now (its
+    manifest not written yet) has its tag moved under it otherwise."""
     release = release_tag(tag)
-    if not os.path.lexists(run.request.out / release / MANIFEST):
-        return
+    released = os.path.lexists(run.request.out / release / MANIFEST)
     try:
-        lock = lock_release(run.request.out, release)
+        lock = lock_release(run.request.out, release, create=released)
     except UnibakeError as exc:
         raise UnibakeError(f"{exc}: a hotfix made on it, or a run writing it, needs its image as it is; the build "
                            f"would move {tag}; wait for it (nothing was built)") from None

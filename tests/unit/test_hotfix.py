@@ -450,6 +450,22 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
     assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
 
 
+def test_stage_build_of_a_version_a_full_build_is_writing_is_refused_naming_it(engines, tmp_path, busybox_product):  # noqa: F811
+    # (before: a plain --stage build of a version whose release folder a running build was writing, its
+    # manifest not written yet, moved the tag under that build)
+    from unibake.errors import UnibakeError
+    from unibake.pipeline import BUILD, selection
+    from unibake.publish import ReleaseFolder
+
+    out = tmp_path / "release"
+    request = Request(env={}, cwd=tmp_path, out=out, version="1.0", config=str(busybox_product), require_lock=False)
+    with ReleaseFolder(out, "1.0", force=False):  # the full build of 1.0, running: its folder staged, locked
+        with pytest.raises(UnibakeError, match=rf"a run is using release {out / '1.0'} \(pid {os.getpid()}\): .*"
+                                               r"the build would move unibake-test:1.0; wait for it"):
+            run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
+    assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="makes the hotfix's run another user's, as root can")
 def test_a_hotfix_by_another_user_holds_a_base_release_whose_lock_file_it_cannot_write(tmp_path):
     # release 1.0 made by one user (its lock file theirs, 0644) under an --out shared with the user
