@@ -191,6 +191,21 @@ def test_an_existing_release_is_kept_unless_forced(tmp_path):
     assert sorted(p for p in os.listdir(out) if not p.endswith(".lock")) == ["1.3.1"]
 
 
+def test_force_on_a_release_folder_that_is_a_link_is_refused_leaving_the_link_and_its_target(tmp_path):
+    # (before: the new release became a real folder in --out, the target stayed the old release, and a
+    # .1.0.old link was left beside it)
+    target, _ = make_release(tmp_path / "big" / "release", "1.0")
+    out = tmp_path / "release"
+    out.mkdir()
+    (out / "1.0").symlink_to(target)
+    before = (target / "SHA256SUMS").read_text()
+    with pytest.raises(InputError, match=rf"release {out / '1.0'} is a link \(to {target}\): --force would .* "
+                                         "nothing was replaced"):
+        make_release(out, "1.0", force=True)
+    assert (out / "1.0").is_symlink() and (target / "SHA256SUMS").read_text() == before
+    assert sorted(os.listdir(out)) == [".1.0.lock", "1.0"]
+
+
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "release"
     with ReleaseFolder(out, "1.3.1", force=False):
