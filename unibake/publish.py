@@ -138,8 +138,8 @@ class ReleaseFolder:
             refuse_existing(self.final)
         if os.path.islink(self.final):  # replaced, it would be a real folder here and the link's target left as it was
             self._unlock()
-            raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): --force would put the new "
-                             "release in its place as a folder here, not where the link points; give --out the "
+            raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
+                             "its place as a folder here, not where the link points; give --out the "
                              "folder that holds the release itself, or remove the link first; nothing was replaced")
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir()

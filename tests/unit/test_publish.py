@@ -199,11 +199,16 @@ def test_force_on_a_release_folder_that_is_a_link_is_refused_leaving_the_link_an
     out.mkdir()
     (out / "1.0").symlink_to(target)
     before = (target / "SHA256SUMS").read_text()
-    with pytest.raises(InputError, match=rf"release {out / '1.0'} is a link \(to {target}\): --force would .* "
+    with pytest.raises(InputError, match=rf"release {out / '1.0'} is a link \(to {target}\): the new release would .* "
                                          "nothing was replaced"):
         make_release(out, "1.0", force=True)
     assert (out / "1.0").is_symlink() and (target / "SHA256SUMS").read_text() == before
     assert sorted(os.listdir(out)) == [".1.0.lock", "1.0"]
+    (out / "1.0").unlink()
+    (out / "1.0").symlink_to(tmp_path / "gone")  # a link to nothing: not replaced by a folder either
+    with pytest.raises(InputError, match="is a link"):
+        make_release(out, "1.0")
+    assert (out / "1.0").is_symlink()
 
 
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
