@@ -24,7 +24,7 @@ from pathlib import Path
 from .errors import InputError, UnibakeError
 from .files import fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
-from .publish import SUMS
+from .publish import SUMS, _holder, _sign
 from .sums import render_sums
 from .templates import render_template
 
@@ -97,8 +97,10 @@ class _Lock:
                 what = "a hotfix is being made on the release"
             except BlockingIOError:
                 what = "another run is writing the release"
+            holder = _holder(self.fh)
             self.fh.close()
-            raise UnibakeError(f"{what} beside {self.path}; wait for it and run again") from None
+            raise UnibakeError(f"{what} beside {self.path} (pid {holder}); wait for it and run again") from None
+        _sign(self.fh)  # a run refused meanwhile names this one, not the last that wrote the release
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1184,3 +1184,24 @@ def test_a_push_of_a_release_folder_that_is_a_link_locks_and_records_the_name_gi
     assert link.is_symlink() and load_manifest(real).registry and not verify_folder(real).failures
     assert (tmp_path / "repo" / "checksums" / "1.3.1.SHA256SUMS").read_text() == (real / "SHA256SUMS").read_text()
     assert (tmp_path / "big" / "checksums" / "1.3.1.SHA256SUMS").read_text() == (real / "SHA256SUMS").read_text()
+
+
+def test_a_run_refused_while_a_push_records_itself_names_the_push_not_an_older_run(tmp_path):
+    # (before: the push held the release's lock without writing its pid in it, so a build --force refused
+    # meanwhile named the pid of the run that last wrote the release, long gone)
+    folder, _ = make_release(tmp_path / "release")
+    (tmp_path / "release" / ".1.3.1.lock").write_text("99999\n")  # the run that made the release, ended
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    said = []
+
+    def meanwhile(path):  # while the push holds the lock: a build --force of 1.3.1
+        with pytest.raises(UnibakeError) as refused:
+            ReleaseFolder(tmp_path / "release", "1.3.1", force=True).__enter__()
+        said.append(str(refused.value))
+        return []
+
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
+                        sign=meanwhile)
+    assert len(said) == 1 and f"(pid {os.getpid()})" in said[0] and "99999" not in said[0], said
