@@ -151,6 +151,8 @@ class ReleaseFolder:
         old = self.out / f".{self.tag}.old"
         if os.path.isdir(old) and not os.path.islink(old) and not os.path.lexists(self.final):
             os.replace(old, self.final)
+        if os.path.islink(old) or (os.path.lexists(old) and not os.path.isdir(old)):
+            os.unlink(old)  # no release (a link a --force on a linked release left): in the way of the next commit
         shutil.rmtree(old, ignore_errors=True)
 
     def commit(self, then: Callable[[], object] | None = None,

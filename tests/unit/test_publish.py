@@ -211,6 +211,23 @@ def test_force_on_a_release_folder_that_is_a_link_is_refused_leaving_the_link_an
     assert (out / "1.0").is_symlink()
 
 
+@pytest.mark.parametrize("left", ["a link", "a file"])
+def test_a_dot_old_that_is_no_folder_does_not_fail_the_next_force_at_its_commit(tmp_path, left):
+    # (before: a .1.0.old link, as --force on a linked release left it, failed the next --force of 1.0 at its
+    # very end, after the build: "1.0: Not a directory", the new release not published)
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_text("kept")
+    if left == "a link":
+        (out / ".1.0.old").symlink_to(tmp_path / "elsewhere")
+    else:
+        (out / ".1.0.old").write_text("")
+    folder, _ = make_release(out, "1.0", force=True)
+    assert folder == out / "1.0" and sorted(os.listdir(out)) == [".1.0.lock", "1.0"]
+    assert (tmp_path / "elsewhere" / "keep").read_text() == "kept"  # the link went, not what it named
+
+
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "release"
     with ReleaseFolder(out, "1.3.1", force=False):
