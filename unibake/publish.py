@@ -27,7 +27,7 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, open_lock, write_atomic
+from .files import fsync_dir, open_lock, open_new, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
                        ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
@@ -532,7 +532,8 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             sign(folder.staging / SUMS)
         fsync_dir(folder.staging)
         checksums_dir.mkdir(parents=True, exist_ok=True)
-        record.write_text(listing, encoding="utf-8")
+        with open_new(record) as fh:  # checksums/ may be others' to write: a link planted there is not followed
+            fh.write(listing.encode("utf-8"))
     except OSError as exc:
         try:
             record.unlink(missing_ok=True)

@@ -228,6 +228,19 @@ def test_a_dot_old_that_is_no_folder_does_not_fail_the_next_force_at_its_commit(
     assert (tmp_path / "elsewhere" / "keep").read_text() == "kept"  # the link went, not what it named
 
 
+def test_a_link_planted_as_the_checksums_record_s_temporary_file_is_not_written_through(tmp_path):
+    # (before: publish wrote checksums/.1.0.SHA256SUMS.tmp through a link planted there, overwriting the
+    # file it named, the releasing user's, with the listing)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "checksums").mkdir()
+    (tmp_path / "checksums" / ".1.0.SHA256SUMS.tmp").symlink_to(victim)
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    assert victim.read_text() == "precious\n"
+    assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
+    assert (tmp_path / "checksums" / "1.0.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "release"
     with ReleaseFolder(out, "1.3.1", force=False):

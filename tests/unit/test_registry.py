@@ -1205,3 +1205,20 @@ def test_a_run_refused_while_a_push_records_itself_names_the_push_not_an_older_r
     amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
                         sign=meanwhile)
     assert len(said) == 1 and f"(pid {os.getpid()})" in said[0] and "99999" not in said[0], said
+
+
+def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_its_temporary_file(tmp_path):
+    # (before: the record's update wrote checksums/.1.3.1.SHA256SUMS.tmp through a link planted there, and
+    # chmod-ed the file it named)
+    folder, _ = make_release(tmp_path / "release")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    (tmp_path / "checksums" / ".1.3.1.SHA256SUMS.tmp").symlink_to(victim)
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert os.listdir(tmp_path / "checksums") == ["1.3.1.SHA256SUMS"]
+    assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
