@@ -293,8 +293,8 @@ def test_a_hotfix_holds_its_base_release_so_a_force_run_of_it_is_refused_until_t
                                                "it needs that release as it is until it ends; wait for it"):
             release(engines, out, force=True)  # build --version 1.0 --force, archive --tag 1.0 --force
         from unibake.amend import _Lock
-        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on the release beside {out / '.1.0.lock'}; "
-                                               "wait for it"):
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on the release beside {out / '.1.0.lock'} "
+                                               rf"\(pid {os.getpid()}\); wait for it"):
             _Lock(out, "1.0").__enter__()  # push 1.0, recording its digest in the folder
         with ExitStack() as second:  # another hotfix on the same base may run beside it
             run_stages([BY_NAME["hotfix base"]], replace(request, version="1.0.2"), Quiet(), stack=second)
