@@ -307,12 +307,19 @@ class CommitGroup:
                 for folder, _ in self.pending:
                     folder._swap()
                     swapped.append(folder)
-            except BaseException:
+            except BaseException as exc:
+                stuck = []
                 for folder in reversed(swapped):
                     try:
                         folder._unswap()
-                    except OSError:  # (what cannot go back is published: the error line names it)
+                    except OSError as err:  # what cannot go back is published: the error line names it
                         folder._published()
+                        stuck.append(f"{folder.final} ({err.strerror or err})")
+                if stuck and isinstance(exc, OSError):
+                    raise UnibakeError(f"cannot publish {exc.filename or 'a release folder'} ({exc.strerror or exc}); "
+                                       f"{' and '.join(stuck)} took its place and could not be put back, so it is "
+                                       "published without the rest of its group (check it: python build.py verify "
+                                       f"{stuck[0].rsplit(' (', 1)[0]})") from None
                 raise
             failed: list[str] = []
             try:

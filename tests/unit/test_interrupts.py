@@ -369,3 +369,34 @@ def test_a_checksums_record_that_cannot_be_put_in_place_in_a_group_commit_stops_
         assert publish.COMMITTED == [tmp_path / "release" / "1.0", tmp_path / "release" / "1.0-arm64"]
     finally:
         publish.COMMITTED.clear()
+
+
+def test_a_group_commit_whose_undo_fails_names_the_folder_it_left_published(tmp_path, monkeypatch):
+    # (before: the error named only the rename that failed, as if nothing was published, while 1.0 was)
+    from unibake import publish
+    from unibake.errors import UnibakeError
+
+    out = tmp_path / "release"
+    real = os.replace
+
+    def replace(src, dst):
+        if str(src).endswith(".1.0-arm64.partial") or str(dst).endswith(".1.0.partial"):
+            raise OSError(5, "Input/output error", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(publish.os, "replace", replace)
+    publish.COMMITTED.clear()
+    group = publish.CommitGroup()
+    try:
+        with pytest.raises(UnibakeError, match=rf"cannot publish {out / '.1.0-arm64.partial'} \(Input/output error\); "
+                                               rf"{out / '1.0'} \(Input/output error\) took its place and could not be "
+                                               "put back"):
+            with ReleaseFolder(out, "1.0", force=True) as a, ReleaseFolder(out, "1.0-arm64", force=True) as b:
+                for folder in (a, b):
+                    folder.group = group
+                    (folder.staging / "manifest.json").write_text(f"new {folder.tag}\n")
+                    folder.commit()
+                group.commit()
+        assert publish.COMMITTED == [out / "1.0"] and (out / "1.0" / "manifest.json").read_text() == "new 1.0\n"
+    finally:
+        publish.COMMITTED.clear()
