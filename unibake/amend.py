@@ -84,11 +84,21 @@ def _old_stat(path: Path) -> os.stat_result | None:
 
 
 class _Lock:
-    def __init__(self, out: Path, tag: str):
+    def __init__(self, out: Path, tag: str, *, optional: bool = False):
         self.path = out / f".{tag}.lock"
+        self.optional = optional  # a link's folder this user cannot write: its lock read if it is there
 
     def __enter__(self) -> "_Lock":
-        self.fh = open_lock(self.path)
+        try:
+            self.fh = open_lock(self.path)
+        except PermissionError:
+            if not self.optional:
+                raise
+            try:  # flock needs no write; no lock file there: no run ever held it
+                self.fh = open_lock(self.path, create=False, write=False)
+            except FileNotFoundError:
+                self.fh = None
+                return self
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -100,12 +110,14 @@ class _Lock:
             holder = _holder(self.fh)
             self.fh.close()
             raise UnibakeError(f"{what} beside {self.path} (pid {holder}); wait for it and run again") from None
-        _sign(self.fh)  # a run refused meanwhile names this one, not the last that wrote the release
+        if self.fh.writable():  # a run refused meanwhile names this one, not the last that wrote the release
+            _sign(self.fh)
         return self
 
     def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
+        if self.fh is not None:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
 
 
 def check_keepable(folder: Path) -> None:
@@ -142,7 +154,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     old_listing = (folder / SUMS).read_text(encoding="utf-8")
     with contextlib.ExitStack() as locks:
         if named is not None and named != folder:
-            locks.enter_context(_Lock(named.parent, named.name))
+            locks.enter_context(_Lock(named.parent, named.name, optional=True))
         locks.enter_context(_Lock(out, tag))
         if was is not None and load_manifest(folder) != was:
             raise UnibakeError(f"{folder} changed while this push ran (another push recorded itself in it): nothing "

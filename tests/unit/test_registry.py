@@ -1222,3 +1222,30 @@ def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_i
     assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert os.listdir(tmp_path / "checksums") == ["1.3.1.SHA256SUMS"]
     assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
+def test_a_push_through_a_link_in_a_folder_it_cannot_write_still_records(tmp_path, monkeypatch):
+    # the link's folder another user's (a shared link farm): its lock is read if there, not made
+    real, _ = make_release(tmp_path / "big" / "release")
+    (tmp_path / "repo" / "release").mkdir(parents=True)
+    link = tmp_path / "repo" / "release" / "1.3.1"
+    link.symlink_to(real)
+    opened = amend.open_lock
+
+    def unwritable_there(path, *, create=True, write=True):
+        if path.parent == link.parent and (create or write):
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, create=create, write=write)
+
+    monkeypatch.setattr(amend, "open_lock", unwritable_there)
+    manifest = load_manifest(real)
+    record = push_release(real, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    amend.amend_release(real, merge_record(manifest, record), read_sums(real), tmp_path / "repo" / "checksums",
+                        named=link)
+    assert load_manifest(real).registry == (record,)
+    (link.parent / ".1.3.1.lock").write_text("")  # one there (its owner's): read and held
+    later = record.model_copy(update={"digest": DIGEST, "reference": f"{record.repository}@{DIGEST}"})
+    amend.amend_release(real, merge_record(load_manifest(real), later), read_sums(real),
+                        tmp_path / "repo" / "checksums", named=link)
+    assert load_manifest(real).registry == (later,)
