@@ -236,6 +236,13 @@ def _one(value) -> tuple:
 def _hotfix_base(run: Run) -> tuple:
     def hold(release: str) -> None:  # until the run ends: a --force run of the base is refused meanwhile
         run.stack.callback(hold_release(run.request.out, release).close)
+        if os.path.islink(run.request.out / release):  # --from latest (-> 1.3.1): the release it names, too
+            real = Path(os.path.realpath(run.request.out / release))
+            try:
+                check_tag(real.name)
+            except InputError:
+                return  # a folder no run can write (not a release's name): nothing to hold it against
+            run.stack.callback(hold_release(real.parent, real.name).close)
 
     base = load_base(run.request.out, run.request.base or "", hold=hold)
     if run.request.roundtrip:  # checked again at the round trip; here, before anything is built

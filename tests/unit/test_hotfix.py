@@ -450,6 +450,23 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
     assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
 
 
+def test_a_hotfix_from_a_link_to_a_release_holds_the_release_it_names(engines, tmp_path):  # noqa: F811
+    # (before: --from latest (-> 1.0) held only .latest.lock: a build --force of 1.0 replaced the base under it)
+    from contextlib import ExitStack
+
+    from unibake.errors import UnibakeError
+
+    out = tmp_path / "release"
+    release(engines, out)  # demo:1.0
+    (out / "latest").symlink_to("1.0")
+    request = Request(env={}, cwd=tmp_path, out=out, base="latest", version="1.0.1")
+    with ExitStack() as hotfix:
+        run_stages([BY_NAME["hotfix base"]], request, Quiet(), stack=hotfix)
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on release {out / '1.0'} \(pid {os.getpid()}\)"):
+            release(engines, out, force=True)
+    release(engines, out, force=True)  # the hotfix ended: let go
+
+
 def test_stage_build_of_a_version_a_full_build_is_writing_is_refused_naming_it(engines, tmp_path, busybox_product):  # noqa: F811
     # (before: a plain --stage build of a version whose release folder a running build was writing, its
     # manifest not written yet, moved the tag under that build)
