@@ -34,7 +34,7 @@ from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
-from .files import unwritable_reason
+from .files import read_small_file, unwritable_reason
 from .errors import (DiskFull, EngineError, InputError, PipelineError, RoundTripUnavailable, UnibakeError,
                      VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
@@ -368,9 +368,9 @@ def _refuse_another_products_record(record: Path, target: Target, *, force: bool
     another product's release of the same version under a sibling --out (release/a, release/b, as
     each product needs its own --out) would replace that product's record without a word. Refused
     unless --force; the same product's release of the tag made again elsewhere replaces it as before."""
-    try:
-        held = record.read_bytes().decode("utf-8", "replace")
-    except OSError:
+    try:  # a FIFO planted as the record is not waited on: not a record (publish renames over it)
+        held = read_small_file(record, UnibakeError, limit=16 << 20).decode("utf-8", "replace")
+    except UnibakeError:
         return
     names = [line.split("  ", 1)[1] for line in held.splitlines() if "  " in line]
     ours = target.archive_name

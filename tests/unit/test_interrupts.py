@@ -151,6 +151,26 @@ def test_another_products_release_of_the_same_tag_does_not_replace_its_checksums
     assert record.read_text() == (tmp_path / "b/1.0/SHA256SUMS").read_text()
 
 
+def test_a_fifo_planted_as_the_checksums_record_is_not_waited_on(engines, tmp_path):  # noqa: F811
+    # (before: the check for another product's record opened it to read and waited for a writer for ever)
+    import threading
+
+    from .test_supply_chain import release
+
+    record = tmp_path / "checksums" / "1.0.SHA256SUMS"
+    record.parent.mkdir()
+    os.mkfifo(record)
+    done = []
+    run = threading.Thread(target=lambda: done.append(release(engines, tmp_path / "release")), daemon=True)
+    run.start()
+    run.join(60)
+    if run.is_alive():  # let it go: a writer that closes at once
+        os.close(os.open(record, os.O_WRONLY | os.O_NONBLOCK))
+        run.join(60)
+        pytest.fail("the run waited on the FIFO")
+    assert done and record.read_text() == (tmp_path / "release" / "1.0" / "SHA256SUMS").read_text()
+
+
 def test_releases_with_an_out_that_does_not_exist_and_rebuild_of_a_release_folder_are_bad_input(cli, tmp_path):
     typo = cli("releases", "--out", str(tmp_path / "relase"))
     assert typo.code == 2 and typo.error_lines == [f"error: --out {tmp_path / 'relase'}: no such folder"]
