@@ -11,6 +11,7 @@ release's lock (``<out>/.<tag>.lock``, the one publishing takes) keeps two runs 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -23,7 +24,7 @@ from pathlib import Path
 from .errors import InputError, UnibakeError
 from .files import fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
-from .publish import SUMS
+from .publish import SUMS, _holder, _sign
 from .sums import render_sums
 from .templates import render_template
 
@@ -83,11 +84,21 @@ def _old_stat(path: Path) -> os.stat_result | None:
 
 
 class _Lock:
-    def __init__(self, out: Path, tag: str):
+    def __init__(self, out: Path, tag: str, *, optional: bool = False):
         self.path = out / f".{tag}.lock"
+        self.optional = optional  # a link's folder this user cannot write: its lock read if it is there
 
     def __enter__(self) -> "_Lock":
-        self.fh = open_lock(self.path)
+        try:
+            self.fh = open_lock(self.path)
+        except PermissionError:
+            if not self.optional:
+                raise
+            try:  # flock needs no write; no lock file there: no run ever held it
+                self.fh = open_lock(self.path, create=False, write=False)
+            except FileNotFoundError:
+                self.fh = None
+                return self
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -96,13 +107,17 @@ class _Lock:
                 what = "a hotfix is being made on the release"
             except BlockingIOError:
                 what = "another run is writing the release"
+            holder = _holder(self.fh)
             self.fh.close()
-            raise UnibakeError(f"{what} beside {self.path}; wait for it and run again") from None
+            raise UnibakeError(f"{what} beside {self.path} (pid {holder}); wait for it and run again") from None
+        if self.fh.writable():  # a run refused meanwhile names this one, not the last that wrote the release
+            _sign(self.fh)
         return self
 
     def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
+        if self.fh is not None:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
 
 
 def check_keepable(folder: Path) -> None:
@@ -116,13 +131,17 @@ def check_keepable(folder: Path) -> None:
 
 
 def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path,
-                  sign: Callable[[Path], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None) -> None:
+                  sign: Callable[[Path], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None,
+                  named: Path | None = None) -> None:
     """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
     ``SHA256SUMS`` (and ``checksums/<tag>.SHA256SUMS`` when it is the folder's record); ``sums`` is the
     folder's current ``SHA256SUMS``, already checked. ``sign``: writes the new ``SHA256SUMS``'s detached
     signatures beside it (in the staging folder, so they replace the old ones with it). ``was``: the
     manifest ``manifest`` was made from; a folder whose manifest is no longer that one (another push
-    recorded itself meanwhile) is left as it is, an error, rather than losing what that one wrote."""
+    recorded itself meanwhile) is left as it is, an error, rather than losing what that one wrote.
+    ``named``: the link the folder was given as (``release/1.0 -> /mnt/big/1.0``): its lock is held
+    too (the one a build or a hotfix of that release takes), and its record is ``checksums_dir``'s
+    ``<its name>.SHA256SUMS`` (the one beside the folder's own parent updated too, when it is ours)."""
     out, tag = folder.parent, folder.name
     check_keepable(folder)
     texts = {MANIFEST: manifest.to_json()}
@@ -133,7 +152,10 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
             texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name),
                                  has_section=has_section)
     old_listing = (folder / SUMS).read_text(encoding="utf-8")
-    with _Lock(out, tag):
+    with contextlib.ExitStack() as locks:
+        if named is not None and named != folder:
+            locks.enter_context(_Lock(named.parent, named.name, optional=True))
+        locks.enter_context(_Lock(out, tag))
         if was is not None and load_manifest(folder) != was:
             raise UnibakeError(f"{folder} changed while this push ran (another push recorded itself in it): nothing "
                                "was recorded, so as not to drop what that one wrote; push again (the blobs are in "
@@ -165,12 +187,15 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                 fsync_dir(folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    record = checksums_dir / f"{tag}.{SUMS}"
-    try:
-        is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
-    except (OSError, UnicodeDecodeError):
-        is_ours = False
-    if is_ours:
-        old = record.stat()
-        write_atomic(checksums_dir, record.name, listing, mode=stat.S_IMODE(old.st_mode))
-        _keep_access(record, old)
+    records = [checksums_dir / f"{tag}.{SUMS}"]
+    if named is not None and named != folder:
+        records = [checksums_dir / f"{named.name}.{SUMS}", out.parent / "checksums" / f"{tag}.{SUMS}"]
+    for record in dict.fromkeys(records):
+        try:
+            is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
+        except (OSError, UnicodeDecodeError):
+            is_ours = False
+        if is_ours:
+            old = record.stat()
+            write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode))
+            _keep_access(record, old)

@@ -786,7 +786,10 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .signing import ASC, MINISIG, check_keys, check_signer
     from .verify import check_folder_arg, read_sums, verify_folder
 
-    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    given = ctx.cwd / args.folder
+    folder = check_folder_arg(given.resolve())
+    # a link (release/1.0 -> /mnt/big/1.0): the release is the name given too (its lock, its record)
+    named = given.parent.resolve() / given.name if given.name not in ("", ".", "..") and given.is_symlink() else folder
     target = parse_reference(args.to, what="--to", digest=False)
     settings = _registry_settings(args, ctx, target.host)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
@@ -822,7 +825,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
             amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
-                          folder.parent.parent / "checksums", sign=sign, was=m)
+                          named.parent.parent / "checksums", sign=sign, was=m, named=named)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),

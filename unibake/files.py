@@ -93,16 +93,26 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def open_new(path: Path, mode: int = 0o644):
+    """``path`` made anew for writing (binary): what is there first is removed, never written through.
+    A temporary name in a folder others can write (checksums/, beside --out) could have been planted
+    as a link to a file of the releasing user's (often root's), as a lock file could."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    return os.fdopen(fd, "wb")
+
+
 def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644) -> str:
     """Write ``folder/name`` via a temporary name, fsynced; returns its sha256."""
     data = text.encode("utf-8") if isinstance(text, str) else text
     temp = folder / f".{name}.tmp"
     try:
-        with open(temp, "wb") as fh:
+        with open_new(temp) as fh:
             fh.write(data)
             fh.flush()
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
-        os.chmod(temp, mode)
         os.replace(temp, folder / name)
     except OSError as exc:
         temp.unlink(missing_ok=True)

@@ -52,7 +52,7 @@ from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
 from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, read_small_file, read_small_text, visible_name
+from .files import fsync_dir, open_new, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
@@ -218,7 +218,7 @@ class KitDraft:
         if target.is_dir() and not target.is_symlink():  # the rename would fail naming the temporary file
             raise InputError(f"{target}: a folder where the kit would be written; move it away or write the kit "
                              "elsewhere")
-        self._fh = open(self.temp, "wb")
+        self._fh = open_new(self.temp)  # never through a link planted under its name in --out
         self._counted = _Hashing(self._fh, self._stop)
         self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
         self._tar = tarfile.open(fileobj=self._zw, mode="w|", format=tarfile.PAX_FORMAT)

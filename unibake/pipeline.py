@@ -34,7 +34,7 @@ from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
-from .files import unwritable_reason
+from .files import read_small_file, unwritable_reason
 from .errors import (DiskFull, EngineError, InputError, PipelineError, RoundTripUnavailable, UnibakeError,
                      VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
@@ -236,6 +236,13 @@ def _one(value) -> tuple:
 def _hotfix_base(run: Run) -> tuple:
     def hold(release: str) -> None:  # until the run ends: a --force run of the base is refused meanwhile
         run.stack.callback(hold_release(run.request.out, release).close)
+        if os.path.islink(run.request.out / release):  # --from latest (-> 1.3.1): the release it names, too
+            real = Path(os.path.realpath(run.request.out / release))
+            try:
+                check_tag(real.name)
+            except InputError:
+                return  # a folder no run can write (not a release's name): nothing to hold it against
+            run.stack.callback(hold_release(real.parent, real.name).close)
 
     base = load_base(run.request.out, run.request.base or "", hold=hold)
     if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
@@ -361,9 +368,9 @@ def _refuse_another_products_record(record: Path, target: Target, *, force: bool
     another product's release of the same version under a sibling --out (release/a, release/b, as
     each product needs its own --out) would replace that product's record without a word. Refused
     unless --force; the same product's release of the tag made again elsewhere replaces it as before."""
-    try:
-        held = record.read_bytes().decode("utf-8", "replace")
-    except OSError:
+    try:  # a FIFO planted as the record is not waited on: not a record (publish renames over it)
+        held = read_small_file(record, UnibakeError, limit=16 << 20).decode("utf-8", "replace")
+    except UnibakeError:
         return
     names = [line.split("  ", 1)[1] for line in held.splitlines() if "  " in line]
     ours = target.archive_name
@@ -440,12 +447,13 @@ def _repro_tag_on_failure(run: Run, ref: str):
 def _hold_a_released_tag(run: Run, tag: str) -> None:
     """``--stage build --force`` of a released version moves its tag with no release folder written
     (which holds the release's lock): the lock is held here instead, till the run ends, so that it is
-    refused while a hotfix made on that release (or a run writing it) needs its image."""
+    refused while a hotfix made on that release (or a run writing it) needs its image. A version with
+    no release yet is held too when its lock file exists: a full build writing it right now (its
+    manifest not written yet) has its tag moved under it otherwise."""
     release = release_tag(tag)
-    if not os.path.lexists(run.request.out / release / MANIFEST):
-        return
+    released = os.path.lexists(run.request.out / release / MANIFEST)
     try:
-        lock = lock_release(run.request.out, release)
+        lock = lock_release(run.request.out, release, create=released)
     except UnibakeError as exc:
         raise UnibakeError(f"{exc}: a hotfix made on it, or a run writing it, needs its image as it is; the build "
                            f"would move {tag}; wait for it (nothing was built)") from None

@@ -27,7 +27,7 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, open_lock, write_atomic
+from .files import fsync_dir, open_lock, open_new, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
                        ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
@@ -136,6 +136,11 @@ class ReleaseFolder:
         if self.final.exists() and not self.force:
             self._unlock()
             refuse_existing(self.final)
+        if os.path.islink(self.final):  # replaced, it would be a real folder here and the link's target left as it was
+            self._unlock()
+            raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
+                             "its place as a folder here, not where the link points; give --out the "
+                             "folder that holds the release itself, or remove the link first; nothing was replaced")
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir()
         return self
@@ -146,6 +151,8 @@ class ReleaseFolder:
         old = self.out / f".{self.tag}.old"
         if os.path.isdir(old) and not os.path.islink(old) and not os.path.lexists(self.final):
             os.replace(old, self.final)
+        if os.path.islink(old) or (os.path.lexists(old) and not os.path.isdir(old)):
+            os.unlink(old)  # no release (a link a --force on a linked release left): in the way of the next commit
         shutil.rmtree(old, ignore_errors=True)
 
     def commit(self, then: Callable[[], object] | None = None,
@@ -300,24 +307,38 @@ class CommitGroup:
                 for folder, _ in self.pending:
                     folder._swap()
                     swapped.append(folder)
-            except BaseException:
+            except BaseException as exc:
+                stuck = []
                 for folder in reversed(swapped):
                     try:
                         folder._unswap()
-                    except OSError:  # (what cannot go back is published: the error line names it)
+                    except OSError as err:  # what cannot go back is published: the error line names it
                         folder._published()
+                        stuck.append(f"{folder.final} ({err.strerror or err})")
+                if stuck and isinstance(exc, OSError):
+                    raise UnibakeError(f"cannot publish {exc.filename or 'a release folder'} ({exc.strerror or exc}); "
+                                       f"{' and '.join(stuck)} took its place and could not be put back, so it is "
+                                       "published without the rest of its group (check it: python build.py verify "
+                                       f"{stuck[0].rsplit(' (', 1)[0]})") from None
                 raise
+            failed: list[str] = []
             try:
                 for folder in swapped:
                     folder._published()
-                for folder, then in self.pending:
+                for folder, then in self.pending:  # every record tried: one that fails stops no other
                     if then is not None:
-                        then()
+                        try:
+                            then()
+                        except (OSError, UnibakeError) as exc:
+                            failed.append(str(exc) if isinstance(exc, UnibakeError) else
+                                          f"{folder.tag}'s checksums record: {exc.strerror or exc}")
                 for out in dict.fromkeys(folder.out for folder in swapped):
                     fsync_dir(out)
             finally:
                 for folder in swapped:
                     folder._let_old_go()
+            if failed:
+                raise UnibakeError("; ".join(failed))
         return [folder.final for folder, _ in self.pending]
 
 
@@ -518,7 +539,8 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             sign(folder.staging / SUMS)
         fsync_dir(folder.staging)
         checksums_dir.mkdir(parents=True, exist_ok=True)
-        record.write_text(listing, encoding="utf-8")
+        with open_new(record) as fh:  # checksums/ may be others' to write: a link planted there is not followed
+            fh.write(listing.encode("utf-8"))
     except OSError as exc:
         try:
             record.unlink(missing_ok=True)
@@ -529,5 +551,17 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    return folder.commit(then=lambda: os.replace(record, checksums_dir / f"{folder.tag}.{SUMS}"),
-                         abandon=lambda: record.unlink(missing_ok=True))
+    final_record = checksums_dir / f"{folder.tag}.{SUMS}"
+
+    def put_in_place() -> None:
+        try:
+            os.replace(record, final_record)
+        except OSError as exc:
+            try:
+                record.unlink(missing_ok=True)  # never left under checksums/
+            except OSError:
+                pass
+            raise UnibakeError(f"release {folder.final} was published, but its checksums record {final_record} "
+                               f"was not written ({exc.strerror}): copy its {SUMS} there") from None
+
+    return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))

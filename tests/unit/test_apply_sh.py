@@ -230,3 +230,16 @@ def test_a_link_to_the_verifier_checked_out_as_a_plain_file_is_refused_not_carri
     plain.write_text("../../scripts/verify-release.sh")
     with pytest.raises(UnibakeError, match=r"is not scripts/verify-release.sh, which a hotfix's apply.sh carries"):
         verify_release_sh(plain)
+
+
+@pytest.mark.parametrize("link", ["bin/apply-hotfix", "apply-hotfix"])
+def test_apply_sh_run_through_a_link_to_it_applies_its_own_folder(hotfix, tmp_path, link):
+    # (before: it changed into the link's folder and stopped with exit 3 "./SHA256SUMS is missing")
+    folder, env = hotfix
+    (tmp_path / "bin").mkdir(exist_ok=True)
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "apply-hotfix").symlink_to(folder / "apply.sh")
+    (tmp_path / link).symlink_to(tmp_path / "links" / "apply-hotfix")  # a link to a link
+    result = subprocess.run(["sh", link], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "demo-llm-1.1.tar.zst: OK" in result.stdout and loaded(env)

@@ -293,8 +293,8 @@ def test_a_hotfix_holds_its_base_release_so_a_force_run_of_it_is_refused_until_t
                                                "it needs that release as it is until it ends; wait for it"):
             release(engines, out, force=True)  # build --version 1.0 --force, archive --tag 1.0 --force
         from unibake.amend import _Lock
-        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on the release beside {out / '.1.0.lock'}; "
-                                               "wait for it"):
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on the release beside {out / '.1.0.lock'} "
+                                               rf"\(pid {os.getpid()}\); wait for it"):
             _Lock(out, "1.0").__enter__()  # push 1.0, recording its digest in the folder
         with ExitStack() as second:  # another hotfix on the same base may run beside it
             run_stages([BY_NAME["hotfix base"]], replace(request, version="1.0.2"), Quiet(), stack=second)
@@ -447,6 +447,39 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
             run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
     finally:
         hold.close()
+    assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
+
+
+def test_a_hotfix_from_a_link_to_a_release_holds_the_release_it_names(engines, tmp_path):  # noqa: F811
+    # (before: --from latest (-> 1.0) held only .latest.lock: a build --force of 1.0 replaced the base under it)
+    from contextlib import ExitStack
+
+    from unibake.errors import UnibakeError
+
+    out = tmp_path / "release"
+    release(engines, out)  # demo:1.0
+    (out / "latest").symlink_to("1.0")
+    request = Request(env={}, cwd=tmp_path, out=out, base="latest", version="1.0.1")
+    with ExitStack() as hotfix:
+        run_stages([BY_NAME["hotfix base"]], request, Quiet(), stack=hotfix)
+        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on release {out / '1.0'} \(pid {os.getpid()}\)"):
+            release(engines, out, force=True)
+    release(engines, out, force=True)  # the hotfix ended: let go
+
+
+def test_stage_build_of_a_version_a_full_build_is_writing_is_refused_naming_it(engines, tmp_path, busybox_product):  # noqa: F811
+    # (before: a plain --stage build of a version whose release folder a running build was writing, its
+    # manifest not written yet, moved the tag under that build)
+    from unibake.errors import UnibakeError
+    from unibake.pipeline import BUILD, selection
+    from unibake.publish import ReleaseFolder
+
+    out = tmp_path / "release"
+    request = Request(env={}, cwd=tmp_path, out=out, version="1.0", config=str(busybox_product), require_lock=False)
+    with ReleaseFolder(out, "1.0", force=False):  # the full build of 1.0, running: its folder staged, locked
+        with pytest.raises(UnibakeError, match=rf"a run is using release {out / '1.0'} \(pid {os.getpid()}\): .*"
+                                               r"the build would move unibake-test:1.0; wait for it"):
+            run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
     assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
 
 

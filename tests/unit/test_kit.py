@@ -601,3 +601,46 @@ def test_kit_after_an_input_changed_names_it_in_plain_words(cli, tmp_path, demo_
     assert refused.code == 2 and refused.error_lines == [
         f"error: input images/tune/tp2/{tune.name} differs from the one release 1.3.1 ({folder}) was built from (its "
         f"provenance lists them); check out the revision it was built from ({revision})"], refused.err
+
+
+def test_the_kit_command_writes_no_kit_through_a_link_planted_as_its_temporary_file(cli, tmp_path):
+    # (before: kit --out DIR wrote DIR/.NAME.tmp through a link planted there, over the file it named)
+    from ..forge import resum
+
+    folder = tmp_path / "release" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = None  # a release that published no kit: the one written now is taken as is
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for name in os.listdir(folder):
+        if name.startswith("SHA256SUMS."):
+            os.unlink(folder / name)
+    resum(folder)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "kit").mkdir()
+    (tmp_path / "kit" / f".{kit_name('demo-llm', '1.3.1')}.tmp").symlink_to(victim)
+    result = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert result.code == 0, result.err
+    assert victim.read_text() == "precious\n" and os.listdir(tmp_path / "kit") == [kit_name("demo-llm", "1.3.1")]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_run_through_a_link_or_from_a_folder_named_like_a_cd_option_checks_its_own_kit(
+        busybox_product, tmp_path, shell):
+    # (before: cd "$(dirname "$0")" went into the link's folder, "kit.sha256 is missing" (exit 3), and for a
+    # kit folder named "-P" to $HOME, checking whatever kit $HOME held)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    command = ["busybox", "sh"] if shell == "busybox" else ["sh"]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "verify-kit").symlink_to(folder / "verify.sh")
+    linked = subprocess.run([*command, "bin/verify-kit"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert linked.returncode == 0 and "files match kit.sha256" in linked.stdout, linked.stderr
+    named = folder.rename(tmp_path / "-P")
+    home = tmp_path / "home"
+    shutil.copytree(named, home)
+    (home / "kit.sha256").write_text("")  # another kit in $HOME: never the one checked
+    optioned = subprocess.run([*command, "--", "-P/verify.sh"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "HOME": str(home)})
+    assert optioned.returncode == 0 and "files match kit.sha256" in optioned.stdout, optioned.stderr

@@ -191,6 +191,56 @@ def test_an_existing_release_is_kept_unless_forced(tmp_path):
     assert sorted(p for p in os.listdir(out) if not p.endswith(".lock")) == ["1.3.1"]
 
 
+def test_force_on_a_release_folder_that_is_a_link_is_refused_leaving_the_link_and_its_target(tmp_path):
+    # (before: the new release became a real folder in --out, the target stayed the old release, and a
+    # .1.0.old link was left beside it)
+    target, _ = make_release(tmp_path / "big" / "release", "1.0")
+    out = tmp_path / "release"
+    out.mkdir()
+    (out / "1.0").symlink_to(target)
+    before = (target / "SHA256SUMS").read_text()
+    with pytest.raises(InputError, match=rf"release {out / '1.0'} is a link \(to {target}\): the new release would .* "
+                                         "nothing was replaced"):
+        make_release(out, "1.0", force=True)
+    assert (out / "1.0").is_symlink() and (target / "SHA256SUMS").read_text() == before
+    assert sorted(os.listdir(out)) == [".1.0.lock", "1.0"]
+    (out / "1.0").unlink()
+    (out / "1.0").symlink_to(tmp_path / "gone")  # a link to nothing: not replaced by a folder either
+    with pytest.raises(InputError, match="is a link"):
+        make_release(out, "1.0")
+    assert (out / "1.0").is_symlink()
+
+
+@pytest.mark.parametrize("left", ["a link", "a file"])
+def test_a_dot_old_that_is_no_folder_does_not_fail_the_next_force_at_its_commit(tmp_path, left):
+    # (before: a .1.0.old link, as --force on a linked release left it, failed the next --force of 1.0 at its
+    # very end, after the build: "1.0: Not a directory", the new release not published)
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_text("kept")
+    if left == "a link":
+        (out / ".1.0.old").symlink_to(tmp_path / "elsewhere")
+    else:
+        (out / ".1.0.old").write_text("")
+    folder, _ = make_release(out, "1.0", force=True)
+    assert folder == out / "1.0" and sorted(os.listdir(out)) == [".1.0.lock", "1.0"]
+    assert (tmp_path / "elsewhere" / "keep").read_text() == "kept"  # the link went, not what it named
+
+
+def test_a_link_planted_as_the_checksums_record_s_temporary_file_is_not_written_through(tmp_path):
+    # (before: publish wrote checksums/.1.0.SHA256SUMS.tmp through a link planted there, overwriting the
+    # file it named, the releasing user's, with the listing)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "checksums").mkdir()
+    (tmp_path / "checksums" / ".1.0.SHA256SUMS.tmp").symlink_to(victim)
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    assert victim.read_text() == "precious\n"
+    assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
+    assert (tmp_path / "checksums" / "1.0.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "release"
     with ReleaseFolder(out, "1.3.1", force=False):

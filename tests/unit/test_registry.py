@@ -1154,3 +1154,98 @@ def test_an_attempt_s_watch_expiring_as_the_attempt_ends_never_shuts_a_connectio
         was = shut(kept)  # as the attempt's end left it: the next request may take it up now
         time.sleep(0.3)
         assert shut(kept) == was
+
+
+def test_a_push_of_a_release_folder_that_is_a_link_locks_and_records_the_name_given(cli, tmp_path, monkeypatch):
+    # (before: push resolved release/1.3.1 -> /mnt/big/1.3.1 and took only the lock beside the target, so a
+    # hotfix's hold on release/1.3.1 did not stop it, and it left checksums/1.3.1.SHA256SUMS stale)
+    from unibake import registry
+    from unibake.publish import hold_release
+
+    real, _ = make_release(tmp_path / "big" / "release")
+    (tmp_path / "repo" / "release").mkdir(parents=True)
+    (tmp_path / "repo" / "checksums").mkdir()
+    (tmp_path / "repo" / "checksums" / "1.3.1.SHA256SUMS").write_text((real / "SHA256SUMS").read_text())
+    link = tmp_path / "repo" / "release" / "1.3.1"
+    link.symlink_to(real)
+    real_push, uploads = registry.push_release, RecordingClient()
+    monkeypatch.setattr(registry, "push_release", lambda folder, manifest, target, client, **kwargs:
+                        real_push(folder, manifest, target, uploads, **kwargs))
+
+    hold = hold_release(tmp_path / "repo" / "release", "1.3.1")  # a hotfix being made on release/1.3.1
+    try:
+        refused = cli("push", "release/1.3.1", "--to", "reg.example/team/demo-llm", cwd=tmp_path / "repo")
+    finally:
+        hold.close()
+    assert refused.code == 1 and "a hotfix is being made on the release" in refused.err, refused.err
+    assert load_manifest(real).registry == ()
+
+    assert cli("push", "release/1.3.1", "--to", "reg.example/team/demo-llm", cwd=tmp_path / "repo").code == 0
+    assert link.is_symlink() and load_manifest(real).registry and not verify_folder(real).failures
+    assert (tmp_path / "repo" / "checksums" / "1.3.1.SHA256SUMS").read_text() == (real / "SHA256SUMS").read_text()
+    assert (tmp_path / "big" / "checksums" / "1.3.1.SHA256SUMS").read_text() == (real / "SHA256SUMS").read_text()
+
+
+def test_a_run_refused_while_a_push_records_itself_names_the_push_not_an_older_run(tmp_path):
+    # (before: the push held the release's lock without writing its pid in it, so a build --force refused
+    # meanwhile named the pid of the run that last wrote the release, long gone)
+    folder, _ = make_release(tmp_path / "release")
+    (tmp_path / "release" / ".1.3.1.lock").write_text("99999\n")  # the run that made the release, ended
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    said = []
+
+    def meanwhile(path):  # while the push holds the lock: a build --force of 1.3.1
+        with pytest.raises(UnibakeError) as refused:
+            ReleaseFolder(tmp_path / "release", "1.3.1", force=True).__enter__()
+        said.append(str(refused.value))
+        return []
+
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
+                        sign=meanwhile)
+    assert len(said) == 1 and f"(pid {os.getpid()})" in said[0] and "99999" not in said[0], said
+
+
+def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_its_temporary_file(tmp_path):
+    # (before: the record's update wrote checksums/.1.3.1.SHA256SUMS.tmp through a link planted there, and
+    # chmod-ed the file it named)
+    folder, _ = make_release(tmp_path / "release")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    (tmp_path / "checksums" / ".1.3.1.SHA256SUMS.tmp").symlink_to(victim)
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert os.listdir(tmp_path / "checksums") == ["1.3.1.SHA256SUMS"]
+    assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
+def test_a_push_through_a_link_in_a_folder_it_cannot_write_still_records(tmp_path, monkeypatch):
+    # the link's folder another user's (a shared link farm): its lock is read if there, not made
+    real, _ = make_release(tmp_path / "big" / "release")
+    (tmp_path / "repo" / "release").mkdir(parents=True)
+    link = tmp_path / "repo" / "release" / "1.3.1"
+    link.symlink_to(real)
+    opened = amend.open_lock
+
+    def unwritable_there(path, *, create=True, write=True):
+        if path.parent == link.parent and (create or write):
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path, create=create, write=write)
+
+    monkeypatch.setattr(amend, "open_lock", unwritable_there)
+    manifest = load_manifest(real)
+    record = push_release(real, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    amend.amend_release(real, merge_record(manifest, record), read_sums(real), tmp_path / "repo" / "checksums",
+                        named=link)
+    assert load_manifest(real).registry == (record,)
+    (link.parent / ".1.3.1.lock").write_text("")  # one there (its owner's): read and held
+    later = record.model_copy(update={"digest": DIGEST, "reference": f"{record.repository}@{DIGEST}"})
+    amend.amend_release(real, merge_record(load_manifest(real), later), read_sums(real),
+                        tmp_path / "repo" / "checksums", named=link)
+    assert load_manifest(real).registry == (later,)
