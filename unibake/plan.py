@@ -364,7 +364,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     selected = select_profiles(list(profiles or []), list(merged))
     if version is not None and not VERSION_RE.fullmatch(version):
         raise InputError(f"--version {version!r} is not a valid version: letters, digits, '.', '_' and '-', "
-                         "starting with a letter or digit (it is the image's tag)")
+                         "starting with a letter or digit, at most 64 characters (it is the image's tag)")
     given_version = version is not None
     version = version or data["version"]
 
