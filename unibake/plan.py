@@ -401,6 +401,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         file, inner = clash
         raise InputError(f"{owners[inner]} puts engine/{inner}, so engine/{file} must be a folder, but "
                          f"{owners[file]} puts a file there; change one of their targets")
+    # an overlay's file where a patch changed the engine's: the image would hold the overlay's bytes, not the patch's
+    for i, o in enumerate(overlays):
+        for rel, _ in o.files():
+            for x in patches:
+                if rel in x.files:
+                    raise InputError(f"{where(('overlays', i))}: overlay '{o.name}' replaces engine/{rel}, which the "
+                                     f"patch {x.name} ({x.where}) changes, so the image would not have the patch; "
+                                     "patch the overlay's file instead, or drop one of them")
     chosen = [_profile(root, merged[name], builder, platform) for name in selected]
 
     default = data["default_profile"]
