@@ -364,7 +364,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     selected = select_profiles(list(profiles or []), list(merged))
     if version is not None and not VERSION_RE.fullmatch(version):
         raise InputError(f"--version {version!r} is not a valid version: letters, digits, '.', '_' and '-', "
-                         "starting with a letter or digit (it is the image's tag)")
+                         "starting with a letter or digit, at most 64 characters (it is the image's tag)")
     given_version = version is not None
     version = version or data["version"]
 
@@ -401,6 +401,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         file, inner = clash
         raise InputError(f"{owners[inner]} puts engine/{inner}, so engine/{file} must be a folder, but "
                          f"{owners[file]} puts a file there; change one of their targets")
+    # an overlay's file where a patch changed the engine's: the image would hold the overlay's bytes, not the patch's
+    for i, o in enumerate(overlays):
+        for rel, _ in o.files():
+            for x in patches:
+                if rel in x.files:
+                    raise InputError(f"{where(('overlays', i))}: overlay '{o.name}' replaces engine/{rel}, which the "
+                                     f"patch {x.name} ({x.where}) changes, so the image would not have the patch; "
+                                     "patch the overlay's file instead, or drop one of them")
     chosen = [_profile(root, merged[name], builder, platform) for name in selected]
 
     default = data["default_profile"]

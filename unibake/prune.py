@@ -5,7 +5,8 @@ when each version was first published: a folder added to an older version later,
 --version 1.0`` after 2.0, does not make it newer; a version's folders, one per platform or profile
 selection, count as one), and the base image of every kept hotfix (its archive ships only the
 layers the base lacks). Removed: the engine's tags of older releases (when the image's own metadata
-label names that release: a folder alone cannot name an image to remove), unibake's build cache
+label names that release: a folder alone cannot name an image to remove) and their kits' rebuilds
+(``unibake-kit/<product>:<release>``), unibake's build cache
 (``unibake-cache/*``), and dangling images unibake made: an older release's image, or a build of
 unibake's Dockerfile (its history ends with the Dockerfile's own last steps; an image built FROM a
 release carries the release's labels too, so labels alone prove nothing). Nothing is forced: an
@@ -29,6 +30,7 @@ from pathlib import Path
 from .builder import CACHE_REPOSITORY
 from .engine import Engine, ImageSummary
 from .errors import UnibakeError
+from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
@@ -112,6 +114,11 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
         if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
             removals.append(Removal(ref=m.tag, why=f"release {m.release} of {m.product}, older than the "
                                                    f"newest {keep}", releases=folders[m.image_id]))
+        kit_ref = f"{KIT_REPOSITORY}/{m.product}:{m.release}"  # build.py rebuild's tag would keep the image
+        info = engine.inspect_image(kit_ref)
+        if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
+            removals.append(Removal(ref=kit_ref, why=f"the kit's rebuild of release {m.release} of {m.product}, "
+                                                     f"older than the newest {keep}", releases=folders[m.image_id]))
     for image in engine.list_images():
         for tag in image.tags:
             if tag.startswith(f"{CACHE_REPOSITORY}/"):

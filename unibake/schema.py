@@ -168,7 +168,8 @@ SCHEMA: dict[str, Key] = {
                     pattern_doc="lower-case letters and digits, with one '.', '_' or '-' between them (an image "
                                 "repository name), at most 64 characters"),
     "version": _str("release version; the image tag", required=True, scope="product", pattern=VERSION_RE,
-                    pattern_doc="letters, digits, '.', '_' and '-', starting with a letter or digit"),
+                    pattern_doc="letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64 "
+                                "characters"),
     "default_profile": _str("profile used when PROFILE is unset", required=True, scope="product",
                             pattern=NAME_RE, pattern_doc="a profile name"),
     "platform": _str("the platform(s) the image is built for; several comma-separated, each its own image and "

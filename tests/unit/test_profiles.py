@@ -190,6 +190,16 @@ def test_invalid_versions_are_refused(busybox_product, version):
         make_plan(busybox_product, version=version)
 
 
+def test_a_version_too_long_says_its_limit(busybox_product):
+    # A valid Docker tag of 65 characters: the message must name the length, not only the characters.
+    with pytest.raises(InputError, match=r"--version .* is not a valid version: .*at most 64 characters"):
+        make_plan(busybox_product, version="1" + "a" * 64)
+    product = busybox_product / "product.yaml"
+    write(product, re.sub(r"(?m)^version: .*$", "version: v" + "1" * 64, product.read_text()))
+    with pytest.raises(InputError, match=r"key 'version' has an invalid value .*at most 64 characters"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 @pytest.mark.parametrize("label", ['{"Bad Key": x}', '{"a\\nb": x}'])
 def test_invalid_label_keys_are_refused(busybox_product, label):
     product = busybox_product / "product.yaml"

@@ -263,3 +263,19 @@ def test_a_folder_added_to_an_older_version_later_does_not_make_it_the_newer(tmp
     _release(out, engine, "hk1-tp4", 10, published="2026-01-01T00:00:03Z", version="hk1")
     planned = prune(engine, out, keep=1, dry_run=True)
     assert {r.ref for r in planned} == {"demo-llm:hk1", "demo-llm:hk1-tp4"}
+
+
+def test_an_older_release_rebuilt_from_its_kit_loses_the_kit_tag_too(tmp_path):
+    # build.py rebuild tags unibake-kit/<product>:<release>: left alone, that tag would keep an old
+    # release's image in the engine for ever once prune untagged the release
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    old = _release(out, engine, "1.3.0", 0)
+    _release(out, engine, "1.3.1", 1)
+    engine.tag(old["image_id"], "unibake-kit/demo-llm:1.3.0")
+    engine.tag(old["image_id"], "unibake-kit/demo-llm:9.9")  # not a release's name: not ours to judge
+    planned = {r.ref for r in prune(engine, out, keep=1, dry_run=True)}
+    assert {"demo-llm:1.3.0", "unibake-kit/demo-llm:1.3.0"} <= planned and "unibake-kit/demo-llm:9.9" not in planned
+    prune(engine, out, keep=1)
+    assert engine.inspect_image("unibake-kit/demo-llm:1.3.0") is None
+    assert engine.inspect_image("demo-llm:1.3.1") is not None

@@ -317,6 +317,23 @@ def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_pro
 
 
 
+def test_an_overlay_that_replaces_a_file_a_patch_changes_is_refused(busybox_product):
+    # the overlays are copied over the patched engine: the patch would be listed in the notes but lost
+    root = busybox_product.parent
+    (root / "images/patches").mkdir()
+    (root / "images/patches/fix.patch").write_text(PATCH)
+    (root / "images/ov").mkdir()
+    (root / "images/ov/serve.sh").write_text("#!/bin/sh\n")
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/patches/fix.patch}\n"
+                                             "overlays:\n  - {source: images/ov, target: ., name: ov}\n")
+    with pytest.raises(InputError, match=r"product\.yaml:\d+: overlay 'ov' replaces engine/serve\.sh, which the patch "
+                                         r"fix\.patch \(images/patches/fix\.patch\) changes"):
+        make_plan(busybox_product, verify_lock=False)
+    (root / "images/ov/serve.sh").unlink()  # a file the patch does not touch is the overlay's to give
+    (root / "images/ov/other.sh").write_text("#!/bin/sh\n")
+    make_plan(busybox_product, verify_lock=False)
+
+
 GIT_MODE_PATCH = """\
 diff --git a/handle.sh b/handle.sh
 old mode 100755
