@@ -94,3 +94,10 @@ def json_member(entries: list[Entry], name: str) -> object:
 
 def replace_member(entries: list[Entry], name: str, data: bytes) -> list[Entry]:
     return [member(name, data) if i.name == name else (i, d) for i, d in entries]
+
+
+def also_tagging_the_victim(entries: list[Entry]) -> list[Entry]:
+    """The archive's manifest.json with a second tag, ``victim:1``: a load would move that tag."""
+    manifest = json_member(entries, "manifest.json")
+    manifest[0]["RepoTags"].append("victim:1")
+    return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())

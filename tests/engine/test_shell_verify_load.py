@@ -3,7 +3,6 @@ a load that fails is undone, leaving the engine as it was (busybox-sized images,
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 from unibake.scratch import ScratchEngine
 
 from ..conftest import REPO
-from ..forge import forge, json_member, replace_member
+from ..forge import also_tagging_the_victim, forge
 from ..savefixtures import docker_layout, layer_tar
 from ..unit.test_publish import make_release
 
@@ -73,12 +72,6 @@ def with_docker(tmp_path: Path, address: str, script: str, tools: str = "") -> d
     (bin_dir / "docker").write_text(f"#!/bin/sh\nreal={shutil.which('docker')}\n{script}\nexec $real \"$@\"\n")
     (bin_dir / "docker").chmod(0o755)
     return {**os.environ, "DOCKER_HOST": address, "PATH": f"{tools + ':' if tools else ''}{bin_dir}:{os.environ['PATH']}"}
-
-
-def also_tagging_the_victim(entries):
-    manifest = json_member(entries, "manifest.json")
-    manifest[0]["RepoTags"].append("victim:1")
-    return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
 
 
 def test_an_archive_swapped_after_its_checks_never_reaches_the_engine(tmp_path, scratch, tools):

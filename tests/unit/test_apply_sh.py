@@ -5,7 +5,6 @@ it lacks is named, and an interrupt is exit 130 (an engine kept as files: test_h
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ from unibake.errors import UnibakeError
 from unibake.templates import verify_release_sh
 
 from ..conftest import REPO
-from ..forge import forge, json_member, member, replace_member, resum
+from ..forge import also_tagging_the_victim, forge, json_member, member, resum
 from ..savefixtures import layer_tar
 from .test_hotfix import FAKE_DOCKER, hotfix_pair
 
@@ -61,12 +60,6 @@ def test_apply_sh_carries_the_shell_verifier_as_it_is(hotfix):
     assert result.returncode == 0, result.stderr
     assert "== the sha256 of every blob" in result.stdout and loaded(env)
     assert result.stdout.endswith("(demo-llm:1.0 is unchanged; roll back with IMAGE=demo-llm:1.0 ./run.sh)\n")
-
-
-def also_tagging_the_victim(entries):
-    manifest = json_member(entries, "manifest.json")
-    manifest[0]["RepoTags"].append("victim:1")
-    return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
 
 
 def with_a_member_nothing_refers_to(entries):

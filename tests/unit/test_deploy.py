@@ -267,16 +267,11 @@ def test_a_deploy_load_that_brings_another_image_leaves_that_engine_as_it_was(tm
     image the engine holds): the load is refused (its stream's end held back till its hash matched),
     and an engine that loads other bytes than it is fed has what it tagged put back, as verify
     --load does (before: a failed row, the other image left tagged as the release and the victim)."""
-    from ..forge import forge, json_member, replace_member
+    from ..forge import also_tagging_the_victim, forge
     from ..savefixtures import docker_layout, layer_tar
 
     folder, image_id = make_release(tmp_path / "release")
     m = load_manifest(folder)
-
-    def also_tagging_the_victim(entries):
-        manifest = json_member(entries, "manifest.json")
-        manifest[0]["RepoTags"].append("victim:1")
-        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
 
     other = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/x": b"not the release\n"})])[0]
     forge(other, also_tagging_the_victim)

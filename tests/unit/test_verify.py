@@ -209,14 +209,9 @@ def test_verify_load_never_loads_an_archive_changed_after_it_was_checked(folder,
     from unibake.verify import load_and_compare, verify_folder
 
     from ..fake_engine import FakeEngine
-    from ..forge import forge, json_member, replace_member
+    from ..forge import also_tagging_the_victim, forge
     from ..savefixtures import layer_tar
     from .test_publish import make_release
-
-    def also_tagging_the_victim(entries):
-        manifest = json_member(entries, "manifest.json")
-        manifest[0]["RepoTags"].append("victim:1")
-        return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
 
     other = make_release(tmp_path / "other", layers=[layer_tar({"opt/app/x": b"not the release\n"})])[0]
     forge(other, also_tagging_the_victim)
