@@ -126,7 +126,7 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
                  for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
         upper = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]  # its FROM: the memo
         outcome = replace(outcome, steps=(*lower, *upper), stage_images=hit.stages)
-        memoised = cut.lower_steps
+        memoised = sum(1 for s in lower if s.cached)  # a FROM is never a cached step, so never a memoised one
     else:
         outcome = _build(context, engine, tag=tag, product=product, revision=revision, epoch=epoch,
                          nocache=nocache, on_line=on_line, platform=platform)

@@ -3,11 +3,16 @@ the Dockerfile of the part below it."""
 
 from __future__ import annotations
 
+import tarfile
+
+from unibake.builder import build_image
 from unibake.buildmemo import MARKER, Memo, instructions, split, upper_context
+from unibake.engine import BuildOutcome, BuildStep
 from unibake.plan import make_plan
 from unibake.render import render
 
 from ..conftest import REPO
+from ..fake_engine import FakeEngine
 
 LOWER = "sha256:" + "a" * 64
 STAGE = "sha256:" + "b" * 64
@@ -57,3 +62,31 @@ def test_a_dockerfile_the_memo_cannot_cut_cleanly_is_built_whole():
 def test_instructions_join_continuations_and_skip_comments():
     text = "# c\nFROM a AS b\n\nRUN x \\\n    y\n# d\nCOPY p q\n"
     assert instructions(text) == ["FROM a AS b", "RUN x y", "COPY p q"]
+
+
+class BuildingEngine(FakeEngine):
+    """A fake engine that builds: one image per instruction of the Dockerfile it is sent, none cached."""
+
+    def build(self, context, *, tag, buildargs, nocache, on_line, platform=None) -> BuildOutcome:
+        with tarfile.open(fileobj=context) as tar:
+            dockerfile = tar.extractfile("Dockerfile").read().decode()
+        steps, image_id = [], ""
+        for n, text in enumerate(instructions(dockerfile), 1):
+            image_id = self.add({"step": n, "dockerfile": dockerfile}, [f"{n}{dockerfile}".encode()])
+            steps.append(BuildStep(number=n, instruction=text, cached=False, image=image_id[7:19]))
+        self.tags[tag] = image_id
+        return BuildOutcome(image_id=image_id, steps=tuple(steps))
+
+
+def test_a_memo_build_counts_as_memoised_only_steps_it_counts_as_cached(busybox_product, tmp_path):
+    # the memo's part holds FROM lines, which no build reports as cached: counted as memoised, they
+    # made the summary say "1 of 8 steps from the build cache (2 of them from the build memo)"
+    engine = BuildingEngine()
+    engine.add({"architecture": "amd64", "os": "linux"}, [b"base"], tag="localhost/unibake-busybox:1")
+    memo = tmp_path / "memo"
+    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo)
+    first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert first.memoised == 0 and first.cached_steps == 0
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
+    second = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert second.memoised == second.cached_steps == 1  # the engine's COPY above the marker; not its FROM
