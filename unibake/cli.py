@@ -1014,8 +1014,17 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     if not folder.is_dir():
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
-        raise InputError(f"{args.folder}: a release folder, not a kit: write its kit with `build.py kit "
-                         f"{args.folder} --out DIR` (or unpack its -kit.tar.zst), then rebuild DIR")
+        kits = sorted(p.name for p in folder.glob("*-kit.tar.zst"))
+        unpack = (f"unpack its kit (`zstd -dc {kits[0]} | tar -x`) and rebuild the folder that gives, "
+                  f"{kits[0].removesuffix('.tar.zst')}/") if kits else \
+            f"write its kit with `build.py kit {args.folder} --out DIR`, unpack it there and rebuild the folder that gives"
+        raise InputError(f"{args.folder}: a release folder, not a kit: {unpack}")
+    if not (folder / "kit.json").exists():
+        # the folder a -kit.tar.zst was unpacked in: the tarball holds one folder, <product>-<release>-kit/
+        inner = sorted(p.name for p in folder.glob("*-kit") if p.is_dir() and (p / "kit.json").is_file())
+        if inner:
+            raise InputError(f"{args.folder}: the folder a kit was unpacked in, not the kit: its tarball holds the "
+                             f"folder {inner[0]}/; rebuild {display_path(folder / inner[0], ctx.cwd)}")
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
     released = None

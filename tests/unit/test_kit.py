@@ -644,3 +644,26 @@ def test_verify_sh_run_through_a_link_or_from_a_folder_named_like_a_cd_option_ch
     optioned = subprocess.run([*command, "--", "-P/verify.sh"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=60, env={**os.environ, "HOME": str(home)})
     assert optioned.returncode == 0 and "files match kit.sha256" in optioned.stdout, optioned.stderr
+
+
+def test_rebuild_of_the_folder_a_kit_was_unpacked_in_or_of_its_release_names_the_kit_folder(
+        busybox_product, tmp_path, cli):
+    # "unpacked in an empty folder" gives that folder one subfolder, <product>-<release>-kit/: rebuilding
+    # the folder it was unpacked in said "kit.sha256: missing; not a reconstruct kit folder" (exit 3)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    refused = cli("rebuild", str(tmp_path / "unpacked"))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {tmp_path / 'unpacked'}: the folder a kit was unpacked in, not the kit: its tarball holds the folder "
+        f"{folder.name}/; rebuild {folder}"]
+    # a release folder: the kit it holds is named, to unpack (the hint said "rebuild DIR" of a folder that
+    # `build.py kit --out DIR` fills with the tarball, not with a kit)
+    release = tmp_path / "release" / "0.1.0"
+    release.mkdir(parents=True)
+    (release / "manifest.json").write_text("{}")
+    shutil.copy(kit, release)
+    refused = cli("rebuild", str(release))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {release}: a release folder, not a kit: unpack its kit (`zstd -dc {kit.name} | tar -x`) and rebuild "
+        f"the folder that gives, {folder.name}/"]
+
