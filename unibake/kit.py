@@ -543,6 +543,10 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
     if hashlib.sha256(text.encode()).hexdigest() != read_sums(release, signed_sums).get(PROVENANCE):
         raise VerificationError(f"{release / PROVENANCE}: differs from SHA256SUMS; the release cannot be trusted")
     document = parse_provenance(text, str(release / PROVENANCE))
+    if not materials_of(document, "lock") and materials_of(document, "image"):
+        # `archive IMAGE`: released from an image the engine had, so no inputs to check a checkout against
+        raise InputError(f"{where} was released with `archive` from the image {manifest.tag}, not built from profiles: "
+                         "its provenance lists no inputs, so it has no kit (a build from profiles has one)")
     from .platforms import KNOWN
 
     def same_product(data: dict) -> None:  # before the plan selects: an unknown profile would hide this

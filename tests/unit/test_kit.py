@@ -27,6 +27,9 @@ from unibake.sbom import BaseImage
 from ..conftest import REPO
 from ..fake_engine import FakeEngine
 from ..forge import resum
+from .test_smoke import server  # noqa: F401 - the fixture is used by name
+from .test_supply_chain import engines  # noqa: F401 - the fixture is used by name
+from .test_supply_chain import release as archive_release
 
 BASE = BaseImage(ref="localhost/unibake-busybox:1", image_id="sha256:" + "b" * 64)
 IMAGE_ID = "sha256:" + "e" * 64
@@ -667,3 +670,13 @@ def test_rebuild_of_the_folder_a_kit_was_unpacked_in_or_of_its_release_names_the
         f"error: {release}: a release folder, not a kit: unpack its kit (`zstd -dc {kit.name} | tar -x`) and rebuild "
         f"the folder that gives, {folder.name}/"]
 
+
+def test_kit_of_a_release_made_by_archive_says_it_was_not_built_from_profiles(engines, tmp_path, cli):
+    # its provenance names the image it was made from and no inputs: the kit command said "input ... is
+    # not one release 1.0 was built from; check out the revision it was built from", of the right revision
+    folder = archive_release(engines, tmp_path / "release")["release"].folder
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: release 1.0 ({folder}) was released with `archive` from the image demo:1.0, not built from "
+        "profiles: its provenance lists no inputs, so it has no kit (a build from profiles has one)"]
+    assert not (tmp_path / "kit").exists()
