@@ -90,18 +90,20 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool 
     g.add_argument("-V", "--tool-version", action=_ToolVersion, nargs=0, help="print unibake's own version and exit")
 
 
-def _profile_options(p: argparse.ArgumentParser, *, version_required: bool = False) -> None:
+def _profile_options(p: argparse.ArgumentParser, *, version_required: bool = False, hotfix: bool = False) -> None:
     p.add_argument("--profile", action="append", default=[], metavar="NAME",
-                   help="a profile to include; repeat for several; 'all' (the default) is the unified image")
+                   help="a profile to include; repeat for several; 'all' is the unified image" +
+                        (" (default: the base release's profiles)" if hotfix else " (the default)"))
     p.add_argument("--version", required=version_required, metavar="V",
                    help="the release version, the image's tag" + (" (required: the new release's own, e.g. 1.3.2)"
                                                                     if version_required else
                                                                     " (default: product.yaml's version)"))
     p.add_argument("--config", default="profiles", metavar="DIR", help="the profiles folder (default: profiles)")
     p.add_argument("--platform", action="append", default=[], metavar="OS/ARCH",
-                   help="the platform to build for: linux/amd64 or linux/arm64 (default: product.yaml's platform, "
-                        "else the host's); build takes several (repeat, or comma-separated): one image and one "
-                        "release each")
+                   help="the platform to build for: linux/amd64 or linux/arm64 (default: " +
+                        ("the base release's)" if hotfix else
+                         "product.yaml's platform, else the host's); build takes several (repeat, or "
+                         "comma-separated): one image and one release each"))
 
 
 def _release_options(p: argparse.ArgumentParser) -> None:
@@ -166,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "layer is identical, and release an archive that leaves those layers out.")
     h.add_argument("--from", dest="base", required=True, metavar="RELEASE",
                    help="the release it builds on: a folder name under --out (1.3.1) or its tag (demo-llm:1.3.1)")
-    _profile_options(h, version_required=True)
+    _profile_options(h, version_required=True, hotfix=True)
     h.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
     h.add_argument("--sequential", action="store_true",
                    help="normalise, archive and round trip in three passes (two exports) instead of one")

@@ -84,6 +84,15 @@ def test_help_after_builds_own_options_is_builds_help(cli, args):
     assert result.code == 0 and result.out.startswith("usage: build.py build ")
 
 
+
+def test_hotfix_help_gives_the_defaults_a_hotfix_has(cli):
+    # a hotfix builds its base release's profiles and platform: its help said 'all' and product.yaml's
+    hotfix = " ".join(cli("hotfix", "--help").out.split())
+    assert "'all' is the unified image (default: the base release's profiles)" in hotfix
+    assert "(default: the base release's)" in hotfix and "product.yaml's platform" not in hotfix
+    build = " ".join(cli("build", "--help").out.split())
+    assert "'all' is the unified image (the default)" in build and "(default: product.yaml's platform" in build
+
 def test_a_product_outside_git_is_warned_that_its_image_records_1970(cli, busybox_product):
     warned = cli("--stage", "render", "--config", str(busybox_product))
     assert warned.code == 0 and "is not in a git checkout: the image records the time 1970-01-01" in warned.err
