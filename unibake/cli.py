@@ -390,6 +390,7 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
 def _request(args: argparse.Namespace, ctx: Context, **extra):
     """The pipeline's request from the command line, every option checked before anything runs."""
     from .pipeline import Request, git_revision, source_date_epoch
+    from .render import RENDERED
     from .sanitise import builder_identity, check_allow
 
     level = getattr(args, "level", DEFAULT_LEVEL)
@@ -412,7 +413,9 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         seed=not getattr(args, "no_seed", False),
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
-        epoch=source_date_epoch(root, ctx.env), revision=git_revision(root, outputs=(out, out.parent / "checksums")),
+        epoch=source_date_epoch(root, ctx.env),
+        # what runs write: the releases, their sums and the rendered copies (the build renders its own)
+        revision=git_revision(root, outputs=(out, out.parent / "checksums", root / RENDERED)),
         platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
         sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
     if args.command in ("build", "repro") and request.revision == "unknown" and "SOURCE_DATE_EPOCH" not in ctx.env:

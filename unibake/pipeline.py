@@ -999,8 +999,9 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
 
 def git_revision(root: Path, outputs: Sequence[Path] = ()) -> str:
     """HEAD's commit, ``-dirty`` when a tracked file differs from it. Changes under ``outputs`` (the
-    release folder, the checksums folder) do not count: they are what a run writes, not its sources,
-    so a second run of the same commit must not call the first one's results a change."""
+    release folder, the checksums folder, the rendered copies) do not count: they are what a run
+    writes, not its sources, so a second run of the same commit must not call the first one's results
+    a change."""
     try:
         git = ["git", "-C", str(root)]
         rev = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()

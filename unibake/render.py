@@ -375,9 +375,12 @@ class _HashingReader:
         return self._h.hexdigest()
 
 
+RENDERED = Path("dockerfiles", "rendered")  # under the project root: the reviewable copies, one folder per selection
+
+
 def write_rendered(context: BuildContext, root: Path) -> Path:
     """Write the reviewable outputs to ``dockerfiles/rendered/<selection>/``; returns the folder."""
-    out = root / "dockerfiles" / "rendered" / context.selection
+    out = root / RENDERED / context.selection
     for part in (root / "dockerfiles", out.parent, out):  # written where they are shown, never through a link
         if part.is_symlink():
             raise InputError(f"{part}: is a symlink; the rendered copies are written only inside the project: "

@@ -221,3 +221,30 @@ def test_the_release_tag_never_names_an_image_that_was_not_released(tmp_path, ca
     else:  # published (even if clean-up failed after) or succeeded: the tag stays, the image it replaced goes
         assert tag.id == new and engine.inspect_image(old) is None
         assert engine.inspect_image(cache_ref("demo", "all", "failed-arm64")) is None
+
+
+def test_the_rendered_copies_a_build_rewrote_do_not_make_the_next_run_of_the_same_commit_dirty(busybox_product):
+    # a build rewrites the tracked dockerfiles/rendered/ copies (a new version's labels); a hotfix or a
+    # --force run of that same commit then recorded '<commit>-dirty' in its manifest, provenance and notes
+    from unibake.cli import Context, _request, build_parser, with_command
+
+    root = busybox_product.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
+
+    def revision(*argv: str) -> str:
+        args = build_parser().parse_args(with_command([*argv, "--config", str(busybox_product)]))
+        return _request(args, Context(env={}, cwd=root, reporter=Quiet())).revision
+
+    rendered = root / "dockerfiles/rendered/all/Dockerfile"
+    rendered.parent.mkdir(parents=True)
+    rendered.write_text("FROM the last release's version\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD").strip()
+    rendered.write_text("FROM this release's version\n")  # what the build of this commit wrote
+    assert revision("build") == revision("hotfix", "--from", "0.1.0", "--version", "0.1.1") == head
+    (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text() + "\n")
+    assert revision("build") == head + "-dirty"  # a source changed: still said
