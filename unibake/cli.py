@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import posixpath
 import re
 import signal
 import ssl
@@ -1020,8 +1021,9 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
         kits = sorted(p.name for p in folder.glob("*-kit.tar.zst"))
-        unpack = (f"unpack its kit (`zstd -dc {kits[0]} | tar -x`) and rebuild the folder that gives, "
-                  f"{kits[0].removesuffix('.tar.zst')}/") if kits else \
+        # unpacked beside it, as the notes say (a folder in a release folder is refused by push)
+        unpack = (f"unpack its kit (`mkdir kit && zstd -dc {posixpath.join(args.folder, kits[0])} | tar -x -C kit`) "
+                  f"and rebuild kit/{kits[0].removesuffix('.tar.zst')}") if kits else \
             f"write its kit with `build.py kit {args.folder} --out DIR`, unpack it there and rebuild the folder that gives"
         raise InputError(f"{args.folder}: a release folder, not a kit: {unpack}")
     if not (folder / "kit.json").exists():

@@ -667,8 +667,8 @@ def test_rebuild_of_the_folder_a_kit_was_unpacked_in_or_of_its_release_names_the
     shutil.copy(kit, release)
     refused = cli("rebuild", str(release))
     assert refused.code == 2 and refused.error_lines == [
-        f"error: {release}: a release folder, not a kit: unpack its kit (`zstd -dc {kit.name} | tar -x`) and rebuild "
-        f"the folder that gives, {folder.name}/"]
+        f"error: {release}: a release folder, not a kit: unpack its kit (`mkdir kit && zstd -dc {release / kit.name} | "
+        f"tar -x -C kit`) and rebuild kit/{folder.name}"]
 
 
 def test_kit_of_a_release_made_by_archive_says_it_was_not_built_from_profiles(engines, tmp_path, cli):
