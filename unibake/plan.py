@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,11 +27,12 @@ from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
-from .templates import mount_var
+from .templates import RUNTIME_VAR_RE, mount_var
 from .schema import (RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
                      default_of)
 
 INSTALL_ROOT = "/opt/unibake"
+SHELL_EXPANSION_RE = re.compile(r"\$[A-Za-z_{(]")  # what a shell would expand and the entrypoint does not
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +252,16 @@ class ReleasePlan:
                 shown = ", ".join(f"'{f}'" for f in src.empty_folders[:3]) + (f" and {n - 3} more" if n > 3 else "")
                 out.append(f"{src.path}: {_count(n, 'empty folder')} ({shown}) not in the image, which gets files "
                            "only; put a file in one the engine needs")
+        # only ${NAME} is expanded when the container starts: $NAME and ${NAME:-default} reach the engine as
+        # they are written, which a command copied from a shell script does not expect
+        words = {w: "engine.command" for w in self.engine.command}
+        for w in dict.fromkeys(w for p in self.profiles for w in p.args):
+            if w not in words:
+                words[w] = "args of " + ", ".join(p.name for p in self.profiles if w in p.args)
+        for word, what in words.items():
+            if SHELL_EXPANSION_RE.search(RUNTIME_VAR_RE.sub("", word)):
+                out.append(f"{what}: {word[:80]!r} is passed as it is written but for its ${{NAME}} parts: only "
+                           "${NAME} is expanded when the container starts (not $NAME, ${NAME:-default} or $(...))")
         return tuple(out)
 
     @property

@@ -198,3 +198,20 @@ def test_engine_words_expand_only_braced_variables_at_start(busybox_product, tmp
     assert run.stdout == "--port=8080 m 1 lit$HOME `id` /wx extra arg\n"
     unset = subprocess.run(["sh", str(entrypoint)], capture_output=True, text=True, env=env)
     assert unset.returncode != 0 and "WEIGHTS" in unset.stderr  # an unset variable stops the start
+
+
+def test_engine_words_a_shell_would_expand_and_the_entrypoint_does_not_are_warned_at_the_plan(busybox_product, cli):
+    # a command copied from a shell script ('--port', '$PORT', '${TP:-1}') reached the engine as written,
+    # silently: only ${NAME} is expanded at start
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+        "command: [echo, '--port=${PORT}', 'lit$HOME', '${TP:-1}', 'cost$', '$$']"))
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text() + "args: ['$(id)', x]\n")
+    assert make_plan(busybox_product).warnings == tuple(
+        f"{what}: {word!r} is passed as it is written but for its ${{NAME}} parts: only ${{NAME}} is expanded when "
+        "the container starts (not $NAME, ${NAME:-default} or $(...))"
+        for what, word in (("engine.command", "lit$HOME"), ("engine.command", "${TP:-1}"),
+                           ("args of tp1, tp2", "$(id)")))
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0 and "warning: engine.command: '${TP:-1}' is passed as it is written" in result.err
