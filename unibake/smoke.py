@@ -138,21 +138,29 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
     # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
     limit = timeout + len(checks) * max(MIN_WAIT, timeout) + PROBE_MARGIN
-    while True:
-        try:
-            out, err = probe.communicate(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        status = engine.container_status(container)
-        gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
-        if gone or time.monotonic() - probe_start > limit:
+    try:
+        while True:
+            try:
+                out, err = probe.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            status = engine.container_status(container)
+            gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
+            if gone or time.monotonic() - probe_start > limit:
+                probe.kill()
+                probe.communicate()
+                detail = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
+                    else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
+                steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
+                                      detail=detail))
+                return False
+    finally:
+        # however the wait ends (an interrupt: SIGTERM reaches this process alone, an engine error), the
+        # client goes with it: left, it would poll a removed container for up to smoke.timeout
+        if probe.poll() is None:
             probe.kill()
             probe.communicate()
-            detail = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
-                else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
-            steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start, detail=detail))
-            return False
     try:
         answer = json.loads(out)
     except ValueError:

@@ -323,3 +323,46 @@ def test_a_smoke_regex_that_backtracks_for_long_on_a_long_reply_fails_the_gate_i
     assert result.failed.detail.startswith(f"the regular expression {pattern!r} took longer than 1 s on a reply "
                                            "of 11009 bytes (write it with fewer unbounded repeats like .*)")
     assert time.monotonic() - start < 6
+
+
+def _smoke_clients() -> list[int]:
+    """This process's children running the smoke client."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"unibake.smoke_client" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
+    # SIGTERM reaches unibake alone (not its process group, as ^C does): the client must go with the gate
+    import os
+    import signal
+
+    calls = []
+
+    def interrupted(container):
+        calls.append(container)
+        if len(calls) == 3:  # the client is running, waiting for a /health nothing answers
+            raise KeyboardInterrupt
+        return type(engine).container_status(engine, container)
+
+    engine.container_status = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", metadata(1, timeout=60), netns_pid=None)  # nothing listens on port 1
+    left = _smoke_clients()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert left == [], "the smoke client was left running"
+    assert engine.containers == {}
