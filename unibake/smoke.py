@@ -138,6 +138,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
     # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
     limit = timeout + len(checks) * max(MIN_WAIT, timeout) + PROBE_MARGIN
+    stopped = ""  # why the client was stopped before it ended: the step it was on never finished
     try:
         while True:
             try:
@@ -149,31 +150,34 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
             gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
             if gone or time.monotonic() - probe_start > limit:
                 probe.kill()
-                probe.communicate()
-                detail = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
+                out, err = probe.communicate()
+                stopped = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
                     else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
-                steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
-                                      detail=detail))
-                return False
+                break
     finally:
         # however the wait ends (an interrupt: SIGTERM reaches this process alone, an engine error), the
         # client goes with it: left, it would poll a removed container for up to smoke.timeout
         if probe.poll() is None:
             probe.kill()
             probe.communicate()
-    try:
-        answer = json.loads(out)
-    except ValueError:
-        raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:]}") from None
+    answer = _answer(out, err, complete=not stopped, prompts=len(checks))
     health = answer.get("health")
     if not health:
-        steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
-                              detail=f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"))
+        detail = stopped or f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"
+        steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start, detail=detail))
         return False
     steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
                           detail=health["body"]))
-    for n, (want, got) in enumerate(zip(checks, answer.get("chats") or []), 1):
+    for n, want in enumerate(checks, 1):
         which = f"prompt {n} of {len(checks)}: " if len(checks) > 1 else ""
+        if n > len(answer["chats"]):  # the client was stopped on this prompt: the steps after it never ran
+            seconds = max(0.0, round(time.monotonic() - probe_start - health["seconds"]
+                                     - sum(c.get("seconds", 0.0) for c in answer["chats"]), 3))
+            chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply="", passed=False,
+                                   seconds=seconds))
+            steps.append(GateStep(name="chat", passed=False, seconds=seconds, detail=f"{which}{stopped}"))
+            return False
+        got = answer["chats"][n - 1]
         if "reply" not in got:
             chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply="",
                                    passed=False, seconds=got.get("seconds", 0.0)))
@@ -187,6 +191,25 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         detail = got["reply"][:300] if ok else f"{which}{why}, got {got['reply'][:300]!r}"
         steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
     return True
+
+
+def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:
+    """The client's lines, one per step it finished (the last one cut short when it was stopped)."""
+    answer: dict = {"health": None, "chats": []}
+    try:
+        for line in out.splitlines(keepends=True):
+            if not line.endswith("\n") and not complete:
+                break  # written as the client was stopped
+            step = json.loads(line)
+            if "chat" in step:
+                answer["chats"].append(step["chat"])
+            else:
+                answer.update(step)
+    except (ValueError, TypeError):
+        answer = {}
+    if complete and not answer.get("error") and (not answer.get("health") or len(answer["chats"]) != prompts):
+        raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:] or 'no output'}")
+    return answer
 
 
 def _tail(logs: str) -> str:

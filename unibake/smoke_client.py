@@ -1,6 +1,8 @@
 """The smoke gate's HTTP client, run as ``python -m unibake.smoke_client`` (inside the scratch engine's
 network namespace when there is one). Waits for /health, then asks for a chat completion per prompt
-and prints one JSON object with what it saw and how long each step took. Standard library only.
+and prints one JSON line per step as it ends (``{"health": ...}`` or ``{"error": ...}``, then
+``{"chat": ...}`` per prompt), so that a gate which has to stop it still knows which step never
+ended. Standard library only.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
         return {"error": f"the chat completion failed: {_why(exc)}", "seconds": round(time.monotonic() - start, 3)}
 
 
-def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> dict:
+def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, on_step=lambda step: None) -> dict:
+    """/health, then every prompt; ``on_step`` is given each step's record as it ends."""
     result: dict = {"health": None, "chats": []}
     start = time.monotonic()
     deadline = start + timeout
@@ -72,21 +75,25 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> d
                 body = json.dumps(_json_body(response), sort_keys=True)
                 result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
+            on_step({"health": result["health"]})
             break
         except ENGINE_FAULTS as exc:  # an engine still loading may answer anything: asked again until the timeout
             last_error = _why(exc)
             if time.monotonic() > deadline:
                 result["error"] = f"/health did not answer within {timeout:.0f} s ({last_error})"
+                on_step({"error": result["error"]})
                 return result
             time.sleep(0.25)
     for prompt in prompts:  # each its own bound (what the gate allows it), however late /health answered
         result["chats"].append(chat(base_url, prompt, model, timeout))
+        on_step({"chat": result["chats"][-1]})
     return result
 
 
 def main(argv: list[str]) -> int:
     base_url, prompts, model, timeout = argv[0], json.loads(argv[1]), argv[2], float(argv[3])
-    print(json.dumps(probe(base_url, prompts=prompts, model=model, timeout=timeout)))
+    probe(base_url, prompts=prompts, model=model, timeout=timeout,
+          on_step=lambda step: print(json.dumps(step), flush=True))
     return 0
 
 

@@ -44,7 +44,7 @@ class Engine(BaseHTTPRequestHandler):
 
     raw: bytes | None = None  # a body sent as it is
     wire: bytes | None = None  # a whole response sent as it is, status line and all
-    trickle = False  # a body that never ends: a byte now and then
+    trickle: bool | str = False  # a body that never ends (True: for every prompt; a prompt: for that one)
 
     def do_POST(self):  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -57,10 +57,11 @@ class Engine(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         body = self.raw if self.raw is not None else json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
+        trickle = self.trickle is True or self.trickle == prompt
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body) if not self.trickle else 1 << 20))
+        self.send_header("Content-Length", str(len(body) if not trickle else 1 << 20))
         self.end_headers()
-        if not self.trickle:
+        if not trickle:
             self.wfile.write(body)
             return
         for _ in range(600):  # until the client is stopped (a broken pipe), at most a minute
@@ -232,6 +233,25 @@ def test_a_reply_that_never_ends_fails_within_the_gates_bound(engine, server, mo
     result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
     assert not result.passed and "did not finish answering within 7 s" in result.failed.detail
     assert time.monotonic() - start < 30
+    # /health answered: the step that never ended is the chat, and the notes' table says so
+    assert [(s.name, s.passed) for s in result.steps] == [("self-check", True), ("start", True), ("health", True),
+                                                          ("chat", False)]
+    assert [(c.prompt, c.passed) for c in result.chats] == [("Say it.", False)]
+
+
+def test_a_reply_that_never_ends_is_named_by_its_prompt_after_those_that_were_answered(engine, server, monkeypatch):
+    import unibake.smoke
+
+    monkeypatch.setattr(unibake.smoke, "PROBE_MARGIN", 1.0)
+    Engine.replies, Engine.trickle = {"Say one.": "ONE", "Say two.": "TWO"}, "Say two."
+    smoke = [{"prompt": "Say one.", "expect": "ONE"}, {"prompt": "Say two.", "expect": "TWO"}]
+    document = planned(server.server_port, smoke).model_dump()
+    document["profiles"]["tp1"]["smoke"]["timeout"] = 1
+    result = gates_within(60, engine, "demo:1", ImageMetadata.model_validate(document, strict=False),
+                          netns_pid=None)[0]
+    assert [(s.name, s.passed) for s in result.steps][2:] == [("health", True), ("chat", True), ("chat", False)]
+    assert result.failed.detail == "prompt 2 of 2: the engine did not finish answering within 12 s (a reply that never ends)"
+    assert [(c.prompt, c.reply, c.passed) for c in result.chats] == [("Say one.", "ONE", True), ("Say two.", "", False)]
 
 
 @pytest.mark.parametrize("body", [b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \\ud800"}}]}',
