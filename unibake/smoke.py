@@ -166,8 +166,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         detail = stopped or f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"
         steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start, detail=detail))
         return False
-    steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
-                          detail=health["body"]))
+    steps.append(GateStep(name="health", passed=True, seconds=health["seconds"], detail=health["body"][:300]))
     for n, want in enumerate(checks, 1):
         which = f"prompt {n} of {len(checks)}: " if len(checks) > 1 else ""
         if n > len(answer["chats"]):  # the client was stopped on this prompt: the steps after it never ran

@@ -42,6 +42,20 @@ def _json_body(response) -> object:
     return value
 
 
+def _health_body(response) -> str:
+    """What /health answered, as text: its status says the engine is up, whatever the body (JSON, a
+    plain "OK", nothing); at most MAX_BODY bytes."""
+    data = response.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise ValueError(f"the body is over {MAX_BODY} bytes")
+    try:
+        # as text: nested JSON the parser here just read could be one level too deep for the gate's
+        # parser, which reads it wrapped in a step's line
+        return json.dumps(json.loads(data.decode("utf-8") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        return data.decode("utf-8", "replace")
+
+
 def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
     """One chat completion: its reply and how long it took, or what went wrong. ``timeout`` bounds
     each wait on the engine (at least MIN_WAIT)."""
@@ -70,9 +84,7 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, on_s
     while True:
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=3) as response:
-                # the body as text: nested JSON the parser here just read could be one level too deep
-                # for the gate's parser, which reads it wrapped in this result
-                body = json.dumps(_json_body(response), sort_keys=True)
+                body = _health_body(response)
                 result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
             on_step({"health": result["health"]})

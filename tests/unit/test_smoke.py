@@ -386,3 +386,16 @@ def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
         os.waitpid(pid, 0)
     assert left == [], "the smoke client was left running"
     assert engine.containers == {}
+
+
+@pytest.mark.parametrize("body,detail", [
+    (b"OK", "OK"),  # what many engines answer
+    (b"", "{}"),  # vLLM, SGLang: an empty 200
+    (b"\xffup\n", "\ufffdup\n"),
+    (json.dumps({"status": "ok", "pad": "x" * 900_000}).encode(), ("{\"pad\": \"" + "x" * 300)[:300]),
+])
+def test_a_health_check_that_answers_200_with_any_body_is_up(engine, server, body, detail):
+    Engine.health_body = body
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=3), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert result.steps[2].name == "health" and result.steps[2].detail == detail  # at most 300 characters kept
