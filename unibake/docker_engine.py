@@ -13,10 +13,11 @@ from typing import BinaryIO
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, BuildInterrupted, EngineError, InputError
+from .errors import BuildFailed, BuildInterrupted, EngineError, InputError, RunTimedOut
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -218,9 +219,13 @@ class DockerEngine(Engine):
             self.api.start(container)
             try:
                 result = self.api.wait(container, timeout=timeout)
-            except requests.exceptions.ReadTimeout:
+            except requests.exceptions.RequestException as exc:
+                if not _read_timed_out(exc):
+                    raise
                 self.api.kill(container)
-                raise EngineError(f"{image} {' '.join(args)} did not finish within {timeout} s") from None
+                output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+                raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
+                                  output=output) from None
             output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
             return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -333,6 +338,13 @@ class DockerEngine(Engine):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise EngineError(f"pulling {repository}@{digest} failed: {_pull_hint(_reason(exc))} "
                               f"(engine at {self.address})") from None
+
+
+def _read_timed_out(exc: Exception) -> bool:
+    """A wait that ran past its timeout: requests says ReadTimeout over TCP, but over the engine's unix
+    socket (docker-py's own adapter) a ConnectionError wrapping urllib3's ReadTimeoutError."""
+    return isinstance(exc, requests.exceptions.ReadTimeout) or \
+        any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
 
 
 def _reason(exc: Exception) -> str:

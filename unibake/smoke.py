@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .engine import ContainerStatus, Engine
-from .errors import EngineError
+from .errors import EngineError, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
 from .smoke_client import MIN_WAIT
@@ -89,11 +89,18 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     timeout = smoke.timeout
 
     start = time.monotonic()
-    check = engine.run(image, ["self-check"], env={"PROFILE": profile}, timeout=max(120, timeout))
-    tail = " ".join(check.output.strip().splitlines()[-2:])
-    steps.append(GateStep(name="self-check", passed=check.exit_code == 0, seconds=time.monotonic() - start,
-                          detail="" if check.exit_code == 0 else f"exit {check.exit_code}: {tail}"))
-    if check.exit_code != 0:
+    bound = max(120, timeout)
+    try:
+        check = engine.run(image, ["self-check"], env={"PROFILE": profile}, timeout=bound)
+        exit_code, output = check.exit_code, check.output
+    except RunTimedOut as exc:  # a check of the image that never ends fails the gate, as one that fails does
+        exit_code, output = None, exc.output
+    tail = " ".join(output.strip().splitlines()[-2:])
+    failure = f"did not finish within {bound} s: {tail or 'no output'}" if exit_code is None \
+        else f"exit {exit_code}: {tail}"
+    steps.append(GateStep(name="self-check", passed=exit_code == 0, seconds=time.monotonic() - start,
+                          detail="" if exit_code == 0 else failure))
+    if exit_code != 0:
         return GateResult(profile=profile, steps=tuple(steps))
 
     start = time.monotonic()

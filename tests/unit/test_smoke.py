@@ -127,6 +127,21 @@ def test_a_failing_self_check_stops_the_gate_there(engine, server):
     assert [s.name for s in result.steps] == ["self-check"] and "kernel missing" in result.failed.detail
 
 
+def test_a_self_check_that_never_finishes_fails_the_gate_not_the_run(engine, server):
+    # the engine kills a run past its bound (RunTimedOut, with what it printed): the image's check
+    # failed (exit 3, the step named), not the engine (exit 1)
+    from unibake.errors import RunTimedOut
+
+    def hangs(image, args, env):
+        raise RunTimedOut("demo:1 self-check did not finish within 120 s",
+                          output="self-check[tp1]: ok: platform\nwaiting for the GPU\n")
+
+    engine.runner = hangs
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert [(s.name, s.passed) for s in result.steps] == [("self-check", False)]
+    assert result.failed.detail == "did not finish within 120 s: self-check[tp1]: ok: platform waiting for the GPU"
+
+
 def test_an_engine_that_exits_at_once_fails_the_start_step(engine, server):
     def crash(container):
         container.running, container.logs = False, "Traceback: bad flag\n"
