@@ -239,13 +239,21 @@ class DockerEngine(Engine):
 
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
         policy = {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
+        container = None
         try:
             container = self.api.create_container(image, command=args or None, environment=env or {},
                                                   host_config=self.api.create_host_config(restart_policy=policy))
             self.api.start(container)
             return container["Id"]
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"starting {image} failed", exc) from None
+        except BaseException as exc:
+            if container is not None:  # created, never started (its command cannot run, an interrupt): not left
+                try:
+                    self.api.remove_container(container, force=True)
+                except (docker.errors.DockerException, requests.exceptions.RequestException):
+                    pass
+            if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
+                raise self._fail(f"starting {image} failed", exc) from None
+            raise
 
     def container_status(self, container: str) -> ContainerStatus:
         try:

@@ -59,6 +59,13 @@ def test_a_run_past_its_bound_is_killed_removed_and_said_with_its_output(engine)
     assert {c["Id"] for c in engine.api.containers(all=True)} <= before  # killed and removed
 
 
+def test_a_container_whose_command_cannot_start_is_not_left_created(engine):
+    before = {c["Id"] for c in engine.api.containers(all=True)}
+    with pytest.raises(EngineError, match=r"starting .* failed: .*/nonexistent"):
+        engine.start(BUSYBOX, ["/nonexistent"], restarts=2)
+    assert {c["Id"] for c in engine.api.containers(all=True)} <= before
+
+
 def test_a_started_container_reports_its_exit_and_restarts(engine):
     container = engine.start(BUSYBOX, ["sh", "-c", "exit 3"], restarts=2)
     try:
