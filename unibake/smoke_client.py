@@ -28,6 +28,13 @@ def _why(exc: BaseException) -> str:
         return "the JSON body is nested too deeply"
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
         return f"not a well-formed HTTP reply ({type(exc).__name__}: {str(exc)[:200]!r})"
+    if isinstance(exc, urllib.error.HTTPError):  # the status, and what the engine said about it
+        try:
+            said = exc.read(2048).decode("utf-8", "replace")
+        except ENGINE_FAULTS:
+            said = ""
+        said = " ".join(said.split())
+        return f"HTTP {exc.code} {exc.reason}" + (f": {said[:200]}" if said else "")
     return str(getattr(exc, "reason", exc))
 
 
@@ -67,7 +74,11 @@ def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
     try:
         with urllib.request.urlopen(request, timeout=max(MIN_WAIT, timeout)) as response:
             reply = _json_body(response)
-        content = reply["choices"][0]["message"]["content"]
+        try:
+            content = reply["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("the reply is not a chat completion (no choices[0].message.content): "
+                             f"{json.dumps(reply)[:200]}") from None
         if not isinstance(content, str):
             raise TypeError(f"the reply's content is {type(content).__name__}, not text")
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}

@@ -43,6 +43,7 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     raw: bytes | None = None  # a body sent as it is
+    chat_status = 200
     wire: bytes | None = None  # a whole response sent as it is, status line and all
     trickle: bool | str = False  # a body that never ends (True: for every prompt; a prompt: for that one)
 
@@ -58,7 +59,7 @@ class Engine(BaseHTTPRequestHandler):
             return
         body = self.raw if self.raw is not None else json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
         trickle = self.trickle is True or self.trickle == prompt
-        self.send_response(200)
+        self.send_response(self.chat_status)
         self.send_header("Content-Length", str(len(body) if not trickle else 1 << 20))
         self.end_headers()
         if not trickle:
@@ -86,7 +87,7 @@ def server():
     Engine.reply, Engine.health, Engine.replies, Engine.raw, Engine.trickle = "UNIFIED_TP1_OK model=demo", 200, {}, \
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
-    Engine.ready_at, Engine.thinking = 0.0, 0.0
+    Engine.ready_at, Engine.thinking, Engine.chat_status = 0.0, 0.0, 200
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -414,3 +415,17 @@ def test_a_health_check_that_answers_200_with_any_body_is_up(engine, server, bod
     result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=3), netns_pid=None)[0]
     assert result.passed, result.steps
     assert result.steps[2].name == "health" and result.steps[2].detail == detail  # at most 300 characters kept
+
+
+@pytest.mark.parametrize("status,body,said", [
+    (404, b'{"object": "error",\n "message": "The model `demo` does not exist."}',
+     'HTTP 404 Not Found: {"object": "error", "message": "The model `demo` does not exist."}'),
+    (200, b'{"error": {"message": "max_tokens is too large"}}',
+     'the reply is not a chat completion (no choices[0].message.content): '
+     '{"error": {"message": "max_tokens is too large"}}'),
+    (500, b"", "HTTP 500 Internal Server Error"),
+])
+def test_a_chat_completion_refused_says_the_status_and_what_the_engine_said(engine, server, status, body, said):
+    Engine.chat_status, Engine.raw = status, body
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
