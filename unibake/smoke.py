@@ -22,7 +22,7 @@ from .engine import ContainerStatus, Engine
 from .errors import EngineError, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
-from .smoke_client import MIN_WAIT
+from .smoke_client import MAX_TOKENS, MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
 RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
@@ -59,7 +59,15 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
     return _regex_mismatch(check.expect, text)
 
 
-def _probe_command(url: str, prompts: list[str], model: str, timeout: int, netns_pid: int | None) -> list[str]:
+def max_tokens(check: SmokePrompt) -> int:
+    """What a prompt asks the engine for at most: room for its whole expected reply (no token is
+    shorter than a byte) and MAX_TOKENS more, so that an engine is never cut short of the answer."""
+    return MAX_TOKENS + len((check.expect or "").encode("utf-8"))
+
+
+def _probe_command(url: str, checks: tuple[SmokePrompt, ...], model: str, timeout: int,
+                   netns_pid: int | None) -> list[str]:
+    prompts = [[c.prompt, max_tokens(c)] for c in checks]
     cmd = [sys.executable, "-m", "unibake.smoke_client", url, json.dumps(prompts), model, str(timeout)]
     if netns_pid is not None:
         cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
@@ -136,8 +144,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
-    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", [c.prompt for c in checks], model,
-                                            timeout, netns_pid),
+    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", checks, model, timeout, netns_pid),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()

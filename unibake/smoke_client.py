@@ -17,6 +17,7 @@ import urllib.request
 
 MAX_BODY = 1 << 20  # a reply or health body larger than this is not an answer to a smoke prompt
 MIN_WAIT = 5.0  # seconds: the least any prompt is given, however short the profile's timeout
+MAX_TOKENS = 64  # what a prompt without an expected reply asks for; one with asks for as many more as it has bytes
 # what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
 # broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
 ENGINE_FAULTS = (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException, RecursionError)
@@ -63,11 +64,11 @@ def _health_body(response) -> str:
         return data.decode("utf-8", "replace")
 
 
-def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
+def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int = MAX_TOKENS) -> dict:
     """One chat completion: its reply and how long it took, or what went wrong. ``timeout`` bounds
     each wait on the engine (at least MIN_WAIT)."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": 64, "temperature": 0}).encode()
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
     request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
@@ -86,8 +87,10 @@ def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
         return {"error": f"the chat completion failed: {_why(exc)}", "seconds": round(time.monotonic() - start, 3)}
 
 
-def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, on_step=lambda step: None) -> dict:
-    """/health, then every prompt; ``on_step`` is given each step's record as it ends."""
+def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_tokens: list[int] | None = None,
+          on_step=lambda step: None) -> dict:
+    """/health, then every prompt (each asking for at most its ``max_tokens``); ``on_step`` is given
+    each step's record as it ends."""
     result: dict = {"health": None, "chats": []}
     start = time.monotonic()
     deadline = start + timeout
@@ -107,16 +110,17 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, on_s
                 on_step({"error": result["error"]})
                 return result
             time.sleep(0.25)
-    for prompt in prompts:  # each its own bound (what the gate allows it), however late /health answered
-        result["chats"].append(chat(base_url, prompt, model, timeout))
+    for prompt, most in zip(prompts, max_tokens or [MAX_TOKENS] * len(prompts)):
+        # each its own bound (what the gate allows it), however late /health answered
+        result["chats"].append(chat(base_url, prompt, model, timeout, most))
         on_step({"chat": result["chats"][-1]})
     return result
 
 
 def main(argv: list[str]) -> int:
     base_url, prompts, model, timeout = argv[0], json.loads(argv[1]), argv[2], float(argv[3])
-    probe(base_url, prompts=prompts, model=model, timeout=timeout,
-          on_step=lambda step: print(json.dumps(step), flush=True))
+    probe(base_url, prompts=[p for p, _ in prompts], model=model, timeout=timeout,
+          max_tokens=[most for _, most in prompts], on_step=lambda step: print(json.dumps(step), flush=True))
     return 0
 
 

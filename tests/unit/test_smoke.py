@@ -44,6 +44,7 @@ class Engine(BaseHTTPRequestHandler):
 
     raw: bytes | None = None  # a body sent as it is
     chat_status = 200
+    cut_at_max_tokens = False
     wire: bytes | None = None  # a whole response sent as it is, status line and all
     trickle: bool | str = False  # a body that never ends (True: for every prompt; a prompt: for that one)
 
@@ -52,6 +53,8 @@ class Engine(BaseHTTPRequestHandler):
         prompt = request["messages"][0]["content"]
         reply = self.replies.get(prompt, self.reply) if self.replies else self.reply
         assert prompt.startswith("Say")
+        if self.cut_at_max_tokens:  # as an engine stops at max_tokens: here a token per character
+            reply = reply[:request["max_tokens"]]
         time.sleep(self.thinking)
         if self.wire is not None:
             self.wfile.write(self.wire)
@@ -87,7 +90,7 @@ def server():
     Engine.reply, Engine.health, Engine.replies, Engine.raw, Engine.trickle = "UNIFIED_TP1_OK model=demo", 200, {}, \
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
-    Engine.ready_at, Engine.thinking, Engine.chat_status = 0.0, 0.0, 200
+    Engine.ready_at, Engine.thinking, Engine.chat_status, Engine.cut_at_max_tokens = 0.0, 0.0, 200, False
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -429,3 +432,12 @@ def test_a_chat_completion_refused_says_the_status_and_what_the_engine_said(engi
     Engine.chat_status, Engine.raw = status, body
     result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
     assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
+
+
+def test_a_long_expected_reply_is_given_the_tokens_it_needs(engine, server):
+    # max_tokens was 64 for every prompt: an engine that honours it could never give a longer expected reply
+    long = "UNIFIED_TP1_OK " + " ".join(f"kernel{i}=loaded" for i in range(12))  # 207 characters
+    Engine.replies, Engine.cut_at_max_tokens = {"Say it all.": long, "Say it.": "UNIFIED_TP1_OK"}, True
+    smoke = [{"prompt": "Say it all.", "expect": long}, {"prompt": "Say it.", "expect": "OK", "match": "contains"}]
+    result = gates_within(60, engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.passed, result.steps
