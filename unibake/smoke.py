@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 from .engine import ContainerStatus, Engine
@@ -53,7 +54,14 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
     if check.expect is None:  # as a blank expectation is refused: an engine that answers nothing fails
         return None if text else "expected a non-empty reply"
     if check.match == "exact":
-        return None if text == check.expect.strip() else f"expected exactly {check.expect!r}"
+        expected = check.expect.strip()
+        if text == expected:
+            return None
+        if unicodedata.normalize("NFC", text) == unicodedata.normalize("NFC", expected):
+            # the two would print alike: say how they differ (compared as they are, code point by code point)
+            return (f"expected exactly {check.expect!r} (the reply is the same text in another Unicode normal "
+                    f"form, {ascii(text)[:300]})")
+        return f"expected exactly {check.expect!r}"
     if check.match == "contains":
         return None if check.expect in reply else f"expected {check.expect!r} in the reply"
     return _regex_mismatch(check.expect, text)

@@ -441,3 +441,12 @@ def test_a_long_expected_reply_is_given_the_tokens_it_needs(engine, server):
     smoke = [{"prompt": "Say it all.", "expect": long}, {"prompt": "Say it.", "expect": "OK", "match": "contains"}]
     result = gates_within(60, engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
     assert result.passed, result.steps
+
+
+def test_a_reply_in_another_unicode_normal_form_fails_saying_how_it_differs(engine, server):
+    Engine.reply = "UNIFIED_TP1_OK caf\u0065\u0301"  # decomposed: prints as the expected text does
+    smoke = [{"prompt": "Say it.", "expect": "UNIFIED_TP1_OK caf\u00e9"}]
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.failed.name == "chat"
+    assert result.failed.detail.startswith("expected exactly 'UNIFIED_TP1_OK caf\u00e9' (the reply is the same text "
+                                           "in another Unicode normal form, 'UNIFIED_TP1_OK cafe\\u0301')")
