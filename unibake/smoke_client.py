@@ -27,6 +27,10 @@ def _why(exc: BaseException) -> str:
     """What went wrong, in a line: the engine's reply is the input here, so no traceback."""
     if isinstance(exc, RecursionError):
         return "the JSON body is nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):  # its reason alone ("invalid start byte") does not say what
+        return f"the body is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, UnicodeEncodeError):
+        return f"the body holds {exc.object[exc.start:exc.end]!a}, a lone surrogate: not text a file can hold"
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
         return f"not a well-formed HTTP reply ({type(exc).__name__}: {str(exc)[:200]!r})"
     if isinstance(exc, urllib.error.HTTPError):  # the status, and what the engine said about it
@@ -35,7 +39,7 @@ def _why(exc: BaseException) -> str:
         except ENGINE_FAULTS:
             said = ""
         said = " ".join(said.split())
-        return f"HTTP {exc.code} {exc.reason}" + (f": {said[:200]}" if said else "")
+        return f"HTTP {exc.code} {exc.reason}".rstrip() + (f": {said[:200]}" if said else "")
     return str(getattr(exc, "reason", exc))
 
 

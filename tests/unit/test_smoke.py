@@ -450,3 +450,15 @@ def test_a_reply_in_another_unicode_normal_form_fails_saying_how_it_differs(engi
     assert result.failed.name == "chat"
     assert result.failed.detail.startswith("expected exactly 'UNIFIED_TP1_OK caf\u00e9' (the reply is the same text "
                                            "in another Unicode normal form, 'UNIFIED_TP1_OK cafe\\u0301')")
+
+
+@pytest.mark.parametrize("body,said", [
+    (b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \xe9t\xe9"}}]}',  # Latin-1
+     "the body is not UTF-8 text (invalid continuation byte at byte 50)"),
+    (b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \\ud800"}}]}',
+     "the body holds '\\ud800', a lone surrogate: not text a file can hold"),
+])
+def test_a_reply_that_is_not_text_says_why_in_words(engine, server, body, said):
+    Engine.raw = body  # before: "invalid continuation byte" / "surrogates not allowed", and nothing more
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
