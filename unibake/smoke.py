@@ -111,7 +111,9 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
         exit_code, output = check.exit_code, check.output
     except RunTimedOut as exc:  # a check of the image that never ends fails the gate, as one that fails does
         exit_code, output = None, exc.output
-    tail = " ".join(output.strip().splitlines()[-2:])
+    # what failed: the checks go on after one fails, so its "error:" lines, not the last "ok:" ones
+    lines = output.strip().splitlines()
+    tail = " ".join([line for line in lines if line.startswith("error:")][:2] or lines[-2:])
     failure = f"did not finish within {bound} s: {tail or 'no output'}" if exit_code is None \
         else f"exit {exit_code}: {tail}"
     steps.append(GateStep(name="self-check", passed=exit_code == 0, seconds=time.monotonic() - start,

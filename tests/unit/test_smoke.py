@@ -131,6 +131,17 @@ def test_a_failing_self_check_stops_the_gate_there(engine, server):
     assert [s.name for s in result.steps] == ["self-check"] and "kernel missing" in result.failed.detail
 
 
+def test_a_failing_self_check_is_named_by_its_error_lines_not_the_checks_that_passed_after(engine, server):
+    output = ("self-check[tp1]: ok: platform linux/amd64 (uname -m: x86_64)\n"
+              "error: self-check[tp1]: files differ from meta/files.sha256: engine/serve.sh: FAILED\n"
+              "self-check[tp1]: ok: 2 tune-cache JSON files in /opt/unibake/profiles/tp1/tune\n"
+              "self-check[tp1]: ok: 3 kernels load\n")
+    engine.runner = lambda image, args, env: RunOutcome(exit_code=1, output=output)
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.detail == \
+        "exit 1: error: self-check[tp1]: files differ from meta/files.sha256: engine/serve.sh: FAILED"
+
+
 def test_a_self_check_that_never_finishes_fails_the_gate_not_the_run(engine, server):
     # the engine kills a run past its bound (RunTimedOut, with what it printed): the image's check
     # failed (exit 3, the step named), not the engine (exit 1)
