@@ -110,7 +110,9 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
         except ENGINE_FAULTS as exc:  # an engine still loading may answer anything: asked again until the timeout
             last_error = _why(exc)
             if time.monotonic() > deadline:
-                result["error"] = f"/health did not answer within {timeout:.0f} s ({last_error})"
+                # where it was asked: the container's address on the engine's bridge, which a client outside
+                # that engine's network (an engine elsewhere, --verify-engine) may not reach
+                result["error"] = f"{base_url}/health did not answer within {timeout:.0f} s ({last_error})"
                 on_step({"error": result["error"]})
                 return result
             time.sleep(0.25)

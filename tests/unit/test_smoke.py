@@ -169,6 +169,8 @@ def test_an_engine_that_exits_at_once_fails_the_start_step(engine, server):
 def test_an_engine_that_never_answers_fails_the_health_step(engine):
     result = run_gates(engine, "demo:1", metadata(1, timeout=1), netns_pid=None)[0]  # nothing listens on port 1
     assert result.failed.name == "health" and "did not answer" in result.failed.detail
+    # where it was asked, so that an address the client cannot reach is seen as such
+    assert result.failed.detail.startswith("http://127.0.0.1:1/health did not answer within 1 s (")
 
 
 def planned(port: int, smoke: dict) -> ImageMetadata:
