@@ -13,10 +13,11 @@ from typing import BinaryIO
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, BuildInterrupted, EngineError, InputError
+from .errors import BuildFailed, BuildInterrupted, EngineError, InputError, RunTimedOut
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -218,9 +219,13 @@ class DockerEngine(Engine):
             self.api.start(container)
             try:
                 result = self.api.wait(container, timeout=timeout)
-            except requests.exceptions.ReadTimeout:
+            except requests.exceptions.RequestException as exc:
+                if not _read_timed_out(exc):
+                    raise
                 self.api.kill(container)
-                raise EngineError(f"{image} {' '.join(args)} did not finish within {timeout} s") from None
+                output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+                raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
+                                  output=output) from None
             output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
             return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -234,13 +239,21 @@ class DockerEngine(Engine):
 
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
         policy = {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
+        container = None
         try:
             container = self.api.create_container(image, command=args or None, environment=env or {},
                                                   host_config=self.api.create_host_config(restart_policy=policy))
             self.api.start(container)
             return container["Id"]
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"starting {image} failed", exc) from None
+        except BaseException as exc:
+            if container is not None:  # created, never started (its command cannot run, an interrupt): not left
+                try:
+                    self.api.remove_container(container, force=True)
+                except (docker.errors.DockerException, requests.exceptions.RequestException):
+                    pass
+            if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
+                raise self._fail(f"starting {image} failed", exc) from None
+            raise
 
     def container_status(self, container: str) -> ContainerStatus:
         try:
@@ -333,6 +346,13 @@ class DockerEngine(Engine):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise EngineError(f"pulling {repository}@{digest} failed: {_pull_hint(_reason(exc))} "
                               f"(engine at {self.address})") from None
+
+
+def _read_timed_out(exc: Exception) -> bool:
+    """A wait that ran past its timeout: requests says ReadTimeout over TCP, but over the engine's unix
+    socket (docker-py's own adapter) a ConnectionError wrapping urllib3's ReadTimeoutError."""
+    return isinstance(exc, requests.exceptions.ReadTimeout) or \
+        any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
 
 
 def _reason(exc: Exception) -> str:

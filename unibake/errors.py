@@ -31,6 +31,15 @@ class EngineError(UnibakeError):
     exit_code = 1
 
 
+class RunTimedOut(EngineError):
+    """A container run to completion did not finish in time (it was killed and removed); carries its
+    output so far. Where the container is the image under test (a self-check), a failed check."""
+
+    def __init__(self, message: str, *, output: str = ""):
+        super().__init__(message)
+        self.output = output
+
+
 class BuildFailed(EngineError):
     """A Dockerfile step failed; carries the failing step and the tail of its output."""
 

@@ -16,13 +16,14 @@ import os
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 from .engine import ContainerStatus, Engine
-from .errors import EngineError
+from .errors import EngineError, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
-from .smoke_client import MIN_WAIT
+from .smoke_client import MAX_TOKENS, MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
 RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
@@ -53,13 +54,28 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
     if check.expect is None:  # as a blank expectation is refused: an engine that answers nothing fails
         return None if text else "expected a non-empty reply"
     if check.match == "exact":
-        return None if text == check.expect.strip() else f"expected exactly {check.expect!r}"
+        expected = check.expect.strip()
+        if text == expected:
+            return None
+        if unicodedata.normalize("NFC", text) == unicodedata.normalize("NFC", expected):
+            # the two would print alike: say how they differ (compared as they are, code point by code point)
+            return (f"expected exactly {check.expect!r} (the reply is the same text in another Unicode normal "
+                    f"form, {ascii(text)[:300]})")
+        return f"expected exactly {check.expect!r}"
     if check.match == "contains":
         return None if check.expect in reply else f"expected {check.expect!r} in the reply"
     return _regex_mismatch(check.expect, text)
 
 
-def _probe_command(url: str, prompts: list[str], model: str, timeout: int, netns_pid: int | None) -> list[str]:
+def max_tokens(check: SmokePrompt) -> int:
+    """What a prompt asks the engine for at most: room for its whole expected reply (no token is
+    shorter than a byte) and MAX_TOKENS more, so that an engine is never cut short of the answer."""
+    return MAX_TOKENS + len((check.expect or "").encode("utf-8"))
+
+
+def _probe_command(url: str, checks: tuple[SmokePrompt, ...], model: str, timeout: int,
+                   netns_pid: int | None) -> list[str]:
+    prompts = [[c.prompt, max_tokens(c)] for c in checks]
     cmd = [sys.executable, "-m", "unibake.smoke_client", url, json.dumps(prompts), model, str(timeout)]
     if netns_pid is not None:
         cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
@@ -89,11 +105,20 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     timeout = smoke.timeout
 
     start = time.monotonic()
-    check = engine.run(image, ["self-check"], env={"PROFILE": profile}, timeout=max(120, timeout))
-    tail = " ".join(check.output.strip().splitlines()[-2:])
-    steps.append(GateStep(name="self-check", passed=check.exit_code == 0, seconds=time.monotonic() - start,
-                          detail="" if check.exit_code == 0 else f"exit {check.exit_code}: {tail}"))
-    if check.exit_code != 0:
+    bound = max(120, timeout)
+    try:
+        check = engine.run(image, ["self-check"], env={"PROFILE": profile}, timeout=bound)
+        exit_code, output = check.exit_code, check.output
+    except RunTimedOut as exc:  # a check of the image that never ends fails the gate, as one that fails does
+        exit_code, output = None, exc.output
+    # what failed: the checks go on after one fails, so its "error:" lines, not the last "ok:" ones
+    lines = output.strip().splitlines()
+    tail = " ".join([line for line in lines if line.startswith("error:")][:2] or lines[-2:])
+    failure = f"did not finish within {bound} s: {tail or 'no output'}" if exit_code is None \
+        else f"exit {exit_code}: {tail}"
+    steps.append(GateStep(name="self-check", passed=exit_code == 0, seconds=time.monotonic() - start,
+                          detail="" if exit_code == 0 else failure))
+    if exit_code != 0:
         return GateResult(profile=profile, steps=tuple(steps))
 
     start = time.monotonic()
@@ -129,8 +154,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
-    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", [c.prompt for c in checks], model,
-                                            timeout, netns_pid),
+    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", checks, model, timeout, netns_pid),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()
@@ -138,34 +162,45 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
     # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
     limit = timeout + len(checks) * max(MIN_WAIT, timeout) + PROBE_MARGIN
-    while True:
-        try:
-            out, err = probe.communicate(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        status = engine.container_status(container)
-        gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
-        if gone or time.monotonic() - probe_start > limit:
+    stopped = ""  # why the client was stopped before it ended: the step it was on never finished
+    try:
+        while True:
+            try:
+                out, err = probe.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            status = engine.container_status(container)
+            gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
+            if gone or time.monotonic() - probe_start > limit:
+                probe.kill()
+                out, err = probe.communicate()
+                stopped = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
+                    else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
+                break
+    finally:
+        # however the wait ends (an interrupt: SIGTERM reaches this process alone, an engine error), the
+        # client goes with it: left, it would poll a removed container for up to smoke.timeout
+        if probe.poll() is None:
             probe.kill()
             probe.communicate()
-            detail = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
-                else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
-            steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start, detail=detail))
-            return False
-    try:
-        answer = json.loads(out)
-    except ValueError:
-        raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:]}") from None
+    answer = _answer(out, err, complete=not stopped, prompts=len(checks))
     health = answer.get("health")
     if not health:
-        steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start,
-                              detail=f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"))
+        detail = stopped or f"{answer.get('error')}; engine log: {_tail(engine.container_state(container)[2])}"
+        steps.append(GateStep(name="health", passed=False, seconds=time.monotonic() - probe_start, detail=detail))
         return False
-    steps.append(GateStep(name="health", passed=True, seconds=health["seconds"],
-                          detail=health["body"]))
-    for n, (want, got) in enumerate(zip(checks, answer.get("chats") or []), 1):
+    steps.append(GateStep(name="health", passed=True, seconds=health["seconds"], detail=health["body"][:300]))
+    for n, want in enumerate(checks, 1):
         which = f"prompt {n} of {len(checks)}: " if len(checks) > 1 else ""
+        if n > len(answer["chats"]):  # the client was stopped on this prompt: the steps after it never ran
+            seconds = max(0.0, round(time.monotonic() - probe_start - health["seconds"]
+                                     - sum(c.get("seconds", 0.0) for c in answer["chats"]), 3))
+            chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply="", passed=False,
+                                   seconds=seconds))
+            steps.append(GateStep(name="chat", passed=False, seconds=seconds, detail=f"{which}{stopped}"))
+            return False
+        got = answer["chats"][n - 1]
         if "reply" not in got:
             chats.append(ChatCheck(prompt=want.prompt, match=want.match, expect=want.expect, reply="",
                                    passed=False, seconds=got.get("seconds", 0.0)))
@@ -179,6 +214,25 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         detail = got["reply"][:300] if ok else f"{which}{why}, got {got['reply'][:300]!r}"
         steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
     return True
+
+
+def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:
+    """The client's lines, one per step it finished (the last one cut short when it was stopped)."""
+    answer: dict = {"health": None, "chats": []}
+    try:
+        for line in out.splitlines(keepends=True):
+            if not line.endswith("\n") and not complete:
+                break  # written as the client was stopped
+            step = json.loads(line)
+            if "chat" in step:
+                answer["chats"].append(step["chat"])
+            else:
+                answer.update(step)
+    except (ValueError, TypeError):
+        answer = {}
+    if complete and not answer.get("error") and (not answer.get("health") or len(answer["chats"]) != prompts):
+        raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:] or 'no output'}")
+    return answer
 
 
 def _tail(logs: str) -> str:

@@ -1,6 +1,8 @@
 """The smoke gate's HTTP client, run as ``python -m unibake.smoke_client`` (inside the scratch engine's
 network namespace when there is one). Waits for /health, then asks for a chat completion per prompt
-and prints one JSON object with what it saw and how long each step took. Standard library only.
+and prints one JSON line per step as it ends (``{"health": ...}`` or ``{"error": ...}``, then
+``{"chat": ...}`` per prompt), so that a gate which has to stop it still knows which step never
+ended. Standard library only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import urllib.request
 
 MAX_BODY = 1 << 20  # a reply or health body larger than this is not an answer to a smoke prompt
 MIN_WAIT = 5.0  # seconds: the least any prompt is given, however short the profile's timeout
+MAX_TOKENS = 64  # what a prompt without an expected reply asks for; one with asks for as many more as it has bytes
 # what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
 # broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
 ENGINE_FAULTS = (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException, RecursionError)
@@ -24,8 +27,19 @@ def _why(exc: BaseException) -> str:
     """What went wrong, in a line: the engine's reply is the input here, so no traceback."""
     if isinstance(exc, RecursionError):
         return "the JSON body is nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):  # its reason alone ("invalid start byte") does not say what
+        return f"the body is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, UnicodeEncodeError):
+        return f"the body holds {exc.object[exc.start:exc.end]!a}, a lone surrogate: not text a file can hold"
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
         return f"not a well-formed HTTP reply ({type(exc).__name__}: {str(exc)[:200]!r})"
+    if isinstance(exc, urllib.error.HTTPError):  # the status, and what the engine said about it
+        try:
+            said = exc.read(2048).decode("utf-8", "replace")
+        except ENGINE_FAULTS:
+            said = ""
+        said = " ".join(said.split())
+        return f"HTTP {exc.code} {exc.reason}".rstrip() + (f": {said[:200]}" if said else "")
     return str(getattr(exc, "reason", exc))
 
 
@@ -40,18 +54,36 @@ def _json_body(response) -> object:
     return value
 
 
-def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
+def _health_body(response) -> str:
+    """What /health answered, as text: its status says the engine is up, whatever the body (JSON, a
+    plain "OK", nothing); at most MAX_BODY bytes."""
+    data = response.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise ValueError(f"the body is over {MAX_BODY} bytes")
+    try:
+        # as text: nested JSON the parser here just read could be one level too deep for the gate's
+        # parser, which reads it wrapped in a step's line
+        return json.dumps(json.loads(data.decode("utf-8") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        return data.decode("utf-8", "replace")
+
+
+def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int = MAX_TOKENS) -> dict:
     """One chat completion: its reply and how long it took, or what went wrong. ``timeout`` bounds
     each wait on the engine (at least MIN_WAIT)."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": 64, "temperature": 0}).encode()
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
     request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=max(MIN_WAIT, timeout)) as response:
             reply = _json_body(response)
-        content = reply["choices"][0]["message"]["content"]
+        try:
+            content = reply["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError("the reply is not a chat completion (no choices[0].message.content): "
+                             f"{json.dumps(reply)[:200]}") from None
         if not isinstance(content, str):
             raise TypeError(f"the reply's content is {type(content).__name__}, not text")
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
@@ -59,7 +91,10 @@ def chat(base_url: str, prompt: str, model: str, timeout: float) -> dict:
         return {"error": f"the chat completion failed: {_why(exc)}", "seconds": round(time.monotonic() - start, 3)}
 
 
-def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> dict:
+def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_tokens: list[int] | None = None,
+          on_step=lambda step: None) -> dict:
+    """/health, then every prompt (each asking for at most its ``max_tokens``); ``on_step`` is given
+    each step's record as it ends."""
     result: dict = {"health": None, "chats": []}
     start = time.monotonic()
     deadline = start + timeout
@@ -67,26 +102,31 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float) -> d
     while True:
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=3) as response:
-                # the body as text: nested JSON the parser here just read could be one level too deep
-                # for the gate's parser, which reads it wrapped in this result
-                body = json.dumps(_json_body(response), sort_keys=True)
+                body = _health_body(response)
                 result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
+            on_step({"health": result["health"]})
             break
         except ENGINE_FAULTS as exc:  # an engine still loading may answer anything: asked again until the timeout
             last_error = _why(exc)
             if time.monotonic() > deadline:
-                result["error"] = f"/health did not answer within {timeout:.0f} s ({last_error})"
+                # where it was asked: the container's address on the engine's bridge, which a client outside
+                # that engine's network (an engine elsewhere, --verify-engine) may not reach
+                result["error"] = f"{base_url}/health did not answer within {timeout:.0f} s ({last_error})"
+                on_step({"error": result["error"]})
                 return result
             time.sleep(0.25)
-    for prompt in prompts:  # each its own bound (what the gate allows it), however late /health answered
-        result["chats"].append(chat(base_url, prompt, model, timeout))
+    for prompt, most in zip(prompts, max_tokens or [MAX_TOKENS] * len(prompts)):
+        # each its own bound (what the gate allows it), however late /health answered
+        result["chats"].append(chat(base_url, prompt, model, timeout, most))
+        on_step({"chat": result["chats"][-1]})
     return result
 
 
 def main(argv: list[str]) -> int:
     base_url, prompts, model, timeout = argv[0], json.loads(argv[1]), argv[2], float(argv[3])
-    print(json.dumps(probe(base_url, prompts=prompts, model=model, timeout=timeout)))
+    probe(base_url, prompts=[p for p, _ in prompts], model=model, timeout=timeout,
+          max_tokens=[most for _, most in prompts], on_step=lambda step: print(json.dumps(step), flush=True))
     return 0
 
 

@@ -47,6 +47,25 @@ def test_operations_on_a_container_that_does_not_exist_name_it(engine):
     engine.remove_container(unknown)  # already gone: no error
 
 
+def test_a_run_past_its_bound_is_killed_removed_and_said_with_its_output(engine):
+    from unibake.errors import RunTimedOut
+
+    before = {c["Id"] for c in engine.api.containers(all=True)}
+    start = time.monotonic()
+    with pytest.raises(RunTimedOut, match=r"did not finish within 2 s") as caught:
+        engine.run(BUSYBOX, ["echo waiting for the GPU; sleep 60"], timeout=2, entrypoint=["sh", "-c"])
+    assert time.monotonic() - start < 20
+    assert caught.value.output == "waiting for the GPU\n"
+    assert {c["Id"] for c in engine.api.containers(all=True)} <= before  # killed and removed
+
+
+def test_a_container_whose_command_cannot_start_is_not_left_created(engine):
+    before = {c["Id"] for c in engine.api.containers(all=True)}
+    with pytest.raises(EngineError, match=r"starting .* failed: .*/nonexistent"):
+        engine.start(BUSYBOX, ["/nonexistent"], restarts=2)
+    assert {c["Id"] for c in engine.api.containers(all=True)} <= before
+
+
 def test_a_started_container_reports_its_exit_and_restarts(engine):
     container = engine.start(BUSYBOX, ["sh", "-c", "exit 3"], restarts=2)
     try:

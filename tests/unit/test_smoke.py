@@ -43,24 +43,29 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     raw: bytes | None = None  # a body sent as it is
+    chat_status = 200
+    cut_at_max_tokens = False
     wire: bytes | None = None  # a whole response sent as it is, status line and all
-    trickle = False  # a body that never ends: a byte now and then
+    trickle: bool | str = False  # a body that never ends (True: for every prompt; a prompt: for that one)
 
     def do_POST(self):  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = request["messages"][0]["content"]
         reply = self.replies.get(prompt, self.reply) if self.replies else self.reply
         assert prompt.startswith("Say")
+        if self.cut_at_max_tokens:  # as an engine stops at max_tokens: here a token per character
+            reply = reply[:request["max_tokens"]]
         time.sleep(self.thinking)
         if self.wire is not None:
             self.wfile.write(self.wire)
             self.close_connection = True
             return
         body = self.raw if self.raw is not None else json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body) if not self.trickle else 1 << 20))
+        trickle = self.trickle is True or self.trickle == prompt
+        self.send_response(self.chat_status)
+        self.send_header("Content-Length", str(len(body) if not trickle else 1 << 20))
         self.end_headers()
-        if not self.trickle:
+        if not trickle:
             self.wfile.write(body)
             return
         for _ in range(600):  # until the client is stopped (a broken pipe), at most a minute
@@ -85,7 +90,7 @@ def server():
     Engine.reply, Engine.health, Engine.replies, Engine.raw, Engine.trickle = "UNIFIED_TP1_OK model=demo", 200, {}, \
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
-    Engine.ready_at, Engine.thinking = 0.0, 0.0
+    Engine.ready_at, Engine.thinking, Engine.chat_status, Engine.cut_at_max_tokens = 0.0, 0.0, 200, False
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -126,6 +131,32 @@ def test_a_failing_self_check_stops_the_gate_there(engine, server):
     assert [s.name for s in result.steps] == ["self-check"] and "kernel missing" in result.failed.detail
 
 
+def test_a_failing_self_check_is_named_by_its_error_lines_not_the_checks_that_passed_after(engine, server):
+    output = ("self-check[tp1]: ok: platform linux/amd64 (uname -m: x86_64)\n"
+              "error: self-check[tp1]: files differ from meta/files.sha256: engine/serve.sh: FAILED\n"
+              "self-check[tp1]: ok: 2 tune-cache JSON files in /opt/unibake/profiles/tp1/tune\n"
+              "self-check[tp1]: ok: 3 kernels load\n")
+    engine.runner = lambda image, args, env: RunOutcome(exit_code=1, output=output)
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.detail == \
+        "exit 1: error: self-check[tp1]: files differ from meta/files.sha256: engine/serve.sh: FAILED"
+
+
+def test_a_self_check_that_never_finishes_fails_the_gate_not_the_run(engine, server):
+    # the engine kills a run past its bound (RunTimedOut, with what it printed): the image's check
+    # failed (exit 3, the step named), not the engine (exit 1)
+    from unibake.errors import RunTimedOut
+
+    def hangs(image, args, env):
+        raise RunTimedOut("demo:1 self-check did not finish within 120 s",
+                          output="self-check[tp1]: ok: platform\nwaiting for the GPU\n")
+
+    engine.runner = hangs
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert [(s.name, s.passed) for s in result.steps] == [("self-check", False)]
+    assert result.failed.detail == "did not finish within 120 s: self-check[tp1]: ok: platform waiting for the GPU"
+
+
 def test_an_engine_that_exits_at_once_fails_the_start_step(engine, server):
     def crash(container):
         container.running, container.logs = False, "Traceback: bad flag\n"
@@ -138,6 +169,8 @@ def test_an_engine_that_exits_at_once_fails_the_start_step(engine, server):
 def test_an_engine_that_never_answers_fails_the_health_step(engine):
     result = run_gates(engine, "demo:1", metadata(1, timeout=1), netns_pid=None)[0]  # nothing listens on port 1
     assert result.failed.name == "health" and "did not answer" in result.failed.detail
+    # where it was asked, so that an address the client cannot reach is seen as such
+    assert result.failed.detail.startswith("http://127.0.0.1:1/health did not answer within 1 s (")
 
 
 def planned(port: int, smoke: dict) -> ImageMetadata:
@@ -232,6 +265,25 @@ def test_a_reply_that_never_ends_fails_within_the_gates_bound(engine, server, mo
     result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
     assert not result.passed and "did not finish answering within 7 s" in result.failed.detail
     assert time.monotonic() - start < 30
+    # /health answered: the step that never ended is the chat, and the notes' table says so
+    assert [(s.name, s.passed) for s in result.steps] == [("self-check", True), ("start", True), ("health", True),
+                                                          ("chat", False)]
+    assert [(c.prompt, c.passed) for c in result.chats] == [("Say it.", False)]
+
+
+def test_a_reply_that_never_ends_is_named_by_its_prompt_after_those_that_were_answered(engine, server, monkeypatch):
+    import unibake.smoke
+
+    monkeypatch.setattr(unibake.smoke, "PROBE_MARGIN", 1.0)
+    Engine.replies, Engine.trickle = {"Say one.": "ONE", "Say two.": "TWO"}, "Say two."
+    smoke = [{"prompt": "Say one.", "expect": "ONE"}, {"prompt": "Say two.", "expect": "TWO"}]
+    document = planned(server.server_port, smoke).model_dump()
+    document["profiles"]["tp1"]["smoke"]["timeout"] = 1
+    result = gates_within(60, engine, "demo:1", ImageMetadata.model_validate(document, strict=False),
+                          netns_pid=None)[0]
+    assert [(s.name, s.passed) for s in result.steps][2:] == [("health", True), ("chat", True), ("chat", False)]
+    assert result.failed.detail == "prompt 2 of 2: the engine did not finish answering within 12 s (a reply that never ends)"
+    assert [(c.prompt, c.reply, c.passed) for c in result.chats] == [("Say one.", "ONE", True), ("Say two.", "", False)]
 
 
 @pytest.mark.parametrize("body", [b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \\ud800"}}]}',
@@ -323,3 +375,103 @@ def test_a_smoke_regex_that_backtracks_for_long_on_a_long_reply_fails_the_gate_i
     assert result.failed.detail.startswith(f"the regular expression {pattern!r} took longer than 1 s on a reply "
                                            "of 11009 bytes (write it with fewer unbounded repeats like .*)")
     assert time.monotonic() - start < 6
+
+
+def _smoke_clients() -> list[int]:
+    """This process's children running the smoke client."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"unibake.smoke_client" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
+    # SIGTERM reaches unibake alone (not its process group, as ^C does): the client must go with the gate
+    import os
+    import signal
+
+    calls = []
+
+    def interrupted(container):
+        calls.append(container)
+        if len(calls) == 3:  # the client is running, waiting for a /health nothing answers
+            raise KeyboardInterrupt
+        return type(engine).container_status(engine, container)
+
+    engine.container_status = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", metadata(1, timeout=60), netns_pid=None)  # nothing listens on port 1
+    left = _smoke_clients()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert left == [], "the smoke client was left running"
+    assert engine.containers == {}
+
+
+@pytest.mark.parametrize("body,detail", [
+    (b"OK", "OK"),  # what many engines answer
+    (b"", "{}"),  # vLLM, SGLang: an empty 200
+    (b"\xffup\n", "\ufffdup\n"),
+    (json.dumps({"status": "ok", "pad": "x" * 900_000}).encode(), ("{\"pad\": \"" + "x" * 300)[:300]),
+])
+def test_a_health_check_that_answers_200_with_any_body_is_up(engine, server, body, detail):
+    Engine.health_body = body
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=3), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert result.steps[2].name == "health" and result.steps[2].detail == detail  # at most 300 characters kept
+
+
+@pytest.mark.parametrize("status,body,said", [
+    (404, b'{"object": "error",\n "message": "The model `demo` does not exist."}',
+     'HTTP 404 Not Found: {"object": "error", "message": "The model `demo` does not exist."}'),
+    (200, b'{"error": {"message": "max_tokens is too large"}}',
+     'the reply is not a chat completion (no choices[0].message.content): '
+     '{"error": {"message": "max_tokens is too large"}}'),
+    (500, b"", "HTTP 500 Internal Server Error"),
+])
+def test_a_chat_completion_refused_says_the_status_and_what_the_engine_said(engine, server, status, body, said):
+    Engine.chat_status, Engine.raw = status, body
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
+
+
+def test_a_long_expected_reply_is_given_the_tokens_it_needs(engine, server):
+    # max_tokens was 64 for every prompt: an engine that honours it could never give a longer expected reply
+    long = "UNIFIED_TP1_OK " + " ".join(f"kernel{i}=loaded" for i in range(12))  # 207 characters
+    Engine.replies, Engine.cut_at_max_tokens = {"Say it all.": long, "Say it.": "UNIFIED_TP1_OK"}, True
+    smoke = [{"prompt": "Say it all.", "expect": long}, {"prompt": "Say it.", "expect": "OK", "match": "contains"}]
+    result = gates_within(60, engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.passed, result.steps
+
+
+def test_a_reply_in_another_unicode_normal_form_fails_saying_how_it_differs(engine, server):
+    Engine.reply = "UNIFIED_TP1_OK caf\u0065\u0301"  # decomposed: prints as the expected text does
+    smoke = [{"prompt": "Say it.", "expect": "UNIFIED_TP1_OK caf\u00e9"}]
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.failed.name == "chat"
+    assert result.failed.detail.startswith("expected exactly 'UNIFIED_TP1_OK caf\u00e9' (the reply is the same text "
+                                           "in another Unicode normal form, 'UNIFIED_TP1_OK cafe\\u0301')")
+
+
+@pytest.mark.parametrize("body,said", [
+    (b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \xe9t\xe9"}}]}',  # Latin-1
+     "the body is not UTF-8 text (invalid continuation byte at byte 50)"),
+    (b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \\ud800"}}]}',
+     "the body holds '\\ud800', a lone surrogate: not text a file can hold"),
+])
+def test_a_reply_that_is_not_text_says_why_in_words(engine, server, body, said):
+    Engine.raw = body  # before: "invalid continuation byte" / "surrogates not allowed", and nothing more
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
