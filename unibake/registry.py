@@ -346,6 +346,11 @@ class _Watch:
         if self.sent - self.mark[1] >= BLOB_RATE[0]:
             self.mark = (now, self.sent)
 
+    def again(self) -> None:
+        """The blob is sent again from its start (a redirect, a new token): its pace is counted anew."""
+        self.sending_since = self.sent_all = None
+        self.sent = 0
+
     def overdue(self, now: float) -> str | None:
         if self.sent_all is not None:
             if now - self.sent_all > BLOB_ANSWER_DEADLINE:
@@ -438,26 +443,44 @@ class _WatchedAdapter(requests.adapters.HTTPAdapter):
 
 class _Counted:
     """A blob's bytes as requests sends them (block by block, with their length known), each block
-    counted by the attempt's watch."""
+    counted by the attempt's watch. Sent again, it is sent whole from its start: requests rewinds it
+    (``tell``, ``seek``) to follow a 307/308 redirect of the upload, and python-dxf sends it again after
+    a 401 (:meth:`RegistryClient.__init__` rewinds it then); before, the second sending had nothing
+    left to send (an empty upload, or a Content-Length the registry waited for in vain)."""
 
     def __init__(self, data, watch: _Watch | None):
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = io.BytesIO(data)
         self.file, self.watch = data, watch
+        self.start = data.tell()
         try:
-            self.size = os.fstat(data.fileno()).st_size - data.tell()
+            self.end = os.fstat(data.fileno()).st_size
         except (AttributeError, OSError, io.UnsupportedOperation):
-            self.size = len(data.getbuffer()) - data.tell()
+            self.end = len(data.getbuffer())
 
-    def __len__(self) -> int:  # what is left (python-dxf sends the same data again after a 401)
-        return self.size
+    def __len__(self) -> int:  # (requests takes the length less tell(): what is left to send)
+        return self.end
 
     def __bool__(self) -> bool:
         return True
 
+    def __iter__(self):  # (an iterable body with a tell() is one requests can rewind)
+        return iter(lambda: self.read(1 << 16), b"")
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        position = self.file.seek(offset, whence)
+        if self.watch is not None:
+            self.watch.again()
+        return position
+
+    def rewind(self) -> None:
+        self.seek(self.start)
+
     def read(self, size: int = -1) -> bytes:
         block = self.file.read(size)
-        self.size -= len(block)
         if self.watch is not None:
             self.watch.counted(len(block))
         return block
@@ -486,11 +509,14 @@ class RegistryClient:
                  retry: Retry = Retry(), on_retry: Callable[[str], None] = lambda line: None, push: bool = False):
         self.ref, self.credentials, self.retry, self.on_retry, self.push = ref, credentials, retry, on_retry, push
         self.ca_file = ca_file
+        self._sending: _Counted | None = None  # the blob being uploaded
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
             if _origin(response.url) != _origin(client._base_url):
                 return  # a 401 from a host the registry redirected to: not the registry's to answer with credentials
+            if self._sending is not None:  # python-dxf sends the request again: an upload's blob from its start
+                self._sending.rewind()
             if credentials is None:
                 client.authenticate(response=response, actions=actions)
             else:
@@ -613,10 +639,11 @@ class RegistryClient:
     def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
         """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try)."""
         def put() -> None:
-            data = _Counted(opener(), getattr(_WATCHING, "current", None))
+            data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None))
             try:
                 self.dxf.push_blob(data=data, digest=digest, check_exists=False)
             finally:
+                self._sending = None
                 data.close()
         self._call(f"uploading {what}", put)
 

@@ -1053,6 +1053,69 @@ def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slo
                             "registry is back (blobs already there are not uploaded again)")
 
 
+@pytest.mark.parametrize("answer", ["a 307 redirect", "a 308 redirect", "a 401 asking for a new token"])
+def test_an_upload_the_registry_redirects_or_asks_a_new_token_for_is_sent_whole_again(tmp_path, monkeypatch, answer):
+    """A registry that answers a blob's upload with a 307/308 redirect (the upload moved), or with a 401
+    (its token ran out): the blob was sent again with nothing left of it. After a redirect the request
+    still said the blob's length, and the registry waited for bytes that never came: 10 minutes an
+    attempt (here BLOB_ANSWER_DEADLINE: 2 s), then 'too slow'; after a new token the registry got an
+    empty blob and refused it (HTTP 400). Now the blob is sent whole again, from a file as from bytes."""
+    import http.server
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "BLOB_ANSWER_DEADLINE", 2.0, raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    blob = os.urandom(300 << 10)
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    (tmp_path / "blob").write_bytes(blob)
+    stored, heard = [], []
+
+    class Moved(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def reply(self, status, body=b"", **headers):
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            self.reply(200, b'{"token": "fresh"}')  # (the token realm)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, Location="/v2/team/a/blobs/uploads/1")
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            path = self.path.split("?")[0]
+            heard.append((path, len(data)))
+            if path.endswith("/1"):
+                if answer == "a 401 asking for a new token":
+                    if self.headers.get("Authorization") != "Bearer fresh":
+                        return self.reply(401, WWW_Authenticate=f'Bearer realm="https://127.0.0.1:'
+                                                                f'{self.server.server_port}/token",service="r"')
+                else:
+                    return self.reply(int(answer[2:5]), Location=self.path.replace("uploads/1", "uploads/2"))
+            stored.append(data)
+            self.reply(201 if hashlib.sha256(data).hexdigest() == digest[7:] else 400)
+
+    with tls_server(tmp_path, Moved) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload(digest, lambda: blob, "layer 1 of 2")
+                c.upload(digest, lambda: open(tmp_path / "blob", "rb"), "layer 2 of 2")
+
+        outcome = _asked_in_a_thread(ask)
+    assert outcome == "answered", outcome
+    assert stored == [blob, blob]
+    assert [size for _, size in heard] == [len(blob)] * (3 if "401" in answer else 4)  # (one token for both)
+
+
 def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
     """A push compresses every layer into --temp-dir (default $TMPDIR) before it uploads: a full one
     said 'error: a file: No space left on device', naming neither the folder nor the option. Here
