@@ -655,8 +655,11 @@ class RegistryClient:
             return digest or ""
         digest = self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
         # Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it):
-        # without it, the manifest the tag names is read and its digest computed here
-        return digest or "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
+        # without it, or with one that is no sha256 digest (another algorithm's, or junk), the manifest the
+        # tag names is read and its digest computed here
+        if DIGEST_RE.fullmatch(digest):
+            return digest
+        return "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
 
     def manifest(self, digest: str) -> bytes:
         """The manifest (or index) stored under ``digest``, its bytes checked against the digest."""

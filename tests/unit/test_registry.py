@@ -788,10 +788,13 @@ def test_a_push_records_the_compression_its_layers_have_not_the_one_asked_for(tm
     assert any("holds its layers gzip-compressed" in line for line in lines)
 
 
-def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
+@pytest.mark.parametrize("header", [None, "sha512", "junk"])
+def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path, header):
     """Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it;
     Docker Hub leaves it out of some answers): a push to a registry that never sends it was exit 3,
-    'the registry says REPO:TAG is nothing, not the manifest just pushed', every time."""
+    'the registry says REPO:TAG is nothing, not the manifest just pushed', every time. One that is no
+    sha256 digest (the manifest's sha512 digest, or 60 kB of junk) is no digest to compare with either:
+    it was exit 3 too, the junk quoted whole in the error line."""
     import http.server
     import threading
 
@@ -812,7 +815,9 @@ def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
         def do_HEAD(self):  # noqa: N802 - http.server's names
             with lock:
                 found = stored.get(self.path.split("?")[0])
-            self.reply(200 if found is not None else 404)
+            said = {None: {}, "sha512": {"Docker-Content-Digest": f"sha512:{hashlib.sha512(found or b'').hexdigest()}"},
+                    "junk": {"Docker-Content-Digest": "x" * 60000}}[header] if "/manifests/" in self.path else {}
+            self.reply(200 if found is not None else 404, **said)
 
         def do_GET(self):  # noqa: N802
             with lock:
