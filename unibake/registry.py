@@ -87,6 +87,7 @@ GZIP_LEVEL = 6
 ZSTD_LEVEL = 3
 MAX_MANIFEST = 4 << 20
 MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's reply
+MAX_CHALLENGE = 16 << 10  # a 401's WWW-Authenticate (python-dxf's parser takes time quadratic in its length)
 AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
 ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
@@ -515,6 +516,11 @@ class RegistryClient:
         def authenticate(client: DXF, response) -> None:
             if _origin(response.url) != _origin(client._base_url):
                 return  # a 401 from a host the registry redirected to: not the registry's to answer with credentials
+            challenge = response.headers.get("WWW-Authenticate") or ""
+            if len(challenge) > MAX_CHALLENGE:  # (100 headers of 64 kB: 40 minutes of parsing, no socket to shut)
+                raise RegistryError(f"the registry {ref.host} answered {urlsplit(response.url).path[:100]} with a "
+                                    f"WWW-Authenticate of {len(challenge)} characters, more than the {MAX_CHALLENGE} "
+                                    "a challenge may be")
             if self._sending is not None:  # python-dxf sends the request again: an upload's blob from its start
                 self._sending.rewind()
             if credentials is None:

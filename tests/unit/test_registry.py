@@ -670,6 +670,33 @@ def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, an
     assert sum(sent) < (200 << 20 if answer == "a redirect" else 32 << 20), sum(sent)
 
 
+def test_an_endless_authentication_challenge_is_refused_not_parsed_for_minutes(tmp_path):
+    """A 401 whose WWW-Authenticate is as long as the HTTP client lets it be (100 headers of 64 kB, joined):
+    python-dxf's parser takes time quadratic in its length (10 headers: 25 s; 100: some 40 minutes of
+    CPU), and an attempt's time limit cannot stop it, as it shuts sockets. It is now refused at once."""
+    import http.server
+
+    class Challenging(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(401)
+            for _ in range(10):
+                self.send_header("WWW-Authenticate", "Bearer " + "," * 65000)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with tls_server(tmp_path, Challenging) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+                c.manifest(DIGEST)
+
+        outcome = _asked_in_a_thread(ask, seconds=5)
+    assert outcome is not None, "still parsing the challenge after 5 s"
+    assert outcome == (f"the registry 127.0.0.1:{port} answered /v2/team/a/manifests/{DIGEST} with a WWW-Authenticate "
+                       f"of {10 * 65007 + 9 * 2} characters, more than the {16 << 10} a challenge may be")
+
+
 def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_path, monkeypatch):
     """Two pushes of one release at once (two registries, a CI matrix): the one that records second
     used to write the manifest it read before its upload, dropping the first one's record while both
