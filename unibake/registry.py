@@ -633,8 +633,8 @@ class RegistryClient:
 
     def blob_exists(self, digest: str) -> bool:
         def head() -> bool:
-            try:
-                self.dxf.blob_size(digest)
+            try:  # (not python-dxf's blob_size: it needs a Content-Length, which a HEAD's answer need not have)
+                self.dxf._request("head", "blobs/" + digest)
                 return True
             except requests.exceptions.HTTPError as exc:
                 if exc.response is not None and exc.response.status_code == 404:
