@@ -46,6 +46,7 @@ import requests.adapters
 import requests.exceptions
 import urllib3
 import urllib3.connection
+import urllib3.util
 from dxf import DXF
 from dxf import exceptions as dxf_errors
 
@@ -280,9 +281,12 @@ def _transient(exc: BaseException) -> str | None:
 
 
 def _origin(url: str) -> tuple[str, str, int]:
-    """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's)."""
-    parts = urlsplit(url)
-    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+    """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's). Read by
+    urllib3, which makes the connection: Python's urlsplit reads ``https://OTHER\\@REGISTRY/`` as
+    REGISTRY, and the connection goes to OTHER."""
+    parts = urllib3.util.parse_url(url)
+    scheme = (parts.scheme or "").lower()
+    return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
 class _DXF(DXF):

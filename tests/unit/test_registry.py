@@ -620,6 +620,49 @@ def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp
     assert [auth for _, _, auth in heard] == [None, None]
 
 
+def test_an_upload_location_that_parsers_read_as_two_hosts_gets_no_credentials(tmp_path):
+    """``https://OTHER\\@REGISTRY/...``: Python's URL parser reads the registry's host and port in it
+    (after the '@'), the HTTP client connects to OTHER (a backslash ends the host there): the check
+    that keeps credentials to the registry's own host read it as the registry's, and OTHER got the
+    password. The host is now read as the connection reads it."""
+    import http.server
+
+    heard = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):  # noqa: N802 - http.server's name
+            heard.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with tls_server(tmp_path / "b", Other) as other:
+        class Registry(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"u:pw-never-sent").decode():
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="registry"')
+                else:
+                    self.send_response(202)
+                    self.send_header("Location", f"https://127.0.0.1:{other}\\@127.0.0.1:{self.server.server_port}"
+                                                 "/v2/team/a/blobs/uploads/1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with tls_server(tmp_path / "a", Registry) as port:
+            (tmp_path / "ca.pem").write_bytes((tmp_path / "a/cert.pem").read_bytes() +
+                                              (tmp_path / "b/cert.pem").read_bytes())
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            credentials = Credentials(username="u", password="pw-never-sent", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "ca.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1")
+    assert heard == [None]  # the upload went where the client connects, without the password
+
+
 def ask_for_a_token(handler) -> None:
     """A registry's 401 that sends the client to its own /token realm (an http.server handler's answer)."""
     handler.send_response(401)
