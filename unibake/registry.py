@@ -93,6 +93,7 @@ AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
 ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
 UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
+UPLOAD_REDIRECTS = 3  # redirects a request with a body follows (it sends the body again to each: not requests' 30)
 # The timeouts above are per read: a registry that sends a byte a minute would never trip them. Each
 # attempt at a request is also held to these as a whole (see _Watch):
 ANSWER_DEADLINE = 120.0  # s for a whole small answer (a manifest, a token, an error, an upload's location)
@@ -295,8 +296,17 @@ class _DXF(DXF):
     any host; docker sends them only to the registry it logged in to, and so does unibake."""
 
     def _base_request(self, method, path, **kwargs):
-        if "data" in kwargs:
-            kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
+        if "data" not in kwargs:
+            return self._as_registry(method, path, **kwargs)
+        kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
+        session = self._sessions[0]  # (one client is used by one thread)
+        most, session.max_redirects = session.max_redirects, UPLOAD_REDIRECTS  # each one sends the blob again
+        try:
+            return self._as_registry(method, path, **kwargs)
+        finally:
+            session.max_redirects = most
+
+    def _as_registry(self, method, path, **kwargs):
         if _origin(urljoin(self._base_url, path)) == _origin(self._base_url):
             return super()._base_request(method, path, **kwargs)
         headers, auth = self._headers, self._auth

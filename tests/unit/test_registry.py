@@ -1133,13 +1133,15 @@ def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slo
                             "registry is back (blobs already there are not uploaded again)")
 
 
-@pytest.mark.parametrize("answer", ["a 307 redirect", "a 308 redirect", "a 401 asking for a new token"])
+@pytest.mark.parametrize("answer", ["a 307 redirect", "a 308 redirect", "a 401 asking for a new token",
+                                    "307 redirects without end"])
 def test_an_upload_the_registry_redirects_or_asks_a_new_token_for_is_sent_whole_again(tmp_path, monkeypatch, answer):
     """A registry that answers a blob's upload with a 307/308 redirect (the upload moved), or with a 401
     (its token ran out): the blob was sent again with nothing left of it. After a redirect the request
     still said the blob's length, and the registry waited for bytes that never came: 10 minutes an
     attempt (here BLOB_ANSWER_DEADLINE: 2 s), then 'too slow'; after a new token the registry got an
-    empty blob and refused it (HTTP 400). Now the blob is sent whole again, from a file as from bytes."""
+    empty blob and refused it (HTTP 400). Now the blob is sent whole again, from a file as from bytes;
+    as each redirect sends it again, an upload follows 3 of them, not requests' 30."""
     import http.server
 
     from unibake import registry
@@ -1171,6 +1173,8 @@ def test_an_upload_the_registry_redirects_or_asks_a_new_token_for_is_sent_whole_
             data = self.rfile.read(int(self.headers["Content-Length"]))
             path = self.path.split("?")[0]
             heard.append((path, len(data)))
+            if answer == "307 redirects without end":
+                return self.reply(307, Location=f"/v2/team/a/blobs/uploads/{len(heard) + 1}")
             if path.endswith("/1"):
                 if answer == "a 401 asking for a new token":
                     if self.headers.get("Authorization") != "Bearer fresh":
@@ -1191,6 +1195,10 @@ def test_an_upload_the_registry_redirects_or_asks_a_new_token_for_is_sent_whole_
                 c.upload(digest, lambda: open(tmp_path / "blob", "rb"), "layer 2 of 2")
 
         outcome = _asked_in_a_thread(ask)
+    if answer == "307 redirects without end":
+        assert outcome == f"the registry 127.0.0.1:{port} failed while uploading layer 1 of 2 (TooManyRedirects)"
+        assert heard == [(f"/v2/team/a/blobs/uploads/{n}", len(blob)) for n in range(1, 5)]
+        return
     assert outcome == "answered", outcome
     assert stored == [blob, blob]
     assert [size for _, size in heard] == [len(blob)] * (3 if "401" in answer else 4)  # (one token for both)
