@@ -362,7 +362,9 @@ class _Watch:
             self.mark = (now, self.sent)
 
     def again(self) -> None:
-        """The blob is sent again from its start (a redirect, a new token): its pace is counted anew."""
+        """The blob is sent again from its start (a redirect, a new token): its time limits count anew,
+        from a new request's (till its first byte is read) to the pace of its bytes."""
+        self.start = time.monotonic()
         self.sending_since = self.sent_all = None
         self.sent = 0
 
