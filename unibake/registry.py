@@ -300,6 +300,8 @@ class _DXF(DXF):
             return self._as_registry(method, path, **kwargs)
         kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
         session = self._sessions[0]  # (one client is used by one thread)
+        if not isinstance(session, requests.Session):  # (outside `with`: python-dxf's module-level requests)
+            return self._as_registry(method, path, **kwargs)
         most, session.max_redirects = session.max_redirects, UPLOAD_REDIRECTS  # each one sends the blob again
         try:
             return self._as_registry(method, path, **kwargs)
