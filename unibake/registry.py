@@ -46,6 +46,7 @@ import requests.adapters
 import requests.exceptions
 import urllib3
 import urllib3.connection
+import urllib3.util
 from dxf import DXF
 from dxf import exceptions as dxf_errors
 
@@ -87,10 +88,12 @@ GZIP_LEVEL = 6
 ZSTD_LEVEL = 3
 MAX_MANIFEST = 4 << 20
 MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's reply
+MAX_CHALLENGE = 16 << 10  # a 401's WWW-Authenticate (python-dxf's parser takes time quadratic in its length)
 AUTH_FILE_LIMIT = 1 << 20
 UPLOAD_CHUNK = 1 << 20
 ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
 UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
+UPLOAD_REDIRECTS = 3  # redirects a request with a body follows (it sends the body again to each: not requests' 30)
 # The timeouts above are per read: a registry that sends a byte a minute would never trip them. Each
 # attempt at a request is also held to these as a whole (see _Watch):
 ANSWER_DEADLINE = 120.0  # s for a whole small answer (a manifest, a token, an error, an upload's location)
@@ -279,9 +282,12 @@ def _transient(exc: BaseException) -> str | None:
 
 
 def _origin(url: str) -> tuple[str, str, int]:
-    """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's)."""
-    parts = urlsplit(url)
-    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+    """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's). Read by
+    urllib3, which makes the connection: Python's urlsplit reads ``https://OTHER\\@REGISTRY/`` as
+    REGISTRY, and the connection goes to OTHER."""
+    parts = urllib3.util.parse_url(url)
+    scheme = (parts.scheme or "").lower()
+    return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
 class _DXF(DXF):
@@ -290,8 +296,19 @@ class _DXF(DXF):
     any host; docker sends them only to the registry it logged in to, and so does unibake."""
 
     def _base_request(self, method, path, **kwargs):
-        if "data" in kwargs:
-            kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
+        if "data" not in kwargs:
+            return self._as_registry(method, path, **kwargs)
+        kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
+        session = self._sessions[0]  # (one client is used by one thread)
+        if not isinstance(session, requests.Session):  # (outside `with`: python-dxf's module-level requests)
+            return self._as_registry(method, path, **kwargs)
+        most, session.max_redirects = session.max_redirects, UPLOAD_REDIRECTS  # each one sends the blob again
+        try:
+            return self._as_registry(method, path, **kwargs)
+        finally:
+            session.max_redirects = most
+
+    def _as_registry(self, method, path, **kwargs):
         if _origin(urljoin(self._base_url, path)) == _origin(self._base_url):
             return super()._base_request(method, path, **kwargs)
         headers, auth = self._headers, self._auth
@@ -345,6 +362,13 @@ class _Watch:
         self.sent += size
         if self.sent - self.mark[1] >= BLOB_RATE[0]:
             self.mark = (now, self.sent)
+
+    def again(self) -> None:
+        """The blob is sent again from its start (a redirect, a new token): its time limits count anew,
+        from a new request's (till its first byte is read) to the pace of its bytes."""
+        self.start = time.monotonic()
+        self.sending_since = self.sent_all = None
+        self.sent = 0
 
     def overdue(self, now: float) -> str | None:
         if self.sent_all is not None:
@@ -438,26 +462,44 @@ class _WatchedAdapter(requests.adapters.HTTPAdapter):
 
 class _Counted:
     """A blob's bytes as requests sends them (block by block, with their length known), each block
-    counted by the attempt's watch."""
+    counted by the attempt's watch. Sent again, it is sent whole from its start: requests rewinds it
+    (``tell``, ``seek``) to follow a 307/308 redirect of the upload, and python-dxf sends it again after
+    a 401 (:meth:`RegistryClient.__init__` rewinds it then); before, the second sending had nothing
+    left to send (an empty upload, or a Content-Length the registry waited for in vain)."""
 
     def __init__(self, data, watch: _Watch | None):
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = io.BytesIO(data)
         self.file, self.watch = data, watch
+        self.start = data.tell()
         try:
-            self.size = os.fstat(data.fileno()).st_size - data.tell()
+            self.end = os.fstat(data.fileno()).st_size
         except (AttributeError, OSError, io.UnsupportedOperation):
-            self.size = len(data.getbuffer()) - data.tell()
+            self.end = len(data.getbuffer())
 
-    def __len__(self) -> int:  # what is left (python-dxf sends the same data again after a 401)
-        return self.size
+    def __len__(self) -> int:  # (requests takes the length less tell(): what is left to send)
+        return self.end
 
     def __bool__(self) -> bool:
         return True
 
+    def __iter__(self):  # (an iterable body with a tell() is one requests can rewind)
+        return iter(lambda: self.read(1 << 16), b"")
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        position = self.file.seek(offset, whence)
+        if self.watch is not None:
+            self.watch.again()
+        return position
+
+    def rewind(self) -> None:
+        self.seek(self.start)
+
     def read(self, size: int = -1) -> bytes:
         block = self.file.read(size)
-        self.size -= len(block)
         if self.watch is not None:
             self.watch.counted(len(block))
         return block
@@ -486,11 +528,19 @@ class RegistryClient:
                  retry: Retry = Retry(), on_retry: Callable[[str], None] = lambda line: None, push: bool = False):
         self.ref, self.credentials, self.retry, self.on_retry, self.push = ref, credentials, retry, on_retry, push
         self.ca_file = ca_file
+        self._sending: _Counted | None = None  # the blob being uploaded
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
             if _origin(response.url) != _origin(client._base_url):
                 return  # a 401 from a host the registry redirected to: not the registry's to answer with credentials
+            challenge = response.headers.get("WWW-Authenticate") or ""
+            if len(challenge) > MAX_CHALLENGE:  # (100 headers of 64 kB: 40 minutes of parsing, no socket to shut)
+                raise RegistryError(f"the registry {ref.host} answered {urlsplit(response.url).path[:100]} with a "
+                                    f"WWW-Authenticate of {len(challenge)} characters, more than the {MAX_CHALLENGE} "
+                                    "a challenge may be")
+            if self._sending is not None:  # python-dxf sends the request again: an upload's blob from its start
+                self._sending.rewind()
             if credentials is None:
                 client.authenticate(response=response, actions=actions)
             else:
@@ -601,8 +651,8 @@ class RegistryClient:
 
     def blob_exists(self, digest: str) -> bool:
         def head() -> bool:
-            try:
-                self.dxf.blob_size(digest)
+            try:  # (not python-dxf's blob_size: it needs a Content-Length, which a HEAD's answer need not have)
+                self.dxf._request("head", "blobs/" + digest)
                 return True
             except requests.exceptions.HTTPError as exc:
                 if exc.response is not None and exc.response.status_code == 404:
@@ -613,10 +663,11 @@ class RegistryClient:
     def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
         """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try)."""
         def put() -> None:
-            data = _Counted(opener(), getattr(_WATCHING, "current", None))
+            data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None))
             try:
                 self.dxf.push_blob(data=data, digest=digest, check_exists=False)
             finally:
+                self._sending = None
                 data.close()
         self._call(f"uploading {what}", put)
 
@@ -628,8 +679,11 @@ class RegistryClient:
             return digest or ""
         digest = self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
         # Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it):
-        # without it, the manifest the tag names is read and its digest computed here
-        return digest or "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
+        # without it, or with one that is no sha256 digest (another algorithm's, or junk), the manifest the
+        # tag names is read and its digest computed here
+        if DIGEST_RE.fullmatch(digest):
+            return digest
+        return "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
 
     def manifest(self, digest: str) -> bytes:
         """The manifest (or index) stored under ``digest``, its bytes checked against the digest."""

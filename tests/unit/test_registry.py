@@ -620,6 +620,49 @@ def test_credentials_go_to_the_registry_alone_not_to_a_host_its_answers_name(tmp
     assert [auth for _, _, auth in heard] == [None, None]
 
 
+def test_an_upload_location_that_parsers_read_as_two_hosts_gets_no_credentials(tmp_path):
+    """``https://OTHER\\@REGISTRY/...``: Python's URL parser reads the registry's host and port in it
+    (after the '@'), the HTTP client connects to OTHER (a backslash ends the host there): the check
+    that keeps credentials to the registry's own host read it as the registry's, and OTHER got the
+    password. The host is now read as the connection reads it."""
+    import http.server
+
+    heard = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):  # noqa: N802 - http.server's name
+            heard.append(self.headers.get("Authorization"))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with tls_server(tmp_path / "b", Other) as other:
+        class Registry(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"u:pw-never-sent").decode():
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="registry"')
+                else:
+                    self.send_response(202)
+                    self.send_header("Location", f"https://127.0.0.1:{other}\\@127.0.0.1:{self.server.server_port}"
+                                                 "/v2/team/a/blobs/uploads/1")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with tls_server(tmp_path / "a", Registry) as port:
+            (tmp_path / "ca.pem").write_bytes((tmp_path / "a/cert.pem").read_bytes() +
+                                              (tmp_path / "b/cert.pem").read_bytes())
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            credentials = Credentials(username="u", password="pw-never-sent", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "ca.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1")
+    assert heard == [None]  # the upload went where the client connects, without the password
+
+
 def ask_for_a_token(handler) -> None:
     """A registry's 401 that sends the client to its own /token realm (an http.server handler's answer)."""
     handler.send_response(401)
@@ -668,6 +711,33 @@ def test_an_endless_token_or_error_answer_is_cut_off_not_read_whole(tmp_path, an
                 c.manifest(DIGEST)
     # it stopped reading each answer near the limit, not at the end of its 100 MiB
     assert sum(sent) < (200 << 20 if answer == "a redirect" else 32 << 20), sum(sent)
+
+
+def test_an_endless_authentication_challenge_is_refused_not_parsed_for_minutes(tmp_path):
+    """A 401 whose WWW-Authenticate is as long as the HTTP client lets it be (100 headers of 64 kB, joined):
+    python-dxf's parser takes time quadratic in its length (10 headers: 25 s; 100: some 40 minutes of
+    CPU), and an attempt's time limit cannot stop it, as it shuts sockets. It is now refused at once."""
+    import http.server
+
+    class Challenging(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(401)
+            for _ in range(10):
+                self.send_header("WWW-Authenticate", "Bearer " + "," * 65000)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with tls_server(tmp_path, Challenging) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+                c.manifest(DIGEST)
+
+        outcome = _asked_in_a_thread(ask, seconds=5)
+    assert outcome is not None, "still parsing the challenge after 5 s"
+    assert outcome == (f"the registry 127.0.0.1:{port} answered /v2/team/a/manifests/{DIGEST} with a WWW-Authenticate "
+                       f"of {10 * 65007 + 9 * 2} characters, more than the {16 << 10} a challenge may be")
 
 
 def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_path, monkeypatch):
@@ -788,10 +858,13 @@ def test_a_push_records_the_compression_its_layers_have_not_the_one_asked_for(tm
     assert any("holds its layers gzip-compressed" in line for line in lines)
 
 
-def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
+@pytest.mark.parametrize("header", [None, "sha512", "junk"])
+def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path, header):
     """Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it;
     Docker Hub leaves it out of some answers): a push to a registry that never sends it was exit 3,
-    'the registry says REPO:TAG is nothing, not the manifest just pushed', every time."""
+    'the registry says REPO:TAG is nothing, not the manifest just pushed', every time. One that is no
+    sha256 digest (the manifest's sha512 digest, or 60 kB of junk) is no digest to compare with either:
+    it was exit 3 too, the junk quoted whole in the error line."""
     import http.server
     import threading
 
@@ -799,11 +872,14 @@ def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
     lock = threading.Lock()
 
     class Spare(http.server.BaseHTTPRequestHandler):
-        """A registry of the OCI distribution spec's required answers, and no optional header."""
+        """A registry of the OCI distribution spec's required answers, and no optional header (a HEAD's
+        Content-Length is not required either: a push to a registry that left it out was exit 1, 'an
+        answer that cannot be read while looking for blob ... (KeyError)', as python-dxf reads the size)."""
 
         def reply(self, status, body=b"", **headers):
             self.send_response(status)
-            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            length = {} if self.command == "HEAD" else {"Content-Length": str(len(body))}
+            for name, value in {**headers, **length}.items():
                 self.send_header(name.replace("_", "-"), value)
             self.end_headers()
             if self.command != "HEAD":
@@ -812,7 +888,9 @@ def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
         def do_HEAD(self):  # noqa: N802 - http.server's names
             with lock:
                 found = stored.get(self.path.split("?")[0])
-            self.reply(200 if found is not None else 404)
+            said = {None: {}, "sha512": {"Docker-Content-Digest": f"sha512:{hashlib.sha512(found or b'').hexdigest()}"},
+                    "junk": {"Docker-Content-Digest": "x" * 60000}}[header] if "/manifests/" in self.path else {}
+            self.reply(200 if found is not None else 404, **said)
 
         def do_GET(self):  # noqa: N802
             with lock:
@@ -839,7 +917,9 @@ def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path):
         with RegistryClient(target, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
                             push=True) as c:
             record = push_release(folder, manifest, target, c, temp_dir=tmp_path).record
+            again = push_release(folder, manifest, target, c, temp_dir=tmp_path)  # every blob there: HEAD says so
     assert record.digest == "sha256:" + hashlib.sha256(stored["/v2/team/a/manifests/1.3.1"]).hexdigest()
+    assert (again.record.digest, again.uploaded, again.present) == (record.digest, 0, len(manifest.diff_ids))
 
 
 def test_a_registry_that_answers_nothing_is_given_up_on_not_waited_for_ten_minutes_a_try(tmp_path, monkeypatch):
@@ -1051,6 +1131,83 @@ def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slo
                               f"the upload moved less than {32 << 20} bytes in 0.5 s, after "), outcome
     assert outcome.endswith("after 1 attempt; nothing was recorded in the release; run the command again when the "
                             "registry is back (blobs already there are not uploaded again)")
+
+
+@pytest.mark.parametrize("answer", ["a 307 redirect", "a 308 redirect", "a 401 asking for a new token",
+                                    "a 401 after a while, the new token slow to come", "307 redirects without end"])
+def test_an_upload_the_registry_redirects_or_asks_a_new_token_for_is_sent_whole_again(tmp_path, monkeypatch, answer):
+    """A registry that answers a blob's upload with a 307/308 redirect (the upload moved), or with a 401
+    (its token ran out): the blob was sent again with nothing left of it. After a redirect the request
+    still said the blob's length, and the registry waited for bytes that never came: 10 minutes an
+    attempt (here BLOB_ANSWER_DEADLINE: 2 s), then 'too slow'; after a new token the registry got an
+    empty blob and refused it (HTTP 400). Now the blob is sent whole again, from a file as from bytes,
+    its time limits counted from then (the first sending's time is not held against the token's fetch);
+    as each redirect sends it again, an upload follows 3 of them, not requests' 30."""
+    import http.server
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "BLOB_ANSWER_DEADLINE", 2.0, raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.05, raising=False)
+    slow = "slow" in answer
+    if slow:  # the first sending took longer than a small answer may, the token's fetch does not
+        monkeypatch.setattr(registry, "ANSWER_DEADLINE", 1.0, raising=False)
+    blob = os.urandom(300 << 10)
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    (tmp_path / "blob").write_bytes(blob)
+    stored, heard = [], []
+
+    class Moved(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def reply(self, status, body=b"", **headers):
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            time.sleep(0.3 if slow else 0)
+            self.reply(200, b'{"token": "fresh"}')  # (the token realm)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, Location="/v2/team/a/blobs/uploads/1")
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            path = self.path.split("?")[0]
+            heard.append((path, len(data)))
+            if answer == "307 redirects without end":
+                return self.reply(307, Location=f"/v2/team/a/blobs/uploads/{len(heard) + 1}")
+            if path.endswith("/1"):
+                if "401" in answer:
+                    if self.headers.get("Authorization") != "Bearer fresh":
+                        time.sleep(1.3 if slow else 0)  # (storing it, then finding the token out of date)
+                        return self.reply(401, WWW_Authenticate=f'Bearer realm="https://127.0.0.1:'
+                                                                f'{self.server.server_port}/token",service="r"')
+                else:
+                    return self.reply(int(answer[2:5]), Location=self.path.replace("uploads/1", "uploads/2"))
+            stored.append(data)
+            self.reply(201 if hashlib.sha256(data).hexdigest() == digest[7:] else 400)
+
+    with tls_server(tmp_path, Moved) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                c.upload(digest, lambda: blob, "layer 1 of 2")
+                c.upload(digest, lambda: open(tmp_path / "blob", "rb"), "layer 2 of 2")
+
+        outcome = _asked_in_a_thread(ask)
+    if answer == "307 redirects without end":
+        assert outcome == f"the registry 127.0.0.1:{port} failed while uploading layer 1 of 2 (TooManyRedirects)"
+        assert heard == [(f"/v2/team/a/blobs/uploads/{n}", len(blob)) for n in range(1, 5)]
+        return
+    assert outcome == "answered", outcome
+    assert stored == [blob, blob]
+    assert [size for _, size in heard] == [len(blob)] * (3 if "401" in answer else 4)  # (one token for both)
 
 
 def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
