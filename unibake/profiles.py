@@ -88,6 +88,9 @@ def dotted(path: Path_) -> str:
 MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
 MAX_YAML_BYTES = 4 << 20
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
+# YAML 1.1 reads 010 as 8 (octal), 1:30 as 90 (base 60), 0x10 as 16 and 1_000 as 1000: a number written any
+# other way than in plain decimal digits is refused, not baked as another number (gpus: 010 gave 8 GPUs)
+DECIMAL_RE = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
 
 
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str, count: list[int]) -> Any:
@@ -127,6 +130,9 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 63:
         # no key takes one; even printing it in an error can fail past 4300 digits
         raise InputError(f"{display}:{line}: a number too large to be a value") from None
+    if isinstance(value, int) and not isinstance(value, bool) and not DECIMAL_RE.fullmatch(node.value):
+        raise InputError(f"{display}:{line}: key '{dotted(path)}' is written {node.value!r}, which YAML reads as the "
+                         f"number {value}; write {value} in plain decimal digits, or quote it if it is text")
     if isinstance(value, str):
         if any(0xD800 <= ord(c) <= 0xDFFF for c in value):  # "\ud800" in YAML: no UTF-8 can carry it
             raise InputError(f"{display}:{line}: a string holds a lone surrogate ('\\u' escape of "

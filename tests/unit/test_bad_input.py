@@ -229,6 +229,10 @@ def case_aliases_expand_a_long_string(p):  # 84 kB of YAML, 80 MB of Dockerfile 
                                 'args: [&a "' + "A" * 4000 + '"' + ", *a" * 20000 + "]\n")
 
 
+def case_number_yaml_reads_as_another(p):  # YAML 1.1's octal: an image of 8 GPUs
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 010")
+
+
 def case_mount_named_name(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
 
@@ -318,6 +322,7 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "number_yaml_reads_as_another": "key 'gpus' is written '010', which YAML reads as the number 8",
     "profile_named_like_another_for_a_platform": "'tp1-arm64' cannot name a profile",
     "lock_links_outside": "inputs.lock: a symlink that points outside the profiles folder",
     "overlay_nested_too_deeply": "source 'images/overlays/deep' is nested too deeply",

@@ -84,6 +84,16 @@ def test_wrong_type_is_refused_with_a_hint(busybox_product):
         make_plan(busybox_product)
 
 
+@pytest.mark.parametrize("written,read", [("010", 8), ("1:30", 90), ("0x10", 16), ("1_0", 10), ("!!int '07'", 7)])
+def test_a_number_yaml_reads_as_another_is_refused(busybox_product, written, read):
+    # YAML 1.1: a leading zero is octal, a colon base 60; gpus: 010 gave an image of 8 GPUs
+    tp1 = busybox_product / "tp1.yaml"
+    write(tp1, tp1.read_text().replace("gpus: 1", f"gpus: {written}"))
+    with pytest.raises(InputError, match=rf"tp1\.yaml:\d+: key 'gpus' is written '[^']+', which YAML reads as the "
+                                         rf"number {read}; write {read} in plain decimal digits, or quote it"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 def test_missing_required_key_is_named(busybox_product):
     write(busybox_product / "tp1.yaml", "profile: tp1\ntune_caches: {source: images/tune/tp1, expect: 2}\n")
     with pytest.raises(InputError, match=r"tp1\.yaml: required key 'gpus' is missing"):
