@@ -3,6 +3,10 @@ the Dockerfile of the part below it."""
 
 from __future__ import annotations
 
+import json
+
+import yaml
+
 from unibake.buildmemo import MARKER, Memo, instructions, split, upper_context
 from unibake.plan import make_plan
 from unibake.render import render
@@ -57,3 +61,20 @@ def test_a_dockerfile_the_memo_cannot_cut_cleanly_is_built_whole():
 def test_instructions_join_continuations_and_skip_comments():
     text = "# c\nFROM a AS b\n\nRUN x \\\n    y\n# d\nCOPY p q\n"
     assert instructions(text) == ["FROM a AS b", "RUN x y", "COPY p q"]
+
+
+def test_a_line_separator_in_a_value_does_not_move_the_cut(demo_product):
+    """U+2028 or U+0085 in a kernel's build.run ends no line for the engine, which counts steps at "\\n":
+    read as a line end, the steps above the marker were one too many, and the memo recorded the image of
+    the tune caches' COPY below it (a tune cache removed since stayed in the next image)."""
+    product = demo_product / "product.yaml"
+    text = product.read_text()
+    plain = render(make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)).dockerfile
+    run = next(line for line in text.split("\n") if line.strip().startswith("run: "))
+    for separator in ("\u2028", "\u0085", "\u2029"):
+        command = yaml.safe_load(run.strip())["run"] + f" # built by ci{separator}see notes"
+        product.write_text(text.replace(run, run.split("run: ")[0] + "run: " + json.dumps(command)))  # escaped
+        dockerfile = render(make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)).dockerfile
+        assert separator in dockerfile
+        assert split(dockerfile).lower_steps == split(plain).lower_steps == len(instructions(plain.split(MARKER)[0]))
+        assert len(instructions(dockerfile)) == len(instructions(plain))
