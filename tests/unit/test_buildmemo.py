@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from unibake.buildmemo import MARKER, Memo, instructions, split, upper_context
@@ -78,3 +79,30 @@ def test_a_line_separator_in_a_value_does_not_move_the_cut(demo_product):
         assert separator in dockerfile
         assert split(dockerfile).lower_steps == split(plain).lower_steps == len(instructions(plain.split(MARKER)[0]))
         assert len(instructions(dockerfile)) == len(instructions(plain))
+
+
+def test_a_step_line_holding_a_line_separator_is_one_step_of_the_build_stream():
+    """The engine echoes each step ("Step 3/9 : RUN ...") on one line; a U+2028 in the RUN (a build.run)
+    cut it, and its rest was read as the step's output: the failing kernel was named '%s', with the RUN's
+    own text as the compiler's error."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import BuildFailed
+
+    run = ("RUN set -eu; if ! sh -c 'make # ci\u2028note' >/tmp/log 2>&1; then printf 'error: kernel-build[%s]: %s\\n' "
+           "rope \"$(cat /tmp/log)\"; exit 1; fi")
+    events = [{"stream": "Step 1/2 : FROM base AS kernels\n"}, {"stream": " ---> " + "1" * 12 + "\n"},
+              {"stream": f"Step 2/2 : {run}\n"}, {"stream": " ---> Running in 0123\n"},
+              {"stream": "error: kernel-build[rope]: rope.cpp:3: error: expected ';'\n"},
+              {"error": "The command returned a non-zero code: 1"}]
+
+    class API:  # what docker-py's APIClient.build yields, decoded
+        def build(self, **kwargs):
+            return iter(events)
+
+    engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the stream above
+    engine.address, engine.api = "fake://", API()
+    with pytest.raises(BuildFailed) as failed:
+        engine.build(None, tag="t:1", buildargs={}, nocache=False, on_line=lambda line: None)
+    assert failed.value.step == f"Step 2: {run}"
+    assert [line for line in failed.value.output if "kernel-build" in line] == [
+        "error: kernel-build[rope]: rope.cpp:3: error: expected ';'"]
