@@ -27,7 +27,7 @@ from .envfile import EnvFile, read_env_file
 from .errors import InputError
 from .files import read_small_text
 from .platforms import KNOWN
-from .schema import MAX_VALUE_LEN, NOT_INHERITED, SCHEMA, Key
+from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
 
 PRODUCT_FILE = "product.yaml"
 # ``--profile all`` selects every profile; a platform's architecture is the suffix of its releases' tags
@@ -201,6 +201,10 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
         if spec.pattern and not spec.pattern.fullmatch(value):
             raise InputError(f"{where(path)}: key '{name}' has an invalid value {value!r}: "
                              f"expected {spec.pattern_doc}")
+        longest = max(value.split("/"), key=lambda part: len(part.encode()))
+        if spec.pattern in PATH_PATTERNS and len(longest.encode()) > NAME_MAX:
+            raise InputError(f"{where(path)}: key '{name}' names a file or folder of {len(longest.encode())} bytes "
+                             f"('{longest[:40]}...'); a name is at most {NAME_MAX} bytes")
         if spec.choices and value not in spec.choices:
             raise InputError(f"{where(path)}: key '{name}' must be one of {', '.join(spec.choices)}, "
                              f"not {value!r}")

@@ -233,6 +233,15 @@ def case_number_yaml_reads_as_another(p):  # YAML 1.1's octal: an image of 8 GPU
     edit(p / "tp1.yaml", "gpus: 1", "gpus: 010")
 
 
+def case_overlay_target_name_too_long(p):  # passed the plan; the engine failed to unpack the context (exit 1)
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: images/engine/serve.sh, "
+                                    f"target: {'a' * 300}.sh, name: long}}]\n")
+
+
+def case_mount_path_name_too_long(p):
+    edit(p / "product.yaml", "mounts: {target: /models/target}", f"mounts: {{target: /models/{'t' * 256}}}")
+
+
 def case_mount_named_name(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
 
@@ -322,6 +331,8 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "overlay_target_name_too_long": "key 'overlays[0].target' names a file or folder of 303 bytes",
+    "mount_path_name_too_long": "key 'launch.mounts.target' names a file or folder of 256 bytes",
     "number_yaml_reads_as_another": "key 'gpus' is written '010', which YAML reads as the number 8",
     "profile_named_like_another_for_a_platform": "'tp1-arm64' cannot name a profile",
     "lock_links_outside": "inputs.lock: a symlink that points outside the profiles folder",
