@@ -421,8 +421,17 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     # hidden files are an editor's (Emacs locks a file being edited as a link .#NAME), not profiles
     files = sorted(p for p in config_dir.iterdir()
                    if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE and not p.name.startswith("."))
+    # a link to another file of the folder would be that file twice (a link to product.yaml was read as a
+    # profile with no name: a KeyError traceback)
+    reals = {product_file.resolve(): product_file}
     for file in files:
         _check_profile_file(file, config_dir, display_root)
+        real = file.resolve()
+        if real in reals:
+            link, other = (file, reals[real]) if file.is_symlink() else (reals[real], file)
+            raise InputError(f"{_display(link, display_root)}: a symlink to {_display(other, display_root)}, so the "
+                             "same file twice; a profile file is a file of its own: share keys with extends: FILE")
+        reals[real] = file
     for file in files:
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]

@@ -242,6 +242,14 @@ def case_mount_path_name_too_long(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", f"mounts: {{target: /models/{'t' * 256}}}")
 
 
+def case_profile_file_linked_to_product_yaml(p):  # read as a profile with no name: a KeyError traceback
+    (p / "tp3.yaml").symlink_to("product.yaml")
+
+
+def case_profile_file_linked_to_another(p):  # was "tp1.yaml:1: profile 'tp1' is also defined in tp1.yaml"
+    (p / "tp3.yaml").symlink_to("tp1.yaml")
+
+
 def case_mount_named_name(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
 
@@ -331,6 +339,8 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "profile_file_linked_to_product_yaml": "profiles/product.yaml, so the same file twice",
+    "profile_file_linked_to_another": "/profiles/tp1.yaml, so the same file twice",
     "overlay_target_name_too_long": "key 'overlays[0].target' names a file or folder of 303 bytes",
     "mount_path_name_too_long": "key 'launch.mounts.target' names a file or folder of 256 bytes",
     "number_yaml_reads_as_another": "key 'gpus' is written '010', which YAML reads as the number 8",
