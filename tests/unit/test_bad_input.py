@@ -250,6 +250,12 @@ def case_profile_file_linked_to_another(p):  # was "tp1.yaml:1: profile 'tp1' is
     (p / "tp3.yaml").symlink_to("tp1.yaml")
 
 
+def case_product_yaml_linked_into_a_subfolder(p):  # was "key 'product' can only be set in product.yaml"
+    (p / "products").mkdir()
+    (p / "product.yaml").rename(p / "products" / "demo.yaml")
+    (p / "product.yaml").symlink_to("products/demo.yaml")
+
+
 def case_mount_named_name(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
 
@@ -339,6 +345,7 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "product_yaml_linked_into_a_subfolder": "product.yaml: a symlink (to ",
     "profile_file_linked_to_product_yaml": "profiles/product.yaml, so the same file twice",
     "profile_file_linked_to_another": "/profiles/tp1.yaml, so the same file twice",
     "overlay_target_name_too_long": "key 'overlays[0].target' names a file or folder of 303 bytes",
