@@ -504,6 +504,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         platform=platform,
     )
     _check_component_labels(plan.components)
+    # a FROM line takes a builder stage's name before an image's: base.image 'kernels' was built FROM the
+    # compiler stage, silently
+    stages = ["kernels"] + [f"kernels{n}" for n in range(2, len(plan.from_images))]  # as render._stages names them
+    for i, (role, image) in enumerate(plan.from_images):
+        if image in stages[:i]:  # a stage above this FROM
+            at = where(base_key) if role == "base image" else where(("kernels",))
+            raise InputError(f"{at}: the {role} '{image}' has the name of a builder stage of the Dockerfile above its "
+                             f"FROM line, which takes the stage before any image; name it with its tag ({image}:latest)")
     return plan
 
 

@@ -137,6 +137,23 @@ def test_duplicate_profile_names_are_refused(busybox_product):
         make_plan(busybox_product)
 
 
+@pytest.mark.parametrize("old,new,says", [
+    ('  image: "localhost/unibake-demo-base:bookworm"', "  image: kernels", "the base image 'kernels'"),
+    ("    build:\n", "    build:\n      image: kernels\n", "the toolchain image 'kernels'")])
+def test_an_image_named_like_a_builder_stage_above_its_from_is_refused(demo_product, old, new, says):
+    # FROM kernels takes the stage "kernels" (the compiler image) before an image of that name: the release
+    # was built on the builder stage, silently
+    product = demo_product / "product.yaml"
+    assert old in product.read_text()
+    write(product, product.read_text().replace(old, new, 1))
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: {says} has the name of a builder stage of the "
+                                         r"Dockerfile above its FROM line.*\(kernels:latest\)"):
+        make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)
+    # the first FROM has no stage above it, and a tag is never a stage's name
+    write(product, product.read_text().replace(new, old.replace("localhost/unibake-demo-base:bookworm", "kernels:1")))
+    make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)
+
+
 def test_shared_key_in_a_profile_file_is_refused(busybox_product):
     write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\nbase: {image: other}\n")
     with pytest.raises(InputError, match=r"tp2\.yaml:3: key 'base' can only be set in product\.yaml"):
