@@ -472,6 +472,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         if p.tune:
             inputs += p.tune.source.files
         inputs += [e.source.files[0] for e in p.env_files]
+    # the lock cannot hold its own sha256: baked (the profiles folder as an overlay, a link to it in the engine),
+    # each lock changed it again
+    lock_real = Path(os.path.realpath(config_dir / LOCK_FILE))  # a lock that is a looping link is named below
+    if any(f.absolute == lock_real for f in inputs):
+        holder = next((s.path for s in _sources(engine, kernels, overlays, chosen)
+                       if any(f.absolute == lock_real for f in s.files)), LOCK_FILE)
+        raise InputError(f"{display_path(config_dir / LOCK_FILE, cwd)}: the source '{holder}' bakes the inputs lock "
+                         "into the image, but the lock cannot pin its own sha256 (each build.py lock would change it "
+                         "again); bake the files beside it one by one instead")
     if verify_lock:
         lock_path = config_dir / LOCK_FILE
         lock_display = display_path(lock_path, cwd)
@@ -510,8 +519,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     for i, (role, image) in enumerate(plan.from_images):
         if image in stages[:i]:  # a stage above this FROM
             at = where(base_key) if role == "base image" else where(("kernels",))
-            raise InputError(f"{at}: the {role} '{image}' has the name of a builder stage of the Dockerfile above its "
-                             f"FROM line, which takes the stage before any image; name it with its tag ({image}:latest)")
+            raise InputError(f"{at}: the {role} '{image}' has the name of a builder stage of the Dockerfile above "
+                             "its FROM line, which takes the stage before any image; name it with its tag "
+                             f"({image}:latest)")
     return plan
 
 

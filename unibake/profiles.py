@@ -413,10 +413,11 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     product_file = config_dir / PRODUCT_FILE
     if os.path.lexists(product_file):
         _check_profile_file(product_file, config_dir, display_root)
-        if product_file.is_symlink():  # read as the file it names, a profile setting product keys: a misleading error
+        if product_file.is_symlink():  # read as the file it names, a profile setting product keys: misleading
             raise InputError(f"{_display(product_file, display_root)}: a symlink (to "
-                             f"{_display(product_file.resolve(), display_root)}); product.yaml must be the file itself: "
-                             "the profiles extend it by name, and the release's reconstruct kit carries files, not links")
+                             f"{_display(product_file.resolve(), display_root)}); product.yaml must be the file "
+                             "itself: the profiles extend it by name, and the release's reconstruct kit carries files, "
+                             "not links")
     resolve(config_dir, product_file, display_root, cache, env_cache=env_cache)
     product = cache[product_file.resolve()]
     shared = {k: v for k, v in SCHEMA.items() if v.scope == "product"}
