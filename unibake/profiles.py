@@ -25,7 +25,7 @@ import yaml
 
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
-from .files import read_small_text
+from .files import read_small_text, visible_name
 from .platforms import KNOWN
 from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
 
@@ -408,6 +408,16 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     config_dir = config_dir.resolve()
     if not config_dir.is_dir():
         raise InputError(f"{config_dir}: the profiles folder does not exist")
+    # its name heads the Dockerfile (the files it was rendered from): a newline there began an instruction
+    # ("p\nRUN ..."), a name that is not UTF-8 was a UnicodeEncodeError traceback
+    def shown(path: str) -> str:
+        text = visible_name(path)
+        return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+    name = config_dir.name
+    if visible_name(name) != name or any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        raise InputError(f"the profiles folder '{shown(name)}' (in {shown(str(config_dir.parent))}) has a name that is "
+                         "not UTF-8 or holds a control character; rename it: its name is written into the Dockerfile")
     cache: dict[Path, Document] = {}
     env_cache: dict[str, EnvFile] = {}
     product_file = config_dir / PRODUCT_FILE
