@@ -27,7 +27,7 @@ from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import mount_var
-from .schema import (RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
+from .schema import (PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
                      default_of)
 
 INSTALL_ROOT = "/opt/unibake"
@@ -614,6 +614,11 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         outputs = outputs or prebuilt.libraries
         if not outputs:
             raise InputError(f"{where(('prebuilt',))}: {rel} holds no .so for kernel '{name}' to load")
+        for out in outputs:  # every library it holds, by default: named in ':'-separated lists the shell splits
+            if not PATH_RE.fullmatch(out):
+                raise InputError(f"{where(key)}: {rel} holds the library {out!r}, which the image's ':'-separated "
+                                 "library lists cannot name (letters, digits, '.', '_', '+' and '-' only); give "
+                                 "outputs: naming the libraries to load")
         return Kernel(name=name, version=data["version"], source=None, cflags=(), outputs=outputs,
                       prebuilt=prebuilt)
     source = read_source(root, data["source"], where(("source",)), want="dir")

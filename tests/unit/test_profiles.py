@@ -154,6 +154,30 @@ def test_an_image_named_like_a_builder_stage_above_its_from_is_refused(demo_prod
     make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)
 
 
+@pytest.mark.parametrize("member", ["lib/a:b.so", "lib/lib*.so"])
+def test_a_prebuilt_library_the_image_cannot_list_by_its_path_is_refused(busybox_product, member):
+    # every library of an archive is loaded by default, by its path in ':'-separated lists the shell splits
+    # (UNIBAKE_KERNELS, LD_LIBRARY_PATH; self-check expands them unquoted): 'a:b.so' became '.../a' and 'b.so',
+    # and self-check failed after the build
+    import io
+    import tarfile
+
+    archive = busybox_product.parent / "images" / "odd.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in (member, "lib/libok.so"):
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"\x7fELF"))
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text() + 'kernels: [{name: odd, version: "1", prebuilt: images/odd.tar}]\n')
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: images/odd\.tar holds the library "
+                                         rf"'{re.escape(member)}', which the image's ':'-separated library lists"):
+        make_plan(busybox_product, verify_lock=False)
+    write(product, product.read_text().replace("prebuilt: images/odd.tar}", "prebuilt: images/odd.tar, "
+                                               "outputs: [lib/libok.so]}"))
+    assert make_plan(busybox_product, verify_lock=False).kernels[0].outputs == ("lib/libok.so",)
+
+
 def test_shared_key_in_a_profile_file_is_refused(busybox_product):
     write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\nbase: {image: other}\n")
     with pytest.raises(InputError, match=r"tp2\.yaml:3: key 'base' can only be set in product\.yaml"):
