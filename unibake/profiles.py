@@ -26,6 +26,7 @@ import yaml
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
 from .files import read_small_text, visible_name
+from .inputs import real_path
 from .platforms import KNOWN
 from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
 
@@ -373,7 +374,8 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     if is_product:
         return data, origins, (doc.display,), env_files
     parent_name = doc.data.get("extends", PRODUCT_FILE)
-    parent = (file.parent / parent_name).resolve()
+    named = file.parent / parent_name  # a link that loops or points nowhere is named as such, not a traceback
+    parent = real_path(named, parent_name, doc.where(("extends",))) if os.path.lexists(named) else named.resolve()
     if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
         raise InputError(f"{doc.where(('extends',))}: 'extends' must name a .yaml file in "
                          f"{_display(config_dir, display_root)}/, not {parent_name!r}")
@@ -390,7 +392,7 @@ def _check_profile_file(file: Path, config_dir: Path, display_root: Path) -> Non
     if not FILE_NAME_RE.fullmatch(file.name):
         raise InputError(f"{_display(config_dir, display_root)}: the profile file name {file.name!r} is not a plain "
                          "name (letters, digits, '.', '_', '-', ending .yaml); rename it")
-    real = file.resolve()
+    real = real_path(file, "", _display(file, display_root))  # a link that loops: a RuntimeError traceback
     if not real.is_relative_to(config_dir):
         raise InputError(f"{_display(file, display_root)}: a symlink that points outside the profiles folder "
                          f"(to {real}); profiles must live in the folder")

@@ -256,6 +256,19 @@ def case_product_yaml_linked_into_a_subfolder(p):  # was "key 'product' can only
     (p / "product.yaml").symlink_to("products/demo.yaml")
 
 
+def case_profile_file_is_a_symlink_loop(p):  # Path.resolve(): a RuntimeError traceback
+    os.symlink("tp3.yaml", p / "tp3.yaml")
+
+
+def case_profile_file_points_nowhere(p):  # was "profiles/gone.yaml: no such file", naming the target
+    os.symlink("gone.yaml", p / "tp3.yaml")
+
+
+def case_extends_a_symlink_loop(p):
+    os.symlink(".base.yaml", p / ".base.yaml")
+    edit(p / "tp2.yaml", "extends: tp1.yaml", "extends: .base.yaml")
+
+
 def case_mount_named_name(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
 
@@ -345,6 +358,9 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "profile_file_is_a_symlink_loop": "profiles/tp3.yaml: a symlink loop; point it at a file",
+    "profile_file_points_nowhere": "profiles/tp3.yaml: a symlink that points nowhere",
+    "extends_a_symlink_loop": "tp2.yaml:2: '.base.yaml' is a symlink loop",
     "product_yaml_linked_into_a_subfolder": "product.yaml: a symlink (to ",
     "profile_file_linked_to_product_yaml": "profiles/product.yaml, so the same file twice",
     "profile_file_linked_to_another": "/profiles/tp1.yaml, so the same file twice",
