@@ -29,7 +29,7 @@ from .files import write_atomic
 from .render import BuildContext, ContextFile
 
 MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
-VERSION = 1
+VERSION = 2  # 2: steps counted at "\n" only; a memo of 1 may name a step below the marker (a U+2028 in a value)
 _ID = re.compile(r"sha256:[0-9a-f]{64}")
 _FROM = re.compile(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?$", re.IGNORECASE)
 _COPY_FROM = re.compile(r"^(COPY\s+--from=)(\S+)(\s)", re.IGNORECASE | re.MULTILINE)
@@ -39,9 +39,11 @@ _COPY_SOURCE = re.compile(r"^(?:COPY|ADD)\s+(?!--)(\S+)\s", re.IGNORECASE)
 def instructions(text: str) -> list[str]:
     """The Dockerfile's instructions, one per entry (continuation lines joined), comments left out.
     Hand-written: the Dockerfiles read here are the ones unibake renders (no parser directives,
-    no comments inside a continued instruction, no heredocs)."""
+    no comments inside a continued instruction, no heredocs). Lines end at "\n" only, as the engine's
+    parser reads them: str.splitlines() also ends one at U+2028 or U+0085 in a value (a build.run), so the
+    steps were miscounted and the memo recorded the image of a step below the marker."""
     found, current = [], ""
-    for line in text.splitlines():
+    for line in text.split("\n"):
         stripped = line.strip()
         if not current and (not stripped or stripped.startswith("#")):
             continue

@@ -21,6 +21,10 @@ from .errors import BuildFailed, BuildInterrupted, EngineError, InputError, RunT
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+# what ends a line of the build's stream: "\n" (and a progress bar's "\r"), not U+2028 or U+0085, which
+# str.splitlines() also takes: a Step line echoing a value that holds one was cut, and its rest read as output
+# (a kernel's RUN echoed that way was named as the failing kernel '%s')
+STREAM_LINE_END_RE = re.compile(r"\r\n|\r|\n")
 DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
 # Long steps (a compile, a big COPY) may print nothing for minutes.
 TIMEOUT = 3600
@@ -133,7 +137,7 @@ class DockerEngine(Engine):
                 if "aux" in event and "ID" in event["aux"]:
                     image_id = event["aux"]["ID"]
                 text = event.get("stream", "")
-                for line in text.splitlines():
+                for line in STREAM_LINE_END_RE.split(text):
                     match = STEP_RE.match(line)
                     if match:
                         close_step()

@@ -28,7 +28,7 @@ from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
-from .schema import (RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
+from .schema import (PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
                      default_of)
 
 INSTALL_ROOT = "/opt/unibake"
@@ -484,6 +484,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         if p.tune:
             inputs += p.tune.source.files
         inputs += [e.source.files[0] for e in p.env_files]
+    # the lock cannot hold its own sha256: baked (the profiles folder as an overlay, a link to it in the engine),
+    # each lock changed it again
+    lock_real = Path(os.path.realpath(config_dir / LOCK_FILE))  # a lock that is a looping link is named below
+    if any(f.absolute == lock_real for f in inputs):
+        holder = next((s.path for s in _sources(engine, kernels, overlays, chosen)
+                       if any(f.absolute == lock_real for f in s.files)), LOCK_FILE)
+        raise InputError(f"{display_path(config_dir / LOCK_FILE, cwd)}: the source '{holder}' bakes the inputs lock "
+                         "into the image, but the lock cannot pin its own sha256 (each build.py lock would change it "
+                         "again); bake the files beside it one by one instead")
     if verify_lock:
         lock_path = config_dir / LOCK_FILE
         lock_display = display_path(lock_path, cwd)
@@ -516,6 +525,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         platform=platform,
     )
     _check_component_labels(plan.components)
+    # a FROM line takes a builder stage's name before an image's: base.image 'kernels' was built FROM the
+    # compiler stage, silently
+    stages = ["kernels"] + [f"kernels{n}" for n in range(2, len(plan.from_images))]  # as render._stages names them
+    for i, (role, image) in enumerate(plan.from_images):
+        if image in stages[:i]:  # a stage above this FROM
+            at = where(base_key) if role == "base image" else where(("kernels",))
+            raise InputError(f"{at}: the {role} '{image}' has the name of a builder stage of the Dockerfile above "
+                             "its FROM line, which takes the stage before any image; name it with its tag "
+                             f"({image}:latest)")
     return plan
 
 
@@ -608,6 +626,11 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         outputs = outputs or prebuilt.libraries
         if not outputs:
             raise InputError(f"{where(('prebuilt',))}: {rel} holds no .so for kernel '{name}' to load")
+        for out in outputs:  # every library it holds, by default: named in ':'-separated lists the shell splits
+            if not PATH_RE.fullmatch(out):
+                raise InputError(f"{where(key)}: {rel} holds the library {out!r}, which the image's ':'-separated "
+                                 "library lists cannot name (letters, digits, '.', '_', '+' and '-' only); give "
+                                 "outputs: naming the libraries to load")
         return Kernel(name=name, version=data["version"], source=None, cflags=(), outputs=outputs,
                       prebuilt=prebuilt)
     source = read_source(root, data["source"], where(("source",)), want="dir")

@@ -25,9 +25,10 @@ import yaml
 
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
-from .files import read_small_text
+from .files import read_small_text, visible_name
+from .inputs import real_path
 from .platforms import KNOWN
-from .schema import MAX_VALUE_LEN, NOT_INHERITED, SCHEMA, Key
+from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
 
 PRODUCT_FILE = "product.yaml"
 # ``--profile all`` selects every profile; a platform's architecture is the suffix of its releases' tags
@@ -88,6 +89,9 @@ def dotted(path: Path_) -> str:
 MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
 MAX_YAML_BYTES = 4 << 20
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
+# YAML 1.1 reads 010 as 8 (octal), 1:30 as 90 (base 60), 0x10 as 16 and 1_000 as 1000: a number written any
+# other way than in plain decimal digits is refused, not baked as another number (gpus: 010 gave 8 GPUs)
+DECIMAL_RE = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
 
 
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str, count: list[int]) -> Any:
@@ -127,6 +131,9 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 63:
         # no key takes one; even printing it in an error can fail past 4300 digits
         raise InputError(f"{display}:{line}: a number too large to be a value") from None
+    if isinstance(value, int) and not isinstance(value, bool) and not DECIMAL_RE.fullmatch(node.value):
+        raise InputError(f"{display}:{line}: key '{dotted(path)}' is written {node.value!r}, which YAML reads as the "
+                         f"number {value}; write {value} in plain decimal digits, or quote it if it is text")
     if isinstance(value, str):
         if any(0xD800 <= ord(c) <= 0xDFFF for c in value):  # "\ud800" in YAML: no UTF-8 can carry it
             raise InputError(f"{display}:{line}: a string holds a lone surrogate ('\\u' escape of "
@@ -195,6 +202,10 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
         if spec.pattern and not spec.pattern.fullmatch(value):
             raise InputError(f"{where(path)}: key '{name}' has an invalid value {value!r}: "
                              f"expected {spec.pattern_doc}")
+        longest = max(value.split("/"), key=lambda part: len(part.encode()))
+        if spec.pattern in PATH_PATTERNS and len(longest.encode()) > NAME_MAX:
+            raise InputError(f"{where(path)}: key '{name}' names a file or folder of {len(longest.encode())} bytes "
+                             f"('{longest[:40]}...'); a name is at most {NAME_MAX} bytes")
         if spec.choices and value not in spec.choices:
             raise InputError(f"{where(path)}: key '{name}' must be one of {', '.join(spec.choices)}, "
                              f"not {value!r}")
@@ -363,7 +374,8 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     if is_product:
         return data, origins, (doc.display,), env_files
     parent_name = doc.data.get("extends", PRODUCT_FILE)
-    parent = (file.parent / parent_name).resolve()
+    named = file.parent / parent_name  # a link that loops or points nowhere is named as such, not a traceback
+    parent = real_path(named, parent_name, doc.where(("extends",))) if os.path.lexists(named) else named.resolve()
     if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
         raise InputError(f"{doc.where(('extends',))}: 'extends' must name a .yaml file in "
                          f"{_display(config_dir, display_root)}/, not {parent_name!r}")
@@ -380,7 +392,7 @@ def _check_profile_file(file: Path, config_dir: Path, display_root: Path) -> Non
     if not FILE_NAME_RE.fullmatch(file.name):
         raise InputError(f"{_display(config_dir, display_root)}: the profile file name {file.name!r} is not a plain "
                          "name (letters, digits, '.', '_', '-', ending .yaml); rename it")
-    real = file.resolve()
+    real = real_path(file, "", _display(file, display_root))  # a link that loops: a RuntimeError traceback
     if not real.is_relative_to(config_dir):
         raise InputError(f"{_display(file, display_root)}: a symlink that points outside the profiles folder "
                          f"(to {real}); profiles must live in the folder")
@@ -398,11 +410,26 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     config_dir = config_dir.resolve()
     if not config_dir.is_dir():
         raise InputError(f"{config_dir}: the profiles folder does not exist")
+    # its name heads the Dockerfile (the files it was rendered from): a newline there began an instruction
+    # ("p\nRUN ..."), a name that is not UTF-8 was a UnicodeEncodeError traceback
+    def shown(path: str) -> str:
+        text = visible_name(path)
+        return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+    name = config_dir.name
+    if visible_name(name) != name or any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        raise InputError(f"the profiles folder '{shown(name)}' (in {shown(str(config_dir.parent))}) has a name that is "
+                         "not UTF-8 or holds a control character; rename it: its name is written into the Dockerfile")
     cache: dict[Path, Document] = {}
     env_cache: dict[str, EnvFile] = {}
     product_file = config_dir / PRODUCT_FILE
     if os.path.lexists(product_file):
         _check_profile_file(product_file, config_dir, display_root)
+        if product_file.is_symlink():  # read as the file it names, a profile setting product keys: misleading
+            raise InputError(f"{_display(product_file, display_root)}: a symlink (to "
+                             f"{_display(product_file.resolve(), display_root)}); product.yaml must be the file "
+                             "itself: the profiles extend it by name, and the release's reconstruct kit carries files, "
+                             "not links")
     resolve(config_dir, product_file, display_root, cache, env_cache=env_cache)
     product = cache[product_file.resolve()]
     shared = {k: v for k, v in SCHEMA.items() if v.scope == "product"}
@@ -411,8 +438,17 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     # hidden files are an editor's (Emacs locks a file being edited as a link .#NAME), not profiles
     files = sorted(p for p in config_dir.iterdir()
                    if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE and not p.name.startswith("."))
+    # a link to another file of the folder would be that file twice (a link to product.yaml was read as a
+    # profile with no name: a KeyError traceback)
+    reals = {product_file.resolve(): product_file}
     for file in files:
         _check_profile_file(file, config_dir, display_root)
+        real = file.resolve()
+        if real in reals:
+            link, other = (file, reals[real]) if file.is_symlink() else (reals[real], file)
+            raise InputError(f"{_display(link, display_root)}: a symlink to {_display(other, display_root)}, so the "
+                             "same file twice; a profile file is a file of its own: share keys with extends: FILE")
+        reals[real] = file
     for file in files:
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]

@@ -50,6 +50,8 @@ SHM_SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[bkmg]?$")
 EXTERNAL_NAME_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 # An absolute path inside the image (mount points).
 IMAGE_PATH_RE = re.compile(r"^/[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*$")
+# An overlay's target: a relative path inside the engine folder, or '.' for the folder itself.
+OVERLAY_TARGET_RE = re.compile(rf"^(?:\.|{_COMPONENT}(?:/{_COMPONENT})*/?)$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_KEY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._/-]{0,126}[a-z0-9])?$")
 # name[:tag][@sha256:digest], with an optional registry host[:port] first.
@@ -71,6 +73,10 @@ RESERVED_ENV_PREFIX = "UNIBAKE_"
 # defaults them first), so a value in env would never take effect; a single-node profile sets neither.
 TOPOLOGY_ENV = {"NNODES": "topology.nodes", "NODE_RANK": "run.sh's NODE_RANK on each node",
                 "MASTER_ADDR": "run.sh's MASTER_ADDR on each node", "MASTER_PORT": "topology.master_port"}
+# Values that are paths (in the project, on the host or in the image): no part of one may be longer than a
+# file name can be (a 300-byte overlay target passed the plan and failed as the engine unpacked the context).
+PATH_PATTERNS = frozenset({PATH_RE, PREBUILT_RE, EXTERNAL_NAME_RE, IMAGE_PATH_RE, DEVICE_RE, OVERLAY_TARGET_RE})
+NAME_MAX = 255
 # A command word or argument of the engine: printable, no control characters.
 MAX_VALUE_LEN = 4096
 MAX_GPUS = 1024
@@ -213,8 +219,7 @@ SCHEMA: dict[str, Key] = {
                         "source": _path("the file, or the folder (its whole tree, dot-files included), to copy",
                                         required=True),
                         "target": Key(type="str", doc="where it goes, relative to the engine folder ('.' for "
-                                      "the engine folder itself)", required=True, pattern=re.compile(
-                                          rf"^(?:\.|{_COMPONENT}(?:/{_COMPONENT})*/?)$"),
+                                      "the engine folder itself)", required=True, pattern=OVERLAY_TARGET_RE,
                                       pattern_doc="a relative path inside the engine folder, or '.'"),
                         "name": _str("its name in the notes and labels (default: the target)",
                                      pattern=PATH_RE, pattern_doc="a name like adapter or sglang/srt/adapter"),

@@ -229,6 +229,46 @@ def case_aliases_expand_a_long_string(p):  # 84 kB of YAML, 80 MB of Dockerfile 
                                 'args: [&a "' + "A" * 4000 + '"' + ", *a" * 20000 + "]\n")
 
 
+def case_number_yaml_reads_as_another(p):  # YAML 1.1's octal: an image of 8 GPUs
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 010")
+
+
+def case_overlay_target_name_too_long(p):  # passed the plan; the engine failed to unpack the context (exit 1)
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: images/engine/serve.sh, "
+                                    f"target: {'a' * 300}.sh, name: long}}]\n")
+
+
+def case_mount_path_name_too_long(p):
+    edit(p / "product.yaml", "mounts: {target: /models/target}", f"mounts: {{target: /models/{'t' * 256}}}")
+
+
+def case_profile_file_linked_to_product_yaml(p):  # read as a profile with no name: a KeyError traceback
+    (p / "tp3.yaml").symlink_to("product.yaml")
+
+
+def case_profile_file_linked_to_another(p):  # was "tp1.yaml:1: profile 'tp1' is also defined in tp1.yaml"
+    (p / "tp3.yaml").symlink_to("tp1.yaml")
+
+
+def case_product_yaml_linked_into_a_subfolder(p):  # was "key 'product' can only be set in product.yaml"
+    (p / "products").mkdir()
+    (p / "product.yaml").rename(p / "products" / "demo.yaml")
+    (p / "product.yaml").symlink_to("products/demo.yaml")
+
+
+def case_profile_file_is_a_symlink_loop(p):  # Path.resolve(): a RuntimeError traceback
+    os.symlink("tp3.yaml", p / "tp3.yaml")
+
+
+def case_profile_file_points_nowhere(p):  # was "profiles/gone.yaml: no such file", naming the target
+    os.symlink("gone.yaml", p / "tp3.yaml")
+
+
+def case_extends_a_symlink_loop(p):
+    os.symlink(".base.yaml", p / ".base.yaml")
+    edit(p / "tp2.yaml", "extends: tp1.yaml", "extends: .base.yaml")
+
+
 def case_mount_named_name(p):
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /models/target, name: /models/n}")
 
@@ -318,6 +358,15 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "profile_file_is_a_symlink_loop": "profiles/tp3.yaml: a symlink loop; point it at a file",
+    "profile_file_points_nowhere": "profiles/tp3.yaml: a symlink that points nowhere",
+    "extends_a_symlink_loop": "tp2.yaml:2: '.base.yaml' is a symlink loop",
+    "product_yaml_linked_into_a_subfolder": "product.yaml: a symlink (to ",
+    "profile_file_linked_to_product_yaml": "profiles/product.yaml, so the same file twice",
+    "profile_file_linked_to_another": "/profiles/tp1.yaml, so the same file twice",
+    "overlay_target_name_too_long": "key 'overlays[0].target' names a file or folder of 303 bytes",
+    "mount_path_name_too_long": "key 'launch.mounts.target' names a file or folder of 256 bytes",
+    "number_yaml_reads_as_another": "key 'gpus' is written '010', which YAML reads as the number 8",
     "profile_named_like_another_for_a_platform": "'tp1-arm64' cannot name a profile",
     "lock_links_outside": "inputs.lock: a symlink that points outside the profiles folder",
     "overlay_nested_too_deeply": "source 'images/overlays/deep' is nested too deeply",

@@ -3,7 +3,11 @@ the Dockerfile of the part below it."""
 
 from __future__ import annotations
 
+import json
 import tarfile
+
+import pytest
+import yaml
 
 from unibake.builder import build_image
 from unibake.buildmemo import MARKER, Memo, instructions, split, upper_context
@@ -90,3 +94,47 @@ def test_a_memo_build_counts_as_memoised_only_steps_it_counts_as_cached(busybox_
     (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
     second = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
     assert second.memoised == second.cached_steps == 1  # the engine's COPY above the marker; not its FROM
+
+
+def test_a_line_separator_in_a_value_does_not_move_the_cut(demo_product):
+    """U+2028 or U+0085 in a kernel's build.run ends no line for the engine, which counts steps at "\\n":
+    read as a line end, the steps above the marker were one too many, and the memo recorded the image of
+    the tune caches' COPY below it (a tune cache removed since stayed in the next image)."""
+    product = demo_product / "product.yaml"
+    text = product.read_text()
+    plain = render(make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)).dockerfile
+    run = next(line for line in text.split("\n") if line.strip().startswith("run: "))
+    for separator in ("\u2028", "\u0085", "\u2029"):
+        command = yaml.safe_load(run.strip())["run"] + f" # built by ci{separator}see notes"
+        product.write_text(text.replace(run, run.split("run: ")[0] + "run: " + json.dumps(command)))  # escaped
+        dockerfile = render(make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)).dockerfile
+        assert separator in dockerfile
+        assert split(dockerfile).lower_steps == split(plain).lower_steps == len(instructions(plain.split(MARKER)[0]))
+        assert len(instructions(dockerfile)) == len(instructions(plain))
+
+
+def test_a_step_line_holding_a_line_separator_is_one_step_of_the_build_stream():
+    """The engine echoes each step ("Step 3/9 : RUN ...") on one line; a U+2028 in the RUN (a build.run)
+    cut it, and its rest was read as the step's output: the failing kernel was named '%s', with the RUN's
+    own text as the compiler's error."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import BuildFailed
+
+    run = ("RUN set -eu; if ! sh -c 'make # ci\u2028note' >/tmp/log 2>&1; then printf 'error: kernel-build[%s]: %s\\n' "
+           "rope \"$(cat /tmp/log)\"; exit 1; fi")
+    events = [{"stream": "Step 1/2 : FROM base AS kernels\n"}, {"stream": " ---> " + "1" * 12 + "\n"},
+              {"stream": f"Step 2/2 : {run}\n"}, {"stream": " ---> Running in 0123\n"},
+              {"stream": "error: kernel-build[rope]: rope.cpp:3: error: expected ';'\n"},
+              {"error": "The command returned a non-zero code: 1"}]
+
+    class API:  # what docker-py's APIClient.build yields, decoded
+        def build(self, **kwargs):
+            return iter(events)
+
+    engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the stream above
+    engine.address, engine.api = "fake://", API()
+    with pytest.raises(BuildFailed) as failed:
+        engine.build(None, tag="t:1", buildargs={}, nocache=False, on_line=lambda line: None)
+    assert failed.value.step == f"Step 2: {run}"
+    assert [line for line in failed.value.output if "kernel-build" in line] == [
+        "error: kernel-build[rope]: rope.cpp:3: error: expected ';'"]

@@ -107,6 +107,22 @@ def test_a_profile_file_name_holding_a_newline_is_refused(cli, busybox_product):
 # --- class 7: special files are refused before they are opened for reading ---------------------
 
 
+@pytest.mark.parametrize("name", ["profiles\nRUN echo injected #", os.fsdecode(b"profiles-\xff")])
+def test_a_profiles_folder_named_with_a_newline_or_not_utf8_is_refused_before_the_render(cli, busybox_product, name):
+    # the folder's name heads the Dockerfile ("Rendered by unibake from FOLDER/product.yaml, ..."): a newline
+    # began an instruction on the next line; a name that is not UTF-8 was a UnicodeEncodeError traceback
+    from unibake.errors import InputError
+    from unibake.plan import make_plan
+
+    folder = busybox_product.rename(busybox_product.parent / name)
+    with pytest.raises(InputError, match="has a name that is not UTF-8 or holds a control character; rename it"):
+        make_plan(folder, cwd=folder.parent)
+    if "\n" in name:  # (the console of the in-process CLI cannot print a name that is not UTF-8)
+        result = cli("--stage", "render", "--config", str(folder))
+        assert result.code == 2 and len(result.error_lines) == 1, result.err
+        assert not (folder.parent / "dockerfiles").exists()
+
+
 def test_a_profile_that_is_a_fifo_is_refused_not_waited_on(cli, busybox_product):
     os.mkfifo(busybox_product / "tp9.yaml")
     result = cli("--stage", "render", "--config", str(busybox_product))

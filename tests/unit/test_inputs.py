@@ -96,6 +96,26 @@ def test_lock_command_rewrites_the_lock_and_then_the_build_accepts(busybox_produ
 
 
 
+@pytest.mark.parametrize("how", ["the profiles folder as an overlay", "a link to it in the engine"])
+def test_a_source_that_bakes_the_lock_itself_is_refused_by_lock_and_build(busybox_product, cli, how):
+    # each lock changed the lock's own sha256, so every build said "differs from inputs.lock ... run: python
+    # build.py lock", for ever
+    holder = "profiles" if how.startswith("the profiles") else "images/engine"
+    if holder == "profiles":
+        product = busybox_product / "product.yaml"
+        product.write_text(product.read_text() + "overlays: [{source: profiles, target: conf/}]\n")
+    else:
+        (busybox_product.parent / "images/engine/inputs.lock").symlink_to("../../profiles/inputs.lock")
+    lock = (busybox_product / "inputs.lock").read_bytes()
+    for argv in (["lock"], ["--stage", "render"]):
+        result = cli(*argv, "--config", str(busybox_product))
+        assert result.code == 2, result.err
+        assert result.error_lines == [f"error: {busybox_product / 'inputs.lock'}: the source '{holder}' bakes the inputs "
+                                      "lock into the image, but the lock cannot pin its own sha256 (each build.py lock "
+                                      "would change it again); bake the files beside it one by one instead"]
+    assert (busybox_product / "inputs.lock").read_bytes() == lock
+
+
 def test_the_lock_pins_which_inputs_are_executable_and_sha256sum_still_reads_it(busybox_product, cli):
     import subprocess
 

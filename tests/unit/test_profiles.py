@@ -84,6 +84,16 @@ def test_wrong_type_is_refused_with_a_hint(busybox_product):
         make_plan(busybox_product)
 
 
+@pytest.mark.parametrize("written,read", [("010", 8), ("1:30", 90), ("0x10", 16), ("1_0", 10), ("!!int '07'", 7)])
+def test_a_number_yaml_reads_as_another_is_refused(busybox_product, written, read):
+    # YAML 1.1: a leading zero is octal, a colon base 60; gpus: 010 gave an image of 8 GPUs
+    tp1 = busybox_product / "tp1.yaml"
+    write(tp1, tp1.read_text().replace("gpus: 1", f"gpus: {written}"))
+    with pytest.raises(InputError, match=rf"tp1\.yaml:\d+: key 'gpus' is written '[^']+', which YAML reads as the "
+                                         rf"number {read}; write {read} in plain decimal digits, or quote it"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 def test_missing_required_key_is_named(busybox_product):
     write(busybox_product / "tp1.yaml", "profile: tp1\ntune_caches: {source: images/tune/tp1, expect: 2}\n")
     with pytest.raises(InputError, match=r"tp1\.yaml: required key 'gpus' is missing"):
@@ -125,6 +135,47 @@ def test_duplicate_profile_names_are_refused(busybox_product):
     write(busybox_product / "tp3.yaml", "profile: tp2\ngpus: 3\n")
     with pytest.raises(InputError, match=r"tp3\.yaml:1: profile 'tp2' is also defined in .*tp2\.yaml"):
         make_plan(busybox_product)
+
+
+@pytest.mark.parametrize("old,new,says", [
+    ('  image: "localhost/unibake-demo-base:bookworm"', "  image: kernels", "the base image 'kernels'"),
+    ("    build:\n", "    build:\n      image: kernels\n", "the toolchain image 'kernels'")])
+def test_an_image_named_like_a_builder_stage_above_its_from_is_refused(demo_product, old, new, says):
+    # FROM kernels takes the stage "kernels" (the compiler image) before an image of that name: the release
+    # was built on the builder stage, silently
+    product = demo_product / "product.yaml"
+    assert old in product.read_text()
+    write(product, product.read_text().replace(old, new, 1))
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: {says} has the name of a builder stage of the "
+                                         r"Dockerfile above its FROM line.*\(kernels:latest\)"):
+        make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)
+    # the first FROM has no stage above it, and a tag is never a stage's name
+    write(product, product.read_text().replace(new, old.replace("localhost/unibake-demo-base:bookworm", "kernels:1")))
+    make_plan(demo_product, cwd=demo_product.parent, verify_lock=False)
+
+
+@pytest.mark.parametrize("member", ["lib/a:b.so", "lib/lib*.so"])
+def test_a_prebuilt_library_the_image_cannot_list_by_its_path_is_refused(busybox_product, member):
+    # every library of an archive is loaded by default, by its path in ':'-separated lists the shell splits
+    # (UNIBAKE_KERNELS, LD_LIBRARY_PATH; self-check expands them unquoted): 'a:b.so' became '.../a' and 'b.so',
+    # and self-check failed after the build
+    import io
+    import tarfile
+
+    archive = busybox_product.parent / "images" / "odd.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in (member, "lib/libok.so"):
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"\x7fELF"))
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text() + 'kernels: [{name: odd, version: "1", prebuilt: images/odd.tar}]\n')
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: images/odd\.tar holds the library "
+                                         rf"'{re.escape(member)}', which the image's ':'-separated library lists"):
+        make_plan(busybox_product, verify_lock=False)
+    write(product, product.read_text().replace("prebuilt: images/odd.tar}", "prebuilt: images/odd.tar, "
+                                               "outputs: [lib/libok.so]}"))
+    assert make_plan(busybox_product, verify_lock=False).kernels[0].outputs == ("lib/libok.so",)
 
 
 def test_shared_key_in_a_profile_file_is_refused(busybox_product):
