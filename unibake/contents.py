@@ -187,6 +187,11 @@ class _LayerReader:
                 self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}, not a folder: the packages "
                                            "listed under it are not in the SBOM")
         kind = self.kind_of(path)
+        if entry.type == tarfile.SYMTYPE and (base.endswith((".dist-info", EGG_INFO)) or kind == "egg"):
+            # Python reads a distribution through the link (importlib.metadata follows it); this pass
+            # reads names, not links: said, as a package list behind a link is
+            self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}: the Python package "
+                                       "behind it is not in the SBOM")
         if kind is None and path.endswith(EGG_INFO):
             if entry.type in (*tarfile.REGULAR_TYPES, tarfile.LNKTYPE):
                 kind = "metadata"  # a single-file .egg-info

@@ -200,3 +200,21 @@ def test_a_library_that_is_a_hard_link_to_another_file_is_listed_with_that_files
     by_ref = {c["bom-ref"]: c for c in document["components"]}
     assert "hashes" not in by_ref["file:/opt/unibake/lib/libout.so"]
     assert by_ref["file:/opt/unibake/lib/libhl.so"]["hashes"][0]["content"] == hashlib.sha256(b"lib" * 30000).hexdigest()
+
+
+def test_a_python_distribution_folder_that_is_a_link_is_said_not_silently_left_out(tmp_path):
+    # importlib.metadata (pip, Python) reads a distribution through the link; the SBOM cannot: a base
+    # image's author could otherwise keep a package out of it unsaid
+    layer = tar_of([("aaa/META/METADATA", METADATA, None),
+                    ("usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/META"}),
+                    ("usr/lib/python3/dist-packages/evil-1.0.egg-info", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/META/METADATA"}),
+                    ("usr/lib/python3/dist-packages/egg2-1.0-py3.11.egg", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/x.egg"})])
+    archive, _ = inspect([layer], tmp_path=tmp_path)
+    assert archive.contents.packages == ()
+    assert archive.contents.problems == tuple(
+        f"/usr/lib/python3/dist-packages/{name} is a link to {target}: the Python package behind it is not in the SBOM"
+        for name, target in (("PyYAML-6.0.1.dist-info", "/aaa/META"), ("evil-1.0.egg-info", "/aaa/META/METADATA"),
+                             ("egg2-1.0-py3.11.egg", "/aaa/x.egg")))
