@@ -104,9 +104,10 @@ def _sha256_of(path: Path) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen: it refuses a folder ("3: Is a directory")
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return None
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
