@@ -504,6 +504,19 @@ def check_external(report: Report, paths: list[Path]) -> Report:
                 checks.add("external", path.name, False, f"not an artifact of this release; it records "
                            f"{', '.join(sorted(records))}")
                 continue
+            # artifacts of one file name in several folders (tp1/model.bin, tp2/model.bin): the one whose
+            # whole name the path ends with, else whichever the copy is (it is checked against each)
+            named = [e for e in found if path.as_posix().endswith("/" + e.name)]
+            found = named[:1] or found
+            if len(found) > 1 and path.is_file():
+                size = path.stat().st_size
+                with open(path, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                same = next((e for e in found if (e.bytes, e.sha256) == (size, digest)), None)
+                checks.add("external", same.name if same else path.name, same is not None,
+                           f"{size} bytes, sha256 matches" if same else f"{size} bytes, sha256 {digest[:16]}...: a "
+                           f"copy of none of {', '.join(e.name for e in found)}")
+                continue
             pairs = [(found[0], path)]
         for record, file in pairs:
             if not file.is_file():

@@ -825,3 +825,30 @@ def test_the_images_kernels_are_compiled_in_besides_the_builder_are_the_plans_to
     plan = make_plan(busybox_product)
     assert plan.builder_image == "localhost/b:1"
     assert plan.toolchain_images == ("localhost/cuda:12", "localhost/rocm:6")
+
+
+def test_an_external_copy_is_checked_against_the_artifact_of_its_name_when_two_share_a_file_name(tmp_path, cli):
+    # two shards named alike in two folders (tp1/model.bin, tp2/model.bin): a copy of the second was
+    # checked against the first, and a good copy FAILED
+    from unibake.notes import External, Notes
+
+    from .test_publish import METADATA, make_release
+
+    data = {"tp1": b"one" * 100, "tp2": b"two" * 100}
+    notes = Notes(external=tuple(External(name=f"{p}/model.bin", bytes=len(d), sha256=hashlib.sha256(d).hexdigest())
+                                 for p, d in data.items()))
+    folder, _ = make_release(tmp_path / "release", metadata=METADATA, notes=notes)
+    for p, d in data.items():
+        (tmp_path / "w" / p).mkdir(parents=True)
+        (tmp_path / "w" / p / "model.bin").write_bytes(d)
+    for p in data:
+        result = cli("verify", str(folder), "--external", str(tmp_path / "w" / p / "model.bin"))
+        assert result.code == 0 and f"{p}/model.bin" in result.err, result.err
+    loose = tmp_path / "model.bin"  # not under a folder of its name: whichever of the two it is a copy of
+    loose.write_bytes(data["tp2"])
+    result = cli("verify", str(folder), "--external", str(loose))
+    assert result.code == 0 and "tp2/model.bin" in result.err, result.err
+    loose.write_bytes(b"neither")
+    bad = cli("verify", str(folder), "--external", str(loose))
+    assert bad.code == 3 and "model.bin: external check failed" in bad.error_lines[-1], bad.err
+    assert cli("verify", str(folder), "--external", str(tmp_path / "w")).code == 0
