@@ -428,7 +428,9 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
     inside = []
     try:
         with tarfile.open(folder / CONTEXT) as tar:  # "r:*", as the engine takes a compressed context too
+            headers = set()
             for member in tar:
+                headers.update((member.offset, member.offset_data - tarfile.BLOCKSIZE))  # its pax header, its own
                 if not (member.isfile() or member.isdir()):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
                                             "special file; a build context unibake writes holds files and folders")
@@ -442,6 +444,14 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
             if tar.pax_headers:
                 raise VerificationError(f"{folder / CONTEXT}: a global extended header (pax 'g'), which the engine "
                                         "ignores and this reader does not; a build context unibake writes has none")
+            # every header POSIX ustar, as unibake writes them: under GNU magic the engine (and GNU tar) read a
+            # name without the prefix field when that field reads as a time, and this reader with it, so
+            # "0" + "Dockerfile" would pass here for 0/Dockerfile and be built as the Dockerfile
+            for offset in sorted(headers):
+                tar.fileobj.seek(offset + 257)
+                if tar.fileobj.read(8) != tarfile.POSIX_MAGIC:
+                    raise VerificationError(f"{folder / CONTEXT}: a header at byte {offset} that is not POSIX ustar "
+                                            "(the engine and tar programs read its name differently)")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:

@@ -528,6 +528,36 @@ def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refuse
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_named_through_a_prefix_under_gnu_magic_is_refused(busybox_product, tmp_path, shell):
+    # a header with GNU magic, the name "Dockerfile" and "0" in the ustar prefix field: Engine 20.10 (Go
+    # reads that field as a GNU access time when it parses as one) and GNU tar build and list it as the
+    # Dockerfile; Python's tarfile and busybox's tar read "0/Dockerfile", another file: both passed it
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        tar.getmembers()
+        end = tar.offset
+    info = tarfile.TarInfo("Dockerfile")
+    info.size = len(EVIL)
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT)[:512])
+    header[345:346] = b"0"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    forged = (folder / "context.tar").read_bytes()[:end] + bytes(header) + EVIL + b"\0" * (-len(EVIL) % 512 + 1024)
+    (folder / "context.tar").write_bytes(forged)
+    with tarfile.open(folder / "context.tar") as tar:
+        assert tar.getnames()[-1] == "0/Dockerfile"
+    sha = hashlib.sha256(forged).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: a header at block" in shown.stderr, (shown.stdout,
+                                                                                              shown.stderr)
+    with pytest.raises(VerificationError, match="that is not POSIX ustar"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
     kit, _ = make_kit(busybox_product, tmp_path / "out")
