@@ -431,6 +431,11 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
             headers = set()
             for member in tar:
                 headers.update((member.offset, member.offset_data - tarfile.BLOCKSIZE))  # its pax header, its own
+                # the records verify.sh refuses: a size busybox ignores; a GNU.sparse.name this reader (and GNU
+                # tar) takes as the name and the engine ignores (it reads one only for a sparse file)
+                if any(key == "size" or key.startswith("GNU.sparse") for key in member.pax_headers):
+                    raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} has a pax header that "
+                                            "sets a size or a GNU sparse field; a build context unibake writes has none")
                 if not (member.isfile() or member.isdir()):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
                                             "special file; a build context unibake writes holds files and folders")
@@ -444,14 +449,19 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
             if tar.pax_headers:
                 raise VerificationError(f"{folder / CONTEXT}: a global extended header (pax 'g'), which the engine "
                                         "ignores and this reader does not; a build context unibake writes has none")
-            # every header POSIX ustar, as unibake writes them: under GNU magic the engine (and GNU tar) read a
-            # name without the prefix field when that field reads as a time, and this reader with it, so
-            # "0" + "Dockerfile" would pass here for 0/Dockerfile and be built as the Dockerfile
+            # every header POSIX ustar with nothing after its magic but names (no prefix: unibake puts a long
+            # name in a pax header): readers differ on the fields there. Under GNU magic the engine (and GNU
+            # tar) read a name without the prefix field when that field reads as a time, this reader with it;
+            # with a star trailer ("tar" at byte 508) the engine reads a prefix of 131 bytes, this reader and
+            # GNU tar of 155: "0" + "Dockerfile", or a prefix "x/.." cut there, would pass here for another
+            # file and be built as the Dockerfile
             for offset in sorted(headers):
-                tar.fileobj.seek(offset + 257)
-                if tar.fileobj.read(8) != tarfile.POSIX_MAGIC:
+                tar.fileobj.seek(offset)
+                header = tar.fileobj.read(tarfile.BLOCKSIZE)
+                if header[257:265] != tarfile.POSIX_MAGIC or header[345:].strip(b"\0"):
                     raise VerificationError(f"{folder / CONTEXT}: a header at byte {offset} that is not POSIX ustar "
-                                            "(the engine and tar programs read its name differently)")
+                                            "as unibake writes it (a prefix, other magic: the engine and tar programs "
+                                            "read its name differently)")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:
