@@ -428,9 +428,10 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
     inside = []
     try:
         with tarfile.open(folder / CONTEXT) as tar:  # "r:*", as the engine takes a compressed context too
-            headers = set()
+            headers = []
             for member in tar:
-                headers.update((member.offset, member.offset_data - tarfile.BLOCKSIZE))  # its pax header, its own
+                # its pax header (when it has one) and its own
+                headers.append((member.offset, member.offset_data - tarfile.BLOCKSIZE, member.name))
                 # the records verify.sh refuses: a size busybox ignores; a GNU.sparse.name this reader (and GNU
                 # tar) takes as the name and the engine ignores (it reads one only for a sparse file)
                 if any(key == "size" or key.startswith("GNU.sparse") for key in member.pax_headers):
@@ -455,13 +456,23 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
             # with a star trailer ("tar" at byte 508) the engine reads a prefix of 131 bytes, this reader and
             # GNU tar of 155: "0" + "Dockerfile", or a prefix "x/.." cut there, would pass here for another
             # file and be built as the Dockerfile
-            for offset in sorted(headers):
-                tar.fileobj.seek(offset)
-                header = tar.fileobj.read(tarfile.BLOCKSIZE)
-                if header[257:265] != tarfile.POSIX_MAGIC or header[345:].strip(b"\0"):
-                    raise VerificationError(f"{folder / CONTEXT}: a header at byte {offset} that is not POSIX ustar "
-                                            "as unibake writes it (a prefix, other magic: the engine and tar programs "
-                                            "read its name differently)")
+            for first, own, name in headers:
+                for offset in sorted({first, own}):
+                    tar.fileobj.seek(offset)
+                    header = tar.fileobj.read(tarfile.BLOCKSIZE)
+                    if header[257:265] != tarfile.POSIX_MAGIC or header[345:].strip(b"\0"):
+                        raise VerificationError(f"{folder / CONTEXT}: a header at byte {offset} that is not POSIX "
+                                                "ustar as unibake writes it (a prefix, other magic: the engine and tar "
+                                                "programs read its name differently)")
+                # one pax header at most, right before the member's own: of two, this reader takes the first's
+                # path, the engine (and tar programs) the second's
+                if first != own:
+                    tar.fileobj.seek(first + 124)
+                    size = tar.fileobj.read(12).strip(b"\0 ")
+                    if not set(size) <= set(b"01234567") or \
+                            first + tarfile.BLOCKSIZE * (2 + (int(size or b"0", 8) + 511) // 512) != own:
+                        raise VerificationError(f"{folder / CONTEXT}: {visible_name(name)!r} has more than one "
+                                                "pax header; a build context unibake writes has one at most")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:

@@ -528,14 +528,14 @@ def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refuse
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-@pytest.mark.parametrize("form", ["gnu magic and a prefix", "star trailer", "GNU.sparse.name"])
+@pytest.mark.parametrize("form", ["gnu magic and a prefix", "star trailer", "GNU.sparse.name", "two pax headers"])
 def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_python_is_refused(busybox_product,
                                                                                              tmp_path, shell, form):
     # each builds EVIL on Engine 20.10 (tried): Go reads the GNU-magic header's prefix "0" as an access time
     # (the name: Dockerfile; Python's tarfile and busybox read 0/Dockerfile); with "tar" at byte 508 Go reads
     # a prefix of 131 bytes, "x/////.." (Python and GNU tar read 155, a folder "..0000..." in it); Go takes
-    # GNU.sparse.name only for a sparse file (Python and GNU tar rename the member "zzz"). Python passed all
-    # three, and verify.sh the star form
+    # GNU.sparse.name only for a sparse file (Python and GNU tar rename the member "zzz"); of two pax headers
+    # Go takes the second's path, Python the first's. Python passed all four, and verify.sh the star form
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
     with tarfile.open(folder / "context.tar") as tar:
@@ -553,10 +553,14 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
         header[476:500] = b"00000000000 00000000000 "
         header[508:512] = b"tar\0"
     else:
-        record = pax_record("GNU.sparse.name", "zzz")
-        extended = tarfile.TarInfo("PaxHeaders/Dockerfile")
-        extended.type, extended.size = tarfile.XHDTYPE, len(record)
-        extra = extended.tobuf(tarfile.USTAR_FORMAT) + record + b"\0" * (-len(record) % 512)
+        records = [pax_record("GNU.sparse.name", "zzz")] if form == "GNU.sparse.name" else \
+            [pax_record("path", "zzz"), pax_record("path", "Dockerfile")]
+        for record in records:
+            extended = tarfile.TarInfo("PaxHeaders/Dockerfile")
+            extended.type, extended.size = tarfile.XHDTYPE, len(record)
+            extra += extended.tobuf(tarfile.USTAR_FORMAT) + record + b"\0" * (-len(record) % 512)
+        if form == "two pax headers":
+            info.name = "q"
         header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
     header[148:156] = b" " * 8
     header[148:156] = b"%06o\0 " % sum(header)
@@ -571,7 +575,7 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
     shown = verify_sh(folder, shell)
     assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
     assert "ok:" not in shown.stdout
-    with pytest.raises(VerificationError, match="context.tar: .*(not POSIX ustar|GNU sparse field)"):
+    with pytest.raises(VerificationError, match="context.tar: .*(not POSIX ustar|GNU sparse field|more than one pax)"):
         rebuild(folder, FakeEngine())
 
 
