@@ -450,6 +450,12 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
             if tar.pax_headers:
                 raise VerificationError(f"{folder / CONTEXT}: a global extended header (pax 'g'), which the engine "
                                         "ignores and this reader does not; a build context unibake writes has none")
+            # this reader stops at a header it cannot read (a checksum written "\0NNNNNN ", which Go and GNU tar
+            # read) as at the end: the engine would read on, and build a second Dockerfile after it
+            tar.fileobj.seek(tar.offset)
+            if tar.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
+                raise VerificationError(f"{folder / CONTEXT}: a header at byte {tar.offset} that this reader cannot "
+                                        "read (not its end-of-archive blocks); a build context unibake writes has none")
             # every header POSIX ustar with nothing after its magic but names (no prefix: unibake puts a long
             # name in a pax header): readers differ on the fields there. Under GNU magic the engine (and GNU
             # tar) read a name without the prefix field when that field reads as a time, this reader with it;
