@@ -272,7 +272,8 @@ class KitDraft:
             platform=plan.platform.name,
             toolchains=tuple(KitImage(ref=t.ref, image_id=t.image_id) for t in toolchains))
         later: dict[str, tuple[bytes | Path, int]] = {
-            LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
+            LOCK_FILE: (plan.config_data((plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()),
+                        0o644),
             # no toolchains: kit.json as before they were recorded (the same kit bytes for such products)
             KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2,
                                                exclude=None if record.toolchains else {"toolchains"}) + "\n").encode(),
@@ -283,8 +284,8 @@ class KitDraft:
                           0o644),
             "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
         }
-        for rel in plan.config_files:
-            later[rel] = ((plan.project_root / rel).read_bytes(), 0o644)
+        for rel in plan.config_files:  # as planned from: the context was rendered from them
+            later[rel] = (plan.config_data(rel), 0o644)
         later.update(self.tool)
         digests = {"Dockerfile": record.dockerfile_sha256, CONTEXT: self.context_sha}
         for rel, (content, _) in later.items():
@@ -595,9 +596,9 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                          "profile added or removed since changes which selection is 'all'; check out the revision "
                          f"the release was made at ({manifest.revision})")
     checks = (("input", {f.path: f.sha256 for f in plan.inputs}),
-              ("profile", {rel: sha256_file(plan.project_root / rel) for rel in plan.config_files}),
-              ("lock", {(plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix():
-                        sha256_file(plan.config_dir / LOCK_FILE)}))
+              ("profile", {rel: hashlib.sha256(plan.config_data(rel)).hexdigest() for rel in plan.config_files}),
+              ("lock", {(lock := (plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()):
+                        hashlib.sha256(plan.config_data(lock)).hexdigest()}))
     for role, ours in checks:
         theirs = materials_of(document, role)
         for path in sorted(set(ours) | set(theirs)):

@@ -701,3 +701,29 @@ def test_verify_sh_run_through_a_link_or_from_a_folder_named_like_a_cd_option_ch
     optioned = subprocess.run([*command, "--", "-P/verify.sh"], cwd=tmp_path, capture_output=True, text=True,
                               timeout=60, env={**os.environ, "HOME": str(home)})
     assert optioned.returncode == 0 and "files match kit.sha256" in optioned.stdout, optioned.stderr
+
+
+def test_a_profile_or_lock_edited_while_the_image_builds_is_recorded_and_kept_as_it_was_planned(busybox_product,
+                                                                                               tmp_path):
+    # the context is rendered from the files as planned; the provenance hashed, and the kit copied, the
+    # files as the build's end found them: an edit meanwhile (the next version's profile) made both say
+    # the release was built from it, and `build.py kit` could then never write the kit again
+    from unibake.supply import materials
+
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    context = render(plan)
+    lock = (plan.config_dir / "inputs.lock").relative_to(plan.project_root).as_posix()
+    planned = {rel: (plan.project_root / rel).read_bytes() for rel in (*plan.config_files, lock)}
+    for rel in planned:
+        with open(plan.project_root / rel, "a") as fh:
+            fh.write("# edited while the image builds\n")
+    recorded = {m.name: m.sha256 for m in materials(plan)}
+    assert {rel: recorded[rel] for rel in planned} == {rel: hashlib.sha256(d).hexdigest() for rel, d in planned.items()}
+    out = tmp_path / "out"
+    out.mkdir()
+    name = kit_name(plan.product, "0.1.0")
+    write_kit(out, name, plan=plan, context=context, release="0.1.0", image_id=IMAGE_ID,
+              diff_ids=("sha256:" + "1" * 64,), epoch=1700000000, revision="abc", base=BASE, builder=None)
+    folder = unpack(out / name, tmp_path / "unpacked")
+    kept = {rel: (folder / (rel if rel != lock else "inputs.lock")).read_bytes() for rel in planned}
+    assert kept == planned
