@@ -45,6 +45,9 @@ EGG = ".egg"  # a zipped egg in site-packages: NAME-VERSION-pyX.Y[-PLATFORM].egg
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
+# the texts kept of all layers together until they are stacked: each file is bounded, their number is not (a
+# base of a hundred 60 MiB status.d files, zeros, is a few MB to pull and was 6 GB held here)
+KEPT_LIMIT = 512 << 20
 WHITEOUT = ".wh."
 # folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
 PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib", "lib",
@@ -119,9 +122,10 @@ def _path(name: str) -> str:
 class _LayerReader:
     """A sink for one layer's bytes (a tee beside the compressor), and the walker's visitor."""
 
-    def __init__(self, libraries_under: str, on_close):
+    def __init__(self, libraries_under: str, on_close, kept: list[int] | None = None):
         self._under = libraries_under
         self._on_close = on_close
+        self._kept = kept if kept is not None else [0]  # bytes of texts kept, shared by the inspector's layers
         self.found = _Found()
         self._walker = TarWalker(self, "a layer")
         self._current: tuple[str, str, object] | None = None  # (path, kind, bytearray or hash)
@@ -259,8 +263,14 @@ class _LayerReader:
         elif kind == "text" and len(sink) > TEXT_LIMIT:
             self.found.problems.append(f"/{path} is larger than {TEXT_LIMIT} bytes: not read")
             self.found.hidden.append(path)
+        elif self._kept[0] + min(len(sink), HEADER_LIMIT if kind == "metadata" else len(sink)) > KEPT_LIMIT:
+            self.found.problems.append(f"/{path} is not read: the package lists and metadata read before it "
+                                       f"already hold {KEPT_LIMIT >> 20} MiB")
+            self.found.hidden.append(path)
         else:
-            self.found.files[path] = (kind, bytes(sink[:HEADER_LIMIT] if kind == "metadata" else sink))
+            value = bytes(sink[:HEADER_LIMIT] if kind == "metadata" else sink)
+            self._kept[0] += len(value)
+            self.found.files[path] = (kind, value)
 
     def raw(self, piece: memoryview) -> None:
         pass
@@ -273,17 +283,18 @@ class LayerInspector:
         root = install_root.strip("/")
         self._under = root + "/" if root else ""  # "/": every library of the image
         self._found: dict[str, _Found] = {}  # by member name
+        self._kept = [0]  # bytes of texts the layers' readers keep, together (KEPT_LIMIT)
 
     def sink(self, name: str, size: int, head: bytes) -> _LayerReader | None:
         """A sink for a routed member's bytes when it is a layer; None otherwise."""
         if not looks_like_layer(name, head):
             return None
-        return _LayerReader(self._under, lambda found: self._found.__setitem__(name, found))
+        return _LayerReader(self._under, lambda found: self._found.__setitem__(name, found), self._kept)
 
     def _read_small(self, name: str, data: bytes) -> _Found | None:
         if not looks_like_layer(name, data[:BLOCK]):
             return None
-        reader = _LayerReader(self._under, lambda found: None)
+        reader = _LayerReader(self._under, lambda found: None, self._kept)
         reader.write(memoryview(data))
         reader.close()
         return None if reader.failed else reader.found

@@ -218,3 +218,20 @@ def test_a_python_distribution_folder_that_is_a_link_is_said_not_silently_left_o
         f"/usr/lib/python3/dist-packages/{name} is a link to {target}: the Python package behind it is not in the SBOM"
         for name, target in (("PyYAML-6.0.1.dist-info", "/aaa/META"), ("evil-1.0.egg-info", "/aaa/META/METADATA"),
                              ("egg2-1.0-py3.11.egg", "/aaa/x.egg")))
+
+
+def test_the_texts_kept_of_all_layers_together_are_bounded_and_what_is_left_unread_is_said(tmp_path, monkeypatch):
+    # each package list is read up to 64 MiB, but their number was not bounded: a hundred 60 MiB files
+    # of zeros (a few MB to pull) were held together, 6 GB; the bound here is the same rule, made small
+    from unibake import contents
+
+    monkeypatch.setattr(contents, "KEPT_LIMIT", 3000)
+    stanza = b"Package: p%d\nStatus: install ok installed\nVersion: 1\n" + b"Description: x\n" + b" pad\n" * 200
+    first = tar_of([(f"var/lib/dpkg/status.d/p{n}", stanza % n, None) for n in range(2)])
+    second = tar_of([(f"var/lib/dpkg/status.d/p{n}", stanza % n, None) for n in range(2, 4)])
+    archive, _ = inspect([first, second], tmp_path=tmp_path)
+    kept = [p.name for p in archive.contents.packages]
+    assert kept == ["p0", "p1"] and len(stanza) * 2 < 3000 < len(stanza) * 3
+    assert [p.split(" MiB")[0].rsplit(" ", 1)[0] for p in archive.contents.problems] == [
+        f"/var/lib/dpkg/status.d/p{n} is not read: the package lists and metadata read before it already hold"
+        for n in (2, 3)]
