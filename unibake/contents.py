@@ -113,6 +113,35 @@ class _Found:
     problems: list[str] = field(default_factory=list)
 
 
+def _engine_name(entry: TarEntry) -> str:
+    """The member's name as the engine reads it (Go's archive/tar, which unpacked the layer) where
+    Python's tarfile reads another: the ustar prefix field, which Go joins under POSIX magic only (131
+    bytes of it with a star trailer, "tar" at byte 508) and under GNU magic only when the field does not
+    read as the access and change times kept there. A base's author could otherwise hide a package list
+    from the SBOM behind a prefix "0" the engine ignores."""
+    block = entry.header
+    if len(block) < BLOCK or not block[345:500].strip(b"\0") or entry.type in tarfile.GNU_TYPES or any(
+            extended[156:157] in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) for extended, _ in entry.extended):
+        return entry.name  # no prefix, or a name from an extended header, which both read alike
+
+    def text(field: bytes) -> str:
+        return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+    def octal(field: bytes) -> bool:  # as Go parses a GNU time field (one beginning with a NUL is not read)
+        value = field.strip(b" \0").split(b"\0", 1)[0]
+        return not field[0] or bool(field[0] & 0x80) or set(value) <= set(b"01234567")
+
+    name, magic = text(block[0:100]), block[257:263]
+    if magic == b"ustar\0":  # Go reads the version field only to tell GNU's
+        prefix = text(block[345:476] if block[508:512] == b"tar\0" else block[345:500])
+    elif block[257:265] == tarfile.GNU_MAGIC and not (octal(block[345:357]) and octal(block[357:369])) and \
+            block[345:500].split(b"\0", 1)[0].isascii():
+        prefix = text(block[345:500])
+    else:
+        prefix = ""
+    return f"{prefix}/{name}" if prefix else name
+
+
 def _path(name: str) -> str:
     """A member's path as the SBOM names it: a byte that is not UTF-8 (held by the tar reader as a lone
     surrogate, which no JSON reader takes) written visibly as ``\\xff``."""
@@ -177,7 +206,7 @@ class _LayerReader:
 
     # the visitor
     def begin(self, entry: TarEntry) -> None:
-        path = _path(entry.name)
+        path = _path(_engine_name(entry))
         folder, base = posixpath.split(path)
         if base == OPAQUE:
             self.found.opaque.append(folder)

@@ -8,6 +8,8 @@ import json
 import os
 import tarfile
 
+import pytest
+
 from unibake.archive import write_archive
 from unibake.contents import LayerInspector
 from unibake.sbom import sbom_document
@@ -235,3 +237,29 @@ def test_the_texts_kept_of_all_layers_together_are_bounded_and_what_is_left_unre
     assert [p.split(" MiB")[0].rsplit(" ", 1)[0] for p in archive.contents.problems] == [
         f"/var/lib/dpkg/status.d/p{n} is not read: the package lists and metadata read before it already hold"
         for n in (2, 3)]
+
+
+@pytest.mark.parametrize("form", ["gnu magic", "star trailer"])
+def test_a_package_list_named_through_a_tar_prefix_the_engine_reads_otherwise_is_the_one_read(tmp_path, form):
+    # a base's second layer holds the real dpkg status under GNU magic, its prefix field "0": the engine
+    # (Go's archive/tar) reads that field as an access time and unpacks var/lib/dpkg/status; Python's
+    # tarfile read 0/var/lib/dpkg/status, and the SBOM listed the decoy of the first layer. With a star
+    # trailer Go reads 131 bytes of prefix, Python 155 (the star times after it too)
+    decoy = tar_of([("var/lib/dpkg/status", b"Package: decoy\nStatus: install ok installed\nVersion: 1\n", None)])
+    real = b"Package: hidden\nStatus: install ok installed\nVersion: 6.6\n"
+    info = tarfile.TarInfo("var/lib/dpkg/status" if form == "gnu magic" else "status")
+    info.size = len(real)
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT if form == "gnu magic" else tarfile.USTAR_FORMAT)[:512])
+    if form == "gnu magic":
+        header[345:346] = b"0"
+    else:
+        header[345:476] = b"var/lib/" + b"/" * 119 + b"dpkg"
+        header[476:500] = b"00000000000 00000000000 "
+        header[508:512] = b"tar\0"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    second = bytes(header) + real + b"\0" * (-len(real) % 512 + 1024)
+    with tarfile.open(fileobj=__import__("io").BytesIO(second)) as tar:
+        assert tar.getnames()[0] != "var/lib/dpkg/status"  # what Python reads
+    archive, _ = inspect([decoy, second], tmp_path=tmp_path)
+    assert [p.name for p in archive.contents.packages] == ["hidden"]
