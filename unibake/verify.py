@@ -505,8 +505,9 @@ def check_external(report: Report, paths: list[Path]) -> Report:
                            f"{', '.join(sorted(records))}")
                 continue
             # artifacts of one file name in several folders (tp1/model.bin, tp2/model.bin): the one whose
-            # whole name the path ends with, else whichever the copy is (it is checked against each)
-            named = [e for e in found if path.as_posix().endswith("/" + e.name)]
+            # whole name the path ends with, the longest (w/tp2/model.bin: tp2/model.bin, not model.bin),
+            # else whichever the copy is (it is checked against each)
+            named = sorted((e for e in found if path.as_posix().endswith("/" + e.name)), key=lambda e: -len(e.name))
             found = named[:1] or found
             if len(found) > 1 and path.is_file():
                 size = path.stat().st_size
