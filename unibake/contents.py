@@ -45,6 +45,9 @@ EGG = ".egg"  # a zipped egg in site-packages: NAME-VERSION-pyX.Y[-PLATFORM].egg
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
+# the texts kept of all layers together until they are stacked: each file is bounded, their number is not (a
+# base of a hundred 60 MiB status.d files, zeros, is a few MB to pull and was 6 GB held here)
+KEPT_LIMIT = 512 << 20
 WHITEOUT = ".wh."
 # folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
 PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib", "lib",
@@ -110,6 +113,35 @@ class _Found:
     problems: list[str] = field(default_factory=list)
 
 
+def _engine_name(entry: TarEntry) -> str:
+    """The member's name as the engine reads it (Go's archive/tar, which unpacked the layer) where
+    Python's tarfile reads another: the ustar prefix field, which Go joins under POSIX magic only (131
+    bytes of it with a star trailer, "tar" at byte 508) and under GNU magic only when the field does not
+    read as the access and change times kept there. A base's author could otherwise hide a package list
+    from the SBOM behind a prefix "0" the engine ignores."""
+    block = entry.header
+    if len(block) < BLOCK or not block[345:500].strip(b"\0") or entry.type in tarfile.GNU_TYPES or any(
+            extended[156:157] in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) for extended, _ in entry.extended):
+        return entry.name  # no prefix, or a name from an extended header, which both read alike
+
+    def text(field: bytes) -> str:
+        return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+    def octal(field: bytes) -> bool:  # as Go parses a GNU time field (one beginning with a NUL is not read)
+        value = field.strip(b" \0").split(b"\0", 1)[0]
+        return not field[0] or bool(field[0] & 0x80) or set(value) <= set(b"01234567")
+
+    name, magic = text(block[0:100]), block[257:263]
+    if magic == b"ustar\0":  # Go reads the version field only to tell GNU's
+        prefix = text(block[345:476] if block[508:512] == b"tar\0" else block[345:500])
+    elif block[257:265] == tarfile.GNU_MAGIC and not (octal(block[345:357]) and octal(block[357:369])) and \
+            block[345:500].split(b"\0", 1)[0].isascii():
+        prefix = text(block[345:500])
+    else:
+        prefix = ""
+    return f"{prefix}/{name}" if prefix else name
+
+
 def _path(name: str) -> str:
     """A member's path as the SBOM names it: a byte that is not UTF-8 (held by the tar reader as a lone
     surrogate, which no JSON reader takes) written visibly as ``\\xff``."""
@@ -119,9 +151,10 @@ def _path(name: str) -> str:
 class _LayerReader:
     """A sink for one layer's bytes (a tee beside the compressor), and the walker's visitor."""
 
-    def __init__(self, libraries_under: str, on_close):
+    def __init__(self, libraries_under: str, on_close, kept: list[int] | None = None):
         self._under = libraries_under
         self._on_close = on_close
+        self._kept = kept if kept is not None else [0]  # bytes of texts kept, shared by the inspector's layers
         self.found = _Found()
         self._walker = TarWalker(self, "a layer")
         self._current: tuple[str, str, object] | None = None  # (path, kind, bytearray or hash)
@@ -173,7 +206,7 @@ class _LayerReader:
 
     # the visitor
     def begin(self, entry: TarEntry) -> None:
-        path = _path(entry.name)
+        path = _path(_engine_name(entry))
         folder, base = posixpath.split(path)
         if base == OPAQUE:
             self.found.opaque.append(folder)
@@ -187,6 +220,11 @@ class _LayerReader:
                 self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}, not a folder: the packages "
                                            "listed under it are not in the SBOM")
         kind = self.kind_of(path)
+        if entry.type == tarfile.SYMTYPE and (base.endswith((".dist-info", EGG_INFO)) or kind == "egg"):
+            # Python reads a distribution through the link (importlib.metadata follows it); this pass
+            # reads names, not links: said, as a package list behind a link is
+            self.found.problems.append(f"/{path} is a link to {visible_name(entry.linkname)}: the Python package "
+                                       "behind it is not in the SBOM")
         if kind is None and path.endswith(EGG_INFO):
             if entry.type in (*tarfile.REGULAR_TYPES, tarfile.LNKTYPE):
                 kind = "metadata"  # a single-file .egg-info
@@ -254,8 +292,14 @@ class _LayerReader:
         elif kind == "text" and len(sink) > TEXT_LIMIT:
             self.found.problems.append(f"/{path} is larger than {TEXT_LIMIT} bytes: not read")
             self.found.hidden.append(path)
+        elif self._kept[0] + min(len(sink), HEADER_LIMIT if kind == "metadata" else len(sink)) > KEPT_LIMIT:
+            self.found.problems.append(f"/{path} is not read: the package lists and metadata read before it "
+                                       f"already hold {KEPT_LIMIT >> 20} MiB")
+            self.found.hidden.append(path)
         else:
-            self.found.files[path] = (kind, bytes(sink[:HEADER_LIMIT] if kind == "metadata" else sink))
+            value = bytes(sink[:HEADER_LIMIT] if kind == "metadata" else sink)
+            self._kept[0] += len(value)
+            self.found.files[path] = (kind, value)
 
     def raw(self, piece: memoryview) -> None:
         pass
@@ -268,17 +312,18 @@ class LayerInspector:
         root = install_root.strip("/")
         self._under = root + "/" if root else ""  # "/": every library of the image
         self._found: dict[str, _Found] = {}  # by member name
+        self._kept = [0]  # bytes of texts the layers' readers keep, together (KEPT_LIMIT)
 
     def sink(self, name: str, size: int, head: bytes) -> _LayerReader | None:
         """A sink for a routed member's bytes when it is a layer; None otherwise."""
         if not looks_like_layer(name, head):
             return None
-        return _LayerReader(self._under, lambda found: self._found.__setitem__(name, found))
+        return _LayerReader(self._under, lambda found: self._found.__setitem__(name, found), self._kept)
 
     def _read_small(self, name: str, data: bytes) -> _Found | None:
         if not looks_like_layer(name, data[:BLOCK]):
             return None
-        reader = _LayerReader(self._under, lambda found: None)
+        reader = _LayerReader(self._under, lambda found: None, self._kept)
         reader.write(memoryview(data))
         reader.close()
         return None if reader.failed else reader.found

@@ -272,7 +272,8 @@ class KitDraft:
             platform=plan.platform.name,
             toolchains=tuple(KitImage(ref=t.ref, image_id=t.image_id) for t in toolchains))
         later: dict[str, tuple[bytes | Path, int]] = {
-            LOCK_FILE: ((plan.config_dir / LOCK_FILE).read_bytes(), 0o644),
+            LOCK_FILE: (plan.config_data((plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()),
+                        0o644),
             # no toolchains: kit.json as before they were recorded (the same kit bytes for such products)
             KIT_JSON: ((record.model_dump_json(by_alias=True, indent=2,
                                                exclude=None if record.toolchains else {"toolchains"}) + "\n").encode(),
@@ -283,8 +284,8 @@ class KitDraft:
                           0o644),
             "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
         }
-        for rel in plan.config_files:
-            later[rel] = ((plan.project_root / rel).read_bytes(), 0o644)
+        for rel in plan.config_files:  # as planned from: the context was rendered from them
+            later[rel] = (plan.config_data(rel), 0o644)
         later.update(self.tool)
         digests = {"Dockerfile": record.dockerfile_sha256, CONTEXT: self.context_sha}
         for rel, (content, _) in later.items():
@@ -428,7 +429,15 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
     inside = []
     try:
         with tarfile.open(folder / CONTEXT) as tar:  # "r:*", as the engine takes a compressed context too
+            headers = []
             for member in tar:
+                # its pax header (when it has one) and its own
+                headers.append((member.offset, member.offset_data - tarfile.BLOCKSIZE, member.name))
+                # the records verify.sh refuses: a size busybox ignores; a GNU.sparse.name this reader (and GNU
+                # tar) takes as the name and the engine ignores (it reads one only for a sparse file)
+                if any(key == "size" or key.startswith("GNU.sparse") for key in member.pax_headers):
+                    raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} has a pax header that "
+                                            "sets a size or a GNU sparse field; a build context unibake writes has none")
                 if not (member.isfile() or member.isdir()):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
                                             "special file; a build context unibake writes holds files and folders")
@@ -442,6 +451,35 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
             if tar.pax_headers:
                 raise VerificationError(f"{folder / CONTEXT}: a global extended header (pax 'g'), which the engine "
                                         "ignores and this reader does not; a build context unibake writes has none")
+            # this reader stops at a header it cannot read (a checksum written "\0NNNNNN ", which Go and GNU tar
+            # read) as at the end: the engine would read on, and build a second Dockerfile after it
+            tar.fileobj.seek(tar.offset)
+            if tar.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
+                raise VerificationError(f"{folder / CONTEXT}: a header at byte {tar.offset} that this reader cannot "
+                                        "read (not its end-of-archive blocks); a build context unibake writes has none")
+            # every header POSIX ustar with nothing after its magic but names (no prefix: unibake puts a long
+            # name in a pax header): readers differ on the fields there. Under GNU magic the engine (and GNU
+            # tar) read a name without the prefix field when that field reads as a time, this reader with it;
+            # with a star trailer ("tar" at byte 508) the engine reads a prefix of 131 bytes, this reader and
+            # GNU tar of 155: "0" + "Dockerfile", or a prefix "x/.." cut there, would pass here for another
+            # file and be built as the Dockerfile
+            for first, own, name in headers:
+                for offset in sorted({first, own}):
+                    tar.fileobj.seek(offset)
+                    header = tar.fileobj.read(tarfile.BLOCKSIZE)
+                    if header[257:265] != tarfile.POSIX_MAGIC or header[345:].strip(b"\0"):
+                        raise VerificationError(f"{folder / CONTEXT}: a header at byte {offset} that is not POSIX "
+                                                "ustar as unibake writes it (a prefix, other magic: the engine and tar "
+                                                "programs read its name differently)")
+                # one pax header at most, right before the member's own: of two, this reader takes the first's
+                # path, the engine (and tar programs) the second's
+                if first != own:
+                    tar.fileobj.seek(first + 124)
+                    size = tar.fileobj.read(12).strip(b"\0 ")
+                    if not set(size) <= set(b"01234567") or \
+                            first + tarfile.BLOCKSIZE * (2 + (int(size or b"0", 8) + 511) // 512) != own:
+                        raise VerificationError(f"{folder / CONTEXT}: {visible_name(name)!r} has more than one "
+                                                "pax header; a build context unibake writes has one at most")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:
@@ -562,9 +600,9 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                          "profile added or removed since changes which selection is 'all'; check out the revision "
                          f"the release was made at ({manifest.revision})")
     checks = (("input", {f.path: f.sha256 for f in plan.inputs}),
-              ("profile", {rel: sha256_file(plan.project_root / rel) for rel in plan.config_files}),
-              ("lock", {(plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix():
-                        sha256_file(plan.config_dir / LOCK_FILE)}))
+              ("profile", {rel: hashlib.sha256(plan.config_data(rel)).hexdigest() for rel in plan.config_files}),
+              ("lock", {(lock := (plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()):
+                        hashlib.sha256(plan.config_data(lock)).hexdigest()}))
     for role, ours in checks:
         theirs = materials_of(document, role)
         for path in sorted(set(ours) | set(theirs)):

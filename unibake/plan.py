@@ -210,6 +210,13 @@ class ReleasePlan:
     patched: dict[str, PatchedFile] = field(default_factory=dict)  # engine-relative path: what the patches made
     notes: Notes = field(default_factory=Notes)
     platform: Platform = PLATFORMS[DEFAULT_PLATFORM]  # the one this plan builds for
+    # config_files and inputs.lock as they were planned from (path from project_root -> bytes): what the
+    # provenance hashes and the kit holds, not the files as an edit during the build left them
+    config_bytes: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    def config_data(self, rel: str) -> bytes:
+        """A profile file or the lock (``rel`` from the project root) as it was planned from."""
+        return self.config_bytes[rel] if rel in self.config_bytes else (self.project_root / rel).read_bytes()
 
     @property
     def profile_names(self) -> tuple[str, ...]:
@@ -508,6 +515,11 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
             sources += [f.path for f in inputs if f.path.startswith("/")]
             check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources), lock_command)
 
+    config_files = tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
+                                 for m in merged.values() for f in m.chain}))
+    held = {rel: (root / rel).read_bytes() for rel in config_files}  # just parsed: regular files
+    if verify_lock and os.path.isfile(config_dir / LOCK_FILE):  # just read and checked
+        held[(config_dir / LOCK_FILE).relative_to(root).as_posix()] = (config_dir / LOCK_FILE).read_bytes()
     plan = ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
@@ -518,8 +530,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                       model_name=launch.get("model_name", data["product"]),
                       mounts=dict(launch.get("mounts", {}))),
         project_root=root, config_dir=config_dir,
-        config_files=tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
-                                   for m in merged.values() for f in m.chain})),
+        config_files=config_files, config_bytes=held,
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
         sanitise_allow=allow_yaml, base_name=base_name, patches=patches, patched=patched, notes=notes,
         platform=platform,

@@ -113,10 +113,14 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
         bom.metadata.tools.components.add(CdxComponent(
             type=ComponentType.PLATFORM, name="docker-engine", version=engine_version, bom_ref="tool:docker-engine",
             description="the container engine that built and saved the image"))
+    # what the layers' pass could not list, said in the document itself and not only in the build log: a
+    # reader of the SBOM alone would take it for the whole image
+    gaps = [Property(name="unibake:layer-not-inspected", value=d) for d in contents.not_inspected]
+    gaps += [Property(name="unibake:not-listed", value=problem) for problem in contents.problems]
     image = CdxComponent(type=ComponentType.CONTAINER, name=tag.rsplit(":", 1)[0] if ":" in tag else tag,
                          version=version, bom_ref="image", hashes=_sha(image_id),
                          properties=_props(image_id=image_id, tag=tag, release=release, layers=len(diff_ids),
-                                           source_date_epoch=epoch))
+                                           source_date_epoch=epoch) + gaps)
     bom.metadata.component = image
     top: list[CdxComponent] = []
     listed: list[CdxComponent] = []

@@ -10,6 +10,7 @@ committed. The stages are declared in :data:`unibake.pipeline.STAGES`.
 from __future__ import annotations
 
 import errno
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -183,9 +184,10 @@ def kit_stage(run: Run) -> tuple:
 def materials(plan: ReleasePlan) -> tuple[Material, ...]:
     """The files a build was made from: every input of inputs.lock, the profiles, and the lock."""
     out = [Material(name=f.path, sha256=f.sha256, role="input") for f in plan.inputs]
-    out += [Material(name=rel, sha256=sha256_file(plan.project_root / rel), role="profile") for rel in plan.config_files]
-    lock = plan.config_dir / LOCK_FILE
-    out.append(Material(name=lock.relative_to(plan.project_root).as_posix(), sha256=sha256_file(lock), role="lock"))
+    out += [Material(name=rel, sha256=hashlib.sha256(plan.config_data(rel)).hexdigest(), role="profile")
+            for rel in plan.config_files]
+    lock = (plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()
+    out.append(Material(name=lock, sha256=hashlib.sha256(plan.config_data(lock)).hexdigest(), role="lock"))
     return tuple(out)
 
 

@@ -104,9 +104,10 @@ def _sha256_of(path: Path) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen: it refuses a folder ("3: Is a directory")
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return None
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
@@ -502,6 +503,20 @@ def check_external(report: Report, paths: list[Path]) -> Report:
             if not found:
                 checks.add("external", path.name, False, f"not an artifact of this release; it records "
                            f"{', '.join(sorted(records))}")
+                continue
+            # artifacts of one file name in several folders (tp1/model.bin, tp2/model.bin): the one whose
+            # whole name the path ends with, the longest (w/tp2/model.bin: tp2/model.bin, not model.bin),
+            # else whichever the copy is (it is checked against each)
+            named = sorted((e for e in found if path.as_posix().endswith("/" + e.name)), key=lambda e: -len(e.name))
+            found = named[:1] or found
+            if len(found) > 1 and path.is_file():
+                size = path.stat().st_size
+                with open(path, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                same = next((e for e in found if (e.bytes, e.sha256) == (size, digest)), None)
+                checks.add("external", same.name if same else path.name, same is not None,
+                           f"{size} bytes, sha256 matches" if same else f"{size} bytes, sha256 {digest[:16]}...: a "
+                           f"copy of none of {', '.join(e.name for e in found)}")
                 continue
             pairs = [(found[0], path)]
         for record, file in pairs:

@@ -8,6 +8,8 @@ import json
 import os
 import tarfile
 
+import pytest
+
 from unibake.archive import write_archive
 from unibake.contents import LayerInspector
 from unibake.sbom import sbom_document
@@ -200,3 +202,64 @@ def test_a_library_that_is_a_hard_link_to_another_file_is_listed_with_that_files
     by_ref = {c["bom-ref"]: c for c in document["components"]}
     assert "hashes" not in by_ref["file:/opt/unibake/lib/libout.so"]
     assert by_ref["file:/opt/unibake/lib/libhl.so"]["hashes"][0]["content"] == hashlib.sha256(b"lib" * 30000).hexdigest()
+
+
+def test_a_python_distribution_folder_that_is_a_link_is_said_not_silently_left_out(tmp_path):
+    # importlib.metadata (pip, Python) reads a distribution through the link; the SBOM cannot: a base
+    # image's author could otherwise keep a package out of it unsaid
+    layer = tar_of([("aaa/META/METADATA", METADATA, None),
+                    ("usr/lib/python3/dist-packages/PyYAML-6.0.1.dist-info", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/META"}),
+                    ("usr/lib/python3/dist-packages/evil-1.0.egg-info", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/META/METADATA"}),
+                    ("usr/lib/python3/dist-packages/egg2-1.0-py3.11.egg", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa/x.egg"})])
+    archive, _ = inspect([layer], tmp_path=tmp_path)
+    assert archive.contents.packages == ()
+    assert archive.contents.problems == tuple(
+        f"/usr/lib/python3/dist-packages/{name} is a link to {target}: the Python package behind it is not in the SBOM"
+        for name, target in (("PyYAML-6.0.1.dist-info", "/aaa/META"), ("evil-1.0.egg-info", "/aaa/META/METADATA"),
+                             ("egg2-1.0-py3.11.egg", "/aaa/x.egg")))
+
+
+def test_the_texts_kept_of_all_layers_together_are_bounded_and_what_is_left_unread_is_said(tmp_path, monkeypatch):
+    # each package list is read up to 64 MiB, but their number was not bounded: a hundred 60 MiB files
+    # of zeros (a few MB to pull) were held together, 6 GB; the bound here is the same rule, made small
+    from unibake import contents
+
+    monkeypatch.setattr(contents, "KEPT_LIMIT", 3000)
+    stanza = b"Package: p%d\nStatus: install ok installed\nVersion: 1\n" + b"Description: x\n" + b" pad\n" * 200
+    first = tar_of([(f"var/lib/dpkg/status.d/p{n}", stanza % n, None) for n in range(2)])
+    second = tar_of([(f"var/lib/dpkg/status.d/p{n}", stanza % n, None) for n in range(2, 4)])
+    archive, _ = inspect([first, second], tmp_path=tmp_path)
+    kept = [p.name for p in archive.contents.packages]
+    assert kept == ["p0", "p1"] and len(stanza) * 2 < 3000 < len(stanza) * 3
+    assert [p.split(" MiB")[0].rsplit(" ", 1)[0] for p in archive.contents.problems] == [
+        f"/var/lib/dpkg/status.d/p{n} is not read: the package lists and metadata read before it already hold"
+        for n in (2, 3)]
+
+
+@pytest.mark.parametrize("form", ["gnu magic", "star trailer"])
+def test_a_package_list_named_through_a_tar_prefix_the_engine_reads_otherwise_is_the_one_read(tmp_path, form):
+    # a base's second layer holds the real dpkg status under GNU magic, its prefix field "0": the engine
+    # (Go's archive/tar) reads that field as an access time and unpacks var/lib/dpkg/status; Python's
+    # tarfile read 0/var/lib/dpkg/status, and the SBOM listed the decoy of the first layer. With a star
+    # trailer Go reads 131 bytes of prefix, Python 155 (the star times after it too)
+    decoy = tar_of([("var/lib/dpkg/status", b"Package: decoy\nStatus: install ok installed\nVersion: 1\n", None)])
+    real = b"Package: hidden\nStatus: install ok installed\nVersion: 6.6\n"
+    info = tarfile.TarInfo("var/lib/dpkg/status" if form == "gnu magic" else "status")
+    info.size = len(real)
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT if form == "gnu magic" else tarfile.USTAR_FORMAT)[:512])
+    if form == "gnu magic":
+        header[345:346] = b"0"
+    else:
+        header[345:476] = b"var/lib/" + b"/" * 119 + b"dpkg"
+        header[476:500] = b"00000000000 00000000000 "
+        header[508:512] = b"tar\0"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    second = bytes(header) + real + b"\0" * (-len(real) % 512 + 1024)
+    with tarfile.open(fileobj=__import__("io").BytesIO(second)) as tar:
+        assert tar.getnames()[0] != "var/lib/dpkg/status"  # what Python reads
+    archive, _ = inspect([decoy, second], tmp_path=tmp_path)
+    assert [p.name for p in archive.contents.packages] == ["hidden"]

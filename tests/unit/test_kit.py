@@ -526,7 +526,64 @@ def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refuse
     relist_file(folder, "context.tar")
     shown = verify_sh(folder, shell)
     assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
-    with pytest.raises(VerificationError, match="its Dockerfile is not the kit's Dockerfile"):
+    with pytest.raises(VerificationError, match="'pad' has a pax header that sets a size"):  # as verify.sh says
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("form", ["gnu magic and a prefix", "star trailer", "GNU.sparse.name", "two pax headers",
+                                  "checksum after a NUL"])
+def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_python_is_refused(busybox_product,
+                                                                                             tmp_path, shell, form):
+    # each builds EVIL on Engine 20.10 (tried): Go reads the GNU-magic header's prefix "0" as an access time
+    # (the name: Dockerfile; Python's tarfile and busybox read 0/Dockerfile); with "tar" at byte 508 Go reads
+    # a prefix of 131 bytes, "x/////.." (Python and GNU tar read 155, a folder "..0000..." in it); Go takes
+    # GNU.sparse.name only for a sparse file (Python and GNU tar rename the member "zzz"); of two pax headers
+    # Go takes the second's path, Python the first's; a checksum written "\0NNNNNN " Go reads, while Python
+    # (and busybox) stop there as at the end. Python passed all five, verify.sh the star form (and busybox's
+    # the last)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        tar.getmembers()
+        end = tar.offset
+    info = tarfile.TarInfo("Dockerfile")
+    info.size = len(EVIL)
+    extra = b""
+    if form == "gnu magic and a prefix":
+        header = bytearray(info.tobuf(tarfile.GNU_FORMAT)[:512])
+        header[345:346] = b"0"
+    elif form == "star trailer":
+        header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
+        header[345:476] = b"x" + b"/" * 127 + b"/.."
+        header[476:500] = b"00000000000 00000000000 "
+        header[508:512] = b"tar\0"
+    elif form == "checksum after a NUL":
+        header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
+    else:
+        records = [pax_record("GNU.sparse.name", "zzz")] if form == "GNU.sparse.name" else \
+            [pax_record("path", "zzz"), pax_record("path", "Dockerfile")]
+        for record in records:
+            extended = tarfile.TarInfo("PaxHeaders/Dockerfile")
+            extended.type, extended.size = tarfile.XHDTYPE, len(record)
+            extra += extended.tobuf(tarfile.USTAR_FORMAT) + record + b"\0" * (-len(record) % 512)
+        if form == "two pax headers":
+            info.name = "q"
+        header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
+    header[148:156] = b" " * 8
+    header[148:156] = (b"\0%06o " if form == "checksum after a NUL" else b"%06o\0 ") % sum(header)
+    forged = (folder / "context.tar").read_bytes()[:end] + extra + bytes(header) + EVIL + \
+        b"\0" * (-len(EVIL) % 512 + 1024)
+    (folder / "context.tar").write_bytes(forged)
+    with tarfile.open(folder / "context.tar") as tar:
+        assert tar.getnames().count("Dockerfile") == 1  # what this reader saw
+    sha = hashlib.sha256(forged).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
+    assert "ok:" not in shown.stdout
+    with pytest.raises(VerificationError, match="context.tar: .*(not POSIX ustar|GNU sparse field|more than one pax|cannot read)"):
         rebuild(folder, FakeEngine())
 
 
@@ -680,3 +737,29 @@ def test_kit_of_a_release_made_by_archive_says_it_was_not_built_from_profiles(en
         f"error: release 1.0 ({folder}) was released with `archive` from the image demo:1.0, not built from "
         "profiles: its provenance lists no inputs, so it has no kit (a build from profiles has one)"]
     assert not (tmp_path / "kit").exists()
+
+
+def test_a_profile_or_lock_edited_while_the_image_builds_is_recorded_and_kept_as_it_was_planned(busybox_product,
+                                                                                               tmp_path):
+    # the context is rendered from the files as planned; the provenance hashed, and the kit copied, the
+    # files as the build's end found them: an edit meanwhile (the next version's profile) made both say
+    # the release was built from it, and `build.py kit` could then never write the kit again
+    from unibake.supply import materials
+
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    context = render(plan)
+    lock = (plan.config_dir / "inputs.lock").relative_to(plan.project_root).as_posix()
+    planned = {rel: (plan.project_root / rel).read_bytes() for rel in (*plan.config_files, lock)}
+    for rel in planned:
+        with open(plan.project_root / rel, "a") as fh:
+            fh.write("# edited while the image builds\n")
+    recorded = {m.name: m.sha256 for m in materials(plan)}
+    assert {rel: recorded[rel] for rel in planned} == {rel: hashlib.sha256(d).hexdigest() for rel, d in planned.items()}
+    out = tmp_path / "out"
+    out.mkdir()
+    name = kit_name(plan.product, "0.1.0")
+    write_kit(out, name, plan=plan, context=context, release="0.1.0", image_id=IMAGE_ID,
+              diff_ids=("sha256:" + "1" * 64,), epoch=1700000000, revision="abc", base=BASE, builder=None)
+    folder = unpack(out / name, tmp_path / "unpacked")
+    kept = {rel: (folder / (rel if rel != lock else "inputs.lock")).read_bytes() for rel in planned}
+    assert kept == planned

@@ -825,3 +825,42 @@ def test_the_images_kernels_are_compiled_in_besides_the_builder_are_the_plans_to
     plan = make_plan(busybox_product)
     assert plan.builder_image == "localhost/b:1"
     assert plan.toolchain_images == ("localhost/cuda:12", "localhost/rocm:6")
+
+
+def test_an_external_copy_is_checked_against_the_artifact_of_its_name_when_two_share_a_file_name(tmp_path, cli):
+    # two shards named alike in two folders (tp1/model.bin, tp2/model.bin), and one at the top: a copy
+    # of the second was checked against the first listed, and a good copy FAILED
+    from unibake.notes import External, Notes
+
+    from .test_publish import METADATA, make_release
+
+    data = {"tp1": b"one" * 100, "tp2": b"two" * 100}
+
+    def release(where, top: bool):
+        records = [External(name="model.bin", bytes=5, sha256=hashlib.sha256(b"other").hexdigest())] if top else []
+        records += [External(name=f"{p}/model.bin", bytes=len(d), sha256=hashlib.sha256(d).hexdigest())
+                    for p, d in data.items()]
+        return make_release(where, metadata=METADATA, notes=Notes(external=tuple(records)))[0]
+
+    folder = release(tmp_path / "release", top=True)
+    for p, d in data.items():
+        (tmp_path / "w" / p).mkdir(parents=True)
+        (tmp_path / "w" / p / "model.bin").write_bytes(d)
+    (tmp_path / "w" / "model.bin").write_bytes(b"other")
+    for p in data:
+        result = cli("verify", str(folder), "--external", str(tmp_path / "w" / p / "model.bin"))
+        assert result.code == 0 and f"{p}/model.bin" in result.err, result.err
+    assert cli("verify", str(folder), "--external", str(tmp_path / "w" / "model.bin")).code == 0
+    assert cli("verify", str(folder), "--external", str(tmp_path / "w")).code == 0
+    (tmp_path / "w" / "tp2" / "model.bin").write_bytes(data["tp1"])  # tp1's shard where tp2's belongs
+    bad = cli("verify", str(folder), "--external", str(tmp_path / "w" / "tp2" / "model.bin"))
+    assert bad.code == 3 and "tp2/model.bin: external check failed" in bad.error_lines[-1], bad.err
+    # a copy under no folder of its name, where no artifact has that name alone: whichever it copies
+    folder = release(tmp_path / "other", top=False)
+    loose = tmp_path / "model.bin"
+    loose.write_bytes(data["tp2"])
+    result = cli("verify", str(folder), "--external", str(loose))
+    assert result.code == 0 and "tp2/model.bin" in result.err, result.err
+    loose.write_bytes(b"neither")
+    bad = cli("verify", str(folder), "--external", str(loose))
+    assert bad.code == 3 and "model.bin: external check failed" in bad.error_lines[-1], bad.err

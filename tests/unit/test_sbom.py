@@ -126,3 +126,18 @@ def test_a_package_name_with_a_slash_is_left_out_and_said_not_written_as_another
         f"/var/lib/dpkg/status lists a package named 'a/b': {says}",
         f"/var/lib/dpkg/status lists a package named '../../etc/passwd': {says}")
     assert [c["purl"] for c in document["components"] if "purl" in c] == ["pkg:deb/debian/ok@1?arch=amd64"]
+
+
+def test_what_the_layers_pass_could_not_list_is_said_in_the_sbom_itself_not_only_in_the_log():
+    # a layer not read (compressed, unparsable) and a package list behind a link: the build log warned,
+    # the SBOM read alone looked whole
+    contents = ImageContents(packages=(), libraries=(), os=None, layers=2, not_inspected=("sha256:" + "1" * 64,),
+                             problems=("/var/lib/dpkg/status is a hard link to /aaa/status, not a file: the packages "
+                                       "it lists are not in the SBOM",))
+    text = sbom_document(product="demo", release="1.0", tag="demo:1.0", version="1.0", image_id="sha256:" + "e" * 64,
+                         diff_ids=("sha256:" + "0" * 64, "sha256:" + "1" * 64), components=(), contents=contents,
+                         base=None, engine_version="", install_root="/opt/unibake", epoch=None)
+    subject = json.loads(text)["metadata"]["component"]
+    said = [(p["name"], p["value"]) for p in subject["properties"]]
+    assert ("unibake:layer-not-inspected", "sha256:" + "1" * 64) in said
+    assert ("unibake:not-listed", contents.problems[0]) in said

@@ -290,3 +290,13 @@ def test_an_sbom_spec_version_in_other_digits_is_not_cyclonedx_1_x():
     """``1.٣٣`` (Arabic-Indic digits) reads as a number to Python's ``\\d``; the spec version is ASCII."""
     text = json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.\u0663\u0663"})
     assert any("not 1.5 or later" in p for p in check_sbom(text, image_id="sha256:" + "0" * 64, where="sbom.cdx.json"))
+
+
+@pytest.mark.parametrize("name", ["sbom.cdx.json", "run.sh"])
+def test_a_listed_file_that_is_a_folder_is_a_failed_check_in_verify_and_releases(cli, demo, name):
+    (demo / name).unlink()
+    (demo / name).mkdir()  # was "error: 3: Is a directory", exit 1, and releases listed nothing
+    result = cli("verify", str(demo))
+    assert result.code == 3 and f"{name}: sha256 check failed: not a regular file" in result.error_lines[-1], result.err
+    listed = cli("releases", "--out", str(demo.parent), "--deep")
+    assert listed.code == 0 and f"FAILS: {name} not a regular file" in listed.err, listed.err
