@@ -592,6 +592,7 @@ class Member:
     data: bytes | None  # kept when small and not routed
     link: str | None = None  # for a symlink or hard link: the member it points at
     routed: object = None  # what the route's sink returned when the member was complete
+    zstd: bool = False  # starts as a zstd stream (its content_sha256 what that decompresses to, if it does)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -640,6 +641,7 @@ class _Open:
     sink: Sink | None = None
     head: bytearray = field(default_factory=bytearray)
     started: bool = False
+    zstd: bool = False
 
 
 class _MemberReader:
@@ -736,6 +738,7 @@ class _MemberReader:
             m.content = hashlib.sha256()
             m.decomp = _Gunzip(m.content)
         elif first.startswith(ZSTD_MAGIC):
+            m.zstd = True
             m.content = hashlib.sha256()
             m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
                 _Updating(m.content), write_size=CHUNK, write_return_read=True)
@@ -849,7 +852,7 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
         raw = m.raw.hexdigest()
         members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
                                  content_sha256=m.content.hexdigest() if m.content is not None else raw,
-                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed)
+                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed, zstd=m.zstd)
     for name, target in reader.links.items():
         members[name] = Member(name=name, size=0, sha256="", content_sha256="", data=None, link=target)
     return members
@@ -1017,6 +1020,13 @@ def check_release_form(members: Members, tag: str) -> None:
     if blob_name(oci["config"]["digest"]) != where.config_name or \
             [blob_name(d["digest"]) for d in oci["layers"]] != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")
+    # a layer is a tar, or gzip (which Engine 20.10 and the shell verifier read whatever its media type
+    # says); zstd, which no media type here says, is read by neither: it would load as another layer
+    for i, (name, descriptor) in enumerate(zip(where.layer_names, oci["layers"])):
+        if name in members and members[name].zstd:
+            raise ArchiveError(f"the archive's layer {i + 1} ({name}) is stored zstd-compressed, but its media "
+                               f"type {descriptor['mediaType']} says a plain tar or gzip: Engine 20.10 and "
+                               "verify-release.sh read it as another layer; refused before any load")
     # and each of the three byte for byte as our writer makes it (only an index's sizes and platform
     # its own): the engines read JSON with Go, which takes a key written twice, or a second one that
     # differs only in case ("repotags" after "RepoTags"), where this read took another

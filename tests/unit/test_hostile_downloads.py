@@ -728,6 +728,14 @@ def test_a_zstd_compressed_layer_is_no_traceback(cli, folder):
     assert result.code in (0, 3) and "Traceback" not in result.err, result.err
 
 
+def test_a_zstd_compressed_layer_under_a_plain_media_type_is_refused_by_both(cli, folder):
+    # its diffID is what it decompresses to, as build.py verify read it; the shell hashes it as it is
+    # stored and Engine 20.10 loads no zstd layer (before: build.py verify passed it)
+    forge(folder, first_layer_stored(lambda raw: zstandard.ZstdCompressor().compress(raw)))
+    both_refuse(cli, folder, "is stored zstd-compressed, but its media type application/vnd.oci.image.layer.v1.tar "
+                "says a plain tar or gzip", "the archive's layer 1 has diffID sha256:")
+
+
 @pytest.mark.parametrize("written, passes", [("{}\r\n", False), (" {}\n", False), ("{}\n\n", True), ("{}", True)],
                          ids=["carriage return", "leading space", "blank lines after", "no newline"])
 def test_both_verifiers_read_image_id_as_the_guide_compares_it(cli, folder, written, passes):
