@@ -118,6 +118,19 @@ def _text(field: bytes) -> str:
     return (field if end < 0 else field[:end]).decode(*_UTF8)
 
 
+# a header's numbers: where they are, and how long
+NUMBERS = (("mode", 100, 8), ("uid", 108, 8), ("gid", 116, 8), ("size", 124, 12), ("mtime", 136, 12),
+           ("checksum", 148, 8), ("devmajor", 329, 8), ("devminor", 337, 8))
+
+
+def _engine_number(field: bytes) -> bool:
+    """Whether Go's archive/tar (the engine's) reads ``field`` as a number: base-256, or octal digits once
+    blanks and NULs are trimmed from both ends, up to a NUL. ``tarfile`` reads more ("\\0junk", "+7", a tab)."""
+    if field[:1] and field[0] & 0x80:
+        return True
+    return all(0x30 <= c <= 0x37 for c in field.strip(b" \0").split(b"\0", 1)[0])
+
+
 def parse_header(block: bytes) -> Header:
     """One header block's fields, exactly as :meth:`tarfile.TarInfo.frombuf` gives them.
 
@@ -666,6 +679,9 @@ class _MemberReader:
         if entry.extended:
             return "an extended header (PAX or GNU)"
         block = entry.header
+        for what, at, length in NUMBERS:
+            if not _engine_number(block[at:at + length]):
+                return f"a header whose {what} field {block[at:at + length]!r} is no number the engine reads"
         prefix = _text(block[345:500])
         if prefix and block[257:265] != b"ustar\x0000":
             return f"a name prefix {prefix[:40]!r} under another magic than ustar's, which GNU tar reads as none"
