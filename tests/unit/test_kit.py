@@ -563,7 +563,7 @@ def rebuild_env(tmp_path: Path, **env: str) -> dict[str, str]:
 
 def old_python(ran: Path) -> str:
     """Python 3.9 with every package unibake needs: its build.py says to run scripts/setup.sh."""
-    return (f'case "$2" in "{RECENT}") exit 1 ;; *sys.version*) echo 3.9.2; exit 0 ;; "import "*) exit 0 ;; esac\n'
+    return (f'case "$2" in "{RECENT}") exit 1 ;; *sys.version*) echo Python 3.9.2; exit 0 ;; "import "*) exit 0 ;; esac\n'
             f'touch {ran}; echo "error: unibake needs Python 3.11 or newer; run scripts/setup.sh" >&2; exit 2')
 
 
@@ -578,11 +578,17 @@ def test_verify_sh_rebuilds_with_a_python_of_3_11_or_newer_or_says_it_needs_one(
     env = {"PATH": f"{fake}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
     none = verify_sh(folder, shell, "--rebuild", env=env)
     assert none.returncode == 2 and none.stderr == (
-        "error: the rebuild needs Python 3.11 or newer; python3 here is 3.9.2: install one (as python3.11 or later), "
+        "error: the rebuild needs Python 3.11 or newer; python3 here is Python 3.9.2: install one (as python3.11 or later), "
         "or name it with UNIBAKE_PYTHON\n"), none.stderr
     named = verify_sh(folder, shell, "--rebuild", env={**env, "UNIBAKE_PYTHON": str(fake / "python3")})
     assert named.returncode == 2 and named.stderr.startswith(
-        f"error: UNIBAKE_PYTHON={fake / 'python3'} is Python 3.9.2; unibake needs 3.11 or newer"), named.stderr
+        f"error: UNIBAKE_PYTHON={fake / 'python3'} is Python 3.9.2; unibake needs Python 3.11 or newer"), named.stderr
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\n[ "$2" = "{RECENT}" ]\n')
+    bare.chmod(0o755)
+    lacking = verify_sh(folder, shell, "--rebuild", env={**env, "UNIBAKE_PYTHON": str(bare)})
+    assert lacking.returncode == 2 and lacking.stderr.startswith(
+        f"error: UNIBAKE_PYTHON={bare} lacks what unibake needs: install tool/requirements.txt with it"), lacking.stderr
     assert not ran.exists()
     # a python3.12 beside it that has the packages is the one that rebuilds
     rebuilt = tmp_path / "python3.12-rebuilt"
