@@ -7,8 +7,9 @@
 #      archive that it does not list fails
 #   2. sha256sum -c SHA256SUMS
 #   3. the archive (the .tar.zst, or its parts in order, as listed) decompresses, and holds one
-#      image in our canonical form: plain tar entries only (its byte count is that of its listing:
-#      no extended header another tar reads otherwise), the release's tag only, nothing that nothing
+#      image in our canonical form: plain tar entries only (each header where its listing puts it,
+#      read as the engine reads it, and two zero blocks after the last: no extended header or header
+#      field another tar reads otherwise), the release's tag only, nothing that nothing
 #      refers to; every blob's sha256 is its name, and each layer is in it (a hotfix's left-out
 #      layers aside) and is the one manifest.json records
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
@@ -264,16 +265,12 @@ for f in * .[!.]* ..?*; do
 done
 
 # --- 3. the archive's structure, before anything is loaded ------------------------------------
-echo "== zstd -dc $(tr '\n' ' ' < "$work/parts")| wc -c"
-{ stream | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | wc -c > "$work/bytes"
+echo "== its structure (zstd -dc $(tr '\n' ' ' < "$work/parts")| tar -tv)"
+# (tar stops reading at the end-of-archive blocks; what follows them is drained, so zstd reads to its end)
+{ stream | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | {
+  if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
-unchanged
-echo "== its structure (zstd -dc | tar -tv)"
-# (zstd's status is not looked at here: tar stops reading at the end-of-archive blocks; what follows
-# them is drained)
-stream | zstd -q -dc 2>/dev/null | { if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi \
-  > "$work/tar.rc"; cat > /dev/null; }
-unchanged
 [ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
 # every member: the two folders, blobs named by their digest, and the three metadata files, each once
 awk 'NF != 6 { print "x", "a name with spaces or a link"; next } {print substr($1, 1, 1), $NF}' "$work/list" > "$work/members"
@@ -285,13 +282,72 @@ twice=$(cut -d' ' -f2 "$work/members" | sort | uniq -d | head -n 1)
 for meta in index.json manifest.json oci-layout; do
   grep -qx -e "- $meta" "$work/members" || fail "$dir: the archive lacks $meta: not a release archive"
 done
-# our writer emits plain ustar entries and two zero blocks: the tar is exactly as long as its listing.
-# An extended header (a PAX 'x' or global 'g' size, a GNU long name) is read by one tar and skipped by
-# another (busybox ignores a PAX size, Go a global one): what this tar lists is then not what the
-# engine loads, so any header the listing does not show is refused, whichever tar runs here
-listed=$(awk '{ s += 512 + int(($3 + 511) / 512) * 512 } END { printf "%.0f\n", s + 1024 }' "$work/list")
-bytes=$(tr -d ' ' < "$work/bytes")
-[ "$bytes" = "$listed" ] || fail "$dir: the archive's tar is $bytes bytes, but its entries and end make $listed: it holds an extended header or data past its end, not the plain entries unibake writes; refused before any load"
+# Our writer emits plain ustar entries and two zero blocks: each header is where the listing puts it,
+# and the tar is exactly as long as its listing. An extended header (a PAX 'x' or global 'g' size, a
+# GNU long name) is read by one tar and skipped by another (busybox ignores a PAX size, Go a global
+# one), so any header the listing does not show is refused, whichever tar runs here. Each header is
+# also read as Go's archive/tar (the engine's) reads it, which GNU tar lists otherwise: a type other
+# than a file's or a folder's (a sparse 'S' under ustar magic is listed as a file), a number that is
+# not one (GNU tar reads no devminor of a file, and takes "7 junk"), a name prefix under GNU magic
+# (GNU tar reads the name alone), anything after the first zero block (GNU tar stops there).
+# The stream is read a piece at a time (dd reads a pipe as it comes: a piece may be short), every
+# piece counted, at most 1 GiB a count (busybox's wc wraps at 4 GiB).
+piece() {  # at most $1 bytes of stdin to stdout
+  if [ "$1" -ge 65536 ]; then
+    c=$(($1 / 65536)); [ "$c" -le 16384 ] || c=16384; dd bs=65536 count="$c" 2>/dev/null
+  else dd bs="$1" count=1 2>/dev/null; fi
+}
+skip() {  # exactly $1 bytes of stdin read and dropped; fails at the stream's end
+  n=$1
+  while [ "$n" -gt 0 ]; do
+    got=$(($(piece "$n" | wc -c)))
+    [ "$got" -gt 0 ] || return 1
+    n=$((n - got))
+  done
+}
+block() {  # exactly $2 bytes of stdin to the file $1; fails at the stream's end
+  : > "$1"; n=$2
+  while [ "$n" -gt 0 ]; do
+    piece "$n" > "$work/piece"
+    got=$(($(wc -c < "$work/piece")))
+    [ "$got" -gt 0 ] || return 1
+    cat "$work/piece" >> "$1"; n=$((n - got))
+  done
+}
+# shellcheck disable=SC2016  # awk's, not the shell's
+header_form='function number(at, len, what,   i, j) {  # as Go reads it: blanks and NULs trimmed, up to a NUL
+  if (b[at] == 128 || b[at] == 255) return ""  # base-256 (a size of 8 GiB or more)
+  for (i = at; i < at + len && (b[i] == 32 || b[i] == 0); i++) ;
+  for (j = at + len - 1; j >= i && (b[j] == 32 || b[j] == 0); j--) ;
+  for (; i <= j && b[i] != 0; i++) if (b[i] < 48 || b[i] > 55) return "with its " what " field not an octal number"
+  return ""
+}
+{ for (f = 1; f <= NF; f++) b[n++] = $f }
+END {
+  t = b[156]
+  if (t == 120 || t == 103 || t == 76 || t == 75) { print "after an extended header"; exit }
+  if (t != 48 && t != 0 && t != 53) { printf "as a member of type %s\n", (t > 32 && t < 127 ? sprintf("\047%c\047", t) : sprintf("byte %d", t)); exit }
+  why = number(100, 8, "mode") number(108, 8, "uid") number(116, 8, "gid") number(124, 12, "size") \
+    number(136, 12, "mtime") number(148, 8, "checksum") number(329, 8, "devmajor") number(337, 8, "devminor")
+  if (why != "") { print why; exit }
+  ustar = b[257] == 117 && b[258] == 115 && b[259] == 116 && b[260] == 97 && b[261] == 114 && b[262] == 0 && b[263] == 48 && b[264] == 48
+  if (b[345] != 0 && !ustar) print "with a name prefix under another magic than ustar\047s, which GNU tar reads as none"
+}'
+walk() {  # why the tar is not in that form, or nothing
+  while read -r size name <&3; do
+    block "$work/header" 512 || { echo "ends before the header of $name, where its listing puts it"; return; }
+    why=$(od -An -tu1 -v "$work/header" | awk "$header_form")
+    [ -z "$why" ] || { echo "holds $name $why"; return; }
+    skip $(((size + 511) / 512 * 512)) || { echo "ends inside $name"; return; }
+  done 3< "$work/sizes"
+  block "$work/end" 1024 && [ -z "$(od -An -tu1 -v "$work/end" | tr -d ' 0\n')" ] && [ "$(($(piece 1 | wc -c)))" = 0 ] \
+    || echo "does not end with two zero blocks right after its last entry"
+}
+awk '{ print ($1 ~ /^d/ ? 0 : $3), $NF }' "$work/list" > "$work/sizes"  # a folder has no content, whatever its size says
+echo "== every header where its listing puts it, as an engine reads it (zstd -dc | dd)"
+stream | zstd -q -dc 2>/dev/null | { walk > "$work/walked"; cat > /dev/null; }
+unchanged
+[ ! -s "$work/walked" ] || fail "$dir: the archive's tar $(head -n 1 "$work/walked"): it holds an extended header or data past its end, or a header an engine reads otherwise, not the plain entries unibake writes; refused before any load"
 # index.json, manifest.json and the image manifest are read whole: at most 16 MiB each, as unibake's
 # own verifier keeps them (an index naming a huge layer as its manifest must not fill the disk)
 META=16777216

@@ -118,6 +118,19 @@ def _text(field: bytes) -> str:
     return (field if end < 0 else field[:end]).decode(*_UTF8)
 
 
+# a header's numbers: where they are, and how long
+NUMBERS = (("mode", 100, 8), ("uid", 108, 8), ("gid", 116, 8), ("size", 124, 12), ("mtime", 136, 12),
+           ("checksum", 148, 8), ("devmajor", 329, 8), ("devminor", 337, 8))
+
+
+def _engine_number(field: bytes) -> bool:
+    """Whether Go's archive/tar (the engine's) reads ``field`` as a number: base-256, or octal digits once
+    blanks and NULs are trimmed from both ends, up to a NUL. ``tarfile`` reads more ("\\0junk", "+7", a tab)."""
+    if field[:1] and field[0] & 0x80:
+        return True
+    return all(0x30 <= c <= 0x37 for c in field.strip(b" \0").split(b"\0", 1)[0])
+
+
 def parse_header(block: bytes) -> Header:
     """One header block's fields, exactly as :meth:`tarfile.TarInfo.frombuf` gives them.
 
@@ -592,6 +605,7 @@ class Member:
     data: bytes | None  # kept when small and not routed
     link: str | None = None  # for a symlink or hard link: the member it points at
     routed: object = None  # what the route's sink returned when the member was complete
+    zstd: bool = False  # starts as a zstd stream (its content_sha256 what that decompresses to, if it does)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -640,6 +654,7 @@ class _Open:
     sink: Sink | None = None
     head: bytearray = field(default_factory=bytearray)
     started: bool = False
+    zstd: bool = False
 
 
 class _MemberReader:
@@ -664,6 +679,9 @@ class _MemberReader:
         if entry.extended:
             return "an extended header (PAX or GNU)"
         block = entry.header
+        for what, at, length in NUMBERS:
+            if not _engine_number(block[at:at + length]):
+                return f"a header whose {what} field {block[at:at + length]!r} is no number the engine reads"
         prefix = _text(block[345:500])
         if prefix and block[257:265] != b"ustar\x0000":
             return f"a name prefix {prefix[:40]!r} under another magic than ustar's, which GNU tar reads as none"
@@ -736,6 +754,7 @@ class _MemberReader:
             m.content = hashlib.sha256()
             m.decomp = _Gunzip(m.content)
         elif first.startswith(ZSTD_MAGIC):
+            m.zstd = True
             m.content = hashlib.sha256()
             m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
                 _Updating(m.content), write_size=CHUNK, write_return_read=True)
@@ -849,7 +868,7 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
         raw = m.raw.hexdigest()
         members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
                                  content_sha256=m.content.hexdigest() if m.content is not None else raw,
-                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed)
+                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed, zstd=m.zstd)
     for name, target in reader.links.items():
         members[name] = Member(name=name, size=0, sha256="", content_sha256="", data=None, link=target)
     return members
@@ -1017,6 +1036,13 @@ def check_release_form(members: Members, tag: str) -> None:
     if blob_name(oci["config"]["digest"]) != where.config_name or \
             [blob_name(d["digest"]) for d in oci["layers"]] != list(where.layer_names):
         raise ArchiveError("the archive's index.json and manifest.json describe different images")
+    # a layer is a tar, or gzip (which Engine 20.10 and the shell verifier read whatever its media type
+    # says); zstd, which no media type here says, is read by neither: it would load as another layer
+    for i, (name, descriptor) in enumerate(zip(where.layer_names, oci["layers"])):
+        if name in members and members[name].zstd:
+            raise ArchiveError(f"the archive's layer {i + 1} ({name}) is stored zstd-compressed, but its media "
+                               f"type {descriptor['mediaType']} says a plain tar or gzip: Engine 20.10 and "
+                               "verify-release.sh read it as another layer; refused before any load")
     # and each of the three byte for byte as our writer makes it (only an index's sizes and platform
     # its own): the engines read JSON with Go, which takes a key written twice, or a second one that
     # differs only in case ("repotags" after "RepoTags"), where this read took another

@@ -600,13 +600,62 @@ def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tm
     assert check_ledger(folder) != []
 
 
-def rebuild_env(tmp_path: Path, **env: str) -> dict[str, str]:
-    """A python3 without unibake's requirements (so verify.sh --rebuild makes its venv), and ``env``."""
+RECENT = "import sys; sys.exit(sys.version_info < (3, 11))"  # verify.sh's question to an interpreter
+
+
+def fake_pythons(tmp_path: Path, **scripts: str) -> Path:
+    """A folder of interpreters, each a shell script (by name); python3.11 to 3.14 there are none."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
-    (fake / "python3").write_text("#!/bin/sh\nexit 1\n")
-    (fake / "python3").chmod(0o755)
+    for name in ("python3.11", "python3.12", "python3.13", "python3.14"):
+        scripts.setdefault(name, "exit 1")
+    for name, script in scripts.items():
+        (fake / name).write_text(f"#!/bin/sh\n{script}\n")
+        (fake / name).chmod(0o755)
+    return fake
+
+
+def rebuild_env(tmp_path: Path, **env: str) -> dict[str, str]:
+    """A python3 of 3.11 or newer without unibake's requirements (so verify.sh --rebuild makes its venv), and ``env``."""
+    fake = fake_pythons(tmp_path, python3=f'[ "$2" = "{RECENT}" ]')
     return {"PATH": f"{fake}:{os.environ['PATH']}", **env}
+
+
+def old_python(ran: Path) -> str:
+    """Python 3.9 with every package unibake needs: its build.py says to run scripts/setup.sh."""
+    return (f'case "$2" in "{RECENT}") exit 1 ;; *sys.version*) echo Python 3.9.2; exit 0 ;; "import "*) exit 0 ;; esac\n'
+            f'touch {ran}; echo "error: unibake needs Python 3.11 or newer; run scripts/setup.sh" >&2; exit 2')
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_rebuilds_with_a_python_of_3_11_or_newer_or_says_it_needs_one(busybox_product, tmp_path, shell):
+    # (before: a python3 3.9 that had the packages was taken, and build.py said to run scripts/setup.sh,
+    # which a kit lacks)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    ran = tmp_path / "old-python-ran"
+    fake = fake_pythons(tmp_path, python3=old_python(ran))
+    env = {"PATH": f"{fake}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}
+    none = verify_sh(folder, shell, "--rebuild", env=env)
+    assert none.returncode == 2 and none.stderr == (
+        "error: the rebuild needs Python 3.11 or newer; python3 here is Python 3.9.2: install one (as python3.11 or later), "
+        "or name it with UNIBAKE_PYTHON\n"), none.stderr
+    named = verify_sh(folder, shell, "--rebuild", env={**env, "UNIBAKE_PYTHON": str(fake / "python3")})
+    assert named.returncode == 2 and named.stderr.startswith(
+        f"error: UNIBAKE_PYTHON={fake / 'python3'} is Python 3.9.2; unibake needs Python 3.11 or newer"), named.stderr
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\n[ "$2" = "{RECENT}" ]\n')
+    bare.chmod(0o755)
+    lacking = verify_sh(folder, shell, "--rebuild", env={**env, "UNIBAKE_PYTHON": str(bare)})
+    assert lacking.returncode == 2 and lacking.stderr.startswith(
+        f"error: UNIBAKE_PYTHON={bare} lacks what unibake needs: install tool/requirements.txt with it"), lacking.stderr
+    assert not ran.exists()
+    # a python3.12 beside it that has the packages is the one that rebuilds
+    rebuilt = tmp_path / "python3.12-rebuilt"
+    fake_pythons(tmp_path, python3=old_python(ran), **{"python3.12": f'case "$2" in "{RECENT}"|"import "*) exit 0 ;; esac\n'
+                                                                   f'touch {rebuilt}'})
+    picked = verify_sh(folder, shell, "--rebuild", env=env)
+    assert picked.returncode == 0 and rebuilt.exists() and not ran.exists(), picked.stderr
 
 
 @pytest.mark.parametrize("shell", SHELLS)
