@@ -103,10 +103,11 @@ def open_new(path: Path, mode: int = 0o644):
     return os.fdopen(fd, "wb")
 
 
-def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644) -> str:
-    """Write ``folder/name`` via a temporary name, fsynced; returns its sha256."""
+def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:
+    """Write ``folder/name`` via a temporary name (``temp``, by default ``.NAME.tmp``), fsynced; returns its
+    sha256."""
     data = text.encode("utf-8") if isinstance(text, str) else text
-    temp = folder / f".{name}.tmp"
+    temp = folder / (temp or f".{name}.tmp")
     try:
         with open_new(temp) as fh:
             fh.write(data)

@@ -518,6 +518,17 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
     return files
 
 
+def record_temp(record: Path, folder: Path) -> Path:
+    """The temporary name of the checksums record ``record`` (``checksums/<tag>.SHA256SUMS``) of the
+    release folder ``folder``, private to the run holding that folder's lock: every --out of one
+    parent shares checksums/, so two runs of one version under two of them (each holding its own
+    lock) would otherwise write one temporary file, and one commit rename the other's listing. The
+    same release folder's next run takes the same name (what a killed run left is replaced)."""
+    where = os.path.join(os.path.realpath(folder.parent), folder.name)  # the lock is <parent>/.<name>.lock
+    key = hashlib.sha256(os.fsencode(where)).hexdigest()[:16]
+    return record.parent / f".{record.name}.{key}.tmp"
+
+
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
             checksums_dir: Path, extra: Mapping[str, str] | None = None,
             sign: Callable[[Path], object] | None = None) -> Path:
@@ -529,7 +540,8 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
     ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
     sums.update(extra or {})
-    record = checksums_dir / f".{folder.tag}.{SUMS}.tmp"
+    final_record = checksums_dir / f"{folder.tag}.{SUMS}"
+    record = record_temp(final_record, folder.final)
     try:
         for name, text in files.items():
             sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
@@ -551,7 +563,6 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    final_record = checksums_dir / f"{folder.tag}.{SUMS}"
 
     def put_in_place() -> None:
         try:

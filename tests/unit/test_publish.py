@@ -13,7 +13,7 @@ from unibake.archive_reader import read_back
 from unibake.errors import InputError, UnibakeError
 from unibake.manifest import ChatCheck, GateResult, GateStep, Validation
 from unibake.metadata import ImageMetadata
-from unibake.publish import ReleaseFolder, build_manifest, previous_release, publish, render_files
+from unibake.publish import ReleaseFolder, build_manifest, previous_release, publish, record_temp, render_files
 
 from ..savefixtures import docker_layout, layer_tar, oci_layout
 
@@ -234,11 +234,28 @@ def test_a_link_planted_as_the_checksums_record_s_temporary_file_is_not_written_
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     (tmp_path / "checksums").mkdir()
-    (tmp_path / "checksums" / ".1.0.SHA256SUMS.tmp").symlink_to(victim)
+    # the name is the release folder's own, not a random one: what a killed run left is replaced
+    record_temp(tmp_path / "checksums" / "1.0.SHA256SUMS", tmp_path / "release" / "1.0").symlink_to(victim)
     folder, _ = make_release(tmp_path / "release", "1.0")
     assert victim.read_text() == "precious\n"
     assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
     assert (tmp_path / "checksums" / "1.0.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
+def test_two_sibling_outs_publishing_one_version_at_once_each_commit_their_own_checksums_record(tmp_path):
+    # (before: both wrote checksums/.1.0.SHA256SUMS.tmp; the second run's unlinked the first's, so its
+    # commit renamed its own listing into place and the first then failed after publishing)
+    from unibake.publish import CommitGroup
+
+    group = CommitGroup()
+    with ReleaseFolder(tmp_path / "a", "1.0", force=False) as a:
+        a.group = group  # a build for several platforms: its record waits for the group's commit
+        publish_into(a, tmp_path / "checksums")
+        b = make_release(tmp_path / "b", "1.0")[0]  # a sibling --out, the same version, meanwhile
+        assert (tmp_path / "checksums/1.0.SHA256SUMS").read_text() == (b / "SHA256SUMS").read_text()
+        group.commit()
+    assert (tmp_path / "checksums/1.0.SHA256SUMS").read_text() == (tmp_path / "a/1.0/SHA256SUMS").read_text()
+    assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
 
 
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):

@@ -24,7 +24,7 @@ from unibake.errors import DigestMismatch, InputError, RegistryAuthError, Regist
 from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.notes import Notes
-from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
+from unibake.publish import ReleaseFolder, build_manifest, publish, record_temp, render_files
 from unibake.registry import (OCI_INDEX, OCI_MANIFEST, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
                               image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
@@ -1214,7 +1214,7 @@ def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_i
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     victim.chmod(0o600)
-    (tmp_path / "checksums" / ".1.3.1.SHA256SUMS.tmp").symlink_to(victim)
+    record_temp(tmp_path / "checksums" / "1.3.1.SHA256SUMS", folder).symlink_to(victim)
     manifest = load_manifest(folder)
     record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
                           RecordingClient(), temp_dir=tmp_path).record
