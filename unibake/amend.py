@@ -187,17 +187,18 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                 fsync_dir(folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    records = {checksums_dir / f"{tag}.{SUMS}": folder}  # each record, and the folder whose lock guards it
-    if named is not None and named != folder:
-        records = {checksums_dir / f"{named.name}.{SUMS}": named,
-                   out.parent / "checksums" / f"{tag}.{SUMS}": folder}
-    for record, of in records.items():
-        try:
-            is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
-        except (OSError, UnicodeDecodeError):
-            is_ours = False
-        if is_ours:
-            old = record.stat()
-            write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode),
-                         temp=record_temp(record, of).name)
-            _keep_access(record, old)
+        # still under the locks: a build --force committing meanwhile would have its record overwritten
+        records = {checksums_dir / f"{tag}.{SUMS}": folder}  # each record, and the folder whose lock guards it
+        if named is not None and named != folder:
+            records = {checksums_dir / f"{named.name}.{SUMS}": named,
+                       out.parent / "checksums" / f"{tag}.{SUMS}": folder}
+        for record, of in records.items():
+            try:
+                is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
+            except (OSError, UnicodeDecodeError):
+                is_ours = False
+            if is_ours:
+                old = record.stat()
+                write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode),
+                             temp=record_temp(record, of).name)
+                _keep_access(record, old)

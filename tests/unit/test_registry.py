@@ -1207,6 +1207,28 @@ def test_a_run_refused_while_a_push_records_itself_names_the_push_not_an_older_r
     assert len(said) == 1 and f"(pid {os.getpid()})" in said[0] and "99999" not in said[0], said
 
 
+def test_a_push_updates_its_checksums_record_while_it_holds_the_release_s_lock(tmp_path, monkeypatch):
+    # (before: the record was written after the lock was let go: a build --force committing then had
+    # its new record overwritten with the push's listing of the old folder)
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    real, refused = amend.write_atomic, []
+
+    def a_build_force_meanwhile(where, name, *args, **kwargs):
+        if name == "1.3.1.SHA256SUMS":
+            with pytest.raises(UnibakeError, match="another run is writing release"):
+                ReleaseFolder(tmp_path / "release", "1.3.1", force=True).__enter__()
+            refused.append(name)
+        return real(where, name, *args, **kwargs)
+
+    monkeypatch.setattr(amend, "write_atomic", a_build_force_meanwhile)
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert refused == ["1.3.1.SHA256SUMS"]
+    assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
 def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_its_temporary_file(tmp_path):
     # (before: the record's update wrote checksums/.1.3.1.SHA256SUMS.tmp through a link planted there, and
     # chmod-ed the file it named)
