@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import fsync_dir, open_lock, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS, _holder, _sign, record_temp
 from .sums import render_sums
@@ -161,8 +161,8 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                                "was recorded, so as not to drop what that one wrote; push again (the blobs are in "
                                "the registry: nothing is uploaded again)")
         staging = out / f".{tag}.amend"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(mode=0o700)  # private while it is made; the folder's own mode and group at the end
+        # private while it is made; the folder's own mode and group at the end
+        fresh_folder(staging, "a push's copy of a release", mode=0o700)
         try:
             new_sums = dict(sums)
             for entry in os.scandir(folder):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -101,6 +102,25 @@ def open_new(path: Path, mode: int = 0o644):
         os.unlink(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     return os.fdopen(fd, "wb")
+
+
+def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
+    """``path`` made anew as an empty folder (a run's staging folder, ``what``), under the lock that
+    makes it that run's: what a killed run left there is removed first. Anything else there (a link,
+    a file: no run makes those) is never followed nor removed, and neither is a folder this user
+    cannot remove: an error says what it is and to remove it."""
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        kind = "a link" if os.path.islink(path) else "a file"
+        raise UnibakeError(f"{path} is {kind} where a run makes {what} (a folder): no run's, so it is neither "
+                           "followed nor removed; remove it, then run again")
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise UnibakeError(f"{path} ({what} a killed run left) cannot be removed ({exc.strerror}): remove it "
+                           "(as its owner), then run again") from None
+    path.mkdir(mode=mode)
 
 
 def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:

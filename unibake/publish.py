@@ -27,7 +27,7 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, open_lock, open_new, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, open_new, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
                        ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
@@ -141,8 +141,11 @@ class ReleaseFolder:
             raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
                              "its place as a folder here, not where the link points; give --out the "
                              "folder that holds the release itself, or remove the link first; nothing was replaced")
-        shutil.rmtree(self.staging, ignore_errors=True)
-        self.staging.mkdir()
+        try:
+            fresh_folder(self.staging, "a release's staging folder")
+        except BaseException:
+            self._unlock()
+            raise
         return self
 
     def _restore_old(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -379,6 +380,40 @@ def test_every_manifest_written_validates_against_the_published_schema(tmp_path)
     del broken["archive"]["sha256"]
     with pytest.raises(jsonschema.ValidationError, match="'sha256' is a required property"):
         jsonschema.validate(broken, schema)
+
+
+@pytest.mark.parametrize("planted", ["link", "file", "fifo"])
+def test_a_link_or_file_planted_as_the_staging_folder_is_named_with_what_to_do_and_never_followed(tmp_path, planted):
+    # (before: error: .../.1.0.partial: File exists, saying neither what it is nor what to remove)
+    out = tmp_path / "release"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("kept")
+    staging = out / ".1.0.partial"
+    {"link": lambda: staging.symlink_to(victim), "file": lambda: staging.write_text("x"),
+     "fifo": lambda: os.mkfifo(staging)}[planted]()
+    kind = "a link" if planted == "link" else "a file"
+
+    def writer():  # a run opening the FIFO to read (rmtree did) would wait for one: the test fails, not hangs
+        try:
+            os.close(os.open(staging, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    unblock = threading.Timer(10, writer)
+    unblock.start()
+    try:
+        with pytest.raises(UnibakeError, match=rf"^{staging} is {kind} where a run makes a release's staging folder "
+                                               r"\(a folder\): no run's, so it is neither followed nor removed; "
+                                               "remove it, then run again$") as caught:
+            make_release(out, "1.0")
+    finally:
+        unblock.cancel()
+    assert caught.value.exit_code == 1
+    assert os.path.lexists(staging) and os.listdir(victim) == ["keep"]
+    staging.unlink()  # as it says: the next run goes
+    with ReleaseFolder(out, "1.0", force=False):  # and the lock was let go
+        pass
 
 
 def test_a_lock_file_planted_as_a_link_is_never_followed_nor_written_through(tmp_path):

@@ -1229,6 +1229,20 @@ def test_a_push_updates_its_checksums_record_while_it_holds_the_release_s_lock(t
     assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
 
 
+def test_a_link_planted_as_a_push_s_copy_of_the_release_is_named_with_what_to_do(tmp_path):
+    # (before: error: .../.1.3.1.amend: File exists, saying neither what it is nor what to remove)
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "release" / ".1.3.1.amend").symlink_to(tmp_path / "victim")
+    with pytest.raises(UnibakeError, match=r"\.1\.3\.1\.amend is a link where a run makes a push's copy of a release "
+                                           r"\(a folder\): no run's, so it is neither followed nor removed; remove it"):
+        amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert os.listdir(tmp_path / "victim") == [] and load_manifest(folder) == manifest
+
+
 def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_its_temporary_file(tmp_path):
     # (before: the record's update wrote checksums/.1.3.1.SHA256SUMS.tmp through a link planted there, and
     # chmod-ed the file it named)
