@@ -792,7 +792,8 @@ def _publish(run: Run) -> tuple:
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
                               hotfix=hotfix, image_size=image.size, notes=notes,
-                              attachments=attachments, supply_chain=supply.supply_chain(run))
+                              attachments=attachments, supply_chain=supply.supply_chain(run),
+                              first_release=folder.first_release)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
     files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}

@@ -2,7 +2,8 @@
 
 Kept: the images of the newest ``--keep`` versions of each product found under ``--out`` (ranked by
 when each version was first published: a folder added to an older version later, ``--profile tp4
---version 1.0`` after 2.0, does not make it newer; a version's folders, one per platform or profile
+--version 1.0`` after 2.0, does not make it newer, nor does a ``--force`` re-release of 1.0, whose
+manifest keeps the first release's time; a version's folders, one per platform or profile
 selection, count as one), and the base image of every kept hotfix (its archive ships only the
 layers the base lacks). Removed: the engine's tags of older releases (when the image's own metadata
 label names that release: a folder alone cannot name an image to remove) and their kits' rebuilds
@@ -144,7 +145,7 @@ def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
     would keep one platform of a version and drop another), and the base of every kept hotfix,
     transitively (``verify --load`` and apply.sh need it in the engine)."""
     versions: dict[str, dict[str, list[ReleaseManifest]]] = {}
-    for m in manifests:  # oldest first, so a version's place is that of its first folder: when it was released
+    for m in manifests:  # first released first, so a version's place is that of its first folder
         versions.setdefault(m.product, {}).setdefault(m.version, []).append(m)
     needed: set[str] = set()
     for by_version in versions.values():

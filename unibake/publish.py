@@ -98,6 +98,7 @@ class ReleaseFolder:
         self.final = out / tag
         self.staging = out / f".{tag}.partial"
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
+        self.first_release: str | None = None  # set on enter: when the release --force replaces was first published
         self.group: CommitGroup | None = None  # set: commit() waits for the group's
         self._abandon: list[Callable[[], object]] = []
         self._lock = None
@@ -141,12 +142,23 @@ class ReleaseFolder:
             raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
                              "its place as a folder here, not where the link points; give --out the "
                              "folder that holds the release itself, or remove the link first; nothing was replaced")
+        self.first_release = self._replaced_first_release()
         try:
             fresh_folder(self.staging, "a release's staging folder")
         except BaseException:
             self._unlock()
             raise
         return self
+
+    def _replaced_first_release(self) -> str | None:
+        """When the release this run replaces (``--force``) was first published; None when there is
+        none, or its manifest cannot be read (this release is then its first)."""
+        if not self.force or not os.path.lexists(self.final / MANIFEST):
+            return None
+        try:
+            return load_manifest(self.final).first_release
+        except UnibakeError:
+            return None
 
     def _restore_old(self) -> None:
         """A replaced release (``--force``) whose replacement never took its place (a run killed
@@ -355,7 +367,8 @@ class PublishedRelease:
 
 
 def find_releases(out: Path) -> list[PublishedRelease]:
-    """Every folder under ``out`` with a manifest.json, oldest first; unreadable ones last, with why.
+    """Every folder under ``out`` with a manifest.json, oldest first (by when each was first published);
+    unreadable ones last, with why.
     A link to a folder elsewhere (``1.0 -> /mnt/big/1.0``) is a release too (listed, and its image
     kept by prune; nothing is ever removed through it); one to a folder already listed (``latest ->
     1.3.1``) is not listed twice."""
@@ -376,7 +389,7 @@ def find_releases(out: Path) -> list[PublishedRelease]:
             good.append(PublishedRelease(folder=folder, manifest=load_manifest(folder)))
         except VerificationError as exc:
             bad.append(PublishedRelease(folder=folder, manifest=None, problem=str(exc)))
-    good.sort(key=lambda r: r.manifest.published)
+    good.sort(key=lambda r: r.manifest.first_release)  # a --force re-release keeps its place
     return good + bad
 
 
@@ -447,21 +460,24 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
                    hotfix: ReleaseManifest | None = None, image_size: int = 0, notes: Notes | None = None,
                    attachments: dict[str, bytes] | None = None,
-                   supply_chain: SupplyChain | None = None) -> ReleaseManifest:
+                   supply_chain: SupplyChain | None = None, first_release: str | None = None) -> ReleaseManifest:
     """``manifest.json`` of a release: the archive as written and read back, and what the image is.
     The labels of an image unibake did not build come from its builder: kept as they are in
-    ``labels``, cleaned where they become fields of their own."""
+    ``labels``, cleaned where they become fields of their own. ``first_release``: when the release this
+    one replaces (``--force``) was first published (:attr:`ReleaseFolder.first_release`), kept as its own."""
     try:
         return _manifest(product=product, tag=tag, image_ref=image_ref, archive=archive, digests=digests,
                          metadata=metadata, labels=labels, previous=previous, hotfix=hotfix, image_size=image_size,
-                         notes=notes, attachments=attachments, supply_chain=supply_chain)
+                         notes=notes, attachments=attachments, supply_chain=supply_chain,
+                         first_release=first_release)
     except ValidationError as exc:
         raise VerificationError(f"cannot describe the release of {image_ref}: {first_error(exc)}") from None
 
 
 def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, previous, hotfix,
-              image_size, notes, attachments, supply_chain) -> ReleaseManifest:
+              image_size, notes, attachments, supply_chain, first_release) -> ReleaseManifest:
     epoch = labels.get("io.unibake.source-date-epoch", "")
+    published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return ReleaseManifest(
         schema_version=SCHEMA_VERSION,
         tool=Tool(name="unibake", version=__version__),
@@ -484,7 +500,7 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
         revision=_text(labels.get("org.opencontainers.image.revision", ""), 256),
         created=_text(labels.get("org.opencontainers.image.created", ""), 64),
         source_date_epoch=int(epoch) if epoch.isdigit() and epoch.isascii() and len(epoch) < 12 else None,
-        published=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        published=published, first_published=first_release or published,
         previous=previous.release if previous else None,
         platform=recorded_by(archive.image.config) or None,
         hotfix=None if hotfix is None else HotfixRecord(

@@ -82,11 +82,15 @@ def test_a_folder_naming_an_image_unibake_did_not_make_removes_nothing(tmp_path)
     assert engine.inspect_image("demo-llm:1.0") is None  # the real old release still goes
 
 
-def _release(out, engine, tag, n, **fields):
-    """A release folder of demo-llm:``tag`` whose image the engine holds; ``fields`` rewrite its manifest."""
-    folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag))
+def _release(out, engine, tag, n, force=False, **fields):
+    """A release folder of demo-llm:``tag`` whose image the engine holds; ``fields`` rewrite its manifest
+    (``published`` its first release's time too, unless ``first_published`` is given)."""
+    folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag),
+                             force=force)
     engine.load(read_archive(folder, [f"demo-llm-{tag}.tar.zst"]))
     manifest = json.loads((folder / "manifest.json").read_text())
+    if "published" in fields:
+        fields.setdefault("first_published", fields["published"])
     manifest.update(fields)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return manifest
@@ -148,6 +152,23 @@ def test_the_platforms_of_a_version_count_as_one_release(tmp_path):
     _release(out, engine, "hk4-arm64", 40, published="2026-01-01T00:00:04Z", version="hk4")
     planned = prune(engine, out, keep=1, dry_run=True)
     assert {r.ref for r in planned} == {"demo-llm:hk3", "demo-llm:hk3-arm64"}
+
+
+def test_a_force_re_release_of_an_older_version_keeps_its_place_by_its_first_release(tmp_path):
+    # (before: versions were ranked by when their folders were published: hk1 made again with --force
+    # after hk2 was the newer, and --keep 1 removed hk2's image, the newest release's)
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    old = _release(out, engine, "hk0", 0, published="2026-01-01T00:00:00Z")
+    del old["first_published"]  # a release made before the first release's time was recorded
+    (out / "hk0" / "manifest.json").write_text(json.dumps(old))
+    _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    _release(out, engine, "hk1", 11, force=True, published="2026-01-01T00:00:03Z",
+             first_published="2026-01-01T00:00:01Z")
+    assert [r.folder.name for r in find_releases(out)] == ["hk0", "hk1", "hk2"]
+    assert {r.ref for r in prune(engine, out, keep=1, dry_run=True)} == {"demo-llm:hk0", "demo-llm:hk1"}
+    assert {r.ref for r in prune(engine, out, keep=2, dry_run=True)} == {"demo-llm:hk0"}
 
 
 def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_said(tmp_path):
