@@ -14,7 +14,7 @@ release carries the release's labels too, so labels alone prove nothing). Nothin
 image a container uses is kept, and said; so is the image of a release whose lock a run holds (one
 writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes.
 With a release folder it cannot read, only build cache goes. What a killed run left under ``--out``
-(``.<tag>.partial``, ...) is removed.
+(``.<tag>.partial``, ..., and its temporary checksums record) is removed.
 Release folders and images unibake did not make are never touched.
 """
 
@@ -35,7 +35,7 @@ from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import find_releases, lock_release
+from .publish import SUMS, find_releases, lock_release, record_temp
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -87,6 +87,32 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
                 shutil.rmtree(entry)
             found.append(entry)
         except OSError:  # a folder this user cannot change: left, as before
+            pass
+        finally:
+            if lock is not None:
+                lock.close()
+    return found + _record_leftovers(out, dry_run=dry_run)
+
+
+def _record_leftovers(out: Path, *, dry_run: bool) -> list[Path]:
+    """The temporary checksums records a run on ``out`` killed before its commit left beside it
+    (``checksums/.<tag>.SHA256SUMS.<key>.tmp``, the key naming the release folder ``out/<tag>``):
+    removed (unless ``dry_run``) under their tag's lock; another --out's are its own."""
+    checksums = out.parent / "checksums"
+    found = []
+    for entry in sorted(checksums.iterdir()) if checksums.is_dir() else ():
+        tag = entry.name[1:].rsplit(f".{SUMS}.", 1)[0]
+        if not entry.name.startswith(".") or not tag or record_temp(checksums / f"{tag}.{SUMS}", out / tag) != entry:
+            continue
+        try:
+            lock = lock_release(out, tag, create=False)
+        except UnibakeError:
+            continue  # a run is writing it
+        try:
+            if not dry_run:
+                entry.unlink()  # a name: a link planted there is not followed
+            found.append(entry)
+        except OSError:
             pass
         finally:
             if lock is not None:

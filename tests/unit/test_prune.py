@@ -251,6 +251,26 @@ def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_wri
     assert elsewhere.is_dir()
 
 
+def test_prune_removes_the_checksums_record_a_killed_run_left_but_not_a_running_one_s_nor_another_out_s(tmp_path):
+    # (before: checksums/.1.0.SHA256SUMS.tmp, written before the commit, stayed when the run was killed)
+    from unibake.prune import remove_leftovers
+    from unibake.publish import ReleaseFolder, record_temp
+
+    out, sibling = tmp_path / "release", tmp_path / "release-b"
+    _release(out, FakeEngine(), "1.0", 1)
+    (out / ".1.1.lock").touch()  # the killed run's lock file stays, let go
+    killed = record_temp(tmp_path / "checksums" / "1.1.SHA256SUMS", out / "1.1")
+    running = record_temp(tmp_path / "checksums" / "1.3.SHA256SUMS", out / "1.3")
+    others = record_temp(tmp_path / "checksums" / "1.1.SHA256SUMS", sibling / "1.1")
+    for path in (killed, running, others):
+        path.write_text("x" * 64 + "  demo-llm-x.tar.zst\n")
+    with ReleaseFolder(out, "1.3", force=False):  # a run writing 1.3: its record is its own
+        assert remove_leftovers(out, dry_run=True) == [killed]
+        assert killed.exists()
+        assert remove_leftovers(out) == [killed]
+    assert sorted(os.listdir(tmp_path / "checksums")) == sorted(["1.0.SHA256SUMS", running.name, others.name])
+
+
 def test_a_release_folder_that_is_a_link_is_listed_and_its_image_kept_and_a_second_name_is_not_counted(tmp_path, cli):
     # release/hk1 -> /mnt/big/hk1: skipped, its hotfix showed "base absent" and prune --keep 1 removed
     # its image (the base the kept hotfix needs) as a dangling image unibake built
