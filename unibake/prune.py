@@ -12,7 +12,8 @@ label names that release: a folder alone cannot name an image to remove) and the
 unibake's Dockerfile (its history ends with the Dockerfile's own last steps; an image built FROM a
 release carries the release's labels too, so labels alone prove nothing). Nothing is forced: an
 image a container uses is kept, and said; so is the image of a release whose lock a run holds (one
-writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes.
+writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes
+(of a linked folder, ``1.0 -> /mnt/big/1.0``, the target's too).
 With a release folder it cannot read, only build cache goes. What a killed run left under ``--out``
 (``.<tag>.partial``, ..., and its temporary checksums record) is removed.
 Release folders and images unibake did not make are never touched.
@@ -30,12 +31,12 @@ from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
 from .engine import Engine, ImageSummary
-from .errors import UnibakeError
+from .errors import InputError, UnibakeError
 from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import SUMS, find_releases, lock_release, record_temp
+from .publish import SUMS, check_tag, find_releases, lock_release, record_temp
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -213,6 +214,21 @@ def _built_by_unibake(engine: Engine, image: ImageSummary) -> bool:
     return all(pattern.fullmatch(step.strip()) for pattern, step in zip(_OWN_TAIL, history[-len(_OWN_TAIL):]))
 
 
+def _locks_of(out: Path, name: str) -> list[tuple[Path, str]]:
+    """The locks (``<folder>/.<name>.lock``) of the release folder ``out/name``: its own and, for a link
+    to a release folder elsewhere (``1.0 -> /mnt/big/1.0``), that folder's too, the one a run with
+    that --out holds (a hotfix made on it, a --force run writing it)."""
+    locks = [(out, name)]
+    if os.path.islink(out / name):
+        real = Path(os.path.realpath(out / name))
+        try:
+            check_tag(real.name)
+        except InputError:
+            return locks  # a folder no run can write (not a release's name): nothing to hold it against
+        locks.append((real.parent, real.name))
+    return locks
+
+
 def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
           on_line: Callable[[str], None] = lambda line: None,
           on_warning: Callable[[str], None] = lambda line: None) -> list[Removal]:
@@ -223,15 +239,17 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
                    "images it needs, so it removes build cache only; check it with python build.py verify "
                    f"{folder}, then fix or move it")
     done = []
-    held: set[str] = set()
+    held: set[tuple[Path, str]] = set()
     with ExitStack() as locks:
         for r in plan_removals(engine, out, keep=keep):
             try:  # a run writing that release (--force), or a hotfix made on it, needs its image till it ends
-                for release in sorted(set(r.releases) - held):
-                    lock = lock_release(out, release, create=not dry_run)
+                for where, release in [lock for name in sorted(r.releases) for lock in _locks_of(out, name)]:
+                    if (where, release) in held:
+                        continue
+                    lock = lock_release(where, release, create=not dry_run)
                     if lock is not None:
                         locks.callback(lock.close)
-                    held.add(release)
+                    held.add((where, release))
             except UnibakeError as exc:
                 r = replace(r, kept=str(exc))
             if r.kept:

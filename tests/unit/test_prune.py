@@ -227,6 +227,31 @@ def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_forc
     assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
 
 
+def test_prune_through_a_linked_release_folder_keeps_an_image_a_run_under_the_link_s_target_uses(tmp_path):
+    # (before: prune held release/.hk1.lock only: a hotfix made on /mnt/big/hk1 with --out /mnt/big, or a
+    # --force run there, holds /mnt/big/.hk1.lock, and prune --keep 1 removed the image it was using)
+    from unibake.publish import ReleaseFolder, hold_release
+
+    out, big = tmp_path / "release", tmp_path / "big"
+    engine = FakeEngine()
+    _release(big, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    out.mkdir()
+    (out / "hk1").symlink_to(big / "hk1")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    hotfix = hold_release(big, "hk1")
+    lines = []
+    done = prune(engine, out, keep=1, on_line=lines.append)
+    assert [(r.ref, r.kept) for r in done] == [("demo-llm:hk1", f"a run is using release {big / 'hk1'} "
+                                                                 f"(pid {os.getpid()})")]
+    assert engine.inspect_image("demo-llm:hk1") is not None
+    hotfix.close()
+    with ReleaseFolder(big, "hk1", force=True):  # build --out /mnt/big --version hk1 --force, under way
+        assert [r.kept for r in prune(engine, out, keep=1, dry_run=True)] == \
+            [f"a run is using release {big / 'hk1'} (pid {os.getpid()})"]
+    assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
+    assert sorted(os.listdir(big)) == [".hk1.lock", "hk1"]
+
+
 def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_writing(tmp_path):
     # a SIGKILLed run leaves .TAG.partial (its staged archive: gigabytes), a killed commit .TAG.old
     # beside TAG; only the next run of that very tag removed them
