@@ -31,12 +31,12 @@ from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
 from .engine import Engine, ImageSummary
-from .errors import InputError, UnibakeError
+from .errors import UnibakeError
 from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import SUMS, check_tag, find_releases, lock_release, record_temp
+from .publish import SUMS, find_releases, lock_release, record_temp, release_locks
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -214,21 +214,6 @@ def _built_by_unibake(engine: Engine, image: ImageSummary) -> bool:
     return all(pattern.fullmatch(step.strip()) for pattern, step in zip(_OWN_TAIL, history[-len(_OWN_TAIL):]))
 
 
-def _locks_of(out: Path, name: str) -> list[tuple[Path, str]]:
-    """The locks (``<folder>/.<name>.lock``) of the release folder ``out/name``: its own and, for a link
-    to a release folder elsewhere (``1.0 -> /mnt/big/1.0``), that folder's too, the one a run with
-    that --out holds (a hotfix made on it, a --force run writing it)."""
-    locks = [(out, name)]
-    if os.path.islink(out / name):
-        real = Path(os.path.realpath(out / name))
-        try:
-            check_tag(real.name)
-        except InputError:
-            return locks  # a folder no run can write (not a release's name): nothing to hold it against
-        locks.append((real.parent, real.name))
-    return locks
-
-
 def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
           on_line: Callable[[str], None] = lambda line: None,
           on_warning: Callable[[str], None] = lambda line: None) -> list[Removal]:
@@ -243,7 +228,7 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
     with ExitStack() as locks:
         for r in plan_removals(engine, out, keep=keep):
             try:  # a run writing that release (--force), or a hotfix made on it, needs its image till it ends
-                for where, release in [lock for name in sorted(r.releases) for lock in _locks_of(out, name)]:
+                for where, release in [lock for name in sorted(r.releases) for lock in release_locks(out, name)]:
                     if (where, release) in held:
                         continue
                     lock = lock_release(where, release, create=not dry_run)

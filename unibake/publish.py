@@ -276,6 +276,21 @@ def hold_release(out: Path, tag: str):
     return lock
 
 
+def release_locks(out: Path, name: str) -> list[tuple[Path, str]]:
+    """The locks (``<folder>/.<name>.lock``) of the release folder ``out/name``: its own and, for a link
+    to a release folder elsewhere (``1.0 -> /mnt/big/1.0``), that folder's too, the one a run with
+    that --out holds (a hotfix made on it, a --force run writing it)."""
+    locks = [(out, name)]
+    if os.path.islink(out / name):
+        real = Path(os.path.realpath(out / name))
+        try:
+            check_tag(real.name)
+        except InputError:
+            return locks  # a folder no run can write (not a release's name): nothing to hold it against
+        locks.append((real.parent, real.name))
+    return locks
+
+
 def lock_release(out: Path, name: str, *, create: bool = True):
     """The lock of the release folder ``name`` under ``out`` held exclusively, as a run writing that
     release holds it, without waiting (prune, while it removes the release's image). Returns the open
