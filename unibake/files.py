@@ -120,6 +120,9 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
     except OSError as exc:
         raise UnibakeError(f"{path} ({what} a killed run left) cannot be removed ({exc.strerror}): remove it "
                            "(as its owner), then run again") from None
+    except RecursionError:  # shutil.rmtree recurses once per level: no run nests folders so deep
+        raise UnibakeError(f"{path} holds folders nested too deep to remove here (not {what} a run made): "
+                           "remove it (rm -rf), then run again") from None
     path.mkdir(mode=mode)
 
 

@@ -87,7 +87,7 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
             if not dry_run:
                 shutil.rmtree(entry)
             found.append(entry)
-        except OSError:  # a folder this user cannot change: left, as before
+        except (OSError, RecursionError):  # a folder this user cannot change, or nested too deep: left, as before
             pass
         finally:
             if lock is not None:

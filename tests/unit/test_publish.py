@@ -416,6 +416,32 @@ def test_a_link_or_file_planted_as_the_staging_folder_is_named_with_what_to_do_a
         pass
 
 
+def test_a_staging_folder_nested_too_deep_to_remove_is_an_error_line_not_a_traceback(tmp_path):
+    # (before: RecursionError from shutil.rmtree, a traceback, on every run of that tag; prune's too)
+    from unibake.prune import remove_leftovers
+
+    out = tmp_path / "release"
+    deep = out / ".1.0.partial"
+    os.makedirs(out)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.mkdir(".1.0.partial", dir_fd=fd)
+        for _ in range(1500):  # deeper than any path a plain makedirs takes, as a hostile tree can be
+            inner = os.open(".1.0.partial" if _ == 0 else "d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            os.mkdir("d", dir_fd=fd)
+    finally:
+        os.close(fd)
+    with pytest.raises(UnibakeError, match=rf"^{deep} holds folders nested too deep to remove here \(not a release's "
+                                           r"staging folder a run made\): remove it \(rm -rf\), then run again$"):
+        ReleaseFolder(out, "1.0", force=False).__enter__()
+    assert remove_leftovers(out) == [] and deep.is_dir()
+    subprocess.run(["rm", "-rf", str(deep)], check=True)
+    with ReleaseFolder(out, "1.0", force=False):
+        pass
+
+
 def test_a_lock_file_planted_as_a_link_is_never_followed_nor_written_through(tmp_path):
     # whoever can write --out could make .1.0.lock a link to a file of the releasing user (root's):
     # the run wrote its pid into that file, truncating it; a FIFO there hung prune's dry run
