@@ -134,6 +134,10 @@ class ReleaseFolder:
             self._unlock()
             raise UnibakeError(f"cannot put back the release {self.final} a killed run set aside: {exc.strerror}") \
                 from None
+        except RecursionError:  # shutil.rmtree recurses once per level: no release nests folders so deep
+            self._unlock()
+            raise UnibakeError(f"{self.out / f'.{self.tag}.old'} holds folders nested too deep to remove here (not a "
+                               "release a run set aside): remove it (rm -rf), then run again") from None
         if self.final.exists() and not self.force:
             self._unlock()
             refuse_existing(self.final)

@@ -416,6 +416,20 @@ def test_a_link_or_file_planted_as_the_staging_folder_is_named_with_what_to_do_a
         pass
 
 
+def _deep_tree(top):
+    """``top``, a folder 1500 levels deep: deeper than any path a plain makedirs takes, as a hostile tree can be."""
+    fd = os.open(top.parent, os.O_RDONLY)
+    try:
+        os.mkdir(top.name, dir_fd=fd)
+        for n in range(1500):
+            inner = os.open(top.name if n == 0 else "d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            os.mkdir("d", dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
 def test_a_staging_folder_nested_too_deep_to_remove_is_an_error_line_not_a_traceback(tmp_path):
     # (before: RecursionError from shutil.rmtree, a traceback, on every run of that tag; prune's too)
     from unibake.prune import remove_leftovers
@@ -423,22 +437,26 @@ def test_a_staging_folder_nested_too_deep_to_remove_is_an_error_line_not_a_trace
     out = tmp_path / "release"
     deep = out / ".1.0.partial"
     os.makedirs(out)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.mkdir(".1.0.partial", dir_fd=fd)
-        for _ in range(1500):  # deeper than any path a plain makedirs takes, as a hostile tree can be
-            inner = os.open(".1.0.partial" if _ == 0 else "d", os.O_RDONLY, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-            os.mkdir("d", dir_fd=fd)
-    finally:
-        os.close(fd)
+    _deep_tree(deep)
     with pytest.raises(UnibakeError, match=rf"^{deep} holds folders nested too deep to remove here \(not a release's "
                                            r"staging folder a run made\): remove it \(rm -rf\), then run again$"):
         ReleaseFolder(out, "1.0", force=False).__enter__()
     assert remove_leftovers(out) == [] and deep.is_dir()
     subprocess.run(["rm", "-rf", str(deep)], check=True)
     with ReleaseFolder(out, "1.0", force=False):
+        pass
+
+
+def test_a_release_set_aside_nested_too_deep_to_remove_is_an_error_line_not_a_traceback(tmp_path):
+    # (before: RecursionError from shutil.rmtree of .1.0.old beside 1.0, a traceback, on every run of 1.0)
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    _deep_tree(out / ".1.0.old")
+    with pytest.raises(UnibakeError, match=rf"^{out / '.1.0.old'} holds folders nested too deep to remove here \(not "
+                                           r"a release a run set aside\): remove it \(rm -rf\), then run again$"):
+        ReleaseFolder(out, "1.0", force=True).__enter__()
+    subprocess.run(["rm", "-rf", str(out / ".1.0.old")], check=True)
+    with ReleaseFolder(out, "1.0", force=True):  # the lock was let go
         pass
 
 
