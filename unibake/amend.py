@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import fsync_dir, open_lock, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
-from .publish import SUMS, _holder, _sign
+from .publish import SUMS, _holder, _sign, record_temp
 from .sums import render_sums
 from .templates import render_template
 
@@ -161,8 +161,8 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                                "was recorded, so as not to drop what that one wrote; push again (the blobs are in "
                                "the registry: nothing is uploaded again)")
         staging = out / f".{tag}.amend"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(mode=0o700)  # private while it is made; the folder's own mode and group at the end
+        # private while it is made; the folder's own mode and group at the end
+        fresh_folder(staging, "a push's copy of a release", mode=0o700)
         try:
             new_sums = dict(sums)
             for entry in os.scandir(folder):
@@ -187,15 +187,18 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                 fsync_dir(folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    records = [checksums_dir / f"{tag}.{SUMS}"]
-    if named is not None and named != folder:
-        records = [checksums_dir / f"{named.name}.{SUMS}", out.parent / "checksums" / f"{tag}.{SUMS}"]
-    for record in dict.fromkeys(records):
-        try:
-            is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
-        except (OSError, UnicodeDecodeError):
-            is_ours = False
-        if is_ours:
-            old = record.stat()
-            write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode))
-            _keep_access(record, old)
+        # still under the locks: a build --force committing meanwhile would have its record overwritten
+        records = {checksums_dir / f"{tag}.{SUMS}": folder}  # each record, and the folder whose lock guards it
+        if named is not None and named != folder:
+            records = {checksums_dir / f"{named.name}.{SUMS}": named,
+                       out.parent / "checksums" / f"{tag}.{SUMS}": folder}
+        for record, of in records.items():
+            try:
+                is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
+            except (OSError, UnicodeDecodeError):
+                is_ours = False
+            if is_ours:
+                old = record.stat()
+                write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode),
+                             temp=record_temp(record, of).name)
+                _keep_access(record, old)

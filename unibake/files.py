@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -103,10 +104,33 @@ def open_new(path: Path, mode: int = 0o644):
     return os.fdopen(fd, "wb")
 
 
-def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644) -> str:
-    """Write ``folder/name`` via a temporary name, fsynced; returns its sha256."""
+def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
+    """``path`` made anew as an empty folder (a run's staging folder, ``what``), under the lock that
+    makes it that run's: what a killed run left there is removed first. Anything else there (a link,
+    a file: no run makes those) is never followed nor removed, and neither is a folder this user
+    cannot remove: an error says what it is and to remove it."""
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        kind = "a link" if os.path.islink(path) else "a file"
+        raise UnibakeError(f"{path} is {kind} where a run makes {what} (a folder): no run's, so it is neither "
+                           "followed nor removed; remove it, then run again")
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise UnibakeError(f"{path} ({what} a killed run left) cannot be removed ({exc.strerror}): remove it "
+                           "(as its owner), then run again") from None
+    except RecursionError:  # shutil.rmtree recurses once per level: no run nests folders so deep
+        raise UnibakeError(f"{path} holds folders nested too deep to remove here (not {what} a run made): "
+                           "remove it (rm -rf), then run again") from None
+    path.mkdir(mode=mode)
+
+
+def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:
+    """Write ``folder/name`` via a temporary name (``temp``, by default ``.NAME.tmp``), fsynced; returns its
+    sha256."""
     data = text.encode("utf-8") if isinstance(text, str) else text
-    temp = folder / f".{name}.tmp"
+    temp = folder / (temp or f".{name}.tmp")
     try:
         with open_new(temp) as fh:
             fh.write(data)

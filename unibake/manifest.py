@@ -161,6 +161,9 @@ class ReleaseManifest(Document):
     created: str = Field(max_length=64)
     source_date_epoch: int | None = Field(ge=0)
     published: str = Field(max_length=64)
+    # when this release was first published: ``published`` but for a --force re-release, which carries
+    # over the replaced release's; None in releases made before it was recorded (then ``published``)
+    first_published: str | None = Field(default=None, max_length=64)
     previous: str | None = Field(pattern=TAG_PATTERN)
     hotfix: HotfixRecord | None
     attachments: tuple[AttachmentRecord, ...] = ()
@@ -181,6 +184,11 @@ class ReleaseManifest(Document):
                              default_profile=self.default_profile, profiles=self.profiles,
                              components=self.components, launch=self.launch,
                              platform=self.platform or DEFAULT_PLATFORM)
+
+    @property
+    def first_release(self) -> str:
+        """When this release was first published (a --force re-release keeps its place among the others)."""
+        return self.first_published or self.published
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"

@@ -44,7 +44,7 @@ from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
 from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, hold_release, lock_release,
-                      previous_release, publish, SUMS, refuse_existing, release_tag, render_files)
+                      previous_release, publish, SUMS, refuse_existing, release_locks, release_tag, render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -449,16 +449,17 @@ def _hold_a_released_tag(run: Run, tag: str) -> None:
     (which holds the release's lock): the lock is held here instead, till the run ends, so that it is
     refused while a hotfix made on that release (or a run writing it) needs its image. A version with
     no release yet is held too when its lock file exists: a full build writing it right now (its
-    manifest not written yet) has its tag moved under it otherwise."""
-    release = release_tag(tag)
-    released = os.path.lexists(run.request.out / release / MANIFEST)
-    try:
-        lock = lock_release(run.request.out, release, create=released)
-    except UnibakeError as exc:
-        raise UnibakeError(f"{exc}: a hotfix made on it, or a run writing it, needs its image as it is; the build "
-                           f"would move {tag}; wait for it (nothing was built)") from None
-    if lock is not None:
-        run.stack.callback(lock.close)
+    manifest not written yet) has its tag moved under it otherwise. A release folder that is a link
+    (``1.0 -> /mnt/big/1.0``) is held under both names: a run with that --out holds the target's."""
+    for where, release in release_locks(run.request.out, release_tag(tag)):
+        released = os.path.lexists(where / release / MANIFEST)
+        try:
+            lock = lock_release(where, release, create=released)
+        except UnibakeError as exc:
+            raise UnibakeError(f"{exc}: a hotfix made on it, or a run writing it, needs its image as it is; the "
+                               f"build would move {tag}; wait for it (nothing was built)") from None
+        if lock is not None:
+            run.stack.callback(lock.close)
 
 
 def _build(run: Run) -> tuple:
@@ -792,7 +793,8 @@ def _publish(run: Run) -> tuple:
     manifest = build_manifest(product=target.product, tag=target.release, image_ref=target.ref, archive=archive,
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
                               hotfix=hotfix, image_size=image.size, notes=notes,
-                              attachments=attachments, supply_chain=supply.supply_chain(run))
+                              attachments=attachments, supply_chain=supply.supply_chain(run),
+                              first_release=folder.first_release)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
     files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}

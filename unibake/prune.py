@@ -2,7 +2,8 @@
 
 Kept: the images of the newest ``--keep`` versions of each product found under ``--out`` (ranked by
 when each version was first published: a folder added to an older version later, ``--profile tp4
---version 1.0`` after 2.0, does not make it newer; a version's folders, one per platform or profile
+--version 1.0`` after 2.0, does not make it newer, nor does a ``--force`` re-release of 1.0, whose
+manifest keeps the first release's time; a version's folders, one per platform or profile
 selection, count as one), and the base image of every kept hotfix (its archive ships only the
 layers the base lacks). Removed: the engine's tags of older releases (when the image's own metadata
 label names that release: a folder alone cannot name an image to remove) and their kits' rebuilds
@@ -11,9 +12,10 @@ label names that release: a folder alone cannot name an image to remove) and the
 unibake's Dockerfile (its history ends with the Dockerfile's own last steps; an image built FROM a
 release carries the release's labels too, so labels alone prove nothing). Nothing is forced: an
 image a container uses is kept, and said; so is the image of a release whose lock a run holds (one
-writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes.
+writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes
+(of a linked folder, ``1.0 -> /mnt/big/1.0``, the target's too).
 With a release folder it cannot read, only build cache goes. What a killed run left under ``--out``
-(``.<tag>.partial``, ...) is removed.
+(``.<tag>.partial``, ..., and its temporary checksums record) is removed.
 Release folders and images unibake did not make are never touched.
 """
 
@@ -34,7 +36,7 @@ from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import find_releases, lock_release
+from .publish import SUMS, find_releases, lock_release, record_temp, release_locks
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -85,7 +87,33 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
             if not dry_run:
                 shutil.rmtree(entry)
             found.append(entry)
-        except OSError:  # a folder this user cannot change: left, as before
+        except (OSError, RecursionError):  # a folder this user cannot change, or nested too deep: left, as before
+            pass
+        finally:
+            if lock is not None:
+                lock.close()
+    return found + _record_leftovers(out, dry_run=dry_run)
+
+
+def _record_leftovers(out: Path, *, dry_run: bool) -> list[Path]:
+    """The temporary checksums records a run on ``out`` killed before its commit left beside it
+    (``checksums/.<tag>.SHA256SUMS.<key>.tmp``, the key naming the release folder ``out/<tag>``):
+    removed (unless ``dry_run``) under their tag's lock; another --out's are its own."""
+    checksums = out.parent / "checksums"
+    found = []
+    for entry in sorted(checksums.iterdir()) if checksums.is_dir() else ():
+        tag = entry.name[1:].rsplit(f".{SUMS}.", 1)[0]
+        if not entry.name.startswith(".") or not tag or record_temp(checksums / f"{tag}.{SUMS}", out / tag) != entry:
+            continue
+        try:
+            lock = lock_release(out, tag, create=False)
+        except UnibakeError:
+            continue  # a run is writing it
+        try:
+            if not dry_run:
+                entry.unlink()  # a name: a link planted there is not followed
+            found.append(entry)
+        except OSError:
             pass
         finally:
             if lock is not None:
@@ -144,7 +172,7 @@ def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
     would keep one platform of a version and drop another), and the base of every kept hotfix,
     transitively (``verify --load`` and apply.sh need it in the engine)."""
     versions: dict[str, dict[str, list[ReleaseManifest]]] = {}
-    for m in manifests:  # oldest first, so a version's place is that of its first folder: when it was released
+    for m in manifests:  # first released first, so a version's place is that of its first folder
         versions.setdefault(m.product, {}).setdefault(m.version, []).append(m)
     needed: set[str] = set()
     for by_version in versions.values():
@@ -196,15 +224,17 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
                    "images it needs, so it removes build cache only; check it with python build.py verify "
                    f"{folder}, then fix or move it")
     done = []
-    held: set[str] = set()
+    held: set[tuple[Path, str]] = set()
     with ExitStack() as locks:
         for r in plan_removals(engine, out, keep=keep):
             try:  # a run writing that release (--force), or a hotfix made on it, needs its image till it ends
-                for release in sorted(set(r.releases) - held):
-                    lock = lock_release(out, release, create=not dry_run)
+                for where, release in [lock for name in sorted(r.releases) for lock in release_locks(out, name)]:
+                    if (where, release) in held:
+                        continue
+                    lock = lock_release(where, release, create=not dry_run)
                     if lock is not None:
                         locks.callback(lock.close)
-                    held.add(release)
+                    held.add((where, release))
             except UnibakeError as exc:
                 r = replace(r, kept=str(exc))
             if r.kept:

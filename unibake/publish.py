@@ -27,7 +27,7 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fsync_dir, open_lock, open_new, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, open_new, write_atomic
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
                        ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
 from .metadata import ImageMetadata, first_error
@@ -98,6 +98,7 @@ class ReleaseFolder:
         self.final = out / tag
         self.staging = out / f".{tag}.partial"
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
+        self.first_release: str | None = None  # set on enter: when the release --force replaces was first published
         self.group: CommitGroup | None = None  # set: commit() waits for the group's
         self._abandon: list[Callable[[], object]] = []
         self._lock = None
@@ -133,6 +134,10 @@ class ReleaseFolder:
             self._unlock()
             raise UnibakeError(f"cannot put back the release {self.final} a killed run set aside: {exc.strerror}") \
                 from None
+        except RecursionError:  # shutil.rmtree recurses once per level: no release nests folders so deep
+            self._unlock()
+            raise UnibakeError(f"{self.out / f'.{self.tag}.old'} holds folders nested too deep to remove here (not a "
+                               "release a run set aside): remove it (rm -rf), then run again") from None
         if self.final.exists() and not self.force:
             self._unlock()
             refuse_existing(self.final)
@@ -141,9 +146,23 @@ class ReleaseFolder:
             raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
                              "its place as a folder here, not where the link points; give --out the "
                              "folder that holds the release itself, or remove the link first; nothing was replaced")
-        shutil.rmtree(self.staging, ignore_errors=True)
-        self.staging.mkdir()
+        self.first_release = self._replaced_first_release()
+        try:
+            fresh_folder(self.staging, "a release's staging folder")
+        except BaseException:
+            self._unlock()
+            raise
         return self
+
+    def _replaced_first_release(self) -> str | None:
+        """When the release this run replaces (``--force``) was first published; None when there is
+        none, or its manifest cannot be read (this release is then its first)."""
+        if not self.force or not os.path.lexists(self.final / MANIFEST):
+            return None
+        try:
+            return load_manifest(self.final).first_release
+        except UnibakeError:
+            return None
 
     def _restore_old(self) -> None:
         """A replaced release (``--force``) whose replacement never took its place (a run killed
@@ -261,6 +280,21 @@ def hold_release(out: Path, tag: str):
     return lock
 
 
+def release_locks(out: Path, name: str) -> list[tuple[Path, str]]:
+    """The locks (``<folder>/.<name>.lock``) of the release folder ``out/name``: its own and, for a link
+    to a release folder elsewhere (``1.0 -> /mnt/big/1.0``), that folder's too, the one a run with
+    that --out holds (a hotfix made on it, a --force run writing it)."""
+    locks = [(out, name)]
+    if os.path.islink(out / name):
+        real = Path(os.path.realpath(out / name))
+        try:
+            check_tag(real.name)
+        except InputError:
+            return locks  # a folder no run can write (not a release's name): nothing to hold it against
+        locks.append((real.parent, real.name))
+    return locks
+
+
 def lock_release(out: Path, name: str, *, create: bool = True):
     """The lock of the release folder ``name`` under ``out`` held exclusively, as a run writing that
     release holds it, without waiting (prune, while it removes the release's image). Returns the open
@@ -352,7 +386,8 @@ class PublishedRelease:
 
 
 def find_releases(out: Path) -> list[PublishedRelease]:
-    """Every folder under ``out`` with a manifest.json, oldest first; unreadable ones last, with why.
+    """Every folder under ``out`` with a manifest.json, oldest first (by when each was first published);
+    unreadable ones last, with why.
     A link to a folder elsewhere (``1.0 -> /mnt/big/1.0``) is a release too (listed, and its image
     kept by prune; nothing is ever removed through it); one to a folder already listed (``latest ->
     1.3.1``) is not listed twice."""
@@ -373,7 +408,7 @@ def find_releases(out: Path) -> list[PublishedRelease]:
             good.append(PublishedRelease(folder=folder, manifest=load_manifest(folder)))
         except VerificationError as exc:
             bad.append(PublishedRelease(folder=folder, manifest=None, problem=str(exc)))
-    good.sort(key=lambda r: r.manifest.published)
+    good.sort(key=lambda r: r.manifest.first_release)  # a --force re-release keeps its place
     return good + bad
 
 
@@ -444,21 +479,24 @@ def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, 
                    metadata: ImageMetadata | None, labels: dict[str, str], previous: ReleaseManifest | None,
                    hotfix: ReleaseManifest | None = None, image_size: int = 0, notes: Notes | None = None,
                    attachments: dict[str, bytes] | None = None,
-                   supply_chain: SupplyChain | None = None) -> ReleaseManifest:
+                   supply_chain: SupplyChain | None = None, first_release: str | None = None) -> ReleaseManifest:
     """``manifest.json`` of a release: the archive as written and read back, and what the image is.
     The labels of an image unibake did not build come from its builder: kept as they are in
-    ``labels``, cleaned where they become fields of their own."""
+    ``labels``, cleaned where they become fields of their own. ``first_release``: when the release this
+    one replaces (``--force``) was first published (:attr:`ReleaseFolder.first_release`), kept as its own."""
     try:
         return _manifest(product=product, tag=tag, image_ref=image_ref, archive=archive, digests=digests,
                          metadata=metadata, labels=labels, previous=previous, hotfix=hotfix, image_size=image_size,
-                         notes=notes, attachments=attachments, supply_chain=supply_chain)
+                         notes=notes, attachments=attachments, supply_chain=supply_chain,
+                         first_release=first_release)
     except ValidationError as exc:
         raise VerificationError(f"cannot describe the release of {image_ref}: {first_error(exc)}") from None
 
 
 def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, previous, hotfix,
-              image_size, notes, attachments, supply_chain) -> ReleaseManifest:
+              image_size, notes, attachments, supply_chain, first_release) -> ReleaseManifest:
     epoch = labels.get("io.unibake.source-date-epoch", "")
+    published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return ReleaseManifest(
         schema_version=SCHEMA_VERSION,
         tool=Tool(name="unibake", version=__version__),
@@ -481,7 +519,7 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
         revision=_text(labels.get("org.opencontainers.image.revision", ""), 256),
         created=_text(labels.get("org.opencontainers.image.created", ""), 64),
         source_date_epoch=int(epoch) if epoch.isdigit() and epoch.isascii() and len(epoch) < 12 else None,
-        published=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        published=published, first_published=first_release or published,
         previous=previous.release if previous else None,
         platform=recorded_by(archive.image.config) or None,
         hotfix=None if hotfix is None else HotfixRecord(
@@ -518,6 +556,17 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
     return files
 
 
+def record_temp(record: Path, folder: Path) -> Path:
+    """The temporary name of the checksums record ``record`` (``checksums/<tag>.SHA256SUMS``) of the
+    release folder ``folder``, private to the run holding that folder's lock: every --out of one
+    parent shares checksums/, so two runs of one version under two of them (each holding its own
+    lock) would otherwise write one temporary file, and one commit rename the other's listing. The
+    same release folder's next run takes the same name (what a killed run left is replaced)."""
+    where = os.path.join(os.path.realpath(folder.parent), folder.name)  # the lock is <parent>/.<name>.lock
+    key = hashlib.sha256(os.fsencode(where)).hexdigest()[:16]
+    return record.parent / f".{record.name}.{key}.tmp"
+
+
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
             checksums_dir: Path, extra: Mapping[str, str] | None = None,
             sign: Callable[[Path], object] | None = None) -> Path:
@@ -529,7 +578,8 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
     ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
     sums.update(extra or {})
-    record = checksums_dir / f".{folder.tag}.{SUMS}.tmp"
+    final_record = checksums_dir / f"{folder.tag}.{SUMS}"
+    record = record_temp(final_record, folder.final)
     try:
         for name, text in files.items():
             sums[name] = write_atomic(folder.staging, name, text, mode=0o755 if name.endswith(".sh") else 0o644)
@@ -551,7 +601,6 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
             raise DiskFull(f"no space left in {where} while writing release {folder.tag}; nothing was "
                            "published") from None
         raise UnibakeError(f"cannot write {where} ({exc.strerror}); nothing was published") from None
-    final_record = checksums_dir / f"{folder.tag}.{SUMS}"
 
     def put_in_place() -> None:
         try:

@@ -450,6 +450,33 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
     assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
 
 
+def test_stage_build_force_through_a_linked_release_waits_for_a_hotfix_made_under_the_target_s_out(
+        engines, tmp_path, busybox_product):  # noqa: F811
+    # (before: release/1.0 -> /mnt/big/1.0: --out release held release/.1.0.lock only, while a hotfix made
+    # with --out /mnt/big holds /mnt/big/.1.0.lock, and the build moved the tag of the hotfix's base)
+    from unibake.errors import UnibakeError
+    from unibake.pipeline import BUILD, selection
+    from unibake.publish import hold_release
+
+    out, big = tmp_path / "release", tmp_path / "big"
+    folder, _ = make_release(big, "1.0")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(product="unibake-test", tag="unibake-test:1.0")  # the busybox product's release 1.0
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    out.mkdir()
+    (out / "1.0").symlink_to(folder)
+    request = Request(env={}, cwd=tmp_path, out=out, version="1.0", force=True, config=str(busybox_product),
+                      require_lock=False)
+    hold = hold_release(big, "1.0")  # a hotfix made on /mnt/big/1.0 with --out /mnt/big, running
+    try:
+        with pytest.raises(UnibakeError, match=rf"a run is using release {big / '1.0'} \(pid {os.getpid()}\): a hotfix "
+                                               r"made on it, .* the build would move unibake-test:1.0"):
+            run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
+    finally:
+        hold.close()
+    assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
+
+
 def test_a_hotfix_from_a_link_to_a_release_holds_the_release_it_names(engines, tmp_path):  # noqa: F811
     # (before: --from latest (-> 1.0) held only .latest.lock: a build --force of 1.0 replaced the base under it)
     from contextlib import ExitStack

@@ -131,6 +131,24 @@ def test_archive_into_an_existing_release_is_refused_before_the_image_is_scanned
         release(engines, out)
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["first-release-recorded", "older-release"])
+def test_a_force_re_release_keeps_when_the_release_was_first_published(engines, tmp_path, recorded):
+    # (before: the manifest recorded only when its folder was published: prune and previous_release
+    # took 1.0 made again after 2.0 for the newer)
+    out = tmp_path / "release"
+    release(engines, out)
+    path = out / "1.0" / "manifest.json"
+    first = json.loads(path.read_text())
+    assert first["first_published"] == first["published"]
+    first["published"] = first["first_published"] = "2026-01-01T00:00:01Z"  # long ago
+    if not recorded:  # a release made before the time was recorded
+        del first["first_published"]
+    path.write_text(json.dumps(first))
+    release(engines, out, force=True)
+    again = json.loads(path.read_text())
+    assert again["first_published"] == "2026-01-01T00:00:01Z" < again["published"]
+
+
 def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_skipped(engines, tmp_path):
     results = release(engines, tmp_path / "release", roundtrip=False)
     validation = results["release"].validation

@@ -82,11 +82,15 @@ def test_a_folder_naming_an_image_unibake_did_not_make_removes_nothing(tmp_path)
     assert engine.inspect_image("demo-llm:1.0") is None  # the real old release still goes
 
 
-def _release(out, engine, tag, n, **fields):
-    """A release folder of demo-llm:``tag`` whose image the engine holds; ``fields`` rewrite its manifest."""
-    folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag))
+def _release(out, engine, tag, n, force=False, **fields):
+    """A release folder of demo-llm:``tag`` whose image the engine holds; ``fields`` rewrite its manifest
+    (``published`` its first release's time too, unless ``first_published`` is given)."""
+    folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag),
+                             force=force)
     engine.load(read_archive(folder, [f"demo-llm-{tag}.tar.zst"]))
     manifest = json.loads((folder / "manifest.json").read_text())
+    if "published" in fields:
+        fields.setdefault("first_published", fields["published"])
     manifest.update(fields)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return manifest
@@ -150,6 +154,23 @@ def test_the_platforms_of_a_version_count_as_one_release(tmp_path):
     assert {r.ref for r in planned} == {"demo-llm:hk3", "demo-llm:hk3-arm64"}
 
 
+def test_a_force_re_release_of_an_older_version_keeps_its_place_by_its_first_release(tmp_path):
+    # (before: versions were ranked by when their folders were published: hk1 made again with --force
+    # after hk2 was the newer, and --keep 1 removed hk2's image, the newest release's)
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    old = _release(out, engine, "hk0", 0, published="2026-01-01T00:00:00Z")
+    del old["first_published"]  # a release made before the first release's time was recorded
+    (out / "hk0" / "manifest.json").write_text(json.dumps(old))
+    _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    _release(out, engine, "hk1", 11, force=True, published="2026-01-01T00:00:03Z",
+             first_published="2026-01-01T00:00:01Z")
+    assert [r.folder.name for r in find_releases(out)] == ["hk0", "hk1", "hk2"]
+    assert {r.ref for r in prune(engine, out, keep=1, dry_run=True)} == {"demo-llm:hk0", "demo-llm:hk1"}
+    assert {r.ref for r in prune(engine, out, keep=2, dry_run=True)} == {"demo-llm:hk0"}
+
+
 def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_said(tmp_path):
     # the newest release, a hotfix on hk1, has a damaged manifest: counted out, it let prune --keep 1
     # keep hk2 and remove hk1's image, the base the newest release needs
@@ -206,6 +227,31 @@ def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_forc
     assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
 
 
+def test_prune_through_a_linked_release_folder_keeps_an_image_a_run_under_the_link_s_target_uses(tmp_path):
+    # (before: prune held release/.hk1.lock only: a hotfix made on /mnt/big/hk1 with --out /mnt/big, or a
+    # --force run there, holds /mnt/big/.hk1.lock, and prune --keep 1 removed the image it was using)
+    from unibake.publish import ReleaseFolder, hold_release
+
+    out, big = tmp_path / "release", tmp_path / "big"
+    engine = FakeEngine()
+    _release(big, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    out.mkdir()
+    (out / "hk1").symlink_to(big / "hk1")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    hotfix = hold_release(big, "hk1")
+    lines = []
+    done = prune(engine, out, keep=1, on_line=lines.append)
+    assert [(r.ref, r.kept) for r in done] == [("demo-llm:hk1", f"a run is using release {big / 'hk1'} "
+                                                                 f"(pid {os.getpid()})")]
+    assert engine.inspect_image("demo-llm:hk1") is not None
+    hotfix.close()
+    with ReleaseFolder(big, "hk1", force=True):  # build --out /mnt/big --version hk1 --force, under way
+        assert [r.kept for r in prune(engine, out, keep=1, dry_run=True)] == \
+            [f"a run is using release {big / 'hk1'} (pid {os.getpid()})"]
+    assert [r.ref for r in prune(engine, out, keep=1) if not r.kept] == ["demo-llm:hk1"]
+    assert sorted(os.listdir(big)) == [".hk1.lock", "hk1"]
+
+
 def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_writing(tmp_path):
     # a SIGKILLed run leaves .TAG.partial (its staged archive: gigabytes), a killed commit .TAG.old
     # beside TAG; only the next run of that very tag removed them
@@ -228,6 +274,26 @@ def test_prune_removes_what_killed_runs_left_under_out_but_not_what_a_run_is_wri
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == \
         [".1.2.partial", ".2.0.old", "1.0"]  # .2.0.old is release 2.0, set aside: the next run of 2.0 puts it back
     assert elsewhere.is_dir()
+
+
+def test_prune_removes_the_checksums_record_a_killed_run_left_but_not_a_running_one_s_nor_another_out_s(tmp_path):
+    # (before: checksums/.1.0.SHA256SUMS.tmp, written before the commit, stayed when the run was killed)
+    from unibake.prune import remove_leftovers
+    from unibake.publish import ReleaseFolder, record_temp
+
+    out, sibling = tmp_path / "release", tmp_path / "release-b"
+    _release(out, FakeEngine(), "1.0", 1)
+    (out / ".1.1.lock").touch()  # the killed run's lock file stays, let go
+    killed = record_temp(tmp_path / "checksums" / "1.1.SHA256SUMS", out / "1.1")
+    running = record_temp(tmp_path / "checksums" / "1.3.SHA256SUMS", out / "1.3")
+    others = record_temp(tmp_path / "checksums" / "1.1.SHA256SUMS", sibling / "1.1")
+    for path in (killed, running, others):
+        path.write_text("x" * 64 + "  demo-llm-x.tar.zst\n")
+    with ReleaseFolder(out, "1.3", force=False):  # a run writing 1.3: its record is its own
+        assert remove_leftovers(out, dry_run=True) == [killed]
+        assert killed.exists()
+        assert remove_leftovers(out) == [killed]
+    assert sorted(os.listdir(tmp_path / "checksums")) == sorted(["1.0.SHA256SUMS", running.name, others.name])
 
 
 def test_a_release_folder_that_is_a_link_is_listed_and_its_image_kept_and_a_second_name_is_not_counted(tmp_path, cli):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -13,7 +14,7 @@ from unibake.archive_reader import read_back
 from unibake.errors import InputError, UnibakeError
 from unibake.manifest import ChatCheck, GateResult, GateStep, Validation
 from unibake.metadata import ImageMetadata
-from unibake.publish import ReleaseFolder, build_manifest, previous_release, publish, render_files
+from unibake.publish import ReleaseFolder, build_manifest, previous_release, publish, record_temp, render_files
 
 from ..savefixtures import docker_layout, layer_tar, oci_layout
 
@@ -234,11 +235,28 @@ def test_a_link_planted_as_the_checksums_record_s_temporary_file_is_not_written_
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     (tmp_path / "checksums").mkdir()
-    (tmp_path / "checksums" / ".1.0.SHA256SUMS.tmp").symlink_to(victim)
+    # the name is the release folder's own, not a random one: what a killed run left is replaced
+    record_temp(tmp_path / "checksums" / "1.0.SHA256SUMS", tmp_path / "release" / "1.0").symlink_to(victim)
     folder, _ = make_release(tmp_path / "release", "1.0")
     assert victim.read_text() == "precious\n"
     assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
     assert (tmp_path / "checksums" / "1.0.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
+def test_two_sibling_outs_publishing_one_version_at_once_each_commit_their_own_checksums_record(tmp_path):
+    # (before: both wrote checksums/.1.0.SHA256SUMS.tmp; the second run's unlinked the first's, so its
+    # commit renamed its own listing into place and the first then failed after publishing)
+    from unibake.publish import CommitGroup
+
+    group = CommitGroup()
+    with ReleaseFolder(tmp_path / "a", "1.0", force=False) as a:
+        a.group = group  # a build for several platforms: its record waits for the group's commit
+        publish_into(a, tmp_path / "checksums")
+        b = make_release(tmp_path / "b", "1.0")[0]  # a sibling --out, the same version, meanwhile
+        assert (tmp_path / "checksums/1.0.SHA256SUMS").read_text() == (b / "SHA256SUMS").read_text()
+        group.commit()
+    assert (tmp_path / "checksums/1.0.SHA256SUMS").read_text() == (tmp_path / "a/1.0/SHA256SUMS").read_text()
+    assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
 
 
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
@@ -362,6 +380,84 @@ def test_every_manifest_written_validates_against_the_published_schema(tmp_path)
     del broken["archive"]["sha256"]
     with pytest.raises(jsonschema.ValidationError, match="'sha256' is a required property"):
         jsonschema.validate(broken, schema)
+
+
+@pytest.mark.parametrize("planted", ["link", "file", "fifo"])
+def test_a_link_or_file_planted_as_the_staging_folder_is_named_with_what_to_do_and_never_followed(tmp_path, planted):
+    # (before: error: .../.1.0.partial: File exists, saying neither what it is nor what to remove)
+    out = tmp_path / "release"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("kept")
+    staging = out / ".1.0.partial"
+    {"link": lambda: staging.symlink_to(victim), "file": lambda: staging.write_text("x"),
+     "fifo": lambda: os.mkfifo(staging)}[planted]()
+    kind = "a link" if planted == "link" else "a file"
+
+    def writer():  # a run opening the FIFO to read (rmtree did) would wait for one: the test fails, not hangs
+        try:
+            os.close(os.open(staging, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    unblock = threading.Timer(10, writer)
+    unblock.start()
+    try:
+        with pytest.raises(UnibakeError, match=rf"^{staging} is {kind} where a run makes a release's staging folder "
+                                               r"\(a folder\): no run's, so it is neither followed nor removed; "
+                                               "remove it, then run again$") as caught:
+            make_release(out, "1.0")
+    finally:
+        unblock.cancel()
+    assert caught.value.exit_code == 1
+    assert os.path.lexists(staging) and os.listdir(victim) == ["keep"]
+    staging.unlink()  # as it says: the next run goes
+    with ReleaseFolder(out, "1.0", force=False):  # and the lock was let go
+        pass
+
+
+def _deep_tree(top):
+    """``top``, a folder 1500 levels deep: deeper than any path a plain makedirs takes, as a hostile tree can be."""
+    fd = os.open(top.parent, os.O_RDONLY)
+    try:
+        os.mkdir(top.name, dir_fd=fd)
+        for n in range(1500):
+            inner = os.open(top.name if n == 0 else "d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            os.mkdir("d", dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_staging_folder_nested_too_deep_to_remove_is_an_error_line_not_a_traceback(tmp_path):
+    # (before: RecursionError from shutil.rmtree, a traceback, on every run of that tag; prune's too)
+    from unibake.prune import remove_leftovers
+
+    out = tmp_path / "release"
+    deep = out / ".1.0.partial"
+    os.makedirs(out)
+    _deep_tree(deep)
+    with pytest.raises(UnibakeError, match=rf"^{deep} holds folders nested too deep to remove here \(not a release's "
+                                           r"staging folder a run made\): remove it \(rm -rf\), then run again$"):
+        ReleaseFolder(out, "1.0", force=False).__enter__()
+    assert remove_leftovers(out) == [] and deep.is_dir()
+    subprocess.run(["rm", "-rf", str(deep)], check=True)
+    with ReleaseFolder(out, "1.0", force=False):
+        pass
+
+
+def test_a_release_set_aside_nested_too_deep_to_remove_is_an_error_line_not_a_traceback(tmp_path):
+    # (before: RecursionError from shutil.rmtree of .1.0.old beside 1.0, a traceback, on every run of 1.0)
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    _deep_tree(out / ".1.0.old")
+    with pytest.raises(UnibakeError, match=rf"^{out / '.1.0.old'} holds folders nested too deep to remove here \(not "
+                                           r"a release a run set aside\): remove it \(rm -rf\), then run again$"):
+        ReleaseFolder(out, "1.0", force=True).__enter__()
+    subprocess.run(["rm", "-rf", str(out / ".1.0.old")], check=True)
+    with ReleaseFolder(out, "1.0", force=True):  # the lock was let go
+        pass
 
 
 def test_a_lock_file_planted_as_a_link_is_never_followed_nor_written_through(tmp_path):

@@ -24,7 +24,7 @@ from unibake.errors import DigestMismatch, InputError, RegistryAuthError, Regist
 from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.notes import Notes
-from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
+from unibake.publish import ReleaseFolder, build_manifest, publish, record_temp, render_files
 from unibake.registry import (OCI_INDEX, OCI_MANIFEST, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
                               image_manifest,
                               load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
@@ -1364,6 +1364,42 @@ def test_a_run_refused_while_a_push_records_itself_names_the_push_not_an_older_r
     assert len(said) == 1 and f"(pid {os.getpid()})" in said[0] and "99999" not in said[0], said
 
 
+def test_a_push_updates_its_checksums_record_while_it_holds_the_release_s_lock(tmp_path, monkeypatch):
+    # (before: the record was written after the lock was let go: a build --force committing then had
+    # its new record overwritten with the push's listing of the old folder)
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    real, refused = amend.write_atomic, []
+
+    def a_build_force_meanwhile(where, name, *args, **kwargs):
+        if name == "1.3.1.SHA256SUMS":
+            with pytest.raises(UnibakeError, match="another run is writing release"):
+                ReleaseFolder(tmp_path / "release", "1.3.1", force=True).__enter__()
+            refused.append(name)
+        return real(where, name, *args, **kwargs)
+
+    monkeypatch.setattr(amend, "write_atomic", a_build_force_meanwhile)
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert refused == ["1.3.1.SHA256SUMS"]
+    assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
+def test_a_link_planted_as_a_push_s_copy_of_the_release_is_named_with_what_to_do(tmp_path):
+    # (before: error: .../.1.3.1.amend: File exists, saying neither what it is nor what to remove)
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "release" / ".1.3.1.amend").symlink_to(tmp_path / "victim")
+    with pytest.raises(UnibakeError, match=r"\.1\.3\.1\.amend is a link where a run makes a push's copy of a release "
+                                           r"\(a folder\): no run's, so it is neither followed nor removed; remove it"):
+        amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    assert os.listdir(tmp_path / "victim") == [] and load_manifest(folder) == manifest
+
+
 def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_its_temporary_file(tmp_path):
     # (before: the record's update wrote checksums/.1.3.1.SHA256SUMS.tmp through a link planted there, and
     # chmod-ed the file it named)
@@ -1371,7 +1407,7 @@ def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_i
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     victim.chmod(0o600)
-    (tmp_path / "checksums" / ".1.3.1.SHA256SUMS.tmp").symlink_to(victim)
+    record_temp(tmp_path / "checksums" / "1.3.1.SHA256SUMS", folder).symlink_to(victim)
     manifest = load_manifest(folder)
     record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
                           RecordingClient(), temp_dir=tmp_path).record
