@@ -784,7 +784,8 @@ def _publish(run: Run) -> tuple:
     notes = plan.notes if plan is not None else None
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
     previous = (base.manifest if base
-                else previous_release(request.out, target.product, target.release, target.metadata))
+                else previous_release(request.out, target.product, target.release, target.metadata,
+                                      first_release=folder.first_release))
     hotfix = base.manifest if base is not None and archive.omitted else None
     if base is not None and hotfix is None:  # apply.sh, the verifiers and deploy would ask for a base it does not need
         run.reporter.warn(f"the image shares no layer with release {base.manifest.release} (its bottom layer changed: "

@@ -412,13 +412,18 @@ def find_releases(out: Path) -> list[PublishedRelease]:
     return good + bad
 
 
-def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata | None = None) -> ReleaseManifest | None:
+def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata | None = None,
+                     first_release: str | None = None) -> ReleaseManifest | None:
     """The release under ``out`` this one follows: the newest of the same product (another tag) and,
     for an image unibake built, the same platform that holds its default profile, so the notes'
     roll-back (``IMAGE=previous ./run.sh DEFAULT``) runs; one of exactly the same profiles is
-    preferred (``1.3.2-tp4`` follows ``1.3.1-tp4``, not the unified ``1.3.1``). None: the first."""
+    preferred (``1.3.2-tp4`` follows ``1.3.1-tp4``, not the unified ``1.3.1``). None: the first.
+    ``first_release``: when the release a --force run replaces was first published
+    (:attr:`ReleaseFolder.first_release`); it keeps its place, following one first released before it
+    (1.0 made again after 2.0 follows 0.9, not 2.0)."""
     candidates = [r.manifest for r in find_releases(out)
-                  if r.manifest is not None and r.manifest.product == product and r.manifest.release != tag]
+                  if r.manifest is not None and r.manifest.product == product and r.manifest.release != tag
+                  and (first_release is None or r.manifest.first_release < first_release)]
     if metadata is not None:
         candidates = [m for m in candidates if m.platform == metadata.platform
                       and metadata.default_profile in m.profiles]

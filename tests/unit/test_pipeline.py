@@ -266,3 +266,23 @@ def test_the_rendered_copies_a_build_rewrote_do_not_make_the_next_run_of_the_sam
     assert revision("build") == revision("hotfix", "--from", "0.1.0", "--version", "0.1.1") == head
     (busybox_product / "product.yaml").write_text((busybox_product / "product.yaml").read_text() + "\n")
     assert revision("build") == head + "-dirty"  # a source changed: still said
+
+
+def test_a_force_re_release_follows_the_release_before_its_first_release_not_a_newer_version(engines, tmp_path):
+    # (before: 1.0 made again with --force after 2.0 followed 2.0: its notes listed 2.0 -> 1.0 as the
+    # changes and rolled back to 2.0, the newer version; the first 1.0 followed 0.9)
+    import shutil
+    out = tmp_path / "release"
+    release(engines, out)
+    path = out / "1.0" / "manifest.json"
+    first = json.loads(path.read_text())
+    for release_, published in (("0.9", "2026-01-01T00:00:00Z"), ("1.0", "2026-01-02T00:00:00Z"),
+                                ("2.0", "2026-02-01T00:00:00Z")):
+        if release_ != "1.0":
+            shutil.copytree(out / "1.0", out / release_)
+        other = {**first, "release": release_, "tag": f"demo:{release_}", "version": release_,
+                 "published": published, "first_published": published}
+        (out / release_ / "manifest.json").write_text(json.dumps(other))
+    release(engines, out, force=True)
+    again = json.loads(path.read_text())
+    assert again["first_published"] == "2026-01-02T00:00:00Z" and again["previous"] == "0.9"
