@@ -11,6 +11,7 @@ missing, of the wrong type or unknown is refused with one line naming it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Literal
@@ -30,6 +31,8 @@ MANIFEST = "manifest.json"
 VALIDATION = "VALIDATION.json"
 MAX_MANIFEST_BYTES = 16 << 20
 TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+# a time as unibake writes it (UTC, to the second): what releases are ranked by, compared as text
+TIME_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"
 FILE_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$"  # a plain file inside the release folder
 # The files every release folder has (the archive aside); an attachment may not take one of their names.
 RELEASE_FILES = frozenset({MANIFEST, VALIDATION, "SHA256SUMS", "RELEASE_NOTES.md", "IMAGE_ID", "run.sh", "apply.sh",
@@ -163,7 +166,7 @@ class ReleaseManifest(Document):
     published: str = Field(max_length=64)
     # when this release was first published: ``published`` but for a --force re-release, which carries
     # over the replaced release's; None in releases made before it was recorded (then ``published``)
-    first_published: str | None = Field(default=None, max_length=64)
+    first_published: str | None = Field(default=None, pattern=TIME_PATTERN)
     previous: str | None = Field(pattern=TAG_PATTERN)
     hotfix: HotfixRecord | None
     attachments: tuple[AttachmentRecord, ...] = ()
@@ -174,6 +177,15 @@ class ReleaseManifest(Document):
     supply_chain: SupplyChain | None = None  # absent in releases made before the SBOM and provenance
 
     model_config = Record.model_config | {"populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _first_published_before_published(self) -> "ReleaseManifest":
+        # carried over by --force and ranked as text: one later than the folder's own publishing is no
+        # first release (a hand-edited value would make its version the newest for ever)
+        if self.first_published and re.fullmatch(TIME_PATTERN, self.published) \
+                and self.first_published > self.published:
+            raise ValueError(f"first_published {self.first_published} is later than published {self.published}")
+        return self
 
     @property
     def metadata(self) -> ImageMetadata | None:

@@ -12,6 +12,7 @@ import pytest
 from unibake.console import Reporter
 from unibake.engine import RunOutcome
 from unibake.errors import PipelineError, VerificationError
+from unibake.manifest import load_manifest
 from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
 from unibake.pipeline import (ARCHIVE, BUILD, HOTFIX, REPRO, STAGES, STOP_AFTER, Request, Stage, check_wiring,
                               run_stages, selection)
@@ -286,3 +287,23 @@ def test_a_force_re_release_follows_the_release_before_its_first_release_not_a_n
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == "2026-01-02T00:00:00Z" and again["previous"] == "0.9"
+
+
+@pytest.mark.parametrize("forged", ["2099-01-01T00:00:00Z", "zzz", "2026-01-01T00:00:00+05:00"],
+                         ids=["after-its-published", "not-a-time", "another-zone"])
+def test_a_force_re_release_does_not_carry_over_a_first_published_that_is_no_utc_time_before_its_published(
+        engines, tmp_path, forged):
+    # (before: a hand-edited first_published, which the old folder's own sums refused, was carried over
+    # into the new release and signed with it: ranked as text, 'zzz' or 2099 made 1.0 the newest version
+    # for prune for ever, and verify passed it)
+    out = tmp_path / "release"
+    release(engines, out)
+    path = out / "1.0" / "manifest.json"
+    first = json.loads(path.read_text())
+    first["first_published"] = forged
+    path.write_text(json.dumps(first))
+    with pytest.raises(VerificationError, match="first_published"):
+        load_manifest(out / "1.0")  # listed by releases as unreadable, not ranked as text
+    release(engines, out, force=True)
+    again = json.loads(path.read_text())
+    assert again["first_published"] == again["published"] != forged

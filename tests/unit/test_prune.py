@@ -75,7 +75,8 @@ def test_a_folder_naming_an_image_unibake_did_not_make_removes_nothing(tmp_path)
     forged = out / "zz-forged"  # a folder holding only a manifest that names the foreign image, as old
     forged.mkdir()
     manifest = json.loads((out / "1.0" / "manifest.json").read_text())
-    manifest.update(tag="postgres:15", image_id=foreign, published="1970-01-01T00:00:00Z")
+    manifest.update(tag="postgres:15", image_id=foreign, published="1970-01-01T00:00:00Z",
+                    first_published="1970-01-01T00:00:00Z")
     (forged / "manifest.json").write_text(json.dumps(manifest))
     planned = prune(engine, out, keep=1)
     assert "postgres:15" not in {r.ref for r in planned} and engine.inspect_image("postgres:15") is not None
