@@ -287,6 +287,8 @@ def release_locks(out: Path, name: str) -> list[tuple[Path, str]]:
     locks = [(out, name)]
     if os.path.islink(out / name):
         real = Path(os.path.realpath(out / name))
+        if real == Path(os.path.realpath(out), name):  # a link that loops back to itself: its own lock, once
+            return locks
         try:
             check_tag(real.name)
         except InputError:

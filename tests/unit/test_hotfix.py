@@ -543,3 +543,21 @@ def test_a_hotfix_by_another_user_holds_a_base_release_whose_lock_file_it_cannot
             assert said.read() == "held"
     finally:
         shutil.rmtree(shared)
+
+
+def test_stage_build_of_a_version_whose_release_folder_is_a_link_looping_back_does_not_refuse_itself(
+        engines, tmp_path, busybox_product):  # noqa: F811
+    # (before: release/1.0 -> release/1.0 (or release/1.0 -> other/1.0 -> release/1.0) named the same lock
+    # twice, as its own and as its target's: the run took it, then was refused by itself, 'a run is using
+    # release .../1.0 (pid <its own>)')
+    from unibake.pipeline import BUILD, selection
+
+    out = tmp_path / "release"
+    out.mkdir()
+    (out / "1.0").symlink_to(out / "1.0")
+    (out / ".1.0.lock").write_text("")  # a run before this one made it
+    request = Request(env={}, cwd=tmp_path, out=out, version="1.0", force=True, config=str(busybox_product),
+                      require_lock=False)
+    # past the release's lock, to the engine (which has no base image here: nothing was built)
+    with pytest.raises(InputError, match=r"base image \S+ is not in the engine \(fake://source\)"):
+        run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
