@@ -19,6 +19,7 @@ import json
 import os
 import posixpath
 import re
+import shlex
 import signal
 import ssl
 import stat
@@ -1022,8 +1023,9 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
         kits = sorted(p.name for p in folder.glob("*-kit.tar.zst"))
         # unpacked beside it, as the notes say (a folder in a release folder is refused by push)
-        unpack = (f"unpack its kit (`mkdir kit && zstd -dc {posixpath.join(args.folder, kits[0])} | tar -x -C kit`) "
-                  f"and rebuild kit/{kits[0].removesuffix('.tar.zst')}") if kits else \
+        # quoted: the names are the folder's (a downloaded release's), and the command is there to be pasted
+        unpack = (f"unpack its kit (`mkdir kit && zstd -dc {shlex.quote(posixpath.join(args.folder, kits[0]))} | "
+                  f"tar -x -C kit`) and rebuild {shlex.quote('kit/' + kits[0].removesuffix('.tar.zst'))}") if kits else \
             f"write its kit with `build.py kit {args.folder} --out DIR`, unpack it there and rebuild the folder that gives"
         raise InputError(f"{args.folder}: a release folder, not a kit: {unpack}")
     if not (folder / "kit.json").exists():

@@ -812,3 +812,20 @@ def test_a_profile_or_lock_edited_while_the_image_builds_is_recorded_and_kept_as
     folder = unpack(out / name, tmp_path / "unpacked")
     kept = {rel: (folder / (rel if rel != lock else "inputs.lock")).read_bytes() for rel in planned}
     assert kept == planned
+
+
+def test_rebuild_of_a_release_folder_quotes_the_kit_it_names_in_the_command_to_paste(tmp_path, cli):
+    # (before: a downloaded release holding a file '$(touch PWNED)-kit.tar.zst' was named as it is in the
+    # suggested `mkdir kit && zstd -dc ... | tar -x -C kit`: pasted, the command ran touch PWNED; a folder
+    # given with a space in its name split the command)
+    release = tmp_path / "my releases" / "0.1.0"
+    release.mkdir(parents=True)
+    (release / "manifest.json").write_text("{}")
+    (release / "$(touch PWNED)-kit.tar.zst").write_bytes(b"")
+    refused = cli("rebuild", str(release))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {release}: a release folder, not a kit: unpack its kit (`mkdir kit && zstd -dc "
+        f"'{release}/$(touch PWNED)-kit.tar.zst' | tar -x -C kit`) and rebuild 'kit/$(touch PWNED)-kit'"]
+    command = refused.error_lines[0].split("`")[1]
+    subprocess.run(["bash", "-c", command.replace("zstd -dc", "cat")], cwd=tmp_path, capture_output=True)
+    assert not (tmp_path / "PWNED").exists()
