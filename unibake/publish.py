@@ -526,7 +526,8 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
         revision=_text(labels.get("org.opencontainers.image.revision", ""), 256),
         created=_text(labels.get("org.opencontainers.image.created", ""), 64),
         source_date_epoch=int(epoch) if epoch.isdigit() and epoch.isascii() and len(epoch) < 12 else None,
-        published=published, first_published=first_release or published,
+        # (a replaced release whose machine's clock ran ahead is no earlier first release than now)
+        published=published, first_published=min(first_release or published, published),
         previous=previous.release if previous else None,
         platform=recorded_by(archive.image.config) or None,
         hotfix=None if hotfix is None else HotfixRecord(

@@ -307,3 +307,17 @@ def test_a_force_re_release_does_not_carry_over_a_first_published_that_is_no_utc
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == again["published"] != forged
+
+
+def test_a_force_re_release_of_a_release_made_by_a_clock_ahead_of_this_one_is_made(engines, tmp_path):
+    # a release first published by a machine whose clock ran ahead (2099): its time, later than now, is
+    # no first release of the new one (before the clamp: 'cannot describe the release', the run failed)
+    out = tmp_path / "release"
+    release(engines, out)
+    path = out / "1.0" / "manifest.json"
+    first = json.loads(path.read_text())
+    first["published"] = first["first_published"] = "2099-01-01T00:00:00Z"
+    path.write_text(json.dumps(first))
+    release(engines, out, force=True)
+    again = json.loads(path.read_text())
+    assert again["first_published"] == again["published"] < "2099"
