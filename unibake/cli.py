@@ -867,7 +867,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
             info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
-        image_id = pull_into(engine, ref, m, info, settings["credentials"])
+        image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn)
     return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
                              "tag": m.tag, "engine": engine.address},
                    title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),
