@@ -680,13 +680,14 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .inputs import LOCK_FILE, read_lock, render_lock
     from .plan import display_path, make_plan, product_platforms
-    from .platforms import KNOWN
+    from .platforms import KNOWN, host
 
     config = (ctx.cwd / args.config).resolve()
     # every platform's inputs: a prebuilt kernel may be another file on another platform. The
     # platforms the product builds must plan; another one that cannot (its base given by tag while
     # base.require_digest is set, say) is left out of the lock with a warning, not a failure.
-    builds = product_platforms(config, ctx.cwd)
+    declared = product_platforms(config, ctx.cwd, declared=True)
+    builds = declared or (host(),)
     inputs = {}
     for platform in sorted(KNOWN.values(), key=lambda p: p not in builds):
         try:
@@ -694,7 +695,8 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
         except InputError as exc:
             if platform in builds:
                 raise
-            ctx.reporter.warn(f"{platform.name} is not locked (the product does not build it by default): {exc}")
+            if not declared:  # (a product that names its platforms is not built for another: nothing to say)
+                ctx.reporter.warn(f"{platform.name} is not locked (the product does not build it by default): {exc}")
             continue
         inputs.update({f.path: f for f in plan.inputs})
     lock_path = config / LOCK_FILE

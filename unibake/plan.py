@@ -367,9 +367,12 @@ def _same_suffix(selected: list[str], known: list[str]) -> list[str] | None:
     return walk(0, [])
 
 
-def product_platforms(config_dir: Path, cwd: Path | None = None) -> tuple[Platform, ...]:
-    """The platforms product.yaml's ``platform`` names, in order; the host's when it names none."""
+def product_platforms(config_dir: Path, cwd: Path | None = None, *, declared: bool = False) -> tuple[Platform, ...]:
+    """The platforms product.yaml's ``platform`` names, in order; the host's when it names none (none
+    with ``declared``)."""
     product_doc, _ = load_profiles(config_dir.resolve(), (cwd or Path.cwd()).resolve())
+    if declared and product_doc.data.get("platform") is None:
+        return ()
     return _platforms_of(product_doc)
 
 
