@@ -661,7 +661,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
-                         "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
+                         "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
                          "state": state})
     where = display_path(out, ctx.cwd)
     columns = ["release", "product", "published", "image ID", "archive", "previous", "state"]
