@@ -47,6 +47,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one "error:" line and exit 2, like every other bad input
         raise InputError(f"{message} (see: python {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        # an option the command does not know is found here, by the top parser: its help is the command's
+        # (it named build.py --help, which lists the commands, not their options)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            raise InputError(f"unrecognized arguments: {' '.join(extras)} (see: python "
+                             f"{self.prog}{' ' + command if command else ''} --help)")
+        return parsed
+
 
 class _ToolVersion(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
