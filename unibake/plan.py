@@ -284,8 +284,9 @@ class ReleasePlan:
                     if name not in known and p.name not in unset.setdefault((what, name), []):
                         unset[(what, name)].append(p.name)
         for (what, name), names in unset.items():
-            out.append(f"{what}: ${{{name}}} is set neither by the image nor by the env of profile {', '.join(names)}: "
-                       f"it must be given at run time (docker run -e {name}=...), or the engine does not start")
+            out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
+                       f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), or "
+                       "the engine does not start")
         return tuple(out)
 
     @property

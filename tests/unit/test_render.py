@@ -229,11 +229,12 @@ def test_a_braced_variable_no_one_sets_is_warned_at_the_plan(busybox_product, cl
     tp2 = busybox_product / "tp2.yaml"
     tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, RANK_X: '1'}") +
                    "topology: {nodes: 2}\nargs: ['${RANK_X}', '${NODE_RANK}', '${MASTER_ADDR}']\n")
-    hint = "it must be given at run time (docker run -e {0}=...), or the engine does not start"
+    hint = ("unless the base image sets it, it must be given at run time (docker run -e {0}=...), or the engine does "
+            "not start")
     assert make_plan(busybox_product).warnings == (
-        "engine.command: ${HF_TOKEN} is set neither by the image nor by the env of profile tp1, tp2: " +
+        "engine.command: ${HF_TOKEN} is set neither by unibake nor by the env of profile tp1, tp2: " +
         hint.format("HF_TOKEN"),
-        "args: ${RANK_X} is set neither by the image nor by the env of profile tp1: " + hint.format("RANK_X"))
+        "args: ${RANK_X} is set neither by unibake nor by the env of profile tp1: " + hint.format("RANK_X"))
     entrypoint = tmp_path / "entrypoint.sh"  # what is not warned is set at start indeed
     entrypoint.write_text(render(make_plan(busybox_product)).entrypoint)
     run = subprocess.run(["sh", str(entrypoint)], capture_output=True, text=True,
@@ -242,4 +243,4 @@ def test_a_braced_variable_no_one_sets_is_warned_at_the_plan(busybox_product, cl
     assert run.returncode == 0 and run.stdout.split()[4:] == ["tp2", "/opt/unibake/profiles/tp2/tune", "Ring",
                                                              "/root", "--token=t", "1", "0", "127.0.0.1"], run
     result = cli("--stage", "render", "--config", str(busybox_product))
-    assert result.code == 0 and "warning: engine.command: ${HF_TOKEN} is set neither" in result.err
+    assert result.code == 0 and "warning: engine.command: ${HF_TOKEN} is set neither by unibake" in result.err
