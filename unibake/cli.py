@@ -48,6 +48,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one "error:" line and exit 2, like every other bad input
         raise InputError(f"{message} (see: python {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        # an option the command does not know is found here, by the top parser: its help is the command's
+        # (it named build.py --help, which lists the commands, not their options)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(parsed, "command", None)
+            raise InputError(f"unrecognized arguments: {' '.join(extras)} (see: python "
+                             f"{self.prog}{' ' + command if command else ''} --help)")
+        return parsed
+
 
 class _ToolVersion(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
@@ -662,7 +672,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
-                         "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
+                         "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
                          "state": state})
     where = display_path(out, ctx.cwd)
     columns = ["release", "product", "published", "image ID", "archive", "previous", "state"]
@@ -681,13 +691,14 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .inputs import LOCK_FILE, read_lock, render_lock
     from .plan import display_path, make_plan, product_platforms
-    from .platforms import KNOWN
+    from .platforms import KNOWN, host
 
     config = (ctx.cwd / args.config).resolve()
     # every platform's inputs: a prebuilt kernel may be another file on another platform. The
     # platforms the product builds must plan; another one that cannot (its base given by tag while
     # base.require_digest is set, say) is left out of the lock with a warning, not a failure.
-    builds = product_platforms(config, ctx.cwd)
+    declared = product_platforms(config, ctx.cwd, declared=True)
+    builds = declared or (host(),)
     inputs = {}
     for platform in sorted(KNOWN.values(), key=lambda p: p not in builds):
         try:
@@ -695,7 +706,8 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
         except InputError as exc:
             if platform in builds:
                 raise
-            ctx.reporter.warn(f"{platform.name} is not locked (the product does not build it by default): {exc}")
+            if not declared:  # (a product that names its platforms is not built for another: nothing to say)
+                ctx.reporter.warn(f"{platform.name} is not locked (the product does not build it by default): {exc}")
             continue
         inputs.update({f.path: f for f in plan.inputs})
     lock_path = config / LOCK_FILE
@@ -868,7 +880,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
             info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
-        image_id = pull_into(engine, ref, m, info, settings["credentials"])
+        image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn)
     return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
                              "tag": m.tag, "engine": engine.address},
                    title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),

@@ -44,14 +44,29 @@ def base_folder_name(name: str) -> str:
     return release_tag(name) if ":" in name else name
 
 
+def _such_as(out: Path) -> str:
+    """For an error: a release under ``out`` as --from takes it (its folder's name or its tag), not
+    the demo product's."""
+    try:
+        names = sorted(p.name for p in out.iterdir() if TAG_RE.fullmatch(p.name) and (p / "manifest.json").is_file())
+    except OSError:
+        names = []
+    for release in reversed(names):
+        try:
+            return f", such as {release}, nor its image's tag ({load_manifest(out / release, InputError).tag})"
+        except InputError:
+            continue
+    return " (it holds none), nor a release's image tag (PRODUCT:VERSION)"
+
+
 def load_base(out: Path, name: str, *, hold: Callable[[str], object] = lambda release: None) -> HotfixBase:
     """The release ``--from`` names, under ``out``; refused (exit 2) when it cannot be a base.
     ``hold`` is called with the release's name before its folder is read (its lock is taken)."""
     release = base_folder_name(name.rstrip("/"))
     if not TAG_RE.fullmatch(release):  # a path (../other/1.0, /abs/1.0) would make a hotfix whose base is not under
         # --out: releases, push, prune and --force look for the base beside the hotfix, by its name
-        raise InputError(f"--from {name!r}: not the name of a release folder under --out ({out}), such as 1.3.1, "
-                         "nor its image's tag (demo-llm:1.3.1); copy a release made elsewhere under --out first")
+        raise InputError(f"--from {name!r}: not the name of a release folder under --out ({out}){_such_as(out)}; copy "
+                         "a release made elsewhere under --out first")
     folder = out / release
     if not (folder / "manifest.json").exists():
         raise InputError(f"--from {name}: {folder / 'manifest.json'} does not exist; name a published release")

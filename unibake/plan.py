@@ -32,6 +32,9 @@ from .schema import (PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_
                      default_of)
 
 INSTALL_ROOT = "/opt/unibake"
+# what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
+ENTRYPOINT_ENV = frozenset({"PROFILE", "UNIBAKE_ROOT", "UNIBAKE_PYTHON_DIRS", "UNIBAKE_GPUS", "UNIBAKE_KERNELS",
+                            "UNIBAKE_KERNEL_DIRS", "UNIBAKE_TUNE_DIR", "UNIBAKE_TUNE_EXPECT", "PYTHONPATH"})
 SHELL_EXPANSION_RE = re.compile(r"\$[A-Za-z_{(]")  # what a shell would expand and the entrypoint does not
 
 
@@ -269,6 +272,21 @@ class ReleasePlan:
             if SHELL_EXPANSION_RE.search(RUNTIME_VAR_RE.sub("", word)):
                 out.append(f"{what}: {word[:80]!r} is passed as it is written but for its ${{NAME}} parts: only "
                            "${NAME} is expanded when the container starts (not $NAME, ${NAME:-default} or $(...))")
+        # a ${NAME} neither the image nor the entrypoint sets stops the start (set -u): said here, not first
+        # at the smoke gate
+        unset: dict[tuple[str, str], list[str]] = {}
+        mounts = {f"UNIBAKE_MOUNT_{mount_var(n)}" for n in self.launch.mounts}
+        for p in self.profiles:
+            known = ENTRYPOINT_ENV | RESERVED_ENV | mounts | set(p.env)
+            known |= set(TOPOLOGY_ENV) if p.topology.nodes > 1 else set()
+            for what, word in [("engine.command", w) for w in self.engine.command] + [("args", w) for w in p.args]:
+                for name in dict.fromkeys(RUNTIME_VAR_RE.findall(word)):
+                    if name not in known and p.name not in unset.setdefault((what, name), []):
+                        unset[(what, name)].append(p.name)
+        for (what, name), names in unset.items():
+            out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
+                       f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), or "
+                       "the engine does not start")
         return tuple(out)
 
     @property
@@ -350,9 +368,12 @@ def _same_suffix(selected: list[str], known: list[str]) -> list[str] | None:
     return walk(0, [])
 
 
-def product_platforms(config_dir: Path, cwd: Path | None = None) -> tuple[Platform, ...]:
-    """The platforms product.yaml's ``platform`` names, in order; the host's when it names none."""
+def product_platforms(config_dir: Path, cwd: Path | None = None, *, declared: bool = False) -> tuple[Platform, ...]:
+    """The platforms product.yaml's ``platform`` names, in order; the host's when it names none (none
+    with ``declared``)."""
     product_doc, _ = load_profiles(config_dir.resolve(), (cwd or Path.cwd()).resolve())
+    if declared and product_doc.data.get("platform") is None:
+        return ()
     return _platforms_of(product_doc)
 
 

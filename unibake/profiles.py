@@ -438,6 +438,12 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
     # hidden files are an editor's (Emacs locks a file being edited as a link .#NAME), not profiles
     files = sorted(p for p in config_dir.iterdir()
                    if p.suffix in (".yaml", ".yml") and p.name != PRODUCT_FILE and not p.name.startswith("."))
+    # tp5.YAML was silently no profile: another case of the suffix is refused, not left out
+    for file in sorted(config_dir.iterdir()):
+        if file.suffix.lower() in (".yaml", ".yml") and file.suffix not in (".yaml", ".yml") \
+                and not file.name.startswith("."):
+            raise InputError(f"{_display(file, display_root)}: profile files end in .yaml (or .yml), in lower case; "
+                             f"rename it to {file.stem}.yaml, or move it out of the profiles folder")
     # a link to another file of the folder would be that file twice (a link to product.yaml was read as a
     # profile with no name: a KeyError traceback)
     reals = {product_file.resolve(): product_file}

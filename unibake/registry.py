@@ -1027,14 +1027,16 @@ def engine_major(engine: Engine) -> int:
 
 
 def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
-              credentials: Credentials | None) -> str:
+              credentials: Credentials | None, warn: Callable[[str], None] | None = None) -> str:
     """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
-    release's tag (as a load of the archive would); returns the image ID."""
+    release's tag (as a load of the archive would); returns the image ID. A tag that named another image
+    before is moved, and said through ``warn`` (as deploy's row says it)."""
     if "zstd" in info.compressions and engine_major(engine) < ZSTD_ENGINE_MAJOR:
         raise EngineError(f"the engine at {engine.address} (Docker {engine.version()}) cannot pull zstd layers; "
                           f"Docker {ZSTD_ENGINE_MAJOR} or later can; push the release with --compression gzip "
                           "(the default) for this engine")
     auth = {"username": credentials.username, "password": credentials.password} if credentials else None
+    before = engine.inspect_image(manifest.tag)
     engine.pull(ref.repository, ref.digest, auth)
     pulled = engine.inspect_image(ref.pinned)
     if pulled is None:
@@ -1043,4 +1045,6 @@ def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: M
         raise DigestMismatch(f"the engine at {engine.address} pulled {ref.pinned} as image {pulled.id}, not "
                              f"{manifest.image_id} (release {manifest.release})")
     engine.tag(pulled.id, manifest.tag)
+    if before is not None and before.id != pulled.id and warn is not None:
+        warn(f"{manifest.tag} named {before.id[:19]}... before; it names release {manifest.release}'s image now")
     return pulled.id

@@ -261,8 +261,10 @@ def test_a_refused_command_line_still_writes_its_failure_to_the_metadata_file(cl
     document = tmp_path / "m.json"
     document.write_text('{"old": true}\n')
     result = cli("verify", str(tmp_path), "--metadata-file", str(document), "--bogus")
-    assert result.code == 2 and json.loads(document.read_text()) == {
-        "error": "unrecognized arguments: --bogus (see: python build.py --help)", "exit_code": 2}
+    assert result.code == 2 and json.loads(document.read_text()) == {  # (it named build.py --help, no command's)
+        "error": "unrecognized arguments: --bogus (see: python build.py verify --help)", "exit_code": 2}
+    hotfix = cli("hotfix", "--from", "1.3.1", "--version", "1.3.2", "--bogus")
+    assert hotfix.error_lines == ["error: unrecognized arguments: --bogus (see: python build.py hotfix --help)"]
     equals = cli("verify", str(tmp_path), f"--metadata-file={document}", "--bogus", "--more")
     assert equals.code == 2 and "--more" in json.loads(document.read_text())["error"]
     # a value the parser refused is no path to write: nothing is made in its name

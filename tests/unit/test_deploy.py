@@ -317,3 +317,27 @@ def test_a_deploy_that_moves_the_release_tag_off_another_image_says_so(tmp_path)
     for r in results:
         assert r.detail.endswith(f"; {m.tag} named {other[:19]}... before"), r.detail
     assert all(e.inspect_image(m.tag).id == image_id for e in engines.values())
+
+
+def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
+    # pull tagged the pulled image as the release without a word, where deploy's row said
+    # "TAG named X before"
+    from unibake.registry import ManifestInfo, parse_reference, pull_into
+
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)
+    ref = parse_reference(f"r.example/demo-llm@sha256:{'1' * 64}", what="ref", digest=True)
+    engine = engines["tcp://b:2375"]
+    engine.remote = {ref.pinned: engines["tcp://a:2375"].images[image_id]}
+    info = ManifestInfo(media_type="", config_digest=image_id, compressions=frozenset({"gzip"}))
+    warned = []
+    assert pull_into(engine, ref, m, info, None, warn=warned.append) == image_id
+    assert warned == []  # the tag named nothing before
+    other = engine.add({"architecture": "amd64", "os": "linux", "config": {}}, [b"a local build"], tag=m.tag)
+    assert pull_into(engine, ref, m, info, None, warn=warned.append) == image_id
+    assert warned == [f"{m.tag} named {other[:19]}... before; it names release {m.release}'s image now"]
+    assert engine.inspect_image(m.tag).id == image_id
+    pull_into(engine, ref, m, info, None, warn=warned.append)
+    assert len(warned) == 1  # already the release's image: nothing to say

@@ -260,3 +260,15 @@ def test_an_editors_lock_beside_the_profiles_is_not_a_profile(cli, busybox_produ
     os.symlink("root@host.1234:1700000000", busybox_product / ".#tp1.yaml")  # what Emacs leaves while editing
     result = cli("--stage", "render", "--config", str(busybox_product))
     assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("name", ["tp5.YAML", "tp5.Yml"])
+def test_a_profile_file_whose_suffix_is_in_another_case_is_refused_not_left_out(cli, busybox_product, name):
+    # tp5.YAML was silently no profile: the build went on without it
+    (busybox_product / name).write_text((busybox_product / "tp2.yaml").read_text().replace("profile: tp2", "profile: tp5"))
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines[-1] == (
+        f"error: {busybox_product / name}: profile files end in .yaml (or .yml), in lower case; rename it to "
+        "tp5.yaml, or move it out of the profiles folder"), result.err
+    (busybox_product / name).rename(busybox_product / "tp5.yaml")
+    assert cli("--stage", "render", "--config", str(busybox_product)).code == 0

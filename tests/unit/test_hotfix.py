@@ -262,6 +262,14 @@ def test_a_base_named_by_a_path_is_refused_its_hotfix_would_have_no_base_under_o
         run_stages([BY_NAME["hotfix base"]], request, Quiet())
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "elsewhere", base="1.0/", version="1.0.1")
     assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].folder == tmp_path / "elsewhere" / "1.0"
+    # the examples are this --out's releases, not the demo product's ("such as 1.3.1 ... (demo-llm:1.3.1)")
+    for out, such in (("release", " (it holds none), nor a release's image tag (PRODUCT:VERSION)"),
+                      ("elsewhere", ", such as 1.0, nor its image's tag (demo:1.0)")):
+        request = Request(env={}, cwd=tmp_path, out=tmp_path / out, base="..", version="1.0.1")
+        with pytest.raises(InputError) as refused:
+            run_stages([BY_NAME["hotfix base"]], request, Quiet())
+        assert str(refused.value) == (f"--from '..': not the name of a release folder under --out ({tmp_path / out})"
+                                      f"{such}; copy a release made elsewhere under --out first")
 
 
 def test_a_base_named_by_another_repositorys_tag_is_refused_not_taken_by_its_folder_name(engines, tmp_path, cli):  # noqa: F811

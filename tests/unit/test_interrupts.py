@@ -105,7 +105,7 @@ def test_an_interrupt_after_the_commit_says_the_release_was_published(cli, tmp_p
 def test_a_refused_command_line_and_a_failed_run_still_give_their_json(cli, tmp_path):
     refused = cli("--json", "--bogus")
     assert refused.code == 2 and json.loads(refused.out) == {
-        "error": "unrecognized arguments: --bogus (see: python build.py --help)", "exit_code": 2}
+        "error": "unrecognized arguments: --bogus (see: python build.py build --help)", "exit_code": 2}
     assert cli("--bogus", "--", "--json").out == ""  # after "--" it is an argument, not the option
     document = tmp_path / "m.json"
     failed = cli("--metadata-file", str(document), "verify", str(tmp_path / "absent"))

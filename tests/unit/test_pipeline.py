@@ -133,7 +133,7 @@ def test_archive_into_an_existing_release_is_refused_before_the_image_is_scanned
 
 
 @pytest.mark.parametrize("recorded", [True, False], ids=["first-release-recorded", "older-release"])
-def test_a_force_re_release_keeps_when_the_release_was_first_published(engines, tmp_path, recorded):
+def test_a_force_re_release_keeps_when_the_release_was_first_published(engines, tmp_path, recorded, cli):
     # (before: the manifest recorded only when its folder was published: prune and previous_release
     # took 1.0 made again after 2.0 for the newer)
     out = tmp_path / "release"
@@ -148,6 +148,9 @@ def test_a_force_re_release_keeps_when_the_release_was_first_published(engines, 
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == "2026-01-01T00:00:01Z" < again["published"]
+    # releases --json shows it beside published (it showed published only)
+    listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert [(r["published"], r["first_published"]) for r in listed] == [(again["published"], "2026-01-01T00:00:01Z")]
 
 
 def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_skipped(engines, tmp_path):

@@ -215,3 +215,32 @@ def test_engine_words_a_shell_would_expand_and_the_entrypoint_does_not_are_warne
                            ("args of tp1, tp2", "$(id)")))
     result = cli("--stage", "render", "--config", str(busybox_product))
     assert result.code == 0 and "warning: engine.command: '${TP:-1}' is passed as it is written" in result.err
+
+
+def test_a_braced_variable_no_one_sets_is_warned_at_the_plan(busybox_product, cli, tmp_path):
+    # ${HF_TOKEN} in the command passed the plan and the build and stopped the engine's start (set -u) only
+    # at the smoke gate; what the image, the entrypoint or the profile's env sets is not warned
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+        "command: [echo, '${PORT}', '${MODEL_NAME}', '${UNIBAKE_MOUNT_TARGET}', '${SHARED_SETTING}', '${PROFILE}', "
+        "'${UNIBAKE_TUNE_DIR}', '${NCCL_ALGO}', '${HOME}', '--token=${HF_TOKEN}']"))
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text() + "args: ['${RANK_X}']\n")
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, RANK_X: '1'}") +
+                   "topology: {nodes: 2}\nargs: ['${RANK_X}', '${NODE_RANK}', '${MASTER_ADDR}']\n")
+    hint = ("unless the base image sets it, it must be given at run time (docker run -e {0}=...), or the engine does "
+            "not start")
+    assert make_plan(busybox_product).warnings == (
+        "engine.command: ${HF_TOKEN} is set neither by unibake nor by the env of profile tp1, tp2: " +
+        hint.format("HF_TOKEN"),
+        "args: ${RANK_X} is set neither by unibake nor by the env of profile tp1: " + hint.format("RANK_X"))
+    entrypoint = tmp_path / "entrypoint.sh"  # what is not warned is set at start indeed
+    entrypoint.write_text(render(make_plan(busybox_product)).entrypoint)
+    run = subprocess.run(["sh", str(entrypoint)], capture_output=True, text=True,
+                         env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin", "HF_TOKEN": "t", "UNIBAKE_MOUNT_TARGET": "/m",
+                              "PORT": "1", "MODEL_NAME": "m", "SHARED_SETTING": "on", "HOME": "/root"})
+    assert run.returncode == 0 and run.stdout.split()[4:] == ["tp2", "/opt/unibake/profiles/tp2/tune", "Ring",
+                                                             "/root", "--token=t", "1", "0", "127.0.0.1"], run
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0 and "warning: engine.command: ${HF_TOKEN} is set neither by unibake" in result.err
