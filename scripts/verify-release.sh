@@ -322,6 +322,16 @@ header_form='function number(at, len, what,   i, j) {  # as Go reads it: blanks 
   for (; i <= j && b[i] != 0; i++) if (b[i] < 48 || b[i] > 55) return "with its " what " field not an octal number"
   return ""
 }
+function value(at, len,   i, v) {  # a number checked above, as Go reads it (a negative base-256 one: -1)
+  if (b[at] >= 128) { if (b[at] != 128) return -1; for (i = at + 1; i < at + len; i++) v = v * 256 + b[i]; return v }
+  for (i = at; i < at + len && (b[i] == 32 || b[i] == 0); i++) ;
+  for (; i < at + len && b[i] >= 48 && b[i] <= 55; i++) v = v * 8 + b[i] - 48
+  return v + 0
+}
+function text(at, len,   i, s) {  # a name field up to its NUL; a byte no listing shows plainly makes it "?"
+  for (i = at; i < at + len && b[i] != 0; i++) s = s (b[i] > 32 && b[i] < 127 ? sprintf("%c", b[i]) : "?")
+  return s
+}
 { for (f = 1; f <= NF; f++) b[n++] = $f }
 END {
   t = b[156]
@@ -331,12 +341,20 @@ END {
     number(136, 12, "mtime") number(148, 8, "checksum") number(329, 8, "devmajor") number(337, 8, "devminor")
   if (why != "") { print why; exit }
   ustar = b[257] == 117 && b[258] == 115 && b[259] == 116 && b[260] == 97 && b[261] == 114 && b[262] == 0 && b[263] == 48 && b[264] == 48
-  if (b[345] != 0 && !ustar) print "with a name prefix under another magic than ustar\047s, which GNU tar reads as none"
+  if (b[345] != 0 && !ustar) { print "with a name prefix under another magic than ustar\047s, which GNU tar reads as none"; exit }
+  # the name and size the engine reads there are the listed ones: a folder ("\0" type and a slash) whose
+  # size GNU and busybox tar skip as content, the engine reads as headers; any header out of step with the
+  # listing (a zero block too) is one the listing does not show
+  star = b[508] == 116 && b[509] == 97 && b[510] == 114 && b[511] == 0
+  got = text(0, 100); if (ustar && b[345] != 0) got = text(345, star ? 131 : 155) "/" got
+  if (name ~ /\/$/ && value(124, 12) != 0) { printf "as a folder of %.0f bytes, which GNU and busybox tar may skip and the engine reads as members\n", value(124, 12); exit }
+  if (got != name || value(124, 12) != size + 0)
+    printf "where its listing puts it, but the engine reads that header as \047%s\047 of %.0f bytes\n", got, value(124, 12)
 }'
 walk() {  # why the tar is not in that form, or nothing
   while read -r size name <&3; do
     block "$work/header" 512 || { echo "ends before the header of $name, where its listing puts it"; return; }
-    why=$(od -An -tu1 -v "$work/header" | awk "$header_form")
+    why=$(od -An -tu1 -v "$work/header" | awk -v name="$name" -v size="$size" "$header_form")
     [ -z "$why" ] || { echo "holds $name $why"; return; }
     skip $(((size + 511) / 512 * 512)) || { echo "ends inside $name"; return; }
   done 3< "$work/sizes"

@@ -29,7 +29,7 @@ from email.parser import HeaderParser
 
 from .errors import ArchiveError
 from .files import visible_name
-from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer
+from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer, pax_records
 
 DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_D = "var/lib/dpkg/status.d/"
@@ -121,7 +121,7 @@ def _engine_name(entry: TarEntry) -> str:
     from the SBOM behind a prefix "0" the engine ignores."""
     block = entry.header
     if len(block) < BLOCK or not block[345:500].strip(b"\0") or entry.type in tarfile.GNU_TYPES or any(
-            extended[156:157] in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME) for extended, _ in entry.extended):
+            _names(extended, data) for extended, data in entry.extended):
         return entry.name  # no prefix, or a name from an extended header, which both read alike
 
     def text(field: bytes) -> str:
@@ -140,6 +140,16 @@ def _engine_name(entry: TarEntry) -> str:
     else:
         prefix = ""
     return f"{prefix}/{name}" if prefix else name
+
+
+def _names(header: bytes, data: bytes) -> bool:
+    """Whether an extended header gives the member its name (a GNU long name, a pax path), as the walker
+    takes one: a pax header of other records (a comment, times) leaves the name to the member's own header."""
+    if header[156:157] == tarfile.GNUTYPE_LONGNAME:
+        return bool(data.split(b"\0", 1)[0])
+    if header[156:157] == tarfile.XHDTYPE:
+        return bool(pax_records(data[:tarfile.nti(header[124:136])], "a layer").get("path"))
+    return False
 
 
 def _path(name: str) -> str:

@@ -682,6 +682,9 @@ class _MemberReader:
         for what, at, length in NUMBERS:
             if not _engine_number(block[at:at + length]):
                 return f"a header whose {what} field {block[at:at + length]!r} is no number the engine reads"
+        if entry.type == tarfile.DIRTYPE and tarfile.nti(block[124:136]):  # (content the engine reads as headers
+            # after a '\0' kind, which GNU and busybox tar skip)
+            return "a folder header with a size"
         prefix = _text(block[345:500])
         if prefix and block[257:265] != b"ustar\x0000":
             return f"a name prefix {prefix[:40]!r} under another magic than ustar's, which GNU tar reads as none"

@@ -263,3 +263,26 @@ def test_a_package_list_named_through_a_tar_prefix_the_engine_reads_otherwise_is
         assert tar.getnames()[0] != "var/lib/dpkg/status"  # what Python reads
     archive, _ = inspect([decoy, second], tmp_path=tmp_path)
     assert [p.name for p in archive.contents.packages] == ["hidden"]
+
+
+def test_a_package_list_named_through_a_prefix_after_a_pax_header_without_a_path_is_the_one_read(tmp_path):
+    # as above, the real dpkg status under GNU magic with the prefix field "0", after a pax header that
+    # sets no path (a comment): the engine still reads the name without the prefix; the SBOM took any pax
+    # header for one that names the member, read 0/var/lib/dpkg/status, and listed the decoy
+    decoy = tar_of([("var/lib/dpkg/status", b"Package: decoy\nStatus: install ok installed\nVersion: 1\n", None)])
+    real = b"Package: hidden\nStatus: install ok installed\nVersion: 6.6\n"
+    info = tarfile.TarInfo("var/lib/dpkg/status")
+    info.size = len(real)
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT)[:512])
+    header[345:346] = b"0"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    record = b"13 comment=x\n"
+    pax = tarfile.TarInfo("././@PaxHeader")
+    pax.type, pax.size = tarfile.XHDTYPE, len(record)
+    second = pax.tobuf(tarfile.USTAR_FORMAT) + record + bytes(-len(record) % 512) + bytes(header) + real + \
+        b"\0" * (-len(real) % 512 + 1024)
+    with tarfile.open(fileobj=__import__("io").BytesIO(second)) as tar:
+        assert tar.getnames() == ["0/var/lib/dpkg/status"]  # what Python reads
+    archive, _ = inspect([decoy, second], tmp_path=tmp_path)
+    assert [p.name for p in archive.contents.packages] == ["hidden"]

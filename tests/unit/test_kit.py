@@ -829,3 +829,33 @@ def test_rebuild_of_a_release_folder_quotes_the_kit_it_names_in_the_command_to_p
     command = refused.error_lines[0].split("`")[1]
     subprocess.run(["bash", "-c", command.replace("zstd -dc", "cat")], cwd=tmp_path, capture_output=True)
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_inside_a_legacy_folder_headers_content_is_refused(busybox_product, tmp_path, shell):
+    # a header of type '\0' named "x/" with a size: GNU tar and busybox skip that content (and list one
+    # Dockerfile), the engine (Go's archive/tar, as Python's tarfile) reads it as headers and unpacks the
+    # second Dockerfile there over the first (tried on Engine 20.10: a layer so made unpacked the member
+    # inside). verify.sh walked past it as tar programs do and said ok (before)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        tar.getmembers()
+        end = tar.offset
+    info = tarfile.TarInfo("Dockerfile")
+    info.size = len(EVIL)
+    hidden = info.tobuf(tarfile.USTAR_FORMAT) + EVIL + b"\0" * (-len(EVIL) % 512)
+    legacy = tarfile.TarInfo("x/")
+    legacy.type, legacy.size = tarfile.AREGTYPE, len(hidden)
+    forged = (folder / "context.tar").read_bytes()[:end] + legacy.tobuf(tarfile.USTAR_FORMAT) + hidden + bytes(1024)
+    (folder / "context.tar").write_bytes(forged)
+    assert subprocess.run(["tar", "-tf", str(folder / "context.tar")], capture_output=True,
+                          text=True).stdout.split().count("Dockerfile") == 1  # what GNU tar lists
+    sha = hashlib.sha256(forged).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: a header of a kind unibake never writes" in shown.stderr, \
+        (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="context.tar: its Dockerfile is not the kit's Dockerfile"):
+        rebuild(folder, FakeEngine())
