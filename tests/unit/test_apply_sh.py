@@ -236,3 +236,55 @@ def test_apply_sh_run_through_a_link_to_it_applies_its_own_folder(hotfix, tmp_pa
     result = subprocess.run(["sh", link], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo-llm-1.1.tar.zst: OK" in result.stdout and loaded(env)
+
+
+def minisigned(folder, secret) -> None:
+    made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(folder / "SHA256SUMS"), "-t",
+                           "demo-llm 1.1 SHA256SUMS"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert made.returncode == 0, made.stderr
+
+
+def test_apply_sh_key_checks_the_signature_as_the_shell_verifier_does_before_any_load(hotfix, tmp_path,
+                                                                                    minisign_key):
+    # (before: "it takes no arguments", exit 2: the signature had to be checked by another script first)
+    folder, env = hotfix
+    secret, public = minisign_key
+    shutil.copy(public, tmp_path / "publisher.pub")
+    where = os.path.relpath(folder / "apply.sh", tmp_path)
+
+    def keyed(*key: str) -> subprocess.CompletedProcess:  # the key named from where apply.sh is run, not its folder
+        return subprocess.run(["sh", where, *key], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+
+    unsigned = keyed("--key", "publisher.pub")
+    assert unsigned.returncode == 3 and not loaded(env), unsigned.stdout + unsigned.stderr
+    assert unsigned.stderr.endswith("SHA256SUMS is not signed (no SHA256SUMS.minisig)\n")
+    minisigned(folder, secret)
+    forged = tmp_path / "forged"
+    shutil.copytree(folder, forged)
+    forge(forged, with_a_member_nothing_refers_to)  # every sum rewritten: the signature no longer covers them
+    result = subprocess.run(["sh", "./apply.sh", "--key", str(tmp_path / "publisher.pub")], cwd=forged,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 3 and not loaded(env), result.stdout + result.stderr
+    assert result.stderr.endswith(f"SHA256SUMS.minisig is not a good signature of SHA256SUMS by {tmp_path}/publisher.pub\n")
+    assert "== sha256sum -c" not in result.stdout  # nothing else read
+    good = keyed("--key", "publisher.pub")
+    assert good.returncode == 0 and loaded(env), good.stdout + good.stderr
+    assert "== minisign -Vm SHA256SUMS" in good.stdout and "Trusted comment: demo-llm 1.1 SHA256SUMS" in good.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--key"], "error: usage: ./apply.sh [--key PUBKEY]"),
+    (["--key", ""], "error: --key given empty (an unset variable?)"),
+    (["--key", "nowhere.pub"], "error: --key nowhere.pub: no such file"),
+    (["--key", "apply.sh", "--key", "apply.sh"], "error: --key given twice"),
+    (["--no-load"], "error: usage: ./apply.sh [--key PUBKEY]"),
+], ids=["no value", "empty", "no such file", "twice", "another option"])
+def test_apply_sh_s_bad_usage_is_one_error_line_exit_2_before_the_engine_is_asked(hotfix, args, says):
+    folder, env = hotfix
+    env = {**env, "DOCKER_HOST": f"unix://{folder}/no-engine.sock", "PATH": os.environ["PATH"]}  # no engine at all
+    result = subprocess.run(["sh", "./apply.sh", *args], cwd=folder, capture_output=True, text=True, timeout=60,
+                            env=env)
+    assert result.returncode == 2 and result.stderr.startswith(says) and result.stderr.count("\n") == 1, result.stderr
+    helped = subprocess.run(["sh", "./apply.sh", "--help"], cwd=folder, capture_output=True, text=True, env=env)
+    assert helped.returncode == 0 and "Usage: ./apply.sh [--key PUBKEY]" in helped.stdout
+    assert "With --key PUBKEY, the signature of SHA256SUMS is checked first" in helped.stdout
