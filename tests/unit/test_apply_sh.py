@@ -288,3 +288,31 @@ def test_apply_sh_s_bad_usage_is_one_error_line_exit_2_before_the_engine_is_aske
     helped = subprocess.run(["sh", "./apply.sh", "--help"], cwd=folder, capture_output=True, text=True, env=env)
     assert helped.returncode == 0 and "Usage: ./apply.sh [--key PUBKEY]" in helped.stdout
     assert "With --key PUBKEY, the signature of SHA256SUMS is checked first" in helped.stdout
+
+
+def test_apply_sh_sent_a_signal_alone_stops_at_the_end_of_the_step_it_is_in_loading_nothing(hotfix, tmp_path):
+    # `kill PID` of apply.sh alone (a supervisor's terminate(), not ^C or timeout, which signal the process
+    # group) while the sums are checked (before: the carried verifier, a child apply.sh waited on, went on
+    # through every check and the load, and apply.sh exited 130 after it)
+    import signal
+    import time
+
+    folder, env = hotfix
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    real = shutil.which("sha256sum")
+    (hook / "sha256sum").write_text(f'#!/bin/sh\ncase "$*" in *-c*) : > {tmp_path}/checking; sleep 2 ;; esac\n'
+                                    f'exec {real} "$@"\n')
+    (hook / "sha256sum").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**env, "PATH": f"{hook}:{env['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
+    proc = subprocess.Popen(["sh", "./apply.sh"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "checking").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, out + err)
+    assert "== its structure" not in out and "ok:" not in out and not loaded(env), out + err
+    assert list((tmp_path / "tmp").iterdir()) == []
