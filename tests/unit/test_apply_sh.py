@@ -316,3 +316,15 @@ def test_apply_sh_sent_a_signal_alone_stops_at_the_end_of_the_step_it_is_in_load
     assert proc.returncode == 130, (proc.returncode, out + err)
     assert "== its structure" not in out and "ok:" not in out and not loaded(env), out + err
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_apply_sh_where_the_base_is_held_only_under_the_hotfix_s_tag_names_the_way_that_keeps_it(hotfix):
+    # (before: "remove or retag it first": docker rmi demo-llm:1.1 would delete the base, its only name;
+    # the real engine's side: test_apply_sh_load::test_apply_sh_s_way_out_of_a_tag_held_by_another_image_keeps_that_image)
+    folder, env = hotfix
+    engine = env["ENGINE"]
+    os.rename(os.path.join(engine, "demo-llm_1.0"), os.path.join(engine, "demo-llm_1.1"))
+    base_id = open(os.path.join(engine, "demo-llm_1.1")).read().strip()
+    refused(folder, env, f"loading would move that tag (nothing was loaded); it is release 1.0's image, which this "
+                         f"hotfix needs: name it as its release, then free the tag (docker tag {base_id} demo-llm:1.0 "
+                         "&& docker rmi demo-llm:1.1; docker rmi alone would delete it), then run apply.sh again")
