@@ -84,3 +84,38 @@ def test_a_hotfix_load_that_brings_another_image_is_undone(tmp_path, based):
     assert "; what the load added was removed" in errors[0]
     # (before: demo-llm:1.1 and victim:1 stayed on the other image)
     assert engine_images(address) == before
+
+
+@pytest.mark.parametrize("held", ["the base", "another image"])
+def test_apply_sh_s_way_out_of_a_tag_held_by_another_image_keeps_that_image(tmp_path, based, held):
+    # the engine holds the base (or another image) only under the hotfix's own tag: apply.sh refuses, and the
+    # commands it names, run as written, keep that image and let it apply (before: "remove or retag it
+    # first", and docker rmi demo-llm:1.1 deleted the base, which apply.sh then asked to import again)
+    import re
+
+    folder, address = based
+    env = docker_env(tmp_path, address)
+
+    def sh(command: str) -> None:
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+
+    def image_id(ref: str) -> str:
+        return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
+                              text=True, env=env, check=True).stdout.strip()
+
+    kept = image_id("demo-llm:1.0" if held == "the base" else "victim:1")
+    sh(f"docker tag {kept} demo-llm:1.1 && docker rmi {'demo-llm:1.0' if held == 'the base' else 'victim:1'}")
+    result, errors = apply(folder, env)
+    assert result.returncode == 3 and len(errors) == 1 and "loading would move that tag" in errors[0], result.stderr
+    way = re.search(r"\((docker tag \S+ \S+ && docker rmi \S+|docker rmi \S+)[;:]", errors[0])
+    assert way, errors[0]
+    sh(way.group(1).replace("NAME", "kept:1"))
+    result, errors = apply(folder, env)
+    assert result.returncode == 0 and not errors, result.stdout + result.stderr
+    assert image_id(kept) == kept  # still there
+    if held == "the base":
+        assert image_id("demo-llm:1.0") == kept and result.stdout.endswith(
+            "(demo-llm:1.0 is unchanged; roll back with IMAGE=demo-llm:1.0 ./run.sh)\n")
+    else:
+        assert image_id("kept:1") == kept

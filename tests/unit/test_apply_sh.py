@@ -236,3 +236,95 @@ def test_apply_sh_run_through_a_link_to_it_applies_its_own_folder(hotfix, tmp_pa
     result = subprocess.run(["sh", link], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo-llm-1.1.tar.zst: OK" in result.stdout and loaded(env)
+
+
+def minisigned(folder, secret) -> None:
+    made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(folder / "SHA256SUMS"), "-t",
+                           "demo-llm 1.1 SHA256SUMS"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert made.returncode == 0, made.stderr
+
+
+def test_apply_sh_key_checks_the_signature_as_the_shell_verifier_does_before_any_load(hotfix, tmp_path,
+                                                                                    minisign_key):
+    # (before: "it takes no arguments", exit 2: the signature had to be checked by another script first)
+    folder, env = hotfix
+    secret, public = minisign_key
+    shutil.copy(public, tmp_path / "publisher.pub")
+    where = os.path.relpath(folder / "apply.sh", tmp_path)
+
+    def keyed(*key: str) -> subprocess.CompletedProcess:  # the key named from where apply.sh is run, not its folder
+        return subprocess.run(["sh", where, *key], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+
+    unsigned = keyed("--key", "publisher.pub")
+    assert unsigned.returncode == 3 and not loaded(env), unsigned.stdout + unsigned.stderr
+    assert unsigned.stderr.endswith("SHA256SUMS is not signed (no SHA256SUMS.minisig)\n")
+    minisigned(folder, secret)
+    forged = tmp_path / "forged"
+    shutil.copytree(folder, forged)
+    forge(forged, with_a_member_nothing_refers_to)  # every sum rewritten: the signature no longer covers them
+    result = subprocess.run(["sh", "./apply.sh", "--key", str(tmp_path / "publisher.pub")], cwd=forged,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 3 and not loaded(env), result.stdout + result.stderr
+    assert result.stderr.endswith(f"SHA256SUMS.minisig is not a good signature of SHA256SUMS by {tmp_path}/publisher.pub\n")
+    assert "== sha256sum -c" not in result.stdout  # nothing else read
+    good = keyed("--key", "publisher.pub")
+    assert good.returncode == 0 and loaded(env), good.stdout + good.stderr
+    assert "== minisign -Vm SHA256SUMS" in good.stdout and "Trusted comment: demo-llm 1.1 SHA256SUMS" in good.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--key"], "error: usage: ./apply.sh [--key PUBKEY]"),
+    (["--key", ""], "error: --key given empty (an unset variable?)"),
+    (["--key", "nowhere.pub"], "error: --key nowhere.pub: no such file"),
+    (["--key", "apply.sh", "--key", "apply.sh"], "error: --key given twice"),
+    (["--no-load"], "error: usage: ./apply.sh [--key PUBKEY]"),
+], ids=["no value", "empty", "no such file", "twice", "another option"])
+def test_apply_sh_s_bad_usage_is_one_error_line_exit_2_before_the_engine_is_asked(hotfix, args, says):
+    folder, env = hotfix
+    env = {**env, "DOCKER_HOST": f"unix://{folder}/no-engine.sock", "PATH": os.environ["PATH"]}  # no engine at all
+    result = subprocess.run(["sh", "./apply.sh", *args], cwd=folder, capture_output=True, text=True, timeout=60,
+                            env=env)
+    assert result.returncode == 2 and result.stderr.startswith(says) and result.stderr.count("\n") == 1, result.stderr
+    helped = subprocess.run(["sh", "./apply.sh", "--help"], cwd=folder, capture_output=True, text=True, env=env)
+    assert helped.returncode == 0 and "Usage: ./apply.sh [--key PUBKEY]" in helped.stdout
+    assert "With --key PUBKEY, the signature of SHA256SUMS is checked first" in helped.stdout
+
+
+def test_apply_sh_sent_a_signal_alone_stops_at_the_end_of_the_step_it_is_in_loading_nothing(hotfix, tmp_path):
+    # `kill PID` of apply.sh alone (a supervisor's terminate(), not ^C or timeout, which signal the process
+    # group) while the sums are checked (before: the carried verifier, a child apply.sh waited on, went on
+    # through every check and the load, and apply.sh exited 130 after it)
+    import signal
+    import time
+
+    folder, env = hotfix
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    real = shutil.which("sha256sum")
+    (hook / "sha256sum").write_text(f'#!/bin/sh\ncase "$*" in *-c*) : > {tmp_path}/checking; sleep 2 ;; esac\n'
+                                    f'exec {real} "$@"\n')
+    (hook / "sha256sum").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**env, "PATH": f"{hook}:{env['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
+    proc = subprocess.Popen(["sh", "./apply.sh"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "checking").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, out + err)
+    assert "== its structure" not in out and "ok:" not in out and not loaded(env), out + err
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_apply_sh_where_the_base_is_held_only_under_the_hotfix_s_tag_names_the_way_that_keeps_it(hotfix):
+    # (before: "remove or retag it first": docker rmi demo-llm:1.1 would delete the base, its only name;
+    # the real engine's side: test_apply_sh_load::test_apply_sh_s_way_out_of_a_tag_held_by_another_image_keeps_that_image)
+    folder, env = hotfix
+    engine = env["ENGINE"]
+    os.rename(os.path.join(engine, "demo-llm_1.0"), os.path.join(engine, "demo-llm_1.1"))
+    base_id = open(os.path.join(engine, "demo-llm_1.1")).read().strip()
+    refused(folder, env, f"loading would move that tag (nothing was loaded); it is release 1.0's image, which this "
+                         f"hotfix needs: name it as its release, then free the tag (docker tag {base_id} demo-llm:1.0 "
+                         "&& docker rmi demo-llm:1.1; docker rmi alone would delete it), then run apply.sh again")
