@@ -79,20 +79,28 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
         tag = entry.name[1:-len(suffix)]
         if not tag or (suffix == ".old" and not os.path.isdir(out / tag)):
             continue
-        try:
-            lock = lock_release(out, tag, create=False)
-        except UnibakeError:
-            continue  # a run is writing it
-        try:
-            if not dry_run:
-                shutil.rmtree(entry)
+        # (a folder this user cannot change, or nested too deep for rmtree: left, as before)
+        if _remove_unless_in_use(out, tag, lambda: dry_run or shutil.rmtree(entry), (OSError, RecursionError)):
             found.append(entry)
-        except (OSError, RecursionError):  # a folder this user cannot change, or nested too deep: left, as before
-            pass
-        finally:
-            if lock is not None:
-                lock.close()
     return found + _record_leftovers(out, dry_run=dry_run)
+
+
+def _remove_unless_in_use(out: Path, tag: str, remove: Callable[[], object],
+                          left: tuple[type[BaseException], ...]) -> bool:
+    """``remove()`` (what a killed run of release ``tag`` left) while that release's lock is held, without
+    waiting: False when a run holds it (it is that run's), or when ``remove`` fails with one of ``left``."""
+    try:
+        lock = lock_release(out, tag, create=False)
+    except UnibakeError:
+        return False  # a run is writing it
+    try:
+        remove()
+        return True
+    except left:
+        return False
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def _record_leftovers(out: Path, *, dry_run: bool) -> list[Path]:
@@ -105,19 +113,9 @@ def _record_leftovers(out: Path, *, dry_run: bool) -> list[Path]:
         tag = entry.name[1:].rsplit(f".{SUMS}.", 1)[0]
         if not entry.name.startswith(".") or not tag or record_temp(checksums / f"{tag}.{SUMS}", out / tag) != entry:
             continue
-        try:
-            lock = lock_release(out, tag, create=False)
-        except UnibakeError:
-            continue  # a run is writing it
-        try:
-            if not dry_run:
-                entry.unlink()  # a name: a link planted there is not followed
+        # (unlinked: a name, so a link planted there is not followed)
+        if _remove_unless_in_use(out, tag, lambda: dry_run or entry.unlink(), (OSError,)):
             found.append(entry)
-        except OSError:
-            pass
-        finally:
-            if lock is not None:
-                lock.close()
     return found
 
 

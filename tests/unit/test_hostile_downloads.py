@@ -907,28 +907,25 @@ def test_a_tar_not_in_unibakes_plain_form_is_refused_by_both(cli, folder, change
     both_refuse(cli, folder, "not the plain entries unibake writes", "")
 
 
+def field(start: int, end: int, value: bytes):
+    """A change writing ``value`` over the header's bytes ``start:end`` (its checksum made right again)."""
+    def change(header: bytes) -> bytes:
+        block = bytearray(header)
+        block[start:end] = value
+        return resummed(block)
+    return change
+
+
 def retyped(kind: bytes):
-    def change(header: bytes) -> bytes:
-        block = bytearray(header)
-        block[156:157] = kind
-        return resummed(block)
-    return change
+    return field(156, 157, kind)
 
 
-def devminor(field: bytes):
-    def change(header: bytes) -> bytes:
-        block = bytearray(header)
-        block[337:345] = field
-        return resummed(block)
-    return change
+def devminor(value: bytes):
+    return field(337, 345, value)
 
 
-def uid(field: bytes):
-    def change(header: bytes) -> bytes:
-        block = bytearray(header)
-        block[108:116] = field
-        return resummed(block)
-    return change
+def uid(value: bytes):
+    return field(108, 116, value)
 
 
 @pytest.mark.parametrize("change, name, end, shell_says", [
@@ -1012,10 +1009,7 @@ def test_a_size_written_in_base_256_passes_both(cli, folder, tar_env, name):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def sized_folder(header: bytes) -> bytes:
-    block = bytearray(header)
-    block[124:136] = b"%011o\0" % 512
-    return resummed(block)
+sized_folder = field(124, 136, b"%011o\0" % 512)
 
 
 def test_a_folder_header_with_a_size_is_refused_by_both(cli, folder):

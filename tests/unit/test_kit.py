@@ -411,9 +411,23 @@ def rewrite_context(folder: Path, extra: list[tuple[tarfile.TarInfo, bytes]]) ->
     with tarfile.open(folder / "context.tar", "w", format=tarfile.PAX_FORMAT) as tar:
         for info, data in [*entries, *extra]:
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    agree_with_context(folder)
+
+
+def agree_with_context(folder: Path) -> None:
+    """kit.json and the ledger made to agree with the (forged) context.tar."""
     sha = hashlib.sha256((folder / "context.tar").read_bytes()).hexdigest()
     forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
     relist_file(folder, "context.tar")
+
+
+def context_end(product: Path, tmp_path: Path) -> tuple[Path, int]:
+    """A kit unpacked, and where its context.tar's end blocks begin (after its last member)."""
+    kit, _ = make_kit(product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        tar.getmembers()
+        return folder, tar.offset
 
 
 def entry(name: str, data: bytes | None = None, **fields) -> tuple[tarfile.TarInfo, bytes | None]:
@@ -521,9 +535,7 @@ def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refuse
     extended.type, extended.size, cover.size, evil.size = tarfile.XHDTYPE, len(size), 1024, len(EVIL)
     forged += header(extended) + padded(size) + header(pad) + header(cover) + header(evil) + padded(EVIL) + b"\0" * 1024
     (folder / "context.tar").write_bytes(forged)
-    sha = hashlib.sha256(forged).hexdigest()
-    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
-    relist_file(folder, "context.tar")
+    agree_with_context(folder)
     shown = verify_sh(folder, shell)
     assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
     with pytest.raises(VerificationError, match="'pad' has a pax header that sets a size"):  # as verify.sh says
@@ -542,11 +554,7 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
     # Go takes the second's path, Python the first's; a checksum written "\0NNNNNN " Go reads, while Python
     # (and busybox) stop there as at the end. Python passed all five, verify.sh the star form (and busybox's
     # the last)
-    kit, _ = make_kit(busybox_product, tmp_path / "out")
-    folder = unpack(kit, tmp_path / "unpacked")
-    with tarfile.open(folder / "context.tar") as tar:
-        tar.getmembers()
-        end = tar.offset
+    folder, end = context_end(busybox_product, tmp_path)
     info = tarfile.TarInfo("Dockerfile")
     info.size = len(EVIL)
     extra = b""
@@ -577,9 +585,7 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
     (folder / "context.tar").write_bytes(forged)
     with tarfile.open(folder / "context.tar") as tar:
         assert tar.getnames().count("Dockerfile") == 1  # what this reader saw
-    sha = hashlib.sha256(forged).hexdigest()
-    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
-    relist_file(folder, "context.tar")
+    agree_with_context(folder)
     shown = verify_sh(folder, shell)
     assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
     assert "ok:" not in shown.stdout
@@ -837,11 +843,7 @@ def test_a_second_dockerfile_inside_a_legacy_folder_headers_content_is_refused(b
     # Dockerfile), the engine (Go's archive/tar, as Python's tarfile) reads it as headers and unpacks the
     # second Dockerfile there over the first (tried on Engine 20.10: a layer so made unpacked the member
     # inside). verify.sh walked past it as tar programs do and said ok (before)
-    kit, _ = make_kit(busybox_product, tmp_path / "out")
-    folder = unpack(kit, tmp_path / "unpacked")
-    with tarfile.open(folder / "context.tar") as tar:
-        tar.getmembers()
-        end = tar.offset
+    folder, end = context_end(busybox_product, tmp_path)
     info = tarfile.TarInfo("Dockerfile")
     info.size = len(EVIL)
     hidden = info.tobuf(tarfile.USTAR_FORMAT) + EVIL + b"\0" * (-len(EVIL) % 512)
@@ -851,9 +853,7 @@ def test_a_second_dockerfile_inside_a_legacy_folder_headers_content_is_refused(b
     (folder / "context.tar").write_bytes(forged)
     assert subprocess.run(["tar", "-tf", str(folder / "context.tar")], capture_output=True,
                           text=True).stdout.split().count("Dockerfile") == 1  # what GNU tar lists
-    sha = hashlib.sha256(forged).hexdigest()
-    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
-    relist_file(folder, "context.tar")
+    agree_with_context(folder)
     shown = verify_sh(folder, shell)
     assert shown.returncode == 3 and "error: context.tar: a header of a kind unibake never writes" in shown.stderr, \
         (shown.stdout, shown.stderr)
