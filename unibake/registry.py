@@ -290,12 +290,18 @@ def _origin(url: str) -> tuple[str, str, int]:
     return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
+class _BadLocation(Exception):
+    """An upload's start answered with no ``Location`` to send the blob to, or one of another scheme."""
+
+
 class _DXF(DXF):
     """python-dxf, sending its credentials (Basic, or the token they gave) to the registry alone:
     dxf adds them to every request, also to an upload's ``Location``, which the registry may point at
     any host; docker sends them only to the registry it logged in to, and so does unibake."""
 
     def _base_request(self, method, path, **kwargs):
+        if method == "post":  # (the start of an upload: python-dxf sends the blob to its Location)
+            return _upload_location(self._as_registry(method, path, **kwargs))
         if "data" not in kwargs:
             return self._as_registry(method, path, **kwargs)
         kwargs.setdefault("timeout", UPLOAD_TIMEOUT)
@@ -317,6 +323,21 @@ class _DXF(DXF):
             return super()._base_request(method, path, **kwargs)
         finally:
             self._headers, self._auth = headers, auth
+
+
+def _upload_location(response):
+    """The answer to an upload's start, whose ``Location`` is where the blob goes: python-dxf sends it
+    there over https whatever its scheme (``ftp://HOST/`` was tried as ``https://HOST/``, and its failure
+    retried and reported as the registry's); one of another scheme than http or https, or none, is
+    refused here, and not retried."""
+    location = response.headers.get("Location")
+    if location is None:
+        raise _BadLocation("no Location to upload to (an upload's start must give one)")
+    scheme = urlsplit(location).scheme.lower() if location.isprintable() else "?"
+    if scheme not in ("", "http", "https"):
+        raise _BadLocation(f"the upload Location {one_line(location)[:200]!r}, whose scheme {scheme[:20]!r} is "
+                           "neither https nor http: nothing was sent there")
+    return response
 
 
 class _TooSlow(Exception):
@@ -627,6 +648,8 @@ class RegistryClient:
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
+        if isinstance(exc, _BadLocation):
+            return RegistryError(f"the registry {host} answered the start of {what} with {exc}")
         if isinstance(exc, dxf_errors.DXFUnauthorizedError):
             return RegistryAuthError(f"the registry {host} refused {where} for {repo} while {what}; log in with "
                                      f"'docker login {host}' or give --auth-file")

@@ -1442,3 +1442,58 @@ def test_a_push_through_a_link_in_a_folder_it_cannot_write_still_records(tmp_pat
     amend.amend_release(real, merge_record(load_manifest(real), later), read_sums(real),
                         tmp_path / "repo" / "checksums", named=link)
     assert load_manifest(real).registry == (later,)
+
+
+@pytest.mark.parametrize("location", ["ftp://127.0.0.1:{free}/upload/1", "file:///etc/passwd", None,
+                                      "http://127.0.0.1:{port}/v2/team/a/blobs/uploads/1"])
+def test_an_upload_location_of_another_scheme_is_refused_naming_it_not_tried_as_https(tmp_path, location):
+    """python-dxf sends a blob to its upload's Location over https, whatever the Location's scheme: an
+    ``ftp://HOST/`` was tried as ``https://HOST/``, its failure retried as the registry's connection and
+    reported as 'the registry R did not answer'. A Location of another scheme than http or https (or
+    none) is now one error naming it, not retried; an http:// one is still taken (sent over https)."""
+    import http.server
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]  # (nothing listens there)
+    heard = []
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's names
+            self.send_response(202)
+            if location is not None:
+                self.send_header("Location", location.format(free=free, port=self.server.server_port))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_PUT(self):  # noqa: N802
+            heard.append(self.path)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    waits = []
+    with tls_server(tmp_path, Registry) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", push=True,
+                                retry=Retry(attempts=3, sleep=waits.append)) as c:
+                c.upload("sha256:" + hashlib.sha256(b"layer").hexdigest(), lambda: b"layer", "layer 1 of 1")
+
+        outcome = _asked_in_a_thread(ask)
+    if location is None:
+        assert outcome == (f"the registry 127.0.0.1:{port} answered the start of uploading layer 1 of 1 with no "
+                           "Location to upload to (an upload's start must give one)")
+    elif location.startswith("http:"):
+        assert outcome == "answered" and len(heard) == 1
+        return
+    else:
+        shown = location.format(free=free, port=port)
+        assert outcome == (f"the registry 127.0.0.1:{port} answered the start of uploading layer 1 of 1 with the "
+                           f"upload Location {shown!r}, whose scheme {shown.split(':')[0]!r} is neither https nor "
+                           "http: nothing was sent there")
+    assert waits == [] and heard == []  # not retried, nothing sent
+
