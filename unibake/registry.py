@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -261,11 +262,30 @@ def _certificate_refused(exc: BaseException) -> bool:
     return isinstance(exc, requests.exceptions.SSLError) and ("certificate" in text or "hostname" in text)
 
 
+def _header_refusal(exc: BaseException) -> str | None:
+    """What the HTTP client refused in an answer's header (more than 100 header lines, or a line over
+    64 KiB), which requests reports as a failed connection; None for any other error. The same answer
+    comes again on every try: it is not worth a retry."""
+    seen: list[BaseException] = []
+    todo: list[object] = [exc]
+    while todo and len(seen) < 20:
+        found = todo.pop()
+        if not isinstance(found, BaseException) or any(found is s for s in seen):
+            continue
+        seen.append(found)
+        if isinstance(found, http.client.LineTooLong):
+            return f"a header line longer than the {http.client._MAXLINE} bytes an HTTP client reads"
+        if type(found) is http.client.HTTPException and "more than" in str(found) and "headers" in str(found):
+            return f"more than the {http.client._MAXHEADERS} header lines an HTTP client reads"
+        todo += [*found.args, found.__cause__, found.__context__]
+    return None
+
+
 def _transient(exc: BaseException) -> str | None:
     """Why ``exc`` is worth another try, or None when it is not."""
     if isinstance(exc, _TooSlow):
         return f"too slow: {exc}"
-    if _certificate_refused(exc):
+    if _certificate_refused(exc) or _header_refusal(exc):
         return None
     if isinstance(exc, requests.exceptions.SSLError):  # the registry went away during TLS
         return "connection broken"
@@ -648,6 +668,10 @@ class RegistryClient:
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
+        refused = _header_refusal(exc)
+        if refused:
+            return RegistryError(f"the registry {host} answered with {refused} while {what}: that answer cannot be "
+                                 "read, and would come again on another try")
         if isinstance(exc, _BadLocation):
             return RegistryError(f"the registry {host} answered the start of {what} with {exc}")
         if isinstance(exc, dxf_errors.DXFUnauthorizedError):

@@ -1497,3 +1497,37 @@ def test_an_upload_location_of_another_scheme_is_refused_naming_it_not_tried_as_
                            "http: nothing was sent there")
     assert waits == [] and heard == []  # not retried, nothing sent
 
+
+@pytest.mark.parametrize("refusal", ["101 headers", "a header line of 70 kB"])
+def test_an_answer_whose_headers_the_client_refuses_is_one_error_not_retried(tmp_path, refusal):
+    """An answer with more than 100 header lines (or a line over 64 KiB) is refused by the HTTP client,
+    and requests reports it as a failed connection: it was retried (the same answer each time), then
+    'did not answer while ... (connection failed)'. It is now one error saying what the answer was."""
+    import http.server
+
+    class Headers(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's name
+            self.send_response(404)
+            if refusal == "101 headers":
+                for n in range(101):
+                    self.send_header(f"X-Header-{n}", "x")
+            else:
+                self.send_header("X-Long", "x" * (70 << 10))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    waits = []
+    with tls_server(tmp_path, Headers) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                                retry=Retry(attempts=3, sleep=waits.append)) as c:
+                c.blob_exists(DIGEST)
+
+        outcome = _asked_in_a_thread(ask)
+    what = {"101 headers": "more than the 100 header lines an HTTP client reads",
+            "a header line of 70 kB": "a header line longer than the 65536 bytes an HTTP client reads"}[refusal]
+    assert outcome == (f"the registry 127.0.0.1:{port} answered with {what} while looking for blob "
+                       f"{DIGEST[:19]}: that answer cannot be read, and would come again on another try")
+    assert waits == []
