@@ -826,7 +826,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
             result = push_release(folder, m, target, client, compression=args.compression, temp_dir=temp_dir,
-                                  on_line=ctx.reporter.info)
+                                  on_line=ctx.reporter.info, on_warning=ctx.reporter.warn)
     record = result.record
     updated = merge_record(m, record)
     if updated is not None and signed and signer is None:
@@ -853,7 +853,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
             ("pull", record.reference)]
     document = {"release": m.release, "folder": str(folder), "image_id": m.image_id,
                 **record.model_dump(mode="json"), "uploaded": result.uploaded, "already_present": result.present,
-                "uploaded_bytes": result.uploaded_bytes, "recorded": updated is not None,
+                "uploaded_bytes": result.uploaded_bytes, "tag_names": result.tagged, "recorded": updated is not None,
                 "signed_again": updated is not None and signer is not None}
     return Outcome(document=document, title="unibake: pushed", rows=rows, final=f"pushed {m.tag} as {record.reference}")
 

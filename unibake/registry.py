@@ -718,18 +718,45 @@ class RegistryClient:
                 data.close()
         self._call(f"uploading {what}", put)
 
-    def put_manifest(self, tag: str, body: bytes, media_type: str) -> str:
-        """Put a manifest under ``tag``; the digest the registry now gives for the tag."""
+    def put_manifest(self, tag: str, body: bytes, media_type: str) -> tuple[str, str]:
+        """Put a manifest under ``tag``: ``(digest, tagged)``, the manifest's digest, read back by it from
+        the registry and checked, and the digest the tag names now (another push to the tag at the same
+        time may have replaced it: the manifest stays stored under its own digest)."""
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        where = f"{self.ref.repository}:{tag}"
+
         def put() -> str:
-            self.dxf.set_manifest(tag, body.decode("utf-8"))
-            digest, _ = self.dxf.head_manifest_and_response(tag)
-            return digest or ""
-        digest = self._call(f"putting the manifest as {self.ref.repository}:{tag}", put)
-        # Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it):
-        # without it, or with one that is no sha256 digest (another algorithm's, or junk), the manifest the
-        # tag names is read and its digest computed here
-        if DIGEST_RE.fullmatch(digest):
-            return digest
+            response = self.dxf._request("put", "manifests/" + tag, data=body, headers={"Content-Type": media_type})
+            return response.headers.get("Docker-Content-Digest") or ""
+        stored = self._call(f"putting the manifest as {where}", put)
+        # Docker-Content-Digest is optional (the OCI distribution spec: clients should not depend on it), and
+        # one that is no sha256 digest (another algorithm's, or junk) is no digest to compare with
+        if DIGEST_RE.fullmatch(stored) and stored != digest:
+            raise DigestMismatch(f"the registry {self.ref.host} stored the manifest pushed as {where} as {stored}, "
+                                 f"not as {digest}, its digest; nothing was recorded")
+        def back() -> bytes | None:  # stored under its own digest: read back by it, and its bytes hashed
+            try:
+                return self._manifest_get(digest)
+            except requests.exceptions.HTTPError as exc:
+                if exc.response is not None and exc.response.status_code == 404:
+                    return None
+                raise
+        found = self._call(f"reading back {self.ref.repository}@{digest[:19]}", back)
+        got = "sha256:" + hashlib.sha256(found).hexdigest() if found is not None else None
+        if got != digest:
+            said = "holds nothing" if got is None else f"gives a document whose digest is {got}"
+            raise DigestMismatch(f"the registry {self.ref.host} took the manifest pushed as {where} but {said} as "
+                                 f"{self.ref.repository}@{digest}; nothing was recorded")
+        return digest, self._tagged(tag)
+
+    def _tagged(self, tag: str) -> str:
+        """The digest ``tag`` names now (its ``Docker-Content-Digest``, else its manifest read and hashed)."""
+        def head() -> str:
+            named, _ = self.dxf.head_manifest_and_response(tag)
+            return named or ""
+        named = self._call(f"reading the digest of {self.ref.repository}:{tag}", head)
+        if DIGEST_RE.fullmatch(named):
+            return named
         return "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
 
     def manifest(self, digest: str) -> bytes:
@@ -743,29 +770,31 @@ class RegistryClient:
 
     def _manifest_bytes(self, reference: str) -> bytes:
         """The manifest stored under ``reference`` (a digest or a tag), read up to :data:`MAX_MANIFEST`."""
+        return self._call(f"reading manifest {reference[:19]}", lambda: self._manifest_get(reference))
+
+    def _manifest_get(self, reference: str) -> bytes:
+        """One attempt at :meth:`_manifest_bytes`."""
         def too_big(size: str) -> RegistryError:
             return RegistryError(f"the registry {self.ref.host} answered {size} bytes for manifest {reference}, more "
                                  f"than the {MAX_MANIFEST} a manifest may be")
 
-        def get() -> bytes:
-            # python-dxf's get_manifest reads the whole body (and decodes it) before anything can look at its
-            # size: its request is streamed here and read up to the limit (dxf still does the auth)
-            response = self.dxf._request("get", "manifests/" + reference, stream=True,
-                                         headers={"Accept": ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST,
-                                                                       DOCKER_LIST))})
-            try:
-                declared = response.headers.get("Content-Length", "")
-                if declared.isascii() and declared.isdigit() and int(declared) > MAX_MANIFEST:
-                    raise too_big(declared)
-                body = bytearray()
-                for chunk in response.iter_content(1 << 16):
-                    body += chunk
-                    if len(body) > MAX_MANIFEST:
-                        raise too_big(f"over {MAX_MANIFEST}")
-                return bytes(body)
-            finally:
-                response.close()
-        return self._call(f"reading manifest {reference[:19]}", get)
+        # python-dxf's get_manifest reads the whole body (and decodes it) before anything can look at its
+        # size: its request is streamed here and read up to the limit (dxf still does the auth)
+        response = self.dxf._request("get", "manifests/" + reference, stream=True,
+                                     headers={"Accept": ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST,
+                                                                   DOCKER_LIST))})
+        try:
+            declared = response.headers.get("Content-Length", "")
+            if declared.isascii() and declared.isdigit() and int(declared) > MAX_MANIFEST:
+                raise too_big(declared)
+            body = bytearray()
+            for chunk in response.iter_content(1 << 16):
+                body += chunk
+                if len(body) > MAX_MANIFEST:
+                    raise too_big(f"over {MAX_MANIFEST}")
+            return bytes(body)
+        finally:
+            response.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -912,13 +941,17 @@ class PushResult:
     present: int
     uploaded_bytes: int
     seconds: float
+    tagged: str = ""  # the digest the tag names after the push (another push's, when one replaced it meanwhile)
 
 
 def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, client: RegistryClient, *,
                  compression: str = "gzip", temp_dir: Path | None = None,
-                 on_line: Callable[[str], None] = lambda line: None) -> PushResult:
+                 on_line: Callable[[str], None] = lambda line: None,
+                 on_warning: Callable[[str], None] | None = None) -> PushResult:
     """Push the release's image from its archive (a hotfix's unchanged layers from its base release's
-    archive); returns the record of the push. The folder must have been verified."""
+    archive); returns the record of the push. The folder must have been verified. A tag that another
+    push moved on while this one ran is said through ``on_warning`` (else ``on_line``)."""
+    on_warning = on_warning or on_line
     start = time.monotonic()
     tag = target.tag or manifest.release
     spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
@@ -949,17 +982,23 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
         if used != compression:
             on_line(f"the archive holds its layers {used}-compressed: they are pushed as they are ({used} layers, "
                     f"not {compression})")
-        answered = client.put_manifest(tag, body, OCI_MANIFEST)
-        if answered != digest:
-            raise DigestMismatch(f"the registry {target.host} says {target.repository}:{tag} is {answered or 'nothing'}, "
-                                 f"not the manifest just pushed ({digest}); nothing was recorded")
+        stored, tagged = client.put_manifest(tag, body, OCI_MANIFEST)
+        if stored != digest:
+            raise DigestMismatch(f"the registry {target.host} says the manifest just pushed as {target.repository}:"
+                                 f"{tag} is {stored or 'nothing'}, not {digest}; nothing was recorded")
+        if tagged != digest:
+            # another push to the tag at the same time replaced it after this one: this push is stored, and
+            # recorded, by its digest (what pull and deploy use); the tag is the last push's, as in docker push
+            on_warning(f"{target.repository}:{tag} names {tagged} now, not this push's {digest}: another push to "
+                       f"the tag replaced it while this one ran; this release is stored as {target.repository}@"
+                       f"{digest}, which is recorded (pull it by that); push again to point the tag at it")
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
                             digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return PushResult(record=record, uploaded=uploaded, present=present, uploaded_bytes=uploaded_bytes,
-                      seconds=time.monotonic() - start)
+                      seconds=time.monotonic() - start, tagged=tagged)
 
 
 def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> tuple[SavedImage, list]:

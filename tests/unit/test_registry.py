@@ -236,7 +236,8 @@ class RecordingClient:
 
     def put_manifest(self, tag, body, media_type):
         self.manifests[tag] = body
-        return "sha256:" + hashlib.sha256(body).hexdigest()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        return digest, digest
 
 
 def test_a_push_uploads_each_layer_compressed_and_a_manifest_naming_the_image(tmp_path):
@@ -906,8 +907,8 @@ def test_a_registry_that_sends_no_docker_content_digest_is_pushed_to(tmp_path, h
             with lock:
                 if path.startswith("/v2/team/a/blobs/uploads/"):
                     stored["/v2/team/a/blobs/" + query.split("digest=")[1].replace("%3A", ":")] = data
-                else:
-                    stored[path] = data
+                else:  # a manifest: under its tag and its digest (which a pull asks for)
+                    stored[path] = stored[f"/v2/team/a/manifests/sha256:{hashlib.sha256(data).hexdigest()}"] = data
             self.reply(201)
 
     folder, _ = make_release(tmp_path / "release")
@@ -1531,3 +1532,88 @@ def test_an_answer_whose_headers_the_client_refuses_is_one_error_not_retried(tmp
     assert outcome == (f"the registry 127.0.0.1:{port} answered with {what} while looking for blob "
                        f"{DIGEST[:19]}: that answer cannot be read, and would come again on another try")
     assert waits == []
+
+
+@pytest.mark.parametrize("registry_does", ["another push takes the tag", "stores another manifest",
+                                           "keeps nothing by digest"])
+def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_digest_and_says_so(cli, tmp_path,
+                                                                                                registry_does):
+    """Two pushes to one tag at once: the one whose manifest the other's replaced read the tag back,
+    found the other's digest and failed, exit 3 ('the registry says REPO:TAG is OTHER, not the manifest
+    just pushed'), though its manifest was stored whole under its digest, which is what pull and deploy
+    use. It now reads its manifest back by its digest: stored, the push completes and is recorded, and a
+    warning names both digests (the tag is the last push's, as with docker push). A registry that
+    stores another manifest, or nothing under its digest, is still exit 3."""
+    import http.server
+    import threading
+
+    folder, _ = make_release(tmp_path / "release")
+    other = "sha256:" + "0e" * 32
+    stored: dict[str, bytes] = {}
+    tags: dict[str, str] = {}
+    pushed: list[str] = []
+    lock = threading.Lock()
+
+    class Racing(http.server.BaseHTTPRequestHandler):
+        def reply(self, status, body=b"", **headers):
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def find(self):
+            path = self.path.split("?")[0]
+            name = path.rsplit("/", 1)[1]
+            with lock:
+                name = tags.get(name, name)
+                return name, stored.get(name) if registry_does != "keeps nothing by digest" or "/blobs/" in path \
+                    else None
+
+        def do_HEAD(self):  # noqa: N802 - http.server's names
+            name, found = self.find()
+            if "/manifests/" in self.path and name == other:
+                return self.reply(200, Docker_Content_Digest=other)
+            self.reply(200 if found is not None else 404, Docker_Content_Digest=name)
+
+        def do_GET(self):  # noqa: N802
+            name, found = self.find()
+            self.reply(200, found, Content_Type=OCI_MANIFEST) if found is not None else self.reply(404)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, Location="/v2/team/a/blobs/uploads/1")
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            path, _, query = self.path.partition("?")
+            with lock:
+                stored[digest] = data
+                if "/manifests/" in path:  # another push to the tag, at once: the tag is its manifest now
+                    pushed.append(digest)
+                    tags[path.rsplit("/", 1)[1]] = other if registry_does == "another push takes the tag" else digest
+            said = other if registry_does == "stores another manifest" else digest
+            self.reply(201, Docker_Content_Digest=said)
+
+    with tls_server(tmp_path, Racing) as port:
+        result = cli("--json", "push", str(folder), "--to", f"127.0.0.1:{port}/team/a", "--ca-file",
+                     str(tmp_path / "cert.pem"), "--retries", "0")
+    ours = pushed[0]
+    where = f"127.0.0.1:{port}/team/a"
+    if registry_does == "another push takes the tag":
+        assert result.code == 0, result.err
+        assert f"warning: {where}:1.3.1 names {other} now, not this push's {ours}: another push to the tag " \
+               f"replaced it while this one ran; this release is stored as {where}@{ours}, which is recorded " \
+               "(pull it by that); push again to point the tag at it" in result.err
+        document = json.loads(result.out)
+        assert (document["digest"], document["tag_names"], document["recorded"]) == (ours, other, True)
+        assert [r.digest for r in load_manifest(folder).registry] == [ours]
+        return
+    assert result.code == 3, result.err
+    expected = {"stores another manifest": f"the registry 127.0.0.1:{port} stored the manifest pushed as "
+                                           f"{where}:1.3.1 as {other}, not as {ours}, its digest; nothing was recorded",
+                "keeps nothing by digest": f"the registry 127.0.0.1:{port} took the manifest pushed as {where}:1.3.1 "
+                                           f"but holds nothing as {where}@{ours}; nothing was recorded"}
+    assert result.error_lines[-1] == f"error: {expected[registry_does]}"
+    assert load_manifest(folder).registry == ()
