@@ -36,6 +36,12 @@ from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, 
 from .files import unwritable_reason, write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
+# How long deploy waits on an engine that says nothing, per request (``--engine-timeout``): an engine
+# that answered and then stopped answering was waited for an hour a request (docker_engine.TIMEOUT,
+# for builds whose steps print nothing for minutes). A load's engine is silent while it stores the
+# layers it was sent (a minute or two for a few GB).
+ENGINE_TIMEOUT = 600
+
 STAGES = ("render", "build", "release")
 SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) *(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$", re.IGNORECASE)  # ASCII: \d takes ٣
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30,
@@ -299,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--ref", metavar="REF@sha256:DIGEST",
                    help="with --from registry: which push to pull (default: the release's latest)")
     d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
+    d.add_argument("--engine-timeout", type=int, default=ENGINE_TIMEOUT, metavar="SECONDS",
+                   help="how long an engine may say nothing (its answer to a request, the next piece of a load's or "
+                        "a pull's progress; a load's engine says nothing while it stores the layers it was sent) "
+                        f"before its row fails (default {ENGINE_TIMEOUT}; raise it for images of tens of GB)")
     d.add_argument("--temp-dir", metavar="DIR",
                    help="with --ref: where the release's layers are compressed again when it names a push the release "
                         "does not record (default: $TMPDIR; room for the compressed image)")
@@ -900,6 +910,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     folder = check_folder_arg((ctx.cwd / args.folder).resolve())
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs} must be 1 or more")
+    if not 1 <= args.engine_timeout <= 86400:
+        raise InputError(f"--engine-timeout {args.engine_timeout} is out of range 1..86400 (seconds)")
     hosts = read_hosts((ctx.cwd / args.hosts).resolve()) if args.hosts else []
     # every engine named is a target: an --engine before the command (the global option) as well as
     # those after it, the same engine once (tcp://h:1 and tcp://h:1/ are one); DOCKER_HOST, as for
@@ -942,7 +954,9 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too
-        results = deploy(plan, addresses, lambda address: DockerEngine(None if from_env else address, ctx.env),
+        results = deploy(plan, addresses, lambda address: DockerEngine(None if from_env else address, ctx.env,
+                                                                       timeout=args.engine_timeout,
+                                                                       timeout_option="--engine-timeout"),
                          jobs=args.jobs,
                          on_result=lambda r: ctx.reporter.info(f"    {r.engine}: {r.result}"))
     ctx.reporter.table(f"deploy {m.tag} ({m.image_id[:19]}...) from the {args.source}",

@@ -74,8 +74,12 @@ class DockerEngine(Engine):
     without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket."""
 
     def __init__(self, address: str | None = None, env: Mapping[str, str] | None = None, *,
-                 timeout: int = TIMEOUT):
+                 timeout: int = TIMEOUT, timeout_option: str | None = None):
+        """``timeout``: how long any one request after the first waits on an engine that says nothing
+        (its answer, or the next piece of a load's or a pull's stream); ``timeout_option``: the command
+        line option that sets it, named when it runs out."""
         env = os.environ if env is None else env
+        self.timeout, self.timeout_option = timeout, timeout_option
         self.address = address or env.get("DOCKER_HOST") or DEFAULT_ADDRESS
         problem = parse_address(self.address)
         if problem:
@@ -97,6 +101,10 @@ class DockerEngine(Engine):
                 from None
 
     def _fail(self, what: str, exc: Exception) -> EngineError:
+        if _read_timed_out(exc):  # (its own words name a pool and a port, not the engine or what to do)
+            option = f" ({self.timeout_option})" if self.timeout_option else ""
+            return EngineError(f"{what}: the engine stopped answering: nothing from it in {self.timeout} s{option} "
+                               f"(engine at {self.address})")
         return EngineError(f"{what}: {_reason(exc)} (engine at {self.address})")
 
     def version(self) -> str:
@@ -210,7 +218,8 @@ class DockerEngine(Engine):
                         ids.append(text.removeprefix("Loaded image ID: "))
                     elif text.startswith("Loaded image: "):
                         tags.append(text.removeprefix("Loaded image: "))
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        except (docker.errors.DockerException, requests.exceptions.RequestException,
+                urllib3.exceptions.HTTPError) as exc:  # (a read of the answer's stream raises urllib3's own)
             raise self._fail("loading the image failed", exc) from None
         return LoadOutcome(image_ids=tuple(ids), tags=tuple(tags), messages=tuple(messages))
 
@@ -341,21 +350,38 @@ class DockerEngine(Engine):
                 for i in found]
 
     def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
+        """docker-py's pull, but its stream waits ``timeout`` for the engine's next word (docker-py waits
+        without end)."""
+        registry, _ = docker.auth.resolve_repository_name(repository)
+        header = docker.auth.encode_header(auth) if auth is not None else \
+            docker.auth.get_config_header(self.api, registry)
+        response = None
         try:
-            for event in self.api.pull(repository, tag=digest, auth_config=auth, stream=True, decode=True):
+            response = self.api._post(self.api._url("/images/create"), params={"fromImage": repository, "tag": digest},
+                                      headers={"X-Registry-Auth": header} if header else {}, stream=True,
+                                      timeout=self.timeout)
+            self.api._raise_for_status(response)
+            for event in self.api._stream_helper(response, decode=True):
                 if "error" in event or "errorDetail" in event:
                     message = (event.get("errorDetail") or {}).get("message") or event.get("error")
                     raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
                                       f"(engine at {self.address})")
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        except (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
+                OSError, ValueError) as exc:  # (a broken stream: urllib3's errors, or a half JSON document)
+            if _read_timed_out(exc):
+                raise self._fail(f"pulling {repository}@{digest} failed", exc) from None
             raise EngineError(f"pulling {repository}@{digest} failed: {_pull_hint(_reason(exc))} "
                               f"(engine at {self.address})") from None
+        finally:
+            if response is not None:
+                response.close()
 
 
 def _read_timed_out(exc: Exception) -> bool:
     """A wait that ran past its timeout: requests says ReadTimeout over TCP, but over the engine's unix
-    socket (docker-py's own adapter) a ConnectionError wrapping urllib3's ReadTimeoutError."""
-    return isinstance(exc, requests.exceptions.ReadTimeout) or \
+    socket (docker-py's own adapter) a ConnectionError wrapping urllib3's ReadTimeoutError; a streamed
+    answer's read (a load's, a pull's) raises urllib3's own."""
+    return isinstance(exc, (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError)) or \
         any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+import docker
 import pytest
 
 
@@ -341,3 +342,125 @@ def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
     assert engine.inspect_image(m.tag).id == image_id
     pull_into(engine, ref, m, info, None, warn=warned.append)
     assert len(warned) == 1  # already the release's image: nothing to say
+
+
+REAL_API_CLIENT = docker.APIClient.__init__  # (taken before the unit tests' guard replaces it)
+
+
+@pytest.fixture
+def fake_api_only(monkeypatch):
+    """docker-py's client let through to :func:`docker_api`'s fake engines on loopback (the unit tests'
+    guard refuses every engine; these tests name only fake ones)."""
+    def checked(self, *args, base_url=None, **kwargs):
+        assert base_url and base_url.startswith("tcp://127.0.0.1:"), base_url
+        REAL_API_CLIENT(self, *args, base_url=base_url, **kwargs)
+    monkeypatch.setattr(docker.APIClient, "__init__", checked)
+
+
+@contextmanager
+def docker_api(*, inspect="404", pull="progress"):
+    """A Docker engine's API on loopback, as docker-py reaches it over tcp://: it answers the version, then
+    ``inspect``: "404" (no such image) or "silent" (takes the request and says nothing, as a hung daemon);
+    a pull (POST /images/create): "progress" (an event every 0.1 s, as a long pull) or "silent" after its
+    first event. Yields (address, what it saw: "pull broken off" once a pull's client went away)."""
+    import http.server
+
+    seen, ended = [], threading.Event()
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self, status, document):
+            body = json.dumps(document).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            if self.path.endswith("/version"):
+                return self.reply(200, {"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"})
+            if inspect == "silent":
+                seen.append("inspect held")
+                ended.wait(60)
+                return
+            self.reply(404, {"message": "No such image"})
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            seen.append("pull began")
+            try:
+                while not ended.is_set():
+                    event = b'{"status":"Downloading","id":"0123456789ab"}\r\n'
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+                    if pull == "silent":
+                        ended.wait(60)
+                        return
+                    time.sleep(0.1)
+            except OSError:
+                seen.append("pull broken off")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"tcp://127.0.0.1:{server.server_port}", seen
+    finally:
+        ended.set()
+        server.shutdown()
+        server.server_close()
+
+
+def _within(seconds, call):
+    """``call()``'s result or error, or pytest.fail when it is still running after ``seconds``."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test as it is
+            outcome.append(exc)
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        pytest.fail(f"still waiting after {seconds} s")
+    return outcome[0]
+
+
+def test_an_engine_that_answers_then_stops_answering_is_a_failed_row_after_the_engine_timeout(cli, tmp_path,
+                                                                                             fake_api_only):
+    """An engine that answered the first request (its version) and then took each request and said
+    nothing held each of deploy's requests for an hour (the timeout of a build's silent steps), a pull's
+    stream without end. deploy now waits --engine-timeout (default 600 s) for any word, then fails that
+    engine's row naming it and the option."""
+    from unibake.docker_engine import DockerEngine
+
+    folder, _ = make_release(tmp_path / "release")
+    with docker_api(inspect="silent") as (address, seen):
+        result = _within(30, lambda: cli("--json", "deploy", str(folder), "--engine", address, "--engine-timeout", "2"))
+    assert result.code == 3, result.err
+    row = json.loads(result.out)["engines"][0]
+    assert row["result"] == "failed" and re.fullmatch(
+        r"cannot inspect sha256:[0-9a-f]{64}: the engine stopped answering: nothing from it in 2 s "
+        rf"\(--engine-timeout\) \(engine at {re.escape(address)}\)", row["detail"]), row["detail"]
+    assert seen == ["inspect held"]
+
+    with docker_api(pull="silent") as (address, seen):  # docker-py's pull waited for the stream without any limit
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=2).pull("r.example/a", "sha256:" + "1" * 64,
+                                                                                None))
+    assert isinstance(outcome, EngineError) and str(outcome) == (
+        f"pulling r.example/a@sha256:{'1' * 64} failed: the engine stopped answering: nothing from it in 2 s "
+        f"(engine at {address})")
+    result = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--engine-timeout", "0")
+    assert result.code == 2 and "--engine-timeout 0 is out of range 1..86400" in result.error_lines[-1]
+
