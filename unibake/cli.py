@@ -950,7 +950,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
                 info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
         plan = Plan(folder=folder, manifest=m, source="registry",
-                    pull=lambda engine: pull_into(engine, ref, m, info, settings["credentials"]))
+                    pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop))
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too

@@ -110,7 +110,8 @@ class Plan:
     folder: Path
     manifest: ReleaseManifest
     source: str  # archive | registry
-    pull: Callable[[Engine], str] | None = None  # the registry's pull into one engine; returns the image ID
+    # the registry's pull into one engine (an event set breaks it off); returns the image ID
+    pull: Callable[[Engine, threading.Event], str] | None = None
 
 
 def _until(stop: threading.Event, chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -148,7 +149,12 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
             return done("failed", f"this hotfix needs release {m.hotfix.base_release} ({m.hotfix.base_image_id[:19]}) "
                                   "first; nothing was loaded")
         if plan.source == "registry":
-            plan.pull(engine)
+            try:
+                plan.pull(engine, stop)
+            except (HandoffAborted, UnibakeError):
+                if stop.is_set():  # broken off: the engine ends the pull, and nothing was tagged
+                    return done("stopped", "the interrupt broke its pull off: the release was not tagged")
+                raise
             result = "pulled"
         else:
             try:  # as verify --load: the stream hashed, its end held back till it matches; another image undone
@@ -175,8 +181,9 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
            on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
     """Every engine in parallel (``jobs`` at a time); results in the order the engines were given.
 
-    On an interrupt the loads under way break off at their next piece (a pull runs to its end), the
-    engines not begun are not begun, and the interrupt says which engines hold the release. The
+    On an interrupt the loads under way break off at their next piece, the pulls under way at once
+    (their connection shut: the engine ends the pull), the engines not begun are not begun, and the
+    interrupt says which engines hold the release and what became of the others. The
     workers are daemon threads: one stuck on an engine that does not answer is let go by a third
     interrupt (and by the exit), not waited for as a pool's threads are."""
     stop = threading.Event()
@@ -212,13 +219,23 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
 
 def interrupted_note(addresses: list[str], results: list[NodeResult | None]) -> str:
     """Which engines hold the release after an interrupt (loaded or already holding it, checked), and
-    which do not."""
+    which do not, and why: a load or a pull broken off, a failure, or not begun."""
     got = [r.engine for r in results if r is not None and not r.failed and r.result != "stopped"]
-    if not got:
-        return "no engine got the release"
+    why = {}
+    for address, r in zip(addresses, results):
+        if r is None:
+            why[address] = "not begun"
+        elif r.result == "stopped":
+            why[address] = f"its {'pull' if 'pull' in r.detail else 'load'} was broken off"
+        elif r.failed:
+            why[address] = "failed"
     missing = [a for a in addresses if a not in got]
+    reasons = "; ".join(f"{a}: {why[a]}" if len(missing) > 1 else why[a] for a in missing if a in why)
+    reasons = f" ({reasons})" if reasons else ""
+    if not got:
+        return f"no engine got the release{reasons}"
     said = f"{', '.join(got)} {'holds' if len(got) == 1 else 'hold'} the release (checked)"
-    return f"{said}; {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not" if missing else said
+    return f"{said}; {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not{reasons}" if missing else said
 
 
 def raise_if_failed(results: list[NodeResult]) -> None:

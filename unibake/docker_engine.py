@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import BinaryIO
@@ -17,7 +19,7 @@ import urllib3.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, BuildInterrupted, EngineError, InputError, RunTimedOut
+from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, RunTimedOut
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -349,9 +351,11 @@ class DockerEngine(Engine):
                              labels=dict(i.get("Labels") or {}), created=int(i.get("Created") or 0))
                 for i in found]
 
-    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
-        """docker-py's pull, but its stream waits ``timeout`` for the engine's next word (docker-py waits
-        without end)."""
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
+             stop: threading.Event | None = None) -> None:
+        """docker-py's pull, with two changes: the stream waits ``timeout`` for the engine's next word (docker-py
+        waits without end), and ``stop`` set breaks it off at once (its connection shut: the engine ends the
+        pull), raising :class:`HandoffAborted`."""
         registry, _ = docker.auth.resolve_repository_name(repository)
         header = docker.auth.encode_header(auth) if auth is not None else \
             docker.auth.get_config_header(self.api, registry)
@@ -361,13 +365,16 @@ class DockerEngine(Engine):
                                       headers={"X-Registry-Auth": header} if header else {}, stream=True,
                                       timeout=self.timeout)
             self.api._raise_for_status(response)
-            for event in self.api._stream_helper(response, decode=True):
-                if "error" in event or "errorDetail" in event:
-                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
-                    raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
-                                      f"(engine at {self.address})")
+            with _Breaker(stop, response):
+                for event in self.api._stream_helper(response, decode=True):
+                    if "error" in event or "errorDetail" in event:
+                        message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                        raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
+                                          f"(engine at {self.address})")
         except (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
-                OSError, ValueError) as exc:  # (a broken stream: urllib3's errors, or a half JSON document)
+                OSError, ValueError) as exc:  # (a shut stream: urllib3's errors, or a half JSON document)
+            if stop is not None and stop.is_set():
+                raise HandoffAborted("interrupted") from None
             if _read_timed_out(exc):
                 raise self._fail(f"pulling {repository}@{digest} failed", exc) from None
             raise EngineError(f"pulling {repository}@{digest} failed: {_pull_hint(_reason(exc))} "
@@ -375,6 +382,38 @@ class DockerEngine(Engine):
         finally:
             if response is not None:
                 response.close()
+        if stop is not None and stop.is_set():  # (the stream ended as the interrupt came)
+            raise HandoffAborted("interrupted")
+
+
+class _Breaker:
+    """While a streamed answer is read, a thread that shuts its connection once ``stop`` is set: the
+    read blocked on it returns at once (a socket's shutdown; an ssh:// engine's ssh client is ended)."""
+
+    TICK = 0.1
+
+    def __init__(self, stop: threading.Event | None, response) -> None:
+        self.stop, self.response, self.done = stop, response, threading.Event()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.TICK):
+            if self.stop.is_set():
+                sock = getattr(getattr(self.response.raw, "_connection", None), "sock", None)
+                try:
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except (OSError, TypeError):  # (not a connected socket: docker-py's ssh one, or gone)
+                    close = getattr(sock, "close", None)
+                    if close is not None and not self.done.is_set():
+                        close()
+                return
+
+    def __enter__(self) -> "_Breaker":
+        if self.stop is not None:
+            threading.Thread(target=self._run, daemon=True, name="unibake-pull-breaker").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
 
 
 def _read_timed_out(exc: Exception) -> bool:

@@ -6,6 +6,7 @@ Only this module and :mod:`unibake.docker_engine` know about Docker. Unit tests 
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -154,5 +155,7 @@ class Engine(ABC):
         """The engine's top-level images (``docker images``), or only the dangling ones."""
 
     @abstractmethod
-    def pull(self, repository: str, digest: str, auth: dict[str, str] | None) -> None:
-        """Pull ``repository@digest`` from its registry (``auth``: user name and password, or None)."""
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
+             stop: threading.Event | None = None) -> None:
+        """Pull ``repository@digest`` from its registry (``auth``: user name and password, or None);
+        ``stop`` set breaks it off (raising :class:`unibake.errors.HandoffAborted`)."""

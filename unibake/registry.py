@@ -1113,17 +1113,19 @@ def engine_major(engine: Engine) -> int:
 
 
 def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
-              credentials: Credentials | None, warn: Callable[[str], None] | None = None) -> str:
+              credentials: Credentials | None, warn: Callable[[str], None] | None = None,
+              stop: threading.Event | None = None) -> str:
     """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
     release's tag (as a load of the archive would); returns the image ID. A tag that named another image
-    before is moved, and said through ``warn`` (as deploy's row says it)."""
+    before is moved, and said through ``warn`` (as deploy's row says it). ``stop`` set breaks the pull
+    off (:class:`unibake.errors.HandoffAborted`), and nothing is tagged."""
     if "zstd" in info.compressions and engine_major(engine) < ZSTD_ENGINE_MAJOR:
         raise EngineError(f"the engine at {engine.address} (Docker {engine.version()}) cannot pull zstd layers; "
                           f"Docker {ZSTD_ENGINE_MAJOR} or later can; push the release with --compression gzip "
                           "(the default) for this engine")
     auth = {"username": credentials.username, "password": credentials.password} if credentials else None
     before = engine.inspect_image(manifest.tag)
-    engine.pull(ref.repository, ref.digest, auth)
+    engine.pull(ref.repository, ref.digest, auth, stop)
     pulled = engine.inspect_image(ref.pinned)
     if pulled is None:
         raise EngineError(f"after pulling {ref.pinned}, the engine at {engine.address} does not have it")

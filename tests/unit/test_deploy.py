@@ -70,7 +70,7 @@ def test_an_engine_that_ends_up_with_another_image_fails_its_row(tmp_path):
     other_id = other.add({"config": {}}, [b"x"])
     engines["tcp://a:2375"].remote = {f"r.example/a@sha256:{'1' * 64}": other.images[other_id]}
 
-    def pull(engine):
+    def pull(engine, stop):
         engine.pull("r.example/a", f"sha256:{'1' * 64}", None)
         engine.tag(other_id, m.tag)
         return other_id
@@ -106,7 +106,8 @@ def test_an_interrupt_breaks_off_the_loads_under_way_and_says_which_engines_hold
         deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375", "tcp://slow:2375"], connect,
                on_result=ctrl_c)
     assert time.monotonic() - start < 1.5
-    assert str(caught.value) == "tcp://a:2375 holds the release (checked); tcp://slow:2375 does not"
+    assert str(caught.value) == "tcp://a:2375 holds the release (checked); tcp://slow:2375 does not (its load was " \
+                                "broken off)"
     assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
     assert slow.inspect_image(m.tag) is None
 
@@ -252,7 +253,7 @@ def test_a_hotfix_from_the_registry_needs_no_base_in_the_engine_from_its_archive
     engines, connect = fleet("a")
     engines["tcp://a:2375"].remote = {f"r.example/demo-llm@sha256:{'1' * 64}": whole}
 
-    def pull(engine):
+    def pull(engine, stop):
         engine.pull("r.example/demo-llm", f"sha256:{'1' * 64}", None)
         engine.tag(whole.id, m.tag)
         return whole.id
@@ -464,3 +465,39 @@ def test_an_engine_that_answers_then_stops_answering_is_a_failed_row_after_the_e
     result = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--engine-timeout", "0")
     assert result.code == 2 and "--engine-timeout 0 is out of range 1..86400" in result.error_lines[-1]
 
+
+def test_an_interrupt_breaks_off_the_pulls_under_way_and_says_what_was_left(tmp_path, fake_api_only):
+    """deploy --from registry interrupted waited for the pulls already running to their end (a big
+    image: minutes; only a third interrupt ended it, without a word of what was left). A pull under way
+    is now broken off at once (its connection shut: the engine ends the pull), and the interrupt says
+    which engine holds the release and which pull was broken off."""
+    from unibake.docker_engine import DockerEngine
+
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a")
+    deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)
+
+    def pull(engine, stop):
+        engine.pull("r.example/a", "sha256:" + "1" * 64, None, stop)
+        return image_id
+
+    with docker_api() as (address, seen):
+        def connect_both(where):
+            return engines[where] if where in engines else DockerEngine(where, {}, timeout=60)
+
+        def ctrl_c(result):
+            while "pull began" not in seen:
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+        start = time.monotonic()
+        outcome = _within(20, lambda: deploy(Plan(folder=folder, manifest=m, source="registry", pull=pull),
+                                             ["tcp://a:2375", address], connect_both, on_result=ctrl_c))
+        took = time.monotonic() - start
+        deadline = time.monotonic() + 5
+        while "pull broken off" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert isinstance(outcome, KeyboardInterrupt), outcome
+    assert took < 5, took
+    assert str(outcome) == f"tcp://a:2375 holds the release (checked); {address} does not (its pull was broken off)"
+    assert seen == ["pull began", "pull broken off"]  # the engine saw its client go: it ends the pull
