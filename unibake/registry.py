@@ -602,6 +602,8 @@ class RegistryClient:
         """Every answer's body read here, up to :data:`MAX_ANSWER` (requests would read it whole, and an
         endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error
         or a redirect (whose body requests reads whole before it follows it)."""
+        if 300 <= response.status_code < 400:
+            self._followable(response)
         passing = response.ok and not response.is_redirect
         if stream and passing:
             return response
@@ -617,6 +619,22 @@ class RegistryClient:
                 break
         response._content, response._content_consumed = bytes(body), True
         return response
+
+    def _followable(self, response) -> None:
+        """A 3xx answer is a redirect to follow, over http or https, or an error: one without a Location
+        (or a 304, a 300) was taken as the answer itself, its empty body as a manifest (exit 3, 'a
+        document whose digest is ...') and as a blob that is there (its upload skipped)."""
+        location = response.headers.get("Location") or ""
+        path = urlsplit(response.url).path[:100]
+        if not response.is_redirect or not location:
+            response.close()
+            raise RegistryError(f"the registry {self.ref.host} answered {path} with HTTP {response.status_code} and "
+                                "no Location to follow: not an answer to that request")
+        scheme = urlsplit(location).scheme.lower() if location.isprintable() else "?"
+        if scheme not in ("", "http", "https"):
+            response.close()
+            raise RegistryError(f"the registry {self.ref.host} answered {path} with a redirect to "
+                                f"{one_line(location)[:200]!r}, whose scheme {scheme[:20]!r} is neither https nor http")
 
     def __exit__(self, *exc) -> None:
         self.dxf.__exit__(*exc)

@@ -1617,3 +1617,38 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
                                            f"but holds nothing as {where}@{ours}; nothing was recorded"}
     assert result.error_lines[-1] == f"error: {expected[registry_does]}"
     assert load_manifest(folder).registry == ()
+
+
+@pytest.mark.parametrize("request_, status, location", [
+    ("a manifest", 302, None), ("a manifest", 304, None), ("a blob", 302, None), ("a blob", 302, ""),
+    ("a manifest", 307, "ftp://127.0.0.1/m"), ("a blob", 301, "file:///etc/passwd")])
+def test_a_3xx_answer_without_a_location_to_follow_is_an_error_not_the_answer(tmp_path, request_, status, location):
+    """A 3xx answer with no Location (or an empty one, or a 304) is no redirect requests follows, and it
+    was taken as the answer: a manifest read as its empty body (exit 3, 'a document whose digest is
+    sha256:e3b0...', as if the registry had been tampered with), a blob's HEAD as 'the blob is there'
+    (its upload skipped, and the manifest then named a blob the registry lacks). A redirect to another
+    scheme than http or https was '(InvalidSchema)'. Each is now one error line saying what came."""
+    import http.server
+
+    class Odd(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.send_response(status)
+            if location is not None:
+                self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = answer  # noqa: N815 - http.server's names
+
+    with tls_server(tmp_path, Odd) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST) if request_ == "a manifest" else c.blob_exists(DIGEST)
+    path = f"/v2/team/a/{'manifests' if request_ == 'a manifest' else 'blobs'}/{DIGEST}"
+    if location:
+        assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with a redirect to {location!r}, "
+                                     f"whose scheme {location.split(':')[0]!r} is neither https nor http")
+    else:
+        assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with HTTP {status} and no "
+                                     "Location to follow: not an answer to that request")
