@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 import docker.auth
 import docker.errors
@@ -330,9 +330,15 @@ class _DXF(DXF):
             return self._as_registry(method, path, **kwargs)
         most, session.max_redirects = session.max_redirects, UPLOAD_REDIRECTS  # each one sends the blob again
         try:
-            return self._as_registry(method, path, **kwargs)
+            response = self._as_registry(method, path, **kwargs)
         finally:
             session.max_redirects = most
+        sent = parse_qs(urlsplit(path).query).get("digest") or [""]  # (a blob's upload: its digest is asked for)
+        stored = response.headers.get("Docker-Content-Digest") or ""
+        if DIGEST_RE.fullmatch(sent[-1]) and DIGEST_RE.fullmatch(stored) and stored != sent[-1]:
+            raise DigestMismatch(f"the registry {self._host} answered the upload of blob {sent[-1]} with "
+                                 f"Docker-Content-Digest {stored}: it did not store what was sent")
+        return response
 
     def _as_registry(self, method, path, **kwargs):
         if _origin(urljoin(self._base_url, path)) == _origin(self._base_url):
@@ -731,6 +737,8 @@ class RegistryClient:
             data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None))
             try:
                 self.dxf.push_blob(data=data, digest=digest, check_exists=False)
+            except DigestMismatch as exc:
+                raise DigestMismatch(f"{exc} ({what}); nothing was recorded") from None
             finally:
                 self._sending = None
                 data.close()

@@ -1593,7 +1593,7 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
                 if "/manifests/" in path:  # another push to the tag, at once: the tag is its manifest now
                     pushed.append(digest)
                     tags[path.rsplit("/", 1)[1]] = other if registry_does == "another push takes the tag" else digest
-            said = other if registry_does == "stores another manifest" else digest
+            said = other if registry_does == "stores another manifest" and "/manifests/" in path else digest
             self.reply(201, Docker_Content_Digest=said)
 
     with tls_server(tmp_path, Racing) as port:
@@ -1652,3 +1652,48 @@ def test_a_3xx_answer_without_a_location_to_follow_is_an_error_not_the_answer(tm
     else:
         assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with HTTP {status} and no "
                                      "Location to follow: not an answer to that request")
+
+
+def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(tmp_path):
+    """The answer to a blob's upload names what the registry stored (Docker-Content-Digest): one that
+    names another blob than the one sent was taken as done, and the push went on to a manifest naming a
+    blob the registry does not hold as it was sent. It is now exit 3, not retried; a registry that sends
+    no such header, or the digest sent, is pushed to as before."""
+    import http.server
+
+    said = []
+
+    class Storing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's names
+            self.send_response(202)
+            self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(201)
+            if said[-1] == "another":
+                self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(data + b"!").hexdigest())
+            elif said[-1] == "the same":
+                self.send_header("Docker-Content-Digest", "sha256:" + hashlib.sha256(data).hexdigest())
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    digest = "sha256:" + hashlib.sha256(b"layer").hexdigest()
+    waits = []
+    with tls_server(tmp_path, Storing) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", push=True,
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            for answer in ("none", "the same"):
+                said.append(answer)
+                c.upload(digest, lambda: b"layer", "layer 1 of 1")
+            said.append("another")
+            with pytest.raises(DigestMismatch) as caught:
+                c.upload(digest, lambda: b"layer", "layer 1 of 1")
+    other = "sha256:" + hashlib.sha256(b"layer!").hexdigest()
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered the upload of blob {digest} with "
+                                 f"Docker-Content-Digest {other}: it did not store what was sent (layer 1 of 1); "
+                                 "nothing was recorded")
+    assert waits == []
