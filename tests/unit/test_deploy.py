@@ -140,7 +140,19 @@ def test_a_deploy_stuck_on_an_engine_that_never_answers_ends_at_the_third_interr
     with silent_engine() as address:
         run = subprocess.Popen([sys.executable, str(REPO / "build.py"), "deploy", str(folder), "--engine", address],
                                stderr=subprocess.PIPE, text=True)
-        time.sleep(3)  # started, verified, and waiting on the engine
+        lines, deploying = [], threading.Event()
+
+        def read():
+            for line in run.stderr:
+                lines.append(line)
+                if line.startswith("==> deploy"):
+                    deploying.set()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        # started, verified, and waiting on the engine (on a loaded machine a fixed 3 s could end in the
+        # verify: the run then ended at the first signal, and a later one found no handler: exit -15)
+        assert deploying.wait(60), "".join(lines)
+        time.sleep(0.5)
         for _ in range(3):
             run.send_signal(signal.SIGTERM)
             time.sleep(0.3)
@@ -150,7 +162,8 @@ def test_a_deploy_stuck_on_an_engine_that_never_answers_ends_at_the_third_interr
             run.kill()
             run.wait()
             pytest.fail("deploy did not end at the third interrupt")
-        err = run.stderr.read()
+        reader.join(10)
+        err = "".join(lines)
     assert code == 130, err
     assert err.splitlines()[-1] == "error: interrupted"
 
