@@ -777,12 +777,17 @@ class RegistryClient:
 
     def _tagged(self, tag: str) -> str:
         """The digest ``tag`` names now (its ``Docker-Content-Digest``, else its manifest read and hashed)."""
-        def head() -> str:
-            named, _ = self.dxf.head_manifest_and_response(tag)
+        def head() -> str | None:
+            try:
+                named, _ = self.dxf.head_manifest_and_response(tag)
+            except requests.exceptions.HTTPError as exc:
+                if exc.response is not None and exc.response.status_code == 404:
+                    return None  # (another client removed the tag meanwhile)
+                raise
             return named or ""
         named = self._call(f"reading the digest of {self.ref.repository}:{tag}", head)
-        if DIGEST_RE.fullmatch(named):
-            return named
+        if named is None or DIGEST_RE.fullmatch(named):
+            return named or ""
         return "sha256:" + hashlib.sha256(self._manifest_bytes(tag)).hexdigest()
 
     def manifest(self, digest: str) -> bytes:
@@ -1015,9 +1020,10 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
         if tagged != digest:
             # another push to the tag at the same time replaced it after this one: this push is stored, and
             # recorded, by its digest (what pull and deploy use); the tag is the last push's, as in docker push
-            on_warning(f"{target.repository}:{tag} names {tagged} now, not this push's {digest}: another push to "
-                       f"the tag replaced it while this one ran; this release is stored as {target.repository}@"
-                       f"{digest}, which is recorded (pull it by that); push again to point the tag at it")
+            now = f"names {tagged} now" if tagged else "names nothing now (it was removed)"
+            on_warning(f"{target.repository}:{tag} {now}, not this push's {digest}: another push to the tag replaced "
+                       f"it while this one ran; this release is stored as {target.repository}@{digest}, which is "
+                       "recorded (pull it by that); push again to point the tag at it")
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,

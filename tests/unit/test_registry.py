@@ -1534,8 +1534,8 @@ def test_an_answer_whose_headers_the_client_refuses_is_one_error_not_retried(tmp
     assert waits == []
 
 
-@pytest.mark.parametrize("registry_does", ["another push takes the tag", "stores another manifest",
-                                           "keeps nothing by digest"])
+@pytest.mark.parametrize("registry_does", ["another push takes the tag", "another client removes the tag",
+                                           "stores another manifest", "keeps nothing by digest"])
 def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_digest_and_says_so(cli, tmp_path,
                                                                                                 registry_does):
     """Two pushes to one tag at once: the one whose manifest the other's replaced read the tag back,
@@ -1592,7 +1592,8 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
                 stored[digest] = data
                 if "/manifests/" in path:  # another push to the tag, at once: the tag is its manifest now
                     pushed.append(digest)
-                    tags[path.rsplit("/", 1)[1]] = other if registry_does == "another push takes the tag" else digest
+                    tags[path.rsplit("/", 1)[1]] = other if registry_does == "another push takes the tag" else \
+                        "sha256:" + "00" * 32 if registry_does == "another client removes the tag" else digest
             said = other if registry_does == "stores another manifest" and "/manifests/" in path else digest
             self.reply(201, Docker_Content_Digest=said)
 
@@ -1601,6 +1602,11 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
                      str(tmp_path / "cert.pem"), "--retries", "0")
     ours = pushed[0]
     where = f"127.0.0.1:{port}/team/a"
+    if registry_does == "another client removes the tag":
+        assert result.code == 0, result.err
+        assert f"warning: {where}:1.3.1 names nothing now (it was removed), not this push's {ours}: " in result.err
+        assert json.loads(result.out)["tag_names"] == ""
+        return
     if registry_does == "another push takes the tag":
         assert result.code == 0, result.err
         assert f"warning: {where}:1.3.1 names {other} now, not this push's {ours}: another push to the tag " \
