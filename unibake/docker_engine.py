@@ -404,7 +404,10 @@ class _Breaker:
                 except (OSError, TypeError):  # (not a connected socket: docker-py's ssh one, or gone)
                     close = getattr(sock, "close", None)
                     if close is not None and not self.done.is_set():
-                        close()
+                        try:  # (docker-py's ssh socket ends its ssh client; a pipe already broken raises)
+                            close()
+                        except OSError:
+                            pass
                 return
 
     def __enter__(self) -> "_Breaker":

@@ -514,3 +514,33 @@ def test_an_interrupt_breaks_off_the_pulls_under_way_and_says_what_was_left(tmp_
     assert took < 5, took
     assert str(outcome) == f"tcp://a:2375 holds the release (checked); {address} does not (its pull was broken off)"
     assert seen == ["pull began", "pull broken off"]  # the engine saw its client go: it ends the pull
+
+
+def test_breaking_off_a_pull_over_ssh_ends_its_ssh_client_without_a_thread_s_traceback(monkeypatch):
+    """docker-py's ssh:// socket is no connected socket (it is ssh's pipes): breaking a pull off closes it,
+    which ends ssh; a pipe already broken raised BrokenPipeError in the breaker's thread (a traceback on
+    stderr, 'Exception in thread')."""
+    from types import SimpleNamespace
+
+    from unibake.docker_engine import _Breaker
+
+    class SSHLike(socket.socket):  # as docker-py's SSHSocket: a socket never connected, closed through its pipes
+        closed_at = []
+
+        def close(self):
+            self.closed_at.append(time.monotonic())
+            raise BrokenPipeError(32, "Broken pipe")
+
+    crashed = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    stop = threading.Event()
+    with SSHLike() as sock:
+        response = SimpleNamespace(raw=SimpleNamespace(_connection=SimpleNamespace(sock=sock)))
+        with _Breaker(stop, response):
+            stop.set()
+            deadline = time.monotonic() + 5
+            while not SSHLike.closed_at and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)
+        socket.socket.close(sock)
+    assert SSHLike.closed_at and crashed == []
