@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -102,14 +103,19 @@ class Registry:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 20
+        # the port was free when it was chosen; another run's server may have taken it since: only a TLS
+        # handshake with this registry's own certificate (its CA is made here) says this registry listens
+        context = ssl.create_default_context(cafile=str(self.ca))
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.folder / "registry.log").read_text()[-2000:]
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    with context.wrap_socket(sock, server_hostname="localhost"):
+                        return
+            except OSError:  # (ssl.SSLError too: another server, or ours not ready)
                 time.sleep(0.05)
-        raise AssertionError("the registry did not listen within 20 s")
+        raise AssertionError(f"the registry did not listen within 20 s: "
+                             f"{(self.folder / 'registry.log').read_text()[-2000:]}")
 
     def kill(self) -> None:
         """SIGKILL, as a registry that dies mid-push."""
