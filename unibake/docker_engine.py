@@ -107,6 +107,10 @@ class DockerEngine(Engine):
             option = f" ({self.timeout_option})" if self.timeout_option else ""
             return EngineError(f"{what}: the engine stopped answering: nothing from it in {self.timeout} s{option} "
                                f"(engine at {self.address})")
+        if _write_timed_out(exc):
+            option = f" ({self.timeout_option})" if self.timeout_option else ""
+            return EngineError(f"{what}: the engine stopped taking what was sent: nothing of it taken in "
+                               f"{self.timeout} s{option} (engine at {self.address})")
         return EngineError(f"{what}: {_reason(exc)} (engine at {self.address})")
 
     def version(self) -> str:
@@ -425,6 +429,14 @@ def _read_timed_out(exc: Exception) -> bool:
     answer's read (a load's, a pull's) raises urllib3's own."""
     return isinstance(exc, (requests.exceptions.ReadTimeout, urllib3.exceptions.ReadTimeoutError)) or \
         any(isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args)
+
+
+def _write_timed_out(exc: Exception) -> bool:
+    """A send (a load's stream) that the engine took nothing of for the timeout: requests says the
+    connection was aborted, with the socket's TimeoutError inside urllib3's ProtocolError."""
+    return isinstance(exc, requests.exceptions.ConnectionError) and any(
+        isinstance(arg, urllib3.exceptions.ProtocolError) and any(isinstance(a, TimeoutError) for a in arg.args)
+        for arg in exc.args)
 
 
 def _reason(exc: Exception) -> str:

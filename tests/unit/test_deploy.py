@@ -398,6 +398,8 @@ def docker_api(*, inspect="404", pull="progress"):
         def do_GET(self):  # noqa: N802 - http.server's names
             if self.path.endswith("/version"):
                 return self.reply(200, {"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"})
+            if self.path.split("?")[0].endswith("/images/json"):
+                return self.reply(200, [])
             if inspect == "silent":
                 seen.append("inspect held")
                 ended.wait(60)
@@ -405,6 +407,10 @@ def docker_api(*, inspect="404", pull="progress"):
             self.reply(404, {"message": "No such image"})
 
         def do_POST(self):  # noqa: N802
+            if "/images/load" in self.path:  # takes the request, then none of the stream
+                seen.append("load held")
+                ended.wait(60)
+                return
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -475,6 +481,14 @@ def test_an_engine_that_answers_then_stops_answering_is_a_failed_row_after_the_e
     assert isinstance(outcome, EngineError) and str(outcome) == (
         f"pulling r.example/a@sha256:{'1' * 64} failed: the engine stopped answering: nothing from it in 2 s "
         f"(engine at {address})")
+    # a load's stream the engine stops taking: its send waited an hour too
+    big, _ = make_release(tmp_path / "big", layers=[bytes(8 << 20)] * 3)
+    with docker_api() as (address, seen):
+        result = _within(30, lambda: cli("--json", "deploy", str(big), "--engine", address, "--engine-timeout", "2"))
+    row = json.loads(result.out)["engines"][0]
+    assert row["detail"] == ("loading the image failed: the engine stopped taking what was sent: nothing of it taken "
+                             f"in 2 s (--engine-timeout) (engine at {address})"), row["detail"]
+    assert result.code == 3 and seen == ["load held"]
     result = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--engine-timeout", "0")
     assert result.code == 2 and "--engine-timeout 0 is out of range 1..86400" in result.error_lines[-1]
 
