@@ -767,7 +767,11 @@ class RegistryClient:
                 if exc.response is not None and exc.response.status_code == 404:
                     return None
                 raise
-        found = self._call(f"reading back {self.ref.repository}@{digest[:19]}", back)
+        for wait in (1.0, 2.0, None):  # (a registry of several replicas may not show it at once)
+            found = self._call(f"reading back {self.ref.repository}@{digest[:19]}", back)
+            if found is not None or wait is None:
+                break
+            self.retry.sleep(wait)
         got = "sha256:" + hashlib.sha256(found).hexdigest() if found is not None else None
         if got != digest:
             said = "holds nothing" if got is None else f"gives a document whose digest is {got}"

@@ -1535,7 +1535,8 @@ def test_an_answer_whose_headers_the_client_refuses_is_one_error_not_retried(tmp
 
 
 @pytest.mark.parametrize("registry_does", ["another push takes the tag", "another client removes the tag",
-                                           "stores another manifest", "keeps nothing by digest"])
+                                           "shows it by digest a moment later", "stores another manifest",
+                                           "keeps nothing by digest"])
 def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_digest_and_says_so(cli, tmp_path,
                                                                                                 registry_does):
     """Two pushes to one tag at once: the one whose manifest the other's replaced read the tag back,
@@ -1552,6 +1553,7 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
     stored: dict[str, bytes] = {}
     tags: dict[str, str] = {}
     pushed: list[str] = []
+    read: list[str] = []
     lock = threading.Lock()
 
     class Racing(http.server.BaseHTTPRequestHandler):
@@ -1579,6 +1581,9 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
 
         def do_GET(self):  # noqa: N802
             name, found = self.find()
+            if registry_does == "shows it by digest a moment later" and "/manifests/sha256:" in self.path:
+                read.append(self.path)
+                found = found if len(read) > 1 else None
             self.reply(200, found, Content_Type=OCI_MANIFEST) if found is not None else self.reply(404)
 
         def do_POST(self):  # noqa: N802
@@ -1602,6 +1607,10 @@ def test_a_push_whose_tag_another_push_replaced_meanwhile_is_recorded_by_its_dig
                      str(tmp_path / "cert.pem"), "--retries", "0")
     ours = pushed[0]
     where = f"127.0.0.1:{port}/team/a"
+    if registry_does == "shows it by digest a moment later":  # (a registry of replicas): read again, a second on
+        assert result.code == 0 and "warning" not in result.err, result.err
+        assert read == [f"/v2/team/a/manifests/{ours}"] * 2
+        return
     if registry_does == "another client removes the tag":
         assert result.code == 0, result.err
         assert f"warning: {where}:1.3.1 names nothing now (it was removed), not this push's {ours}: " in result.err
