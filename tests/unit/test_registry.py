@@ -1712,3 +1712,32 @@ def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(t
                                  f"Docker-Content-Digest {other}: it did not store what was sent (layer 1 of 1); "
                                  "nothing was recorded")
     assert waits == []
+
+
+def test_a_chunked_answer_whose_chunk_length_is_no_number_is_one_error_not_retried(tmp_path):
+    """A chunked answer whose chunk length is no hex number is the same answer on every try: it was retried
+    as a broken connection, then 'did not answer ... (connection broken)'. It is now one error saying
+    what came. (A chunk that ends early is still a broken connection, retried: that is what one looks like.)"""
+    import http.server
+
+    class Lying(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b"zz\r\n{}\r\n0\r\n\r\n")
+
+    waits = []
+    with tls_server(tmp_path, Lying) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST)
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length is "
+                                 f"no number ('zz') while reading manifest {DIGEST[:19]}: that answer cannot be read, "
+                                 "and would come again on another try")
+    assert waits == []
