@@ -581,6 +581,7 @@ class RegistryClient:
         self.ref, self.credentials, self.retry, self.on_retry, self.push = ref, credentials, retry, on_retry, push
         self.ca_file = ca_file
         self._sending: _Counted | None = None  # the blob being uploaded
+        self._last_type = ""  # the Content-Type of the last answer (an HTML page is named)
         actions = ["pull", "push"] if push else ["pull"]
 
         def authenticate(client: DXF, response) -> None:
@@ -613,6 +614,7 @@ class RegistryClient:
         """Every answer's body read here, up to :data:`MAX_ANSWER` (requests would read it whole, and an
         endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error
         or a redirect (whose body requests reads whole before it follows it)."""
+        self._last_type = response.headers.get("Content-Type") or ""
         if 300 <= response.status_code < 400:
             self._followable(response)
         passing = response.ok and not response.is_redirect
@@ -655,6 +657,7 @@ class RegistryClient:
     def _call(self, what: str, call: Callable[[], object]):
         retry = self.retry
         for attempt in range(1, retry.attempts + 1):
+            self._last_type = ""
             try:
                 with _Watch() as watch:
                     try:
@@ -683,6 +686,13 @@ class RegistryClient:
                               f"(attempt {attempt + 1} of {retry.attempts})")
                 retry.sleep(wait)
         raise AssertionError("unreachable")
+
+    def _page(self) -> str:
+        """What to say of an answer that was an HTML page (a login page, a proxy's), or nothing."""
+        if not self._last_type.lower().startswith(("text/html", "application/xhtml")):
+            return ""
+        return (f" (an HTML page, {self._last_type.split(';')[0][:40]}: is {self.ref.host} the registry itself, or a "
+                "login page or proxy in front of it?)")
 
     def _translate(self, exc: Exception, what: str) -> UnibakeError:
         host, repo = self.ref.host, self.ref.repository
@@ -715,14 +725,14 @@ class RegistryClient:
                                          f"({_registry_message(exc.response)})")
             return RegistryError(f"the registry {host} refused {what}: {_registry_message(exc.response)}")
         if isinstance(exc, (requests.exceptions.RequestException, dxf_errors.DXFError)):
-            return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__})")
+            return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__}){self._page()}")
         if isinstance(exc, UnibakeError):
             return exc
         if isinstance(exc, (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)):
             # what python-dxf makes of an answer it cannot read: a body that is not UTF-8 or JSON (or JSON
             # nested deeper than the stack), a 401 without WWW-Authenticate, a token answer without a token
             return RegistryError(f"the registry {host} gave an answer that cannot be read while {what} "
-                                 f"({type(exc).__name__})")
+                                 f"({type(exc).__name__}){self._page()}")
         raise exc
 
     def blob_exists(self, digest: str) -> bool:
@@ -779,7 +789,7 @@ class RegistryClient:
             self.retry.sleep(wait)
         got = "sha256:" + hashlib.sha256(found).hexdigest() if found is not None else None
         if got != digest:
-            said = "holds nothing" if got is None else f"gives a document whose digest is {got}"
+            said = "holds nothing" if got is None else f"gives a document whose digest is {got}{self._page()}"
             raise DigestMismatch(f"the registry {self.ref.host} took the manifest pushed as {where} but {said} as "
                                  f"{self.ref.repository}@{digest}; nothing was recorded")
         return digest, self._tagged(tag)
@@ -805,7 +815,7 @@ class RegistryClient:
         got = "sha256:" + hashlib.sha256(body).hexdigest()
         if got != digest:
             raise DigestMismatch(f"the registry {self.ref.host} answered {self.ref.pinned} with a document whose "
-                                 f"digest is {got}")
+                                 f"digest is {got}{self._page()}")
         return body
 
     def _manifest_bytes(self, reference: str) -> bytes:

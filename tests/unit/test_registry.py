@@ -1741,3 +1741,31 @@ def test_a_chunked_answer_whose_chunk_length_is_no_number_is_one_error_not_retri
                                  f"no number ('zz') while reading manifest {DIGEST[:19]}: that answer cannot be read, "
                                  "and would come again on another try")
     assert waits == []
+
+
+@pytest.mark.parametrize("asked", ["the manifest", "a token"])
+def test_an_html_page_in_place_of_the_registry_s_answer_is_named_as_one(tmp_path, asked):
+    """A login page or a proxy's page answering in the registry's place (200, text/html): a pull said
+    'a document whose digest is sha256:...' (as if the manifest had been tampered with), a token's fetch
+    '(JSONDecodeError)'. Both now say it was an HTML page, and ask whether the host is the registry."""
+    import http.server
+
+    page = b"<html><body>Sign in</body></html>"
+
+    class Login(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if asked == "a token" and not self.path.startswith("/token"):
+                return ask_for_a_token(self)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+    with tls_server(tmp_path, Login) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+            with pytest.raises(RegistryError if asked == "a token" else DigestMismatch) as caught:
+                c.manifest(DIGEST)
+    assert str(caught.value).endswith(f" (an HTML page, text/html: is 127.0.0.1:{port} the registry itself, or a "
+                                      "login page or proxy in front of it?)"), str(caught.value)
