@@ -97,8 +97,11 @@ def test_the_example_is_built_released_and_verified_as_a_downloader_would(cli, e
         libraries = engine.run(tag, ["sh", "-c", "ls /opt/unibake/kernels/*/*.so | wc -l"]).output.strip()
         assert libraries == "7"  # the seven built by the vendor's compiler; lmslim's wheel keeps its own folder
         assert "tp2_row_LDSx" in json.dumps(manifest["profiles"]["tp2"]["sidecars"])
-        dry = sh(["./run.sh", "tp2", "--dry-run"], folder, GPUS="4,5")
+        from ..unit.test_real_stacks import _fake_getent  # this host's groups, as run.sh reads them
+
+        fake_bin = _fake_getent(tmp_path, {"video": 44, "render": 109})
+        dry = sh(["./run.sh", "tp2", "--dry-run"], folder, GPUS="4,5", PATH=f"{fake_bin}:{os.environ['PATH']}")
         assert dry.returncode == 0, dry.stderr
-        assert ("--device /dev/kfd --group-add video --security-opt seccomp=unconfined --device /dev/dri/renderD132 "
-                "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1 --device /dev/mkfd --group-add render"
-                in dry.stdout)
+        assert ("--device /dev/kfd --security-opt seccomp=unconfined --device /dev/dri/renderD132 "
+                "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1 --device /dev/mkfd --group-add 44 "
+                "--group-add 109" in dry.stdout)
