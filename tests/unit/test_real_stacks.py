@@ -458,6 +458,11 @@ def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_produc
     ("topology: {nodes: 2, network: bridge}\n", "a profile on 2 nodes needs network: host"),
     ("devices: {vendor: intel}\n", "must be one of nvidia, amd, hygon"),
     ("devices: {extra: ['/dev/a:/dev/b']}\n", r"key 'devices\.extra\[0\]'"),
+    # the ROCm docs' --device /dev/dri copied into extra: every GPU in every profile, GPUS ignored
+    ("devices: {vendor: amd, extra: [/dev/kfd, /dev/dri]}\n",
+     r"tp2\.yaml:\d+: profile 'tp2' gives /dev/dri to every container, whatever GPUS picks: run\.sh already gives "
+     r"the profile the render node of each GPU it starts with; remove it"),
+    ("devices: {vendor: hygon, extra: [/dev/mkfd, /dev/dri/renderD128]}\n", "gives /dev/dri/renderD128 to every"),
 ])
 def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
     append(busybox_product / "tp2.yaml", text)
