@@ -1258,7 +1258,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return outcome.error.exit_code
         return 0
     except UnibakeError as exc:
-        if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet:
+        # the tail of the build's output, which a terminal's progress bar hid (plain output printed it line by
+        # line as it came: twice would bury the error under a copy of the log)
+        if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet and not reporter.plain:
             print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         _emit_error(args, str(exc), exc.exit_code, cwd)

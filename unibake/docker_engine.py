@@ -27,6 +27,9 @@ STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 # str.splitlines() also takes: a Step line echoing a value that holds one was cut, and its rest read as output
 # (a kernel's RUN echoed that way was named as the failing kernel '%s')
 STREAM_LINE_END_RE = re.compile(r"\r\n|\r|\n")
+# the classic builder's colour around what a RUN step writes to stderr (a compiler's errors, a failed
+# check's "error:" line): the engine's own framing, dropped rather than shown escaped as "\x1b[91m"
+STDERR_COLOUR_RE = re.compile("\x1b\\[(?:91|0)m")
 DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
 # Long steps (a compile, a big COPY) may print nothing for minutes.
 TIMEOUT = 3600
@@ -150,7 +153,7 @@ class DockerEngine(Engine):
                                       stage_images=tuple(stage_images))
                 if "aux" in event and "ID" in event["aux"]:
                     image_id = event["aux"]["ID"]
-                text = event.get("stream", "")
+                text = STDERR_COLOUR_RE.sub("", event.get("stream", ""))
                 for line in STREAM_LINE_END_RE.split(text):
                     match = STEP_RE.match(line)
                     if match:

@@ -836,6 +836,14 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     dev = d.get("devices", {})
     devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
+    if devices.vendor in ("amd", "hygon"):
+        # run.sh gives the render node of each GPU GPUS names (all of /dev/dri for GPUS=all): /dev/dri, or a
+        # node under it, given as well would hand every profile those GPUs whatever GPUS says
+        for i, device in enumerate(dev.get("extra", [])):
+            if device == "/dev/dri" or device.startswith("/dev/dri/"):
+                raise InputError(f"{m.where(('devices', 'extra', i))}: profile '{m.name}' gives {device} to every "
+                                 "container, whatever GPUS picks: run.sh already gives the profile the render node of "
+                                 "each GPU it starts with; remove it")
     topology = _topology(d, m.where)
     if topology.nodes > 1:
         for key in d.get("env", {}):

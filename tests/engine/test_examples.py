@@ -21,6 +21,7 @@ import pytest
 from unibake.scratch import ScratchEngine
 
 from ..conftest import REPO
+from ..unit.test_real_stacks import _fake_getent  # the host's groups, as run.sh looks them up
 from .test_downloader import run_guide
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,10 @@ def test_the_example_is_built_released_and_verified_as_a_downloader_would(cli, e
         assert script.returncode == 0, script.stderr
         assert f"ok: {tag} is {manifest['image_id']}, as IMAGE_ID says" in script.stdout
         # every command of the release's own guide, multi-node dry runs and the in-image self-check included
-        lines = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=())
+        # (run.sh looks the profile's groups up on the host: this one has video, not render)
+        fake_bin = _fake_getent(tmp_path, {"video": 44, "render": 109})
+        lines = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=(),
+                          variables={"PATH": f"{fake_bin}:$PATH"})
         assert any(line.startswith("NODE_RANK=0 MASTER_ADDR=") for line in lines) == (example == "sglang-arm64-roce")
 
     # What the stack itself needs, in the image.
@@ -97,8 +101,8 @@ def test_the_example_is_built_released_and_verified_as_a_downloader_would(cli, e
         libraries = engine.run(tag, ["sh", "-c", "ls /opt/unibake/kernels/*/*.so | wc -l"]).output.strip()
         assert libraries == "7"  # the seven built by the vendor's compiler; lmslim's wheel keeps its own folder
         assert "tp2_row_LDSx" in json.dumps(manifest["profiles"]["tp2"]["sidecars"])
-        dry = sh(["./run.sh", "tp2", "--dry-run"], folder, GPUS="4,5")
+        dry = sh(["./run.sh", "tp2", "--dry-run"], folder, GPUS="4,5", PATH=f"{fake_bin}:{os.environ['PATH']}")
         assert dry.returncode == 0, dry.stderr
-        assert ("--device /dev/kfd --group-add video --security-opt seccomp=unconfined --device /dev/dri/renderD132 "
-                "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1 --device /dev/mkfd --group-add render"
-                in dry.stdout)
+        assert ("--device /dev/kfd --security-opt seccomp=unconfined --device /dev/dri/renderD132 "
+                "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1 --device /dev/mkfd --group-add 44 "
+                "--group-add 109" in dry.stdout)

@@ -3,6 +3,7 @@ the Dockerfile of the part below it."""
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
 
@@ -138,3 +139,32 @@ def test_a_step_line_holding_a_line_separator_is_one_step_of_the_build_stream():
     assert failed.value.step == f"Step 2: {run}"
     assert [line for line in failed.value.output if "kernel-build" in line] == [
         "error: kernel-build[rope]: rope.cpp:3: error: expected ';'"]
+
+
+def test_the_classic_builders_colour_around_a_run_steps_stderr_is_not_shown_as_escapes():
+    """Engine 20.10 wraps what a RUN writes to stderr in "\\x1b[91m" ... "\\x1b[0m": every failed check's
+    or compiler's line was shown as "\\x1b[91merror: ...", and the reset as a line of its own."""
+    from unibake.console import Reporter
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import BuildFailed
+
+    events = [{"stream": "Step 1/2 : FROM base\n"}, {"stream": " ---> " + "1" * 12 + "\n"},
+              {"stream": "Step 2/2 : RUN self-check\n"}, {"stream": " ---> Running in 0123\n"},
+              {"stream": "self-check[tp1]: ok: platform\n"},
+              {"stream": "\x1b[91merror: self-check[tp1]: python3 is not in the image\n\x1b[0m"},
+              {"error": "The command returned a non-zero code: 1"}]
+
+    class API:  # what docker-py's APIClient.build yields, decoded
+        def build(self, **kwargs):
+            return iter(events)
+
+    out = io.StringIO()
+    reporter = Reporter(env={"CI": "true"}, stream=out)
+    engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the stream above
+    engine.address, engine.api = "fake://", API()
+    with pytest.raises(BuildFailed) as failed:
+        engine.build(None, tag="t:1", buildargs={}, nocache=False, on_line=reporter.build_line)
+    assert failed.value.output[-2:] == ("self-check[tp1]: ok: platform",
+                                        "error: self-check[tp1]: python3 is not in the image")
+    assert "\\x1b" not in out.getvalue() and "\x1b" not in out.getvalue()
+    assert "    error: self-check[tp1]: python3 is not in the image\n" in out.getvalue()

@@ -195,17 +195,45 @@ def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_termina
 
 def test_a_failed_builds_output_reprinted_at_the_end_is_escaped_too(cli, monkeypatch):
     # the tail of the build's output comes from the base image's programs: the same rule as every line
+    import io
+
     import unibake.cli
     from unibake.errors import BuildFailed
+
+    class Terminal(io.StringIO):  # a terminal: the build's lines went into a progress bar, not the screen
+        def isatty(self) -> bool:
+            return True
 
     def failing(args, ctx):
         raise BuildFailed("step 3 failed", output=("Step 3/9 : RUN x", "ok\x1b]0;PWNED\x07\nerror: all fine"))
 
     monkeypatch.setitem(unibake.cli.HANDLERS, "build", failing)
+    screen = Terminal()
+    monkeypatch.setattr("sys.stderr", screen)
+    code = unibake.cli.main(["--stage", "render"], env={"NO_COLOR": "1"}, cwd=REPO)
+    shown = screen.getvalue()
+    assert code == 1 and "\x1b" not in shown and "\x07" not in shown
+    assert "ok\\x1b]0;PWNED\\x07\\nerror: all fine" in shown
+    assert [line for line in shown.splitlines() if line.startswith("error:")] == ["error: step 3 failed"]
+
+
+def test_plain_output_does_not_print_a_failed_builds_tail_a_second_time(cli, monkeypatch):
+    # plain output (CI, a pipe) printed every line of the build as it came; the tail printed again at the
+    # end put up to 40 lines, the failing check's "error:" line among them, twice before the verdict
+    import unibake.cli
+    from unibake.errors import CheckFailed
+
+    def failing(args, ctx):
+        ctx.reporter.build_line("error: self-check[tp1]: python3 is not in the image")
+        raise CheckFailed("in-image check failed during the build, so x:1 was not tagged: self-check[tp1]: python3 is "
+                          "not in the image", output=("error: self-check[tp1]: python3 is not in the image",))
+
+    monkeypatch.setitem(unibake.cli.HANDLERS, "build", failing)
     result = cli("--stage", "render")
-    assert result.code == 1 and "\x1b" not in result.err and "\x07" not in result.err
-    assert "ok\\x1b]0;PWNED\\x07\\nerror: all fine" in result.err
-    assert [line for line in result.err.splitlines() if line.startswith("error:")] == ["error: step 3 failed"]
+    assert result.code == 3
+    assert result.err.count("    error: self-check[tp1]: python3 is not in the image\n") == 1, result.err
+    assert result.error_lines == ["error: in-image check failed during the build, so x:1 was not tagged: "
+                                  "self-check[tp1]: python3 is not in the image"]
 
 
 # --- values that would quietly do something else: a CI's unset variable, a folder where a file goes --

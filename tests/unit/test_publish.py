@@ -294,10 +294,14 @@ def test_run_sh_gives_each_profile_only_the_gpus_it_needs(tmp_path):
     assert run_sh(folder, "tp1").stdout == base.format(p="tp1") + " --gpus '\"device=0\"' demo-llm:1.3.1\n"
     assert run_sh(folder, "tp2").stdout == base.format(p="tp2") + " --gpus '\"device=0,1\"' demo-llm:1.3.1\n"
     assert run_sh(folder, "tp2", GPUS="2,3").stdout == base.format(p="tp2") + " --gpus '\"device=2,3\"' demo-llm:1.3.1\n"
-    amd = run_sh(folder, "tp4", GPUS="4,5,6,7").stdout
-    assert amd == base.format(p="tp4") + (" --device /dev/kfd --group-add video --security-opt seccomp=unconfined"
+    from .test_real_stacks import _fake_getent  # this host's groups, as run.sh reads them
+
+    fake_bin = _fake_getent(tmp_path, {"video": 44})
+    amd = run_sh(folder, "tp4", GPUS="4,5,6,7", PATH=f"{fake_bin}:/usr/bin:/bin").stdout
+    assert amd == base.format(p="tp4") + (" --device /dev/kfd --security-opt seccomp=unconfined"
                                           " --device /dev/dri/renderD132 --device /dev/dri/renderD133"
-                                          " --device /dev/dri/renderD134 --device /dev/dri/renderD135 demo-llm:1.3.1\n")
+                                          " --device /dev/dri/renderD134 --device /dev/dri/renderD135"
+                                          " --group-add 44 demo-llm:1.3.1\n")
     assert run_sh(folder).stdout.startswith(base.format(p="tp4"))  # the default profile
 
 

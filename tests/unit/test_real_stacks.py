@@ -458,6 +458,11 @@ def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_produc
     ("topology: {nodes: 2, network: bridge}\n", "a profile on 2 nodes needs network: host"),
     ("devices: {vendor: intel}\n", "must be one of nvidia, amd, hygon"),
     ("devices: {extra: ['/dev/a:/dev/b']}\n", r"key 'devices\.extra\[0\]'"),
+    # the ROCm docs' --device /dev/dri copied into extra: every GPU in every profile, GPUS ignored
+    ("devices: {vendor: amd, extra: [/dev/kfd, /dev/dri]}\n",
+     r"tp2\.yaml:\d+: profile 'tp2' gives /dev/dri to every container, whatever GPUS picks: run\.sh already gives "
+     r"the profile the render node of each GPU it starts with; remove it"),
+    ("devices: {vendor: hygon, extra: [/dev/mkfd, /dev/dri/renderD128]}\n", "gives /dev/dri/renderD128 to every"),
 ])
 def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
     append(busybox_product / "tp2.yaml", text)
@@ -615,9 +620,11 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
                                        topology={"ipc": "private", "shm_size": "32g"})
     folder, _ = make_release(tmp_path / "release", metadata=metadata)
 
+    fake_bin = _fake_getent(tmp_path, {"video": 44, "render": 109})
+
     def run(*args, **env):
         return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
-                              env={"PATH": "/usr/bin:/bin", **env})
+                              env={"PATH": f"{fake_bin}:/usr/bin:/bin", **env})
 
     ok = run("tp2", "--dry-run", NODE_RANK="3", MASTER_ADDR="node0.example")  # --dry-run after the profile
     assert ok.returncode == 0, ok.stderr
@@ -634,10 +641,10 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
         assert bad.returncode == 2 and message in bad.stderr, (env, bad.stderr)
 
     hygon = run("--dry-run", "tp4", GPUS="2,3,4,5")
-    assert ("--ipc=private --shm-size=32g --device /dev/kfd --group-add video --security-opt seccomp=unconfined "
+    assert ("--ipc=private --shm-size=32g --device /dev/kfd --security-opt seccomp=unconfined "
             "--device /dev/dri/renderD130 --device /dev/dri/renderD131 --device /dev/dri/renderD132 "
-            "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1,2,3 --device /dev/mkfd --group-add render"
-            ) in hygon.stdout
+            "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1,2,3 --device /dev/mkfd --group-add 44 "
+            "--group-add 109") in hygon.stdout
     uuid = run("--dry-run", "tp4", GPUS="GPU-1,GPU-2,GPU-3,GPU-4")
     assert uuid.returncode == 2 and "hygon GPUs are chosen by number, not UUID" in uuid.stderr
     nvidia = run("--dry-run", "tp1", GPUS="MIG-4f1c9a2e-1b2c-4d5e-8f90-aabbccddeeff")
@@ -655,6 +662,45 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     helped = run("tp1", "--help")
     assert helped.returncode == 0 and "Usage: ./run.sh" in helped.stdout and "Profiles: tp1, tp2, tp4" in helped.stdout
 
+
+
+def _fake_getent(tmp_path, groups: dict[str, int]):
+    """A folder holding a ``getent`` that knows only ``groups``: run.sh looks the host's groups up with it."""
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir(exist_ok=True)
+    lines = "".join(f"  {name}) echo '{name}:x:{gid}:' ;;\n" for name, gid in groups.items())
+    (fake_bin / "getent").write_text(f'#!/bin/sh\n[ "$1" = group ] || exit 2\ncase "$2" in\n{lines}  *) exit 2 ;;\nesac\n')
+    (fake_bin / "getent").chmod(0o755)
+    return fake_bin
+
+
+def test_run_sh_gives_an_amd_profile_the_hosts_groups_by_number_each_once(tmp_path):
+    # `--group-add video --group-add render` by name: the engine looks the names up in the image's /etc/group,
+    # so a base without them (busybox, debootstrap's minbase has no render) failed every start with exit 125
+    # ("Unable to find group render") after the release had passed its gates, and a group the image numbers
+    # otherwise than the host gave no access to the host's device nodes; video was given twice when the
+    # profile named it too
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": [], "groups": ["render", "video", "2000"]})
+    metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": ["rdma"]})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = _fake_getent(tmp_path, {"video": 44, "render": 109})
+
+    def run(*args):
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", *args], capture_output=True, text=True,
+                              env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+
+    amd = run("tp2")
+    assert amd.returncode == 0, amd.stderr
+    assert ("--device /dev/kfd --security-opt seccomp=unconfined --device /dev/dri/renderD128 "
+            "--device /dev/dri/renderD129 --group-add 44 --group-add 109 --group-add 2000 ") in amd.stdout
+    assert "video" not in amd.stdout and "render " not in amd.stdout
+    missing = run("tp4")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert ("error: group 'rdma' (devices.groups of profile tp4) is not a group of this host: the container joins "
+            "the host's group by its number; create it here, or give its number") in missing.stderr
 
 
 @pytest.mark.parametrize("image, takes", [
