@@ -373,8 +373,8 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
         for gone in found.whiteouts:
             for path in [p for p in files if _under(p, gone)]:
                 del files[path]
-        for folder in found.opaque:
-            for path in [p for p in files if p.startswith(folder.rstrip("/") + "/")]:
+        for folder in found.opaque:  # what lay in the folder below, the root's ("") included, as the OCI spec says
+            for path in [p for p in files if not folder or p.startswith(folder.rstrip("/") + "/")]:
                 del files[path]
         for path in found.hidden:
             files.pop(path, None)

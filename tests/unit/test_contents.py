@@ -286,3 +286,20 @@ def test_a_package_list_named_through_a_prefix_after_a_pax_header_without_a_path
         assert tar.getnames() == ["0/var/lib/dpkg/status"]  # what Python reads
     archive, _ = inspect([decoy, second], tmp_path=tmp_path)
     assert [p.name for p in archive.contents.packages] == ["hidden"]
+
+
+@pytest.mark.parametrize("name", [".wh..wh..opq", "./.wh..wh..opq"])
+def test_an_opaque_whiteout_at_a_layers_root_hides_everything_the_layers_below_held(tmp_path, name):
+    # the OCI image spec applies an opaque whiteout to the folder it lies in, the root included: the
+    # SBOM listed the first layer's packages and library as if they were still in the image
+    first = tar_of([("var/lib/dpkg/status", STATUS, None),
+                    ("etc/os-release", b"ID=debian\nVERSION_ID=12\n", None),
+                    ("opt/unibake/kernels/a/liba.so", b"old a" * 20000, None)])
+    second = tar_of([(name, b"", None),
+                     ("var/lib/dpkg/status", b"Package: kept\nStatus: install ok installed\nVersion: 2\n", None),
+                     ("opt/unibake/kernels/b/libb.so", b"b" * 100, None)])
+    archive, diff_ids = inspect([first, second], layout=oci_layout, tmp_path=tmp_path)
+    contents = archive.contents
+    assert [(p.name, p.layer) for p in contents.packages] == [("kept", diff_ids[1])]  # its own layer's entries stay
+    assert [lib.path for lib in contents.libraries] == ["/opt/unibake/kernels/b/libb.so"]
+    assert contents.os is None
