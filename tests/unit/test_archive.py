@@ -186,3 +186,19 @@ def test_compressed_bytes_do_not_depend_on_how_many_cores_the_machine_has():
                 writer.write(data[i:i + (1 << 20 | 12345)])
         outs.add(hashlib.sha256(sink.getvalue()).hexdigest())
     assert len(outs) == 1
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["kept in memory", "spooled"])
+def test_a_zstd_compressed_layer_is_refused_naming_it_and_nothing_is_left(tmp_path, big):
+    # an Engine 25+ keeps a zstd pull's layers zstd-compressed in its save: the archive labelled it +gzip,
+    # which Engine 20.10, verify and verify-release.sh cannot load; refused here, before any release
+    layers = [DEFAULT_LAYERS[0], big_layers()[0] if big else DEFAULT_LAYERS[1]]
+    data, _, diff_ids = oci_layout(layers, zstd_layers=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ArchiveError) as refused:
+        write_archive(chunks(data, 1 << 16), out, "x.tar.zst", tag=TAG)
+    message = str(refused.value)
+    assert message.startswith(f"the image's layer 1 (diffID {diff_ids[0]}, blobs/sha256/") and \
+        "is stored zstd-compressed" in message and "\n" not in message, message
+    assert list(out.iterdir()) == []
