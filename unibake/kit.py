@@ -564,8 +564,8 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
     published one: otherwise nothing is written and a file already at its name is left as it was.
     ``signed_sums``: the release's SHA256SUMS as its signature was checked (``--key``)."""
     from .plan import make_plan
-    from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, materials_of,
-                             parse_provenance)
+    from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, listed_materials,
+                             materials_of, parse_provenance)
     from .render import render
     from .verify import read_sums, trusted_manifest
 
@@ -619,14 +619,33 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                                     "with a sha256 digest")
         return BaseImage(ref=ref, image_id=f"sha256:{sha}")
 
-    images = {}
-    for role in ("base image", "builder image"):
-        found = materials_of(document, role)
-        images[role] = image(role, *next(iter(found.items()))) if found else None
-    if images["base image"] is None:
-        raise VerificationError(f"{release / PROVENANCE}: names no base image")
-    toolchains = tuple(image(TOOLCHAIN_ROLE, ref, sha)
-                       for ref, sha in sorted(materials_of(document, TOOLCHAIN_ROLE).items()))
+    # the images the profiles build on (checked above against the provenance's) are the ones kit.json
+    # names: the provenance gives their IDs, each once, and names no other (the rebuild checks only
+    # those it names before building; a second base would leave which one to the order of its lines)
+    wanted = {"base image": (plan.base_image,), "builder image": (plan.builder_image,) if plan.builder_image else (),
+              TOOLCHAIN_ROLE: plan.toolchain_images}
+    images: dict[str, dict[str, BaseImage]] = {}
+    for role, refs in wanted.items():
+        listed = [image(role, ref, sha) for ref, sha in listed_materials(document, role)]
+        names = [i.ref for i in listed]
+        for ref in dict.fromkeys(names):
+            if names.count(ref) > 1:
+                raise VerificationError(f"{release / PROVENANCE}: names the {role} {ref} {names.count(ref)} times; "
+                                        "a release made by unibake names each image once")
+        if role != TOOLCHAIN_ROLE and len(names) > 1:
+            raise VerificationError(f"{release / PROVENANCE}: names {len(names)} {role}s ({', '.join(names)}): a "
+                                    "release is built on one, so which one the kit needs cannot be told")
+        for ref in names:
+            if ref not in refs:
+                raise VerificationError(f"{release / PROVENANCE}: names the {role} {ref}, which the profiles do not "
+                                        f"build on ({', '.join(refs) or 'none'})")
+        for ref in refs:
+            if ref not in names:
+                raise VerificationError(f"{release / PROVENANCE}: names no {role} {ref}, which the profiles build on")
+        images[role] = {i.ref: i for i in listed}
+    base = images["base image"][plan.base_image]
+    builder = images["builder image"].get(plan.builder_image) if plan.builder_image else None
+    toolchains = tuple(images[TOOLCHAIN_ROLE][ref] for ref in plan.toolchain_images)
     made = [folder for folder in (out, *out.parents) if not folder.exists()]  # removed again if no kit is written
     out.mkdir(parents=True, exist_ok=True)
     name = kit_name(manifest.product, manifest.release)
@@ -634,7 +653,7 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
     try:
         written = write_kit(out, name, plan=plan, context=render(plan), release=manifest.release,
                             image_id=manifest.image_id, diff_ids=manifest.diff_ids, epoch=manifest.source_date_epoch,
-                            revision=manifest.revision, base=images["base image"], builder=images["builder image"],
+                            revision=manifest.revision, base=base, builder=builder,
                             expect_context=byproducts_of(document).get(CONTEXT, "none recorded"),
                             toolchains=toolchains,
                             expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it

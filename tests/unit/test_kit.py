@@ -859,3 +859,62 @@ def test_a_second_dockerfile_inside_a_legacy_folder_headers_content_is_refused(b
         (shown.stdout, shown.stderr)
     with pytest.raises(VerificationError, match="context.tar: its Dockerfile is not the kit's Dockerfile"):
         rebuild(folder, FakeEngine())
+
+
+def forged_images(folder: Path, change) -> None:
+    """The release's provenance with its images' entries changed by ``change(list)``, SHA256SUMS to match,
+    and no published kit named (whatever kit is written now is the one the command keeps)."""
+    statement = json.loads((folder / "provenance.intoto.json").read_text())
+    dependencies = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    images = [d for d in dependencies if str(d.get("annotations", {}).get("role", "")).endswith(" image")]
+    others = [d for d in dependencies if d not in images]
+    statement["predicate"]["buildDefinition"]["resolvedDependencies"] = change(images) + others
+    (folder / "provenance.intoto.json").write_text(json.dumps(statement, indent=2))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = None
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+
+
+def image_entry(role: str, name: str, hexdigest: str) -> dict:
+    return {"name": name, "digest": {"sha256": hexdigest}, "annotations": {"role": role}}
+
+
+IMAGE_CASES = {
+    # a builder stage's image recorded as a second base image, first: the kit took it for the base
+    "a second base image": (lambda images: [image_entry("base image", "localhost/stage:1", "1" * 64)] + images,
+                            "names 2 base images (localhost/stage:1, localhost/unibake-demo-base:bookworm): a release "
+                            "is built on one, so which one the kit needs cannot be told"),
+    "the base image twice": (lambda images: [image_entry("base image", "localhost/unibake-demo-base:bookworm", "1" * 64)]
+                             + images, "names the base image localhost/unibake-demo-base:bookworm 2 times"),
+    # the builder left out: the kit named none, and the rebuild checked no builder's ID before building
+    "no builder image": (lambda images: [d for d in images if d["annotations"]["role"] != "builder image"],
+                         "names no builder image localhost/unibake-demo-builder:bookworm, which the profiles build on"),
+    "a toolchain the profiles do not use": (
+        lambda images: images + [image_entry("toolchain image", "localhost/cuda:12", "2" * 64)],
+        "names the toolchain image localhost/cuda:12, which the profiles do not build on"),
+}
+
+
+@pytest.mark.parametrize("case", IMAGE_CASES)
+def test_kit_takes_the_images_the_profiles_build_on_from_the_provenance_or_refuses_naming_them(cli, tmp_path, case):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    change, message = IMAGE_CASES[case]
+    forged_images(folder, change)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 3 and len(refused.error_lines) == 1 and \
+        refused.error_lines[0].startswith(f"error: {folder}/provenance.intoto.json: {message}"), refused.err
+    assert not (tmp_path / "kit").exists()
+
+
+def test_kit_of_a_provenance_listing_its_images_in_another_order_names_each_by_its_role(cli, tmp_path):
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    forged_images(folder, lambda images: images[::-1])
+    written = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert written.code == 0, written.err
+    record = json.loads(unpack(tmp_path / "kit/demo-llm-1.3.1-kit.tar.zst", tmp_path / "unpacked").joinpath(
+        "kit.json").read_text())
+    assert (record["base"]["ref"], record["builder"]["ref"]) == ("localhost/unibake-demo-base:bookworm",
+                                                                 "localhost/unibake-demo-builder:bookworm")
