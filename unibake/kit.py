@@ -604,7 +604,12 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
               ("lock", {(lock := (plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()):
                         hashlib.sha256(plan.config_data(lock)).hexdigest()}))
     for role, ours in checks:
-        theirs = materials_of(document, role)
+        theirs: dict[str, str] = {}
+        for path, sha in listed_materials(document, role):
+            if path in theirs:  # which of the two a reader takes would be its own choice
+                raise VerificationError(f"{release / PROVENANCE}: lists the {role} {visible_name(path)[:200]} more "
+                                        "than once; a release made by unibake lists each once")
+            theirs[path] = sha
         for path in sorted(set(ours) | set(theirs)):
             if ours.get(path) != theirs.get(path):
                 state = (f"is not one {where} was built from" if path not in theirs else

@@ -918,3 +918,23 @@ def test_kit_of_a_provenance_listing_its_images_in_another_order_names_each_by_i
         "kit.json").read_text())
     assert (record["base"]["ref"], record["builder"]["ref"]) == ("localhost/unibake-demo-base:bookworm",
                                                                  "localhost/unibake-demo-builder:bookworm")
+
+
+def test_kit_refuses_a_provenance_listing_an_input_twice_naming_it(cli, tmp_path):
+    # the first entry another file, the second the checkout's: the check read the last one alone and passed
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    statement = json.loads((folder / "provenance.intoto.json").read_text())
+    dependencies = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+    first = next(d for d in dependencies if d.get("annotations", {}).get("role") == "input")
+    dependencies.insert(0, {**first, "digest": {"sha256": "3" * 64}})
+    (folder / "provenance.intoto.json").write_text(json.dumps(statement, indent=2))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = None
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    resum(folder)
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
+    assert refused.code == 3 and refused.error_lines == [
+        f"error: {folder}/provenance.intoto.json: lists the input {first['name']} more than once; a release made by "
+        "unibake lists each once"], refused.err
+    assert not (tmp_path / "kit").exists()
