@@ -798,7 +798,8 @@ def _publish(run: Run) -> tuple:
                               first_release=folder.first_release)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
-    files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}
+    files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes,
+                                                    kit_images=supply.kit_images(run)), **attachments}
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
     final = publish(folder, archive, proof.back, files, request.checksums, extra=supply.extra_files(run),
                     sign=supply.sign_sums(run))
