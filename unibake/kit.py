@@ -76,6 +76,25 @@ LEDGER_LINE_RE = re.compile(r"^[0-9a-f]{64}  [^/\\\x00-\x1f\x7f][^\\\x00-\x1f\x7
 DOT_PART_RE = re.compile(r"(?:^|/)\.\.?(?:/|$)|//|/$")
 
 
+# ustar's size field: 11 octal digits. A bigger file gets a pax "size" record, which the kit's verify.sh and
+# rebuild refuse in context.tar (busybox tar ignores one, and builds another file there)
+CONTEXT_FILE_LIMIT = 8 ** 11
+
+
+def check_context_sizes(context: BuildContext) -> None:
+    """Refuse a build context the kit could not carry: a file of 8 GiB or more (its size read, never its
+    bytes), named; InputError."""
+    for f in context.files:
+        size = f.size
+        if size is not None and size >= CONTEXT_FILE_LIMIT:
+            shown = f.source if f.source is not None else \
+                f"{f.prebuilt.file.path}: {f.member.source}" if f.prebuilt and f.member else f"the generated {f.name}"
+            raise InputError(f"{shown}: {size} bytes ({f.name} in the build context): a file of 8 GiB or more "
+                             "would get a pax size record in the reconstruct kit's context.tar, which its verify.sh "
+                             "and rebuild refuse; no kit can carry it: mount such a file at run time instead of "
+                             "baking it")
+
+
 def _ledger_line(line: str) -> bool:
     """A line the kit's ledger may hold (the rule verify.sh applies too)."""
     return bool(LEDGER_LINE_RE.fullmatch(line)) and not DOT_PART_RE.search(line[66:])
@@ -204,6 +223,7 @@ class KitDraft:
         return [*EARLY, LOCK_FILE, KIT_JSON, "README.md", "verify.sh", LEDGER, *self.plan.config_files, *self.tool]
 
     def begin(self) -> None:
+        check_context_sizes(self.context)
         self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
         write_context_tar(self.context, self._spool, mtime=self.epoch)  # the build stage's call: the same bytes
         self._spool.seek(0)

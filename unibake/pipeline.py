@@ -348,6 +348,11 @@ def _inspect(run: Run) -> tuple:
 
 def _folder(run: Run) -> tuple:
     target: Target = run["target"]
+    context = run.get("context")
+    if context is not None:  # a release built from profiles writes a kit: one it cannot carry is said before the build
+        from .kit import check_context_sizes
+
+        check_context_sizes(context)
     if run.request.force:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)

@@ -938,3 +938,54 @@ def test_kit_refuses_a_provenance_listing_an_input_twice_naming_it(cli, tmp_path
         f"error: {folder}/provenance.intoto.json: lists the input {first['name']} more than once; a release made by "
         "unibake lists each once"], refused.err
     assert not (tmp_path / "kit").exists()
+
+
+def test_a_context_file_of_8_gib_or_more_is_refused_naming_it_before_the_kit_reads_it(busybox_product, tmp_path):
+    # ustar's size field holds 11 octal digits: a file of 8 GiB gets a pax "size" record, which the kit's
+    # verify.sh and rebuild refuse (busybox tar ignores one): the kit was written, then refused by its own
+    # checks. A sparse file: nothing of it is read before the refusal
+    import dataclasses
+
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    context = render(plan)
+    huge = tmp_path / "weights.bin"
+    with open(huge, "wb") as fh:
+        fh.truncate(8 << 30)
+    big = dataclasses.replace(next(f for f in context.files if f.source is not None), source=huge)
+    context = dataclasses.replace(context, files=tuple(big if f.name == big.name else f for f in context.files))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError) as refused:
+        write_kit(out, "k.tar.zst", plan=plan, context=context, release="0.1.0", image_id=IMAGE_ID, diff_ids=(),
+                  epoch=0, revision="abc", base=BASE, builder=None)
+    assert str(refused.value).startswith(f"{huge}: {8 << 30} bytes ({big.name} in the build context): a file of "
+                                         "8 GiB or more"), refused.value
+    assert list(out.iterdir()) == []
+    under = tmp_path / "under.bin"
+    with open(under, "wb") as fh:
+        fh.truncate((8 << 30) - 1)
+    from unibake.kit import check_context_sizes
+
+    check_context_sizes(dataclasses.replace(context, files=(dataclasses.replace(big, source=under),)))  # fits
+
+
+def test_a_build_whose_context_holds_a_file_the_kit_cannot_carry_is_refused_before_it_builds(busybox_product, tmp_path,
+                                                                                            monkeypatch):
+    # every release built from profiles writes a kit: refused at the release folder, not after the build
+    # and the export (the limit made small here: the rule is 8 GiB, tested above without one)
+    from unibake import kit
+    from unibake.pipeline import BUILD, Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    biggest = max(render(plan).files, key=lambda f: f.size)  # the Dockerfile, generated: named by its name
+    monkeypatch.setattr(kit, "CONTEXT_FILE_LIMIT", biggest.size)
+    engine = FakeEngine()
+    engine.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}, "history": []}, [],
+               tag=plan.base_image)
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", config=str(busybox_product), require_lock=False)
+    with pytest.raises(InputError, match=rf"^the generated {biggest.name}: {biggest.size} bytes \({biggest.name} in the build "
+                                         r"context\): a file of 8 GiB or more"):
+        run_stages(selection(BUILD), request, Quiet(), connect=lambda address: engine)
+    assert not (tmp_path / "release").exists() or list((tmp_path / "release").iterdir()) == []
