@@ -108,7 +108,7 @@ class ImageContents:
 class _Found:
     """What one layer holds of interest: files by path, and what it removes from the layers below."""
 
-    files: dict[str, tuple[str, object]] = field(default_factory=dict)  # path -> (kind, bytes or (sha, size))
+    files: SortedDict = field(default_factory=SortedDict)  # path -> (kind, bytes or (sha, size))
     whiteouts: list[str] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # tracked names this layer makes something else
@@ -227,6 +227,12 @@ class _LayerReader:
         if base.startswith(WHITEOUT):
             self.found.whiteouts.append(posixpath.join(folder, base[len(WHITEOUT):]))
             return
+        # a name given twice in a layer: the engine unpacks the later entry in place of the earlier one (and
+        # of what an earlier folder of that name held), unless both are folders
+        self.found.files.pop(path, None)
+        self._untracked.pop(path, None)
+        if entry.type != tarfile.DIRTYPE and path:
+            _drop_under(self.found.files, path)
         if entry.type != tarfile.DIRTYPE and self._could_hold_tracked(path, entry):
             self.found.replaced.append(path)  # overlayfs shows the new entry, nothing that lay under it
             if entry.type in (tarfile.SYMTYPE, tarfile.LNKTYPE) and path in PACKAGE_FOLDERS[:4]:

@@ -330,3 +330,26 @@ def test_stacking_many_whiteouts_over_many_packages_takes_time_in_proportion(tmp
     assert time.monotonic() - start < 10, time.monotonic() - start
     assert len(contents.packages) == n - 1 and not any(p.path.endswith(("/p7-1.dist-info", "/zz-1.dist-info"))
                                                        for p in contents.packages)
+
+
+def test_a_second_entry_of_one_name_in_a_layer_replaces_the_first_as_the_engine_unpacks_it(tmp_path):
+    # the engine unpacks a layer entry by entry, removing what a name held before (a folder with its
+    # contents) unless both are folders: the SBOM kept the first entry's packages and library
+    layer = tar_of([("var/lib/dpkg/status", b"Package: decoy\nStatus: install ok installed\nVersion: 1\n", None),
+                    ("var/lib/dpkg/status", b"", {"type": tarfile.SYMTYPE, "linkname": "/elsewhere/status"}),
+                    ("usr/lib/python3/dist-packages/gone-1.dist-info/METADATA", METADATA, None),
+                    ("usr/lib/python3/dist-packages/gone-1.dist-info", b"",
+                     {"type": tarfile.SYMTYPE, "linkname": "/aaa"}),
+                    ("usr/lib/python3/dist-packages/kept-1.dist-info/METADATA", METADATA, None),
+                    ("usr/lib/python3/dist-packages/kept-1.dist-info", None, None),  # a folder again: merged
+                    ("opt/unibake/kernels/a/liba.so", b"first" * 100, None),
+                    ("opt/unibake/kernels/a/liba.so", b"", {"type": tarfile.SYMTYPE, "linkname": "/dev/null"}),
+                    ("opt/unibake/kernels/b/libb.so", b"first" * 100, None),
+                    ("opt/unibake/kernels/b/libb.so", b"second" * 100, None)])
+    archive, _ = inspect([layer], tmp_path=tmp_path)
+    contents = archive.contents
+    assert [p.path for p in contents.packages] == ["/usr/lib/python3/dist-packages/kept-1.dist-info"]
+    assert [(lib.path, lib.sha256) for lib in contents.libraries] == [
+        ("/opt/unibake/kernels/b/libb.so", hashlib.sha256(b"second" * 100).hexdigest())]
+    assert "/var/lib/dpkg/status is a link or a folder, not a file: the packages it lists are not in the SBOM" in \
+        contents.problems
