@@ -104,6 +104,24 @@ class ImageContents:
         return next((lib for lib in self.libraries if lib.path == path), None)
 
 
+PROBLEM_LIMIT = 1000  # what the pass could not list, said one by one up to this many; the rest counted
+
+
+class _Said(list):
+    """What could not be listed, the first ``PROBLEM_LIMIT`` kept and the rest counted: a base of a million
+    links named like Python packages made as many lines, in memory and in the SBOM."""
+
+    def __init__(self):
+        super().__init__()
+        self.more = 0
+
+    def append(self, problem: str) -> None:
+        if len(self) < PROBLEM_LIMIT:
+            super().append(problem)
+        else:
+            self.more += 1
+
+
 @dataclass
 class _Found:
     """What one layer holds of interest: files by path, and what it removes from the layers below."""
@@ -113,7 +131,7 @@ class _Found:
     opaque: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # tracked names this layer makes something else
     replaced: list[str] = field(default_factory=list)  # folders that could hold tracked files, made not a folder
-    problems: list[str] = field(default_factory=list)
+    problems: _Said = field(default_factory=_Said)
 
 
 def _engine_name(entry: TarEntry) -> str:
@@ -378,7 +396,7 @@ def _drop_under(files: SortedDict, folder: str) -> None:
 
 def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...]) -> ImageContents:
     files: SortedDict = SortedDict()  # path -> (diffID, kind, value)
-    problems: list[str] = []
+    problems = _Said()
     for diff_id, found in layers:
         for gone in found.whiteouts:
             if gone:  # ".wh." alone names nothing
@@ -393,7 +411,9 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
                 _drop_under(files, folder)
         for path, (kind, value) in found.files.items():
             files[path] = (diff_id, kind, value)
-        problems += found.problems
+        for problem in found.problems:
+            problems.append(problem)
+        problems.more += found.problems.more
     packages: list[Package] = []
     libraries: list[Library] = []
     os_release = None
@@ -432,7 +452,9 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
             packages += [p for p in _dpkg_packages(value, path, diff_id) if _nameable(p, problems)]
     packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
     return ImageContents(packages=tuple(packages), libraries=tuple(libraries), os=os_release, layers=count,
-                         not_inspected=missing, problems=tuple(problems))
+                         not_inspected=missing, problems=tuple(problems) + (
+                             (f"and {problems.more} more like those above: not said one by one",) if problems.more
+                             else ()))
 
 
 def _nameable(package: Package, problems: list[str]) -> bool:

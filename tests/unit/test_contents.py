@@ -353,3 +353,17 @@ def test_a_second_entry_of_one_name_in_a_layer_replaces_the_first_as_the_engine_
         ("/opt/unibake/kernels/b/libb.so", hashlib.sha256(b"second" * 100).hexdigest())]
     assert "/var/lib/dpkg/status is a link or a folder, not a file: the packages it lists are not in the SBOM" in \
         contents.problems
+
+
+def test_what_cannot_be_listed_is_said_one_by_one_up_to_a_bound_and_the_rest_counted(tmp_path, monkeypatch):
+    # a base of as many links named like Python packages as it likes made as many lines, held in memory
+    # and written into the SBOM (the bound made small here: the rule is the same)
+    from unibake import contents
+
+    monkeypatch.setattr(contents, "PROBLEM_LIMIT", 50)
+    links = [(f"usr/lib/python3/dist-packages/p{i}-1.dist-info", b"", {"type": tarfile.SYMTYPE, "linkname": "/x"})
+             for i in range(120)]
+    archive, _ = inspect([tar_of(links[:60]), tar_of(links[60:])], tmp_path=tmp_path)
+    problems = archive.contents.problems
+    assert len(problems) == 51 and problems[-1] == "and 70 more like those above: not said one by one"
+    assert problems[0].startswith("/usr/lib/python3/dist-packages/p0-1.dist-info is a link to /x")
