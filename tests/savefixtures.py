@@ -8,6 +8,8 @@ import io
 import json
 import tarfile
 
+import zstandard
+
 
 def layer_tar(files: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
@@ -104,11 +106,13 @@ def docker_layout(layers: list[bytes] = DEFAULT_LAYERS, tag: str = "demo:1", *, 
 
 
 def oci_layout(layers: list[bytes] = DEFAULT_LAYERS, tag: str = "demo:1", *, gzip_layers: bool = False,
-               with_docker_manifest: bool = True) -> tuple[bytes, str, list[str]]:
-    """Engine 25+'s layout: blobs/sha256/<hex>, index.json, oci-layout, and a compatibility manifest.json."""
+               with_docker_manifest: bool = True, zstd_layers: bool = False) -> tuple[bytes, str, list[str]]:
+    """Engine 25+'s layout: blobs/sha256/<hex>, index.json, oci-layout, and a compatibility manifest.json
+    (its layers stored as they are, gzip, or zstd as an Engine 25+ keeps a zstd pull)."""
     config = config_for(layers)
-    stored = [gzip.compress(x, mtime=0) if gzip_layers else x for x in layers]
-    media = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if gzip_layers else "")
+    stored = [gzip.compress(x, mtime=0) if gzip_layers else zstandard.ZstdCompressor().compress(x) if zstd_layers
+              else x for x in layers]
+    media = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if gzip_layers else "+zstd" if zstd_layers else "")
     oci_manifest = json.dumps({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": f"sha256:{sha(config)}",

@@ -36,7 +36,7 @@ from pathlib import Path
 import zstandard
 
 from .contents import ImageContents, LayerInspector
-from .errors import DiskFull, UnibakeError
+from .errors import ArchiveError, DiskFull, UnibakeError
 from .imagetar import (BLOCK, OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, SavedImage, full_reference, interpret,
                        read_members, tar_header, tar_padding)
 from .platforms import of_config
@@ -281,7 +281,12 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
     """
     layers, seen = [], set()
     descriptors = []
-    for member, diff_id in zip(image.layer_members, image.diff_ids):
+    for n, (member, diff_id) in enumerate(zip(image.layer_members, image.diff_ids), 1):
+        if member.zstd:  # no media type written here says zstd, and Engine 20.10 and the verifiers load none
+            raise ArchiveError(f"the image's layer {n} (diffID {diff_id}, {member.name}) is stored zstd-compressed "
+                               "(an Engine 25+ keeps a zstd pull so): Engine 20.10, verify and verify-release.sh "
+                               "cannot load it, so no archive is written; save the image from an engine that stores "
+                               "its layers uncompressed, or pull it as gzip")
         digest = f"sha256:{member.sha256}"
         compressed = member.content_sha256 != member.sha256
         descriptors.append({"mediaType": OCI_LAYER + ("+gzip" if compressed else ""), "digest": digest,

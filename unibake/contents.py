@@ -21,11 +21,14 @@ earlier one; ``.wh.`` whiteouts and opaque folders remove what lies below) and p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import posixpath
 import shlex
 import tarfile
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
+
+from sortedcontainers import SortedDict
 
 from .errors import ArchiveError
 from .files import visible_name
@@ -101,16 +104,34 @@ class ImageContents:
         return next((lib for lib in self.libraries if lib.path == path), None)
 
 
+PROBLEM_LIMIT = 1000  # what the pass could not list, said one by one up to this many; the rest counted
+
+
+class _Said(list):
+    """What could not be listed, the first ``PROBLEM_LIMIT`` kept and the rest counted: a base of a million
+    links named like Python packages made as many lines, in memory and in the SBOM."""
+
+    def __init__(self):
+        super().__init__()
+        self.more = 0
+
+    def append(self, problem: str) -> None:
+        if len(self) < PROBLEM_LIMIT:
+            super().append(problem)
+        else:
+            self.more += 1
+
+
 @dataclass
 class _Found:
     """What one layer holds of interest: files by path, and what it removes from the layers below."""
 
-    files: dict[str, tuple[str, object]] = field(default_factory=dict)  # path -> (kind, bytes or (sha, size))
+    files: SortedDict = field(default_factory=SortedDict)  # path -> (kind, bytes or (sha, size))
     whiteouts: list[str] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # tracked names this layer makes something else
     replaced: list[str] = field(default_factory=list)  # folders that could hold tracked files, made not a folder
-    problems: list[str] = field(default_factory=list)
+    problems: _Said = field(default_factory=_Said)
 
 
 def _engine_name(entry: TarEntry) -> str:
@@ -224,6 +245,12 @@ class _LayerReader:
         if base.startswith(WHITEOUT):
             self.found.whiteouts.append(posixpath.join(folder, base[len(WHITEOUT):]))
             return
+        # a name given twice in a layer: the engine unpacks the later entry in place of the earlier one (and
+        # of what an earlier folder of that name held), unless both are folders
+        self.found.files.pop(path, None)
+        self._untracked.pop(path, None)
+        if entry.type != tarfile.DIRTYPE and path:
+            _drop_under(self.found.files, path)
         if entry.type != tarfile.DIRTYPE and self._could_hold_tracked(path, entry):
             self.found.replaced.append(path)  # overlayfs shows the new entry, nothing that lay under it
             if entry.type in (tarfile.SYMTYPE, tarfile.LNKTYPE) and path in PACKAGE_FOLDERS[:4]:
@@ -355,41 +382,42 @@ class LayerInspector:
         return _stack(layers, len(saved.diff_ids), tuple(missing))
 
 
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
-def _folders(path: str):
-    """The folders a path lies in, innermost first."""
-    while "/" in path:
-        path = path.rsplit("/", 1)[0]
-        yield path
+def _drop_under(files: SortedDict, folder: str) -> None:
+    """Every path under ``folder`` ("" the root: every path) taken out of ``files``: the paths sorted, those
+    under one folder lie together, found at once (a whiteout compared with every path kept took hours for
+    tens of thousands of each)."""
+    if not folder:
+        files.clear()
+        return
+    prefix = folder.rstrip("/") + "/"
+    for path in list(itertools.takewhile(lambda p: p.startswith(prefix), files.irange(minimum=prefix))):
+        del files[path]
 
 
 def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...]) -> ImageContents:
-    files: dict[str, tuple[str, str, object]] = {}  # path -> (diffID, kind, value)
-    problems: list[str] = []
+    files: SortedDict = SortedDict()  # path -> (diffID, kind, value)
+    problems = _Said()
     for diff_id, found in layers:
         for gone in found.whiteouts:
-            for path in [p for p in files if _under(p, gone)]:
-                del files[path]
-        for folder in found.opaque:
-            for path in [p for p in files if p.startswith(folder.rstrip("/") + "/")]:
-                del files[path]
+            if gone:  # ".wh." alone names nothing
+                files.pop(gone, None)
+                _drop_under(files, gone)
+        for folder in found.opaque:  # what lay in the folder below, the root's ("") included, as the OCI spec says
+            _drop_under(files, folder)
         for path in found.hidden:
             files.pop(path, None)
-        if found.replaced:
-            replaced = set(found.replaced)
-            for path in [p for p in files if any(folder in replaced for folder in _folders(p))]:
-                del files[path]
+        for folder in found.replaced:  # a link or a file where a folder was: what lay under it is gone
+            if folder:
+                _drop_under(files, folder)
         for path, (kind, value) in found.files.items():
             files[path] = (diff_id, kind, value)
-        problems += found.problems
+        for problem in found.problems:
+            problems.append(problem)
+        problems.more += found.problems.more
     packages: list[Package] = []
     libraries: list[Library] = []
     os_release = None
-    for path in sorted(files):
-        diff_id, kind, value = files[path]
+    for path, (diff_id, kind, value) in files.items():  # sorted by path
         if kind == "library":
             sha, size = value
             libraries.append(Library(path="/" + path, sha256=sha, size=size, layer=diff_id))
@@ -424,7 +452,9 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
             packages += [p for p in _dpkg_packages(value, path, diff_id) if _nameable(p, problems)]
     packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
     return ImageContents(packages=tuple(packages), libraries=tuple(libraries), os=os_release, layers=count,
-                         not_inspected=missing, problems=tuple(problems))
+                         not_inspected=missing, problems=tuple(problems) + (
+                             (f"and {problems.more} more like those above: not said one by one",) if problems.more
+                             else ()))
 
 
 def _nameable(package: Package, problems: list[str]) -> bool:

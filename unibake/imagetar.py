@@ -605,7 +605,7 @@ class Member:
     data: bytes | None  # kept when small and not routed
     link: str | None = None  # for a symlink or hard link: the member it points at
     routed: object = None  # what the route's sink returned when the member was complete
-    zstd: bool = False  # starts as a zstd stream (its content_sha256 what that decompresses to, if it does)
+    zstd: bool = False  # a zstd stream, as far as it was read (its content_sha256 what that decompresses to)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -772,7 +772,10 @@ class _MemberReader:
             try:
                 m.decomp.write(piece)  # decompressed into m.content a bounded piece at a time
             except (zlib.error, zstandard.ZstdError):
-                m.decomp = m.content = None  # not a compressed layer after all
+                # not a compressed layer after all: a tar whose first name begins with the magic bytes is
+                # the tar Engine 20.10 loads
+                m.decomp = m.content = None
+                m.zstd = False
 
     def end(self) -> None:
         m, self.current = self.current, None

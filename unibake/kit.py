@@ -76,6 +76,25 @@ LEDGER_LINE_RE = re.compile(r"^[0-9a-f]{64}  [^/\\\x00-\x1f\x7f][^\\\x00-\x1f\x7
 DOT_PART_RE = re.compile(r"(?:^|/)\.\.?(?:/|$)|//|/$")
 
 
+# ustar's size field: 11 octal digits. A bigger file gets a pax "size" record, which the kit's verify.sh and
+# rebuild refuse in context.tar (busybox tar ignores one, and builds another file there)
+CONTEXT_FILE_LIMIT = 8 ** 11
+
+
+def check_context_sizes(context: BuildContext) -> None:
+    """Refuse a build context the kit could not carry: a file of 8 GiB or more (its size read, never its
+    bytes), named; InputError."""
+    for f in context.files:
+        size = f.size
+        if size is not None and size >= CONTEXT_FILE_LIMIT:
+            shown = f.source if f.source is not None else \
+                f"{f.prebuilt.file.path}: {f.member.source}" if f.prebuilt and f.member else f"the generated {f.name}"
+            raise InputError(f"{shown}: {size} bytes ({f.name} in the build context): a file of 8 GiB or more "
+                             "would get a pax size record in the reconstruct kit's context.tar, which its verify.sh "
+                             "and rebuild refuse; no kit can carry it: mount such a file at run time instead of "
+                             "baking it")
+
+
 def _ledger_line(line: str) -> bool:
     """A line the kit's ledger may hold (the rule verify.sh applies too)."""
     return bool(LEDGER_LINE_RE.fullmatch(line)) and not DOT_PART_RE.search(line[66:])
@@ -204,6 +223,7 @@ class KitDraft:
         return [*EARLY, LOCK_FILE, KIT_JSON, "README.md", "verify.sh", LEDGER, *self.plan.config_files, *self.tool]
 
     def begin(self) -> None:
+        check_context_sizes(self.context)
         self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
         write_context_tar(self.context, self._spool, mtime=self.epoch)  # the build stage's call: the same bytes
         self._spool.seek(0)
@@ -564,8 +584,8 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
     published one: otherwise nothing is written and a file already at its name is left as it was.
     ``signed_sums``: the release's SHA256SUMS as its signature was checked (``--key``)."""
     from .plan import make_plan
-    from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, materials_of,
-                             parse_provenance)
+    from .provenance import (PROVENANCE, PROVENANCE_LIMIT, TOOLCHAIN_ROLE, byproducts_of, listed_materials,
+                             materials_of, parse_provenance)
     from .render import render
     from .verify import read_sums, trusted_manifest
 
@@ -604,7 +624,12 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
               ("lock", {(lock := (plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()):
                         hashlib.sha256(plan.config_data(lock)).hexdigest()}))
     for role, ours in checks:
-        theirs = materials_of(document, role)
+        theirs: dict[str, str] = {}
+        for path, sha in listed_materials(document, role):
+            if path in theirs:  # which of the two a reader takes would be its own choice
+                raise VerificationError(f"{release / PROVENANCE}: lists the {role} {visible_name(path)[:200]} more "
+                                        "than once; a release made by unibake lists each once")
+            theirs[path] = sha
         for path in sorted(set(ours) | set(theirs)):
             if ours.get(path) != theirs.get(path):
                 state = (f"is not one {where} was built from" if path not in theirs else
@@ -619,14 +644,33 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                                     "with a sha256 digest")
         return BaseImage(ref=ref, image_id=f"sha256:{sha}")
 
-    images = {}
-    for role in ("base image", "builder image"):
-        found = materials_of(document, role)
-        images[role] = image(role, *next(iter(found.items()))) if found else None
-    if images["base image"] is None:
-        raise VerificationError(f"{release / PROVENANCE}: names no base image")
-    toolchains = tuple(image(TOOLCHAIN_ROLE, ref, sha)
-                       for ref, sha in sorted(materials_of(document, TOOLCHAIN_ROLE).items()))
+    # the images the profiles build on (checked above against the provenance's) are the ones kit.json
+    # names: the provenance gives their IDs, each once, and names no other (the rebuild checks only
+    # those it names before building; a second base would leave which one to the order of its lines)
+    wanted = {"base image": (plan.base_image,), "builder image": (plan.builder_image,) if plan.builder_image else (),
+              TOOLCHAIN_ROLE: plan.toolchain_images}
+    images: dict[str, dict[str, BaseImage]] = {}
+    for role, refs in wanted.items():
+        listed = [image(role, ref, sha) for ref, sha in listed_materials(document, role)]
+        names = [i.ref for i in listed]
+        for ref in dict.fromkeys(names):
+            if names.count(ref) > 1:
+                raise VerificationError(f"{release / PROVENANCE}: names the {role} {ref} {names.count(ref)} times; "
+                                        "a release made by unibake names each image once")
+        if role != TOOLCHAIN_ROLE and len(names) > 1:
+            raise VerificationError(f"{release / PROVENANCE}: names {len(names)} {role}s ({', '.join(names)}): a "
+                                    "release is built on one, so which one the kit needs cannot be told")
+        for ref in names:
+            if ref not in refs:
+                raise VerificationError(f"{release / PROVENANCE}: names the {role} {ref}, which the profiles do not "
+                                        f"build on ({', '.join(refs) or 'none'})")
+        for ref in refs:
+            if ref not in names:
+                raise VerificationError(f"{release / PROVENANCE}: names no {role} {ref}, which the profiles build on")
+        images[role] = {i.ref: i for i in listed}
+    base = images["base image"][plan.base_image]
+    builder = images["builder image"].get(plan.builder_image) if plan.builder_image else None
+    toolchains = tuple(images[TOOLCHAIN_ROLE][ref] for ref in plan.toolchain_images)
     made = [folder for folder in (out, *out.parents) if not folder.exists()]  # removed again if no kit is written
     out.mkdir(parents=True, exist_ok=True)
     name = kit_name(manifest.product, manifest.release)
@@ -634,7 +678,7 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
     try:
         written = write_kit(out, name, plan=plan, context=render(plan), release=manifest.release,
                             image_id=manifest.image_id, diff_ids=manifest.diff_ids, epoch=manifest.source_date_epoch,
-                            revision=manifest.revision, base=images["base image"], builder=images["builder image"],
+                            revision=manifest.revision, base=base, builder=builder,
                             expect_context=byproducts_of(document).get(CONTEXT, "none recorded"),
                             toolchains=toolchains,
                             expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it

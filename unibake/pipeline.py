@@ -348,6 +348,11 @@ def _inspect(run: Run) -> tuple:
 
 def _folder(run: Run) -> tuple:
     target: Target = run["target"]
+    context = run.get("context")
+    if context is not None:  # a release built from profiles writes a kit: one it cannot carry is said before the build
+        from .kit import check_context_sizes
+
+        check_context_sizes(context)
     if run.request.force:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
@@ -798,7 +803,8 @@ def _publish(run: Run) -> tuple:
                               first_release=folder.first_release)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
-    files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes), **attachments}
+    files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes,
+                                                    kit_images=supply.kit_images(run)), **attachments}
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
     final = publish(folder, archive, proof.back, files, request.checksums, extra=supply.extra_files(run),
                     sign=supply.sign_sums(run))

@@ -129,12 +129,18 @@ def subjects_of(document: dict) -> dict[str, str]:
 
 def materials_of(document: dict, role: str) -> dict[str, str]:
     """name -> sha256 of the resolved dependencies with the annotation ``role``."""
-    out = {}
+    return dict(listed_materials(document, role))
+
+
+def listed_materials(document: dict, role: str) -> list[tuple[str, str]]:
+    """(name, sha256) of the resolved dependencies with the annotation ``role``, in order, a name listed
+    twice kept twice."""
+    out = []
     for d in _list(_dict(document["predicate"].get("buildDefinition")).get("resolvedDependencies")):
         d = _dict(d)
         sha = _dict(d.get("digest")).get("sha256")
         if _dict(d.get("annotations")).get("role") == role and isinstance(d.get("name"), str) and isinstance(sha, str):
-            out[d["name"]] = sha
+            out.append((d["name"], sha))
     return out
 
 

@@ -542,12 +542,14 @@ def _manifest(*, product, tag, image_ref, archive, digests, metadata, labels, pr
 
 
 def render_files(manifest: ReleaseManifest, validation: Validation, previous: ReleaseManifest | None,
-                 notes: Notes | None = None) -> dict[str, str]:
-    """The text files of a release folder, by name (the archive, attachments and SHA256SUMS aside)."""
+                 notes: Notes | None = None, kit_images: tuple[dict[str, str], ...] = ()) -> dict[str, str]:
+    """The text files of a release folder, by name (the archive, attachments and SHA256SUMS aside).
+    ``kit_images``: the images the kit's rebuild needs (``supply.kit_images``), named in the notes."""
     m = manifest.model_dump(mode="json", by_alias=True)
     v = validation.document()
     p = previous.model_dump(mode="json", by_alias=True) if previous else None
     values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest), env=env_changes(previous, manifest),
+                  kit_images=kit_images,
                   notes=notes or Notes(), env_of={name: {"count": x.env_count, "sha256": x.env_sha256}
                                                   for name, x in manifest.profiles.items()})
     files = {

@@ -178,6 +178,18 @@ def kit_stage(run: Run) -> tuple:
                 dockerfile_sha256=written.dockerfile_sha256),)
 
 
+def kit_images(run: Run) -> tuple[dict[str, str], ...]:
+    """Every image the kit's rebuild needs in its engine (the base, the builder, the toolchains), with its
+    ID, as the release notes name them; none when no kit was written."""
+    sbom: Sbom | None = run.get("sbom")
+    if sbom is None or run.get("kit") is None:
+        return ()
+    images = [("base image", sbom.base), ("builder image", sbom.builder)]
+    images += [(TOOLCHAIN_ROLE, image) for image in sbom.toolchains]
+    return tuple({"role": role, "ref": image.ref, "image_id": image.image_id} for role, image in images
+                 if image is not None)
+
+
 # --- the provenance ----------------------------------------------------------------------------
 
 

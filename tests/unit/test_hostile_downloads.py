@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ..conftest import REPO
 from ..forge import forge, json_member, link, member, read_entries, replace_member, resum, write_tar
-from ..savefixtures import layer_tar
+from ..savefixtures import DEFAULT_LAYERS, layer_tar, tar_of
 from .test_publish import make_release
 
 SCRIPT = REPO / "scripts" / "verify-release.sh"
@@ -1017,3 +1017,14 @@ def test_a_folder_header_with_a_size_is_refused_by_both(cli, folder):
     # it), so each verifier would otherwise pass a form the other refuses
     forge(folder, stream=plain_tar(folder, sized_folder, bytes(1024), "blobs"))
     both_refuse(cli, folder, "a folder header with a size", "holds blobs/ as a folder of 512 bytes")
+
+
+def test_a_plain_tar_layer_whose_first_name_begins_like_a_zstd_stream_passes_both_verifiers(cli, tmp_path):
+    # Engine 20.10 loads it as the tar it is; build.py verify took it for a zstd layer and refused it,
+    # where verify-release.sh passed it
+    name = os.fsdecode(b"(\xb5/\xfdname")
+    layers = [tar_of([(name, b"hello" * 100, None)], fmt=tarfile.GNU_FORMAT), DEFAULT_LAYERS[1]]
+    folder = make_release(tmp_path / "release", layers=layers)[0]
+    result = cli("verify", str(folder))
+    assert result.code == 0, result.err
+    assert shell(folder).returncode == 0

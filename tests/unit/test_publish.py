@@ -514,3 +514,31 @@ def test_a_lock_file_holding_other_text_than_a_pid_is_not_printed_and_no_traceba
         with pytest.raises(UnibakeError) as caught:
             ReleaseFolder(out, "1.3.1", force=True).__enter__()
     assert str(caught.value).startswith(f"another run is writing release {out}/1.3.1 (pid 4242);")
+
+
+def test_the_notes_name_every_image_the_kits_rebuild_needs_with_its_id(tmp_path):
+    # the rebuild refuses unless the base, the builder and every toolchain image are in the engine with
+    # the release's IDs: the notes named the base alone
+    from unibake.manifest import ReleaseManifest, SupplyChain, SupplyFile
+    from unibake.sbom import BaseImage
+    from unibake.supply import Kit, Sbom, kit_images
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = ReleaseManifest.model_validate_json((folder / "manifest.json").read_text())
+    supply = SupplyFile(name="x", bytes=1, sha256="a" * 64)
+    kit = SupplyFile(name="demo-llm-1.3.1-kit.tar.zst", bytes=1, sha256="b" * 64)
+    manifest = manifest.model_copy(update={"supply_chain": SupplyChain(sbom=supply, provenance=supply, kit=kit,
+                                                                        signatures=())})
+    images = [BaseImage(ref=f"localhost/{name}:1", image_id="sha256:" + digit * 64)
+              for name, digit in (("base", "1"), ("builder", "2"), ("cuda", "3"), ("rocm", "4"))]
+    run = {"sbom": Sbom(file=supply, base=images[0], builder=images[1], engine_version="20.10", packages=0,
+                        libraries=0, toolchains=tuple(images[2:])),
+           "kit": Kit(file=kit, context_sha256="c" * 64, dockerfile_sha256="d" * 64)}
+    notes = render_files(manifest, PASSED, None, kit_images=kit_images(run))["RELEASE_NOTES.md"]
+    rows = [line for line in notes.splitlines() if line.startswith("| ") and "localhost/" in line]
+    assert rows == ["| base image | `localhost/base:1` | `sha256:" + "1" * 64 + "` |",
+                    "| builder image | `localhost/builder:1` | `sha256:" + "2" * 64 + "` |",
+                    "| toolchain image | `localhost/cuda:1` | `sha256:" + "3" * 64 + "` |",
+                    "| toolchain image | `localhost/rocm:1` | `sha256:" + "4" * 64 + "` |"], notes
+    assert "the engine needs every image the kit names, with these IDs" in notes, notes
+    assert kit_images({"sbom": run["sbom"]}) == ()  # no kit: no images to name
