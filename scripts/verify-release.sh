@@ -147,6 +147,7 @@ fi
 NAME='[A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}'
 HEX='[0-9a-fA-F]\{64\}'
 
+# (a hotfix's apply.sh runs its own engine checks here, once the signature is good: keep the next line as it is)
 # --- 1. SHA256SUMS, read as unibake's own verifier reads it -----------------------------------
 # a NUL byte makes grep call the file binary and keep its lines to itself: refused first
 tr -d '\000' < "$work/sums" | cmp -s - "$work/sums" || fail "$dir/SHA256SUMS: holds a NUL byte"

@@ -272,6 +272,37 @@ def test_apply_sh_key_checks_the_signature_as_the_shell_verifier_does_before_any
     assert "== minisign -Vm SHA256SUMS" in good.stdout and "Trusted comment: demo-llm 1.1 SHA256SUMS" in good.stdout
 
 
+def test_apply_sh_key_checks_the_signature_before_it_asks_the_engine_anything(hotfix, tmp_path, minisign_key):
+    # (before: apply.sh asked the engine first, its version, the base and the tag: an engine without the
+    # base said "import release 1.0 first" of a folder whose signature no longer covers its sums)
+    folder, env = hotfix
+    secret, public = minisign_key
+    asked = tmp_path / "asked"
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    (spy / "docker").write_text(f'#!/bin/sh\necho "$*" >> {asked}\nexec {tmp_path}/bin/docker "$@"\n')
+    (spy / "docker").chmod(0o755)
+    env = {**env, "PATH": f"{spy}:{env['PATH']}"}
+    for name in os.listdir(env["ENGINE"]):  # no base: apply.sh's own engine check refuses
+        os.unlink(os.path.join(env["ENGINE"], name))
+    minisigned(folder, secret)
+    forge(folder, with_a_member_nothing_refers_to)  # every sum rewritten: the signature no longer covers them
+
+    def keyed() -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "./apply.sh", "--key", str(public)], cwd=folder, capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    result = keyed()
+    assert result.returncode == 3 and not loaded(env), result.stdout + result.stderr
+    assert result.stderr.endswith(f"\nerror: .: SHA256SUMS.minisig is not a good signature of SHA256SUMS by {public}\n")
+    assert not asked.exists()  # nothing of the engine asked
+    minisigned(folder, secret)  # signed as it is: the engine's checks come next, before anything else is read
+    result = keyed()
+    assert result.returncode == 3 and not loaded(env), result.stdout + result.stderr
+    assert "error: this hotfix needs image sha256:" in result.stderr and "== sha256sum -c" not in result.stdout
+    assert "== minisign -Vm SHA256SUMS" in result.stdout and asked.read_text().startswith("version ")
+
+
 @pytest.mark.parametrize("args, says", [
     (["--key"], "error: usage: ./apply.sh [--key PUBKEY]"),
     (["--key", ""], "error: --key given empty (an unset variable?)"),
