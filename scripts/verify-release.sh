@@ -25,6 +25,11 @@
 # needs is missing, or no engine answers; 130 interrupted.
 # A hotfix's apply.sh carries this script, as it was when the release was made, and runs it on its folder.
 set -eu
+# first thing: a signal at any point is exit 130 (before this line, the shell dies of it: 143 for TERM),
+# and the work folder, once made, is removed
+work=
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+trap 'exit 130' HUP INT TERM
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
@@ -67,10 +72,7 @@ done
 sha256sum --strict --version >/dev/null 2>&1 \
   || { echo "error: this sha256sum takes no --strict (busybox's?); ${0##*/} needs coreutils' sha256sum" >&2; exit 1; }
 cd "$dir"
-work=$(mktemp -d)
-# an interrupt stops the script (a trap that returns would go on without the work folder)
-trap 'rm -rf "$work"' EXIT
-trap 'exit 130' HUP INT TERM
+work=$(mktemp -d)  # (an interrupt stops the script: a trap that returns would go on without it)
 LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
 copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (LIMIT) bytes, copied once to $2
   [ -f "$1" ] && [ ! -L "$1" ] || return 1

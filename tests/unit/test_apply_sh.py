@@ -141,6 +141,23 @@ def test_apply_sh_interrupted_exits_130_having_loaded_nothing_and_left_no_work_f
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_apply_sh_sent_a_signal_while_its_tools_are_checked_exits_130(hotfix, tmp_path):
+    # the carried verifier's first steps (before: its trap came after them, and a signal then ended
+    # apply.sh by the signal itself: 143 in a shell, not the documented 130)
+    folder, env = hotfix
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    real = shutil.which("sha256sum")
+    (hook / "sha256sum").write_text(f'#!/bin/sh\ncase "$*" in *--version*) kill -TERM $PPID ;; esac\nexec {real} "$@"\n')
+    (hook / "sha256sum").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**env, "PATH": f"{hook}:{env['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
+    result = apply(folder, env)
+    assert result.returncode == 130, (result.returncode, result.stdout + result.stderr)
+    assert result.stdout == result.stderr == "" and not loaded(env)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_apply_sh_in_a_folder_named_like_a_cd_option_applies_its_own_folder(hotfix, tmp_path):
     # (before: cd "$(dirname "$0")" took "-P" for an option and checked and loaded what $HOME holds)
     folder, env = hotfix

@@ -629,6 +629,20 @@ def test_a_shell_verifier_told_to_stop_stops_and_leaves_no_work_folder(folder, t
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.parametrize("tool, when", [("sha256sum", "*--version*"), ("mktemp", "*")],
+                         ids=["its tools checked", "its work folder made"])
+def test_a_shell_verifier_told_to_stop_before_its_first_step_exits_130(folder, tmp_path, tool, when):
+    # (before: the trap was set once the work folder was made: a signal while its tools were checked, or
+    # while mktemp ran, ended the shell by the signal itself, 143 in a shell, the work folder left)
+    env = changing_after(tmp_path, tool, when, "kill -TERM $PPID")
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    result = shell(folder, env)
+    assert result.returncode == 130, (result.returncode, result.stdout + result.stderr)
+    assert result.stdout == "" and result.stderr == ""
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
