@@ -509,14 +509,20 @@ if have=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) && [ "$hav
   fail "the engine's $tag is $have, another image: loading would move that tag (nothing was loaded)"
 fi
 # What the engine holds before the load, for the undo of a load that fails: each tag it set is put
-# back where it was (or removed), and each image it added that is then left without a tag is
-# removed; an image the engine held before is never removed
+# back where it was (or removed), and each image the load itself brought (the archive's image, by its
+# config's digest, IMAGE_ID; any other a tag it set names) that is then left without a tag is
+# removed; an image the engine held before, or one another client added meanwhile, is never removed
 images() { docker image ls -a --no-trunc --format '{{.ID}} {{.Repository}}:{{.Tag}}'; }
 images > "$work/before" || fail "the engine's images cannot be listed (nothing was loaded)"
 undone="; what the load added was removed"
 undo() {
-  { sed -n 's/^Loaded image: //p' "$work/loaded"; echo "$tag"; } | sort -u | while IFS= read -r name; do
+  { sed -n 's/^Loaded image: //p' "$work/loaded"; echo "$tag"; } | sort -u > "$work/set"
+  # the images the load brought: its own, each the engine names in its "Loaded image ID:" lines, and
+  # each a tag it set names, where the engine did not hold it before
+  { echo "$want"; sed -n 's/^Loaded image ID: //p' "$work/loaded"; } > "$work/brought"
+  while IFS= read -r name; do
     now=$(docker image inspect --format '{{.Id}}' "$name" 2>/dev/null) || continue
+    echo "$now" >> "$work/brought"
     old=$(awk -v n="$name" '$2 == n { print $1; exit }' "$work/before")
     if [ -n "$old" ]; then
       [ "$now" = "$old" ] || docker tag "$old" "$name" >/dev/null 2>&1 || :
@@ -524,15 +530,17 @@ undo() {
     fi
     # docker rmi removes an image with its last tag: a tag the load put on an image the engine held
     # without one is first moved to an image another tag names (the held one stays, untagged)
-    if grep -q "^$now " "$work/before" && [ "$(docker image inspect --format '{{len .RepoTags}}' "$now")" = 1 ]; then
+    if awk -v i="$now" '$1 == i { found = 1; exit } END { exit !found }' "$work/before" \
+        && [ "$(docker image inspect --format '{{len .RepoTags}}' "$now")" = 1 ]; then
       other=$(awk -v n="$name" '$2 != n && $2 !~ /:<none>$/ { print $2; exit }' "$work/before")
       [ -n "$other" ] && docker tag "$other" "$name" >/dev/null 2>&1 || continue
     fi
     docker rmi "$name" >/dev/null 2>&1 || :
-  done
+  done < "$work/set"
   images > "$work/after" || return 0
-  awk 'NR == FNR { held[$1] = 1; next } !($1 in held) && $2 == "<none>:<none>" { print $1 }' \
-    "$work/before" "$work/after" | sort -u > "$work/added"
+  awk 'FILENAME == ARGV[1] { brought[$1] = 1; next } FILENAME == ARGV[2] { held[$1] = 1; next }
+    ($1 in brought) && !($1 in held) && $2 == "<none>:<none>" { print $1 }' \
+    "$work/brought" "$work/before" "$work/after" | sort -u > "$work/added"
   removed=1
   while [ "$removed" = 1 ]; do  # an image before the one it is the parent of refuses: another round
     removed=0
@@ -540,8 +548,11 @@ undo() {
       if docker image inspect "$id" >/dev/null 2>&1 && docker rmi "$id" >/dev/null 2>&1; then removed=1; fi
     done < "$work/added"
   done
-  images | awk 'NR == FNR { held[$1] = 1; held[$1 " " $2] = 1; next } !(($1 " " $2) in held) { print $2 " (" $1 ")" }' \
-    "$work/before" - | sort -u > "$work/left"
+  # what is left of the load's own: a tag it set, or an image it brought, not as before
+  images | awk 'FILENAME == ARGV[1] { set[$0] = 1; next } FILENAME == ARGV[2] { brought[$1] = 1; next }
+    FILENAME == ARGV[3] { held[$1] = 1; held[$1 " " $2] = 1; next }
+    !(($1 " " $2) in held) && (($2 in set) || (($1 in brought) && !($1 in held))) { print $2 " (" $1 ")" }' \
+    "$work/set" "$work/brought" "$work/before" - | sort -u > "$work/left"
   if [ -s "$work/left" ]; then
     echo "warning: what the failed load left in the engine, not undone: $(tr '\n' ' ' < "$work/left")" >&2
     undone="; what the load left is named above"
