@@ -30,6 +30,16 @@ set -eu
 work=
 trap '[ -z "$work" ] || rm -rf "$work"' EXIT
 trap 'exit 130' HUP INT TERM
+# only absolute PATH entries: an empty one (a PATH that starts or ends with ':', or holds '::'), '.' or
+# another relative one would run the release folder's own files as the checks once the script is in it
+if [ -n "${PATH+set}" ]; then
+  path=$PATH:
+  PATH=
+  while [ -n "$path" ]; do
+    case "${path%%:*}" in /*) PATH=${PATH:+$PATH:}${path%%:*} ;; esac
+    path=${path#*:}
+  done
+fi
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac

@@ -158,6 +158,20 @@ def test_apply_sh_sent_a_signal_while_its_tools_are_checked_exits_130(hotfix, tm
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_apply_sh_never_runs_a_shell_or_docker_its_folder_holds(hotfix, tmp_path):
+    # a PATH that starts with ':' (the current folder first) and a forger's sh and docker beside
+    # apply.sh (before: apply.sh, once in its folder, ran them: "sh -c" the verifier, docker the engine)
+    folder, env = hotfix
+    ran = tmp_path / "ran"
+    for tool in ("sh", "docker"):
+        (folder / tool).write_text(f'#!/bin/sh\n: > {ran}\nexit 0\n')
+        (folder / tool).chmod(0o755)
+    result = subprocess.run([shutil.which("sh"), "./apply.sh"], cwd=folder, capture_output=True, text=True,
+                            timeout=60, env={**env, "PATH": ":" + env["PATH"]})
+    assert result.returncode == 0 and loaded(env) and not ran.exists(), result.stdout + result.stderr
+    assert "note: sh is not listed in SHA256SUMS" in result.stdout
+
+
 def test_apply_sh_in_a_folder_named_like_a_cd_option_applies_its_own_folder(hotfix, tmp_path):
     # (before: cd "$(dirname "$0")" took "-P" for an option and checked and loaded what $HOME holds)
     folder, env = hotfix

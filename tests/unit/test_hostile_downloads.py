@@ -643,6 +643,19 @@ def test_a_shell_verifier_told_to_stop_before_its_first_step_exits_130(folder, t
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.parametrize("path", [":{}", ".:{}", "/nowhere::{}"], ids=["leading", "dot", "inner"])
+def test_a_shell_verifier_never_runs_a_tool_the_release_folder_holds(folder, tmp_path, path):
+    # a PATH with an empty entry (the current folder) or a relative one, and a forger's sha256sum, awk
+    # and cmp beside the archive (before: once in the folder, the script ran them as its checks)
+    ran = tmp_path / "ran"
+    for tool in ("sha256sum", "awk", "cmp"):
+        (folder / tool).write_text(f'#!/bin/sh\n: > {ran}\nexec {shutil.which(tool)} "$@"\n')
+        (folder / tool).chmod(0o755)
+    result = shell(folder, {**os.environ, "PATH": path.format(os.environ["PATH"])})
+    assert result.returncode == 0 and not ran.exists(), result.stdout + result.stderr
+    assert "note: sha256sum is not listed in SHA256SUMS: not part of the release, not read" in result.stdout
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
