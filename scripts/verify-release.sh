@@ -40,6 +40,7 @@ if [ -n "${PATH+set}" ]; then
     path=${path#*:}
   done
 fi
+unset CDPATH  # which would take "cd RELEASE_DIR" (a relative name) to a folder of that name elsewhere
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac

@@ -172,6 +172,17 @@ def test_apply_sh_never_runs_a_shell_or_docker_its_folder_holds(hotfix, tmp_path
     assert "note: sh is not listed in SHA256SUMS" in result.stdout
 
 
+def test_apply_sh_applies_its_own_folder_whatever_cdpath_says(hotfix, tmp_path):
+    # run as "sh 1.1/apply.sh" with CDPATH exported, naming a folder that holds another 1.1 (before: apply.sh
+    # went there, to a folder it does not belong to: "SHA256SUMS is missing", or another release's checks)
+    folder, env = hotfix
+    (tmp_path / "decoy" / folder.name).mkdir(parents=True)
+    result = subprocess.run(["sh", f"{folder.name}/apply.sh"], cwd=folder.parent, capture_output=True, text=True,
+                            timeout=120, env={**env, "CDPATH": str(tmp_path / "decoy")})
+    assert result.returncode == 0 and loaded(env), result.stdout + result.stderr
+    assert "demo-llm-1.1.tar.zst: OK" in result.stdout
+
+
 def test_apply_sh_in_a_folder_named_like_a_cd_option_applies_its_own_folder(hotfix, tmp_path):
     # (before: cd "$(dirname "$0")" took "-P" for an option and checked and loaded what $HOME holds)
     folder, env = hotfix

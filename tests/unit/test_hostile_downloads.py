@@ -656,6 +656,20 @@ def test_a_shell_verifier_never_runs_a_tool_the_release_folder_holds(folder, tmp
     assert "note: sha256sum is not listed in SHA256SUMS: not part of the release, not read" in result.stdout
 
 
+def test_a_shell_verifier_checks_the_folder_named_not_one_cdpath_finds(folder, tmp_path):
+    # CDPATH exported (an interactive shell's setting) naming a folder that holds another 1.3.1: a good
+    # release there, a cut one here (before: cd went there: "ok:" of a folder the user never named)
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    shutil.copytree(folder, decoy / folder.name)
+    archive = folder / "demo-llm-1.3.1.tar.zst"
+    archive.write_bytes(archive.read_bytes()[:-40])
+    result = subprocess.run(["sh", str(SCRIPT), folder.name, "--no-load"], cwd=folder.parent, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "CDPATH": str(decoy)})
+    assert result.returncode == 3 and "ok:" not in result.stdout, result.stdout + result.stderr
+    assert result.stderr.endswith("error: 1.3.1: files differ from SHA256SUMS (see the lines above)\n")
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
