@@ -44,7 +44,11 @@ unset CDPATH  # which would take "cd RELEASE_DIR" (a relative name) to a folder 
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
-fail() { echo "error: $*" >&2; exit 3; }
+# A line that may hold what the folder says (a file name, a manifest.json value) is printed with printf,
+# not echo (dash's reads '\033' and '\c' in it), and each control byte as '?': an escape sequence would
+# reach the terminal (hide the lines after it), a newline would print a line the script never wrote
+shown() { printf '%s' "$*" | tr '\001-\037\177' '?'; echo; }
+fail() { shown "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage
 dir=$1
@@ -63,10 +67,10 @@ while [ "$#" -gt 0 ]; do
     *) usage ;;
   esac
 done
-[ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
+[ -d "$dir" ] || { printf '%s\n' "error: $dir: not a folder" >&2; exit 2; }
 case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
-  [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
+  [ -f "$key" ] || { printf '%s\n' "error: --key $key: no such file" >&2; exit 2; }
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
 # every tool first: one missing would otherwise read as a corrupted release ("does not decompress")
@@ -99,19 +103,19 @@ if [ -n "$key" ]; then
   # the key read once, at most LIMIT bytes, as build.py verify reads it: a huge file is no key (grep and
   # head would read a sparse one for hours)
   head -c $((LIMIT + 1)) -- "$key" > "$work/key"
-  [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { echo "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
+  [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { printf '%s\n' "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$work/key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
     copy SHA256SUMS.asc "$work/sums.asc" || { [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$work/key" \
-      || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
+      || { printf '%s\n' "error: --key $key: gpg cannot read it" >&2; exit 2; }
     # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign);
     # counted in that keyring, which --dearmor makes of every armoured block (--show-keys on the file
     # reads a block headed PGP ARMORED FILE as no key), and only if gpg could read all of it
     if gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$work/publisher.gpg" > "$work/keys" 2>/dev/null
     then keys=$(grep -c '^pub:' "$work/keys" || true); else keys=; fi
-    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
+    [ "$keys" = 1 ] || { printf '%s\n' "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
     # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
     gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
@@ -145,14 +149,14 @@ if [ -n "$key" ]; then
   else  # a file that is no public key is bad usage, not a bad signature of the release
     if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
         | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
-      echo "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
+      printf '%s\n' "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
       exit 2
     fi
     if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
-      echo "error: --key $key: this is a secret key; give the public one" >&2
+      printf '%s\n' "error: --key $key: this is a secret key; give the public one" >&2
       exit 2
     fi
-    echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
+    printf '%s\n' "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
     exit 2
   fi
 fi
@@ -274,7 +278,7 @@ for f in * .[!.]* ..?*; do
   case "$f" in *"$nl"*) ;; *) if grep -qxF -- "$f" "$work/names"; then continue; fi ;; esac
   case "$f" in
     "$archive"*) fail "$dir/$f: named like the archive, but SHA256SUMS does not list it: nothing vouches for it; remove it" ;;
-    *) echo "note: $f is not listed in SHA256SUMS: not part of the release, not read" ;;
+    *) shown "note: $f is not listed in SHA256SUMS: not part of the release, not read" ;;
   esac
 done
 
@@ -506,7 +510,7 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # the engine first, as build.py verify --load: none answering would read as a missing base or image
 if ! err=$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null); then
-  echo "error: cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-the default socket}): $err" >&2
+  printf '%s\n' "error: cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-the default socket}): $err" >&2
   exit 1
 fi
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal

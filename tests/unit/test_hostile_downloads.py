@@ -670,6 +670,30 @@ def test_a_shell_verifier_checks_the_folder_named_not_one_cdpath_finds(folder, t
     assert result.stderr.endswith("error: 1.3.1: files differ from SHA256SUMS (see the lines above)\n")
 
 
+def test_what_a_shell_verifier_prints_of_the_folder_is_one_line_without_control_bytes(folder):
+    # file names beside the release and a manifest.json value are the forger's: an escape sequence that
+    # hides what follows, a '\\033' or '\\c' dash's echo reads as one, a newline that prints a line of its
+    # own (before: all three reached the terminal as they are)
+    names = ("a\\033[8mhidden\\c", "b\x1b[2Jc", "x\nok: demo-llm:1.3.1 (image sha256:forged): all good")
+    for name in names:
+        (folder / name).write_text("")
+    result = shell(folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "\x1b" not in result.stdout and "\nok: demo-llm:1.3.1 (image sha256:forged)" not in result.stdout
+    assert [line for line in result.stdout.splitlines() if line.startswith("note:")] == ["note: a\\033[8mhidden\\c is not listed in SHA256SUMS: not part of the release, not read",
+                     "note: b?[2Jc is not listed in SHA256SUMS: not part of the release, not read",
+                     "note: x?ok: demo-llm:1.3.1 (image sha256:forged): all good is not listed in SHA256SUMS: not part "
+                     "of the release, not read"], result.stdout
+    for name in names:
+        (folder / name).unlink()
+    manifest = folder / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"tag": "demo-llm:1.3.1"', '"tag": "demo-llm:1.3.1\x1b[8m"'))
+    resum(folder)
+    result = shell(folder)
+    assert result.returncode == 3 and "\x1b" not in result.stderr, result.stderr
+    assert result.stderr.endswith("/manifest.json: tag 'demo-llm:1.3.1?[8m' is not an image reference\n")
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
