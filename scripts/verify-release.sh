@@ -41,6 +41,9 @@ if [ -n "${PATH+set}" ]; then
   done
 fi
 unset CDPATH  # which would take "cd RELEASE_DIR" (a relative name) to a folder of that name elsewhere
+# options the tools read from the environment (GNU tar's TAR_OPTIONS=-v lists and extracts otherwise,
+# an older grep takes GREP_OPTIONS, gzip GZIP): each tool runs as this script calls it
+unset TAR_OPTIONS GREP_OPTIONS GZIP
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac

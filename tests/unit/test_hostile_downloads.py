@@ -694,6 +694,15 @@ def test_what_a_shell_verifier_prints_of_the_folder_is_one_line_without_control_
     assert result.stderr.endswith("/manifest.json: tag 'demo-llm:1.3.1?[8m' is not an image reference\n")
 
 
+@pytest.mark.parametrize("options", ["-v", "--quoting-style=c"])
+def test_a_shell_verifier_reads_the_archive_as_it_calls_tar_whatever_tar_options_says(folder, options):
+    # GNU tar's TAR_OPTIONS, set for the user's own archives (before: a good release refused, exit 3:
+    # "the archive's index.json and manifest.json cannot be read", or "holds '"blobs/"'")
+    result = shell(folder, {**os.environ, "TAR_OPTIONS": options})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.endswith("sums, zstd and the archive's structure (not loaded)\n")
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
