@@ -178,7 +178,8 @@ sed -e "s/^$HEX [ *]//" -e 's/^SHA256 (\(.*\)) = .*$/\1/' "$work/sums" > "$work/
 [ -s "$work/names" ] || fail "$dir/SHA256SUMS lists nothing"
 twice=$(sort "$work/names" | uniq -d | head -n 1)
 [ -z "$twice" ] || fail "$dir/SHA256SUMS: '$twice' is listed twice"
-while IFS= read -r name; do
+# (a last line without its newline is read too: read fails on it, having set name)
+while IFS= read -r name || [ -n "$name" ]; do
   case "$name" in .|..) fail "$dir/SHA256SUMS: '$name' is not a file of this folder" ;; esac
   [ -e "$name" ] || [ -L "$name" ] || fail "$dir/$name: missing (listed in SHA256SUMS)"
   [ -f "$name" ] && [ ! -L "$name" ] || fail "$dir/$name: not a regular file"

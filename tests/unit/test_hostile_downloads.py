@@ -703,6 +703,26 @@ def test_a_shell_verifier_reads_the_archive_as_it_calls_tar_whatever_tar_options
     assert result.stdout.endswith("sums, zstd and the archive's structure (not loaded)\n")
 
 
+@pytest.mark.parametrize("what", ["link", "fifo"])
+def test_the_last_name_of_sums_without_a_final_newline_is_checked_as_every_other(cli, folder, tmp_path, what):
+    # SHA256SUMS without its final newline, its last file (run.sh) a link to a copy outside the folder or a
+    # FIFO (before: the shell verifier skipped its check: it passed the link, which build.py verify refuses,
+    # and waited for ever on the FIFO)
+    sums = folder / "SHA256SUMS"
+    assert sums.read_text().splitlines()[-1].endswith("  run.sh")
+    sums.write_text(sums.read_text().rstrip("\n"))
+    outside = tmp_path / "run.sh"
+    (folder / "run.sh").rename(outside)
+    if what == "link":
+        (folder / "run.sh").symlink_to(outside)
+    else:
+        os.mkfifo(folder / "run.sh")
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "run.sh: sha256 check failed: not a regular file" in result.err, result.err
+    errors = [line for line in shell(folder).stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {folder}/run.sh: not a regular file"]
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
