@@ -98,8 +98,11 @@ copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (
   head -c $((${3:-$LIMIT} + 1)) -- "$1" > "$2"
   [ "$(wc -c < "$2")" -le "${3:-$LIMIT}" ] || fail "$dir/$1: more than ${3:-$LIMIT} bytes; not a release's $1"
 }
+# one there that copy() does not read (a link, a folder, a FIFO) is named as that, not as missing
+here() { [ -e "$1" ] || [ -L "$1" ]; }
 # SHA256SUMS is read once: the copy the signature is checked on is the one every step reads
-copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+copy SHA256SUMS "$work/sums" || { ! here SHA256SUMS || fail "$dir/SHA256SUMS: not a regular file (a link?): not a release's SHA256SUMS"
+  fail "$dir/SHA256SUMS is missing: not a complete release folder"; }
 
 # --- 0. the signature, before anything else --------------------------------------------------
 if [ -n "$key" ]; then
@@ -109,7 +112,8 @@ if [ -n "$key" ]; then
   [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { printf '%s\n' "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$work/key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
-    copy SHA256SUMS.asc "$work/sums.asc" || { [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
+    copy SHA256SUMS.asc "$work/sums.asc" || { ! here SHA256SUMS.asc || fail "$dir/SHA256SUMS.asc: not a regular file (a link?): not a signature"
+      [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$work/key" \
       || { printf '%s\n' "error: --key $key: gpg cannot read it" >&2; exit 2; }
@@ -142,7 +146,8 @@ if [ -n "$key" ]; then
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
     # returns trimmed from its end, as minisign reads it), as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
-    copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
+    copy SHA256SUMS.minisig "$work/sums.minisig" || { ! here SHA256SUMS.minisig || fail "$dir/SHA256SUMS.minisig: not a regular file (a link?): not a signature"
+      [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
     minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" > "$work/minisign.out" \
       || { cat "$work/minisign.out"; fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"; }

@@ -723,6 +723,22 @@ def test_the_last_name_of_sums_without_a_final_newline_is_checked_as_every_other
     assert errors == [f"error: {folder}/run.sh: not a regular file"]
 
 
+@pytest.mark.parametrize("name", ["SHA256SUMS", "SHA256SUMS.minisig"])
+def test_sums_or_a_signature_that_is_a_link_is_named_as_a_link_not_as_missing(folder, tmp_path, minisign_key, name):
+    # (before: "SHA256SUMS is missing", "SHA256SUMS is not signed (no SHA256SUMS.minisig)" of a file the user sees there)
+    secret, public = minisign_key
+    made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(folder / "SHA256SUMS")], capture_output=True,
+                          stdin=subprocess.DEVNULL)
+    assert made.returncode == 0, made.stderr
+    (folder / name).rename(tmp_path / name)
+    (folder / name).symlink_to(tmp_path / name)
+    result = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(public)], capture_output=True,
+                            text=True, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and errors == [f"error: {folder}/{name}: not a regular file (a link?): not a "
+                                                 + ("release's SHA256SUMS" if name == "SHA256SUMS" else "signature")]
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
