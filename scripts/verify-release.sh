@@ -89,8 +89,11 @@ for tool in $need; do
 done
 sha256sum --strict --version >/dev/null 2>&1 \
   || { echo "error: this sha256sum takes no --strict (busybox's?); ${0##*/} needs coreutils' sha256sum" >&2; exit 1; }
-cd "$dir"
+# the work folder made before the cd, and named from /: a relative TMPDIR would otherwise be read in the
+# release folder, where a link of that name puts it wherever the folder's maker likes
 work=$(mktemp -d)  # (an interrupt stops the script: a trap that returns would go on without it)
+case "$work" in /*) ;; *) work=$PWD/$work ;; esac
+cd "$dir"
 LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
 copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (LIMIT) bytes, copied once to $2
   [ -f "$1" ] && [ ! -L "$1" ] || return 1

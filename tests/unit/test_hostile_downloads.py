@@ -739,6 +739,21 @@ def test_sums_or_a_signature_that_is_a_link_is_named_as_a_link_not_as_missing(fo
                                                  + ("release's SHA256SUMS" if name == "SHA256SUMS" else "signature")]
 
 
+def test_a_relative_tmpdir_is_read_where_the_verifier_was_started_not_in_the_release_folder(folder, tmp_path):
+    # TMPDIR=tmp, and a link named tmp in the release folder to a folder its maker reads and writes
+    # (before: the script's work folder, its copies of SHA256SUMS and manifest.json, was made there)
+    theirs, mine = tmp_path / "theirs", tmp_path / "start" / "tmp"
+    theirs.mkdir()
+    mine.mkdir(parents=True)
+    (folder / "tmp").symlink_to(theirs)
+    env = changing_after(tmp_path, "sha256sum", "*-c*", f"ls -A {theirs} {mine} > {tmp_path}/seen")
+    result = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], cwd=mine.parent, capture_output=True,
+                            text=True, timeout=120, env={**env, "TMPDIR": "tmp"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = dict(part.split(":", 1) for part in (tmp_path / "seen").read_text().split("\n\n"))
+    assert seen[str(theirs)].strip() == "" and seen[str(mine)].strip().startswith("tmp."), seen
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
