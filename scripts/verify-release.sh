@@ -25,10 +25,33 @@
 # needs is missing, or no engine answers; 130 interrupted.
 # A hotfix's apply.sh carries this script, as it was when the release was made, and runs it on its folder.
 set -eu
+# first thing: a signal at any point is exit 130 (before this line, the shell dies of it: 143 for TERM),
+# and the work folder, once made, is removed
+work=
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+trap 'exit 130' HUP INT TERM
+# only absolute PATH entries: an empty one (a PATH that starts or ends with ':', or holds '::'), '.' or
+# another relative one would run the release folder's own files as the checks once the script is in it
+if [ -n "${PATH+set}" ]; then
+  path=$PATH:
+  PATH=
+  while [ -n "$path" ]; do
+    case "${path%%:*}" in /*) PATH=${PATH:+$PATH:}${path%%:*} ;; esac
+    path=${path#*:}
+  done
+fi
+unset CDPATH  # which would take "cd RELEASE_DIR" (a relative name) to a folder of that name elsewhere
+# options the tools read from the environment (GNU tar's TAR_OPTIONS=-v lists and extracts otherwise,
+# an older grep takes GREP_OPTIONS, gzip GZIP): each tool runs as this script calls it
+unset TAR_OPTIONS GREP_OPTIONS GZIP
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
-fail() { echo "error: $*" >&2; exit 3; }
+# A line that may hold what the folder says (a file name, a manifest.json value) is printed with printf,
+# not echo (dash's reads '\033' and '\c' in it), and each control byte as '?': an escape sequence would
+# reach the terminal (hide the lines after it), a newline would print a line the script never wrote
+shown() { printf '%s' "$*" | tr '\001-\037\177' '?'; echo; }
+fail() { shown "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage
 dir=$1
@@ -47,10 +70,10 @@ while [ "$#" -gt 0 ]; do
     *) usage ;;
   esac
 done
-[ -d "$dir" ] || { echo "error: $dir: not a folder" >&2; exit 2; }
+[ -d "$dir" ] || { printf '%s\n' "error: $dir: not a folder" >&2; exit 2; }
 case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
-  [ -f "$key" ] || { echo "error: --key $key: no such file" >&2; exit 2; }
+  [ -f "$key" ] || { printf '%s\n' "error: --key $key: no such file" >&2; exit 2; }
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
 # every tool first: one missing would otherwise read as a corrupted release ("does not decompress")
@@ -66,11 +89,11 @@ for tool in $need; do
 done
 sha256sum --strict --version >/dev/null 2>&1 \
   || { echo "error: this sha256sum takes no --strict (busybox's?); ${0##*/} needs coreutils' sha256sum" >&2; exit 1; }
+# the work folder made before the cd, and named from /: a relative TMPDIR would otherwise be read in the
+# release folder, where a link of that name puts it wherever the folder's maker likes
+work=$(mktemp -d)  # (an interrupt stops the script: a trap that returns would go on without it)
+case "$work" in /*) ;; *) work=$PWD/$work ;; esac
 cd "$dir"
-work=$(mktemp -d)
-# an interrupt stops the script (a trap that returns would go on without the work folder)
-trap 'rm -rf "$work"' EXIT
-trap 'exit 130' HUP INT TERM
 LIMIT=1048576  # SHA256SUMS and a signature: at most 1 MiB each, as unibake's own verifier reads them
 copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (LIMIT) bytes, copied once to $2
   [ -f "$1" ] && [ ! -L "$1" ] || return 1
@@ -78,27 +101,31 @@ copy() {  # $1: a regular file here (not a link, FIFO or folder) of at most $3 (
   head -c $((${3:-$LIMIT} + 1)) -- "$1" > "$2"
   [ "$(wc -c < "$2")" -le "${3:-$LIMIT}" ] || fail "$dir/$1: more than ${3:-$LIMIT} bytes; not a release's $1"
 }
+# one there that copy() does not read (a link, a folder, a FIFO) is named as that, not as missing
+here() { [ -e "$1" ] || [ -L "$1" ]; }
 # SHA256SUMS is read once: the copy the signature is checked on is the one every step reads
-copy SHA256SUMS "$work/sums" || fail "$dir/SHA256SUMS is missing: not a complete release folder"
+copy SHA256SUMS "$work/sums" || { ! here SHA256SUMS || fail "$dir/SHA256SUMS: not a regular file (a link?): not a release's SHA256SUMS"
+  fail "$dir/SHA256SUMS is missing: not a complete release folder"; }
 
 # --- 0. the signature, before anything else --------------------------------------------------
 if [ -n "$key" ]; then
   # the key read once, at most LIMIT bytes, as build.py verify reads it: a huge file is no key (grep and
   # head would read a sparse one for hours)
   head -c $((LIMIT + 1)) -- "$key" > "$work/key"
-  [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { echo "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
+  [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { printf '%s\n' "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$work/key"; then
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
-    copy SHA256SUMS.asc "$work/sums.asc" || { [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
+    copy SHA256SUMS.asc "$work/sums.asc" || { ! here SHA256SUMS.asc || fail "$dir/SHA256SUMS.asc: not a regular file (a link?): not a signature"
+      [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.asc)"; }
     gpg --batch --quiet --homedir "$work" --dearmor --output "$work/publisher.gpg" "$work/key" \
-      || { echo "error: --key $key: gpg cannot read it" >&2; exit 2; }
+      || { printf '%s\n' "error: --key $key: gpg cannot read it" >&2; exit 2; }
     # one primary key: gpgv takes any key of its keyring (an attacker's beside the publisher's would sign);
     # counted in that keyring, which --dearmor makes of every armoured block (--show-keys on the file
     # reads a block headed PGP ARMORED FILE as no key), and only if gpg could read all of it
     if gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$work/publisher.gpg" > "$work/keys" 2>/dev/null
     then keys=$(grep -c '^pub:' "$work/keys" || true); else keys=; fi
-    [ "$keys" = 1 ] || { echo "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
+    [ "$keys" = 1 ] || { printf '%s\n' "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
     # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
     # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
     gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
@@ -122,7 +149,8 @@ if [ -n "$key" ]; then
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
     # returns trimmed from its end, as minisign reads it), as build.py verify reads it
     echo "== minisign -Vm SHA256SUMS"
-    copy SHA256SUMS.minisig "$work/sums.minisig" || { [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
+    copy SHA256SUMS.minisig "$work/sums.minisig" || { ! here SHA256SUMS.minisig || fail "$dir/SHA256SUMS.minisig: not a regular file (a link?): not a signature"
+      [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
     minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" > "$work/minisign.out" \
       || { cat "$work/minisign.out"; fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"; }
@@ -132,14 +160,14 @@ if [ -n "$key" ]; then
   else  # a file that is no public key is bad usage, not a bad signature of the release
     if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
         | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
-      echo "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
+      printf '%s\n' "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
       exit 2
     fi
     if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
-      echo "error: --key $key: this is a secret key; give the public one" >&2
+      printf '%s\n' "error: --key $key: this is a secret key; give the public one" >&2
       exit 2
     fi
-    echo "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
+    printf '%s\n' "error: --key $key: neither an armoured OpenPGP public key nor a minisign public key" >&2
     exit 2
   fi
 fi
@@ -147,6 +175,7 @@ fi
 NAME='[A-Za-z0-9_][A-Za-z0-9_.+-]\{0,254\}'
 HEX='[0-9a-fA-F]\{64\}'
 
+# (a hotfix's apply.sh runs its own engine checks here, once the signature is good: keep the next line as it is)
 # --- 1. SHA256SUMS, read as unibake's own verifier reads it -----------------------------------
 # a NUL byte makes grep call the file binary and keep its lines to itself: refused first
 tr -d '\000' < "$work/sums" | cmp -s - "$work/sums" || fail "$dir/SHA256SUMS: holds a NUL byte"
@@ -157,7 +186,8 @@ sed -e "s/^$HEX [ *]//" -e 's/^SHA256 (\(.*\)) = .*$/\1/' "$work/sums" > "$work/
 [ -s "$work/names" ] || fail "$dir/SHA256SUMS lists nothing"
 twice=$(sort "$work/names" | uniq -d | head -n 1)
 [ -z "$twice" ] || fail "$dir/SHA256SUMS: '$twice' is listed twice"
-while IFS= read -r name; do
+# (a last line without its newline is read too: read fails on it, having set name)
+while IFS= read -r name || [ -n "$name" ]; do
   case "$name" in .|..) fail "$dir/SHA256SUMS: '$name' is not a file of this folder" ;; esac
   [ -e "$name" ] || [ -L "$name" ] || fail "$dir/$name: missing (listed in SHA256SUMS)"
   [ -f "$name" ] && [ ! -L "$name" ] || fail "$dir/$name: not a regular file"
@@ -260,7 +290,7 @@ for f in * .[!.]* ..?*; do
   case "$f" in *"$nl"*) ;; *) if grep -qxF -- "$f" "$work/names"; then continue; fi ;; esac
   case "$f" in
     "$archive"*) fail "$dir/$f: named like the archive, but SHA256SUMS does not list it: nothing vouches for it; remove it" ;;
-    *) echo "note: $f is not listed in SHA256SUMS: not part of the release, not read" ;;
+    *) shown "note: $f is not listed in SHA256SUMS: not part of the release, not read" ;;
   esac
 done
 
@@ -492,7 +522,7 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # the engine first, as build.py verify --load: none answering would read as a missing base or image
 if ! err=$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null); then
-  echo "error: cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-the default socket}): $err" >&2
+  printf '%s\n' "error: cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-the default socket}): $err" >&2
   exit 1
 fi
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal
@@ -506,14 +536,20 @@ if have=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) && [ "$hav
   fail "the engine's $tag is $have, another image: loading would move that tag (nothing was loaded)"
 fi
 # What the engine holds before the load, for the undo of a load that fails: each tag it set is put
-# back where it was (or removed), and each image it added that is then left without a tag is
-# removed; an image the engine held before is never removed
+# back where it was (or removed), and each image the load itself brought (the archive's image, by its
+# config's digest, IMAGE_ID; any other a tag it set names) that is then left without a tag is
+# removed; an image the engine held before, or one another client added meanwhile, is never removed
 images() { docker image ls -a --no-trunc --format '{{.ID}} {{.Repository}}:{{.Tag}}'; }
 images > "$work/before" || fail "the engine's images cannot be listed (nothing was loaded)"
 undone="; what the load added was removed"
 undo() {
-  { sed -n 's/^Loaded image: //p' "$work/loaded"; echo "$tag"; } | sort -u | while IFS= read -r name; do
+  { sed -n 's/^Loaded image: //p' "$work/loaded"; echo "$tag"; } | sort -u > "$work/set"
+  # the images the load brought: its own, each the engine names in its "Loaded image ID:" lines, and
+  # each a tag it set names, where the engine did not hold it before
+  { echo "$want"; sed -n 's/^Loaded image ID: //p' "$work/loaded"; } > "$work/brought"
+  while IFS= read -r name; do
     now=$(docker image inspect --format '{{.Id}}' "$name" 2>/dev/null) || continue
+    echo "$now" >> "$work/brought"
     old=$(awk -v n="$name" '$2 == n { print $1; exit }' "$work/before")
     if [ -n "$old" ]; then
       [ "$now" = "$old" ] || docker tag "$old" "$name" >/dev/null 2>&1 || :
@@ -521,15 +557,17 @@ undo() {
     fi
     # docker rmi removes an image with its last tag: a tag the load put on an image the engine held
     # without one is first moved to an image another tag names (the held one stays, untagged)
-    if grep -q "^$now " "$work/before" && [ "$(docker image inspect --format '{{len .RepoTags}}' "$now")" = 1 ]; then
+    if awk -v i="$now" '$1 == i { found = 1; exit } END { exit !found }' "$work/before" \
+        && [ "$(docker image inspect --format '{{len .RepoTags}}' "$now")" = 1 ]; then
       other=$(awk -v n="$name" '$2 != n && $2 !~ /:<none>$/ { print $2; exit }' "$work/before")
       [ -n "$other" ] && docker tag "$other" "$name" >/dev/null 2>&1 || continue
     fi
     docker rmi "$name" >/dev/null 2>&1 || :
-  done
+  done < "$work/set"
   images > "$work/after" || return 0
-  awk 'NR == FNR { held[$1] = 1; next } !($1 in held) && $2 == "<none>:<none>" { print $1 }' \
-    "$work/before" "$work/after" | sort -u > "$work/added"
+  awk 'FILENAME == ARGV[1] { brought[$1] = 1; next } FILENAME == ARGV[2] { held[$1] = 1; next }
+    ($1 in brought) && !($1 in held) && $2 == "<none>:<none>" { print $1 }' \
+    "$work/brought" "$work/before" "$work/after" | sort -u > "$work/added"
   removed=1
   while [ "$removed" = 1 ]; do  # an image before the one it is the parent of refuses: another round
     removed=0
@@ -537,8 +575,11 @@ undo() {
       if docker image inspect "$id" >/dev/null 2>&1 && docker rmi "$id" >/dev/null 2>&1; then removed=1; fi
     done < "$work/added"
   done
-  images | awk 'NR == FNR { held[$1] = 1; held[$1 " " $2] = 1; next } !(($1 " " $2) in held) { print $2 " (" $1 ")" }' \
-    "$work/before" - | sort -u > "$work/left"
+  # what is left of the load's own: a tag it set, or an image it brought, not as before
+  images | awk 'FILENAME == ARGV[1] { set[$0] = 1; next } FILENAME == ARGV[2] { brought[$1] = 1; next }
+    FILENAME == ARGV[3] { held[$1] = 1; held[$1 " " $2] = 1; next }
+    !(($1 " " $2) in held) && (($2 in set) || (($1 in brought) && !($1 in held))) { print $2 " (" $1 ")" }' \
+    "$work/set" "$work/brought" "$work/before" - | sort -u > "$work/left"
   if [ -s "$work/left" ]; then
     echo "warning: what the failed load left in the engine, not undone: $(tr '\n' ' ' < "$work/left")" >&2
     undone="; what the load left is named above"

@@ -86,6 +86,9 @@ def gib(size: int) -> str:
 
 
 VERIFIER_END = "END_OF_VERIFY_RELEASE_SH"  # ends the here-document apply.sh carries the verifier in
+# the line of the verifier where its signature check has ended and its reading of the folder begins:
+# apply.sh runs its own engine checks there (with --key, the engine is asked only once the signature is good)
+VERIFIER_SPLIT = "# --- 1. SHA256SUMS, read as unibake's own verifier reads it"
 
 
 @cache
@@ -93,7 +96,8 @@ def verify_release_sh(path: Path = TEMPLATES / "verify-release.sh") -> str:
     """The text of scripts/verify-release.sh, for a template to carry in a quoted here-document."""
     text = path.read_text(encoding="utf-8")
     # a checkout that makes links plain files holds the link's target instead: apply.sh would run that
-    if not text.startswith("#!/bin/sh\n") or VERIFIER_END in text:  # (which would end the here-document)
+    if (not text.startswith("#!/bin/sh\n") or VERIFIER_END in text  # (which would end the here-document)
+            or not any(line.startswith(VERIFIER_SPLIT) for line in text.splitlines())):
         raise UnibakeError(f"{path} is not scripts/verify-release.sh, which a hotfix's apply.sh carries (a link "
                            "checked out as a file?); nothing was published")
     return text.rstrip("\n")
@@ -106,7 +110,7 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(mount_var=mount_var, dq=dq, sh=sh, sh_runtime=sh_runtime, json=json.dumps, gib=gib, md=md, code=code,
                        dirname=lambda v: str(v).rsplit("/", 1)[0])
-    env.globals.update(verify_release_sh=verify_release_sh, verifier_end=VERIFIER_END)
+    env.globals.update(verify_release_sh=verify_release_sh, verifier_end=VERIFIER_END, verifier_split=VERIFIER_SPLIT)
     return env
 
 

@@ -119,6 +119,26 @@ def test_a_load_that_brings_another_image_is_undone_and_what_the_engine_held_sta
     assert "warning" not in result.stderr
 
 
+def test_a_failed_load_s_undo_leaves_an_image_another_client_added_meanwhile(tmp_path, scratch):
+    # another client's image left without a tag while the load ran, then a load the engine refuses
+    # (before: the undo removed every image without a tag that had appeared during the load, this one too)
+    address = scratch.engine.address
+    folder = make_release(tmp_path / "release")[0]
+    held_before(address)
+    intruder, intruder_id, _ = docker_layout([layer_tar({"i": b"another client's\n"})], tag="intruder:1")
+    (tmp_path / "intruder.tar").write_bytes(intruder)
+    before = engine_images(address)
+    load = (f'if [ "$1" = load ]; then $real load < {tmp_path}/intruder.tar > /dev/null && $real tag victim:1 intruder:1 '
+            f'&& $real rmi intruder:1 > /dev/null; head -c 4096 > {tmp_path}/cut; cat > /dev/null; '
+            f'exec $real load < {tmp_path}/cut; fi')
+    result = subprocess.run(["sh", str(SCRIPT), str(folder)], capture_output=True, text=True, timeout=300,
+                            env=with_docker(tmp_path, address, load))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1, result.stdout + result.stderr
+    assert "docker load refused the archive" in errors[0] and "warning" not in result.stderr
+    assert engine_images(address) == sorted(before + [f"{intruder_id} <none>:<none>"])
+
+
 def test_verify_load_never_loads_an_archive_swapped_after_its_checks(tmp_path, scratch):
     # build.py verify --load: the same swap between the check's read and the load's
     from unibake.verify import load_and_compare, verify_folder

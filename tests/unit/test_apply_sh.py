@@ -141,6 +141,48 @@ def test_apply_sh_interrupted_exits_130_having_loaded_nothing_and_left_no_work_f
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_apply_sh_sent_a_signal_while_its_tools_are_checked_exits_130(hotfix, tmp_path):
+    # the carried verifier's first steps (before: its trap came after them, and a signal then ended
+    # apply.sh by the signal itself: 143 in a shell, not the documented 130)
+    folder, env = hotfix
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    real = shutil.which("sha256sum")
+    (hook / "sha256sum").write_text(f'#!/bin/sh\ncase "$*" in *--version*) kill -TERM $PPID ;; esac\nexec {real} "$@"\n')
+    (hook / "sha256sum").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**env, "PATH": f"{hook}:{env['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
+    result = apply(folder, env)
+    assert result.returncode == 130, (result.returncode, result.stdout + result.stderr)
+    assert result.stdout == result.stderr == "" and not loaded(env)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_apply_sh_never_runs_a_shell_or_docker_its_folder_holds(hotfix, tmp_path):
+    # a PATH that starts with ':' (the current folder first) and a forger's sh and docker beside
+    # apply.sh (before: apply.sh, once in its folder, ran them: "sh -c" the verifier, docker the engine)
+    folder, env = hotfix
+    ran = tmp_path / "ran"
+    for tool in ("sh", "docker"):
+        (folder / tool).write_text(f'#!/bin/sh\n: > {ran}\nexit 0\n')
+        (folder / tool).chmod(0o755)
+    result = subprocess.run([shutil.which("sh"), "./apply.sh"], cwd=folder, capture_output=True, text=True,
+                            timeout=60, env={**env, "PATH": ":" + env["PATH"]})
+    assert result.returncode == 0 and loaded(env) and not ran.exists(), result.stdout + result.stderr
+    assert "note: sh is not listed in SHA256SUMS" in result.stdout
+
+
+def test_apply_sh_applies_its_own_folder_whatever_cdpath_says(hotfix, tmp_path):
+    # run as "sh 1.1/apply.sh" with CDPATH exported, naming a folder that holds another 1.1 (before: apply.sh
+    # went there, to a folder it does not belong to: "SHA256SUMS is missing", or another release's checks)
+    folder, env = hotfix
+    (tmp_path / "decoy" / folder.name).mkdir(parents=True)
+    result = subprocess.run(["sh", f"{folder.name}/apply.sh"], cwd=folder.parent, capture_output=True, text=True,
+                            timeout=120, env={**env, "CDPATH": str(tmp_path / "decoy")})
+    assert result.returncode == 0 and loaded(env), result.stdout + result.stderr
+    assert "demo-llm-1.1.tar.zst: OK" in result.stdout
+
+
 def test_apply_sh_in_a_folder_named_like_a_cd_option_applies_its_own_folder(hotfix, tmp_path):
     # (before: cd "$(dirname "$0")" took "-P" for an option and checked and loaded what $HOME holds)
     folder, env = hotfix
@@ -270,6 +312,37 @@ def test_apply_sh_key_checks_the_signature_as_the_shell_verifier_does_before_any
     good = keyed("--key", "publisher.pub")
     assert good.returncode == 0 and loaded(env), good.stdout + good.stderr
     assert "== minisign -Vm SHA256SUMS" in good.stdout and "Trusted comment: demo-llm 1.1 SHA256SUMS" in good.stdout
+
+
+def test_apply_sh_key_checks_the_signature_before_it_asks_the_engine_anything(hotfix, tmp_path, minisign_key):
+    # (before: apply.sh asked the engine first, its version, the base and the tag: an engine without the
+    # base said "import release 1.0 first" of a folder whose signature no longer covers its sums)
+    folder, env = hotfix
+    secret, public = minisign_key
+    asked = tmp_path / "asked"
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    (spy / "docker").write_text(f'#!/bin/sh\necho "$*" >> {asked}\nexec {tmp_path}/bin/docker "$@"\n')
+    (spy / "docker").chmod(0o755)
+    env = {**env, "PATH": f"{spy}:{env['PATH']}"}
+    for name in os.listdir(env["ENGINE"]):  # no base: apply.sh's own engine check refuses
+        os.unlink(os.path.join(env["ENGINE"], name))
+    minisigned(folder, secret)
+    forge(folder, with_a_member_nothing_refers_to)  # every sum rewritten: the signature no longer covers them
+
+    def keyed() -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "./apply.sh", "--key", str(public)], cwd=folder, capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    result = keyed()
+    assert result.returncode == 3 and not loaded(env), result.stdout + result.stderr
+    assert result.stderr.endswith(f"\nerror: .: SHA256SUMS.minisig is not a good signature of SHA256SUMS by {public}\n")
+    assert not asked.exists()  # nothing of the engine asked
+    minisigned(folder, secret)  # signed as it is: the engine's checks come next, before anything else is read
+    result = keyed()
+    assert result.returncode == 3 and not loaded(env), result.stdout + result.stderr
+    assert "error: this hotfix needs image sha256:" in result.stderr and "== sha256sum -c" not in result.stdout
+    assert "== minisign -Vm SHA256SUMS" in result.stdout and asked.read_text().startswith("version ")
 
 
 @pytest.mark.parametrize("args, says", [

@@ -629,6 +629,131 @@ def test_a_shell_verifier_told_to_stop_stops_and_leaves_no_work_folder(folder, t
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.parametrize("tool, when", [("sha256sum", "*--version*"), ("mktemp", "*")],
+                         ids=["its tools checked", "its work folder made"])
+def test_a_shell_verifier_told_to_stop_before_its_first_step_exits_130(folder, tmp_path, tool, when):
+    # (before: the trap was set once the work folder was made: a signal while its tools were checked, or
+    # while mktemp ran, ended the shell by the signal itself, 143 in a shell, the work folder left)
+    env = changing_after(tmp_path, tool, when, "kill -TERM $PPID")
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    result = shell(folder, env)
+    assert result.returncode == 130, (result.returncode, result.stdout + result.stderr)
+    assert result.stdout == "" and result.stderr == ""
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("path", [":{}", ".:{}", "/nowhere::{}"], ids=["leading", "dot", "inner"])
+def test_a_shell_verifier_never_runs_a_tool_the_release_folder_holds(folder, tmp_path, path):
+    # a PATH with an empty entry (the current folder) or a relative one, and a forger's sha256sum, awk
+    # and cmp beside the archive (before: once in the folder, the script ran them as its checks)
+    ran = tmp_path / "ran"
+    for tool in ("sha256sum", "awk", "cmp"):
+        (folder / tool).write_text(f'#!/bin/sh\n: > {ran}\nexec {shutil.which(tool)} "$@"\n')
+        (folder / tool).chmod(0o755)
+    result = shell(folder, {**os.environ, "PATH": path.format(os.environ["PATH"])})
+    assert result.returncode == 0 and not ran.exists(), result.stdout + result.stderr
+    assert "note: sha256sum is not listed in SHA256SUMS: not part of the release, not read" in result.stdout
+
+
+def test_a_shell_verifier_checks_the_folder_named_not_one_cdpath_finds(folder, tmp_path):
+    # CDPATH exported (an interactive shell's setting) naming a folder that holds another 1.3.1: a good
+    # release there, a cut one here (before: cd went there: "ok:" of a folder the user never named)
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    shutil.copytree(folder, decoy / folder.name)
+    archive = folder / "demo-llm-1.3.1.tar.zst"
+    archive.write_bytes(archive.read_bytes()[:-40])
+    result = subprocess.run(["sh", str(SCRIPT), folder.name, "--no-load"], cwd=folder.parent, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "CDPATH": str(decoy)})
+    assert result.returncode == 3 and "ok:" not in result.stdout, result.stdout + result.stderr
+    assert result.stderr.endswith("error: 1.3.1: files differ from SHA256SUMS (see the lines above)\n")
+
+
+def test_what_a_shell_verifier_prints_of_the_folder_is_one_line_without_control_bytes(folder):
+    # file names beside the release and a manifest.json value are the forger's: an escape sequence that
+    # hides what follows, a '\\033' or '\\c' dash's echo reads as one, a newline that prints a line of its
+    # own (before: all three reached the terminal as they are)
+    names = ("a\\033[8mhidden\\c", "b\x1b[2Jc", "x\nok: demo-llm:1.3.1 (image sha256:forged): all good")
+    for name in names:
+        (folder / name).write_text("")
+    result = shell(folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "\x1b" not in result.stdout and "\nok: demo-llm:1.3.1 (image sha256:forged)" not in result.stdout
+    assert [line for line in result.stdout.splitlines() if line.startswith("note:")] == ["note: a\\033[8mhidden\\c is not listed in SHA256SUMS: not part of the release, not read",
+                     "note: b?[2Jc is not listed in SHA256SUMS: not part of the release, not read",
+                     "note: x?ok: demo-llm:1.3.1 (image sha256:forged): all good is not listed in SHA256SUMS: not part "
+                     "of the release, not read"], result.stdout
+    for name in names:
+        (folder / name).unlink()
+    manifest = folder / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"tag": "demo-llm:1.3.1"', '"tag": "demo-llm:1.3.1\x1b[8m"'))
+    resum(folder)
+    result = shell(folder)
+    assert result.returncode == 3 and "\x1b" not in result.stderr, result.stderr
+    assert result.stderr.endswith("/manifest.json: tag 'demo-llm:1.3.1?[8m' is not an image reference\n")
+
+
+@pytest.mark.parametrize("options", ["-v", "--quoting-style=c"])
+def test_a_shell_verifier_reads_the_archive_as_it_calls_tar_whatever_tar_options_says(folder, options):
+    # GNU tar's TAR_OPTIONS, set for the user's own archives (before: a good release refused, exit 3:
+    # "the archive's index.json and manifest.json cannot be read", or "holds '"blobs/"'")
+    result = shell(folder, {**os.environ, "TAR_OPTIONS": options})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.endswith("sums, zstd and the archive's structure (not loaded)\n")
+
+
+@pytest.mark.parametrize("what", ["link", "fifo"])
+def test_the_last_name_of_sums_without_a_final_newline_is_checked_as_every_other(cli, folder, tmp_path, what):
+    # SHA256SUMS without its final newline, its last file (run.sh) a link to a copy outside the folder or a
+    # FIFO (before: the shell verifier skipped its check: it passed the link, which build.py verify refuses,
+    # and waited for ever on the FIFO)
+    sums = folder / "SHA256SUMS"
+    assert sums.read_text().splitlines()[-1].endswith("  run.sh")
+    sums.write_text(sums.read_text().rstrip("\n"))
+    outside = tmp_path / "run.sh"
+    (folder / "run.sh").rename(outside)
+    if what == "link":
+        (folder / "run.sh").symlink_to(outside)
+    else:
+        os.mkfifo(folder / "run.sh")
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "run.sh: sha256 check failed: not a regular file" in result.err, result.err
+    errors = [line for line in shell(folder).stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {folder}/run.sh: not a regular file"]
+
+
+@pytest.mark.parametrize("name", ["SHA256SUMS", "SHA256SUMS.minisig"])
+def test_sums_or_a_signature_that_is_a_link_is_named_as_a_link_not_as_missing(folder, tmp_path, minisign_key, name):
+    # (before: "SHA256SUMS is missing", "SHA256SUMS is not signed (no SHA256SUMS.minisig)" of a file the user sees there)
+    secret, public = minisign_key
+    made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(folder / "SHA256SUMS")], capture_output=True,
+                          stdin=subprocess.DEVNULL)
+    assert made.returncode == 0, made.stderr
+    (folder / name).rename(tmp_path / name)
+    (folder / name).symlink_to(tmp_path / name)
+    result = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(public)], capture_output=True,
+                            text=True, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and errors == [f"error: {folder}/{name}: not a regular file (a link?): not a "
+                                                 + ("release's SHA256SUMS" if name == "SHA256SUMS" else "signature")]
+
+
+def test_a_relative_tmpdir_is_read_where_the_verifier_was_started_not_in_the_release_folder(folder, tmp_path):
+    # TMPDIR=tmp, and a link named tmp in the release folder to a folder its maker reads and writes
+    # (before: the script's work folder, its copies of SHA256SUMS and manifest.json, was made there)
+    theirs, mine = tmp_path / "theirs", tmp_path / "start" / "tmp"
+    theirs.mkdir()
+    mine.mkdir(parents=True)
+    (folder / "tmp").symlink_to(theirs)
+    env = changing_after(tmp_path, "sha256sum", "*-c*", f"ls -A {theirs} {mine} > {tmp_path}/seen")
+    result = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], cwd=mine.parent, capture_output=True,
+                            text=True, timeout=120, env={**env, "TMPDIR": "tmp"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = dict(part.split(":", 1) for part in (tmp_path / "seen").read_text().split("\n\n"))
+    assert seen[str(theirs)].strip() == "" and seen[str(mine)].strip().startswith("tmp."), seen
+
+
 def with_a_key_written_twice(folder, key: str, value) -> None:
     """manifest.json with KEY written first with VALUE, then as the release has it (SHA256SUMS made to agree)."""
     text = (folder / "manifest.json").read_text()
