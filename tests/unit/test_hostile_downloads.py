@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..conftest import REPO
-from ..forge import forge, json_member, link, member, read_entries, replace_member, resum, write_tar
+from ..forge import (compact, forge, json_member, link, member, read_entries, replace_config, replace_member, resum,
+                     write_tar)
 from ..savefixtures import layer_tar
 from .test_publish import make_release
 
@@ -1017,3 +1018,25 @@ def test_a_folder_header_with_a_size_is_refused_by_both(cli, folder):
     # it), so each verifier would otherwise pass a form the other refuses
     forge(folder, stream=plain_tar(folder, sized_folder, bytes(1024), "blobs"))
     both_refuse(cli, folder, "a folder header with a size", "holds blobs/ as a folder of 512 bytes")
+
+
+def with_a_second_diff_id_list(key: str):
+    """A config whose rootfs holds, after the checked diffID list, another under ``key``: Go's
+    encoding/json (the engine's) takes any case and Unicode-folded key for diff_ids, and keeps the
+    last; the engine loads by that list, skipping the archive's layer where it holds one of that
+    diffID."""
+    def make(config):
+        text = compact(config).decode()
+        real = json.dumps(config["rootfs"]["diff_ids"], separators=(",", ":"))
+        held = json.dumps(["sha256:" + "ab" * 32] * len(config["rootfs"]["diff_ids"]), separators=(",", ":"))
+        assert f'"diff_ids":{real}' in text
+        return text.replace(f'"diff_ids":{real}', f'"diff_ids":{real},"{key}":{held}').encode()
+    return make
+
+
+@pytest.mark.parametrize("key", ["Diff_IDs", "diff_id\u017f"], ids=["another case", "unicode-folded"])
+def test_a_config_with_a_second_diff_id_list_an_engine_reads_is_refused_by_both(cli, folder, key):
+    replace_config(folder, with_a_second_diff_id_list(key))
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "Traceback" not in result.err, result.err
+    assert "the image config's rootfs has the" in result.err, result.err
