@@ -403,10 +403,13 @@ oci=$(printf '%s' "$index" | grep -o '"digest":"sha256:[0-9a-f]\{64\}"' | sed 's
   || fail "$dir: the archive's index.json does not name the release's tag $tag only: it is not in the form unibake writes"
 grep -qx -e "- blobs/sha256/$oci" "$work/members" || fail "$dir: the archive lacks the image manifest its index.json names"
 [ "$(size_of "blobs/sha256/$oci")" -le "$META" ] || fail "$dir: the archive's image manifest blobs/sha256/$oci is more than $META bytes"
-stream | zstd -q -dc 2>/dev/null | { if tar -xf - -C "$work/x" "blobs/sha256/$oci" 2>/dev/null; then echo 0
+config="blobs/sha256/${want#sha256:}"  # read with it: the diffIDs an engine loads by are the config's
+grep -qx -e "- $config" "$work/members" || fail "$dir: the archive lacks its image config"
+[ "$(size_of "$config")" -le "$META" ] || fail "$dir: the archive's image config $config is more than $META bytes"
+stream | zstd -q -dc 2>/dev/null | { if tar -xf - -C "$work/x" "blobs/sha256/$oci" "$config" 2>/dev/null; then echo 0
   else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
 unchanged
-[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive's image manifest cannot be read"
+[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive's image manifest and config cannot be read"
 # the image manifest (what containerd loads) is, byte for byte but sizes, the one our writer makes of
 # manifest.json (what Engine 20.10 loads): the same config and layers, nothing beside them
 printf '%s' "$man" | grep -o 'blobs/sha256/[0-9a-f]\{64\}' | sed 's|blobs/sha256/||' > "$work/by-manifest"
@@ -485,6 +488,89 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   got != rec[FNR] { print FNR " has diffID sha256:" got ", but manifest.json records sha256:" rec[FNR]; exit }' \
   "$work/omitted" "$work/hashed" "$work/diff-ids" "$work/layers")
 [ -z "$bad" ] || fail "$dir: the archive's layer $bad: refused before any load"
+# and the config's own diffIDs (rootfs.diff_ids) are those: an engine loads by them, and takes a layer it
+# holds under one of them in place of the archive's. The config (the engine's JSON) is read as Go's
+# encoding/json reads it, byte by byte: its keys and its rootfs's ASCII, each once in any case (Go
+# takes "Diff_IDs" for diff_ids, and the last of two), escapes decoded, as unibake's verifier reads it
+# shellcheck disable=SC2016  # awk's, not the shell's
+config_form='function add(code) {  # a decoded character of the string being read
+  if (code >= 128) { wide = 1; return }
+  str = str ((code > 32 && code < 127) ? sprintf("%c", code) : "<" code ">")
+}
+function bad(why) { print "why image config" why; failed = 1; exit }
+function hexval(c) { return c >= 48 && c <= 57 ? c - 48 : c >= 65 && c <= 70 ? c - 55 : c >= 97 && c <= 102 ? c - 87 : -1 }
+function key(k,   what, folded) {  # a key of the top-level object (depth 1) or of its rootfs (depth 2)
+  what = depth == 1 ? " has" : "\047s rootfs has"
+  if (wide) bad(what " a key that is not ASCII, which an engine may read as another key")
+  folded = depth SUBSEP tolower(k)
+  if (folded in seen) bad(what " the keys \047" seen[folded] "\047 and \047" k "\047, which an engine reads as one (the last)")
+  seen[folded] = k
+}
+function value(c) {  # a value starts with the byte c: where one may, and in rootfs.diff_ids a string
+  if (expect != "value" && expect != "value]") bad(" is not valid JSON")
+  if (depth == 3 && list && c != 34) bad("\047s rootfs.diff_ids holds something other than strings")
+  if (depth == 0 && c != 123) bad(" is not a JSON object")
+}
+function literal(   ok) {  # a number, true, false or null ended
+  inlit = 0; expect = "next"
+  ok = lit ~ /^(true|false|null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)$/
+  if (!ok) bad(" is not valid JSON")
+}
+function byte(c,   h) {
+  if (instr) {
+    if (u >= 0) { h = hexval(c); if (h < 0) bad(" is not valid JSON")
+      code = code * 16 + h; if (++u == 4) { add(code); u = -1 }; return }
+    if (esc) { esc = 0
+      if (c == 117) { u = 0; code = 0; return }
+      if (c == 98) c = 8; else if (c == 102) c = 12; else if (c == 110) c = 10; else if (c == 114) c = 13
+      else if (c == 116) c = 9; else if (c != 34 && c != 92 && c != 47) bad(" is not valid JSON")
+      add(c); return }
+    if (c == 92) { esc = 1; return }
+    if (c < 32) bad(" is not valid JSON")
+    if (c != 34) { add(c); return }
+    instr = 0
+    if (expect == "key" || expect == "key}") { expect = ":"; current[depth] = str
+      if (depth == 1 || (depth == 2 && inroot)) key(str)
+      return }
+    expect = "next"
+    if (depth == 3 && list) print "id " (wide ? "<wide>" : str)
+    return
+  }
+  if (inlit && ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c == 43 || c == 45 || c == 46)) {
+    lit = lit sprintf("%c", c); return }
+  if (inlit) literal()
+  if (c == 32 || c == 9 || c == 10 || c == 13) return
+  if (ended) bad(" is not one JSON object")
+  if (c == 34) { if (expect != "key" && expect != "key}") value(c); instr = 1; str = ""; wide = 0; return }
+  if (c == 123 || c == 91) {
+    value(c); depth++; kind[depth] = c; current[depth] = ""; expect = c == 123 ? "key}" : "value]"
+    if (depth == 2) inroot = c == 123 && current[1] == "rootfs"
+    if (depth == 3 && inroot && c == 91 && current[2] == "diff_ids") { list = 1; print "found" }
+    return
+  }
+  if (c == 125 || c == 93) {
+    if (kind[depth] != c - 2 || (expect != "next" && expect != (c == 125 ? "key}" : "value]"))) bad(" is not valid JSON")
+    if (depth == 3) list = 0; if (depth == 2) inroot = 0
+    depth--; expect = "next"; if (depth == 0) ended = 1; return }
+  if (c == 44) { if (expect != "next" || depth == 0) bad(" is not valid JSON"); expect = kind[depth] == 123 ? "key" : "value"; return }
+  if (c == 58) { if (expect != ":") bad(" is not valid JSON"); expect = "value"; return }
+  if ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || c == 45) { value(c); inlit = 1; lit = sprintf("%c", c); return }
+  bad(" is not valid JSON")
+}
+BEGIN { u = -1; expect = "value" }
+{ for (f = 1; f <= NF; f++) byte($f + 0) }
+END { if (!failed && !ended) print "why image config is not valid JSON" }'
+od -An -tu1 -v "$work/x/$config" | awk "$config_form" > "$work/config-ids"
+why=$(sed -n 's/^why //p' "$work/config-ids" | head -n 1)
+[ -z "$why" ] || fail "$dir: the archive's $why: refused before any load"
+grep -qx found "$work/config-ids" || fail "$dir: the archive's image config has no list of diffIDs (rootfs.diff_ids)"
+sed -n 's/^id //p' "$work/config-ids" > "$work/config-diff-ids"
+sed 's/^/sha256:/' "$work/diff-ids" > "$work/recorded-ids"
+bad=$(awk 'FILENAME == ARGV[1] { rec[FNR] = $0; n = FNR; next } { got[FNR] = $0; m = FNR }
+  END { for (i = 1; i <= (n > m ? n : m); i++) if (rec[i] != got[i]) {
+    print i " as " (i <= m ? got[i] : "none") ", but manifest.json records " (i <= n ? rec[i] : "none"); exit } }' \
+  "$work/recorded-ids" "$work/config-diff-ids")
+[ -z "$bad" ] || fail "$dir: the archive's image config (by which an engine loads) records the diffID of layer $bad: refused before any load"
 
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
 [ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
