@@ -895,9 +895,14 @@ def member_json(members: dict[str, Member], name: str, object_pairs_hook=None) -
     if member.data is None:
         raise ArchiveError(f"archive member {name!r} is too large for a metadata file ({member.size} bytes)")
     try:
-        return json.loads(member.data, object_pairs_hook=object_pairs_hook)
+        return json.loads(member.data, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise ArchiveError(f"archive member {name!r} is not valid JSON: {str(exc)[:100]}") from None
+
+
+def _not_json(constant: str) -> object:
+    """NaN and Infinity, which Python's json reads and JSON (Go's, the engine's; the shell verifier's) does not."""
+    raise ValueError(f"{constant} is no JSON value")
 
 
 class _Written(dict):

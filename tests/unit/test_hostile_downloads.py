@@ -1083,3 +1083,13 @@ def test_a_config_in_any_json_form_the_engine_reads_alike_passes_both(cli, folde
     replace_config(folder, make)
     assert cli("verify", str(folder)).code == 0
     assert shell(folder).returncode == 0, shell(folder).stderr
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_config_holding_a_number_json_has_not_is_refused_by_both(cli, folder, constant):
+    # Python's json reads NaN and Infinity; Go's (the engine refuses the load) and the shell verifier do not
+    def make(config):
+        return compact(config).replace(b'"os":', b'"size":%s,"os":' % constant.encode())
+
+    replace_config(folder, make)
+    refused_in_one_line(cli, folder, f"is not valid JSON: {constant} is no JSON value", "image config is not valid JSON")
