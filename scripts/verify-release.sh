@@ -190,6 +190,25 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
   block != "" && /^    "[^"]*": / { match($0, /"[^"]*"/); print block "." substr($0, RSTART, RLENGTH) }' \
   "$work/manifest.json" | sort | uniq -d | head -n 1)
 [ -z "$twice" ] || fail "$dir/manifest.json: the key $twice is written twice: not a manifest unibake writes"
+# and each line one element as unibake writes it (json.dumps, two spaces a level): a key read by its line
+# is then the JSON key of that depth (written two on a line, or a top-level key indented as a label's,
+# it would be another value than the one JSON readers, build.py verify among them, take)
+# shellcheck disable=SC2016  # awk's, not the shell's
+odd=$(awk -v q='"' 'BEGIN { str = q "([^" q "\\\\]|\\\\.)*" q; d = 0
+    element = "^(" str ": )?(" str "|-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+  { match($0, /^ */); body = substr($0, RLENGTH + 1); closing = body ~ /^[]}],?$/
+    if (ended || (NR == 1 && body != "{")) { print NR; exit }
+    if (closing) { if (d == 0 || last == "," || last == "open" || substr(body, 1, 1) != (kind[d] == "{" ? "}" : "]")) { print NR; exit }; d-- }
+    else if (NR > 1 && last != "," && last != "open") { print NR; exit }
+    if (RLENGTH != 2 * d || (!closing && body !~ element)) { print NR; exit }
+    if (!closing && d > 0 && (body ~ ("^" str ": ")) != (kind[d] == "{")) { print NR; exit }
+    if (!closing && kind[d] == "{") { match(body, "^" str); if ((obj[d], substr(body, 1, RLENGTH)) in seen) { print NR; exit }
+      seen[obj[d], substr(body, 1, RLENGTH)] = 1 }  # a key twice in one object, at any depth
+    last = body ~ /,$/ ? "," : ""
+    if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
+    if (d == 0) ended = 1 }
+  END { if (!ended && NR > 0) print NR }' "$work/manifest.json" | head -n 1)
+[ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (one key or value a line, two spaces a level): its lines could be read otherwise than its JSON"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"

@@ -1093,3 +1093,34 @@ def test_a_config_holding_a_number_json_has_not_is_refused_by_both(cli, folder, 
 
     replace_config(folder, make)
     refused_in_one_line(cli, folder, f"is not valid JSON: {constant} is no JSON value", "image config is not valid JSON")
+
+
+def test_a_manifest_whose_lines_say_another_image_than_its_json_is_refused_by_both(cli, folder):
+    # the shell reads manifest.json line by line: the real image ID written on the version's line and
+    # the archive's one as a label at the top level's indentation, the shell read the label and passed
+    text = (folder / "manifest.json").read_text()
+    image_id = json.loads(text)["image_id"]
+    text = text.replace(f'\n  "image_id": "{image_id}",\n', "\n")
+    text = text.replace('\n  "version": "1.3.1",\n', '\n  "version": "1.3.1", "image_id": "sha256:' + "c" * 64 + '",\n')
+    text = text.replace('\n  "labels": {\n', f'\n  "labels": {{\n  "image_id": "{image_id}",\n')
+    (folder / "manifest.json").write_text(text)
+    resum(folder)
+    assert json.loads(text)["labels"]["image_id"] == image_id
+    refused_in_one_line(cli, folder, "but manifest.json says sha256:" + "c" * 64,
+                        "manifest.json:9: not written as unibake writes it (one key or value a line, two spaces a level)")
+
+
+@pytest.mark.parametrize("change", [
+    lambda text: text.replace('"tag": ', '"tag":  '),
+    lambda text: text.replace('\n  "labels": {\n    ', '\n  "labels": {\n   '),
+    lambda text: text.replace('"sha256:', '"sha256:', 1).replace("\n}\n", ',\n  "schema": 2\n}\n'),
+    lambda text: text.replace('\n  "hotfix": null,\n', '\n  "hotfix": null\n,\n'),
+], ids=["blanks after a colon", "a label indented otherwise", "a key twice", "a comma alone"])
+def test_a_manifest_not_written_as_unibake_writes_it_is_refused_by_the_shell(folder, change):
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(change(text))
+    assert (folder / "manifest.json").read_text() != text
+    resum(folder)
+    result = shell(folder)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1 and "manifest.json" in errors[0], result.stderr
