@@ -238,7 +238,7 @@ awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1' "$work/names" | LC_A
 # out of manifest.json by this script alone
 awk '/^  "archive": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
   inside && /^    "files": \[$/ { files = 1; next } files && /^    \]/ { exit } files' "$work/manifest.json" |
-  sed -n 's/^        "name": "\([^"\\]*\)",$/\1/p' > "$work/recorded"
+  sed -n 's/^        "name": "\([^"\\]*\)",\{0,1\}$/\1/p' > "$work/recorded"
 cmp -s "$work/parts" "$work/recorded" || fail "$dir: SHA256SUMS lists the archive as $(tr '\n' ' ' < "$work/parts")\
 but manifest.json records $(tr '\n' ' ' < "$work/recorded")as its files: not one release's archive"
 if grep -qx -F "$archive" "$work/parts" && [ "$(wc -l < "$work/parts")" -gt 1 ]; then
@@ -252,6 +252,28 @@ if grep -q '\.part-' "$work/parts"; then
     n=$((n + 1))
   done < "$work/parts"
 fi
+# the archive as manifest.json records it (build.py verify checks the same): each file's size and sha256
+# (the one SHA256SUMS lists), their total, and below the sha256 of the whole compressed stream and the
+# sha256 and size of the tar it decompresses to
+awk '/^  "archive": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
+  function v() { x = $2; gsub(/[",]/, "", x); return x }
+  inside && /^      \{$/ { name = size = sha = "-"; next }
+  inside && /^      [}],?$/ { print "file", name, size, sha; next }
+  inside && /^        "name": / { name = v() } inside && /^        "bytes": / { size = v() } inside && /^        "sha256": / { sha = v() }
+  inside && /^    "(bytes|sha256|uncompressed_bytes|uncompressed_sha256)": / { k = $1; gsub(/[":]/, "", k); print k, v() }' \
+  "$work/manifest.json" > "$work/record"
+record() { awk -v k="$1" '$1 == k { print $2; exit }' "$work/record"; }
+total=0
+while read -r what name size sha; do
+  [ "$what" = file ] || continue
+  listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
+  [ "$sha" = "$listed" ] || fail "$dir/manifest.json records $name with the sha256 $sha; SHA256SUMS lists $listed"
+  # ls, not wc: busybox's wc reads the whole file and wraps at 4 GiB
+  has=$(ls -ln -- "$name" | awk '{ print $5 }')
+  [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
+  total=$(awk -v t="$total" -v s="$size" 'BEGIN { printf "%.0f", t + s }')
+done < "$work/record"
+[ "$(record bytes)" = "$total" ] || fail "$dir/manifest.json records the archive as $(record bytes) bytes; its files make $total"
 # Every read of the archive: its parts in order, each hashed as it is read (one line a part in
 # $work/streamed); "unchanged" then says whether that read was of the bytes SHA256SUMS lists. Each
 # reader reads to the end (a part cut short hashes otherwise).
@@ -286,11 +308,20 @@ done
 # --- 3. the archive's structure, before anything is loaded ------------------------------------
 echo "== its structure (zstd -dc $(tr '\n' ' ' < "$work/parts")| tar -tv)"
 # (tar stops reading at the end-of-archive blocks; what follows them is drained, so zstd reads to its end)
-{ stream | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | {
+# (and the sha256 of the whole compressed stream and of the tar, as manifest.json records them, taken on the way)
+rm -f "$work/whole.fifo" "$work/tar.fifo" && mkfifo "$work/whole.fifo" "$work/tar.fifo"
+sha256sum < "$work/whole.fifo" | cut -c 1-64 > "$work/whole.sha256" &
+sha256sum < "$work/tar.fifo" | cut -c 1-64 > "$work/tar.sha256" &
+{ stream | tee "$work/whole.fifo" | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | tee "$work/tar.fifo" | {
   if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+wait
 unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
 [ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
+[ "$(cat "$work/whole.sha256")" = "$(record sha256)" ] || fail "$dir/manifest.json records the archive's sha256 \
+(all its files in order) as $(record sha256); it is $(cat "$work/whole.sha256")"
+[ "$(cat "$work/tar.sha256")" = "$(record uncompressed_sha256)" ] || fail "$dir/manifest.json records the sha256 of \
+the tar the archive decompresses to as $(record uncompressed_sha256); it is $(cat "$work/tar.sha256")"
 # every member: the two folders, blobs named by their digest, and the three metadata files, each once
 awk 'NF != 6 { print "x", "a name with spaces or a link"; next } {print substr($1, 1, 1), $NF}' "$work/list" > "$work/members"
 odd=$(grep -v -e '^d blobs/$' -e '^d blobs/sha256/$' -e '^- blobs/sha256/[0-9a-f]\{64\}$' \
@@ -385,6 +416,10 @@ echo "== every header where its listing puts it, as an engine reads it (zstd -dc
 stream | zstd -q -dc 2>/dev/null | { walk > "$work/walked"; cat > /dev/null; }
 unchanged
 [ ! -s "$work/walked" ] || fail "$dir: the archive's tar $(head -n 1 "$work/walked"): it holds an extended header or data past its end, or a header an engine reads otherwise, not the plain entries unibake writes; refused before any load"
+# the tar is then exactly its entries (a header and the content padded to 512 bytes each) and two zero blocks
+tar_bytes=$(awk '{ n += 512 + int(($1 + 511) / 512) * 512 } END { printf "%.0f", n + 1024 }' "$work/sizes")
+[ "$tar_bytes" = "$(record uncompressed_bytes)" ] || fail "$dir/manifest.json records the tar the archive decompresses \
+to as $(record uncompressed_bytes) bytes; it is $tar_bytes"
 # index.json, manifest.json and the image manifest are read whole: at most 16 MiB each, as unibake's
 # own verifier keeps them (an index naming a huge layer as its manifest must not fill the disk)
 META=16777216

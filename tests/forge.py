@@ -135,3 +135,16 @@ def replace_config(folder: Path, make: Callable[[dict], bytes]) -> str:
     (folder / "IMAGE_ID").write_text(f"sha256:{made['id']}\n")
     resum(folder)
     return f"sha256:{made['id']}"
+
+
+def cut_archive(folder: Path, name: str, drop: int) -> None:
+    """The archive file ``name`` (the only one) cut by ``drop`` bytes, its record in manifest.json and
+    SHA256SUMS made to agree: only the stream itself tells it is cut."""
+    archive = folder / name
+    archive.write_bytes(archive.read_bytes()[:-drop])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    cut = {"bytes": archive.stat().st_size, "sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}
+    manifest["archive"].update(cut)
+    manifest["archive"]["files"][0].update(cut)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)

@@ -1124,3 +1124,27 @@ def test_a_manifest_not_written_as_unibake_writes_it_is_refused_by_the_shell(fol
     result = shell(folder)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 3 and len(errors) == 1 and "manifest.json" in errors[0], result.stderr
+
+
+@pytest.mark.parametrize("split", [None, 400], ids=["one file", "parts"])
+@pytest.mark.parametrize("field, python_says, shell_says", [
+    ("sha256", "differs from manifest.json", "records the archive's sha256 (all its files in order) as"),
+    ("bytes", "records the archive as", "records the archive as"),
+    ("uncompressed_sha256", "the uncompressed stream's sha256 differs", "records the sha256 of the tar"),
+    ("uncompressed_bytes", "the uncompressed stream is", "records the tar the archive decompresses to as"),
+    ("file sha256", "SHA256SUMS lists", "SHA256SUMS lists"),
+    ("file bytes", "truncated", "but manifest.json records"),
+])
+def test_a_manifest_recording_another_archive_than_its_files_is_refused_by_both(cli, tmp_path, split, field, python_says,
+                                                                               shell_says):
+    # SHA256SUMS and the files agree; manifest.json (what apply.sh, pull and the notes go by) records
+    # other digests or sizes: build.py verify refused it, verify-release.sh passed it (and neither
+    # compared a file's recorded sha256 with SHA256SUMS's)
+    folder = make_release(tmp_path / "release", split=split)[0]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["archive"]["files"][-1] if field.startswith("file ") else manifest["archive"]
+    key = field.removeprefix("file ")
+    record[key] = "ab" * 32 if key.endswith("sha256") else record[key] + (512 if "uncompressed" in key else 1)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    refused_in_one_line(cli, folder, python_says, shell_says)
