@@ -588,6 +588,8 @@ function byte(c,   h) {
       return }
     expect = "next"
     if (depth == 3 && list) print "id " (wide ? "<wide>" : str)
+    if (depth == 1 && (current[1] == "architecture" || current[1] == "os" || current[1] == "variant"))
+      print "top " current[1] " " (wide ? "<wide>" : str)  # the platform it records
     return
   }
   if (inlit && ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c == 43 || c == 45 || c == 46)) {
@@ -625,6 +627,21 @@ bad=$(awk 'FILENAME == ARGV[1] { rec[FNR] = $0; n = FNR; next } { got[FNR] = $0;
     print i " as " (i <= m ? got[i] : "none") ", but manifest.json records " (i <= n ? rec[i] : "none"); exit } }' \
   "$work/recorded-ids" "$work/config-diff-ids")
 [ -z "$bad" ] || fail "$dir: the archive's image config (by which an engine loads) records the diffID of layer $bad: refused before any load"
+# and the platform it records is the one manifest.json names (absent: linux/amd64, as in releases made
+# before it was recorded; null: none), as build.py verify compares them (arm64 with or without its variant)
+top() { sed -n "s/^top $1 //p" "$work/config-ids" | head -n 1; }
+platform=
+if [ -n "$(top architecture)" ] && [ -n "$(top os)" ]; then
+  platform="$(top os)/$(top architecture)"
+  case "$platform" in linux/amd64|linux/arm64) ;; *) [ -z "$(top variant)" ] || platform="$platform/$(top variant)" ;; esac
+fi
+if grep -q '^  "platform": null,\{0,1\}$' "$work/manifest.json"; then named=
+elif grep -q '^  "platform": ' "$work/manifest.json"; then
+  named=$(sed -n 's/^  "platform": "\([a-z0-9_./]*\)",\{0,1\}$/\1/p' "$work/manifest.json")
+  [ -n "$named" ] || fail "$dir/manifest.json: a platform that is not one"
+else named=linux/amd64; fi
+[ "$platform" = "$named" ] || fail "$dir: the archive's image config is for ${platform:-no platform}, but manifest.json \
+says ${named:-none}: refused before any load"
 
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
 [ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }

@@ -1148,3 +1148,33 @@ def test_a_manifest_recording_another_archive_than_its_files_is_refused_by_both(
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
     refused_in_one_line(cli, folder, python_says, shell_says)
+
+
+@pytest.mark.parametrize("architecture, variant, named, passes", [
+    ("amd64", None, "linux/arm64", False),
+    ("arm64", "v8", "linux/amd64", False),
+    ("arm64", None, "linux/arm64", True),
+    ("ppc64le", "x", "linux/ppc64le", False),
+    ("ppc64le", "x", "linux/ppc64le/x", True),
+    (None, None, None, True),
+], ids=["amd64 named arm64", "arm64 named amd64", "arm64 without its variant", "a variant left out", "a variant",
+        "none"])
+def test_both_verifiers_compare_the_config_s_platform_with_the_manifest_s_alike(cli, folder, architecture, variant, named,
+                                                                               passes):
+    # (before: verify-release.sh passed an amd64 image in a release manifest.json calls arm64)
+    def make(config):
+        config.pop("architecture")
+        config.update({"architecture": architecture} if architecture else {}, **({"variant": variant} if variant else {}))
+        return compact(config)
+
+    replace_config(folder, make)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["platform"] = named
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    if passes:
+        assert cli("verify", str(folder)).code == 0
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, f"but manifest.json says {named}", f"but manifest.json says {named}: refused "
+                            "before any load")
