@@ -220,6 +220,25 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
   block != "" && /^    "[^"]*": / { match($0, /"[^"]*"/); print block "." substr($0, RSTART, RLENGTH) }' \
   "$work/manifest.json" | sort | uniq -d | head -n 1)
 [ -z "$twice" ] || fail "$dir/manifest.json: the key $twice is written twice: not a manifest unibake writes"
+# and each line one element as unibake writes it (json.dumps, two spaces a level): a key read by its line
+# is then the JSON key of that depth (written two on a line, or a top-level key indented as a label's,
+# it would be another value than the one JSON readers, build.py verify among them, take)
+# shellcheck disable=SC2016  # awk's, not the shell's
+odd=$(awk -v q='"' 'BEGIN { str = q "([^" q "\\\\]|\\\\.)*" q; d = 0
+    element = "^(" str ": )?(" str "|-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+  { match($0, /^ */); body = substr($0, RLENGTH + 1); closing = body ~ /^[]}],?$/
+    if (ended || (NR == 1 && body != "{")) { print NR; exit }
+    if (closing) { if (d == 0 || last == "," || last == "open" || substr(body, 1, 1) != (kind[d] == "{" ? "}" : "]")) { print NR; exit }; d-- }
+    else if (NR > 1 && last != "," && last != "open") { print NR; exit }
+    if (RLENGTH != 2 * d || (!closing && body !~ element)) { print NR; exit }
+    if (!closing && d > 0 && (body ~ ("^" str ": ")) != (kind[d] == "{")) { print NR; exit }
+    if (!closing && kind[d] == "{") { match(body, "^" str); if ((obj[d], substr(body, 1, RLENGTH)) in seen) { print NR; exit }
+      seen[obj[d], substr(body, 1, RLENGTH)] = 1 }  # a key twice in one object, at any depth
+    last = body ~ /,$/ ? "," : ""
+    if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
+    if (d == 0) ended = 1 }
+  END { if (!ended && NR > 0) print NR }' "$work/manifest.json" | head -n 1)
+[ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (one key or value a line, two spaces a level): its lines could be read otherwise than its JSON"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
@@ -249,7 +268,7 @@ awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1' "$work/names" | LC_A
 # out of manifest.json by this script alone
 awk '/^  "archive": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
   inside && /^    "files": \[$/ { files = 1; next } files && /^    \]/ { exit } files' "$work/manifest.json" |
-  sed -n 's/^        "name": "\([^"\\]*\)",$/\1/p' > "$work/recorded"
+  sed -n 's/^        "name": "\([^"\\]*\)",\{0,1\}$/\1/p' > "$work/recorded"
 cmp -s "$work/parts" "$work/recorded" || fail "$dir: SHA256SUMS lists the archive as $(tr '\n' ' ' < "$work/parts")\
 but manifest.json records $(tr '\n' ' ' < "$work/recorded")as its files: not one release's archive"
 if grep -qx -F "$archive" "$work/parts" && [ "$(wc -l < "$work/parts")" -gt 1 ]; then
@@ -263,6 +282,28 @@ if grep -q '\.part-' "$work/parts"; then
     n=$((n + 1))
   done < "$work/parts"
 fi
+# the archive as manifest.json records it (build.py verify checks the same): each file's size and sha256
+# (the one SHA256SUMS lists), their total, and below the sha256 of the whole compressed stream and the
+# sha256 and size of the tar it decompresses to
+awk '/^  "archive": \{$/ { inside = 1; next } inside && /^  [}]/ { exit }
+  function v() { x = $2; gsub(/[",]/, "", x); return x }
+  inside && /^      \{$/ { name = size = sha = "-"; next }
+  inside && /^      [}],?$/ { print "file", name, size, sha; next }
+  inside && /^        "name": / { name = v() } inside && /^        "bytes": / { size = v() } inside && /^        "sha256": / { sha = v() }
+  inside && /^    "(bytes|sha256|uncompressed_bytes|uncompressed_sha256)": / { k = $1; gsub(/[":]/, "", k); print k, v() }' \
+  "$work/manifest.json" > "$work/record"
+record() { awk -v k="$1" '$1 == k { print $2; exit }' "$work/record"; }
+total=0
+while read -r what name size sha; do
+  [ "$what" = file ] || continue
+  listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
+  [ "$sha" = "$listed" ] || fail "$dir/manifest.json records $name with the sha256 $sha; SHA256SUMS lists $listed"
+  # ls, not wc: busybox's wc reads the whole file and wraps at 4 GiB
+  has=$(ls -ln -- "$name" | awk '{ print $5 }')
+  [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
+  total=$(awk -v t="$total" -v s="$size" 'BEGIN { printf "%.0f", t + s }')
+done < "$work/record"
+[ "$(record bytes)" = "$total" ] || fail "$dir/manifest.json records the archive as $(record bytes) bytes; its files make $total"
 # Every read of the archive: its parts in order, each hashed as it is read (one line a part in
 # $work/streamed); "unchanged" then says whether that read was of the bytes SHA256SUMS lists. Each
 # reader reads to the end (a part cut short hashes otherwise).
@@ -297,11 +338,20 @@ done
 # --- 3. the archive's structure, before anything is loaded ------------------------------------
 echo "== its structure (zstd -dc $(tr '\n' ' ' < "$work/parts")| tar -tv)"
 # (tar stops reading at the end-of-archive blocks; what follows them is drained, so zstd reads to its end)
-{ stream | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | {
+# (and the sha256 of the whole compressed stream and of the tar, as manifest.json records them, taken on the way)
+rm -f "$work/whole.fifo" "$work/tar.fifo" && mkfifo "$work/whole.fifo" "$work/tar.fifo"
+sha256sum < "$work/whole.fifo" | cut -c 1-64 > "$work/whole.sha256" &
+sha256sum < "$work/tar.fifo" | cut -c 1-64 > "$work/tar.sha256" &
+{ stream | tee "$work/whole.fifo" | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | tee "$work/tar.fifo" | {
   if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+wait
 unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
 [ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
+[ "$(cat "$work/whole.sha256")" = "$(record sha256)" ] || fail "$dir/manifest.json records the archive's sha256 \
+(all its files in order) as $(record sha256); it is $(cat "$work/whole.sha256")"
+[ "$(cat "$work/tar.sha256")" = "$(record uncompressed_sha256)" ] || fail "$dir/manifest.json records the sha256 of \
+the tar the archive decompresses to as $(record uncompressed_sha256); it is $(cat "$work/tar.sha256")"
 # every member: the two folders, blobs named by their digest, and the three metadata files, each once
 awk 'NF != 6 { print "x", "a name with spaces or a link"; next } {print substr($1, 1, 1), $NF}' "$work/list" > "$work/members"
 odd=$(grep -v -e '^d blobs/$' -e '^d blobs/sha256/$' -e '^- blobs/sha256/[0-9a-f]\{64\}$' \
@@ -396,6 +446,10 @@ echo "== every header where its listing puts it, as an engine reads it (zstd -dc
 stream | zstd -q -dc 2>/dev/null | { walk > "$work/walked"; cat > /dev/null; }
 unchanged
 [ ! -s "$work/walked" ] || fail "$dir: the archive's tar $(head -n 1 "$work/walked"): it holds an extended header or data past its end, or a header an engine reads otherwise, not the plain entries unibake writes; refused before any load"
+# the tar is then exactly its entries (a header and the content padded to 512 bytes each) and two zero blocks
+tar_bytes=$(awk '{ n += 512 + int(($1 + 511) / 512) * 512 } END { printf "%.0f", n + 1024 }' "$work/sizes")
+[ "$tar_bytes" = "$(record uncompressed_bytes)" ] || fail "$dir/manifest.json records the tar the archive decompresses \
+to as $(record uncompressed_bytes) bytes; it is $tar_bytes"
 # index.json, manifest.json and the image manifest are read whole: at most 16 MiB each, as unibake's
 # own verifier keeps them (an index naming a huge layer as its manifest must not fill the disk)
 META=16777216
@@ -433,10 +487,13 @@ oci=$(printf '%s' "$index" | grep -o '"digest":"sha256:[0-9a-f]\{64\}"' | sed 's
   || fail "$dir: the archive's index.json does not name the release's tag $tag only: it is not in the form unibake writes"
 grep -qx -e "- blobs/sha256/$oci" "$work/members" || fail "$dir: the archive lacks the image manifest its index.json names"
 [ "$(size_of "blobs/sha256/$oci")" -le "$META" ] || fail "$dir: the archive's image manifest blobs/sha256/$oci is more than $META bytes"
-stream | zstd -q -dc 2>/dev/null | { if tar -xf - -C "$work/x" "blobs/sha256/$oci" 2>/dev/null; then echo 0
+config="blobs/sha256/${want#sha256:}"  # read with it: the diffIDs an engine loads by are the config's
+grep -qx -e "- $config" "$work/members" || fail "$dir: the archive lacks its image config"
+[ "$(size_of "$config")" -le "$META" ] || fail "$dir: the archive's image config $config is more than $META bytes"
+stream | zstd -q -dc 2>/dev/null | { if tar -xf - -C "$work/x" "blobs/sha256/$oci" "$config" 2>/dev/null; then echo 0
   else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
 unchanged
-[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive's image manifest cannot be read"
+[ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive's image manifest and config cannot be read"
 # the image manifest (what containerd loads) is, byte for byte but sizes, the one our writer makes of
 # manifest.json (what Engine 20.10 loads): the same config and layers, nothing beside them
 printf '%s' "$man" | grep -o 'blobs/sha256/[0-9a-f]\{64\}' | sed 's|blobs/sha256/||' > "$work/by-manifest"
@@ -515,6 +572,106 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   got != rec[FNR] { print FNR " has diffID sha256:" got ", but manifest.json records sha256:" rec[FNR]; exit }' \
   "$work/omitted" "$work/hashed" "$work/diff-ids" "$work/layers")
 [ -z "$bad" ] || fail "$dir: the archive's layer $bad: refused before any load"
+# and the config's own diffIDs (rootfs.diff_ids) are those: an engine loads by them, and takes a layer it
+# holds under one of them in place of the archive's. The config (the engine's JSON) is read as Go's
+# encoding/json reads it, byte by byte: its keys and its rootfs's ASCII, each once in any case (Go
+# takes "Diff_IDs" for diff_ids, and the last of two), escapes decoded, as unibake's verifier reads it
+# shellcheck disable=SC2016  # awk's, not the shell's
+config_form='function add(code) {  # a decoded character of the string being read
+  if (code >= 128) { wide = 1; return }
+  str = str ((code > 32 && code < 127) ? sprintf("%c", code) : "<" code ">")
+}
+function bad(why) { print "why image config" why; failed = 1; exit }
+function hexval(c) { return c >= 48 && c <= 57 ? c - 48 : c >= 65 && c <= 70 ? c - 55 : c >= 97 && c <= 102 ? c - 87 : -1 }
+function key(k,   what, folded) {  # a key of the top-level object (depth 1) or of its rootfs (depth 2)
+  what = depth == 1 ? " has" : "\047s rootfs has"
+  if (wide) bad(what " a key that is not ASCII, which an engine may read as another key")
+  folded = depth SUBSEP tolower(k)
+  if (folded in seen) bad(what " the keys \047" seen[folded] "\047 and \047" k "\047, which an engine reads as one (the last)")
+  seen[folded] = k
+}
+function value(c) {  # a value starts with the byte c: where one may, and in rootfs.diff_ids a string
+  if (expect != "value" && expect != "value]") bad(" is not valid JSON")
+  if (depth == 3 && list && c != 34) bad("\047s rootfs.diff_ids holds something other than strings")
+  if (depth == 0 && c != 123) bad(" is not a JSON object")
+}
+function literal(   ok) {  # a number, true, false or null ended
+  inlit = 0; expect = "next"
+  ok = lit ~ /^(true|false|null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)$/
+  if (!ok) bad(" is not valid JSON")
+}
+function byte(c,   h) {
+  if (instr) {
+    if (u >= 0) { h = hexval(c); if (h < 0) bad(" is not valid JSON")
+      code = code * 16 + h; if (++u == 4) { add(code); u = -1 }; return }
+    if (esc) { esc = 0
+      if (c == 117) { u = 0; code = 0; return }
+      if (c == 98) c = 8; else if (c == 102) c = 12; else if (c == 110) c = 10; else if (c == 114) c = 13
+      else if (c == 116) c = 9; else if (c != 34 && c != 92 && c != 47) bad(" is not valid JSON")
+      add(c); return }
+    if (c == 92) { esc = 1; return }
+    if (c < 32) bad(" is not valid JSON")
+    if (c != 34) { add(c); return }
+    instr = 0
+    if (expect == "key" || expect == "key}") { expect = ":"; current[depth] = str
+      if (depth == 1 || (depth == 2 && inroot)) key(str)
+      return }
+    expect = "next"
+    if (depth == 3 && list) print "id " (wide ? "<wide>" : str)
+    if (depth == 1 && (current[1] == "architecture" || current[1] == "os" || current[1] == "variant"))
+      print "top " current[1] " " (wide ? "<wide>" : str)  # the platform it records
+    return
+  }
+  if (inlit && ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c == 43 || c == 45 || c == 46)) {
+    lit = lit sprintf("%c", c); return }
+  if (inlit) literal()
+  if (c == 32 || c == 9 || c == 10 || c == 13) return
+  if (ended) bad(" is not one JSON object")
+  if (c == 34) { if (expect != "key" && expect != "key}") value(c); instr = 1; str = ""; wide = 0; return }
+  if (c == 123 || c == 91) {
+    value(c); depth++; kind[depth] = c; current[depth] = ""; expect = c == 123 ? "key}" : "value]"
+    if (depth == 2) inroot = c == 123 && current[1] == "rootfs"
+    if (depth == 3 && inroot && c == 91 && current[2] == "diff_ids") { list = 1; print "found" }
+    return
+  }
+  if (c == 125 || c == 93) {
+    if (kind[depth] != c - 2 || (expect != "next" && expect != (c == 125 ? "key}" : "value]"))) bad(" is not valid JSON")
+    if (depth == 3) list = 0; if (depth == 2) inroot = 0
+    depth--; expect = "next"; if (depth == 0) ended = 1; return }
+  if (c == 44) { if (expect != "next" || depth == 0) bad(" is not valid JSON"); expect = kind[depth] == 123 ? "key" : "value"; return }
+  if (c == 58) { if (expect != ":") bad(" is not valid JSON"); expect = "value"; return }
+  if ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || c == 45) { value(c); inlit = 1; lit = sprintf("%c", c); return }
+  bad(" is not valid JSON")
+}
+BEGIN { u = -1; expect = "value" }
+{ for (f = 1; f <= NF; f++) byte($f + 0) }
+END { if (!failed && !ended) print "why image config is not valid JSON" }'
+od -An -tu1 -v "$work/x/$config" | awk "$config_form" > "$work/config-ids"
+why=$(sed -n 's/^why //p' "$work/config-ids" | head -n 1)
+[ -z "$why" ] || fail "$dir: the archive's $why: refused before any load"
+grep -qx found "$work/config-ids" || fail "$dir: the archive's image config has no list of diffIDs (rootfs.diff_ids)"
+sed -n 's/^id //p' "$work/config-ids" > "$work/config-diff-ids"
+sed 's/^/sha256:/' "$work/diff-ids" > "$work/recorded-ids"
+bad=$(awk 'FILENAME == ARGV[1] { rec[FNR] = $0; n = FNR; next } { got[FNR] = $0; m = FNR }
+  END { for (i = 1; i <= (n > m ? n : m); i++) if (rec[i] != got[i]) {
+    print i " as " (i <= m ? got[i] : "none") ", but manifest.json records " (i <= n ? rec[i] : "none"); exit } }' \
+  "$work/recorded-ids" "$work/config-diff-ids")
+[ -z "$bad" ] || fail "$dir: the archive's image config (by which an engine loads) records the diffID of layer $bad: refused before any load"
+# and the platform it records is the one manifest.json names (absent: linux/amd64, as in releases made
+# before it was recorded; null: none), as build.py verify compares them (arm64 with or without its variant)
+top() { sed -n "s/^top $1 //p" "$work/config-ids" | head -n 1; }
+platform=
+if [ -n "$(top architecture)" ] && [ -n "$(top os)" ]; then
+  platform="$(top os)/$(top architecture)"
+  case "$platform" in linux/amd64|linux/arm64) ;; *) [ -z "$(top variant)" ] || platform="$platform/$(top variant)" ;; esac
+fi
+if grep -q '^  "platform": null,\{0,1\}$' "$work/manifest.json"; then named=
+elif grep -q '^  "platform": ' "$work/manifest.json"; then
+  named=$(sed -n 's/^  "platform": "\([a-z0-9_./]*\)",\{0,1\}$/\1/p' "$work/manifest.json")
+  [ -n "$named" ] || fail "$dir/manifest.json: a platform that is not one"
+else named=linux/amd64; fi
+[ "$platform" = "$named" ] || fail "$dir: the archive's image config is for ${platform:-no platform}, but manifest.json \
+says ${named:-none}: refused before any load"
 
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
 [ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }

@@ -101,3 +101,50 @@ def also_tagging_the_victim(entries: list[Entry]) -> list[Entry]:
     manifest = json_member(entries, "manifest.json")
     manifest[0]["RepoTags"].append("victim:1")
     return replace_member(entries, "manifest.json", json.dumps(manifest, separators=(",", ":")).encode())
+
+
+def compact(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def replace_config(folder: Path, make: Callable[[dict], bytes]) -> str:
+    """The image config replaced by ``make(config)`` and every name of it made to agree (the archive's
+    manifest.json, its image manifest and index.json, the release's manifest.json and IMAGE_ID), as a
+    forger would; returns the new image ID."""
+    old = (folder / "IMAGE_ID").read_text().strip().removeprefix("sha256:")
+    made = {}
+
+    def change(entries: list[Entry]) -> list[Entry]:
+        data = make(json_member(entries, f"blobs/sha256/{old}"))
+        new = made["id"] = hashlib.sha256(data).hexdigest()
+        entries = [(i, d) for i, d in entries if i.name != f"blobs/sha256/{old}"] + [member(f"blobs/sha256/{new}", data)]
+        manifest = json_member(entries, "manifest.json")
+        manifest[0]["Config"] = f"blobs/sha256/{new}"
+        entries = replace_member(entries, "manifest.json", compact(manifest))
+        index = json_member(entries, "index.json")
+        old_oci = index["manifests"][0]["digest"].removeprefix("sha256:")
+        oci = json_member(entries, f"blobs/sha256/{old_oci}")
+        oci["config"].update(digest=f"sha256:{new}", size=len(data))
+        oci_data = compact(oci)
+        new_oci = hashlib.sha256(oci_data).hexdigest()
+        index["manifests"][0].update(digest=f"sha256:{new_oci}", size=len(oci_data))
+        entries = [(i, d) for i, d in entries if i.name != f"blobs/sha256/{old_oci}"]
+        return replace_member(entries + [member(f"blobs/sha256/{new_oci}", oci_data)], "index.json", compact(index))
+
+    forge(folder, change, manifest_change=lambda manifest: manifest.update(image_id=f"sha256:{made['id']}"))
+    (folder / "IMAGE_ID").write_text(f"sha256:{made['id']}\n")
+    resum(folder)
+    return f"sha256:{made['id']}"
+
+
+def cut_archive(folder: Path, name: str, drop: int) -> None:
+    """The archive file ``name`` (the only one) cut by ``drop`` bytes, its record in manifest.json and
+    SHA256SUMS made to agree: only the stream itself tells it is cut."""
+    archive = folder / name
+    archive.write_bytes(archive.read_bytes()[:-drop])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    cut = {"bytes": archive.stat().st_size, "sha256": hashlib.sha256(archive.read_bytes()).hexdigest()}
+    manifest["archive"].update(cut)
+    manifest["archive"]["files"][0].update(cut)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)

@@ -893,14 +893,50 @@ def resolve(members: dict[str, Member], name: str, seen: tuple[str, ...] = ()) -
     return member
 
 
-def member_json(members: dict[str, Member], name: str) -> object:
+def member_json(members: dict[str, Member], name: str, object_pairs_hook=None) -> object:
     member = resolve(members, name)
     if member.data is None:
         raise ArchiveError(f"archive member {name!r} is too large for a metadata file ({member.size} bytes)")
     try:
-        return json.loads(member.data)
+        return json.loads(member.data, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise ArchiveError(f"archive member {name!r} is not valid JSON: {str(exc)[:100]}") from None
+
+
+def _not_json(constant: str) -> object:
+    """NaN and Infinity, which Python's json reads and JSON (Go's, the engine's; the shell verifier's) does not."""
+    raise ValueError(f"{constant} is no JSON value")
+
+
+class _Written(dict):
+    """A JSON object that remembers its keys as they were written (a key written twice too)."""
+
+    keys_written: tuple[str, ...] = ()
+
+
+def _written(pairs: list[tuple[str, object]]) -> _Written:
+    obj = _Written(pairs)
+    obj.keys_written = tuple(key for key, _ in pairs)
+    return obj
+
+
+def check_config_keys(config: object) -> None:
+    """The image config's own keys and its rootfs's, as the engine reads them: Go's encoding/json
+    takes a key in any case ("Diff_IDs" for diff_ids; "diff_idſ" too, Unicode-folded) and keeps the
+    last of two, where this reader takes the exactly named one. Each must be ASCII and once in any
+    case: a second diffID list beside the checked one would be the one an engine loads by (a layer it
+    holds under that diffID taken in place of the archive's, read by no verifier)."""
+    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    for what, obj in (("the image config", config), ("the image config's rootfs", rootfs)):
+        seen: dict[str, str] = {}
+        for key in obj.keys_written if isinstance(obj, _Written) else ():
+            if not key.isascii():
+                raise ArchiveError(f"{what} has the key {key[:40]!r}, not ASCII, which an engine may read as another "
+                                   "key: refused before any load")
+            if key.lower() in seen:
+                raise ArchiveError(f"{what} has the keys {seen[key.lower()][:40]!r} and {key[:40]!r}, which an engine "
+                                   "reads as one (the last): refused before any load")
+            seen[key.lower()] = key
 
 
 def blob_name(digest: object) -> str:
@@ -959,7 +995,8 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
                 raise ArchiveError(f"blob {name} does not match its content address (its sha256 is "
                                    f"{member.sha256}): corrupted archive")
     config_member = resolve(members, where.config_name)
-    config = member_json(members, where.config_name)
+    config = member_json(members, where.config_name, _written)
+    check_config_keys(config)
     image_id = f"sha256:{config_member.sha256}"
     stem = posixpath.basename(where.config_name).removesuffix(".json")
     if len(stem) == 64 and stem != config_member.sha256:

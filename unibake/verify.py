@@ -230,6 +230,9 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
         path = folder / f.name
         if f.name not in sums:
             checks.add("sha256", f.name, False, "not listed in SHA256SUMS")
+        elif sums[f.name] != f.sha256:  # (the file is read against SHA256SUMS's below)
+            checks.add("sha256", f.name, False, f"{MANIFEST} records the sha256 {f.sha256}; SHA256SUMS lists "
+                       f"{sums[f.name]}")
         if not path.is_file() or path.is_symlink():
             part = " part" if len(parts) > 1 else ""
             what = f"missing{part}" if not os.path.lexists(path) else f"a{part or ' file'} that is not a regular file"
@@ -244,6 +247,9 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
             checks.add("size", f.name, False, f"{size} bytes, {size - f.bytes} more than the {f.bytes} recorded")
         else:
             checks.add("size", f.name, True, f"{size} bytes")
+    if archive.bytes != sum(f.bytes for f in archive.files):
+        checks.add("size", archive.name, False, f"{MANIFEST} records the archive as {archive.bytes} bytes; its files "
+                   f"make {sum(f.bytes for f in archive.files)}")
     if not readable:
         checks.add("structure", archive.name, False, "not checked: a file of the archive is missing or not a "
                    "regular file")
@@ -272,6 +278,9 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
             reader.finish()
     if not structure and reader.decoded.hexdigest() != archive.uncompressed_sha256:
         structure = "the uncompressed stream's sha256 differs from manifest.json"
+    if not structure and reader.decoded_bytes != archive.uncompressed_bytes:
+        structure = (f"the uncompressed stream is {reader.decoded_bytes} bytes; {MANIFEST} records "
+                     f"{archive.uncompressed_bytes}")
     digests = reader.file_sha256()
     for name in parts:
         if name in sums:

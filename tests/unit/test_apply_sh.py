@@ -15,7 +15,7 @@ from unibake.errors import UnibakeError
 from unibake.templates import verify_release_sh
 
 from ..conftest import REPO
-from ..forge import also_tagging_the_victim, forge, json_member, member, resum
+from ..forge import also_tagging_the_victim, cut_archive, forge, json_member, member, resum
 from ..savefixtures import layer_tar
 from .test_hotfix import FAKE_DOCKER, hotfix_pair
 
@@ -88,9 +88,12 @@ def test_a_forged_hotfix_archive_is_refused_by_apply_sh_before_any_load(hotfix, 
 def test_a_cut_hotfix_archive_is_refused_by_apply_sh_before_any_load(hotfix):
     folder, env = hotfix
     archive = folder / "demo-llm-1.1.tar.zst"
-    archive.write_bytes(archive.read_bytes()[:-40])
+    kept = archive.read_bytes()
+    archive.write_bytes(kept[:-40])
     refused(folder, env, "files differ from SHA256SUMS")
-    resum(folder)  # the sums made to agree (before: the cut stream was loaded)
+    archive.write_bytes(kept)
+    # the sums and manifest.json's record of the file made to agree (before: the cut stream was loaded)
+    cut_archive(folder, archive.name, 40)
     refused(folder, env, "the archive does not decompress (corrupted or truncated)")
 
 

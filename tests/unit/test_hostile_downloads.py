@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..conftest import REPO
-from ..forge import forge, json_member, link, member, read_entries, replace_member, resum, write_tar
+from ..forge import (compact, forge, json_member, link, member, read_entries, replace_config, replace_member, resum,
+                     write_tar)
 from ..savefixtures import DEFAULT_LAYERS, layer_tar, tar_of
 from .test_publish import make_release
 
@@ -1153,3 +1154,163 @@ def test_a_plain_tar_layer_whose_first_name_begins_like_a_zstd_stream_passes_bot
     result = cli("verify", str(folder))
     assert result.code == 0, result.err
     assert shell(folder).returncode == 0
+
+
+def with_a_second_diff_id_list(key: str):
+    """A config whose rootfs holds, after the checked diffID list, another under ``key``: Go's
+    encoding/json (the engine's) takes any case and Unicode-folded key for diff_ids, and keeps the
+    last; the engine loads by that list, skipping the archive's layer where it holds one of that
+    diffID."""
+    def make(config):
+        text = compact(config).decode()
+        real = json.dumps(config["rootfs"]["diff_ids"], separators=(",", ":"))
+        held = json.dumps(["sha256:" + "ab" * 32] * len(config["rootfs"]["diff_ids"]), separators=(",", ":"))
+        assert f'"diff_ids":{real}' in text
+        return text.replace(f'"diff_ids":{real}', f'"diff_ids":{real},"{key}":{held}').encode()
+    return make
+
+
+@pytest.mark.parametrize("key, says", [("Diff_IDs", "has the keys 'diff_ids' and 'Diff_IDs', which an engine reads as one"),
+                                       ("diff_id\u017f", "has a key that is not ASCII, which an engine may read as another")],
+                         ids=["another case", "unicode-folded"])
+def test_a_config_with_a_second_diff_id_list_an_engine_reads_is_refused_by_both(cli, folder, key, says):
+    replace_config(folder, with_a_second_diff_id_list(key))
+    python_says = says.replace("has a key that is", f"has the key {key!r},")
+    refused_in_one_line(cli, folder, "the image config's rootfs " + python_says, "image config's rootfs " + says)
+
+
+def test_a_config_whose_diff_ids_are_not_the_layers_is_refused_by_both(cli, folder):
+    # the layers and manifest.json agree; the config (by which an engine loads, taking a layer it holds
+    # under one of its diffIDs in place of the archive's) names another first layer
+    def make(config):
+        config["rootfs"]["diff_ids"][0] = "sha256:" + "ab" * 32
+        return compact(config)
+
+    replace_config(folder, make)
+    refused_in_one_line(cli, folder, "has diffID", "image config (by which an engine loads) records the diffID of layer 1 "
+                        "as sha256:" + "ab" * 32)
+
+
+@pytest.mark.parametrize("config, python_says, shell_says", [
+    ('{"os":"linux","rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}', "lists 1 layers", "layer 2 as none"),
+    ('{"os":"linux","config":{"rootfs":{"type":"layers","diff_ids":%s}}}', "no list of diffIDs", "no list of diffIDs"),
+    ('{"os":"linux","rootfs":{"type":"layers","diff_ids":%s},"\u00e9":1}', "not ASCII", "not ASCII"),
+    ('{"os" "linux","rootfs":{"type":"layers","diff_ids":%s}}', "not valid JSON", "is not valid JSON"),
+    ('{"os":"linux","rootfs":{"type":"layers","diff_ids":%s}}{}', "not valid JSON", "is not one JSON object"),
+], ids=["a layer short", "rootfs nested", "a key not ascii", "no colon", "two objects"])
+def test_a_config_an_engine_reads_otherwise_or_not_at_all_is_refused_by_both(cli, folder, config, python_says,
+                                                                              shell_says):
+    def make(old):
+        ids = old["rootfs"]["diff_ids"]
+        return (config % (ids[0].removeprefix("sha256:") if "sha256:%s" in config else json.dumps(ids))).encode()
+
+    replace_config(folder, make)
+    refused_in_one_line(cli, folder, python_says, shell_says)
+
+
+def test_a_config_in_any_json_form_the_engine_reads_alike_passes_both(cli, folder):
+    # written pretty, rootfs's keys in Go's order, a key and a digest escaped, labels differing in case only
+    def make(config):
+        config["config"]["Labels"] = {"Foo": "1", "foo": "{[\"rootfs\":", "\u00e9": "x"}
+        config["rootfs"] = {"type": "layers", "diff_ids": config["rootfs"]["diff_ids"]}
+        text = json.dumps(config, indent=2, ensure_ascii=False).replace('"diff_ids"', '"diff_id\\u0073"')
+        return text.replace('"sha256:', '"sha256\\u003a').encode()
+
+    replace_config(folder, make)
+    assert cli("verify", str(folder)).code == 0
+    assert shell(folder).returncode == 0, shell(folder).stderr
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_config_holding_a_number_json_has_not_is_refused_by_both(cli, folder, constant):
+    # Python's json reads NaN and Infinity; Go's (the engine refuses the load) and the shell verifier do not
+    def make(config):
+        return compact(config).replace(b'"os":', b'"size":%s,"os":' % constant.encode())
+
+    replace_config(folder, make)
+    refused_in_one_line(cli, folder, f"is not valid JSON: {constant} is no JSON value", "image config is not valid JSON")
+
+
+def test_a_manifest_whose_lines_say_another_image_than_its_json_is_refused_by_both(cli, folder):
+    # the shell reads manifest.json line by line: the real image ID written on the version's line and
+    # the archive's one as a label at the top level's indentation, the shell read the label and passed
+    text = (folder / "manifest.json").read_text()
+    image_id = json.loads(text)["image_id"]
+    text = text.replace(f'\n  "image_id": "{image_id}",\n', "\n")
+    text = text.replace('\n  "version": "1.3.1",\n', '\n  "version": "1.3.1", "image_id": "sha256:' + "c" * 64 + '",\n')
+    text = text.replace('\n  "labels": {\n', f'\n  "labels": {{\n  "image_id": "{image_id}",\n')
+    (folder / "manifest.json").write_text(text)
+    resum(folder)
+    assert json.loads(text)["labels"]["image_id"] == image_id
+    refused_in_one_line(cli, folder, "but manifest.json says sha256:" + "c" * 64,
+                        "manifest.json:9: not written as unibake writes it (one key or value a line, two spaces a level)")
+
+
+@pytest.mark.parametrize("change", [
+    lambda text: text.replace('"tag": ', '"tag":  '),
+    lambda text: text.replace('\n  "labels": {\n    ', '\n  "labels": {\n   '),
+    lambda text: text.replace('"sha256:', '"sha256:', 1).replace("\n}\n", ',\n  "schema": 2\n}\n'),
+    lambda text: text.replace('\n  "hotfix": null,\n', '\n  "hotfix": null\n,\n'),
+], ids=["blanks after a colon", "a label indented otherwise", "a key twice", "a comma alone"])
+def test_a_manifest_not_written_as_unibake_writes_it_is_refused_by_the_shell(folder, change):
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(change(text))
+    assert (folder / "manifest.json").read_text() != text
+    resum(folder)
+    result = shell(folder)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 3 and len(errors) == 1 and "manifest.json" in errors[0], result.stderr
+
+
+@pytest.mark.parametrize("split", [None, 400], ids=["one file", "parts"])
+@pytest.mark.parametrize("field, python_says, shell_says", [
+    ("sha256", "differs from manifest.json", "records the archive's sha256 (all its files in order) as"),
+    ("bytes", "records the archive as", "records the archive as"),
+    ("uncompressed_sha256", "the uncompressed stream's sha256 differs", "records the sha256 of the tar"),
+    ("uncompressed_bytes", "the uncompressed stream is", "records the tar the archive decompresses to as"),
+    ("file sha256", "SHA256SUMS lists", "SHA256SUMS lists"),
+    ("file bytes", "truncated", "but manifest.json records"),
+])
+def test_a_manifest_recording_another_archive_than_its_files_is_refused_by_both(cli, tmp_path, split, field, python_says,
+                                                                               shell_says):
+    # SHA256SUMS and the files agree; manifest.json (what apply.sh, pull and the notes go by) records
+    # other digests or sizes: build.py verify refused it, verify-release.sh passed it (and neither
+    # compared a file's recorded sha256 with SHA256SUMS's)
+    folder = make_release(tmp_path / "release", split=split)[0]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["archive"]["files"][-1] if field.startswith("file ") else manifest["archive"]
+    key = field.removeprefix("file ")
+    record[key] = "ab" * 32 if key.endswith("sha256") else record[key] + (512 if "uncompressed" in key else 1)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    refused_in_one_line(cli, folder, python_says, shell_says)
+
+
+@pytest.mark.parametrize("architecture, variant, named, passes", [
+    ("amd64", None, "linux/arm64", False),
+    ("arm64", "v8", "linux/amd64", False),
+    ("arm64", None, "linux/arm64", True),
+    ("ppc64le", "x", "linux/ppc64le", False),
+    ("ppc64le", "x", "linux/ppc64le/x", True),
+    (None, None, None, True),
+], ids=["amd64 named arm64", "arm64 named amd64", "arm64 without its variant", "a variant left out", "a variant",
+        "none"])
+def test_both_verifiers_compare_the_config_s_platform_with_the_manifest_s_alike(cli, folder, architecture, variant, named,
+                                                                               passes):
+    # (before: verify-release.sh passed an amd64 image in a release manifest.json calls arm64)
+    def make(config):
+        config.pop("architecture")
+        config.update({"architecture": architecture} if architecture else {}, **({"variant": variant} if variant else {}))
+        return compact(config)
+
+    replace_config(folder, make)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["platform"] = named
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    if passes:
+        assert cli("verify", str(folder)).code == 0
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, f"but manifest.json says {named}", f"but manifest.json says {named}: refused "
+                            "before any load")
