@@ -10,7 +10,7 @@ import os
 import posixpath
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,6 +255,11 @@ class ReleasePlan:
     @property
     def warnings(self) -> tuple[str, ...]:
         """What the build will do that the sources may not expect: one line per source."""
+        return self.source_warnings + self.unset_warnings()
+
+    @property
+    def source_warnings(self) -> tuple[str, ...]:
+        """The warnings but the unset ``${NAME}`` ones, which the build says knowing the base's ENV."""
         out = []
         for src in {s.path: s for s in _sources(self.engine, self.kernels, self.overlays, self.profiles)}.values():
             if src.empty_folders:  # git keeps none either: a fresh checkout would build the same image
@@ -272,6 +277,12 @@ class ReleasePlan:
             if SHELL_EXPANSION_RE.search(RUNTIME_VAR_RE.sub("", word)):
                 out.append(f"{what}: {word[:80]!r} is passed as it is written but for its ${{NAME}} parts: only "
                            "${NAME} is expanded when the container starts (not $NAME, ${NAME:-default} or $(...))")
+        return tuple(out)
+
+    def unset_warnings(self, base_env: Collection[str] | None = None, base: str = "") -> tuple[str, ...]:
+        """A ``${NAME}`` of ``engine.command`` or ``args`` that neither unibake, nor the profile's env, nor
+        (when known: ``base_env``, the names the base image's ENV sets) the base image sets."""
+        out = []
         # a ${NAME} neither the image nor the entrypoint sets stops the start (set -u): said here, not first
         # at the smoke gate
         unset: dict[tuple[str, str], list[str]] = {}
@@ -284,9 +295,15 @@ class ReleasePlan:
                     if name not in known and p.name not in unset.setdefault((what, name), []):
                         unset[(what, name)].append(p.name)
         for (what, name), names in unset.items():
-            out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
-                       f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), or "
-                       "the engine does not start")
+            if base_env is None:
+                out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
+                           f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), "
+                           "or the engine does not start")
+            elif name not in base_env:
+                by_base = f", nor by the base image {base}" if base else ""
+                out.append(f"{what}: ${{{name}}} is set neither by unibake, nor by the env of profile "
+                           f"{', '.join(names)}{by_base}: it must be given at run time (docker run -e {name}=...), "
+                           "or the engine does not start")
         return tuple(out)
 
     @property
