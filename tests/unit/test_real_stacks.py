@@ -656,6 +656,53 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     assert helped.returncode == 0 and "Usage: ./run.sh" in helped.stdout and "Profiles: tp1, tp2, tp4" in helped.stdout
 
 
+def test_run_sh_passes_other_variables_and_env_files_to_the_container_each_one_word(tmp_path):
+    # run.sh passed no variable but its own: HF_TOKEN, HF_HOME or an NCCL setting needed a hand-written docker run
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    bin_dir = tmp_path / "bin"  # a docker that prints each word it is given on its own line
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '[%s]\\n' \"$a\"; done\n"
+                                    "printf -- '--end--\\nHF_TOKEN=%s\\n' \"${HF_TOKEN:-}\"\n")
+    (bin_dir / "docker").chmod(0o755)
+    env_file = tmp_path / "my env.list"
+    env_file.write_text("\ufeff# settings\r\nNCCL_ALGO=Ring\r\n")
+
+    def run(*args, **env):
+        return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+
+    hostile = "it's $(id) `id` \"x\" ü\nline"
+    ran = run("-e", f"HF_HOME={hostile}", "--env-file", str(env_file), "-e", "HF_TOKEN", "--env=B=", "tp1", "-e",
+              "x", HF_TOKEN="s3cret")
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split("\n--end--\n")[0][1:-1].split("]\n[")
+    at = words.index(f"--env-file={env_file}")
+    assert words[at:at + 7] == [f"--env-file={env_file}", "-e", f"HF_HOME={hostile}", "-e", "HF_TOKEN", "-e", "B="]
+    assert words[at + 7:at + 11] == ["demo-llm:1.3.1", "serve", "-e", "x"]  # after the profile: the engine's
+    assert ran.stdout.endswith("\n--end--\nHF_TOKEN=s3cret\n")  # -e NAME: the engine reads it from run.sh's environment
+    dry = run("--dry-run", "-e", "HF_TOKEN", "tp1", HF_TOKEN="s3cret")
+    assert dry.returncode == 0 and " -e HF_TOKEN demo-llm:1.3.1" in dry.stdout and "s3cret" not in dry.stdout
+    (tmp_path / "own.env").write_text("A=1\n  PORT=8000\r\n")
+    for args, message in ((["-e", "PORT=1"], "-e sets PORT, which run.sh or the image sets"),
+                          (["-e", "UNIBAKE_GPUS=1"], "-e sets UNIBAKE_GPUS, which run.sh or the image sets"),
+                          (["-e", "A;id=1"], "-e needs NAME=VALUE with NAME like HF_HOME; got 'A;id'"),
+                          (["-e", "1A=1"], "got '1A'"), (["-e", "=1"], "got ''"),
+                          (["-e", "A=1", "-e", "A=2"], "-e gives A twice"),
+                          (["-e", "MISSING"], "-e MISSING: MISSING is not set in this environment"),
+                          (["--env-file", str(tmp_path / "none")], "no such readable file"),
+                          (["--env-file", str(tmp_path)], "no such readable file"),
+                          (["--env-file", str(tmp_path / "own.env")], "own.env sets PORT, which run.sh")):
+        bad = run("--dry-run", *args, "tp1")
+        assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr, (args, bad.stderr)
+        assert bad.stdout == "" and bad.stderr.count("\n") == 1
+    bad = run("--dry-run", "--env-file")
+    assert bad.returncode == 2 and bad.stderr == "error: --env-file needs a value\n"
+    helped = run("--help")
+    assert "-e NAME=VALUE" in helped.stdout and "--env-file FILE" in helped.stdout
+
+
 
 @pytest.mark.parametrize("image, takes", [
     ("demo-llm:1.3.1", True), ("localhost:5000/team/demo-llm:1.3.1", True), ("Registry.Example:443/demo:v1", True),
