@@ -827,6 +827,21 @@ def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
     return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")))
 
 
+# GPU device nodes: run.sh gives the container those of the GPUs in GPUS (amd, hygon: /dev/dri/renderD<128+N>;
+# nvidia: --gpus). One in devices.extra is given whatever GPUS says: /dev/dri (the usual --device of a ROCm
+# or DTK docker run) gave every GPU of the host to a profile of one.
+GPU_DEVICE_RE = {"amd": re.compile(r"^/dev/dri(?:/.*)?$"), "hygon": re.compile(r"^/dev/dri(?:/.*)?$"),
+                 "nvidia": re.compile(r"^/dev/nvidia[0-9]+$")}
+
+
+def _check_extra_device(device: str, vendor: str, where: str) -> None:
+    if GPU_DEVICE_RE[vendor].fullmatch(device):
+        given = "--gpus device=GPUS" if vendor == "nvidia" else "/dev/dri/renderD<128+N> for each GPU N of GPUS"
+        raise InputError(f"{where}: devices.extra names {device}, a GPU device: run.sh gives a {vendor} profile "
+                         f"{given} (GPUS=all: every GPU), so {device} would give the container GPUs GPUS did not "
+                         "choose; remove it")
+
+
 def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
     d = m.data
     sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
@@ -853,6 +868,8 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     dev = d.get("devices", {})
     devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
+    for i, device in enumerate(dev.get("extra", [])):
+        _check_extra_device(device, devices.vendor, m.where(("devices", "extra", i)))
     topology = _topology(d, m.where)
     if topology.nodes > 1:
         for key in d.get("env", {}):

@@ -911,3 +911,19 @@ def test_an_external_copy_is_checked_against_the_artifact_of_its_name_when_two_s
     loose.write_bytes(b"neither")
     bad = cli("verify", str(folder), "--external", str(loose))
     assert bad.code == 3 and "model.bin: external check failed" in bad.error_lines[-1], bad.err
+
+
+@pytest.mark.parametrize("vendor, device", [("hygon", "/dev/dri"), ("amd", "/dev/dri"), ("amd", "/dev/dri/renderD128"),
+                                            ("hygon", "/dev/dri/card0"), ("nvidia", "/dev/nvidia0")])
+def test_a_gpu_device_in_devices_extra_is_refused_it_would_give_gpus_gpus_did_not_choose(busybox_product, cli,
+                                                                                          vendor, device):
+    # a DTK or ROCm docker run's --device /dev/kfd --device /dev/dri --device /dev/mkfd copied into devices.extra:
+    # run.sh gave the chosen GPUs' render nodes and then /dev/dri, every GPU of the host, to a profile of one
+    append(busybox_product / "tp1.yaml", f"devices: {{vendor: {vendor}, extra: [/dev/kfd, /dev/mkfd, {device}]}}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {busybox_product / 'tp1.yaml'}:6: devices.extra names {device}, a GPU device: run.sh gives a {vendor} "
+        f"profile {'--gpus device=GPUS' if vendor == 'nvidia' else '/dev/dri/renderD<128+N> for each GPU N of GPUS'} "
+        f"(GPUS=all: every GPU), so {device} would give the container GPUs GPUS did not choose; remove it"], result.err
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace(f", {device}]", "]"))
+    assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # /dev/kfd, /dev/mkfd: not GPUs
