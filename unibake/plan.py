@@ -736,6 +736,26 @@ def _check_env_key(key: str, where: str) -> None:
                          "from launch:); choose another name")
 
 
+# What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of
+# GPUS), which it numbers from 0: a host's numbering copied from a docker run that gave every GPU
+# (CUDA_VISIBLE_DEVICES=4,5,6,7 on a profile of 4) hid every GPU from the engine.
+VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+
+
+def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:
+    items = [item.strip() for item in value.split(",")]
+    numbers = [int(item) for item in items if item.isascii() and item.isdigit()]
+    if not value.strip() or any(item.startswith("-") and item[1:].isascii() and item[1:].isdigit() for item in items):
+        # "" shows no GPU; a negative number hides those after it (-1: all)
+        raise InputError(f"{where}: env {key}={value[:80]!r} hides GPUs from the engine; profile '{profile}' "
+                         f"needs {gpus}: remove it")
+    beyond = [n for n in numbers if n >= gpus]
+    if beyond:
+        raise InputError(f"{where}: env {key}={value[:80]} names GPU {beyond[0]}, but the container of profile "
+                         f"'{profile}' sees only its {gpus} GPU{'s' if gpus > 1 else ''}, numbered from 0 to "
+                         f"{gpus - 1} (run.sh gives it those of GPUS): remove it, or number them from 0")
+
+
 def _check_mounts(mounts: dict[str, str], where) -> None:
     """Weight mounts: each its own variable (run.sh's MODEL_<NAME>, the image's UNIBAKE_MOUNT_<NAME>)
     and its own path, none over the install (a mount there would hide the engine)."""
@@ -865,6 +885,8 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                              f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}{aside}")
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
+    for key in VISIBLE_DEVICES_ENV & set(d.get("env", {})):
+        _check_visible_devices(key, d["env"][key], d["gpus"], m.name, m.where(("env", key)))
     dev = d.get("devices", {})
     devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))

@@ -927,3 +927,26 @@ def test_a_gpu_device_in_devices_extra_is_refused_it_would_give_gpus_gpus_did_no
         f"(GPUS=all: every GPU), so {device} would give the container GPUs GPUS did not choose; remove it"], result.err
     (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace(f", {device}]", "]"))
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # /dev/kfd, /dev/mkfd: not GPUs
+
+
+@pytest.mark.parametrize("line, message", [
+    ("CUDA_VISIBLE_DEVICES=4,5", "env CUDA_VISIBLE_DEVICES=4,5 names GPU 4, but the container of profile 'tp2' sees "
+                                 "only its 2 GPUs, numbered from 0 to 1 (run.sh gives it those of GPUS): remove it, or "
+                                 "number them from 0"),
+    ("HIP_VISIBLE_DEVICES=0,2", "names GPU 2"), ("ROCR_VISIBLE_DEVICES= 1 , 3", "names GPU 3"),
+    ("CUDA_VISIBLE_DEVICES=", "env CUDA_VISIBLE_DEVICES='' hides GPUs from the engine; profile 'tp2' needs 2"),
+    ("CUDA_VISIBLE_DEVICES=-1", "hides GPUs from the engine"), ("HIP_VISIBLE_DEVICES=0,-1", "hides GPUs"),
+])
+def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_is_refused(busybox_product, cli,
+                                                                                          line, message):
+    # a host's numbering copied from a docker run that gave every GPU: the container has only the profile's GPUs,
+    # numbered from 0, so CUDA_VISIBLE_DEVICES=4,5 on a profile of 2 hid every GPU from the engine
+    root = busybox_product.parent
+    (root / "images/gpus.env").write_text(f"# from the old docker run\n{line}\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/gpus.env\n")
+    result = cli("lock", "--config", str(busybox_product))  # the lock plans: refused there already
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith("error: images/gpus.env:2: env ") and message in result.error_lines[0]
+    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
+    lock(cli, busybox_product)
+    assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
