@@ -950,3 +950,22 @@ def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_i
     (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
     lock(cli, busybox_product)
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
+
+
+@pytest.mark.parametrize("bom", [b"\xff\xfe", b"\xfe\xff"])
+def test_an_env_file_or_profile_saved_as_utf16_says_so(busybox_product, cli, bom):
+    # Windows editors save "Unicode" as UTF-16: the error said only "invalid start byte at byte 0"
+    root = busybox_product.parent
+    codec = "utf-16-le" if bom == b"\xff\xfe" else "utf-16-be"
+    (root / "images/win.env").write_bytes(bom + "NCCL_DEBUG=INFO\r\n".encode(codec))
+    append(busybox_product / "tp2.yaml", "env_file: images/win.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {root / 'images/win.env'}: not UTF-8 text (invalid start byte at byte 0); it is UTF-16 (its first "
+        "bytes are a UTF-16 byte-order mark): save it as UTF-8"], result.err
+    (busybox_product / "tp3.yaml").write_bytes(bom + "profile: tp3\ngpus: 1\n".encode(codec))
+    (root / "images/win.env").write_text("NCCL_DEBUG=INFO\r\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1 and "tp3.yaml: not UTF-8 text" in result.err
+    assert result.error_lines[0].endswith("; it is UTF-16 (its first bytes are a UTF-16 byte-order mark): save it as "
+                                          "UTF-8"), result.err
