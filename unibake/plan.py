@@ -893,6 +893,12 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     for i, device in enumerate(dev.get("extra", [])):
         _check_extra_device(device, devices.vendor, m.where(("devices", "extra", i)))
     topology = _topology(d, m.where)
+    port = d.get("launch", {}).get("port", default_of("launch", "port"))
+    if topology.nodes > 1 and topology.master_port == port:
+        # host networking: the rank-0 node's engine and its rendezvous would both listen on that port
+        raise InputError(f"{m.where(('topology', 'master_port'))}: topology.master_port {port} is launch.port too: on "
+                         f"{topology.nodes} nodes the container shares the host's network, where the engine and the "
+                         "ranks' rendezvous cannot both listen on one port; choose another master_port")
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:

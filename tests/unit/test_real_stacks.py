@@ -969,3 +969,24 @@ def test_an_env_file_or_profile_saved_as_utf16_says_so(busybox_product, cli, bom
     assert result.code == 2 and len(result.error_lines) == 1 and "tp3.yaml: not UTF-8 text" in result.err
     assert result.error_lines[0].endswith("; it is UTF-16 (its first bytes are a UTF-16 byte-order mark): save it as "
                                           "UTF-8"), result.err
+
+
+def test_a_multi_node_profile_whose_master_port_is_the_engines_port_is_refused(busybox_product, cli, tmp_path):
+    # on the host's network the rank-0 engine and the rendezvous both listened on it: one failed to bind at start
+    from .test_publish import METADATA, make_release
+
+    append(busybox_product / "tp2.yaml", "topology: {nodes: 2, master_port: 30000}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {busybox_product / 'tp2.yaml'}:7: topology.master_port 30000 is launch.port too: on 2 nodes the "
+        "container shares the host's network, where the engine and the ranks' rendezvous cannot both listen on one "
+        "port; choose another master_port"], result.err
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"]["topology"] = {"nodes": 2, "network": "host", "master_port": 29500}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    for env in ({"PORT": "29500"}, {"MASTER_PORT": "30000"}):
+        run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "tp2"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "n0", **env})
+        assert run.returncode == 2 and run.stderr == (
+            f"error: MASTER_PORT and PORT are both {env.get('PORT', '30000')}: on the host's network the engine and "
+            "the rendezvous need a port each\n"), run.stderr
