@@ -99,6 +99,8 @@ def test_the_example_is_built_released_and_verified_as_a_downloader_would(cli, e
         assert "tp2_row_LDSx" in json.dumps(manifest["profiles"]["tp2"]["sidecars"])
         dry = sh(["./run.sh", "tp2", "--dry-run"], folder, GPUS="4,5")
         assert dry.returncode == 0, dry.stderr
-        assert ("--device /dev/kfd --group-add video --security-opt seccomp=unconfined --device /dev/dri/renderD132 "
-                "--device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1 --device /dev/mkfd --group-add render"
-                in dry.stdout)
+        gid = {name: (subprocess.run(["getent", "group", name], capture_output=True, text=True).stdout.split(":")
+                      + ["", "", name])[2] or name for name in ("video", "render")}  # by this host's number
+        assert (f"--device /dev/kfd --group-add {gid['video']} --security-opt seccomp=unconfined --device "
+                "/dev/dri/renderD132 --device /dev/dri/renderD133 -e HIP_VISIBLE_DEVICES=0,1 --device /dev/mkfd "
+                f"--group-add {gid['render']}" in dry.stdout), dry.stdout

@@ -614,10 +614,14 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/mkfd"], "groups": ["render"]},
                                        topology={"ipc": "private", "shm_size": "32g"})
     folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    bin_dir = tmp_path / "bin"  # a host that knows no group: run.sh gives the groups by name
+    bin_dir.mkdir()
+    (bin_dir / "getent").write_text("#!/bin/sh\nexit 2\n")
+    (bin_dir / "getent").chmod(0o755)
 
     def run(*args, **env):
         return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
-                              env={"PATH": "/usr/bin:/bin", **env})
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
 
     ok = run("tp2", "--dry-run", NODE_RANK="3", MASTER_ADDR="node0.example")  # --dry-run after the profile
     assert ok.returncode == 0, ok.stderr
@@ -990,3 +994,35 @@ def test_a_multi_node_profile_whose_master_port_is_the_engines_port_is_refused(b
         assert run.returncode == 2 and run.stderr == (
             f"error: MASTER_PORT and PORT are both {env.get('PORT', '30000')}: on the host's network the engine and "
             "the rendezvous need a port each\n"), run.stderr
+
+
+def test_run_sh_gives_groups_by_this_hosts_number_the_image_need_not_know_their_names(tmp_path):
+    # --group-add render: the engine looks the name up in the image's /etc/group, which a Debian or Ubuntu
+    # image lacks ("Unable to find group render"), and the device nodes belong to the host's render GID anyway
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/mkfd"], "groups": ["render", "39",
+                                                                                                   "hpc"]})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:993:u ;;'
+                                    ' 39) echo dip:x:39: ;; *) exit 2 ;; esac\n')
+    (bin_dir / "getent").chmod(0o755)
+    run = subprocess.run(["/bin/sh", str(folder / "run.sh"), "--dry-run", "tp4"], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    words = run.stdout.split()
+    assert [words[i + 1] for i, w in enumerate(words) if w == "--group-add"] == ["44", "993", "39", "hpc"], run.stdout
+    bare = tmp_path / "bare"  # a host without getent at all (a minimal or non-glibc one): the names as they are
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    run = subprocess.run(["/bin/sh", str(folder / "run.sh"), "--dry-run", "tp4"], capture_output=True, text=True,
+                         env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    words = run.stdout.split()
+    assert [words[i + 1] for i, w in enumerate(words) if w == "--group-add"] == ["video", "render", "39", "hpc"]
