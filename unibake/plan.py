@@ -730,10 +730,20 @@ def _overlay(root: Path, data: dict, where, engine_files: frozenset[str]) -> Ove
                    md5=data.get("md5", default_of("overlays", "md5")))
 
 
+# Set by the entrypoint's /bin/sh itself whatever the environment (dash, busybox and bash alike): a value in the
+# image's ENV is replaced as the shell starts, and a profile's is never given (the entrypoint gives one only
+# where none is set), so one of these in env never reached the engine, silently (an env file written by `env`
+# in a working container holds PWD)
+SHELL_ENV = frozenset({"IFS", "PPID", "PWD", "OPTIND"})
+
+
 def _check_env_key(key: str, where: str) -> None:
     if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
         raise InputError(f"{where}: env key '{key}' is set by the image itself (PORT and MODEL_NAME come "
                          "from launch:); choose another name")
+    if key in SHELL_ENV:
+        raise InputError(f"{where}: env key '{key}' is the shell's own: the entrypoint's /bin/sh sets it, so this "
+                         "value would not reach the engine (an env file written by `env`?); remove it")
 
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of

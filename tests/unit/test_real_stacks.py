@@ -1026,3 +1026,30 @@ def test_run_sh_gives_groups_by_this_hosts_number_the_image_need_not_know_their_
     assert run.returncode == 0 and run.stderr == "", run.stderr
     words = run.stdout.split()
     assert [words[i + 1] for i, w in enumerate(words) if w == "--group-add"] == ["video", "render", "39", "hpc"]
+
+
+@pytest.mark.parametrize("key", ["PWD", "IFS", "PPID", "OPTIND"])
+@pytest.mark.parametrize("where", ["product.yaml", "tp2.yaml"])
+def test_an_env_key_the_shell_sets_itself_is_refused_it_never_reached_the_engine(busybox_product, cli, tmp_path,
+                                                                                 key, where):
+    # an env file written by `env` in a working container: PWD=/workspace passed the plan and never reached the
+    # engine (the image's ENV is replaced as /bin/sh starts; a profile's value is given only where none is set)
+    (busybox_product.parent / "images/dump.env").write_text(f"NCCL_DEBUG=INFO\n{key}=/workspace\n")
+    append(busybox_product / where, "env_file: images/dump.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: images/dump.env:2: env key '{key}' is the shell's own: the entrypoint's /bin/sh sets it, so this "
+        "value would not reach the engine (an env file written by `env`?); remove it"], result.err
+    if where == "tp2.yaml" and key == "PWD":  # what the entrypoint did with it: nothing
+        (busybox_product.parent / "images/dump.env").write_text("NCCL_DEBUG=INFO\n")
+        tp2 = busybox_product / where
+        tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, PWD_X: /workspace}"))
+        lock(cli, busybox_product)
+        text = render(make_plan(busybox_product)).entrypoint.replace("PWD_X", "PWD")
+        script = tmp_path / "entrypoint.sh"
+        script.write_text(text)
+        for shell in ("sh", "busybox"):
+            run = subprocess.run([shell, *(["sh"] if shell == "busybox" else []), str(script), "sh", "-c",
+                                  'printf %s "$PWD"'], capture_output=True, text=True, cwd=tmp_path,
+                                 env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin"})
+            assert run.returncode == 0 and run.stdout == str(tmp_path), (shell, run)
