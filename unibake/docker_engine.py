@@ -23,6 +23,10 @@ from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, 
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+# a step that runs a container (RUN; ENV, LABEL ... commit through one too): its output, which the engine sends
+# in the same "stream" events as its own lines, lies between these two lines naming the container
+RUNNING_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
+REMOVING_RE = re.compile(r"^Removing intermediate container ([0-9a-f]{12,64})$")
 # what ends a line of the build's stream: "\n" (and a progress bar's "\r"), not U+2028 or U+0085, which
 # str.splitlines() also takes: a Step line echoing a value that holds one was cut, and its rest read as output
 # (a kernel's RUN echoed that way was named as the failing kernel '%s')
@@ -132,11 +136,23 @@ class DockerEngine(Engine):
         last_image = ""  # the image of the last step that finished
         step_image = False  # whether the current step has printed its image
         stage_images: list[str] = []
+        # A RUN's output comes in the same events as the engine's lines, so it could print "Step 4/9 : ..." or
+        # " ---> <id>" and be read as the engine's. The engine's lines are read only outside a container's
+        # output (" ---> Running in C" to "Removing intermediate container C"), and a step only as the next
+        # number of the total the first step gave (before any container ran). A RUN that printed its own
+        # container's "Removing ..." line is found when the engine's comes (or an engine line out of order).
+        total = 0
+        running = ""  # the container whose output the lines are, if any
+        seen: set[str] = set()  # every container that ran
+        forged = ""  # the first line found imitating the engine's
 
         def close_step() -> None:
             if current:
                 steps.append(BuildStep(number=current[0], instruction=current[1], cached=cached,
                                        image=last_image if step_image else ""))
+
+        def where() -> str:
+            return f"Step {current[0]}: {current[1]}" if current else "before the first step"
 
         try:
             # platform: only when asked; Engine 20.10's classic builder takes a local FROM image as it is
@@ -147,21 +163,35 @@ class DockerEngine(Engine):
             for event in events:
                 if "error" in event:
                     message = event.get("errorDetail", {}).get("message") or event["error"]
-                    step = f"Step {current[0]}: {current[1]}" if current else "before the first step"
-                    raise BuildFailed(f"the build failed at {step}: {message.strip()}",
-                                      step=step, output=tuple(tail), last_image=last_image,
+                    raise BuildFailed(f"the build failed at {where()}: {message.strip()}",
+                                      step=where(), output=tuple(tail), last_image=last_image,
                                       stage_images=tuple(stage_images))
                 if "aux" in event and "ID" in event["aux"]:
                     image_id = event["aux"]["ID"]
                 text = STDERR_COLOUR_RE.sub("", event.get("stream", ""))
                 for line in STREAM_LINE_END_RE.split(text):
-                    match = STEP_RE.match(line)
-                    if match:
+                    match = None if running else STEP_RE.match(line)
+                    removing = REMOVING_RE.match(line)
+                    if running:
+                        if removing and removing.group(1) == running:
+                            running = ""
+                        elif line.strip():
+                            tail.append(line)
+                    elif match and ((not total and match.group(1) == "1")
+                                    or (int(match.group(1)), int(match.group(2))) == ((current or (0,))[0] + 1, total)):
                         close_step()
+                        total = total or int(match.group(2))
                         current, cached, step_image = (int(match.group(1)), match.group(3)), False, False
                         tail.clear()
                         if current[1].upper().startswith("FROM ") and last_image:
                             stage_images.append(last_image)  # the stage before this one is complete
+                    elif match or removing:  # the engine's lines never come out of order, nor twice
+                        forged = forged or line
+                    elif RUNNING_RE.match(line):
+                        running = RUNNING_RE.match(line).group(1)
+                        if running in seen:
+                            forged = forged or line
+                        seen.add(running)
                     elif STEP_IMAGE_RE.match(line):
                         last_image, step_image = STEP_IMAGE_RE.match(line).group(1), True
                     elif line.strip() == "---> Using cache":
@@ -175,6 +205,11 @@ class DockerEngine(Engine):
         except KeyboardInterrupt:
             raise BuildInterrupted(last_image=last_image, stage_images=tuple(stage_images)) from None
         close_step()
+        if forged:
+            raise EngineError(f"the build of {tag} finished, but a step's output imitated the engine's own lines "
+                              f"({forged[:120]!r}): which step made which image cannot be told, so nothing is "
+                              "released from it; a RUN must not print the engine's 'Step N/M :', ' ---> ...' or "
+                              "'Removing intermediate container' lines")
         if not image_id:
             info = self.inspect_image(tag)
             if info is None:

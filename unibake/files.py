@@ -83,7 +83,10 @@ def decode_text(data: bytes, path: Path, error: type[UnibakeError]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        # a Windows editor's "Unicode" is UTF-16, marked by its byte-order mark: said, not just "byte 0"
+        utf16 = "; it is UTF-16 (its first bytes are a UTF-16 byte-order mark): save it as UTF-8" \
+            if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}){utf16}") from None
 
 
 def fsync_dir(path: Path) -> None:

@@ -176,6 +176,7 @@ class Run:
         self.request, self.reporter, self.stack, self.connect = request, reporter, stack, connect
         self.results: dict[str, object] = {"request": request}
         self._engine: Engine | None = None
+        self.builds = False  # whether this run's stages build: the build then says the unset ${NAME}s
         self._after: dict[str, list[Callable[[], None]]] = {}
 
     def after(self, stage: str, let_go: Callable[[], None]) -> None:
@@ -271,7 +272,9 @@ def _plan(run: Run) -> tuple:
         # no --profile was given: the names are the base release's, a profile since renamed or removed
         raise InputError(f"{str(exc).replace(' (--profile)', '')}: a hotfix builds the profiles of release "
                          f"{base.manifest.release} ({', '.join(profiles)}) unless --profile names others") from None
-    for warning in plan.warnings:
+    # an unset ${NAME} is said by the build, which reads the base image's ENV; a run that does not build says
+    # it here, for every base
+    for warning in plan.source_warnings if run.builds else plan.warnings:
         run.reporter.warn(warning)
     if base is not None and plan.product != base.manifest.product:
         raise InputError(f"--from {request.base}: release {base.manifest.release} is of the product "
@@ -474,6 +477,10 @@ def _build(run: Run) -> tuple:
     if not run.request.hold and run.get("folder") is None:
         _hold_a_released_tag(run, plan.tag)
     check_base(run.engine, plan)
+    info = run.engine.inspect_image(plan.base_image)  # None: FROM scratch, which sets nothing
+    for warning in plan.unset_warnings({e.split("=", 1)[0] for e in info.env} if info else set(),
+                                       plan.base_image if info else ""):
+        run.reporter.warn(warning)
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     # repro proves a build from its inputs: never from the memo
     memo = None if run.request.hold else plan.project_root / ".cache" / "build-memo"
@@ -945,15 +952,17 @@ def docker_engines(request: Request) -> Connect:
 
 def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
                connect: Connect | None = None, stack: ExitStack | None = None,
-               given: Results | None = None) -> Results:
+               given: Results | None = None, builds: bool | None = None) -> Results:
     """Run ``stages`` in order: each timed and reported, skipped ones recorded with why.
     ``connect`` makes an engine of an address (default: docker-py's; unit tests pass a fake).
     ``stack``: the caller's, so that what the stages hold (the release folder, the scratch engine)
-    outlives this call; ``given``: the results of an earlier call on it, to go on from."""
+    outlives this call; ``given``: the results of an earlier call on it, to go on from; ``builds``: whether
+    a later call builds (default: whether ``stages`` has the build)."""
     check_wiring(stages, tuple(given.values) if given else ())
     with ExitStack() as own:
         run = Run(request, reporter, stack if stack is not None else own, connect or docker_engines(request))
         run.results.update(given.values if given else {})
+        run.builds = any(s.name == "build" for s in stages) if builds is None else builds
         for stage in stages:
             reason = stage.skip(run)
             if reason:

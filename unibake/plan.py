@@ -10,7 +10,7 @@ import os
 import posixpath
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,6 +255,11 @@ class ReleasePlan:
     @property
     def warnings(self) -> tuple[str, ...]:
         """What the build will do that the sources may not expect: one line per source."""
+        return self.source_warnings + self.unset_warnings()
+
+    @property
+    def source_warnings(self) -> tuple[str, ...]:
+        """The warnings but the unset ``${NAME}`` ones, which the build says knowing the base's ENV."""
         out = []
         for src in {s.path: s for s in _sources(self.engine, self.kernels, self.overlays, self.profiles)}.values():
             if src.empty_folders:  # git keeps none either: a fresh checkout would build the same image
@@ -272,6 +277,12 @@ class ReleasePlan:
             if SHELL_EXPANSION_RE.search(RUNTIME_VAR_RE.sub("", word)):
                 out.append(f"{what}: {word[:80]!r} is passed as it is written but for its ${{NAME}} parts: only "
                            "${NAME} is expanded when the container starts (not $NAME, ${NAME:-default} or $(...))")
+        return tuple(out)
+
+    def unset_warnings(self, base_env: Collection[str] | None = None, base: str = "") -> tuple[str, ...]:
+        """A ``${NAME}`` of ``engine.command`` or ``args`` that neither unibake, nor the profile's env, nor
+        (when known: ``base_env``, the names the base image's ENV sets) the base image sets."""
+        out = []
         # a ${NAME} neither the image nor the entrypoint sets stops the start (set -u): said here, not first
         # at the smoke gate
         unset: dict[tuple[str, str], list[str]] = {}
@@ -284,9 +295,15 @@ class ReleasePlan:
                     if name not in known and p.name not in unset.setdefault((what, name), []):
                         unset[(what, name)].append(p.name)
         for (what, name), names in unset.items():
-            out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
-                       f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), or "
-                       "the engine does not start")
+            if base_env is None:
+                out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
+                           f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), "
+                           "or the engine does not start")
+            elif name not in base_env:
+                by_base = f", nor by the base image {base}" if base else ""
+                out.append(f"{what}: ${{{name}}} is set neither by unibake, nor by the env of profile "
+                           f"{', '.join(names)}{by_base}: it must be given at run time (docker run -e {name}=...), "
+                           "or the engine does not start")
         return tuple(out)
 
     @property
@@ -713,10 +730,40 @@ def _overlay(root: Path, data: dict, where, engine_files: frozenset[str]) -> Ove
                    md5=data.get("md5", default_of("overlays", "md5")))
 
 
+# Set by the entrypoint's /bin/sh itself whatever the environment (dash, busybox and bash alike): a value in the
+# image's ENV is replaced as the shell starts, and a profile's is never given (the entrypoint gives one only
+# where none is set), so one of these in env never reached the engine, silently (an env file written by `env`
+# in a working container holds PWD)
+SHELL_ENV = frozenset({"IFS", "PPID", "PWD", "OPTIND"})
+
+
 def _check_env_key(key: str, where: str) -> None:
     if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
         raise InputError(f"{where}: env key '{key}' is set by the image itself (PORT and MODEL_NAME come "
                          "from launch:); choose another name")
+    if key in SHELL_ENV:
+        raise InputError(f"{where}: env key '{key}' is the shell's own: the entrypoint's /bin/sh sets it, so this "
+                         "value would not reach the engine (an env file written by `env`?); remove it")
+
+
+# What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of
+# GPUS), which it numbers from 0: a host's numbering copied from a docker run that gave every GPU
+# (CUDA_VISIBLE_DEVICES=4,5,6,7 on a profile of 4) hid every GPU from the engine.
+VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+
+
+def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:
+    items = [item.strip() for item in value.split(",")]
+    numbers = [int(item) for item in items if item.isascii() and item.isdigit()]
+    if not value.strip() or any(item.startswith("-") and item[1:].isascii() and item[1:].isdigit() for item in items):
+        # "" shows no GPU; a negative number hides those after it (-1: all)
+        raise InputError(f"{where}: env {key}={value[:80]!r} hides GPUs from the engine; profile '{profile}' "
+                         f"needs {gpus}: remove it")
+    beyond = [n for n in numbers if n >= gpus]
+    if beyond:
+        raise InputError(f"{where}: env {key}={value[:80]} names GPU {beyond[0]}, but the container of profile "
+                         f"'{profile}' sees only its {gpus} GPU{'s' if gpus > 1 else ''}, numbered from 0 to "
+                         f"{gpus - 1} (run.sh gives it those of GPUS): remove it, or number them from 0")
 
 
 def _check_mounts(mounts: dict[str, str], where) -> None:
@@ -810,6 +857,21 @@ def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
     return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")))
 
 
+# GPU device nodes: run.sh gives the container those of the GPUs in GPUS (amd, hygon: /dev/dri/renderD<128+N>;
+# nvidia: --gpus). One in devices.extra is given whatever GPUS says: /dev/dri (the usual --device of a ROCm
+# or DTK docker run) gave every GPU of the host to a profile of one.
+GPU_DEVICE_RE = {"amd": re.compile(r"^/dev/dri(?:/.*)?$"), "hygon": re.compile(r"^/dev/dri(?:/.*)?$"),
+                 "nvidia": re.compile(r"^/dev/nvidia[0-9]+$")}
+
+
+def _check_extra_device(device: str, vendor: str, where: str) -> None:
+    if GPU_DEVICE_RE[vendor].fullmatch(device):
+        given = "--gpus device=GPUS" if vendor == "nvidia" else "/dev/dri/renderD<128+N> for each GPU N of GPUS"
+        raise InputError(f"{where}: devices.extra names {device}, a GPU device: run.sh gives {'an' if vendor == 'amd' else 'a'} {vendor} profile "
+                         f"{given} (GPUS=all: every GPU), so {device} would give the container GPUs GPUS did not "
+                         "choose; remove it")
+
+
 def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
     d = m.data
     sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
@@ -833,18 +895,20 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                              f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}{aside}")
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
+    for key in VISIBLE_DEVICES_ENV & set(d.get("env", {})):
+        _check_visible_devices(key, d["env"][key], d["gpus"], m.name, m.where(("env", key)))
     dev = d.get("devices", {})
     devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
-    if devices.vendor in ("amd", "hygon"):
-        # run.sh gives the render node of each GPU GPUS names (all of /dev/dri for GPUS=all): /dev/dri, or a
-        # node under it, given as well would hand every profile those GPUs whatever GPUS says
-        for i, device in enumerate(dev.get("extra", [])):
-            if device == "/dev/dri" or device.startswith("/dev/dri/"):
-                raise InputError(f"{m.where(('devices', 'extra', i))}: profile '{m.name}' gives {device} to every "
-                                 "container, whatever GPUS picks: run.sh already gives the profile the render node of "
-                                 "each GPU it starts with; remove it")
+    for i, device in enumerate(dev.get("extra", [])):
+        _check_extra_device(device, devices.vendor, m.where(("devices", "extra", i)))
     topology = _topology(d, m.where)
+    port = d.get("launch", {}).get("port", default_of("launch", "port"))
+    if topology.nodes > 1 and topology.master_port == port:
+        # host networking: the rank-0 node's engine and its rendezvous would both listen on that port
+        raise InputError(f"{m.where(('topology', 'master_port'))}: topology.master_port {port} is launch.port too: on "
+                         f"{topology.nodes} nodes the container shares the host's network, where the engine and the "
+                         "ranks' rendezvous cannot both listen on one port; choose another master_port")
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:

@@ -257,7 +257,8 @@ SCHEMA: dict[str, Key] = {
     "devices": Key(type="record", doc="the devices run.sh gives the container", merge="merge", fields={
         "vendor": _str("nvidia (--gpus), amd or hygon (/dev/kfd and one render node per GPU; hygon also "
                        "sets HIP_VISIBLE_DEVICES)", choices=("nvidia", "amd", "hygon"), default="nvidia"),
-        "extra": Key(type="list", doc="more device nodes this profile needs, like /dev/mkfd",
+        "extra": Key(type="list", doc="more device nodes this profile needs, like /dev/mkfd (not a GPU's: run.sh "
+                     "gives those of GPUS)",
                      item=_str("a device path", pattern=DEVICE_RE, pattern_doc="a path like /dev/mkfd")),
         "groups": Key(type="list", doc="more groups the container joins, like render",
                       item=_str("a group name or number", pattern=GROUP_RE, pattern_doc="a group like render")),

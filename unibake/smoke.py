@@ -63,7 +63,12 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
                     f"form, {ascii(text)[:300]})")
         return f"expected exactly {check.expect!r}"
     if check.match == "contains":
-        return None if check.expect in reply else f"expected {check.expect!r} in the reply"
+        if check.expect in reply:
+            return None
+        if unicodedata.normalize("NFC", check.expect) in unicodedata.normalize("NFC", reply):
+            return (f"expected {check.expect!r} in the reply (it holds the same text in another Unicode normal form: "
+                    f"{ascii(text)[:300]})")
+        return f"expected {check.expect!r} in the reply"
     return _regex_mismatch(check.expect, text)
 
 

@@ -106,7 +106,7 @@ def run_platforms(stages: Sequence[Stage], request: Request, platforms: Sequence
         planned = []
         for n, one in enumerate(requests, 1):
             reporter.info(f"==> platform {one.platform} ({n} of {len(requests)}): plan")
-            planned.append(run_stages(planning, one, reporter, connect=connect, stack=stack))
+            planned.append(run_stages(planning, one, reporter, connect=connect, stack=stack, builds=bool(before)))
         if before:
             plans = [results.get("plan") for results in planned]
             engine = (connect or docker_engines(request))(request.engine) if any(plans) else None

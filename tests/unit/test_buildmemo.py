@@ -168,3 +168,68 @@ def test_the_classic_builders_colour_around_a_run_steps_stderr_is_not_shown_as_e
                                         "error: self-check[tp1]: python3 is not in the image")
     assert "\\x1b" not in out.getvalue() and "\x1b" not in out.getvalue()
     assert "    error: self-check[tp1]: python3 is not in the image\n" in out.getvalue()
+
+
+# Engine 20.10's build stream, as recorded (docker-py, decoded) for a Dockerfile of two stages whose step 6 RUN
+# prints the engine's own lines: the RUN's output comes in the same "stream" events as the engine's
+def _recorded_stream(step6_output: list[str]) -> list[dict]:
+    def step(n, text):
+        return [{"stream": f"Step {n}/7 : {text}"}, {"stream": "\n"}]
+
+    def container(cid, output, image):
+        return ([{"stream": f" ---> Running in {cid}\n"}] + [{"stream": o} for o in output] +
+                [{"stream": f"Removing intermediate container {cid}\n"}, {"stream": f" ---> {image}\n"}])
+
+    return [*step(1, "FROM localhost/unibake-busybox:1 AS one"), {"stream": " ---> a483e8fbfa2e\n"},
+            *step(2, "RUN echo hi"), *container("c7da109668f6", ["hi\n"], "d1d9868a7071"),
+            {"aux": {"ID": "sha256:d1d9868a707143f2af19ffc254a296070e93b76db6906e590db22725bbbd58bc"}},
+            *step(3, "FROM localhost/unibake-busybox:1"), {"stream": " ---> a483e8fbfa2e\n"},
+            *step(4, "ENV A=1"), *container("0d171cd90b66", [], "abc4668892bf"),
+            *step(5, "COPY Dockerfile /x"), {"stream": " ---> 7700763ae873\n"},
+            *step(6, "RUN ./test.sh"), *container("0483ff53ea4a", step6_output, "ad48d24a564f"),
+            *step(7, "RUN true"), *container("29d1226d534b", [], "f7e6c9eaa87f"),
+            {"aux": {"ID": "sha256:f7e6c9eaa87f673d652b6f01ebaf6039c2e3a6fa65046343576b9d99db4dafc8"}},
+            {"stream": "Successfully built f7e6c9eaa87f\n"}, {"stream": "Successfully tagged probe:1\n"}]
+
+
+def _parse(events: list[dict]) -> BuildOutcome:
+    from unibake.docker_engine import DockerEngine
+
+    class API:  # what docker-py's APIClient.build yields, decoded
+        def build(self, **kwargs):
+            return iter(events)
+
+    engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the stream above
+    engine.address, engine.api = "fake://", API()
+    return engine.build(None, tag="probe:1", buildargs={}, nocache=False, on_line=lambda line: None)
+
+
+def test_a_run_step_printing_step_lines_of_another_build_fakes_no_step():
+    """A RUN whose output holds "Step N/M :" lines (a nested build's log, a test printing one) was read as the
+    engine's steps: their numbers, images and "Using cache" were recorded (the memo could record the image
+    a RUN printed as the image of the step above its marker)."""
+    outcome = _parse(_recorded_stream(["Step 7/7 : RUN true\n", " ---> 0123456789ab\n", " ---> Using cache\n",
+                                       "Step 3/7 : FROM evil AS x\n", " ---> Running in 29d1226d534b\n",
+                                       "Step 1/2 : FROM other\n"]))
+    assert [(s.number, s.instruction, s.cached, s.image) for s in outcome.steps] == [
+        (1, "FROM localhost/unibake-busybox:1 AS one", False, "a483e8fbfa2e"),
+        (2, "RUN echo hi", False, "d1d9868a7071"), (3, "FROM localhost/unibake-busybox:1", False, "a483e8fbfa2e"),
+        (4, "ENV A=1", False, "abc4668892bf"), (5, "COPY Dockerfile /x", False, "7700763ae873"),
+        (6, "RUN ./test.sh", False, "ad48d24a564f"), (7, "RUN true", False, "f7e6c9eaa87f")]
+    assert outcome.stage_images == ("d1d9868a7071",)
+    assert outcome.image_id == "sha256:f7e6c9eaa87f673d652b6f01ebaf6039c2e3a6fa65046343576b9d99db4dafc8"
+
+
+def test_a_run_step_imitating_the_engines_end_of_its_own_container_is_refused():
+    """A RUN knows its container's ID (its host name): printing "Removing intermediate container <it>", then a
+    step image and the next step, it ended its own output for the parser. What it printed is found when the
+    engine's own line for that container comes: the build is refused, not recorded with a faked step."""
+    from unibake.errors import EngineError
+
+    forged = ["Removing intermediate container 0483ff53ea4a\n ---> 0123456789ab\nStep 7/7 : RUN fake\n"]
+    with pytest.raises(EngineError, match=r"^the build of probe:1 finished, but a step's output imitated the "
+                                          r"engine's own lines \('Removing intermediate container 0483ff53ea4a'\)"):
+        _parse(_recorded_stream(forged))
+    reopened = forged + [" ---> Running in 0483ff53ea4a\n"]  # and opened "its" container again
+    with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Running in 0483ff53ea4a'\)"):
+        _parse(_recorded_stream(reopened))

@@ -460,9 +460,10 @@ def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_produc
     ("devices: {extra: ['/dev/a:/dev/b']}\n", r"key 'devices\.extra\[0\]'"),
     # the ROCm docs' --device /dev/dri copied into extra: every GPU in every profile, GPUS ignored
     ("devices: {vendor: amd, extra: [/dev/kfd, /dev/dri]}\n",
-     r"tp2\.yaml:\d+: profile 'tp2' gives /dev/dri to every container, whatever GPUS picks: run\.sh already gives "
-     r"the profile the render node of each GPU it starts with; remove it"),
-    ("devices: {vendor: hygon, extra: [/dev/mkfd, /dev/dri/renderD128]}\n", "gives /dev/dri/renderD128 to every"),
+     r"tp2\.yaml:\d+: devices\.extra names /dev/dri, a GPU device: run\.sh gives an amd profile "
+     r"/dev/dri/renderD<128\+N> for each GPU N of GPUS \(GPUS=all: every GPU\), so /dev/dri would give the "
+     r"container GPUs GPUS did not choose; remove it"),
+    ("devices: {vendor: hygon, extra: [/dev/mkfd, /dev/dri/renderD128]}\n", "names /dev/dri/renderD128, a GPU device"),
 ])
 def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
     append(busybox_product / "tp2.yaml", text)
@@ -619,7 +620,6 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/mkfd"], "groups": ["render"]},
                                        topology={"ipc": "private", "shm_size": "32g"})
     folder, _ = make_release(tmp_path / "release", metadata=metadata)
-
     fake_bin = _fake_getent(tmp_path, {"video": 44, "render": 109})
 
     def run(*args, **env):
@@ -663,6 +663,53 @@ def test_run_sh_for_multi_node_and_hygon_profiles_validates_its_environment(tmp_
     assert helped.returncode == 0 and "Usage: ./run.sh" in helped.stdout and "Profiles: tp1, tp2, tp4" in helped.stdout
 
 
+def test_run_sh_passes_other_variables_and_env_files_to_the_container_each_one_word(tmp_path):
+    # run.sh passed no variable but its own: HF_TOKEN, HF_HOME or an NCCL setting needed a hand-written docker run
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    bin_dir = tmp_path / "bin"  # a docker that prints each word it is given on its own line
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '[%s]\\n' \"$a\"; done\n"
+                                    "printf -- '--end--\\nHF_TOKEN=%s\\n' \"${HF_TOKEN:-}\"\n")
+    (bin_dir / "docker").chmod(0o755)
+    env_file = tmp_path / "my env.list"
+    env_file.write_text("\ufeff# settings\r\nNCCL_ALGO=Ring\r\n")
+
+    def run(*args, **env):
+        return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+
+    hostile = "it's $(id) `id` \"x\" ü\nline"
+    ran = run("-e", f"HF_HOME={hostile}", "--env-file", str(env_file), "-e", "HF_TOKEN", "--env=B=", "tp1", "-e",
+              "x", HF_TOKEN="s3cret")
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split("\n--end--\n")[0][1:-1].split("]\n[")
+    at = words.index(f"--env-file={env_file}")
+    assert words[at:at + 7] == [f"--env-file={env_file}", "-e", f"HF_HOME={hostile}", "-e", "HF_TOKEN", "-e", "B="]
+    assert words[at + 7:at + 11] == ["demo-llm:1.3.1", "serve", "-e", "x"]  # after the profile: the engine's
+    assert ran.stdout.endswith("\n--end--\nHF_TOKEN=s3cret\n")  # -e NAME: the engine reads it from run.sh's environment
+    dry = run("--dry-run", "-e", "HF_TOKEN", "tp1", HF_TOKEN="s3cret")
+    assert dry.returncode == 0 and " -e HF_TOKEN demo-llm:1.3.1" in dry.stdout and "s3cret" not in dry.stdout
+    (tmp_path / "own.env").write_text("A=1\n  PORT=8000\r\n")
+    for args, message in ((["-e", "PORT=1"], "-e sets PORT, which run.sh or the image sets"),
+                          (["-e", "UNIBAKE_GPUS=1"], "-e sets UNIBAKE_GPUS, which run.sh or the image sets"),
+                          (["-e", "A;id=1"], "-e needs NAME=VALUE with NAME like HF_HOME; got 'A;id'"),
+                          (["-e", "1A=1"], "got '1A'"), (["-e", "=1"], "got ''"),
+                          (["-e", "A=1", "-e", "A=2"], "-e gives A twice"),
+                          (["-e", "MISSING"], "-e MISSING: MISSING is not set in this environment"),
+                          (["--env-file", str(tmp_path / "none")], "no such readable file"),
+                          (["--env-file", str(tmp_path)], "no such readable file"),
+                          (["--env-file", str(tmp_path / "own.env")], "own.env sets PORT, which run.sh")):
+        bad = run("--dry-run", *args, "tp1")
+        assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr, (args, bad.stderr)
+        assert bad.stdout == "" and bad.stderr.count("\n") == 1
+    bad = run("--dry-run", "--env-file")
+    assert bad.returncode == 2 and bad.stderr == "error: --env-file needs a value\n"
+    helped = run("--help")
+    assert "-e NAME=VALUE" in helped.stdout and "--env-file FILE" in helped.stdout
+
+
 
 def _fake_getent(tmp_path, groups: dict[str, int]):
     """A folder holding a ``getent`` that knows only ``groups``: run.sh looks the host's groups up with it."""
@@ -697,10 +744,9 @@ def test_run_sh_gives_an_amd_profile_the_hosts_groups_by_number_each_once(tmp_pa
     assert ("--device /dev/kfd --security-opt seccomp=unconfined --device /dev/dri/renderD128 "
             "--device /dev/dri/renderD129 --group-add 44 --group-add 109 --group-add 2000 ") in amd.stdout
     assert "video" not in amd.stdout and "render " not in amd.stdout
-    missing = run("tp4")
-    assert missing.returncode == 2 and missing.stdout == ""
-    assert ("error: group 'rdma' (devices.groups of profile tp4) is not a group of this host: the container joins "
-            "the host's group by its number; create it here, or give its number") in missing.stderr
+    missing = run("tp4")  # a group this host lacks stays a name: the image's own group of that name, if any
+    assert missing.returncode == 0, missing.stderr
+    assert "--group-add 44 --group-add rdma " in missing.stdout
 
 
 @pytest.mark.parametrize("image, takes", [
@@ -910,3 +956,144 @@ def test_an_external_copy_is_checked_against_the_artifact_of_its_name_when_two_s
     loose.write_bytes(b"neither")
     bad = cli("verify", str(folder), "--external", str(loose))
     assert bad.code == 3 and "model.bin: external check failed" in bad.error_lines[-1], bad.err
+
+
+@pytest.mark.parametrize("vendor, device", [("hygon", "/dev/dri"), ("amd", "/dev/dri"), ("amd", "/dev/dri/renderD128"),
+                                            ("hygon", "/dev/dri/card0"), ("nvidia", "/dev/nvidia0")])
+def test_a_gpu_device_in_devices_extra_is_refused_it_would_give_gpus_gpus_did_not_choose(busybox_product, cli,
+                                                                                          vendor, device):
+    # a DTK or ROCm docker run's --device /dev/kfd --device /dev/dri --device /dev/mkfd copied into devices.extra:
+    # run.sh gave the chosen GPUs' render nodes and then /dev/dri, every GPU of the host, to a profile of one
+    append(busybox_product / "tp1.yaml", f"devices: {{vendor: {vendor}, extra: [/dev/kfd, /dev/mkfd, {device}]}}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {busybox_product / 'tp1.yaml'}:6: devices.extra names {device}, a GPU device: run.sh gives {'an' if vendor == 'amd' else 'a'} {vendor} "
+        f"profile {'--gpus device=GPUS' if vendor == 'nvidia' else '/dev/dri/renderD<128+N> for each GPU N of GPUS'} "
+        f"(GPUS=all: every GPU), so {device} would give the container GPUs GPUS did not choose; remove it"], result.err
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace(f", {device}]", "]"))
+    assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # /dev/kfd, /dev/mkfd: not GPUs
+
+
+@pytest.mark.parametrize("line, message", [
+    ("CUDA_VISIBLE_DEVICES=4,5", "env CUDA_VISIBLE_DEVICES=4,5 names GPU 4, but the container of profile 'tp2' sees "
+                                 "only its 2 GPUs, numbered from 0 to 1 (run.sh gives it those of GPUS): remove it, or "
+                                 "number them from 0"),
+    ("HIP_VISIBLE_DEVICES=0,2", "names GPU 2"), ("ROCR_VISIBLE_DEVICES= 1 , 3", "names GPU 3"),
+    ("CUDA_VISIBLE_DEVICES=", "env CUDA_VISIBLE_DEVICES='' hides GPUs from the engine; profile 'tp2' needs 2"),
+    ("CUDA_VISIBLE_DEVICES=-1", "hides GPUs from the engine"), ("HIP_VISIBLE_DEVICES=0,-1", "hides GPUs"),
+])
+def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_is_refused(busybox_product, cli,
+                                                                                          line, message):
+    # a host's numbering copied from a docker run that gave every GPU: the container has only the profile's GPUs,
+    # numbered from 0, so CUDA_VISIBLE_DEVICES=4,5 on a profile of 2 hid every GPU from the engine
+    root = busybox_product.parent
+    (root / "images/gpus.env").write_text(f"# from the old docker run\n{line}\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/gpus.env\n")
+    result = cli("lock", "--config", str(busybox_product))  # the lock plans: refused there already
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith("error: images/gpus.env:2: env ") and message in result.error_lines[0]
+    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
+    lock(cli, busybox_product)
+    assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
+
+
+@pytest.mark.parametrize("bom", [b"\xff\xfe", b"\xfe\xff"])
+def test_an_env_file_or_profile_saved_as_utf16_says_so(busybox_product, cli, bom):
+    # Windows editors save "Unicode" as UTF-16: the error said only "invalid start byte at byte 0"
+    root = busybox_product.parent
+    codec = "utf-16-le" if bom == b"\xff\xfe" else "utf-16-be"
+    (root / "images/win.env").write_bytes(bom + "NCCL_DEBUG=INFO\r\n".encode(codec))
+    append(busybox_product / "tp2.yaml", "env_file: images/win.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {root / 'images/win.env'}: not UTF-8 text (invalid start byte at byte 0); it is UTF-16 (its first "
+        "bytes are a UTF-16 byte-order mark): save it as UTF-8"], result.err
+    (busybox_product / "tp3.yaml").write_bytes(bom + "profile: tp3\ngpus: 1\n".encode(codec))
+    (root / "images/win.env").write_text("NCCL_DEBUG=INFO\r\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1 and "tp3.yaml: not UTF-8 text" in result.err
+    assert result.error_lines[0].endswith("; it is UTF-16 (its first bytes are a UTF-16 byte-order mark): save it as "
+                                          "UTF-8"), result.err
+
+
+def test_a_multi_node_profile_whose_master_port_is_the_engines_port_is_refused(busybox_product, cli, tmp_path):
+    # on the host's network the rank-0 engine and the rendezvous both listened on it: one failed to bind at start
+    from .test_publish import METADATA, make_release
+
+    append(busybox_product / "tp2.yaml", "topology: {nodes: 2, master_port: 30000}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {busybox_product / 'tp2.yaml'}:7: topology.master_port 30000 is launch.port too: on 2 nodes the "
+        "container shares the host's network, where the engine and the ranks' rendezvous cannot both listen on one "
+        "port; choose another master_port"], result.err
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"]["topology"] = {"nodes": 2, "network": "host", "master_port": 29500}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    for env in ({"PORT": "29500"}, {"MASTER_PORT": "30000"}):
+        run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "tp2"], capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "n0", **env})
+        assert run.returncode == 2 and run.stderr == (
+            f"error: MASTER_PORT and PORT are both {env.get('PORT', '30000')}: on the host's network the engine and "
+            "the rendezvous need a port each\n"), run.stderr
+
+
+def test_run_sh_gives_groups_by_this_hosts_number_the_image_need_not_know_their_names(tmp_path):
+    # --group-add render: the engine looks the name up in the image's /etc/group, which a Debian or Ubuntu
+    # image lacks ("Unable to find group render"), and the device nodes belong to the host's render GID anyway
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/mkfd"], "groups": ["render", "39",
+                                                                                                   "hpc"]})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:993:u ;;'
+                                    ' 39) echo dip:x:39: ;; *) exit 2 ;; esac\n')
+    (bin_dir / "getent").chmod(0o755)
+    run = subprocess.run(["/bin/sh", str(folder / "run.sh"), "--dry-run", "tp4"], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    words = run.stdout.split()
+    assert [words[i + 1] for i, w in enumerate(words) if w == "--group-add"] == ["44", "993", "39", "hpc"], run.stdout
+    bare = tmp_path / "bare"  # a host without getent at all (a minimal or non-glibc one): its /etc/group, else names
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    run = subprocess.run(["/bin/sh", str(folder / "run.sh"), "--dry-run", "tp4"], capture_output=True, text=True,
+                         env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    words = run.stdout.split()
+    host = {line.split(":")[0]: line.split(":")[2] for line in Path("/etc/group").read_text().splitlines()
+            if line.count(":") >= 3}
+    assert [words[i + 1] for i, w in enumerate(words) if w == "--group-add"] == [
+        host.get("video", "video"), host.get("render", "render"), "39", "hpc"]
+
+
+@pytest.mark.parametrize("key", ["PWD", "IFS", "PPID", "OPTIND"])
+@pytest.mark.parametrize("where", ["product.yaml", "tp2.yaml"])
+def test_an_env_key_the_shell_sets_itself_is_refused_it_never_reached_the_engine(busybox_product, cli, tmp_path,
+                                                                                 key, where):
+    # an env file written by `env` in a working container: PWD=/workspace passed the plan and never reached the
+    # engine (the image's ENV is replaced as /bin/sh starts; a profile's value is given only where none is set)
+    (busybox_product.parent / "images/dump.env").write_text(f"NCCL_DEBUG=INFO\n{key}=/workspace\n")
+    append(busybox_product / where, "env_file: images/dump.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: images/dump.env:2: env key '{key}' is the shell's own: the entrypoint's /bin/sh sets it, so this "
+        "value would not reach the engine (an env file written by `env`?); remove it"], result.err
+    if where == "tp2.yaml" and key == "PWD":  # what the entrypoint did with it: nothing
+        (busybox_product.parent / "images/dump.env").write_text("NCCL_DEBUG=INFO\n")
+        tp2 = busybox_product / where
+        tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, PWD_X: /workspace}"))
+        lock(cli, busybox_product)
+        text = render(make_plan(busybox_product)).entrypoint.replace("PWD_X", "PWD")
+        script = tmp_path / "entrypoint.sh"
+        script.write_text(text)
+        for shell in ("sh", "busybox"):
+            run = subprocess.run([shell, *(["sh"] if shell == "busybox" else []), str(script), "sh", "-c",
+                                  'printf %s "$PWD"'], capture_output=True, text=True, cwd=tmp_path,
+                                 env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin"})
+            assert run.returncode == 0 and run.stdout == str(tmp_path), (shell, run)

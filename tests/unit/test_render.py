@@ -244,3 +244,40 @@ def test_a_braced_variable_no_one_sets_is_warned_at_the_plan(busybox_product, cl
                                                              "/root", "--token=t", "1", "0", "127.0.0.1"], run
     result = cli("--stage", "render", "--config", str(busybox_product))
     assert result.code == 0 and "warning: engine.command: ${HF_TOKEN} is set neither by unibake" in result.err
+
+
+def test_a_braced_variable_the_base_image_sets_is_not_warned_by_a_build(busybox_product, tmp_path):
+    # the plan warned of ${HF_HOME} although the base image's ENV sets it: a build reads the base's ENV from
+    # the engine and warns only of what nothing sets; a run that does not build keeps "unless the base sets it"
+    from unibake.errors import EngineError
+    from unibake.pipeline import BUILD, Request, run_stages, selection
+    from unibake.targets import run_platforms
+
+    from ..fake_engine import FakeEngine
+    from .test_pipeline import Quiet
+
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh, '--cache=${HF_HOME}', '--token=${HF_TOKEN}']"))
+    fake = FakeEngine()
+    fake.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin", "HF_HOME=/cache"]}},
+             [b"x" * 1024], tag="localhost/unibake-busybox:1")
+    request = Request(env={}, cwd=tmp_path, config=busybox_product, out=tmp_path / "release", version="0.2.0")
+    for run in (lambda reporter: run_stages(selection(BUILD), request, reporter, connect=lambda address: fake),
+                lambda reporter: run_platforms(selection(BUILD), request, (KNOWN["linux/amd64"],), reporter,
+                                               connect=lambda address: fake)):
+        reporter = Quiet()
+        with pytest.raises(EngineError, match="the fake engine does not build"):
+            run(reporter)
+        said = reporter.stream.getvalue()
+        assert "HF_HOME" not in said, said
+        assert said.count("${HF_TOKEN}") == 1 and ("engine.command: ${HF_TOKEN} is set neither by unibake, nor by "
+                                                   "the env of profile tp1, tp2, nor by the base image "
+                                                   "localhost/unibake-busybox:1: it must be given at run time "
+                                                   "(docker run -e HF_TOKEN=...)") in " ".join(said.split()), said
+    reporter = Quiet()
+    run_stages(selection(BUILD, "render"), request, reporter)
+    said = " ".join(reporter.stream.getvalue().split())
+    assert "${HF_HOME} is set neither by unibake nor by the env of profile tp1, tp2: unless the base image sets it" \
+        in said, said

@@ -465,6 +465,17 @@ def test_a_reply_in_another_unicode_normal_form_fails_saying_how_it_differs(engi
                                            "in another Unicode normal form, 'UNIFIED_TP1_OK cafe\\u0301')")
 
 
+def test_a_reply_holding_the_expected_text_in_another_unicode_normal_form_says_so(engine, server):
+    # match: contains said only "expected 'café' in the reply" of a reply that printed it
+    Engine.reply = "UNIFIED_TP1_OK: le caf\u0065\u0301 est pr\u00eat"
+    smoke = [{"prompt": "Say it.", "expect": "caf\u00e9", "match": "contains"}]
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.failed.name == "chat"
+    assert result.failed.detail.startswith("expected 'caf\u00e9' in the reply (it holds the same text in another "
+                                           "Unicode normal form: 'UNIFIED_TP1_OK: le cafe\\u0301 est pr\\xeat')"), \
+        result.failed.detail
+
+
 @pytest.mark.parametrize("body,said", [
     (b'{"choices":[{"message":{"content":"UNIFIED_TP1_OK \xe9t\xe9"}}]}',  # Latin-1
      "the body is not UTF-8 text (invalid continuation byte at byte 50)"),
