@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from unibake.archive_reader import read_archive
 from unibake.builder import cache_ref, keep_as_cache
 from unibake.metadata import METADATA_LABEL
@@ -195,6 +197,28 @@ def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_s
     assert warnings == [f"the release folder {out / 'hk5'} has a manifest.json that cannot be read: prune cannot tell "
                         "which images it needs, so it removes build cache only; check it with python build.py "
                         f"verify {out / 'hk5'}, then fix or move it"]
+
+
+@pytest.mark.parametrize("published", ["zzz", "2026-01-01T00:00:09+05:00", "9999"])
+def test_a_hand_edited_published_that_is_no_utc_time_is_an_unreadable_folder_not_ranked_as_text(tmp_path, cli,
+                                                                                                 published):
+    # (before: published had no format of its own: a hand-edited 'zzz', without first_published, was
+    # ranked as text above every time, hk1 counted as the newest and prune --keep 1 removed hk2's image)
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    old = _release(out, engine, "hk1", 1, published=published)
+    del old["first_published"]  # as a release made before it was recorded
+    (out / "hk1" / "manifest.json").write_text(json.dumps(old))
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    warnings = []
+    done = prune(engine, out, keep=1, on_warning=warnings.append)
+    assert done == [] and engine.inspect_image("demo-llm:hk2") is not None
+    assert engine.inspect_image("demo-llm:hk1") is not None
+    assert [f"{out / 'hk1'} has a manifest.json that cannot be read" in w for w in warnings] == [True]
+    assert [r.folder.name for r in find_releases(out) if r.manifest is None] == ["hk1"]
+    assert "published" in find_releases(out)[-1].problem
+    listed = cli("releases", "--out", str(out))
+    assert "published" in listed.out + listed.err
 
 
 def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_force_run(tmp_path):
