@@ -352,6 +352,9 @@ def _folder(run: Run) -> tuple:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
+    if folder.first_release_problem:  # ranked by it for ever: taken only from a folder that checks out
+        run.reporter.warn(f"{folder.final}: when the release it replaces was first published is not carried over "
+                          f"({folder.first_release_problem}); the new release counts as first published now")
     # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
     # said now, before the build, the export and the gates run for nothing
     record = run.request.checksums
