@@ -321,6 +321,36 @@ def test_prune_removes_the_checksums_record_a_killed_run_left_but_not_a_running_
     assert sorted(os.listdir(tmp_path / "checksums")) == sorted(["1.0.SHA256SUMS", running.name, others.name])
 
 
+def test_prune_removes_the_checksums_record_an_older_unibake_s_killed_run_left_unless_a_run_of_its_tag_is_on(
+        tmp_path):
+    # (before: checksums/.1.1.SHA256SUMS.tmp, the temporary record of an unibake that named it by the tag
+    # alone, was never removed: no --out's key in its name, so no prune took it for its own)
+    from unibake.prune import remove_leftovers
+    from unibake.publish import ReleaseFolder
+
+    out, sibling = tmp_path / "release", tmp_path / "release-b"
+    _release(out, FakeEngine(), "1.0", 1)
+    checksums = tmp_path / "checksums"
+    (out / ".1.1.lock").touch()  # the killed run's lock file stays, let go
+    killed, running = checksums / ".1.1.SHA256SUMS.tmp", checksums / ".1.2.SHA256SUMS.tmp"
+    for path in (killed, running):
+        path.write_text("x" * 64 + "  demo-llm-x.tar.zst\n")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the user's own\n")
+    (checksums / ".1.4.SHA256SUMS.tmp").symlink_to(mine)  # never followed nor removed: no run makes links
+    (checksums / ".1.5.SHA256SUMS.tmp").mkdir()
+    os.mkfifo(checksums / ".1.6.SHA256SUMS.tmp")
+    (checksums / "..SHA256SUMS.tmp").write_text("no tag\n")
+    before = sorted(os.listdir(checksums))
+    with ReleaseFolder(sibling, "1.2", force=False):  # a run of 1.2 under another --out: the name may be its
+        assert remove_leftovers(out, dry_run=True) == [killed]
+        assert sorted(os.listdir(checksums)) == before
+        assert remove_leftovers(out) == [killed]
+    assert sorted(os.listdir(checksums)) == sorted(set(before) - {killed.name})
+    assert mine.read_text() == "the user's own\n"
+    assert remove_leftovers(out) == [running]  # that run ended (killed): its tag's lock let go
+
+
 def test_a_release_folder_that_is_a_link_is_listed_and_its_image_kept_and_a_second_name_is_not_counted(tmp_path, cli):
     # release/hk1 -> /mnt/big/hk1: skipped, its hotfix showed "base absent" and prune --keep 1 removed
     # its image (the base the kept hotfix needs) as a dangling image unibake built
