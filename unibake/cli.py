@@ -844,7 +844,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
             amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
-                          named.parent.parent / "checksums", sign=sign, was=m, named=named)
+                          named.parent.parent / "checksums", sign=sign, was=m, named=named,
+                          on_warning=ctx.reporter.warn)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),

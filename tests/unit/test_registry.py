@@ -1417,6 +1417,39 @@ def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_i
     assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
 
 
+@pytest.mark.parametrize("planted", ["huge", "fifo", "link"])
+def test_recording_a_push_reads_no_more_of_a_checksums_record_than_a_record_holds(tmp_path, planted):
+    # (before: checksums/TAG.SHA256SUMS was read whole to tell whether it was the folder's own: one of
+    # gigabytes was read into memory, and a link was followed to whatever it named)
+    import tracemalloc
+    folder, _ = make_release(tmp_path / "release")
+    record = tmp_path / "checksums" / "1.3.1.SHA256SUMS"
+    record.unlink()
+    if planted == "huge":
+        with open(record, "wb") as fh:
+            fh.truncate(256 << 20)  # sparse: 256 MiB read as zeros
+    elif planted == "fifo":
+        os.mkfifo(record)
+    else:
+        (tmp_path / "copy").write_bytes((folder / "SHA256SUMS").read_bytes())
+        record.symlink_to(tmp_path / "copy")
+    manifest = load_manifest(folder)
+    pushed = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    warnings = []
+    tracemalloc.start()
+    try:
+        amend.amend_release(folder, merge_record(manifest, pushed), read_sums(folder), tmp_path / "checksums",
+                            on_warning=warnings.append)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # (a manifest is read with a buffer of its 16 MiB bound)
+    assert load_manifest(folder).registry == (pushed,) and not verify_folder(folder).failures
+    assert [w.startswith(f"{record} ") and "left as it is" in w for w in warnings] == [True]
+    assert os.path.lexists(record) and (planted != "link" or record.is_symlink())
+
+
 def test_a_push_through_a_link_in_a_folder_it_cannot_write_still_records(tmp_path, monkeypatch):
     # the link's folder another user's (a shared link farm): its lock is read if there, not made
     real, _ = make_release(tmp_path / "big" / "release")
