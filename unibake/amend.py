@@ -16,13 +16,12 @@ import ctypes
 import errno
 import fcntl
 import os
-import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import fresh_folder, fsync_dir, open_lock, read_small_file, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS, SUMS_LIMIT, _holder, _sign, record_temp
 from .sums import render_sums
@@ -210,7 +209,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                     os.replace(staging / name, folder / name)
                 fsync_dir(folder)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging, ignore_errors=True)
         # still under the locks: a build --force committing meanwhile would have its record overwritten
         records = {checksums_dir / f"{tag}.{SUMS}": folder}  # each record, and the folder whose lock guards it
         if named is not None and named != folder:

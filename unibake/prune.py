@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -32,6 +31,7 @@ from pathlib import Path
 from .builder import CACHE_REPOSITORY
 from .engine import Engine, ImageSummary
 from .errors import InputError, UnibakeError
+from .files import remove_tree
 from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
@@ -80,7 +80,7 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
         if not tag or (suffix == ".old" and not os.path.isdir(out / tag)):
             continue
         # (a folder this user cannot change, or nested too deep for rmtree: left, as before)
-        if _remove_unless_in_use(out, tag, lambda: dry_run or shutil.rmtree(entry), (OSError, RecursionError)):
+        if _remove_unless_in_use(out, tag, lambda: dry_run or remove_tree(entry), (OSError, RecursionError)):
             found.append(entry)
     return found + _record_leftovers(out, dry_run=dry_run)
 

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import hashlib
 import os
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -28,7 +27,7 @@ from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
 from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, read_small_text,
-                    write_atomic)
+                    remove_tree, write_atomic)
 from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
                        AttachmentRecord, Compression, ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool,
                        Validation, load_manifest, parse_manifest)
@@ -186,7 +185,7 @@ class ReleaseFolder:
             os.replace(old, self.final)
         if os.path.islink(old) or (os.path.lexists(old) and not os.path.isdir(old)):
             os.unlink(old)  # no release (a link a --force on a linked release left): in the way of the next commit
-        shutil.rmtree(old, ignore_errors=True)
+        remove_tree(old, ignore_errors=True)
 
     def commit(self, then: Callable[[], object] | None = None,
                abandon: Callable[[], object] | None = None) -> Path:
@@ -234,7 +233,7 @@ class ReleaseFolder:
 
     def _let_old_go(self) -> None:
         if self.committed:  # a whole copy of the old release is never left behind
-            shutil.rmtree(self.out / f".{self.tag}.old", ignore_errors=True)
+            remove_tree(self.out / f".{self.tag}.old", ignore_errors=True)
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -243,7 +242,7 @@ class ReleaseFolder:
             self._lock = None
 
     def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        remove_tree(self.staging, ignore_errors=True)
         if not self.committed:
             for abandon in self._abandon:
                 try:
