@@ -29,6 +29,7 @@ from .templates import render_template
 
 MARKER = "<!-- unibake: registry -->"
 NOTES = ("RELEASE_NOTES.md", "README-DIST.md")
+NOTES_LIMIT = 16 << 20  # a release's notes are kilobytes
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
@@ -121,12 +122,26 @@ class _Lock:
 
 def check_keepable(folder: Path) -> None:
     """The new folder takes over the old one's files (hard links); a folder or symbolic link put in
-    the release folder (an unpacked kit, say) would go with the old folder: refused, before anything."""
+    the release folder (an unpacked kit, say) would go with the old folder: refused, before anything.
+    So are notes that cannot be read as text to splice the registry section in (not UTF-8, huge)."""
     other = sorted(f"{e.name}/" if e.is_dir(follow_symlinks=False) else e.name
                    for e in os.scandir(folder) if not e.is_file(follow_symlinks=False))
     if other:
         raise InputError(f"{folder} holds {', '.join(other)[:300]}, which is not a file: recording the push would "
                          "drop it; move it out of the release folder and push again")
+    for name in NOTES:
+        if os.path.lexists(folder / name):
+            _read_notes(folder / name)
+
+
+def _read_notes(path: Path) -> str:
+    """A release's notes as text, which recording a push rewrites; InputError naming the file otherwise."""
+    what = "recording the push rewrites its registry section: fix it, then push again"
+    data = read_small_file(path, InputError, limit=NOTES_LIMIT, follow=False, what=what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {what}") from None
 
 
 def _is_record_of(record: Path, listing: bytes) -> tuple[bool, str]:
@@ -172,7 +187,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     for name in NOTES:
         path = folder / name
         if path.is_file() and name in sums:
-            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name),
+            texts[name] = splice(_read_notes(path), registry_section(manifest, name),
                                  has_section=has_section)
     old_listing = read_small_file(folder / SUMS, UnibakeError, limit=SUMS_LIMIT, follow=False)
     with contextlib.ExitStack() as locks:

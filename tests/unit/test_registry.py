@@ -302,6 +302,30 @@ def test_recording_a_push_never_drops_a_folder_or_link_put_in_the_release_folder
     assert pushed.code == 2 and "which is not a file" in pushed.error_lines[-1]
 
 
+@pytest.mark.parametrize("notes", ["latin-1", "huge"])
+def test_notes_that_cannot_be_read_as_text_are_refused_before_the_push_not_a_traceback_after_it(tmp_path, cli, notes):
+    # (before: a RELEASE_NOTES.md that is not UTF-8, listed in SHA256SUMS with its right hash (the folder
+    # verifies), was read only to record the push, after the upload: a UnicodeDecodeError traceback)
+    import hashlib
+    import re
+    folder, _ = make_release(tmp_path / "release")
+    path = folder / "RELEASE_NOTES.md"
+    if notes == "latin-1":
+        path.write_bytes(path.read_bytes() + "- caf\u00e9 fixed\n".encode("latin-1"))
+    else:
+        with open(path, "ab") as fh:
+            fh.write(b"x" * (amend.NOTES_LIMIT + 1))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    sums = folder / "SHA256SUMS"
+    sums.write_text(re.sub(r"(?m)^[0-9a-f]{64}(  RELEASE_NOTES\.md)$", lambda m: digest + m.group(1), sums.read_text()))
+    assert not verify_folder(folder).failures
+    before = sums.read_bytes()
+    pushed = cli("push", str(folder), "--to", "localhost:1/a")  # said before anything is uploaded
+    assert pushed.code == 2 and len(pushed.error_lines) == 1 and "Traceback" not in pushed.err
+    assert pushed.error_lines[0].startswith(f"error: {path}: ") and "registry section" in pushed.error_lines[0]
+    assert sums.read_bytes() == before
+
+
 @pytest.mark.parametrize("where", ["changelog", "known_limits"])
 def test_a_changelog_that_quotes_the_registry_marker_is_kept_whole_by_every_push(tmp_path, where):
     quoted = f"- fixed the `{amend.MARKER}` marker in docs\n\n{amend.MARKER}\n\n- a later line people wrote\n"
