@@ -10,7 +10,17 @@ import shutil
 import stat
 from pathlib import Path
 
-from .errors import UnibakeError
+from .errors import InputError, UnibakeError
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``; a loop of symbolic links on its way (``release -> release``) is InputError
+    naming it, not pathlib's RuntimeError (a traceback)."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise InputError(f"{path}: a loop of symbolic links (a link that leads back to itself); give a folder") \
+            from None
 
 
 def visible_name(name: str) -> str:

@@ -280,6 +280,20 @@ def test_prune_refuses_an_out_folder_that_does_not_exist(cli, tmp_path):
     assert result.code == 2 and result.error_lines == [f"error: --out {tmp_path / 'relaese'}: no such folder"]
 
 
+@pytest.mark.parametrize("args", [("verify", "{loop}"), ("releases", "--out", "{loop}"),
+                                  ("prune", "--dry-run", "--out", "{loop}"), ("push", "{loop}", "--to", "localhost:1/a"),
+                                  ("kit", "{loop}", "--out", "{loop}-kit"), ("verify", "{loop}/1.0")],
+                         ids=["verify", "releases", "prune", "push", "kit", "below-it"])
+def test_a_folder_that_is_a_loop_of_symbolic_links_is_one_error_line(cli, tmp_path, args):
+    # (before: pathlib's RuntimeError "Symlink loop from ...", a traceback)
+    loop = tmp_path / "release"
+    loop.symlink_to("release")
+    result = cli(*[a.format(loop=loop) for a in args])
+    assert result.code == 2 and "Traceback" not in result.err
+    assert result.error_lines == [f"error: {loop}{'/1.0' if args[-1].endswith('1.0') else ''}: a loop of symbolic "
+                                  "links (a link that leads back to itself); give a folder"]
+
+
 def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):
     from .test_publish import make_release
 
