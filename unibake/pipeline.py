@@ -371,6 +371,9 @@ def _refuse_another_products_record(record: Path, target: Target, *, force: bool
     another product's release of the same version under a sibling --out (release/a, release/b, as
     each product needs its own --out) would replace that product's record without a word. Refused
     unless --force; the same product's release of the tag made again elsewhere replaces it as before."""
+    if os.path.isdir(record) and not os.path.islink(record):  # publish could not rename the record over it
+        raise InputError(f"{record} is a folder where this release's checksums record goes (a file): no run makes "
+                         "one; remove it, then run again; nothing was built")
     try:  # a FIFO planted as the record is not waited on: not a record (publish renames over it)
         held = read_small_file(record, UnibakeError, limit=16 << 20).decode("utf-8", "replace")
     except UnibakeError:

@@ -4,6 +4,7 @@ inspect, scan, folder, archive, read back into a second engine, smoke gates, pub
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -163,6 +164,18 @@ def test_a_force_re_release_keeps_when_the_release_was_first_published(engines, 
     # releases --json shows it beside published (it showed published only)
     listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
     assert [(r["published"], r["first_published"]) for r in listed] == [(again["published"], "2026-01-01T00:00:01Z")]
+
+
+def test_a_folder_planted_where_the_checksums_record_goes_is_refused_before_the_work(engines, tmp_path):
+    # (before: the whole run went on, the release was published, then the record could not be renamed over
+    # the folder: exit 1, "was published, but its checksums record ... was not written (Is a directory)")
+    from unibake.errors import InputError
+    planted = tmp_path / "checksums" / "1.0.SHA256SUMS"
+    planted.mkdir(parents=True)
+    with pytest.raises(InputError, match=rf"^{planted} is a folder where this release's checksums record goes"):
+        release(engines, tmp_path / "release")
+    assert os.listdir(tmp_path / "release") == [".1.0.lock"] and planted.is_dir()
+    assert engines["fake://verify"].images == {}  # nothing was loaded: the run stopped at its folder
 
 
 def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_skipped(engines, tmp_path):
