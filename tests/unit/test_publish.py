@@ -448,7 +448,7 @@ def test_a_staging_folder_nested_too_deep_to_remove_is_an_error_line_not_a_trace
         pass
 
 
-@pytest.mark.parametrize("when", ["before the commit", "after the commit"])
+@pytest.mark.parametrize("when", ["before the commit", "after the commit", "a fifo --force replaces"])
 def test_a_staging_folder_swapped_for_a_fifo_during_the_run_does_not_hang_its_clean_up(tmp_path, when):
     # (before: the clean-up's shutil.rmtree opened the FIFO to read it as a folder, and waited for a
     # writer for ever, holding the release's lock; run in a child, so that the old code fails, not hangs)
@@ -460,8 +460,11 @@ def test_a_staging_folder_swapped_for_a_fifo_during_the_run_does_not_hang_its_cl
         from pathlib import Path
         from unibake.publish import ReleaseFolder
         out = Path({str(out)!r})
-        with ReleaseFolder(out, "1.0", force=False) as folder:
-            if {when!r} == "after the commit":
+        if {when!r} == "a fifo --force replaces":  # release/1.0 itself a FIFO: set aside, then removed
+            out.mkdir()
+            os.mkfifo(out / "1.0")
+        with ReleaseFolder(out, "1.0", force=True) as folder:
+            if {when!r} != "before the commit":
                 (folder.staging / "a").write_text("a")
                 folder.commit()
             else:
@@ -472,7 +475,8 @@ def test_a_staging_folder_swapped_for_a_fifo_during_the_run_does_not_hang_its_cl
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parents[2])
     assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
-    assert sorted(os.listdir(out)) == ([".1.0.lock", "1.0"] if when == "after the commit" else [".1.0.lock"])
+    assert sorted(os.listdir(out)) == ([".1.0.lock"] if when == "before the commit" else [".1.0.lock", "1.0"])
+    assert when == "before the commit" or (out / "1.0" / "a").read_text() == "a"
     with ReleaseFolder(out, "1.0", force=True):  # the lock was let go
         pass
 
