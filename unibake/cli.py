@@ -33,7 +33,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
-from .files import resolved, unwritable_reason, write_atomic
+from .files import resolved, unwritable_reason, visible_name, write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
 STAGES = ("render", "build", "release")
@@ -1134,7 +1134,7 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
         as_json, metadata_file = _refused_line_options()
     else:
         as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
-    text = json.dumps({"error": message, "exit_code": code}, indent=2) + "\n"
+    text = json.dumps({"error": visible_name(message), "exit_code": code}, indent=2) + "\n"
     if metadata_file:
         try:
             _write_metadata(metadata_file, text, cwd)
@@ -1179,10 +1179,23 @@ def _write_metadata(value: str, text: str, cwd: Path) -> None:
         raise UnibakeError(f"--metadata-file {value}: cannot write ({exc.strerror})") from None
 
 
+def _visible(value):
+    """``value`` (a document) with every text as every JSON reader takes it: a name the file system gave
+    that is not UTF-8 (a folder ``caf\\xe9``) would be a lone surrogate escape (``\\udce9``), which
+    strict readers refuse."""
+    if isinstance(value, str):
+        return visible_name(value)
+    if isinstance(value, dict):
+        return {_visible(k): _visible(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_visible(v) for v in value]
+    return value
+
+
 def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
     """The run's document: the --metadata-file first, so that a failure to write it leaves stdout
     with only the error's document (one JSON document, always)."""
-    text = json.dumps(document, indent=2, sort_keys=False) + "\n"
+    text = json.dumps(_visible(document), indent=2, sort_keys=False) + "\n"
     if getattr(args, "metadata_file", None):
         _write_metadata(args.metadata_file, text, cwd)
     if getattr(args, "json", False):
