@@ -16,20 +16,20 @@ import ctypes
 import errno
 import fcntl
 import os
-import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import fresh_folder, fsync_dir, open_lock, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
-from .publish import SUMS, _holder, _sign, record_temp
+from .publish import SUMS, SUMS_LIMIT, _holder, _sign, record_temp
 from .sums import render_sums
 from .templates import render_template
 
 MARKER = "<!-- unibake: registry -->"
 NOTES = ("RELEASE_NOTES.md", "README-DIST.md")
+NOTES_LIMIT = 16 << 20  # a release's notes are kilobytes
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 
@@ -122,17 +122,54 @@ class _Lock:
 
 def check_keepable(folder: Path) -> None:
     """The new folder takes over the old one's files (hard links); a folder or symbolic link put in
-    the release folder (an unpacked kit, say) would go with the old folder: refused, before anything."""
+    the release folder (an unpacked kit, say) would go with the old folder: refused, before anything.
+    So are notes that cannot be read as text to splice the registry section in (not UTF-8, huge)."""
     other = sorted(f"{e.name}/" if e.is_dir(follow_symlinks=False) else e.name
                    for e in os.scandir(folder) if not e.is_file(follow_symlinks=False))
     if other:
         raise InputError(f"{folder} holds {', '.join(other)[:300]}, which is not a file: recording the push would "
                          "drop it; move it out of the release folder and push again")
+    for name in NOTES:
+        if os.path.lexists(folder / name):
+            _read_notes(folder / name)
+
+
+def _read_notes(path: Path) -> str:
+    """A release's notes as text, which recording a push rewrites; InputError naming the file otherwise."""
+    what = "recording the push rewrites its registry section: fix it, then push again"
+    data = read_small_file(path, InputError, limit=NOTES_LIMIT, follow=False, what=what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {what}") from None
+
+
+def _is_record_of(record: Path, listing: bytes) -> tuple[bool, str]:
+    """Whether the checksums record ``record`` is the folder's own (holds ``listing``, its old
+    ``SHA256SUMS``), read no further than that; with what it is instead when no run writes such a
+    file (a link, a FIFO, a folder, more than a listing holds), which is said. Another file there is not
+    ours, unsaid: another --out's release of the same tag shares the name."""
+    try:
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False, ""
+    except OSError as exc:
+        return False, "is a link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return False, "is not a regular file"
+        if info.st_size > SUMS_LIMIT:
+            return False, f"holds {info.st_size} bytes, more than a checksums record ({SUMS_LIMIT})"
+        try:
+            return fh.read(len(listing) + 1) == listing, ""
+        except OSError as exc:
+            return False, f"cannot be read ({exc.strerror})"
 
 
 def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path,
                   sign: Callable[[Path], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None,
-                  named: Path | None = None) -> None:
+                  named: Path | None = None, on_warning: Callable[[str], None] = lambda line: None) -> None:
     """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
     ``SHA256SUMS`` (and ``checksums/<tag>.SHA256SUMS`` when it is the folder's record); ``sums`` is the
     folder's current ``SHA256SUMS``, already checked. ``sign``: writes the new ``SHA256SUMS``'s detached
@@ -141,7 +178,8 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     recorded itself meanwhile) is left as it is, an error, rather than losing what that one wrote.
     ``named``: the link the folder was given as (``release/1.0 -> /mnt/big/1.0``): its lock is held
     too (the one a build or a hotfix of that release takes), and its record is ``checksums_dir``'s
-    ``<its name>.SHA256SUMS`` (the one beside the folder's own parent updated too, when it is ours)."""
+    ``<its name>.SHA256SUMS`` (the one beside the folder's own parent updated too, when it is ours).
+    ``on_warning``: told of a record that is no file a run writes (a link, a FIFO, one of megabytes)."""
     out, tag = folder.parent, folder.name
     check_keepable(folder)
     texts = {MANIFEST: manifest.to_json()}
@@ -149,9 +187,9 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     for name in NOTES:
         path = folder / name
         if path.is_file() and name in sums:
-            texts[name] = splice(path.read_text(encoding="utf-8"), registry_section(manifest, name),
+            texts[name] = splice(_read_notes(path), registry_section(manifest, name),
                                  has_section=has_section)
-    old_listing = (folder / SUMS).read_text(encoding="utf-8")
+    old_listing = read_small_file(folder / SUMS, UnibakeError, limit=SUMS_LIMIT, follow=False)
     with contextlib.ExitStack() as locks:
         if named is not None and named != folder:
             locks.enter_context(_Lock(named.parent, named.name, optional=True))
@@ -186,17 +224,17 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                     os.replace(staging / name, folder / name)
                 fsync_dir(folder)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging, ignore_errors=True)
         # still under the locks: a build --force committing meanwhile would have its record overwritten
         records = {checksums_dir / f"{tag}.{SUMS}": folder}  # each record, and the folder whose lock guards it
         if named is not None and named != folder:
             records = {checksums_dir / f"{named.name}.{SUMS}": named,
                        out.parent / "checksums" / f"{tag}.{SUMS}": folder}
         for record, of in records.items():
-            try:
-                is_ours = record.is_file() and record.read_text(encoding="utf-8") == old_listing
-            except (OSError, UnicodeDecodeError):
-                is_ours = False
+            is_ours, problem = _is_record_of(record, old_listing)
+            if problem:
+                on_warning(f"{record} {problem}: it is not release {tag}'s checksums record, so it is left as it "
+                           f"is (the folder's new {SUMS} is {folder / SUMS}); remove it, or copy that file there")
             if is_ours:
                 old = record.stat()
                 write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode),

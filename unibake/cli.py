@@ -33,7 +33,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
-from .files import unwritable_reason, write_atomic
+from .files import resolved, unwritable_reason, visible_name, write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
 
 # How long deploy waits on an engine that says nothing, per request (``--engine-timeout``): an engine
@@ -401,12 +401,12 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
     """The one default for ``--out``: release/ beside the profiles folder. ``existing``: an --out given
     must be a folder (a typo is not "no releases", which would keep no release's image from prune)."""
     if getattr(args, "out", None):
-        out = (cwd / args.out).resolve()
+        out = resolved(cwd / args.out)
         if existing and not out.is_dir():
             raise InputError(f"--out {args.out}: no such folder")
         return out
     config = getattr(args, "config", "profiles")
-    return (cwd / config).resolve().parent / "release"
+    return resolved(cwd / config).parent / "release"
 
 
 def _request(args: argparse.Namespace, ctx: Context, **extra):
@@ -421,7 +421,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     for pattern in getattr(args, "allow", []):
         check_allow(pattern, "--allow")
     config = Path(getattr(args, "config", "profiles"))
-    root = (ctx.cwd / config).resolve().parent
+    root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
     request = Request(
         env=ctx.env, cwd=ctx.cwd, config=config, profiles=tuple(getattr(args, "profile", ())),
@@ -495,7 +495,7 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
     platforms = parse_options(args.platform)
     if not platforms:
         try:
-            platforms = product_platforms((ctx.cwd / args.config).resolve(), ctx.cwd)
+            platforms = product_platforms(resolved(ctx.cwd / args.config), ctx.cwd)
         except InputError:
             platforms = ()  # the plan stage reports it, as for any bad YAML
     if len(platforms) > 1:
@@ -603,7 +603,7 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .verify import (check_external, check_folder_arg, load_and_compare, verify_folder, verify_signatures,
                          with_signatures)
 
-    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    folder = check_folder_arg(resolved(ctx.cwd / args.folder))
     signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
     if signed is not None and signed.failures:
         report = signed
@@ -613,7 +613,7 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
         if signed is None:
             report = _unchecked_signatures(report)
     if args.external and not (signed is not None and signed.failures):
-        report = check_external(report, [(ctx.cwd / p).resolve() for p in args.external])
+        report = check_external(report, [resolved(ctx.cwd / p) for p in args.external])
     if args.load and not report.failures:
         from .docker_engine import DockerEngine
         engine = DockerEngine(args.engine, ctx.env)
@@ -703,7 +703,7 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path, make_plan, product_platforms
     from .platforms import KNOWN, host
 
-    config = (ctx.cwd / args.config).resolve()
+    config = resolved(ctx.cwd / args.config)
     # every platform's inputs: a prebuilt kernel may be another file on another platform. The
     # platforms the product builds must plan; another one that cannot (its base given by tag while
     # base.require_digest is set, say) is left out of the lock with a warning, not a failure.
@@ -816,9 +816,9 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .verify import check_folder_arg, read_sums, verify_folder
 
     given = ctx.cwd / args.folder
-    folder = check_folder_arg(given.resolve())
+    folder = check_folder_arg(resolved(given))
     # a link (release/1.0 -> /mnt/big/1.0): the release is the name given too (its lock, its record)
-    named = given.parent.resolve() / given.name if given.name not in ("", ".", "..") and given.is_symlink() else folder
+    named = resolved(given.parent) / given.name if given.name not in ("", ".", "..") and given.is_symlink() else folder
     target = parse_reference(args.to, what="--to", digest=False)
     settings = _registry_settings(args, ctx, target.host)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
@@ -854,7 +854,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
         with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
                                 (", signed again" if sign else "")):
             amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
-                          named.parent.parent / "checksums", sign=sign, was=m, named=named)
+                          named.parent.parent / "checksums", sign=sign, was=m, named=named,
+                          on_warning=ctx.reporter.warn)
     else:
         ctx.reporter.skipped("record", "the release already records this push")
     rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
@@ -875,7 +876,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     if args.release:
-        folder = check_folder_arg((ctx.cwd / args.release).resolve())
+        folder = check_folder_arg(resolved(ctx.cwd / args.release))
     else:
         out = _out(args, ctx.cwd)
         folder = find_release_by_digest(out, ref.digest)
@@ -907,12 +908,12 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .verify import (check_folder_arg, check_signed, trusted_manifest, verify_folder, verify_signatures,
                          with_signatures)
 
-    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
+    folder = check_folder_arg(resolved(ctx.cwd / args.folder))
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs} must be 1 or more")
     if not 1 <= args.engine_timeout <= 86400:
         raise InputError(f"--engine-timeout {args.engine_timeout} is out of range 1..86400 (seconds)")
-    hosts = read_hosts((ctx.cwd / args.hosts).resolve()) if args.hosts else []
+    hosts = read_hosts(resolved(ctx.cwd / args.hosts)) if args.hosts else []
     # every engine named is a target: an --engine before the command (the global option) as well as
     # those after it, the same engine once (tcp://h:1 and tcp://h:1/ are one); DOCKER_HOST, as for
     # every command, only when none is named
@@ -982,7 +983,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
 def _existing_dir(cwd: Path, value: str | None, option: str) -> Path | None:
     if not value:
         return None
-    path = (cwd / value).resolve()
+    path = resolved(cwd / value)
     if not path.is_dir():
         raise InputError(f"{option} {value}: not a folder")
     return path
@@ -996,9 +997,9 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
         raise InputError(f"--retries {args.retries} is out of range 0..20")
     auth_file = ca_file = None
     if args.auth_file:
-        auth_file = (ctx.cwd / args.auth_file).resolve()
+        auth_file = resolved(ctx.cwd / args.auth_file)
     if args.ca_file:
-        ca_file = (ctx.cwd / args.ca_file).resolve()
+        ca_file = resolved(ctx.cwd / args.ca_file)
         if not ca_file.is_file():
             raise InputError(f"--ca-file {args.ca_file}: no such file")
         try:  # a file that holds no certificate verifies nothing: said so here, not as the registry's fault
@@ -1015,14 +1016,14 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
     from .verify import check_folder_arg, check_signed
 
-    folder = check_folder_arg((ctx.cwd / args.folder).resolve())
-    out = (ctx.cwd / args.out).resolve()
+    folder = check_folder_arg(resolved(ctx.cwd / args.folder))
+    out = resolved(ctx.cwd / args.out)
     problem = unwritable_reason(out, folder=True)
     if problem:  # before the kit is rendered and checked, and named as the option, not as an OSError
         raise InputError(f"--out {args.out}: cannot write the kit there ({problem})")
     # a downloaded folder's SHA256SUMS is what vouches for its manifest and provenance: signed, with --key
     signed_sums = check_signed(folder, ctx.cwd / args.key, ctx.env)[0] if args.key else None
-    written, published = kit_for_release(folder, (ctx.cwd / args.config).resolve(), out, ctx.cwd, signed_sums)
+    written, published = kit_for_release(folder, resolved(ctx.cwd / args.config), out, ctx.cwd, signed_sums)
     same = published == written.file.sha256  # one that is not was refused before it took the kit's name
     verdict = "identical to the published kit" if same else "the release published none"
     path = display_path(out / written.file.name, ctx.cwd)
@@ -1043,7 +1044,7 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
 
     from .verify import check_folder_arg, check_signed, trusted_manifest
 
-    folder = (ctx.cwd / args.folder).resolve()
+    folder = resolved(ctx.cwd / args.folder)
     if not folder.is_dir():
         raise InputError(f"{args.folder}: not a folder (give the unpacked kit)")
     if (folder / "manifest.json").is_file() and not (folder / "kit.json").exists():
@@ -1064,7 +1065,7 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
     released = None
     if args.release:  # what the kit says it rebuilds must be the release's image, by the release's own word
-        where = check_folder_arg((ctx.cwd / args.release).resolve())
+        where = check_folder_arg(resolved(ctx.cwd / args.release))
         released = check_signed(where, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(where)
     kit = check_kit(folder)
     if released is not None and (kit.product, kit.release, kit.image_id) != \
@@ -1147,7 +1148,7 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
         as_json, metadata_file = _refused_line_options()
     else:
         as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
-    text = json.dumps({"error": message, "exit_code": code}, indent=2) + "\n"
+    text = json.dumps({"error": visible_name(message), "exit_code": code}, indent=2) + "\n"
     if metadata_file:
         try:
             _write_metadata(metadata_file, text, cwd)
@@ -1163,7 +1164,7 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
     value = getattr(args, "metadata_file", None)
     if value and _a_stream(cwd / value):
         return  # /dev/stdout, a pipe: written as it is, at the end
-    problem = unwritable_reason((cwd / value).resolve()) if value else None
+    problem = unwritable_reason(resolved(cwd / value)) if value else None
     if problem:
         args.metadata_file = None  # the failure's document is not tried there either
         raise InputError(f"--metadata-file {value}: cannot write it there ({problem})")
@@ -1185,17 +1186,30 @@ def _write_metadata(value: str, text: str, cwd: Path) -> None:
             with open(cwd / value, "w") as out:
                 out.write(text)
         else:
-            path = (cwd / value).resolve()
+            path = resolved(cwd / value)
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path.parent, path.name, text)
     except OSError as exc:
         raise UnibakeError(f"--metadata-file {value}: cannot write ({exc.strerror})") from None
 
 
+def _visible(value):
+    """``value`` (a document) with every text as every JSON reader takes it: a name the file system gave
+    that is not UTF-8 (a folder ``caf\\xe9``) would be a lone surrogate escape (``\\udce9``), which
+    strict readers refuse."""
+    if isinstance(value, str):
+        return visible_name(value)
+    if isinstance(value, dict):
+        return {_visible(k): _visible(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_visible(v) for v in value]
+    return value
+
+
 def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
     """The run's document: the --metadata-file first, so that a failure to write it leaves stdout
     with only the error's document (one JSON document, always)."""
-    text = json.dumps(document, indent=2, sort_keys=False) + "\n"
+    text = json.dumps(_visible(document), indent=2, sort_keys=False) + "\n"
     if getattr(args, "metadata_file", None):
         _write_metadata(args.metadata_file, text, cwd)
     if getattr(args, "json", False):

@@ -21,6 +21,8 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
 from rich.table import Table
 from rich.text import Text
 
+from .files import visible_name
+
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : ")
 
@@ -43,8 +45,9 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {0x
 
 
 def one_line(text: str) -> str:
-    """``text`` as one printable line."""
-    return text.translate(_CONTROLS)
+    """``text`` as one printable line (a name that is not UTF-8 written visibly: ``caf\\xe9``, never a
+    lone surrogate, which a terminal's strict encoding refuses)."""
+    return visible_name(text).translate(_CONTROLS)
 
 
 class Reporter:

@@ -49,6 +49,12 @@ CONNECT_TIMEOUT = 60
 # CPU-seconds on that image (measured: benchmarks/NOTES.md); pieces of 1 MiB save no more CPU and
 # raise peak memory by about 30 MiB (zstd's workers queue more at once).
 SAVE_PIECE = 256 << 10
+# What is kept of a container run to its end (a self-check): its start and its last lines (the engine's
+# log holds a line in pieces of at most 16 KiB, so the lines asked for are bounded too).
+RUN_OUTPUT_HEAD = 64 << 10
+RUN_OUTPUT_TAIL = 64 << 10
+RUN_OUTPUT_TAIL_LINES = 64
+RUN_OUTPUT_SKIM = 4 << 20  # read past the start kept before the end is asked for by lines: more than they hold
 
 
 def coalesced(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
@@ -280,10 +286,10 @@ class DockerEngine(Engine):
                 if not _read_timed_out(exc):
                     raise
                 self.api.kill(container)
-                output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+                output = self._bounded_logs(container)
                 raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
                                   output=output) from None
-            output = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+            output = self._bounded_logs(container)
             return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"running {image} failed", exc) from None
@@ -293,6 +299,41 @@ class DockerEngine(Engine):
                     self.api.remove_container(container, force=True)
                 except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
+
+    def _bounded_logs(self, container) -> str:
+        """What a container run to its end printed (stdout and stderr), kept to RUN_OUTPUT_HEAD bytes of
+        its start and RUN_OUTPUT_TAIL of its end, the cut said between them: a check that prints
+        without end until its bound (gigabytes in the engine's log) is never read whole. Read in order
+        up to RUN_OUTPUT_SKIM bytes; past that, its end is the engine's last lines, which then lie far
+        after the start kept (none is shown twice)."""
+        head, tail, size, cut, more = [], deque(), 0, 0, False
+        stream = self.api.logs(container, stdout=True, stderr=True, stream=True, follow=False)
+        try:
+            for frame in stream:
+                if size < RUN_OUTPUT_HEAD:
+                    head.append(frame[:RUN_OUTPUT_HEAD - size])
+                    frame = frame[RUN_OUTPUT_HEAD - size:]
+                    size += len(head[-1])
+                    if not frame:
+                        continue
+                tail.append(frame)
+                cut += len(frame)
+                while cut - len(tail[0]) >= RUN_OUTPUT_TAIL:
+                    cut -= len(tail.popleft())
+                size += len(frame)
+                if size > RUN_OUTPUT_HEAD + RUN_OUTPUT_SKIM:
+                    more = True
+                    break
+        finally:
+            stream.close()
+        if more:
+            tail = deque([self.api.logs(container, stdout=True, stderr=True, tail=RUN_OUTPUT_TAIL_LINES)])
+        kept, end = b"".join(head), b"".join(tail)
+        if not more and len(kept) + len(end) == size and size <= RUN_OUTPUT_HEAD + RUN_OUTPUT_TAIL:
+            return (kept + end).decode("utf-8", "replace")
+        return (kept.decode("utf-8", "replace") + ("" if kept.endswith(b"\n") else "\n")
+                + f"[... unibake: output cut here: only its first {RUN_OUTPUT_HEAD >> 10} KiB and its last "
+                  f"{RUN_OUTPUT_TAIL >> 10} KiB are kept ...]\n" + end[-RUN_OUTPUT_TAIL:].decode("utf-8", "replace"))
 
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
         policy = {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
@@ -325,7 +366,9 @@ class DockerEngine(Engine):
     def container_state(self, container: str) -> tuple[bool, str, str]:
         try:
             info = self.api.inspect_container(container)
-            logs = self.api.logs(container, stdout=True, stderr=True).decode("utf-8", "replace")
+            # its last lines (what a failed gate says), not a log the server may have filled for minutes
+            logs = self.api.logs(container, stdout=True, stderr=True, tail=RUN_OUTPUT_TAIL_LINES).decode("utf-8",
+                                                                                                       "replace")
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
         return bool(info["State"]["Running"]), info["NetworkSettings"].get("IPAddress") or "", logs

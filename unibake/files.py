@@ -10,7 +10,17 @@ import shutil
 import stat
 from pathlib import Path
 
-from .errors import UnibakeError
+from .errors import InputError, UnibakeError
+
+
+def resolved(path: Path) -> Path:
+    """``path.resolve()``; a loop of symbolic links on its way (``release -> release``) is InputError
+    naming it, not pathlib's RuntimeError (a traceback)."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise InputError(f"{path}: a loop of symbolic links (a link that leads back to itself); give a folder") \
+            from None
 
 
 def visible_name(name: str) -> str:
@@ -107,6 +117,30 @@ def open_new(path: Path, mode: int = 0o644):
     return os.fdopen(fd, "wb")
 
 
+def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree(path)``, but what is at ``path`` that is no folder (a link, a file, a FIFO: a
+    run's own folder swapped for one while it ran) is unlinked, never opened: rmtree opens the folder
+    it is given to read it, and opening a FIFO waits for a writer for ever. Nothing there: done."""
+    try:
+        is_folder = stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return
+    except OSError:
+        if ignore_errors:
+            return
+        raise
+    if is_folder:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if not ignore_errors:
+            raise
+
+
 def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
     """``path`` made anew as an empty folder (a run's staging folder, ``what``), under the lock that
     makes it that run's: what a killed run left there is removed first. Anything else there (a link,
@@ -117,9 +151,7 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
         raise UnibakeError(f"{path} is {kind} where a run makes {what} (a folder): no run's, so it is neither "
                            "followed nor removed; remove it, then run again")
     try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        pass
+        remove_tree(path)
     except OSError as exc:
         raise UnibakeError(f"{path} ({what} a killed run left) cannot be removed ({exc.strerror}): remove it "
                            "(as its owner), then run again") from None

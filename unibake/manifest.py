@@ -11,7 +11,6 @@ missing, of the wrong type or unknown is refused with one line naming it.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Literal
@@ -163,7 +162,8 @@ class ReleaseManifest(Document):
     revision: str = Field(max_length=256)
     created: str = Field(max_length=64)
     source_date_epoch: int | None = Field(ge=0)
-    published: str = Field(max_length=64)
+    # what releases are ranked by (``first_published`` aside), compared as text: a UTC time in one form
+    published: str = Field(pattern=TIME_PATTERN)
     # when this release was first published: ``published`` but for a --force re-release, which carries
     # over the replaced release's; None in releases made before it was recorded (then ``published``)
     first_published: str | None = Field(default=None, pattern=TIME_PATTERN)
@@ -182,8 +182,7 @@ class ReleaseManifest(Document):
     def _first_published_before_published(self) -> "ReleaseManifest":
         # carried over by --force and ranked as text: one later than the folder's own publishing is no
         # first release (a hand-edited value would make its version the newest for ever)
-        if self.first_published and re.fullmatch(TIME_PATTERN, self.published) \
-                and self.first_published > self.published:
+        if self.first_published and self.first_published > self.published:
             raise ValueError(f"first_published {self.first_published} is later than published {self.published}")
         return self
 

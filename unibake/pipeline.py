@@ -360,6 +360,9 @@ def _folder(run: Run) -> tuple:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
+    if folder.first_release_problem:  # ranked by it for ever: taken only from a folder that checks out
+        run.reporter.warn(f"{folder.final}: when the release it replaces was first published is not carried over "
+                          f"({folder.first_release_problem}); the new release counts as first published now")
     # the checksums record is written beside --out, at the very end: a folder it cannot be written in is
     # said now, before the build, the export and the gates run for nothing
     record = run.request.checksums
@@ -376,6 +379,9 @@ def _refuse_another_products_record(record: Path, target: Target, *, force: bool
     another product's release of the same version under a sibling --out (release/a, release/b, as
     each product needs its own --out) would replace that product's record without a word. Refused
     unless --force; the same product's release of the tag made again elsewhere replaces it as before."""
+    if os.path.isdir(record) and not os.path.islink(record):  # publish could not rename the record over it
+        raise InputError(f"{record} is a folder where this release's checksums record goes (a file): no run makes "
+                         "one; remove it, then run again; nothing was built")
     try:  # a FIFO planted as the record is not waited on: not a record (publish renames over it)
         held = read_small_file(record, UnibakeError, limit=16 << 20).decode("utf-8", "replace")
     except UnibakeError:

@@ -15,7 +15,7 @@ image a container uses is kept, and said; so is the image of a release whose loc
 writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes
 (of a linked folder, ``1.0 -> /mnt/big/1.0``, the target's too).
 With a release folder it cannot read, only build cache goes. What a killed run left under ``--out``
-(``.<tag>.partial``, ..., and its temporary checksums record) is removed.
+(``.<tag>.partial``, ..., and its temporary checksums record, an older unibake's too) is removed.
 Release folders and images unibake did not make are never touched.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -31,12 +30,13 @@ from pathlib import Path
 
 from .builder import CACHE_REPOSITORY
 from .engine import Engine, ImageSummary
-from .errors import UnibakeError
+from .errors import InputError, UnibakeError
+from .files import remove_tree
 from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import SUMS, find_releases, lock_release, record_temp, release_locks
+from .publish import SUMS, check_tag, find_releases, lock_release, record_temp, release_locks
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -80,7 +80,7 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
         if not tag or (suffix == ".old" and not os.path.isdir(out / tag)):
             continue
         # (a folder this user cannot change, or nested too deep for rmtree: left, as before)
-        if _remove_unless_in_use(out, tag, lambda: dry_run or shutil.rmtree(entry), (OSError, RecursionError)):
+        if _remove_unless_in_use(out, tag, lambda: dry_run or remove_tree(entry), (OSError, RecursionError)):
             found.append(entry)
     return found + _record_leftovers(out, dry_run=dry_run)
 
@@ -106,10 +106,18 @@ def _remove_unless_in_use(out: Path, tag: str, remove: Callable[[], object],
 def _record_leftovers(out: Path, *, dry_run: bool) -> list[Path]:
     """The temporary checksums records a run on ``out`` killed before its commit left beside it
     (``checksums/.<tag>.SHA256SUMS.<key>.tmp``, the key naming the release folder ``out/<tag>``):
-    removed (unless ``dry_run``) under their tag's lock; another --out's are its own."""
+    removed (unless ``dry_run``) under their tag's lock; another --out's are its own. The one an older
+    unibake's killed run left (``checksums/.<tag>.SHA256SUMS.tmp``) names no --out: removed when it is a
+    plain file, under the tag's lock of every --out beside checksums/ that ever wrote that tag."""
     checksums = out.parent / "checksums"
     found = []
     for entry in sorted(checksums.iterdir()) if checksums.is_dir() else ():
+        if entry.name.startswith(".") and entry.name.endswith(f".{SUMS}.tmp"):
+            tag = entry.name[1:-len(f".{SUMS}.tmp")]
+            outs = _outs_of(out.parent, tag) if _is_tag(tag) and entry.is_file() and not entry.is_symlink() else None
+            if outs is not None and _remove_unless_any_in_use(outs, tag, lambda: dry_run or entry.unlink()):
+                found.append(entry)
+            continue
         tag = entry.name[1:].rsplit(f".{SUMS}.", 1)[0]
         if not entry.name.startswith(".") or not tag or record_temp(checksums / f"{tag}.{SUMS}", out / tag) != entry:
             continue
@@ -117,6 +125,42 @@ def _record_leftovers(out: Path, *, dry_run: bool) -> list[Path]:
         if _remove_unless_in_use(out, tag, lambda: dry_run or entry.unlink(), (OSError,)):
             found.append(entry)
     return found
+
+
+def _is_tag(tag: str) -> bool:
+    try:
+        check_tag(tag)
+        return True
+    except InputError:
+        return False
+
+
+def _outs_of(parent: Path, tag: str) -> list[Path] | None:
+    """The folders under ``parent`` (the --outs that share ``parent/checksums``) where a run ever locked
+    release ``tag`` (``.<tag>.lock``); None when ``parent`` cannot be listed (they are not known)."""
+    try:
+        return [entry for entry in sorted(parent.iterdir())
+                if entry.is_dir() and os.path.lexists(entry / f".{tag}.lock")]
+    except OSError:
+        return None
+
+
+def _remove_unless_any_in_use(outs: list[Path], tag: str, remove: Callable[[], object]) -> bool:
+    """``remove()`` while release ``tag``'s lock is held under each of ``outs``, without waiting: False
+    when a run holds any of them (it may be that run's), or when ``remove`` fails."""
+    with ExitStack() as locks:
+        for where in outs:
+            try:
+                lock = lock_release(where, tag, create=False)
+            except UnibakeError:
+                return False
+            if lock is not None:
+                locks.callback(lock.close)
+        try:
+            remove()
+            return True
+        except OSError:
+            return False
 
 
 def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import hashlib
 import os
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -27,16 +26,19 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import fresh_folder, fsync_dir, open_lock, open_new, write_atomic
-from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord, AttachmentRecord, Compression,
-                       ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool, Validation, load_manifest)
+from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, read_small_text,
+                    remove_tree, write_atomic)
+from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
+                       AttachmentRecord, Compression, ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool,
+                       Validation, load_manifest, parse_manifest)
 from .metadata import ImageMetadata, first_error
 from .notes import Notes
 from .platforms import recorded_by
-from .sums import render_sums
+from .sums import parse_sums, render_sums
 from .templates import render_template
 
 SUMS = "SHA256SUMS"
+SUMS_LIMIT = 1 << 20  # a release's SHA256SUMS (and its checksums record) lists a few files
 TAG_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -99,6 +101,7 @@ class ReleaseFolder:
         self.staging = out / f".{tag}.partial"
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
         self.first_release: str | None = None  # set on enter: when the release --force replaces was first published
+        self.first_release_problem = ""  # set on enter: why the replaced release's first_published is not carried over
         self.group: CommitGroup | None = None  # set: commit() waits for the group's
         self._abandon: list[Callable[[], object]] = []
         self._lock = None
@@ -146,7 +149,7 @@ class ReleaseFolder:
             raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
                              "its place as a folder here, not where the link points; give --out the "
                              "folder that holds the release itself, or remove the link first; nothing was replaced")
-        self.first_release = self._replaced_first_release()
+        self.first_release, self.first_release_problem = self._replaced_first_release()
         try:
             fresh_folder(self.staging, "a release's staging folder")
         except BaseException:
@@ -154,15 +157,25 @@ class ReleaseFolder:
             raise
         return self
 
-    def _replaced_first_release(self) -> str | None:
-        """When the release this run replaces (``--force``) was first published; None when there is
-        none, or its manifest cannot be read (this release is then its first)."""
+    def _replaced_first_release(self) -> tuple[str | None, str]:
+        """When the release this run replaces (``--force``) was first published, or None (this release
+        is then its first) with why: there is none (no reason), or its manifest cannot be read, or its
+        own ``SHA256SUMS`` does not list that very manifest (a folder changed after it was published:
+        a well-formed but forged ``first_published`` would rank this release for ever)."""
         if not self.force or not os.path.lexists(self.final / MANIFEST):
-            return None
+            return None, ""
+        path, sums = self.final / MANIFEST, self.final / SUMS
         try:
-            return load_manifest(self.final).first_release
-        except UnibakeError:
-            return None
+            data = read_small_file(path, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
+            manifest = parse_manifest(decode_text(data, path, VerificationError), str(path))
+            listed = {e.name: e.sha256 for e in parse_sums(
+                read_small_text(sums, VerificationError, limit=SUMS_LIMIT, follow=False), str(sums), VerificationError)}
+        except UnibakeError as exc:
+            return None, str(exc)
+        if listed.get(MANIFEST) != hashlib.sha256(data).hexdigest():
+            return None, (f"{sums} does not list {MANIFEST} as it is" if MANIFEST in listed
+                          else f"{sums} does not list {MANIFEST}") + " (the folder was changed after it was published)"
+        return manifest.first_release, ""
 
     def _restore_old(self) -> None:
         """A replaced release (``--force``) whose replacement never took its place (a run killed
@@ -172,7 +185,7 @@ class ReleaseFolder:
             os.replace(old, self.final)
         if os.path.islink(old) or (os.path.lexists(old) and not os.path.isdir(old)):
             os.unlink(old)  # no release (a link a --force on a linked release left): in the way of the next commit
-        shutil.rmtree(old, ignore_errors=True)
+        remove_tree(old, ignore_errors=True)
 
     def commit(self, then: Callable[[], object] | None = None,
                abandon: Callable[[], object] | None = None) -> Path:
@@ -220,7 +233,7 @@ class ReleaseFolder:
 
     def _let_old_go(self) -> None:
         if self.committed:  # a whole copy of the old release is never left behind
-            shutil.rmtree(self.out / f".{self.tag}.old", ignore_errors=True)
+            remove_tree(self.out / f".{self.tag}.old", ignore_errors=True)
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -229,7 +242,7 @@ class ReleaseFolder:
             self._lock = None
 
     def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        remove_tree(self.staging, ignore_errors=True)
         if not self.committed:
             for abandon in self._abandon:
                 try:

@@ -24,13 +24,12 @@ from .files import decode_text, read_small_file, read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
 from .manifest import FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, ReleaseManifest, parse_manifest
 from .platforms import recorded_by
-from .publish import SUMS
+from .publish import SUMS, SUMS_LIMIT
 from .sums import parse_sums
 from .threads import counted
 
 IMAGE_ID = "IMAGE_ID"
 
-SUMS_LIMIT = 1 << 20
 PLAIN_NAME_RE = re.compile(FILE_NAME_PATTERN)  # a file of the folder itself; verify-release.sh uses the same rule
 
 

@@ -59,6 +59,37 @@ def test_a_run_past_its_bound_is_killed_removed_and_said_with_its_output(engine)
     assert {c["Id"] for c in engine.api.containers(all=True)} <= before  # killed and removed
 
 
+def test_a_run_that_prints_megabytes_keeps_its_start_and_its_end_and_says_it_was_cut(engine):
+    # (before: the whole output was read into memory: a self-check printing without end until its
+    # bound, gigabytes in the engine's log, was read whole, and its text carried into the gate)
+    from unibake.docker_engine import RUN_OUTPUT_HEAD, RUN_OUTPUT_TAIL
+    from unibake.errors import RunTimedOut
+
+    before = {c["Id"] for c in engine.api.containers(all=True)}
+    lines = "; ".join(f"echo ok: check {n}" for n in range(3000))  # ~60 KiB of lines first, then 20 MB
+    done = engine.run(BUSYBOX, [f"{lines}; head -c 20000000 /dev/zero | tr '\\0' x; echo; echo error: the last"],
+                      timeout=60, entrypoint=["sh", "-c"])
+    assert done.exit_code == 0 and len(done.output) <= RUN_OUTPUT_HEAD + RUN_OUTPUT_TAIL + 200
+    assert done.output.startswith("ok: check 0\nok: check 1\n")
+    assert "\n[... unibake: output cut here: only its first 64 KiB and its last 64 KiB are kept ...]\nxxx" \
+        in done.output
+    assert done.output.endswith("x\nerror: the last\n")
+    assert done.output.count("ok: check ") == 3000 and "ok: check 2999\nxxx" in done.output  # each once, in order
+    with pytest.raises(RunTimedOut) as caught:  # one that never ends: killed at its bound, its output cut too
+        engine.run(BUSYBOX, ["echo error: first; while :; do head -c 1000000 /dev/zero | tr '\\0' y; echo; done"],
+                   timeout=3, entrypoint=["sh", "-c"])
+    output = caught.value.output
+    assert output.startswith("error: first\n") and "output cut here" in output
+    assert len(output) <= RUN_OUTPUT_HEAD + RUN_OUTPUT_TAIL + 200
+    mid = engine.run(BUSYBOX, ["echo error: a; head -c 1000000 /dev/zero | tr '\\0' z; echo; echo error: b"],
+                     entrypoint=["sh", "-c"])  # read through to its end: its last 64 KiB, none twice
+    assert mid.output.startswith("error: a\nzzz") and mid.output.endswith("zzz\nerror: b\n")
+    assert "output cut here" in mid.output and len(mid.output) <= RUN_OUTPUT_HEAD + RUN_OUTPUT_TAIL + 200
+    small = engine.run(BUSYBOX, ["echo one; echo two >&2; printf three"], entrypoint=["sh", "-c"])
+    assert sorted(small.output.split("\n")) == ["one", "three", "two"]  # what fits is kept whole (two streams)
+    assert {c["Id"] for c in engine.api.containers(all=True)} <= before
+
+
 def test_a_container_whose_command_cannot_start_is_not_left_created(engine):
     before = {c["Id"] for c in engine.api.containers(all=True)}
     with pytest.raises(EngineError, match=r"starting .* failed: .*/nonexistent"):

@@ -53,6 +53,7 @@ def test_source_date_epoch_must_be_a_number(cli, busybox_product):
 # --- the command line itself: sub-commands, global options, JSON, the tool's version ----------
 
 import json  # noqa: E402
+import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tomllib  # noqa: E402
@@ -306,6 +307,38 @@ def test_prune_refuses_an_out_folder_that_does_not_exist(cli, tmp_path):
     # "no releases" would keep no release image: a typo must not prune them all
     result = cli("prune", "--dry-run", "--out", str(tmp_path / "relaese"))
     assert result.code == 2 and result.error_lines == [f"error: --out {tmp_path / 'relaese'}: no such folder"]
+
+
+@pytest.mark.parametrize("args", [("verify", "{loop}"), ("releases", "--out", "{loop}"),
+                                  ("prune", "--dry-run", "--out", "{loop}"), ("push", "{loop}", "--to", "localhost:1/a"),
+                                  ("kit", "{loop}", "--out", "{loop}-kit"), ("verify", "{loop}/1.0")],
+                         ids=["verify", "releases", "prune", "push", "kit", "below-it"])
+def test_a_folder_that_is_a_loop_of_symbolic_links_is_one_error_line(cli, tmp_path, args):
+    # (before: pathlib's RuntimeError "Symlink loop from ...", a traceback)
+    loop = tmp_path / "release"
+    loop.symlink_to("release")
+    result = cli(*[a.format(loop=loop) for a in args])
+    assert result.code == 2 and "Traceback" not in result.err
+    assert result.error_lines == [f"error: {loop}{'/1.0' if args[-1].endswith('1.0') else ''}: a loop of symbolic "
+                                  "links (a link that leads back to itself); give a folder"]
+
+
+def test_a_json_document_naming_a_folder_that_is_not_utf8_is_read_by_a_strict_json_reader(cli, tmp_path):
+    # (before: releases --json wrote the folder caf\xe9 as "caf\udce9", a lone surrogate escape that strict
+    # JSON readers refuse; the error document of a run given that folder too)
+    from .test_publish import make_release
+
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    odd = out / os.fsdecode(b"caf\xe9")
+    odd.mkdir()
+    (odd / "manifest.json").write_text("{")
+    for args in (("--json", "releases", "--out", str(out)), ("--json", "verify", str(odd))):
+        result = cli(*args)
+        assert "\\udc" not in result.out.lower()
+        json.loads(result.out.encode("ascii"))  # as any reader would take it
+    listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert [r["release"] for r in listed] == ["1.0", "caf\\xe9"]
 
 
 def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):

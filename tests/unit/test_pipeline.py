@@ -4,6 +4,7 @@ inspect, scan, folder, archive, read back into a second engine, smoke gates, pub
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -92,9 +93,21 @@ def engines(server):  # noqa: F811
     return {None: source, "fake://verify": FakeEngine(address="fake://verify")}
 
 
-def release(engines, out: Path, **kw):
+def release(engines, out: Path, reporter: Reporter | None = None, **kw):
     request = Request(env={}, cwd=out.parent, out=out, image="demo:1.0", verify_engine="fake://verify", **kw)
-    return run_stages(selection(ARCHIVE), request, Quiet(), connect=engines.__getitem__)
+    return run_stages(selection(ARCHIVE), request, reporter or Quiet(), connect=engines.__getitem__)
+
+
+def rewrite_manifest(folder: Path, document: dict) -> None:
+    """``folder``'s manifest.json written as ``document``, its SHA256SUMS line to match: a folder as
+    another unibake (or another time) published it, whole."""
+    import hashlib
+    import re
+    text = json.dumps(document)
+    (folder / "manifest.json").write_text(text)
+    sums = folder / "SHA256SUMS"
+    sums.write_text(re.sub(r"(?m)^[0-9a-f]{64}(  manifest\.json)$",
+                           lambda m: hashlib.sha256(text.encode()).hexdigest() + m.group(1), sums.read_text()))
 
 
 def test_an_image_unibake_built_is_released_through_every_stage(engines, tmp_path):
@@ -144,13 +157,25 @@ def test_a_force_re_release_keeps_when_the_release_was_first_published(engines, 
     first["published"] = first["first_published"] = "2026-01-01T00:00:01Z"  # long ago
     if not recorded:  # a release made before the time was recorded
         del first["first_published"]
-    path.write_text(json.dumps(first))
+    rewrite_manifest(out / "1.0", first)
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == "2026-01-01T00:00:01Z" < again["published"]
     # releases --json shows it beside published (it showed published only)
     listed = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
     assert [(r["published"], r["first_published"]) for r in listed] == [(again["published"], "2026-01-01T00:00:01Z")]
+
+
+def test_a_folder_planted_where_the_checksums_record_goes_is_refused_before_the_work(engines, tmp_path):
+    # (before: the whole run went on, the release was published, then the record could not be renamed over
+    # the folder: exit 1, "was published, but its checksums record ... was not written (Is a directory)")
+    from unibake.errors import InputError
+    planted = tmp_path / "checksums" / "1.0.SHA256SUMS"
+    planted.mkdir(parents=True)
+    with pytest.raises(InputError, match=rf"^{planted} is a folder where this release's checksums record goes"):
+        release(engines, tmp_path / "release")
+    assert os.listdir(tmp_path / "release") == [".1.0.lock"] and planted.is_dir()
+    assert engines["fake://verify"].images == {}  # nothing was loaded: the run stopped at its folder
 
 
 def test_without_the_round_trip_the_archive_is_still_read_back_and_the_gates_skipped(engines, tmp_path):
@@ -286,7 +311,7 @@ def test_a_force_re_release_follows_the_release_before_its_first_release_not_a_n
             shutil.copytree(out / "1.0", out / release_)
         other = {**first, "release": release_, "tag": f"demo:{release_}", "version": release_,
                  "published": published, "first_published": published}
-        (out / release_ / "manifest.json").write_text(json.dumps(other))
+        rewrite_manifest(out / release_, other)
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == "2026-01-02T00:00:00Z" and again["previous"] == "0.9"
@@ -312,6 +337,35 @@ def test_a_force_re_release_does_not_carry_over_a_first_published_that_is_no_utc
     assert again["first_published"] == again["published"] != forged
 
 
+@pytest.mark.parametrize("tamper", ["manifest", "sums", "no-sums"])
+def test_a_force_re_release_does_not_carry_over_a_first_published_from_a_folder_that_does_not_check_out(
+        engines, tmp_path, tamper):
+    # (before: a well-formed but forged first_published, written into the folder after it was published
+    # (its own SHA256SUMS no longer lists that manifest), was carried into the new, signed release:
+    # 2000 made 1.0 the oldest version for prune and previous_release for ever)
+    out = tmp_path / "release"
+    release(engines, out)
+    path = out / "1.0" / "manifest.json"
+    first = json.loads(path.read_text())
+    first["published"] = first["first_published"] = "2000-01-01T00:00:00Z"
+    if tamper == "manifest":
+        path.write_text(json.dumps(first))
+    else:
+        rewrite_manifest(out / "1.0", first)
+        if tamper == "sums":  # the manifest's own line gone
+            sums = out / "1.0" / "SHA256SUMS"
+            sums.write_text("".join(line for line in sums.read_text().splitlines(True) if "manifest.json" not in line))
+        else:
+            (out / "1.0" / "SHA256SUMS").unlink()
+    reporter = Quiet()
+    release(engines, out, reporter=reporter, force=True)
+    again = json.loads(path.read_text())
+    assert again["first_published"] == again["published"] > "2026"
+    said = reporter.stream.getvalue()
+    assert f"{out / '1.0'}: when the release it replaces was first published is not carried over" in said
+    assert "SHA256SUMS" in said
+
+
 def test_a_force_re_release_of_a_release_made_by_a_clock_ahead_of_this_one_is_made(engines, tmp_path):
     # a release first published by a machine whose clock ran ahead (2099): its time, later than now, is
     # no first release of the new one (before the clamp: 'cannot describe the release', the run failed)
@@ -320,7 +374,7 @@ def test_a_force_re_release_of_a_release_made_by_a_clock_ahead_of_this_one_is_ma
     path = out / "1.0" / "manifest.json"
     first = json.loads(path.read_text())
     first["published"] = first["first_published"] = "2099-01-01T00:00:00Z"
-    path.write_text(json.dumps(first))
+    rewrite_manifest(out / "1.0", first)
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == again["published"] < "2099"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from unibake.archive_reader import read_archive
 from unibake.builder import cache_ref, keep_as_cache
 from unibake.metadata import METADATA_LABEL
@@ -197,6 +199,28 @@ def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_s
                         f"verify {out / 'hk5'}, then fix or move it"]
 
 
+@pytest.mark.parametrize("published", ["zzz", "2026-01-01T00:00:09+05:00", "9999"])
+def test_a_hand_edited_published_that_is_no_utc_time_is_an_unreadable_folder_not_ranked_as_text(tmp_path, cli,
+                                                                                                 published):
+    # (before: published had no format of its own: a hand-edited 'zzz', without first_published, was
+    # ranked as text above every time, hk1 counted as the newest and prune --keep 1 removed hk2's image)
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    old = _release(out, engine, "hk1", 1, published=published)
+    del old["first_published"]  # as a release made before it was recorded
+    (out / "hk1" / "manifest.json").write_text(json.dumps(old))
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    warnings = []
+    done = prune(engine, out, keep=1, on_warning=warnings.append)
+    assert done == [] and engine.inspect_image("demo-llm:hk2") is not None
+    assert engine.inspect_image("demo-llm:hk1") is not None
+    assert [f"{out / 'hk1'} has a manifest.json that cannot be read" in w for w in warnings] == [True]
+    assert [r.folder.name for r in find_releases(out) if r.manifest is None] == ["hk1"]
+    assert "published" in find_releases(out)[-1].problem
+    listed = cli("releases", "--out", str(out))
+    assert "published" in listed.out + listed.err
+
+
 def test_prune_keeps_the_image_of_a_release_a_run_holds_a_hotfix_on_it_or_a_force_run(tmp_path):
     # a hotfix on hk1, older than --keep, reads hk1 until it ends (the local engine's hk1 saves it
     # loading the shared layers back); a --force run of hk1 puts its old image back if it fails
@@ -295,6 +319,36 @@ def test_prune_removes_the_checksums_record_a_killed_run_left_but_not_a_running_
         assert killed.exists()
         assert remove_leftovers(out) == [killed]
     assert sorted(os.listdir(tmp_path / "checksums")) == sorted(["1.0.SHA256SUMS", running.name, others.name])
+
+
+def test_prune_removes_the_checksums_record_an_older_unibake_s_killed_run_left_unless_a_run_of_its_tag_is_on(
+        tmp_path):
+    # (before: checksums/.1.1.SHA256SUMS.tmp, the temporary record of an unibake that named it by the tag
+    # alone, was never removed: no --out's key in its name, so no prune took it for its own)
+    from unibake.prune import remove_leftovers
+    from unibake.publish import ReleaseFolder
+
+    out, sibling = tmp_path / "release", tmp_path / "release-b"
+    _release(out, FakeEngine(), "1.0", 1)
+    checksums = tmp_path / "checksums"
+    (out / ".1.1.lock").touch()  # the killed run's lock file stays, let go
+    killed, running = checksums / ".1.1.SHA256SUMS.tmp", checksums / ".1.2.SHA256SUMS.tmp"
+    for path in (killed, running):
+        path.write_text("x" * 64 + "  demo-llm-x.tar.zst\n")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the user's own\n")
+    (checksums / ".1.4.SHA256SUMS.tmp").symlink_to(mine)  # never followed nor removed: no run makes links
+    (checksums / ".1.5.SHA256SUMS.tmp").mkdir()
+    os.mkfifo(checksums / ".1.6.SHA256SUMS.tmp")
+    (checksums / "..SHA256SUMS.tmp").write_text("no tag\n")
+    before = sorted(os.listdir(checksums))
+    with ReleaseFolder(sibling, "1.2", force=False):  # a run of 1.2 under another --out: the name may be its
+        assert remove_leftovers(out, dry_run=True) == [killed]
+        assert sorted(os.listdir(checksums)) == before
+        assert remove_leftovers(out) == [killed]
+    assert sorted(os.listdir(checksums)) == sorted(set(before) - {killed.name})
+    assert mine.read_text() == "the user's own\n"
+    assert remove_leftovers(out) == [running]  # that run ended (killed): its tag's lock let go
 
 
 def test_a_release_folder_that_is_a_link_is_listed_and_its_image_kept_and_a_second_name_is_not_counted(tmp_path, cli):

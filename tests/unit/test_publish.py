@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -453,6 +454,39 @@ def test_a_staging_folder_nested_too_deep_to_remove_is_an_error_line_not_a_trace
     assert remove_leftovers(out) == [] and deep.is_dir()
     subprocess.run(["rm", "-rf", str(deep)], check=True)
     with ReleaseFolder(out, "1.0", force=False):
+        pass
+
+
+@pytest.mark.parametrize("when", ["before the commit", "after the commit", "a fifo --force replaces"])
+def test_a_staging_folder_swapped_for_a_fifo_during_the_run_does_not_hang_its_clean_up(tmp_path, when):
+    # (before: the clean-up's shutil.rmtree opened the FIFO to read it as a folder, and waited for a
+    # writer for ever, holding the release's lock; run in a child, so that the old code fails, not hangs)
+    import sys
+    import textwrap
+    out = tmp_path / "release"
+    script = textwrap.dedent(f"""
+        import os, shutil
+        from pathlib import Path
+        from unibake.publish import ReleaseFolder
+        out = Path({str(out)!r})
+        if {when!r} == "a fifo --force replaces":  # release/1.0 itself a FIFO: set aside, then removed
+            out.mkdir()
+            os.mkfifo(out / "1.0")
+        with ReleaseFolder(out, "1.0", force=True) as folder:
+            if {when!r} != "before the commit":
+                (folder.staging / "a").write_text("a")
+                folder.commit()
+            else:
+                shutil.rmtree(folder.staging)
+            os.mkfifo(folder.staging)  # whoever can write --out, while the run goes on
+        print("done")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    assert sorted(os.listdir(out)) == ([".1.0.lock"] if when == "before the commit" else [".1.0.lock", "1.0"])
+    assert when == "before the commit" or (out / "1.0" / "a").read_text() == "a"
+    with ReleaseFolder(out, "1.0", force=True):  # the lock was let go
         pass
 
 

@@ -303,6 +303,30 @@ def test_recording_a_push_never_drops_a_folder_or_link_put_in_the_release_folder
     assert pushed.code == 2 and "which is not a file" in pushed.error_lines[-1]
 
 
+@pytest.mark.parametrize("notes", ["latin-1", "huge"])
+def test_notes_that_cannot_be_read_as_text_are_refused_before_the_push_not_a_traceback_after_it(tmp_path, cli, notes):
+    # (before: a RELEASE_NOTES.md that is not UTF-8, listed in SHA256SUMS with its right hash (the folder
+    # verifies), was read only to record the push, after the upload: a UnicodeDecodeError traceback)
+    import hashlib
+    import re
+    folder, _ = make_release(tmp_path / "release")
+    path = folder / "RELEASE_NOTES.md"
+    if notes == "latin-1":
+        path.write_bytes(path.read_bytes() + "- caf\u00e9 fixed\n".encode("latin-1"))
+    else:
+        with open(path, "ab") as fh:
+            fh.write(b"x" * (amend.NOTES_LIMIT + 1))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    sums = folder / "SHA256SUMS"
+    sums.write_text(re.sub(r"(?m)^[0-9a-f]{64}(  RELEASE_NOTES\.md)$", lambda m: digest + m.group(1), sums.read_text()))
+    assert not verify_folder(folder).failures
+    before = sums.read_bytes()
+    pushed = cli("push", str(folder), "--to", "localhost:1/a")  # said before anything is uploaded
+    assert pushed.code == 2 and len(pushed.error_lines) == 1 and "Traceback" not in pushed.err
+    assert pushed.error_lines[0].startswith(f"error: {path}: ") and "registry section" in pushed.error_lines[0]
+    assert sums.read_bytes() == before
+
+
 @pytest.mark.parametrize("where", ["changelog", "known_limits"])
 def test_a_changelog_that_quotes_the_registry_marker_is_kept_whole_by_every_push(tmp_path, where):
     quoted = f"- fixed the `{amend.MARKER}` marker in docs\n\n{amend.MARKER}\n\n- a later line people wrote\n"
@@ -1416,6 +1440,39 @@ def test_recording_a_push_writes_no_checksums_record_through_a_link_planted_as_i
     assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert os.listdir(tmp_path / "checksums") == ["1.3.1.SHA256SUMS"]
     assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+
+
+@pytest.mark.parametrize("planted", ["huge", "fifo", "link"])
+def test_recording_a_push_reads_no_more_of_a_checksums_record_than_a_record_holds(tmp_path, planted):
+    # (before: checksums/TAG.SHA256SUMS was read whole to tell whether it was the folder's own: one of
+    # gigabytes was read into memory, and a link was followed to whatever it named)
+    import tracemalloc
+    folder, _ = make_release(tmp_path / "release")
+    record = tmp_path / "checksums" / "1.3.1.SHA256SUMS"
+    record.unlink()
+    if planted == "huge":
+        with open(record, "wb") as fh:
+            fh.truncate(256 << 20)  # sparse: 256 MiB read as zeros
+    elif planted == "fifo":
+        os.mkfifo(record)
+    else:
+        (tmp_path / "copy").write_bytes((folder / "SHA256SUMS").read_bytes())
+        record.symlink_to(tmp_path / "copy")
+    manifest = load_manifest(folder)
+    pushed = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    warnings = []
+    tracemalloc.start()
+    try:
+        amend.amend_release(folder, merge_record(manifest, pushed), read_sums(folder), tmp_path / "checksums",
+                            on_warning=warnings.append)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # (a manifest is read with a buffer of its 16 MiB bound)
+    assert load_manifest(folder).registry == (pushed,) and not verify_folder(folder).failures
+    assert [w.startswith(f"{record} ") and "left as it is" in w for w in warnings] == [True]
+    assert os.path.lexists(record) and (planted != "link" or record.is_symlink())
 
 
 def test_a_push_through_a_link_in_a_folder_it_cannot_write_still_records(tmp_path, monkeypatch):
