@@ -1,0 +1,132 @@
+"""The build stream parser (:meth:`DockerEngine.build`) against streams recorded from the real engine:
+docker-py's decoded events of Engine 20.10's classic builder (tests/fixtures/build-streams/engine-20.10.json,
+recorded with rm and forcerm as unibake builds). Every legitimate build is read without a refusal, each step
+with its number, its image and whether the engine took it from the cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from unibake import buildmemo
+from unibake.builder import BuiltImage
+from unibake.docker_engine import DockerEngine
+from unibake.engine import BuildOutcome
+from unibake.errors import BuildFailed
+
+from ..conftest import REPO
+
+STREAMS = json.loads((REPO / "tests/fixtures/build-streams/engine-20.10.json").read_text())["streams"]
+
+
+def parse(events: list[dict], lines: list[str] | None = None) -> BuildOutcome:
+    class API:  # what docker-py's APIClient.build yields, decoded
+        def build(self, **kwargs):
+            return iter(events)
+
+    engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the recorded stream
+    engine.address, engine.api = "fake://", API()
+    return engine.build(None, tag="stream2-probe:1", buildargs={}, nocache=False,
+                        on_line=(lines.append if lines is not None else lambda line: None))
+
+
+def engine_images(events: list[dict]) -> list[str]:
+    """The images the engine printed after each step (" ---> <id>"), outside any container's output."""
+    return [e["stream"].split()[1] for e in events
+            if e.get("stream", "").startswith(" ---> ") and e["stream"].split()[1] not in ("Using", "Running")]
+
+
+@pytest.mark.parametrize("name", [n for n, s in STREAMS.items() if not any("error" in e for e in s["events"])])
+def test_every_recorded_build_is_read_without_a_refusal(name):
+    events = STREAMS[name]["events"]
+    outcome = parse(events)
+    total = int(next(e["stream"] for e in events if e.get("stream", "").startswith("Step ")).split()[1].split("/")[1])
+    assert [s.number for s in outcome.steps] == list(range(1, total + 1))
+    assert outcome.image_id == [e["aux"]["ID"] for e in events if "aux" in e][-1]
+    assert [s.image for s in outcome.steps if s.image] == engine_images(events)
+    segments, at = [], []  # the engine sends a step's line in an event of its own, its "\n" in the next
+    for e in events:
+        text = e.get("stream", "")
+        if text.startswith("Step ") and "\n" not in text:
+            segments.append(at := [])
+        elif segments:
+            at.append(text)
+    segments = ["".join(seg) for seg in segments]
+    assert [s.cached for s in outcome.steps] == [" ---> Using cache\n" in seg for seg in segments]
+
+
+def test_the_multi_stage_builds_steps_images_and_cache():
+    """Two stages after a meta ARG (a step with no image), every kind of step (ENV, ARG, WORKDIR, USER, LABEL,
+    HEALTHCHECK, EXPOSE run in a container of their own), RUNs printing no newline at the end, \\r progress,
+    invalid UTF-8, U+2028 and U+0085, a 40 kB line, stderr, and the engine's own lines of another build."""
+    fresh, cached = parse(STREAMS["multi-nocache"]["events"]), parse(STREAMS["multi-cached"]["events"])
+    assert [s.image for s in fresh.steps] == [s.image for s in cached.steps]
+    assert fresh.steps[0].image == "" and fresh.steps[0].instruction.startswith("ARG BASE=")
+    assert not any(s.cached for s in fresh.steps)
+    assert [s.number for s in cached.steps if not s.cached] == [1, 2, 12]  # the meta ARG and the two FROMs
+    assert fresh.stage_images == cached.stage_images == (fresh.steps[10].image,)
+    target = parse(STREAMS["multi-target"]["events"])  # --target a: the first stage only, its own total
+    assert len(target.steps) == 11 and target.stage_images == ()
+    assert target.image_id.startswith("sha256:" + fresh.steps[10].image)
+
+
+def test_a_runs_output_is_kept_as_it_came_and_the_engines_lines_too():
+    lines: list[str] = []
+    parse(STREAMS["multi-nocache"]["events"], lines)
+    assert "Step 99/99 : fake" in lines and "no-newline-1" in lines and "to-stderr-1" in lines
+    assert "100% [#####]" in lines and "\u2028 ls \x85 nel" in lines
+
+
+def test_a_failed_run_names_its_step_its_output_and_the_last_good_image():
+    with pytest.raises(BuildFailed) as failed:
+        parse(STREAMS["fail"]["events"])
+    assert failed.value.step == "Step 3: RUN echo failing-1; printf 'partial'; exit 3"
+    assert failed.value.output == ("failing-1", "partial")
+    assert failed.value.last_image == engine_images(STREAMS["fail"]["events"])[-1]
+    with pytest.raises(BuildFailed, match="COPY failed: file not found"):
+        parse(STREAMS["fail-missing-copy"]["events"])
+    with pytest.raises(BuildFailed) as check:
+        parse(STREAMS["self-check-fail"]["events"])
+    assert "error: self-check[tp1]: bad ledger" in check.value.output  # its stderr, the engine's colour dropped
+
+
+def test_the_memo_records_the_image_the_engine_committed_above_the_marker_and_rebuilds_it():
+    """A Dockerfile shaped as unibake renders it: the memo's step above the marker and its stage image are the
+    engine's; the part below the marker built FROM that image gives the same image as the whole build."""
+    dockerfile = STREAMS["rendered-nocache"]["dockerfile"]
+    cut = buildmemo.split(dockerfile.replace(
+        "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---",
+        buildmemo.MARKER))
+    assert cut is not None
+    whole = parse(STREAMS["rendered-nocache"]["events"])
+    step = whole.steps[cut.lower_steps - 1]
+    assert step.number == cut.lower_steps and step.instruction.startswith("COPY --from=kernels /out/kernels/")
+    assert STREAMS["rendered-memo-upper"]["dockerfile"].split("\n")[1] == f"FROM sha256:{step.image}" + \
+        STREAMS["rendered-memo-upper"]["dockerfile"].split("\n")[1][len(f"FROM sha256:{step.image}"):]
+    assert whole.stage_images == (engine_images(STREAMS["rendered-nocache"]["events"])[3],)
+    upper = parse(STREAMS["rendered-memo-upper"]["events"])
+    assert upper.image_id == whole.image_id == parse(STREAMS["rendered-cached"]["events"]).image_id
+
+
+def built(outcome: BuildOutcome) -> BuiltImage:
+    return BuiltImage(image_id=outcome.image_id, tag="stream2-probe:3", diff_ids=(), steps=outcome.steps,
+                      stage_images=outcome.stage_images, seconds=0.0)
+
+
+def test_onbuild_triggers_run_in_the_from_step():
+    """A parent's ONBUILD RUN, ENV and COPY run in the child's FROM step ("# Executing 3 build triggers"): its
+    containers' output is read as output, and the FROM step's image is the one after its triggers."""
+    fresh = parse(STREAMS["onbuild-child"]["events"])
+    assert [(s.number, s.image) for s in fresh.steps] == list(enumerate(engine_images(
+        STREAMS["onbuild-child"]["events"]), 1))
+    one = parse(STREAMS["onbuild-child1"]["events"])
+    assert [s.number for s in one.steps] == [1, 2]
+
+
+def test_a_from_whose_onbuild_triggers_came_from_the_cache_is_not_counted_as_a_reused_step():
+    """The triggers' " ---> Using cache" lines come in the FROM step: the report said "2 of 1 steps reused"
+    (more steps reused than could be), and the build record's cached_steps exceeded its steps."""
+    image = built(parse(STREAMS["onbuild-child-cached"]["events"]))
+    assert len(image.cacheable_steps) == 1
+    assert image.cached_steps == 1
