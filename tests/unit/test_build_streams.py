@@ -130,3 +130,65 @@ def test_a_from_whose_onbuild_triggers_came_from_the_cache_is_not_counted_as_a_r
     image = built(parse(STREAMS["onbuild-child-cached"]["events"]))
     assert len(image.cacheable_steps) == 1
     assert image.cached_steps == 1
+
+
+BUSY = ": driver \"overlay2\" failed to remove root filesystem: unlinkat /var/lib/docker/overlay2/0f1e/merged: " \
+       "device or resource busy"
+
+
+def containers(events: list[dict]) -> list[str]:
+    return [e["stream"].split()[-1] for e in events if e.get("stream", "").startswith(" ---> Running in ")]
+
+
+def with_removals(events: list[dict], lines: dict[str, list[str]]) -> list[dict]:
+    """The recorded stream with the engine's line that removed container C replaced by ``lines[C]``: what
+    Engine 20.10 prints when a removal fails (builder/dockerfile/containerbackend.go: "Error removing
+    intermediate container C: <why>", C kept on its list, and every container on it tried again, in the map's
+    order, after each later step, stopping at the first it cannot remove)."""
+    out = []
+    for e in events:
+        cid = e.get("stream", "").removeprefix("Removing intermediate container ").strip()
+        out.extend({"stream": f"{text}\n"} for text in lines[cid]) if cid in lines else out.append(e)
+    return out
+
+
+def summary(outcome: BuildOutcome):
+    return [(s.number, s.instruction, s.cached, s.image) for s in outcome.steps], outcome.stage_images, outcome.image_id
+
+
+@pytest.mark.parametrize("order", ["older first", "newer first", "fails again"])
+def test_a_container_the_engine_could_not_remove_does_not_refuse_the_build(order):
+    """The engine's storage busy (a leaked mount), it says "Error removing intermediate container C: ..." where it
+    would say "Removing ...", keeps the build going and tries C again after each later step. That line did not end
+    C's output for the parser: the step's image and the next steps were read as C's output, and the build was
+    refused as one whose RUN imitated the engine's lines (or recorded a step with the next one's image)."""
+    events = STREAMS["multi-nocache"]["events"]
+    a, b, c, *_ = containers(events)  # steps 3 (RUN), 4 (ENV), 5 (ARG)
+    failed = f"Error removing intermediate container {a}{BUSY}"
+    retry = {"older first": {a: [failed], b: [f"Removing intermediate container {a}", f"Removing intermediate container {b}"]},
+             "newer first": {a: [failed], b: [f"Removing intermediate container {b}", f"Removing intermediate container {a}"]},
+             "fails again": {a: [failed], b: [failed],  # tried first: b not tried, both kept, then both removed
+                             c: [f"Removing intermediate container {b}", f"Removing intermediate container {c}",
+                                 f"Removing intermediate container {a}"]}}[order]
+    lines: list[str] = []
+    assert summary(parse(with_removals(events, retry), lines)) == summary(parse(events))
+    assert failed in lines
+
+
+def test_the_last_steps_container_the_engine_could_not_remove_does_not_refuse_the_build():
+    events = STREAMS["rendered-nocache"]["events"]
+    last = containers(events)[-1]
+    outcome = parse(with_removals(events, {last: [f"Error removing intermediate container {last}{BUSY}"]}))
+    assert summary(outcome) == summary(parse(events))
+
+
+def test_a_run_imitating_a_failed_removal_of_its_own_container_is_still_refused():
+    from unibake.errors import EngineError
+
+    events = STREAMS["multi-nocache"]["events"]
+    at = next(i for i, e in enumerate(events) if e.get("stream") == "to-stdout\n")  # step 18's RUN
+    own = containers(events[:at])[-1]
+    forged = [{"stream": f"Error removing intermediate container {own}: busy\n ---> 0123456789ab\n"
+                         "Step 19/22 : RUN fake\n"}]
+    with pytest.raises(EngineError, match=r"imitated the engine's own lines \(.Step 19/22 : RUN "):
+        parse(events[:at] + forged + events[at:])
