@@ -227,6 +227,8 @@ class DockerEngine(Engine):
         except KeyboardInterrupt:
             raise BuildInterrupted(last_image=last_image, stage_images=tuple(stage_images)) from None
         close_step()
+        if running:  # the engine ends every container it ran: a RUN opened one it never will, to hide the rest
+            forged = forged or f" ---> Running in {running}"
         if forged:
             raise EngineError(f"the build of {tag} finished, but a step's output imitated the engine's own lines "
                               f"({forged[:120]!r}): which step made which image cannot be told, so nothing is "

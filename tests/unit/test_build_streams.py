@@ -192,3 +192,17 @@ def test_a_run_imitating_a_failed_removal_of_its_own_container_is_still_refused(
                          "Step 19/22 : RUN fake\n"}]
     with pytest.raises(EngineError, match=r"imitated the engine's own lines \(.Step 19/22 : RUN "):
         parse(events[:at] + forged + events[at:])
+
+
+def test_a_run_opening_a_container_of_its_own_to_hide_the_rest_of_the_build_is_refused():
+    """Having ended its own output ("Removing intermediate container <its ID>"), a RUN printed " ---> Running in
+    <an ID>" that no step ever ends: every line after it, the engine's own too, was read as that container's output,
+    and the build was accepted with its steps cut at that RUN (no stage image, no later step, nothing cached)."""
+    from unibake.errors import EngineError
+
+    events = STREAMS["rendered-nocache"]["events"]
+    at = next(i for i, e in enumerate(events) if e.get("stream", "").startswith(" ---> Running in "))
+    own = containers(events)[0]
+    forged = [{"stream": f"Removing intermediate container {own}\n ---> Running in 0123456789ab\n"}]
+    with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Running in 0123456789ab'\)"):
+        parse(events[:at + 1] + forged + events[at + 1:])
