@@ -206,3 +206,14 @@ def test_a_run_opening_a_container_of_its_own_to_hide_the_rest_of_the_build_is_r
     forged = [{"stream": f"Removing intermediate container {own}\n ---> Running in 0123456789ab\n"}]
     with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Running in 0123456789ab'\)"):
         parse(events[:at + 1] + forged + events[at + 1:])
+
+
+def test_the_engines_own_stream_of_a_container_it_could_not_remove_is_read_without_a_refusal():
+    """Recorded from the real engine: step 2's container could not be removed after steps 2 and 3 (the engine
+    stopped at it, step 3's container not tried), and all three went after step 4."""
+    events = json.loads((REPO / "tests/fixtures/build-streams/engine-20.10-removal-failed.json").read_text())["events"]
+    lines: list[str] = []
+    outcome = parse(events, lines)
+    assert [(s.number, s.image) for s in outcome.steps] == list(enumerate(engine_images(events), 1))
+    assert outcome.image_id == [e["aux"]["ID"] for e in events if "aux" in e][-1]
+    assert sum(line.startswith("Error removing intermediate container ") for line in lines) == 2
