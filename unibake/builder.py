@@ -45,12 +45,13 @@ class BuiltImage:
 
     @property
     def cacheable_steps(self) -> tuple[BuildStep, ...]:
-        """Every step but FROM, which the engine never reports as cached."""
+        """Every step but FROM, which is never taken from the cache (its image is the base's; the "Using cache"
+        lines in a FROM step are its parent's ONBUILD triggers', not a step of this Dockerfile)."""
         return tuple(s for s in self.steps if not s.instruction.startswith("FROM "))
 
     @property
     def cached_steps(self) -> int:
-        return sum(1 for s in self.steps if s.cached)
+        return sum(1 for s in self.cacheable_steps if s.cached)
 
 
 @dataclass(frozen=True, kw_only=True)

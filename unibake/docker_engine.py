@@ -27,6 +27,9 @@ STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 # in the same "stream" events as its own lines, lies between these two lines naming the container
 RUNNING_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 REMOVING_RE = re.compile(r"^Removing intermediate container ([0-9a-f]{12,64})$")
+# a container the engine could not remove (its storage busy): the build goes on, the container stays on the
+# engine's list, and the engine tries it again, first or among the others, after every later step
+FAILED_REMOVAL_RE = re.compile(r"^Error removing intermediate container ([0-9a-f]{12,64}): ")
 # what ends a line of the build's stream: "\n" (and a progress bar's "\r"), not U+2028 or U+0085, which
 # str.splitlines() also takes: a Step line echoing a value that holds one was cut, and its rest read as output
 # (a kernel's RUN echoed that way was named as the failing kernel '%s')
@@ -150,6 +153,7 @@ class DockerEngine(Engine):
         total = 0
         running = ""  # the container whose output the lines are, if any
         seen: set[str] = set()  # every container that ran
+        unremoved: set[str] = set()  # the containers the engine failed to remove, tried again after each step
         forged = ""  # the first line found imitating the engine's
 
         def close_step() -> None:
@@ -178,9 +182,17 @@ class DockerEngine(Engine):
                 for line in STREAM_LINE_END_RE.split(text):
                     match = None if running else STEP_RE.match(line)
                     removing = REMOVING_RE.match(line)
+                    failed = FAILED_REMOVAL_RE.match(line)
                     if running:
                         if removing and removing.group(1) == running:
                             running = ""
+                        elif failed and (failed.group(1) == running or failed.group(1) in unremoved):
+                            # this container not removed, or not tried: the engine stopped at the first it could not
+                            unremoved.add(running)
+                            running = ""
+                            tail.append(line)
+                        elif removing and removing.group(1) in unremoved:  # an earlier one, removed at last
+                            unremoved.discard(removing.group(1))
                         elif line.strip():
                             tail.append(line)
                     elif match and ((not total and match.group(1) == "1")
@@ -191,7 +203,11 @@ class DockerEngine(Engine):
                         tail.clear()
                         if current[1].upper().startswith("FROM ") and last_image:
                             stage_images.append(last_image)  # the stage before this one is complete
-                    elif match or removing:  # the engine's lines never come out of order, nor twice
+                    elif removing and removing.group(1) in unremoved:  # removed at last, after a later step
+                        unremoved.discard(removing.group(1))
+                    elif failed and failed.group(1) in unremoved:  # not yet
+                        tail.append(line)
+                    elif match or removing or failed:  # the engine's lines never come out of order, nor twice
                         forged = forged or line
                     elif RUNNING_RE.match(line):
                         running = RUNNING_RE.match(line).group(1)
@@ -211,6 +227,8 @@ class DockerEngine(Engine):
         except KeyboardInterrupt:
             raise BuildInterrupted(last_image=last_image, stage_images=tuple(stage_images)) from None
         close_step()
+        if running:  # the engine ends every container it ran: a RUN opened one it never will, to hide the rest
+            forged = forged or f" ---> Running in {running}"
         if forged:
             raise EngineError(f"the build of {tag} finished, but a step's output imitated the engine's own lines "
                               f"({forged[:120]!r}): which step made which image cannot be told, so nothing is "
