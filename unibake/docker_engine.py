@@ -255,7 +255,9 @@ class DockerEngine(Engine):
         tags: list[str] = []
         messages: list[str] = []
         try:
-            for event in self.api.load_image(iter(chunks)):  # requests streams an iterator, not a list
+            # quiet=False: the engine's progress while it stores the layers (its default, quiet, says nothing
+            # until the end, minutes for a large image, which --engine-timeout took for an engine that stopped)
+            for event in self.api.load_image(iter(chunks), quiet=False):  # requests streams an iterator, not a list
                 if isinstance(event, (bytes, str)):
                     event = json.loads(event)
                 if "error" in event or "errorDetail" in event:
