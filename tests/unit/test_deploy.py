@@ -375,8 +375,9 @@ def fake_api_only(monkeypatch):
 def docker_api(*, inspect="404", pull="progress"):
     """A Docker engine's API on loopback, as docker-py reaches it over tcp://: it answers the version, then
     ``inspect``: "404" (no such image) or "silent" (takes the request and says nothing, as a hung daemon);
-    a pull (POST /images/create): "progress" (an event every 0.1 s, as a long pull) or "silent" after its
-    first event. Yields (address, what it saw: "pull broken off" once a pull's client went away)."""
+    a pull (POST /images/create): "progress" (an event every 0.1 s, as a long pull), "silent" after its
+    first event, or "late": nothing at all, not even its headers (an engine still reaching the registry).
+    Yields (address, what it saw: "pull broken off" once a pull's client went away)."""
     import http.server
 
     seen, ended = [], threading.Event()
@@ -412,6 +413,10 @@ def docker_api(*, inspect="404", pull="progress"):
                 ended.wait(60)
                 return
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if pull == "late":  # no word yet (the engine still reaching the registry): not even its headers
+                seen.append("pull held")
+                ended.wait(60)
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
@@ -635,3 +640,27 @@ def test_a_load_whose_engine_stores_layers_for_longer_than_the_engine_timeout_is
         outcome = _within(30, lambda: DockerEngine(address, {}, timeout=1).load(iter([b"x" * 1000, b"y" * 10])))
     assert not isinstance(outcome, BaseException), outcome
     assert outcome.tags == ("demo-llm:1.3.1",) and asked == ["False"]  # (the engine lower-cases it)
+
+
+def test_an_interrupt_breaks_off_a_pull_whose_engine_has_not_answered_yet(tmp_path, fake_api_only):
+    """An engine sends nothing, not even its answer's headers, until it has reached the registry (its
+    ping, its login, the manifest: up to a minute for a slow or unreachable one). An interrupt then was
+    waited out until the engine's first word (or --engine-timeout): the pull was broken off only once it
+    had answered. It is now broken off at once."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import HandoffAborted
+
+    stop = threading.Event()
+    with docker_api(pull="late") as (address, seen):
+        engine = DockerEngine(address, {}, timeout=60)
+
+        def interrupt():
+            while "pull held" not in seen:
+                time.sleep(0.05)
+            stop.set()
+        threading.Thread(target=interrupt, daemon=True).start()
+        start = time.monotonic()
+        outcome = _within(20, lambda: engine.pull("r.example/a", "sha256:" + "1" * 64, None, stop))
+        took = time.monotonic() - start
+    assert isinstance(outcome, HandoffAborted), outcome
+    assert took < 5, took
