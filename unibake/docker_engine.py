@@ -443,9 +443,10 @@ class DockerEngine(Engine):
         """docker-py's pull, with two changes: the stream waits ``timeout`` for the engine's next word (docker-py
         waits without end), and ``stop`` set breaks it off at once (its connection shut: the engine ends the
         pull), raising :class:`HandoffAborted`."""
-        registry, _ = docker.auth.resolve_repository_name(repository)
-        header = docker.auth.encode_header(auth) if auth is not None else \
-            docker.auth.get_config_header(self.api, registry)
+        # the credentials resolved by the caller (--auth-file, else the Docker config, its helpers run without
+        # the environment's secrets), or none: docker-py's pull sent what this process's own Docker config
+        # held for the registry, whatever --auth-file said, to every engine of a deploy
+        header = docker.auth.encode_header(auth) if auth is not None else None
         response = None
         try:
             response = _answer_unless_stopped(stop, lambda: self.api._post(

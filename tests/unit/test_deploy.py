@@ -413,6 +413,8 @@ def docker_api(*, inspect="404", pull="progress"):
                 ended.wait(60)
                 return
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("X-Registry-Auth"):
+                seen.append(f"credentials {self.headers['X-Registry-Auth']}")
             if pull == "late":  # no word yet (the engine still reaching the registry): not even its headers
                 seen.append("pull held")
                 ended.wait(60)
@@ -664,3 +666,25 @@ def test_an_interrupt_breaks_off_a_pull_whose_engine_has_not_answered_yet(tmp_pa
         took = time.monotonic() - start
     assert isinstance(outcome, HandoffAborted), outcome
     assert took < 5, took
+
+
+def test_a_pull_without_credentials_sends_the_engine_none_of_this_user_s_docker_config(tmp_path, monkeypatch,
+                                                                                       fake_api_only):
+    """deploy and pull give the engine the credentials they resolved (--auth-file, else the Docker
+    config), or none; with none, docker-py's pull sent the engine whatever this process's own Docker
+    config held for that registry (with --auth-file, credentials the user never gave; its credential
+    helper run with every secret of the environment), to every engine of the fleet."""
+    import base64
+
+    from unibake.docker_engine import DockerEngine
+
+    config = tmp_path / "docker"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"auths": {"r.example": {
+        "auth": base64.b64encode(b"ambient:push-secret").decode()}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    with docker_api(pull="silent") as (address, seen):
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=1).pull("r.example/a", "sha256:" + "1" * 64,
+                                                                                None))
+    assert isinstance(outcome, EngineError), outcome
+    assert seen == ["pull began"]
