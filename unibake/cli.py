@@ -38,8 +38,8 @@ from .schema import IMAGE_REF_RE, NAME_RE
 
 # How long deploy waits on an engine that says nothing, per request (``--engine-timeout``): an engine
 # that answered and then stopped answering was waited for an hour a request (docker_engine.TIMEOUT,
-# for builds whose steps print nothing for minutes). A load's engine is silent while it stores the
-# layers it was sent (a minute or two for a few GB).
+# for builds whose steps print nothing for minutes). A load asks for the engine's progress while it
+# stores the layers it was sent (quiet, its default, it says nothing until the end).
 ENGINE_TIMEOUT = 600
 
 STAGES = ("render", "build", "release")
@@ -307,8 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
     d.add_argument("--engine-timeout", type=int, default=ENGINE_TIMEOUT, metavar="SECONDS",
                    help="how long an engine may say nothing (its answer to a request, the next piece of a load's or "
-                        "a pull's progress; a load's engine says nothing while it stores the layers it was sent) "
-                        f"before its row fails (default {ENGINE_TIMEOUT}; raise it for images of tens of GB)")
+                        f"a pull's progress) before its row fails (default {ENGINE_TIMEOUT})")
     d.add_argument("--temp-dir", metavar="DIR",
                    help="with --ref: where the release's layers are compressed again when it names a push the release "
                         "does not record (default: $TMPDIR; room for the compressed image)")

@@ -273,7 +273,9 @@ class DockerEngine(Engine):
         tags: list[str] = []
         messages: list[str] = []
         try:
-            for event in self.api.load_image(iter(chunks)):  # requests streams an iterator, not a list
+            # quiet=False: the engine's progress while it stores the layers (its default, quiet, says nothing
+            # until the end, minutes for a large image, which --engine-timeout took for an engine that stopped)
+            for event in self.api.load_image(iter(chunks), quiet=False):  # requests streams an iterator, not a list
                 if isinstance(event, (bytes, str)):
                     event = json.loads(event)
                 if "error" in event or "errorDetail" in event:
@@ -459,14 +461,15 @@ class DockerEngine(Engine):
         """docker-py's pull, with two changes: the stream waits ``timeout`` for the engine's next word (docker-py
         waits without end), and ``stop`` set breaks it off at once (its connection shut: the engine ends the
         pull), raising :class:`HandoffAborted`."""
-        registry, _ = docker.auth.resolve_repository_name(repository)
-        header = docker.auth.encode_header(auth) if auth is not None else \
-            docker.auth.get_config_header(self.api, registry)
+        # the credentials resolved by the caller (--auth-file, else the Docker config, its helpers run without
+        # the environment's secrets), or none: docker-py's pull sent what this process's own Docker config
+        # held for the registry, whatever --auth-file said, to every engine of a deploy
+        header = docker.auth.encode_header(auth) if auth is not None else None
         response = None
         try:
-            response = self.api._post(self.api._url("/images/create"), params={"fromImage": repository, "tag": digest},
-                                      headers={"X-Registry-Auth": header} if header else {}, stream=True,
-                                      timeout=self.timeout)
+            response = _answer_unless_stopped(stop, lambda: self.api._post(
+                self.api._url("/images/create"), params={"fromImage": repository, "tag": digest},
+                headers={"X-Registry-Auth": header} if header else {}, stream=True, timeout=self.timeout))
             self.api._raise_for_status(response)
             with _Breaker(stop, response):
                 for event in self.api._stream_helper(response, decode=True):
@@ -487,6 +490,41 @@ class DockerEngine(Engine):
                 response.close()
         if stop is not None and stop.is_set():  # (the stream ended as the interrupt came)
             raise HandoffAborted("interrupted")
+
+
+def _answer_unless_stopped(stop: threading.Event | None, post: Callable[[], requests.Response]) -> requests.Response:
+    """``post()``'s answer; ``stop`` set before it comes raises :class:`HandoffAborted` at once: an engine
+    sends not even its answer's headers until it has reached the registry (up to a minute for a slow
+    one), and only an answer's connection can be shut. One that comes after is closed unread (the
+    engine then ends the pull)."""
+    if stop is None:
+        return post()
+    got: list = []
+    lock, came = threading.Lock(), threading.Event()
+
+    def run() -> None:
+        try:
+            answer = post()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, or dropped once it has gone
+            answer = exc
+        with lock:
+            got.append(answer)
+            late = stop.is_set() and came.is_set()
+            came.set()
+        if late and isinstance(answer, requests.Response):
+            answer.close()
+
+    threading.Thread(target=run, daemon=True, name="unibake-pull-request").start()
+    while not came.wait(_Breaker.TICK):
+        if stop.is_set():
+            with lock:
+                if not got:
+                    came.set()  # (the answer, when it comes, is closed by its thread)
+                    raise HandoffAborted("interrupted")
+    answer = got[0]
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
 
 
 class _Breaker:

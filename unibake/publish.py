@@ -202,6 +202,7 @@ class ReleaseFolder:
             self.group.pending.append((self, then))
             return self.final
         with held_signals():
+            left = ""
             try:
                 self._swap()
                 self._published()
@@ -209,7 +210,9 @@ class ReleaseFolder:
                     then()
                 fsync_dir(self.out)
             finally:
-                self._let_old_go()
+                left = self._let_old_go()
+            if left:
+                raise UnibakeError(left)
         return self.final
 
     def _swap(self) -> None:
@@ -231,9 +234,17 @@ class ReleaseFolder:
         self.committed = True
         COMMITTED.append(self.final)
 
-    def _let_old_go(self) -> None:
+    def _let_old_go(self) -> str:
+        """The replaced release (set aside) removed once this one is published; what could not be, said."""
+        old = self.out / f".{self.tag}.old"
         if self.committed:  # a whole copy of the old release is never left behind
-            remove_tree(self.out / f".{self.tag}.old", ignore_errors=True)
+            try:
+                remove_tree(old, ignore_errors=True)
+            except RecursionError:  # shutil.rmtree recurses once per level: no release nests folders so deep
+                return (f"release {self.final} was published, but the release it replaced, set aside as {old}, holds "
+                        "folders nested too deep to remove here (not a release's): remove it (rm -rf) before this "
+                        "release is made again")
+        return ""
 
     def _unlock(self) -> None:
         if self._lock is not None:
@@ -385,7 +396,9 @@ class CommitGroup:
                     fsync_dir(out)
             finally:
                 for folder in swapped:
-                    folder._let_old_go()
+                    left = folder._let_old_go()
+                    if left:
+                        failed.append(left)
             if failed:
                 raise UnibakeError("; ".join(failed))
         return [folder.final for folder, _ in self.pending]

@@ -375,8 +375,9 @@ def fake_api_only(monkeypatch):
 def docker_api(*, inspect="404", pull="progress"):
     """A Docker engine's API on loopback, as docker-py reaches it over tcp://: it answers the version, then
     ``inspect``: "404" (no such image) or "silent" (takes the request and says nothing, as a hung daemon);
-    a pull (POST /images/create): "progress" (an event every 0.1 s, as a long pull) or "silent" after its
-    first event. Yields (address, what it saw: "pull broken off" once a pull's client went away)."""
+    a pull (POST /images/create): "progress" (an event every 0.1 s, as a long pull), "silent" after its
+    first event, or "late": nothing at all, not even its headers (an engine still reaching the registry).
+    Yields (address, what it saw: "pull broken off" once a pull's client went away)."""
     import http.server
 
     seen, ended = [], threading.Event()
@@ -412,6 +413,12 @@ def docker_api(*, inspect="404", pull="progress"):
                 ended.wait(60)
                 return
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("X-Registry-Auth"):
+                seen.append(f"credentials {self.headers['X-Registry-Auth']}")
+            if pull == "late":  # no word yet (the engine still reaching the registry): not even its headers
+                seen.append("pull held")
+                ended.wait(60)
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
@@ -558,3 +565,126 @@ def test_breaking_off_a_pull_over_ssh_ends_its_ssh_client_without_a_thread_s_tra
             time.sleep(0.2)
         socket.socket.close(sock)
     assert SSHLike.closed_at and crashed == []
+
+
+@contextmanager
+def loading_engine(*, storing):
+    """A Docker Engine 20.10's image load on loopback: it reads the whole archive sent, then stores its
+    layers for ``storing`` seconds; asked for its progress (quiet=0, as the docker CLI asks) it says how
+    far it is every 0.2 s meanwhile, otherwise (no quiet given: the engine's default is quiet) nothing
+    until the end. Yields (address, the quiet values asked for)."""
+    import http.server
+    import urllib.parse
+
+    asked = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # noqa: N802
+            while True:  # the archive, sent chunked
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                self.rfile.read(size + 2)
+                if size == 0:
+                    break
+            quiet = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("quiet", ["1"])[0]
+            asked.append(quiet)
+            progress = quiet in ("0", "false", "False")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            if progress:  # the engine's writer sends its headers with its first word
+                self.end_headers()
+            start = time.monotonic()
+            try:
+                while time.monotonic() - start < storing:
+                    if progress:
+                        event = b'{"status":"Loading layer","progressDetail":{"current":1,"total":2},"id":"0123"}\r\n'
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                        self.wfile.flush()
+                    time.sleep(0.2)
+                if not progress:
+                    self.end_headers()
+                event = b'{"stream":"Loaded image: demo-llm:1.3.1\\n"}\r\n'
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+                self.wfile.flush()
+            except OSError:  # the client went away
+                pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"tcp://127.0.0.1:{server.server_port}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_load_whose_engine_stores_layers_for_longer_than_the_engine_timeout_is_not_cut_off(fake_api_only):
+    """Engine 20.10 loads quietly unless asked otherwise: it said nothing while it stored the layers it was
+    sent (minutes for an image of tens of GB), so --engine-timeout (600 s) failed a working engine's load.
+    The load asks for the engine's progress, as the docker CLI does: only an engine that stops is cut off."""
+    from unibake.docker_engine import DockerEngine
+
+    with loading_engine(storing=3) as (address, asked):
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=1).load(iter([b"x" * 1000, b"y" * 10])))
+    assert not isinstance(outcome, BaseException), outcome
+    assert outcome.tags == ("demo-llm:1.3.1",) and asked == ["False"]  # (the engine lower-cases it)
+
+
+def test_an_interrupt_breaks_off_a_pull_whose_engine_has_not_answered_yet(tmp_path, fake_api_only):
+    """An engine sends nothing, not even its answer's headers, until it has reached the registry (its
+    ping, its login, the manifest: up to a minute for a slow or unreachable one). An interrupt then was
+    waited out until the engine's first word (or --engine-timeout): the pull was broken off only once it
+    had answered. It is now broken off at once."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import HandoffAborted
+
+    stop = threading.Event()
+    with docker_api(pull="late") as (address, seen):
+        engine = DockerEngine(address, {}, timeout=60)
+
+        def interrupt():
+            while "pull held" not in seen:
+                time.sleep(0.05)
+            stop.set()
+        threading.Thread(target=interrupt, daemon=True).start()
+        start = time.monotonic()
+        outcome = _within(20, lambda: engine.pull("r.example/a", "sha256:" + "1" * 64, None, stop))
+        took = time.monotonic() - start
+    assert isinstance(outcome, HandoffAborted), outcome
+    assert took < 5, took
+
+
+def test_a_pull_without_credentials_sends_the_engine_none_of_this_user_s_docker_config(tmp_path, monkeypatch,
+                                                                                       fake_api_only):
+    """deploy and pull give the engine the credentials they resolved (--auth-file, else the Docker
+    config), or none; with none, docker-py's pull sent the engine whatever this process's own Docker
+    config held for that registry (with --auth-file, credentials the user never gave; its credential
+    helper run with every secret of the environment), to every engine of the fleet."""
+    import base64
+
+    from unibake.docker_engine import DockerEngine
+
+    config = tmp_path / "docker"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"auths": {"r.example": {
+        "auth": base64.b64encode(b"ambient:push-secret").decode()}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    with docker_api(pull="silent") as (address, seen):
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=1).pull("r.example/a", "sha256:" + "1" * 64,
+                                                                                None))
+    assert isinstance(outcome, EngineError), outcome
+    assert seen == ["pull began"]

@@ -581,3 +581,28 @@ def test_the_notes_name_every_image_the_kits_rebuild_needs_with_its_id(tmp_path)
                     "| toolchain image | `localhost/rocm:1` | `sha256:" + "4" * 64 + "` |"], notes
     assert "the engine needs every image the kit names, with these IDs" in notes, notes
     assert kit_images({"sbom": run["sbom"]}) == ()  # no kit: no images to name
+
+
+def test_a_force_over_a_release_holding_folders_nested_too_deep_is_published_and_says_what_is_left(tmp_path):
+    """A release folder that someone filled with folders nested past shutil.rmtree's recursion (1200
+    levels) and made again with --force: the new release was published, then the replaced one, set aside,
+    raised RecursionError (a traceback, exit 1) and was left as .TAG.old. It is one error saying the release
+    was published and what to remove."""
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    fd = os.open(folder, os.O_RDONLY)
+    for _ in range(1200):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    try:
+        with pytest.raises(UnibakeError) as caught:
+            make_release(out, "1.0", force=True)
+        assert str(caught.value) == (f"release {out / '1.0'} was published, but the release it replaced, set aside "
+                                     f"as {out / '.1.0.old'}, holds folders nested too deep to remove here (not a "
+                                     "release's): remove it (rm -rf) before this release is made again")
+        assert not (out / "1.0" / "d").exists() and (out / "1.0" / "manifest.json").is_file()
+    finally:  # (pytest's own clean-up is shutil.rmtree too)
+        subprocess.run(["rm", "-rf", "--", str(out / ".1.0.old"), str(out / "1.0")], check=True)
