@@ -25,12 +25,17 @@ def resolved(path: Path) -> Path:
 
 def visible_name(name: str) -> str:
     """A name the file system or a tar gave, as text every file and JSON reader takes: a byte that
-    is not UTF-8 (held by Python as a lone surrogate) written as ``\\xff``; others unchanged."""
+    is not UTF-8 (held by Python as a lone surrogate) written as ``\\xff``; another lone surrogate
+    (one a JSON ``\\ud800`` gave, no byte of a name) as ``\\ud800``; others unchanged."""
     try:
         name.encode("utf-8")
         return name
     except UnicodeEncodeError:
+        pass
+    try:
         return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def open_lock(path: Path, *, create: bool = True, write: bool = True):

@@ -78,3 +78,15 @@ def test_a_table_cell_from_outside_cannot_forge_a_line_drive_the_terminal_or_car
     Reporter(env={}, stream=terminal).table("releases", ["release"], [["[bold red]z[/] [oops]"], ["y\x1b[2J"]])
     shown = terminal.getvalue()
     assert "[bold red]z[/] [oops]" in shown and "\x1b[2J" not in shown  # markup shown as text, not obeyed
+
+
+def test_a_lone_surrogate_no_file_name_could_hold_is_shown_escaped_not_a_traceback():
+    # "\ud800" (from a JSON "\\ud800") is no byte a file system gave: surrogateescape cannot write it, and
+    # visible_name raised UnicodeEncodeError, a traceback wherever one_line showed it
+    from unibake.console import one_line
+    from unibake.files import visible_name
+
+    assert visible_name("caf\udce9") == "caf\\xe9"
+    assert visible_name("bad\ud800name") == "bad\\ud800name"
+    assert visible_name("bad\ud800 caf\udce9") == "bad\\ud800 caf\\udce9"
+    assert "\\ud800" in one_line("release \ud800 broken")
