@@ -711,6 +711,35 @@ def test_run_sh_passes_other_variables_and_env_files_to_the_container_each_one_w
 
 
 
+@pytest.mark.parametrize("text, message", [
+    (b"\xef\xbb\xbfUNIBAKE_GPUS=1\n", "sets UNIBAKE_GPUS, which run.sh"),  # docker drops the first line's byte-order mark
+    (b"A=1\n\xc2\xa0MODEL_NAME=x\n", "sets MODEL_NAME, which run.sh"),  # and Unicode white space before a name
+    (b"\xe2\x80\x80\xe3\x80\x80UNIBAKE_X=1\r\n", "sets UNIBAKE_X, which run.sh"),
+    (b"\x0b\x0cPORT\r\n", "sets PORT, which run.sh"),
+    (b"export A=1\n", "'export A' is no variable name (docker reads NAME=VALUE lines"),  # docker: exit 125
+    (b"A=1\n=2\n", "a line has no name before its '='"),
+    (b"A\tB=1\n", "is no variable name"),
+])
+def test_run_sh_reads_an_env_file_s_names_as_docker_reads_them(tmp_path, text, message):
+    # the names were read with ASCII white space only: a byte-order mark or a no-break space before UNIBAKE_GPUS
+    # let a file set what run.sh refuses, and a line docker refuses ("variable 'export A' contains whitespaces")
+    # passed --dry-run, to fail at the engine's client with exit 125
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(text)
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2 and run.stdout == "", run.stdout
+    assert run.stderr.startswith(f"error: --env-file {env_file}") and message in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1
+    env_file.write_bytes(b"\xef\xbb\xbf# a comment\r\n \t\n  # PORT=1\nPORTS=1\nA=\xc2\xa0PORT\nB= PORT=1\nC\n")
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1" in run.stdout, run.stderr
+
+
 def _fake_getent(tmp_path, groups: dict[str, int]):
     """A folder holding a ``getent`` that knows only ``groups``: run.sh looks the host's groups up with it."""
     fake_bin = tmp_path / "fake-bin"
