@@ -740,6 +740,35 @@ def test_run_sh_reads_an_env_file_s_names_as_docker_reads_them(tmp_path, text, m
     assert run.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1" in run.stdout, run.stderr
 
 
+def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
+    # -e NAME and an env file's NAME line take NAME from the environment docker is started with: run.sh's own
+    # variables (name, gpus, port, ...) replaced the user's (the container got name=demo-llm-tp1), and one the
+    # user had not exported (-e dry_run) passed run.sh's check, to be dropped by docker without a word
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    bin_dir = tmp_path / "bin"  # a docker that shows the variables it would hand the container
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nprintf '%s|' \"$name\" \"$gpus\" \"$port\" \"${HF_TOKEN-unset}\"\n")
+    (bin_dir / "docker").chmod(0o755)
+    (tmp_path / "my.env").write_text("port\n")
+
+    def run(*args, **env):
+        return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+
+    hostile = "it's $(id)\n`x`"
+    ran = run("-e", "name", "-e", "gpus", "--env-file", str(tmp_path / "my.env"), "tp1", name=hostile, gpus="g",
+              port="p")
+    assert ran.returncode == 0 and ran.stdout == f"{hostile}|g|p|unset|", (ran.stdout, ran.stderr)
+    ran = run("-e", "HF_TOKEN", "tp1", HF_TOKEN="")  # set, empty: passed as set
+    assert ran.returncode == 0 and ran.stdout == "||||", (ran.stdout, ran.stderr)
+    for unset in ("dry_run", "ea_name", "env_args"):
+        bad = run("--dry-run", "-e", unset, "tp1")
+        assert bad.returncode == 2 and bad.stderr == (
+            f"error: -e {unset}: {unset} is not set in this environment; give -e {unset}=VALUE\n"), bad.stderr
+
+
 def _fake_getent(tmp_path, groups: dict[str, int]):
     """A folder holding a ``getent`` that knows only ``groups``: run.sh looks the host's groups up with it."""
     fake_bin = tmp_path / "fake-bin"
