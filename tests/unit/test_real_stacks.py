@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 import zipfile
@@ -773,6 +774,29 @@ def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
         bad = run("--dry-run", "-e", unset, "tp1")
         assert bad.returncode == 2 and bad.stderr == (
             f"error: -e {unset}: {unset} is not set in this environment; give -e {unset}=VALUE\n"), bad.stderr
+
+
+def test_run_sh_says_an_env_file_that_is_a_pipe_is_one_not_that_it_does_not_exist(tmp_path):
+    # --env-file <(sops -d secrets.env), or a FIFO: "no such readable file" for a file that is plainly there;
+    # run.sh reads it to check its names, so docker would find the pipe empty: it is refused, saying why
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    fifo = tmp_path / "secrets.env"
+    os.mkfifo(fifo)
+    read, write = os.pipe()
+    os.write(write, b"A=1\n")
+    os.close(write)
+    try:
+        for path in (str(fifo), f"/dev/fd/{read}"):
+            run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", path, "tp1"],
+                                 capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, pass_fds=(read,),
+                                 timeout=30)
+            assert run.returncode == 2 and run.stdout == "" and run.stderr == (
+                f"error: --env-file {path}: not a regular file: run.sh reads it to check its names, so a pipe "
+                "(like <(...)) would reach docker empty; save it as a file\n"), run.stderr
+    finally:
+        os.close(read)
 
 
 def _fake_getent(tmp_path, groups: dict[str, int]):
