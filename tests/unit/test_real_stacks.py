@@ -741,6 +741,34 @@ def test_run_sh_reads_an_env_file_s_names_as_docker_reads_them(tmp_path, text, m
     assert run.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1" in run.stdout, run.stderr
 
 
+@pytest.mark.parametrize("text, message", [
+    (b"A=1\nB=caf\xe9\n", "line 2 is not UTF-8"),  # saved as Latin-1: docker's "invalid utf8 bytes at line 2"
+    (b"A=\xed\xa0\x80\n", "line 1 is not UTF-8"), (b"A=\xc0\x80\n", "line 1 is not UTF-8"),  # a surrogate, overlong
+    (b"A=\xf4\x90\x80\x80\n", "line 1 is not UTF-8"),  # past U+10FFFF
+    (b"A=" + b"x" * 65534 + b"\n", "line 1 is longer than docker reads (65535 bytes)"),  # "token too long"
+    (b"A=" + b"x" * 65533 + b"\r\n", "line 1 is longer than docker reads"),
+    (b"A=1\x00x\n", "holds a NUL byte"),  # runc: "environment variable value can't contain null"
+])
+def test_run_sh_refuses_an_env_file_docker_or_runc_would_refuse(tmp_path, text, message):
+    # each passed run.sh (and --dry-run) to fail as docker's exit 125 at the start
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(text)
+
+    def run():
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+    bad = run()
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith(f"error: --env-file {env_file}: ") and message in bad.stderr, bad.stderr
+    env_file.write_bytes(b"A=" + b"x" * 65533 + b"\nB=\xf0\x9f\x98\x80 \xe4\xb8\xad \xc3\xa9 \xef\xbb\xbf\xf4\x8f\xbf\xbf\n")
+    good = run()  # what docker takes: a line of 65535 bytes, any UTF-8
+    assert good.returncode == 0 and f"--env-file={env_file} " in good.stdout, good.stderr
+
+
 def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
     # -e NAME and an env file's NAME line take NAME from the environment docker is started with: run.sh's own
     # variables (name, gpus, port, ...) replaced the user's (the container got name=demo-llm-tp1), and one the
