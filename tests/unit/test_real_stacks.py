@@ -737,7 +737,7 @@ def test_run_sh_reads_an_env_file_s_names_as_docker_reads_them(tmp_path, text, m
     assert run.stderr.count("\n") == 1
     env_file.write_bytes(b"\xef\xbb\xbf# a comment\r\n \t\n  # PORT=1\nPORTS=1\nA=\xc2\xa0PORT\nB= PORT=1\nC\n")
     run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "C": ""})
     assert run.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1" in run.stdout, run.stderr
 
 
@@ -767,6 +767,28 @@ def test_run_sh_refuses_an_env_file_docker_or_runc_would_refuse(tmp_path, text, 
     env_file.write_bytes(b"A=" + b"x" * 65533 + b"\nB=\xf0\x9f\x98\x80 \xe4\xb8\xad \xc3\xa9 \xef\xbb\xbf\xf4\x8f\xbf\xbf\n")
     good = run()  # what docker takes: a line of 65535 bytes, any UTF-8
     assert good.returncode == 0 and f"--env-file={env_file} " in good.stdout, good.stderr
+
+
+def test_run_sh_refuses_an_env_file_line_without_value_whose_variable_is_not_set_as_it_refuses_e_name(tmp_path):
+    # "HF_TOKEN" alone on a line takes HF_TOKEN from the environment; unset, docker dropped it without a word
+    # (the engine then failed its gated download), while -e HF_TOKEN unset was exit 2
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(b"\xef\xbb\xbfA=1\r\n  HF_TOKEN\r\n")
+
+    def run(**env):
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
+
+    bad = run()
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr == (
+        f"error: --env-file {env_file}: HF_TOKEN (a line without '=') is not set in this environment, so docker "
+        "would drop it; set it or give HF_TOKEN=VALUE\n"), bad.stderr
+    good = run(HF_TOKEN="s3cret")
+    assert good.returncode == 0 and "s3cret" not in good.stdout and f"--env-file={env_file} " in good.stdout
+    assert run(HF_TOKEN="").returncode == 0  # set, empty: docker passes it so
 
 
 def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
