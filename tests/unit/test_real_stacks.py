@@ -791,6 +791,26 @@ def test_run_sh_refuses_an_env_file_line_without_value_whose_variable_is_not_set
     assert run(HF_TOKEN="").returncode == 0  # set, empty: docker passes it so
 
 
+@pytest.mark.parametrize("name, message", [
+    ("PATH", "sets PATH, which would replace the image's, where the engine is found"),
+    ("PWD", "sets PWD, which the image's /bin/sh sets itself: the value would not reach the engine"),
+    ("IFS", "sets IFS, which the image's /bin/sh"), ("PPID", "sets PPID"), ("OPTIND", "sets OPTIND"),
+])
+def test_run_sh_refuses_the_images_path_and_its_shells_own_variables_as_the_plan_does(tmp_path, name, message):
+    # the plan refuses them in a profile's env; -e PATH=... (or an env file written by `env`, which holds PATH
+    # and PWD) replaced the image's PATH, and PWD/IFS/PPID/OPTIND never reached the engine
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "env.list"
+    env_file.write_text(f"A=1\n{name}=/x\n")
+    for args, where in ((["-e", f"{name}=/x"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+        run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", *args, "tp1"], capture_output=True,
+                             text=True, env={"PATH": "/usr/bin:/bin"})
+        assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, run.stderr
+        assert run.stderr.startswith(f"error: {where} {message}"), run.stderr
+
+
 def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
     # -e NAME and an env file's NAME line take NAME from the environment docker is started with: run.sh's own
     # variables (name, gpus, port, ...) replaced the user's (the container got name=demo-llm-tp1), and one the
