@@ -869,6 +869,32 @@ def test_run_sh_says_an_env_file_that_is_a_pipe_is_one_not_that_it_does_not_exis
         os.close(read)
 
 
+def test_run_sh_passes_a_variable_by_name_on_a_host_without_printenv(tmp_path):
+    # Debian's busybox has no printenv applet: -e HF_TOKEN (and an env file's HF_TOKEN line) was refused as
+    # "not set in this environment" with HF_TOKEN set
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "awk", "wc"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    (tmp_path / "my.env").write_text("A=1\nHF_HOME\n")
+
+    def run(**env):
+        return subprocess.run(["/bin/sh", str(folder / "run.sh"), "--dry-run", "-e", "HF_TOKEN", "--env-file",
+                               str(tmp_path / "my.env"), "tp1"], capture_output=True, text=True,
+                              env={"PATH": str(bare), **env})
+
+    ran = run(HF_TOKEN="s3cret", HF_HOME="/h")
+    assert ran.returncode == 0 and ran.stderr == "" and " -e HF_TOKEN demo-llm:1.3.1" in ran.stdout, ran.stderr
+    assert "s3cret" not in ran.stdout
+    assert "error: -e HF_TOKEN: HF_TOKEN is not set in this environment" in run(HF_HOME="/h").stderr
+    assert "HF_HOME (a line without '=') is not set" in run(HF_TOKEN="s3cret", X="\nHF_HOM=").stderr
+
+
 def _fake_getent(tmp_path, groups: dict[str, int]):
     """A folder holding a ``getent`` that knows only ``groups``: run.sh looks the host's groups up with it."""
     fake_bin = tmp_path / "fake-bin"
