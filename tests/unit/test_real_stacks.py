@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
 import zipfile
@@ -709,6 +710,189 @@ def test_run_sh_passes_other_variables_and_env_files_to_the_container_each_one_w
     helped = run("--help")
     assert "-e NAME=VALUE" in helped.stdout and "--env-file FILE" in helped.stdout
 
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"\xef\xbb\xbfUNIBAKE_GPUS=1\n", "sets UNIBAKE_GPUS, which run.sh"),  # docker drops the first line's byte-order mark
+    (b"A=1\n\xc2\xa0MODEL_NAME=x\n", "sets MODEL_NAME, which run.sh"),  # and Unicode white space before a name
+    (b"\xe2\x80\x80\xe3\x80\x80UNIBAKE_X=1\r\n", "sets UNIBAKE_X, which run.sh"),
+    (b"\x0b\x0cPORT\r\n", "sets PORT, which run.sh"),
+    (b"export A=1\n", "'export A' is no variable name (docker reads NAME=VALUE lines"),  # docker: exit 125
+    (b"A=1\n=2\n", "a line has no name before its '='"),
+    (b"A\tB=1\n", "is no variable name"),
+])
+def test_run_sh_reads_an_env_file_s_names_as_docker_reads_them(tmp_path, text, message):
+    # the names were read with ASCII white space only: a byte-order mark or a no-break space before UNIBAKE_GPUS
+    # let a file set what run.sh refuses, and a line docker refuses ("variable 'export A' contains whitespaces")
+    # passed --dry-run, to fail at the engine's client with exit 125
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(text)
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 2 and run.stdout == "", run.stdout
+    assert run.stderr.startswith(f"error: --env-file {env_file}") and message in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1
+    env_file.write_bytes(b"\xef\xbb\xbf# a comment\r\n \t\n  # PORT=1\nPORTS=1\nA=\xc2\xa0PORT\nB= PORT=1\nC\n")
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "C": ""})
+    assert run.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1" in run.stdout, run.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    (b"A=1\nB=caf\xe9\n", "line 2 is not UTF-8"),  # saved as Latin-1: docker's "invalid utf8 bytes at line 2"
+    (b"A=\xed\xa0\x80\n", "line 1 is not UTF-8"), (b"A=\xc0\x80\n", "line 1 is not UTF-8"),  # a surrogate, overlong
+    (b"A=\xf4\x90\x80\x80\n", "line 1 is not UTF-8"),  # past U+10FFFF
+    (b"A=" + b"x" * 65534 + b"\n", "line 1 is longer than docker reads (65535 bytes)"),  # "token too long"
+    (b"A=" + b"x" * 65533 + b"\r\n", "line 1 is longer than docker reads"),
+    (b"A=1\x00x\n", "holds a NUL byte"),  # runc: "environment variable value can't contain null"
+])
+def test_run_sh_refuses_an_env_file_docker_or_runc_would_refuse(tmp_path, text, message):
+    # each passed run.sh (and --dry-run) to fail as docker's exit 125 at the start
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(text)
+
+    def run():
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+
+    bad = run()
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith(f"error: --env-file {env_file}: ") and message in bad.stderr, bad.stderr
+    env_file.write_bytes(b"A=" + b"x" * 65533 + b"\nB=\xf0\x9f\x98\x80 \xe4\xb8\xad \xc3\xa9 \xef\xbb\xbf\xf4\x8f\xbf\xbf\n")
+    good = run()  # what docker takes: a line of 65535 bytes, any UTF-8
+    assert good.returncode == 0 and f"--env-file={env_file} " in good.stdout, good.stderr
+
+
+def test_run_sh_refuses_an_env_file_line_without_value_whose_variable_is_not_set_as_it_refuses_e_name(tmp_path):
+    # "HF_TOKEN" alone on a line takes HF_TOKEN from the environment; unset, docker dropped it without a word
+    # (the engine then failed its gated download), while -e HF_TOKEN unset was exit 2
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(b"\xef\xbb\xbfA=1\r\n  HF_TOKEN\r\n")
+
+    def run(**env):
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                              capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
+
+    bad = run()
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr == (
+        f"error: --env-file {env_file}: HF_TOKEN (a line without '=') is not set in this environment, so docker "
+        "would drop it; set it or give HF_TOKEN=VALUE\n"), bad.stderr
+    good = run(HF_TOKEN="s3cret")
+    assert good.returncode == 0 and "s3cret" not in good.stdout and f"--env-file={env_file} " in good.stdout
+    assert run(HF_TOKEN="").returncode == 0  # set, empty: docker passes it so
+
+
+@pytest.mark.parametrize("name, message", [
+    ("PATH", "sets PATH, which would replace the image's, where the engine is found"),
+    ("PWD", "sets PWD, which the image's /bin/sh sets itself: the value would not reach the engine"),
+    ("IFS", "sets IFS, which the image's /bin/sh"), ("PPID", "sets PPID"), ("OPTIND", "sets OPTIND"),
+])
+def test_run_sh_refuses_the_images_path_and_its_shells_own_variables_as_the_plan_does(tmp_path, name, message):
+    # the plan refuses them in a profile's env; -e PATH=... (or an env file written by `env`, which holds PATH
+    # and PWD) replaced the image's PATH, and PWD/IFS/PPID/OPTIND never reached the engine
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "env.list"
+    env_file.write_text(f"A=1\n{name}=/x\n")
+    for args, where in ((["-e", f"{name}=/x"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+        run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", *args, "tp1"], capture_output=True,
+                             text=True, env={"PATH": "/usr/bin:/bin"})
+        assert run.returncode == 2 and run.stdout == "" and run.stderr.count("\n") == 1, run.stderr
+        assert run.stderr.startswith(f"error: {where} {message}"), run.stderr
+
+
+def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
+    # -e NAME and an env file's NAME line take NAME from the environment docker is started with: run.sh's own
+    # variables (name, gpus, port, ...) replaced the user's (the container got name=demo-llm-tp1), and one the
+    # user had not exported (-e dry_run) passed run.sh's check, to be dropped by docker without a word
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    bin_dir = tmp_path / "bin"  # a docker that shows the variables it would hand the container
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nprintf '%s|' \"$name\" \"$gpus\" \"$port\" \"${HF_TOKEN-unset}\"\n")
+    (bin_dir / "docker").chmod(0o755)
+    (tmp_path / "my.env").write_text("port\n")
+
+    def run(*args, **env):
+        return subprocess.run(["sh", str(folder / "run.sh"), *args], capture_output=True, text=True,
+                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+
+    hostile = "it's $(id)\n`x`"
+    ran = run("-e", "name", "-e", "gpus", "--env-file", str(tmp_path / "my.env"), "tp1", name=hostile, gpus="g",
+              port="p")
+    assert ran.returncode == 0 and ran.stdout == f"{hostile}|g|p|unset|", (ran.stdout, ran.stderr)
+    ran = run("-e", "HF_TOKEN", "tp1", HF_TOKEN="")  # set, empty: passed as set
+    assert ran.returncode == 0 and ran.stdout == "||||", (ran.stdout, ran.stderr)
+    # bash, and bash as sh, with a read-only SHELLOPTS exported: still starts (bash as sh cannot set it back, so
+    # there run.sh leaves the environment as it is)
+    for shell, first in ((["bash"], "n|"), (["bash", "--posix"], "demo-llm-tp1|")):
+        ran = subprocess.run([*shell, str(folder / "run.sh"), "-e", "name", "tp1"], capture_output=True, text=True,
+                             env={"PATH": f"{bin_dir}:/usr/bin:/bin", "name": "n", "SHELLOPTS": "braceexpand:hashall"})
+        assert ran.returncode == 0 and ran.stdout.startswith(first) and ran.stderr == "", (shell, ran.stdout, ran.stderr)
+    for unset in ("dry_run", "ea_name", "env_args"):
+        bad = run("--dry-run", "-e", unset, "tp1")
+        assert bad.returncode == 2 and bad.stderr == (
+            f"error: -e {unset}: {unset} is not set in this environment; give -e {unset}=VALUE\n"), bad.stderr
+
+
+def test_run_sh_says_an_env_file_that_is_a_pipe_is_one_not_that_it_does_not_exist(tmp_path):
+    # --env-file <(sops -d secrets.env), or a FIFO: "no such readable file" for a file that is plainly there;
+    # run.sh reads it to check its names, so docker would find the pipe empty: it is refused, saying why
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    fifo = tmp_path / "secrets.env"
+    os.mkfifo(fifo)
+    read, write = os.pipe()
+    os.write(write, b"A=1\n")
+    os.close(write)
+    try:
+        for path in (str(fifo), f"/dev/fd/{read}"):
+            run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", path, "tp1"],
+                                 capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, pass_fds=(read,),
+                                 timeout=30)
+            assert run.returncode == 2 and run.stdout == "" and run.stderr == (
+                f"error: --env-file {path}: not a regular file: run.sh reads it to check its names, so a pipe "
+                "(like <(...)) would reach docker empty; save it as a file\n"), run.stderr
+    finally:
+        os.close(read)
+
+
+def test_run_sh_passes_a_variable_by_name_on_a_host_without_printenv(tmp_path):
+    # Debian's busybox has no printenv applet: -e HF_TOKEN (and an env file's HF_TOKEN line) was refused as
+    # "not set in this environment" with HF_TOKEN set
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "awk", "wc"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    (tmp_path / "my.env").write_text("A=1\nHF_HOME\n")
+
+    def run(**env):
+        return subprocess.run(["/bin/sh", str(folder / "run.sh"), "--dry-run", "-e", "HF_TOKEN", "--env-file",
+                               str(tmp_path / "my.env"), "tp1"], capture_output=True, text=True,
+                              env={"PATH": str(bare), **env})
+
+    ran = run(HF_TOKEN="s3cret", HF_HOME="/h")
+    assert ran.returncode == 0 and ran.stderr == "" and " -e HF_TOKEN demo-llm:1.3.1" in ran.stdout, ran.stderr
+    assert "s3cret" not in ran.stdout
+    assert "error: -e HF_TOKEN: HF_TOKEN is not set in this environment" in run(HF_HOME="/h").stderr
+    assert "HF_HOME (a line without '=') is not set" in run(HF_TOKEN="s3cret", X="\nHF_HOM=").stderr
 
 
 def _fake_getent(tmp_path, groups: dict[str, int]):
