@@ -592,8 +592,9 @@ Keep = Callable[[str, int, bytes], bool]
 
 
 def keep_json(name: str, size: int, head: bytes) -> bool:
-    """Keep what can be metadata (JSON); hash the rest."""
-    return head[:1] in (b"{", b"[")
+    """Keep what can be metadata (JSON, which may start with blanks, as the engine reads it); hash the rest."""
+    first = head.lstrip(b" \t\r\n")
+    return first[:1] in (b"{", b"[") or not first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -895,10 +896,15 @@ def resolve(members: dict[str, Member], name: str, seen: tuple[str, ...] = ()) -
 
 def member_json(members: dict[str, Member], name: str, object_pairs_hook=None) -> object:
     member = resolve(members, name)
+    if member.data is None and member.size <= KEEP_LIMIT:  # (a byte order mark first, say)
+        raise ArchiveError(f"archive member {name!r} is not valid JSON: it does not begin with '{{' or '['")
     if member.data is None:
         raise ArchiveError(f"archive member {name!r} is too large for a metadata file ({member.size} bytes)")
     try:
-        return json.loads(member.data, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
+        # read as Go's encoding/json (the engine's) reads it: UTF-8 only (no BOM, no UTF-16 or UTF-32, which
+        # Python's json guesses from the bytes), a string's invalid UTF-8 as U+FFFD
+        text = member.data.decode("utf-8", errors="replace")
+        return json.loads(text, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise ArchiveError(f"archive member {name!r} is not valid JSON: {str(exc)[:100]}") from None
 

@@ -1314,3 +1314,24 @@ def test_both_verifiers_compare_the_config_s_platform_with_the_manifest_s_alike(
     else:
         refused_in_one_line(cli, folder, f"but manifest.json says {named}", f"but manifest.json says {named}: refused "
                             "before any load")
+
+
+@pytest.mark.parametrize("make, passes", [
+    (lambda config: b"\n \t" + compact(config), True),
+    (lambda config: b" " * 600 + compact(config), True),
+    (lambda config: compact(config).replace(b'"os":', b'"author":"\xff\xfe\xed\xa0\x80","os":'), True),
+    (lambda config: b"\xef\xbb\xbf" + compact(config), False),
+    (lambda config: compact(config).decode().encode("utf-16-le"), False),
+    (lambda config: compact(config).decode().encode("utf-32"), False),
+], ids=["blanks first", "600 blanks first", "a string of invalid utf-8", "a byte order mark", "utf-16", "utf-32"])
+def test_a_config_s_bytes_are_read_as_the_engine_reads_them_by_both(cli, folder, make, passes):
+    # Go's encoding/json (the engine's) reads UTF-8 only, a string's invalid bytes as U+FFFD, and blanks
+    # before the object: build.py verify refused a config starting with blanks ("too large for a metadata
+    # file") or holding invalid UTF-8 in a string, and passed one in UTF-16 or UTF-32 (Python's json
+    # guesses the encoding from the bytes), which the engine refuses to load
+    replace_config(folder, make)
+    if passes:
+        assert cli("verify", str(folder)).code == 0, cli("verify", str(folder)).err
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, "is not valid JSON", "image config is not valid JSON")
