@@ -577,9 +577,9 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
 # encoding/json reads it, byte by byte: its keys and its rootfs's ASCII, each once in any case (Go
 # takes "Diff_IDs" for diff_ids, and the last of two), escapes decoded, as unibake's verifier reads it
 # shellcheck disable=SC2016  # awk's, not the shell's
-config_form='function add(code) {  # a decoded character of the string being read
+config_form='function add(code) {  # a decoded character of the string being read ("<" too as "<60>": one text, one string)
   if (code >= 128) { wide = 1; return }
-  str = str ((code > 32 && code < 127) ? sprintf("%c", code) : "<" code ">")
+  str = str ((code > 32 && code < 127 && code != 60) ? sprintf("%c", code) : "<" code ">")
 }
 function bad(why) { print "why image config" why; failed = 1; exit }
 function hexval(c) { return c >= 48 && c <= 57 ? c - 48 : c >= 65 && c <= 70 ? c - 55 : c >= 97 && c <= 102 ? c - 87 : -1 }

@@ -1335,3 +1335,11 @@ def test_a_config_s_bytes_are_read_as_the_engine_reads_them_by_both(cli, folder,
         assert shell(folder).returncode == 0, shell(folder).stderr
     else:
         refused_in_one_line(cli, folder, "is not valid JSON", "image config is not valid JSON")
+
+
+def test_config_keys_that_differ_only_as_the_shell_shows_a_control_character_pass_both(cli, folder):
+    # the shell verifier wrote a key's newline as "<10>": the two keys "x\n" and "x<10>" (which Go and
+    # Python read as two) were one key twice to it, and a config the engine loads was refused
+    replace_config(folder, lambda config: compact(config).replace(b'"os":', b'"x<10>":1,"x\\n":2,"<32>":3," ":4,"os":'))
+    assert cli("verify", str(folder)).code == 0
+    assert shell(folder).returncode == 0, shell(folder).stderr
