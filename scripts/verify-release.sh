@@ -630,6 +630,7 @@ function byte(c,   h) {
   if (c == 34) { if (expect != "key" && expect != "key}") value(c); instr = 1; str = ""; wide = 0; return }
   if (c == 123 || c == 91) {
     value(c); depth++; kind[depth] = c; current[depth] = ""; expect = c == 123 ? "key}" : "value]"
+    if (depth > 256) bad(" is nested more than 256 levels deep, which no image\047s metadata is")  # (as build.py verify)
     if (depth == 2) inroot = c == 123 && current[1] == "rootfs"
     if (depth == 3 && inroot && c == 91 && current[2] == "diff_ids") { list = 1; print "found" }
     return

@@ -37,6 +37,12 @@ BLOCK = tarfile.BLOCKSIZE
 CHUNK = 1 << 20
 KEEP_LIMIT = 16 << 20  # metadata files (configs, manifests) and extended headers are kept up to this size
 KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metadata" members stays cheap
+# how deep a metadata file's arrays and objects may nest: Go's encoding/json (the engine's) reads 10000
+# levels, Python's json fewer (its recursion limit, which depends on the caller); both verifiers refuse more
+# than this, which no image's metadata comes near
+MAX_NESTING = 256
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 # entries of an image archive (a layer is 4 in the docker layout: 127 layers make about 520): each one read
 # is remembered (about 1 KiB), so a tiny archive of a million empty entries would take a GiB
 MAX_ENTRIES = 1 << 16
@@ -904,9 +910,23 @@ def member_json(members: dict[str, Member], name: str, object_pairs_hook=None) -
         # read as Go's encoding/json (the engine's) reads it: UTF-8 only (no BOM, no UTF-16 or UTF-32, which
         # Python's json guesses from the bytes), a string's invalid UTF-8 as U+FFFD
         text = member.data.decode("utf-8", errors="replace")
+        if _nesting(text) > MAX_NESTING:
+            raise ArchiveError(f"archive member {name!r} is nested more than {MAX_NESTING} levels deep, which no "
+                               "image's metadata is: refused before any load")
         return json.loads(text, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise ArchiveError(f"archive member {name!r} is not valid JSON: {str(exc)[:100]}") from None
+
+
+def _nesting(text: str) -> int:
+    """How deep the arrays and objects of the JSON ``text`` nest (what its strings hold aside)."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return 0
+    depth = deepest = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _not_json(constant: str) -> object:

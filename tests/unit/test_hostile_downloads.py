@@ -1343,3 +1343,20 @@ def test_config_keys_that_differ_only_as_the_shell_shows_a_control_character_pas
     replace_config(folder, lambda config: compact(config).replace(b'"os":', b'"x<10>":1,"x\\n":2,"<32>":3," ":4,"os":'))
     assert cli("verify", str(folder)).code == 0
     assert shell(folder).returncode == 0, shell(folder).stderr
+
+
+@pytest.mark.parametrize("levels, passes", [(255, True), (256, False), (3000, False)])
+def test_a_config_nested_deeper_than_256_levels_is_refused_by_both(cli, folder, levels, passes):
+    # Go's encoding/json reads 10000 levels: build.py verify refused 1000 or so (Python's recursion limit,
+    # "not valid JSON"), verify-release.sh passed any; both now refuse more than 256 (the object itself one)
+    def make(config):
+        deep = b'{"a":[' * (levels // 2) + b"[" * (levels % 2) + b'"]}"' + b"]" * (levels % 2) + b"]}" * (levels // 2)
+        return compact(config).replace(b'"os":', b'"x":' + deep + b',"os":')
+
+    replace_config(folder, make)
+    if passes:
+        assert cli("verify", str(folder)).code == 0
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, "is nested more than 256 levels deep",
+                            "image config is nested more than 256 levels deep")
