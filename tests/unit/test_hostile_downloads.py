@@ -1360,3 +1360,38 @@ def test_a_config_nested_deeper_than_256_levels_is_refused_by_both(cli, folder, 
     else:
         refused_in_one_line(cli, folder, "is nested more than 256 levels deep",
                             "image config is nested more than 256 levels deep")
+
+
+@pytest.mark.parametrize("change, python_says", [
+    (lambda text: text.replace('\n  "tag": "demo-llm:1.3.1",\n', '\n  "tag": "demo-llm:1.3.1",\n  "t\\u0061g": "evil:1",\n'),
+     "the key 'tag' is written twice"),
+    (lambda text: text.replace('\n  "labels": {\n', '\n  "labels": {\n    "org.opencontainers.image.v\\u0065rsion": "9",\n'),
+     "is written twice"),
+    (lambda text: text.replace('\n  "product": "demo-llm",\n', '\n  "product": "demo-llm",\n  "pr\\u006fduct": "x",\n'),
+     "is written twice"),
+    (lambda text: text.replace('"version": "1.3.1"', '"version": "1.3\\x1"'), "not valid JSON"),
+    (lambda text: text.replace('"version": "1.3.1"', '"version": "1.3\\u00g1"'), "not valid JSON"),
+    (lambda text: text.replace('"version": "1.3.1"', '"version": "1.3\t1"'), "not valid JSON"),
+    (lambda text: text.replace('"tune_caches": 3,', '"tune_caches": 03,'), "not valid JSON"),
+], ids=["the tag escaped after it", "a label escaped", "the product escaped", "an escape json has not",
+        "a short unicode escape", "a tab in a string", "a leading zero"])
+def test_a_manifest_whose_json_the_shell_read_otherwise_is_refused_by_both(cli, folder, change, python_says):
+    # the shell compared keys as written: "t\u0061g" (the tag to JSON readers, which take the last of two)
+    # beside "tag" passed it, reading the first; and it took a string or number that is not JSON
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(change(text))
+    assert (folder / "manifest.json").read_text() != text
+    resum(folder)
+    refused_in_one_line(cli, folder, python_says, "not written as unibake writes it")
+
+
+def test_a_manifest_with_escapes_unibake_writes_passes_both(cli, folder):
+    # json.dumps escapes what is not ASCII, a control character, a quote and a backslash, in a key and a
+    # value alike (labels "caf\u00e9" and "cafe" too: two keys)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["labels"].update({"caf\u00e9 \"x\\\n": "\u00e9t\u00e9 \"q\" \\ \x7f\t", "cafe \"x\\\n": "", "\x7f": "", "\\u007f": ""})
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    assert "\\u00e9" in (folder / "manifest.json").read_text()
+    assert cli("verify", str(folder)).code == 0
+    assert shell(folder).returncode == 0, shell(folder).stderr
