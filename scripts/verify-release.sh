@@ -635,8 +635,8 @@ function byte(c,   h) {
       return }
     expect = "next"
     if (depth == 3 && list) print "id " (wide ? "<wide>" : str)
-    if (depth == 1 && (current[1] == "architecture" || current[1] == "os" || current[1] == "variant"))
-      print "top " current[1] " " (wide ? "<wide>" : str)  # the platform it records
+    if (depth == 1 && (tolower(current[1]) == "architecture" || tolower(current[1]) == "os" || tolower(current[1]) == "variant"))
+      print "top " tolower(current[1]) " " (wide ? "<wide>" : str)  # the platform it records (its keys in any case, as Go reads them)
     return
   }
   if (inlit && ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c == 43 || c == 45 || c == 46)) {
@@ -648,8 +648,8 @@ function byte(c,   h) {
   if (c == 123 || c == 91) {
     value(c); depth++; kind[depth] = c; current[depth] = ""; expect = c == 123 ? "key}" : "value]"
     if (depth > 256) bad(" is nested more than 256 levels deep, which no image\047s metadata is")  # (as build.py verify)
-    if (depth == 2) inroot = c == 123 && current[1] == "rootfs"
-    if (depth == 3 && inroot && c == 91 && current[2] == "diff_ids") { list = 1; print "found" }
+    if (depth == 2) inroot = c == 123 && tolower(current[1]) == "rootfs"
+    if (depth == 3 && inroot && c == 91 && tolower(current[2]) == "diff_ids") { list = 1; print "found" }
     return
   }
   if (c == 125 || c == 93) {

@@ -949,10 +949,10 @@ def _written(pairs: list[tuple[str, object]]) -> _Written:
 def check_config_keys(config: object) -> None:
     """The image config's own keys and its rootfs's, as the engine reads them: Go's encoding/json
     takes a key in any case ("Diff_IDs" for diff_ids; "diff_idſ" too, Unicode-folded) and keeps the
-    last of two, where this reader takes the exactly named one. Each must be ASCII and once in any
+    last of two (as this reader finds rootfs and diff_ids too). Each must be ASCII and once in any
     case: a second diffID list beside the checked one would be the one an engine loads by (a layer it
     holds under that diffID taken in place of the archive's, read by no verifier)."""
-    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    rootfs = _field(config, "rootfs")
     for what, obj in (("the image config", config), ("the image config's rootfs", rootfs)):
         seen: dict[str, str] = {}
         for key in obj.keys_written if isinstance(obj, _Written) else ():
@@ -963,6 +963,16 @@ def check_config_keys(config: object) -> None:
                 raise ArchiveError(f"{what} has the keys {seen[key.lower()][:40]!r} and {key[:40]!r}, which an engine "
                                    "reads as one (the last): refused before any load")
             seen[key.lower()] = key
+
+
+def _field(obj: object, name: str) -> object:
+    """The value of the key ``name`` of the JSON object ``obj`` as Go's encoding/json (the engine's) finds
+    it: in any case ("RootFS" for rootfs), the last of two; None if there is none."""
+    found = None
+    for key, value in obj.items() if isinstance(obj, dict) else ():
+        if key.lower() == name:
+            found = value
+    return found
 
 
 def blob_name(digest: object) -> str:
@@ -1027,8 +1037,8 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
     stem = posixpath.basename(where.config_name).removesuffix(".json")
     if len(stem) == 64 and stem != config_member.sha256:
         raise ArchiveError(f"config {where.config_name} does not match its content address: corrupted archive")
-    rootfs = config.get("rootfs") if isinstance(config, dict) else None
-    declared = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    rootfs = _field(config, "rootfs")
+    declared = _field(rootfs, "diff_ids")
     if not isinstance(declared, list) or not all(isinstance(d, str) for d in declared):
         raise ArchiveError("the image config has no list of diffIDs (rootfs.diff_ids)")
     if len(declared) != len(where.layer_names):

@@ -1395,3 +1395,32 @@ def test_a_manifest_with_escapes_unibake_writes_passes_both(cli, folder):
     assert "\\u00e9" in (folder / "manifest.json").read_text()
     assert cli("verify", str(folder)).code == 0
     assert shell(folder).returncode == 0, shell(folder).stderr
+
+
+@pytest.mark.parametrize("rename, named, passes", [
+    ({"architecture": "Architecture", "os": "OS"}, None, False),
+    ({"architecture": "ARCHITECTURE"}, "linux/amd64", True),
+    ({"rootfs": "RootFS"}, "linux/amd64", True),
+    ({"diff_ids": "Diff_IDs"}, "linux/amd64", True),
+], ids=["platform keys capitalised, manifest says none", "architecture capitalised", "RootFS", "Diff_IDs"])
+def test_the_config_s_keys_are_found_in_any_case_as_the_engine_finds_them_by_both(cli, folder, rename, named, passes):
+    # Go's encoding/json finds "Architecture" and "RootFS" for architecture and rootfs: both verifiers read
+    # an amd64 config written so as one recording no platform (and passed it in a release manifest.json
+    # says records none), and refused a config an engine loads as one without diffIDs
+    def make(config):
+        text = compact(config)
+        for old, new in rename.items():
+            text = text.replace(b'"%s":' % old.encode(), b'"%s":' % new.encode())
+        return text
+
+    replace_config(folder, make)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["platform"] = named
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    if passes:
+        assert cli("verify", str(folder)).code == 0, cli("verify", str(folder)).err
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, "the image config is for linux/amd64, but manifest.json says None",
+                            "image config is for linux/amd64, but manifest.json says none")
