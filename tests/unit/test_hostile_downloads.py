@@ -1424,3 +1424,97 @@ def test_the_config_s_keys_are_found_in_any_case_as_the_engine_finds_them_by_bot
     else:
         refused_in_one_line(cli, folder, "the image config is for linux/amd64, but manifest.json says None",
                             "image config is for linux/amd64, but manifest.json says none")
+
+
+# --- the shell verifier's config reader against unibake's, on configs written in any JSON form ------
+
+def _shell_config_reader() -> str:
+    text = SCRIPT.read_text()
+    start = text.index("config_form='") + len("config_form='")
+    return text[start:text.index("}'\n", start) + 1]
+
+
+def _read_by_the_shell(data: bytes, program: str):
+    od = subprocess.run(["od", "-An", "-tu1", "-v"], input=data, capture_output=True, check=True).stdout
+    out = subprocess.run(["awk", program], input=od, capture_output=True, check=True).stdout.decode().splitlines()
+    if any(line.startswith("why ") for line in out) or "found" not in out:
+        return None
+    top = {line.split(" ")[1]: line.split(" ", 2)[2] for line in out if line.startswith("top ")}
+    platform = {k: v for k, v in top.items() if v} if top.get("architecture") and top.get("os") else {}
+    return [line[3:] for line in out if line.startswith("id ")], platform
+
+
+def _read_by_unibake(data: bytes):
+    from unibake.errors import ArchiveError
+    from unibake.imagetar import Member, _field, _written, check_config_keys, member_json
+    from unibake.platforms import of_config
+
+    try:
+        config = member_json({"c": Member(name="c", size=len(data), sha256="", content_sha256="", data=data)}, "c",
+                             _written)
+        check_config_keys(config)
+    except ArchiveError:
+        return None
+    declared = _field(_field(config, "rootfs"), "diff_ids")
+    if not isinstance(declared, list) or not all(isinstance(d, str) for d in declared):
+        return None
+
+    def shown(s: str) -> str:  # as the shell verifier writes a string it read
+        return "<wide>" if not s.isascii() else "".join(c if 32 < ord(c) < 127 and c != "<" else f"<{ord(c)}>" for c in s)
+
+    return [shown(d) for d in declared], {k: shown(v) for k, v in (of_config(config) or {}).items()}
+
+
+_BLANKS = st.sampled_from(["", " ", "\t", "\n", "\r\n"])
+_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x2FF), max_size=5)
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-99, 99) | _TEXT,
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def _configs(draw):
+    """An image config written in any JSON form: blanks between tokens, characters escaped or not, a
+    number as 1e0 or 1.0, keys in any case and order, beside others that show alike to the shell."""
+    def string(s):
+        out = []
+        for c in s:
+            how = draw(st.integers(0, 4))
+            if c in '"\\' or ord(c) < 32 or how == 0:
+                out.append({'"': '\\"', "\\": "\\\\", "\n": "\\n"}.get(c) or ("\\u%04x" if how else "\\u%04X") % ord(c))
+            else:
+                out.append("\\/" if c == "/" and how == 1 else c)
+        return '"' + "".join(out) + '"'
+
+    def written(v):
+        if isinstance(v, dict):
+            return "{" + ",".join(draw(_BLANKS) + string(k) + draw(_BLANKS) + ":" + draw(_BLANKS) + written(x)
+                                  + draw(_BLANKS) for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ",".join(draw(_BLANKS) + written(x) + draw(_BLANKS) for x in v) + "]"
+        if isinstance(v, str):
+            return string(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return draw(st.sampled_from([str(v), f"{v}e0", f"{v}.0", f"{v}0E-1"]))
+        return json.dumps(v)
+
+    ids = draw(st.lists(st.sampled_from(["sha256:" + "ab" * 32, "sha256:" + "cd" * 32, "sha/256<\u00e9\n"]), max_size=3))
+    rootfs = {"type": "layers", draw(st.sampled_from(["diff_ids", "Diff_IDs", "DIFF_IDS"])): ids,
+              **draw(st.dictionaries(st.sampled_from(["type", "diff_ids", "x", "Type"]), _VALUES, max_size=2))}
+    config = {draw(st.sampled_from(["rootfs", "RootFS"])): rootfs, **draw(st.dictionaries(
+        st.sampled_from(["architecture", "Architecture", "os", "OS", "variant", "x", "X", "a<10>", "a\n", "\u00e9"]),
+        _VALUES | st.sampled_from(["amd64", "linux", "arm64", "v8", ""]), max_size=5))}
+    config = {k: config[k] for k in draw(st.permutations(list(config)))}
+    return (draw(_BLANKS) + written(config) + draw(_BLANKS)).encode()
+
+
+@settings(max_examples=min(EXAMPLES, 60), deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=_configs(), changes=st.lists(st.tuples(st.integers(0, 1 << 12), st.binary(max_size=3), st.integers(0, 2)),
+                                         max_size=2))
+def test_the_shell_verifier_reads_any_config_as_unibake_s_verifier_does(data, changes):
+    # the image config (by which the engine loads) written in any JSON form, or a few bytes of it
+    # changed: refused by both, or read alike by both (its diffIDs and the platform it records)
+    data = bytearray(data)
+    for at, new, drop in changes:
+        at %= len(data) + 1
+        data[at:at + drop] = new
+    assert _read_by_the_shell(bytes(data), _shell_config_reader()) == _read_by_unibake(bytes(data)), bytes(data)
