@@ -223,17 +223,34 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
 # and each line one element as unibake writes it (json.dumps, two spaces a level): a key read by its line
 # is then the JSON key of that depth (written two on a line, or a top-level key indented as a label's,
 # it would be another value than the one JSON readers, build.py verify among them, take)
+# (each string JSON: an escape JSON has, no control character; each number JSON's, no leading zero), a key
+# twice in one object refused however it is written ("t\u0061g" is "tag" to JSON readers; a byte not
+# ASCII in a key, which unibake writes escaped, is refused)
 # shellcheck disable=SC2016  # awk's, not the shell's
-odd=$(awk -v q='"' 'BEGIN { str = q "([^" q "\\\\]|\\\\.)*" q; d = 0
-    element = "^(" str ": )?(" str "|-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
+    out = ""
+    for (i = 1; i <= length(k); i++) {
+      c = substr(k, i, 1)
+      if (c == "\\") { c = substr(k, ++i, 1)
+        if (c == "u") { code = 0; for (j = 1; j <= 4; j++) code = code * 16 + index(hex, tolower(substr(k, i + j, 1))) - 1; i += 4 }
+        else code = c == "b" ? 8 : c == "f" ? 12 : c == "n" ? 10 : c == "r" ? 13 : c == "t" ? 9 : c == "/" ? 47 : c == q ? 34 : 92
+      } else if (c == "\177") code = 127; else { out = out c; continue }
+      out = out ((code >= 32 && code < 127 && code != 34 && code != 92) ? sprintf("%c", code) : sprintf("\\u%04x", code))
+    }
+    return out
+  }
+  BEGIN { hex = "0123456789abcdef"; x = "[0-9a-fA-F]"
+    str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q; d = 0
+    element = "^(" str ": )?(" str "|-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][-+]?[0-9]+)?|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
   { match($0, /^ */); body = substr($0, RLENGTH + 1); closing = body ~ /^[]}],?$/
-    if (ended || (NR == 1 && body != "{")) { print NR; exit }
+    if (ended || (NR == 1 && body != "{") || $0 ~ /[\001-\037]/) { print NR; exit }
     if (closing) { if (d == 0 || last == "," || last == "open" || substr(body, 1, 1) != (kind[d] == "{" ? "}" : "]")) { print NR; exit }; d-- }
     else if (NR > 1 && last != "," && last != "open") { print NR; exit }
     if (RLENGTH != 2 * d || (!closing && body !~ element)) { print NR; exit }
     if (!closing && d > 0 && (body ~ ("^" str ": ")) != (kind[d] == "{")) { print NR; exit }
-    if (!closing && kind[d] == "{") { match(body, "^" str); if ((obj[d], substr(body, 1, RLENGTH)) in seen) { print NR; exit }
-      seen[obj[d], substr(body, 1, RLENGTH)] = 1 }  # a key twice in one object, at any depth
+    if (!closing && kind[d] == "{") { match(body, "^" str); key = substr(body, 1, RLENGTH)
+      if (key ~ /[\200-\377]/ || (obj[d], canon(key)) in seen) { print NR; exit }
+      seen[obj[d], canon(key)] = 1 }  # a key twice in one object, at any depth
     last = body ~ /,$/ ? "," : ""
     if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
     if (d == 0) ended = 1 }
@@ -577,9 +594,9 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
 # encoding/json reads it, byte by byte: its keys and its rootfs's ASCII, each once in any case (Go
 # takes "Diff_IDs" for diff_ids, and the last of two), escapes decoded, as unibake's verifier reads it
 # shellcheck disable=SC2016  # awk's, not the shell's
-config_form='function add(code) {  # a decoded character of the string being read
+config_form='function add(code) {  # a decoded character of the string being read ("<" too as "<60>": one text, one string)
   if (code >= 128) { wide = 1; return }
-  str = str ((code > 32 && code < 127) ? sprintf("%c", code) : "<" code ">")
+  str = str ((code > 32 && code < 127 && code != 60) ? sprintf("%c", code) : "<" code ">")
 }
 function bad(why) { print "why image config" why; failed = 1; exit }
 function hexval(c) { return c >= 48 && c <= 57 ? c - 48 : c >= 65 && c <= 70 ? c - 55 : c >= 97 && c <= 102 ? c - 87 : -1 }
@@ -618,8 +635,8 @@ function byte(c,   h) {
       return }
     expect = "next"
     if (depth == 3 && list) print "id " (wide ? "<wide>" : str)
-    if (depth == 1 && (current[1] == "architecture" || current[1] == "os" || current[1] == "variant"))
-      print "top " current[1] " " (wide ? "<wide>" : str)  # the platform it records
+    if (depth == 1 && (tolower(current[1]) == "architecture" || tolower(current[1]) == "os" || tolower(current[1]) == "variant"))
+      print "top " tolower(current[1]) " " (wide ? "<wide>" : str)  # the platform it records (its keys in any case, as Go reads them)
     return
   }
   if (inlit && ((c >= 48 && c <= 57) || (c >= 97 && c <= 122) || (c >= 65 && c <= 90) || c == 43 || c == 45 || c == 46)) {
@@ -630,8 +647,9 @@ function byte(c,   h) {
   if (c == 34) { if (expect != "key" && expect != "key}") value(c); instr = 1; str = ""; wide = 0; return }
   if (c == 123 || c == 91) {
     value(c); depth++; kind[depth] = c; current[depth] = ""; expect = c == 123 ? "key}" : "value]"
-    if (depth == 2) inroot = c == 123 && current[1] == "rootfs"
-    if (depth == 3 && inroot && c == 91 && current[2] == "diff_ids") { list = 1; print "found" }
+    if (depth > 256) bad(" is nested more than 256 levels deep, which no image\047s metadata is")  # (as build.py verify)
+    if (depth == 2) inroot = c == 123 && tolower(current[1]) == "rootfs"
+    if (depth == 3 && inroot && c == 91 && tolower(current[2]) == "diff_ids") { list = 1; print "found" }
     return
   }
   if (c == 125 || c == 93) {

@@ -37,6 +37,12 @@ BLOCK = tarfile.BLOCKSIZE
 CHUNK = 1 << 20
 KEEP_LIMIT = 16 << 20  # metadata files (configs, manifests) and extended headers are kept up to this size
 KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metadata" members stays cheap
+# how deep a metadata file's arrays and objects may nest: Go's encoding/json (the engine's) reads 10000
+# levels, Python's json fewer (its recursion limit, which depends on the caller); both verifiers refuse more
+# than this, which no image's metadata comes near
+MAX_NESTING = 256
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 # entries of an image archive (a layer is 4 in the docker layout: 127 layers make about 520): each one read
 # is remembered (about 1 KiB), so a tiny archive of a million empty entries would take a GiB
 MAX_ENTRIES = 1 << 16
@@ -592,8 +598,9 @@ Keep = Callable[[str, int, bytes], bool]
 
 
 def keep_json(name: str, size: int, head: bytes) -> bool:
-    """Keep what can be metadata (JSON); hash the rest."""
-    return head[:1] in (b"{", b"[")
+    """Keep what can be metadata (JSON, which may start with blanks, as the engine reads it); hash the rest."""
+    first = head.lstrip(b" \t\r\n")
+    return first[:1] in (b"{", b"[") or not first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -895,12 +902,31 @@ def resolve(members: dict[str, Member], name: str, seen: tuple[str, ...] = ()) -
 
 def member_json(members: dict[str, Member], name: str, object_pairs_hook=None) -> object:
     member = resolve(members, name)
+    if member.data is None and member.size <= KEEP_LIMIT:  # (a byte order mark first, say)
+        raise ArchiveError(f"archive member {name!r} is not valid JSON: it does not begin with '{{' or '['")
     if member.data is None:
         raise ArchiveError(f"archive member {name!r} is too large for a metadata file ({member.size} bytes)")
     try:
-        return json.loads(member.data, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
+        # read as Go's encoding/json (the engine's) reads it: UTF-8 only (no BOM, no UTF-16 or UTF-32, which
+        # Python's json guesses from the bytes), a string's invalid UTF-8 as U+FFFD
+        text = member.data.decode("utf-8", errors="replace")
+        if _nesting(text) > MAX_NESTING:
+            raise ArchiveError(f"archive member {name!r} is nested more than {MAX_NESTING} levels deep, which no "
+                               "image's metadata is: refused before any load")
+        return json.loads(text, object_pairs_hook=object_pairs_hook, parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise ArchiveError(f"archive member {name!r} is not valid JSON: {str(exc)[:100]}") from None
+
+
+def _nesting(text: str) -> int:
+    """How deep the arrays and objects of the JSON ``text`` nest (what its strings hold aside)."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return 0
+    depth = deepest = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _not_json(constant: str) -> object:
@@ -923,10 +949,10 @@ def _written(pairs: list[tuple[str, object]]) -> _Written:
 def check_config_keys(config: object) -> None:
     """The image config's own keys and its rootfs's, as the engine reads them: Go's encoding/json
     takes a key in any case ("Diff_IDs" for diff_ids; "diff_idſ" too, Unicode-folded) and keeps the
-    last of two, where this reader takes the exactly named one. Each must be ASCII and once in any
+    last of two (as this reader finds rootfs and diff_ids too). Each must be ASCII and once in any
     case: a second diffID list beside the checked one would be the one an engine loads by (a layer it
     holds under that diffID taken in place of the archive's, read by no verifier)."""
-    rootfs = config.get("rootfs") if isinstance(config, dict) else None
+    rootfs = _field(config, "rootfs")
     for what, obj in (("the image config", config), ("the image config's rootfs", rootfs)):
         seen: dict[str, str] = {}
         for key in obj.keys_written if isinstance(obj, _Written) else ():
@@ -937,6 +963,16 @@ def check_config_keys(config: object) -> None:
                 raise ArchiveError(f"{what} has the keys {seen[key.lower()][:40]!r} and {key[:40]!r}, which an engine "
                                    "reads as one (the last): refused before any load")
             seen[key.lower()] = key
+
+
+def _field(obj: object, name: str) -> object:
+    """The value of the key ``name`` of the JSON object ``obj`` as Go's encoding/json (the engine's) finds
+    it: in any case ("RootFS" for rootfs), the last of two; None if there is none."""
+    found = None
+    for key, value in obj.items() if isinstance(obj, dict) else ():
+        if key.lower() == name:
+            found = value
+    return found
 
 
 def blob_name(digest: object) -> str:
@@ -1001,8 +1037,8 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
     stem = posixpath.basename(where.config_name).removesuffix(".json")
     if len(stem) == 64 and stem != config_member.sha256:
         raise ArchiveError(f"config {where.config_name} does not match its content address: corrupted archive")
-    rootfs = config.get("rootfs") if isinstance(config, dict) else None
-    declared = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    rootfs = _field(config, "rootfs")
+    declared = _field(rootfs, "diff_ids")
     if not isinstance(declared, list) or not all(isinstance(d, str) for d in declared):
         raise ArchiveError("the image config has no list of diffIDs (rootfs.diff_ids)")
     if len(declared) != len(where.layer_names):

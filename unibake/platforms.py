@@ -123,7 +123,9 @@ def of_config(config: dict) -> dict[str, str] | None:
     """The OCI platform object of an image config, for the archive's index; None when it records none."""
     if not isinstance(config, dict):
         return None
-    architecture, os_name, variant = (config.get(k) for k in ("architecture", "os", "variant"))
+    # its keys read as the engine (Go's encoding/json) reads them: in any case ("Architecture"), the last of two
+    fields = {str(key).lower(): value for key, value in config.items()}
+    architecture, os_name, variant = (fields.get(k) for k in ("architecture", "os", "variant"))
     if not isinstance(architecture, str) or not isinstance(os_name, str) or not architecture or not os_name:
         return None
     out = {"architecture": architecture, "os": os_name}

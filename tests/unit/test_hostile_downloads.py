@@ -692,7 +692,9 @@ def test_what_a_shell_verifier_prints_of_the_folder_is_one_line_without_control_
     resum(folder)
     result = shell(folder)
     assert result.returncode == 3 and "\x1b" not in result.stderr, result.stderr
-    assert result.stderr.endswith("/manifest.json: tag 'demo-llm:1.3.1?[8m' is not an image reference\n")
+    # (a control byte in a string is not JSON: refused as a line not written as unibake writes it)
+    assert result.stderr.endswith("/manifest.json:10: not written as unibake writes it (one key or value a line, two "
+                                  "spaces a level): its lines could be read otherwise than its JSON\n"), result.stderr
 
 
 @pytest.mark.parametrize("options", ["-v", "--quoting-style=c"])
@@ -1314,3 +1316,207 @@ def test_both_verifiers_compare_the_config_s_platform_with_the_manifest_s_alike(
     else:
         refused_in_one_line(cli, folder, f"but manifest.json says {named}", f"but manifest.json says {named}: refused "
                             "before any load")
+
+
+@pytest.mark.parametrize("make, passes", [
+    (lambda config: b"\n \t" + compact(config), True),
+    (lambda config: b" " * 600 + compact(config), True),
+    (lambda config: compact(config).replace(b'"os":', b'"author":"\xff\xfe\xed\xa0\x80","os":'), True),
+    (lambda config: b"\xef\xbb\xbf" + compact(config), False),
+    (lambda config: compact(config).decode().encode("utf-16-le"), False),
+    (lambda config: compact(config).decode().encode("utf-32"), False),
+], ids=["blanks first", "600 blanks first", "a string of invalid utf-8", "a byte order mark", "utf-16", "utf-32"])
+def test_a_config_s_bytes_are_read_as_the_engine_reads_them_by_both(cli, folder, make, passes):
+    # Go's encoding/json (the engine's) reads UTF-8 only, a string's invalid bytes as U+FFFD, and blanks
+    # before the object: build.py verify refused a config starting with blanks ("too large for a metadata
+    # file") or holding invalid UTF-8 in a string, and passed one in UTF-16 or UTF-32 (Python's json
+    # guesses the encoding from the bytes), which the engine refuses to load
+    replace_config(folder, make)
+    if passes:
+        assert cli("verify", str(folder)).code == 0, cli("verify", str(folder)).err
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, "is not valid JSON", "image config is not valid JSON")
+
+
+def test_config_keys_that_differ_only_as_the_shell_shows_a_control_character_pass_both(cli, folder):
+    # the shell verifier wrote a key's newline as "<10>": the two keys "x\n" and "x<10>" (which Go and
+    # Python read as two) were one key twice to it, and a config the engine loads was refused
+    replace_config(folder, lambda config: compact(config).replace(b'"os":', b'"x<10>":1,"x\\n":2,"<32>":3," ":4,"os":'))
+    assert cli("verify", str(folder)).code == 0
+    assert shell(folder).returncode == 0, shell(folder).stderr
+
+
+@pytest.mark.parametrize("levels, passes", [(255, True), (256, False), (3000, False)])
+def test_a_config_nested_deeper_than_256_levels_is_refused_by_both(cli, folder, levels, passes):
+    # Go's encoding/json reads 10000 levels: build.py verify refused 1000 or so (Python's recursion limit,
+    # "not valid JSON"), verify-release.sh passed any; both now refuse more than 256 (the object itself one)
+    def make(config):
+        deep = b'{"a":[' * (levels // 2) + b"[" * (levels % 2) + b'"]}"' + b"]" * (levels % 2) + b"]}" * (levels // 2)
+        return compact(config).replace(b'"os":', b'"x":' + deep + b',"os":')
+
+    replace_config(folder, make)
+    if passes:
+        assert cli("verify", str(folder)).code == 0
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, "is nested more than 256 levels deep",
+                            "image config is nested more than 256 levels deep")
+
+
+@pytest.mark.parametrize("change, python_says", [
+    (lambda text: text.replace('\n  "tag": "demo-llm:1.3.1",\n', '\n  "tag": "demo-llm:1.3.1",\n  "t\\u0061g": "evil:1",\n'),
+     "the key 'tag' is written twice"),
+    (lambda text: text.replace('\n  "labels": {\n', '\n  "labels": {\n    "org.opencontainers.image.v\\u0065rsion": "9",\n'),
+     "is written twice"),
+    (lambda text: text.replace('\n  "product": "demo-llm",\n', '\n  "product": "demo-llm",\n  "pr\\u006fduct": "x",\n'),
+     "is written twice"),
+    (lambda text: text.replace('"version": "1.3.1"', '"version": "1.3\\x1"'), "not valid JSON"),
+    (lambda text: text.replace('"version": "1.3.1"', '"version": "1.3\\u00g1"'), "not valid JSON"),
+    (lambda text: text.replace('"version": "1.3.1"', '"version": "1.3\t1"'), "not valid JSON"),
+    (lambda text: text.replace('"tune_caches": 3,', '"tune_caches": 03,'), "not valid JSON"),
+], ids=["the tag escaped after it", "a label escaped", "the product escaped", "an escape json has not",
+        "a short unicode escape", "a tab in a string", "a leading zero"])
+def test_a_manifest_whose_json_the_shell_read_otherwise_is_refused_by_both(cli, folder, change, python_says):
+    # the shell compared keys as written: "t\u0061g" (the tag to JSON readers, which take the last of two)
+    # beside "tag" passed it, reading the first; and it took a string or number that is not JSON
+    text = (folder / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(change(text))
+    assert (folder / "manifest.json").read_text() != text
+    resum(folder)
+    refused_in_one_line(cli, folder, python_says, "not written as unibake writes it")
+
+
+def test_a_manifest_with_escapes_unibake_writes_passes_both(cli, folder):
+    # json.dumps escapes what is not ASCII, a control character, a quote and a backslash, in a key and a
+    # value alike (labels "caf\u00e9" and "cafe" too: two keys)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["labels"].update({"caf\u00e9 \"x\\\n": "\u00e9t\u00e9 \"q\" \\ \x7f\t", "cafe \"x\\\n": "", "\x7f": "", "\\u007f": ""})
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    assert "\\u00e9" in (folder / "manifest.json").read_text()
+    assert cli("verify", str(folder)).code == 0
+    assert shell(folder).returncode == 0, shell(folder).stderr
+
+
+@pytest.mark.parametrize("rename, named, passes", [
+    ({"architecture": "Architecture", "os": "OS"}, None, False),
+    ({"architecture": "ARCHITECTURE"}, "linux/amd64", True),
+    ({"rootfs": "RootFS"}, "linux/amd64", True),
+    ({"diff_ids": "Diff_IDs"}, "linux/amd64", True),
+], ids=["platform keys capitalised, manifest says none", "architecture capitalised", "RootFS", "Diff_IDs"])
+def test_the_config_s_keys_are_found_in_any_case_as_the_engine_finds_them_by_both(cli, folder, rename, named, passes):
+    # Go's encoding/json finds "Architecture" and "RootFS" for architecture and rootfs: both verifiers read
+    # an amd64 config written so as one recording no platform (and passed it in a release manifest.json
+    # says records none), and refused a config an engine loads as one without diffIDs
+    def make(config):
+        text = compact(config)
+        for old, new in rename.items():
+            text = text.replace(b'"%s":' % old.encode(), b'"%s":' % new.encode())
+        return text
+
+    replace_config(folder, make)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["platform"] = named
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    if passes:
+        assert cli("verify", str(folder)).code == 0, cli("verify", str(folder)).err
+        assert shell(folder).returncode == 0, shell(folder).stderr
+    else:
+        refused_in_one_line(cli, folder, "the image config is for linux/amd64, but manifest.json says None",
+                            "image config is for linux/amd64, but manifest.json says none")
+
+
+# --- the shell verifier's config reader against unibake's, on configs written in any JSON form ------
+
+def _shell_config_reader() -> str:
+    text = SCRIPT.read_text()
+    start = text.index("config_form='") + len("config_form='")
+    return text[start:text.index("}'\n", start) + 1]
+
+
+def _read_by_the_shell(data: bytes, program: str):
+    od = subprocess.run(["od", "-An", "-tu1", "-v"], input=data, capture_output=True, check=True).stdout
+    out = subprocess.run(["awk", program], input=od, capture_output=True, check=True).stdout.decode().splitlines()
+    if any(line.startswith("why ") for line in out) or "found" not in out:
+        return None
+    top = {line.split(" ")[1]: line.split(" ", 2)[2] for line in out if line.startswith("top ")}
+    platform = {k: v for k, v in top.items() if v} if top.get("architecture") and top.get("os") else {}
+    return [line[3:] for line in out if line.startswith("id ")], platform
+
+
+def _read_by_unibake(data: bytes):
+    from unibake.errors import ArchiveError
+    from unibake.imagetar import Member, _field, _written, check_config_keys, member_json
+    from unibake.platforms import of_config
+
+    try:
+        config = member_json({"c": Member(name="c", size=len(data), sha256="", content_sha256="", data=data)}, "c",
+                             _written)
+        check_config_keys(config)
+    except ArchiveError:
+        return None
+    declared = _field(_field(config, "rootfs"), "diff_ids")
+    if not isinstance(declared, list) or not all(isinstance(d, str) for d in declared):
+        return None
+
+    def shown(s: str) -> str:  # as the shell verifier writes a string it read
+        return "<wide>" if not s.isascii() else "".join(c if 32 < ord(c) < 127 and c != "<" else f"<{ord(c)}>" for c in s)
+
+    return [shown(d) for d in declared], {k: shown(v) for k, v in (of_config(config) or {}).items()}
+
+
+_BLANKS = st.sampled_from(["", " ", "\t", "\n", "\r\n"])
+_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x2FF), max_size=5)
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-99, 99) | _TEXT,
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def _configs(draw):
+    """An image config written in any JSON form: blanks between tokens, characters escaped or not, a
+    number as 1e0 or 1.0, keys in any case and order, beside others that show alike to the shell."""
+    def string(s):
+        out = []
+        for c in s:
+            how = draw(st.integers(0, 4))
+            if c in '"\\' or ord(c) < 32 or how == 0:
+                out.append({'"': '\\"', "\\": "\\\\", "\n": "\\n"}.get(c) or ("\\u%04x" if how else "\\u%04X") % ord(c))
+            else:
+                out.append("\\/" if c == "/" and how == 1 else c)
+        return '"' + "".join(out) + '"'
+
+    def written(v):
+        if isinstance(v, dict):
+            return "{" + ",".join(draw(_BLANKS) + string(k) + draw(_BLANKS) + ":" + draw(_BLANKS) + written(x)
+                                  + draw(_BLANKS) for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ",".join(draw(_BLANKS) + written(x) + draw(_BLANKS) for x in v) + "]"
+        if isinstance(v, str):
+            return string(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return draw(st.sampled_from([str(v), f"{v}e0", f"{v}.0", f"{v}0E-1"]))
+        return json.dumps(v)
+
+    ids = draw(st.lists(st.sampled_from(["sha256:" + "ab" * 32, "sha256:" + "cd" * 32, "sha/256<\u00e9\n"]), max_size=3))
+    rootfs = {"type": "layers", draw(st.sampled_from(["diff_ids", "Diff_IDs", "DIFF_IDS"])): ids,
+              **draw(st.dictionaries(st.sampled_from(["type", "diff_ids", "x", "Type"]), _VALUES, max_size=2))}
+    config = {draw(st.sampled_from(["rootfs", "RootFS"])): rootfs, **draw(st.dictionaries(
+        st.sampled_from(["architecture", "Architecture", "os", "OS", "variant", "x", "X", "a<10>", "a\n", "\u00e9"]),
+        _VALUES | st.sampled_from(["amd64", "linux", "arm64", "v8", ""]), max_size=5))}
+    config = {k: config[k] for k in draw(st.permutations(list(config)))}
+    return (draw(_BLANKS) + written(config) + draw(_BLANKS)).encode()
+
+
+@settings(max_examples=min(EXAMPLES, 60), deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=_configs(), changes=st.lists(st.tuples(st.integers(0, 1 << 12), st.binary(max_size=3), st.integers(0, 2)),
+                                         max_size=2))
+def test_the_shell_verifier_reads_any_config_as_unibake_s_verifier_does(data, changes):
+    # the image config (by which the engine loads) written in any JSON form, or a few bytes of it
+    # changed: refused by both, or read alike by both (its diffIDs and the platform it records)
+    data = bytearray(data)
+    for at, new, drop in changes:
+        at %= len(data) + 1
+        data[at:at + drop] = new
+    assert _read_by_the_shell(bytes(data), _shell_config_reader()) == _read_by_unibake(bytes(data)), bytes(data)
