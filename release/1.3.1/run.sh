@@ -1,7 +1,15 @@
 #!/bin/sh
 # Start one profile of demo-llm:1.3.1 with only the GPUs it needs.
-# Usage: ./run.sh [--dry-run] [--name NAME] [PROFILE] [ENGINE ARGS...] [-- ENGINE ARGS...]
-#        (default profile: tp4; --dry-run, --name and --help are taken anywhere before "--")
+# Usage: ./run.sh [--dry-run] [--name NAME] [-e NAME[=VALUE]]... [--env-file FILE]... [PROFILE] [ENGINE ARGS...]
+#                 [-- ENGINE ARGS...]
+#        (default profile: tp4; --dry-run, --name and --help are taken anywhere before "--";
+#        -e and --env-file only before the profile, so an engine's own -e after it is the engine's)
+#   -e NAME=VALUE   one more variable for the container (over the profile's env); -e NAME passes NAME's
+#                   value from this environment, unshown (a token); --env NAME=VALUE is the same
+#   --env-file FILE more variables, as docker run --env-file reads them (-e wins over a file)
+#   PROFILE, PORT, MODEL_NAME, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, HIP_VISIBLE_DEVICES and
+#   UNIBAKE_* are set by run.sh or the image, not by -e or a file: use the variables below (nor PATH, the
+#   image's, nor IFS, PPID, PWD, OPTIND, which the image's shell sets)
 # Environment (each value is checked; a bad one stops here with exit 2):
 #   GPUS=2,3        which GPUs: numbers, NVIDIA GPU-/MIG- UUIDs, or all (default: the first N the profile needs)
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
@@ -11,6 +19,9 @@
 #   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back)
 #   NAME            the container name (default demo-llm-PROFILE; --name wins)
 set -eu
+# the environment as run.sh was started, put back before docker starts: run.sh's own variables (name, port,
+# gpus, ...) must not reach docker for the user's of one name ("-e name" or an env file's "name" line)
+env_at_start=$(export -p)
 quote() { q=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${q%.}"; }  # (the '.': $() drops final newlines)
 die() { printf 'error: %s\n' "$*" >&2; exit 2; }
 usage() {
@@ -23,16 +34,107 @@ number() {  # $1 name, $2 value, $3 lowest, $4 highest: a whole number in range,
   [ "${#2}" -le 5 ] && [ "$2" -ge "$3" ] && [ "$2" -le "$4" ] || die "$1 must be a number from $3 to $4; got '$2'"
 }
 
+# the variables run.sh or the image set: a -e or an env file setting one is refused (it would disagree
+# with what run.sh checked, or with the image's own)
+own_env() {
+  case "$1" in PROFILE|PORT|MODEL_NAME|NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT|HIP_VISIBLE_DEVICES|UNIBAKE_*)
+    die "$2 sets $1, which run.sh or the image sets; use the variable run.sh reads (see ./run.sh --help)" ;;
+  PATH) die "$2 sets PATH, which would replace the image's, where the engine is found" ;;
+  IFS|PPID|PWD|OPTIND)  # (as the plan refuses them in a profile's env)
+    die "$2 sets $1, which the image's /bin/sh sets itself: the value would not reach the engine" ;;
+  esac
+}
+in_env() {  # $1 a name: whether this environment has it (by printenv; a host without it, busybox's own
+  # build, by env's lines, which another value holding a newline could fool)
+  if command -v printenv >/dev/null 2>&1; then printenv "$1" >/dev/null; else env | cut -d= -f1 | grep -Fxq -e "$1"; fi
+}
+env_arg() {  # $1: NAME=VALUE or NAME, from -e
+  ea_name=${1%%=*}
+  case "$ea_name" in ""|[0-9]*|*[!A-Za-z0-9_]*) die "-e needs NAME=VALUE with NAME like HF_HOME; got '${1%%=*}'" ;; esac
+  own_env "$ea_name" "-e"
+  case " $env_names " in *" $ea_name "*) die "-e gives $ea_name twice; give it once" ;; esac
+  env_names="$env_names $ea_name"
+  case "$1" in
+    *=*) env_args="$env_args -e $(quote "$1")" ;;
+    *) in_env "$ea_name" || die "-e $ea_name: $ea_name is not set in this environment; give -e $ea_name=VALUE"
+       env_args="$env_args -e $ea_name" ;;
+  esac
+}
+env_file() {  # $1: FILE, from --env-file
+  [ -n "$1" ] || die "--env-file needs a file"
+  if [ -e "$1" ] && [ ! -f "$1" ] && [ ! -d "$1" ]; then
+    die "--env-file $1: not a regular file: run.sh reads it to check its names, so a pipe (like <(...)) would reach docker empty; save it as a file"
+  fi
+  [ -f "$1" ] && [ -r "$1" ] || die "--env-file $1: no such readable file"
+  # docker refuses a file with a line longer than 65535 bytes or not UTF-8 (exit 125, after run.sh said yes);
+  # runc a variable holding a NUL byte
+  [ "$(wc -c < "$1")" -eq "$(tr -d '\000' < "$1" | wc -c)" ] || die "--env-file $1: holds a NUL byte, which no variable can hold"
+  ef_line=$(LC_ALL=C awk 'length($0) > 65535 { print NR; exit }' "$1")
+  [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is longer than docker reads (65535 bytes)"
+  ef_c="[$(printf '\200-\277')]"
+  ef_u8="[^$(printf '\200-\377')]|[$(printf '\302-\337')]$ef_c|$(printf '\340')[$(printf '\240-\277')]$ef_c"
+  ef_u8="$ef_u8|[$(printf '\341-\354\356\357')]$ef_c$ef_c|$(printf '\355')[$(printf '\200-\237')]$ef_c"
+  ef_u8="$ef_u8|$(printf '\360')[$(printf '\220-\277')]$ef_c$ef_c|[$(printf '\361-\363')]$ef_c$ef_c$ef_c"
+  ef_u8="$ef_u8|$(printf '\364')[$(printf '\200-\217')]$ef_c$ef_c"
+  ef_line=$(LC_ALL=C grep -n -a -v -E "^($ef_u8)*\$" "$1" | head -n 1 | cut -d: -f1)
+  [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is not UTF-8, which docker reads (save the file as UTF-8)"
+  # each line's name as docker reads it: a '\r' before the line's end dropped, a UTF-8 byte-order mark
+  # on the first line dropped, leading white space dropped (Unicode's too: NEL, no-break and the other
+  # Unicode spaces, as Go's unicode.IsSpace), '#' lines and blank ones skipped, the name up to '=' (a
+  # line without '=' takes the variable from the environment)
+  ef_names=$(LC_ALL=C sed -n -e "s/$(printf '\r')\$//" -e "1s/^$(printf '\357\273\277')//" -e ':s' \
+    -e "s/^[$(printf ' \t\v\f\r')]//" -e "s/^$(printf '\302')[$(printf '\205\240')]//" \
+    -e "s/^$(printf '\341\232\200')//" -e "s/^$(printf '\342\200')[$(printf '\200-\212\250\251\257')]//" \
+    -e "s/^$(printf '\342\201\237')//" -e "s/^$(printf '\343\200\200')//" -e 't s' \
+    -e '/^#/d' -e '/^$/d' -e '/=/!s/^/+/p' -e '/=/!d' -e 's/=.*//' -e 's/^/=/p' "$1")
+  # docker refuses a line whose name is empty or holds a space or a tab ("export A=1"), after run.sh's checks
+  ef_bad=$(printf '%s\n' "$ef_names" | LC_ALL=C sed -n "/^=\$/p; /[$(printf ' \t')]/p" | head -n 1)
+  [ "$ef_bad" != "=" ] || die "--env-file $1: a line has no name before its '='"
+  [ -z "$ef_bad" ] || die "--env-file $1: '${ef_bad#?}' is no variable name (docker reads NAME=VALUE lines: no export, no space)"
+  # a name run.sh sets; a line without '=' whose variable this environment lacks (docker would drop it
+  # without a word, as run.sh refuses -e NAME of one)
+  ef_own=$(printf '%s\n' "$ef_names" | while IFS= read -r ef_name; do
+    case "${ef_name#?}" in PROFILE|PORT|MODEL_NAME|NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT|HIP_VISIBLE_DEVICES|UNIBAKE_*|\
+                           PATH|IFS|PPID|PWD|OPTIND)
+      printf '%s\n' "${ef_name#?}"; break ;;
+    esac
+    case "$ef_name" in +*) in_env "${ef_name#+}" || { printf '+%s\n' "${ef_name#+}"; break; } ;; esac
+  done)
+  case "$ef_own" in
+    "") ;;
+    +*) die "--env-file $1: ${ef_own#+} (a line without '=') is not set in this environment, so docker would drop it; set it or give ${ef_own#+}=VALUE" ;;
+    *) own_env "$ef_own" "--env-file $1" ;;
+  esac
+  env_files="$env_files $(quote "--env-file=$1")"
+}
+
 dry_run=0
 name="${NAME:-}"
 profile=""
 engine_args=""
+env_args=""
+env_names=""
+env_files=""
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     -h|--help) usage; exit 0 ;;
     --name) [ "$#" -ge 2 ] || die "--name needs a value"; name=$2; shift ;;
     --name=*) name=${1#--name=} ;;
+    -e|--env|--env-file)
+      if [ -n "$profile" ] || [ -n "$engine_args" ]; then
+        engine_args="$engine_args $(quote "$1")"
+      else
+        [ "$#" -ge 2 ] || die "$1 needs a value"
+        if [ "$1" = --env-file ]; then env_file "$2"; else env_arg "$2"; fi
+        shift
+      fi ;;
+    --env=*|--env-file=*)
+      if [ -n "$profile" ] || [ -n "$engine_args" ]; then
+        engine_args="$engine_args $(quote "$1")"
+      else
+        case "$1" in --env=*) env_arg "${1#--env=}" ;; *) env_file "${1#--env-file=}" ;; esac
+      fi ;;
     --) shift; for arg in "$@"; do engine_args="$engine_args $(quote "$arg")"; done; break ;;
     *)
       if [ -z "$profile" ] && [ -z "$engine_args" ]; then
@@ -133,6 +235,20 @@ if [ "$gpus" != all ]; then
   [ "$count" -eq "$need" ] || die "profile $profile needs $need GPUs; GPUS=$gpus names $count"
 fi
 
+# groups by their number on this host: the engine reads a name in the image's /etc/group, where it may be
+# missing (docker: "Unable to find group render", exit 125) or another number than the group the host's
+# device nodes belong to; each group once. A name this host lacks stays a name (the image's own group of
+# that name, if it has one: no device node of this host belongs to it anyway)
+group_ids=""
+host_group() {  # $1 a group name or number
+  case "$1" in
+    *[!0-9]*) hg_gid=$( (getent group "$1" 2>/dev/null || grep "^$1:" /etc/group 2>/dev/null) | head -n 1 | cut -d: -f3)
+              case "$hg_gid" in ""|*[!0-9]*) hg_gid=$1 ;; esac ;;
+    *) hg_gid=$1 ;;
+  esac
+  case " $group_ids " in *" $hg_gid "*) ;; *) group_ids="${group_ids:+$group_ids }$hg_gid" ;; esac
+}
+
 port="${PORT:-30000}"
 number PORT "$port" 1 65535
 set -- docker run --rm --name "$name" -e PROFILE="$profile" -e PORT="$port"
@@ -148,6 +264,8 @@ if [ "$nodes" -gt 1 ]; then
   [ "${#MASTER_ADDR}" -le 253 ] || die "MASTER_ADDR is longer than a host name can be"
   mport="${MASTER_PORT:-$master_port}"
   number MASTER_PORT "$mport" 1 65535
+  # the host's network: the engine (PORT) and the ranks' rendezvous (MASTER_PORT) cannot share a port
+  [ "$mport" != "$port" ] || die "MASTER_PORT and PORT are both $port: on the host's network the engine and the rendezvous need a port each"
   set -- "$@" -e NNODES="$nodes" -e NODE_RANK="$NODE_RANK" -e MASTER_ADDR="$MASTER_ADDR" -e MASTER_PORT="$mport"
 fi
 if [ "$network" = host ]; then
@@ -160,7 +278,8 @@ if [ -n "$shm" ]; then set -- "$@" --shm-size="$shm"; fi
 if [ "$rdma" -eq 1 ]; then set -- "$@" --device /dev/infiniband --ulimit memlock=-1:-1; fi
 case "$vendor" in
   amd|hygon)
-    set -- "$@" --device /dev/kfd --group-add video --security-opt seccomp=unconfined
+    set -- "$@" --device /dev/kfd --security-opt seccomp=unconfined
+    host_group video
     if [ "$gpus" = all ]; then
       set -- "$@" --device /dev/dri
     else
@@ -176,7 +295,8 @@ case "$vendor" in
     if [ "$gpus" = all ]; then set -- "$@" --gpus all; else set -- "$@" --gpus "\"device=$gpus\""; fi ;;
 esac
 for d in $extra_devices; do set -- "$@" --device "$d"; done
-for g in $extra_groups; do set -- "$@" --group-add "$g"; done
+for g in $extra_groups; do host_group "$g"; done
+for g in $group_ids; do set -- "$@" --group-add "$g"; done
 if [ -n "${MODEL_NAME:-}" ]; then set -- "$@" -e MODEL_NAME="$MODEL_NAME"; fi
 if [ -n "${MODEL_DRAFT:-}" ]; then
   case "${MODEL_DRAFT}" in /*) ;; *) die "MODEL_DRAFT must be an absolute path on this host; got '${MODEL_DRAFT}'" ;; esac
@@ -192,6 +312,8 @@ if [ -n "${MODEL_TARGET:-}" ]; then
   # start the engine without its weights)
   set -- "$@" --mount "type=bind,source=${MODEL_TARGET},target=/models/target,readonly"
 fi
+# the files first, then each -e: the engine takes the last value of a name
+if [ -n "$env_files$env_args" ]; then eval "set -- \"\$@\" $env_files $env_args"; fi
 set -- "$@" "$IMAGE"
 if [ -n "$engine_args" ]; then eval "set -- \"\$@\" serve $engine_args"; fi
 
@@ -206,4 +328,7 @@ if [ "$dry_run" -eq 1 ]; then
   printf '%s\n' "$out"
   exit 0
 fi
+# (tried in a subshell first: bash as sh stops at an exported read-only variable, SHELLOPTS, it cannot set
+# back; bash itself only says so)
+if (eval "$env_at_start") 2>/dev/null; then eval "$env_at_start" 2>/dev/null || :; fi
 exec "$@"
