@@ -372,6 +372,22 @@ def fake_api_only(monkeypatch):
 
 
 @contextmanager
+def _serving(handler):
+    """``handler`` (an http.server handler: a fake engine's API) served on loopback, each request in a
+    thread of its own; yields the tcp:// address docker-py reaches it by."""
+    import http.server
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"tcp://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
 def docker_api(*, inspect="404", pull="progress"):
     """A Docker engine's API on loopback, as docker-py reaches it over tcp://: it answers the version, then
     ``inspect``: "404" (no such image) or "silent" (takes the request and says nothing, as a hung daemon);
@@ -436,15 +452,11 @@ def docker_api(*, inspect="404", pull="progress"):
             except OSError:
                 seen.append("pull broken off")
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"tcp://127.0.0.1:{server.server_port}", seen
-    finally:
-        ended.set()
-        server.shutdown()
-        server.server_close()
+    with _serving(Engine) as address:
+        try:
+            yield address, seen
+        finally:
+            ended.set()
 
 
 def _within(seconds, call):
@@ -622,14 +634,8 @@ def loading_engine(*, storing):
             except OSError:  # the client went away
                 pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"tcp://127.0.0.1:{server.server_port}", asked
-    finally:
-        server.shutdown()
-        server.server_close()
+    with _serving(Engine) as address:
+        yield address, asked
 
 
 def test_a_load_whose_engine_stores_layers_for_longer_than_the_engine_timeout_is_not_cut_off(fake_api_only):
