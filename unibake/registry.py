@@ -49,6 +49,7 @@ import urllib3
 import urllib3.connection
 import urllib3.exceptions
 import urllib3.util
+import www_authenticate
 from dxf import DXF
 from dxf import exceptions as dxf_errors
 
@@ -313,6 +314,36 @@ def _origin(url: str) -> tuple[str, str, int]:
     parts = urllib3.util.parse_url(url)
     scheme = (parts.scheme or "").lower()
     return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
+
+
+def _challenge_realm(challenge: str, host: str, path: str) -> str | None:
+    """The token server's URL that a 401's ``WWW-Authenticate`` names (None for a Basic challenge), or
+    one error naming what the challenge lacks: python-dxf read a missing header, a bare ``Bearer`` or an
+    empty realm as "an answer that cannot be read (KeyError/TypeError/ValueError)"."""
+    said = f"the registry {host} answered {path} with HTTP 401 (authentication required)"
+    if not challenge.strip():
+        raise RegistryError(f"{said} and no WWW-Authenticate header, which must say how to log in (Basic, or "
+                            f"Bearer with the token server's realm): is {host} the registry itself, or a proxy in "
+                            "front of it?")
+    shown = one_line(challenge)[:200]
+    try:
+        parsed = www_authenticate.parse(challenge)
+    except (ValueError, AttributeError, TypeError, IndexError):  # (its parser's own errors on some forms)
+        raise RegistryError(f"{said} and a WWW-Authenticate that cannot be read: {shown!r}") from None
+    if "bearer" in parsed:
+        realm = parsed["bearer"].get("realm") if isinstance(parsed["bearer"], dict) else None
+        try:
+            parts = urllib3.util.parse_url(realm) if realm and realm.isprintable() and " " not in realm else None
+        except ValueError:  # (urllib3's LocationParseError)
+            parts = None
+        if parts is None or (parts.scheme or "").lower() not in ("http", "https") or not parts.host:
+            raise RegistryError(f"{said} and a Bearer challenge whose realm (the token server's URL) is "
+                                f"{'missing' if not realm else 'not an http or https URL'}: {shown!r}")
+        return realm
+    if "basic" not in parsed:
+        raise RegistryError(f"{said} asking for {', '.join(repr(str(k)[:40]) for k in parsed)[:200]} authentication, "
+                            f"which unibake cannot do (Basic and Bearer, as docker): {shown!r}")
+    return None
 
 
 class _BadLocation(Exception):
@@ -592,12 +623,23 @@ class RegistryClient:
                 raise RegistryError(f"the registry {ref.host} answered {urlsplit(response.url).path[:100]} with a "
                                     f"WWW-Authenticate of {len(challenge)} characters, more than the {MAX_CHALLENGE} "
                                     "a challenge may be")
+            realm = _challenge_realm(challenge, ref.host, urlsplit(response.url).path[:100])
             if self._sending is not None:  # python-dxf sends the request again: an upload's blob from its start
                 self._sending.rewind()
-            if credentials is None:
-                client.authenticate(response=response, actions=actions)
-            else:
-                client.authenticate(credentials.username, credentials.password, response=response, actions=actions)
+            try:
+                if credentials is None:
+                    client.authenticate(response=response, actions=actions)
+                else:
+                    client.authenticate(credentials.username, credentials.password, response=response,
+                                        actions=actions)
+            except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+                if realm is None or isinstance(exc, requests.exceptions.InvalidURL):  # (the token's own URL)
+                    raise
+                # python-dxf reads the token server's answer as {"token": "..."} (or "access_token") and
+                # nothing else: not JSON, no object, no token, or a token that is no string
+                raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
+                                    f"answered with no token ({type(exc).__name__}): a token answer is a JSON "
+                                    f"object with a 'token' or 'access_token' string{self._page()}") from None
 
         self.dxf = _DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
                         timeout=ANSWER_TIMEOUT)

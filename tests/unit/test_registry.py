@@ -822,7 +822,8 @@ def test_json_nested_past_the_stack_is_one_error_line_not_a_traceback(tmp_path, 
             with pytest.raises(UnibakeError) as caught:
                 manifest_config_digest(c.manifest(digest), ref.pinned)
     expected = {"an error": "refused reading manifest sha256:.*: HTTP 404$", "a busy registry": r"\(HTTP 503\) after 2",
-                "a token": r"an answer that cannot be read .*\(RecursionError\)", "a manifest": "the manifest is not JSON"}
+                "a token": r"/token named by .* answered with no token \(RecursionError\)",
+                "a manifest": "the manifest is not JSON"}
     assert caught.match(expected[answer])
 
 
@@ -1826,3 +1827,57 @@ def test_an_html_page_in_place_of_the_registry_s_answer_is_named_as_one(tmp_path
                 c.manifest(DIGEST)
     assert str(caught.value).endswith(f" (an HTML page, text/html: is 127.0.0.1:{port} the registry itself, or a "
                                       "login page or proxy in front of it?)"), str(caught.value)
+
+
+@pytest.mark.parametrize("challenge, token, message", [
+    (None, None, "with HTTP 401 .authentication required. and no WWW-Authenticate header, which must say how to log "
+                 "in .* is 127.0.0.1:\\d+ the registry itself, or a proxy in front of it\\?$"),
+    ("", None, "and no WWW-Authenticate header"),
+    ("Bearer", None, "and a Bearer challenge whose realm .the token server's URL. is missing: 'Bearer'$"),
+    ('Bearer realm=""', None, "and a WWW-Authenticate that cannot be read: 'Bearer realm=\"\"'$"),
+    ('Bearer service="r"', None, "Bearer challenge whose realm .the token server's URL. is missing"),
+    ('Bearer realm="/token"', None, "Bearer challenge whose realm .* is not an http or https URL: "),
+    ('Bearer realm="ftp://x/token"', None, "is not an http or https URL"),
+    ('Bearer abc, realm="x"', None, "a WWW-Authenticate that cannot be read"),
+    ('Negotiate abc', None, "asking for 'negotiate' authentication, which unibake cannot do .Basic and Bearer"),
+    ("TOKEN", b'{"access_token": ""}', "the token server https://127.0.0.1:\\d+/token named by the registry "
+                                       "127.0.0.1:\\d+ answered with no token .KeyError.: a token answer is a JSON "
+                                       "object with a 'token' or 'access_token' string$"),
+    ("TOKEN", b'["t"]', "answered with no token .AttributeError."),
+    ("TOKEN", b'{"token": 7}', "answered with no token .TypeError."),
+    ("TOKEN", b"<html>", "answered with no token .JSONDecodeError."),
+])
+def test_a_401_that_says_not_how_to_log_in_is_named_not_an_answer_that_cannot_be_read(tmp_path, challenge, token,
+                                                                                       message):
+    """A 401 with no WWW-Authenticate (a proxy's), a bare ``Bearer``, an empty realm, a token server's
+    answer without a token: each was 'an answer that cannot be read (KeyError/TypeError/ValueError)';
+    each is now one error naming the registry and what is missing, not retried."""
+    import http.server
+
+    asked = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            asked.append(self.path)
+            if self.path.startswith("/token"):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(token)))
+                self.end_headers()
+                self.wfile.write(token)
+                return
+            if challenge == "TOKEN":
+                return ask_for_a_token(self)
+            self.send_response(401)
+            if challenge is not None:
+                self.send_header("WWW-Authenticate", challenge)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with tls_server(tmp_path, Refusing) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        credentials = Credentials(username="u", password="pw-never-shown", source="/x/config.json")
+        with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=3)) as c:
+            with pytest.raises(RegistryError, match=message) as caught:
+                c.manifest(DIGEST)
+    assert "pw-never-shown" not in str(caught.value) and "cannot be read while" not in str(caught.value)
+    assert len([p for p in asked if not p.startswith("/token")]) == 1  # not retried
