@@ -777,15 +777,24 @@ class RegistryClient:
                                  f"({type(exc).__name__}){self._page()}")
         raise exc
 
-    def blob_exists(self, digest: str) -> bool:
+    def blob_exists(self, digest: str, size: int | None = None) -> bool:
+        """Whether the registry holds blob ``digest`` (of ``size`` bytes): its HEAD answers 200, and what that
+        answer says of the blob (its Content-Length, its Docker-Content-Digest: neither is required) is this
+        blob. A 200 that names another size or digest, or is an HTML page (a registry, proxy or login page
+        that answers 200 to every HEAD, whose push uploaded nothing), is "not there": the blob is uploaded,
+        and the registry checks what it is sent."""
         def head() -> bool:
             try:  # (not python-dxf's blob_size: it needs a Content-Length, which a HEAD's answer need not have)
-                self.dxf._request("head", "blobs/" + digest)
-                return True
+                response = self.dxf._request("head", "blobs/" + digest)
             except requests.exceptions.HTTPError as exc:
                 if exc.response is not None and exc.response.status_code == 404:
                     return False
                 raise
+            said = response.headers.get("Docker-Content-Digest") or ""
+            length = response.headers.get("Content-Length") or ""
+            if (DIGEST_RE.fullmatch(said) and said != digest) or self._page():
+                return False
+            return size is None or not (length.isascii() and length.isdigit()) or int(length) == size
         return self._call(f"looking for blob {digest[:19]}", head)
 
     def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
@@ -1055,7 +1064,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
             if blob.digest in seen:
                 continue
             seen.add(blob.digest)
-            if client.blob_exists(blob.digest):
+            if client.blob_exists(blob.digest, blob.size):
                 present += 1
                 on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} already in the registry")
             else:
@@ -1065,7 +1074,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                 on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} uploaded ({blob.size} bytes)")
             path.unlink(missing_ok=True)
         config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
-        if not client.blob_exists(config.digest):
+        if not client.blob_exists(config.digest, config.size):
             client.upload(config.digest, lambda: saved.config_bytes, "the image config")
         body = image_manifest(config, [blob for blob, _ in layers])
         digest = "sha256:" + hashlib.sha256(body).hexdigest()

@@ -225,7 +225,7 @@ class RecordingClient:
         self.blobs: dict[str, bytes] = {}
         self.manifests: dict[str, bytes] = {}
 
-    def blob_exists(self, digest):
+    def blob_exists(self, digest, size=None):
         return digest in self.blobs
 
     def upload(self, digest, opener, what):
@@ -1881,3 +1881,75 @@ def test_a_401_that_says_not_how_to_log_in_is_named_not_an_answer_that_cannot_be
                 c.manifest(DIGEST)
     assert "pw-never-shown" not in str(caught.value) and "cannot be read while" not in str(caught.value)
     assert len([p for p in asked if not p.startswith("/token")]) == 1  # not retried
+
+
+@pytest.mark.parametrize("lie", ["Content-Length 0", "another digest", "an HTML page", None])
+def test_a_registry_that_answers_200_to_every_blob_head_still_gets_the_blobs(tmp_path, lie):
+    """A registry (or a proxy, a login page) that answers "200" to every blob's HEAD: a push uploaded
+    nothing, and the registry refused the manifest ('blob unknown'). A 200 whose Content-Length or
+    Docker-Content-Digest is another blob's, or an HTML page, now means "not there": the blob is uploaded.
+    A HEAD that names the very blob still spares its upload (None: an honest registry, pushed twice)."""
+    import http.server
+    import threading
+
+    stored: dict[str, bytes] = {}
+    lock = threading.Lock()
+
+    class Lying(http.server.BaseHTTPRequestHandler):
+        def reply(self, status, body=b"", **headers):
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": headers.get("Content_Length", str(len(body)))}.items():
+                if name != "Content_Length":
+                    self.send_header(name.replace("_", "-"), value)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self):  # noqa: N802 - http.server's names
+            with lock:
+                found = stored.get(self.path)
+            digest = self.path.rsplit("/", 1)[1]
+            if lie is None:
+                return self.reply(404) if found is None else \
+                    self.reply(200, Content_Length=str(len(found)), Docker_Content_Digest=digest)
+            said = {"Content-Length 0": {"Content_Length": "0"},
+                    "another digest": {"Docker_Content_Digest": "sha256:" + "0" * 64},
+                    "an HTML page": {"Content_Type": "text/html", "Content_Length": "1234"}}[lie]
+            self.reply(200, **said)
+
+        def do_GET(self):  # noqa: N802
+            with lock:
+                found = stored.get(self.path)
+            self.reply(200, found, Content_Type=OCI_MANIFEST) if found is not None else self.reply(404)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, Location="/v2/team/a/blobs/uploads/1")
+
+        def do_PUT(self):  # noqa: N802
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            path, _, query = self.path.partition("?")
+            with lock:
+                if path.startswith("/v2/team/a/blobs/uploads/"):
+                    stored["/v2/team/a/blobs/" + query.split("digest=")[1].replace("%3A", ":")] = data
+                    return self.reply(201)
+                document = json.loads(data)
+                if any(f"/v2/team/a/blobs/{d['digest']}" not in stored for d in [document["config"],
+                                                                                 *document["layers"]]):
+                    return self.reply(400, b'{"errors": [{"code": "MANIFEST_BLOB_UNKNOWN", "message": "blob unknown '
+                                           b'to registry"}]}')
+                stored[path] = stored[f"/v2/team/a/manifests/sha256:{hashlib.sha256(data).hexdigest()}"] = data
+            self.reply(201)
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    with tls_server(tmp_path, Lying) as port:
+        target = parse_reference(f"127.0.0.1:{port}/team/a", what="--to", digest=False)
+        with RegistryClient(target, credentials=None, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                            push=True) as c:
+            first = push_release(folder, manifest, target, c, temp_dir=tmp_path)
+            again = push_release(folder, manifest, target, c, temp_dir=tmp_path)
+    blobs = [path for path in stored if "/blobs/" in path]
+    assert len(blobs) == len(manifest.diff_ids) + 1  # every layer and the config
+    assert (first.uploaded, first.present) == (len(manifest.diff_ids), 0)
+    assert (again.uploaded, again.present) == ((0, len(manifest.diff_ids)) if lie is None else
+                                               (len(manifest.diff_ids), 0))
