@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -41,6 +42,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, urljoin, urlsplit
 
 import docker.auth
+import docker.credentials
+import docker.credentials.errors
+import docker.credentials.utils
 import docker.errors
 import requests
 import requests.adapters
@@ -93,6 +97,7 @@ MAX_MANIFEST = 4 << 20
 MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's reply
 MAX_CHALLENGE = 16 << 10  # a 401's WWW-Authenticate (python-dxf's parser takes time quadratic in its length)
 AUTH_FILE_LIMIT = 1 << 20
+HELPER_TIMEOUT = 120.0  # s a Docker credential helper may take to answer (docker-py waits without end)
 UPLOAD_CHUNK = 1 << 20
 ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
 UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
@@ -191,12 +196,15 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
         with warnings.catch_warnings():  # docker-py warns of a helper it cannot find, with its own source line
             warnings.simplefilter("ignore")
             found = _resolve(config, text, host, helper_env)
+    except _HelperTrouble as exc:
+        raise UnibakeError(f"{path}: the credential helper for {host}, {one_line(_helper(config, host))[:100]}, "
+                           f"{exc}: check it with 'echo {host} | {one_line(_helper(config, host))[:100]} get', or "
+                           "give --auth-file") from None
     except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
         raise error(f"{path}: the entry for {host} cannot be read: its 'auth' must be user:password in base64 "
                     "(what docker login writes)") from None
     except docker.errors.DockerException as exc:
-        helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
-        helper = f"docker-credential-{helpers.get(host) or config.get('credsStore')}"
+        helper = _helper(config, host)
         if shutil.which(helper) is None:
             raise UnibakeError(f"{path}: the credential helper for {host}, {one_line(helper)[:100]}, is not "
                                "installed (not on PATH): install it, or give --auth-file") from None
@@ -216,6 +224,53 @@ def load_credentials(host: str, env: Mapping[str, str], auth_file: Path | None) 
     return Credentials(username=username, password=password, source=str(path))
 
 
+def _helper(config: dict, host: str) -> str:
+    """The credential helper the Docker config names for ``host`` (its ``credHelpers`` entry, else its
+    ``credsStore``)."""
+    helpers = config.get("credHelpers") if isinstance(config.get("credHelpers"), dict) else {}
+    return f"docker-credential-{helpers.get(host) or config.get('credsStore')}"
+
+
+class _HelperTrouble(Exception):
+    """A credential helper that did not answer in time, or answered something that is no credential."""
+
+
+class _TimedStore(docker.credentials.Store):
+    """docker-py's credential store, whose helper is given :data:`HELPER_TIMEOUT` to answer (docker-py
+    waited without end: a helper that hung, waiting on a keyring that never unlocks, held push and pull
+    with nothing said), and whose answer must be a credential (one that was not JSON was said to be a
+    config entry whose 'auth' is not base64)."""
+
+    def _execute(self, subcmd, data_input):
+        if self.exe is None:  # (docker-py's own error: not installed)
+            return super()._execute(subcmd, data_input)
+        try:
+            return subprocess.run([self.exe, subcmd], input=data_input, stdout=subprocess.PIPE, check=True,
+                                  env=docker.credentials.utils.create_environment_dict(self.environment),
+                                  timeout=HELPER_TIMEOUT).stdout
+        except subprocess.TimeoutExpired:
+            raise _HelperTrouble(f"did not answer in {HELPER_TIMEOUT:g} s (it was ended)") from None
+        except subprocess.CalledProcessError as exc:
+            raise docker.credentials.errors.process_store_error(exc, self.program) from None
+        except OSError as exc:
+            raise docker.credentials.StoreError(f"{self.program} could not be run ({exc.strerror})") from None
+
+    def get(self, server):
+        try:
+            return super().get(server)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            raise _HelperTrouble("answered with no credential (a JSON object with 'Username' and 'Secret')") from None
+
+
+class _AuthConfig(docker.auth.AuthConfig):
+    """docker-py's reading of a Docker config, its credential helpers run as :class:`_TimedStore`."""
+
+    def _get_store_instance(self, name):
+        if name not in self._stores:
+            self._stores[name] = _TimedStore(name, environment=self._credstore_env)
+        return self._stores[name]
+
+
 def _plain_entry(config: dict, host: str) -> dict | None:
     """An entry of ``username`` and ``password`` with no ``auth`` (the docker CLI reads it; docker-py
     passes over it as if the credentials were in a helper)."""
@@ -230,13 +285,13 @@ def _plain_entry(config: dict, host: str) -> dict | None:
 
 def _resolve(config: dict, text: str, host: str, helper_env: Mapping[str, str]) -> dict | None:
     try:  # (docker-py empties the dict it is given: each try gets its own copy)
-        return docker.auth.load_config(config_dict=json.loads(text), credstore_env=helper_env).resolve_authconfig(host)
+        return _AuthConfig.load_config(None, json.loads(text), helper_env).resolve_authconfig(host)
     except (ValueError, TypeError, AttributeError, KeyError, docker.errors.InvalidConfigFile):
         # docker-py decodes every entry: one broken entry, even another registry's, fails them all;
         # the entries for this host are tried alone (a broken one of its own is still an error)
         auths = config.get("auths") if isinstance(config.get("auths"), dict) else {}
         own = {**config, "auths": {k: v for k, v in auths.items() if isinstance(k, str) and host in k}}
-        return docker.auth.load_config(config_dict=own, credstore_env=helper_env).resolve_authconfig(host)
+        return _AuthConfig.load_config(None, own, helper_env).resolve_authconfig(host)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1953,3 +1953,31 @@ def test_a_registry_that_answers_200_to_every_blob_head_still_gets_the_blobs(tmp
     assert (first.uploaded, first.present) == (len(manifest.diff_ids), 0)
     assert (again.uploaded, again.present) == ((0, len(manifest.diff_ids)) if lie is None else
                                                (len(manifest.diff_ids), 0))
+
+
+@pytest.mark.parametrize("helper, message", [
+    ("sleep 6", "did not answer in 1 s .it was ended.: check it with 'echo reg.example:5000 | "
+                 "docker-credential-unibake-test get', or give --auth-file$"),
+    ("echo 'not JSON'", "answered with no credential .a JSON object with 'Username' and 'Secret'."),
+    ("echo '[1]'", "answered with no credential"),
+])
+def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_named(tmp_path, monkeypatch, helper,
+                                                                                   message):
+    """A credential helper that hangs (a keyring that never unlocks): docker-py ran it without a time
+    limit, and push and pull waited with nothing said. It now has HELPER_TIMEOUT (here 1 s) and is
+    ended; one that answers what is no credential was 'its 'auth' must be user:password in base64'."""
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "HELPER_TIMEOUT", 1.0)
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "docker-credential-unibake-test"
+    script.write_text(f"#!/bin/sh\ncat >/dev/null\n{helper}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "dc").mkdir()
+    (tmp_path / "dc" / "config.json").write_text(json.dumps({"auths": {}, "credsStore": "unibake-test"}))
+    started = time.monotonic()
+    with pytest.raises(UnibakeError, match=f"^{tmp_path}/dc/config.json: the credential helper for reg.example:5000, "
+                                           f"docker-credential-unibake-test, {message}"):
+        load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
+    assert time.monotonic() - started < 10
