@@ -287,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the release's layers are compressed again when the registry holds an unrecorded "
                          "push of it (default: $TMPDIR; room for the compressed image)")
     pl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
+    _pull_deadline_option(pl, "the pull fails (exit 1)")
     _key_option(pl)
     _registry_options(pl)
 
@@ -311,9 +312,25 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temp-dir", metavar="DIR",
                    help="with --ref: where the release's layers are compressed again when it names a push the release "
                         "does not record (default: $TMPDIR; room for the compressed image)")
+    _pull_deadline_option(d, "that engine's row fails (with --from registry)")
     _key_option(d)
     _registry_options(d)
     return p
+
+
+def _pull_deadline_option(p: argparse.ArgumentParser, then: str) -> None:
+    """``--pull-deadline``: an engine's pull held to a time in all (a registry that trickles keeps each of
+    its reads within any per-read timeout)."""
+    p.add_argument("--pull-deadline", type=int, metavar="SECONDS",
+                   help="how long an engine's pull from the registry may take in all (default: no limit; each "
+                        "wait for the engine's next word is limited anyway); past it the pull is broken off, nothing "
+                        f"is tagged, and {then}")
+
+
+def _check_pull_deadline(args: argparse.Namespace) -> float | None:
+    if args.pull_deadline is not None and not 1 <= args.pull_deadline <= 7 * 86400:
+        raise InputError(f"--pull-deadline {args.pull_deadline} is out of range 1..{7 * 86400} (seconds)")
+    return args.pull_deadline
 
 
 def _key_option(p: argparse.ArgumentParser) -> None:
@@ -874,6 +891,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .verify import check_folder_arg, check_signed, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
+    deadline = _check_pull_deadline(args)
     if args.release:
         folder = check_folder_arg(resolved(ctx.cwd / args.release))
     else:
@@ -890,7 +908,8 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
             info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
-        image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn)
+        image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn,
+                             deadline=deadline)
     return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
                              "tag": m.tag, "engine": engine.address},
                    title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),
@@ -912,6 +931,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         raise InputError(f"--jobs {args.jobs} must be 1 or more")
     if not 1 <= args.engine_timeout <= 86400:
         raise InputError(f"--engine-timeout {args.engine_timeout} is out of range 1..86400 (seconds)")
+    deadline = _check_pull_deadline(args)
     hosts = read_hosts(resolved(ctx.cwd / args.hosts)) if args.hosts else []
     # every engine named is a target: an --engine before the command (the global option) as well as
     # those after it, the same engine once (tcp://h:1 and tcp://h:1/ are one); DOCKER_HOST, as for
@@ -925,8 +945,9 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
     addresses = engines_of(named, hosts)
     if args.source == "archive":
-        if args.ref or args.temp_dir:
-            raise InputError(f"{'--ref' if args.ref else '--temp-dir'} goes with --from registry")
+        if args.ref or args.temp_dir or deadline is not None:
+            given = '--ref' if args.ref else '--temp-dir' if args.temp_dir else '--pull-deadline'
+            raise InputError(f"{given} goes with --from registry")
         with ctx.reporter.stage("verify", "the folder, before any engine loads it"):
             signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
             if signed is not None:
@@ -950,7 +971,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
                 info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
         plan = Plan(folder=folder, manifest=m, source="registry",
-                    pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop))
+                    pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop,
+                                                        deadline=deadline))
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too

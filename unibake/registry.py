@@ -61,8 +61,8 @@ from .archive import compressor
 from .archive_reader import ArchiveReader
 from .console import one_line
 from .engine import Engine
-from .errors import (DigestMismatch, DiskFull, EngineError, InputError, RegistryAuthError, RegistryError,
-                     UnibakeError, VerificationError)
+from .errors import (DigestMismatch, DiskFull, EngineError, HandoffAborted, InputError, RegistryAuthError,
+                     RegistryError, UnibakeError, VerificationError)
 from .files import read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
@@ -1269,20 +1269,46 @@ def engine_major(engine: Engine) -> int:
         return 0
 
 
+class _PullClock(threading.Event):
+    """The ``stop`` of a pull held to a deadline: set once ``stop`` is, or ``seconds`` after the pull
+    began (the engine's pull reads it with ``is_set``, polled)."""
+
+    def __init__(self, stop: threading.Event | None, seconds: float) -> None:
+        super().__init__()
+        self.stop, self.end = stop, time.monotonic() + seconds
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self.stop is not None and self.stop.is_set()) or self.expired
+
+
 def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
               credentials: Credentials | None, warn: Callable[[str], None] | None = None,
-              stop: threading.Event | None = None) -> str:
+              stop: threading.Event | None = None, deadline: float | None = None) -> str:
     """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
     release's tag (as a load of the archive would); returns the image ID. A tag that named another image
     before is moved, and said through ``warn`` (as deploy's row says it). ``stop`` set breaks the pull
-    off (:class:`unibake.errors.HandoffAborted`), and nothing is tagged."""
+    off (:class:`unibake.errors.HandoffAborted`), and nothing is tagged. A pull still under way
+    ``deadline`` s after it began (``--pull-deadline``: an engine whose registry trickles) is broken off
+    too, an :class:`EngineError` that says so."""
     if "zstd" in info.compressions and engine_major(engine) < ZSTD_ENGINE_MAJOR:
         raise EngineError(f"the engine at {engine.address} (Docker {engine.version()}) cannot pull zstd layers; "
                           f"Docker {ZSTD_ENGINE_MAJOR} or later can; push the release with --compression gzip "
                           "(the default) for this engine")
     auth = {"username": credentials.username, "password": credentials.password} if credentials else None
     before = engine.inspect_image(manifest.tag)
-    engine.pull(ref.repository, ref.digest, auth, stop)
+    clock = _PullClock(stop, deadline) if deadline is not None else None
+    try:
+        engine.pull(ref.repository, ref.digest, auth, clock or stop)
+    except HandoffAborted:
+        if clock is None or not clock.expired or (stop is not None and stop.is_set()):
+            raise
+        raise EngineError(f"the engine at {engine.address} did not finish pulling {ref.pinned} in {deadline:g} s "
+                          "(--pull-deadline): the pull was broken off (the engine ends it) and nothing was tagged; "
+                          "give a longer --pull-deadline, or check the engine's way to the registry") from None
     pulled = engine.inspect_image(ref.pinned)
     if pulled is None:
         raise EngineError(f"after pulling {ref.pinned}, the engine at {engine.address} does not have it")

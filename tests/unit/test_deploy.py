@@ -215,6 +215,9 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
     (["push", "{folder}", "--to", "r.example/a", "--ca-file", "/nonexistent/ca.crt"], "no such file"),
     (["pull", "r.example/a:1"], "names no digest"),
     (["pull", "r.example/a@sha256:" + "0" * 64, "--out", "{out}"], "no release under"),
+    (["pull", "r.example/a@sha256:" + "0" * 64, "--pull-deadline", "0"], "--pull-deadline 0 is out of range 1..604800"),
+    (["deploy", "{folder}", "--engine", "tcp://a:1", "--pull-deadline", "60"], "--pull-deadline goes with --from "
+                                                                               "registry"),
 ])
 def test_bad_input_is_exit_2_before_anything_is_reached(cli, tmp_path, args, message):
     folder, _ = make_release(tmp_path / "release")
@@ -694,3 +697,43 @@ def test_a_pull_without_credentials_sends_the_engine_none_of_this_user_s_docker_
                                                                                 None))
     assert isinstance(outcome, EngineError), outcome
     assert seen == ["pull began"]
+
+
+def test_a_pull_that_trickles_past_its_pull_deadline_is_broken_off_and_its_row_fails(tmp_path, fake_api_only):
+    """``pull`` and ``deploy --from registry`` had no overall deadline: an engine whose registry trickles
+    (a progress event now and then, never a silence as long as --engine-timeout) held the command for as
+    long as the pull took. ``--pull-deadline`` breaks it off (the engine ends it), tags nothing, and
+    says so: pull's error, deploy's row (the other engines go on)."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.registry import OCI_MANIFEST, ManifestInfo, Reference, pull_into
+
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a")
+    deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)
+    ref = Reference(host="r.example", path="a", digest="sha256:" + "1" * 64)
+    info = ManifestInfo(media_type=OCI_MANIFEST, config_digest=m.image_id, compressions=frozenset({"gzip"}))
+
+    with docker_api() as (address, seen):  # a pull whose progress never stops (an event every 0.1 s)
+        engine = DockerEngine(address, {}, timeout=60)
+        start = time.monotonic()
+        outcome = _within(20, lambda: pull_into(engine, ref, m, info, None, deadline=1))
+        took = time.monotonic() - start
+        assert isinstance(outcome, EngineError), outcome
+        assert str(outcome) == (f"the engine at {address} did not finish pulling r.example/a@{ref.digest} in 1 s "
+                                "(--pull-deadline): the pull was broken off (the engine ends it) and nothing was "
+                                "tagged; give a longer --pull-deadline, or check the engine's way to the registry")
+        assert 1 <= took < 5, took
+
+        def connect_both(where):
+            return engines[where] if where in engines else DockerEngine(where, {}, timeout=60)
+
+        plan = Plan(folder=folder, manifest=m, source="registry",
+                    pull=lambda engine, stop: pull_into(engine, ref, m, info, None, stop=stop, deadline=1))
+        results = _within(20, lambda: deploy(plan, ["tcp://a:2375", address], connect_both))
+        deadline = time.monotonic() + 5
+        while seen.count("pull broken off") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [r.result for r in results] == ["skipped", "failed"]
+    assert "did not finish pulling" in results[1].detail and "in 1 s (--pull-deadline)" in results[1].detail
+    assert sorted(seen) == ["pull began"] * 2 + ["pull broken off"] * 2  # the engine saw its client go: it ends it
