@@ -8,12 +8,15 @@ import re
 import shutil
 import socket
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import BinaryIO
 
 import docker
 import docker.errors
+import docker.transport.sshconn
 import requests.exceptions
 import urllib3.exceptions
 
@@ -85,6 +88,108 @@ def parse_address(address: str) -> str | None:
     except (ValueError, docker.errors.DockerException) as exc:
         return str(exc)[:200]
     return None
+
+
+class _TimedSSHSocket(docker.transport.sshconn.SSHSocket):
+    """docker-py's ssh:// socket (the pipes of the ssh client it runs), each read and write held to the
+    socket's timeout as a TCP socket's is: a pipe has none, so an engine that stopped answering over ssh
+    was waited for without end (``deploy --engine-timeout`` did not apply, nor the first request's
+    :data:`CONNECT_TIMEOUT`). Past it, the ssh client is ended (the engine sees its client go) and the
+    read or write raises TimeoutError, which urllib3 reports as the timeout it is."""
+
+    TICK = 0.25
+
+    def __init__(self, host):
+        super().__init__(host)
+        self._since: float | None = None  # when the read or write under way began
+        self._expired = False
+
+    def connect(self, **kwargs):
+        super().connect(**kwargs)
+        threading.Thread(target=_TimedSSHSocket._watch, args=(weakref.ref(self), self.proc), daemon=True,
+                         name="unibake-ssh-watch").start()
+
+    @staticmethod
+    def _watch(held: "weakref.ref[_TimedSSHSocket]", proc) -> None:
+        """Ends ``proc`` (ssh) once a read or write has waited past the timeout. It holds the socket weakly:
+        a socket docker-py lets go of ends its ssh client by closing its stdin, as it did before."""
+        while proc.poll() is None:
+            time.sleep(_TimedSSHSocket.TICK)
+            sock = held()
+            if sock is None:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
+                return
+            since, limit = sock._since, sock.gettimeout()
+            if since is not None and limit is not None and time.monotonic() - since > limit:
+                sock._expired = True
+                proc.kill()  # (the read or write blocked on its pipes returns)
+                proc.wait()
+                return
+            del sock
+
+    def _timed(self, call, *args):
+        if self._expired:
+            raise TimeoutError("timed out")
+        self._since = time.monotonic()
+        try:
+            result = call(*args)
+        except OSError:
+            if self._expired:
+                raise TimeoutError("timed out") from None
+            raise
+        finally:
+            self._since = None
+        if self._expired:  # (the pipe's end, not the engine's answer)
+            raise TimeoutError("timed out")
+        return result
+
+    def _write(self, data):
+        return self._timed(super()._write, data)
+
+    def recv(self, n):
+        return self._timed(super().recv, n)
+
+    def makefile(self, mode):
+        return _TimedPipe(super().makefile(mode), self)
+
+    def close(self):
+        try:  # (ssh already ended: its stdin is a broken pipe)
+            super().close()
+        except OSError:
+            pass
+
+
+class _TimedPipe:
+    """The ssh client's stdout as http.client reads it, each read held to the socket's timeout."""
+
+    def __init__(self, pipe, sock: _TimedSSHSocket) -> None:
+        self._pipe, self._sock = pipe, sock
+
+    def read(self, *args):
+        return self._sock._timed(self._pipe.read, *args)
+
+    def read1(self, *args):
+        return self._sock._timed(self._pipe.read1, *args)
+
+    def readinto(self, buffer):
+        return self._sock._timed(self._pipe.readinto, buffer)
+
+    def readline(self, *args):
+        return self._sock._timed(self._pipe.readline, *args)
+
+    def peek(self, *args):
+        return self._sock._timed(self._pipe.peek, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+
+# docker-py makes its ssh:// sockets by this module-level name (in SSHConnection.connect): every ssh
+# engine unibake reaches gets the timed one
+docker.transport.sshconn.SSHSocket = _TimedSSHSocket
 
 
 class DockerEngine(Engine):

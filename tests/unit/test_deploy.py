@@ -4,6 +4,7 @@ the hosts file and the command line's bad input."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -737,3 +738,57 @@ def test_a_pull_that_trickles_past_its_pull_deadline_is_broken_off_and_its_row_f
     assert [r.result for r in results] == ["skipped", "failed"]
     assert "did not finish pulling" in results[1].detail and "in 1 s (--pull-deadline)" in results[1].detail
     assert sorted(seen) == ["pull began"] * 2 + ["pull broken off"] * 2  # the engine saw its client go: it ends it
+
+
+FAKE_SSH = """#!{python}
+# ssh as docker-py runs it ('ssh -l USER -- HOST docker system dial-stdio'): its pipes joined to a fake
+# engine's API on loopback
+import os, socket, sys, threading
+sock = socket.create_connection(("127.0.0.1", int(os.environ["UNIBAKE_FAKE_ENGINE_PORT"])))
+def up():
+    while True:
+        data = os.read(0, 65536)
+        if not data:
+            break
+        sock.sendall(data)
+threading.Thread(target=up, daemon=True).start()
+while True:
+    data = sock.recv(65536)
+    if not data:
+        break
+    os.write(1, data)
+"""
+
+
+@pytest.mark.parametrize("silent", ["inspect", "load"])
+def test_an_ssh_engine_that_stops_answering_fails_its_row_after_engine_timeout(tmp_path, monkeypatch, silent):
+    """Over ssh:// docker-py reads the ssh client's pipes, which have no timeout: deploy --engine-timeout
+    did not apply, and an engine that took a request and said nothing held its row (and deploy) without
+    end. Each read and write is now held to the timeout: past it ssh is ended, and the row says so."""
+    folder, _ = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ssh").write_text(FAKE_SSH.format(python=sys.executable))
+    (tmp_path / "bin" / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+
+    def checked(self, *args, base_url=None, **kwargs):
+        assert base_url == "ssh://unibake@fake-node", base_url
+        REAL_API_CLIENT(self, *args, base_url=base_url, **kwargs)
+    monkeypatch.setattr(docker.APIClient, "__init__", checked)
+    from unibake.docker_engine import DockerEngine
+
+    with docker_api(inspect="silent" if silent == "inspect" else "404") as (address, seen):
+        monkeypatch.setenv("UNIBAKE_FAKE_ENGINE_PORT", address.rsplit(":", 1)[1])
+        start = time.monotonic()
+        results = _within(30, lambda: deploy(
+            Plan(folder=folder, manifest=m, source="archive"), ["ssh://unibake@fake-node"],
+            lambda where: DockerEngine(where, {}, timeout=2, timeout_option="--engine-timeout")))
+        took = time.monotonic() - start
+    assert isinstance(results, list), results
+    row = results[0]
+    assert row.result == "failed", row
+    assert "nothing from it in 2 s (--engine-timeout)" in row.detail or \
+        "nothing of it taken in 2 s (--engine-timeout)" in row.detail, row.detail
+    assert took < 15, took
+    assert seen == [f"{silent} held"]
