@@ -52,6 +52,7 @@ import requests.exceptions
 import urllib3
 import urllib3.connection
 import urllib3.exceptions
+import urllib3.response
 import urllib3.util
 import www_authenticate
 from dxf import DXF
@@ -321,8 +322,9 @@ def _certificate_refused(exc: BaseException) -> bool:
 
 def _header_refusal(exc: BaseException) -> str | None:
     """What the HTTP client refused in an answer (more than 100 header lines, a header line over 64 KiB,
-    a chunk length that is no number), which requests reports as a failed or broken connection; None for
-    any other error. The same answer comes again on every try: it is not worth a retry."""
+    a chunk length that is no number, or whose line is over 64 KiB), which requests reports as a failed or
+    broken connection; None for any other error. The same answer comes again on every try: it is not
+    worth a retry."""
     seen: list[BaseException] = []
     todo: list[object] = [exc]
     while todo and len(seen) < 20:
@@ -334,6 +336,9 @@ def _header_refusal(exc: BaseException) -> str | None:
             return f"a header line longer than the {http.client._MAXLINE} bytes an HTTP client reads"
         if type(found) is http.client.HTTPException and "more than" in str(found) and "headers" in str(found):
             return f"more than the {http.client._MAXHEADERS} header lines an HTTP client reads"
+        if isinstance(found, urllib3.exceptions.ProtocolError) and "chunk size line exceeded" in str(found):
+            return ("a chunked body whose chunk length line is longer than the "
+                    f"{urllib3.response._MAX_CHUNK_LINE_LENGTH} bytes an HTTP client reads")
         length = getattr(found, "length", b"") if isinstance(found, urllib3.exceptions.InvalidChunkLength) else b""
         if isinstance(length, bytes) and length.strip():  # (an empty one: the connection ended there)
             shown = length.strip()[:40].decode("ascii", "replace")

@@ -1981,3 +1981,35 @@ def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_name
                                            f"docker-credential-unibake-test, {message}"):
         load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
     assert time.monotonic() - started < 10
+
+
+def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_retried(tmp_path):
+    """A chunk length line longer than the HTTP client reads (64 KiB: ``1;`` and an endless extension)
+    is the same answer on every try: it was retried as a broken connection, five attempts, then 'did
+    not answer ... (connection broken)'. It is now one error saying what came."""
+    import http.server
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                self.wfile.write(b"1;" + b"x" * (1 << 20))
+            except OSError:
+                pass
+
+    waits = []
+    with tls_server(tmp_path, Endless) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST)
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length line "
+                                 f"is longer than the {1 << 16} bytes an HTTP client reads while reading manifest "
+                                 f"{DIGEST[:19]}: that answer cannot be read, and would come again on another try")
+    assert waits == []
