@@ -320,6 +320,12 @@ def _certificate_refused(exc: BaseException) -> bool:
     return isinstance(exc, requests.exceptions.SSLError) and ("certificate" in text or "hostname" in text)
 
 
+def _not_tls(exc: BaseException) -> bool:
+    """A TLS handshake answered with what is not TLS: a registry that speaks plain HTTP on that port (the
+    same answer on every try)."""
+    return isinstance(exc, requests.exceptions.SSLError) and "wrong_version_number" in str(exc).lower()
+
+
 def _header_refusal(exc: BaseException) -> str | None:
     """What the HTTP client refused in an answer (more than 100 header lines, a header line over 64 KiB,
     a chunk length that is no number, or whose line is over 64 KiB), which requests reports as a failed or
@@ -351,7 +357,7 @@ def _transient(exc: BaseException) -> str | None:
     """Why ``exc`` is worth another try, or None when it is not."""
     if isinstance(exc, _TooSlow):
         return f"too slow: {exc}"
-    if _certificate_refused(exc) or _header_refusal(exc):
+    if _certificate_refused(exc) or _header_refusal(exc) or _not_tls(exc):
         return None
     if isinstance(exc, requests.exceptions.SSLError):  # the registry went away during TLS
         return "connection broken"
@@ -809,6 +815,10 @@ class RegistryClient:
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
+        if _not_tls(exc):
+            return RegistryError(f"the registry {host} answered the TLS handshake with something that is not TLS while "
+                                 f"{what} (a registry that speaks plain HTTP?): unibake reaches a registry over HTTPS "
+                                 "only (TLS is never turned off); serve it over TLS (a private CA: --ca-file)")
         refused = _header_refusal(exc)
         if refused:
             return RegistryError(f"the registry {host} answered with {refused} while {what}: that answer cannot be "

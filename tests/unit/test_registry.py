@@ -2013,3 +2013,38 @@ def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_re
                                  f"is longer than the {1 << 16} bytes an HTTP client reads while reading manifest "
                                  f"{DIGEST[:19]}: that answer cannot be read, and would come again on another try")
     assert waits == []
+
+
+def test_a_registry_that_speaks_plain_http_is_named_as_such_not_retried_as_one_that_is_down(tmp_path):
+    """A registry served over plain HTTP (registry:2 without TLS, on localhost:5000): the TLS handshake
+    gets an HTTP answer, which was retried as a broken connection, then 'did not answer ... (connection
+    broken) ...; run the command again when the registry is back', as if it were down. It is now one
+    error that says the answer was not TLS, at once."""
+    import http.server
+    import threading
+
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    waits = []
+    try:
+        ref = Reference(host=f"127.0.0.1:{server.server_port}", path="team/a")
+        with RegistryClient(ref, credentials=None, ca_file=None, retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.blob_exists(DIGEST)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(caught.value) == (f"the registry 127.0.0.1:{server.server_port} answered the TLS handshake with something "
+                                 f"that is not TLS while looking for blob {DIGEST[:19]} (a registry that speaks plain "
+                                 "HTTP?): unibake reaches a registry over HTTPS only (TLS is never turned off); serve "
+                                 "it over TLS (a private CA: --ca-file)")
+    assert waits == []
