@@ -706,6 +706,12 @@ class RegistryClient:
                 raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
                                     f"answered with no token ({type(exc).__name__}): a token answer is a JSON "
                                     f"object with a 'token' or 'access_token' string{self._page()}") from None
+            token = client.token if realm is not None else None
+            if isinstance(token, str) and not (token.isascii() and token.isprintable() and token == token.strip()):
+                # (sent as it is, requests refused the header: '(InvalidHeader)', or a header split in two)
+                raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
+                                    "answered with a token that is not printable ASCII, which no Authorization "
+                                    "header can carry")
 
         self.dxf = _DXF(ref.host, ref.path, auth=authenticate, tlsverify=str(ca_file) if ca_file else True,
                         timeout=ANSWER_TIMEOUT)

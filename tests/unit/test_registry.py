@@ -1846,6 +1846,9 @@ def test_an_html_page_in_place_of_the_registry_s_answer_is_named_as_one(tmp_path
     ("TOKEN", b'["t"]', "answered with no token .AttributeError."),
     ("TOKEN", b'{"token": 7}', "answered with no token .TypeError."),
     ("TOKEN", b"<html>", "answered with no token .JSONDecodeError."),
+    ("TOKEN", b'{"token": "t\\r\\nX-Forged: 1"}', "answered with a token that is not printable ASCII, which no "
+                                                  "Authorization header can carry$"),
+    ("TOKEN", b'{"token": " t"}', "answered with a token that is not printable ASCII"),
 ])
 def test_a_401_that_says_not_how_to_log_in_is_named_not_an_answer_that_cannot_be_read(tmp_path, challenge, token,
                                                                                        message):
