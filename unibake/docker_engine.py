@@ -381,22 +381,40 @@ class DockerEngine(Engine):
             # quiet=False: the engine's progress while it stores the layers (its default, quiet, says nothing
             # until the end, minutes for a large image, which --engine-timeout took for an engine that stopped)
             for event in self.api.load_image(iter(chunks), quiet=False):  # requests streams an iterator, not a list
-                if isinstance(event, (bytes, str)):
-                    event = json.loads(event)
+                event = self._load_event(event)
                 if "error" in event or "errorDetail" in event:
-                    message = event.get("errorDetail", {}).get("message") or event.get("error")
+                    detail = event.get("errorDetail")
+                    message = ((detail.get("message") if isinstance(detail, dict) else None) or event.get("error")
+                               or "no reason given")
                     raise EngineError(f"the engine refused the image: {message} (engine at {self.address})")
-                text = (event.get("stream") or "").strip()
+                text = event.get("stream")
+                text = text.strip() if isinstance(text, str) else ""
                 if text:
                     messages.append(text)
                     if text.startswith("Loaded image ID: "):
                         ids.append(text.removeprefix("Loaded image ID: "))
                     elif text.startswith("Loaded image: "):
                         tags.append(text.removeprefix("Loaded image: "))
+        except docker.errors.StreamParseError:  # (docker-py's decoder, on the answer's last piece)
+            raise EngineError(f"the engine answered the load with something that is not its progress (JSON "
+                              f"events) (engine at {self.address})") from None
         except (docker.errors.DockerException, requests.exceptions.RequestException,
                 urllib3.exceptions.HTTPError) as exc:  # (a read of the answer's stream raises urllib3's own)
             raise self._fail("loading the image failed", exc) from None
         return LoadOutcome(image_ids=tuple(ids), tags=tuple(tags), messages=tuple(messages))
+
+    def _load_event(self, event) -> dict:
+        """One event of a load's answer as a JSON object; anything else (text that is no JSON, a list, a
+        number) is one error naming the engine, not a traceback from deep in the parse."""
+        if isinstance(event, (bytes, str)):
+            try:
+                event = json.loads(event)
+            except ValueError:
+                event = None
+        if not isinstance(event, dict):
+            raise EngineError(f"the engine answered the load with something that is not its progress (JSON "
+                              f"events) (engine at {self.address})")
+        return event
 
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
             timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:

@@ -584,7 +584,7 @@ def test_breaking_off_a_pull_over_ssh_ends_its_ssh_client_without_a_thread_s_tra
 
 
 @contextmanager
-def loading_engine(*, storing):
+def loading_engine(*, storing, last=b'{"stream":"Loaded image: demo-llm:1.3.1\\n"}\r\n'):
     """A Docker Engine 20.10's image load on loopback: it reads the whole archive sent, then stores its
     layers for ``storing`` seconds; asked for its progress (quiet=0, as the docker CLI asks) it says how
     far it is every 0.2 s meanwhile, otherwise (no quiet given: the engine's default is quiet) nothing
@@ -632,8 +632,7 @@ def loading_engine(*, storing):
                     time.sleep(0.2)
                 if not progress:
                     self.end_headers()
-                event = b'{"stream":"Loaded image: demo-llm:1.3.1\\n"}\r\n'
-                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
                 self.wfile.flush()
             except OSError:  # the client went away
                 pass
@@ -652,6 +651,31 @@ def test_a_load_whose_engine_stores_layers_for_longer_than_the_engine_timeout_is
         outcome = _within(30, lambda: DockerEngine(address, {}, timeout=1).load(iter([b"x" * 1000, b"y" * 10])))
     assert not isinstance(outcome, BaseException), outcome
     assert outcome.tags == ("demo-llm:1.3.1",) and asked == ["False"]  # (the engine lower-cases it)
+
+
+@pytest.mark.parametrize("last", [b"not json at all\r\n", b"[1, 2]\r\n", b'"text"\r\n', b"7\r\n",
+                                  b'{"errorDetail": null, "error": "no space left"}\r\n', b'{"stream": 7}\r\n',
+                                  b'{"errorDetail": "x"}\r\n', b"not json, no newline"])
+def test_a_load_answered_with_something_that_is_not_its_progress_is_one_engine_error(fake_api_only, last):
+    """An engine (or what answers in its place) whose load answer is no JSON object, or whose error has no
+    detail, was a traceback from the parse (ValueError, AttributeError, docker-py's StreamParseError) in
+    every caller but deploy; it is one error naming the engine."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import EngineError
+
+    with loading_engine(storing=0, last=last) as (address, _):
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=5).load(iter([b"x" * 1000])))
+    if last == b'{"stream": 7}\r\n':  # a stream that is no text: not a message, nothing loaded named
+        assert not isinstance(outcome, BaseException) and outcome.tags == (), outcome
+        return
+    assert isinstance(outcome, EngineError), outcome
+    assert address in str(outcome)
+    if b"no space left" in last:
+        assert "refused the image: no space left" in str(outcome)
+    elif b"errorDetail" in last:
+        assert "refused the image" in str(outcome)
+    else:
+        assert "not its progress" in str(outcome)
 
 
 def test_an_interrupt_breaks_off_a_pull_whose_engine_has_not_answered_yet(tmp_path, fake_api_only):
