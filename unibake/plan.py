@@ -735,6 +735,9 @@ def _overlay(root: Path, data: dict, where, engine_files: frozenset[str]) -> Ove
 # where none is set), so one of these in env never reached the engine, silently (an env file written by `env`
 # in a working container holds PWD)
 SHELL_ENV = frozenset({"IFS", "PPID", "PWD", "OPTIND"})
+# Set, changed or dropped by some shells as /bin/sh (bash drops PS1, PS2, OLDPWD and _, sets LINENO and PS4;
+# busybox counts SHLVL up): an env file written by `env` holds SHLVL and _
+SOME_SHELLS_ENV = frozenset({"PS1", "PS2", "PS4", "LINENO", "SHLVL", "_", "OLDPWD"})
 
 
 def _check_env_key(key: str, where: str) -> None:
@@ -744,6 +747,10 @@ def _check_env_key(key: str, where: str) -> None:
     if key in SHELL_ENV:
         raise InputError(f"{where}: env key '{key}' is the shell's own: the entrypoint's /bin/sh sets it, so this "
                          "value would not reach the engine (an env file written by `env`?); remove it")
+    if key in SOME_SHELLS_ENV:
+        raise InputError(f"{where}: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
+                         "sets or drops it, so this value may not reach the engine (an env file written by `env`?); "
+                         "remove it")
 
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of

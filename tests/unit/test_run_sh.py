@@ -47,3 +47,38 @@ def test_an_error_line_shows_control_characters_of_what_it_quotes_as_escapes_one
     for (args, env), stderr in cases:
         run = run_sh(shell, folder, "--dry-run", *args, env=env)
         assert (run.returncode, run.stdout, run.stderr) == (2, b"", stderr), (args, env)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+@pytest.mark.parametrize("name, message", [
+    ("HOME", "sets HOME, the home of the image's user, which docker sets"),
+    ("HOSTNAME", "sets HOSTNAME, which docker sets to the container's host name"),
+    ("SHLVL", "sets SHLVL, which bash or busybox as the image's /bin/sh sets or drops"),
+    ("_", "sets _, which bash or busybox"), ("LINENO", "sets LINENO, which bash"), ("PS1", "sets PS1, which bash"),
+    ("OLDPWD", "sets OLDPWD, which bash"),
+])
+def test_run_sh_refuses_docker_s_and_the_shells_own_variables_as_the_plan_does(folder, tmp_path, shell, name,
+                                                                               message):
+    # an env file written by `env` holds HOME, HOSTNAME, SHLVL and _: HOME and HOSTNAME passed to break the
+    # container's identity (the plan refuses them in a profile's env), SHLVL and _ to be changed or dropped by the
+    # image's shell
+    env_file = tmp_path / "env.list"
+    env_file.write_text(f"A=1\n{name}=/x\n")
+    for args, where in ((["-e", f"{name}=/x"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp1")
+        assert run.returncode == 2 and run.stdout == b"" and run.stderr.count(b"\n") == 1, run.stderr
+        assert run.stderr.decode().startswith(f"error: {where} {message}"), run.stderr
+
+
+@pytest.mark.parametrize("key", ["SHLVL", "_", "LINENO", "PS1", "OLDPWD"])
+def test_an_env_key_some_shells_set_or_drop_is_refused_in_a_profile_as_run_sh_refuses_it(busybox_product, cli, key):
+    # an env file written by `env` in a working container holds SHLVL and _: bash as the entrypoint's /bin/sh drops
+    # _, PS1, OLDPWD and sets LINENO; busybox counts SHLVL up
+    (busybox_product.parent / "images/dump.env").write_text(f"NCCL_DEBUG=INFO\n{key}=1\n")
+    (busybox_product / "tp2.yaml").write_text((busybox_product / "tp2.yaml").read_text()
+                                              + "env_file: images/dump.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: images/dump.env:2: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
+        "sets or drops it, so this value may not reach the engine (an env file written by `env`?); remove it"], \
+        result.err
