@@ -82,3 +82,20 @@ def test_an_env_key_some_shells_set_or_drop_is_refused_in_a_profile_as_run_sh_re
         f"error: images/dump.env:2: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
         "sets or drops it, so this value may not reach the engine (an env file written by `env`?); remove it"], \
         result.err
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_a_nul_byte_in_a_comment_line_as_docker_does_and_names_the_line_of_one_elsewhere(
+        folder, tmp_path, shell):
+    # docker skips a '#' line whatever it holds; run.sh refused any NUL byte in the file ("holds a NUL byte"), and
+    # did not say which line held the one runc refuses
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(b"# saved by a tool\x00\n  \t# \x00\x00\r\nA=1\n")
+    good = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+    assert good.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1".encode() in good.stdout, good.stderr
+    for text, line in ((b"# x\x00\nA=1\n  B\x00=1\n", 3), (b"\x00# not a comment: its name starts with NUL\n", 1),
+                       (b"A=1\nB=2\x00\r\n", 2)):
+        env_file.write_bytes(text)
+        bad = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+        assert (bad.returncode, bad.stdout, bad.stderr.decode()) == (
+            2, b"", f"error: --env-file {env_file}: line {line} holds a NUL byte, which no variable can hold\n")
