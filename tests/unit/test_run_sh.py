@@ -99,3 +99,47 @@ def test_run_sh_takes_a_nul_byte_in_a_comment_line_as_docker_does_and_names_the_
         bad = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
         assert (bad.returncode, bad.stdout, bad.stderr.decode()) == (
             2, b"", f"error: --env-file {env_file}: line {line} holds a NUL byte, which no variable can hold\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_it_in_a_profile(folder, tmp_path,
+                                                                                               shell):
+    # the container has only the GPUs of GPUS, numbered from 0: CUDA_VISIBLE_DEVICES=4,5,6,7 copied from a docker run
+    # that gave every GPU (or the host's own, by -e NAME) hid every GPU from the engine, which then failed long
+    # after the start; an empty value or a negative number hid them too; NVIDIA_VISIBLE_DEVICES chose GPUs past GPUS
+    env_file = tmp_path / "gpu.env"
+    env_file.write_text("A=1\n  CUDA_VISIBLE_DEVICES=4,5\r\n")
+    (tmp_path / "from-env.env").write_text("ROCR_VISIBLE_DEVICES\n")
+    tail = ", but the container of profile {} sees only the GPUs of GPUS ({}), numbered from 0 to {}: remove it, " \
+           "or number them from 0\n"
+    for args, env, stderr in (
+        (["-e", "CUDA_VISIBLE_DEVICES=4,5,6,7", "tp4"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='4,5,6,7', which names GPU 7" + tail.format("tp4", 4, 3)),
+        (["-e", "ROCR_VISIBLE_DEVICES= 0, 01 ,2", "tp2"], {},
+         "error: -e sets ROCR_VISIBLE_DEVICES=' 0, 01 ,2', which names GPU 2" + tail.format("tp2", 2, 1)),
+        (["-e", "CUDA_VISIBLE_DEVICES", "tp1"], {"CUDA_VISIBLE_DEVICES": "1"},
+         "error: -e CUDA_VISIBLE_DEVICES, from this environment, sets CUDA_VISIBLE_DEVICES='1', which names GPU 1"
+         + tail.format("tp1", 1, 0)),
+        (["--env-file", str(env_file), "tp2"], {},
+         f"error: --env-file {env_file} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail.format("tp2", 2, 1)),
+        (["--env-file", str(tmp_path / "from-env.env"), "tp1"], {"ROCR_VISIBLE_DEVICES": "9" * 30},
+         f"error: --env-file {tmp_path / 'from-env.env'}, from this environment, sets ROCR_VISIBLE_DEVICES='{'9' * 30}', "
+         "which names GPU 99999" + tail.format("tp1", 1, 0)),
+        (["-e", "CUDA_VISIBLE_DEVICES= ", "tp1"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES=' ', which hides every GPU from the engine; remove it\n"),
+        (["-e", "ROCR_VISIBLE_DEVICES=0,-1", "tp2"], {},
+         "error: -e sets ROCR_VISIBLE_DEVICES='0,-1': '-1' hides the GPUs after it from the engine; remove it\n"),
+        (["-e", "NVIDIA_VISIBLE_DEVICES=all", "tp1"], {},
+         "error: -e sets NVIDIA_VISIBLE_DEVICES, which chooses the container's GPUs as GPUS does (run.sh gives docker "
+         "--gpus from it): use GPUS\n"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
+    # what the container does have: numbered from 0 within GPUS, UUIDs, or any number with GPUS=all
+    for args, env in ((["-e", "CUDA_VISIBLE_DEVICES=3,2,1,0", "tp4"], {"GPUS": "4,5,6,7"}),
+                      (["-e", "CUDA_VISIBLE_DEVICES=GPU-4f1c9a2e,1", "tp2"], {}),
+                      (["-e", "CUDA_VISIBLE_DEVICES=6", "tp1"], {"GPUS": "all"}),
+                      (["-e", "CUDA_VISIBLE_DEVICES", "--env-file", str(tmp_path / "from-env.env"), "tp2"],
+                       {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0"})):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
