@@ -871,6 +871,10 @@ GPU_DEVICE_RE = {"amd": re.compile(r"^/dev/dri(?:/.*)?$"), "hygon": re.compile(r
                  "nvidia": re.compile(r"^/dev/nvidia[0-9]+$")}
 
 
+# runc's highest user or group number ("Unable to find group" past it, docker's exit 125 at every start)
+MAX_GID = 2**31 - 1
+
+
 def _check_extra_device(device: str, vendor: str, where: str) -> None:
     if GPU_DEVICE_RE[vendor].fullmatch(device):
         given = "--gpus device=GPUS" if vendor == "nvidia" else "/dev/dri/renderD<128+N> for each GPU N of GPUS"
@@ -909,6 +913,11 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
     for i, device in enumerate(dev.get("extra", [])):
         _check_extra_device(device, devices.vendor, m.where(("devices", "extra", i)))
+    for i, group in enumerate(dev.get("groups", [])):
+        if group.isdigit() and int(group) > MAX_GID:
+            raise InputError(f"{m.where(('devices', 'groups', i))}: group {group} is past {MAX_GID}, the highest "
+                             "group number docker's runtime takes: every start would fail with 'Unable to find "
+                             f"group {group}'")
     topology = _topology(d, m.where)
     port = d.get("launch", {}).get("port", default_of("launch", "port"))
     if topology.nodes > 1 and topology.master_port == port:

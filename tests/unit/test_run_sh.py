@@ -143,3 +143,45 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
                        {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0"})):
         run = run_sh(shell, folder, "--dry-run", *args, env=env)
         assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+
+
+@pytest.mark.parametrize("group", ["2147483648", "4294967295", "9999999999"])
+def test_a_group_number_past_what_runc_takes_is_refused_at_the_plan(busybox_product, cli, group):
+    # GROUP_RE took up to ten digits: the release passed its gates (which start no AMD device) and every run.sh start
+    # failed with docker's exit 125, runc's "Unable to find group"
+    (busybox_product / "tp2.yaml").write_text((busybox_product / "tp2.yaml").read_text()
+                                              + f"devices: {{vendor: amd, groups: [render, '{group}']}}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {busybox_product / 'tp2.yaml'}:7: group {group} is past 2147483647, the highest group number "
+        f"docker's runtime takes: every start would fail with 'Unable to find group {group}'"], result.err
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_group_number_past_what_runc_takes(tmp_path, shell):
+    # a host whose render group came from a directory service with large numbers (or a release made before the plan
+    # checked a profile's numbers): docker failed the start with runc's "Unable to find group"
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": ["render"]})
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": [], "groups": ["4294967295"]})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; '
+                                     'render) echo "render:x:$RENDER_GID:" ;; *) exit 2 ;; esac\n')
+    (fake_bin / "getent").chmod(0o755)
+    path = f"{fake_bin}:/usr/bin:/bin"
+    for gid, stderr in (
+        ("2147483648", "error: group render is number 2147483648 on this host, past the 2147483647 docker's runtime "
+                       "takes: the container cannot join it (docker would fail the start with 'Unable to find group')\n"),
+        ("99999999999999999999", "error: group render is number 99999999999999999999 on this host, past the "
+                                 "2147483647"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "RENDER_GID": gid})
+        assert run.returncode == 2 and run.stdout == b"" and run.stderr.decode().startswith(stderr), run.stderr
+    run = run_sh(shell, folder, "--dry-run", "tp2", env={"PATH": path})
+    assert (run.returncode, run.stderr.decode()) == (2, (
+        "error: profile tp2's group 4294967295 is past the 2147483647 docker's runtime takes (docker would fail the "
+        "start with 'Unable to find group')\n"))
+    run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "RENDER_GID": "2147483647"})
+    assert run.returncode == 0 and b"--group-add 44 --group-add 2147483647 " in run.stdout, run.stderr
