@@ -185,3 +185,45 @@ def test_run_sh_refuses_a_group_number_past_what_runc_takes(tmp_path, shell):
         "start with 'Unable to find group')\n"))
     run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "RENDER_GID": "2147483647"})
     assert run.returncode == 0 and b"--group-add 44 --group-add 2147483647 " in run.stdout, run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_group_numbers(folder, tmp_path, shell):
+    # run.sh looked video and render up on the machine that runs it, also with DOCKER_HOST naming another machine's
+    # engine: the container joined this machine's numbers, not the groups the engine's device nodes belong to
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
+                                     ' *) exit 2 ;; esac\n')
+    (fake_bin / "getent").chmod(0o755)
+    path = f"{fake_bin}:/usr/bin:/bin"
+
+    def groups(env):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, **env})
+        assert run.returncode == 0 and run.stderr == b"", run.stderr
+        words = run.stdout.decode().split()
+        return [words[i + 1] for i, w in enumerate(words) if w == "--group-add"]
+
+    assert groups({}) == groups({"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}) == ["44", "109"]
+    for host in ("tcp://gpu1.example:2376", "ssh://ops@gpu1.example"):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_HOST": host})
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            f"error: DOCKER_HOST={host} names another machine's engine, and profile tp4 joins groups whose numbers "
+            "there run.sh cannot look up; give ENGINE_GROUPS=video=NUMBER,render=NUMBER (getent group on that "
+            "machine)\n"))
+        assert groups({"DOCKER_HOST": host, "ENGINE_GROUPS": "xvideo=1,video=39,render=993"}) == ["39", "993"]
+    assert run_sh(shell, folder, "--dry-run", "tp1", env={"PATH": path, "DOCKER_HOST": "tcp://gpu1:2376"}
+                  ).returncode == 0  # an NVIDIA profile joins no group
+    for value, stderr in (
+        ("video=39", "error: ENGINE_GROUPS gives no number for group render, which profile tp4 joins; add "
+                     "render=NUMBER (getent group render on the engine's machine)\n"),
+        ("video=39;id", "error: ENGINE_GROUPS must be groups and their numbers on the engine's machine, like "
+                        "video=44,render=109; got 'video=39;id'\n"),
+        ("video=,render=1", "error: ENGINE_GROUPS: 'video=' is not NAME=NUMBER, like render=109\n"),
+        ("video=4x,render=1", "error: ENGINE_GROUPS: 'video=4x' is not NAME=NUMBER\n"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "ENGINE_GROUPS": value})
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), value
+    assert b"ENGINE_GROUPS   video=44,render=109" in run_sh(shell, folder, "--help").stdout
+    readme = (folder / "README-DIST.md").read_text()
+    assert "with `DOCKER_HOST` naming another machine's\nengine, give that machine's numbers: `ENGINE_GROUPS=" in readme
