@@ -227,3 +227,37 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
     assert b"ENGINE_GROUPS   video=44,render=109" in run_sh(shell, folder, "--help").stdout
     readme = (folder / "README-DIST.md").read_text()
     assert "with `DOCKER_HOST` naming another machine's\nengine, give that machine's numbers: `ENGINE_GROUPS=" in readme
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_gives_an_amd_gpu_the_render_node_the_kernel_gives_it_not_128_plus_its_number(tmp_path, shell):
+    # GPUS=0,1 gave /dev/dri/renderD128 and renderD129; on a host whose BMC or integrated GPU holds renderD128, GPU 0
+    # (as rocm-smi and HIP number it: the KFD topology's GPU nodes in order) is renderD129: the container got the
+    # BMC's node and one GPU, and the engine failed to find the second
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="hygon", devices={"extra": [], "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    nodes = tmp_path / "topology" / "nodes"  # the kernel's /sys/class/kfd/kfd/topology/nodes, as amdgpu writes it
+    for node, gpu_id, minor in (("0", 0, 0), ("1", 15209, 129), ("2", 17126, 130), ("10", 40111, 140), ("3", 0, 0)):
+        (nodes / node).mkdir(parents=True)
+        (nodes / node / "gpu_id").write_text(f"{gpu_id}\n")
+        (nodes / node / "properties").write_text(f"cpu_cores_count 0\nsimd_count 304\ndrm_render_minor {minor}\n")
+    script = (folder / "run.sh").read_text()
+    assert "\nkfd_nodes=/sys/class/kfd/kfd/topology/nodes\n" in script
+    (folder / "run.sh").write_text(script.replace("\nkfd_nodes=/sys/class/kfd/kfd/topology/nodes\n",
+                                                  f"\nkfd_nodes={nodes}\n"))
+
+    def devices(env):
+        run = run_sh(shell, folder, "--dry-run", "tp2", env={"ENGINE_GROUPS": "video=44", **env})
+        assert run.returncode == 0 and run.stderr == b"", run.stderr
+        words = run.stdout.decode().split()
+        return [words[i + 1] for i, w in enumerate(words) if w == "--device" and "/dri/" in words[i + 1]]
+
+    assert devices({}) == ["/dev/dri/renderD129", "/dev/dri/renderD130"]
+    assert devices({"GPUS": "2,0"}) == ["/dev/dri/renderD140", "/dev/dri/renderD129"]  # node 10 after node 2
+    # another machine's engine: its topology is not this host's; 128+N as before
+    assert devices({"GPUS": "2,0", "DOCKER_HOST": "tcp://gpu1:2376"}) == ["/dev/dri/renderD130", "/dev/dri/renderD128"]
+    run = run_sh(shell, folder, "--dry-run", "tp2", env={"GPUS": "0,3", "ENGINE_GROUPS": "video=44"})
+    assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+        "error: GPUS names GPU 3, but this host has 3 GPUs, numbered from 0 (its KFD topology, as rocm-smi shows "
+        "them)\n"))
