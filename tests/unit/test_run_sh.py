@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,18 @@ def test_run_sh_gives_an_amd_gpu_the_render_node_the_kernel_gives_it_not_128_plu
     assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
         "error: GPUS names GPU 3, but this host has 3 GPUs, numbered from 0 (its KFD topology, as rocm-smi shows "
         "them)\n"))
+
+
+@pytest.mark.parametrize("shell", [s for s in SHELLS if s[0] != "busybox"], ids=" ".join)  # (busybox has its awk)
+def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
+    # the escaping of an error line's control characters needs awk: without it the line was "error: " alone
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "printenv", "wc"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "tp2",
+                 env={"PATH": str(bare), "GPUS": "0\n\x1b1"})
+    assert (run.returncode, run.stdout, run.stderr) == (
+        2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
