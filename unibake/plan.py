@@ -735,6 +735,9 @@ def _overlay(root: Path, data: dict, where, engine_files: frozenset[str]) -> Ove
 # where none is set), so one of these in env never reached the engine, silently (an env file written by `env`
 # in a working container holds PWD)
 SHELL_ENV = frozenset({"IFS", "PPID", "PWD", "OPTIND"})
+# Set, changed or dropped by some shells as /bin/sh (bash drops PS1, PS2, OLDPWD and _, sets LINENO and PS4;
+# busybox counts SHLVL up): an env file written by `env` holds SHLVL and _
+SOME_SHELLS_ENV = frozenset({"PS1", "PS2", "PS4", "LINENO", "SHLVL", "_", "OLDPWD"})
 
 
 def _check_env_key(key: str, where: str) -> None:
@@ -744,6 +747,10 @@ def _check_env_key(key: str, where: str) -> None:
     if key in SHELL_ENV:
         raise InputError(f"{where}: env key '{key}' is the shell's own: the entrypoint's /bin/sh sets it, so this "
                          "value would not reach the engine (an env file written by `env`?); remove it")
+    if key in SOME_SHELLS_ENV:
+        raise InputError(f"{where}: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
+                         "sets or drops it, so this value may not reach the engine (an env file written by `env`?); "
+                         "remove it")
 
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of
@@ -864,6 +871,10 @@ GPU_DEVICE_RE = {"amd": re.compile(r"^/dev/dri(?:/.*)?$"), "hygon": re.compile(r
                  "nvidia": re.compile(r"^/dev/nvidia[0-9]+$")}
 
 
+# runc's highest user or group number ("Unable to find group" past it, docker's exit 125 at every start)
+MAX_GID = 2**31 - 1
+
+
 def _check_extra_device(device: str, vendor: str, where: str) -> None:
     if GPU_DEVICE_RE[vendor].fullmatch(device):
         given = "--gpus device=GPUS" if vendor == "nvidia" else "/dev/dri/renderD<128+N> for each GPU N of GPUS"
@@ -902,6 +913,11 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
     for i, device in enumerate(dev.get("extra", [])):
         _check_extra_device(device, devices.vendor, m.where(("devices", "extra", i)))
+    for i, group in enumerate(dev.get("groups", [])):
+        if group.isdigit() and int(group) > MAX_GID:
+            raise InputError(f"{m.where(('devices', 'groups', i))}: group {group} is past {MAX_GID}, the highest "
+                             "group number docker's runtime takes: every start would fail with 'Unable to find "
+                             f"group {group}'")
     topology = _topology(d, m.where)
     port = d.get("launch", {}).get("port", default_of("launch", "port"))
     if topology.nodes > 1 and topology.master_port == port:

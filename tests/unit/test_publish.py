@@ -360,7 +360,7 @@ def test_run_sh_takes_the_profile_from_profile_as_the_image_does(tmp_path):
     (["tp1"], {"MODEL_TARGET": '/w/a"b'},
      "error: MODEL_TARGET must not hold ':', ',', '\"' or a control character; got '/w/a\"b'"),
     (["tp1"], {"GPUS": "0 1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0 1'"),
-    (["tp2"], {"GPUS": "0\n1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0\n1'"),
+    (["tp2"], {"GPUS": "0\n1"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0\\n1'"),
     (["tp1"], {"GPUS": "*"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '*'"),
     (["tp4"], {"GPUS": "0 1 2 3 4,5,6,7"},
      "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0 1 2 3 4,5,6,7'"),

@@ -834,12 +834,14 @@ def test_run_sh_passes_the_users_value_of_a_name_run_sh_uses_itself(tmp_path):
     assert ran.returncode == 0 and ran.stdout == f"{hostile}|g|p|unset|", (ran.stdout, ran.stderr)
     ran = run("-e", "HF_TOKEN", "tp1", HF_TOKEN="")  # set, empty: passed as set
     assert ran.returncode == 0 and ran.stdout == "||||", (ran.stdout, ran.stderr)
-    # bash, and bash as sh, with a read-only SHELLOPTS exported: still starts (bash as sh cannot set it back, so
-    # there run.sh leaves the environment as it is)
-    for shell, first in ((["bash"], "n|"), (["bash", "--posix"], "demo-llm-tp1|")):
-        ran = subprocess.run([*shell, str(folder / "run.sh"), "-e", "name", "tp1"], capture_output=True, text=True,
-                             env={"PATH": f"{bin_dir}:/usr/bin:/bin", "name": "n", "SHELLOPTS": "braceexpand:hashall"})
-        assert ran.returncode == 0 and ran.stdout.startswith(first) and ran.stderr == "", (shell, ran.stdout, ran.stderr)
+    # bash, and bash as sh, with a read-only SHELLOPTS (and BASHOPTS) exported: still starts, with the user's value
+    # (bash as sh cannot set them back: run.sh leaves them out, which it never set; before, it put nothing back)
+    for shell in (["bash"], ["bash", "--posix"]):
+        for opts in ({"SHELLOPTS": "braceexpand:hashall"}, {"SHELLOPTS": "hashall", "BASHOPTS": "checkwinsize"}):
+            ran = subprocess.run([*shell, str(folder / "run.sh"), "-e", "name", "tp1"], capture_output=True,
+                                 text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "name": "n\nexport x=1", **opts})
+            assert ran.returncode == 0 and ran.stdout.startswith("n\nexport x=1|") and ran.stderr == "", (
+                shell, ran.stdout, ran.stderr)
     for unset in ("dry_run", "ea_name", "env_args"):
         bad = run("--dry-run", "-e", unset, "tp1")
         assert bad.returncode == 2 and bad.stderr == (

@@ -1,0 +1,279 @@
+"""run.sh, the script a release ships to start a profile, under hostile arguments and real multi-GPU/AMD stacks:
+each run under dash (CI's /bin/sh) and, where installed, bash and bash --posix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .test_publish import METADATA, make_release
+
+SHELLS = [s for s in (["dash"], ["bash"], ["bash", "--posix"], ["busybox", "sh"]) if shutil.which(s[0])]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": ["render"]})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    return folder
+
+
+def run_sh(shell, folder, *args, env=None):
+    return subprocess.run([*shell, str(folder / "run.sh"), *args], capture_output=True,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_an_error_line_shows_control_characters_of_what_it_quotes_as_escapes_one_line(folder, tmp_path, shell):
+    # `--env-file $'x\e[2J'`, a mistyped -e or a GPUS holding a newline was printed raw: the terminal ran the escape
+    # sequence, and a newline made a second line that could pass for another message
+    cases = [
+        ((["--env-file", "e\x1b[2J\x9b\n\terror: forged"], {}),
+         b"error: --env-file e\\x1b[2J\\x9b\\n\\terror: forged: no such readable file\n"),
+        ((["-e", "A\x07\r=1"], {}), b"error: -e needs NAME=VALUE with NAME like HF_HOME; got 'A\\x07\\r'\n"),
+        ((["tp2"], {"GPUS": "0\n1"}), b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0\\n1'\n"),
+        ((["tp1"], {"IMAGE": "demo\x1b]0;x\x07:1"}),
+         b"error: IMAGE must be an image reference like demo-llm:1.3.1; got 'demo\\x1b]0;x\\x07:1'\n"),
+        # UTF-8 stays as it is; C1 controls (U+0080-U+009F) and bytes that are no UTF-8 are escaped
+        ((["--name", "caf\u00e9\u0085", "tp1"], {}),
+         "error: the container name must be letters, digits, '_', '.' and '-'; got 'caf\u00e9\\x85'\n".encode()),
+        ((["--name", b"caf\xe9".decode("utf-8", "surrogateescape"), "tp1"], {}),
+         b"error: the container name must be letters, digits, '_', '.' and '-'; got 'caf\\xe9'\n"),
+    ]
+    for (args, env), stderr in cases:
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert (run.returncode, run.stdout, run.stderr) == (2, b"", stderr), (args, env)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+@pytest.mark.parametrize("name, message", [
+    ("HOME", "sets HOME, the home of the image's user, which docker sets"),
+    ("HOSTNAME", "sets HOSTNAME, which docker sets to the container's host name"),
+    ("SHLVL", "sets SHLVL, which bash or busybox as the image's /bin/sh sets or drops"),
+    ("_", "sets _, which bash or busybox"), ("LINENO", "sets LINENO, which bash"), ("PS1", "sets PS1, which bash"),
+    ("OLDPWD", "sets OLDPWD, which bash"),
+])
+def test_run_sh_refuses_docker_s_and_the_shells_own_variables_as_the_plan_does(folder, tmp_path, shell, name,
+                                                                               message):
+    # an env file written by `env` holds HOME, HOSTNAME, SHLVL and _: HOME and HOSTNAME passed to break the
+    # container's identity (the plan refuses them in a profile's env), SHLVL and _ to be changed or dropped by the
+    # image's shell
+    env_file = tmp_path / "env.list"
+    env_file.write_text(f"A=1\n{name}=/x\n")
+    for args, where in ((["-e", f"{name}=/x"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp1")
+        assert run.returncode == 2 and run.stdout == b"" and run.stderr.count(b"\n") == 1, run.stderr
+        assert run.stderr.decode().startswith(f"error: {where} {message}"), run.stderr
+
+
+@pytest.mark.parametrize("key", ["SHLVL", "_", "LINENO", "PS1", "OLDPWD"])
+def test_an_env_key_some_shells_set_or_drop_is_refused_in_a_profile_as_run_sh_refuses_it(busybox_product, cli, key):
+    # an env file written by `env` in a working container holds SHLVL and _: bash as the entrypoint's /bin/sh drops
+    # _, PS1, OLDPWD and sets LINENO; busybox counts SHLVL up
+    (busybox_product.parent / "images/dump.env").write_text(f"NCCL_DEBUG=INFO\n{key}=1\n")
+    (busybox_product / "tp2.yaml").write_text((busybox_product / "tp2.yaml").read_text()
+                                              + "env_file: images/dump.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: images/dump.env:2: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
+        "sets or drops it, so this value may not reach the engine (an env file written by `env`?); remove it"], \
+        result.err
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_a_nul_byte_in_a_comment_line_as_docker_does_and_names_the_line_of_one_elsewhere(
+        folder, tmp_path, shell):
+    # docker skips a '#' line whatever it holds; run.sh refused any NUL byte in the file ("holds a NUL byte"), and
+    # did not say which line held the one runc refuses
+    env_file = tmp_path / "my.env"
+    env_file.write_bytes(b"# saved by a tool\x00\n  \t# \x00\x00\r\nA=1\n")
+    good = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+    assert good.returncode == 0 and f"--env-file={env_file} demo-llm:1.3.1".encode() in good.stdout, good.stderr
+    for text, line in ((b"# x\x00\nA=1\n  B\x00=1\n", 3), (b"\x00# not a comment: its name starts with NUL\n", 1),
+                       (b"A=1\nB=2\x00\r\n", 2)):
+        env_file.write_bytes(text)
+        bad = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+        assert (bad.returncode, bad.stdout, bad.stderr.decode()) == (
+            2, b"", f"error: --env-file {env_file}: line {line} holds a NUL byte, which no variable can hold\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_it_in_a_profile(folder, tmp_path,
+                                                                                               shell):
+    # the container has only the GPUs of GPUS, numbered from 0: CUDA_VISIBLE_DEVICES=4,5,6,7 copied from a docker run
+    # that gave every GPU (or the host's own, by -e NAME) hid every GPU from the engine, which then failed long
+    # after the start; an empty value or a negative number hid them too; NVIDIA_VISIBLE_DEVICES chose GPUs past GPUS
+    env_file = tmp_path / "gpu.env"
+    env_file.write_text("A=1\n  CUDA_VISIBLE_DEVICES=4,5\r\n")
+    (tmp_path / "from-env.env").write_text("ROCR_VISIBLE_DEVICES\n")
+    tail = ", but the container of profile {} sees only the GPUs of GPUS ({}), numbered from 0 to {}: remove it, " \
+           "or number them from 0\n"
+    for args, env, stderr in (
+        (["-e", "CUDA_VISIBLE_DEVICES=4,5,6,7", "tp4"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='4,5,6,7', which names GPU 7" + tail.format("tp4", 4, 3)),
+        (["-e", "ROCR_VISIBLE_DEVICES= 0, 01 ,2", "tp2"], {},
+         "error: -e sets ROCR_VISIBLE_DEVICES=' 0, 01 ,2', which names GPU 2" + tail.format("tp2", 2, 1)),
+        (["-e", "CUDA_VISIBLE_DEVICES", "tp1"], {"CUDA_VISIBLE_DEVICES": "1"},
+         "error: -e CUDA_VISIBLE_DEVICES, from this environment, sets CUDA_VISIBLE_DEVICES='1', which names GPU 1"
+         + tail.format("tp1", 1, 0)),
+        (["--env-file", str(env_file), "tp2"], {},
+         f"error: --env-file {env_file} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail.format("tp2", 2, 1)),
+        (["--env-file", str(tmp_path / "from-env.env"), "tp1"], {"ROCR_VISIBLE_DEVICES": "9" * 30},
+         f"error: --env-file {tmp_path / 'from-env.env'}, from this environment, sets ROCR_VISIBLE_DEVICES='{'9' * 30}', "
+         "which names GPU 99999" + tail.format("tp1", 1, 0)),
+        (["-e", "CUDA_VISIBLE_DEVICES= ", "tp1"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES=' ', which hides every GPU from the engine; remove it\n"),
+        (["-e", "ROCR_VISIBLE_DEVICES=0,-1", "tp2"], {},
+         "error: -e sets ROCR_VISIBLE_DEVICES='0,-1': '-1' hides the GPUs after it from the engine; remove it\n"),
+        (["-e", "NVIDIA_VISIBLE_DEVICES=all", "tp1"], {},
+         "error: -e sets NVIDIA_VISIBLE_DEVICES, which chooses the container's GPUs as GPUS does (run.sh gives docker "
+         "--gpus from it): use GPUS\n"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
+    # what the container does have: numbered from 0 within GPUS, UUIDs, or any number with GPUS=all
+    for args, env in ((["-e", "CUDA_VISIBLE_DEVICES=3,2,1,0", "tp4"], {"GPUS": "4,5,6,7"}),
+                      (["-e", "CUDA_VISIBLE_DEVICES=GPU-4f1c9a2e,1", "tp2"], {}),
+                      (["-e", "CUDA_VISIBLE_DEVICES=6", "tp1"], {"GPUS": "all"}),
+                      (["-e", "CUDA_VISIBLE_DEVICES", "--env-file", str(tmp_path / "from-env.env"), "tp2"],
+                       {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0"})):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+
+
+@pytest.mark.parametrize("group", ["2147483648", "4294967295", "9999999999"])
+def test_a_group_number_past_what_runc_takes_is_refused_at_the_plan(busybox_product, cli, group):
+    # GROUP_RE took up to ten digits: the release passed its gates (which start no AMD device) and every run.sh start
+    # failed with docker's exit 125, runc's "Unable to find group"
+    (busybox_product / "tp2.yaml").write_text((busybox_product / "tp2.yaml").read_text()
+                                              + f"devices: {{vendor: amd, groups: [render, '{group}']}}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {busybox_product / 'tp2.yaml'}:7: group {group} is past 2147483647, the highest group number "
+        f"docker's runtime takes: every start would fail with 'Unable to find group {group}'"], result.err
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_group_number_past_what_runc_takes(tmp_path, shell):
+    # a host whose render group came from a directory service with large numbers (or a release made before the plan
+    # checked a profile's numbers): docker failed the start with runc's "Unable to find group"
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": ["render"]})
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": [], "groups": ["4294967295"]})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; '
+                                     'render) echo "render:x:$RENDER_GID:" ;; *) exit 2 ;; esac\n')
+    (fake_bin / "getent").chmod(0o755)
+    path = f"{fake_bin}:/usr/bin:/bin"
+    for gid, stderr in (
+        ("2147483648", "error: group render is number 2147483648 on this host, past the 2147483647 docker's runtime "
+                       "takes: the container cannot join it (docker would fail the start with 'Unable to find group')\n"),
+        ("99999999999999999999", "error: group render is number 99999999999999999999 on this host, past the "
+                                 "2147483647"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "RENDER_GID": gid})
+        assert run.returncode == 2 and run.stdout == b"" and run.stderr.decode().startswith(stderr), run.stderr
+    run = run_sh(shell, folder, "--dry-run", "tp2", env={"PATH": path})
+    assert (run.returncode, run.stderr.decode()) == (2, (
+        "error: profile tp2's group 4294967295 is past the 2147483647 docker's runtime takes (docker would fail the "
+        "start with 'Unable to find group')\n"))
+    run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "RENDER_GID": "2147483647"})
+    assert run.returncode == 0 and b"--group-add 44 --group-add 2147483647 " in run.stdout, run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_group_numbers(folder, tmp_path, shell):
+    # run.sh looked video and render up on the machine that runs it, also with DOCKER_HOST naming another machine's
+    # engine: the container joined this machine's numbers, not the groups the engine's device nodes belong to
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
+                                     ' *) exit 2 ;; esac\n')
+    (fake_bin / "getent").chmod(0o755)
+    path = f"{fake_bin}:/usr/bin:/bin"
+
+    def groups(env):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, **env})
+        assert run.returncode == 0 and run.stderr == b"", run.stderr
+        words = run.stdout.decode().split()
+        return [words[i + 1] for i, w in enumerate(words) if w == "--group-add"]
+
+    assert groups({}) == groups({"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}) == ["44", "109"]
+    for host in ("tcp://gpu1.example:2376", "ssh://ops@gpu1.example"):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_HOST": host})
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            f"error: DOCKER_HOST={host} names another machine's engine, and profile tp4 joins groups whose numbers "
+            "there run.sh cannot look up; give ENGINE_GROUPS=video=NUMBER,render=NUMBER (getent group on that "
+            "machine)\n"))
+        assert groups({"DOCKER_HOST": host, "ENGINE_GROUPS": "xvideo=1,video=39,render=993"}) == ["39", "993"]
+    assert run_sh(shell, folder, "--dry-run", "tp1", env={"PATH": path, "DOCKER_HOST": "tcp://gpu1:2376"}
+                  ).returncode == 0  # an NVIDIA profile joins no group
+    for value, stderr in (
+        ("video=39", "error: ENGINE_GROUPS gives no number for group render, which profile tp4 joins; add "
+                     "render=NUMBER (getent group render on the engine's machine)\n"),
+        ("video=39;id", "error: ENGINE_GROUPS must be groups and their numbers on the engine's machine, like "
+                        "video=44,render=109; got 'video=39;id'\n"),
+        ("video=,render=1", "error: ENGINE_GROUPS: 'video=' is not NAME=NUMBER, like render=109\n"),
+        ("video=4x,render=1", "error: ENGINE_GROUPS: 'video=4x' is not NAME=NUMBER\n"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "ENGINE_GROUPS": value})
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), value
+    assert b"ENGINE_GROUPS   video=44,render=109" in run_sh(shell, folder, "--help").stdout
+    readme = (folder / "README-DIST.md").read_text()
+    assert "with `DOCKER_HOST` naming another machine's\nengine, give that machine's numbers: `ENGINE_GROUPS=" in readme
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_gives_an_amd_gpu_the_render_node_the_kernel_gives_it_not_128_plus_its_number(tmp_path, shell):
+    # GPUS=0,1 gave /dev/dri/renderD128 and renderD129; on a host whose BMC or integrated GPU holds renderD128, GPU 0
+    # (as rocm-smi and HIP number it: the KFD topology's GPU nodes in order) is renderD129: the container got the
+    # BMC's node and one GPU, and the engine failed to find the second
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="hygon", devices={"extra": [], "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    nodes = tmp_path / "topology" / "nodes"  # the kernel's /sys/class/kfd/kfd/topology/nodes, as amdgpu writes it
+    for node, gpu_id, minor in (("0", 0, 0), ("1", 15209, 129), ("2", 17126, 130), ("10", 40111, 140), ("3", 0, 0)):
+        (nodes / node).mkdir(parents=True)
+        (nodes / node / "gpu_id").write_text(f"{gpu_id}\n")
+        (nodes / node / "properties").write_text(f"cpu_cores_count 0\nsimd_count 304\ndrm_render_minor {minor}\n")
+    script = (folder / "run.sh").read_text()
+    assert "\nkfd_nodes=/sys/class/kfd/kfd/topology/nodes\n" in script
+    (folder / "run.sh").write_text(script.replace("\nkfd_nodes=/sys/class/kfd/kfd/topology/nodes\n",
+                                                  f"\nkfd_nodes={nodes}\n"))
+
+    def devices(env):
+        run = run_sh(shell, folder, "--dry-run", "tp2", env={"ENGINE_GROUPS": "video=44", **env})
+        assert run.returncode == 0 and run.stderr == b"", run.stderr
+        words = run.stdout.decode().split()
+        return [words[i + 1] for i, w in enumerate(words) if w == "--device" and "/dri/" in words[i + 1]]
+
+    assert devices({}) == ["/dev/dri/renderD129", "/dev/dri/renderD130"]
+    assert devices({"GPUS": "2,0"}) == ["/dev/dri/renderD140", "/dev/dri/renderD129"]  # node 10 after node 2
+    # another machine's engine: its topology is not this host's; 128+N as before
+    assert devices({"GPUS": "2,0", "DOCKER_HOST": "tcp://gpu1:2376"}) == ["/dev/dri/renderD130", "/dev/dri/renderD128"]
+    run = run_sh(shell, folder, "--dry-run", "tp2", env={"GPUS": "0,3", "ENGINE_GROUPS": "video=44"})
+    assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+        "error: GPUS names GPU 3, but this host has 3 GPUs, numbered from 0 (its KFD topology, as rocm-smi shows "
+        "them)\n"))
+
+
+@pytest.mark.parametrize("shell", [s for s in SHELLS if s[0] != "busybox"], ids=" ".join)  # (busybox has its awk)
+def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
+    # the escaping of an error line's control characters needs awk: without it the line was "error: " alone
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "printenv", "wc"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "tp2",
+                 env={"PATH": str(bare), "GPUS": "0\n\x1b1"})
+    assert (run.returncode, run.stdout, run.stderr) == (
+        2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
