@@ -5,7 +5,8 @@ The rendered Dockerfile has a marker line (:data:`MARKER`) after the layers that
 a build, the image of the last step above the marker and the last image of every builder stage are
 recorded under the digest of everything those steps read: the instructions above the marker, the image IDs
 of its ``FROM`` images, the build platform, and the name, mode and sha256 of every context file a
-``COPY`` above the marker reads.
+``COPY`` above the marker reads (every context file when a ``FROM`` image has ``ONBUILD`` triggers: a
+trigger's ``COPY`` or ``ADD`` reads files no line of the Dockerfile names).
 
 A later build whose inputs have the same digest, and whose engine still holds those images, builds
 only the part below the marker: ``FROM`` the recorded image, ``COPY --from=`` the recorded stage
@@ -103,13 +104,15 @@ def inputs_digest(context: BuildContext, cut: Split, engine: Engine, platform: s
     """The digest of everything the steps above the marker read; None when a FROM image is missing."""
     h = hashlib.sha256(f"unibake build memo {VERSION}\nplatform {platform or ''}\n".encode())
     h.update("\n".join(instructions(cut.lower)).encode())  # comments (the header names the version) left out
+    triggers = False  # a base's ONBUILD COPY or ADD reads context files no COPY line above the marker names
     for ref in cut.bases:
         info = engine.inspect_image(ref)
         if info is None:
             return None
         h.update(f"\nFROM {ref} = {info.id}".encode())
+        triggers = triggers or bool(info.onbuild)
     for f in context.files:
-        if _reads(f, cut.lower_sources):
+        if triggers or _reads(f, cut.lower_sources):
             h.update(f"\n{f.name}\0{f.mode:o}\0{f.sha256}".encode())
     return h.hexdigest()
 

@@ -263,7 +263,7 @@ class DockerEngine(Engine):
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
                          created=raw.get("Created", ""), env=tuple(config.get("Env") or ()),
                          architecture=raw.get("Architecture") or "", os=raw.get("Os") or "",
-                         variant=raw.get("Variant") or "")
+                         variant=raw.get("Variant") or "", onbuild=tuple(config.get("OnBuild") or ()))
 
     def history(self, ref: str) -> list[str]:
         try:

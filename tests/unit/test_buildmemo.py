@@ -233,3 +233,20 @@ def test_a_run_step_imitating_the_engines_end_of_its_own_container_is_refused():
     reopened = forged + [" ---> Running in 0483ff53ea4a\n"]  # and opened "its" container again
     with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Running in 0483ff53ea4a'\)"):
         _parse(_recorded_stream(reopened))
+
+
+def test_a_base_with_onbuild_triggers_makes_the_memo_digest_every_context_file(busybox_product, tmp_path):
+    """A base's ONBUILD COPY runs in the FROM step above the marker and reads context files no COPY line there
+    names: a profile changed since (a file only the part below the marker was thought to read) gave the same
+    inputs digest, and the memo's image, holding the old file, was built on."""
+    engine = BuildingEngine()
+    engine.add({"architecture": "amd64", "os": "linux", "config": {"OnBuild": ["COPY ctx/ /onbuild/"]}}, [b"base"],
+               tag="localhost/unibake-busybox:1")
+    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=tmp_path / "memo")
+    first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert first.memoised == 0
+    again = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert again.memoised == 1  # nothing changed: the memo still serves
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
+    changed = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert changed.memoised == 0  # the trigger's COPY read the changed profile: the whole Dockerfile is built
