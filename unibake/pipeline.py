@@ -654,8 +654,10 @@ def _export(run: Run) -> tuple:
     # spends most of its time writing its temporary folder, with a core to spare.
     preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
         if base is not None and fresh is not None else None
+    before = None
     if preload is not None:
         _forget_after(run, fresh, base.manifest.image_id)
+        before = fresh.list_images()  # what a base that loads as another image brought is taken out again
     loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
     try:
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
@@ -670,8 +672,8 @@ def _export(run: Run) -> tuple:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
-                loading.result()  # its error, if the base release did not load
-            check_base_loaded(fresh, base.folder, base.manifest.image_id)
+                loaded = loading.result()  # its error, if the base release did not load
+            check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded)
     finally:
         if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
             # a --verify-engine's is waited for, so that what it loaded is there to be removed

@@ -569,3 +569,30 @@ def test_stage_build_of_a_version_whose_release_folder_is_a_link_looping_back_do
     # past the release's lock, to the engine (which has no base image here: nothing was built)
     with pytest.raises(InputError, match=r"base image \S+ is not in the engine \(fake://source\)"):
         run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
+
+
+def test_a_forged_base_that_loads_as_another_image_is_taken_out_of_the_verify_engine_again(engines, tmp_path, server):  # noqa: F811
+    """The base folder's archive another product's, its manifest's archive record and SHA256SUMS rewritten to
+    match: the round trip refused it (the load gave another image), but that image and its tag other:1.0 stayed in
+    the --verify-engine, and a tag other:1.0 it held before named the forged image from then on."""
+    from ..forge import forge
+    from ..savefixtures import docker_layout
+    from .test_supply_chain import LAYERS
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_image(engines, server.server_port)
+    other, _, _ = docker_layout([LAYERS[0]], tag="other:1.0")
+    forge(folder, stream=other)
+    verify = engines["fake://verify"]
+    loads = verify.loads
+    with pytest.raises(VerificationError, match=r"its archive did not load as the image sha256:\w+ that its "
+                                                r"manifest\.json records: it holds another image; check it with: "
+                                                r"python build\.py verify \S+/1\.0$"):
+        hotfix_run(engines, out)
+    assert verify.loads == loads + 1 and (verify.images, verify.tags) == ({}, {})
+    mine = verify.add({"architecture": "amd64", "os": "linux", "mine": 1}, [b"mine"], tag="other:1.0")
+    kept = verify.add({"architecture": "amd64", "os": "linux", "kept": 1}, [b"kept"], tag="kept:1")
+    with pytest.raises(VerificationError, match="it holds another image"):
+        hotfix_run(engines, out)
+    assert verify.tags == {"other:1.0": mine, "kept:1": kept} and set(verify.images) == {mine, kept}
