@@ -606,3 +606,40 @@ def test_a_force_over_a_release_holding_folders_nested_too_deep_is_published_and
         assert not (out / "1.0" / "d").exists() and (out / "1.0" / "manifest.json").is_file()
     finally:  # (pytest's own clean-up is shutil.rmtree too)
         subprocess.run(["rm", "-rf", "--", str(out / ".1.0.old"), str(out / "1.0")], check=True)
+
+
+def test_a_folder_inside_a_tree_swapped_for_a_fifo_before_its_open_does_not_hang_the_removal(tmp_path):
+    """shutil.rmtree lstat()s a folder inside the tree, then opens it (O_RDONLY) to read it: a FIFO put there in
+    between (whoever can write --out, while a release set aside or a staging folder is removed) made it wait for
+    a writer for ever, holding the release's lock. The swap is made at that very moment (the child's os.open);
+    run in a child, so that the old code fails, not hangs."""
+    import sys
+    import textwrap
+    tree = tmp_path / ".1.0.old"
+    (tree / "inner" / "deeper").mkdir(parents=True)
+    (tree / "inner" / "deeper" / "f").write_text("f")
+    (tree / "g").write_text("g")
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from unibake.files import remove_tree
+        tree = Path({str(tree)!r})
+        real_open = os.open
+
+        def swapping_open(path, flags, *args, dir_fd=None, **kw):
+            if path == "inner" and dir_fd is not None and not (tree.parent / "moved").exists():
+                os.rename(tree / "inner", tree.parent / "moved")  # listed and lstat()ed as a folder: now a FIFO
+                os.mkfifo(tree / "inner")
+            return real_open(path, flags, *args, dir_fd=dir_fd, **kw)
+
+        os.open = swapping_open
+        remove_tree(tree)
+        print("done")
+    """)
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20,
+                              cwd=Path(__file__).parents[2])
+    except subprocess.TimeoutExpired:
+        pytest.fail("the removal waited on the FIFO")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    assert not os.path.lexists(tree) and (tmp_path / "moved" / "deeper" / "f").read_text() == "f"  # not followed
