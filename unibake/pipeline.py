@@ -803,9 +803,10 @@ def _publish(run: Run) -> tuple:
     plan: ReleasePlan | None = run.get("plan")
     notes = plan.notes if plan is not None else None
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
+    first_release = supply.carried_first_release(run, folder)
     previous = (base.manifest if base
                 else previous_release(request.out, target.product, target.release, target.metadata,
-                                      first_release=folder.first_release))
+                                      first_release=first_release))
     hotfix = base.manifest if base is not None and archive.omitted else None
     if base is not None and hotfix is None:  # apply.sh, the verifiers and deploy would ask for a base it does not need
         run.reporter.warn(f"the image shares no layer with release {base.manifest.release} (its bottom layer changed: "
@@ -815,7 +816,7 @@ def _publish(run: Run) -> tuple:
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
                               hotfix=hotfix, image_size=image.size, notes=notes,
                               attachments=attachments, supply_chain=supply.supply_chain(run),
-                              first_release=folder.first_release)
+                              first_release=first_release)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
     files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes,
