@@ -257,14 +257,19 @@ class ReleaseFolder:
             self._lock = None
 
     def __exit__(self, *exc) -> None:
-        remove_tree(self.staging, ignore_errors=True)
-        if not self.committed:
-            for abandon in self._abandon:
-                try:
-                    abandon()
-                except OSError:
-                    pass
-        self._unlock()
+        try:
+            remove_tree(self.staging, ignore_errors=True)
+        except RecursionError:  # the staging folder swapped for a tree nested too deep while the run went on:
+            pass  # left (no run's); the next run of this tag names it and says to remove it
+        try:
+            if not self.committed:
+                for abandon in self._abandon:
+                    try:
+                        abandon()
+                    except OSError:
+                        pass
+        finally:
+            self._unlock()
 
 
 def _holder(lock) -> str:

@@ -643,3 +643,28 @@ def test_a_folder_inside_a_tree_swapped_for_a_fifo_before_its_open_does_not_hang
         pytest.fail("the removal waited on the FIFO")
     assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
     assert not os.path.lexists(tree) and (tmp_path / "moved" / "deeper" / "f").read_text() == "f"  # not followed
+
+
+def test_a_staging_folder_swapped_for_a_tree_nested_too_deep_during_the_run_ends_it_without_a_traceback(tmp_path):
+    # (before: the clean-up's RecursionError, a traceback from the release folder's exit, the lock not let go by it)
+    import sys
+    import textwrap
+    out = tmp_path / "release"
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from unibake.publish import ReleaseFolder
+        from tests.unit.test_publish import _deep_tree
+        out = Path({str(out)!r})
+        folder = ReleaseFolder(out, "1.0", force=False)
+        with folder:
+            os.rename(folder.staging, out / "moved")  # whoever can write --out, while the run goes on
+            _deep_tree(folder.staging)
+        print("done", folder._lock)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[2])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done None\n", "")
+    with pytest.raises(UnibakeError, match=r"holds folders nested too deep to remove here"):  # the next run says it
+        ReleaseFolder(out, "1.0", force=False).__enter__()
+    subprocess.run(["rm", "-rf", str(out / ".1.0.partial")], check=True)
