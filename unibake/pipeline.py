@@ -26,7 +26,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import supply
+from . import buildmemo, supply
 from .archive import DEFAULT_LEVEL, Archive, write_archive
 from .archive_reader import ReadBack, read_archive, read_back
 from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
@@ -490,9 +490,11 @@ def _build(run: Run) -> tuple:
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     # repro proves a build from its inputs: never from the memo
     memo = None if run.request.hold else plan.project_root / ".cache" / "build-memo"
+    # each memo signed with a key of the user's own: a memo file a checkout brought is not taken
+    memo_key = buildmemo.secret(run.request.env) if memo is not None else None
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
-                        platform=plan.platform.name, memo=memo)
+                        platform=plan.platform.name, memo=memo if memo_key else None, memo_key=memo_key)
     if built.replaced and built.replaced != built.image_id:
         # no release folder of this tag under --out (that is refused before the build), but the engine's
         # tag named another image: released under another --out, perhaps; said, not silently let go
