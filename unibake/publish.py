@@ -636,6 +636,8 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
         checksums_dir.mkdir(parents=True, exist_ok=True)
         with open_new(record) as fh:  # checksums/ may be others' to write: a link planted there is not followed
             fh.write(listing.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())  # complete before it takes its name: a power cut after leaves no empty record
     except OSError as exc:
         try:
             record.unlink(missing_ok=True)
@@ -657,5 +659,9 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
                 pass
             raise UnibakeError(f"release {folder.final} was published, but its checksums record {final_record} "
                                f"was not written ({exc.strerror}): copy its {SUMS} there") from None
+        try:
+            fsync_dir(checksums_dir)  # the rename itself kept, as the release folder's is
+        except OSError:
+            pass  # the record is in place; only its durability across a power cut is not certain
 
     return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))

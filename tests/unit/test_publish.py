@@ -668,3 +668,24 @@ def test_a_staging_folder_swapped_for_a_tree_nested_too_deep_during_the_run_ends
     with pytest.raises(UnibakeError, match=r"holds folders nested too deep to remove here"):  # the next run says it
         ReleaseFolder(out, "1.0", force=False).__enter__()
     subprocess.run(["rm", "-rf", str(out / ".1.0.partial")], check=True)
+
+
+def test_the_checksums_record_is_fsynced_before_it_takes_its_name(tmp_path, monkeypatch):
+    """Every file of the release folder is fsynced before the commit; the checksums record was only closed, then
+    renamed into place: after a power cut it could stand under its name empty, beside a whole release."""
+    synced: set[tuple[int, int]] = set()
+    real = os.fsync
+
+    def fsync(fd):
+        info = os.fstat(fd)
+        synced.add((info.st_dev, info.st_ino))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    record = tmp_path / "checksums" / "1.0.SHA256SUMS"
+    info = record.stat()
+    assert (info.st_dev, info.st_ino) in synced
+    checksums = (tmp_path / "checksums").stat()
+    assert (checksums.st_dev, checksums.st_ino) in synced  # and its folder, after the rename
