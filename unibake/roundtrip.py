@@ -60,6 +60,20 @@ def check_base_loaded(engine: Engine, folder: Path, base_id: str, *, before: lis
         raise VerificationError(f"the base release {folder}: its archive did not load as the image "
                                 f"{base_id} that its manifest.json records: it holds another image; check it "
                                 f"with: python build.py verify {folder}{left}")
+    if before is None or loaded is None:
+        return
+    # a release's archive holds its one image: another one beside it (a tag of the engine's moved to it) is forged
+    extra = []
+    for tag in loaded.tags:
+        info = engine.inspect_image(tag)
+        if info is not None and info.id != base_id:
+            extra.append(f"{tag} ({info.id[:19]})")
+    extra += [i for i in loaded.image_ids if i != base_id]
+    if extra:
+        left = undo_load(engine, before, loaded)
+        raise VerificationError(f"the base release {folder}: its archive loaded another image beside the image "
+                                f"{base_id} that its manifest.json records: {extra[0]}; check it with: python "
+                                f"build.py verify {folder}{left}")
 
 
 def undo_load(engine: Engine, before: list[ImageSummary], loaded: LoadOutcome) -> str:
