@@ -106,7 +106,8 @@ class FakeEngine(Engine):
                          diff_ids=tuple(config["rootfs"]["diff_ids"]), labels=dict(inner.get("Labels") or {}),
                          size=sum(len(x) for x in image.layers), created=config.get("created", ""),
                          env=tuple(inner.get("Env") or ()), architecture=config.get("architecture", ""),
-                         os=config.get("os", ""), variant=config.get("variant", ""))
+                         os=config.get("os", ""), variant=config.get("variant", ""),
+                         onbuild=tuple(inner.get("OnBuild") or ()))
 
     def history(self, ref: str) -> list[str]:
         image = self._find(ref)

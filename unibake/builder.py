@@ -10,6 +10,7 @@ unless something still needs it, and ``build.py prune`` removes them all.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tempfile
 import time
@@ -101,17 +102,22 @@ def _keep_stages(engine: Engine, product: str, selection: str, stage_images: tup
 
 def build_image(context: BuildContext, engine: Engine, *, product: str, revision: str, epoch: int,
                 nocache: bool = False, on_line: Callable[[str], None] = lambda line: None,
-                ref: str | None = None, platform: str | None = None, memo: Path | None = None) -> BuiltImage:
+                ref: str | None = None, platform: str | None = None, memo: Path | None = None,
+                memo_key: bytes | None = None) -> BuiltImage:
     """Build ``context`` and tag it ``ref`` (default: the image's own tag); raises CheckFailed when an
     in-image check fails, BuildFailed naming the kernel when a kernel does not compile.
     ``platform``: the target, when the engine is told one (``linux/arm64``). ``memo``: the folder of
-    the build memo (:mod:`unibake.buildmemo`); None: the whole Dockerfile is always built."""
+    the build memo (:mod:`unibake.buildmemo`); None: the whole Dockerfile is always built. ``memo_key``:
+    the user's key of the memos' HMAC (default: :func:`unibake.buildmemo.secret` of this process's
+    environment; none there: no memo)."""
     start = time.monotonic()
     tag = ref or context.tag
     before = engine.inspect_image(tag)
-    cut = buildmemo.split(context.dockerfile) if memo is not None else None
+    if memo is not None and memo_key is None:
+        memo_key = buildmemo.secret(os.environ)
+    cut = buildmemo.split(context.dockerfile) if memo is not None and memo_key else None
     key = buildmemo.inputs_digest(context, cut, engine, platform) if cut is not None else None
-    hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine) \
+    hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine, memo_key) \
         if key is not None and not nocache else None
     if hit is not None:
         on_line(f"the {cut.lower_steps} steps above the build memo's marker are unchanged (inputs "
@@ -133,7 +139,8 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
                          nocache=nocache, on_line=on_line, platform=platform)
         memoised = 0
         if key is not None:
-            buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps, outcome.stage_images, engine)
+            buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps, outcome.stage_images, engine,
+                             memo_key)
     _keep_stages(engine, product, context.selection, outcome.stage_images)
     info = engine.inspect_image(tag)
     if info is None or info.id != outcome.image_id:

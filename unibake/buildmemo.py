@@ -5,7 +5,8 @@ The rendered Dockerfile has a marker line (:data:`MARKER`) after the layers that
 a build, the image of the last step above the marker and the last image of every builder stage are
 recorded under the digest of everything those steps read: the instructions above the marker, the image IDs
 of its ``FROM`` images, the build platform, and the name, mode and sha256 of every context file a
-``COPY`` above the marker reads.
+``COPY`` above the marker reads (every context file when a ``FROM`` image has ``ONBUILD`` triggers: a
+trigger's ``COPY`` or ``ADD`` reads files no line of the Dockerfile names).
 
 A later build whose inputs have the same digest, and whose engine still holds those images, builds
 only the part below the marker: ``FROM`` the recorded image, ``COPY --from=`` the recorded stage
@@ -14,18 +15,27 @@ does exactly what it does for the same steps of the whole Dockerfile (the record
 one the whole build committed for that step; its cache serves the steps below as before), so the
 image is the same, but the big lower context (an engine folder of gigabytes) is neither sent nor
 hashed again. ``--no-cache`` builds everything; a memo that does not match is ignored.
+
+A memo file lives in the project (``.cache/build-memo/``), which a checkout could bring too: one naming
+images of the engine's own choosing (an older release's image, whose ID its manifest says) would have
+the build go on FROM that image. So each memo carries an HMAC of what it records under a key of this
+user's own (:func:`secret`, in the user's cache folder, never the project): one without it is ignored.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
+import pwd
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import BuildStep, Engine
-from .files import write_atomic
+from .errors import UnibakeError
+from .files import read_small_file, write_atomic
 from .render import BuildContext, ContextFile
 
 MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
@@ -34,6 +44,42 @@ _ID = re.compile(r"sha256:[0-9a-f]{64}")
 _FROM = re.compile(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?$", re.IGNORECASE)
 _COPY_FROM = re.compile(r"^(COPY\s+--from=)(\S+)(\s)", re.IGNORECASE | re.MULTILINE)
 _COPY_SOURCE = re.compile(r"^(?:COPY|ADD)\s+(?!--)(\S+)\s", re.IGNORECASE)
+SECRET = "build-memo.key"
+SECRET_BYTES = 32
+
+
+def secret(env) -> bytes | None:
+    """This user's key of the memos' HMAC, in the user's own cache folder (``$XDG_CACHE_HOME``, else
+    ``$HOME/.cache``, else the home the user database gives, then ``unibake/build-memo.key``), made on
+    first use; None (no memo used or recorded) when there is no such folder or the key can be neither
+    read nor made."""
+    homes = [env.get("XDG_CACHE_HOME") or "", f"{env['HOME']}/.cache" if env.get("HOME") else ""]
+    try:
+        homes.append(f"{pwd.getpwuid(os.getuid()).pw_dir}/.cache")
+    except KeyError:  # a uid the user database does not know (a container's)
+        pass
+    base = next((h for h in homes if h.startswith("/") and h != "/.cache"), "")  # (relative ones: not a place)
+    if not base:
+        return None
+    folder = Path(base) / "unibake"
+    try:
+        key = read_small_file(folder / SECRET, UnibakeError, limit=SECRET_BYTES, follow=False)
+        if len(key) == SECRET_BYTES:
+            return key
+    except UnibakeError:
+        pass  # none yet (or not a key): a new one, and the memos made with another are ignored
+    key = os.urandom(SECRET_BYTES)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(folder, SECRET, key, mode=0o600, temp=f".{SECRET}.{os.getpid()}.tmp")
+    except OSError:
+        return None
+    return key
+
+
+def _mac(secret_key: bytes, key: str, lower: str, stages: tuple[str, ...]) -> str:
+    text = json.dumps({"version": VERSION, "key": key, "lower": lower, "stages": list(stages)}, sort_keys=True)
+    return hmac.new(secret_key, text.encode(), hashlib.sha256).hexdigest()
 
 
 def instructions(text: str) -> list[str]:
@@ -103,13 +149,15 @@ def inputs_digest(context: BuildContext, cut: Split, engine: Engine, platform: s
     """The digest of everything the steps above the marker read; None when a FROM image is missing."""
     h = hashlib.sha256(f"unibake build memo {VERSION}\nplatform {platform or ''}\n".encode())
     h.update("\n".join(instructions(cut.lower)).encode())  # comments (the header names the version) left out
+    triggers = False  # a base's ONBUILD COPY or ADD reads context files no COPY line above the marker names
     for ref in cut.bases:
         info = engine.inspect_image(ref)
         if info is None:
             return None
         h.update(f"\nFROM {ref} = {info.id}".encode())
+        triggers = triggers or bool(info.onbuild)
     for f in context.files:
-        if _reads(f, cut.lower_sources):
+        if triggers or _reads(f, cut.lower_sources):
             h.update(f"\n{f.name}\0{f.mode:o}\0{f.sha256}".encode())
     return h.hexdigest()
 
@@ -127,17 +175,23 @@ def _file(folder: Path, selection: str, platform: str | None) -> Path:
     return folder / (re.sub(r"[^A-Za-z0-9_.-]", "-", f"{selection}-{platform or 'native'}")[:120] + ".json")
 
 
-def lookup(folder: Path, selection: str, platform: str | None, key: str, cut: Split, engine: Engine) -> Memo | None:
-    """The memo of these inputs, if it is well-formed and the engine still holds its images; else None
-    (the whole Dockerfile is built). The file is never trusted further than that."""
+def lookup(folder: Path, selection: str, platform: str | None, key: str, cut: Split, engine: Engine,
+           secret_key: bytes) -> Memo | None:
+    """The memo of these inputs, if it is well-formed, made by this user (its HMAC under ``secret_key``)
+    and the engine still holds its images; else None (the whole Dockerfile is built). The file is never
+    trusted further than that."""
     try:
-        raw = json.loads(_file(folder, selection, platform).read_text(encoding="utf-8"))
+        path = _file(folder, selection, platform)
+        raw = json.loads(read_small_file(path, UnibakeError, limit=1 << 16, follow=False).decode("utf-8"))
         memo = Memo(key=raw["key"], lower=raw["lower"], stages=tuple(raw["stages"]))
         if raw.get("version") != VERSION or memo.key != key or len(memo.stages) != len(cut.stages):
             return None
         if not all(isinstance(i, str) and _ID.fullmatch(i) for i in (memo.lower, *memo.stages)):
             return None
-    except (OSError, ValueError, KeyError, TypeError):
+        if not isinstance(raw.get("mac"), str) or \
+                not hmac.compare_digest(raw["mac"], _mac(secret_key, memo.key, memo.lower, memo.stages)):
+            return None  # not this user's: a memo a checkout brought
+    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError):
         return None
     for image_id in (memo.lower, *memo.stages):
         info = engine.inspect_image(image_id)
@@ -147,7 +201,7 @@ def lookup(folder: Path, selection: str, platform: str | None, key: str, cut: Sp
 
 
 def record(folder: Path, selection: str, platform: str | None, key: str, cut: Split, steps: tuple[BuildStep, ...],
-           stage_images: tuple[str, ...], engine: Engine) -> Memo | None:
+           stage_images: tuple[str, ...], engine: Engine, secret_key: bytes) -> Memo | None:
     """After a whole build: the image the engine committed for the last step above the marker, and the
     stages' last images, kept under ``key``. Nothing is recorded if the build's report does not line up
     with the Dockerfile (a step count that differs, an image not found)."""
@@ -166,7 +220,8 @@ def record(folder: Path, selection: str, platform: str | None, key: str, cut: Sp
     path = _file(folder, selection, platform)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path.parent, path.name, json.dumps({"version": VERSION, "key": key, "lower": memo.lower,
-                                         "stages": list(memo.stages)}, indent=2) + "\n")
+                                         "stages": list(memo.stages),
+                                         "mac": _mac(secret_key, key, memo.lower, memo.stages)}, indent=2) + "\n")
     return memo
 
 

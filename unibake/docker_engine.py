@@ -260,6 +260,10 @@ class DockerEngine(Engine):
         seen: set[str] = set()  # every container that ran
         unremoved: set[str] = set()  # the containers the engine failed to remove, tried again after each step
         forged = ""  # the first line found imitating the engine's
+        # whether no line has come since the step's own: the engine says " ---> Using cache" there and only there
+        # (a FROM's ONBUILD triggers say it later, each for a trigger); a RUN that printed a failed removal of an
+        # earlier container, which ends its output for the parser, could then print it to be counted as reused
+        fresh = False
 
         def close_step() -> None:
             if current:
@@ -288,6 +292,7 @@ class DockerEngine(Engine):
                     match = None if running else STEP_RE.match(line)
                     removing = REMOVING_RE.match(line)
                     failed = FAILED_REMOVAL_RE.match(line)
+                    at_start, fresh = fresh, fresh and not line.strip()
                     if running:
                         if removing and removing.group(1) == running:
                             running = ""
@@ -305,6 +310,7 @@ class DockerEngine(Engine):
                         close_step()
                         total = total or int(match.group(2))
                         current, cached, step_image = (int(match.group(1)), match.group(3)), False, False
+                        fresh = True
                         tail.clear()
                         if current[1].upper().startswith("FROM ") and last_image:
                             stage_images.append(last_image)  # the stage before this one is complete
@@ -322,7 +328,10 @@ class DockerEngine(Engine):
                     elif STEP_IMAGE_RE.match(line):
                         last_image, step_image = STEP_IMAGE_RE.match(line).group(1), True
                     elif line.strip() == "---> Using cache":
-                        cached = True
+                        if at_start or (current and current[1].upper().startswith("FROM ")):
+                            cached = True
+                        else:  # not the step's first line: a RUN's own, after a failed removal it printed
+                            forged = forged or line
                     elif line.strip():
                         tail.append(line)
                     if line.strip():
@@ -359,7 +368,7 @@ class DockerEngine(Engine):
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
                          created=raw.get("Created", ""), env=tuple(config.get("Env") or ()),
                          architecture=raw.get("Architecture") or "", os=raw.get("Os") or "",
-                         variant=raw.get("Variant") or "")
+                         variant=raw.get("Variant") or "", onbuild=tuple(config.get("OnBuild") or ()))
 
     def history(self, ref: str) -> list[str]:
         try:

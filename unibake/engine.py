@@ -42,6 +42,7 @@ class ImageInfo:
     architecture: str = ""
     os: str = ""
     variant: str = ""
+    onbuild: tuple[str, ...] = ()  # the ONBUILD triggers its config holds: they run in a child's FROM step
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import stat
 from pathlib import Path
 
@@ -122,23 +121,82 @@ def open_new(path: Path, mode: int = 0o644):
     return os.fdopen(fd, "wb")
 
 
-def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
-    """``shutil.rmtree(path)``, but what is at ``path`` that is no folder (a link, a file, a FIFO: a
-    run's own folder swapped for one while it ran) is unlinked, never opened: rmtree opens the folder
-    it is given to read it, and opening a FIFO waits for a writer for ever. Nothing there: done."""
+# a folder opened to be read and emptied: never through a link, and never anything but a folder; O_NONBLOCK: a
+# FIFO put there after its lstat is refused by O_DIRECTORY, not waited on for a writer for ever
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NOT_A_FOLDER = (errno.ENOTDIR, errno.ELOOP)
+
+
+def _remove_in(folder: int, path: str, ignore_errors: bool) -> None:
+    """Remove everything in the folder open as ``folder`` (``path``, for errors), depth first. Each entry
+    is opened as a folder only with :data:`_FOLDER_FLAGS`: what was swapped for a link, a file or a FIFO
+    since it was listed is unlinked, never followed nor opened. shutil.rmtree opened it with O_RDONLY
+    alone, between its lstat and its open, and a FIFO put there in between held it for ever."""
+    def failed(exc: OSError, name: str) -> None:
+        if ignore_errors or isinstance(exc, FileNotFoundError):  # gone meanwhile: what was wanted
+            return
+        exc.filename = os.path.join(path, name)
+        raise exc
+
     try:
-        is_folder = stat.S_ISDIR(os.lstat(path).st_mode)
+        with os.scandir(folder) as found:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in found]
+    except OSError as exc:
+        failed(exc, "")
+        return
+    for name, is_dir in entries:
+        if is_dir:
+            try:
+                inner = os.open(name, _FOLDER_FLAGS, dir_fd=folder)
+            except OSError as exc:
+                if exc.errno not in _NOT_A_FOLDER:
+                    failed(exc, name)
+                    continue
+                is_dir = False  # no folder any more: unlinked below
+            else:
+                try:
+                    _remove_in(inner, os.path.join(path, name), ignore_errors)
+                finally:
+                    os.close(inner)
+                try:
+                    os.rmdir(name, dir_fd=folder)
+                except OSError as exc:
+                    failed(exc, name)
+        if not is_dir:
+            try:
+                os.unlink(name, dir_fd=folder)
+            except OSError as exc:
+                failed(exc, name)
+
+
+def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree(path)``, but what is at ``path``, or anywhere inside it, that is no folder (a link,
+    a file, a FIFO: a run's own folder swapped for one while it ran) is unlinked, never followed nor
+    opened: rmtree opens each folder to read it, and opening a FIFO waits for a writer for ever. Nothing
+    there: done."""
+    try:
+        top = os.open(path, _FOLDER_FLAGS)
     except FileNotFoundError:
         return
-    except OSError:
-        if ignore_errors:
-            return
-        raise
-    if is_folder:
-        shutil.rmtree(path, ignore_errors=ignore_errors)
+    except OSError as exc:
+        if exc.errno not in _NOT_A_FOLDER:
+            if ignore_errors:
+                return
+            raise
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if not ignore_errors:
+                raise
         return
     try:
-        os.unlink(path)
+        _remove_in(top, str(path), ignore_errors)
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(path)
     except FileNotFoundError:
         pass
     except OSError:
@@ -160,7 +218,7 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
     except OSError as exc:
         raise UnibakeError(f"{path} ({what} a killed run left) cannot be removed ({exc.strerror}): remove it "
                            "(as its owner), then run again") from None
-    except RecursionError:  # shutil.rmtree recurses once per level: no run nests folders so deep
+    except RecursionError:  # remove_tree recurses once per level: no run nests folders so deep
         raise UnibakeError(f"{path} holds folders nested too deep to remove here (not {what} a run made): "
                            "remove it (rm -rf), then run again") from None
     path.mkdir(mode=mode)

@@ -26,7 +26,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import supply
+from . import buildmemo, supply
 from .archive import DEFAULT_LEVEL, Archive, write_archive
 from .archive_reader import ReadBack, read_archive, read_back
 from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
@@ -490,9 +490,11 @@ def _build(run: Run) -> tuple:
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     # repro proves a build from its inputs: never from the memo
     memo = None if run.request.hold else plan.project_root / ".cache" / "build-memo"
+    # each memo signed with a key of the user's own: a memo file a checkout brought is not taken
+    memo_key = buildmemo.secret(run.request.env) if memo is not None else None
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
-                        platform=plan.platform.name, memo=memo)
+                        platform=plan.platform.name, memo=memo if memo_key else None, memo_key=memo_key)
     if built.replaced and built.replaced != built.image_id:
         # no release folder of this tag under --out (that is refused before the build), but the engine's
         # tag named another image: released under another --out, perhaps; said, not silently let go
@@ -654,8 +656,10 @@ def _export(run: Run) -> tuple:
     # spends most of its time writing its temporary folder, with a core to spare.
     preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
         if base is not None and fresh is not None else None
+    before = None
     if preload is not None:
         _forget_after(run, fresh, base.manifest.image_id)
+        before = fresh.list_images()  # what a base that loads as another image brought is taken out again
     loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
     try:
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
@@ -670,8 +674,8 @@ def _export(run: Run) -> tuple:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
-                loading.result()  # its error, if the base release did not load
-            check_base_loaded(fresh, base.folder, base.manifest.image_id)
+                loaded = loading.result()  # its error, if the base release did not load
+            check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded)
     finally:
         if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
             # a --verify-engine's is waited for, so that what it loaded is there to be removed
@@ -801,9 +805,10 @@ def _publish(run: Run) -> tuple:
     plan: ReleasePlan | None = run.get("plan")
     notes = plan.notes if plan is not None else None
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
+    first_release = supply.carried_first_release(run, folder)
     previous = (base.manifest if base
                 else previous_release(request.out, target.product, target.release, target.metadata,
-                                      first_release=folder.first_release))
+                                      first_release=first_release))
     hotfix = base.manifest if base is not None and archive.omitted else None
     if base is not None and hotfix is None:  # apply.sh, the verifiers and deploy would ask for a base it does not need
         run.reporter.warn(f"the image shares no layer with release {base.manifest.release} (its bottom layer changed: "
@@ -813,7 +818,7 @@ def _publish(run: Run) -> tuple:
                               digests=proof.back, metadata=target.metadata, labels=image.labels, previous=previous,
                               hotfix=hotfix, image_size=image.size, notes=notes,
                               attachments=attachments, supply_chain=supply.supply_chain(run),
-                              first_release=folder.first_release)
+                              first_release=first_release)
     validation = Validation(round_trip=proof.round_trip, round_trip_skipped=proof.skipped or None,
                             smoke=gates.results, smoke_skipped=gates.skipped or None)
     files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes,

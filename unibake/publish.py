@@ -26,8 +26,8 @@ from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, UnibakeError, VerificationError
-from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, read_small_text,
-                    remove_tree, write_atomic)
+from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, remove_tree,
+                    write_atomic)
 from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
                        AttachmentRecord, Compression, ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool,
                        Validation, load_manifest, parse_manifest)
@@ -102,6 +102,7 @@ class ReleaseFolder:
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
         self.first_release: str | None = None  # set on enter: when the release --force replaces was first published
         self.first_release_problem = ""  # set on enter: why the replaced release's first_published is not carried over
+        self.first_release_sums = b""  # set on enter: the replaced release's SHA256SUMS that listed its manifest
         self.group: CommitGroup | None = None  # set: commit() waits for the group's
         self._abandon: list[Callable[[], object]] = []
         self._lock = None
@@ -149,7 +150,7 @@ class ReleaseFolder:
             raise InputError(f"release {self.final} is a link (to {os.readlink(self.final)}): the new release would take "
                              "its place as a folder here, not where the link points; give --out the "
                              "folder that holds the release itself, or remove the link first; nothing was replaced")
-        self.first_release, self.first_release_problem = self._replaced_first_release()
+        self.first_release, self.first_release_problem, self.first_release_sums = self._replaced_first_release()
         try:
             fresh_folder(self.staging, "a release's staging folder")
         except BaseException:
@@ -157,25 +158,28 @@ class ReleaseFolder:
             raise
         return self
 
-    def _replaced_first_release(self) -> tuple[str | None, str]:
+    def _replaced_first_release(self) -> tuple[str | None, str, bytes]:
         """When the release this run replaces (``--force``) was first published, or None (this release
         is then its first) with why: there is none (no reason), or its manifest cannot be read, or its
         own ``SHA256SUMS`` does not list that very manifest (a folder changed after it was published:
-        a well-formed but forged ``first_published`` would rank this release for ever)."""
+        a well-formed but forged ``first_published`` would rank this release for ever). With it, the
+        bytes of that ``SHA256SUMS``: a signed run carries the time over only when its key signed them
+        (:func:`carried_first_release`)."""
         if not self.force or not os.path.lexists(self.final / MANIFEST):
-            return None, ""
+            return None, "", b""
         path, sums = self.final / MANIFEST, self.final / SUMS
         try:
             data = read_small_file(path, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
             manifest = parse_manifest(decode_text(data, path, VerificationError), str(path))
-            listed = {e.name: e.sha256 for e in parse_sums(
-                read_small_text(sums, VerificationError, limit=SUMS_LIMIT, follow=False), str(sums), VerificationError)}
+            listing = read_small_file(sums, VerificationError, limit=SUMS_LIMIT, follow=False)
+            listed = {e.name: e.sha256 for e in parse_sums(decode_text(listing, sums, VerificationError), str(sums),
+                                                           VerificationError)}
         except UnibakeError as exc:
-            return None, str(exc)
+            return None, str(exc), b""
         if listed.get(MANIFEST) != hashlib.sha256(data).hexdigest():
             return None, (f"{sums} does not list {MANIFEST} as it is" if MANIFEST in listed
-                          else f"{sums} does not list {MANIFEST}") + " (the folder was changed after it was published)"
-        return manifest.first_release, ""
+                          else f"{sums} does not list {MANIFEST}") + " (the folder was changed after it was published)", b""
+        return manifest.first_release, "", listing
 
     def _restore_old(self) -> None:
         """A replaced release (``--force``) whose replacement never took its place (a run killed
@@ -253,14 +257,19 @@ class ReleaseFolder:
             self._lock = None
 
     def __exit__(self, *exc) -> None:
-        remove_tree(self.staging, ignore_errors=True)
-        if not self.committed:
-            for abandon in self._abandon:
-                try:
-                    abandon()
-                except OSError:
-                    pass
-        self._unlock()
+        try:
+            remove_tree(self.staging, ignore_errors=True)
+        except RecursionError:  # the staging folder swapped for a tree nested too deep while the run went on:
+            pass  # left (no run's); the next run of this tag names it and says to remove it
+        try:
+            if not self.committed:
+                for abandon in self._abandon:
+                    try:
+                        abandon()
+                    except OSError:
+                        pass
+        finally:
+            self._unlock()
 
 
 def _holder(lock) -> str:
@@ -627,6 +636,8 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
         checksums_dir.mkdir(parents=True, exist_ok=True)
         with open_new(record) as fh:  # checksums/ may be others' to write: a link planted there is not followed
             fh.write(listing.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())  # complete before it takes its name: a power cut after leaves no empty record
     except OSError as exc:
         try:
             record.unlink(missing_ok=True)
@@ -648,5 +659,9 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
                 pass
             raise UnibakeError(f"release {folder.final} was published, but its checksums record {final_record} "
                                f"was not written ({exc.strerror}): copy its {SUMS} there") from None
+        try:
+            fsync_dir(checksums_dir)  # the rename itself kept, as the release folder's is
+        except OSError:
+            pass  # the record is in place; only its durability across a power cut is not certain
 
     return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))

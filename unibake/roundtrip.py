@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .archive import Archive
 from .archive_reader import ReadBack, read_archive, read_back
-from .engine import Engine
-from .errors import VerificationError
+from .engine import Engine, ImageSummary, LoadOutcome
+from .errors import UnibakeError, VerificationError
 from .manifest import RoundTripRecord
 
 
@@ -30,8 +30,8 @@ def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str],
                                 "there proves nothing; remove the image from it or use the scratch engine")
     if base is not None:
         folder, files, base_id = base
-        engine.load(read_archive(folder, files))
-        check_base_loaded(engine, folder, base_id)
+        before = engine.list_images()
+        check_base_loaded(engine, folder, base_id, before=before, loaded=engine.load(read_archive(folder, files)))
     back = read_back(archive, load=engine.load, omitted=frozenset(archive.omitted), progress=progress)
     loaded = engine.inspect_image(image_id)
     if loaded is None:
@@ -48,11 +48,57 @@ def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str],
                            seconds=round(back.seconds, 3)), back
 
 
-def check_base_loaded(engine: Engine, folder: Path, base_id: str) -> None:
+def check_base_loaded(engine: Engine, folder: Path, base_id: str, *, before: list[ImageSummary] | None = None,
+                      loaded: LoadOutcome | None = None) -> None:
     """A hotfix's base release, loaded from its folder's archive, must be the image its manifest
     records: another archive there (another product's, with SHA256SUMS rewritten to match) would
-    otherwise pass for it, and the hotfix's proof would name a base it never loaded on."""
+    otherwise pass for it, and the hotfix's proof would name a base it never loaded on. What that load
+    brought (``loaded``; the engine's images ``before`` it) is then taken out of the engine again: a
+    --verify-engine kept the other image and its tag."""
     if engine.inspect_image(base_id) is None:
+        left = undo_load(engine, before, loaded) if before is not None and loaded is not None else ""
         raise VerificationError(f"the base release {folder}: its archive did not load as the image "
                                 f"{base_id} that its manifest.json records: it holds another image; check it "
-                                f"with: python build.py verify {folder}")
+                                f"with: python build.py verify {folder}{left}")
+    if before is None or loaded is None:
+        return
+    # a release's archive holds its one image: another one beside it (a tag of the engine's moved to it) is forged
+    extra = []
+    for tag in loaded.tags:
+        info = engine.inspect_image(tag)
+        if info is not None and info.id != base_id:
+            extra.append(f"{tag} ({info.id[:19]})")
+    extra += [i for i in loaded.image_ids if i != base_id]
+    if extra:
+        left = undo_load(engine, before, loaded)
+        raise VerificationError(f"the base release {folder}: its archive loaded another image beside the image "
+                                f"{base_id} that its manifest.json records: {extra[0]}; check it with: python "
+                                f"build.py verify {folder}{left}")
+
+
+def undo_load(engine: Engine, before: list[ImageSummary], loaded: LoadOutcome) -> str:
+    """Undo a load: each tag it put on an image goes back to the image it named before (or is removed), and each
+    image the engine did not hold before is removed. Returns what could not be undone, as the end of a sentence
+    ("" when all was)."""
+    tags = {t: i.id for i in before for t in i.tags}
+    held = {i.id for i in before}
+    new, left = set(i for i in loaded.image_ids if i not in held), []
+    try:
+        for tag in loaded.tags:
+            info = engine.inspect_image(tag)
+            if info is None or tags.get(tag) == info.id:
+                continue
+            if info.id not in held:
+                new.add(info.id)
+            if tag in tags and engine.inspect_image(tags[tag]) is not None:
+                engine.tag(tags[tag], tag)  # back on the image it named
+            elif info.id in held and not any(t in tags for t in info.tags if t != tag):
+                left.append(f"the tag {tag} it put on {info.id[:19]}, which the engine held untagged before")
+            elif not engine.untag(tag):
+                left.append(f"the tag {tag} (a container uses its image)")
+        for image_id in sorted(new):
+            if not engine.remove_if_unused(image_id):
+                left.append(f"the image {image_id[:19]} (something uses it)")
+    except UnibakeError as exc:
+        left.append(f"what it loaded ({exc})")
+    return f"; left in the engine at {engine.address}: {', '.join(left)}" if left else ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,10 +26,11 @@ from .plan import INSTALL_ROOT, ReleasePlan, display_path
 from .provenance import PROVENANCE, TOOLCHAIN_ROLE, Material, provenance_document
 from .sbom import SBOM, BaseImage, sbom_document
 from .sanitise import enforce, scan_release_texts
-from .signing import Signer, check_keys
+from .signing import Signer, check_keys, public_keys, read_public_key, verify_signature
 
 if TYPE_CHECKING:
     from .pipeline import Run
+    from .publish import ReleaseFolder
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,3 +291,27 @@ def sign_sums(run: Run):
         return None
     target = run["target"]
     return lambda path: signer.sign(path, f"{target.product} {target.release} {path.name}")
+
+
+def carried_first_release(run: Run, folder: ReleaseFolder) -> str | None:
+    """When the release a --force run replaces was first published, as the new release carries it over
+    (:attr:`ReleaseFolder.first_release`). Whoever can rewrite that folder's manifest.json and SHA256SUMS
+    alike could forge it, and rank the release for ever (prune, previous_release): a signed run carries it
+    only when one of its own keys signed the very SHA256SUMS that listed that manifest; else it warns, and
+    the new release counts as first published now. An unsigned run has no key to check it with: carried."""
+    from .publish import SUMS, SUMS_LIMIT
+
+    signer: Signer | None = run.get("signer")
+    if folder.first_release is None or signer is None:
+        return folder.first_release
+    with tempfile.TemporaryDirectory(prefix="unibake-keys-") as temp:
+        checks = [verify_signature(folder.final, SUMS, read_public_key(key), run.request.env, limit=SUMS_LIMIT)
+                  for key in public_keys(signer, Path(temp))]
+    if any(c.passed and c.data == folder.first_release_sums for c in checks):
+        return folder.first_release
+    why = "; ".join(f"{c.target}: {c.detail}" if not c.passed else f"{c.target}: signs another {SUMS} than the one "
+                    "read" for c in checks)
+    run.reporter.warn(f"{folder.final}: when the release it replaces was first published ({folder.first_release}) "
+                      f"is not carried over: its {SUMS} is not signed by this run's key ({why}); the new release "
+                      "counts as first published now")
+    return None

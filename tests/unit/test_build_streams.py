@@ -217,3 +217,16 @@ def test_the_engines_own_stream_of_a_container_it_could_not_remove_is_read_witho
     assert [(s.number, s.image) for s in outcome.steps] == list(enumerate(engine_images(events), 1))
     assert outcome.image_id == [e["aux"]["ID"] for e in events if "aux" in e][-1]
     assert sum(line.startswith("Error removing intermediate container ") for line in lines) == 2
+
+
+def test_a_run_printing_a_failed_removal_then_using_cache_is_refused_not_counted_as_reused():
+    """On the engine's own stream of a container it could not remove (58f2e7d969ff, kept after step 2), step 3's
+    RUN printed "Error removing intermediate container 58f2e7d969ff: x", which ended its output for the parser,
+    then " ---> Using cache": the step was counted as reused though it ran, and the build was accepted."""
+    from unibake.errors import EngineError
+
+    events = json.loads((REPO / "tests/fixtures/build-streams/engine-20.10-removal-failed.json").read_text())["events"]
+    at = next(i for i, e in enumerate(events) if e.get("stream") == "s3\n") + 1
+    forged = [{"stream": "Error removing intermediate container 58f2e7d969ff: x\n ---> Using cache\n"}]
+    with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Using cache'\)"):
+        parse(events[:at] + forged + events[at:])

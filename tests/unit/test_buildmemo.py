@@ -21,6 +21,7 @@ from ..fake_engine import FakeEngine
 
 LOWER = "sha256:" + "a" * 64
 STAGE = "sha256:" + "b" * 64
+KEY = b"k" * 32  # the user's key of the memos' HMAC
 
 
 def demo():
@@ -89,7 +90,7 @@ def test_a_memo_build_counts_as_memoised_only_steps_it_counts_as_cached(busybox_
     engine = BuildingEngine()
     engine.add({"architecture": "amd64", "os": "linux"}, [b"base"], tag="localhost/unibake-busybox:1")
     memo = tmp_path / "memo"
-    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo)
+    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo, memo_key=KEY)
     first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
     assert first.memoised == 0 and first.cached_steps == 0
     (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
@@ -233,3 +234,62 @@ def test_a_run_step_imitating_the_engines_end_of_its_own_container_is_refused():
     reopened = forged + [" ---> Running in 0483ff53ea4a\n"]  # and opened "its" container again
     with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Running in 0483ff53ea4a'\)"):
         _parse(_recorded_stream(reopened))
+
+
+def test_a_base_with_onbuild_triggers_makes_the_memo_digest_every_context_file(busybox_product, tmp_path):
+    """A base's ONBUILD COPY runs in the FROM step above the marker and reads context files no COPY line there
+    names: a profile changed since (a file only the part below the marker was thought to read) gave the same
+    inputs digest, and the memo's image, holding the old file, was built on."""
+    engine = BuildingEngine()
+    engine.add({"architecture": "amd64", "os": "linux", "config": {"OnBuild": ["COPY ctx/ /onbuild/"]}}, [b"base"],
+               tag="localhost/unibake-busybox:1")
+    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=tmp_path / "memo",
+                 memo_key=KEY)
+    first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert first.memoised == 0
+    again = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert again.memoised == 1  # nothing changed: the memo still serves
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
+    changed = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert changed.memoised == 0  # the trigger's COPY read the changed profile: the whole Dockerfile is built
+
+
+def test_a_memo_file_a_checkout_brought_naming_an_image_of_its_choice_is_not_built_on(busybox_product, tmp_path):
+    """The memo lives in the project (.cache/build-memo/): a checkout holding one, with the inputs digest (made of
+    what the checkout itself holds and the public base's ID) and an image the engine holds (an older release, its
+    ID in its manifest), had the build go on FROM that image. A memo carries an HMAC under the user's key now."""
+    import json as _json
+
+    from unibake import buildmemo
+
+    engine = BuildingEngine()
+    engine.add({"architecture": "amd64", "os": "linux"}, [b"base"], tag="localhost/unibake-busybox:1")
+    old = engine.add({"architecture": "amd64", "os": "linux", "old": 1}, [b"old release"], tag="unibake-test:0.9")
+    context = render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path))
+    cut = split(context.dockerfile)
+    memo = tmp_path / "memo"
+    memo.mkdir()
+    planted = {"version": buildmemo.VERSION, "key": buildmemo.inputs_digest(context, cut, engine, None), "lower": old,
+               "stages": [old] * len(cut.stages)}
+    for mac in ({}, {"mac": "0" * 64}, {"mac": buildmemo._mac(b"another user's key".ljust(32), planted["key"], old,
+                                                                (old,) * len(cut.stages))}):
+        (memo / f"{context.selection}-native.json").write_text(_json.dumps({**planted, **mac}))
+        built = build_image(context, engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo,
+                            memo_key=KEY)
+        assert built.memoised == 0  # the whole Dockerfile built, not FROM the planted image
+    again = build_image(context, engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo,
+                        memo_key=KEY)
+    assert again.memoised == 1  # the memo this user recorded serves
+
+
+def test_the_memo_key_is_the_users_own_made_once_and_private(tmp_path):
+    from unibake.buildmemo import secret
+
+    key = secret({"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    path = tmp_path / "cache" / "unibake" / "build-memo.key"
+    assert len(key) == 32 and path.read_bytes() == key and path.stat().st_mode & 0o777 == 0o600
+    assert secret({"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "cache")}) == key
+    other = secret({"XDG_CACHE_HOME": "relative", "HOME": str(tmp_path / "home")})  # a relative one is no place
+    assert len(other) == 32 and other != key and (tmp_path / "home/.cache/unibake/build-memo.key").read_bytes() == other
+    (tmp_path / "cache/unibake/build-memo.key").write_bytes(b"short")  # not a key: a new one (old memos ignored)
+    assert secret({"XDG_CACHE_HOME": str(tmp_path / "cache")}) not in (key, b"short")

@@ -569,3 +569,70 @@ def test_stage_build_of_a_version_whose_release_folder_is_a_link_looping_back_do
     # past the release's lock, to the engine (which has no base image here: nothing was built)
     with pytest.raises(InputError, match=r"base image \S+ is not in the engine \(fake://source\)"):
         run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
+
+
+def test_a_forged_base_that_loads_as_another_image_is_taken_out_of_the_verify_engine_again(engines, tmp_path, server):  # noqa: F811
+    """The base folder's archive another product's, its manifest's archive record and SHA256SUMS rewritten to
+    match: the round trip refused it (the load gave another image), but that image and its tag other:1.0 stayed in
+    the --verify-engine, and a tag other:1.0 it held before named the forged image from then on."""
+    from ..forge import forge
+    from ..savefixtures import docker_layout
+    from .test_supply_chain import LAYERS
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_image(engines, server.server_port)
+    other, _, _ = docker_layout([LAYERS[0]], tag="other:1.0")
+    forge(folder, stream=other)
+    verify = engines["fake://verify"]
+    loads = verify.loads
+    with pytest.raises(VerificationError, match=r"its archive did not load as the image sha256:\w+ that its "
+                                                r"manifest\.json records: it holds another image; check it with: "
+                                                r"python build\.py verify \S+/1\.0$"):
+        hotfix_run(engines, out)
+    assert verify.loads == loads + 1 and (verify.images, verify.tags) == ({}, {})
+    mine = verify.add({"architecture": "amd64", "os": "linux", "mine": 1}, [b"mine"], tag="other:1.0")
+    kept = verify.add({"architecture": "amd64", "os": "linux", "kept": 1}, [b"kept"], tag="kept:1")
+    with pytest.raises(VerificationError, match="it holds another image"):
+        hotfix_run(engines, out)
+    assert verify.tags == {"other:1.0": mine, "kept:1": kept} and set(verify.images) == {mine, kept}
+
+
+def test_a_base_archive_holding_another_image_beside_the_base_is_refused_and_undone(engines, tmp_path, server):  # noqa: F811
+    """The base folder's archive forged to hold the base image and another one tagged victim:1 (its manifest's archive
+    record and SHA256SUMS rewritten to match): the base loaded, so the round trip went on, and victim:1 in the
+    --verify-engine named the forged image from then on (the run removed only the base again)."""
+    import hashlib
+
+    from ..forge import forge, json_member, member, replace_member
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_image(engines, server.server_port)
+    evil = layer_tar({"evil": b"evil" * 10})
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {}, "rootfs": {
+        "type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(evil).hexdigest()}"]}}).encode()
+
+    def beside(entries):
+        manifest = json_member(entries, "manifest.json")
+        manifest.append({"Config": "evil.json", "RepoTags": ["victim:1"], "Layers": ["evil/layer.tar"]})
+        return replace_member(entries, "manifest.json", json.dumps(manifest).encode()) + [
+            member("evil/layer.tar", evil), member("evil.json", config)]
+
+    import io
+    import tarfile
+
+    import zstandard
+
+    from ..forge import write_tar
+    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO((folder / "demo-1.0.tar.zst").read_bytes()),
+                                                     read_across_frames=True).read()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        entries = [(i, tar.extractfile(i).read() if i.isfile() else None) for i in tar.getmembers()]
+    forge(folder, stream=write_tar(beside(entries)))
+    verify = engines["fake://verify"]
+    mine = verify.add({"architecture": "amd64", "os": "linux", "mine": 1}, [b"mine"], tag="victim:1")
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: its archive loaded another image beside "
+                                                r"the image sha256:\w+ that its manifest\.json records: victim:1 "):
+        hotfix_run(engines, out)
+    assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}

@@ -378,3 +378,36 @@ def test_a_force_re_release_of_a_release_made_by_a_clock_ahead_of_this_one_is_ma
     release(engines, out, force=True)
     again = json.loads(path.read_text())
     assert again["first_published"] == again["published"] < "2099"
+
+
+@pytest.mark.parametrize("kind", ["minisign", "openpgp"])
+def test_a_signed_force_re_release_carries_over_first_published_only_from_a_sums_its_key_signed(
+        engines, tmp_path, kind, minisign_key, gpg_home):
+    """Whoever can rewrite both manifest.json and SHA256SUMS of the signed folder a --force run replaces forged the
+    first_published it carried over (2000: 1.0 the oldest version for prune and previous_release for ever); a
+    signed run now carries it only from the SHA256SUMS its own key signed."""
+    env, _ = gpg_home
+    sign = dict(sign="signer@example.invalid") if kind == "openpgp" else dict(sign_minisign=minisign_key[0])
+
+    def release(engines, out, reporter=None, **kw):  # with the keyring's environment
+        request = Request(env=env, cwd=out.parent, out=out, image="demo:1.0", verify_engine="fake://verify", **kw)
+        return run_stages(selection(ARCHIVE), request, reporter or Quiet(), connect=engines.__getitem__)
+
+    out = tmp_path / "release"
+    release(engines, out, **sign)
+    path = out / "1.0" / "manifest.json"
+    first = json.loads(path.read_text())
+    first["published"] = first["first_published"] = "2000-01-01T00:00:00Z"
+    rewrite_manifest(out / "1.0", first)  # the signature of SHA256SUMS no longer holds
+    reporter = Quiet()
+    release(engines, out, reporter=reporter, force=True, **sign)
+    again = json.loads(path.read_text())
+    assert again["first_published"] == again["published"] > "2026"
+    said = reporter.stream.getvalue()
+    assert f"{out / '1.0'}: when the release it replaces was first published (2000-01-01T00:00:00Z) is not carried " \
+           "over: its SHA256SUMS is not signed by this run's key (SHA256SUMS." in said
+    kept = again["first_published"]  # a folder its key signed: carried over, without a word
+    reporter = Quiet()
+    release(engines, out, reporter=reporter, force=True, **sign)
+    assert json.loads(path.read_text())["first_published"] == kept
+    assert "not carried over" not in reporter.stream.getvalue()

@@ -606,3 +606,86 @@ def test_a_force_over_a_release_holding_folders_nested_too_deep_is_published_and
         assert not (out / "1.0" / "d").exists() and (out / "1.0" / "manifest.json").is_file()
     finally:  # (pytest's own clean-up is shutil.rmtree too)
         subprocess.run(["rm", "-rf", "--", str(out / ".1.0.old"), str(out / "1.0")], check=True)
+
+
+def test_a_folder_inside_a_tree_swapped_for_a_fifo_before_its_open_does_not_hang_the_removal(tmp_path):
+    """shutil.rmtree lstat()s a folder inside the tree, then opens it (O_RDONLY) to read it: a FIFO put there in
+    between (whoever can write --out, while a release set aside or a staging folder is removed) made it wait for
+    a writer for ever, holding the release's lock. The swap is made at that very moment (the child's os.open);
+    run in a child, so that the old code fails, not hangs."""
+    import sys
+    import textwrap
+    tree = tmp_path / ".1.0.old"
+    (tree / "inner" / "deeper").mkdir(parents=True)
+    (tree / "inner" / "deeper" / "f").write_text("f")
+    (tree / "g").write_text("g")
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from unibake.files import remove_tree
+        tree = Path({str(tree)!r})
+        real_open = os.open
+
+        def swapping_open(path, flags, *args, dir_fd=None, **kw):
+            if path == "inner" and dir_fd is not None and not (tree.parent / "moved").exists():
+                os.rename(tree / "inner", tree.parent / "moved")  # listed and lstat()ed as a folder: now a FIFO
+                os.mkfifo(tree / "inner")
+            return real_open(path, flags, *args, dir_fd=dir_fd, **kw)
+
+        os.open = swapping_open
+        remove_tree(tree)
+        print("done")
+    """)
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20,
+                              cwd=Path(__file__).parents[2])
+    except subprocess.TimeoutExpired:
+        pytest.fail("the removal waited on the FIFO")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
+    assert not os.path.lexists(tree) and (tmp_path / "moved" / "deeper" / "f").read_text() == "f"  # not followed
+
+
+def test_a_staging_folder_swapped_for_a_tree_nested_too_deep_during_the_run_ends_it_without_a_traceback(tmp_path):
+    # (before: the clean-up's RecursionError, a traceback from the release folder's exit, the lock not let go by it)
+    import sys
+    import textwrap
+    out = tmp_path / "release"
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        from unibake.publish import ReleaseFolder
+        from tests.unit.test_publish import _deep_tree
+        out = Path({str(out)!r})
+        folder = ReleaseFolder(out, "1.0", force=False)
+        with folder:
+            os.rename(folder.staging, out / "moved")  # whoever can write --out, while the run goes on
+            _deep_tree(folder.staging)
+        print("done", folder._lock)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[2])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done None\n", "")
+    with pytest.raises(UnibakeError, match=r"holds folders nested too deep to remove here"):  # the next run says it
+        ReleaseFolder(out, "1.0", force=False).__enter__()
+    subprocess.run(["rm", "-rf", str(out / ".1.0.partial")], check=True)
+
+
+def test_the_checksums_record_is_fsynced_before_it_takes_its_name(tmp_path, monkeypatch):
+    """Every file of the release folder is fsynced before the commit; the checksums record was only closed, then
+    renamed into place: after a power cut it could stand under its name empty, beside a whole release."""
+    synced: set[tuple[int, int]] = set()
+    real = os.fsync
+
+    def fsync(fd):
+        info = os.fstat(fd)
+        synced.add((info.st_dev, info.st_ino))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    record = tmp_path / "checksums" / "1.0.SHA256SUMS"
+    info = record.stat()
+    assert (info.st_dev, info.st_ino) in synced
+    checksums = (tmp_path / "checksums").stat()
+    assert (checksums.st_dev, checksums.st_ino) in synced  # and its folder, after the rename
