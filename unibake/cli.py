@@ -1060,6 +1060,14 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
         if inner:
             raise InputError(f"{args.folder}: the folder a kit was unpacked in, not the kit: its tarball holds the "
                              f"folder {inner[0]}/; rebuild {display_path(folder / inner[0], ctx.cwd)}")
+        # the folder `build.py kit --out DIR` wrote: the kit's tarball, not yet unpacked
+        packed = sorted(p.name for p in folder.glob("*-kit.tar.zst") if p.is_file())
+        if packed:
+            tarball = posixpath.join(args.folder, packed[0])
+            inside = posixpath.join(args.folder, packed[0].removesuffix(".tar.zst"))
+            raise InputError(f"{args.folder}: holds the kit's tarball, not an unpacked kit: unpack it (`zstd -dc "
+                             f"{shlex.quote(tarball)} | tar -x -C {shlex.quote(args.folder)}`) and rebuild "
+                             f"{shlex.quote(inside)}")
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
     released = None

@@ -783,6 +783,21 @@ def test_rebuild_of_the_folder_a_kit_was_unpacked_in_or_of_its_release_names_the
         f"tar -x -C kit`) and rebuild kit/{folder.name}"]
 
 
+def test_rebuild_of_the_folder_kit_out_wrote_says_to_unpack_the_tarball_and_names_the_kit(busybox_product,
+                                                                                            tmp_path, cli):
+    # `build.py kit RELEASE --out DIR` then `build.py rebuild DIR`, as an adopter first tries: it said
+    # "DIR/kit.sha256: missing; not a reconstruct kit folder" and exit 3 (a failed check, not a wrong folder)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    refused = cli("rebuild", "out", cwd=tmp_path)
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: out: holds the kit's tarball, not an unpacked kit: unpack it (`zstd -dc out/{kit.name} | tar -x -C "
+        f"out`) and rebuild out/{kit.name.removesuffix('.tar.zst')}"]
+    command = refused.error_lines[0].split("`")[1]
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / kit.name.removesuffix(".tar.zst") / "kit.json").is_file()
+
+
 def test_kit_of_a_release_made_by_archive_says_it_was_not_built_from_profiles(engines, tmp_path, cli):
     # its provenance names the image it was made from and no inputs: the kit command said "input ... is
     # not one release 1.0 was built from; check out the revision it was built from", of the right revision
