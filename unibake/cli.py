@@ -457,13 +457,15 @@ def _one_platform(args: argparse.Namespace) -> str | None:
 
 
 def _release_outcome(results, title: str) -> Outcome:
+    from .templates import gib
+
     release = results["release"]
     m = release.manifest
     a = m.archive
     rows = [("image", m.tag), ("profiles", ", ".join(m.profiles) or "(none)"), ("platform", m.platform or "(none)"),
             ("release", str(release.folder)),
             ("archive", ", ".join(f.name for f in a.files)),
-            ("size", f"{a.bytes / 2**30:.2f} GiB ({a.bytes} bytes), ratio {release.archive.ratio:.2f}"),
+            ("size", f"{gib(a.bytes)} ({a.bytes} bytes), ratio {release.archive.ratio:.2f}"),
             ("SHA256", a.sha256), ("image ID", m.image_id)]
     v = release.validation
     rows.append(("round trip", "passed" if v.round_trip else f"not run ({v.round_trip_skipped})"))
@@ -514,6 +516,8 @@ def _several(args: argparse.Namespace, outcomes: list[Outcome]) -> Outcome:
 
 
 def _built_outcome(args: argparse.Namespace, results) -> Outcome:
+    from .templates import gib
+
     plan = results["plan"]
     if args.stage == "render":
         context, folder = results["context"], results["rendered"]
@@ -530,7 +534,7 @@ def _built_outcome(args: argparse.Namespace, results) -> Outcome:
                 ("image ID", image.image_id),
                 ("layers", str(len(image.diff_ids))),
                 ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused"),
-                ("image size", f"{image.size / 2**30:.2f} GiB ({image.size} bytes)")]
+                ("image size", f"{gib(image.size)} ({image.size} bytes)")]
         return Outcome(document={"image": plan.tag, "image_id": image.image_id, "diff_ids": list(image.diff_ids),
                                  "size": image.size, "profiles": list(plan.profile_names), "platform": image.platform,
                                  "cached_steps": built.cached_steps, "steps": len(built.cacheable_steps)},
@@ -635,6 +639,7 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
     from .publish import find_releases
+    from .templates import gib
     from .verify import sums_report, verify_folder
 
     out = _out(args, ctx.cwd, existing=True)
@@ -678,7 +683,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
                          f"{m.hotfix.base_image_id[:19]}")
             elif all(states[b] != "verifies" for b in bases):
                 state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
-        rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
+        rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
                          "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,

@@ -606,3 +606,19 @@ def test_a_force_over_a_release_holding_folders_nested_too_deep_is_published_and
         assert not (out / "1.0" / "d").exists() and (out / "1.0" / "manifest.json").is_file()
     finally:  # (pytest's own clean-up is shutil.rmtree too)
         subprocess.run(["rm", "-rf", "--", str(out / ".1.0.old"), str(out / "1.0")], check=True)
+
+
+def test_a_small_release_gives_its_sizes_in_mib_or_kib_never_as_0_00_gib(tmp_path, cli):
+    # a busybox-sized product (a sidecar, a small service) read "0.00 GiB" everywhere: the notes, the
+    # downloader's guide ("0.00 GiB once loaded"), the summary and the releases table
+    from unibake.templates import gib
+
+    assert (gib(5492), gib(1082284), gib(161 * 2**20), gib(3 * 2**30)) == \
+        ("5.36 KiB", "1.03 MiB", "0.16 GiB", "3.00 GiB")
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    for name in ("RELEASE_NOTES.md", "README-DIST.md"):
+        text = (folder / name).read_text()
+        assert "0.00 GiB" not in text and " KiB" in text, name
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and "0.00 GiB" not in listed.err and " KiB" in listed.err, listed.err
