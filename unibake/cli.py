@@ -636,6 +636,11 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document=report.document(), final=final, error=error)
 
 
+def counted(n: int, one: str, many: str = "") -> str:
+    """``1 engine``, ``2 engines``: a count with its noun in the number it needs."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
     from .publish import find_releases
@@ -698,7 +703,8 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         ctx.reporter.table(f"releases in {where}", columns, rows)
     failing = sum(1 for r in document if r["state"] != "verifies")
     final = f"no releases under {where}" if not rows else \
-        f"{len(rows)} releases under {where}; {len(rows) - failing} verify"
+        f"{counted(len(rows), 'release')} under {where}; {len(rows) - failing} " \
+        f"{'verifies' if len(rows) - failing == 1 else 'verify'}"
     return Outcome(document={"folder": str(out), "releases": document}, final=final)
 
 
@@ -780,8 +786,9 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
                                         and not args.dry_run} for s in seeds],
                              "leftovers": [str(f) for f in leftovers]},
-                   final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines"
-                         + (f" and {len(leftovers)} folders left by killed runs" if leftovers else "")
+                   final=f"{verb} {counted(len(removed), 'image or tag', 'images or tags')} and "
+                         f"{counted(len(gone), 'seeded verify engine')}"
+                         + (f" and {counted(len(leftovers), 'folder')} left by killed runs" if leftovers else "")
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
@@ -957,7 +964,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         plan = Plan(folder=folder, manifest=m, source="registry",
                     pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop))
     m = plan.manifest
-    with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
+    with ctx.reporter.stage("deploy", f"{m.tag} to {counted(len(addresses), 'engine')} from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too
         results = deploy(plan, addresses, lambda address: DockerEngine(None if from_env else address, ctx.env,
                                                                        timeout=args.engine_timeout,
@@ -979,7 +986,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
                 "engines": [{"engine": r.engine, "result": r.result, "seconds": r.seconds, "detail": r.detail,
                              "image_id": r.image_id} for r in results]}
     where = display_path(folder, ctx.cwd)
-    final = f"deployed {where} to {len(results)} engines" if not failed else \
+    final = f"deployed {where} to {counted(len(results), 'engine')}" if not failed else \
         f"deploy of {where}: {failed} of {len(results)} engines failed"
     return Outcome(document=document, final=final, error=error)
 

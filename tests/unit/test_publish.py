@@ -622,3 +622,14 @@ def test_a_small_release_gives_its_sizes_in_mib_or_kib_never_as_0_00_gib(tmp_pat
         assert "0.00 GiB" not in text and " KiB" in text, name
     listed = cli("releases", "--out", str(out))
     assert listed.code == 0 and "0.00 GiB" not in listed.err and " KiB" in listed.err, listed.err
+
+
+def test_one_release_or_one_engine_is_counted_in_the_singular(tmp_path, cli):
+    # "1 releases under release; 1 verify", "deploy ... to 1 engines from the archive"
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and listed.err.splitlines()[-1] == f"1 release under {out}; 1 verifies", listed.err
+    gone = f"unix://{tmp_path}/nothing.sock"
+    deployed = cli("deploy", str(folder), "--engine", gone)
+    assert deployed.code == 3 and "demo-llm:1.0 to 1 engine from the archive" in deployed.err, deployed.err
