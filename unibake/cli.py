@@ -1107,11 +1107,14 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     error = None if matches else VerificationError(
         f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {expected}")
     verdict = "identical" if matches else "DIFFERENT"
+    # what the rebuild leaves in the engine, said: the rebuilt tag and its build cache (`prune` removes both)
+    cache = [("build cache", f"{', '.join(result.cached)} (build.py prune removes it)")] if result.cached else []
     return Outcome(document={"release": record.release, "tag": record.tag, "released": expected,
-                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": matches},
+                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": matches,
+                             "build_cache": list(result.cached)},
                    title="unibake: rebuild", rows=[("release", f"{record.tag} ({record.release})"),
                                                    ("released", expected), ("rebuilt", result.image.image_id),
-                                                   ("tagged", result.ref), ("image ID", verdict)],
+                                                   ("tagged", result.ref), *cache, ("image ID", verdict)],
                    final=f"rebuilt {record.tag}: {verdict} image ID", error=error)
 
 

@@ -512,6 +512,7 @@ class Rebuilt:
     record: KitRecord
     image: Image
     ref: str
+    cached: tuple[str, ...] = ()  # the build cache tags the rebuild left (its stages, the image before normalising)
 
     @property
     def matches(self) -> bool:
@@ -557,8 +558,10 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
                 raise BuildFailed(f"{exc}; {emulation_hint(record.platform)}", step=exc.step, output=exc.output,
                                   last_image=exc.last_image, stage_images=exc.stage_images) from None
             raise
+    cached = []
     for n, stage in enumerate(outcome.stage_images, 1):  # as the build stage keeps them: cache, never dangling
         keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
+        cached.append(cache_ref(record.product, selection, f"stage{n}"))
     info = engine.inspect_image(ref)
     if info is None:
         raise UnibakeError(f"the rebuild finished but {ref} is not in the engine")
@@ -568,7 +571,8 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
                             owned=record.install_root, cache=None, progress=progress, platform=platform)
     if image.image_id != built.image_id:
         keep_as_cache(engine, cache_ref(record.product, selection, "build"), built.image_id)
-    return Rebuilt(record=record, image=image, ref=ref)
+        cached.append(cache_ref(record.product, selection, "build"))
+    return Rebuilt(record=record, image=image, ref=ref, cached=tuple(cached))
 
 
 # ---------------------------------------------------------------------------------------------
