@@ -54,6 +54,7 @@ class FakeContainer:
 @dataclass
 class FakeEngine(Engine):
     address: str = "fake://engine"
+    engine_platform: str = ""  # what the engine says it runs on (linux/amd64); "" says nothing
     images: dict[str, FakeImage] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     containers: dict[str, FakeContainer] = field(default_factory=dict)
@@ -92,6 +93,9 @@ class FakeEngine(Engine):
 
     def version(self) -> str:
         return "fake-1.0"
+
+    def platform(self) -> str:
+        return self.engine_platform
 
     def build(self, context, *, tag, buildargs, nocache, on_line, platform=None) -> BuildOutcome:
         raise EngineError("the fake engine does not build; engine tests do")

@@ -474,13 +474,15 @@ def _one_platform(args: argparse.Namespace) -> str | None:
 
 
 def _release_outcome(results, title: str) -> Outcome:
+    from .templates import gib
+
     release = results["release"]
     m = release.manifest
     a = m.archive
     rows = [("image", m.tag), ("profiles", ", ".join(m.profiles) or "(none)"), ("platform", m.platform or "(none)"),
             ("release", str(release.folder)),
             ("archive", ", ".join(f.name for f in a.files)),
-            ("size", f"{a.bytes / 2**30:.2f} GiB ({a.bytes} bytes), ratio {release.archive.ratio:.2f}"),
+            ("size", f"{gib(a.bytes)} ({a.bytes} bytes), ratio {release.archive.ratio:.2f}"),
             ("SHA256", a.sha256), ("image ID", m.image_id)]
     v = release.validation
     rows.append(("round trip", "passed" if v.round_trip else f"not run ({v.round_trip_skipped})"))
@@ -531,6 +533,8 @@ def _several(args: argparse.Namespace, outcomes: list[Outcome]) -> Outcome:
 
 
 def _built_outcome(args: argparse.Namespace, results) -> Outcome:
+    from .templates import gib
+
     plan = results["plan"]
     if args.stage == "render":
         context, folder = results["context"], results["rendered"]
@@ -547,7 +551,7 @@ def _built_outcome(args: argparse.Namespace, results) -> Outcome:
                 ("image ID", image.image_id),
                 ("layers", str(len(image.diff_ids))),
                 ("build cache", f"{built.cached_steps} of {len(built.cacheable_steps)} steps reused"),
-                ("image size", f"{image.size / 2**30:.2f} GiB ({image.size} bytes)")]
+                ("image size", f"{gib(image.size)} ({image.size} bytes)")]
         return Outcome(document={"image": plan.tag, "image_id": image.image_id, "diff_ids": list(image.diff_ids),
                                  "size": image.size, "profiles": list(plan.profile_names), "platform": image.platform,
                                  "cached_steps": built.cached_steps, "steps": len(built.cacheable_steps)},
@@ -649,9 +653,15 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document=report.document(), final=final, error=error)
 
 
+def counted(n: int, one: str, many: str = "") -> str:
+    """``1 engine``, ``2 engines``: a count with its noun in the number it needs."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
     from .publish import find_releases
+    from .templates import gib
     from .verify import sums_report, verify_folder
 
     out = _out(args, ctx.cwd, existing=True)
@@ -695,7 +705,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
                          f"{m.hotfix.base_image_id[:19]}")
             elif all(states[b] != "verifies" for b in bases):
                 state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
-        rows.append([m.release, m.product, m.published, m.image_id[:19], f"{m.archive.bytes / 2**30:.2f} GiB",
+        rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
                      m.previous or "", state])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
                          "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
@@ -710,7 +720,8 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         ctx.reporter.table(f"releases in {where}", columns, rows)
     failing = sum(1 for r in document if r["state"] != "verifies")
     final = f"no releases under {where}" if not rows else \
-        f"{len(rows)} releases under {where}; {len(rows) - failing} verify"
+        f"{counted(len(rows), 'release')} under {where}; {len(rows) - failing} " \
+        f"{'verifies' if len(rows) - failing == 1 else 'verify'}"
     return Outcome(document={"folder": str(out), "releases": document}, final=final)
 
 
@@ -792,8 +803,9 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
                                         and not args.dry_run} for s in seeds],
                              "leftovers": [str(f) for f in leftovers]},
-                   final=f"{verb} {len(removed)} images or tags and {len(gone)} seeded verify engines"
-                         + (f" and {len(leftovers)} folders left by killed runs" if leftovers else "")
+                   final=f"{verb} {counted(len(removed), 'image or tag', 'images or tags')} and "
+                         f"{counted(len(gone), 'seeded verify engine')}"
+                         + (f" and {counted(len(leftovers), 'folder')} left by killed runs" if leftovers else "")
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
@@ -974,7 +986,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
                     pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop,
                                                         deadline=deadline))
     m = plan.manifest
-    with ctx.reporter.stage("deploy", f"{m.tag} to {len(addresses)} engines from the {args.source}"):
+    with ctx.reporter.stage("deploy", f"{m.tag} to {counted(len(addresses), 'engine')} from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too
         results = deploy(plan, addresses, lambda address: DockerEngine(None if from_env else address, ctx.env,
                                                                        timeout=args.engine_timeout,
@@ -996,7 +1008,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
                 "engines": [{"engine": r.engine, "result": r.result, "seconds": r.seconds, "detail": r.detail,
                              "image_id": r.image_id} for r in results]}
     where = display_path(folder, ctx.cwd)
-    final = f"deployed {where} to {len(results)} engines" if not failed else \
+    final = f"deployed {where} to {counted(len(results), 'engine')}" if not failed else \
         f"deploy of {where}: {failed} of {len(results)} engines failed"
     return Outcome(document=document, final=final, error=error)
 
@@ -1082,6 +1094,14 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
         if inner:
             raise InputError(f"{args.folder}: the folder a kit was unpacked in, not the kit: its tarball holds the "
                              f"folder {inner[0]}/; rebuild {display_path(folder / inner[0], ctx.cwd)}")
+        # the folder `build.py kit --out DIR` wrote: the kit's tarball, not yet unpacked
+        packed = sorted(p.name for p in folder.glob("*-kit.tar.zst") if p.is_file())
+        if packed:
+            tarball = posixpath.join(args.folder, packed[0])
+            inside = posixpath.join(args.folder, packed[0].removesuffix(".tar.zst"))
+            raise InputError(f"{args.folder}: holds the kit's tarball, not an unpacked kit: unpack it (`zstd -dc "
+                             f"{shlex.quote(tarball)} | tar -x -C {shlex.quote(args.folder)}`) and rebuild "
+                             f"{shlex.quote(inside)}")
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
     released = None
@@ -1109,11 +1129,14 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     error = None if matches else VerificationError(
         f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {expected}")
     verdict = "identical" if matches else "DIFFERENT"
+    # what the rebuild leaves in the engine, said: the rebuilt tag and its build cache (`prune` removes both)
+    cache = [("build cache", f"{', '.join(result.cached)} (build.py prune removes it)")] if result.cached else []
     return Outcome(document={"release": record.release, "tag": record.tag, "released": expected,
-                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": matches},
+                             "rebuilt": result.image.image_id, "rebuilt_ref": result.ref, "identical": matches,
+                             "build_cache": list(result.cached)},
                    title="unibake: rebuild", rows=[("release", f"{record.tag} ({record.release})"),
                                                    ("released", expected), ("rebuilt", result.image.image_id),
-                                                   ("tagged", result.ref), ("image ID", verdict)],
+                                                   ("tagged", result.ref), *cache, ("image ID", verdict)],
                    final=f"rebuilt {record.tag}: {verdict} image ID", error=error)
 
 

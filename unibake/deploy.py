@@ -22,6 +22,7 @@ from .engine import Engine
 from .errors import HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import read_small_text
 from .manifest import ReleaseManifest
+from .platforms import DEFAULT as DEFAULT_PLATFORM
 from .verify import checked_load
 
 ADDRESS_RE = re.compile(r"^(unix|tcp|ssh|http|https)://[^\s]{1,400}$")
@@ -122,6 +123,19 @@ def _until(stop: threading.Event, chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield chunk
 
 
+def _foreign(engine: Engine, m: ReleaseManifest) -> str:
+    """A note for a row whose engine is of another platform than the image: it holds the image, and
+    runs it only under emulation (if at all), which a loaded row alone would not tell."""
+    try:
+        theirs = engine.platform()
+    except UnibakeError:
+        return ""
+    ours = m.platform or DEFAULT_PLATFORM
+    if not theirs or theirs == ours:
+        return ""
+    return f"; the engine is {theirs}, the image {ours}: it runs there only under emulation"
+
+
 def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
                 stop: threading.Event | None = None) -> NodeResult:
     m = plan.manifest
@@ -141,9 +155,10 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
         moved = f"; {m.tag} named {tagged.id[:19]}... before" if tagged is not None and tagged.id != m.image_id else ""
         if held is not None:
             if not moved and tagged is not None:
-                return done("skipped", "already holds the image", m.image_id)
+                return done("skipped", f"already holds the image{_foreign(engine, m)}", m.image_id)
             engine.tag(m.image_id, m.tag)
-            return done("tagged", f"already held the image; tagged {m.tag}{moved}", m.image_id)
+            return done("tagged", f"already held the image; tagged {m.tag}{moved}{_foreign(engine, m)}",
+                        m.image_id)
         if m.hotfix and plan.source == "archive" and engine.inspect_image(m.hotfix.base_image_id) is None:
             # its archive leaves out the base release's layers; a pull of its push brings every layer
             return done("failed", f"this hotfix needs release {m.hotfix.base_release} ({m.hotfix.base_image_id[:19]}) "
@@ -170,7 +185,7 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
         if got is None or got.id != m.image_id:
             return done("failed", f"image ID {got.id if got else '(no image)'} after the {result[:-2]}, not "
                                   f"{m.image_id}", got.id if got else "")
-        return done(result, f"image ID {m.image_id[:19]}... checked{moved}", m.image_id)
+        return done(result, f"image ID {m.image_id[:19]}... checked{moved}{_foreign(engine, m)}", m.image_id)
     except UnibakeError as exc:
         return done("failed", str(exc))
     except Exception as exc:  # one node's surprise must not stop the others: it is that node's row

@@ -240,6 +240,15 @@ class DockerEngine(Engine):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail("the Docker engine does not answer", exc) from None
 
+    def platform(self) -> str:
+        from .platforms import recorded
+
+        try:
+            found = self.api.version()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail("the Docker engine does not answer", exc) from None
+        return recorded(str(found.get("Arch") or ""), str(found.get("Os") or ""))
+
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
               on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:
         steps: list[BuildStep] = []

@@ -88,6 +88,10 @@ class Engine(ABC):
     def version(self) -> str:
         """The engine's server version; raises EngineError when it does not answer."""
 
+    def platform(self) -> str:
+        """The engine's own os/architecture (``linux/amd64``); "" when it does not say."""
+        return ""
+
     @abstractmethod
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
               on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:

@@ -512,6 +512,7 @@ class Rebuilt:
     record: KitRecord
     image: Image
     ref: str
+    cached: tuple[str, ...] = ()  # the build cache tags the rebuild left (its stages, the image before normalising)
 
     @property
     def matches(self) -> bool:
@@ -557,8 +558,10 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
                 raise BuildFailed(f"{exc}; {emulation_hint(record.platform)}", step=exc.step, output=exc.output,
                                   last_image=exc.last_image, stage_images=exc.stage_images) from None
             raise
+    cached = []
     for n, stage in enumerate(outcome.stage_images, 1):  # as the build stage keeps them: cache, never dangling
         keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
+        cached.append(cache_ref(record.product, selection, f"stage{n}"))
     info = engine.inspect_image(ref)
     if info is None:
         raise UnibakeError(f"the rebuild finished but {ref} is not in the engine")
@@ -568,11 +571,24 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
                             owned=record.install_root, cache=None, progress=progress, platform=platform)
     if image.image_id != built.image_id:
         keep_as_cache(engine, cache_ref(record.product, selection, "build"), built.image_id)
-    return Rebuilt(record=record, image=image, ref=ref)
+        cached.append(cache_ref(record.product, selection, "build"))
+    return Rebuilt(record=record, image=image, ref=ref, cached=tuple(cached))
 
 
 # ---------------------------------------------------------------------------------------------
 # The kit of an existing release, again
+
+
+def checkout_hint(revision: str, when: str) -> str:
+    """What to check out to write a release's kit again: its commit (a ``-dirty`` revision is no name
+    git knows: the commit, plus the changes it was built with), or, with none recorded, its inputs."""
+    commit, dirty = revision.removesuffix("-dirty"), revision.endswith("-dirty")
+    if revision == "unknown" or not commit:
+        return "the release records no git revision: restore the inputs its provenance lists"
+    if dirty:
+        return (f"check out the revision {when} ({commit}) with the uncommitted changes it was built with (it was "
+                "built from a checkout with changes: its provenance lists every input's sha256)")
+    return f"check out the revision {when} ({commit})"
 
 
 def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
@@ -617,8 +633,8 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                      platform=KNOWN.get(manifest.platform or ""), on_product=same_product)
     if plan.tag != manifest.tag:
         raise InputError(f"the profiles in {config} give the image {plan.tag}, not {where}'s {manifest.tag}: a "
-                         "profile added or removed since changes which selection is 'all'; check out the revision "
-                         f"the release was made at ({manifest.revision})")
+                         "profile added or removed since changes which selection is 'all'; "
+                         f"{checkout_hint(manifest.revision, 'the release was made at')}")
     checks = (("input", {f.path: f.sha256 for f in plan.inputs}),
               ("profile", {rel: hashlib.sha256(plan.config_data(rel)).hexdigest() for rel in plan.config_files}),
               ("lock", {(lock := (plan.config_dir / LOCK_FILE).relative_to(plan.project_root).as_posix()):
@@ -635,8 +651,8 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                 state = (f"is not one {where} was built from" if path not in theirs else
                          f"of {where} is missing here" if path not in ours else
                          f"differs from the one {where} was built from")
-                raise InputError(f"{role} {path} {state} (its provenance lists them); check out the revision it "
-                                 f"was built from ({manifest.revision})")
+                raise InputError(f"{role} {path} {state} (its provenance lists them); "
+                                 f"{checkout_hint(manifest.revision, 'it was built from')}")
 
     def image(role: str, ref: str, sha: str) -> BaseImage:  # as kit.json will hold it: checked here, by name
         if not (IMAGE_REF_RE.fullmatch(ref) and len(ref) <= 512 and HEX64_RE.fullmatch(sha)):

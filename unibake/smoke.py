@@ -180,7 +180,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
             if gone or time.monotonic() - probe_start > limit:
                 probe.kill()
                 out, err = probe.communicate()
-                stopped = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
+                stopped = _exited(status, engine.container_state(container)[2]) if gone \
                     else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
                 break
     finally:
@@ -241,8 +241,16 @@ def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:
 
 
 def _tail(logs: str) -> str:
+    """The last three different lines: an engine the restart policy started again says the same
+    thing each time, and its one error must not fill the line three times."""
     lines = [line for line in logs.strip().splitlines() if line.strip()]
-    return " | ".join(lines[-3:]) or "no output"
+    return " | ".join(list(dict.fromkeys(reversed(lines)))[:3][::-1]) or "no output"
+
+
+def _exited(status, logs: str) -> str:
+    """Why a gate's engine is gone: its exit code, how often it was started, and what it said."""
+    starts = f", started {status.restart_count + 1} times" if status.restart_count else ""
+    return f"the engine exited with code {status.exit_code} before answering{starts}: {_tail(logs)}"
 
 
 def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,

@@ -82,7 +82,12 @@ def mount_var(name: str) -> str:
 
 
 def gib(size: int) -> str:
-    return f"{size / 2**30:.2f} GiB"
+    """Bytes as GiB; a size under 0.01 GiB (that would read "0.00 GiB", as if empty) in MiB or KiB."""
+    if size >= 2**30 / 100:
+        return f"{size / 2**30:.2f} GiB"
+    if size >= 2**20:
+        return f"{size / 2**20:.2f} MiB"
+    return f"{size / 2**10:.2f} KiB"
 
 
 VERIFIER_END = "END_OF_VERIFY_RELEASE_SH"  # ends the here-document apply.sh carries the verifier in

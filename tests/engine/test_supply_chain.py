@@ -175,3 +175,30 @@ def test_a_kernel_compiled_in_its_own_toolchain_image_is_a_material_and_the_kit_
     rebuilt = cli("rebuild", str(kit_folder))
     assert rebuilt.code == 0, rebuilt.err
     assert engine.inspect_image(f"unibake-kit/unibake-test:{version}").id == (folder / "IMAGE_ID").read_text().strip()
+
+
+def test_a_kit_rebuild_names_the_build_cache_it_leaves_in_the_engine(cli, engine, busybox_product, version, images,
+                                                                     tmp_path):
+    # the rebuild tags the image before normalising as build cache: a downloader who rebuilt a kit was
+    # told of unibake-kit/... only, and found unibake-cache/...:kit-<release>-build in the engine after
+    from unibake.kit import kit_name, write_kit
+    from unibake.plan import make_plan
+    from unibake.render import render
+    from unibake.sbom import BaseImage
+
+    base = engine.inspect_image("localhost/unibake-busybox:1")
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    (tmp_path / "out").mkdir()
+    name = kit_name(plan.product, version)
+    write_kit(tmp_path / "out", name, plan=plan, context=render(plan), release=version, image_id="sha256:" + "e" * 64,
+              diff_ids=("sha256:" + "1" * 64,), epoch=1700000000, revision="abc",
+              base=BaseImage(ref="localhost/unibake-busybox:1", image_id=base.id), builder=None)
+    folder = unpack(tmp_path / "out" / name, tmp_path / "unpacked")
+    images(f"unibake-kit/unibake-test:{version}")
+    cache = f"unibake-cache/unibake-test:kit-{version}-build"
+    images(cache)
+    rebuilt = cli("--json", "rebuild", str(folder))
+    assert rebuilt.code == 3  # another image ID than the made-up one the kit names
+    document = json.loads(rebuilt.out)
+    assert document["build_cache"] == [cache] and engine.inspect_image(cache) is not None
+    assert f"{cache} (build.py prune removes it)" in rebuilt.err

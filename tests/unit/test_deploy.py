@@ -816,3 +816,28 @@ def test_an_ssh_engine_that_stops_answering_fails_its_row_after_engine_timeout(t
         "nothing of it taken in 2 s (--engine-timeout)" in row.detail, row.detail
     assert took < 15, took
     assert seen == [f"{silent} held"]
+
+
+def test_a_release_deployed_to_an_engine_of_another_platform_says_it_runs_there_only_under_emulation(tmp_path):
+    # an arm64 release deployed to amd64 nodes was "loaded, image ID checked" like any other: the
+    # operator learnt of it from the first container's "exec format error"
+    from .test_publish import _selection
+
+    folder, image_id = make_release(tmp_path / "release", "1.3.1-arm64",
+                                    _selection({"tp1", "tp2", "tp4"}, "tp4", platform="linux/arm64"))
+    m = load_manifest(folder)
+    engines, connect = fleet("amd", "arm", "quiet")
+    engines["tcp://amd:2375"].engine_platform = "linux/amd64"
+    engines["tcp://arm:2375"].engine_platform = "linux/arm64"
+    plan = Plan(folder=folder, manifest=m, source="archive")
+    addresses = list(engines)
+    note = "; the engine is linux/amd64, the image linux/arm64: it runs there only under emulation"
+    first = deploy(plan, addresses, connect)
+    assert [(r.result, r.detail) for r in first] == [
+        ("loaded", f"image ID {image_id[:19]}... checked{note}"), ("loaded", f"image ID {image_id[:19]}... checked"),
+        ("loaded", f"image ID {image_id[:19]}... checked")]  # an engine that does not say: nothing claimed
+    raise_if_failed(first)  # a note, not a failure: emulation is a choice
+    again = deploy(plan, addresses, connect)
+    assert [(r.result, r.detail) for r in again] == [("skipped", f"already holds the image{note}"),
+                                                    ("skipped", "already holds the image"),
+                                                    ("skipped", "already holds the image")]

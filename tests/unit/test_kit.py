@@ -322,6 +322,38 @@ def test_kit_after_a_profile_was_added_says_so_and_names_the_release_s_revision(
         refused.error_lines[-1] and revision in refused.error_lines[-1], refused.err
 
 
+@pytest.mark.parametrize("recorded", ["dirty", "unknown"])
+def test_kit_of_a_release_built_from_a_dirty_or_no_checkout_names_a_revision_git_knows(cli, tmp_path, demo_product,
+                                                                                       recorded):
+    # a release built with uncommitted changes records "COMMIT-dirty": the hint said "check out the
+    # revision it was built from (COMMIT-dirty)", a name `git checkout` refuses
+    tune = sorted((demo_product.parent / "images/tune/tp2").iterdir())[0]
+    tune.write_text(tune.read_text() + "\n")
+    assert cli("lock", "--config", str(demo_product)).code == 0
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    data = json.loads((folder / "manifest.json").read_text())
+    commit = data["revision"].removesuffix("-dirty")
+    data["revision"] = f"{commit}-dirty" if recorded == "dirty" else "unknown"
+    text = json.dumps(data, indent=2) + "\n"
+    (folder / "manifest.json").write_text(text)
+    sums = [line if not line.endswith("  manifest.json") else f"{hashlib.sha256(text.encode()).hexdigest()}  manifest.json"
+            for line in (folder / "SHA256SUMS").read_text().splitlines()]
+    (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(demo_product))
+    assert refused.code == 2 and len(refused.error_lines) == 1, refused.err
+    line = refused.error_lines[0]
+    assert line.startswith(f"error: input images/tune/tp2/{tune.name} differs from the one release 1.3.1"), line
+    assert "-dirty" not in line and "unknown" not in line
+    if recorded == "dirty":
+        assert line.endswith(f"check out the revision it was built from ({commit}) with the uncommitted changes it was "
+                             "built with (it was built from a checkout with changes: its provenance lists every input's "
+                             "sha256)")
+    else:
+        assert line.endswith("the release records no git revision: restore the inputs its provenance lists")
+    assert not (tmp_path / "kit").exists()
+
+
 def test_kit_with_another_products_profiles_says_so(cli, tmp_path, busybox_product):
     # without --config the checkout's profiles/ is used: another product's, whose errors (an unknown
     # profile, "--profile") named neither the product nor the option to give
@@ -781,6 +813,21 @@ def test_rebuild_of_the_folder_a_kit_was_unpacked_in_or_of_its_release_names_the
     assert refused.code == 2 and refused.error_lines == [
         f"error: {release}: a release folder, not a kit: unpack its kit (`mkdir kit && zstd -dc {release / kit.name} | "
         f"tar -x -C kit`) and rebuild kit/{folder.name}"]
+
+
+def test_rebuild_of_the_folder_kit_out_wrote_says_to_unpack_the_tarball_and_names_the_kit(busybox_product,
+                                                                                            tmp_path, cli):
+    # `build.py kit RELEASE --out DIR` then `build.py rebuild DIR`, as an adopter first tries: it said
+    # "DIR/kit.sha256: missing; not a reconstruct kit folder" and exit 3 (a failed check, not a wrong folder)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    refused = cli("rebuild", "out", cwd=tmp_path)
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: out: holds the kit's tarball, not an unpacked kit: unpack it (`zstd -dc out/{kit.name} | tar -x -C "
+        f"out`) and rebuild out/{kit.name.removesuffix('.tar.zst')}"]
+    command = refused.error_lines[0].split("`")[1]
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / kit.name.removesuffix(".tar.zst") / "kit.json").is_file()
 
 
 def test_kit_of_a_release_made_by_archive_says_it_was_not_built_from_profiles(engines, tmp_path, cli):

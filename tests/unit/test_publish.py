@@ -689,3 +689,30 @@ def test_the_checksums_record_is_fsynced_before_it_takes_its_name(tmp_path, monk
     assert (info.st_dev, info.st_ino) in synced
     checksums = (tmp_path / "checksums").stat()
     assert (checksums.st_dev, checksums.st_ino) in synced  # and its folder, after the rename
+
+
+def test_a_small_release_gives_its_sizes_in_mib_or_kib_never_as_0_00_gib(tmp_path, cli):
+    # a busybox-sized product (a sidecar, a small service) read "0.00 GiB" everywhere: the notes, the
+    # downloader's guide ("0.00 GiB once loaded"), the summary and the releases table
+    from unibake.templates import gib
+
+    assert (gib(5492), gib(1082284), gib(161 * 2**20), gib(3 * 2**30)) == \
+        ("5.36 KiB", "1.03 MiB", "0.16 GiB", "3.00 GiB")
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    for name in ("RELEASE_NOTES.md", "README-DIST.md"):
+        text = (folder / name).read_text()
+        assert "0.00 GiB" not in text and " KiB" in text, name
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and "0.00 GiB" not in listed.err and " KiB" in listed.err, listed.err
+
+
+def test_one_release_or_one_engine_is_counted_in_the_singular(tmp_path, cli):
+    # "1 releases under release; 1 verify", "deploy ... to 1 engines from the archive"
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and listed.err.splitlines()[-1] == f"1 release under {out}; 1 verifies", listed.err
+    gone = f"unix://{tmp_path}/nothing.sock"
+    deployed = cli("deploy", str(folder), "--engine", gone)
+    assert deployed.code == 3 and "demo-llm:1.0 to 1 engine from the archive" in deployed.err, deployed.err

@@ -486,3 +486,24 @@ def test_a_reply_that_is_not_text_says_why_in_words(engine, server, body, said):
     Engine.raw = body  # before: "invalid continuation byte" / "surrogates not allowed", and nothing more
     result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
     assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
+
+
+def test_an_engine_that_crashes_on_every_start_is_named_once_with_its_exit_code(engine):
+    # the restart policy starts a crashing engine again: its logs hold one error per start, and the
+    # gate's line said it three times ("...: No such file | ...: No such file | ...: No such file")
+    # without the exit code
+    said = "acme-engine: cannot open /models/target/config.json: No such file or directory\n"
+
+    def crashes_later(container):
+        def crash():
+            time.sleep(0.3)
+            container.logs, container.restart_count, container.exit_code = said * 3, 2, 17
+            container.running = False
+
+        threading.Thread(target=crash, daemon=True).start()
+
+    engine.starter = crashes_later
+    result = run_gates(engine, "demo:1", metadata(1, timeout=10), netns_pid=None)[0]  # nothing listens on port 1
+    assert result.failed.name == "health"
+    assert result.failed.detail.endswith("the engine exited with code 17 before answering, started 3 times: "
+                                         + said.strip()), result.failed.detail
