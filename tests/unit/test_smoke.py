@@ -486,3 +486,84 @@ def test_a_reply_that_is_not_text_says_why_in_words(engine, server, body, said):
     Engine.raw = body  # before: "invalid continuation byte" / "surrogates not allowed", and nothing more
     result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
     assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
+
+
+def multi_node(port: int, nodes: int = 4, timeout: int = 3) -> ImageMetadata:
+    document = metadata(port, timeout=timeout).model_dump()
+    document["profiles"]["tp1"]["topology"] = {"nodes": nodes, "network": "host", "master_port": 20000}
+    return ImageMetadata.model_validate(document, strict=False)
+
+
+def waits_for_its_peers(engine: FakeEngine, nodes: int):
+    """A distributed engine: rank 0's /health answers once every peer has come to MASTER_ADDR."""
+    Engine.ready_at = float("inf")
+
+    def starter(container):
+        ranks = {c.env.get("NODE_RANK"): c for c in list(engine.containers.values()) + [container]}
+        master = ranks.get("0")
+        if master is None or len(ranks) < nodes:
+            return
+        peers = [ranks[str(r)] for r in range(1, nodes)]
+        if all(p.network == master.network and p.env["MASTER_ADDR"] == master.name and master.name in p.hosts
+               and p.env["NNODES"] == str(nodes) and p.env["MASTER_PORT"] == "20000" for p in peers):
+            Engine.ready_at = 0.0
+
+    return starter
+
+
+def test_a_multi_node_profile_starts_every_rank_on_a_private_network_and_gates_rank_0(engine, server):
+    # (before: rank 0 alone, MASTER_ADDR=127.0.0.1: an engine that waits for its peers never answered)
+    engine.starter = waits_for_its_peers(engine, 4)
+    seen: list = []
+    real_start = engine.start
+
+    def start(image, args, **kw):
+        cid = real_start(image, args, **kw)
+        seen.append(engine.containers[cid])
+        return cid
+
+    engine.start = start
+    result = run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert [c.env["NODE_RANK"] for c in seen] == ["0", "1", "2", "3"]
+    assert all(c.env["PROFILE"] == "tp1" and c.restarts for c in seen)
+    assert len({c.network for c in seen}) == 1 and seen[0].network.startswith("unibake-smoke-")
+    assert result.steps[-1].detail == "4 ranks running, 0 restarts, not OOM-killed"
+    assert engine.containers == {} and engine.networks == {}  # every rank and the network removed
+
+
+def test_a_multi_node_rank_that_exits_fails_the_stability_step_naming_it(engine, server):
+    wait = waits_for_its_peers(engine, 3)
+
+    def starter(container):
+        wait(container)
+        if container.env["NODE_RANK"] == "2":
+            container.running, container.exit_code = False, 1
+
+    engine.starter = starter
+    result = run_gates(engine, "demo:1", multi_node(server.server_port, nodes=3), netns_pid=None)[0]
+    assert result.failed.name == "stability" and result.failed.detail == "rank 2: not running (exit code 1)"
+    assert engine.containers == {} and engine.networks == {}
+
+
+def test_a_multi_node_gate_that_fails_to_start_a_rank_leaves_no_container_or_network(engine, server):
+    from unibake.errors import EngineError
+
+    def starter(container):
+        if container.env["NODE_RANK"] == "2":
+            raise EngineError("starting demo:1 failed: no room")
+
+    engine.starter = starter
+    with pytest.raises(EngineError, match="no room"):
+        run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
+    assert engine.containers == {} and engine.networks == {}
+
+
+def test_a_multi_node_rank_0_that_exits_at_once_fails_the_start_step_and_starts_no_peer(engine, server):
+    def starter(container):
+        container.running, container.logs = False, "error: --nnodes 4 needs a GPU\n"
+
+    engine.starter = starter
+    result = run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "start" and "needs a GPU" in result.failed.detail
+    assert engine.containers == {} and engine.networks == {}
