@@ -325,9 +325,15 @@ def _tail(logs: str) -> str:
 
 def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,
               on_result=lambda result: None) -> tuple[GateResult, ...]:
-    """Every profile's gate, in order; all run, so the notes show each result."""
+    """Every profile's gate, in order; all run, so the notes show each result (a profile with
+    ``smoke.skip`` gets a skipped result with its reason, no step)."""
     results = []
     for profile, spec in sorted(metadata.profiles.items()):
+        if spec.smoke.skip is not None:  # the profile says why its gate cannot run here: recorded, never passed
+            result = GateResult(profile=profile, steps=(), skipped=spec.smoke.skip)
+            on_result(result)
+            results.append(result)
+            continue
         result = run_gate(engine, image, profile, spec, port=metadata.launch.port,
                           model=metadata.launch.model_name, netns_pid=netns_pid)
         on_result(result)
