@@ -567,3 +567,13 @@ def test_a_multi_node_rank_0_that_exits_at_once_fails_the_start_step_and_starts_
     result = run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)[0]
     assert result.failed.name == "start" and "needs a GPU" in result.failed.detail
     assert engine.containers == {} and engine.networks == {}
+
+
+@pytest.mark.parametrize("variable", ["http_proxy", "HTTP_PROXY", "all_proxy"])
+def test_a_proxy_in_the_environment_is_not_asked_for_the_engines_bridge_address(engine, server, monkeypatch,
+                                                                                 variable):
+    # (before: urllib sent /health to the proxy, which cannot reach the verify engine's bridge: the gate
+    # failed after smoke.timeout with the proxy's error, for an engine that answered)
+    monkeypatch.setenv(variable, "http://127.0.0.1:1")
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
