@@ -91,7 +91,13 @@ def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int
             raise TypeError(f"the reply's content is {type(content).__name__}, not text")
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
     except ENGINE_FAULTS as exc:
-        return {"error": f"the chat completion failed: {_why(exc)}", "seconds": round(time.monotonic() - start, 3)}
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            # a model that answers slowly (its first request compiles, loads, warms up): say the bound, and its key
+            why = (f"no reply within {max(MIN_WAIT, timeout):g} s (each prompt waits up to the profile's "
+                   "smoke.timeout: raise it for a model that answers slowly)")
+        else:
+            why = _why(exc)
+        return {"error": f"the chat completion failed: {why}", "seconds": round(time.monotonic() - start, 3)}
 
 
 def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_tokens: list[int] | None = None,

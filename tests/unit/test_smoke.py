@@ -577,3 +577,12 @@ def test_a_proxy_in_the_environment_is_not_asked_for_the_engines_bridge_address(
     monkeypatch.setenv(variable, "http://127.0.0.1:1")
     result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
     assert result.passed, result.steps
+
+
+def test_a_model_that_answers_slower_than_its_bound_fails_naming_the_bound_and_the_key(engine, server):
+    # (before: "the chat completion failed: timed out", no bound, no way to know what to raise)
+    Engine.thinking = 7.0
+    result = run_gates(engine, "demo:1", metadata(server.server_port, timeout=5), netns_pid=None)[0]
+    assert result.failed.name == "chat"
+    assert result.failed.detail == ("the chat completion failed: no reply within 5 s (each prompt waits up to the "
+                                    "profile's smoke.timeout: raise it for a model that answers slowly)")
