@@ -179,7 +179,7 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
                 engine.start(image, [], env=rank_env(profile, topology, rank, names[0]), restarts=RESTARTS,
                              network=network, name=names[rank], hosts={names[0]: address})
         stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
-                           timeout=spec.smoke.timeout, netns_pid=netns_pid)
+                           timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
         statuses = [engine.container_status(name) for name in started]
     finally:
         _remove_all(engine, started, network)
@@ -223,8 +223,10 @@ PROBE_MARGIN = 10.0  # seconds over the probe's own bounds before it is stopped
 
 def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], steps: list[GateStep],
            chats: list[ChatCheck], *, start: float, port: int, model: str, timeout: int,
-           netns_pid: int | None) -> bool:
-    """The steps on a started container: start, health, every prompt. True when it got to the prompts."""
+           netns_pid: int | None, peers: tuple[str, ...] = ()) -> bool:
+    """The steps on a started container: start, health, every prompt. True when it got to the prompts.
+    ``peers``: the other ranks' containers (rank 1 on) of a multi-node gate: one that exits for good
+    stops the wait (rank 0 would wait for it until the bound)."""
     running, address, logs = engine.container_state(container)
     for _ in range(50):
         if address or not running:
@@ -255,11 +257,18 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                 pass
             status = engine.container_status(container)
             gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
-            if gone or time.monotonic() - probe_start > limit:
+            peer = next((rank for rank, c in enumerate(peers, 1) if _gone(engine.container_status(c))), None)
+            if gone or peer is not None or time.monotonic() - probe_start > limit:
                 probe.kill()
                 out, err = probe.communicate()
-                stopped = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}" if gone \
-                    else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
+                if gone:
+                    stopped = f"the engine exited before answering: {_tail(engine.container_state(container)[2])}"
+                elif peer is not None:
+                    code = engine.container_status(peers[peer - 1]).exit_code
+                    stopped = (f"rank {peer} exited (exit code {code}) before rank 0 answered: "
+                               f"{_tail(engine.container_state(peers[peer - 1])[2])}")
+                else:
+                    stopped = f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
                 break
     finally:
         # however the wait ends (an interrupt: SIGTERM reaches this process alone, an engine error), the
@@ -297,6 +306,11 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         detail = got["reply"][:300] if ok else f"{which}{why}, got {got['reply'][:300]!r}"
         steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
     return True
+
+
+def _gone(status: ContainerStatus) -> bool:
+    """Exited for good: not running, and the restart policy gave up."""
+    return not status.running and not status.restarting
 
 
 def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:

@@ -532,17 +532,18 @@ def test_a_multi_node_profile_starts_every_rank_on_a_private_network_and_gates_r
     assert engine.containers == {} and engine.networks == {}  # every rank and the network removed
 
 
-def test_a_multi_node_rank_that_exits_fails_the_stability_step_naming_it(engine, server):
+def test_a_multi_node_rank_that_restarted_fails_the_stability_step_naming_it(engine, server):
     wait = waits_for_its_peers(engine, 3)
 
     def starter(container):
         wait(container)
         if container.env["NODE_RANK"] == "2":
-            container.running, container.exit_code = False, 1
+            container.restart_count, container.oom_killed = 1, True
 
     engine.starter = starter
     result = run_gates(engine, "demo:1", multi_node(server.server_port, nodes=3), netns_pid=None)[0]
-    assert result.failed.name == "stability" and result.failed.detail == "rank 2: not running (exit code 1)"
+    assert result.failed.name == "stability" and result.failed.detail == "rank 2: restarted 1 time; OOM-killed"
+    assert (result.restart_count, result.oom_killed) == (1, True)
     assert engine.containers == {} and engine.networks == {}
 
 
@@ -586,3 +587,20 @@ def test_a_model_that_answers_slower_than_its_bound_fails_naming_the_bound_and_t
     assert result.failed.name == "chat"
     assert result.failed.detail == ("the chat completion failed: no reply within 5 s (each prompt waits up to the "
                                     "profile's smoke.timeout: raise it for a model that answers slowly)")
+
+
+def test_a_multi_node_peer_that_exits_before_rank_0_answers_stops_the_wait_naming_it(engine, server):
+    # rank 0 waits for its peers: without a look at them the gate waited smoke.timeout, then blamed rank 0
+    Engine.ready_at = float("inf")
+
+    def starter(container):
+        if container.env["NODE_RANK"] == "2":
+            container.running, container.exit_code, container.logs = False, 1, "NCCL error: no route to rank 0\n"
+
+    engine.starter = starter
+    begun = time.monotonic()
+    result = run_gates(engine, "demo:1", multi_node(server.server_port, timeout=60), netns_pid=None)[0]
+    assert time.monotonic() - begun < 20
+    assert result.failed.name == "health"
+    assert result.failed.detail == "rank 2 exited (exit code 1) before rank 0 answered: NCCL error: no route to rank 0"
+    assert engine.containers == {} and engine.networks == {}
