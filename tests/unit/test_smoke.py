@@ -547,15 +547,16 @@ def test_a_multi_node_rank_that_restarted_fails_the_stability_step_naming_it(eng
     assert engine.containers == {} and engine.networks == {}
 
 
-def test_a_multi_node_gate_that_fails_to_start_a_rank_leaves_no_container_or_network(engine, server):
+@pytest.mark.parametrize("fault", ["engine", "interrupt"])
+def test_a_multi_node_gate_that_fails_to_start_a_rank_leaves_no_container_or_network(engine, server, fault):
     from unibake.errors import EngineError
 
     def starter(container):
         if container.env["NODE_RANK"] == "2":
-            raise EngineError("starting demo:1 failed: no room")
+            raise EngineError("starting demo:1 failed: no room") if fault == "engine" else KeyboardInterrupt()
 
     engine.starter = starter
-    with pytest.raises(EngineError, match="no room"):
+    with pytest.raises(EngineError if fault == "engine" else KeyboardInterrupt):
         run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
     assert engine.containers == {} and engine.networks == {}
 
