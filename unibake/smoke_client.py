@@ -121,7 +121,9 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
             if time.monotonic() > deadline:
                 # where it was asked: the container's address on the engine's bridge, which a client outside
                 # that engine's network (an engine elsewhere, --verify-engine) may not reach
-                result["error"] = f"{base_url}/health did not answer within {timeout:.0f} s ({last_error})"
+                # and what bounds the wait: a model that loads for longer needs a larger smoke.timeout
+                result["error"] = (f"{base_url}/health did not answer within {timeout:.0f} s ({last_error}; "
+                                   "the profile's smoke.timeout bounds the wait)")
                 on_step({"error": result["error"]})
                 return result
             time.sleep(0.25)

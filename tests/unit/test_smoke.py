@@ -171,6 +171,8 @@ def test_an_engine_that_never_answers_fails_the_health_step(engine):
     assert result.failed.name == "health" and "did not answer" in result.failed.detail
     # where it was asked, so that an address the client cannot reach is seen as such
     assert result.failed.detail.startswith("http://127.0.0.1:1/health did not answer within 1 s (")
+    # and what bounds that wait, for a model that loads for longer (before: the bound alone, no key)
+    assert "; the profile's smoke.timeout bounds the wait); engine log: " in result.failed.detail
 
 
 def planned(port: int, smoke: dict) -> ImageMetadata:
