@@ -162,8 +162,8 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     started: list[str] = []  # names, not IDs: one started as an interrupt came is removed too
     statuses: list[ContainerStatus] = []
     stability = False
-    engine.create_network(network)
     try:
+        engine.create_network(network)  # (in the try: one made as an interrupt came is removed too, by name)
         started.append(names[0])
         master = engine.start(image, [], env=rank_env(profile, topology, 0, names[0]), restarts=RESTARTS,
                               network=network, name=names[0])

@@ -607,3 +607,16 @@ def test_a_multi_node_peer_that_exits_before_rank_0_answers_stops_the_wait_namin
     assert result.failed.name == "health"
     assert result.failed.detail == "rank 2 exited (exit code 1) before rank 0 answered: NCCL error: no route to rank 0"
     assert engine.containers == {} and engine.networks == {}
+
+
+def test_a_multi_node_gate_interrupted_as_its_network_is_made_leaves_no_network(engine, server):
+    real = engine.create_network
+
+    def create_network(name):
+        real(name)  # the engine made it; the interrupt came before its answer
+        raise KeyboardInterrupt
+
+    engine.create_network = create_network
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
+    assert engine.networks == {} and engine.containers == {}
