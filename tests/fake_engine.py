@@ -49,6 +49,9 @@ class FakeContainer:
     restart_count: int = 0  # what the test says happened
     oom_killed: bool = False
     exit_code: int = 0
+    network: str | None = None  # a network create_network made, or None: the default bridge
+    name: str | None = None
+    hosts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class FakeEngine(Engine):
     starter: Callable[[FakeContainer], None] = lambda container: None
     loads: int = 0
     remote: dict[str, FakeImage] = field(default_factory=dict)  # a registry: "repository@digest" -> image
+    networks: dict[str, str] = field(default_factory=dict)  # ID -> name, of the networks create_network made
 
     # --- test helpers ---------------------------------------------------------------------
 
@@ -176,25 +180,52 @@ class FakeEngine(Engine):
             raise EngineError(f"running {image} failed: no such image (engine at {self.address})")
         return self.runner(image, list(args), dict(env or {}))
 
-    def start(self, image: str, args: list[str], *, env=None, restarts: int = 0) -> str:
+    def start(self, image: str, args: list[str], *, env=None, restarts: int = 0, network=None, name=None,
+              hosts=None) -> str:
         found = self._find(image)
-        container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts, image_id=found.id if found else "")
+        if network is not None and network not in self.networks and network not in self.networks.values():
+            raise EngineError(f"starting {image} failed: network {network} not found (engine at {self.address})")
+        if name is not None and any(c.name == name for c in self.containers.values()):
+            raise EngineError(f"starting {image} failed: the name {name} is in use (engine at {self.address})")
+        container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts, image_id=found.id if found else "",
+                                  network=network, name=name, hosts=dict(hosts or {}))
         self.starter(container)
-        cid = sha(f"{len(self.containers)}{image}".encode())
+        cid = sha(f"{len(self.containers)}{image}{name}".encode())
         self.containers[cid] = container
         return cid
 
+    def _container(self, container: str) -> str | None:
+        """A container's ID, by its ID or its name."""
+        if container in self.containers:
+            return container
+        return next((cid for cid, c in self.containers.items() if c.name is not None and c.name == container), None)
+
     def container_state(self, container: str) -> tuple[bool, str, str]:
-        c = self.containers[container]
+        c = self.containers[self._container(container)]
         return c.running, c.address if c.running else "", c.logs
 
     def container_status(self, container: str) -> ContainerStatus:
-        c = self.containers[container]
+        c = self.containers[self._container(container)]
         return ContainerStatus(running=c.running, restarting=False, restart_count=c.restart_count, oom_killed=c.oom_killed,
                                exit_code=c.exit_code)
 
     def remove_container(self, container: str) -> None:
-        self.containers.pop(container, None)
+        self.containers.pop(self._container(container), None)
+
+    def create_network(self, name: str) -> str:
+        if name in self.networks.values():
+            raise EngineError(f"cannot create network {name}: it exists (engine at {self.address})")
+        nid = sha(f"network {name}".encode())
+        self.networks[nid] = name
+        return nid
+
+    def remove_network(self, network: str) -> None:
+        nid = network if network in self.networks else next((k for k, v in self.networks.items() if v == network), None)
+        if nid is None:
+            return
+        if any(c.network in (nid, self.networks[nid]) for c in self.containers.values()):
+            raise EngineError(f"cannot remove network {network}: containers use it (engine at {self.address})")
+        del self.networks[nid]
 
     def tag(self, image: str, ref: str) -> None:
         found = self._find(image)

@@ -486,7 +486,8 @@ def _release_outcome(results, title: str) -> Outcome:
             ("SHA256", a.sha256), ("image ID", m.image_id)]
     v = release.validation
     rows.append(("round trip", "passed" if v.round_trip else f"not run ({v.round_trip_skipped})"))
-    rows.append(("smoke gates", ", ".join(f"{g.profile} {'passed' if g.passed else 'FAILED'}" for g in v.smoke)
+    rows.append(("smoke gates", ", ".join(f"{g.profile} SKIPPED ({g.skipped})" if g.skipped is not None
+                                          else f"{g.profile} {'passed' if g.passed else 'FAILED'}" for g in v.smoke)
                  or f"not run ({v.smoke_skipped})"))
     if m.hotfix:
         h = m.hotfix
@@ -647,10 +648,17 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     except UnibakeError as exc:
         error = exc
     passed = len(report.checks) - len(report.failures)
+    skipped = {name: p.smoke.skip for name, p in sorted(report.manifest.profiles.items())
+               if p.smoke.skip is not None} if report.manifest else {}
+    for name, reason in skipped.items():  # what the folder's checks cannot show: a profile released ungated
+        ctx.reporter.warn(f"profile {name} was released without its smoke gate (smoke.skip: {reason})")
     what = f" ({report.manifest.tag}, image {report.manifest.image_id[:19]})" if report.manifest else ""
     final = f"verified {display_path(folder, ctx.cwd)}{what}: {passed} checks passed" if error is None else \
         f"{display_path(folder, ctx.cwd)} does not verify: {len(report.failures)} of {len(report.checks)} checks failed"
-    return Outcome(document=report.document(), final=final, error=error)
+    document = report.document()
+    if skipped:
+        document["smoke_skipped"] = skipped
+    return Outcome(document=document, final=final, error=error)
 
 
 def counted(n: int, one: str, many: str = "") -> str:

@@ -496,12 +496,18 @@ class DockerEngine(Engine):
                 + f"[... unibake: output cut here: only its first {RUN_OUTPUT_HEAD >> 10} KiB and its last "
                   f"{RUN_OUTPUT_TAIL >> 10} KiB are kept ...]\n" + end[-RUN_OUTPUT_TAIL:].decode("utf-8", "replace"))
 
-    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
+    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0,
+              network: str | None = None, name: str | None = None, hosts: dict[str, str] | None = None) -> str:
         policy = {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
         container = None
         try:
-            container = self.api.create_container(image, command=args or None, environment=env or {},
-                                                  host_config=self.api.create_host_config(restart_policy=policy))
+            host_config = self.api.create_host_config(restart_policy=policy, network_mode=network,
+                                                      extra_hosts=dict(hosts) if hosts else None)
+            networking = (self.api.create_networking_config({network: self.api.create_endpoint_config(
+                aliases=[name] if name else None)}) if network else None)
+            container = self.api.create_container(image, command=args or None, environment=env or {}, name=name,
+                                                  hostname=name, host_config=host_config,
+                                                  networking_config=networking)
             self.api.start(container)
             return container["Id"]
         except BaseException as exc:
@@ -532,7 +538,12 @@ class DockerEngine(Engine):
                                                                                                        "replace")
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
-        return bool(info["State"]["Running"]), info["NetworkSettings"].get("IPAddress") or "", logs
+        settings = info.get("NetworkSettings") or {}
+        # on the default bridge its IPAddress; on a network of its own (a multi-node gate's) that one is
+        # empty and the address is the network's
+        address = settings.get("IPAddress") or next(
+            (n.get("IPAddress") for n in (settings.get("Networks") or {}).values() if n and n.get("IPAddress")), "")
+        return bool(info["State"]["Running"]), address, logs
 
     def remove_container(self, container: str) -> None:
         try:
@@ -541,6 +552,20 @@ class DockerEngine(Engine):
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot remove container {container[:12]}", exc) from None
+
+    def create_network(self, name: str) -> str:
+        try:
+            return self.api.create_network(name, driver="bridge", check_duplicate=True)["Id"]
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot create network {name}", exc) from None
+
+    def remove_network(self, network: str) -> None:
+        try:
+            self.api.remove_network(network)
+        except docker.errors.NotFound:
+            pass
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot remove network {network[:30]}", exc) from None
 
     def tag(self, image: str, ref: str) -> None:
         repository, _, tag = ref.rpartition(":")

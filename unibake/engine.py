@@ -121,9 +121,21 @@ class Engine(ABC):
         ``entrypoint``: run instead of the image's own ENTRYPOINT (``args`` after it)."""
 
     @abstractmethod
-    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0) -> str:
-        """Start a container in the background on the engine's default bridge; returns its ID. With
-        ``restarts`` the engine restarts it on failure up to that many times (and counts them)."""
+    def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0,
+              network: str | None = None, name: str | None = None, hosts: dict[str, str] | None = None) -> str:
+        """Start a container in the background on the engine's default bridge (or on ``network``, one
+        :meth:`create_network` made); returns its ID. With ``restarts`` the engine restarts it on
+        failure up to that many times (and counts them). ``name``: the container's name, its host
+        name and its alias on ``network``; ``hosts``: more ``/etc/hosts`` lines (name: address)."""
+
+    @abstractmethod
+    def create_network(self, name: str) -> str:
+        """Create a private bridge network of that name for containers to reach each other by name;
+        returns its ID."""
+
+    @abstractmethod
+    def remove_network(self, network: str) -> None:
+        """Remove a network :meth:`create_network` made; missing is fine."""
 
     @abstractmethod
     def container_status(self, container: str) -> ContainerStatus:
@@ -131,7 +143,7 @@ class Engine(ABC):
 
     @abstractmethod
     def container_state(self, container: str) -> tuple[bool, str, str]:
-        """(running, IP address on the bridge, log output so far) of a started container."""
+        """(running, IP address on its bridge or network, log output so far) of a started container."""
 
     @abstractmethod
     def remove_container(self, container: str) -> None:

@@ -245,10 +245,12 @@ class GateResult(Record):
     chats: tuple[ChatCheck, ...] = ()
     restart_count: int | None = None  # read from the container after the gate (None: it never started)
     oom_killed: bool | None = None
+    skipped: str | None = Field(default=None, min_length=1)  # why it did not run (the profile's smoke.skip)
 
     @property
     def passed(self) -> bool:
-        return all(s.passed for s in self.steps)
+        """Every step ran and passed: a skipped gate never counts as passed (nor as failed: see ``failed``)."""
+        return self.skipped is None and all(s.passed for s in self.steps)
 
     @property
     def failed(self) -> GateStep | None:
@@ -265,6 +267,7 @@ class Validation(Record):
 
     @property
     def passed(self) -> bool:
+        """Every gate ran and passed (a release with a skipped gate is not said to have passed them all)."""
         return all(g.passed for g in self.smoke)
 
     def document(self) -> dict:

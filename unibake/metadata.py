@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_serializer, model_validator
 
 from .errors import InputError, VerificationError
 from .envfile import fingerprint
@@ -130,6 +130,21 @@ class SmokeSpec(Record):
     match: Match = "contains"
     prompts: tuple[SmokePrompt, ...] = ()
     timeout: int = Field(ge=1, le=3600)
+    skip: str | None = Field(default=None, min_length=1, max_length=300)  # why the gate is skipped (smoke.skip)
+
+    @model_validator(mode="after")
+    def _skip(self) -> "SmokeSpec":
+        if self.skip is not None and not self.skip.strip():
+            raise ValueError("smoke.skip is blank: a skipped gate needs its reason")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_no_skip(self, handler):
+        # an image whose gates all run carries the label it carried before smoke.skip existed (its ID too)
+        document = handler(self)
+        if isinstance(document, dict) and document.get("skip") is None:
+            document.pop("skip", None)
+        return document
 
     @property
     def checks(self) -> tuple[SmokePrompt, ...]:
@@ -226,7 +241,7 @@ class ImageMetadata(Document):
                 gpus=p.gpus, vendor=p.vendor, kernels=kernel_paths(plan, p),
                 tune_caches=len(p.tune.json_files) if p.tune else 0,
                 sidecars=tuple(Sidecar(name=k.name, version=k.version) for k in p.sidecars), args=p.args,
-                smoke=SmokeSpec(match="exact", timeout=p.smoke.timeout, prompts=tuple(
+                smoke=SmokeSpec(match="exact", timeout=p.smoke.timeout, skip=p.smoke.skip, prompts=tuple(
                     SmokePrompt(prompt=x.prompt, expect=x.expect, match=x.match) for x in p.smoke.prompts)),
                 devices=DeviceMetadata(extra=p.devices.extra, groups=p.devices.groups),
                 topology=TopologyMetadata(nodes=p.topology.nodes, network=p.topology.network, ipc=p.topology.ipc,

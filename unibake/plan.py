@@ -115,6 +115,7 @@ class SmokePrompt:
 class Smoke:
     prompts: tuple[SmokePrompt, ...]
     timeout: int
+    skip: str | None = None  # why the gate is skipped (smoke.skip), or None: it runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -861,7 +862,19 @@ def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
             raise InputError(f"{where(key)}: match: {p.match} needs the expected reply to compare with")
         if p.match == "regex":
             check_regex(p.expect or "", where(key))
-    return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")))
+    skip = smoke.get("skip")
+    if skip is not None:
+        if not skip.strip():
+            raise InputError(f"{where(('smoke', 'skip'))}: key 'smoke.skip' is empty: say why this profile's gate cannot run "
+                             "(the release notes and records show the reason)")
+        if any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c in "\u2028\u2029" for c in skip) or len(skip) > SKIP_REASON_MAX:
+            raise InputError(f"{where(('smoke', 'skip'))}: key 'smoke.skip' must be one line of at most {SKIP_REASON_MAX} "
+                             "characters (it is shown in the notes' table of gates)")
+        skip = " ".join(skip.split())
+    return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")), skip=skip)
+
+
+SKIP_REASON_MAX = 300  # characters of smoke.skip: a reason, shown in a table row
 
 
 # GPU device nodes: run.sh gives the container those of the GPUs in GPUS (amd, hygon: /dev/dri/renderD<128+N>;

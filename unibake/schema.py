@@ -304,6 +304,8 @@ SCHEMA: dict[str, Key] = {
                            "expect": _str("the reply it must give"),
                            "match": _str("exact, contains or regex", choices=MATCHES, default="exact"),
                        })),
+        "skip": _str("why this profile's gate cannot run in the verify engine (one line, required words): the gate "
+                     "is skipped, and the notes and the release's records say so and why, never that it passed"),
         "timeout": Key(type="int", doc="seconds to wait for /health", minimum=1, maximum=3600, default=60),
     }),
     "notes": Key(type="record", doc="what the release notes carry besides what unibake measures",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -127,6 +128,9 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
         return GateResult(profile=profile, steps=tuple(steps))
 
     start = time.monotonic()
+    if spec.topology.nodes > 1:
+        return _multi_node(engine, image, profile, spec, steps, chats, start=start, port=port, model=model,
+                           netns_pid=netns_pid)
     container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS)
     try:
         stability = _serve(engine, container, checks, steps, chats, start=start, port=port, model=model,
@@ -140,13 +144,89 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
                       oom_killed=status.oom_killed)
 
 
+def rank_env(profile: str, topology, rank: int, master: str) -> dict[str, str]:
+    """What run.sh gives the container of one rank (NODE_RANK, MASTER_ADDR: the rank-0 node's address)."""
+    return {"PROFILE": profile, "NNODES": str(topology.nodes), "NODE_RANK": str(rank), "MASTER_ADDR": master,
+            "MASTER_PORT": str(topology.master_port)}
+
+
+def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata, steps: list[GateStep],
+                chats: list[ChatCheck], *, start: float, port: int, model: str, netns_pid: int | None) -> GateResult:
+    """A profile on several nodes: every rank its own container on a private network of the verify
+    engine, as run.sh starts one per node (rank 0 reachable by its name, MASTER_ADDR); rank 0's
+    replies are gated, and every rank must still be running after them. The containers and the
+    network are removed however the gate ends."""
+    topology = spec.topology
+    network = f"unibake-smoke-{secrets.token_hex(6)}"
+    names = [f"{network}-rank{rank}" for rank in range(topology.nodes)]
+    started: list[str] = []  # names, not IDs: one started as an interrupt came is removed too
+    statuses: list[ContainerStatus] = []
+    stability = False
+    try:
+        engine.create_network(network)  # (in the try: one made as an interrupt came is removed too, by name)
+        started.append(names[0])
+        master = engine.start(image, [], env=rank_env(profile, topology, 0, names[0]), restarts=RESTARTS,
+                              network=network, name=names[0])
+        running, address, _ = engine.container_state(master)
+        for _ in range(50):  # its address, for the peers' /etc/hosts (a network's own names need its DNS)
+            if address or not running:
+                break
+            time.sleep(0.1)
+            running, address, _ = engine.container_state(master)
+        if running and address:
+            for rank in range(1, topology.nodes):
+                started.append(names[rank])
+                engine.start(image, [], env=rank_env(profile, topology, rank, names[0]), restarts=RESTARTS,
+                             network=network, name=names[rank], hosts={names[0]: address})
+        stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
+                           timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
+        statuses = [engine.container_status(name) for name in started]
+    finally:
+        _remove_all(engine, started, network)
+    if stability:
+        steps.append(_stability_of_ranks(statuses))
+    return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
+                      restart_count=sum(s.restart_count for s in statuses),
+                      oom_killed=any(s.oom_killed for s in statuses))
+
+
+def _remove_all(engine: Engine, containers: list[str], network: str) -> None:
+    """Every container, then the network: each tried even when one before it failed (the first
+    failure raised after)."""
+    failure: EngineError | None = None
+    for container in containers:
+        try:
+            engine.remove_container(container)
+        except EngineError as exc:
+            failure = failure or exc
+    try:
+        engine.remove_network(network)
+    except EngineError as exc:
+        failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+def _stability_of_ranks(statuses: list[ContainerStatus]) -> GateStep:
+    """After the prompts: every rank still running, never restarted, never OOM-killed."""
+    problems = []
+    for rank, status in enumerate(statuses):
+        step = _stability(status)
+        if not step.passed:
+            problems.append(f"rank {rank}: {step.detail}")
+    detail = "; ".join(problems) or f"{len(statuses)} ranks running, 0 restarts, not OOM-killed"
+    return GateStep(name="stability", passed=not problems, seconds=0.0, detail=detail)
+
+
 PROBE_MARGIN = 10.0  # seconds over the probe's own bounds before it is stopped
 
 
 def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], steps: list[GateStep],
            chats: list[ChatCheck], *, start: float, port: int, model: str, timeout: int,
-           netns_pid: int | None) -> bool:
-    """The steps on a started container: start, health, every prompt. True when it got to the prompts."""
+           netns_pid: int | None, peers: tuple[str, ...] = ()) -> bool:
+    """The steps on a started container: start, health, every prompt. True when it got to the prompts.
+    ``peers``: the other ranks' containers (rank 1 on) of a multi-node gate: one that exits for good
+    stops the wait (rank 0 would wait for it until the bound)."""
     running, address, logs = engine.container_state(container)
     for _ in range(50):
         if address or not running:
@@ -177,11 +257,18 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                 pass
             status = engine.container_status(container)
             gone = not status.running and not status.restarting  # exited for good: the restart policy gave up
-            if gone or time.monotonic() - probe_start > limit:
+            peer = next((rank for rank, c in enumerate(peers, 1) if _gone(engine.container_status(c))), None)
+            if gone or peer is not None or time.monotonic() - probe_start > limit:
                 probe.kill()
                 out, err = probe.communicate()
-                stopped = _exited(status, engine.container_state(container)[2]) if gone \
-                    else f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
+                if gone:
+                    stopped = _exited(status, engine.container_state(container)[2])
+                elif peer is not None:
+                    code = engine.container_status(peers[peer - 1]).exit_code
+                    stopped = (f"rank {peer} exited (exit code {code}) before rank 0 answered: "
+                               f"{_tail(engine.container_state(peers[peer - 1])[2])}")
+                else:
+                    stopped = f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
                 break
     finally:
         # however the wait ends (an interrupt: SIGTERM reaches this process alone, an engine error), the
@@ -221,6 +308,11 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     return True
 
 
+def _gone(status: ContainerStatus) -> bool:
+    """Exited for good: not running, and the restart policy gave up."""
+    return not status.running and not status.restarting
+
+
 def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:
     """The client's lines, one per step it finished (the last one cut short when it was stopped)."""
     answer: dict = {"health": None, "chats": []}
@@ -255,9 +347,15 @@ def _exited(status, logs: str) -> str:
 
 def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,
               on_result=lambda result: None) -> tuple[GateResult, ...]:
-    """Every profile's gate, in order; all run, so the notes show each result."""
+    """Every profile's gate, in order; all run, so the notes show each result (a profile with
+    ``smoke.skip`` gets a skipped result with its reason, no step)."""
     results = []
     for profile, spec in sorted(metadata.profiles.items()):
+        if spec.smoke.skip is not None:  # the profile says why its gate cannot run here: recorded, never passed
+            result = GateResult(profile=profile, steps=(), skipped=spec.smoke.skip)
+            on_result(result)
+            results.append(result)
+            continue
         result = run_gate(engine, image, profile, spec, port=metadata.launch.port,
                           model=metadata.launch.model_name, netns_pid=netns_pid)
         on_result(result)

@@ -21,6 +21,9 @@ MAX_TOKENS = 64  # what a prompt without an expected reply asks for; one with as
 # what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
 # broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
 ENGINE_FAULTS = (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException, RecursionError)
+# straight to the container: never through a proxy the environment names (http_proxy, all_proxy: a
+# proxy cannot reach the verify engine's bridge, and would answer for the engine with its own error)
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _why(exc: BaseException) -> str:
@@ -77,7 +80,7 @@ def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=max(MIN_WAIT, timeout)) as response:
+        with _OPENER.open(request, timeout=max(MIN_WAIT, timeout)) as response:
             reply = _json_body(response)
         try:
             content = reply["choices"][0]["message"]["content"]
@@ -88,7 +91,13 @@ def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int
             raise TypeError(f"the reply's content is {type(content).__name__}, not text")
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
     except ENGINE_FAULTS as exc:
-        return {"error": f"the chat completion failed: {_why(exc)}", "seconds": round(time.monotonic() - start, 3)}
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            # a model that answers slowly (its first request compiles, loads, warms up): say the bound, and its key
+            why = (f"no reply within {max(MIN_WAIT, timeout):g} s (each prompt waits up to the profile's "
+                   "smoke.timeout: raise it for a model that answers slowly)")
+        else:
+            why = _why(exc)
+        return {"error": f"the chat completion failed: {why}", "seconds": round(time.monotonic() - start, 3)}
 
 
 def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_tokens: list[int] | None = None,
@@ -101,7 +110,7 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
     last_error = ""
     while True:
         try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=3) as response:
+            with _OPENER.open(f"{base_url}/health", timeout=3) as response:
                 body = _health_body(response)
                 result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
@@ -112,7 +121,9 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
             if time.monotonic() > deadline:
                 # where it was asked: the container's address on the engine's bridge, which a client outside
                 # that engine's network (an engine elsewhere, --verify-engine) may not reach
-                result["error"] = f"{base_url}/health did not answer within {timeout:.0f} s ({last_error})"
+                # and what bounds the wait: a model that loads for longer needs a larger smoke.timeout
+                result["error"] = (f"{base_url}/health did not answer within {timeout:.0f} s ({last_error}; "
+                                   "the profile's smoke.timeout bounds the wait)")
                 on_step({"error": result["error"]})
                 return result
             time.sleep(0.25)

@@ -144,6 +144,14 @@ def case_smoke_expects_nothing(p):  # every reply contains "": the gate would pa
     edit(p / "tp1.yaml", "expect_reply: UNIFIED_TP1_OK", 'expect_reply: "  ", match: contains')
 
 
+def case_smoke_skip_blank(p):  # a gate skipped without a reason: the notes could not say why
+    edit(p / "tp1.yaml", "expect_reply: UNIFIED_TP1_OK", 'expect_reply: UNIFIED_TP1_OK, skip: "  "')
+
+
+def case_smoke_skip_too_long(p):  # shown in a row of the notes' table: a reason, not a document
+    edit(p / "tp1.yaml", "expect_reply: UNIFIED_TP1_OK", f'expect_reply: UNIFIED_TP1_OK, skip: "{"no GPU " * 43}"')
+
+
 def lock_also(p, *paths: str) -> None:
     """New input files, locked as `build.py lock` would (so a case fails for its own reason)."""
     with open(p / "inputs.lock", "a") as fh:
@@ -353,6 +361,8 @@ SAYS = {
     "file_name_not_utf8": "'images/tune/tp1/cache-\\xff.json' is not UTF-8",
     "lock_is_a_folder": "inputs.lock: not a regular file",
     "smoke_expects_nothing": "the expected reply is empty",
+    "smoke_skip_blank": "tp1.yaml:5: key 'smoke.skip' is empty: say why this profile's gate cannot run",
+    "smoke_skip_too_long": "tp1.yaml:5: key 'smoke.skip' must be one line of at most 300 characters",
     "string_lone_surrogate": "tp1.yaml:4: a string holds a lone surrogate",
     "number_of_many_hex_digits": "tp1.yaml:2: a number too large to be a value",
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",

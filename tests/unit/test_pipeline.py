@@ -411,3 +411,45 @@ def test_a_signed_force_re_release_carries_over_first_published_only_from_a_sums
     release(engines, out, reporter=reporter, force=True, **sign)
     assert json.loads(path.read_text())["first_published"] == kept
     assert "not carried over" not in reporter.stream.getvalue()
+
+
+def test_a_profile_whose_smoke_skip_says_why_is_released_with_its_gate_shown_skipped_never_passed(server, tmp_path,  # noqa: F811
+                                                                                                   cli):
+    from unibake.metadata import ImageMetadata
+
+    document = metadata(server.server_port).model_dump()
+    document["profiles"]["tp2"] = {**document["profiles"]["tp1"], "smoke": {
+        **document["profiles"]["tp1"]["smoke"], "skip": "needs 4 nodes with RDMA; gated on the cluster"}}
+    skipping = ImageMetadata.model_validate(document, strict=False)
+    source = FakeEngine(address="fake://source")
+    labels = {METADATA_LABEL: skipping.to_json(), PROFILES_LABEL: "tp1,tp2",
+              "org.opencontainers.image.version": "1.0", "io.unibake.source-date-epoch": "1700000000"}
+    source.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                "history": [{"created_by": "x"}] * 3}, DEFAULT_LAYERS, tag="demo:1.0")
+    verify = FakeEngine(address="fake://verify")
+    started: list = []
+    verify.starter = lambda container: started.append(container.env["PROFILE"])
+    reporter = Quiet()
+    results = release({None: source, "fake://verify": verify}, tmp_path / "release", reporter)
+    assert started == ["tp1"]  # tp2's engine never started
+    folder = results["release"].folder
+    validation = json.loads((folder / "VALIDATION.json").read_text())
+    gates = {g["profile"]: g for g in validation["smoke"]}
+    assert gates["tp1"]["passed"] and gates["tp1"]["skipped"] is None
+    assert gates["tp2"] == {"profile": "tp2", "steps": [], "chats": [], "restart_count": None, "oom_killed": None,
+                            "skipped": "needs 4 nodes with RDMA; gated on the cluster", "passed": False}
+    assert validation["passed"] is False  # not every gate ran: never said to have passed them all
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["profiles"]["tp2"]["smoke"]["skip"] == "needs 4 nodes with RDMA; gated on the cluster"
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    assert "| `tp2` | - | - | - | - | - | - | **SKIPPED**: `needs 4 nodes with RDMA; gated on the cluster` |" in notes
+    assert "**Not every gate ran**: `tp2` was\nreleased without a smoke gate" in notes
+    assert "smoke gate of profile tp2 SKIPPED (its smoke.skip: needs 4 nodes with RDMA; gated on the cluster)" \
+        in reporter.stream.getvalue()
+    assert not verify_folder(folder).failures
+    verified = cli("verify", str(folder))
+    assert verified.code == 0, verified.err
+    assert "profile tp2 was released without its smoke gate (smoke.skip: needs 4 nodes with RDMA; gated on the " \
+           "cluster)" in verified.err
+    assert json.loads(cli("verify", str(folder), "--json").out)["smoke_skipped"] == {
+        "tp2": "needs 4 nodes with RDMA; gated on the cluster"}

@@ -318,3 +318,16 @@ def test_a_profile_replaces_an_inherited_sidecar_by_name(demo_product):
     assert [(k.name, k.version) for k in tp4.sidecars] == [("flash_attn", "260700")]
     assert tp4.env["NCCL_ALGO"] == "Ring"  # inherited from tp2.yaml
     assert [k.version for k in tp4.kernels(plan.kernels)] == ["260700", "2.1.0", "3.0.1", "1.0.0+cpu"]
+
+
+def test_a_profiles_smoke_skip_reaches_the_images_metadata_and_no_skip_leaves_the_label_as_it_was(busybox_product):
+    from unibake.metadata import ImageMetadata
+
+    tp1 = busybox_product / "tp1.yaml"
+    before = ImageMetadata.from_plan(make_plan(busybox_product)).to_json()
+    assert '"skip"' not in before  # an image whose gates all run: the label it had before smoke.skip existed
+    tp1.write_text(tp1.read_text().replace("expect_reply: UNIFIED_TP1_OK",
+                                           "expect_reply: UNIFIED_TP1_OK, skip: '  needs  the cluster '"))
+    metadata = ImageMetadata.from_plan(make_plan(busybox_product))
+    assert metadata.profiles["tp1"].smoke.skip == "needs the cluster"
+    assert ImageMetadata.model_validate_json(metadata.to_json()).profiles["tp1"].smoke.skip == "needs the cluster"

@@ -171,6 +171,8 @@ def test_an_engine_that_never_answers_fails_the_health_step(engine):
     assert result.failed.name == "health" and "did not answer" in result.failed.detail
     # where it was asked, so that an address the client cannot reach is seen as such
     assert result.failed.detail.startswith("http://127.0.0.1:1/health did not answer within 1 s (")
+    # and what bounds that wait, for a model that loads for longer (before: the bound alone, no key)
+    assert "; the profile's smoke.timeout bounds the wait); engine log: " in result.failed.detail
 
 
 def planned(port: int, smoke: dict) -> ImageMetadata:
@@ -507,3 +509,135 @@ def test_an_engine_that_crashes_on_every_start_is_named_once_with_its_exit_code(
     assert result.failed.name == "health"
     assert result.failed.detail.endswith("the engine exited with code 17 before answering, started 3 times: "
                                          + said.strip()), result.failed.detail
+
+
+def multi_node(port: int, nodes: int = 4, timeout: int = 3) -> ImageMetadata:
+    document = metadata(port, timeout=timeout).model_dump()
+    document["profiles"]["tp1"]["topology"] = {"nodes": nodes, "network": "host", "master_port": 20000}
+    return ImageMetadata.model_validate(document, strict=False)
+
+
+def waits_for_its_peers(engine: FakeEngine, nodes: int):
+    """A distributed engine: rank 0's /health answers once every peer has come to MASTER_ADDR."""
+    Engine.ready_at = float("inf")
+
+    def starter(container):
+        ranks = {c.env.get("NODE_RANK"): c for c in list(engine.containers.values()) + [container]}
+        master = ranks.get("0")
+        if master is None or len(ranks) < nodes:
+            return
+        peers = [ranks[str(r)] for r in range(1, nodes)]
+        if all(p.network == master.network and p.env["MASTER_ADDR"] == master.name and master.name in p.hosts
+               and p.env["NNODES"] == str(nodes) and p.env["MASTER_PORT"] == "20000" for p in peers):
+            Engine.ready_at = 0.0
+
+    return starter
+
+
+def test_a_multi_node_profile_starts_every_rank_on_a_private_network_and_gates_rank_0(engine, server):
+    # (before: rank 0 alone, MASTER_ADDR=127.0.0.1: an engine that waits for its peers never answered)
+    engine.starter = waits_for_its_peers(engine, 4)
+    seen: list = []
+    real_start = engine.start
+
+    def start(image, args, **kw):
+        cid = real_start(image, args, **kw)
+        seen.append(engine.containers[cid])
+        return cid
+
+    engine.start = start
+    result = run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert [c.env["NODE_RANK"] for c in seen] == ["0", "1", "2", "3"]
+    assert all(c.env["PROFILE"] == "tp1" and c.restarts for c in seen)
+    assert len({c.network for c in seen}) == 1 and seen[0].network.startswith("unibake-smoke-")
+    assert result.steps[-1].detail == "4 ranks running, 0 restarts, not OOM-killed"
+    assert engine.containers == {} and engine.networks == {}  # every rank and the network removed
+
+
+def test_a_multi_node_rank_that_restarted_fails_the_stability_step_naming_it(engine, server):
+    wait = waits_for_its_peers(engine, 3)
+
+    def starter(container):
+        wait(container)
+        if container.env["NODE_RANK"] == "2":
+            container.restart_count, container.oom_killed = 1, True
+
+    engine.starter = starter
+    result = run_gates(engine, "demo:1", multi_node(server.server_port, nodes=3), netns_pid=None)[0]
+    assert result.failed.name == "stability" and result.failed.detail == "rank 2: restarted 1 time; OOM-killed"
+    assert (result.restart_count, result.oom_killed) == (1, True)
+    assert engine.containers == {} and engine.networks == {}
+
+
+@pytest.mark.parametrize("fault", ["engine", "interrupt"])
+def test_a_multi_node_gate_that_fails_to_start_a_rank_leaves_no_container_or_network(engine, server, fault):
+    from unibake.errors import EngineError
+
+    def starter(container):
+        if container.env["NODE_RANK"] == "2":
+            raise EngineError("starting demo:1 failed: no room") if fault == "engine" else KeyboardInterrupt()
+
+    engine.starter = starter
+    with pytest.raises(EngineError if fault == "engine" else KeyboardInterrupt):
+        run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
+    assert engine.containers == {} and engine.networks == {}
+
+
+def test_a_multi_node_rank_0_that_exits_at_once_fails_the_start_step_and_starts_no_peer(engine, server):
+    def starter(container):
+        container.running, container.logs = False, "error: --nnodes 4 needs a GPU\n"
+
+    engine.starter = starter
+    result = run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "start" and "needs a GPU" in result.failed.detail
+    assert engine.containers == {} and engine.networks == {}
+
+
+@pytest.mark.parametrize("variable", ["http_proxy", "HTTP_PROXY", "all_proxy"])
+def test_a_proxy_in_the_environment_is_not_asked_for_the_engines_bridge_address(engine, server, monkeypatch,
+                                                                                 variable):
+    # (before: urllib sent /health to the proxy, which cannot reach the verify engine's bridge: the gate
+    # failed after smoke.timeout with the proxy's error, for an engine that answered)
+    monkeypatch.setenv(variable, "http://127.0.0.1:1")
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+
+
+def test_a_model_that_answers_slower_than_its_bound_fails_naming_the_bound_and_the_key(engine, server):
+    # (before: "the chat completion failed: timed out", no bound, no way to know what to raise)
+    Engine.thinking = 7.0
+    result = run_gates(engine, "demo:1", metadata(server.server_port, timeout=5), netns_pid=None)[0]
+    assert result.failed.name == "chat"
+    assert result.failed.detail == ("the chat completion failed: no reply within 5 s (each prompt waits up to the "
+                                    "profile's smoke.timeout: raise it for a model that answers slowly)")
+
+
+def test_a_multi_node_peer_that_exits_before_rank_0_answers_stops_the_wait_naming_it(engine, server):
+    # rank 0 waits for its peers: without a look at them the gate waited smoke.timeout, then blamed rank 0
+    Engine.ready_at = float("inf")
+
+    def starter(container):
+        if container.env["NODE_RANK"] == "2":
+            container.running, container.exit_code, container.logs = False, 1, "NCCL error: no route to rank 0\n"
+
+    engine.starter = starter
+    begun = time.monotonic()
+    result = run_gates(engine, "demo:1", multi_node(server.server_port, timeout=60), netns_pid=None)[0]
+    assert time.monotonic() - begun < 20
+    assert result.failed.name == "health"
+    assert result.failed.detail == "rank 2 exited (exit code 1) before rank 0 answered: NCCL error: no route to rank 0"
+    assert engine.containers == {} and engine.networks == {}
+
+
+def test_a_multi_node_gate_interrupted_as_its_network_is_made_leaves_no_network(engine, server):
+    real = engine.create_network
+
+    def create_network(name):
+        real(name)  # the engine made it; the interrupt came before its answer
+        raise KeyboardInterrupt
+
+    engine.create_network = create_network
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
+    assert engine.networks == {} and engine.containers == {}
