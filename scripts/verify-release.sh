@@ -225,7 +225,10 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
 # it would be another value than the one JSON readers, build.py verify among them, take)
 # (each string JSON: an escape JSON has, no control character; each number JSON's, no leading zero), a key
 # twice in one object refused however it is written ("t\u0061g" is "tag" to JSON readers; a byte not
-# ASCII in a key, which unibake writes escaped, is refused)
+# ASCII in a key, which unibake writes escaped, is refused). Each value is in the one form json.dumps
+# writes it, as build.py verify requires too: ASCII only, an escape only where json.dumps writes one
+# ("linux\/amd64" and "\u0061" are another text for the same value), whole numbers (a manifest holds no
+# other), no "-0"; and the file ends with its last line's newline
 # shellcheck disable=SC2016  # awk's, not the shell's
 odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
     out = ""
@@ -241,9 +244,22 @@ odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key 
   }
   BEGIN { hex = "0123456789abcdef"; x = "[0-9a-fA-F]"
     str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q; d = 0
-    element = "^(" str ": )?(" str "|-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][-+]?[0-9]+)?|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+    element = "^(" str ": )?(" str "|-?(0|[1-9][0-9]*)|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+  function escaped(s,   i, e, h, code) {  # an escape json.dumps does not write (it writes \" \\ \b \f \n \r \t, else \u in lower case)
+    for (i = 1; i <= length(s); i++) {
+      if (substr(s, i, 1) != "\\") continue
+      e = substr(s, ++i, 1)
+      if (e == "/") return 1
+      if (e != "u") continue
+      h = substr(s, i + 1, 4); i += 4
+      if (h !~ /^[0-9a-f][0-9a-f][0-9a-f][0-9a-f]$/) return 1
+      code = (index(hex, substr(h, 1, 1)) - 1) * 4096 + (index(hex, substr(h, 2, 1)) - 1) * 256 + (index(hex, substr(h, 3, 1)) - 1) * 16 + index(hex, substr(h, 4, 1)) - 1
+      if ((code >= 32 && code < 127) || code == 8 || code == 9 || code == 10 || code == 12 || code == 13) return 1
+    }
+    return 0
+  }
   { match($0, /^ */); body = substr($0, RLENGTH + 1); closing = body ~ /^[]}],?$/
-    if (ended || (NR == 1 && body != "{") || $0 ~ /[\001-\037]/) { print NR; exit }
+    if (ended || (NR == 1 && body != "{") || $0 ~ /[\001-\037\177-\377]/ || escaped(body) || body ~ /(^|: )-0,?$/) { print NR; exit }
     if (closing) { if (d == 0 || last == "," || last == "open" || substr(body, 1, 1) != (kind[d] == "{" ? "}" : "]")) { print NR; exit }; d-- }
     else if (NR > 1 && last != "," && last != "open") { print NR; exit }
     if (RLENGTH != 2 * d || (!closing && body !~ element)) { print NR; exit }
@@ -255,7 +271,9 @@ odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key 
     if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
     if (d == 0) ended = 1 }
   END { if (!ended && NR > 0) print NR }' "$work/manifest.json" | head -n 1)
-[ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (one key or value a line, two spaces a level): its lines could be read otherwise than its JSON"
+[ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+[ "$(tail -c 1 "$work/manifest.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
+  || fail "$dir/manifest.json: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"

@@ -257,7 +257,7 @@ def supply(folder, name: str, change) -> None:
     key = "sbom" if name.startswith("sbom") else "provenance"
     data = (folder / name).read_bytes()
     manifest["supply_chain"][key].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
 
 
