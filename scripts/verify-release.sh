@@ -230,7 +230,7 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
 # ("linux\/amd64" and "\u0061" are another text for the same value), whole numbers (a manifest holds no
 # other), no "-0"; and the file ends with its last line's newline
 # shellcheck disable=SC2016  # awk's, not the shell's
-odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
+json_form='function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
     out = ""
     for (i = 1; i <= length(k); i++) {
       c = substr(k, i, 1)
@@ -270,7 +270,21 @@ odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key 
     last = body ~ /,$/ ? "," : ""
     if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
     if (d == 0) ended = 1 }
-  END { if (!ended && NR > 0) print NR }' "$work/manifest.json" | head -n 1)
+  END { if (!ended && NR > 0) print NR }'
+# (a file in that form, line by line: where each value is, its keys in their JSON text, "/" between them, a
+# tab, then its JSON text (an object or list by its first line: "{", "[", or "{}", "[]" when empty))
+# shellcheck disable=SC2016  # awk's, not the shell's
+json_paths='BEGIN { x = "[0-9a-fA-F]"; str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q }
+  { match($0, /^ */); d = RLENGTH / 2; body = substr($0, RLENGTH + 1); sub(/,$/, "", body)
+    if (body ~ /^[]}]$/) next
+    if (d > 0) {
+      if (kind[d] == "{") { match(body, "^" str ": "); name = substr(body, 1, RLENGTH - 2); body = substr(body, RLENGTH + 1) }
+      else name = n[d]++
+      path[d] = (d > 1 ? path[d - 1] "/" : "") name
+    }
+    print (d > 0 ? path[d] : "") "\t" body
+    if (body == "{" || body == "[") { kind[d + 1] = body; n[d + 1] = 0 } }'
+odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/manifest.json" | head -n 1)
 [ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
 [ "$(tail -c 1 "$work/manifest.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
   || fail "$dir/manifest.json: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
@@ -708,6 +722,87 @@ elif grep -q '^  "platform": ' "$work/manifest.json"; then
 else named=linux/amd64; fi
 [ "$platform" = "$named" ] || fail "$dir: the archive's image config is for ${platform:-no platform}, but manifest.json \
 says ${named:-none}: refused before any load"
+
+# --- the SBOM's and the provenance's subjects: this release (build.py verify checks the same) ---------
+# manifest.json's supply_chain record (absent or null in releases made before it): each file listed in
+# SHA256SUMS with the sha256 it records, the SBOM's subject the release's image, the provenance's
+# subjects its image and files (each a file SHA256SUMS lists, with the sha256 it lists), and each
+# signature file it records there. Both are read as unibake writes them (json.dumps, indent 2), as
+# build.py verify reads them too: a copy of each, its sha256 checked again, read line by line.
+LC_ALL=C awk -v q='"' "$json_paths" "$work/manifest.json" > "$work/manifest.paths"
+supply() { awk -F '\t' -v p="\"supply_chain\"/$1" '$1 == p { print $2; exit }' "$work/manifest.paths"; }
+if [ -n "$(supply '"sbom"')" ]; then
+  for what in sbom provenance kit; do
+    [ "$what" != kit ] || [ "$(awk -F '\t' '$1 == "\"supply_chain\"/\"kit\"" { print $2; exit }' "$work/manifest.paths")" != null ] || continue
+    name=$(supply "\"$what\"/\"name\"" | sed -n "s/^\"\\($NAME\\)\"\$/\\1/p")
+    sha=$(supply "\"$what\"/\"sha256\"" | sed -n 's/^"\([0-9a-f]\{64\}\)"$/\1/p')
+    [ -n "$name" ] && [ -n "$sha" ] || fail "$dir/manifest.json: its supply_chain record of the $what is not a file's name and sha256"
+    listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
+    [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as the release's $what)"
+    [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
+    eval "${what}_name=\$name"
+  done
+  # shellcheck disable=SC2154  # set by the eval above
+  for what in sbom provenance; do
+    eval "name=\$${what}_name"
+    copy "$name" "$work/$what.json" 67108864 || fail "$dir/$name: not a regular file"
+    [ "$(sha256sum < "$work/$what.json" | cut -c 1-64)" = "$(awk -v n="$name" '$1 == n { print $2 }' "$work/listed")" ] \
+      || fail "$dir/$name: changed after sha256sum -c read it: refused"
+    odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/$what.json" | head -n 1)
+    [ -z "$odd" ] || fail "$dir/$name:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+    [ "$(tail -c 1 "$work/$what.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
+      || fail "$dir/$name: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+    LC_ALL=C awk -v q='"' "$json_paths" "$work/$what.json" > "$work/$what.paths"
+  done
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  bad=$(awk -F '\t' -v id="\"${want#sha256:}\"" -v where="$sbom_name" '
+    $1 == "\"bomFormat\"" { format = $2 } $1 == "\"specVersion\"" { spec = $2 }
+    $1 == "\"metadata\"/\"component\"" { subject = $2 ~ /^[{]/ }
+    $1 ~ /^"metadata"\/"component"\/"hashes"\/[0-9]+\/"(alg|content)"$/ {
+      split($1, at, "/"); if (at[5] == "\"alg\"") alg[at[4]] = $2; else content[at[4]] = $2 }
+    END {
+      if (format != "\"CycloneDX\"") { print where ": not a CycloneDX document"; exit }
+      if (spec !~ /^"1\.([5-9]|[0-9][0-9])"$/) { print where ": CycloneDX " (spec == "" ? "\047\047" : spec) ", not 1.5 or later"; exit }
+      if (!subject) { print where ": names no subject (metadata.component)"; exit }
+      for (i in alg) if (alg[i] == "\"SHA-256\"") { n++; got = (i in content) ? content[i] : "null" }
+      if (n > 1) { print where ": its subject has " n " SHA-256 hashes, not one"; exit }
+      if (got != id) { print where ": describes image sha256:" (n ? substr(got, 1, 66) : "(none)") ", not this release\047s sha256:" substr(id, 2, 64) } }' \
+    "$work/sbom.paths")
+  [ -z "$bad" ] || fail "$dir/$bad"
+  # the files the provenance must name: the archive's, the SBOM, the kit
+  { cat "$work/parts"; echo "$sbom_name"; [ -z "${kit_name:-}" ] || echo "$kit_name"; } > "$work/required"
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  bad=$(awk -F '\t' -v id="\"${want#sha256:}\"" -v ref="\"$tag\"" -v where="$provenance_name" '
+    FILENAME == ARGV[1] { split($0, f, " "); file["\"" f[1] "\""] = "\"" f[2] "\""; next }
+    FILENAME == ARGV[2] { required["\"" $0 "\""] = 1; order[++r] = "\"" $0 "\""; next }
+    $1 == "\"_type\"" { type = $2 } $1 == "\"predicateType\"" { predicate_type = $2 }
+    $1 == "\"subject\"" { subjects = $2 ~ /^[[]/ } $1 == "\"predicate\"" { predicate = $2 ~ /^[{]/ }
+    $1 ~ /^"subject"\/[0-9]+\/"name"$/ && $2 ~ /^"/ { split($1, at, "/"); name[at[2]] = $2; m++ }
+    $1 ~ /^"subject"\/[0-9]+\/"digest"\/"sha256"$/ && $2 ~ /^"/ { split($1, at, "/"); digest[at[2]] = $2 }
+    END {
+      if (type != "\"https://in-toto.io/Statement/v1\"" || predicate_type != "\"https://slsa.dev/provenance/v1\"") {
+        print where ": not an in-toto statement with an SLSA provenance v1 predicate"; exit }
+      if (!subjects || !predicate) { print where ": has no subjects or no predicate"; exit }
+      for (i in name) if (seen[name[i]]++) { print where ": names " substr(name[i], 1, 82) " as a subject more than once"; exit }
+      for (i in name) if (i in digest) sha[name[i]] = digest[i]
+      if (sha[ref] != id) { print where ": its image subject is " (ref in sha ? substr(sha[ref], 1, 66) : "none") ", not sha256:" substr(id, 2, 64); exit }
+      for (s in sha) {
+        if (s == ref) continue
+        if (!(s in file)) { print where ": names " substr(s, 1, 82) ", which this release does not hold"; exit }
+        if (file[s] != sha[s]) { print where ": the sha256 of " substr(s, 2, length(s) - 2) " differs from the file\047s"; exit } }
+      for (i = 1; i <= r; i++) if (!(order[i] in sha)) { print where ": does not name " substr(order[i], 2, length(order[i]) - 2) " as a subject"; exit } }' \
+    "$work/listed" "$work/required" "$work/provenance.paths")
+  [ -z "$bad" ] || fail "$dir/$bad"
+  # each signature file it records is here (a regular file, not a link), as build.py verify checks it
+  awk -F '\t' '$1 ~ /^"supply_chain"\/"signatures"\/[0-9]+\/"files"\/[0-9]+$/ { print $2 }' "$work/manifest.paths" > "$work/signed"
+  while IFS= read -r signed; do
+    file=$(printf '%s\n' "$signed" | sed -n "s/^\"\\($NAME\\)\"\$/\\1/p")
+    [ -n "$file" ] || fail "$dir/manifest.json: its supply_chain records a signature file that is not a file's name: $signed"
+    [ -f "$file" ] && [ ! -L "$file" ] || fail "$dir/$file: missing (manifest.json records it as a signature of the release)"
+  done < "$work/signed"
+elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit }' "$work/manifest.paths")" ]; then
+  fail "$dir/manifest.json: its supply_chain record names no SBOM"
+fi
 
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
 [ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -128,7 +128,7 @@ class Signature(Record):
 
     kind: Literal["openpgp", "minisign"]
     key: str = Field(pattern=r"^[0-9A-F]{1,64}$")  # the OpenPGP fingerprint or the minisign key ID
-    files: tuple[str, ...]
+    files: tuple[Annotated[str, Field(pattern=FILE_NAME_PATTERN)], ...]  # files of the release folder
 
 
 class SupplyChain(Record):

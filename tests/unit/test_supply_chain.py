@@ -252,7 +252,7 @@ def supply(folder, name: str, change) -> None:
     """A supply-chain file changed, and the manifest's record of it and SHA256SUMS made to agree."""
     document = json.loads((folder / name).read_text())
     change(document)
-    (folder / name).write_text(json.dumps(document))
+    (folder / name).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     manifest = json.loads((folder / "manifest.json").read_text())
     key = "sbom" if name.startswith("sbom") else "provenance"
     data = (folder / name).read_bytes()
