@@ -12,11 +12,15 @@
 #      field another tar reads otherwise), the release's tag only, nothing that nothing
 #      refers to; every blob's sha256 is its name, and each layer is in it (a hotfix's left-out
 #      layers aside) and is the one manifest.json records
+#      (manifest.json, the SBOM and the provenance are read in the one form unibake writes them, json.dumps
+#      with indent 2; the SBOM's subject is the release's image, the provenance's subjects its image and files)
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
 #   5. the loaded image ID equals the one in IMAGE_ID; if not (or the load fails, or the archive
 #      changed while it was loaded), what the load tagged and added is undone
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
+# A provenance.intoto.json.asc (.minisig with a minisign key) beside it must be a good signature of the
+# provenance by the same key too, as build.py verify checks it.
 # A SHA256SUMS.asc may hold other signatures beside the key's good one (co-signers whose keys are not
 # given); a minisign trusted comment in unibake's form ("PRODUCT RELEASE SHA256SUMS") must name the
 # release manifest.json says this is.
@@ -126,24 +130,35 @@ if [ -n "$key" ]; then
     if gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$work/publisher.gpg" > "$work/keys" 2>/dev/null
     then keys=$(grep -c '^pub:' "$work/keys" || true); else keys=; fi
     [ "$keys" = 1 ] || { printf '%s\n' "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
-    # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
-    # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
-    gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
-      3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
-    if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
-      fail "$dir: SHA256SUMS.asc was made by a key that has been revoked ($key)"
-    fi
-    if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: SHA256SUMS.asc is a signature that has expired"; fi
-    # each signature of the file (NEWSIG begins one) is good, or one a co-signer made whose key was not
-    # given (ERRSIG code 9: gpgv exits 2 for it alone); at least one is good
-    awk -v rc="$gpgv" '$1 != "[GNUPG:]" { next } $2 == "NEWSIG" { if (seen) n++; seen = 1 } !n { n = 1 }
-      $2 == "GOODSIG" || $2 == "EXPKEYSIG" { good[n] = 1 } $2 == "VALIDSIG" { valid[n] = 1 } $2 == "BADSIG" { bad[n] = 1 }
-      $2 == "ERRSIG" && $8 == "9" { nokey[n] = 1 }
-      END { for (i = 1; i <= n; i++) { if (good[i] && valid[i] && !bad[i]) ok++; else if (nokey[i] && !good[i] && !valid[i] && !bad[i]) other++; else exit 1 }
-            exit !(ok && (rc == 0 || other)) }' "$work/gpgv.status" \
-      || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
-    if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
-      echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
+    gpg_checked() {  # $1 (the file signed: SHA256SUMS, the provenance) as $2 holds it, against the signature $3 holds
+      # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
+      # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
+      gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$3" "$2" \
+        3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
+      if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
+        fail "$dir: $1.asc was made by a key that has been revoked ($key)"
+      fi
+      if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: $1.asc is a signature that has expired"; fi
+      # each signature of the file (NEWSIG begins one) is good, or one a co-signer made whose key was not
+      # given (ERRSIG code 9: gpgv exits 2 for it alone); at least one is good
+      awk -v rc="$gpgv" '$1 != "[GNUPG:]" { next } $2 == "NEWSIG" { if (seen) n++; seen = 1 } !n { n = 1 }
+        $2 == "GOODSIG" || $2 == "EXPKEYSIG" { good[n] = 1 } $2 == "VALIDSIG" { valid[n] = 1 } $2 == "BADSIG" { bad[n] = 1 }
+        $2 == "ERRSIG" && $8 == "9" { nokey[n] = 1 }
+        END { for (i = 1; i <= n; i++) { if (good[i] && valid[i] && !bad[i]) ok++; else if (nokey[i] && !good[i] && !valid[i] && !bad[i]) other++; else exit 1 }
+              exit !(ok && (rc == 0 || other)) }' "$work/gpgv.status" \
+        || fail "$dir: $1.asc is not a good signature of $1 by $key"
+      if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
+        echo "warning: $1.asc is good, but the key that made it has expired: ask the publisher" >&2
+      fi
+    }
+    gpg_checked SHA256SUMS "$work/sums" "$work/sums.asc"
+    # a provenance the key signed too is checked as build.py verify checks it (SHA256SUMS lists it and its
+    # signature): a bad signature of it fails, whatever its sum says
+    if [ -f provenance.intoto.json.asc ]; then
+      echo "== gpgv provenance.intoto.json.asc provenance.intoto.json"
+      copy provenance.intoto.json.asc "$work/provenance.asc" || fail "$dir/provenance.intoto.json.asc: not a regular file (a link?): not a signature"
+      copy provenance.intoto.json "$work/provenance.signed" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.asc signs"
+      gpg_checked provenance.intoto.json "$work/provenance.signed" "$work/provenance.asc"
     fi
   elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
@@ -157,6 +172,16 @@ if [ -n "$key" ]; then
     cat "$work/minisign.out"
     # its trusted comment, compared with manifest.json below when it is in unibake's form
     sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
+    # a provenance the key signed too is checked as build.py verify checks it (its trusted comment too)
+    if [ -f provenance.intoto.json.minisig ]; then
+      echo "== minisign -Vm provenance.intoto.json"
+      copy provenance.intoto.json.minisig "$work/provenance.minisig" || fail "$dir/provenance.intoto.json.minisig: not a regular file (a link?): not a signature"
+      copy provenance.intoto.json "$work/provenance.signed" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.minisig signs"
+      minisign -V -p "$work/key" -m "$work/provenance.signed" -x "$work/provenance.minisig" > "$work/minisign.out" \
+        || { cat "$work/minisign.out"; fail "$dir: provenance.intoto.json.minisig is not a good signature of provenance.intoto.json by $key"; }
+      cat "$work/minisign.out"
+      sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/provenance.comment"
+    fi
   else  # a file that is no public key is bad usage, not a bad signature of the release
     if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
         | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
@@ -303,6 +328,12 @@ if [ -s "$work/comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A
   release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
   [ "$(cat "$work/comment")" = "$product $release SHA256SUMS" ] || fail "$dir: SHA256SUMS.minisig's trusted comment says \
 '$(cat "$work/comment")', but this is '$product $release SHA256SUMS' (manifest.json): a signature made for another release or file"
+fi
+if [ -s "$work/provenance.comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} (SHA256SUMS|provenance\.intoto\.json)' "$work/provenance.comment"; then
+  product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  [ "$(cat "$work/provenance.comment")" = "$product $release provenance.intoto.json" ] || fail "$dir: provenance.intoto.json.minisig's \
+trusted comment says '$(cat "$work/provenance.comment")', but this is '$product $release provenance.intoto.json' (manifest.json): a signature made for another release or file"
 fi
 
 # The archive manifest.json names (the folder may hold other .tar.zst files, such as the reconstruct kit):

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from ..conftest import REPO
+from ..conftest import REPO, gpg_home, minisign_key  # noqa: F401 - fixtures used by name
 from ..forge import resum
 from .test_publish import make_release
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
@@ -283,3 +283,69 @@ def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, who
         {"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}))
     assert_same(cli, whole, passes=True)
 
+
+# --- the provenance's own signature, with --key ---------------------------------------------------
+
+
+def resummed_and_signed(folder, sign) -> None:
+    """SHA256SUMS made anew over the folder (its own signatures aside) and signed again by the key holder."""
+    lines = [f"{sha(p.read_bytes())}  {p.name}\n" for p in sorted(folder.iterdir())
+             if p.name not in ("SHA256SUMS", "SHA256SUMS.asc", "SHA256SUMS.minisig")]
+    (folder / "SHA256SUMS").write_text("".join(lines))
+    sign(folder / "SHA256SUMS")
+
+
+def with_key(cli, folder, key) -> tuple[int, int, str, str]:
+    python = cli("verify", str(folder), "--key", str(key))
+    script = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(key)], capture_output=True,
+                            text=True, timeout=300)
+    return python.code, script.returncode, python.err, script.stderr
+
+
+def minisigned(secret, path, comment: str) -> None:
+    made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(path), "-x", f"{path}.minisig", "-t", comment],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+
+
+@pytest.mark.parametrize("case", ["another file's signature", "another release's comment"])
+def test_a_provenance_minisign_signature_not_for_it_fails_both_with_key(cli, engines, tmp_path, minisign_key, case):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    assert with_key(cli, folder, public)[:2] == (0, 0)
+    if case == "another file's signature":  # the key's good signature, of something else
+        other = tmp_path / "other"
+        other.write_text("another provenance\n")
+        minisigned(secret, other, "demo 1.0 provenance.intoto.json")
+        shutil.copy(f"{other}.minisig", folder / "provenance.intoto.json.minisig")
+        says = "is not a good signature of provenance.intoto.json"
+    else:
+        minisigned(secret, folder / "provenance.intoto.json", "demo 2.0 provenance.intoto.json")
+        says = "trusted comment says 'demo 2.0 provenance.intoto.json', but this is 'demo 1.0 provenance.intoto.json'"
+    resummed_and_signed(folder, lambda path: minisigned(secret, path, "demo 1.0 SHA256SUMS"))
+    python, script, python_err, script_err = with_key(cli, folder, public)
+    assert (python, script) == (3, 3), python_err + script_err
+    assert "provenance.intoto.json.minisig: signature check failed" in python_err, python_err
+    errors = [line for line in script_err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], script_err
+
+
+def test_a_provenance_openpgp_signature_of_another_file_fails_both_with_key(cli, engines, tmp_path, gpg_home):
+    env, public = gpg_home
+
+    def sign(path, out=None):
+        made = subprocess.run(["gpg", "--batch", "--yes", "--armor", "--detach-sign", "--local-user=signer@example.invalid",
+                               "--output", str(out or f"{path}.asc"), str(path)], capture_output=True, text=True,
+                              env={**os.environ, **env})
+        assert made.returncode == 0, made.stderr
+
+    folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+    assert with_key(cli, folder, public)[:2] == (0, 0)
+    other = tmp_path / "other"
+    other.write_text("another provenance\n")
+    sign(other, folder / "provenance.intoto.json.asc")
+    resummed_and_signed(folder, sign)
+    python, script, python_err, script_err = with_key(cli, folder, public)
+    assert (python, script) == (3, 3), python_err + script_err
+    assert "provenance.intoto.json.asc: signature check failed" in python_err, python_err
+    assert "provenance.intoto.json.asc is not a good signature of provenance.intoto.json" in script_err, script_err
