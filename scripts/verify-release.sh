@@ -12,11 +12,15 @@
 #      field another tar reads otherwise), the release's tag only, nothing that nothing
 #      refers to; every blob's sha256 is its name, and each layer is in it (a hotfix's left-out
 #      layers aside) and is the one manifest.json records
+#      (manifest.json, the SBOM and the provenance are read in the one form unibake writes them, json.dumps
+#      with indent 2; the SBOM's subject is the release's image, the provenance's subjects its image and files)
 #   4. zstd -dc | docker load, refused first if the engine's tag already names another image
 #   5. the loaded image ID equals the one in IMAGE_ID; if not (or the load fails, or the archive
 #      changed while it was loaded), what the load tagged and added is undone
 # With --key PUBKEY, the signature of SHA256SUMS comes first (gpgv for an armoured OpenPGP public
 # key, minisign for a minisign public key): absent, wrong, or made by a revoked key, nothing else is read.
+# A provenance.intoto.json.asc (.minisig with a minisign key) beside it must be a good signature of the
+# provenance by the same key too, as build.py verify checks it.
 # A SHA256SUMS.asc may hold other signatures beside the key's good one (co-signers whose keys are not
 # given); a minisign trusted comment in unibake's form ("PRODUCT RELEASE SHA256SUMS") must name the
 # release manifest.json says this is.
@@ -126,24 +130,35 @@ if [ -n "$key" ]; then
     if gpg --batch --quiet --homedir "$work" --with-colons --show-keys "$work/publisher.gpg" > "$work/keys" 2>/dev/null
     then keys=$(grep -c '^pub:' "$work/keys" || true); else keys=; fi
     [ "$keys" = 1 ] || { printf '%s\n' "error: --key $key: holds ${keys:-no} OpenPGP keys (gpg 2.2.8 or later counts them); give the publisher's key alone" >&2; exit 2; }
-    # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
-    # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
-    gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$work/sums.asc" "$work/sums" \
-      3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
-    if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
-      fail "$dir: SHA256SUMS.asc was made by a key that has been revoked ($key)"
-    fi
-    if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: SHA256SUMS.asc is a signature that has expired"; fi
-    # each signature of the file (NEWSIG begins one) is good, or one a co-signer made whose key was not
-    # given (ERRSIG code 9: gpgv exits 2 for it alone); at least one is good
-    awk -v rc="$gpgv" '$1 != "[GNUPG:]" { next } $2 == "NEWSIG" { if (seen) n++; seen = 1 } !n { n = 1 }
-      $2 == "GOODSIG" || $2 == "EXPKEYSIG" { good[n] = 1 } $2 == "VALIDSIG" { valid[n] = 1 } $2 == "BADSIG" { bad[n] = 1 }
-      $2 == "ERRSIG" && $8 == "9" { nokey[n] = 1 }
-      END { for (i = 1; i <= n; i++) { if (good[i] && valid[i] && !bad[i]) ok++; else if (nokey[i] && !good[i] && !valid[i] && !bad[i]) other++; else exit 1 }
-            exit !(ok && (rc == 0 || other)) }' "$work/gpgv.status" \
-      || fail "$dir: SHA256SUMS.asc is not a good signature of SHA256SUMS by $key"
-    if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
-      echo "warning: SHA256SUMS.asc is good, but the key that made it has expired: ask the publisher" >&2
+    gpg_checked() {  # $1 (the file signed: SHA256SUMS, the provenance) as $2 holds it, against the signature $3 holds
+      # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
+      # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
+      gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$3" "$2" \
+        3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
+      if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
+        fail "$dir: $1.asc was made by a key that has been revoked ($key)"
+      fi
+      if grep -q '^\[GNUPG:\] EXPSIG ' "$work/gpgv.status"; then fail "$dir: $1.asc is a signature that has expired"; fi
+      # each signature of the file (NEWSIG begins one) is good, or one a co-signer made whose key was not
+      # given (ERRSIG code 9: gpgv exits 2 for it alone); at least one is good
+      awk -v rc="$gpgv" '$1 != "[GNUPG:]" { next } $2 == "NEWSIG" { if (seen) n++; seen = 1 } !n { n = 1 }
+        $2 == "GOODSIG" || $2 == "EXPKEYSIG" { good[n] = 1 } $2 == "VALIDSIG" { valid[n] = 1 } $2 == "BADSIG" { bad[n] = 1 }
+        $2 == "ERRSIG" && $8 == "9" { nokey[n] = 1 }
+        END { for (i = 1; i <= n; i++) { if (good[i] && valid[i] && !bad[i]) ok++; else if (nokey[i] && !good[i] && !valid[i] && !bad[i]) other++; else exit 1 }
+              exit !(ok && (rc == 0 || other)) }' "$work/gpgv.status" \
+        || fail "$dir: $1.asc is not a good signature of $1 by $key"
+      if grep -q '^\[GNUPG:\] EXPKEYSIG ' "$work/gpgv.status"; then
+        echo "warning: $1.asc is good, but the key that made it has expired: ask the publisher" >&2
+      fi
+    }
+    gpg_checked SHA256SUMS "$work/sums" "$work/sums.asc"
+    # a provenance the key signed too is checked as build.py verify checks it (SHA256SUMS lists it and its
+    # signature): a bad signature of it fails, whatever its sum says
+    if [ -f provenance.intoto.json.asc ]; then
+      echo "== gpgv provenance.intoto.json.asc provenance.intoto.json"
+      copy provenance.intoto.json.asc "$work/provenance.asc" || fail "$dir/provenance.intoto.json.asc: not a regular file (a link?): not a signature"
+      copy provenance.intoto.json "$work/provenance.signed" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.asc signs"
+      gpg_checked provenance.intoto.json "$work/provenance.signed" "$work/provenance.asc"
     fi
   elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
@@ -157,6 +172,16 @@ if [ -n "$key" ]; then
     cat "$work/minisign.out"
     # its trusted comment, compared with manifest.json below when it is in unibake's form
     sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
+    # a provenance the key signed too is checked as build.py verify checks it (its trusted comment too)
+    if [ -f provenance.intoto.json.minisig ]; then
+      echo "== minisign -Vm provenance.intoto.json"
+      copy provenance.intoto.json.minisig "$work/provenance.minisig" || fail "$dir/provenance.intoto.json.minisig: not a regular file (a link?): not a signature"
+      copy provenance.intoto.json "$work/provenance.signed" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.minisig signs"
+      minisign -V -p "$work/key" -m "$work/provenance.signed" -x "$work/provenance.minisig" > "$work/minisign.out" \
+        || { cat "$work/minisign.out"; fail "$dir: provenance.intoto.json.minisig is not a good signature of provenance.intoto.json by $key"; }
+      cat "$work/minisign.out"
+      sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/provenance.comment"
+    fi
   else  # a file that is no public key is bad usage, not a bad signature of the release
     if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
         | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
@@ -225,9 +250,12 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
 # it would be another value than the one JSON readers, build.py verify among them, take)
 # (each string JSON: an escape JSON has, no control character; each number JSON's, no leading zero), a key
 # twice in one object refused however it is written ("t\u0061g" is "tag" to JSON readers; a byte not
-# ASCII in a key, which unibake writes escaped, is refused)
+# ASCII in a key, which unibake writes escaped, is refused). Each value is in the one form json.dumps
+# writes it, as build.py verify requires too: ASCII only, an escape only where json.dumps writes one
+# ("linux\/amd64" and "\u0061" are another text for the same value), whole numbers (a manifest holds no
+# other), no "-0"; and the file ends with its last line's newline
 # shellcheck disable=SC2016  # awk's, not the shell's
-odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
+json_form='function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
     out = ""
     for (i = 1; i <= length(k); i++) {
       c = substr(k, i, 1)
@@ -241,9 +269,22 @@ odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key 
   }
   BEGIN { hex = "0123456789abcdef"; x = "[0-9a-fA-F]"
     str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q; d = 0
-    element = "^(" str ": )?(" str "|-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][-+]?[0-9]+)?|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+    element = "^(" str ": )?(" str "|-?(0|[1-9][0-9]*)|true|false|null|[{][}]|[[][]]|[{]|[[])(,)?$" }
+  function escaped(s,   i, e, h, code) {  # an escape json.dumps does not write (it writes \" \\ \b \f \n \r \t, else \u in lower case)
+    for (i = 1; i <= length(s); i++) {
+      if (substr(s, i, 1) != "\\") continue
+      e = substr(s, ++i, 1)
+      if (e == "/") return 1
+      if (e != "u") continue
+      h = substr(s, i + 1, 4); i += 4
+      if (h !~ /^[0-9a-f][0-9a-f][0-9a-f][0-9a-f]$/) return 1
+      code = (index(hex, substr(h, 1, 1)) - 1) * 4096 + (index(hex, substr(h, 2, 1)) - 1) * 256 + (index(hex, substr(h, 3, 1)) - 1) * 16 + index(hex, substr(h, 4, 1)) - 1
+      if ((code >= 32 && code < 127) || code == 8 || code == 9 || code == 10 || code == 12 || code == 13) return 1
+    }
+    return 0
+  }
   { match($0, /^ */); body = substr($0, RLENGTH + 1); closing = body ~ /^[]}],?$/
-    if (ended || (NR == 1 && body != "{") || $0 ~ /[\001-\037]/) { print NR; exit }
+    if (ended || (NR == 1 && body != "{") || $0 ~ /[\001-\037\177-\377]/ || escaped(body) || body ~ /(^|: )-0,?$/) { print NR; exit }
     if (closing) { if (d == 0 || last == "," || last == "open" || substr(body, 1, 1) != (kind[d] == "{" ? "}" : "]")) { print NR; exit }; d-- }
     else if (NR > 1 && last != "," && last != "open") { print NR; exit }
     if (RLENGTH != 2 * d || (!closing && body !~ element)) { print NR; exit }
@@ -254,8 +295,24 @@ odd=$(LC_ALL=C awk -v q='"' 'function canon(k,   out, i, j, c, code) {  # a key 
     last = body ~ /,$/ ? "," : ""
     if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
     if (d == 0) ended = 1 }
-  END { if (!ended && NR > 0) print NR }' "$work/manifest.json" | head -n 1)
-[ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (one key or value a line, two spaces a level): its lines could be read otherwise than its JSON"
+  END { if (!ended && NR > 0) print NR }'
+# (a file in that form, line by line: where each value is, its keys in their JSON text, "/" between them, a
+# tab, then its JSON text (an object or list by its first line: "{", "[", or "{}", "[]" when empty))
+# shellcheck disable=SC2016  # awk's, not the shell's
+json_paths='BEGIN { x = "[0-9a-fA-F]"; str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q }
+  { match($0, /^ */); d = RLENGTH / 2; body = substr($0, RLENGTH + 1); sub(/,$/, "", body)
+    if (body ~ /^[]}]$/) next
+    if (d > 0) {
+      if (kind[d] == "{") { match(body, "^" str ": "); name = substr(body, 1, RLENGTH - 2); body = substr(body, RLENGTH + 1) }
+      else name = n[d]++
+      path[d] = (d > 1 ? path[d - 1] "/" : "") name
+    }
+    print (d > 0 ? path[d] : "") "\t" body
+    if (body == "{" || body == "[") { kind[d + 1] = body; n[d + 1] = 0 } }'
+odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/manifest.json" | head -n 1)
+[ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+[ "$(tail -c 1 "$work/manifest.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
+  || fail "$dir/manifest.json: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
@@ -271,6 +328,12 @@ if [ -s "$work/comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A
   release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
   [ "$(cat "$work/comment")" = "$product $release SHA256SUMS" ] || fail "$dir: SHA256SUMS.minisig's trusted comment says \
 '$(cat "$work/comment")', but this is '$product $release SHA256SUMS' (manifest.json): a signature made for another release or file"
+fi
+if [ -s "$work/provenance.comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} (SHA256SUMS|provenance\.intoto\.json)' "$work/provenance.comment"; then
+  product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  [ "$(cat "$work/provenance.comment")" = "$product $release provenance.intoto.json" ] || fail "$dir: provenance.intoto.json.minisig's \
+trusted comment says '$(cat "$work/provenance.comment")', but this is '$product $release provenance.intoto.json' (manifest.json): a signature made for another release or file"
 fi
 
 # The archive manifest.json names (the folder may hold other .tar.zst files, such as the reconstruct kit):
@@ -690,6 +753,87 @@ elif grep -q '^  "platform": ' "$work/manifest.json"; then
 else named=linux/amd64; fi
 [ "$platform" = "$named" ] || fail "$dir: the archive's image config is for ${platform:-no platform}, but manifest.json \
 says ${named:-none}: refused before any load"
+
+# --- the SBOM's and the provenance's subjects: this release (build.py verify checks the same) ---------
+# manifest.json's supply_chain record (absent or null in releases made before it): each file listed in
+# SHA256SUMS with the sha256 it records, the SBOM's subject the release's image, the provenance's
+# subjects its image and files (each a file SHA256SUMS lists, with the sha256 it lists), and each
+# signature file it records there. Both are read as unibake writes them (json.dumps, indent 2), as
+# build.py verify reads them too: a copy of each, its sha256 checked again, read line by line.
+LC_ALL=C awk -v q='"' "$json_paths" "$work/manifest.json" > "$work/manifest.paths"
+supply() { awk -F '\t' -v p="\"supply_chain\"/$1" '$1 == p { print $2; exit }' "$work/manifest.paths"; }
+if [ -n "$(supply '"sbom"')" ]; then
+  for what in sbom provenance kit; do
+    [ "$what" != kit ] || [ "$(awk -F '\t' '$1 == "\"supply_chain\"/\"kit\"" { print $2; exit }' "$work/manifest.paths")" != null ] || continue
+    name=$(supply "\"$what\"/\"name\"" | sed -n "s/^\"\\($NAME\\)\"\$/\\1/p")
+    sha=$(supply "\"$what\"/\"sha256\"" | sed -n 's/^"\([0-9a-f]\{64\}\)"$/\1/p')
+    [ -n "$name" ] && [ -n "$sha" ] || fail "$dir/manifest.json: its supply_chain record of the $what is not a file's name and sha256"
+    listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
+    [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as the release's $what)"
+    [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
+    eval "${what}_name=\$name"
+  done
+  # shellcheck disable=SC2154  # set by the eval above
+  for what in sbom provenance; do
+    eval "name=\$${what}_name"
+    copy "$name" "$work/$what.json" 67108864 || fail "$dir/$name: not a regular file"
+    [ "$(sha256sum < "$work/$what.json" | cut -c 1-64)" = "$(awk -v n="$name" '$1 == n { print $2 }' "$work/listed")" ] \
+      || fail "$dir/$name: changed after sha256sum -c read it: refused"
+    odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/$what.json" | head -n 1)
+    [ -z "$odd" ] || fail "$dir/$name:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+    [ "$(tail -c 1 "$work/$what.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
+      || fail "$dir/$name: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+    LC_ALL=C awk -v q='"' "$json_paths" "$work/$what.json" > "$work/$what.paths"
+  done
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  bad=$(awk -F '\t' -v id="\"${want#sha256:}\"" -v where="$sbom_name" '
+    $1 == "\"bomFormat\"" { format = $2 } $1 == "\"specVersion\"" { spec = $2 }
+    $1 == "\"metadata\"/\"component\"" { subject = $2 ~ /^[{]/ }
+    $1 ~ /^"metadata"\/"component"\/"hashes"\/[0-9]+\/"(alg|content)"$/ {
+      split($1, at, "/"); if (at[5] == "\"alg\"") alg[at[4]] = $2; else content[at[4]] = $2 }
+    END {
+      if (format != "\"CycloneDX\"") { print where ": not a CycloneDX document"; exit }
+      if (spec !~ /^"1\.([5-9]|[0-9][0-9])"$/) { print where ": CycloneDX " (spec == "" ? "\047\047" : spec) ", not 1.5 or later"; exit }
+      if (!subject) { print where ": names no subject (metadata.component)"; exit }
+      for (i in alg) if (alg[i] == "\"SHA-256\"") { n++; got = (i in content) ? content[i] : "null" }
+      if (n > 1) { print where ": its subject has " n " SHA-256 hashes, not one"; exit }
+      if (got != id) { print where ": describes image sha256:" (n ? substr(got, 1, 66) : "(none)") ", not this release\047s sha256:" substr(id, 2, 64) } }' \
+    "$work/sbom.paths")
+  [ -z "$bad" ] || fail "$dir/$bad"
+  # the files the provenance must name: the archive's, the SBOM, the kit
+  { cat "$work/parts"; echo "$sbom_name"; [ -z "${kit_name:-}" ] || echo "$kit_name"; } > "$work/required"
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  bad=$(awk -F '\t' -v id="\"${want#sha256:}\"" -v ref="\"$tag\"" -v where="$provenance_name" '
+    FILENAME == ARGV[1] { split($0, f, " "); file["\"" f[1] "\""] = "\"" f[2] "\""; next }
+    FILENAME == ARGV[2] { required["\"" $0 "\""] = 1; order[++r] = "\"" $0 "\""; next }
+    $1 == "\"_type\"" { type = $2 } $1 == "\"predicateType\"" { predicate_type = $2 }
+    $1 == "\"subject\"" { subjects = $2 ~ /^[[]/ } $1 == "\"predicate\"" { predicate = $2 ~ /^[{]/ }
+    $1 ~ /^"subject"\/[0-9]+\/"name"$/ && $2 ~ /^"/ { split($1, at, "/"); name[at[2]] = $2; m++ }
+    $1 ~ /^"subject"\/[0-9]+\/"digest"\/"sha256"$/ && $2 ~ /^"/ { split($1, at, "/"); digest[at[2]] = $2 }
+    END {
+      if (type != "\"https://in-toto.io/Statement/v1\"" || predicate_type != "\"https://slsa.dev/provenance/v1\"") {
+        print where ": not an in-toto statement with an SLSA provenance v1 predicate"; exit }
+      if (!subjects || !predicate) { print where ": has no subjects or no predicate"; exit }
+      for (i in name) if (seen[name[i]]++) { print where ": names " substr(name[i], 1, 82) " as a subject more than once"; exit }
+      for (i in name) if (i in digest) sha[name[i]] = digest[i]
+      if (sha[ref] != id) { print where ": its image subject is " (ref in sha ? substr(sha[ref], 1, 66) : "none") ", not sha256:" substr(id, 2, 64); exit }
+      for (s in sha) {
+        if (s == ref) continue
+        if (!(s in file)) { print where ": names " substr(s, 1, 82) ", which this release does not hold"; exit }
+        if (file[s] != sha[s]) { print where ": the sha256 of " substr(s, 2, length(s) - 2) " differs from the file\047s"; exit } }
+      for (i = 1; i <= r; i++) if (!(order[i] in sha)) { print where ": does not name " substr(order[i], 2, length(order[i]) - 2) " as a subject"; exit } }' \
+    "$work/listed" "$work/required" "$work/provenance.paths")
+  [ -z "$bad" ] || fail "$dir/$bad"
+  # each signature file it records is here (a regular file, not a link), as build.py verify checks it
+  awk -F '\t' '$1 ~ /^"supply_chain"\/"signatures"\/[0-9]+\/"files"\/[0-9]+$/ { print $2 }' "$work/manifest.paths" > "$work/signed"
+  while IFS= read -r signed; do
+    file=$(printf '%s\n' "$signed" | sed -n "s/^\"\\($NAME\\)\"\$/\\1/p")
+    [ -n "$file" ] || fail "$dir/manifest.json: its supply_chain records a signature file that is not a file's name: $signed"
+    [ -f "$file" ] && [ ! -L "$file" ] || fail "$dir/$file: missing (manifest.json records it as a signature of the release)"
+  done < "$work/signed"
+elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit }' "$work/manifest.paths")" ]; then
+  fail "$dir/manifest.json: its supply_chain record names no SBOM"
+fi
 
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
 [ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }

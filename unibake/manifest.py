@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -128,7 +128,7 @@ class Signature(Record):
 
     kind: Literal["openpgp", "minisign"]
     key: str = Field(pattern=r"^[0-9A-F]{1,64}$")  # the OpenPGP fingerprint or the minisign key ID
-    files: tuple[str, ...]
+    files: tuple[Annotated[str, Field(pattern=FILE_NAME_PATTERN)], ...]  # files of the release folder
 
 
 class SupplyChain(Record):
@@ -301,14 +301,53 @@ def _once_each(pairs: list[tuple[str, object]]) -> dict:
     return dict(pairs)
 
 
+class _NotWhole:
+    """A number read from JSON that is no whole number (a fraction, an exponent, NaN): json.dumps writes
+    such a value in another form than it may have been read in, and unibake writes none in a manifest,
+    an SBOM or a provenance."""
+
+
+def _not_whole(text: str) -> _NotWhole:
+    return _NotWhole()
+
+
+def read_json(text: str) -> object:
+    """``text`` as JSON, a key written twice in one object refused (ValueError), each number that is no
+    whole number read as :class:`_NotWhole`."""
+    return json.loads(text, object_pairs_hook=_once_each, parse_float=_not_whole, parse_constant=_not_whole)
+
+
+def off_form(text: str, value: object) -> str:
+    """Where ``text`` first differs from ``value`` (read from it) written as unibake writes its JSON
+    files (json.dumps, indent 2, a last newline): ``line N``, ``its end``; "" where it does not. The
+    shell verifier reads such a file line by line, so both verifiers take only that one form (a value
+    escaped otherwise, ``"linux\\/amd64"``, or the file reformatted, would be read otherwise)."""
+    try:
+        written = json.dumps(value, indent=2, default=lambda odd: None) + "\n"
+    except (ValueError, RecursionError):
+        return "line 1"
+    if written == text:
+        return ""
+    for number, (line, want) in enumerate(zip(text.split("\n"), written.split("\n")), 1):
+        if line != want:
+            return f"line {number}"
+    return "its end"
+
+
+NOT_IN_FORM = "not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be " \
+    "read otherwise than its JSON"
+
+
 def parse_manifest(text: str, where: str, error: type[UnibakeError] = VerificationError) -> ReleaseManifest:
     try:
-        raw = json.loads(text, object_pairs_hook=_once_each)
+        raw = read_json(text)
     except (ValueError, RecursionError) as exc:
         raise error(f"{where}: not valid JSON ({str(exc)[:100]})") from None
     if isinstance(raw, dict) and raw.get("schema") != SCHEMA_VERSION:
         raise error(f"{where}: manifest schema {str(raw.get('schema'))[:20]!r}, not {SCHEMA_VERSION}: not a release "
                     "of this unibake (a foreign folder, or one made by another version)")
+    if odd := off_form(text, raw):
+        raise error(f"{where}: {odd}: {NOT_IN_FORM}")
     try:
         return ReleaseManifest.model_validate_json(text)
     except ValidationError as exc:

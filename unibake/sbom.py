@@ -216,9 +216,9 @@ def check_sbom(text: str, *, image_id: str, where: str) -> list[str]:
         return [f"{where}: not valid JSON ({str(exc)[:80]})"]
     if not isinstance(document, dict) or document.get("bomFormat") != "CycloneDX":
         return [f"{where}: not a CycloneDX document"]
-    spec = str(document.get("specVersion", ""))
-    if not re.fullmatch(r"1\.([5-9]|[0-9][0-9])", spec):
-        return [f"{where}: CycloneDX {spec[:10]!r}, not 1.5 or later"]
+    spec = document.get("specVersion", "")  # a string, as CycloneDX has it (and the shell verifier reads it)
+    if not isinstance(spec, str) or not re.fullmatch(r"1\.([5-9]|[0-9][0-9])", spec):
+        return [f"{where}: CycloneDX {str(spec)[:10]!r}, not 1.5 or later"]
     subject = (document.get("metadata") or {}).get("component") if isinstance(document.get("metadata"), dict) else None
     if not isinstance(subject, dict):
         return [f"{where}: names no subject (metadata.component)"]

@@ -22,7 +22,8 @@ from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import decode_text, read_small_file, read_small_text, visible_name
 from .imagetar import check_against, check_release_form, interpret, read_members
-from .manifest import FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, ReleaseManifest, parse_manifest
+from .manifest import (FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, NOT_IN_FORM, ReleaseManifest, off_form,
+                       parse_manifest, read_json)
 from .platforms import recorded_by
 from .publish import SUMS, SUMS_LIMIT
 from .sums import parse_sums
@@ -312,10 +313,22 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
                        "SHA256SUMS and manifest.json disagree")
     texts = {}
     for f, limit in ((record.sbom, SBOM_LIMIT), (record.provenance, PROVENANCE_LIMIT)):
+        what = "sbom" if f is record.sbom else "provenance"
         try:
-            texts[f.name] = read_small_text(folder / f.name, VerificationError, limit=limit, follow=False)
+            text = read_small_text(folder / f.name, VerificationError, limit=limit, follow=False)
         except VerificationError as exc:
-            checks.add("sbom" if f is record.sbom else "provenance", f.name, False, str(exc))
+            checks.add(what, f.name, False, str(exc))
+            continue
+        # in the one form unibake writes (as manifest.json): the shell verifier reads it line by line
+        try:
+            odd = off_form(text, read_json(text))
+        except (ValueError, RecursionError) as exc:
+            checks.add(what, f.name, False, f"{f.name}: not valid JSON ({str(exc)[:80]})")
+            continue
+        if odd:
+            checks.add(what, f.name, False, f"{f.name}: {odd}: {NOT_IN_FORM}")
+            continue
+        texts[f.name] = text
     if record.sbom.name in texts:
         problems = check_sbom(texts[record.sbom.name], image_id=manifest.image_id, where=record.sbom.name)
         checks.add("sbom", record.sbom.name, not problems, problems[0] if problems else

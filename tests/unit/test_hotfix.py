@@ -444,7 +444,7 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
     folder, _ = make_release(out, "1.0")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest.update(product="unibake-test", tag="unibake-test:1.0")  # the busybox product's release 1.0
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     request = Request(env={}, cwd=tmp_path, out=out, version="1.0", force=True, config=str(busybox_product),
                       require_lock=False)
     hold = hold_release(out, "1.0")  # a hotfix made on 1.0, running
@@ -470,7 +470,7 @@ def test_stage_build_force_through_a_linked_release_waits_for_a_hotfix_made_unde
     folder, _ = make_release(big, "1.0")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest.update(product="unibake-test", tag="unibake-test:1.0")  # the busybox product's release 1.0
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     out.mkdir()
     (out / "1.0").symlink_to(folder)
     request = Request(env={}, cwd=tmp_path, out=out, version="1.0", force=True, config=str(busybox_product),

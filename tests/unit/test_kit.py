@@ -158,7 +158,7 @@ def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, 
     old.mkdir()
     manifest = json.loads((REPO / "release/1.3.1/manifest.json").read_text())
     manifest.pop("supply_chain", None)
-    (old / "manifest.json").write_text(json.dumps(manifest))
+    (old / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     sha = hashlib.sha256((old / "manifest.json").read_bytes()).hexdigest()
     (old / "SHA256SUMS").write_text(f"{sha}  manifest.json\n")
     refused = cli("kit", str(old), "--out", str(tmp_path / "kit"))
@@ -218,13 +218,13 @@ def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_tha
     shutil.copytree(REPO / "release/1.3.1", folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     # kit.json takes the image ID from the manifest: one that SHA256SUMS does not vouch for is refused
-    (folder / "manifest.json").write_text(json.dumps({**manifest, "image_id": "sha256:" + "1" * 64}))
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "image_id": "sha256:" + "1" * 64}, indent=2) + "\n")
     refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert refused.code == 3 and "manifest.json: differs from SHA256SUMS" in refused.error_lines[-1], refused.err
     assert not (tmp_path / "kit").exists()
     # the sums rewritten to match, the published kit named by another sha256: what is written now is not it
     manifest["supply_chain"]["kit"]["sha256"] = "2" * 64
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
     differs = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert differs.code == 3 and f"not the sha256:{'2' * 64} release 1.3.1 published" in differs.error_lines[-1], \
@@ -374,7 +374,7 @@ def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writ
     published.write_bytes(b"the kit the release published")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["supply_chain"]["kit"]["sha256"] = hashlib.sha256(published.read_bytes()).hexdigest()
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
     before = sorted(p.name for p in folder.iterdir())
     differs = cli("kit", str(folder), "--out", str(folder), "--config", str(REPO / "profiles"))
@@ -388,7 +388,7 @@ def test_kit_that_writes_nothing_leaves_no_out_folder_it_made(cli, tmp_path):
     shutil.copytree(REPO / "release/1.3.1", folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["supply_chain"]["kit"]["sha256"] = "0" * 64  # the kit written now cannot be the published one
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
     (tmp_path / "kits").mkdir()
     refused = cli("kit", str(folder), "--out", str(tmp_path / "kits/new/1.3.1"), "--config", str(REPO / "profiles"))
@@ -919,7 +919,7 @@ def forged_images(folder: Path, change) -> None:
     (folder / "provenance.intoto.json").write_text(json.dumps(statement, indent=2))
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["supply_chain"]["kit"] = None
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
 
 
@@ -978,7 +978,7 @@ def test_kit_refuses_a_provenance_listing_an_input_twice_naming_it(cli, tmp_path
     (folder / "provenance.intoto.json").write_text(json.dumps(statement, indent=2))
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["supply_chain"]["kit"] = None
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
     refused = cli("kit", str(folder), "--out", str(tmp_path / "kit"), "--config", str(REPO / "profiles"))
     assert refused.code == 3 and refused.error_lines == [

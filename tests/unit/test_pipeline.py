@@ -103,7 +103,7 @@ def rewrite_manifest(folder: Path, document: dict) -> None:
     another unibake (or another time) published it, whole."""
     import hashlib
     import re
-    text = json.dumps(document)
+    text = json.dumps(document, indent=2) + "\n"
     (folder / "manifest.json").write_text(text)
     sums = folder / "SHA256SUMS"
     sums.write_text(re.sub(r"(?m)^[0-9a-f]{64}(  manifest\.json)$",
@@ -329,7 +329,7 @@ def test_a_force_re_release_does_not_carry_over_a_first_published_that_is_no_utc
     path = out / "1.0" / "manifest.json"
     first = json.loads(path.read_text())
     first["first_published"] = forged
-    path.write_text(json.dumps(first))
+    path.write_text(json.dumps(first, indent=2) + "\n")
     with pytest.raises(VerificationError, match="first_published"):
         load_manifest(out / "1.0")  # listed by releases as unreadable, not ranked as text
     release(engines, out, force=True)
@@ -349,7 +349,7 @@ def test_a_force_re_release_does_not_carry_over_a_first_published_from_a_folder_
     first = json.loads(path.read_text())
     first["published"] = first["first_published"] = "2000-01-01T00:00:00Z"
     if tamper == "manifest":
-        path.write_text(json.dumps(first))
+        path.write_text(json.dumps(first, indent=2) + "\n")
     else:
         rewrite_manifest(out / "1.0", first)
         if tamper == "sums":  # the manifest's own line gone

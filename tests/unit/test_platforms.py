@@ -251,7 +251,7 @@ def test_an_arm64_image_carries_its_platform_into_the_index_manifest_and_notes(a
     assert not verify_folder(folder).failures
 
     # a manifest edited to claim another platform (its sum rewritten to match) fails the structure check
-    (folder / "manifest.json").write_text(json.dumps({**manifest, "platform": "linux/amd64"}, indent=2))
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "platform": "linux/amd64"}, indent=2) + "\n")
     rewrite_sums(folder, "manifest.json")
     failed = [c for c in verify_folder(folder).failures]
     assert [(c.name, c.detail) for c in failed] == [
@@ -263,7 +263,7 @@ def test_a_manifest_from_before_platforms_reads_as_amd64(arm64_engines, tmp_path
     folder = run_stages(selection(ARCHIVE), request, Quiet(), connect=arm64_engines.__getitem__)["release"].folder
     document = json.loads((folder / "manifest.json").read_text())
     del document["platform"]
-    old = parse_manifest(json.dumps(document), "old manifest.json")
+    old = parse_manifest(json.dumps(document, indent=2) + "\n", "old manifest.json")
     assert old.platform == "linux/amd64" and old.metadata.platform == "linux/amd64"
     assert load_manifest(folder).platform == "linux/arm64"
 

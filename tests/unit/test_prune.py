@@ -79,7 +79,7 @@ def test_a_folder_naming_an_image_unibake_did_not_make_removes_nothing(tmp_path)
     manifest = json.loads((out / "1.0" / "manifest.json").read_text())
     manifest.update(tag="postgres:15", image_id=foreign, published="1970-01-01T00:00:00Z",
                     first_published="1970-01-01T00:00:00Z")
-    (forged / "manifest.json").write_text(json.dumps(manifest))
+    (forged / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     planned = prune(engine, out, keep=1)
     assert "postgres:15" not in {r.ref for r in planned} and engine.inspect_image("postgres:15") is not None
     assert engine.inspect_image("demo-llm:1.0") is None  # the real old release still goes
@@ -95,7 +95,7 @@ def _release(out, engine, tag, n, force=False, **fields):
     if "published" in fields:
         fields.setdefault("first_published", fields["published"])
     manifest.update(fields)
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -164,7 +164,7 @@ def test_a_force_re_release_of_an_older_version_keeps_its_place_by_its_first_rel
     engine = FakeEngine()
     old = _release(out, engine, "hk0", 0, published="2026-01-01T00:00:00Z")
     del old["first_published"]  # a release made before the first release's time was recorded
-    (out / "hk0" / "manifest.json").write_text(json.dumps(old))
+    (out / "hk0" / "manifest.json").write_text(json.dumps(old, indent=2) + "\n")
     _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
     _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
     _release(out, engine, "hk1", 11, force=True, published="2026-01-01T00:00:03Z",
@@ -208,7 +208,7 @@ def test_a_hand_edited_published_that_is_no_utc_time_is_an_unreadable_folder_not
     engine = FakeEngine()
     old = _release(out, engine, "hk1", 1, published=published)
     del old["first_published"]  # as a release made before it was recorded
-    (out / "hk1" / "manifest.json").write_text(json.dumps(old))
+    (out / "hk1" / "manifest.json").write_text(json.dumps(old, indent=2) + "\n")
     _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
     warnings = []
     done = prune(engine, out, keep=1, on_warning=warnings.append)

@@ -252,12 +252,12 @@ def supply(folder, name: str, change) -> None:
     """A supply-chain file changed, and the manifest's record of it and SHA256SUMS made to agree."""
     document = json.loads((folder / name).read_text())
     change(document)
-    (folder / name).write_text(json.dumps(document))
+    (folder / name).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     manifest = json.loads((folder / "manifest.json").read_text())
     key = "sbom" if name.startswith("sbom") else "provenance"
     data = (folder / name).read_bytes()
     manifest["supply_chain"][key].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
 
 

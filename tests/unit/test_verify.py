@@ -160,7 +160,7 @@ def test_a_zstd_stream_with_a_huge_window_is_refused(cli, folder):
 def test_a_malformed_manifest_is_refused_with_one_line(cli, folder, change, message):
     manifest = json.loads((folder / "manifest.json").read_text())
     change(manifest)
-    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     rewrite_sums(folder, "manifest.json")
     result = cli("verify", str(folder))
     assert result.code == 3 and "Traceback" not in result.err

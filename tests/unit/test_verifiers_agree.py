@@ -1,0 +1,351 @@
+"""Differential tests: the same hostile release folder, given to ``build.py verify`` and to
+``scripts/verify-release.sh`` (under dash and bash), gets the same verdict. A forger controls every
+file of the folder and re-sums SHA256SUMS; what one verifier passes the other must not refuse, and
+what one refuses the other must refuse too."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from ..conftest import REPO, gpg_home, minisign_key  # noqa: F401 - fixtures used by name
+from ..forge import resum
+from .test_publish import make_release
+from .test_smoke import server  # noqa: F401 - the fixture is used by name
+from .test_supply_chain import engines, release  # noqa: F401 - the fixture is used by name
+
+SCRIPT = REPO / "scripts" / "verify-release.sh"
+SHELLS = [s for s in ("dash", "bash") if shutil.which(s)]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return make_release(tmp_path / "release")[0]
+
+
+def shell(folder, sh: str = "sh") -> subprocess.CompletedProcess:
+    return subprocess.run([sh, str(SCRIPT), str(folder), "--no-load"], capture_output=True, text=True, timeout=300)
+
+
+def verdicts(cli, folder) -> tuple[int, list[int], str, str]:
+    """(build.py verify's exit code, the shell verifier's under each shell, their error lines)."""
+    python = cli("verify", str(folder))
+    assert "Traceback" not in python.err, python.err
+    runs = [shell(folder, sh) for sh in SHELLS]
+    errors = [line for line in runs[0].stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) <= 1, runs[0].stderr
+    return python.code, [r.returncode for r in runs], python.err, runs[0].stderr
+
+
+def assert_same(cli, folder, passes: bool, python_says: str = "", shell_says: str = "") -> None:
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    want = 0 if passes else 3
+    assert python == want, python_err
+    assert shells == [want] * len(SHELLS), shell_err
+    assert python_says in python_err, python_err
+    assert shell_says in shell_err, shell_err
+
+
+def edit_manifest(folder, change) -> None:
+    path = folder / "manifest.json"
+    old = path.read_bytes()
+    new = change(old)
+    assert new != old
+    path.write_bytes(new)
+    resum(folder)
+
+
+NOT_CANONICAL = "not written as unibake writes it"
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda t: t.replace(b'"platform": "linux/amd64"', b'"platform": "linux\\/amd64"'), id="escaped slash"),
+    pytest.param(lambda t: t.replace(b'"image_id": "sha256:', b'"image_id": "sha256\\u003a'), id="escaped digest"),
+    pytest.param(lambda t: t.replace(b'"org.opencontainers.image.version": "1.3.1"',
+                                     b'"org.opencontainers.image.version": "1.3.\\u0031"'), id="escaped label"),
+    pytest.param(lambda t: json.dumps(json.loads(t)).encode() + b"\n", id="one line"),
+    pytest.param(lambda t: json.dumps(json.loads(t), indent=4).encode() + b"\n", id="indent 4"),
+    pytest.param(lambda t: t.rstrip(b"\n"), id="no final newline"),
+    pytest.param(lambda t: t + b"\n", id="blank last line"),
+    pytest.param(lambda t: t.replace(b"\n", b"\r\n"), id="crlf"),
+    pytest.param(lambda t: t.replace(b'"level": 3', b'"level": 3.0'), id="a float"),
+    pytest.param(lambda t: t.replace(b'"level": 3', b'"level": 3e0'), id="an exponent"),
+    pytest.param(lambda t: t.replace(b'"level": 3', b'"level": 03'), id="a leading zero"),
+    pytest.param(lambda t: t.replace(b'"org.opencontainers.image.version": "1.3.1"',
+                                     b'"org.opencontainers.image.version": "1.3.1\\u00E9"'), id="upper-case escape"),
+    pytest.param(lambda t: t.replace(b'"org.opencontainers.image.version": "1.3.1"',
+                                     b'"org.opencontainers.image.version": "1.3.1\xc3\xa9"'), id="raw utf-8"),
+    pytest.param(lambda t: t.replace(b'"org.opencontainers.image.version": "1.3.1"',
+                                     b'"org.opencontainers.image.version": "1.3.1\\u000a"'), id="long form of \\n"),
+])
+def test_a_manifest_not_in_unibakes_one_form_is_refused_by_both_in_one_line(cli, folder, change):
+    edit_manifest(folder, change)
+    assert_same(cli, folder, passes=False, shell_says=NOT_CANONICAL)
+    said = cli("verify", str(folder)).error_lines
+    assert len(said) == 1 and any(s in said[0] for s in (NOT_CANONICAL, "not valid JSON", "not a valid release manifest")), said
+
+
+def test_a_manifest_holding_every_escape_json_dumps_writes_passes_both(cli, folder):
+    def labelled(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        manifest["labels"]["x"] = 'a "quoted" back\\slash \u00e9\U0001f600 \x7f tab\t'
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, labelled)
+    assert b"\\u00e9\\ud83d\\ude00 \\u007f tab\\t" in (folder / "manifest.json").read_bytes()
+    assert_same(cli, folder, passes=True)
+
+
+# --- the SBOM's and the provenance's subjects ----------------------------------------------------
+
+
+@pytest.fixture
+def whole(engines, tmp_path):
+    """A release with its SBOM and provenance (made on fake engines), its archive in the folder."""
+    return release(engines, tmp_path / "release")["release"].folder
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def rewrite(folder, name: str, change, *, text=None) -> None:
+    """A supply-chain file changed and written as unibake writes it (or as ``text`` makes it), and the
+    manifest's record of it, the provenance's subject of the SBOM and SHA256SUMS made to agree."""
+    path = folder / name
+    document = json.loads(path.read_text())
+    change(document)
+    written = text(document) if text else json.dumps(document, indent=2, sort_keys=True) + "\n"
+    assert written != path.read_text() or text is None
+    path.write_text(written)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["supply_chain"]
+    for key in ("sbom", "provenance"):
+        if record[key]["name"] == name:
+            record[key].update(bytes=path.stat().st_size, sha256=sha(path.read_bytes()))
+    if name == record["sbom"]["name"]:  # the provenance names the SBOM: made to agree too
+        provenance = folder / record["provenance"]["name"]
+        statement = json.loads(provenance.read_text())
+        for subject in statement["subject"]:
+            if isinstance(subject, dict) and subject.get("name") == name:
+                subject["digest"] = {"sha256": sha(path.read_bytes())}
+        provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+        record["provenance"].update(bytes=provenance.stat().st_size, sha256=sha(provenance.read_bytes()))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+def test_a_release_with_its_sbom_and_provenance_passes_both(cli, whole):
+    assert {"sbom.cdx.json", "provenance.intoto.json"} <= set(os.listdir(whole))
+    assert_same(cli, whole, passes=True)
+
+
+def subject(document) -> dict:
+    return document["metadata"]["component"]
+
+
+def image_subject(statement) -> dict:
+    return next(s for s in statement["subject"] if ":" in s["name"])
+
+
+def file_subject(statement, suffix: str) -> dict:
+    return next(s for s in statement["subject"] if s["name"].endswith(suffix))
+
+
+SBOM_CASES = [
+    ("another image", lambda d: subject(d)["hashes"][0].update(content="0" * 64), "describes image sha256:"),
+    ("two SHA-256 hashes", lambda d: subject(d)["hashes"].append({"alg": "SHA-256", "content": "1" * 64}),
+     "its subject has 2 SHA-256 hashes, not one"),
+    ("no SHA-256 hash", lambda d: subject(d).update(hashes=[]), "describes image sha256:(none)"),
+    ("hashes not a list", lambda d: subject(d).update(hashes={"alg": "SHA-256"}), "describes image sha256:(none)"),
+    ("a content that is no string", lambda d: subject(d)["hashes"][0].update(content=None), "describes image"),
+    ("CycloneDX 1.4", lambda d: d.update(specVersion="1.4"), "not 1.5 or later"),
+    ("a spec version that is a number", lambda d: d.update(specVersion=16), "not 1.5 or later"),
+    ("no spec version", lambda d: d.pop("specVersion"), "not 1.5 or later"),
+    ("another format", lambda d: d.update(bomFormat="SPDX"), "not a CycloneDX document"),
+    ("no subject", lambda d: d["metadata"].pop("component"), "names no subject"),
+    ("a subject that is a list", lambda d: d["metadata"].update(component=[subject(d)]), "names no subject"),
+    ("metadata that is a list", lambda d: d.update(metadata=[d["metadata"]]), "names no subject"),
+]
+
+
+@pytest.mark.parametrize("change, says", [pytest.param(c, s, id=i) for i, c, s in SBOM_CASES])
+def test_a_forged_sbom_resummed_is_refused_by_both(cli, whole, change, says):
+    rewrite(whole, "sbom.cdx.json", change)
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
+def test_an_sbom_whose_other_hashes_are_not_sha256_passes_both(cli, whole):
+    def more(document):
+        subject(document)["hashes"][:0] = [{"alg": "MD5", "content": "x"}, "SHA-256", {"alg": ["SHA-256"]},
+                                           {"content": "0" * 64}]
+    rewrite(whole, "sbom.cdx.json", more)
+    assert_same(cli, whole, passes=True)
+
+
+PROVENANCE_CASES = [
+    ("another image", lambda d: image_subject(d)["digest"].update(sha256="0" * 64), "its image subject is"),
+    ("no image", lambda d: d["subject"].remove(image_subject(d)), "its image subject is"),
+    ("another archive", lambda d: file_subject(d, ".tar.zst")["digest"].update(sha256="1" * 64),
+     "the sha256 of demo-1.0.tar.zst differs from the file's"),
+    ("an upper-case digest", lambda d: file_subject(d, ".tar.zst")["digest"].update(
+        sha256=file_subject(d, ".tar.zst")["digest"]["sha256"].upper()), "differs from the file's"),
+    ("no SBOM", lambda d: d["subject"].remove(file_subject(d, "sbom.cdx.json")),
+     "does not name sbom.cdx.json as a subject"),
+    ("an SBOM subject without a digest", lambda d: file_subject(d, "sbom.cdx.json").update(digest=["x"]),
+     "does not name sbom.cdx.json as a subject"),
+    ("a file the release does not hold", lambda d: d["subject"].append({"name": "x.bin", "digest": {"sha256": "2" * 64}}),
+     "names 'x.bin', which this release does not hold"),
+    ("a subject twice", lambda d: d["subject"].insert(0, {"name": image_subject(d)["name"], "digest": {"sha256": "1" * 64}}),
+     "as a subject more than once"),
+    ("a subject twice, once without a digest", lambda d: d["subject"].append({"name": "demo-1.0.tar.zst"}),
+     "as a subject more than once"),
+    ("another statement type", lambda d: d.update(_type="https://in-toto.io/Statement/v0.1"),
+     "not an in-toto statement with an SLSA provenance v1 predicate"),
+    ("another predicate type", lambda d: d.update(predicateType="https://slsa.dev/provenance/v0.2"),
+     "not an in-toto statement with an SLSA provenance v1 predicate"),
+    ("subjects not a list", lambda d: d.update(subject={"name": "x"}), "has no subjects or no predicate"),
+    ("no predicate", lambda d: d.pop("predicate"), "has no subjects or no predicate"),
+]
+
+
+@pytest.mark.parametrize("change, says", [pytest.param(c, s, id=i) for i, c, s in PROVENANCE_CASES])
+def test_a_forged_provenance_resummed_is_refused_by_both(cli, whole, change, says):
+    rewrite(whole, "provenance.intoto.json", change)
+    python, shells, python_err, shell_err = verdicts(cli, whole)
+    assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
+    said = says.replace("'", "\"") if "names '" in says else says  # (a name is shown in its JSON form by the shell)
+    assert says in python_err, python_err
+    assert said in shell_err, shell_err
+
+
+def test_a_provenance_subject_without_a_digest_or_name_is_passed_over_by_both(cli, whole):
+    rewrite(whole, "provenance.intoto.json", lambda d: d["subject"].extend(
+        [{"name": "notes", "digest": ["x"]}, {"digest": {"sha256": "3" * 64}}, "x", {"name": 7}]))
+    assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("name", ["sbom.cdx.json", "provenance.intoto.json"])
+@pytest.mark.parametrize("form", [
+    pytest.param(lambda d: json.dumps(d), id="one line"),
+    pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True).replace("://", ":\\/\\/", 1) + "\n",
+                 id="escaped slash"),
+    pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True).replace('"name": "', '"n\\u0061me": "', 1) + "\n",
+                 id="escaped letter"),
+    pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True), id="no final newline"),
+    pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True).replace('{\n  "', '{\n  "x": 1.5,\n  "', 1) + "\n",
+                 id="a fraction"),
+])
+def test_an_sbom_or_provenance_not_in_unibakes_one_form_is_refused_by_both(cli, whole, name, form):
+    rewrite(whole, name, lambda d: None, text=form)
+    assert_same(cli, whole, passes=False, python_says=NOT_CANONICAL, shell_says=NOT_CANONICAL)
+
+
+def test_an_sbom_written_twice_with_the_subject_key_is_refused_by_both(cli, whole):
+    def twice(document):
+        return json.dumps(document, indent=2, sort_keys=True).replace(
+            '"bomFormat": "CycloneDX",', '"bomFormat": "CycloneDX",\n  "bomFormat": "CycloneDX",', 1) + "\n"
+    rewrite(whole, "sbom.cdx.json", lambda d: None, text=twice)
+    python, shells, python_err, shell_err = verdicts(cli, whole)
+    assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
+
+
+def record_change(folder, change) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest["supply_chain"])
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+@pytest.mark.parametrize("change, says", [
+    pytest.param(lambda r: r["sbom"].update(sha256="0" * 64), "SHA256SUMS and manifest.json disagree", id="sbom sha256"),
+    pytest.param(lambda r: r["provenance"].update(name="VALIDATION.json"), "disagree", id="another file"),
+    pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}),
+                 "SHA256SUMS.minisig", id="a signature missing"),
+    pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["../x"]}),
+                 "", id="a signature outside the folder"),
+])
+def test_a_supply_chain_record_that_is_not_the_folder_s_is_refused_by_both(cli, whole, change, says):
+    record_change(whole, change)
+    python, shells, python_err, shell_err = verdicts(cli, whole)
+    assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
+    assert says in python_err and says in shell_err, python_err + shell_err
+
+
+def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
+    (whole / "SHA256SUMS.minisig").write_text("untrusted comment: x\n")
+    record_change(whole, lambda r: r["signatures"].append(
+        {"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}))
+    assert_same(cli, whole, passes=True)
+
+
+# --- the provenance's own signature, with --key ---------------------------------------------------
+
+
+def resummed_and_signed(folder, sign) -> None:
+    """SHA256SUMS made anew over the folder (its own signatures aside) and signed again by the key holder."""
+    lines = [f"{sha(p.read_bytes())}  {p.name}\n" for p in sorted(folder.iterdir())
+             if p.name not in ("SHA256SUMS", "SHA256SUMS.asc", "SHA256SUMS.minisig")]
+    (folder / "SHA256SUMS").write_text("".join(lines))
+    sign(folder / "SHA256SUMS")
+
+
+def with_key(cli, folder, key) -> tuple[int, int, str, str]:
+    python = cli("verify", str(folder), "--key", str(key))
+    script = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load", "--key", str(key)], capture_output=True,
+                            text=True, timeout=300)
+    return python.code, script.returncode, python.err, script.stderr
+
+
+def minisigned(secret, path, comment: str) -> None:
+    made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(path), "-x", f"{path}.minisig", "-t", comment],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+
+
+@pytest.mark.parametrize("case", ["another file's signature", "another release's comment"])
+def test_a_provenance_minisign_signature_not_for_it_fails_both_with_key(cli, engines, tmp_path, minisign_key, case):
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    assert with_key(cli, folder, public)[:2] == (0, 0)
+    if case == "another file's signature":  # the key's good signature, of something else
+        other = tmp_path / "other"
+        other.write_text("another provenance\n")
+        minisigned(secret, other, "demo 1.0 provenance.intoto.json")
+        shutil.copy(f"{other}.minisig", folder / "provenance.intoto.json.minisig")
+        says = "is not a good signature of provenance.intoto.json"
+    else:
+        minisigned(secret, folder / "provenance.intoto.json", "demo 2.0 provenance.intoto.json")
+        says = "trusted comment says 'demo 2.0 provenance.intoto.json', but this is 'demo 1.0 provenance.intoto.json'"
+    resummed_and_signed(folder, lambda path: minisigned(secret, path, "demo 1.0 SHA256SUMS"))
+    python, script, python_err, script_err = with_key(cli, folder, public)
+    assert (python, script) == (3, 3), python_err + script_err
+    assert "provenance.intoto.json.minisig: signature check failed" in python_err, python_err
+    errors = [line for line in script_err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], script_err
+
+
+def test_a_provenance_openpgp_signature_of_another_file_fails_both_with_key(cli, engines, tmp_path, gpg_home):
+    env, public = gpg_home
+
+    def sign(path, out=None):
+        made = subprocess.run(["gpg", "--batch", "--yes", "--armor", "--detach-sign", "--local-user=signer@example.invalid",
+                               "--output", str(out or f"{path}.asc"), str(path)], capture_output=True, text=True,
+                              env={**os.environ, **env})
+        assert made.returncode == 0, made.stderr
+
+    folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+    assert with_key(cli, folder, public)[:2] == (0, 0)
+    other = tmp_path / "other"
+    other.write_text("another provenance\n")
+    sign(other, folder / "provenance.intoto.json.asc")
+    resummed_and_signed(folder, sign)
+    python, script, python_err, script_err = with_key(cli, folder, public)
+    assert (python, script) == (3, 3), python_err + script_err
+    assert "provenance.intoto.json.asc: signature check failed" in python_err, python_err
+    assert "provenance.intoto.json.asc is not a good signature of provenance.intoto.json" in script_err, script_err
