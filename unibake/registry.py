@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import selectors
 import shutil
 import socket
 import subprocess
@@ -99,6 +100,7 @@ MAX_ANSWER = 1 << 20  # any other answer's body: a token, an error, an upload's 
 MAX_CHALLENGE = 16 << 10  # a 401's WWW-Authenticate (python-dxf's parser takes time quadratic in its length)
 AUTH_FILE_LIMIT = 1 << 20
 HELPER_TIMEOUT = 120.0  # s a Docker credential helper may take to answer (docker-py waits without end)
+HELPER_ANSWER = 1 << 20  # what a credential helper's answer may hold: a user name and a secret, a token
 UPLOAD_CHUNK = 1 << 20
 ANSWER_TIMEOUT = (30, 60)  # connect, then each read: a registry silent for a minute is not answering
 UPLOAD_TIMEOUT = (30, 600)  # a request with a body (a blob): the registry answers once it has stored all of it
@@ -246,21 +248,68 @@ class _TimedStore(docker.credentials.Store):
         if self.exe is None:  # (docker-py's own error: not installed)
             return super()._execute(subcmd, data_input)
         try:
-            return subprocess.run([self.exe, subcmd], input=data_input, stdout=subprocess.PIPE, check=True,
-                                  env=docker.credentials.utils.create_environment_dict(self.environment),
-                                  timeout=HELPER_TIMEOUT).stdout
-        except subprocess.TimeoutExpired:
-            raise _HelperTrouble(f"did not answer in {HELPER_TIMEOUT:g} s (it was ended)") from None
-        except subprocess.CalledProcessError as exc:
-            raise docker.credentials.errors.process_store_error(exc, self.program) from None
+            proc = subprocess.Popen([self.exe, subcmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    env=docker.credentials.utils.create_environment_dict(self.environment))
         except OSError as exc:
             raise docker.credentials.StoreError(f"{self.program} could not be run ({exc.strerror})") from None
+        try:
+            answer = _bounded_answer(proc, data_input, time.monotonic() + HELPER_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                try:  # (a helper gone before it read what it was sent: its stdin is a broken pipe)
+                    pipe.close()
+                except OSError:
+                    pass
+        if proc.returncode:
+            # (docker-py decoded it as UTF-8 strictly: other bytes were 'its auth must be base64')
+            message = one_line(answer.decode("utf-8", "replace"))[:200]
+            if "credentials not found in native keychain" in message:
+                raise docker.credentials.errors.CredentialsNotFound(f"No matching credentials in {self.program}")
+            raise docker.credentials.StoreError(f'Credentials store {self.program} exited with "{message}".')
+        return answer
 
     def get(self, server):
         try:
             return super().get(server)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise _HelperTrouble("answered with no credential (a JSON object with 'Username' and 'Secret')") from None
+
+
+def _bounded_answer(proc: subprocess.Popen, data_input: bytes, end: float) -> bytes:
+    """What credential helper ``proc`` prints to its end, given ``data_input``: at most
+    :data:`HELPER_ANSWER` bytes by ``end`` (a helper that printed without end filled this process's
+    memory for the whole HELPER_TIMEOUT), else :class:`_HelperTrouble`."""
+    try:
+        proc.stdin.write(data_input)
+        proc.stdin.flush()
+    except OSError:  # (a helper that exits or answers without reading it: its answer says)
+        pass
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    answer = bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise _HelperTrouble(f"did not answer in {HELPER_TIMEOUT:g} s (it was ended)")
+            piece = os.read(proc.stdout.fileno(), 64 << 10)
+            if not piece:
+                break
+            answer += piece
+            if len(answer) > HELPER_ANSWER:
+                raise _HelperTrouble(f"answered with more than {HELPER_ANSWER >> 10} KiB (it was ended), which is "
+                                     "no credential")
+    try:
+        proc.wait(max(end - time.monotonic(), 0.001))
+    except subprocess.TimeoutExpired:
+        raise _HelperTrouble(f"did not answer in {HELPER_TIMEOUT:g} s (it was ended)") from None
+    return bytes(answer)
 
 
 class _AuthConfig(docker.auth.AuthConfig):

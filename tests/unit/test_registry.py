@@ -2051,3 +2051,29 @@ def test_a_registry_that_speaks_plain_http_is_named_as_such_not_retried_as_one_t
                                  "HTTP?): unibake reaches a registry over HTTPS only (TLS is never turned off); serve "
                                  "it over TLS (a private CA: --ca-file)")
     assert waits == []
+
+
+@pytest.mark.parametrize("helper, message", [
+    # prints 2 MiB and never ends: its whole output was kept, HELPER_TIMEOUT long (a helper printing
+    # without end filled memory), then it was 'did not answer'
+    ("head -c 2097152 /dev/zero | tr '\\0' x; exec sleep 30",
+     "answered with more than 1024 KiB .it was ended., which is no credential: check it with"),
+    # fails with bytes that are no UTF-8: docker-py's strict decoding was 'its 'auth' must be ... base64'
+    ("printf 'bad \\377 bytes'; exit 1", "failed .DockerException.$"),
+])
+def test_a_credential_helper_printing_without_end_or_no_utf8_is_named(tmp_path, monkeypatch, helper, message):
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "HELPER_TIMEOUT", 4.0)
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "docker-credential-unibake-test"
+    script.write_text(f"#!/bin/sh\ncat >/dev/null\n{helper}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    (tmp_path / "dc").mkdir()
+    (tmp_path / "dc" / "config.json").write_text(json.dumps({"auths": {}, "credsStore": "unibake-test"}))
+    started = time.monotonic()
+    with pytest.raises(UnibakeError, match=f"^{tmp_path}/dc/config.json: the credential helper for reg.example:5000"
+                                           f"(, docker-credential-unibake-test,)? {message}"):
+        load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
+    assert time.monotonic() - started < 3
