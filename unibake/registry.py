@@ -454,6 +454,12 @@ def _challenge_realm(challenge: str, host: str, path: str) -> str | None:
         if parts is None or (parts.scheme or "").lower() not in ("http", "https") or not parts.host:
             raise RegistryError(f"{said} and a Bearer challenge whose realm (the token server's URL) is "
                                 f"{'missing' if not realm else 'not an http or https URL'}: {shown!r}")
+        if parts.scheme.lower() != "https":
+            # (python-dxf asks it over https all the same: a token server that speaks plain HTTP was 'the
+            # registry answered the TLS handshake with something that is not TLS', naming the registry)
+            raise RegistryError(f"{said} and a Bearer challenge whose token server is plain HTTP "
+                                f"({one_line(realm)[:200]}): unibake sends no credentials and takes no token "
+                                "unencrypted (TLS is never turned off); serve the token server over HTTPS")
         return realm
     if "basic" not in parsed:
         raise RegistryError(f"{said} asking for {', '.join(repr(str(k)[:40]) for k in parsed)[:200]} authentication, "

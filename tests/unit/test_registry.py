@@ -2077,3 +2077,54 @@ def test_a_credential_helper_printing_without_end_or_no_utf8_is_named(tmp_path, 
                                            f"(, docker-credential-unibake-test,)? {message}"):
         load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
     assert time.monotonic() - started < 3
+
+
+def test_a_token_server_on_plain_http_is_refused_before_the_password_is_sent(tmp_path):
+    """A registry over TLS whose 401 names a token server on plain http:// (python-dxf asks it over
+    https all the same): the error was 'the registry 127.0.0.1:PORT answered the TLS handshake with
+    something that is not TLS', naming the registry, which does speak TLS. It is now one error naming
+    the token server's URL, and the token server is never asked."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class TokenServer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            body = b'{"token": "t"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), TokenServer)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.headers.get("Authorization") == "Bearer t":
+                self.send_response(404)
+            else:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{plain.server_port}/token",'
+                                                     'service="registry"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    try:
+        with tls_server(tmp_path, Registry) as port:
+            ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+            credentials = Credentials(username="u", password="pw-never-shown", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem",
+                                retry=Retry(attempts=1)) as c:
+                with pytest.raises(RegistryError, match="and a Bearer challenge whose token server is plain HTTP "
+                                                        f".http://127.0.0.1:{plain.server_port}/token.: unibake "
+                                                        "sends no credentials and takes no token unencrypted"):
+                    c.manifest(DIGEST)
+    finally:
+        plain.shutdown()
+    assert seen == []
