@@ -639,8 +639,14 @@ class DockerEngine(Engine):
             self.api._raise_for_status(response)
             with _Breaker(stop, response):
                 for event in self.api._stream_helper(response, decode=True):
+                    if not isinstance(event, dict):  # (a number was a TypeError's traceback)
+                        raise EngineError(f"the engine answered the pull of {repository}@{digest} with something "
+                                          f"that is not its progress (JSON events) (engine at {self.address})")
                     if "error" in event or "errorDetail" in event:
-                        message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                        # (an errorDetail that is no object, or an error that is no text, was a traceback)
+                        detail = event.get("errorDetail")
+                        message = str((detail.get("message") if isinstance(detail, dict) else None)
+                                      or event.get("error") or "no reason given")
                         raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
                                           f"(engine at {self.address})")
         except (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,

@@ -841,3 +841,51 @@ def test_a_release_deployed_to_an_engine_of_another_platform_says_it_runs_there_
     assert [(r.result, r.detail) for r in again] == [("skipped", f"already holds the image{note}"),
                                                     ("skipped", "already holds the image"),
                                                     ("skipped", "already holds the image")]
+
+
+@pytest.mark.parametrize("event, message", [
+    (b"7", "answered the pull of team/a@sha256:[0-9a-f]{64} with something that is not its progress"),
+    (b'"text"', "with something that is not its progress"),
+    (b'{"errorDetail": "x", "error": "denied"}', "could not pull team/a@sha256:[0-9a-f]{64}: denied "),
+    (b'{"errorDetail": {"message": 7}}', "could not pull .*: 7 "),
+    (b'{"error": ["e"]}', "could not pull .*: \\['e'\\] "),
+    (b'{"errorDetail": null, "error": null}', "could not pull .*: no reason given "),
+])
+def test_a_pull_answered_with_something_that_is_not_its_progress_is_one_engine_error(fake_api_only, event, message):
+    """An engine (or what answers in its place) whose pull answer is a JSON number, or whose error's
+    errorDetail is no object or whose message is no text: a traceback (TypeError, AttributeError) out of
+    pull and deploy's row; it is one error naming the engine, as a load's is."""
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import EngineError
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            line = event + b"\r\n"
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(line), line))
+            self.wfile.flush()
+
+    digest = "sha256:" + "ab" * 32
+    with _serving(Engine) as address:
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=5).pull("team/a", digest, None))
+    assert isinstance(outcome, EngineError), repr(outcome)
+    assert re.search(message, str(outcome)) and str(outcome).endswith(f"(engine at {address})"), str(outcome)
