@@ -889,3 +889,33 @@ def test_a_pull_answered_with_something_that_is_not_its_progress_is_one_engine_e
         outcome = _within(30, lambda: DockerEngine(address, {}, timeout=5).pull("team/a", digest, None))
     assert isinstance(outcome, EngineError), repr(outcome)
     assert re.search(message, str(outcome)) and str(outcome).endswith(f"(engine at {address})"), str(outcome)
+
+
+@pytest.mark.parametrize("what", ["load", "pull"])
+def test_an_ssh_engine_slow_but_live_is_not_cut_off_by_its_timeout(tmp_path, monkeypatch, what):
+    """Over ssh:// each read is held to the timeout, not the whole answer: a load whose engine stores
+    layers for 3 s saying how far it is every 0.2 s, or a pull whose engine says something every 0.1 s,
+    goes on past a 1 s timeout (as over TCP)."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ssh").write_text(FAKE_SSH.format(python=sys.executable))
+    (tmp_path / "bin" / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(docker.APIClient, "__init__", REAL_API_CLIENT)
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import HandoffAborted
+
+    if what == "load":
+        with loading_engine(storing=3) as (address, _):
+            monkeypatch.setenv("UNIBAKE_FAKE_ENGINE_PORT", address.rsplit(":", 1)[1])
+            outcome = _within(30, lambda: DockerEngine("ssh://unibake@fake-node", {}, timeout=1).load(
+                iter([b"x" * 1000, b"y" * 10])))
+        assert not isinstance(outcome, BaseException), outcome
+        assert outcome.tags == ("demo-llm:1.3.1",)
+        return
+    stop = threading.Event()
+    threading.Timer(3, stop.set).start()
+    with docker_api(pull="progress") as (address, seen):
+        monkeypatch.setenv("UNIBAKE_FAKE_ENGINE_PORT", address.rsplit(":", 1)[1])
+        outcome = _within(30, lambda: DockerEngine("ssh://unibake@fake-node", {}, timeout=1).pull(
+            "team/a", "sha256:" + "ab" * 32, None, stop))
+    assert isinstance(outcome, HandoffAborted), repr(outcome)  # (broken off by the interrupt, not timed out)
