@@ -273,9 +273,14 @@ class _TimedStore(docker.credentials.Store):
 
     def get(self, server):
         try:
-            return super().get(server)
+            found = super().get(server)
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise _HelperTrouble("answered with no credential (a JSON object with 'Username' and 'Secret')") from None
+            found = None
+        # (a Username or Secret that is no text, a number or a list, was sent to the registry as its str())
+        if not isinstance(found, dict) or not isinstance(found.get("Username"), str) or \
+                not isinstance(found.get("Secret"), str):
+            raise _HelperTrouble("answered with no credential (a JSON object with 'Username' and 'Secret' strings)")
+        return found
 
 
 def _bounded_answer(proc: subprocess.Popen, data_input: bytes, end: float) -> bytes:

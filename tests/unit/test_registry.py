@@ -1961,8 +1961,10 @@ def test_a_registry_that_answers_200_to_every_blob_head_still_gets_the_blobs(tmp
 @pytest.mark.parametrize("helper, message", [
     ("sleep 6", "did not answer in 1 s .it was ended.: check it with 'echo reg.example:5000 | "
                  "docker-credential-unibake-test get', or give --auth-file$"),
-    ("echo 'not JSON'", "answered with no credential .a JSON object with 'Username' and 'Secret'."),
+    ("echo 'not JSON'", "answered with no credential .a JSON object with 'Username' and 'Secret' strings."),
     ("echo '[1]'", "answered with no credential"),
+    ("""echo '{"Username": "u", "Secret": 5}'""", "answered with no credential"),
+    ("""echo '{"Username": ["u"], "Secret": "pw"}'""", "answered with no credential"),
 ])
 def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_named(tmp_path, monkeypatch, helper,
                                                                                    message):
