@@ -459,12 +459,6 @@ def _challenge_realm(challenge: str, host: str, path: str) -> str | None:
         if parts is None or (parts.scheme or "").lower() not in ("http", "https") or not parts.host:
             raise RegistryError(f"{said} and a Bearer challenge whose realm (the token server's URL) is "
                                 f"{'missing' if not realm else 'not an http or https URL'}: {shown!r}")
-        if parts.scheme.lower() != "https":
-            # (python-dxf asks it over https all the same: a token server that speaks plain HTTP was 'the
-            # registry answered the TLS handshake with something that is not TLS', naming the registry)
-            raise RegistryError(f"{said} and a Bearer challenge whose token server is plain HTTP "
-                                f"({one_line(realm)[:200]}): unibake sends no credentials and takes no token "
-                                "unencrypted (TLS is never turned off); serve the token server over HTTPS")
         return realm
     if "basic" not in parsed:
         raise RegistryError(f"{said} asking for {', '.join(repr(str(k)[:40]) for k in parsed)[:200]} authentication, "
@@ -758,6 +752,17 @@ class RegistryClient:
                 else:
                     client.authenticate(credentials.username, credentials.password, response=response,
                                         actions=actions)
+            except requests.exceptions.SSLError as exc:
+                if realm is None or not _not_tls(exc):
+                    raise
+                # python-dxf asks a realm named http:// over https all the same (a proxy that names its own
+                # https URL http:// still works): a token server that speaks plain HTTP only was 'the
+                # registry answered the TLS handshake with something that is not TLS', naming the registry
+                raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
+                                    "answered the TLS handshake with something that is not TLS (a token server "
+                                    "that speaks plain HTTP?): unibake sends no credentials and takes no token "
+                                    "unencrypted (TLS is never turned off); serve the token server over HTTPS") \
+                    from None
             except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
                 if realm is None or isinstance(exc, requests.exceptions.InvalidURL):  # (the token's own URL)
                     raise

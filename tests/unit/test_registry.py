@@ -2085,7 +2085,9 @@ def test_a_token_server_on_plain_http_is_refused_before_the_password_is_sent(tmp
     """A registry over TLS whose 401 names a token server on plain http:// (python-dxf asks it over
     https all the same): the error was 'the registry 127.0.0.1:PORT answered the TLS handshake with
     something that is not TLS', naming the registry, which does speak TLS. It is now one error naming
-    the token server's URL, and the token server is never asked."""
+    the token server's URL; what it was sent was a TLS handshake, never the credentials. (A realm named
+    http:// whose server speaks TLS, a proxy's misnamed https URL, still works: python-dxf asks it over
+    https.)"""
     import http.server
     import threading
 
@@ -2123,10 +2125,49 @@ def test_a_token_server_on_plain_http_is_refused_before_the_password_is_sent(tmp
             credentials = Credentials(username="u", password="pw-never-shown", source="/x/config.json")
             with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem",
                                 retry=Retry(attempts=1)) as c:
-                with pytest.raises(RegistryError, match="and a Bearer challenge whose token server is plain HTTP "
-                                                        f".http://127.0.0.1:{plain.server_port}/token.: unibake "
-                                                        "sends no credentials and takes no token unencrypted"):
+                with pytest.raises(RegistryError, match=f"^the token server http://127.0.0.1:{plain.server_port}"
+                                                        f"/token named by the registry 127.0.0.1:{port} answered "
+                                                        "the TLS handshake with something that is not TLS .a token "
+                                                        "server that speaks plain HTTP.*: unibake sends no "
+                                                        "credentials and takes no token unencrypted"):
                     c.manifest(DIGEST)
     finally:
         plain.shutdown()
     assert seen == []
+
+
+def test_a_token_realm_named_http_whose_server_speaks_tls_still_works(tmp_path):
+    """A proxy in front of a registry that names its own https token URL http:// (a forwarded scheme
+    lost): python-dxf asks it over https, and unibake does too; the token is taken and used."""
+    import http.server
+
+    seen = []
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.startswith("/token"):
+                seen.append(("token", self.headers.get("Authorization")))
+                body = b'{"token": "t"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            seen.append(("registry", self.headers.get("Authorization")))
+            if self.headers.get("Authorization") == "Bearer t":
+                self.send_response(404)
+            else:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{self.server.server_port}'
+                                                     '/token",service="registry"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    with tls_server(tmp_path, Registry) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        credentials = Credentials(username="u", password="pw", source="/x/config.json")
+        with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+            with pytest.raises(UnibakeError) as caught:
+                c.manifest(DIGEST)
+    assert "token server" not in str(caught.value), str(caught.value)
+    assert ("token", "Basic dTpwdw==") in seen and ("registry", "Bearer t") in seen, seen
