@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .engine import BuildStep, Engine
 from .errors import UnibakeError
-from .files import read_small_file, write_atomic
+from .files import open_new, read_small_file, write_atomic
 from .render import BuildContext, ContextFile
 
 MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
@@ -69,11 +69,28 @@ def secret(env) -> bytes | None:
     except UnibakeError:
         pass  # none yet (or not a key): a new one, and the memos made with another are ignored
     key = os.urandom(SECRET_BYTES)
+    temp = folder / f".{SECRET}.{os.getpid()}.tmp"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(folder, SECRET, key, mode=0o600, temp=f".{SECRET}.{os.getpid()}.tmp")
+        with open_new(temp, 0o600) as fh:  # private from its first byte (the folder may be others' to enter)
+            fh.write(key)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o600)
+            os.fsync(fh.fileno())
+        try:  # never over a key another run's first use made meanwhile: its memos would all be ignored
+            os.link(temp, folder / SECRET)
+        except FileExistsError:
+            try:
+                other = read_small_file(folder / SECRET, UnibakeError, limit=SECRET_BYTES, follow=False)
+            except UnibakeError:
+                other = b""
+            if len(other) == SECRET_BYTES:
+                return other
+            os.replace(temp, folder / SECRET)  # a file that is no key: replaced
     except OSError:
         return None
+    finally:
+        temp.unlink(missing_ok=True)
     return key
 
 
