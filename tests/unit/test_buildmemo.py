@@ -343,3 +343,29 @@ def test_the_memo_key_is_private_from_its_first_byte(tmp_path, monkeypatch):
     finally:
         os.umask(old)
     assert modes == [0o600]
+
+
+def test_a_memo_key_others_can_read_or_replace_is_not_used(tmp_path):
+    """A key another user can read (a copied home, a chmod), or one another user owns, is no secret: memos
+    they sign with it would be built FROM. It is replaced by a new one; in a folder anyone may write (where
+    anyone could put their own key), or another user's, no memo is used at all."""
+    import os
+
+    from unibake.buildmemo import secret
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    key = secret(env)
+    path = tmp_path / "cache" / "unibake" / "build-memo.key"
+    path.chmod(0o644)
+    again = secret(env)
+    assert len(again) == 32 and again != key and path.read_bytes() == again and path.stat().st_mode & 0o777 == 0o600
+    if os.geteuid() == 0:  # another owner (only root can give a file away)
+        os.chown(path, 4242, -1)
+        third = secret(env)
+        assert third not in (key, again) and path.stat().st_uid == 0 and path.read_bytes() == third
+    path.parent.chmod(0o777)
+    assert secret(env) is None
+    path.parent.chmod(0o700)
+    if os.geteuid() == 0:
+        os.chown(path.parent, 4242, -1)
+        assert secret(env) is None
