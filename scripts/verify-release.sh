@@ -341,7 +341,9 @@ fi
 archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' "$work/manifest.json" |
   sed -n 's/^    "name": "\([^"\\]*\)",$/\1/p')
 printf '%s\n' "$archive" | grep -qx "$NAME\\.tar\\.zst" || fail "$dir/manifest.json: no archive name ending in .tar.zst"
-awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1' "$work/names" | LC_ALL=C sort > "$work/parts"
+# (in the order of their numbers: NAME.part-1000 after NAME.part-999, not after NAME.part-100)
+awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1 { print length($0) " " $0 }' "$work/names" |
+  LC_ALL=C sort -k 1,1n -k 2 | cut -d ' ' -f 2- > "$work/parts"
 [ -s "$work/parts" ] || fail "$dir: SHA256SUMS does not list the archive $archive"
 # and they are the files manifest.json records as the archive, in order, as unibake's verifier reads
 # them: a part listed beside them would be read by whoever loads the parts by a pattern, and one left

@@ -349,3 +349,14 @@ def test_a_provenance_openpgp_signature_of_another_file_fails_both_with_key(cli,
     assert (python, script) == (3, 3), python_err + script_err
     assert "provenance.intoto.json.asc: signature check failed" in python_err, python_err
     assert "provenance.intoto.json.asc is not a good signature of provenance.intoto.json" in script_err, script_err
+
+
+def test_an_archive_in_more_than_a_thousand_parts_passes_both(cli, engines, tmp_path):
+    """--split of a big archive into small parts (--split 10MiB of a 20 GiB archive): part-1000 comes after
+    part-999, as unibake numbers and records them, not after part-100 as their names sort."""
+    folder = release(engines, tmp_path / "release", split=6)["release"].folder
+    assert (folder / "demo-1.0.tar.zst.part-1000").is_file()
+    python = cli("verify", str(folder))
+    assert python.code == 0, python.err
+    run = shell(folder)  # one shell: a part costs the shell verifier a few processes
+    assert run.returncode == 0, run.stderr[-2000:]
