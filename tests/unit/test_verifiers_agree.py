@@ -240,6 +240,8 @@ def test_a_provenance_subject_without_a_digest_or_name_is_passed_over_by_both(cl
     pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True), id="no final newline"),
     pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True).replace('{\n  "', '{\n  "x": 1.5,\n  "', 1) + "\n",
                  id="a fraction"),
+    pytest.param(lambda d: json.dumps(d, indent=2, sort_keys=True).replace('{\n  "', '{\n  "x": 1' + "0" * 4300 + ',\n  "', 1)
+                 + "\n", id="a number of 4301 digits"),  # Python's int() reads none so long: the shell took it
 ])
 def test_an_sbom_or_provenance_not_in_unibakes_one_form_is_refused_by_both(cli, whole, name, form):
     rewrite(whole, name, lambda d: None, text=form)
@@ -360,3 +362,10 @@ def test_an_archive_in_more_than_a_thousand_parts_passes_both(cli, engines, tmp_
     assert python.code == 0, python.err
     run = shell(folder)  # one shell: a part costs the shell verifier a few processes
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_an_sbom_holding_a_number_of_4300_digits_passes_both(cli, whole):
+    """The longest whole number both read (Python's int() reads no longer one): a key unibake does not read."""
+    rewrite(whole, "sbom.cdx.json", lambda d: None, text=lambda d: json.dumps(d, indent=2, sort_keys=True).replace(
+        '{\n  "', '{\n  "x": 1' + "0" * 4299 + ',\n  "', 1) + "\n")
+    assert_same(cli, whole, passes=True)
