@@ -253,7 +253,7 @@ twice=$(awk '/^  "[^"]*": / { match($0, /"[^"]*"/); key = substr($0, RSTART, RLE
 # ASCII in a key, which unibake writes escaped, is refused). Each value is in the one form json.dumps
 # writes it, as build.py verify requires too: ASCII only, an escape only where json.dumps writes one
 # ("linux\/amd64" and "\u0061" are another text for the same value), whole numbers (a manifest holds no
-# other), no "-0"; and the file ends with its last line's newline
+# other) of at most 4300 digits (as build.py verify reads them), no "-0"; and the file ends with its last line's newline
 # shellcheck disable=SC2016  # awk's, not the shell's
 json_form='function canon(k,   out, i, j, c, code) {  # a key as one text, its escapes decoded
     out = ""
@@ -285,6 +285,8 @@ json_form='function canon(k,   out, i, j, c, code) {  # a key as one text, its e
   }
   { match($0, /^ */); body = substr($0, RLENGTH + 1); closing = body ~ /^[]}],?$/
     if (ended || (NR == 1 && body != "{") || $0 ~ /[\001-\037\177-\377]/ || escaped(body) || body ~ /(^|: )-0,?$/) { print NR; exit }
+    if (length(body) > 4300 && body ~ /(^|: )-?[0-9]+,?$/) {  # a whole number of more digits than build.py verify reads
+      digits = body; sub(/^.*: /, "", digits); gsub(/[^0-9]/, "", digits); if (length(digits) > 4300) { print NR; exit } }
     if (closing) { if (d == 0 || last == "," || last == "open" || substr(body, 1, 1) != (kind[d] == "{" ? "}" : "]")) { print NR; exit }; d-- }
     else if (NR > 1 && last != "," && last != "open") { print NR; exit }
     if (RLENGTH != 2 * d || (!closing && body !~ element)) { print NR; exit }
@@ -341,7 +343,9 @@ fi
 archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' "$work/manifest.json" |
   sed -n 's/^    "name": "\([^"\\]*\)",$/\1/p')
 printf '%s\n' "$archive" | grep -qx "$NAME\\.tar\\.zst" || fail "$dir/manifest.json: no archive name ending in .tar.zst"
-awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1' "$work/names" | LC_ALL=C sort > "$work/parts"
+# (in the order of their numbers: NAME.part-1000 after NAME.part-999, not after NAME.part-100)
+awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1 { print length($0) " " $0 }' "$work/names" |
+  LC_ALL=C sort -k 1,1n -k 2 | cut -d ' ' -f 2- > "$work/parts"
 [ -s "$work/parts" ] || fail "$dir: SHA256SUMS does not list the archive $archive"
 # and they are the files manifest.json records as the archive, in order, as unibake's verifier reads
 # them: a part listed beside them would be read by whoever loads the parts by a pattern, and one left

@@ -30,12 +30,13 @@ import json
 import os
 import pwd
 import re
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import BuildStep, Engine
 from .errors import UnibakeError
-from .files import read_small_file, write_atomic
+from .files import open_new, read_small_file, write_atomic
 from .render import BuildContext, ContextFile
 
 MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
@@ -63,18 +64,57 @@ def secret(env) -> bytes | None:
         return None
     folder = Path(base) / "unibake"
     try:
-        key = read_small_file(folder / SECRET, UnibakeError, limit=SECRET_BYTES, follow=False)
-        if len(key) == SECRET_BYTES:
-            return key
-    except UnibakeError:
-        pass  # none yet (or not a key): a new one, and the memos made with another are ignored
-    key = os.urandom(SECRET_BYTES)
-    try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(folder, SECRET, key, mode=0o600, temp=f".{SECRET}.{os.getpid()}.tmp")
+        info = os.stat(folder)
     except OSError:
         return None
+    if info.st_uid != os.geteuid() or info.st_mode & 0o002:
+        return None  # a folder another user owns, or anyone may write: they could put a key of theirs there
+    key = _own_key(folder / SECRET)
+    if key is not None:
+        return key
+    # none yet (or not a key, or one others can read): a new one, and the memos made with another are ignored
+    key = os.urandom(SECRET_BYTES)
+    temp = folder / f".{SECRET}.{os.getpid()}.tmp"
+    try:
+        with open_new(temp, 0o600) as fh:  # private from its first byte (the folder may be others' to enter)
+            fh.write(key)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o600)
+            os.fsync(fh.fileno())
+        try:  # never over a key another run's first use made meanwhile: its memos would all be ignored
+            os.link(temp, folder / SECRET)
+        except FileExistsError:
+            other = _own_key(folder / SECRET)
+            if other is not None:
+                return other
+            os.replace(temp, folder / SECRET)  # a file that is no key of this user's alone: replaced
+    except OSError:
+        return None
+    finally:
+        temp.unlink(missing_ok=True)
     return key
+
+
+def _own_key(path: Path) -> bytes | None:
+    """The key at ``path`` if it is one (a regular file of SECRET_BYTES, not a link) that this user owns
+    and no one else may read or write; None otherwise (a key others can read is no secret: memos they
+    sign with it would be taken)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077 \
+                or info.st_size != SECRET_BYTES:
+            return None
+        key = os.read(fd, SECRET_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return key if len(key) == SECRET_BYTES else None
 
 
 def _mac(secret_key: bytes, key: str, lower: str, stages: tuple[str, ...]) -> str:

@@ -311,10 +311,20 @@ def _not_whole(text: str) -> _NotWhole:
     return _NotWhole()
 
 
+# the most digits a whole number is read with (Python's own limit of int(), which refused it as no JSON,
+# where the shell verifier, reading the line, took it): unibake writes none near it
+MAX_DIGITS = 4300
+
+
+def _whole(text: str) -> int | _NotWhole:
+    return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else _NotWhole()
+
+
 def read_json(text: str) -> object:
     """``text`` as JSON, a key written twice in one object refused (ValueError), each number that is no
-    whole number read as :class:`_NotWhole`."""
-    return json.loads(text, object_pairs_hook=_once_each, parse_float=_not_whole, parse_constant=_not_whole)
+    whole number (or one of more than MAX_DIGITS digits) read as :class:`_NotWhole`."""
+    return json.loads(text, object_pairs_hook=_once_each, parse_float=_not_whole, parse_constant=_not_whole,
+                      parse_int=_whole)
 
 
 def off_form(text: str, value: object) -> str:

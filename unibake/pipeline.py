@@ -675,7 +675,8 @@ def _export(run: Run) -> tuple:
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
                 loaded = loading.result()  # its error, if the base release did not load
-            check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded)
+            check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded,
+                              base_tag=base.manifest.tag)
     finally:
         if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
             # a --verify-engine's is waited for, so that what it loaded is there to be removed
@@ -759,7 +760,8 @@ def _read_back(run: Run) -> tuple:
     with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
             _scratch_room(engine, room, archive.uncompressed_bytes):
         trip, back = round_trip(archive, engine, progress=advance,
-                                base=(base.folder, base.archive_files, base.manifest.image_id) if base else None)
+                                base=(base.folder, base.archive_files, base.manifest.image_id, base.manifest.tag)
+                                if base else None)
     if base is not None:
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))

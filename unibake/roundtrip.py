@@ -15,23 +15,25 @@ from .archive import Archive
 from .archive_reader import ReadBack, read_archive, read_back
 from .engine import Engine, ImageSummary, LoadOutcome
 from .errors import UnibakeError, VerificationError
+from .imagetar import full_reference
 from .manifest import RoundTripRecord
 
 
-def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str], str] | None = None,
+def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str], str, str] | None = None,
                progress: Callable[[int], object] = lambda n: None) -> tuple[RoundTripRecord, ReadBack]:
     """Load the archive (decompressed here: Engine 20.10 cannot read zstd) into ``engine``, which must
     never have seen the image, in the same read that checks the archive; then compare what loaded.
-    A hotfix needs the release it builds on: ``base`` (its folder, archive files and image ID) is
-    loaded first, and must give that image."""
+    A hotfix needs the release it builds on: ``base`` (its folder, archive files, image ID and tag) is
+    loaded first, and must give that image, tagged with that tag alone."""
     image_id, tag = archive.image.image_id, archive.tag
     if engine.inspect_image(image_id) is not None:
         raise VerificationError(f"the verify engine at {engine.address} already holds {image_id}: a load "
                                 "there proves nothing; remove the image from it or use the scratch engine")
     if base is not None:
-        folder, files, base_id = base
+        folder, files, base_id, base_tag = base
         before = engine.list_images()
-        check_base_loaded(engine, folder, base_id, before=before, loaded=engine.load(read_archive(folder, files)))
+        check_base_loaded(engine, folder, base_id, before=before, loaded=engine.load(read_archive(folder, files)),
+                          base_tag=base_tag)
     back = read_back(archive, load=engine.load, omitted=frozenset(archive.omitted), progress=progress)
     loaded = engine.inspect_image(image_id)
     if loaded is None:
@@ -49,12 +51,13 @@ def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str],
 
 
 def check_base_loaded(engine: Engine, folder: Path, base_id: str, *, before: list[ImageSummary] | None = None,
-                      loaded: LoadOutcome | None = None) -> None:
+                      loaded: LoadOutcome | None = None, base_tag: str | None = None) -> None:
     """A hotfix's base release, loaded from its folder's archive, must be the image its manifest
     records: another archive there (another product's, with SHA256SUMS rewritten to match) would
     otherwise pass for it, and the hotfix's proof would name a base it never loaded on. What that load
     brought (``loaded``; the engine's images ``before`` it) is then taken out of the engine again: a
-    --verify-engine kept the other image and its tag."""
+    --verify-engine kept the other image and its tag. ``base_tag``: the base release's own, the one tag its
+    archive may put on its image (another, moved from an image of the engine's, would stay on it)."""
     if engine.inspect_image(base_id) is None:
         left = undo_load(engine, before, loaded) if before is not None and loaded is not None else ""
         raise VerificationError(f"the base release {folder}: its archive did not load as the image "
@@ -74,6 +77,15 @@ def check_base_loaded(engine: Engine, folder: Path, base_id: str, *, before: lis
         raise VerificationError(f"the base release {folder}: its archive loaded another image beside the image "
                                 f"{base_id} that its manifest.json records: {extra[0]}; check it with: python "
                                 f"build.py verify {folder}{left}")
+    if base_tag is None:
+        return
+    # and its one tag: a release's archive tags its image with its release's tag alone
+    others = [t for t in loaded.tags if full_reference(t) != full_reference(base_tag)]
+    if others:
+        left = undo_load(engine, before, loaded)
+        raise VerificationError(f"the base release {folder}: its archive put a tag on the image {base_id} other "
+                                f"than its release's {base_tag}: {others[0]}; check it with: python build.py verify "
+                                f"{folder}{left}")
 
 
 def undo_load(engine: Engine, before: list[ImageSummary], loaded: LoadOutcome) -> str:

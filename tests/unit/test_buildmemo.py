@@ -293,3 +293,79 @@ def test_the_memo_key_is_the_users_own_made_once_and_private(tmp_path):
     assert len(other) == 32 and other != key and (tmp_path / "home/.cache/unibake/build-memo.key").read_bytes() == other
     (tmp_path / "cache/unibake/build-memo.key").write_bytes(b"short")  # not a key: a new one (old memos ignored)
     assert secret({"XDG_CACHE_HOME": str(tmp_path / "cache")}) not in (key, b"short")
+
+
+def test_two_first_uses_at_once_keep_one_memo_key(tmp_path, monkeypatch):
+    """Two builds that both find no key: the one that writes it second takes the first's, not its own over
+    it (the first's memos, signed with the key it made, would all be ignored)."""
+    import os
+
+    from unibake import buildmemo
+
+    path = tmp_path / "cache" / "unibake" / "build-memo.key"
+    first = b"k" * 32
+    real = os.urandom
+
+    def racing(n):  # the other build's first use writes its key while this one makes its own
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(first)
+        path.chmod(0o600)
+        return real(n)
+
+    monkeypatch.setattr(buildmemo.os, "urandom", racing)
+    assert buildmemo.secret({"XDG_CACHE_HOME": str(tmp_path / "cache")}) == first
+    assert path.read_bytes() == first
+    assert sorted(p.name for p in path.parent.iterdir()) == ["build-memo.key"]  # no temporary file left
+
+
+def test_the_memo_key_is_private_from_its_first_byte(tmp_path, monkeypatch):
+    """The key is written into a file only its user can read: ~/.cache/unibake may be others' to enter (the
+    secret scan's cache makes it 0755), and a file they opened while it was 0644 they could read later."""
+    import os
+    import stat
+
+    from unibake import buildmemo
+
+    (tmp_path / "cache" / "unibake").mkdir(parents=True, mode=0o755)
+    modes = []
+    real = os.fchmod
+
+    def watch(fd, mode):  # the file's mode once the key is in it, before it is made private
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            modes.append(info.st_mode & 0o777)
+        return real(fd, mode)
+
+    monkeypatch.setattr(buildmemo.os, "fchmod", watch)
+    old = os.umask(0)
+    try:
+        assert len(buildmemo.secret({"XDG_CACHE_HOME": str(tmp_path / "cache")})) == 32
+    finally:
+        os.umask(old)
+    assert modes == [0o600]
+
+
+def test_a_memo_key_others_can_read_or_replace_is_not_used(tmp_path):
+    """A key another user can read (a copied home, a chmod), or one another user owns, is no secret: memos
+    they sign with it would be built FROM. It is replaced by a new one; in a folder anyone may write (where
+    anyone could put their own key), or another user's, no memo is used at all."""
+    import os
+
+    from unibake.buildmemo import secret
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    key = secret(env)
+    path = tmp_path / "cache" / "unibake" / "build-memo.key"
+    path.chmod(0o644)
+    again = secret(env)
+    assert len(again) == 32 and again != key and path.read_bytes() == again and path.stat().st_mode & 0o777 == 0o600
+    if os.geteuid() == 0:  # another owner (only root can give a file away)
+        os.chown(path, 4242, -1)
+        third = secret(env)
+        assert third not in (key, again) and path.stat().st_uid == 0 and path.read_bytes() == third
+    path.parent.chmod(0o777)
+    assert secret(env) is None
+    path.parent.chmod(0o700)
+    if os.geteuid() == 0:
+        os.chown(path.parent, 4242, -1)
+        assert secret(env) is None

@@ -636,3 +636,37 @@ def test_a_base_archive_holding_another_image_beside_the_base_is_refused_and_und
                                                 r"the image sha256:\w+ that its manifest\.json records: victim:1 "):
         hotfix_run(engines, out)
     assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}
+
+
+def test_a_base_archive_that_puts_another_tag_on_the_base_is_refused_and_undone(engines, tmp_path, server):  # noqa: F811
+    """The base folder's archive forged to give the base image a second tag, victim:1 (its manifest's archive record
+    and SHA256SUMS rewritten to match): the base loaded as its manifest records, so nothing was refused, and
+    victim:1 in the --verify-engine, which named an image of the engine's own, was moved onto the base (and gone
+    with it when the run took the base out again)."""
+    import io
+    import tarfile
+
+    import zstandard
+
+    from ..forge import forge, json_member, replace_member, write_tar
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    hotfix_image(engines, server.server_port)
+
+    def retag(entries):
+        manifest = json_member(entries, "manifest.json")
+        manifest[0]["RepoTags"] = list(manifest[0].get("RepoTags") or []) + ["victim:1"]
+        return replace_member(entries, "manifest.json", json.dumps(manifest).encode())
+
+    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO((folder / "demo-1.0.tar.zst").read_bytes()),
+                                                     read_across_frames=True).read()
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        entries = [(i, tar.extractfile(i).read() if i.isfile() else None) for i in tar.getmembers()]
+    forge(folder, stream=write_tar(retag(entries)))
+    verify = engines["fake://verify"]
+    mine = verify.add({"architecture": "amd64", "os": "linux", "mine": 1}, [b"mine"], tag="victim:1")
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: its archive put a tag on the image "
+                                                r"sha256:\w+ other than its release's demo:1\.0: victim:1"):
+        hotfix_run(engines, out)
+    assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}
