@@ -22,7 +22,7 @@ import urllib3.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, RunTimedOut
+from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -516,6 +516,8 @@ class DockerEngine(Engine):
                     self.api.remove_container(container, force=True)
                 except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
+            if container is None and isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
+                raise NameInUse(str(self._fail(f"starting {image} failed", exc))) from None  # (its name is taken)
             if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
                 raise self._fail(f"starting {image} failed", exc) from None
             raise
@@ -556,6 +558,10 @@ class DockerEngine(Engine):
     def create_network(self, name: str) -> str:
         try:
             return self.api.create_network(name, driver="bridge", check_duplicate=True)["Id"]
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a network of that name exists: another's
+                raise NameInUse(str(self._fail(f"cannot create network {name}", exc))) from None
+            raise self._fail(f"cannot create network {name}", exc) from None
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot create network {name}", exc) from None
 

@@ -21,7 +21,7 @@ import unicodedata
 from pathlib import Path
 
 from .engine import ContainerStatus, Engine
-from .errors import EngineError, RunTimedOut
+from .errors import EngineError, NameInUse, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
 from .smoke_client import MAX_TOKENS, MIN_WAIT
@@ -162,11 +162,15 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     started: list[str] = []  # names, not IDs: one started as an interrupt came is removed too
     statuses: list[ContainerStatus] = []
     stability = False
+    made = True  # the network: removed by name however the gate ends, unless that name was another's
     try:
-        engine.create_network(network)  # (in the try: one made as an interrupt came is removed too, by name)
-        started.append(names[0])
-        master = engine.start(image, [], env=rank_env(profile, topology, 0, names[0]), restarts=RESTARTS,
-                              network=network, name=names[0])
+        try:
+            engine.create_network(network)  # (in the try: one made as an interrupt came is removed too, by name)
+        except NameInUse:
+            made = False
+            raise
+        master = _start_rank(engine, started, image, env=rank_env(profile, topology, 0, names[0]), network=network,
+                             name=names[0])
         running, address, _ = engine.container_state(master)
         for _ in range(50):  # its address, for the peers' /etc/hosts (a network's own names need its DNS)
             if address or not running:
@@ -175,14 +179,13 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
             running, address, _ = engine.container_state(master)
         if running and address:
             for rank in range(1, topology.nodes):
-                started.append(names[rank])
-                engine.start(image, [], env=rank_env(profile, topology, rank, names[0]), restarts=RESTARTS,
-                             network=network, name=names[rank], hosts={names[0]: address})
+                _start_rank(engine, started, image, env=rank_env(profile, topology, rank, names[0]), network=network,
+                            name=names[rank], hosts={names[0]: address})
         stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
                            timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
         statuses = [engine.container_status(name) for name in started]
     finally:
-        _remove_all(engine, started, network)
+        _remove_all(engine, started, network if made else None)
     if stability:
         steps.append(_stability_of_ranks(statuses))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
@@ -190,9 +193,20 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
                       oom_killed=any(s.oom_killed for s in statuses))
 
 
-def _remove_all(engine: Engine, containers: list[str], network: str) -> None:
-    """Every container, then the network: each tried even when one before it failed (the first
-    failure raised after)."""
+def _start_rank(engine: Engine, started: list[str], image: str, *, name: str, **options) -> str:
+    """One rank's container, its name in ``started`` before it starts (one started as an interrupt came
+    is removed too, by name); not when the engine refused the name: that container is another's."""
+    started.append(name)
+    try:
+        return engine.start(image, [], restarts=RESTARTS, name=name, **options)
+    except NameInUse:
+        started.pop()
+        raise
+
+
+def _remove_all(engine: Engine, containers: list[str], network: str | None) -> None:
+    """Every container, then the network (None: none of ours): each tried even when one before it
+    failed (the first failure raised after)."""
     failure: EngineError | None = None
     for container in containers:
         try:
@@ -200,7 +214,8 @@ def _remove_all(engine: Engine, containers: list[str], network: str) -> None:
         except EngineError as exc:
             failure = failure or exc
     try:
-        engine.remove_network(network)
+        if network is not None:
+            engine.remove_network(network)
     except EngineError as exc:
         failure = failure or exc
     if failure is not None:

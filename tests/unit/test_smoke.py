@@ -641,3 +641,21 @@ def test_a_multi_node_gate_interrupted_as_its_network_is_made_leaves_no_network(
     with pytest.raises(KeyboardInterrupt):
         run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
     assert engine.networks == {} and engine.containers == {}
+
+
+@pytest.mark.parametrize("taken", ["network", "rank0", "rank2"])
+def test_a_multi_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(engine, server, monkeypatch, taken):
+    # (before: the gate removed by name whatever held the name the engine refused it: another's network
+    # or container on a shared engine)
+    from unibake.errors import EngineError
+
+    monkeypatch.setattr("unibake.smoke.secrets.token_hex", lambda n: "0" * (2 * n))
+    name = "unibake-smoke-000000000000"
+    if taken == "network":
+        engine.create_network(name)
+    else:
+        engine.start("demo:1", [], name=f"{name}-{taken}")  # another's container, on the default bridge
+    before = (dict(engine.networks), set(engine.containers))
+    with pytest.raises(EngineError, match="in use|exists"):
+        run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
+    assert (engine.networks, set(engine.containers)) == before
