@@ -249,8 +249,13 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         time.sleep(0.1)
         running, address, logs = engine.container_state(container)
     if not running or not address:
-        steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start,
-                              detail=f"the engine exited at once: {_tail(logs)}"))
+        status = engine.container_status(container)
+        if status.running and not status.restarting:  # up, but the engine gave it no address
+            detail = f"the container got no network address within 5 s: {_tail(logs)}"
+        else:  # its code and how often the restart policy started it, as for one that exits later
+            starts = f", started {status.restart_count + 1} times" if status.restart_count else ""
+            detail = f"the engine exited at once with code {status.exit_code}{starts}: {_tail(logs)}"
+        steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start, detail=detail))
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 

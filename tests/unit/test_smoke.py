@@ -659,3 +659,16 @@ def test_a_multi_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(e
     with pytest.raises(EngineError, match="in use|exists"):
         run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
     assert (engine.networks, set(engine.containers)) == before
+
+
+def test_an_engine_that_exits_at_once_on_every_start_names_its_exit_code_and_starts(engine):
+    # (before: "the engine exited at once: ..." with neither, where one that exits a moment later said both)
+    said = "acme-engine: unknown option --tensor-parallel\n"
+
+    def crashes(container):
+        container.running, container.logs, container.restart_count, container.exit_code = False, said * 3, 2, 2
+
+    engine.starter = crashes
+    result = run_gates(engine, "demo:1", metadata(1, timeout=10), netns_pid=None)[0]
+    assert result.failed.name == "start"
+    assert result.failed.detail == "the engine exited at once with code 2, started 3 times: " + said.strip()
