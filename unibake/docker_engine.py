@@ -192,6 +192,12 @@ class _TimedPipe:
 docker.transport.sshconn.SSHSocket = _TimedSSHSocket
 
 
+def _shown(ref: str) -> str:
+    """A container or network as an error names it: an ID by its first 12 digits, as docker ps shows
+    it; a name whole (a multi-node gate's rank, cut short, named none the adopter could remove)."""
+    return ref[:12] if re.fullmatch(r"[0-9a-f]{64}", ref) else ref
+
+
 class DockerEngine(Engine):
     """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``, ``ssh://user@host``);
     without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket."""
@@ -526,7 +532,7 @@ class DockerEngine(Engine):
         try:
             info = self.api.inspect_container(container)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
+            raise self._fail(f"cannot inspect container {_shown(container)}", exc) from None
         state = info.get("State") or {}
         return ContainerStatus(running=bool(state.get("Running")), restarting=bool(state.get("Restarting")),
                                restart_count=int(info.get("RestartCount") or 0),
@@ -539,7 +545,7 @@ class DockerEngine(Engine):
             logs = self.api.logs(container, stdout=True, stderr=True, tail=RUN_OUTPUT_TAIL_LINES).decode("utf-8",
                                                                                                        "replace")
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
+            raise self._fail(f"cannot inspect container {_shown(container)}", exc) from None
         settings = info.get("NetworkSettings") or {}
         # on the default bridge its IPAddress; on a network of its own (a multi-node gate's) that one is
         # empty and the address is the network's
@@ -553,7 +559,7 @@ class DockerEngine(Engine):
         except docker.errors.NotFound:
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot remove container {container[:12]}", exc) from None
+            raise self._fail(f"cannot remove container {_shown(container)}", exc) from None
 
     def create_network(self, name: str) -> str:
         try:
@@ -571,7 +577,7 @@ class DockerEngine(Engine):
         except docker.errors.NotFound:
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot remove network {network[:30]}", exc) from None
+            raise self._fail(f"cannot remove network {_shown(network)}", exc) from None
 
     def tag(self, image: str, ref: str) -> None:
         repository, _, tag = ref.rpartition(":")
