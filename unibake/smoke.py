@@ -284,8 +284,9 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                 if gone:
                     stopped = _exited(status, engine.container_state(container)[2])
                 elif peer is not None:
-                    code = engine.container_status(peers[peer - 1]).exit_code
-                    stopped = (f"rank {peer} exited (exit code {code}) before rank 0 answered: "
+                    ended = engine.container_status(peers[peer - 1])
+                    starts = f", started {ended.restart_count + 1} times" if ended.restart_count else ""
+                    stopped = (f"rank {peer} exited (exit code {ended.exit_code}{starts}) before rank 0 answered: "
                                f"{_tail(engine.container_state(peers[peer - 1])[2])}")
                 else:
                     stopped = f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"

@@ -672,3 +672,19 @@ def test_an_engine_that_exits_at_once_on_every_start_names_its_exit_code_and_sta
     result = run_gates(engine, "demo:1", metadata(1, timeout=10), netns_pid=None)[0]
     assert result.failed.name == "start"
     assert result.failed.detail == "the engine exited at once with code 2, started 3 times: " + said.strip()
+
+
+def test_a_multi_node_peer_that_crashed_on_every_start_says_how_often_it_started(engine, server):
+    # (before: its exit code alone, where rank 0 crashing so says how often the restart policy started it)
+    Engine.ready_at = float("inf")
+
+    def starter(container):
+        if container.env["NODE_RANK"] == "1":
+            container.running, container.exit_code, container.restart_count = False, 1, 2
+            container.logs = "NCCL error: no route to rank 0\n" * 3
+
+    engine.starter = starter
+    result = run_gates(engine, "demo:1", multi_node(server.server_port, timeout=60), netns_pid=None)[0]
+    assert result.failed.detail == ("rank 1 exited (exit code 1, started 3 times) before rank 0 answered: "
+                                    "NCCL error: no route to rank 0")
+    assert engine.containers == {} and engine.networks == {}
