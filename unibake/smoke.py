@@ -253,8 +253,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         if status.running and not status.restarting:  # up, but the engine gave it no address
             detail = f"the container got no network address within 5 s: {_tail(logs)}"
         else:  # its code and how often the restart policy started it, as for one that exits later
-            starts = f", started {status.restart_count + 1} times" if status.restart_count else ""
-            detail = f"the engine exited at once with code {status.exit_code}{starts}: {_tail(logs)}"
+            detail = f"the engine exited at once with code {status.exit_code}{_how(status)}: {_tail(logs)}"
         steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start, detail=detail))
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
@@ -285,8 +284,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                     stopped = _exited(status, engine.container_state(container)[2])
                 elif peer is not None:
                     ended = engine.container_status(peers[peer - 1])
-                    starts = f", started {ended.restart_count + 1} times" if ended.restart_count else ""
-                    stopped = (f"rank {peer} exited (exit code {ended.exit_code}{starts}) before rank 0 answered: "
+                    stopped = (f"rank {peer} exited (exit code {ended.exit_code}{_how(ended)}) before rank 0 answered: "
                                f"{_tail(engine.container_state(peers[peer - 1])[2])}")
                 else:
                     stopped = f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
@@ -362,8 +360,14 @@ def _tail(logs: str) -> str:
 
 def _exited(status, logs: str) -> str:
     """Why a gate's engine is gone: its exit code, how often it was started, and what it said."""
-    starts = f", started {status.restart_count + 1} times" if status.restart_count else ""
-    return f"the engine exited with code {status.exit_code} before answering{starts}: {_tail(logs)}"
+    return f"the engine exited with code {status.exit_code} before answering{_how(status)}: {_tail(logs)}"
+
+
+def _how(status: ContainerStatus) -> str:
+    """What more an exit code does not say: the kernel killed it for its memory (137 alone reads as any
+    SIGKILL, and the stability step that says OOM-killed is never reached), how often it was started."""
+    oom = ", OOM-killed (out of memory)" if status.oom_killed else ""
+    return oom + (f", started {status.restart_count + 1} times" if status.restart_count else "")
 
 
 def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,

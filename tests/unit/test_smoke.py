@@ -688,3 +688,21 @@ def test_a_multi_node_peer_that_crashed_on_every_start_says_how_often_it_started
     assert result.failed.detail == ("rank 1 exited (exit code 1, started 3 times) before rank 0 answered: "
                                     "NCCL error: no route to rank 0")
     assert engine.containers == {} and engine.networks == {}
+
+
+def test_an_engine_killed_for_its_memory_before_answering_says_oom_killed(engine):
+    # (before: "exited with code 137" alone, which reads as any SIGKILL: the stability step that says
+    # OOM-killed is never reached when /health never answered)
+    def killed_later(container):
+        def kill():
+            time.sleep(0.3)
+            container.logs, container.exit_code, container.oom_killed = "loading 70B weights\n", 137, True
+            container.running = False
+
+        threading.Thread(target=kill, daemon=True).start()
+
+    engine.starter = killed_later
+    result = run_gates(engine, "demo:1", metadata(1, timeout=10), netns_pid=None)[0]
+    assert result.failed.name == "health" and result.oom_killed
+    assert result.failed.detail == ("the engine exited with code 137 before answering, OOM-killed (out of memory): "
+                                    "loading 70B weights"), result.failed.detail
