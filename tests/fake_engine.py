@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from unibake.engine import BuildOutcome, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
-from unibake.errors import EngineError
+from unibake.errors import EngineError, NameInUse
 
 
 def sha(data: bytes) -> str:
@@ -186,7 +186,7 @@ class FakeEngine(Engine):
         if network is not None and network not in self.networks and network not in self.networks.values():
             raise EngineError(f"starting {image} failed: network {network} not found (engine at {self.address})")
         if name is not None and any(c.name == name for c in self.containers.values()):
-            raise EngineError(f"starting {image} failed: the name {name} is in use (engine at {self.address})")
+            raise NameInUse(f"starting {image} failed: the name {name} is in use (engine at {self.address})")
         container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts, image_id=found.id if found else "",
                                   network=network, name=name, hosts=dict(hosts or {}))
         self.starter(container)
@@ -214,7 +214,7 @@ class FakeEngine(Engine):
 
     def create_network(self, name: str) -> str:
         if name in self.networks.values():
-            raise EngineError(f"cannot create network {name}: it exists (engine at {self.address})")
+            raise NameInUse(f"cannot create network {name}: it exists (engine at {self.address})")
         nid = sha(f"network {name}".encode())
         self.networks[nid] = name
         return nid

@@ -22,7 +22,7 @@ import urllib3.exceptions
 
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
-from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, RunTimedOut
+from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -190,6 +190,12 @@ class _TimedPipe:
 # docker-py makes its ssh:// sockets by this module-level name (in SSHConnection.connect): every ssh
 # engine unibake reaches gets the timed one
 docker.transport.sshconn.SSHSocket = _TimedSSHSocket
+
+
+def _shown(ref: str) -> str:
+    """A container or network as an error names it: an ID by its first 12 digits, as docker ps shows
+    it; a name whole (a multi-node gate's rank, cut short, named none the adopter could remove)."""
+    return ref[:12] if re.fullmatch(r"[0-9a-f]{64}", ref) else ref
 
 
 class DockerEngine(Engine):
@@ -516,6 +522,8 @@ class DockerEngine(Engine):
                     self.api.remove_container(container, force=True)
                 except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
+            if container is None and isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
+                raise NameInUse(str(self._fail(f"starting {image} failed", exc))) from None  # (its name is taken)
             if isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
                 raise self._fail(f"starting {image} failed", exc) from None
             raise
@@ -524,7 +532,7 @@ class DockerEngine(Engine):
         try:
             info = self.api.inspect_container(container)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
+            raise self._fail(f"cannot inspect container {_shown(container)}", exc) from None
         state = info.get("State") or {}
         return ContainerStatus(running=bool(state.get("Running")), restarting=bool(state.get("Restarting")),
                                restart_count=int(info.get("RestartCount") or 0),
@@ -537,7 +545,7 @@ class DockerEngine(Engine):
             logs = self.api.logs(container, stdout=True, stderr=True, tail=RUN_OUTPUT_TAIL_LINES).decode("utf-8",
                                                                                                        "replace")
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot inspect container {container[:12]}", exc) from None
+            raise self._fail(f"cannot inspect container {_shown(container)}", exc) from None
         settings = info.get("NetworkSettings") or {}
         # on the default bridge its IPAddress; on a network of its own (a multi-node gate's) that one is
         # empty and the address is the network's
@@ -551,11 +559,15 @@ class DockerEngine(Engine):
         except docker.errors.NotFound:
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot remove container {container[:12]}", exc) from None
+            raise self._fail(f"cannot remove container {_shown(container)}", exc) from None
 
     def create_network(self, name: str) -> str:
         try:
             return self.api.create_network(name, driver="bridge", check_duplicate=True)["Id"]
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a network of that name exists: another's
+                raise NameInUse(str(self._fail(f"cannot create network {name}", exc))) from None
+            raise self._fail(f"cannot create network {name}", exc) from None
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot create network {name}", exc) from None
 
@@ -565,7 +577,7 @@ class DockerEngine(Engine):
         except docker.errors.NotFound:
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"cannot remove network {network[:30]}", exc) from None
+            raise self._fail(f"cannot remove network {_shown(network)}", exc) from None
 
     def tag(self, image: str, ref: str) -> None:
         repository, _, tag = ref.rpartition(":")

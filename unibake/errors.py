@@ -40,6 +40,11 @@ class RunTimedOut(EngineError):
         self.output = output
 
 
+class NameInUse(EngineError):
+    """A container or network was not made: its name is already another's (so nothing of that name
+    is this run's to remove)."""
+
+
 class BuildFailed(EngineError):
     """A Dockerfile step failed; carries the failing step and the tail of its output."""
 

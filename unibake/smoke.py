@@ -21,7 +21,7 @@ import unicodedata
 from pathlib import Path
 
 from .engine import ContainerStatus, Engine
-from .errors import EngineError, RunTimedOut
+from .errors import EngineError, NameInUse, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
 from .smoke_client import MAX_TOKENS, MIN_WAIT
@@ -162,11 +162,15 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     started: list[str] = []  # names, not IDs: one started as an interrupt came is removed too
     statuses: list[ContainerStatus] = []
     stability = False
+    made = True  # the network: removed by name however the gate ends, unless that name was another's
     try:
-        engine.create_network(network)  # (in the try: one made as an interrupt came is removed too, by name)
-        started.append(names[0])
-        master = engine.start(image, [], env=rank_env(profile, topology, 0, names[0]), restarts=RESTARTS,
-                              network=network, name=names[0])
+        try:
+            engine.create_network(network)  # (in the try: one made as an interrupt came is removed too, by name)
+        except NameInUse:
+            made = False
+            raise
+        master = _start_rank(engine, started, image, env=rank_env(profile, topology, 0, names[0]), network=network,
+                             name=names[0])
         running, address, _ = engine.container_state(master)
         for _ in range(50):  # its address, for the peers' /etc/hosts (a network's own names need its DNS)
             if address or not running:
@@ -175,14 +179,13 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
             running, address, _ = engine.container_state(master)
         if running and address:
             for rank in range(1, topology.nodes):
-                started.append(names[rank])
-                engine.start(image, [], env=rank_env(profile, topology, rank, names[0]), restarts=RESTARTS,
-                             network=network, name=names[rank], hosts={names[0]: address})
+                _start_rank(engine, started, image, env=rank_env(profile, topology, rank, names[0]), network=network,
+                            name=names[rank], hosts={names[0]: address})
         stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
                            timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
         statuses = [engine.container_status(name) for name in started]
     finally:
-        _remove_all(engine, started, network)
+        _remove_all(engine, started, network if made else None)
     if stability:
         steps.append(_stability_of_ranks(statuses))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
@@ -190,9 +193,20 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
                       oom_killed=any(s.oom_killed for s in statuses))
 
 
-def _remove_all(engine: Engine, containers: list[str], network: str) -> None:
-    """Every container, then the network: each tried even when one before it failed (the first
-    failure raised after)."""
+def _start_rank(engine: Engine, started: list[str], image: str, *, name: str, **options) -> str:
+    """One rank's container, its name in ``started`` before it starts (one started as an interrupt came
+    is removed too, by name); not when the engine refused the name: that container is another's."""
+    started.append(name)
+    try:
+        return engine.start(image, [], restarts=RESTARTS, name=name, **options)
+    except NameInUse:
+        started.pop()
+        raise
+
+
+def _remove_all(engine: Engine, containers: list[str], network: str | None) -> None:
+    """Every container, then the network (None: none of ours): each tried even when one before it
+    failed (the first failure raised after)."""
     failure: EngineError | None = None
     for container in containers:
         try:
@@ -200,7 +214,8 @@ def _remove_all(engine: Engine, containers: list[str], network: str) -> None:
         except EngineError as exc:
             failure = failure or exc
     try:
-        engine.remove_network(network)
+        if network is not None:
+            engine.remove_network(network)
     except EngineError as exc:
         failure = failure or exc
     if failure is not None:
@@ -234,8 +249,12 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         time.sleep(0.1)
         running, address, logs = engine.container_state(container)
     if not running or not address:
-        steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start,
-                              detail=f"the engine exited at once: {_tail(logs)}"))
+        status = engine.container_status(container)
+        if status.running and not status.restarting:  # up, but the engine gave it no address
+            detail = f"the container got no network address within 5 s: {_tail(logs)}"
+        else:  # its code and how often the restart policy started it, as for one that exits later
+            detail = f"the engine exited at once with code {status.exit_code}{_how(status)}: {_tail(logs)}"
+        steps.append(GateStep(name="start", passed=False, seconds=time.monotonic() - start, detail=detail))
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
@@ -264,8 +283,8 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
                 if gone:
                     stopped = _exited(status, engine.container_state(container)[2])
                 elif peer is not None:
-                    code = engine.container_status(peers[peer - 1]).exit_code
-                    stopped = (f"rank {peer} exited (exit code {code}) before rank 0 answered: "
+                    ended = engine.container_status(peers[peer - 1])
+                    stopped = (f"rank {peer} exited (exit code {ended.exit_code}{_how(ended)}) before rank 0 answered: "
                                f"{_tail(engine.container_state(peers[peer - 1])[2])}")
                 else:
                     stopped = f"the engine did not finish answering within {limit:.0f} s (a reply that never ends)"
@@ -341,8 +360,14 @@ def _tail(logs: str) -> str:
 
 def _exited(status, logs: str) -> str:
     """Why a gate's engine is gone: its exit code, how often it was started, and what it said."""
-    starts = f", started {status.restart_count + 1} times" if status.restart_count else ""
-    return f"the engine exited with code {status.exit_code} before answering{starts}: {_tail(logs)}"
+    return f"the engine exited with code {status.exit_code} before answering{_how(status)}: {_tail(logs)}"
+
+
+def _how(status: ContainerStatus) -> str:
+    """What more an exit code does not say: the kernel killed it for its memory (137 alone reads as any
+    SIGKILL, and the stability step that says OOM-killed is never reached), how often it was started."""
+    oom = ", OOM-killed (out of memory)" if status.oom_killed else ""
+    return oom + (f", started {status.restart_count + 1} times" if status.restart_count else "")
 
 
 def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,

@@ -177,3 +177,23 @@ def test_an_ssh_engine_that_cannot_be_reached_says_what_ssh_did(monkeypatch, pat
         DockerEngine("ssh://nobody@127.0.0.1:1")
     assert str(caught.value) == (f"cannot reach the Docker engine at ssh://nobody@127.0.0.1:1: {reason}; check that "
                                  "the engine runs there and that this machine reaches it")
+
+
+def test_a_name_already_taken_is_name_in_use_and_the_taken_one_is_left(engine):
+    # the multi-node gate removes by name what it made: a name the engine refused is another's
+    from unibake.errors import NameInUse
+
+    name = f"unibake-test-taken-{uuid.uuid4().hex[:10]}"
+    engine.create_network(name)
+    container = None
+    try:
+        with pytest.raises(NameInUse, match=f"cannot create network {name}.*engine at"):
+            engine.create_network(name)
+        container = engine.start(BUSYBOX, ["sleep", "60"], name=name)
+        with pytest.raises(NameInUse, match=f"starting {BUSYBOX} failed.*engine at"):
+            engine.start(BUSYBOX, ["sleep", "60"], name=name)
+        assert engine.container_status(container).running
+    finally:
+        if container is not None:
+            engine.remove_container(container)
+        engine.remove_network(name)

@@ -919,3 +919,43 @@ def test_an_ssh_engine_slow_but_live_is_not_cut_off_by_its_timeout(tmp_path, mon
         outcome = _within(30, lambda: DockerEngine("ssh://unibake@fake-node", {}, timeout=1).pull(
             "team/a", "sha256:" + "ab" * 32, None, stop))
     assert isinstance(outcome, HandoffAborted), repr(outcome)  # (broken off by the interrupt, not timed out)
+
+
+def test_an_engine_error_on_a_named_container_or_network_names_it_whole(fake_api_only):
+    """A multi-node gate's ranks are removed by name: cut to 12 characters ("unibake-smok") the error
+    named no container the adopter could find and remove; an ID is still shown by its first 12."""
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import EngineError
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            ok = self.path.endswith("/version")
+            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"} if ok
+                              else {"message": "driver failed"}).encode()
+            self.send_response(200 if ok else 500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_DELETE = reply  # noqa: N815 - http.server's names
+
+    name = "unibake-smoke-0123456789ab-rank3"
+    with _serving(Engine) as address:
+        engine = DockerEngine(address, {}, timeout=10)
+        for what, call in (("cannot remove container", engine.remove_container),
+                           ("cannot inspect container", engine.container_status),
+                           ("cannot inspect container", engine.container_state),
+                           ("cannot remove network", engine.remove_network)):
+            with pytest.raises(EngineError, match=f"^{what} {name}: .*driver failed"):
+                call(name)
+        with pytest.raises(EngineError, match="^cannot remove container abcdef012345: "):
+            engine.remove_container("abcdef012345" * 5 + "abcd")

@@ -641,3 +641,68 @@ def test_a_multi_node_gate_interrupted_as_its_network_is_made_leaves_no_network(
     with pytest.raises(KeyboardInterrupt):
         run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
     assert engine.networks == {} and engine.containers == {}
+
+
+@pytest.mark.parametrize("taken", ["network", "rank0", "rank2"])
+def test_a_multi_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(engine, server, monkeypatch, taken):
+    # (before: the gate removed by name whatever held the name the engine refused it: another's network
+    # or container on a shared engine)
+    from unibake.errors import EngineError
+
+    monkeypatch.setattr("unibake.smoke.secrets.token_hex", lambda n: "0" * (2 * n))
+    name = "unibake-smoke-000000000000"
+    if taken == "network":
+        engine.create_network(name)
+    else:
+        engine.start("demo:1", [], name=f"{name}-{taken}")  # another's container, on the default bridge
+    before = (dict(engine.networks), set(engine.containers))
+    with pytest.raises(EngineError, match="in use|exists"):
+        run_gates(engine, "demo:1", multi_node(server.server_port), netns_pid=None)
+    assert (engine.networks, set(engine.containers)) == before
+
+
+def test_an_engine_that_exits_at_once_on_every_start_names_its_exit_code_and_starts(engine):
+    # (before: "the engine exited at once: ..." with neither, where one that exits a moment later said both)
+    said = "acme-engine: unknown option --tensor-parallel\n"
+
+    def crashes(container):
+        container.running, container.logs, container.restart_count, container.exit_code = False, said * 3, 2, 2
+
+    engine.starter = crashes
+    result = run_gates(engine, "demo:1", metadata(1, timeout=10), netns_pid=None)[0]
+    assert result.failed.name == "start"
+    assert result.failed.detail == "the engine exited at once with code 2, started 3 times: " + said.strip()
+
+
+def test_a_multi_node_peer_that_crashed_on_every_start_says_how_often_it_started(engine, server):
+    # (before: its exit code alone, where rank 0 crashing so says how often the restart policy started it)
+    Engine.ready_at = float("inf")
+
+    def starter(container):
+        if container.env["NODE_RANK"] == "1":
+            container.running, container.exit_code, container.restart_count = False, 1, 2
+            container.logs = "NCCL error: no route to rank 0\n" * 3
+
+    engine.starter = starter
+    result = run_gates(engine, "demo:1", multi_node(server.server_port, timeout=60), netns_pid=None)[0]
+    assert result.failed.detail == ("rank 1 exited (exit code 1, started 3 times) before rank 0 answered: "
+                                    "NCCL error: no route to rank 0")
+    assert engine.containers == {} and engine.networks == {}
+
+
+def test_an_engine_killed_for_its_memory_before_answering_says_oom_killed(engine):
+    # (before: "exited with code 137" alone, which reads as any SIGKILL: the stability step that says
+    # OOM-killed is never reached when /health never answered)
+    def killed_later(container):
+        def kill():
+            time.sleep(0.3)
+            container.logs, container.exit_code, container.oom_killed = "loading 70B weights\n", 137, True
+            container.running = False
+
+        threading.Thread(target=kill, daemon=True).start()
+
+    engine.starter = killed_later
+    result = run_gates(engine, "demo:1", metadata(1, timeout=10), netns_pid=None)[0]
+    assert result.failed.name == "health" and result.oom_killed
+    assert result.failed.detail == ("the engine exited with code 137 before answering, OOM-killed (out of memory): "
+                                    "loading 70B weights"), result.failed.detail
