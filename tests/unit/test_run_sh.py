@@ -277,3 +277,23 @@ def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
                  env={"PATH": str(bare), "GPUS": "0\n\x1b1"})
     assert (run.returncode, run.stdout, run.stderr) == (
         2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_every_env_name_the_plan_refuses_in_a_profile(folder, tmp_path, shell):
+    # the plan refused LD_LIBRARY_PATH, PYTHONPATH and PYTHONDONTWRITEBYTECODE in a profile's env (the image sets
+    # them), run.sh let -e and an env file set them: -e LD_LIBRARY_PATH=/opt/x replaced the image's, and the engine
+    # failed to load its libraries after the start
+    from unibake.plan import SHELL_ENV, SOME_SHELLS_ENV
+    from unibake.schema import RESERVED_ENV, RESERVED_ENV_PREFIX
+    env_file = tmp_path / "env.list"
+    for name in sorted(RESERVED_ENV | SHELL_ENV | SOME_SHELLS_ENV | {RESERVED_ENV_PREFIX + "X"}):
+        env_file.write_text(f"A=1\n{name}=/x\n")
+        for args, where in ((["-e", f"{name}=/x"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+            run = run_sh(shell, folder, "--dry-run", *args, "tp1")
+            assert run.returncode == 2 and run.stdout == b"" and run.stderr.count(b"\n") == 1, (name, run.stderr)
+            assert run.stderr.decode().startswith(f"error: {where} sets {name}, "), run.stderr
+    run = run_sh(shell, folder, "--dry-run", "-e", "LD_LIBRARY_PATH=/opt/x", "tp1")
+    assert run.stderr.decode() == (
+        "error: -e sets LD_LIBRARY_PATH, which the image sets: the value would replace the image's, where the engine "
+        "finds its libraries and modules\n")
