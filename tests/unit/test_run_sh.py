@@ -258,6 +258,7 @@ def test_run_sh_gives_an_amd_gpu_the_render_node_the_kernel_gives_it_not_128_plu
     assert devices({"GPUS": "2,0"}) == ["/dev/dri/renderD140", "/dev/dri/renderD129"]  # node 10 after node 2
     # another machine's engine: its topology is not this host's; 128+N as before
     assert devices({"GPUS": "2,0", "DOCKER_HOST": "tcp://gpu1:2376"}) == ["/dev/dri/renderD130", "/dev/dri/renderD128"]
+    assert devices({"GPUS": "2,0", "DOCKER_CONTEXT": "gpu1"}) == ["/dev/dri/renderD130", "/dev/dri/renderD128"]
     run = run_sh(shell, folder, "--dry-run", "tp2", env={"GPUS": "0,3", "ENGINE_GROUPS": "video=44"})
     assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
         "error: GPUS names GPU 3, but this host has 3 GPUs, numbered from 0 (its KFD topology, as rocm-smi shows "
@@ -297,3 +298,52 @@ def test_run_sh_refuses_every_env_name_the_plan_refuses_in_a_profile(folder, tmp
     assert run.stderr.decode() == (
         "error: -e sets LD_LIBRARY_PATH, which the image sets: the value would replace the image's, where the engine "
         "finds its libraries and modules\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_with_a_docker_context_naming_another_machine_takes_that_machine_s_group_numbers(folder, tmp_path,
+                                                                                               shell):
+    # only DOCKER_HOST was read: with `docker context use gpu1` (or DOCKER_CONTEXT=gpu1) naming another machine's
+    # engine, as docker picks it when DOCKER_HOST is unset, run.sh joined this host's group numbers and gave this
+    # host's KFD render nodes
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
+                                     ' *) exit 2 ;; esac\n')
+    (fake_bin / "docker").write_text(  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
+        '#!/bin/sh\n[ "$1 $2 $3" = "context inspect --format" ] || exit 9\ncase "$6" in '
+        'gpu1) echo tcp://gpu1.example:2376 ;; rootless) echo unix:///run/user/1000/docker.sock ;; '
+        '*) echo "context \\"$6\\" does not exist" >&2; exit 1 ;; esac\n')
+    for tool in ("getent", "docker"):
+        (fake_bin / tool).chmod(0o755)
+    home = tmp_path / "home"
+    (home / ".docker").mkdir(parents=True)
+    path = f"{fake_bin}:/usr/bin:/bin"
+
+    def run(env):
+        return run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "HOME": str(home), **env})
+
+    def groups(env):
+        done = run(env)
+        assert done.returncode == 0 and done.stderr == b"", done.stderr
+        words = done.stdout.decode().split()
+        return [words[i + 1] for i, w in enumerate(words) if w == "--group-add"]
+
+    tail = (" names another machine's engine, and profile tp4 joins groups whose numbers there run.sh cannot look up; "
+            "give ENGINE_GROUPS=video=NUMBER,render=NUMBER (getent group on that machine)\n")
+    (home / ".docker/config.json").write_text('{\n\t"auths": {},\n\t"currentContext": "gpu1"\n}\n')
+    for env, where in (({}, "docker context 'gpu1' (tcp://gpu1.example:2376)"),
+                       ({"DOCKER_CONTEXT": "gpu1"}, "docker context 'gpu1' (tcp://gpu1.example:2376)"),
+                       ({"DOCKER_CONTEXT": "gone\x1b[2J"}, "docker context 'gone\\x1b[2J' (which docker could not "
+                                                           "show here)")):
+        done = run(env)
+        assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", f"error: {where}{tail}"), env
+    assert groups({"ENGINE_GROUPS": "video=39,render=993"}) == ["39", "993"]
+    # this host's engine: DOCKER_HOST (docker's first choice), the default context, a context of a socket here
+    assert groups({"DOCKER_HOST": "unix:///var/run/docker.sock"}) == ["44", "109"]
+    assert groups({"DOCKER_CONTEXT": "default"}) == groups({"DOCKER_CONTEXT": "rootless"}) == ["44", "109"]
+    (home / ".docker/config.json").write_text('{"currentContext": "rootless"}')
+    assert groups({}) == ["44", "109"]
+    done = run({"DOCKER_CONTEXT": "gpu1", "DOCKER_CONFIG": str(tmp_path / "none")})
+    assert done.returncode == 2 and done.stderr.decode().startswith("error: docker context 'gpu1' (tcp://"), done.stderr
+    assert run_sh(shell, folder, "--dry-run", "tp1", env={"PATH": path, "DOCKER_CONTEXT": "gpu1"}).returncode == 0
