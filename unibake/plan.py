@@ -752,6 +752,9 @@ def _check_env_key(key: str, where: str) -> None:
         raise InputError(f"{where}: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
                          "sets or drops it, so this value may not reach the engine (an env file written by `env`?); "
                          "remove it")
+    if key == "NVIDIA_VISIBLE_DEVICES":  # (as run.sh refuses it in -e and env files)
+        raise InputError(f"{where}: env key '{key}' chooses the container's GPUs, which docker sets from run.sh's "
+                         "GPUS (--gpus), so this value would never take effect; remove it (GPUS chooses them)")
 
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of

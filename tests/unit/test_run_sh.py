@@ -347,3 +347,22 @@ def test_run_sh_with_a_docker_context_naming_another_machine_takes_that_machine_
     done = run({"DOCKER_CONTEXT": "gpu1", "DOCKER_CONFIG": str(tmp_path / "none")})
     assert done.returncode == 2 and done.stderr.decode().startswith("error: docker context 'gpu1' (tcp://"), done.stderr
     assert run_sh(shell, folder, "--dry-run", "tp1", env={"PATH": path, "DOCKER_CONTEXT": "gpu1"}).returncode == 0
+
+
+@pytest.mark.parametrize("where", ["env", "env_file"])
+def test_nvidia_visible_devices_is_refused_in_a_profile_as_run_sh_refuses_it(busybox_product, cli, where):
+    # run.sh refused -e NVIDIA_VISIBLE_DEVICES (GPUS chooses the GPUs); the plan took it in a profile's env, where it
+    # never took effect: docker sets it from --gpus, and the entrypoint gives a profile's value only where none is set
+    tp2 = busybox_product / "tp2.yaml"
+    if where == "env":
+        tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}",
+                                               "env: {NCCL_ALGO: Ring, NVIDIA_VISIBLE_DEVICES: '0,1'}"))
+    else:
+        (busybox_product.parent / "images/gpus.env").write_text("NCCL_DEBUG=INFO\nNVIDIA_VISIBLE_DEVICES=0,1\n")
+        tp2.write_text(tp2.read_text() + "env_file: images/gpus.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].endswith(
+        "env key 'NVIDIA_VISIBLE_DEVICES' chooses the container's GPUs, which docker sets from run.sh's GPUS (--gpus), "
+        "so this value would never take effect; remove it (GPUS chooses them)"), result.err
+    assert ("images/gpus.env:2: " if where == "env_file" else "tp2.yaml:") in result.error_lines[0], result.err
