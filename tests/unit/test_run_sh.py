@@ -222,6 +222,8 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
                         "video=44,render=109; got 'video=39;id'\n"),
         ("video=,render=1", "error: ENGINE_GROUPS: 'video=' is not NAME=NUMBER, like render=109\n"),
         ("video=4x,render=1", "error: ENGINE_GROUPS: 'video=4x' is not NAME=NUMBER\n"),
+        # the same group twice: the first was taken, silently (a value pasted over an older one)
+        ("video=39,render=993,video=44", "error: ENGINE_GROUPS gives group video twice; give each group once\n"),
     ):
         run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "ENGINE_GROUPS": value})
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), value
