@@ -128,6 +128,9 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
          "which names GPU 99999" + tail.format("tp1", 1, 0)),
         (["-e", "CUDA_VISIBLE_DEVICES= ", "tp1"], {},
          "error: -e sets CUDA_VISIBLE_DEVICES=' ', which hides every GPU from the engine; remove it\n"),
+        # white space of any kind is no GPU, as the plan strips it (a newline or a '\r' passed)
+        (["-e", "CUDA_VISIBLE_DEVICES=\n\r", "tp1"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='\\n\\r', which hides every GPU from the engine; remove it\n"),
         (["-e", "ROCR_VISIBLE_DEVICES=0,-1", "tp2"], {},
          "error: -e sets ROCR_VISIBLE_DEVICES='0,-1': '-1' hides the GPUs after it from the engine; remove it\n"),
         (["-e", "NVIDIA_VISIBLE_DEVICES=all", "tp1"], {},
