@@ -371,3 +371,20 @@ def test_nvidia_visible_devices_is_refused_in_a_profile_as_run_sh_refuses_it(bus
         "env key 'NVIDIA_VISIBLE_DEVICES' chooses the container's GPUs, which docker sets from run.sh's GPUS (--gpus), "
         "so this value would never take effect; remove it (GPUS chooses them)"), result.err
     assert ("images/gpus.env:2: " if where == "env_file" else "tp2.yaml:") in result.error_lines[0], result.err
+
+
+@pytest.mark.parametrize("vendor, refused", [("hygon", True), ("amd", False), ("nvidia", False)])
+def test_hip_visible_devices_is_refused_in_a_hygon_profile_whose_run_sh_sets_it(busybox_product, cli, vendor, refused):
+    # run.sh gives a hygon profile's container -e HIP_VISIBLE_DEVICES=0,..,N-1 (and refuses -e of it): a profile's
+    # own value passed the plan and never took effect, as the entrypoint gives it only where none is set
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}",
+                                           "env: {NCCL_ALGO: Ring, HIP_VISIBLE_DEVICES: '1,0'}")
+                   + f"devices: {{vendor: {vendor}}}\n")
+    result = cli("lock", "--config", str(busybox_product))
+    if refused:
+        assert result.code == 2 and result.error_lines == [
+            f"error: {tp2}:5: env key 'HIP_VISIBLE_DEVICES' is set by run.sh for a hygon profile (to its 2 GPUs from "
+            "0, unless GPUS=all), so this value would not take effect; remove it"], result.err
+    else:
+        assert result.code == 0, result.err
