@@ -388,3 +388,26 @@ def test_hip_visible_devices_is_refused_in_a_hygon_profile_whose_run_sh_sets_it(
             "0, unless GPUS=all), so this value would not take effect; remove it"], result.err
     else:
         assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_the_topology_variables_on_a_single_node_profile_as_the_plan_does(tmp_path, shell):
+    # run.sh refused -e MASTER_PORT (NNODES, NODE_RANK, MASTER_ADDR) on every profile, "which run.sh or the image
+    # sets": on a profile of one node neither sets them, and the plan takes them in such a profile's env
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"]["topology"] = {"nodes": 2, "network": "host"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    env_file = tmp_path / "dist.env"
+    env_file.write_text("A=1\nMASTER_PORT=29600\nPATH=/x\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")  # the file's other names: checked
+    assert (run.returncode, run.stderr.decode()) == (2, (
+        f"error: --env-file {env_file} sets PATH, which would replace the image's, where the engine is found\n"))
+    env_file.write_text("A=1\nMASTER_PORT=29600\n")
+    for args in (["-e", "MASTER_PORT=29600", "-e", "NNODES=1"], ["--env-file", str(env_file)]):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp1")
+        assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+        run = run_sh(shell, folder, "--dry-run", *args, "tp4", env={"NODE_RANK": "0", "MASTER_ADDR": "node0"})
+        where = "-e" if args[0] == "-e" else f"--env-file {env_file}"
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            f"error: {where} sets MASTER_PORT, which run.sh sets on profile tp4 of 2 nodes; use the variable run.sh "
+            "reads (see ./run.sh --help)\n")), args
