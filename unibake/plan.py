@@ -752,6 +752,9 @@ def _check_env_key(key: str, where: str) -> None:
         raise InputError(f"{where}: env key '{key}' is a shell's own: bash or busybox as the entrypoint's /bin/sh "
                          "sets or drops it, so this value may not reach the engine (an env file written by `env`?); "
                          "remove it")
+    if key == "NVIDIA_VISIBLE_DEVICES":  # (as run.sh refuses it in -e and env files)
+        raise InputError(f"{where}: env key '{key}' chooses the container's GPUs, which docker sets from run.sh's "
+                         "GPUS (--gpus), so this value would never take effect; remove it (GPUS chooses them)")
 
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of
@@ -924,6 +927,12 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     dev = d.get("devices", {})
     devices = Devices(vendor=dev.get("vendor", default_of("devices", "vendor")),
                       extra=tuple(dict.fromkeys(dev.get("extra", []))), groups=tuple(dict.fromkeys(dev.get("groups", []))))
+    if devices.vendor == "hygon" and "HIP_VISIBLE_DEVICES" in d.get("env", {}):
+        # run.sh gives a hygon profile's container HIP_VISIBLE_DEVICES=0,...,N-1 (as it refuses -e of it), and the
+        # entrypoint gives a profile's value only where none is set
+        raise InputError(f"{m.where(('env', 'HIP_VISIBLE_DEVICES'))}: env key 'HIP_VISIBLE_DEVICES' is set by run.sh "
+                         f"for a hygon profile (to its {d['gpus']} GPU{'s' if d['gpus'] > 1 else ''} from 0, unless "
+                         "GPUS=all), so this value would not take effect; remove it")
     for i, device in enumerate(dev.get("extra", [])):
         _check_extra_device(device, devices.vendor, m.where(("devices", "extra", i)))
     for i, group in enumerate(dev.get("groups", [])):

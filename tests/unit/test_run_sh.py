@@ -128,6 +128,9 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
          "which names GPU 99999" + tail.format("tp1", 1, 0)),
         (["-e", "CUDA_VISIBLE_DEVICES= ", "tp1"], {},
          "error: -e sets CUDA_VISIBLE_DEVICES=' ', which hides every GPU from the engine; remove it\n"),
+        # white space of any kind is no GPU, as the plan strips it (a newline or a '\r' passed)
+        (["-e", "CUDA_VISIBLE_DEVICES=\n\r", "tp1"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='\\n\\r', which hides every GPU from the engine; remove it\n"),
         (["-e", "ROCR_VISIBLE_DEVICES=0,-1", "tp2"], {},
          "error: -e sets ROCR_VISIBLE_DEVICES='0,-1': '-1' hides the GPUs after it from the engine; remove it\n"),
         (["-e", "NVIDIA_VISIBLE_DEVICES=all", "tp1"], {},
@@ -222,6 +225,8 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
                         "video=44,render=109; got 'video=39;id'\n"),
         ("video=,render=1", "error: ENGINE_GROUPS: 'video=' is not NAME=NUMBER, like render=109\n"),
         ("video=4x,render=1", "error: ENGINE_GROUPS: 'video=4x' is not NAME=NUMBER\n"),
+        # the same group twice: the first was taken, silently (a value pasted over an older one)
+        ("video=39,render=993,video=44", "error: ENGINE_GROUPS gives group video twice; give each group once\n"),
     ):
         run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "ENGINE_GROUPS": value})
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), value
@@ -258,6 +263,7 @@ def test_run_sh_gives_an_amd_gpu_the_render_node_the_kernel_gives_it_not_128_plu
     assert devices({"GPUS": "2,0"}) == ["/dev/dri/renderD140", "/dev/dri/renderD129"]  # node 10 after node 2
     # another machine's engine: its topology is not this host's; 128+N as before
     assert devices({"GPUS": "2,0", "DOCKER_HOST": "tcp://gpu1:2376"}) == ["/dev/dri/renderD130", "/dev/dri/renderD128"]
+    assert devices({"GPUS": "2,0", "DOCKER_CONTEXT": "gpu1"}) == ["/dev/dri/renderD130", "/dev/dri/renderD128"]
     run = run_sh(shell, folder, "--dry-run", "tp2", env={"GPUS": "0,3", "ENGINE_GROUPS": "video=44"})
     assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
         "error: GPUS names GPU 3, but this host has 3 GPUs, numbered from 0 (its KFD topology, as rocm-smi shows "
@@ -277,3 +283,131 @@ def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
                  env={"PATH": str(bare), "GPUS": "0\n\x1b1"})
     assert (run.returncode, run.stdout, run.stderr) == (
         2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_every_env_name_the_plan_refuses_in_a_profile(folder, tmp_path, shell):
+    # the plan refused LD_LIBRARY_PATH, PYTHONPATH and PYTHONDONTWRITEBYTECODE in a profile's env (the image sets
+    # them), run.sh let -e and an env file set them: -e LD_LIBRARY_PATH=/opt/x replaced the image's, and the engine
+    # failed to load its libraries after the start
+    from unibake.plan import SHELL_ENV, SOME_SHELLS_ENV
+    from unibake.schema import RESERVED_ENV, RESERVED_ENV_PREFIX
+    env_file = tmp_path / "env.list"
+    for name in sorted(RESERVED_ENV | SHELL_ENV | SOME_SHELLS_ENV | {RESERVED_ENV_PREFIX + "X"}):
+        env_file.write_text(f"A=1\n{name}=/x\n")
+        for args, where in ((["-e", f"{name}=/x"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+            run = run_sh(shell, folder, "--dry-run", *args, "tp1")
+            assert run.returncode == 2 and run.stdout == b"" and run.stderr.count(b"\n") == 1, (name, run.stderr)
+            assert run.stderr.decode().startswith(f"error: {where} sets {name}, "), run.stderr
+    run = run_sh(shell, folder, "--dry-run", "-e", "LD_LIBRARY_PATH=/opt/x", "tp1")
+    assert run.stderr.decode() == (
+        "error: -e sets LD_LIBRARY_PATH, which the image sets: the value would replace the image's, where the engine "
+        "finds its libraries and modules\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_with_a_docker_context_naming_another_machine_takes_that_machine_s_group_numbers(folder, tmp_path,
+                                                                                               shell):
+    # only DOCKER_HOST was read: with `docker context use gpu1` (or DOCKER_CONTEXT=gpu1) naming another machine's
+    # engine, as docker picks it when DOCKER_HOST is unset, run.sh joined this host's group numbers and gave this
+    # host's KFD render nodes
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
+                                     ' *) exit 2 ;; esac\n')
+    (fake_bin / "docker").write_text(  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
+        '#!/bin/sh\n[ "$1 $2 $3" = "context inspect --format" ] || exit 9\ncase "$6" in '
+        'gpu1) echo tcp://gpu1.example:2376 ;; rootless) echo unix:///run/user/1000/docker.sock ;; '
+        '*) echo "context \\"$6\\" does not exist" >&2; exit 1 ;; esac\n')
+    for tool in ("getent", "docker"):
+        (fake_bin / tool).chmod(0o755)
+    home = tmp_path / "home"
+    (home / ".docker").mkdir(parents=True)
+    path = f"{fake_bin}:/usr/bin:/bin"
+
+    def run(env):
+        return run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "HOME": str(home), **env})
+
+    def groups(env):
+        done = run(env)
+        assert done.returncode == 0 and done.stderr == b"", done.stderr
+        words = done.stdout.decode().split()
+        return [words[i + 1] for i, w in enumerate(words) if w == "--group-add"]
+
+    tail = (" names another machine's engine, and profile tp4 joins groups whose numbers there run.sh cannot look up; "
+            "give ENGINE_GROUPS=video=NUMBER,render=NUMBER (getent group on that machine)\n")
+    (home / ".docker/config.json").write_text('{\n\t"auths": {},\n\t"currentContext": "gpu1"\n}\n')
+    for env, where in (({}, "docker context 'gpu1' (tcp://gpu1.example:2376)"),
+                       ({"DOCKER_CONTEXT": "gpu1"}, "docker context 'gpu1' (tcp://gpu1.example:2376)"),
+                       ({"DOCKER_CONTEXT": "gone\x1b[2J"}, "docker context 'gone\\x1b[2J' (which docker could not "
+                                                           "show here)")):
+        done = run(env)
+        assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", f"error: {where}{tail}"), env
+    assert groups({"ENGINE_GROUPS": "video=39,render=993"}) == ["39", "993"]
+    # this host's engine: DOCKER_HOST (docker's first choice), the default context, a context of a socket here
+    assert groups({"DOCKER_HOST": "unix:///var/run/docker.sock"}) == ["44", "109"]
+    assert groups({"DOCKER_CONTEXT": "default"}) == groups({"DOCKER_CONTEXT": "rootless"}) == ["44", "109"]
+    (home / ".docker/config.json").write_text('{"currentContext": "rootless"}')
+    assert groups({}) == ["44", "109"]
+    done = run({"DOCKER_CONTEXT": "gpu1", "DOCKER_CONFIG": str(tmp_path / "none")})
+    assert done.returncode == 2 and done.stderr.decode().startswith("error: docker context 'gpu1' (tcp://"), done.stderr
+    assert run_sh(shell, folder, "--dry-run", "tp1", env={"PATH": path, "DOCKER_CONTEXT": "gpu1"}).returncode == 0
+
+
+@pytest.mark.parametrize("where", ["env", "env_file"])
+def test_nvidia_visible_devices_is_refused_in_a_profile_as_run_sh_refuses_it(busybox_product, cli, where):
+    # run.sh refused -e NVIDIA_VISIBLE_DEVICES (GPUS chooses the GPUs); the plan took it in a profile's env, where it
+    # never took effect: docker sets it from --gpus, and the entrypoint gives a profile's value only where none is set
+    tp2 = busybox_product / "tp2.yaml"
+    if where == "env":
+        tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}",
+                                               "env: {NCCL_ALGO: Ring, NVIDIA_VISIBLE_DEVICES: '0,1'}"))
+    else:
+        (busybox_product.parent / "images/gpus.env").write_text("NCCL_DEBUG=INFO\nNVIDIA_VISIBLE_DEVICES=0,1\n")
+        tp2.write_text(tp2.read_text() + "env_file: images/gpus.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].endswith(
+        "env key 'NVIDIA_VISIBLE_DEVICES' chooses the container's GPUs, which docker sets from run.sh's GPUS (--gpus), "
+        "so this value would never take effect; remove it (GPUS chooses them)"), result.err
+    assert ("images/gpus.env:2: " if where == "env_file" else "tp2.yaml:") in result.error_lines[0], result.err
+
+
+@pytest.mark.parametrize("vendor, refused", [("hygon", True), ("amd", False), ("nvidia", False)])
+def test_hip_visible_devices_is_refused_in_a_hygon_profile_whose_run_sh_sets_it(busybox_product, cli, vendor, refused):
+    # run.sh gives a hygon profile's container -e HIP_VISIBLE_DEVICES=0,..,N-1 (and refuses -e of it): a profile's
+    # own value passed the plan and never took effect, as the entrypoint gives it only where none is set
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace("env: {NCCL_ALGO: Ring}",
+                                           "env: {NCCL_ALGO: Ring, HIP_VISIBLE_DEVICES: '1,0'}")
+                   + f"devices: {{vendor: {vendor}}}\n")
+    result = cli("lock", "--config", str(busybox_product))
+    if refused:
+        assert result.code == 2 and result.error_lines == [
+            f"error: {tp2}:5: env key 'HIP_VISIBLE_DEVICES' is set by run.sh for a hygon profile (to its 2 GPUs from "
+            "0, unless GPUS=all), so this value would not take effect; remove it"], result.err
+    else:
+        assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_the_topology_variables_on_a_single_node_profile_as_the_plan_does(tmp_path, shell):
+    # run.sh refused -e MASTER_PORT (NNODES, NODE_RANK, MASTER_ADDR) on every profile, "which run.sh or the image
+    # sets": on a profile of one node neither sets them, and the plan takes them in such a profile's env
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"]["topology"] = {"nodes": 2, "network": "host"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    env_file = tmp_path / "dist.env"
+    env_file.write_text("A=1\nMASTER_PORT=29600\nPATH=/x\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")  # the file's other names: checked
+    assert (run.returncode, run.stderr.decode()) == (2, (
+        f"error: --env-file {env_file} sets PATH, which would replace the image's, where the engine is found\n"))
+    env_file.write_text("A=1\nMASTER_PORT=29600\n")
+    for args in (["-e", "MASTER_PORT=29600", "-e", "NNODES=1"], ["--env-file", str(env_file)]):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp1")
+        assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+        run = run_sh(shell, folder, "--dry-run", *args, "tp4", env={"NODE_RANK": "0", "MASTER_ADDR": "node0"})
+        where = "-e" if args[0] == "-e" else f"--env-file {env_file}"
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            f"error: {where} sets MASTER_PORT, which run.sh sets on profile tp4 of 2 nodes; use the variable run.sh "
+            "reads (see ./run.sh --help)\n")), args
