@@ -7,9 +7,12 @@
 #   -e NAME=VALUE   one more variable for the container (over the profile's env); -e NAME passes NAME's
 #                   value from this environment, unshown (a token); --env NAME=VALUE is the same
 #   --env-file FILE more variables, as docker run --env-file reads them (-e wins over a file)
-#   PROFILE, PORT, MODEL_NAME, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, HIP_VISIBLE_DEVICES and
-#   UNIBAKE_* are set by run.sh or the image, not by -e or a file: use the variables below (nor PATH, the
-#   image's, nor IFS, PPID, PWD, OPTIND, which the image's shell sets)
+#   PROFILE, PORT, MODEL_NAME, HIP_VISIBLE_DEVICES, UNIBAKE_* and, on a profile of several nodes, NNODES,
+#   NODE_RANK, MASTER_ADDR and MASTER_PORT are set by run.sh or the image, not by -e or a file: use the
+#   variables below (nor PATH, LD_LIBRARY_PATH, PYTHONPATH, PYTHONDONTWRITEBYTECODE, the image's, nor IFS,
+#   PPID, PWD, OPTIND, SHLVL, _, LINENO, PS1, PS2, PS4, OLDPWD, which the image's shell sets, nor HOME,
+#   HOSTNAME, which docker sets, nor NVIDIA_VISIBLE_DEVICES: use GPUS; CUDA_VISIBLE_DEVICES and
+#   ROCR_VISIBLE_DEVICES number the container's GPUs from 0, as the engine sees them)
 # Environment (each value is checked; a bad one stops here with exit 2):
 #   GPUS=2,3        which GPUs: numbers, NVIDIA GPU-/MIG- UUIDs, or all (default: the first N the profile needs)
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
@@ -23,7 +26,31 @@ set -eu
 # gpus, ...) must not reach docker for the user's of one name ("-e name" or an env file's "name" line)
 env_at_start=$(export -p)
 quote() { q=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${q%.}"; }  # (the '.': $() drops final newlines)
-die() { printf 'error: %s\n' "$*" >&2; exit 2; }
+# one line, whatever a value holds: control characters (C1 ones too) and bytes that are no UTF-8 written as
+# visible escapes (\n, \x1b, \xe9), as unibake prints them, so a value cannot drive the terminal or forge a line
+visible() {
+  printf '%s.' "$1" | LC_ALL=C awk '
+    BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i; esc[9] = "\\t"; esc[10] = "\\n"; esc[13] = "\\r" }
+    { text = text (NR > 1 ? "\n" : "") $0 }
+    END {
+      text = substr(text, 1, length(text) - 1); n = length(text); out = ""
+      for (i = 1; i <= n; i++) {
+        c = substr(text, i, 1); b = ord[c]
+        if (b >= 194 && b <= 244) {  # a UTF-8 lead byte and its continuation bytes: one character, kept
+          k = b >= 240 ? 3 : b >= 224 ? 2 : 1
+          for (j = 1; j <= k && i + j <= n && ord[substr(text, i + j, 1)] >= 128 && ord[substr(text, i + j, 1)] < 192; j++) ;
+          if (j > k && !(b == 194 && ord[substr(text, i + 1, 1)] < 160)) { out = out substr(text, i, k + 1); i += k; continue }
+          if (j > k) { out = out sprintf("\\x%02x", ord[substr(text, i + 1, 1)]); i++; continue }  # C1
+        }
+        if (b < 32 || b >= 127) out = out (b in esc ? esc[b] : sprintf("\\x%02x", b)); else out = out c
+      }
+      printf "%s", out
+    }'
+}
+die() {  # (a host without awk: each control character as '?')
+  de_text=$(visible "$*" 2>/dev/null) || de_text=$(printf '%s' "$*" | tr '\001-\037\177' '?')
+  printf 'error: %s\n' "$de_text" >&2; exit 2
+}
 usage() {
   sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
   echo "Profiles: tp1, tp2, tp4"
@@ -36,13 +63,48 @@ number() {  # $1 name, $2 value, $3 lowest, $4 highest: a whole number in range,
 
 # the variables run.sh or the image set: a -e or an env file setting one is refused (it would disagree
 # with what run.sh checked, or with the image's own)
+topo_env=""
 own_env() {
-  case "$1" in PROFILE|PORT|MODEL_NAME|NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT|HIP_VISIBLE_DEVICES|UNIBAKE_*)
+  case "$1" in PROFILE|PORT|MODEL_NAME|HIP_VISIBLE_DEVICES|UNIBAKE_*)
     die "$2 sets $1, which run.sh or the image sets; use the variable run.sh reads (see ./run.sh --help)" ;;
+  NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT)  # set by run.sh and the image on a profile of several nodes only (as
+    # the plan refuses them in such a profile's env): refused once the profile is known
+    topo_env="${topo_env:-$2 sets $1}" ;;
   PATH) die "$2 sets PATH, which would replace the image's, where the engine is found" ;;
+  LD_LIBRARY_PATH|PYTHONPATH|PYTHONDONTWRITEBYTECODE)  # (as the plan refuses them in a profile's env)
+    die "$2 sets $1, which the image sets: the value would replace the image's, where the engine finds its libraries and modules" ;;
   IFS|PPID|PWD|OPTIND)  # (as the plan refuses them in a profile's env)
     die "$2 sets $1, which the image's /bin/sh sets itself: the value would not reach the engine" ;;
+  PS1|PS2|PS4|LINENO|SHLVL|_|OLDPWD)  # (an env file written by `env` holds SHLVL and _)
+    die "$2 sets $1, which bash or busybox as the image's /bin/sh sets or drops: the value may not reach the engine" ;;
+  HOME) die "$2 sets HOME, the home of the image's user, which docker sets (as the plan refuses it in a profile's env); set the tool's own variable, like HF_HOME" ;;
+  HOSTNAME) die "$2 sets HOSTNAME, which docker sets to the container's host name: the two would disagree" ;;
+  NVIDIA_VISIBLE_DEVICES) die "$2 sets NVIDIA_VISIBLE_DEVICES, which chooses the container's GPUs as GPUS does (run.sh gives docker --gpus from it): use GPUS" ;;
   esac
+}
+# What numbers the GPUs the engine sees: the container has only those of GPUS, numbered from 0, so a host's
+# numbering copied from a docker run that gave every GPU (CUDA_VISIBLE_DEVICES=4,5,6,7 for 4 GPUs) hides every
+# GPU from the engine, and an empty value or a negative number hides them too (as the plan checks a profile's
+# env). The highest number is kept in vis_max (plus one; with what set it, vis_what) until the profile's
+# count is known
+vis_max=0
+vis_what=""
+visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value
+  case "$2" in CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES) ;; *) return 0 ;; esac
+  case "$3" in *[![:space:]]*) ;; *) die "$1 sets $2='$3', which hides every GPU from the engine; remove it" ;; esac
+  vd_rest="$3,"
+  while [ -n "$vd_rest" ]; do
+    vd_item=${vd_rest%%,*}; vd_rest=${vd_rest#*,}
+    vd_item=$(printf '%s' "$vd_item" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//')
+    case "$vd_item" in
+      -|-*[!0-9]*) ;;
+      -*) die "$1 sets $2='$3': '$vd_item' hides the GPUs after it from the engine; remove it" ;;
+      ""|*[!0-9]*) ;;  # a UUID
+      *) vd_n=$(printf '%s' "$vd_item" | sed -e 's/^0*//' -e 's/^$/0/')
+         [ "${#vd_n}" -le 5 ] || vd_n=99999
+         if [ "$vd_n" -ge "$vis_max" ]; then vis_max=$((vd_n + 1)); vis_what="$1 sets $2='$3', which names GPU $vd_n"; fi ;;
+    esac
+  done
 }
 in_env() {  # $1 a name: whether this environment has it (by printenv; a host without it, busybox's own
   # build, by env's lines, which another value holding a newline could fool)
@@ -55,8 +117,11 @@ env_arg() {  # $1: NAME=VALUE or NAME, from -e
   case " $env_names " in *" $ea_name "*) die "-e gives $ea_name twice; give it once" ;; esac
   env_names="$env_names $ea_name"
   case "$1" in
-    *=*) env_args="$env_args -e $(quote "$1")" ;;
+    *=*) visible_devices -e "$ea_name" "${1#*=}"
+         env_args="$env_args -e $(quote "$1")" ;;
     *) in_env "$ea_name" || die "-e $ea_name: $ea_name is not set in this environment; give -e $ea_name=VALUE"
+       eval "ea_value=\${$ea_name}"
+       visible_devices "-e $ea_name, from this environment," "$ea_name" "$ea_value"
        env_args="$env_args -e $ea_name" ;;
   esac
 }
@@ -66,27 +131,38 @@ env_file() {  # $1: FILE, from --env-file
     die "--env-file $1: not a regular file: run.sh reads it to check its names, so a pipe (like <(...)) would reach docker empty; save it as a file"
   fi
   [ -f "$1" ] && [ -r "$1" ] || die "--env-file $1: no such readable file"
-  # docker refuses a file with a line longer than 65535 bytes or not UTF-8 (exit 125, after run.sh said yes);
-  # runc a variable holding a NUL byte
-  [ "$(wc -c < "$1")" -eq "$(tr -d '\000' < "$1" | wc -c)" ] || die "--env-file $1: holds a NUL byte, which no variable can hold"
-  ef_line=$(LC_ALL=C awk 'length($0) > 65535 { print NR; exit }' "$1")
+  # docker refuses a file with a line longer than 65535 bytes or not UTF-8 (exit 125, after run.sh said yes)
+  # (a NUL byte read as any other, here: docker takes it in a '#' line)
+  ef_line=$(tr '\000' x < "$1" | LC_ALL=C awk 'length($0) > 65535 { print NR; exit }')
   [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is longer than docker reads (65535 bytes)"
   ef_c="[$(printf '\200-\277')]"
   ef_u8="[^$(printf '\200-\377')]|[$(printf '\302-\337')]$ef_c|$(printf '\340')[$(printf '\240-\277')]$ef_c"
   ef_u8="$ef_u8|[$(printf '\341-\354\356\357')]$ef_c$ef_c|$(printf '\355')[$(printf '\200-\237')]$ef_c"
   ef_u8="$ef_u8|$(printf '\360')[$(printf '\220-\277')]$ef_c$ef_c|[$(printf '\361-\363')]$ef_c$ef_c$ef_c"
   ef_u8="$ef_u8|$(printf '\364')[$(printf '\200-\217')]$ef_c$ef_c"
-  ef_line=$(LC_ALL=C grep -n -a -v -E "^($ef_u8)*\$" "$1" | head -n 1 | cut -d: -f1)
+  ef_line=$(tr '\000' x < "$1" | LC_ALL=C grep -n -a -v -E "^($ef_u8)*\$" | head -n 1 | cut -d: -f1)
   [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is not UTF-8, which docker reads (save the file as UTF-8)"
-  # each line's name as docker reads it: a '\r' before the line's end dropped, a UTF-8 byte-order mark
-  # on the first line dropped, leading white space dropped (Unicode's too: NEL, no-break and the other
-  # Unicode spaces, as Go's unicode.IsSpace), '#' lines and blank ones skipped, the name up to '=' (a
-  # line without '=' takes the variable from the environment)
-  ef_names=$(LC_ALL=C sed -n -e "s/$(printf '\r')\$//" -e "1s/^$(printf '\357\273\277')//" -e ':s' \
-    -e "s/^[$(printf ' \t\v\f\r')]//" -e "s/^$(printf '\302')[$(printf '\205\240')]//" \
-    -e "s/^$(printf '\341\232\200')//" -e "s/^$(printf '\342\200')[$(printf '\200-\212\250\251\257')]//" \
-    -e "s/^$(printf '\342\201\237')//" -e "s/^$(printf '\343\200\200')//" -e 't s' \
-    -e '/^#/d' -e '/^$/d' -e '/=/!s/^/+/p' -e '/=/!d' -e 's/=.*//' -e 's/^/=/p' "$1")
+  # each line as docker reads it: a '\r' before the line's end dropped, a UTF-8 byte-order mark on the first
+  # line dropped, leading white space dropped (Unicode's too: NEL, no-break and the other Unicode spaces, as
+  # Go's unicode.IsSpace), '#' lines and blank ones skipped. A NUL byte is read as \377, which UTF-8 never holds
+  ef_strip="s/$(printf '\r')\$//
+1s/^$(printf '\357\273\277')//
+:s
+s/^[$(printf ' \t\v\f\r')]//
+s/^$(printf '\302')[$(printf '\205\240')]//
+s/^$(printf '\341\232\200')//
+s/^$(printf '\342\200')[$(printf '\200-\212\250\251\257')]//
+s/^$(printf '\342\201\237')//
+s/^$(printf '\343\200\200')//
+t s
+/^#/d
+/^\$/d"
+  # runc refuses a variable holding a NUL byte (docker drops a line without '=' whose name holds one)
+  ef_line=$(tr '\000' '\377' < "$1" | LC_ALL=C sed -n -e "$ef_strip" -e "/$(printf '\377')/{" -e '=' -e 'q' -e '}')
+  [ -z "$ef_line" ] || die "--env-file $1: line $ef_line holds a NUL byte, which no variable can hold"
+  # the name up to '=' (a line without '=' takes the variable from the environment)
+  ef_names=$(tr '\000' '\377' < "$1" | LC_ALL=C sed -n -e "$ef_strip" -e '/=/!s/^/+/p' -e '/=/!d' -e 's/=.*//' \
+    -e 's/^/=/p')
   # docker refuses a line whose name is empty or holds a space or a tab ("export A=1"), after run.sh's checks
   ef_bad=$(printf '%s\n' "$ef_names" | LC_ALL=C sed -n "/^=\$/p; /[$(printf ' \t')]/p" | head -n 1)
   [ "$ef_bad" != "=" ] || die "--env-file $1: a line has no name before its '='"
@@ -94,8 +170,9 @@ env_file() {  # $1: FILE, from --env-file
   # a name run.sh sets; a line without '=' whose variable this environment lacks (docker would drop it
   # without a word, as run.sh refuses -e NAME of one)
   ef_own=$(printf '%s\n' "$ef_names" | while IFS= read -r ef_name; do
-    case "${ef_name#?}" in PROFILE|PORT|MODEL_NAME|NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT|HIP_VISIBLE_DEVICES|UNIBAKE_*|\
-                           PATH|IFS|PPID|PWD|OPTIND)
+    case "${ef_name#?}" in PROFILE|PORT|MODEL_NAME|HIP_VISIBLE_DEVICES|UNIBAKE_*|\
+                           PATH|LD_LIBRARY_PATH|PYTHONPATH|PYTHONDONTWRITEBYTECODE|IFS|PPID|PWD|OPTIND|PS1|PS2|PS4|LINENO|SHLVL|_|OLDPWD|HOME|HOSTNAME|\
+                           NVIDIA_VISIBLE_DEVICES)
       printf '%s\n' "${ef_name#?}"; break ;;
     esac
     case "$ef_name" in +*) in_env "${ef_name#+}" || { printf '+%s\n' "${ef_name#+}"; break; } ;; esac
@@ -105,6 +182,19 @@ env_file() {  # $1: FILE, from --env-file
     +*) die "--env-file $1: ${ef_own#+} (a line without '=') is not set in this environment, so docker would drop it; set it or give ${ef_own#+}=VALUE" ;;
     *) own_env "$ef_own" "--env-file $1" ;;
   esac
+  ef_topo=$(printf '%s\n' "$ef_names" | grep -E '^[=+](NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT)$' | head -n 1) || :
+  [ -z "$ef_topo" ] || own_env "${ef_topo#?}" "--env-file $1"
+  # the values of the lines that number the GPUs (a line without '=' takes its value from the environment)
+  ef_vis=$(tr '\000' '\377' < "$1" | LC_ALL=C sed -n -e "$ef_strip" -e '/^CUDA_VISIBLE_DEVICES=/p' \
+    -e '/^CUDA_VISIBLE_DEVICES$/p' -e '/^ROCR_VISIBLE_DEVICES=/p' -e '/^ROCR_VISIBLE_DEVICES$/p')
+  while IFS= read -r ef_v; do
+    case "$ef_v" in
+      *=*) visible_devices "--env-file $1" "${ef_v%%=*}" "${ef_v#*=}" ;;
+      ?*) eval "ef_value=\${$ef_v}"; visible_devices "--env-file $1, from this environment," "$ef_v" "$ef_value" ;;
+    esac
+  done <<EOF
+$ef_vis
+EOF
   env_files="$env_files $(quote "--env-file=$1")"
 }
 
@@ -159,6 +249,9 @@ case "$profile" in
     extra_devices=''; extra_groups='' ;;
   *) die "unknown profile '$profile'; known: tp1, tp2, tp4" ;;
 esac
+if [ -n "$topo_env" ] && [ "$nodes" -gt 1 ]; then
+  die "$topo_env, which run.sh sets on profile $profile of $nodes nodes; use the variable run.sh reads (see ./run.sh --help)"
+fi
 
 if [ -z "$name" ]; then name="demo-llm-$profile"; fi
 case "$name" in
@@ -233,20 +326,111 @@ if [ "$gpus" != all ]; then
   [ -z "$twice" ] || die "GPUS names GPU '$twice' twice; each GPU once"
   count=$(printf '%s\n' "$gpus" | tr ',' '\n' | grep -c .)
   [ "$count" -eq "$need" ] || die "profile $profile needs $need GPUs; GPUS=$gpus names $count"
+  if [ "$vis_max" -gt "$need" ]; then
+    die "$vis_what, but the container of profile $profile sees only the GPUs of GPUS ($need), numbered from 0 to $((need - 1)): remove it, or number them from 0"
+  fi
 fi
 
 # groups by their number on this host: the engine reads a name in the image's /etc/group, where it may be
 # missing (docker: "Unable to find group render", exit 125) or another number than the group the host's
 # device nodes belong to; each group once. A name this host lacks stays a name (the image's own group of
 # that name, if it has one: no device node of this host belongs to it anyway)
+# With ENGINE_GROUPS (name=number,...) the numbers are those given, of the engine's machine: DOCKER_HOST naming
+# another machine's engine needs them, as this host's numbers are not that machine's
 group_ids=""
+engine_groups="${ENGINE_GROUPS:-}"
+# the engine docker reaches, as docker picks it: DOCKER_HOST, else the context of DOCKER_CONTEXT, else the
+# config's current one (docker context use); engine_at says which, engine_remote=1 when it is not a unix socket
+# here (a context docker cannot show is taken as another machine's: its numbers are not looked up here)
+engine_at=""
+engine_remote=0
+if [ "$vendor" = nvidia ] && [ -z "$extra_groups" ]; then
+  :  # (no group to join, no render node to find)
+elif [ -n "${DOCKER_HOST:-}" ]; then
+  engine_at="DOCKER_HOST=$DOCKER_HOST"
+  case "$DOCKER_HOST" in unix://*) ;; *) engine_remote=1 ;; esac
+else
+  ec_name="${DOCKER_CONTEXT:-}"
+  ec_config="${DOCKER_CONFIG:-${HOME:+$HOME/.docker}}"
+  if [ -z "$ec_name" ] && [ -n "$ec_config" ] && [ -f "$ec_config/config.json" ]; then
+    ec_name=$(sed -n 's/.*"currentContext"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$ec_config/config.json" 2>/dev/null | head -n 1)
+  fi
+  if [ -n "$ec_name" ] && [ "$ec_name" != default ]; then
+    ec_host=$(docker context inspect --format '{{.Endpoints.docker.Host}}' -- "$ec_name" 2>/dev/null) || ec_host=""
+    case "$ec_host" in
+      unix://*) ;;
+      "") engine_at="docker context '$ec_name' (which docker could not show here)"; engine_remote=1 ;;
+      *) engine_at="docker context '$ec_name' ($ec_host)"; engine_remote=1 ;;
+    esac
+  fi
+fi
+case ",$engine_groups," in
+  ,,) ;;
+  *,,*|*[!a-z0-9_=,-]*) die "ENGINE_GROUPS must be groups and their numbers on the engine's machine, like video=44,render=109; got '$engine_groups'" ;;
+  *) eg_names=""
+     for g in $(printf '%s' "$engine_groups" | tr ',' ' '); do
+       case "$g" in [a-z_]*=[0-9]*) case "${g#*=}" in *[!0-9]*) die "ENGINE_GROUPS: '$g' is not NAME=NUMBER" ;; esac ;;
+                    *) die "ENGINE_GROUPS: '$g' is not NAME=NUMBER, like render=109" ;; esac
+       # (the first of two would be taken, silently)
+       case " $eg_names " in *" ${g%%=*} "*) die "ENGINE_GROUPS gives group ${g%%=*} twice; give each group once" ;; esac
+       eg_names="$eg_names ${g%%=*}"
+     done ;;
+esac
 host_group() {  # $1 a group name or number
   case "$1" in
-    *[!0-9]*) hg_gid=$( (getent group "$1" 2>/dev/null || grep "^$1:" /etc/group 2>/dev/null) | head -n 1 | cut -d: -f3)
-              case "$hg_gid" in ""|*[!0-9]*) hg_gid=$1 ;; esac ;;
+    *[!0-9]*)
+      if [ -n "$engine_groups" ]; then
+        case ",$engine_groups," in
+          *",$1="*) hg_gid=",$engine_groups,"; hg_gid=${hg_gid#*",$1="}; hg_gid=${hg_gid%%,*} ;;
+          *) die "ENGINE_GROUPS gives no number for group $1, which profile $profile joins; add $1=NUMBER (getent group $1 on the engine's machine)" ;;
+        esac
+      else
+        case "$engine_remote" in
+          0) ;;
+          *) hg_names=""
+             for hg in $(case "$vendor" in amd|hygon) echo video ;; esac) $extra_groups; do
+               case "$hg" in *[!0-9]*) case ",$hg_names," in *",$hg="*) ;; *) hg_names="${hg_names:+$hg_names,}$hg=NUMBER" ;; esac ;; esac
+             done
+             die "$engine_at names another machine's engine, and profile $profile joins groups whose numbers there run.sh cannot look up; give ENGINE_GROUPS=$hg_names (getent group on that machine)" ;;
+        esac
+        hg_gid=$( (getent group "$1" 2>/dev/null || grep "^$1:" /etc/group 2>/dev/null) | head -n 1 | cut -d: -f3)
+        case "$hg_gid" in ""|*[!0-9]*) hg_gid=$1 ;; esac
+      fi ;;
     *) hg_gid=$1 ;;
   esac
+  # runc takes a group number up to 2147483647 ("Unable to find group" past it, docker's exit 125)
+  case "$hg_gid" in *[!0-9]*) ;; *)
+    hg_n=$(printf '%s' "$hg_gid" | sed -e 's/^0*//' -e 's/^$/0/')
+    if [ "${#hg_n}" -gt 10 ] || { [ "${#hg_n}" -eq 10 ] && [ "$hg_n" -gt 2147483647 ]; }; then
+      case "$1" in
+        *[!0-9]*) die "group $1 is number $hg_gid $([ -n "$engine_groups" ] && echo in ENGINE_GROUPS || echo on this host), past the 2147483647 docker's runtime takes: the container cannot join it (docker would fail the start with 'Unable to find group')" ;;
+        *) die "profile $profile's group $1 is past the 2147483647 docker's runtime takes (docker would fail the start with 'Unable to find group')" ;;
+      esac
+    fi ;;
+  esac
   case " $group_ids " in *" $hg_gid "*) ;; *) group_ids="${group_ids:+$group_ids }$hg_gid" ;; esac
+}
+
+# GPU N as ROCm numbers it (rocm-smi, HIP): the Nth GPU node of the kernel's KFD topology, whose render node is
+# its drm_render_minor; not always renderD(128+N): a BMC's or an integrated GPU's render node may come first.
+# Read on this host; with DOCKER_HOST or a docker context naming another machine's engine, or no topology here, 128+N
+kfd_nodes=/sys/class/kfd/kfd/topology/nodes
+render_node() {  # $1 a GPU number: its render node's minor number in rn_minor
+  rn_minor=$((128 + $1))
+  [ "$engine_remote" -eq 0 ] || return 0
+  [ -d "$kfd_nodes" ] || return 0
+  rn_i=0
+  for rn_node in $(ls "$kfd_nodes" | sort -n); do
+    rn_gpu=$(cat "$kfd_nodes/$rn_node/gpu_id" 2>/dev/null) || continue
+    case "$rn_gpu" in ""|0|*[!0-9]*) continue ;; esac  # a CPU's node
+    if [ "$rn_i" -eq "$1" ]; then
+      rn_minor=$(sed -n 's/^drm_render_minor \([0-9][0-9]*\)$/\1/p' "$kfd_nodes/$rn_node/properties" 2>/dev/null | head -n 1)
+      [ -n "$rn_minor" ] || die "GPUS: GPU $1 has no render node in $kfd_nodes/$rn_node/properties"
+      return 0
+    fi
+    rn_i=$((rn_i + 1))
+  done
+  die "GPUS names GPU $1, but this host has $rn_i GPUs, numbered from 0 (its KFD topology, as rocm-smi shows them)"
 }
 
 port="${PORT:-30000}"
@@ -283,7 +467,7 @@ case "$vendor" in
     if [ "$gpus" = all ]; then
       set -- "$@" --device /dev/dri
     else
-      for g in $(printf '%s' "$gpus" | tr ',' ' '); do set -- "$@" --device "/dev/dri/renderD$((128 + g))"; done
+      for g in $(printf '%s' "$gpus" | tr ',' ' '); do render_node "$g"; set -- "$@" --device "/dev/dri/renderD$rn_minor"; done
       if [ "$vendor" = hygon ]; then
         visible=""
         i=0
@@ -328,7 +512,12 @@ if [ "$dry_run" -eq 1 ]; then
   printf '%s\n' "$out"
   exit 0
 fi
-# (tried in a subshell first: bash as sh stops at an exported read-only variable, SHELLOPTS, it cannot set
-# back; bash itself only says so)
+# (tried in a subshell first: bash as sh stops at an exported read-only variable it cannot set back, SHELLOPTS
+# or BASHOPTS given in the environment; bash itself only says so. There the read-only ones, which run.sh never
+# set, are left out: bash writes each variable on a line of its own, a newline in a value as $'\n')
+if ! (eval "$env_at_start") 2>/dev/null; then
+  ro_names=$(readonly -p | sed -n 's/^[a-z]* \(-[A-Za-z]* \)\{0,1\}\([A-Za-z_][A-Za-z0-9_]*\).*/\2/p' | tr '\n' '|')
+  env_at_start=$(printf '%s\n' "$env_at_start" | grep -v -E "^(export|declare -[A-Za-z]*) (${ro_names%|})(=|\$)")
+fi
 if (eval "$env_at_start") 2>/dev/null; then eval "$env_at_start" 2>/dev/null || :; fi
 exec "$@"
