@@ -391,6 +391,24 @@ def _serving(handler):
         server.server_close()
 
 
+ENGINE_VERSION = {"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}
+
+
+def _json_reply(handler, status, document):
+    """``document`` sent as a fake engine's JSON answer (with its length) by ``handler``."""
+    body = json.dumps(document).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _version_reply(handler):
+    """A fake engine's answer to GET /version, docker-py's first request: Engine 20.10 (API 1.41)."""
+    _json_reply(handler, 200, ENGINE_VERSION)
+
+
 @contextmanager
 def docker_api(*, inspect="404", pull="progress"):
     """A Docker engine's API on loopback, as docker-py reaches it over tcp://: it answers the version, then
@@ -408,24 +426,16 @@ def docker_api(*, inspect="404", pull="progress"):
         def log_message(self, *args):
             pass
 
-        def reply(self, status, document):
-            body = json.dumps(document).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
         def do_GET(self):  # noqa: N802 - http.server's names
             if self.path.endswith("/version"):
-                return self.reply(200, {"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"})
+                return _version_reply(self)
             if self.path.split("?")[0].endswith("/images/json"):
-                return self.reply(200, [])
+                return _json_reply(self, 200, [])
             if inspect == "silent":
                 seen.append("inspect held")
                 ended.wait(60)
                 return
-            self.reply(404, {"message": "No such image"})
+            _json_reply(self, 404, {"message": "No such image"})
 
         def do_POST(self):  # noqa: N802
             if "/images/load" in self.path:  # takes the request, then none of the stream
@@ -601,12 +611,7 @@ def loading_engine(*, storing, last=b'{"stream":"Loaded image: demo-llm:1.3.1\\n
             pass
 
         def do_GET(self):  # noqa: N802 - http.server's names
-            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _version_reply(self)
 
         def do_POST(self):  # noqa: N802
             while True:  # the archive, sent chunked
@@ -867,12 +872,7 @@ def test_a_pull_answered_with_something_that_is_not_its_progress_is_one_engine_e
             pass
 
         def do_GET(self):  # noqa: N802 - http.server's names
-            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            _version_reply(self)
 
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -937,14 +937,9 @@ def test_an_engine_error_on_a_named_container_or_network_names_it_whole(fake_api
 
         def reply(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            ok = self.path.endswith("/version")
-            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"} if ok
-                              else {"message": "driver failed"}).encode()
-            self.send_response(200 if ok else 500)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            if self.path.endswith("/version"):
+                return _version_reply(self)
+            _json_reply(self, 500, {"message": "driver failed"})
 
         do_GET = do_POST = do_DELETE = reply  # noqa: N815 - http.server's names
 
