@@ -1958,34 +1958,47 @@ def test_a_registry_that_answers_200_to_every_blob_head_still_gets_the_blobs(tmp
                                                (len(manifest.diff_ids), 0))
 
 
-@pytest.mark.parametrize("helper, message", [
-    ("sleep 6", "did not answer in 1 s .it was ended.: check it with 'echo reg.example:5000 | "
-                 "docker-credential-unibake-test get', or give --auth-file$"),
-    ("echo 'not JSON'", "answered with no credential .a JSON object with 'Username' and 'Secret' strings."),
-    ("echo '[1]'", "answered with no credential"),
-    ("""echo '{"Username": "u", "Secret": 5}'""", "answered with no credential"),
-    ("""echo '{"Username": ["u"], "Secret": "pw"}'""", "answered with no credential"),
+@pytest.fixture
+def credential_helper(tmp_path, monkeypatch):
+    """``install(helper, timeout)``: docker-credential-unibake-test on PATH (a shell script that reads what
+    it is sent, then runs the shell line ``helper``), named by a Docker config's credsStore, and
+    HELPER_TIMEOUT set to ``timeout``; returns the environment naming that config, for load_credentials."""
+    from unibake import registry
+
+    def install(helper, timeout):
+        monkeypatch.setattr(registry, "HELPER_TIMEOUT", timeout)
+        (tmp_path / "bin").mkdir()
+        script = tmp_path / "bin" / "docker-credential-unibake-test"
+        script.write_text(f"#!/bin/sh\ncat >/dev/null\n{helper}\n")
+        script.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+        (tmp_path / "dc").mkdir()
+        (tmp_path / "dc" / "config.json").write_text(json.dumps({"auths": {}, "credsStore": "unibake-test"}))
+        return {"DOCKER_CONFIG": str(tmp_path / "dc")}
+    return install
+
+
+@pytest.mark.parametrize("helper, timeout, message", [
+    # (ended, not waited for: its sleep is as long as the test's bound below)
+    ("exec sleep 60", 1.0, "did not answer in 1 s .it was ended.: check it with 'echo reg.example:5000 | "
+                           "docker-credential-unibake-test get', or give --auth-file$"),
+    # (the helpers that answer at once get time enough to start on a loaded machine)
+    ("echo 'not JSON'", 60.0, "answered with no credential .a JSON object with 'Username' and 'Secret' strings."),
+    ("echo '[1]'", 60.0, "answered with no credential"),
+    ("""echo '{"Username": "u", "Secret": 5}'""", 60.0, "answered with no credential"),
+    ("""echo '{"Username": ["u"], "Secret": "pw"}'""", 60.0, "answered with no credential"),
 ])
-def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_named(tmp_path, monkeypatch, helper,
-                                                                                   message):
+def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_named(tmp_path, credential_helper, helper,
+                                                                                   timeout, message):
     """A credential helper that hangs (a keyring that never unlocks): docker-py ran it without a time
     limit, and push and pull waited with nothing said. It now has HELPER_TIMEOUT (here 1 s) and is
     ended; one that answers what is no credential was 'its 'auth' must be user:password in base64'."""
-    from unibake import registry
-
-    monkeypatch.setattr(registry, "HELPER_TIMEOUT", 1.0)
-    (tmp_path / "bin").mkdir()
-    script = tmp_path / "bin" / "docker-credential-unibake-test"
-    script.write_text(f"#!/bin/sh\ncat >/dev/null\n{helper}\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    (tmp_path / "dc").mkdir()
-    (tmp_path / "dc" / "config.json").write_text(json.dumps({"auths": {}, "credsStore": "unibake-test"}))
+    env = credential_helper(helper, timeout)
     started = time.monotonic()
     with pytest.raises(UnibakeError, match=f"^{tmp_path}/dc/config.json: the credential helper for reg.example:5000, "
                                            f"docker-credential-unibake-test, {message}"):
-        load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
-    assert time.monotonic() - started < 10
+        load_credentials("reg.example:5000", env, None)
+    assert time.monotonic() - started < 50
 
 
 def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_retried(tmp_path):
@@ -2058,27 +2071,19 @@ def test_a_registry_that_speaks_plain_http_is_named_as_such_not_retried_as_one_t
 @pytest.mark.parametrize("helper, message", [
     # prints 2 MiB and never ends: its whole output was kept, HELPER_TIMEOUT long (a helper printing
     # without end filled memory), then it was 'did not answer'
-    ("head -c 2097152 /dev/zero | tr '\\0' x; exec sleep 30",
+    ("head -c 2097152 /dev/zero | tr '\\0' x; exec sleep 120",
      "answered with more than 1024 KiB .it was ended., which is no credential: check it with"),
     # fails with bytes that are no UTF-8: docker-py's strict decoding was 'its 'auth' must be ... base64'
     ("printf 'bad \\377 bytes'; exit 1", "failed .DockerException.$"),
 ])
-def test_a_credential_helper_printing_without_end_or_no_utf8_is_named(tmp_path, monkeypatch, helper, message):
-    from unibake import registry
-
-    monkeypatch.setattr(registry, "HELPER_TIMEOUT", 4.0)
-    (tmp_path / "bin").mkdir()
-    script = tmp_path / "bin" / "docker-credential-unibake-test"
-    script.write_text(f"#!/bin/sh\ncat >/dev/null\n{helper}\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    (tmp_path / "dc").mkdir()
-    (tmp_path / "dc" / "config.json").write_text(json.dumps({"auths": {}, "credsStore": "unibake-test"}))
+def test_a_credential_helper_printing_without_end_or_no_utf8_is_named(tmp_path, credential_helper, helper, message):
+    # (a HELPER_TIMEOUT far longer than the bound: the endless one is ended at 1 MiB, not at its timeout)
+    env = credential_helper(helper, 60.0)
     started = time.monotonic()
     with pytest.raises(UnibakeError, match=f"^{tmp_path}/dc/config.json: the credential helper for reg.example:5000"
                                            f"(, docker-credential-unibake-test,)? {message}"):
-        load_credentials("reg.example:5000", {"DOCKER_CONFIG": str(tmp_path / "dc")}, None)
-    assert time.monotonic() - started < 3
+        load_credentials("reg.example:5000", env, None)
+    assert time.monotonic() - started < 30
 
 
 def test_a_token_server_on_plain_http_is_refused_before_the_password_is_sent(tmp_path):
