@@ -80,14 +80,20 @@ def test_an_engine_that_ends_up_with_another_image_fails_its_row(tmp_path):
 
 
 class SlowEngine(FakeEngine):
-    """An engine whose load takes each piece of the stream a while after asking for it."""
+    """An engine whose load takes each piece of the stream a while after asking for it (``pause``
+    seconds; none: as fast as a FakeEngine); ``taken`` counts the pieces it took."""
+
+    def __init__(self, *args, pause=0.5, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pause, self.taken = pause, 0
 
     def load(self, chunks):
         def slowly():
             for chunk in chunks:
+                self.taken += 1
                 yield chunk
-                time.sleep(0.5)
-        time.sleep(0.3)
+                time.sleep(self.pause)
+        time.sleep(0.3 if self.pause else 0)
         return super().load(slowly())
 
 
@@ -97,16 +103,18 @@ def test_an_interrupt_breaks_off_the_loads_under_way_and_says_which_engines_hold
     names the engine that holds the release."""
     folder, image_id = make_release(tmp_path / "release", layers=[bytes(4 << 20)] * 3)
     m = load_manifest(folder)
-    engines, connect = fleet("a")
+    engines, connect = fleet()
+    engines["tcp://a:2375"] = a = SlowEngine(address="tcp://a:2375", pause=0)
     engines["tcp://slow:2375"] = slow = SlowEngine(address="tcp://slow:2375")
 
     def ctrl_c(result):
         raise KeyboardInterrupt
-    start = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as caught:
         deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375", "tcp://slow:2375"], connect,
                on_result=ctrl_c)
-    assert time.monotonic() - start < 1.5
+    # broken off at once: measured in the pieces the slow engine took (0.5 s each; the whole stream is
+    # what a took), not in seconds from the start, which a loaded machine stretches (1.5 s flaked)
+    assert a.taken > 2 >= slow.taken, (a.taken, slow.taken)
     assert str(caught.value) == "tcp://a:2375 holds the release (checked); tcp://slow:2375 does not (its load was " \
                                 "broken off)"
     assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
@@ -141,22 +149,31 @@ def test_a_deploy_stuck_on_an_engine_that_never_answers_ends_at_the_third_interr
     with silent_engine() as address:
         run = subprocess.Popen([sys.executable, str(REPO / "build.py"), "deploy", str(folder), "--engine", address],
                                stderr=subprocess.PIPE, text=True)
-        lines, deploying = [], threading.Event()
+        lines, deploying, let_be = [], threading.Event(), threading.Event()
 
         def read():
             for line in run.stderr:
                 lines.append(line)
                 if line.startswith("==> deploy"):
                     deploying.set()
+                if line.startswith("warning: still cleaning up after the interrupt"):
+                    let_be.set()
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         # started, verified, and waiting on the engine (on a loaded machine a fixed 3 s could end in the
         # verify: the run then ended at the first signal, and a later one found no handler: exit -15)
         assert deploying.wait(60), "".join(lines)
         time.sleep(0.5)
-        for _ in range(3):
-            run.send_signal(signal.SIGTERM)
+        run.send_signal(signal.SIGTERM)
+        # the second: sent again until the run says it let it be (two signals that reach a loaded process
+        # before its handler ran are one: three sent 0.3 s apart could be two, and the run never ended)
+        for _ in range(5):
             time.sleep(0.3)
+            run.send_signal(signal.SIGTERM)
+            if let_be.wait(10) or run.poll() is not None:
+                break
+        assert let_be.is_set() and run.poll() is None, "".join(lines)  # the second interrupt is let be
+        run.send_signal(signal.SIGTERM)
         try:
             code = run.wait(10)
         except subprocess.TimeoutExpired:
@@ -558,7 +575,7 @@ def test_an_interrupt_breaks_off_the_pulls_under_way_and_says_what_was_left(tmp_
         while "pull broken off" not in seen and time.monotonic() < deadline:
             time.sleep(0.05)
     assert isinstance(outcome, KeyboardInterrupt), outcome
-    assert took < 5, took
+    assert took < 15, took  # (the pull never ends: any bound short of _within's shows it broken off; 5 s flaked)
     assert str(outcome) == f"tcp://a:2375 holds the release (checked); {address} does not (its pull was broken off)"
     assert seen == ["pull began", "pull broken off"]  # the engine saw its client go: it ends the pull
 
@@ -704,7 +721,7 @@ def test_an_interrupt_breaks_off_a_pull_whose_engine_has_not_answered_yet(tmp_pa
         outcome = _within(20, lambda: engine.pull("r.example/a", "sha256:" + "1" * 64, None, stop))
         took = time.monotonic() - start
     assert isinstance(outcome, HandoffAborted), outcome
-    assert took < 5, took
+    assert took < 15, took  # (the engine says nothing for 60 s, its timeout: 5 s flaked on a loaded machine)
 
 
 def test_a_pull_without_credentials_sends_the_engine_none_of_this_user_s_docker_config(tmp_path, monkeypatch,
@@ -753,7 +770,7 @@ def test_a_pull_that_trickles_past_its_pull_deadline_is_broken_off_and_its_row_f
         assert str(outcome) == (f"the engine at {address} did not finish pulling r.example/a@{ref.digest} in 1 s "
                                 "(--pull-deadline): the pull was broken off (the engine ends it) and nothing was "
                                 "tagged; give a longer --pull-deadline, or check the engine's way to the registry")
-        assert 1 <= took < 5, took
+        assert 1 <= took < 15, took  # (the pull never ends: 5 s flaked on a loaded machine)
 
         def connect_both(where):
             return engines[where] if where in engines else DockerEngine(where, {}, timeout=60)
@@ -819,7 +836,7 @@ def test_an_ssh_engine_that_stops_answering_fails_its_row_after_engine_timeout(t
     assert row.result == "failed", row
     assert "nothing from it in 2 s (--engine-timeout)" in row.detail or \
         "nothing of it taken in 2 s (--engine-timeout)" in row.detail, row.detail
-    assert took < 15, took
+    assert took < 25, took  # (the engine holds the request for 60 s; a fake ssh on a loaded machine is slow)
     assert seen == [f"{silent} held"]
 
 
