@@ -160,6 +160,10 @@ def read_document(file: Path, display: str) -> Document:
         line = f":{mark.line + 1}" if mark else ""
         problem = exc.problem or exc.context or "invalid YAML"
         raise InputError(f"{display}{line}: YAML syntax error: {problem}") from None
+    except yaml.reader.ReaderError as exc:  # (its own text is two lines: a position in "<unicode string>")
+        line = text.count("\n", 0, exc.position) + 1
+        raise InputError(f"{display}:{line}: YAML syntax error: unacceptable character #x{exc.character:04x}: "
+                         f"{exc.reason}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{display}: YAML error: {exc}") from None
     except RecursionError:

@@ -20,6 +20,10 @@ def case_yaml_syntax(p):
     (p / "tp2.yaml").write_text("profile: tp2\ngpus: [2\n")
 
 
+def case_yaml_control_character(p):  # a form feed (a page break some editors keep): PyYAML's error is two lines
+    (p / "tp2.yaml").write_text("profile: tp2\ngpus: 2\n\x0c\n")
+
+
 def case_wrong_type(p):
     edit(p / "tp1.yaml", "gpus: 1", "gpus: one")
 
@@ -348,6 +352,8 @@ def case_prebuilt_outside_is_a_symlink_loop(p):
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
+    "yaml_control_character": "tp2.yaml:3: YAML syntax error: unacceptable character #x000c: special characters are "
+                              "not allowed",
     "allow_matches_everything": "sanitise.allow[1] 'x*' matches an empty value, so it would let every value through",
     "env_file_form_feed": "images/tp1.env:1: the value of A contains a control character ('\\x0c')",
     "mounts_one_path": "both mount at /models/x",
