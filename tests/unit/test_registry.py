@@ -393,8 +393,19 @@ def test_without_an_atomic_exchange_the_files_are_replaced_sums_last(tmp_path, m
     record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
                           RecordingClient(), temp_dir=tmp_path).record
     monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
+    replaced, replace = [], os.replace
+
+    def recorded(src, dst):  # what was put in the folder, in order (the replace itself done)
+        replace(src, dst)
+        if os.path.dirname(dst) == str(folder):
+            replaced.append(os.path.basename(dst))
+    monkeypatch.setattr(os, "replace", recorded)
     amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    monkeypatch.undo()
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+    # (before, only the end state was checked: any order, SHA256SUMS first too, passed)
+    assert replaced[-1] == "SHA256SUMS" and "manifest.json" in replaced and len(set(replaced)) == len(replaced), \
+        replaced
 
 
 
