@@ -278,4 +278,5 @@ def test_verify_parses_the_manifest_it_checked_against_the_sums(folder, monkeypa
     monkeypatch.setattr(verify, "_sha256_of", file_hashed)
     monkeypatch.setattr(verify.hashlib, "sha256", bytes_hashed)
     report = verify.verify_folder(folder)
+    assert manifest.read_bytes() != original, "the swap was never played: the test proved nothing"
     assert report.manifest.revision == checked["revision"]
