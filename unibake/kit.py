@@ -413,8 +413,10 @@ def check_ledger(folder: Path) -> list[str]:
         path = folder / rel
         if ".." in Path(rel).parts or rel.startswith("/"):
             problems.append(f"{rel}: a path outside the kit")
-        elif not path.is_file() or path.is_symlink():
+        elif not os.path.lexists(path):
             problems.append(f"{rel}: missing")
+        elif not path.is_file() or path.is_symlink():  # (was "missing": a link or a FIFO is there, to be seen)
+            problems.append(f"{rel}: not a regular file (a link, a FIFO or a folder), which the kit does not hold")
         elif sha256_file(path) != sha:
             problems.append(f"{rel}: differs from {LEDGER}")
     # nothing skipped: a __pycache__ or a .venv in the kit holds code the rebuild would run (the kit's
