@@ -37,6 +37,11 @@ def test_rendered_files_match_the_goldens_in_git(case):
     config, profiles, platform = case
     context = render(make_plan(config, profiles=profiles, cwd=REPO, platform=platform))
     folder = config.parent / "dockerfiles" / "rendered" / context.selection
+    # the very files a render gives (before: a render giving none passed, and so did a golden left over
+    # from a file no longer rendered, which make render does not remove)
+    kept = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir())
+    assert kept == sorted(context.rendered), f"{folder.relative_to(REPO)} holds {kept}, a render gives " \
+                                             f"{sorted(context.rendered)}: run make render, remove what it does not write"
     for name, text in context.rendered.items():
         golden = folder / name
         assert golden.exists(), f"{golden} is missing: run make render"
