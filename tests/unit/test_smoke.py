@@ -376,7 +376,7 @@ def test_a_smoke_regex_that_backtracks_for_long_on_a_long_reply_fails_the_gate_i
     assert not result.passed and result.failed.name == "chat"
     assert result.failed.detail.startswith(f"the regular expression {pattern!r} took longer than 1 s on a reply "
                                            "of 11009 bytes (write it with fewer unbounded repeats like .*)")
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 30  # (a hang guard: 6 s flaked on a loaded machine; the detail says 1 s)
 
 
 def _smoke_clients() -> list[int]:
@@ -624,7 +624,7 @@ def test_a_multi_node_peer_that_exits_before_rank_0_answers_stops_the_wait_namin
     engine.starter = starter
     begun = time.monotonic()
     result = run_gates(engine, "demo:1", multi_node(server.server_port, timeout=60), netns_pid=None)[0]
-    assert time.monotonic() - begun < 20
+    assert time.monotonic() - begun < 45  # (short of the 60 s smoke.timeout: 20 s flaked on a loaded machine)
     assert result.failed.name == "health"
     assert result.failed.detail == "rank 2 exited (exit code 1) before rank 0 answered: NCCL error: no route to rank 0"
     assert engine.containers == {} and engine.networks == {}
