@@ -394,12 +394,16 @@ done < "$work/record"
 awk 'NR == FNR { d[$1] = $2; next } { print d[$0] }' "$work/listed" "$work/parts" > "$work/parts.sha256"
 stream() {
   : > "$work/streamed"
+  : > "$work/streamed.raw"
+  # (one FIFO for every part, and the hashes cut to 64 once at the end: two processes a part, not
+  # six; a release in thousands of parts is read several times)
+  rm -f "$work/read.fifo" && mkfifo "$work/read.fifo" || exit 1
   while IFS= read -r part; do
-    rm -f "$work/read.fifo" && mkfifo "$work/read.fifo" || exit 1
-    sha256sum < "$work/read.fifo" | cut -c 1-64 >> "$work/streamed" &
+    sha256sum < "$work/read.fifo" >> "$work/streamed.raw" &
     tee -- "$work/read.fifo" < "$part" || :
     wait
   done < "$work/parts"
+  cut -c 1-64 "$work/streamed.raw" > "$work/streamed"
 }
 unchanged() {
   cmp -s "$work/streamed" "$work/parts.sha256" || fail "$dir: the archive changed after sha256sum -c read it (a read \
