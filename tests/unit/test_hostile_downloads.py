@@ -853,7 +853,9 @@ def test_a_zstd_compressed_layer_is_no_traceback(cli, folder):
     # (before: zstandard 0.25's decompressobj was taken for zlib's: TypeError, exit 1)
     forge(folder, first_layer_stored(lambda raw: zstandard.ZstdCompressor().compress(raw)))
     result = cli("verify", str(folder))
-    assert result.code in (0, 3) and "Traceback" not in result.err, result.err
+    # refused, and for that reason (before: exit 0 passed too, which is the engine-refused layer passed)
+    assert result.code == 3 and "Traceback" not in result.err, result.err
+    assert "is stored zstd-compressed, but its media type" in result.err, result.err
 
 
 def test_a_zstd_compressed_layer_under_a_plain_media_type_is_refused_by_both(cli, folder):
