@@ -411,3 +411,40 @@ def test_run_sh_takes_the_topology_variables_on_a_single_node_profile_as_the_pla
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
             f"error: {where} sets MASTER_PORT, which run.sh sets on profile tp4 of 2 nodes; use the variable run.sh "
             "reads (see ./run.sh --help)\n")), args
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_an_engine_on_this_machine_s_loopback_as_this_machine_s(folder, tmp_path, shell):
+    # DOCKER_HOST=tcp://127.0.0.1:2375 (a dockerd listening on loopback, or docker's own default for a bare port) was
+    # taken as another machine's engine: exit 2 asking for ENGINE_GROUPS, which this machine's getent knows, and the
+    # render nodes were 128+N, not this host's KFD topology
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
+                                     ' *) exit 2 ;; esac\n')
+    (fake_bin / "docker").write_text(  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
+        '#!/bin/sh\n[ "$1 $2 $3" = "context inspect --format" ] || exit 9\ncase "$6" in '
+        'here) echo tcp://127.0.0.1:2375 ;; *) echo tcp://gpu1.example:2376 ;; esac\n')
+    for tool in ("getent", "docker"):
+        (fake_bin / tool).chmod(0o755)
+    path = f"{fake_bin}:/usr/bin:/bin"
+    for env in ({"DOCKER_HOST": host} for host in (
+            "tcp://127.0.0.1:2375", "tcp://localhost:2376", "tcp://[::1]:2375", "tcp://127.8.9.10:2375/",
+            "tcp://127.255.0.1", "tcp://:2375", "tcp://", "localhost:2375", "127.0.0.1")):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, **env})
+        assert run.returncode == 0 and run.stderr == b"", (env, run.stderr)
+        assert b" --group-add 44 --group-add 109 " in run.stdout, (env, run.stdout)
+    run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_CONTEXT": "here"})
+    assert run.returncode == 0 and b" --group-add 44 --group-add 109 " in run.stdout, run.stderr
+    # another machine's, or not certainly this one's: ENGINE_GROUPS asked for, as before
+    for host in ("tcp://127.0.0.256:2375", "tcp://127.0.0:2375", "tcp://127.0.0.1.gpu1.example:2375",
+                 "tcp://localhost.example:2375", "tcp://[::2]:2375", "tcp://10.0.0.1:2375", "ssh://127.0.0.1",
+                 "gpu1:2375", "tcp://1270.0.0.1:2375", "tcp://127.00.0.1:2375"):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_HOST": host})
+        assert (run.returncode, run.stdout) == (2, b""), host
+        assert run.stderr.decode() == (
+            f"error: DOCKER_HOST={host} names another machine's engine, and profile tp4 joins groups whose numbers "
+            "there run.sh cannot look up; give ENGINE_GROUPS=video=NUMBER,render=NUMBER (getent group on that "
+            "machine)\n"), host
+    run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_CONTEXT": "gpu1"})
+    assert run.returncode == 2 and b"docker context 'gpu1' (tcp://gpu1.example:2376) names" in run.stderr
