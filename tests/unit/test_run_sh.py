@@ -448,3 +448,35 @@ def test_run_sh_takes_an_engine_on_this_machine_s_loopback_as_this_machine_s(fol
             "machine)\n"), host
     run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_CONTEXT": "gpu1"})
     assert run.returncode == 2 and b"docker context 'gpu1' (tcp://gpu1.example:2376) names" in run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_only_a_render_node_s_number_from_the_kfd_topology(tmp_path, shell):
+    # drm_render_minor was taken as any digits: 0 (a card's or no node), 0129, 64 or a number of 30 digits became
+    # --device /dev/dri/renderD0129 ..., which docker refused at the start (exit 125) or gave a card node
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": [], "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    nodes = tmp_path / "topology" / "nodes"
+    script = (folder / "run.sh").read_text()
+    (folder / "run.sh").write_text(script.replace("\nkfd_nodes=/sys/class/kfd/kfd/topology/nodes\n",
+                                                  f"\nkfd_nodes={nodes}\n"))
+    for node, gpu_id in (("0", 0), ("1", 15209), ("2", 17126)):
+        (nodes / node).mkdir(parents=True)
+        (nodes / node / "gpu_id").write_text(f"{gpu_id}\n")
+
+    def run(minor):
+        (nodes / "1" / "properties").write_text("simd_count 304\ndrm_render_minor 129\n")
+        (nodes / "2" / "properties").write_text(f"simd_count 304\ndrm_render_minor {minor}\n")
+        return run_sh(shell, folder, "--dry-run", "tp2", env={"ENGINE_GROUPS": "video=44"})
+
+    for minor in ("130", "191", "192", "1048575"):
+        done = run(minor)
+        assert done.returncode == 0 and f" --device /dev/dri/renderD129 --device /dev/dri/renderD{minor} ".encode() \
+            in done.stdout, (minor, done.stderr)
+    for minor in ("0", "127", "0130", "00", "1048576", "9" * 30, "-1", "130 ", "13x", "1e3", "\x1b[2J"):
+        done = run(minor)
+        shown = minor.replace("\x1b", "\\x1b")
+        assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", (
+            f"error: GPUS: GPU 1's drm_render_minor in {nodes}/2/properties is '{shown}', not a render node's number "
+            "(128 to 1048575)\n")), minor
