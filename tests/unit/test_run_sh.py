@@ -283,6 +283,10 @@ def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
                  env={"PATH": str(bare), "GPUS": "0\n\x1b1"})
     assert (run.returncode, run.stdout, run.stderr) == (
         2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
+    # --dry-run's line too: each control character as '?', one line
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "-e", "A=x\x1b[2J\nq'", "tp1",
+                 env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stdout.endswith(b" -e 'A=x?[2J?q'\\''' demo-llm:1.3.1\n"), run
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -480,3 +484,60 @@ def test_run_sh_takes_only_a_render_node_s_number_from_the_kfd_topology(tmp_path
         assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", (
             f"error: GPUS: GPU 1's drm_render_minor in {nodes}/2/properties is '{shown}', not a render node's number "
             "(128 to 1048575)\n")), minor
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words_docker_gets(tmp_path, shell):
+    # --dry-run printed each word raw in '...': an -e value, an env file's path, a weight path or an engine argument
+    # holding ESC drove the terminal, and a newline split the one line into two, the second free text
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    (fake_bin / "docker").chmod(0o755)
+    env_file = tmp_path / "e\x1b[2J\u0085 it's.env"
+    env_file.write_text("A=1\n")
+    weights = "/w/caf\u00e9 \u00a0\u0085\udce9"  # (a weight path holds no C0 control: run.sh refuses them)
+    args = ["-e", "A=x\x1b[2J\r\nerror: forged\t", "-e", "B=it's \u00fc\u0085\\ $(id) `id` \"q\"",
+            "--env-file", str(env_file), "tp1", "--flag", "\x9b31m", "-e", "NOT_OURS=\x07"]
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "MODEL_DRAFT": weights}
+    environ = {k: v.encode("utf-8", "surrogateescape") for k, v in env.items()}
+    dry = subprocess.run([*shell, str(folder / "run.sh"), "--dry-run", *args], capture_output=True, env=environ)
+    assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
+    line = dry.stdout
+    assert line.endswith(b"\n") and line.count(b"\n") == 1, line
+    assert not [b for b in line[:-1] if b < 32 or b == 127], line  # no C0 control character
+    assert b"\xc2\x85" not in line and b"\xc2\x9b" not in line  # no C1 either
+    assert b" -e $'A=x\\x1b[2J\\r\\nerror: forged\\t' " in line and "/w/caf\u00e9 \u00a0\\xc2\\x85\\xe9,".encode() in line
+    ran = subprocess.run([*shell, str(folder / "run.sh"), *args], capture_output=True, env=environ)
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split(b"\0")[:-1]
+    assert words[words.index(b"demo-llm:1.3.1") + 1:] == [b"serve", b"--flag", "\x9b31m".encode(), b"-e",
+                                                          b"NOT_OURS=\x07"]
+    # the line, read back by bash, is the very words docker was given
+    read_back = subprocess.run(["bash", "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
+                               capture_output=True)
+    assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (read_back, words)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_hides_the_value_of_an_e_whose_name_says_secret_as_unibake_s_sanitiser_reads_names(folder, shell):
+    # --dry-run printed -e HF_TOKEN=hf_... in clear, a line people paste into tickets and logs; the names are those the
+    # plan's secret check reads (TOKENIZERS_PARALLELISM, MAX_TOKENS are none); the engine's own -e after the profile
+    # and -e NAME (from the environment, never shown) are as before
+    from unibake.sanitise import SECRET_NAME_RE
+    names = ["HF_TOKEN", "hf_token", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "WANDB_APIKEY", "AWS_SECRET_ACCESS_KEY",
+             "DB_PASSWORD", "PGPASSWD", "GPG_PASSPHRASE", "MYSQL_PWD", "PWD_X", "NPM_AUTH", "AUTH_X", "SSH_KEY",
+             "GCP_CREDENTIALS", "MY_PRIVATE_KEY", "TOKENTOKENS", "TOKENIZERS_PARALLELISM", "MAX_TOKENS", "TOKENISE",
+             "KEYS_DIR", "KEY", "KEY_X", "PWDX", "AUTHOR", "MONKEY", "HF_HOME", "NCCL_DEBUG", "X_AUTH_Y"]
+    args = [w for n in names for w in ("-e", f"{n}=v@l ue")]
+    run = run_sh(shell, folder, "--dry-run", "-e", "EMPTY_TOKEN=", *args, "tp1", "-e", "HF_TOKEN=engine")
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+    line = run.stdout.decode()
+    for name in names:
+        shown = f" -e '{name}=<hidden>' " if SECRET_NAME_RE.search(name) else f" -e '{name}=v@l ue' "
+        assert shown in line, (name, line)
+    assert (SECRET_NAME_RE.search("TOKENIZERS_PARALLELISM"), bool(SECRET_NAME_RE.search("HF_TOKEN"))) == (None, True)
+    assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e HF_TOKEN=engine\n"), line
