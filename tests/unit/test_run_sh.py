@@ -541,3 +541,31 @@ def test_dry_run_hides_the_value_of_an_e_whose_name_says_secret_as_unibake_s_san
         assert shown in line, (name, line)
     assert (SECRET_NAME_RE.search("TOKENIZERS_PARALLELISM"), bool(SECRET_NAME_RE.search("HF_TOKEN"))) == (None, True)
     assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e HF_TOKEN=engine\n"), line
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_hip_visible_devices_on_an_amd_or_nvidia_profile_as_the_plan_does(tmp_path, shell):
+    # run.sh refused -e HIP_VISIBLE_DEVICES (and an env file's line) on every profile, "which run.sh or the image sets":
+    # it sets it on a hygon profile only, and the plan takes it in an amd or nvidia profile's env (numbered within the
+    # profile's GPUs, as CUDA_/ROCR_VISIBLE_DEVICES)
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": []})
+    metadata["profiles"]["tp2"].update(vendor="hygon", devices={"extra": [], "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    env_file = tmp_path / "amd.env"
+    env_file.write_text("A=1\nHIP_VISIBLE_DEVICES=3,1\n")
+    env = {"ENGINE_GROUPS": "video=44"}
+    for args in (["-e", "HIP_VISIBLE_DEVICES=3,2,1,0", "tp4"], ["--env-file", str(env_file), "tp4"],
+                 ["-e", "HIP_VISIBLE_DEVICES=0", "tp1"]):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+        assert (b"HIP_VISIBLE_DEVICES" if args[0] == "-e" else b"amd.env") in run.stdout
+    run = run_sh(shell, folder, "--dry-run", "-e", "HIP_VISIBLE_DEVICES=4,5", "tp4", env=env)
+    assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+        "error: -e sets HIP_VISIBLE_DEVICES='4,5', which names GPU 5, but the container of profile tp4 sees only the "
+        "GPUs of GPUS (4), numbered from 0 to 3: remove it, or number them from 0\n"))
+    for args, where in ((["-e", "HIP_VISIBLE_DEVICES=1,0"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp2", env=env)
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            f"error: {where} sets HIP_VISIBLE_DEVICES, which run.sh sets on hygon profile tp2 (to the GPUs of GPUS, "
+            "numbered from 0); choose the GPUs with GPUS\n")), args
