@@ -569,3 +569,43 @@ def test_run_sh_takes_hip_visible_devices_on_an_amd_or_nvidia_profile_as_the_pla
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
             f"error: {where} sets HIP_VISIBLE_DEVICES, which run.sh sets on hygon profile tp2 (to the GPUs of GPUS, "
             "numbered from 0); choose the GPUs with GPUS\n")), args
+
+
+def test_the_plan_s_warning_of_a_variable_no_one_sets_never_asks_for_one_run_sh_refuses(busybox_product, tmp_path):
+    # the ${NAME} warning said "give it at run time (docker run -e NAME=...)" of names run.sh refuses in -e (a shell's
+    # own SHLVL, NVIDIA_VISIBLE_DEVICES on an AMD profile, HIP_VISIBLE_DEVICES on a hygon one), and warned of ${PWD},
+    # which the entrypoint's shell sets, and of ${NVIDIA_VISIBLE_DEVICES} on an NVIDIA profile, which docker sets
+    from unibake.plan import make_plan
+    from unibake.render import render
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+        "command: [echo, '${PWD}', '${OPTIND}', '${NVIDIA_VISIBLE_DEVICES}', '${SHLVL}', '${HF_TOKEN}']"))
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text() + "devices: {vendor: hygon}\nargs: ['${HIP_VISIBLE_DEVICES}']\n")
+    (busybox_product / "tp3.yaml").write_text("profile: tp3\nextends: tp1.yaml\ndevices: {vendor: amd}\n"
+                                              "args: ['${HIP_VISIBLE_DEVICES}']\n")
+    plan = make_plan(busybox_product)
+    hint = ("unless the base image sets it, it must be given at run time (docker run -e {0}=...), or the engine does "
+            "not start")
+    assert plan.unset_warnings() == (
+        "engine.command: ${SHLVL} of profile tp1, tp2, tp3 is a shell's own: bash or busybox as the entrypoint's "
+        "/bin/sh sets or drops it, and run.sh refuses -e SHLVL, so the engine may not start; remove it",
+        "engine.command: ${HF_TOKEN} is set neither by unibake nor by the env of profile tp1, tp2, tp3: "
+        + hint.format("HF_TOKEN"),
+        "engine.command: ${NVIDIA_VISIBLE_DEVICES} of profile tp2, tp3 is set by docker for an NVIDIA profile only "
+        "(from run.sh's GPUS), and run.sh refuses -e NVIDIA_VISIBLE_DEVICES: the engine does not start; remove it",
+        "args: ${HIP_VISIBLE_DEVICES} of profile tp2 is set by run.sh on a hygon profile unless GPUS=all, and run.sh "
+        "refuses -e HIP_VISIBLE_DEVICES there: with GPUS=all the engine does not start",
+        "args: ${HIP_VISIBLE_DEVICES} is set neither by unibake nor by the env of profile tp3: "
+        + hint.format("HIP_VISIBLE_DEVICES"))
+    # what a build knows the base sets is not warned, refused or not
+    assert plan.unset_warnings({"SHLVL", "HF_TOKEN", "HIP_VISIBLE_DEVICES"}, "base:1") == (
+        "engine.command: ${NVIDIA_VISIBLE_DEVICES} of profile tp2, tp3 is set by docker for an NVIDIA profile only "
+        "(from run.sh's GPUS), and run.sh refuses -e NVIDIA_VISIBLE_DEVICES: the engine does not start; remove it",)
+    entrypoint = tmp_path / "entrypoint.sh"  # ${PWD} and ${OPTIND}, not warned, are set at start indeed
+    entrypoint.write_text(render(plan).entrypoint)
+    run = subprocess.run(["sh", str(entrypoint)], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PROFILE": "tp1", "PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "0", "SHLVL": "1",
+                              "HF_TOKEN": "t"})
+    assert run.returncode == 0 and run.stdout.split()[:3] == [str(tmp_path), "1", "0"], run
