@@ -232,7 +232,10 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), value
     assert b"ENGINE_GROUPS   video=44,render=109" in run_sh(shell, folder, "--help").stdout
     readme = (folder / "README-DIST.md").read_text()
-    assert "with `DOCKER_HOST` naming another machine's\nengine, give that machine's numbers: `ENGINE_GROUPS=" in readme
+    # (the shipped guide names every way docker picks another machine's engine, not DOCKER_HOST alone)
+    assert ("with `DOCKER_HOST`, `DOCKER_CONTEXT` or the\ncurrent `docker context` naming another machine's engine (not "
+            "a unix socket, nor TCP to this machine's\nloopback), give that machine's numbers: `ENGINE_GROUPS=") in readme
+    assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`)" in readme
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
