@@ -500,9 +500,9 @@ def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words
     fake_bin.mkdir()
     (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
     (fake_bin / "docker").chmod(0o755)
-    env_file = tmp_path / "e\x1b[2J\u0085 it's.env"
+    env_file = tmp_path / "e\x1b[2J\u0085 it's\udce9.env"  # (docker reads the file here: its name need not be UTF-8)
     env_file.write_text("A=1\n")
-    weights = "/w/caf\u00e9 \u00a0\u0085\udce9"  # (a weight path holds no C0 control: run.sh refuses them)
+    weights = "/w/caf\u00e9 \u00a0\u0085"  # (a weight path holds no C0 control, and is UTF-8: run.sh refuses others)
     args = ["-e", "A=x\x1b[2J\r\nerror: forged\t", "-e", "B=it's \u00fc\u0085\\ $(id) `id` \"q\"",
             "--env-file", str(env_file), "tp1", "--flag", "\x9b31m", "-e", "NOT_OURS=\x07"]
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "MODEL_DRAFT": weights}
@@ -513,7 +513,7 @@ def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words
     assert line.endswith(b"\n") and line.count(b"\n") == 1, line
     assert not [b for b in line[:-1] if b < 32 or b == 127], line  # no C0 control character
     assert b"\xc2\x85" not in line and b"\xc2\x9b" not in line  # no C1 either
-    assert b" -e $'A=x\\x1b[2J\\r\\nerror: forged\\t' " in line and "/w/caf\u00e9 \u00a0\\xc2\\x85\\xe9,".encode() in line
+    assert b" -e $'A=x\\x1b[2J\\r\\nerror: forged\\t' " in line and "/w/caf\u00e9 \u00a0\\xc2\\x85,".encode() in line
     ran = subprocess.run([*shell, str(folder / "run.sh"), *args], capture_output=True, env=environ)
     assert ran.returncode == 0, ran.stderr
     words = ran.stdout.split(b"\0")[:-1]
@@ -612,3 +612,38 @@ def test_the_plan_s_warning_of_a_variable_no_one_sets_never_asks_for_one_run_sh_
                          env={"PROFILE": "tp1", "PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "0", "SHLVL": "1",
                               "HF_TOKEN": "t"})
     assert run.returncode == 0 and run.stdout.split()[:3] == [str(tmp_path), "1", "0"], run
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_value_docker_would_pass_changed_as_it_is_not_utf8(tmp_path, shell):
+    # docker sends a container's variables, command and mounts as JSON, which turns each byte that is no UTF-8 into
+    # U+FFFD (Engine 20.10: -e A=$'x\xe9y' gives the container "x\ufffdy"): the engine got another value than the one
+    # given, without a word, and a weight folder of such a name was "bind source path does not exist" (exit 125)
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    env_file = tmp_path / "from-env.env"
+    env_file.write_text("A=1\nHF_HOME\n")
+    latin1 = "caf\udce9"  # café in Latin-1
+    not_utf8 = "is not UTF-8: docker would pass it changed (each byte that is no UTF-8 as U+FFFD)"
+    for args, env, stderr in (
+        (["-e", f"HF_HOME=/{latin1}", "tp1"], {}, f"-e HF_HOME: the value {not_utf8}; give it in UTF-8"),
+        (["-e", "HF_TOKEN", "tp1"], {"HF_TOKEN": f"hf_{latin1}"},
+         f"-e HF_TOKEN: its value in this environment {not_utf8}; give it in UTF-8"),
+        (["--env-file", str(env_file), "tp1"], {"HF_HOME": f"/{latin1}"},
+         f"--env-file {env_file}: HF_HOME (a line without '='): its value in this environment {not_utf8}; give it "
+         "in UTF-8"),
+        (["tp1"], {"MODEL_NAME": latin1}, f"MODEL_NAME {not_utf8}; give it in UTF-8"),
+        (["tp1"], {"MODEL_DRAFT": f"/w/{latin1}"},
+         f"MODEL_DRAFT {not_utf8}, so the engine would look for another folder; got '/w/caf\\xe9'"),
+        (["tp1", "--served-model-name", latin1], {}, f"the engine's argument 'caf\\xe9' {not_utf8}; give it in UTF-8"),
+    ):
+        environ = {"PATH": "/usr/bin:/bin", **{k: v.encode("utf-8", "surrogateescape") for k, v in env.items()}}
+        argv = [a.encode("utf-8", "surrogateescape") for a in args]
+        for dry in (["--dry-run"], []):
+            run = subprocess.run([*shell, str(folder / "run.sh"), *dry, *argv], capture_output=True, env=environ)
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", f"error: {stderr}\n"), (args, env)
+    # UTF-8 of any script passes, as before
+    run = run_sh(shell, folder, "--dry-run", "-e", "A=caf\u00e9 \u4e2d\u6587 \U0001f600", "--env-file", str(env_file),
+                 "tp1", "--served-model-name=\u00e9", env={"HF_HOME": "/\u00e9", "MODEL_NAME": "\u00e9", "MODEL_DRAFT": "/w/\u00e9"})
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
