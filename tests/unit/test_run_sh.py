@@ -287,9 +287,14 @@ def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
     assert (run.returncode, run.stdout, run.stderr) == (
         2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
     # --dry-run's line too: each control character as '?', one line
-    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "-e", "A=x\x1b[2J\nq'", "tp1",
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "-e", "A=x\x1b[2J\nq'\u009b\u00e9", "tp1",
                  env={"PATH": str(bare)})
-    assert run.returncode == 0 and run.stdout.endswith(b" -e 'A=x?[2J?q'\\''' demo-llm:1.3.1\n"), run
+    assert run.returncode == 0 and run.stdout.endswith(" -e 'A=x?[2J?q'\\''?\u00e9' demo-llm:1.3.1\n".encode()), run
+    # C1 control characters (U+0080 to U+009F, two bytes in UTF-8) too: tr alone passed them raw
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "tp2",
+                 env={"PATH": str(bare), "GPUS": "0\u009b2J\u0085,1"})
+    assert (run.returncode, run.stdout, run.stderr) == (
+        2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0?2J?,1'\n")
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
