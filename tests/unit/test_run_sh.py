@@ -652,3 +652,20 @@ def test_run_sh_refuses_a_value_docker_would_pass_changed_as_it_is_not_utf8(tmp_
     run = run_sh(shell, folder, "--dry-run", "-e", "A=caf\u00e9 \u4e2d\u6587 \U0001f600", "--env-file", str(env_file),
                  "tp1", "--served-model-name=\u00e9", env={"HF_HOME": "/\u00e9", "MODEL_NAME": "\u00e9", "MODEL_DRAFT": "/w/\u00e9"})
     assert run.returncode == 0 and run.stderr == b"", run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+@pytest.mark.parametrize("c1", ["\u0085", "\u009b", "\u0080", "\u009f"], ids=["NEL", "CSI", "PAD", "APC"])
+def test_a_weight_path_holding_a_c1_control_character_is_refused_under_every_shell(tmp_path, shell, c1):
+    # [[:cntrl:]] is the shell's and the locale's: dash and busybox passed a MODEL_* path holding U+0085 (NEL) that
+    # bash refused in a UTF-8 locale
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    for lang in ({}, {"LC_ALL": "C.UTF-8"}):
+        run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": f"/w/a{c1}b", **lang})
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            "error: MODEL_DRAFT must not hold ':', ',', '\"' or a control character; got "
+            f"'/w/a\\x{ord(c1):02x}b'\n")), lang
+    run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": "/w/\u00a0\u00e9\u0100"})  # (U+00A0 on: kept)
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
