@@ -286,21 +286,29 @@ class ReleasePlan:
         out = []
         # a ${NAME} neither the image nor the entrypoint sets stops the start (set -u): said here, not first
         # at the smoke gate
-        unset: dict[tuple[str, str], list[str]] = {}
+        unset: dict[tuple[str, str, str], list[str]] = {}
         mounts = {f"UNIBAKE_MOUNT_{mount_var(n)}" for n in self.launch.mounts}
         for p in self.profiles:
-            known = ENTRYPOINT_ENV | RESERVED_ENV | mounts | set(p.env)
+            # (the entrypoint's /bin/sh sets SHELL_ENV; docker sets NVIDIA_VISIBLE_DEVICES from run.sh's --gpus)
+            known = ENTRYPOINT_ENV | RESERVED_ENV | SHELL_ENV | mounts | set(p.env)
             known |= set(TOPOLOGY_ENV) if p.topology.nodes > 1 else set()
+            known |= {"NVIDIA_VISIBLE_DEVICES"} if p.vendor == "nvidia" else set()
             for what, word in [("engine.command", w) for w in self.engine.command] + [("args", w) for w in p.args]:
                 for name in dict.fromkeys(RUNTIME_VAR_RE.findall(word)):
-                    if name not in known and p.name not in unset.setdefault((what, name), []):
-                        unset[(what, name)].append(p.name)
-        for (what, name), names in unset.items():
-            if base_env is None:
+                    key = (what, name, _run_sh_refuses(name, p.vendor))
+                    if name not in known and p.name not in unset.setdefault(key, []):
+                        unset[key].append(p.name)
+        for (what, name, refused), names in unset.items():
+            if base_env is not None and name in base_env:
+                continue
+            if refused:  # run.sh refuses -e of it (as the plan refuses it in a profile's env): "give it at run
+                # time" could not be followed
+                out.append(f"{what}: ${{{name}}} of profile {', '.join(names)} {refused}")
+            elif base_env is None:
                 out.append(f"{what}: ${{{name}}} is set neither by unibake nor by the env of profile {', '.join(names)}: "
                            f"unless the base image sets it, it must be given at run time (docker run -e {name}=...), "
                            "or the engine does not start")
-            elif name not in base_env:
+            else:
                 by_base = f", nor by the base image {base}" if base else ""
                 out.append(f"{what}: ${{{name}}} is set neither by unibake, nor by the env of profile "
                            f"{', '.join(names)}{by_base}: it must be given at run time (docker run -e {name}=...), "
@@ -739,6 +747,21 @@ SHELL_ENV = frozenset({"IFS", "PPID", "PWD", "OPTIND"})
 # Set, changed or dropped by some shells as /bin/sh (bash drops PS1, PS2, OLDPWD and _, sets LINENO and PS4;
 # busybox counts SHLVL up): an env file written by `env` holds SHLVL and _
 SOME_SHELLS_ENV = frozenset({"PS1", "PS2", "PS4", "LINENO", "SHLVL", "_", "OLDPWD"})
+
+
+def _run_sh_refuses(name: str, vendor: str) -> str:
+    """Why run.sh refuses ``-e NAME`` on a profile of this vendor whose env does not set it, for the
+    ``${NAME}`` warning ("" where run.sh takes it, or sets it itself)."""
+    if name in SOME_SHELLS_ENV:
+        return (f"is a shell's own: bash or busybox as the entrypoint's /bin/sh sets or drops it, and run.sh refuses "
+                f"-e {name}, so the engine may not start; remove it")
+    if name == "NVIDIA_VISIBLE_DEVICES" and vendor != "nvidia":
+        return ("is set by docker for an NVIDIA profile only (from run.sh's GPUS), and run.sh refuses -e "
+                "NVIDIA_VISIBLE_DEVICES: the engine does not start; remove it")
+    if name == "HIP_VISIBLE_DEVICES" and vendor == "hygon":
+        return ("is set by run.sh on a hygon profile unless GPUS=all, and run.sh refuses -e HIP_VISIBLE_DEVICES "
+                "there: with GPUS=all the engine does not start")
+    return ""
 
 
 def _check_env_key(key: str, where: str) -> None:

@@ -232,7 +232,10 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), value
     assert b"ENGINE_GROUPS   video=44,render=109" in run_sh(shell, folder, "--help").stdout
     readme = (folder / "README-DIST.md").read_text()
-    assert "with `DOCKER_HOST` naming another machine's\nengine, give that machine's numbers: `ENGINE_GROUPS=" in readme
+    # (the shipped guide names every way docker picks another machine's engine, not DOCKER_HOST alone)
+    assert ("with `DOCKER_HOST`, `DOCKER_CONTEXT` or the\ncurrent `docker context` naming another machine's engine (not "
+            "a unix socket, nor TCP to this machine's\nloopback), give that machine's numbers: `ENGINE_GROUPS=") in readme
+    assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`)" in readme
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -283,6 +286,15 @@ def test_run_sh_says_its_error_on_a_host_without_awk(folder, tmp_path, shell):
                  env={"PATH": str(bare), "GPUS": "0\n\x1b1"})
     assert (run.returncode, run.stdout, run.stderr) == (
         2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0??1'\n")
+    # --dry-run's line too: each control character as '?', one line
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "-e", "A=x\x1b[2J\nq'\u009b\u00e9", "tp1",
+                 env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stdout.endswith(" -e 'A=x?[2J?q'\\''?\u00e9' demo-llm:1.3.1\n".encode()), run
+    # C1 control characters (U+0080 to U+009F, two bytes in UTF-8) too: tr alone passed them raw
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "tp2",
+                 env={"PATH": str(bare), "GPUS": "0\u009b2J\u0085,1"})
+    assert (run.returncode, run.stdout, run.stderr) == (
+        2, b"", b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0?2J?,1'\n")
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -411,3 +423,249 @@ def test_run_sh_takes_the_topology_variables_on_a_single_node_profile_as_the_pla
         assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
             f"error: {where} sets MASTER_PORT, which run.sh sets on profile tp4 of 2 nodes; use the variable run.sh "
             "reads (see ./run.sh --help)\n")), args
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_an_engine_on_this_machine_s_loopback_as_this_machine_s(folder, tmp_path, shell):
+    # DOCKER_HOST=tcp://127.0.0.1:2375 (a dockerd listening on loopback, or docker's own default for a bare port) was
+    # taken as another machine's engine: exit 2 asking for ENGINE_GROUPS, which this machine's getent knows, and the
+    # render nodes were 128+N, not this host's KFD topology
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
+                                     ' *) exit 2 ;; esac\n')
+    (fake_bin / "docker").write_text(  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
+        '#!/bin/sh\n[ "$1 $2 $3" = "context inspect --format" ] || exit 9\ncase "$6" in '
+        'here) echo tcp://127.0.0.1:2375 ;; *) echo tcp://gpu1.example:2376 ;; esac\n')
+    for tool in ("getent", "docker"):
+        (fake_bin / tool).chmod(0o755)
+    path = f"{fake_bin}:/usr/bin:/bin"
+    for env in ({"DOCKER_HOST": host} for host in (
+            "tcp://127.0.0.1:2375", "tcp://localhost:2376", "tcp://[::1]:2375", "tcp://127.8.9.10:2375/",
+            "tcp://127.255.0.1", "tcp://:2375", "tcp://", "localhost:2375", "127.0.0.1")):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, **env})
+        assert run.returncode == 0 and run.stderr == b"", (env, run.stderr)
+        assert b" --group-add 44 --group-add 109 " in run.stdout, (env, run.stdout)
+    run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_CONTEXT": "here"})
+    assert run.returncode == 0 and b" --group-add 44 --group-add 109 " in run.stdout, run.stderr
+    # another machine's, or not certainly this one's: ENGINE_GROUPS asked for, as before
+    for host in ("tcp://127.0.0.256:2375", "tcp://127.0.0:2375", "tcp://127.0.0.1.gpu1.example:2375",
+                 "tcp://localhost.example:2375", "tcp://[::2]:2375", "tcp://10.0.0.1:2375", "ssh://127.0.0.1",
+                 "gpu1:2375", "tcp://1270.0.0.1:2375", "tcp://127.00.0.1:2375"):
+        run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_HOST": host})
+        assert (run.returncode, run.stdout) == (2, b""), host
+        assert run.stderr.decode() == (
+            f"error: DOCKER_HOST={host} names another machine's engine, and profile tp4 joins groups whose numbers "
+            "there run.sh cannot look up; give ENGINE_GROUPS=video=NUMBER,render=NUMBER (getent group on that "
+            "machine)\n"), host
+    run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "DOCKER_CONTEXT": "gpu1"})
+    assert run.returncode == 2 and b"docker context 'gpu1' (tcp://gpu1.example:2376) names" in run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_only_a_render_node_s_number_from_the_kfd_topology(tmp_path, shell):
+    # drm_render_minor was taken as any digits: 0 (a card's or no node), 0129, 64 or a number of 30 digits became
+    # --device /dev/dri/renderD0129 ..., which docker refused at the start (exit 125) or gave a card node
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": [], "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    nodes = tmp_path / "topology" / "nodes"
+    script = (folder / "run.sh").read_text()
+    (folder / "run.sh").write_text(script.replace("\nkfd_nodes=/sys/class/kfd/kfd/topology/nodes\n",
+                                                  f"\nkfd_nodes={nodes}\n"))
+    for node, gpu_id in (("0", 0), ("1", 15209), ("2", 17126)):
+        (nodes / node).mkdir(parents=True)
+        (nodes / node / "gpu_id").write_text(f"{gpu_id}\n")
+
+    def run(minor):
+        (nodes / "1" / "properties").write_text("simd_count 304\ndrm_render_minor 129\n")
+        (nodes / "2" / "properties").write_text(f"simd_count 304\ndrm_render_minor {minor}\n")
+        return run_sh(shell, folder, "--dry-run", "tp2", env={"ENGINE_GROUPS": "video=44"})
+
+    for minor in ("130", "191", "192", "1048575"):
+        done = run(minor)
+        assert done.returncode == 0 and f" --device /dev/dri/renderD129 --device /dev/dri/renderD{minor} ".encode() \
+            in done.stdout, (minor, done.stderr)
+    for minor in ("0", "127", "0130", "00", "1048576", "9" * 30, "-1", "130 ", "13x", "1e3", "\x1b[2J"):
+        done = run(minor)
+        shown = minor.replace("\x1b", "\\x1b")
+        assert (done.returncode, done.stdout, done.stderr.decode()) == (2, b"", (
+            f"error: GPUS: GPU 1's drm_render_minor in {nodes}/2/properties is '{shown}', not a render node's number "
+            "(128 to 1048575)\n")), minor
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words_docker_gets(tmp_path, shell):
+    # --dry-run printed each word raw in '...': an -e value, an env file's path, a weight path or an engine argument
+    # holding ESC drove the terminal, and a newline split the one line into two, the second free text
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    (fake_bin / "docker").chmod(0o755)
+    env_file = tmp_path / "e\x1b[2J\u0085 it's\udce9.env"  # (docker reads the file here: its name need not be UTF-8)
+    env_file.write_text("A=1\n")
+    weights = "/w/caf\u00e9 \u00a0"  # (a weight path holds no control character, and is UTF-8: run.sh refuses others)
+    args = ["-e", "A=x\x1b[2J\r\nerror: forged\t", "-e", "B=it's \u00fc\u0085\\ $(id) `id` \"q\"",
+            "--env-file", str(env_file), "tp1", "--flag", "\x9b31m", "-e", "NOT_OURS=\x07"]
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "MODEL_DRAFT": weights}
+    environ = {k: v.encode("utf-8", "surrogateescape") for k, v in env.items()}
+    dry = subprocess.run([*shell, str(folder / "run.sh"), "--dry-run", *args], capture_output=True, env=environ)
+    assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
+    line = dry.stdout
+    assert line.endswith(b"\n") and line.count(b"\n") == 1, line
+    assert not [b for b in line[:-1] if b < 32 or b == 127], line  # no C0 control character
+    assert b"\xc2\x85" not in line and b"\xc2\x9b" not in line  # no C1 either
+    assert b" -e $'A=x\\x1b[2J\\r\\nerror: forged\\t' " in line and "'type=bind,source=/w/caf\u00e9 \u00a0,".encode() in line
+    ran = subprocess.run([*shell, str(folder / "run.sh"), *args], capture_output=True, env=environ)
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split(b"\0")[:-1]
+    assert words[words.index(b"demo-llm:1.3.1") + 1:] == [b"serve", b"--flag", "\x9b31m".encode(), b"-e",
+                                                          b"NOT_OURS=\x07"]
+    # the line, read back by bash, is the very words docker was given
+    read_back = subprocess.run(["bash", "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
+                               capture_output=True)
+    assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (read_back, words)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_hides_the_value_of_an_e_whose_name_says_secret_as_unibake_s_sanitiser_reads_names(folder, shell):
+    # --dry-run printed -e HF_TOKEN=hf_... in clear, a line people paste into tickets and logs; the names are those the
+    # plan's secret check reads (TOKENIZERS_PARALLELISM, MAX_TOKENS are none); the engine's own -e after the profile
+    # and -e NAME (from the environment, never shown) are as before
+    from unibake.sanitise import SECRET_NAME_RE
+    names = ["HF_TOKEN", "hf_token", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "WANDB_APIKEY", "AWS_SECRET_ACCESS_KEY",
+             "DB_PASSWORD", "PGPASSWD", "GPG_PASSPHRASE", "MYSQL_PWD", "PWD_X", "NPM_AUTH", "AUTH_X", "SSH_KEY",
+             "GCP_CREDENTIALS", "MY_PRIVATE_KEY", "TOKENTOKENS", "TOKENIZERS_PARALLELISM", "MAX_TOKENS", "TOKENISE",
+             "KEYS_DIR", "KEY", "KEY_X", "PWDX", "AUTHOR", "MONKEY", "HF_HOME", "NCCL_DEBUG", "X_AUTH_Y"]
+    args = [w for n in names for w in ("-e", f"{n}=v@l ue")]
+    run = run_sh(shell, folder, "--dry-run", "-e", "EMPTY_TOKEN=", *args, "tp1", "-e", "HF_TOKEN=engine")
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+    line = run.stdout.decode()
+    for name in names:
+        shown = f" -e '{name}=<hidden>' " if SECRET_NAME_RE.search(name) else f" -e '{name}=v@l ue' "
+        assert shown in line, (name, line)
+    assert (SECRET_NAME_RE.search("TOKENIZERS_PARALLELISM"), bool(SECRET_NAME_RE.search("HF_TOKEN"))) == (None, True)
+    assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e HF_TOKEN=engine\n"), line
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_takes_hip_visible_devices_on_an_amd_or_nvidia_profile_as_the_plan_does(tmp_path, shell):
+    # run.sh refused -e HIP_VISIBLE_DEVICES (and an env file's line) on every profile, "which run.sh or the image sets":
+    # it sets it on a hygon profile only, and the plan takes it in an amd or nvidia profile's env (numbered within the
+    # profile's GPUs, as CUDA_/ROCR_VISIBLE_DEVICES)
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": []})
+    metadata["profiles"]["tp2"].update(vendor="hygon", devices={"extra": [], "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    env_file = tmp_path / "amd.env"
+    env_file.write_text("A=1\nHIP_VISIBLE_DEVICES=3,1\n")
+    env = {"ENGINE_GROUPS": "video=44"}
+    for args in (["-e", "HIP_VISIBLE_DEVICES=3,2,1,0", "tp4"], ["--env-file", str(env_file), "tp4"],
+                 ["-e", "HIP_VISIBLE_DEVICES=0", "tp1"]):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+        assert (b"HIP_VISIBLE_DEVICES" if args[0] == "-e" else b"amd.env") in run.stdout
+    run = run_sh(shell, folder, "--dry-run", "-e", "HIP_VISIBLE_DEVICES=4,5", "tp4", env=env)
+    assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+        "error: -e sets HIP_VISIBLE_DEVICES='4,5', which names GPU 5, but the container of profile tp4 sees only the "
+        "GPUs of GPUS (4), numbered from 0 to 3: remove it, or number them from 0\n"))
+    for args, where in ((["-e", "HIP_VISIBLE_DEVICES=1,0"], "-e"), (["--env-file", str(env_file)], f"--env-file {env_file}")):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp2", env=env)
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            f"error: {where} sets HIP_VISIBLE_DEVICES, which run.sh sets on hygon profile tp2 (to the GPUs of GPUS, "
+            "numbered from 0); choose the GPUs with GPUS\n")), args
+
+
+def test_the_plan_s_warning_of_a_variable_no_one_sets_never_asks_for_one_run_sh_refuses(busybox_product, tmp_path):
+    # the ${NAME} warning said "give it at run time (docker run -e NAME=...)" of names run.sh refuses in -e (a shell's
+    # own SHLVL, NVIDIA_VISIBLE_DEVICES on an AMD profile, HIP_VISIBLE_DEVICES on a hygon one), and warned of ${PWD},
+    # which the entrypoint's shell sets, and of ${NVIDIA_VISIBLE_DEVICES} on an NVIDIA profile, which docker sets
+    from unibake.plan import make_plan
+    from unibake.render import render
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+        "command: [echo, '${PWD}', '${OPTIND}', '${NVIDIA_VISIBLE_DEVICES}', '${SHLVL}', '${HF_TOKEN}']"))
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text() + "devices: {vendor: hygon}\nargs: ['${HIP_VISIBLE_DEVICES}']\n")
+    (busybox_product / "tp3.yaml").write_text("profile: tp3\nextends: tp1.yaml\ndevices: {vendor: amd}\n"
+                                              "args: ['${HIP_VISIBLE_DEVICES}']\n")
+    plan = make_plan(busybox_product)
+    hint = ("unless the base image sets it, it must be given at run time (docker run -e {0}=...), or the engine does "
+            "not start")
+    assert plan.unset_warnings() == (
+        "engine.command: ${SHLVL} of profile tp1, tp2, tp3 is a shell's own: bash or busybox as the entrypoint's "
+        "/bin/sh sets or drops it, and run.sh refuses -e SHLVL, so the engine may not start; remove it",
+        "engine.command: ${HF_TOKEN} is set neither by unibake nor by the env of profile tp1, tp2, tp3: "
+        + hint.format("HF_TOKEN"),
+        "engine.command: ${NVIDIA_VISIBLE_DEVICES} of profile tp2, tp3 is set by docker for an NVIDIA profile only "
+        "(from run.sh's GPUS), and run.sh refuses -e NVIDIA_VISIBLE_DEVICES: the engine does not start; remove it",
+        "args: ${HIP_VISIBLE_DEVICES} of profile tp2 is set by run.sh on a hygon profile unless GPUS=all, and run.sh "
+        "refuses -e HIP_VISIBLE_DEVICES there: with GPUS=all the engine does not start",
+        "args: ${HIP_VISIBLE_DEVICES} is set neither by unibake nor by the env of profile tp3: "
+        + hint.format("HIP_VISIBLE_DEVICES"))
+    # what a build knows the base sets is not warned, refused or not
+    assert plan.unset_warnings({"SHLVL", "HF_TOKEN", "HIP_VISIBLE_DEVICES"}, "base:1") == (
+        "engine.command: ${NVIDIA_VISIBLE_DEVICES} of profile tp2, tp3 is set by docker for an NVIDIA profile only "
+        "(from run.sh's GPUS), and run.sh refuses -e NVIDIA_VISIBLE_DEVICES: the engine does not start; remove it",)
+    entrypoint = tmp_path / "entrypoint.sh"  # ${PWD} and ${OPTIND}, not warned, are set at start indeed
+    entrypoint.write_text(render(plan).entrypoint)
+    run = subprocess.run(["sh", str(entrypoint)], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PROFILE": "tp1", "PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "0", "SHLVL": "1",
+                              "HF_TOKEN": "t"})
+    assert run.returncode == 0 and run.stdout.split()[:3] == [str(tmp_path), "1", "0"], run
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_value_docker_would_pass_changed_as_it_is_not_utf8(tmp_path, shell):
+    # docker sends a container's variables, command and mounts as JSON, which turns each byte that is no UTF-8 into
+    # U+FFFD (Engine 20.10: -e A=$'x\xe9y' gives the container "x\ufffdy"): the engine got another value than the one
+    # given, without a word, and a weight folder of such a name was "bind source path does not exist" (exit 125)
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    env_file = tmp_path / "from-env.env"
+    env_file.write_text("A=1\nHF_HOME\n")
+    latin1 = "caf\udce9"  # café in Latin-1
+    not_utf8 = "is not UTF-8: docker would pass it changed (each byte that is no UTF-8 as U+FFFD)"
+    for args, env, stderr in (
+        (["-e", f"HF_HOME=/{latin1}", "tp1"], {}, f"-e HF_HOME: the value {not_utf8}; give it in UTF-8"),
+        (["-e", "HF_TOKEN", "tp1"], {"HF_TOKEN": f"hf_{latin1}"},
+         f"-e HF_TOKEN: its value in this environment {not_utf8}; give it in UTF-8"),
+        (["--env-file", str(env_file), "tp1"], {"HF_HOME": f"/{latin1}"},
+         f"--env-file {env_file}: HF_HOME (a line without '='): its value in this environment {not_utf8}; give it "
+         "in UTF-8"),
+        (["tp1"], {"MODEL_NAME": latin1}, f"MODEL_NAME {not_utf8}; give it in UTF-8"),
+        (["tp1"], {"MODEL_DRAFT": f"/w/{latin1}"},
+         f"MODEL_DRAFT {not_utf8}, so the engine would look for another folder; got '/w/caf\\xe9'"),
+        (["tp1", "--served-model-name", latin1], {}, f"the engine's argument 'caf\\xe9' {not_utf8}; give it in UTF-8"),
+    ):
+        environ = {"PATH": "/usr/bin:/bin", **{k: v.encode("utf-8", "surrogateescape") for k, v in env.items()}}
+        argv = [a.encode("utf-8", "surrogateescape") for a in args]
+        for dry in (["--dry-run"], []):
+            run = subprocess.run([*shell, str(folder / "run.sh"), *dry, *argv], capture_output=True, env=environ)
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", f"error: {stderr}\n"), (args, env)
+    # UTF-8 of any script passes, as before
+    run = run_sh(shell, folder, "--dry-run", "-e", "A=caf\u00e9 \u4e2d\u6587 \U0001f600", "--env-file", str(env_file),
+                 "tp1", "--served-model-name=\u00e9", env={"HF_HOME": "/\u00e9", "MODEL_NAME": "\u00e9", "MODEL_DRAFT": "/w/\u00e9"})
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+@pytest.mark.parametrize("c1", ["\u0085", "\u009b", "\u0080", "\u009f"], ids=["NEL", "CSI", "PAD", "APC"])
+def test_a_weight_path_holding_a_c1_control_character_is_refused_under_every_shell(tmp_path, shell, c1):
+    # [[:cntrl:]] is the shell's and the locale's: dash and busybox passed a MODEL_* path holding U+0085 (NEL) that
+    # bash refused in a UTF-8 locale
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    for lang in ({}, {"LC_ALL": "C.UTF-8"}):
+        run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": f"/w/a{c1}b", **lang})
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+            "error: MODEL_DRAFT must not hold ':', ',', '\"' or a control character; got "
+            f"'/w/a\\x{ord(c1):02x}b'\n")), lang
+    run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": "/w/\u00a0\u00e9\u0100"})  # (U+00A0 on: kept)
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
