@@ -369,3 +369,28 @@ def test_an_sbom_holding_a_number_of_4300_digits_passes_both(cli, whole):
     rewrite(whole, "sbom.cdx.json", lambda d: None, text=lambda d: json.dumps(d, indent=2, sort_keys=True).replace(
         '{\n  "', '{\n  "x": 1' + "0" * 4299 + ',\n  "', 1) + "\n")
     assert_same(cli, whole, passes=True)
+
+
+def test_an_sbom_swapped_after_its_sums_check_is_not_parsed_unchecked(whole, monkeypatch):
+    """build.py verify reads the SBOM once: the bytes hashed against SHA256SUMS are the bytes parsed.
+    Before, the sums check hashed the file and the supply-chain check read it again, so a valid SBOM
+    swapped in between (here by a hook on the sums check's read) passed, never checked."""
+    from unibake import verify
+
+    sbom = whole / "sbom.cdx.json"
+    document = json.loads(sbom.read_text())
+    document["components"] = [{"type": "library", "name": "planted", "version": "6.6.6"}]
+    forged = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    hashed = verify._sha256_of
+
+    def swapped_after(path):
+        digest = hashed(path)
+        if path.name == sbom.name:
+            sbom.write_text(forged)  # after the sums check's read, before any other
+        return digest
+
+    monkeypatch.setattr(verify, "_sha256_of", swapped_after)
+    report = verify.verify_folder(whole)
+    assert sbom.read_text() == forged
+    failed = [c for c in report.failures if c.target == sbom.name]
+    assert failed and "changed after its sha256 was checked" in failed[0].detail, report.checks
