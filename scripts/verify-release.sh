@@ -839,8 +839,22 @@ elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit
   fail "$dir/manifest.json: its supply_chain record names no SBOM"
 fi
 
+# a profile released without its smoke gate (its smoke.skip in manifest.json, the gate SKIPPED in
+# VALIDATION.json): what the folder's checks cannot show, warned of as build.py verify warns of it
+skipped_gates() {
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
+      split($1, at, "/"); name = substr(at[2], 2, length(at[2]) - 2); why = substr($2, 2, length($2) - 2); out = ""
+      while ((i = index(why, "\\")) > 0) {  # \" and \\ read as JSON reads them; any other escape shown as it is
+        c = substr(why, i + 1, 1); out = out substr(why, 1, i - 1) (c == "\"" || c == "\\" ? "" : "\\") c; why = substr(why, i + 2) }
+      print name "\t" out why }' "$work/manifest.paths" | LC_ALL=C sort |
+    while IFS="$(printf '\t')" read -r name why; do
+      shown "warning: profile $name was released without its smoke gate (smoke.skip: $why)" >&2
+    done
+}
+
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
-[ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
+[ "$load" -eq 1 ] || { skipped_gates; echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # the engine first, as build.py verify --load: none answering would read as a missing base or image
@@ -929,4 +943,5 @@ fi
 cmp -s "$work/streamed" "$work/parts.sha256" || { undo; unchanged "$undone"; }
 got=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) || { undo; fail "the engine has no $tag after the load$undone"; }
 [ "$got" = "$want" ] || { undo; fail "the loaded image $tag is $got; IMAGE_ID says $want$undone"; }
+skipped_gates
 echo "ok: $tag is $got, as IMAGE_ID says"

@@ -394,3 +394,32 @@ def test_an_sbom_swapped_after_its_sums_check_is_not_parsed_unchecked(whole, mon
     assert sbom.read_text() == forged
     failed = [c for c in report.failures if c.target == sbom.name]
     assert failed and "changed after its sha256 was checked" in failed[0].detail, report.checks
+
+
+def test_a_profile_released_without_its_smoke_gate_is_warned_of_by_both(cli, folder):
+    """A profile whose gate was skipped (smoke.skip, recorded in manifest.json): both verifiers pass the
+    folder and each warns of it in the same words (before, the shell verifier said nothing of it)."""
+    def skipped(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        for name in sorted(manifest["profiles"])[::-1]:
+            manifest["profiles"][name]["smoke"]["skip"] = f'needs "4" nodes \\ RDMA ({name})'
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, skipped)
+    names = sorted(json.loads((folder / "manifest.json").read_text())["profiles"])
+    assert_same(cli, folder, passes=True)
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    for name in names:
+        warning = f'warning: profile {name} was released without its smoke gate (smoke.skip: needs "4" nodes \\ RDMA ({name}))'
+        assert warning in python_err, python_err
+        assert warning in shell_err.splitlines(), shell_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        said = [line for line in run.stderr.splitlines() if line.startswith("warning: profile")]
+        assert said == [f'warning: profile {n} was released without its smoke gate (smoke.skip: needs "4" nodes \\ RDMA ({n}))'
+                        for n in names], run.stderr
+
+
+def test_a_release_whose_gates_all_ran_gets_no_skip_warning_from_either(cli, folder):
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    assert "smoke gate" not in python_err and "smoke gate" not in shell_err, python_err + shell_err
