@@ -371,5 +371,65 @@ def json_schema() -> dict:
             "title": "unibake release manifest (manifest.json)"}
 
 
+def shell_shape() -> str:
+    """The schema's shape as ``scripts/verify-release.sh`` checks it (what POSIX sh and awk can check of
+    it: each key's JSON types, whether it is required, an integer's bounds, a string's length, a list's
+    items, the values it may take; not the patterns). One line a key path, tab-separated: the path (each
+    key in its JSON text, ``*`` each list item or map value, ``/`` between), its types (``object``,
+    ``map``, ``array``, ``string``, ``integer``, ``boolean``, ``null``), ``1`` if required, the least
+    and the most (``-`` for none), the values it may take (JSON texts, ``|`` between; ``-``: any)."""
+    schema = ReleaseManifest.model_json_schema(by_alias=True)
+    definitions = schema.get("$defs", {})
+    lines: list[str] = []
+
+    def resolved(node: dict) -> dict:
+        while "$ref" in node:
+            node = {**definitions[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+        return node
+
+    def walk(path: str, node: dict, required: bool) -> None:
+        alternatives = [resolved(a) for a in node.get("anyOf", [node])]
+        types, least, most, values, below = [], "-", "-", "-", None
+        for alternative in alternatives:
+            kind = alternative["type"]
+            if kind == "object" and "properties" in alternative:
+                types.append("object")
+                below = ("object", alternative)
+            elif kind == "object":
+                types.append("map")
+                below = ("map", alternative["additionalProperties"])
+            elif kind == "array":
+                types.append("array")
+                below = ("array", alternative["items"])
+                least = str(alternative.get("minItems", "-"))
+                most = str(alternative.get("maxItems", "-"))
+            else:
+                types.append(kind)
+                if kind == "integer":
+                    least = str(alternative.get("minimum", "-"))
+                    most = str(alternative.get("maximum", "-"))
+                elif kind == "string":
+                    least = str(alternative.get("minLength", "-"))
+                    most = str(alternative.get("maxLength", "-"))
+                if "const" in alternative or "enum" in alternative:
+                    values = "|".join(json.dumps(v) for v in alternative.get("enum", [alternative.get("const")]))
+        if path:
+            lines.append("\t".join((path, ",".join(types), "1" if required else "0", least, most, values)))
+        if below is None:
+            return
+        kind, inner = below
+        prefix = f"{path}/" if path else ""
+        if kind == "object":
+            for key, child in inner["properties"].items():
+                walk(prefix + json.dumps(key), child, key in inner.get("required", ()))
+        else:
+            walk(prefix + "*", inner, False)
+
+    walk("", schema, True)
+    text = "".join(line + "\n" for line in lines)
+    assert "'" not in text  # the script holds it in single quotes
+    return text
+
+
 if __name__ == "__main__":
     sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")

@@ -423,3 +423,70 @@ def test_a_release_whose_gates_all_ran_gets_no_skip_warning_from_either(cli, fol
     python, shells, python_err, shell_err = verdicts(cli, folder)
     assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
     assert "smoke gate" not in python_err and "smoke gate" not in shell_err, python_err + shell_err
+
+
+# --- a manifest that breaks its schema elsewhere than in the values the shell verifier reads --------
+
+
+def schema_change(change):
+    def changed(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        change(manifest)
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+    return changed
+
+
+def first_profile(manifest) -> dict:
+    return manifest["profiles"][sorted(manifest["profiles"])[0]]
+
+
+SCHEMA_CASES = [
+    ("a negative image size", lambda m: m.update(image_size=-1), "image_size"),
+    ("an unknown top-level key", lambda m: m.update(extra="x"), "extra"),
+    ("an unknown key in a profile", lambda m: first_profile(m)["topology"].update(x=1), "topology.x"),
+    ("a required key missing", lambda m: m.pop("revision"), "revision"),
+    ("a nested required key missing", lambda m: first_profile(m)["smoke"].pop("timeout"), "smoke.timeout"),
+    ("a size that is a string", lambda m: m["archive"]["files"][0].update(bytes=str(m["archive"]["files"][0]["bytes"])),
+     "archive.files.0.bytes"),
+    ("a size that is a boolean", lambda m: m.update(image_size=True), "image_size"),
+    ("a negative uncompressed size", lambda m: m["archive"].update(uncompressed_bytes=-5), "archive.uncompressed_bytes"),
+    ("a compression level over 19", lambda m: m["archive"]["compression"].update(level=20), "archive.compression.level"),
+    ("a value it may not take", lambda m: m.update(save_layout="tarball"), "save_layout"),
+    ("a vendor it does not know", lambda m: first_profile(m).update(vendor="intel"), "vendor"),
+    ("a hotfix record that is empty", lambda m: m.update(hotfix={}), "hotfix"),
+    ("labels that are a list", lambda m: m.update(labels=[]), "labels"),
+    ("a control character in the version", lambda m: m.update(version="1.0\n"), "version"),
+    ("a version too long", lambda m: m.update(version="\u00e9" * 129), "version"),
+    ("a blank smoke.skip", lambda m: first_profile(m)["smoke"].update(skip="   "), "skip"),
+    ("an empty smoke.skip", lambda m: first_profile(m)["smoke"].update(skip=""), "skip"),
+    ("first published after published", lambda m: m.update(first_published="2999-01-01T00:00:00Z"), "first_published"),
+    ("a supply chain record without its SBOM", lambda m: m.update(supply_chain={"provenance": None}), "supply_chain"),
+]
+
+
+@pytest.mark.parametrize("change, where", [pytest.param(c, w, id=i) for i, c, w in SCHEMA_CASES])
+def test_a_manifest_that_breaks_its_schema_is_refused_by_both(cli, folder, change, where):
+    """Re-summed: before, the shell verifier checked only the values it reads, and passed these."""
+    edit_manifest(folder, schema_change(change))
+    assert_same(cli, folder, passes=False, python_says=f"{where}", shell_says="not a valid release manifest")
+    assert where in verdicts(cli, folder)[3]
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda m: m["labels"].update(x="a\nb\u0007"), id="a control character in a label"),
+    pytest.param(lambda m: m.update(version="\U0001f600" * 128), id="128 characters written as 256 escapes"),
+    pytest.param(lambda m: m.update(image_size=10 ** 40), id="a size of 41 digits"),
+    pytest.param(lambda m: m.update(first_published="2000-01-01T00:00:00Z"), id="first published before published"),
+    pytest.param(lambda m: first_profile(m)["smoke"].update(skip=" why "), id="a smoke.skip with blanks around it"),
+])
+def test_a_manifest_the_schema_takes_passes_both(cli, folder, change):
+    edit_manifest(folder, schema_change(change))
+    assert_same(cli, folder, passes=True)
+
+
+def test_the_shell_verifiers_manifest_shape_is_the_schemas():
+    """verify-release.sh holds the manifest's shape as text: it is the one the schema gives."""
+    from unibake.manifest import shell_shape
+
+    held = SCRIPT.read_text().split("\nmanifest_shape='", 1)[1].split("'\n", 1)[0]
+    assert held == shell_shape(), "regenerate the script's manifest_shape from unibake.manifest.shell_shape()"
