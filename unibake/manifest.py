@@ -11,6 +11,7 @@ missing, of the wrong type or unknown is refused with one line naming it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -371,13 +372,30 @@ def json_schema() -> dict:
             "title": "unibake release manifest (manifest.json)"}
 
 
+# Python's look-ahead in the path patterns (a component that is not "." or ".."), as a second ERE not to match
+_NO_DOT_COMPONENT = r"(?!\.{1,2}(?:/|$))"
+
+
+def _posix_pattern(pattern: str) -> tuple[str, str]:
+    """A schema pattern (Python's re) as a POSIX ERE, and an ERE the value must not match ("-": none)."""
+    unlike = "-"
+    if _NO_DOT_COMPONENT in pattern:
+        pattern, unlike = pattern.replace(_NO_DOT_COMPONENT, ""), r"(^|/)\.{1,2}(/|$)"
+    ere = pattern.replace("(?:", "(")
+    # what an ERE reads as Python does: no other group syntax, class escape or shorthand; anchored whole
+    assert "(?" not in ere and not re.search(r"\\[^.]", ere) and ere.startswith("^") and ere.endswith("$"), pattern
+    return "^(" + ere[1:-1] + ")$", unlike
+
+
 def shell_shape() -> str:
     """The schema's shape as ``scripts/verify-release.sh`` checks it (what POSIX sh and awk can check of
     it: each key's JSON types, whether it is required, an integer's bounds, a string's length, a list's
-    items, the values it may take; not the patterns). One line a key path, tab-separated: the path (each
+    items, the values it may take, a string's pattern). One line a key path, tab-separated: the path (each
     key in its JSON text, ``*`` each list item or map value, ``/`` between), its types (``object``,
     ``map``, ``array``, ``string``, ``integer``, ``boolean``, ``null``), ``1`` if required, the least
-    and the most (``-`` for none), the values it may take (JSON texts, ``|`` between; ``-``: any)."""
+    and the most (``-`` for none), the values it may take (JSON texts, ``|`` between; ``-``: any), the
+    pattern as a POSIX ERE (``grep -E``) and an ERE it must not match (for Python's look-ahead that
+    refuses a ``.`` or ``..`` component; ``-``: none)."""
     schema = ReleaseManifest.model_json_schema(by_alias=True)
     definitions = schema.get("$defs", {})
     lines: list[str] = []
@@ -389,7 +407,7 @@ def shell_shape() -> str:
 
     def walk(path: str, node: dict, required: bool) -> None:
         alternatives = [resolved(a) for a in node.get("anyOf", [node])]
-        types, least, most, values, below = [], "-", "-", "-", None
+        types, least, most, values, below, pattern, unlike = [], "-", "-", "-", None, "-", "-"
         for alternative in alternatives:
             kind = alternative["type"]
             if kind == "object" and "properties" in alternative:
@@ -411,10 +429,13 @@ def shell_shape() -> str:
                 elif kind == "string":
                     least = str(alternative.get("minLength", "-"))
                     most = str(alternative.get("maxLength", "-"))
+                    if "pattern" in alternative:
+                        pattern, unlike = _posix_pattern(alternative["pattern"])
                 if "const" in alternative or "enum" in alternative:
                     values = "|".join(json.dumps(v) for v in alternative.get("enum", [alternative.get("const")]))
         if path:
-            lines.append("\t".join((path, ",".join(types), "1" if required else "0", least, most, values)))
+            lines.append("\t".join((path, ",".join(types), "1" if required else "0", least, most, values, pattern,
+                                    unlike)))
         if below is None:
             return
         kind, inner = below

@@ -461,6 +461,18 @@ SCHEMA_CASES = [
     ("an empty smoke.skip", lambda m: first_profile(m)["smoke"].update(skip=""), "skip"),
     ("first published after published", lambda m: m.update(first_published="2999-01-01T00:00:00Z"), "first_published"),
     ("a supply chain record without its SBOM", lambda m: m.update(supply_chain={"provenance": None}), "supply_chain"),
+    # the patterns (grep -E in the shell: its awk may read no {m,n})
+    ("a product not a name", lambda m: m.update(product="Demo LLM"), "product"),
+    ("a published time in another form", lambda m: m.update(published="2026-12-02 16:19:09", first_published=None),
+     "published"),
+    ("a diffID that is no digest", lambda m: m["diff_ids"].insert(0, "sha256:xyz"), "diff_ids.0"),
+    ("a component digest in upper case", lambda m: m["components"][0].update(digest="A" * 64), "components.0.digest"),
+    ("a previous release that is a path", lambda m: m.update(previous="../1.0"), "previous"),
+    ("a device outside /dev", lambda m: first_profile(m)["devices"].update(extra=["/dev/../etc/shadow"]),
+     "devices.extra.0"),
+    ("an external artifact named by a path up", lambda m: m.update(external=[
+        {"name": "w/../../x", "bytes": 1, "sha256": "0" * 64}]), "external.0.name"),
+    ("a release with a slash", lambda m: m.update(release="1.0/x"), "release"),
 ]
 
 
@@ -478,6 +490,10 @@ def test_a_manifest_that_breaks_its_schema_is_refused_by_both(cli, folder, chang
     pytest.param(lambda m: m.update(image_size=10 ** 40), id="a size of 41 digits"),
     pytest.param(lambda m: m.update(first_published="2000-01-01T00:00:00Z"), id="first published before published"),
     pytest.param(lambda m: first_profile(m)["smoke"].update(skip=" why "), id="a smoke.skip with blanks around it"),
+    pytest.param(lambda m: first_profile(m)["devices"].update(extra=["/dev/.hidden/x..y"], groups=["video", "44"]),
+                 id="a device whose names start with a dot"),
+    pytest.param(lambda m: m.update(external=[{"name": "w/.x/model.bin", "bytes": 1, "sha256": "0" * 64}]),
+                 id="an external artifact in a dot folder"),
 ])
 def test_a_manifest_the_schema_takes_passes_both(cli, folder, change):
     edit_manifest(folder, schema_change(change))
