@@ -319,13 +319,13 @@ odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/manifest.json" | head -n 1)
 # schema itself): no key the schema does not have, none it requires left out, each value of a type it
 # takes (a size a whole number, not negative), an integer within its bounds, a string within its length,
 # a list of at least its items, one of the values it may take; no control character in a string (the
-# labels aside); each string of a pattern matching it (grep -E: awk may read no {m,n}); first_published
-# not later than published. Not checked here: what the schema checks in code (the regexes and the env and
-# mount names inside a profile).
+# labels aside); each string of a pattern matching it (grep -E: awk may read no {m,n}), the env and mount
+# names too; first_published not later than published. Not checked here: the regexes of a smoke gate
+# (build.py verify compiles them).
 # The shape, one line a key path, from the schema itself (a unit test keeps it so: unibake.manifest.shell_shape):
 # its JSON key path ("*" each list item or map value), its types, 1 if required, the least and the most
 # (an integer's value, a string's length, a list's items; "-" none), the values it may take ("|" between),
-# its pattern as an ERE, and an ERE it must not match (a "." or ".." component; "-" none)
+# its pattern as an ERE, and an ERE it must not match (a "." or ".." component; "-" none); "+" a map's keys
 manifest_shape='"schema"	integer	1	-	-	2	-	-
 "tool"	object	1	-	-	-	-	-
 "tool"/"name"	string	1	-	-	"unibake"	-	-
@@ -377,12 +377,14 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "profiles"/*/"topology"/"rdma"	boolean	0	-	-	-	-	-
 "profiles"/*/"topology"/"master_port"	integer	0	1	65535	-	-	-
 "profiles"/*/"env"	map	0	-	-	-	-	-
-"profiles"/*/"env"/*	string	0	-	-	-	-	-
+"profiles"/*/"env"/+	string	0	-	-	-	^([A-Za-z_][A-Za-z0-9_]{0,127})$	-
+"profiles"/*/"env"/*	string	0	-	4096	-	-	-
 "launch"	object,null	1	-	-	-	-	-
 "launch"/"port"	integer	1	1	65535	-	-	-
 "launch"/"model_name"	string	1	-	4096	-	-	-
 "launch"/"mounts"	map	1	-	-	-	-	-
-"launch"/"mounts"/*	string	0	-	-	-	-	-
+"launch"/"mounts"/+	string	0	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
+"launch"/"mounts"/*	string	0	-	-	-	^(/[A-Za-z0-9_][A-Za-z0-9._+-]*(/[A-Za-z0-9_][A-Za-z0-9._+-]*)*)$	-
 "components"	array	1	-	-	-	-	-
 "components"/*	object	0	-	-	-	-	-
 "components"/*/"kind"	string	1	-	-	"engine"|"kernel"|"sidecar"|"tune_caches"|"overlay"|"patch"|"env_file"	-	-
@@ -515,7 +517,8 @@ json_shape='function more(a, b) {  # whether the whole number a is more than b (
     else {
       match(body, "^" str ": "); key = substr(body, 1, RLENGTH - 2); body = substr(body, RLENGTH + 1)
       at = (where[k] == "" ? "" : where[k] ".") shown(key)
-      if (kind[k] == "map") p = pat[k] "/*"
+      if (kind[k] == "map") { p = pat[k] "/*"  # (the keys of a map, where they have a pattern: its path and "/+")
+        if (pattern[pat[k] "/+"] != "" && pattern[pat[k] "/+"] != "-") print pat[k] "/+\t" at "\t" substr(key, 2, length(key) - 2) > strings }
       else { p = (pat[k] == "" ? "" : pat[k] "/") key; seen[id[k], key] = 1
         if (!(p in types)) refuse(substr(at, 1, 200) ": a key the schema does not have") }
     }

@@ -387,6 +387,16 @@ def _posix_pattern(pattern: str) -> tuple[str, str]:
     return "^(" + ere[1:-1] + ")$", unlike
 
 
+# what the models check in code, not in the schema, that the shell verifier can check as a pattern: a map's
+# keys ("+": ProfileMetadata's env names, LaunchMetadata's mount names) and values (their length, the mount
+# paths); kept beside those validators by hand (the regexes of a smoke gate are not checked in sh)
+def _in_code() -> dict[str, tuple[str, str]]:
+    from .schema import ENV_KEY_RE, IMAGE_PATH_RE, NAME_RE
+
+    return {'"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
+            '"launch"/"mounts"/+': ("-", NAME_RE.pattern), '"launch"/"mounts"/*': ("-", IMAGE_PATH_RE.pattern)}
+
+
 def shell_shape() -> str:
     """The schema's shape as ``scripts/verify-release.sh`` checks it (what POSIX sh and awk can check of
     it: each key's JSON types, whether it is required, an integer's bounds, a string's length, a list's
@@ -398,6 +408,7 @@ def shell_shape() -> str:
     refuses a ``.`` or ``..`` component; ``-``: none)."""
     schema = ReleaseManifest.model_json_schema(by_alias=True)
     definitions = schema.get("$defs", {})
+    coded = _in_code()
     lines: list[str] = []
 
     def resolved(node: dict) -> dict:
@@ -433,6 +444,9 @@ def shell_shape() -> str:
                         pattern, unlike = _posix_pattern(alternative["pattern"])
                 if "const" in alternative or "enum" in alternative:
                     values = "|".join(json.dumps(v) for v in alternative.get("enum", [alternative.get("const")]))
+        if path in coded:
+            most = coded[path][0] if coded[path][0] != "-" else most
+            pattern, unlike = _posix_pattern(coded[path][1]) if coded[path][1] else (pattern, unlike)
         if path:
             lines.append("\t".join((path, ",".join(types), "1" if required else "0", least, most, values, pattern,
                                     unlike)))
@@ -440,6 +454,8 @@ def shell_shape() -> str:
             return
         kind, inner = below
         prefix = f"{path}/" if path else ""
+        if kind == "map" and prefix + "+" in coded:  # its keys
+            lines.append("\t".join((prefix + "+", "string", "0", "-", "-", "-", *_posix_pattern(coded[prefix + "+"][1]))))
         if kind == "object":
             for key, child in inner["properties"].items():
                 walk(prefix + json.dumps(key), child, key in inner.get("required", ()))
@@ -447,6 +463,7 @@ def shell_shape() -> str:
             walk(prefix + "*", inner, False)
 
     walk("", schema, True)
+    assert all(any(line.startswith(path + "\t") for line in lines) for path in coded), coded
     text = "".join(line + "\n" for line in lines)
     assert "'" not in text  # the script holds it in single quotes
     return text

@@ -473,6 +473,11 @@ SCHEMA_CASES = [
     ("an external artifact named by a path up", lambda m: m.update(external=[
         {"name": "w/../../x", "bytes": 1, "sha256": "0" * 64}]), "external.0.name"),
     ("a release with a slash", lambda m: m.update(release="1.0/x"), "release"),
+    # what the models check in code, as the shell checks it too
+    ("an env name that is no variable", lambda m: first_profile(m)["env"].update({"1BAD": "x"}), "1BAD"),
+    ("an env value too long", lambda m: first_profile(m)["env"].update(LONGVALUE="x" * 4097), "LONGVALUE"),
+    ("a mount path that is relative", lambda m: m["launch"]["mounts"].update(models="relative/path"), "relative/path"),
+    ("a mount name that is no name", lambda m: m["launch"]["mounts"].update({"Models!": "/models"}), "Models!"),
 ]
 
 
