@@ -455,7 +455,8 @@ def shell_shape() -> str:
         kind, inner = below
         prefix = f"{path}/" if path else ""
         if kind == "map" and prefix + "+" in coded:  # its keys
-            lines.append("\t".join((prefix + "+", "string", "0", "-", "-", "-", *_posix_pattern(coded[prefix + "+"][1]))))
+            keys = _posix_pattern(coded[prefix + "+"][1])
+            lines.append("\t".join((prefix + "+", "string", "0", "-", "-", "-", *keys)))
         if kind == "object":
             for key, child in inner["properties"].items():
                 walk(prefix + json.dumps(key), child, key in inner.get("required", ()))
