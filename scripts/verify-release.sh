@@ -315,6 +315,247 @@ odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/manifest.json" | head -n 1)
 [ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
 [ "$(tail -c 1 "$work/manifest.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
   || fail "$dir/manifest.json: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+# and it is what its schema takes, as far as sh and awk can tell (build.py verify parses it against the
+# schema itself): no key the schema does not have, none it requires left out, each value of a type it
+# takes (a size a whole number, not negative), an integer within its bounds, a string within its length,
+# a list of at least its items, one of the values it may take; no control character in a string (the
+# labels aside); each string of a pattern matching it (grep -E: awk may read no {m,n}), the env and mount
+# names too; first_published not later than published. Not checked here: the regexes of a smoke gate
+# (build.py verify compiles them).
+# The shape, one line a key path, from the schema itself (a unit test keeps it so: unibake.manifest.shell_shape):
+# its JSON key path ("*" each list item or map value), its types, 1 if required, the least and the most
+# (an integer's value, a string's length, a list's items; "-" none), the values it may take ("|" between),
+# its pattern as an ERE, and an ERE it must not match (a "." or ".." component; "-" none); "+" a map's keys
+manifest_shape='"schema"	integer	1	-	-	2	-	-
+"tool"	object	1	-	-	-	-	-
+"tool"/"name"	string	1	-	-	"unibake"	-	-
+"tool"/"version"	string	1	-	64	-	-	-
+"product"	string	1	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
+"release"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
+"version"	string	1	-	128	-	-	-
+"tag"	string	1	-	255	-	^(([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?)$	-
+"image_id"	string	1	-	-	-	^(sha256:[0-9a-f]{64})$	-
+"image_size"	integer	1	0	-	-	-	-
+"diff_ids"	array	1	-	-	-	-	-
+"diff_ids"/*	string	0	-	-	-	^(sha256:[0-9a-f]{64})$	-
+"save_layout"	string	1	-	-	"docker"|"oci"	-	-
+"default_profile"	string,null	1	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
+"profiles"	map	1	-	-	-	-	-
+"profiles"/*	object	0	-	-	-	-	-
+"profiles"/*/"gpus"	integer	1	1	1024	-	-	-
+"profiles"/*/"vendor"	string	1	-	-	"nvidia"|"amd"|"hygon"	-	-
+"profiles"/*/"kernels"	array	1	-	-	-	-	-
+"profiles"/*/"kernels"/*	string	0	-	-	-	-	-
+"profiles"/*/"tune_caches"	integer	1	0	-	-	-	-
+"profiles"/*/"sidecars"	array	1	-	-	-	-	-
+"profiles"/*/"sidecars"/*	object	0	-	-	-	-	-
+"profiles"/*/"sidecars"/*/"name"	string	1	-	-	-	^([A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9_])?)$	-
+"profiles"/*/"sidecars"/*/"version"	string	1	-	-	-	^([A-Za-z0-9][A-Za-z0-9._+~:-]{0,127})$	-
+"profiles"/*/"args"	array	1	-	-	-	-	-
+"profiles"/*/"args"/*	string	0	-	-	-	-	-
+"profiles"/*/"smoke"	object	1	-	-	-	-	-
+"profiles"/*/"smoke"/"expect_reply"	string,null	0	-	4096	-	-	-
+"profiles"/*/"smoke"/"prompt"	string,null	0	-	4096	-	-	-
+"profiles"/*/"smoke"/"match"	string	0	-	-	"exact"|"contains"|"regex"	-	-
+"profiles"/*/"smoke"/"prompts"	array	0	-	-	-	-	-
+"profiles"/*/"smoke"/"prompts"/*	object	0	-	-	-	-	-
+"profiles"/*/"smoke"/"prompts"/*/"prompt"	string	1	-	4096	-	-	-
+"profiles"/*/"smoke"/"prompts"/*/"expect"	string,null	0	-	4096	-	-	-
+"profiles"/*/"smoke"/"prompts"/*/"match"	string	0	-	-	"exact"|"contains"|"regex"	-	-
+"profiles"/*/"smoke"/"timeout"	integer	1	1	3600	-	-	-
+"profiles"/*/"smoke"/"skip"	string,null	0	1	300	-	-	-
+"profiles"/*/"devices"	object	0	-	-	-	-	-
+"profiles"/*/"devices"/"extra"	array	0	-	-	-	-	-
+"profiles"/*/"devices"/"extra"/*	string	0	-	-	-	^(/dev(/[A-Za-z0-9_.][A-Za-z0-9_.+-]*)+)$	(^|/)\.{1,2}(/|$)
+"profiles"/*/"devices"/"groups"	array	0	-	-	-	-	-
+"profiles"/*/"devices"/"groups"/*	string	0	-	-	-	^(([a-z_][a-z0-9_-]{0,31}|[0-9]{1,10}))$	-
+"profiles"/*/"topology"	object	0	-	-	-	-	-
+"profiles"/*/"topology"/"nodes"	integer	0	1	1024	-	-	-
+"profiles"/*/"topology"/"network"	string	0	-	-	"bridge"|"host"	-	-
+"profiles"/*/"topology"/"ipc"	string	0	-	-	"host"|"private"|"shareable"	-	-
+"profiles"/*/"topology"/"shm_size"	string,null	0	-	-	-	^([1-9][0-9]{0,9}[bkmg]?)$	-
+"profiles"/*/"topology"/"rdma"	boolean	0	-	-	-	-	-
+"profiles"/*/"topology"/"master_port"	integer	0	1	65535	-	-	-
+"profiles"/*/"env"	map	0	-	-	-	-	-
+"profiles"/*/"env"/+	string	0	-	-	-	^([A-Za-z_][A-Za-z0-9_]{0,127})$	-
+"profiles"/*/"env"/*	string	0	-	4096	-	-	-
+"launch"	object,null	1	-	-	-	-	-
+"launch"/"port"	integer	1	1	65535	-	-	-
+"launch"/"model_name"	string	1	-	4096	-	-	-
+"launch"/"mounts"	map	1	-	-	-	-	-
+"launch"/"mounts"/+	string	0	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
+"launch"/"mounts"/*	string	0	-	-	-	^(/[A-Za-z0-9_][A-Za-z0-9._+-]*(/[A-Za-z0-9_][A-Za-z0-9._+-]*)*)$	-
+"components"	array	1	-	-	-	-	-
+"components"/*	object	0	-	-	-	-	-
+"components"/*/"kind"	string	1	-	-	"engine"|"kernel"|"sidecar"|"tune_caches"|"overlay"|"patch"|"env_file"	-	-
+"components"/*/"name"	string	1	-	1024	-	-	-
+"components"/*/"version"	string	1	-	4096	-	-	-
+"components"/*/"digest"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"components"/*/"profile"	string	0	-	64	-	-	-
+"archive"	object	1	-	-	-	-	-
+"archive"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+"archive"/"files"	array	1	1	-	-	-	-
+"archive"/"files"/*	object	0	-	-	-	-	-
+"archive"/"files"/*/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+"archive"/"files"/*/"bytes"	integer	1	0	-	-	-	-
+"archive"/"files"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"archive"/"bytes"	integer	1	0	-	-	-	-
+"archive"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"archive"/"uncompressed_bytes"	integer	1	0	-	-	-	-
+"archive"/"uncompressed_sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"archive"/"compression"	object	1	-	-	-	-	-
+"archive"/"compression"/"algorithm"	string	1	-	-	"zstd"	-	-
+"archive"/"compression"/"level"	integer	1	1	19	-	-	-
+"archive"/"compression"/"long_distance"	boolean	1	-	-	-	-	-
+"labels"	map	1	-	-	-	-	-
+"labels"/*	string	0	-	-	-	-	-
+"revision"	string	1	-	256	-	-	-
+"created"	string	1	-	64	-	-	-
+"source_date_epoch"	integer,null	1	0	-	-	-	-
+"published"	string	1	-	-	-	^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$	-
+"first_published"	string,null	0	-	-	-	^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$	-
+"previous"	string,null	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
+"hotfix"	object,null	1	-	-	-	-	-
+"hotfix"/"base_release"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
+"hotfix"/"base_tag"	string	1	-	255	-	^(([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?)$	-
+"hotfix"/"base_image_id"	string	1	-	-	-	^(sha256:[0-9a-f]{64})$	-
+"hotfix"/"base_archive_bytes"	integer	1	1	-	-	-	-
+"hotfix"/"omitted_diff_ids"	array	1	-	-	-	-	-
+"hotfix"/"omitted_diff_ids"/*	string	0	-	-	-	^(sha256:[0-9a-f]{64})$	-
+"hotfix"/"shipped_diff_ids"	array	1	-	-	-	-	-
+"hotfix"/"shipped_diff_ids"/*	string	0	-	-	-	^(sha256:[0-9a-f]{64})$	-
+"attachments"	array	0	-	-	-	-	-
+"attachments"/*	object	0	-	-	-	-	-
+"attachments"/*/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+"attachments"/*/"bytes"	integer	1	0	-	-	-	-
+"attachments"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"external"	array	0	-	-	-	-	-
+"external"/*	object	0	-	-	-	-	-
+"external"/*/"name"	string	1	-	1024	-	^([A-Za-z0-9_.][A-Za-z0-9._+-]*(/[A-Za-z0-9_.][A-Za-z0-9._+-]*)*)$	(^|/)\.{1,2}(/|$)
+"external"/*/"bytes"	integer	1	0	-	-	-	-
+"external"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"registry"	array	0	-	-	-	-	-
+"registry"/*	object	0	-	-	-	-	-
+"registry"/*/"reference"	string	1	-	512	-	-	-
+"registry"/*/"repository"	string	1	-	255	-	-	-
+"registry"/*/"tag"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
+"registry"/*/"digest"	string	1	-	-	-	^(sha256:[0-9a-f]{64})$	-
+"registry"/*/"media_type"	string	1	-	128	-	-	-
+"registry"/*/"layers"	string	1	-	-	"gzip"|"zstd"	-	-
+"registry"/*/"pushed"	string	1	-	64	-	-	-
+"platform"	string,null	0	-	-	-	^([a-z0-9]{1,32}/[a-z0-9_]{1,32}(/[a-z0-9.]{1,16})?)$	-
+"supply_chain"	object,null	0	-	-	-	-	-
+"supply_chain"/"sbom"	object	1	-	-	-	-	-
+"supply_chain"/"sbom"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+"supply_chain"/"sbom"/"bytes"	integer	1	0	-	-	-	-
+"supply_chain"/"sbom"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"supply_chain"/"provenance"	object	1	-	-	-	-	-
+"supply_chain"/"provenance"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+"supply_chain"/"provenance"/"bytes"	integer	1	0	-	-	-	-
+"supply_chain"/"provenance"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"supply_chain"/"kit"	object,null	1	-	-	-	-	-
+"supply_chain"/"kit"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+"supply_chain"/"kit"/"bytes"	integer	1	0	-	-	-	-
+"supply_chain"/"kit"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
+"supply_chain"/"signatures"	array	1	-	-	-	-	-
+"supply_chain"/"signatures"/*	object	0	-	-	-	-	-
+"supply_chain"/"signatures"/*/"kind"	string	1	-	-	"openpgp"|"minisign"	-	-
+"supply_chain"/"signatures"/*/"key"	string	1	-	-	-	^([0-9A-F]{1,64})$	-
+"supply_chain"/"signatures"/*/"files"	array	1	-	-	-	-	-
+"supply_chain"/"signatures"/*/"files"/*	string	0	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
+'
+# shellcheck disable=SC2016  # awk's, not the shell's
+json_shape='function more(a, b) {  # whether the whole number a is more than b (both written as JSON writes them)
+    if (substr(a, 1, 1) == "-") return substr(b, 1, 1) == "-" ? more(substr(b, 2), substr(a, 2)) : 0
+    if (substr(b, 1, 1) == "-") return 1
+    if (length(a) != length(b)) return length(a) > length(b)
+    return (a "") > (b "")
+  }
+  function chars(s,   i, n, e, h, high) {  # the characters of the JSON string s, as Python counts them
+    n = 0; high = 0
+    for (i = 2; i < length(s); i++) {
+      if (substr(s, i, 1) == "\\") { e = substr(s, ++i, 1)
+        if (e == "u") { h = tolower(substr(s, i + 1, 4)); i += 4
+          if (high && h ~ /^d[c-f]/) { high = 0; continue }  # a surrogate pair: one character
+          high = h ~ /^d[89ab]/; n++; continue } }
+      high = 0; n++
+    }
+    return n
+  }
+  function control(s,   i, e, h) {  # whether the JSON string s holds a control character (an escape of one)
+    for (i = 2; i < length(s); i++) {
+      if (substr(s, i, 1) != "\\") continue
+      e = substr(s, ++i, 1)
+      if (e ~ /[bfnrt]/) return 1
+      if (e == "u") { h = tolower(substr(s, i + 1, 4)); i += 4; if (h ~ /^00[01]/ || h == "007f") return 1 }
+    }
+    return 0
+  }
+  function shown(k) { return k ~ /^"/ ? substr(k, 2, length(k) - 2) : k }
+  function refuse(what) { print what; refused = 1; exit }
+  function shut(d,   n, i, need) {  # the container opened at depth d ends: what it requires is there
+    if (kind[d] == "object") {
+      n = split(required[pat[d]], need, " ")
+      for (i = 1; i <= n; i++) if (!((id[d], need[i]) in seen)) refuse((where[d] == "" ? "" : where[d] ".") shown(need[i]) ": missing (a key the schema requires)")
+    }
+    if (kind[d] == "array") {
+      if (least[pat[d]] != "-" && count[d] < least[pat[d]] + 0) refuse(where[d] ": " count[d] " items, fewer than " least[pat[d]])
+      if (most[pat[d]] != "-" && count[d] > most[pat[d]] + 0) refuse(where[d] ": " count[d] " items, more than " most[pat[d]])
+    }
+  }
+  BEGIN { x = "[0-9a-fA-F]"; str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q }
+  FILENAME == ARGV[1] { split($0, f, "\t"); types[f[1]] = "," f[2] ","; least[f[1]] = f[4]; most[f[1]] = f[5]; values[f[1]] = f[6]
+    pattern[f[1]] = f[7]
+    if (f[3] == "1") { up = f[1]; last = up; sub(/^.*\//, "", last); if (up == last) up = ""; else sub(/\/[^\/]*$/, "", up)
+      required[up] = required[up] " " last }
+    next }
+  { match($0, /^ */); d = RLENGTH / 2; body = substr($0, RLENGTH + 1); sub(/,$/, "", body)
+    if (body ~ /^[]}]$/) { shut(d); next }
+    if (d == 0) { pat[0] = ""; kind[0] = "object"; id[0] = NR; where[0] = ""; next }
+    k = d - 1; count[k]++; key = ""
+    if (kind[k] == "array") { p = (pat[k] == "" ? "" : pat[k] "/") "*"; at = where[k] "." (count[k] - 1) }
+    else {
+      match(body, "^" str ": "); key = substr(body, 1, RLENGTH - 2); body = substr(body, RLENGTH + 1)
+      at = (where[k] == "" ? "" : where[k] ".") shown(key)
+      if (kind[k] == "map") { p = pat[k] "/*"  # (the keys of a map, where they have a pattern: its path and "/+")
+        if (pattern[pat[k] "/+"] != "" && pattern[pat[k] "/+"] != "-") print pat[k] "/+\t" at "\t" substr(key, 2, length(key) - 2) > strings }
+      else { p = (pat[k] == "" ? "" : pat[k] "/") key; seen[id[k], key] = 1
+        if (!(p in types)) refuse(substr(at, 1, 200) ": a key the schema does not have") }
+    }
+    free = unlabelled[k] || key == q "labels" q  # the labels may hold any text (build.py verify takes them so too)
+    if (!free && key != "" && control(key)) refuse(substr(at, 1, 200) ": its key holds a control character")
+    c = substr(body, 1, 1)
+    t = c == "{" ? "object" : c == "[" ? "array" : c == q ? "string" : body == "true" || body == "false" ? "boolean" : body == "null" ? "null" : "integer"
+    if (t == "object" && index(types[p], ",map,")) t = "map"
+    if (!index(types[p], "," t ",")) { want = substr(types[p], 2, length(types[p]) - 2); gsub(/,/, " or ", want); sub(/map/, "object", want)
+      refuse(at ": " (t == "map" ? "object" : t) ", where the schema takes " want) }
+    if (values[p] != "-" && !index("|" values[p] "|", "|" body "|")) refuse(at ": " substr(body, 1, 80) ", not one of " values[p])
+    if (t == "integer" && least[p] != "-" && more(least[p], body)) refuse(at ": " substr(body, 1, 40) ", less than " least[p])
+    if (t == "integer" && most[p] != "-" && more(body, most[p])) refuse(at ": " substr(body, 1, 40) ", more than " most[p])
+    if (t == "string") { n = chars(body)
+      if (least[p] != "-" && n < least[p] + 0) refuse(at ": " n " characters, fewer than " least[p])
+      if (most[p] != "-" && n > most[p] + 0) refuse(at ": " n " characters, more than " most[p])
+      if (!free && control(body)) refuse(at ": holds a control character")
+      if (pattern[p] != "-") print p "\t" at "\t" substr(body, 2, length(body) - 2) > strings  # (its escapes no pattern takes)
+      if (p ~ /\/"smoke"\/"skip"$/ && body ~ /^"( |\\u(0085|00a0|1680|200[0-9a]|202[89f]|205f|3000))*"$/) refuse(at ": blank (a skipped gate needs its reason)")
+      if (p == q "published" q) published = body
+      if (p == q "first_published" q) first = body }
+    if (body == "{" || body == "[") { pat[d] = p; kind[d] = t; id[d] = NR; count[d] = 0; where[d] = at; unlabelled[d] = free }
+    else if (body == "{}" || body == "[]") { pat[d] = p; kind[d] = t; id[d] = NR; count[d] = 0; where[d] = at; shut(d) } }
+  END { if (!refused && first != "" && published != "" && (first "") > (published "")) print "first_published " shown(first) " is later than published " shown(published) }'
+printf '%s' "$manifest_shape" > "$work/manifest.shape"
+: > "$work/manifest.strings"
+why=$(LC_ALL=C awk -v q='"' -v strings="$work/manifest.strings" "$json_shape" "$work/manifest.shape" "$work/manifest.json" | head -n 1)
+[ -z "$why" ] || fail "$dir/manifest.json: not a valid release manifest: $why"
+tab=$(printf '\t')
+while IFS="$tab" read -r path _ _ _ _ _ ere unlike; do
+  [ "$ere" != - ] || continue
+  awk -F '\t' -v p="$path" '$1 == p { print $3 }' "$work/manifest.strings" > "$work/values"
+  at=$(LC_ALL=C grep -Env -e "$ere" "$work/values" | head -n 1 | cut -d : -f 1)
+  [ -n "$at" ] || [ "$unlike" = - ] || at=$(LC_ALL=C grep -En -e "$unlike" "$work/values" | head -n 1 | cut -d : -f 1)
+  [ -z "$at" ] || fail "$dir/manifest.json: not a valid release manifest: $(awk -F '\t' -v p="$path" -v n="$at" \
+'$1 == p && ++i == n { print $2 ": " substr($3, 1, 80); exit }' "$work/manifest.strings") does not match the pattern $ere"
+done < "$work/manifest.shape"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
 printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
@@ -843,8 +1084,22 @@ elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit
   fail "$dir/manifest.json: its supply_chain record names no SBOM"
 fi
 
+# a profile released without its smoke gate (its smoke.skip in manifest.json, the gate SKIPPED in
+# VALIDATION.json): what the folder's checks cannot show, warned of as build.py verify warns of it
+skipped_gates() {
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
+      split($1, at, "/"); name = substr(at[2], 2, length(at[2]) - 2); why = substr($2, 2, length($2) - 2); out = ""
+      while ((i = index(why, "\\")) > 0) {  # \" and \\ read as JSON reads them; any other escape shown as it is
+        c = substr(why, i + 1, 1); out = out substr(why, 1, i - 1) (c == "\"" || c == "\\" ? "" : "\\") c; why = substr(why, i + 2) }
+      print name "\t" out why }' "$work/manifest.paths" | LC_ALL=C sort |
+    while IFS="$(printf '\t')" read -r name why; do
+      shown "warning: profile $name was released without its smoke gate (smoke.skip: $why)" >&2
+    done
+}
+
 # which release this is comes from its manifest, not from the folder's name: said, as build.py verify says it
-[ "$load" -eq 1 ] || { echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
+[ "$load" -eq 1 ] || { skipped_gates; echo "ok: $tag (image $want): sums, zstd and the archive's structure (not loaded)"; exit 0; }
 
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # the engine first, as build.py verify --load: none answering would read as a missing base or image
@@ -933,4 +1188,5 @@ fi
 cmp -s "$work/streamed" "$work/parts.sha256" || { undo; unchanged "$undone"; }
 got=$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null) || { undo; fail "the engine has no $tag after the load$undone"; }
 [ "$got" = "$want" ] || { undo; fail "the loaded image $tag is $got; IMAGE_ID says $want$undone"; }
+skipped_gates
 echo "ok: $tag is $got, as IMAGE_ID says"

@@ -11,6 +11,7 @@ missing, of the wrong type or unknown is refused with one line naming it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -369,6 +370,104 @@ def json_schema() -> dict:
     schema = ReleaseManifest.model_json_schema(by_alias=True, mode="serialization")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema,
             "title": "unibake release manifest (manifest.json)"}
+
+
+# Python's look-ahead in the path patterns (a component that is not "." or ".."), as a second ERE not to match
+_NO_DOT_COMPONENT = r"(?!\.{1,2}(?:/|$))"
+
+
+def _posix_pattern(pattern: str) -> tuple[str, str]:
+    """A schema pattern (Python's re) as a POSIX ERE, and an ERE the value must not match ("-": none)."""
+    unlike = "-"
+    if _NO_DOT_COMPONENT in pattern:
+        pattern, unlike = pattern.replace(_NO_DOT_COMPONENT, ""), r"(^|/)\.{1,2}(/|$)"
+    ere = pattern.replace("(?:", "(")
+    # what an ERE reads as Python does: no other group syntax, class escape or shorthand; anchored whole
+    assert "(?" not in ere and not re.search(r"\\[^.]", ere) and ere.startswith("^") and ere.endswith("$"), pattern
+    return "^(" + ere[1:-1] + ")$", unlike
+
+
+# what the models check in code, not in the schema, that the shell verifier can check as a pattern: a map's
+# keys ("+": ProfileMetadata's env names, LaunchMetadata's mount names) and values (their length, the mount
+# paths); kept beside those validators by hand (the regexes of a smoke gate are not checked in sh)
+def _in_code() -> dict[str, tuple[str, str]]:
+    from .schema import ENV_KEY_RE, IMAGE_PATH_RE, NAME_RE
+
+    return {'"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
+            '"launch"/"mounts"/+': ("-", NAME_RE.pattern), '"launch"/"mounts"/*': ("-", IMAGE_PATH_RE.pattern)}
+
+
+def shell_shape() -> str:
+    """The schema's shape as ``scripts/verify-release.sh`` checks it (what POSIX sh and awk can check of
+    it: each key's JSON types, whether it is required, an integer's bounds, a string's length, a list's
+    items, the values it may take, a string's pattern). One line a key path, tab-separated: the path (each
+    key in its JSON text, ``*`` each list item or map value, ``/`` between), its types (``object``,
+    ``map``, ``array``, ``string``, ``integer``, ``boolean``, ``null``), ``1`` if required, the least
+    and the most (``-`` for none), the values it may take (JSON texts, ``|`` between; ``-``: any), the
+    pattern as a POSIX ERE (``grep -E``) and an ERE it must not match (for Python's look-ahead that
+    refuses a ``.`` or ``..`` component; ``-``: none)."""
+    schema = ReleaseManifest.model_json_schema(by_alias=True)
+    definitions = schema.get("$defs", {})
+    coded = _in_code()
+    lines: list[str] = []
+
+    def resolved(node: dict) -> dict:
+        while "$ref" in node:
+            node = {**definitions[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+        return node
+
+    def walk(path: str, node: dict, required: bool) -> None:
+        alternatives = [resolved(a) for a in node.get("anyOf", [node])]
+        types, least, most, values, below, pattern, unlike = [], "-", "-", "-", None, "-", "-"
+        for alternative in alternatives:
+            kind = alternative["type"]
+            if kind == "object" and "properties" in alternative:
+                types.append("object")
+                below = ("object", alternative)
+            elif kind == "object":
+                types.append("map")
+                below = ("map", alternative["additionalProperties"])
+            elif kind == "array":
+                types.append("array")
+                below = ("array", alternative["items"])
+                least = str(alternative.get("minItems", "-"))
+                most = str(alternative.get("maxItems", "-"))
+            else:
+                types.append(kind)
+                if kind == "integer":
+                    least = str(alternative.get("minimum", "-"))
+                    most = str(alternative.get("maximum", "-"))
+                elif kind == "string":
+                    least = str(alternative.get("minLength", "-"))
+                    most = str(alternative.get("maxLength", "-"))
+                    if "pattern" in alternative:
+                        pattern, unlike = _posix_pattern(alternative["pattern"])
+                if "const" in alternative or "enum" in alternative:
+                    values = "|".join(json.dumps(v) for v in alternative.get("enum", [alternative.get("const")]))
+        if path in coded:
+            most = coded[path][0] if coded[path][0] != "-" else most
+            pattern, unlike = _posix_pattern(coded[path][1]) if coded[path][1] else (pattern, unlike)
+        if path:
+            lines.append("\t".join((path, ",".join(types), "1" if required else "0", least, most, values, pattern,
+                                    unlike)))
+        if below is None:
+            return
+        kind, inner = below
+        prefix = f"{path}/" if path else ""
+        if kind == "map" and prefix + "+" in coded:  # its keys
+            keys = _posix_pattern(coded[prefix + "+"][1])
+            lines.append("\t".join((prefix + "+", "string", "0", "-", "-", "-", *keys)))
+        if kind == "object":
+            for key, child in inner["properties"].items():
+                walk(prefix + json.dumps(key), child, key in inner.get("required", ()))
+        else:
+            walk(prefix + "*", inner, False)
+
+    walk("", schema, True)
+    assert all(any(line.startswith(path + "\t") for line in lines) for path in coded), coded
+    text = "".join(line + "\n" for line in lines)
+    assert "'" not in text  # the script holds it in single quotes
+    return text
 
 
 if __name__ == "__main__":

@@ -314,10 +314,17 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
     texts = {}
     for f, limit in ((record.sbom, SBOM_LIMIT), (record.provenance, PROVENANCE_LIMIT)):
         what = "sbom" if f is record.sbom else "provenance"
+        # read once: the bytes hashed against SHA256SUMS here are the bytes parsed (the sums check above
+        # read the file before: one swapped since would otherwise be parsed unchecked), as the shell reads a copy
         try:
-            text = read_small_text(folder / f.name, VerificationError, limit=limit, follow=False)
+            data = read_small_file(folder / f.name, VerificationError, limit=limit, follow=False)
+            text = decode_text(data, folder / f.name, VerificationError)
         except VerificationError as exc:
             checks.add(what, f.name, False, str(exc))
+            continue
+        if f.name in sums and hashlib.sha256(data).hexdigest() != sums[f.name]:
+            checks.add(what, f.name, False, f"{f.name}: changed after its sha256 was checked (it no longer has the "
+                       "sha256 SHA256SUMS lists): refused")
             continue
         # in the one form unibake writes (as manifest.json): the shell verifier reads it line by line
         try:

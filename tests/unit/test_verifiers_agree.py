@@ -372,3 +372,145 @@ def test_an_sbom_holding_a_number_of_4300_digits_passes_both(cli, whole):
     rewrite(whole, "sbom.cdx.json", lambda d: None, text=lambda d: json.dumps(d, indent=2, sort_keys=True).replace(
         '{\n  "', '{\n  "x": 1' + "0" * 4299 + ',\n  "', 1) + "\n")
     assert_same(cli, whole, passes=True)
+
+
+def test_an_sbom_swapped_after_its_sums_check_is_not_parsed_unchecked(whole, monkeypatch):
+    """build.py verify reads the SBOM once: the bytes hashed against SHA256SUMS are the bytes parsed.
+    Before, the sums check hashed the file and the supply-chain check read it again, so a valid SBOM
+    swapped in between (here by a hook on the sums check's read) passed, never checked."""
+    from unibake import verify
+
+    sbom = whole / "sbom.cdx.json"
+    document = json.loads(sbom.read_text())
+    document["components"] = [{"type": "library", "name": "planted", "version": "6.6.6"}]
+    forged = json.dumps(document, indent=2, sort_keys=True) + "\n"
+    hashed = verify._sha256_of
+
+    def swapped_after(path):
+        digest = hashed(path)
+        if path.name == sbom.name:
+            sbom.write_text(forged)  # after the sums check's read, before any other
+        return digest
+
+    monkeypatch.setattr(verify, "_sha256_of", swapped_after)
+    report = verify.verify_folder(whole)
+    assert sbom.read_text() == forged
+    failed = [c for c in report.failures if c.target == sbom.name]
+    assert failed and "changed after its sha256 was checked" in failed[0].detail, report.checks
+
+
+def test_a_profile_released_without_its_smoke_gate_is_warned_of_by_both(cli, folder):
+    """A profile whose gate was skipped (smoke.skip, recorded in manifest.json): both verifiers pass the
+    folder and each warns of it in the same words (before, the shell verifier said nothing of it)."""
+    def skipped(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        for name in sorted(manifest["profiles"])[::-1]:
+            manifest["profiles"][name]["smoke"]["skip"] = f'needs "4" nodes \\ RDMA ({name})'
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, skipped)
+    names = sorted(json.loads((folder / "manifest.json").read_text())["profiles"])
+    assert_same(cli, folder, passes=True)
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    warnings = [f'warning: profile {n} was released without its smoke gate (smoke.skip: needs "4" nodes \\ RDMA ({n}))'
+                for n in names]
+    for warning in warnings:
+        assert warning in python_err, python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert [line for line in run.stderr.splitlines() if line.startswith("warning: profile")] == warnings, run.stderr
+
+
+def test_a_release_whose_gates_all_ran_gets_no_skip_warning_from_either(cli, folder):
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    assert "smoke gate" not in python_err and "smoke gate" not in shell_err, python_err + shell_err
+
+
+# --- a manifest that breaks its schema elsewhere than in the values the shell verifier reads --------
+
+
+def schema_change(change):
+    def changed(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        change(manifest)
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+    return changed
+
+
+def first_profile(manifest) -> dict:
+    return manifest["profiles"][sorted(manifest["profiles"])[0]]
+
+
+SCHEMA_CASES = [
+    ("a negative image size", lambda m: m.update(image_size=-1), "image_size"),
+    ("an unknown top-level key", lambda m: m.update(extra="x"), "extra"),
+    ("an unknown key in a profile", lambda m: first_profile(m)["topology"].update(x=1), "topology.x"),
+    ("a required key missing", lambda m: m.pop("revision"), "revision"),
+    ("a nested required key missing", lambda m: first_profile(m)["smoke"].pop("timeout"), "smoke.timeout"),
+    ("a size that is a string", lambda m: m["archive"]["files"][0].update(bytes=str(m["archive"]["files"][0]["bytes"])),
+     "archive.files.0.bytes"),
+    ("a size that is a boolean", lambda m: m.update(image_size=True), "image_size"),
+    ("a negative uncompressed size", lambda m: m["archive"].update(uncompressed_bytes=-5),
+     "archive.uncompressed_bytes"),
+    ("a compression level over 19", lambda m: m["archive"]["compression"].update(level=20),
+     "archive.compression.level"),
+    ("a value it may not take", lambda m: m.update(save_layout="tarball"), "save_layout"),
+    ("a vendor it does not know", lambda m: first_profile(m).update(vendor="intel"), "vendor"),
+    ("a hotfix record that is empty", lambda m: m.update(hotfix={}), "hotfix"),
+    ("labels that are a list", lambda m: m.update(labels=[]), "labels"),
+    ("a control character in the version", lambda m: m.update(version="1.0\n"), "version"),
+    ("a version too long", lambda m: m.update(version="\u00e9" * 129), "version"),
+    ("a blank smoke.skip", lambda m: first_profile(m)["smoke"].update(skip="   "), "skip"),
+    ("an empty smoke.skip", lambda m: first_profile(m)["smoke"].update(skip=""), "skip"),
+    ("first published after published", lambda m: m.update(first_published="2999-01-01T00:00:00Z"), "first_published"),
+    ("a supply chain record without its SBOM", lambda m: m.update(supply_chain={"provenance": None}), "supply_chain"),
+    # the patterns (grep -E in the shell: its awk may read no {m,n})
+    ("a product not a name", lambda m: m.update(product="Demo LLM"), "product"),
+    ("a published time in another form", lambda m: m.update(published="2026-12-02 16:19:09", first_published=None),
+     "published"),
+    ("a diffID that is no digest", lambda m: m["diff_ids"].insert(0, "sha256:xyz"), "diff_ids.0"),
+    ("a component digest in upper case", lambda m: m["components"][0].update(digest="A" * 64), "components.0.digest"),
+    ("a previous release that is a path", lambda m: m.update(previous="../1.0"), "previous"),
+    ("a device outside /dev", lambda m: first_profile(m)["devices"].update(extra=["/dev/../etc/shadow"]),
+     "devices.extra.0"),
+    ("an external artifact named by a path up", lambda m: m.update(external=[
+        {"name": "w/../../x", "bytes": 1, "sha256": "0" * 64}]), "external.0.name"),
+    ("a release with a slash", lambda m: m.update(release="1.0/x"), "release"),
+    # what the models check in code, as the shell checks it too
+    ("an env name that is no variable", lambda m: first_profile(m)["env"].update({"1BAD": "x"}), "1BAD"),
+    ("an env value too long", lambda m: first_profile(m)["env"].update(LONGVALUE="x" * 4097), "LONGVALUE"),
+    ("a mount path that is relative", lambda m: m["launch"]["mounts"].update(models="relative/path"), "relative/path"),
+    ("a mount name that is no name", lambda m: m["launch"]["mounts"].update({"Models!": "/models"}), "Models!"),
+]
+
+
+@pytest.mark.parametrize("change, where", [pytest.param(c, w, id=i) for i, c, w in SCHEMA_CASES])
+def test_a_manifest_that_breaks_its_schema_is_refused_by_both(cli, folder, change, where):
+    """Re-summed: before, the shell verifier checked only the values it reads, and passed these."""
+    edit_manifest(folder, schema_change(change))
+    assert_same(cli, folder, passes=False, python_says=f"{where}", shell_says="not a valid release manifest")
+    assert where in verdicts(cli, folder)[3]
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda m: m["labels"].update(x="a\nb\u0007"), id="a control character in a label"),
+    pytest.param(lambda m: m.update(version="\U0001f600" * 128), id="128 characters written as 256 escapes"),
+    pytest.param(lambda m: m.update(image_size=10 ** 40), id="a size of 41 digits"),
+    pytest.param(lambda m: m.update(first_published="2000-01-01T00:00:00Z"), id="first published before published"),
+    pytest.param(lambda m: first_profile(m)["smoke"].update(skip=" why "), id="a smoke.skip with blanks around it"),
+    pytest.param(lambda m: first_profile(m)["devices"].update(extra=["/dev/.hidden/x..y"], groups=["video", "44"]),
+                 id="a device whose names start with a dot"),
+    pytest.param(lambda m: m.update(external=[{"name": "w/.x/model.bin", "bytes": 1, "sha256": "0" * 64}]),
+                 id="an external artifact in a dot folder"),
+])
+def test_a_manifest_the_schema_takes_passes_both(cli, folder, change):
+    edit_manifest(folder, schema_change(change))
+    assert_same(cli, folder, passes=True)
+
+
+def test_the_shell_verifiers_manifest_shape_is_the_schemas():
+    """verify-release.sh holds the manifest's shape as text: it is the one the schema gives."""
+    from unibake.manifest import shell_shape
+
+    held = SCRIPT.read_text().split("\nmanifest_shape='", 1)[1].split("'\n", 1)[0]
+    assert held == shell_shape(), "regenerate the script's manifest_shape from unibake.manifest.shell_shape()"
