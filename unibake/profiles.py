@@ -94,15 +94,33 @@ FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
 DECIMAL_RE = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
 
 
+_YAML = "tag:yaml.org,2002:"
+# the tags a key is read with when it carries none (a key is taken as the text written, whatever it resolves to)
+PLAIN_KEY_TAGS = frozenset(_YAML + t for t in ("str", "int", "float", "bool", "null", "timestamp", "value", "merge"))
+
+
+def _refuse_tag(node: yaml.Node, plain: str | frozenset[str], display: str) -> None:
+    """A mapping, list or key with an explicit tag (``!!python/object:os.system {...}``, ``!!set``,
+    ``!!omap``, ``!custom``) was read as if it had none: the tag was dropped without a word, so the file
+    meant one thing to YAML and another to unibake. Refused, naming the tag."""
+    if node.tag == plain or node.tag in plain:
+        return
+    shown = "!!" + node.tag[len(_YAML):] if node.tag.startswith(_YAML) else node.tag
+    raise InputError(f"{display}:{node.start_mark.line + 1}: the YAML tag {shown!r} is not supported; a profile "
+                     "holds plain mappings, lists, strings, numbers and true/false: remove the tag")
+
+
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str, count: list[int]) -> Any:
     count[0] += 1
     if count[0] > MAX_VALUES:
         raise InputError(f"{display}: more than {MAX_VALUES} values once aliases are expanded (nested aliases?)")
     if isinstance(node, yaml.MappingNode):
+        _refuse_tag(node, _YAML + "map", display)
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key must be a plain name")
+            _refuse_tag(key_node, PLAIN_KEY_TAGS, display)
             key = key_node.value
             count[1] += len(key)
             if any(0xD800 <= ord(c) <= 0xDFFF for c in key):
@@ -118,6 +136,7 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             out[key] = _construct(value_node, path + (key,), lines, display, count)
         return out
     if isinstance(node, yaml.SequenceNode):
+        _refuse_tag(node, _YAML + "seq", display)
         items = []
         for i, item in enumerate(node.value):
             lines[path + (i,)] = item.start_mark.line + 1

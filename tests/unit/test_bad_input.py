@@ -345,6 +345,22 @@ def case_prebuilt_outside_is_a_symlink_loop(p):
     edit(p / "product.yaml", "engine:", f'kernels: [{{name: k, version: "1", prebuilt: {p.parent}/self.so}}]\nengine:')
 
 
+def case_yaml_tag_on_a_mapping(p):  # the tag was dropped without a word: env read as a plain mapping
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: !!python/object:os.system {NCCL_ALGO: Tree}")
+
+
+def case_yaml_tag_on_a_list(p):  # args ["id"], as if the tag were not there
+    edit(p / "tp1.yaml", "gpus: 1", 'gpus: 1\nargs: !!python/object/apply:os.system ["id"]')
+
+
+def case_yaml_tag_on_a_key(p):
+    edit(p / "tp1.yaml", "gpus: 1", "!!python/name:os.system gpus: 1")
+
+
+def case_yaml_set(p):  # a set is a mapping of nulls to YAML; !!omap and !!pairs are lists
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: !!set {NCCL_ALGO, B}")
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -387,6 +403,10 @@ SAYS = {
     "source_folder_is_a_symlink_loop": "profiles/tp1.yaml:3: 'images/tune/tp1' is a symlink loop",
     "symlink_pointing_nowhere": "profiles/product.yaml:9: 'images/engine/dangling' is a symlink that points nowhere",
     "lock_is_a_symlink_loop": "profiles/inputs.lock: a symlink loop",
+    "yaml_tag_on_a_mapping": "tp1.yaml:4: the YAML tag '!!python/object:os.system' is not supported",
+    "yaml_tag_on_a_list": "tp1.yaml:3: the YAML tag '!!python/object/apply:os.system' is not supported",
+    "yaml_tag_on_a_key": "tp1.yaml:2: the YAML tag '!!python/name:os.system' is not supported",
+    "yaml_set": "tp1.yaml:4: the YAML tag '!!set' is not supported",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
 }
 
