@@ -163,6 +163,19 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
     return value
 
 
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's problem with its context: the problem alone said "second occurrence" for an anchor
+    defined twice, and "but found another document" for two documents in one file."""
+    problem, context = exc.problem or "invalid YAML", exc.context
+    if not context or not exc.problem:
+        return problem if exc.problem else context or problem
+    at = exc.context_mark.line + 1 if exc.context_mark else None
+    other_line = at is not None and (exc.problem_mark is None or exc.problem_mark.line + 1 != at)
+    if context.startswith("while "):  # what was being read when the problem was met: where it began
+        return f"{problem} ({context}{f' that began on line {at}' if other_line else ''})"
+    return f"{context}{f' (line {at})' if other_line else ''}, {problem}"
+
+
 def read_document(file: Path, display: str) -> Document:
     """Parse one YAML file into a :class:`Document`; syntax errors name the file and line."""
     if not os.path.lexists(file):
@@ -177,8 +190,7 @@ def read_document(file: Path, display: str) -> Document:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise InputError(f"{display}{line}: YAML syntax error: {problem}") from None
+        raise InputError(f"{display}{line}: YAML syntax error: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{display}: YAML error: {exc}") from None
     except RecursionError:
