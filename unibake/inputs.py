@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
-from .files import read_small_text, visible_name
+from .errors import InputError, UnibakeError
+from .files import open_regular, read_small_text, visible_name
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
@@ -63,9 +63,9 @@ class Source:
         return f.path[len(self.path.rstrip("/")) + 1:]
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, error: type[UnibakeError] = InputError) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, error) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

@@ -20,7 +20,7 @@ from pathlib import Path
 import unidiff
 
 from .errors import InputError
-from .files import read_small_text
+from .files import open_regular, read_small_text
 from .inputs import InputFile, Source, read_source
 from .schema import PATH_RE, default_of
 
@@ -169,7 +169,8 @@ def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, Patch
             if path in current:
                 before, mode = (current[path].data or b""), current[path].mode
             elif path in originals:
-                before, mode = originals[path].absolute.read_bytes(), originals[path].mode
+                with open_regular(originals[path].absolute) as fh:
+                    before, mode = fh.read(), originals[path].mode
             else:
                 before, mode = b"", 0o644
             try:
