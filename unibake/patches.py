@@ -152,6 +152,22 @@ def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: 
     return out
 
 
+MAX_PATCHED = 64 << 20  # a file a patch changes is held whole, as text: a source file, not a 10 GB blob
+
+
+def _original(f: InputFile, path: str, where: str) -> bytes:
+    """An engine file a patch changes, as it was hashed: read again, so one edited since (or grown to
+    gigabytes) would have been patched unchecked (or read whole into memory)."""
+    if f.size > MAX_PATCHED:
+        raise InputError(f"{where}: changes {path}, a file of {f.size} bytes; patches apply to text files of at most "
+                         f"{MAX_PATCHED >> 20} MiB")
+    with open_regular(f.absolute) as fh:
+        data = fh.read(MAX_PATCHED + 1)
+    if hashlib.sha256(data).hexdigest() != f.sha256:
+        raise InputError(f"{where}: {f.path} changed after it was hashed (while the plan was made); run again")
+    return data
+
+
 def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, PatchedFile]:
     """The engine files the patches change (``data`` None: deleted), by path in the engine folder."""
     originals = {engine.relative(f): f for f in engine.files}
@@ -169,8 +185,7 @@ def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, Patch
             if path in current:
                 before, mode = (current[path].data or b""), current[path].mode
             elif path in originals:
-                with open_regular(originals[path].absolute) as fh:
-                    before, mode = fh.read(), originals[path].mode
+                before, mode = _original(originals[path], path, patch.where), originals[path].mode
             else:
                 before, mode = b"", 0o644
             try:

@@ -318,6 +318,29 @@ def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_pro
 
 
 
+def test_an_engine_file_edited_between_its_hash_and_its_patch_or_too_big_to_patch_is_refused(busybox_product):
+    # the plan hashes the engine folder, then reads the file a patch changes again: an edit in between was
+    # patched and baked unchecked, under the digest of the file as it was hashed
+    from unibake.inputs import read_source
+    from unibake.patches import apply_patches, read_patch
+
+    root = busybox_product.parent
+    (root / "images/patches").mkdir()
+    (root / "images/patches/fix.patch").write_text(PATCH)
+    engine = read_source(root, "images/engine", "product.yaml:9")
+    patch = read_patch(root, {"file": "images/patches/fix.patch"}, lambda path: "product.yaml:12")
+    serve = root / "images/engine/serve.sh"
+    assert apply_patches(engine, (patch,))["serve.sh"].data.startswith(b"#!/bin/sh\n# A patched engine:")
+    serve.write_text(serve.read_text() + "echo an edit\n")  # the hunk still applies: only the hash tells
+    with pytest.raises(InputError, match=r"^images/patches/fix\.patch: images/engine/serve\.sh changed after it was hashed"):
+        apply_patches(engine, (patch,))
+    # a file of gigabytes is never read whole to be patched
+    os.truncate(serve, 65 << 20)
+    with pytest.raises(InputError, match=r"^images/patches/fix\.patch: changes serve\.sh, a file of 68157440 bytes; patches "
+                                         r"apply to text files of at most 64 MiB"):
+        apply_patches(read_source(root, "images/engine", "product.yaml:9"), (patch,))
+
+
 def test_an_overlay_that_replaces_a_file_a_patch_changes_is_refused(busybox_product):
     # the overlays are copied over the patched engine: the patch would be listed in the notes but lost
     root = busybox_product.parent
