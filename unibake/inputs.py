@@ -121,9 +121,14 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
         raise InputError(f"{where}: source '{rel}' must be a file")
     files: list[InputFile] = []
     empty: list[str] = []
+    def unreadable(exc: OSError) -> None:  # os.walk's default left such a folder out of the image without a word
+        shown = os.path.relpath(exc.filename, root) if exc.filename else rel
+        raise InputError(f"{where}: cannot read the folder '{visible_name(shown)}' ({exc.strerror}); every file of a "
+                         "source is baked: make it readable, or move it out of the source")
+
     if real.is_dir():
         try:  # os.walk recurses in Python 3.11: a tree 1000 folders deep ends it
-            for dirpath, dirnames, filenames in os.walk(path):
+            for dirpath, dirnames, filenames in os.walk(path, onerror=unreadable):
                 dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
                 for d in dirnames:
                     if os.path.islink(os.path.join(dirpath, d)):
@@ -187,7 +192,12 @@ def _input_file(root: Path, path: Path, where: str) -> InputFile:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{where}: '{rel}' is not a regular file")
     mode = 0o755 if st.st_mode & 0o111 else 0o644
-    return InputFile(path=rel, absolute=real, sha256=sha256_file(real), size=st.st_size, mode=mode)
+    try:
+        sha256 = sha256_file(real)
+    except PermissionError as exc:  # was exit 1 naming only the path, as if the disk had failed
+        raise InputError(f"{where}: cannot read '{rel}' ({exc.strerror}); make it readable to this user, or move it "
+                         "out of the source") from None
+    return InputFile(path=rel, absolute=real, sha256=sha256, size=st.st_size, mode=mode)
 
 
 # ---------------------------------------------------------------------------------------------
