@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import open_regular, read_small_text, visible_name
+from .files import decode_text, open_regular, read_small_file, visible_name
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
@@ -213,6 +213,7 @@ class Lock:
 
     digests: dict[str, str]
     executable: frozenset[str] | None  # None: a lock without MODES_NOTE, written before modes were locked
+    raw: bytes | None = None  # the bytes read, when read from a file
 
     def mode_differs(self, f: InputFile) -> bool:
         """Whether ``f`` is (not) executable where the lock, recording modes, says otherwise."""
@@ -227,11 +228,12 @@ def read_lock(lock_path: Path, display: str) -> Lock:
     if not real.is_relative_to(lock_path.parent.resolve()):  # its lines are quoted in errors: never read a file
         raise InputError(f"{display}: a symlink that points outside the profiles folder (to {real}); the lock "
                          "must live in the folder")
-    text = read_small_text(lock_path, InputError, limit=LOCK_LIMIT)
+    raw = read_small_file(lock_path, InputError, limit=LOCK_LIMIT)
+    text = decode_text(raw, lock_path, InputError)
     entries = parse_sums(text, display, InputError, comments=True)
     modes = MODES_NOTE in text.split("\n") or any(e.binary for e in entries)
     return Lock(digests={e.name: e.sha256 for e in entries},
-                executable=frozenset(e.name for e in entries if e.binary) if modes else None)
+                executable=frozenset(e.name for e in entries if e.binary) if modes else None, raw=raw)
 
 
 def render_lock(files: list[InputFile]) -> str:

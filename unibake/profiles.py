@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import yaml
 
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
-from .files import read_small_text, visible_name
+from .files import decode_text, read_small_file, visible_name
 from .inputs import real_path
 from .platforms import KNOWN
 from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
@@ -45,6 +45,7 @@ class Document:
     display: str
     data: dict[str, Any]
     lines: dict[Path_, int]
+    raw: bytes = b""  # the bytes parsed: what the provenance hashes and the kit holds, whatever an edit did since
 
     def where(self, path: Path_) -> str:
         """``file:line`` of a key path (or of its closest located parent)."""
@@ -64,6 +65,7 @@ class MergedProfile:
     data: dict[str, Any]
     origins: dict[Path_, str]
     env_files: tuple[EnvFile, ...] = ()  # from product.yaml to the profile's file, in the order they apply
+    raw: dict[str, bytes] = field(default_factory=dict, repr=False)  # each file of chain: the bytes parsed
 
     def where(self, path: Path_) -> str:
         for n in range(len(path), 0, -1):
@@ -180,7 +182,8 @@ def read_document(file: Path, display: str) -> Document:
     """Parse one YAML file into a :class:`Document`; syntax errors name the file and line."""
     if not os.path.lexists(file):
         raise InputError(f"{display}: no such file")
-    text = read_small_text(file, InputError, limit=MAX_YAML_BYTES)  # a FIFO or a device is refused unread
+    raw = read_small_file(file, InputError, limit=MAX_YAML_BYTES)  # a FIFO or a device is refused unread
+    text = decode_text(raw, file, InputError)
     if "\x00" in text:
         raise InputError(f"{display}: contains a NUL character")
     try:
@@ -197,7 +200,7 @@ def read_document(file: Path, display: str) -> Document:
         raise InputError(f"{display}: YAML nested too deeply") from None
     if not isinstance(data, dict):
         raise InputError(f"{display}:1: the top level must be a mapping of keys")
-    return Document(file=file, display=display, data=data, lines=lines)
+    return Document(file=file, display=display, data=data, lines=lines, raw=raw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,8 +500,9 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
         if name in profiles:
             raise InputError(f"{doc.where(('profile',))}: profile '{name}' is also defined in "
                              f"{profiles[name].file}; profile names must be unique")
+        parsed = {d.display: d.raw for d in cache.values()}
         merged = MergedProfile(name=name, file=doc.display, chain=chain, data=data, origins=origins,
-                               env_files=env_files)
+                               env_files=env_files, raw={f: parsed[f] for f in chain})
         _check_required(SCHEMA, data, (), lambda p, m=merged: m.where(p) if p else m.file)
         profiles[name] = merged
     if not profiles:

@@ -867,6 +867,33 @@ def test_a_profile_or_lock_edited_while_the_image_builds_is_recorded_and_kept_as
     assert kept == planned
 
 
+def test_a_profile_edited_while_the_plan_hashes_the_inputs_is_recorded_as_it_was_parsed(busybox_product, monkeypatch):
+    # the plan parsed the profiles, hashed every input (minutes, for a big engine folder), then read the profiles
+    # again for the provenance and the kit: an edit in between was recorded as the files the image was planned
+    # from, though it was planned from the files as they were parsed (the lock, read after the hashing, is held
+    # as it was read and checked)
+    import unibake.plan
+    from unibake.supply import materials
+
+    root = busybox_product.parent
+    files = ("profiles/product.yaml", "profiles/tp1.yaml", "profiles/tp2.yaml")
+    parsed = {rel: (root / rel).read_bytes() for rel in files}
+    hash_inputs = unibake.plan.read_source
+
+    def an_editor_meanwhile(*args, **kwargs):  # the real hashing, while someone edits the profiles
+        source = hash_inputs(*args, **kwargs)
+        for rel in files:
+            (root / rel).write_text((root / rel).read_text().replace("gpus: 2", "gpus: 4") + "# the next version\n")
+        return source
+
+    monkeypatch.setattr(unibake.plan, "read_source", an_editor_meanwhile)
+    plan = make_plan(busybox_product, cwd=root)
+    assert [p.gpus for p in plan.profiles] == [1, 2]  # planned from the files as they were parsed
+    assert {rel: plan.config_data(rel) for rel in files} == parsed
+    recorded = {m.name: m.sha256 for m in materials(plan)}
+    assert {rel: recorded[rel] for rel in files} == {rel: hashlib.sha256(d).hexdigest() for rel, d in parsed.items()}
+
+
 def test_rebuild_of_a_release_folder_quotes_the_kit_it_names_in_the_command_to_paste(tmp_path, cli):
     # (before: a downloaded release holding a file '$(touch PWNED)-kit.tar.zst' was named as it is in the
     # suggested `mkdir kit && zstd -dc ... | tar -x -C kit`: pasted, the command ran touch PWNED; a folder
