@@ -194,6 +194,11 @@ def read_document(file: Path, display: str) -> Document:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
         raise InputError(f"{display}{line}: YAML syntax error: {_yaml_problem(exc)}") from None
+    except yaml.reader.ReaderError as exc:  # its own words were PyYAML's internals over two lines: '"<unicode string>"'
+        line = text[:exc.position].count("\n") + 1
+        raise InputError(f"{display}:{line}: holds the character U+{exc.character:04X}, which YAML does not allow in a "
+                         "file (a control character or a non-character); remove it, or write it as an escape "
+                         "(\\u...) in a double-quoted string") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{display}: YAML error: {exc}") from None
     except RecursionError:

@@ -361,6 +361,10 @@ def case_yaml_set(p):  # a set is a mapping of nulls to YAML; !!omap and !!pairs
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: !!set {NCCL_ALGO, B}")
 
 
+def case_yaml_special_character(p):  # PyYAML's reader refuses it: its message named "<unicode string>", no line
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tree\x9b"}')
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -407,6 +411,7 @@ SAYS = {
     "yaml_tag_on_a_list": "tp1.yaml:3: the YAML tag '!!python/object/apply:os.system' is not supported",
     "yaml_tag_on_a_key": "tp1.yaml:2: the YAML tag '!!python/name:os.system' is not supported",
     "yaml_set": "tp1.yaml:4: the YAML tag '!!set' is not supported",
+    "yaml_special_character": "tp1.yaml:4: holds the character U+009B, which YAML does not allow in a file",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
 }
 
