@@ -88,6 +88,7 @@ def dotted(path: Path_) -> str:
 # Reading YAML with line numbers
 
 
+YAML_ONLY_BREAKS = {"\x85": "next line", "\u2028": "line separator", "\u2029": "paragraph separator"}
 MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
 MAX_YAML_BYTES = 4 << 20
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
@@ -186,6 +187,15 @@ def read_document(file: Path, display: str) -> Document:
     text = decode_text(raw, file, InputError)
     if "\x00" in text:
         raise InputError(f"{display}: contains a NUL character")
+    # YAML 1.1 breaks lines at these too (PyYAML does), editors and diffs at "\n" alone: a key after one is read
+    # on a line of its own, every error names a line the editor does not show, and inside a quoted value one is
+    # folded into a space
+    found = re.search("[\x85\u2028\u2029]", text)
+    if found:
+        at = found.start()
+        raise InputError(f"{display}:{text.count(chr(10), 0, at) + 1}: holds U+{ord(text[at]):04X} ("
+                         f"{YAML_ONLY_BREAKS[text[at]]}), which YAML reads as a line break and editors do not; remove "
+                         f"it, or write it as the escape \\u{ord(text[at]):04x} in a double-quoted string")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[Path_, int] = {}

@@ -365,6 +365,14 @@ def case_yaml_special_character(p):  # PyYAML's reader refuses it: its message n
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tree\x9b"}')
 
 
+def case_yaml_line_separator(p):  # YAML breaks the line there, editors do not: gpus read on a line of its own
+    edit(p / "tp1.yaml", "gpus: 1", "env_note: x\u2028gpus: 1")
+
+
+def case_yaml_next_line_in_a_value(p):  # folded into a space: the image got "Tr ee"
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tr\x85ee"}')
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -411,6 +419,9 @@ SAYS = {
     "yaml_tag_on_a_list": "tp1.yaml:3: the YAML tag '!!python/object/apply:os.system' is not supported",
     "yaml_tag_on_a_key": "tp1.yaml:2: the YAML tag '!!python/name:os.system' is not supported",
     "yaml_set": "tp1.yaml:4: the YAML tag '!!set' is not supported",
+    "yaml_line_separator": "tp1.yaml:2: holds U+2028 (line separator), which YAML reads as a line break and editors "
+                           "do not",
+    "yaml_next_line_in_a_value": "tp1.yaml:4: holds U+0085 (next line), which YAML reads as a line break",
     "yaml_special_character": "tp1.yaml:4: holds the character U+009B, which YAML does not allow in a file",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
 }
