@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import zstandard
 
 from unibake import __version__
-from unibake.errors import InputError, VerificationError
+from unibake.errors import InputError, UnibakeError, VerificationError
 from unibake.kit import KitDraft, check_ledger, kit_name, read_kit, rebuild, write_kit
 from unibake.plan import make_plan
 from unibake.render import render, write_context_tar
@@ -892,6 +893,29 @@ def test_a_profile_edited_while_the_plan_hashes_the_inputs_is_recorded_as_it_was
     assert {rel: plan.config_data(rel) for rel in files} == parsed
     recorded = {m.name: m.sha256 for m in materials(plan)}
     assert {rel: recorded[rel] for rel in files} == {rel: hashlib.sha256(d).hexdigest() for rel, d in parsed.items()}
+
+
+def test_a_context_file_the_kit_cannot_carry_is_refused_before_the_secret_scan_reads_it(busybox_product, tmp_path,
+                                                                                         monkeypatch):
+    # the scan reads every context file whole (a 10 GB sparse file, which has no newline for grep to bound:
+    # about 35 s per GB, in chunks), and only the folder stage after it refused a file of 8 GiB or more; the
+    # secret in the file tells which came first (the limit made small here: the rule is 8 GiB)
+    from unibake import kit
+    from unibake.pipeline import BUILD, Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    big = busybox_product.parent / "images/engine/weights.bin"
+    big.write_bytes(b"\0" * 4096 + b"token = hf_" + b"a" * 34 + b"\n")
+    monkeypatch.setattr(kit, "CONTEXT_FILE_LIMIT", 4096)
+    (busybox_product / "inputs.lock").unlink()
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", config=str(busybox_product), require_lock=False)
+    with pytest.raises(InputError, match=rf"^{re.escape(str(big))}: 4142 bytes \(ctx/engine/weights\.bin in the build context\): a file "
+                                         r"of 8 GiB or more"):
+        run_stages(selection(BUILD), request, Quiet(), connect=lambda address: FakeEngine())
+    # a run that makes no release (no kit) scans it as before, and its secret is found
+    with pytest.raises(UnibakeError, match=r"weights\.bin"):
+        run_stages(selection(BUILD, "render"), request, Quiet(), connect=lambda address: FakeEngine())
 
 
 def test_rebuild_of_a_release_folder_quotes_the_kit_it_names_in_the_command_to_paste(tmp_path, cli):
