@@ -152,6 +152,16 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
                   is_dir=real.is_dir(), empty_folders=tuple(sorted(empty)))
 
 
+def read_hashed(f: InputFile, limit: int) -> bytes:
+    """The bytes of an input file hashed just before (an env file, a patch, the notes' texts), checked
+    against that hash: an edit in between would be what is baked or shown while the lock and the
+    provenance pin the file as it was hashed."""
+    data = read_small_file(f.absolute, InputError, limit=limit)
+    if hashlib.sha256(data).hexdigest() != f.sha256:
+        raise InputError(f"input '{f.path}' changed while it was read (after it was hashed); run again")
+    return data
+
+
 def read_external(path: str, where: str) -> Source:
     """A file outside the project, named by its absolute path (a large prebuilt binary): hashed like
     any input and locked under its absolute path."""

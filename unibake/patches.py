@@ -20,8 +20,8 @@ from pathlib import Path
 import unidiff
 
 from .errors import InputError
-from .files import open_regular, read_small_text
-from .inputs import InputFile, Source, read_source
+from .files import decode_text, open_regular
+from .inputs import InputFile, Source, read_hashed, read_source
 from .schema import PATH_RE, default_of
 
 MAX_PATCH = 16 << 20
@@ -75,7 +75,7 @@ def read_patch(root: Path, spec: dict, where) -> Patch:
     """A patch file of ``patches:``, hashed and parsed; ``where(path)`` locates its YAML keys."""
     source: Source = read_source(root, spec["file"], where(("file",)), want="file")
     f = source.files[0]
-    text = read_small_text(f.absolute, InputError, limit=MAX_PATCH)
+    text = decode_text(read_hashed(f, MAX_PATCH), f.absolute, InputError)
     try:
         diff = unidiff.PatchSet(text)
     except unidiff.UnidiffParseError as exc:

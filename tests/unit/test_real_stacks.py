@@ -1306,3 +1306,34 @@ def test_an_env_key_the_shell_sets_itself_is_refused_it_never_reached_the_engine
                                   'printf %s "$PWD"'], capture_output=True, text=True, cwd=tmp_path,
                                  env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin"})
             assert run.returncode == 0 and run.stdout == str(tmp_path), (shell, run)
+
+
+@pytest.mark.parametrize("kind", ["env file", "patch"])
+def test_an_env_file_or_patch_edited_between_its_hash_and_its_read_is_refused(busybox_product, monkeypatch, kind):
+    # each is hashed (for the lock and the provenance), then read again by its path to be parsed: an edit in
+    # between was baked (an env value, a patched engine file) while the lock passed on the hash of the old file
+    import unibake.envfile
+    import unibake.patches
+
+    root = busybox_product.parent
+    if kind == "env file":
+        rel, module, edited = "images/tp1.env", unibake.envfile, "NCCL_ALGO=Tree\nNCCL_DEBUG=TRACE\n"
+        (root / rel).write_text("NCCL_ALGO=Tree\n")
+        append(busybox_product / "tp1.yaml", f"env_file: {rel}\n")
+    else:
+        rel, module, edited = "images/patches/fix.patch", unibake.patches, PATCH.replace("A patched", "An edited")
+        (root / "images/patches").mkdir()
+        (root / rel).write_text(PATCH)
+        append(busybox_product / "product.yaml", f"patches:\n  - {{file: {rel}}}\n")
+    make_plan(busybox_product, verify_lock=False)
+    hash_it = module.read_source
+
+    def an_editor_meanwhile(*args, **kwargs):  # the real hashing; then someone saves the file
+        source = hash_it(*args, **kwargs)
+        if source.path == rel:
+            (root / rel).write_text(edited)
+        return source
+
+    monkeypatch.setattr(module, "read_source", an_editor_meanwhile)
+    with pytest.raises(InputError, match=rf"^input '{rel}' changed while it was read \(after it was hashed\); run again"):
+        make_plan(busybox_product, verify_lock=False)
