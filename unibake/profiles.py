@@ -31,6 +31,7 @@ from .platforms import KNOWN
 from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
 
 PRODUCT_FILE = "product.yaml"
+MAX_EXTENDS = 32  # files one profile's extends chain may go through (product.yaml not counted)
 # ``--profile all`` selects every profile; a platform's architecture is the suffix of its releases' tags
 RESERVED_PROFILE_NAMES = frozenset({"all"} | {p.architecture for p in KNOWN.values()})
 
@@ -412,6 +413,10 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     if file in stack:
         cycle = " -> ".join(_display(f, display_root) for f in stack + (file,))
         raise InputError(f"{display}: 'extends' forms a cycle: {cycle}")
+    if len(stack) >= MAX_EXTENDS:  # each file is a recursion and a merge: 1000 was a RecursionError traceback
+        raise InputError(f"{_display(stack[0], display_root)}: its 'extends' chain is more than {MAX_EXTENDS} files "
+                         f"long ({_display(stack[0], display_root)} -> {_display(stack[1], display_root)} -> ... -> "
+                         f"{display}); a profile extends a few files at most: shorten the chain")
     doc = cache.get(file)
     if doc is None:
         doc = read_document(file, display)

@@ -373,6 +373,12 @@ def case_yaml_next_line_in_a_value(p):  # folded into a space: the image got "Tr
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tr\x85ee"}')
 
 
+def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
+    (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
+    for i in range(2, 1001):
+        (p / f"c{i}.yaml").write_text(f"profile: c{i}\nextends: c{i - 1}.yaml\n")
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -422,6 +428,7 @@ SAYS = {
     "yaml_line_separator": "tp1.yaml:2: holds U+2028 (line separator), which YAML reads as a line break and editors "
                            "do not",
     "yaml_next_line_in_a_value": "tp1.yaml:4: holds U+0085 (next line), which YAML reads as a line break",
+    "extends_chain_too_long": "c100.yaml: its 'extends' chain is more than 32 files long (",
     "yaml_special_character": "tp1.yaml:4: holds the character U+009B, which YAML does not allow in a file",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
 }
