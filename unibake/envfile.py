@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
-from .files import read_small_text
-from .inputs import Source, read_source
+from .files import decode_text
+from .inputs import Source, read_hashed, read_source
 from .schema import ENV_KEY_RE, MAX_VALUE_LEN
 
 MAX_ENV_FILE = 1 << 20
@@ -73,7 +73,7 @@ def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
 def read_env_file(root: Path, rel: str, where: str) -> EnvFile:
     """The env file ``rel`` under ``root`` (an input, hashed like any other), parsed."""
     source = read_source(root, rel, where, want="file")
-    text = read_small_text(source.files[0].absolute, InputError, limit=MAX_ENV_FILE)
+    text = decode_text(read_hashed(source.files[0], MAX_ENV_FILE), source.files[0].absolute, InputError)
     values, lines = parse_env(text, source.path)
     return EnvFile(source=source, values=values, lines=lines)
 

@@ -87,6 +87,20 @@ def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: 
     return data
 
 
+def open_regular(path: Path, error: type[UnibakeError] = InputError, shown: str | None = None):
+    """``path`` opened to be read (binary), only while it is a regular file. An input the plan hashed
+    is opened again to be rendered, scanned and sent: one swapped meanwhile for a FIFO held the run for
+    ever (a device, without end); it is refused, naming it, without waiting on it (``O_NONBLOCK``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # before fdopen: it would take a FIFO or a device as it is
+        os.close(fd)
+        raise error(f"{shown or path}: not a regular file now (it was replaced since it was hashed, by a FIFO, a "
+                    "device or a folder); put the file back, then run again")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def read_small_text(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",
                     follow: bool = True) -> str:
     return decode_text(read_small_file(path, error, limit=limit, what=what, follow=follow), path, error)

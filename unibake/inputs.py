@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
-from .files import read_small_text, visible_name
+from .errors import InputError, UnibakeError
+from .files import decode_text, open_regular, read_small_file, visible_name
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
@@ -63,9 +63,9 @@ class Source:
         return f.path[len(self.path.rstrip("/")) + 1:]
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, error: type[UnibakeError] = InputError) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, error) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -121,9 +121,14 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
         raise InputError(f"{where}: source '{rel}' must be a file")
     files: list[InputFile] = []
     empty: list[str] = []
+    def unreadable(exc: OSError) -> None:  # os.walk's default left such a folder out of the image without a word
+        shown = os.path.relpath(exc.filename, root) if exc.filename else rel
+        raise InputError(f"{where}: cannot read the folder '{visible_name(shown)}' ({exc.strerror}); every file of a "
+                         "source is baked: make it readable, or move it out of the source")
+
     if real.is_dir():
         try:  # os.walk recurses in Python 3.11: a tree 1000 folders deep ends it
-            for dirpath, dirnames, filenames in os.walk(path):
+            for dirpath, dirnames, filenames in os.walk(path, onerror=unreadable):
                 dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
                 for d in dirnames:
                     if os.path.islink(os.path.join(dirpath, d)):
@@ -145,6 +150,16 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
                       for f in files)
     return Source(path=rel, files=tuple(files), digest=hashlib.sha256(listing.encode()).hexdigest(),
                   is_dir=real.is_dir(), empty_folders=tuple(sorted(empty)))
+
+
+def read_hashed(f: InputFile, limit: int) -> bytes:
+    """The bytes of an input file hashed just before (an env file, a patch, the notes' texts), checked
+    against that hash: an edit in between would be what is baked or shown while the lock and the
+    provenance pin the file as it was hashed."""
+    data = read_small_file(f.absolute, InputError, limit=limit)
+    if hashlib.sha256(data).hexdigest() != f.sha256:
+        raise InputError(f"input '{f.path}' changed while it was read (after it was hashed); run again")
+    return data
 
 
 def read_external(path: str, where: str) -> Source:
@@ -187,7 +202,12 @@ def _input_file(root: Path, path: Path, where: str) -> InputFile:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{where}: '{rel}' is not a regular file")
     mode = 0o755 if st.st_mode & 0o111 else 0o644
-    return InputFile(path=rel, absolute=real, sha256=sha256_file(real), size=st.st_size, mode=mode)
+    try:
+        sha256 = sha256_file(real)
+    except PermissionError as exc:  # was exit 1 naming only the path, as if the disk had failed
+        raise InputError(f"{where}: cannot read '{rel}' ({exc.strerror}); make it readable to this user, or move it "
+                         "out of the source") from None
+    return InputFile(path=rel, absolute=real, sha256=sha256, size=st.st_size, mode=mode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +223,7 @@ class Lock:
 
     digests: dict[str, str]
     executable: frozenset[str] | None  # None: a lock without MODES_NOTE, written before modes were locked
+    raw: bytes | None = None  # the bytes read, when read from a file
 
     def mode_differs(self, f: InputFile) -> bool:
         """Whether ``f`` is (not) executable where the lock, recording modes, says otherwise."""
@@ -217,11 +238,12 @@ def read_lock(lock_path: Path, display: str) -> Lock:
     if not real.is_relative_to(lock_path.parent.resolve()):  # its lines are quoted in errors: never read a file
         raise InputError(f"{display}: a symlink that points outside the profiles folder (to {real}); the lock "
                          "must live in the folder")
-    text = read_small_text(lock_path, InputError, limit=LOCK_LIMIT)
+    raw = read_small_file(lock_path, InputError, limit=LOCK_LIMIT)
+    text = decode_text(raw, lock_path, InputError)
     entries = parse_sums(text, display, InputError, comments=True)
     modes = MODES_NOTE in text.split("\n") or any(e.binary for e in entries)
     return Lock(digests={e.name: e.sha256 for e in entries},
-                executable=frozenset(e.name for e in entries if e.binary) if modes else None)
+                executable=frozenset(e.name for e in entries if e.binary) if modes else None, raw=raw)
 
 
 def render_lock(files: list[InputFile]) -> str:

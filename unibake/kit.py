@@ -417,7 +417,7 @@ def check_ledger(folder: Path) -> list[str]:
             problems.append(f"{rel}: missing")
         elif not path.is_file() or path.is_symlink():  # (was "missing": a link or a FIFO is there, to be seen)
             problems.append(f"{rel}: not a regular file (a link, a FIFO or a folder), which the kit does not hold")
-        elif sha256_file(path) != sha:
+        elif sha256_file(path, VerificationError) != sha:
             problems.append(f"{rel}: differs from {LEDGER}")
     # nothing skipped: a __pycache__ or a .venv in the kit holds code the rebuild would run (the kit's
     # verify.sh makes its venv in the user's cache folder, and the tool writes no bytecode in a kit)
@@ -435,7 +435,7 @@ def check_kit(folder: Path) -> KitRecord:
         raise VerificationError(f"{folder}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
                                                                else ""))
     record = read_kit(folder)
-    if sha256_file(folder / CONTEXT) != record.context_sha256:
+    if sha256_file(folder / CONTEXT, VerificationError) != record.context_sha256:
         raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
     _check_dockerfile(folder, record)
     return record

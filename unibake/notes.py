@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
-from .files import read_small_file, read_small_text
-from .inputs import InputFile, read_source
+from .files import decode_text, read_small_file
+from .inputs import InputFile, read_hashed, read_source
 from .manifest import FILE_NAME_PATTERN, RELEASE_FILES
 
 MAX_TEXT = 1 << 20
@@ -57,7 +57,7 @@ def read_notes(root: Path, data: dict, where) -> Notes:
     for key in ("changelog", "known_limits"):
         if key in data:
             f = read_source(root, data[key], where((key,)), want="file").files[0]
-            texts[key] = read_small_text(f.absolute, InputError, limit=MAX_TEXT).strip() + "\n"
+            texts[key] = decode_text(read_hashed(f, MAX_TEXT), f.absolute, InputError).strip() + "\n"
     attachments: list[Attachment] = []
     for i, rel in enumerate(data.get("attachments", [])):
         f = read_source(root, rel, where(("attachments", i)), want="file").files[0]

@@ -20,8 +20,8 @@ from pathlib import Path
 import unidiff
 
 from .errors import InputError
-from .files import read_small_text
-from .inputs import InputFile, Source, read_source
+from .files import decode_text, open_regular
+from .inputs import InputFile, Source, read_hashed, read_source
 from .schema import PATH_RE, default_of
 
 MAX_PATCH = 16 << 20
@@ -75,7 +75,7 @@ def read_patch(root: Path, spec: dict, where) -> Patch:
     """A patch file of ``patches:``, hashed and parsed; ``where(path)`` locates its YAML keys."""
     source: Source = read_source(root, spec["file"], where(("file",)), want="file")
     f = source.files[0]
-    text = read_small_text(f.absolute, InputError, limit=MAX_PATCH)
+    text = decode_text(read_hashed(f, MAX_PATCH), f.absolute, InputError)
     try:
         diff = unidiff.PatchSet(text)
     except unidiff.UnidiffParseError as exc:
@@ -152,6 +152,22 @@ def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: 
     return out
 
 
+MAX_PATCHED = 64 << 20  # a file a patch changes is held whole, as text: a source file, not a 10 GB blob
+
+
+def _original(f: InputFile, path: str, where: str) -> bytes:
+    """An engine file a patch changes, as it was hashed: read again, so one edited since (or grown to
+    gigabytes) would have been patched unchecked (or read whole into memory)."""
+    if f.size > MAX_PATCHED:
+        raise InputError(f"{where}: changes {path}, a file of {f.size} bytes; patches apply to text files of at most "
+                         f"{MAX_PATCHED >> 20} MiB")
+    with open_regular(f.absolute) as fh:
+        data = fh.read(MAX_PATCHED + 1)
+    if hashlib.sha256(data).hexdigest() != f.sha256:
+        raise InputError(f"{where}: {f.path} changed after it was hashed (while the plan was made); run again")
+    return data
+
+
 def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, PatchedFile]:
     """The engine files the patches change (``data`` None: deleted), by path in the engine folder."""
     originals = {engine.relative(f): f for f in engine.files}
@@ -169,7 +185,7 @@ def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, Patch
             if path in current:
                 before, mode = (current[path].data or b""), current[path].mode
             elif path in originals:
-                before, mode = originals[path].absolute.read_bytes(), originals[path].mode
+                before, mode = _original(originals[path], path, patch.where), originals[path].mode
             else:
                 before, mode = b"", 0o644
             try:

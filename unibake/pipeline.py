@@ -177,6 +177,7 @@ class Run:
         self.results: dict[str, object] = {"request": request}
         self._engine: Engine | None = None
         self.builds = False  # whether this run's stages build: the build then says the unset ${NAME}s
+        self.publishes = False  # whether they make a release folder (and so a kit, which carries the context)
         self._after: dict[str, list[Callable[[], None]]] = {}
 
     def after(self, stage: str, let_go: Callable[[], None]) -> None:
@@ -317,6 +318,10 @@ def _sanitise_cache(env) -> Path | None:
 def _scan_context(run: Run) -> tuple:
     context: BuildContext = run["context"]
     root = run["plan"].project_root
+    if run.publishes:  # the folder stage refuses a context no kit can carry: said before a file of 8 GiB is scanned
+        from .kit import check_context_sizes  # (minutes: a file without newlines is read whole, in chunks)
+
+        check_context_sizes(context)
     findings = scan_context(context_files(context, root), run.request.identity, cache=_sanitise_cache(run.request.env))
     enforce(findings, run.allow, "the build context")
     return _one(Scan(what="the build context and the Dockerfile", allowed=len(findings)))
@@ -980,6 +985,7 @@ def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
         run = Run(request, reporter, stack if stack is not None else own, connect or docker_engines(request))
         run.results.update(given.values if given else {})
         run.builds = any(s.name == "build" for s in stages) if builds is None else builds
+        run.publishes = any(s.name == "folder" for s in stages)
         for stage in stages:
             reason = stage.skip(run)
             if reason:

@@ -547,6 +547,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         raise InputError(f"{display_path(config_dir / LOCK_FILE, cwd)}: the source '{holder}' bakes the inputs lock "
                          "into the image, but the lock cannot pin its own sha256 (each build.py lock would change it "
                          "again); bake the files beside it one by one instead")
+    held_lock: bytes | None = None
     if verify_lock:
         lock_path = config_dir / LOCK_FILE
         lock_display = display_path(lock_path, cwd)
@@ -560,13 +561,18 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                 raise InputError(f"{lock_display}: the inputs lock is missing; create it with: {lock_command}")
             sources = [s.path for s in _sources(engine, kernels, overlays, chosen)]
             sources += [f.path for f in inputs if f.path.startswith("/")]
-            check_lock(inputs, read_lock(lock_path, lock_display), lock_display, tuple(sources), lock_command)
+            lock = read_lock(lock_path, lock_display)
+            check_lock(inputs, lock, lock_display, tuple(sources), lock_command)
+            if lock.raw is not None:
+                held_lock = lock.raw
 
-    config_files = tuple(sorted({(cwd / f).resolve().relative_to(root).as_posix()
-                                 for m in merged.values() for f in m.chain}))
-    held = {rel: (root / rel).read_bytes() for rel in config_files}  # just parsed: regular files
-    if verify_lock and os.path.isfile(config_dir / LOCK_FILE):  # just read and checked
-        held[(config_dir / LOCK_FILE).relative_to(root).as_posix()] = (config_dir / LOCK_FILE).read_bytes()
+    # the files as they were parsed and checked, not read again: an edit while the inputs were hashed (minutes,
+    # for a big engine) was recorded in the provenance and the kit as the files the image was planned from
+    parsed = {(cwd / f).resolve().relative_to(root).as_posix(): m.raw[f] for m in merged.values() for f in m.chain}
+    config_files = tuple(sorted(parsed))
+    held = dict(parsed)
+    if held_lock is not None:
+        held[(config_dir / LOCK_FILE).relative_to(root).as_posix()] = held_lock
     plan = ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .errors import InputError
+from .files import open_regular
 from .inputs import InputFile, file_and_folder
 
 SO_RE = re.compile(r"\.so(?:\.[0-9]+)*$")
@@ -192,15 +193,22 @@ def _zip_members(file: InputFile, where: str) -> list[Member]:
 
 @contextmanager
 def open_member(prebuilt: Prebuilt, member: Member) -> Iterator[BinaryIO]:
-    """The bytes of one member, as a readable stream."""
-    if prebuilt.kind == "so":
-        with open(prebuilt.file.absolute, "rb") as fh:
-            yield fh
-    elif prebuilt.kind == "tar":
-        with tarfile.open(prebuilt.file.absolute, "r:*") as tar:
-            stream = tar.extractfile(member.source)
-            assert stream is not None
+    """The bytes of one member, as a readable stream. The file was hashed and listed at the plan: one
+    replaced since (by a FIFO, or an archive without the member) is InputError naming it."""
+    with open_regular(prebuilt.file.absolute) as raw:
+        if prebuilt.kind == "so":
+            yield raw
+            return
+        try:
+            if prebuilt.kind == "tar":
+                archive = tarfile.open(fileobj=raw, mode="r:*")
+                stream = archive.extractfile(member.source)
+                assert stream is not None
+            else:
+                archive = zipfile.ZipFile(raw)
+                stream = archive.open(member.source)
+        except (KeyError, tarfile.TarError, zipfile.BadZipFile):
+            raise InputError(f"{prebuilt.file.absolute}: no longer holds {member.source!r} as it did when it was "
+                             "hashed (the archive was replaced); run again") from None
+        with archive, stream:
             yield stream
-    else:
-        with zipfile.ZipFile(prebuilt.file.absolute) as zf, zf.open(member.source) as fh:
-            yield fh

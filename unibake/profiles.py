@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,13 @@ import yaml
 
 from .envfile import EnvFile, read_env_file
 from .errors import InputError
-from .files import read_small_text, visible_name
+from .files import decode_text, read_small_file, visible_name
 from .inputs import real_path
 from .platforms import KNOWN
 from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
 
 PRODUCT_FILE = "product.yaml"
+MAX_EXTENDS = 32  # files one profile's extends chain may go through (product.yaml not counted)
 # ``--profile all`` selects every profile; a platform's architecture is the suffix of its releases' tags
 RESERVED_PROFILE_NAMES = frozenset({"all"} | {p.architecture for p in KNOWN.values()})
 
@@ -45,6 +46,7 @@ class Document:
     display: str
     data: dict[str, Any]
     lines: dict[Path_, int]
+    raw: bytes = b""  # the bytes parsed: what the provenance hashes and the kit holds, whatever an edit did since
 
     def where(self, path: Path_) -> str:
         """``file:line`` of a key path (or of its closest located parent)."""
@@ -64,6 +66,7 @@ class MergedProfile:
     data: dict[str, Any]
     origins: dict[Path_, str]
     env_files: tuple[EnvFile, ...] = ()  # from product.yaml to the profile's file, in the order they apply
+    raw: dict[str, bytes] = field(default_factory=dict, repr=False)  # each file of chain: the bytes parsed
 
     def where(self, path: Path_) -> str:
         for n in range(len(path), 0, -1):
@@ -86,6 +89,7 @@ def dotted(path: Path_) -> str:
 # Reading YAML with line numbers
 
 
+YAML_ONLY_BREAKS = {"\x85": "next line", "\u2028": "line separator", "\u2029": "paragraph separator"}
 MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
 MAX_YAML_BYTES = 4 << 20
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
@@ -94,15 +98,33 @@ FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
 DECIMAL_RE = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$")
 
 
+_YAML = "tag:yaml.org,2002:"
+# the tags a key is read with when it carries none (a key is taken as the text written, whatever it resolves to)
+PLAIN_KEY_TAGS = frozenset(_YAML + t for t in ("str", "int", "float", "bool", "null", "timestamp", "value", "merge"))
+
+
+def _refuse_tag(node: yaml.Node, plain: str | frozenset[str], display: str) -> None:
+    """A mapping, list or key with an explicit tag (``!!python/object:os.system {...}``, ``!!set``,
+    ``!!omap``, ``!custom``) was read as if it had none: the tag was dropped without a word, so the file
+    meant one thing to YAML and another to unibake. Refused, naming the tag."""
+    if node.tag == plain or node.tag in plain:
+        return
+    shown = "!!" + node.tag[len(_YAML):] if node.tag.startswith(_YAML) else node.tag
+    raise InputError(f"{display}:{node.start_mark.line + 1}: the YAML tag {shown!r} is not supported; a profile "
+                     "holds plain mappings, lists, strings, numbers and true/false: remove the tag")
+
+
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str, count: list[int]) -> Any:
     count[0] += 1
     if count[0] > MAX_VALUES:
         raise InputError(f"{display}: more than {MAX_VALUES} values once aliases are expanded (nested aliases?)")
     if isinstance(node, yaml.MappingNode):
+        _refuse_tag(node, _YAML + "map", display)
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key must be a plain name")
+            _refuse_tag(key_node, PLAIN_KEY_TAGS, display)
             key = key_node.value
             count[1] += len(key)
             if any(0xD800 <= ord(c) <= 0xDFFF for c in key):
@@ -118,6 +140,7 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             out[key] = _construct(value_node, path + (key,), lines, display, count)
         return out
     if isinstance(node, yaml.SequenceNode):
+        _refuse_tag(node, _YAML + "seq", display)
         items = []
         for i, item in enumerate(node.value):
             lines[path + (i,)] = item.start_mark.line + 1
@@ -144,13 +167,36 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
     return value
 
 
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's problem with its context: the problem alone said "second occurrence" for an anchor
+    defined twice, and "but found another document" for two documents in one file."""
+    problem, context = exc.problem or "invalid YAML", exc.context
+    if not context or not exc.problem:
+        return problem if exc.problem else context or problem
+    at = exc.context_mark.line + 1 if exc.context_mark else None
+    other_line = at is not None and (exc.problem_mark is None or exc.problem_mark.line + 1 != at)
+    if context.startswith("while "):  # what was being read when the problem was met: where it began
+        return f"{problem} ({context}{f' that began on line {at}' if other_line else ''})"
+    return f"{context}{f' (line {at})' if other_line else ''}, {problem}"
+
+
 def read_document(file: Path, display: str) -> Document:
     """Parse one YAML file into a :class:`Document`; syntax errors name the file and line."""
     if not os.path.lexists(file):
         raise InputError(f"{display}: no such file")
-    text = read_small_text(file, InputError, limit=MAX_YAML_BYTES)  # a FIFO or a device is refused unread
+    raw = read_small_file(file, InputError, limit=MAX_YAML_BYTES)  # a FIFO or a device is refused unread
+    text = decode_text(raw, file, InputError)
     if "\x00" in text:
         raise InputError(f"{display}: contains a NUL character")
+    # YAML 1.1 breaks lines at these too (PyYAML does), editors and diffs at "\n" alone: a key after one is read
+    # on a line of its own, every error names a line the editor does not show, and inside a quoted value one is
+    # folded into a space
+    found = re.search("[\x85\u2028\u2029]", text)
+    if found:
+        at = found.start()
+        raise InputError(f"{display}:{text.count(chr(10), 0, at) + 1}: holds U+{ord(text[at]):04X} ("
+                         f"{YAML_ONLY_BREAKS[text[at]]}), which YAML reads as a line break and editors do not; remove "
+                         f"it, or write it as the escape \\u{ord(text[at]):04x} in a double-quoted string")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[Path_, int] = {}
@@ -158,19 +204,19 @@ def read_document(file: Path, display: str) -> Document:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise InputError(f"{display}{line}: YAML syntax error: {problem}") from None
-    except yaml.reader.ReaderError as exc:  # (its own text is two lines: a position in "<unicode string>")
-        line = text.count("\n", 0, exc.position) + 1
-        raise InputError(f"{display}:{line}: YAML syntax error: unacceptable character #x{exc.character:04x}: "
-                         f"{exc.reason}") from None
+        raise InputError(f"{display}{line}: YAML syntax error: {_yaml_problem(exc)}") from None
+    except yaml.reader.ReaderError as exc:  # its own words were PyYAML's internals over two lines: '"<unicode string>"'
+        line = text[:exc.position].count("\n") + 1
+        raise InputError(f"{display}:{line}: holds the character U+{exc.character:04X}, which YAML does not allow in a "
+                         "file (a control character or a non-character); remove it, or write it as an escape "
+                         "(\\u...) in a double-quoted string") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{display}: YAML error: {exc}") from None
     except RecursionError:
         raise InputError(f"{display}: YAML nested too deeply") from None
     if not isinstance(data, dict):
         raise InputError(f"{display}:1: the top level must be a mapping of keys")
-    return Document(file=file, display=display, data=data, lines=lines)
+    return Document(file=file, display=display, data=data, lines=lines, raw=raw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,6 +413,10 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     if file in stack:
         cycle = " -> ".join(_display(f, display_root) for f in stack + (file,))
         raise InputError(f"{display}: 'extends' forms a cycle: {cycle}")
+    if len(stack) >= MAX_EXTENDS:  # each file is a recursion and a merge: 1000 was a RecursionError traceback
+        raise InputError(f"{_display(stack[0], display_root)}: its 'extends' chain is more than {MAX_EXTENDS} files "
+                         f"long ({_display(stack[0], display_root)} -> {_display(stack[1], display_root)} -> ... -> "
+                         f"{display}); a profile extends a few files at most: shorten the chain")
     doc = cache.get(file)
     if doc is None:
         doc = read_document(file, display)
@@ -470,8 +520,9 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
         if name in profiles:
             raise InputError(f"{doc.where(('profile',))}: profile '{name}' is also defined in "
                              f"{profiles[name].file}; profile names must be unique")
+        parsed = {d.display: d.raw for d in cache.values()}
         merged = MergedProfile(name=name, file=doc.display, chain=chain, data=data, origins=origins,
-                               env_files=env_files)
+                               env_files=env_files, raw={f: parsed[f] for f in chain})
         _check_required(SCHEMA, data, (), lambda p, m=merged: m.where(p) if p else m.file)
         profiles[name] = merged
     if not profiles:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import InputError
-from .files import write_atomic
+from .files import open_regular, write_atomic
 from .inputs import InputFile
 from .metadata import METADATA_LABEL, ImageMetadata
 from .plan import INSTALL_ROOT, Kernel, Profile, ReleasePlan
@@ -61,7 +61,8 @@ class ContextFile:
             with open_member(self.prebuilt, self.member) as fh:  # type: ignore[arg-type]
                 return fh.read()
         assert self.source is not None
-        return self.source.read_bytes()
+        with open_regular(self.source) as fh:
+            return fh.read()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,7 +302,7 @@ def _largest_part(metadata: ImageMetadata) -> str:
 def _md5(f: InputFile) -> str:
     """The md5 of an overlay file, for the ledger such stacks keep (md5sum -c), never for integrity alone."""
     h = hashlib.md5(usedforsecurity=False)
-    with open(f.absolute, "rb") as fh:
+    with open_regular(f.absolute) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -350,7 +351,7 @@ def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -
                                      "was written; run the build again")
             else:
                 assert f.source is not None
-                with open(f.source, "rb") as fh:
+                with open_regular(f.source) as fh:
                     info.size = fh.seek(0, 2)
                     fh.seek(0)
                     reader = _HashingReader(fh)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError, UnibakeError, VerificationError
-from .files import read_small_text, write_atomic
+from .files import open_regular, read_small_text, write_atomic
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
 # TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets; nor TOKENIZER(S):
@@ -178,7 +178,7 @@ GREP_MEMORY = 256 << 20  # grep holds a line whole: a file with no newline for g
 CHUNK = 4 << 20
 
 
-def _anchor_offsets(paths: list[Path], anchors: list[bytes]) -> dict[Path, list[int] | None]:
+def _anchor_offsets(paths: list[Path], anchors: list[bytes], opened=None) -> dict[Path, list[int] | None]:
     """Where any anchor occurs in each file: GNU grep's fixed-string search (Aho-Corasick, hundreds of
     MB/s; Python's find, one pass per anchor, is three times slower on a 0.43 GB library) over each
     big file. None for a file grep cannot bound (more than DENSE anchors, or a line bigger than
@@ -190,17 +190,22 @@ def _anchor_offsets(paths: list[Path], anchors: list[bytes]) -> dict[Path, list[
         patterns.write(b"\n".join(anchors) + b"\n")
         patterns.flush()
         for path in paths:
-            found[path] = _grep_offsets(path, patterns.name)
+            if opened is not None:  # the file as it is open: grep reads it, not whatever the path names now
+                found[path] = _grep_offsets(path, patterns.name, opened)
+                continue
+            with open_regular(path) as fh:
+                found[path] = _grep_offsets(path, patterns.name, fh)
     return found
 
 
-def _grep_offsets(path: Path, patterns: str) -> list[int] | None:
+def _grep_offsets(path: Path, patterns: str, fh) -> list[int] | None:
     # grep's memory capped by the shell's ulimit (a preexec_fn is unsafe beside the run's threads), so a
-    # huge line fails grep, not the machine
+    # huge line fails grep, not the machine; it reads the open file (from its start) on its standard input
     command = ["sh", "-c", f'ulimit -v {GREP_MEMORY >> 10} && exec "$@"', "sh",
-               "grep", "-F", "-a", "-b", "-o", "-f", patterns, "--", str(path)]
+               "grep", "-F", "-a", "-b", "-o", "-f", patterns, "-"]
     offsets: list[int] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    fh.seek(0)
+    with subprocess.Popen(command, stdin=fh, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env={"LC_ALL": "C", "PATH": os.defpath}) as grep:
         assert grep.stdout is not None and grep.stderr is not None
         for line in grep.stdout:  # read as it comes: a dense file's millions of lines are never held
@@ -221,11 +226,11 @@ def scan_file(path: Path, where: str, identity: tuple[str, ...] = ()) -> list[Fi
     numbers), big ones read around the anchors grep found (findings with byte offsets), each stretch
     once; a file grep could not bound read in chunks from end to end."""
     path = Path(path)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         size = os.fstat(fh.fileno()).st_size
         if size <= TEXT_LIMIT:
             return scan_bytes(fh.read(), where, identity=identity)
-        offsets = _anchor_offsets([path], _all_anchors(identity))[path]
+        offsets = _anchor_offsets([path], _all_anchors(identity), fh)[path]
         spans = [(0, size)] if offsets is None else _merged((max(0, at - WINDOW), at + WINDOW + 64) for at in offsets)
         findings, seen = [], set()
         for lo, hi in spans:

@@ -349,11 +349,44 @@ def case_prebuilt_outside_is_a_symlink_loop(p):
     edit(p / "product.yaml", "engine:", f'kernels: [{{name: k, version: "1", prebuilt: {p.parent}/self.so}}]\nengine:')
 
 
+def case_yaml_tag_on_a_mapping(p):  # the tag was dropped without a word: env read as a plain mapping
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: !!python/object:os.system {NCCL_ALGO: Tree}")
+
+
+def case_yaml_tag_on_a_list(p):  # args ["id"], as if the tag were not there
+    edit(p / "tp1.yaml", "gpus: 1", 'gpus: 1\nargs: !!python/object/apply:os.system ["id"]')
+
+
+def case_yaml_tag_on_a_key(p):
+    edit(p / "tp1.yaml", "gpus: 1", "!!python/name:os.system gpus: 1")
+
+
+def case_yaml_set(p):  # a set is a mapping of nulls to YAML; !!omap and !!pairs are lists
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: !!set {NCCL_ALGO, B}")
+
+
+def case_yaml_special_character(p):  # PyYAML's reader refuses it: its message named "<unicode string>", no line
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tree\x9b"}')
+
+
+def case_yaml_line_separator(p):  # YAML breaks the line there, editors do not: gpus read on a line of its own
+    edit(p / "tp1.yaml", "gpus: 1", "env_note: x\u2028gpus: 1")
+
+
+def case_yaml_next_line_in_a_value(p):  # folded into a space: the image got "Tr ee"
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tr\x85ee"}')
+
+
+def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
+    (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
+    for i in range(2, 1001):
+        (p / f"c{i}.yaml").write_text(f"profile: c{i}\nextends: c{i - 1}.yaml\n")
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
-    "yaml_control_character": "tp2.yaml:3: YAML syntax error: unacceptable character #x000c: special characters are "
-                              "not allowed",
+    "yaml_control_character": "tp2.yaml:3: holds the character U+000C, which YAML does not allow in a file",
     "allow_matches_everything": "sanitise.allow[1] 'x*' matches an empty value, so it would let every value through",
     "env_file_form_feed": "images/tp1.env:1: the value of A contains a control character ('\\x0c')",
     "mounts_one_path": "both mount at /models/x",
@@ -393,6 +426,15 @@ SAYS = {
     "source_folder_is_a_symlink_loop": "profiles/tp1.yaml:3: 'images/tune/tp1' is a symlink loop",
     "symlink_pointing_nowhere": "profiles/product.yaml:9: 'images/engine/dangling' is a symlink that points nowhere",
     "lock_is_a_symlink_loop": "profiles/inputs.lock: a symlink loop",
+    "yaml_tag_on_a_mapping": "tp1.yaml:4: the YAML tag '!!python/object:os.system' is not supported",
+    "yaml_tag_on_a_list": "tp1.yaml:3: the YAML tag '!!python/object/apply:os.system' is not supported",
+    "yaml_tag_on_a_key": "tp1.yaml:2: the YAML tag '!!python/name:os.system' is not supported",
+    "yaml_set": "tp1.yaml:4: the YAML tag '!!set' is not supported",
+    "yaml_line_separator": "tp1.yaml:2: holds U+2028 (line separator), which YAML reads as a line break and editors "
+                           "do not",
+    "yaml_next_line_in_a_value": "tp1.yaml:4: holds U+0085 (next line), which YAML reads as a line break",
+    "extends_chain_too_long": "c100.yaml: its 'extends' chain is more than 32 files long (",
+    "yaml_special_character": "tp1.yaml:4: holds the character U+009B, which YAML does not allow in a file",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
 }
 

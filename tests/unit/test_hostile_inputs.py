@@ -272,3 +272,74 @@ def test_a_profile_file_whose_suffix_is_in_another_case_is_refused_not_left_out(
         "tp5.yaml, or move it out of the profiles folder"), result.err
     (busybox_product / name).rename(busybox_product / "tp5.yaml")
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0
+
+
+def _within(seconds: float, fn, fifos) -> UnibakeError | None:
+    """``fn()``'s UnibakeError, or None; a test failure (not a hung suite) if it waits on one of ``fifos``:
+    each is then opened for writing and closed, which ends the reader's wait."""
+    import threading
+
+    outcome: dict = {}
+
+    def run():
+        try:
+            fn()
+        except UnibakeError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for fifo in fifos:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        thread.join(seconds)
+        pytest.fail("it waited on a FIFO for a writer")
+    return outcome.get("error")
+
+
+@pytest.mark.parametrize("step", ["context", "scan", "rendered-prebuilt"])
+def test_an_input_swapped_for_a_fifo_after_the_plan_is_refused_not_waited_on(demo_product, step):
+    """The plan hashes every input; the scan, the kit and the build context open each again by its path.
+    One swapped for a FIFO in between held the run for ever (a tar of the context, the secret scan)."""
+    import io
+
+    from unibake.errors import InputError
+    from unibake.plan import make_plan
+    from unibake.render import context_files, render, write_context_tar
+    from unibake.sanitise import scan_context
+
+    plan = make_plan(demo_product)
+    context = render(plan)
+    root = demo_product.parent
+    swapped = root / ("images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl" if step == "rendered-prebuilt"
+                      else "images/engine/demo_engine/__init__.py")
+    assert swapped.is_file()
+    swapped.unlink()
+    os.mkfifo(swapped)
+    if step == "scan":
+        error = _within(10, lambda: scan_context(context_files(context, root), ()), [swapped])
+    else:
+        error = _within(10, lambda: write_context_tar(context, io.BytesIO(), mtime=0), [swapped])
+    assert isinstance(error, InputError), error
+    assert str(error).startswith(f"{swapped}: not a regular file now"), str(error)
+
+
+def test_a_prebuilt_archive_replaced_after_the_plan_by_one_without_the_member_is_named(demo_product):
+    """The member named at the plan is looked up in the archive again for the context: a KeyError traceback."""
+    import io
+    import zipfile
+
+    from unibake.errors import InputError
+    from unibake.plan import make_plan
+    from unibake.render import render, write_context_tar
+
+    context = render(make_plan(demo_product))
+    wheel = demo_product.parent / "images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("other.txt", "x")
+    with pytest.raises(InputError, match=r"demo_quant-1\.0\.0\+cpu-py3-none-linux_x86_64\.whl: no longer holds "):
+        write_context_tar(context, io.BytesIO(), mtime=0)

@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from unibake import __version__
-from unibake.errors import InputError, VerificationError
+from unibake.errors import InputError, UnibakeError, VerificationError
 from unibake.kit import KitDraft, check_ledger, kit_name, read_kit, rebuild, write_kit
 from unibake.plan import make_plan
 from unibake.render import render, write_context_tar
@@ -873,6 +873,56 @@ def test_a_profile_or_lock_edited_while_the_image_builds_is_recorded_and_kept_as
     folder = unpack(out / name, tmp_path / "unpacked")
     kept = {rel: (folder / (rel if rel != lock else "inputs.lock")).read_bytes() for rel in planned}
     assert kept == planned
+
+
+def test_a_profile_edited_while_the_plan_hashes_the_inputs_is_recorded_as_it_was_parsed(busybox_product, monkeypatch):
+    # the plan parsed the profiles, hashed every input (minutes, for a big engine folder), then read the profiles
+    # again for the provenance and the kit: an edit in between was recorded as the files the image was planned
+    # from, though it was planned from the files as they were parsed (the lock, read after the hashing, is held
+    # as it was read and checked)
+    import unibake.plan
+    from unibake.supply import materials
+
+    root = busybox_product.parent
+    files = ("profiles/product.yaml", "profiles/tp1.yaml", "profiles/tp2.yaml")
+    parsed = {rel: (root / rel).read_bytes() for rel in files}
+    hash_inputs = unibake.plan.read_source
+
+    def an_editor_meanwhile(*args, **kwargs):  # the real hashing, while someone edits the profiles
+        source = hash_inputs(*args, **kwargs)
+        for rel in files:
+            (root / rel).write_text((root / rel).read_text().replace("gpus: 2", "gpus: 4") + "# the next version\n")
+        return source
+
+    monkeypatch.setattr(unibake.plan, "read_source", an_editor_meanwhile)
+    plan = make_plan(busybox_product, cwd=root)
+    assert [p.gpus for p in plan.profiles] == [1, 2]  # planned from the files as they were parsed
+    assert {rel: plan.config_data(rel) for rel in files} == parsed
+    recorded = {m.name: m.sha256 for m in materials(plan)}
+    assert {rel: recorded[rel] for rel in files} == {rel: hashlib.sha256(d).hexdigest() for rel, d in parsed.items()}
+
+
+def test_a_context_file_the_kit_cannot_carry_is_refused_before_the_secret_scan_reads_it(busybox_product, tmp_path,
+                                                                                         monkeypatch):
+    # the scan reads every context file whole (a 10 GB sparse file, which has no newline for grep to bound:
+    # about 35 s per GB, in chunks), and only the folder stage after it refused a file of 8 GiB or more; the
+    # secret in the file tells which came first (the limit made small here: the rule is 8 GiB)
+    from unibake import kit
+    from unibake.pipeline import BUILD, Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    big = busybox_product.parent / "images/engine/weights.bin"
+    big.write_bytes(b"\0" * 4096 + b"token = hf_" + b"a" * 34 + b"\n")
+    monkeypatch.setattr(kit, "CONTEXT_FILE_LIMIT", 4096)
+    (busybox_product / "inputs.lock").unlink()
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", config=str(busybox_product), require_lock=False)
+    with pytest.raises(InputError, match=rf"^{re.escape(str(big))}: 4142 bytes \(ctx/engine/weights\.bin in the build context\): a file "
+                                         r"of 8 GiB or more"):
+        run_stages(selection(BUILD), request, Quiet(), connect=lambda address: FakeEngine())
+    # a run that makes no release (no kit) scans it as before, and its secret is found
+    with pytest.raises(UnibakeError, match=r"weights\.bin"):
+        run_stages(selection(BUILD, "render"), request, Quiet(), connect=lambda address: FakeEngine())
 
 
 def test_rebuild_of_a_release_folder_quotes_the_kit_it_names_in_the_command_to_paste(tmp_path, cli):

@@ -113,6 +113,23 @@ def test_yaml_syntax_error_names_the_line(busybox_product):
         make_plan(busybox_product)
 
 
+@pytest.mark.parametrize("text, says", [
+    # PyYAML's problem alone was "second occurrence" and "but found another document": its context is the subject
+    ("profile: tp3\ngpus: &n 3\nenv: &n {A: b}\n",
+     "tp3.yaml:3: YAML syntax error: found duplicate anchor 'n'; first occurrence (line 2), second occurrence"),
+    ("profile: tp3\ngpus: 3\n---\nprofile: tp4\n",
+     "tp3.yaml:3: YAML syntax error: expected a single document in the stream (line 1), but found another document"),
+    ("profile: tp3\ngpus: 3\nargs: [a,\n  b\n",
+     "tp3.yaml:5: YAML syntax error: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence "
+     "that began on line 3)"),
+])
+def test_a_yaml_syntax_error_says_what_pyyaml_found_not_only_its_last_words(busybox_product, text, says):
+    write(busybox_product / "tp3.yaml", text)
+    with pytest.raises(InputError) as raised:
+        make_plan(busybox_product)
+    assert str(raised.value).endswith(says), str(raised.value)
+
+
 def test_duplicate_key_in_one_file_is_refused(busybox_product):
     write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\ngpus: 4\n")
     with pytest.raises(InputError, match=r"tp2\.yaml:3: key 'gpus' appears twice"):

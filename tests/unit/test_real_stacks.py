@@ -318,6 +318,29 @@ def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_pro
 
 
 
+def test_an_engine_file_edited_between_its_hash_and_its_patch_or_too_big_to_patch_is_refused(busybox_product):
+    # the plan hashes the engine folder, then reads the file a patch changes again: an edit in between was
+    # patched and baked unchecked, under the digest of the file as it was hashed
+    from unibake.inputs import read_source
+    from unibake.patches import apply_patches, read_patch
+
+    root = busybox_product.parent
+    (root / "images/patches").mkdir()
+    (root / "images/patches/fix.patch").write_text(PATCH)
+    engine = read_source(root, "images/engine", "product.yaml:9")
+    patch = read_patch(root, {"file": "images/patches/fix.patch"}, lambda path: "product.yaml:12")
+    serve = root / "images/engine/serve.sh"
+    assert apply_patches(engine, (patch,))["serve.sh"].data.startswith(b"#!/bin/sh\n# A patched engine:")
+    serve.write_text(serve.read_text() + "echo an edit\n")  # the hunk still applies: only the hash tells
+    with pytest.raises(InputError, match=r"^images/patches/fix\.patch: images/engine/serve\.sh changed after it was hashed"):
+        apply_patches(engine, (patch,))
+    # a file of gigabytes is never read whole to be patched
+    os.truncate(serve, 65 << 20)
+    with pytest.raises(InputError, match=r"^images/patches/fix\.patch: changes serve\.sh, a file of 68157440 bytes; patches "
+                                         r"apply to text files of at most 64 MiB"):
+        apply_patches(read_source(root, "images/engine", "product.yaml:9"), (patch,))
+
+
 def test_an_overlay_that_replaces_a_file_a_patch_changes_is_refused(busybox_product):
     # the overlays are copied over the patched engine: the patch would be listed in the notes but lost
     root = busybox_product.parent
@@ -1283,3 +1306,34 @@ def test_an_env_key_the_shell_sets_itself_is_refused_it_never_reached_the_engine
                                   'printf %s "$PWD"'], capture_output=True, text=True, cwd=tmp_path,
                                  env={"PROFILE": "tp2", "PATH": "/usr/bin:/bin"})
             assert run.returncode == 0 and run.stdout == str(tmp_path), (shell, run)
+
+
+@pytest.mark.parametrize("kind", ["env file", "patch"])
+def test_an_env_file_or_patch_edited_between_its_hash_and_its_read_is_refused(busybox_product, monkeypatch, kind):
+    # each is hashed (for the lock and the provenance), then read again by its path to be parsed: an edit in
+    # between was baked (an env value, a patched engine file) while the lock passed on the hash of the old file
+    import unibake.envfile
+    import unibake.patches
+
+    root = busybox_product.parent
+    if kind == "env file":
+        rel, module, edited = "images/tp1.env", unibake.envfile, "NCCL_ALGO=Tree\nNCCL_DEBUG=TRACE\n"
+        (root / rel).write_text("NCCL_ALGO=Tree\n")
+        append(busybox_product / "tp1.yaml", f"env_file: {rel}\n")
+    else:
+        rel, module, edited = "images/patches/fix.patch", unibake.patches, PATCH.replace("A patched", "An edited")
+        (root / "images/patches").mkdir()
+        (root / rel).write_text(PATCH)
+        append(busybox_product / "product.yaml", f"patches:\n  - {{file: {rel}}}\n")
+    make_plan(busybox_product, verify_lock=False)
+    hash_it = module.read_source
+
+    def an_editor_meanwhile(*args, **kwargs):  # the real hashing; then someone saves the file
+        source = hash_it(*args, **kwargs)
+        if source.path == rel:
+            (root / rel).write_text(edited)
+        return source
+
+    monkeypatch.setattr(module, "read_source", an_editor_meanwhile)
+    with pytest.raises(InputError, match=rf"^input '{rel}' changed while it was read \(after it was hashed\); run again"):
+        make_plan(busybox_product, verify_lock=False)
