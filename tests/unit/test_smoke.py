@@ -28,7 +28,15 @@ class Engine(BaseHTTPRequestHandler):
     ready_at = 0.0  # time.monotonic() before which /health answers 503 (still loading)
     thinking = 0.0  # seconds before a chat completion is answered
 
+    health_redirect: str | None = None  # where /health sends the client instead of answering (a Location)
+
     def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+        if self.health_redirect is not None and self.path == "/health":
+            self.send_response(302)
+            self.send_header("Location", self.health_redirect)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if time.monotonic() < self.ready_at:
             self.send_error(503)
             return
@@ -91,6 +99,7 @@ def server():
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
     Engine.ready_at, Engine.thinking, Engine.chat_status, Engine.cut_at_max_tokens = 0.0, 0.0, 200, False
+    Engine.health_redirect = None
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -706,3 +715,39 @@ def test_an_engine_killed_for_its_memory_before_answering_says_oom_killed(engine
     assert result.failed.name == "health" and result.oom_killed
     assert result.failed.detail == ("the engine exited with code 137 before answering, OOM-killed (out of memory): "
                                     "loading 70B weights"), result.failed.detail
+
+
+CHAT_OK = json.dumps({"choices": [{"message": {"content": "UNIFIED_TP1_OK"}}]}).encode()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_chat_reply_that_redirects_elsewhere_is_not_followed_and_fails_naming_status_and_location(engine, server,
+                                                                                                     status):
+    # (before: urllib followed a 301/302/303 to wherever it pointed, as a GET, and what answered there, here a
+    # right chat completion, passed the gate for the engine)
+    Engine.wire = (b"HTTP/1.1 %d Moved\r\nLocation: /v1/elsewhere\r\nContent-Length: 0\r\n\r\n" % status)
+    Engine.health_body = CHAT_OK  # what a GET anywhere answers, /v1/elsewhere included
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat", result.steps
+    assert result.failed.detail == (f"the chat completion failed: HTTP {status} Moved, a redirect to '/v1/elsewhere' "
+                                    "(not followed: the gate judges the engine's own reply)")
+
+
+@pytest.mark.parametrize("location", [None, "http://[::1", "ftp://elsewhere/x\x1b[2J"])
+def test_a_chat_reply_that_redirects_with_no_or_a_broken_location_fails_in_words(engine, server, location):
+    header = b"" if location is None else b"Location: " + location.encode() + b"\r\n"
+    Engine.wire = b"HTTP/1.1 302 Found\r\n" + header + b"Content-Length: 0\r\n\r\n"
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat", result.steps
+    said = ", a redirect with no Location (not an answer)" if location is None else \
+        f", a redirect to {location!r} (not followed: the gate judges the engine's own reply)"
+    assert result.failed.detail == f"the chat completion failed: HTTP 302 Found{said}"
+
+
+def test_a_health_check_that_redirects_elsewhere_is_not_up(engine, server):
+    # (before: /health redirected to a page that answers 200 passed the health step)
+    Engine.health_redirect = f"http://127.0.0.1:{server.server_port}/elsewhere"
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
+    assert result.failed.name == "health", result.steps
+    assert (f"/health did not answer within 1 s (HTTP 302 Found, a redirect to "
+            f"'http://127.0.0.1:{server.server_port}/elsewhere' (not followed") in result.failed.detail
