@@ -751,3 +751,51 @@ def test_a_health_check_that_redirects_elsewhere_is_not_up(engine, server):
     assert result.failed.name == "health", result.steps
     assert (f"/health did not answer within 1 s (HTTP 302 Found, a redirect to "
             f"'http://127.0.0.1:{server.server_port}/elsewhere' (not followed") in result.failed.detail
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+@pytest.mark.parametrize("first", ["interrupt", "engine error"])
+def test_a_clean_up_error_after_an_interrupted_or_failed_gate_is_a_warning_and_the_first_failure_is_raised(
+        engine, server, nodes, first):
+    # (before: the clean-up's EngineError replaced the interrupt, and the run ended with exit 1, not 130)
+    from unibake.errors import EngineError
+
+    Engine.ready_at = time.monotonic() + 60  # /health still loading: the gate is waiting when the interrupt comes
+    calls = []
+
+    def interrupted(container):
+        calls.append(container)
+        if len(calls) == 3:
+            raise KeyboardInterrupt if first == "interrupt" else EngineError("cannot inspect the container: gone")
+        return type(engine).container_status(engine, container)
+
+    def remove_container(container):
+        raise EngineError(f"cannot remove container {container}: the engine is shutting down")
+
+    engine.container_status = interrupted
+    engine.remove_container = remove_container
+    warnings = []
+    spec = metadata(server.server_port, timeout=60) if nodes == 1 else multi_node(server.server_port, timeout=60)
+    with pytest.raises(KeyboardInterrupt if first == "interrupt" else EngineError) as raised:
+        run_gates(engine, "demo:1", spec, netns_pid=None, warn=warnings.append)
+    assert "shutting down" not in str(raised.value)
+    assert len(warnings) == 1 and warnings[0].startswith("after the smoke gate of profile tp1 stopped: cannot remove "
+                                                         "container ")
+    assert warnings[0].endswith(": the engine is shutting down")
+
+
+def test_a_clean_up_error_after_an_interrupted_gate_is_printed_as_a_warning_line_by_default(engine, capsys):
+    from unibake.errors import EngineError
+
+    def interrupted(container):
+        raise KeyboardInterrupt
+
+    def remove_container(container):
+        raise EngineError("cannot remove container abc:\nthe engine is gone")
+
+    engine.container_status = interrupted
+    engine.remove_container = remove_container
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", metadata(1), netns_pid=None)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: after the smoke gate of profile tp1 stopped: cannot remove container abc:\\nthe engine is gone"]
