@@ -692,7 +692,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     for found in releases:
         m = found.manifest
         if m is None:
-            rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}"])
+            rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}", ""])
             document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
             continue
         state = states[found.folder]
@@ -713,13 +713,22 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
                          f"{m.hotfix.base_image_id[:19]}")
             elif all(states[b] != "verifies" for b in bases):
                 state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
+        # a profile released without its gate (its smoke.skip, in the manifest): what the folder's own checks
+        # cannot show, said as verify says it
+        skipped = {name: p.smoke.skip for name, p in sorted(m.profiles.items()) if p.smoke.skip is not None}
+        for name, reason in skipped.items():
+            ctx.reporter.warn(f"release {m.release}: profile {name} was released without its smoke gate "
+                              f"(smoke.skip: {reason})")
         rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
-                     m.previous or "", state])
+                     m.previous or "", state, ", ".join(skipped)])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
                          "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
-                         "state": state})
+                         "state": state, "smoke_skipped": skipped})
     where = display_path(out, ctx.cwd)
-    columns = ["release", "product", "published", "image ID", "archive", "previous", "state"]
+    columns = ["release", "product", "published", "image ID", "archive", "previous", "state", "gates skipped"]
+    if not any(r.get("smoke_skipped") for r in document):  # every gate ran (the usual case): no empty column
+        columns.pop()
+        rows = [row[:7] for row in rows]
     if len({r["product"] for r in document if "product" in r}) < 2:
         # one product under --out (the usual case): its name would repeat on every row
         columns.pop(1)
