@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 import unicodedata
 from pathlib import Path
@@ -84,13 +85,19 @@ def max_tokens(check: SmokePrompt) -> int:
     return MAX_TOKENS + len((check.expect or "").encode("utf-8"))
 
 
-def _probe_command(url: str, checks: tuple[SmokePrompt, ...], model: str, timeout: int,
-                   netns_pid: int | None) -> list[str]:
-    prompts = [[c.prompt, max_tokens(c)] for c in checks]
-    cmd = [sys.executable, "-m", "unibake.smoke_client", url, json.dumps(prompts), model, str(timeout)]
+def _probe_command(url: str, model: str, timeout: int, netns_pid: int | None) -> list[str]:
+    """The client's command line; its prompts go on its standard input (:func:`_probe_input`)."""
+    cmd = [sys.executable, "-m", "unibake.smoke_client", url, model, str(timeout)]
     if netns_pid is not None:
         cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
     return cmd
+
+
+def _probe_input(checks: tuple[SmokePrompt, ...]) -> str:
+    """The prompts, each with its max_tokens, as the client reads them: on its standard input, not its
+    command line, where Linux takes at most 128 KiB an argument (an image's own metadata may hold
+    prompts of many times that: the start failed with "Argument list too long", exit 1)."""
+    return json.dumps([[c.prompt, max_tokens(c)] for c in checks])
 
 
 def _stability(status: ContainerStatus) -> GateStep:
@@ -278,9 +285,12 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
-    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", checks, model, timeout, netns_pid),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+    with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a wait that times out writes no more to a pipe)
+        prompts.write(_probe_input(checks).encode())
+        prompts.seek(0)
+        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", model, timeout, netns_pid),
+                                 stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()
     # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
     # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a

@@ -152,7 +152,9 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
 
 
 def main(argv: list[str]) -> int:
-    base_url, prompts, model, timeout = argv[0], json.loads(argv[1]), argv[2], float(argv[3])
+    """``URL MODEL TIMEOUT``, the prompts on standard input: a JSON list of ``[prompt, max_tokens]``."""
+    base_url, model, timeout = argv[0], argv[1], float(argv[2])
+    prompts = json.load(sys.stdin)
     probe(base_url, prompts=[p for p, _ in prompts], model=model, timeout=timeout,
           max_tokens=[most for _, most in prompts], on_step=lambda step: print(json.dumps(step), flush=True))
     return 0

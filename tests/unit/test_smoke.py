@@ -799,3 +799,17 @@ def test_a_clean_up_error_after_an_interrupted_gate_is_printed_as_a_warning_line
         run_gates(engine, "demo:1", metadata(1), netns_pid=None)
     assert capsys.readouterr().err.splitlines() == [
         "warning: after the smoke gate of profile tp1 stopped: cannot remove container abc:\\nthe engine is gone"]
+
+
+def test_an_images_prompts_past_what_a_command_line_argument_holds_are_sent_all_the_same(engine, server):
+    # an image's own metadata (archive IMAGE) is not held to the 64 KiB a Dockerfile's label line is: its
+    # prompts as JSON were one argument of the client, and past 128 KiB the start failed ("Argument list too
+    # long", exit 1); on stdin they are sent, and the gate judges them
+    document = metadata(server.server_port).model_dump()
+    document["profiles"]["tp1"]["smoke"] = {"timeout": 5, "prompts": [
+        {"prompt": f"Say it, {n}: " + "é" * 4000, "expect": "UNIFIED_TP1_OK", "match": "contains"} for n in range(40)]}
+    hostile = ImageMetadata.model_validate(document, strict=False)
+    assert len(json.dumps([[c.prompt, 0] for c in hostile.profiles["tp1"].smoke.checks])) > 128 * 1024
+    result = gates_within(120, engine, "demo:1", hostile, netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert len(result.chats) == 40 and result.chats[-1].prompt.startswith("Say it, 39: éé")
