@@ -143,7 +143,16 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     if spec.topology.nodes > 1:
         return _multi_node(engine, image, profile, spec, steps, chats, start=start, port=port, model=model,
                            netns_pid=netns_pid, warn=warn)
-    container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS)
+    # by a name of its own, as a multi-node gate's ranks: one the engine created as an interrupt came (its
+    # ID never answered) is removed too, by that name; not when the engine refused the name (another's)
+    name = f"unibake-smoke-{secrets.token_hex(6)}"
+    try:
+        container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS, name=name)
+    except NameInUse:
+        raise
+    except BaseException:
+        _clean_up_after_failure(profile, lambda: engine.remove_container(name), warn)
+        raise
     try:
         stability = _serve(engine, container, checks, steps, chats, start=start, port=port, model=model,
                            timeout=timeout, netns_pid=netns_pid)

@@ -813,3 +813,32 @@ def test_an_images_prompts_past_what_a_command_line_argument_holds_are_sent_all_
     result = gates_within(120, engine, "demo:1", hostile, netns_pid=None)[0]
     assert result.passed, result.steps
     assert len(result.chats) == 40 and result.chats[-1].prompt.startswith("Say it, 39: éé")
+
+
+@pytest.mark.parametrize("fault", ["interrupt", "engine error"])
+def test_a_gate_container_created_as_an_interrupt_came_is_not_left_in_the_engine(engine, server, fault):
+    # the engine created (and started) the container; its answer, the ID, never came (before: nothing
+    # named it, so it was left running with its restart policy in a --verify-engine)
+    from unibake.errors import EngineError
+
+    real = engine.start
+
+    def start(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt if fault == "interrupt" else EngineError("starting demo:1 failed: read timed out")
+
+    engine.start = start
+    with pytest.raises(KeyboardInterrupt if fault == "interrupt" else EngineError):
+        run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
+    assert engine.containers == {}
+
+
+def test_a_single_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(engine, server, monkeypatch):
+    from unibake.errors import NameInUse
+
+    monkeypatch.setattr("unibake.smoke.secrets.token_hex", lambda n: "0" * (2 * n))
+    engine.start("demo:1", [], name="unibake-smoke-000000000000")  # another's container
+    before = set(engine.containers)
+    with pytest.raises(NameInUse):
+        run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
+    assert set(engine.containers) == before
