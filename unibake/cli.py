@@ -666,6 +666,23 @@ def counted(n: int, one: str, many: str = "") -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
+def _gates_not_run(folder: Path) -> str | None:
+    """Why no smoke gate of a release ran, as its VALIDATION.json says (``smoke_skipped``); None when they
+    ran, or the file does not say (absent, unreadable: the state column tells of a folder that fails)."""
+    from .files import read_small_text
+    from .manifest import MAX_MANIFEST_BYTES, VALIDATION
+
+    try:
+        record = json.loads(read_small_text(folder / VALIDATION, VerificationError, limit=MAX_MANIFEST_BYTES,
+                                            follow=False))
+    except (VerificationError, ValueError, RecursionError):
+        return None
+    reason = record.get("smoke_skipped") if isinstance(record, dict) else None
+    if not isinstance(reason, str):
+        return None
+    return " ".join(reason.split())[:300] or None
+
+
 def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .plan import display_path
     from .publish import find_releases
@@ -713,12 +730,14 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
                          f"{m.hotfix.base_image_id[:19]}")
             elif all(states[b] != "verifies" for b in bases):
                 state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
-        # a profile released without its gate (its smoke.skip, in the manifest): what the folder's own checks
-        # cannot show, said as verify says it
-        skipped = {name: p.smoke.skip for name, p in sorted(m.profiles.items()) if p.smoke.skip is not None}
+        # a profile released without its gate (its smoke.skip, in the manifest; or every profile, when no gate
+        # ran: --no-smoke, --no-roundtrip, as VALIDATION.json records): what the folder's own checks cannot show
+        not_run = _gates_not_run(found.folder) if m.profiles else None
+        skipped = {name: not_run for name in sorted(m.profiles)} if not_run else \
+            {name: p.smoke.skip for name, p in sorted(m.profiles.items()) if p.smoke.skip is not None}
         for name, reason in skipped.items():
             ctx.reporter.warn(f"release {m.release}: profile {name} was released without its smoke gate "
-                              f"(smoke.skip: {reason})")
+                              f"({'no gate ran: ' if not_run else 'smoke.skip: '}{reason})")
         rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
                      m.previous or "", state, ", ".join(skipped)])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,

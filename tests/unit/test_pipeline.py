@@ -476,3 +476,27 @@ def test_releases_shows_a_release_whose_gate_was_skipped_with_the_profile_and_it
     [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
     assert record["state"] == "verifies"
     assert record["smoke_skipped"] == {"tp2": "needs 4 nodes with RDMA; gated on the cluster"}
+
+
+@pytest.mark.parametrize("skipped", [{"smoke": False}, {"roundtrip": False}])
+def test_releases_shows_a_release_made_without_any_gate_with_every_profile_and_why(engines, tmp_path, cli, skipped):
+    # (before: a --no-smoke or --no-roundtrip release was listed "verifies", as one whose every gate ran)
+    out = tmp_path / "release"
+    release(engines, out, **skipped)
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and listed.error_lines == [], listed.err
+    why = "skipped with --no-smoke" if "smoke" in skipped else \
+        "they run on the loaded image, and the round trip was skipped"
+    assert f"warning: release 1.0: profile tp1 was released without its smoke gate (no gate ran: {why})" \
+        in listed.err
+    [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert record["state"] == "verifies" and record["smoke_skipped"] == {"tp1": why}
+
+
+def test_releases_shows_no_skipped_gate_for_a_release_whose_gates_all_ran(engines, tmp_path, cli):
+    out = tmp_path / "release"
+    release(engines, out)
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and "warning" not in listed.err and "gates skipped" not in listed.err, listed.err
+    [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert record["state"] == "verifies" and record["smoke_skipped"] == {}
