@@ -648,10 +648,15 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     except UnibakeError as exc:
         error = exc
     passed = len(report.checks) - len(report.failures)
-    skipped = {name: p.smoke.skip for name, p in sorted(report.manifest.profiles.items())
-               if p.smoke.skip is not None} if report.manifest else {}
-    for name, reason in skipped.items():  # what the folder's checks cannot show: a profile released ungated
-        ctx.reporter.warn(f"profile {name} was released without its smoke gate (smoke.skip: {reason})")
+    # what the folder's checks cannot show: a profile released ungated (its smoke.skip; or every profile, when
+    # no gate ran, as VALIDATION.json says: --no-smoke, --no-roundtrip)
+    not_run = _gates_not_run(folder) if report.manifest and report.manifest.profiles else None
+    skipped = {name: not_run for name in sorted(report.manifest.profiles)} if not_run else \
+        {name: p.smoke.skip for name, p in sorted(report.manifest.profiles.items())
+         if p.smoke.skip is not None} if report.manifest else {}
+    for name, reason in skipped.items():
+        ctx.reporter.warn(f"profile {name} was released without its smoke gate "
+                          f"({'no gate ran: ' if not_run else 'smoke.skip: '}{reason})")
     what = f" ({report.manifest.tag}, image {report.manifest.image_id[:19]})" if report.manifest else ""
     final = f"verified {display_path(folder, ctx.cwd)}{what}: {passed} checks passed" if error is None else \
         f"{display_path(folder, ctx.cwd)} does not verify: {len(report.failures)} of {len(report.checks)} checks failed"

@@ -491,6 +491,10 @@ def test_releases_shows_a_release_made_without_any_gate_with_every_profile_and_w
         in listed.err
     [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
     assert record["state"] == "verifies" and record["smoke_skipped"] == {"tp1": why}
+    verified = cli("verify", str(out / "1.0"))  # as verify says it too (before: no word)
+    assert verified.code == 0 and f"warning: profile tp1 was released without its smoke gate (no gate ran: {why})" \
+        in verified.err, verified.err
+    assert json.loads(cli("--json", "verify", str(out / "1.0")).out)["smoke_skipped"] == {"tp1": why}
 
 
 def test_releases_shows_no_skipped_gate_for_a_release_whose_gates_all_ran(engines, tmp_path, cli):
