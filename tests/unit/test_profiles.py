@@ -344,7 +344,8 @@ def test_a_child_profile_runs_the_gate_its_parent_or_product_yaml_skips_with_ski
     plan = make_plan(busybox_product)
     assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == ("needs the cluster",
                                                                                 "needs the cluster")
-    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}", "{expect_reply: UNIFIED_TP2_OK, skip: false}"))
+    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}",
+                                           "{expect_reply: UNIFIED_TP2_OK, skip: false}"))
     plan = make_plan(busybox_product)
     assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == ("needs the cluster", None)
     # a grandchild inherits the gate that runs, and may skip it again with its own reason
@@ -367,7 +368,8 @@ def test_a_child_profile_runs_the_gate_its_parent_or_product_yaml_skips_with_ski
     assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == (None, None)
     # a gate that runs carries the label it had before: skip: false leaves no trace in the image
     tp1.write_text(tp1.read_text().replace(", skip: false}", "}"))
-    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}", "{expect_reply: UNIFIED_TP2_OK, skip: false}"))
+    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}",
+                                           "{expect_reply: UNIFIED_TP2_OK, skip: false}"))
     plan = make_plan(busybox_product)
     assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == ("the verify engine has no GPU", None)
     tp1.write_text(tp1.read_text().replace("timeout: 20}", "timeout: 20, skip: false}"))
