@@ -648,10 +648,15 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     except UnibakeError as exc:
         error = exc
     passed = len(report.checks) - len(report.failures)
-    skipped = {name: p.smoke.skip for name, p in sorted(report.manifest.profiles.items())
-               if p.smoke.skip is not None} if report.manifest else {}
-    for name, reason in skipped.items():  # what the folder's checks cannot show: a profile released ungated
-        ctx.reporter.warn(f"profile {name} was released without its smoke gate (smoke.skip: {reason})")
+    # what the folder's checks cannot show: a profile released ungated (its smoke.skip; or every profile, when
+    # no gate ran, as VALIDATION.json says: --no-smoke, --no-roundtrip)
+    not_run = _gates_not_run(folder) if report.manifest and report.manifest.profiles else None
+    skipped = {name: not_run for name in sorted(report.manifest.profiles)} if not_run else \
+        {name: p.smoke.skip for name, p in sorted(report.manifest.profiles.items())
+         if p.smoke.skip is not None} if report.manifest else {}
+    for name, reason in skipped.items():
+        ctx.reporter.warn(f"profile {name} was released without its smoke gate "
+                          f"({'no gate ran: ' if not_run else 'smoke.skip: '}{reason})")
     what = f" ({report.manifest.tag}, image {report.manifest.image_id[:19]})" if report.manifest else ""
     final = f"verified {display_path(folder, ctx.cwd)}{what}: {passed} checks passed" if error is None else \
         f"{display_path(folder, ctx.cwd)} does not verify: {len(report.failures)} of {len(report.checks)} checks failed"
@@ -664,6 +669,23 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
 def counted(n: int, one: str, many: str = "") -> str:
     """``1 engine``, ``2 engines``: a count with its noun in the number it needs."""
     return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _gates_not_run(folder: Path) -> str | None:
+    """Why no smoke gate of a release ran, as its VALIDATION.json says (``smoke_skipped``); None when they
+    ran, or the file does not say (absent, unreadable: the state column tells of a folder that fails)."""
+    from .files import read_small_text
+    from .manifest import MAX_MANIFEST_BYTES, VALIDATION
+
+    try:
+        record = json.loads(read_small_text(folder / VALIDATION, VerificationError, limit=MAX_MANIFEST_BYTES,
+                                            follow=False))
+    except (VerificationError, ValueError, RecursionError):
+        return None
+    reason = record.get("smoke_skipped") if isinstance(record, dict) else None
+    if not isinstance(reason, str):
+        return None
+    return " ".join(reason.split())[:300] or None
 
 
 def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
@@ -692,7 +714,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
     for found in releases:
         m = found.manifest
         if m is None:
-            rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}"])
+            rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}", ""])
             document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
             continue
         state = states[found.folder]
@@ -713,13 +735,24 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
                          f"{m.hotfix.base_image_id[:19]}")
             elif all(states[b] != "verifies" for b in bases):
                 state = f"base does not verify: release {m.hotfix.base_release} ({bases[0].name}/): {states[bases[0]]}"
+        # a profile released without its gate (its smoke.skip, in the manifest; or every profile, when no gate
+        # ran: --no-smoke, --no-roundtrip, as VALIDATION.json records): what the folder's own checks cannot show
+        not_run = _gates_not_run(found.folder) if m.profiles else None
+        skipped = {name: not_run for name in sorted(m.profiles)} if not_run else \
+            {name: p.smoke.skip for name, p in sorted(m.profiles.items()) if p.smoke.skip is not None}
+        for name, reason in skipped.items():
+            ctx.reporter.warn(f"release {m.release}: profile {name} was released without its smoke gate "
+                              f"({'no gate ran: ' if not_run else 'smoke.skip: '}{reason})")
         rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
-                     m.previous or "", state])
+                     m.previous or "", state, ", ".join(skipped)])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
                          "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
-                         "state": state})
+                         "state": state, "smoke_skipped": skipped})
     where = display_path(out, ctx.cwd)
-    columns = ["release", "product", "published", "image ID", "archive", "previous", "state"]
+    columns = ["release", "product", "published", "image ID", "archive", "previous", "state", "gates skipped"]
+    if not any(r.get("smoke_skipped") for r in document):  # every gate ran (the usual case): no empty column
+        columns.pop()
+        rows = [row[:7] for row in rows]
     if len({r["product"] for r in document if "product" in r}) < 2:
         # one product under --out (the usual case): its name would repeat on every row
         columns.pop(1)

@@ -795,7 +795,8 @@ def _smoke(run: Run) -> tuple:
         steps = ", ".join(f"{s.name} {s.seconds:.2f} s{'' if s.passed else ' FAILED'}" for s in result.steps)
         run.reporter.info(f"    {result.profile}: {'passed' if result.passed else 'FAILED'} ({steps})")
 
-    results = run_gates(proof.engine, run["image"].ref, target.metadata, netns_pid=proof.netns_pid, on_result=line)
+    results = run_gates(proof.engine, run["image"].ref, target.metadata, netns_pid=proof.netns_pid, on_result=line,
+                        warn=run.reporter.warn)
     failed = [g for g in results if g.skipped is None and not g.passed]
     if failed:
         step = failed[0].failed

@@ -895,10 +895,13 @@ def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
         if p.match == "regex":
             check_regex(p.expect or "", where(key))
     skip = smoke.get("skip")
+    if skip is False:  # this file's gate runs, whatever the file it extends skips
+        skip = None
     if skip is not None:
         if not skip.strip():
             raise InputError(f"{where(('smoke', 'skip'))}: key 'smoke.skip' is empty: say why this profile's gate cannot run "
-                             "(the release notes and records show the reason)")
+                             "(the release notes and records show the reason), or give false to run a gate the file "
+                             "it extends skips")
         if any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c in "\u2028\u2029" for c in skip) or len(skip) > SKIP_REASON_MAX:
             raise InputError(f"{where(('smoke', 'skip'))}: key 'smoke.skip' must be one line of at most {SKIP_REASON_MAX} "
                              "characters (it is shown in the notes' table of gates)")

@@ -229,7 +229,7 @@ _TYPE_NAMES = {"str": "a string", "int": "an integer", "bool": "true or false", 
 
 def _type_ok(spec: Key, value: Any) -> bool:
     if spec.type == "str":
-        return isinstance(value, str)
+        return isinstance(value, str) or (spec.takes_false and value is False)
     if spec.type == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if spec.type == "bool":
@@ -245,8 +245,12 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
         hint = ""
         if spec.type == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
             hint = f"; put it in quotes, or YAML reads it as the number {value!r}"
+        if spec.takes_false:  # (null and true say nothing: what undoes an inherited value is false)
+            hint += f"; or false, to undo a '{name}' the file it extends sets"
         raise InputError(f"{where(path)}: key '{name}' must be {_TYPE_NAMES[spec.type]}, "
                          f"not {type(value).__name__}{hint}")
+    if value is False:  # (a key that takes false: nothing more to check)
+        return
     if spec.type == "str":
         _check_text(value, path, where)
         if spec.pattern and not spec.pattern.fullmatch(value):

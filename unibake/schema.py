@@ -103,6 +103,9 @@ class Key:
     value: "Key | None" = None  # map (values); keys use key_pattern
     key_pattern: re.Pattern[str] | None = None
     key_doc: str = ""
+    # ``false`` is taken too (a str key): set in a file, it undoes what the file it extends set (a child's
+    # gate that runs where its parent's is skipped); merged, it is the key's absence
+    takes_false: bool = False
 
 
 def _str(doc: str, **kw) -> Key:
@@ -305,7 +308,9 @@ SCHEMA: dict[str, Key] = {
                            "match": _str("exact, contains or regex", choices=MATCHES, default="exact"),
                        })),
         "skip": _str("why this profile's gate cannot run in the verify engine (one line, required words): the gate "
-                     "is skipped, and the notes and the release's records say so and why, never that it passed"),
+                     "is skipped, and the notes and the release's records say so and why, never that it passed; "
+                     "false: this profile's gate runs, whatever the file it extends (or product.yaml) says",
+                     takes_false=True),
         "timeout": Key(type="int", doc="seconds to wait for /health", minimum=1, maximum=3600, default=60),
     }),
     "notes": Key(type="record", doc="what the release notes carry besides what unibake measures",

@@ -16,10 +16,12 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 import unicodedata
 from pathlib import Path
 
+from .console import one_line
 from .engine import ContainerStatus, Engine
 from .errors import EngineError, NameInUse, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
@@ -28,6 +30,10 @@ from .smoke_client import MAX_TOKENS, MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
 RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {one_line(message)}", file=sys.stderr)
 
 
 REGEX_SECONDS = 10.0  # a regex against a reply of at most 1 MiB: far longer than any match that ends takes
@@ -79,13 +85,19 @@ def max_tokens(check: SmokePrompt) -> int:
     return MAX_TOKENS + len((check.expect or "").encode("utf-8"))
 
 
-def _probe_command(url: str, checks: tuple[SmokePrompt, ...], model: str, timeout: int,
-                   netns_pid: int | None) -> list[str]:
-    prompts = [[c.prompt, max_tokens(c)] for c in checks]
-    cmd = [sys.executable, "-m", "unibake.smoke_client", url, json.dumps(prompts), model, str(timeout)]
+def _probe_command(url: str, model: str, timeout: int, netns_pid: int | None) -> list[str]:
+    """The client's command line; its prompts go on its standard input (:func:`_probe_input`)."""
+    cmd = [sys.executable, "-m", "unibake.smoke_client", url, model, str(timeout)]
     if netns_pid is not None:
         cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
     return cmd
+
+
+def _probe_input(checks: tuple[SmokePrompt, ...]) -> str:
+    """The prompts, each with its max_tokens, as the client reads them: on its standard input, not its
+    command line, where Linux takes at most 128 KiB an argument (an image's own metadata may hold
+    prompts of many times that: the start failed with "Argument list too long", exit 1)."""
+    return json.dumps([[c.prompt, max_tokens(c)] for c in checks])
 
 
 def _stability(status: ContainerStatus) -> GateStep:
@@ -102,7 +114,7 @@ def _stability(status: ContainerStatus) -> GateStep:
 
 
 def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *, port: int, model: str,
-             netns_pid: int | None) -> GateResult:
+             netns_pid: int | None, warn=_warn) -> GateResult:
     """One profile's gate; stops at the first step that fails."""
     steps: list[GateStep] = []
     chats: list[ChatCheck] = []
@@ -130,14 +142,25 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     start = time.monotonic()
     if spec.topology.nodes > 1:
         return _multi_node(engine, image, profile, spec, steps, chats, start=start, port=port, model=model,
-                           netns_pid=netns_pid)
-    container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS)
+                           netns_pid=netns_pid, warn=warn)
+    # by a name of its own, as a multi-node gate's ranks: one the engine created as an interrupt came (its
+    # ID never answered) is removed too, by that name; not when the engine refused the name (another's)
+    name = f"unibake-smoke-{secrets.token_hex(6)}"
+    try:
+        container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS, name=name)
+    except NameInUse:
+        raise
+    except BaseException:
+        _clean_up_after_failure(profile, lambda: engine.remove_container(name), warn)
+        raise
     try:
         stability = _serve(engine, container, checks, steps, chats, start=start, port=port, model=model,
                            timeout=timeout, netns_pid=netns_pid)
         status = engine.container_status(container)  # recorded for every gate that started, passed or not
-    finally:
-        engine.remove_container(container)
+    except BaseException:
+        _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn)
+        raise
+    engine.remove_container(container)
     if stability:
         steps.append(_stability(status))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats), restart_count=status.restart_count,
@@ -151,7 +174,8 @@ def rank_env(profile: str, topology, rank: int, master: str) -> dict[str, str]:
 
 
 def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata, steps: list[GateStep],
-                chats: list[ChatCheck], *, start: float, port: int, model: str, netns_pid: int | None) -> GateResult:
+                chats: list[ChatCheck], *, start: float, port: int, model: str, netns_pid: int | None,
+                warn) -> GateResult:
     """A profile on several nodes: every rank its own container on a private network of the verify
     engine, as run.sh starts one per node (rank 0 reachable by its name, MASTER_ADDR); rank 0's
     replies are gated, and every rank must still be running after them. The containers and the
@@ -184,8 +208,10 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
         stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
                            timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
         statuses = [engine.container_status(name) for name in started]
-    finally:
-        _remove_all(engine, started, network if made else None)
+    except BaseException:
+        _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn)
+        raise
+    _remove_all(engine, started, network if made else None)
     if stability:
         steps.append(_stability_of_ranks(statuses))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
@@ -220,6 +246,16 @@ def _remove_all(engine: Engine, containers: list[str], network: str | None) -> N
         failure = failure or exc
     if failure is not None:
         raise failure
+
+
+def _clean_up_after_failure(profile: str, clean_up, warn) -> None:
+    """The clean-up of a gate that is failing already (an interrupt, an engine error): one of its own
+    errors is a warning, never raised, so that the first failure is the one passed on (Ctrl-C ends
+    the run with 130, not with the clean-up's exit 1)."""
+    try:
+        clean_up()
+    except EngineError as exc:
+        warn(f"after the smoke gate of profile {profile} stopped: {exc}")
 
 
 def _stability_of_ranks(statuses: list[ContainerStatus]) -> GateStep:
@@ -258,9 +294,12 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
-    probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", checks, model, timeout, netns_pid),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+    with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a wait that times out writes no more to a pipe)
+        prompts.write(_probe_input(checks).encode())
+        prompts.seek(0)
+        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", model, timeout, netns_pid),
+                                 stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()
     # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
     # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
@@ -371,9 +410,10 @@ def _how(status: ContainerStatus) -> str:
 
 
 def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid: int | None,
-              on_result=lambda result: None) -> tuple[GateResult, ...]:
+              on_result=lambda result: None, warn=_warn) -> tuple[GateResult, ...]:
     """Every profile's gate, in order; all run, so the notes show each result (a profile with
-    ``smoke.skip`` gets a skipped result with its reason, no step)."""
+    ``smoke.skip`` gets a skipped result with its reason, no step). ``warn`` is given what could not
+    be cleaned up after a gate that failed (the failure itself is raised)."""
     results = []
     for profile, spec in sorted(metadata.profiles.items()):
         if spec.smoke.skip is not None:  # the profile says why its gate cannot run here: recorded, never passed
@@ -382,7 +422,7 @@ def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid:
             results.append(result)
             continue
         result = run_gate(engine, image, profile, spec, port=metadata.launch.port,
-                          model=metadata.launch.model_name, netns_pid=netns_pid)
+                          model=metadata.launch.model_name, netns_pid=netns_pid, warn=warn)
         on_result(result)
         results.append(result)
     return tuple(results)

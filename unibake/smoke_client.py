@@ -21,9 +21,21 @@ MAX_TOKENS = 64  # what a prompt without an expected reply asks for; one with as
 # what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
 # broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
 ENGINE_FAULTS = (OSError, ValueError, KeyError, IndexError, TypeError, http.client.HTTPException, RecursionError)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the engine's answer, not a way to another's: never followed (it may point anywhere, and
+    what answers there would pass the gate for the engine); urllib then raises it as an HTTPError."""
+
+    def _refused(self, req, fp, code, msg, headers):
+        return None  # (its Location not even parsed: one that is no URL says nothing more)
+
+    http_error_301 = http_error_302 = http_error_303 = http_error_307 = http_error_308 = _refused
+
+
 # straight to the container: never through a proxy the environment names (http_proxy, all_proxy: a
 # proxy cannot reach the verify engine's bridge, and would answer for the engine with its own error)
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
 
 
 def _why(exc: BaseException) -> str:
@@ -42,7 +54,12 @@ def _why(exc: BaseException) -> str:
         except ENGINE_FAULTS:
             said = ""
         said = " ".join(said.split())
-        return f"HTTP {exc.code} {exc.reason}".rstrip() + (f": {said[:200]}" if said else "")
+        status = f"HTTP {exc.code} {exc.reason}".rstrip()
+        if 300 <= exc.code < 400:  # where it pointed: the gate judges the engine's own reply, never another's
+            location = (exc.headers or {}).get("Location")
+            status += (f", a redirect to {location[:200]!r} (not followed: the gate judges the engine's own reply)"
+                       if location else ", a redirect with no Location (not an answer)")
+        return status + (f": {said[:200]}" if said else "")
     return str(getattr(exc, "reason", exc))
 
 
@@ -135,7 +152,9 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
 
 
 def main(argv: list[str]) -> int:
-    base_url, prompts, model, timeout = argv[0], json.loads(argv[1]), argv[2], float(argv[3])
+    """``URL MODEL TIMEOUT``, the prompts on standard input: a JSON list of ``[prompt, max_tokens]``."""
+    base_url, model, timeout = argv[0], argv[1], float(argv[2])
+    prompts = json.load(sys.stdin)
     probe(base_url, prompts=[p for p, _ in prompts], model=model, timeout=timeout,
           max_tokens=[most for _, most in prompts], on_step=lambda step: print(json.dumps(step), flush=True))
     return 0

@@ -420,3 +420,29 @@ def test_a_group_commit_whose_undo_fails_names_the_folder_it_left_published(tmp_
         assert publish.COMMITTED == [out / "1.0"] and (out / "1.0" / "manifest.json").read_text() == "new 1.0\n"
     finally:
         publish.COMMITTED.clear()
+
+
+def test_an_interrupt_during_a_gate_whose_clean_up_fails_ends_the_run_as_an_interrupt_with_a_warning(
+        engines, tmp_path):  # noqa: F811
+    # (before: the clean-up's "cannot remove container" replaced the interrupt: exit 1, not 130)
+    from unibake.errors import EngineError
+    from unibake.pipeline import ARCHIVE, Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    verify = engines["fake://verify"]
+
+    def interrupted(container):
+        raise KeyboardInterrupt
+
+    def remove_container(container):
+        raise EngineError(f"cannot remove container {container[:12]}: the engine is shutting down")
+
+    verify.container_status, verify.remove_container = interrupted, remove_container
+    reporter = Quiet()
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", image="demo:1.0", verify_engine="fake://verify")
+    with pytest.raises(KeyboardInterrupt):
+        run_stages(selection(ARCHIVE), request, reporter, connect=engines.__getitem__)
+    said = [line for line in reporter.stream.getvalue().splitlines() if line.startswith("warning: after the smoke")]
+    assert len(said) == 1 and said[0].endswith(": the engine is shutting down"), reporter.stream.getvalue()
+    assert not (tmp_path / "release" / "1.0").exists()

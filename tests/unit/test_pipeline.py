@@ -413,11 +413,12 @@ def test_a_signed_force_re_release_carries_over_first_published_only_from_a_sums
     assert "not carried over" not in reporter.stream.getvalue()
 
 
-def test_a_profile_whose_smoke_skip_says_why_is_released_with_its_gate_shown_skipped_never_passed(server, tmp_path,  # noqa: F811
-                                                                                                   cli):
+def _released_with_a_skipped_gate(port: int, out, reporter) -> tuple[dict, list]:
+    """Release 1.0 of profiles tp1 and tp2, tp2 with ``smoke.skip``: the run's results and the profiles
+    whose engine started in the verify engine."""
     from unibake.metadata import ImageMetadata
 
-    document = metadata(server.server_port).model_dump()
+    document = metadata(port).model_dump()
     document["profiles"]["tp2"] = {**document["profiles"]["tp1"], "smoke": {
         **document["profiles"]["tp1"]["smoke"], "skip": "needs 4 nodes with RDMA; gated on the cluster"}}
     skipping = ImageMetadata.model_validate(document, strict=False)
@@ -429,8 +430,13 @@ def test_a_profile_whose_smoke_skip_says_why_is_released_with_its_gate_shown_ski
     verify = FakeEngine(address="fake://verify")
     started: list = []
     verify.starter = lambda container: started.append(container.env["PROFILE"])
+    return release({None: source, "fake://verify": verify}, out, reporter), started
+
+
+def test_a_profile_whose_smoke_skip_says_why_is_released_with_its_gate_shown_skipped_never_passed(server, tmp_path,  # noqa: F811
+                                                                                                   cli):
     reporter = Quiet()
-    results = release({None: source, "fake://verify": verify}, tmp_path / "release", reporter)
+    results, started = _released_with_a_skipped_gate(server.server_port, tmp_path / "release", reporter)
     assert started == ["tp1"]  # tp2's engine never started
     folder = results["release"].folder
     validation = json.loads((folder / "VALIDATION.json").read_text())
@@ -453,3 +459,48 @@ def test_a_profile_whose_smoke_skip_says_why_is_released_with_its_gate_shown_ski
            "cluster)" in verified.err
     assert json.loads(cli("verify", str(folder), "--json").out)["smoke_skipped"] == {
         "tp2": "needs 4 nodes with RDMA; gated on the cluster"}
+
+
+def test_releases_shows_a_release_whose_gate_was_skipped_with_the_profile_and_its_reason(server, tmp_path,  # noqa: F811
+                                                                                        cli):
+    # (before: the table and --json said only "verifies", as for a release whose every gate ran)
+    out = tmp_path / "release"
+    _released_with_a_skipped_gate(server.server_port, out, Quiet())
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0, listed.err
+    assert listed.error_lines == []
+    assert "warning: release 1.0: profile tp2 was released without its smoke gate (smoke.skip: needs 4 nodes with " \
+           "RDMA; gated on the cluster)" in listed.err
+    header, row = [line.split() for line in listed.err.splitlines() if line.startswith("  ")][:2]
+    assert header[-2:] == ["gates", "skipped"] and row[0] == "1.0" and row[-2:] == ["verifies", "tp2"]
+    [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert record["state"] == "verifies"
+    assert record["smoke_skipped"] == {"tp2": "needs 4 nodes with RDMA; gated on the cluster"}
+
+
+@pytest.mark.parametrize("skipped", [{"smoke": False}, {"roundtrip": False}])
+def test_releases_shows_a_release_made_without_any_gate_with_every_profile_and_why(engines, tmp_path, cli, skipped):
+    # (before: a --no-smoke or --no-roundtrip release was listed "verifies", as one whose every gate ran)
+    out = tmp_path / "release"
+    release(engines, out, **skipped)
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and listed.error_lines == [], listed.err
+    why = "skipped with --no-smoke" if "smoke" in skipped else \
+        "they run on the loaded image, and the round trip was skipped"
+    assert f"warning: release 1.0: profile tp1 was released without its smoke gate (no gate ran: {why})" \
+        in listed.err
+    [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert record["state"] == "verifies" and record["smoke_skipped"] == {"tp1": why}
+    verified = cli("verify", str(out / "1.0"))  # as verify says it too (before: no word)
+    assert verified.code == 0 and f"warning: profile tp1 was released without its smoke gate (no gate ran: {why})" \
+        in verified.err, verified.err
+    assert json.loads(cli("--json", "verify", str(out / "1.0")).out)["smoke_skipped"] == {"tp1": why}
+
+
+def test_releases_shows_no_skipped_gate_for_a_release_whose_gates_all_ran(engines, tmp_path, cli):
+    out = tmp_path / "release"
+    release(engines, out)
+    listed = cli("releases", "--out", str(out))
+    assert listed.code == 0 and "warning" not in listed.err and "gates skipped" not in listed.err, listed.err
+    [record] = json.loads(cli("--json", "releases", "--out", str(out)).out)["releases"]
+    assert record["state"] == "verifies" and record["smoke_skipped"] == {}

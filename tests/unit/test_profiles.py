@@ -348,3 +348,58 @@ def test_a_profiles_smoke_skip_reaches_the_images_metadata_and_no_skip_leaves_th
     metadata = ImageMetadata.from_plan(make_plan(busybox_product))
     assert metadata.profiles["tp1"].smoke.skip == "needs the cluster"
     assert ImageMetadata.model_validate_json(metadata.to_json()).profiles["tp1"].smoke.skip == "needs the cluster"
+
+
+def test_a_child_profile_runs_the_gate_its_parent_or_product_yaml_skips_with_skip_false(busybox_product):
+    # (before: smoke.skip was inherited through extends: and from product.yaml with no way back: skip: null
+    # and skip: '' were refused, so a profile extending a skipped one was always released SKIPPED)
+    from unibake.metadata import ImageMetadata
+
+    tp1, tp2 = busybox_product / "tp1.yaml", busybox_product / "tp2.yaml"
+    before = ImageMetadata.from_plan(make_plan(busybox_product)).to_json()
+    tp1.write_text(tp1.read_text().replace("timeout: 20}", "timeout: 20, skip: needs the cluster}"))
+    plan = make_plan(busybox_product)
+    assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == ("needs the cluster",
+                                                                                "needs the cluster")
+    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}",
+                                           "{expect_reply: UNIFIED_TP2_OK, skip: false}"))
+    plan = make_plan(busybox_product)
+    assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == ("needs the cluster", None)
+    # a grandchild inherits the gate that runs, and may skip it again with its own reason
+    (busybox_product / "tp4.yaml").write_text("profile: tp4\nextends: tp2.yaml\ngpus: 4\n"
+                                              "tune_caches: {source: images/tune/tp2, expect: 3}\n")
+    (busybox_product / "tp8.yaml").write_text("profile: tp8\nextends: tp2.yaml\ngpus: 8\n"
+                                              "tune_caches: {source: images/tune/tp2, expect: 3}\n"
+                                              "smoke: {skip: needs 8 GPUs}\n")
+    plan = make_plan(busybox_product, verify_lock=False)
+    assert (plan.profile("tp4").smoke.skip, plan.profile("tp8").smoke.skip) == (None, "needs 8 GPUs")
+
+    # from product.yaml: every profile skipped, one runs its gate again
+    (busybox_product / "tp4.yaml").unlink()
+    (busybox_product / "tp8.yaml").unlink()
+    tp1.write_text(tp1.read_text().replace(", skip: needs the cluster}", ", skip: false}"))
+    tp2.write_text(tp2.read_text().replace(", skip: false}", "}"))
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "smoke: {skip: the verify engine has no GPU}\n")
+    plan = make_plan(busybox_product)
+    assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == (None, None)
+    # a gate that runs carries the label it had before: skip: false leaves no trace in the image
+    tp1.write_text(tp1.read_text().replace(", skip: false}", "}"))
+    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}",
+                                           "{expect_reply: UNIFIED_TP2_OK, skip: false}"))
+    plan = make_plan(busybox_product)
+    assert (plan.profile("tp1").smoke.skip, plan.profile("tp2").smoke.skip) == ("the verify engine has no GPU", None)
+    tp1.write_text(tp1.read_text().replace("timeout: 20}", "timeout: 20, skip: false}"))
+    assert ImageMetadata.from_plan(make_plan(busybox_product)).to_json() == before
+
+
+@pytest.mark.parametrize("value", ["null", "true", "0"])
+def test_a_smoke_skip_that_is_neither_a_reason_nor_false_is_refused_saying_false_undoes_an_inherited_one(
+        busybox_product, value):
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace("{expect_reply: UNIFIED_TP2_OK}",
+                                           f"{{expect_reply: UNIFIED_TP2_OK, skip: {value}}}"))
+    kind = {"null": "NoneType", "true": "bool", "0": "int"}[value]
+    with pytest.raises(InputError, match=rf"tp2\.yaml:6: key 'smoke\.skip' must be a string, not {kind}.*; or false, "
+                                         r"to undo a 'smoke\.skip' the file it extends sets$"):
+        make_plan(busybox_product)

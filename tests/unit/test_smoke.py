@@ -28,7 +28,15 @@ class Engine(BaseHTTPRequestHandler):
     ready_at = 0.0  # time.monotonic() before which /health answers 503 (still loading)
     thinking = 0.0  # seconds before a chat completion is answered
 
+    health_redirect: str | None = None  # where /health sends the client instead of answering (a Location)
+
     def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+        if self.health_redirect is not None and self.path == "/health":
+            self.send_response(302)
+            self.send_header("Location", self.health_redirect)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if time.monotonic() < self.ready_at:
             self.send_error(503)
             return
@@ -91,6 +99,7 @@ def server():
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
     Engine.ready_at, Engine.thinking, Engine.chat_status, Engine.cut_at_max_tokens = 0.0, 0.0, 200, False
+    Engine.health_redirect = None
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -706,3 +715,130 @@ def test_an_engine_killed_for_its_memory_before_answering_says_oom_killed(engine
     assert result.failed.name == "health" and result.oom_killed
     assert result.failed.detail == ("the engine exited with code 137 before answering, OOM-killed (out of memory): "
                                     "loading 70B weights"), result.failed.detail
+
+
+CHAT_OK = json.dumps({"choices": [{"message": {"content": "UNIFIED_TP1_OK"}}]}).encode()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_chat_reply_that_redirects_elsewhere_is_not_followed_and_fails_naming_status_and_location(engine, server,
+                                                                                                     status):
+    # (before: urllib followed a 301/302/303 to wherever it pointed, as a GET, and what answered there, here a
+    # right chat completion, passed the gate for the engine)
+    Engine.wire = (b"HTTP/1.1 %d Moved\r\nLocation: /v1/elsewhere\r\nContent-Length: 0\r\n\r\n" % status)
+    Engine.health_body = CHAT_OK  # what a GET anywhere answers, /v1/elsewhere included
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert not result.passed and result.failed.name == "chat", result.steps
+    assert result.failed.detail == (f"the chat completion failed: HTTP {status} Moved, a redirect to '/v1/elsewhere' "
+                                    "(not followed: the gate judges the engine's own reply)")
+
+
+@pytest.mark.parametrize("location", [None, "http://[::1", "ftp://elsewhere/x\x1b[2J"])
+def test_a_chat_reply_that_redirects_with_no_or_a_broken_location_fails_in_words(engine, server, location):
+    header = b"" if location is None else b"Location: " + location.encode() + b"\r\n"
+    Engine.wire = b"HTTP/1.1 302 Found\r\n" + header + b"Content-Length: 0\r\n\r\n"
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat", result.steps
+    said = ", a redirect with no Location (not an answer)" if location is None else \
+        f", a redirect to {location!r} (not followed: the gate judges the engine's own reply)"
+    assert result.failed.detail == f"the chat completion failed: HTTP 302 Found{said}"
+
+
+def test_a_health_check_that_redirects_elsewhere_is_not_up(engine, server):
+    # (before: /health redirected to a page that answers 200 passed the health step)
+    Engine.health_redirect = f"http://127.0.0.1:{server.server_port}/elsewhere"
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
+    assert result.failed.name == "health", result.steps
+    assert (f"/health did not answer within 1 s (HTTP 302 Found, a redirect to "
+            f"'http://127.0.0.1:{server.server_port}/elsewhere' (not followed") in result.failed.detail
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+@pytest.mark.parametrize("first", ["interrupt", "engine error"])
+def test_a_clean_up_error_after_an_interrupted_or_failed_gate_is_a_warning_and_the_first_failure_is_raised(
+        engine, server, nodes, first):
+    # (before: the clean-up's EngineError replaced the interrupt, and the run ended with exit 1, not 130)
+    from unibake.errors import EngineError
+
+    Engine.ready_at = time.monotonic() + 60  # /health still loading: the gate is waiting when the interrupt comes
+    calls = []
+
+    def interrupted(container):
+        calls.append(container)
+        if len(calls) == 3:
+            raise KeyboardInterrupt if first == "interrupt" else EngineError("cannot inspect the container: gone")
+        return type(engine).container_status(engine, container)
+
+    def remove_container(container):
+        raise EngineError(f"cannot remove container {container}: the engine is shutting down")
+
+    engine.container_status = interrupted
+    engine.remove_container = remove_container
+    warnings = []
+    spec = metadata(server.server_port, timeout=60) if nodes == 1 else multi_node(server.server_port, timeout=60)
+    with pytest.raises(KeyboardInterrupt if first == "interrupt" else EngineError) as raised:
+        run_gates(engine, "demo:1", spec, netns_pid=None, warn=warnings.append)
+    assert "shutting down" not in str(raised.value)
+    assert len(warnings) == 1 and warnings[0].startswith("after the smoke gate of profile tp1 stopped: cannot remove "
+                                                         "container ")
+    assert warnings[0].endswith(": the engine is shutting down")
+
+
+def test_a_clean_up_error_after_an_interrupted_gate_is_printed_as_a_warning_line_by_default(engine, capsys):
+    from unibake.errors import EngineError
+
+    def interrupted(container):
+        raise KeyboardInterrupt
+
+    def remove_container(container):
+        raise EngineError("cannot remove container abc:\nthe engine is gone")
+
+    engine.container_status = interrupted
+    engine.remove_container = remove_container
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", metadata(1), netns_pid=None)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: after the smoke gate of profile tp1 stopped: cannot remove container abc:\\nthe engine is gone"]
+
+
+def test_an_images_prompts_past_what_a_command_line_argument_holds_are_sent_all_the_same(engine, server):
+    # an image's own metadata (archive IMAGE) is not held to the 64 KiB a Dockerfile's label line is: its
+    # prompts as JSON were one argument of the client, and past 128 KiB the start failed ("Argument list too
+    # long", exit 1); on stdin they are sent, and the gate judges them
+    document = metadata(server.server_port).model_dump()
+    document["profiles"]["tp1"]["smoke"] = {"timeout": 5, "prompts": [
+        {"prompt": f"Say it, {n}: " + "é" * 4000, "expect": "UNIFIED_TP1_OK", "match": "contains"} for n in range(40)]}
+    hostile = ImageMetadata.model_validate(document, strict=False)
+    assert len(json.dumps([[c.prompt, 0] for c in hostile.profiles["tp1"].smoke.checks])) > 128 * 1024
+    result = gates_within(120, engine, "demo:1", hostile, netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert len(result.chats) == 40 and result.chats[-1].prompt.startswith("Say it, 39: éé")
+
+
+@pytest.mark.parametrize("fault", ["interrupt", "engine error"])
+def test_a_gate_container_created_as_an_interrupt_came_is_not_left_in_the_engine(engine, server, fault):
+    # the engine created (and started) the container; its answer, the ID, never came (before: nothing
+    # named it, so it was left running with its restart policy in a --verify-engine)
+    from unibake.errors import EngineError
+
+    real = engine.start
+
+    def start(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt if fault == "interrupt" else EngineError("starting demo:1 failed: read timed out")
+
+    engine.start = start
+    with pytest.raises(KeyboardInterrupt if fault == "interrupt" else EngineError):
+        run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
+    assert engine.containers == {}
+
+
+def test_a_single_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(engine, server, monkeypatch):
+    from unibake.errors import NameInUse
+
+    monkeypatch.setattr("unibake.smoke.secrets.token_hex", lambda n: "0" * (2 * n))
+    engine.start("demo:1", [], name="unibake-smoke-000000000000")  # another's container
+    before = set(engine.containers)
+    with pytest.raises(NameInUse):
+        run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
+    assert set(engine.containers) == before
