@@ -11,6 +11,7 @@ one row of the table; the others go on; any failure is exit 3.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import threading
 import time
@@ -194,7 +195,8 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
 
 def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *, jobs: int = 4,
            on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
-    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given.
+    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given,
+    ``on_result`` called with each as its engine ends.
 
     On an interrupt the loads under way break off at their next piece, the pulls under way at once
     (their connection shut: the engine ends the pull), the engines not begun are not begun, and the
@@ -203,7 +205,9 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
     interrupt (and by the exit), not waited for as a pool's threads are."""
     stop = threading.Event()
     results: list[NodeResult | None] = [None] * len(addresses)
-    finished = [threading.Event() for _ in addresses]
+    # each engine's row as it ends, not in the order given: one slow engine (a big load, a node that stops
+    # answering until --engine-timeout) must not hold back the word of every engine after it
+    finished: queue.SimpleQueue[int] = queue.SimpleQueue()
     todo = iter(range(len(addresses)))
     lock = threading.Lock()
 
@@ -214,16 +218,15 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
             if i is None:
                 return
             results[i] = _deploy_one(plan, addresses[i], connect, stop)
-            finished[i].set()
+            finished.put(i)
 
     workers = [threading.Thread(target=work, name=f"deploy-{n}", daemon=True)
                for n in range(max(1, min(jobs, len(addresses))))]
     for worker in workers:
         worker.start()
     try:
-        for i in range(len(addresses)):
-            finished[i].wait()
-            on_result(results[i])
+        for _ in range(len(addresses)):
+            on_result(results[finished.get()])
     except KeyboardInterrupt:
         stop.set()
         for worker in workers:  # a second interrupt is let be while this waits; a third ends it

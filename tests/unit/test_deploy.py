@@ -47,7 +47,8 @@ def test_every_engine_gets_the_release_a_broken_one_is_a_row_and_a_second_run_sk
     results = deploy(plan, addresses, connect, jobs=3, on_result=seen.append)
     assert [(r.engine, r.result) for r in results] == [(addresses[0], "loaded"), (addresses[1], "failed"),
                                                       (addresses[2], "loaded"), (addresses[3], "loaded")]
-    assert seen == results and "no engine listens there" in results[1].detail
+    assert sorted(seen, key=lambda r: addresses.index(r.engine)) == results  # (each said as it ended)
+    assert "no engine listens there" in results[1].detail
     for engine in engines.values():
         assert engine.inspect_image(m.tag).id == image_id and engine.loads == 1
     with pytest.raises(VerificationError, match=r"1 of 4 engines failed: tcp://gone:2375: cannot reach"):
@@ -111,6 +112,24 @@ def test_an_interrupt_breaks_off_the_loads_under_way_and_says_which_engines_hold
                                 "broken off)"
     assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
     assert slow.inspect_image(m.tag) is None
+
+
+def test_each_engine_s_row_is_said_as_it_ends_not_after_every_engine_named_before_it(tmp_path):
+    # the rows were said in the order the engines were given: a slow first engine (a big load, a node that
+    # stops answering until --engine-timeout) held back the word of every engine after it, so a deploy to
+    # many nodes printed nothing for minutes though most of them were done
+    folder, image_id = make_release(tmp_path / "release", layers=[bytes(4 << 20)] * 3)
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    engines["tcp://slow:2375"] = SlowEngine(address="tcp://slow:2375")
+    addresses = ["tcp://slow:2375", "tcp://a:2375", "tcp://b:2375"]
+    said = []
+    results = deploy(Plan(folder=folder, manifest=m, source="archive"), addresses, connect, jobs=3,
+                     on_result=lambda r: said.append((r.engine, engines["tcp://slow:2375"].inspect_image(m.tag))))
+    assert [r.engine for r in results] == addresses and all(r.result == "loaded" for r in results)
+    assert sorted(engine for engine, _ in said[:2]) == ["tcp://a:2375", "tcp://b:2375"]
+    assert said[0][1] is None and said[1][1] is None  # said while the slow engine was still loading
+    assert said[2][0] == "tcp://slow:2375"
 
 
 @contextmanager
