@@ -963,7 +963,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from_env = not named and not hosts and bool(ctx.env.get("DOCKER_HOST"))
     if from_env:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
-    addresses = engines_of(named, hosts)
+    addresses = engines_of(named, hosts, args.hosts)
     if args.source == "archive":
         if args.ref or args.temp_dir or deadline is not None:
             given = '--ref' if args.ref else '--temp-dir' if args.temp_dir else '--pull-deadline'

@@ -60,10 +60,16 @@ def read_hosts(path: Path) -> list[str]:
     """``--hosts FILE``: one engine address per line; blank lines and ``#`` comments are skipped."""
     text = read_small_text(path, InputError, limit=HOSTS_LIMIT, what="a list of engine addresses, one a line")
     found: list[str] = []
+    lines: dict[str, tuple[int, str]] = {}  # an engine (as same_engine tells them apart): its first line
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if line:
             found.append(check_address(line, f"{path}:{n}"))
+            first = lines.setdefault(same_engine(line), (n, line))
+            if first[0] != n:  # a node pasted twice: said where, not as an engine named twice somewhere
+                same = "" if first[1] == line else f" as {first[1]}"
+                raise InputError(f"{path}:{n}: engine {line} is named twice (line {first[0]}{same}); name each "
+                                 "engine once")
     if not found:
         raise InputError(f"{path}: no engine address in it")
     return found
@@ -88,15 +94,19 @@ def same_engine(address: str) -> str:
     return f"{parts.scheme}://{user}{host}{f':{port}' if port else ''}"
 
 
-def engines_of(addresses: list[str], hosts: list[str]) -> list[str]:
-    """The engines of the command line and the hosts file, each once, in order."""
+def engines_of(addresses: list[str], hosts: list[str], hosts_file: Path | None = None) -> list[str]:
+    """The engines of the command line and the hosts file (``hosts_file``, named in an error), each once,
+    in order."""
     out: list[str] = []
     seen: dict[str, str] = {}
-    for address in [*addresses, *hosts]:
+    for n, address in enumerate([*addresses, *hosts]):
         check_address(address, "--engine")
         key = same_engine(address)
         if key in seen:
             same = "" if seen[key] == address else f" (as {seen[key]})"
+            if hosts_file is not None and n >= len(addresses) and seen[key] in addresses:
+                raise InputError(f"--hosts {hosts_file}: engine {address} is given as --engine {seen[key]} too; "
+                                 "name each engine once")
             raise InputError(f"engine {address} is named twice{same}")
         seen[key] = address
         out.append(address)

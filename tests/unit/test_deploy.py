@@ -217,6 +217,23 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
         engines_of([], [])
 
 
+def test_an_engine_a_hosts_file_names_twice_is_refused_naming_the_file_and_its_lines(cli, tmp_path):
+    # "error: engine tcp://Node2:2375 is named twice (as tcp://node2:2375)": no word of the hosts file, nor of
+    # which of its hundred lines to fix
+    folder, _ = make_release(tmp_path / "release")
+    hosts = tmp_path / "nodes.txt"
+    hosts.write_text("tcp://node1:2375\ntcp://node2:2375  # rack 1\n\ntcp://node3:2375\ntcp://Node2:2375/\n")
+    result = cli("deploy", str(folder), "--hosts", str(hosts))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {hosts}:5: engine tcp://Node2:2375/ is named twice (line 2 as tcp://node2:2375); name each engine "
+        "once"], result.err
+    hosts.write_text("tcp://node1:2375\ntcp://node2:2375\n")
+    result = cli("deploy", str(folder), "--hosts", str(hosts), "--engine", "tcp://NODE2:2375")
+    assert result.code == 2 and result.error_lines == [
+        f"error: --hosts {hosts}: engine tcp://node2:2375 is given as --engine tcp://NODE2:2375 too; name each "
+        "engine once"], result.err
+
+
 @pytest.mark.parametrize("args, message", [
     (["deploy", "{folder}"], "deploy needs at least one engine"),
     (["deploy", "{folder}", "--engine", "ssh://a:b:c"], "Port could not be cast to integer"),
