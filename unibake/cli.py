@@ -625,6 +625,9 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
                          with_signatures)
 
     folder = check_folder_arg(resolved(ctx.cwd / args.folder))
+    if args.load:  # before the folder is read (gigabytes): the engine it would load into is not docker's
+        from .docker_engine import refuse_docker_context
+        refuse_docker_context(args.engine, ctx.env)
     signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
     if signed is not None and signed.failures:
         report = signed
@@ -906,12 +909,13 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .docker_engine import DockerEngine
+    from .docker_engine import DockerEngine, refuse_docker_context
     from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
     from .verify import check_folder_arg, check_signed, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     deadline = _check_pull_deadline(args)
+    refuse_docker_context(args.engine, ctx.env)  # before the registry is asked
     if args.release:
         folder = check_folder_arg(resolved(ctx.cwd / args.release))
     else:
@@ -940,7 +944,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .deploy import Plan, check_address, deploy, engines_of, raise_if_failed, read_hosts, same_engine
-    from .docker_engine import DockerEngine
+    from .docker_engine import DockerEngine, docker_context
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
     from .verify import (check_folder_arg, check_signed, trusted_manifest, verify_folder, verify_signatures,
@@ -963,6 +967,10 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from_env = not named and not hosts and bool(ctx.env.get("DOCKER_HOST"))
     if from_env:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
+    elif not named and not hosts and docker_context(ctx.env):  # docker's engine is the context's: not read here
+        raise InputError(f"deploy needs at least one engine: --engine URL (repeat it), --hosts FILE or DOCKER_HOST; "
+                         f"{docker_context(ctx.env)} is docker's, and unibake reads no docker contexts (docker "
+                         "context inspect shows its address)")
     addresses = engines_of(named, hosts, args.hosts)
     if args.source == "archive":
         if args.ref or args.temp_dir or deadline is not None:

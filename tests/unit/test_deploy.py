@@ -995,3 +995,38 @@ def test_an_engine_error_on_a_named_container_or_network_names_it_whole(fake_api
                 call(name)
         with pytest.raises(EngineError, match="^cannot remove container abcdef012345: "):
             engine.remove_container("abcdef012345" * 5 + "abcd")
+
+
+def test_a_docker_context_docker_would_use_is_refused_not_passed_over_for_the_local_socket(cli, tmp_path):
+    # with DOCKER_CONTEXT=gpu1, or `docker context use gpu1`, docker reaches gpu1's engine; unibake reads no
+    # contexts and went to the local socket without a word: prune removed, pull pulled and verify --load loaded on
+    # another engine than the one the adopter's docker showed, and deploy asked for DOCKER_HOST only
+    from unibake.docker_engine import DockerEngine, docker_context
+
+    folder, _ = make_release(tmp_path / "release")
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"auths": {}, "currentContext": "gpu1"}))
+    for env, says in (({"DOCKER_CONTEXT": "gpu1"}, "DOCKER_CONTEXT=gpu1"),
+                      ({"DOCKER_CONFIG": str(config)}, f"the docker context 'gpu1' ({config / 'config.json'}'s "
+                                                       "currentContext, set by docker context use)")):
+        for args in (["prune", "--dry-run", "--out", str(tmp_path / "release")],
+                     ["pull", "r.example/a@sha256:" + "0" * 64, "--release", str(folder)],
+                     ["verify", str(folder), "--load"]):
+            result = cli(*args, env={"CI": "true", **env})
+            assert result.code == 2 and result.error_lines == [
+                f"error: {says}: unibake reads no docker contexts, so it would reach unix:///var/run/docker.sock, not "
+                "the engine docker reaches; give --engine URL or DOCKER_HOST (docker context inspect shows the "
+                "context's address)"], result.err
+        result = cli("deploy", str(folder), env={"CI": "true", **env})
+        assert result.code == 2 and result.error_lines == [
+            "error: deploy needs at least one engine: --engine URL (repeat it), --hosts FILE or DOCKER_HOST; "
+            f"{says} is docker's, and unibake reads no docker contexts (docker context inspect shows its address)"]
+    # the default context is the local socket, as here; DOCKER_HOST and --engine name the engine themselves
+    (config / "config.json").write_text(json.dumps({"currentContext": "default"}))
+    for env in ({"DOCKER_CONTEXT": "default"}, {"DOCKER_CONFIG": str(config)}, {"HOME": str(tmp_path)}, {}):
+        assert docker_context(env) is None
+    for address, env in ((None, {"DOCKER_CONTEXT": "gpu1", "DOCKER_HOST": "unix:///nonexistent/e.sock"}),
+                         ("unix:///nonexistent/e.sock", {"DOCKER_CONTEXT": "gpu1"})):
+        with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
+            DockerEngine(address, env)
