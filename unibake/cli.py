@@ -875,7 +875,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
             result = push_release(folder, m, target, client, compression=args.compression, temp_dir=temp_dir,
-                                  on_line=ctx.reporter.info, on_warning=ctx.reporter.warn)
+                                  on_line=ctx.reporter.info, on_warning=ctx.reporter.warn,
+                                  progress=ctx.reporter.progress)
     record = result.record
     updated = merge_record(m, record)
     if updated is not None and signed and signer is None:
