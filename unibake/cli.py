@@ -419,7 +419,8 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
     if getattr(args, "out", None):
         out = resolved(cwd / args.out)
         if existing and not out.is_dir():
-            raise InputError(f"--out {args.out}: no such folder")
+            # (a file there, or the release folder itself given for its parent, is no typo of a name)
+            raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else "no such folder"))
         return out
     config = getattr(args, "config", "profiles")
     return resolved(cwd / config).parent / "release"
