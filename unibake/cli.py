@@ -933,9 +933,10 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
             info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
     engine = DockerEngine(args.engine, ctx.env)
-    with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
+    with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
+            ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:
         image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn,
-                             deadline=deadline)
+                             deadline=deadline, progress=advance)
     return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
                              "tag": m.tag, "engine": engine.address},
                    title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),

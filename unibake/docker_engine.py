@@ -675,10 +675,28 @@ class DockerEngine(Engine):
                 for i in found]
 
     def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
-             stop: threading.Event | None = None) -> None:
+             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
         """docker-py's pull, with two changes: the stream waits ``timeout`` for the engine's next word (docker-py
         waits without end), and ``stop`` set breaks it off at once (its connection shut: the engine ends the
-        pull), raising :class:`HandoffAborted`."""
+        pull), raising :class:`HandoffAborted`. ``progress`` is told each layer's bytes as the engine
+        downloads them (its events' progressDetail)."""
+        downloaded: dict[str, tuple[int, int]] = {}  # a layer's ID: (bytes said so far, its total)
+
+        def count(event: dict) -> None:
+            layer, detail, status = event.get("id"), event.get("progressDetail"), event.get("status")
+            if progress is None or not isinstance(layer, str):
+                return
+            done, total = downloaded.get(layer, (0, 0))
+            if status == "Downloading" and isinstance(detail, dict):
+                now, whole = detail.get("current"), detail.get("total")
+                total = whole if isinstance(whole, int) and whole > 0 else total
+                if isinstance(now, int) and now > done:
+                    progress(now - done)
+                    done = now
+            elif status == "Download complete" and total > done:
+                progress(total - done)
+                done = total
+            downloaded[layer] = (done, total)
         # the credentials resolved by the caller (--auth-file, else the Docker config, its helpers run without
         # the environment's secrets), or none: docker-py's pull sent what this process's own Docker config
         # held for the registry, whatever --auth-file said, to every engine of a deploy
@@ -701,6 +719,7 @@ class DockerEngine(Engine):
                                       or event.get("error") or "no reason given")
                         raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
                                           f"(engine at {self.address})")
+                    count(event)
         except (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
                 OSError, ValueError) as exc:  # (a shut stream: urllib3's errors, or a half JSON document)
             if stop is not None and stop.is_set():

@@ -1066,6 +1066,7 @@ class ManifestInfo:
     config_digest: str
     compressions: frozenset[str]
     layers: tuple[str, ...] = ()  # the layers' digests, in order
+    layer_bytes: int = 0  # the layers' sizes as the manifest gives them (what a pull downloads at most)
 
 
 def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
@@ -1085,7 +1086,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     if not isinstance(config, dict) or not isinstance(layers, list) \
             or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
         raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
-    kinds, digests = set(), []
+    kinds, digests, size = set(), [], 0
     for layer in layers:
         if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
                 or not DIGEST_RE.fullmatch(layer["digest"]):
@@ -1093,8 +1094,9 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
         kind = layer.get("mediaType", "") if isinstance(layer.get("mediaType"), str) else ""
         kinds.add("zstd" if kind.endswith("+zstd") or kind.endswith(".zstd") else "gzip")
         digests.append(layer["digest"])
+        size += layer["size"] if type(layer.get("size")) is int and layer["size"] > 0 else 0
     return ManifestInfo(media_type=str(media_type or ""), config_digest=config["digest"],
-                        compressions=frozenset(kinds), layers=tuple(digests))
+                        compressions=frozenset(kinds), layers=tuple(digests), layer_bytes=size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1390,7 +1392,8 @@ class _PullClock(threading.Event):
 
 def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
               credentials: Credentials | None, warn: Callable[[str], None] | None = None,
-              stop: threading.Event | None = None, deadline: float | None = None) -> str:
+              stop: threading.Event | None = None, deadline: float | None = None,
+              progress: Callable[[int], None] | None = None) -> str:
     """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
     release's tag (as a load of the archive would); returns the image ID. A tag that named another image
     before is moved, and said through ``warn`` (as deploy's row says it). ``stop`` set breaks the pull
@@ -1405,7 +1408,7 @@ def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: M
     before = engine.inspect_image(manifest.tag)
     clock = _PullClock(stop, deadline) if deadline is not None else None
     try:
-        engine.pull(ref.repository, ref.digest, auth, clock or stop)
+        engine.pull(ref.repository, ref.digest, auth, clock or stop, progress)
     except HandoffAborted:
         if clock is None or not clock.expired or (stop is not None and stop.is_set()):
             raise

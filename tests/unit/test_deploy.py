@@ -1030,3 +1030,57 @@ def test_a_docker_context_docker_would_use_is_refused_not_passed_over_for_the_lo
                          ("unix:///nonexistent/e.sock", {"DOCKER_CONTEXT": "gpu1"})):
         with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
             DockerEngine(address, env)
+
+
+def test_a_pull_tells_its_progress_the_bytes_each_layer_downloads(fake_api_only):
+    # `pull` of a release of many gigabytes said "==> pull" and then nothing until the engine had it all: the
+    # engine's events carry each layer's progress, which were read and dropped
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+
+    events = [{"status": "Pulling fs layer", "id": "aaa"},
+              {"status": "Downloading", "progressDetail": {"current": 100, "total": 300}, "id": "aaa"},
+              {"status": "Downloading", "progressDetail": {"current": 250, "total": 300}, "id": "aaa"},
+              {"status": "Downloading", "progressDetail": {"current": 50, "total": 80}, "id": "bbb"},
+              {"status": "Download complete", "id": "aaa"},
+              {"status": "Extracting", "progressDetail": {"current": 900, "total": 2000}, "id": "aaa"},
+              {"status": "Download complete", "id": "bbb"},
+              {"status": "Downloading", "progressDetail": {"current": "x"}, "id": "ccc"},  # (junk: not counted)
+              {"status": "Already exists", "id": "ddd"}, {"status": "Pull complete", "id": "aaa"}]
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # noqa: N802 - each event a chunk of its own, as the engine streams them
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in events:
+                data = json.dumps(event).encode() + b"\r\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+
+    with _serving(Engine) as address:
+        told = []
+        DockerEngine(address, {}).pull("r.example/a", "sha256:" + "1" * 64, None, progress=told.append)
+    assert told == [100, 150, 50, 50, 30]  # each layer's bytes as they came, its rest once it was complete
+    from unibake.registry import manifest_config_digest
+
+    body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "2" * 64, "size": 9},
+                       "layers": [{"digest": "sha256:" + "3" * 64, "size": 300}, {"digest": "sha256:" + "4" * 64,
+                                                                                 "size": 80},
+                                  {"digest": "sha256:" + "5" * 64, "size": True}]}).encode()
+    assert manifest_config_digest(body, "r.example/a").layer_bytes == 380  # the total `pull` shows it against
