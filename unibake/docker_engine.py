@@ -259,7 +259,12 @@ class DockerEngine(Engine):
             ssh = self.address.startswith("ssh://")
             probe = min(timeout, CONNECT_TIMEOUT)
             if address:
-                self.api = docker.APIClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh)
+                # a tcp:// engine takes DOCKER_TLS_VERIFY and DOCKER_CERT_PATH as `docker -H` does: without them an
+                # engine behind TLS (port 2376), which every --engine of a deploy may be, could not be reached at all
+                tls = docker.utils.kwargs_from_env(environment=dict(env)).get("tls") \
+                    if address.startswith("tcp://") else None
+                self.api = docker.APIClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh,
+                                            **({"tls": tls} if tls else {}))
             else:
                 kwargs = docker.utils.kwargs_from_env(environment=dict(env))
                 kwargs.setdefault("base_url", self.address)

@@ -1084,3 +1084,31 @@ def test_a_pull_tells_its_progress_the_bytes_each_layer_downloads(fake_api_only)
                                                                                  "size": 80},
                                   {"digest": "sha256:" + "5" * 64, "size": True}]}).encode()
     assert manifest_config_digest(body, "r.example/a").layer_bytes == 380  # the total `pull` shows it against
+
+
+def test_an_engine_named_by_tcp_address_takes_the_tls_settings_docker_takes(monkeypatch, tmp_path):
+    # `docker -H tcp://node1:2376 version` uses DOCKER_TLS_VERIFY and DOCKER_CERT_PATH; deploy --engine/--hosts
+    # reached only DOCKER_HOST with them, so a fleet of engines behind TLS (2376) could not be deployed to at all
+    import docker.errors
+    import docker.tls
+
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import EngineError
+
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("")
+    given = []
+
+    def client(self, *args, **kwargs):
+        given.append(kwargs)
+        raise docker.errors.DockerException("(the test's stand-in: no engine is reached)")
+    monkeypatch.setattr(docker.APIClient, "__init__", client)
+    tls_env = {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(tmp_path)}
+    for address, env in (("tcp://node1.example:2376", tls_env), ("ssh://ops@node1.example", tls_env),
+                         ("tcp://node1.example:2375", {}), ("unix:///nonexistent/e.sock", tls_env)):
+        with pytest.raises(EngineError, match=f"cannot reach the Docker engine at {re.escape(address)}"):
+            DockerEngine(address, env)
+    tls = given[0].get("tls")
+    assert isinstance(tls, docker.tls.TLSConfig) and tls.verify is True and tls.ca_cert == str(tmp_path / "ca.pem")
+    assert tls.cert == (str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    assert [("tls" in kwargs) for kwargs in given[1:]] == [False, False, False]  # ssh, plain tcp, a socket: as docker
