@@ -1104,7 +1104,14 @@ skipped_gates() {
 # --- 4. the load, and 5. the image ID -----------------------------------------------------------
 # the engine first, as build.py verify --load: none answering would read as a missing base or image
 if ! err=$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null); then
-  printf '%s\n' "error: cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-the default socket}): $err" >&2
+  # named as docker picks it: DOCKER_HOST, else DOCKER_CONTEXT, else the current context (docker context use)
+  if [ -n "${DOCKER_HOST:-}" ]; then at="DOCKER_HOST=$DOCKER_HOST"
+  elif [ -n "${DOCKER_CONTEXT:-}" ]; then at="DOCKER_CONTEXT=$DOCKER_CONTEXT"
+  else
+    at=$(docker context inspect --format '{{.Name}} {{.Endpoints.docker.Host}}' 2>/dev/null) || at=""
+    case "$at" in ""|"default "*) at="DOCKER_HOST=the default socket" ;; *) at="docker context ${at%% *}, ${at#* }" ;; esac
+  fi
+  printf '%s\n' "error: cannot reach the Docker engine ($at): $err" >&2
   exit 1
 fi
 # a hotfix's archive leaves out its base release's layers: without that image the engine's refusal

@@ -419,7 +419,8 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
     if getattr(args, "out", None):
         out = resolved(cwd / args.out)
         if existing and not out.is_dir():
-            raise InputError(f"--out {args.out}: no such folder")
+            # (a file there, or the release folder itself given for its parent, is no typo of a name)
+            raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else "no such folder"))
         return out
     config = getattr(args, "config", "profiles")
     return resolved(cwd / config).parent / "release"
@@ -625,6 +626,9 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
                          with_signatures)
 
     folder = check_folder_arg(resolved(ctx.cwd / args.folder))
+    if args.load:  # before the folder is read (gigabytes): the engine it would load into is not docker's
+        from .docker_engine import refuse_docker_context
+        refuse_docker_context(args.engine, ctx.env)
     signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
     if signed is not None and signed.failures:
         report = signed
@@ -905,7 +909,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                                     "layers"):
         with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
             result = push_release(folder, m, target, client, compression=args.compression, temp_dir=temp_dir,
-                                  on_line=ctx.reporter.info, on_warning=ctx.reporter.warn)
+                                  on_line=ctx.reporter.info, on_warning=ctx.reporter.warn,
+                                  progress=ctx.reporter.progress)
     record = result.record
     updated = merge_record(m, record)
     if updated is not None and signed and signer is None:
@@ -939,12 +944,13 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .docker_engine import DockerEngine
+    from .docker_engine import DockerEngine, refuse_docker_context
     from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
     from .verify import check_folder_arg, check_signed, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     deadline = _check_pull_deadline(args)
+    refuse_docker_context(args.engine, ctx.env)  # before the registry is asked
     if args.release:
         folder = check_folder_arg(resolved(ctx.cwd / args.release))
     else:
@@ -960,9 +966,10 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
             info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
     engine = DockerEngine(args.engine, ctx.env)
-    with ctx.reporter.stage("pull", f"into the engine at {engine.address}"):
+    with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
+            ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:
         image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn,
-                             deadline=deadline)
+                             deadline=deadline, progress=advance)
     return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
                              "tag": m.tag, "engine": engine.address},
                    title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),
@@ -973,7 +980,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .deploy import Plan, check_address, deploy, engines_of, raise_if_failed, read_hosts, same_engine
-    from .docker_engine import DockerEngine
+    from .docker_engine import DockerEngine, docker_context
     from .plan import display_path
     from .registry import RegistryClient, check_remote, parse_reference, pull_into
     from .verify import (check_folder_arg, check_signed, trusted_manifest, verify_folder, verify_signatures,
@@ -996,7 +1003,11 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     from_env = not named and not hosts and bool(ctx.env.get("DOCKER_HOST"))
     if from_env:
         named = [check_address(ctx.env["DOCKER_HOST"], "DOCKER_HOST")]
-    addresses = engines_of(named, hosts)
+    elif not named and not hosts and docker_context(ctx.env):  # docker's engine is the context's: not read here
+        raise InputError(f"deploy needs at least one engine: --engine URL (repeat it), --hosts FILE or DOCKER_HOST; "
+                         f"{docker_context(ctx.env)} is docker's, and unibake reads no docker contexts (docker "
+                         "context inspect shows its address)")
+    addresses = engines_of(named, hosts, args.hosts)
     if args.source == "archive":
         if args.ref or args.temp_dir or deadline is not None:
             given = '--ref' if args.ref else '--temp-dir' if args.temp_dir else '--pull-deadline'

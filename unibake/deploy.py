@@ -11,6 +11,7 @@ one row of the table; the others go on; any failure is exit 3.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import threading
 import time
@@ -59,10 +60,16 @@ def read_hosts(path: Path) -> list[str]:
     """``--hosts FILE``: one engine address per line; blank lines and ``#`` comments are skipped."""
     text = read_small_text(path, InputError, limit=HOSTS_LIMIT, what="a list of engine addresses, one a line")
     found: list[str] = []
+    lines: dict[str, tuple[int, str]] = {}  # an engine (as same_engine tells them apart): its first line
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if line:
             found.append(check_address(line, f"{path}:{n}"))
+            first = lines.setdefault(same_engine(line), (n, line))
+            if first[0] != n:  # a node pasted twice: said where, not as an engine named twice somewhere
+                same = "" if first[1] == line else f" as {first[1]}"
+                raise InputError(f"{path}:{n}: engine {line} is named twice (line {first[0]}{same}); name each "
+                                 "engine once")
     if not found:
         raise InputError(f"{path}: no engine address in it")
     return found
@@ -87,15 +94,19 @@ def same_engine(address: str) -> str:
     return f"{parts.scheme}://{user}{host}{f':{port}' if port else ''}"
 
 
-def engines_of(addresses: list[str], hosts: list[str]) -> list[str]:
-    """The engines of the command line and the hosts file, each once, in order."""
+def engines_of(addresses: list[str], hosts: list[str], hosts_file: Path | None = None) -> list[str]:
+    """The engines of the command line and the hosts file (``hosts_file``, named in an error), each once,
+    in order."""
     out: list[str] = []
     seen: dict[str, str] = {}
-    for address in [*addresses, *hosts]:
+    for n, address in enumerate([*addresses, *hosts]):
         check_address(address, "--engine")
         key = same_engine(address)
         if key in seen:
             same = "" if seen[key] == address else f" (as {seen[key]})"
+            if hosts_file is not None and n >= len(addresses) and seen[key] in addresses:
+                raise InputError(f"--hosts {hosts_file}: engine {address} is given as --engine {seen[key]} too; "
+                                 "name each engine once")
             raise InputError(f"engine {address} is named twice{same}")
         seen[key] = address
         out.append(address)
@@ -194,7 +205,8 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
 
 def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *, jobs: int = 4,
            on_result: Callable[[NodeResult], None] = lambda r: None) -> list[NodeResult]:
-    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given.
+    """Every engine in parallel (``jobs`` at a time); results in the order the engines were given,
+    ``on_result`` called with each as its engine ends.
 
     On an interrupt the loads under way break off at their next piece, the pulls under way at once
     (their connection shut: the engine ends the pull), the engines not begun are not begun, and the
@@ -203,7 +215,9 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
     interrupt (and by the exit), not waited for as a pool's threads are."""
     stop = threading.Event()
     results: list[NodeResult | None] = [None] * len(addresses)
-    finished = [threading.Event() for _ in addresses]
+    # each engine's row as it ends, not in the order given: one slow engine (a big load, a node that stops
+    # answering until --engine-timeout) must not hold back the word of every engine after it
+    finished: queue.SimpleQueue[int] = queue.SimpleQueue()
     todo = iter(range(len(addresses)))
     lock = threading.Lock()
 
@@ -214,16 +228,15 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
             if i is None:
                 return
             results[i] = _deploy_one(plan, addresses[i], connect, stop)
-            finished[i].set()
+            finished.put(i)
 
     workers = [threading.Thread(target=work, name=f"deploy-{n}", daemon=True)
                for n in range(max(1, min(jobs, len(addresses))))]
     for worker in workers:
         worker.start()
     try:
-        for i in range(len(addresses)):
-            finished[i].wait()
-            on_result(results[i])
+        for _ in range(len(addresses)):
+            on_result(results[finished.get()])
     except KeyboardInterrupt:
         stop.set()
         for worker in workers:  # a second interrupt is let be while this waits; a third ends it

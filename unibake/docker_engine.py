@@ -12,6 +12,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import BinaryIO
 
 import docker
@@ -23,6 +24,7 @@ import urllib3.exceptions
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
 from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
+from .files import read_small_file
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -198,9 +200,46 @@ def _shown(ref: str) -> str:
     return ref[:12] if re.fullmatch(r"[0-9a-f]{64}", ref) else ref
 
 
+# the docker CLI's config file is small; one bigger is not read for its current context
+CONFIG_LIMIT = 1 << 20
+
+
+def docker_context(env: Mapping[str, str]) -> str | None:
+    """The docker context the docker CLI reaches its engine by when ``DOCKER_HOST`` is unset, said as
+    where it is chosen (``DOCKER_CONTEXT=gpu1``, or the config's current one, set by ``docker context
+    use``), or None for the default context (the local socket, as here). unibake reads no contexts: a
+    command that went to the local socket while ``docker`` goes to the context's engine would prune,
+    pull or load on another engine than the adopter's ``docker`` shows."""
+    name = env.get("DOCKER_CONTEXT") or ""
+    if name:
+        return None if name == "default" else f"DOCKER_CONTEXT={name}"
+    config = Path(env["DOCKER_CONFIG"]) / "config.json" if env.get("DOCKER_CONFIG") else \
+        Path(env["HOME"]) / ".docker" / "config.json" if env.get("HOME") else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        current = json.loads(read_small_file(config, InputError, limit=CONFIG_LIMIT)).get("currentContext")
+    except (InputError, ValueError, AttributeError, RecursionError):
+        return None  # (a config docker would not read either)
+    if not isinstance(current, str) or current in ("", "default"):
+        return None
+    return f"the docker context {current!r} ({config}'s currentContext, set by docker context use)"
+
+
+def refuse_docker_context(address: str | None, env: Mapping[str, str]) -> None:
+    """An engine neither ``address`` nor ``DOCKER_HOST`` names, where docker would use a context: refused
+    (a command calls this before its other work, as :class:`DockerEngine` does)."""
+    chosen = None if address or env.get("DOCKER_HOST") else docker_context(env)
+    if chosen:
+        raise InputError(f"{chosen}: unibake reads no docker contexts, so it would reach {DEFAULT_ADDRESS}, not the "
+                         "engine docker reaches; give --engine URL or DOCKER_HOST (docker context inspect shows the "
+                         "context's address)")
+
+
 class DockerEngine(Engine):
     """A Docker engine at ``address`` (``unix:///path``, ``tcp://host:port``, ``ssh://user@host``);
-    without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket."""
+    without one, ``DOCKER_HOST`` (with its TLS settings) from ``env``, else the local socket (refused
+    when the docker CLI would use a context: :func:`docker_context`)."""
 
     def __init__(self, address: str | None = None, env: Mapping[str, str] | None = None, *,
                  timeout: int = TIMEOUT, timeout_option: str | None = None):
@@ -209,6 +248,7 @@ class DockerEngine(Engine):
         line option that sets it, named when it runs out."""
         env = os.environ if env is None else env
         self.timeout, self.timeout_option = timeout, timeout_option
+        refuse_docker_context(address, env)
         self.address = address or env.get("DOCKER_HOST") or DEFAULT_ADDRESS
         problem = parse_address(self.address)
         if problem:
@@ -219,7 +259,12 @@ class DockerEngine(Engine):
             ssh = self.address.startswith("ssh://")
             probe = min(timeout, CONNECT_TIMEOUT)
             if address:
-                self.api = docker.APIClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh)
+                # a tcp:// engine takes DOCKER_TLS_VERIFY and DOCKER_CERT_PATH as `docker -H` does: without them an
+                # engine behind TLS (port 2376), which every --engine of a deploy may be, could not be reached at all
+                tls = docker.utils.kwargs_from_env(environment=dict(env)).get("tls") \
+                    if address.startswith("tcp://") else None
+                self.api = docker.APIClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh,
+                                            **({"tls": tls} if tls else {}))
             else:
                 kwargs = docker.utils.kwargs_from_env(environment=dict(env))
                 kwargs.setdefault("base_url", self.address)
@@ -635,10 +680,28 @@ class DockerEngine(Engine):
                 for i in found]
 
     def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
-             stop: threading.Event | None = None) -> None:
+             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
         """docker-py's pull, with two changes: the stream waits ``timeout`` for the engine's next word (docker-py
         waits without end), and ``stop`` set breaks it off at once (its connection shut: the engine ends the
-        pull), raising :class:`HandoffAborted`."""
+        pull), raising :class:`HandoffAborted`. ``progress`` is told each layer's bytes as the engine
+        downloads them (its events' progressDetail)."""
+        downloaded: dict[str, tuple[int, int]] = {}  # a layer's ID: (bytes said so far, its total)
+
+        def count(event: dict) -> None:
+            layer, detail, status = event.get("id"), event.get("progressDetail"), event.get("status")
+            if progress is None or not isinstance(layer, str):
+                return
+            done, total = downloaded.get(layer, (0, 0))
+            if status == "Downloading" and isinstance(detail, dict):
+                now, whole = detail.get("current"), detail.get("total")
+                total = whole if isinstance(whole, int) and whole > 0 else total
+                if isinstance(now, int) and now > done:
+                    progress(now - done)
+                    done = now
+            elif status == "Download complete" and total > done:
+                progress(total - done)
+                done = total
+            downloaded[layer] = (done, total)
         # the credentials resolved by the caller (--auth-file, else the Docker config, its helpers run without
         # the environment's secrets), or none: docker-py's pull sent what this process's own Docker config
         # held for the registry, whatever --auth-file said, to every engine of a deploy
@@ -661,6 +724,7 @@ class DockerEngine(Engine):
                                       or event.get("error") or "no reason given")
                         raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
                                           f"(engine at {self.address})")
+                    count(event)
         except (docker.errors.DockerException, requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
                 OSError, ValueError) as exc:  # (a shut stream: urllib3's errors, or a half JSON document)
             if stop is not None and stop.is_set():

@@ -173,6 +173,7 @@ class Engine(ABC):
 
     @abstractmethod
     def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
-             stop: threading.Event | None = None) -> None:
+             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
         """Pull ``repository@digest`` from its registry (``auth``: user name and password, or None);
-        ``stop`` set breaks it off (raising :class:`unibake.errors.HandoffAborted`)."""
+        ``stop`` set breaks it off (raising :class:`unibake.errors.HandoffAborted`); ``progress`` is told
+        the bytes downloaded as they come."""

@@ -36,7 +36,8 @@ import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -1065,6 +1066,7 @@ class ManifestInfo:
     config_digest: str
     compressions: frozenset[str]
     layers: tuple[str, ...] = ()  # the layers' digests, in order
+    layer_bytes: int = 0  # the layers' sizes as the manifest gives them (what a pull downloads at most)
 
 
 def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
@@ -1084,7 +1086,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     if not isinstance(config, dict) or not isinstance(layers, list) \
             or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
         raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
-    kinds, digests = set(), []
+    kinds, digests, size = set(), [], 0
     for layer in layers:
         if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
                 or not DIGEST_RE.fullmatch(layer["digest"]):
@@ -1092,8 +1094,9 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
         kind = layer.get("mediaType", "") if isinstance(layer.get("mediaType"), str) else ""
         kinds.add("zstd" if kind.endswith("+zstd") or kind.endswith(".zstd") else "gzip")
         digests.append(layer["digest"])
+        size += layer["size"] if type(layer.get("size")) is int and layer["size"] > 0 else 0
     return ManifestInfo(media_type=str(media_type or ""), config_digest=config["digest"],
-                        compressions=frozenset(kinds), layers=tuple(digests))
+                        compressions=frozenset(kinds), layers=tuple(digests), layer_bytes=size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1156,16 +1159,23 @@ def _spool_error(exc: OSError, folder: Path) -> UnibakeError:
                         f"({exc.strerror}): give another --temp-dir; nothing was sent")
 
 
-def _read_image(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> SavedImage:
-    """One read of the archive: every layer compressed into the spool folder, the image recomputed."""
+def _read_image(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str,
+                advance: Callable[[int], None] = lambda n: None) -> SavedImage:
+    """One read of the archive: every layer compressed into the spool folder, the image recomputed;
+    ``advance`` is told each decoded piece's size (of the archive's ``uncompressed_bytes``)."""
     def route(name: str, size: int, head: bytes):
         if looks_like_layer(name, head) or head.startswith((GZIP_MAGIC, ZSTD_MAGIC)):
             return _Spool(spool, compression, head)
         return None
 
+    def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            advance(len(chunk))
+            yield chunk
+
     reader = ArchiveReader(folder, [f.name for f in manifest.archive.files], hashed=False)
     omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
-    return interpret(read_members(reader.chunks(), route), omitted)
+    return interpret(read_members(counted(reader.chunks()), route), omitted)
 
 
 def _layer_blob(member: Member, spool: Path, compression: str) -> tuple[Blob, Path]:
@@ -1189,16 +1199,24 @@ class PushResult:
 def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, client: RegistryClient, *,
                  compression: str = "gzip", temp_dir: Path | None = None,
                  on_line: Callable[[str], None] = lambda line: None,
-                 on_warning: Callable[[str], None] | None = None) -> PushResult:
+                 on_warning: Callable[[str], None] | None = None,
+                 progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                 ) -> PushResult:
     """Push the release's image from its archive (a hotfix's unchanged layers from its base release's
     archive); returns the record of the push. The folder must have been verified. A tag that another
-    push moved on while this one ran is said through ``on_warning`` (else ``on_line``)."""
+    push moved on while this one ran is said through ``on_warning`` (else ``on_line``). ``progress``
+    (the reporter's) shows the compression of the layers, which comes before any upload (minutes for
+    an image of many gigabytes)."""
     on_warning = on_warning or on_line
     start = time.monotonic()
     tag = target.tag or manifest.release
     spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
     try:
-        saved, layers = _release_blobs(folder, manifest, spool, compression)
+        on_line(f"compressing the layers of {manifest.archive.name} in {spool.parent} ({compression}; a layer it holds "
+                "compressed goes as it is), then uploading those the registry lacks")
+        shown = progress or (lambda what, total: nullcontext(lambda n: None))
+        with shown(f"compress {manifest.tag}", manifest.archive.uncompressed_bytes) as advance:
+            saved, layers = _release_blobs(folder, manifest, spool, compression, advance)
         uploaded = present = uploaded_bytes = 0
         seen: set[str] = set()
         for i, (blob, path) in enumerate(layers, 1):
@@ -1244,10 +1262,11 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                       seconds=time.monotonic() - start, tagged=tagged)
 
 
-def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str) -> tuple[SavedImage, list]:
+def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str,
+                   advance: Callable[[int], None] = lambda n: None) -> tuple[SavedImage, list]:
     """The release's image read from its archive, checked against its manifest, and its layers
-    compressed into ``spool``: ``(blob, file)`` each, in order."""
-    saved = _read_image(folder, manifest, spool, compression)
+    compressed into ``spool``: ``(blob, file)`` each, in order (``advance`` told what is read of it)."""
+    saved = _read_image(folder, manifest, spool, compression, advance)
     check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what="manifest.json")
     layers = [_layer_blob(m, spool, compression) if m is not None else None for m in saved.layer_members]
     if None in layers:
@@ -1373,7 +1392,8 @@ class _PullClock(threading.Event):
 
 def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
               credentials: Credentials | None, warn: Callable[[str], None] | None = None,
-              stop: threading.Event | None = None, deadline: float | None = None) -> str:
+              stop: threading.Event | None = None, deadline: float | None = None,
+              progress: Callable[[int], None] | None = None) -> str:
     """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
     release's tag (as a load of the archive would); returns the image ID. A tag that named another image
     before is moved, and said through ``warn`` (as deploy's row says it). ``stop`` set breaks the pull
@@ -1388,7 +1408,7 @@ def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: M
     before = engine.inspect_image(manifest.tag)
     clock = _PullClock(stop, deadline) if deadline is not None else None
     try:
-        engine.pull(ref.repository, ref.digest, auth, clock or stop)
+        engine.pull(ref.repository, ref.digest, auth, clock or stop, progress)
     except HandoffAborted:
         if clock is None or not clock.expired or (stop is not None and stop.is_set()):
             raise

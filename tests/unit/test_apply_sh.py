@@ -262,6 +262,42 @@ def test_the_shell_verifier_where_no_engine_answers_says_so_as_apply_sh_does(hot
     assert apply(folder, env).stderr.startswith("error: cannot reach the Docker engine")
 
 
+NO_ENGINE_DOCKER = """#!/bin/sh
+# the docker CLI where the engine it picks does not answer; its current context is $CONTEXT ("NAME HOST")
+case "$1 ${2:-}" in
+  "version "*) echo "Cannot connect to the Docker daemon at ${DOCKER_HOST:-unix:///nowhere.sock}." >&2; exit 1 ;;
+  "context inspect") [ -n "$CONTEXT" ] || exit 1; echo "$CONTEXT" ;;
+  *) echo "fake docker: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"DOCKER_HOST": "tcp://gpu1.example:2376"}, "(DOCKER_HOST=tcp://gpu1.example:2376)"),
+    ({"DOCKER_CONTEXT": "gpu1"}, "(DOCKER_CONTEXT=gpu1)"),
+    ({"CONTEXT": "gpu1 ssh://ops@gpu1.example"}, "(docker context gpu1, ssh://ops@gpu1.example)"),
+    ({"CONTEXT": "default unix:///var/run/docker.sock"}, "(DOCKER_HOST=the default socket)"),
+    ({"CONTEXT": ""}, "(DOCKER_HOST=the default socket)"),
+], ids=["DOCKER_HOST", "DOCKER_CONTEXT", "docker context use", "the default context", "no context shown"])
+def test_apply_sh_and_the_shell_verifier_name_the_engine_docker_picks_when_it_does_not_answer(hotfix, tmp_path,
+                                                                                               env, says):
+    # with DOCKER_CONTEXT set, or a context chosen with `docker context use`, docker reaches that context's engine;
+    # the error said "DOCKER_HOST=the default socket" all the same, pointing the adopter at the wrong engine
+    folder, _ = hotfix
+    bin_dir = tmp_path / "no-engine-bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(NO_ENGINE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    env = {**base, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CONTEXT": "", **env}
+    for result in (apply(folder, env), subprocess.run(["sh", str(REPO / "scripts" / "verify-release.sh"),
+                                                       str(folder)], capture_output=True, text=True, timeout=60,
+                                                      env=env)):
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 1 and len(errors) == 1, result.stdout + result.stderr
+        assert errors[0].startswith(f"error: cannot reach the Docker engine {says}: Cannot connect"), errors[0]
+
+
 def test_a_link_to_the_verifier_checked_out_as_a_plain_file_is_refused_not_carried(tmp_path):
     # git without links writes the link's target as the file's text: apply.sh would have run that path
     plain = tmp_path / "verify-release.sh"

@@ -309,6 +309,14 @@ def test_prune_refuses_an_out_folder_that_does_not_exist(cli, tmp_path):
     assert result.code == 2 and result.error_lines == [f"error: --out {tmp_path / 'relaese'}: no such folder"]
 
 
+def test_an_out_that_is_a_file_is_named_as_not_a_folder_not_as_missing(cli, tmp_path):
+    # "--out release.tar: no such folder" of a file that is there sent the adopter looking for a typo
+    (tmp_path / "release.tar").write_text("")
+    for command in (("prune", "--dry-run"), ("releases",)):
+        result = cli(*command, "--out", str(tmp_path / "release.tar"))
+        assert result.code == 2 and result.error_lines == [f"error: --out {tmp_path / 'release.tar'}: not a folder"]
+
+
 @pytest.mark.parametrize("args", [("verify", "{loop}"), ("releases", "--out", "{loop}"),
                                   ("prune", "--dry-run", "--out", "{loop}"), ("push", "{loop}", "--to", "localhost:1/a"),
                                   ("kit", "{loop}", "--out", "{loop}-kit"), ("verify", "{loop}/1.0")],

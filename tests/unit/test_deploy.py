@@ -47,7 +47,8 @@ def test_every_engine_gets_the_release_a_broken_one_is_a_row_and_a_second_run_sk
     results = deploy(plan, addresses, connect, jobs=3, on_result=seen.append)
     assert [(r.engine, r.result) for r in results] == [(addresses[0], "loaded"), (addresses[1], "failed"),
                                                       (addresses[2], "loaded"), (addresses[3], "loaded")]
-    assert seen == results and "no engine listens there" in results[1].detail
+    assert sorted(seen, key=lambda r: addresses.index(r.engine)) == results  # (each said as it ended)
+    assert "no engine listens there" in results[1].detail
     for engine in engines.values():
         assert engine.inspect_image(m.tag).id == image_id and engine.loads == 1
     with pytest.raises(VerificationError, match=r"1 of 4 engines failed: tcp://gone:2375: cannot reach"):
@@ -119,6 +120,24 @@ def test_an_interrupt_breaks_off_the_loads_under_way_and_says_which_engines_hold
                                 "broken off)"
     assert engines["tcp://a:2375"].inspect_image(m.tag).id == image_id
     assert slow.inspect_image(m.tag) is None
+
+
+def test_each_engine_s_row_is_said_as_it_ends_not_after_every_engine_named_before_it(tmp_path):
+    # the rows were said in the order the engines were given: a slow first engine (a big load, a node that
+    # stops answering until --engine-timeout) held back the word of every engine after it, so a deploy to
+    # many nodes printed nothing for minutes though most of them were done
+    folder, image_id = make_release(tmp_path / "release", layers=[bytes(4 << 20)] * 3)
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    engines["tcp://slow:2375"] = SlowEngine(address="tcp://slow:2375")
+    addresses = ["tcp://slow:2375", "tcp://a:2375", "tcp://b:2375"]
+    said = []
+    results = deploy(Plan(folder=folder, manifest=m, source="archive"), addresses, connect, jobs=3,
+                     on_result=lambda r: said.append((r.engine, engines["tcp://slow:2375"].inspect_image(m.tag))))
+    assert [r.engine for r in results] == addresses and all(r.result == "loaded" for r in results)
+    assert sorted(engine for engine, _ in said[:2]) == ["tcp://a:2375", "tcp://b:2375"]
+    assert said[0][1] is None and said[1][1] is None  # said while the slow engine was still loading
+    assert said[2][0] == "tcp://slow:2375"
 
 
 @contextmanager
@@ -213,6 +232,23 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
     assert len(engines_of(["tcp://h:2375", "tcp://h:2376", "ssh://h:2222", "ssh://h"], [])) == 4
     with pytest.raises(InputError, match="at least one engine"):
         engines_of([], [])
+
+
+def test_an_engine_a_hosts_file_names_twice_is_refused_naming_the_file_and_its_lines(cli, tmp_path):
+    # "error: engine tcp://Node2:2375 is named twice (as tcp://node2:2375)": no word of the hosts file, nor of
+    # which of its hundred lines to fix
+    folder, _ = make_release(tmp_path / "release")
+    hosts = tmp_path / "nodes.txt"
+    hosts.write_text("tcp://node1:2375\ntcp://node2:2375  # rack 1\n\ntcp://node3:2375\ntcp://Node2:2375/\n")
+    result = cli("deploy", str(folder), "--hosts", str(hosts))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {hosts}:5: engine tcp://Node2:2375/ is named twice (line 2 as tcp://node2:2375); name each engine "
+        "once"], result.err
+    hosts.write_text("tcp://node1:2375\ntcp://node2:2375\n")
+    result = cli("deploy", str(folder), "--hosts", str(hosts), "--engine", "tcp://NODE2:2375")
+    assert result.code == 2 and result.error_lines == [
+        f"error: --hosts {hosts}: engine tcp://node2:2375 is given as --engine tcp://NODE2:2375 too; name each "
+        "engine once"], result.err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -971,3 +1007,120 @@ def test_an_engine_error_on_a_named_container_or_network_names_it_whole(fake_api
                 call(name)
         with pytest.raises(EngineError, match="^cannot remove container abcdef012345: "):
             engine.remove_container("abcdef012345" * 5 + "abcd")
+
+
+def test_a_docker_context_docker_would_use_is_refused_not_passed_over_for_the_local_socket(cli, tmp_path):
+    # with DOCKER_CONTEXT=gpu1, or `docker context use gpu1`, docker reaches gpu1's engine; unibake reads no
+    # contexts and went to the local socket without a word: prune removed, pull pulled and verify --load loaded on
+    # another engine than the one the adopter's docker showed, and deploy asked for DOCKER_HOST only
+    from unibake.docker_engine import DockerEngine, docker_context
+
+    folder, _ = make_release(tmp_path / "release")
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"auths": {}, "currentContext": "gpu1"}))
+    for env, says in (({"DOCKER_CONTEXT": "gpu1"}, "DOCKER_CONTEXT=gpu1"),
+                      ({"DOCKER_CONFIG": str(config)}, f"the docker context 'gpu1' ({config / 'config.json'}'s "
+                                                       "currentContext, set by docker context use)")):
+        for args in (["prune", "--dry-run", "--out", str(tmp_path / "release")],
+                     ["pull", "r.example/a@sha256:" + "0" * 64, "--release", str(folder)],
+                     ["verify", str(folder), "--load"]):
+            result = cli(*args, env={"CI": "true", **env})
+            assert result.code == 2 and result.error_lines == [
+                f"error: {says}: unibake reads no docker contexts, so it would reach unix:///var/run/docker.sock, not "
+                "the engine docker reaches; give --engine URL or DOCKER_HOST (docker context inspect shows the "
+                "context's address)"], result.err
+        result = cli("deploy", str(folder), env={"CI": "true", **env})
+        assert result.code == 2 and result.error_lines == [
+            "error: deploy needs at least one engine: --engine URL (repeat it), --hosts FILE or DOCKER_HOST; "
+            f"{says} is docker's, and unibake reads no docker contexts (docker context inspect shows its address)"]
+    # the default context is the local socket, as here; DOCKER_HOST and --engine name the engine themselves
+    (config / "config.json").write_text(json.dumps({"currentContext": "default"}))
+    for env in ({"DOCKER_CONTEXT": "default"}, {"DOCKER_CONFIG": str(config)}, {"HOME": str(tmp_path)}, {}):
+        assert docker_context(env) is None
+    for address, env in ((None, {"DOCKER_CONTEXT": "gpu1", "DOCKER_HOST": "unix:///nonexistent/e.sock"}),
+                         ("unix:///nonexistent/e.sock", {"DOCKER_CONTEXT": "gpu1"})):
+        with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
+            DockerEngine(address, env)
+
+
+def test_a_pull_tells_its_progress_the_bytes_each_layer_downloads(fake_api_only):
+    # `pull` of a release of many gigabytes said "==> pull" and then nothing until the engine had it all: the
+    # engine's events carry each layer's progress, which were read and dropped
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+
+    events = [{"status": "Pulling fs layer", "id": "aaa"},
+              {"status": "Downloading", "progressDetail": {"current": 100, "total": 300}, "id": "aaa"},
+              {"status": "Downloading", "progressDetail": {"current": 250, "total": 300}, "id": "aaa"},
+              {"status": "Downloading", "progressDetail": {"current": 50, "total": 80}, "id": "bbb"},
+              {"status": "Download complete", "id": "aaa"},
+              {"status": "Extracting", "progressDetail": {"current": 900, "total": 2000}, "id": "aaa"},
+              {"status": "Download complete", "id": "bbb"},
+              {"status": "Downloading", "progressDetail": {"current": "x"}, "id": "ccc"},  # (junk: not counted)
+              {"status": "Already exists", "id": "ddd"}, {"status": "Pull complete", "id": "aaa"}]
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # noqa: N802 - each event a chunk of its own, as the engine streams them
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in events:
+                data = json.dumps(event).encode() + b"\r\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+
+    with _serving(Engine) as address:
+        told = []
+        DockerEngine(address, {}).pull("r.example/a", "sha256:" + "1" * 64, None, progress=told.append)
+    assert told == [100, 150, 50, 50, 30]  # each layer's bytes as they came, its rest once it was complete
+    from unibake.registry import manifest_config_digest
+
+    body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "2" * 64, "size": 9},
+                       "layers": [{"digest": "sha256:" + "3" * 64, "size": 300}, {"digest": "sha256:" + "4" * 64,
+                                                                                 "size": 80},
+                                  {"digest": "sha256:" + "5" * 64, "size": True}]}).encode()
+    assert manifest_config_digest(body, "r.example/a").layer_bytes == 380  # the total `pull` shows it against
+
+
+def test_an_engine_named_by_tcp_address_takes_the_tls_settings_docker_takes(monkeypatch, tmp_path):
+    # `docker -H tcp://node1:2376 version` uses DOCKER_TLS_VERIFY and DOCKER_CERT_PATH; deploy --engine/--hosts
+    # reached only DOCKER_HOST with them, so a fleet of engines behind TLS (2376) could not be deployed to at all
+    import docker.errors
+    import docker.tls
+
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import EngineError
+
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (tmp_path / name).write_text("")
+    given = []
+
+    def client(self, *args, **kwargs):
+        given.append(kwargs)
+        raise docker.errors.DockerException("(the test's stand-in: no engine is reached)")
+    monkeypatch.setattr(docker.APIClient, "__init__", client)
+    tls_env = {"DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(tmp_path)}
+    for address, env in (("tcp://node1.example:2376", tls_env), ("ssh://ops@node1.example", tls_env),
+                         ("tcp://node1.example:2375", {}), ("unix:///nonexistent/e.sock", tls_env)):
+        with pytest.raises(EngineError, match=f"cannot reach the Docker engine at {re.escape(address)}"):
+            DockerEngine(address, env)
+    tls = given[0].get("tls")
+    assert isinstance(tls, docker.tls.TLSConfig) and tls.verify is True and tls.ca_cert == str(tmp_path / "ca.pem")
+    assert tls.cert == (str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
+    assert [("tls" in kwargs) for kwargs in given[1:]] == [False, False, False]  # ssh, plain tcp, a socket: as docker

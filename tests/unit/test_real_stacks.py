@@ -1016,6 +1016,11 @@ def test_notes_carry_attachments_and_external_artifacts_and_verify_checks_copies
     text = (folder / "RELEASE_NOTES.md").read_text()
     assert "## What changed\n\n- faster\n" in text and "## Known limits\n\n- none known\n" in text
     assert "| [results.json](results.json) | 19 |" in text and "| `model.bin` | 700 |" in text
+    # the command the notes give: "verify . --external PATH" run where build.py is (unibake's project) checked
+    # the project's folder, not the release's
+    assert " ".join(text.split()).count("`python build.py verify DIR --external PATH`, run in unibake's project "
+                                        "(DIR: this release's folder; PATH: a file, or the folder that holds them)") == 1
+    assert "verify . " not in text
     assert (folder / "results.json").read_text() == '{"accuracy": 0.95}\n'
     assert "  results.json\n" in (folder / "SHA256SUMS").read_text()
     assert cli("verify", str(folder), "--external", str(weights)).code == 0

@@ -261,6 +261,38 @@ def test_a_push_uploads_each_layer_compressed_and_a_manifest_naming_the_image(tm
     assert zstd.record.digest != first.record.digest and zstd.record.layers == "zstd"
 
 
+def test_a_push_shows_the_compression_of_its_layers_before_any_upload(tmp_path):
+    # every layer is compressed before the first upload: for an image of many gigabytes, minutes in which the push
+    # said nothing at all after "==> push" (no line, no bar), as if it hung
+    from contextlib import contextmanager
+
+    folder, _ = make_release(tmp_path / "release", layers=[bytes(3 << 20), os.urandom(1 << 20)])
+    manifest = load_manifest(folder)
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("read", n))
+        events.append(("end",))
+
+    class Watched(RecordingClient):
+        def upload(self, digest, opener, what):
+            events.append(("upload", what))
+            super().upload(digest, opener, what)
+
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    push_release(folder, manifest, target, Watched(), temp_dir=tmp_path,
+                 on_line=lambda line: events.append(("line", line)), progress=progress)
+    assert events[0] == ("line", f"compressing the layers of demo-llm-1.3.1.tar.zst in {tmp_path} (gzip; a layer it "
+                                 "holds compressed goes as it is), then uploading those the registry lacks")
+    assert events[1] == ("begin", "compress demo-llm:1.3.1", manifest.archive.uncompressed_bytes)
+    end = events.index(("end",))
+    assert sum(e[1] for e in events[2:end] if e[0] == "read") == manifest.archive.uncompressed_bytes
+    assert all(e[0] == "read" for e in events[2:end]) and end > 3
+    assert "upload" in [e[0] for e in events[end + 1:]]  # every upload after the compression it waited for
+
+
 def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
     folder, _ = make_release(tmp_path / "release")
     manifest = load_manifest(folder)

@@ -233,9 +233,19 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
     assert b"ENGINE_GROUPS   video=44,render=109" in run_sh(shell, folder, "--help").stdout
     readme = (folder / "README-DIST.md").read_text()
     # (the shipped guide names every way docker picks another machine's engine, not DOCKER_HOST alone)
-    assert ("with `DOCKER_HOST`, `DOCKER_CONTEXT` or the\ncurrent `docker context` naming another machine's engine (not "
-            "a unix socket, nor TCP to this machine's\nloopback), give that machine's numbers: `ENGINE_GROUPS=") in readme
+    assert ("naming another machine's engine (not a unix socket, nor TCP to this machine's loopback), give that "
+            "machine's numbers: `ENGINE_GROUPS=") in " ".join(readme.split())
     assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`)" in readme
+
+
+def test_the_shipped_readme_names_docker_context_too_for_engine_groups(folder):
+    # run.sh asks for ENGINE_GROUPS when DOCKER_HOST, DOCKER_CONTEXT or the current `docker context` names another
+    # machine's engine; the README-DIST a downloader reads named DOCKER_HOST only, so one who switched with
+    # `docker context use gpu1` found no word of why run.sh refused, nor that the numbers must be gpu1's
+    readme = " ".join((folder / "README-DIST.md").read_text().split())
+    assert ("with `DOCKER_HOST`, `DOCKER_CONTEXT` or the current `docker context` (`docker context use`) naming "
+            "another machine's engine (not a unix socket, nor TCP to this machine's loopback), give that machine's "
+            "numbers: `ENGINE_GROUPS=video=44,render=109`") in readme
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
