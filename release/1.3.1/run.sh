@@ -5,14 +5,16 @@
 #        (default profile: tp4; --dry-run, --name and --help are taken anywhere before "--";
 #        -e and --env-file only before the profile, so an engine's own -e after it is the engine's)
 #   -e NAME=VALUE   one more variable for the container (over the profile's env); -e NAME passes NAME's
-#                   value from this environment, unshown (a token); --env NAME=VALUE is the same
-#   --env-file FILE more variables, as docker run --env-file reads them (-e wins over a file)
-#   PROFILE, PORT, MODEL_NAME, HIP_VISIBLE_DEVICES, UNIBAKE_* and, on a profile of several nodes, NNODES,
-#   NODE_RANK, MASTER_ADDR and MASTER_PORT are set by run.sh or the image, not by -e or a file: use the
+#                   value from this environment, unshown (a token); --env NAME=VALUE is the same; --dry-run
+#                   shows a VALUE whose NAME says secret (HF_TOKEN, API_KEY, PASSWORD ...) as <hidden>
+#   --env-file FILE more variables, as docker run --env-file reads them (-e wins over a file); each value, weight
+#                   path, MODEL_NAME and engine argument must be UTF-8 (docker would change the others)
+#   PROFILE, PORT, MODEL_NAME, UNIBAKE_*, on a hygon profile HIP_VISIBLE_DEVICES and, on a profile of several
+#   nodes, NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT are set by run.sh or the image, not by -e or a file: use the
 #   variables below (nor PATH, LD_LIBRARY_PATH, PYTHONPATH, PYTHONDONTWRITEBYTECODE, the image's, nor IFS,
 #   PPID, PWD, OPTIND, SHLVL, _, LINENO, PS1, PS2, PS4, OLDPWD, which the image's shell sets, nor HOME,
-#   HOSTNAME, which docker sets, nor NVIDIA_VISIBLE_DEVICES: use GPUS; CUDA_VISIBLE_DEVICES and
-#   ROCR_VISIBLE_DEVICES number the container's GPUs from 0, as the engine sees them)
+#   HOSTNAME, which docker sets, nor NVIDIA_VISIBLE_DEVICES: use GPUS; CUDA_VISIBLE_DEVICES,
+#   ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES number the container's GPUs from 0, as the engine sees them)
 # Environment (each value is checked; a bad one stops here with exit 2):
 #   GPUS=2,3        which GPUs: numbers, NVIDIA GPU-/MIG- UUIDs, or all (default: the first N the profile needs)
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
@@ -47,10 +49,56 @@ visible() {
       printf "%s", out
     }'
 }
+# one word of --dry-run's line, as a shell reads it back: as it is when it needs no quotes, in '...' when it holds
+# only printable characters (UTF-8 kept), else in $'...' (bash, zsh, ksh, POSIX.1-2024 sh) with each control
+# character (C1 ones too), byte that is no UTF-8, backslash and quote escaped (\n, \x1b, \xc2\x85, \xe9, \\, \'),
+# so a value cannot drive the terminal or forge a line of its own
+shell_word() {
+  case "$1" in ""|*[!A-Za-z0-9_./:=,+-]*) ;; *) printf '%s' "$1"; return 0 ;; esac
+  printf '%s.' "$1" | LC_ALL=C awk '
+    BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i; esc[9] = "\\t"; esc[10] = "\\n"; esc[13] = "\\r"
+            esc[39] = "\\\047"; esc[92] = "\\\\" }
+    { text = text (NR > 1 ? "\n" : "") $0 }
+    END {
+      text = substr(text, 1, length(text) - 1); n = length(text); out = ""; quoted = ""; plain = 1
+      for (i = 1; i <= n; i++) {
+        c = substr(text, i, 1); b = ord[c]
+        if (b >= 194 && b <= 244) {  # a UTF-8 lead byte and its continuation bytes: one character, kept
+          k = b >= 240 ? 3 : b >= 224 ? 2 : 1
+          for (j = 1; j <= k && i + j <= n && ord[substr(text, i + j, 1)] >= 128 && ord[substr(text, i + j, 1)] < 192; j++) ;
+          if (j > k && !(b == 194 && ord[substr(text, i + 1, 1)] < 160)) { out = out substr(text, i, k + 1); quoted = quoted substr(text, i, k + 1); i += k; continue }
+          if (j > k) { out = out sprintf("\\x%02x\\x%02x", b, ord[substr(text, i + 1, 1)]); i++; plain = 0; continue }  # C1
+        }
+        if (b < 32 || b >= 127) { out = out (b in esc ? esc[b] : sprintf("\\x%02x", b)); plain = 0 }
+        else if (b in esc) out = out esc[b]
+        else out = out c
+        quoted = quoted (b == 39 ? "\047\\\047\047" : c)
+      }
+      if (plain) printf "\047%s\047", quoted
+      else printf "$\047%s\047", out
+    }'
+}
+unprintable() {  # stdin to stdout with each control character, C1 ones (UTF-8 \302\200-\302\237) too, as '?'
+  tr '\001-\037\177' '?' | LC_ALL=C sed "s/$(printf '\302')[$(printf '\200-\237')]/?/g"
+}
 die() {  # (a host without awk: each control character as '?')
-  de_text=$(visible "$*" 2>/dev/null) || de_text=$(printf '%s' "$*" | tr '\001-\037\177' '?')
+  de_text=$(visible "$*" 2>/dev/null) || de_text=$(printf '%s' "$*" | unprintable)
   printf 'error: %s\n' "$de_text" >&2; exit 2
 }
+# UTF-8, byte by byte (for grep -E in the C locale): docker sends a container's variables, command and mounts as
+# JSON, where each byte that is no UTF-8 becomes U+FFFD: a value not UTF-8 would reach the container changed
+u8_c="[$(printf '\200-\277')]"
+utf8_re="[^$(printf '\200-\377')]|[$(printf '\302-\337')]$u8_c|$(printf '\340')[$(printf '\240-\277')]$u8_c"
+utf8_re="$utf8_re|[$(printf '\341-\354\356\357')]$u8_c$u8_c|$(printf '\355')[$(printf '\200-\237')]$u8_c"
+utf8_re="$utf8_re|$(printf '\360')[$(printf '\220-\277')]$u8_c$u8_c|[$(printf '\361-\363')]$u8_c$u8_c$u8_c"
+utf8_re="$utf8_re|$(printf '\364')[$(printf '\200-\217')]$u8_c$u8_c"
+is_utf8() {  # $1 a value: whether each of its lines is UTF-8
+  ! printf '%s\n' "$1" | LC_ALL=C grep -a -q -v -E "^($utf8_re)*\$"
+}
+has_c1() {  # $1 a value: whether it holds a C1 control character (U+0080 to U+009F), whatever the shell and locale
+  printf '%s\n' "$1" | LC_ALL=C grep -a -q "$(printf '\302')[$(printf '\200-\237')]"
+}
+not_utf8="is not UTF-8: docker would pass it changed (each byte that is no UTF-8 as U+FFFD)"
 usage() {
   sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
   echo "Profiles: tp1, tp2, tp4"
@@ -64,12 +112,16 @@ number() {  # $1 name, $2 value, $3 lowest, $4 highest: a whole number in range,
 # the variables run.sh or the image set: a -e or an env file setting one is refused (it would disagree
 # with what run.sh checked, or with the image's own)
 topo_env=""
+hip_env=""
 own_env() {
-  case "$1" in PROFILE|PORT|MODEL_NAME|HIP_VISIBLE_DEVICES|UNIBAKE_*)
+  case "$1" in PROFILE|PORT|MODEL_NAME|UNIBAKE_*)
     die "$2 sets $1, which run.sh or the image sets; use the variable run.sh reads (see ./run.sh --help)" ;;
   NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT)  # set by run.sh and the image on a profile of several nodes only (as
     # the plan refuses them in such a profile's env): refused once the profile is known
     topo_env="${topo_env:-$2 sets $1}" ;;
+  HIP_VISIBLE_DEVICES)  # set by run.sh on a hygon profile only (as the plan refuses it in such a profile's env; an
+    # amd or nvidia profile takes it there): refused once the profile is known
+    hip_env="${hip_env:-$2 sets $1}" ;;
   PATH) die "$2 sets PATH, which would replace the image's, where the engine is found" ;;
   LD_LIBRARY_PATH|PYTHONPATH|PYTHONDONTWRITEBYTECODE)  # (as the plan refuses them in a profile's env)
     die "$2 sets $1, which the image sets: the value would replace the image's, where the engine finds its libraries and modules" ;;
@@ -90,7 +142,7 @@ own_env() {
 vis_max=0
 vis_what=""
 visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value
-  case "$2" in CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES) ;; *) return 0 ;; esac
+  case "$2" in CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES|HIP_VISIBLE_DEVICES) ;; *) return 0 ;; esac
   case "$3" in *[![:space:]]*) ;; *) die "$1 sets $2='$3', which hides every GPU from the engine; remove it" ;; esac
   vd_rest="$3,"
   while [ -n "$vd_rest" ]; do
@@ -117,10 +169,12 @@ env_arg() {  # $1: NAME=VALUE or NAME, from -e
   case " $env_names " in *" $ea_name "*) die "-e gives $ea_name twice; give it once" ;; esac
   env_names="$env_names $ea_name"
   case "$1" in
-    *=*) visible_devices -e "$ea_name" "${1#*=}"
+    *=*) is_utf8 "${1#*=}" || die "-e $ea_name: the value $not_utf8; give it in UTF-8"
+         visible_devices -e "$ea_name" "${1#*=}"
          env_args="$env_args -e $(quote "$1")" ;;
     *) in_env "$ea_name" || die "-e $ea_name: $ea_name is not set in this environment; give -e $ea_name=VALUE"
        eval "ea_value=\${$ea_name}"
+       is_utf8 "$ea_value" || die "-e $ea_name: its value in this environment $not_utf8; give it in UTF-8"
        visible_devices "-e $ea_name, from this environment," "$ea_name" "$ea_value"
        env_args="$env_args -e $ea_name" ;;
   esac
@@ -135,12 +189,7 @@ env_file() {  # $1: FILE, from --env-file
   # (a NUL byte read as any other, here: docker takes it in a '#' line)
   ef_line=$(tr '\000' x < "$1" | LC_ALL=C awk 'length($0) > 65535 { print NR; exit }')
   [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is longer than docker reads (65535 bytes)"
-  ef_c="[$(printf '\200-\277')]"
-  ef_u8="[^$(printf '\200-\377')]|[$(printf '\302-\337')]$ef_c|$(printf '\340')[$(printf '\240-\277')]$ef_c"
-  ef_u8="$ef_u8|[$(printf '\341-\354\356\357')]$ef_c$ef_c|$(printf '\355')[$(printf '\200-\237')]$ef_c"
-  ef_u8="$ef_u8|$(printf '\360')[$(printf '\220-\277')]$ef_c$ef_c|[$(printf '\361-\363')]$ef_c$ef_c$ef_c"
-  ef_u8="$ef_u8|$(printf '\364')[$(printf '\200-\217')]$ef_c$ef_c"
-  ef_line=$(tr '\000' x < "$1" | LC_ALL=C grep -n -a -v -E "^($ef_u8)*\$" | head -n 1 | cut -d: -f1)
+  ef_line=$(tr '\000' x < "$1" | LC_ALL=C grep -n -a -v -E "^($utf8_re)*\$" | head -n 1 | cut -d: -f1)
   [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is not UTF-8, which docker reads (save the file as UTF-8)"
   # each line as docker reads it: a '\r' before the line's end dropped, a UTF-8 byte-order mark on the first
   # line dropped, leading white space dropped (Unicode's too: NEL, no-break and the other Unicode spaces, as
@@ -170,23 +219,30 @@ t s
   # a name run.sh sets; a line without '=' whose variable this environment lacks (docker would drop it
   # without a word, as run.sh refuses -e NAME of one)
   ef_own=$(printf '%s\n' "$ef_names" | while IFS= read -r ef_name; do
-    case "${ef_name#?}" in PROFILE|PORT|MODEL_NAME|HIP_VISIBLE_DEVICES|UNIBAKE_*|\
+    case "${ef_name#?}" in PROFILE|PORT|MODEL_NAME|UNIBAKE_*|\
                            PATH|LD_LIBRARY_PATH|PYTHONPATH|PYTHONDONTWRITEBYTECODE|IFS|PPID|PWD|OPTIND|PS1|PS2|PS4|LINENO|SHLVL|_|OLDPWD|HOME|HOSTNAME|\
                            NVIDIA_VISIBLE_DEVICES)
       printf '%s\n' "${ef_name#?}"; break ;;
     esac
-    case "$ef_name" in +*) in_env "${ef_name#+}" || { printf '+%s\n' "${ef_name#+}"; break; } ;; esac
+    case "$ef_name" in +*) in_env "${ef_name#+}" || { printf '+%s\n' "${ef_name#+}"; break; }
+      case "${ef_name#+}" in [0-9]*|*[!A-Za-z0-9_]*) continue ;; esac  # (a name sh cannot read: not checked)
+      eval "ef_value=\${${ef_name#+}}"
+      is_utf8 "$ef_value" || { printf '%%%s\n' "${ef_name#+}"; break; } ;; esac
   done)
   case "$ef_own" in
     "") ;;
     +*) die "--env-file $1: ${ef_own#+} (a line without '=') is not set in this environment, so docker would drop it; set it or give ${ef_own#+}=VALUE" ;;
+    %*) die "--env-file $1: ${ef_own#?} (a line without '='): its value in this environment $not_utf8; give it in UTF-8" ;;
     *) own_env "$ef_own" "--env-file $1" ;;
   esac
   ef_topo=$(printf '%s\n' "$ef_names" | grep -E '^[=+](NNODES|NODE_RANK|MASTER_ADDR|MASTER_PORT)$' | head -n 1) || :
   [ -z "$ef_topo" ] || own_env "${ef_topo#?}" "--env-file $1"
+  ef_hip=$(printf '%s\n' "$ef_names" | grep -E '^[=+]HIP_VISIBLE_DEVICES$' | head -n 1) || :
+  [ -z "$ef_hip" ] || own_env "${ef_hip#?}" "--env-file $1"
   # the values of the lines that number the GPUs (a line without '=' takes its value from the environment)
   ef_vis=$(tr '\000' '\377' < "$1" | LC_ALL=C sed -n -e "$ef_strip" -e '/^CUDA_VISIBLE_DEVICES=/p' \
-    -e '/^CUDA_VISIBLE_DEVICES$/p' -e '/^ROCR_VISIBLE_DEVICES=/p' -e '/^ROCR_VISIBLE_DEVICES$/p')
+    -e '/^CUDA_VISIBLE_DEVICES$/p' -e '/^ROCR_VISIBLE_DEVICES=/p' -e '/^ROCR_VISIBLE_DEVICES$/p' \
+    -e '/^HIP_VISIBLE_DEVICES=/p' -e '/^HIP_VISIBLE_DEVICES$/p')
   while IFS= read -r ef_v; do
     case "$ef_v" in
       *=*) visible_devices "--env-file $1" "${ef_v%%=*}" "${ef_v#*=}" ;;
@@ -251,6 +307,9 @@ case "$profile" in
 esac
 if [ -n "$topo_env" ] && [ "$nodes" -gt 1 ]; then
   die "$topo_env, which run.sh sets on profile $profile of $nodes nodes; use the variable run.sh reads (see ./run.sh --help)"
+fi
+if [ -n "$hip_env" ] && [ "$vendor" = hygon ]; then
+  die "$hip_env, which run.sh sets on hygon profile $profile (to the GPUs of GPUS, numbered from 0); choose the GPUs with GPUS"
 fi
 
 if [ -z "$name" ]; then name="demo-llm-$profile"; fi
@@ -340,15 +399,39 @@ fi
 group_ids=""
 engine_groups="${ENGINE_GROUPS:-}"
 # the engine docker reaches, as docker picks it: DOCKER_HOST, else the context of DOCKER_CONTEXT, else the
-# config's current one (docker context use); engine_at says which, engine_remote=1 when it is not a unix socket
-# here (a context docker cannot show is taken as another machine's: its numbers are not looked up here)
+# config's current one (docker context use); engine_at says which, engine_remote=1 when it is neither a unix
+# socket here nor TCP to this machine's loopback (a context docker cannot show is taken as another machine's:
+# its numbers are not looked up here)
 engine_at=""
 engine_remote=0
+engine_here() {  # $1 an engine address as docker reads DOCKER_HOST: whether it is on this machine
+  # unix://PATH; tcp://HOST[:PORT] (no scheme is tcp; no host is docker's 127.0.0.1) with HOST localhost, ::1
+  # or 127.0.0.0/8 (a port forwarded from another machine, like a socket forwarded by ssh -L, counts as here)
+  case "$1" in unix://*) return 0 ;; tcp://*) eh_host=${1#tcp://} ;; *://*) return 1 ;; *) eh_host=$1 ;; esac
+  eh_host=${eh_host%%/*}
+  case "$eh_host" in
+    \[*\]|\[*\]:*) eh_host=${eh_host#?}; eh_host=${eh_host%%]*} ;;
+    *:*:*) return 1 ;;  # (an IPv6 address without brackets: docker refuses it)
+    *) eh_host=${eh_host%%:*} ;;
+  esac
+  case "$eh_host" in
+    ""|localhost|::1|0:0:0:0:0:0:0:1) return 0 ;;
+    127.*) eh_rest=${eh_host#127.}
+           for eh_part in 1 2 3; do
+             eh_byte=${eh_rest%%.*}
+             case "$eh_byte" in ""|*[!0-9]*|0?*) return 1 ;; esac
+             [ "${#eh_byte}" -le 3 ] && [ "$eh_byte" -le 255 ] || return 1
+             case "$eh_part" in 3) [ "$eh_byte" = "$eh_rest" ] || return 1 ;;
+                                *) case "$eh_rest" in *.*) eh_rest=${eh_rest#*.} ;; *) return 1 ;; esac ;; esac
+           done ;;
+    *) return 1 ;;
+  esac
+}
 if [ "$vendor" = nvidia ] && [ -z "$extra_groups" ]; then
   :  # (no group to join, no render node to find)
 elif [ -n "${DOCKER_HOST:-}" ]; then
   engine_at="DOCKER_HOST=$DOCKER_HOST"
-  case "$DOCKER_HOST" in unix://*) ;; *) engine_remote=1 ;; esac
+  engine_here "$DOCKER_HOST" || engine_remote=1
 else
   ec_name="${DOCKER_CONTEXT:-}"
   ec_config="${DOCKER_CONFIG:-${HOME:+$HOME/.docker}}"
@@ -358,9 +441,8 @@ else
   if [ -n "$ec_name" ] && [ "$ec_name" != default ]; then
     ec_host=$(docker context inspect --format '{{.Endpoints.docker.Host}}' -- "$ec_name" 2>/dev/null) || ec_host=""
     case "$ec_host" in
-      unix://*) ;;
       "") engine_at="docker context '$ec_name' (which docker could not show here)"; engine_remote=1 ;;
-      *) engine_at="docker context '$ec_name' ($ec_host)"; engine_remote=1 ;;
+      *) engine_at="docker context '$ec_name' ($ec_host)"; engine_here "$ec_host" || engine_remote=1 ;;
     esac
   fi
 fi
@@ -424,8 +506,14 @@ render_node() {  # $1 a GPU number: its render node's minor number in rn_minor
     rn_gpu=$(cat "$kfd_nodes/$rn_node/gpu_id" 2>/dev/null) || continue
     case "$rn_gpu" in ""|0|*[!0-9]*) continue ;; esac  # a CPU's node
     if [ "$rn_i" -eq "$1" ]; then
-      rn_minor=$(sed -n 's/^drm_render_minor \([0-9][0-9]*\)$/\1/p' "$kfd_nodes/$rn_node/properties" 2>/dev/null | head -n 1)
+      rn_minor=$(sed -n 's/^drm_render_minor //p' "$kfd_nodes/$rn_node/properties" 2>/dev/null | head -n 1)
       [ -n "$rn_minor" ] || die "GPUS: GPU $1 has no render node in $kfd_nodes/$rn_node/properties"
+      # a render node's minor number as the kernel gives them: 128 to 191, past 191 on a kernel of more DRM
+      # devices, at most 2^20-1 (a plain number: 0128 or 12x would name a device node no kernel makes)
+      case "$rn_minor" in *[!0-9]*|0*) rn_bad=1 ;; *) rn_bad=0 ;; esac
+      if [ "$rn_bad" -eq 1 ] || [ "${#rn_minor}" -gt 7 ] || [ "$rn_minor" -lt 128 ] || [ "$rn_minor" -gt 1048575 ]; then
+        die "GPUS: GPU $1's drm_render_minor in $kfd_nodes/$rn_node/properties is '$rn_minor', not a render node's number (128 to 1048575)"
+      fi
       return 0
     fi
     rn_i=$((rn_i + 1))
@@ -481,10 +569,15 @@ esac
 for d in $extra_devices; do set -- "$@" --device "$d"; done
 for g in $extra_groups; do host_group "$g"; done
 for g in $group_ids; do set -- "$@" --group-add "$g"; done
-if [ -n "${MODEL_NAME:-}" ]; then set -- "$@" -e MODEL_NAME="$MODEL_NAME"; fi
+if [ -n "${MODEL_NAME:-}" ]; then
+  is_utf8 "$MODEL_NAME" || die "MODEL_NAME $not_utf8; give it in UTF-8"
+  set -- "$@" -e MODEL_NAME="$MODEL_NAME"
+fi
 if [ -n "${MODEL_DRAFT:-}" ]; then
   case "${MODEL_DRAFT}" in /*) ;; *) die "MODEL_DRAFT must be an absolute path on this host; got '${MODEL_DRAFT}'" ;; esac
   case "${MODEL_DRAFT}" in *:*|*,*|*\"*|*[[:cntrl:]]*) die "MODEL_DRAFT must not hold ':', ',', '\"' or a control character; got '${MODEL_DRAFT}'" ;; esac
+  ! has_c1 "${MODEL_DRAFT}" || die "MODEL_DRAFT must not hold ':', ',', '\"' or a control character; got '${MODEL_DRAFT}'"
+  is_utf8 "${MODEL_DRAFT}" || die "MODEL_DRAFT $not_utf8, so the engine would look for another folder; got '${MODEL_DRAFT}'"
   # --mount, not -v: a source that does not exist is an error (-v would make an empty folder of it and
   # start the engine without its weights)
   set -- "$@" --mount "type=bind,source=${MODEL_DRAFT},target=/models/draft,readonly"
@@ -492,6 +585,8 @@ fi
 if [ -n "${MODEL_TARGET:-}" ]; then
   case "${MODEL_TARGET}" in /*) ;; *) die "MODEL_TARGET must be an absolute path on this host; got '${MODEL_TARGET}'" ;; esac
   case "${MODEL_TARGET}" in *:*|*,*|*\"*|*[[:cntrl:]]*) die "MODEL_TARGET must not hold ':', ',', '\"' or a control character; got '${MODEL_TARGET}'" ;; esac
+  ! has_c1 "${MODEL_TARGET}" || die "MODEL_TARGET must not hold ':', ',', '\"' or a control character; got '${MODEL_TARGET}'"
+  is_utf8 "${MODEL_TARGET}" || die "MODEL_TARGET $not_utf8, so the engine would look for another folder; got '${MODEL_TARGET}'"
   # --mount, not -v: a source that does not exist is an error (-v would make an empty folder of it and
   # start the engine without its weights)
   set -- "$@" --mount "type=bind,source=${MODEL_TARGET},target=/models/target,readonly"
@@ -499,14 +594,33 @@ fi
 # the files first, then each -e: the engine takes the last value of a name
 if [ -n "$env_files$env_args" ]; then eval "set -- \"\$@\" $env_files $env_args"; fi
 set -- "$@" "$IMAGE"
+image_at=$#  # (the words after it are the engine's)
 if [ -n "$engine_args" ]; then eval "set -- \"\$@\" serve $engine_args"; fi
+ea_i=0
+for word in "$@"; do  # (the engine's arguments; run.sh checked its own words above)
+  ea_i=$((ea_i + 1))
+  [ "$ea_i" -le "$image_at" ] || is_utf8 "$word" || die "the engine's argument '$word' $not_utf8; give it in UTF-8"
+done
 
 if [ "$dry_run" -eq 1 ]; then
+  # the value of a -e NAME=VALUE whose NAME says it is a secret (TOKEN, SECRET, PASSWORD, API_KEY, ... as unibake's
+  # sanitiser reads names) shown as <hidden>: a dry run's line is pasted into tickets and logs
   out=""
+  dr_i=0
+  dr_prev=""
   for word in "$@"; do
-    case "$word" in
-      *[!A-Za-z0-9_./:=,+-]*|"") word=$(quote "$word") ;;
-    esac
+    dr_i=$((dr_i + 1))
+    if [ "$dr_prev" = -e ] && [ "$dr_i" -lt "$image_at" ]; then  # (before the image: run.sh's own -e, not the engine's)
+      case "$word" in ?*=?*)
+        dr_name=$(printf '%s' "${word%%=*}" | tr '[:lower:]' '[:upper:]' | sed -e 's/TOKENS/#/g' -e 's/TOKENI[SZ]/#/g')
+        case "$dr_name" in
+          *PASSWORD*|*PASSWD*|*PASSPHRASE*|*SECRET*|*TOKEN*|*CREDENTIAL*|*APIKEY*|*API_KEY*|*PRIVATEKEY*|\
+          *PRIVATE_KEY*|PWD|*_PWD|AUTH|AUTH_*|*_AUTH|*_AUTH_*|*_KEY) word="${word%%=*}=<hidden>" ;;
+        esac ;;
+      esac
+    fi
+    dr_prev=$word
+    word=$(shell_word "$word" 2>/dev/null) || word=$(quote "$dr_prev" | unprintable)
     out="${out:+$out }$word"
   done
   printf '%s\n' "$out"
