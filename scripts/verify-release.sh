@@ -641,7 +641,10 @@ stream() {
   rm -f "$work/read.fifo" && mkfifo "$work/read.fifo" || exit 1
   while IFS= read -r part; do
     sha256sum < "$work/read.fifo" >> "$work/streamed.raw" &
-    tee -- "$work/read.fifo" < "$part" || :
+    # (the FIFO also held open around tee: a part gone since the size check fails its redirection
+    # before tee opens the FIFO, and the hash would wait for a writer for ever; the hash of nothing
+    # then differs from the listed one, and "unchanged" refuses the read)
+    { tee -- "$work/read.fifo" < "$part" || :; } 8> "$work/read.fifo"
     wait
   done < "$work/parts"
   cut -c 1-64 "$work/streamed.raw" > "$work/streamed"

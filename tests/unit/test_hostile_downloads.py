@@ -950,6 +950,21 @@ def test_the_shell_verifier_counts_the_archive_with_a_wc_that_wraps(folder, tmp_
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_an_archive_gone_after_the_shell_verifier_first_read_it_is_refused_not_waited_on(folder, tmp_path):
+    # a part removed between the size check and a later read of the archive: the shell's redirection of
+    # it failed before tee opened the FIFO its hash reads, and the hash waited for a writer for ever
+    # (before: the verifier hung). Here a tar that removes the archive after the structure's listing
+    archive = next(folder.glob("*.tar.zst"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tar").write_text(f'#!/bin/sh\n{shutil.which("tar")} "$@"; rc=$?\nrm -f -- "$GONE"\nexit $rc\n')
+    (bin_dir / "tar").chmod(0o755)
+    result = shell(folder, {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GONE": str(archive)})
+    assert not archive.exists()
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "the archive changed after sha256sum -c read it" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("name", ["-", "-P"])
 def test_a_release_folder_named_like_a_cd_option_is_the_one_verified(folder, tmp_path, name):
     # (before: cd took "-" for $OLDPWD and verified that folder instead, "-P" for an option)
