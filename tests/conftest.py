@@ -19,6 +19,26 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BUSYBOX_PRODUCT = FIXTURES / "busybox-product"
 
 
+def as_nobody(fn) -> str:
+    """What ``fn()`` gives (``ok: VALUE``) or raises (``TYPE: MESSAGE``), run in a child as the user nobody:
+    root reads every file, so a file or folder another user cannot read is tried as one."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            said = f"ok: {fn()}"
+        except BaseException as exc:  # noqa: BLE001 - said to the parent
+            said = f"{type(exc).__name__}: {exc}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as said:
+        return said.read()
+
+
 @dataclass
 class CliResult:
     code: int

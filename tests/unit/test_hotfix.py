@@ -21,6 +21,7 @@ from unibake.metadata import ImageMetadata
 from unibake.pipeline import BY_NAME, Request, _refuse_replacing_a_hotfix_base, run_stages
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
 
+from ..conftest import as_nobody
 from ..forge import resum
 from ..savefixtures import docker_layout, layer_tar
 from .test_publish import METADATA, PASSED, make_release
@@ -533,22 +534,8 @@ def test_a_hotfix_by_another_user_holds_a_base_release_whose_lock_file_it_cannot
         make_release(out, "1.0")
         out.chmod(0o777)
         assert oct((out / ".1.0.lock").stat().st_mode & 0o777) == "0o644"
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the other user: hold the base as the hotfix's first stage does
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                hold_release(out, "1.0").close()
-                said = "held"
-            except BaseException as exc:  # noqa: BLE001 - said to the parent
-                said = f"{type(exc).__name__}: {exc}"
-            os.write(write, said.encode())
-            os._exit(0)
-        os.close(write)
-        os.waitpid(pid, 0)
-        with os.fdopen(read) as said:
-            assert said.read() == "held"
+        # the other user: hold the base as the hotfix's first stage does
+        assert as_nobody(lambda: hold_release(out, "1.0").close()) == "ok: None"
     finally:
         shutil.rmtree(shared)
 
@@ -604,7 +591,7 @@ def test_a_base_archive_holding_another_image_beside_the_base_is_refused_and_und
     --verify-engine named the forged image from then on (the run removed only the base again)."""
     import hashlib
 
-    from ..forge import forge, json_member, member, replace_member
+    from ..forge import json_member, member, replace_member
 
     out = tmp_path / "release"
     folder = release(engines, out)["release"].folder
@@ -619,23 +606,9 @@ def test_a_base_archive_holding_another_image_beside_the_base_is_refused_and_und
         return replace_member(entries, "manifest.json", json.dumps(manifest).encode()) + [
             member("evil/layer.tar", evil), member("evil.json", config)]
 
-    import io
-    import tarfile
-
-    import zstandard
-
-    from ..forge import write_tar
-    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO((folder / "demo-1.0.tar.zst").read_bytes()),
-                                                     read_across_frames=True).read()
-    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-        entries = [(i, tar.extractfile(i).read() if i.isfile() else None) for i in tar.getmembers()]
-    forge(folder, stream=write_tar(beside(entries)))
-    verify = engines["fake://verify"]
-    mine = verify.add({"architecture": "amd64", "os": "linux", "mine": 1}, [b"mine"], tag="victim:1")
-    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: its archive loaded another image beside "
-                                                r"the image sha256:\w+ that its manifest\.json records: victim:1 "):
-        hotfix_run(engines, out)
-    assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}
+    _forged_base_is_refused_and_undone(engines, out, folder, beside, (
+        r"the base release .*/1\.0: its archive loaded another image beside the image sha256:\w+ that its "
+        r"manifest\.json records: victim:1 "))
 
 
 def test_a_base_archive_that_puts_another_tag_on_the_base_is_refused_and_undone(engines, tmp_path, server):  # noqa: F811
@@ -643,12 +616,7 @@ def test_a_base_archive_that_puts_another_tag_on_the_base_is_refused_and_undone(
     and SHA256SUMS rewritten to match): the base loaded as its manifest records, so nothing was refused, and
     victim:1 in the --verify-engine, which named an image of the engine's own, was moved onto the base (and gone
     with it when the run took the base out again)."""
-    import io
-    import tarfile
-
-    import zstandard
-
-    from ..forge import forge, json_member, replace_member, write_tar
+    from ..forge import json_member, replace_member
 
     out = tmp_path / "release"
     folder = release(engines, out)["release"].folder
@@ -659,14 +627,28 @@ def test_a_base_archive_that_puts_another_tag_on_the_base_is_refused_and_undone(
         manifest[0]["RepoTags"] = list(manifest[0].get("RepoTags") or []) + ["victim:1"]
         return replace_member(entries, "manifest.json", json.dumps(manifest).encode())
 
+    _forged_base_is_refused_and_undone(engines, out, folder, retag, (
+        r"the base release .*/1\.0: its archive put a tag on the image sha256:\w+ other than its release's "
+        r"demo:1\.0: victim:1"))
+
+
+def _forged_base_is_refused_and_undone(engines, out, folder, change, refusal: str) -> None:
+    """The base folder's archive rewritten by ``change`` over its entries (its manifest's archive record and
+    SHA256SUMS resummed to match), a victim:1 of the verify engine's own beside: the hotfix is refused with
+    ``refusal`` and the verify engine holds its own image, and its tag, as before."""
+    import io
+    import tarfile
+
+    import zstandard
+
+    from ..forge import forge, write_tar
     raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO((folder / "demo-1.0.tar.zst").read_bytes()),
                                                      read_across_frames=True).read()
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         entries = [(i, tar.extractfile(i).read() if i.isfile() else None) for i in tar.getmembers()]
-    forge(folder, stream=write_tar(retag(entries)))
+    forge(folder, stream=write_tar(change(entries)))
     verify = engines["fake://verify"]
     mine = verify.add({"architecture": "amd64", "os": "linux", "mine": 1}, [b"mine"], tag="victim:1")
-    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: its archive put a tag on the image "
-                                                r"sha256:\w+ other than its release's demo:1\.0: victim:1"):
+    with pytest.raises(VerificationError, match=refusal):
         hotfix_run(engines, out)
     assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}

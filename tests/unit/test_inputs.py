@@ -10,6 +10,8 @@ from unibake.errors import InputError
 from unibake.plan import make_plan
 from unibake.platforms import host
 
+from ..conftest import as_nobody
+
 
 def set_tune_source(profiles, value: str) -> None:
     path = profiles / "tp1.yaml"
@@ -217,26 +219,6 @@ def test_empty_folders_in_a_source_are_named_in_one_warning(busybox_product, cli
         "files only; put a file in one the engine needs"]
 
 
-def _as_nobody(fn) -> str:
-    """What ``fn()`` gives (or raises), run as the user nobody: root reads every file, so a file or folder
-    another user cannot read is tried as one."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            said = f"ok: {fn()}"
-        except BaseException as exc:  # noqa: BLE001 - said to the parent
-            said = f"{type(exc).__name__}: {exc}"
-        os.write(write, said.encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    with os.fdopen(read) as said:
-        return said.read()
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="reads the product as another user, as root can")
 def test_a_folder_or_file_of_a_source_this_user_cannot_read_is_refused_naming_it():
     # os.walk's default skipped a folder it could not list: its files were left out of the lock and the
@@ -255,16 +237,16 @@ def test_a_folder_or_file_of_a_source_this_user_cannot_read_is_refused_naming_it
         (engine / "lib").mkdir()
         (engine / "lib/part.sh").write_text("echo part\n")
         (engine / "lib").chmod(0o700)
-        said = _as_nobody(lambda: [f.path for f in make_plan(profiles, verify_lock=False, cwd=profiles.parent).engine.source.files])
+        said = as_nobody(lambda: [f.path for f in make_plan(profiles, verify_lock=False, cwd=profiles.parent).engine.source.files])
         assert said == ("InputError: profiles/product.yaml:9: cannot read the folder 'images/engine/lib' (Permission "
                         "denied); every file of a source is baked: make it readable, or move it out of the source"), said
         (engine / "lib").chmod(0o755)
         (engine / "lib/part.sh").chmod(0o600)
-        said = _as_nobody(lambda: [f.path for f in make_plan(profiles, verify_lock=False, cwd=profiles.parent).engine.source.files])
+        said = as_nobody(lambda: [f.path for f in make_plan(profiles, verify_lock=False, cwd=profiles.parent).engine.source.files])
         assert said == ("InputError: profiles/product.yaml:9: cannot read 'images/engine/lib/part.sh' (Permission "
                         "denied); make it readable to this user, or move it out of the source"), said
         (engine / "lib/part.sh").chmod(0o644)
-        assert "images/engine/lib/part.sh" in _as_nobody(
+        assert "images/engine/lib/part.sh" in as_nobody(
             lambda: [f.path for f in make_plan(profiles, verify_lock=False, cwd=profiles.parent).engine.source.files])
     finally:
         shutil.rmtree(shared)
