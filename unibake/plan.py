@@ -6,6 +6,7 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
-from .files import read_small_text
+from .files import open_regular, read_small_text
 from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, read_external, read_lock,
                      read_source)
 from .metadata import Component
@@ -931,6 +932,31 @@ def _check_extra_device(device: str, vendor: str, where: str) -> None:
                          "choose; remove it")
 
 
+# a tune cache larger than this is baked without being parsed: the engine reads it, the plan does not hold it
+MAX_TUNE_JSON = 64 << 20
+
+
+def _check_tune_json(tune: TuneCaches, profile: str) -> None:
+    """Every ``*.json`` of a profile's tune caches parses as JSON: one cut short, saved empty or left with a merge's
+    conflict markers was baked, counted, released and failed only when the engine read it on a GPU node."""
+    for f in tune.source.files:
+        if not f.path.endswith(".json") or f.size > MAX_TUNE_JSON:
+            continue
+        with open_regular(f.absolute, shown=f.path) as fh:
+            data = fh.read(MAX_TUNE_JSON + 1)
+        try:
+            json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{f.path}:{exc.lineno}: tune cache of profile '{profile}' is not JSON ({exc.msg}, "
+                             f"column {exc.colno}); fix it, or keep it out of tune_caches.source") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{f.path}: tune cache of profile '{profile}' is not JSON (not UTF-8: {exc.reason} at "
+                             f"byte {exc.start}); save it as UTF-8") from None
+        except RecursionError:
+            raise InputError(f"{f.path}: tune cache of profile '{profile}' nests its JSON too deep to be read "
+                             "(Python's json stops at about 1000 levels, as the engine's would)") from None
+
+
 def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
     d = m.data
     sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
@@ -952,6 +978,7 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                      "counts the top level only)") if deeper else ""
             raise InputError(f"{m.where(('tune_caches', 'expect'))}: profile '{m.name}' expects "
                              f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}{aside}")
+        _check_tune_json(tune, m.name)
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
     for key in VISIBLE_DEVICES_ENV & set(d.get("env", {})):
