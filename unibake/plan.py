@@ -590,6 +590,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         platform=platform,
     )
     _check_component_labels(plan.components)
+    _check_engine_program(plan, where(("engine", "command", 0)))
     # a FROM line takes a builder stage's name before an image's: base.image 'kernels' was built FROM the
     # compiler stage, silently
     stages = ["kernels"] + [f"kernels{n}" for n in range(2, len(plan.from_images))]  # as render._stages names them
@@ -600,6 +601,37 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                              "its FROM line, which takes the stage before any image; name it with its tag "
                              f"({image}:latest)")
     return plan
+
+
+def _check_engine_program(plan: ReleasePlan, at: str) -> None:
+    """``engine.command[0]`` given as an engine file's path in the image (``/opt/unibake/engine/serve.sh``): that
+    file, as the patches and overlays leave it, must be there and executable. A script baked without its
+    executable bit was built, exported and round-tripped, then failed every smoke gate (``Permission denied``,
+    exit 126); a misspelt name the same way (exit 127)."""
+    word = plan.engine.command[0]
+    prefix = f"{INSTALL_ROOT}/engine/"
+    if not word.startswith(prefix) or "$" in word:
+        return
+    rel = posixpath.normpath(word[len(prefix):])
+    if rel.startswith(".."):
+        return
+    engine = plan.engine.source
+    files = {engine.relative(f): (f.mode, f.path) for f in engine.files}
+    for path, patched in plan.patched.items():
+        if patched.data is None:
+            files.pop(path, None)
+        else:
+            files[path] = (patched.mode, f"{engine.path.rstrip('/')}/{path} as patched")
+    for o in plan.overlays:
+        files.update({path: (f.mode, f.path) for path, f in o.files()})
+    if rel not in files:
+        raise InputError(f"{at}: engine.command[0] '{word}' is no file of the image's engine folder (what "
+                         f"{engine.path}, its patches and overlays put in {INSTALL_ROOT}/engine); check the name")
+    mode, origin = files[rel]
+    if not mode & 0o100:
+        raise InputError(f"{at}: engine.command[0] '{word}' is not executable: {origin} is baked with mode "
+                         f"{mode:o}; chmod +x it, then run python build.py lock (or start it with its interpreter: "
+                         f"[/bin/sh, {word}, ...])")
 
 
 def _sources(engine, kernels, overlays, profiles) -> list[Source]:

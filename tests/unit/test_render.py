@@ -347,3 +347,14 @@ def test_a_base_without_python_checks_each_kernels_elf_header_instead_of_refusin
         assert bad.stderr == (f"error: self-check[tp1]: kernel {root}/kernels/{name} is not a {platform.name} "
                               "shared object (its ELF header, read with od; python3 is not in the image to load "
                               "it)\n"), name
+
+
+def test_an_executable_engine_file_may_start_the_engine_itself(busybox_product):
+    """engine.command[0] naming an engine file by its path in the image: the plan takes it when the file is baked
+    executable (a script missing its bit, or a misspelt name, is refused: test_bad_input)."""
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   "command: [/opt/unibake/engine/./serve.sh, '${PORT}']"))
+    plan = make_plan(busybox_product)
+    assert plan.engine.command[0] == "/opt/unibake/engine/./serve.sh"
+    assert "exec /opt/unibake/engine/./serve.sh" in render(plan).entrypoint
