@@ -269,6 +269,17 @@ class ReleasePlan:
                 shown = ", ".join(f"'{f}'" for f in src.empty_folders[:3]) + (f" and {n - 3} more" if n > 3 else "")
                 out.append(f"{src.path}: {_count(n, 'empty folder')} ({shown}) not in the image, which gets files "
                            "only; put a file in one the engine needs")
+        # the engine starts in the base image's working directory, its bare names looked up on PATH: an engine
+        # file named as the source folder shows it (serve.sh, ./serve.sh) was not found at every smoke gate
+        # (python3 serve.py, sh serve.sh: a script's name is relative to it too)
+        engine_files = {self.engine.source.relative(f) for f in self.engine.source.files}
+        engine_files |= {path for o in self.overlays for path, _ in o.files()}
+        for word in dict.fromkeys(self.engine.command):
+            relative = posixpath.normpath(word) if word[:1] not in ("/", "-", "") and "$" not in word else ""
+            if relative in engine_files:
+                out.append(f"engine.command: {word!r} is the engine folder's {relative}, but the engine starts in the "
+                           "base image's working directory (a bare program name is looked up on its PATH), not in "
+                           f"{INSTALL_ROOT}/engine: write {INSTALL_ROOT}/engine/{relative}")
         # only ${NAME} is expanded when the container starts: $NAME and ${NAME:-default} reach the engine as
         # they are written, which a command copied from a shell script does not expect
         words = {w: "engine.command" for w in self.engine.command}

@@ -358,3 +358,26 @@ def test_an_executable_engine_file_may_start_the_engine_itself(busybox_product):
     plan = make_plan(busybox_product)
     assert plan.engine.command[0] == "/opt/unibake/engine/./serve.sh"
     assert "exec /opt/unibake/engine/./serve.sh" in render(plan).entrypoint
+
+
+@pytest.mark.parametrize("command,words", [
+    ("[serve.sh]", ["serve.sh"]),
+    ("[./serve.sh, --port, '${PORT}']", ["./serve.sh"]),
+    ("[/bin/sh, serve.sh, ./handle.sh]", ["serve.sh", "./handle.sh"]),
+    ("[/bin/sh, /opt/unibake/engine/serve.sh]", []),
+    ("[sh, -c, 'exec serve.sh']", []),
+])
+def test_an_engine_file_named_relative_to_the_engine_folder_is_warned_at_the_plan(busybox_product, cli, command,
+                                                                                   words):
+    """The engine starts in the base image's working directory (a bare name looked up on its PATH), not in
+    /opt/unibake/engine: 'serve.sh' was built, exported and round-tripped, then not found at every smoke gate."""
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   f"command: {command}"))
+    assert make_plan(busybox_product).warnings == tuple(
+        f"engine.command: {word!r} is the engine folder's {word.removeprefix('./')}, but the engine starts in the "
+        "base image's working directory (a bare program name is looked up on its PATH), not in /opt/unibake/engine: "
+        f"write /opt/unibake/engine/{word.removeprefix('./')}" for word in words)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0
+    assert result.err.count("warning: engine.command: ") == len(words)
