@@ -6,6 +6,7 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
-from .files import read_small_text
+from .files import open_regular, read_small_text
 from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, read_external, read_lock,
                      read_source)
 from .metadata import Component
@@ -268,6 +269,17 @@ class ReleasePlan:
                 shown = ", ".join(f"'{f}'" for f in src.empty_folders[:3]) + (f" and {n - 3} more" if n > 3 else "")
                 out.append(f"{src.path}: {_count(n, 'empty folder')} ({shown}) not in the image, which gets files "
                            "only; put a file in one the engine needs")
+        # the engine starts in the base image's working directory, its bare names looked up on PATH: an engine
+        # file named as the source folder shows it (serve.sh, ./serve.sh) was not found at every smoke gate
+        # (python3 serve.py, sh serve.sh: a script's name is relative to it too)
+        engine_files = {self.engine.source.relative(f) for f in self.engine.source.files}
+        engine_files |= {path for o in self.overlays for path, _ in o.files()}
+        for word in dict.fromkeys(self.engine.command):
+            relative = posixpath.normpath(word) if word[:1] not in ("/", "-", "") and "$" not in word else ""
+            if relative in engine_files:
+                out.append(f"engine.command: {word!r} is the engine folder's {relative}, but the engine starts in the "
+                           "base image's working directory (a bare program name is looked up on its PATH), not in "
+                           f"{INSTALL_ROOT}/engine: write {INSTALL_ROOT}/engine/{relative}")
         # only ${NAME} is expanded when the container starts: $NAME and ${NAME:-default} reach the engine as
         # they are written, which a command copied from a shell script does not expect
         words = {w: "engine.command" for w in self.engine.command}
@@ -589,6 +601,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         platform=platform,
     )
     _check_component_labels(plan.components)
+    _check_engine_program(plan, where(("engine", "command", 0)))
     # a FROM line takes a builder stage's name before an image's: base.image 'kernels' was built FROM the
     # compiler stage, silently
     stages = ["kernels"] + [f"kernels{n}" for n in range(2, len(plan.from_images))]  # as render._stages names them
@@ -599,6 +612,37 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                              "its FROM line, which takes the stage before any image; name it with its tag "
                              f"({image}:latest)")
     return plan
+
+
+def _check_engine_program(plan: ReleasePlan, at: str) -> None:
+    """``engine.command[0]`` given as an engine file's path in the image (``/opt/unibake/engine/serve.sh``): that
+    file, as the patches and overlays leave it, must be there and executable. A script baked without its
+    executable bit was built, exported and round-tripped, then failed every smoke gate (``Permission denied``,
+    exit 126); a misspelt name the same way (exit 127)."""
+    word = plan.engine.command[0]
+    prefix = f"{INSTALL_ROOT}/engine/"
+    if not word.startswith(prefix) or "$" in word:
+        return
+    rel = posixpath.normpath(word[len(prefix):])
+    if rel.startswith(".."):
+        return
+    engine = plan.engine.source
+    files = {engine.relative(f): (f.mode, f.path) for f in engine.files}
+    for path, patched in plan.patched.items():
+        if patched.data is None:
+            files.pop(path, None)
+        else:
+            files[path] = (patched.mode, f"{engine.path.rstrip('/')}/{path} as patched")
+    for o in plan.overlays:
+        files.update({path: (f.mode, f.path) for path, f in o.files()})
+    if rel not in files:
+        raise InputError(f"{at}: engine.command[0] '{word}' is no file of the image's engine folder (what "
+                         f"{engine.path}, its patches and overlays put in {INSTALL_ROOT}/engine); check the name")
+    mode, origin = files[rel]
+    if not mode & 0o100:
+        raise InputError(f"{at}: engine.command[0] '{word}' is not executable: {origin} is baked with mode "
+                         f"{mode:o}; chmod +x it, then run python build.py lock (or start it with its interpreter: "
+                         f"[/bin/sh, {word}, ...])")
 
 
 def _sources(engine, kernels, overlays, profiles) -> list[Source]:
@@ -931,6 +975,31 @@ def _check_extra_device(device: str, vendor: str, where: str) -> None:
                          "choose; remove it")
 
 
+# a tune cache larger than this is baked without being parsed: the engine reads it, the plan does not hold it
+MAX_TUNE_JSON = 64 << 20
+
+
+def _check_tune_json(tune: TuneCaches, profile: str) -> None:
+    """Every ``*.json`` of a profile's tune caches parses as JSON: one cut short, saved empty or left with a merge's
+    conflict markers was baked, counted, released and failed only when the engine read it on a GPU node."""
+    for f in tune.source.files:
+        if not f.path.endswith(".json") or f.size > MAX_TUNE_JSON:
+            continue
+        with open_regular(f.absolute, shown=f.path) as fh:
+            data = fh.read(MAX_TUNE_JSON + 1)
+        try:
+            json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{f.path}:{exc.lineno}: tune cache of profile '{profile}' is not JSON ({exc.msg}, "
+                             f"column {exc.colno}); fix it, or keep it out of tune_caches.source") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{f.path}: tune cache of profile '{profile}' is not JSON (not UTF-8: {exc.reason} at "
+                             f"byte {exc.start}); save it as UTF-8") from None
+        except RecursionError:
+            raise InputError(f"{f.path}: tune cache of profile '{profile}' nests its JSON too deep to be read "
+                             "(Python's json stops at about 1000 levels, as the engine's would)") from None
+
+
 def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
     d = m.data
     sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
@@ -952,6 +1021,7 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                      "counts the top level only)") if deeper else ""
             raise InputError(f"{m.where(('tune_caches', 'expect'))}: profile '{m.name}' expects "
                              f"{tune.expect} tune-cache JSON files in '{t['source']}', found {found}{aside}")
+        _check_tune_json(tune, m.name)
     for key in d.get("env", {}):
         _check_env_key(key, m.where(("env", key)))
     for key in VISIBLE_DEVICES_ENV & set(d.get("env", {})):

@@ -39,6 +39,7 @@ class Platform:
     architecture: str
     variant: str | None
     machine: str  # uname -m inside a container of this platform, native or emulated
+    elf_machine: int  # the ELF header's e_machine of its programs and libraries (EM_X86_64, EM_AARCH64)
 
     @property
     def name(self) -> str:
@@ -55,9 +56,9 @@ class Platform:
 
 
 KNOWN: dict[str, Platform] = {
-    "linux/amd64": Platform(os="linux", architecture="amd64", variant=None, machine="x86_64"),
+    "linux/amd64": Platform(os="linux", architecture="amd64", variant=None, machine="x86_64", elf_machine=62),
     # Docker's own arm64 images record the variant v8; so do ours.
-    "linux/arm64": Platform(os="linux", architecture="arm64", variant="v8", machine="aarch64"),
+    "linux/arm64": Platform(os="linux", architecture="arm64", variant="v8", machine="aarch64", elf_machine=183),
 }
 ALIASES = {"linux/arm64/v8": "linux/arm64"}
 MACHINES = {p.machine: p for p in KNOWN.values()} | {"arm64": KNOWN["linux/arm64"], "amd64": KNOWN["linux/amd64"]}

@@ -383,6 +383,39 @@ def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a Recu
         (p / f"c{i}.yaml").write_text(f"profile: c{i}\nextends: c{i - 1}.yaml\n")
 
 
+def case_tune_cache_with_merge_conflict_markers(p):  # baked, counted, released; it failed on the GPU node
+    (p.parent / "images/tune/tp1/cache-1.json").write_text('{"block": 64,\n<<<<<<< HEAD\n"warps": 4}\n')
+
+
+def case_tune_cache_saved_empty(p):
+    (p.parent / "images/tune/tp2/cache-3.json").write_text("")
+
+
+def case_tune_cache_in_a_subfolder_cut_short(p):  # baked though not counted
+    (p.parent / "images/tune/tp1/old").mkdir()
+    (p.parent / "images/tune/tp1/old/cache-0.json").write_text('{"block": [64, 128')
+
+
+def case_tune_cache_nested_too_deep(p):  # json.loads raises RecursionError, no JSONDecodeError
+    (p.parent / "images/tune/tp1/cache-2.json").write_text("[" * 100_000)
+
+
+def case_tune_cache_not_utf8(p):
+    (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'{"name": "\xff"}')
+
+
+def case_engine_program_not_executable(p):  # built, exported, round-tripped; then every gate: Permission denied
+    (p.parent / "images/engine/serve.sh").chmod(0o644)
+    edit(p / "inputs.lock", " *images/engine/serve.sh", "  images/engine/serve.sh")  # locked as it now is
+    edit(p / "product.yaml", "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+         "command: [/opt/unibake/engine/serve.sh]")
+
+
+def case_engine_program_misspelt(p):
+    edit(p / "product.yaml", "command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+         "command: [/opt/unibake/engine/serv.sh, --port, '${PORT}']")
+
+
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
@@ -436,6 +469,19 @@ SAYS = {
     "extends_chain_too_long": "c100.yaml: its 'extends' chain is more than 32 files long (",
     "yaml_special_character": "tp1.yaml:4: holds the character U+009B, which YAML does not allow in a file",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
+    "engine_program_not_executable": "product.yaml:10: engine.command[0] '/opt/unibake/engine/serve.sh' is not "
+                                     "executable: images/engine/serve.sh is baked with mode 644; chmod +x it",
+    "engine_program_misspelt": "product.yaml:10: engine.command[0] '/opt/unibake/engine/serv.sh' is no file of the "
+                               "image's engine folder",
+    "tune_cache_with_merge_conflict_markers": "images/tune/tp1/cache-1.json:2: tune cache of profile 'tp1' is not "
+                                              "JSON (Expecting property name enclosed in double quotes, column 1)",
+    "tune_cache_saved_empty": "images/tune/tp2/cache-3.json:1: tune cache of profile 'tp2' is not JSON (Expecting "
+                              "value, column 1)",
+    "tune_cache_in_a_subfolder_cut_short": "images/tune/tp1/old/cache-0.json:1: tune cache of profile 'tp1' is not "
+                                           "JSON (Expecting ',' delimiter, column 19)",
+    "tune_cache_nested_too_deep": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' nests its JSON too deep",
+    "tune_cache_not_utf8": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is not JSON (not UTF-8: invalid "
+                           "start byte at byte 10)",
 }
 
 ARGUMENT_CASES = {

@@ -286,3 +286,98 @@ def test_a_braced_variable_the_base_image_sets_is_not_warned_by_a_build(busybox_
     said = " ".join(reporter.stream.getvalue().split())
     assert "${HF_HOME} is set neither by unibake nor by the env of profile tp1, tp2: unless the base image sets it" \
         in said, said
+
+
+def elf_header(e_type: int, machine: int, elf_class: int = 2) -> bytes:
+    """The first 64 bytes of an ELF file: class, little-endian, version 1, its type and machine."""
+    return (b"\x7fELF" + bytes([elf_class, 1, 1]) + bytes(9) + e_type.to_bytes(2, "little")
+            + machine.to_bytes(2, "little") + bytes(44))
+
+
+@pytest.mark.parametrize("platform", [AMD64, ARM64], ids=lambda p: p.architecture)
+def test_a_base_without_python_checks_each_kernels_elf_header_instead_of_refusing(busybox_product, tmp_path,
+                                                                                   platform):
+    """A busybox or distroless base has no python3 to load kernels with: the self-check reads each kernel's ELF
+    header (a shared object of the image's platform) instead of failing every build with 'python3 is not in
+    the image' (an adopter's busybox product with native kernels could never be released)."""
+    (busybox_product.parent / "images/kernels/fastmix").mkdir(parents=True)
+    (busybox_product.parent / "images/kernels/fastmix/build.sh").write_text("true\n")
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "kernels:\n  - {name: fastmix, version: '1.2.0', "
+                       "source: images/kernels/fastmix, build: {image: 'localhost/unibake-busybox:1', run: 'sh build.sh'}}\n")
+    context = render(make_plan(busybox_product, verify_lock=False, platform=platform))
+    root = tmp_path / "root"
+    (root / "kernels").mkdir(parents=True)
+    script = root / "self-check.sh"
+    script.write_text(context.self_check.replace("/opt/unibake", str(root)))
+    bin_dir = tmp_path / "bin"  # the image's tools, and no python3
+    bin_dir.mkdir()
+    for tool in ("sh", "od", "tr", "uname", "head", "grep", "cat"):
+        (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                                                   text=True, check=True).stdout.strip())
+    (bin_dir / "uname").unlink()
+    (bin_dir / "uname").write_text(f"#!/bin/sh\necho {platform.machine}\n")  # the image's own machine
+    (bin_dir / "uname").chmod(0o755)
+    kernels = {
+        "good.so": elf_header(3, platform.elf_machine),
+        "script.so": b"#!/bin/sh\n# a .so-like file a shell script wrote\n" + bytes(40),
+        "other-arch.so": elf_header(3, 183 if platform.elf_machine == 62 else 62),
+        "executable.so": elf_header(2, platform.elf_machine),
+        "32-bit.so": elf_header(3, platform.elf_machine, elf_class=1),
+        "short.so": b"\x7fELF\x02\x01",
+    }
+    for name, data in kernels.items():
+        (root / "kernels" / name).write_bytes(data)
+
+    def self_check(*names: str) -> subprocess.CompletedProcess:
+        env = {"PATH": str(bin_dir), "UNIBAKE_KERNELS": ":".join(str(root / "kernels" / n) for n in names)}
+        return subprocess.run([str(bin_dir / "sh"), str(script), "tp1", "--skip-ledgers"], capture_output=True,
+                              text=True, env=env)
+
+    good = self_check("good.so", "good.so")
+    assert good.returncode == 0, good.stderr
+    assert (f"self-check[tp1]: ok: 2 kernels are {platform.name} shared objects (their ELF headers; python3 is "
+            "not in the image to load them)") in good.stdout
+    assert "python3 is not in the image;" not in good.stderr
+    for name in kernels:
+        if name == "good.so":
+            continue
+        bad = self_check("good.so", name)
+        assert bad.returncode == 1, (name, bad.stdout)
+        assert bad.stderr == (f"error: self-check[tp1]: kernel {root}/kernels/{name} is not a {platform.name} "
+                              "shared object (its ELF header, read with od; python3 is not in the image to load "
+                              "it)\n"), name
+
+
+def test_an_executable_engine_file_may_start_the_engine_itself(busybox_product):
+    """engine.command[0] naming an engine file by its path in the image: the plan takes it when the file is baked
+    executable (a script missing its bit, or a misspelt name, is refused: test_bad_input)."""
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   "command: [/opt/unibake/engine/./serve.sh, '${PORT}']"))
+    plan = make_plan(busybox_product)
+    assert plan.engine.command[0] == "/opt/unibake/engine/./serve.sh"
+    assert "exec /opt/unibake/engine/./serve.sh" in render(plan).entrypoint
+
+
+@pytest.mark.parametrize("command,words", [
+    ("[serve.sh]", ["serve.sh"]),
+    ("[./serve.sh, --port, '${PORT}']", ["./serve.sh"]),
+    ("[/bin/sh, serve.sh, ./handle.sh]", ["serve.sh", "./handle.sh"]),
+    ("[/bin/sh, /opt/unibake/engine/serve.sh]", []),
+    ("[sh, -c, 'exec serve.sh']", []),
+])
+def test_an_engine_file_named_relative_to_the_engine_folder_is_warned_at_the_plan(busybox_product, cli, command,
+                                                                                   words):
+    """The engine starts in the base image's working directory (a bare name looked up on its PATH), not in
+    /opt/unibake/engine: 'serve.sh' was built, exported and round-tripped, then not found at every smoke gate."""
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   f"command: {command}"))
+    assert make_plan(busybox_product).warnings == tuple(
+        f"engine.command: {word!r} is the engine folder's {word.removeprefix('./')}, but the engine starts in the "
+        "base image's working directory (a bare program name is looked up on its PATH), not in /opt/unibake/engine: "
+        f"write /opt/unibake/engine/{word.removeprefix('./')}" for word in words)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0
+    assert result.err.count("warning: engine.command: ") == len(words)
