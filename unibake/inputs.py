@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import InputError, UnibakeError
 from .files import decode_text, open_regular, read_small_file, visible_name
+from .schema import describe_character, hidden_character
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
@@ -175,6 +176,7 @@ def read_external(path: str, where: str) -> Source:
         raise InputError(f"{where}: {path} is not a regular file")
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in path):
         raise InputError(f"{where}: the file name {path!r} holds a control character or backslash; rename it")
+    _check_hidden_name(path, where)
     st = os.stat(real)
     f = InputFile(path=path, absolute=real.resolve(), sha256=sha256_file(real), size=st.st_size,
                   mode=0o755 if st.st_mode & 0o111 else 0o644)
@@ -190,11 +192,21 @@ def _check_utf8_name(name: str, where: str) -> None:
         raise InputError(f"{where}: the file name '{shown[:200]}' is not UTF-8; rename it")
 
 
+def _check_hidden_name(name: str, where: str) -> None:
+    """A name holding a C1 control or an invisible format character (a bidi override): the lock, the
+    ledgers and the notes a reviewer reads would show another name than the one baked."""
+    bad = hidden_character(name)
+    if bad is not None:
+        raise InputError(f"{where}: the file name {name!r} holds {describe_character(bad)}, a control or invisible "
+                         "format character that shows the name otherwise in the lock and the ledgers; rename it")
+
+
 def _input_file(root: Path, path: Path, where: str) -> InputFile:
     rel = path.relative_to(root).as_posix()
     _check_utf8_name(rel, where)
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):
         raise InputError(f"{where}: the file name {rel!r} holds a control character or backslash; rename it")
+    _check_hidden_name(rel, where)
     real = real_path(path, rel, where)
     if not _inside(root, real):
         raise InputError(f"{where}: '{rel}' is a symlink that points outside the project (to {real})")

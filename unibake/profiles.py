@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from .errors import InputError
 from .files import decode_text, read_small_file, visible_name
 from .inputs import real_path
 from .platforms import KNOWN
-from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
+from .schema import (MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key, describe_character,
+                     hidden_character)
 
 PRODUCT_FILE = "product.yaml"
 MAX_EXTENDS = 32  # files one profile's extends chain may go through (product.yaml not counted)
@@ -285,10 +287,14 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
 
 def _check_text(value: str, path: Path_, where) -> None:
     """Values end up in a Dockerfile and a shell script: refuse what no escaping makes safe."""
-    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
-    if bad is not None:
+    bad = hidden_character(value)
+    if bad is not None and unicodedata.category(bad) == "Cc":
         raise InputError(f"{where(path)}: key '{dotted(path)}' contains a control character "
                          f"({bad!r}); newlines, tabs and NUL are not allowed in values")
+    if bad is not None:  # a bidi override: the Dockerfile and labels a reviewer reads show a reordered line
+        raise InputError(f"{where(path)}: key '{dotted(path)}' contains {describe_character(bad)}, an invisible "
+                         "format character that reorders or hides text where the value is shown (the Dockerfile, "
+                         "labels, the notes); remove it")
     if len(value) > MAX_VALUE_LEN:
         raise InputError(f"{where(path)}: key '{dotted(path)}' is {len(value)} characters long; "
                          f"the limit is {MAX_VALUE_LEN}")

@@ -167,6 +167,10 @@ def case_file_name_not_utf8(p):  # the file system gives it as surrogates: no le
     (p.parent / "images/tune/tp1").joinpath(os.fsdecode(b"cache-\xff.json")).write_text("{}\n")
 
 
+def case_file_name_with_a_bidi_override(p):  # the lock would show 'cache-nosj.json' as another name
+    (p.parent / "images/tune/tp1").joinpath("cache-\u202enosj.json").write_text("{}\n")
+
+
 def case_env_file_form_feed(p):  # docker reads one line, "A=x\x0cB=y": a control character in a value
     (p.parent / "images/tp1.env").write_text("A=x\x0cB=y\n")
     lock_also(p, "images/tp1.env")
@@ -377,6 +381,34 @@ def case_yaml_next_line_in_a_value(p):  # folded into a space: the image got "Tr
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tr\x85ee"}')
 
 
+def case_value_with_a_bidi_override(p):  # "Trojan source" (as a YAML escape): the Dockerfile's line is shown reordered
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: \"Tree\\u202e;rm -rf\"}")
+
+
+def case_value_with_a_raw_bidi_isolate(p):  # the character itself in the file, not an escape
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tr\u2067ee}")
+
+
+def case_value_with_a_zero_width_space(p):  # label values: 'ok' and 'o\u200bk' look alike
+    edit(p / "product.yaml", "version: 0.1.0\n", "version: 0.1.0\nlabels: {com.example.team: \"o\\u200bk\"}\n")
+
+
+def case_value_with_a_c1_control(p):  # U+009B opens a terminal escape where the value is printed
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: \"Tree\\x9b2J\"}")
+
+
+def case_env_file_bidi_override(p):
+    (p.parent / "images/tp1.env").write_text("A=x\u202eB\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
+def case_env_file_c1_control(p):
+    (p.parent / "images/tp1.env").write_text("A=x\x9bB\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -436,6 +468,15 @@ SAYS = {
     "extends_chain_too_long": "c100.yaml: its 'extends' chain is more than 32 files long (",
     "yaml_special_character": "tp1.yaml:4: holds the character U+009B, which YAML does not allow in a file",
     "prebuilt_outside_is_a_symlink_loop": "self.so' is a symlink loop",
+    "value_with_a_bidi_override": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+202E (RIGHT-TO-LEFT OVERRIDE), an "
+                                  "invisible format character",
+    "value_with_a_raw_bidi_isolate": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+2067 (RIGHT-TO-LEFT ISOLATE)",
+    "value_with_a_zero_width_space": "key 'labels.com.example.team' contains U+200B (ZERO WIDTH SPACE)",
+    "value_with_a_c1_control": "tp1.yaml:4: key 'env.NCCL_ALGO' contains a control character ('\\x9b')",
+    "env_file_bidi_override": "images/tp1.env:1: the value of A contains U+202E (RIGHT-TO-LEFT OVERRIDE)",
+    "file_name_with_a_bidi_override": "profiles/tp1.yaml:3: the file name 'images/tune/tp1/cache-\\u202enosj.json' "
+                                      "holds U+202E (RIGHT-TO-LEFT OVERRIDE)",
+    "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
 ARGUMENT_CASES = {

@@ -461,8 +461,11 @@ def test_an_env_file_line_that_cannot_be_baked_is_named(text, message):
 
 def test_an_env_file_is_split_into_lines_as_docker_splits_it():
     # docker's --env-file: lines end at "\n" only ("\r\n" too); a byte-order mark at the start is dropped
-    text = "\ufeffA=1\r\nB=x\x85y\u2028z\nC=\u2029\n"
-    assert parse_env(text, "x.env")[0] == {"A": "1", "B": "x\x85y\u2028z", "C": "\u2029"}
+    text = "\ufeffA=1\r\nB=xy\u2028z\nC=\u2029\n"
+    assert parse_env(text, "x.env")[0] == {"A": "1", "B": "xy\u2028z", "C": "\u2029"}
+    # U+0085 (next line) splits no line either, but is a C1 control: refused as the other controls are
+    with pytest.raises(InputError, match=r"x\.env:1: the value of B contains a control character \('\\x85'\)"):
+        parse_env("B=x\x85y\n", "x.env")
     with pytest.raises(InputError, match=r"x\.env:1: the value of A contains a control character \('\\x0c'\)"):
         parse_env("A=x\x0cB=y\n", "x.env")
 
