@@ -12,6 +12,7 @@ release's notes, not a new image.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -32,8 +33,15 @@ class Attachment:
     file: InputFile
 
     def read(self) -> bytes:
-        return read_small_file(self.file.absolute, InputError, limit=MAX_ATTACHMENT,
+        """Its bytes as the plan hashed them: an attachment rewritten during the build (a benchmark job
+        writing results.json again) is refused, not published as another run's file."""
+        data = read_small_file(self.file.absolute, InputError, limit=MAX_ATTACHMENT,
                                what="attachments are copied into the release whole")
+        if hashlib.sha256(data).hexdigest() != self.file.sha256:
+            raise InputError(f"attachment '{self.file.path}' changed after the plan read it (sha256 "
+                             f"{self.file.sha256[:12]}, now {hashlib.sha256(data).hexdigest()[:12]}); the release "
+                             "carries the files the plan read and scanned: run again")
+        return data
 
 
 @dataclass(frozen=True, kw_only=True)

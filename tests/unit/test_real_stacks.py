@@ -1052,6 +1052,29 @@ def test_a_finding_in_the_notes_files_is_said_at_the_plan_naming_the_repository_
     make_plan(busybox_product, verify_lock=False, allow=(r"^192\.168\.1\.20$",))
 
 
+def test_an_attachment_rewritten_after_the_plan_is_refused_at_publish_not_published(busybox_product, tmp_path):
+    # the plan hashed and scanned results.json; a benchmark job wrote it again during the build: the release
+    # carried the new bytes, which no plan had read
+    from unibake.errors import InputError
+
+    from .test_publish import make_release
+
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    (notes / "results.json").write_text('{"accuracy": 0.95}\n')
+    append(busybox_product / "product.yaml", "notes: {attachments: [notes/results.json]}\n")
+    plan = make_plan(busybox_product, verify_lock=False)
+    (notes / "results.json").write_text('{"accuracy": 0.40}\n')
+    with pytest.raises(InputError, match=r"^attachment 'notes/results\.json' changed after the plan read it \(sha256 "
+                                         r"[0-9a-f]{12}, now [0-9a-f]{12}\); the release carries the files the plan "
+                                         r"read and scanned: run again$"):
+        make_release(tmp_path / "release", notes=plan.notes)
+    assert not (tmp_path / "release" / "1.3.1").exists()
+    (notes / "results.json").write_text('{"accuracy": 0.95}\n')  # as planned: published
+    folder, _ = make_release(tmp_path / "release", notes=plan.notes)
+    assert (folder / "results.json").read_text() == '{"accuracy": 0.95}\n'
+
+
 def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):
     from .test_publish import METADATA, make_release
 
