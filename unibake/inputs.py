@@ -103,8 +103,9 @@ def file_and_folder(paths: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
-def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Source:
-    """Hash the file or folder ``rel`` under ``root``; ``where`` names the YAML key for errors."""
+def read_source(root: Path, rel: str, where: str, *, want: str = "any", limit: int | None = None) -> Source:
+    """Hash the file or folder ``rel`` under ``root``; ``where`` names the YAML key for errors. ``limit``:
+    a file of this many bytes or more is refused by its size, before it is read (see :func:`check_size`)."""
     root = root.resolve()
     rel = rel.rstrip("/")
     if rel.startswith("/") or ".." in Path(rel).parts:
@@ -139,13 +140,13 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
                 if not dirnames and not kept and dirpath != str(path):
                     empty.append(os.path.relpath(dirpath, path).replace(os.sep, "/"))
                 for name in kept:
-                    files.append(_input_file(root, Path(dirpath) / name, where))
+                    files.append(_input_file(root, Path(dirpath) / name, where, limit))
         except RecursionError:
             raise InputError(f"{where}: source '{rel}' is nested too deeply; flatten it") from None
         if not files:
             raise InputError(f"{where}: source '{rel}' is an empty folder")
     else:
-        files.append(_input_file(root, path, where))
+        files.append(_input_file(root, path, where, limit))
     files.sort(key=lambda f: f.path)
     listing = "".join(f"{f.sha256}  {f.path[len(rel) + 1:] if real.is_dir() else Path(f.path).name}\n"
                       for f in files)
@@ -163,7 +164,7 @@ def read_hashed(f: InputFile, limit: int) -> bytes:
     return data
 
 
-def read_external(path: str, where: str) -> Source:
+def read_external(path: str, where: str, limit: int | None = None) -> Source:
     """A file outside the project, named by its absolute path (a large prebuilt binary): hashed like
     any input and locked under its absolute path."""
     _check_utf8_name(path, where)
@@ -178,6 +179,7 @@ def read_external(path: str, where: str) -> Source:
         raise InputError(f"{where}: the file name {path!r} holds a control character or backslash; rename it")
     _check_hidden_name(path, where)
     st = os.stat(real)
+    check_size(path, st.st_size, where, limit)
     f = InputFile(path=path, absolute=real.resolve(), sha256=sha256_file(real), size=st.st_size,
                   mode=0o755 if st.st_mode & 0o111 else 0o644)
     return Source(path=path, files=(f,), digest=hashlib.sha256(f"{f.sha256}  {real.name}\n".encode()).hexdigest(),
@@ -201,7 +203,16 @@ def _check_hidden_name(name: str, where: str) -> None:
                          "format character that shows the name otherwise in the lock and the ledgers; rename it")
 
 
-def _input_file(root: Path, path: Path, where: str) -> InputFile:
+def check_size(shown: str, size: int, where: str, limit: int | None) -> None:
+    """Refuse a file of ``limit`` bytes or more (a publishing run's: no reconstruct kit carries a file of 8 GiB
+    or more) by its size, before it is hashed: hashing one took minutes only to refuse it after."""
+    if limit is not None and size >= limit:
+        raise InputError(f"{where}: '{shown}' is {size} bytes: a file of 8 GiB or more would get a pax "
+                         "size record in the reconstruct kit's context.tar, which its verify.sh and rebuild refuse; "
+                         "no kit can carry it: mount such a file at run time instead of baking it")
+
+
+def _input_file(root: Path, path: Path, where: str, limit: int | None = None) -> InputFile:
     rel = path.relative_to(root).as_posix()
     _check_utf8_name(rel, where)
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):
@@ -214,6 +225,7 @@ def _input_file(root: Path, path: Path, where: str) -> InputFile:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{where}: '{rel}' is not a regular file")
     mode = 0o755 if st.st_mode & 0o111 else 0o644
+    check_size(rel, st.st_size, where, limit)
     try:
         sha256 = sha256_file(real)
     except PermissionError as exc:  # was exit 1 naming only the path, as if the disk had failed

@@ -409,6 +409,11 @@ def case_env_file_c1_control(p):
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
 
 
+def case_context_file_of_8_gib(p):  # sparse: its size is read, never its bytes (hashing it took minutes)
+    with open(p.parent / "images/engine/weights.bin", "wb") as fh:
+        fh.truncate(8 ** 11)
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -476,6 +481,8 @@ SAYS = {
     "env_file_bidi_override": "images/tp1.env:1: the value of A contains U+202E (RIGHT-TO-LEFT OVERRIDE)",
     "file_name_with_a_bidi_override": "profiles/tp1.yaml:3: the file name 'images/tune/tp1/cache-\\u202enosj.json' "
                                       "holds U+202E (RIGHT-TO-LEFT OVERRIDE)",
+    "context_file_of_8_gib": "profiles/product.yaml:9: 'images/engine/weights.bin' is 8589934592 bytes: a file of "
+                             "8 GiB or more would get a pax size record in the reconstruct kit's context.tar",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
