@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -147,11 +148,51 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any", limit: i
             raise InputError(f"{where}: source '{rel}' is an empty folder")
     else:
         files.append(_input_file(root, path, where, limit))
+    _check_hard_links(root, files, where)
     files.sort(key=lambda f: f.path)
     listing = "".join(f"{f.sha256}  {f.path[len(rel) + 1:] if real.is_dir() else Path(f.path).name}\n"
                       for f in files)
     return Source(path=rel, files=tuple(files), digest=hashlib.sha256(listing.encode()).hexdigest(),
                   is_dir=real.is_dir(), empty_folders=tuple(sorted(empty)))
+
+
+def _check_hard_links(root: Path, files: list[InputFile], where: str) -> None:
+    """Refuse a file with a hard link outside the project, as a symlink out of it is: its bytes are a file
+    elsewhere (a key, a file another user rewrites) that the project only names. Each file of more than one
+    link has its links counted under ``root`` (the tree walked once, links not followed); one whose count
+    falls short of its link count is named."""
+    wanted: dict[tuple[int, int], tuple[InputFile, int]] = {}
+    for f in sorted(files, key=lambda f: f.path):
+        st = os.stat(f.absolute)
+        if st.st_nlink > 1 and stat.S_ISREG(st.st_mode):
+            wanted.setdefault((st.st_dev, st.st_ino), (f, st.st_nlink))
+    if not wanted:
+        return
+    found = dict.fromkeys(wanted, 0)
+    inodes = {ino for _, ino in wanted}
+    folders, left = [str(root)], sum(n for _, n in wanted.values())
+    while folders and left:
+        try:
+            entries = list(os.scandir(folders.pop()))
+        except OSError:  # a folder this user cannot read: its links are not counted (so taken as outside)
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif entry.inode() in inodes:
+                    st = entry.stat(follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) in found:
+                        found[(st.st_dev, st.st_ino)] += 1
+                        left -= 1
+            except OSError:
+                continue
+    for key, (f, links) in sorted(wanted.items(), key=lambda item: item[1][0].path):
+        if found[key] < links:
+            raise InputError(f"{where}: '{f.path}' is a hard link to a file outside the project ({links} links, "
+                             f"{found[key]} of them under {root}); hard links, like symlinks, must stay inside it: "
+                             f"make it a file of its own (cp {shlex.quote(f.path)} {shlex.quote(f.path + '.new')} && "
+                             f"mv {shlex.quote(f.path + '.new')} {shlex.quote(f.path)})")
 
 
 def read_hashed(f: InputFile, limit: int) -> bytes:

@@ -414,6 +414,12 @@ def case_context_file_of_8_gib(p):  # sparse: its size is read, never its bytes 
         fh.truncate(8 ** 11)
 
 
+def case_hard_link_to_a_file_outside_the_project(p):  # a symlink out is refused; a hard link was baked
+    outside = p.parent.parent / "id_ed25519"
+    outside.write_text("SECRET key of the builder\n")
+    os.link(outside, p.parent / "images/engine/key")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -483,6 +489,8 @@ SAYS = {
                                       "holds U+202E (RIGHT-TO-LEFT OVERRIDE)",
     "context_file_of_8_gib": "profiles/product.yaml:9: 'images/engine/weights.bin' is 8589934592 bytes: a file of "
                              "8 GiB or more would get a pax size record in the reconstruct kit's context.tar",
+    "hard_link_to_a_file_outside_the_project": "profiles/product.yaml:9: 'images/engine/key' is a hard link to a "
+                                               "file outside the project (2 links, 1 of them under ",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
