@@ -94,6 +94,7 @@ def dotted(path: Path_) -> str:
 YAML_ONLY_BREAKS = {"\x85": "next line", "\u2028": "line separator", "\u2029": "paragraph separator"}
 MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
 MAX_YAML_BYTES = 4 << 20
+MAX_KEY_LEN = 128  # the longest a key pattern takes (an env or label key)
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
 # YAML 1.1 reads 010 as 8 (octal), 1:30 as 90 (base 60), 0x10 as 16 and 1_000 as 1000: a number written any
 # other way than in plain decimal digits is refused, not baked as another number (gpus: 010 gave 8 GPUs)
@@ -129,6 +130,9 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             _refuse_tag(key_node, PLAIN_KEY_TAGS, display)
             key = key_node.value
             count[1] += len(key)
+            if len(key) > MAX_KEY_LEN:  # every error about it quoted it whole: an error line of megabytes
+                raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key of {len(key)} characters "
+                                 f"('{dotted((key[:40],))}...'); no key is longer than {MAX_KEY_LEN}")
             if any(0xD800 <= ord(c) <= 0xDFFF for c in key):
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key holds a lone surrogate")
             if key_node.tag == "tag:yaml.org,2002:merge":

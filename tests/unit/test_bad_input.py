@@ -420,6 +420,10 @@ def case_hard_link_to_a_file_outside_the_project(p):  # a symlink out is refused
     os.link(outside, p.parent / "images/engine/key")
 
 
+def case_key_of_a_megabyte(p):  # an explicit key ('? '), which has no length limit: quoted whole in the error
+    (p / "tp1.yaml").write_text((p / "tp1.yaml").read_text() + "labels:\n  ? " + "a" * 1_000_000 + "\n  : x\n")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -491,6 +495,8 @@ SAYS = {
                              "8 GiB or more would get a pax size record in the reconstruct kit's context.tar",
     "hard_link_to_a_file_outside_the_project": "profiles/product.yaml:9: 'images/engine/key' is a hard link to a "
                                                "file outside the project (2 links, 1 of them under ",
+    "key_of_a_megabyte": "tp1.yaml:7: a key of 1000000 characters ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'); "
+                         "no key is longer than 128",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
@@ -546,6 +552,7 @@ def test_bad_yaml_and_inputs_are_refused_before_anything_happens(cli, busybox_pr
         remove_deep(busybox_product.parent / "images/overlays/deep")
     assert_refused(result, busybox_product.parent)
     assert SAYS.get(case, "") in result.error_lines[0]
+    assert len(result.error_lines[0]) < 5000, result.error_lines[0][:300]
     assert "SECRET" not in result.err  # a file the lock links to is not read, so not quoted
 
 
