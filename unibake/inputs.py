@@ -111,6 +111,11 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any", limit: i
     rel = rel.rstrip("/")
     if rel.startswith("/") or ".." in Path(rel).parts:
         raise InputError(f"{where}: source '{rel}' is outside the project ({root}); use a path inside it")
+    skipped = next((part for part in Path(rel).parts if part in SKIPPED_DIRS), None)
+    if skipped is not None:  # inside a source they are left out; named, a .git folder baked the whole history
+        raise InputError(f"{where}: source '{rel}' is {'a' if Path(rel).name == skipped else 'inside a'} {skipped} "
+                         f"folder, which is never baked (a folder source leaves it out): a .git folder's objects are "
+                         "compressed, so the secret scan cannot read the history it would bake; name other files")
     path = root / rel
     if not os.path.lexists(path):
         raise InputError(f"{where}: source '{rel}' does not exist under {root}")

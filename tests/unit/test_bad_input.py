@@ -424,6 +424,19 @@ def case_key_of_a_megabyte(p):  # an explicit key ('? '), which has no length li
     (p / "tp1.yaml").write_text((p / "tp1.yaml").read_text() + "labels:\n  ? " + "a" * 1_000_000 + "\n  : x\n")
 
 
+def case_source_is_the_git_folder(p):  # its objects are zlib-compressed: the secret scan reads no history
+    os.makedirs(p.parent / ".git/objects")
+    (p.parent / ".git/config").write_text("[core]\n")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: .git, target: vcs}]\n")
+
+
+def case_source_inside_a_git_folder(p):
+    os.makedirs(p.parent / "images/engine/.git")
+    (p.parent / "images/engine/.git/config").write_text("[core]\n")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "overlays: [{source: images/engine/.git/config, target: vcs.conf}]\n")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -497,6 +510,8 @@ SAYS = {
                                                "file outside the project (2 links, 1 of them under ",
     "key_of_a_megabyte": "tp1.yaml:7: a key of 1000000 characters ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'); "
                          "no key is longer than 128",
+    "source_is_the_git_folder": "product.yaml:13: source '.git' is a .git folder, which is never baked",
+    "source_inside_a_git_folder": "product.yaml:13: source 'images/engine/.git/config' is inside a .git folder",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
