@@ -1052,6 +1052,30 @@ def test_a_finding_in_the_notes_files_is_said_at_the_plan_naming_the_repository_
     make_plan(busybox_product, verify_lock=False, allow=(r"^192\.168\.1\.20$",))
 
 
+@pytest.mark.parametrize("names", [["sbom.cdx.json"], ["provenance.intoto.json"], ["SHA256SUMS.asc"],
+                                   ["SHA256SUMS.minisig"], ["provenance.intoto.json.asc"], ["sha256sums"],
+                                   ["Manifest.json"], ["x.TAR.ZST"], ["results.json", "Results.json"]])
+def test_an_attachment_named_like_a_file_of_the_release_folder_is_refused_at_the_plan(busybox_product, names):
+    # sbom.cdx.json replaced the SBOM at publish (summed and signed as the release's); SHA256SUMS.asc stood as
+    # a signature; 'sha256sums' and 'Results.json' are one file on a disk that does not tell case apart
+    import re
+
+    from unibake import provenance, sbom
+    from unibake.notes import SUPPLY_CHAIN_FILES
+
+    assert SUPPLY_CHAIN_FILES == (sbom.SBOM, provenance.PROVENANCE)
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    for name in names:
+        (notes / name).write_text('{"fake": true}\n')
+    listed = ", ".join(f"notes/{name}" for name in names)
+    append(busybox_product / "product.yaml", f"notes: {{attachments: [{listed}]}}\n")
+    message = "two attachments are named Results.json" if len(names) > 1 else \
+        rf"an attachment cannot be named '{re.escape(names[0])}' in the release folder"
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: {message}"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 def test_an_attachment_rewritten_after_the_plan_is_refused_at_publish_not_published(busybox_product, tmp_path):
     # the plan hashed and scanned results.json; a benchmark job wrote it again during the build: the release
     # carried the new bytes, which no plan had read
