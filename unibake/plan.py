@@ -460,6 +460,8 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p), engine_files, context_limit)
                      for i, o in enumerate(data.get("overlays", [])))
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
+    # self-check says a failure by the check's name: two of one name could not be told apart
+    _unique([c["name"] for c in data.get("checks", [])], where(("checks",)), "check name")
     # one overlay's file where another's (or the engine's) folder goes: the build's COPY cannot make both
     owners = {rel: "the engine" for rel in engine_files}
     for i, o in enumerate(overlays):

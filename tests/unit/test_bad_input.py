@@ -437,6 +437,11 @@ def case_source_inside_a_git_folder(p):
                                     + "overlays: [{source: images/engine/.git/config, target: vcs.conf}]\n")
 
 
+def case_check_named_twice(p):  # self-check's "check a failed" could not say which
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "checks: [{name: a, run: 'true'}, {name: a, run: 'false'}]\n")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -512,6 +517,7 @@ SAYS = {
                          "no key is longer than 128",
     "source_is_the_git_folder": "product.yaml:13: source '.git' is a .git folder, which is never baked",
     "source_inside_a_git_folder": "product.yaml:13: source 'images/engine/.git/config' is inside a .git folder",
+    "check_named_twice": "product.yaml:13: check name 'a' is listed twice",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
