@@ -123,6 +123,7 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any", limit: i
     if not _inside(root, real):
         raise InputError(f"{where}: source '{rel}' resolves outside the project (to {real}); "
                          "symlinks must point inside it")
+    _check_not_skipped(root, real, rel, where)
     if want == "dir" and not real.is_dir():
         raise InputError(f"{where}: source '{rel}' must be a folder")
     if want == "file" and not real.is_file():
@@ -240,6 +241,16 @@ def _check_utf8_name(name: str, where: str) -> None:
         raise InputError(f"{where}: the file name '{shown[:200]}' is not UTF-8; rename it")
 
 
+def _check_not_skipped(root: Path, real: Path, rel: str, where: str) -> None:
+    """A symlink into a .git (or __pycache__) folder of the project: what a source leaves out, baked through
+    a link (.git/config, with a token in a remote's URL; objects the secret scan cannot read)."""
+    inside = real.relative_to(root).parts
+    skipped = next((part for part in inside if part in SKIPPED_DIRS), None)
+    if skipped is not None:
+        raise InputError(f"{where}: '{rel}' is a symlink into a {skipped} folder (to {real}), which is never baked; "
+                         "copy the file it names in instead")
+
+
 def _check_hidden_name(name: str, where: str) -> None:
     """A name holding a C1 control or an invisible format character (a bidi override): the lock, the
     ledgers and the notes a reviewer reads would show another name than the one baked."""
@@ -267,6 +278,7 @@ def _input_file(root: Path, path: Path, where: str, limit: int | None = None) ->
     real = real_path(path, rel, where)
     if not _inside(root, real):
         raise InputError(f"{where}: '{rel}' is a symlink that points outside the project (to {real})")
+    _check_not_skipped(root, real, rel, where)
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{where}: '{rel}' is not a regular file")

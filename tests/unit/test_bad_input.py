@@ -442,6 +442,19 @@ def case_check_named_twice(p):  # self-check's "check a failed" could not say wh
                                     + "checks: [{name: a, run: 'true'}, {name: a, run: 'false'}]\n")
 
 
+def case_symlink_into_the_git_folder(p):  # .git/config (a token in a remote's URL) baked through a link
+    os.makedirs(p.parent / ".git")
+    (p.parent / ".git/config").write_text("[core]\n")
+    (p.parent / "images/engine/vcs.conf").symlink_to("../../.git/config")
+
+
+def case_source_linked_to_the_git_folder(p):
+    os.makedirs(p.parent / ".git/objects")
+    (p.parent / ".git/config").write_text("[core]\n")
+    (p.parent / "images/vcs").symlink_to("../.git")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: images/vcs, target: vcs}]\n")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -518,6 +531,8 @@ SAYS = {
     "source_is_the_git_folder": "product.yaml:13: source '.git' is a .git folder, which is never baked",
     "source_inside_a_git_folder": "product.yaml:13: source 'images/engine/.git/config' is inside a .git folder",
     "check_named_twice": "product.yaml:13: check name 'a' is listed twice",
+    "symlink_into_the_git_folder": "product.yaml:9: 'images/engine/vcs.conf' is a symlink into a .git folder (to ",
+    "source_linked_to_the_git_folder": "product.yaml:13: 'images/vcs' is a symlink into a .git folder (to ",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
