@@ -19,7 +19,7 @@ from pathlib import Path
 from .errors import InputError
 from .files import decode_text
 from .inputs import Source, read_hashed, read_source
-from .schema import ENV_KEY_RE, MAX_VALUE_LEN, describe_character, hidden_character
+from .schema import BIDI_RE, ENV_KEY_RE, MAX_VALUE_LEN, describe_character, hidden_character
 
 MAX_ENV_FILE = 1 << 20
 
@@ -46,9 +46,13 @@ def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
     # split at form feeds, \x1c-\x1e, \x85 and U+2028, making variables docker never sees.
     for n, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
         line = raw.removesuffix("\r").lstrip(" \t")
+        where = f"{display}:{n}"
+        found = BIDI_RE.search(line)
+        if found and line.startswith("#"):  # a comment shown reordered ("Trojan Source"); in a value: said below
+            raise InputError(f"{where}: holds {describe_character(found.group())} in a comment, which shows a reviewer "
+                             "the line reordered; remove it")
         if not line.strip() or line.startswith("#"):
             continue
-        where = f"{display}:{n}"
         key, sep, value = line.partition("=")
         if not sep:
             raise InputError(f"{where}: {key.strip()[:60]!r} has no '=VALUE'; docker would take it from the host's "

@@ -29,7 +29,7 @@ from .errors import InputError
 from .files import decode_text, read_small_file, visible_name
 from .inputs import real_path
 from .platforms import KNOWN
-from .schema import (MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key, describe_character,
+from .schema import (BIDI_RE, MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key, describe_character,
                      hidden_character)
 
 PRODUCT_FILE = "product.yaml"
@@ -329,6 +329,17 @@ def _check_required(fields: dict[str, Key], data: dict, path: Path_, where) -> N
             raise InputError(f"{where(path)}: required key '{dotted(path + (key,))}' is missing")
 
 
+def _refuse_bidi_outside_values(doc: Document) -> None:
+    """A bidi control left once every value and key is checked is in a comment: it shows a reviewer the
+    line reordered (a value seen where a comment is), as in "Trojan Source"."""
+    text = doc.raw.decode("utf-8", "replace")
+    found = BIDI_RE.search(text)
+    if found:
+        raise InputError(f"{doc.display}:{text.count(chr(10), 0, found.start()) + 1}: holds "
+                         f"{describe_character(found.group())} outside any value (in a comment), which shows a "
+                         "reviewer the line reordered; remove it")
+
+
 def validate_document(doc: Document, *, is_product: bool) -> None:
     """Types, patterns and unknown keys of one file, and which keys it may set."""
     _check_record(SCHEMA, doc.data, (), lambda p: doc.where(p), required=False)
@@ -435,6 +446,7 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     if doc is None:
         doc = read_document(file, display)
         validate_document(doc, is_product=file.name == PRODUCT_FILE and file.parent == config_dir)
+        _refuse_bidi_outside_values(doc)
         cache[file] = doc
     origins = {p: f"{doc.display}:{line}" for p, line in doc.lines.items()}
     data, origins, env_files = _with_env_file(doc, origins, config_dir.parent, env_cache)

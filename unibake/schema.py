@@ -98,6 +98,10 @@ def hidden_character(value: str) -> str | None:
     return None
 
 
+# the bidi controls: embeddings, overrides, isolates and marks ("Trojan Source", CVE-2021-42574)
+BIDI_RE = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def describe_character(c: str) -> str:
     """A character as an error names it: ``'\\n'`` for a control character, ``U+202E (RIGHT-TO-LEFT
     OVERRIDE)`` for a format character."""

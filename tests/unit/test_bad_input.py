@@ -455,6 +455,16 @@ def case_source_linked_to_the_git_folder(p):
     (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: images/vcs, target: vcs}]\n")
 
 
+def case_bidi_override_in_a_comment(p):  # the reviewer sees "gpus: 1 # (4 on the cluster)" reordered
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1 # \u202e)retsulc eht no 4(")
+
+
+def case_env_file_bidi_override_in_a_comment(p):
+    (p.parent / "images/tp1.env").write_text("# \u2067note\u2069\nA=x\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -533,6 +543,8 @@ SAYS = {
     "check_named_twice": "product.yaml:13: check name 'a' is listed twice",
     "symlink_into_the_git_folder": "product.yaml:9: 'images/engine/vcs.conf' is a symlink into a .git folder (to ",
     "source_linked_to_the_git_folder": "product.yaml:13: 'images/vcs' is a symlink into a .git folder (to ",
+    "bidi_override_in_a_comment": "tp1.yaml:2: holds U+202E (RIGHT-TO-LEFT OVERRIDE) outside any value (in a comment)",
+    "env_file_bidi_override_in_a_comment": "images/tp1.env:1: holds U+2067 (RIGHT-TO-LEFT ISOLATE) in a comment",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
