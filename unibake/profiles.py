@@ -203,6 +203,13 @@ def read_document(file: Path, display: str) -> Document:
         raise InputError(f"{display}:{text.count(chr(10), 0, at) + 1}: holds U+{ord(text[at]):04X} ("
                          f"{YAML_ONLY_BREAKS[text[at]]}), which YAML reads as a line break and editors do not; remove "
                          f"it, or write it as the escape \\u{ord(text[at]):04x} in a double-quoted string")
+    # a carriage return alone: a line break to YAML, none to git, grep and less; printed, the text after it is
+    # written over the line's start ("base: {image: evil}\r# pinned below" shows as the comment alone)
+    found = re.search("\r(?!\n)", text)
+    if found:
+        raise InputError(f"{display}:{text.count(chr(10), 0, found.start()) + 1}: holds a carriage return (\\r) not "
+                         "followed by a line feed, which YAML reads as a line break and git, grep and a terminal do "
+                         "not; save the file with \\n (or \\r\\n) line ends")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[Path_, int] = {}

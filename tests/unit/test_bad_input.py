@@ -465,6 +465,10 @@ def case_env_file_bidi_override_in_a_comment(p):
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
 
 
+def case_yaml_lone_carriage_return(p):  # "cat" shows the comment alone; YAML reads base: on a line of its own
+    edit(p / "product.yaml", "base: {", "# the base is pinned below\rbase: {")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -545,6 +549,7 @@ SAYS = {
     "source_linked_to_the_git_folder": "product.yaml:13: 'images/vcs' is a symlink into a .git folder (to ",
     "bidi_override_in_a_comment": "tp1.yaml:2: holds U+202E (RIGHT-TO-LEFT OVERRIDE) outside any value (in a comment)",
     "env_file_bidi_override_in_a_comment": "images/tp1.env:1: holds U+2067 (RIGHT-TO-LEFT ISOLATE) in a comment",
+    "yaml_lone_carriage_return": "product.yaml:5: holds a carriage return (\\r) not followed by a line feed",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
