@@ -109,6 +109,26 @@ def test_a_prebuilt_so_that_is_not_a_library_of_the_platform_is_refused_at_the_p
     assert make_plan(busybox_product, verify_lock=False).kernels[0].outputs == ("x.so",)
 
 
+def test_a_prebuilt_library_is_scanned_from_its_file_not_read_whole_into_memory(busybox_product, tmp_path):
+    # a prebuilt .so (hundreds of MB for a CUDA library) was read whole into memory and scanned in Python at
+    # every release, never remembered; it is a file: grep finds the anchors, the memo keeps its findings
+    from unibake.render import context_files, render
+    from unibake.sanitise import scan_context
+
+    token = "hf_" + "a" * 34
+    (busybox_product.parent / "images/x.so").write_bytes(elf() + b"\0" * 100 + f"token = {token}\n".encode())
+    append(busybox_product / "product.yaml", "kernels:\n  - {name: x, version: '1', prebuilt: images/x.so}\n")
+    context = render(make_plan(busybox_product, verify_lock=False))
+    [(where, content, sha256)] = [entry for entry in context_files(context, busybox_product.parent)
+                                  if "x.so" in entry[0]]
+    assert (where, content) == ("images/x.so", busybox_product.parent / "images/x.so")
+    cache = tmp_path / "cache"
+    found = scan_context([(where, content, sha256)], (), cache=cache)
+    assert [(f.where.split(":")[0], f.value) for f in found] == [("images/x.so", token)]
+    assert [m.name for m in cache.iterdir()] == [m.name for m in cache.iterdir() if m.name.endswith(f"{sha256}.json")]
+    assert len(list(cache.iterdir())) == 1
+
+
 def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(busybox_product, cli, tmp_path):
     root = busybox_product.parent
     (root / "images/k").mkdir(parents=True)
