@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import InputError, UnibakeError, VerificationError
 from .files import open_regular, read_small_text, write_atomic
@@ -272,6 +273,36 @@ def scan_file(path: Path, where: str, identity: tuple[str, ...] = (), sha256: st
         return findings
 
 
+def scan_stream(opener: Callable[[], Any], where: str, identity: tuple[str, ...] = (),
+                sha256: str | None = None) -> list[Finding]:
+    """A file of the build context read from a stream ``opener()`` gives (a member of a prebuilt archive): a
+    small one whole (findings with line numbers), a big one in chunks that overlap by a window (findings with
+    byte offsets), so memory stays flat; the bytes scanned are hashed, and must be ``sha256``."""
+    h = hashlib.sha256()
+    with opener() as fh:
+        data = fh.read(TEXT_LIMIT + 1)
+        h.update(data)
+        if len(data) <= TEXT_LIMIT:
+            findings = scan_bytes(data, where, identity=identity)
+        else:
+            findings, seen, offset = [], set(), 0
+            while True:
+                for f in scan_bytes(data, where, identity=identity, offset=offset, lines=False):
+                    if (f.where, f.kind) not in seen:
+                        seen.add((f.where, f.kind))
+                        findings.append(f)
+                more = fh.read(CHUNK)
+                if not more:
+                    break
+                h.update(more)
+                keep = data[-2 * WINDOW:]
+                offset += len(data) - len(keep)
+                data = keep + more
+    if sha256 is not None and h.hexdigest() != sha256:
+        raise _changed(where, sha256, h.hexdigest())
+    return findings
+
+
 def _all_anchors(identity: tuple[str, ...]) -> list[bytes]:
     return sorted({a for _, anchors, _ in _rules(False, identity) for a in anchors})
 
@@ -369,11 +400,12 @@ def enforce(findings: list[Finding], allow: Iterable[str], what: str) -> None:
 
 def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, ...],
                  cache: Path | None = None) -> list[Finding]:
-    """The build context, every file whole and as bytes: (where, bytes or a path, sha256) triples.
+    """The build context, every file whole and as bytes: (where, bytes, a path or a function opening a stream,
+    sha256) triples.
     ``cache``: a folder remembering each file's findings by its sha256 (and the rules and identity
     they were made with), so an unchanged 400 MB library is read once, not at every release."""
     findings: list[Finding] = []
-    todo: list[tuple[str, Path, Path | None, str]] = []
+    todo: list[tuple[str, Any, Path | None, str]] = []
     rules_key = hashlib.sha256(repr((RULES, PRIVATE_ADDRESS, identity)).encode()).hexdigest()[:16]
     for where, content, sha256 in files:
         if isinstance(content, (bytes, bytearray)):
@@ -386,9 +418,10 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
         if remembered is not None:
             findings += [Finding(where=where, kind=k, value=v) for k, v in remembered]
             continue
-        todo.append((where, Path(content), memo, sha256))
+        todo.append((where, content if callable(content) else Path(content), memo, sha256))
     for where, path, memo, sha256 in todo:
-        found = scan_file(path, where, identity=identity, sha256=sha256)
+        found = scan_stream(path, where, identity, sha256) if callable(path) else \
+            scan_file(path, where, identity=identity, sha256=sha256)
         findings += found
         if memo is not None and _cache_folder(memo.parent):
             write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]))

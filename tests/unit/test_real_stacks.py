@@ -129,6 +129,33 @@ def test_a_prebuilt_library_is_scanned_from_its_file_not_read_whole_into_memory(
     assert len(list(cache.iterdir())) == 1
 
 
+def test_a_big_library_in_a_prebuilt_wheel_is_scanned_as_a_stream_remembered_and_hash_checked(busybox_product,
+                                                                                               tmp_path):
+    # a wheel's 700 MB .so was read whole into memory for the scan, at every release (bytes had no memo); and
+    # the bytes scanned were not checked against the plan's hash
+    import re
+
+    from unibake.render import context_files, render
+    from unibake.sanitise import TEXT_LIMIT, scan_context
+
+    token = "hf_" + "a" * 34
+    big = elf() + b"\0" * (TEXT_LIMIT + (1 << 20)) + f"token = {token}\n".encode() + b"\0" * 4096
+    path = wheel(busybox_product.parent / "images/x-1.0-py3-none-any.whl", {"x/libx.so": big})
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: x, version: '1', prebuilt: images/{path.name}}}\n")
+    context = render(make_plan(busybox_product, verify_lock=False))
+    [(where, content, sha256)] = [entry for entry in context_files(context, busybox_product.parent)
+                                  if "libx.so" in entry[0]]
+    assert callable(content) and not isinstance(content, bytes)  # opened when scanned, never held whole
+    cache = tmp_path / "cache"
+    found = scan_context([(where, content, sha256)], (), cache=cache)
+    assert [(f.where, f.value) for f in found] == [(f"{where} at byte {len(elf()) + TEXT_LIMIT + (1 << 20) + 8}",
+                                                    token)]
+    assert len(list(cache.iterdir())) == 1  # remembered by its sha256: the next release does not read it
+    wheel(path, {"x/libx.so": big.replace(token.encode(), b"x" * len(token))})  # swapped for a clean one
+    with pytest.raises(InputError, match=rf"^{re.escape(where)}: changed after the plan hashed it"):
+        scan_context([(where, content, sha256)], ())
+
+
 def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(busybox_product, cli, tmp_path):
     root = busybox_product.parent
     (root / "images/k").mkdir(parents=True)
