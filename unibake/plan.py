@@ -442,6 +442,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     engine_data = data["engine"]
     if not engine_data["command"]:
         raise InputError(f"{where(('engine', 'command'))}: engine.command must name a program")
+    if not engine_data["command"][0].strip():  # the container failed to start, found only at the smoke gate
+        raise InputError(f"{where(('engine', 'command', 0))}: engine.command[0] is {engine_data['command'][0]!r}: "
+                         "the first word is the program to run; name it")
     engine = EngineSpec(name=engine_data["name"], version=engine_data["version"],
                         source=read_source(root, engine_data["source"], where(("engine", "source")),
                                            want="dir", limit=context_limit),

@@ -469,6 +469,10 @@ def case_yaml_lone_carriage_return(p):  # "cat" shows the comment alone; YAML re
     edit(p / "product.yaml", "base: {", "# the base is pinned below\rbase: {")
 
 
+def case_engine_command_of_an_empty_program(p):  # built, exported, then the container could not start
+    edit(p / "product.yaml", "  command: [", "  command: [\" \", ")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -550,6 +554,8 @@ SAYS = {
     "bidi_override_in_a_comment": "tp1.yaml:2: holds U+202E (RIGHT-TO-LEFT OVERRIDE) outside any value (in a comment)",
     "env_file_bidi_override_in_a_comment": "images/tp1.env:1: holds U+2067 (RIGHT-TO-LEFT ISOLATE) in a comment",
     "yaml_lone_carriage_return": "product.yaml:5: holds a carriage return (\\r) not followed by a line feed",
+    "engine_command_of_an_empty_program": "product.yaml:10: engine.command[0] is ' ': the first word is the program "
+                                          "to run; name it",
     "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
