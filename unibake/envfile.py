@@ -19,7 +19,7 @@ from pathlib import Path
 from .errors import InputError
 from .files import decode_text
 from .inputs import Source, read_hashed, read_source
-from .schema import ENV_KEY_RE, MAX_VALUE_LEN
+from .schema import BIDI_RE, ENV_KEY_RE, MAX_VALUE_LEN, describe_character, hidden_character
 
 MAX_ENV_FILE = 1 << 20
 
@@ -46,9 +46,13 @@ def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
     # split at form feeds, \x1c-\x1e, \x85 and U+2028, making variables docker never sees.
     for n, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
         line = raw.removesuffix("\r").lstrip(" \t")
+        where = f"{display}:{n}"
+        found = BIDI_RE.search(line)
+        if found and line.startswith("#"):  # a comment shown reordered ("Trojan Source"); in a value: said below
+            raise InputError(f"{where}: holds {describe_character(found.group())} in a comment, which shows a reviewer "
+                             "the line reordered; remove it")
         if not line.strip() or line.startswith("#"):
             continue
-        where = f"{display}:{n}"
         key, sep, value = line.partition("=")
         if not sep:
             raise InputError(f"{where}: {key.strip()[:60]!r} has no '=VALUE'; docker would take it from the host's "
@@ -57,10 +61,15 @@ def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
             raise InputError(f"{where}: 'export' is shell, not an env file; write {key[7:].strip()[:60]}=VALUE")
         if not ENV_KEY_RE.fullmatch(key):
             raise InputError(f"{where}: {key[:60]!r} is not a variable name like NCCL_ALGO")
-        bad = next((c for c in value if ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F), None)
+        bad = next((c for c in value if ord(c) < 0x20 and c != "\t" or 0x7F <= ord(c) <= 0x9F), None)
         if bad is not None or "\t" in value:
             raise InputError(f"{where}: the value of {key} contains a control character "
                              f"({(bad or chr(9))!r}); tabs and other control characters are not allowed")
+        hidden = hidden_character(value)
+        if hidden is not None:  # a bidi override: the Dockerfile's ENV line a reviewer reads is shown reordered
+            raise InputError(f"{where}: the value of {key} contains {describe_character(hidden)}, an invisible "
+                             "format character that reorders or hides text where the value is shown (the "
+                             "Dockerfile, the notes); remove it")
         if len(value) > MAX_VALUE_LEN:
             raise InputError(f"{where}: the value of {key} is {len(value)} characters long; the limit is "
                              f"{MAX_VALUE_LEN}")

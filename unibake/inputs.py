@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from .errors import InputError, UnibakeError
 from .files import decode_text, open_regular, read_small_file, visible_name
+from .schema import describe_character, hidden_character
 from .sums import parse_sums, render_sums
 
 LOCK_FILE = "inputs.lock"
@@ -102,12 +104,18 @@ def file_and_folder(paths: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
-def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Source:
-    """Hash the file or folder ``rel`` under ``root``; ``where`` names the YAML key for errors."""
+def read_source(root: Path, rel: str, where: str, *, want: str = "any", limit: int | None = None) -> Source:
+    """Hash the file or folder ``rel`` under ``root``; ``where`` names the YAML key for errors. ``limit``:
+    a file of this many bytes or more is refused by its size, before it is read (see :func:`check_size`)."""
     root = root.resolve()
     rel = rel.rstrip("/")
     if rel.startswith("/") or ".." in Path(rel).parts:
         raise InputError(f"{where}: source '{rel}' is outside the project ({root}); use a path inside it")
+    skipped = next((part for part in Path(rel).parts if part in SKIPPED_DIRS), None)
+    if skipped is not None:  # inside a source they are left out; named, a .git folder baked the whole history
+        raise InputError(f"{where}: source '{rel}' is {'a' if Path(rel).name == skipped else 'inside a'} {skipped} "
+                         f"folder, which is never baked (a folder source leaves it out): a .git folder's objects are "
+                         "compressed, so the secret scan cannot read the history it would bake; name other files")
     path = root / rel
     if not os.path.lexists(path):
         raise InputError(f"{where}: source '{rel}' does not exist under {root}")
@@ -115,6 +123,7 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
     if not _inside(root, real):
         raise InputError(f"{where}: source '{rel}' resolves outside the project (to {real}); "
                          "symlinks must point inside it")
+    _check_not_skipped(root, real, rel, where)
     if want == "dir" and not real.is_dir():
         raise InputError(f"{where}: source '{rel}' must be a folder")
     if want == "file" and not real.is_file():
@@ -138,18 +147,58 @@ def read_source(root: Path, rel: str, where: str, *, want: str = "any") -> Sourc
                 if not dirnames and not kept and dirpath != str(path):
                     empty.append(os.path.relpath(dirpath, path).replace(os.sep, "/"))
                 for name in kept:
-                    files.append(_input_file(root, Path(dirpath) / name, where))
+                    files.append(_input_file(root, Path(dirpath) / name, where, limit))
         except RecursionError:
             raise InputError(f"{where}: source '{rel}' is nested too deeply; flatten it") from None
         if not files:
             raise InputError(f"{where}: source '{rel}' is an empty folder")
     else:
-        files.append(_input_file(root, path, where))
+        files.append(_input_file(root, path, where, limit))
+    _check_hard_links(root, files, where)
     files.sort(key=lambda f: f.path)
     listing = "".join(f"{f.sha256}  {f.path[len(rel) + 1:] if real.is_dir() else Path(f.path).name}\n"
                       for f in files)
     return Source(path=rel, files=tuple(files), digest=hashlib.sha256(listing.encode()).hexdigest(),
                   is_dir=real.is_dir(), empty_folders=tuple(sorted(empty)))
+
+
+def _check_hard_links(root: Path, files: list[InputFile], where: str) -> None:
+    """Refuse a file with a hard link outside the project, as a symlink out of it is: its bytes are a file
+    elsewhere (a key, a file another user rewrites) that the project only names. Each file of more than one
+    link has its links counted under ``root`` (the tree walked once, links not followed); one whose count
+    falls short of its link count is named."""
+    wanted: dict[tuple[int, int], tuple[InputFile, int]] = {}
+    for f in sorted(files, key=lambda f: f.path):
+        st = os.stat(f.absolute)
+        if st.st_nlink > 1 and stat.S_ISREG(st.st_mode):
+            wanted.setdefault((st.st_dev, st.st_ino), (f, st.st_nlink))
+    if not wanted:
+        return
+    found = dict.fromkeys(wanted, 0)
+    inodes = {ino for _, ino in wanted}
+    folders, left = [str(root)], sum(n for _, n in wanted.values())
+    while folders and left:
+        try:
+            entries = list(os.scandir(folders.pop()))
+        except OSError:  # a folder this user cannot read: its links are not counted (so taken as outside)
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif entry.inode() in inodes:
+                    st = entry.stat(follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) in found:
+                        found[(st.st_dev, st.st_ino)] += 1
+                        left -= 1
+            except OSError:
+                continue
+    for key, (f, links) in sorted(wanted.items(), key=lambda item: item[1][0].path):
+        if found[key] < links:
+            raise InputError(f"{where}: '{f.path}' is a hard link to a file outside the project ({links} links, "
+                             f"{found[key]} of them under {root}); hard links, like symlinks, must stay inside it: "
+                             f"make it a file of its own (cp {shlex.quote(f.path)} {shlex.quote(f.path + '.new')} && "
+                             f"mv {shlex.quote(f.path + '.new')} {shlex.quote(f.path)})")
 
 
 def read_hashed(f: InputFile, limit: int) -> bytes:
@@ -162,7 +211,7 @@ def read_hashed(f: InputFile, limit: int) -> bytes:
     return data
 
 
-def read_external(path: str, where: str) -> Source:
+def read_external(path: str, where: str, limit: int | None = None) -> Source:
     """A file outside the project, named by its absolute path (a large prebuilt binary): hashed like
     any input and locked under its absolute path."""
     _check_utf8_name(path, where)
@@ -175,7 +224,9 @@ def read_external(path: str, where: str) -> Source:
         raise InputError(f"{where}: {path} is not a regular file")
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in path):
         raise InputError(f"{where}: the file name {path!r} holds a control character or backslash; rename it")
+    _check_hidden_name(path, where)
     st = os.stat(real)
+    check_size(path, st.st_size, where, limit)
     f = InputFile(path=path, absolute=real.resolve(), sha256=sha256_file(real), size=st.st_size,
                   mode=0o755 if st.st_mode & 0o111 else 0o644)
     return Source(path=path, files=(f,), digest=hashlib.sha256(f"{f.sha256}  {real.name}\n".encode()).hexdigest(),
@@ -190,18 +241,49 @@ def _check_utf8_name(name: str, where: str) -> None:
         raise InputError(f"{where}: the file name '{shown[:200]}' is not UTF-8; rename it")
 
 
-def _input_file(root: Path, path: Path, where: str) -> InputFile:
+def _check_not_skipped(root: Path, real: Path, rel: str, where: str) -> None:
+    """A symlink into a .git (or __pycache__) folder of the project: what a source leaves out, baked through
+    a link (.git/config, with a token in a remote's URL; objects the secret scan cannot read)."""
+    inside = real.relative_to(root).parts
+    skipped = next((part for part in inside if part in SKIPPED_DIRS), None)
+    if skipped is not None:
+        raise InputError(f"{where}: '{rel}' is a symlink into a {skipped} folder (to {real}), which is never baked; "
+                         "copy the file it names in instead")
+
+
+def _check_hidden_name(name: str, where: str) -> None:
+    """A name holding a C1 control or an invisible format character (a bidi override): the lock, the
+    ledgers and the notes a reviewer reads would show another name than the one baked."""
+    bad = hidden_character(name)
+    if bad is not None:
+        raise InputError(f"{where}: the file name {name!r} holds {describe_character(bad)}, a control or invisible "
+                         "format character that shows the name otherwise in the lock and the ledgers; rename it")
+
+
+def check_size(shown: str, size: int, where: str, limit: int | None) -> None:
+    """Refuse a file of ``limit`` bytes or more (a publishing run's: no reconstruct kit carries a file of 8 GiB
+    or more) by its size, before it is hashed: hashing one took minutes only to refuse it after."""
+    if limit is not None and size >= limit:
+        raise InputError(f"{where}: '{shown}' is {size} bytes: a file of 8 GiB or more would get a pax "
+                         "size record in the reconstruct kit's context.tar, which its verify.sh and rebuild refuse; "
+                         "no kit can carry it: mount such a file at run time instead of baking it")
+
+
+def _input_file(root: Path, path: Path, where: str, limit: int | None = None) -> InputFile:
     rel = path.relative_to(root).as_posix()
     _check_utf8_name(rel, where)
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in rel):
         raise InputError(f"{where}: the file name {rel!r} holds a control character or backslash; rename it")
+    _check_hidden_name(rel, where)
     real = real_path(path, rel, where)
     if not _inside(root, real):
         raise InputError(f"{where}: '{rel}' is a symlink that points outside the project (to {real})")
+    _check_not_skipped(root, real, rel, where)
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{where}: '{rel}' is not a regular file")
     mode = 0o755 if st.st_mode & 0o111 else 0o644
+    check_size(rel, st.st_size, where, limit)
     try:
         sha256 = sha256_file(real)
     except PermissionError as exc:  # was exit 1 naming only the path, as if the disk had failed

@@ -12,6 +12,7 @@ release's notes, not a new image.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from .manifest import FILE_NAME_PATTERN, RELEASE_FILES
 
 MAX_TEXT = 1 << 20
 MAX_ATTACHMENT = 64 << 20
+# the supply chain's files in a release folder (sbom.SBOM, provenance.PROVENANCE: not imported, they are heavy)
+SUPPLY_CHAIN_FILES = ("sbom.cdx.json", "provenance.intoto.json")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,8 +35,15 @@ class Attachment:
     file: InputFile
 
     def read(self) -> bytes:
-        return read_small_file(self.file.absolute, InputError, limit=MAX_ATTACHMENT,
+        """Its bytes as the plan hashed them: an attachment rewritten during the build (a benchmark job
+        writing results.json again) is refused, not published as another run's file."""
+        data = read_small_file(self.file.absolute, InputError, limit=MAX_ATTACHMENT,
                                what="attachments are copied into the release whole")
+        if hashlib.sha256(data).hexdigest() != self.file.sha256:
+            raise InputError(f"attachment '{self.file.path}' changed after the plan read it (sha256 "
+                             f"{self.file.sha256[:12]}, now {hashlib.sha256(data).hexdigest()[:12]}); the release "
+                             "carries the files the plan read and scanned: run again")
+        return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +61,17 @@ class Notes:
     external: tuple[External, ...] = ()
 
 
+def _taken(name: str) -> bool:
+    """A name the release folder's own files have, or their signatures (``SHA256SUMS.asc``), in any letter case
+    (a folder copied to a disk that does not tell case apart holds one of the two): published, the attachment
+    replaced the SBOM or the provenance (summed and signed as the release's), or stood as a signature."""
+    folded = name.casefold()
+    for own in RELEASE_FILES | set(SUPPLY_CHAIN_FILES):
+        if folded == own.casefold() or folded.startswith(own.casefold() + "."):
+            return True
+    return ".tar.zst" in folded
+
+
 def read_notes(root: Path, data: dict, where) -> Notes:
     """``notes:`` of product.yaml, read and checked; ``where(path)`` locates its keys."""
     texts = {}
@@ -62,14 +83,16 @@ def read_notes(root: Path, data: dict, where) -> Notes:
     for i, rel in enumerate(data.get("attachments", [])):
         f = read_source(root, rel, where(("attachments", i)), want="file").files[0]
         name = Path(f.path).name
-        if not re.fullmatch(FILE_NAME_PATTERN, name) or name in RELEASE_FILES or ".tar.zst" in name:
+        if not re.fullmatch(FILE_NAME_PATTERN, name) or _taken(name):
             raise InputError(f"{where(('attachments', i))}: an attachment cannot be named {name!r} in the release "
-                             f"folder (not {', '.join(sorted(RELEASE_FILES))}, no .tar.zst, plain characters)")
+                             f"folder (not {', '.join(sorted(RELEASE_FILES | set(SUPPLY_CHAIN_FILES)))}, nor one of "
+                             "them in other letter case or with a suffix (their signatures), no .tar.zst, plain "
+                             "characters)")
         if len(os.fsencode(name)) > 250:  # written as .NAME.tmp first: 255 bytes is a file name's limit
             raise InputError(f"{where(('attachments', i))}: the attachment name {name[:40]!r}... is "
                              f"{len(os.fsencode(name))} bytes; at most 250")
-        if any(a.name == name for a in attachments):
-            raise InputError(f"{where(('attachments', i))}: two attachments are named {name}")
+        if any(a.name.casefold() == name.casefold() for a in attachments):  # one file, copied where case is not told
+            raise InputError(f"{where(('attachments', i))}: two attachments are named {name} (letter case aside)")
         if f.size > MAX_ATTACHMENT:
             raise InputError(f"{where(('attachments', i))}: {f.path} is {f.size} bytes; attachments are at most "
                              f"{MAX_ATTACHMENT} (record a large file under notes.external instead)")

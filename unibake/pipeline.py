@@ -262,11 +262,14 @@ def _plan(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     profiles = list(request.profiles) or (list(base.manifest.profiles) if base else [])
     platform = request.platform or (base.manifest.platform if base else None)
+    from .kit import CONTEXT_FILE_LIMIT  # a release's kit carries the context: a file it cannot is refused unread
+
     try:
         plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
                          version=request.version, cwd=request.cwd, require_lock=request.require_lock,
                          allow=request.allow, identity=request.identity,
-                         platform=parse_platforms(platform, "--platform")[0] if platform else None)
+                         platform=parse_platforms(platform, "--platform")[0] if platform else None,
+                         context_limit=CONTEXT_FILE_LIMIT if run.publishes else None)
     except InputError as exc:
         if request.profiles or base is None or not str(exc).startswith("unknown profile"):
             raise

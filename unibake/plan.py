@@ -23,7 +23,7 @@ from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, 
 from .metadata import Component
 from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
-from .prebuilt import SO_RE, Prebuilt, read_prebuilt
+from .prebuilt import SO_RE, Prebuilt, kind_of, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
@@ -423,7 +423,8 @@ def _platforms_of(product_doc) -> tuple[Platform, ...]:
 def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: str | None = None,
               cwd: Path | None = None, verify_lock: bool = True, require_lock: bool = True,
               allow: tuple[str, ...] = (), platform: Platform | None = None,
-              on_product: Callable[[dict], None] = lambda data: None, identity: tuple[str, ...] = ()) -> ReleasePlan:
+              on_product: Callable[[dict], None] = lambda data: None, identity: tuple[str, ...] = (),
+              context_limit: int | None = None) -> ReleasePlan:
     """Load, validate and merge the YAMLs in ``config_dir``; hash every input; check the lock; scan
     every value that will be baked for secrets, before anything is rendered or built.
 
@@ -431,7 +432,8 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     ``platform``: the one to build for (default: product.yaml's, the first when it names several; else
     the host's); a platform other than linux/amd64 adds its architecture to the tag. ``on_product``
     sees product.yaml's values once loaded, before any profile is selected (and may refuse them).
-    ``identity``: the builder's home folders and user name, which no baked value may hold."""
+    ``identity``: the builder's home folders and user name, which no baked value may hold. ``context_limit``:
+    a file of the build context of this many bytes or more is refused by its size, before it is hashed."""
     cwd = cwd or Path.cwd()
     config_dir = config_dir.resolve()
     root = config_dir.parent
@@ -452,9 +454,12 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     engine_data = data["engine"]
     if not engine_data["command"]:
         raise InputError(f"{where(('engine', 'command'))}: engine.command must name a program")
+    if not engine_data["command"][0].strip():  # the container failed to start, found only at the smoke gate
+        raise InputError(f"{where(('engine', 'command', 0))}: engine.command[0] is {engine_data['command'][0]!r}: "
+                         "the first word is the program to run; name it")
     engine = EngineSpec(name=engine_data["name"], version=engine_data["version"],
                         source=read_source(root, engine_data["source"], where(("engine", "source")),
-                                           want="dir"),
+                                           want="dir", limit=context_limit),
                         command=tuple(engine_data["command"]))
     patches = tuple(read_patch(root, x, lambda p, i=i: where(("patches", i) + p))
                     for i, x in enumerate(data.get("patches", [])))
@@ -463,13 +468,15 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     builder_data = data.get("builder", {})
     # a platforms entry names that platform's builder; builder.id pins builder.image
     builder = builder_data.get("platforms", {}).get(platform.name) or builder_data.get("id") or builder_data.get("image")
-    kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform)
+    kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform, context_limit)
                     for i, k in enumerate(data.get("kernels", [])))
     _unique([k.name for k in kernels], where(("kernels",)), "kernel")
     engine_files = frozenset(engine.source.relative(f) for f in engine.source.files)
-    overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p), engine_files)
+    overlays = tuple(_overlay(root, o, lambda p, i=i: where(("overlays", i) + p), engine_files, context_limit)
                      for i, o in enumerate(data.get("overlays", [])))
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
+    # self-check says a failure by the check's name: two of one name could not be told apart
+    _unique([c["name"] for c in data.get("checks", [])], where(("checks",)), "check name")
     # one overlay's file where another's (or the engine's) folder goes: the build's COPY cannot make both
     owners = {rel: "the engine" for rel in engine_files}
     for i, o in enumerate(overlays):
@@ -487,7 +494,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
                     raise InputError(f"{where(('overlays', i))}: overlay '{o.name}' replaces engine/{rel}, which the "
                                      f"patch {x.name} ({x.where}) changes, so the image would not have the patch; "
                                      "patch the overlay's file instead, or drop one of them")
-    chosen = [_profile(root, merged[name], builder, platform) for name in selected]
+    chosen = [_profile(root, merged[name], builder, platform, context_limit) for name in selected]
 
     default = data["default_profile"]
     if default not in selected:
@@ -702,7 +709,8 @@ def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) ->
     enforce(scan_release_texts(texts, ()), allow, "the notes' files")
 
 
-def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform) -> Kernel:
+def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform,
+            limit: int | None = None) -> Kernel:
     """A kernel or sidecar of the YAML: compiled (from ``source``) or prebuilt, never both; a prebuilt
     one takes ``platforms``' file for ``platform`` when it names one (a vendor ships one per CPU)."""
     name = data["name"]
@@ -723,8 +731,10 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                 raise InputError(f"{where((key,))}: kernel '{name}' is prebuilt; {key} applies to kernels built here")
         key = ("platforms", platform.name) if platform.name in data.get("platforms", {}) else ("prebuilt",)
         rel = data["platforms"][platform.name] if len(key) == 2 else data["prebuilt"]
-        source = read_external(rel, where(key)) if rel.startswith("/") else \
-            read_source(root, rel, where(key), want="file")
+        # a prebuilt archive is not in the build context (its members are, each checked by its size)
+        single = limit if kind_of(rel) == "so" else None
+        source = read_external(rel, where(key), single) if rel.startswith("/") else \
+            read_source(root, rel, where(key), want="file", limit=single)
         prebuilt = read_prebuilt(source.files[0], where(key), platform.machine)
         found = {m.path for m in prebuilt.members}
         for i, out in enumerate(outputs):
@@ -741,7 +751,7 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                                  "outputs: naming the libraries to load")
         return Kernel(name=name, version=data["version"], source=None, cflags=(), outputs=outputs,
                       prebuilt=prebuilt)
-    source = read_source(root, data["source"], where(("source",)), want="dir")
+    source = read_source(root, data["source"], where(("source",)), want="dir", limit=limit)
     spec = data.get("build")
     build = None
     if spec is not None:
@@ -765,8 +775,8 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                   outputs=outputs or (f"lib{name}.so",), builder=image, build=build)
 
 
-def _overlay(root: Path, data: dict, where, engine_files: frozenset[str]) -> Overlay:
-    source = read_source(root, data["source"], where(("source",)))
+def _overlay(root: Path, data: dict, where, engine_files: frozenset[str], limit: int | None = None) -> Overlay:
+    source = read_source(root, data["source"], where(("source",)), limit=limit)
     target = data["target"]
     if target in (".", "./") and not source.is_dir:
         raise InputError(f"{where(('target',))}: a file overlay needs a file name as its target, not '.'")
@@ -1000,9 +1010,10 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
                              "(Python's json stops at about 1000 levels, as the engine's would)") from None
 
 
-def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform) -> Profile:
+def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform,
+             limit: int | None = None) -> Profile:
     d = m.data
-    sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform)
+    sidecars = tuple(_kernel(root, k, lambda p, i=i: m.where(("sidecars", i) + p), builder, platform, limit)
                      for i, k in enumerate(d.get("sidecars", [])))
     _unique([k.name for k in sidecars], m.where(("sidecars",)), "sidecar")
     tune = None
@@ -1012,7 +1023,7 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
             raise InputError(f"{m.where(('tune_caches',))}: tune_caches.source is required for profile "
                              f"'{m.name}'")
         tune = TuneCaches(source=read_source(root, t["source"], m.where(("tune_caches", "source")),
-                                             want="dir"), expect=t.get("expect"))
+                                             want="dir", limit=limit), expect=t.get("expect"))
         found = len(tune.json_files)
         if tune.expect is not None and found != tune.expect:
             # the count (and self-check's) is of the folder's top level: say so when subfolders hold more

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ from .errors import InputError
 from .files import decode_text, read_small_file, visible_name
 from .inputs import real_path
 from .platforms import KNOWN
-from .schema import MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key
+from .schema import (BIDI_RE, MAX_VALUE_LEN, NAME_MAX, NOT_INHERITED, PATH_PATTERNS, SCHEMA, Key, describe_character,
+                     hidden_character)
 
 PRODUCT_FILE = "product.yaml"
 MAX_EXTENDS = 32  # files one profile's extends chain may go through (product.yaml not counted)
@@ -92,6 +94,7 @@ def dotted(path: Path_) -> str:
 YAML_ONLY_BREAKS = {"\x85": "next line", "\u2028": "line separator", "\u2029": "paragraph separator"}
 MAX_VALUES = 100_000  # a profile has hundreds; nested aliases can make billions out of a few lines
 MAX_YAML_BYTES = 4 << 20
+MAX_KEY_LEN = 128  # the longest a key pattern takes (an env or label key)
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\.ya?ml$")
 # YAML 1.1 reads 010 as 8 (octal), 1:30 as 90 (base 60), 0x10 as 16 and 1_000 as 1000: a number written any
 # other way than in plain decimal digits is refused, not baked as another number (gpus: 010 gave 8 GPUs)
@@ -127,6 +130,9 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             _refuse_tag(key_node, PLAIN_KEY_TAGS, display)
             key = key_node.value
             count[1] += len(key)
+            if len(key) > MAX_KEY_LEN:  # every error about it quoted it whole: an error line of megabytes
+                raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key of {len(key)} characters "
+                                 f"('{dotted((key[:40],))}...'); no key is longer than {MAX_KEY_LEN}")
             if any(0xD800 <= ord(c) <= 0xDFFF for c in key):
                 raise InputError(f"{display}:{key_node.start_mark.line + 1}: a key holds a lone surrogate")
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -197,6 +203,13 @@ def read_document(file: Path, display: str) -> Document:
         raise InputError(f"{display}:{text.count(chr(10), 0, at) + 1}: holds U+{ord(text[at]):04X} ("
                          f"{YAML_ONLY_BREAKS[text[at]]}), which YAML reads as a line break and editors do not; remove "
                          f"it, or write it as the escape \\u{ord(text[at]):04x} in a double-quoted string")
+    # a carriage return alone: a line break to YAML, none to git, grep and less; printed, the text after it is
+    # written over the line's start ("base: {image: evil}\r# pinned below" shows as the comment alone)
+    found = re.search("\r(?!\n)", text)
+    if found:
+        raise InputError(f"{display}:{text.count(chr(10), 0, found.start()) + 1}: holds a carriage return (\\r) not "
+                         "followed by a line feed, which YAML reads as a line break and git, grep and a terminal do "
+                         "not; save the file with \\n (or \\r\\n) line ends")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         lines: dict[Path_, int] = {}
@@ -285,10 +298,14 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
 
 def _check_text(value: str, path: Path_, where) -> None:
     """Values end up in a Dockerfile and a shell script: refuse what no escaping makes safe."""
-    bad = next((c for c in value if ord(c) < 0x20 or ord(c) == 0x7F), None)
-    if bad is not None:
+    bad = hidden_character(value)
+    if bad is not None and unicodedata.category(bad) == "Cc":
         raise InputError(f"{where(path)}: key '{dotted(path)}' contains a control character "
                          f"({bad!r}); newlines, tabs and NUL are not allowed in values")
+    if bad is not None:  # a bidi override: the Dockerfile and labels a reviewer reads show a reordered line
+        raise InputError(f"{where(path)}: key '{dotted(path)}' contains {describe_character(bad)}, an invisible "
+                         "format character that reorders or hides text where the value is shown (the Dockerfile, "
+                         "labels, the notes); remove it")
     if len(value) > MAX_VALUE_LEN:
         raise InputError(f"{where(path)}: key '{dotted(path)}' is {len(value)} characters long; "
                          f"the limit is {MAX_VALUE_LEN}")
@@ -317,6 +334,17 @@ def _check_required(fields: dict[str, Key], data: dict, path: Path_, where) -> N
                     _check_required(spec.item.fields, item, path + (key, i), where)
         elif spec.required and key not in NOT_INHERITED:
             raise InputError(f"{where(path)}: required key '{dotted(path + (key,))}' is missing")
+
+
+def _refuse_bidi_outside_values(doc: Document) -> None:
+    """A bidi control left once every value and key is checked is in a comment: it shows a reviewer the
+    line reordered (a value seen where a comment is), as in "Trojan Source"."""
+    text = doc.raw.decode("utf-8", "replace")
+    found = BIDI_RE.search(text)
+    if found:
+        raise InputError(f"{doc.display}:{text.count(chr(10), 0, found.start()) + 1}: holds "
+                         f"{describe_character(found.group())} outside any value (in a comment), which shows a "
+                         "reviewer the line reordered; remove it")
 
 
 def validate_document(doc: Document, *, is_product: bool) -> None:
@@ -425,6 +453,7 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     if doc is None:
         doc = read_document(file, display)
         validate_document(doc, is_product=file.name == PRODUCT_FILE and file.parent == config_dir)
+        _refuse_bidi_outside_values(doc)
         cache[file] = doc
     origins = {p: f"{doc.display}:{line}" for p, line in doc.lines.items()}
     data, origins, env_files = _with_env_file(doc, origins, config_dir.parent, env_cache)

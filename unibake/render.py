@@ -18,6 +18,7 @@ import json
 import os
 import tarfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -319,8 +320,12 @@ def context_files(context: BuildContext, root: Path):
                 yield f.source.relative_to(root).as_posix(), f.source, f.sha256
             except ValueError:
                 yield str(f.source), f.source, f.sha256
-        elif f.member is not None:  # a member of a prebuilt archive: its bytes, read from the archive
-            yield f"{f.prebuilt.file.path}:{f.member.source}", f.read(), f.sha256  # type: ignore[union-attr]
+        elif f.member is not None and f.prebuilt.kind == "so":  # type: ignore[union-attr]
+            # a prebuilt library is its file: scanned from disk (grep, the memo), not read whole into memory
+            yield f.prebuilt.file.path, f.prebuilt.file.absolute, f.sha256  # type: ignore[union-attr]
+        elif f.member is not None:  # a member of a prebuilt archive: read from the archive as a stream
+            yield (f"{f.prebuilt.file.path}:{f.member.source}",  # type: ignore[union-attr]
+                   partial(open_member, f.prebuilt, f.member), f.sha256)
 
 
 def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -> None:

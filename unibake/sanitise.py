@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import InputError, UnibakeError, VerificationError
 from .files import open_regular, read_small_text, write_atomic
@@ -221,15 +222,35 @@ def _grep_offsets(path: Path, patterns: str, fh) -> list[int] | None:
     return offsets
 
 
-def scan_file(path: Path, where: str, identity: tuple[str, ...] = ()) -> list[Finding]:
+def _changed(where: str, sha256: str, now: str) -> InputError:
+    return InputError(f"{where}: changed after the plan hashed it (sha256 {sha256[:12]}, now {now[:12]}), while the "
+                      "sanitisation gate read it: the bytes scanned must be the bytes baked; run again")
+
+
+def _same_file(before: os.stat_result, after: os.stat_result) -> bool:
+    # a write changes the ctime, which no user can set back: unchanged, the bytes read at any time are the same
+    return (before.st_size, before.st_mtime_ns, before.st_ctime_ns) == (after.st_size, after.st_mtime_ns,
+                                                                        after.st_ctime_ns)
+
+
+def scan_file(path: Path, where: str, identity: tuple[str, ...] = (), sha256: str | None = None) -> list[Finding]:
     """A file of the build context, whole and as bytes: small ones read at once (findings with line
     numbers), big ones read around the anchors grep found (findings with byte offsets), each stretch
-    once; a file grep could not bound read in chunks from end to end."""
+    once; a file grep could not bound read in chunks from end to end.
+
+    ``sha256``: what the plan hashed (and the build context checks again): bytes scanned that are not
+    those (a file swapped for a clean one during the scan, and back) are an InputError. A small file's
+    bytes scanned are hashed; a big one, read several times, is hashed from the same open file after
+    the scan, and must not have been written meanwhile (its ctime)."""
     path = Path(path)
     with open_regular(path) as fh:
-        size = os.fstat(fh.fileno()).st_size
+        before = os.fstat(fh.fileno())
+        size = before.st_size
         if size <= TEXT_LIMIT:
-            return scan_bytes(fh.read(), where, identity=identity)
+            data = fh.read()
+            if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+                raise _changed(where, sha256, hashlib.sha256(data).hexdigest())
+            return scan_bytes(data, where, identity=identity)
         offsets = _anchor_offsets([path], _all_anchors(identity), fh)[path]
         spans = [(0, size)] if offsets is None else _merged((max(0, at - WINDOW), at + WINDOW + 64) for at in offsets)
         findings, seen = [], set()
@@ -242,7 +263,44 @@ def scan_file(path: Path, where: str, identity: tuple[str, ...] = ()) -> list[Fi
                     if (f.where, f.kind) not in seen:
                         seen.add((f.where, f.kind))
                         findings.append(f)
+        if sha256 is not None:
+            h = hashlib.sha256()
+            fh.seek(0)
+            for block in iter(lambda: fh.read(CHUNK), b""):
+                h.update(block)
+            if h.hexdigest() != sha256 or not _same_file(before, os.fstat(fh.fileno())):
+                raise _changed(where, sha256, h.hexdigest())
         return findings
+
+
+def scan_stream(opener: Callable[[], Any], where: str, identity: tuple[str, ...] = (),
+                sha256: str | None = None) -> list[Finding]:
+    """A file of the build context read from a stream ``opener()`` gives (a member of a prebuilt archive): a
+    small one whole (findings with line numbers), a big one in chunks that overlap by a window (findings with
+    byte offsets), so memory stays flat; the bytes scanned are hashed, and must be ``sha256``."""
+    h = hashlib.sha256()
+    with opener() as fh:
+        data = fh.read(TEXT_LIMIT + 1)
+        h.update(data)
+        if len(data) <= TEXT_LIMIT:
+            findings = scan_bytes(data, where, identity=identity)
+        else:
+            findings, seen, offset = [], set(), 0
+            while True:
+                for f in scan_bytes(data, where, identity=identity, offset=offset, lines=False):
+                    if (f.where, f.kind) not in seen:
+                        seen.add((f.where, f.kind))
+                        findings.append(f)
+                more = fh.read(CHUNK)
+                if not more:
+                    break
+                h.update(more)
+                keep = data[-2 * WINDOW:]
+                offset += len(data) - len(keep)
+                data = keep + more
+    if sha256 is not None and h.hexdigest() != sha256:
+        raise _changed(where, sha256, h.hexdigest())
+    return findings
 
 
 def _all_anchors(identity: tuple[str, ...]) -> list[bytes]:
@@ -342,14 +400,17 @@ def enforce(findings: list[Finding], allow: Iterable[str], what: str) -> None:
 
 def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, ...],
                  cache: Path | None = None) -> list[Finding]:
-    """The build context, every file whole and as bytes: (where, bytes or a path, sha256) triples.
+    """The build context, every file whole and as bytes: (where, bytes, a path or a function opening a stream,
+    sha256) triples.
     ``cache``: a folder remembering each file's findings by its sha256 (and the rules and identity
     they were made with), so an unchanged 400 MB library is read once, not at every release."""
     findings: list[Finding] = []
-    todo: list[tuple[str, Path, Path | None]] = []
+    todo: list[tuple[str, Any, Path | None, str]] = []
     rules_key = hashlib.sha256(repr((RULES, PRIVATE_ADDRESS, identity)).encode()).hexdigest()[:16]
     for where, content, sha256 in files:
         if isinstance(content, (bytes, bytearray)):
+            if hashlib.sha256(content).hexdigest() != sha256:  # a prebuilt archive's member, read from it again
+                raise _changed(where, sha256, hashlib.sha256(content).hexdigest())
             findings += scan_bytes(bytes(content), where, identity=identity)
             continue
         memo = cache / f"{rules_key}-{sha256}.json" if cache is not None else None
@@ -357,9 +418,10 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
         if remembered is not None:
             findings += [Finding(where=where, kind=k, value=v) for k, v in remembered]
             continue
-        todo.append((where, Path(content), memo))
-    for where, path, memo in todo:
-        found = scan_file(path, where, identity=identity)
+        todo.append((where, content if callable(content) else Path(content), memo, sha256))
+    for where, path, memo, sha256 in todo:
+        found = scan_stream(path, where, identity, sha256) if callable(path) else \
+            scan_file(path, where, identity=identity, sha256=sha256)
         findings += found
         if memo is not None and _cache_folder(memo.parent):
             write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]))

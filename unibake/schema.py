@@ -15,6 +15,7 @@ profile file's value wins) and how a child file's value combines with its parent
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 
 from .platforms import LIST_RE as PLATFORMS_RE
@@ -79,6 +80,34 @@ PATH_PATTERNS = frozenset({PATH_RE, PREBUILT_RE, EXTERNAL_NAME_RE, IMAGE_PATH_RE
 NAME_MAX = 255
 # A command word or argument of the engine: printable, no control characters.
 MAX_VALUE_LEN = 4096
+# Joiners that scripts (Persian, Indic) and emoji sequences need; every other format character is invisible
+ALLOWED_FORMAT = frozenset("\u200c\u200d")
+
+
+def hidden_character(value: str) -> str | None:
+    """The first character of ``value`` that shows a reviewer another text than the one baked: a control
+    character (C0, DEL, C1: U+009B begins a terminal escape), or an invisible format character (the bidi
+    embeddings, overrides and isolates U+202A..U+202E and U+2066..U+2069, the marks U+200E and U+200F, the
+    zero-width space U+200B, a byte-order mark, a soft hyphen): in a Dockerfile, a label or the notes, a line
+    shown reordered or with an invisible difference. None when there is none."""
+    for c in value:
+        if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
+            return c
+        if ord(c) > 0x9F and c not in ALLOWED_FORMAT and unicodedata.category(c) == "Cf":
+            return c
+    return None
+
+
+# the bidi controls: embeddings, overrides, isolates and marks ("Trojan Source", CVE-2021-42574)
+BIDI_RE = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def describe_character(c: str) -> str:
+    """A character as an error names it: ``'\\n'`` for a control character, ``U+202E (RIGHT-TO-LEFT
+    OVERRIDE)`` for a format character."""
+    if unicodedata.category(c) == "Cc":
+        return repr(c)
+    return f"U+{ord(c):04X} ({unicodedata.name(c, 'unnamed')})"
 MAX_GPUS = 1024
 MATCHES = ("exact", "contains", "regex")
 

@@ -167,6 +167,10 @@ def case_file_name_not_utf8(p):  # the file system gives it as surrogates: no le
     (p.parent / "images/tune/tp1").joinpath(os.fsdecode(b"cache-\xff.json")).write_text("{}\n")
 
 
+def case_file_name_with_a_bidi_override(p):  # the lock would show 'cache-nosj.json' as another name
+    (p.parent / "images/tune/tp1").joinpath("cache-\u202enosj.json").write_text("{}\n")
+
+
 def case_env_file_form_feed(p):  # docker reads one line, "A=x\x0cB=y": a control character in a value
     (p.parent / "images/tp1.env").write_text("A=x\x0cB=y\n")
     lock_also(p, "images/tp1.env")
@@ -377,6 +381,98 @@ def case_yaml_next_line_in_a_value(p):  # folded into a space: the image got "Tr
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tr\x85ee"}')
 
 
+def case_value_with_a_bidi_override(p):  # "Trojan source" (as a YAML escape): the Dockerfile's line is shown reordered
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: \"Tree\\u202e;rm -rf\"}")
+
+
+def case_value_with_a_raw_bidi_isolate(p):  # the character itself in the file, not an escape
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tr\u2067ee}")
+
+
+def case_value_with_a_zero_width_space(p):  # label values: 'ok' and 'o\u200bk' look alike
+    edit(p / "product.yaml", "version: 0.1.0\n", "version: 0.1.0\nlabels: {com.example.team: \"o\\u200bk\"}\n")
+
+
+def case_value_with_a_c1_control(p):  # U+009B opens a terminal escape where the value is printed
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: \"Tree\\x9b2J\"}")
+
+
+def case_env_file_bidi_override(p):
+    (p.parent / "images/tp1.env").write_text("A=x\u202eB\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
+def case_env_file_c1_control(p):
+    (p.parent / "images/tp1.env").write_text("A=x\x9bB\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
+def case_context_file_of_8_gib(p):  # sparse: its size is read, never its bytes (hashing it took minutes)
+    with open(p.parent / "images/engine/weights.bin", "wb") as fh:
+        fh.truncate(8 ** 11)
+
+
+def case_hard_link_to_a_file_outside_the_project(p):  # a symlink out is refused; a hard link was baked
+    outside = p.parent.parent / "id_ed25519"
+    outside.write_text("SECRET key of the builder\n")
+    os.link(outside, p.parent / "images/engine/key")
+
+
+def case_key_of_a_megabyte(p):  # an explicit key ('? '), which has no length limit: quoted whole in the error
+    (p / "tp1.yaml").write_text((p / "tp1.yaml").read_text() + "labels:\n  ? " + "a" * 1_000_000 + "\n  : x\n")
+
+
+def case_source_is_the_git_folder(p):  # its objects are zlib-compressed: the secret scan reads no history
+    os.makedirs(p.parent / ".git/objects")
+    (p.parent / ".git/config").write_text("[core]\n")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: .git, target: vcs}]\n")
+
+
+def case_source_inside_a_git_folder(p):
+    os.makedirs(p.parent / "images/engine/.git")
+    (p.parent / "images/engine/.git/config").write_text("[core]\n")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "overlays: [{source: images/engine/.git/config, target: vcs.conf}]\n")
+
+
+def case_check_named_twice(p):  # self-check's "check a failed" could not say which
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "checks: [{name: a, run: 'true'}, {name: a, run: 'false'}]\n")
+
+
+def case_symlink_into_the_git_folder(p):  # .git/config (a token in a remote's URL) baked through a link
+    os.makedirs(p.parent / ".git")
+    (p.parent / ".git/config").write_text("[core]\n")
+    (p.parent / "images/engine/vcs.conf").symlink_to("../../.git/config")
+
+
+def case_source_linked_to_the_git_folder(p):
+    os.makedirs(p.parent / ".git/objects")
+    (p.parent / ".git/config").write_text("[core]\n")
+    (p.parent / "images/vcs").symlink_to("../.git")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "overlays: [{source: images/vcs, target: vcs}]\n")
+
+
+def case_bidi_override_in_a_comment(p):  # the reviewer sees "gpus: 1 # (4 on the cluster)" reordered
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1 # \u202e)retsulc eht no 4(")
+
+
+def case_env_file_bidi_override_in_a_comment(p):
+    (p.parent / "images/tp1.env").write_text("# \u2067note\u2069\nA=x\n")
+    lock_also(p, "images/tp1.env")
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree}\nenv_file: images/tp1.env")
+
+
+def case_yaml_lone_carriage_return(p):  # "cat" shows the comment alone; YAML reads base: on a line of its own
+    edit(p / "product.yaml", "base: {", "# the base is pinned below\rbase: {")
+
+
+def case_engine_command_of_an_empty_program(p):  # built, exported, then the container could not start
+    edit(p / "product.yaml", "  command: [", "  command: [\" \", ")
+
+
 def case_extends_chain_too_long(p):  # c1000 extends c999 ... extends c1: a RecursionError traceback
     (p / "c1.yaml").write_text("profile: c1\ngpus: 1\n")
     for i in range(2, 1001):
@@ -482,6 +578,31 @@ SAYS = {
     "tune_cache_nested_too_deep": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' nests its JSON too deep",
     "tune_cache_not_utf8": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is not JSON (not UTF-8: invalid "
                            "start byte at byte 10)",
+    "value_with_a_bidi_override": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+202E (RIGHT-TO-LEFT OVERRIDE), an "
+                                  "invisible format character",
+    "value_with_a_raw_bidi_isolate": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+2067 (RIGHT-TO-LEFT ISOLATE)",
+    "value_with_a_zero_width_space": "key 'labels.com.example.team' contains U+200B (ZERO WIDTH SPACE)",
+    "value_with_a_c1_control": "tp1.yaml:4: key 'env.NCCL_ALGO' contains a control character ('\\x9b')",
+    "env_file_bidi_override": "images/tp1.env:1: the value of A contains U+202E (RIGHT-TO-LEFT OVERRIDE)",
+    "file_name_with_a_bidi_override": "profiles/tp1.yaml:3: the file name 'images/tune/tp1/cache-\\u202enosj.json' "
+                                      "holds U+202E (RIGHT-TO-LEFT OVERRIDE)",
+    "context_file_of_8_gib": "profiles/product.yaml:9: 'images/engine/weights.bin' is 8589934592 bytes: a file of "
+                             "8 GiB or more would get a pax size record in the reconstruct kit's context.tar",
+    "hard_link_to_a_file_outside_the_project": "profiles/product.yaml:9: 'images/engine/key' is a hard link to a "
+                                               "file outside the project (2 links, 1 of them under ",
+    "key_of_a_megabyte": "tp1.yaml:7: a key of 1000000 characters ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...'); "
+                         "no key is longer than 128",
+    "source_is_the_git_folder": "product.yaml:13: source '.git' is a .git folder, which is never baked",
+    "source_inside_a_git_folder": "product.yaml:13: source 'images/engine/.git/config' is inside a .git folder",
+    "check_named_twice": "product.yaml:13: check name 'a' is listed twice",
+    "symlink_into_the_git_folder": "product.yaml:9: 'images/engine/vcs.conf' is a symlink into a .git folder (to ",
+    "source_linked_to_the_git_folder": "product.yaml:13: 'images/vcs' is a symlink into a .git folder (to ",
+    "bidi_override_in_a_comment": "tp1.yaml:2: holds U+202E (RIGHT-TO-LEFT OVERRIDE) outside any value (in a comment)",
+    "env_file_bidi_override_in_a_comment": "images/tp1.env:1: holds U+2067 (RIGHT-TO-LEFT ISOLATE) in a comment",
+    "yaml_lone_carriage_return": "product.yaml:5: holds a carriage return (\\r) not followed by a line feed",
+    "engine_command_of_an_empty_program": "product.yaml:10: engine.command[0] is ' ': the first word is the program "
+                                          "to run; name it",
+    "env_file_c1_control": "images/tp1.env:1: the value of A contains a control character ('\\x9b')",
 }
 
 ARGUMENT_CASES = {
@@ -536,6 +657,7 @@ def test_bad_yaml_and_inputs_are_refused_before_anything_happens(cli, busybox_pr
         remove_deep(busybox_product.parent / "images/overlays/deep")
     assert_refused(result, busybox_product.parent)
     assert SAYS.get(case, "") in result.error_lines[0]
+    assert len(result.error_lines[0]) < 5000, result.error_lines[0][:300]
     assert "SECRET" not in result.err  # a file the lock links to is not read, so not quoted
 
 

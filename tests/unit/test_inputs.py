@@ -250,3 +250,25 @@ def test_a_folder_or_file_of_a_source_this_user_cannot_read_is_refused_naming_it
             lambda: [f.path for f in make_plan(profiles, verify_lock=False, cwd=profiles.parent).engine.source.files])
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_hard_link_inside_the_project_is_baked_one_to_a_file_outside_is_refused(tmp_path):
+    # a hard link's other name under the project (a fixture shared with the tests) is no way out of it
+    from unibake.inputs import read_source
+
+    root = tmp_path / "project"
+    (root / "engine").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "engine" / "model.json").write_text("{}\n")
+    os.link(root / "engine" / "model.json", root / "tests" / "model.json")
+    os.link(root / "engine" / "model.json", root / "engine" / "same.json")
+    assert [f.path for f in read_source(root, "engine", "product.yaml:9").files] == ["engine/model.json",
+                                                                                    "engine/same.json"]
+    outside = tmp_path / "elsewhere.json"
+    os.link(root / "engine" / "model.json", outside)
+    with pytest.raises(InputError, match=r"^product\.yaml:9: 'engine/model\.json' is a hard link to a file outside the "
+                                         r"project \(4 links, 3 of them under .*/project\); hard links, like "
+                                         r"symlinks, must stay inside it: make it a file of its own \(cp "):
+        read_source(root, "engine", "product.yaml:9")
+    with pytest.raises(InputError, match=r"'engine/same\.json' is a hard link to a file outside"):
+        read_source(root, "engine/same.json", "product.yaml:9", want="file")

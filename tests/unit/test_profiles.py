@@ -403,3 +403,13 @@ def test_a_smoke_skip_that_is_neither_a_reason_nor_false_is_refused_saying_false
     with pytest.raises(InputError, match=rf"tp2\.yaml:6: key 'smoke\.skip' must be a string, not {kind}.*; or false, "
                                          r"to undo a 'smoke\.skip' the file it extends sets$"):
         make_plan(busybox_product)
+
+
+def test_a_profile_saved_with_windows_line_ends_is_read_and_a_lone_carriage_return_is_refused(busybox_product):
+    # \r\n is a line end everywhere; \r alone is one to YAML only (git, grep and a terminal show one line)
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_bytes(tp2.read_bytes().replace(b"\n", b"\r\n"))
+    assert [p.gpus for p in make_plan(busybox_product, verify_lock=False).profiles] == [1, 2]
+    tp2.write_bytes(tp2.read_bytes().replace(b"\r\n", b"\r", 1))
+    with pytest.raises(InputError, match=r"tp2\.yaml:1: holds a carriage return \(\\r\) not followed by a line feed"):
+        make_plan(busybox_product, verify_lock=False)

@@ -109,6 +109,53 @@ def test_a_prebuilt_so_that_is_not_a_library_of_the_platform_is_refused_at_the_p
     assert make_plan(busybox_product, verify_lock=False).kernels[0].outputs == ("x.so",)
 
 
+def test_a_prebuilt_library_is_scanned_from_its_file_not_read_whole_into_memory(busybox_product, tmp_path):
+    # a prebuilt .so (hundreds of MB for a CUDA library) was read whole into memory and scanned in Python at
+    # every release, never remembered; it is a file: grep finds the anchors, the memo keeps its findings
+    from unibake.render import context_files, render
+    from unibake.sanitise import scan_context
+
+    token = "hf_" + "a" * 34
+    (busybox_product.parent / "images/x.so").write_bytes(elf() + b"\0" * 100 + f"token = {token}\n".encode())
+    append(busybox_product / "product.yaml", "kernels:\n  - {name: x, version: '1', prebuilt: images/x.so}\n")
+    context = render(make_plan(busybox_product, verify_lock=False))
+    [(where, content, sha256)] = [entry for entry in context_files(context, busybox_product.parent)
+                                  if "x.so" in entry[0]]
+    assert (where, content) == ("images/x.so", busybox_product.parent / "images/x.so")
+    cache = tmp_path / "cache"
+    found = scan_context([(where, content, sha256)], (), cache=cache)
+    assert [(f.where.split(":")[0], f.value) for f in found] == [("images/x.so", token)]
+    assert [m.name for m in cache.iterdir()] == [m.name for m in cache.iterdir() if m.name.endswith(f"{sha256}.json")]
+    assert len(list(cache.iterdir())) == 1
+
+
+def test_a_big_library_in_a_prebuilt_wheel_is_scanned_as_a_stream_remembered_and_hash_checked(busybox_product,
+                                                                                               tmp_path):
+    # a wheel's 700 MB .so was read whole into memory for the scan, at every release (bytes had no memo); and
+    # the bytes scanned were not checked against the plan's hash
+    import re
+
+    from unibake.render import context_files, render
+    from unibake.sanitise import TEXT_LIMIT, scan_context
+
+    token = "hf_" + "a" * 34
+    big = elf() + b"\0" * (TEXT_LIMIT + (1 << 20)) + f"token = {token}\n".encode() + b"\0" * 4096
+    path = wheel(busybox_product.parent / "images/x-1.0-py3-none-any.whl", {"x/libx.so": big})
+    append(busybox_product / "product.yaml", f"kernels:\n  - {{name: x, version: '1', prebuilt: images/{path.name}}}\n")
+    context = render(make_plan(busybox_product, verify_lock=False))
+    [(where, content, sha256)] = [entry for entry in context_files(context, busybox_product.parent)
+                                  if "libx.so" in entry[0]]
+    assert callable(content) and not isinstance(content, bytes)  # opened when scanned, never held whole
+    cache = tmp_path / "cache"
+    found = scan_context([(where, content, sha256)], (), cache=cache)
+    assert [(f.where, f.value) for f in found] == [(f"{where} at byte {len(elf()) + TEXT_LIMIT + (1 << 20) + 8}",
+                                                    token)]
+    assert len(list(cache.iterdir())) == 1  # remembered by its sha256: the next release does not read it
+    wheel(path, {"x/libx.so": big.replace(token.encode(), b"x" * len(token))})  # swapped for a clean one
+    with pytest.raises(InputError, match=rf"^{re.escape(where)}: changed after the plan hashed it"):
+        scan_context([(where, content, sha256)], ())
+
+
 def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(busybox_product, cli, tmp_path):
     root = busybox_product.parent
     (root / "images/k").mkdir(parents=True)
@@ -461,8 +508,11 @@ def test_an_env_file_line_that_cannot_be_baked_is_named(text, message):
 
 def test_an_env_file_is_split_into_lines_as_docker_splits_it():
     # docker's --env-file: lines end at "\n" only ("\r\n" too); a byte-order mark at the start is dropped
-    text = "\ufeffA=1\r\nB=x\x85y\u2028z\nC=\u2029\n"
-    assert parse_env(text, "x.env")[0] == {"A": "1", "B": "x\x85y\u2028z", "C": "\u2029"}
+    text = "\ufeffA=1\r\nB=xy\u2028z\nC=\u2029\n"
+    assert parse_env(text, "x.env")[0] == {"A": "1", "B": "xy\u2028z", "C": "\u2029"}
+    # U+0085 (next line) splits no line either, but is a C1 control: refused as the other controls are
+    with pytest.raises(InputError, match=r"x\.env:1: the value of B contains a control character \('\\x85'\)"):
+        parse_env("B=x\x85y\n", "x.env")
     with pytest.raises(InputError, match=r"x\.env:1: the value of A contains a control character \('\\x0c'\)"):
         parse_env("A=x\x0cB=y\n", "x.env")
 
@@ -1047,6 +1097,53 @@ def test_a_finding_in_the_notes_files_is_said_at_the_plan_naming_the_repository_
                                                 r"the notes' files; remove it"):
         make_plan(busybox_product, verify_lock=False)
     make_plan(busybox_product, verify_lock=False, allow=(r"^192\.168\.1\.20$",))
+
+
+@pytest.mark.parametrize("names", [["sbom.cdx.json"], ["provenance.intoto.json"], ["SHA256SUMS.asc"],
+                                   ["SHA256SUMS.minisig"], ["provenance.intoto.json.asc"], ["sha256sums"],
+                                   ["Manifest.json"], ["x.TAR.ZST"], ["results.json", "Results.json"]])
+def test_an_attachment_named_like_a_file_of_the_release_folder_is_refused_at_the_plan(busybox_product, names):
+    # sbom.cdx.json replaced the SBOM at publish (summed and signed as the release's); SHA256SUMS.asc stood as
+    # a signature; 'sha256sums' and 'Results.json' are one file on a disk that does not tell case apart
+    import re
+
+    from unibake import provenance, sbom
+    from unibake.notes import SUPPLY_CHAIN_FILES
+
+    assert SUPPLY_CHAIN_FILES == (sbom.SBOM, provenance.PROVENANCE)
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    for name in names:
+        (notes / name).write_text('{"fake": true}\n')
+    listed = ", ".join(f"notes/{name}" for name in names)
+    append(busybox_product / "product.yaml", f"notes: {{attachments: [{listed}]}}\n")
+    message = "two attachments are named Results.json" if len(names) > 1 else \
+        rf"an attachment cannot be named '{re.escape(names[0])}' in the release folder"
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: {message}"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_an_attachment_rewritten_after_the_plan_is_refused_at_publish_not_published(busybox_product, tmp_path):
+    # the plan hashed and scanned results.json; a benchmark job wrote it again during the build: the release
+    # carried the new bytes, which no plan had read
+    from unibake.errors import InputError
+
+    from .test_publish import make_release
+
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    (notes / "results.json").write_text('{"accuracy": 0.95}\n')
+    append(busybox_product / "product.yaml", "notes: {attachments: [notes/results.json]}\n")
+    plan = make_plan(busybox_product, verify_lock=False)
+    (notes / "results.json").write_text('{"accuracy": 0.40}\n')
+    with pytest.raises(InputError, match=r"^attachment 'notes/results\.json' changed after the plan read it \(sha256 "
+                                         r"[0-9a-f]{12}, now [0-9a-f]{12}\); the release carries the files the plan "
+                                         r"read and scanned: run again$"):
+        make_release(tmp_path / "release", notes=plan.notes)
+    assert not (tmp_path / "release" / "1.3.1").exists()
+    (notes / "results.json").write_text('{"accuracy": 0.95}\n')  # as planned: published
+    folder, _ = make_release(tmp_path / "release", notes=plan.notes)
+    assert (folder / "results.json").read_text() == '{"accuracy": 0.95}\n'
 
 
 def test_the_notes_show_env_changes_key_by_key_and_overlays_by_name(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from unibake.sanitise import (builder_identity, enforce, scan_env, scan_file, scan_image, scan_release_texts, scan_text,
                               scan_values)
-from unibake.errors import VerificationError
+from unibake.errors import InputError, VerificationError
 
 SECRETS = {
     "private key": "-----BEGIN OPENSSH PRIVATE KEY-----",
@@ -150,8 +150,30 @@ def test_the_gate_remembers_a_big_files_findings_and_a_damaged_or_foreign_memo_i
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "linked").symlink_to(elsewhere)
-    scan_context([("lib.so", lib, "0" * 64)], (), cache=tmp_path / "linked" / "sanitise")
+    scan_context([("lib.so", lib, hashlib.sha256(lib.read_bytes()).hexdigest())], (), cache=tmp_path / "linked" / "sanitise")
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [1000, (16 << 20) + 1000])  # read whole; read around grep's anchors
+def test_a_file_swapped_for_a_clean_one_during_the_scan_is_refused_not_passed(tmp_path, size):
+    # the plan hashed a file holding a token; swapped for a clean one while the gate read it and back before
+    # the build context was written (which checks the plan's hash), the token was baked unscanned
+    import hashlib
+
+    from unibake.sanitise import scan_context
+
+    token = "ghp_" + "A1b2C3d4" * 5
+    lib = tmp_path / "lib.so"
+    planned = b"\0" * (size // 2) + f"token={token}".encode() + b"\0" * (size // 2)
+    sha = hashlib.sha256(planned).hexdigest()
+    lib.write_bytes(planned.replace(token.encode(), b"x" * len(token)))  # what the gate is shown
+    with pytest.raises(InputError, match=rf"^images/lib\.so: changed after the plan hashed it \(sha256 {sha[:12]}, now "
+                                         r"[0-9a-f]{12}\), while the sanitisation gate read it: the bytes scanned must "
+                                         r"be the bytes baked; run again$"):
+        scan_context([("images/lib.so", lib, sha)], (), cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").iterdir())  # no memo of the clean bytes
+    lib.write_bytes(planned)  # the bytes the plan hashed: scanned, the token found
+    assert [f.value for f in scan_context([("images/lib.so", lib, sha)], ())] == [token]
 
 
 def test_a_checkout_cannot_bring_memos_that_hide_a_secret(cli, busybox_product, tmp_path):
