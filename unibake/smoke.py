@@ -2,9 +2,9 @@
 
 For each profile: ``self-check`` passes; the engine starts with that ``PROFILE`` (with a restart
 policy, so that a crash the engine recovers from is counted, not hidden); ``/health`` answers;
-every prompt gets the reply the profile expects: the exact reply (surrounding whitespace trimmed)
-unless the profile asks for ``contains`` or a regular expression (which must match the whole
-trimmed reply); then the container must still be running, never restarted and never OOM-killed.
+every prompt gets the reply the profile expects: the exact reply unless the profile asks for
+``contains`` or a regular expression (which must match the whole trimmed reply); the reply and an
+exact or contained expected text are compared with their surrounding whitespace trimmed; then the container must still be running, never restarted and never OOM-killed.
 The HTTP client runs in the verify engine's network namespace (the scratch engine's bridge is
 invisible from here otherwise).
 """
@@ -70,9 +70,12 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
                     f"form, {ascii(text)[:300]})")
         return f"expected exactly {check.expect!r}"
     if check.match == "contains":
-        if check.expect in reply:
+        # trimmed as exact trims it (a YAML block scalar's newline, a stray space): the expected text is
+        # the words, wherever they stand in the reply
+        expected = check.expect.strip()
+        if expected in text:
             return None
-        if unicodedata.normalize("NFC", check.expect) in unicodedata.normalize("NFC", reply):
+        if unicodedata.normalize("NFC", expected) in unicodedata.normalize("NFC", text):
             return (f"expected {check.expect!r} in the reply (it holds the same text in another Unicode normal form: "
                     f"{ascii(text)[:300]})")
         return f"expected {check.expect!r} in the reply"

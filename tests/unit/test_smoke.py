@@ -842,3 +842,16 @@ def test_a_single_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(
     with pytest.raises(NameInUse):
         run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
     assert set(engine.containers) == before
+
+
+@pytest.mark.parametrize("expect", ["TWO ", "  TWO", "the answer is TWO  "])
+def test_a_contained_expected_text_is_trimmed_as_an_exact_one_is(engine, server, expect):
+    # (before: `exact` trimmed the expected text and `contains` kept its spaces, so a reply ending in the
+    # words, or holding them after no space, failed "expected 'TWO ' in the reply")
+    Engine.replies = {"Say two.": "the answer is TWO"}
+    smoke = [{"prompt": "Say two.", "expect": expect, "match": "contains"}]
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.passed, result.steps
+    Engine.replies = {"Say two.": "the answer is THREE"}
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.failed.detail == f"expected {expect!r} in the reply, got 'the answer is THREE'"
