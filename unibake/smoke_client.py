@@ -63,6 +63,15 @@ def _why(exc: BaseException) -> str:
     return str(getattr(exc, "reason", exc))
 
 
+def _not_text(content: object) -> str:
+    """Why a reply's content is no answer, in JSON's words (not Python's: NoneType, dict)."""
+    if content is None:
+        return "the reply's content is null: the engine answered with no text"
+    kind = ("true or false" if isinstance(content, bool) else "a number" if isinstance(content, (int, float))
+            else "a list" if isinstance(content, list) else "an object" if isinstance(content, dict) else "not a string")
+    return f"the reply's content is {kind} ({json.dumps(content)[:100]}), not text"
+
+
 def _json_body(response) -> object:
     """The JSON of a response body: at most MAX_BODY bytes, UTF-8, and text every file can hold (a
     lone surrogate escaped in the JSON, "\\ud800", would pass a match and break the notes after)."""
@@ -105,7 +114,7 @@ def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int
             raise ValueError("the reply is not a chat completion (no choices[0].message.content): "
                              f"{json.dumps(reply)[:200]}") from None
         if not isinstance(content, str):
-            raise TypeError(f"the reply's content is {type(content).__name__}, not text")
+            raise TypeError(_not_text(content))
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
     except ENGINE_FAULTS as exc:
         if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):

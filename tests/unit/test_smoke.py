@@ -855,3 +855,17 @@ def test_a_contained_expected_text_is_trimmed_as_an_exact_one_is(engine, server,
     Engine.replies = {"Say two.": "the answer is THREE"}
     result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
     assert result.failed.detail == f"expected {expect!r} in the reply, got 'the answer is THREE'"
+
+
+@pytest.mark.parametrize("content,said", [
+    (None, "the reply's content is null: the engine answered with no text"),
+    (42, "the reply's content is a number (42), not text"),
+    (True, "the reply's content is true or false (true), not text"),
+    ([{"type": "text", "text": "UNIFIED_TP1_OK"}],
+     "the reply's content is a list ([{\"type\": \"text\", \"text\": \"UNIFIED_TP1_OK\"}]), not text"),
+])
+def test_a_reply_whose_content_is_no_text_says_so_in_jsons_words(engine, server, content, said):
+    # (before: "the reply's content is NoneType, not text", Python's name of null)
+    Engine.raw = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
