@@ -144,6 +144,11 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
             break
         except ENGINE_FAULTS as exc:  # an engine still loading may answer anything: asked again until the timeout
             last_error = _why(exc)
+            if isinstance(exc, urllib.error.HTTPError) and 300 <= exc.code < 400:
+                # a redirect is an answer, not a load in progress: asking again gets the same one until the timeout
+                result["error"] = f"{base_url}/health answered {last_error}"
+                on_step({"error": result["error"]})
+                return result
             if time.monotonic() > deadline:
                 # where it was asked: the container's address on the engine's bridge, which a client outside
                 # that engine's network (an engine elsewhere, --verify-engine) may not reach

@@ -749,8 +749,20 @@ def test_a_health_check_that_redirects_elsewhere_is_not_up(engine, server):
     Engine.health_redirect = f"http://127.0.0.1:{server.server_port}/elsewhere"
     result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
     assert result.failed.name == "health", result.steps
-    assert (f"/health did not answer within 1 s (HTTP 302 Found, a redirect to "
+    assert (f"/health answered HTTP 302 Found, a redirect to "
             f"'http://127.0.0.1:{server.server_port}/elsewhere' (not followed") in result.failed.detail
+
+
+def test_a_health_check_that_redirects_fails_at_once_not_at_the_profiles_timeout(engine, server):
+    # (before: a redirect was asked again every 0.25 s until smoke.timeout, here 120 s, as if still loading)
+    Engine.health_redirect = "/login"
+    start = time.monotonic()
+    result = gates_within(30, engine, "demo:1", metadata(server.server_port, timeout=120), netns_pid=None)[0]
+    assert time.monotonic() - start < 20
+    assert result.failed.name == "health", result.steps
+    assert result.failed.detail.startswith(
+        f"http://127.0.0.1:{server.server_port}/health answered HTTP 302 Found, a redirect to '/login' (not followed: "
+        "the gate judges the engine's own reply); engine log: "), result.failed.detail
 
 
 @pytest.mark.parametrize("nodes", [1, 4])
