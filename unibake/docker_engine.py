@@ -593,9 +593,12 @@ class DockerEngine(Engine):
             raise self._fail(f"cannot inspect container {_shown(container)}", exc) from None
         settings = info.get("NetworkSettings") or {}
         # on the default bridge its IPAddress; on a network of its own (a multi-node gate's) that one is
-        # empty and the address is the network's
-        address = settings.get("IPAddress") or next(
-            (n.get("IPAddress") for n in (settings.get("Networks") or {}).values() if n and n.get("IPAddress")), "")
+        # empty and the address is the network's; on an IPv6-only network, its global IPv6 address (a
+        # link-local one needs its interface, which a client outside the container cannot name)
+        networks = [n for n in (settings.get("Networks") or {}).values() if isinstance(n, dict)]
+        address = next((a for a in [settings.get("IPAddress")] + [n.get("IPAddress") for n in networks]
+                        + [settings.get("GlobalIPv6Address")] + [n.get("GlobalIPv6Address") for n in networks]
+                        if isinstance(a, str) and a), "")
         return bool(info["State"]["Running"]), address, logs
 
     def remove_container(self, container: str) -> None:

@@ -300,7 +300,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a wait that times out writes no more to a pipe)
         prompts.write(_probe_input(checks).encode())
         prompts.seek(0)
-        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", model, timeout, netns_pid),
+        probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
                                  stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()
@@ -367,6 +367,11 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         detail = got["reply"][:300] if ok else f"{which}{why}, got {got['reply'][:300]!r}"
         steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
     return True
+
+
+def _host(address: str) -> str:
+    """A container's address as a URL's host: an IPv6 address bracketed (its colons are not a port's)."""
+    return f"[{address}]" if ":" in address else address
 
 
 def _gone(status: ContainerStatus) -> bool:

@@ -881,3 +881,35 @@ def test_a_reply_whose_content_is_no_text_says_so_in_jsons_words(engine, server,
     Engine.raw = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
     result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
     assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = __import__("socket").AF_INET6
+
+
+def test_a_gate_on_an_ipv6_only_network_asks_the_containers_ipv6_address_bracketed(engine):
+    # (before: the engine's inspect was read for IPAddress alone, so an IPv6-only verify network failed with
+    # "the container got no network address within 5 s"; and an IPv6 address in the URL needs its brackets)
+    from unibake.docker_engine import DockerEngine
+
+    class API:
+        def inspect_container(self, container):
+            return {"State": {"Running": True}, "NetworkSettings": {
+                "IPAddress": "", "GlobalIPv6Address": "", "Networks": {
+                    "v6only": {"IPAddress": "", "GlobalIPv6Address": "fd00:dead::2", "LinkLocalIPv6Address": ""}}}}
+
+        def logs(self, container, **kwargs):
+            return b"up\n"
+
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the inspect above
+    docker_engine.address, docker_engine.api = "fake://", API()
+    assert docker_engine.container_state("c") == (True, "fd00:dead::2", "up\n")
+
+    httpd = _IPv6Server(("::1", 0), Engine)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        engine.starter = lambda container: setattr(container, "address", "::1")
+        result = gates_within(60, engine, "demo:1", metadata(httpd.server_port), netns_pid=None)[0]
+    finally:
+        httpd.shutdown()
+    assert result.passed, result.steps
