@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -21,6 +22,7 @@ import docker.transport.sshconn
 import requests.exceptions
 import urllib3.exceptions
 
+from .console import one_line
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
 from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
@@ -509,8 +511,13 @@ class DockerEngine(Engine):
             if container is not None:
                 try:
                     self.api.remove_container(container, force=True)
-                except (docker.errors.DockerException, requests.exceptions.RequestException):
+                except docker.errors.NotFound:
                     pass
+                except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                    # (not raised: what the run found, or the failure that ended it, is the one passed on)
+                    ref = _shown(str(container.get("Id") or ""))
+                    print(f"warning: {one_line(str(self._fail(f'cannot remove container {ref}', exc)))}; it is left "
+                          f"in the engine: remove it with docker rm -f {ref}", file=sys.stderr)
 
     def _bounded_logs(self, container) -> str:
         """What a container run to its end printed (stdout and stderr), kept to RUN_OUTPUT_HEAD bytes of

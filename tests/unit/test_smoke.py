@@ -913,3 +913,44 @@ def test_a_gate_on_an_ipv6_only_network_asks_the_containers_ipv6_address_bracket
     finally:
         httpd.shutdown()
     assert result.passed, result.steps
+
+
+def test_a_self_check_container_the_engine_cannot_remove_is_named_in_a_warning(capsys):
+    # (before: DockerEngine.run dropped the engine's refusal to remove it, and the container was left with no word)
+    import docker.errors
+
+    from unibake.docker_engine import DockerEngine
+
+    cid = "c0ffee" * 10 + "beef"
+
+    class Logs(list):
+        def close(self):
+            pass
+
+    class API:
+        def create_host_config(self, **kwargs):
+            return kwargs
+
+        def create_container(self, image, **kwargs):
+            return {"Id": cid}
+
+        def start(self, container):
+            pass
+
+        def wait(self, container, timeout):
+            return {"StatusCode": 0}
+
+        def logs(self, container, **kwargs):
+            return Logs([b"ok: kernels present\n"])
+
+        def remove_container(self, container, force):
+            raise docker.errors.APIError("driver \"overlay2\" failed to remove root filesystem: device or resource busy")
+
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
+    docker_engine.address, docker_engine.api = "fake://", API()
+    outcome = docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"})
+    assert (outcome.exit_code, outcome.output) == (0, "ok: kernels present\n")
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: cannot remove container {cid[:12]}: "), err
+    assert "device or resource busy" in err and err.rstrip().endswith(
+        f"it is left in the engine: remove it with docker rm -f {cid[:12]}") and err.count("\n") == 1, err
