@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import sys
@@ -490,9 +491,19 @@ class DockerEngine(Engine):
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
             timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
         container = None
+        # by a name of its own: one the engine created as an interrupt came (its ID never answered) is removed
+        # too, by that name (it was left, "Created", in docker ps -a)
+        name = f"unibake-run-{secrets.token_hex(6)}"
         try:
-            container = self.api.create_container(image, command=args, environment=env or {}, entrypoint=entrypoint,
-                                                  host_config=self.api.create_host_config(network_mode="none"))
+            try:
+                container = self.api.create_container(image, command=args, environment=env or {},
+                                                      entrypoint=entrypoint, name=name,
+                                                      host_config=self.api.create_host_config(network_mode="none"))
+            except BaseException as exc:
+                # an interrupt, not the engine's answer (which says no container was made)
+                if not isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
+                    container = {"Id": name}  # removed below by its name, if the engine made it
+                raise
             self.api.start(container)
             try:
                 result = self.api.wait(container, timeout=timeout)

@@ -954,3 +954,33 @@ def test_a_self_check_container_the_engine_cannot_remove_is_named_in_a_warning(c
     assert err.startswith(f"warning: cannot remove container {cid[:12]}: "), err
     assert "device or resource busy" in err and err.rstrip().endswith(
         f"it is left in the engine: remove it with docker rm -f {cid[:12]}") and err.count("\n") == 1, err
+
+
+def test_a_self_check_container_created_as_an_interrupt_came_is_removed_by_its_name():
+    # (before: DockerEngine.run created it with no name, and an interrupt before the engine's answer left it,
+    # "Created", in docker ps -a: its ID was never known)
+    import docker.errors
+
+    from unibake.docker_engine import DockerEngine
+
+    class API:
+        made: list = []
+
+        def create_host_config(self, **kwargs):
+            return kwargs
+
+        def create_container(self, image, name=None, **kwargs):
+            self.made.append(name)  # the engine made it; its answer never came
+            raise KeyboardInterrupt
+
+        def remove_container(self, container, force):
+            if container["Id"] not in self.made:
+                raise docker.errors.NotFound("no such container")
+            self.made.remove(container["Id"])
+
+    api = API()
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
+    docker_engine.address, docker_engine.api = "fake://", api
+    with pytest.raises(KeyboardInterrupt):
+        docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"})
+    assert api.made == []
