@@ -78,7 +78,8 @@ def _json_body(response) -> object:
     data = response.read(MAX_BODY + 1)
     if len(data) > MAX_BODY:
         raise ValueError(f"the body is over {MAX_BODY} bytes")
-    value = json.loads(data.decode("utf-8") or "{}")
+    # (a byte-order mark before it, as some servers write, is no part of the JSON: RFC 8259 lets a parser ignore it)
+    value = json.loads(data.decode("utf-8-sig") or "{}")
     json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError (a ValueError) on a lone surrogate
     return value
 

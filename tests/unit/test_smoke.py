@@ -984,3 +984,11 @@ def test_a_self_check_container_created_as_an_interrupt_came_is_removed_by_its_n
     with pytest.raises(KeyboardInterrupt):
         docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"})
     assert api.made == []
+
+
+def test_a_chat_reply_with_a_utf8_byte_order_mark_is_read_as_its_json(engine, server):
+    # (before: "the chat completion failed: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1")
+    Engine.raw = b"\xef\xbb\xbf" + json.dumps({"choices": [{"message": {"content": "UNIFIED_TP1_OK"}}]}).encode()
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert result.chats[0].reply == "UNIFIED_TP1_OK"
