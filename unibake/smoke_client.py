@@ -17,6 +17,7 @@ import urllib.request
 
 MAX_BODY = 1 << 20  # a reply or health body larger than this is not an answer to a smoke prompt
 MIN_WAIT = 5.0  # seconds: the least any prompt is given, however short the profile's timeout
+HEALTH_WAIT = 3.0  # seconds: the least one ask of /health is given (the wait's own end may be nearer)
 MAX_TOKENS = 64  # what a prompt without an expected reply asks for; one with asks for as many more as it has bytes
 # what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
 # broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
@@ -137,7 +138,10 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
     last_error = ""
     while True:
         try:
-            with _OPENER.open(f"{base_url}/health", timeout=3) as response:
+            # each ask waits as long as the wait has left (at least HEALTH_WAIT): a /health that takes longer
+            # than a few seconds to answer (one that runs the model, as TGI's does) never counted, however
+            # long smoke.timeout, and failed the gate with "timed out"
+            with _OPENER.open(f"{base_url}/health", timeout=max(HEALTH_WAIT, deadline - time.monotonic())) as response:
                 body = _health_body(response)
                 result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
