@@ -58,7 +58,9 @@ def _regex_mismatch(pattern: str, text: str) -> str | None:
 def mismatch(reply: str, check: SmokePrompt) -> str | None:
     """Why ``reply`` is not what ``check`` expects; None when it is (no expectation: any non-empty reply)."""
     text = reply.strip()
-    if check.expect is None:  # as a blank expectation is refused: an engine that answers nothing fails
+    # as a blank expectation is refused: an engine that answers nothing fails (an image's own metadata may
+    # hold a blank one, which "contains" found in every reply, an empty one too)
+    if check.expect is None or (check.match != "regex" and not check.expect.strip()):
         return None if text else "expected a non-empty reply"
     if check.match == "exact":
         expected = check.expect.strip()

@@ -1003,3 +1003,17 @@ def test_a_health_check_slower_than_a_few_seconds_is_waited_for_within_the_profi
     result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=12), netns_pid=None)[0]
     assert result.passed, result.steps
     assert 4.0 <= result.steps[2].seconds < 12, result.steps
+
+
+@pytest.mark.parametrize("match", ["exact", "contains"])
+@pytest.mark.parametrize("expect", ["", "   "])
+def test_an_images_own_blank_expected_reply_still_needs_a_non_empty_reply(engine, server, match, expect):
+    # (the plan refuses a blank one; an image's own metadata was taken as it is: "contains" found it in every
+    # reply, and exact matched an engine that answered nothing; a regex that matches nothing is refused there)
+    Engine.reply = "  \n"
+    result = run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": expect,
+                                                                       "match": match}]), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail.startswith("expected a non-empty reply"), result.steps
+    Engine.reply = "anything"
+    assert run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": expect,
+                                                                     "match": match}]), netns_pid=None)[0].passed
