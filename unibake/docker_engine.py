@@ -510,10 +510,18 @@ class DockerEngine(Engine):
             except requests.exceptions.RequestException as exc:
                 if not _read_timed_out(exc):
                     raise
-                self.api.kill(container)
-                output = self._bounded_logs(container)
-                raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
-                                  output=output) from None
+                try:
+                    self.api.kill(container)
+                except docker.errors.APIError as refused:
+                    if refused.status_code != 409:
+                        raise
+                    # (409, not running: it ended by itself as the wait gave up; that end is its outcome, not
+                    # the engine error "Cannot kill container: ... is not running")
+                    result = self.api.wait(container, timeout=RUN_ENDED_WAIT)
+                else:
+                    output = self._bounded_logs(container)
+                    raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
+                                      output=output) from None
             output = self._bounded_logs(container)
             return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -827,6 +835,9 @@ class _Breaker:
 
     def __exit__(self, *exc) -> None:
         self.done.set()
+
+
+RUN_ENDED_WAIT = 60  # s for the engine to give the exit code of a run's container that has ended
 
 
 def _read_timed_out(exc: Exception) -> bool:

@@ -1017,3 +1017,50 @@ def test_an_images_own_blank_expected_reply_still_needs_a_non_empty_reply(engine
     Engine.reply = "anything"
     assert run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": expect,
                                                                      "match": match}]), netns_pid=None)[0].passed
+
+
+def test_a_self_check_that_ends_just_as_its_wait_gives_up_is_its_own_outcome_not_an_engine_error():
+    # (before: the kill of a container that had just ended was refused, 409 "is not running", and the run
+    # ended with "running demo:1 failed: ...", an engine error, not the check's exit code)
+    import docker.errors
+    import requests
+
+    from unibake.docker_engine import DockerEngine
+
+    class Logs(list):
+        def close(self):
+            pass
+
+    class API:
+        waits = 0
+
+        def create_host_config(self, **kwargs):
+            return kwargs
+
+        def create_container(self, image, **kwargs):
+            return {"Id": "c" * 64}
+
+        def start(self, container):
+            pass
+
+        def wait(self, container, timeout):
+            self.waits += 1
+            if self.waits == 1:
+                raise requests.exceptions.ReadTimeout("read timed out")
+            return {"StatusCode": 1}
+
+        def kill(self, container):
+            response = requests.Response()
+            response.status_code = 409
+            raise docker.errors.APIError("Cannot kill container: c: Container c is not running", response=response)
+
+        def logs(self, container, **kwargs):
+            return Logs([b"error: self-check[tp1]: tune caches: expected 3 JSON files, found 2\n"])
+
+        def remove_container(self, container, force):
+            pass
+
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
+    docker_engine.address, docker_engine.api = "fake://", API()
+    outcome = docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"}, timeout=1)
+    assert outcome.exit_code == 1 and "found 2" in outcome.output
