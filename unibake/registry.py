@@ -296,14 +296,14 @@ def _end_with_its_children(pid: int) -> None:
         current = todo.pop()
         try:
             os.kill(current, signal.SIGSTOP)
-        except ProcessLookupError:  # (gone already, or not ours to find: a child that exited)
+        except OSError:  # (gone already; or a set-user-ID child, sudo's, this user may not signal: left to it)
             continue
         stopped.append(current)
         todo += _children(current)
     for current in stopped:
         try:
             os.kill(current, signal.SIGKILL)
-        except ProcessLookupError:
+        except OSError:  # (ended meanwhile)
             pass
 
 
