@@ -165,7 +165,7 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     except BaseException:
         _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn)
         raise
-    engine.remove_container(container)
+    _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn, ended="ended")
     if stability:
         steps.append(_stability(status))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats), restart_count=status.restart_count,
@@ -216,7 +216,8 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     except BaseException:
         _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn)
         raise
-    _remove_all(engine, started, network if made else None)
+    _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn,
+                            ended="ended")
     if stability:
         steps.append(_stability_of_ranks(statuses))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
@@ -253,14 +254,16 @@ def _remove_all(engine: Engine, containers: list[str], network: str | None) -> N
         raise failure
 
 
-def _clean_up_after_failure(profile: str, clean_up, warn) -> None:
-    """The clean-up of a gate that is failing already (an interrupt, an engine error): one of its own
-    errors is a warning, never raised, so that the first failure is the one passed on (Ctrl-C ends
-    the run with 130, not with the clean-up's exit 1)."""
+def _clean_up_after_failure(profile: str, clean_up, warn, *, ended: str = "stopped") -> None:
+    """The clean-up of a gate that is failing already (an interrupt, an engine error), or that ended
+    (``ended="ended"``): one of its own errors is a warning, never raised, so that the first failure
+    is the one passed on (Ctrl-C ends the run with 130, not with the clean-up's exit 1), and a gate
+    that ended keeps its result (a container the engine would not remove failed a gate that passed,
+    with exit 1)."""
     try:
         clean_up()
     except EngineError as exc:
-        warn(f"after the smoke gate of profile {profile} stopped: {exc}")
+        warn(f"after the smoke gate of profile {profile} {ended}: {exc}")
 
 
 def _stability_of_ranks(statuses: list[ContainerStatus]) -> GateStep:

@@ -1066,3 +1066,24 @@ def test_a_self_check_that_ends_just_as_its_wait_gives_up_is_its_own_outcome_not
     docker_engine.address, docker_engine.api = "fake://", API()
     outcome = docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"}, timeout=1)
     assert outcome.exit_code == 1 and "found 2" in outcome.output
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_a_gate_that_ended_keeps_its_result_when_its_clean_up_fails_which_is_a_warning(engine, server, nodes):
+    # (before: the engine's refusal to remove the gate's container, after the gate passed, ended the whole
+    # run with an engine error, exit 1, the gate's result lost)
+    from unibake.errors import EngineError
+
+    def remove_container(container):
+        raise EngineError(f"cannot remove container {container}: device or resource busy")
+
+    engine.remove_container = remove_container
+    warnings = []
+    spec = metadata(server.server_port) if nodes == 1 else multi_node(server.server_port)
+    if nodes > 1:
+        engine.starter = waits_for_its_peers(engine, nodes)
+    result = gates_within(60, engine, "demo:1", spec, netns_pid=None, warn=warnings.append)[0]
+    assert result.passed, result.steps
+    assert len(warnings) == 1 and warnings[0].startswith("after the smoke gate of profile tp1 ended: cannot remove "
+                                                         "container "), warnings
+    assert warnings[0].endswith(": device or resource busy")
