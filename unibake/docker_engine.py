@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -21,6 +23,7 @@ import docker.transport.sshconn
 import requests.exceptions
 import urllib3.exceptions
 
+from .console import one_line
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
 from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
@@ -488,19 +491,37 @@ class DockerEngine(Engine):
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
             timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
         container = None
+        # by a name of its own: one the engine created as an interrupt came (its ID never answered) is removed
+        # too, by that name (it was left, "Created", in docker ps -a)
+        name = f"unibake-run-{secrets.token_hex(6)}"
         try:
-            container = self.api.create_container(image, command=args, environment=env or {}, entrypoint=entrypoint,
-                                                  host_config=self.api.create_host_config(network_mode="none"))
+            try:
+                container = self.api.create_container(image, command=args, environment=env or {},
+                                                      entrypoint=entrypoint, name=name,
+                                                      host_config=self.api.create_host_config(network_mode="none"))
+            except BaseException as exc:
+                # an interrupt, not the engine's answer (which says no container was made)
+                if not isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
+                    container = {"Id": name}  # removed below by its name, if the engine made it
+                raise
             self.api.start(container)
             try:
                 result = self.api.wait(container, timeout=timeout)
             except requests.exceptions.RequestException as exc:
                 if not _read_timed_out(exc):
                     raise
-                self.api.kill(container)
-                output = self._bounded_logs(container)
-                raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
-                                  output=output) from None
+                try:
+                    self.api.kill(container)
+                except docker.errors.APIError as refused:
+                    if refused.status_code != 409:
+                        raise
+                    # (409, not running: it ended by itself as the wait gave up; that end is its outcome, not
+                    # the engine error "Cannot kill container: ... is not running")
+                    result = self.api.wait(container, timeout=RUN_ENDED_WAIT)
+                else:
+                    output = self._bounded_logs(container)
+                    raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
+                                      output=output) from None
             output = self._bounded_logs(container)
             return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -509,8 +530,13 @@ class DockerEngine(Engine):
             if container is not None:
                 try:
                     self.api.remove_container(container, force=True)
-                except (docker.errors.DockerException, requests.exceptions.RequestException):
+                except docker.errors.NotFound:
                     pass
+                except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                    # (not raised: what the run found, or the failure that ended it, is the one passed on)
+                    ref = _shown(str(container.get("Id") or ""))
+                    print(f"warning: {one_line(str(self._fail(f'cannot remove container {ref}', exc)))}; it is left "
+                          f"in the engine: remove it with docker rm -f {ref}", file=sys.stderr)
 
     def _bounded_logs(self, container) -> str:
         """What a container run to its end printed (stdout and stderr), kept to RUN_OUTPUT_HEAD bytes of
@@ -593,9 +619,12 @@ class DockerEngine(Engine):
             raise self._fail(f"cannot inspect container {_shown(container)}", exc) from None
         settings = info.get("NetworkSettings") or {}
         # on the default bridge its IPAddress; on a network of its own (a multi-node gate's) that one is
-        # empty and the address is the network's
-        address = settings.get("IPAddress") or next(
-            (n.get("IPAddress") for n in (settings.get("Networks") or {}).values() if n and n.get("IPAddress")), "")
+        # empty and the address is the network's; on an IPv6-only network, its global IPv6 address (a
+        # link-local one needs its interface, which a client outside the container cannot name)
+        networks = [n for n in (settings.get("Networks") or {}).values() if isinstance(n, dict)]
+        address = next((a for a in [settings.get("IPAddress")] + [n.get("IPAddress") for n in networks]
+                        + [settings.get("GlobalIPv6Address")] + [n.get("GlobalIPv6Address") for n in networks]
+                        if isinstance(a, str) and a), "")
         return bool(info["State"]["Running"]), address, logs
 
     def remove_container(self, container: str) -> None:
@@ -806,6 +835,9 @@ class _Breaker:
 
     def __exit__(self, *exc) -> None:
         self.done.set()
+
+
+RUN_ENDED_WAIT = 60  # s for the engine to give the exit code of a run's container that has ended
 
 
 def _read_timed_out(exc: Exception) -> bool:

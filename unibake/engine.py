@@ -117,8 +117,9 @@ class Engine(ABC):
     @abstractmethod
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
             timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
-        """Run a container to completion and remove it; returns its exit code and output.
-        ``entrypoint``: run instead of the image's own ENTRYPOINT (``args`` after it)."""
+        """Run a container to completion and remove it (one the engine cannot remove is named in a
+        warning); returns its exit code and output. ``entrypoint``: run instead of the image's own
+        ENTRYPOINT (``args`` after it)."""
 
     @abstractmethod
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0,
@@ -143,7 +144,8 @@ class Engine(ABC):
 
     @abstractmethod
     def container_state(self, container: str) -> tuple[bool, str, str]:
-        """(running, IP address on its bridge or network, log output so far) of a started container."""
+        """(running, IP address on its bridge or network, log output so far) of a started container: its
+        IPv4 address, else (an IPv6-only network) its global IPv6 address, unbracketed."""
 
     @abstractmethod
     def remove_container(self, container: str) -> None:

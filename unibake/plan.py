@@ -1066,6 +1066,16 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                 raise InputError(f"{m.where(('env', key))}: env key '{key}' would never take effect: on "
                                  f"{topology.nodes} nodes it is set from topology: (use {TOPOLOGY_ENV[key]}); "
                                  "remove it")
+    smoke = _smoke(d, m.where, m.chain)
+    if topology.nodes > GATE_NODES and smoke.skip is None:
+        # the gate starts every rank on one bridge network of the verify engine: its last rank failed there,
+        # after the build, the round trip and every rank before it
+        raise InputError(f"{m.where(('topology', 'nodes'))}: key 'topology.nodes' is {topology.nodes}, more ranks than "
+                         f"the smoke gate can start (one container each on one bridge network, which holds at most "
+                         f"{GATE_NODES}): use at most {GATE_NODES} nodes, or give smoke.skip with the reason")
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
-                   sidecars=sidecars, tune=tune, smoke=_smoke(d, m.where, m.chain))
+                   sidecars=sidecars, tune=tune, smoke=smoke)
+
+
+GATE_NODES = 1023  # the ports of a Linux bridge (BR_MAX_PORTS 1024, port 0 unused): a multi-node gate's most ranks

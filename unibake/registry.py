@@ -29,6 +29,7 @@ import os
 import re
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -257,7 +258,7 @@ class _TimedStore(docker.credentials.Store):
             answer = _bounded_answer(proc, data_input, time.monotonic() + HELPER_TIMEOUT)
         finally:
             if proc.poll() is None:
-                proc.kill()
+                _end_with_its_children(proc.pid)
             proc.wait()
             for pipe in (proc.stdin, proc.stdout):
                 try:  # (a helper gone before it read what it was sent: its stdin is a broken pipe)
@@ -282,6 +283,49 @@ class _TimedStore(docker.credentials.Store):
                 not isinstance(found.get("Secret"), str):
             raise _HelperTrouble("answered with no credential (a JSON object with 'Username' and 'Secret' strings)")
         return found
+
+
+def _end_with_its_children(pid: int) -> None:
+    """End the credential helper ``pid`` (this process's child) and every process it started, each by
+    its PID: killed alone, a helper's child (a keyring's agent, a ``sleep``, a pinentry) ran on after
+    an interrupt or the helper's timeout. Each is stopped before its children are looked for, so none
+    can start another meanwhile, nor be re-parented away before it is found."""
+    stopped: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            os.kill(current, signal.SIGSTOP)
+        except OSError:  # (gone already; or a set-user-ID child, sudo's, this user may not signal: left to it)
+            continue
+        stopped.append(current)
+        todo += _children(current)
+    for current in stopped:
+        try:
+            os.kill(current, signal.SIGKILL)
+        except OSError:  # (ended meanwhile)
+            pass
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc: Linux)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:  # (ended meanwhile)
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and fields[1] == str(pid).encode():
+            found.append(int(entry))
+    return found
 
 
 def _bounded_answer(proc: subprocess.Popen, data_input: bytes, end: float) -> bytes:

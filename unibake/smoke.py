@@ -2,9 +2,9 @@
 
 For each profile: ``self-check`` passes; the engine starts with that ``PROFILE`` (with a restart
 policy, so that a crash the engine recovers from is counted, not hidden); ``/health`` answers;
-every prompt gets the reply the profile expects: the exact reply (surrounding whitespace trimmed)
-unless the profile asks for ``contains`` or a regular expression (which must match the whole
-trimmed reply); then the container must still be running, never restarted and never OOM-killed.
+every prompt gets the reply the profile expects: the exact reply unless the profile asks for
+``contains`` or a regular expression (which must match the whole trimmed reply); the reply and an
+exact or contained expected text are compared with their surrounding whitespace trimmed; then the container must still be running, never restarted and never OOM-killed.
 The HTTP client runs in the verify engine's network namespace (the scratch engine's bridge is
 invisible from here otherwise).
 """
@@ -58,7 +58,9 @@ def _regex_mismatch(pattern: str, text: str) -> str | None:
 def mismatch(reply: str, check: SmokePrompt) -> str | None:
     """Why ``reply`` is not what ``check`` expects; None when it is (no expectation: any non-empty reply)."""
     text = reply.strip()
-    if check.expect is None:  # as a blank expectation is refused: an engine that answers nothing fails
+    # as a blank expectation is refused: an engine that answers nothing fails (an image's own metadata may
+    # hold a blank one, which "contains" found in every reply, an empty one too)
+    if check.expect is None or (check.match != "regex" and not check.expect.strip()):
         return None if text else "expected a non-empty reply"
     if check.match == "exact":
         expected = check.expect.strip()
@@ -70,9 +72,12 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
                     f"form, {ascii(text)[:300]})")
         return f"expected exactly {check.expect!r}"
     if check.match == "contains":
-        if check.expect in reply:
+        # trimmed as exact trims it (a YAML block scalar's newline, a stray space): the expected text is
+        # the words, wherever they stand in the reply
+        expected = check.expect.strip()
+        if expected in text:
             return None
-        if unicodedata.normalize("NFC", check.expect) in unicodedata.normalize("NFC", reply):
+        if unicodedata.normalize("NFC", expected) in unicodedata.normalize("NFC", text):
             return (f"expected {check.expect!r} in the reply (it holds the same text in another Unicode normal form: "
                     f"{ascii(text)[:300]})")
         return f"expected {check.expect!r} in the reply"
@@ -160,7 +165,7 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     except BaseException:
         _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn)
         raise
-    engine.remove_container(container)
+    _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn, ended="ended")
     if stability:
         steps.append(_stability(status))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats), restart_count=status.restart_count,
@@ -211,7 +216,8 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     except BaseException:
         _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn)
         raise
-    _remove_all(engine, started, network if made else None)
+    _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn,
+                            ended="ended")
     if stability:
         steps.append(_stability_of_ranks(statuses))
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
@@ -248,14 +254,16 @@ def _remove_all(engine: Engine, containers: list[str], network: str | None) -> N
         raise failure
 
 
-def _clean_up_after_failure(profile: str, clean_up, warn) -> None:
-    """The clean-up of a gate that is failing already (an interrupt, an engine error): one of its own
-    errors is a warning, never raised, so that the first failure is the one passed on (Ctrl-C ends
-    the run with 130, not with the clean-up's exit 1)."""
+def _clean_up_after_failure(profile: str, clean_up, warn, *, ended: str = "stopped") -> None:
+    """The clean-up of a gate that is failing already (an interrupt, an engine error), or that ended
+    (``ended="ended"``): one of its own errors is a warning, never raised, so that the first failure
+    is the one passed on (Ctrl-C ends the run with 130, not with the clean-up's exit 1), and a gate
+    that ended keeps its result (a container the engine would not remove failed a gate that passed,
+    with exit 1)."""
     try:
         clean_up()
     except EngineError as exc:
-        warn(f"after the smoke gate of profile {profile} stopped: {exc}")
+        warn(f"after the smoke gate of profile {profile} {ended}: {exc}")
 
 
 def _stability_of_ranks(statuses: list[ContainerStatus]) -> GateStep:
@@ -297,7 +305,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a wait that times out writes no more to a pipe)
         prompts.write(_probe_input(checks).encode())
         prompts.seek(0)
-        probe = subprocess.Popen(_probe_command(f"http://{address}:{port}", model, timeout, netns_pid),
+        probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
                                  stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
     probe_start = time.monotonic()
@@ -364,6 +372,11 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         detail = got["reply"][:300] if ok else f"{which}{why}, got {got['reply'][:300]!r}"
         steps.append(GateStep(name="chat", passed=ok, seconds=got["seconds"], detail=detail))
     return True
+
+
+def _host(address: str) -> str:
+    """A container's address as a URL's host: an IPv6 address bracketed (its colons are not a port's)."""
+    return f"[{address}]" if ":" in address else address
 
 
 def _gone(status: ContainerStatus) -> bool:

@@ -17,6 +17,7 @@ import urllib.request
 
 MAX_BODY = 1 << 20  # a reply or health body larger than this is not an answer to a smoke prompt
 MIN_WAIT = 5.0  # seconds: the least any prompt is given, however short the profile's timeout
+HEALTH_WAIT = 3.0  # seconds: the least one ask of /health is given (the wait's own end may be nearer)
 MAX_TOKENS = 64  # what a prompt without an expected reply asks for; one with asks for as many more as it has bytes
 # what an engine's reply can raise: no connection, not HTTP (a bad status line, over 100 headers, a
 # broken chunk), not JSON or nested past the parser's depth, not the shape of a chat completion
@@ -63,23 +64,33 @@ def _why(exc: BaseException) -> str:
     return str(getattr(exc, "reason", exc))
 
 
+def _not_text(content: object) -> str:
+    """Why a reply's content is no answer, in JSON's words (not Python's: NoneType, dict)."""
+    if content is None:
+        return "the reply's content is null: the engine answered with no text"
+    kind = ("true or false" if isinstance(content, bool) else "a number" if isinstance(content, (int, float))
+            else "a list" if isinstance(content, list) else "an object" if isinstance(content, dict) else "not a string")
+    return f"the reply's content is {kind} ({json.dumps(content)[:100]}), not text"
+
+
 def _json_body(response) -> object:
     """The JSON of a response body: at most MAX_BODY bytes, UTF-8, and text every file can hold (a
     lone surrogate escaped in the JSON, "\\ud800", would pass a match and break the notes after)."""
     data = response.read(MAX_BODY + 1)
     if len(data) > MAX_BODY:
         raise ValueError(f"the body is over {MAX_BODY} bytes")
-    value = json.loads(data.decode("utf-8") or "{}")
+    # (a byte-order mark before it, as some servers write, is no part of the JSON: RFC 8259 lets a parser ignore it)
+    value = json.loads(data.decode("utf-8-sig") or "{}")
     json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError (a ValueError) on a lone surrogate
     return value
 
 
 def _health_body(response) -> str:
     """What /health answered, as text: its status says the engine is up, whatever the body (JSON, a
-    plain "OK", nothing); at most MAX_BODY bytes."""
+    plain "OK", nothing, one of any size); at most MAX_BODY bytes of it are read."""
     data = response.read(MAX_BODY + 1)
-    if len(data) > MAX_BODY:
-        raise ValueError(f"the body is over {MAX_BODY} bytes")
+    if len(data) > MAX_BODY:  # up all the same: its start kept as text, the rest never read
+        return data[:MAX_BODY].decode("utf-8", "replace")
     try:
         # as text: nested JSON the parser here just read could be one level too deep for the gate's
         # parser, which reads it wrapped in a step's line
@@ -105,7 +116,7 @@ def chat(base_url: str, prompt: str, model: str, timeout: float, max_tokens: int
             raise ValueError("the reply is not a chat completion (no choices[0].message.content): "
                              f"{json.dumps(reply)[:200]}") from None
         if not isinstance(content, str):
-            raise TypeError(f"the reply's content is {type(content).__name__}, not text")
+            raise TypeError(_not_text(content))
         return {"reply": content, "seconds": round(time.monotonic() - start, 3)}
     except ENGINE_FAULTS as exc:
         if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
@@ -127,7 +138,10 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
     last_error = ""
     while True:
         try:
-            with _OPENER.open(f"{base_url}/health", timeout=3) as response:
+            # each ask waits as long as the wait has left (at least HEALTH_WAIT): a /health that takes longer
+            # than a few seconds to answer (one that runs the model, as TGI's does) never counted, however
+            # long smoke.timeout, and failed the gate with "timed out"
+            with _OPENER.open(f"{base_url}/health", timeout=max(HEALTH_WAIT, deadline - time.monotonic())) as response:
                 body = _health_body(response)
                 result["health"] = {"status": response.status, "body": body,
                                     "seconds": round(time.monotonic() - start, 3)}
@@ -135,6 +149,11 @@ def probe(base_url: str, *, prompts: list[str], model: str, timeout: float, max_
             break
         except ENGINE_FAULTS as exc:  # an engine still loading may answer anything: asked again until the timeout
             last_error = _why(exc)
+            if isinstance(exc, urllib.error.HTTPError) and 300 <= exc.code < 400:
+                # a redirect is an answer, not a load in progress: asking again gets the same one until the timeout
+                result["error"] = f"{base_url}/health answered {last_error}"
+                on_step({"error": result["error"]})
+                return result
             if time.monotonic() > deadline:
                 # where it was asked: the container's address on the engine's bridge, which a client outside
                 # that engine's network (an engine elsewhere, --verify-engine) may not reach

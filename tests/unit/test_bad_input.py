@@ -120,6 +120,10 @@ def case_topology_env_on_several_nodes(p):  # run.sh passes -e MASTER_PORT from 
     edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, MASTER_PORT: '1234'}\ntopology: {nodes: 2}")
 
 
+def case_topology_more_nodes_than_the_gate_can_start(p):  # its gate failed at the last rank, after the build
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring}\ntopology: {nodes: 1024, master_port: 29501}")
+
+
 def case_topology_env_in_an_env_file(p):  # the entrypoint exports NNODES from topology before the env
     (p.parent / "images/tp2.env").write_text("A=1\nNNODES=4\n")
     lock_also(p, "images/tp2.env")
@@ -521,6 +525,8 @@ SAYS = {
     "mounts_one_path": "both mount at /models/x",
     "topology_env_on_several_nodes": "tp2.yaml:5: env key 'MASTER_PORT' would never take effect: on 2 nodes it is "
                                      "set from topology: (use topology.master_port)",
+    "topology_more_nodes_than_the_gate_can_start": "tp2.yaml:6: key 'topology.nodes' is 1024, more ranks than the "
+                                                   "smoke gate can start",
     "topology_env_in_an_env_file": "images/tp2.env:2: env key 'NNODES' would never take effect",
     "patches_one_label": "'fix.patch' is listed twice",
     "yaml_merge_key": "YAML merge keys ('<<') are not supported",

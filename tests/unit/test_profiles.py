@@ -413,3 +413,19 @@ def test_a_profile_saved_with_windows_line_ends_is_read_and_a_lone_carriage_retu
     tp2.write_bytes(tp2.read_bytes().replace(b"\r\n", b"\r", 1))
     with pytest.raises(InputError, match=r"tp2\.yaml:1: holds a carriage return \(\\r\) not followed by a line feed"):
         make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("nodes,skip,refused", [(1023, "", False), (1024, "", True),
+                                                (1024, "\n  skip: a bridge holds 1023 ranks", False)])
+def test_more_nodes_than_the_gate_can_start_need_smoke_skip(busybox_product, nodes, skip, refused):
+    # (before: 1024 nodes passed the plan, and the gate failed at its last rank, after the build and round trip)
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text().replace("smoke: {expect_reply: UNIFIED_TP2_OK}",
+                                           f"smoke:\n  expect_reply: UNIFIED_TP2_OK{skip}\n") +
+                   f"topology: {{nodes: {nodes}}}\n")
+    if refused:
+        with pytest.raises(InputError, match=r"tp2\.yaml:\d+: key 'topology.nodes' is 1024, more ranks than the smoke "
+                                             r"gate can start .* or give smoke.skip with the reason"):
+            make_plan(busybox_product, verify_lock=False)
+    else:
+        assert make_plan(busybox_product, verify_lock=False).profile("tp2").topology.nodes == nodes

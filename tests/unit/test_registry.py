@@ -2219,3 +2219,40 @@ def test_a_token_realm_named_http_whose_server_speaks_tls_still_works(tmp_path):
                 c.manifest(DIGEST)
     assert "token server" not in str(caught.value), str(caught.value)
     assert ("token", "Basic dTpwdw==") in seen and ("registry", "Bearer t") in seen, seen
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent (after the kill of its own parent: init's)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+@pytest.mark.parametrize("end", ["timeout", "interrupt"])
+def test_a_credential_helpers_child_is_ended_with_it(tmp_path, credential_helper, end):
+    """A helper that started a child of its own (a keyring's agent, a pinentry) and waits on it: the
+    helper alone was killed, on its timeout and on an interrupt, and its child ran on until it ended.
+    Both are now ended, by their PIDs."""
+    import signal
+
+    env = credential_helper(f"sleep 300 & echo $! > {tmp_path}/child; wait", 2.0 if end == "timeout" else 60.0)
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        if end == "interrupt":
+            signal.setitimer(signal.ITIMER_REAL, 2.0)
+        with pytest.raises(KeyboardInterrupt if end == "interrupt" else UnibakeError):
+            load_credentials("reg.example:5000", env, None)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)  # (the test's own child's child: not left behind when the test fails)
+    assert not alive, "the helper's child runs on"

@@ -27,6 +27,7 @@ class Engine(BaseHTTPRequestHandler):
 
     ready_at = 0.0  # time.monotonic() before which /health answers 503 (still loading)
     thinking = 0.0  # seconds before a chat completion is answered
+    health_thinking = 0.0  # seconds before /health is answered (one that runs the model to say it is up)
 
     health_redirect: str | None = None  # where /health sends the client instead of answering (a Location)
 
@@ -40,6 +41,7 @@ class Engine(BaseHTTPRequestHandler):
         if time.monotonic() < self.ready_at:
             self.send_error(503)
             return
+        time.sleep(self.health_thinking)
         if self.health_wire:
             self.wfile.write(self.health_wire.pop(0))
             self.close_connection = True
@@ -99,7 +101,7 @@ def server():
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
     Engine.ready_at, Engine.thinking, Engine.chat_status, Engine.cut_at_max_tokens = 0.0, 0.0, 200, False
-    Engine.health_redirect = None
+    Engine.health_redirect, Engine.health_thinking = None, 0.0
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -436,6 +438,8 @@ def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
     (b"", "{}"),  # vLLM, SGLang: an empty 200
     (b"\xffup\n", "\ufffdup\n"),
     (json.dumps({"status": "ok", "pad": "x" * 900_000}).encode(), ("{\"pad\": \"" + "x" * 300)[:300]),
+    # (before: a 200 over 1 MiB was asked again until smoke.timeout: "the body is over 1048576 bytes")
+    (b"up " * 500_000, ("up " * 100)[:300]),
 ])
 def test_a_health_check_that_answers_200_with_any_body_is_up(engine, server, body, detail):
     Engine.health_body = body
@@ -749,8 +753,20 @@ def test_a_health_check_that_redirects_elsewhere_is_not_up(engine, server):
     Engine.health_redirect = f"http://127.0.0.1:{server.server_port}/elsewhere"
     result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=1), netns_pid=None)[0]
     assert result.failed.name == "health", result.steps
-    assert (f"/health did not answer within 1 s (HTTP 302 Found, a redirect to "
+    assert (f"/health answered HTTP 302 Found, a redirect to "
             f"'http://127.0.0.1:{server.server_port}/elsewhere' (not followed") in result.failed.detail
+
+
+def test_a_health_check_that_redirects_fails_at_once_not_at_the_profiles_timeout(engine, server):
+    # (before: a redirect was asked again every 0.25 s until smoke.timeout, here 120 s, as if still loading)
+    Engine.health_redirect = "/login"
+    start = time.monotonic()
+    result = gates_within(30, engine, "demo:1", metadata(server.server_port, timeout=120), netns_pid=None)[0]
+    assert time.monotonic() - start < 20
+    assert result.failed.name == "health", result.steps
+    assert result.failed.detail.startswith(
+        f"http://127.0.0.1:{server.server_port}/health answered HTTP 302 Found, a redirect to '/login' (not followed: "
+        "the gate judges the engine's own reply); engine log: "), result.failed.detail
 
 
 @pytest.mark.parametrize("nodes", [1, 4])
@@ -842,3 +858,232 @@ def test_a_single_node_gate_whose_name_is_taken_removes_nothing_it_did_not_make(
     with pytest.raises(NameInUse):
         run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)
     assert set(engine.containers) == before
+
+
+@pytest.mark.parametrize("expect", ["TWO ", "  TWO", "the answer is TWO  "])
+def test_a_contained_expected_text_is_trimmed_as_an_exact_one_is(engine, server, expect):
+    # (before: `exact` trimmed the expected text and `contains` kept its spaces, so a reply ending in the
+    # words, or holding them after no space, failed "expected 'TWO ' in the reply")
+    Engine.replies = {"Say two.": "the answer is TWO"}
+    smoke = [{"prompt": "Say two.", "expect": expect, "match": "contains"}]
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.passed, result.steps
+    Engine.replies = {"Say two.": "the answer is THREE"}
+    result = run_gates(engine, "demo:1", planned(server.server_port, smoke), netns_pid=None)[0]
+    assert result.failed.detail == f"expected {expect!r} in the reply, got 'the answer is THREE'"
+
+
+@pytest.mark.parametrize("content,said", [
+    (None, "the reply's content is null: the engine answered with no text"),
+    (42, "the reply's content is a number (42), not text"),
+    (True, "the reply's content is true or false (true), not text"),
+    ([{"type": "text", "text": "UNIFIED_TP1_OK"}],
+     "the reply's content is a list ([{\"type\": \"text\", \"text\": \"UNIFIED_TP1_OK\"}]), not text"),
+])
+def test_a_reply_whose_content_is_no_text_says_so_in_jsons_words(engine, server, content, said):
+    # (before: "the reply's content is NoneType, not text", Python's name of null)
+    Engine.raw = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail == f"the chat completion failed: {said}"
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = __import__("socket").AF_INET6
+
+
+def test_a_gate_on_an_ipv6_only_network_asks_the_containers_ipv6_address_bracketed(engine):
+    # (before: the engine's inspect was read for IPAddress alone, so an IPv6-only verify network failed with
+    # "the container got no network address within 5 s"; and an IPv6 address in the URL needs its brackets)
+    from unibake.docker_engine import DockerEngine
+
+    class API:
+        def inspect_container(self, container):
+            return {"State": {"Running": True}, "NetworkSettings": {
+                "IPAddress": "", "GlobalIPv6Address": "", "Networks": {
+                    "v6only": {"IPAddress": "", "GlobalIPv6Address": "fd00:dead::2", "LinkLocalIPv6Address": ""}}}}
+
+        def logs(self, container, **kwargs):
+            return b"up\n"
+
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the inspect above
+    docker_engine.address, docker_engine.api = "fake://", API()
+    assert docker_engine.container_state("c") == (True, "fd00:dead::2", "up\n")
+
+    httpd = _IPv6Server(("::1", 0), Engine)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        engine.starter = lambda container: setattr(container, "address", "::1")
+        result = gates_within(60, engine, "demo:1", metadata(httpd.server_port), netns_pid=None)[0]
+    finally:
+        httpd.shutdown()
+    assert result.passed, result.steps
+
+
+def test_a_self_check_container_the_engine_cannot_remove_is_named_in_a_warning(capsys):
+    # (before: DockerEngine.run dropped the engine's refusal to remove it, and the container was left with no word)
+    import docker.errors
+
+    from unibake.docker_engine import DockerEngine
+
+    cid = "c0ffee" * 10 + "beef"
+
+    class Logs(list):
+        def close(self):
+            pass
+
+    class API:
+        def create_host_config(self, **kwargs):
+            return kwargs
+
+        def create_container(self, image, **kwargs):
+            return {"Id": cid}
+
+        def start(self, container):
+            pass
+
+        def wait(self, container, timeout):
+            return {"StatusCode": 0}
+
+        def logs(self, container, **kwargs):
+            return Logs([b"ok: kernels present\n"])
+
+        def remove_container(self, container, force):
+            raise docker.errors.APIError("driver \"overlay2\" failed to remove root filesystem: device or resource busy")
+
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
+    docker_engine.address, docker_engine.api = "fake://", API()
+    outcome = docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"})
+    assert (outcome.exit_code, outcome.output) == (0, "ok: kernels present\n")
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: cannot remove container {cid[:12]}: "), err
+    assert "device or resource busy" in err and err.rstrip().endswith(
+        f"it is left in the engine: remove it with docker rm -f {cid[:12]}") and err.count("\n") == 1, err
+
+
+def test_a_self_check_container_created_as_an_interrupt_came_is_removed_by_its_name():
+    # (before: DockerEngine.run created it with no name, and an interrupt before the engine's answer left it,
+    # "Created", in docker ps -a: its ID was never known)
+    import docker.errors
+
+    from unibake.docker_engine import DockerEngine
+
+    class API:
+        made: list = []
+
+        def create_host_config(self, **kwargs):
+            return kwargs
+
+        def create_container(self, image, name=None, **kwargs):
+            self.made.append(name)  # the engine made it; its answer never came
+            raise KeyboardInterrupt
+
+        def remove_container(self, container, force):
+            if container["Id"] not in self.made:
+                raise docker.errors.NotFound("no such container")
+            self.made.remove(container["Id"])
+
+    api = API()
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
+    docker_engine.address, docker_engine.api = "fake://", api
+    with pytest.raises(KeyboardInterrupt):
+        docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"})
+    assert api.made == []
+
+
+def test_a_chat_reply_with_a_utf8_byte_order_mark_is_read_as_its_json(engine, server):
+    # (before: "the chat completion failed: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1")
+    Engine.raw = b"\xef\xbb\xbf" + json.dumps({"choices": [{"message": {"content": "UNIFIED_TP1_OK"}}]}).encode()
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert result.chats[0].reply == "UNIFIED_TP1_OK"
+
+
+def test_a_health_check_slower_than_a_few_seconds_is_waited_for_within_the_profiles_timeout(engine, server):
+    # (before: each /health ask gave up after 3 s and asked again, so one that takes 4 s to answer, as one
+    # that runs the model does, never counted: the gate failed after smoke.timeout with "timed out")
+    Engine.health_thinking = 4.0
+    result = gates_within(60, engine, "demo:1", metadata(server.server_port, timeout=12), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert 4.0 <= result.steps[2].seconds < 12, result.steps
+
+
+@pytest.mark.parametrize("match", ["exact", "contains"])
+@pytest.mark.parametrize("expect", ["", "   "])
+def test_an_images_own_blank_expected_reply_still_needs_a_non_empty_reply(engine, server, match, expect):
+    # (the plan refuses a blank one; an image's own metadata was taken as it is: "contains" found it in every
+    # reply, and exact matched an engine that answered nothing; a regex that matches nothing is refused there)
+    Engine.reply = "  \n"
+    result = run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": expect,
+                                                                       "match": match}]), netns_pid=None)[0]
+    assert result.failed.name == "chat" and result.failed.detail.startswith("expected a non-empty reply"), result.steps
+    Engine.reply = "anything"
+    assert run_gates(engine, "demo:1", planned(server.server_port, [{"prompt": "Say it.", "expect": expect,
+                                                                     "match": match}]), netns_pid=None)[0].passed
+
+
+def test_a_self_check_that_ends_just_as_its_wait_gives_up_is_its_own_outcome_not_an_engine_error():
+    # (before: the kill of a container that had just ended was refused, 409 "is not running", and the run
+    # ended with "running demo:1 failed: ...", an engine error, not the check's exit code)
+    import docker.errors
+    import requests
+
+    from unibake.docker_engine import DockerEngine
+
+    class Logs(list):
+        def close(self):
+            pass
+
+    class API:
+        waits = 0
+
+        def create_host_config(self, **kwargs):
+            return kwargs
+
+        def create_container(self, image, **kwargs):
+            return {"Id": "c" * 64}
+
+        def start(self, container):
+            pass
+
+        def wait(self, container, timeout):
+            self.waits += 1
+            if self.waits == 1:
+                raise requests.exceptions.ReadTimeout("read timed out")
+            return {"StatusCode": 1}
+
+        def kill(self, container):
+            response = requests.Response()
+            response.status_code = 409
+            raise docker.errors.APIError("Cannot kill container: c: Container c is not running", response=response)
+
+        def logs(self, container, **kwargs):
+            return Logs([b"error: self-check[tp1]: tune caches: expected 3 JSON files, found 2\n"])
+
+        def remove_container(self, container, force):
+            pass
+
+    docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
+    docker_engine.address, docker_engine.api = "fake://", API()
+    outcome = docker_engine.run("demo:1", ["self-check"], env={"PROFILE": "tp1"}, timeout=1)
+    assert outcome.exit_code == 1 and "found 2" in outcome.output
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_a_gate_that_ended_keeps_its_result_when_its_clean_up_fails_which_is_a_warning(engine, server, nodes):
+    # (before: the engine's refusal to remove the gate's container, after the gate passed, ended the whole
+    # run with an engine error, exit 1, the gate's result lost)
+    from unibake.errors import EngineError
+
+    def remove_container(container):
+        raise EngineError(f"cannot remove container {container}: device or resource busy")
+
+    engine.remove_container = remove_container
+    warnings = []
+    spec = metadata(server.server_port) if nodes == 1 else multi_node(server.server_port)
+    if nodes > 1:
+        engine.starter = waits_for_its_peers(engine, nodes)
+    result = gates_within(60, engine, "demo:1", spec, netns_pid=None, warn=warnings.append)[0]
+    assert result.passed, result.steps
+    assert len(warnings) == 1 and warnings[0].startswith("after the smoke gate of profile tp1 ended: cannot remove "
+                                                         "container "), warnings
+    assert warnings[0].endswith(": device or resource busy")
