@@ -230,7 +230,10 @@ sha256sum --strict -c "$work/sums" || fail "$dir: files differ from SHA256SUMS (
 # Everything read after this is read as it was checked: IMAGE_ID and manifest.json from copies whose
 # sha256 is checked again, the archive hashed on every read (a file changed after sha256sum -c,
 # between two reads, or while it is loaded would otherwise be read as something never checked)
-for meta in IMAGE_ID manifest.json; do
+# (VALIDATION.json too when SHA256SUMS lists it: whether the smoke gates ran, warned of below)
+metas="IMAGE_ID manifest.json"
+! grep -qx VALIDATION.json "$work/names" || metas="$metas VALIDATION.json"
+for meta in $metas; do
   copy "$meta" "$work/$meta" 16777216 || fail "$dir/$meta: not a regular file"
   [ "$(sha256sum < "$work/$meta" | cut -c 1-64)" = "$(awk -v n="$meta" '$1 == n { print $2 }' "$work/listed")" ] \
     || fail "$dir/$meta: changed after sha256sum -c read it: refused"
@@ -1088,8 +1091,27 @@ elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit
 fi
 
 # a profile released without its smoke gate (its smoke.skip in manifest.json, the gate SKIPPED in
-# VALIDATION.json): what the folder's checks cannot show, warned of as build.py verify warns of it
+# VALIDATION.json; or every profile when no gate ran, --no-smoke or --no-roundtrip: the "smoke_skipped"
+# line of a VALIDATION.json SHA256SUMS lists, read as build.py verify reads it): what the folder's checks
+# cannot show, warned of as build.py verify warns of it
 skipped_gates() {
+  if [ -f "$work/VALIDATION.json" ]; then
+    # shellcheck disable=SC2016  # awk's, not the shell's
+    why=$(LC_ALL=C awk -v q='"' 'BEGIN { x = "[0-9a-fA-F]"
+        line = "^  " q "smoke_skipped" q ": " q "([^" q "\\\\\001-\037]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q ",?$" }
+      $0 ~ line { why = $0; sub(/^  "smoke_skipped": "/, "", why); sub(/",?$/, "", why); out = ""
+        while ((i = index(why, "\\")) > 0) {  # \" and \\ read as JSON reads them; any other escape shown as it is
+          c = substr(why, i + 1, 1); out = out substr(why, 1, i - 1) (c == q || c == "\\" ? "" : "\\") c; why = substr(why, i + 2) }
+        out = out why; gsub(/ +/, " ", out); sub(/^ /, "", out); sub(/ $/, "", out); print substr(out, 1, 300); exit }' \
+      "$work/VALIDATION.json")
+    if [ -n "$why" ]; then
+      awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"$/ { print substr($1, 13, length($1) - 13) }' "$work/manifest.paths" |
+        LC_ALL=C sort | while IFS= read -r name; do
+          shown "warning: profile $name was released without its smoke gate (no gate ran: $why)" >&2
+        done
+      return 0
+    fi
+  fi
   # shellcheck disable=SC2016  # awk's, not the shell's
   awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
       split($1, at, "/"); name = substr(at[2], 2, length(at[2]) - 2); why = substr($2, 2, length($2) - 2); out = ""

@@ -9,6 +9,7 @@ With ``--load`` the archive is then loaded into an engine and the image ID compa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
@@ -185,6 +186,32 @@ def _manifest_bytes(folder: Path) -> bytes:
     read could find another file)."""
     return read_small_file(folder / MANIFEST, VerificationError, limit=MAX_MANIFEST_BYTES,
                            what="this is not a complete release folder", follow=False)
+
+
+# the line VALIDATION.json (json.dumps, indent 2) gives the reason no smoke gate ran on: a top-level
+# "smoke_skipped" holding a JSON string (null when the gates ran); verify-release.sh reads the same line
+SMOKE_SKIPPED_LINE = re.compile(r'^  "smoke_skipped": ("(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"),?$',
+                                re.MULTILINE)
+
+
+def gates_not_run(folder: Path, signed_sums: bytes | None = None) -> str | None:
+    """Why no smoke gate of a release ran (``--no-smoke``, ``--no-roundtrip``), as its ``VALIDATION.json``
+    says; None when they ran or it does not say. Only a VALIDATION.json that SHA256SUMS lists, read once
+    (the bytes whose sha256 is compared are the ones read), and its first ``smoke_skipped`` line as
+    json.dumps writes it: read as ``scripts/verify-release.sh`` reads it, so that both warn alike."""
+    from .manifest import VALIDATION
+
+    try:
+        sums = read_sums(folder, signed_sums)
+        data = read_small_file(folder / VALIDATION, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
+    except VerificationError:
+        return None
+    if sums.get(VALIDATION) != hashlib.sha256(data).hexdigest():
+        return None
+    found = SMOKE_SKIPPED_LINE.search(data.decode("utf-8", errors="replace"))
+    if found is None:
+        return None
+    return " ".join(json.loads(found.group(1)).split())[:300] or None
 
 
 def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:

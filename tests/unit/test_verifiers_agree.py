@@ -514,3 +514,43 @@ def test_the_shell_verifiers_manifest_shape_is_the_schemas():
 
     held = SCRIPT.read_text().split("\nmanifest_shape='", 1)[1].split("'\n", 1)[0]
     assert held == shell_shape(), "regenerate the script's manifest_shape from unibake.manifest.shell_shape()"
+
+
+@pytest.mark.parametrize("skipped", [{"smoke": False}, {"roundtrip": False}])
+def test_a_release_made_without_any_gate_is_warned_of_by_both_for_every_profile(engines, tmp_path, cli, skipped):
+    """A --no-smoke or --no-roundtrip release (VALIDATION.json's smoke_skipped): both verifiers pass it and
+    warn of every profile in the same words (before, the shell verifier said nothing: it read smoke.skip only)."""
+    folder = release(engines, tmp_path / "release", **skipped)["release"].folder
+    why = "skipped with --no-smoke" if "smoke" in skipped else \
+        "they run on the loaded image, and the round trip was skipped"
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    warnings = [f"warning: profile tp1 was released without its smoke gate (no gate ran: {why})"]
+    assert [line for line in python_err.splitlines() if line.startswith("warning: profile")] == warnings, python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert [line for line in run.stderr.splitlines() if line.startswith("warning: profile")] == warnings, run.stderr
+
+
+def test_a_validation_json_sha256sums_does_not_list_is_read_by_neither(engines, tmp_path, cli):
+    """VALIDATION.json is read for the warning only when SHA256SUMS lists it (a file added beside a release
+    is not part of it, not read): build.py verify read it wherever it came from, the shell did not."""
+    folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
+    sums = folder / "SHA256SUMS"
+    sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines()
+                            if not line.endswith(" VALIDATION.json")))
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    assert "smoke gate" not in python_err and "smoke gate" not in shell_err, python_err + shell_err
+
+
+def test_a_skip_reason_with_escapes_and_blanks_is_warned_of_alike_by_both(engines, tmp_path, cli):
+    folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
+    path = folder / "VALIDATION.json"
+    path.write_text(path.read_text().replace('"smoke_skipped": "skipped with --no-smoke"',
+                                             '"smoke_skipped": "  a \\"quoted\\"   \\\\ reason  "'))
+    resum(folder)
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    warning = 'warning: profile tp1 was released without its smoke gate (no gate ran: a "quoted" \\ reason)'
+    assert warning in python_err.splitlines(), python_err
+    assert warning in shell_err.splitlines(), shell_err
