@@ -925,8 +925,29 @@ function key(k,   what, folded) {  # a key of the top-level object (depth 1) or 
   if (folded in seen) bad(what " the keys \047" seen[folded] "\047 and \047" k "\047, which an engine reads as one (the last)")
   seen[folded] = k
 }
+function path(d,   i, p) {  # the keys to the value at depth d, in lower case, " " between ("" if a list is on the way)
+  for (i = 1; i <= d; i++) { if (kind[i] != 123) return ""; p = p (i > 1 ? " " : "") tolower(current[i]) }
+  return p
+}
+function shown(d,   i, p) {  # the same as written ("[]" for a list item), as build.py verify names it
+  for (i = 1; i <= d; i++) p = p (kind[i] == 91 ? "[]" : (i > 1 ? "." : "") substr(current[i], 1, 40))
+  return p
+}
+# the fields an engine decodes a number into (Go: a 64-bit integer) and the top-level ones it knows (a number
+# under one of them, elsewhere, is refused by the engine), as build.py verify reads them (imagetar.INTEGER_FIELDS)
+function integer(p) { return p == "size" || p ~ /^(config|container_config) (stoptimeout|healthcheck (interval|timeout|startperiod|startinterval|retries))$/ }
+function known() { return tolower(current[1]) ~ /^(id|parent|comment|created|container|container_config|docker_version|author|config|architecture|variant|os|os\.version|os\.features|size|rootfs|history)$/ }
+function number(   digits, limit) {  # a number ended at depth: one an engine reads where it is
+  if (integer(path(depth))) {
+    digits = lit; limit = sub(/^-/, "", digits) ? "9223372036854775808" : "9223372036854775807"
+    if (lit !~ /^-?(0|[1-9][0-9]*)$/ || length(digits) > 19 || (length(digits) == 19 && (digits "") > (limit "")))
+      bad("\047s " shown(depth) " is not a whole number of 64 bits, which an engine reads there (it would refuse the load)")
+  } else if (depth > 0 && known()) bad("\047s " shown(depth) " is a number, where an engine reads none (it would refuse the load)")
+}
 function value(c) {  # a value starts with the byte c: where one may, and in rootfs.diff_ids a string
   if (expect != "value" && expect != "value]") bad(" is not valid JSON")
+  if (integer(path(depth)) && c != 45 && (c < 48 || c > 57) && c != 110)
+    bad("\047s " shown(depth) " is not a whole number of 64 bits, which an engine reads there (it would refuse the load)")
   if (depth == 3 && list && c != 34) bad("\047s rootfs.diff_ids holds something other than strings")
   if (depth == 0 && c != 123) bad(" is not a JSON object")
 }
@@ -934,6 +955,7 @@ function literal(   ok) {  # a number, true, false or null ended
   inlit = 0; expect = "next"
   ok = lit ~ /^(true|false|null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)$/
   if (!ok) bad(" is not valid JSON")
+  if (lit ~ /^-/ || lit ~ /^[0-9]/) number()
 }
 function byte(c,   h) {
   if (instr) {
@@ -948,7 +970,7 @@ function byte(c,   h) {
     if (c < 32) bad(" is not valid JSON")
     if (c != 34) { add(c); return }
     instr = 0
-    if (expect == "key" || expect == "key}") { expect = ":"; current[depth] = str
+    if (expect == "key" || expect == "key}") { expect = ":"; current[depth] = wide ? "<wide>" : str
       if (depth == 1 || (depth == 2 && inroot)) key(str)
       return }
     expect = "next"
