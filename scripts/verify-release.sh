@@ -344,6 +344,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "save_layout"	string	1	-	-	"docker"|"oci"	-	-
 "default_profile"	string,null	1	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
 "profiles"	map	1	-	-	-	-	-
+"profiles"/+	string	0	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
 "profiles"/*	object	0	-	-	-	-	-
 "profiles"/*/"gpus"	integer	1	1	1024	-	-	-
 "profiles"/*/"vendor"	string	1	-	-	"nvidia"|"amd"|"hygon"	-	-

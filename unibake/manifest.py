@@ -187,6 +187,15 @@ class ReleaseManifest(Document):
             raise ValueError(f"first_published {self.first_published} is later than published {self.published}")
         return self
 
+    @model_validator(mode="after")
+    def _profile_names(self) -> "ReleaseManifest":
+        # as the image's own metadata names them (the shell verifier checks the same pattern): a name with a
+        # quote, a slash or an escape would be read otherwise by a verifier that reads the file line by line
+        for name in self.profiles:
+            if not NAME_RE.fullmatch(name):
+                raise ValueError(f"profile name {name[:40]!r} is not a profile name ({NAME_RE.pattern})")
+        return self
+
     @property
     def metadata(self) -> ImageMetadata | None:
         """The image's own metadata, for an image unibake built."""
@@ -389,11 +398,11 @@ def _posix_pattern(pattern: str) -> tuple[str, str]:
 
 # what the models check in code, not in the schema, that the shell verifier can check as a pattern: a map's
 # keys ("+": ProfileMetadata's env names, LaunchMetadata's mount names) and values (their length, the mount
-# paths); kept beside those validators by hand (the regexes of a smoke gate are not checked in sh)
+# paths), the profiles' names; kept beside those validators by hand (the regexes of a smoke gate are not checked in sh)
 def _in_code() -> dict[str, tuple[str, str]]:
     from .schema import ENV_KEY_RE, IMAGE_PATH_RE, NAME_RE
 
-    return {'"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
+    return {'"profiles"/+': ("-", NAME_RE.pattern), '"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
             '"launch"/"mounts"/+': ("-", NAME_RE.pattern), '"launch"/"mounts"/*': ("-", IMAGE_PATH_RE.pattern)}
 
 

@@ -441,6 +441,10 @@ def first_profile(manifest) -> dict:
     return manifest["profiles"][sorted(manifest["profiles"])[0]]
 
 
+def renamed_profile(manifest, name: str) -> None:
+    manifest["profiles"][name] = manifest["profiles"].pop(sorted(manifest["profiles"])[0])
+
+
 SCHEMA_CASES = [
     ("a negative image size", lambda m: m.update(image_size=-1), "image_size"),
     ("an unknown top-level key", lambda m: m.update(extra="x"), "extra"),
@@ -481,6 +485,13 @@ SCHEMA_CASES = [
     ("an env value too long", lambda m: first_profile(m)["env"].update(LONGVALUE="x" * 4097), "LONGVALUE"),
     ("a mount path that is relative", lambda m: m["launch"]["mounts"].update(models="relative/path"), "relative/path"),
     ("a mount name that is no name", lambda m: m["launch"]["mounts"].update({"Models!": "/models"}), "Models!"),
+    # a profile's name as the image's metadata takes it (before, both passed these; the shell's skip warning
+    # read no name holding a quote or a slash)
+    ("a profile name with a quote", lambda m: renamed_profile(m, 'tp"1'), "tp"),
+    ("a profile name with a slash", lambda m: renamed_profile(m, "tp/1"), "tp/1"),
+    ("a profile name in upper case", lambda m: renamed_profile(m, "TP1"), "TP1"),
+    ("a profile name with a leading dash", lambda m: renamed_profile(m, "-tp1"), "-tp1"),
+    ("a profile name not ascii", lambda m: renamed_profile(m, "tp\u00e91"), "tp"),
 ]
 
 
