@@ -1117,15 +1117,50 @@ fi
 # VALIDATION.json; or every profile when no gate ran, --no-smoke or --no-roundtrip: the "smoke_skipped"
 # line of a VALIDATION.json SHA256SUMS lists, read as build.py verify reads it): what the folder's checks
 # cannot show, warned of as build.py verify warns of it
+# (a JSON string's text, its quotes off, as build.py verify prints it: its escapes decoded, a control character
+# as \xNN; with collapse, Python's blanks in a run as one space, none at the ends, at most 300 characters)
+# shellcheck disable=SC2016  # awk's, not the shell's
+json_text='function hexv(h,   i, v) { for (i = 1; i <= 4; i++) v = v * 16 + index("0123456789abcdef", tolower(substr(h, i, 1))) - 1; return v }
+  function utf8(c) {
+    if (c < 128) return sprintf("%c", c)
+    if (c < 2048) return sprintf("%c%c", 192 + int(c / 64), 128 + c % 64)
+    if (c < 65536) return sprintf("%c%c%c", 224 + int(c / 4096), 128 + int(c / 64) % 64, 128 + c % 64)
+    return sprintf("%c%c%c%c", 240 + int(c / 262144), 128 + int(c / 4096) % 64, 128 + int(c / 64) % 64, 128 + c % 64)
+  }
+  function blank(c) { return c == 32 || (c >= 9 && c <= 13) || (c >= 28 && c <= 31) || c == 133 || c == 160 || c == 5760 ||
+    (c >= 8192 && c <= 8202) || c == 8232 || c == 8233 || c == 8239 || c == 8287 || c == 12288 }
+  function jtext(s, collapse,   n, i, c, e, code, lo, d, out, k, len, pend) {
+    for (i = 1; i <= length(s); i++) {
+      c = substr(s, i, 1); code = -1; d = c
+      if (c >= "\200" && c <= "\277" && n > 0) { ch[n] = ch[n] c; continue }  # (a raw UTF-8 character whole)
+      if (c == "\\") { e = substr(s, ++i, 1); d = e
+        if (e == "u") { code = hexv(substr(s, i + 1, 4)); i += 4
+          if (code >= 55296 && code < 56320 && substr(s, i + 1, 2) == "\\u") { lo = hexv(substr(s, i + 3, 4))
+            if (lo >= 56320 && lo < 57344) { code = 65536 + (code - 55296) * 1024 + lo - 56320; i += 6 } } }
+        else if (index("bfnrt", e)) code = index("bfnrt", e) == 1 ? 8 : index("bfnrt", e) == 2 ? 12 : index("bfnrt", e) == 3 ? 10 : index("bfnrt", e) == 4 ? 13 : 9 }
+      if (code == 10) d = "\\n"; else if (code == 13) d = "\\r"; else if (code == 9) d = "\\t"
+      else if (code >= 0 && (code < 32 || (code >= 127 && code < 160))) d = sprintf("\\x%02x", code)
+      else if (code >= 55296 && code < 57344) d = sprintf("\\u%04x", code)
+      else if (code >= 0) d = utf8(code)
+      ch[++n] = d; sp[n] = collapse && (d == " " || (code >= 0 && blank(code)))
+    }
+    for (k = 1; k <= n; k++) {
+      if (!collapse) { out = out ch[k]; continue }
+      if (sp[k]) { pend = len > 0; continue }
+      if (pend && len < 300) { out = out " "; len++ }
+      pend = 0
+      if (len >= 300) break
+      out = out ch[k]; len++
+    }
+    return out
+  }'
 skipped_gates() {
   if [ -f "$work/VALIDATION.json" ]; then
     # shellcheck disable=SC2016  # awk's, not the shell's
-    why=$(LC_ALL=C awk -v q='"' 'BEGIN { x = "[0-9a-fA-F]"
+    why=$(LC_ALL=C awk -v q='"' "$json_text"'
+      BEGIN { x = "[0-9a-fA-F]"
         line = "^  " q "smoke_skipped" q ": " q "([^" q "\\\\\001-\037]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q ",?$" }
-      $0 ~ line { why = $0; sub(/^  "smoke_skipped": "/, "", why); sub(/",?$/, "", why); out = ""
-        while ((i = index(why, "\\")) > 0) {  # \" and \\ read as JSON reads them; any other escape shown as it is
-          c = substr(why, i + 1, 1); out = out substr(why, 1, i - 1) (c == q || c == "\\" ? "" : "\\") c; why = substr(why, i + 2) }
-        out = out why; gsub(/ +/, " ", out); sub(/^ /, "", out); sub(/ $/, "", out); print substr(out, 1, 300); exit }' \
+      $0 ~ line { why = $0; sub(/^  "smoke_skipped": "/, "", why); sub(/",?$/, "", why); print jtext(why, 1); exit }' \
       "$work/VALIDATION.json")
     if [ -n "$why" ]; then
       awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"$/ { print substr($1, 13, length($1) - 13) }' "$work/manifest.paths" |
@@ -1136,11 +1171,10 @@ skipped_gates() {
     fi
   fi
   # shellcheck disable=SC2016  # awk's, not the shell's
-  awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
-      split($1, at, "/"); name = substr(at[2], 2, length(at[2]) - 2); why = substr($2, 2, length($2) - 2); out = ""
-      while ((i = index(why, "\\")) > 0) {  # \" and \\ read as JSON reads them; any other escape shown as it is
-        c = substr(why, i + 1, 1); out = out substr(why, 1, i - 1) (c == "\"" || c == "\\" ? "" : "\\") c; why = substr(why, i + 2) }
-      print name "\t" out why }' "$work/manifest.paths" | LC_ALL=C sort |
+  LC_ALL=C awk -F '\t' "$json_text"'
+    $1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
+      split($1, at, "/"); print substr(at[2], 2, length(at[2]) - 2) "\t" jtext(substr($2, 2, length($2) - 2), 0) }' \
+    "$work/manifest.paths" | LC_ALL=C sort |
     while IFS="$(printf '\t')" read -r name why; do
       shown "warning: profile $name was released without its smoke gate (smoke.skip: $why)" >&2
     done

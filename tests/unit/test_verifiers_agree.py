@@ -420,6 +420,26 @@ def test_a_profile_released_without_its_smoke_gate_is_warned_of_by_both(cli, fol
         assert [line for line in run.stderr.splitlines() if line.startswith("warning: profile")] == warnings, run.stderr
 
 
+def test_a_skip_reason_not_in_ascii_is_warned_of_in_the_same_words_by_both(cli, folder):
+    """json.dumps writes a reason's "é" as "\\u00e9": the shell verifier showed that escape as written
+    ("n\\u00e9cessite"), build.py verify the text."""
+    reason = "n\u00e9cessite 4 n\u0153uds \U0001f600 (\u202eRDMA)"
+
+    def skipped(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        first_profile(manifest)["smoke"]["skip"] = reason
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, skipped)
+    name = sorted(json.loads((folder / "manifest.json").read_text())["profiles"])[0]
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    warning = f"warning: profile {name} was released without its smoke gate (smoke.skip: {reason})"
+    assert warning in python_err.splitlines(), python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert warning in run.stderr.splitlines(), run.stderr
+
+
 def test_a_release_whose_gates_all_ran_gets_no_skip_warning_from_either(cli, folder):
     python, shells, python_err, shell_err = verdicts(cli, folder)
     assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
@@ -565,3 +585,18 @@ def test_a_skip_reason_with_escapes_and_blanks_is_warned_of_alike_by_both(engine
     warning = 'warning: profile tp1 was released without its smoke gate (no gate ran: a "quoted" \\ reason)'
     assert warning in python_err.splitlines(), python_err
     assert warning in shell_err.splitlines(), shell_err
+
+
+def test_a_no_gate_reason_with_escapes_python_reads_as_blanks_is_warned_of_alike_by_both(engines, tmp_path, cli):
+    folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
+    path = folder / "VALIDATION.json"
+    escaped = json.dumps("\u2003x\u00a0\u2003y\t\u0001 z\u00e9\u0085" + "w" * 400)
+    path.write_text(path.read_text().replace('"smoke_skipped": "skipped with --no-smoke"', f'"smoke_skipped": {escaped}'))
+    resum(folder)
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    said = "x y \\x01 z\u00e9 " + "w" * 291  # (U+0085 is a blank to Python)
+    warning = f"warning: profile tp1 was released without its smoke gate (no gate ran: {said})"
+    assert warning in python_err.splitlines(), python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert warning in run.stderr.splitlines(), run.stderr
