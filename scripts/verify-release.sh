@@ -233,8 +233,10 @@ sha256sum --strict -c "$work/sums" || fail "$dir: files differ from SHA256SUMS (
 # (VALIDATION.json too when SHA256SUMS lists it: whether the smoke gates ran, warned of below)
 metas="IMAGE_ID manifest.json"
 ! grep -qx VALIDATION.json "$work/names" || metas="$metas VALIDATION.json"
+# (IMAGE_ID at most 1 KiB, as build.py verify reads it: more is no image ID)
 for meta in $metas; do
-  copy "$meta" "$work/$meta" 16777216 || fail "$dir/$meta: not a regular file"
+  limit=16777216; [ "$meta" != IMAGE_ID ] || limit=1024
+  copy "$meta" "$work/$meta" "$limit" || fail "$dir/$meta: not a regular file"
   [ "$(sha256sum < "$work/$meta" | cut -c 1-64)" = "$(awk -v n="$meta" '$1 == n { print $2 }' "$work/listed")" ] \
     || fail "$dir/$meta: changed after sha256sum -c read it: refused"
 done
@@ -560,9 +562,13 @@ while IFS="$tab" read -r path _ _ _ _ _ ere unlike; do
   [ -z "$at" ] || fail "$dir/manifest.json: not a valid release manifest: $(awk -F '\t' -v p="$path" -v n="$at" \
 '$1 == p && ++i == n { print $2 ": " substr($3, 1, 80); exit }' "$work/manifest.strings") does not match the pattern $ere"
 done < "$work/manifest.shape"
+# (read as the guide's test "$(cat IMAGE_ID)" reads it, its last newlines dropped; a NUL byte, which the
+# shell drops there too, refused: build.py verify reads the file, NUL and all)
+tr -d '\000' < "$work/IMAGE_ID" | cmp -s - "$work/IMAGE_ID" || fail "$dir/IMAGE_ID: holds a NUL byte: does not hold an image ID"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
-printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
+[ "$(printf '%s\n' "$want" | wc -l)" -eq 1 ] && printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' \
+  || fail "$dir/IMAGE_ID does not hold an image ID"
 recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manifest.json")
 [ "$recorded" = "$want" ] || fail "$dir/IMAGE_ID names $want, but manifest.json records ${recorded:-no single image ID}"
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")

@@ -135,9 +135,12 @@ def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, chec
     if IMAGE_ID not in sums:
         checks.add("image id", IMAGE_ID, False, "not listed in SHA256SUMS")
         return
+    path = folder / IMAGE_ID
     try:
-        text = read_small_text(folder / IMAGE_ID, VerificationError, limit=1024, follow=False)
-    except VerificationError:
+        text = read_small_text(path, VerificationError, limit=1024, follow=False)
+    except VerificationError as exc:
+        if path.is_file() and not path.is_symlink():  # too large, not UTF-8: it names no image (as the shell's)
+            checks.add("image id", IMAGE_ID, False, f"{str(exc)[:200]}: does not hold an image ID")
         return  # missing or not a regular file: the sha256 check above has said so
     # read as the guide's `test "$(docker image inspect ...)" = "$(cat IMAGE_ID)"` reads it (and the shell
     # verifier): trailing newlines dropped, nothing else (a space, a carriage return would fail that test)

@@ -600,3 +600,20 @@ def test_a_no_gate_reason_with_escapes_python_reads_as_blanks_is_warned_of_alike
     assert warning in python_err.splitlines(), python_err
     for run in (shell(folder, sh) for sh in SHELLS):
         assert warning in run.stderr.splitlines(), run.stderr
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(lambda iid: iid + b"\0\n", id="a NUL byte the shell's $(cat) drops"),
+    pytest.param(lambda iid: b"sha256:" + b"ab" * 32 + b"\n" + b"x" * 2000 + b"\n", id="another image over 1 KiB"),
+    pytest.param(lambda iid: iid + b"\n" * 1100, id="the image and 1100 newlines"),
+    pytest.param(lambda iid: iid + b"\n\xff\n", id="not utf-8"),
+])
+def test_an_image_id_file_that_names_no_image_as_read_is_refused_by_both(cli, folder, content):
+    """IMAGE_ID (what the downloaders' guide compares the loaded image with): build.py verify passed one of
+    more than 1 KiB or not UTF-8 unread (naming another image), the shell one whose NUL byte $(cat) drops."""
+    image_id = json.loads((folder / "manifest.json").read_text())["image_id"].encode()
+    (folder / "IMAGE_ID").write_bytes(content(image_id))
+    resum(folder)
+    assert_same(cli, folder, passes=False, python_says="IMAGE_ID", shell_says="IMAGE_ID")
+    said = cli("verify", str(folder)).error_lines
+    assert len(said) == 1 and "IMAGE_ID" in said[0] and len(said[0]) < 600, said
