@@ -67,6 +67,8 @@ class ArchiveRecord(Record):
         # the file the notes tell downloaders to load is NAME (or NAME.part-000, ... in order): the
         # files checked must be those, or a verifier would pass one file while users load another
         names = [f.name for f in self.files]
+        if not self.name.endswith(".tar.zst"):  # (as the shell verifier takes it: the notes say NAME.tar.zst)
+            raise ValueError(f"the archive {self.name[:80]} is not named NAME.tar.zst, as unibake names its archive")
         if names != [self.name] and names != [part_name(self.name, i) for i in range(len(names))]:
             raise ValueError(f"the archive {self.name} is recorded as the files {', '.join(names)[:200]}, not "
                              f"{self.name} or its parts {part_name(self.name, 0)}, ...")

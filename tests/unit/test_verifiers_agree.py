@@ -617,3 +617,20 @@ def test_an_image_id_file_that_names_no_image_as_read_is_refused_by_both(cli, fo
     assert_same(cli, folder, passes=False, python_says="IMAGE_ID", shell_says="IMAGE_ID")
     said = cli("verify", str(folder)).error_lines
     assert len(said) == 1 and "IMAGE_ID" in said[0] and len(said[0]) < 600, said
+
+
+@pytest.mark.parametrize("suffix", [".tzst", ".tar", ".tar.zstd", ".zst"])
+def test_an_archive_not_named_name_tar_zst_is_refused_by_both(cli, folder, suffix):
+    """The archive renamed (its file, manifest.json and SHA256SUMS made to agree): the shell verifier refused
+    it, build.py verify passed it."""
+    def renamed(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        old = manifest["archive"]["name"]
+        new = old.removesuffix(".tar.zst") + suffix
+        (folder / old).rename(folder / new)
+        manifest["archive"]["name"] = manifest["archive"]["files"][0]["name"] = new
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, renamed)
+    assert_same(cli, folder, passes=False, python_says="is not named NAME.tar.zst",
+                shell_says="no archive name ending in .tar.zst")
