@@ -300,7 +300,8 @@ json_form='function canon(k,   out, i, j, c, code) {  # a key as one text, its e
       if (key ~ /[\200-\377]/ || (obj[d], canon(key)) in seen) { print NR; exit }
       seen[obj[d], canon(key)] = 1 }  # a key twice in one object, at any depth
     last = body ~ /,$/ ? "," : ""
-    if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
+    if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open"
+      if (d > 256) { print NR " (nested more than 256 levels deep)"; exit } }  # (as build.py verify reads it)
     if (d == 0) ended = 1 }
   END { if (!ended && NR > 0) print NR }'
 # (a file in that form, line by line: where each value is, its keys in their JSON text, "/" between them, a

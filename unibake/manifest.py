@@ -334,7 +334,13 @@ def _whole(text: str) -> int | _NotWhole:
 
 def read_json(text: str) -> object:
     """``text`` as JSON, a key written twice in one object refused (ValueError), each number that is no
-    whole number (or one of more than MAX_DIGITS digits) read as :class:`_NotWhole`."""
+    whole number (or one of more than MAX_DIGITS digits) read as :class:`_NotWhole`. Nested more than
+    MAX_NESTING levels deep, it is refused (ValueError) before it is read: Python's reader gives up
+    somewhere near 1000 levels, the shell verifier at MAX_NESTING, as for an image's metadata."""
+    from .imagetar import MAX_NESTING, _nesting
+
+    if _nesting(text) > MAX_NESTING:
+        raise ValueError(f"nested more than {MAX_NESTING} levels deep, which no release's JSON is")
     return json.loads(text, object_pairs_hook=_once_each, parse_float=_not_whole, parse_constant=_not_whole,
                       parse_int=_whole)
 

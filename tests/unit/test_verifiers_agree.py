@@ -634,3 +634,25 @@ def test_an_archive_not_named_name_tar_zst_is_refused_by_both(cli, folder, suffi
     edit_manifest(folder, renamed)
     assert_same(cli, folder, passes=False, python_says="is not named NAME.tar.zst",
                 shell_says="no archive name ending in .tar.zst")
+
+
+def nested_under_zz(depth: int):
+    """The document written as unibake writes it, with a last key "zz" holding lists nested so that the
+    deepest is ``depth`` levels down (the document itself the first)."""
+    def text(document) -> str:
+        written = json.dumps(document, indent=2, sort_keys=True)
+        lists = depth - 1
+        lines = ["  " * (i + 1) + ('"zz": [' if i == 0 else "[") for i in range(lists)] + ["  " * (lists + 1) + "1"]
+        lines += ["  " * (i + 1) + "]" for i in reversed(range(lists))]
+        assert written.endswith("\n}")
+        return written[:-2] + ",\n" + "\n".join(lines) + "\n}\n"
+    return text
+
+
+@pytest.mark.parametrize("depth, passes", [(256, True), (257, False), (1500, False)])
+def test_an_sbom_nested_deeper_than_any_release_json_is_refused_by_both(cli, whole, depth, passes):
+    """(before: nested 1500 deep, build.py verify refused it, its reader out of stack, "not valid JSON";
+    the shell verifier passed it)"""
+    rewrite(whole, "sbom.cdx.json", lambda document: None, text=nested_under_zz(depth))
+    assert_same(cli, whole, passes=passes, python_says="" if passes else "nested more than 256 levels deep",
+                shell_says="" if passes else "nested more than 256 levels deep")
