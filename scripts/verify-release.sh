@@ -75,6 +75,8 @@ while [ "$#" -gt 0 ]; do
   esac
 done
 [ -d "$dir" ] || { printf '%s\n' "error: $dir: not a folder" >&2; exit 2; }
+# (a trailing slash, which a shell's completion adds, dropped: the errors name "DIR/IMAGE_ID", not "DIR//IMAGE_ID")
+while :; do case "$dir" in */) [ "$dir" != / ] || break; dir=${dir%/} ;; *) break ;; esac; done
 case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
   [ -f "$key" ] || { printf '%s\n' "error: --key $key: no such file" >&2; exit 2; }

@@ -656,3 +656,14 @@ def test_an_sbom_nested_deeper_than_any_release_json_is_refused_by_both(cli, who
     rewrite(whole, "sbom.cdx.json", lambda document: None, text=nested_under_zz(depth))
     assert_same(cli, whole, passes=passes, python_says="" if passes else "nested more than 256 levels deep",
                 shell_says="" if passes else "nested more than 256 levels deep")
+
+
+def test_a_folder_given_with_trailing_slashes_is_named_once_slashed_in_the_shells_errors(folder):
+    (folder / "IMAGE_ID").write_text("sha256:" + "ab" * 32 + "\n")
+    resum(folder)
+    for sh in SHELLS:
+        run = subprocess.run([sh, str(SCRIPT), f"{folder}//", "--no-load"], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 3, run.stderr
+        [error] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert error.startswith(f"error: {folder}/IMAGE_ID names sha256:abab"), error
