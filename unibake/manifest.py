@@ -410,7 +410,8 @@ def _posix_pattern(pattern: str) -> tuple[str, str]:
 def _in_code() -> dict[str, tuple[str, str]]:
     from .schema import ENV_KEY_RE, IMAGE_PATH_RE, NAME_RE
 
-    return {'"profiles"/+': ("-", NAME_RE.pattern), '"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
+    return {'"profiles"/+': ("-", NAME_RE.pattern),
+            '"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
             '"launch"/"mounts"/+': ("-", NAME_RE.pattern), '"launch"/"mounts"/*': ("-", IMAGE_PATH_RE.pattern)}
 
 

@@ -1518,13 +1518,14 @@ def _read_by_the_shell(data: bytes, program: str):
 
 def _read_by_unibake(data: bytes):
     from unibake.errors import ArchiveError
-    from unibake.imagetar import Member, _field, _written, check_config_keys, member_json
+    from unibake.imagetar import Member, _field, _written, check_config_keys, check_config_numbers, member_json
     from unibake.platforms import of_config
 
     try:
         config = member_json({"c": Member(name="c", size=len(data), sha256="", content_sha256="", data=data)}, "c",
                              _written)
         check_config_keys(config)
+        check_config_numbers(config)
     except ArchiveError:
         return None
     declared = _field(_field(config, "rootfs"), "diff_ids")

@@ -591,7 +591,8 @@ def test_a_no_gate_reason_with_escapes_python_reads_as_blanks_is_warned_of_alike
     folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
     path = folder / "VALIDATION.json"
     escaped = json.dumps("\u2003x\u00a0\u2003y\t\u0001 z\u00e9\u0085" + "w" * 400)
-    path.write_text(path.read_text().replace('"smoke_skipped": "skipped with --no-smoke"', f'"smoke_skipped": {escaped}'))
+    path.write_text(path.read_text().replace('"smoke_skipped": "skipped with --no-smoke"',
+                                             f'"smoke_skipped": {escaped}'))
     resum(folder)
     python, shells, python_err, shell_err = verdicts(cli, folder)
     assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
