@@ -75,6 +75,8 @@ while [ "$#" -gt 0 ]; do
   esac
 done
 [ -d "$dir" ] || { printf '%s\n' "error: $dir: not a folder" >&2; exit 2; }
+# (a trailing slash, which a shell's completion adds, dropped: the errors name "DIR/IMAGE_ID", not "DIR//IMAGE_ID")
+while :; do case "$dir" in */) [ "$dir" != / ] || break; dir=${dir%/} ;; *) break ;; esac; done
 case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
   [ -f "$key" ] || { printf '%s\n' "error: --key $key: no such file" >&2; exit 2; }
@@ -230,8 +232,13 @@ sha256sum --strict -c "$work/sums" || fail "$dir: files differ from SHA256SUMS (
 # Everything read after this is read as it was checked: IMAGE_ID and manifest.json from copies whose
 # sha256 is checked again, the archive hashed on every read (a file changed after sha256sum -c,
 # between two reads, or while it is loaded would otherwise be read as something never checked)
-for meta in IMAGE_ID manifest.json; do
-  copy "$meta" "$work/$meta" 16777216 || fail "$dir/$meta: not a regular file"
+# (VALIDATION.json too when SHA256SUMS lists it: whether the smoke gates ran, warned of below)
+metas="IMAGE_ID manifest.json"
+! grep -qx VALIDATION.json "$work/names" || metas="$metas VALIDATION.json"
+# (IMAGE_ID at most 1 KiB, as build.py verify reads it: more is no image ID)
+for meta in $metas; do
+  limit=16777216; [ "$meta" != IMAGE_ID ] || limit=1024
+  copy "$meta" "$work/$meta" "$limit" || fail "$dir/$meta: not a regular file"
   [ "$(sha256sum < "$work/$meta" | cut -c 1-64)" = "$(awk -v n="$meta" '$1 == n { print $2 }' "$work/listed")" ] \
     || fail "$dir/$meta: changed after sha256sum -c read it: refused"
 done
@@ -295,7 +302,8 @@ json_form='function canon(k,   out, i, j, c, code) {  # a key as one text, its e
       if (key ~ /[\200-\377]/ || (obj[d], canon(key)) in seen) { print NR; exit }
       seen[obj[d], canon(key)] = 1 }  # a key twice in one object, at any depth
     last = body ~ /,$/ ? "," : ""
-    if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open" }
+    if (!closing && body ~ /[{[]$/) { d++; kind[d] = substr(body, length(body)); obj[d] = NR; last = "open"
+      if (d > 256) { print NR " (nested more than 256 levels deep)"; exit } }  # (as build.py verify reads it)
     if (d == 0) ended = 1 }
   END { if (!ended && NR > 0) print NR }'
 # (a file in that form, line by line: where each value is, its keys in their JSON text, "/" between them, a
@@ -341,6 +349,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "save_layout"	string	1	-	-	"docker"|"oci"	-	-
 "default_profile"	string,null	1	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
 "profiles"	map	1	-	-	-	-	-
+"profiles"/+	string	0	-	-	-	^([a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?)$	-
 "profiles"/*	object	0	-	-	-	-	-
 "profiles"/*/"gpus"	integer	1	1	1024	-	-	-
 "profiles"/*/"vendor"	string	1	-	-	"nvidia"|"amd"|"hygon"	-	-
@@ -556,9 +565,13 @@ while IFS="$tab" read -r path _ _ _ _ _ ere unlike; do
   [ -z "$at" ] || fail "$dir/manifest.json: not a valid release manifest: $(awk -F '\t' -v p="$path" -v n="$at" \
 '$1 == p && ++i == n { print $2 ": " substr($3, 1, 80); exit }' "$work/manifest.strings") does not match the pattern $ere"
 done < "$work/manifest.shape"
+# (read as the guide's test "$(cat IMAGE_ID)" reads it, its last newlines dropped; a NUL byte, which the
+# shell drops there too, refused: build.py verify reads the file, NUL and all)
+tr -d '\000' < "$work/IMAGE_ID" | cmp -s - "$work/IMAGE_ID" || fail "$dir/IMAGE_ID: holds a NUL byte: does not hold an image ID"
 want=$(cat "$work/IMAGE_ID")
 case "$want" in sha256:*) ;; *) fail "$dir/IMAGE_ID does not hold an image ID" ;; esac
-printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' || fail "$dir/IMAGE_ID does not hold an image ID"
+[ "$(printf '%s\n' "$want" | wc -l)" -eq 1 ] && printf '%s\n' "${want#sha256:}" | grep -qx '[0-9a-f]\{64\}' \
+  || fail "$dir/IMAGE_ID does not hold an image ID"
 recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manifest.json")
 [ "$recorded" = "$want" ] || fail "$dir/IMAGE_ID names $want, but manifest.json records ${recorded:-no single image ID}"
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
@@ -922,8 +935,29 @@ function key(k,   what, folded) {  # a key of the top-level object (depth 1) or 
   if (folded in seen) bad(what " the keys \047" seen[folded] "\047 and \047" k "\047, which an engine reads as one (the last)")
   seen[folded] = k
 }
+function path(d,   i, p) {  # the keys to the value at depth d, in lower case, " " between ("" if a list is on the way)
+  for (i = 1; i <= d; i++) { if (kind[i] != 123) return ""; p = p (i > 1 ? " " : "") tolower(current[i]) }
+  return p
+}
+function shown(d,   i, p) {  # the same as written ("[]" for a list item), as build.py verify names it
+  for (i = 1; i <= d; i++) p = p (kind[i] == 91 ? "[]" : (i > 1 ? "." : "") substr(current[i], 1, 40))
+  return p
+}
+# the fields an engine decodes a number into (Go: a 64-bit integer) and the top-level ones it knows (a number
+# under one of them, elsewhere, is refused by the engine), as build.py verify reads them (imagetar.INTEGER_FIELDS)
+function integer(p) { return p == "size" || p ~ /^(config|container_config) (stoptimeout|healthcheck (interval|timeout|startperiod|startinterval|retries))$/ }
+function known() { return tolower(current[1]) ~ /^(id|parent|comment|created|container|container_config|docker_version|author|config|architecture|variant|os|os\.version|os\.features|size|rootfs|history)$/ }
+function number(   digits, limit) {  # a number ended at depth: one an engine reads where it is
+  if (integer(path(depth))) {
+    digits = lit; limit = sub(/^-/, "", digits) ? "9223372036854775808" : "9223372036854775807"
+    if (lit !~ /^-?(0|[1-9][0-9]*)$/ || length(digits) > 19 || (length(digits) == 19 && (digits "") > (limit "")))
+      bad("\047s " shown(depth) " is not a whole number of 64 bits, which an engine reads there (it would refuse the load)")
+  } else if (depth > 0 && known()) bad("\047s " shown(depth) " is a number, where an engine reads none (it would refuse the load)")
+}
 function value(c) {  # a value starts with the byte c: where one may, and in rootfs.diff_ids a string
   if (expect != "value" && expect != "value]") bad(" is not valid JSON")
+  if (integer(path(depth)) && c != 45 && (c < 48 || c > 57) && c != 110)
+    bad("\047s " shown(depth) " is not a whole number of 64 bits, which an engine reads there (it would refuse the load)")
   if (depth == 3 && list && c != 34) bad("\047s rootfs.diff_ids holds something other than strings")
   if (depth == 0 && c != 123) bad(" is not a JSON object")
 }
@@ -931,6 +965,7 @@ function literal(   ok) {  # a number, true, false or null ended
   inlit = 0; expect = "next"
   ok = lit ~ /^(true|false|null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)$/
   if (!ok) bad(" is not valid JSON")
+  if (lit ~ /^-/ || lit ~ /^[0-9]/) number()
 }
 function byte(c,   h) {
   if (instr) {
@@ -945,7 +980,7 @@ function byte(c,   h) {
     if (c < 32) bad(" is not valid JSON")
     if (c != 34) { add(c); return }
     instr = 0
-    if (expect == "key" || expect == "key}") { expect = ":"; current[depth] = str
+    if (expect == "key" || expect == "key}") { expect = ":"; current[depth] = wide ? "<wide>" : str
       if (depth == 1 || (depth == 2 && inroot)) key(str)
       return }
     expect = "next"
@@ -1088,14 +1123,67 @@ elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit
 fi
 
 # a profile released without its smoke gate (its smoke.skip in manifest.json, the gate SKIPPED in
-# VALIDATION.json): what the folder's checks cannot show, warned of as build.py verify warns of it
+# VALIDATION.json; or every profile when no gate ran, --no-smoke or --no-roundtrip: the "smoke_skipped"
+# line of a VALIDATION.json SHA256SUMS lists, read as build.py verify reads it): what the folder's checks
+# cannot show, warned of as build.py verify warns of it
+# (a JSON string's text, its quotes off, as build.py verify prints it: its escapes decoded, a control character
+# as \xNN; with collapse, Python's blanks in a run as one space, none at the ends, at most 300 characters)
+# shellcheck disable=SC2016  # awk's, not the shell's
+json_text='function hexv(h,   i, v) { for (i = 1; i <= 4; i++) v = v * 16 + index("0123456789abcdef", tolower(substr(h, i, 1))) - 1; return v }
+  function utf8(c) {
+    if (c < 128) return sprintf("%c", c)
+    if (c < 2048) return sprintf("%c%c", 192 + int(c / 64), 128 + c % 64)
+    if (c < 65536) return sprintf("%c%c%c", 224 + int(c / 4096), 128 + int(c / 64) % 64, 128 + c % 64)
+    return sprintf("%c%c%c%c", 240 + int(c / 262144), 128 + int(c / 4096) % 64, 128 + int(c / 64) % 64, 128 + c % 64)
+  }
+  function blank(c) { return c == 32 || (c >= 9 && c <= 13) || (c >= 28 && c <= 31) || c == 133 || c == 160 || c == 5760 ||
+    (c >= 8192 && c <= 8202) || c == 8232 || c == 8233 || c == 8239 || c == 8287 || c == 12288 }
+  function jtext(s, collapse,   n, i, c, e, code, lo, d, out, k, len, pend) {
+    for (i = 1; i <= length(s); i++) {
+      c = substr(s, i, 1); code = -1; d = c
+      if (c >= "\200" && c <= "\277" && n > 0) { ch[n] = ch[n] c; continue }  # (a raw UTF-8 character whole)
+      if (c == "\\") { e = substr(s, ++i, 1); d = e
+        if (e == "u") { code = hexv(substr(s, i + 1, 4)); i += 4
+          if (code >= 55296 && code < 56320 && substr(s, i + 1, 2) == "\\u") { lo = hexv(substr(s, i + 3, 4))
+            if (lo >= 56320 && lo < 57344) { code = 65536 + (code - 55296) * 1024 + lo - 56320; i += 6 } } }
+        else if (index("bfnrt", e)) code = index("bfnrt", e) == 1 ? 8 : index("bfnrt", e) == 2 ? 12 : index("bfnrt", e) == 3 ? 10 : index("bfnrt", e) == 4 ? 13 : 9 }
+      if (code == 10) d = "\\n"; else if (code == 13) d = "\\r"; else if (code == 9) d = "\\t"
+      else if (code >= 0 && (code < 32 || (code >= 127 && code < 160))) d = sprintf("\\x%02x", code)
+      else if (code >= 55296 && code < 57344) d = sprintf("\\u%04x", code)
+      else if (code >= 0) d = utf8(code)
+      ch[++n] = d; sp[n] = collapse && (d == " " || (code >= 0 && blank(code)))
+    }
+    for (k = 1; k <= n; k++) {
+      if (!collapse) { out = out ch[k]; continue }
+      if (sp[k]) { pend = len > 0; continue }
+      if (pend && len < 300) { out = out " "; len++ }
+      pend = 0
+      if (len >= 300) break
+      out = out ch[k]; len++
+    }
+    return out
+  }'
 skipped_gates() {
+  if [ -f "$work/VALIDATION.json" ]; then
+    # shellcheck disable=SC2016  # awk's, not the shell's
+    why=$(LC_ALL=C awk -v q='"' "$json_text"'
+      BEGIN { x = "[0-9a-fA-F]"
+        line = "^  " q "smoke_skipped" q ": " q "([^" q "\\\\\001-\037]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q ",?$" }
+      $0 ~ line { why = $0; sub(/^  "smoke_skipped": "/, "", why); sub(/",?$/, "", why); print jtext(why, 1); exit }' \
+      "$work/VALIDATION.json")
+    if [ -n "$why" ]; then
+      awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"$/ { print substr($1, 13, length($1) - 13) }' "$work/manifest.paths" |
+        LC_ALL=C sort | while IFS= read -r name; do
+          shown "warning: profile $name was released without its smoke gate (no gate ran: $why)" >&2
+        done
+      return 0
+    fi
+  fi
   # shellcheck disable=SC2016  # awk's, not the shell's
-  awk -F '\t' '$1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
-      split($1, at, "/"); name = substr(at[2], 2, length(at[2]) - 2); why = substr($2, 2, length($2) - 2); out = ""
-      while ((i = index(why, "\\")) > 0) {  # \" and \\ read as JSON reads them; any other escape shown as it is
-        c = substr(why, i + 1, 1); out = out substr(why, 1, i - 1) (c == "\"" || c == "\\" ? "" : "\\") c; why = substr(why, i + 2) }
-      print name "\t" out why }' "$work/manifest.paths" | LC_ALL=C sort |
+  LC_ALL=C awk -F '\t' "$json_text"'
+    $1 ~ /^"profiles"\/"[^"]*"\/"smoke"\/"skip"$/ && $2 != "null" {
+      split($1, at, "/"); print substr(at[2], 2, length(at[2]) - 2) "\t" jtext(substr($2, 2, length($2) - 2), 0) }' \
+    "$work/manifest.paths" | LC_ALL=C sort |
     while IFS="$(printf '\t')" read -r name why; do
       shown "warning: profile $name was released without its smoke gate (smoke.skip: $why)" >&2
     done

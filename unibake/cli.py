@@ -654,7 +654,8 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> Outcome:
     passed = len(report.checks) - len(report.failures)
     # what the folder's checks cannot show: a profile released ungated (its smoke.skip; or every profile, when
     # no gate ran, as VALIDATION.json says: --no-smoke, --no-roundtrip)
-    not_run = _gates_not_run(folder) if report.manifest and report.manifest.profiles else None
+    not_run = _gates_not_run(folder, signed.signed_sums if signed else None) \
+        if report.manifest and report.manifest.profiles else None
     skipped = {name: not_run for name in sorted(report.manifest.profiles)} if not_run else \
         {name: p.smoke.skip for name, p in sorted(report.manifest.profiles.items())
          if p.smoke.skip is not None} if report.manifest else {}
@@ -675,21 +676,13 @@ def counted(n: int, one: str, many: str = "") -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def _gates_not_run(folder: Path) -> str | None:
+def _gates_not_run(folder: Path, signed_sums: bytes | None = None) -> str | None:
     """Why no smoke gate of a release ran, as its VALIDATION.json says (``smoke_skipped``); None when they
-    ran, or the file does not say (absent, unreadable: the state column tells of a folder that fails)."""
-    from .files import read_small_text
-    from .manifest import MAX_MANIFEST_BYTES, VALIDATION
+    ran, or the file does not say (absent, unlisted, unreadable: the state column tells of a folder that
+    fails). Read as the shell verifier reads it (see :func:`unibake.verify.gates_not_run`)."""
+    from .verify import gates_not_run
 
-    try:
-        record = json.loads(read_small_text(folder / VALIDATION, VerificationError, limit=MAX_MANIFEST_BYTES,
-                                            follow=False))
-    except (VerificationError, ValueError, RecursionError):
-        return None
-    reason = record.get("smoke_skipped") if isinstance(record, dict) else None
-    if not isinstance(reason, str):
-        return None
-    return " ".join(reason.split())[:300] or None
+    return gates_not_run(folder, signed_sums)
 
 
 def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:

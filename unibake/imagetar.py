@@ -938,12 +938,54 @@ class _Written(dict):
     """A JSON object that remembers its keys as they were written (a key written twice too)."""
 
     keys_written: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, object], ...] = ()  # each key with its value, as written (a key twice: both)
 
 
 def _written(pairs: list[tuple[str, object]]) -> _Written:
     obj = _Written(pairs)
     obj.keys_written = tuple(key for key, _ in pairs)
+    obj.pairs = tuple(pairs)
     return obj
+
+
+# The image config as Engine 20.10 decodes it (Go's encoding/json into image.Image, a key in any case): its
+# top-level fields, and those it decodes numbers into, each a 64-bit integer: Size, and config's and
+# container_config's StopTimeout and Healthcheck durations and retries (each path in lower case, " " between)
+CONFIG_FIELDS = frozenset({"id", "parent", "comment", "created", "container", "container_config", "docker_version",
+                           "author", "config", "architecture", "variant", "os", "os.version", "os.features", "size",
+                           "rootfs", "history"})
+INTEGER_FIELDS = frozenset({"size", *(f"{c} stoptimeout" for c in ("config", "container_config")),
+                            *(f"{c} healthcheck {k}" for c in ("config", "container_config")
+                              for k in ("interval", "timeout", "startperiod", "startinterval", "retries"))})
+
+
+def check_config_numbers(config: object) -> None:
+    """Each number of the image config where an engine decodes it: in one of :data:`INTEGER_FIELDS` a whole
+    number of 64 bits (or null there, nothing else); under any other field of :data:`CONFIG_FIELDS` none.
+    Go refuses 1e400, 1.5 or 1e3 for an integer, and any number where it reads text, so the engine would
+    refuse the load of an archive both verifiers had passed (a key it does not know, it skips: not read
+    here either). The shell verifier checks the same."""
+    def walk(value: object, path: str | None, known: bool, shown: str) -> None:
+        if path in INTEGER_FIELDS:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not -(1 << 63) <= value < 1 << 63):
+                raise ArchiveError(f"the image config's {shown} is not a whole number of 64 bits, which an engine "
+                                   "reads there (it would refuse the load): refused before any load")
+            return
+        if known and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ArchiveError(f"the image config's {shown} is a number, where an engine reads none (it would refuse "
+                               "the load): refused before any load")
+        if isinstance(value, _Written):
+            for key, item in value.pairs:
+                # (a key in another form than plain ASCII is no field's here: "healthchec\u212a" is not Healthcheck)
+                step = key.lower() if key.isascii() and key.isprintable() and " " not in key else None
+                walk(item, step if path == "" else None if path is None or step is None else f"{path} {step}",
+                     known or (path == "" and step in CONFIG_FIELDS), f"{shown}.{key[:40]}" if shown else key[:40])
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, None, known, f"{shown}[]")
+
+    walk(config, "", False, "")
 
 
 def check_config_keys(config: object) -> None:
@@ -1033,6 +1075,7 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
     config_member = resolve(members, where.config_name)
     config = member_json(members, where.config_name, _written)
     check_config_keys(config)
+    check_config_numbers(config)
     image_id = f"sha256:{config_member.sha256}"
     stem = posixpath.basename(where.config_name).removesuffix(".json")
     if len(stem) == 64 and stem != config_member.sha256:

@@ -67,6 +67,8 @@ class ArchiveRecord(Record):
         # the file the notes tell downloaders to load is NAME (or NAME.part-000, ... in order): the
         # files checked must be those, or a verifier would pass one file while users load another
         names = [f.name for f in self.files]
+        if not self.name.endswith(".tar.zst"):  # (as the shell verifier takes it: the notes say NAME.tar.zst)
+            raise ValueError(f"the archive {self.name[:80]} is not named NAME.tar.zst, as unibake names its archive")
         if names != [self.name] and names != [part_name(self.name, i) for i in range(len(names))]:
             raise ValueError(f"the archive {self.name} is recorded as the files {', '.join(names)[:200]}, not "
                              f"{self.name} or its parts {part_name(self.name, 0)}, ...")
@@ -185,6 +187,15 @@ class ReleaseManifest(Document):
         # first release (a hand-edited value would make its version the newest for ever)
         if self.first_published and self.first_published > self.published:
             raise ValueError(f"first_published {self.first_published} is later than published {self.published}")
+        return self
+
+    @model_validator(mode="after")
+    def _profile_names(self) -> "ReleaseManifest":
+        # as the image's own metadata names them (the shell verifier checks the same pattern): a name with a
+        # quote, a slash or an escape would be read otherwise by a verifier that reads the file line by line
+        for name in self.profiles:
+            if not NAME_RE.fullmatch(name):
+                raise ValueError(f"profile name {name[:40]!r} is not a profile name ({NAME_RE.pattern})")
         return self
 
     @property
@@ -323,7 +334,13 @@ def _whole(text: str) -> int | _NotWhole:
 
 def read_json(text: str) -> object:
     """``text`` as JSON, a key written twice in one object refused (ValueError), each number that is no
-    whole number (or one of more than MAX_DIGITS digits) read as :class:`_NotWhole`."""
+    whole number (or one of more than MAX_DIGITS digits) read as :class:`_NotWhole`. Nested more than
+    MAX_NESTING levels deep, it is refused (ValueError) before it is read: Python's reader gives up
+    somewhere near 1000 levels, the shell verifier at MAX_NESTING, as for an image's metadata."""
+    from .imagetar import MAX_NESTING, _nesting
+
+    if _nesting(text) > MAX_NESTING:
+        raise ValueError(f"nested more than {MAX_NESTING} levels deep, which no release's JSON is")
     return json.loads(text, object_pairs_hook=_once_each, parse_float=_not_whole, parse_constant=_not_whole,
                       parse_int=_whole)
 
@@ -389,11 +406,12 @@ def _posix_pattern(pattern: str) -> tuple[str, str]:
 
 # what the models check in code, not in the schema, that the shell verifier can check as a pattern: a map's
 # keys ("+": ProfileMetadata's env names, LaunchMetadata's mount names) and values (their length, the mount
-# paths); kept beside those validators by hand (the regexes of a smoke gate are not checked in sh)
+# paths), the profiles' names; kept beside those validators by hand (the regexes of a smoke gate are not checked in sh)
 def _in_code() -> dict[str, tuple[str, str]]:
     from .schema import ENV_KEY_RE, IMAGE_PATH_RE, NAME_RE
 
-    return {'"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
+    return {'"profiles"/+': ("-", NAME_RE.pattern),
+            '"profiles"/*/"env"/+': ("-", ENV_KEY_RE.pattern), '"profiles"/*/"env"/*': ("4096", ""),
             '"launch"/"mounts"/+': ("-", NAME_RE.pattern), '"launch"/"mounts"/*': ("-", IMAGE_PATH_RE.pattern)}
 
 

@@ -9,6 +9,7 @@ With ``--load`` the archive is then loaded into an engine and the image ID compa
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
@@ -134,9 +135,12 @@ def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, chec
     if IMAGE_ID not in sums:
         checks.add("image id", IMAGE_ID, False, "not listed in SHA256SUMS")
         return
+    path = folder / IMAGE_ID
     try:
-        text = read_small_text(folder / IMAGE_ID, VerificationError, limit=1024, follow=False)
-    except VerificationError:
+        text = read_small_text(path, VerificationError, limit=1024, follow=False)
+    except VerificationError as exc:
+        if path.is_file() and not path.is_symlink():  # too large, not UTF-8: it names no image (as the shell's)
+            checks.add("image id", IMAGE_ID, False, f"{str(exc)[:200]}: does not hold an image ID")
         return  # missing or not a regular file: the sha256 check above has said so
     # read as the guide's `test "$(docker image inspect ...)" = "$(cat IMAGE_ID)"` reads it (and the shell
     # verifier): trailing newlines dropped, nothing else (a space, a carriage return would fail that test)
@@ -185,6 +189,32 @@ def _manifest_bytes(folder: Path) -> bytes:
     read could find another file)."""
     return read_small_file(folder / MANIFEST, VerificationError, limit=MAX_MANIFEST_BYTES,
                            what="this is not a complete release folder", follow=False)
+
+
+# the line VALIDATION.json (json.dumps, indent 2) gives the reason no smoke gate ran on: a top-level
+# "smoke_skipped" holding a JSON string (null when the gates ran); verify-release.sh reads the same line
+SMOKE_SKIPPED_LINE = re.compile(r'^  "smoke_skipped": ("(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"),?$',
+                                re.MULTILINE)
+
+
+def gates_not_run(folder: Path, signed_sums: bytes | None = None) -> str | None:
+    """Why no smoke gate of a release ran (``--no-smoke``, ``--no-roundtrip``), as its ``VALIDATION.json``
+    says; None when they ran or it does not say. Only a VALIDATION.json that SHA256SUMS lists, read once
+    (the bytes whose sha256 is compared are the ones read), and its first ``smoke_skipped`` line as
+    json.dumps writes it: read as ``scripts/verify-release.sh`` reads it, so that both warn alike."""
+    from .manifest import VALIDATION
+
+    try:
+        sums = read_sums(folder, signed_sums)
+        data = read_small_file(folder / VALIDATION, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
+    except VerificationError:
+        return None
+    if sums.get(VALIDATION) != hashlib.sha256(data).hexdigest():
+        return None
+    found = SMOKE_SKIPPED_LINE.search(data.decode("utf-8", errors="replace"))
+    if found is None:
+        return None
+    return " ".join(json.loads(found.group(1)).split())[:300] or None
 
 
 def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:

@@ -1251,6 +1251,57 @@ def test_a_config_holding_a_number_json_has_not_is_refused_by_both(cli, folder, 
     refused_in_one_line(cli, folder, f"is not valid JSON: {constant} is no JSON value", "image config is not valid JSON")
 
 
+def with_number(where: str, literal: str):
+    """A config holding the JSON text ``literal`` at the key path ``where`` ("config.StopTimeout"; "history[]."
+    a key of the first history entry), written as it is (Python would write 1e400 as Infinity)."""
+    def make(config):
+        *parents, last = where.split(".")
+        obj = config
+        for key in parents:
+            obj = obj[key.removesuffix("[]")][0] if key.endswith("[]") else obj.setdefault(key, {})
+        obj[last] = "@number@"
+        return compact(config).replace(b'"@number@"', literal.encode())
+    return make
+
+
+WHOLE_64 = "is not a whole number of 64 bits, which an engine reads there"
+
+
+@pytest.mark.parametrize("where, literal, says", [
+    ("config.StopTimeout", "1e400", f"config.StopTimeout {WHOLE_64}"),
+    ("config.StopTimeout", "10.5", f"config.StopTimeout {WHOLE_64}"),
+    ("config.StopTimeout", "1e3", f"config.StopTimeout {WHOLE_64}"),
+    ("config.StopTimeout", "9223372036854775808", f"config.StopTimeout {WHOLE_64}"),
+    ("config.stoptimeout", '"10"', f"config.stoptimeout {WHOLE_64}"),
+    ("container_config.StopTimeout", "true", f"container_config.StopTimeout {WHOLE_64}"),
+    ("config.Healthcheck.Retries", "3.0", f"config.Healthcheck.Retries {WHOLE_64}"),
+    ("config.Healthcheck.Interval", "[1]", f"config.Healthcheck.Interval {WHOLE_64}"),
+    ("Size", "-9223372036854775809", f"Size {WHOLE_64}"),
+    ("config.User", "1000", "config.User is a number, where an engine reads none"),
+    ("history[].empty_layer", "1", "history[].empty_layer is a number, where an engine reads none"),
+    ("architecture", "64", "architecture is a number, where an engine reads none"),
+], ids=["1e400", "a fraction", "an exponent", "over int64", "a string", "a boolean", "retries 3.0", "a list",
+        "size under int64", "a number for text", "a number for a boolean", "a number at the top"])
+def test_a_config_number_an_engine_cannot_decode_is_refused_by_both_naming_its_key(cli, folder, where, literal, says):
+    # (before: both verifiers passed it, and the engine refused the load: "json: cannot unmarshal number 1e400
+    # into Go struct field Config.config.StopTimeout of type int")
+    replace_config(folder, with_number(where, literal))
+    refused_in_one_line(cli, folder, "the image config's " + says, "the archive's image config's " + says)
+
+
+@pytest.mark.parametrize("where, literal", [
+    ("config.StopTimeout", "10"), ("config.StopTimeout", "null"), ("config.StopTimeout", "-0"),
+    ("config.Healthcheck.Interval", "30000000000"), ("config.Healthcheck.Retries", "-9223372036854775808"),
+    ("Size", "9223372036854775807"), ("x-vendor", "1e400"), ("x-vendor.deep", "1.5"),
+], ids=["10", "null", "minus zero", "a duration", "int64's least", "int64's most", "a key no engine reads",
+        "under such a key"])
+def test_a_config_number_an_engine_decodes_passes_both(cli, folder, where, literal):
+    replace_config(folder, with_number(where, literal))
+    result = cli("verify", str(folder))
+    assert result.code == 0, result.err
+    assert shell(folder).returncode == 0, shell(folder).stderr
+
+
 def test_a_manifest_whose_lines_say_another_image_than_its_json_is_refused_by_both(cli, folder):
     # the shell reads manifest.json line by line: the real image ID written on the version's line and
     # the archive's one as a label at the top level's indentation, the shell read the label and passed
@@ -1467,13 +1518,14 @@ def _read_by_the_shell(data: bytes, program: str):
 
 def _read_by_unibake(data: bytes):
     from unibake.errors import ArchiveError
-    from unibake.imagetar import Member, _field, _written, check_config_keys, member_json
+    from unibake.imagetar import Member, _field, _written, check_config_keys, check_config_numbers, member_json
     from unibake.platforms import of_config
 
     try:
         config = member_json({"c": Member(name="c", size=len(data), sha256="", content_sha256="", data=data)}, "c",
                              _written)
         check_config_keys(config)
+        check_config_numbers(config)
     except ArchiveError:
         return None
     declared = _field(_field(config, "rootfs"), "diff_ids")

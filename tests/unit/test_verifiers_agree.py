@@ -420,6 +420,26 @@ def test_a_profile_released_without_its_smoke_gate_is_warned_of_by_both(cli, fol
         assert [line for line in run.stderr.splitlines() if line.startswith("warning: profile")] == warnings, run.stderr
 
 
+def test_a_skip_reason_not_in_ascii_is_warned_of_in_the_same_words_by_both(cli, folder):
+    """json.dumps writes a reason's "é" as "\\u00e9": the shell verifier showed that escape as written
+    ("n\\u00e9cessite"), build.py verify the text."""
+    reason = "n\u00e9cessite 4 n\u0153uds \U0001f600 (\u202eRDMA)"
+
+    def skipped(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        first_profile(manifest)["smoke"]["skip"] = reason
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, skipped)
+    name = sorted(json.loads((folder / "manifest.json").read_text())["profiles"])[0]
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    warning = f"warning: profile {name} was released without its smoke gate (smoke.skip: {reason})"
+    assert warning in python_err.splitlines(), python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert warning in run.stderr.splitlines(), run.stderr
+
+
 def test_a_release_whose_gates_all_ran_gets_no_skip_warning_from_either(cli, folder):
     python, shells, python_err, shell_err = verdicts(cli, folder)
     assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
@@ -439,6 +459,10 @@ def schema_change(change):
 
 def first_profile(manifest) -> dict:
     return manifest["profiles"][sorted(manifest["profiles"])[0]]
+
+
+def renamed_profile(manifest, name: str) -> None:
+    manifest["profiles"][name] = manifest["profiles"].pop(sorted(manifest["profiles"])[0])
 
 
 SCHEMA_CASES = [
@@ -481,6 +505,13 @@ SCHEMA_CASES = [
     ("an env value too long", lambda m: first_profile(m)["env"].update(LONGVALUE="x" * 4097), "LONGVALUE"),
     ("a mount path that is relative", lambda m: m["launch"]["mounts"].update(models="relative/path"), "relative/path"),
     ("a mount name that is no name", lambda m: m["launch"]["mounts"].update({"Models!": "/models"}), "Models!"),
+    # a profile's name as the image's metadata takes it (before, both passed these; the shell's skip warning
+    # read no name holding a quote or a slash)
+    ("a profile name with a quote", lambda m: renamed_profile(m, 'tp"1'), "tp"),
+    ("a profile name with a slash", lambda m: renamed_profile(m, "tp/1"), "tp/1"),
+    ("a profile name in upper case", lambda m: renamed_profile(m, "TP1"), "TP1"),
+    ("a profile name with a leading dash", lambda m: renamed_profile(m, "-tp1"), "-tp1"),
+    ("a profile name not ascii", lambda m: renamed_profile(m, "tp\u00e91"), "tp"),
 ]
 
 
@@ -514,3 +545,126 @@ def test_the_shell_verifiers_manifest_shape_is_the_schemas():
 
     held = SCRIPT.read_text().split("\nmanifest_shape='", 1)[1].split("'\n", 1)[0]
     assert held == shell_shape(), "regenerate the script's manifest_shape from unibake.manifest.shell_shape()"
+
+
+@pytest.mark.parametrize("skipped", [{"smoke": False}, {"roundtrip": False}])
+def test_a_release_made_without_any_gate_is_warned_of_by_both_for_every_profile(engines, tmp_path, cli, skipped):
+    """A --no-smoke or --no-roundtrip release (VALIDATION.json's smoke_skipped): both verifiers pass it and
+    warn of every profile in the same words (before, the shell verifier said nothing: it read smoke.skip only)."""
+    folder = release(engines, tmp_path / "release", **skipped)["release"].folder
+    why = "skipped with --no-smoke" if "smoke" in skipped else \
+        "they run on the loaded image, and the round trip was skipped"
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    warnings = [f"warning: profile tp1 was released without its smoke gate (no gate ran: {why})"]
+    assert [line for line in python_err.splitlines() if line.startswith("warning: profile")] == warnings, python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert [line for line in run.stderr.splitlines() if line.startswith("warning: profile")] == warnings, run.stderr
+
+
+def test_a_validation_json_sha256sums_does_not_list_is_read_by_neither(engines, tmp_path, cli):
+    """VALIDATION.json is read for the warning only when SHA256SUMS lists it (a file added beside a release
+    is not part of it, not read): build.py verify read it wherever it came from, the shell did not."""
+    folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
+    sums = folder / "SHA256SUMS"
+    sums.write_text("".join(line + "\n" for line in sums.read_text().splitlines()
+                            if not line.endswith(" VALIDATION.json")))
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    assert "smoke gate" not in python_err and "smoke gate" not in shell_err, python_err + shell_err
+
+
+def test_a_skip_reason_with_escapes_and_blanks_is_warned_of_alike_by_both(engines, tmp_path, cli):
+    folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
+    path = folder / "VALIDATION.json"
+    path.write_text(path.read_text().replace('"smoke_skipped": "skipped with --no-smoke"',
+                                             '"smoke_skipped": "  a \\"quoted\\"   \\\\ reason  "'))
+    resum(folder)
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    warning = 'warning: profile tp1 was released without its smoke gate (no gate ran: a "quoted" \\ reason)'
+    assert warning in python_err.splitlines(), python_err
+    assert warning in shell_err.splitlines(), shell_err
+
+
+def test_a_no_gate_reason_with_escapes_python_reads_as_blanks_is_warned_of_alike_by_both(engines, tmp_path, cli):
+    folder = release(engines, tmp_path / "release", smoke=False)["release"].folder
+    path = folder / "VALIDATION.json"
+    escaped = json.dumps("\u2003x\u00a0\u2003y\t\u0001 z\u00e9\u0085" + "w" * 400)
+    path.write_text(path.read_text().replace('"smoke_skipped": "skipped with --no-smoke"',
+                                             f'"smoke_skipped": {escaped}'))
+    resum(folder)
+    python, shells, python_err, shell_err = verdicts(cli, folder)
+    assert python == 0 and shells == [0] * len(SHELLS), python_err + shell_err
+    said = "x y \\x01 z\u00e9 " + "w" * 291  # (U+0085 is a blank to Python)
+    warning = f"warning: profile tp1 was released without its smoke gate (no gate ran: {said})"
+    assert warning in python_err.splitlines(), python_err
+    for run in (shell(folder, sh) for sh in SHELLS):
+        assert warning in run.stderr.splitlines(), run.stderr
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(lambda iid: iid + b"\0\n", id="a NUL byte the shell's $(cat) drops"),
+    pytest.param(lambda iid: b"sha256:" + b"ab" * 32 + b"\n" + b"x" * 2000 + b"\n", id="another image over 1 KiB"),
+    pytest.param(lambda iid: iid + b"\n" * 1100, id="the image and 1100 newlines"),
+    pytest.param(lambda iid: iid + b"\n\xff\n", id="not utf-8"),
+])
+def test_an_image_id_file_that_names_no_image_as_read_is_refused_by_both(cli, folder, content):
+    """IMAGE_ID (what the downloaders' guide compares the loaded image with): build.py verify passed one of
+    more than 1 KiB or not UTF-8 unread (naming another image), the shell one whose NUL byte $(cat) drops."""
+    image_id = json.loads((folder / "manifest.json").read_text())["image_id"].encode()
+    (folder / "IMAGE_ID").write_bytes(content(image_id))
+    resum(folder)
+    assert_same(cli, folder, passes=False, python_says="IMAGE_ID", shell_says="IMAGE_ID")
+    said = cli("verify", str(folder)).error_lines
+    assert len(said) == 1 and "IMAGE_ID" in said[0] and len(said[0]) < 600, said
+
+
+@pytest.mark.parametrize("suffix", [".tzst", ".tar", ".tar.zstd", ".zst"])
+def test_an_archive_not_named_name_tar_zst_is_refused_by_both(cli, folder, suffix):
+    """The archive renamed (its file, manifest.json and SHA256SUMS made to agree): the shell verifier refused
+    it, build.py verify passed it."""
+    def renamed(text: bytes) -> bytes:
+        manifest = json.loads(text)
+        old = manifest["archive"]["name"]
+        new = old.removesuffix(".tar.zst") + suffix
+        (folder / old).rename(folder / new)
+        manifest["archive"]["name"] = manifest["archive"]["files"][0]["name"] = new
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, renamed)
+    assert_same(cli, folder, passes=False, python_says="is not named NAME.tar.zst",
+                shell_says="no archive name ending in .tar.zst")
+
+
+def nested_under_zz(depth: int):
+    """The document written as unibake writes it, with a last key "zz" holding lists nested so that the
+    deepest is ``depth`` levels down (the document itself the first)."""
+    def text(document) -> str:
+        written = json.dumps(document, indent=2, sort_keys=True)
+        lists = depth - 1
+        lines = ["  " * (i + 1) + ('"zz": [' if i == 0 else "[") for i in range(lists)] + ["  " * (lists + 1) + "1"]
+        lines += ["  " * (i + 1) + "]" for i in reversed(range(lists))]
+        assert written.endswith("\n}")
+        return written[:-2] + ",\n" + "\n".join(lines) + "\n}\n"
+    return text
+
+
+@pytest.mark.parametrize("depth, passes", [(256, True), (257, False), (1500, False)])
+def test_an_sbom_nested_deeper_than_any_release_json_is_refused_by_both(cli, whole, depth, passes):
+    """(before: nested 1500 deep, build.py verify refused it, its reader out of stack, "not valid JSON";
+    the shell verifier passed it)"""
+    rewrite(whole, "sbom.cdx.json", lambda document: None, text=nested_under_zz(depth))
+    assert_same(cli, whole, passes=passes, python_says="" if passes else "nested more than 256 levels deep",
+                shell_says="" if passes else "nested more than 256 levels deep")
+
+
+def test_a_folder_given_with_trailing_slashes_is_named_once_slashed_in_the_shells_errors(folder):
+    (folder / "IMAGE_ID").write_text("sha256:" + "ab" * 32 + "\n")
+    resum(folder)
+    for sh in SHELLS:
+        run = subprocess.run([sh, str(SCRIPT), f"{folder}//", "--no-load"], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 3, run.stderr
+        [error] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert error.startswith(f"error: {folder}/IMAGE_ID names sha256:abab"), error
