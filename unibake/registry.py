@@ -671,10 +671,10 @@ class _Counted:
     a 401 (:meth:`RegistryClient.__init__` rewinds it then); before, the second sending had nothing
     left to send (an empty upload, or a Content-Length the registry waited for in vain)."""
 
-    def __init__(self, data, watch: _Watch | None):
+    def __init__(self, data, watch: _Watch | None, at: Callable[[int], None] = lambda n: None):
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = io.BytesIO(data)
-        self.file, self.watch = data, watch
+        self.file, self.watch, self.at = data, watch, at  # (at: told how far into the blob each block reached)
         self.start = data.tell()
         try:
             self.end = os.fstat(data.fileno()).st_size
@@ -706,6 +706,8 @@ class _Counted:
         block = self.file.read(size)
         if self.watch is not None:
             self.watch.counted(len(block))
+        if block:
+            self.at(self.file.tell() - self.start)
         return block
 
     def close(self) -> None:
@@ -939,10 +941,21 @@ class RegistryClient:
             return size is None or not (length.isascii() and length.isdigit()) or int(length) == size
         return self._call(f"looking for blob {digest[:19]}", head)
 
-    def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
-        """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try)."""
+    def upload(self, digest: str, opener: Callable[[], object], what: str,
+               progress: Callable[[int], None] = lambda n: None) -> None:
+        """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try).
+        ``progress`` is told the bytes sent as they go; a blob sent again (a retry, a redirect, a new
+        token) is told only what goes past the furthest point sent before, so it never counts more
+        than the blob."""
+        furthest = [0]
+
+        def at(position: int) -> None:
+            if position > furthest[0]:
+                progress(position - furthest[0])
+                furthest[0] = position
+
         def put() -> None:
-            data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None))
+            data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None), at)
             try:
                 self.dxf.push_blob(data=data, digest=digest, check_exists=False)
             except DigestMismatch as exc:
@@ -1206,7 +1219,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     archive); returns the record of the push. The folder must have been verified. A tag that another
     push moved on while this one ran is said through ``on_warning`` (else ``on_line``). ``progress``
     (the reporter's) shows the compression of the layers, which comes before any upload (minutes for
-    an image of many gigabytes)."""
+    an image of many gigabytes), then each layer's upload."""
     on_warning = on_warning or on_line
     start = time.monotonic()
     tag = target.tag or manifest.release
@@ -1227,8 +1240,9 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                 present += 1
                 on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} already in the registry")
             else:
-                client.upload(blob.digest, lambda p=path: open(p, "rb"), f"layer {i} of {len(layers)} "
-                              f"({blob.digest[:19]}, {blob.size} bytes)")
+                with shown(f"upload layer {i} of {len(layers)}", blob.size) as sent:
+                    client.upload(blob.digest, lambda p=path: open(p, "rb"), f"layer {i} of {len(layers)} "
+                                  f"({blob.digest[:19]}, {blob.size} bytes)", progress=sent)
                 uploaded, uploaded_bytes = uploaded + 1, uploaded_bytes + blob.size
                 on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} uploaded ({blob.size} bytes)")
             path.unlink(missing_ok=True)

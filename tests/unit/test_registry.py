@@ -228,7 +228,7 @@ class RecordingClient:
     def blob_exists(self, digest, size=None):
         return digest in self.blobs
 
-    def upload(self, digest, opener, what):
+    def upload(self, digest, opener, what, progress=lambda n: None):
         data = opener()
         data = data if isinstance(data, bytes) else data.read()
         assert "sha256:" + hashlib.sha256(data).hexdigest() == digest, what
@@ -277,7 +277,7 @@ def test_a_push_shows_the_compression_of_its_layers_before_any_upload(tmp_path):
         events.append(("end",))
 
     class Watched(RecordingClient):
-        def upload(self, digest, opener, what):
+        def upload(self, digest, opener, what, progress=lambda n: None):
             events.append(("upload", what))
             super().upload(digest, opener, what)
 
@@ -291,6 +291,80 @@ def test_a_push_shows_the_compression_of_its_layers_before_any_upload(tmp_path):
     assert sum(e[1] for e in events[2:end] if e[0] == "read") == manifest.archive.uncompressed_bytes
     assert all(e[0] == "read" for e in events[2:end]) and end > 3
     assert "upload" in [e[0] for e in events[end + 1:]]  # every upload after the compression it waited for
+
+
+def test_a_push_shows_each_layer_upload_as_it_goes_never_past_the_layer(tmp_path):
+    # a 30 GiB image's push showed the compression, then nothing while each layer uploaded (minutes per layer);
+    # each upload now has its own counter (a bar on a terminal, a line every few seconds in a log), told the
+    # bytes as the client sends them: a layer sent again (the registry's 307 to another place, a new token)
+    # is counted only past the furthest byte sent before, so the counter never reads more than the layer
+    import http.server
+    from urllib.parse import parse_qs, urlsplit
+
+    folder, _ = make_release(tmp_path / "release", layers=[layer_tar({"a": os.urandom(3 << 20)}),
+                                                           layer_tar({"b": os.urandom(1 << 20)})])
+    manifest = load_manifest(folder)
+    blobs, manifests, puts = {}, {}, []
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def reply(self, code, body=b"", headers=()):
+            self.send_response(code)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self):  # noqa: N802 - http.server's names
+            name = self.path.split("/")[-1]
+            if "/blobs/" in self.path:
+                return self.reply(200, headers=[("Content-Length", str(len(blobs[name])))]) if name in blobs \
+                    else self.reply(404)
+            body = manifests.get(name)
+            digest = "sha256:" + hashlib.sha256(body).hexdigest() if body else ""
+            return self.reply(200, headers=[("Docker-Content-Digest", digest)]) if body else self.reply(404)
+
+        def do_GET(self):  # noqa: N802
+            body = manifests.get(self.path.split("/")[-1])
+            return self.reply(200, body, [("Content-Type", OCI_MANIFEST)]) if body else self.reply(404)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, headers=[("Location", "/v2/team/a/blobs/uploads/1")])
+
+        def do_PUT(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            puts.append(self.path)
+            if "/manifests/" in self.path:
+                digest = "sha256:" + hashlib.sha256(body).hexdigest()
+                manifests[self.path.split("/")[-1]] = manifests[digest] = body
+                return self.reply(201, headers=[("Docker-Content-Digest", digest)])
+            digest = parse_qs(urlsplit(self.path).query)["digest"][0]
+            if "again" not in self.path:  # (the whole body read, then sent elsewhere: the client sends it again)
+                return self.reply(307, headers=[("Location", self.path + "&again=1")])
+            blobs[digest] = body
+            self.reply(201, headers=[("Docker-Content-Digest", digest)])
+
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("sent", n))
+        events.append(("end", what))
+
+    with tls_server(tmp_path, Registry) as port:
+        target = parse_reference(f"127.0.0.1:{port}/team/a", what="--to", digest=False)
+        with RegistryClient(target, credentials=None, ca_file=tmp_path / "cert.pem", push=True) as client:
+            result = push_release(folder, manifest, target, client, temp_dir=tmp_path, progress=progress)
+    assert result.uploaded == len(manifest.diff_ids) == 2
+    assert len([p for p in puts if "again" in p]) == 3  # (two layers and the config, each sent twice)
+    document = json.loads(manifests["1.3.1"])
+    for i, layer in enumerate(document["layers"], 1):
+        begin = events.index(("begin", f"upload layer {i} of 2", layer["size"]))
+        end = events.index(("end", f"upload layer {i} of 2"))
+        sent = [e[1] for e in events[begin + 1:end]]
+        assert sum(sent) == layer["size"] == len(blobs[layer["digest"]]) and len(sent) > 1, sent
 
 
 def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
