@@ -1018,7 +1018,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
                 signed.raise_if_failed()
             report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
             report.raise_if_failed()
-        plan = Plan(folder=folder, manifest=report.manifest, source="archive")
+        plan = Plan(folder=folder, manifest=report.manifest, source="archive", counter=ctx.reporter.counter)
     else:
         m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
         if args.ref:
@@ -1034,9 +1034,10 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
                 info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
-        plan = Plan(folder=folder, manifest=m, source="registry",
-                    pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop,
-                                                        deadline=deadline))
+        plan = Plan(folder=folder, manifest=m, source="registry", counter=ctx.reporter.counter,
+                    pull_bytes=info.layer_bytes or None,
+                    pull=lambda engine, stop, advance: pull_into(engine, ref, m, info, settings["credentials"],
+                                                                 stop=stop, deadline=deadline, progress=advance))
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {counted(len(addresses), 'engine')} from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too

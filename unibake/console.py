@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -102,26 +103,37 @@ class Reporter:
             yield lambda n: None
             return
         if self.plain:
-            state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}
-
-            def advance(n: int) -> None:
-                state["done"] += n
-                now = time.monotonic()
-                if now - state["last"] >= 5:
-                    state["last"] = now
-                    rate = state["done"] / max(now - state["start"], 1e-6)
-                    eta = f", about {max(total - state['done'], 0) / rate:.0f} s left" if total and rate else ""
-                    share = f" of {total / 2**30:.2f} GiB" if total else ""
-                    self.console.print(f"    {description}: {state['done'] / 2**30:.2f} GiB{share}, "
-                                       f"{rate / 2**20:.0f} MiB/s{eta}", markup=False)
-
-            yield advance
+            yield self.counter(description, total)
             return
         with Progress(TextColumn("    {task.description}"), BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
                       transient=True) as bar:
             task = bar.add_task(description, total=total)
             yield lambda n: bar.advance(task, n)
+
+    def counter(self, description: str, total: int | None) -> Callable[[int], None]:
+        """A byte counter that prints a line every few seconds, on a terminal too: for work done in several
+        threads at once (one engine's load each), where a terminal holds one live bar at a time."""
+        if self.quiet:
+            return lambda n: None
+        state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                state["done"] += n
+                now = time.monotonic()
+                if now - state["last"] < 5:
+                    return
+                state["last"] = now
+                done = state["done"]
+            rate = done / max(now - state["start"], 1e-6)
+            eta = f", about {max(total - done, 0) / rate:.0f} s left" if total and rate else ""
+            share = f" of {total / 2**30:.2f} GiB" if total else ""
+            self.console.print(f"    {description}: {done / 2**30:.2f} GiB{share}, {rate / 2**20:.0f} MiB/s{eta}",
+                               markup=False)
+
+        return advance
 
     def build_line(self, line: str) -> None:
         """One line of build output: every line in plain mode; a bar over the steps otherwise."""

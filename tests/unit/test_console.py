@@ -90,3 +90,28 @@ def test_a_lone_surrogate_no_file_name_could_hold_is_shown_escaped_not_a_traceba
     assert visible_name("bad\ud800name") == "bad\\ud800name"
     assert visible_name("bad\ud800 caf\udce9") == "bad\\ud800 caf\\udce9"
     assert "\\ud800" in one_line("release \ud800 broken")
+
+
+def test_a_counter_prints_lines_on_a_terminal_too_and_from_several_threads_at_once(monkeypatch):
+    # a terminal holds one live bar at a time (rich refuses a second): deploy's engines load at once, each with
+    # a counter that prints a line every few seconds, on a terminal as in a log
+    import itertools
+    import threading
+
+    screen = Terminal()
+    reporter = Reporter(env={}, stream=screen)
+    assert not reporter.plain
+    clock = itertools.count(0.0, 6.0)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    counters = [reporter.counter(f"tcp://{n}:2375: load", 4 << 30) for n in "ab"]
+    threads = [threading.Thread(target=lambda c=c: [c(1 << 30) for _ in range(2)]) for c in counters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    text = screen.getvalue()
+    for n in "ab":
+        assert f"tcp://{n}:2375: load: 1.00 GiB of 4.00 GiB" in text and f"tcp://{n}:2375: load: 2.00 GiB" in text
+    quiet = Reporter(env={}, stream=Terminal(), quiet=True)
+    quiet.counter("load", 10)(10)
+    assert quiet.console.file.getvalue() == ""
