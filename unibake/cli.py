@@ -1175,7 +1175,7 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):
-        result = rebuild(folder, engine, on_line=ctx.reporter.build_line)
+        result = rebuild(folder, engine, on_line=ctx.reporter.build_line, progress=ctx.reporter.progress)
     record = result.record
     expected = released.image_id if released is not None else record.image_id  # (kit.json read again by rebuild)
     matches = result.matches and result.image.image_id == expected

@@ -113,7 +113,7 @@ class Reporter:
 
     def counter(self, description: str, total: int | None) -> Callable[[int], None]:
         """A byte counter that prints a line every few seconds, on a terminal too: for work done in several
-        threads at once (one engine's load each), where a terminal holds one live bar at a time."""
+        threads at once (one engine's load each), whose lines say each one's name, as bars would not."""
         if self.quiet:
             return lambda n: None
         state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}

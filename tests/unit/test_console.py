@@ -93,8 +93,8 @@ def test_a_lone_surrogate_no_file_name_could_hold_is_shown_escaped_not_a_traceba
 
 
 def test_a_counter_prints_lines_on_a_terminal_too_and_from_several_threads_at_once(monkeypatch):
-    # a terminal holds one live bar at a time (rich refuses a second): deploy's engines load at once, each with
-    # a counter that prints a line every few seconds, on a terminal as in a log
+    # deploy's engines load at once, each with a counter that prints a line every few seconds naming its engine,
+    # on a terminal as in a log
     import itertools
     import threading
 
@@ -115,3 +115,4 @@ def test_a_counter_prints_lines_on_a_terminal_too_and_from_several_threads_at_on
     quiet = Reporter(env={}, stream=Terminal(), quiet=True)
     quiet.counter("load", 10)(10)
     assert quiet.console.file.getvalue() == ""
+
