@@ -391,6 +391,30 @@ def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
 
 
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_the_notes_say_an_engine_before_23_cannot_pull_a_zstd_push_and_what_to_do(tmp_path, compression):
+    # README-DIST's registry section gave `docker pull` for a --compression zstd push without a word: on Docker
+    # 20.10 (what this project targets) the pull fails on the layers' media type. The section now says which
+    # engines pull it and what to do on an older one; a gzip push (the default) says nothing of it
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    registry = RecordingClient()
+    record = push_release(folder, manifest, target, registry, compression=compression, temp_dir=tmp_path).record
+    types = {layer["mediaType"] for layer in json.loads(registry.manifests["1.3.1"])["layers"]}
+    assert types == {f"application/vnd.oci.image.layer.v1.tar+{compression}"} and record.layers == compression
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    for name, instead in (("README-DIST.md", "load the archive instead (steps 1 to 3)"),
+                          ("RELEASE_NOTES.md", "load the archive instead (Import)")):
+        section = (folder / name).read_text().split(amend.MARKER)[1]
+        assert f"docker pull {record.reference}" in section
+        said = ("zstd-compressed (`build.py push --compression zstd`): Docker Engine 23 or later pulls\nthem; an "
+                "older one (20.10 and before) cannot, and fails the pull" in section and instead in section
+                and "--compression gzip" in section)
+        assert said == (compression == "zstd"), section
+    assert not verify_folder(folder).failures
+
+
 def test_recording_a_push_never_drops_a_folder_or_link_put_in_the_release_folder(tmp_path, cli):
     """An unpacked kit, a link beside the files: refused, left where they are (before: the new folder
     took only the files, and the old one, with them, was removed)."""
