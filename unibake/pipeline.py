@@ -286,7 +286,24 @@ def _plan(run: Run) -> tuple:
     if base is not None and plan.tag == base.manifest.tag:
         raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
                          "choose a new version")
+    if base is not None and not request.profiles:
+        _say_new_profiles(run, plan, base)
     return _one(plan)
+
+
+def _say_new_profiles(run: Run, plan: ReleasePlan, base: HotfixBase) -> None:
+    """A hotfix builds its base's profiles: when profiles were added since a base made of every profile,
+    those alone are a selection now, and the hotfix's tag carries their names (VERSION-a-b, not VERSION)."""
+    suffix = "-" + "-".join(plan.profile_names) + plan.platform.suffix
+    new = sorted(set(plan.known_profiles) - set(plan.profile_names))
+    if not new or not plan.tag.endswith(suffix) or base.manifest.tag.endswith(suffix):
+        return
+    named = ", ".join(new)
+    run.reporter.warn(f"the profiles now include {named}, which release {base.manifest.release} (made of every "
+                      f"profile then: {', '.join(plan.profile_names)}) did not have: this hotfix builds that "
+                      f"release's profiles, so it is named {plan.tag}, not "
+                      f"{plan.tag.removesuffix(suffix) + plan.platform.suffix}; give --profile all to build "
+                      f"{'it' if len(new) == 1 else 'them'} too (or --profile for the ones to build)")
 
 
 def _render(run: Run) -> tuple:

@@ -670,3 +670,38 @@ def test_a_base_archive_that_puts_another_tag_on_the_base_is_refused_and_undone(
                                                 r"sha256:\w+ other than its release's demo:1\.0: victim:1"):
         hotfix_run(engines, out)
     assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}
+
+
+def test_a_hotfix_on_a_release_of_every_profile_says_when_a_profile_added_since_gives_its_tag_a_suffix(
+        busybox_product):
+    # release 0.1.0 was made of every profile (tp1, tp2: tagged 0.1.0); a profile added since (tp3) makes those
+    # two a selection, so `hotfix --from 0.1.0` was named 0.1.1-tp1-tp2 without a word
+    from types import SimpleNamespace
+
+    from unibake.pipeline import Results
+
+    from .test_supply_chain import Quiet
+
+    added = busybox_product / "tp3.yaml"
+    added.write_text((busybox_product / "tp2.yaml").read_text().replace("profile: tp2", "profile: tp3"))
+
+    def plan_on(base_tag, **request):
+        base = SimpleNamespace(manifest=SimpleNamespace(platform="linux/amd64", profiles={"tp1": None, "tp2": None},
+                                                        tag=base_tag, release="0.1.0", product="unibake-test"))
+        reporter = Quiet()
+        request = Request(env={}, cwd=busybox_product.parent, config=busybox_product, version="0.1.1", **request)
+        plan = run_stages([BY_NAME["plan"]], request, reporter, given=Results(values={"base": base}))["plan"]
+        return plan.tag, [line for line in reporter.stream.getvalue().splitlines() if line.startswith("warning:")]
+
+    tag, warnings = plan_on("unibake-test:0.1.0")
+    assert tag == "unibake-test:0.1.1-tp1-tp2"
+    assert warnings == ["warning: the profiles now include tp3, which release 0.1.0 (made of every profile then: "
+                        "tp1, tp2) did not have: this hotfix builds that release's profiles, so it is named "
+                        "unibake-test:0.1.1-tp1-tp2, not unibake-test:0.1.1; give --profile all to build it too (or "
+                        "--profile for the ones to build)"]
+    # a base that was a selection already, or profiles named on the command line: nothing to say
+    assert plan_on("unibake-test:0.1.0-tp1-tp2") == ("unibake-test:0.1.1-tp1-tp2", [])
+    assert plan_on("unibake-test:0.1.0", profiles=("tp1", "tp2")) == ("unibake-test:0.1.1-tp1-tp2", [])
+    assert plan_on("unibake-test:0.1.0", profiles=("all",)) == ("unibake-test:0.1.1", [])
+    added.unlink()
+    assert plan_on("unibake-test:0.1.0") == ("unibake-test:0.1.1", [])
