@@ -301,7 +301,11 @@ class KitDraft:
                        0o644),
             # the profiles folder by its own name (llm-conf/, not always profiles/)
             "README.md": (render_template("kit-README.md.j2", k=record, kit=self.name, top=self.top,
-                                          config=plan.config_dir.relative_to(plan.project_root).as_posix()).encode(),
+                                          config=plan.config_dir.relative_to(plan.project_root).as_posix(),
+                                          ref=f"{KIT_REPOSITORY}/{record.product}:{record.release}",
+                                          cache=cache_ref(record.product, f"kit-{record.release}", "build"),
+                                          stage=cache_ref(record.product, f"kit-{record.release}", "stage1")
+                                          ).encode(),
                           0o644),
             "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
         }
