@@ -109,7 +109,16 @@ class Reporter:
                       TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
                       transient=True) as bar:
             task = bar.add_task(description, total=total)
-            yield lambda n: bar.advance(task, n)
+            done = [0]
+
+            def advance(n: int) -> None:
+                done[0] += n
+                if total and done[0] > total:  # past what was expected (a total that was an estimate): the bar is
+                    # full, and says so, not 120 %
+                    bar.update(task, total=done[0], description=f"{description} (more than expected)")
+                bar.advance(task, n)
+
+            yield advance
 
     def counter(self, description: str, total: int | None) -> Callable[[int], None]:
         """A byte counter that prints a line every few seconds, on a terminal too: for work done in several
@@ -128,8 +137,12 @@ class Reporter:
                 state["last"] = now
                 done = state["done"]
             rate = done / max(now - state["start"], 1e-6)
-            eta = f", about {max(total - done, 0) / rate:.0f} s left" if total and rate else ""
-            share = f" of {total / 2**30:.2f} GiB" if total else ""
+            # a total is what the work was expected to be (an image's size, for a save stream a little longer):
+            # past it, the line says so, not "6.10 GiB of 6.00 GiB, about 0 s left"
+            within = bool(total) and done <= total
+            eta = f", about {max(total - done, 0) / rate:.0f} s left" if within and rate else ""
+            share = f" of {total / 2**30:.2f} GiB" if within else \
+                f" (more than the {total / 2**30:.2f} GiB expected)" if total else ""
             self.console.print(f"    {description}: {done / 2**30:.2f} GiB{share}, {rate / 2**20:.0f} MiB/s{eta}",
                                markup=False)
 

@@ -116,3 +116,37 @@ def test_a_counter_prints_lines_on_a_terminal_too_and_from_several_threads_at_on
     quiet.counter("load", 10)(10)
     assert quiet.console.file.getvalue() == ""
 
+
+
+def test_a_counter_past_its_expected_total_says_so_not_a_share_over_the_whole(monkeypatch):
+    # a total is an estimate where the bytes counted are a stream's (normalise counts the engine's save, a little
+    # longer than the image's size): past it, lines said "2.00 GiB of 1.00 GiB, about 0 s left" and a bar 200 %
+    import itertools
+
+    out = io.StringIO()
+    reporter = Reporter(env={"CI": "true"}, stream=out)
+    clock = itertools.count(0.0, 6.0)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    with reporter.progress("normalise", 1 << 30) as advance:
+        advance(1 << 29)
+        advance(3 << 29)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("    normalise: 0.50 GiB of 1.00 GiB, ") and lines[0].endswith(" s left")
+    assert lines[1].startswith("    normalise: 2.00 GiB (more than the 1.00 GiB expected), ") and "left" not in lines[1]
+
+    from rich.progress import Progress
+
+    made = []
+
+    class Recorded(Progress):  # rich's own bar, kept to read its task's total
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr("unibake.console.Progress", Recorded)
+    totals = []
+    with Reporter(env={}, stream=Terminal()).progress("normalise", 100) as advance:
+        for _ in range(2):
+            advance(60)
+            totals.append([(t.description, t.completed, t.total) for t in made[0].tasks])
+    assert totals == [[("normalise", 60, 100)], [("normalise (more than expected)", 120, 120)]], totals
