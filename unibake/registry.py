@@ -1229,7 +1229,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                 "compressed goes as it is), then uploading those the registry lacks")
         shown = progress or (lambda what, total: nullcontext(lambda n: None))
         with shown(f"compress {manifest.tag}", manifest.archive.uncompressed_bytes) as advance:
-            saved, layers = _release_blobs(folder, manifest, spool, compression, advance)
+            saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)
         uploaded = present = uploaded_bytes = 0
         seen: set[str] = set()
         for i, (blob, path) in enumerate(layers, 1):
@@ -1277,14 +1277,17 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
 
 
 def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str,
-                   advance: Callable[[int], None] = lambda n: None) -> tuple[SavedImage, list]:
+                   advance: Callable[[int], None] = lambda n: None,
+                   progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                   ) -> tuple[SavedImage, list]:
     """The release's image read from its archive, checked against its manifest, and its layers
-    compressed into ``spool``: ``(blob, file)`` each, in order (``advance`` told what is read of it)."""
+    compressed into ``spool``: ``(blob, file)`` each, in order (``advance`` told what is read of it;
+    ``progress`` shows a hotfix's base release, verified and read too)."""
     saved = _read_image(folder, manifest, spool, compression, advance)
     check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what="manifest.json")
     layers = [_layer_blob(m, spool, compression) if m is not None else None for m in saved.layer_members]
     if None in layers:
-        layers = _with_base_layers(folder, manifest, saved, layers, spool, compression)
+        layers = _with_base_layers(folder, manifest, saved, layers, spool, compression, progress)
     return saved, layers
 
 
@@ -1302,21 +1305,28 @@ def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression:
 
 
 def _with_base_layers(folder: Path, manifest: ReleaseManifest, saved: SavedImage, layers: list, spool: Path,
-                      compression: str) -> list:
-    """A hotfix archive leaves out the layers its base release shipped: they come from the base's archive."""
+                      compression: str,
+                      progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                      ) -> list:
+    """A hotfix archive leaves out the layers its base release shipped: they come from the base's archive
+    (verified, then read: both shown through ``progress``, a whole release's archive each)."""
     from .verify import verify_folder
+
+    shown = progress or (lambda what, total: nullcontext(lambda n: None))
 
     hotfix = manifest.hotfix
     base_folder = folder.parent / hotfix.base_release
     if not base_folder.is_dir():
         raise InputError(f"{folder.name} is a hotfix on {hotfix.base_release}, whose folder {base_folder} holds the "
                          "layers it leaves out; put that release beside it to push")
-    report = verify_folder(base_folder)
+    report = verify_folder(base_folder, progress=lambda what, total: shown(f"{what} of {hotfix.base_release} (the "
+                                                                           "base)", total))
     report.raise_if_failed()
     base = load_manifest(base_folder)
     if base.image_id != hotfix.base_image_id:
         raise VerificationError(f"{base_folder} holds image {base.image_id}, not the base {hotfix.base_image_id}")
-    base_saved = _read_image(base_folder, base, spool, compression)
+    with shown(f"compress {base.tag} (the base)", base.archive.uncompressed_bytes) as advance:
+        base_saved = _read_image(base_folder, base, spool, compression, advance)
     by_diff = {d: _layer_blob(m, spool, compression) for d, m in zip(base_saved.diff_ids, base_saved.layer_members)
                if m is not None}
     out = []

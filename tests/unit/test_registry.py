@@ -572,6 +572,44 @@ def test_signing_again_needs_the_very_keys_the_release_records(minisign_key):
         with pytest.raises(InputError, match=says):
             check_signer(signer, recorded, "release 1.3.1")
 
+def test_a_hotfix_push_shows_its_base_release_verified_and_read_not_minutes_of_silence(tmp_path):
+    # a hotfix's unchanged layers come from its base release: the base's whole archive was verified, then read
+    # and compressed, without a word, while the bar of the hotfix's own (small) archive stood full
+    from contextlib import contextmanager
+
+    out = tmp_path / "release"
+    shared, old, new = (layer_tar({name: os.urandom(200_000)}) for name in ("base", "old", "new"))
+    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
+    base = load_manifest(base_folder)
+    data, _, _ = docker_layout([shared, new], tag="demo-llm:1.1")
+    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with ReleaseFolder(out, "1.1", force=False) as staged:
+        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("read", what, n))
+        events.append(("end", what))
+
+    target = parse_reference("r.example/demo-llm", what="--to", digest=False)
+    push_release(folder, load_manifest(folder), target, RecordingClient(), temp_dir=tmp_path, progress=progress)
+    begun = [e[1:] for e in events if e[0] == "begin"]
+    on_disk = sum(f.bytes for f in base.archive.files)
+    assert begun[:3] == [("compress demo-llm:1.1", load_manifest(folder).archive.uncompressed_bytes),
+                         ("read archive of 1.0 (the base)", on_disk),
+                         ("compress demo-llm:1.0 (the base)", base.archive.uncompressed_bytes)], begun
+    assert sum(e[2] for e in events if e[:2] == ("read", "compress demo-llm:1.0 (the base)")) == \
+        base.archive.uncompressed_bytes
+    assert sum(e[2] for e in events if e[:2] == ("read", "read archive of 1.0 (the base)")) > 0
+
+
 def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_release(tmp_path):
     out = tmp_path / "release"
     shared, old, new = (layer_tar({name: name.encode() * 100}) for name in ("base", "old", "new"))
