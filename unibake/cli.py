@@ -897,7 +897,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     signer = check_keys(args.sign, (ctx.cwd / args.sign_minisign) if args.sign_minisign else None, ctx.env)
     with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
-        report = verify_folder(folder)
+        report = verify_folder(folder, progress=ctx.reporter.progress)
         report.raise_if_failed()
         check_keepable(folder)  # before the upload: recording it would drop what is not a file
     m = report.manifest
@@ -1016,7 +1016,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
             if signed is not None:
                 signed.raise_if_failed()
-            report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
+            report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None,
+                                                           progress=ctx.reporter.progress))
             report.raise_if_failed()
         plan = Plan(folder=folder, manifest=report.manifest, source="archive", counter=ctx.reporter.counter)
     else:

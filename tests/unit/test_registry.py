@@ -2355,3 +2355,19 @@ def test_a_token_realm_named_http_whose_server_speaks_tls_still_works(tmp_path):
                 c.manifest(DIGEST)
     assert "token server" not in str(caught.value), str(caught.value)
     assert ("token", "Basic dTpwdw==") in seen and ("registry", "Bearer t") in seen, seen
+
+
+def test_push_and_deploy_show_the_archive_read_of_their_verify_stage(tmp_path, cli, monkeypatch):
+    # push and deploy --from archive verify the folder first: every byte of the archive read, hashed and its zstd
+    # frames checked (minutes for 30 GiB), with no progress at all (verify itself showed it)
+    import itertools
+
+    folder, _ = make_release(tmp_path / "release", layers=[layer_tar({"a": os.urandom(1 << 20)})])
+    clock = itertools.count(0.0, 6.0)  # (every counter's step is past its 5 s: each prints its line)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    pushed = cli("push", str(folder), "--to", "127.0.0.1:1/team/a", "--retries", "0")
+    deployed = cli("deploy", str(folder), "--engine", f"unix://{tmp_path}/nothing.sock")
+    for result, code in ((pushed, 1), (deployed, 3)):
+        lines = result.err.splitlines()
+        verify = lines.index(next(line for line in lines if line.startswith("==> verify")))
+        assert result.code == code and lines[verify + 1].startswith("    read archive: "), result.err
