@@ -964,7 +964,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
+            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
             ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:
@@ -1034,7 +1034,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
+                # one it did not record: as pull
+                info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress)
         plan = Plan(folder=folder, manifest=m, source="registry", counter=ctx.reporter.counter,
                     pull_bytes=info.layer_bytes or None,
                     pull=lambda engine, stop, advance: pull_into(engine, ref, m, info, settings["credentials"],

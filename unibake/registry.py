@@ -1292,12 +1292,18 @@ def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compres
 
 
 def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression: str,
-                           temp_dir: Path | None = None) -> str:
+                           temp_dir: Path | None = None,
+                           progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None
+                           = None) -> str:
     """The manifest digest a push of the release with ``compression`` gives (nothing is uploaded):
-    the layers are compressed the same way every time, so it names exactly the release's blobs."""
+    the layers are compressed the same way every time, so it names exactly the release's blobs.
+    ``progress`` (the reporter's) shows that compression: the whole archive's, minutes for a big one."""
+    shown = progress or (lambda what, total: nullcontext(lambda n: None))
     spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
     try:
-        saved, layers = _release_blobs(folder, manifest, spool, compression)
+        with shown(f"compress {manifest.tag} ({compression}, as a push would)",
+                   manifest.archive.uncompressed_bytes) as advance:
+            saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
@@ -1363,7 +1369,9 @@ def find_release_by_digest(out: Path, digest: str) -> Path | None:
 
 
 def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClient, *, folder: Path | None = None,
-                 temp_dir: Path | None = None) -> ManifestInfo:
+                 temp_dir: Path | None = None,
+                 progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                 ) -> ManifestInfo:
     """The registry's manifest for ``ref``'s digest: its bytes match the digest, it names the
     release's image ID, and its layers are the release's (exit 3 otherwise), before any engine pulls
     anything. The layers are the release's when the digest is one the release recorded at its push
@@ -1383,7 +1391,8 @@ def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClie
         raise DigestMismatch(f"{ref.pinned} is not a push release {manifest.release} records (its manifest.json "
                              f"lists {', '.join(r.digest for r in manifest.registry) or 'none'}); pull a digest it "
                              "records, or push the release to record this one")
-    expected = {c: pushed_manifest_digest(folder, manifest, c, temp_dir) for c in sorted(info.compressions)}
+    # (a push of the folder's archive made again: every layer compressed, shown through ``progress``)
+    expected = {c: pushed_manifest_digest(folder, manifest, c, temp_dir, progress) for c in sorted(info.compressions)}
     if ref.digest not in expected.values():
         raise DigestMismatch(f"{ref.pinned} names release {manifest.release}'s image ID but layers that are not its "
                              f"own: a push of its archive gives "

@@ -687,6 +687,31 @@ def test_a_manifest_naming_the_release_s_image_but_other_layers_is_exit_3_before
     assert list(tmp_path.glob("unibake-check-*")) == []
 
 
+def test_a_pull_of_a_digest_the_release_does_not_record_shows_the_compression_it_checks_it_with(tmp_path):
+    # pull and deploy --from registry of a push the release does not record compress the whole archive again to
+    # know the digest a push of it gives: minutes for a big archive under "==> check", without a word
+    from contextlib import contextmanager
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    registry = RecordingClient()
+    push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False), registry,
+                 temp_dir=tmp_path)
+    body = registry.manifests["1.3.1"]
+    ref = parse_reference(f"r.example/a@sha256:{hashlib.sha256(body).hexdigest()}", what="ref", digest=True)
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("read", n))
+
+    check_remote(ref, manifest, ServingClient(body), folder=folder, temp_dir=tmp_path, progress=progress)
+    assert events[0] == ("begin", "compress demo-llm:1.3.1 (gzip, as a push would)",
+                         manifest.archive.uncompressed_bytes)
+    assert sum(e[1] for e in events[1:]) == manifest.archive.uncompressed_bytes
+
+
 @contextmanager
 def tls_server(tmp_path, handler):
     """An HTTPS server on loopback answering with ``handler``; yields its port (its certificate in tmp_path)."""
