@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -779,11 +779,14 @@ def _read_back(run: Run) -> tuple:
     if base is not None:
         _forget_after(run, engine, base.manifest.image_id)
     _forget_after(run, engine, archive.image.image_id)  # held before: the round trip refuses, nothing is removed
-    with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
+    # a hotfix's base release is loaded first: a whole release's archive, its own counter (not the hotfix's)
+    loading_base = run.reporter.progress(f"load {base.manifest.release} (the base)",
+                                         base.manifest.archive.uncompressed_bytes) if base else nullcontext(None)
+    with loading_base as base_advance, run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
             _scratch_room(engine, room, archive.uncompressed_bytes):
         trip, back = round_trip(archive, engine, progress=advance,
                                 base=(base.folder, base.archive_files, base.manifest.image_id, base.manifest.tag)
-                                if base else None)
+                                if base else None, base_progress=base_advance or (lambda n: None))
     if base is not None:
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))

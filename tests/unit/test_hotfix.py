@@ -705,3 +705,25 @@ def test_a_hotfix_on_a_release_of_every_profile_says_when_a_profile_added_since_
     assert plan_on("unibake-test:0.1.0", profiles=("all",)) == ("unibake-test:0.1.1", [])
     added.unlink()
     assert plan_on("unibake-test:0.1.0") == ("unibake-test:0.1.1", [])
+
+
+def test_a_hotfix_round_trip_shows_its_base_release_loading_under_its_own_counter(engines, tmp_path, server,  # noqa: F811
+                                                                                  monkeypatch):
+    # the round trip of a hotfix loads its base release first (a whole release's archive, 30 GiB) before its own:
+    # that load was counted nowhere, so the round trip's bar stood at nothing for as long as it took
+    import itertools
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port)
+    base = load_manifest(out / "1.0")
+    reporter = Quiet()
+    clock = itertools.count(0.0, 6.0)  # (every counter's step is past its 5 s: each prints its line)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    hotfix_run(engines, out, reporter)
+    lines = [line.strip() for line in reporter.stream.getvalue().splitlines()]
+    based = [line for line in lines if line.startswith("load 1.0 (the base): ")]
+    whole = base.archive.uncompressed_bytes / 2**30
+    assert based and based[-1].startswith(f"load 1.0 (the base): {whole:.2f} GiB of {whole:.2f} GiB"), lines
+    first = next(i for i, line in enumerate(lines) if line.startswith("round trip: "))
+    assert lines.index(based[0]) < first  # (the base first, then the hotfix's own load)
