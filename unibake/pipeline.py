@@ -249,7 +249,7 @@ def _hotfix_base(run: Run) -> tuple:
     base = load_base(run.request.out, run.request.base or "", hold=hold)
     if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
         _check_base_archive(base)
-    _check_base_sums(base, with_archive=run.request.roundtrip)
+    _check_base_sums(base, with_archive=run.request.roundtrip, progress=run.reporter.progress)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
     if env_epoch not in (None, str(base.epoch)):
         run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: the hotfix uses {base.epoch}, the epoch of "
@@ -606,11 +606,12 @@ def _check_base_archive(base: HotfixBase) -> None:
                          f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
 
 
-def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
+def _check_base_sums(base: HotfixBase, *, with_archive: bool, progress: Callable | None = None) -> None:
     """The base release as ``sha256sum -c SHA256SUMS`` sees it, before anything is built: the
     manifest whose diffIDs decide what the hotfix leaves out, and (when the round trip will load it)
     the archive. A folder that does not verify is exit 3, naming it, not an engine's refusal later
-    or, with --no-roundtrip, a hotfix published on layers no base has."""
+    or, with --no-roundtrip, a hotfix published on layers no base has. ``progress(description, total)``
+    (the reporter's) shows the archive's read: a whole release's, minutes for a big one."""
     from .verify import check_sums, read_sums
 
     sums = read_sums(base.folder)
@@ -619,7 +620,16 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
     if unlisted:
         raise VerificationError(f"the base release {base.folder}: {unlisted[0]} is not listed in its SHA256SUMS; "
                                 f"check it with: python build.py verify {base.folder}")
-    bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}) if not c.passed]
+    on_disk = sum(f.bytes for f in base.manifest.archive.files) if with_archive else 0
+    if on_disk:
+        try:  # (read too, and counted)
+            on_disk += os.lstat(base.folder / MANIFEST).st_size
+        except OSError:
+            pass  # (said by the check below)
+    shown = progress(f"check {base.manifest.release} (the base)", on_disk) if progress and on_disk else \
+        nullcontext(lambda n: None)
+    with shown as advance:
+        bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}, advance=advance) if not c.passed]
     if bad:
         raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
                                 f"made on a release that verifies (python build.py verify {base.folder})")

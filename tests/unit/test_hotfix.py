@@ -727,3 +727,34 @@ def test_a_hotfix_round_trip_shows_its_base_release_loading_under_its_own_counte
     assert based and based[-1].startswith(f"load 1.0 (the base): {whole:.2f} GiB of {whole:.2f} GiB"), lines
     first = next(i for i, line in enumerate(lines) if line.startswith("round trip: "))
     assert lines.index(based[0]) < first  # (the base first, then the hotfix's own load)
+
+
+def test_a_hotfix_shows_its_base_release_s_archive_checked_before_the_build(engines, tmp_path, server,  # noqa: F811
+                                                                           monkeypatch):
+    # "==> hotfix base" read the base release's whole archive against its SHA256SUMS (minutes for 30 GiB) with no
+    # progress; it now has a counter of its own, whose total is what it reads (the archive and the manifest)
+    import itertools
+
+    from unibake.console import Reporter
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port)
+    read = []
+
+    class Counting(Quiet):  # (the plain reporter, its counters' totals and bytes kept beside their lines)
+        def counter(self, description, total):
+            advance = Reporter.counter(self, description, total)
+            read.append([description, total, 0])
+
+            def counted(n):
+                read[-1][2] += n
+                advance(n)
+            return counted
+
+    reporter = Counting()
+    clock = itertools.count(0.0, 6.0)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    hotfix_run(engines, out, reporter)
+    assert read[0][0] == "check 1.0 (the base)" and read[0][1] == read[0][2] > 0, read
+    assert "check 1.0 (the base): " in reporter.stream.getvalue()
