@@ -707,8 +707,8 @@ def test_a_hotfix_on_a_release_of_every_profile_says_when_a_profile_added_since_
     assert plan_on("unibake-test:0.1.0") == ("unibake-test:0.1.1", [])
 
 
-def test_a_hotfix_round_trip_shows_its_base_release_loading_under_its_own_counter(engines, tmp_path, server,  # noqa: F811
-                                                                                  monkeypatch):
+def test_a_hotfix_round_trip_shows_its_base_release_loading_under_its_own_counter(
+        engines, tmp_path, server, monkeypatch):  # noqa: F811
     # the round trip of a hotfix loads its base release first (a whole release's archive, 30 GiB) before its own:
     # that load was counted nowhere, so the round trip's bar stood at nothing for as long as it took
     import itertools

@@ -1148,7 +1148,8 @@ def test_the_kits_readme_names_every_tag_its_rebuild_leaves_and_how_to_remove_th
     folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
     readme = (folder / "README.md").read_text()
     result = rebuild(folder, engine)
-    assert result.cached == ("unibake-cache/unibake-test:kit-0.1.0-build",) and result.ref == "unibake-kit/unibake-test:0.1.0"
+    assert result.cached == ("unibake-cache/unibake-test:kit-0.1.0-build",)
+    assert result.ref == "unibake-kit/unibake-test:0.1.0"
     assert engine.inspect_image(result.cached[0]) is not None  # (what the README names is what the engine holds)
     assert f"docker image rm {result.ref} {result.cached[0]}\n" in readme
     assert "kept as build cache under `unibake-cache/unibake-test:kit-0.1.0-build`" in readme
