@@ -1080,6 +1080,7 @@ class ManifestInfo:
     compressions: frozenset[str]
     layers: tuple[str, ...] = ()  # the layers' digests, in order
     layer_bytes: int = 0  # the layers' sizes as the manifest gives them (what a pull downloads at most)
+    layer_sizes: tuple[int, ...] = ()  # each layer's, in order (0: the manifest gives none)
 
 
 def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
@@ -1099,7 +1100,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     if not isinstance(config, dict) or not isinstance(layers, list) \
             or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
         raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
-    kinds, digests, size = set(), [], 0
+    kinds, digests, sizes = set(), [], []
     for layer in layers:
         if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
                 or not DIGEST_RE.fullmatch(layer["digest"]):
@@ -1107,9 +1108,10 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
         kind = layer.get("mediaType", "") if isinstance(layer.get("mediaType"), str) else ""
         kinds.add("zstd" if kind.endswith("+zstd") or kind.endswith(".zstd") else "gzip")
         digests.append(layer["digest"])
-        size += layer["size"] if type(layer.get("size")) is int and layer["size"] > 0 else 0
+        sizes.append(layer["size"] if type(layer.get("size")) is int and layer["size"] > 0 else 0)
     return ManifestInfo(media_type=str(media_type or ""), config_digest=config["digest"],
-                        compressions=frozenset(kinds), layers=tuple(digests), layer_bytes=size)
+                        compressions=frozenset(kinds), layers=tuple(digests), layer_bytes=sum(sizes),
+                        layer_sizes=tuple(sizes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1441,7 +1443,8 @@ def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: M
     before = engine.inspect_image(manifest.tag)
     clock = _PullClock(stop, deadline) if deadline is not None else None
     try:
-        engine.pull(ref.repository, ref.digest, auth, clock or stop, progress)
+        engine.pull(ref.repository, ref.digest, auth, clock or stop, progress,
+                    sizes=dict(zip(info.layers, info.layer_sizes)))
     except HandoffAborted:
         if clock is None or not clock.expired or (stop is not None and stop.is_set()):
             raise

@@ -1151,3 +1151,47 @@ def test_each_engine_s_load_is_counted_as_it_goes_under_its_own_name(tmp_path):
     assert [r.result for r in deploy(Plan(folder=folder, manifest=m, source="archive", counter=counter),
                                      list(engines), connect)] == ["skipped", "skipped"]
     assert counted == {}  # (an engine that holds the image loads nothing)
+
+
+def test_a_pull_counts_a_layer_the_engine_holds_already_so_its_total_is_reached(fake_api_only):
+    # pull and deploy --from registry show the pull against the manifest's layer bytes; a layer the engine held
+    # already ("Already exists": no bytes said) was never counted, so a hotfix's pull, most of whose layers an
+    # engine holds, ended at "0.20 GiB of 30.00 GiB, about 900 s left". Its size is now counted when the engine
+    # says so, from the manifest
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+    from unibake.registry import manifest_config_digest
+
+    held, new = "sha256:" + "a1" * 32, "sha256:" + "b2" * 32
+    body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "2" * 64, "size": 9},
+                       "layers": [{"digest": held, "size": 5000}, {"digest": new, "size": 300}]}).encode()
+    info = manifest_config_digest(body, "r.example/a")
+    events = [{"status": "Already exists", "id": held[7:19]}, {"status": "Pulling fs layer", "id": new[7:19]},
+              {"status": "Downloading", "progressDetail": {"current": 100, "total": 300}, "id": new[7:19]},
+              {"status": "Download complete", "id": new[7:19]}, {"status": "Pull complete", "id": new[7:19]}]
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            _version_reply(self)
+
+        def do_POST(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in events:
+                data = json.dumps(event).encode() + b"\r\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+
+    with _serving(Engine) as address:
+        told = []
+        DockerEngine(address, {}).pull("r.example/a", "sha256:" + "1" * 64, None, progress=told.append,
+                                       sizes=dict(zip(info.layers, info.layer_sizes)))
+    assert told == [5000, 100, 200] and sum(told) == info.layer_bytes == 5300
