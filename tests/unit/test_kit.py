@@ -1154,3 +1154,8 @@ def test_the_kits_readme_names_every_tag_its_rebuild_leaves_and_how_to_remove_th
     assert f"docker image rm {result.ref} {result.cached[0]}\n" in readme
     assert "kept as build cache under `unibake-cache/unibake-test:kit-0.1.0-build`" in readme
     assert "stage1" not in readme  # (no builder stage in this product)
+    # and the virtual environment verify.sh makes for tool/, where verify.sh makes it
+    script = (folder / "verify.sh").read_text()
+    assert 'venv="$cache/unibake/kit-venv-$(sha256sum tool/requirements.txt | cut -c 1-16)"' in script
+    assert "cache=$XDG_CACHE_HOME" in script and "cache=$HOME/.cache" in script
+    assert 'rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/unibake"/kit-venv-*' in readme
