@@ -266,7 +266,8 @@ class FakeEngine(Engine):
         self.images.pop(image.id)
         return True
 
-    def pull(self, repository: str, digest: str, auth: dict[str, str] | None, stop=None, progress=None) -> None:
+    def pull(self, repository: str, digest: str, auth: dict[str, str] | None, stop=None, progress=None,
+             sizes=None) -> None:
         """From ``self.remote``, which a test may share between fakes."""
         image = self.remote.get(f"{repository}@{digest}")
         if image is None:

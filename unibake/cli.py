@@ -890,7 +890,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     signer = check_keys(args.sign, (ctx.cwd / args.sign_minisign) if args.sign_minisign else None, ctx.env)
     with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
-        report = verify_folder(folder)
+        report = verify_folder(folder, progress=ctx.reporter.progress)
         report.raise_if_failed()
         check_keepable(folder)  # before the upload: recording it would drop what is not a file
     m = report.manifest
@@ -957,7 +957,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)
+            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
             ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:
@@ -1009,9 +1009,10 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
             signed = verify_signatures(folder, ctx.cwd / args.key, ctx.env) if args.key else None
             if signed is not None:
                 signed.raise_if_failed()
-            report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None))
+            report = with_signatures(signed, verify_folder(folder, signed.signed_sums if signed else None,
+                                                           progress=ctx.reporter.progress))
             report.raise_if_failed()
-        plan = Plan(folder=folder, manifest=report.manifest, source="archive")
+        plan = Plan(folder=folder, manifest=report.manifest, source="archive", counter=ctx.reporter.counter)
     else:
         m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
         if args.ref:
@@ -1026,10 +1027,12 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-                info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir)  # one it did not record: as pull
-        plan = Plan(folder=folder, manifest=m, source="registry",
-                    pull=lambda engine, stop: pull_into(engine, ref, m, info, settings["credentials"], stop=stop,
-                                                        deadline=deadline))
+                # one it did not record: as pull
+                info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress)
+        plan = Plan(folder=folder, manifest=m, source="registry", counter=ctx.reporter.counter,
+                    pull_bytes=info.layer_bytes or None,
+                    pull=lambda engine, stop, advance: pull_into(engine, ref, m, info, settings["credentials"],
+                                                                 stop=stop, deadline=deadline, progress=advance))
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {counted(len(addresses), 'engine')} from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too
@@ -1167,7 +1170,7 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):
-        result = rebuild(folder, engine, on_line=ctx.reporter.build_line)
+        result = rebuild(folder, engine, on_line=ctx.reporter.build_line, progress=ctx.reporter.progress)
     record = result.record
     expected = released.image_id if released is not None else record.image_id  # (kit.json read again by rebuild)
     matches = result.matches and result.image.image_id == expected

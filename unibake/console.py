@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -102,26 +103,50 @@ class Reporter:
             yield lambda n: None
             return
         if self.plain:
-            state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}
-
-            def advance(n: int) -> None:
-                state["done"] += n
-                now = time.monotonic()
-                if now - state["last"] >= 5:
-                    state["last"] = now
-                    rate = state["done"] / max(now - state["start"], 1e-6)
-                    eta = f", about {max(total - state['done'], 0) / rate:.0f} s left" if total and rate else ""
-                    share = f" of {total / 2**30:.2f} GiB" if total else ""
-                    self.console.print(f"    {description}: {state['done'] / 2**30:.2f} GiB{share}, "
-                                       f"{rate / 2**20:.0f} MiB/s{eta}", markup=False)
-
-            yield advance
+            yield self.counter(description, total)
             return
         with Progress(TextColumn("    {task.description}"), BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
                       transient=True) as bar:
             task = bar.add_task(description, total=total)
-            yield lambda n: bar.advance(task, n)
+            done = [0]
+
+            def advance(n: int) -> None:
+                done[0] += n
+                if total and done[0] > total:  # past what was expected (a total that was an estimate): the bar is
+                    # full, and says so, not 120 %
+                    bar.update(task, total=done[0], description=f"{description} (more than expected)")
+                bar.advance(task, n)
+
+            yield advance
+
+    def counter(self, description: str, total: int | None) -> Callable[[int], None]:
+        """A byte counter that prints a line every few seconds, on a terminal too: for work done in several
+        threads at once (one engine's load each), whose lines say each one's name, as bars would not."""
+        if self.quiet:
+            return lambda n: None
+        state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}
+        lock = threading.Lock()
+
+        def advance(n: int) -> None:
+            with lock:
+                state["done"] += n
+                now = time.monotonic()
+                if now - state["last"] < 5:
+                    return
+                state["last"] = now
+                done = state["done"]
+            rate = done / max(now - state["start"], 1e-6)
+            # a total is what the work was expected to be (an image's size, for a save stream a little longer):
+            # past it, the line says so, not "6.10 GiB of 6.00 GiB, about 0 s left"
+            within = bool(total) and done <= total
+            eta = f", about {max(total - done, 0) / rate:.0f} s left" if within and rate else ""
+            share = f" of {total / 2**30:.2f} GiB" if within else \
+                f" (more than the {total / 2**30:.2f} GiB expected)" if total else ""
+            self.console.print(f"    {description}: {done / 2**30:.2f} GiB{share}, {rate / 2**20:.0f} MiB/s{eta}",
+                               markup=False)
+
+        return advance
 
     def build_line(self, line: str) -> None:
         """One line of build output: every line in plain mode; a bar over the steps otherwise."""

@@ -122,16 +122,24 @@ class Plan:
     folder: Path
     manifest: ReleaseManifest
     source: str  # archive | registry
-    # the registry's pull into one engine (an event set breaks it off); returns the image ID
-    pull: Callable[[Engine, threading.Event], str] | None = None
+    # the registry's pull into one engine (an event set breaks it off, the callable told its bytes); returns the
+    # image ID
+    pull: Callable[[Engine, threading.Event, Callable[[int], None]], str] | None = None
+    # one engine's byte counter (what, total): told the archive's bytes as the engine is sent them, or the
+    # bytes the engine pulls; several run at once (one per engine), so no terminal bar
+    counter: Callable[[str, int | None], Callable[[int], None]] = lambda what, total: lambda n: None
+    pull_bytes: int | None = None  # the layers' bytes a pull downloads (what the registry's manifest says)
 
 
-def _until(stop: threading.Event, chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """``chunks`` until ``stop`` is set: then the stream breaks off, and the engine refuses the load."""
+def _until(stop: threading.Event, chunks: Iterable[bytes],
+           advance: Callable[[int], None] = lambda n: None) -> Iterator[bytes]:
+    """``chunks`` until ``stop`` is set: then the stream breaks off, and the engine refuses the load
+    (``advance`` told each chunk's bytes as the engine takes it)."""
     for chunk in chunks:
         if stop.is_set():
             raise HandoffAborted("interrupted")
         yield chunk
+        advance(len(chunk))
 
 
 def _foreign(engine: Engine, m: ReleaseManifest) -> str:
@@ -176,7 +184,7 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
                                   "first; nothing was loaded")
         if plan.source == "registry":
             try:
-                plan.pull(engine, stop)
+                plan.pull(engine, stop, plan.counter(f"{address}: pull", plan.pull_bytes))
             except (HandoffAborted, UnibakeError):
                 if stop.is_set():  # broken off: the engine ends the pull, and nothing was tagged
                     return done("stopped", "the interrupt broke its pull off: the release was not tagged")
@@ -184,7 +192,8 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
             result = "pulled"
         else:
             try:  # as verify --load: the stream hashed, its end held back till it matches; another image undone
-                problem = checked_load(engine, plan.folder, m, lambda chunks: _until(stop, chunks))
+                advance = plan.counter(f"{address}: load", m.archive.uncompressed_bytes)
+                problem = checked_load(engine, plan.folder, m, lambda chunks: _until(stop, chunks, advance))
             except Exception:
                 if stop.is_set():  # however the engine's client put the broken-off stream
                     return done("stopped", "the interrupt broke its load off: the engine did not take the image")

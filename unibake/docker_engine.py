@@ -709,12 +709,16 @@ class DockerEngine(Engine):
                 for i in found]
 
     def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
-             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
+             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None,
+             sizes: Mapping[str, int] | None = None) -> None:
         """docker-py's pull, with two changes: the stream waits ``timeout`` for the engine's next word (docker-py
         waits without end), and ``stop`` set breaks it off at once (its connection shut: the engine ends the
         pull), raising :class:`HandoffAborted`. ``progress`` is told each layer's bytes as the engine
-        downloads them (its events' progressDetail)."""
+        downloads them (its events' progressDetail), and a layer's size from ``sizes`` when the engine says
+        it holds it already (else the total it is shown against is never reached)."""
         downloaded: dict[str, tuple[int, int]] = {}  # a layer's ID: (bytes said so far, its total)
+        # the engine names a layer by its digest's first 12 hex digits
+        held = {d.removeprefix("sha256:")[:12]: n for d, n in (sizes or {}).items()}
 
         def count(event: dict) -> None:
             layer, detail, status = event.get("id"), event.get("progressDetail"), event.get("status")
@@ -730,6 +734,9 @@ class DockerEngine(Engine):
             elif status == "Download complete" and total > done:
                 progress(total - done)
                 done = total
+            elif status == "Already exists" and held.get(layer, 0) > done:
+                progress(held[layer] - done)
+                done = held[layer]
             downloaded[layer] = (done, total)
         # the credentials resolved by the caller (--auth-file, else the Docker config, its helpers run without
         # the environment's secrets), or none: docker-py's pull sent what this process's own Docker config

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -175,7 +175,9 @@ class Engine(ABC):
 
     @abstractmethod
     def pull(self, repository: str, digest: str, auth: dict[str, str] | None,
-             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None) -> None:
+             stop: threading.Event | None = None, progress: Callable[[int], None] | None = None,
+             sizes: Mapping[str, int] | None = None) -> None:
         """Pull ``repository@digest`` from its registry (``auth``: user name and password, or None);
         ``stop`` set breaks it off (raising :class:`unibake.errors.HandoffAborted`); ``progress`` is told
-        the bytes downloaded as they come."""
+        the bytes downloaded as they come, and, by ``sizes`` (the layers' blob sizes by digest, as the
+        manifest gives them), the size of each layer the engine already holds."""

@@ -41,6 +41,7 @@ import tarfile
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -300,7 +301,11 @@ class KitDraft:
                        0o644),
             # the profiles folder by its own name (llm-conf/, not always profiles/)
             "README.md": (render_template("kit-README.md.j2", k=record, kit=self.name, top=self.top,
-                                          config=plan.config_dir.relative_to(plan.project_root).as_posix()).encode(),
+                                          config=plan.config_dir.relative_to(plan.project_root).as_posix(),
+                                          ref=f"{KIT_REPOSITORY}/{record.product}:{record.release}",
+                                          cache=cache_ref(record.product, f"kit-{record.release}", "build"),
+                                          stage=cache_ref(record.product, f"kit-{record.release}", "stage1")
+                                          ).encode(),
                           0o644),
             "verify.sh": (render_template("kit-verify.sh.j2", k=record, kit=self.name).encode(), 0o755),
         }
@@ -522,9 +527,12 @@ class Rebuilt:
 
 
 def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = lambda line: None,
-            progress: Callable[[int], object] = lambda n: None) -> Rebuilt:
+            progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+            ) -> Rebuilt:
     """Build the kit's context on ``engine`` as the release was built (no cache), normalise it, and
-    return the result for comparison; tags it ``unibake-kit/<product>:<release>``."""
+    return the result for comparison; tags it ``unibake-kit/<product>:<release>``. ``progress`` (the
+    reporter's) shows the normalise step, a save and a load of the whole image (minutes for an image
+    of many gigabytes)."""
     from .normalise import normalise_image
 
     from .platforms import EXEC_FORMAT, KNOWN, emulation_hint
@@ -569,8 +577,10 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
         raise UnibakeError(f"the rebuild finished but {ref} is not in the engine")
     built = BuiltImage(image_id=info.id, tag=ref, diff_ids=info.diff_ids, steps=outcome.steps,
                        stage_images=outcome.stage_images, seconds=0.0, size=info.size)
-    image = normalise_image(engine, built, epoch=record.source_date_epoch, base_image=record.base.ref,
-                            owned=record.install_root, cache=None, progress=progress, platform=platform)
+    shown = progress or (lambda what, total: nullcontext(lambda n: None))
+    with shown("normalise", built.size or None) as advance:
+        image = normalise_image(engine, built, epoch=record.source_date_epoch, base_image=record.base.ref,
+                                owned=record.install_root, cache=None, progress=advance, platform=platform)
     if image.image_id != built.image_id:
         keep_as_cache(engine, cache_ref(record.product, selection, "build"), built.image_id)
         cached.append(cache_ref(record.product, selection, "build"))

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -249,7 +249,7 @@ def _hotfix_base(run: Run) -> tuple:
     base = load_base(run.request.out, run.request.base or "", hold=hold)
     if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
         _check_base_archive(base)
-    _check_base_sums(base, with_archive=run.request.roundtrip)
+    _check_base_sums(base, with_archive=run.request.roundtrip, progress=run.reporter.progress)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
     if env_epoch not in (None, str(base.epoch)):
         run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: the hotfix uses {base.epoch}, the epoch of "
@@ -289,7 +289,24 @@ def _plan(run: Run) -> tuple:
     if base is not None and plan.tag == base.manifest.tag:
         raise InputError(f"--version {request.version} gives {plan.tag}, the tag of the base release; "
                          "choose a new version")
+    if base is not None and not request.profiles:
+        _say_new_profiles(run, plan, base)
     return _one(plan)
+
+
+def _say_new_profiles(run: Run, plan: ReleasePlan, base: HotfixBase) -> None:
+    """A hotfix builds its base's profiles: when profiles were added since a base made of every profile,
+    those alone are a selection now, and the hotfix's tag carries their names (VERSION-a-b, not VERSION)."""
+    suffix = "-" + "-".join(plan.profile_names) + plan.platform.suffix
+    new = sorted(set(plan.known_profiles) - set(plan.profile_names))
+    if not new or not plan.tag.endswith(suffix) or base.manifest.tag.endswith(suffix):
+        return
+    named = ", ".join(new)
+    run.reporter.warn(f"the profiles now include {named}, which release {base.manifest.release} (made of every "
+                      f"profile then: {', '.join(plan.profile_names)}) did not have: this hotfix builds that "
+                      f"release's profiles, so it is named {plan.tag}, not "
+                      f"{plan.tag.removesuffix(suffix) + plan.platform.suffix}; give --profile all to build "
+                      f"{'it' if len(new) == 1 else 'them'} too (or --profile for the ones to build)")
 
 
 def _render(run: Run) -> tuple:
@@ -592,11 +609,12 @@ def _check_base_archive(base: HotfixBase) -> None:
                          f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
 
 
-def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
+def _check_base_sums(base: HotfixBase, *, with_archive: bool, progress: Callable | None = None) -> None:
     """The base release as ``sha256sum -c SHA256SUMS`` sees it, before anything is built: the
     manifest whose diffIDs decide what the hotfix leaves out, and (when the round trip will load it)
     the archive. A folder that does not verify is exit 3, naming it, not an engine's refusal later
-    or, with --no-roundtrip, a hotfix published on layers no base has."""
+    or, with --no-roundtrip, a hotfix published on layers no base has. ``progress(description, total)``
+    (the reporter's) shows the archive's read: a whole release's, minutes for a big one."""
     from .verify import check_sums, read_sums
 
     sums = read_sums(base.folder)
@@ -605,7 +623,16 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
     if unlisted:
         raise VerificationError(f"the base release {base.folder}: {unlisted[0]} is not listed in its SHA256SUMS; "
                                 f"check it with: python build.py verify {base.folder}")
-    bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}) if not c.passed]
+    on_disk = sum(f.bytes for f in base.manifest.archive.files) if with_archive else 0
+    if on_disk:
+        try:  # (read too, and counted)
+            on_disk += os.lstat(base.folder / MANIFEST).st_size
+        except OSError:
+            pass  # (said by the check below)
+    shown = progress(f"check {base.manifest.release} (the base)", on_disk) if progress and on_disk else \
+        nullcontext(lambda n: None)
+    with shown as advance:
+        bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}, advance=advance) if not c.passed]
     if bad:
         raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
                                 f"made on a release that verifies (python build.py verify {base.folder})")
@@ -765,11 +792,14 @@ def _read_back(run: Run) -> tuple:
     if base is not None:
         _forget_after(run, engine, base.manifest.image_id)
     _forget_after(run, engine, archive.image.image_id)  # held before: the round trip refuses, nothing is removed
-    with run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
+    # a hotfix's base release is loaded first: a whole release's archive, its own counter (not the hotfix's)
+    loading_base = run.reporter.progress(f"load {base.manifest.release} (the base)",
+                                         base.manifest.archive.uncompressed_bytes) if base else nullcontext(None)
+    with loading_base as base_advance, run.reporter.progress("round trip", archive.uncompressed_bytes) as advance, \
             _scratch_room(engine, room, archive.uncompressed_bytes):
         trip, back = round_trip(archive, engine, progress=advance,
                                 base=(base.folder, base.archive_files, base.manifest.image_id, base.manifest.tag)
-                                if base else None)
+                                if base else None, base_progress=base_advance or (lambda n: None))
     if base is not None:
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,)})
     return _one(Proof(back=back, round_trip=trip, skipped="", engine=engine, netns_pid=netns_pid))

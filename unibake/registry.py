@@ -715,10 +715,10 @@ class _Counted:
     a 401 (:meth:`RegistryClient.__init__` rewinds it then); before, the second sending had nothing
     left to send (an empty upload, or a Content-Length the registry waited for in vain)."""
 
-    def __init__(self, data, watch: _Watch | None):
+    def __init__(self, data, watch: _Watch | None, at: Callable[[int], None] = lambda n: None):
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = io.BytesIO(data)
-        self.file, self.watch = data, watch
+        self.file, self.watch, self.at = data, watch, at  # (at: told how far into the blob each block reached)
         self.start = data.tell()
         try:
             self.end = os.fstat(data.fileno()).st_size
@@ -750,6 +750,8 @@ class _Counted:
         block = self.file.read(size)
         if self.watch is not None:
             self.watch.counted(len(block))
+        if block:
+            self.at(self.file.tell() - self.start)
         return block
 
     def close(self) -> None:
@@ -983,10 +985,21 @@ class RegistryClient:
             return size is None or not (length.isascii() and length.isdigit()) or int(length) == size
         return self._call(f"looking for blob {digest[:19]}", head)
 
-    def upload(self, digest: str, opener: Callable[[], object], what: str) -> None:
-        """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try)."""
+    def upload(self, digest: str, opener: Callable[[], object], what: str,
+               progress: Callable[[int], None] = lambda n: None) -> None:
+        """Upload a blob whose bytes ``opener()`` gives (a fresh file object or bytes on every try).
+        ``progress`` is told the bytes sent as they go; a blob sent again (a retry, a redirect, a new
+        token) is told only what goes past the furthest point sent before, so it never counts more
+        than the blob."""
+        furthest = [0]
+
+        def at(position: int) -> None:
+            if position > furthest[0]:
+                progress(position - furthest[0])
+                furthest[0] = position
+
         def put() -> None:
-            data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None))
+            data = self._sending = _Counted(opener(), getattr(_WATCHING, "current", None), at)
             try:
                 self.dxf.push_blob(data=data, digest=digest, check_exists=False)
             except DigestMismatch as exc:
@@ -1111,6 +1124,7 @@ class ManifestInfo:
     compressions: frozenset[str]
     layers: tuple[str, ...] = ()  # the layers' digests, in order
     layer_bytes: int = 0  # the layers' sizes as the manifest gives them (what a pull downloads at most)
+    layer_sizes: tuple[int, ...] = ()  # each layer's, in order (0: the manifest gives none)
 
 
 def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
@@ -1130,7 +1144,7 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
     if not isinstance(config, dict) or not isinstance(layers, list) \
             or not isinstance(config.get("digest"), str) or not DIGEST_RE.fullmatch(config["digest"]):
         raise DigestMismatch(f"{where}: not an image manifest (no config digest or layers)")
-    kinds, digests, size = set(), [], 0
+    kinds, digests, sizes = set(), [], []
     for layer in layers:
         if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) \
                 or not DIGEST_RE.fullmatch(layer["digest"]):
@@ -1138,9 +1152,10 @@ def manifest_config_digest(body: bytes, where: str) -> ManifestInfo:
         kind = layer.get("mediaType", "") if isinstance(layer.get("mediaType"), str) else ""
         kinds.add("zstd" if kind.endswith("+zstd") or kind.endswith(".zstd") else "gzip")
         digests.append(layer["digest"])
-        size += layer["size"] if type(layer.get("size")) is int and layer["size"] > 0 else 0
+        sizes.append(layer["size"] if type(layer.get("size")) is int and layer["size"] > 0 else 0)
     return ManifestInfo(media_type=str(media_type or ""), config_digest=config["digest"],
-                        compressions=frozenset(kinds), layers=tuple(digests), layer_bytes=size)
+                        compressions=frozenset(kinds), layers=tuple(digests), layer_bytes=sum(sizes),
+                        layer_sizes=tuple(sizes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1250,7 +1265,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     archive); returns the record of the push. The folder must have been verified. A tag that another
     push moved on while this one ran is said through ``on_warning`` (else ``on_line``). ``progress``
     (the reporter's) shows the compression of the layers, which comes before any upload (minutes for
-    an image of many gigabytes)."""
+    an image of many gigabytes), then each layer's upload."""
     on_warning = on_warning or on_line
     start = time.monotonic()
     tag = target.tag or manifest.release
@@ -1260,7 +1275,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                 "compressed goes as it is), then uploading those the registry lacks")
         shown = progress or (lambda what, total: nullcontext(lambda n: None))
         with shown(f"compress {manifest.tag}", manifest.archive.uncompressed_bytes) as advance:
-            saved, layers = _release_blobs(folder, manifest, spool, compression, advance)
+            saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)
         uploaded = present = uploaded_bytes = 0
         seen: set[str] = set()
         for i, (blob, path) in enumerate(layers, 1):
@@ -1271,8 +1286,9 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                 present += 1
                 on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} already in the registry")
             else:
-                client.upload(blob.digest, lambda p=path: open(p, "rb"), f"layer {i} of {len(layers)} "
-                              f"({blob.digest[:19]}, {blob.size} bytes)")
+                with shown(f"upload layer {i} of {len(layers)}", blob.size) as sent:
+                    client.upload(blob.digest, lambda p=path: open(p, "rb"), f"layer {i} of {len(layers)} "
+                                  f"({blob.digest[:19]}, {blob.size} bytes)", progress=sent)
                 uploaded, uploaded_bytes = uploaded + 1, uploaded_bytes + blob.size
                 on_line(f"layer {i} of {len(layers)}: {blob.digest[:19]} uploaded ({blob.size} bytes)")
             path.unlink(missing_ok=True)
@@ -1307,24 +1323,33 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
 
 
 def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str,
-                   advance: Callable[[int], None] = lambda n: None) -> tuple[SavedImage, list]:
+                   advance: Callable[[int], None] = lambda n: None,
+                   progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                   ) -> tuple[SavedImage, list]:
     """The release's image read from its archive, checked against its manifest, and its layers
-    compressed into ``spool``: ``(blob, file)`` each, in order (``advance`` told what is read of it)."""
+    compressed into ``spool``: ``(blob, file)`` each, in order (``advance`` told what is read of it;
+    ``progress`` shows a hotfix's base release, verified and read too)."""
     saved = _read_image(folder, manifest, spool, compression, advance)
     check_against(saved, image_id=manifest.image_id, diff_ids=manifest.diff_ids, what="manifest.json")
     layers = [_layer_blob(m, spool, compression) if m is not None else None for m in saved.layer_members]
     if None in layers:
-        layers = _with_base_layers(folder, manifest, saved, layers, spool, compression)
+        layers = _with_base_layers(folder, manifest, saved, layers, spool, compression, progress)
     return saved, layers
 
 
 def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression: str,
-                           temp_dir: Path | None = None) -> str:
+                           temp_dir: Path | None = None,
+                           progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None
+                           = None) -> str:
     """The manifest digest a push of the release with ``compression`` gives (nothing is uploaded):
-    the layers are compressed the same way every time, so it names exactly the release's blobs."""
+    the layers are compressed the same way every time, so it names exactly the release's blobs.
+    ``progress`` (the reporter's) shows that compression: the whole archive's, minutes for a big one."""
+    shown = progress or (lambda what, total: nullcontext(lambda n: None))
     spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
     try:
-        saved, layers = _release_blobs(folder, manifest, spool, compression)
+        with shown(f"compress {manifest.tag} ({compression}, as a push would)",
+                   manifest.archive.uncompressed_bytes) as advance:
+            saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
     config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
@@ -1332,21 +1357,28 @@ def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression:
 
 
 def _with_base_layers(folder: Path, manifest: ReleaseManifest, saved: SavedImage, layers: list, spool: Path,
-                      compression: str) -> list:
-    """A hotfix archive leaves out the layers its base release shipped: they come from the base's archive."""
+                      compression: str,
+                      progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                      ) -> list:
+    """A hotfix archive leaves out the layers its base release shipped: they come from the base's archive
+    (verified, then read: both shown through ``progress``, a whole release's archive each)."""
     from .verify import verify_folder
+
+    shown = progress or (lambda what, total: nullcontext(lambda n: None))
 
     hotfix = manifest.hotfix
     base_folder = folder.parent / hotfix.base_release
     if not base_folder.is_dir():
         raise InputError(f"{folder.name} is a hotfix on {hotfix.base_release}, whose folder {base_folder} holds the "
                          "layers it leaves out; put that release beside it to push")
-    report = verify_folder(base_folder)
+    report = verify_folder(base_folder, progress=lambda what, total: shown(f"{what} of {hotfix.base_release} (the "
+                                                                           "base)", total))
     report.raise_if_failed()
     base = load_manifest(base_folder)
     if base.image_id != hotfix.base_image_id:
         raise VerificationError(f"{base_folder} holds image {base.image_id}, not the base {hotfix.base_image_id}")
-    base_saved = _read_image(base_folder, base, spool, compression)
+    with shown(f"compress {base.tag} (the base)", base.archive.uncompressed_bytes) as advance:
+        base_saved = _read_image(base_folder, base, spool, compression, advance)
     by_diff = {d: _layer_blob(m, spool, compression) for d, m in zip(base_saved.diff_ids, base_saved.layer_members)
                if m is not None}
     out = []
@@ -1383,7 +1415,9 @@ def find_release_by_digest(out: Path, digest: str) -> Path | None:
 
 
 def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClient, *, folder: Path | None = None,
-                 temp_dir: Path | None = None) -> ManifestInfo:
+                 temp_dir: Path | None = None,
+                 progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
+                 ) -> ManifestInfo:
     """The registry's manifest for ``ref``'s digest: its bytes match the digest, it names the
     release's image ID, and its layers are the release's (exit 3 otherwise), before any engine pulls
     anything. The layers are the release's when the digest is one the release recorded at its push
@@ -1403,7 +1437,8 @@ def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClie
         raise DigestMismatch(f"{ref.pinned} is not a push release {manifest.release} records (its manifest.json "
                              f"lists {', '.join(r.digest for r in manifest.registry) or 'none'}); pull a digest it "
                              "records, or push the release to record this one")
-    expected = {c: pushed_manifest_digest(folder, manifest, c, temp_dir) for c in sorted(info.compressions)}
+    # (a push of the folder's archive made again: every layer compressed, shown through ``progress``)
+    expected = {c: pushed_manifest_digest(folder, manifest, c, temp_dir, progress) for c in sorted(info.compressions)}
     if ref.digest not in expected.values():
         raise DigestMismatch(f"{ref.pinned} names release {manifest.release}'s image ID but layers that are not its "
                              f"own: a push of its archive gives "
@@ -1452,7 +1487,8 @@ def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: M
     before = engine.inspect_image(manifest.tag)
     clock = _PullClock(stop, deadline) if deadline is not None else None
     try:
-        engine.pull(ref.repository, ref.digest, auth, clock or stop, progress)
+        engine.pull(ref.repository, ref.digest, auth, clock or stop, progress,
+                    sizes=dict(zip(info.layers, info.layer_sizes)))
     except HandoffAborted:
         if clock is None or not clock.expired or (stop is not None and stop.is_set()):
             raise

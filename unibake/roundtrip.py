@@ -17,14 +17,17 @@ from .engine import Engine, ImageSummary, LoadOutcome
 from .errors import UnibakeError, VerificationError
 from .imagetar import full_reference
 from .manifest import RoundTripRecord
+from .threads import counted
 
 
 def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str], str, str] | None = None,
-               progress: Callable[[int], object] = lambda n: None) -> tuple[RoundTripRecord, ReadBack]:
+               progress: Callable[[int], object] = lambda n: None,
+               base_progress: Callable[[int], object] = lambda n: None) -> tuple[RoundTripRecord, ReadBack]:
     """Load the archive (decompressed here: Engine 20.10 cannot read zstd) into ``engine``, which must
     never have seen the image, in the same read that checks the archive; then compare what loaded.
     A hotfix needs the release it builds on: ``base`` (its folder, archive files, image ID and tag) is
-    loaded first, and must give that image, tagged with that tag alone."""
+    loaded first (its decoded bytes told to ``base_progress``: a whole release), and must give that
+    image, tagged with that tag alone."""
     image_id, tag = archive.image.image_id, archive.tag
     if engine.inspect_image(image_id) is not None:
         raise VerificationError(f"the verify engine at {engine.address} already holds {image_id}: a load "
@@ -32,8 +35,8 @@ def round_trip(archive: Archive, engine: Engine, *, base: tuple[Path, list[str],
     if base is not None:
         folder, files, base_id, base_tag = base
         before = engine.list_images()
-        check_base_loaded(engine, folder, base_id, before=before, loaded=engine.load(read_archive(folder, files)),
-                          base_tag=base_tag)
+        loaded = engine.load(counted(read_archive(folder, files), base_progress))
+        check_base_loaded(engine, folder, base_id, before=before, loaded=loaded, base_tag=base_tag)
     back = read_back(archive, load=engine.load, omitted=frozenset(archive.omitted), progress=progress)
     loaded = engine.inspect_image(image_id)
     if loaded is None:

@@ -90,3 +90,63 @@ def test_a_lone_surrogate_no_file_name_could_hold_is_shown_escaped_not_a_traceba
     assert visible_name("bad\ud800name") == "bad\\ud800name"
     assert visible_name("bad\ud800 caf\udce9") == "bad\\ud800 caf\\udce9"
     assert "\\ud800" in one_line("release \ud800 broken")
+
+
+def test_a_counter_prints_lines_on_a_terminal_too_and_from_several_threads_at_once(monkeypatch):
+    # deploy's engines load at once, each with a counter that prints a line every few seconds naming its engine,
+    # on a terminal as in a log
+    import itertools
+    import threading
+
+    screen = Terminal()
+    reporter = Reporter(env={}, stream=screen)
+    assert not reporter.plain
+    clock = itertools.count(0.0, 6.0)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    counters = [reporter.counter(f"tcp://{n}:2375: load", 4 << 30) for n in "ab"]
+    threads = [threading.Thread(target=lambda c=c: [c(1 << 30) for _ in range(2)]) for c in counters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    text = screen.getvalue()
+    for n in "ab":
+        assert f"tcp://{n}:2375: load: 1.00 GiB of 4.00 GiB" in text and f"tcp://{n}:2375: load: 2.00 GiB" in text
+    quiet = Reporter(env={}, stream=Terminal(), quiet=True)
+    quiet.counter("load", 10)(10)
+    assert quiet.console.file.getvalue() == ""
+
+
+
+def test_a_counter_past_its_expected_total_says_so_not_a_share_over_the_whole(monkeypatch):
+    # a total is an estimate where the bytes counted are a stream's (normalise counts the engine's save, a little
+    # longer than the image's size): past it, lines said "2.00 GiB of 1.00 GiB, about 0 s left" and a bar 200 %
+    import itertools
+
+    out = io.StringIO()
+    reporter = Reporter(env={"CI": "true"}, stream=out)
+    clock = itertools.count(0.0, 6.0)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    with reporter.progress("normalise", 1 << 30) as advance:
+        advance(1 << 29)
+        advance(3 << 29)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("    normalise: 0.50 GiB of 1.00 GiB, ") and lines[0].endswith(" s left")
+    assert lines[1].startswith("    normalise: 2.00 GiB (more than the 1.00 GiB expected), ") and "left" not in lines[1]
+
+    from rich.progress import Progress
+
+    made = []
+
+    class Recorded(Progress):  # rich's own bar, kept to read its task's total
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr("unibake.console.Progress", Recorded)
+    totals = []
+    with Reporter(env={}, stream=Terminal()).progress("normalise", 100) as advance:
+        for _ in range(2):
+            advance(60)
+            totals.append([(t.description, t.completed, t.total) for t in made[0].tasks])
+    assert totals == [[("normalise", 60, 100)], [("normalise (more than expected)", 120, 120)]], totals

@@ -72,7 +72,7 @@ def test_an_engine_that_ends_up_with_another_image_fails_its_row(tmp_path):
     other_id = other.add({"config": {}}, [b"x"])
     engines["tcp://a:2375"].remote = {f"r.example/a@sha256:{'1' * 64}": other.images[other_id]}
 
-    def pull(engine, stop):
+    def pull(engine, stop, advance):
         engine.pull("r.example/a", f"sha256:{'1' * 64}", None)
         engine.tag(other_id, m.tag)
         return other_id
@@ -323,7 +323,7 @@ def test_a_hotfix_from_the_registry_needs_no_base_in_the_engine_from_its_archive
     engines, connect = fleet("a")
     engines["tcp://a:2375"].remote = {f"r.example/demo-llm@sha256:{'1' * 64}": whole}
 
-    def pull(engine, stop):
+    def pull(engine, stop, advance):
         engine.pull("r.example/demo-llm", f"sha256:{'1' * 64}", None)
         engine.tag(whole.id, m.tag)
         return whole.id
@@ -591,7 +591,7 @@ def test_an_interrupt_breaks_off_the_pulls_under_way_and_says_what_was_left(tmp_
     engines, connect = fleet("a")
     deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)
 
-    def pull(engine, stop):
+    def pull(engine, stop, advance):
         engine.pull("r.example/a", "sha256:" + "1" * 64, None, stop)
         return image_id
 
@@ -812,7 +812,7 @@ def test_a_pull_that_trickles_past_its_pull_deadline_is_broken_off_and_its_row_f
             return engines[where] if where in engines else DockerEngine(where, {}, timeout=60)
 
         plan = Plan(folder=folder, manifest=m, source="registry",
-                    pull=lambda engine, stop: pull_into(engine, ref, m, info, None, stop=stop, deadline=1))
+                    pull=lambda engine, stop, advance: pull_into(engine, ref, m, info, None, stop=stop, deadline=1))
         results = _within(20, lambda: deploy(plan, ["tcp://a:2375", address], connect_both))
         deadline = time.monotonic() + 5
         while seen.count("pull broken off") < 2 and time.monotonic() < deadline:
@@ -1124,3 +1124,74 @@ def test_an_engine_named_by_tcp_address_takes_the_tls_settings_docker_takes(monk
     assert isinstance(tls, docker.tls.TLSConfig) and tls.verify is True and tls.ca_cert == str(tmp_path / "ca.pem")
     assert tls.cert == (str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
     assert [("tls" in kwargs) for kwargs in given[1:]] == [False, False, False]  # ssh, plain tcp, a socket: as docker
+
+
+def test_each_engine_s_load_is_counted_as_it_goes_under_its_own_name(tmp_path):
+    # deploy --from archive said nothing between "==> deploy" and each engine's row: a 30 GiB load into a
+    # dozen engines was minutes of silence. Each engine's load now has its own counter (a line every few
+    # seconds, which several engines' threads can print at once), told the bytes as the engine takes them
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    counted, lock = {}, threading.Lock()
+
+    def counter(what, total):
+        counted[what] = [total, 0]
+
+        def advance(n):
+            with lock:
+                counted[what][1] += n
+        return advance
+
+    results = deploy(Plan(folder=folder, manifest=m, source="archive", counter=counter), list(engines), connect, jobs=2)
+    assert [r.result for r in results] == ["loaded", "loaded"]
+    whole = m.archive.uncompressed_bytes
+    assert counted == {"tcp://a:2375: load": [whole, whole], "tcp://b:2375: load": [whole, whole]}
+    counted.clear()
+    assert [r.result for r in deploy(Plan(folder=folder, manifest=m, source="archive", counter=counter),
+                                     list(engines), connect)] == ["skipped", "skipped"]
+    assert counted == {}  # (an engine that holds the image loads nothing)
+
+
+def test_a_pull_counts_a_layer_the_engine_holds_already_so_its_total_is_reached(fake_api_only):
+    # pull and deploy --from registry show the pull against the manifest's layer bytes; a layer the engine held
+    # already ("Already exists": no bytes said) was never counted, so a hotfix's pull, most of whose layers an
+    # engine holds, ended at "0.20 GiB of 30.00 GiB, about 900 s left". Its size is now counted when the engine
+    # says so, from the manifest
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+    from unibake.registry import manifest_config_digest
+
+    held, new = "sha256:" + "a1" * 32, "sha256:" + "b2" * 32
+    body = json.dumps({"schemaVersion": 2, "config": {"digest": "sha256:" + "2" * 64, "size": 9},
+                       "layers": [{"digest": held, "size": 5000}, {"digest": new, "size": 300}]}).encode()
+    info = manifest_config_digest(body, "r.example/a")
+    events = [{"status": "Already exists", "id": held[7:19]}, {"status": "Pulling fs layer", "id": new[7:19]},
+              {"status": "Downloading", "progressDetail": {"current": 100, "total": 300}, "id": new[7:19]},
+              {"status": "Download complete", "id": new[7:19]}, {"status": "Pull complete", "id": new[7:19]}]
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            _version_reply(self)
+
+        def do_POST(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in events:
+                data = json.dumps(event).encode() + b"\r\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+
+    with _serving(Engine) as address:
+        told = []
+        DockerEngine(address, {}).pull("r.example/a", "sha256:" + "1" * 64, None, progress=told.append,
+                                       sizes=dict(zip(info.layers, info.layer_sizes)))
+    assert told == [5000, 100, 200] and sum(told) == info.layer_bytes == 5300

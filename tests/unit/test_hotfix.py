@@ -652,3 +652,91 @@ def _forged_base_is_refused_and_undone(engines, out, folder, change, refusal: st
     with pytest.raises(VerificationError, match=refusal):
         hotfix_run(engines, out)
     assert verify.tags == {"victim:1": mine} and set(verify.images) == {mine}
+
+
+def test_a_hotfix_on_a_release_of_every_profile_says_when_a_profile_added_since_gives_its_tag_a_suffix(
+        busybox_product):
+    # release 0.1.0 was made of every profile (tp1, tp2: tagged 0.1.0); a profile added since (tp3) makes those
+    # two a selection, so `hotfix --from 0.1.0` was named 0.1.1-tp1-tp2 without a word
+    from types import SimpleNamespace
+
+    from unibake.pipeline import Results
+
+    from .test_supply_chain import Quiet
+
+    added = busybox_product / "tp3.yaml"
+    added.write_text((busybox_product / "tp2.yaml").read_text().replace("profile: tp2", "profile: tp3"))
+
+    def plan_on(base_tag, **request):
+        base = SimpleNamespace(manifest=SimpleNamespace(platform="linux/amd64", profiles={"tp1": None, "tp2": None},
+                                                        tag=base_tag, release="0.1.0", product="unibake-test"))
+        reporter = Quiet()
+        request = Request(env={}, cwd=busybox_product.parent, config=busybox_product, version="0.1.1", **request)
+        plan = run_stages([BY_NAME["plan"]], request, reporter, given=Results(values={"base": base}))["plan"]
+        return plan.tag, [line for line in reporter.stream.getvalue().splitlines() if line.startswith("warning:")]
+
+    tag, warnings = plan_on("unibake-test:0.1.0")
+    assert tag == "unibake-test:0.1.1-tp1-tp2"
+    assert warnings == ["warning: the profiles now include tp3, which release 0.1.0 (made of every profile then: "
+                        "tp1, tp2) did not have: this hotfix builds that release's profiles, so it is named "
+                        "unibake-test:0.1.1-tp1-tp2, not unibake-test:0.1.1; give --profile all to build it too (or "
+                        "--profile for the ones to build)"]
+    # a base that was a selection already, or profiles named on the command line: nothing to say
+    assert plan_on("unibake-test:0.1.0-tp1-tp2") == ("unibake-test:0.1.1-tp1-tp2", [])
+    assert plan_on("unibake-test:0.1.0", profiles=("tp1", "tp2")) == ("unibake-test:0.1.1-tp1-tp2", [])
+    assert plan_on("unibake-test:0.1.0", profiles=("all",)) == ("unibake-test:0.1.1", [])
+    added.unlink()
+    assert plan_on("unibake-test:0.1.0") == ("unibake-test:0.1.1", [])
+
+
+def test_a_hotfix_round_trip_shows_its_base_release_loading_under_its_own_counter(
+        engines, tmp_path, server, monkeypatch):  # noqa: F811
+    # the round trip of a hotfix loads its base release first (a whole release's archive, 30 GiB) before its own:
+    # that load was counted nowhere, so the round trip's bar stood at nothing for as long as it took
+    import itertools
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port)
+    base = load_manifest(out / "1.0")
+    reporter = Quiet()
+    clock = itertools.count(0.0, 6.0)  # (every counter's step is past its 5 s: each prints its line)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    hotfix_run(engines, out, reporter)
+    lines = [line.strip() for line in reporter.stream.getvalue().splitlines()]
+    based = [line for line in lines if line.startswith("load 1.0 (the base): ")]
+    whole = base.archive.uncompressed_bytes / 2**30
+    assert based and based[-1].startswith(f"load 1.0 (the base): {whole:.2f} GiB of {whole:.2f} GiB"), lines
+    first = next(i for i, line in enumerate(lines) if line.startswith("round trip: "))
+    assert lines.index(based[0]) < first  # (the base first, then the hotfix's own load)
+
+
+def test_a_hotfix_shows_its_base_release_s_archive_checked_before_the_build(engines, tmp_path, server,  # noqa: F811
+                                                                           monkeypatch):
+    # "==> hotfix base" read the base release's whole archive against its SHA256SUMS (minutes for 30 GiB) with no
+    # progress; it now has a counter of its own, whose total is what it reads (the archive and the manifest)
+    import itertools
+
+    from unibake.console import Reporter
+
+    out = tmp_path / "release"
+    release(engines, out)
+    hotfix_image(engines, server.server_port)
+    read = []
+
+    class Counting(Quiet):  # (the plain reporter, its counters' totals and bytes kept beside their lines)
+        def counter(self, description, total):
+            advance = Reporter.counter(self, description, total)
+            read.append([description, total, 0])
+
+            def counted(n):
+                read[-1][2] += n
+                advance(n)
+            return counted
+
+    reporter = Counting()
+    clock = itertools.count(0.0, 6.0)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    hotfix_run(engines, out, reporter)
+    assert read[0][0] == "check 1.0 (the base)" and read[0][1] == read[0][2] > 0, read
+    assert "check 1.0 (the base): " in reporter.stream.getvalue()

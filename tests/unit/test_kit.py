@@ -1095,3 +1095,68 @@ def test_a_build_whose_context_holds_a_file_the_kit_cannot_carry_is_refused_befo
                                          r"context\): a file of 8 GiB or more"):
         run_stages(selection(BUILD), request, Quiet(), connect=lambda address: engine)
     assert not (tmp_path / "release").exists() or list((tmp_path / "release").iterdir()) == []
+
+
+def kit_on_a_building_engine(busybox_product, tmp_path):
+    """An unpacked kit of the busybox product, and a fake engine whose build gives the base image's
+    layers and two of ours (the kit's base is that engine's)."""
+    from unibake.engine import BuildOutcome
+
+    from .test_normalise import BASE_LAYER_ENTRIES, config, layer, ours
+
+    class Builder(FakeEngine):
+        def build(self, context, *, tag, buildargs, nocache, on_line, platform=None):
+            on_line("Step 1/1 : COPY . /opt/unibake")
+            base = self.images[self.tags[BASE.ref]].layers
+            return BuildOutcome(image_id=self.add(config("2026-01-01T00:00:00Z", "c1"), base + ours(1), tag=tag),
+                                steps=())
+
+    engine = Builder()
+    base_id = engine.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}},
+                         [layer(BASE_LAYER_ENTRIES, uname="root")], tag=BASE.ref)
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    (tmp_path / "out").mkdir()
+    name = kit_name(plan.product, "0.1.0")
+    write_kit(tmp_path / "out", name, plan=plan, context=render(plan), release="0.1.0", image_id=IMAGE_ID,
+              diff_ids=("sha256:" + "1" * 64,), epoch=1700000000, revision="abc",
+              base=BaseImage(ref=BASE.ref, image_id=base_id), builder=None)
+    return unpack(tmp_path / "out" / name, tmp_path / "unpacked"), engine
+
+
+def test_the_rebuilds_normalise_shows_its_progress(busybox_product, tmp_path):
+    # rebuild said "==> rebuild", the build's steps, then nothing while it normalised the image it built (a save
+    # and a load of the whole image: minutes for many gigabytes); its normalise now has the reporter's progress
+    from contextlib import contextmanager
+
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what))
+        yield lambda n: events.append(("read", n))
+        events.append(("end", what))
+
+    result = rebuild(folder, engine, progress=progress)
+    assert result.image.image_id != IMAGE_ID  # (the fake's image, not the release's: only the progress is asked)
+    assert events[0] == ("begin", "normalise") and events[-1] == ("end", "normalise")
+    assert sum(n for kind, n in events[1:-1]) > 0 and all(kind == "read" for kind, _ in events[1:-1])
+
+
+def test_the_kits_readme_names_every_tag_its_rebuild_leaves_and_how_to_remove_them(busybox_product, tmp_path):
+    # the README named only unibake-kit/PRODUCT:RELEASE; --rebuild also keeps the image before normalising as
+    # build cache (unibake-cache/PRODUCT:kit-RELEASE-build), which nothing in the kit told its user of
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
+    readme = (folder / "README.md").read_text()
+    result = rebuild(folder, engine)
+    assert result.cached == ("unibake-cache/unibake-test:kit-0.1.0-build",)
+    assert result.ref == "unibake-kit/unibake-test:0.1.0"
+    assert engine.inspect_image(result.cached[0]) is not None  # (what the README names is what the engine holds)
+    assert f"docker image rm {result.ref} {result.cached[0]}\n" in readme
+    assert "kept as build cache under `unibake-cache/unibake-test:kit-0.1.0-build`" in readme
+    assert "stage1" not in readme  # (no builder stage in this product)
+    # and the virtual environment verify.sh makes for tool/, where verify.sh makes it
+    script = (folder / "verify.sh").read_text()
+    assert 'venv="$cache/unibake/kit-venv-$(sha256sum tool/requirements.txt | cut -c 1-16)"' in script
+    assert "cache=$XDG_CACHE_HOME" in script and "cache=$HOME/.cache" in script
+    assert 'rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/unibake"/kit-venv-*' in readme

@@ -228,7 +228,7 @@ class RecordingClient:
     def blob_exists(self, digest, size=None):
         return digest in self.blobs
 
-    def upload(self, digest, opener, what):
+    def upload(self, digest, opener, what, progress=lambda n: None):
         data = opener()
         data = data if isinstance(data, bytes) else data.read()
         assert "sha256:" + hashlib.sha256(data).hexdigest() == digest, what
@@ -277,7 +277,7 @@ def test_a_push_shows_the_compression_of_its_layers_before_any_upload(tmp_path):
         events.append(("end",))
 
     class Watched(RecordingClient):
-        def upload(self, digest, opener, what):
+        def upload(self, digest, opener, what, progress=lambda n: None):
             events.append(("upload", what))
             super().upload(digest, opener, what)
 
@@ -291,6 +291,80 @@ def test_a_push_shows_the_compression_of_its_layers_before_any_upload(tmp_path):
     assert sum(e[1] for e in events[2:end] if e[0] == "read") == manifest.archive.uncompressed_bytes
     assert all(e[0] == "read" for e in events[2:end]) and end > 3
     assert "upload" in [e[0] for e in events[end + 1:]]  # every upload after the compression it waited for
+
+
+def test_a_push_shows_each_layer_upload_as_it_goes_never_past_the_layer(tmp_path):
+    # a 30 GiB image's push showed the compression, then nothing while each layer uploaded (minutes per layer);
+    # each upload now has its own counter (a bar on a terminal, a line every few seconds in a log), told the
+    # bytes as the client sends them: a layer sent again (the registry's 307 to another place, a new token)
+    # is counted only past the furthest byte sent before, so the counter never reads more than the layer
+    import http.server
+    from urllib.parse import parse_qs, urlsplit
+
+    folder, _ = make_release(tmp_path / "release", layers=[layer_tar({"a": os.urandom(3 << 20)}),
+                                                           layer_tar({"b": os.urandom(1 << 20)})])
+    manifest = load_manifest(folder)
+    blobs, manifests, puts = {}, {}, []
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def reply(self, code, body=b"", headers=()):
+            self.send_response(code)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self):  # noqa: N802 - http.server's names
+            name = self.path.split("/")[-1]
+            if "/blobs/" in self.path:
+                return self.reply(200, headers=[("Content-Length", str(len(blobs[name])))]) if name in blobs \
+                    else self.reply(404)
+            body = manifests.get(name)
+            digest = "sha256:" + hashlib.sha256(body).hexdigest() if body else ""
+            return self.reply(200, headers=[("Docker-Content-Digest", digest)]) if body else self.reply(404)
+
+        def do_GET(self):  # noqa: N802
+            body = manifests.get(self.path.split("/")[-1])
+            return self.reply(200, body, [("Content-Type", OCI_MANIFEST)]) if body else self.reply(404)
+
+        def do_POST(self):  # noqa: N802
+            self.reply(202, headers=[("Location", "/v2/team/a/blobs/uploads/1")])
+
+        def do_PUT(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            puts.append(self.path)
+            if "/manifests/" in self.path:
+                digest = "sha256:" + hashlib.sha256(body).hexdigest()
+                manifests[self.path.split("/")[-1]] = manifests[digest] = body
+                return self.reply(201, headers=[("Docker-Content-Digest", digest)])
+            digest = parse_qs(urlsplit(self.path).query)["digest"][0]
+            if "again" not in self.path:  # (the whole body read, then sent elsewhere: the client sends it again)
+                return self.reply(307, headers=[("Location", self.path + "&again=1")])
+            blobs[digest] = body
+            self.reply(201, headers=[("Docker-Content-Digest", digest)])
+
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("sent", n))
+        events.append(("end", what))
+
+    with tls_server(tmp_path, Registry) as port:
+        target = parse_reference(f"127.0.0.1:{port}/team/a", what="--to", digest=False)
+        with RegistryClient(target, credentials=None, ca_file=tmp_path / "cert.pem", push=True) as client:
+            result = push_release(folder, manifest, target, client, temp_dir=tmp_path, progress=progress)
+    assert result.uploaded == len(manifest.diff_ids) == 2
+    assert len([p for p in puts if "again" in p]) == 3  # (two layers and the config, each sent twice)
+    document = json.loads(manifests["1.3.1"])
+    for i, layer in enumerate(document["layers"], 1):
+        begin = events.index(("begin", f"upload layer {i} of 2", layer["size"]))
+        end = events.index(("end", f"upload layer {i} of 2"))
+        sent = [e[1] for e in events[begin + 1:end]]
+        assert sum(sent) == layer["size"] == len(blobs[layer["digest"]]) and len(sent) > 1, sent
 
 
 def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
@@ -315,6 +389,30 @@ def test_recording_a_push_keeps_the_folder_a_release_that_verifies(tmp_path):
     assert load_manifest(folder).registry == (later,)  # a new push to the same tag replaces the old record
     assert not verify_folder(folder).failures
     assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+def test_the_notes_say_an_engine_before_23_cannot_pull_a_zstd_push_and_what_to_do(tmp_path, compression):
+    # README-DIST's registry section gave `docker pull` for a --compression zstd push without a word: on Docker
+    # 20.10 (what this project targets) the pull fails on the layers' media type. The section now says which
+    # engines pull it and what to do on an older one; a gzip push (the default) says nothing of it
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    registry = RecordingClient()
+    record = push_release(folder, manifest, target, registry, compression=compression, temp_dir=tmp_path).record
+    types = {layer["mediaType"] for layer in json.loads(registry.manifests["1.3.1"])["layers"]}
+    assert types == {f"application/vnd.oci.image.layer.v1.tar+{compression}"} and record.layers == compression
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    for name, instead in (("README-DIST.md", "load the archive instead (steps 1 to 3)"),
+                          ("RELEASE_NOTES.md", "load the archive instead (Import)")):
+        section = (folder / name).read_text().split(amend.MARKER)[1]
+        assert f"docker pull {record.reference}" in section
+        said = ("zstd-compressed (`build.py push --compression zstd`): Docker Engine 23 or later pulls\nthem; an "
+                "older one (20.10 and before) cannot, and fails the pull" in section and instead in section
+                and "--compression gzip" in section)
+        assert said == (compression == "zstd"), section
+    assert not verify_folder(folder).failures
 
 
 def test_recording_a_push_never_drops_a_folder_or_link_put_in_the_release_folder(tmp_path, cli):
@@ -474,6 +572,44 @@ def test_signing_again_needs_the_very_keys_the_release_records(minisign_key):
         with pytest.raises(InputError, match=says):
             check_signer(signer, recorded, "release 1.3.1")
 
+def test_a_hotfix_push_shows_its_base_release_verified_and_read_not_minutes_of_silence(tmp_path):
+    # a hotfix's unchanged layers come from its base release: the base's whole archive was verified, then read
+    # and compressed, without a word, while the bar of the hotfix's own (small) archive stood full
+    from contextlib import contextmanager
+
+    out = tmp_path / "release"
+    shared, old, new = (layer_tar({name: os.urandom(200_000)}) for name in ("base", "old", "new"))
+    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
+    base = load_manifest(base_folder)
+    data, _, _ = docker_layout([shared, new], tag="demo-llm:1.1")
+    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with ReleaseFolder(out, "1.1", force=False) as staged:
+        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("read", what, n))
+        events.append(("end", what))
+
+    target = parse_reference("r.example/demo-llm", what="--to", digest=False)
+    push_release(folder, load_manifest(folder), target, RecordingClient(), temp_dir=tmp_path, progress=progress)
+    begun = [e[1:] for e in events if e[0] == "begin"]
+    on_disk = sum(f.bytes for f in base.archive.files)
+    assert begun[:3] == [("compress demo-llm:1.1", load_manifest(folder).archive.uncompressed_bytes),
+                         ("read archive of 1.0 (the base)", on_disk),
+                         ("compress demo-llm:1.0 (the base)", base.archive.uncompressed_bytes)], begun
+    assert sum(e[2] for e in events if e[:2] == ("read", "compress demo-llm:1.0 (the base)")) == \
+        base.archive.uncompressed_bytes
+    assert sum(e[2] for e in events if e[:2] == ("read", "read archive of 1.0 (the base)")) > 0
+
+
 def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_release(tmp_path):
     out = tmp_path / "release"
     shared, old, new = (layer_tar({name: name.encode() * 100}) for name in ("base", "old", "new"))
@@ -549,6 +685,31 @@ def test_a_manifest_naming_the_release_s_image_but_other_layers_is_exit_3_before
     assert check_remote(ref(genuine), manifest, client, folder=folder, temp_dir=tmp_path).layers == \
         tuple(layer["digest"] for layer in document["layers"])
     assert list(tmp_path.glob("unibake-check-*")) == []
+
+
+def test_a_pull_of_a_digest_the_release_does_not_record_shows_the_compression_it_checks_it_with(tmp_path):
+    # pull and deploy --from registry of a push the release does not record compress the whole archive again to
+    # know the digest a push of it gives: minutes for a big archive under "==> check", without a word
+    from contextlib import contextmanager
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    registry = RecordingClient()
+    push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False), registry,
+                 temp_dir=tmp_path)
+    body = registry.manifests["1.3.1"]
+    ref = parse_reference(f"r.example/a@sha256:{hashlib.sha256(body).hexdigest()}", what="ref", digest=True)
+    events = []
+
+    @contextmanager
+    def progress(what, total):
+        events.append(("begin", what, total))
+        yield lambda n: events.append(("read", n))
+
+    check_remote(ref, manifest, ServingClient(body), folder=folder, temp_dir=tmp_path, progress=progress)
+    assert events[0] == ("begin", "compress demo-llm:1.3.1 (gzip, as a push would)",
+                         manifest.archive.uncompressed_bytes)
+    assert sum(e[1] for e in events[1:]) == manifest.archive.uncompressed_bytes
 
 
 @contextmanager
@@ -2256,3 +2417,19 @@ def test_a_credential_helpers_child_is_ended_with_it(tmp_path, credential_helper
     if alive:
         os.kill(child, signal.SIGKILL)  # (the test's own child's child: not left behind when the test fails)
     assert not alive, "the helper's child runs on"
+
+
+def test_push_and_deploy_show_the_archive_read_of_their_verify_stage(tmp_path, cli, monkeypatch):
+    # push and deploy --from archive verify the folder first: every byte of the archive read, hashed and its zstd
+    # frames checked (minutes for 30 GiB), with no progress at all (verify itself showed it)
+    import itertools
+
+    folder, _ = make_release(tmp_path / "release", layers=[layer_tar({"a": os.urandom(1 << 20)})])
+    clock = itertools.count(0.0, 6.0)  # (every counter's step is past its 5 s: each prints its line)
+    monkeypatch.setattr("unibake.console.time.monotonic", lambda: next(clock))
+    pushed = cli("push", str(folder), "--to", "127.0.0.1:1/team/a", "--retries", "0")
+    deployed = cli("deploy", str(folder), "--engine", f"unix://{tmp_path}/nothing.sock")
+    for result, code in ((pushed, 1), (deployed, 3)):
+        lines = result.err.splitlines()
+        verify = lines.index(next(line for line in lines if line.startswith("==> verify")))
+        assert result.code == code and lines[verify + 1].startswith("    read archive: "), result.err

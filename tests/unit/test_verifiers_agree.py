@@ -386,8 +386,8 @@ def test_an_sbom_swapped_after_its_sums_check_is_not_parsed_unchecked(whole, mon
     forged = json.dumps(document, indent=2, sort_keys=True) + "\n"
     hashed = verify._sha256_of
 
-    def swapped_after(path):
-        digest = hashed(path)
+    def swapped_after(path, *rest):
+        digest = hashed(path, *rest)
         if path.name == sbom.name:
             sbom.write_text(forged)  # after the sums check's read, before any other
         return digest
