@@ -679,3 +679,20 @@ def test_a_weight_path_holding_a_c1_control_character_is_refused_under_every_she
             f"'/w/a\\x{ord(c1):02x}b'\n")), lang
     run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": "/w/\u00a0\u00e9\u0100"})  # (U+00A0 on: kept)
     assert run.returncode == 0 and run.stderr == b"", run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_names_each_profile_s_container_apart_whatever_name_the_environment_holds(folder, shell):
+    # run.sh named the container after $NAME, which WSL (and some logins) set to the computer's name: every profile
+    # got one name, and a second profile on that machine failed with docker's "name in use" (exit 125)
+    for env in ({"NAME": "DESKTOP-4F2K9"}, {"CONTAINER_NAME": "uid-abc"}, {}):
+        names = []
+        for profile in ("tp1", "tp2"):
+            run = run_sh(shell, folder, "--dry-run", profile, env=env)
+            assert run.returncode == 0 and run.stderr == b"", run.stderr
+            names.append(run.stdout.split()[4])
+        assert names == [b"demo-llm-tp1", b"demo-llm-tp2"], (env, names)
+    named = run_sh(shell, folder, "--dry-run", "--name", "mybox", "tp2", env={"NAME": "DESKTOP-4F2K9"})
+    assert named.stdout.startswith(b"docker run --rm --name mybox "), named
+    helped = run_sh(shell, folder, "--help").stdout.decode()
+    assert "the container is named demo-llm-PROFILE, or by --name; no variable names it" in helped, helped
