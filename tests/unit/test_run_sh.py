@@ -696,3 +696,28 @@ def test_run_sh_names_each_profile_s_container_apart_whatever_name_the_environme
     assert named.stdout.startswith(b"docker run --rm --name mybox "), named
     helped = run_sh(shell, folder, "--help").stdout.decode()
     assert "the container is named demo-llm-PROFILE, or by --name; no variable names it" in helped, helped
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_an_env_file_line_naming_a_variable_sh_cannot_read_has_its_value_checked_too(tmp_path, shell):
+    # an env file's line `A.B` (no '=') takes A.B from the environment, which bash passes on to docker: run.sh did not
+    # check that value (sh cannot read such a name), so one that is not UTF-8 reached the container changed; dash and
+    # busybox sh pass no such variable on, so docker would drop the line
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_text("A=1\nA.B\n")
+    passes_it_on = shell[0] == "bash"
+    for value, ok in ((b"caf\xc3\xa9", True), (b"caf\xe9", False)):
+        run = subprocess.run([*shell, str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                             capture_output=True, env={b"PATH": b"/usr/bin:/bin", b"A.B": value})
+        if passes_it_on and ok:
+            assert run.returncode == 0 and run.stderr == b"", run.stderr
+        elif passes_it_on:
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+                f"error: --env-file {env_file}: A.B (a line without '='): its value in this environment is not UTF-8: "
+                "docker would pass it changed (each byte that is no UTF-8 as U+FFFD); give it in UTF-8\n"))
+        else:
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+                f"error: --env-file {env_file}: A.B (a line without '=') is not set in this environment (dash and "
+                "busybox sh pass no variable of a name like it on), so docker would drop it; set it or give "
+                "A.B=VALUE\n"))
