@@ -558,7 +558,7 @@ def test_dry_run_hides_the_value_of_an_e_whose_name_says_secret_as_unibake_s_san
         shown = f" -e '{name}=<hidden>' " if SECRET_NAME_RE.search(name) else f" -e '{name}=v@l ue' "
         assert shown in line, (name, line)
     assert (SECRET_NAME_RE.search("TOKENIZERS_PARALLELISM"), bool(SECRET_NAME_RE.search("HF_TOKEN"))) == (None, True)
-    assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e HF_TOKEN=engine\n"), line
+    assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e 'HF_TOKEN=<hidden>'\n"), line
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -721,3 +721,40 @@ def test_an_env_file_line_naming_a_variable_sh_cannot_read_has_its_value_checked
                 f"error: --env-file {env_file}: A.B (a line without '=') is not set in this environment (dash and "
                 "busybox sh pass no variable of a name like it on), so docker would drop it; set it or give "
                 "A.B=VALUE\n"))
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_hides_the_value_of_an_engine_option_whose_name_says_secret(tmp_path, shell):
+    # --dry-run hid only a -e's value: `--api-key sk-...`, `--hf-token=hf_...` or `--password X` for the engine were
+    # shown in clear on a line people paste into tickets; an option's name is read as a -e's name, '-' as '_'
+    from unibake.sanitise import SECRET_NAME_RE
+    folder, _ = make_release(tmp_path / "release")
+    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    (fake_bin / "docker").chmod(0o755)
+    names = ["api-key", "hf-token", "password", "api_key", "admin-password", "ssl-key", "auth", "max-tokens",
+             "tokenizer", "tokenizers-parallelism", "port", "model", "keys-dir", "author"]
+    args = []
+    for name in names:
+        args += [f"--{name}", "s3cr et", f"--{name}=s3cr=et"]
+    args += ["--auth", "--api-key", "sk-1", "--password=", "--api-key", "", "-e", "HF_TOKEN=x", "HF_TOKEN=y",
+             "MAX_TOKENS=5", "--x-api-key"]
+    dry = run_sh(shell, folder, "--dry-run", "tp1", *args)
+    assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
+    line = dry.stdout.decode()
+    served = line[line.index(" serve ") + len(" serve "):-1]
+    expected = []
+    for name in names:
+        secret = bool(SECRET_NAME_RE.search(name.replace("-", "_")))
+        expected += [f"--{name}", "'<hidden>'" if secret else "'s3cr et'",
+                     f"'--{name}=<hidden>'" if secret else f"--{name}=s3cr=et"]
+    expected += ["--auth", "--api-key", "'<hidden>'", "--password=", "--api-key", "''", "-e", "'HF_TOKEN=<hidden>'",
+                 "'HF_TOKEN=<hidden>'", "MAX_TOKENS=5", "--x-api-key"]
+    assert served == " ".join(expected), served
+    # the real run passes every value as given
+    ran = subprocess.run([*shell, str(folder / "run.sh"), "tp1", *args], capture_output=True,
+                         env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split(b"\0")[:-1]
+    assert words[words.index(b"serve") + 1:] == [a.encode() for a in args]
