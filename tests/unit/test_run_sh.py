@@ -758,3 +758,38 @@ def test_dry_run_hides_the_value_of_an_engine_option_whose_name_says_secret(tmp_
     assert ran.returncode == 0, ran.stderr
     words = ran.stdout.split(b"\0")[:-1]
     assert words[words.index(b"serve") + 1:] == [a.encode() for a in args]
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_checks_the_gpu_numbering_that_reaches_the_container_not_one_a_later_e_overrides(folder, tmp_path,
+                                                                                                  shell):
+    # docker reads the env files in order, then each -e, and the last value of a name wins; run.sh checked every value
+    # it saw, so a team's env file holding the host's CUDA_VISIBLE_DEVICES=4,5 (or an empty one) was refused even where
+    # a -e gave the value the container would get; and a file's value that a later file replaced was checked too
+    host = tmp_path / "host.env"
+    host.write_text("A=1\nCUDA_VISIBLE_DEVICES=4,5\n")
+    empty = tmp_path / "empty.env"
+    empty.write_text("CUDA_VISIBLE_DEVICES=\n")
+    good = tmp_path / "good.env"
+    good.write_text("CUDA_VISIBLE_DEVICES=1,0\n")
+    tail = (", but the container of profile tp2 sees only the GPUs of GPUS (2), numbered from 0 to 1: remove it, or "
+            "number them from 0\n")
+    for args, env, stderr in (
+        (["--env-file", str(host), "-e", "CUDA_VISIBLE_DEVICES=1,0"], {}, ""),
+        (["-e", "CUDA_VISIBLE_DEVICES=1,0", "--env-file", str(host)], {}, ""),  # (-e wins wherever it stands)
+        (["--env-file", str(empty), "-e", "CUDA_VISIBLE_DEVICES"], {"CUDA_VISIBLE_DEVICES": "0"}, ""),
+        (["--env-file", str(host), "--env-file", str(good)], {}, ""),
+        (["--env-file", str(good), "--env-file", str(host)], {},
+         f"error: --env-file {host} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail),
+        (["--env-file", str(good), "-e", "CUDA_VISIBLE_DEVICES=3"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='3', which names GPU 3" + tail),
+        (["--env-file", str(good), "-e", "CUDA_VISIBLE_DEVICES="], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='', which hides every GPU from the engine; remove it\n"),
+        (["--env-file", str(host), "-e", "ROCR_VISIBLE_DEVICES=0"], {},
+         f"error: --env-file {host} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp2", env=env)
+        if stderr:
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
+        else:
+            assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
