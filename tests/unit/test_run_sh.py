@@ -528,16 +528,18 @@ def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words
     assert line.endswith(b"\n") and line.count(b"\n") == 1, line
     assert not [b for b in line[:-1] if b < 32 or b == 127], line  # no C0 control character
     assert b"\xc2\x85" not in line and b"\xc2\x9b" not in line  # no C1 either
-    assert b" -e $'A=x\\x1b[2J\\r\\nerror: forged\\t' " in line and "'type=bind,source=/w/caf\u00e9 \u00a0,".encode() in line
+    assert b""" -e 'A=x'"$(printf '\\033')"'[2J'"$(printf '\\r\\n\\145')"'rror: forged'"$(printf '\\t')" """ in line
+    assert "'type=bind,source=/w/caf\u00e9 \u00a0,".encode() in line
     ran = subprocess.run([*shell, str(folder / "run.sh"), *args], capture_output=True, env=environ)
     assert ran.returncode == 0, ran.stderr
     words = ran.stdout.split(b"\0")[:-1]
     assert words[words.index(b"demo-llm:1.3.1") + 1:] == [b"serve", b"--flag", "\x9b31m".encode(), b"-e",
                                                           b"NOT_OURS=\x07"]
-    # the line, read back by bash, is the very words docker was given
-    read_back = subprocess.run(["bash", "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
-                               capture_output=True)
-    assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (read_back, words)
+    # the line, read back by every sh (dash has no $'...'), is the very words docker was given
+    for reader in SHELLS:
+        read_back = subprocess.run([*reader, "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
+                                   capture_output=True)
+        assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (reader, read_back, words)
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -793,3 +795,32 @@ def test_run_sh_checks_the_gpu_numbering_that_reaches_the_container_not_one_a_la
             assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
         else:
             assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_s_line_reads_back_under_dash_too_as_the_words_docker_gets(tmp_path, shell):
+    # --dry-run wrote a word holding a control character as $'...', which dash 0.5.12 (Debian's and Ubuntu's /bin/sh,
+    # the shell run.sh is written for) reads as a '$' and the escapes as written: pasted there, docker got other words
+    folder, _ = make_release(tmp_path / "release")
+    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    (fake_bin / "docker").chmod(0o755)
+    args = ["A=x\x1b[2J\r\nerror: forged\t", "a\n\nb!c%d\\e'\\n", "it's", "--chat-template=x\n\n", "\u0085caf\u00e9\n\u0085",
+            "", "\n", "\n\u00e9\n", "-x\x07", "%s\\n", "\n'\n", "\t-", "\x7f!"]
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin"}
+    dry = run_sh(shell, folder, "--dry-run", "tp1", "--", *args, env=env)
+    assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
+    line = dry.stdout
+    assert not [b for b in line[:-1] if (b < 32 and b != 10) or b == 127], line  # no control character but \n
+    assert b"\xc2\x85" not in line and b"$'" not in line
+    # a newline only where a word ends in newlines (no sh has one-line quoting for them), and there before a "'"
+    assert [line[i + 1:i + 2] for i in range(len(line) - 1) if line[i] == 10] == [b"\n", b"'", b"'", b"'", b"'"], line
+    ran = run_sh(shell, folder, "tp1", "--", *args, env=env)
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split(b"\0")[:-1]
+    assert words[words.index(b"serve") + 1:] == [a.encode() for a in args]
+    for reader in SHELLS:
+        read_back = subprocess.run([*reader, "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
+                                   capture_output=True)
+        assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (reader, read_back)
