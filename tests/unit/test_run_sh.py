@@ -824,3 +824,26 @@ def test_dry_run_s_line_reads_back_under_dash_too_as_the_words_docker_gets(tmp_p
         read_back = subprocess.run([*reader, "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
                                    capture_output=True)
         assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (reader, read_back)
+
+
+@pytest.mark.parametrize("shell", [s for s in SHELLS if s[0] != "busybox"], ids=" ".join)  # (busybox has its awk)
+def test_run_sh_reads_an_env_file_on_a_host_without_awk(folder, tmp_path, shell):
+    # run.sh measured an env file's lines with awk: on a host without it (a slim image, a minimal install) every
+    # --env-file ended with the shell's "awk: not found", exit 127, and no error line
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "printenv", "wc"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    env_file = tmp_path / "my.env"
+    env_file.write_text("A=1\n")
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "--env-file", str(env_file), "tp1",
+                 env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+    assert run.stdout.endswith(f" --env-file={env_file} demo-llm:1.3.1\n".encode()), run.stdout
+    env_file.write_text("A=1\nB=" + "x" * 65533 + "\nC=" + "y" * 65534 + "\n")  # (lines of 65535 and 65536 bytes)
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "--env-file", str(env_file), "tp1",
+                 env={"PATH": str(bare)})
+    assert (run.returncode, run.stdout, run.stderr.decode()) == (
+        2, b"", f"error: --env-file {env_file}: line 3 is longer than docker reads (65535 bytes)\n")
