@@ -847,3 +847,21 @@ def test_run_sh_reads_an_env_file_on_a_host_without_awk(folder, tmp_path, shell)
                  env={"PATH": str(bare)})
     assert (run.returncode, run.stdout, run.stderr.decode()) == (
         2, b"", f"error: --env-file {env_file}: line 3 is longer than docker reads (65535 bytes)\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_on_a_host_without_docker_says_so_in_one_error_line(folder, tmp_path, shell):
+    # the shell's own "run.sh: 660: exec: docker: not found" (exit 127) was all: no error line, a line number of run.sh
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "printenv", "wc", "awk"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "tp1", env={"PATH": str(bare)})
+    assert (run.returncode, run.stdout, run.stderr) == (
+        127, b"", b"error: docker is not on PATH: install Docker Engine's client (./run.sh --dry-run prints the command)\n")
+    dry = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "tp1", env={"PATH": str(bare)})
+    assert dry.returncode == 0 and dry.stdout.startswith(b"docker run --rm --name demo-llm-tp1 "), dry
+    bad = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "tp1", env={"PATH": str(bare), "PORT": "x"})
+    assert (bad.returncode, bad.stderr) == (2, b"error: PORT must be a number from 1 to 65535; got 'x'\n")
