@@ -865,3 +865,16 @@ def test_run_sh_on_a_host_without_docker_says_so_in_one_error_line(folder, tmp_p
     assert dry.returncode == 0 and dry.stdout.startswith(b"docker run --rm --name demo-llm-tp1 "), dry
     bad = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "tp1", env={"PATH": str(bare), "PORT": "x"})
     assert (bad.returncode, bad.stderr) == (2, b"error: PORT must be a number from 1 to 65535; got 'x'\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+@pytest.mark.parametrize("line", ["-x", "--help", "-0"])
+def test_an_env_file_line_that_looks_like_an_option_gets_one_error_line(folder, tmp_path, shell, line):
+    # run.sh asked `printenv -x` whether the line's variable was set: printenv took it as its option and printed its
+    # own two lines of usage above run.sh's error
+    env_file = tmp_path / "my.env"
+    env_file.write_text(f"A=1\n{line}\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+    assert (run.returncode, run.stdout) == (2, b""), run.stderr
+    assert run.stderr.decode().startswith(f"error: --env-file {env_file}: {line} (a line without '=') is not set in "
+                                          "this environment") and run.stderr.count(b"\n") == 1, run.stderr
