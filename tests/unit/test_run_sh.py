@@ -878,3 +878,14 @@ def test_an_env_file_line_that_looks_like_an_option_gets_one_error_line(folder, 
     assert (run.returncode, run.stdout) == (2, b""), run.stderr
     assert run.stderr.decode().startswith(f"error: --env-file {env_file}: {line} (a line without '=') is not set in "
                                           "this environment") and run.stderr.count(b"\n") == 1, run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_an_empty_name_as_given_by_an_unset_variable(folder, shell):
+    # `--name "$BOX"` with BOX unset named the container demo-llm-tp1 without a word, as if --name were not given
+    for args in (["--name", ""], ["--name="], ["tp1", "--name", ""]):
+        run = run_sh(shell, folder, "--dry-run", *args)
+        assert (run.returncode, run.stdout, run.stderr) == (
+            2, b"", b"error: --name given empty (an unset variable?): give a container name, or leave --name out\n"), args
+    run = run_sh(shell, folder, "--dry-run", "--name=box", "tp1")
+    assert run.returncode == 0 and run.stdout.startswith(b"docker run --rm --name box "), run
