@@ -235,7 +235,7 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
     # (the shipped guide names every way docker picks another machine's engine, not DOCKER_HOST alone)
     assert ("naming another machine's engine (not a unix socket, nor TCP to this machine's loopback), give that "
             "machine's numbers: `ENGINE_GROUPS=") in " ".join(readme.split())
-    assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`)" in readme
+    assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`, " in readme
 
 
 def test_the_shipped_readme_names_docker_context_too_for_engine_groups(folder):
@@ -698,6 +698,8 @@ def test_run_sh_names_each_profile_s_container_apart_whatever_name_the_environme
     assert named.stdout.startswith(b"docker run --rm --name mybox "), named
     helped = run_sh(shell, folder, "--help").stdout.decode()
     assert "the container is named demo-llm-PROFILE, or by --name; no variable names it" in helped, helped
+    readme = " ".join((folder / "README-DIST.md").read_text().split())
+    assert "`--name NAME` names the container (else `demo-llm-PROFILE`: no variable names it)" in readme
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -754,6 +756,8 @@ def test_dry_run_hides_the_value_of_an_engine_option_whose_name_says_secret(tmp_
     expected += ["--auth", "--api-key", "'<hidden>'", "--password=", "--api-key", "''", "-e", "'HF_TOKEN=<hidden>'",
                  "'HF_TOKEN=<hidden>'", "MAX_TOKENS=5", "--x-api-key"]
     assert served == " ".join(expected), served
+    readme = " ".join((folder / "README-DIST.md").read_text().split())
+    assert "shown as `<hidden>`, as is that of an engine argument named so, like `--api-key`;" in readme
     # the real run passes every value as given
     ran = subprocess.run([*shell, str(folder / "run.sh"), "tp1", *args], capture_output=True,
                          env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
