@@ -882,6 +882,17 @@ def test_an_env_file_line_that_looks_like_an_option_gets_one_error_line(folder, 
     assert (run.returncode, run.stdout) == (2, b""), run.stderr
     assert run.stderr.decode().startswith(f"error: --env-file {env_file}: {line} (a line without '=') is not set in "
                                           "this environment") and run.stderr.count(b"\n") == 1, run.stderr
+    # busybox's printenv (Alpine's) takes no "--": it looks every argument up, "--" too, and fails when one is unset
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "printenv").write_text("#!/bin/sh\nrc=0\nfor a in \"$@\"; do awk -v n=\"$a\" "
+                                       "'BEGIN { if (n in ENVIRON) { print ENVIRON[n]; exit 0 }; exit 1 }' || rc=1; done\n"
+                                       "exit $rc\n")
+    (fake_bin / "printenv").chmod(0o755)
+    env_file.write_text("A=1\nHF_HOME\n")
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HF_TOKEN": "hf_x", "HF_HOME": "/h"}
+    run = run_sh(shell, folder, "--dry-run", "-e", "HF_TOKEN", "--env-file", str(env_file), "tp1", env=env)
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
