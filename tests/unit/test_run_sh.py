@@ -904,3 +904,32 @@ def test_run_sh_refuses_an_empty_name_as_given_by_an_unset_variable(folder, shel
             2, b"", b"error: --name given empty (an unset variable?): give a container name, or leave --name out\n"), args
     run = run_sh(shell, folder, "--dry-run", "--name=box", "tp1")
     assert run.returncode == 0 and run.stdout.startswith(b"docker run --rm --name box "), run
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_runs_grep_as_it_calls_it_whatever_grep_options_says(folder, tmp_path, shell):
+    # grep before 3.6 (Ubuntu 20.04 has 3.4) reads GREP_OPTIONS, warning on every call: an old .bashrc's
+    # GREP_OPTIONS=--color=auto printed "grep: warning: GREP_OPTIONS is deprecated" many times over run.sh's line, and
+    # -v or -i would turn its checks around. The fake grep does what such a grep does; docker still gets the variable
+    real_grep = shutil.which("grep")
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "grep").write_text(
+        '#!/bin/sh\nif [ -n "${GREP_OPTIONS+set}" ]; then\n'
+        '  echo "grep: warning: GREP_OPTIONS is deprecated; please use an alias or script" >&2\n'
+        f'  exec {real_grep} $GREP_OPTIONS "$@"\nfi\nexec {real_grep} "$@"\n')
+    (fake_bin / "grep").chmod(0o755)
+    (fake_bin / "docker").write_text("#!/bin/sh\nprintf '%s\\n' \"GREP_OPTIONS=$GREP_OPTIONS\"\n")
+    (fake_bin / "docker").chmod(0o755)
+    env_file = tmp_path / "my.env"
+    env_file.write_text("A=1\nCUDA_VISIBLE_DEVICES=1,0\n")
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "GREP_OPTIONS": "--color=auto"}
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "-e", "HF_TOKEN=x", "tp2", env=env)
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+    ran = run_sh(shell, folder, "--env-file", str(env_file), "tp2", env=env)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"GREP_OPTIONS=--color=auto\n", b""), ran
+    bad = tmp_path / "bad.env"
+    bad.write_bytes(b"A=1\nB=caf\xe9\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(bad), "tp2", env={**env, "GREP_OPTIONS": "-v"})
+    assert (run.returncode, run.stderr.decode()) == (
+        2, f"error: --env-file {bad}: line 2 is not UTF-8, which docker reads (save the file as UTF-8)\n"), run.stderr
