@@ -440,3 +440,14 @@ def test_apply_sh_where_the_base_is_held_only_under_the_hotfix_s_tag_names_the_w
     refused(folder, env, f"loading would move that tag (nothing was loaded); it is release 1.0's image, which this "
                          f"hotfix needs: name it as its release, then free the tag (docker tag {base_id} demo-llm:1.0 "
                          "&& docker rmi demo-llm:1.1; docker rmi alone would delete it), then run apply.sh again")
+
+
+def test_apply_sh_shows_a_key_path_s_control_characters_as_question_marks_on_one_line(hotfix):
+    # `--key $'k\e[2J\nerror: ...'` that is no file was printed raw: the escape drove the terminal and the newline
+    # made a second error line apply.sh never wrote
+    folder, env = hotfix
+    result = subprocess.run(["sh", "./apply.sh", "--key", "k\x1b[2J\nerror: forged\x7f"], cwd=folder,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", "error: --key k?[2J?error: forged?: no such file\n")
+    assert not loaded(env)

@@ -343,8 +343,8 @@ def test_every_text_names_a_mount_by_the_variable_run_sh_reads(tmp_path):
 def test_run_sh_passes_engine_arguments_whole_final_newlines_and_quotes_included(tmp_path):
     folder, _ = make_release(tmp_path / "release")
     out = run_sh(folder, "tp1", "--", "--chat-template=x\n\n", "it's").stdout
-    # (a newline shown as \n in $'...', which reads back as the same word: the line stays one line)
-    assert out.endswith(" demo-llm:1.3.1 serve $'--chat-template=x\\n\\n' 'it'\\''s'\n"), out
+    # (final newlines as they are, in '...': no sh reads one-line quoting of them, and the line breaks before a "'")
+    assert out.endswith(" demo-llm:1.3.1 serve '--chat-template=x''\n\n' 'it'\\''s'\n"), out
 
 
 def test_run_sh_takes_the_profile_from_profile_as_the_image_does(tmp_path):

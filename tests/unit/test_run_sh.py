@@ -235,7 +235,7 @@ def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_gro
     # (the shipped guide names every way docker picks another machine's engine, not DOCKER_HOST alone)
     assert ("naming another machine's engine (not a unix socket, nor TCP to this machine's loopback), give that "
             "machine's numbers: `ENGINE_GROUPS=") in " ".join(readme.split())
-    assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`)" in readme
+    assert "(the value of a `-e NAME=VALUE` whose name says secret, like\n`HF_TOKEN`, shown as `<hidden>`, " in readme
 
 
 def test_the_shipped_readme_names_docker_context_too_for_engine_groups(folder):
@@ -528,16 +528,18 @@ def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words
     assert line.endswith(b"\n") and line.count(b"\n") == 1, line
     assert not [b for b in line[:-1] if b < 32 or b == 127], line  # no C0 control character
     assert b"\xc2\x85" not in line and b"\xc2\x9b" not in line  # no C1 either
-    assert b" -e $'A=x\\x1b[2J\\r\\nerror: forged\\t' " in line and "'type=bind,source=/w/caf\u00e9 \u00a0,".encode() in line
+    assert b""" -e 'A=x'"$(printf '\\033')"'[2J'"$(printf '\\r\\n\\145')"'rror: forged'"$(printf '\\t')" """ in line
+    assert "'type=bind,source=/w/caf\u00e9 \u00a0,".encode() in line
     ran = subprocess.run([*shell, str(folder / "run.sh"), *args], capture_output=True, env=environ)
     assert ran.returncode == 0, ran.stderr
     words = ran.stdout.split(b"\0")[:-1]
     assert words[words.index(b"demo-llm:1.3.1") + 1:] == [b"serve", b"--flag", "\x9b31m".encode(), b"-e",
                                                           b"NOT_OURS=\x07"]
-    # the line, read back by bash, is the very words docker was given
-    read_back = subprocess.run(["bash", "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
-                               capture_output=True)
-    assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (read_back, words)
+    # the line, read back by every sh (dash has no $'...'), is the very words docker was given
+    for reader in SHELLS:
+        read_back = subprocess.run([*reader, "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
+                                   capture_output=True)
+        assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (reader, read_back, words)
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -558,7 +560,7 @@ def test_dry_run_hides_the_value_of_an_e_whose_name_says_secret_as_unibake_s_san
         shown = f" -e '{name}=<hidden>' " if SECRET_NAME_RE.search(name) else f" -e '{name}=v@l ue' "
         assert shown in line, (name, line)
     assert (SECRET_NAME_RE.search("TOKENIZERS_PARALLELISM"), bool(SECRET_NAME_RE.search("HF_TOKEN"))) == (None, True)
-    assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e HF_TOKEN=engine\n"), line
+    assert " -e EMPTY_TOKEN= " in line and line.endswith(" demo-llm:1.3.1 serve -e 'HF_TOKEN=<hidden>'\n"), line
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -679,3 +681,255 @@ def test_a_weight_path_holding_a_c1_control_character_is_refused_under_every_she
             f"'/w/a\\x{ord(c1):02x}b'\n")), lang
     run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": "/w/\u00a0\u00e9\u0100"})  # (U+00A0 on: kept)
     assert run.returncode == 0 and run.stderr == b"", run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_names_each_profile_s_container_apart_whatever_name_the_environment_holds(folder, shell):
+    # run.sh named the container after $NAME, which WSL (and some logins) set to the computer's name: every profile
+    # got one name, and a second profile on that machine failed with docker's "name in use" (exit 125)
+    for env in ({"NAME": "DESKTOP-4F2K9"}, {"CONTAINER_NAME": "uid-abc"}, {}):
+        names = []
+        for profile in ("tp1", "tp2"):
+            run = run_sh(shell, folder, "--dry-run", profile, env=env)
+            assert run.returncode == 0 and run.stderr == b"", run.stderr
+            names.append(run.stdout.split()[4])
+        assert names == [b"demo-llm-tp1", b"demo-llm-tp2"], (env, names)
+    named = run_sh(shell, folder, "--dry-run", "--name", "mybox", "tp2", env={"NAME": "DESKTOP-4F2K9"})
+    assert named.stdout.startswith(b"docker run --rm --name mybox "), named
+    helped = run_sh(shell, folder, "--help").stdout.decode()
+    assert "the container is named demo-llm-PROFILE, or by --name; no variable names it" in helped, helped
+    readme = " ".join((folder / "README-DIST.md").read_text().split())
+    assert "`--name NAME` names the container (else `demo-llm-PROFILE`: no variable names it)" in readme
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_an_env_file_line_naming_a_variable_sh_cannot_read_has_its_value_checked_too(tmp_path, shell):
+    # an env file's line `A.B` (no '=') takes A.B from the environment, which bash passes on to docker: run.sh did not
+    # check that value (sh cannot read such a name), so one that is not UTF-8 reached the container changed; dash and
+    # busybox sh pass no such variable on, so docker would drop the line
+    folder, _ = make_release(tmp_path / "release")
+    env_file = tmp_path / "my.env"
+    env_file.write_text("A=1\nA.B\n")
+    passes_it_on = shell[0] == "bash"
+    for value, ok in ((b"caf\xc3\xa9", True), (b"caf\xe9", False)):
+        run = subprocess.run([*shell, str(folder / "run.sh"), "--dry-run", "--env-file", str(env_file), "tp1"],
+                             capture_output=True, env={b"PATH": b"/usr/bin:/bin", b"A.B": value})
+        if passes_it_on and ok:
+            assert run.returncode == 0 and run.stderr == b"", run.stderr
+        elif passes_it_on:
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+                f"error: --env-file {env_file}: A.B (a line without '='): its value in this environment is not UTF-8: "
+                "docker would pass it changed (each byte that is no UTF-8 as U+FFFD); give it in UTF-8\n"))
+        else:
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", (
+                f"error: --env-file {env_file}: A.B (a line without '=') is not set in this environment (dash and "
+                "busybox sh pass no variable of a name like it on), so docker would drop it; set it or give "
+                "A.B=VALUE\n"))
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_hides_the_value_of_an_engine_option_whose_name_says_secret(tmp_path, shell):
+    # --dry-run hid only a -e's value: `--api-key sk-...`, `--hf-token=hf_...` or `--password X` for the engine were
+    # shown in clear on a line people paste into tickets; an option's name is read as a -e's name, '-' as '_'
+    from unibake.sanitise import SECRET_NAME_RE
+    folder, _ = make_release(tmp_path / "release")
+    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    (fake_bin / "docker").chmod(0o755)
+    names = ["api-key", "hf-token", "password", "api_key", "admin-password", "ssl-key", "auth", "max-tokens",
+             "tokenizer", "tokenizers-parallelism", "port", "model", "keys-dir", "author"]
+    args = []
+    for name in names:
+        args += [f"--{name}", "s3cr et", f"--{name}=s3cr=et"]
+    args += ["--auth", "--api-key", "sk-1", "--password=", "--api-key", "", "-e", "HF_TOKEN=x", "HF_TOKEN=y",
+             "MAX_TOKENS=5", "--x-api-key"]
+    dry = run_sh(shell, folder, "--dry-run", "tp1", *args)
+    assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
+    line = dry.stdout.decode()
+    served = line[line.index(" serve ") + len(" serve "):-1]
+    expected = []
+    for name in names:
+        secret = bool(SECRET_NAME_RE.search(name.replace("-", "_")))
+        expected += [f"--{name}", "'<hidden>'" if secret else "'s3cr et'",
+                     f"'--{name}=<hidden>'" if secret else f"--{name}=s3cr=et"]
+    expected += ["--auth", "--api-key", "'<hidden>'", "--password=", "--api-key", "''", "-e", "'HF_TOKEN=<hidden>'",
+                 "'HF_TOKEN=<hidden>'", "MAX_TOKENS=5", "--x-api-key"]
+    assert served == " ".join(expected), served
+    readme = " ".join((folder / "README-DIST.md").read_text().split())
+    assert "shown as `<hidden>`, as is that of an engine argument named so, like `--api-key`;" in readme
+    # the real run passes every value as given
+    ran = subprocess.run([*shell, str(folder / "run.sh"), "tp1", *args], capture_output=True,
+                         env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split(b"\0")[:-1]
+    assert words[words.index(b"serve") + 1:] == [a.encode() for a in args]
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_checks_the_gpu_numbering_that_reaches_the_container_not_one_a_later_e_overrides(folder, tmp_path,
+                                                                                                  shell):
+    # docker reads the env files in order, then each -e, and the last value of a name wins; run.sh checked every value
+    # it saw, so a team's env file holding the host's CUDA_VISIBLE_DEVICES=4,5 (or an empty one) was refused even where
+    # a -e gave the value the container would get; and a file's value that a later file replaced was checked too
+    host = tmp_path / "host.env"
+    host.write_text("A=1\nCUDA_VISIBLE_DEVICES=4,5\n")
+    empty = tmp_path / "empty.env"
+    empty.write_text("CUDA_VISIBLE_DEVICES=\n")
+    good = tmp_path / "good.env"
+    good.write_text("CUDA_VISIBLE_DEVICES=1,0\n")
+    tail = (", but the container of profile tp2 sees only the GPUs of GPUS (2), numbered from 0 to 1: remove it, or "
+            "number them from 0\n")
+    for args, env, stderr in (
+        (["--env-file", str(host), "-e", "CUDA_VISIBLE_DEVICES=1,0"], {}, ""),
+        (["-e", "CUDA_VISIBLE_DEVICES=1,0", "--env-file", str(host)], {}, ""),  # (-e wins wherever it stands)
+        (["--env-file", str(empty), "-e", "CUDA_VISIBLE_DEVICES"], {"CUDA_VISIBLE_DEVICES": "0"}, ""),
+        (["--env-file", str(host), "--env-file", str(good)], {}, ""),
+        (["--env-file", str(good), "--env-file", str(host)], {},
+         f"error: --env-file {host} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail),
+        (["--env-file", str(good), "-e", "CUDA_VISIBLE_DEVICES=3"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='3', which names GPU 3" + tail),
+        (["--env-file", str(good), "-e", "CUDA_VISIBLE_DEVICES="], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='', which hides every GPU from the engine; remove it\n"),
+        (["--env-file", str(host), "-e", "ROCR_VISIBLE_DEVICES=0"], {},
+         f"error: --env-file {host} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args, "tp2", env=env)
+        if stderr:
+            assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
+        else:
+            assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_dry_run_s_line_reads_back_under_dash_too_as_the_words_docker_gets(tmp_path, shell):
+    # --dry-run wrote a word holding a control character as $'...', which dash 0.5.12 (Debian's and Ubuntu's /bin/sh,
+    # the shell run.sh is written for) reads as a '$' and the escapes as written: pasted there, docker got other words
+    folder, _ = make_release(tmp_path / "release")
+    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
+    (fake_bin / "docker").chmod(0o755)
+    args = ["A=x\x1b[2J\r\nerror: forged\t", "a\n\nb!c%d\\e'\\n", "it's", "--chat-template=x\n\n", "\u0085caf\u00e9\n\u0085",
+            "", "\n", "\n\u00e9\n", "-x\x07", "%s\\n", "\n'\n", "\t-", "\x7f!"]
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin"}
+    dry = run_sh(shell, folder, "--dry-run", "tp1", "--", *args, env=env)
+    assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
+    line = dry.stdout
+    assert not [b for b in line[:-1] if (b < 32 and b != 10) or b == 127], line  # no control character but \n
+    assert b"\xc2\x85" not in line and b"$'" not in line
+    # a newline only where a word ends in newlines (no sh has one-line quoting for them), and there before a "'"
+    assert [line[i + 1:i + 2] for i in range(len(line) - 1) if line[i] == 10] == [b"\n", b"'", b"'", b"'", b"'"], line
+    ran = run_sh(shell, folder, "tp1", "--", *args, env=env)
+    assert ran.returncode == 0, ran.stderr
+    words = ran.stdout.split(b"\0")[:-1]
+    assert words[words.index(b"serve") + 1:] == [a.encode() for a in args]
+    for reader in SHELLS:
+        read_back = subprocess.run([*reader, "-c", b"for a in " + line[len(b"docker "):-1] + b"; do printf '%s\\0' \"$a\"; done"],
+                                   capture_output=True)
+        assert read_back.returncode == 0 and read_back.stdout.split(b"\0")[:-1] == words, (reader, read_back)
+
+
+@pytest.mark.parametrize("shell", [s for s in SHELLS if s[0] != "busybox"], ids=" ".join)  # (busybox has its awk)
+def test_run_sh_reads_an_env_file_on_a_host_without_awk(folder, tmp_path, shell):
+    # run.sh measured an env file's lines with awk: on a host without it (a slim image, a minimal install) every
+    # --env-file ended with the shell's "awk: not found", exit 127, and no error line
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "printenv", "wc"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    env_file = tmp_path / "my.env"
+    env_file.write_text("A=1\n")
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "--env-file", str(env_file), "tp1",
+                 env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+    assert run.stdout.endswith(f" --env-file={env_file} demo-llm:1.3.1\n".encode()), run.stdout
+    env_file.write_text("A=1\nB=" + "x" * 65533 + "\nC=" + "y" * 65534 + "\n")  # (lines of 65535 and 65536 bytes)
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "--env-file", str(env_file), "tp1",
+                 env={"PATH": str(bare)})
+    assert (run.returncode, run.stdout, run.stderr.decode()) == (
+        2, b"", f"error: --env-file {env_file}: line 3 is longer than docker reads (65535 bytes)\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_on_a_host_without_docker_says_so_in_one_error_line(folder, tmp_path, shell):
+    # the shell's own "run.sh: 660: exec: docker: not found" (exit 127) was all: no error line, a line number of run.sh
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sed", "sort", "uniq", "head", "tr", "grep", "cut", "cat", "printf", "env", "printenv", "wc", "awk"):
+        found = next((d / tool for d in (Path("/usr/bin"), Path("/bin")) if (d / tool).exists()), None)
+        if found:
+            (bare / tool).symlink_to(found)
+    run = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "tp1", env={"PATH": str(bare)})
+    assert (run.returncode, run.stdout, run.stderr) == (
+        127, b"", b"error: docker is not on PATH: install Docker Engine's client (./run.sh --dry-run prints the command)\n")
+    dry = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "--dry-run", "tp1", env={"PATH": str(bare)})
+    assert dry.returncode == 0 and dry.stdout.startswith(b"docker run --rm --name demo-llm-tp1 "), dry
+    bad = run_sh([shutil.which(shell[0]), *shell[1:]], folder, "tp1", env={"PATH": str(bare), "PORT": "x"})
+    assert (bad.returncode, bad.stderr) == (2, b"error: PORT must be a number from 1 to 65535; got 'x'\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+@pytest.mark.parametrize("line", ["-x", "--help", "-0"])
+def test_an_env_file_line_that_looks_like_an_option_gets_one_error_line(folder, tmp_path, shell, line):
+    # run.sh asked `printenv -x` whether the line's variable was set: printenv took it as its option and printed its
+    # own two lines of usage above run.sh's error
+    env_file = tmp_path / "my.env"
+    env_file.write_text(f"A=1\n{line}\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+    assert (run.returncode, run.stdout) == (2, b""), run.stderr
+    assert run.stderr.decode().startswith(f"error: --env-file {env_file}: {line} (a line without '=') is not set in "
+                                          "this environment") and run.stderr.count(b"\n") == 1, run.stderr
+    # busybox's printenv (Alpine's) takes no "--": it looks every argument up, "--" too, and fails when one is unset
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "printenv").write_text("#!/bin/sh\nrc=0\nfor a in \"$@\"; do awk -v n=\"$a\" "
+                                       "'BEGIN { if (n in ENVIRON) { print ENVIRON[n]; exit 0 }; exit 1 }' || rc=1; done\n"
+                                       "exit $rc\n")
+    (fake_bin / "printenv").chmod(0o755)
+    env_file.write_text("A=1\nHF_HOME\n")
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HF_TOKEN": "hf_x", "HF_HOME": "/h"}
+    run = run_sh(shell, folder, "--dry-run", "-e", "HF_TOKEN", "--env-file", str(env_file), "tp1", env=env)
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_an_empty_name_as_given_by_an_unset_variable(folder, shell):
+    # `--name "$BOX"` with BOX unset named the container demo-llm-tp1 without a word, as if --name were not given
+    for args in (["--name", ""], ["--name="], ["tp1", "--name", ""]):
+        run = run_sh(shell, folder, "--dry-run", *args)
+        assert (run.returncode, run.stdout, run.stderr) == (
+            2, b"", b"error: --name given empty (an unset variable?): give a container name, or leave --name out\n"), args
+    run = run_sh(shell, folder, "--dry-run", "--name=box", "tp1")
+    assert run.returncode == 0 and run.stdout.startswith(b"docker run --rm --name box "), run
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_runs_grep_as_it_calls_it_whatever_grep_options_says(folder, tmp_path, shell):
+    # grep before 3.6 (Ubuntu 20.04 has 3.4) reads GREP_OPTIONS, warning on every call: an old .bashrc's
+    # GREP_OPTIONS=--color=auto printed "grep: warning: GREP_OPTIONS is deprecated" many times over run.sh's line, and
+    # -v or -i would turn its checks around. The fake grep does what such a grep does; docker still gets the variable
+    real_grep = shutil.which("grep")
+    fake_bin = tmp_path / "fake-bin"
+    fake_bin.mkdir()
+    (fake_bin / "grep").write_text(
+        '#!/bin/sh\nif [ -n "${GREP_OPTIONS+set}" ]; then\n'
+        '  echo "grep: warning: GREP_OPTIONS is deprecated; please use an alias or script" >&2\n'
+        f'  exec {real_grep} $GREP_OPTIONS "$@"\nfi\nexec {real_grep} "$@"\n')
+    (fake_bin / "grep").chmod(0o755)
+    (fake_bin / "docker").write_text("#!/bin/sh\nprintf '%s\\n' \"GREP_OPTIONS=$GREP_OPTIONS\"\n")
+    (fake_bin / "docker").chmod(0o755)
+    env_file = tmp_path / "my.env"
+    env_file.write_text("A=1\nCUDA_VISIBLE_DEVICES=1,0\n")
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "GREP_OPTIONS": "--color=auto"}
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "-e", "HF_TOKEN=x", "tp2", env=env)
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+    ran = run_sh(shell, folder, "--env-file", str(env_file), "tp2", env=env)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"GREP_OPTIONS=--color=auto\n", b""), ran
+    bad = tmp_path / "bad.env"
+    bad.write_bytes(b"A=1\nB=caf\xe9\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(bad), "tp2", env={**env, "GREP_OPTIONS": "-v"})
+    assert (run.returncode, run.stderr.decode()) == (
+        2, f"error: --env-file {bad}: line 2 is not UTF-8, which docker reads (save the file as UTF-8)\n"), run.stderr
