@@ -28,6 +28,22 @@ def run_sh(shell, folder, *args, env=None):
                           env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
+# this host's video and render groups, as getent answers them
+GETENT = ('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;; *) exit 2 ;; esac\n')
+# a docker that writes each word it is given, NUL-terminated
+ECHO_DOCKER = "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
+
+
+def fake_tools(tmp_path, **tools) -> str:
+    """Writes each fake tool (its name: its script) into one folder; returns a PATH that finds them first."""
+    folder = tmp_path / "fake-bin"
+    folder.mkdir()
+    for name, script in tools.items():
+        (folder / name).write_text(script)
+        (folder / name).chmod(0o755)
+    return f"{folder}:/usr/bin:/bin"
+
+
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
 def test_an_error_line_shows_control_characters_of_what_it_quotes_as_escapes_one_line(folder, tmp_path, shell):
     # `--env-file $'x\e[2J'`, a mistyped -e or a GPUS holding a newline was printed raw: the terminal ran the escape
@@ -169,12 +185,7 @@ def test_run_sh_refuses_a_group_number_past_what_runc_takes(tmp_path, shell):
     metadata["profiles"]["tp4"].update(vendor="amd", devices={"extra": [], "groups": ["render"]})
     metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": [], "groups": ["4294967295"]})
     folder, _ = make_release(tmp_path / "release", metadata=metadata)
-    fake_bin = tmp_path / "fake-bin"
-    fake_bin.mkdir()
-    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; '
-                                     'render) echo "render:x:$RENDER_GID:" ;; *) exit 2 ;; esac\n')
-    (fake_bin / "getent").chmod(0o755)
-    path = f"{fake_bin}:/usr/bin:/bin"
+    path = fake_tools(tmp_path, getent=GETENT.replace("render:x:109:", '"render:x:$RENDER_GID:"'))
     for gid, stderr in (
         ("2147483648", "error: group render is number 2147483648 on this host, past the 2147483647 docker's runtime "
                        "takes: the container cannot join it (docker would fail the start with 'Unable to find group')\n"),
@@ -195,12 +206,7 @@ def test_run_sh_refuses_a_group_number_past_what_runc_takes(tmp_path, shell):
 def test_run_sh_with_docker_host_naming_another_machine_takes_that_machine_s_group_numbers(folder, tmp_path, shell):
     # run.sh looked video and render up on the machine that runs it, also with DOCKER_HOST naming another machine's
     # engine: the container joined this machine's numbers, not the groups the engine's device nodes belong to
-    fake_bin = tmp_path / "fake-bin"
-    fake_bin.mkdir()
-    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
-                                     ' *) exit 2 ;; esac\n')
-    (fake_bin / "getent").chmod(0o755)
-    path = f"{fake_bin}:/usr/bin:/bin"
+    path = fake_tools(tmp_path, getent=GETENT)
 
     def groups(env):
         run = run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, **env})
@@ -333,19 +339,13 @@ def test_run_sh_with_a_docker_context_naming_another_machine_takes_that_machine_
     # only DOCKER_HOST was read: with `docker context use gpu1` (or DOCKER_CONTEXT=gpu1) naming another machine's
     # engine, as docker picks it when DOCKER_HOST is unset, run.sh joined this host's group numbers and gave this
     # host's KFD render nodes
-    fake_bin = tmp_path / "fake-bin"
-    fake_bin.mkdir()
-    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
-                                     ' *) exit 2 ;; esac\n')
-    (fake_bin / "docker").write_text(  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
+    docker = (  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
         '#!/bin/sh\n[ "$1 $2 $3" = "context inspect --format" ] || exit 9\ncase "$6" in '
         'gpu1) echo tcp://gpu1.example:2376 ;; rootless) echo unix:///run/user/1000/docker.sock ;; '
         '*) echo "context \\"$6\\" does not exist" >&2; exit 1 ;; esac\n')
-    for tool in ("getent", "docker"):
-        (fake_bin / tool).chmod(0o755)
     home = tmp_path / "home"
     (home / ".docker").mkdir(parents=True)
-    path = f"{fake_bin}:/usr/bin:/bin"
+    path = fake_tools(tmp_path, getent=GETENT, docker=docker)
 
     def run(env):
         return run_sh(shell, folder, "--dry-run", "tp4", env={"PATH": path, "HOME": str(home), **env})
@@ -440,16 +440,10 @@ def test_run_sh_takes_an_engine_on_this_machine_s_loopback_as_this_machine_s(fol
     # DOCKER_HOST=tcp://127.0.0.1:2375 (a dockerd listening on loopback, or docker's own default for a bare port) was
     # taken as another machine's engine: exit 2 asking for ENGINE_GROUPS, which this machine's getent knows, and the
     # render nodes were 128+N, not this host's KFD topology
-    fake_bin = tmp_path / "fake-bin"
-    fake_bin.mkdir()
-    (fake_bin / "getent").write_text('#!/bin/sh\ncase "$2" in video) echo video:x:44: ;; render) echo render:x:109: ;;'
-                                     ' *) exit 2 ;; esac\n')
-    (fake_bin / "docker").write_text(  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
+    docker = (  # docker context inspect --format ... -- NAME, as docker 20.10 answers it
         '#!/bin/sh\n[ "$1 $2 $3" = "context inspect --format" ] || exit 9\ncase "$6" in '
         'here) echo tcp://127.0.0.1:2375 ;; *) echo tcp://gpu1.example:2376 ;; esac\n')
-    for tool in ("getent", "docker"):
-        (fake_bin / tool).chmod(0o755)
-    path = f"{fake_bin}:/usr/bin:/bin"
+    path = fake_tools(tmp_path, getent=GETENT, docker=docker)
     for env in ({"DOCKER_HOST": host} for host in (
             "tcp://127.0.0.1:2375", "tcp://localhost:2376", "tcp://[::1]:2375", "tcp://127.8.9.10:2375/",
             "tcp://127.255.0.1", "tcp://:2375", "tcp://", "localhost:2375", "127.0.0.1")):
@@ -511,16 +505,13 @@ def test_dry_run_shows_control_characters_as_escapes_and_reads_back_as_the_words
     metadata = json.loads(json.dumps(METADATA))
     metadata["launch"]["mounts"] = {"draft": "/models/draft"}
     folder, _ = make_release(tmp_path / "release", metadata=metadata)
-    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
-    fake_bin.mkdir()
-    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
-    (fake_bin / "docker").chmod(0o755)
+    path = fake_tools(tmp_path, docker=ECHO_DOCKER)
     env_file = tmp_path / "e\x1b[2J\u0085 it's\udce9.env"  # (docker reads the file here: its name need not be UTF-8)
     env_file.write_text("A=1\n")
     weights = "/w/caf\u00e9 \u00a0"  # (a weight path holds no control character, and is UTF-8: run.sh refuses others)
     args = ["-e", "A=x\x1b[2J\r\nerror: forged\t", "-e", "B=it's \u00fc\u0085\\ $(id) `id` \"q\"",
             "--env-file", str(env_file), "tp1", "--flag", "\x9b31m", "-e", "NOT_OURS=\x07"]
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "MODEL_DRAFT": weights}
+    env = {"PATH": path, "MODEL_DRAFT": weights}
     environ = {k: v.encode("utf-8", "surrogateescape") for k, v in env.items()}
     dry = subprocess.run([*shell, str(folder / "run.sh"), "--dry-run", *args], capture_output=True, env=environ)
     assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
@@ -733,10 +724,7 @@ def test_dry_run_hides_the_value_of_an_engine_option_whose_name_says_secret(tmp_
     # shown in clear on a line people paste into tickets; an option's name is read as a -e's name, '-' as '_'
     from unibake.sanitise import SECRET_NAME_RE
     folder, _ = make_release(tmp_path / "release")
-    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
-    fake_bin.mkdir()
-    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
-    (fake_bin / "docker").chmod(0o755)
+    path = fake_tools(tmp_path, docker=ECHO_DOCKER)
     names = ["api-key", "hf-token", "password", "api_key", "admin-password", "ssl-key", "auth", "max-tokens",
              "tokenizer", "tokenizers-parallelism", "port", "model", "keys-dir", "author"]
     args = []
@@ -760,7 +748,7 @@ def test_dry_run_hides_the_value_of_an_engine_option_whose_name_says_secret(tmp_
     assert "shown as `<hidden>`, as is that of an engine argument named so, like `--api-key`;" in readme
     # the real run passes every value as given
     ran = subprocess.run([*shell, str(folder / "run.sh"), "tp1", *args], capture_output=True,
-                         env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+                         env={"PATH": path})
     assert ran.returncode == 0, ran.stderr
     words = ran.stdout.split(b"\0")[:-1]
     assert words[words.index(b"serve") + 1:] == [a.encode() for a in args]
@@ -806,13 +794,10 @@ def test_dry_run_s_line_reads_back_under_dash_too_as_the_words_docker_gets(tmp_p
     # --dry-run wrote a word holding a control character as $'...', which dash 0.5.12 (Debian's and Ubuntu's /bin/sh,
     # the shell run.sh is written for) reads as a '$' and the escapes as written: pasted there, docker got other words
     folder, _ = make_release(tmp_path / "release")
-    fake_bin = tmp_path / "fake-bin"  # a docker that writes each word it is given, NUL-terminated
-    fake_bin.mkdir()
-    (fake_bin / "docker").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
-    (fake_bin / "docker").chmod(0o755)
+    path = fake_tools(tmp_path, docker=ECHO_DOCKER)
     args = ["A=x\x1b[2J\r\nerror: forged\t", "a\n\nb!c%d\\e'\\n", "it's", "--chat-template=x\n\n", "\u0085caf\u00e9\n\u0085",
             "", "\n", "\n\u00e9\n", "-x\x07", "%s\\n", "\n'\n", "\t-", "\x7f!"]
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin"}
+    env = {"PATH": path}
     dry = run_sh(shell, folder, "--dry-run", "tp1", "--", *args, env=env)
     assert dry.returncode == 0 and dry.stderr == b"", dry.stderr
     line = dry.stdout
@@ -883,14 +868,11 @@ def test_an_env_file_line_that_looks_like_an_option_gets_one_error_line(folder, 
     assert run.stderr.decode().startswith(f"error: --env-file {env_file}: {line} (a line without '=') is not set in "
                                           "this environment") and run.stderr.count(b"\n") == 1, run.stderr
     # busybox's printenv (Alpine's) takes no "--": it looks every argument up, "--" too, and fails when one is unset
-    fake_bin = tmp_path / "fake-bin"
-    fake_bin.mkdir()
-    (fake_bin / "printenv").write_text("#!/bin/sh\nrc=0\nfor a in \"$@\"; do awk -v n=\"$a\" "
-                                       "'BEGIN { if (n in ENVIRON) { print ENVIRON[n]; exit 0 }; exit 1 }' || rc=1; done\n"
-                                       "exit $rc\n")
-    (fake_bin / "printenv").chmod(0o755)
+    path = fake_tools(tmp_path, printenv=(
+        "#!/bin/sh\nrc=0\nfor a in \"$@\"; do awk -v n=\"$a\" "
+        "'BEGIN { if (n in ENVIRON) { print ENVIRON[n]; exit 0 }; exit 1 }' || rc=1; done\nexit $rc\n"))
     env_file.write_text("A=1\nHF_HOME\n")
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HF_TOKEN": "hf_x", "HF_HOME": "/h"}
+    env = {"PATH": path, "HF_TOKEN": "hf_x", "HF_HOME": "/h"}
     run = run_sh(shell, folder, "--dry-run", "-e", "HF_TOKEN", "--env-file", str(env_file), "tp1", env=env)
     assert run.returncode == 0 and run.stderr == b"", run.stderr
 
@@ -912,18 +894,14 @@ def test_run_sh_runs_grep_as_it_calls_it_whatever_grep_options_says(folder, tmp_
     # GREP_OPTIONS=--color=auto printed "grep: warning: GREP_OPTIONS is deprecated" many times over run.sh's line, and
     # -v or -i would turn its checks around. The fake grep does what such a grep does; docker still gets the variable
     real_grep = shutil.which("grep")
-    fake_bin = tmp_path / "fake-bin"
-    fake_bin.mkdir()
-    (fake_bin / "grep").write_text(
+    path = fake_tools(tmp_path, grep=(
         '#!/bin/sh\nif [ -n "${GREP_OPTIONS+set}" ]; then\n'
         '  echo "grep: warning: GREP_OPTIONS is deprecated; please use an alias or script" >&2\n'
-        f'  exec {real_grep} $GREP_OPTIONS "$@"\nfi\nexec {real_grep} "$@"\n')
-    (fake_bin / "grep").chmod(0o755)
-    (fake_bin / "docker").write_text("#!/bin/sh\nprintf '%s\\n' \"GREP_OPTIONS=$GREP_OPTIONS\"\n")
-    (fake_bin / "docker").chmod(0o755)
+        f'  exec {real_grep} $GREP_OPTIONS "$@"\nfi\nexec {real_grep} "$@"\n'),
+        docker="#!/bin/sh\nprintf '%s\\n' \"GREP_OPTIONS=$GREP_OPTIONS\"\n")
     env_file = tmp_path / "my.env"
     env_file.write_text("A=1\nCUDA_VISIBLE_DEVICES=1,0\n")
-    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "GREP_OPTIONS": "--color=auto"}
+    env = {"PATH": path, "GREP_OPTIONS": "--color=auto"}
     run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "-e", "HF_TOKEN=x", "tp2", env=env)
     assert run.returncode == 0 and run.stderr == b"", run.stderr
     ran = run_sh(shell, folder, "--env-file", str(env_file), "tp2", env=env)
