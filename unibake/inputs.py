@@ -245,7 +245,11 @@ def _check_not_skipped(root: Path, real: Path, rel: str, where: str) -> None:
     """A symlink into a .git (or __pycache__) folder of the project: what a source leaves out, baked through
     a link (.git/config, with a token in a remote's URL; objects the secret scan cannot read)."""
     inside = real.relative_to(root).parts
-    skipped = next((part for part in inside if part in SKIPPED_DIRS), None)
+    # the folders on the way, and the target itself only when it is a folder: a file named .git (a submodule's
+    # 'gitdir:' line, which a folder source bakes as any file) is no .git folder
+    skipped = next((part for part in inside[:-1] if part in SKIPPED_DIRS), None)
+    if skipped is None and inside and inside[-1] in SKIPPED_DIRS and real.is_dir():
+        skipped = inside[-1]
     if skipped is not None:
         raise InputError(f"{where}: '{rel}' is a symlink into a {skipped} folder (to {real}), which is never baked; "
                          "copy the file it names in instead")

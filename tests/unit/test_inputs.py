@@ -204,6 +204,17 @@ def test_pycache_is_never_baked(busybox_product):
     assert not [f for f in plan.inputs if f.path.endswith(".pyc")]
 
 
+def test_a_submodules_git_file_in_a_folder_source_is_baked_as_any_file(busybox_product):
+    # a vendored kernel repository checked out as a git submodule holds a file .git ('gitdir: ...'), no folder: it
+    # was refused as 'a symlink into a .git folder', which it is not
+    sub = busybox_product.parent / "images/engine/kernels"
+    sub.mkdir()
+    (sub / ".git").write_text("gitdir: ../../../.git/modules/kernels\n")
+    (sub / "README").write_text("kernels\n")
+    plan = make_plan(busybox_product, verify_lock=False)
+    assert {"images/engine/kernels/.git", "images/engine/kernels/README"} <= {f.path for f in plan.inputs}
+
+
 def test_empty_folders_in_a_source_are_named_in_one_warning(busybox_product, cli):
     engine = busybox_product.parent / "images/engine"
     for folder in ("cache/a", "logs", "only-bytecode/__pycache__"):
