@@ -6,7 +6,8 @@
 #        -e and --env-file only before the profile, so an engine's own -e after it is the engine's)
 #   -e NAME=VALUE   one more variable for the container (over the profile's env); -e NAME passes NAME's
 #                   value from this environment, unshown (a token); --env NAME=VALUE is the same; --dry-run
-#                   shows a VALUE whose NAME says secret (HF_TOKEN, API_KEY, PASSWORD ...) as <hidden>
+#                   shows a VALUE whose NAME says secret (HF_TOKEN, API_KEY, PASSWORD ...) as <hidden>, and so
+#                   the value of an engine argument named so (--api-key VALUE, --hf-token=VALUE, HF_TOKEN=VALUE)
 #   --env-file FILE more variables, as docker run --env-file reads them (-e wins over a file); each value, weight
 #                   path, MODEL_NAME and engine argument must be UTF-8 (docker would change the others)
 #   PROFILE, PORT, MODEL_NAME, UNIBAKE_*, on a hygon profile HIP_VISIBLE_DEVICES and, on a profile of several
@@ -22,11 +23,15 @@
 #   MODEL_TARGET=/host/dir   mounted read-only at /models/target
 #   PROFILE         the profile, as the image takes it (the argument and PROFILE must agree when both are given)
 #   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back)
-#   NAME            the container name (default demo-llm-PROFILE; --name wins)
+#   (the container is named demo-llm-PROFILE, or by --name; no variable names it: WSL and some logins set NAME
+#   to the computer's name, CONTAINER_NAME is set in some containers, and either would give every profile one name)
 set -eu
 # the environment as run.sh was started, put back before docker starts: run.sh's own variables (name, port,
 # gpus, ...) must not reach docker for the user's of one name ("-e name" or an env file's "name" line)
 env_at_start=$(export -p)
+# an older grep (before 3.6: Ubuntu 20.04's) takes options from GREP_OPTIONS, with a warning on every call (an old
+# .bashrc's --color=auto): each grep here runs as run.sh calls it (docker still gets the variable, put back below)
+unset GREP_OPTIONS
 quote() { q=$(printf '%s.' "$1" | sed "s/'/'\\\\''/g"); printf "'%s'" "${q%.}"; }  # (the '.': $() drops final newlines)
 # one line, whatever a value holds: control characters (C1 ones too) and bytes that are no UTF-8 written as
 # visible escapes (\n, \x1b, \xe9), as unibake prints them, so a value cannot drive the terminal or forge a line
@@ -49,33 +54,38 @@ visible() {
       printf "%s", out
     }'
 }
-# one word of --dry-run's line, as a shell reads it back: as it is when it needs no quotes, in '...' when it holds
-# only printable characters (UTF-8 kept), else in $'...' (bash, zsh, ksh, POSIX.1-2024 sh) with each control
-# character (C1 ones too), byte that is no UTF-8, backslash and quote escaped (\n, \x1b, \xc2\x85, \xe9, \\, \'),
-# so a value cannot drive the terminal or forge a line of its own
+# one word of --dry-run's line, as every POSIX sh (dash too, which has no $'...') reads it back: as it is when it needs
+# no quotes, else in '...' (UTF-8 kept), with each run of control characters (C1 ones too) and bytes that are no UTF-8
+# as "$(printf '\033[2J\r\n')", escapes only (the character after a newline joins the escapes, as \ooo: $(...) drops
+# final newlines), so a value cannot drive the terminal or forge a line of its own; newlines that end the word are
+# written as they are, in '...' (no sh has another way), so the line breaks there, before a "'"
 shell_word() {
   case "$1" in ""|*[!A-Za-z0-9_./:=,+-]*) ;; *) printf '%s' "$1"; return 0 ;; esac
   printf '%s.' "$1" | LC_ALL=C awk '
-    BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i; esc[9] = "\\t"; esc[10] = "\\n"; esc[13] = "\\r"
-            esc[39] = "\\\047"; esc[92] = "\\\\" }
+    BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i; esc[9] = "\\t"; esc[10] = "\\n"; esc[13] = "\\r" }
+    function octal(t,   o, m) { o = ""; for (m = 1; m <= length(t); m++) o = o sprintf("\\%03o", ord[substr(t, m, 1)]); return o }
+    function lit_out() { if (lit != "") out = out "\047" lit "\047"; lit = "" }
+    function esc_out() { if (escs != "") out = out "\"$(printf \047" escs "\047)\""; escs = "" }
     { text = text (NR > 1 ? "\n" : "") $0 }
     END {
-      text = substr(text, 1, length(text) - 1); n = length(text); out = ""; quoted = ""; plain = 1
+      text = substr(text, 1, length(text) - 1); n = length(text); out = ""; lit = ""; escs = ""; nl = 0
       for (i = 1; i <= n; i++) {
-        c = substr(text, i, 1); b = ord[c]
-        if (b >= 194 && b <= 244) {  # a UTF-8 lead byte and its continuation bytes: one character, kept
+        c = substr(text, i, 1); b = ord[c]; k = 0
+        if (b >= 194 && b <= 244) {  # a UTF-8 lead byte and its continuation bytes: one character
           k = b >= 240 ? 3 : b >= 224 ? 2 : 1
           for (j = 1; j <= k && i + j <= n && ord[substr(text, i + j, 1)] >= 128 && ord[substr(text, i + j, 1)] < 192; j++) ;
-          if (j > k && !(b == 194 && ord[substr(text, i + 1, 1)] < 160)) { out = out substr(text, i, k + 1); quoted = quoted substr(text, i, k + 1); i += k; continue }
-          if (j > k) { out = out sprintf("\\x%02x\\x%02x", b, ord[substr(text, i + 1, 1)]); i++; plain = 0; continue }  # C1
+          if (j <= k) k = 0
+          else if (b == 194 && ord[substr(text, i + 1, 1)] < 160) { lit_out(); escs = escs octal(substr(text, i, 2)); i++; nl = 0; continue }  # C1
         }
-        if (b < 32 || b >= 127) { out = out (b in esc ? esc[b] : sprintf("\\x%02x", b)); plain = 0 }
-        else if (b in esc) out = out esc[b]
-        else out = out c
-        quoted = quoted (b == 39 ? "\047\\\047\047" : c)
+        if (k == 0 && (b < 32 || b >= 127)) { lit_out(); escs = escs (b in esc ? esc[b] : octal(c)); nl = (b == 10); continue }
+        unit = substr(text, i, k + 1); i += k
+        if (nl) { escs = escs octal(unit); nl = 0; esc_out(); continue }
+        esc_out(); lit = lit (unit == "\047" ? "\047\\\047\047" : unit)
       }
-      if (plain) printf "\047%s\047", quoted
-      else printf "$\047%s\047", out
+      for (tail = ""; substr(escs, length(escs) - 1) == "\\n"; escs = substr(escs, 1, length(escs) - 2)) tail = tail "\n"
+      esc_out(); lit = lit tail; lit_out()  # (lit is empty where escs was not)
+      if (out == "") out = "\047\047"
+      printf "%s", out
     }'
 }
 unprintable() {  # stdin to stdout with each control character, C1 ones (UTF-8 \302\200-\302\237) too, as '?'
@@ -141,8 +151,16 @@ own_env() {
 # count is known
 vis_max=0
 vis_what=""
-visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value
+vd_where_CUDA=""; vd_where_ROCR=""; vd_where_HIP=""; vd_e_CUDA=""; vd_e_ROCR=""; vd_e_HIP=""
+# Only the value that reaches the container is checked: docker reads the files in order, then each -e, and the
+# last value of a name wins (so a -e overrides a file's line, wherever it stands among run.sh's arguments)
+visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value: kept in vd_where_*, vd_value_*
   case "$2" in CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES|HIP_VISIBLE_DEVICES) ;; *) return 0 ;; esac
+  vd_key=${2%%_*}
+  case "$1" in -e*) eval "vd_e_$vd_key=1" ;; *) eval "[ -z \"\$vd_e_$vd_key\" ]" || return 0 ;; esac
+  eval "vd_where_$vd_key=\$1; vd_value_$vd_key=\$3"
+}
+check_visible() {  # $1 where, $2 the name, $3 its value: the value that wins
   case "$3" in *[![:space:]]*) ;; *) die "$1 sets $2='$3', which hides every GPU from the engine; remove it" ;; esac
   vd_rest="$3,"
   while [ -n "$vd_rest" ]; do
@@ -158,9 +176,18 @@ visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value
     esac
   done
 }
+# (a name starting with '-', which printenv would take as its option, by env's lines too: busybox's printenv takes
+# no "--", it would look that up as a name)
 in_env() {  # $1 a name: whether this environment has it (by printenv; a host without it, busybox's own
   # build, by env's lines, which another value holding a newline could fool)
-  if command -v printenv >/dev/null 2>&1; then printenv "$1" >/dev/null; else env | cut -d= -f1 | grep -Fxq -e "$1"; fi
+  case "$1" in -*) ;; *) if command -v printenv >/dev/null 2>&1; then printenv "$1" >/dev/null; return; fi ;; esac
+  env | cut -d= -f1 | grep -Fxq -e "$1"
+}
+env_value() {  # $1 a name in this environment that sh cannot read (A.B, which bash passes on): its value, as in_env
+  # finds it (without printenv, env's line: its first line only)
+  if case "$1" in -*) false ;; esac && command -v printenv >/dev/null 2>&1; then printenv "$1"; else
+    env | while IFS= read -r ev_line; do case "$ev_line" in "$1="*) printf '%s\n' "${ev_line#"$1="}"; break ;; esac; done
+  fi
 }
 env_arg() {  # $1: NAME=VALUE or NAME, from -e
   ea_name=${1%%=*}
@@ -187,7 +214,8 @@ env_file() {  # $1: FILE, from --env-file
   [ -f "$1" ] && [ -r "$1" ] || die "--env-file $1: no such readable file"
   # docker refuses a file with a line longer than 65535 bytes or not UTF-8 (exit 125, after run.sh said yes)
   # (a NUL byte read as any other, here: docker takes it in a '#' line)
-  ef_line=$(tr '\000' x < "$1" | LC_ALL=C awk 'length($0) > 65535 { print NR; exit }')
+  # (by cut, not awk, which a host may lack: a line's bytes past the 65535th)
+  ef_line=$(tr '\000' x < "$1" | LC_ALL=C cut -b 65536- | LC_ALL=C grep -a -n . | head -n 1 | cut -d: -f1)
   [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is longer than docker reads (65535 bytes)"
   ef_line=$(tr '\000' x < "$1" | LC_ALL=C grep -n -a -v -E "^($utf8_re)*\$" | head -n 1 | cut -d: -f1)
   [ -z "$ef_line" ] || die "--env-file $1: line $ef_line is not UTF-8, which docker reads (save the file as UTF-8)"
@@ -225,13 +253,16 @@ t s
       printf '%s\n' "${ef_name#?}"; break ;;
     esac
     case "$ef_name" in +*) in_env "${ef_name#+}" || { printf '+%s\n' "${ef_name#+}"; break; }
-      case "${ef_name#+}" in [0-9]*|*[!A-Za-z0-9_]*) continue ;; esac  # (a name sh cannot read: not checked)
-      eval "ef_value=\${${ef_name#+}}"
+      case "${ef_name#+}" in
+        [0-9]*|*[!A-Za-z0-9_]*) ef_value=$(env_value "${ef_name#+}") ;;  # (a name sh cannot read, which bash passes on)
+        *) eval "ef_value=\${${ef_name#+}}" ;;
+      esac
       is_utf8 "$ef_value" || { printf '%%%s\n' "${ef_name#+}"; break; } ;; esac
   done)
   case "$ef_own" in
     "") ;;
-    +*) die "--env-file $1: ${ef_own#+} (a line without '=') is not set in this environment, so docker would drop it; set it or give ${ef_own#+}=VALUE" ;;
+    +*) case "${ef_own#+}" in [0-9]*|*[!A-Za-z0-9_]*) ef_why=" (dash and busybox sh pass no variable of a name like it on)" ;; *) ef_why="" ;; esac
+        die "--env-file $1: ${ef_own#+} (a line without '=') is not set in this environment$ef_why, so docker would drop it; set it or give ${ef_own#+}=VALUE" ;;
     %*) die "--env-file $1: ${ef_own#?} (a line without '='): its value in this environment $not_utf8; give it in UTF-8" ;;
     *) own_env "$ef_own" "--env-file $1" ;;
   esac
@@ -255,7 +286,7 @@ EOF
 }
 
 dry_run=0
-name="${NAME:-}"
+name=""
 profile=""
 engine_args=""
 env_args=""
@@ -265,8 +296,9 @@ while [ "$#" -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     -h|--help) usage; exit 0 ;;
-    --name) [ "$#" -ge 2 ] || die "--name needs a value"; name=$2; shift ;;
-    --name=*) name=${1#--name=} ;;
+    --name|--name=*)  # (an empty one, an unset variable, would have named the container as if --name were not given)
+      case "$1" in --name) [ "$#" -ge 2 ] || die "--name needs a value"; name=$2; shift ;; *) name=${1#--name=} ;; esac
+      [ -n "$name" ] || die "--name given empty (an unset variable?): give a container name, or leave --name out" ;;
     -e|--env|--env-file)
       if [ -n "$profile" ] || [ -n "$engine_args" ]; then
         engine_args="$engine_args $(quote "$1")"
@@ -291,6 +323,11 @@ while [ "$#" -gt 0 ]; do
       fi ;;
   esac
   shift
+done
+for vd_key in CUDA ROCR HIP; do
+  if eval "[ -n \"\$vd_where_$vd_key\" ]"; then
+    eval "check_visible \"\$vd_where_$vd_key\" ${vd_key}_VISIBLE_DEVICES \"\$vd_value_$vd_key\""
+  fi
 done
 if [ -n "${PROFILE:-}" ] && [ -n "$profile" ] && [ "$PROFILE" != "$profile" ]; then
   die "PROFILE=$PROFILE and the profile argument '$profile' disagree; give one"
@@ -604,19 +641,34 @@ done
 
 if [ "$dry_run" -eq 1 ]; then
   # the value of a -e NAME=VALUE whose NAME says it is a secret (TOKEN, SECRET, PASSWORD, API_KEY, ... as unibake's
-  # sanitiser reads names) shown as <hidden>: a dry run's line is pasted into tickets and logs
+  # sanitiser reads names) shown as <hidden>: a dry run's line is pasted into tickets and logs; so is the value of
+  # an engine's option whose name says so, its '-' read as '_' (--api-key sk-..., --hf-token=...), or of its NAME=VALUE
+  secret_name() {  # $1 a variable's or an option's name
+    sn_name=$(printf '%s' "$1" | tr '[:lower:]-' '[:upper:]_' | sed -e 's/TOKENS/#/g' -e 's/TOKENI[SZ]/#/g')
+    case "$sn_name" in
+      *PASSWORD*|*PASSWD*|*PASSPHRASE*|*SECRET*|*TOKEN*|*CREDENTIAL*|*APIKEY*|*API_KEY*|*PRIVATEKEY*|\
+      *PRIVATE_KEY*|PWD|*_PWD|AUTH|AUTH_*|*_AUTH|*_AUTH_*|*_KEY) return 0 ;;
+    esac
+    return 1
+  }
   out=""
   dr_i=0
   dr_prev=""
+  dr_hide=0
   for word in "$@"; do
     dr_i=$((dr_i + 1))
     if [ "$dr_prev" = -e ] && [ "$dr_i" -lt "$image_at" ]; then  # (before the image: run.sh's own -e, not the engine's)
-      case "$word" in ?*=?*)
-        dr_name=$(printf '%s' "${word%%=*}" | tr '[:lower:]' '[:upper:]' | sed -e 's/TOKENS/#/g' -e 's/TOKENI[SZ]/#/g')
-        case "$dr_name" in
-          *PASSWORD*|*PASSWD*|*PASSPHRASE*|*SECRET*|*TOKEN*|*CREDENTIAL*|*APIKEY*|*API_KEY*|*PRIVATEKEY*|\
-          *PRIVATE_KEY*|PWD|*_PWD|AUTH|AUTH_*|*_AUTH|*_AUTH_*|*_KEY) word="${word%%=*}=<hidden>" ;;
-        esac ;;
+      case "$word" in ?*=?*) if secret_name "${word%%=*}"; then word="${word%%=*}=<hidden>"; fi ;; esac
+    elif [ "$dr_i" -gt "$image_at" ]; then  # the engine's: --api-key VALUE, --api-key=VALUE, HF_TOKEN=VALUE
+      case "$dr_hide$word" in 1|1-*) ;; 1*) word="<hidden>" ;; esac  # (no value, or the next option: none taken)
+      dr_hide=0
+      case "$word" in
+        -?*) dr_opt=${word#-}; dr_opt=${dr_opt#-}
+             if [ -n "${dr_opt%%=*}" ] && secret_name "${dr_opt%%=*}"; then
+               case "$word" in *=?*) word="${word%%=*}=<hidden>" ;; *=) ;; *) dr_hide=1 ;; esac
+             fi ;;
+        [A-Za-z_]*=?*) case "${word%%=*}" in *[!A-Za-z0-9_]*) ;; *)  # (as for the engine's own -e)
+                         if secret_name "${word%%=*}"; then word="${word%%=*}=<hidden>"; fi ;; esac ;;
       esac
     fi
     dr_prev=$word
@@ -625,6 +677,11 @@ if [ "$dry_run" -eq 1 ]; then
   done
   printf '%s\n' "$out"
   exit 0
+fi
+# docker itself (the shell would say "exec: docker: not found", with no error line)
+if ! command -v docker >/dev/null 2>&1; then
+  printf '%s\n' "error: docker is not on PATH: install Docker Engine's client (./run.sh --dry-run prints the command)" >&2
+  exit 127
 fi
 # (tried in a subshell first: bash as sh stops at an exported read-only variable it cannot set back, SHELLOPTS
 # or BASHOPTS given in the environment; bash itself only says so. There the read-only ones, which run.sh never
