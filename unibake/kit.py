@@ -195,6 +195,7 @@ class _Hashing(io.RawIOBase):
 # Written first, after the folders: they depend on the build context alone, so a kit can be begun
 # (the context tar written, hashed and compressed: nearly all of its cost) before the image is known.
 EARLY = ("Dockerfile", CONTEXT)
+NEEDED = (*EARLY, KIT_JSON)  # what verify.sh and the rebuild read besides the ledger: listed in every kit's
 
 
 class KitDraft:
@@ -414,6 +415,9 @@ def check_ledger(folder: Path) -> list[str]:
     problems = [f"{LEDGER}:{n}: not 'SHA256  PATH' (a plain path inside the kit)"
                 for n, line in enumerate(text.removesuffix("\n").split("\n"), 1)  # lines as parse_sums has them
                 if not _ledger_line(line)][:1]
+    # the files the checks below and verify.sh read: a ledger that leaves one out (the file gone too) would
+    # otherwise pass here, and fail later as a file not found
+    problems += [f"{LEDGER}: does not list {name}, which every kit holds" for name in NEEDED if name not in listed]
     for rel, sha in sorted(listed.items()):
         path = folder / rel
         if ".." in Path(rel).parts or rel.startswith("/"):

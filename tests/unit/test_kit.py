@@ -634,6 +634,24 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ["kit.json", "context.tar", "Dockerfile"])
+def test_a_kit_without_a_file_it_needs_and_its_ledger_line_is_refused_in_one_line(busybox_product, tmp_path, shell,
+                                                                                  name):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    (folder / name).unlink()
+    relist(folder, [line for line in (folder / "kit.sha256").read_text().splitlines() if line[66:] != name])
+    # before: verify.sh ended with sed's, tar's or od's complaint alone (exit 2 or 1, no error line), or after
+    # the shell's "cannot open Dockerfile"; the rebuild said "context.tar: No such file or directory", exit 1
+    result = verify_sh(folder, shell)
+    assert (result.returncode, result.stderr) == (3, f"error: kit.sha256: does not list {name}, which every kit "
+                                                     "holds\n"), (result.stdout, result.stderr)
+    with pytest.raises(VerificationError, match=f"^{re.escape(str(folder))}: kit.sha256: does not list "
+                                                f"{re.escape(name)}, which every kit holds$"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
     kit, _ = make_kit(busybox_product, tmp_path / "out")
