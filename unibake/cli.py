@@ -429,6 +429,7 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
 def _request(args: argparse.Namespace, ctx: Context, **extra):
     """The pipeline's request from the command line, every option checked before anything runs."""
     from .pipeline import Request, git_revision, source_date_epoch
+    from .provenance import builder_id
     from .render import RENDERED
     from .sanitise import builder_identity, check_allow
 
@@ -437,6 +438,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         raise InputError(f"--level {level} is out of range 1..19")
     for pattern in getattr(args, "allow", []):
         check_allow(pattern, "--allow")
+    builder_id(ctx.env)  # what the provenance will name as its builder: a URI, checked before any work
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
