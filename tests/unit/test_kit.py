@@ -652,6 +652,22 @@ def test_a_kit_without_a_file_it_needs_and_its_ledger_line_is_refused_in_one_lin
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_refuses_a_context_that_is_not_kit_json_s_as_the_rebuild_does(busybox_product, tmp_path, shell):
+    folder, _ = context_end(busybox_product, tmp_path)
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    with tarfile.open(folder / "context.tar", "w", format=tarfile.PAX_FORMAT) as tar:  # one more file in it
+        for info, data in [*entries, entry("extra.txt", b"not the release's\n", mode=0o644)]:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    relist_file(folder, "context.tar")  # the ledger made to match, kit.json left as it was
+    result = verify_sh(folder, shell)  # before: "ok", and the rebuild then refused the kit
+    assert (result.returncode, result.stderr) == (3, "error: context.tar: its sha256 differs from kit.json's "
+                                                     "context_sha256\n"), (result.stdout, result.stderr)
+    with pytest.raises(VerificationError, match="context.tar: its sha256 differs from kit.json's context_sha256"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
     kit, _ = make_kit(busybox_product, tmp_path / "out")
