@@ -668,6 +668,18 @@ def test_verify_sh_refuses_a_context_that_is_not_kit_json_s_as_the_rebuild_does(
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("data, says", [(b"garbage\n" * 3, "ends at block 0 without its end-of-archive blocks"),
+                                        (b"x" * 2048, "a header at block 0 without an octal size")])
+def test_verify_sh_refuses_a_context_that_is_no_tar_in_its_own_line_alone(busybox_product, tmp_path, shell, data,
+                                                                          says):
+    folder, _ = context_end(busybox_product, tmp_path)
+    (folder / "context.tar").write_bytes(data)
+    agree_with_context(folder)  # kit.json and the ledger made to match
+    result = verify_sh(folder, shell)  # before: tar's own complaints first ("This does not look like a tar archive")
+    assert (result.returncode, result.stderr) == (3, f"error: context.tar: {says}\n"), (result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_refuses_a_file_whose_name_holds_a_newline(busybox_product, tmp_path, shell):
     # "kit.sha256\nkit.sha256" listed one name a line reads as two names verify.sh skips
     kit, _ = make_kit(busybox_product, tmp_path / "out")
