@@ -10,9 +10,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -677,6 +679,35 @@ def test_verify_sh_refuses_a_context_that_is_no_tar_in_its_own_line_alone(busybo
     agree_with_context(folder)  # kit.json and the ledger made to match
     result = verify_sh(folder, shell)  # before: tar's own complaints first ("This does not look like a tar archive")
     assert (result.returncode, result.stderr) == (3, f"error: context.tar: {says}\n"), (result.stdout, result.stderr)
+
+
+def test_verify_sh_interrupted_exits_130_and_leaves_no_temporary_file(busybox_product, tmp_path):
+    """(sh alone: busybox sh runs its own sha256sum applet, which no PATH entry can hold up)"""
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    tools, temp = tmp_path / "tools", tmp_path / "temp"
+    tools.mkdir()
+    temp.mkdir()
+    slow = tools / "sha256sum"  # the ledger's check, held until the interrupt
+    slow.write_text(f"#!/bin/sh\ntouch {tmp_path}/hashing\nexec sleep 30\n")
+    slow.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "TMPDIR": str(temp)}
+    proc = subprocess.Popen(["sh", "./verify.sh"], cwd=folder, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(300):
+            if (tmp_path / "hashing").exists():
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "hashing").exists() and len(list(temp.iterdir())) == 2  # its two lists, made
+        os.killpg(proc.pid, signal.SIGINT)  # ^C: to the whole process group, as a terminal sends it
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # before: ended by the signal itself, its two lists left in TMPDIR
+    assert proc.returncode == 130 and list(temp.iterdir()) == [], (proc.returncode, list(temp.iterdir()))
 
 
 @pytest.mark.parametrize("shell", SHELLS)
