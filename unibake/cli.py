@@ -429,6 +429,7 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
 def _request(args: argparse.Namespace, ctx: Context, **extra):
     """The pipeline's request from the command line, every option checked before anything runs."""
     from .pipeline import Request, git_revision, source_date_epoch
+    from .provenance import builder_id
     from .render import RENDERED
     from .sanitise import builder_identity, check_allow
 
@@ -437,6 +438,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         raise InputError(f"--level {level} is out of range 1..19")
     for pattern in getattr(args, "allow", []):
         check_allow(pattern, "--allow")
+    builder_id(ctx.env)  # what the provenance will name as its builder: a URI, checked before any work
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
@@ -1120,7 +1122,7 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
 def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
     from .errors import VerificationError
-    from .kit import check_kit, rebuild
+    from .kit import check_kit, check_kit_of_release, rebuild
     from .plan import display_path
 
     from .verify import check_folder_arg, check_signed, trusted_manifest
@@ -1152,16 +1154,19 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
                              f"{shlex.quote(inside)}")
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
-    released = None
+    released, signed_sums = None, None
     if args.release:  # what the kit says it rebuilds must be the release's image, by the release's own word
         where = check_folder_arg(resolved(ctx.cwd / args.release))
-        released = check_signed(where, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(where)
+        signed_sums, released = check_signed(where, ctx.cwd / args.key, ctx.env) if args.key else \
+            (None, trusted_manifest(where))
     kit = check_kit(folder)
     if released is not None and (kit.product, kit.release, kit.image_id) != \
             (released.product, released.release, released.image_id):
         raise VerificationError(f"{args.folder}: a kit of {kit.product} {kit.release}, image {kit.image_id}; the "
                                 f"release in {args.release} is {released.product} {released.release}, image "
                                 f"{released.image_id}: not its kit")
+    if released is not None:  # and built from the release's own context, as its provenance records it
+        check_kit_of_release(folder, kit, where, released, signed_sums)
     made_by = kit.tool.version  # before reaching for an engine
     if made_by != __version__:  # normalise differs between versions: another ID would say nothing of the release
         raise InputError(f"{args.folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with "

@@ -195,6 +195,7 @@ class _Hashing(io.RawIOBase):
 # Written first, after the folders: they depend on the build context alone, so a kit can be begun
 # (the context tar written, hashed and compressed: nearly all of its cost) before the image is known.
 EARLY = ("Dockerfile", CONTEXT)
+NEEDED = (*EARLY, KIT_JSON)  # what verify.sh and the rebuild read besides the ledger: listed in every kit's
 
 
 class KitDraft:
@@ -414,6 +415,9 @@ def check_ledger(folder: Path) -> list[str]:
     problems = [f"{LEDGER}:{n}: not 'SHA256  PATH' (a plain path inside the kit)"
                 for n, line in enumerate(text.removesuffix("\n").split("\n"), 1)  # lines as parse_sums has them
                 if not _ledger_line(line)][:1]
+    # the files the checks below and verify.sh read: a ledger that leaves one out (the file gone too) would
+    # otherwise pass here, and fail later as a file not found
+    problems += [f"{LEDGER}: does not list {name}, which every kit holds" for name in NEEDED if name not in listed]
     for rel, sha in sorted(listed.items()):
         path = folder / rel
         if ".." in Path(rel).parts or rel.startswith("/"):
@@ -585,6 +589,37 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
         keep_as_cache(engine, cache_ref(record.product, selection, "build"), built.image_id)
         cached.append(cache_ref(record.product, selection, "build"))
     return Rebuilt(record=record, image=image, ref=ref, cached=tuple(cached))
+
+
+def check_kit_of_release(kit: Path, record: KitRecord, release: Path, manifest, signed_sums: bytes | None) -> None:
+    """``rebuild KIT --release DIR``: the build context and Dockerfile the kit builds must be the ones the
+    release was built from, as its provenance records them (its byproducts; the provenance read once and
+    checked against the release's SHA256SUMS, as its signature was checked). A kit whose files, ledger and
+    kit.json were rewritten alike around another context (``FROM`` the release's own image) could otherwise
+    rebuild to the release's image ID and be called identical. VerificationError otherwise."""
+    from .provenance import PROVENANCE_LIMIT, byproducts_of, parse_provenance
+    from .verify import read_sums
+
+    supply = manifest.supply_chain
+    if supply is None:
+        raise VerificationError(f"{release}: release {manifest.release} records no provenance, so nothing says "
+                                f"which build context it was built from: {kit} cannot be shown to be its kit")
+    path = release / supply.provenance.name
+    data = read_small_file(path, VerificationError, limit=PROVENANCE_LIMIT, follow=False)
+    if hashlib.sha256(data).hexdigest() != read_sums(release, signed_sums).get(supply.provenance.name):
+        raise VerificationError(f"{path}: differs from SHA256SUMS; the release cannot be trusted")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise VerificationError(f"{path}: not UTF-8 text") from None
+    recorded = byproducts_of(parse_provenance(text, str(path)))
+    for name, have in ((CONTEXT, record.context_sha256), ("Dockerfile", record.dockerfile_sha256)):
+        want = recorded.get(name)
+        if want != have:
+            said = f"sha256 {want[:16]}..." if isinstance(want, str) else "none recorded"
+            raise VerificationError(f"{kit}: its {name} (sha256 {have[:16]}..., {KIT_JSON}) is not the one release "
+                                    f"{manifest.release} was built from ({said} in its {supply.provenance.name}): "
+                                    "not its kit")
 
 
 # ---------------------------------------------------------------------------------------------

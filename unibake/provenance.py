@@ -26,7 +26,7 @@ from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
 from . import __version__
-from .errors import VerificationError
+from .errors import InputError, VerificationError
 from .sbom import BaseImage
 
 PROVENANCE = "provenance.intoto.json"
@@ -35,6 +35,9 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 BUILD_TYPE = "urn:unibake:buildtype:release:v1"  # defines the parameters below; a URN: no host to resolve
 TOOLCHAIN_ROLE = "toolchain image"  # a kernel's own build.image, beside the product's builder image
 BUILDER_ID = "urn:unibake:builder:local"  # a CI declares its own with UNIBAKE_BUILDER_ID
+BUILDER_ID_VARIABLE = "UNIBAKE_BUILDER_ID"
+# SLSA's builder.id is a TypeURI: an RFC 3986 URI (a scheme, then its characters: no blank, quote or control)
+URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]+$")
 IMAGE_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"  # the image ID is its config's digest
 HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 PROVENANCE_LIMIT = 64 << 20
@@ -62,6 +65,19 @@ def _ints(value):
         return {k: _ints(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_ints(v) for v in value]
+    return value
+
+
+def builder_id(env: Mapping[str, str]) -> str:
+    """The provenance's ``builder.id``: ``UNIBAKE_BUILDER_ID`` when set (a URI, as SLSA requires; InputError
+    otherwise, before any work), else unibake's local builder."""
+    value = env.get(BUILDER_ID_VARIABLE) or ""
+    if not value:
+        return BUILDER_ID
+    if len(value) > 2048 or not URI_RE.fullmatch(value):
+        raise InputError(f"{BUILDER_ID_VARIABLE}={value[:80]!r} is not a URI, which the provenance's builder.id must "
+                         "be (SLSA provenance v1), e.g. https://ci.example.com/runners/release or "
+                         "urn:example:builder:ci; set it to one, or unset it")
     return value
 
 

@@ -23,7 +23,7 @@ from .inputs import LOCK_FILE, sha256_file
 from .manifest import Signature, SupplyChain, SupplyFile
 from .normalise import EPOCH_LABEL
 from .plan import INSTALL_ROOT, ReleasePlan, display_path
-from .provenance import PROVENANCE, TOOLCHAIN_ROLE, Material, provenance_document
+from .provenance import PROVENANCE, TOOLCHAIN_ROLE, Material, builder_id, provenance_document
 from .sbom import SBOM, BaseImage, sbom_document
 from .sanitise import enforce, scan_release_texts
 from .signing import Signer, check_keys, public_keys, read_public_key, verify_signature
@@ -243,7 +243,7 @@ def provenance_stage(run: Run) -> tuple:
         materials=materials(plan) if plan is not None else (), revision=run.request.revision if plan else "",
         base=sbom.base, builder=sbom.builder, toolchains=sbom.toolchains, source_image=source,
         engine_version=sbom.engine_version,
-        byproducts=byproducts, builder_id=run.request.env.get("UNIBAKE_BUILDER_ID") or "urn:unibake:builder:local")
+        byproducts=byproducts, builder_id=builder_id(run.request.env))
     # the gate the release's texts pass (the SBOM's paths are the image's own, not the builder's: not scanned)
     enforce(scan_release_texts({PROVENANCE: text}, run.request.identity), run.allow, f"release {target.release}")
     sha = write_atomic(staging, PROVENANCE, text)

@@ -10,9 +10,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -631,6 +633,81 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
     assert "ok:" not in shown.stdout
     with pytest.raises(VerificationError, match="context.tar: .*(not POSIX ustar|GNU sparse field|more than one pax|cannot read)"):
         rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ["kit.json", "context.tar", "Dockerfile"])
+def test_a_kit_without_a_file_it_needs_and_its_ledger_line_is_refused_in_one_line(busybox_product, tmp_path, shell,
+                                                                                  name):
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    (folder / name).unlink()
+    relist(folder, [line for line in (folder / "kit.sha256").read_text().splitlines() if line[66:] != name])
+    # before: verify.sh ended with sed's, tar's or od's complaint alone (exit 2 or 1, no error line), or after
+    # the shell's "cannot open Dockerfile"; the rebuild said "context.tar: No such file or directory", exit 1
+    result = verify_sh(folder, shell)
+    assert (result.returncode, result.stderr) == (3, f"error: kit.sha256: does not list {name}, which every kit "
+                                                     "holds\n"), (result.stdout, result.stderr)
+    with pytest.raises(VerificationError, match=f"^{re.escape(str(folder))}: kit.sha256: does not list "
+                                                f"{re.escape(name)}, which every kit holds$"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_refuses_a_context_that_is_not_kit_json_s_as_the_rebuild_does(busybox_product, tmp_path, shell):
+    folder, _ = context_end(busybox_product, tmp_path)
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    with tarfile.open(folder / "context.tar", "w", format=tarfile.PAX_FORMAT) as tar:  # one more file in it
+        for info, data in [*entries, entry("extra.txt", b"not the release's\n", mode=0o644)]:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    relist_file(folder, "context.tar")  # the ledger made to match, kit.json left as it was
+    result = verify_sh(folder, shell)  # before: "ok", and the rebuild then refused the kit
+    assert (result.returncode, result.stderr) == (3, "error: context.tar: its sha256 differs from kit.json's "
+                                                     "context_sha256\n"), (result.stdout, result.stderr)
+    with pytest.raises(VerificationError, match="context.tar: its sha256 differs from kit.json's context_sha256"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("data, says", [(b"garbage\n" * 3, "ends at block 0 without its end-of-archive blocks"),
+                                        (b"x" * 2048, "a header at block 0 without an octal size")])
+def test_verify_sh_refuses_a_context_that_is_no_tar_in_its_own_line_alone(busybox_product, tmp_path, shell, data,
+                                                                          says):
+    folder, _ = context_end(busybox_product, tmp_path)
+    (folder / "context.tar").write_bytes(data)
+    agree_with_context(folder)  # kit.json and the ledger made to match
+    result = verify_sh(folder, shell)  # before: tar's own complaints first ("This does not look like a tar archive")
+    assert (result.returncode, result.stderr) == (3, f"error: context.tar: {says}\n"), (result.stdout, result.stderr)
+
+
+def test_verify_sh_interrupted_exits_130_and_leaves_no_temporary_file(busybox_product, tmp_path):
+    """(sh alone: busybox sh runs its own sha256sum applet, which no PATH entry can hold up)"""
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    tools, temp = tmp_path / "tools", tmp_path / "temp"
+    tools.mkdir()
+    temp.mkdir()
+    slow = tools / "sha256sum"  # the ledger's check, held until the interrupt
+    slow.write_text(f"#!/bin/sh\ntouch {tmp_path}/hashing\nexec sleep 30\n")
+    slow.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "TMPDIR": str(temp)}
+    proc = subprocess.Popen(["sh", "./verify.sh"], cwd=folder, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(300):
+            if (tmp_path / "hashing").exists():
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "hashing").exists() and len(list(temp.iterdir())) == 2  # its two lists, made
+        os.killpg(proc.pid, signal.SIGINT)  # ^C: to the whole process group, as a terminal sends it
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # before: ended by the signal itself, its two lists left in TMPDIR
+    assert proc.returncode == 130 and list(temp.iterdir()) == [], (proc.returncode, list(temp.iterdir()))
 
 
 @pytest.mark.parametrize("shell", SHELLS)

@@ -300,3 +300,21 @@ def test_a_listed_file_that_is_a_folder_is_a_failed_check_in_verify_and_releases
     assert result.code == 3 and f"{name}: sha256 check failed: not a regular file" in result.error_lines[-1], result.err
     listed = cli("releases", "--out", str(demo.parent), "--deep")
     assert listed.code == 0 and f"FAILS: {name} not a regular file" in listed.err, listed.err
+
+
+@pytest.mark.parametrize("value", ["my ci runner", "ci-42", "https://ci.example/a b", "urn:x:\u00e9", "x:\n"])
+def test_a_builder_id_that_is_not_a_uri_is_refused_before_any_work_and_a_uri_is_the_provenance_s_builder(
+        engines, cli, busybox_product, tmp_path, value):
+    from .test_bad_input import assert_refused
+
+    # before: written as the provenance's builder.id, which SLSA provenance v1 requires to be a URI
+    env = {"CI": "true", "UNIBAKE_BUILDER_ID": value}
+    refused = cli("--config", str(busybox_product), env=env)
+    assert_refused(refused, busybox_product.parent)
+    assert refused.error_lines[0].startswith(f"error: UNIBAKE_BUILDER_ID={value[:80]!r} is not a URI"), refused.err
+    archive = cli("archive", "demo:1.0", "--out", str(tmp_path / "out"), env=env)
+    assert archive.code == 2 and len(archive.error_lines) == 1 and not (tmp_path / "out").exists(), archive.err
+    uri = "https://ci.example.com/org/repo/.github/workflows/release.yml@refs/heads/main"
+    folder = release(engines, tmp_path / "release", env={"UNIBAKE_BUILDER_ID": uri})["release"].folder
+    statement = json.loads((folder / "provenance.intoto.json").read_text())
+    assert statement["predicate"]["runDetails"]["builder"]["id"] == uri

@@ -355,6 +355,28 @@ def test_the_guides_say_which_trusted_comment_the_minisign_check_prints_for_this
             "release\n" in (folder / guide).read_text()
 
 
+def release_of_kit(kit: Path, releases: Path, secret: Path, byproducts: bool = True) -> Path:
+    """The release an unpacked kit was written for, signed by its publisher: the example release with
+    the kit's product, release and image, its provenance recording the kit's build context and Dockerfile."""
+    record = json.loads((kit / "kit.json").read_text())
+    folder = releases / record["release"]
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    provenance = json.loads((folder / "provenance.intoto.json").read_text())
+    provenance["predicate"]["runDetails"]["byproducts"] = [
+        {"digest": {"sha256": record["context_sha256"]}, "name": "context.tar"},
+        {"digest": {"sha256": record["dockerfile_sha256"]}, "name": "Dockerfile"}] if byproducts else []
+    (folder / "provenance.intoto.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
+    data = (folder / "provenance.intoto.json").read_bytes()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(product=record["product"], release=record["release"], image_id=record["image_id"])
+    manifest["supply_chain"]["provenance"].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (folder / "IMAGE_ID").write_text(record["image_id"] + "\n")
+    resum(folder)
+    resign_minisign(secret, folder / "SHA256SUMS", f"{record['product']} {record['release']} SHA256SUMS")
+    return folder
+
+
 def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_signed_release(busybox_product,  # noqa: F811
                                                                                              tmp_path, minisign_key,
                                                                                              cli):
@@ -363,15 +385,9 @@ def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_sig
     secret, public = minisign_key
     kit = unpack(make_kit(busybox_product, tmp_path / "out")[0], tmp_path / "unpacked")
     record = json.loads((kit / "kit.json").read_text())
-    # the release the kit was written for, signed by its publisher
-    folder = tmp_path / "releases" / record["release"]
-    shutil.copytree(REPO / "release/1.3.1", folder)
+    folder = release_of_kit(kit, tmp_path / "releases", secret)
     manifest = json.loads((folder / "manifest.json").read_text())
-    manifest.update(product=record["product"], release=record["release"], image_id=record["image_id"])
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    (folder / "IMAGE_ID").write_text(record["image_id"] + "\n")
-    resum(folder)
-    resign_minisign(secret, folder / "SHA256SUMS", f"{record['product']} {record['release']} SHA256SUMS")
+
     def rebuild(*more):
         return cli("--engine", "tcp://127.0.0.1:9", "rebuild", str(kit), *more)
 
@@ -400,6 +416,37 @@ def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_sig
     lone = rebuild("--key", str(public))
     assert lone.code == 2 and lone.error_lines == [
         "error: --key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is"], lone.err
+
+
+@pytest.mark.parametrize("recorded", ["the release's context", "no context"])
+def test_rebuild_release_refuses_a_kit_built_around_another_context_than_the_signed_provenance_records(
+        busybox_product, tmp_path, minisign_key, cli, recorded):  # noqa: F811
+    from .test_kit import agree_with_context, forge_kit_json, make_kit, relist_file, unpack
+
+    secret, public = minisign_key
+    kit = unpack(make_kit(busybox_product, tmp_path / "out")[0], tmp_path / "unpacked")
+    record = json.loads((kit / "kit.json").read_text())
+    folder = release_of_kit(kit, tmp_path / "releases", secret, byproducts=recorded == "the release's context")
+    # the kit's files, ledger and kit.json rewritten alike around a context that builds the released image
+    # itself (the engine holds it once the release is loaded): it would rebuild to the release's ID
+    dockerfile = b"FROM demo:1.0\n"
+    (kit / "Dockerfile").write_bytes(dockerfile)
+    info = tarfile.TarInfo("Dockerfile")
+    info.size, info.mode, info.mtime = len(dockerfile), 0o644, record["source_date_epoch"]
+    with tarfile.open(kit / "context.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(dockerfile))
+    forge_kit_json(kit, lambda r: r.update(dockerfile_sha256=hashlib.sha256(dockerfile).hexdigest()))
+    relist_file(kit, "Dockerfile")
+    agree_with_context(kit)
+    with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
+        cli("--engine", "tcp://127.0.0.1:9", "rebuild", str(kit))  # the kit alone cannot tell
+    refused = cli("--engine", "tcp://127.0.0.1:9", "rebuild", str(kit), "--release", str(folder), "--key", str(public))
+    context = hashlib.sha256((kit / "context.tar").read_bytes()).hexdigest()
+    said = f"sha256 {record['context_sha256'][:16]}..." if recorded == "the release's context" else "none recorded"
+    assert refused.code == 3 and refused.error_lines == [
+        f"error: {kit}: its context.tar (sha256 {context[:16]}..., kit.json) is not the one release "
+        f"{record['release']} was built from ({said} in its provenance.intoto.json): not its kit"], refused.err
+    assert "Traceback" not in refused.err
 
 
 def test_eggs_that_setup_py_install_leaves_are_in_the_sbom(tmp_path):
