@@ -437,6 +437,9 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         raise InputError(f"--level {level} is out of range 1..19")
     for pattern in getattr(args, "allow", []):
         check_allow(pattern, "--allow")
+    if getattr(args, "verify_engine", None):  # reached only at the round trip, after the build and the export
+        from .deploy import check_address
+        check_address(args.verify_engine, "--verify-engine")
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
