@@ -440,6 +440,10 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     if getattr(args, "verify_engine", None):  # reached only at the round trip, after the build and the export
         from .deploy import check_address
         check_address(args.verify_engine, "--verify-engine")
+    scratch_dir = ctx.cwd / args.scratch_dir if getattr(args, "scratch_dir", None) else None
+    if scratch_dir is not None and not args.no_roundtrip and not args.verify_engine \
+            and getattr(args, "stage", "release") == "release":
+        _check_scratch_dir(scratch_dir, args.scratch_dir)
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
@@ -451,7 +455,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
         verify_engine=getattr(args, "verify_engine", None),
         # made absolute from the run's folder: dockerd given a relative --data-root never answers
-        scratch_dir=ctx.cwd / args.scratch_dir if getattr(args, "scratch_dir", None) else None,
+        scratch_dir=scratch_dir,
         seed=not getattr(args, "no_seed", False),
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
@@ -465,6 +469,22 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
                           "(SOURCE_DATE_EPOCH=0) and the revision 'unknown'; commit the product to git, or set "
                           "SOURCE_DATE_EPOCH")
     return replace(request, **extra)
+
+
+def _check_scratch_dir(path: Path, value: str) -> None:
+    """``--scratch-dir`` is first used at the round trip, after the build and the export: a file, a
+    folder that is not this user's private one (``/tmp``) or one that cannot be made is said now."""
+    from .scratch import check_private
+
+    if os.path.lexists(path):
+        try:
+            check_private(path)
+        except RoundTripUnavailable as exc:  # names the folder: to remove it, or to choose another
+            raise InputError(f"--scratch-dir {value}: {exc}") from None
+        return
+    problem = unwritable_reason(path, folder=True)
+    if problem:
+        raise InputError(f"--scratch-dir {value}: cannot make it there ({problem})")
 
 
 def _one_platform(args: argparse.Namespace) -> str | None:

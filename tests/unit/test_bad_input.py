@@ -631,6 +631,10 @@ ARGUMENT_CASES = {
     # reached only at the round trip: refused there, after the build and the export, naming --engine
     "verify-engine-not-an-address": ["--verify-engine", "foo://x"],
     "verify-engine-port-out-of-range": ["--verify-engine", "tcp://host:99999"],
+    # first used at the round trip: refused there, exit 1, after the build and the export
+    "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
+    "scratch-dir-under-a-file": ["--scratch-dir", "/etc/passwd/scratch"],
+    "scratch-dir-open-to-others": ["--scratch-dir", "/tmp"],
 }
 
 

@@ -54,6 +54,7 @@ def test_source_date_epoch_must_be_a_number(cli, busybox_product):
 
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tomllib  # noqa: E402
@@ -182,6 +183,29 @@ def test_no_smoke_reaches_the_request_and_leaves_the_round_trip_on(command, tmp_
     for flags, smoke in (([], True), (["--no-smoke"], False)):
         request = _request(build_parser().parse_args([command, *extra, *flags]), ctx)
         assert (request.smoke, request.roundtrip) == (smoke, True)
+
+
+@pytest.mark.parametrize("command", ["build", "hotfix", "archive"])
+def test_a_scratch_dir_is_checked_before_any_work_only_where_the_round_trip_uses_it(command, tmp_path):
+    from unibake.cli import Context, _request, build_parser
+    from unibake.console import Reporter
+
+    extra = {"build": [], "hotfix": ["--from", "1.0", "--version", "1.1"], "archive": ["demo:1.0"]}[command]
+    ctx = Context(env={"SOURCE_DATE_EPOCH": "0"}, cwd=tmp_path, reporter=Reporter(env={"CI": "1"}))
+    (tmp_path / "private").mkdir(mode=0o700)
+    (tmp_path / "file").write_text("")
+    for given in ("private", "new/scratch"):  # a private folder, or one the round trip makes
+        args = build_parser().parse_args([command, *extra, "--scratch-dir", given])
+        assert _request(args, ctx).scratch_dir == tmp_path / given
+    assert not (tmp_path / "new").exists()  # checked, not made
+    for given, said in (("file", "is not a private folder of this user"),
+                        ("file/scratch", f"cannot make it there ({tmp_path / 'file'} is not a folder)")):
+        with pytest.raises(InputError, match=rf"^--scratch-dir {given}: .*{re.escape(said)}"):
+            _request(build_parser().parse_args([command, *extra, "--scratch-dir", given]), ctx)
+        for unused in [["--no-roundtrip"], ["--verify-engine", "tcp://verify:2375"]] + \
+                ([["--stage", "build"]] if command == "build" else []):
+            args = build_parser().parse_args([command, *extra, "--scratch-dir", given, *unused])
+            assert _request(args, ctx).scratch_dir == tmp_path / given
 
 
 def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_terminal(cli, tmp_path):
