@@ -432,3 +432,32 @@ def test_a_metadata_file_that_is_a_stream_gets_the_document(tmp_path):
                           env={**os.environ, "CI": "true"})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["passed"] is True
+
+
+@pytest.mark.parametrize("out,inside", [
+    ("images/engine", "'images/engine', a folder the image bakes"),
+    ("images/engine/new/release", "'images/engine', a folder the image bakes"),
+    ("images/tune/tp2/x", "'images/tune/tp2', a folder the image of another profile selection bakes")])
+def test_an_out_inside_a_folder_the_image_bakes_is_refused_before_anything(
+        cli, busybox_product, out, inside):
+    # (before: the release and its lock were written there, and the next build refused them as inputs not in
+    # inputs.lock; after `build.py lock`, as it says to run, the next image baked the last release's archive)
+    root = busybox_product.parent
+    before = sorted(root.rglob("*"))
+    result = cli("--config", str(busybox_product), "--profile", "tp1", "--out", str(root / out))
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f"error: --out {root / out}: inside {inside}")
+    assert sorted(root.rglob("*")) == before  # nothing rendered, no release folder, no lock file
+
+
+def test_the_folders_whose_every_file_is_an_input_are_the_folder_sources_of_every_profile(busybox_product, tmp_path):
+    from unibake.pipeline import Request, _refuse_out_among_inputs
+    from unibake.plan import make_plan
+
+    root = busybox_product.parent.resolve()
+    plan = make_plan(busybox_product, profiles=["tp1"], cwd=tmp_path)
+    assert sorted(str(p.relative_to(root)) for _, p in plan.input_folders()) == \
+        ["images/engine", "images/tune/tp1", "images/tune/tp2"]
+    # beside them, above them, or in the profiles folder (its top-level YAML files and its lock are read, no more)
+    for out in ("release", "images", ".", "images/tune", "images/engine-release", "profiles", "profiles/release"):
+        _refuse_out_among_inputs(Request(env={}, cwd=tmp_path, out=root / out), plan)
