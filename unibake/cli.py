@@ -60,6 +60,14 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = getattr(parsed, "command", None)
+            if command == "build" and not extras[0].startswith("-") and extras[0] not in COMMANDS:
+                # build takes no word of its own: a misspelt command (`verfy DIR`, `release`) is routed here
+                import difflib
+
+                near = difflib.get_close_matches(extras[0], COMMANDS, n=1)
+                raise InputError(f"unrecognized arguments: {' '.join(extras)} ({extras[0]!r} is not a command"
+                                 f"{f'; the nearest is {near[0]!r}' if near else ''}; the commands are "
+                                 f"{', '.join(COMMANDS)}; see: python {self.prog} --help)")
             raise InputError(f"unrecognized arguments: {' '.join(extras)} (see: python "
                              f"{self.prog}{' ' + command if command else ''} --help)")
         return parsed

@@ -461,3 +461,21 @@ def test_the_folders_whose_every_file_is_an_input_are_the_folder_sources_of_ever
     # beside them, above them, or in the profiles folder (its top-level YAML files and its lock are read, no more)
     for out in ("release", "images", ".", "images/tune", "images/engine-release", "profiles", "profiles/release"):
         _refuse_out_among_inputs(Request(env={}, cwd=tmp_path, out=root / out), plan)
+
+
+@pytest.mark.parametrize("args,said", [
+    (["verfy", "release/1.0"], "unrecognized arguments: verfy release/1.0 ('verfy' is not a command; the nearest is "
+                               "'verify'; the commands are build, hotfix, archive, repro, verify, releases, lock, "
+                               "prune, push, pull, deploy, kit, rebuild; see: python build.py --help)"),
+    (["--quiet", "release"], "('release' is not a command; the nearest is 'releases'; the commands are build, "),
+    (["status"], "('status' is not a command; the commands are build, "),
+    (["--profile", "tp1", "tp2"], "unrecognized arguments: tp2 ('tp2' is not a command; the commands are build, "),
+    (["build", "build"], "unrecognized arguments: build (see: python build.py build --help)"),  # a command twice
+    (["verify", "a", "b"], "unrecognized arguments: b (see: python build.py verify --help)")])
+def test_a_word_that_is_not_a_command_is_said_to_be_none_with_the_commands(cli, tmp_path, args, said):
+    # (before: `build.py verfy DIR` was "unrecognized arguments: verfy DIR (see: python build.py build --help)",
+    # the help of build, which lists no command)
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1
+    assert said in result.error_lines[0]
+    assert not os.listdir(tmp_path)
