@@ -429,6 +429,14 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
         if existing and not out.is_dir():
             # (a file there, or the release folder itself given for its parent, is no typo of a name)
             raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else "no such folder"))
+        if os.path.isfile(out / "manifest.json") and os.path.isfile(out / "SHA256SUMS"):  # (False when unreadable)
+            # a release written in it would sit inside that release (push then refuses it); listed or pruned,
+            # "no releases"
+            given = posixpath.normpath(args.out)
+            parent = (posixpath.dirname(given) or ".") if posixpath.basename(given) not in (".", "..") else \
+                str(out.parent)
+            raise InputError(f"--out {args.out}: a release folder (it holds manifest.json and SHA256SUMS), not the "
+                             f"folder that holds the releases: give its parent, --out {parent}")
         return out
     config = getattr(args, "config", "profiles")
     return resolved(cwd / config).parent / "release"

@@ -479,3 +479,21 @@ def test_a_word_that_is_not_a_command_is_said_to_be_none_with_the_commands(cli, 
     assert result.code == 2 and len(result.error_lines) == 1
     assert said in result.error_lines[0]
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("command", [["releases"], ["prune", "--dry-run"], ["archive", "demo-llm:2.0"], ["build"],
+                                     ["pull", "localhost:5000/demo-llm@sha256:" + "a" * 64]])
+def test_an_out_that_is_a_release_folder_is_refused_naming_its_parent(cli, tmp_path, command):
+    # (before: releases said "no releases under release/1.0", exit 0; a build or an archive wrote its release inside
+    # that release, which push then refused; pull found no release recording the push)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    listed = sorted(p.name for p in folder.iterdir())
+    for given in ("release/1.0", "release/1.0/", str(folder)):
+        result = cli(*command, "--out", given, "--engine", "unix:///nowhere.sock", cwd=tmp_path)
+        parent = "release" if not given.startswith("/") else str(folder.parent)
+        assert result.code == 2 and result.error_lines == [
+            f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that holds "
+            f"the releases: give its parent, --out {parent}"], result.err
+    assert sorted(p.name for p in folder.iterdir()) == listed
