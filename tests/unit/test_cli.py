@@ -497,3 +497,47 @@ def test_an_out_that_is_a_release_folder_is_refused_naming_its_parent(cli, tmp_p
             f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that holds "
             f"the releases: give its parent, --out {parent}"], result.err
     assert sorted(p.name for p in folder.iterdir()) == listed
+
+
+def _as_nobody_in(cwd, *args: str) -> str:
+    """``build.py ARGS`` run as the user nobody: its exit code and last line."""
+    import contextlib
+    import io
+
+    from unibake.cli import main
+
+    from ..conftest import as_nobody
+
+    def run():
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(list(args), env={"CI": "1"}, cwd=cwd)
+        return f"{code} {err.getvalue().strip().splitlines()[-1]}"
+
+    main(list(args), env={"CI": "1"}, cwd=cwd)  # as root first: every module the command loads is loaded
+    return as_nobody(run)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot enter, as root can")
+def test_a_file_to_write_in_a_folder_this_user_cannot_enter_is_bad_input_naming_the_option(capsys):
+    # (before: exit 1 "error: .../locked/x.json: Permission denied", an OSError of Path.is_dir)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .test_publish import make_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        make_release(shared / "release", "1.0")
+        locked = shared / "locked"
+        locked.mkdir(mode=0o700)
+        said = _as_nobody_in(shared, "--metadata-file", str(locked / "x.json"), "releases", "--out", "release")
+        assert said == f"ok: 2 error: --metadata-file {locked / 'x.json'}: cannot write it there ({locked} is not " \
+                       "writable)", said
+        said = _as_nobody_in(shared, "kit", "release/1.0", "--out", str(locked / "kit"))
+        assert said == f"ok: 2 error: --out {locked / 'kit'}: cannot write the kit there ({locked} is not writable)"
+        assert os.listdir(locked) == ["x.json"]  # root's run: nobody's wrote nothing
+    finally:
+        shutil.rmtree(shared)
