@@ -426,9 +426,13 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
     must be a folder (a typo is not "no releases", which would keep no release's image from prune)."""
     if getattr(args, "out", None):
         out = resolved(cwd / args.out)
-        if existing and not out.is_dir():
+        if existing and not os.path.isdir(out):  # (Path.is_dir raised EACCES under a folder this user cannot enter)
             # (a file there, or the release folder itself given for its parent, is no typo of a name)
-            raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else "no such folder"))
+            raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else
+                                                       "cannot read it (Permission denied)" if _unsearchable(out)
+                                                       else "no such folder"))
+        if existing and not os.access(out, os.R_OK | os.X_OK):  # (a release in it would be silently unlisted)
+            raise InputError(f"--out {args.out}: cannot read it (Permission denied)")
         if os.path.isfile(out / "manifest.json") and os.path.isfile(out / "SHA256SUMS"):  # (False when unreadable)
             # a release written in it would sit inside that release (push then refuses it); listed or pruned,
             # "no releases"
@@ -440,6 +444,17 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
         return out
     config = getattr(args, "config", "profiles")
     return resolved(cwd / config).parent / "release"
+
+
+def _unsearchable(path: Path) -> bool:
+    """Whether ``path`` is under a folder this user cannot enter (so whether it exists is unknown)."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _request(args: argparse.Namespace, ctx: Context, **extra):

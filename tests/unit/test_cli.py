@@ -541,3 +541,31 @@ def test_a_file_to_write_in_a_folder_this_user_cannot_enter_is_bad_input_naming_
         assert os.listdir(locked) == ["x.json"]  # root's run: nobody's wrote nothing
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot read, as root can")
+def test_a_folder_argument_this_user_cannot_read_is_bad_input_naming_it(capsys):
+    # (before: exit 1 "error: PATH: Permission denied", from Path.is_dir or the first file read)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .test_publish import make_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        make_release(shared / "locked", "1.0")
+        make_release(shared / "release", "1.0")
+        (shared / "locked").chmod(0o700)
+        (shared / "release/1.0").chmod(0o700)
+        for args in (["verify", "locked/1.0"], ["verify", "release/1.0"], ["kit", "release/1.0", "--out", "kit"],
+                     ["deploy", "locked/1.0", "--engine", "unix:///nowhere.sock"]):
+            said = _as_nobody_in(shared, *args)
+            assert said == f"ok: 2 error: {shared / args[1]}: cannot read it (Permission denied); give a release " \
+                           "folder this user can read", said
+        for args in (["releases", "--out", "locked"], ["prune", "--dry-run", "--out", "locked/1.0"]):
+            said = _as_nobody_in(shared, *args, "--engine", "unix:///nowhere.sock")
+            assert said == f"ok: 2 error: --out {args[-1]}: cannot read it (Permission denied)", said
+    finally:
+        shutil.rmtree(shared)
