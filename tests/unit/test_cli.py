@@ -569,3 +569,29 @@ def test_a_folder_argument_this_user_cannot_read_is_bad_input_naming_it(capsys):
             assert said == f"ok: 2 error: --out {args[-1]}: cannot read it (Permission denied)", said
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot read, as root can")
+def test_a_release_folder_this_user_cannot_enter_is_listed_unreadable_and_keeps_prune_to_build_cache(capsys):
+    # (before: skipped as no release: `releases` did not list it, and prune ranked the versions without it, so a
+    # hotfix's base or the newest versions' images could go)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from unibake.prune import unreadable_releases
+
+    from ..conftest import as_nobody
+    from .test_publish import make_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        make_release(shared / "release", "1.0")
+        make_release(shared / "release", "1.1")
+        (shared / "release/1.1").chmod(0o700)
+        said = _as_nobody_in(shared, "releases", "--out", "release")
+        assert said == "ok: 0 2 releases under release; 1 verifies", said
+        assert as_nobody(lambda: [p.name for p in unreadable_releases(shared / "release")]) == "ok: ['1.1']"
+    finally:
+        shutil.rmtree(shared)
