@@ -595,3 +595,33 @@ def test_a_release_folder_this_user_cannot_enter_is_listed_unreadable_and_keeps_
         assert as_nobody(lambda: [p.name for p in unreadable_releases(shared / "release")]) == "ok: ['1.1']"
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot read, as root can")
+def test_a_profiles_folder_this_user_cannot_read_or_that_is_a_file_is_named_as_such(cli, capsys):
+    # (before: "profiles/product.yaml: no such file" for a folder it could not read, exit 1 "Permission denied"
+    # for one under a folder it could not enter, and "the profiles folder does not exist" for a file)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ..conftest import BUSYBOX_PRODUCT, copy_product
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        profiles = copy_product(BUSYBOX_PRODUCT, shared / "product")
+        profiles.chmod(0o700)
+        for command in (["--stage", "render"], ["lock"]):
+            said = _as_nobody_in(shared, *command, "--config", "product/profiles")
+            assert said == f"ok: 2 error: {profiles}: cannot read the profiles folder (Permission denied)", said
+        profiles.chmod(0o755)
+        profiles.parent.chmod(0o700)
+        said = _as_nobody_in(shared, "lock", "--config", "product/profiles")
+        assert said == f"ok: 2 error: {profiles}: cannot read the profiles folder (Permission denied)", said
+        (shared / "file").write_text("")
+        result = cli("lock", "--config", "file", cwd=shared)
+        assert result.code == 2 and result.error_lines == [
+            f"error: {shared / 'file'}: not a folder (--config names the profiles folder)"]
+    finally:
+        shutil.rmtree(shared)
