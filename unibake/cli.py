@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", allow_abbrev=False,
                 description="Build, check and release a unified inference image from declarative profile YAMLs. "
                             "Without a command, 'build' runs: python build.py --profile tp4.",
-                epilog="Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else. "
+                epilog="Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else, 130 interrupted. "
                        "'build.py COMMAND --help' for a command's options.")
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -214,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = command("verify", "check a release folder as a downloader would",
                 "SHA256SUMS, sizes, zstd integrity and the archive's structure against manifest.json; with "
-                "--load, a load into the engine and the image ID compared. Exit 0 when everything passes, 3 "
-                "otherwise.")
+                "--load, a load into the engine and the image ID compared. Exit 0 when everything passes, 3 when a "
+                "check fails (2: bad input; 1: anything else, an unreachable engine).")
     v.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
     v.add_argument("--load", action="store_true", help="also load the archive and compare the image ID")
     v.add_argument("--external", action="append", default=[], metavar="PATH",

@@ -79,6 +79,14 @@ def test_help_lists_every_command_and_exits_0(cli):
         assert command in result.out
 
 
+def test_help_gives_every_exit_code_the_readme_gives(cli):
+    # (before: the epilog left out 130, and verify's said "3 otherwise", where bad input is 2 and an engine error 1)
+    assert "Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else, 130 interrupted." in \
+        " ".join(cli("--help").out.split())
+    assert "Exit 0 when everything passes, 3 when a check fails (2: bad input; 1: anything else, an unreachable " \
+           "engine)." in " ".join(cli("verify", "--help").out.split())
+
+
 @pytest.mark.parametrize("args", [["--stage", "render", "--help"], ["--profile", "tp1", "--help"], ["--no-cache", "-h"]])
 def test_help_after_builds_own_options_is_builds_help(cli, args):
     # build is the default command, so its options may come first; --help then means build's
