@@ -766,7 +766,10 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         m = found.manifest
         if m is None:
             rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}", ""])
-            document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
+            # every row has every key (a script reads r["image_id"] of each): null where unreadable
+            document.append({"release": found.folder.name, "product": None, "tag": None, "published": None,
+                             "first_published": None, "image_id": None, "archive_bytes": None, "previous": None,
+                             "state": "unreadable", "smoke_skipped": {}, "problem": found.problem})
             continue
         state = states[found.folder]
         if state == "verifies" and m.hotfix is not None:
@@ -797,14 +800,15 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
                      m.previous or "", state, ", ".join(skipped)])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
-                         "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
-                         "state": state, "smoke_skipped": skipped})
+                         "first_published": m.first_release, "image_id": m.image_id,
+                         "archive_bytes": m.archive.bytes, "previous": m.previous, "state": state,
+                         "smoke_skipped": skipped, "problem": None})
     where = display_path(out, ctx.cwd)
     columns = ["release", "product", "published", "image ID", "archive", "previous", "state", "gates skipped"]
     if not any(r.get("smoke_skipped") for r in document):  # every gate ran (the usual case): no empty column
         columns.pop()
         rows = [row[:7] for row in rows]
-    if len({r["product"] for r in document if "product" in r}) < 2:
+    if len({r["product"] for r in document if r["product"]}) < 2:
         # one product under --out (the usual case): its name would repeat on every row
         columns.pop(1)
         rows = [row[:1] + row[2:] for row in rows]

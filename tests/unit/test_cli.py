@@ -381,6 +381,22 @@ def test_a_json_document_naming_a_folder_that_is_not_utf8_is_read_by_a_strict_js
     assert [r["release"] for r in listed] == ["1.0", "caf\\xe9"]
 
 
+def test_every_row_of_releases_json_has_the_same_keys_an_unreadable_one_nulls(cli, tmp_path):
+    # (before: an unreadable release's row had only release, state and problem: r["image_id"] was a KeyError)
+    from .test_publish import make_release
+
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    (out / "2.0").mkdir()
+    (out / "2.0/manifest.json").write_text("{")
+    result = cli("--json", "releases", "--out", str(out))
+    good, bad = json.loads(result.out)["releases"]
+    assert list(good) == list(bad) == ["release", "product", "tag", "published", "first_published", "image_id",
+                                       "archive_bytes", "previous", "state", "smoke_skipped", "problem"]
+    assert (good["problem"], bad["state"], bad["image_id"], bad["smoke_skipped"]) == (None, "unreadable", None, {})
+    assert result.err.splitlines()[1].split() == ["release", "published", "image", "ID", "archive", "previous", "state"]
+
+
 def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):
     from .test_publish import make_release
 
@@ -502,8 +518,8 @@ def test_an_out_that_is_a_release_folder_is_refused_naming_its_parent(cli, tmp_p
         result = cli(*command, "--out", given, "--engine", "unix:///nowhere.sock", cwd=tmp_path)
         parent = "release" if not given.startswith("/") else str(folder.parent)
         assert result.code == 2 and result.error_lines == [
-            f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that holds "
-            f"the releases: give its parent, --out {parent}"], result.err
+            f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that "
+            f"holds the releases: give its parent, --out {parent}"], result.err
     assert sorted(p.name for p in folder.iterdir()) == listed
 
 
