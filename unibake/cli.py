@@ -1305,7 +1305,31 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
         except UnibakeError:
             pass
     if as_json:
+        try:
+            _write_stdout(text)  # its failure is not the run's: that error is said already
+        except BrokenPipeError:
+            pass
+
+
+def _write_stdout(text: str) -> str | None:
+    """``text`` written to stdout and flushed; why it could not be (stdout closed, a full disk), or None.
+    A pipe closed by its reader (head) is not an error of ours: BrokenPipeError goes on up."""
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        return "stdout is closed"
+    try:
         sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:  # (ValueError: a stdout closed by a library)
+        try:  # what its buffer still holds goes nowhere, not into a second failure (and a traceback) at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            sys.stdout = open(os.devnull, "w")
+        if isinstance(exc, BrokenPipeError):
+            raise
+        return getattr(exc, "strerror", None) or str(exc)
+    return None
 
 
 def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
@@ -1363,8 +1387,9 @@ def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
     if getattr(args, "metadata_file", None):
         _write_metadata(args.metadata_file, text, cwd)
     if getattr(args, "json", False):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        problem = _write_stdout(text)
+        if problem:
+            raise UnibakeError(f"--json: cannot write the JSON document to stdout ({problem})")
 
 
 def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -649,3 +649,24 @@ def test_a_profiles_folder_this_user_cannot_read_or_that_is_a_file_is_named_as_s
             f"error: {shared / 'file'}: not a folder (--config names the profiles folder)"]
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full", "a pipe its reader closed"])
+def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tmp_path, stdout):
+    # (before: a traceback, AttributeError on a closed stdout; on a full one an OSError, then a second while the
+    # error's own document was written to the same stdout; a BrokenPipeError for the error's document)
+    from .test_publish import make_release
+
+    make_release(tmp_path / "release", "1.0")
+    problem = {"closed": "stdout is closed", "full": "No space left on device"}.get(stdout)
+    redirect = {"closed": ">&-", "full": ">/dev/full"}.get(stdout, "| (exec 0<&-; sleep 3)")
+    for args, code, said in ((["releases", "--out", "release"], 1 if problem else 0,
+                              f"error: --json: cannot write the JSON document to stdout ({problem})" if problem else
+                              None),  # a pipe closed by its reader (head) is not an error of ours
+                             (["releases", "--out", "nowhere"], 2, "error: --out nowhere: no such folder")):
+        run = subprocess.run(["bash", "-c", f'"$0" "$@" {redirect}; exit "${{PIPESTATUS[0]}}"',
+                              sys.executable, str(REPO / "build.py"), "--json", *args],
+                             capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "CI": "1"})
+        assert run.returncode == code and "Traceback" not in run.stderr and "Exception" not in run.stderr, run.stderr
+        assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == ([said] if said else [])
+        assert run.stderr.strip().splitlines()[-1] == said or said is None
