@@ -471,6 +471,9 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     if getattr(args, "verify_engine", None):  # reached only at the round trip, after the build and the export
         from .deploy import check_address
         check_address(args.verify_engine, "--verify-engine")
+        if args.no_roundtrip:  # the one option said to load there, the other that nothing is loaded
+            raise InputError("--verify-engine names the engine of the round trip, which --no-roundtrip skips: give "
+                             "one of them")
     scratch_dir = ctx.cwd / args.scratch_dir if getattr(args, "scratch_dir", None) else None
     if scratch_dir is not None and not args.no_roundtrip and not args.verify_engine \
             and getattr(args, "stage", "release") == "release":

@@ -631,6 +631,7 @@ ARGUMENT_CASES = {
     # reached only at the round trip: refused there, after the build and the export, naming --engine
     "verify-engine-not-an-address": ["--verify-engine", "foo://x"],
     "verify-engine-port-out-of-range": ["--verify-engine", "tcp://host:99999"],
+    "verify-engine-with-no-roundtrip": ["--verify-engine", "tcp://verify:2375", "--no-roundtrip"],  # none loaded there
     # first used at the round trip: refused there, exit 1, after the build and the export
     "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
     "scratch-dir-under-a-file": ["--scratch-dir", "/etc/passwd/scratch"],
