@@ -299,12 +299,11 @@ def _plan(run: Run) -> tuple:
 def _refuse_out_among_inputs(request: Request, plan: ReleasePlan) -> None:
     """A release folder (and its lock) written into a folder the image bakes whole would be an input of
     the next build: refused by the lock, and baked into the next image (the archive too) once locked."""
-    out = resolved(request.out)
-    for what, folder in plan.input_folders():
-        if out == folder or folder in out.parents:
-            raise InputError(f"--out {display_path(request.out, request.cwd)}: inside {what}, so its releases "
-                             "would be inputs of the next build; give --out a folder outside the folders the image "
-                             "bakes (default: release/ beside the profiles folder)")
+    inside = plan.input_folder_holding(resolved(request.out))
+    if inside:
+        raise InputError(f"--out {display_path(request.out, request.cwd)}: inside {inside}, so its releases "
+                         "would be inputs of the next build; give --out a folder outside the folders the image "
+                         "bakes (default: release/ beside the profiles folder)")
 
 
 def _say_new_profiles(run: Run, plan: ReleasePlan, base: HotfixBase) -> None:

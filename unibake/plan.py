@@ -278,6 +278,13 @@ class ReleasePlan:
                 folders.append((f"'{rel}', a folder the image of another profile selection bakes", real))
         return folders
 
+    def input_folder_holding(self, path: Path) -> str | None:
+        """The folder of :meth:`input_folders` that ``path`` is or lies in (as a message names it), or None:
+        a file written there is an input of the next build."""
+        real = path.resolve()
+        return next((what for what, folder in self.input_folders() if real == folder or folder in real.parents),
+                    None)
+
     @property
     def source_warnings(self) -> tuple[str, ...]:
         """The warnings but the unset ``${NAME}`` ones, which the build says knowing the base's ENV."""
