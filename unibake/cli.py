@@ -1410,6 +1410,15 @@ def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParse
             raise InputError(f"{name} given empty (an unset variable?): give a value, or leave it out")
 
 
+def _check_engine_address(address: str) -> None:
+    """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
+    from .docker_engine import parse_address
+
+    problem = parse_address(address)
+    if problem:
+        raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
     from .publish import COMMITTED
 
@@ -1438,6 +1447,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return int(exc.code or 0)
         reporter = Reporter(env=env, quiet=args.quiet)
         _check_empty_values(args, parser)  # before any work
+        if getattr(args, "engine", None):  # said now, not once the engine is reached (verify --load: after the
+            _check_engine_address(args.engine)  # whole archive was read; pull: after the registry was asked)
         _check_metadata_file(args, cwd)
         outcome = HANDLERS[args.command](args, Context(env=env, cwd=cwd, reporter=reporter))
         if outcome.title:

@@ -670,3 +670,22 @@ def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tm
         assert run.returncode == code and "Traceback" not in run.stderr and "Exception" not in run.stderr, run.stderr
         assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == ([said] if said else [])
         assert run.stderr.strip().splitlines()[-1] == said or said is None
+
+
+@pytest.mark.parametrize("command", [["verify", "{folder}", "--load"], ["pull", "{ref}", "--release", "{folder}",
+                                                                      "--retries", "0"], ["releases", "--out", "{out}"]])
+def test_a_malformed_engine_address_is_refused_before_any_work(cli, tmp_path, command):
+    # (before: verify --load read and checked the whole archive first, and a folder that fails said only that;
+    # pull asked the registry first)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    archive = next(folder.glob("*.tar.zst"))
+    archive.write_bytes(archive.read_bytes()[:-1] + b"\0")  # fails its sha256 if it is read
+    ref = "localhost:1/demo-llm@sha256:" + "a" * 64
+    for address, problem in (("foo://x", "Invalid bind address protocol: foo://x"),
+                             ("tcp://host:99999", "Port out of range")):
+        result = cli("--engine", address, *[a.format(folder=folder, ref=ref, out=folder.parent) for a in command])
+        assert result.code == 2 and len(result.error_lines) == 1, result.err
+        assert result.error_lines[0].startswith(f"error: --engine {address!r} is not an engine address: ")
+        assert problem in result.error_lines[0] and "==>" not in result.err
