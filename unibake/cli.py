@@ -60,6 +60,14 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = getattr(parsed, "command", None)
+            if command == "build" and not extras[0].startswith("-") and extras[0] not in COMMANDS:
+                # build takes no word of its own: a misspelt command (`verfy DIR`, `release`) is routed here
+                import difflib
+
+                near = difflib.get_close_matches(extras[0], COMMANDS, n=1)
+                raise InputError(f"unrecognized arguments: {' '.join(extras)} ({extras[0]!r} is not a command"
+                                 f"{f'; the nearest is {near[0]!r}' if near else ''}; the commands are "
+                                 f"{', '.join(COMMANDS)}; see: python {self.prog} --help)")
             raise InputError(f"unrecognized arguments: {' '.join(extras)} (see: python "
                              f"{self.prog}{' ' + command if command else ''} --help)")
         return parsed
@@ -159,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="build.py", allow_abbrev=False,
                 description="Build, check and release a unified inference image from declarative profile YAMLs. "
                             "Without a command, 'build' runs: python build.py --profile tp4.",
-                epilog="Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else. "
+                epilog="Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else, 130 interrupted. "
                        "'build.py COMMAND --help' for a command's options.")
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -206,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = command("verify", "check a release folder as a downloader would",
                 "SHA256SUMS, sizes, zstd integrity and the archive's structure against manifest.json; with "
-                "--load, a load into the engine and the image ID compared. Exit 0 when everything passes, 3 "
-                "otherwise.")
+                "--load, a load into the engine and the image ID compared. Exit 0 when everything passes, 3 when a "
+                "check fails (2: bad input; 1: anything else, an unreachable engine).")
     v.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
     v.add_argument("--load", action="store_true", help="also load the archive and compare the image ID")
     v.add_argument("--external", action="append", default=[], metavar="PATH",
@@ -418,12 +426,35 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
     must be a folder (a typo is not "no releases", which would keep no release's image from prune)."""
     if getattr(args, "out", None):
         out = resolved(cwd / args.out)
-        if existing and not out.is_dir():
+        if existing and not os.path.isdir(out):  # (Path.is_dir raised EACCES under a folder this user cannot enter)
             # (a file there, or the release folder itself given for its parent, is no typo of a name)
-            raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else "no such folder"))
+            raise InputError(f"--out {args.out}: " + ("not a folder" if os.path.lexists(out) else
+                                                       "cannot read it (Permission denied)" if _unsearchable(out)
+                                                       else "no such folder"))
+        if existing and not os.access(out, os.R_OK | os.X_OK):  # (a release in it would be silently unlisted)
+            raise InputError(f"--out {args.out}: cannot read it (Permission denied)")
+        if os.path.isfile(out / "manifest.json") and os.path.isfile(out / "SHA256SUMS"):  # (False when unreadable)
+            # a release written in it would sit inside that release (push then refuses it); listed or pruned,
+            # "no releases"
+            given = posixpath.normpath(args.out)
+            parent = (posixpath.dirname(given) or ".") if posixpath.basename(given) not in (".", "..") else \
+                str(out.parent)
+            raise InputError(f"--out {args.out}: a release folder (it holds manifest.json and SHA256SUMS), not the "
+                             f"folder that holds the releases: give its parent, --out {parent}")
         return out
     config = getattr(args, "config", "profiles")
     return resolved(cwd / config).parent / "release"
+
+
+def _unsearchable(path: Path) -> bool:
+    """Whether ``path`` is under a folder this user cannot enter (so whether it exists is unknown)."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _request(args: argparse.Namespace, ctx: Context, **extra):
@@ -439,6 +470,16 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     for pattern in getattr(args, "allow", []):
         check_allow(pattern, "--allow")
     builder_id(ctx.env)  # what the provenance will name as its builder: a URI, checked before any work
+    if getattr(args, "verify_engine", None):  # reached only at the round trip, after the build and the export
+        from .deploy import check_address
+        check_address(args.verify_engine, "--verify-engine")
+        if args.no_roundtrip:  # the one option said to load there, the other that nothing is loaded
+            raise InputError("--verify-engine names the engine of the round trip, which --no-roundtrip skips: give "
+                             "one of them")
+    scratch_dir = ctx.cwd / args.scratch_dir if getattr(args, "scratch_dir", None) else None
+    if scratch_dir is not None and not args.no_roundtrip and not args.verify_engine \
+            and getattr(args, "stage", "release") == "release":
+        _check_scratch_dir(scratch_dir, args.scratch_dir)
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
@@ -450,7 +491,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         roundtrip=not getattr(args, "no_roundtrip", False), smoke=not getattr(args, "no_smoke", False),
         verify_engine=getattr(args, "verify_engine", None),
         # made absolute from the run's folder: dockerd given a relative --data-root never answers
-        scratch_dir=ctx.cwd / args.scratch_dir if getattr(args, "scratch_dir", None) else None,
+        scratch_dir=scratch_dir,
         seed=not getattr(args, "no_seed", False),
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
@@ -464,6 +505,22 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
                           "(SOURCE_DATE_EPOCH=0) and the revision 'unknown'; commit the product to git, or set "
                           "SOURCE_DATE_EPOCH")
     return replace(request, **extra)
+
+
+def _check_scratch_dir(path: Path, value: str) -> None:
+    """``--scratch-dir`` is first used at the round trip, after the build and the export: a file, a
+    folder that is not this user's private one (``/tmp``) or one that cannot be made is said now."""
+    from .scratch import check_private
+
+    if os.path.lexists(path):
+        try:
+            check_private(path)
+        except RoundTripUnavailable as exc:  # names the folder: to remove it, or to choose another
+            raise InputError(f"--scratch-dir {value}: {exc}") from None
+        return
+    problem = unwritable_reason(path, folder=True)
+    if problem:
+        raise InputError(f"--scratch-dir {value}: cannot make it there ({problem})")
 
 
 def _one_platform(args: argparse.Namespace) -> str | None:
@@ -714,7 +771,10 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         m = found.manifest
         if m is None:
             rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}", ""])
-            document.append({"release": found.folder.name, "state": "unreadable", "problem": found.problem})
+            # every row has every key (a script reads r["image_id"] of each): null where unreadable
+            document.append({"release": found.folder.name, "product": None, "tag": None, "published": None,
+                             "first_published": None, "image_id": None, "archive_bytes": None, "previous": None,
+                             "state": "unreadable", "smoke_skipped": {}, "problem": found.problem})
             continue
         state = states[found.folder]
         if state == "verifies" and m.hotfix is not None:
@@ -745,14 +805,15 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
                      m.previous or "", state, ", ".join(skipped)])
         document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
-                         "first_published": m.first_release, "image_id": m.image_id, "archive_bytes": m.archive.bytes, "previous": m.previous,
-                         "state": state, "smoke_skipped": skipped})
+                         "first_published": m.first_release, "image_id": m.image_id,
+                         "archive_bytes": m.archive.bytes, "previous": m.previous, "state": state,
+                         "smoke_skipped": skipped, "problem": None})
     where = display_path(out, ctx.cwd)
     columns = ["release", "product", "published", "image ID", "archive", "previous", "state", "gates skipped"]
     if not any(r.get("smoke_skipped") for r in document):  # every gate ran (the usual case): no empty column
         columns.pop()
         rows = [row[:7] for row in rows]
-    if len({r["product"] for r in document if "product" in r}) < 2:
+    if len({r["product"] for r in document if r["product"]}) < 2:
         # one product under --out (the usual case): its name would repeat on every row
         columns.pop(1)
         rows = [row[:1] + row[2:] for row in rows]
@@ -1252,7 +1313,31 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
         except UnibakeError:
             pass
     if as_json:
+        try:
+            _write_stdout(text)  # its failure is not the run's: that error is said already
+        except BrokenPipeError:
+            pass
+
+
+def _write_stdout(text: str) -> str | None:
+    """``text`` written to stdout and flushed; why it could not be (stdout closed, a full disk), or None.
+    A pipe closed by its reader (head) is not an error of ours: BrokenPipeError goes on up."""
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        return "stdout is closed"
+    try:
         sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:  # (ValueError: a stdout closed by a library)
+        try:  # what its buffer still holds goes nowhere, not into a second failure (and a traceback) at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            sys.stdout = open(os.devnull, "w")
+        if isinstance(exc, BrokenPipeError):
+            raise
+        return getattr(exc, "strerror", None) or str(exc)
+    return None
 
 
 def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
@@ -1310,8 +1395,9 @@ def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
     if getattr(args, "metadata_file", None):
         _write_metadata(args.metadata_file, text, cwd)
     if getattr(args, "json", False):
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        problem = _write_stdout(text)
+        if problem:
+            raise UnibakeError(f"--json: cannot write the JSON document to stdout ({problem})")
 
 
 def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -1327,6 +1413,15 @@ def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParse
         if value == "" or (isinstance(value, list) and "" in value):
             name = max(action.option_strings, key=len) if action.option_strings else action.metavar or action.dest
             raise InputError(f"{name} given empty (an unset variable?): give a value, or leave it out")
+
+
+def _check_engine_address(address: str) -> None:
+    """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
+    from .docker_engine import parse_address
+
+    problem = parse_address(address)
+    if problem:
+        raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
@@ -1357,6 +1452,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return int(exc.code or 0)
         reporter = Reporter(env=env, quiet=args.quiet)
         _check_empty_values(args, parser)  # before any work
+        if getattr(args, "engine", None):  # said now, not once the engine is reached (verify --load: after the
+            _check_engine_address(args.engine)  # whole archive was read; pull: after the registry was asked)
         _check_metadata_file(args, cwd)
         outcome = HANDLERS[args.command](args, Context(env=env, cwd=cwd, reporter=reporter))
         if outcome.title:

@@ -265,12 +265,13 @@ def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
     """Why a file (with ``folder``, a folder to write files in) cannot be made at ``path``, its
     folders made as needed; None if it can. Checked before the work that ends in writing it, making
     nothing (a refused run leaves no empty folder)."""
-    if path.is_dir() and not folder:
+    # (os.path's tests, not Path's: under a folder this user cannot search, Path.is_dir raised PermissionError)
+    if os.path.isdir(path) and not folder:
         return f"{path} is a folder, not a file"
     existing = path if folder else path.parent
     while not os.path.lexists(existing) and existing.parent != existing:
         existing = existing.parent
-    if not existing.is_dir():
+    if not os.path.isdir(existing):
         return f"{existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"

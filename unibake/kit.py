@@ -678,6 +678,10 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
     # the release's platform: its base, builder and prebuilt kernels are that platform's
     plan = make_plan(config, profiles=list(manifest.profiles), version=manifest.version, cwd=cwd,
                      platform=KNOWN.get(manifest.platform or ""), on_product=same_product)
+    inside = plan.input_folder_holding(out)
+    if inside:  # as a release's --out: the kit there would be an input of the next build
+        raise InputError(f"--out {out}: inside {inside}, so the kit would be an input of the next build; give --out "
+                         "a folder outside the folders the image bakes")
     if plan.tag != manifest.tag:
         raise InputError(f"the profiles in {config} give the image {plan.tag}, not {where}'s {manifest.tag}: a "
                          "profile added or removed since changes which selection is 'all'; "

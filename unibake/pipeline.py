@@ -34,7 +34,7 @@ from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
-from .files import read_small_file, unwritable_reason
+from .files import read_small_file, resolved, unwritable_reason
 from .errors import (DiskFull, EngineError, InputError, PipelineError, RoundTripUnavailable, UnibakeError,
                      VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
@@ -291,7 +291,19 @@ def _plan(run: Run) -> tuple:
                          "choose a new version")
     if base is not None and not request.profiles:
         _say_new_profiles(run, plan, base)
+    if run.publishes:
+        _refuse_out_among_inputs(request, plan)
     return _one(plan)
+
+
+def _refuse_out_among_inputs(request: Request, plan: ReleasePlan) -> None:
+    """A release folder (and its lock) written into a folder the image bakes whole would be an input of
+    the next build: refused by the lock, and baked into the next image (the archive too) once locked."""
+    inside = plan.input_folder_holding(resolved(request.out))
+    if inside:
+        raise InputError(f"--out {display_path(request.out, request.cwd)}: inside {inside}, so its releases "
+                         "would be inputs of the next build; give --out a folder outside the folders the image "
+                         "bakes (default: release/ beside the profiles folder)")
 
 
 def _say_new_profiles(run: Run, plan: ReleasePlan, base: HotfixBase) -> None:

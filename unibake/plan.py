@@ -218,6 +218,8 @@ class ReleasePlan:
     # config_files and inputs.lock as they were planned from (path from project_root -> bytes): what the
     # provenance hashes and the kit holds, not the files as an edit during the build left them
     config_bytes: dict[str, bytes] = field(default_factory=dict, repr=False)
+    # the sources the profiles not selected bake (tune caches, sidecars), as written: not read for this plan
+    other_sources: tuple[str, ...] = ()
 
     def config_data(self, rel: str) -> bytes:
         """A profile file or the lock (``rel`` from the project root) as it was planned from."""
@@ -258,6 +260,30 @@ class ReleasePlan:
     def warnings(self) -> tuple[str, ...]:
         """What the build will do that the sources may not expect: one line per source."""
         return self.source_warnings + self.unset_warnings()
+
+    def input_folders(self) -> list[tuple[str, Path]]:
+        """The folders whose every file is an input (each named as a message says it, and its real path):
+        every folder source, the engine's, the tune caches', ..., of every profile. (The profiles folder
+        is not one: only its top-level YAML files and its lock are read.)"""
+        folders = []
+        for src in _sources(self.engine, self.kernels, self.overlays, self.profiles):
+            if src.is_dir:
+                folders.append((f"'{src.path}', a folder the image bakes", (self.project_root / src.path).resolve()))
+        for rel in self.other_sources:  # another selection's image bakes them
+            try:
+                real = (self.project_root / rel).resolve()
+            except (OSError, RuntimeError):  # (a loop: that selection's plan says so)
+                continue
+            if real.is_dir():
+                folders.append((f"'{rel}', a folder the image of another profile selection bakes", real))
+        return folders
+
+    def input_folder_holding(self, path: Path) -> str | None:
+        """The folder of :meth:`input_folders` that ``path`` is or lies in (as a message names it), or None:
+        a file written there is an input of the next build."""
+        real = path.resolve()
+        return next((what for what, folder in self.input_folders() if real == folder or folder in real.parents),
+                    None)
 
     @property
     def source_warnings(self) -> tuple[str, ...]:
@@ -606,6 +632,8 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         inputs=tuple(sorted({f.path: f for f in inputs}.values(), key=lambda f: f.path)),
         sanitise_allow=allow_yaml, base_name=base_name, patches=patches, patched=patched, notes=notes,
         platform=platform,
+        other_sources=tuple(sorted({rel for name in merged if name not in selected
+                                    for rel in _profile_sources(merged[name].data)})),
     )
     _check_component_labels(plan.components)
     _check_engine_program(plan, where(("engine", "command", 0)))
@@ -650,6 +678,12 @@ def _check_engine_program(plan: ReleasePlan, at: str) -> None:
         raise InputError(f"{at}: engine.command[0] '{word}' is not executable: {origin} is baked with mode "
                          f"{mode:o}; chmod +x it, then run python build.py lock (or start it with its interpreter: "
                          f"[/bin/sh, {word}, ...])")
+
+
+def _profile_sources(data: dict) -> list[str]:
+    """The sources a profile's YAML names inside the project (its tune caches', its sidecars'), unread."""
+    named = [data.get("tune_caches", {}).get("source")] + [k.get("source") for k in data.get("sidecars", [])]
+    return [rel for rel in named if isinstance(rel, str) and rel and not rel.startswith("/")]
 
 
 def _sources(engine, kernels, overlays, profiles) -> list[Source]:

@@ -495,8 +495,16 @@ def _display(path: Path, root: Path) -> str:
 def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[str, MergedProfile]]:
     """Every profile of a config folder, merged and checked for required keys, by name."""
     config_dir = config_dir.resolve()
-    if not config_dir.is_dir():
-        raise InputError(f"{config_dir}: the profiles folder does not exist")
+    if not os.path.isdir(config_dir):  # (Path.is_dir raised EACCES under a folder this user cannot enter)
+        try:
+            os.lstat(config_dir)
+        except PermissionError:
+            raise InputError(f"{config_dir}: cannot read the profiles folder (Permission denied)") from None
+        except OSError:
+            raise InputError(f"{config_dir}: the profiles folder does not exist") from None
+        raise InputError(f"{config_dir}: not a folder (--config names the profiles folder)")
+    if not os.access(config_dir, os.R_OK | os.X_OK):  # its product.yaml was "no such file"
+        raise InputError(f"{config_dir}: cannot read the profiles folder (Permission denied)")
     # its name heads the Dockerfile (the files it was rendered from): a newline there began an instruction
     # ("p\nRUN ..."), a name that is not UTF-8 was a UnicodeEncodeError traceback
     def shown(path: str) -> str:

@@ -439,7 +439,13 @@ def find_releases(out: Path) -> list[PublishedRelease]:
             if target in seen:
                 continue
             seen.add(target)
-        if not os.path.lexists(folder / MANIFEST):
+        try:
+            os.lstat(folder / MANIFEST)
+        except PermissionError:  # a folder this user cannot enter may be a release: never taken as none (prune)
+            bad.append(PublishedRelease(folder=folder, manifest=None,
+                                        problem=f"{folder}: cannot read it (Permission denied)"))
+            continue
+        except OSError:
             continue
         try:
             good.append(PublishedRelease(folder=folder, manifest=load_manifest(folder)))

@@ -600,6 +600,13 @@ def check_external(report: Report, paths: list[Path]) -> Report:
 
 
 def check_folder_arg(path: Path) -> Path:
-    if not path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # under a folder this user cannot enter (Path.is_dir raises EACCES)
+        raise InputError(f"{path}: cannot read it ({exc.strerror}); give a release folder this user can read") \
+            from None
+    if not is_dir:
         raise InputError(f"{path}: not a folder (give the release folder, e.g. release/1.3.1)")
+    if not os.access(path, os.R_OK | os.X_OK):  # its files would each be "Permission denied", exit 1
+        raise InputError(f"{path}: cannot read it (Permission denied); give a release folder this user can read")
     return path

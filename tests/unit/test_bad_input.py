@@ -628,6 +628,14 @@ ARGUMENT_CASES = {
     "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0
     "version-ending-like-a-platform": ["--version", "1.0-arm64"],
     "split-in-other-digits": ["--split", "\u0663GiB"],  # an Arabic-Indic three: Python's \\d takes it
+    # reached only at the round trip: refused there, after the build and the export, naming --engine
+    "verify-engine-not-an-address": ["--verify-engine", "foo://x"],
+    "verify-engine-port-out-of-range": ["--verify-engine", "tcp://host:99999"],
+    "verify-engine-with-no-roundtrip": ["--verify-engine", "tcp://verify:2375", "--no-roundtrip"],  # none loaded there
+    # first used at the round trip: refused there, exit 1, after the build and the export
+    "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
+    "scratch-dir-under-a-file": ["--scratch-dir", "/etc/passwd/scratch"],
+    "scratch-dir-open-to-others": ["--scratch-dir", "/tmp"],
 }
 
 

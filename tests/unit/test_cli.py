@@ -54,6 +54,7 @@ def test_source_date_epoch_must_be_a_number(cli, busybox_product):
 
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tomllib  # noqa: E402
@@ -76,6 +77,14 @@ def test_help_lists_every_command_and_exits_0(cli):
     assert result.code == 0
     for command in ("build", "hotfix", "archive", "repro", "verify", "releases", "lock", "prune"):
         assert command in result.out
+
+
+def test_help_gives_every_exit_code_the_readme_gives(cli):
+    # (before: the epilog left out 130, and verify's said "3 otherwise", where bad input is 2 and an engine error 1)
+    assert "Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else, 130 interrupted." in \
+        " ".join(cli("--help").out.split())
+    assert "Exit 0 when everything passes, 3 when a check fails (2: bad input; 1: anything else, an unreachable " \
+           "engine)." in " ".join(cli("verify", "--help").out.split())
 
 
 @pytest.mark.parametrize("args", [["--stage", "render", "--help"], ["--profile", "tp1", "--help"], ["--no-cache", "-h"]])
@@ -182,6 +191,29 @@ def test_no_smoke_reaches_the_request_and_leaves_the_round_trip_on(command, tmp_
     for flags, smoke in (([], True), (["--no-smoke"], False)):
         request = _request(build_parser().parse_args([command, *extra, *flags]), ctx)
         assert (request.smoke, request.roundtrip) == (smoke, True)
+
+
+@pytest.mark.parametrize("command", ["build", "hotfix", "archive"])
+def test_a_scratch_dir_is_checked_before_any_work_only_where_the_round_trip_uses_it(command, tmp_path):
+    from unibake.cli import Context, _request, build_parser
+    from unibake.console import Reporter
+
+    extra = {"build": [], "hotfix": ["--from", "1.0", "--version", "1.1"], "archive": ["demo:1.0"]}[command]
+    ctx = Context(env={"SOURCE_DATE_EPOCH": "0"}, cwd=tmp_path, reporter=Reporter(env={"CI": "1"}))
+    (tmp_path / "private").mkdir(mode=0o700)
+    (tmp_path / "file").write_text("")
+    for given in ("private", "new/scratch"):  # a private folder, or one the round trip makes
+        args = build_parser().parse_args([command, *extra, "--scratch-dir", given])
+        assert _request(args, ctx).scratch_dir == tmp_path / given
+    assert not (tmp_path / "new").exists()  # checked, not made
+    for given, said in (("file", "is not a private folder of this user"),
+                        ("file/scratch", f"cannot make it there ({tmp_path / 'file'} is not a folder)")):
+        with pytest.raises(InputError, match=rf"^--scratch-dir {given}: .*{re.escape(said)}"):
+            _request(build_parser().parse_args([command, *extra, "--scratch-dir", given]), ctx)
+        for unused in [["--no-roundtrip"], ["--verify-engine", "tcp://verify:2375"]] + \
+                ([["--stage", "build"]] if command == "build" else []):
+            args = build_parser().parse_args([command, *extra, "--scratch-dir", given, *unused])
+            assert _request(args, ctx).scratch_dir == tmp_path / given
 
 
 def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_terminal(cli, tmp_path):
@@ -349,6 +381,22 @@ def test_a_json_document_naming_a_folder_that_is_not_utf8_is_read_by_a_strict_js
     assert [r["release"] for r in listed] == ["1.0", "caf\\xe9"]
 
 
+def test_every_row_of_releases_json_has_the_same_keys_an_unreadable_one_nulls(cli, tmp_path):
+    # (before: an unreadable release's row had only release, state and problem: r["image_id"] was a KeyError)
+    from .test_publish import make_release
+
+    out = tmp_path / "release"
+    make_release(out, "1.0")
+    (out / "2.0").mkdir()
+    (out / "2.0/manifest.json").write_text("{")
+    result = cli("--json", "releases", "--out", str(out))
+    good, bad = json.loads(result.out)["releases"]
+    assert list(good) == list(bad) == ["release", "product", "tag", "published", "first_published", "image_id",
+                                       "archive_bytes", "previous", "state", "smoke_skipped", "problem"]
+    assert (good["problem"], bad["state"], bad["image_id"], bad["smoke_skipped"]) == (None, "unreadable", None, {})
+    assert result.err.splitlines()[1].split() == ["release", "published", "image", "ID", "archive", "previous", "state"]
+
+
 def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):
     from .test_publish import make_release
 
@@ -408,3 +456,236 @@ def test_a_metadata_file_that_is_a_stream_gets_the_document(tmp_path):
                           env={**os.environ, "CI": "true"})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["passed"] is True
+
+
+@pytest.mark.parametrize("out,inside", [
+    ("images/engine", "'images/engine', a folder the image bakes"),
+    ("images/engine/new/release", "'images/engine', a folder the image bakes"),
+    ("images/tune/tp2/x", "'images/tune/tp2', a folder the image of another profile selection bakes")])
+def test_an_out_inside_a_folder_the_image_bakes_is_refused_before_anything(
+        cli, busybox_product, out, inside):
+    # (before: the release and its lock were written there, and the next build refused them as inputs not in
+    # inputs.lock; after `build.py lock`, as it says to run, the next image baked the last release's archive)
+    root = busybox_product.parent
+    before = sorted(root.rglob("*"))
+    result = cli("--config", str(busybox_product), "--profile", "tp1", "--out", str(root / out))
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f"error: --out {root / out}: inside {inside}")
+    assert sorted(root.rglob("*")) == before  # nothing rendered, no release folder, no lock file
+
+
+def test_the_folders_whose_every_file_is_an_input_are_the_folder_sources_of_every_profile(busybox_product, tmp_path):
+    from unibake.pipeline import Request, _refuse_out_among_inputs
+    from unibake.plan import make_plan
+
+    root = busybox_product.parent.resolve()
+    plan = make_plan(busybox_product, profiles=["tp1"], cwd=tmp_path)
+    assert sorted(str(p.relative_to(root)) for _, p in plan.input_folders()) == \
+        ["images/engine", "images/tune/tp1", "images/tune/tp2"]
+    # beside them, above them, or in the profiles folder (its top-level YAML files and its lock are read, no more)
+    for out in ("release", "images", ".", "images/tune", "images/engine-release", "profiles", "profiles/release"):
+        _refuse_out_among_inputs(Request(env={}, cwd=tmp_path, out=root / out), plan)
+
+
+@pytest.mark.parametrize("args,said", [
+    (["verfy", "release/1.0"], "unrecognized arguments: verfy release/1.0 ('verfy' is not a command; the nearest is "
+                               "'verify'; the commands are build, hotfix, archive, repro, verify, releases, lock, "
+                               "prune, push, pull, deploy, kit, rebuild; see: python build.py --help)"),
+    (["--quiet", "release"], "('release' is not a command; the nearest is 'releases'; the commands are build, "),
+    (["status"], "('status' is not a command; the commands are build, "),
+    (["--profile", "tp1", "tp2"], "unrecognized arguments: tp2 ('tp2' is not a command; the commands are build, "),
+    (["build", "build"], "unrecognized arguments: build (see: python build.py build --help)"),  # a command twice
+    (["verify", "a", "b"], "unrecognized arguments: b (see: python build.py verify --help)")])
+def test_a_word_that_is_not_a_command_is_said_to_be_none_with_the_commands(cli, tmp_path, args, said):
+    # (before: `build.py verfy DIR` was "unrecognized arguments: verfy DIR (see: python build.py build --help)",
+    # the help of build, which lists no command)
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1
+    assert said in result.error_lines[0]
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("command", [["releases"], ["prune", "--dry-run"], ["archive", "demo-llm:2.0"], ["build"],
+                                     ["pull", "localhost:5000/demo-llm@sha256:" + "a" * 64]])
+def test_an_out_that_is_a_release_folder_is_refused_naming_its_parent(cli, tmp_path, command):
+    # (before: releases said "no releases under release/1.0", exit 0; a build or an archive wrote its release inside
+    # that release, which push then refused; pull found no release recording the push)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    listed = sorted(p.name for p in folder.iterdir())
+    for given in ("release/1.0", "release/1.0/", str(folder)):
+        result = cli(*command, "--out", given, "--engine", "unix:///nowhere.sock", cwd=tmp_path)
+        parent = "release" if not given.startswith("/") else str(folder.parent)
+        assert result.code == 2 and result.error_lines == [
+            f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that "
+            f"holds the releases: give its parent, --out {parent}"], result.err
+    assert sorted(p.name for p in folder.iterdir()) == listed
+
+
+def _as_nobody_in(cwd, *args: str) -> str:
+    """``build.py ARGS`` run as the user nobody: its exit code and last line."""
+    import contextlib
+    import io
+
+    from unibake.cli import main
+
+    from ..conftest import as_nobody
+
+    def run():
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(list(args), env={"CI": "1"}, cwd=cwd)
+        return f"{code} {err.getvalue().strip().splitlines()[-1]}"
+
+    main(list(args), env={"CI": "1"}, cwd=cwd)  # as root first: every module the command loads is loaded
+    return as_nobody(run)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot enter, as root can")
+def test_a_file_to_write_in_a_folder_this_user_cannot_enter_is_bad_input_naming_the_option(capsys):
+    # (before: exit 1 "error: .../locked/x.json: Permission denied", an OSError of Path.is_dir)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .test_publish import make_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        make_release(shared / "release", "1.0")
+        locked = shared / "locked"
+        locked.mkdir(mode=0o700)
+        said = _as_nobody_in(shared, "--metadata-file", str(locked / "x.json"), "releases", "--out", "release")
+        assert said == f"ok: 2 error: --metadata-file {locked / 'x.json'}: cannot write it there ({locked} is not " \
+                       "writable)", said
+        said = _as_nobody_in(shared, "kit", "release/1.0", "--out", str(locked / "kit"))
+        assert said == f"ok: 2 error: --out {locked / 'kit'}: cannot write the kit there ({locked} is not writable)"
+        assert os.listdir(locked) == ["x.json"]  # root's run: nobody's wrote nothing
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot read, as root can")
+def test_a_folder_argument_this_user_cannot_read_is_bad_input_naming_it(capsys):
+    # (before: exit 1 "error: PATH: Permission denied", from Path.is_dir or the first file read)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from .test_publish import make_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        make_release(shared / "locked", "1.0")
+        make_release(shared / "release", "1.0")
+        (shared / "locked").chmod(0o700)
+        (shared / "release/1.0").chmod(0o700)
+        for args in (["verify", "locked/1.0"], ["verify", "release/1.0"], ["kit", "release/1.0", "--out", "kit"],
+                     ["deploy", "locked/1.0", "--engine", "unix:///nowhere.sock"]):
+            said = _as_nobody_in(shared, *args)
+            assert said == f"ok: 2 error: {shared / args[1]}: cannot read it (Permission denied); give a release " \
+                           "folder this user can read", said
+        for args in (["releases", "--out", "locked"], ["prune", "--dry-run", "--out", "locked/1.0"]):
+            said = _as_nobody_in(shared, *args, "--engine", "unix:///nowhere.sock")
+            assert said == f"ok: 2 error: --out {args[-1]}: cannot read it (Permission denied)", said
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot read, as root can")
+def test_a_release_folder_this_user_cannot_enter_is_listed_unreadable_and_keeps_prune_to_build_cache(capsys):
+    # (before: skipped as no release: `releases` did not list it, and prune ranked the versions without it, so a
+    # hotfix's base or the newest versions' images could go)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from unibake.prune import unreadable_releases
+
+    from ..conftest import as_nobody
+    from .test_publish import make_release
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        make_release(shared / "release", "1.0")
+        make_release(shared / "release", "1.1")
+        (shared / "release/1.1").chmod(0o700)
+        said = _as_nobody_in(shared, "releases", "--out", "release")
+        assert said == "ok: 0 2 releases under release; 1 verifies", said
+        assert as_nobody(lambda: [p.name for p in unreadable_releases(shared / "release")]) == "ok: ['1.1']"
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot read, as root can")
+def test_a_profiles_folder_this_user_cannot_read_or_that_is_a_file_is_named_as_such(cli, capsys):
+    # (before: "profiles/product.yaml: no such file" for a folder it could not read, exit 1 "Permission denied"
+    # for one under a folder it could not enter, and "the profiles folder does not exist" for a file)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ..conftest import BUSYBOX_PRODUCT, copy_product
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-locked-"))
+    try:
+        shared.chmod(0o755)
+        profiles = copy_product(BUSYBOX_PRODUCT, shared / "product")
+        profiles.chmod(0o700)
+        for command in (["--stage", "render"], ["lock"]):
+            said = _as_nobody_in(shared, *command, "--config", "product/profiles")
+            assert said == f"ok: 2 error: {profiles}: cannot read the profiles folder (Permission denied)", said
+        profiles.chmod(0o755)
+        profiles.parent.chmod(0o700)
+        said = _as_nobody_in(shared, "lock", "--config", "product/profiles")
+        assert said == f"ok: 2 error: {profiles}: cannot read the profiles folder (Permission denied)", said
+        (shared / "file").write_text("")
+        result = cli("lock", "--config", "file", cwd=shared)
+        assert result.code == 2 and result.error_lines == [
+            f"error: {shared / 'file'}: not a folder (--config names the profiles folder)"]
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.parametrize("stdout", ["closed", "full", "a pipe its reader closed"])
+def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tmp_path, stdout):
+    # (before: a traceback, AttributeError on a closed stdout; on a full one an OSError, then a second while the
+    # error's own document was written to the same stdout; a BrokenPipeError for the error's document)
+    from .test_publish import make_release
+
+    make_release(tmp_path / "release", "1.0")
+    problem = {"closed": "stdout is closed", "full": "No space left on device"}.get(stdout)
+    redirect = {"closed": ">&-", "full": ">/dev/full"}.get(stdout, "| (exec 0<&-; sleep 3)")
+    for args, code, said in ((["releases", "--out", "release"], 1 if problem else 0,
+                              f"error: --json: cannot write the JSON document to stdout ({problem})" if problem else
+                              None),  # a pipe closed by its reader (head) is not an error of ours
+                             (["releases", "--out", "nowhere"], 2, "error: --out nowhere: no such folder")):
+        run = subprocess.run(["bash", "-c", f'"$0" "$@" {redirect}; exit "${{PIPESTATUS[0]}}"',
+                              sys.executable, str(REPO / "build.py"), "--json", *args],
+                             capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "CI": "1"})
+        assert run.returncode == code and "Traceback" not in run.stderr and "Exception" not in run.stderr, run.stderr
+        assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == ([said] if said else [])
+        assert run.stderr.strip().splitlines()[-1] == said or said is None
+
+
+@pytest.mark.parametrize("command", [["verify", "{folder}", "--load"], ["pull", "{ref}", "--release", "{folder}",
+                                                                      "--retries", "0"], ["releases", "--out", "{out}"]])
+def test_a_malformed_engine_address_is_refused_before_any_work(cli, tmp_path, command):
+    # (before: verify --load read and checked the whole archive first, and a folder that fails said only that;
+    # pull asked the registry first)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    archive = next(folder.glob("*.tar.zst"))
+    archive.write_bytes(archive.read_bytes()[:-1] + b"\0")  # fails its sha256 if it is read
+    ref = "localhost:1/demo-llm@sha256:" + "a" * 64
+    for address, problem in (("foo://x", "Invalid bind address protocol: foo://x"),
+                             ("tcp://host:99999", "Port out of range")):
+        result = cli("--engine", address, *[a.format(folder=folder, ref=ref, out=folder.parent) for a in command])
+        assert result.code == 2 and len(result.error_lines) == 1, result.err
+        assert result.error_lines[0].startswith(f"error: --engine {address!r} is not an engine address: ")
+        assert problem in result.error_lines[0] and "==>" not in result.err

@@ -375,6 +375,22 @@ def test_kit_with_another_products_profiles_says_so(cli, tmp_path, busybox_produ
         "demo-llm: give the release's own profiles folder with --config"]
 
 
+@pytest.mark.parametrize("under", ["images/engine", "images/tune/tp2/kits"])
+def test_kit_into_a_folder_the_image_bakes_is_refused_before_anything_is_written(cli, tmp_path, demo_product, under):
+    # (before: the kit was written there, and the next build refused it as an input not in inputs.lock; once
+    # locked, the next image baked it)
+    folder = tmp_path / "out" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    root = demo_product.parent
+    before = sorted(root.rglob("*"))
+    refused = cli("kit", str(folder), "--out", str(root / under), "--config", str(demo_product))
+    inside = under.removesuffix("/kits")
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: --out {root / under}: inside '{inside}', a folder the image bakes, so the kit would be an input of "
+        "the next build; give --out a folder outside the folders the image bakes"], refused.err
+    assert sorted(root.rglob("*")) == before
+
+
 def test_kit_into_the_release_folder_leaves_the_published_kit_alone_when_it_writes_another(cli, tmp_path):
     # --out the release folder itself: the kit written now (other tool sources, same inputs) is not the
     # published one; the published file must stay, byte for byte, and nothing else be left behind
