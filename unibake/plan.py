@@ -29,8 +29,8 @@ from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
-from .schema import (PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
-                     default_of)
+from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV,
+                     VERSION_RE, default_of)
 
 INSTALL_ROOT = "/opt/unibake"
 # what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
@@ -506,11 +506,13 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
     base_name = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
     base_image = base_name if len(base_key) == 3 else base.get("id") or base_name
-    pinned = "@sha256:" in base_name or base_image != base_name
+    # a platform's local base is pinned by its image ID in its own entry: base.id pins base.image only
+    pinned = "@sha256:" in base_name or base_image != base_name or IMAGE_ID_RE.fullmatch(base_name) is not None
     if base.get("require_digest") and not pinned:
+        local = (f"as {'.'.join(base_key)}: sha256:<image ID> (a local image; base.id pins base.image only)"
+                 if len(base_key) == 3 else "with base.id: sha256:<image ID> (a local image)")
         raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_name!r} is given by tag, but "
-                         "base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or with "
-                         "base.id: sha256:<image ID> (a local image)")
+                         f"base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or {local}")
     for key in data.get("labels", {}):
         if key.startswith(RESERVED_LABEL_PREFIXES):
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")

@@ -114,6 +114,26 @@ def test_a_required_digest_applies_to_the_base_of_each_platform(busybox_product)
         make_plan(busybox_product, platform=ARM64)
 
 
+
+def test_a_required_digest_takes_a_platforms_local_base_pinned_by_its_image_id(busybox_product):
+    # the error told to pin a local arm64 base "with base.id", which pins base.image only: the same error again,
+    # and an image ID in base.platforms, which FROM takes as base.id's, was refused as "given by tag"
+    product = busybox_product / "product.yaml"
+    image_id = "sha256:" + "b" * 64
+    product.write_text(product.read_text().replace(
+        BUSYBOX_BASE, 'base: {image: "localhost/unibake-busybox:1", id: "sha256:' + "a" * 64 + '", '
+                      'require_digest: true, platforms: {linux/arm64: "localhost/unibake-busybox:1-arm64"}}'))
+    with pytest.raises(InputError) as refused:
+        make_plan(busybox_product, platform=ARM64)
+    assert str(refused.value).endswith(
+        "base.platforms.linux/arm64 'localhost/unibake-busybox:1-arm64' is given by tag, but base.require_digest is "
+        "set: pin it as name@sha256:<digest> (a registry image) or as base.platforms.linux/arm64: sha256:<image ID> "
+        "(a local image; base.id pins base.image only)")
+    product.write_text(product.read_text().replace('"localhost/unibake-busybox:1-arm64"', f'"{image_id}"'))
+    plan = make_plan(busybox_product, platform=ARM64, verify_lock=False)
+    assert plan.base_image == image_id
+    assert f"FROM {image_id}\n" in render(plan).dockerfile
+
 def test_an_arm64_render_has_its_own_name_base_and_machine_check(busybox_product):
     amd64 = render(make_plan(with_arm64(busybox_product), platform=AMD64))
     arm64 = render(make_plan(busybox_product, platform=ARM64))
