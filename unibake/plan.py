@@ -769,6 +769,9 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
     elif not any(f.path.endswith(".c") for f in source.files):
         raise InputError(f"{where(('source',))}: kernel source '{data['source']}' holds no .c file; kernels in "
                          "other languages say how they are built (build.run or build.make)")
+    elif len(outputs) > 1:  # cc writes the first; the build failed on the second, 'was not built'
+        raise InputError(f"{where(('outputs',))}: kernel '{name}' is built by cc into one library, but outputs names "
+                         f"{len(outputs)} ({', '.join(outputs)}); name one, or build them with build.run or build.make")
     image = build.image if build else default_builder
     if not image:
         raise InputError(f"{where(())}: kernel '{name}' is compiled in a builder stage; set builder.image in "

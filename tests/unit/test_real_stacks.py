@@ -299,8 +299,14 @@ def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busy
     ("{name: x, version: '1', source: images/engine, build: {make: all}}", "holds no Makefile"),
     ("{name: x, version: '1', source: images/engine, build: {run: x, make: all}}", "give exactly one"),
     ("{name: x, version: '1', prebuilt: images/engine/serve.sh}", "is not a .so, a tarball"),
+    # cc writes one library: the second was 'not built', at the build
+    ("{name: x, version: '1', source: images/kernels/x, outputs: [liba.so, libb.so]}",
+     r"product.yaml:\d+: kernel 'x' is built by cc into one library, but outputs names 2 \(liba.so, libb.so\); "
+     "name one, or build them with build.run or build.make"),
 ])
 def test_a_kernel_that_cannot_be_built_is_refused_at_the_plan(busybox_product, kernel, message):
+    (busybox_product.parent / "images/kernels/x").mkdir(parents=True)
+    (busybox_product.parent / "images/kernels/x/x.c").write_text("int x(void) { return 1; }\n")
     append(busybox_product / "product.yaml", f"builder: {{image: b}}\nkernels:\n  - {kernel}\n")
     with pytest.raises(InputError, match=message):
         make_plan(busybox_product, verify_lock=False)
