@@ -312,6 +312,24 @@ def test_a_kernel_that_cannot_be_built_is_refused_at_the_plan(busybox_product, k
         make_plan(busybox_product, verify_lock=False)
 
 
+def test_a_kernel_built_by_cc_into_a_subfolder_of_outputs_is_built_there(busybox_product, tmp_path):
+    # cc -o "$out"/lib/libx.so without the folder: "cannot open output file", the build failing on a folder
+    (busybox_product.parent / "images/kernels/x").mkdir(parents=True)
+    (busybox_product.parent / "images/kernels/x/x.c").write_text("int x(void) { return 1; }\n")
+    append(busybox_product / "product.yaml", "builder: {image: b}\nkernels:\n"
+           "  - {name: x, version: '1', source: images/kernels/x, outputs: [lib/cpu/libx.so]}\n")
+    dockerfile = render(make_plan(busybox_product, verify_lock=False)).dockerfile
+    lines = dockerfile[dockerfile.index("RUN set -eu; out=/out/kernels/x;") + 4:].splitlines()
+    script = "\n".join(lines[:next(i for i, line in enumerate(lines) if not line.endswith(" \\")) + 1])
+    script = script.replace(" \\\n", "\n")
+    (tmp_path / "src/kernels").mkdir(parents=True)
+    os.symlink(busybox_product.parent / "images/kernels/x", tmp_path / "src/kernels/x")
+    script = script.replace("/out/", f"{tmp_path}/out/").replace("/src/", f"{tmp_path}/src/")
+    built = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "out/kernels/x/lib/cpu/libx.so").read_bytes()[:4] == b"\x7fELF"
+
+
 # --- 4. folder overlays, ledgers and patches ------------------------------------------------------
 
 
