@@ -286,6 +286,14 @@ class ReleasePlan:
         for w in dict.fromkeys(w for p in self.profiles for w in p.args):
             if w not in words:
                 words[w] = "args of " + ", ".join(p.name for p in self.profiles if w in p.args)
+        # a --port given as a number (the plan refuses one that is not launch.port): PORT given at run time
+        # would publish a port the engine does not listen on
+        for p in self.profiles:
+            served = _literal_port({"engine": {"command": self.engine.command}, "args": p.args},
+                                   lambda path: "engine.command" if path[0] == "engine" else f"args of {p.name}")
+            if served is not None and not any(w.startswith(f"{served[0]}: --port") for w in out):
+                out.append(f"{served[0]}: --port {served[1]} is written as a number, so a PORT given at run time "
+                           "(run.sh's PORT, docker run -e PORT=...) would not move the engine: write --port ${PORT}")
         for word, what in words.items():
             if SHELL_EXPANSION_RE.search(RUNTIME_VAR_RE.sub("", word)):
                 out.append(f"{what}: {word[:80]!r} is passed as it is written but for its ${{NAME}} parts: only "
@@ -1065,6 +1073,14 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
         raise InputError(f"{m.where(('topology', 'master_port'))}: topology.master_port {port} is launch.port too: on "
                          f"{topology.nodes} nodes the container shares the host's network, where the engine and the "
                          "ranks' rendezvous cannot both listen on one port; choose another master_port")
+    served = _literal_port(d, m.where)
+    if served is not None and served[1] != port:
+        # the smoke gate asks launch.port, run.sh publishes PORT: the gate waited out its timeout for a port
+        # nothing listened on, after the build and the round trip
+        where, number = served
+        raise InputError(f"{where}: --port {number} of profile '{m.name}' is not launch.port {port}, where the image's "
+                         "PORT, the smoke gate and run.sh expect the engine: write --port ${PORT} (expanded when "
+                         "the container starts), or set launch.port")
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:
@@ -1081,6 +1097,22 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
                    sidecars=sidecars, tune=tune, smoke=smoke)
+
+
+def _literal_port(d: dict, where) -> tuple[str, int] | None:
+    """Where the engine is told its port as a number (``--port 8000``, ``--port=8000``): the last ``--port`` of
+    engine.command and args (the one an argument parser keeps) when it is a plain number, with its ``file:line``."""
+    words = [(w, ("engine", "command", i)) for i, w in enumerate(d["engine"]["command"])]
+    words += [(w, ("args", i)) for i, w in enumerate(d.get("args", []))]
+    found = None
+    for n, (word, path) in enumerate(words):
+        if word == "--port" and n + 1 < len(words):
+            found = (words[n + 1][0], words[n + 1][1])
+        elif word.startswith("--port="):
+            found = (word.removeprefix("--port="), path)
+    if found is None or not found[0].isascii() or not found[0].isdigit():
+        return None
+    return where(found[1]), int(found[0])
 
 
 GATE_NODES = 1023  # the ports of a Linux bridge (BR_MAX_PORTS 1024, port 0 unused): a multi-node gate's most ranks
