@@ -23,7 +23,7 @@ from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, 
 from .metadata import Component
 from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
-from .prebuilt import SO_RE, Prebuilt, kind_of, read_prebuilt
+from .prebuilt import SO_RE, Prebuilt, check_libraries, kind_of, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
@@ -759,6 +759,7 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                 raise InputError(f"{where(key)}: {rel} holds the library {out!r}, which the image's ':'-separated "
                                  "library lists cannot name (letters, digits, '.', '_', '+' and '-' only); give "
                                  "outputs: naming the libraries to load")
+        check_libraries(prebuilt, outputs, where(key), platform.machine)
         return Kernel(name=name, version=data["version"], source=None, cflags=(), outputs=outputs,
                       prebuilt=prebuilt)
     source = read_source(root, data["source"], where(("source",)), want="dir", limit=limit)

@@ -381,3 +381,22 @@ def test_several_platforms_without_emulation_are_refused_before_any_is_built(bus
                                          "linux/arm64"):
         run_platforms(selection(BUILD), request, [AMD64, ARM64], Quiet(), connect=lambda address: fake)
     assert fake.built == []
+
+
+def test_a_wheel_of_another_platform_is_refused_at_the_plan_as_a_library_of_one_is(demo_product):
+    # the x86_64 wheel, given without platforms: for arm64, was baked into the arm64 image: its library failed
+    # the self-check once built (under emulation), where a prebuilt .so of another platform is refused at the plan
+    product = demo_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "    platforms: {linux/arm64: images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_aarch64.whl}\n", ""))
+    assert make_plan(demo_product, platform=AMD64, verify_lock=False).kernels[3].name == "demo_quant"
+    with pytest.raises(InputError) as refused:
+        make_plan(demo_product, platform=ARM64, verify_lock=False)
+    assert str(refused.value).endswith(
+        "product.yaml:30: prebuilt images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl's "
+        "demo_quant/libdemo_quant.so is built for x86_64, not for aarch64, the platform's architecture; give that "
+        "platform's build (a kernel's platforms: names one per platform)")
+    product.write_text(product.read_text().replace("linux_x86_64.whl", "linux_aarch64.whl"))  # the arm64 one for all
+    assert make_plan(demo_product, platform=ARM64, verify_lock=False).kernels[3].name == "demo_quant"
+    with pytest.raises(InputError, match=r"libdemo_quant\.so is built for aarch64, not for x86_64"):
+        make_plan(demo_product, platform=AMD64, verify_lock=False)

@@ -179,12 +179,14 @@ def test_a_prebuilt_library_the_image_cannot_list_by_its_path_is_refused(busybox
     import io
     import tarfile
 
+    from .test_real_stacks import elf
+
     archive = busybox_product.parent / "images" / "odd.tar"
     with tarfile.open(archive, "w") as tar:
         for name in (member, "lib/libok.so"):
             info = tarfile.TarInfo(name)
-            info.size = 4
-            tar.addfile(info, io.BytesIO(b"\x7fELF"))
+            info.size = len(elf())
+            tar.addfile(info, io.BytesIO(elf()))
     product = busybox_product / "product.yaml"
     write(product, product.read_text() + 'kernels: [{name: odd, version: "1", prebuilt: images/odd.tar}]\n')
     with pytest.raises(InputError, match=rf"product\.yaml:\d+: images/odd\.tar holds the library "

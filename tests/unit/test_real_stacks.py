@@ -163,7 +163,7 @@ def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(
     (root / "images/k/a.c").write_text("int a(void) { return 1; }\n")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in (("lib/libv.so.3", b"\x7fELF-v3"), ("include/v.h", b"int v(void);\n")):
+        for name, data in (("lib/libv.so.3", elf() + b"-v3"), ("include/v.h", b"int v(void);\n")):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -181,7 +181,7 @@ def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(
     assert "COPY ctx/prebuilt/ /opt/unibake/" in context.dockerfile
     baked = dict(context.baked)
     assert baked["kernels/vendor/lib/libv.so"] == baked["kernels/vendor/lib/libv.so.3"] == \
-        hashlib.sha256(b"\x7fELF-v3").hexdigest()  # the link is baked as a copy of what it names
+        hashlib.sha256(elf() + b"-v3").hexdigest()  # the link is baked as a copy of what it names
     assert "/opt/unibake/kernels/vendor/lib/libv.so:" in context.entrypoint + ":"  # both .so are loaded
     out = io.BytesIO()
     write_context_tar(context, out, mtime=0)
@@ -281,14 +281,15 @@ def test_a_prebuilt_file_in_the_builders_own_home_outside_home_and_root_is_refus
 
 
 def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busybox_product, cli, tmp_path):
-    big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl", {"vendor/libbig.so": b"big", "vendor/__init__.py": b""})
+    big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl",
+                {"vendor/libbig.so": elf() + b"big", "vendor/__init__.py": b""})
     append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
     lock(cli, busybox_product)
     assert f"  {big}\n" in (busybox_product / "inputs.lock").read_text()
     plan = make_plan(busybox_product)
     assert plan.kernels[0].outputs == ("vendor/libbig.so",) and plan.kernels[0].is_wheel
     assert "UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/big" in render(plan).entrypoint  # a wheel is importable
-    wheel(big, {"vendor/libbig.so": b"changed"})
+    wheel(big, {"vendor/libbig.so": elf() + b"changed"})
     with pytest.raises(InputError, match=f"input '{big}' differs from"):
         make_plan(busybox_product)
 
