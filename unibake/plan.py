@@ -286,6 +286,14 @@ class ReleasePlan:
         for w in dict.fromkeys(w for p in self.profiles for w in p.args):
             if w not in words:
                 words[w] = "args of " + ", ".join(p.name for p in self.profiles if w in p.args)
+        # IPC not the host's and no shm_size: docker's /dev/shm of 64 MiB, which NCCL/RCCL and an engine's worker
+        # processes outgrow on several GPUs ('Bus error', 'failed to extend /dev/shm'), first on the GPU machine
+        for p in self.profiles:
+            if p.topology.ipc != "host" and p.topology.shm_size is None and (p.gpus > 1 or p.topology.nodes > 1):
+                each = f" on each of {p.topology.nodes} nodes" if p.topology.nodes > 1 else ""
+                out.append(f"{p.file}: profile {p.name} runs {_count(p.gpus, 'GPU')}{each} with ipc: "
+                           f"{p.topology.ipc} and no shm_size, so its /dev/shm is docker's 64 MiB, which NCCL/RCCL "
+                           "and the engine's worker processes outgrow: set topology.shm_size (like 16g), or ipc: host")
         # a --port given as a number (the plan refuses one that is not launch.port): PORT given at run time
         # would publish a port the engine does not listen on
         for p in self.profiles:

@@ -258,6 +258,20 @@ def test_a_port_written_as_launch_port_s_number_is_warned_and_a_later_port_varia
         "-e PORT=...) would not move the engine: write --port ${PORT}",)
 
 
+def test_private_ipc_without_shm_size_on_several_gpus_is_warned_at_the_plan(busybox_product):
+    # docker's 64 MiB /dev/shm, which NCCL and the engine's workers outgrow: said first on the GPU machine
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text() + "topology: {ipc: private}\n")
+    assert make_plan(busybox_product, cwd=busybox_product.parent).warnings == (
+        "profiles/tp2.yaml: profile tp2 runs 2 GPUs with ipc: private and no shm_size, so "
+        "its /dev/shm is docker's 64 MiB, which NCCL/RCCL and the engine's worker processes outgrow: set "
+        "topology.shm_size (like 16g), or ipc: host",)
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text() + "topology: {ipc: shareable}\n")  # one GPU: nothing to share between ranks
+    tp2.write_text(tp2.read_text().replace("topology: {ipc: private}", "topology: {shm_size: 16g}"))
+    assert make_plan(busybox_product).warnings == ()
+
+
 def test_a_braced_variable_no_one_sets_is_warned_at_the_plan(busybox_product, cli, tmp_path):
     # ${HF_TOKEN} in the command passed the plan and the build and stopped the engine's start (set -u) only
     # at the smoke gate; what the image, the entrypoint or the profile's env sets is not warned
