@@ -6,6 +6,7 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import posixpath
@@ -294,6 +295,24 @@ class ReleasePlan:
                 out.append(f"{p.file}: profile {p.name} runs {_count(p.gpus, 'GPU')}{each} with ipc: "
                            f"{p.topology.ipc} and no shm_size, so its /dev/shm is docker's 64 MiB, which NCCL/RCCL "
                            "and the engine's worker processes outgrow: set topology.shm_size (like 16g), or ipc: host")
+        # a served model name written out that is not launch.model_name: the smoke gate asks for MODEL_NAME, and
+        # vLLM answers a request for a model it does not serve with 404
+        served: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
+        for p in self.profiles:
+            seq = list(self.engine.command) + list(p.args)
+            at = max((i for i, w in enumerate(seq) if w.split("=", 1)[0] == "--served-model-name"), default=None)
+            if at is None:
+                continue
+            names = tuple(seq[at].split("=", 1)[1:] if "=" in seq[at]
+                          else itertools.takewhile(lambda w: not w.startswith("-"), seq[at + 1:]))
+            if names and "$" not in "".join(names) and self.launch.model_name not in names:
+                served.setdefault((at < len(self.engine.command), names), []).append(p.name)
+        for (in_command, names), profiles in served.items():
+            what = "engine.command" if in_command else f"args of {', '.join(profiles)}"
+            out.append(f"{what}: --served-model-name {' '.join(names)[:80]} does not name launch.model_name "
+                       f"{self.launch.model_name!r}, the model the smoke gate and clients ask for (MODEL_NAME): an "
+                       "engine that checks it answers 404; write --served-model-name ${MODEL_NAME}, or set "
+                       "launch.model_name")
         # a --port given as a number (the plan refuses one that is not launch.port): PORT given at run time
         # would publish a port the engine does not listen on
         for p in self.profiles:

@@ -258,6 +258,26 @@ def test_a_port_written_as_launch_port_s_number_is_warned_and_a_later_port_varia
         "-e PORT=...) would not move the engine: write --port ${PORT}",)
 
 
+def test_a_served_model_name_written_out_that_is_not_launch_model_name_is_warned_at_the_plan(busybox_product):
+    # vLLM served 'qwen' while the smoke gate asked for launch.model_name 'tiny': a 404, after the build and the
+    # model's load, without a word at the plan
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   "command: [/bin/sh, /opt/unibake/engine/serve.sh, "
+                                                   "--served-model-name, qwen, --tp, '1']"))
+    warning = ("engine.command: --served-model-name qwen does not name launch.model_name 'tiny', the model the smoke "
+               "gate and clients ask for (MODEL_NAME): an engine that checks it answers 404; write "
+               "--served-model-name ${MODEL_NAME}, or set launch.model_name")
+    assert make_plan(busybox_product).warnings == (warning,)
+    tp1 = busybox_product / "tp1.yaml"
+    for args, said in (("[--served-model-name=tiny]", ()), ("[--served-model-name, qwen, tiny]", ()),
+                       ("['--served-model-name=${MODEL_NAME}']", ()),
+                       ("[--served-model-name, q2]", (warning.replace("engine.command", "args of tp1, tp2")
+                                                      .replace("name qwen", "name q2"),))):
+        tp1.write_text(tp1.read_text().split("args:")[0] + f"args: {args}\n")  # (tp2 extends tp1)
+        assert make_plan(busybox_product).warnings == said, args
+
+
 def test_private_ipc_without_shm_size_on_several_gpus_is_warned_at_the_plan(busybox_product):
     # docker's 64 MiB /dev/shm, which NCCL and the engine's workers outgrow: said first on the GPU machine
     tp2 = busybox_product / "tp2.yaml"
