@@ -6,6 +6,7 @@ were selected, every source hashed, the lock checked, the image tag decided.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import posixpath
@@ -23,14 +24,14 @@ from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, 
 from .metadata import Component
 from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
-from .prebuilt import SO_RE, Prebuilt, kind_of, read_prebuilt
+from .prebuilt import SO_RE, Prebuilt, check_libraries, kind_of, read_prebuilt
 from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
-from .schema import (PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV, VERSION_RE,
-                     default_of)
+from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV,
+                     VERSION_RE, default_of)
 
 INSTALL_ROOT = "/opt/unibake"
 # what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
@@ -312,6 +313,40 @@ class ReleasePlan:
         for w in dict.fromkeys(w for p in self.profiles for w in p.args):
             if w not in words:
                 words[w] = "args of " + ", ".join(p.name for p in self.profiles if w in p.args)
+        # IPC not the host's and no shm_size: docker's /dev/shm of 64 MiB, which NCCL/RCCL and an engine's worker
+        # processes outgrow on several GPUs ('Bus error', 'failed to extend /dev/shm'), first on the GPU machine
+        for p in self.profiles:
+            if p.topology.ipc != "host" and p.topology.shm_size is None and (p.gpus > 1 or p.topology.nodes > 1):
+                each = f" on each of {p.topology.nodes} nodes" if p.topology.nodes > 1 else ""
+                out.append(f"{p.file}: profile {p.name} runs {_count(p.gpus, 'GPU')}{each} with ipc: "
+                           f"{p.topology.ipc} and no shm_size, so its /dev/shm is docker's 64 MiB, which NCCL/RCCL "
+                           "and the engine's worker processes outgrow: set topology.shm_size (like 16g), or ipc: host")
+        # a served model name written out that is not launch.model_name: the smoke gate asks for MODEL_NAME, and
+        # vLLM answers a request for a model it does not serve with 404
+        served: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
+        for p in self.profiles:
+            seq = list(self.engine.command) + list(p.args)
+            at = max((i for i, w in enumerate(seq) if w.split("=", 1)[0] == "--served-model-name"), default=None)
+            if at is None:
+                continue
+            names = tuple(seq[at].split("=", 1)[1:] if "=" in seq[at]
+                          else itertools.takewhile(lambda w: not w.startswith("-"), seq[at + 1:]))
+            if names and "$" not in "".join(names) and self.launch.model_name not in names:
+                served.setdefault((at < len(self.engine.command), names), []).append(p.name)
+        for (in_command, names), profiles in served.items():
+            what = "engine.command" if in_command else f"args of {', '.join(profiles)}"
+            out.append(f"{what}: --served-model-name {' '.join(names)[:80]} does not name launch.model_name "
+                       f"{self.launch.model_name!r}, the model the smoke gate and clients ask for (MODEL_NAME): an "
+                       "engine that checks it answers 404; write --served-model-name ${MODEL_NAME}, or set "
+                       "launch.model_name")
+        # a --port given as a number (the plan refuses one that is not launch.port): PORT given at run time
+        # would publish a port the engine does not listen on
+        for p in self.profiles:
+            served = _literal_port({"engine": {"command": self.engine.command}, "args": p.args},
+                                   lambda path: "engine.command" if path[0] == "engine" else f"args of {p.name}")
+            if served is not None and not any(w.startswith(f"{served[0]}: --port") for w in out):
+                out.append(f"{served[0]}: --port {served[1]} is written as a number, so a PORT given at run time "
+                           "(run.sh's PORT, docker run -e PORT=...) would not move the engine: write --port ${PORT}")
         for word, what in words.items():
             if SHELL_EXPANSION_RE.search(RUNTIME_VAR_RE.sub("", word)):
                 out.append(f"{what}: {word[:80]!r} is passed as it is written but for its ${{NAME}} parts: only "
@@ -532,11 +567,13 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
     base_name = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
     base_image = base_name if len(base_key) == 3 else base.get("id") or base_name
-    pinned = "@sha256:" in base_name or base_image != base_name
+    # a platform's local base is pinned by its image ID in its own entry: base.id pins base.image only
+    pinned = "@sha256:" in base_name or base_image != base_name or IMAGE_ID_RE.fullmatch(base_name) is not None
     if base.get("require_digest") and not pinned:
+        local = (f"as {'.'.join(base_key)}: sha256:<image ID> (a local image; base.id pins base.image only)"
+                 if len(base_key) == 3 else "with base.id: sha256:<image ID> (a local image)")
         raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_name!r} is given by tag, but "
-                         "base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or with "
-                         "base.id: sha256:<image ID> (a local image)")
+                         f"base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or {local}")
     for key in data.get("labels", {}):
         if key.startswith(RESERVED_LABEL_PREFIXES):
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
@@ -783,6 +820,7 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                 raise InputError(f"{where(key)}: {rel} holds the library {out!r}, which the image's ':'-separated "
                                  "library lists cannot name (letters, digits, '.', '_', '+' and '-' only); give "
                                  "outputs: naming the libraries to load")
+        check_libraries(prebuilt, outputs, where(key), platform.machine)
         return Kernel(name=name, version=data["version"], source=None, cflags=(), outputs=outputs,
                       prebuilt=prebuilt)
     source = read_source(root, data["source"], where(("source",)), want="dir", limit=limit)
@@ -801,6 +839,9 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
     elif not any(f.path.endswith(".c") for f in source.files):
         raise InputError(f"{where(('source',))}: kernel source '{data['source']}' holds no .c file; kernels in "
                          "other languages say how they are built (build.run or build.make)")
+    elif len(outputs) > 1:  # cc writes the first; the build failed on the second, 'was not built'
+        raise InputError(f"{where(('outputs',))}: kernel '{name}' is built by cc into one library, but outputs names "
+                         f"{len(outputs)} ({', '.join(outputs)}); name one, or build them with build.run or build.make")
     image = build.image if build else default_builder
     if not image:
         raise InputError(f"{where(())}: kernel '{name}' is compiled in a builder stage; set builder.image in "
@@ -1094,6 +1135,14 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
         raise InputError(f"{m.where(('topology', 'master_port'))}: topology.master_port {port} is launch.port too: on "
                          f"{topology.nodes} nodes the container shares the host's network, where the engine and the "
                          "ranks' rendezvous cannot both listen on one port; choose another master_port")
+    served = _literal_port(d, m.where)
+    if served is not None and served[1] != port:
+        # the smoke gate asks launch.port, run.sh publishes PORT: the gate waited out its timeout for a port
+        # nothing listened on, after the build and the round trip
+        where, number = served
+        raise InputError(f"{where}: --port {number} of profile '{m.name}' is not launch.port {port}, where the image's "
+                         "PORT, the smoke gate and run.sh expect the engine: write --port ${PORT} (expanded when "
+                         "the container starts), or set launch.port")
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:
@@ -1110,6 +1159,22 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
                    sidecars=sidecars, tune=tune, smoke=smoke)
+
+
+def _literal_port(d: dict, where) -> tuple[str, int] | None:
+    """Where the engine is told its port as a number (``--port 8000``, ``--port=8000``): the last ``--port`` of
+    engine.command and args (the one an argument parser keeps) when it is a plain number, with its ``file:line``."""
+    words = [(w, ("engine", "command", i)) for i, w in enumerate(d["engine"]["command"])]
+    words += [(w, ("args", i)) for i, w in enumerate(d.get("args", []))]
+    found = None
+    for n, (word, path) in enumerate(words):
+        if word == "--port" and n + 1 < len(words):
+            found = (words[n + 1][0], words[n + 1][1])
+        elif word.startswith("--port="):
+            found = (word.removeprefix("--port="), path)
+    if found is None or not found[0].isascii() or not found[0].isdigit():
+        return None
+    return where(found[1]), int(found[0])
 
 
 GATE_NODES = 1023  # the ports of a Linux bridge (BR_MAX_PORTS 1024, port 0 unused): a multi-node gate's most ranks

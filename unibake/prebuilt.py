@@ -96,15 +96,31 @@ def _check_elf(file: InputFile, where: str, machine: str) -> None:
     """A prebuilt .so must be an ELF file for ``machine``: else the image only fails once built, with the
     loader's 'cannot open shared object file'."""
     with open(file.absolute, "rb") as fh:
-        head = fh.read(20)
+        _check_head(fh.read(20), file.path, where, machine)
+
+
+def _check_head(head: bytes, shown: str, where: str, machine: str) -> None:
     if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] not in (1, 2):
-        raise InputError(f"{where}: prebuilt {file.path} is not an ELF shared library (it does not start as one); "
+        raise InputError(f"{where}: prebuilt {shown} is not an ELF shared library (it does not start as one); "
                          "give the library itself")
     found = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
     name = ELF_MACHINES.get(found, f"ELF machine {found}")
     if name != machine:
-        raise InputError(f"{where}: prebuilt {file.path} is built for {name}, not for {machine}, the platform's "
+        raise InputError(f"{where}: prebuilt {shown} is built for {name}, not for {machine}, the platform's "
                          "architecture; give that platform's build (a kernel's platforms: names one per platform)")
+
+
+def check_libraries(prebuilt: Prebuilt, outputs: tuple[str, ...], where: str, machine: str) -> None:
+    """Each library of a wheel or tarball that the image loads (``outputs``) must be an ELF library for
+    ``machine``, as a prebuilt .so must: one wheel for every platform put an x86_64 library in the arm64
+    image, whose self-check failed once built (under emulation)."""
+    if prebuilt.kind == "so":
+        return  # (checked as it was read)
+    members = {m.path: m for m in prebuilt.members}
+    for out in outputs:
+        with open_member(prebuilt, members[out]) as fh:
+            head = fh.read(20)
+        _check_head(head, f"{prebuilt.file.path}'s {out}", where, machine)
 
 
 def read_prebuilt(file: InputFile, where: str, machine: str | None = None) -> Prebuilt:

@@ -258,6 +258,9 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
         hint = ""
         if spec.type == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
             hint = f"; put it in quotes, or YAML reads it as the number {value!r}"
+        if spec.type == "str" and isinstance(value, bool):  # env: {FLAG: on} said 'not bool' and no more
+            hint = (f"; put it in quotes: YAML reads an unquoted {'true, yes or on' if value else 'false, no or off'} "
+                    "as a boolean")
         if spec.takes_false:  # (null and true say nothing: what undoes an inherited value is false)
             hint += f"; or false, to undo a '{name}' the file it extends sets"
         raise InputError(f"{where(path)}: key '{name}' must be {_TYPE_NAMES[spec.type]}, "

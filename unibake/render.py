@@ -136,8 +136,11 @@ def _build_script(kernel: Kernel, out: str, src: str) -> str:
     else:
         command = (f"env OUT=\"$out\" SRC={sh(src)} CFLAGS={sh(flags)} UNIBAKE_KERNEL_NAME={sh(name)} "
                    f"UNIBAKE_KERNEL_VERSION={sh(version)} sh -c {sh(kernel.build.run)}")
+    # cc writes its library where outputs says: a folder of it is made first (cc makes none)
+    folder = (f" \"$out\"/{sh(kernel.library.rsplit('/', 1)[0])}" if kernel.build is None and "/" in kernel.library
+              else "")
     lines = [
-        f"set -eu; out={sh(out)}; mkdir -p \"$out\"; cd {sh(src)};",
+        f"set -eu; out={sh(out)}; mkdir -p \"$out\"{folder}; cd {sh(src)};",
         f"if ! {command} >{BUILD_LOG} 2>&1; then",
         f"  cat {BUILD_LOG}; printf 'error: kernel-build[%s]: %s\\n' {sh(name)} \"$({FIRST_ERROR})\"; exit 1;",
         f"fi; cat {BUILD_LOG}; rm -f {BUILD_LOG};",

@@ -136,6 +136,16 @@ def case_base_by_tag(p):
          'base: {image: "localhost/unibake-busybox:1", require_digest: true}')
 
 
+def case_base_of_a_platform_by_tag(p):  # base.id pins base.image only: the arm64 base is pinned in its own entry
+    edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}',
+         'base: {image: "localhost/unibake-busybox:1", id: "sha256:' + "a" * 64 + '", require_digest: true, '
+         'platforms: {linux/arm64: "localhost/unibake-busybox:1-arm64"}}\nplatform: linux/arm64')
+
+
+def case_port_written_as_another_number(p):  # the smoke gate asks launch.port, where nothing would listen
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--port, '8000']")
+
+
 def case_base_with_dot_segments(p):  # not a registry host: ".." would walk the engine API's URL
     edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}', 'base: {image: "../containers/x"}')
 
@@ -542,6 +552,9 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "port_written_as_another_number": "tp1.yaml:3: --port 8000 of profile 'tp1' is not launch.port 30000",
+    "base_of_a_platform_by_tag": "or as base.platforms.linux/arm64: sha256:<image ID> (a local image; base.id pins "
+                                 "base.image only)",
     "profile_file_is_a_symlink_loop": "profiles/tp3.yaml: a symlink loop; point it at a file",
     "profile_file_points_nowhere": "profiles/tp3.yaml: a symlink that points nowhere",
     "extends_a_symlink_loop": "tp2.yaml:2: '.base.yaml' is a symlink loop",

@@ -114,6 +114,26 @@ def test_a_required_digest_applies_to_the_base_of_each_platform(busybox_product)
         make_plan(busybox_product, platform=ARM64)
 
 
+
+def test_a_required_digest_takes_a_platforms_local_base_pinned_by_its_image_id(busybox_product):
+    # the error told to pin a local arm64 base "with base.id", which pins base.image only: the same error again,
+    # and an image ID in base.platforms, which FROM takes as base.id's, was refused as "given by tag"
+    product = busybox_product / "product.yaml"
+    image_id = "sha256:" + "b" * 64
+    product.write_text(product.read_text().replace(
+        BUSYBOX_BASE, 'base: {image: "localhost/unibake-busybox:1", id: "sha256:' + "a" * 64 + '", '
+                      'require_digest: true, platforms: {linux/arm64: "localhost/unibake-busybox:1-arm64"}}'))
+    with pytest.raises(InputError) as refused:
+        make_plan(busybox_product, platform=ARM64)
+    assert str(refused.value).endswith(
+        "base.platforms.linux/arm64 'localhost/unibake-busybox:1-arm64' is given by tag, but base.require_digest is "
+        "set: pin it as name@sha256:<digest> (a registry image) or as base.platforms.linux/arm64: sha256:<image ID> "
+        "(a local image; base.id pins base.image only)")
+    product.write_text(product.read_text().replace('"localhost/unibake-busybox:1-arm64"', f'"{image_id}"'))
+    plan = make_plan(busybox_product, platform=ARM64, verify_lock=False)
+    assert plan.base_image == image_id
+    assert f"FROM {image_id}\n" in render(plan).dockerfile
+
 def test_an_arm64_render_has_its_own_name_base_and_machine_check(busybox_product):
     amd64 = render(make_plan(with_arm64(busybox_product), platform=AMD64))
     arm64 = render(make_plan(busybox_product, platform=ARM64))
@@ -361,3 +381,22 @@ def test_several_platforms_without_emulation_are_refused_before_any_is_built(bus
                                          "linux/arm64"):
         run_platforms(selection(BUILD), request, [AMD64, ARM64], Quiet(), connect=lambda address: fake)
     assert fake.built == []
+
+
+def test_a_wheel_of_another_platform_is_refused_at_the_plan_as_a_library_of_one_is(demo_product):
+    # the x86_64 wheel, given without platforms: for arm64, was baked into the arm64 image: its library failed
+    # the self-check once built (under emulation), where a prebuilt .so of another platform is refused at the plan
+    product = demo_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "    platforms: {linux/arm64: images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_aarch64.whl}\n", ""))
+    assert make_plan(demo_product, platform=AMD64, verify_lock=False).kernels[3].name == "demo_quant"
+    with pytest.raises(InputError) as refused:
+        make_plan(demo_product, platform=ARM64, verify_lock=False)
+    assert str(refused.value).endswith(
+        "product.yaml:30: prebuilt images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl's "
+        "demo_quant/libdemo_quant.so is built for x86_64, not for aarch64, the platform's architecture; give that "
+        "platform's build (a kernel's platforms: names one per platform)")
+    product.write_text(product.read_text().replace("linux_x86_64.whl", "linux_aarch64.whl"))  # the arm64 one for all
+    assert make_plan(demo_product, platform=ARM64, verify_lock=False).kernels[3].name == "demo_quant"
+    with pytest.raises(InputError, match=r"libdemo_quant\.so is built for aarch64, not for x86_64"):
+        make_plan(demo_product, platform=AMD64, verify_lock=False)

@@ -84,6 +84,16 @@ def test_wrong_type_is_refused_with_a_hint(busybox_product):
         make_plan(busybox_product)
 
 
+@pytest.mark.parametrize("written,words", [("on", "true, yes or on"), ("no", "false, no or off")])
+def test_a_value_yaml_reads_as_a_boolean_is_refused_with_the_hint_to_quote_it(busybox_product, written, words):
+    # env: {SHARED_SETTING: on} said "must be a string, not bool" and no more: 'on' is a string to its writer
+    product = busybox_product / "product.yaml"
+    write(product, product.read_text().replace('SHARED_SETTING: "on"', f"SHARED_SETTING: {written}"))
+    with pytest.raises(InputError, match=rf"product\.yaml:\d+: key 'env\.SHARED_SETTING' must be a string, not bool; "
+                                         rf"put it in quotes: YAML reads an unquoted {words} as a boolean$"):
+        make_plan(busybox_product)
+
+
 @pytest.mark.parametrize("written,read", [("010", 8), ("1:30", 90), ("0x10", 16), ("1_0", 10), ("!!int '07'", 7)])
 def test_a_number_yaml_reads_as_another_is_refused(busybox_product, written, read):
     # YAML 1.1: a leading zero is octal, a colon base 60; gpus: 010 gave an image of 8 GPUs
@@ -179,12 +189,14 @@ def test_a_prebuilt_library_the_image_cannot_list_by_its_path_is_refused(busybox
     import io
     import tarfile
 
+    from .test_real_stacks import elf
+
     archive = busybox_product.parent / "images" / "odd.tar"
     with tarfile.open(archive, "w") as tar:
         for name in (member, "lib/libok.so"):
             info = tarfile.TarInfo(name)
-            info.size = 4
-            tar.addfile(info, io.BytesIO(b"\x7fELF"))
+            info.size = len(elf())
+            tar.addfile(info, io.BytesIO(elf()))
     product = busybox_product / "product.yaml"
     write(product, product.read_text() + 'kernels: [{name: odd, version: "1", prebuilt: images/odd.tar}]\n')
     with pytest.raises(InputError, match=rf"product\.yaml:\d+: images/odd\.tar holds the library "

@@ -163,7 +163,7 @@ def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(
     (root / "images/k/a.c").write_text("int a(void) { return 1; }\n")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in (("lib/libv.so.3", b"\x7fELF-v3"), ("include/v.h", b"int v(void);\n")):
+        for name, data in (("lib/libv.so.3", elf() + b"-v3"), ("include/v.h", b"int v(void);\n")):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -181,7 +181,7 @@ def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(
     assert "COPY ctx/prebuilt/ /opt/unibake/" in context.dockerfile
     baked = dict(context.baked)
     assert baked["kernels/vendor/lib/libv.so"] == baked["kernels/vendor/lib/libv.so.3"] == \
-        hashlib.sha256(b"\x7fELF-v3").hexdigest()  # the link is baked as a copy of what it names
+        hashlib.sha256(elf() + b"-v3").hexdigest()  # the link is baked as a copy of what it names
     assert "/opt/unibake/kernels/vendor/lib/libv.so:" in context.entrypoint + ":"  # both .so are loaded
     out = io.BytesIO()
     write_context_tar(context, out, mtime=0)
@@ -281,14 +281,15 @@ def test_a_prebuilt_file_in_the_builders_own_home_outside_home_and_root_is_refus
 
 
 def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busybox_product, cli, tmp_path):
-    big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl", {"vendor/libbig.so": b"big", "vendor/__init__.py": b""})
+    big = wheel(tmp_path / "vendor-1.0-py3-none-any.whl",
+                {"vendor/libbig.so": elf() + b"big", "vendor/__init__.py": b""})
     append(busybox_product / "product.yaml", f"kernels:\n  - {{name: big, version: '1.0', prebuilt: {big}}}\n")
     lock(cli, busybox_product)
     assert f"  {big}\n" in (busybox_product / "inputs.lock").read_text()
     plan = make_plan(busybox_product)
     assert plan.kernels[0].outputs == ("vendor/libbig.so",) and plan.kernels[0].is_wheel
     assert "UNIBAKE_PYTHON_DIRS=/opt/unibake/kernels/big" in render(plan).entrypoint  # a wheel is importable
-    wheel(big, {"vendor/libbig.so": b"changed"})
+    wheel(big, {"vendor/libbig.so": elf() + b"changed"})
     with pytest.raises(InputError, match=f"input '{big}' differs from"):
         make_plan(busybox_product)
 
@@ -299,11 +300,35 @@ def test_a_prebuilt_file_outside_the_project_is_locked_by_its_absolute_path(busy
     ("{name: x, version: '1', source: images/engine, build: {make: all}}", "holds no Makefile"),
     ("{name: x, version: '1', source: images/engine, build: {run: x, make: all}}", "give exactly one"),
     ("{name: x, version: '1', prebuilt: images/engine/serve.sh}", "is not a .so, a tarball"),
+    # cc writes one library: the second was 'not built', at the build
+    ("{name: x, version: '1', source: images/kernels/x, outputs: [liba.so, libb.so]}",
+     r"product.yaml:\d+: kernel 'x' is built by cc into one library, but outputs names 2 \(liba.so, libb.so\); "
+     "name one, or build them with build.run or build.make"),
 ])
 def test_a_kernel_that_cannot_be_built_is_refused_at_the_plan(busybox_product, kernel, message):
+    (busybox_product.parent / "images/kernels/x").mkdir(parents=True)
+    (busybox_product.parent / "images/kernels/x/x.c").write_text("int x(void) { return 1; }\n")
     append(busybox_product / "product.yaml", f"builder: {{image: b}}\nkernels:\n  - {kernel}\n")
     with pytest.raises(InputError, match=message):
         make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_kernel_built_by_cc_into_a_subfolder_of_outputs_is_built_there(busybox_product, tmp_path):
+    # cc -o "$out"/lib/libx.so without the folder: "cannot open output file", the build failing on a folder
+    (busybox_product.parent / "images/kernels/x").mkdir(parents=True)
+    (busybox_product.parent / "images/kernels/x/x.c").write_text("int x(void) { return 1; }\n")
+    append(busybox_product / "product.yaml", "builder: {image: b}\nkernels:\n"
+           "  - {name: x, version: '1', source: images/kernels/x, outputs: [lib/cpu/libx.so]}\n")
+    dockerfile = render(make_plan(busybox_product, verify_lock=False)).dockerfile
+    lines = dockerfile[dockerfile.index("RUN set -eu; out=/out/kernels/x;") + 4:].splitlines()
+    script = "\n".join(lines[:next(i for i, line in enumerate(lines) if not line.endswith(" \\")) + 1])
+    script = script.replace(" \\\n", "\n")
+    (tmp_path / "src/kernels").mkdir(parents=True)
+    os.symlink(busybox_product.parent / "images/kernels/x", tmp_path / "src/kernels/x")
+    script = script.replace("/out/", f"{tmp_path}/out/").replace("/src/", f"{tmp_path}/src/")
+    built = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "out/kernels/x/lib/cpu/libx.so").read_bytes()[:4] == b"\x7fELF"
 
 
 # --- 4. folder overlays, ledgers and patches ------------------------------------------------------

@@ -222,6 +222,76 @@ def test_engine_words_a_shell_would_expand_and_the_entrypoint_does_not_are_warne
     assert result.code == 0 and "warning: engine.command: '${TP:-1}' is passed as it is written" in result.err
 
 
+@pytest.mark.parametrize("command, args, where", [
+    ("[/bin/sh, /opt/unibake/engine/serve.sh, --port, '8000']", "", "product.yaml:10"),
+    ("[/bin/sh, /opt/unibake/engine/serve.sh, --port, '${PORT}']", "args: [--tp, '1', --port=8000]\n", "tp1.yaml:6"),
+])
+def test_a_port_written_as_another_number_than_launch_port_is_refused_at_the_plan(busybox_product, cli, command,
+                                                                                   args, where):
+    # the engine served on 8000 while the image's PORT, the smoke gate and run.sh used launch.port 30000: the gate
+    # waited out its timeout, after the build and the round trip
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   f"command: {command}"))
+    (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text() + args)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1 and result.error_lines[0].endswith(
+        f"/profiles/{where}: --port 8000 of profile 'tp1' is not launch.port 30000, where the image's PORT, the "
+        "smoke gate and run.sh expect the engine: write --port ${PORT} (expanded when the container starts), or set "
+        "launch.port"), result.err
+
+
+def test_a_port_written_as_launch_port_s_number_is_warned_and_a_later_port_variable_wins(busybox_product):
+    # --port 30000 served, but run.sh's PORT=9000 published 9000 with the engine still on 30000, without a word
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   "command: [/bin/sh, /opt/unibake/engine/serve.sh, --port, '30000']"))
+    assert make_plan(busybox_product).warnings == (
+        "engine.command: --port 30000 is written as a number, so a PORT given at run time (run.sh's PORT, docker run "
+        "-e PORT=...) would not move the engine: write --port ${PORT}",)
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text() + "args: ['--port=${PORT}']\n")  # the last --port is the one a parser keeps
+    assert make_plan(busybox_product).warnings == ()  # (tp2 extends tp1, its args too)
+    (busybox_product / "tp2.yaml").write_text((busybox_product / "tp2.yaml").read_text() + "args: [--tp, '2']\n")
+    assert make_plan(busybox_product).warnings == (
+        "engine.command: --port 30000 is written as a number, so a PORT given at run time (run.sh's PORT, docker run "
+        "-e PORT=...) would not move the engine: write --port ${PORT}",)
+
+
+def test_a_served_model_name_written_out_that_is_not_launch_model_name_is_warned_at_the_plan(busybox_product):
+    # vLLM served 'qwen' while the smoke gate asked for launch.model_name 'tiny': a 404, after the build and the
+    # model's load, without a word at the plan
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   "command: [/bin/sh, /opt/unibake/engine/serve.sh, "
+                                                   "--served-model-name, qwen, --tp, '1']"))
+    warning = ("engine.command: --served-model-name qwen does not name launch.model_name 'tiny', the model the smoke "
+               "gate and clients ask for (MODEL_NAME): an engine that checks it answers 404; write "
+               "--served-model-name ${MODEL_NAME}, or set launch.model_name")
+    assert make_plan(busybox_product).warnings == (warning,)
+    tp1 = busybox_product / "tp1.yaml"
+    for args, said in (("[--served-model-name=tiny]", ()), ("[--served-model-name, qwen, tiny]", ()),
+                       ("['--served-model-name=${MODEL_NAME}']", ()),
+                       ("[--served-model-name, q2]", (warning.replace("engine.command", "args of tp1, tp2")
+                                                      .replace("name qwen", "name q2"),))):
+        tp1.write_text(tp1.read_text().split("args:")[0] + f"args: {args}\n")  # (tp2 extends tp1)
+        assert make_plan(busybox_product).warnings == said, args
+
+
+def test_private_ipc_without_shm_size_on_several_gpus_is_warned_at_the_plan(busybox_product):
+    # docker's 64 MiB /dev/shm, which NCCL and the engine's workers outgrow: said first on the GPU machine
+    tp2 = busybox_product / "tp2.yaml"
+    tp2.write_text(tp2.read_text() + "topology: {ipc: private}\n")
+    assert make_plan(busybox_product, cwd=busybox_product.parent).warnings == (
+        "profiles/tp2.yaml: profile tp2 runs 2 GPUs with ipc: private and no shm_size, so "
+        "its /dev/shm is docker's 64 MiB, which NCCL/RCCL and the engine's worker processes outgrow: set "
+        "topology.shm_size (like 16g), or ipc: host",)
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text() + "topology: {ipc: shareable}\n")  # one GPU: nothing to share between ranks
+    tp2.write_text(tp2.read_text().replace("topology: {ipc: private}", "topology: {shm_size: 16g}"))
+    assert make_plan(busybox_product).warnings == ()
+
+
 def test_a_braced_variable_no_one_sets_is_warned_at_the_plan(busybox_product, cli, tmp_path):
     # ${HF_TOKEN} in the command passed the plan and the build and stopped the engine's start (set -u) only
     # at the smoke gate; what the image, the entrypoint or the profile's env sets is not warned
