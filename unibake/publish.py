@@ -442,6 +442,8 @@ def find_releases(out: Path) -> list[PublishedRelease]:
         try:
             os.lstat(folder / MANIFEST)
         except PermissionError:  # a folder this user cannot enter may be a release: never taken as none (prune)
+            if not set(folder.name) <= TAG_CHARS or folder.name.startswith("-"):
+                continue  # no release is named so (a disk's lost+found, private to root): not one
             bad.append(PublishedRelease(folder=folder, manifest=None,
                                         problem=f"{folder}: cannot read it (Permission denied)"))
             continue
