@@ -31,6 +31,7 @@ against the release's provenance.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import io
@@ -52,7 +53,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
-from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, VerificationError
+from .errors import BuildFailed, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, open_new, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
@@ -710,11 +711,17 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                             expect_context=byproducts_of(document).get(CONTEXT, "none recorded"),
                             toolchains=toolchains,
                             expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it
-    except BaseException:
+    except BaseException as exc:
         for folder in made:  # innermost first; only as they were made, empty
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(exc, OSError) and (exc.filename is None or Path(exc.filename).parent == out):
+            # a write that failed (a full disk, a folder made read-only meanwhile): --out named, not "a file"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(f"no space left in {out} while writing the kit {name}; nothing written") from None
+            raise UnibakeError(f"cannot write the kit {name} in {out} ({exc.strerror or exc}); nothing written") \
+                from None
         raise
     return written, kit.sha256 if kit else None

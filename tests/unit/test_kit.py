@@ -780,6 +780,54 @@ def test_the_kit_command_writes_no_kit_through_a_link_planted_as_its_temporary_f
     assert victim.read_text() == "precious\n" and os.listdir(tmp_path / "kit") == [kit_name("demo-llm", "1.3.1")]
 
 
+@pytest.mark.parametrize("errno_", ["ENOSPC", "EIO"])
+def test_kit_on_a_full_disk_names_out_and_leaves_nothing(cli, tmp_path, monkeypatch, errno_):
+    # (before: error: a file: No space left on device, naming neither --out nor the kit)
+    import errno
+
+    from unibake import kit
+
+    folder = tmp_path / "release" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = None  # a release that published no kit: the one written now is taken as is
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for name in os.listdir(folder):
+        if name.startswith("SHA256SUMS."):
+            os.unlink(folder / name)
+    resum(folder)
+    real = kit.open_new
+
+    class Full(io.RawIOBase):  # the disk fills after 64 KiB of the kit
+        def __init__(self, fh):
+            self.fh, self.bytes = fh, 0
+
+        def write(self, data):
+            self.bytes += len(data)
+            if self.bytes > 64 << 10:
+                raise OSError(getattr(errno, errno_), os.strerror(getattr(errno, errno_)))
+            return self.fh.write(data)
+
+        def writable(self):
+            return True
+
+        def fileno(self):
+            return self.fh.fileno()
+
+        def close(self):
+            self.fh.close()
+            super().close()
+
+    monkeypatch.setattr(kit, "open_new", lambda path, *args: Full(real(path, *args)))
+    (tmp_path / "kits").mkdir()
+    out = tmp_path / "kits" / "new"
+    failed = cli("kit", str(folder), "--out", str(out), "--config", str(REPO / "profiles"))
+    said = (f"no space left in {out} while writing the kit demo-llm-1.3.1-kit.tar.zst" if errno_ == "ENOSPC" else
+            f"cannot write the kit demo-llm-1.3.1-kit.tar.zst in {out} (Input/output error)")
+    assert failed.code == 1 and failed.error_lines == [f"error: {said}; nothing written"], failed.err
+    assert os.listdir(tmp_path / "kits") == []
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_run_through_a_link_or_from_a_folder_named_like_a_cd_option_checks_its_own_kit(
         busybox_product, tmp_path, shell):
