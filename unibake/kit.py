@@ -53,7 +53,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
-from .errors import BuildFailed, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
+from .errors import BuildFailed, BuildInterrupted, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, open_new, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
@@ -561,6 +561,14 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
         try:
             outcome = engine.build(fh, tag=ref, buildargs=record.build_args, nocache=True, on_line=on_line,
                                    platform=record.platform)
+        except BuildInterrupted as exc:  # what finished stays as build cache, named, as a failed build's, not dangling
+            try:
+                for n, stage in enumerate(exc.stage_images, 1):
+                    keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
+                keep_as_cache(engine, cache_ref(record.product, selection, "failed"), exc.last_image)
+            except UnibakeError as err:  # the engine going down with us: the interrupt is what to report
+                on_line(f"warning: the interrupted rebuild's finished steps were not kept as cache: {err}")
+            raise
         except BuildFailed as exc:
             for n, stage in enumerate(exc.stage_images, 1):
                 keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)

@@ -1208,3 +1208,27 @@ def test_the_kits_readme_names_every_tag_its_rebuild_leaves_and_how_to_remove_th
     assert 'venv="$cache/unibake/kit-venv-$(sha256sum tool/requirements.txt | cut -c 1-16)"' in script
     assert "cache=$XDG_CACHE_HOME" in script and "cache=$HOME/.cache" in script
     assert 'rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/unibake"/kit-venv-*' in readme
+
+
+def test_an_interrupted_rebuild_keeps_its_finished_steps_as_named_build_cache(busybox_product, tmp_path):
+    # (before: a Ctrl-C during the rebuild's build left the steps that finished as dangling images, which
+    # the classic builder does not remove; a release's build keeps them as unibake-cache/...-failed)
+    from unibake.builder import cache_ref
+    from unibake.errors import BuildInterrupted
+
+    from .test_normalise import config, ours
+
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
+    base = engine.images[engine.tags[BASE.ref]].layers
+    stage = engine.add(config("2026-01-01T00:00:00Z", "s1"), base + ours(1))
+    step = engine.add(config("2026-01-01T00:00:00Z", "c1"), base + ours(1))
+
+    def interrupted(context, *, tag, buildargs, nocache, on_line, platform=None):
+        raise BuildInterrupted(last_image=step, stage_images=(stage,))
+
+    engine.build = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        rebuild(folder, engine)
+    product = read_kit(folder).product
+    assert engine.tags[cache_ref(product, "kit-0.1.0", "failed")] == step
+    assert engine.tags[cache_ref(product, "kit-0.1.0", "stage1")] == stage
