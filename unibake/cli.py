@@ -1331,20 +1331,21 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     _argv[:] = argv
     COMMITTED.clear()
     previous = {}
-    if threading.current_thread() is threading.main_thread():
-        _interrupts.clear()
-        for sig in _SIGNALS:  # SIGINT too: a run started with it ignored (a CI's background job) still stops
-            previous[sig] = signal.signal(sig, _terminate)
-    if env is None:
-        from .signing import SECRETS
-
-        env = dict(os.environ)
-        for name in SECRETS:  # every child we start inherits os.environ: the secrets reach only the signing tools
-            os.environ.pop(name, None)
     cwd = cwd or Path.cwd()
     args = None
-    reporter = Reporter(env=env)
-    try:
+    reporter = None
+    try:  # from the handlers on: an interrupt while the rest is imported is "error: interrupted" too
+        if threading.current_thread() is threading.main_thread():
+            _interrupts.clear()
+            for sig in _SIGNALS:  # SIGINT too: a run started with it ignored (a CI's background job) still stops
+                previous[sig] = signal.signal(sig, _terminate)
+        if env is None:
+            from .signing import SECRETS
+
+            env = dict(os.environ)
+            for name in SECRETS:  # every child we start inherits os.environ: the secrets reach only the signing tools
+                os.environ.pop(name, None)
+        reporter = Reporter(env=env)
         parser = build_parser()
         try:
             args = parser.parse_args(with_command(argv))
@@ -1366,7 +1367,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except UnibakeError as exc:
         # the tail of the build's output, which a terminal's progress bar hid (plain output printed it line by
         # line as it came: twice would bury the error under a copy of the log)
-        if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet and not reporter.plain:
+        if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and reporter is not None and \
+                not reporter.quiet and not reporter.plain:
             print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         _emit_error(args, str(exc), exc.exit_code, cwd)

@@ -446,3 +446,47 @@ def test_an_interrupt_during_a_gate_whose_clean_up_fails_ends_the_run_as_an_inte
     said = [line for line in reporter.stream.getvalue().splitlines() if line.startswith("warning: after the smoke")]
     assert len(said) == 1 and said[0].endswith(": the engine is shutting down"), reporter.stream.getvalue()
     assert not (tmp_path / "release" / "1.0").exists()
+
+
+def test_an_interrupt_while_main_sets_up_is_one_error_line_and_130(cli, tmp_path, monkeypatch):
+    # (before: the handlers were set before the try that turns an interrupt into "error: interrupted": a
+    # signal while main imported the signing module or made its reporter ended in a traceback)
+    from unibake.console import Reporter
+
+    def interrupted_reporter(**kwargs):
+        monkeypatch.setattr(cli_module, "Reporter", Reporter)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at once, to main's own handler
+        return Reporter(**kwargs)
+
+    monkeypatch.setattr(cli_module, "Reporter", interrupted_reporter)
+    document = tmp_path / "m.json"
+    try:
+        result = cli("--metadata-file", str(document), "releases", "--out", str(tmp_path))
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped main() (a traceback)")
+    assert result.code == 130 and result.err == "error: interrupted\n", result.err
+    assert json.loads(document.read_text()) == {"error": "interrupted", "exit_code": 130}
+    assert signal.getsignal(signal.SIGTERM) is not cli_module._terminate  # put back as it was
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_build_py_imports_unibake_is_one_error_line_and_130(tmp_path, sig):
+    # (before: a Ctrl-C in the first second of `python build.py ...`, while unibake was imported, printed a
+    # traceback; a SIGTERM then ended it silently with 143)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    hook = (f"import os, runpy, signal, sys\n"
+            f"class Interrupt:\n"
+            f"    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == 'unibake.console':\n"
+            f"            os.kill(os.getpid(), signal.{sig})\n"
+            f"        return None\n"
+            f"sys.meta_path.insert(0, Interrupt())\n"
+            f"sys.argv = ['build.py', 'releases', '--out', {str(tmp_path)!r}]\n"
+            f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n")
+    ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
