@@ -32,6 +32,7 @@ against the release's provenance.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import importlib.metadata
 import io
@@ -218,6 +219,7 @@ class KitDraft:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._spool = self._fh = self._zw = self._tar = self._counted = None
+        self._folder: int | None = None  # the folder's descriptor, flock-ed while the kit is written
         self._begun = self._done = False
 
     def names(self) -> list[str]:
@@ -240,6 +242,7 @@ class KitDraft:
         if target.is_dir() and not target.is_symlink():  # the rename would fail naming the temporary file
             raise InputError(f"{target}: a folder where the kit would be written; move it away or write the kit "
                              "elsewhere")
+        self._hold_folder()
         self._fh = open_new(self.temp)  # never through a link planted under its name in --out
         self._counted = _Hashing(self._fh, self._stop)
         self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
@@ -255,6 +258,21 @@ class KitDraft:
         _add(self._tar, f"{self.top}/Dockerfile", self.context.dockerfile.encode(), 0o644, self.epoch)
         _add(self._tar, f"{self.top}/{CONTEXT}", self._spool, 0o644, self.epoch)
         self._begun = True
+
+    def _hold_folder(self) -> None:
+        """The folder held (``flock`` on the folder itself, no file left in it) while the kit is written: a
+        second run writing a kit there at once would remove this one's temporary file and begin its own, and
+        this one would then rename that half-written file into place as the kit."""
+        try:
+            self._folder = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except PermissionError:  # a folder this user may write but not read: left unheld
+            return
+        try:
+            fcntl.flock(self._folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UnibakeError(f"another run is writing a kit in {self.out}: wait for it, then run again") from None
+        except OSError:  # a file system that cannot lock a folder opened to read (NFS: EBADF): left unheld
+            pass
 
     def begin_in_thread(self) -> None:
         def run() -> None:
@@ -351,13 +369,16 @@ class KitDraft:
         if self._thread is not None:
             self._thread.join()
         self._release()
-        if not self._done:
+        if not self._done and self._fh is not None:  # its own only: not another run's, when it was refused
             self.temp.unlink(missing_ok=True)
 
     def _release(self) -> None:
         for fh in (self._fh, self._spool):
             if fh is not None:
                 fh.close()
+        if self._folder is not None:
+            os.close(self._folder)  # (its flock goes with it)
+            self._folder = None
 
 
 def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, image_id: str,

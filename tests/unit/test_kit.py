@@ -1232,3 +1232,45 @@ def test_an_interrupted_rebuild_keeps_its_finished_steps_as_named_build_cache(bu
     product = read_kit(folder).product
     assert engine.tags[cache_ref(product, "kit-0.1.0", "failed")] == step
     assert engine.tags[cache_ref(product, "kit-0.1.0", "stage1")] == stage
+
+
+def test_two_kits_written_into_one_folder_at_once_never_put_a_partial_kit_in_place(busybox_product, tmp_path, cli):
+    # (before: both wrote .NAME.tmp; the second removed the first's and began its own, and the first then
+    # renamed the second's half-written file into place as the kit: a truncated zstd under the final name)
+    whole, _ = make_kit(busybox_product, tmp_path / "whole")
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    out = tmp_path / "kits"
+    out.mkdir()
+    first = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    second = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    first.begin()
+    try:
+        with pytest.raises(UnibakeError, match=rf"^another run is writing a kit in {out}: wait for it, then run "
+                                               "again$"):
+            second.begin()
+    finally:
+        second.abandon()
+    first.finish(image_id=IMAGE_ID, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE, builder=None)
+    first.abandon()
+    assert os.listdir(out) == [whole.name] and (out / whole.name).read_bytes() == whole.read_bytes()
+    again = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    again.finish(image_id=IMAGE_ID, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE, builder=None)
+    again.abandon()  # the first let go of the folder
+    assert os.listdir(out) == [whole.name] and (out / whole.name).read_bytes() == whole.read_bytes()
+
+
+def test_a_kit_is_written_where_the_file_system_cannot_lock_a_folder(busybox_product, tmp_path, monkeypatch):
+    # NFS emulates flock with byte-range locks, which a folder opened to read cannot take (EBADF): the kit is
+    # written unheld there, not refused as "cannot write the kit"
+    import errno
+
+    from unibake import kit
+
+    def no_folder_locks(fd, operation):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    whole, _ = make_kit(busybox_product, tmp_path / "whole")
+    monkeypatch.setattr(kit.fcntl, "flock", no_folder_locks)
+    made, _ = make_kit(busybox_product, tmp_path / "nfs")
+    monkeypatch.undo()
+    assert made.read_bytes() == whole.read_bytes() and os.listdir(tmp_path / "nfs") == [whole.name]
