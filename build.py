@@ -61,5 +61,8 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
+    # main() holds them while it runs and puts this back: a signal once its result is out changes nothing
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, signal.SIG_IGN)
 
     sys.exit(main())

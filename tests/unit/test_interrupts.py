@@ -490,3 +490,29 @@ def test_an_interrupt_while_build_py_imports_unibake_is_one_error_line_and_130(t
     ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "CI": "true"})
     assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_once_the_run_has_ended_leaves_its_result_and_exit_code(tmp_path, sig):
+    # (before: a Ctrl-C between main()'s end and the process's exit printed a KeyboardInterrupt traceback; a
+    # SIGTERM there turned the run's exit code into 143)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    hook = (f"import os, runpy, signal, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"import unibake.cli\n"
+            f"real = unibake.cli.main\n"
+            f"def main(*args, **kwargs):\n"
+            f"    code = real(*args, **kwargs)\n"
+            f"    os.kill(os.getpid(), signal.{sig})\n"
+            f"    return code\n"
+            f"unibake.cli.main = main\n"
+            f"sys.argv = ['build.py', 'verify', {str(tmp_path / 'absent')!r}]\n"
+            f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n")
+    ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, (ran.returncode, ran.stderr)
+    assert ran.stderr.count("error:") == 1, ran.stderr
