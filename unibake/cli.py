@@ -1359,7 +1359,20 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             reporter.summary(outcome.title, outcome.rows, outcome.final)
         elif outcome.error is None:
             reporter.final(outcome.final)
-        _emit_document(args, outcome.document, cwd)
+        try:
+            _emit_document(args, outcome.document, cwd)
+        except UnibakeError as exc:  # the work is done (a release published, a push recorded): said, not left unsaid
+            if len(COMMITTED) == 1:
+                done = f"{COMMITTED[0]} was published whole (check it: python build.py verify {COMMITTED[0]})"
+            elif COMMITTED:
+                done = f"{' and '.join(str(path) for path in COMMITTED)} were published whole"
+            elif outcome.error is not None:  # its verdict kept, and its exit code
+                done = f"the {args.command} command itself failed: {outcome.error}"
+            else:
+                done = f"the {args.command} command itself succeeded (said above)"
+            error = UnibakeError(f"{exc}; {done}")
+            error.exit_code = outcome.error.exit_code if outcome.error is not None else exc.exit_code
+            raise error from None
         if outcome.error is not None:  # the document (a failed verify's report) is out; then the verdict
             print(f"error: {one_line(str(outcome.error))}", file=sys.stderr)
             return outcome.error.exit_code

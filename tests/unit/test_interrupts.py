@@ -516,3 +516,45 @@ def test_a_signal_once_the_run_has_ended_leaves_its_result_and_exit_code(tmp_pat
                          env={**os.environ, "CI": "true"})
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, (ran.returncode, ran.stderr)
     assert ran.stderr.count("error:") == 1, ran.stderr
+
+
+def test_a_metadata_file_the_full_disk_refuses_after_the_release_is_published_says_it_was_published(
+        cli, tmp_path, monkeypatch):
+    # (before: "error: --metadata-file m.json: cannot write (No space left on device)" alone, exit 1: the
+    # release had just been published (often what filled the disk), and a rerun was refused as existing)
+    import errno
+
+    from unibake import files
+
+    def publish(args, ctx):
+        with ReleaseFolder(tmp_path / "release", "1.0", force=False) as folder:
+            (folder.staging / "manifest.json").write_text("{}\n")
+            folder.commit()
+        return cli_module.Outcome(document={"release": "1.0"}, final="published 1.0")
+
+    real = files.open_new
+
+    def full(path, *args, **kwargs):
+        if path.name.startswith(".m.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", publish)
+    monkeypatch.setattr(files, "open_new", full)
+    result = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
+    folder = tmp_path / "release" / "1.0"
+    assert result.code == 1 and result.error_lines == [
+        f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); {folder} was published "
+        f"whole (check it: python build.py verify {folder})"], result.err
+    assert sorted(os.listdir(tmp_path)) == ["release"]
+    monkeypatch.setitem(cli_module.HANDLERS, "releases",
+                        lambda args, ctx: cli_module.Outcome(document={}, final="pushed"))
+    pushed = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
+    assert pushed.error_lines == [f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); "
+                                  "the releases command itself succeeded (said above)"], pushed.err
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", lambda args, ctx: cli_module.Outcome(
+        document={}, final="", error=cli_module.VerificationError("1.0 does not verify")))
+    failed = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
+    assert failed.code == 3 and failed.error_lines == [
+        f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); the releases command "
+        "itself failed: 1.0 does not verify"], failed.err
