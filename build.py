@@ -48,6 +48,21 @@ if __name__ == "__main__":
         sys.dont_write_bytecode = True  # the tool of a reconstruct kit: no file appears in the kit
     _ensure_environment()
     sys.path.insert(0, ROOT)
-    from unibake.cli import main
+    import signal
+
+    def _interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    # until main() sets its own: Ctrl-C or a SIGTERM while unibake is imported (a second or so) is one error line
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, _interrupted)
+    try:
+        from unibake.cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        sys.exit(130)
+    # main() holds them while it runs and puts this back: a signal once its result is out changes nothing
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, signal.SIG_IGN)
 
     sys.exit(main())

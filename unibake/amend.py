@@ -23,7 +23,7 @@ from pathlib import Path
 from .errors import InputError, UnibakeError
 from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
-from .publish import SUMS, SUMS_LIMIT, _holder, _sign, record_temp
+from .publish import SUMS, SUMS_LIMIT, _holder, _sign, held_signals, record_temp
 from .sums import render_sums
 from .templates import render_template
 
@@ -217,6 +217,10 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                     _keep_access(staging / name, old)
             _keep_access(staging, folder.stat())
             fsync_dir(staging)
+            # an interrupt lands before the folder changes or once it and its checksums records are all new:
+            # the renames one by one would leave manifest.json new and SHA256SUMS old, and a record left old
+            # is never updated by a later push (the folder records the push already)
+            locks.enter_context(held_signals())  # let go first, before the locks
             if _exchange(staging, folder):
                 fsync_dir(out)
             else:  # one file at a time, SHA256SUMS last
@@ -237,6 +241,10 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                            f"is (the folder's new {SUMS} is {folder / SUMS}); remove it, or copy that file there")
             if is_ours:
                 old = record.stat()
-                write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode),
-                             temp=record_temp(record, of).name)
+                try:
+                    write_atomic(record.parent, record.name, listing, mode=stat.S_IMODE(old.st_mode),
+                                 temp=record_temp(record, of).name)
+                except OSError as exc:  # the folder records the push: a later push leaves this record as it is
+                    raise UnibakeError(f"the push was recorded in {folder}, but its checksums record {record} was "
+                                       f"not updated ({exc.strerror or exc}): copy {folder / SUMS} there") from None
                 _keep_access(record, old)

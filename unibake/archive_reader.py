@@ -20,6 +20,7 @@ import zstandard
 from .archive import LDM_WINDOW_LOG, Archive
 from .engine import LoadOutcome
 from .errors import VerificationError, ZstdDecodeError
+from .files import open_regular
 from .imagetar import CHUNK, SavedImage, interpret, read_members
 from .threads import consume_in_thread, hashing_thread
 
@@ -50,7 +51,9 @@ class ArchiveReader:
                 self._index += 1
                 if self._index >= len(self.names):
                     return b""
-                self._fh = open(self.folder / self.names[self._index], "rb")
+                # hashed and checked before, opened again here: one swapped for a FIFO meanwhile is refused, not
+                # waited on for ever (a link to a device, read without end)
+                self._fh = open_regular(self.folder / self.names[self._index], VerificationError)
             data = self._fh.read(size if size > 0 else CHUNK)
             if data:
                 self.compressed_bytes += len(data)

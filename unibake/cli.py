@@ -1431,20 +1431,21 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     _argv[:] = argv
     COMMITTED.clear()
     previous = {}
-    if threading.current_thread() is threading.main_thread():
-        _interrupts.clear()
-        for sig in _SIGNALS:  # SIGINT too: a run started with it ignored (a CI's background job) still stops
-            previous[sig] = signal.signal(sig, _terminate)
-    if env is None:
-        from .signing import SECRETS
-
-        env = dict(os.environ)
-        for name in SECRETS:  # every child we start inherits os.environ: the secrets reach only the signing tools
-            os.environ.pop(name, None)
     cwd = cwd or Path.cwd()
     args = None
-    reporter = Reporter(env=env)
-    try:
+    reporter = None
+    try:  # from the handlers on: an interrupt while the rest is imported is "error: interrupted" too
+        if threading.current_thread() is threading.main_thread():
+            _interrupts.clear()
+            for sig in _SIGNALS:  # SIGINT too: a run started with it ignored (a CI's background job) still stops
+                previous[sig] = signal.signal(sig, _terminate)
+        if env is None:
+            from .signing import SECRETS
+
+            env = dict(os.environ)
+            for name in SECRETS:  # every child we start inherits os.environ: the secrets reach only the signing tools
+                os.environ.pop(name, None)
+        reporter = Reporter(env=env)
         parser = build_parser()
         try:
             args = parser.parse_args(with_command(argv))
@@ -1460,7 +1461,20 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             reporter.summary(outcome.title, outcome.rows, outcome.final)
         elif outcome.error is None:
             reporter.final(outcome.final)
-        _emit_document(args, outcome.document, cwd)
+        try:
+            _emit_document(args, outcome.document, cwd)
+        except UnibakeError as exc:  # the work is done (a release published, a push recorded): said, not left unsaid
+            if len(COMMITTED) == 1:
+                done = f"{COMMITTED[0]} was published whole (check it: python build.py verify {COMMITTED[0]})"
+            elif COMMITTED:
+                done = f"{' and '.join(str(path) for path in COMMITTED)} were published whole"
+            elif outcome.error is not None:  # its verdict kept, and its exit code
+                done = f"the {args.command} command itself failed: {outcome.error}"
+            else:
+                done = f"the {args.command} command itself succeeded (said above)"
+            error = UnibakeError(f"{exc}; {done}")
+            error.exit_code = outcome.error.exit_code if outcome.error is not None else exc.exit_code
+            raise error from None
         if outcome.error is not None:  # the document (a failed verify's report) is out; then the verdict
             print(f"error: {one_line(str(outcome.error))}", file=sys.stderr)
             return outcome.error.exit_code
@@ -1468,7 +1482,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except UnibakeError as exc:
         # the tail of the build's output, which a terminal's progress bar hid (plain output printed it line by
         # line as it came: twice would bury the error under a copy of the log)
-        if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and not reporter.quiet and not reporter.plain:
+        if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and reporter is not None and \
+                not reporter.quiet and not reporter.plain:
             print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
         _emit_error(args, str(exc), exc.exit_code, cwd)

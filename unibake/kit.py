@@ -31,6 +31,8 @@ against the release's provenance.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import importlib.metadata
 import io
@@ -52,7 +54,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
-from .errors import BuildFailed, HandoffAborted, InputError, UnibakeError, VerificationError
+from .errors import BuildFailed, BuildInterrupted, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, open_new, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
@@ -218,6 +220,7 @@ class KitDraft:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._spool = self._fh = self._zw = self._tar = self._counted = None
+        self._folder: int | None = None  # the folder's descriptor, flock-ed while the kit is written
         self._begun = self._done = False
 
     def names(self) -> list[str]:
@@ -240,6 +243,7 @@ class KitDraft:
         if target.is_dir() and not target.is_symlink():  # the rename would fail naming the temporary file
             raise InputError(f"{target}: a folder where the kit would be written; move it away or write the kit "
                              "elsewhere")
+        self._hold_folder()
         self._fh = open_new(self.temp)  # never through a link planted under its name in --out
         self._counted = _Hashing(self._fh, self._stop)
         self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
@@ -255,6 +259,21 @@ class KitDraft:
         _add(self._tar, f"{self.top}/Dockerfile", self.context.dockerfile.encode(), 0o644, self.epoch)
         _add(self._tar, f"{self.top}/{CONTEXT}", self._spool, 0o644, self.epoch)
         self._begun = True
+
+    def _hold_folder(self) -> None:
+        """The folder held (``flock`` on the folder itself, no file left in it) while the kit is written: a
+        second run writing a kit there at once would remove this one's temporary file and begin its own, and
+        this one would then rename that half-written file into place as the kit."""
+        try:
+            self._folder = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except PermissionError:  # a folder this user may write but not read: left unheld
+            return
+        try:
+            fcntl.flock(self._folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UnibakeError(f"another run is writing a kit in {self.out}: wait for it, then run again") from None
+        except OSError:  # a file system that cannot lock a folder opened to read (NFS: EBADF): left unheld
+            pass
 
     def begin_in_thread(self) -> None:
         def run() -> None:
@@ -351,13 +370,16 @@ class KitDraft:
         if self._thread is not None:
             self._thread.join()
         self._release()
-        if not self._done:
+        if not self._done and self._fh is not None:  # its own only: not another run's, when it was refused
             self.temp.unlink(missing_ok=True)
 
     def _release(self) -> None:
         for fh in (self._fh, self._spool):
             if fh is not None:
                 fh.close()
+        if self._folder is not None:
+            os.close(self._folder)  # (its flock goes with it)
+            self._folder = None
 
 
 def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, image_id: str,
@@ -564,6 +586,14 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
         try:
             outcome = engine.build(fh, tag=ref, buildargs=record.build_args, nocache=True, on_line=on_line,
                                    platform=record.platform)
+        except BuildInterrupted as exc:  # what finished stays as build cache, named, as a failed build's, not dangling
+            try:
+                for n, stage in enumerate(exc.stage_images, 1):
+                    keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
+                keep_as_cache(engine, cache_ref(record.product, selection, "failed"), exc.last_image)
+            except UnibakeError as err:  # the engine going down with us: the interrupt is what to report
+                on_line(f"warning: the interrupted rebuild's finished steps were not kept as cache: {err}")
+            raise
         except BuildFailed as exc:
             for n, stage in enumerate(exc.stage_images, 1):
                 keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
@@ -749,11 +779,17 @@ def kit_for_release(release: Path, config: Path, out: Path, cwd: Path,
                             expect_context=byproducts_of(document).get(CONTEXT, "none recorded"),
                             toolchains=toolchains,
                             expect_sha256=kit.sha256 if kit else None)  # not the release's kit: nothing may pass for it
-    except BaseException:
+    except BaseException as exc:
         for folder in made:  # innermost first; only as they were made, empty
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(exc, OSError) and (exc.filename is None or Path(exc.filename).parent == out):
+            # a write that failed (a full disk, a folder made read-only meanwhile): --out named, not "a file"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(f"no space left in {out} while writing the kit {name}; nothing written") from None
+            raise UnibakeError(f"cannot write the kit {name} in {out} ({exc.strerror or exc}); nothing written") \
+                from None
         raise
     return written, kit.sha256 if kit else None

@@ -280,11 +280,15 @@ def _holder(lock) -> str:
 
 
 def _sign(lock) -> None:
-    """The holder's pid in the lock file, for the message of a run it refuses."""
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
+    """The holder's pid in the lock file, for the message of a run it refuses. Written past Python's
+    buffer: on a full disk it is left out (the lock is held all the same, and a run it refuses says
+    "another process"), and the stage that needs the space names it; a buffered write failed here as
+    "a file: No space left on device", and again when the lock was closed."""
+    try:
+        os.ftruncate(lock.fileno(), 0)
+        os.pwrite(lock.fileno(), f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
 
 
 def hold_release(out: Path, tag: str):

@@ -446,3 +446,115 @@ def test_an_interrupt_during_a_gate_whose_clean_up_fails_ends_the_run_as_an_inte
     said = [line for line in reporter.stream.getvalue().splitlines() if line.startswith("warning: after the smoke")]
     assert len(said) == 1 and said[0].endswith(": the engine is shutting down"), reporter.stream.getvalue()
     assert not (tmp_path / "release" / "1.0").exists()
+
+
+def test_an_interrupt_while_main_sets_up_is_one_error_line_and_130(cli, tmp_path, monkeypatch):
+    # (before: the handlers were set before the try that turns an interrupt into "error: interrupted": a
+    # signal while main imported the signing module or made its reporter ended in a traceback)
+    from unibake.console import Reporter
+
+    def interrupted_reporter(**kwargs):
+        monkeypatch.setattr(cli_module, "Reporter", Reporter)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered at once, to main's own handler
+        return Reporter(**kwargs)
+
+    monkeypatch.setattr(cli_module, "Reporter", interrupted_reporter)
+    document = tmp_path / "m.json"
+    try:
+        result = cli("--metadata-file", str(document), "releases", "--out", str(tmp_path))
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped main() (a traceback)")
+    assert result.code == 130 and result.err == "error: interrupted\n", result.err
+    assert json.loads(document.read_text()) == {"error": "interrupted", "exit_code": 130}
+    assert signal.getsignal(signal.SIGTERM) is not cli_module._terminate  # put back as it was
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_build_py_imports_unibake_is_one_error_line_and_130(tmp_path, sig):
+    # (before: a Ctrl-C in the first second of `python build.py ...`, while unibake was imported, printed a
+    # traceback; a SIGTERM then ended it silently with 143)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    hook = (f"import os, runpy, signal, sys\n"
+            f"class Interrupt:\n"
+            f"    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == 'unibake.console':\n"
+            f"            os.kill(os.getpid(), signal.{sig})\n"
+            f"        return None\n"
+            f"sys.meta_path.insert(0, Interrupt())\n"
+            f"sys.argv = ['build.py', 'releases', '--out', {str(tmp_path)!r}]\n"
+            f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n")
+    ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_once_the_run_has_ended_leaves_its_result_and_exit_code(tmp_path, sig):
+    # (before: a Ctrl-C between main()'s end and the process's exit printed a KeyboardInterrupt traceback; a
+    # SIGTERM there turned the run's exit code into 143)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    hook = (f"import os, runpy, signal, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"import unibake.cli\n"
+            f"real = unibake.cli.main\n"
+            f"def main(*args, **kwargs):\n"
+            f"    code = real(*args, **kwargs)\n"
+            f"    os.kill(os.getpid(), signal.{sig})\n"
+            f"    return code\n"
+            f"unibake.cli.main = main\n"
+            f"sys.argv = ['build.py', 'verify', {str(tmp_path / 'absent')!r}]\n"
+            f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n")
+    ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, (ran.returncode, ran.stderr)
+    assert ran.stderr.count("error:") == 1, ran.stderr
+
+
+def test_a_metadata_file_the_full_disk_refuses_after_the_release_is_published_says_it_was_published(
+        cli, tmp_path, monkeypatch):
+    # (before: "error: --metadata-file m.json: cannot write (No space left on device)" alone, exit 1: the
+    # release had just been published (often what filled the disk), and a rerun was refused as existing)
+    import errno
+
+    from unibake import files
+
+    def publish(args, ctx):
+        with ReleaseFolder(tmp_path / "release", "1.0", force=False) as folder:
+            (folder.staging / "manifest.json").write_text("{}\n")
+            folder.commit()
+        return cli_module.Outcome(document={"release": "1.0"}, final="published 1.0")
+
+    real = files.open_new
+
+    def full(path, *args, **kwargs):
+        if path.name.startswith(".m.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", publish)
+    monkeypatch.setattr(files, "open_new", full)
+    result = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
+    folder = tmp_path / "release" / "1.0"
+    assert result.code == 1 and result.error_lines == [
+        f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); {folder} was published "
+        f"whole (check it: python build.py verify {folder})"], result.err
+    assert sorted(os.listdir(tmp_path)) == ["release"]
+    monkeypatch.setitem(cli_module.HANDLERS, "releases",
+                        lambda args, ctx: cli_module.Outcome(document={}, final="pushed"))
+    pushed = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
+    assert pushed.error_lines == [f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); "
+                                  "the releases command itself succeeded (said above)"], pushed.err
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", lambda args, ctx: cli_module.Outcome(
+        document={}, final="", error=cli_module.VerificationError("1.0 does not verify")))
+    failed = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
+    assert failed.code == 3 and failed.error_lines == [
+        f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); the releases command "
+        "itself failed: 1.0 does not verify"], failed.err

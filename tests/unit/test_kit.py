@@ -873,6 +873,54 @@ def test_the_kit_command_writes_no_kit_through_a_link_planted_as_its_temporary_f
     assert victim.read_text() == "precious\n" and os.listdir(tmp_path / "kit") == [kit_name("demo-llm", "1.3.1")]
 
 
+@pytest.mark.parametrize("errno_", ["ENOSPC", "EIO"])
+def test_kit_on_a_full_disk_names_out_and_leaves_nothing(cli, tmp_path, monkeypatch, errno_):
+    # (before: error: a file: No space left on device, naming neither --out nor the kit)
+    import errno
+
+    from unibake import kit
+
+    folder = tmp_path / "release" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = None  # a release that published no kit: the one written now is taken as is
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    for name in os.listdir(folder):
+        if name.startswith("SHA256SUMS."):
+            os.unlink(folder / name)
+    resum(folder)
+    real = kit.open_new
+
+    class Full(io.RawIOBase):  # the disk fills after 64 KiB of the kit
+        def __init__(self, fh):
+            self.fh, self.bytes = fh, 0
+
+        def write(self, data):
+            self.bytes += len(data)
+            if self.bytes > 64 << 10:
+                raise OSError(getattr(errno, errno_), os.strerror(getattr(errno, errno_)))
+            return self.fh.write(data)
+
+        def writable(self):
+            return True
+
+        def fileno(self):
+            return self.fh.fileno()
+
+        def close(self):
+            self.fh.close()
+            super().close()
+
+    monkeypatch.setattr(kit, "open_new", lambda path, *args: Full(real(path, *args)))
+    (tmp_path / "kits").mkdir()
+    out = tmp_path / "kits" / "new"
+    failed = cli("kit", str(folder), "--out", str(out), "--config", str(REPO / "profiles"))
+    said = (f"no space left in {out} while writing the kit demo-llm-1.3.1-kit.tar.zst" if errno_ == "ENOSPC" else
+            f"cannot write the kit demo-llm-1.3.1-kit.tar.zst in {out} (Input/output error)")
+    assert failed.code == 1 and failed.error_lines == [f"error: {said}; nothing written"], failed.err
+    assert os.listdir(tmp_path / "kits") == []
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 def test_verify_sh_run_through_a_link_or_from_a_folder_named_like_a_cd_option_checks_its_own_kit(
         busybox_product, tmp_path, shell):
@@ -1253,3 +1301,69 @@ def test_the_kits_readme_names_every_tag_its_rebuild_leaves_and_how_to_remove_th
     assert 'venv="$cache/unibake/kit-venv-$(sha256sum tool/requirements.txt | cut -c 1-16)"' in script
     assert "cache=$XDG_CACHE_HOME" in script and "cache=$HOME/.cache" in script
     assert 'rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/unibake"/kit-venv-*' in readme
+
+
+def test_an_interrupted_rebuild_keeps_its_finished_steps_as_named_build_cache(busybox_product, tmp_path):
+    # (before: a Ctrl-C during the rebuild's build left the steps that finished as dangling images, which
+    # the classic builder does not remove; a release's build keeps them as unibake-cache/...-failed)
+    from unibake.builder import cache_ref
+    from unibake.errors import BuildInterrupted
+
+    from .test_normalise import config, ours
+
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
+    base = engine.images[engine.tags[BASE.ref]].layers
+    stage = engine.add(config("2026-01-01T00:00:00Z", "s1"), base + ours(1))
+    step = engine.add(config("2026-01-01T00:00:00Z", "c1"), base + ours(1))
+
+    def interrupted(context, *, tag, buildargs, nocache, on_line, platform=None):
+        raise BuildInterrupted(last_image=step, stage_images=(stage,))
+
+    engine.build = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        rebuild(folder, engine)
+    product = read_kit(folder).product
+    assert engine.tags[cache_ref(product, "kit-0.1.0", "failed")] == step
+    assert engine.tags[cache_ref(product, "kit-0.1.0", "stage1")] == stage
+
+
+def test_two_kits_written_into_one_folder_at_once_never_put_a_partial_kit_in_place(busybox_product, tmp_path, cli):
+    # (before: both wrote .NAME.tmp; the second removed the first's and began its own, and the first then
+    # renamed the second's half-written file into place as the kit: a truncated zstd under the final name)
+    whole, _ = make_kit(busybox_product, tmp_path / "whole")
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    out = tmp_path / "kits"
+    out.mkdir()
+    first = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    second = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    first.begin()
+    try:
+        with pytest.raises(UnibakeError, match=rf"^another run is writing a kit in {out}: wait for it, then run "
+                                               "again$"):
+            second.begin()
+    finally:
+        second.abandon()
+    first.finish(image_id=IMAGE_ID, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE, builder=None)
+    first.abandon()
+    assert os.listdir(out) == [whole.name] and (out / whole.name).read_bytes() == whole.read_bytes()
+    again = KitDraft(out, whole.name, plan=plan, context=render(plan), release="0.1.0", epoch=1700000000)
+    again.finish(image_id=IMAGE_ID, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE, builder=None)
+    again.abandon()  # the first let go of the folder
+    assert os.listdir(out) == [whole.name] and (out / whole.name).read_bytes() == whole.read_bytes()
+
+
+def test_a_kit_is_written_where_the_file_system_cannot_lock_a_folder(busybox_product, tmp_path, monkeypatch):
+    # NFS emulates flock with byte-range locks, which a folder opened to read cannot take (EBADF): the kit is
+    # written unheld there, not refused as "cannot write the kit"
+    import errno
+
+    from unibake import kit
+
+    def no_folder_locks(fd, operation):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    whole, _ = make_kit(busybox_product, tmp_path / "whole")
+    monkeypatch.setattr(kit.fcntl, "flock", no_folder_locks)
+    made, _ = make_kit(busybox_product, tmp_path / "nfs")
+    monkeypatch.undo()
+    assert made.read_bytes() == whole.read_bytes() and os.listdir(tmp_path / "nfs") == [whole.name]

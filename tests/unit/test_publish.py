@@ -717,3 +717,51 @@ def test_one_release_or_one_engine_is_counted_in_the_singular(tmp_path, cli):
     gone = f"unix://{tmp_path}/nothing.sock"
     deployed = cli("deploy", str(folder), "--engine", gone)
     assert deployed.code == 3 and "demo-llm:1.0 to 1 engine from the archive" in deployed.err, deployed.err
+
+
+def test_a_full_disk_when_a_run_writes_its_pid_in_the_lock_file_still_locks(tmp_path, monkeypatch):
+    # (before: the pid's write failed as "error: a file: No space left on device", naming no file, before the
+    # stage that needs the space could name the folder and its free bytes; prune and push failed alike)
+    import errno
+    import io
+
+    from unibake import amend, publish
+    from unibake.publish import hold_release, lock_release
+
+    out = tmp_path / "release"
+    out.mkdir()
+    real, full = publish.open_lock, set()
+
+    class FullLock(io.TextIOWrapper):  # what is written to the lock file is buffered, then meets a full disk
+        pending = ""
+
+        def write(self, text):
+            self.pending += text
+
+        def flush(self):
+            if self.pending:  # kept, as Python's buffer keeps what it could not write: tried again on close
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_full(path, **kwargs):
+        lock = real(path, **kwargs)
+        full.add(lock.fileno())
+        return FullLock(lock.detach(), encoding="utf-8")
+
+    def pwrite(fd, data, offset, _real=os.pwrite):
+        if fd in full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return _real(fd, data, offset)
+
+    monkeypatch.setattr(publish, "open_lock", open_full)
+    monkeypatch.setattr(amend, "open_lock", open_full)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with ReleaseFolder(out, "1.0", force=False) as folder:  # the lock is held all the same
+        assert folder.staging.is_dir()
+        with pytest.raises(UnibakeError, match=r"another run is writing release .*1\.0 \(pid another process\)"):
+            ReleaseFolder(out, "1.0", force=False).__enter__()
+    for tag, take in (("1.1", hold_release), ("1.2", lock_release), ("1.3", lambda *a: amend._Lock(*a).__enter__().fh)):
+        lock = take(out, tag)  # a hotfix's hold on its base, prune's, a push's: each locks
+        with pytest.raises(UnibakeError, match=rf"(another run is writing|a hotfix is being made on) release .*{tag}"):
+            ReleaseFolder(out, tag, force=False).__enter__()
+        lock.close()
+    assert sorted(os.listdir(out)) == [".1.0.lock", ".1.1.lock", ".1.2.lock", ".1.3.lock"]

@@ -2433,3 +2433,77 @@ def test_push_and_deploy_show_the_archive_read_of_their_verify_stage(tmp_path, c
         lines = result.err.splitlines()
         verify = lines.index(next(line for line in lines if line.startswith("==> verify")))
         assert result.code == code and lines[verify + 1].startswith("    read archive: "), result.err
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_an_interrupt_while_a_push_is_recorded_lands_after_the_folder_and_its_record_are_whole(tmp_path, monkeypatch,
+                                                                                                atomic):
+    # (before: without an atomic exchange, a SIGINT after the first file was renamed in left manifest.json new
+    # and SHA256SUMS old, so the folder failed verify; with one, a SIGINT right after it left checksums/ with
+    # the old listing, which no later push updates: it records the push already)
+    import signal
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    exchange, replace = amend._exchange, os.replace
+
+    def exchanged_then_interrupted(a, b):
+        if not atomic:
+            return False
+        done = exchange(a, b)
+        signal.raise_signal(signal.SIGINT)
+        return done
+
+    def replaced_then_interrupted(src, dst):
+        replace(src, dst)
+        if os.path.dirname(dst) == str(folder):
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(amend, "_exchange", exchanged_then_interrupted)
+    monkeypatch.setattr(os, "replace", replaced_then_interrupted)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.undo()
+    assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+    assert (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_text() == (folder / "SHA256SUMS").read_text()
+    assert sorted(os.listdir(tmp_path / "checksums")) == ["1.3.1.SHA256SUMS"]
+    assert not (folder.parent / f".{folder.name}.amend").exists()
+
+
+@pytest.mark.parametrize("errno_", ["ENOSPC", "EACCES"])
+def test_a_checksums_record_that_cannot_be_written_after_the_push_is_recorded_says_the_folder_records_it(
+        tmp_path, monkeypatch, errno_, cli):
+    # (before: error: .../checksums/1.3.1.SHA256SUMS: No space left on device, as if nothing had been recorded;
+    # a second push then said "the release already records this push" and never wrote the record)
+    import errno
+
+    from unibake import files
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    old_record = (tmp_path / "checksums" / "1.3.1.SHA256SUMS").read_bytes()
+    real = files.open_new
+
+    def full_in_checksums(path, *args, **kwargs):
+        if path.parent == tmp_path / "checksums":
+            raise OSError(getattr(errno, errno_), os.strerror(getattr(errno, errno_)), str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(files, "open_new", full_in_checksums)
+    with pytest.raises(UnibakeError) as failed:
+        amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums")
+    monkeypatch.undo()
+    record_path = tmp_path / "checksums" / "1.3.1.SHA256SUMS"
+    assert str(failed.value) == (
+        f"the push was recorded in {folder}, but its checksums record {record_path} was not updated "
+        f"({os.strerror(getattr(errno, errno_))}): copy {folder / 'SHA256SUMS'} there"), failed.value
+    assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+    assert record_path.read_bytes() == old_record and os.listdir(tmp_path / "checksums") == ["1.3.1.SHA256SUMS"]

@@ -280,3 +280,66 @@ def test_verify_parses_the_manifest_it_checked_against_the_sums(folder, monkeypa
     report = verify.verify_folder(folder)
     assert manifest.read_bytes() != original, "the swap was never played: the test proved nothing"
     assert report.manifest.revision == checked["revision"]
+
+
+def _within(seconds, fn, fifo):
+    """``fn()`` in a thread, given ``seconds``: one that hangs opening ``fifo`` is let go (a writer opens
+    it) and the test fails, rather than the suite hanging."""
+    import threading
+
+    said = {}
+
+    def run():
+        try:
+            said["ok"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            said["raised"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the reader waits: it takes this writer, then EOF
+        os.close(fd)
+        thread.join(seconds)
+        pytest.fail(f"hung opening {fifo} (a FIFO put in place of an archive file)")
+    if "raised" in said:
+        raise said["raised"]
+    return said["ok"]
+
+
+@pytest.mark.parametrize("when", ["after its checks", "before the load"])
+def test_an_archive_file_swapped_for_a_fifo_after_it_was_hashed_is_refused_not_waited_on(folder, monkeypatch, when):
+    # (before: verify, and the load of verify --load (push, a hotfix's base alike), opened the archive to read
+    # it with a plain open(): a FIFO put in its place after it was hashed held the run for ever)
+    from unibake import verify
+    from unibake.errors import VerificationError
+    from unibake.manifest import load_manifest
+
+    from ..fake_engine import FakeEngine
+
+    name = load_manifest(folder).archive.name
+    fifo = folder / name
+
+    def swap():
+        os.unlink(fifo)
+        os.mkfifo(fifo)
+
+    if when == "after its checks":  # hashed, its size and kind checked: swapped as the read begins
+        class SwappedAsItIsRead(verify.ArchiveReader):
+            def __init__(self, *args, **kwargs):
+                swap()
+                super().__init__(*args, **kwargs)
+
+        monkeypatch.setattr(verify, "ArchiveReader", SwappedAsItIsRead)
+        with pytest.raises(VerificationError, match=rf"{name}: not a regular file now \(it was replaced since it was "
+                                                    r"hashed, by a FIFO"):
+            _within(10, lambda: verify.verify_folder(folder), fifo)
+    else:
+        report = verify.verify_folder(folder)
+        assert not report.failures
+        swap()
+        engine = FakeEngine(address="fake://local")
+        report = _within(10, lambda: verify.load_and_compare(report, engine), fifo)
+        assert [c.name for c in report.failures] == ["load"] and "not a regular file now" in report.failures[0].detail
+        assert engine.loads == 0 or not engine.images
