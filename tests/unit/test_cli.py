@@ -662,7 +662,8 @@ def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tm
     problem = {"closed": "stdout is closed", "full": "No space left on device"}.get(stdout)
     redirect = {"closed": ">&-", "full": ">/dev/full"}.get(stdout, "| (exec 0<&-; sleep 3)")
     for args, code, said in ((["releases", "--out", "release"], 1 if problem else 0,
-                              f"error: --json: cannot write the JSON document to stdout ({problem})" if problem else
+                              f"error: --json: cannot write the JSON document to stdout ({problem}); the releases "
+                              "command itself succeeded (said above)" if problem else
                               None),  # a pipe closed by its reader (head) is not an error of ours
                              (["releases", "--out", "nowhere"], 2, "error: --out nowhere: no such folder")):
         run = subprocess.run(["bash", "-c", f'"$0" "$@" {redirect}; exit "${{PIPESTATUS[0]}}"',
