@@ -46,9 +46,15 @@ class Handoff(Generic[T]):
         self.put(error if error is not None else _END)
 
     def items(self) -> Iterator[T]:
-        """What was put, until the end; raises an error that was put instead."""
+        """What was put, until the end; raises an error that was put instead. Taken with a time-out, as
+        ``put`` hands over: an interrupt raised in the putting thread inside the queue's ``notify`` leaves
+        a stale waiter in it, and the next notify wakes that one, not this thread (an interrupted round
+        trip hung in its clean-up, the hashing thread never woken for the end it was handed)."""
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.1)
+            except Empty:  # look at the queue again
+                continue
             if item is _END:
                 return
             if isinstance(item, BaseException):

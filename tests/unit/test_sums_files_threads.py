@@ -108,6 +108,29 @@ def test_a_consumer_in_a_thread_returns_its_result_or_raises_its_error_at_the_ne
         failing.close()
 
 
+def test_a_consumer_takes_what_is_handed_even_after_an_interrupt_left_a_stale_waiter_in_the_queue():
+    # (before: a SIGTERM during an interrupted round trip, raised in the main thread inside the queue's notify
+    # after it had woken the hashing thread, left that thread's old waiter in the queue's list; the end handed
+    # later woke the stale waiter, the hashing thread slept on, and the clean-up waited for it for ever)
+    import time
+
+    seen: list = []
+    consumer = consume_in_thread(lambda items: seen.extend(items), name="sha256")
+    not_empty = consumer._handoff._queue.not_empty
+    deadline = time.monotonic() + 10
+    while not not_empty._waiters and time.monotonic() < deadline:  # the consumer waits for its first item
+        time.sleep(0.01)
+    stale = threading.Lock()  # the state such an interrupt leaves: a woken waiter still first in the list
+    stale.acquire()
+    with not_empty:
+        not_empty._waiters.appendleft(stale)
+    closing = threading.Thread(target=consumer.close, daemon=True)  # its end, the one item handed now
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive(), "the consumer never woke for the end handed to it"
+    assert seen == []
+
+
 def test_a_write_that_fails_without_a_file_name_names_the_file_being_written(tmp_path):
     # a full disk fails the write or the fsync, and Python's error names no file: "error: a file: ..."
     script = ("import resource, signal, sys; from pathlib import Path; from unibake.files import write_atomic; "
