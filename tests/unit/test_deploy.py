@@ -462,6 +462,18 @@ def _version_reply(handler):
     _json_reply(handler, 200, ENGINE_VERSION)
 
 
+def _events_reply(handler, events):
+    """A fake engine's streamed answer (a pull's, a load's): each event a chunk of its own, as the engine sends them."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for event in events:
+        data = json.dumps(event).encode() + b"\r\n"
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+    handler.wfile.write(b"0\r\n\r\n")
+
+
 @contextmanager
 def docker_api(*, inspect="404", pull="progress"):
     """A Docker engine's API on loopback, as docker-py reaches it over tcp://: it answers the version, then
@@ -1076,14 +1088,7 @@ def test_a_pull_tells_its_progress_the_bytes_each_layer_downloads(fake_api_only)
             self.wfile.write(body)
 
         def do_POST(self):  # noqa: N802 - each event a chunk of its own, as the engine streams them
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for event in events:
-                data = json.dumps(event).encode() + b"\r\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.write(b"0\r\n\r\n")
+            _events_reply(self, events)
 
     with _serving(Engine) as address:
         told = []
@@ -1181,14 +1186,7 @@ def test_a_pull_counts_a_layer_the_engine_holds_already_so_its_total_is_reached(
             _version_reply(self)
 
         def do_POST(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for event in events:
-                data = json.dumps(event).encode() + b"\r\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.write(b"0\r\n\r\n")
+            _events_reply(self, events)
 
     with _serving(Engine) as address:
         told = []

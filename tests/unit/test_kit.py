@@ -851,10 +851,8 @@ def test_kit_after_an_input_changed_names_it_in_plain_words(cli, tmp_path, demo_
         f"provenance lists them); check out the revision it was built from ({revision})"], refused.err
 
 
-def test_the_kit_command_writes_no_kit_through_a_link_planted_as_its_temporary_file(cli, tmp_path):
-    # (before: kit --out DIR wrote DIR/.NAME.tmp through a link planted there, over the file it named)
-    from ..forge import resum
-
+def _the_demo_release_without_its_kit(tmp_path):
+    """A copy of release/1.3.1 that published no kit (the one written now is taken as is), unsigned, re-summed."""
     folder = tmp_path / "release" / "1.3.1"
     shutil.copytree(REPO / "release/1.3.1", folder)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -864,6 +862,12 @@ def test_the_kit_command_writes_no_kit_through_a_link_planted_as_its_temporary_f
         if name.startswith("SHA256SUMS."):
             os.unlink(folder / name)
     resum(folder)
+    return folder
+
+
+def test_the_kit_command_writes_no_kit_through_a_link_planted_as_its_temporary_file(cli, tmp_path):
+    # (before: kit --out DIR wrote DIR/.NAME.tmp through a link planted there, over the file it named)
+    folder = _the_demo_release_without_its_kit(tmp_path)
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     (tmp_path / "kit").mkdir()
@@ -880,15 +884,7 @@ def test_kit_on_a_full_disk_names_out_and_leaves_nothing(cli, tmp_path, monkeypa
 
     from unibake import kit
 
-    folder = tmp_path / "release" / "1.3.1"
-    shutil.copytree(REPO / "release/1.3.1", folder)
-    manifest = json.loads((folder / "manifest.json").read_text())
-    manifest["supply_chain"]["kit"] = None  # a release that published no kit: the one written now is taken as is
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    for name in os.listdir(folder):
-        if name.startswith("SHA256SUMS."):
-            os.unlink(folder / name)
-    resum(folder)
+    folder = _the_demo_release_without_its_kit(tmp_path)
     real = kit.open_new
 
     class Full(io.RawIOBase):  # the disk fills after 64 KiB of the kit

@@ -560,6 +560,23 @@ def test_an_amend_signs_the_new_sums_again_and_moves_the_signature_in_with_them(
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
 
 
+def _hotfix_release(out, shared, old, new):
+    """Release 1.0 of the layers ``shared`` and ``old``, and its hotfix 1.1 of ``shared`` and ``new`` (``shared``
+    omitted from its archive); returns the hotfix's folder, the base's manifest, the omitted diffID and the image ID."""
+    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
+    base = load_manifest(base_folder)
+    data, image_id, _ = docker_layout([shared, new], tag="demo-llm:1.1")
+    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
+    with ReleaseFolder(out, "1.1", force=False) as staged:
+        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
+        back = read_back(archive, omitted=frozenset([omitted]))
+        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
+                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
+                                  labels={}, previous=base, hotfix=base)
+        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    return folder, base, omitted, image_id
+
+
 def test_signing_again_needs_the_very_keys_the_release_records(minisign_key):
     secret, _ = minisign_key
     signer = check_keys(None, secret, {})
@@ -572,6 +589,7 @@ def test_signing_again_needs_the_very_keys_the_release_records(minisign_key):
         with pytest.raises(InputError, match=says):
             check_signer(signer, recorded, "release 1.3.1")
 
+
 def test_a_hotfix_push_shows_its_base_release_verified_and_read_not_minutes_of_silence(tmp_path):
     # a hotfix's unchanged layers come from its base release: the base's whole archive was verified, then read
     # and compressed, without a word, while the bar of the hotfix's own (small) archive stood full
@@ -579,17 +597,7 @@ def test_a_hotfix_push_shows_its_base_release_verified_and_read_not_minutes_of_s
 
     out = tmp_path / "release"
     shared, old, new = (layer_tar({name: os.urandom(200_000)}) for name in ("base", "old", "new"))
-    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
-    base = load_manifest(base_folder)
-    data, _, _ = docker_layout([shared, new], tag="demo-llm:1.1")
-    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
-    with ReleaseFolder(out, "1.1", force=False) as staged:
-        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
-        back = read_back(archive, omitted=frozenset([omitted]))
-        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
-                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
-                                  labels={}, previous=base, hotfix=base)
-        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    folder, base, omitted, _ = _hotfix_release(out, shared, old, new)
     events = []
 
     @contextmanager
@@ -613,17 +621,7 @@ def test_a_hotfix_push_shows_its_base_release_verified_and_read_not_minutes_of_s
 def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_release(tmp_path):
     out = tmp_path / "release"
     shared, old, new = (layer_tar({name: name.encode() * 100}) for name in ("base", "old", "new"))
-    base_folder, _ = make_release(out, "1.0", layers=[shared, old])
-    base = load_manifest(base_folder)
-    data, image_id, _ = docker_layout([shared, new], tag="demo-llm:1.1")
-    omitted = "sha256:" + hashlib.sha256(shared).hexdigest()
-    with ReleaseFolder(out, "1.1", force=False) as staged:
-        archive = write_archive([data], staged.staging, "demo-llm-1.1.tar.zst", tag="demo-llm:1.1", omit=[omitted])
-        back = read_back(archive, omitted=frozenset([omitted]))
-        manifest = build_manifest(product="demo-llm", tag="1.1", image_ref="demo-llm:1.1", archive=archive,
-                                  digests=back, metadata=ImageMetadata.model_validate_json(json.dumps(METADATA)),
-                                  labels={}, previous=base, hotfix=base)
-        folder = publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
+    folder, base, omitted, image_id = _hotfix_release(out, shared, old, new)
     manifest = load_manifest(folder)
     assert manifest.hotfix.omitted_diff_ids == (omitted,)
 
@@ -635,7 +633,7 @@ def test_a_hotfix_is_pushed_whole_its_unchanged_layers_read_from_its_base_releas
     layers = [gzip.decompress(registry.blobs[layer["digest"]]) for layer in document["layers"]]
     assert layers == [shared, new]
 
-    shutil.rmtree(base_folder)
+    shutil.rmtree(out / "1.0")  # the base release's folder
     with pytest.raises(InputError, match="is a hotfix on 1.0, whose folder"):
         push_release(folder, manifest, target, RecordingClient(), temp_dir=tmp_path)
 
