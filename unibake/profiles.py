@@ -350,8 +350,9 @@ def _refuse_bidi_outside_values(doc: Document) -> None:
                          "reviewer the line reordered; remove it")
 
 
-def validate_document(doc: Document, *, is_product: bool) -> None:
-    """Types, patterns and unknown keys of one file, and which keys it may set."""
+def validate_document(doc: Document, *, is_product: bool, is_fragment: bool = False) -> None:
+    """Types, patterns and unknown keys of one file, and which keys it may set. A fragment (a file in a
+    subfolder of the profiles folder, which profiles extend to share keys) is no profile: it names none."""
     _check_record(SCHEMA, doc.data, (), lambda p: doc.where(p), required=False)
     for key in doc.data:
         scope = SCHEMA[key].scope
@@ -363,6 +364,11 @@ def validate_document(doc: Document, *, is_product: bool) -> None:
             if key in doc.data:
                 raise InputError(f"{doc.where((key,))}: {PRODUCT_FILE} must not set '{key}'; "
                                  "it is the root every profile extends")
+    elif is_fragment:
+        if "profile" in doc.data:
+            raise InputError(f"{doc.where(('profile',))}: a file in a subfolder of the profiles folder is a fragment "
+                             "that profiles extend, not a profile: remove 'profile' (a profile is a file at the "
+                             "folder's top)")
     elif "profile" not in doc.data:
         raise InputError(f"{doc.display}:1: required key 'profile' is missing (the profile's name)")
 
@@ -455,7 +461,8 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     doc = cache.get(file)
     if doc is None:
         doc = read_document(file, display)
-        validate_document(doc, is_product=file.name == PRODUCT_FILE and file.parent == config_dir)
+        validate_document(doc, is_product=file.name == PRODUCT_FILE and file.parent == config_dir,
+                          is_fragment=file.parent != config_dir)
         _refuse_bidi_outside_values(doc)
         cache[file] = doc
     origins = {p: f"{doc.display}:{line}" for p, line in doc.lines.items()}
@@ -463,8 +470,11 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     is_product = file.name == PRODUCT_FILE and file.parent == config_dir
     if is_product:
         return data, origins, (doc.display,), env_files
-    parent_name = doc.data.get("extends", PRODUCT_FILE)
-    named = file.parent / parent_name  # a link that loops or points nowhere is named as such, not a traceback
+    # no 'extends' means the product file, also from a fragment in a subfolder (which cannot name it: '..'
+    # is refused in a path); a named parent lies beside the file that names it
+    parent_name = doc.data.get("extends")
+    named = config_dir / PRODUCT_FILE if parent_name is None else file.parent / parent_name
+    parent_name = parent_name or PRODUCT_FILE
     parent = real_path(named, parent_name, doc.where(("extends",))) if os.path.lexists(named) else named.resolve()
     if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
         raise InputError(f"{doc.where(('extends',))}: 'extends' must name a .yaml file in "

@@ -13,6 +13,7 @@ from unibake.profiles import merge
 
 
 def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
 
 
@@ -143,6 +144,27 @@ def test_a_yaml_syntax_error_says_what_pyyaml_found_not_only_its_last_words(busy
 def test_duplicate_key_in_one_file_is_refused(busybox_product):
     write(busybox_product / "tp2.yaml", "profile: tp2\ngpus: 2\ngpus: 4\n")
     with pytest.raises(InputError, match=r"tp2\.yaml:3: key 'gpus' appears twice"):
+        make_plan(busybox_product)
+
+
+def test_profiles_share_keys_through_a_fragment_in_a_subfolder(busybox_product):
+    # a fragment names no parent and extends product.yaml, as a profile does (before: it had to name
+    # '../product.yaml', refused as a path, and 'profile:' was required of it)
+    write(busybox_product / "shared" / "ring.yaml", "env: {NCCL_ALGO: Ring, FRAGMENT: 'yes'}\nsmoke: {timeout: 33}\n")
+    write(busybox_product / "tp2.yaml", "profile: tp2\nextends: shared/ring.yaml\ngpus: 2\n")
+    plan = make_plan(busybox_product)
+    tp2 = plan.profile("tp2")
+    assert tp2.env == {"SHARED_SETTING": "on", "NCCL_ALGO": "Ring", "FRAGMENT": "yes"}
+    assert tp2.smoke.timeout == 33
+    assert sorted(plan.known_profiles) == ["tp1", "tp2"]  # the fragment is no profile
+    assert any(f.endswith("profiles/shared/ring.yaml") for f in plan.config_files)  # kit and provenance carry it
+
+
+def test_a_fragment_that_names_a_profile_is_refused(busybox_product):
+    write(busybox_product / "shared" / "ring.yaml", "profile: ring\nenv: {NCCL_ALGO: Ring}\n")
+    write(busybox_product / "tp2.yaml", "profile: tp2\nextends: shared/ring.yaml\ngpus: 2\n")
+    with pytest.raises(InputError, match=r"shared/ring\.yaml:1: a file in a subfolder of the profiles folder is a "
+                                         r"fragment that profiles extend, not a profile: remove 'profile'"):
         make_plan(busybox_product)
 
 
