@@ -44,6 +44,12 @@ def case_extends_cycle(p):
     edit(p / "tp1.yaml", "profile: tp1", "profile: tp1\nextends: tp2.yaml")
 
 
+def case_fragment_names_a_profile(p):
+    (p / "shared").mkdir()
+    (p / "shared" / "nccl.yaml").write_text("profile: nccl\nenv: {NCCL_ALGO: Ring}\n")
+    edit(p / "tp2.yaml", "extends: tp1.yaml", "extends: shared/nccl.yaml")
+
+
 def case_missing_parent(p):
     edit(p / "tp2.yaml", "extends: tp1.yaml", "extends: tp0.yaml")
 
@@ -552,6 +558,7 @@ SAYS = {
     "number_of_many_digits": "tp1.yaml:2: a number too large to be a value",
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
+    "fragment_names_a_profile": "shared/nccl.yaml:1: a file in a subfolder of the profiles folder is a fragment",
     "port_written_as_another_number": "tp1.yaml:3: --port 8000 of profile 'tp1' is not launch.port 30000",
     "base_of_a_platform_by_tag": "or as base.platforms.linux/arm64: sha256:<image ID> (a local image; base.id pins "
                                  "base.image only)",
