@@ -98,3 +98,71 @@ def test_a_step_that_fails_in_a_memo_build_is_named_by_its_number_in_the_whole_d
     assert steps[-1] == f"Step {total + 1}/{total + 1} : RUN echo broken >&2 && exit 3"
     assert failed.value.step == f"Step {total + 1}: RUN echo broken >&2 && exit 3"
     assert str(failed.value).startswith(f"the build failed at Step {total + 1}: RUN echo broken")
+
+
+def test_a_build_from_the_memo_keeps_its_images_when_another_run_removes_them_meanwhile(engine, busybox_product,
+                                                                                       version, images, tmp_path):
+    # two CI jobs of one selection on one engine: the other job's build cache replaces, and so removes, the
+    # images this one builds FROM, just after this one looked them up (before: the build failed, "No such image")
+    from unibake.builder import CACHE_REPOSITORY, build_image
+    from unibake.plan import make_plan
+    from unibake.render import render
+
+    tag = f"unibake-test:{version}"
+    images(tag)
+    context = render(make_plan(busybox_product, cwd=busybox_product.parent, version=version))
+    memo = tmp_path / "memo"
+    first = build_image(context, engine, product="unibake-test", revision="r", epoch=0, on_line=lambda line: None,
+                        memo=memo)
+    first_tags = [t for i in engine.list_images() for t in i.tags
+                  if t == tag or t.startswith(f"{CACHE_REPOSITORY}/unibake-test:")]
+    lower = json.loads(next(memo.glob("*.json")).read_text())["lower"]
+    removed: list[str] = []
+
+    def other_run(line: str) -> None:
+        if MEMO_LINE in line and not removed:  # every tag of the first build's images goes, and untagged images too
+            for ref in first_tags:
+                engine.untag(ref)
+                removed.append(ref)
+
+    second = build_image(context, engine, product="unibake-test", revision="r", epoch=0, on_line=other_run,
+                         memo=memo)
+    assert removed  # built from the memo, its images' tags removed meanwhile
+    assert second.memoised and engine.inspect_image(tag).id == second.image_id
+    kept = engine.inspect_image(lower)  # the new image's parent now: its layers are the new image's first
+    assert kept is not None and second.diff_ids[:len(kept.diff_ids)] == first.diff_ids[:len(kept.diff_ids)]
+    leftovers = [t for i in engine.list_images() for t in i.tags if "hold" in t]
+    assert not leftovers  # the build's own hold on the memo's images is gone with it
+
+
+def test_a_memo_whose_images_go_just_after_the_lookup_gives_a_whole_build(engine, busybox_product, version, images,
+                                                                          tmp_path, monkeypatch):
+    # the other job's clean-up lands between this build's memo lookup and its hold on the images it found
+    from unibake import buildmemo
+    from unibake.builder import CACHE_REPOSITORY, build_image
+    from unibake.plan import make_plan
+    from unibake.render import render
+
+    tag = f"unibake-test:{version}"
+    images(tag)
+    context = render(make_plan(busybox_product, cwd=busybox_product.parent, version=version))
+    memo = tmp_path / "memo"
+    build_image(context, engine, product="unibake-test", revision="r", epoch=0, on_line=lambda line: None, memo=memo)
+    first_tags = [t for i in engine.list_images() for t in i.tags
+                  if t == tag or t.startswith(f"{CACHE_REPOSITORY}/unibake-test:")]
+    looked_up = buildmemo.lookup
+
+    def lookup_then_the_other_run(*args, **kwargs):
+        found = looked_up(*args, **kwargs)
+        for ref in first_tags:
+            engine.untag(ref)
+        return found
+
+    monkeypatch.setattr(buildmemo, "lookup", lookup_then_the_other_run)
+    lines: list[str] = []
+    second = build_image(context, engine, product="unibake-test", revision="r", epoch=0, on_line=lines.append,
+                         memo=memo)
+    assert any("the build memo's images went from the engine since they were looked up" in line for line in lines)
+    assert not any(MEMO_LINE in line for line in lines) and not second.memoised  # the whole Dockerfile
+    assert engine.inspect_image(tag).id == second.image_id
+    assert not [t for i in engine.list_images() for t in i.tags if "hold" in t]
