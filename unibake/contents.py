@@ -5,7 +5,9 @@ it a second sink per layer (a tee), a :class:`~unibake.imagetar.TarWalker` over 
 that keeps only what the SBOM needs and never holds a layer in memory:
 
 * ``var/lib/dpkg/status`` (and ``status.d/*``), Alpine's ``lib/apk/db/installed``, ``etc/os-release``:
-  kept whole (small texts); an RPM database (not read) is said to be left out;
+  kept whole (small texts); RPM's SQLite database (``rpmdb.sqlite``, and its ``-wal``, of RHEL/UBI 9,
+  Rocky, Fedora, Amazon Linux 2023) kept whole and read by :mod:`unibake.rpmdb`; RPM's Berkeley DB and
+  NDB databases (not read) are said to be left out;
 * a conda environment's ``conda-meta/NAME-VERSION-BUILD.json``: its name alone (the package it records);
 * ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO``, ``*.egg/EGG-INFO/PKG-INFO`` and a ``*.egg-info``
   file (which is a PKG-INFO): their first 64 KiB (the headers); a zipped egg: its name;
@@ -31,6 +33,7 @@ from email.parser import HeaderParser
 from sortedcontainers import SortedDict
 
 from .errors import ArchiveError
+from . import rpmdb
 from .files import visible_name
 from .imagetar import BLOCK, SavedImage, TarEntry, TarWalker, looks_like_layer, pax_records
 
@@ -38,9 +41,12 @@ DPKG_STATUS = "var/lib/dpkg/status"
 DPKG_STATUS_D = "var/lib/dpkg/status.d/"
 OS_RELEASE = ("etc/os-release", "usr/lib/os-release")
 APK_INSTALLED = "lib/apk/db/installed"  # Alpine's package database: "P:name", "V:version" stanzas
-# RPM's databases (Berkeley DB, NDB, SQLite), which are not read: a base that has one is said to be left out
-RPM_DATABASES = tuple(f"{folder}/{name}" for folder in ("var/lib/rpm", "usr/lib/sysimage/rpm")
-                      for name in ("Packages", "Packages.db", "rpmdb.sqlite"))
+RPM_FOLDERS = ("var/lib/rpm", "usr/lib/sysimage/rpm")
+# RPM's SQLite database (rpm 4.16 on: RHEL/UBI 9, Fedora 33, Amazon Linux 2023) is read, with its write-ahead log
+RPM_SQLITE = tuple(f"{folder}/rpmdb.sqlite" for folder in RPM_FOLDERS)
+RPM_WAL = tuple(f"{path}-wal" for path in RPM_SQLITE)
+# RPM's Berkeley DB and NDB databases (RHEL 8, SUSE), which are not read: a base that has one is said to be left out
+RPM_DATABASES = tuple(f"{folder}/{name}" for folder in RPM_FOLDERS for name in ("Packages", "Packages.db"))
 # an egg folder (setup.py install: flash-attn, apex) holds its PKG-INFO in EGG-INFO/
 PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO", ".egg/EGG-INFO/PKG-INFO")
 EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
@@ -54,7 +60,7 @@ KEPT_LIMIT = 512 << 20
 WHITEOUT = ".wh."
 # folders a package list or os-release lies in: a layer that makes one a link or a file hides what it held
 PACKAGE_FOLDERS = ("var", "var/lib", "var/lib/dpkg", DPKG_STATUS_D.rstrip("/"), "etc", "usr", "usr/lib", "lib",
-                   "lib/apk", "lib/apk/db")
+                   "lib/apk", "lib/apk/db", "var/lib/rpm", "usr/lib/sysimage", "usr/lib/sysimage/rpm")
 PY_FOLDERS = (".dist-info", ".egg-info", ".egg", "EGG-INFO", "site-packages", "dist-packages")
 OPAQUE = ".wh..wh..opq"
 
@@ -63,11 +69,11 @@ OPAQUE = ".wh..wh..opq"
 class Package:
     """An OS (``deb``) or Python (``pypi``) package found in the image."""
 
-    kind: str  # deb | apk | conda | pypi
+    kind: str  # deb | apk | rpm | conda | pypi
     name: str
     version: str
     arch: str = ""
-    source: str = ""  # deb, apk: the source package, when it differs; conda: the build string
+    source: str = ""  # deb, apk: the source package, when it differs; rpm: its source RPM; conda: the build string
     path: str = ""  # where it was found: /var/lib/dpkg/status or the .dist-info folder
     layer: str = ""  # the diffID of the layer that gave it
 
@@ -199,6 +205,8 @@ class _LayerReader:
         base = posixpath.basename(path)
         if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE or path == APK_INSTALLED:
             return "text"
+        if path in RPM_SQLITE or path in RPM_WAL:
+            return "rpmdb"  # kept whole, as a text is
         if path in RPM_DATABASES:
             return "rpm"
         if base.endswith(EGG) and posixpath.basename(posixpath.dirname(path)) in ("site-packages", "dist-packages"):
@@ -326,7 +334,7 @@ class _LayerReader:
             self._untracked[path] = (sink.hexdigest(), self._size)
         elif kind == "library":
             self.found.files[path] = (kind, (sink.hexdigest(), self._size))
-        elif kind == "text" and len(sink) > TEXT_LIMIT:
+        elif kind in ("text", "rpmdb") and len(sink) > TEXT_LIMIT:
             self.found.problems.append(f"/{path} is larger than {TEXT_LIMIT} bytes: not read")
             self.found.hidden.append(path)
         elif self._kept[0] + min(len(sink), HEADER_LIMIT if kind == "metadata" else len(sink)) > KEPT_LIMIT:
@@ -433,6 +441,15 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
         elif kind == "rpm":
             problems.append(f"/{path} is an RPM database, which unibake does not read: the packages it lists are not "
                             "in the SBOM")
+        elif kind == "rpmdb":
+            if path in RPM_SQLITE:
+                wal = files.get(path + "-wal")
+                found, problem = rpmdb.packages(value, wal[2] if wal is not None and wal[1] == "rpmdb" else b"")
+                if problem:
+                    problems.append(f"/{path} could not be read: {problem}; the packages it lists are not in the SBOM")
+                packages += [p for p in (Package(kind="rpm", name=r.name, version=r.version, arch=r.arch,
+                                                 source=r.source_rpm, path="/" + path, layer=diff_id) for r in found)
+                             if _nameable(p, problems)]
         elif kind == "conda":
             package = _conda_package(path, diff_id)
             if package is None:

@@ -192,6 +192,12 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
             purl = PackageURL(p.kind, namespace or ("debian" if p.kind == "deb" else "alpine"), p.name, p.version,
                               qualifiers)
             ref = f"{p.kind}:{_ref_part(p.name)}:{_ref_part(p.arch)}"
+        elif p.kind == "rpm":  # the purl spec's rpm: VERSION-RELEASE, the epoch a qualifier, the vendor a namespace
+            epoch = re.fullmatch(r"([0-9]+):(.*)", p.version, re.DOTALL)
+            qualifiers = {k: v for k, v in (("arch", p.arch), ("epoch", epoch[1] if epoch else ""),
+                                            ("distro", distro)) if v}
+            purl = PackageURL("rpm", namespace or None, p.name, epoch[2] if epoch else p.version, qualifiers)
+            ref = f"rpm:{_ref_part(p.name)}:{_ref_part(p.arch)}"
         elif p.kind == "conda":
             purl = PackageURL("conda", None, p.name, p.version, {"build": p.source})
             ref = f"conda:{p.path}"

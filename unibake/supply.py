@@ -116,7 +116,7 @@ def sbom_stage(run: Run) -> tuple:
                          components=target.metadata.components if target.metadata else (), contents=contents,
                          base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=_epoch(labels))
     sha = write_atomic(run["folder"].staging, SBOM, text)
-    debs = sum(1 for p in contents.packages if p.kind in ("deb", "apk"))
+    debs = sum(1 for p in contents.packages if p.kind in ("deb", "apk", "rpm"))
     conda = sum(1 for p in contents.packages if p.kind == "conda")
     also = f"{conda} conda packages, " if conda else ""
     run.reporter.info(f"    {debs} OS packages, {len(contents.packages) - debs - conda} Python packages, {also}"

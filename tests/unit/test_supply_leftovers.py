@@ -254,7 +254,7 @@ def test_deploy_and_pull_key_check_the_signature_before_any_engine_or_registry_i
             f"{public.name} (Signature verification failed)"], result.err
 
 
-def test_an_alpine_base_s_packages_are_in_the_sbom_and_an_rpm_database_is_said_to_be_left_out(tmp_path):
+def test_an_alpine_base_s_packages_are_in_the_sbom_and_a_berkeley_rpm_database_is_said_to_be_left_out(tmp_path):
     from ..savefixtures import tar_of
     from .test_sbom import document_of
 
@@ -271,12 +271,13 @@ def test_an_alpine_base_s_packages_are_in_the_sbom_and_an_rpm_database_is_said_t
     purls = sorted(c["purl"] for c in document["components"] if "purl" in c)
     assert purls == ["pkg:apk/alpine/libcrypto3@3.1.4-r5?arch=x86_64&distro=alpine-3.19.1",
                      "pkg:apk/alpine/musl@1.2.4-r2?arch=x86_64&distro=alpine-3.19.1"]
-    # an RPM base (UBI, Rocky): its database is not read, and that is said
-    rpm = tar_of([("etc/os-release", b'ID="rocky"\nVERSION_ID="9.3"\n', None),
-                  ("var/lib/rpm/rpmdb.sqlite", b"SQLite format 3\x00" + bytes(100), None)])
+    # an RPM base with a Berkeley DB (RHEL 8, UBI 8): its database is not read, and that is said (an SQLite one,
+    # RHEL 9's, is read: test_rpmdb)
+    rpm = tar_of([("etc/os-release", b'ID="rhel"\nVERSION_ID="8.10"\n', None),
+                  ("var/lib/rpm/Packages", bytes(4096), None)])
     contents, _ = document_of([rpm], tmp_path / "r")
     assert contents.packages == () and contents.problems == (
-        "/var/lib/rpm/rpmdb.sqlite is an RPM database, which unibake does not read: the packages it lists are not in "
+        "/var/lib/rpm/Packages is an RPM database, which unibake does not read: the packages it lists are not in "
         "the SBOM",)
 
 

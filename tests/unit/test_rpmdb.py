@@ -1,0 +1,101 @@
+"""RPM's SQLite database in the SBOM: a base of RHEL/UBI 9, Rocky, Fedora or Amazon Linux 2023 lists its
+packages (before: "an RPM database, which unibake does not read", and no OS package in the SBOM)."""
+
+from __future__ import annotations
+
+import gzip
+import sqlite3
+import struct
+from pathlib import Path
+
+from unibake import rpmdb
+
+from ..savefixtures import sha, tar_of
+from .test_sbom import document_of
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "rpmdb"
+UBI = b'NAME="Red Hat Enterprise Linux"\nID="rhel"\nVERSION_ID="9.4"\n'
+
+
+def real_db() -> bytes:
+    """rpmdb.sqlite as rpm 4.18 wrote it (tests/fixtures/rpmdb/README.md says how)."""
+    return gzip.decompress((FIXTURES / "rpmdb.sqlite.gz").read_bytes())
+
+
+def test_the_packages_rpm_installed_are_read_from_its_sqlite_database():
+    found, problem = rpmdb.packages(real_db())
+    assert problem == ""
+    assert sorted((p.name, p.version, p.arch, p.source_rpm) for p in found) == [
+        ("demo-cuda-runtime", "2:12.4.1-1.el9", "noarch", "demo-cuda-runtime-12.4.1-1.el9.src.rpm"),
+        ("libnccl", "2.21.5-1+cuda12.4", "noarch", "libnccl-2.21.5-1+cuda12.4.src.rpm")]
+
+
+def test_an_rpm_base_s_packages_are_in_the_sbom_with_the_purl_spec_s_rpm_form(tmp_path):
+    layer = tar_of([("etc/os-release", UBI, None), ("var/lib/rpm/rpmdb.sqlite", real_db(), None)])
+    contents, document = document_of([layer], tmp_path)
+    assert contents.problems == ()
+    assert [(p.kind, p.name, p.version, p.path) for p in contents.packages] == [
+        ("rpm", "demo-cuda-runtime", "2:12.4.1-1.el9", "/var/lib/rpm/rpmdb.sqlite"),
+        ("rpm", "libnccl", "2.21.5-1+cuda12.4", "/var/lib/rpm/rpmdb.sqlite")]
+    purls = sorted(c["purl"] for c in document["components"] if c.get("purl", "").startswith("pkg:rpm/"))
+    assert purls == ["pkg:rpm/rhel/demo-cuda-runtime@12.4.1-1.el9?arch=noarch&distro=rhel-9.4&epoch=2",
+                     "pkg:rpm/rhel/libnccl@2.21.5-1%2Bcuda12.4?arch=noarch&distro=rhel-9.4"]
+
+
+def test_packages_still_in_the_write_ahead_log_are_read_and_a_later_layer_s_database_replaces_the_base_s(tmp_path):
+    # rpm writes in WAL mode: a transaction not yet checkpointed lies in rpmdb.sqlite-wal beside the file
+    work = tmp_path / "db"
+    work.mkdir()
+    (work / "rpmdb.sqlite").write_bytes(real_db())
+    con = sqlite3.connect(work / "rpmdb.sqlite")
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    blob = con.execute("SELECT blob FROM Packages ORDER BY hnum LIMIT 1").fetchone()[0]
+    con.execute("INSERT INTO Packages (blob) VALUES (?)", (blob.replace(b"libnccl\0", b"libnvjx\0", 1),))
+    con.commit()
+    db, wal = (work / "rpmdb.sqlite").read_bytes(), (work / "rpmdb.sqlite-wal").read_bytes()
+    con.close()
+    assert wal  # the new row is in the log only
+    assert sorted(p.name for p in rpmdb.packages(db, wal)[0]) == ["demo-cuda-runtime", "libnccl", "libnvjx"]
+    base = tar_of([("etc/os-release", UBI, None), ("var/lib/rpm/rpmdb.sqlite", real_db(), None)])
+    update = tar_of([("var/lib/rpm/rpmdb.sqlite", db, None), ("var/lib/rpm/rpmdb.sqlite-wal", wal, None)])
+    (tmp_path / "sbom").mkdir()
+    contents, _ = document_of([base, update], tmp_path / "sbom")
+    assert sorted(p.name for p in contents.packages) == ["demo-cuda-runtime", "libnccl", "libnvjx"]
+    assert {p.layer for p in contents.packages} == {f"sha256:{sha(update)}"}  # the update's database, not the base's
+
+
+def test_a_damaged_or_hostile_rpm_database_is_said_not_a_failure(tmp_path):
+    # not a database, a cut one, and one whose Packages is a view: said, the release goes on; a header whose
+    # offsets point outside its data, or whose name holds a control character, is counted, not read
+    cut = real_db()[:4096]
+    assert rpmdb.packages(b"SQLite format 3\x00" + bytes(100))[1].startswith("SQLite cannot read it")
+    assert rpmdb.packages(cut)[1] == "SQLite cannot read it (database disk image is malformed)"
+    view = tmp_path / "view.sqlite"
+    con = sqlite3.connect(view)
+    con.execute("CREATE TABLE t (hnum INTEGER, blob BLOB)")
+    con.execute("CREATE VIEW Packages AS SELECT hnum, blob FROM t")
+    con.commit()
+    con.close()
+    assert rpmdb.packages(view.read_bytes()) == ([], "it has no Packages table, as rpm writes it")
+    evil = tmp_path / "evil.sqlite"
+    (evil).write_bytes(real_db())
+    con = sqlite3.connect(evil)
+    con.execute("PRAGMA journal_mode=DELETE")
+    outside = struct.pack(">II", 1, 4) + struct.pack(">IIII", 1000, 6, 1 << 30, 1) + b"abc\0"
+    control = struct.pack(">II", 2, 16) + struct.pack(">IIII", 1000, 6, 0, 1) + struct.pack(">IIII", 1001, 6, 8, 1) \
+        + b"a\x1b[2J\0\0\0\0\x001.0\0\0\0\0\0"
+    huge = struct.pack(">II", 0xFFFFFFFF, 0)
+    for blob in (outside, control, huge, b"", "text, not a blob"):
+        con.execute("INSERT INTO Packages (blob) VALUES (?)", (blob,))
+    con.commit()
+    con.close()
+    found, problem = rpmdb.packages(evil.read_bytes())
+    assert sorted(p.name for p in found) == ["demo-cuda-runtime", "libnccl"]
+    assert problem == "5 of its headers name no package and version"
+    layer = tar_of([("var/lib/rpm/rpmdb.sqlite", cut, None)])
+    (tmp_path / "sbom").mkdir()
+    contents, _ = document_of([layer], tmp_path / "sbom")
+    assert contents.packages == () and contents.problems == (
+        "/var/lib/rpm/rpmdb.sqlite could not be read: SQLite cannot read it (database disk image is malformed); "
+        "the packages it lists are not in the SBOM",)
