@@ -16,7 +16,6 @@ runs), and a file SQLite finds malformed is said, not a failure of the release.
 from __future__ import annotations
 
 import re
-import sqlite3
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -42,6 +41,10 @@ class RpmPackage:
 def packages(db: bytes, wal: bytes = b"") -> tuple[list[RpmPackage], str]:
     """The packages an ``rpmdb.sqlite`` (and its write-ahead log, which may hold the last transactions)
     lists, and what went wrong reading it ("" when nothing did)."""
+    try:
+        import sqlite3  # here, not at the top: a Python built without it still releases (this is said)
+    except ImportError:
+        return [], "this Python has no sqlite3 module"
     with tempfile.TemporaryDirectory(prefix="unibake-rpmdb-") as folder:
         path = Path(folder) / "rpmdb.sqlite"
         path.write_bytes(db)
@@ -59,7 +62,7 @@ def packages(db: bytes, wal: bytes = b"") -> tuple[list[RpmPackage], str]:
             con.close()
 
 
-def _read(con: sqlite3.Connection) -> tuple[list[RpmPackage], str]:
+def _read(con) -> tuple[list[RpmPackage], str]:
     con.execute("PRAGMA trusted_schema=OFF")
     con.execute("PRAGMA query_only=ON")
     kind = con.execute("SELECT type FROM sqlite_master WHERE name = 'Packages'").fetchone()
