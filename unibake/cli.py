@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Build, check and release a unified inference image from declarative profile YAMLs. "
                             "Without a command, 'build' runs: python build.py --profile tp4.",
                 epilog="Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else, 130 interrupted. "
-                       "'build.py COMMAND --help' for a command's options.")
+                       "'build.py COMMAND --help' for a command's options. An option that takes a value is given "
+                       "once (twice is exit 2), except those whose help says to repeat it.")
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -1415,6 +1416,47 @@ def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParse
             raise InputError(f"{name} given empty (an unset variable?): give a value, or leave it out")
 
 
+def _given_options(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action, str]]:
+    """Every option of a parsed command line as it was given, in order: (its name, its action, its value or "").
+    The top parser's options before the command, the command's after it; nothing after "--"."""
+    def by_name(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+        return {name: action for action in p._actions for name in action.option_strings}
+
+    options, command = by_name(parser), None
+    given: list[tuple[str, argparse.Action, str]] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--":
+            break
+        name, _, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        action = options.get(name)
+        if action is None:
+            if command is None and not token.startswith("-"):  # the command: its own options from here
+                for sub in parser._actions:
+                    if isinstance(sub, argparse._SubParsersAction) and token in sub.choices:
+                        command, options = token, by_name(sub.choices[token])
+            continue
+        if action.nargs != 0 and "=" not in token:  # (argparse took the next token as its value)
+            value = next(tokens, "")
+        given.append((max(action.option_strings, key=len), action, value))
+    return given
+
+
+def _check_given_once(given: list[tuple[str, argparse.Action, str]]) -> None:
+    """An option that takes one value, given twice, is refused: argparse keeps the last silently (a CI
+    line that adds ``--out`` to one that has it, ``--stage`` twice, ``--engine`` before and after the
+    command). Options said to repeat (``--profile``, ``--allow``, ...) and flags are not concerned."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, action, value in given:
+        if action.nargs == 0 or isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
+            continue
+        if action.dest in seen:
+            first = seen[action.dest][1]
+            raise InputError(f"{name} given twice ({first[:100]!r} and {value[:100]!r}): the first would be ignored "
+                             "without a word; give it once (only an option whose help says to repeat it takes several)")
+        seen[action.dest] = (name, value)
+
+
 def _check_engine_address(address: str) -> None:
     """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
     from .docker_engine import parse_address
@@ -1452,6 +1494,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         except SystemExit as exc:  # --help and -V print and end here
             return int(exc.code or 0)
         reporter = Reporter(env=env, quiet=args.quiet)
+        given = _given_options(with_command(argv), parser)
+        _check_given_once(given)
         _check_empty_values(args, parser)  # before any work
         if getattr(args, "engine", None):  # said now, not once the engine is reached (verify --load: after the
             _check_engine_address(args.engine)  # whole archive was read; pull: after the registry was asked)

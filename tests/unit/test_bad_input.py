@@ -649,6 +649,10 @@ ARGUMENT_CASES = {
     "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
     "scratch-dir-under-a-file": ["--scratch-dir", "/etc/passwd/scratch"],
     "scratch-dir-open-to-others": ["--scratch-dir", "/tmp"],
+    # an option given twice: the first was dropped without a word (a CI line adding its own --out)
+    "stage-given-twice": ["--stage", "render", "--stage", "render"],
+    "out-given-twice": ["--out", "a", "--out", "b"],
+    "version-given-twice": ["--version", "1.0", "--version=2.0"],
 }
 
 
