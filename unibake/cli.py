@@ -1457,6 +1457,33 @@ def _check_given_once(given: list[tuple[str, argparse.Action, str]]) -> None:
         seen[action.dest] = (name, value)
 
 
+# build's options that only a run writing a release uses (what --stage render|build leaves out: the archive,
+# the round trip, the smoke gates, the signatures), and those --stage render leaves unused too (it builds nothing)
+RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the release",
+                "--split": "shapes the release's archive", "--level": "shapes the release's archive",
+                "--long": "shapes the release's archive", "--no-roundtrip": "skips the release's round trip",
+                "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
+                "--verify-engine": "chooses the round trip's engine",
+                "--sequential": "chooses how the release's archive and round trip are made"}
+BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's"}
+
+
+def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argparse.Action, str]]) -> None:
+    """An option the run would take and then not use is refused, naming what it contradicts (a CI line
+    with ``--stage build --sign KEY`` signed nothing, without a word)."""
+    names = [name for name, _, _ in given]
+    if args.command == "build" and args.stage != "release":
+        unused = {**RELEASE_ONLY, **(BUILD_ONLY if args.stage == "render" else {})}
+        name = next((n for n in names if n in unused), None)
+        if name is not None:
+            what = "writes no release" if args.stage == "build" else "builds nothing"
+            raise InputError(f"{name} with --stage {args.stage}: {name} {unused[name]}, and --stage {args.stage} "
+                             f"{what}; leave out one of them")
+    if args.command == "pull" and args.release and args.out:
+        raise InputError("--out with --release: --out is where pull looks for the release recording the digest, and "
+                         "--release names that release; leave out one of them")
+
+
 def _check_engine_address(address: str) -> None:
     """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
     from .docker_engine import parse_address
@@ -1496,6 +1523,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         reporter = Reporter(env=env, quiet=args.quiet)
         given = _given_options(with_command(argv), parser)
         _check_given_once(given)
+        _check_unused_options(args, given)
         _check_empty_values(args, parser)  # before any work
         if getattr(args, "engine", None):  # said now, not once the engine is reached (verify --load: after the
             _check_engine_address(args.engine)  # whole archive was read; pull: after the registry was asked)

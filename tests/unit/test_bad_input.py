@@ -653,6 +653,10 @@ ARGUMENT_CASES = {
     "stage-given-twice": ["--stage", "render", "--stage", "render"],
     "out-given-twice": ["--out", "a", "--out", "b"],
     "version-given-twice": ["--version", "1.0", "--version=2.0"],
+    # what a run stopping before the release would take and ignore: a split, a signature, a forced replace
+    "split-with-stage-render": ["--stage", "render", "--split", "1900MiB"],
+    "force-with-stage-render": ["--force", "--stage", "render"],
+    "no-roundtrip-with-stage-render": ["--stage", "render", "--no-roundtrip"],
 }
 
 

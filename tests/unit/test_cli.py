@@ -719,3 +719,39 @@ def test_repeatable_options_and_flags_may_be_given_again(cli, busybox_product, t
                  "--from", "registry", "--ref", "x")
     assert "given twice" not in deploy.err and "SHA256SUMS: missing" in deploy.err, deploy.err  # (no release)
     assert "twice is exit 2" in " ".join(cli("--help").out.split())
+
+
+@pytest.mark.parametrize("stage,option", [
+    ("build", ["--sign", "0xKEY"]), ("build", ["--sign-minisign", "k.key"]), ("build", ["--split", "1900MiB"]),
+    ("build", ["--level", "3"]), ("build", ["--long"]), ("build", ["--no-roundtrip"]), ("build", ["--no-smoke"]),
+    ("build", ["--no-seed"]), ("build", ["--verify-engine", "tcp://verify:2375"]), ("build", ["--sequential"]),
+    ("render", ["--sign", "0xKEY"]), ("render", ["--force"]), ("render", ["--no-cache"]), ("render", ["--level=19"]),
+])
+def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_product, stage, option):
+    # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing)
+    result = cli("--config", str(busybox_product), *option, "--stage", stage)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    name = option[0].split("=")[0]
+    assert result.error_lines[0].startswith(f"error: {name} with --stage {stage}: "), result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists()
+
+
+def test_what_a_stage_run_uses_is_still_accepted(cli, busybox_product, tmp_path):
+    # --allow is the render's context scan's; --scratch-dir is documented as not checked where unused; --force and
+    # --no-cache are the build's (--stage build --force moves a released tag)
+    from unibake.cli import _check_unused_options, _given_options, build_parser
+
+    result = cli("--config", str(busybox_product), "--stage", "render", "--allow", "^x1$", "--scratch-dir", "/tmp")
+    assert result.code == 0, result.err
+    argv = ["build", "--stage", "build", "--force", "--no-cache", "--out", "o", "--allow", "^x$"]
+    parser = build_parser()
+    _check_unused_options(parser.parse_args(argv), _given_options(argv, parser))
+
+
+def test_pull_refuses_out_with_release(cli, tmp_path):
+    # (before: --out was ignored without a word when --release named the folder)
+    result = cli("pull", "registry.example:5000/demo-llm@sha256:" + "a" * 64, "--release", str(tmp_path), "--out",
+                 str(tmp_path / "elsewhere"))
+    assert result.code == 2 and result.error_lines == [
+        "error: --out with --release: --out is where pull looks for the release recording the digest, and --release "
+        "names that release; leave out one of them"], result.err
