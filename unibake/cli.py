@@ -108,7 +108,8 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool 
                    help="print one JSON document on stdout (the release manifest, the verify report, the "
                         "releases table, ...); the human output stays on stderr")
     g.add_argument("--metadata-file", metavar="PATH", default=default(None),
-                   help="also write that JSON document to PATH (for CI)")
+                   help="also write that JSON document to PATH (for CI); '-' is stdout (not with --json, which "
+                        "writes it there already)")
     if engine:  # deploy has its own, repeatable --engine
         g.add_argument("--engine", metavar="URL", default=default(None),
                        help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
@@ -1295,7 +1296,7 @@ def _refused_line_options() -> tuple[bool, str | None]:
             metadata = options[i + 1] if i + 1 < len(options) else None
         elif token.startswith("--metadata-file="):
             metadata = token.split("=", 1)[1]
-    if metadata is not None and (not metadata or metadata.startswith("-")):
+    if metadata is not None and (not metadata or metadata.startswith("-") and metadata != "-"):
         metadata = None  # missing or an option in its place: what the parser refused, not a path to write
     return "--json" in options, metadata
 
@@ -1308,10 +1309,10 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
     else:
         as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
     text = json.dumps({"error": visible_name(message), "exit_code": code}, indent=2) + "\n"
-    if metadata_file:
+    if metadata_file and not (metadata_file == "-" and as_json):  # (stdout holds one document)
         try:
             _write_metadata(metadata_file, text, cwd)
-        except UnibakeError:
+        except (UnibakeError, BrokenPipeError):
             pass
     if as_json:
         try:
@@ -1345,6 +1346,12 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
     """A ``--metadata-file`` that cannot be written is said before any work: found only at the end,
     it would fail a run that had published its release."""
     value = getattr(args, "metadata_file", None)
+    if value == "-" and getattr(args, "json", False):  # two documents on stdout, one after the other
+        args.metadata_file = None  # (the error's document goes to stdout once, as --json has it)
+        raise InputError("--metadata-file - writes the document to stdout, where --json writes it too: give one of "
+                         "them")
+    if value == "-":
+        return  # stdout, as docker buildx --metadata-file - has it
     if value and _a_stream(cwd / value):
         return  # /dev/stdout, a pipe: written as it is, at the end
     problem = unwritable_reason(resolved(cwd / value)) if value else None
@@ -1364,6 +1371,11 @@ def _a_stream(path: Path) -> bool:
 
 
 def _write_metadata(value: str, text: str, cwd: Path) -> None:
+    if value == "-":  # stdout (a file named "-" is ./-)
+        problem = _write_stdout(text)
+        if problem:
+            raise UnibakeError(f"--metadata-file -: cannot write the document to stdout ({problem})")
+        return
     try:
         if _a_stream(cwd / value):
             with open(cwd / value, "w") as out:

@@ -755,3 +755,30 @@ def test_pull_refuses_out_with_release(cli, tmp_path):
     assert result.code == 2 and result.error_lines == [
         "error: --out with --release: --out is where pull looks for the release recording the digest, and --release "
         "names that release; leave out one of them"], result.err
+
+
+def test_metadata_file_dash_is_stdout_as_docker_buildx_has_it(cli, busybox_product, tmp_path):
+    # (before: a file named '-' in the current folder, and nothing on stdout)
+    as_json = cli("--stage", "render", "--config", str(busybox_product), "--json", cwd=tmp_path)
+    dash = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", "-", cwd=tmp_path)
+    assert dash.code == as_json.code == 0, dash.err
+    assert json.loads(dash.out) == json.loads(as_json.out)
+    assert not (tmp_path / "-").exists()
+    for args in (["--metadata-file=-", "releases", "--out", "nowhere"], ["--metadata-file", "-", "--bogus"]):
+        failed = cli(*args, cwd=tmp_path)  # a failure's document, and a refused command line's, there too
+        assert failed.code == 2 and json.loads(failed.out)["exit_code"] == 2, failed.out
+        assert not (tmp_path / "-").exists()
+    named = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", "./-", cwd=tmp_path)
+    assert named.code == 0 and named.out == "" and json.loads((tmp_path / "-").read_text())["image"]
+
+
+@pytest.mark.parametrize("order", [["--json", "--metadata-file", "-"], ["--metadata-file", "-", "lock", "--json"]])
+def test_metadata_file_dash_with_json_is_refused_with_one_document_on_stdout(cli, busybox_product, tmp_path, order):
+    # both would write the document to stdout: two documents one after the other
+    args = [*order, "--config", str(busybox_product)] if "lock" in order else \
+        [*order, "--stage", "render", "--config", str(busybox_product)]
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and result.error_lines == [
+        "error: --metadata-file - writes the document to stdout, where --json writes it too: give one of them"]
+    assert json.loads(result.out)["exit_code"] == 2  # exactly one document
+    assert not (busybox_product.parent / "dockerfiles").exists() and not (tmp_path / "-").exists()
