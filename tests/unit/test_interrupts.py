@@ -532,15 +532,15 @@ def test_a_metadata_file_the_full_disk_refuses_after_the_release_is_published_sa
             folder.commit()
         return cli_module.Outcome(document={"release": "1.0"}, final="published 1.0")
 
-    real = files.open_new
+    real = files.tempfile.mkstemp
 
-    def full(path, *args, **kwargs):
-        if path.name.startswith(".m.json"):
+    def full(*args, prefix="", **kwargs):  # the metadata file's temporary file (its own, as every atomic write's)
+        if prefix.startswith(".m.json"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(path, *args, **kwargs)
+        return real(*args, prefix=prefix, **kwargs)
 
     monkeypatch.setitem(cli_module.HANDLERS, "releases", publish)
-    monkeypatch.setattr(files, "open_new", full)
+    monkeypatch.setattr(files.tempfile, "mkstemp", full)
     result = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
     folder = tmp_path / "release" / "1.0"
     assert result.code == 1 and result.error_lines == [
