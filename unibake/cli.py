@@ -1505,8 +1505,29 @@ def _check_engine_address(address: str) -> None:
         raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
 
 
+def _stderr_closed_is_null() -> None:
+    """A run started with stderr closed (``2>&-``): its human output, the error line too, goes to /dev/null,
+    and the run goes on to its own exit code (2 for bad input, not 1: Python's ``sys.stderr`` is None, and
+    the reporter failed on it, its traceback lost). fd 2 is taken by /dev/null, not by a file opened later
+    (whatever a child process writes to its stderr would go into it)."""
+    if sys.stderr is not None:
+        return
+    try:
+        os.fstat(2)
+    except OSError:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        if null != 2:
+            os.dup2(null, 2, inheritable=True)
+            os.close(null)
+        else:
+            os.set_inheritable(2, True)
+    sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
     from .publish import COMMITTED
+
+    _stderr_closed_is_null()
 
     argv = list(sys.argv[1:] if argv is None else argv)
     _argv[:] = argv

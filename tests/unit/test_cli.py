@@ -782,3 +782,18 @@ def test_metadata_file_dash_with_json_is_refused_with_one_document_on_stdout(cli
         "error: --metadata-file - writes the document to stdout, where --json writes it too: give one of them"]
     assert json.loads(result.out)["exit_code"] == 2  # exactly one document
     assert not (busybox_product.parent / "dockerfiles").exists() and not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("entry", [["build.py"], ["-m", "unibake"]])
+def test_a_run_started_with_stderr_closed_keeps_its_exit_code_and_json_document(tmp_path, entry):
+    # 2>&-: the error line has nowhere to go, but the exit code and --json still say it (before: exit 1 for
+    # every run, a bad input's and a good one's alike: the reporter failed on the missing stderr)
+    def run(*args):
+        return subprocess.run([sys.executable, *[str(REPO / e) if e.endswith(".py") else e for e in entry], *args],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              env={**os.environ, "CI": "1"}, preexec_fn=lambda: os.close(2))
+
+    bad = run("--json", "verify", str(tmp_path / "absent"))
+    assert bad.returncode == 2 and json.loads(bad.stdout)["exit_code"] == 2, bad.stdout
+    good = run("--json", "releases", "--out", str(tmp_path))
+    assert good.returncode == 0 and json.loads(good.stdout) == {"folder": str(tmp_path), "releases": []}

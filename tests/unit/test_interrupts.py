@@ -613,3 +613,28 @@ def test_signals_once_the_unibake_command_has_ended_leave_its_exit_code(tmp_path
                          env={**os.environ, "CI": "true"})
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, (ran.returncode, ran.stderr)
     assert ran.stderr.count("error:") == 1, ran.stderr
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS) + ["build.py"])
+def test_an_interrupt_while_importing_with_stderr_closed_is_still_130(tmp_path, entry):
+    # 2>&-: nowhere to say it, the exit code still does (before: build.py's 'error: interrupted' failed on the
+    # missing stderr, exit 1)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    start = f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n" if entry == "build.py" else \
+        ENTRY_POINTS[entry]
+    hook = (f"import os, runpy, signal, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"class Interrupt:\n"
+            f"    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == 'unibake.console':\n"
+            f"            os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"        return None\n"
+            f"sys.meta_path.insert(0, Interrupt())\n"
+            f"sys.argv = ['unibake', 'releases', '--out', {str(tmp_path)!r}]\n" + start)
+    ran = subprocess.run([sys.executable, "-c", hook], stdout=subprocess.PIPE, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"}, preexec_fn=lambda: os.close(2))
+    assert ran.returncode == 130
