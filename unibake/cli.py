@@ -1491,6 +1491,21 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
             what = "writes no release" if args.stage == "build" else "builds nothing"
             raise InputError(f"{name} with --stage {args.stage}: {name} {unused[name]}, and --stage {args.stage} "
                              f"{what}; leave out one of them")
+    if getattr(args, "no_seed", False):  # the seeded verify engine is the one-pass round trip's (export) alone
+        if args.command == "archive":
+            raise InputError("--no-seed with archive: archive's round trip always loads the archive into an empty "
+                             "engine, never a seeded one; leave out --no-seed")
+        other = "--no-roundtrip" if args.no_roundtrip else "--verify-engine" if args.verify_engine else \
+            "--sequential" if args.sequential else None
+        if other:
+            raise InputError(f"--no-seed with {other}: --no-seed chooses the one-pass round trip's engine, and with "
+                             f"{other} " + ("no round trip runs" if other == "--no-roundtrip" else
+                                            "it loads into that engine" if other == "--verify-engine" else
+                                            "the round trip always starts an empty engine") +
+                             "; leave out one of them")
+    if args.command == "deploy" and args.source == "registry" and args.temp_dir and not args.ref:
+        raise InputError("--temp-dir with --from registry goes with --ref: the release's own recorded push is "
+                         "pulled as it is, nothing is compressed again; leave out --temp-dir")
     if args.command == "pull" and args.release and args.out:
         raise InputError("--out with --release: --out is where pull looks for the release recording the digest, and "
                          "--release names that release; leave out one of them")

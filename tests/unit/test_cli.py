@@ -797,3 +797,21 @@ def test_a_run_started_with_stderr_closed_keeps_its_exit_code_and_json_document(
     assert bad.returncode == 2 and json.loads(bad.stdout)["exit_code"] == 2, bad.stdout
     good = run("--json", "releases", "--out", str(tmp_path))
     assert good.returncode == 0 and json.loads(good.stdout) == {"folder": str(tmp_path), "releases": []}
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--no-seed", "--sequential"], "error: --no-seed with --sequential: "),
+    (["--no-roundtrip", "--no-seed"], "error: --no-seed with --no-roundtrip: "),
+    (["hotfix", "--from", "1.0", "--version", "1.1", "--no-seed", "--verify-engine", "tcp://verify:2375"],
+     "error: --no-seed with --verify-engine: "),
+    (["archive", "demo:1.0", "--no-seed"], "error: --no-seed with archive: "),
+    (["deploy", "{tmp}", "--from", "registry", "--temp-dir", "{tmp}"], "error: --temp-dir with --from registry goes "
+                                                                       "with --ref: "),
+])
+def test_options_that_contradict_each_other_are_refused_naming_both(cli, tmp_path, args, said):
+    # (before: --no-seed was taken and ignored where no seeded engine is used (archive's round trip, the
+    # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed)
+    result = cli(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(said), result.error_lines[0]
+    assert os.listdir(tmp_path) == []
