@@ -1520,29 +1520,64 @@ def _check_engine_address(address: str) -> None:
         raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
 
 
-def _stderr_closed_is_null() -> None:
-    """A run started with stderr closed (``2>&-``): its human output, the error line too, goes to /dev/null,
-    and the run goes on to its own exit code (2 for bad input, not 1: Python's ``sys.stderr`` is None, and
-    the reporter failed on it, its traceback lost). fd 2 is taken by /dev/null, not by a file opened later
-    (whatever a child process writes to its stderr would go into it)."""
-    if sys.stderr is not None:
-        return
-    try:
-        os.fstat(2)
-    except OSError:
-        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        if null != 2:
-            os.dup2(null, 2, inheritable=True)
+class _StderrThatCannotFail:
+    """The process's stderr, whose failure to take a line (a full disk, ``2>/dev/full``) is not the run's: from
+    then on fd 2 is /dev/null and the run ends with its own exit code (before: the OSError of a warning or of the
+    error line itself became a traceback no one saw, and exit 1)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            self._to_null()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            self._to_null()
+
+    def _to_null(self) -> None:
+        try:  # what the stream's buffer still holds is flushed at exit: into /dev/null, not a second failure
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
             os.close(null)
-        else:
-            os.set_inheritable(2, True)
-    sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
+        except (OSError, ValueError):
+            self._stream = open(os.devnull, "w")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _stderr_that_cannot_fail() -> None:
+    """A run started with stderr closed (``2>&-``) or full: its human output, the error line too, goes to
+    /dev/null, and the run goes on to its own exit code (2 for bad input, not 1: Python's ``sys.stderr`` was
+    None, and the reporter failed on it) and its ``--json`` document. A closed fd 2 is taken by /dev/null, not
+    left to a file opened later (whatever a child process writes to its stderr would go into it). Only the
+    process's own stderr: a caller's (pytest's capture) is left as it is."""
+    if sys.stderr is None:
+        try:
+            os.fstat(2)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            if null != 2:
+                os.dup2(null, 2, inheritable=True)
+                os.close(null)
+            else:
+                os.set_inheritable(2, True)
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
+    elif sys.stderr is sys.__stderr__:
+        sys.stderr = _StderrThatCannotFail(sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
     from .publish import COMMITTED
 
-    _stderr_closed_is_null()
+    _stderr_that_cannot_fail()
 
     argv = list(sys.argv[1:] if argv is None else argv)
     _argv[:] = argv

@@ -784,14 +784,18 @@ def test_metadata_file_dash_with_json_is_refused_with_one_document_on_stdout(cli
     assert not (busybox_product.parent / "dockerfiles").exists() and not (tmp_path / "-").exists()
 
 
+@pytest.mark.parametrize("stderr", ["closed", "full"])
 @pytest.mark.parametrize("entry", [["build.py"], ["-m", "unibake"]])
-def test_a_run_started_with_stderr_closed_keeps_its_exit_code_and_json_document(tmp_path, entry):
-    # 2>&-: the error line has nowhere to go, but the exit code and --json still say it (before: exit 1 for
-    # every run, a bad input's and a good one's alike: the reporter failed on the missing stderr)
+def test_a_run_started_with_stderr_closed_or_full_keeps_its_exit_code_and_json_document(tmp_path, entry, stderr):
+    # 2>&- or 2>/dev/full: the error line has nowhere to go, but the exit code and --json still say it (before:
+    # exit 1 for every run, a bad input's and a good one's alike: the reporter failed on the missing stderr, or
+    # the error line's own write failed)
     def run(*args):
-        return subprocess.run([sys.executable, *[str(REPO / e) if e.endswith(".py") else e for e in entry], *args],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO,
-                              env={**os.environ, "CI": "1"}, preexec_fn=lambda: os.close(2))
+        with open("/dev/full", "w") as full:
+            return subprocess.run([sys.executable, *[str(REPO / e) if e.endswith(".py") else e for e in entry],
+                                   *args], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "CI": "1"},
+                                  stderr=full if stderr == "full" else None,
+                                  preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None)
 
     bad = run("--json", "verify", str(tmp_path / "absent"))
     assert bad.returncode == 2 and json.loads(bad.stdout)["exit_code"] == 2, bad.stdout
