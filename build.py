@@ -59,7 +59,8 @@ if __name__ == "__main__":
     try:
         from unibake.cli import main
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
+        if sys.stderr is not None:  # (started with 2>&-: the exit code still says it)
+            sys.stderr.write("error: interrupted\n")
         sys.exit(130)
     # main() holds them while it runs and puts this back: a signal once its result is out changes nothing
     for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -108,7 +108,8 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool 
                    help="print one JSON document on stdout (the release manifest, the verify report, the "
                         "releases table, ...); the human output stays on stderr")
     g.add_argument("--metadata-file", metavar="PATH", default=default(None),
-                   help="also write that JSON document to PATH (for CI)")
+                   help="also write that JSON document to PATH (for CI); '-' is stdout (not with --json, which "
+                        "writes it there already)")
     if engine:  # deploy has its own, repeatable --engine
         g.add_argument("--engine", metavar="URL", default=default(None),
                        help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
@@ -168,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Build, check and release a unified inference image from declarative profile YAMLs. "
                             "Without a command, 'build' runs: python build.py --profile tp4.",
                 epilog="Exit codes: 0 success, 2 bad input, 3 a check failed, 1 anything else, 130 interrupted. "
-                       "'build.py COMMAND --help' for a command's options.")
+                       "'build.py COMMAND --help' for a command's options. An option that takes a value is given "
+                       "once (twice is exit 2), except those whose help says to repeat it.")
     _global_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -1294,7 +1296,7 @@ def _refused_line_options() -> tuple[bool, str | None]:
             metadata = options[i + 1] if i + 1 < len(options) else None
         elif token.startswith("--metadata-file="):
             metadata = token.split("=", 1)[1]
-    if metadata is not None and (not metadata or metadata.startswith("-")):
+    if metadata is not None and (not metadata or metadata.startswith("-") and metadata != "-"):
         metadata = None  # missing or an option in its place: what the parser refused, not a path to write
     return "--json" in options, metadata
 
@@ -1307,10 +1309,10 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
     else:
         as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
     text = json.dumps({"error": visible_name(message), "exit_code": code}, indent=2) + "\n"
-    if metadata_file:
+    if metadata_file and not (metadata_file == "-" and as_json):  # (stdout holds one document)
         try:
             _write_metadata(metadata_file, text, cwd)
-        except UnibakeError:
+        except (UnibakeError, BrokenPipeError):
             pass
     if as_json:
         try:
@@ -1344,6 +1346,12 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
     """A ``--metadata-file`` that cannot be written is said before any work: found only at the end,
     it would fail a run that had published its release."""
     value = getattr(args, "metadata_file", None)
+    if value == "-" and getattr(args, "json", False):  # two documents on stdout, one after the other
+        args.metadata_file = None  # (the error's document goes to stdout once, as --json has it)
+        raise InputError("--metadata-file - writes the document to stdout, where --json writes it too: give one of "
+                         "them")
+    if value == "-":
+        return  # stdout, as docker buildx --metadata-file - has it
     if value and _a_stream(cwd / value):
         return  # /dev/stdout, a pipe: written as it is, at the end
     problem = unwritable_reason(resolved(cwd / value)) if value else None
@@ -1363,6 +1371,11 @@ def _a_stream(path: Path) -> bool:
 
 
 def _write_metadata(value: str, text: str, cwd: Path) -> None:
+    if value == "-":  # stdout (a file named "-" is ./-)
+        problem = _write_stdout(text)
+        if problem:
+            raise UnibakeError(f"--metadata-file -: cannot write the document to stdout ({problem})")
+        return
     try:
         if _a_stream(cwd / value):
             with open(cwd / value, "w") as out:
@@ -1415,6 +1428,89 @@ def _check_empty_values(args: argparse.Namespace, parser: argparse.ArgumentParse
             raise InputError(f"{name} given empty (an unset variable?): give a value, or leave it out")
 
 
+def _given_options(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Action, str]]:
+    """Every option of a parsed command line as it was given, in order: (its name, its action, its value or "").
+    The top parser's options before the command, the command's after it; nothing after "--"."""
+    def by_name(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+        return {name: action for action in p._actions for name in action.option_strings}
+
+    options, command = by_name(parser), None
+    given: list[tuple[str, argparse.Action, str]] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--":
+            break
+        name, _, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        action = options.get(name)
+        if action is None:
+            if command is None and not token.startswith("-"):  # the command: its own options from here
+                for sub in parser._actions:
+                    if isinstance(sub, argparse._SubParsersAction) and token in sub.choices:
+                        command, options = token, by_name(sub.choices[token])
+            continue
+        if action.nargs != 0 and "=" not in token:  # (argparse took the next token as its value)
+            value = next(tokens, "")
+        given.append((max(action.option_strings, key=len), action, value))
+    return given
+
+
+def _check_given_once(given: list[tuple[str, argparse.Action, str]]) -> None:
+    """An option that takes one value, given twice, is refused: argparse keeps the last silently (a CI
+    line that adds ``--out`` to one that has it, ``--stage`` twice, ``--engine`` before and after the
+    command). Options said to repeat (``--profile``, ``--allow``, ...) and flags are not concerned."""
+    seen: dict[str, tuple[str, str]] = {}
+    for name, action, value in given:
+        if action.nargs == 0 or isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
+            continue
+        if action.dest in seen:
+            first = seen[action.dest][1]
+            raise InputError(f"{name} given twice ({first[:100]!r} and {value[:100]!r}): the first would be ignored "
+                             "without a word; give it once (only an option whose help says to repeat it takes several)")
+        seen[action.dest] = (name, value)
+
+
+# build's options that only a run writing a release uses (what --stage render|build leaves out: the archive,
+# the round trip, the smoke gates, the signatures), and those --stage render leaves unused too (it builds nothing)
+RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the release",
+                "--split": "shapes the release's archive", "--level": "shapes the release's archive",
+                "--long": "shapes the release's archive", "--no-roundtrip": "skips the release's round trip",
+                "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
+                "--verify-engine": "chooses the round trip's engine",
+                "--sequential": "chooses how the release's archive and round trip are made"}
+BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's"}
+
+
+def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argparse.Action, str]]) -> None:
+    """An option the run would take and then not use is refused, naming what it contradicts (a CI line
+    with ``--stage build --sign KEY`` signed nothing, without a word)."""
+    names = [name for name, _, _ in given]
+    if args.command == "build" and args.stage != "release":
+        unused = {**RELEASE_ONLY, **(BUILD_ONLY if args.stage == "render" else {})}
+        name = next((n for n in names if n in unused), None)
+        if name is not None:
+            what = "writes no release" if args.stage == "build" else "builds nothing"
+            raise InputError(f"{name} with --stage {args.stage}: {name} {unused[name]}, and --stage {args.stage} "
+                             f"{what}; leave out one of them")
+    if getattr(args, "no_seed", False):  # the seeded verify engine is the one-pass round trip's (export) alone
+        if args.command == "archive":
+            raise InputError("--no-seed with archive: archive's round trip always loads the archive into an empty "
+                             "engine, never a seeded one; leave out --no-seed")
+        other = "--no-roundtrip" if args.no_roundtrip else "--verify-engine" if args.verify_engine else \
+            "--sequential" if args.sequential else None
+        if other:
+            raise InputError(f"--no-seed with {other}: --no-seed chooses the one-pass round trip's engine, and with "
+                             f"{other} " + ("no round trip runs" if other == "--no-roundtrip" else
+                                            "it loads into that engine" if other == "--verify-engine" else
+                                            "the round trip always starts an empty engine") +
+                             "; leave out one of them")
+    if args.command == "deploy" and args.source == "registry" and args.temp_dir and not args.ref:
+        raise InputError("--temp-dir with --from registry goes with --ref: the release's own recorded push is "
+                         "pulled as it is, nothing is compressed again; leave out --temp-dir")
+    if args.command == "pull" and args.release and args.out:
+        raise InputError("--out with --release: --out is where pull looks for the release recording the digest, and "
+                         "--release names that release; leave out one of them")
+
+
 def _check_engine_address(address: str) -> None:
     """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
     from .docker_engine import parse_address
@@ -1424,8 +1520,64 @@ def _check_engine_address(address: str) -> None:
         raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
 
 
+class _StderrThatCannotFail:
+    """The process's stderr, whose failure to take a line (a full disk, ``2>/dev/full``) is not the run's: from
+    then on fd 2 is /dev/null and the run ends with its own exit code (before: the OSError of a warning or of the
+    error line itself became a traceback no one saw, and exit 1)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            self._to_null()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            self._to_null()
+
+    def _to_null(self) -> None:
+        try:  # what the stream's buffer still holds is flushed at exit: into /dev/null, not a second failure
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        except (OSError, ValueError):
+            self._stream = open(os.devnull, "w")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _stderr_that_cannot_fail() -> None:
+    """A run started with stderr closed (``2>&-``) or full: its human output, the error line too, goes to
+    /dev/null, and the run goes on to its own exit code (2 for bad input, not 1: Python's ``sys.stderr`` was
+    None, and the reporter failed on it) and its ``--json`` document. A closed fd 2 is taken by /dev/null, not
+    left to a file opened later (whatever a child process writes to its stderr would go into it). Only the
+    process's own stderr: a caller's (pytest's capture) is left as it is."""
+    if sys.stderr is None:
+        try:
+            os.fstat(2)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            if null != 2:
+                os.dup2(null, 2, inheritable=True)
+                os.close(null)
+            else:
+                os.set_inheritable(2, True)
+        sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)
+    elif sys.stderr is sys.__stderr__:
+        sys.stderr = _StderrThatCannotFail(sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> int:
     from .publish import COMMITTED
+
+    _stderr_that_cannot_fail()
 
     argv = list(sys.argv[1:] if argv is None else argv)
     _argv[:] = argv
@@ -1452,6 +1604,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         except SystemExit as exc:  # --help and -V print and end here
             return int(exc.code or 0)
         reporter = Reporter(env=env, quiet=args.quiet)
+        given = _given_options(with_command(argv), parser)
+        _check_given_once(given)
+        _check_unused_options(args, given)
         _check_empty_values(args, parser)  # before any work
         if getattr(args, "engine", None):  # said now, not once the engine is reached (verify --load: after the
             _check_engine_address(args.engine)  # whole archive was read; pull: after the registry was asked)

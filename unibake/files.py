@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
@@ -239,24 +240,37 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
 
 
 def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:
-    """Write ``folder/name`` via a temporary name (``temp``, by default ``.NAME.tmp``), fsynced; returns its
-    sha256."""
+    """Write ``folder/name`` via a temporary file of this writer's own in ``folder`` (``.NAME.XXXXXXXX.tmp``,
+    made by tempfile; ``temp``: that name instead), fsynced; returns its sha256. Two runs writing one file
+    (two ``lock`` runs) each write their own: neither removes or renames the other's half-written one, as
+    when both wrote ``.NAME.tmp``."""
     data = text.encode("utf-8") if isinstance(text, str) else text
-    temp = folder / (temp or f".{name}.tmp")
+    path = None
     try:
-        with open_new(temp) as fh:
+        if temp:
+            path = folder / temp
+            fh = open_new(path)
+        else:  # (a long name's own would pass 255 bytes: a hash of it stands in)
+            raw = os.fsencode(name)
+            prefix = f".{name}." if len(raw) <= 200 else f".{hashlib.sha256(raw).hexdigest()[:16]}."
+            fd, made = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)  # O_EXCL: never through a link
+            path = Path(made)
+            fh = os.fdopen(fd, "wb")
+        with fh:
             fh.write(data)
             fh.flush()
             os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
-        os.replace(temp, folder / name)
+        os.replace(path, folder / name)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
+        if path is not None:
+            path.unlink(missing_ok=True)
         if exc.filename is None:  # a write or fsync that failed (a full disk): name what was being written
             raise OSError(exc.errno, exc.strerror, str(folder / name)) from None
         raise
     except BaseException:
-        temp.unlink(missing_ok=True)
+        if path is not None:
+            path.unlink(missing_ok=True)
         raise
     return hashlib.sha256(data).hexdigest()
 

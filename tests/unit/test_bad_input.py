@@ -656,6 +656,17 @@ ARGUMENT_CASES = {
     "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
     "scratch-dir-under-a-file": ["--scratch-dir", "/etc/passwd/scratch"],
     "scratch-dir-open-to-others": ["--scratch-dir", "/tmp"],
+    # an option given twice: the first was dropped without a word (a CI line adding its own --out)
+    "stage-given-twice": ["--stage", "render", "--stage", "render"],
+    "out-given-twice": ["--out", "a", "--out", "b"],
+    "version-given-twice": ["--version", "1.0", "--version=2.0"],
+    # what a run stopping before the release would take and ignore: a split, a signature, a forced replace
+    "split-with-stage-render": ["--stage", "render", "--split", "1900MiB"],
+    "force-with-stage-render": ["--force", "--stage", "render"],
+    "no-roundtrip-with-stage-render": ["--stage", "render", "--no-roundtrip"],
+    # --no-seed where no seeded engine is used: taken and ignored
+    "no-seed-with-sequential": ["--no-seed", "--sequential"],
+    "no-seed-with-no-roundtrip": ["--no-roundtrip", "--no-seed"],
 }
 
 

@@ -691,3 +691,131 @@ def test_a_malformed_engine_address_is_refused_before_any_work(cli, tmp_path, co
         assert result.code == 2 and len(result.error_lines) == 1, result.err
         assert result.error_lines[0].startswith(f"error: --engine {address!r} is not an engine address: ")
         assert problem in result.error_lines[0] and "==>" not in result.err
+
+
+@pytest.mark.parametrize("args,option", [
+    (["--out", "a", "--out", "b", "--stage", "render"], "--out"),
+    (["--stage", "render", "--stage", "build"], "--stage"),
+    (["--engine", "unix:///a", "lock", "--engine", "unix:///b"], "--engine"),  # before and after the command
+    (["--metadata-file=a.json", "releases", "--metadata-file", "b.json"], "--metadata-file"),
+    (["prune", "--keep", "-1", "--keep", "2", "--dry-run"], "--keep"),
+    (["releases", "--out=a", "--out=b"], "--out"),
+])
+def test_an_option_given_twice_is_refused_naming_it(cli, tmp_path, args, option):
+    # (before: the last one was taken without a word: a CI line adding --out to one that had it wrote elsewhere)
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f"error: {option} given twice ("), result.error_lines[0]
+    assert "give it once" in result.error_lines[0]
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_repeatable_options_and_flags_may_be_given_again(cli, busybox_product, tmp_path):
+    # --profile, --platform, --allow, --external and deploy's --engine repeat by design; a flag twice changes nothing
+    result = cli("--quiet", "--stage", "render", "--config", str(busybox_product), "--profile", "tp1", "--profile",
+                 "tp1", "--allow", "^x1$", "--allow", "^x2$", "--quiet")
+    assert "given twice" not in result.err
+    deploy = cli("--engine", "unix:///nowhere/a.sock", "deploy", str(tmp_path), "--engine", "unix:///nowhere/b.sock",
+                 "--from", "registry", "--ref", "x")
+    assert "given twice" not in deploy.err and "SHA256SUMS: missing" in deploy.err, deploy.err  # (no release)
+    assert "twice is exit 2" in " ".join(cli("--help").out.split())
+
+
+@pytest.mark.parametrize("stage,option", [
+    ("build", ["--sign", "0xKEY"]), ("build", ["--sign-minisign", "k.key"]), ("build", ["--split", "1900MiB"]),
+    ("build", ["--level", "3"]), ("build", ["--long"]), ("build", ["--no-roundtrip"]), ("build", ["--no-smoke"]),
+    ("build", ["--no-seed"]), ("build", ["--verify-engine", "tcp://verify:2375"]), ("build", ["--sequential"]),
+    ("render", ["--sign", "0xKEY"]), ("render", ["--force"]), ("render", ["--no-cache"]), ("render", ["--level=19"]),
+])
+def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_product, stage, option):
+    # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing)
+    result = cli("--config", str(busybox_product), *option, "--stage", stage)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    name = option[0].split("=")[0]
+    assert result.error_lines[0].startswith(f"error: {name} with --stage {stage}: "), result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists()
+
+
+def test_what_a_stage_run_uses_is_still_accepted(cli, busybox_product, tmp_path):
+    # --allow is the render's context scan's; --scratch-dir is documented as not checked where unused; --force and
+    # --no-cache are the build's (--stage build --force moves a released tag)
+    from unibake.cli import _check_unused_options, _given_options, build_parser
+
+    result = cli("--config", str(busybox_product), "--stage", "render", "--allow", "^x1$", "--scratch-dir", "/tmp")
+    assert result.code == 0, result.err
+    argv = ["build", "--stage", "build", "--force", "--no-cache", "--out", "o", "--allow", "^x$"]
+    parser = build_parser()
+    _check_unused_options(parser.parse_args(argv), _given_options(argv, parser))
+
+
+def test_pull_refuses_out_with_release(cli, tmp_path):
+    # (before: --out was ignored without a word when --release named the folder)
+    result = cli("pull", "registry.example:5000/demo-llm@sha256:" + "a" * 64, "--release", str(tmp_path), "--out",
+                 str(tmp_path / "elsewhere"))
+    assert result.code == 2 and result.error_lines == [
+        "error: --out with --release: --out is where pull looks for the release recording the digest, and --release "
+        "names that release; leave out one of them"], result.err
+
+
+def test_metadata_file_dash_is_stdout_as_docker_buildx_has_it(cli, busybox_product, tmp_path):
+    # (before: a file named '-' in the current folder, and nothing on stdout)
+    as_json = cli("--stage", "render", "--config", str(busybox_product), "--json", cwd=tmp_path)
+    dash = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", "-", cwd=tmp_path)
+    assert dash.code == as_json.code == 0, dash.err
+    assert json.loads(dash.out) == json.loads(as_json.out)
+    assert not (tmp_path / "-").exists()
+    for args in (["--metadata-file=-", "releases", "--out", "nowhere"], ["--metadata-file", "-", "--bogus"]):
+        failed = cli(*args, cwd=tmp_path)  # a failure's document, and a refused command line's, there too
+        assert failed.code == 2 and json.loads(failed.out)["exit_code"] == 2, failed.out
+        assert not (tmp_path / "-").exists()
+    named = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", "./-", cwd=tmp_path)
+    assert named.code == 0 and named.out == "" and json.loads((tmp_path / "-").read_text())["image"]
+
+
+@pytest.mark.parametrize("order", [["--json", "--metadata-file", "-"], ["--metadata-file", "-", "lock", "--json"]])
+def test_metadata_file_dash_with_json_is_refused_with_one_document_on_stdout(cli, busybox_product, tmp_path, order):
+    # both would write the document to stdout: two documents one after the other
+    args = [*order, "--config", str(busybox_product)] if "lock" in order else \
+        [*order, "--stage", "render", "--config", str(busybox_product)]
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and result.error_lines == [
+        "error: --metadata-file - writes the document to stdout, where --json writes it too: give one of them"]
+    assert json.loads(result.out)["exit_code"] == 2  # exactly one document
+    assert not (busybox_product.parent / "dockerfiles").exists() and not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+@pytest.mark.parametrize("entry", [["build.py"], ["-m", "unibake"]])
+def test_a_run_started_with_stderr_closed_or_full_keeps_its_exit_code_and_json_document(tmp_path, entry, stderr):
+    # 2>&- or 2>/dev/full: the error line has nowhere to go, but the exit code and --json still say it (before:
+    # exit 1 for every run, a bad input's and a good one's alike: the reporter failed on the missing stderr, or
+    # the error line's own write failed)
+    def run(*args):
+        with open("/dev/full", "w") as full:
+            return subprocess.run([sys.executable, *[str(REPO / e) if e.endswith(".py") else e for e in entry],
+                                   *args], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "CI": "1"},
+                                  stderr=full if stderr == "full" else None,
+                                  preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None)
+
+    bad = run("--json", "verify", str(tmp_path / "absent"))
+    assert bad.returncode == 2 and json.loads(bad.stdout)["exit_code"] == 2, bad.stdout
+    good = run("--json", "releases", "--out", str(tmp_path))
+    assert good.returncode == 0 and json.loads(good.stdout) == {"folder": str(tmp_path), "releases": []}
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--no-seed", "--sequential"], "error: --no-seed with --sequential: "),
+    (["--no-roundtrip", "--no-seed"], "error: --no-seed with --no-roundtrip: "),
+    (["hotfix", "--from", "1.0", "--version", "1.1", "--no-seed", "--verify-engine", "tcp://verify:2375"],
+     "error: --no-seed with --verify-engine: "),
+    (["archive", "demo:1.0", "--no-seed"], "error: --no-seed with archive: "),
+    (["deploy", "{tmp}", "--from", "registry", "--temp-dir", "{tmp}"], "error: --temp-dir with --from registry goes "
+                                                                       "with --ref: "),
+])
+def test_options_that_contradict_each_other_are_refused_naming_both(cli, tmp_path, args, said):
+    # (before: --no-seed was taken and ignored where no seeded engine is used (archive's round trip, the
+    # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed)
+    result = cli(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(said), result.error_lines[0]
+    assert os.listdir(tmp_path) == []

@@ -532,15 +532,15 @@ def test_a_metadata_file_the_full_disk_refuses_after_the_release_is_published_sa
             folder.commit()
         return cli_module.Outcome(document={"release": "1.0"}, final="published 1.0")
 
-    real = files.open_new
+    real = files.tempfile.mkstemp
 
-    def full(path, *args, **kwargs):
-        if path.name.startswith(".m.json"):
+    def full(*args, prefix="", **kwargs):  # the metadata file's temporary file (its own, as every atomic write's)
+        if prefix.startswith(".m.json"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(path, *args, **kwargs)
+        return real(*args, prefix=prefix, **kwargs)
 
     monkeypatch.setitem(cli_module.HANDLERS, "releases", publish)
-    monkeypatch.setattr(files, "open_new", full)
+    monkeypatch.setattr(files.tempfile, "mkstemp", full)
     result = cli("--metadata-file", str(tmp_path / "m.json"), "releases")
     folder = tmp_path / "release" / "1.0"
     assert result.code == 1 and result.error_lines == [
@@ -558,3 +558,83 @@ def test_a_metadata_file_the_full_disk_refuses_after_the_release_is_published_sa
     assert failed.code == 3 and failed.error_lines == [
         f"error: --metadata-file {tmp_path}/m.json: cannot write (No space left on device); the releases command "
         "itself failed: 1.0 does not verify"], failed.err
+
+
+ENTRY_POINTS = {  # what `python -m unibake` runs, and the script pip writes for the `unibake` command
+    "python -m unibake": "runpy.run_module('unibake', run_name='__main__', alter_sys=True)\n",
+    "unibake": "from unibake.__main__ import run\nsys.exit(run())\n"}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_unibake_command_imports_is_one_error_line_and_130(tmp_path, sig, entry):
+    # (before: build.py alone handled it: a Ctrl-C printed a traceback, a SIGTERM ended it with 143)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    hook = (f"import os, runpy, signal, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"class Interrupt:\n"
+            f"    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == 'unibake.console':\n"
+            f"            os.kill(os.getpid(), signal.{sig})\n"
+            f"        return None\n"
+            f"sys.meta_path.insert(0, Interrupt())\n"
+            f"sys.argv = ['unibake', 'releases', '--out', {str(tmp_path)!r}]\n" + ENTRY_POINTS[entry])
+    ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGTERM", "SIGTERM", "SIGTERM"], ["SIGINT"]])
+def test_signals_once_the_unibake_command_has_ended_leave_its_exit_code(tmp_path, signals, entry):
+    # (before: with python -m unibake or the unibake command, a SIGTERM (a supervisor's second or third, after
+    # the clean-up) between main()'s end and the exit turned the run's exit code into 143)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    kills = "".join(f"    os.kill(os.getpid(), signal.{sig})\n" for sig in signals)
+    hook = (f"import os, runpy, signal, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"import unibake.cli\n"
+            f"real = unibake.cli.main\n"
+            f"def main(*args, **kwargs):\n"
+            f"    code = real(*args, **kwargs)\n"
+            f"{kills}"
+            f"    return code\n"
+            f"unibake.cli.main = main\n"
+            f"sys.argv = ['unibake', 'verify', {str(tmp_path / 'absent')!r}]\n" + ENTRY_POINTS[entry])
+    ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, (ran.returncode, ran.stderr)
+    assert ran.stderr.count("error:") == 1, ran.stderr
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS) + ["build.py"])
+def test_an_interrupt_while_importing_with_stderr_closed_is_still_130(tmp_path, entry):
+    # 2>&-: nowhere to say it, the exit code still does (before: build.py's 'error: interrupted' failed on the
+    # missing stderr, exit 1)
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    start = f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n" if entry == "build.py" else \
+        ENTRY_POINTS[entry]
+    hook = (f"import os, runpy, signal, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"class Interrupt:\n"
+            f"    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == 'unibake.console':\n"
+            f"            os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"        return None\n"
+            f"sys.meta_path.insert(0, Interrupt())\n"
+            f"sys.argv = ['unibake', 'releases', '--out', {str(tmp_path)!r}]\n" + start)
+    ran = subprocess.run([sys.executable, "-c", hook], stdout=subprocess.PIPE, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"}, preexec_fn=lambda: os.close(2))
+    assert ran.returncode == 130

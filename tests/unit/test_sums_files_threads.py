@@ -144,3 +144,45 @@ def test_a_write_that_fails_without_a_file_name_names_the_file_being_written(tmp
                           cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.split() == [str(tmp_path / "inputs.lock"), str(errno.EFBIG)], done.stderr
     assert list(tmp_path.iterdir()) == []  # the temporary file removed
+
+
+def test_two_writers_of_one_file_each_write_their_own_temporary_file(tmp_path):
+    # (before: both wrote .inputs.lock.tmp: a second `lock` run removed the first's half-written file and began
+    # its own there, and the first then renamed the second's unfinished file into place, or failed)
+    other = tmp_path / ".inputs.lock.tmp"
+    other.write_text("another lock run's, half-written")
+    write_atomic(tmp_path, "inputs.lock", "mine\n")
+    assert other.read_text() == "another lock run's, half-written"  # neither removed nor renamed
+    assert sorted(os.listdir(tmp_path)) == [".inputs.lock.tmp", "inputs.lock"]
+    assert (tmp_path / "inputs.lock").read_text() == "mine\n"
+
+
+def test_writers_racing_on_one_file_all_succeed_and_leave_one_whole_file(tmp_path):
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        for i in range(50):
+            try:
+                write_atomic(tmp_path, "inputs.lock", f"{n}\n" * 20000)
+            except BaseException as exc:  # noqa: BLE001 - counted
+                errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert os.listdir(tmp_path) == ["inputs.lock"]
+    assert len(set((tmp_path / "inputs.lock").read_text().split())) == 1  # one writer's, whole
+
+
+def test_an_atomic_write_of_a_long_name_or_onto_a_folder_leaves_nothing(tmp_path):
+    name = "a" * 250  # its temporary name would pass 255 bytes
+    write_atomic(tmp_path, name, "x")
+    assert os.listdir(tmp_path) == [name]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "inside").write_text("")
+    with pytest.raises(OSError):
+        write_atomic(tmp_path, "d", "x")  # the rename fails: the temporary file is removed
+    assert sorted(os.listdir(tmp_path)) == sorted([name, "d"])
