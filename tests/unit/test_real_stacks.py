@@ -1033,6 +1033,34 @@ def test_run_sh_gives_an_amd_profile_the_hosts_groups_by_number_each_once(tmp_pa
     assert "--group-add 44 --group-add rdma " in missing.stdout
 
 
+def test_run_sh_passes_a_device_it_gives_already_once_when_devices_extra_names_it_too(tmp_path):
+    # a ROCm docker run's --device /dev/kfd copied into devices.extra (the plan takes it: not a GPU's node), and
+    # /dev/infiniband's own node on an rdma profile: run.sh passed docker each device twice
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": ["/dev/kfd", "/dev/mkfd"], "groups": []},
+                                       topology={"nodes": 2, "network": "host", "rdma": True, "master_port": 20000})
+    metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/kfd", "/dev/infiniband/uverbs0"],
+                                                                "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = _fake_getent(tmp_path, {"video": 44})
+
+    def run(*args):
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", *args], capture_output=True, text=True,
+                              env={"PATH": f"{fake_bin}:/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "n0"})
+
+    amd = run("tp2")
+    assert amd.returncode == 0, amd.stderr
+    assert amd.stdout.count("--device /dev/kfd ") == 1 and amd.stdout.count("--device /dev/infiniband") == 1
+    assert "--device /dev/mkfd " in amd.stdout
+    hygon = run("tp4")  # no rdma: its extra /dev/infiniband/uverbs0 is its own to give
+    assert hygon.returncode == 0, hygon.stderr
+    assert hygon.stdout.count("--device /dev/kfd ") == 1 and "--device /dev/infiniband/uverbs0 " in hygon.stdout
+    guide = (folder / "README-DIST.md").read_text()  # the devices run.sh gives, each once
+    assert "AMD (/dev/kfd, /dev/dri/renderD*), `/dev/mkfd`, RDMA (/dev/infiniband) |" in guide
+
+
 @pytest.mark.parametrize("image, takes", [
     ("demo-llm:1.3.1", True), ("localhost:5000/team/demo-llm:1.3.1", True), ("Registry.Example:443/demo:v1", True),
     ("demo-llm@sha256:" + "a" * 64, True), ("demo-llm:1.3.1@sha256:" + "a" * 64, True), ("a__b/c--d.e:T_1", True),
