@@ -917,8 +917,10 @@ def _check_env_key(key: str, where: str) -> None:
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of
 # GPUS), which it numbers from 0: a host's numbering copied from a docker run that gave every GPU
-# (CUDA_VISIBLE_DEVICES=4,5,6,7 on a profile of 4) hid every GPU from the engine.
-VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+# (CUDA_VISIBLE_DEVICES=4,5,6,7 on a profile of 4) hid every GPU from the engine. ROCm's HIP runtime reads
+# GPU_DEVICE_ORDINAL as it reads HIP_VISIBLE_DEVICES.
+VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                 "GPU_DEVICE_ORDINAL"})
 
 
 def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:

@@ -1343,6 +1343,7 @@ def test_a_gpu_device_in_devices_extra_is_refused_it_would_give_gpus_gpus_did_no
                                  "only its 2 GPUs, numbered from 0 to 1 (run.sh gives it those of GPUS): remove it, or "
                                  "number them from 0"),
     ("HIP_VISIBLE_DEVICES=0,2", "names GPU 2"), ("ROCR_VISIBLE_DEVICES= 1 , 3", "names GPU 3"),
+    ("GPU_DEVICE_ORDINAL=2,3", "env GPU_DEVICE_ORDINAL=2,3 names GPU 2"),  # ROCm's HIP reads it as HIP_VISIBLE_DEVICES
     ("CUDA_VISIBLE_DEVICES=", "env CUDA_VISIBLE_DEVICES='' hides GPUs from the engine; profile 'tp2' needs 2"),
     ("CUDA_VISIBLE_DEVICES=-1", "hides GPUs from the engine"), ("HIP_VISIBLE_DEVICES=0,-1", "hides GPUs"),
 ])

@@ -165,6 +165,25 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
         assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
 
 
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_checks_rocms_gpu_device_ordinal_as_the_visible_devices(folder, tmp_path, shell):
+    # ROCm's HIP runtime reads GPU_DEVICE_ORDINAL as HIP_VISIBLE_DEVICES: a host's numbering in it passed
+    env_file = tmp_path / "rocm.env"
+    env_file.write_text("GPU_DEVICE_ORDINAL=0,-1\n")
+    tail = ", but the container of profile tp2 sees only the GPUs of GPUS (2), numbered from 0 to 1: remove it, " \
+           "or number them from 0\n"
+    for args, stderr in (
+        (["-e", "GPU_DEVICE_ORDINAL=4,5", "tp2"], "error: -e sets GPU_DEVICE_ORDINAL='4,5', which names GPU 5" + tail),
+        (["--env-file", str(env_file), "tp2"],
+         f"error: --env-file {env_file} sets GPU_DEVICE_ORDINAL='0,-1': '-1' hides the GPUs after it from the engine; "
+         "remove it\n"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args)
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
+    run = run_sh(shell, folder, "--dry-run", "-e", "GPU_DEVICE_ORDINAL=1,0", "tp2")
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
+
+
 @pytest.mark.parametrize("group", ["2147483648", "4294967295", "9999999999"])
 def test_a_group_number_past_what_runc_takes_is_refused_at_the_plan(busybox_product, cli, group):
     # GROUP_RE took up to ten digits: the release passed its gates (which start no AMD device) and every run.sh start
