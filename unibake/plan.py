@@ -25,7 +25,8 @@ from .metadata import Component
 from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
 from .prebuilt import SO_RE, Prebuilt, check_libraries, kind_of, read_prebuilt
-from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
+from .platforms import (KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, key_for,
+                        parse as parse_platforms)
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
@@ -528,7 +529,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     patched = apply_patches(engine.source, patches)
     builder_data = data.get("builder", {})
     # a platforms entry names that platform's builder; builder.id pins builder.image
-    builder = builder_data.get("platforms", {}).get(platform.name) or builder_data.get("id") or builder_data.get("image")
+    builder_key = key_for(builder_data.get("platforms", {}), platform, where(("builder", "platforms")))
+    builder = builder_data["platforms"][builder_key] if builder_key else \
+        builder_data.get("id") or builder_data.get("image")
     kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform, context_limit)
                     for i, k in enumerate(data.get("kernels", [])))
     _unique([k.name for k in kernels], where(("kernels",)), "kernel")
@@ -564,8 +567,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         any(k.builder == builder for p in chosen for k in p.sidecars)
     base = data["base"]
     # a platforms entry names that platform's base; base.id pins base.image (the other platforms' bases)
-    base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
-    base_name = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
+    named = key_for(base.get("platforms", {}), platform, where(("base", "platforms")))
+    base_key = ("base", "platforms", named) if named else ("base", "image")
+    base_name = base["platforms"][named] if named else base["image"]
     base_image = base_name if len(base_key) == 3 else base.get("id") or base_name
     # a platform's local base is pinned by its image ID in its own entry: base.id pins base.image only
     pinned = "@sha256:" in base_name or base_image != base_name or IMAGE_ID_RE.fullmatch(base_name) is not None
@@ -800,8 +804,9 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         for key in ("build", "cflags"):
             if key in data:
                 raise InputError(f"{where((key,))}: kernel '{name}' is prebuilt; {key} applies to kernels built here")
-        key = ("platforms", platform.name) if platform.name in data.get("platforms", {}) else ("prebuilt",)
-        rel = data["platforms"][platform.name] if len(key) == 2 else data["prebuilt"]
+        named = key_for(data.get("platforms", {}), platform, where(("platforms",)))
+        key = ("platforms", named) if named else ("prebuilt",)
+        rel = data["platforms"][named] if named else data["prebuilt"]
         # a prebuilt archive is not in the build context (its members are, each checked by its size)
         single = limit if kind_of(rel) == "so" else None
         source = read_external(rel, where(key), single) if rel.startswith("/") else \
