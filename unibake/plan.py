@@ -789,10 +789,10 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
     """A kernel or sidecar of the YAML: compiled (from ``source``) or prebuilt, never both; a prebuilt
     one takes ``platforms``' file for ``platform`` when it names one (a vendor ships one per CPU)."""
     name = data["name"]
-    if ("source" in data) == ("prebuilt" in data):
+    if "source" in data and "prebuilt" in data or not {"source", "prebuilt", "platforms"} & set(data):
         raise InputError(f"{where(())}: kernel '{name}' needs either source: (built here) or prebuilt: (taken as "
-                         "it is)")
-    if "platforms" in data and "prebuilt" not in data:
+                         "it is; platforms: names another file for a platform)")
+    if "platforms" in data and "source" in data:
         raise InputError(f"{where(('platforms',))}: kernel '{name}' is built here, for the platform it is built "
                          "on; platforms names prebuilt files of other platforms")
     outputs = tuple(data.get("outputs", []))
@@ -800,11 +800,17 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         if not SO_RE.search(out) or out.endswith("/"):
             raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is not a shared library "
                              "(.so or .so.N)")
-    if "prebuilt" in data:
+    if "source" not in data:  # prebuilt: the file of platforms: for this platform, else prebuilt:
         for key in ("build", "cflags"):
             if key in data:
                 raise InputError(f"{where((key,))}: kernel '{name}' is prebuilt; {key} applies to kernels built here")
         named = key_for(data.get("platforms", {}), platform, where(("platforms",)))
+        if named is None and "prebuilt" not in data:
+            # (a kernel only one platform's stack has is not left out of another's image without a word)
+            has = f"names {', '.join(data['platforms'])} only" if data["platforms"] else "is empty"
+            raise InputError(f"{where(('platforms',))}: kernel '{name}' has no file for {platform.name}: its "
+                             f"platforms {has}; add platforms.{platform.name}, or prebuilt: (the file of every "
+                             "platform platforms does not name)")
         key = ("platforms", named) if named else ("prebuilt",)
         rel = data["platforms"][named] if named else data["prebuilt"]
         # a prebuilt archive is not in the build context (its members are, each checked by its size)
@@ -819,7 +825,7 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                                  f"{', '.join(prebuilt.libraries) or 'no .so'}")
         outputs = outputs or prebuilt.libraries
         if not outputs:
-            raise InputError(f"{where(('prebuilt',))}: {rel} holds no .so for kernel '{name}' to load")
+            raise InputError(f"{where(key)}: {rel} holds no .so for kernel '{name}' to load")
         for out in outputs:  # every library it holds, by default: named in ':'-separated lists the shell splits
             if not PATH_RE.fullmatch(out):
                 raise InputError(f"{where(key)}: {rel} holds the library {out!r}, which the image's ':'-separated "
