@@ -1362,6 +1362,27 @@ def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_i
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
 
 
+def test_an_env_files_quoted_value_is_kept_as_docker_keeps_it_with_one_warning_naming_file_line_and_key(
+        busybox_product, cli):
+    # KEY="x" from a file written for a shell or docker compose: docker run --env-file (and the image's ENV) keep
+    # the quotes, so the engine got "/models/hf" with its quotes, without a word
+    root = busybox_product.parent
+    (root / "images/stack.env").write_text("A=1\nHF_HOME=\"/models/hf\"\nB='x'\nC=\"a\" \"b\"\nD=\"\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/stack.env\n")
+    lock(cli, busybox_product)
+    assert make_plan(busybox_product).profile("tp2").env["HF_HOME"] == '"/models/hf"'  # kept, as docker keeps it
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err.splitlines() if "keeps its quotes" in line]
+    assert warnings == [
+        "warning: images/stack.env:2: HF_HOME=\"/models/hf\" keeps its quotes (and 2 more keys of this file), as "
+        "docker run --env-file does (a shell or docker compose would strip them): the engine gets \" as part of the "
+        "value; remove them unless it needs them"], result.err
+    (root / "images/stack.env").write_text("A=1\nD=\"\nE=say \"hi\"\n")  # no value quoted whole: no warning
+    lock(cli, busybox_product)
+    assert "keeps its quotes" not in cli("--stage", "render", "--config", str(busybox_product)).err
+
+
 @pytest.mark.parametrize("bom", [b"\xff\xfe", b"\xfe\xff"])
 def test_an_env_file_or_profile_saved_as_utf16_says_so(busybox_product, cli, bom):
     # Windows editors save "Unicode" as UTF-16: the error said only "invalid start byte at byte 0"
