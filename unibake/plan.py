@@ -1083,20 +1083,55 @@ def _check_extra_device(device: str, vendor: str, where: str) -> None:
                          "choose; remove it")
 
 
-# a tune cache larger than this is baked without being parsed: the engine reads it, the plan does not hold it
-MAX_TUNE_JSON = 64 << 20
+# a tune cache larger than this is refused: its check holds its bytes and its text (twice its size, for ASCII)
+# and an object's keys until they are checked, not the values (measured, 256 MiB of JSON: a peak of 550 MiB as one
+# array of numbers, 710 MiB as one object of a million configs; json.loads held 4 to 5 times the file)
+MAX_TUNE_JSON = 256 << 20
+# a string of JSON, or NaN / Infinity / -Infinity outside one (what Python's json writes for float("nan"))
+_JSON_CONSTANT_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?Infinity|NaN)')
+
+
+class _NotStrictJSON(Exception):
+    """A tune cache's JSON that Python's json reads but another reader refuses or reads otherwise."""
+
+
+def _once_each(pairs: list) -> None:
+    """An object's keys, each once: Python's json keeps the last of two, another reader the first or refuses
+    them. Nothing is kept (the check holds no values)."""
+    if len(dict(pairs)) == len(pairs):
+        return
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _NotStrictJSON(f"sets the key {json.dumps(key)[:80]} twice in one object (Python's json keeps the "
+                                 "last, another reader the first); keep one")
+        seen.add(key)
+
+
+def _not_finite(name: str) -> None:
+    raise _NotStrictJSON(f"holds {name}, which is not JSON (Python writes it for a float that is not a number; a "
+                         "strict reader refuses the file); write a number, or null")
 
 
 def _check_tune_json(tune: TuneCaches, profile: str) -> None:
-    """Every ``*.json`` of a profile's tune caches parses as JSON: one cut short, saved empty or left with a merge's
-    conflict markers was baked, counted, released and failed only when the engine read it on a GPU node."""
+    """Every ``*.json`` of a profile's tune caches parses as strict JSON: one cut short, saved empty or left with a
+    merge's conflict markers was baked, counted, released and failed only when the engine read it on a GPU node; a
+    NaN or a key written twice passed."""
     for f in tune.source.files:
-        if not f.path.endswith(".json") or f.size > MAX_TUNE_JSON:
+        if not f.path.endswith(".json"):
             continue
+        if f.size > MAX_TUNE_JSON:
+            raise InputError(f"{f.path}: tune cache of profile '{profile}' is {f.size} bytes, more than the "
+                             f"{MAX_TUNE_JSON >> 20} MiB unibake reads to check a tune cache's JSON; split it, or "
+                             "keep it out of tune_caches.source")
         with open_regular(f.absolute, shown=f.path) as fh:
             data = fh.read(MAX_TUNE_JSON + 1)
         try:
-            json.loads(data)
+            text = data.decode(json.detect_encoding(data), "surrogatepass")  # as json.loads reads bytes
+            del data
+            # no value is kept: an object is None once its keys are checked, a number its length (a small int
+            # Python shares: a list of a million numbers holds pointers, not a million floats)
+            json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite, parse_float=len, parse_int=len)
         except json.JSONDecodeError as exc:
             raise InputError(f"{f.path}:{exc.lineno}: tune cache of profile '{profile}' is not JSON ({exc.msg}, "
                              f"column {exc.colno}); fix it, or keep it out of tune_caches.source") from None
@@ -1106,6 +1141,10 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
         except RecursionError:
             raise InputError(f"{f.path}: tune cache of profile '{profile}' nests its JSON too deep to be read "
                              "(Python's json stops at about 1000 levels, as the engine's would)") from None
+        except _NotStrictJSON as exc:
+            found = next((m for m in _JSON_CONSTANT_RE.finditer(text) if m.group(1)), None)
+            line = f":{text.count(chr(10), 0, found.start()) + 1}" if found and "twice" not in str(exc) else ""
+            raise InputError(f"{f.path}{line}: tune cache of profile '{profile}' {exc}") from None
 
 
 def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform,

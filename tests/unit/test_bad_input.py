@@ -510,6 +510,18 @@ def case_tune_cache_nested_too_deep(p):  # json.loads raises RecursionError, no 
     (p.parent / "images/tune/tp1/cache-2.json").write_text("[" * 100_000)
 
 
+def case_tune_cache_with_nan(p):  # Python's json.dump of float("nan"): a strict reader refuses the file
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": 64,\n "score": NaN}\n')
+
+
+def case_tune_cache_with_infinity(p):
+    (p.parent / "images/tune/tp2/cache-3.json").write_text('[1.5,\n "Infinity",\n -Infinity]\n')
+
+
+def case_tune_cache_with_a_key_twice(p):  # a merge that kept both sides' line: Python keeps the last, C++ the first
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"64": {"num_warps": 4, "num_warps": 8}}\n')
+
+
 def case_tune_cache_not_utf8(p):
     (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'{"name": "\xff"}')
 
@@ -595,6 +607,11 @@ SAYS = {
     "tune_cache_in_a_subfolder_cut_short": "images/tune/tp1/old/cache-0.json:1: tune cache of profile 'tp1' is not "
                                            "JSON (Expecting ',' delimiter, column 19)",
     "tune_cache_nested_too_deep": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' nests its JSON too deep",
+    "tune_cache_with_nan": "images/tune/tp1/cache-2.json:2: tune cache of profile 'tp1' holds NaN, which is not JSON",
+    "tune_cache_with_infinity": "images/tune/tp2/cache-3.json:3: tune cache of profile 'tp2' holds -Infinity, which is "
+                                "not JSON",
+    "tune_cache_with_a_key_twice": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' sets the key "
+                                   "\"num_warps\" twice in one object",
     "tune_cache_not_utf8": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is not JSON (not UTF-8: invalid "
                            "start byte at byte 10)",
     "value_with_a_bidi_override": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+202E (RIGHT-TO-LEFT OVERRIDE), an "

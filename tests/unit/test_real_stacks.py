@@ -1383,6 +1383,26 @@ def test_an_env_files_quoted_value_is_kept_as_docker_keeps_it_with_one_warning_n
     assert "keeps its quotes" not in cli("--stage", "render", "--config", str(busybox_product)).err
 
 
+def test_a_tune_cache_past_64_mib_is_checked_too_and_one_past_the_limit_is_refused(busybox_product):
+    # a tune cache over 64 MiB was baked without being parsed: a NaN (or a cut-short end) in it passed
+    from unibake.plan import MAX_TUNE_JSON
+
+    big = busybox_product.parent / "images/tune/tp1/cache-2.json"
+    entry = '"{}": {{"BLOCK_SIZE_M": 64, "num_warps": 4, "score": 0.5}},\n'
+    with open(big, "w") as fh:
+        fh.write("{" + "".join(entry.format(i) for i in range((65 << 20) // len(entry))) + '"last": NaN}\n')
+    assert big.stat().st_size > 65 << 20
+    with pytest.raises(InputError, match=r"cache-2\.json:\d+: tune cache of profile 'tp1' holds NaN, which is not "):
+        make_plan(busybox_product, verify_lock=False)
+    with open(big, "w") as fh:  # past the limit (sparse: nothing written): refused, not baked unread
+        fh.truncate(MAX_TUNE_JSON + 1)
+    with pytest.raises(InputError) as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert str(refused.value) == (
+        f"images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is {MAX_TUNE_JSON + 1} bytes, more than the "
+        "256 MiB unibake reads to check a tune cache's JSON; split it, or keep it out of tune_caches.source")
+
+
 @pytest.mark.parametrize("bom", [b"\xff\xfe", b"\xfe\xff"])
 def test_an_env_file_or_profile_saved_as_utf16_says_so(busybox_product, cli, bom):
     # Windows editors save "Unicode" as UTF-16: the error said only "invalid start byte at byte 0"
