@@ -297,16 +297,17 @@ class ReleasePlan:
                 shown = ", ".join(f"'{f}'" for f in src.empty_folders[:3]) + (f" and {n - 3} more" if n > 3 else "")
                 out.append(f"{src.path}: {_count(n, 'empty folder')} ({shown}) not in the image, which gets files "
                            "only; put a file in one the engine needs")
-        # docker run --env-file keeps a value's quotes (KEY="x" is the 3 characters "x"), and so does the image's ENV:
-        # a file written for a shell or docker compose (which strip them) gave the engine the quotes
+        # docker run --env-file keeps a value as written after the '=' (KEY="x" is the 3 characters "x", A=1 # note
+        # is "1 # note"), and so does the image's ENV: a file written for a shell or docker compose (which strip
+        # quotes and comments) gave the engine the quotes, the comment or a trailing space
         for e in {e.source.path: e for p in self.profiles for e in p.env_files}.values():
-            quoted = [k for k, v in e.values.items() if len(v) >= 2 and v[0] in "\"'" and v[-1] == v[0]]
-            if quoted:
-                key, more = quoted[0], len(quoted) - 1
+            kept = [(k, what) for k, v in e.values.items() if (what := _kept_by_docker(v))]
+            if kept:
+                (key, what), more = kept[0], len(kept) - 1
                 others = f" (and {_count(more, 'more key')} of this file)" if more else ""
-                out.append(f"{e.display}:{e.lines[key]}: {key}={e.values[key][:60]} keeps its quotes{others}, as "
-                           "docker run --env-file does (a shell or docker compose would strip them): the engine "
-                           f"gets {e.values[key][0]} as part of the value; remove them unless it needs them")
+                out.append(f"{e.display}:{e.lines[key]}: {key}={e.values[key][:60]} keeps {what}{others}, as "
+                           "docker run --env-file does (a shell or docker compose would strip it): the engine "
+                           "gets it as part of the value; remove it unless the engine needs it")
         # the engine starts in the base image's working directory, its bare names looked up on PATH: an engine
         # file named as the source folder shows it (serve.sh, ./serve.sh) was not found at every smoke gate
         # (python3 serve.py, sh serve.sh: a script's name is relative to it too)
@@ -427,6 +428,17 @@ class ReleasePlan:
 
     def profile(self, name: str) -> Profile:
         return next(p for p in self.profiles if p.name == name)
+
+
+def _kept_by_docker(value: str) -> str:
+    """What of an env file's value a shell or docker compose would strip but docker keeps ("" when nothing)."""
+    if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:
+        return "its quotes"
+    if " #" in value:
+        return f"the comment {value[value.index(' #') + 1:][:40]!r}"
+    if value.endswith(" "):
+        return "its trailing space"
+    return ""
 
 
 def _count(n: int, noun: str) -> str:

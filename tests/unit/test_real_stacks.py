@@ -1376,11 +1376,20 @@ def test_an_env_files_quoted_value_is_kept_as_docker_keeps_it_with_one_warning_n
     warnings = [line for line in result.err.splitlines() if "keeps its quotes" in line]
     assert warnings == [
         "warning: images/stack.env:2: HF_HOME=\"/models/hf\" keeps its quotes (and 2 more keys of this file), as "
-        "docker run --env-file does (a shell or docker compose would strip them): the engine gets \" as part of the "
-        "value; remove them unless it needs them"], result.err
-    (root / "images/stack.env").write_text("A=1\nD=\"\nE=say \"hi\"\n")  # no value quoted whole: no warning
+        "docker run --env-file does (a shell or docker compose would strip it): the engine gets it as part of the "
+        "value; remove it unless the engine needs it"], result.err
+    # a comment after the value, and a trailing space, are the value's too
+    for text, kept in (("NCCL_ALGO=Ring # faster here\nB=2\n", "NCCL_ALGO=Ring # faster here keeps the comment "
+                                                                   "'# faster here', as docker"),
+                       ("B=2\nNCCL_ALGO=Ring \n", "images/stack.env:2: NCCL_ALGO=Ring  keeps its trailing space, as")):
+        (root / "images/stack.env").write_text(text)
+        lock(cli, busybox_product)
+        warned = [line for line in cli("--stage", "render", "--config", str(busybox_product)).err.splitlines()
+                  if "as docker run --env-file does" in line]
+        assert len(warned) == 1 and kept in warned[0], warned
+    (root / "images/stack.env").write_text("A=1\nD=\"\nE=say \"hi\"\nF=a#b\n")  # nothing a shell would strip
     lock(cli, busybox_product)
-    assert "keeps its quotes" not in cli("--stage", "render", "--config", str(busybox_product)).err
+    assert "as docker run --env-file does" not in cli("--stage", "render", "--config", str(busybox_product)).err
 
 
 def test_a_tune_cache_past_64_mib_is_checked_too_and_one_past_the_limit_is_refused(busybox_product):
