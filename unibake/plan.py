@@ -959,8 +959,10 @@ VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", 
 def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:
     items = [item.strip() for item in value.split(",")]
     numbers = [int(item) for item in items if item.isascii() and item.isdigit()]
-    if not value.strip() or any(item.startswith("-") and item[1:].isascii() and item[1:].isdigit() for item in items):
-        # "" shows no GPU; a negative number hides those after it (-1: all)
+    if not value.strip() or any(item.startswith("-") and item[1:].isascii() and item[1:].isdigit() for item in items) \
+            or "" in items[:-1]:
+        # "" shows no GPU; a negative number hides those after it (-1: all), as an empty item does (0,,1: CUDA and
+        # ROCm stop at the first item that names no GPU)
         raise InputError(f"{where}: env {key}={value[:80]!r} hides GPUs from the engine; profile '{profile}' "
                          f"needs {gpus}: remove it")
     beyond = [n for n in numbers if n >= gpus]

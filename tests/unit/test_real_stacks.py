@@ -1346,6 +1346,7 @@ def test_a_gpu_device_in_devices_extra_is_refused_it_would_give_gpus_gpus_did_no
     ("GPU_DEVICE_ORDINAL=2,3", "env GPU_DEVICE_ORDINAL=2,3 names GPU 2"),  # ROCm's HIP reads it as HIP_VISIBLE_DEVICES
     ("CUDA_VISIBLE_DEVICES=", "env CUDA_VISIBLE_DEVICES='' hides GPUs from the engine; profile 'tp2' needs 2"),
     ("CUDA_VISIBLE_DEVICES=-1", "hides GPUs from the engine"), ("HIP_VISIBLE_DEVICES=0,-1", "hides GPUs"),
+    ("CUDA_VISIBLE_DEVICES=0,,1", "env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs"),  # CUDA stops at the empty item
 ])
 def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_is_refused(busybox_product, cli,
                                                                                           line, message):
@@ -1357,7 +1358,7 @@ def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_i
     result = cli("lock", "--config", str(busybox_product))  # the lock plans: refused there already
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert result.error_lines[0].startswith("error: images/gpus.env:2: env ") and message in result.error_lines[0]
-    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
+    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0,\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
     lock(cli, busybox_product)
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
 

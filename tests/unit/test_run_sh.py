@@ -149,6 +149,10 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
          "error: -e sets CUDA_VISIBLE_DEVICES='\\n\\r', which hides every GPU from the engine; remove it\n"),
         (["-e", "ROCR_VISIBLE_DEVICES=0,-1", "tp2"], {},
          "error: -e sets ROCR_VISIBLE_DEVICES='0,-1': '-1' hides the GPUs after it from the engine; remove it\n"),
+        # CUDA and ROCm stop at the first item that names no GPU, as at a negative one
+        (["-e", "HIP_VISIBLE_DEVICES=0, ,1", "tp2"], {},
+         "error: -e sets HIP_VISIBLE_DEVICES='0, ,1': its empty item hides the GPUs after it from the engine; remove "
+         "it\n"),
         (["-e", "NVIDIA_VISIBLE_DEVICES=all", "tp1"], {},
          "error: -e sets NVIDIA_VISIBLE_DEVICES, which chooses the container's GPUs as GPUS does (run.sh gives docker "
          "--gpus from it): use GPUS\n"),
@@ -159,6 +163,7 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
     for args, env in ((["-e", "CUDA_VISIBLE_DEVICES=3,2,1,0", "tp4"], {"GPUS": "4,5,6,7"}),
                       (["-e", "CUDA_VISIBLE_DEVICES=GPU-4f1c9a2e,1", "tp2"], {}),
                       (["-e", "CUDA_VISIBLE_DEVICES=6", "tp1"], {"GPUS": "all"}),
+                      (["-e", "CUDA_VISIBLE_DEVICES=1,0,", "tp2"], {}),  # a comma at the end hides nothing
                       (["-e", "CUDA_VISIBLE_DEVICES", "--env-file", str(tmp_path / "from-env.env"), "tp2"],
                        {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0"})):
         run = run_sh(shell, folder, "--dry-run", *args, env=env)
