@@ -86,10 +86,12 @@ def parse(text: str, where: str) -> tuple[Platform, ...]:
 def key_for(entries: dict, platform: Platform, where: str) -> str | None:
     """The key of ``entries`` (base.platforms, builder.platforms, a kernel's platforms) naming ``platform``,
     as written (linux/arm64 or linux/arm64/v8); None when none does. Two keys naming it are refused."""
-    keys = [key for key in entries if ALIASES.get(key, key) == platform.name]
-    if len(keys) > 1:
-        raise InputError(f"{where}: {keys[0]} and {keys[1]} are the same platform; keep one")
-    return keys[0] if keys else None
+    seen: dict[str, str] = {}
+    for key in entries:  # (whichever platform is asked: the lock plans each, a build one)
+        if ALIASES.get(key, key) in seen:
+            raise InputError(f"{where}: {seen[ALIASES.get(key, key)]} and {key} are the same platform; keep one")
+        seen[ALIASES.get(key, key)] = key
+    return seen.get(platform.name)
 
 
 def parse_options(values: Iterable[str]) -> tuple[Platform, ...]:
