@@ -510,6 +510,24 @@ def case_tune_cache_nested_too_deep(p):  # json.loads raises RecursionError, no 
     (p.parent / "images/tune/tp1/cache-2.json").write_text("[" * 100_000)
 
 
+def case_kernel_of_another_platform_only(p):  # its arm64 wheel alone: "needs either source: or prebuilt:"
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "kernels: [{name: quant, version: '1', platforms: {linux/arm64: images/q.whl}}]\n")
+
+
+def case_platforms_key_twice_by_variant(p):  # both name linux/arm64: which base was meant?
+    edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}',
+         'base: {image: "localhost/unibake-busybox:1", platforms: {linux/arm64: "a:1", linux/arm64/v8: "b:1"}}')
+
+
+def case_visible_devices_with_an_empty_item(p):  # CUDA stops at it: GPU 1 hidden from a profile of 2
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, CUDA_VISIBLE_DEVICES: '0,,1'}")
+
+
+def case_gpu_device_ordinal_past_the_profiles_gpus(p):  # ROCm's HIP reads it as HIP_VISIBLE_DEVICES
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, GPU_DEVICE_ORDINAL: '4'}")
+
+
 def case_tune_cache_with_nan(p):  # Python's json.dump of float("nan"): a strict reader refuses the file
     (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": 64,\n "score": NaN}\n')
 
@@ -607,6 +625,12 @@ SAYS = {
     "tune_cache_in_a_subfolder_cut_short": "images/tune/tp1/old/cache-0.json:1: tune cache of profile 'tp1' is not "
                                            "JSON (Expecting ',' delimiter, column 19)",
     "tune_cache_nested_too_deep": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' nests its JSON too deep",
+    "kernel_of_another_platform_only": "product.yaml:13: kernel 'quant' has no file for linux/amd64: its platforms "
+                                       "names linux/arm64 only; add platforms.linux/amd64, or prebuilt:",
+    "platforms_key_twice_by_variant": "product.yaml:5: linux/arm64 and linux/arm64/v8 are the same platform; keep one",
+    "visible_devices_with_an_empty_item": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs from the engine",
+    "gpu_device_ordinal_past_the_profiles_gpus": "tp1.yaml:4: env GPU_DEVICE_ORDINAL=4 names GPU 4, but the container "
+                                                 "of profile 'tp1' sees only its 1 GPU",
     "tune_cache_with_nan": "images/tune/tp1/cache-2.json:2: tune cache of profile 'tp1' holds NaN, which is not JSON",
     "tune_cache_with_infinity": "images/tune/tp2/cache-3.json:3: tune cache of profile 'tp2' holds -Infinity, which is "
                                 "not JSON",
