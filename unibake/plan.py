@@ -1141,8 +1141,13 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
         with open_regular(f.absolute, shown=f.path) as fh:
             data = fh.read(MAX_TUNE_JSON + 1)
         try:
-            text = data.decode(json.detect_encoding(data), "surrogatepass")  # as json.loads reads bytes
+            # as the engine reads it (json.load of the file opened as text): UTF-8, no byte-order mark
+            text = data.decode("utf-8")
             del data
+            if text.startswith("\ufeff"):
+                raise InputError(f"{f.path}: tune cache of profile '{profile}' starts with a UTF-8 byte-order mark, "
+                                 "which json.load of the opened file refuses ('Unexpected UTF-8 BOM'); save it "
+                                 "without one")
             # no value is kept: an object is None once its keys are checked, a number its length (a small int
             # Python shares: a list of a million numbers holds pointers, not a million floats)
             json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite, parse_float=len, parse_int=len)

@@ -540,6 +540,14 @@ def case_tune_cache_with_a_key_twice(p):  # a merge that kept both sides' line: 
     (p.parent / "images/tune/tp1/cache-2.json").write_text('{"64": {"num_warps": 4, "num_warps": 8}}\n')
 
 
+def case_tune_cache_with_a_byte_order_mark(p):  # json.loads of bytes skips it; the engine's json.load refuses it
+    (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'\xef\xbb\xbf{"block": 64}\n')
+
+
+def case_tune_cache_saved_as_utf16(p):  # json.loads of bytes reads UTF-16; the engine's open() reads UTF-8
+    (p.parent / "images/tune/tp2/cache-1.json").write_bytes('\ufeff{"block": 64}\n'.encode("utf-16-le"))
+
+
 def case_tune_cache_not_utf8(p):
     (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'{"name": "\xff"}')
 
@@ -636,6 +644,10 @@ SAYS = {
                                 "not JSON",
     "tune_cache_with_a_key_twice": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' sets the key "
                                    "\"num_warps\" twice in one object",
+    "tune_cache_with_a_byte_order_mark": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' starts with a "
+                                         "UTF-8 byte-order mark, which json.load of the opened file refuses",
+    "tune_cache_saved_as_utf16": "images/tune/tp2/cache-1.json: tune cache of profile 'tp2' is not JSON (not UTF-8: "
+                                 "invalid start byte at byte 0); save it as UTF-8",
     "tune_cache_not_utf8": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is not JSON (not UTF-8: invalid "
                            "start byte at byte 10)",
     "value_with_a_bidi_override": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+202E (RIGHT-TO-LEFT OVERRIDE), an "
