@@ -1210,6 +1210,13 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                              "group number docker's runtime takes: every start would fail with 'Unable to find "
                              f"group {group}'")
     topology = _topology(d, m.where)
+    for i, device in enumerate(dev.get("extra", [])):
+        if not topology.rdma and (device == "/dev/infiniband" or device.startswith("/dev/infiniband/")):
+            # docker's default memlock limit (64 KiB) is far too little for the memory RDMA registers: NCCL's
+            # ibv_reg_mr failed on the GPU nodes
+            raise InputError(f"{m.where(('devices', 'extra', i))}: devices.extra names {device}, but RDMA needs "
+                             "more locked memory than docker's default limit allows: set topology.rdma: true, which "
+                             "gives the container /dev/infiniband and unlimited memlock, and remove it")
     port = d.get("launch", {}).get("port", default_of("launch", "port"))
     if topology.nodes > 1 and topology.master_port == port:
         # host networking: the rank-0 node's engine and its rendezvous would both listen on that port

@@ -563,6 +563,12 @@ def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_produc
      r"/dev/dri/renderD<128\+N> for each GPU N of GPUS \(GPUS=all: every GPU\), so /dev/dri would give the "
      r"container GPUs GPUS did not choose; remove it"),
     ("devices: {vendor: hygon, extra: [/dev/mkfd, /dev/dri/renderD128]}\n", "names /dev/dri/renderD128, a GPU device"),
+    # RDMA's devices without its memlock: ibv_reg_mr failed on the GPU nodes
+    ("devices: {extra: [/dev/infiniband/uverbs0]}\n",
+     r"tp2\.yaml:\d+: devices\.extra names /dev/infiniband/uverbs0, but RDMA needs more locked memory than docker's "
+     r"default limit allows: set topology\.rdma: true, which gives the container /dev/infiniband and unlimited "
+     r"memlock, and remove it"),
+    ("devices: {extra: [/dev/infiniband]}\ntopology: {nodes: 2, rdma: false}\n", "names /dev/infiniband, but RDMA"),
 ])
 def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
     append(busybox_product / "tp2.yaml", text)
