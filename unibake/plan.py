@@ -1014,6 +1014,19 @@ def _topology(d: dict, where) -> Topology:
     if ipc == "host" and "shm_size" in t:
         raise InputError(f"{where(('topology', 'shm_size'))}: shm_size has no effect with ipc: host (the "
                          "container uses the host's /dev/shm); set ipc: private, or remove shm_size")
+    if "shm_size" in t:
+        size = t["shm_size"]
+        number, unit = (size[:-1], size[-1]) if size[-1].isalpha() else (size, "b")
+        size_bytes = int(number) << {"b": 0, "k": 10, "m": 20, "g": 30}[unit]
+        if size_bytes < 1 << 20:
+            # docker reads a size without a unit as bytes: shm_size: "16" was a /dev/shm of one page, where NCCL
+            # and the engine's workers failed with 'Bus error'
+            raise InputError(f"{where(('topology', 'shm_size'))}: shm_size '{size}' is {size_bytes} bytes (docker "
+                             "reads a size without a unit as bytes), less than any engine's shared memory needs; "
+                             "write it with its unit, like 16g")
+        if size_bytes >= 1 << 63:
+            raise InputError(f"{where(('topology', 'shm_size'))}: shm_size '{size}' is more than docker can take "
+                             "(8 EiB); write a size like 16g")
     return Topology(nodes=nodes, network=network, ipc=ipc, shm_size=t.get("shm_size"),
                     rdma=t.get("rdma", nodes > 1), master_port=t.get("master_port", default_of("topology",
                                                                                              "master_port")))

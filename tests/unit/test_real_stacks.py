@@ -569,6 +569,12 @@ def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_produc
      r"default limit allows: set topology\.rdma: true, which gives the container /dev/infiniband and unlimited "
      r"memlock, and remove it"),
     ("devices: {extra: [/dev/infiniband]}\ntopology: {nodes: 2, rdma: false}\n", "names /dev/infiniband, but RDMA"),
+    # docker reads a size without a unit as bytes: a /dev/shm of one page ('Bus error' on the GPU node)
+    ("topology: {ipc: private, shm_size: '16'}\n",
+     r"tp2\.yaml:\d+: shm_size '16' is 16 bytes \(docker reads a size without a unit as bytes\), less than any "
+     r"engine's shared memory needs; write it with its unit, like 16g"),
+    ("topology: {ipc: private, shm_size: 1023k}\n", "shm_size '1023k' is 1047552 bytes"),
+    ("topology: {ipc: private, shm_size: 9999999999g}\n", "is more than docker can take"),
 ])
 def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
     append(busybox_product / "tp2.yaml", text)
