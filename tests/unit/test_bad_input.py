@@ -528,6 +528,14 @@ def case_gpu_device_ordinal_past_the_profiles_gpus(p):  # ROCm's HIP reads it as
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, GPU_DEVICE_ORDINAL: '4'}")
 
 
+def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
+    (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "topology: {ipc: private, shm_size: '16'}\n")
+
+
+def case_infiniband_device_without_rdma(p):  # no memlock: ibv_reg_mr fails on the GPU node
+    (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "devices: {extra: [/dev/infiniband]}\n")
+
+
 def case_tune_cache_with_nan(p):  # Python's json.dump of float("nan"): a strict reader refuses the file
     (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": 64,\n "score": NaN}\n')
 
@@ -639,6 +647,9 @@ SAYS = {
     "visible_devices_with_an_empty_item": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs from the engine",
     "gpu_device_ordinal_past_the_profiles_gpus": "tp1.yaml:4: env GPU_DEVICE_ORDINAL=4 names GPU 4, but the container "
                                                  "of profile 'tp1' sees only its 1 GPU",
+    "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
+    "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
+                                      "memory than docker's default limit allows: set topology.rdma: true",
     "tune_cache_with_nan": "images/tune/tp1/cache-2.json:2: tune cache of profile 'tp1' holds NaN, which is not JSON",
     "tune_cache_with_infinity": "images/tune/tp2/cache-3.json:3: tune cache of profile 'tp2' holds -Infinity, which is "
                                 "not JSON",
