@@ -1122,6 +1122,10 @@ class _NotStrictJSON(Exception):
     """A tune cache's JSON that Python's json reads but another reader refuses or reads otherwise."""
 
 
+class _NotFinite(_NotStrictJSON):
+    """NaN, Infinity or -Infinity: said with its line (found again in the text)."""
+
+
 def _once_each(pairs: list) -> None:
     """An object's keys, each once: Python's json keeps the last of two, another reader the first or refuses
     them. Nothing is kept (the check holds no values)."""
@@ -1135,8 +1139,19 @@ def _once_each(pairs: list) -> None:
         seen.add(key)
 
 
+INT_DIGITS = 4300  # Python's json (3.11 on) refuses an integer of more digits: 'Exceeds the limit (4300 digits)'
+
+
+def _int_length(text: str) -> int:
+    """An integer of a tune cache, checked and dropped (its length kept: a small int Python shares)."""
+    if len(text) - text.startswith("-") > INT_DIGITS:
+        raise _NotStrictJSON(f"holds an integer of {len(text) - text.startswith('-')} digits, more than Python's json "
+                             f"reads ({INT_DIGITS}: 'Exceeds the limit'); write it shorter")
+    return len(text)
+
+
 def _not_finite(name: str) -> None:
-    raise _NotStrictJSON(f"holds {name}, which is not JSON (Python writes it for a float that is not a number; a "
+    raise _NotFinite(f"holds {name}, which is not JSON (Python writes it for a float that is not a number; a "
                          "strict reader refuses the file); write a number, or null")
 
 
@@ -1163,7 +1178,8 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
                                  "without one")
             # no value is kept: an object is None once its keys are checked, a number its length (a small int
             # Python shares: a list of a million numbers holds pointers, not a million floats)
-            json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite, parse_float=len, parse_int=len)
+            json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite, parse_float=len,
+                       parse_int=_int_length)
         except json.JSONDecodeError as exc:
             raise InputError(f"{f.path}:{exc.lineno}: tune cache of profile '{profile}' is not JSON ({exc.msg}, "
                              f"column {exc.colno}); fix it, or keep it out of tune_caches.source") from None
@@ -1174,8 +1190,9 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
             raise InputError(f"{f.path}: tune cache of profile '{profile}' nests its JSON too deep to be read "
                              "(Python's json stops at about 1000 levels, as the engine's would)") from None
         except _NotStrictJSON as exc:
-            found = next((m for m in _JSON_CONSTANT_RE.finditer(text) if m.group(1)), None)
-            line = f":{text.count(chr(10), 0, found.start()) + 1}" if found and "twice" not in str(exc) else ""
+            found = next((m for m in _JSON_CONSTANT_RE.finditer(text) if m.group(1)), None) \
+                if isinstance(exc, _NotFinite) else None
+            line = f":{text.count(chr(10), 0, found.start()) + 1}" if found else ""
             raise InputError(f"{f.path}{line}: tune cache of profile '{profile}' {exc}") from None
 
 

@@ -556,6 +556,10 @@ def case_tune_cache_saved_as_utf16(p):  # json.loads of bytes reads UTF-16; the 
     (p.parent / "images/tune/tp2/cache-1.json").write_bytes('\ufeff{"block": 64}\n'.encode("utf-16-le"))
 
 
+def case_tune_cache_with_an_integer_of_5000_digits(p):  # Python's json: ValueError 'Exceeds the limit'
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": ' + "6" * 5000 + "}\n")
+
+
 def case_tune_cache_not_utf8(p):
     (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'{"name": "\xff"}')
 
@@ -659,6 +663,8 @@ SAYS = {
                                          "UTF-8 byte-order mark, which json.load of the opened file refuses",
     "tune_cache_saved_as_utf16": "images/tune/tp2/cache-1.json: tune cache of profile 'tp2' is not JSON (not UTF-8: "
                                  "invalid start byte at byte 0); save it as UTF-8",
+    "tune_cache_with_an_integer_of_5000_digits": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' holds an "
+                                                 "integer of 5000 digits, more than Python's json reads (4300",
     "tune_cache_not_utf8": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is not JSON (not UTF-8: invalid "
                            "start byte at byte 10)",
     "value_with_a_bidi_override": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+202E (RIGHT-TO-LEFT OVERRIDE), an "
