@@ -511,8 +511,8 @@ def case_tune_cache_nested_too_deep(p):  # json.loads raises RecursionError, no 
 
 
 def case_kernel_of_another_platform_only(p):  # its arm64 wheel alone: "needs either source: or prebuilt:"
-    (p / "product.yaml").write_text((p / "product.yaml").read_text()
-                                    + "kernels: [{name: quant, version: '1', platforms: {linux/arm64: images/q.whl}}]\n")
+    kernel = "{name: quant, version: '1', platforms: {linux/arm64: images/q.whl}}"
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + f"kernels: [{kernel}]\n")
 
 
 def case_platforms_key_twice_by_variant(p):  # both name linux/arm64: which base was meant?
