@@ -189,6 +189,16 @@ class ProfileMetadata(Record):
         return self
 
     @property
+    def extra_devices(self) -> tuple[str, ...]:
+        """``devices.extra`` less the devices run.sh gives this profile already (amd, hygon: /dev/kfd; rdma:
+        /dev/infiniband and what it holds): a ROCm docker run's ``--device /dev/kfd`` copied into extra was
+        passed to docker twice."""
+        given = (("/dev/kfd",) if self.vendor in ("amd", "hygon") else ()) + \
+            (("/dev/infiniband",) if self.topology.rdma else ())
+        return tuple(d for d in dict.fromkeys(self.devices.extra)
+                     if not any(d == g or d.startswith(f"{g}/") for g in given))
+
+    @property
     def env_count(self) -> int:
         return len(self.env)
 

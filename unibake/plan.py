@@ -25,7 +25,8 @@ from .metadata import Component
 from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
 from .prebuilt import SO_RE, Prebuilt, check_libraries, kind_of, read_prebuilt
-from .platforms import KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, parse as parse_platforms
+from .platforms import (KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, key_for,
+                        parse as parse_platforms)
 from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
@@ -296,6 +297,17 @@ class ReleasePlan:
                 shown = ", ".join(f"'{f}'" for f in src.empty_folders[:3]) + (f" and {n - 3} more" if n > 3 else "")
                 out.append(f"{src.path}: {_count(n, 'empty folder')} ({shown}) not in the image, which gets files "
                            "only; put a file in one the engine needs")
+        # docker run --env-file keeps a value as written after the '=' (KEY="x" is the 3 characters "x", A=1 # note
+        # is "1 # note"), and so does the image's ENV: a file written for a shell or docker compose (which strip
+        # quotes and comments) gave the engine the quotes, the comment or a trailing space
+        for e in {e.source.path: e for p in self.profiles for e in p.env_files}.values():
+            kept = [(k, what) for k, v in e.values.items() if (what := _kept_by_docker(v))]
+            if kept:
+                (key, what), more = kept[0], len(kept) - 1
+                others = f" (and {_count(more, 'more key')} of this file)" if more else ""
+                out.append(f"{e.display}:{e.lines[key]}: {key}={e.values[key][:60]} keeps {what}{others}, as "
+                           "docker run --env-file does (a shell or docker compose would strip it): the engine "
+                           "gets it as part of the value; remove it unless the engine needs it")
         # the engine starts in the base image's working directory, its bare names looked up on PATH: an engine
         # file named as the source folder shows it (serve.sh, ./serve.sh) was not found at every smoke gate
         # (python3 serve.py, sh serve.sh: a script's name is relative to it too)
@@ -418,6 +430,17 @@ class ReleasePlan:
         return next(p for p in self.profiles if p.name == name)
 
 
+def _kept_by_docker(value: str) -> str:
+    """What of an env file's value a shell or docker compose would strip but docker keeps ("" when nothing)."""
+    if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:
+        return "its quotes"
+    if " #" in value:
+        return f"the comment {value[value.index(' #') + 1:][:40]!r}"
+    if value.endswith(" "):
+        return "its trailing space"
+    return ""
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -528,7 +551,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     patched = apply_patches(engine.source, patches)
     builder_data = data.get("builder", {})
     # a platforms entry names that platform's builder; builder.id pins builder.image
-    builder = builder_data.get("platforms", {}).get(platform.name) or builder_data.get("id") or builder_data.get("image")
+    builder_key = key_for(builder_data.get("platforms", {}), platform, where(("builder", "platforms")))
+    builder = builder_data["platforms"][builder_key] if builder_key else \
+        builder_data.get("id") or builder_data.get("image")
     kernels = tuple(_kernel(root, k, lambda p, i=i: where(("kernels", i) + p), builder, platform, context_limit)
                     for i, k in enumerate(data.get("kernels", [])))
     _unique([k.name for k in kernels], where(("kernels",)), "kernel")
@@ -564,8 +589,9 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         any(k.builder == builder for p in chosen for k in p.sidecars)
     base = data["base"]
     # a platforms entry names that platform's base; base.id pins base.image (the other platforms' bases)
-    base_key = ("base", "platforms", platform.name) if platform.name in base.get("platforms", {}) else ("base", "image")
-    base_name = base["platforms"][platform.name] if len(base_key) == 3 else base["image"]
+    named = key_for(base.get("platforms", {}), platform, where(("base", "platforms")))
+    base_key = ("base", "platforms", named) if named else ("base", "image")
+    base_name = base["platforms"][named] if named else base["image"]
     base_image = base_name if len(base_key) == 3 else base.get("id") or base_name
     # a platform's local base is pinned by its image ID in its own entry: base.id pins base.image only
     pinned = "@sha256:" in base_name or base_image != base_name or IMAGE_ID_RE.fullmatch(base_name) is not None
@@ -785,10 +811,10 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
     """A kernel or sidecar of the YAML: compiled (from ``source``) or prebuilt, never both; a prebuilt
     one takes ``platforms``' file for ``platform`` when it names one (a vendor ships one per CPU)."""
     name = data["name"]
-    if ("source" in data) == ("prebuilt" in data):
+    if "source" in data and "prebuilt" in data or not {"source", "prebuilt", "platforms"} & set(data):
         raise InputError(f"{where(())}: kernel '{name}' needs either source: (built here) or prebuilt: (taken as "
-                         "it is)")
-    if "platforms" in data and "prebuilt" not in data:
+                         "it is; platforms: names another file for a platform)")
+    if "platforms" in data and "source" in data:
         raise InputError(f"{where(('platforms',))}: kernel '{name}' is built here, for the platform it is built "
                          "on; platforms names prebuilt files of other platforms")
     outputs = tuple(data.get("outputs", []))
@@ -796,12 +822,19 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         if not SO_RE.search(out) or out.endswith("/"):
             raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is not a shared library "
                              "(.so or .so.N)")
-    if "prebuilt" in data:
+    if "source" not in data:  # prebuilt: the file of platforms: for this platform, else prebuilt:
         for key in ("build", "cflags"):
             if key in data:
                 raise InputError(f"{where((key,))}: kernel '{name}' is prebuilt; {key} applies to kernels built here")
-        key = ("platforms", platform.name) if platform.name in data.get("platforms", {}) else ("prebuilt",)
-        rel = data["platforms"][platform.name] if len(key) == 2 else data["prebuilt"]
+        named = key_for(data.get("platforms", {}), platform, where(("platforms",)))
+        if named is None and "prebuilt" not in data:
+            # (a kernel only one platform's stack has is not left out of another's image without a word)
+            has = f"names {', '.join(data['platforms'])} only" if data["platforms"] else "is empty"
+            raise InputError(f"{where(('platforms',))}: kernel '{name}' has no file for {platform.name}: its "
+                             f"platforms {has}; add platforms.{platform.name}, or prebuilt: (the file of every "
+                             "platform platforms does not name)")
+        key = ("platforms", named) if named else ("prebuilt",)
+        rel = data["platforms"][named] if named else data["prebuilt"]
         # a prebuilt archive is not in the build context (its members are, each checked by its size)
         single = limit if kind_of(rel) == "so" else None
         source = read_external(rel, where(key), single) if rel.startswith("/") else \
@@ -814,7 +847,7 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
                                  f"{', '.join(prebuilt.libraries) or 'no .so'}")
         outputs = outputs or prebuilt.libraries
         if not outputs:
-            raise InputError(f"{where(('prebuilt',))}: {rel} holds no .so for kernel '{name}' to load")
+            raise InputError(f"{where(key)}: {rel} holds no .so for kernel '{name}' to load")
         for out in outputs:  # every library it holds, by default: named in ':'-separated lists the shell splits
             if not PATH_RE.fullmatch(out):
                 raise InputError(f"{where(key)}: {rel} holds the library {out!r}, which the image's ':'-separated "
@@ -917,15 +950,19 @@ def _check_env_key(key: str, where: str) -> None:
 
 # What numbers the GPUs a program sees. The container is given only its profile's GPUs (run.sh: those of
 # GPUS), which it numbers from 0: a host's numbering copied from a docker run that gave every GPU
-# (CUDA_VISIBLE_DEVICES=4,5,6,7 on a profile of 4) hid every GPU from the engine.
-VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"})
+# (CUDA_VISIBLE_DEVICES=4,5,6,7 on a profile of 4) hid every GPU from the engine. ROCm's HIP runtime reads
+# GPU_DEVICE_ORDINAL as it reads HIP_VISIBLE_DEVICES.
+VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                 "GPU_DEVICE_ORDINAL"})
 
 
 def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:
     items = [item.strip() for item in value.split(",")]
     numbers = [int(item) for item in items if item.isascii() and item.isdigit()]
-    if not value.strip() or any(item.startswith("-") and item[1:].isascii() and item[1:].isdigit() for item in items):
-        # "" shows no GPU; a negative number hides those after it (-1: all)
+    if not value.strip() or any(item.startswith("-") and item[1:].isascii() and item[1:].isdigit() for item in items) \
+            or "" in items[:-1]:
+        # "" shows no GPU; a negative number hides those after it (-1: all), as an empty item does (0,,1: CUDA and
+        # ROCm stop at the first item that names no GPU)
         raise InputError(f"{where}: env {key}={value[:80]!r} hides GPUs from the engine; profile '{profile}' "
                          f"needs {gpus}: remove it")
     beyond = [n for n in numbers if n >= gpus]
@@ -977,6 +1014,19 @@ def _topology(d: dict, where) -> Topology:
     if ipc == "host" and "shm_size" in t:
         raise InputError(f"{where(('topology', 'shm_size'))}: shm_size has no effect with ipc: host (the "
                          "container uses the host's /dev/shm); set ipc: private, or remove shm_size")
+    if "shm_size" in t:
+        size = t["shm_size"]
+        number, unit = (size[:-1], size[-1]) if size[-1].isalpha() else (size, "b")
+        size_bytes = int(number) << {"b": 0, "k": 10, "m": 20, "g": 30}[unit]
+        if size_bytes < 1 << 20:
+            # docker reads a size without a unit as bytes: shm_size: "16" was a /dev/shm of one page, where NCCL
+            # and the engine's workers failed with 'Bus error'
+            raise InputError(f"{where(('topology', 'shm_size'))}: shm_size '{size}' is {size_bytes} bytes (docker "
+                             "reads a size without a unit as bytes), less than any engine's shared memory needs; "
+                             "write it with its unit, like 16g")
+        if size_bytes >= 1 << 63:
+            raise InputError(f"{where(('topology', 'shm_size'))}: shm_size '{size}' is more than docker can take "
+                             "(8 EiB); write a size like 16g")
     return Topology(nodes=nodes, network=network, ipc=ipc, shm_size=t.get("shm_size"),
                     rdma=t.get("rdma", nodes > 1), master_port=t.get("master_port", default_of("topology",
                                                                                              "master_port")))
@@ -1060,20 +1110,76 @@ def _check_extra_device(device: str, vendor: str, where: str) -> None:
                          "choose; remove it")
 
 
-# a tune cache larger than this is baked without being parsed: the engine reads it, the plan does not hold it
-MAX_TUNE_JSON = 64 << 20
+# a tune cache larger than this is refused: its check holds its bytes and its text (twice its size, for ASCII)
+# and an object's keys until they are checked, not the values (measured, 256 MiB of JSON: a peak of 550 MiB as one
+# array of numbers, 710 MiB as one object of a million configs; json.loads held 4 to 5 times the file)
+MAX_TUNE_JSON = 256 << 20
+# a string of JSON, or NaN / Infinity / -Infinity outside one (what Python's json writes for float("nan"))
+_JSON_CONSTANT_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?Infinity|NaN)')
+
+
+class _NotStrictJSON(Exception):
+    """A tune cache's JSON that Python's json reads but another reader refuses or reads otherwise."""
+
+
+class _NotFinite(_NotStrictJSON):
+    """NaN, Infinity or -Infinity: said with its line (found again in the text)."""
+
+
+def _once_each(pairs: list) -> None:
+    """An object's keys, each once: Python's json keeps the last of two, another reader the first or refuses
+    them. Nothing is kept (the check holds no values)."""
+    if len(dict(pairs)) == len(pairs):
+        return
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _NotStrictJSON(f"sets the key {json.dumps(key)[:80]} twice in one object (Python's json keeps the "
+                                 "last, another reader the first); keep one")
+        seen.add(key)
+
+
+INT_DIGITS = 4300  # Python's json (3.11 on) refuses an integer of more digits: 'Exceeds the limit (4300 digits)'
+
+
+def _int_length(text: str) -> int:
+    """An integer of a tune cache, checked and dropped (its length kept: a small int Python shares)."""
+    if len(text) - text.startswith("-") > INT_DIGITS:
+        raise _NotStrictJSON(f"holds an integer of {len(text) - text.startswith('-')} digits, more than Python's json "
+                             f"reads ({INT_DIGITS}: 'Exceeds the limit'); write it shorter")
+    return len(text)
+
+
+def _not_finite(name: str) -> None:
+    raise _NotFinite(f"holds {name}, which is not JSON (Python writes it for a float that is not a number; a "
+                         "strict reader refuses the file); write a number, or null")
 
 
 def _check_tune_json(tune: TuneCaches, profile: str) -> None:
-    """Every ``*.json`` of a profile's tune caches parses as JSON: one cut short, saved empty or left with a merge's
-    conflict markers was baked, counted, released and failed only when the engine read it on a GPU node."""
+    """Every ``*.json`` of a profile's tune caches parses as strict JSON: one cut short, saved empty or left with a
+    merge's conflict markers was baked, counted, released and failed only when the engine read it on a GPU node; a
+    NaN or a key written twice passed."""
     for f in tune.source.files:
-        if not f.path.endswith(".json") or f.size > MAX_TUNE_JSON:
+        if not f.path.endswith(".json"):
             continue
+        if f.size > MAX_TUNE_JSON:
+            raise InputError(f"{f.path}: tune cache of profile '{profile}' is {f.size} bytes, more than the "
+                             f"{MAX_TUNE_JSON >> 20} MiB unibake reads to check a tune cache's JSON; split it, or "
+                             "keep it out of tune_caches.source")
         with open_regular(f.absolute, shown=f.path) as fh:
             data = fh.read(MAX_TUNE_JSON + 1)
         try:
-            json.loads(data)
+            # as the engine reads it (json.load of the file opened as text): UTF-8, no byte-order mark
+            text = data.decode("utf-8")
+            del data
+            if text.startswith("\ufeff"):
+                raise InputError(f"{f.path}: tune cache of profile '{profile}' starts with a UTF-8 byte-order mark, "
+                                 "which json.load of the opened file refuses ('Unexpected UTF-8 BOM'); save it "
+                                 "without one")
+            # no value is kept: an object is None once its keys are checked, a number its length (a small int
+            # Python shares: a list of a million numbers holds pointers, not a million floats)
+            json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite, parse_float=len,
+                       parse_int=_int_length)
         except json.JSONDecodeError as exc:
             raise InputError(f"{f.path}:{exc.lineno}: tune cache of profile '{profile}' is not JSON ({exc.msg}, "
                              f"column {exc.colno}); fix it, or keep it out of tune_caches.source") from None
@@ -1083,6 +1189,11 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
         except RecursionError:
             raise InputError(f"{f.path}: tune cache of profile '{profile}' nests its JSON too deep to be read "
                              "(Python's json stops at about 1000 levels, as the engine's would)") from None
+        except _NotStrictJSON as exc:
+            found = next((m for m in _JSON_CONSTANT_RE.finditer(text) if m.group(1)), None) \
+                if isinstance(exc, _NotFinite) else None
+            line = f":{text.count(chr(10), 0, found.start()) + 1}" if found else ""
+            raise InputError(f"{f.path}{line}: tune cache of profile '{profile}' {exc}") from None
 
 
 def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platform,
@@ -1129,6 +1240,13 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                              "group number docker's runtime takes: every start would fail with 'Unable to find "
                              f"group {group}'")
     topology = _topology(d, m.where)
+    for i, device in enumerate(dev.get("extra", [])):
+        if not topology.rdma and (device == "/dev/infiniband" or device.startswith("/dev/infiniband/")):
+            # docker's default memlock limit (64 KiB) is far too little for the memory RDMA registers: NCCL's
+            # ibv_reg_mr failed on the GPU nodes
+            raise InputError(f"{m.where(('devices', 'extra', i))}: devices.extra names {device}, but RDMA needs "
+                             "more locked memory than docker's default limit allows: set topology.rdma: true, which "
+                             "gives the container /dev/infiniband and unlimited memlock, and remove it")
     port = d.get("launch", {}).get("port", default_of("launch", "port"))
     if topology.nodes > 1 and topology.master_port == port:
         # host networking: the rank-0 node's engine and its rendezvous would both listen on that port

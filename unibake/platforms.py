@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from .errors import InputError
 
 DEFAULT = "linux/amd64"  # the platform whose releases carry no suffix
-# One platform in the YAML or on the command line, or several separated by commas.
-LIST_RE = re.compile(r"^linux/(?:amd64|arm64(?:/v8)?)(?:,linux/(?:amd64|arm64(?:/v8)?))*$")
+# One platform in the YAML or on the command line, or several separated by commas (with spaces or tabs around
+# them, as a list is written by hand; docker buildx trims them too). linux/arm64/v8 is linux/arm64 (its variant).
+LIST_RE = re.compile(r"^[ \t]*linux/(?:amd64|arm64(?:/v8)?)(?:[ \t]*,[ \t]*linux/(?:amd64|arm64(?:/v8)?))*[ \t]*$")
+# One platform as a key of base.platforms, builder.platforms and a kernel's platforms.
+KEY_RE = re.compile(r"^linux/(?:amd64|arm64(?:/v8)?)$")
 # Any platform an image may record, for images unibake releases but did not build.
 RECORD_PATTERN = r"^[a-z0-9]{1,32}/[a-z0-9_]{1,32}(?:/[a-z0-9.]{1,16})?$"
 
@@ -72,11 +75,23 @@ def parse(text: str, where: str) -> tuple[Platform, ...]:
                          "e.g. linux/amd64,linux/arm64)")
     out: list[Platform] = []
     for name in text.split(","):
+        name = name.strip(" \t")
         platform = KNOWN[ALIASES.get(name, name)]
         if platform in out:
             raise InputError(f"{where}: platform {platform.name} is named twice")
         out.append(platform)
     return tuple(out)
+
+
+def key_for(entries: dict, platform: Platform, where: str) -> str | None:
+    """The key of ``entries`` (base.platforms, builder.platforms, a kernel's platforms) naming ``platform``,
+    as written (linux/arm64 or linux/arm64/v8); None when none does. Two keys naming it are refused."""
+    seen: dict[str, str] = {}
+    for key in entries:  # (whichever platform is asked: the lock plans each, a build one)
+        if ALIASES.get(key, key) in seen:
+            raise InputError(f"{where}: {seen[ALIASES.get(key, key)]} and {key} are the same platform; keep one")
+        seen[ALIASES.get(key, key)] = key
+    return seen.get(platform.name)
 
 
 def parse_options(values: Iterable[str]) -> tuple[Platform, ...]:

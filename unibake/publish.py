@@ -598,7 +598,8 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
     values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest), env=env_changes(previous, manifest),
                   kit_images=kit_images,
                   notes=notes or Notes(), env_of={name: {"count": x.env_count, "sha256": x.env_sha256}
-                                                  for name, x in manifest.profiles.items()})
+                                                  for name, x in manifest.profiles.items()},
+                  extra_devices={name: x.extra_devices for name, x in manifest.profiles.items()})
     files = {
         MANIFEST: manifest.to_json(),
         VALIDATION: validation.to_json(),

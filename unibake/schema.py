@@ -18,7 +18,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from .platforms import LIST_RE as PLATFORMS_RE
+from .platforms import KEY_RE as PLATFORM_KEY_RE, LIST_RE as PLATFORMS_RE
 
 # Names that end up in image references, paths and shell words: conservative on purpose.
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
@@ -61,8 +61,6 @@ IMAGE_REF_RE = re.compile(
     r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
 )
-# One target platform, as a key of base.platforms and builder.platforms.
-PLATFORM_KEY_RE = re.compile(r"^linux/(?:amd64|arm64)$")
 # A compiler flag: no shell metacharacters, no spaces.
 CFLAG_RE = re.compile(r"^-[A-Za-z0-9_=.,+:/-]{1,100}$")
 # Set by the image itself: a YAML value may not take them over.
@@ -160,7 +158,7 @@ IMAGE_ID_DOC = "an image ID like sha256:<64 hex digits> (docker image inspect --
 
 def _platform_images(doc: str) -> Key:
     return Key(type="map", doc=doc, merge="merge", key_pattern=PLATFORM_KEY_RE,
-               key_doc="a platform: linux/amd64 or linux/arm64",
+               key_doc="a platform: linux/amd64 or linux/arm64 (or linux/arm64/v8)",
                value=_str("image reference", pattern=IMAGE_REF_RE, pattern_doc="an image reference"))
 
 
@@ -191,7 +189,7 @@ def _kernel_fields() -> dict[str, Key]:
                          pattern=PREBUILT_RE, pattern_doc=PREBUILT_DOC),
         "platforms": Key(type="map", doc="the prebuilt file of one platform, when it is not prebuilt (a wheel per "
                          "CPU); pinned in inputs.lock like prebuilt", key_pattern=PLATFORM_KEY_RE,
-                         key_doc="a platform: linux/amd64 or linux/arm64",
+                         key_doc="a platform: linux/amd64 or linux/arm64 (or linux/arm64/v8)",
                          value=_str("a prebuilt file", pattern=PREBUILT_RE,
                                     pattern_doc=PREBUILT_DOC)),
     }

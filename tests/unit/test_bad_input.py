@@ -516,6 +516,56 @@ def case_tune_cache_nested_too_deep(p):  # json.loads raises RecursionError, no 
     (p.parent / "images/tune/tp1/cache-2.json").write_text("[" * 100_000)
 
 
+def case_kernel_of_another_platform_only(p):  # its arm64 wheel alone: "needs either source: or prebuilt:"
+    kernel = "{name: quant, version: '1', platforms: {linux/arm64: images/q.whl}}"
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + f"kernels: [{kernel}]\n")
+
+
+def case_platforms_key_twice_by_variant(p):  # both name linux/arm64: which base was meant?
+    edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}',
+         'base: {image: "localhost/unibake-busybox:1", platforms: {linux/arm64: "a:1", linux/arm64/v8: "b:1"}}')
+
+
+def case_visible_devices_with_an_empty_item(p):  # CUDA stops at it: GPU 1 hidden from a profile of 2
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, CUDA_VISIBLE_DEVICES: '0,,1'}")
+
+
+def case_gpu_device_ordinal_past_the_profiles_gpus(p):  # ROCm's HIP reads it as HIP_VISIBLE_DEVICES
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, GPU_DEVICE_ORDINAL: '4'}")
+
+
+def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
+    (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "topology: {ipc: private, shm_size: '16'}\n")
+
+
+def case_infiniband_device_without_rdma(p):  # no memlock: ibv_reg_mr fails on the GPU node
+    (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "devices: {extra: [/dev/infiniband]}\n")
+
+
+def case_tune_cache_with_nan(p):  # Python's json.dump of float("nan"): a strict reader refuses the file
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": 64,\n "score": NaN}\n')
+
+
+def case_tune_cache_with_infinity(p):
+    (p.parent / "images/tune/tp2/cache-3.json").write_text('[1.5,\n "Infinity",\n -Infinity]\n')
+
+
+def case_tune_cache_with_a_key_twice(p):  # a merge that kept both sides' line: Python keeps the last, C++ the first
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"64": {"num_warps": 4, "num_warps": 8}}\n')
+
+
+def case_tune_cache_with_a_byte_order_mark(p):  # json.loads of bytes skips it; the engine's json.load refuses it
+    (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'\xef\xbb\xbf{"block": 64}\n')
+
+
+def case_tune_cache_saved_as_utf16(p):  # json.loads of bytes reads UTF-16; the engine's open() reads UTF-8
+    (p.parent / "images/tune/tp2/cache-1.json").write_bytes('\ufeff{"block": 64}\n'.encode("utf-16-le"))
+
+
+def case_tune_cache_with_an_integer_of_5000_digits(p):  # Python's json: ValueError 'Exceeds the limit'
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": ' + "6" * 5000 + "}\n")
+
+
 def case_tune_cache_not_utf8(p):
     (p.parent / "images/tune/tp1/cache-2.json").write_bytes(b'{"name": "\xff"}')
 
@@ -602,6 +652,26 @@ SAYS = {
     "tune_cache_in_a_subfolder_cut_short": "images/tune/tp1/old/cache-0.json:1: tune cache of profile 'tp1' is not "
                                            "JSON (Expecting ',' delimiter, column 19)",
     "tune_cache_nested_too_deep": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' nests its JSON too deep",
+    "kernel_of_another_platform_only": "product.yaml:13: kernel 'quant' has no file for linux/amd64: its platforms "
+                                       "names linux/arm64 only; add platforms.linux/amd64, or prebuilt:",
+    "platforms_key_twice_by_variant": "product.yaml:5: linux/arm64 and linux/arm64/v8 are the same platform; keep one",
+    "visible_devices_with_an_empty_item": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs from the engine",
+    "gpu_device_ordinal_past_the_profiles_gpus": "tp1.yaml:4: env GPU_DEVICE_ORDINAL=4 names GPU 4, but the container "
+                                                 "of profile 'tp1' sees only its 1 GPU",
+    "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
+    "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
+                                      "memory than docker's default limit allows: set topology.rdma: true",
+    "tune_cache_with_nan": "images/tune/tp1/cache-2.json:2: tune cache of profile 'tp1' holds NaN, which is not JSON",
+    "tune_cache_with_infinity": "images/tune/tp2/cache-3.json:3: tune cache of profile 'tp2' holds -Infinity, which is "
+                                "not JSON",
+    "tune_cache_with_a_key_twice": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' sets the key "
+                                   "\"num_warps\" twice in one object",
+    "tune_cache_with_a_byte_order_mark": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' starts with a "
+                                         "UTF-8 byte-order mark, which json.load of the opened file refuses",
+    "tune_cache_saved_as_utf16": "images/tune/tp2/cache-1.json: tune cache of profile 'tp2' is not JSON (not UTF-8: "
+                                 "invalid start byte at byte 0); save it as UTF-8",
+    "tune_cache_with_an_integer_of_5000_digits": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' holds an "
+                                                 "integer of 5000 digits, more than Python's json reads (4300",
     "tune_cache_not_utf8": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is not JSON (not UTF-8: invalid "
                            "start byte at byte 10)",
     "value_with_a_bidi_override": "tp1.yaml:4: key 'env.NCCL_ALGO' contains U+202E (RIGHT-TO-LEFT OVERRIDE), an "

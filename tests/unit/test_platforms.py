@@ -52,13 +52,17 @@ def test_platforms_are_written_as_docker_writes_them_one_or_several():
     assert parse("linux/amd64,linux/arm64", "x") == (AMD64, ARM64)
     assert parse_options(["linux/arm64", "linux/amd64"]) == (ARM64, AMD64)
     assert parse_options([]) == ()
+    # a list written by hand, a space after the comma (docker buildx trims it): refused as no platform before
+    assert parse("linux/amd64, linux/arm64", "x") == (AMD64, ARM64)
+    assert parse_options(["linux/arm64 ,\tlinux/amd64"]) == (ARM64, AMD64)
 
 
 @pytest.mark.parametrize("text,message", [
     ("linux/riscv64", "platform 'linux/riscv64' is not one of linux/amd64, linux/arm64"),
     ("arm64", "platform 'arm64' is not one of"),
     ("linux/arm64,linux/arm64/v8", "platform linux/arm64 is named twice"),
-    ("linux/amd64, linux/arm64", "is not one of"),
+    ("linux/amd64,,linux/arm64", "is not one of"),
+    ("linux/amd64, linux/amd64", "platform linux/amd64 is named twice"),
 ])
 def test_an_unknown_or_repeated_platform_is_refused(text, message):
     with pytest.raises(InputError, match=message):
@@ -94,6 +98,45 @@ def test_a_bad_platform_in_the_yaml_names_the_file_and_line(cli, busybox_product
     assert len(result.error_lines) == 1 and result.error_lines[0].endswith(
         f"product.yaml:{line}: key 'platform' has an invalid value 'linux/sparc': expected linux/amd64, linux/arm64, "
         "or both comma-separated")
+
+
+def test_a_platform_list_with_spaces_in_the_yaml_is_each_platform(busybox_product):
+    with_arm64(busybox_product, '\nplatform: "linux/amd64, linux/arm64"')
+    from unibake.plan import product_platforms
+    assert product_platforms(busybox_product) == (AMD64, ARM64)
+
+
+def test_a_platforms_key_written_with_arm64s_variant_names_that_platform_everywhere(busybox_product):
+    # base.platforms, builder.platforms and a kernel's platforms took linux/arm64 only: linux/arm64/v8, as docker
+    # writes arm64 with its variant (and as platform: takes it), was refused as no platform
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        BUSYBOX_BASE, 'base: {image: "localhost/unibake-busybox:1", '
+                      'platforms: {linux/arm64/v8: "localhost/unibake-busybox:1-arm64"}}'))
+    assert make_plan(busybox_product, platform=ARM64, verify_lock=False).base_image == \
+        "localhost/unibake-busybox:1-arm64"
+    assert make_plan(busybox_product, platform=AMD64, verify_lock=False).base_image == "localhost/unibake-busybox:1"
+    product.write_text(product.read_text().replace(
+        "platforms: {linux/arm64/v8: ", 'platforms: {linux/arm64: "localhost/other:1", linux/arm64/v8: '))
+    for platform in (ARM64, AMD64):  # (the amd64 plan too: the lock plans both)
+        with pytest.raises(InputError, match=r"product\.yaml:\d+: linux/arm64 and linux/arm64/v8 are the same "
+                                             r"platform; keep one"):
+            make_plan(busybox_product, platform=platform, verify_lock=False)
+
+
+def test_a_kernels_platforms_key_written_with_arm64s_variant_takes_its_file(demo_product, cli):
+    product = demo_product / "product.yaml"
+    assert "linux/arm64: " in product.read_text()
+    product.write_text(product.read_text().replace("linux/arm64: ", "linux/arm64/v8: "))
+    plan = make_plan(demo_product, platform=ARM64, verify_lock=False)  # base, builder and kernel: all three
+    assert plan.base_image == "localhost/unibake-demo-base:bookworm-arm64"
+    assert {k.builder for k in plan.kernels if not k.prebuilt} == {"localhost/unibake-demo-builder:bookworm-arm64"}
+    wheel = next(k for k in plan.kernels if k.name == "demo_quant").prebuilt.file.path
+    assert wheel == "images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_aarch64.whl"
+    (demo_product / "inputs.lock").unlink()
+    assert cli("lock", "--config", str(demo_product)).code == 0
+    assert wheel in (demo_product / "inputs.lock").read_text()
+    make_plan(demo_product, platform=ARM64)
 
 
 def test_a_profile_cannot_have_its_own_platform(busybox_product):

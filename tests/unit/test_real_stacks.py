@@ -563,6 +563,18 @@ def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_produc
      r"/dev/dri/renderD<128\+N> for each GPU N of GPUS \(GPUS=all: every GPU\), so /dev/dri would give the "
      r"container GPUs GPUS did not choose; remove it"),
     ("devices: {vendor: hygon, extra: [/dev/mkfd, /dev/dri/renderD128]}\n", "names /dev/dri/renderD128, a GPU device"),
+    # RDMA's devices without its memlock: ibv_reg_mr failed on the GPU nodes
+    ("devices: {extra: [/dev/infiniband/uverbs0]}\n",
+     r"tp2\.yaml:\d+: devices\.extra names /dev/infiniband/uverbs0, but RDMA needs more locked memory than docker's "
+     r"default limit allows: set topology\.rdma: true, which gives the container /dev/infiniband and unlimited "
+     r"memlock, and remove it"),
+    ("devices: {extra: [/dev/infiniband]}\ntopology: {nodes: 2, rdma: false}\n", "names /dev/infiniband, but RDMA"),
+    # docker reads a size without a unit as bytes: a /dev/shm of one page ('Bus error' on the GPU node)
+    ("topology: {ipc: private, shm_size: '16'}\n",
+     r"tp2\.yaml:\d+: shm_size '16' is 16 bytes \(docker reads a size without a unit as bytes\), less than any "
+     r"engine's shared memory needs; write it with its unit, like 16g"),
+    ("topology: {ipc: private, shm_size: 1023k}\n", "shm_size '1023k' is 1047552 bytes"),
+    ("topology: {ipc: private, shm_size: 9999999999g}\n", "is more than docker can take"),
 ])
 def test_devices_and_topology_that_make_no_sense_are_refused(busybox_product, text, message):
     append(busybox_product / "tp2.yaml", text)
@@ -1033,6 +1045,34 @@ def test_run_sh_gives_an_amd_profile_the_hosts_groups_by_number_each_once(tmp_pa
     assert "--group-add 44 --group-add rdma " in missing.stdout
 
 
+def test_run_sh_passes_a_device_it_gives_already_once_when_devices_extra_names_it_too(tmp_path):
+    # a ROCm docker run's --device /dev/kfd copied into devices.extra (the plan takes it: not a GPU's node), and
+    # /dev/infiniband's own node on an rdma profile: run.sh passed docker each device twice
+    from .test_publish import METADATA, make_release
+
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["profiles"]["tp2"].update(vendor="amd", devices={"extra": ["/dev/kfd", "/dev/mkfd"], "groups": []},
+                                       topology={"nodes": 2, "network": "host", "rdma": True, "master_port": 20000})
+    metadata["profiles"]["tp4"].update(vendor="hygon", devices={"extra": ["/dev/kfd", "/dev/infiniband/uverbs0"],
+                                                                "groups": []})
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    fake_bin = _fake_getent(tmp_path, {"video": 44})
+
+    def run(*args):
+        return subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", *args], capture_output=True, text=True,
+                              env={"PATH": f"{fake_bin}:/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "n0"})
+
+    amd = run("tp2")
+    assert amd.returncode == 0, amd.stderr
+    assert amd.stdout.count("--device /dev/kfd ") == 1 and amd.stdout.count("--device /dev/infiniband") == 1
+    assert "--device /dev/mkfd " in amd.stdout
+    hygon = run("tp4")  # no rdma: its extra /dev/infiniband/uverbs0 is its own to give
+    assert hygon.returncode == 0, hygon.stderr
+    assert hygon.stdout.count("--device /dev/kfd ") == 1 and "--device /dev/infiniband/uverbs0 " in hygon.stdout
+    guide = (folder / "README-DIST.md").read_text()  # the devices run.sh gives, each once
+    assert "AMD (/dev/kfd, /dev/dri/renderD*), `/dev/mkfd`, RDMA (/dev/infiniband) |" in guide
+
+
 @pytest.mark.parametrize("image, takes", [
     ("demo-llm:1.3.1", True), ("localhost:5000/team/demo-llm:1.3.1", True), ("Registry.Example:443/demo:v1", True),
     ("demo-llm@sha256:" + "a" * 64, True), ("demo-llm:1.3.1@sha256:" + "a" * 64, True), ("a__b/c--d.e:T_1", True),
@@ -1315,8 +1355,10 @@ def test_a_gpu_device_in_devices_extra_is_refused_it_would_give_gpus_gpus_did_no
                                  "only its 2 GPUs, numbered from 0 to 1 (run.sh gives it those of GPUS): remove it, or "
                                  "number them from 0"),
     ("HIP_VISIBLE_DEVICES=0,2", "names GPU 2"), ("ROCR_VISIBLE_DEVICES= 1 , 3", "names GPU 3"),
+    ("GPU_DEVICE_ORDINAL=2,3", "env GPU_DEVICE_ORDINAL=2,3 names GPU 2"),  # ROCm's HIP reads it as HIP_VISIBLE_DEVICES
     ("CUDA_VISIBLE_DEVICES=", "env CUDA_VISIBLE_DEVICES='' hides GPUs from the engine; profile 'tp2' needs 2"),
     ("CUDA_VISIBLE_DEVICES=-1", "hides GPUs from the engine"), ("HIP_VISIBLE_DEVICES=0,-1", "hides GPUs"),
+    ("CUDA_VISIBLE_DEVICES=0,,1", "env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs"),  # CUDA stops at the empty item
 ])
 def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_is_refused(busybox_product, cli,
                                                                                           line, message):
@@ -1328,9 +1370,59 @@ def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_i
     result = cli("lock", "--config", str(busybox_product))  # the lock plans: refused there already
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert result.error_lines[0].startswith("error: images/gpus.env:2: env ") and message in result.error_lines[0]
-    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
+    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0,\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
     lock(cli, busybox_product)
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
+
+
+def test_an_env_files_quoted_value_is_kept_as_docker_keeps_it_with_one_warning_naming_file_line_and_key(
+        busybox_product, cli):
+    # KEY="x" from a file written for a shell or docker compose: docker run --env-file (and the image's ENV) keep
+    # the quotes, so the engine got "/models/hf" with its quotes, without a word
+    root = busybox_product.parent
+    (root / "images/stack.env").write_text("A=1\nHF_HOME=\"/models/hf\"\nB='x'\nC=\"a\" \"b\"\nD=\"\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/stack.env\n")
+    lock(cli, busybox_product)
+    assert make_plan(busybox_product).profile("tp2").env["HF_HOME"] == '"/models/hf"'  # kept, as docker keeps it
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err.splitlines() if "keeps its quotes" in line]
+    assert warnings == [
+        "warning: images/stack.env:2: HF_HOME=\"/models/hf\" keeps its quotes (and 2 more keys of this file), as "
+        "docker run --env-file does (a shell or docker compose would strip it): the engine gets it as part of the "
+        "value; remove it unless the engine needs it"], result.err
+    # a comment after the value, and a trailing space, are the value's too
+    for text, kept in (("NCCL_ALGO=Ring # faster here\nB=2\n", "NCCL_ALGO=Ring # faster here keeps the comment "
+                                                                   "'# faster here', as docker"),
+                       ("B=2\nNCCL_ALGO=Ring \n", "images/stack.env:2: NCCL_ALGO=Ring  keeps its trailing space, as")):
+        (root / "images/stack.env").write_text(text)
+        lock(cli, busybox_product)
+        warned = [line for line in cli("--stage", "render", "--config", str(busybox_product)).err.splitlines()
+                  if "as docker run --env-file does" in line]
+        assert len(warned) == 1 and kept in warned[0], warned
+    (root / "images/stack.env").write_text("A=1\nD=\"\nE=say \"hi\"\nF=a#b\n")  # nothing a shell would strip
+    lock(cli, busybox_product)
+    assert "as docker run --env-file does" not in cli("--stage", "render", "--config", str(busybox_product)).err
+
+
+def test_a_tune_cache_past_64_mib_is_checked_too_and_one_past_the_limit_is_refused(busybox_product):
+    # a tune cache over 64 MiB was baked without being parsed: a NaN (or a cut-short end) in it passed
+    from unibake.plan import MAX_TUNE_JSON
+
+    big = busybox_product.parent / "images/tune/tp1/cache-2.json"
+    entry = '"{}": {{"BLOCK_SIZE_M": 64, "num_warps": 4, "score": 0.5}},\n'
+    with open(big, "w") as fh:
+        fh.write("{" + "".join(entry.format(i) for i in range((65 << 20) // len(entry))) + '"last": NaN}\n')
+    assert big.stat().st_size > 65 << 20
+    with pytest.raises(InputError, match=r"cache-2\.json:\d+: tune cache of profile 'tp1' holds NaN, which is not "):
+        make_plan(busybox_product, verify_lock=False)
+    with open(big, "w") as fh:  # past the limit (sparse: nothing written): refused, not baked unread
+        fh.truncate(MAX_TUNE_JSON + 1)
+    with pytest.raises(InputError) as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert str(refused.value) == (
+        f"images/tune/tp1/cache-2.json: tune cache of profile 'tp1' is {MAX_TUNE_JSON + 1} bytes, more than the "
+        "256 MiB unibake reads to check a tune cache's JSON; split it, or keep it out of tune_caches.source")
 
 
 @pytest.mark.parametrize("bom", [b"\xff\xfe", b"\xfe\xff"])

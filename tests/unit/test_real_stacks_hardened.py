@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,26 @@ def test_platforms_on_a_kernel_built_here_is_refused(demo_product):
         "  - {name: rmsnorm, version: \"2.1.0\", source: images/kernels/rmsnorm, platforms: {linux/arm64: x.so}}"))
     with pytest.raises(InputError, match=r"product\.yaml:\d+: kernel 'rmsnorm' is built here.*platforms names prebuilt files"):
         make_plan(demo_product, verify_lock=False)
+
+
+def test_a_prebuilt_kernel_of_platforms_alone_takes_its_file_there_and_names_the_platform_it_lacks(demo_product, cli):
+    # a wheel for arm64 only (an amd64 build of the stack does not use the kernel): "needs either source: or
+    # prebuilt:", though platforms named the one file the build needs
+    product = demo_product / "product.yaml"
+    product.write_text(product.read_text().replace(
+        "    prebuilt: images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl\n", ""))
+    arm64 = make_plan(demo_product, platform=KNOWN["linux/arm64"], verify_lock=False)
+    assert next(k for k in arm64.kernels if k.name == "demo_quant").prebuilt.file.path == \
+        "images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_aarch64.whl"
+    with pytest.raises(InputError) as refused:
+        make_plan(demo_product, platform=KNOWN["linux/amd64"], verify_lock=False)
+    assert re.search(r"product\.yaml:\d+: kernel 'demo_quant' has no file for linux/amd64: its platforms names "
+                     r"linux/arm64 only; add platforms\.linux/amd64, or prebuilt: \(the file of every platform "
+                     r"platforms does not name\)$", str(refused.value)), str(refused.value)
+    product.write_text(product.read_text().replace("platforms: {linux/arm64: images/prebuilt/demo_quant-1.0.0+cpu-py3-"
+                                                   "none-linux_aarch64.whl}", "platforms: {}"))
+    with pytest.raises(InputError, match="has no file for linux/amd64: its platforms is empty; add"):
+        make_plan(demo_product, platform=KNOWN["linux/amd64"], verify_lock=False)
 
 
 # --- the SBOM lists what real stacks bake -------------------------------------------------------------

@@ -149,6 +149,10 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
          "error: -e sets CUDA_VISIBLE_DEVICES='\\n\\r', which hides every GPU from the engine; remove it\n"),
         (["-e", "ROCR_VISIBLE_DEVICES=0,-1", "tp2"], {},
          "error: -e sets ROCR_VISIBLE_DEVICES='0,-1': '-1' hides the GPUs after it from the engine; remove it\n"),
+        # CUDA and ROCm stop at the first item that names no GPU, as at a negative one
+        (["-e", "HIP_VISIBLE_DEVICES=0, ,1", "tp2"], {},
+         "error: -e sets HIP_VISIBLE_DEVICES='0, ,1': its empty item hides the GPUs after it from the engine; remove "
+         "it\n"),
         (["-e", "NVIDIA_VISIBLE_DEVICES=all", "tp1"], {},
          "error: -e sets NVIDIA_VISIBLE_DEVICES, which chooses the container's GPUs as GPUS does (run.sh gives docker "
          "--gpus from it): use GPUS\n"),
@@ -159,10 +163,30 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
     for args, env in ((["-e", "CUDA_VISIBLE_DEVICES=3,2,1,0", "tp4"], {"GPUS": "4,5,6,7"}),
                       (["-e", "CUDA_VISIBLE_DEVICES=GPU-4f1c9a2e,1", "tp2"], {}),
                       (["-e", "CUDA_VISIBLE_DEVICES=6", "tp1"], {"GPUS": "all"}),
+                      (["-e", "CUDA_VISIBLE_DEVICES=1,0,", "tp2"], {}),  # a comma at the end hides nothing
                       (["-e", "CUDA_VISIBLE_DEVICES", "--env-file", str(tmp_path / "from-env.env"), "tp2"],
                        {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0"})):
         run = run_sh(shell, folder, "--dry-run", *args, env=env)
         assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_checks_rocms_gpu_device_ordinal_as_the_visible_devices(folder, tmp_path, shell):
+    # ROCm's HIP runtime reads GPU_DEVICE_ORDINAL as HIP_VISIBLE_DEVICES: a host's numbering in it passed
+    env_file = tmp_path / "rocm.env"
+    env_file.write_text("GPU_DEVICE_ORDINAL=0,-1\n")
+    tail = ", but the container of profile tp2 sees only the GPUs of GPUS (2), numbered from 0 to 1: remove it, " \
+           "or number them from 0\n"
+    for args, stderr in (
+        (["-e", "GPU_DEVICE_ORDINAL=4,5", "tp2"], "error: -e sets GPU_DEVICE_ORDINAL='4,5', which names GPU 5" + tail),
+        (["--env-file", str(env_file), "tp2"],
+         f"error: --env-file {env_file} sets GPU_DEVICE_ORDINAL='0,-1': '-1' hides the GPUs after it from the engine; "
+         "remove it\n"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args)
+        assert (run.returncode, run.stdout, run.stderr.decode()) == (2, b"", stderr), args
+    run = run_sh(shell, folder, "--dry-run", "-e", "GPU_DEVICE_ORDINAL=1,0", "tp2")
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
 
 
 @pytest.mark.parametrize("group", ["2147483648", "4294967295", "9999999999"])
