@@ -367,7 +367,7 @@ VALUE_OPTIONS = {"--metadata-file", "--engine", "--profile", "--version", "--con
                  "--split", "--verify-engine", "--scratch-dir", "--allow", "--from", "--tag", "--product", "--keep",
                  "--to", "--compression", "--temp-dir", "--auth-file", "--ca-file", "--retries", "--release", "--hosts",
                  "--ref", "--jobs", "--platform", "--sign", "--sign-minisign", "--key",
-                 "--external"}
+                 "--external", "--engine-timeout", "--pull-deadline"}
 
 
 def with_command(argv: list[str]) -> list[str]:
@@ -387,6 +387,34 @@ def with_command(argv: list[str]) -> list[str]:
         else:
             return argv if token in COMMANDS else ["build", *argv]
     return ["build", *argv]
+
+
+def check_command_options_after_it(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """A command's own option written before the command (``build.py --keep 2 prune``): argparse would take
+    its value for the command and say ``invalid choice: '2'``. Said as what it is; the global options
+    (``--json``, ``--engine``, ...) go anywhere."""
+    skip, before = False, []
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--":
+            return
+        elif token.startswith("-"):
+            name = token.split("=", 1)[0]
+            if name in ("-h", "--help", "-V", "--tool-version"):
+                return
+            skip = name in VALUE_OPTIONS and "=" not in token
+            if name not in GLOBAL_OPTIONS:
+                before.append(name)
+        else:
+            if token in COMMANDS and before:
+                ours = {name for sub in parser._actions if isinstance(sub, argparse._SubParsersAction)
+                        for action in sub.choices[token]._actions for name in action.option_strings}
+                known = [name for name in before if name in ours]
+                if known:
+                    raise InputError(f"{known[0]} is an option of '{token}', given before the command: write it "
+                                     f"after it, as in: build.py {token} {known[0]} ...")
+            return
 
 
 def parse_size(text: str) -> int:
@@ -1599,6 +1627,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 os.environ.pop(name, None)
         reporter = Reporter(env=env)
         parser = build_parser()
+        check_command_options_after_it(list(argv), parser)
         try:
             args = parser.parse_args(with_command(argv))
         except SystemExit as exc:  # --help and -V print and end here

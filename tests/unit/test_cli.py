@@ -52,6 +52,7 @@ def test_source_date_epoch_must_be_a_number(cli, busybox_product):
 
 # --- the command line itself: sub-commands, global options, JSON, the tool's version ----------
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
@@ -819,3 +820,28 @@ def test_options_that_contradict_each_other_are_refused_naming_both(cli, tmp_pat
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert result.error_lines[0].startswith(said), result.error_lines[0]
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, option, command", [
+    (["--keep", "2", "prune"], "--keep", "prune"),
+    (["--jobs", "5", "deploy", "x"], "--jobs", "deploy"),
+    (["--engine-timeout", "5", "deploy", "x"], "--engine-timeout", "deploy"),
+    (["--json", "--profile", "tp4", "build", "--stage", "render"], "--profile", "build"),
+])
+def test_a_commands_option_given_before_the_command_is_named_as_such(cli, tmp_path, args, option, command):
+    # (before: argparse took the option's value for the command: "argument COMMAND: invalid choice: '2'")
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and result.error_lines == [
+        f"error: {option} is an option of '{command}', given before the command: write it after it, as in: "
+        f"build.py {command} {option} ..."], result.err
+
+
+def test_every_option_that_takes_a_value_is_known_to_the_default_commands_finder():
+    # with_command skips an option's value to find the command; one it does not know takes its value for
+    # the command (before: --engine-timeout and --pull-deadline were missing)
+    from unibake.cli import VALUE_OPTIONS, build_parser
+    parser = build_parser()
+    taking = {name for sub in parser._actions if isinstance(sub, argparse._SubParsersAction)
+              for command in sub.choices.values() for action in command._actions if action.nargs != 0
+              for name in action.option_strings if name.startswith("--")}
+    assert taking - VALUE_OPTIONS == set()
