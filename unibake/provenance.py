@@ -187,6 +187,13 @@ def check_subjects(document: dict, *, files: Mapping[str, str], image_ref: str, 
     twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:  # which of the two a reader believes would be its own choice
         problems.append(f"{where}: names {twice[0][:80]!r} as a subject more than once")
+    for n, s in enumerate(document["subject"], 1):  # one without a sha256 would be passed over, not compared
+        s = _dict(s)
+        if not isinstance(s.get("name"), str) or not isinstance(_dict(s.get("digest")).get("sha256"), str):
+            shown = repr(s["name"][:80]) if isinstance(s.get("name"), str) else f"#{n}"
+            problems.append(f"{where}: its subject {shown} has no sha256 digest (a name and a sha256 each subject "
+                            "must have, to be compared): refused")
+            break
     subjects = subjects_of(document)
     if subjects.get(image_ref) != image_id.removeprefix("sha256:"):
         problems.append(f"{where}: its image subject is {str(subjects.get(image_ref))[:64]!r}, not {image_id}")
