@@ -508,3 +508,29 @@ def test_push_sign_on_a_co_signed_sums_names_the_co_signature_it_drops(engines, 
                "the push signs the new SHA256SUMS with the keys given only, so that co-signature is dropped" in \
                " ".join(pushed.err.split()), pushed.err
         assert load_manifest(folder).registry and cli("verify", str(folder), "--key", str(public)).code == 0
+
+
+def test_a_wrong_minisign_password_is_said_in_minisign_s_words_alone(tmp_path):
+    from unibake.errors import UnibakeError
+    from unibake.signing import check_keys
+
+    made = run("minisign", "-G", "-p", str(tmp_path / "k.pub"), "-s", str(tmp_path / "k.key"), stdin="right\nright\n")
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(UnibakeError) as refused:
+        check_keys(None, tmp_path / "k.key", {"UNIBAKE_MINISIGN_PASSWORD": "wrong", "PATH": os.environ["PATH"]})
+    # minisign's "Password: " prompt, on its own line of stderr, was shown as an empty part: "probe: ; Wrong ..."
+    assert str(refused.value) == f"--sign-minisign {tmp_path / 'k.key'}: minisign could not sign probe: Wrong password " \
+                                 "for that key"
+
+
+def test_verify_key_with_another_minisign_key_names_the_release_s_signature_not_a_temporary_copy(
+        engines, tmp_path, minisign_key, cli):  # noqa: F811
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    made = run("minisign", "-G", "-W", "-p", str(tmp_path / "other.pub"), "-s", str(tmp_path / "other.key"))
+    assert made.returncode == 0, made.stderr
+    refused = cli("verify", str(folder), "--key", str(tmp_path / "other.pub"))
+    assert refused.code == 3, refused.err
+    line = next(line for line in refused.err.splitlines() if "SHA256SUMS.minisig" in line and "key id" in line)
+    assert "unibake-verify-" not in refused.err and "/signature" not in refused.err, refused.err
+    assert "(Signature key id in SHA256SUMS.minisig is " in line and "; but the key id in the public key is " in line
