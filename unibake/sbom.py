@@ -103,10 +103,15 @@ def _add_all(bom: Bom, image: CdxComponent, listed: list[CdxComponent], top: lis
 
 def sbom_document(*, product: str, release: str, tag: str, version: str, image_id: str, diff_ids: tuple[str, ...],
                   components: tuple[Component, ...], contents: ImageContents, base: BaseImage | None,
-                  engine_version: str, install_root: str, epoch: int | None) -> str:
-    """The SBOM of one release, as JSON text; raises when a kernel the image declares is not in it."""
+                  engine_version: str, install_root: str, epoch: int | None, created: int | None = None) -> str:
+    """The SBOM of one release, as JSON text; raises when a kernel the image declares is not in it.
+
+    Its timestamp: ``epoch`` (the image's SOURCE_DATE_EPOCH label), else ``created`` (its config's created,
+    for an image unibake did not build; the property ``unibake:timestamp-from`` then says so), else 1970-01-01."""
     bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"unibake:{image_id}:{product}:{release}"))
-    bom.metadata.timestamp = datetime.fromtimestamp(epoch or 0, timezone.utc)
+    when = epoch if epoch is not None else created
+    bom.metadata.timestamp = datetime.fromtimestamp(when or 0, timezone.utc)
+    said = None if epoch is not None else "the image config's created" if created is not None else "none known"
     bom.metadata.tools.components.add(CdxComponent(type=ComponentType.APPLICATION, name="unibake",
                                                    version=__version__, bom_ref="tool:unibake"))
     if engine_version:
@@ -120,7 +125,7 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
     image = CdxComponent(type=ComponentType.CONTAINER, name=tag.rsplit(":", 1)[0] if ":" in tag else tag,
                          version=version, bom_ref="image", hashes=_sha(image_id),
                          properties=_props(image_id=image_id, tag=tag, release=release, layers=len(diff_ids),
-                                           source_date_epoch=epoch) + gaps)
+                                           source_date_epoch=epoch, timestamp_from=said) + gaps)
     bom.metadata.component = image
     top: list[CdxComponent] = []
     listed: list[CdxComponent] = []

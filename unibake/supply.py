@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import re
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +75,25 @@ def _epoch(labels: dict[str, str]) -> int | None:
     return int(value) if value.isdigit() and value.isascii() and len(value) < 12 else None
 
 
+# RFC 3339, as an engine writes an image config's created (Go's RFC3339Nano): fromisoformat alone takes
+# other forms too (a date alone, a time without its zone, read as local time: another SBOM on another host)
+CREATED_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)", re.ASCII)
+
+
+def created_epoch(created: str) -> int | None:
+    """An image config's ``created`` as whole seconds since 1970 (the fraction dropped); None when it is
+    not an RFC 3339 time from 1970 to the year 2242 (Go's zero time, 0001-01-01, is none)."""
+    from .pipeline import MAX_EPOCH
+
+    if not CREATED_RE.fullmatch(created):
+        return None
+    try:
+        seconds = int(datetime.fromisoformat(created).timestamp())
+    except (ValueError, OverflowError):
+        return None
+    return seconds if 0 <= seconds <= MAX_EPOCH else None
+
+
 # --- signing keys ------------------------------------------------------------------------------
 
 
@@ -110,11 +131,19 @@ def sbom_stage(run: Run) -> tuple:
         else ()
     engine_version = run.engine.version()
     labels = image.labels
+    epoch = _epoch(labels)
+    # an image unibake did not build (archive IMAGE) may have no epoch label: its config's created is the
+    # SBOM's time then, the same for the same image (never the wall clock)
+    created = created_epoch(image.created) if epoch is None else None
+    if epoch is None and created is None:
+        run.reporter.warn(f"{image.ref} has no {EPOCH_LABEL} label and its config's created "
+                          f"{image.created[:40]!r} is not an RFC 3339 time: the SBOM's timestamp is 1970-01-01")
     text = sbom_document(product=target.product, release=target.release, tag=image.ref,
                          version=labels.get("org.opencontainers.image.version", target.release),
                          image_id=image.image_id, diff_ids=image.diff_ids,
                          components=target.metadata.components if target.metadata else (), contents=contents,
-                         base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=_epoch(labels))
+                         base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=epoch,
+                         created=created)
     sha = write_atomic(run["folder"].staging, SBOM, text)
     debs = sum(1 for p in contents.packages if p.kind in ("deb", "apk"))
     conda = sum(1 for p in contents.packages if p.kind == "conda")
