@@ -26,7 +26,7 @@ from .manifest import Signature, SupplyChain, SupplyFile
 from .normalise import EPOCH_LABEL
 from .plan import INSTALL_ROOT, ReleasePlan, display_path
 from .provenance import PROVENANCE, TOOLCHAIN_ROLE, Material, builder_id, provenance_document
-from .sbom import SBOM, BaseImage, sbom_document
+from .sbom import SBOM, BaseImage, repo_digests, sbom_document
 from .sanitise import enforce, scan_release_texts
 from .signing import Signer, check_keys, public_keys, read_public_key, verify_signature
 
@@ -62,12 +62,14 @@ class Provenance:
 
 
 def image_record(engine: Engine, ref: str, role: str) -> BaseImage:
-    """An image the release was built on, by ID (and by repository digest when the ref has one)."""
+    """An image the release was built on, by ID, and by the repository digests the engine knows for it in
+    the ref's repository (its ``RepoDigests``, and the ref's own when it names one): none for an image
+    built or loaded there."""
     info = engine.inspect_image(ref)
     if info is None:
         raise EngineError(f"the {role} {ref} is gone from the engine at {engine.address}")
     return BaseImage(ref=ref, image_id=info.id, diff_ids=info.diff_ids,
-                     repo_digests=(ref,) if "@sha256:" in ref else ())
+                     repo_digests=repo_digests(info.repo_digests, ref))
 
 
 def _epoch(labels: dict[str, str]) -> int | None:
@@ -266,7 +268,8 @@ def provenance_stage(run: Run) -> tuple:
         subjects[kit.file.name] = kit.file.sha256
         byproducts = {"context.tar": kit.context_sha256, "Dockerfile": kit.dockerfile_sha256}
     # an image released as it is (archive IMAGE) is itself the material
-    source = None if plan is not None else BaseImage(ref=image.ref, image_id=image.image_id, diff_ids=image.diff_ids)
+    source = None if plan is not None else BaseImage(ref=image.ref, image_id=image.image_id, diff_ids=image.diff_ids,
+                                                     repo_digests=repo_digests(image.repo_digests, image.ref))
     text = provenance_document(
         subjects=subjects, image_ref=image.ref, image_id=image.image_id, parameters=build_parameters(run),
         materials=materials(plan) if plan is not None else (), revision=run.request.revision if plan else "",
