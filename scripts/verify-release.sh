@@ -1095,6 +1095,7 @@ if [ -n "$(supply '"sbom"')" ]; then
     FILENAME == ARGV[2] { required["\"" $0 "\""] = 1; order[++r] = "\"" $0 "\""; next }
     $1 == "\"_type\"" { type = $2 } $1 == "\"predicateType\"" { predicate_type = $2 }
     $1 == "\"subject\"" { subjects = $2 ~ /^[[]/ } $1 == "\"predicate\"" { predicate = $2 ~ /^[{]/ }
+    $1 ~ /^"subject"\/[0-9]+$/ { split($1, at, "/"); if (at[2] + 1 > count) count = at[2] + 1 }
     $1 ~ /^"subject"\/[0-9]+\/"name"$/ && $2 ~ /^"/ { split($1, at, "/"); name[at[2]] = $2; m++ }
     $1 ~ /^"subject"\/[0-9]+\/"digest"\/"sha256"$/ && $2 ~ /^"/ { split($1, at, "/"); digest[at[2]] = $2 }
     END {
@@ -1102,6 +1103,8 @@ if [ -n "$(supply '"sbom"')" ]; then
         print where ": not an in-toto statement with an SLSA provenance v1 predicate"; exit }
       if (!subjects || !predicate) { print where ": has no subjects or no predicate"; exit }
       for (i in name) if (seen[name[i]]++) { print where ": names " substr(name[i], 1, 82) " as a subject more than once"; exit }
+      for (i = 0; i < count; i++) if (!(i in name) || !(i in digest)) {
+        print where ": its subject " ((i in name) ? substr(name[i], 1, 82) : "#" (i + 1)) " has no sha256 digest (a name and a sha256 each subject must have, to be compared): refused"; exit }
       for (i in name) if (i in digest) sha[name[i]] = digest[i]
       if (sha[ref] != id) { print where ": its image subject is " (ref in sha ? substr(sha[ref], 1, 66) : "none") ", not sha256:" substr(id, 2, 64); exit }
       for (s in sha) {

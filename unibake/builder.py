@@ -67,6 +67,8 @@ class Image:
     size: int
     save_bytes: int = 0  # the length of its save stream, when a stage has read one
     platform: str = ""  # os/architecture its config records (linux/arm64); "" when it records none
+    created: str = ""  # its config's created, as the engine reports it (RFC 3339)
+    repo_digests: tuple[str, ...] = ()  # as the engine reports them (ImageInfo.repo_digests)
 
 
 def image_platform(info: ImageInfo) -> str:

@@ -431,7 +431,8 @@ class DockerEngine(Engine):
                          labels=dict(config.get("Labels") or {}), size=int(raw.get("Size") or 0),
                          created=raw.get("Created", ""), env=tuple(config.get("Env") or ()),
                          architecture=raw.get("Architecture") or "", os=raw.get("Os") or "",
-                         variant=raw.get("Variant") or "", onbuild=tuple(config.get("OnBuild") or ()))
+                         variant=raw.get("Variant") or "", onbuild=tuple(config.get("OnBuild") or ()),
+                         repo_digests=tuple(d for d in raw.get("RepoDigests") or () if isinstance(d, str)))
 
     def history(self, ref: str) -> list[str]:
         try:

@@ -43,6 +43,7 @@ class ImageInfo:
     os: str = ""
     variant: str = ""
     onbuild: tuple[str, ...] = ()  # the ONBUILD triggers its config holds: they run in a child's FROM step
+    repo_digests: tuple[str, ...] = ()  # its RepoDigests: NAME@sha256:..., one per repository pulled or pushed by
 
 
 @dataclass(frozen=True, kw_only=True)

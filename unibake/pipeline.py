@@ -382,7 +382,7 @@ def _inspect(run: Run) -> tuple:
     if not request.force:  # said now, not after the image is scanned (the folder stage says it again)
         refuse_existing(request.out / release)
     image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
-                  platform=image_platform(info))
+                  platform=image_platform(info), created=info.created, repo_digests=info.repo_digests)
     return Target(product=product, release=release, ref=ref, metadata=metadata, base_image=None), image
 
 

@@ -4,10 +4,11 @@ made with the in-toto-attestation library.
 Subjects: the archive's files, the image (its ID: the config digest), the SBOM and the kit.
 Materials (``resolvedDependencies``): every entry of ``inputs.lock``, the profile YAMLs and the lock
 itself, the source revision, and the base and builder images by ID (and every other image a kernel
-is compiled in: role ``toolchain image``). The builder is unibake with
-its version (and the engine's); the build parameters are what the command line asked for. The
-build context and Dockerfile are byproducts, so that ``build.py kit`` can prove a kit written
-later holds the same context.
+is compiled in: role ``toolchain image``), each with the repository digests the engine knows for it
+(annotation ``repo_digests``, the first as the ``uri``, a ``pkg:oci`` purl; or that it knows none). The
+builder is unibake with its version (and the engine's); the build parameters are what the command line
+asked for. The build context and Dockerfile are byproducts, so that ``build.py kit`` can prove a kit
+written later holds the same context.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from in_toto_attestation.v1.statement import Statement
 
 from . import __version__
 from .errors import InputError, VerificationError
-from .sbom import BaseImage
+from .sbom import NO_REPO_DIGEST, BaseImage
 
 PROVENANCE = "provenance.intoto.json"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -97,9 +98,11 @@ def provenance_document(*, subjects: Mapping[str, str], image_ref: str, image_id
     images = [("base image", base), ("builder image", builder), ("image", source_image)]
     images += [(TOOLCHAIN_ROLE, image) for image in toolchains]
     for role, image in images:
-        if image is not None:
-            dependencies.append(_descriptor(image.ref, {"sha256": image.image_id.removeprefix("sha256:")}, role=role,
-                                            repo_digests=" ".join(image.repo_digests)))
+        if image is not None:  # by ID (digest); its uri a purl of a repository digest to pull it by, when one is known
+            described_image = _descriptor(image.ref, {"sha256": image.image_id.removeprefix("sha256:")}, role=role,
+                                          repo_digests=" ".join(image.repo_digests) or NO_REPO_DIGEST)
+            described_image.uri = image.purl or ""
+            dependencies.append(described_image)
     dependencies += [_descriptor(m.name, {"sha256": m.sha256}, role=m.role) for m in materials]
     definition = provenance_pb2.BuildDefinition(build_type=BUILD_TYPE, resolved_dependencies=dependencies)
     definition.external_parameters.update(dict(parameters))
@@ -187,6 +190,13 @@ def check_subjects(document: dict, *, files: Mapping[str, str], image_ref: str, 
     twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:  # which of the two a reader believes would be its own choice
         problems.append(f"{where}: names {twice[0][:80]!r} as a subject more than once")
+    for n, s in enumerate(document["subject"], 1):  # one without a sha256 would be passed over, not compared
+        s = _dict(s)
+        if not isinstance(s.get("name"), str) or not isinstance(_dict(s.get("digest")).get("sha256"), str):
+            shown = repr(s["name"][:80]) if isinstance(s.get("name"), str) else f"#{n}"
+            problems.append(f"{where}: its subject {shown} has no sha256 digest (a name and a sha256 each subject "
+                            "must have, to be compared): refused")
+            break
     subjects = subjects_of(document)
     if subjects.get(image_ref) != image_id.removeprefix("sha256:"):
         problems.append(f"{where}: its image subject is {str(subjects.get(image_ref))[:64]!r}, not {image_id}")

@@ -45,7 +45,55 @@ class BaseImage:
     ref: str
     image_id: str
     diff_ids: tuple[str, ...] = ()
-    repo_digests: tuple[str, ...] = ()
+    repo_digests: tuple[str, ...] = ()  # NAME@sha256:<manifest digest>, of the ref's own repository
+
+    @property
+    def purl(self) -> str | None:
+        """The package URL of its first repository digest (``pkg:oci/NAME@sha256:...?repository_url=...``),
+        by which an auditor pulls the very image; None when the engine knew none."""
+        return image_purl(self.repo_digests[0], self.ref) if self.repo_digests else None
+
+
+NO_REPO_DIGEST = ("none known to the engine for its repository (an image built, loaded or tagged there, not pulled "
+                  "from it)")
+
+
+def _repository(ref: str) -> str:
+    """A reference's repository as docker names it in full: its tag and digest dropped, ``docker.io/``
+    and ``library/`` put in where docker reads them (``debian:12`` is ``docker.io/library/debian``)."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    name = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+    first = name.split("/", 1)[0]
+    if "/" not in name or not ("." in first or ":" in first or first == "localhost"):
+        name = f"docker.io/{name if '/' in name else 'library/' + name}"
+    return name
+
+
+def repo_digests(listed: tuple[str, ...], ref: str) -> tuple[str, ...]:
+    """The repository digests ``ref`` is known by: ``ref`` itself when it names one, and those of the engine's
+    ``RepoDigests`` (each a repository and a sha256 digest) in ``ref``'s repository. Another repository's
+    (a mirror the image was also pulled from) is left out: it says where else the image was, which the
+    release's texts would carry (a private registry's address among them)."""
+    from .schema import IMAGE_REF_RE
+
+    own = _repository(ref)
+    found = [d for d in ((ref,) if "@sha256:" in ref else ()) + tuple(listed)
+             if len(d) <= 512 and "@sha256:" in d and IMAGE_REF_RE.fullmatch(d) and _repository(d) == own]
+    return tuple(dict.fromkeys(found))
+
+
+def image_purl(repo_digest: str, ref: str) -> str:
+    """``pkg:oci/NAME@sha256:HEX?repository_url=REPOSITORY`` (the purl spec's oci type), with ``tag`` when
+    ``ref`` is a tag of that repository."""
+    repository = _repository(repo_digest)
+    qualifiers = {"repository_url": repository}
+    name = ref.split("@", 1)[0]
+    tag = name.rsplit("/", 1)[-1].partition(":")[2]
+    if tag and _repository(ref) == repository:
+        qualifiers["tag"] = tag
+    return PackageURL("oci", None, repository.rsplit("/", 1)[-1].lower(), repo_digest.partition("@")[2],
+                      qualifiers).to_string()
 
 
 def kernel_folder(component: Component, install_root: str) -> str:
@@ -103,10 +151,15 @@ def _add_all(bom: Bom, image: CdxComponent, listed: list[CdxComponent], top: lis
 
 def sbom_document(*, product: str, release: str, tag: str, version: str, image_id: str, diff_ids: tuple[str, ...],
                   components: tuple[Component, ...], contents: ImageContents, base: BaseImage | None,
-                  engine_version: str, install_root: str, epoch: int | None) -> str:
-    """The SBOM of one release, as JSON text; raises when a kernel the image declares is not in it."""
+                  engine_version: str, install_root: str, epoch: int | None, created: int | None = None) -> str:
+    """The SBOM of one release, as JSON text; raises when a kernel the image declares is not in it.
+
+    Its timestamp: ``epoch`` (the image's SOURCE_DATE_EPOCH label), else ``created`` (its config's created,
+    for an image unibake did not build; the property ``unibake:timestamp-from`` then says so), else 1970-01-01."""
     bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"unibake:{image_id}:{product}:{release}"))
-    bom.metadata.timestamp = datetime.fromtimestamp(epoch or 0, timezone.utc)
+    when = epoch if epoch is not None else created
+    bom.metadata.timestamp = datetime.fromtimestamp(when or 0, timezone.utc)
+    said = None if epoch is not None else "the image config's created" if created is not None else "none known"
     bom.metadata.tools.components.add(CdxComponent(type=ComponentType.APPLICATION, name="unibake",
                                                    version=__version__, bom_ref="tool:unibake"))
     if engine_version:
@@ -120,7 +173,7 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
     image = CdxComponent(type=ComponentType.CONTAINER, name=tag.rsplit(":", 1)[0] if ":" in tag else tag,
                          version=version, bom_ref="image", hashes=_sha(image_id),
                          properties=_props(image_id=image_id, tag=tag, release=release, layers=len(diff_ids),
-                                           source_date_epoch=epoch) + gaps)
+                                           source_date_epoch=epoch, timestamp_from=said) + gaps)
     bom.metadata.component = image
     top: list[CdxComponent] = []
     listed: list[CdxComponent] = []
@@ -136,10 +189,13 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
             top.append(component)
 
     if base is not None:
+        # by its ID (the hash); its purl names a repository digest to pull it by, when the engine knew one
+        purl = base.purl
         add(CdxComponent(type=ComponentType.CONTAINER, name=base.ref, version=base.image_id, bom_ref="base-image",
                          hashes=_sha(base.image_id), description="the base image",
+                         purl=PackageURL.from_string(purl) if purl else None,
                          properties=_props(role="base", image_id=base.image_id, layers=len(base.diff_ids),
-                                           repo_digests=" ".join(base.repo_digests))))
+                                           repo_digests=" ".join(base.repo_digests) or NO_REPO_DIGEST)))
     if contents.os is not None and contents.os.id:
         add(CdxComponent(type=ComponentType.OPERATING_SYSTEM, name=contents.os.id, version=contents.os.version_id,
                          description=contents.os.pretty_name or None, bom_ref="os"))

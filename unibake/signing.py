@@ -61,8 +61,11 @@ def _run(argv: list[str], env: Mapping[str, str], stdin: str | None, what: str) 
         raise UnibakeError(f"{what}: {argv[0]} did not finish in {TIMEOUT} s") from None
 
 
-def _tail(proc: subprocess.CompletedProcess) -> str:
-    lines = [line for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+def _tail(proc: subprocess.CompletedProcess, prompt: str = "") -> str:
+    """The last two lines the tool wrote to stderr, its ``prompt`` (minisign's ``Password: ``, written
+    before its answer on the same line) taken out: a line that was the prompt alone is no line."""
+    lines = [line.replace(prompt, "") if prompt else line for line in proc.stderr.decode("utf-8", "replace").splitlines()]
+    lines = [line for line in lines if line.strip()]
     return "; ".join(lines[-2:])[:300] or f"exit {proc.returncode}"
 
 
@@ -146,7 +149,7 @@ class Signer:
             if proc.returncode != 0 or not out.is_file():
                 hint = "" if password is not None else f" (a key with a password needs {MINISIGN_PASSWORD})"
                 raise UnibakeError(f"--sign-minisign {self.minisign}: minisign could not sign {path.name}: "
-                                   f"{_tail(proc).replace('Password: ', '')}{hint}")
+                                   f"{_tail(proc, prompt='Password: ')}{hint}")
             text = out.read_text()
             os.replace(out, path.parent / (path.name + MINISIG))
             return text, minisign_key_id(text)
@@ -171,7 +174,7 @@ def public_keys(signer: Signer, folder: Path) -> list[Path]:
                     (password + "\n") if password is not None else None, f"--sign-minisign {signer.minisign}")
         if proc.returncode != 0 or not (folder / "minisign.pub").is_file():
             raise UnibakeError(f"--sign-minisign {signer.minisign}: minisign cannot recreate its public key: "
-                               f"{_tail(proc).replace('Password: ', '')}")
+                               f"{_tail(proc, prompt='Password: ')}")
         keys.append(folder / "minisign.pub")
     return keys
 
@@ -433,5 +436,8 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
                                   detail=f"good minisign signature by {minisign_key_id(key.text)}{said}")
         reason = _tail(proc) if proc.stderr.strip() else (proc.stdout.decode("utf-8", "replace").strip()[:200]
                                                            or f"exit {proc.returncode}")
+        # minisign names the files it was given: the copies in the temporary folder, shown as the release's
+        reason = reason.replace(str(home / "signature"), target).replace(str(home / "signed"), name)
+        reason = reason.replace("\n", " ")  # its key-id mismatch is two lines on stdout: one line here
         return SignatureCheck(target=target, passed=False,
                               detail=f"BAD: not a valid signature of {name} by {key.path.name} ({reason})")

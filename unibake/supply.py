@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import re
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +26,7 @@ from .manifest import Signature, SupplyChain, SupplyFile
 from .normalise import EPOCH_LABEL
 from .plan import INSTALL_ROOT, ReleasePlan, display_path
 from .provenance import PROVENANCE, TOOLCHAIN_ROLE, Material, builder_id, provenance_document
-from .sbom import SBOM, BaseImage, sbom_document
+from .sbom import SBOM, BaseImage, repo_digests, sbom_document
 from .sanitise import enforce, scan_release_texts
 from .signing import Signer, check_keys, public_keys, read_public_key, verify_signature
 
@@ -60,17 +62,38 @@ class Provenance:
 
 
 def image_record(engine: Engine, ref: str, role: str) -> BaseImage:
-    """An image the release was built on, by ID (and by repository digest when the ref has one)."""
+    """An image the release was built on, by ID, and by the repository digests the engine knows for it in
+    the ref's repository (its ``RepoDigests``, and the ref's own when it names one): none for an image
+    built or loaded there."""
     info = engine.inspect_image(ref)
     if info is None:
         raise EngineError(f"the {role} {ref} is gone from the engine at {engine.address}")
     return BaseImage(ref=ref, image_id=info.id, diff_ids=info.diff_ids,
-                     repo_digests=(ref,) if "@sha256:" in ref else ())
+                     repo_digests=repo_digests(info.repo_digests, ref))
 
 
 def _epoch(labels: dict[str, str]) -> int | None:
     value = labels.get(EPOCH_LABEL, "")  # an image's label: "²" is a digit, 10**20 no time
     return int(value) if value.isdigit() and value.isascii() and len(value) < 12 else None
+
+
+# RFC 3339, as an engine writes an image config's created (Go's RFC3339Nano): fromisoformat alone takes
+# other forms too (a date alone, a time without its zone, read as local time: another SBOM on another host)
+CREATED_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)", re.ASCII)
+
+
+def created_epoch(created: str) -> int | None:
+    """An image config's ``created`` as whole seconds since 1970 (the fraction dropped); None when it is
+    not an RFC 3339 time from 1970 to the year 2242 (Go's zero time, 0001-01-01, is none)."""
+    from .pipeline import MAX_EPOCH
+
+    if not CREATED_RE.fullmatch(created):
+        return None
+    try:
+        seconds = int(datetime.fromisoformat(created).timestamp())
+    except (ValueError, OverflowError):
+        return None
+    return seconds if 0 <= seconds <= MAX_EPOCH else None
 
 
 # --- signing keys ------------------------------------------------------------------------------
@@ -110,11 +133,19 @@ def sbom_stage(run: Run) -> tuple:
         else ()
     engine_version = run.engine.version()
     labels = image.labels
+    epoch = _epoch(labels)
+    # an image unibake did not build (archive IMAGE) may have no epoch label: its config's created is the
+    # SBOM's time then, the same for the same image (never the wall clock)
+    created = created_epoch(image.created) if epoch is None else None
+    if epoch is None and created is None:
+        run.reporter.warn(f"{image.ref} has no {EPOCH_LABEL} label and its config's created "
+                          f"{image.created[:40]!r} is not an RFC 3339 time: the SBOM's timestamp is 1970-01-01")
     text = sbom_document(product=target.product, release=target.release, tag=image.ref,
                          version=labels.get("org.opencontainers.image.version", target.release),
                          image_id=image.image_id, diff_ids=image.diff_ids,
                          components=target.metadata.components if target.metadata else (), contents=contents,
-                         base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=_epoch(labels))
+                         base=base, engine_version=engine_version, install_root=INSTALL_ROOT, epoch=epoch,
+                         created=created)
     sha = write_atomic(run["folder"].staging, SBOM, text)
     debs = sum(1 for p in contents.packages if p.kind in ("deb", "apk", "rpm"))
     conda = sum(1 for p in contents.packages if p.kind == "conda")
@@ -237,7 +268,8 @@ def provenance_stage(run: Run) -> tuple:
         subjects[kit.file.name] = kit.file.sha256
         byproducts = {"context.tar": kit.context_sha256, "Dockerfile": kit.dockerfile_sha256}
     # an image released as it is (archive IMAGE) is itself the material
-    source = None if plan is not None else BaseImage(ref=image.ref, image_id=image.image_id, diff_ids=image.diff_ids)
+    source = None if plan is not None else BaseImage(ref=image.ref, image_id=image.image_id, diff_ids=image.diff_ids,
+                                                     repo_digests=repo_digests(image.repo_digests, image.ref))
     text = provenance_document(
         subjects=subjects, image_ref=image.ref, image_id=image.image_id, parameters=build_parameters(run),
         materials=materials(plan) if plan is not None else (), revision=run.request.revision if plan else "",

@@ -830,12 +830,38 @@ def test_verify_sh_makes_its_venv_only_in_a_private_cache_folder(busybox_product
     nowhere = verify_sh(folder, shell, "--rebuild", env=rebuild_env(tmp_path))
     assert nowhere.returncode == 2 and nowhere.stderr.startswith(
         "error: neither XDG_CACHE_HOME nor HOME is an absolute path: no cache folder of yours"), nowhere.stderr
-    # HOME alone: its .cache, the two folders below made for the user alone (then the fake python3 fails)
-    made = verify_sh(folder, shell, "--rebuild", env=rebuild_env(tmp_path, HOME=str(tmp_path / "home")))
+    # HOME alone: its .cache, the two folders below made for the user alone (then the fake python3 fails,
+    # having noted the venv folder's mode: the folder is removed, half made)
+    mode = tmp_path / "venv-mode"
+    env = rebuild_env(tmp_path, HOME=str(tmp_path / "home"))
+    fake_pythons(tmp_path, python3=f'[ "$2" = "{RECENT}" ] && exit 0\n[ "$2" = venv ] && stat -c %a "$4" > {mode}\nexit 1')
+    made = verify_sh(folder, shell, "--rebuild", env=env)
     assert made.returncode == 3 and made.stderr.endswith("error: python3 -m venv failed (Debian: apt-get install "
                                                           "python3-venv)\n"), made.stderr
-    (venv,) = (tmp_path / "home/.cache/unibake").iterdir()
-    assert (venv.parent.stat().st_mode & 0o777, venv.stat().st_mode & 0o777) == (0o700, 0o700)
+    assert mode.read_text() == "700\n" and list((tmp_path / "home/.cache/unibake").iterdir()) == []
+    assert (tmp_path / "home/.cache/unibake").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_verify_sh_removes_the_venv_it_began_when_pip_fails(busybox_product, tmp_path, shell):
+    # (before: the venv python3 -m venv made stayed in the user's cache, without the packages pip failed on)
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    env = rebuild_env(tmp_path, HOME=str(tmp_path / "home"))
+    # python3 -m venv makes a venv whose pip fails (as one offline, or refused by the index, does)
+    fake_pythons(tmp_path, python3=f'[ "$2" = "{RECENT}" ] && exit 0; [ "$2" = venv ] || exit 1\n'
+                                   'mkdir -p "$4/bin" && printf "#!/bin/sh\\nexit 1\\n" > "$4/bin/python" && '
+                                   'printf "#!/bin/sh\\necho ERROR: No matching distribution >&2; exit 1\\n" '
+                                   '> "$4/bin/pip" && '
+                                   'chmod +x "$4/bin/python" "$4/bin/pip"')
+    failed = verify_sh(folder, shell, "--rebuild", env=env)
+    begun = next(line for line in failed.stdout.splitlines() if line.startswith("== python3 -m venv"))
+    venv = begun.split()[5].rstrip(";")
+    assert failed.returncode == 3 and failed.stderr.endswith(
+        f"error: pip could not install tool/requirements.txt (the virtual environment begun in {venv} is removed)\n"), \
+        failed.stdout + failed.stderr
+    assert "ERROR: No matching distribution" in failed.stderr
+    assert list((tmp_path / "home/.cache/unibake").iterdir()) == []
 
 
 def test_kit_after_an_input_changed_names_it_in_plain_words(cli, tmp_path, demo_product):

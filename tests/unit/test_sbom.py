@@ -10,7 +10,7 @@ from pathlib import Path
 from unibake import __version__
 from unibake.contents import ImageContents, Library, OsRelease, Package
 from unibake.metadata import Component
-from unibake.sbom import BaseImage, sbom_document
+from unibake.sbom import NO_REPO_DIGEST, BaseImage, sbom_document
 
 from ..savefixtures import tar_of
 from .test_contents import inspect
@@ -61,9 +61,14 @@ def inputs_of(document: dict) -> dict:
 def test_the_demo_release_sbom_is_written_again_byte_for_byte_from_the_same_image():
     text = DEMO.read_text()
 
-    again = sbom_document(**inputs_of(json.loads(text)))
+    again = json.loads(sbom_document(**inputs_of(json.loads(text))))
+    # the demo's base was built locally: the SBOM now says no repository digest is known for it (make demo
+    # writes it so; the tracked release predates it)
+    [base] = [c for c in again["components"] if c["bom-ref"] == "base-image"]
+    assert {"name": "unibake:repo-digests", "value": NO_REPO_DIGEST} in base["properties"] and "purl" not in base
+    base["properties"].remove({"name": "unibake:repo-digests", "value": NO_REPO_DIGEST})
     expected = text.replace('"version": "0.2.0"', f'"version": "{__version__}"', 1)  # the tool's own version
-    assert again == expected
+    assert json.dumps(again, indent=2, sort_keys=True) + "\n" == expected
 
 
 def packages(n: int) -> tuple[Package, ...]:
@@ -163,3 +168,75 @@ def test_what_the_layers_pass_could_not_list_is_said_in_the_sbom_itself_not_only
     said = [(p["name"], p["value"]) for p in subject["properties"]]
     assert ("unibake:layer-not-inspected", "sha256:" + "1" * 64) in said
     assert ("unibake:not-listed", contents.problems[0]) in said
+
+
+PULLED = {"Id": "sha256:" + "1" * 64, "RepoTags": ["debian:bookworm", "mirror.example:5000/debian:12"],
+          "RepoDigests": ["mirror.example:5000/debian@sha256:" + "2" * 64, "debian@sha256:" + "3" * 64,
+                          "not a digest", 7],
+          "RootFS": {"Layers": ["sha256:" + "4" * 64]}, "Config": {"Labels": None}, "Created": "2024-01-01T00:00:00Z"}
+LOCAL = {**PULLED, "RepoTags": ["localhost/unibake-demo-base:bookworm"], "RepoDigests": []}
+
+
+def _records(raw: dict, ref: str):
+    """The base image as the SBOM stage records it, from the engine's inspect of it (``raw``), and the
+    SBOM's base component and the provenance's base image dependency made of it."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.provenance import provenance_document
+    from unibake.supply import image_record
+
+    class API:  # the engine's answer to GET /images/REF/json
+        def inspect_image(self, asked):
+            assert asked == ref
+            return raw
+
+    engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the inspect above
+    engine.address, engine.api = "fake://", API()
+    base = image_record(engine, ref, "base image")
+    contents = ImageContents(packages=(), libraries=(), layers=1, not_inspected=(), os=None)
+    sbom = json.loads(sbom_document(product="p", release="1", tag="p:1", version="1", image_id="sha256:" + "0" * 64,
+                                    diff_ids=("sha256:" + "4" * 64,), components=(), contents=contents, base=base,
+                                    engine_version="", install_root="/opt/unibake", epoch=0))
+    statement = json.loads(provenance_document(
+        subjects={}, image_ref="p:1", image_id="sha256:" + "0" * 64, parameters={}, materials=(), revision="",
+        base=base, builder=None, source_image=None, engine_version="", byproducts={}))
+    [component] = [c for c in sbom["components"] if c["bom-ref"] == "base-image"]
+    [dependency] = [d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                    if d["annotations"]["role"] == "base image"]
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(sbom)) is None
+    return base, component, dependency
+
+
+def test_a_pulled_base_is_recorded_by_id_and_by_the_repository_digest_the_engine_knows():
+    # (before: by ID alone, its repository digest only when the profile's reference named one: an auditor
+    # could not pull a base given by tag by its digest)
+    base, component, dependency = _records(PULLED, "debian:bookworm")
+    # the mirror's digest is left out: another repository (which may be a private registry's address)
+    assert base.repo_digests == ("debian@sha256:" + "3" * 64,)
+    purl = f"pkg:oci/debian@sha256:{'3' * 64}?repository_url=docker.io/library/debian&tag=bookworm"
+    assert component["purl"] == purl and component["hashes"] == [{"alg": "SHA-256", "content": "1" * 64}]
+    assert {"name": "unibake:repo-digests", "value": " ".join(base.repo_digests)} in component["properties"]
+    assert dependency["digest"] == {"sha256": "1" * 64} and dependency["uri"] == purl
+    assert dependency["annotations"]["repo_digests"] == " ".join(base.repo_digests)
+    # by the mirror's tag: the mirror's digest alone, its tag in the purl
+    base, component, _ = _records(PULLED, "mirror.example:5000/debian:12")
+    assert base.repo_digests == ("mirror.example:5000/debian@sha256:" + "2" * 64,)
+    assert component["purl"] == (f"pkg:oci/debian@sha256:{'2' * 64}?repository_url=mirror.example:5000/debian"
+                                 "&tag=12")
+    # by a tag of another repository (debian retagged here as mybase:1): none known for that repository
+    base, component, dependency = _records(PULLED, "mybase:1")
+    assert base.repo_digests == () and "purl" not in component and "uri" not in dependency
+    assert dependency["annotations"]["repo_digests"] == NO_REPO_DIGEST
+
+
+def test_a_base_made_locally_is_recorded_by_id_and_said_to_have_no_repository_digest():
+    base, component, dependency = _records(LOCAL, "localhost/unibake-demo-base:bookworm")
+    assert base.repo_digests == () and "purl" not in component and "uri" not in dependency
+    assert {"name": "unibake:repo-digests", "value": NO_REPO_DIGEST} in component["properties"]
+    assert dependency["annotations"]["repo_digests"] == NO_REPO_DIGEST and dependency["digest"] == {"sha256": "1" * 64}
+    # a reference that names a digest the engine does not list is kept, as before
+    pinned = "localhost/unibake-demo-base@sha256:" + "5" * 64
+    base, component, dependency = _records(LOCAL, pinned)
+    assert base.repo_digests == (pinned,) and dependency["uri"] == component["purl"] == (
+        f"pkg:oci/unibake-demo-base@sha256:{'5' * 64}?repository_url=localhost/unibake-demo-base")

@@ -509,3 +509,83 @@ def test_push_sign_on_a_co_signed_sums_names_the_co_signature_it_drops(engines, 
                "the push signs the new SHA256SUMS with the keys given only, so that co-signature is dropped" in \
                " ".join(pushed.err.split()), pushed.err
         assert load_manifest(folder).registry and cli("verify", str(folder), "--key", str(public)).code == 0
+
+
+def test_a_wrong_minisign_password_is_said_in_minisign_s_words_alone(tmp_path):
+    from unibake.errors import UnibakeError
+    from unibake.signing import check_keys
+
+    made = run("minisign", "-G", "-p", str(tmp_path / "k.pub"), "-s", str(tmp_path / "k.key"), stdin="right\nright\n")
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(UnibakeError) as refused:
+        check_keys(None, tmp_path / "k.key", {"UNIBAKE_MINISIGN_PASSWORD": "wrong", "PATH": os.environ["PATH"]})
+    # minisign's "Password: " prompt, on its own line of stderr, was shown as an empty part: "probe: ; Wrong ..."
+    assert str(refused.value) == f"--sign-minisign {tmp_path / 'k.key'}: minisign could not sign probe: Wrong password " \
+                                 "for that key"
+
+
+def test_verify_key_with_another_minisign_key_names_the_release_s_signature_not_a_temporary_copy(
+        engines, tmp_path, minisign_key, cli):  # noqa: F811
+    secret, _ = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    made = run("minisign", "-G", "-W", "-p", str(tmp_path / "other.pub"), "-s", str(tmp_path / "other.key"))
+    assert made.returncode == 0, made.stderr
+    refused = cli("verify", str(folder), "--key", str(tmp_path / "other.pub"))
+    assert refused.code == 3, refused.err
+    line = next(line for line in refused.err.splitlines() if "SHA256SUMS.minisig" in line and "key id" in line)
+    assert "unibake-verify-" not in refused.err and "/signature" not in refused.err, refused.err
+    assert "(Signature key id in SHA256SUMS.minisig is " in line and "; but the key id in the public key is " in line
+
+
+def _unlabelled(server, created):  # noqa: F811
+    """archive IMAGE's engines, the image without io.unibake.source-date-epoch and with its config's ``created``."""
+    from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
+
+    from ..fake_engine import FakeEngine
+    from .test_supply_chain import LAYERS, image_metadata
+
+    source = FakeEngine(address="fake://source")
+    labels = {METADATA_LABEL: image_metadata(server.server_port), PROFILES_LABEL: "tp1",
+              "org.opencontainers.image.version": "1.0"}
+    source.add({"architecture": "amd64", "os": "linux", "created": created,
+                "config": {"Env": ["PATH=/bin"], "Labels": labels}, "history": [{"created_by": "x"}] * 2},
+               LAYERS, tag="demo:1.0")
+    return {None: source, "fake://verify": FakeEngine(address="fake://verify")}
+
+
+def _sbom_time(folder) -> tuple[str, dict]:
+    sbom = json.loads((folder / "sbom.cdx.json").read_text())
+    image = sbom["metadata"]["component"]
+    return sbom["metadata"]["timestamp"], {p["name"]: p["value"] for p in image.get("properties", [])}
+
+
+def test_archive_of_an_image_without_the_epoch_label_dates_its_sbom_by_the_config_s_created(server, tmp_path):  # noqa: F811
+    # (before: 1970-01-01T00:00:00, the epoch 0, for every such image)
+    times = []
+    for n in (1, 2):  # the same image: the same SBOM time, not the wall clock
+        engines = _unlabelled(server, "2023-11-14T22:13:20.123456789Z")
+        folder = release(engines, tmp_path / f"release{n}")["release"].folder
+        times.append(_sbom_time(folder))
+    assert times[0] == times[1]
+    timestamp, props = times[0]
+    assert timestamp == "2023-11-14T22:13:20+00:00"
+    assert props["unibake:timestamp-from"] == "the image config's created"
+    assert "unibake:source-date-epoch" not in props
+
+
+@pytest.mark.parametrize("created", ["", "2023-11-14", "2023-11-14T22:13:20", "0001-01-01T00:00:00Z",
+                                     "1969-12-31T23:59:59Z", "9999-01-01T00:00:00Z", "2023-13-40T22:13:20Z",
+                                     "２０２３-11-14T22:13:20Z"])
+def test_archive_of_an_image_whose_created_is_no_time_says_so_and_dates_its_sbom_1970(server, tmp_path, created):  # noqa: F811
+    from unibake.pipeline import ARCHIVE, Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    engines = _unlabelled(server, created)
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", image="demo:1.0", verify_engine="fake://verify")
+    reporter = Quiet()
+    results = run_stages(selection(ARCHIVE), request, reporter, connect=engines.__getitem__)
+    timestamp, props = _sbom_time(results["release"].folder)
+    assert timestamp == "1970-01-01T00:00:00+00:00" and props["unibake:timestamp-from"] == "none known"
+    assert (f"warning: demo:1.0 has no io.unibake.source-date-epoch label and its config's created {created!r} is "
+            "not an RFC 3339 time: the SBOM's timestamp is 1970-01-01") in reporter.stream.getvalue()

@@ -199,7 +199,7 @@ PROVENANCE_CASES = [
     ("no SBOM", lambda d: d["subject"].remove(file_subject(d, "sbom.cdx.json")),
      "does not name sbom.cdx.json as a subject"),
     ("an SBOM subject without a digest", lambda d: file_subject(d, "sbom.cdx.json").update(digest=["x"]),
-     "does not name sbom.cdx.json as a subject"),
+     "its subject 'sbom.cdx.json' has no sha256 digest"),
     ("a file the release does not hold", lambda d: d["subject"].append({"name": "x.bin", "digest": {"sha256": "2" * 64}}),
      "names 'x.bin', which this release does not hold"),
     ("a subject twice", lambda d: d["subject"].insert(0, {"name": image_subject(d)["name"], "digest": {"sha256": "1" * 64}}),
@@ -220,15 +220,30 @@ def test_a_forged_provenance_resummed_is_refused_by_both(cli, whole, change, say
     rewrite(whole, "provenance.intoto.json", change)
     python, shells, python_err, shell_err = verdicts(cli, whole)
     assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
-    said = says.replace("'", "\"") if "names '" in says else says  # (a name is shown in its JSON form by the shell)
+    said = says.replace("'", "\"") if "names '" in says or "subject '" in says else says  # (the shell: JSON form)
     assert says in python_err, python_err
     assert said in shell_err, shell_err
 
 
-def test_a_provenance_subject_without_a_digest_or_name_is_passed_over_by_both(cli, whole):
-    rewrite(whole, "provenance.intoto.json", lambda d: d["subject"].extend(
-        [{"name": "notes", "digest": ["x"]}, {"digest": {"sha256": "3" * 64}}, "x", {"name": 7}]))
-    assert_same(cli, whole, passes=True)
+@pytest.mark.parametrize("extra, shown", [
+    ({"name": "notes.txt", "digest": {"sha512": "3" * 128}}, "'notes.txt'"),
+    ({"name": "notes.txt", "digest": ["x"]}, "'notes.txt'"),
+    ({"name": "notes.txt", "digest": {"sha256": 7}}, "'notes.txt'"),
+    ({"name": "notes.txt"}, "'notes.txt'"),
+    ({"digest": {"sha256": "3" * 64}}, "#LAST"),
+    ("x", "#LAST"),
+    ({"name": 7, "digest": {"sha256": "3" * 64}}, "#LAST"),
+])
+def test_a_provenance_subject_without_a_name_and_a_sha256_is_refused_by_both_naming_it(cli, whole, extra, shown):
+    # it would be passed over, not compared: a file named so (re-summed) would pass for the provenance's
+    count = []
+    rewrite(whole, "provenance.intoto.json", lambda d: (d["subject"].append(extra), count.append(len(d["subject"]))))
+    shown = shown.replace("LAST", str(count[0]))
+    python, shells, python_err, shell_err = verdicts(cli, whole)
+    assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
+    says = f"provenance.intoto.json: its subject {shown} has no sha256 digest"
+    assert says in python_err, python_err
+    assert says.replace("'", '"') in shell_err, shell_err
 
 
 @pytest.mark.parametrize("name", ["sbom.cdx.json", "provenance.intoto.json"])
