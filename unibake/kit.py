@@ -65,6 +65,7 @@ from .schema import IMAGE_REF_RE, SHA256_RE as HEX64_RE
 from .sbom import BaseImage
 from .sums import parse_sums, render_sums
 from .templates import render_template
+from .threads import Thread
 
 KIT_JSON = "kit.json"
 LEDGER = "kit.sha256"
@@ -217,7 +218,7 @@ class KitDraft:
         self.tool = _tool_files()
         self.context_sha = ""
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Thread | None = None
         self._error: BaseException | None = None
         self._spool = self._fh = self._zw = self._tar = self._counted = None
         self._folder: int | None = None  # the folder's descriptor, flock-ed while the kit is written
@@ -282,7 +283,8 @@ class KitDraft:
             except BaseException as exc:  # raised in the caller's thread by wait()
                 self._error = exc
 
-        self._thread = threading.Thread(target=run, name="kit", daemon=True)
+        # (joined truly after an interrupt cut a join short: abandon() then waits for it, and removes what it wrote)
+        self._thread = Thread(target=run, name="kit", daemon=True)
         self._thread.start()
 
     def wait(self) -> None:

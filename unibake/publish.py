@@ -75,12 +75,23 @@ def held_signals():
         yield
         return
     pending: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in HELD}
-    try:
+    previous: dict = {}
+    try:  # a signal as the handlers are swapped: those swapped so far are put back, and the block is not run
+        for sig in HELD:
+            previous[sig] = signal.getsignal(sig)  # (known before the swap: a signal right after it loses nothing)
+            signal.signal(sig, lambda signum, frame: pending.append(signum))
         yield
     finally:
+        interrupted = None
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            while True:  # every handler put back, whatever comes meanwhile: one left recording would swallow
+                try:  # that signal for the rest of the run (its clean-up's "interrupt once more" among them)
+                    signal.signal(sig, handler)
+                    break
+                except KeyboardInterrupt as exc:  # (a signal whose handler is back already: raised after)
+                    interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
         if pending:
             signal.raise_signal(pending[0])
 

@@ -24,7 +24,6 @@ import signal
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -37,7 +36,7 @@ import requests
 from .docker_engine import TIMEOUT, DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
 from .schema import IMAGE_ID_RE
-from .threads import counted
+from .threads import Thread, counted
 
 SCRATCH_PREFIX = "ub-scratch-"
 SEED_PREFIX = "ub-seed-"
@@ -339,7 +338,8 @@ class ScratchEngine:
         self.folder: Path | None = None
         self.process: subprocess.Popen | None = None
         self.engine: DockerEngine | None = None
-        self._stopping: threading.Thread | None = None
+        self._stopping: Thread | None = None
+        self._stop_error: BaseException | None = None  # what the stop raised in its thread
 
     @staticmethod
     def unavailable_reason() -> str | None:
@@ -445,11 +445,20 @@ class ScratchEngine:
         release's last stages run (about 3 s for a 1.3 GB image: dockerd's shutdown and the removal
         of its layer store). The exit waits for that thread, so nothing is left behind either way."""
         if self._stopping is None and (self.process is not None or self.folder is not None):
-            self._stopping = threading.Thread(target=self._stop_all, name="scratch-engine-stop")
+            self._stopping = Thread(target=self._stop_caught, name="scratch-engine-stop")
             self._stopping.start()
 
+    def _stop_caught(self) -> None:
+        try:
+            self._stop_all()
+        except BaseException as exc:  # raised by the exit, as a stop run there raises it
+            self._stop_error = exc
+
     def __exit__(self, *exc) -> None:
+        # the stop runs in its thread however the run ends (a failed run's exit stops it too): Ctrl-C while it
+        # stops cannot cut it short, and the exit waits for it alone (a second stop beside it raced it)
         interrupted = None
+        self.stop_in_background()
         if self._stopping is not None:
             while self._stopping.is_alive():
                 try:
@@ -457,9 +466,12 @@ class ScratchEngine:
                 except KeyboardInterrupt as stop:  # Ctrl-C while it stops: the clean-up still runs to its end
                     interrupted = stop
             self._stopping = None
+        error, self._stop_error = self._stop_error, None
         self._stop_all()
         if interrupted is not None:
             raise interrupted
+        if error is not None:
+            raise error
 
     def _stop_all(self) -> None:
         self._stop_daemon()

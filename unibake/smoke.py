@@ -302,19 +302,20 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         return False
     steps.append(GateStep(name="start", passed=True, seconds=time.monotonic() - start))
 
-    with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a wait that times out writes no more to a pipe)
-        prompts.write(_probe_input(checks).encode())
-        prompts.seek(0)
-        probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
-                                 stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
-    probe_start = time.monotonic()
-    # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
-    # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
-    # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
-    limit = timeout + len(checks) * max(MIN_WAIT, timeout) + PROBE_MARGIN
+    probe = None
     stopped = ""  # why the client was stopped before it ended: the step it was on never finished
-    try:
+    try:  # (from the client's start: an interrupt as its prompts' file is closed ends it too)
+        with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a timed-out wait writes no more to a pipe)
+            prompts.write(_probe_input(checks).encode())
+            prompts.seek(0)
+            probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
+                                     stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+        probe_start = time.monotonic()
+        # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
+        # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
+        # reply bigger than the pipe's buffer would otherwise block the client, and this loop with it)
+        limit = timeout + len(checks) * max(MIN_WAIT, timeout) + PROBE_MARGIN
         while True:
             try:
                 out, err = probe.communicate(timeout=0.2)
@@ -339,7 +340,7 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
     finally:
         # however the wait ends (an interrupt: SIGTERM reaches this process alone, an engine error), the
         # client goes with it: left, it would poll a removed container for up to smoke.timeout
-        if probe.poll() is None:
+        if probe is not None and probe.poll() is None:
             probe.kill()
             probe.communicate()
     answer = _answer(out, err, complete=not stopped, prompts=len(checks))

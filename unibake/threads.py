@@ -25,6 +25,32 @@ R = TypeVar("R")
 _END = object()
 
 
+class Thread(threading.Thread):
+    """A thread whose ``join()`` and ``is_alive()`` an interrupt cannot fool. Python 3.11's ``join``, cut
+    short by an exception raised in it (the KeyboardInterrupt of Ctrl-C or SIGTERM), takes the thread
+    for ended while it still runs (it releases the lock it waited on, which the running thread holds,
+    for bpo-45274): from then on ``is_alive()`` said False and every ``join()`` returned at once, so a
+    clean-up that waits for the thread went on beside it. Both go here by an event the thread sets as
+    its work ends."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ended = threading.Event()
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self._ended.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._ended.wait(timeout):  # (an interrupt in the wait leaves the event as it was)
+            super().join()  # its last moments, its work done
+
+    def is_alive(self) -> bool:
+        return self.ident is not None and not self._ended.is_set()
+
+
 class Handoff(Generic[T]):
     """A bounded queue from one thread to another that can be ended, failed and abandoned."""
 
@@ -94,7 +120,7 @@ def read_ahead(chunks: Iterable[T], depth: int = 32, name: str = "read-ahead") -
             return
         handoff.end()
 
-    thread = threading.Thread(target=produce, name=name, daemon=True)
+    thread = Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         yield from handoff.items()
@@ -111,8 +137,8 @@ class Consumer(Generic[T, R]):
         self._handoff: Handoff[T] = Handoff(depth)
         self._result: R | None = None
         self._error: BaseException | None = None
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._ended = False  # the end (or the abort) handed to the consumer
+        self._thread = Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -130,20 +156,22 @@ class Consumer(Generic[T, R]):
 
     def close(self) -> R:
         """End the items, wait for the consumer; its result, or what it raised."""
-        if not self._closed:
-            self._closed = True
+        if not self._ended:
             self._handoff.end()
-            self._thread.join()
+            self._ended = True  # (only once handed: an interrupt inside the hand-over leaves it to abort())
+        self._thread.join()
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
 
     def abort(self) -> None:
-        """Stop early (the caller failed): the consumer sees the items end and is waited for."""
-        if not self._closed:
-            self._closed = True
+        """Stop early (the caller failed): the consumer sees the items end and is waited for, also after a
+        ``close()`` an interrupt cut short in its wait (an engine's load, its stream whole, went on storing
+        the image and tagged it after the clean-up had put the tag back)."""
+        if not self._ended:
             self._handoff.end(HandoffAborted())
-            self._thread.join()
+            self._ended = True
+        self._thread.join()
 
     def __enter__(self) -> "Consumer[T, R]":
         return self

@@ -118,6 +118,42 @@ def test_an_abandoned_kit_leaves_nothing_and_its_thread_stops(busybox_product, t
         assert draft._thread is None or not draft._thread.is_alive()
 
 
+def test_an_interrupt_while_the_kit_s_thread_is_waited_for_still_leaves_nothing(busybox_product, tmp_path, monkeypatch):
+    # (before: Python 3.11's join, cut short by the interrupt, took the kit's thread for ended: abandon() did not
+    # wait for it, found no file open yet, and the thread then made .k.tar.zst.tmp in the staging folder after
+    # the clean-up, beside the folder's removal)
+    import threading
+
+    from unibake import kit
+
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    out = tmp_path / "out"
+    out.mkdir()
+    main, real_open_new = threading.main_thread().ident, kit.open_new
+
+    def opened_as_the_interrupt_comes(path):  # the thread about to make its file as the caller is interrupted
+        signal.pthread_kill(main, signal.SIGUSR1)
+        time.sleep(0.5)
+        return real_open_new(path)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kit, "open_new", opened_as_the_interrupt_comes)
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        draft = KitDraft(out, "k.tar.zst", plan=plan, context=render(plan), release="0.1.0", epoch=0)
+        with pytest.raises(KeyboardInterrupt):  # (wherever the caller is as the interrupt comes: till wait() is done)
+            draft.begin_in_thread()
+            draft.wait()
+        draft.abandon()
+        assert not draft._thread.is_alive()
+        time.sleep(0.7)
+        assert list(out.iterdir()) == []
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_a_kit_whose_context_is_not_the_releases_is_never_written(busybox_product, tmp_path):
     plan = make_plan(busybox_product, cwd=busybox_product.parent)
     out = tmp_path / "out"

@@ -765,3 +765,54 @@ def test_a_full_disk_when_a_run_writes_its_pid_in_the_lock_file_still_locks(tmp_
             ReleaseFolder(out, tag, force=False).__enter__()
         lock.close()
     assert sorted(os.listdir(out)) == [".1.0.lock", ".1.1.lock", ".1.2.lock", ".1.3.lock"]
+
+
+
+# the command line's handlers (the first signal raises KeyboardInterrupt), and a signal raised right after SIGINT's
+# handler is swapped for the commit's (WHEN swapped: a SIGTERM) or put back after it (put-back: a SIGINT)
+_HELD_SIGNALS = """
+import signal, sys
+from unibake import publish
+
+real, when, fired, ran = signal.signal, sys.argv[1], [], []
+comes = signal.SIGINT if when == "put-back" else signal.SIGTERM
+
+def terminate(signum, frame):
+    raise KeyboardInterrupt
+
+class Hooked:
+    def __getattr__(self, name):
+        return getattr(signal, name)
+
+    @staticmethod
+    def signal(sig, handler):
+        before = real(sig, handler)
+        if sig == signal.SIGINT and not fired and (handler is terminate) == (when == "put-back"):
+            fired.append(sig)
+            signal.raise_signal(comes)  # its handler runs at once, before this returns
+        return before
+
+for sig in publish.HELD:
+    real(sig, terminate)
+publish.signal = Hooked()
+try:
+    with publish.held_signals():
+        ran.append("block")
+except KeyboardInterrupt:
+    ran.append("interrupted")
+print(ran, [signal.getsignal(sig) is terminate for sig in publish.HELD])
+"""
+
+
+@pytest.mark.parametrize("when", ["swapped", "put-back"])
+def test_a_signal_as_the_commit_s_handlers_are_swapped_or_put_back_leaves_every_handler_as_it_was(when):
+    # a SIGTERM just after SIGINT's handler was swapped for the commit's (or a SIGINT just after it was put back)
+    # raised in the middle of the swap: a handler was left recording signals, not acting on them, for the rest of
+    # the run (a SIGTERM or a third Ctrl-C during the clean-up was swallowed without a word)
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _HELD_SIGNALS, when], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    ran = "['interrupted']" if when == "swapped" else "['block', 'interrupted']"
+    assert done.stdout == f"{ran} [True, True, True]\n", done.stdout

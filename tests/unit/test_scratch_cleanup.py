@@ -8,6 +8,8 @@ import stat
 import subprocess
 import time
 
+import pytest
+
 from unibake.scratch import (SEED_PREFIX, SEEDS_KEPT, _evict_seeds, _processes_of, _try_lock, clean_stale_scratch,
                              prune_seeds,
                              private_base, runtime_of)
@@ -162,3 +164,63 @@ def test_prune_removes_the_seeded_engines_but_one_in_use_and_refuses_a_foreign_s
     assert refused.code == 2 and refused.error_lines == [
         f"error: {open_base} is not a private folder of this user (a symlink, another owner, or open to "
         "others); remove it or choose --scratch-dir"]
+
+
+# a stand-in for the scratch dockerd: told to stop (SIGTERM), it notes it and takes 1.5 s to end
+_SLOW_TO_STOP = """
+import pathlib, signal, sys, time
+log = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    with log.open("a") as out:
+        out.write("TERM\\n")
+    time.sleep(1.5)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[2]).write_text("")
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["stopping-in-background", "stopped-at-the-exit"])
+def test_an_interrupt_while_the_scratch_engine_stops_waits_for_its_one_stop_and_leaves_nothing(tmp_path, background):
+    # stopped at the exit (a failed run's clean-up), Ctrl-C while the daemon stopped cut the stop short: the
+    # daemon ran on and its folder was left. Stopping in the background, the interrupted wait (Python 3.11's
+    # join, cut short, takes the thread for ended) let the exit stop it a second time beside that thread,
+    # racing it (two SIGTERMs; a value the thread had just set to None read by the other)
+    import signal
+    import sys
+    import threading
+    import time
+
+    from unibake.scratch import ScratchEngine
+
+    folder = tmp_path / "ub-scratch-1"
+    folder.mkdir(mode=0o700)
+    (folder / "root").mkdir()
+    terms, ready = tmp_path / "terms", tmp_path / "ready"
+    daemon = subprocess.Popen([sys.executable, "-c", _SLOW_TO_STOP, str(terms), str(ready)])
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        scratch = ScratchEngine(tmp_path)
+        scratch.folder, scratch.process = folder, daemon
+        if background:
+            scratch.stop_in_background()
+        with pytest.raises(KeyboardInterrupt):
+            threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1)).start()
+            scratch.__exit__(None, None, None)
+        assert daemon.poll() is not None, "the daemon was left running"
+        assert not folder.exists(), "its folder was left"
+        assert terms.read_text() == "TERM\n", "stopped twice at once"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

@@ -433,6 +433,41 @@ def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
     assert engine.containers == {}
 
 
+def test_an_interrupt_just_as_the_smoke_client_starts_leaves_no_smoke_client_behind(engine, monkeypatch):
+    # (before: an interrupt as its prompts' file was closed, right after the client started and before the wait
+    # that ends it on any exit, left it running: SIGTERM reaches unibake alone, and the client polled the removed
+    # container for up to smoke.timeout)
+    import os
+    import signal
+    import tempfile
+
+    from unibake import smoke
+
+    class Prompts:  # the prompts' file, the interrupt coming as it is closed
+        def __init__(self):
+            self.file = tempfile.TemporaryFile()
+
+        def __enter__(self):
+            return self.file
+
+        def __exit__(self, *exc):
+            self.file.close()
+            raise KeyboardInterrupt
+
+    class Tempfile:
+        TemporaryFile = Prompts
+
+    monkeypatch.setattr(smoke, "tempfile", Tempfile)
+    with pytest.raises(KeyboardInterrupt):
+        run_gates(engine, "demo:1", metadata(1, timeout=60), netns_pid=None)  # nothing listens on port 1
+    left = _smoke_clients()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert left == [], "the smoke client was left running"
+    assert engine.containers == {}
+
+
 @pytest.mark.parametrize("body,detail", [
     (b"OK", "OK"),  # what many engines answer
     (b"", "{}"),  # vLLM, SGLang: an empty 200

@@ -131,6 +131,91 @@ def test_a_consumer_takes_what_is_handed_even_after_an_interrupt_left_a_stale_wa
     assert seen == []
 
 
+def test_a_thread_whose_join_an_interrupt_cut_short_is_still_alive_and_waited_for():
+    # (before: Python 3.11's join, cut short by a KeyboardInterrupt, took the thread for ended while it ran on:
+    # is_alive() said False and the next join returned at once)
+    import signal
+    import time
+
+    from unibake.threads import Thread
+
+    release = threading.Event()
+    thread = Thread(target=release.wait, name="worker", daemon=True)
+    thread.start()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1)).start()
+            thread.join(10)
+        assert thread.is_alive()
+        threading.Timer(0.3, release.set).start()
+        start = time.monotonic()
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - start >= 0.2
+    finally:
+        release.set()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_an_interrupt_while_a_consumer_is_closed_still_waits_for_it_before_the_clean_up_goes_on():
+    # (before: an interrupt in close()'s wait, the load's stream handed whole and the engine storing it, let
+    # abort() return at once: the load ran on beside the clean-up, and tagged its image after the clean-up had
+    # put the release's tag back)
+    import signal
+    import time
+
+    stored: list = []
+    main = threading.main_thread().ident
+
+    def load(items):
+        list(items)  # the whole stream, as the engine takes it in
+        signal.pthread_kill(main, signal.SIGUSR1)  # the interrupt, while the caller waits for the load
+        time.sleep(0.5)  # the engine storing the image
+        stored.append("tagged")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with consume_in_thread(load, name="load") as loader:
+                loader.put(b"layer")
+                loader.close()
+        assert stored == ["tagged"], "the clean-up went on while the load still ran"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_an_interrupt_inside_the_hand_over_of_the_end_still_ends_the_consumer():
+    # an interrupt before close() had handed the end left the consumer waiting for items for ever, the
+    # abort handing nothing (close() had marked the items ended)
+    seen: list = []
+    chunk = b"x"
+    consumer = consume_in_thread(lambda items: seen.extend(items), name="load")
+    real_put = consumer._handoff._queue.put
+
+    def interrupted_put(item, *args, **kwargs):  # the interrupt, as the end is about to be queued
+        if item is not chunk:
+            consumer._handoff._queue.put = real_put
+            raise KeyboardInterrupt
+        return real_put(item, *args, **kwargs)
+
+    consumer._handoff._queue.put = interrupted_put
+    consumer.put(chunk)
+    with pytest.raises(KeyboardInterrupt):
+        consumer.close()
+    aborting = threading.Thread(target=consumer.abort, daemon=True)
+    aborting.start()
+    aborting.join(10)
+    assert not aborting.is_alive() and not consumer._thread.is_alive(), "the consumer was never ended"
+    assert seen == [b"x"]
+
+
 def test_a_write_that_fails_without_a_file_name_names_the_file_being_written(tmp_path):
     # a full disk fails the write or the fsync, and Python's error names no file: "error: a file: ..."
     script = ("import resource, signal, sys; from pathlib import Path; from unibake.files import write_atomic; "
