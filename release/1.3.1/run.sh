@@ -15,7 +15,8 @@
 #   variables below (nor PATH, LD_LIBRARY_PATH, PYTHONPATH, PYTHONDONTWRITEBYTECODE, the image's, nor IFS,
 #   PPID, PWD, OPTIND, SHLVL, _, LINENO, PS1, PS2, PS4, OLDPWD, which the image's shell sets, nor HOME,
 #   HOSTNAME, which docker sets, nor NVIDIA_VISIBLE_DEVICES: use GPUS; CUDA_VISIBLE_DEVICES,
-#   ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES number the container's GPUs from 0, as the engine sees them)
+#   ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL number the container's GPUs from 0, as the
+#   engine sees them)
 # Environment (each value is checked; a bad one stops here with exit 2):
 #   GPUS=2,3        which GPUs: numbers, NVIDIA GPU-/MIG- UUIDs, or all (default: the first N the profile needs)
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
@@ -151,11 +152,11 @@ own_env() {
 # count is known
 vis_max=0
 vis_what=""
-vd_where_CUDA=""; vd_where_ROCR=""; vd_where_HIP=""; vd_e_CUDA=""; vd_e_ROCR=""; vd_e_HIP=""
+vd_where_CUDA=""; vd_where_ROCR=""; vd_where_HIP=""; vd_where_GPU=""; vd_e_CUDA=""; vd_e_ROCR=""; vd_e_HIP=""; vd_e_GPU=""
 # Only the value that reaches the container is checked: docker reads the files in order, then each -e, and the
 # last value of a name wins (so a -e overrides a file's line, wherever it stands among run.sh's arguments)
 visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value: kept in vd_where_*, vd_value_*
-  case "$2" in CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES|HIP_VISIBLE_DEVICES) ;; *) return 0 ;; esac
+  case "$2" in CUDA_VISIBLE_DEVICES|ROCR_VISIBLE_DEVICES|HIP_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL) ;; *) return 0 ;; esac
   vd_key=${2%%_*}
   case "$1" in -e*) eval "vd_e_$vd_key=1" ;; *) eval "[ -z \"\$vd_e_$vd_key\" ]" || return 0 ;; esac
   eval "vd_where_$vd_key=\$1; vd_value_$vd_key=\$3"
@@ -169,7 +170,8 @@ check_visible() {  # $1 where, $2 the name, $3 its value: the value that wins
     case "$vd_item" in
       -|-*[!0-9]*) ;;
       -*) die "$1 sets $2='$3': '$vd_item' hides the GPUs after it from the engine; remove it" ;;
-      ""|*[!0-9]*) ;;  # a UUID
+      "") [ -z "$vd_rest" ] || die "$1 sets $2='$3': its empty item hides the GPUs after it from the engine; remove it" ;;
+      *[!0-9]*) ;;  # a UUID
       *) vd_n=$(printf '%s' "$vd_item" | sed -e 's/^0*//' -e 's/^$/0/')
          [ "${#vd_n}" -le 5 ] || vd_n=99999
          if [ "$vd_n" -ge "$vis_max" ]; then vis_max=$((vd_n + 1)); vis_what="$1 sets $2='$3', which names GPU $vd_n"; fi ;;
@@ -273,7 +275,7 @@ t s
   # the values of the lines that number the GPUs (a line without '=' takes its value from the environment)
   ef_vis=$(tr '\000' '\377' < "$1" | LC_ALL=C sed -n -e "$ef_strip" -e '/^CUDA_VISIBLE_DEVICES=/p' \
     -e '/^CUDA_VISIBLE_DEVICES$/p' -e '/^ROCR_VISIBLE_DEVICES=/p' -e '/^ROCR_VISIBLE_DEVICES$/p' \
-    -e '/^HIP_VISIBLE_DEVICES=/p' -e '/^HIP_VISIBLE_DEVICES$/p')
+    -e '/^HIP_VISIBLE_DEVICES=/p' -e '/^HIP_VISIBLE_DEVICES$/p' -e '/^GPU_DEVICE_ORDINAL=/p' -e '/^GPU_DEVICE_ORDINAL$/p')
   while IFS= read -r ef_v; do
     case "$ef_v" in
       *=*) visible_devices "--env-file $1" "${ef_v%%=*}" "${ef_v#*=}" ;;
@@ -324,9 +326,10 @@ while [ "$#" -gt 0 ]; do
   esac
   shift
 done
-for vd_key in CUDA ROCR HIP; do
+for vd_name in CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES GPU_DEVICE_ORDINAL; do
+  vd_key=${vd_name%%_*}
   if eval "[ -n \"\$vd_where_$vd_key\" ]"; then
-    eval "check_visible \"\$vd_where_$vd_key\" ${vd_key}_VISIBLE_DEVICES \"\$vd_value_$vd_key\""
+    eval "check_visible \"\$vd_where_$vd_key\" $vd_name \"\$vd_value_$vd_key\""
   fi
 done
 if [ -n "${PROFILE:-}" ] && [ -n "$profile" ] && [ "$PROFILE" != "$profile" ]; then
