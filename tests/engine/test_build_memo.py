@@ -100,10 +100,9 @@ def test_a_step_that_fails_in_a_memo_build_is_named_by_its_number_in_the_whole_d
     assert str(failed.value).startswith(f"the build failed at Step {total + 1}: RUN echo broken")
 
 
-def test_a_build_from_the_memo_keeps_its_images_when_another_run_removes_them_meanwhile(engine, busybox_product,
-                                                                                       version, images, tmp_path):
-    # two CI jobs of one selection on one engine: the other job's build cache replaces, and so removes, the
-    # images this one builds FROM, just after this one looked them up (before: the build failed, "No such image")
+def _built_once_with_a_memo(engine, busybox_product, version, images, tmp_path):
+    """The busybox product built once with a memo in ``tmp_path``: its tag, context, memo folder, the build, and
+    every tag the build left on its images (the tag and the build cache), as another CI job would replace them."""
     from unibake.builder import CACHE_REPOSITORY, build_image
     from unibake.plan import make_plan
     from unibake.render import render
@@ -116,6 +115,17 @@ def test_a_build_from_the_memo_keeps_its_images_when_another_run_removes_them_me
                         memo=memo)
     first_tags = [t for i in engine.list_images() for t in i.tags
                   if t == tag or t.startswith(f"{CACHE_REPOSITORY}/unibake-test:")]
+    return tag, context, memo, first, first_tags
+
+
+def test_a_build_from_the_memo_keeps_its_images_when_another_run_removes_them_meanwhile(engine, busybox_product,
+                                                                                       version, images, tmp_path):
+    # two CI jobs of one selection on one engine: the other job's build cache replaces, and so removes, the
+    # images this one builds FROM, just after this one looked them up (before: the build failed, "No such image")
+    from unibake.builder import build_image
+
+    tag, context, memo, first, first_tags = _built_once_with_a_memo(engine, busybox_product, version, images,
+                                                                     tmp_path)
     lower = json.loads(next(memo.glob("*.json")).read_text())["lower"]
     removed: list[str] = []
 
@@ -139,17 +149,9 @@ def test_a_memo_whose_images_go_just_after_the_lookup_gives_a_whole_build(engine
                                                                           tmp_path, monkeypatch):
     # the other job's clean-up lands between this build's memo lookup and its hold on the images it found
     from unibake import buildmemo
-    from unibake.builder import CACHE_REPOSITORY, build_image
-    from unibake.plan import make_plan
-    from unibake.render import render
+    from unibake.builder import build_image
 
-    tag = f"unibake-test:{version}"
-    images(tag)
-    context = render(make_plan(busybox_product, cwd=busybox_product.parent, version=version))
-    memo = tmp_path / "memo"
-    build_image(context, engine, product="unibake-test", revision="r", epoch=0, on_line=lambda line: None, memo=memo)
-    first_tags = [t for i in engine.list_images() for t in i.tags
-                  if t == tag or t.startswith(f"{CACHE_REPOSITORY}/unibake-test:")]
+    tag, context, memo, _, first_tags = _built_once_with_a_memo(engine, busybox_product, version, images, tmp_path)
     looked_up = buildmemo.lookup
 
     def lookup_then_the_other_run(*args, **kwargs):

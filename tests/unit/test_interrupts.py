@@ -565,16 +565,12 @@ ENTRY_POINTS = {  # what `python -m unibake` runs, and the script pip writes for
     "unibake": "from unibake.__main__ import run\nsys.exit(run())\n"}
 
 
-@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_an_interrupt_while_the_unibake_command_imports_is_one_error_line_and_130(tmp_path, sig, entry):
-    # (before: build.py alone handled it: a Ctrl-C printed a traceback, a SIGTERM ended it with 143)
-    import subprocess
-    import sys
-
+def _interrupted_at_import(sig: str, out) -> str:
+    """The start of a child's script that sends itself ``sig`` as unibake.console is imported, to run
+    ``releases --out OUT``; the entry point follows."""
     from ..conftest import REPO
 
-    hook = (f"import os, runpy, signal, sys\n"
+    return (f"import os, runpy, signal, sys\n"
             f"sys.path.insert(0, {str(REPO)!r})\n"
             f"class Interrupt:\n"
             f"    def find_spec(self, name, path=None, target=None):\n"
@@ -582,7 +578,17 @@ def test_an_interrupt_while_the_unibake_command_imports_is_one_error_line_and_13
             f"            os.kill(os.getpid(), signal.{sig})\n"
             f"        return None\n"
             f"sys.meta_path.insert(0, Interrupt())\n"
-            f"sys.argv = ['unibake', 'releases', '--out', {str(tmp_path)!r}]\n" + ENTRY_POINTS[entry])
+            f"sys.argv = ['unibake', 'releases', '--out', {str(out)!r}]\n")
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_unibake_command_imports_is_one_error_line_and_130(tmp_path, sig, entry):
+    # (before: build.py alone handled it: a Ctrl-C printed a traceback, a SIGTERM ended it with 143)
+    import subprocess
+    import sys
+
+    hook = _interrupted_at_import(sig, tmp_path) + ENTRY_POINTS[entry]
     ran = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "CI": "true"})
     assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
@@ -626,15 +632,7 @@ def test_an_interrupt_while_importing_with_stderr_closed_is_still_130(tmp_path, 
 
     start = f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n" if entry == "build.py" else \
         ENTRY_POINTS[entry]
-    hook = (f"import os, runpy, signal, sys\n"
-            f"sys.path.insert(0, {str(REPO)!r})\n"
-            f"class Interrupt:\n"
-            f"    def find_spec(self, name, path=None, target=None):\n"
-            f"        if name == 'unibake.console':\n"
-            f"            os.kill(os.getpid(), signal.SIGTERM)\n"
-            f"        return None\n"
-            f"sys.meta_path.insert(0, Interrupt())\n"
-            f"sys.argv = ['unibake', 'releases', '--out', {str(tmp_path)!r}]\n" + start)
+    hook = _interrupted_at_import("SIGTERM", tmp_path) + start
     ran = subprocess.run([sys.executable, "-c", hook], stdout=subprocess.PIPE, text=True, timeout=60,
                          env={**os.environ, "CI": "true"}, preexec_fn=lambda: os.close(2))
     assert ran.returncode == 130

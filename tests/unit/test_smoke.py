@@ -408,12 +408,21 @@ def _smoke_clients() -> list[int]:
             found.append(int(entry.name))
     return found
 
-
-def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
-    # SIGTERM reaches unibake alone (not its process group, as ^C does): the client must go with the gate
+def _assert_no_smoke_client_left(engine) -> None:
+    """No smoke client runs on (any found is killed, then named), and no container is left."""
     import os
     import signal
 
+    left = _smoke_clients()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert left == [], "the smoke client was left running"
+    assert engine.containers == {}
+
+
+def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
+    # SIGTERM reaches unibake alone (not its process group, as ^C does): the client must go with the gate
     calls = []
 
     def interrupted(container):
@@ -425,20 +434,13 @@ def test_an_interrupt_during_the_gate_leaves_no_smoke_client_behind(engine):
     engine.container_status = interrupted
     with pytest.raises(KeyboardInterrupt):
         run_gates(engine, "demo:1", metadata(1, timeout=60), netns_pid=None)  # nothing listens on port 1
-    left = _smoke_clients()
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    assert left == [], "the smoke client was left running"
-    assert engine.containers == {}
+    _assert_no_smoke_client_left(engine)
 
 
 def test_an_interrupt_just_as_the_smoke_client_starts_leaves_no_smoke_client_behind(engine, monkeypatch):
     # (before: an interrupt as its prompts' file was closed, right after the client started and before the wait
     # that ends it on any exit, left it running: SIGTERM reaches unibake alone, and the client polled the removed
     # container for up to smoke.timeout)
-    import os
-    import signal
     import tempfile
 
     from unibake import smoke
@@ -460,12 +462,7 @@ def test_an_interrupt_just_as_the_smoke_client_starts_leaves_no_smoke_client_beh
     monkeypatch.setattr(smoke, "tempfile", Tempfile)
     with pytest.raises(KeyboardInterrupt):
         run_gates(engine, "demo:1", metadata(1, timeout=60), netns_pid=None)  # nothing listens on port 1
-    left = _smoke_clients()
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    assert left == [], "the smoke client was left running"
-    assert engine.containers == {}
+    _assert_no_smoke_client_left(engine)
 
 
 @pytest.mark.parametrize("body,detail", [
