@@ -6,8 +6,8 @@ that keeps only what the SBOM needs and never holds a layer in memory:
 
 * ``var/lib/dpkg/status`` (and ``status.d/*``), Alpine's ``lib/apk/db/installed``, ``etc/os-release``:
   kept whole (small texts); RPM's SQLite database (``rpmdb.sqlite``, and its ``-wal``, of RHEL/UBI 9,
-  Rocky, Fedora, Amazon Linux 2023) kept whole and read by :mod:`unibake.rpmdb`; RPM's Berkeley DB and
-  NDB databases (not read) are said to be left out;
+  Rocky, Fedora, Amazon Linux 2023) and its Berkeley DB ``Packages`` (RHEL/UBI 8, Amazon Linux 2) kept whole and
+  read by :mod:`unibake.rpmdb`; RPM's NDB database (SUSE; not read) is said to be left out;
 * a conda environment's ``conda-meta/NAME-VERSION-BUILD.json``: its name alone (the package it records);
 * ``*.dist-info/METADATA``, ``*.egg-info/PKG-INFO``, ``*.egg/EGG-INFO/PKG-INFO`` and a ``*.egg-info``
   file (which is a PKG-INFO): their first 64 KiB (the headers); a zipped egg: its name;
@@ -45,8 +45,10 @@ RPM_FOLDERS = ("var/lib/rpm", "usr/lib/sysimage/rpm")
 # RPM's SQLite database (rpm 4.16 on: RHEL/UBI 9, Fedora 33, Amazon Linux 2023) is read, with its write-ahead log
 RPM_SQLITE = tuple(f"{folder}/rpmdb.sqlite" for folder in RPM_FOLDERS)
 RPM_WAL = tuple(f"{path}-wal" for path in RPM_SQLITE)
-# RPM's Berkeley DB and NDB databases (RHEL 8, SUSE), which are not read: a base that has one is said to be left out
-RPM_DATABASES = tuple(f"{folder}/{name}" for folder in RPM_FOLDERS for name in ("Packages", "Packages.db"))
+# RPM's Berkeley DB database (rpm before 4.16: RHEL/UBI 8, Amazon Linux 2) is read too
+RPM_BDB = tuple(f"{folder}/Packages" for folder in RPM_FOLDERS)
+# RPM's NDB database (SUSE), which is not read: a base that has one is said to be left out
+RPM_DATABASES = tuple(f"{folder}/Packages.db" for folder in RPM_FOLDERS)
 # an egg folder (setup.py install: flash-attn, apex) holds its PKG-INFO in EGG-INFO/
 PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO", ".egg/EGG-INFO/PKG-INFO")
 EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
@@ -205,7 +207,7 @@ class _LayerReader:
         base = posixpath.basename(path)
         if path == DPKG_STATUS or path.startswith(DPKG_STATUS_D) or path in OS_RELEASE or path == APK_INSTALLED:
             return "text"
-        if path in RPM_SQLITE or path in RPM_WAL:
+        if path in RPM_SQLITE or path in RPM_WAL or path in RPM_BDB:
             return "rpmdb"  # kept whole, as a text is
         if path in RPM_DATABASES:
             return "rpm"
@@ -442,10 +444,14 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
             problems.append(f"/{path} is an RPM database, which unibake does not read: the packages it lists are not "
                             "in the SBOM")
         elif kind == "rpmdb":
-            if path in RPM_SQLITE:
+            if path in RPM_SQLITE or path in RPM_BDB:
                 wal = files.get(path + "-wal")
-                found, problem = rpmdb.packages(value, wal[2] if wal is not None and wal[1] == "rpmdb" else b"")
-                if problem:
+                found, problem = rpmdb.bdb_packages(value) if path in RPM_BDB else \
+                    rpmdb.packages(value, wal[2] if wal is not None and wal[1] == "rpmdb" else b"")
+                if problem and found:
+                    problems.append(f"/{path} was read in part: {problem}; the {len(found)} packages read are in the "
+                                    "SBOM, the others it lists are not")
+                elif problem:
                     problems.append(f"/{path} could not be read: {problem}; the packages it lists are not in the SBOM")
                 packages += [p for p in (Package(kind="rpm", name=r.name, version=r.version, arch=r.arch,
                                                  source=r.source_rpm, path="/" + path, layer=diff_id) for r in found)

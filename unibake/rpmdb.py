@@ -11,6 +11,13 @@ an rpm database (python3-rpm is rpm's own binding, not on PyPI, and needs librpm
 read by the SQLite that comes with Python. The file comes from an image, so from outside: it is opened
 read-only in a private temporary folder with the schema untrusted (no function, view or trigger of the file
 runs), and a file SQLite finds malformed is said, not a failure of the release.
+
+rpm before 4.16 (RHEL, UBI, CentOS, Rocky and Alma 8 and before, Amazon Linux 2) kept the same header blobs in a
+Berkeley DB hash file, ``Packages``: :func:`bdb_packages` reads it. By hand too: the Python standard library no
+longer reads Berkeley DB files, and its bindings (``berkeleydb``, ``bsddb3``) need the C library built in. The
+few structures read here (the metadata page, hash pages and their overflow chains) are the ones rpm's own
+read-only backend (``bdb_ro``) and the Go scanners of container images read, every page number and offset checked
+against the file.
 """
 
 from __future__ import annotations
@@ -68,9 +75,14 @@ def _read(con) -> tuple[list[RpmPackage], str]:
     kind = con.execute("SELECT type FROM sqlite_master WHERE name = 'Packages'").fetchone()
     if kind is None or kind[0] != "table":
         return [], "it has no Packages table, as rpm writes it"
+    return _listed(blob for (blob,) in con.execute("SELECT blob FROM Packages ORDER BY hnum"))
+
+
+def _listed(blobs) -> tuple[list[RpmPackage], str]:
+    """The packages the header blobs name, and how many blobs named none ("" when all did)."""
     found: list[RpmPackage] = []
     bad = 0
-    for n, (blob,) in enumerate(con.execute("SELECT blob FROM Packages ORDER BY hnum")):
+    for n, blob in enumerate(blobs):
         if n >= MAX_PACKAGES:
             return found, f"it lists more than {MAX_PACKAGES} packages: the first {MAX_PACKAGES} are listed"
         tags = _header(blob) if isinstance(blob, bytes) else None
@@ -114,3 +126,94 @@ def _header(blob: bytes) -> dict[int, object] | None:
         elif kind == INT32 and count >= 1 and offset + 4 <= size:
             tags[tag] = struct.unpack_from(">i", data, offset)[0]
     return tags
+
+
+# Berkeley DB's hash access method, as db 4 and 5 write it (db's dbinc/db_page.h names these)
+HASH_MAGIC = 0x061561
+P_HASH_UNSORTED, P_OVERFLOW, P_HASHMETA, P_HASH = 2, 7, 8, 13
+H_KEYDATA, H_OFFPAGE = 1, 3
+PAGE_HEADER = 26  # lsn (8), pgno, prev_pgno, next_pgno (4 each), entries, hf_offset (2 each), level, type (1 each)
+MAX_BLOB = 64 << 20  # one package's header: a few kB to a few hundred kB in real packages
+
+
+def bdb_packages(db: bytes) -> tuple[list[RpmPackage], str]:
+    """The packages a Berkeley DB ``Packages`` file lists (rpm before 4.16), and what went wrong reading it
+    ("" when nothing did). Its hash pages are read in file order (as rpm's ``bdb_ro`` does): each pair of items is
+    a key (the header's number, native byte order) and a value (the header blob) held on the page or on a chain of
+    overflow pages; key 0 holds rpm's next header number, not a package."""
+    if len(db) < 512:
+        return [], "it is not a Berkeley DB file (too short)"
+    for order in ("<", ">"):
+        if struct.unpack_from(order + "I", db, 12)[0] == HASH_MAGIC:
+            break
+    else:
+        return [], "it is not a Berkeley DB hash file, as rpm writes its Packages"
+    page_size, encrypted, kind = struct.unpack_from(order + "I", db, 20)[0], db[24], db[25]
+    if page_size < 512 or page_size > 65536 or page_size & (page_size - 1) or kind != P_HASHMETA:
+        return [], "its metadata page is not a Berkeley DB hash file's"
+    if encrypted:
+        return [], "it is encrypted"
+    pages = len(db) // page_size
+    blobs: list[bytes] = []
+    problems: list[str] = []
+    for number in range(1, pages):
+        page = memoryview(db)[number * page_size:(number + 1) * page_size]
+        if page[25] not in (P_HASH, P_HASH_UNSORTED):
+            continue
+        entries = struct.unpack_from(order + "H", page, 20)[0]
+        if PAGE_HEADER + 2 * entries > page_size:
+            problems.append(f"page {number} lists more items than it can hold")
+            continue
+        offsets = struct.unpack_from(f"{order}{entries}H", page, PAGE_HEADER)
+        for i in range(0, entries - 1, 2):
+            key, value = _item(page, offsets, i, page_size), _item(page, offsets, i + 1, page_size)
+            if key is None or value is None:
+                problems.append(f"page {number} has an item outside it")
+                continue
+            if key[0] == H_KEYDATA and bytes(key[1:]) == bytes(4):
+                continue  # rpm's record of the next header number
+            blob = _value(db, order, page_size, pages, value)
+            if isinstance(blob, str):
+                problems.append(f"page {number}: {blob}")
+            else:
+                blobs.append(blob)
+        if len(blobs) > MAX_PACKAGES:
+            break
+    found, bad = _listed(blobs)
+    said = [*problems[:1], *([f"{len(problems)} items in all could not be read"] if len(problems) > 1 else []),
+            *([bad] if bad else [])]
+    return found, "; ".join(said)
+
+
+def _item(page: memoryview, offsets: tuple[int, ...], i: int, page_size: int) -> memoryview | None:
+    """Item ``i`` of a hash page: it runs from its offset to the previous item's (items fill the page from its end)."""
+    start, end = offsets[i], (offsets[i - 1] if i else page_size)
+    if start < PAGE_HEADER or start >= end or end > page_size:
+        return None
+    return page[start:end]
+
+
+def _value(db: bytes, order: str, page_size: int, pages: int, item: memoryview) -> bytes | str:
+    """A value item's bytes: held on the page, or gathered along its chain of overflow pages."""
+    if item[0] == H_KEYDATA:
+        return bytes(item[1:])
+    if item[0] != H_OFFPAGE or len(item) < 12:
+        return f"an item of type {item[0]}, which rpm does not write"
+    number, total = struct.unpack_from(order + "II", item, 4)
+    if total > MAX_BLOB:
+        return f"a value of {total} bytes (more than {MAX_BLOB})"
+    parts, held, seen = [], 0, set()
+    while held < total:
+        if not 0 < number < pages or number in seen:
+            return "an overflow chain that leaves the file or runs in a circle"
+        seen.add(number)
+        page = memoryview(db)[number * page_size:(number + 1) * page_size]
+        length = struct.unpack_from(order + "H", page, 22)[0]  # an overflow page's hf_offset: the bytes it holds
+        if page[25] != P_OVERFLOW or PAGE_HEADER + length > page_size or not length:
+            return "an overflow chain through a page that is not an overflow page"
+        parts.append(page[PAGE_HEADER:PAGE_HEADER + length])
+        held += length
+        number = struct.unpack_from(order + "I", page, 16)[0]
+    if held != total:
+        return f"an overflow chain of {held} bytes for a value of {total}"
+    return b"".join(parts)

@@ -99,3 +99,83 @@ def test_a_damaged_or_hostile_rpm_database_is_said_not_a_failure(tmp_path):
     assert contents.packages == () and contents.problems == (
         "/var/lib/rpm/rpmdb.sqlite could not be read: SQLite cannot read it (database disk image is malformed); "
         "the packages it lists are not in the SBOM",)
+
+
+def bdb(name: str) -> bytes:
+    """A Berkeley DB ``Packages`` as db 5.3's db_load wrote it (tests/fixtures/rpmdb/README.md says how)."""
+    return gzip.decompress((FIXTURES / name).read_bytes())
+
+
+def test_the_packages_of_an_rhel_8_base_are_read_from_its_berkeley_db(tmp_path):
+    # rpm's own bdb_ro backend lists the same two packages from this file (README.md); before: "an RPM database,
+    # which unibake does not read", and no OS package in the SBOM of a UBI 8 or RHEL 8 based image
+    found, problem = rpmdb.bdb_packages(bdb("Packages.gz"))
+    assert problem == ""
+    assert sorted((p.name, p.version, p.arch, p.source_rpm) for p in found) == [
+        ("demo-cuda-runtime", "2:12.4.1-1.el9", "noarch", "demo-cuda-runtime-12.4.1-1.el9.src.rpm"),
+        ("libnccl", "2.21.5-1+cuda12.4", "noarch", "libnccl-2.21.5-1+cuda12.4.src.rpm")]
+    layer = tar_of([("etc/os-release", b'ID="rhel"\nVERSION_ID="8.10"\n', None),
+                    ("var/lib/rpm/Packages", bdb("Packages.gz"), None)])
+    contents, document = document_of([layer], tmp_path)
+    assert contents.problems == ()
+    assert sorted(c["purl"] for c in document["components"] if c.get("purl", "").startswith("pkg:rpm/")) == [
+        "pkg:rpm/rhel/demo-cuda-runtime@12.4.1-1.el9?arch=noarch&distro=rhel-8.10&epoch=2",
+        "pkg:rpm/rhel/libnccl@2.21.5-1%2Bcuda12.4?arch=noarch&distro=rhel-8.10"]
+
+
+def test_a_big_endian_berkeley_db_of_small_pages_is_read_along_its_overflow_chains():
+    # 200 headers on 512-byte pages: many hash pages, each header on a chain of overflow pages, all big-endian
+    found, problem = rpmdb.bdb_packages(bdb("Packages-be512.gz"))
+    assert problem == ""
+    assert sorted(p.name for p in found) == [f"lib{i:04d}" for i in range(200)]
+
+
+def _page(db: bytes, number: int) -> int:
+    return number * struct.unpack_from(">I", db, 20)[0]
+
+
+def _overflow_value(db: bytes, pages: list[int]) -> tuple[int, int, int]:
+    """The first value held on overflow pages: its hash page's offset, its index there, its own offset."""
+    for n in pages:
+        start = _page(db, n)
+        for i in range(1, struct.unpack_from(">H", db, start + 20)[0], 2):
+            item = start + struct.unpack_from(">H", db, start + 26 + 2 * i)[0]
+            if db[item] == 3:  # H_OFFPAGE
+                return start, i, item
+    raise AssertionError("no value on overflow pages")
+
+
+def test_a_damaged_or_hostile_berkeley_db_is_said_not_a_failure(tmp_path):
+    good = bdb("Packages-be512.gz")
+    size = struct.unpack_from(">I", good, 20)[0]
+    assert rpmdb.bdb_packages(b"") == ([], "it is not a Berkeley DB file (too short)")
+    assert rpmdb.bdb_packages(bytes(4096)) == ([], "it is not a Berkeley DB hash file, as rpm writes its Packages")
+    btree = bytearray(good)
+    btree[25] = 9  # a btree's metadata page
+    assert rpmdb.bdb_packages(bytes(btree)) == ([], "its metadata page is not a Berkeley DB hash file's")
+    odd = bytearray(good)
+    odd[20:24] = struct.pack(">I", 1000)
+    assert rpmdb.bdb_packages(bytes(odd)) == ([], "its metadata page is not a Berkeley DB hash file's")
+    secret = bytearray(good)
+    secret[24] = 1
+    assert rpmdb.bdb_packages(bytes(secret)) == ([], "it is encrypted")
+    # cut in its middle: the headers whose chains leave the file are counted, the others read
+    found, problem = rpmdb.bdb_packages(good[:len(good) // 2])
+    assert 0 < len(found) < 200 and problem.startswith("page ") and "leaves the file or runs in a circle" in problem
+    # an overflow chain that loops back on itself, a value whose length is absurd, and an item outside its page
+    pages = [n for n in range(1, len(good) // size) if good[_page(good, n) + 25] == 13]
+    looped, huge, outside = bytearray(good), bytearray(good), bytearray(good)
+    first_overflow = next(n for n in range(1, len(good) // size) if good[_page(good, n) + 25] == 7)
+    looped[_page(good, first_overflow) + 16:_page(good, first_overflow) + 20] = struct.pack(">I", first_overflow)
+    start, index, item = _overflow_value(good, pages)
+    huge[item + 8:item + 12] = struct.pack(">I", 1 << 31)
+    outside[start + 26 + 2 * index:start + 28 + 2 * index] = struct.pack(">H", 0xFFFF)
+    for damaged, said in ((looped, "overflow chain"), (huge, f"a value of {1 << 31} bytes"),
+                          (outside, "has an item outside it")):
+        found, problem = rpmdb.bdb_packages(bytes(damaged))
+        assert len(found) < 200 and said in problem, problem
+    layer = tar_of([("var/lib/rpm/Packages", bytes(huge), None)])
+    contents, _ = document_of([layer], tmp_path)
+    assert len(contents.packages) == 199 and contents.problems == (
+        f"/var/lib/rpm/Packages was read in part: page {start // size}: a value of {1 << 31} bytes (more than "
+        f"{64 << 20}); the 199 packages read are in the SBOM, the others it lists are not",)

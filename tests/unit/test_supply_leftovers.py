@@ -254,7 +254,7 @@ def test_deploy_and_pull_key_check_the_signature_before_any_engine_or_registry_i
             f"{public.name} (Signature verification failed)"], result.err
 
 
-def test_an_alpine_base_s_packages_are_in_the_sbom_and_a_berkeley_rpm_database_is_said_to_be_left_out(tmp_path):
+def test_an_alpine_base_s_packages_are_in_the_sbom_and_an_ndb_rpm_database_is_said_to_be_left_out(tmp_path):
     from ..savefixtures import tar_of
     from .test_sbom import document_of
 
@@ -271,14 +271,14 @@ def test_an_alpine_base_s_packages_are_in_the_sbom_and_a_berkeley_rpm_database_i
     purls = sorted(c["purl"] for c in document["components"] if "purl" in c)
     assert purls == ["pkg:apk/alpine/libcrypto3@3.1.4-r5?arch=x86_64&distro=alpine-3.19.1",
                      "pkg:apk/alpine/musl@1.2.4-r2?arch=x86_64&distro=alpine-3.19.1"]
-    # an RPM base with a Berkeley DB (RHEL 8, UBI 8): its database is not read, and that is said (an SQLite one,
-    # RHEL 9's, is read: test_rpmdb)
-    rpm = tar_of([("etc/os-release", b'ID="rhel"\nVERSION_ID="8.10"\n', None),
-                  ("var/lib/rpm/Packages", bytes(4096), None)])
+    # an RPM base with an NDB database (SUSE): it is not read, and that is said (an SQLite one, RHEL 9's, and a
+    # Berkeley DB one, RHEL 8's, are read: test_rpmdb)
+    rpm = tar_of([("etc/os-release", b'ID="sles"\nVERSION_ID="15.5"\n', None),
+                  ("usr/lib/sysimage/rpm/Packages.db", bytes(4096), None)])
     contents, _ = document_of([rpm], tmp_path / "r")
     assert contents.packages == () and contents.problems == (
-        "/var/lib/rpm/Packages is an RPM database, which unibake does not read: the packages it lists are not in "
-        "the SBOM",)
+        "/usr/lib/sysimage/rpm/Packages.db is an RPM database, which unibake does not read: the packages it lists are "
+        "not in the SBOM",)
 
 
 def test_a_replayed_older_release_is_named_by_what_it_is_in_both_verifiers_last_line(engines, tmp_path, minisign_key,  # noqa: F811
