@@ -452,6 +452,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "registry"/*/"media_type"	string	1	-	128	-	-	-
 "registry"/*/"layers"	string	1	-	-	"gzip"|"zstd"	-	-
 "registry"/*/"pushed"	string	1	-	64	-	-	-
+"registry"/*/"index"	string	0	-	-	-	^((sha256:[0-9a-f]{64})?)$	-
 "platform"	string,null	0	-	-	-	^([a-z0-9]{1,32}/[a-z0-9_]{1,32}(/[a-z0-9.]{1,16})?)$	-
 "supply_chain"	object,null	0	-	-	-	-	-
 "supply_chain"/"sbom"	object	1	-	-	-	-	-

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .archive import DEFAULT_LEVEL
@@ -35,6 +36,9 @@ from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
 from .files import resolved, unwritable_reason, visible_name, write_atomic
 from .schema import IMAGE_REF_RE, NAME_RE
+
+if TYPE_CHECKING:  # (imported where used: a command's start-up imports what it needs only)
+    from .manifest import ReleaseManifest
 
 # How long deploy waits on an engine that says nothing, per request (``--engine-timeout``): an engine
 # that answered and then stopped answering was waited for an hour a request (docker_engine.TIMEOUT,
@@ -275,9 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
                  "Check the release folder, upload its image from the archive over the registry API (no engine needed) "
                  "and record the manifest digest in manifest.json and the notes (a pull line with @sha256:). Pushing "
                  "the same release again uploads nothing and changes nothing.")
-    ps.add_argument("folder", metavar="DIR", help="the release folder, e.g. release/1.3.1")
+    ps.add_argument("folder", metavar="DIR", nargs="+",
+                    help="the release folder, e.g. release/1.3.1; several (release/1.3.1 release/1.3.1-arm64: one "
+                         "product and version, each of another platform) push each image by its digest and tag an "
+                         "OCI image index of them all, from which docker pull takes the engine's own platform")
     ps.add_argument("--to", required=True, metavar="REGISTRY/REPO[:TAG]",
-                    help="where to push, e.g. registry.example:5000/team/demo-llm (default tag: the release's name)")
+                    help="where to push, e.g. registry.example:5000/team/demo-llm (default tag: the release's name; "
+                         "with several folders, their version)")
     ps.add_argument("--compression", choices=("gzip", "zstd"), default="gzip",
                     help="layer compression: gzip (the default; every engine pulls it) or zstd (OCI tar+zstd: "
                          "Docker 23+ and containerd pull it, Engine 20.10 does not)")
@@ -967,66 +975,155 @@ def _check_signed_by(folder: Path, signer, ctx: Context, what: str, manifest) ->
     return checked.pop(), tuple(cosigners)
 
 
-def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .amend import amend_release, check_keepable
-    from .registry import RegistryClient, merge_record, parse_reference, push_release
-    from .publish import SUMS
-    from .signing import ASC, MINISIG, check_keys, check_signer
-    from .verify import check_folder_arg, read_sums, verify_folder
+@dataclass
+class _PushFolder:
+    """One release folder of a push, checked before anything leaves it."""
 
-    given = ctx.cwd / args.folder
+    folder: Path
+    named: Path  # the folder as given (a link's own name: its lock, its record)
+    manifest: ReleaseManifest
+    signed: list[str]  # its signature files
+    signed_sums: bytes | None = None
+    cosigners: tuple[str, ...] = ()
+
+
+def _push_folder(given_arg: str, signer, ctx: Context) -> _PushFolder:
+    from .amend import check_keepable
+    from .publish import SUMS
+    from .signing import ASC, MINISIG, check_signer
+    from .verify import check_folder_arg, verify_folder
+
+    given = ctx.cwd / given_arg
     folder = check_folder_arg(resolved(given))
     # a link (release/1.0 -> /mnt/big/1.0): the release is the name given too (its lock, its record)
     named = resolved(given.parent) / given.name if given.name not in ("", ".", "..") and given.is_symlink() else folder
-    target = parse_reference(args.to, what="--to", digest=False)
-    settings = _registry_settings(args, ctx, target.host)
-    temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
-    signer = check_keys(args.sign, (ctx.cwd / args.sign_minisign) if args.sign_minisign else None, ctx.env)
-    with ctx.reporter.stage("verify", "the folder, before anything leaves it"):
+    with ctx.reporter.stage("verify", f"{given_arg}, before anything leaves it"):
         report = verify_folder(folder, progress=ctx.reporter.progress)
         report.raise_if_failed()
         check_keepable(folder)  # before the upload: recording it would drop what is not a file
     m = report.manifest
-    signed = [n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()]
+    found = _PushFolder(folder=folder, named=named, manifest=m,
+                        signed=[n for n in (SUMS + ASC, SUMS + MINISIG) if (folder / n).exists()])
     if signer is not None:
         check_signer(signer, m.supply_chain.signatures if m.supply_chain else (), f"release {m.release}")
-        signed_sums, cosigners = _check_signed_by(folder, signer, ctx, f"release {m.release}", m)
-    with ctx.reporter.stage("push", f"{m.tag} to {target.repository}:{target.tag or m.release}, {args.compression} "
-                                    "layers"):
-        with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
-            result = push_release(folder, m, target, client, compression=args.compression, temp_dir=temp_dir,
-                                  on_line=ctx.reporter.info, on_warning=ctx.reporter.warn,
-                                  progress=ctx.reporter.progress)
-    record = result.record
-    updated = merge_record(m, record)
-    if updated is not None and signed and signer is None:
-        # recording would change SHA256SUMS under its signatures: the folder stays as it was signed
-        ctx.reporter.warn(f"release {m.release} is signed ({', '.join(signed)}): the push is not recorded in it, so "
-                          f"its SHA256SUMS and signatures stay valid; pull it by {record.reference} (to record it, "
-                          "push again with the keys it was signed with: --sign / --sign-minisign)")
-        updated = None
-    if updated is not None:
-        sign = (lambda path: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
-        if sign and cosigners:  # they signed the old SHA256SUMS: the new one is signed by the keys given alone
-            ctx.reporter.warn(f"{SUMS}{ASC} of release {m.release} is co-signed by {', '.join(cosigners)}, whose key "
-                              f"was not given: recording the push signs the new {SUMS} with the keys given only, so "
-                              "that co-signature is dropped; ask its holder to sign the new one again")
-        with ctx.reporter.stage("record", "the digest in manifest.json, the notes and SHA256SUMS" +
-                                (", signed again" if sign else "")):
-            amend_release(folder, updated, read_sums(folder, signed_sums if signer else None),
-                          named.parent.parent / "checksums", sign=sign, was=m, named=named,
-                          on_warning=ctx.reporter.warn)
-    else:
-        ctx.reporter.skipped("record", "the release already records this push")
-    rows = [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"),
-            ("digest", record.digest), ("layers", f"{record.layers}: {result.uploaded} uploaded "
-                                                  f"({result.uploaded_bytes} bytes), {result.present} already there"),
-            ("pull", record.reference)]
-    document = {"release": m.release, "folder": str(folder), "image_id": m.image_id,
-                **record.model_dump(mode="json"), "uploaded": result.uploaded, "already_present": result.present,
-                "uploaded_bytes": result.uploaded_bytes, "tag_names": result.tagged, "recorded": updated is not None,
-                "signed_again": updated is not None and signer is not None}
-    return Outcome(document=document, title="unibake: pushed", rows=rows, final=f"pushed {m.tag} as {record.reference}")
+        found.signed_sums, found.cosigners = _check_signed_by(folder, signer, ctx, f"release {m.release}", m)
+    return found
+
+
+def _same_product_other_platforms(found: list[_PushFolder], args: argparse.Namespace) -> None:
+    """Several folders make one image index: the same product and version, each of another platform."""
+    first = found[0].manifest
+    for f in found[1:]:
+        m = f.manifest
+        if (m.product, m.version) != (first.product, first.version):
+            raise InputError(f"{args.folder[0]} is {first.product} {first.version} and {f.named} is {m.product} "
+                             f"{m.version}: one push of several folders makes one image index, of the releases of "
+                             "one product and version for several platforms")
+    platforms = [f.manifest.platform for f in found]
+    twice = next((p for p in platforms if platforms.count(p) > 1), None)
+    if twice:
+        named = [str(f.named) for f in found if f.manifest.platform == twice]
+        raise InputError(f"{named[0]} and {named[1]} are both {twice}: an image index holds one image per platform")
+
+
+def _refuse_a_folder_twice_or_another_release(args: argparse.Namespace, ctx: Context) -> None:
+    """Before the folders are verified (minutes for big archives): one given twice, and, as their manifests say
+    before they are checked, another product, version or the same platform (checked again once they verify)."""
+    from .manifest import load_manifest
+    from .verify import check_folder_arg
+
+    seen: dict[Path, str] = {}
+    for given in args.folder:
+        folder = check_folder_arg(resolved(ctx.cwd / given))
+        if folder in seen:
+            raise InputError(f"push: the release folder {folder} is given twice ({seen[folder]} and {given})")
+        seen[folder] = given
+    try:
+        manifests = [load_manifest(folder) for folder in seen]
+    except (UnibakeError, ValueError, OSError):
+        return  # (the verify that follows says what is wrong with it)
+    _same_product_other_platforms([_PushFolder(folder=f, named=f, manifest=m, signed=[])
+                                   for f, m in zip(seen, manifests)], args)
+
+
+def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
+    from .amend import amend_release
+    from .registry import RegistryClient, merge_record, parse_reference, push_index, push_release
+    from .publish import SUMS
+    from .signing import ASC, check_keys
+    from .verify import read_sums
+
+    target = parse_reference(args.to, what="--to", digest=False)
+    settings = _registry_settings(args, ctx, target.host)
+    temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
+    signer = check_keys(args.sign, (ctx.cwd / args.sign_minisign) if args.sign_minisign else None, ctx.env)
+    several = len(args.folder) > 1
+    if several:
+        _refuse_a_folder_twice_or_another_release(args, ctx)
+    found = [_push_folder(given, signer, ctx) for given in args.folder]
+    if several:
+        _same_product_other_platforms(found, args)
+    index_tag = (target.tag or found[0].manifest.version) if several else None
+    results, index = [], ""
+    with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
+        for f in found:
+            m = f.manifest
+            where = f"{target.repository}@sha256:... ({m.platform}; the index {index_tag} after)" if several else \
+                f"{target.repository}:{target.tag or m.release}"
+            with ctx.reporter.stage("push", f"{m.tag} to {where}, {args.compression} layers"):
+                results.append(push_release(f.folder, m, target, client, compression=args.compression,
+                                            temp_dir=temp_dir, index_tag=index_tag, on_line=ctx.reporter.info,
+                                            on_warning=ctx.reporter.warn, progress=ctx.reporter.progress))
+        if several:
+            with ctx.reporter.stage("index", f"{target.repository}:{index_tag}, naming "
+                                             f"{', '.join(str(f.manifest.platform) for f in found)}"):
+                index, _ = push_index(client, target, index_tag, results, ctx.reporter.warn)
+    documents, rows = [], []
+    for f, result in zip(found, results):
+        m = f.manifest
+        record = result.record.model_copy(update={"index": index}) if index else result.record
+        updated = merge_record(m, record)
+        if updated is not None and f.signed and signer is None:
+            # recording would change SHA256SUMS under its signatures: the folder stays as it was signed
+            ctx.reporter.warn(f"release {m.release} is signed ({', '.join(f.signed)}): the push is not recorded in it, "
+                              f"so its SHA256SUMS and signatures stay valid; pull it by {record.reference} (to record "
+                              "it, push again with the keys it was signed with: --sign / --sign-minisign)")
+            updated = None
+        if updated is not None:
+            sign = (lambda path, m=m: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
+            if sign and f.cosigners:  # they signed the old SHA256SUMS: the new one is signed by the keys given alone
+                ctx.reporter.warn(f"{SUMS}{ASC} of release {m.release} is co-signed by {', '.join(f.cosigners)}, whose "
+                                  f"key was not given: recording the push signs the new {SUMS} with the keys given "
+                                  "only, so that co-signature is dropped; ask its holder to sign the new one again")
+            with ctx.reporter.stage("record", f"the digest in {m.release}'s manifest.json, notes and SHA256SUMS" +
+                                    (", signed again" if sign else "")):
+                amend_release(f.folder, updated, read_sums(f.folder, f.signed_sums if signer else None),
+                              f.named.parent.parent / "checksums", sign=sign, was=m, named=f.named,
+                              on_warning=ctx.reporter.warn)
+        else:
+            ctx.reporter.skipped("record", f"release {m.release} already records this push")
+        rows += [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"
+                                                                           + (" (the index)" if index else "")),
+                 ("digest", record.digest), ("layers", f"{record.layers}: {result.uploaded} uploaded "
+                                                       f"({result.uploaded_bytes} bytes), {result.present} already "
+                                                       "there"),
+                 ("pull", record.reference)]
+        documents.append({"release": m.release, "folder": str(f.folder), "image_id": m.image_id,
+                          **record.model_dump(mode="json"), "uploaded": result.uploaded,
+                          "already_present": result.present, "uploaded_bytes": result.uploaded_bytes,
+                          "tag_names": result.tagged, "recorded": updated is not None,
+                          "signed_again": updated is not None and signer is not None})
+    if not several:
+        m = found[0].manifest
+        return Outcome(document=documents[0], title="unibake: pushed", rows=rows,
+                       final=f"pushed {m.tag} as {documents[0]['reference']}")
+    rows.append(("index", f"{target.repository}:{index_tag} = {target.repository}@{index} "
+                          f"({', '.join(str(f.manifest.platform) for f in found)})"))
+    return Outcome(document={"index": {"reference": f"{target.repository}@{index}", "repository": target.repository,
+                                       "tag": index_tag, "digest": index}, "releases": documents},
+                   title="unibake: pushed", rows=rows,
+                   final=f"pushed {', '.join(f.manifest.tag for f in found)} as {target.repository}:{index_tag} "
+                         f"(image index {index})")
 
 
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:

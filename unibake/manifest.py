@@ -112,10 +112,13 @@ class RegistryRecord(Record):
     reference: str = Field(max_length=512)  # REGISTRY/REPO@sha256:...
     repository: str = Field(max_length=255)  # REGISTRY/REPO
     tag: str = Field(pattern=TAG_PATTERN)
-    digest: str = Field(pattern=DIGEST)  # of the manifest (or, with several platforms, the index)
+    digest: str = Field(pattern=DIGEST)  # of this release's image manifest
     media_type: str = Field(max_length=128)
     layers: Literal["gzip", "zstd"]
     pushed: str = Field(max_length=64)
+    # pushed with the releases of its other platforms: the image index ``tag`` names, which lists them all
+    index: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
+
 
 
 class SupplyFile(Record):

@@ -71,6 +71,8 @@ from .files import read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
+from .platforms import of_config
+
 from .signing import SECRETS
 
 # ---------------------------------------------------------------------------------------------
@@ -1253,10 +1255,13 @@ class PushResult:
     uploaded_bytes: int
     seconds: float
     tagged: str = ""  # the digest the tag names after the push (another push's, when one replaced it meanwhile)
+    manifest_size: int = 0  # the bytes of the manifest pushed (an image index's entry gives them)
+    platform: dict | None = None  # the image config's os, architecture and variant (None: it records none)
+
 
 
 def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, client: RegistryClient, *,
-                 compression: str = "gzip", temp_dir: Path | None = None,
+                 compression: str = "gzip", temp_dir: Path | None = None, index_tag: str | None = None,
                  on_line: Callable[[str], None] = lambda line: None,
                  on_warning: Callable[[str], None] | None = None,
                  progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
@@ -1265,10 +1270,12 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     archive); returns the record of the push. The folder must have been verified. A tag that another
     push moved on while this one ran is said through ``on_warning`` (else ``on_line``). ``progress``
     (the reporter's) shows the compression of the layers, which comes before any upload (minutes for
-    an image of many gigabytes), then each layer's upload."""
+    an image of many gigabytes), then each layer's upload. With ``index_tag`` (one platform of several pushed
+    at once) the manifest is stored by its digest alone: the tag is given to the image index that
+    :func:`push_index` puts next, and the record names it."""
     on_warning = on_warning or on_line
     start = time.monotonic()
-    tag = target.tag or manifest.release
+    tag = index_tag or target.tag or manifest.release
     spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
     try:
         on_line(f"compressing the layers of {manifest.archive.name} in {spool.parent} ({compression}; a layer it holds "
@@ -1302,11 +1309,11 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
         if used != compression:
             on_line(f"the archive holds its layers {used}-compressed: they are pushed as they are ({used} layers, "
                     f"not {compression})")
-        stored, tagged = client.put_manifest(tag, body, OCI_MANIFEST)
+        stored, tagged = client.put_manifest(digest if index_tag else tag, body, OCI_MANIFEST)
         if stored != digest:
             raise DigestMismatch(f"the registry {target.host} says the manifest just pushed as {target.repository}:"
                                  f"{tag} is {stored or 'nothing'}, not {digest}; nothing was recorded")
-        if tagged != digest:
+        if tagged != digest and not index_tag:
             # another push to the tag at the same time replaced it after this one: this push is stored, and
             # recorded, by its digest (what pull and deploy use); the tag is the last push's, as in docker push
             now = f"names {tagged} now" if tagged else "names nothing now (it was removed)"
@@ -1319,7 +1326,35 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                             digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return PushResult(record=record, uploaded=uploaded, present=present, uploaded_bytes=uploaded_bytes,
-                      seconds=time.monotonic() - start, tagged=tagged)
+                      seconds=time.monotonic() - start, tagged=tagged, manifest_size=len(body),
+                      platform=of_config(json.loads(saved.config_bytes)))
+
+
+def image_index(entries: list[tuple[str, int, dict]]) -> bytes:
+    """An OCI image index of (manifest digest, its size, its platform) entries, in one fixed form and order (by
+    platform), so the same releases always give the same index digest."""
+    manifests = [{"mediaType": OCI_MANIFEST, "digest": digest, "size": size, "platform": platform}
+                 for digest, size, platform in sorted(entries, key=lambda e: (sorted(e[2].items()), e[0]))]
+    return json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def push_index(client: RegistryClient, target: Reference, tag: str, pushed: list[PushResult],
+               on_warning: Callable[[str], None]) -> tuple[str, bytes]:
+    """The image index of the platforms just pushed (each by its digest) put under ``tag``: a ``docker pull`` of
+    the tag then takes the manifest of the engine's own platform. Its digest and bytes."""
+    body = image_index([(p.record.digest, p.manifest_size, p.platform or {}) for p in pushed])
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    stored, tagged = client.put_manifest(tag, body, OCI_INDEX)
+    if stored != digest:
+        raise DigestMismatch(f"the registry {target.host} says the image index just pushed as {target.repository}:"
+                             f"{tag} is {stored or 'nothing'}, not {digest}; nothing was recorded")
+    if tagged != digest:
+        now = f"names {tagged} now" if tagged else "names nothing now (it was removed)"
+        on_warning(f"{target.repository}:{tag} {now}, not this push's image index {digest}: another push to the tag "
+                   f"replaced it while this one ran; the index is stored as {target.repository}@{digest}; push again "
+                   "to point the tag at it")
+    return digest, body
 
 
 def _release_blobs(folder: Path, manifest: ReleaseManifest, spool: Path, compression: str,
@@ -1393,8 +1428,9 @@ def merge_record(manifest: ReleaseManifest, record: RegistryRecord) -> ReleaseMa
     """The manifest with ``record`` added (replacing an older push to the same repository and tag);
     None when it already holds that exact push (a second push changes nothing)."""
     for old in manifest.registry:
-        if (old.repository, old.tag, old.digest, old.layers) == (record.repository, record.tag, record.digest,
-                                                                  record.layers):
+        if (old.repository, old.tag, old.digest, old.layers, old.index) == (record.repository, record.tag,
+                                                                             record.digest, record.layers,
+                                                                             record.index):
             return None
     kept = tuple(r for r in manifest.registry if (r.repository, r.tag) != (record.repository, record.tag))
     return manifest.model_copy(update={"registry": kept + (record,)})

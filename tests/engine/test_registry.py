@@ -268,3 +268,48 @@ def test_a_registry_killed_mid_push_is_a_clear_error_and_a_push_after_restart_wo
     assert again.code == 0, again.err
     assert json.loads((folder / "manifest.json").read_text())["registry"][0]["digest"] == json.loads(again.out)["digest"]
     assert cli("verify", str(folder)).code == 0
+
+
+def test_releases_of_two_platforms_are_one_tag_from_which_each_engine_pulls_its_own(cli, reg, tmp_path):
+    # issue 14: "an OCI image index in the registry so docker pull picks the right one" (before: each platform's
+    # release pushed alone under its own tag; no tag named both)
+    amd = make_release(cli, "localhost/unibake-busybox:1", tmp_path / "amd" / "release", "bb-2")
+    arm = make_release(cli, "localhost/unibake-busybox:1-arm64", tmp_path / "arm" / "release", "bb-2")
+    repo = f"{reg.host}/unibake-test/multi"
+    pushed = cli("--json", "push", str(amd), str(arm), "--to", repo, *registry_args(reg))
+    assert pushed.code == 0, pushed.err
+    doc = json.loads(pushed.out)
+    index = doc["index"]["digest"]
+    assert doc["index"] == {"reference": f"{repo}@{index}", "repository": repo, "tag": "bb-2", "digest": index}
+    records = {f: json.loads((f / "manifest.json").read_text())["registry"] for f in (amd, arm)}
+    for folder, [record] in records.items():
+        assert record["tag"] == "bb-2" and record["index"] == index
+        assert record["reference"] == f"{repo}@{record['digest']}"
+        assert f"names an image index (`{index}`)" in (folder / "RELEASE_NOTES.md").read_text()
+        assert cli("verify", str(folder)).code == 0
+        assert subprocess.run(["sh", str(REPO / "scripts" / "verify-release.sh"), str(folder), "--no-load"],
+                              capture_output=True).returncode == 0
+    # the registry's tag is the index, each platform's manifest by its digest
+    body = requests.get(f"https://{reg.host}/v2/unibake-test/multi/manifests/bb-2", auth=(USER, reg.password),
+                        verify=str(reg.ca), headers={"Accept": "application/vnd.oci.image.index.v1+json"}).content
+    assert "sha256:" + hashlib.sha256(body).hexdigest() == index
+    assert sorted((m["platform"]["architecture"], m["digest"]) for m in json.loads(body)["manifests"]) == sorted(
+        (a, records[f][0]["digest"]) for a, f in (("amd64", amd), ("arm64", arm)))
+    # an amd64 engine that pulls the tag gets the amd64 release's image; by the arm64 digest, the arm64 image
+    ids = {f: json.loads((f / "manifest.json").read_text())["image_id"] for f in (amd, arm)}
+    with ScratchEngine(tmp_path / "scratch") as scratch, bridge(reg, scratch.pid):
+        env = {**os.environ, "DOCKER_HOST": scratch.engine.address, "DOCKER_CONFIG": str(reg.auth_file.parent)}
+        done = subprocess.run(["docker", "pull", f"{repo}:bb-2"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert scratch.engine.inspect_image(f"{repo}:bb-2").id == ids[amd]
+        pulled = cli("pull", records[arm][0]["reference"], "--release", str(arm), "--engine", scratch.engine.address,
+                     *registry_args(reg))
+        assert pulled.code == 0, pulled.err
+        assert scratch.engine.inspect_image(records[arm][0]["reference"]).id == ids[arm]
+    # pushed again: nothing uploaded, nothing changed
+    snapshot = {f: files_of(f) for f in (amd, arm)}
+    again = cli("--json", "push", str(arm), str(amd), "--to", repo, *registry_args(reg))
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["index"]["digest"] == index
+    assert [r["uploaded"] for r in json.loads(again.out)["releases"]] == [0, 0]
+    assert {f: files_of(f) for f in (amd, arm)} == snapshot

@@ -27,7 +27,8 @@ from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, record_temp, render_files
 from unibake.registry import (OCI_INDEX, OCI_MANIFEST, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
                               image_manifest,
-                              load_credentials, manifest_config_digest, merge_record, parse_reference, push_release)
+                              load_credentials, manifest_config_digest, merge_record, parse_reference, push_index,
+                              push_release)
 from unibake.signing import check_keys, check_signer
 from unibake.verify import read_sums, verify_folder
 
@@ -431,6 +432,52 @@ def test_recording_a_push_never_drops_a_folder_or_link_put_in_the_release_folder
     assert load_manifest(folder) == manifest
     pushed = cli("push", str(folder), "--to", "localhost:1/a")  # said before anything is uploaded
     assert pushed.code == 2 and "which is not a file" in pushed.error_lines[-1]
+
+
+ARM64 = {**METADATA, "platform": "linux/arm64"}
+
+
+def test_several_platforms_are_pushed_by_digest_and_one_image_index_names_them_under_the_tag(tmp_path):
+    # issue 14: "an OCI image index in the registry so docker pull picks the right one"; before, each platform's
+    # release was pushed alone, each under its own tag (1.3.1, 1.3.1-arm64), and no tag named both
+    amd, _ = make_release(tmp_path / "amd" / "release")
+    arm, _ = make_release(tmp_path / "arm" / "release", metadata=ARM64)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    registry, warned = RecordingClient(), []
+    pushed = [push_release(f, load_manifest(f), target, registry, temp_dir=tmp_path, index_tag="1.3.1")
+              for f in (arm, amd)]
+    assert set(registry.manifests) == {p.record.digest for p in pushed}  # each by its digest: no tag moved yet
+    assert [p.record.tag for p in pushed] == ["1.3.1", "1.3.1"]
+    digest, body = push_index(registry, target, "1.3.1", pushed, warned.append)
+    assert registry.manifests["1.3.1"] == body and digest == "sha256:" + hashlib.sha256(body).hexdigest()
+    document = json.loads(body)
+    assert document["mediaType"] == OCI_INDEX and document["schemaVersion"] == 2
+    arm_push, amd_push = pushed
+    assert document["manifests"] == [  # by platform, whatever order the folders came in
+        {"mediaType": OCI_MANIFEST, "digest": amd_push.record.digest, "size": len(registry.manifests[
+            amd_push.record.digest]), "platform": {"architecture": "amd64", "os": "linux"}},
+        {"mediaType": OCI_MANIFEST, "digest": arm_push.record.digest, "size": len(registry.manifests[
+            arm_push.record.digest]), "platform": {"architecture": "arm64", "os": "linux"}}]
+    assert push_index(RecordingClient(), target, "1.3.1", pushed[::-1], warned.append)[0] == digest and not warned
+    # the index names what each manifest is: its config is that platform's image
+    for p, folder in ((arm_push, arm), (amd_push, amd)):
+        assert json.loads(registry.manifests[p.record.digest])["config"]["digest"] == load_manifest(folder).image_id
+
+
+def test_a_push_of_several_folders_is_one_product_and_version_each_of_another_platform(tmp_path, cli):
+    amd, _ = make_release(tmp_path / "amd" / "release")
+    other_amd, _ = make_release(tmp_path / "amd2" / "release")
+    arm, _ = make_release(tmp_path / "arm" / "release", metadata=ARM64)
+    newer_arm, _ = make_release(tmp_path / "arm2" / "release", "1.4.0", metadata={**ARM64, "version": "1.4.0"})
+    for folders, said in (((amd, other_amd), f"{amd} and {other_amd} are both linux/amd64: an image index holds "
+                                             "one image per platform"),
+                          ((amd, newer_arm), f"{amd} is demo-llm 1.3.1 and {newer_arm} is demo-llm 1.4.0: one push "
+                                             "of several folders makes one image index"),
+                          ((amd, arm, amd), f"push: the release folder {amd} is given twice")):
+        pushed = cli("push", *map(str, folders), "--to", "localhost:1/a")  # said before anything is uploaded
+        assert pushed.code == 2 and said in pushed.error_lines[-1], pushed.err
+        assert len(pushed.error_lines) == 1 and "==> verify" not in pushed.err  # before the archives are read
+    assert load_manifest(amd).registry == () and load_manifest(arm).registry == ()
 
 
 @pytest.mark.parametrize("notes", ["latin-1", "huge"])
