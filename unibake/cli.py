@@ -1128,27 +1128,40 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine, refuse_docker_context
-    from .registry import RegistryClient, check_remote, find_release_by_digest, parse_reference, pull_into
+    from .registry import (RegistryClient, check_remote, find_release_by_digest, find_release_by_index,
+                           parse_reference, pull_into)
     from .verify import check_folder_arg, check_signed, trusted_manifest
 
     ref = parse_reference(args.ref, what="the reference", digest=True)
     deadline = _check_pull_deadline(args)
     refuse_docker_context(args.engine, ctx.env)  # before the registry is asked
+    engine = None
     if args.release:
         folder = check_folder_arg(resolved(ctx.cwd / args.release))
     else:
         out = _out(args, ctx.cwd)
         folder = find_release_by_digest(out, ref.digest)
         if folder is None:
+            # an image index several platforms' releases were pushed under: the release of the engine's platform
+            engine = DockerEngine(args.engine, ctx.env)
+            folder = find_release_by_index(out, ref, engine.platform(), engine.address)
+        if folder is None:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")
     m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
+    if not any(r.digest == ref.digest for r in m.registry):
+        record = next((r for r in reversed(m.registry) if r.index == ref.digest and r.repository == ref.repository),
+                      None)
+        if record is not None:  # the index names this release's image among others: that image is pulled
+            ctx.reporter.info(f"{ref.pinned} is the image index release {m.release} was pushed under with the "
+                              f"releases of its other platforms: pulling its {m.platform} image {record.digest}")
+            ref = parse_reference(record.reference, what=f"release {m.release}'s record", digest=True)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
             info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress)
-    engine = DockerEngine(args.engine, ctx.env)
+    engine = engine or DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
             ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:
         image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn,

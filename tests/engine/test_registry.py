@@ -306,6 +306,16 @@ def test_releases_of_two_platforms_are_one_tag_from_which_each_engine_pulls_its_
                      *registry_args(reg))
         assert pulled.code == 0, pulled.err
         assert scratch.engine.inspect_image(records[arm][0]["reference"]).id == ids[arm]
+        # build.py pull by the index's digest: the release of the engine's platform among those under --out
+        by_index = cli("--json", "pull", f"{repo}@{index}", "--engine", scratch.engine.address, "--out",
+                       str(amd.parent), *registry_args(reg))
+        assert by_index.code == 0, by_index.err
+        assert json.loads(by_index.out)["reference"] == records[amd][0]["reference"]
+        assert "is the image index release bb-2 was pushed under" in by_index.err
+        other = cli("pull", f"{repo}@{index}", "--engine", scratch.engine.address, "--out", str(arm.parent),
+                    *registry_args(reg))
+        assert other.code == 2 and "is the image index of the releases linux/arm64 (bb-2)" in other.error_lines[-1]
+        assert "the engine at" in other.error_lines[-1] and "is linux/amd64" in other.error_lines[-1]
     # pushed again: nothing uploaded, nothing changed
     snapshot = {f: files_of(f) for f in (amd, arm)}
     again = cli("--json", "push", str(arm), str(amd), "--to", repo, *registry_args(reg))

@@ -27,8 +27,8 @@ from unibake.notes import Notes
 from unibake.publish import ReleaseFolder, build_manifest, publish, record_temp, render_files
 from unibake.registry import (OCI_INDEX, OCI_MANIFEST, Blob, Credentials, Reference, RegistryClient, Retry, check_remote,
                               image_manifest,
-                              load_credentials, manifest_config_digest, merge_record, parse_reference, push_index,
-                              push_release)
+                              find_release_by_index, load_credentials, manifest_config_digest, merge_record,
+                              parse_reference, push_index, push_release)
 from unibake.signing import check_keys, check_signer
 from unibake.verify import read_sums, verify_folder
 
@@ -462,6 +462,29 @@ def test_several_platforms_are_pushed_by_digest_and_one_image_index_names_them_u
     # the index names what each manifest is: its config is that platform's image
     for p, folder in ((arm_push, arm), (amd_push, amd)):
         assert json.loads(registry.manifests[p.record.digest])["config"]["digest"] == load_manifest(folder).image_id
+
+
+def test_a_pull_by_the_index_digest_takes_the_release_of_the_engine_s_platform(tmp_path):
+    out = tmp_path / "release"
+    amd, _ = make_release(out, "1.3.1")
+    arm, _ = make_release(out, "1.3.1-arm64", metadata=ARM64)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    registry = RecordingClient()
+    pushed = [push_release(f, load_manifest(f), target, registry, temp_dir=tmp_path, index_tag="1.3.1")
+              for f in (amd, arm)]
+    index, _ = push_index(registry, target, "1.3.1", pushed, print)
+    for folder, p in zip((amd, arm), pushed):
+        manifest = load_manifest(folder)
+        amend.amend_release(folder, merge_record(manifest, p.record.model_copy(update={"index": index})),
+                            read_sums(folder), tmp_path / "checksums")
+    ref = parse_reference(f"reg.example:5000/team/demo-llm@{index}", what="the reference", digest=True)
+    assert find_release_by_index(out, ref, "linux/arm64", "unix:///e") == arm
+    assert find_release_by_index(out, ref, "linux/amd64", "unix:///e") == amd
+    with pytest.raises(InputError, match=r"is the image index of the releases linux/amd64 \(1\.3\.1\), linux/arm64 "
+                                         r"\(1\.3\.1-arm64\) under .*; the engine at unix:///e is linux/s390x"):
+        find_release_by_index(out, ref, "linux/s390x", "unix:///e")
+    elsewhere = parse_reference(f"reg.example:5000/team/other@{index}", what="the reference", digest=True)
+    assert find_release_by_index(out, elsewhere, "linux/amd64", "unix:///e") is None  # another repository's
 
 
 def test_a_push_of_several_folders_is_one_product_and_version_each_of_another_platform(tmp_path, cli):
