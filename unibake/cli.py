@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "zstd and structure).")
     rl.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
     rl.add_argument("--deep", action="store_true", help="also check zstd integrity and the archive's structure")
+    rl.add_argument("--check", action="store_true",
+                    help="exit 3 when a release does not verify (its state is not 'verifies'), after the list; for "
+                         "scripts and CI (without it the list is exit 0 whatever the states)")
 
     lk = command("lock", "rewrite inputs.lock from the inputs as they are now",
                  "Hash every input the profiles bake in and rewrite profiles/inputs.lock; lists what changed.")
@@ -857,11 +860,14 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         rows = [row[:1] + row[2:] for row in rows]
     if rows:
         ctx.reporter.table(f"releases in {where}", columns, rows)
-    failing = sum(1 for r in document if r["state"] != "verifies")
+    failing = [r["release"] for r in document if r["state"] != "verifies"]
     final = f"no releases under {where}" if not rows else \
-        f"{counted(len(rows), 'release')} under {where}; {len(rows) - failing} " \
-        f"{'verifies' if len(rows) - failing == 1 else 'verify'}"
-    return Outcome(document={"folder": str(out), "releases": document}, final=final)
+        f"{counted(len(rows), 'release')} under {where}; {len(rows) - len(failing)} " \
+        f"{'verifies' if len(rows) - len(failing) == 1 else 'verify'}"
+    error = VerificationError(f"{counted(len(failing), 'release')} under {where} "
+                              f"{'does' if len(failing) == 1 else 'do'} not verify: {', '.join(failing[:5])}"
+                              + (", ..." if len(failing) > 5 else "")) if args.check and failing else None
+    return Outcome(document={"folder": str(out), "releases": document}, final=final, error=error)
 
 
 def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:

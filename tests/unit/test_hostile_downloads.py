@@ -431,6 +431,19 @@ def test_releases_does_not_call_a_folder_whose_sums_leave_out_its_archive_verifi
     assert row["state"].startswith("FAILS") and name in row["state"], row
 
 
+def test_releases_check_is_exit_3_naming_the_releases_that_do_not_verify_after_the_list(cli, tmp_path):
+    # for a CI script: the listing alone is exit 0 whatever the states (rows saying FAILS); --check is exit 3
+    good = make_release(tmp_path / "release", "1.3.0")[0]
+    bad = make_release(tmp_path / "release", "1.3.1")[0]
+    assert cli("releases", "--check", "--out", str(good.parent)).code == 0
+    (bad / "IMAGE_ID").write_text("sha256:" + "0" * 64 + "\n")
+    plain = cli("--json", "releases", "--out", str(good.parent))
+    assert plain.code == 0 and [r["state"][:5] for r in json.loads(plain.out)["releases"]] == ["verif", "FAILS"]
+    checked = cli("--json", "releases", "--check", "--out", str(good.parent))
+    assert checked.code == 3 and json.loads(checked.out) == json.loads(plain.out)  # the list first, whole
+    assert checked.error_lines == [f"error: 1 release under {good.parent} does not verify: 1.3.1"]
+
+
 def test_a_provenance_of_many_subjects_is_checked_in_linear_time():
     # each subject counted once, not once per subject: 40,000 (4 MB, under the 64 MiB limit) took 35 s
     import time
