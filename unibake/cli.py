@@ -1149,8 +1149,11 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
         folder = find_release_by_digest(out, ref.digest)
         if folder is None:
             # an image index several platforms' releases were pushed under: the release of the engine's platform
-            engine = DockerEngine(args.engine, ctx.env)
-            folder = find_release_by_index(out, ref, engine.platform(), engine.address)
+            def engine_platform() -> tuple[str, str]:  # asked only when a release records that index
+                nonlocal engine
+                engine = DockerEngine(args.engine, ctx.env)
+                return engine.platform(), engine.address
+            folder = find_release_by_index(out, ref, engine_platform)
         if folder is None:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")

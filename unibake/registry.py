@@ -1450,21 +1450,23 @@ def find_release_by_digest(out: Path, digest: str) -> Path | None:
     return None
 
 
-def find_release_by_index(out: Path, ref: Reference, platform: str, engine: str) -> Path | None:
-    """The release folder under ``out`` of ``platform`` (the engine's) among those pushed together under the
-    image index ``ref.digest`` to ``ref``'s repository; None when no release records that index. An index
-    of no release of that platform is exit 2, naming the platforms it has."""
+def find_release_by_index(out: Path, ref: Reference, engine: Callable[[], tuple[str, str]]) -> Path | None:
+    """The release folder under ``out`` of the engine's platform among those pushed together under the image
+    index ``ref.digest`` to ``ref``'s repository; None when no release records that index (the engine is
+    then not asked). ``engine()`` gives the engine's platform and address. An index of no release of that
+    platform is exit 2, naming the platforms it has."""
     from .publish import find_releases
 
     found = [(f.folder, f.manifest.platform) for f in find_releases(out) if f.manifest is not None and any(
         r.index == ref.digest and r.repository == ref.repository for r in f.manifest.registry)]
     if not found:
         return None
+    platform, engine_address = engine()
     mine = [folder for folder, of in found if of == platform]
     if len(mine) != 1:
         has = ", ".join(sorted(f"{of} ({folder.name})" for folder, of in found))
-        raise InputError(f"{ref.pinned} is the image index of the releases {has} under {out}; the engine at {engine} "
-                         f"is {platform or 'of a platform it does not say'}" + (
+        raise InputError(f"{ref.pinned} is the image index of the releases {has} under {out}; the engine at "
+                         f"{engine_address} is {platform or 'of a platform it does not say'}" + (
                              "" if not mine else ", and more than one release of it records the index") +
                          ": pull one by its own digest (its notes give it) or name it with --release DIR")
     return mine[0]
