@@ -112,8 +112,8 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool 
                         "writes it there already)")
     if engine:  # deploy has its own, repeatable --engine
         g.add_argument("--engine", metavar="URL", default=default(None),
-                       help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
-                            "(default: DOCKER_HOST, else the local socket)")
+                       help="Docker engine address, for a command that reaches one: unix:///path, tcp://host:port "
+                            "or ssh://user@host (default: DOCKER_HOST, else the local socket)")
     g.add_argument("-V", "--tool-version", action=_ToolVersion, nargs=0, help="print unibake's own version and exit")
 
 
@@ -1505,13 +1505,25 @@ RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the rel
                 "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
                 "--verify-engine": "chooses the round trip's engine",
                 "--sequential": "chooses how the release's archive and round trip are made"}
-BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's"}
+BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's",
+              "--engine": "names the engine that builds the image"}
+# the commands that reach no engine: the global --engine, taken and ignored there, would let a CI line believe it
+# worked on that engine (verify reaches one only with --load; build's --stage render is said with the stages)
+NO_ENGINE = {"releases": "it reads the release folders", "lock": "it hashes the profiles' inputs",
+             "kit": "it writes the kit from the release folder and the checkout",
+             "push": "it uploads the image from the release's archive over the registry's API"}
 
 
 def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argparse.Action, str]]) -> None:
     """An option the run would take and then not use is refused, naming what it contradicts (a CI line
     with ``--stage build --sign KEY`` signed nothing, without a word)."""
     names = [name for name, _, _ in given]
+    if "--engine" in names and args.command in NO_ENGINE:
+        raise InputError(f"--engine with {args.command}: {args.command} reaches no engine ({NO_ENGINE[args.command]}); "
+                         "leave out --engine")
+    if "--engine" in names and args.command == "verify" and not args.load:
+        raise InputError("--engine with verify: verify reaches an engine only with --load (the archive loaded there "
+                         "and its image ID compared); add --load, or leave out --engine")
     if args.command == "build" and args.stage != "release":
         unused = {**RELEASE_ONLY, **(BUILD_ONLY if args.stage == "render" else {})}
         name = next((n for n in names if n in unused), None)

@@ -516,7 +516,8 @@ def test_an_out_that_is_a_release_folder_is_refused_naming_its_parent(cli, tmp_p
     folder, _ = make_release(tmp_path / "release", "1.0")
     listed = sorted(p.name for p in folder.iterdir())
     for given in ("release/1.0", "release/1.0/", str(folder)):
-        result = cli(*command, "--out", given, "--engine", "unix:///nowhere.sock", cwd=tmp_path)
+        engine = ["--engine", "unix:///nowhere.sock"] if command != ["releases"] else []  # (releases reaches none)
+        result = cli(*command, "--out", given, *engine, cwd=tmp_path)
         parent = "release" if not given.startswith("/") else str(folder.parent)
         assert result.code == 2 and result.error_lines == [
             f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that "
@@ -590,7 +591,7 @@ def test_a_folder_argument_this_user_cannot_read_is_bad_input_naming_it(capsys):
             assert said == f"ok: 2 error: {shared / args[1]}: cannot read it (Permission denied); give a release " \
                            "folder this user can read", said
         for args in (["releases", "--out", "locked"], ["prune", "--dry-run", "--out", "locked/1.0"]):
-            said = _as_nobody_in(shared, *args, "--engine", "unix:///nowhere.sock")
+            said = _as_nobody_in(shared, *args, *(["--engine", "unix:///nowhere.sock"] if args[0] == "prune" else []))
             assert said == f"ok: 2 error: --out {args[-1]}: cannot read it (Permission denied)", said
     finally:
         shutil.rmtree(shared)
@@ -676,7 +677,8 @@ def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tm
 
 
 @pytest.mark.parametrize("command", [["verify", "{folder}", "--load"], ["pull", "{ref}", "--release", "{folder}",
-                                                                      "--retries", "0"], ["releases", "--out", "{out}"]])
+                                                                      "--retries", "0"],
+                                     ["prune", "--dry-run", "--out", "{out}"]])
 def test_a_malformed_engine_address_is_refused_before_any_work(cli, tmp_path, command):
     # (before: verify --load read and checked the whole archive first, and a folder that fails said only that;
     # pull asked the registry first)
@@ -735,6 +737,30 @@ def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_
     name = option[0].split("=")[0]
     assert result.error_lines[0].startswith(f"error: {name} with --stage {stage}: "), result.error_lines[0]
     assert not (busybox_product.parent / "dockerfiles").exists()
+
+
+@pytest.mark.parametrize("args,said", [
+    (["releases", "--out", "{tmp}"], "--engine with releases: releases reaches no engine (it reads the release "
+                                     "folders); leave out --engine"),
+    (["lock", "--config", "{tmp}"], "--engine with lock: lock reaches no engine (it hashes the profiles' inputs)"),
+    (["kit", "{tmp}", "--out", "{tmp}/kit"], "--engine with kit: kit reaches no engine (it writes the kit from the "
+                                             "release folder and the checkout)"),
+    (["push", "{tmp}", "--to", "registry.example:5000/demo-llm"], "--engine with push: push reaches no engine (it "
+                                                                  "uploads the image from the release's archive"),
+    (["verify", "{tmp}"], "--engine with verify: verify reaches an engine only with --load (the archive loaded there "
+                          "and its image ID compared); add --load, or leave out --engine"),
+    (["build", "--stage", "render"], "--engine with --stage render: --engine names the engine that builds the image, "
+                                     "and --stage render builds nothing; leave out one of them"),
+])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_engine_given_to_a_command_that_reaches_none_is_refused(cli, tmp_path, args, said, where):
+    # (before: accepted and ignored: a CI line `build.py --engine ssh://ci verify DIR` checked nothing there)
+    engine = ["--engine", "tcp://ci.example:2375"]
+    line = [a.format(tmp=tmp_path) for a in args]
+    result = cli(*(engine + line if where == "before" else line + engine), cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f"error: {said}"), result.error_lines[0]
+    assert os.listdir(tmp_path) == []
 
 
 def test_what_a_stage_run_uses_is_still_accepted(cli, busybox_product, tmp_path):
