@@ -1504,7 +1504,8 @@ RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the rel
                 "--long": "shapes the release's archive", "--no-roundtrip": "skips the release's round trip",
                 "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
                 "--verify-engine": "chooses the round trip's engine",
-                "--sequential": "chooses how the release's archive and round trip are made"}
+                "--sequential": "chooses how the release's archive and round trip are made",
+                "--scratch-dir": "is where the round trip's scratch engine keeps its data"}
 BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's",
               "--engine": "names the engine that builds the image"}
 # the commands that reach no engine: the global --engine, taken and ignored there, would let a CI line believe it
@@ -1543,6 +1544,13 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
                                             "it loads into that engine" if other == "--verify-engine" else
                                             "the round trip always starts an empty engine") +
                              "; leave out one of them")
+    if getattr(args, "scratch_dir", None) and args.command != "prune":  # (prune's is the seeded engines' folder)
+        other = "--no-roundtrip" if args.no_roundtrip else "--verify-engine" if args.verify_engine else None
+        if other:  # (--stage render|build is said above)
+            raise InputError(f"--scratch-dir with {other}: --scratch-dir is where the round trip's scratch engine "
+                             f"keeps its data, and with {other} " +
+                             ("no round trip runs" if other == "--no-roundtrip" else
+                              "the round trip loads into that engine, none is started") + "; leave out one of them")
     if args.command == "deploy" and args.source == "registry" and args.temp_dir and not args.ref:
         raise InputError("--temp-dir with --from registry goes with --ref: the release's own recorded push is "
                          "pulled as it is, nothing is compressed again; leave out --temp-dir")

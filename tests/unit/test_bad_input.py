@@ -738,6 +738,9 @@ ARGUMENT_CASES = {
     # --no-seed where no seeded engine is used: taken and ignored
     "no-seed-with-sequential": ["--no-seed", "--sequential"],
     "no-seed-with-no-roundtrip": ["--no-roundtrip", "--no-seed"],
+    # --scratch-dir where no scratch engine is started: taken, unchecked, and ignored
+    "scratch-dir-with-stage-build": ["--stage", "build", "--scratch-dir", "/var/tmp/unibake-scratch"],
+    "scratch-dir-with-no-roundtrip": ["--no-roundtrip", "--scratch-dir", "/var/tmp/unibake-scratch"],
 }
 
 

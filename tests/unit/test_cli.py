@@ -729,9 +729,11 @@ def test_repeatable_options_and_flags_may_be_given_again(cli, busybox_product, t
     ("build", ["--level", "3"]), ("build", ["--long"]), ("build", ["--no-roundtrip"]), ("build", ["--no-smoke"]),
     ("build", ["--no-seed"]), ("build", ["--verify-engine", "tcp://verify:2375"]), ("build", ["--sequential"]),
     ("render", ["--sign", "0xKEY"]), ("render", ["--force"]), ("render", ["--no-cache"]), ("render", ["--level=19"]),
+    ("build", ["--scratch-dir", "/var/tmp/s"]), ("render", ["--scratch-dir", "/tmp"]),
 ])
 def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_product, stage, option):
-    # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing)
+    # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing;
+    # --scratch-dir, unchecked, named a folder no scratch engine used)
     result = cli("--config", str(busybox_product), *option, "--stage", stage)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     name = option[0].split("=")[0]
@@ -764,11 +766,11 @@ def test_an_engine_given_to_a_command_that_reaches_none_is_refused(cli, tmp_path
 
 
 def test_what_a_stage_run_uses_is_still_accepted(cli, busybox_product, tmp_path):
-    # --allow is the render's context scan's; --scratch-dir is documented as not checked where unused; --force and
-    # --no-cache are the build's (--stage build --force moves a released tag)
+    # --allow is the render's context scan's; --force and --no-cache are the build's (--stage build --force moves a
+    # released tag)
     from unibake.cli import _check_unused_options, _given_options, build_parser
 
-    result = cli("--config", str(busybox_product), "--stage", "render", "--allow", "^x1$", "--scratch-dir", "/tmp")
+    result = cli("--config", str(busybox_product), "--stage", "render", "--allow", "^x1$")
     assert result.code == 0, result.err
     argv = ["build", "--stage", "build", "--force", "--no-cache", "--out", "o", "--allow", "^x$"]
     parser = build_parser()
@@ -836,12 +838,20 @@ def test_a_run_started_with_stderr_closed_or_full_keeps_its_exit_code_and_json_d
     (["hotfix", "--from", "1.0", "--version", "1.1", "--no-seed", "--verify-engine", "tcp://verify:2375"],
      "error: --no-seed with --verify-engine: "),
     (["archive", "demo:1.0", "--no-seed"], "error: --no-seed with archive: "),
+    (["--no-roundtrip", "--scratch-dir", "s"], "error: --scratch-dir with --no-roundtrip: --scratch-dir is where the "
+                                               "round trip's scratch engine keeps its data, and with --no-roundtrip no "
+                                               "round trip runs; leave out one of them"),
+    (["archive", "demo:1.0", "--scratch-dir", "s", "--verify-engine", "tcp://verify:2375"],
+     "error: --scratch-dir with --verify-engine: "),
+    (["hotfix", "--from", "1.0", "--version", "1.1", "--verify-engine", "tcp://verify:2375", "--scratch-dir", "s"],
+     "error: --scratch-dir with --verify-engine: "),
     (["deploy", "{tmp}", "--from", "registry", "--temp-dir", "{tmp}"], "error: --temp-dir with --from registry goes "
                                                                        "with --ref: "),
 ])
 def test_options_that_contradict_each_other_are_refused_naming_both(cli, tmp_path, args, said):
     # (before: --no-seed was taken and ignored where no seeded engine is used (archive's round trip, the
-    # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed)
+    # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed;
+    # --scratch-dir where no scratch engine is started)
     result = cli(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert result.error_lines[0].startswith(said), result.error_lines[0]
