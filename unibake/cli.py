@@ -1507,7 +1507,8 @@ RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the rel
                 "--sequential": "chooses how the release's archive and round trip are made",
                 "--scratch-dir": "is where the round trip's scratch engine keeps its data"}
 BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's",
-              "--engine": "names the engine that builds the image"}
+              "--engine": "names the engine that builds the image",
+              "--out": "is the folder of the releases (--stage build checks there that it moves no released tag)"}
 # the commands that reach no engine: the global --engine, taken and ignored there, would let a CI line believe it
 # worked on that engine (verify reaches one only with --load; build's --stage render is said with the stages)
 NO_ENGINE = {"releases": "it reads the release folders", "lock": "it hashes the profiles' inputs",

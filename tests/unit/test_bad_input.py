@@ -735,6 +735,7 @@ ARGUMENT_CASES = {
     "force-with-stage-render": ["--force", "--stage", "render"],
     "no-roundtrip-with-stage-render": ["--stage", "render", "--no-roundtrip"],
     "engine-with-stage-render": ["--stage", "render", "--engine", "unix:///run/docker.sock"],  # no engine reached
+    "out-with-stage-render": ["--stage", "render", "--out", "dist"],  # nothing written there
     # --no-seed where no seeded engine is used: taken and ignored
     "no-seed-with-sequential": ["--no-seed", "--sequential"],
     "no-seed-with-no-roundtrip": ["--no-roundtrip", "--no-seed"],

@@ -729,11 +729,11 @@ def test_repeatable_options_and_flags_may_be_given_again(cli, busybox_product, t
     ("build", ["--level", "3"]), ("build", ["--long"]), ("build", ["--no-roundtrip"]), ("build", ["--no-smoke"]),
     ("build", ["--no-seed"]), ("build", ["--verify-engine", "tcp://verify:2375"]), ("build", ["--sequential"]),
     ("render", ["--sign", "0xKEY"]), ("render", ["--force"]), ("render", ["--no-cache"]), ("render", ["--level=19"]),
-    ("build", ["--scratch-dir", "/var/tmp/s"]), ("render", ["--scratch-dir", "/tmp"]),
+    ("build", ["--scratch-dir", "/var/tmp/s"]), ("render", ["--scratch-dir", "/tmp"]), ("render", ["--out", "r"]),
 ])
 def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_product, stage, option):
     # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing;
-    # --scratch-dir, unchecked, named a folder no scratch engine used)
+    # --scratch-dir, unchecked, named a folder no scratch engine used; --stage render --out wrote nothing there)
     result = cli("--config", str(busybox_product), *option, "--stage", stage)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     name = option[0].split("=")[0]
