@@ -34,7 +34,7 @@ from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
 from .files import resolved, unwritable_reason, visible_name, write_atomic
-from .schema import IMAGE_REF_RE, NAME_RE
+from .schema import IMAGE_REF_RE, PRODUCT_RE
 
 # How long deploy waits on an engine that says nothing, per request (``--engine-timeout``): an engine
 # that answered and then stopped answering was waited for an hour a request (docker_engine.TIMEOUT,
@@ -668,8 +668,9 @@ def cmd_archive(args: argparse.Namespace, ctx: Context) -> Outcome:
     if by_digest and not (args.tag and args.product):
         raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
     check_tag(args.tag or release_tag(args.image))
-    if args.product and not NAME_RE.fullmatch(args.product):
-        raise InputError(f"--product {args.product!r} is not valid: lower-case letters, digits, '.', '_' and '-'")
+    if args.product and not PRODUCT_RE.fullmatch(args.product):  # as product.yaml's product: an image repository's
+        raise InputError(f"--product {args.product[:100]!r} is not a product name: lower-case letters and digits, "
+                         "with one '.', '_' or '-' between them (an image repository name), at most 64 characters")
     request = _request(args, ctx, image=args.image, tag=args.tag, product=args.product)
     results = run_stages(selection(ARCHIVE), request, ctx.reporter)
     return _release_outcome(results, "unibake: released")

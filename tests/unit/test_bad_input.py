@@ -788,6 +788,10 @@ def test_bad_arguments_are_refused_before_anything_happens(cli, busybox_product,
 
 @pytest.mark.parametrize("args", [["archive", "x:1", "--tag", "../up"], ["archive", "x:1", "--tag", "a b"],
                                   ["archive", "sha256:" + "0" * 64], ["archive", "x:1", "--product", "Bad Name"],
+                                  # held to product.yaml's pattern (before: NAME_RE's, which takes two separators)
+                                  ["archive", "x:1", "--product", "a..b"],
+                                  ["archive", "sha256:" + "0" * 64, "--tag", "1.0", "--product", "a-.b"],
+                                  ["archive", "x:1", "--product", "a" * 65],
                                   ["hotfix", "--version", "2"], ["verify", "/nonexistent/release"],
                                   # docker-py raises a bare ValueError for these addresses
                                   ["prune", "--dry-run", "--engine", "tcp://host:99999"],
