@@ -513,6 +513,12 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
+    if args.command in ("build", "hotfix", "archive") and getattr(args, "stage", "release") == "release":
+        problem = unwritable_reason(out, folder=True)
+        if problem:  # said before any work (it was found at the release folder, after the plan: exit 1 for most)
+            raise InputError(f"--out {args.out}: cannot write the release there ({problem})" if args.out else
+                             f"cannot write the release in {out} (the default --out: release/ beside the profiles "
+                             f"folder) ({problem}); give --out a folder this user can write")
     request = Request(
         env=ctx.env, cwd=ctx.cwd, config=config, profiles=tuple(getattr(args, "profile", ())),
         version=getattr(args, "version", None), out=out, force=getattr(args, "force", False),

@@ -277,8 +277,9 @@ def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o64
 
 def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
     """Why a file (with ``folder``, a folder to write files in) cannot be made at ``path``, its
-    folders made as needed; None if it can. Checked before the work that ends in writing it, making
-    nothing (a refused run leaves no empty folder)."""
+    folders made as needed; None if it can. Checked before the work that ends in writing it, leaving
+    nothing (a refused run leaves no empty folder): what access() cannot tell (root in /proc or /sys,
+    a security module's refusal) is tried with a probe of a unique name, removed at once."""
     # (os.path's tests, not Path's: under a folder this user cannot search, Path.is_dir raised PermissionError)
     if os.path.isdir(path) and not folder:
         return f"{path} is a folder, not a file"
@@ -289,4 +290,14 @@ def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
         return f"{existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    makes_folder = existing != (path if folder else path.parent)  # the first step: a folder made, or a file
+    try:
+        if makes_folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".unibake-probe-", dir=existing))
+        else:
+            fd, probe = tempfile.mkstemp(prefix=".unibake-probe-", dir=existing)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return f"{existing} takes no new {'folder' if makes_folder else 'file'}: {exc.strerror}"
     return None

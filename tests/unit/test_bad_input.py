@@ -736,6 +736,7 @@ ARGUMENT_CASES = {
     "no-roundtrip-with-stage-render": ["--stage", "render", "--no-roundtrip"],
     "engine-with-stage-render": ["--stage", "render", "--engine", "unix:///run/docker.sock"],  # no engine reached
     "out-with-stage-render": ["--stage", "render", "--out", "dist"],  # nothing written there
+    "out-that-takes-no-folder": ["--out", "/proc/unibake-release"],  # said at the release folder, exit 1 (root too)
     # --no-seed where no seeded engine is used: taken and ignored
     "no-seed-with-sequential": ["--no-seed", "--sequential"],
     "no-seed-with-no-roundtrip": ["--no-roundtrip", "--no-seed"],

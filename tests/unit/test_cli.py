@@ -409,6 +409,31 @@ def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):
             f"error: --out {out}: cannot write the kit there ({tmp_path / 'file'} is not a folder)"], result.err
 
 
+@pytest.mark.parametrize("args,said", [
+    (["kit", "{release}", "--out", "/proc/unibake-kit"], "error: --out /proc/unibake-kit: cannot write the kit there "
+                                                         "(/proc "),
+    (["kit", "{release}", "--out", "/proc"], "error: --out /proc: cannot write the kit there (/proc "),
+    (["--config", "{profiles}", "--out", "/proc/unibake-release"],
+     "error: --out /proc/unibake-release: cannot write the release there (/proc "),
+    (["archive", "demo:1.0", "--out", "/sys/unibake-release"], "error: --out /sys/unibake-release: cannot write the "
+                                                               "release there (/sys "),
+    (["--metadata-file", "/proc/unibake.json", "--stage", "render", "--config", "{profiles}"],
+     "error: --metadata-file /proc/unibake.json: cannot write it there (/proc "),
+])
+def test_an_output_path_the_system_refuses_is_bad_input_said_before_any_work(cli, tmp_path, busybox_product, args,
+                                                                             said):
+    # /proc and /sys take no new file, root's neither, though access() says root may write there (before: kit and
+    # archive were exit 1, "/proc/unibake-kit: No such file or directory"; a build rendered first; the metadata
+    # file failed at the end, after the work)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    result = cli(*[a.format(release=folder, profiles=busybox_product) for a in args])
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(said), result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists() and not os.path.lexists("/proc/unibake-kit")
+
+
 def test_hotfix_help_says_its_version_is_required_not_defaulted(cli):
     hotfix, build = cli("hotfix", "--help"), cli("build", "--help")
     assert hotfix.code == build.code == 0
