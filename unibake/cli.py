@@ -33,7 +33,7 @@ from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
-from .files import resolved, unwritable_reason, visible_name, write_atomic
+from .files import ATOMIC_TEMP_AGE, resolved, unwritable_reason, visible_name, write_atomic
 from .schema import IMAGE_REF_RE, PRODUCT_RE
 
 # How long deploy waits on an engine that says nothing, per request (``--engine-timeout``): an engine
@@ -263,13 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
                  "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
                  "the next release on that base seeds one again), except one a run is using; and what a killed "
-                 "run left under --out (.TAG.partial, .TAG.amend, .TAG.old beside TAG), except under a run. "
-                 "Release folders are never touched.")
+                 "run left under --out (.TAG.partial, .TAG.amend, .TAG.old beside TAG), except under a run; and the "
+                 "temporary files of writes a killed run left (.inputs.lock.XXXXXXXX.tmp in the profiles folder, "
+                 "the rendered copies', the memos' in .cache/ and the user's cache), this user's, unchanged for "
+                 f"{ATOMIC_TEMP_AGE // 60} minutes. Release folders are never touched.")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
-    pr.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
+    pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     pr.add_argument("--scratch-dir", metavar="DIR",
                     help="the scratch folder whose seeded verify engines to remove (default: /var/tmp/unibake-UID)")
+    pr.add_argument("--config", metavar="DIR",
+                    help="the profiles folder of the project whose temporary files killed writes left to remove "
+                         "(default: profiles)")
 
     ps = command("push", "push a release's image to a registry and record its digest in the release",
                  "Check the release folder, upload its image from the archive over the registry API (no engine needed) "
@@ -472,7 +477,7 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
             raise InputError(f"--out {args.out}: a release folder (it holds manifest.json and SHA256SUMS), not the "
                              f"folder that holds the releases: give its parent, --out {parent}")
         return out
-    config = getattr(args, "config", "profiles")
+    config = getattr(args, "config", None) or "profiles"  # (prune's is None when not given)
     return resolved(cwd / config).parent / "release"
 
 
@@ -909,14 +914,46 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document={"lock": str(lock_path), "inputs": len(after), **changed}, final=final)
 
 
+def _temporary_places(config: Path, given: bool, env: Mapping[str, str]):
+    """Where unibake writes files through a temporary one (files.write_atomic), and which: the project's (when
+    ``config`` is a profiles folder; one ``given`` that is not is exit 2) and the user's cache."""
+    from .inputs import LOCK_FILE
+    from .pipeline import BUILD_MEMO, NORMALISED, sanitise_cache
+    from .profiles import PRODUCT_FILE
+    from .prune import Place
+    from .render import RENDERED, RENDERED_FILES
+
+    places = []
+    if os.path.isfile(config / PRODUCT_FILE):
+        root = config.parent
+        places.append(Place(folder=config, top=config, names=frozenset({LOCK_FILE})))
+        try:
+            selections = sorted(os.listdir(root / RENDERED)) if not os.path.islink(root / RENDERED) else []
+        except OSError:  # none rendered yet
+            selections = []
+        places += [Place(folder=root / RENDERED / name, top=root, names=frozenset(RENDERED_FILES))
+                   for name in selections]
+        places += [Place(folder=root / memo, top=root) for memo in (BUILD_MEMO, NORMALISED)]
+    elif given:
+        raise InputError(f"--config {config}: no {PRODUCT_FILE} there: give the profiles folder of the project")
+    cache = sanitise_cache(env)
+    if cache is not None:  # the sanitisation gate's memos, and the build memos' key (written under its pid's name)
+        places.append(Place(folder=cache, top=cache.parent.parent))
+        places.append(Place(folder=cache.parent, top=cache.parent.parent,
+                            pattern=re.compile(r"^\.(?P<name>build-memo\.key)\.[0-9]+\.tmp$")))
+    return places
+
+
 def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
-    from .prune import prune, remove_leftovers
+    from .prune import prune, remove_leftovers, remove_temporary_files
     from .scratch import check_private, prune_seeds
 
     if args.keep < 0:
         raise InputError(f"--keep {args.keep} must be 0 or more")
     out = _out(args, ctx.cwd, existing=True)
+    places = _temporary_places(resolved(ctx.cwd / (args.config or "profiles")), args.config is not None,
+                               ctx.env)  # before any work
     scratch = (ctx.cwd / args.scratch_dir) if args.scratch_dir else Path("/var/tmp") / f"unibake-{os.geteuid()}"
     try:
         if scratch.exists() or scratch.is_symlink():
@@ -930,6 +967,10 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     leftovers = remove_leftovers(out, dry_run=args.dry_run)
     for folder in leftovers:
         ctx.reporter.info(f"    {verb} {folder} (left by a run that was killed before it ended)")
+    temporary = remove_temporary_files(places, dry_run=args.dry_run)
+    for path in temporary:
+        ctx.reporter.info(f"    {verb} {path} (the temporary file of a write a killed run left, unchanged for "
+                          f"{ATOMIC_TEMP_AGE // 60} minutes or more)")
     for seed in seeds:
         held = f"holds the base image {seed.base_id}" if seed.base_id else "never seeded to the end"
         ctx.reporter.info(f"    {'kept (a run is using it)' if seed.busy else verb} the seeded verify engine "
@@ -940,10 +981,13 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "kept": [{"image": r.ref, "why": r.why, "kept": r.kept} for r in kept],
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
                                         and not args.dry_run} for s in seeds],
-                             "leftovers": [str(f) for f in leftovers]},
+                             "leftovers": [str(f) for f in leftovers],
+                             "temporary_files": [str(f) for f in temporary]},
                    final=f"{verb} {counted(len(removed), 'image or tag', 'images or tags')} and "
                          f"{counted(len(gone), 'seeded verify engine')}"
                          + (f" and {counted(len(leftovers), 'folder')} left by killed runs" if leftovers else "")
+                         + (f" and {counted(len(temporary), 'temporary file')} left by killed writes" if temporary
+                            else "")
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 

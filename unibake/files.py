@@ -239,6 +239,13 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
     path.mkdir(mode=mode)
 
 
+# how long (since its last change) a temporary file of write_atomic must be left to be a killed writer's, which
+# prune removes: a writer holds its file for one write, fsync and rename of a small file (a lock, a rendered copy, a
+# memo, a release's text file), never minutes; the writers hold no lock to ask, and a pid in the name would not
+# tell (another container's pid namespace, a pid reused since)
+ATOMIC_TEMP_AGE = 15 * 60
+
+
 def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:
     """Write ``folder/name`` via a temporary file of this writer's own in ``folder`` (``.NAME.XXXXXXXX.tmp``,
     made by tempfile; ``temp``: that name instead), fsynced; returns its sha256. Two runs writing one file
