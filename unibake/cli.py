@@ -1603,6 +1603,11 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
                              f"keeps its data, and with {other} " +
                              ("no round trip runs" if other == "--no-roundtrip" else
                               "the round trip loads into that engine, none is started") + "; leave out one of them")
+    registry = next((n for n in names if n in ("--auth-file", "--ca-file", "--retries")), None)
+    if args.command == "deploy" and args.source == "archive" and registry:  # (the default --from)
+        raise InputError(f"{registry} with --from archive: {registry} is for the registry a pull reaches, and --from "
+                         "archive loads the release's archive, asking no registry; leave out one of them (or give "
+                         "--from registry)")
     if args.command == "deploy" and args.source == "registry" and args.temp_dir and not args.ref:
         raise InputError("--temp-dir with --from registry goes with --ref: the release's own recorded push is "
                          "pulled as it is, nothing is compressed again; leave out --temp-dir")

@@ -872,11 +872,18 @@ def test_a_run_started_with_stderr_closed_or_full_keeps_its_exit_code_and_json_d
      "error: --scratch-dir with --verify-engine: "),
     (["deploy", "{tmp}", "--from", "registry", "--temp-dir", "{tmp}"], "error: --temp-dir with --from registry goes "
                                                                        "with --ref: "),
+    (["deploy", "{tmp}", "--engine", "unix:///nowhere.sock", "--retries", "99"],
+     "error: --retries with --from archive: --retries is for the registry a pull reaches, and --from archive loads "
+     "the release's archive, asking no registry; leave out one of them (or give --from registry)"),
+    (["deploy", "{tmp}", "--from", "archive", "--engine", "unix:///nowhere.sock", "--auth-file", "{tmp}/none.json"],
+     "error: --auth-file with --from archive: "),
+    (["deploy", "{tmp}", "--ca-file", "{tmp}/ca.pem", "--engine", "unix:///nowhere.sock"],
+     "error: --ca-file with --from archive: "),
 ])
 def test_options_that_contradict_each_other_are_refused_naming_both(cli, tmp_path, args, said):
     # (before: --no-seed was taken and ignored where no seeded engine is used (archive's round trip, the
     # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed;
-    # --scratch-dir where no scratch engine is started)
+    # --scratch-dir where no scratch engine is started; deploy's registry options with --from archive, unchecked)
     result = cli(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert result.error_lines[0].startswith(said), result.error_lines[0]
