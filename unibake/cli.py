@@ -34,8 +34,8 @@ from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
 from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
-from .files import resolved, unwritable_reason, visible_name, write_atomic
-from .schema import IMAGE_REF_RE, NAME_RE
+from .files import ATOMIC_TEMP_AGE, resolved, unwritable_reason, visible_name, write_atomic
+from .schema import IMAGE_REF_RE, PRODUCT_RE
 
 if TYPE_CHECKING:  # (imported where used: a command's start-up imports what it needs only)
     from .manifest import ReleaseManifest
@@ -116,8 +116,8 @@ def _global_options(p: argparse.ArgumentParser, *, suppress: bool, engine: bool 
                         "writes it there already)")
     if engine:  # deploy has its own, repeatable --engine
         g.add_argument("--engine", metavar="URL", default=default(None),
-                       help="Docker engine address: unix:///path, tcp://host:port or ssh://user@host "
-                            "(default: DOCKER_HOST, else the local socket)")
+                       help="Docker engine address, for a command that reaches one: unix:///path, tcp://host:port "
+                            "or ssh://user@host (default: DOCKER_HOST, else the local socket)")
     g.add_argument("-V", "--tool-version", action=_ToolVersion, nargs=0, help="print unibake's own version and exit")
 
 
@@ -270,13 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
                  "container uses is kept. "
                  "Also remove the seeded verify engines kept in the scratch folder (each a copy of a base image; "
                  "the next release on that base seeds one again), except one a run is using; and what a killed "
-                 "run left under --out (.TAG.partial, .TAG.amend, .TAG.old beside TAG), except under a run. "
-                 "Release folders are never touched.")
+                 "run left under --out (.TAG.partial, .TAG.amend, .TAG.old beside TAG), except under a run; and the "
+                 "temporary files of writes a killed run left (.inputs.lock.XXXXXXXX.tmp in the profiles folder, "
+                 "the rendered copies', the memos' in .cache/ and the user's cache), this user's, unchanged for "
+                 f"{ATOMIC_TEMP_AGE // 60} minutes. Release folders are never touched.")
     pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
-    pr.add_argument("--out", metavar="DIR", help=PLAIN_OUT_HELP)
+    pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     pr.add_argument("--scratch-dir", metavar="DIR",
                     help="the scratch folder whose seeded verify engines to remove (default: /var/tmp/unibake-UID)")
+    pr.add_argument("--config", metavar="DIR",
+                    help="the profiles folder of the project whose temporary files killed writes left to remove "
+                         "(default: profiles)")
 
     ps = command("push", "push a release's image to a registry and record its digest in the release",
                  "Check the release folder, upload its image from the archive over the registry API (no engine needed) "
@@ -483,7 +488,7 @@ def _out(args: argparse.Namespace, cwd: Path, *, existing: bool = False) -> Path
             raise InputError(f"--out {args.out}: a release folder (it holds manifest.json and SHA256SUMS), not the "
                              f"folder that holds the releases: give its parent, --out {parent}")
         return out
-    config = getattr(args, "config", "profiles")
+    config = getattr(args, "config", None) or "profiles"  # (prune's is None when not given)
     return resolved(cwd / config).parent / "release"
 
 
@@ -524,6 +529,12 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     config = Path(getattr(args, "config", "profiles"))
     root = resolved(ctx.cwd / config).parent
     out = _out(args, ctx.cwd)
+    if args.command in ("build", "hotfix", "archive") and getattr(args, "stage", "release") == "release":
+        problem = unwritable_reason(out, folder=True)
+        if problem:  # said before any work (it was found at the release folder, after the plan: exit 1 for most)
+            raise InputError(f"--out {args.out}: cannot write the release there ({problem})" if args.out else
+                             f"cannot write the release in {out} (the default --out: release/ beside the profiles "
+                             f"folder) ({problem}); give --out a folder this user can write")
     request = Request(
         env=ctx.env, cwd=ctx.cwd, config=config, profiles=tuple(getattr(args, "profile", ())),
         version=getattr(args, "version", None), out=out, force=getattr(args, "force", False),
@@ -679,8 +690,9 @@ def cmd_archive(args: argparse.Namespace, ctx: Context) -> Outcome:
     if by_digest and not (args.tag and args.product):
         raise InputError(f"{args.image} is not a name:tag; give --tag and --product")
     check_tag(args.tag or release_tag(args.image))
-    if args.product and not NAME_RE.fullmatch(args.product):
-        raise InputError(f"--product {args.product!r} is not valid: lower-case letters, digits, '.', '_' and '-'")
+    if args.product and not PRODUCT_RE.fullmatch(args.product):  # as product.yaml's product: an image repository's
+        raise InputError(f"--product {args.product[:100]!r} is not a product name: lower-case letters and digits, "
+                         "with one '.', '_' or '-' between them (an image repository name), at most 64 characters")
     request = _request(args, ctx, image=args.image, tag=args.tag, product=args.product)
     results = run_stages(selection(ARCHIVE), request, ctx.reporter)
     return _release_outcome(results, "unibake: released")
@@ -916,14 +928,46 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
     return Outcome(document={"lock": str(lock_path), "inputs": len(after), **changed}, final=final)
 
 
+def _temporary_places(config: Path, given: bool, env: Mapping[str, str]):
+    """Where unibake writes files through a temporary one (files.write_atomic), and which: the project's (when
+    ``config`` is a profiles folder; one ``given`` that is not is exit 2) and the user's cache."""
+    from .inputs import LOCK_FILE
+    from .pipeline import BUILD_MEMO, NORMALISED, sanitise_cache
+    from .profiles import PRODUCT_FILE
+    from .prune import Place
+    from .render import RENDERED, RENDERED_FILES
+
+    places = []
+    if os.path.isfile(config / PRODUCT_FILE):
+        root = config.parent
+        places.append(Place(folder=config, top=config, names=frozenset({LOCK_FILE})))
+        try:
+            selections = sorted(os.listdir(root / RENDERED)) if not os.path.islink(root / RENDERED) else []
+        except OSError:  # none rendered yet
+            selections = []
+        places += [Place(folder=root / RENDERED / name, top=root, names=frozenset(RENDERED_FILES))
+                   for name in selections]
+        places += [Place(folder=root / memo, top=root) for memo in (BUILD_MEMO, NORMALISED)]
+    elif given:
+        raise InputError(f"--config {config}: no {PRODUCT_FILE} there: give the profiles folder of the project")
+    cache = sanitise_cache(env)
+    if cache is not None:  # the sanitisation gate's memos, and the build memos' key (written under its pid's name)
+        places.append(Place(folder=cache, top=cache.parent.parent))
+        places.append(Place(folder=cache.parent, top=cache.parent.parent,
+                            pattern=re.compile(r"^\.(?P<name>build-memo\.key)\.[0-9]+\.tmp$")))
+    return places
+
+
 def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine
-    from .prune import prune, remove_leftovers
+    from .prune import prune, remove_leftovers, remove_temporary_files
     from .scratch import check_private, prune_seeds
 
     if args.keep < 0:
         raise InputError(f"--keep {args.keep} must be 0 or more")
     out = _out(args, ctx.cwd, existing=True)
+    places = _temporary_places(resolved(ctx.cwd / (args.config or "profiles")), args.config is not None,
+                               ctx.env)  # before any work
     scratch = (ctx.cwd / args.scratch_dir) if args.scratch_dir else Path("/var/tmp") / f"unibake-{os.geteuid()}"
     try:
         if scratch.exists() or scratch.is_symlink():
@@ -937,6 +981,10 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
     leftovers = remove_leftovers(out, dry_run=args.dry_run)
     for folder in leftovers:
         ctx.reporter.info(f"    {verb} {folder} (left by a run that was killed before it ended)")
+    temporary = remove_temporary_files(places, dry_run=args.dry_run)
+    for path in temporary:
+        ctx.reporter.info(f"    {verb} {path} (the temporary file of a write a killed run left, unchanged for "
+                          f"{ATOMIC_TEMP_AGE // 60} minutes or more)")
     for seed in seeds:
         held = f"holds the base image {seed.base_id}" if seed.base_id else "never seeded to the end"
         ctx.reporter.info(f"    {'kept (a run is using it)' if seed.busy else verb} the seeded verify engine "
@@ -947,10 +995,13 @@ def cmd_prune(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "kept": [{"image": r.ref, "why": r.why, "kept": r.kept} for r in kept],
                              "seeds": [{"folder": str(s.folder), "base_image": s.base_id or None, "removed": not s.busy
                                         and not args.dry_run} for s in seeds],
-                             "leftovers": [str(f) for f in leftovers]},
+                             "leftovers": [str(f) for f in leftovers],
+                             "temporary_files": [str(f) for f in temporary]},
                    final=f"{verb} {counted(len(removed), 'image or tag', 'images or tags')} and "
                          f"{counted(len(gone), 'seeded verify engine')}"
                          + (f" and {counted(len(leftovers), 'folder')} left by killed runs" if leftovers else "")
+                         + (f" and {counted(len(temporary), 'temporary file')} left by killed writes" if temporary
+                            else "")
                          + (f"; kept {len(kept)} that a container, another image or a run uses" if kept else ""))
 
 
@@ -1623,14 +1674,28 @@ RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the rel
                 "--long": "shapes the release's archive", "--no-roundtrip": "skips the release's round trip",
                 "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
                 "--verify-engine": "chooses the round trip's engine",
-                "--sequential": "chooses how the release's archive and round trip are made"}
-BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's"}
+                "--sequential": "chooses how the release's archive and round trip are made",
+                "--scratch-dir": "is where the round trip's scratch engine keeps its data"}
+BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's",
+              "--engine": "names the engine that builds the image",
+              "--out": "is the folder of the releases (--stage build checks there that it moves no released tag)"}
+# the commands that reach no engine: the global --engine, taken and ignored there, would let a CI line believe it
+# worked on that engine (verify reaches one only with --load; build's --stage render is said with the stages)
+NO_ENGINE = {"releases": "it reads the release folders", "lock": "it hashes the profiles' inputs",
+             "kit": "it writes the kit from the release folder and the checkout",
+             "push": "it uploads the image from the release's archive over the registry's API"}
 
 
 def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argparse.Action, str]]) -> None:
     """An option the run would take and then not use is refused, naming what it contradicts (a CI line
     with ``--stage build --sign KEY`` signed nothing, without a word)."""
     names = [name for name, _, _ in given]
+    if "--engine" in names and args.command in NO_ENGINE:
+        raise InputError(f"--engine with {args.command}: {args.command} reaches no engine ({NO_ENGINE[args.command]}); "
+                         "leave out --engine")
+    if "--engine" in names and args.command == "verify" and not args.load:
+        raise InputError("--engine with verify: verify reaches an engine only with --load (the archive loaded there "
+                         "and its image ID compared); add --load, or leave out --engine")
     if args.command == "build" and args.stage != "release":
         unused = {**RELEASE_ONLY, **(BUILD_ONLY if args.stage == "render" else {})}
         name = next((n for n in names if n in unused), None)
@@ -1650,6 +1715,18 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
                                             "it loads into that engine" if other == "--verify-engine" else
                                             "the round trip always starts an empty engine") +
                              "; leave out one of them")
+    if getattr(args, "scratch_dir", None) and args.command != "prune":  # (prune's is the seeded engines' folder)
+        other = "--no-roundtrip" if args.no_roundtrip else "--verify-engine" if args.verify_engine else None
+        if other:  # (--stage render|build is said above)
+            raise InputError(f"--scratch-dir with {other}: --scratch-dir is where the round trip's scratch engine "
+                             f"keeps its data, and with {other} " +
+                             ("no round trip runs" if other == "--no-roundtrip" else
+                              "the round trip loads into that engine, none is started") + "; leave out one of them")
+    registry = next((n for n in names if n in ("--auth-file", "--ca-file", "--retries")), None)
+    if args.command == "deploy" and args.source == "archive" and registry:  # (the default --from)
+        raise InputError(f"{registry} with --from archive: {registry} is for the registry a pull reaches, and --from "
+                         "archive loads the release's archive, asking no registry; leave out one of them (or give "
+                         "--from registry)")
     if args.command == "deploy" and args.source == "registry" and args.temp_dir and not args.ref:
         raise InputError("--temp-dir with --from registry goes with --ref: the release's own recorded push is "
                          "pulled as it is, nothing is compressed again; leave out --temp-dir")

@@ -239,6 +239,13 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
     path.mkdir(mode=mode)
 
 
+# how long (since its last change) a temporary file of write_atomic must be left to be a killed writer's, which
+# prune removes: a writer holds its file for one write, fsync and rename of a small file (a lock, a rendered copy, a
+# memo, a release's text file), never minutes; the writers hold no lock to ask, and a pid in the name would not
+# tell (another container's pid namespace, a pid reused since)
+ATOMIC_TEMP_AGE = 15 * 60
+
+
 def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:
     """Write ``folder/name`` via a temporary file of this writer's own in ``folder`` (``.NAME.XXXXXXXX.tmp``,
     made by tempfile; ``temp``: that name instead), fsynced; returns its sha256. Two runs writing one file
@@ -277,8 +284,9 @@ def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o64
 
 def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
     """Why a file (with ``folder``, a folder to write files in) cannot be made at ``path``, its
-    folders made as needed; None if it can. Checked before the work that ends in writing it, making
-    nothing (a refused run leaves no empty folder)."""
+    folders made as needed; None if it can. Checked before the work that ends in writing it, leaving
+    nothing (a refused run leaves no empty folder): what access() cannot tell (root in /proc or /sys,
+    a security module's refusal) is tried with a probe of a unique name, removed at once."""
     # (os.path's tests, not Path's: under a folder this user cannot search, Path.is_dir raised PermissionError)
     if os.path.isdir(path) and not folder:
         return f"{path} is a folder, not a file"
@@ -289,4 +297,14 @@ def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
         return f"{existing} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
+    makes_folder = existing != (path if folder else path.parent)  # the first step: a folder made, or a file
+    try:
+        if makes_folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".unibake-probe-", dir=existing))
+        else:
+            fd, probe = tempfile.mkstemp(prefix=".unibake-probe-", dir=existing)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return f"{existing} takes no new {'folder' if makes_folder else 'file'}: {exc.strerror}"
     return None

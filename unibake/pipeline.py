@@ -339,7 +339,12 @@ def _write_rendered(run: Run) -> tuple:
     return _one(folder)
 
 
-def _sanitise_cache(env) -> Path | None:
+# the project's memos (.cache/, beside the profiles folder): the build's and normalise's
+BUILD_MEMO = Path(".cache", "build-memo")
+NORMALISED = Path(".cache", "normalised")
+
+
+def sanitise_cache(env) -> Path | None:
     """Where the gate remembers each file's findings by its sha256: the user's own cache folder, not
     the project, so a checkout cannot bring memos that say a file holds no secret (None: no cache,
     when the environment names no home)."""
@@ -354,7 +359,7 @@ def _scan_context(run: Run) -> tuple:
         from .kit import check_context_sizes  # (minutes: a file without newlines is read whole, in chunks)
 
         check_context_sizes(context)
-    findings = scan_context(context_files(context, root), run.request.identity, cache=_sanitise_cache(run.request.env))
+    findings = scan_context(context_files(context, root), run.request.identity, cache=sanitise_cache(run.request.env))
     enforce(findings, run.allow, "the build context")
     return _one(Scan(what="the build context and the Dockerfile", allowed=len(findings)))
 
@@ -526,7 +531,7 @@ def _build(run: Run) -> tuple:
         run.reporter.warn(warning)
     ref = repro_ref(plan.product, run.request.hold) if run.request.hold else plan.tag
     # repro proves a build from its inputs: never from the memo
-    memo = None if run.request.hold else plan.project_root / ".cache" / "build-memo"
+    memo = None if run.request.hold else plan.project_root / BUILD_MEMO
     # each memo signed with a key of the user's own: a memo file a checkout brought is not taken
     memo_key = buildmemo.secret(run.request.env) if memo is not None else None
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
@@ -555,7 +560,7 @@ def _normalise(run: Run) -> tuple:
     context: BuildContext = run["context"]
     with run.reporter.progress("normalise", built.size or None) as advance:
         image = normalise_image(run.engine, built, epoch=run.epoch, base_image=plan.base_image, owned=INSTALL_ROOT,
-                                cache=plan.project_root / ".cache" / "normalised", reuse=not run.request.nocache,
+                                cache=plan.project_root / NORMALISED, reuse=not run.request.nocache,
                                 progress=advance, platform=plan.platform)
     if image.image_id != built.image_id:  # the image the engine built is build cache now, not dangling
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)

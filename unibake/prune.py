@@ -15,7 +15,8 @@ image a container uses is kept, and said; so is the image of a release whose loc
 writing it, a hotfix made on it), and prune holds the lock of each release whose image it removes
 (of a linked folder, ``1.0 -> /mnt/big/1.0``, the target's too).
 With a release folder it cannot read, only build cache goes. What a killed run left under ``--out``
-(``.<tag>.partial``, ..., and its temporary checksums record, an older unibake's too) is removed.
+(``.<tag>.partial``, ..., and its temporary checksums record, an older unibake's too) is removed, and so
+are the temporary files of the writes a killed run left (``files.write_atomic``'s, in the places it writes).
 Release folders and images unibake did not make are never touched.
 """
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -31,7 +34,7 @@ from pathlib import Path
 from .builder import CACHE_REPOSITORY
 from .engine import Engine, ImageSummary
 from .errors import InputError, UnibakeError
-from .files import remove_tree
+from .files import ATOMIC_TEMP_AGE, remove_tree
 from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
@@ -83,6 +86,64 @@ def remove_leftovers(out: Path, *, dry_run: bool = False) -> list[Path]:
         if _remove_unless_in_use(out, tag, lambda: dry_run or remove_tree(entry), (OSError, RecursionError)):
             found.append(entry)
     return found + _record_leftovers(out, dry_run=dry_run)
+
+
+# files.write_atomic's temporary file: ".NAME." (or, for a long NAME, 16 hex digits of its hash), tempfile's 8
+# characters, ".tmp"; a SIGKILL or a power cut between its making and its rename leaves it beside NAME
+ATOMIC_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Place:
+    """A folder unibake writes with write_atomic, and which names it writes there (None: any, a cache of its own)."""
+
+    folder: Path
+    top: Path  # the folder taken as it is (the project's root, the user's cache): no link below it is followed
+    names: frozenset[str] | None = None
+    pattern: re.Pattern = ATOMIC_TEMP_RE
+
+    def linked(self) -> bool:
+        """Whether ``folder``, or a folder between ``top`` and it, is a symbolic link."""
+        return any(os.path.islink(part) for part in (self.folder, *self.folder.parents) if self.top in part.parents)
+
+
+def remove_temporary_files(places: list[Place], *, dry_run: bool = False, now: float | None = None,
+                           min_age: float = ATOMIC_TEMP_AGE) -> list[Path]:
+    """The temporary files killed writes left in ``places``: only a regular file of this user's whose name is one
+    of those writers' temporary names for a file they write there (``.inputs.lock.k3x_9q2a.tmp``), last changed
+    ``min_age`` seconds ago or more (its writer is gone: see :data:`unibake.files.ATOMIC_TEMP_AGE`); removed unless
+    ``dry_run``. A folder that is a link, or under one, is not looked into (its files are not the project's)."""
+    now = time.time() if now is None else now
+    found = []
+    for place in places:
+        if place.linked():
+            continue
+        try:
+            with os.scandir(place.folder) as listed:
+                entries = sorted(listed, key=lambda e: e.name)
+        except OSError:  # none (nothing written there yet), or not readable: nothing of ours to find
+            continue
+        for entry in entries:
+            match = place.pattern.fullmatch(entry.name)
+            if match is None or (place.names is not None and match.group("name") not in place.names):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            # (the later of its times: utime can set the mtime back, not the ctime)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or \
+                    now - max(info.st_mtime, info.st_ctime) < min_age:
+                continue
+            try:
+                if not dry_run:
+                    os.unlink(entry.path)  # (a name: a link put there meanwhile is not followed)
+            except FileNotFoundError:
+                continue
+            except OSError:  # a folder this user cannot change: left
+                continue
+            found.append(Path(entry.path))
+    return found
 
 
 def _remove_unless_in_use(out: Path, tag: str, remove: Callable[[], object],

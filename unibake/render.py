@@ -82,8 +82,7 @@ class BuildContext:
     @property
     def rendered(self) -> dict[str, str]:
         """The reviewable outputs, by file name (as kept under ``dockerfiles/rendered/``)."""
-        return {"Dockerfile": self.dockerfile, "entrypoint.sh": self.entrypoint,
-                "self-check.sh": self.self_check}
+        return dict(zip(RENDERED_FILES, (self.dockerfile, self.entrypoint, self.self_check)))
 
 
 def _sha(data: bytes) -> str:
@@ -384,6 +383,7 @@ class _HashingReader:
         return self._h.hexdigest()
 
 
+RENDERED_FILES = ("Dockerfile", "entrypoint.sh", "self-check.sh")  # in each folder under RENDERED
 RENDERED = Path("dockerfiles", "rendered")  # under the project root: the reviewable copies, one folder per selection
 
 

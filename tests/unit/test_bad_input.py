@@ -734,9 +734,15 @@ ARGUMENT_CASES = {
     "split-with-stage-render": ["--stage", "render", "--split", "1900MiB"],
     "force-with-stage-render": ["--force", "--stage", "render"],
     "no-roundtrip-with-stage-render": ["--stage", "render", "--no-roundtrip"],
+    "engine-with-stage-render": ["--stage", "render", "--engine", "unix:///run/docker.sock"],  # no engine reached
+    "out-with-stage-render": ["--stage", "render", "--out", "dist"],  # nothing written there
+    "out-that-takes-no-folder": ["--out", "/proc/unibake-release"],  # said at the release folder, exit 1 (root too)
     # --no-seed where no seeded engine is used: taken and ignored
     "no-seed-with-sequential": ["--no-seed", "--sequential"],
     "no-seed-with-no-roundtrip": ["--no-roundtrip", "--no-seed"],
+    # --scratch-dir where no scratch engine is started: taken, unchecked, and ignored
+    "scratch-dir-with-stage-build": ["--stage", "build", "--scratch-dir", "/var/tmp/unibake-scratch"],
+    "scratch-dir-with-no-roundtrip": ["--no-roundtrip", "--scratch-dir", "/var/tmp/unibake-scratch"],
 }
 
 
@@ -783,6 +789,10 @@ def test_bad_arguments_are_refused_before_anything_happens(cli, busybox_product,
 
 @pytest.mark.parametrize("args", [["archive", "x:1", "--tag", "../up"], ["archive", "x:1", "--tag", "a b"],
                                   ["archive", "sha256:" + "0" * 64], ["archive", "x:1", "--product", "Bad Name"],
+                                  # held to product.yaml's pattern (before: NAME_RE's, which takes two separators)
+                                  ["archive", "x:1", "--product", "a..b"],
+                                  ["archive", "sha256:" + "0" * 64, "--tag", "1.0", "--product", "a-.b"],
+                                  ["archive", "x:1", "--product", "a" * 65],
                                   ["hotfix", "--version", "2"], ["verify", "/nonexistent/release"],
                                   # docker-py raises a bare ValueError for these addresses
                                   ["prune", "--dry-run", "--engine", "tcp://host:99999"],

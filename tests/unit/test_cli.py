@@ -409,6 +409,31 @@ def test_kit_refuses_an_out_that_is_a_file(cli, tmp_path):
             f"error: --out {out}: cannot write the kit there ({tmp_path / 'file'} is not a folder)"], result.err
 
 
+@pytest.mark.parametrize("args,said", [
+    (["kit", "{release}", "--out", "/proc/unibake-kit"], "error: --out /proc/unibake-kit: cannot write the kit there "
+                                                         "(/proc "),
+    (["kit", "{release}", "--out", "/proc"], "error: --out /proc: cannot write the kit there (/proc "),
+    (["--config", "{profiles}", "--out", "/proc/unibake-release"],
+     "error: --out /proc/unibake-release: cannot write the release there (/proc "),
+    (["archive", "demo:1.0", "--out", "/sys/unibake-release"], "error: --out /sys/unibake-release: cannot write the "
+                                                               "release there (/sys "),
+    (["--metadata-file", "/proc/unibake.json", "--stage", "render", "--config", "{profiles}"],
+     "error: --metadata-file /proc/unibake.json: cannot write it there (/proc "),
+])
+def test_an_output_path_the_system_refuses_is_bad_input_said_before_any_work(cli, tmp_path, busybox_product, args,
+                                                                             said):
+    # /proc and /sys take no new file, root's neither, though access() says root may write there (before: kit and
+    # archive were exit 1, "/proc/unibake-kit: No such file or directory"; a build rendered first; the metadata
+    # file failed at the end, after the work)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release")
+    result = cli(*[a.format(release=folder, profiles=busybox_product) for a in args])
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(said), result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists() and not os.path.lexists("/proc/unibake-kit")
+
+
 def test_hotfix_help_says_its_version_is_required_not_defaulted(cli):
     hotfix, build = cli("hotfix", "--help"), cli("build", "--help")
     assert hotfix.code == build.code == 0
@@ -516,7 +541,8 @@ def test_an_out_that_is_a_release_folder_is_refused_naming_its_parent(cli, tmp_p
     folder, _ = make_release(tmp_path / "release", "1.0")
     listed = sorted(p.name for p in folder.iterdir())
     for given in ("release/1.0", "release/1.0/", str(folder)):
-        result = cli(*command, "--out", given, "--engine", "unix:///nowhere.sock", cwd=tmp_path)
+        engine = ["--engine", "unix:///nowhere.sock"] if command != ["releases"] else []  # (releases reaches none)
+        result = cli(*command, "--out", given, *engine, cwd=tmp_path)
         parent = "release" if not given.startswith("/") else str(folder.parent)
         assert result.code == 2 and result.error_lines == [
             f"error: --out {given}: a release folder (it holds manifest.json and SHA256SUMS), not the folder that "
@@ -590,7 +616,7 @@ def test_a_folder_argument_this_user_cannot_read_is_bad_input_naming_it(capsys):
             assert said == f"ok: 2 error: {shared / args[1]}: cannot read it (Permission denied); give a release " \
                            "folder this user can read", said
         for args in (["releases", "--out", "locked"], ["prune", "--dry-run", "--out", "locked/1.0"]):
-            said = _as_nobody_in(shared, *args, "--engine", "unix:///nowhere.sock")
+            said = _as_nobody_in(shared, *args, *(["--engine", "unix:///nowhere.sock"] if args[0] == "prune" else []))
             assert said == f"ok: 2 error: --out {args[-1]}: cannot read it (Permission denied)", said
     finally:
         shutil.rmtree(shared)
@@ -676,7 +702,8 @@ def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tm
 
 
 @pytest.mark.parametrize("command", [["verify", "{folder}", "--load"], ["pull", "{ref}", "--release", "{folder}",
-                                                                      "--retries", "0"], ["releases", "--out", "{out}"]])
+                                                                      "--retries", "0"],
+                                     ["prune", "--dry-run", "--out", "{out}"]])
 def test_a_malformed_engine_address_is_refused_before_any_work(cli, tmp_path, command):
     # (before: verify --load read and checked the whole archive first, and a folder that fails said only that;
     # pull asked the registry first)
@@ -727,9 +754,11 @@ def test_repeatable_options_and_flags_may_be_given_again(cli, busybox_product, t
     ("build", ["--level", "3"]), ("build", ["--long"]), ("build", ["--no-roundtrip"]), ("build", ["--no-smoke"]),
     ("build", ["--no-seed"]), ("build", ["--verify-engine", "tcp://verify:2375"]), ("build", ["--sequential"]),
     ("render", ["--sign", "0xKEY"]), ("render", ["--force"]), ("render", ["--no-cache"]), ("render", ["--level=19"]),
+    ("build", ["--scratch-dir", "/var/tmp/s"]), ("render", ["--scratch-dir", "/tmp"]), ("render", ["--out", "r"]),
 ])
 def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_product, stage, option):
-    # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing)
+    # (before: accepted and ignored: --stage build --sign KEY signed nothing, --stage render --force forced nothing;
+    # --scratch-dir, unchecked, named a folder no scratch engine used; --stage render --out wrote nothing there)
     result = cli("--config", str(busybox_product), *option, "--stage", stage)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     name = option[0].split("=")[0]
@@ -737,12 +766,36 @@ def test_an_option_a_stage_run_would_ignore_is_refused_naming_both(cli, busybox_
     assert not (busybox_product.parent / "dockerfiles").exists()
 
 
+@pytest.mark.parametrize("args,said", [
+    (["releases", "--out", "{tmp}"], "--engine with releases: releases reaches no engine (it reads the release "
+                                     "folders); leave out --engine"),
+    (["lock", "--config", "{tmp}"], "--engine with lock: lock reaches no engine (it hashes the profiles' inputs)"),
+    (["kit", "{tmp}", "--out", "{tmp}/kit"], "--engine with kit: kit reaches no engine (it writes the kit from the "
+                                             "release folder and the checkout)"),
+    (["push", "{tmp}", "--to", "registry.example:5000/demo-llm"], "--engine with push: push reaches no engine (it "
+                                                                  "uploads the image from the release's archive"),
+    (["verify", "{tmp}"], "--engine with verify: verify reaches an engine only with --load (the archive loaded there "
+                          "and its image ID compared); add --load, or leave out --engine"),
+    (["build", "--stage", "render"], "--engine with --stage render: --engine names the engine that builds the image, "
+                                     "and --stage render builds nothing; leave out one of them"),
+])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_engine_given_to_a_command_that_reaches_none_is_refused(cli, tmp_path, args, said, where):
+    # (before: accepted and ignored: a CI line `build.py --engine ssh://ci verify DIR` checked nothing there)
+    engine = ["--engine", "tcp://ci.example:2375"]
+    line = [a.format(tmp=tmp_path) for a in args]
+    result = cli(*(engine + line if where == "before" else line + engine), cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f"error: {said}"), result.error_lines[0]
+    assert os.listdir(tmp_path) == []
+
+
 def test_what_a_stage_run_uses_is_still_accepted(cli, busybox_product, tmp_path):
-    # --allow is the render's context scan's; --scratch-dir is documented as not checked where unused; --force and
-    # --no-cache are the build's (--stage build --force moves a released tag)
+    # --allow is the render's context scan's; --force and --no-cache are the build's (--stage build --force moves a
+    # released tag)
     from unibake.cli import _check_unused_options, _given_options, build_parser
 
-    result = cli("--config", str(busybox_product), "--stage", "render", "--allow", "^x1$", "--scratch-dir", "/tmp")
+    result = cli("--config", str(busybox_product), "--stage", "render", "--allow", "^x1$")
     assert result.code == 0, result.err
     argv = ["build", "--stage", "build", "--force", "--no-cache", "--out", "o", "--allow", "^x$"]
     parser = build_parser()
@@ -810,12 +863,27 @@ def test_a_run_started_with_stderr_closed_or_full_keeps_its_exit_code_and_json_d
     (["hotfix", "--from", "1.0", "--version", "1.1", "--no-seed", "--verify-engine", "tcp://verify:2375"],
      "error: --no-seed with --verify-engine: "),
     (["archive", "demo:1.0", "--no-seed"], "error: --no-seed with archive: "),
+    (["--no-roundtrip", "--scratch-dir", "s"], "error: --scratch-dir with --no-roundtrip: --scratch-dir is where the "
+                                               "round trip's scratch engine keeps its data, and with --no-roundtrip no "
+                                               "round trip runs; leave out one of them"),
+    (["archive", "demo:1.0", "--scratch-dir", "s", "--verify-engine", "tcp://verify:2375"],
+     "error: --scratch-dir with --verify-engine: "),
+    (["hotfix", "--from", "1.0", "--version", "1.1", "--verify-engine", "tcp://verify:2375", "--scratch-dir", "s"],
+     "error: --scratch-dir with --verify-engine: "),
     (["deploy", "{tmp}", "--from", "registry", "--temp-dir", "{tmp}"], "error: --temp-dir with --from registry goes "
                                                                        "with --ref: "),
+    (["deploy", "{tmp}", "--engine", "unix:///nowhere.sock", "--retries", "99"],
+     "error: --retries with --from archive: --retries is for the registry a pull reaches, and --from archive loads "
+     "the release's archive, asking no registry; leave out one of them (or give --from registry)"),
+    (["deploy", "{tmp}", "--from", "archive", "--engine", "unix:///nowhere.sock", "--auth-file", "{tmp}/none.json"],
+     "error: --auth-file with --from archive: "),
+    (["deploy", "{tmp}", "--ca-file", "{tmp}/ca.pem", "--engine", "unix:///nowhere.sock"],
+     "error: --ca-file with --from archive: "),
 ])
 def test_options_that_contradict_each_other_are_refused_naming_both(cli, tmp_path, args, said):
     # (before: --no-seed was taken and ignored where no seeded engine is used (archive's round trip, the
-    # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed)
+    # sequential one, a --verify-engine, none); deploy's --temp-dir without --ref, where nothing is compressed;
+    # --scratch-dir where no scratch engine is started; deploy's registry options with --from archive, unchecked)
     result = cli(*[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert result.error_lines[0].startswith(said), result.error_lines[0]

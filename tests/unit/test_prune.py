@@ -400,3 +400,90 @@ def test_an_older_release_rebuilt_from_its_kit_loses_the_kit_tag_too(tmp_path):
     prune(engine, out, keep=1)
     assert engine.inspect_image("unibake-kit/demo-llm:1.3.0") is None
     assert engine.inspect_image("demo-llm:1.3.1") is not None
+
+
+def _killed_writing(*args: str, cwd, env=None) -> int:
+    """``build.py ARGS`` (or, with ``args[0] == "write"``, write_atomic(FOLDER, NAME)) SIGKILLed as its first
+    write_atomic renames its temporary file: what a kill at that moment leaves."""
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    script = ("import os, signal, sys\n"
+              "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "if sys.argv[1] == 'write':\n"
+              "    from pathlib import Path\n"
+              "    from unibake.files import write_atomic\n"
+              "    write_atomic(Path(sys.argv[2]), sys.argv[3], 'x')\n"
+              "from unibake.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", **(env or {})}).returncode
+
+
+def test_prune_removes_the_temporary_files_killed_writes_left_and_nothing_else(tmp_path, busybox_product):
+    # (before: a SIGKILLed lock, render or memo left .NAME.XXXXXXXX.tmp beside NAME, and nothing removed it: each
+    # writer has a name of its own, so the next run did not replace it either)
+    import signal
+    import time
+
+    from unibake.cli import _temporary_places
+    from unibake.files import ATOMIC_TEMP_AGE
+    from unibake.prune import remove_temporary_files
+
+    root, cache = busybox_product.parent, tmp_path / "home/.cache"
+    env = {"XDG_CACHE_HOME": str(cache)}
+    assert _killed_writing("lock", "--config", str(busybox_product), cwd=root) == -signal.SIGKILL
+    assert _killed_writing("--stage", "render", "--config", str(busybox_product), cwd=root) == -signal.SIGKILL
+    for folder, name in ((root / ".cache/normalised", "v2-" + "a" * 64 + "-0"),
+                         (root / ".cache/build-memo", "all-native.json"),
+                         (cache / "unibake/sanitise", "r1-" + "b" * 64 + ".json")):
+        folder.mkdir(parents=True)
+        assert _killed_writing("write", str(folder), name, cwd=root) == -signal.SIGKILL
+    left = sorted(p for p in [*root.rglob(".*.tmp"), *cache.rglob(".*.tmp")])
+    assert sorted(p.name.split(".")[1] for p in left) == sorted(["v2-" + "a" * 64 + "-0", "all-native", "Dockerfile",
+                                                                 "inputs", "r1-" + "b" * 64]), left
+    # what is not a killed write's: a user's file of a name no writer there writes, a link, another user's file
+    mine = [busybox_product / ".notes.abcdefgh.tmp", root / "dockerfiles/rendered/all/.README.abcdefgh.tmp",
+            root / "dockerfiles/.Dockerfile.abcdefgh.tmp", busybox_product / ".inputs.lock.tmp"]
+    for path in mine:
+        path.write_text("mine\n")
+    (root / "dockerfiles/rendered/all/.entrypoint.sh.abcdefgh.tmp").symlink_to(busybox_product / "product.yaml")
+    if os.geteuid() == 0:
+        (root / ".cache/normalised/.x.abcdefgh.tmp").write_text("")
+        os.chown(root / ".cache/normalised/.x.abcdefgh.tmp", 65534, 65534)
+    places = _temporary_places(busybox_product, False, env)
+    assert remove_temporary_files(places) == []  # its writer may still be on
+    later = time.time() + ATOMIC_TEMP_AGE + 1
+    assert sorted(remove_temporary_files(places, dry_run=True, now=later)) == left
+    assert all(p.exists() for p in left)
+    assert sorted(remove_temporary_files(places, now=later)) == left
+    assert not any(p.exists() for p in left)
+    assert all(p.read_text() == "mine\n" for p in mine)
+    assert (root / "dockerfiles/rendered/all/.entrypoint.sh.abcdefgh.tmp").is_symlink()
+    assert (busybox_product / "product.yaml").is_file()
+    if os.geteuid() == 0:
+        assert (root / ".cache/normalised/.x.abcdefgh.tmp").exists()
+
+
+def test_prune_looks_into_no_linked_folder_and_refuses_a_config_that_is_no_profiles_folder(tmp_path, busybox_product,
+                                                                                           cli):
+    import time
+
+    from unibake.cli import _temporary_places
+    from unibake.files import ATOMIC_TEMP_AGE
+    from unibake.prune import remove_temporary_files
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".all-native.json.abcdefgh.tmp").write_text("")
+    (busybox_product.parent / ".cache").symlink_to(elsewhere, target_is_directory=True)
+    (elsewhere / "build-memo").mkdir()
+    (elsewhere / "build-memo/.all-native.json.abcdefgh.tmp").write_text("")
+    places = _temporary_places(busybox_product, False, {})
+    assert remove_temporary_files(places, now=time.time() + ATOMIC_TEMP_AGE + 1) == []
+    assert (elsewhere / "build-memo/.all-native.json.abcdefgh.tmp").exists()
+    result = cli("prune", "--dry-run", "--config", str(tmp_path), "--engine", "unix:///nowhere.sock")
+    assert result.code == 2 and result.error_lines == [
+        f"error: --config {tmp_path}: no product.yaml there: give the profiles folder of the project"], result.err

@@ -271,3 +271,17 @@ def test_an_atomic_write_of_a_long_name_or_onto_a_folder_leaves_nothing(tmp_path
     with pytest.raises(OSError):
         write_atomic(tmp_path, "d", "x")  # the rename fails: the temporary file is removed
     assert sorted(os.listdir(tmp_path)) == sorted([name, "d"])
+
+
+def test_an_output_path_is_tried_where_access_cannot_tell_and_nothing_is_left(tmp_path):
+    # root may write /proc and /sys by access(), and they take nothing (before: "can be written", then the write
+    # failed after the work); the probe of a writable folder leaves nothing behind
+    from unibake.files import unwritable_reason
+
+    (tmp_path / "there").mkdir()
+    for path, folder in ((tmp_path / "a/b", True), (tmp_path / "there", True), (tmp_path / "x.json", False),
+                         (tmp_path / "new/x.json", False)):
+        assert unwritable_reason(path, folder=folder) is None
+    assert sorted(os.listdir(tmp_path)) == ["there"] and os.listdir(tmp_path / "there") == []
+    assert unwritable_reason(Path("/proc/unibake-kit"), folder=True).startswith("/proc ")
+    assert unwritable_reason(Path("/proc/x.json")).startswith("/proc ")
