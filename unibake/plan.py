@@ -333,6 +333,17 @@ class ReleasePlan:
                 out.append(f"{p.file}: profile {p.name} runs {_count(p.gpus, 'GPU')}{each} with ipc: "
                            f"{p.topology.ipc} and no shm_size, so its /dev/shm is docker's 64 MiB, which NCCL/RCCL "
                            "and the engine's worker processes outgrow: set topology.shm_size (like 16g), or ipc: host")
+        # more GPUs named than the profile has (UUIDs: a number past its count is refused): its container is given
+        # only its own (run.sh: those of GPUS), and CUDA and ROCm stop at the first named GPU a container lacks;
+        # with GPUS=all it has them all, and an engine takes the first it needs: warned, not refused
+        for p in self.profiles:
+            for key in sorted(VISIBLE_DEVICES_ENV & set(p.env)):
+                named = visible_devices_named(p.env[key])
+                if len(named) > p.gpus:
+                    out.append(f"{p.file}: env {key}={p.env[key][:80]} names {len(named)} GPUs, more than the "
+                               f"{p.gpus} of profile {p.name}: its container is given only its {p.gpus} (run.sh's "
+                               "GPUS), and CUDA and ROCm stop at the first named GPU the container lacks, hiding "
+                               "those after it; name the profile's GPUs alone")
         # a served model name written out that is not launch.model_name: the smoke gate asks for MODEL_NAME, and
         # vLLM answers a request for a model it does not serve with 404
         served: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
@@ -956,6 +967,13 @@ VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", 
                                  "GPU_DEVICE_ORDINAL"})
 
 
+def visible_devices_named(value: str) -> list[str]:
+    """The GPUs a ``*_VISIBLE_DEVICES`` value names, each once (a number by its value: 00 is 0), in order."""
+    items = [item.strip() for item in value.split(",")]
+    return list(dict.fromkeys(str(int(item)) if item.isascii() and item.isdigit() else item
+                              for item in items if item))
+
+
 def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:
     items = [item.strip() for item in value.split(",")]
     numbers = [int(item) for item in items if item.isascii() and item.isdigit()]
@@ -970,6 +988,14 @@ def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where:
         raise InputError(f"{where}: env {key}={value[:80]} names GPU {beyond[0]}, but the container of profile "
                          f"'{profile}' sees only its {gpus} GPU{'s' if gpus > 1 else ''}, numbered from 0 to "
                          f"{gpus - 1} (run.sh gives it those of GPUS): remove it, or number them from 0")
+    named = visible_devices_named(value)
+    if len(named) < gpus:
+        # the engine sees only the GPUs named: CUDA_VISIBLE_DEVICES=0 on a profile of 2 started a tensor-parallel
+        # engine of 2 ranks on one GPU (each GPU counted once: 0,0 is GPU 0)
+        raise InputError(f"{where}: env {key}={value[:80]} names {len(named)} GPU{'s' if len(named) > 1 else ''}, "
+                         f"but profile '{profile}' needs {gpus}: the engine would see only "
+                         f"{'those' if len(named) > 1 else 'that one'}; remove it (the container has the profile's "
+                         f"GPUs alone), or name {gpus}, like {','.join(map(str, range(gpus)))}")
 
 
 def _check_mounts(mounts: dict[str, str], where) -> None:

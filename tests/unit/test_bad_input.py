@@ -534,6 +534,10 @@ def case_gpu_device_ordinal_past_the_profiles_gpus(p):  # ROCm's HIP reads it as
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, GPU_DEVICE_ORDINAL: '4'}")
 
 
+def case_visible_devices_fewer_than_the_profiles_gpus(p):  # the engine would start on 1 GPU of the 2 it needs
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, CUDA_VISIBLE_DEVICES: '1'}")
+
+
 def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
     (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "topology: {ipc: private, shm_size: '16'}\n")
 
@@ -658,6 +662,8 @@ SAYS = {
     "visible_devices_with_an_empty_item": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs from the engine",
     "gpu_device_ordinal_past_the_profiles_gpus": "tp1.yaml:4: env GPU_DEVICE_ORDINAL=4 names GPU 4, but the container "
                                                  "of profile 'tp1' sees only its 1 GPU",
+    "visible_devices_fewer_than_the_profiles_gpus": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES=1 names 1 GPU, but profile "
+                                                    "'tp2' needs 2",
     "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
     "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
                                       "memory than docker's default limit allows: set topology.rdma: true",

@@ -1375,6 +1375,40 @@ def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_i
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
 
 
+@pytest.mark.parametrize("line, message", [
+    ("CUDA_VISIBLE_DEVICES=0", "env CUDA_VISIBLE_DEVICES=0 names 1 GPU, but profile 'tp2' needs 2: the engine would "
+                               "see only that one; remove it (the container has the profile's GPUs alone), or name 2, "
+                               "like 0,1"),
+    ("HIP_VISIBLE_DEVICES=1,", "env HIP_VISIBLE_DEVICES=1, names 1 GPU, but profile 'tp2' needs 2"),
+    ("ROCR_VISIBLE_DEVICES=GPU-5d2b", "names 1 GPU, but profile 'tp2' needs 2"),
+    ("GPU_DEVICE_ORDINAL=0,00", "env GPU_DEVICE_ORDINAL=0,00 names 1 GPU"),  # GPU 0 twice
+])
+def test_a_visible_devices_variable_naming_fewer_gpus_than_the_profile_needs_is_refused(busybox_product, cli, line,
+                                                                                         message):
+    # CUDA_VISIBLE_DEVICES=0 on a profile of 2: the server started with one GPU for two tensor-parallel ranks
+    root = busybox_product.parent
+    (root / "images/gpus.env").write_text(f"# from a one-GPU test\n{line}\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/gpus.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith("error: images/gpus.env:2: env ") and message in result.error_lines[0]
+
+
+def test_a_visible_devices_variable_naming_more_gpus_than_the_profile_has_is_warned(busybox_product, cli):
+    # UUIDs (a number past the profile's count is refused): the container is given only the profile's GPUs
+    root = busybox_product.parent
+    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=GPU-5d2b,GPU-77a1,GPU-9c0e\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/gpus.env\n")
+    lock(cli, busybox_product)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    warned = [line for line in result.err.splitlines() if "names 3 GPUs" in line]
+    assert warned == [f"warning: {busybox_product / 'tp2.yaml'}: env CUDA_VISIBLE_DEVICES=GPU-5d2b,GPU-77a1,GPU-9c0e "
+                      "names 3 GPUs, more than the 2 of profile tp2: its container is given only its 2 (run.sh's "
+                      "GPUS), and CUDA and ROCm stop at the first named GPU the container lacks, hiding those after "
+                      "it; name the profile's GPUs alone"], result.err
+
+
 def test_an_env_files_quoted_value_is_kept_as_docker_keeps_it_with_one_warning_naming_file_line_and_key(
         busybox_product, cli):
     # KEY="x" from a file written for a shell or docker compose: docker run --env-file (and the image's ENV) keep
