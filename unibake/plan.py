@@ -622,6 +622,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml, identity)
     launch = data.get("launch", {})
     _check_mounts(launch.get("mounts", {}), lambda name: where(("launch", "mounts", name)))
+    if not launch.get("model_name", data["product"]).strip():
+        # baked as the image's MODEL_NAME: the engine served a model of no name (--served-model-name ${MODEL_NAME}),
+        # run.sh's default was none, and the smoke gate asked for a model named "" after the build
+        model_name = launch["model_name"]
+        raise InputError(f"{where(('launch', 'model_name'))}: key 'launch.model_name' is "
+                         f"{'empty' if not model_name else 'blank'}: it names the model the engine serves and the "
+                         "smoke gate and clients ask for (MODEL_NAME); name it, or leave the key out (its default is "
+                         f"the product name, {data['product']})")
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
     other = _same_suffix(selected, sorted(merged)) if tag_suffix else None
     if other is not None:

@@ -538,6 +538,14 @@ def case_visible_devices_fewer_than_the_profiles_gpus(p):  # the engine would st
     edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, CUDA_VISIBLE_DEVICES: '1'}")
 
 
+def case_model_name_empty(p):  # baked as MODEL_NAME: a model of no name, which the smoke gate asked for
+    edit(p / "product.yaml", "model_name: tiny", "model_name: ''")
+
+
+def case_model_name_blank(p):
+    edit(p / "product.yaml", "model_name: tiny", "model_name: '  '")
+
+
 def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
     (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "topology: {ipc: private, shm_size: '16'}\n")
 
@@ -664,6 +672,10 @@ SAYS = {
                                                  "of profile 'tp1' sees only its 1 GPU",
     "visible_devices_fewer_than_the_profiles_gpus": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES=1 names 1 GPU, but profile "
                                                     "'tp2' needs 2",
+    "model_name_empty": "product.yaml:12: key 'launch.model_name' is empty: it names the model the engine serves "
+                        "and the smoke gate and clients ask for (MODEL_NAME); name it, or leave the key out (its "
+                        "default is the product name, unibake-test)",
+    "model_name_blank": "product.yaml:12: key 'launch.model_name' is blank",
     "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
     "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
                                       "memory than docker's default limit allows: set topology.rdma: true",
