@@ -542,6 +542,21 @@ def test_an_env_file_is_split_into_lines_as_docker_splits_it():
         parse_env("A=x\x0cB=y\n", "x.env")
 
 
+def test_an_env_file_line_indented_with_unicode_white_space_is_read_as_docker_reads_it():
+    # docker's reader drops a line's leading white space by Go's unicode.IsSpace: a no-break space (an editor's or a
+    # web page's copy), \v, \f, an ideographic space; such a line was refused as no variable name, and such a comment
+    # as a line without '=', where docker takes both
+    text = "\xa0A=1\n\u3000# from the wiki\n\x0bB=2\n\x0c\u2003C= x\n\u202f\u205f\u1680\x85D=4\n \t\xa0\n"
+    assert parse_env(text, "x.env") == ({"A": "1", "B": "2", "C": " x", "D": "4"}, {"A": 1, "B": 3, "C": 4, "D": 5})
+    # what Go's IsSpace does not count stays the name's (docker would set a variable of that name): refused
+    for line in ("\u200bE=1", "\ufeffE=1", "\x1cE=1"):
+        with pytest.raises(InputError, match=r"x\.env:2: '\\(u200b|ufeff|x1c)E' is not a variable name"):
+            parse_env(f"A=1\n{line}\n", "x.env")
+    # the value's own checks are kept
+    with pytest.raises(InputError, match=r"x\.env:1: the value of A contains U\+202E"):
+        parse_env("\xa0A=x\u202eB\n", "x.env")
+
+
 def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_product):
     (busybox_product.parent / "images/x.env").write_text("OK=1\nPORT=8080\n")
     append(busybox_product / "tp1.yaml", "env_file: images/x.env\n")
