@@ -32,7 +32,7 @@ from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
 from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV,
-                     VERSION_RE, default_of)
+                     VERSION_RE, default_of, shm_bytes)
 
 INSTALL_ROOT = "/opt/unibake"
 # what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
@@ -1050,8 +1050,7 @@ def _topology(d: dict, where) -> Topology:
                          "container uses the host's /dev/shm); set ipc: private, or remove shm_size")
     if "shm_size" in t:
         size = t["shm_size"]
-        number, unit = (size[:-1], size[-1]) if size[-1].isalpha() else (size, "b")
-        size_bytes = int(number) << {"b": 0, "k": 10, "m": 20, "g": 30}[unit]
+        size_bytes = shm_bytes(size)
         if size_bytes < 1 << 20:
             # docker reads a size without a unit as bytes: shm_size: "16" was a /dev/shm of one page, where NCCL
             # and the engine's workers failed with 'Bus error'
