@@ -1006,6 +1006,21 @@ def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where:
                          f"GPUs alone), or name {gpus}, like {','.join(map(str, range(gpus)))}")
 
 
+# Folders of the base image a read-only weight mount must not hide: its programs and libraries (the engine's
+# shell, Python and CUDA), /etc, the device nodes, and the folders the engine and NCCL write (/tmp, /dev/shm); inside
+# /proc and /sys the runtime mounts nothing. The smoke gate mounts no weights: the container failed on the GPU
+# machine alone
+SYSTEM_FOLDERS = {
+    **dict.fromkeys(("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/usr/bin", "/usr/sbin",
+                     "/usr/lib", "/usr/lib64", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/local/cuda",
+                     "/opt/rocm"), "its programs and libraries"),
+    "/etc": "its users, libraries' settings and host names", "/dev": "the device nodes, the GPUs' too",
+    "/tmp": "a folder the engine writes (the mount is read-only)",
+    "/dev/shm": "the shared memory NCCL/RCCL and the engine's workers write (the mount is read-only)",
+    "/proc": "the kernel's process files", "/sys": "the kernel's device files",
+}
+
+
 def _check_mounts(mounts: dict[str, str], where) -> None:
     """Weight mounts: each its own variable (run.sh's MODEL_<NAME>, the image's UNIBAKE_MOUNT_<NAME>)
     and its own path, none over the install (a mount there would hide the engine)."""
@@ -1026,6 +1041,16 @@ def _check_mounts(mounts: dict[str, str], where) -> None:
         if clean == "/" or f"{clean}/".startswith(f"{INSTALL_ROOT}/") or f"{INSTALL_ROOT}/".startswith(f"{clean}/"):
             raise InputError(f"{where(name)}: mount '{name}' at {path} would hide the install under {INSTALL_ROOT}; "
                              "mount weights elsewhere, like /models/" + name)
+        if clean in SYSTEM_FOLDERS:
+            raise InputError(f"{where(name)}: mount '{name}' at {path} would hide the image's {clean}, "
+                             f"{SYSTEM_FOLDERS[clean]}: the container would fail on the GPU machine (the smoke gate "
+                             f"mounts no weights); mount weights elsewhere, like /models/{name}")
+        if clean.startswith(("/proc/", "/sys/")):
+            top = clean[:clean.index("/", 1)]
+            said = "cannot be mounted because it is inside /proc" if top == "/proc" else "read-only file system"
+            raise InputError(f"{where(name)}: mount '{name}' at {path} lies inside {top}, where the container runtime "
+                             f"cannot mount it (runc: '{said}'): the container would not start on the GPU machine (the "
+                             f"smoke gate mounts no weights); mount weights elsewhere, like /models/{name}")
         variables[variable], paths[clean] = name, name
 
 

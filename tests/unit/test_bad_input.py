@@ -546,6 +546,14 @@ def case_model_name_blank(p):
     edit(p / "product.yaml", "model_name: tiny", "model_name: '  '")
 
 
+def case_mount_hides_a_system_folder(p):  # read-only weights over /usr: no shell, no python; the gate mounts none
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /usr/local}")
+
+
+def case_mount_inside_proc(p):  # runc refuses it: the container never starts on the GPU machine
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /proc/models}")
+
+
 def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
     (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "topology: {ipc: private, shm_size: '16'}\n")
 
@@ -676,6 +684,12 @@ SAYS = {
                         "and the smoke gate and clients ask for (MODEL_NAME); name it, or leave the key out (its "
                         "default is the product name, unibake-test)",
     "model_name_blank": "product.yaml:12: key 'launch.model_name' is blank",
+    "mount_hides_a_system_folder": "product.yaml:12: mount 'target' at /usr/local would hide the image's "
+                                   "/usr/local, its programs and libraries: the container would fail on the GPU "
+                                   "machine (the smoke gate mounts no weights); mount weights elsewhere, like "
+                                   "/models/target",
+    "mount_inside_proc": "product.yaml:12: mount 'target' at /proc/models lies inside /proc, where the container "
+                         "runtime cannot mount it (runc: 'cannot be mounted because it is inside /proc')",
     "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
     "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
                                       "memory than docker's default limit allows: set topology.rdma: true",

@@ -557,6 +557,33 @@ def test_an_env_file_line_indented_with_unicode_white_space_is_read_as_docker_re
         parse_env("\xa0A=x\u202eB\n", "x.env")
 
 
+@pytest.mark.parametrize("path, message", [
+    ("/usr", "would hide the image's /usr, its programs and libraries"),
+    ("/usr/local/cuda", "would hide the image's /usr/local/cuda, its programs and libraries"),
+    ("/etc", "would hide the image's /etc"), ("/dev", "would hide the image's /dev, the device nodes"),
+    ("/dev/shm", "would hide the image's /dev/shm, the shared memory NCCL/RCCL and the engine's workers write (the "
+                 "mount is read-only)"),
+    ("/tmp", "would hide the image's /tmp, a folder the engine writes"),
+    ("/proc/weights", "lies inside /proc, where the container runtime cannot mount it"),
+    ("/sys/weights", "lies inside /sys, where the container runtime cannot mount it (runc: 'read-only file system')"),
+])
+def test_a_weight_mount_over_a_system_folder_is_refused(busybox_product, path, message):
+    # the weights are mounted read-only by run.sh alone (the smoke gate mounts none): over /usr the engine found no
+    # shell or Python, inside /proc runc refused to start the container, on the GPU machine only
+    text = (busybox_product / "product.yaml").read_text()
+    (busybox_product / "product.yaml").write_text(text.replace("mounts: {target: /models/target}",
+                                                               f"mounts: {{target: {path}}}"))
+    with pytest.raises(InputError, match=r"product\.yaml:12: mount 'target' at " + path) as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert message in str(refused.value) and str(refused.value).endswith("mount weights elsewhere, like "
+                                                                         "/models/target")
+    # inside a system folder that is no system folder itself, a mount hides nothing the image needs
+    for fine in ("/tmp/weights", "/usr/share/models", "/root/hf", "/dev/shm/weights"):
+        (busybox_product / "product.yaml").write_text(text.replace("mounts: {target: /models/target}",
+                                                                   f"mounts: {{target: {fine}}}"))
+        assert make_plan(busybox_product, verify_lock=False).launch.mounts == {"target": fine}
+
+
 def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_product):
     (busybox_product.parent / "images/x.env").write_text("OK=1\nPORT=8080\n")
     append(busybox_product / "tp1.yaml", "env_file: images/x.env\n")
