@@ -1319,6 +1319,7 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
         raise InputError(f"{where}: --port {number} of profile '{m.name}' is not launch.port {port}, where the image's "
                          "PORT, the smoke gate and run.sh expect the engine: write --port ${PORT} (expanded when "
                          "the container starts), or set launch.port")
+    _check_parallel_size(d, m, topology)
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:
@@ -1335,6 +1336,47 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
                    sidecars=sidecars, tune=tune, smoke=smoke)
+
+
+# An engine's tensor- and pipeline-parallel sizes (vLLM's, SGLang's, the demo engine's spellings): the GPUs it starts
+# ranks on, across every node
+TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+PIPELINE_PARALLEL = ("--pipeline-parallel-size", "-pp", "--pp-size", "--pp")
+
+
+def _literal_flag(d: dict, where, names: tuple[str, ...]) -> tuple[str, str, int] | None:
+    """The last of ``names`` in engine.command and args (the one an argument parser keeps), when its value is a
+    plain number: the name as written, its ``file:line``, the number."""
+    words = [(w, ("engine", "command", i)) for i, w in enumerate(d["engine"]["command"])]
+    words += [(w, ("args", i)) for i, w in enumerate(d.get("args", []))]
+    found = None
+    for n, (word, path) in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in names and eq:
+            found = (name, value, path)
+        elif word in names and n + 1 < len(words):
+            found = (word, words[n + 1][0], words[n + 1][1])
+    if found is None or not found[1].isascii() or not found[1].isdigit() or len(found[1]) > 6:
+        return None
+    return found[0], where(found[2]), int(found[1])
+
+
+def _check_parallel_size(d: dict, m: MergedProfile, topology: Topology) -> None:
+    """A tensor-parallel size (times a pipeline-parallel one) written as a number that needs more GPUs than the
+    profile's containers have: the engine failed at start on the GPU machine alone (the smoke gate has no GPUs)."""
+    tp = _literal_flag(d, m.where, TENSOR_PARALLEL)
+    if tp is None:
+        return
+    pp = _literal_flag(d, m.where, PIPELINE_PARALLEL)
+    needed = tp[2] * (pp[2] if pp else 1)
+    has = d["gpus"] * topology.nodes
+    if needed > has:
+        times = f" times {pp[0]} {pp[2]}" if pp else ""
+        each = f" on each of {topology.nodes} nodes, {has} in all" if topology.nodes > 1 else ""
+        gpus = d["gpus"]
+        raise InputError(f"{tp[1]}: {tp[0]} {tp[2]}{times} of profile '{m.name}' starts the engine on {needed} GPUs, "
+                         f"but the profile has {gpus}{each} (gpus: {gpus}): the engine would fail at start on the GPU "
+                         "machine (the smoke gate has no GPUs to show it); set gpus, or write a size that fits")
 
 
 def _literal_port(d: dict, where) -> tuple[str, int] | None:

@@ -554,6 +554,10 @@ def case_mount_inside_proc(p):  # runc refuses it: the container never starts on
     edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /proc/models}")
 
 
+def case_tensor_parallel_past_the_profiles_gpus(p):  # vLLM needs 4 GPUs, the container has 1: fails at start
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--tensor-parallel-size, '4']")
+
+
 def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
     (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "topology: {ipc: private, shm_size: '16'}\n")
 
@@ -690,6 +694,8 @@ SAYS = {
                                    "/models/target",
     "mount_inside_proc": "product.yaml:12: mount 'target' at /proc/models lies inside /proc, where the container "
                          "runtime cannot mount it (runc: 'cannot be mounted because it is inside /proc')",
+    "tensor_parallel_past_the_profiles_gpus": "tp1.yaml:3: --tensor-parallel-size 4 of profile 'tp1' starts the "
+                                              "engine on 4 GPUs, but the profile has 1 (gpus: 1)",
     "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
     "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
                                       "memory than docker's default limit allows: set topology.rdma: true",

@@ -557,6 +557,33 @@ def test_an_env_file_line_indented_with_unicode_white_space_is_read_as_docker_re
         parse_env("\xa0A=x\u202eB\n", "x.env")
 
 
+@pytest.mark.parametrize("args, topology, message", [
+    ('[--tp, "4"]', "", "tp2.yaml:7: --tp 4 of profile 'tp2' starts the engine on 4 GPUs, but the profile has 2 "
+                        "(gpus: 2): the engine would fail at start on the GPU machine (the smoke gate has no GPUs to "
+                        "show it); set gpus, or write a size that fits"),
+    ('[--tp-size=3]', "", "--tp-size 3 of profile 'tp2' starts the engine on 3 GPUs"),
+    ('[-tp, "2", -pp, "2"]', "", "-tp 2 times -pp 2 of profile 'tp2' starts the engine on 4 GPUs, but the profile "
+                                 "has 2 (gpus: 2)"),
+    ('[--tensor-parallel-size, "2", --pipeline-parallel-size=3]', "topology: {nodes: 2}\n",
+     "starts the engine on 6 GPUs, but the profile has 2 on each of 2 nodes, 4 in all (gpus: 2)"),
+    ('[--tp, "1", --tp, "4"]', "", "--tp 4 of profile"),  # the last one is the parser's
+])
+def test_a_tensor_parallel_size_needing_more_gpus_than_the_profile_has_is_refused(busybox_product, args, topology,
+                                                                                   message):
+    # vLLM and SGLang start one rank per GPU of --tensor-parallel-size (times --pipeline-parallel-size): one larger
+    # than the container's GPUs failed at start on the GPU machine alone (the smoke gate has none)
+    text = (busybox_product / "tp2.yaml").read_text()
+    (busybox_product / "tp2.yaml").write_text(f"{text}args: {args}\n{topology}")
+    with pytest.raises(InputError, match="tp2.yaml:7: ") as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert message in str(refused.value)
+    # what fits: as many GPUs or fewer, across the nodes, or a size given at run time
+    for fits, topology in (('[--tp, "2"]', ""), ('[--tp-size, "4"]', "topology: {nodes: 2}\n"),
+                           ('[-tp, "1", -pp, "2"]', ""), ('[--tp, "4", --tp, "2"]', ""), ('[--tp, "${TP}"]', "")):
+        (busybox_product / "tp2.yaml").write_text(f"{text}args: {fits}\n{topology}")
+        make_plan(busybox_product, verify_lock=False)
+
+
 @pytest.mark.parametrize("path, message", [
     ("/usr", "would hide the image's /usr, its programs and libraries"),
     ("/usr/local/cuda", "would hide the image's /usr/local/cuda, its programs and libraries"),
