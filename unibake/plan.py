@@ -574,6 +574,12 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
     # self-check says a failure by the check's name: two of one name could not be told apart
     _unique([c["name"] for c in data.get("checks", [])], where(("checks",)), "check name")
+    for i, c in enumerate(data.get("checks", [])):
+        if not c["run"].strip():
+            # sh -c '' exits 0: a check that runs nothing (an unset CI variable templated in) passed every self-check
+            raise InputError(f"{where(('checks', i, 'run'))}: check '{c['name']}' runs nothing (its run is "
+                             f"{'empty' if not c['run'] else 'blank'}), so it would pass every self-check; give the "
+                             "command that checks, or remove the check")
     # one overlay's file where another's (or the engine's) folder goes: the build's COPY cannot make both
     owners = {rel: "the engine" for rel in engine_files}
     for i, o in enumerate(overlays):

@@ -457,6 +457,11 @@ def case_source_inside_a_git_folder(p):
                                     + "overlays: [{source: images/engine/.git/config, target: vcs.conf}]\n")
 
 
+def case_check_that_runs_nothing(p):  # sh -c '' exits 0: it passed every self-check
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "checks: [{name: a, run: 'true'}, {name: b, run: ' '}]\n")
+
+
 def case_check_named_twice(p):  # self-check's "check a failed" could not say which
     (p / "product.yaml").write_text((p / "product.yaml").read_text()
                                     + "checks: [{name: a, run: 'true'}, {name: a, run: 'false'}]\n")
@@ -728,6 +733,8 @@ SAYS = {
                          "no key is longer than 128",
     "source_is_the_git_folder": "product.yaml:13: source '.git' is a .git folder, which is never baked",
     "source_inside_a_git_folder": "product.yaml:13: source 'images/engine/.git/config' is inside a .git folder",
+    "check_that_runs_nothing": "product.yaml:13: check 'b' runs nothing (its run is blank), so it would pass every "
+                               "self-check; give the command that checks, or remove the check",
     "check_named_twice": "product.yaml:13: check name 'a' is listed twice",
     "symlink_into_the_git_folder": "product.yaml:9: 'images/engine/vcs.conf' is a symlink into a .git folder (to ",
     "source_linked_to_the_git_folder": "product.yaml:13: 'images/vcs' is a symlink into a .git folder (to ",
