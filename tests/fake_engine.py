@@ -52,6 +52,8 @@ class FakeContainer:
     network: str | None = None  # a network create_network made, or None: the default bridge
     name: str | None = None
     hosts: dict = field(default_factory=dict)
+    ipc: str | None = None  # the IPC mode it was started with (None: the engine's default)
+    shm_size: int | None = None  # its /dev/shm in bytes (None: the engine's default)
 
 
 @dataclass
@@ -181,14 +183,14 @@ class FakeEngine(Engine):
         return self.runner(image, list(args), dict(env or {}))
 
     def start(self, image: str, args: list[str], *, env=None, restarts: int = 0, network=None, name=None,
-              hosts=None) -> str:
+              hosts=None, ipc=None, shm_size=None) -> str:
         found = self._find(image)
         if network is not None and network not in self.networks and network not in self.networks.values():
             raise EngineError(f"starting {image} failed: network {network} not found (engine at {self.address})")
         if name is not None and any(c.name == name for c in self.containers.values()):
             raise NameInUse(f"starting {image} failed: the name {name} is in use (engine at {self.address})")
         container = FakeContainer(image=image, env=dict(env or {}), restarts=restarts, image_id=found.id if found else "",
-                                  network=network, name=name, hosts=dict(hosts or {}))
+                                  network=network, name=name, hosts=dict(hosts or {}), ipc=ipc, shm_size=shm_size)
         self.starter(container)
         cid = sha(f"{len(self.containers)}{image}{name}".encode())
         self.containers[cid] = container

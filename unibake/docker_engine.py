@@ -575,12 +575,14 @@ class DockerEngine(Engine):
                   f"{RUN_OUTPUT_TAIL >> 10} KiB are kept ...]\n" + end[-RUN_OUTPUT_TAIL:].decode("utf-8", "replace"))
 
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0,
-              network: str | None = None, name: str | None = None, hosts: dict[str, str] | None = None) -> str:
+              network: str | None = None, name: str | None = None, hosts: dict[str, str] | None = None,
+              ipc: str | None = None, shm_size: int | None = None) -> str:
         policy = {"Name": "on-failure", "MaximumRetryCount": restarts} if restarts else None
         container = None
         try:
             host_config = self.api.create_host_config(restart_policy=policy, network_mode=network,
-                                                      extra_hosts=dict(hosts) if hosts else None)
+                                                      extra_hosts=dict(hosts) if hosts else None, ipc_mode=ipc,
+                                                      shm_size=shm_size)
             networking = (self.api.create_networking_config({network: self.api.create_endpoint_config(
                 aliases=[name] if name else None)}) if network else None)
             container = self.api.create_container(image, command=args or None, environment=env or {}, name=name,

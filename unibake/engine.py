@@ -124,11 +124,14 @@ class Engine(ABC):
 
     @abstractmethod
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0,
-              network: str | None = None, name: str | None = None, hosts: dict[str, str] | None = None) -> str:
+              network: str | None = None, name: str | None = None, hosts: dict[str, str] | None = None,
+              ipc: str | None = None, shm_size: int | None = None) -> str:
         """Start a container in the background on the engine's default bridge (or on ``network``, one
         :meth:`create_network` made); returns its ID. With ``restarts`` the engine restarts it on
         failure up to that many times (and counts them). ``name``: the container's name, its host
-        name and its alias on ``network``; ``hosts``: more ``/etc/hosts`` lines (name: address)."""
+        name and its alias on ``network``; ``hosts``: more ``/etc/hosts`` lines (name: address);
+        ``ipc``: its IPC mode (host, private, shareable; None: the engine's default); ``shm_size``: the
+        size of its ``/dev/shm`` in bytes (None: the engine's default, 64 MiB)."""
 
     @abstractmethod
     def create_network(self, name: str) -> str:

@@ -22,6 +22,10 @@ from .inputs import Source, read_hashed, read_source
 from .schema import BIDI_RE, ENV_KEY_RE, MAX_VALUE_LEN, describe_character, hidden_character
 
 MAX_ENV_FILE = 1 << 20
+# What docker's env-file reader trims from a line's start (Go's unicode.IsSpace): ASCII's white space (\v and \f
+# too), NEL, the no-break space and Unicode's other spaces; not U+200B or U+FEFF, and not \x1c-\x1f, which
+# Python's str.isspace() counts
+GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,9 +47,11 @@ def parse_env(text: str, display: str) -> tuple[dict[str, str], dict[str, int]]:
     lines: dict[str, int] = {}
     # Lines as `docker run --env-file` reads them (Go's bufio.ScanLines): split at "\n" only, one "\r"
     # before it dropped, a UTF-8 byte-order mark at the start dropped. str.splitlines() would also
-    # split at form feeds, \x1c-\x1e, \x85 and U+2028, making variables docker never sees.
+    # split at form feeds, \x1c-\x1e, \x85 and U+2028, making variables docker never sees. Then its leading
+    # white space dropped as docker drops it (a line indented with a no-break space, \v or \f was refused as no
+    # variable name, or a comment so indented as a line without '=', where docker takes both)
     for n, raw in enumerate(text.removeprefix("\ufeff").split("\n"), 1):
-        line = raw.removesuffix("\r").lstrip(" \t")
+        line = raw.removesuffix("\r").lstrip(GO_SPACE)
         where = f"{display}:{n}"
         found = BIDI_RE.search(line)
         if found and line.startswith("#"):  # a comment shown reordered ("Trojan Source"); in a value: said below

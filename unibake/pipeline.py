@@ -833,6 +833,17 @@ def _smoke_skip(run: Run) -> str | None:
     return None
 
 
+def _gate_given(spec) -> str:
+    """What of run.sh's docker run a gate's container had, and what not: the verify engine's host need not have the
+    profile's GPUs and devices, so a server that needs them at start cannot pass there (use smoke.skip)."""
+    topology = spec.topology
+    shm = f", shm_size {topology.shm_size}" if topology.shm_size else ""
+    devices = [f"its {spec.gpus} GPU{'s' if spec.gpus > 1 else ''}"] + list(spec.extra_devices)
+    devices += ["/dev/infiniband"] if topology.rdma else []
+    return (f"run with ipc {topology.ipc}{shm}; not given {', '.join(devices)} (the verify engine's host need not "
+            "have them)")
+
+
 def _smoke(run: Run) -> tuple:
     proof: Proof = run["proof"]
     target: Target = run["target"]
@@ -843,7 +854,8 @@ def _smoke(run: Run) -> tuple:
                               "the notes say so")
             return
         steps = ", ".join(f"{s.name} {s.seconds:.2f} s{'' if s.passed else ' FAILED'}" for s in result.steps)
-        run.reporter.info(f"    {result.profile}: {'passed' if result.passed else 'FAILED'} ({steps})")
+        given = _gate_given(target.metadata.profiles[result.profile])
+        run.reporter.info(f"    {result.profile}: {'passed' if result.passed else 'FAILED'} ({steps}); {given}")
 
     results = run_gates(proof.engine, run["image"].ref, target.metadata, netns_pid=proof.netns_pid, on_result=line,
                         warn=run.reporter.warn)

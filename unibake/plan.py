@@ -32,7 +32,7 @@ from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
 from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV,
-                     VERSION_RE, default_of)
+                     VERSION_RE, default_of, shm_bytes)
 
 INSTALL_ROOT = "/opt/unibake"
 # what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
@@ -333,6 +333,17 @@ class ReleasePlan:
                 out.append(f"{p.file}: profile {p.name} runs {_count(p.gpus, 'GPU')}{each} with ipc: "
                            f"{p.topology.ipc} and no shm_size, so its /dev/shm is docker's 64 MiB, which NCCL/RCCL "
                            "and the engine's worker processes outgrow: set topology.shm_size (like 16g), or ipc: host")
+        # more GPUs named than the profile has (UUIDs: a number past its count is refused): its container is given
+        # only its own (run.sh: those of GPUS), and CUDA and ROCm stop at the first named GPU a container lacks;
+        # with GPUS=all it has them all, and an engine takes the first it needs: warned, not refused
+        for p in self.profiles:
+            for key in sorted(VISIBLE_DEVICES_ENV & set(p.env)):
+                named = visible_devices_named(p.env[key])
+                if len(named) > p.gpus:
+                    out.append(f"{p.file}: env {key}={p.env[key][:80]} names {len(named)} GPUs, more than the "
+                               f"{p.gpus} of profile {p.name}: its container is given only its {p.gpus} (run.sh's "
+                               "GPUS), and CUDA and ROCm stop at the first named GPU the container lacks, hiding "
+                               "those after it; name the profile's GPUs alone")
         # a served model name written out that is not launch.model_name: the smoke gate asks for MODEL_NAME, and
         # vLLM answers a request for a model it does not serve with 404
         served: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
@@ -563,6 +574,12 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     _unique([o.name for o in overlays], where(("overlays",)), "overlay name")
     # self-check says a failure by the check's name: two of one name could not be told apart
     _unique([c["name"] for c in data.get("checks", [])], where(("checks",)), "check name")
+    for i, c in enumerate(data.get("checks", [])):
+        if not c["run"].strip():
+            # sh -c '' exits 0: a check that runs nothing (an unset CI variable templated in) passed every self-check
+            raise InputError(f"{where(('checks', i, 'run'))}: check '{c['name']}' runs nothing (its run is "
+                             f"{'empty' if not c['run'] else 'blank'}), so it would pass every self-check; give the "
+                             "command that checks, or remove the check")
     # one overlay's file where another's (or the engine's) folder goes: the build's COPY cannot make both
     owners = {rel: "the engine" for rel in engine_files}
     for i, o in enumerate(overlays):
@@ -611,6 +628,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     _scan_values(data, where, [merged[name] for name in selected], allow + allow_yaml, identity)
     launch = data.get("launch", {})
     _check_mounts(launch.get("mounts", {}), lambda name: where(("launch", "mounts", name)))
+    if not launch.get("model_name", data["product"]).strip():
+        # baked as the image's MODEL_NAME: the engine served a model of no name (--served-model-name ${MODEL_NAME}),
+        # run.sh's default was none, and the smoke gate asked for a model named "" after the build
+        model_name = launch["model_name"]
+        raise InputError(f"{where(('launch', 'model_name'))}: key 'launch.model_name' is "
+                         f"{'empty' if not model_name else 'blank'}: it names the model the engine serves and the "
+                         "smoke gate and clients ask for (MODEL_NAME); name it, or leave the key out (its default is "
+                         f"the product name, {data['product']})")
     tag_suffix = "" if selected == sorted(merged) else "-" + "-".join(selected)
     other = _same_suffix(selected, sorted(merged)) if tag_suffix else None
     if other is not None:
@@ -956,6 +981,13 @@ VISIBLE_DEVICES_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", 
                                  "GPU_DEVICE_ORDINAL"})
 
 
+def visible_devices_named(value: str) -> list[str]:
+    """The GPUs a ``*_VISIBLE_DEVICES`` value names, each once (a number by its value: 00 is 0), in order."""
+    items = [item.strip() for item in value.split(",")]
+    return list(dict.fromkeys(str(int(item)) if item.isascii() and item.isdigit() else item
+                              for item in items if item))
+
+
 def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where: str) -> None:
     items = [item.strip() for item in value.split(",")]
     numbers = [int(item) for item in items if item.isascii() and item.isdigit()]
@@ -970,6 +1002,29 @@ def _check_visible_devices(key: str, value: str, gpus: int, profile: str, where:
         raise InputError(f"{where}: env {key}={value[:80]} names GPU {beyond[0]}, but the container of profile "
                          f"'{profile}' sees only its {gpus} GPU{'s' if gpus > 1 else ''}, numbered from 0 to "
                          f"{gpus - 1} (run.sh gives it those of GPUS): remove it, or number them from 0")
+    named = visible_devices_named(value)
+    if len(named) < gpus:
+        # the engine sees only the GPUs named: CUDA_VISIBLE_DEVICES=0 on a profile of 2 started a tensor-parallel
+        # engine of 2 ranks on one GPU (each GPU counted once: 0,0 is GPU 0)
+        raise InputError(f"{where}: env {key}={value[:80]} names {len(named)} GPU{'s' if len(named) > 1 else ''}, "
+                         f"but profile '{profile}' needs {gpus}: the engine would see only "
+                         f"{'those' if len(named) > 1 else 'that one'}; remove it (the container has the profile's "
+                         f"GPUs alone), or name {gpus}, like {','.join(map(str, range(gpus)))}")
+
+
+# Folders of the base image a read-only weight mount must not hide: its programs and libraries (the engine's
+# shell, Python and CUDA), /etc, the device nodes, and the folders the engine and NCCL write (/tmp, /dev/shm); inside
+# /proc and /sys the runtime mounts nothing. The smoke gate mounts no weights: the container failed on the GPU
+# machine alone
+SYSTEM_FOLDERS = {
+    **dict.fromkeys(("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/usr/bin", "/usr/sbin",
+                     "/usr/lib", "/usr/lib64", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/local/cuda",
+                     "/opt/rocm"), "its programs and libraries"),
+    "/etc": "its users, libraries' settings and host names", "/dev": "the device nodes, the GPUs' too",
+    "/tmp": "a folder the engine writes (the mount is read-only)",
+    "/dev/shm": "the shared memory NCCL/RCCL and the engine's workers write (the mount is read-only)",
+    "/proc": "the kernel's process files", "/sys": "the kernel's device files",
+}
 
 
 def _check_mounts(mounts: dict[str, str], where) -> None:
@@ -992,6 +1047,16 @@ def _check_mounts(mounts: dict[str, str], where) -> None:
         if clean == "/" or f"{clean}/".startswith(f"{INSTALL_ROOT}/") or f"{INSTALL_ROOT}/".startswith(f"{clean}/"):
             raise InputError(f"{where(name)}: mount '{name}' at {path} would hide the install under {INSTALL_ROOT}; "
                              "mount weights elsewhere, like /models/" + name)
+        if clean in SYSTEM_FOLDERS:
+            raise InputError(f"{where(name)}: mount '{name}' at {path} would hide the image's {clean}, "
+                             f"{SYSTEM_FOLDERS[clean]}: the container would fail on the GPU machine (the smoke gate "
+                             f"mounts no weights); mount weights elsewhere, like /models/{name}")
+        if clean.startswith(("/proc/", "/sys/")):
+            top = clean[:clean.index("/", 1)]
+            said = "cannot be mounted because it is inside /proc" if top == "/proc" else "read-only file system"
+            raise InputError(f"{where(name)}: mount '{name}' at {path} lies inside {top}, where the container runtime "
+                             f"cannot mount it (runc: '{said}'): the container would not start on the GPU machine (the "
+                             f"smoke gate mounts no weights); mount weights elsewhere, like /models/{name}")
         variables[variable], paths[clean] = name, name
 
 
@@ -1016,8 +1081,7 @@ def _topology(d: dict, where) -> Topology:
                          "container uses the host's /dev/shm); set ipc: private, or remove shm_size")
     if "shm_size" in t:
         size = t["shm_size"]
-        number, unit = (size[:-1], size[-1]) if size[-1].isalpha() else (size, "b")
-        size_bytes = int(number) << {"b": 0, "k": 10, "m": 20, "g": 30}[unit]
+        size_bytes = shm_bytes(size)
         if size_bytes < 1 << 20:
             # docker reads a size without a unit as bytes: shm_size: "16" was a /dev/shm of one page, where NCCL
             # and the engine's workers failed with 'Bus error'
@@ -1261,6 +1325,7 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
         raise InputError(f"{where}: --port {number} of profile '{m.name}' is not launch.port {port}, where the image's "
                          "PORT, the smoke gate and run.sh expect the engine: write --port ${PORT} (expanded when "
                          "the container starts), or set launch.port")
+    _check_parallel_size(d, m, topology)
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:
@@ -1277,6 +1342,47 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
                    sidecars=sidecars, tune=tune, smoke=smoke)
+
+
+# An engine's tensor- and pipeline-parallel sizes (vLLM's, SGLang's, the demo engine's spellings): the GPUs it starts
+# ranks on, across every node
+TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+PIPELINE_PARALLEL = ("--pipeline-parallel-size", "-pp", "--pp-size", "--pp")
+
+
+def _literal_flag(d: dict, where, names: tuple[str, ...]) -> tuple[str, str, int] | None:
+    """The last of ``names`` in engine.command and args (the one an argument parser keeps), when its value is a
+    plain number: the name as written, its ``file:line``, the number."""
+    words = [(w, ("engine", "command", i)) for i, w in enumerate(d["engine"]["command"])]
+    words += [(w, ("args", i)) for i, w in enumerate(d.get("args", []))]
+    found = None
+    for n, (word, path) in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in names and eq:
+            found = (name, value, path)
+        elif word in names and n + 1 < len(words):
+            found = (word, words[n + 1][0], words[n + 1][1])
+    if found is None or not found[1].isascii() or not found[1].isdigit() or len(found[1]) > 6:
+        return None
+    return found[0], where(found[2]), int(found[1])
+
+
+def _check_parallel_size(d: dict, m: MergedProfile, topology: Topology) -> None:
+    """A tensor-parallel size (times a pipeline-parallel one) written as a number that needs more GPUs than the
+    profile's containers have: the engine failed at start on the GPU machine alone (the smoke gate has no GPUs)."""
+    tp = _literal_flag(d, m.where, TENSOR_PARALLEL)
+    if tp is None:
+        return
+    pp = _literal_flag(d, m.where, PIPELINE_PARALLEL)
+    needed = tp[2] * (pp[2] if pp else 1)
+    has = d["gpus"] * topology.nodes
+    if needed > has:
+        times = f" times {pp[0]} {pp[2]}" if pp else ""
+        each = f" on each of {topology.nodes} nodes, {has} in all" if topology.nodes > 1 else ""
+        gpus = d["gpus"]
+        raise InputError(f"{tp[1]}: {tp[0]} {tp[2]}{times} of profile '{m.name}' starts the engine on {needed} GPUs, "
+                         f"but the profile has {gpus}{each} (gpus: {gpus}): the engine would fail at start on the GPU "
+                         "machine (the smoke gate has no GPUs to show it); set gpus, or write a size that fits")
 
 
 def _literal_port(d: dict, where) -> tuple[str, int] | None:

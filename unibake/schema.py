@@ -47,6 +47,12 @@ MAKE_TARGET_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+/-]{0,127}$")
 DEVICE_RE = re.compile(r"^/dev(?:/(?!\.{1,2}(?:/|$))[A-Za-z0-9_.][A-Za-z0-9_.+-]*)+$")
 GROUP_RE = re.compile(r"^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$")
 SHM_SIZE_RE = re.compile(r"^[1-9][0-9]{0,9}[bkmg]?$")
+
+
+def shm_bytes(size: str) -> int:
+    """A ``topology.shm_size`` (SHM_SIZE_RE) in bytes, as docker reads it (no unit: bytes; k, m, g: KiB, MiB, GiB)."""
+    number, unit = (size[:-1], size[-1]) if size[-1].isalpha() else (size, "b")
+    return int(number) << {"b": 0, "k": 10, "m": 20, "g": 30}[unit]
 # A file named in a release's notes but not shipped (weights, a patch set): a relative name.
 EXTERNAL_NAME_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 # An absolute path inside the image (mount points).

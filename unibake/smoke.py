@@ -26,6 +26,7 @@ from .engine import ContainerStatus, Engine
 from .errors import EngineError, NameInUse, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
+from .schema import shm_bytes
 from .smoke_client import MAX_TOKENS, MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
@@ -118,6 +119,15 @@ def _stability(status: ContainerStatus) -> GateStep:
     return GateStep(name="stability", passed=not problems, seconds=0.0, detail=detail)
 
 
+def container_options(spec: ProfileMetadata) -> dict:
+    """What of run.sh's ``docker run`` a gate's container is given too: the profile's IPC mode and ``/dev/shm``
+    size (it ran with the engine's private IPC and 64 MiB: a server that outgrows that, or needs the host's,
+    passed the gate and failed on the GPU machine, or the other way round). Not its GPUs and devices, which the
+    verify engine's host need not have (the gate's line says so)."""
+    size = spec.topology.shm_size
+    return {"ipc": spec.topology.ipc, "shm_size": shm_bytes(size) if size else None}
+
+
 def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *, port: int, model: str,
              netns_pid: int | None, warn=_warn) -> GateResult:
     """One profile's gate; stops at the first step that fails."""
@@ -152,7 +162,8 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     # ID never answered) is removed too, by that name; not when the engine refused the name (another's)
     name = f"unibake-smoke-{secrets.token_hex(6)}"
     try:
-        container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS, name=name)
+        container = engine.start(image, [], env={"PROFILE": profile}, restarts=RESTARTS, name=name,
+                                 **container_options(spec))
     except NameInUse:
         raise
     except BaseException:
@@ -199,7 +210,7 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
             made = False
             raise
         master = _start_rank(engine, started, image, env=rank_env(profile, topology, 0, names[0]), network=network,
-                             name=names[0])
+                             name=names[0], **container_options(spec))
         running, address, _ = engine.container_state(master)
         for _ in range(50):  # its address, for the peers' /etc/hosts (a network's own names need its DNS)
             if address or not running:
@@ -209,7 +220,7 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
         if running and address:
             for rank in range(1, topology.nodes):
                 _start_rank(engine, started, image, env=rank_env(profile, topology, rank, names[0]), network=network,
-                            name=names[rank], hosts={names[0]: address})
+                            name=names[rank], hosts={names[0]: address}, **container_options(spec))
         stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
                            timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
         statuses = [engine.container_status(name) for name in started]

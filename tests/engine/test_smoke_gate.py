@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 import uuid
 
 import pytest
 
 from unibake.metadata import ImageMetadata
 from unibake.scratch import ScratchEngine
-from unibake.smoke import run_gates
+from unibake.smoke import container_options, run_gates
 
 GATE_SH = b"""# a distributed engine in busybox: rank 0 answers once every peer came to MASTER_ADDR:MASTER_PORT
 case "${1:-serve}" in self-check) echo "self-check[$PROFILE]: ok"; exit 0 ;; esac
@@ -101,3 +102,26 @@ def test_every_rank_starts_on_a_private_network_in_a_scratch_engine(engine, dist
         assert result.passed, result.steps
         assert state(scratch.engine)[0] == set()
         assert {n["Name"] for n in scratch.engine.api.networks()} == {"bridge", "host", "none"}
+
+
+@pytest.mark.parametrize("topology, ipc, shm_kib", [({"ipc": "private", "shm_size": "512m"}, "private", 524288),
+                                                    ({"ipc": "shareable"}, "shareable", 65536)])
+def test_a_gate_container_gets_the_profiles_ipc_mode_and_shm_size_from_the_engine(engine, topology, ipc, shm_kib):
+    # (before: every gate's container had the engine's default IPC and a /dev/shm of 64 MiB, whatever the profile)
+    document = metadata(1).model_dump()
+    document["profiles"]["tp8"]["topology"] = topology
+    spec = ImageMetadata.model_validate(document, strict=False).profiles["tp8"]
+    before = state(engine)
+    container = engine.start("localhost/unibake-busybox:1", ["sh", "-c", "df -k /dev/shm; sleep 60"],
+                             name=f"unibake-test-shm-{uuid.uuid4().hex[:10]}", **container_options(spec))
+    try:
+        for _ in range(100):
+            logs = engine.container_state(container)[2]
+            if "/dev/shm" in logs:
+                break
+            time.sleep(0.1)
+        assert engine.api.inspect_container(container)["HostConfig"]["IpcMode"] == ipc
+        assert logs.split()[-5] == str(shm_kib), logs  # df -k: Filesystem 1K-blocks Used Available Use% Mounted on
+    finally:
+        engine.remove_container(container)
+    assert state(engine) == before

@@ -457,6 +457,11 @@ def case_source_inside_a_git_folder(p):
                                     + "overlays: [{source: images/engine/.git/config, target: vcs.conf}]\n")
 
 
+def case_check_that_runs_nothing(p):  # sh -c '' exits 0: it passed every self-check
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "checks: [{name: a, run: 'true'}, {name: b, run: ' '}]\n")
+
+
 def case_check_named_twice(p):  # self-check's "check a failed" could not say which
     (p / "product.yaml").write_text((p / "product.yaml").read_text()
                                     + "checks: [{name: a, run: 'true'}, {name: a, run: 'false'}]\n")
@@ -532,6 +537,30 @@ def case_visible_devices_with_an_empty_item(p):  # CUDA stops at it: GPU 1 hidde
 
 def case_gpu_device_ordinal_past_the_profiles_gpus(p):  # ROCm's HIP reads it as HIP_VISIBLE_DEVICES
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, GPU_DEVICE_ORDINAL: '4'}")
+
+
+def case_visible_devices_fewer_than_the_profiles_gpus(p):  # the engine would start on 1 GPU of the 2 it needs
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, CUDA_VISIBLE_DEVICES: '1'}")
+
+
+def case_model_name_empty(p):  # baked as MODEL_NAME: a model of no name, which the smoke gate asked for
+    edit(p / "product.yaml", "model_name: tiny", "model_name: ''")
+
+
+def case_model_name_blank(p):
+    edit(p / "product.yaml", "model_name: tiny", "model_name: '  '")
+
+
+def case_mount_hides_a_system_folder(p):  # read-only weights over /usr: no shell, no python; the gate mounts none
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /usr/local}")
+
+
+def case_mount_inside_proc(p):  # runc refuses it: the container never starts on the GPU machine
+    edit(p / "product.yaml", "mounts: {target: /models/target}", "mounts: {target: /proc/models}")
+
+
+def case_tensor_parallel_past_the_profiles_gpus(p):  # vLLM needs 4 GPUs, the container has 1: fails at start
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--tensor-parallel-size, '4']")
 
 
 def case_shm_size_without_a_unit(p):  # docker reads it as bytes: a /dev/shm of one page
@@ -658,6 +687,20 @@ SAYS = {
     "visible_devices_with_an_empty_item": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES='0,,1' hides GPUs from the engine",
     "gpu_device_ordinal_past_the_profiles_gpus": "tp1.yaml:4: env GPU_DEVICE_ORDINAL=4 names GPU 4, but the container "
                                                  "of profile 'tp1' sees only its 1 GPU",
+    "visible_devices_fewer_than_the_profiles_gpus": "tp2.yaml:5: env CUDA_VISIBLE_DEVICES=1 names 1 GPU, but profile "
+                                                    "'tp2' needs 2",
+    "model_name_empty": "product.yaml:12: key 'launch.model_name' is empty: it names the model the engine serves "
+                        "and the smoke gate and clients ask for (MODEL_NAME); name it, or leave the key out (its "
+                        "default is the product name, unibake-test)",
+    "model_name_blank": "product.yaml:12: key 'launch.model_name' is blank",
+    "mount_hides_a_system_folder": "product.yaml:12: mount 'target' at /usr/local would hide the image's "
+                                   "/usr/local, its programs and libraries: the container would fail on the GPU "
+                                   "machine (the smoke gate mounts no weights); mount weights elsewhere, like "
+                                   "/models/target",
+    "mount_inside_proc": "product.yaml:12: mount 'target' at /proc/models lies inside /proc, where the container "
+                         "runtime cannot mount it (runc: 'cannot be mounted because it is inside /proc')",
+    "tensor_parallel_past_the_profiles_gpus": "tp1.yaml:3: --tensor-parallel-size 4 of profile 'tp1' starts the "
+                                              "engine on 4 GPUs, but the profile has 1 (gpus: 1)",
     "shm_size_without_a_unit": "tp2.yaml:7: shm_size '16' is 16 bytes (docker reads a size without a unit as bytes)",
     "infiniband_device_without_rdma": "tp2.yaml:7: devices.extra names /dev/infiniband, but RDMA needs more locked "
                                       "memory than docker's default limit allows: set topology.rdma: true",
@@ -690,6 +733,8 @@ SAYS = {
                          "no key is longer than 128",
     "source_is_the_git_folder": "product.yaml:13: source '.git' is a .git folder, which is never baked",
     "source_inside_a_git_folder": "product.yaml:13: source 'images/engine/.git/config' is inside a .git folder",
+    "check_that_runs_nothing": "product.yaml:13: check 'b' runs nothing (its run is blank), so it would pass every "
+                               "self-check; give the command that checks, or remove the check",
     "check_named_twice": "product.yaml:13: check name 'a' is listed twice",
     "symlink_into_the_git_folder": "product.yaml:9: 'images/engine/vcs.conf' is a symlink into a .git folder (to ",
     "source_linked_to_the_git_folder": "product.yaml:13: 'images/vcs' is a symlink into a .git folder (to ",

@@ -111,7 +111,12 @@ def rewrite_manifest(folder: Path, document: dict) -> None:
 
 
 def test_an_image_unibake_built_is_released_through_every_stage(engines, tmp_path):
-    results = release(engines, tmp_path / "release")
+    reporter = Quiet()
+    results = release(engines, tmp_path / "release", reporter)
+    # the gate's line says what of run.sh's docker run its container had, and what not
+    assert "tp1: passed (self-check " in reporter.stream.getvalue()
+    assert "s); run with ipc host; not given its 1 GPU (the verify engine's host need not have them)\n" \
+        in reporter.stream.getvalue(), reporter.stream.getvalue()
     folder = results["release"].folder
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["image_id"] == engines[None].inspect_image("demo:1.0").id

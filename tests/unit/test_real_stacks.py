@@ -542,6 +542,75 @@ def test_an_env_file_is_split_into_lines_as_docker_splits_it():
         parse_env("A=x\x0cB=y\n", "x.env")
 
 
+def test_an_env_file_line_indented_with_unicode_white_space_is_read_as_docker_reads_it():
+    # docker's reader drops a line's leading white space by Go's unicode.IsSpace: a no-break space (an editor's or a
+    # web page's copy), \v, \f, an ideographic space; such a line was refused as no variable name, and such a comment
+    # as a line without '=', where docker takes both
+    text = "\xa0A=1\n\u3000# from the wiki\n\x0bB=2\n\x0c\u2003C= x\n\u202f\u205f\u1680\x85D=4\n \t\xa0\n"
+    assert parse_env(text, "x.env") == ({"A": "1", "B": "2", "C": " x", "D": "4"}, {"A": 1, "B": 3, "C": 4, "D": 5})
+    # what Go's IsSpace does not count stays the name's (docker would set a variable of that name): refused
+    for line in ("\u200bE=1", "\ufeffE=1", "\x1cE=1"):
+        with pytest.raises(InputError, match=r"x\.env:2: '\\(u200b|ufeff|x1c)E' is not a variable name"):
+            parse_env(f"A=1\n{line}\n", "x.env")
+    # the value's own checks are kept
+    with pytest.raises(InputError, match=r"x\.env:1: the value of A contains U\+202E"):
+        parse_env("\xa0A=x\u202eB\n", "x.env")
+
+
+@pytest.mark.parametrize("args, topology, message", [
+    ('[--tp, "4"]', "", "tp2.yaml:7: --tp 4 of profile 'tp2' starts the engine on 4 GPUs, but the profile has 2 "
+                        "(gpus: 2): the engine would fail at start on the GPU machine (the smoke gate has no GPUs to "
+                        "show it); set gpus, or write a size that fits"),
+    ('[--tp-size=3]', "", "--tp-size 3 of profile 'tp2' starts the engine on 3 GPUs"),
+    ('[-tp, "2", -pp, "2"]', "", "-tp 2 times -pp 2 of profile 'tp2' starts the engine on 4 GPUs, but the profile "
+                                 "has 2 (gpus: 2)"),
+    ('[--tensor-parallel-size, "2", --pipeline-parallel-size=3]', "topology: {nodes: 2}\n",
+     "starts the engine on 6 GPUs, but the profile has 2 on each of 2 nodes, 4 in all (gpus: 2)"),
+    ('[--tp, "1", --tp, "4"]', "", "--tp 4 of profile"),  # the last one is the parser's
+])
+def test_a_tensor_parallel_size_needing_more_gpus_than_the_profile_has_is_refused(busybox_product, args, topology,
+                                                                                   message):
+    # vLLM and SGLang start one rank per GPU of --tensor-parallel-size (times --pipeline-parallel-size): one larger
+    # than the container's GPUs failed at start on the GPU machine alone (the smoke gate has none)
+    text = (busybox_product / "tp2.yaml").read_text()
+    (busybox_product / "tp2.yaml").write_text(f"{text}args: {args}\n{topology}")
+    with pytest.raises(InputError, match="tp2.yaml:7: ") as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert message in str(refused.value)
+    # what fits: as many GPUs or fewer, across the nodes, or a size given at run time
+    for fits, topology in (('[--tp, "2"]', ""), ('[--tp-size, "4"]', "topology: {nodes: 2}\n"),
+                           ('[-tp, "1", -pp, "2"]', ""), ('[--tp, "4", --tp, "2"]', ""), ('[--tp, "${TP}"]', "")):
+        (busybox_product / "tp2.yaml").write_text(f"{text}args: {fits}\n{topology}")
+        make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/usr", "would hide the image's /usr, its programs and libraries"),
+    ("/usr/local/cuda", "would hide the image's /usr/local/cuda, its programs and libraries"),
+    ("/etc", "would hide the image's /etc"), ("/dev", "would hide the image's /dev, the device nodes"),
+    ("/dev/shm", "would hide the image's /dev/shm, the shared memory NCCL/RCCL and the engine's workers write (the "
+                 "mount is read-only)"),
+    ("/tmp", "would hide the image's /tmp, a folder the engine writes"),
+    ("/proc/weights", "lies inside /proc, where the container runtime cannot mount it"),
+    ("/sys/weights", "lies inside /sys, where the container runtime cannot mount it (runc: 'read-only file system')"),
+])
+def test_a_weight_mount_over_a_system_folder_is_refused(busybox_product, path, message):
+    # the weights are mounted read-only by run.sh alone (the smoke gate mounts none): over /usr the engine found no
+    # shell or Python, inside /proc runc refused to start the container, on the GPU machine only
+    text = (busybox_product / "product.yaml").read_text()
+    (busybox_product / "product.yaml").write_text(text.replace("mounts: {target: /models/target}",
+                                                               f"mounts: {{target: {path}}}"))
+    with pytest.raises(InputError, match=r"product\.yaml:12: mount 'target' at " + path) as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert message in str(refused.value) and str(refused.value).endswith("mount weights elsewhere, like "
+                                                                         "/models/target")
+    # inside a system folder that is no system folder itself, a mount hides nothing the image needs
+    for fine in ("/tmp/weights", "/usr/share/models", "/root/hf", "/dev/shm/weights"):
+        (busybox_product / "product.yaml").write_text(text.replace("mounts: {target: /models/target}",
+                                                                   f"mounts: {{target: {fine}}}"))
+        assert make_plan(busybox_product, verify_lock=False).launch.mounts == {"target": fine}
+
+
 def test_a_reserved_key_in_an_env_file_is_refused_naming_its_line(busybox_product):
     (busybox_product.parent / "images/x.env").write_text("OK=1\nPORT=8080\n")
     append(busybox_product / "tp1.yaml", "env_file: images/x.env\n")
@@ -1373,6 +1442,40 @@ def test_a_visible_devices_variable_numbering_gpus_the_container_does_not_have_i
     (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=1,0,\nHIP_VISIBLE_DEVICES=GPU-5d2b,1\n")
     lock(cli, busybox_product)
     assert cli("--stage", "render", "--config", str(busybox_product)).code == 0  # the container's own GPUs
+
+
+@pytest.mark.parametrize("line, message", [
+    ("CUDA_VISIBLE_DEVICES=0", "env CUDA_VISIBLE_DEVICES=0 names 1 GPU, but profile 'tp2' needs 2: the engine would "
+                               "see only that one; remove it (the container has the profile's GPUs alone), or name 2, "
+                               "like 0,1"),
+    ("HIP_VISIBLE_DEVICES=1,", "env HIP_VISIBLE_DEVICES=1, names 1 GPU, but profile 'tp2' needs 2"),
+    ("ROCR_VISIBLE_DEVICES=GPU-5d2b", "names 1 GPU, but profile 'tp2' needs 2"),
+    ("GPU_DEVICE_ORDINAL=0,00", "env GPU_DEVICE_ORDINAL=0,00 names 1 GPU"),  # GPU 0 twice
+])
+def test_a_visible_devices_variable_naming_fewer_gpus_than_the_profile_needs_is_refused(busybox_product, cli, line,
+                                                                                         message):
+    # CUDA_VISIBLE_DEVICES=0 on a profile of 2: the server started with one GPU for two tensor-parallel ranks
+    root = busybox_product.parent
+    (root / "images/gpus.env").write_text(f"# from a one-GPU test\n{line}\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/gpus.env\n")
+    result = cli("lock", "--config", str(busybox_product))
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith("error: images/gpus.env:2: env ") and message in result.error_lines[0]
+
+
+def test_a_visible_devices_variable_naming_more_gpus_than_the_profile_has_is_warned(busybox_product, cli):
+    # UUIDs (a number past the profile's count is refused): the container is given only the profile's GPUs
+    root = busybox_product.parent
+    (root / "images/gpus.env").write_text("CUDA_VISIBLE_DEVICES=GPU-5d2b,GPU-77a1,GPU-9c0e\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/gpus.env\n")
+    lock(cli, busybox_product)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    warned = [line for line in result.err.splitlines() if "names 3 GPUs" in line]
+    assert warned == [f"warning: {busybox_product / 'tp2.yaml'}: env CUDA_VISIBLE_DEVICES=GPU-5d2b,GPU-77a1,GPU-9c0e "
+                      "names 3 GPUs, more than the 2 of profile tp2: its container is given only its 2 (run.sh's "
+                      "GPUS), and CUDA and ROCm stop at the first named GPU the container lacks, hiding those after "
+                      "it; name the profile's GPUs alone"], result.err
 
 
 def test_an_env_files_quoted_value_is_kept_as_docker_keeps_it_with_one_warning_naming_file_line_and_key(

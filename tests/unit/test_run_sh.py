@@ -165,9 +165,33 @@ def test_run_sh_refuses_a_gpu_numbering_the_container_lacks_as_the_plan_refuses_
                       (["-e", "CUDA_VISIBLE_DEVICES=6", "tp1"], {"GPUS": "all"}),
                       (["-e", "CUDA_VISIBLE_DEVICES=1,0,", "tp2"], {}),  # a comma at the end hides nothing
                       (["-e", "CUDA_VISIBLE_DEVICES", "--env-file", str(tmp_path / "from-env.env"), "tp2"],
-                       {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0"})):
+                       {"CUDA_VISIBLE_DEVICES": "1,0", "ROCR_VISIBLE_DEVICES": "0,1"})):
         run = run_sh(shell, folder, "--dry-run", *args, env=env)
         assert run.returncode == 0 and run.stderr == b"", (args, run.stderr)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_gpu_numbering_that_names_fewer_gpus_than_the_profile_needs_as_the_plan_does(folder, tmp_path,
+                                                                                                     shell):
+    # CUDA_VISIBLE_DEVICES=0 on a profile of 2: the engine started on one GPU (GPUS=all too: it sees those named)
+    (tmp_path / "one.env").write_text("\xa0HIP_VISIBLE_DEVICES=GPU-4f1c9a2e\n")
+    for args, env, stderr in (
+        (["-e", "CUDA_VISIBLE_DEVICES=0", "tp2"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='0', which names 1 GPU, but profile tp2 needs 2: the engine would see "
+         "only those; remove it, or name 2, numbered from 0\n"),
+        (["-e", "ROCR_VISIBLE_DEVICES=1,01,", "tp2"], {"GPUS": "all"},  # GPU 1 twice
+         "error: -e sets ROCR_VISIBLE_DEVICES='1,01,', which names 1 GPU, but profile tp2 needs 2"),
+        (["-e", "GPU_DEVICE_ORDINAL=2,0,1", "-e", "CUDA_VISIBLE_DEVICES=3,1", "tp4"], {},
+         "error: -e sets CUDA_VISIBLE_DEVICES='3,1', which names 2 GPUs, but profile tp4 needs 4"),
+        (["--env-file", str(tmp_path / "one.env"), "tp2"], {},
+         f"error: --env-file {tmp_path / 'one.env'} sets HIP_VISIBLE_DEVICES='GPU-4f1c9a2e', which names 1 GPU, but "
+         "profile tp2 needs 2"),
+    ):
+        run = run_sh(shell, folder, "--dry-run", *args, env=env)
+        assert (run.returncode, run.stdout) == (2, b""), (args, run.stderr)
+        assert run.stderr.decode().startswith(stderr) and run.stderr.count(b"\n") == 1, (args, run.stderr)
+    run = run_sh(shell, folder, "--dry-run", "-e", "CUDA_VISIBLE_DEVICES=1,GPU-4f1c9a2e", "tp2")
+    assert run.returncode == 0 and run.stderr == b"", run.stderr
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
@@ -588,7 +612,7 @@ def test_run_sh_takes_hip_visible_devices_on_an_amd_or_nvidia_profile_as_the_pla
     metadata["profiles"]["tp2"].update(vendor="hygon", devices={"extra": [], "groups": []})
     folder, _ = make_release(tmp_path / "release", metadata=metadata)
     env_file = tmp_path / "amd.env"
-    env_file.write_text("A=1\nHIP_VISIBLE_DEVICES=3,1\n")
+    env_file.write_text("A=1\nHIP_VISIBLE_DEVICES=3,1,0,2\n")
     env = {"ENGINE_GROUPS": "video=44"}
     for args in (["-e", "HIP_VISIBLE_DEVICES=3,2,1,0", "tp4"], ["--env-file", str(env_file), "tp4"],
                  ["-e", "HIP_VISIBLE_DEVICES=0", "tp1"]):
@@ -795,7 +819,7 @@ def test_run_sh_checks_the_gpu_numbering_that_reaches_the_container_not_one_a_la
     for args, env, stderr in (
         (["--env-file", str(host), "-e", "CUDA_VISIBLE_DEVICES=1,0"], {}, ""),
         (["-e", "CUDA_VISIBLE_DEVICES=1,0", "--env-file", str(host)], {}, ""),  # (-e wins wherever it stands)
-        (["--env-file", str(empty), "-e", "CUDA_VISIBLE_DEVICES"], {"CUDA_VISIBLE_DEVICES": "0"}, ""),
+        (["--env-file", str(empty), "-e", "CUDA_VISIBLE_DEVICES"], {"CUDA_VISIBLE_DEVICES": "1,0"}, ""),
         (["--env-file", str(host), "--env-file", str(good)], {}, ""),
         (["--env-file", str(good), "--env-file", str(host)], {},
          f"error: --env-file {host} sets CUDA_VISIBLE_DEVICES='4,5', which names GPU 5" + tail),

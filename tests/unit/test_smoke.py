@@ -600,6 +600,33 @@ def test_a_multi_node_profile_starts_every_rank_on_a_private_network_and_gates_r
     assert engine.containers == {} and engine.networks == {}  # every rank and the network removed
 
 
+@pytest.mark.parametrize("topology, ipc, shm", [
+    ({}, "host", None),  # run.sh's default: the host's IPC, its /dev/shm
+    ({"ipc": "private", "shm_size": "16g"}, "private", 16 << 30),
+    ({"ipc": "shareable", "shm_size": "512m"}, "shareable", 512 << 20),
+    ({"ipc": "private"}, "private", None),  # docker's 64 MiB, as run.sh gives it
+])
+def test_the_gate_container_gets_the_profiles_ipc_mode_and_shm_size_as_run_sh_gives_them(engine, server, topology,
+                                                                                         ipc, shm):
+    # (before: the engine's default, private IPC with a /dev/shm of 64 MiB, whatever the profile asked: a server
+    # that needs a big /dev/shm was not tested as it runs)
+    seen: list = []
+    engine.starter = seen.append
+    document = metadata(server.server_port).model_dump()
+    document["profiles"]["tp1"]["topology"] = topology
+    result = run_gates(engine, "demo:1", ImageMetadata.model_validate(document, strict=False), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert [(c.ipc, c.shm_size) for c in seen] == [(ipc, shm)]
+    # every rank of a multi-node gate too
+    seen.clear()
+    engine.starter = lambda container: (seen.append(container), starter(container))
+    starter = waits_for_its_peers(engine, 2)
+    document["profiles"]["tp1"]["topology"] = {**topology, "nodes": 2, "network": "host", "master_port": 20000}
+    result = run_gates(engine, "demo:1", ImageMetadata.model_validate(document, strict=False), netns_pid=None)[0]
+    assert result.passed, result.steps
+    assert [(c.ipc, c.shm_size) for c in seen] == [(ipc, shm)] * 2
+
+
 def test_a_multi_node_rank_that_restarted_fails_the_stability_step_naming_it(engine, server):
     wait = waits_for_its_peers(engine, 3)
 
