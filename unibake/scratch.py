@@ -35,6 +35,7 @@ import requests
 
 from .docker_engine import TIMEOUT, DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
+from .publish import held_signals
 from .schema import IMAGE_ID_RE
 from .threads import Thread, counted
 
@@ -357,8 +358,13 @@ class ScratchEngine:
 
     def __enter__(self) -> "ScratchEngine":
         self._prepare_base()
-        self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
-        (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        try:  # an interrupt from the folder's making on is cleaned up by the exit (it left an empty folder)
+            with held_signals():  # made and recorded as one step: a signal lands once self.folder names it
+                self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
+            (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         self._start()
         return self
 

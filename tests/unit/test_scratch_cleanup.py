@@ -224,3 +224,36 @@ def test_an_interrupt_while_the_scratch_engine_stops_waits_for_its_one_stop_and_
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_an_interrupt_as_the_scratch_engine_s_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    # (before: the folder was made before the try whose clean-up removes it: a Ctrl-C or SIGTERM between mkdtemp and
+    # the daemon's start left an empty ub-scratch-* folder, until the next run with that --scratch-dir removed it)
+    import signal
+    import tempfile
+
+    from unibake import cli as cli_module
+    from unibake import scratch as scratch_module
+    from unibake.scratch import ScratchEngine
+
+    if ScratchEngine.unavailable_reason():
+        pytest.skip(ScratchEngine.unavailable_reason())
+    real = tempfile.mkdtemp
+
+    def made_then_interrupted(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the folder is there; the signal lands as mkdtemp returns it
+        return folder
+
+    monkeypatch.setattr(scratch_module.tempfile, "mkdtemp", made_then_interrupted)
+    base = tmp_path / "scratch"
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ScratchEngine(base):
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(base) == []
