@@ -406,12 +406,15 @@ class ScratchEngine:
                "-H", f"unix://{sock}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
                "--userland-proxy=false"]
         try:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            # started and recorded as one step: an interrupt inside Popen (the child made, the object never
+            # returned) lands once self.process names the child, for the exit to stop it (it ran on, in its session)
+            with held_signals():
+                self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True)
         except OSError as exc:
-            log.close()
             raise RoundTripUnavailable(f"cannot start a scratch dockerd: {exc}") from None
-        log.close()
+        finally:
+            log.close()
         self._wait_ready(sock)
 
     def _wait_ready(self, sock: Path) -> None:

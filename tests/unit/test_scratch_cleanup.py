@@ -257,3 +257,55 @@ def test_an_interrupt_as_the_scratch_engine_s_folder_is_made_leaves_no_folder(tm
         signal.signal(signal.SIGTERM, previous)
         cli_module._interrupts.clear()
     assert os.listdir(base) == []
+
+
+def test_an_interrupt_inside_popen_as_the_scratch_dockerd_starts_still_stops_it(tmp_path, monkeypatch):
+    # an interrupt inside subprocess.Popen's __init__, once the child is made: the Popen object is never returned,
+    # so nothing knew the child (before: it ran on, in its own session; a real dockerd re-made its removed data
+    # root); a stand-in dockerd that is no daemon executable, so that only the PID recorded can stop it
+    import signal
+    import subprocess as real_subprocess
+
+    from unibake import cli as cli_module
+    from unibake import scratch as scratch_module
+    from unibake.scratch import ScratchEngine
+
+    if ScratchEngine.unavailable_reason():
+        pytest.skip(ScratchEngine.unavailable_reason())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dockerd").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "dockerd").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    started: list[int] = []
+
+    class InterruptedPopen(real_subprocess.Popen):
+        def _execute_child(self, *args, **kwargs):
+            super()._execute_child(*args, **kwargs)
+            started.append(self.pid)
+            os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the child running
+
+    monkeypatch.setattr(scratch_module.subprocess, "Popen", InterruptedPopen)
+    base = tmp_path / "scratch"
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ScratchEngine(base):
+                pass
+        assert len(started) == 1
+        try:
+            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
+        except ChildProcessError:  # stopped and reaped by the exit
+            ended = True
+        assert ended, "the scratch dockerd was left running"
+        assert os.listdir(base) == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
