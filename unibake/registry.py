@@ -71,6 +71,7 @@ from .files import read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
+from .publish import held_signals
 from .signing import SECRETS
 
 # ---------------------------------------------------------------------------------------------
@@ -249,22 +250,25 @@ class _TimedStore(docker.credentials.Store):
     def _execute(self, subcmd, data_input):
         if self.exe is None:  # (docker-py's own error: not installed)
             return super()._execute(subcmd, data_input)
+        proc = None
         try:
-            proc = subprocess.Popen([self.exe, subcmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env=docker.credentials.utils.create_environment_dict(self.environment))
-        except OSError as exc:
-            raise docker.credentials.StoreError(f"{self.program} could not be run ({exc.strerror})") from None
-        try:
+            try:  # started and recorded as one step: an interrupt inside Popen (the helper made, the object never
+                with held_signals():  # returned) lands once proc names it, for the finally to end it (it ran on)
+                    proc = subprocess.Popen([self.exe, subcmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            env=docker.credentials.utils.create_environment_dict(self.environment))
+            except OSError as exc:
+                raise docker.credentials.StoreError(f"{self.program} could not be run ({exc.strerror})") from None
             answer = _bounded_answer(proc, data_input, time.monotonic() + HELPER_TIMEOUT)
         finally:
-            if proc.poll() is None:
-                _end_with_its_children(proc.pid)
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                try:  # (a helper gone before it read what it was sent: its stdin is a broken pipe)
-                    pipe.close()
-                except OSError:
-                    pass
+            if proc is not None:
+                if proc.poll() is None:
+                    _end_with_its_children(proc.pid)
+                proc.wait()
+                for pipe in (proc.stdin, proc.stdout):
+                    try:  # (a helper gone before it read what it was sent: its stdin is a broken pipe)
+                        pipe.close()
+                    except OSError:
+                        pass
         if proc.returncode:
             # (docker-py decoded it as UTF-8 strictly: other bytes were 'its auth must be base64')
             message = one_line(answer.decode("utf-8", "replace"))[:200]
