@@ -280,10 +280,11 @@ def test_an_interrupt_inside_popen_as_the_scratch_dockerd_starts_still_stops_it(
     started: list[int] = []
 
     class InterruptedPopen(real_subprocess.Popen):
-        def _execute_child(self, *args, **kwargs):
-            super()._execute_child(*args, **kwargs)
-            started.append(self.pid)
-            os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the child running
+        def _execute_child(self, args, *rest, **kwargs):
+            super()._execute_child(args, *rest, **kwargs)
+            if not started and str(args[0]).endswith("unshare"):  # (the daemon's start alone: not a umount)
+                started.append(self.pid)
+                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the child running
 
     monkeypatch.setattr(scratch_module.subprocess, "Popen", InterruptedPopen)
     base = tmp_path / "scratch"
