@@ -21,9 +21,9 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from . import buildmemo, supply
@@ -43,8 +43,9 @@ from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Va
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
-from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, hold_release, lock_release,
-                      previous_release, publish, SUMS, refuse_existing, release_locks, release_tag, render_files)
+from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, held_signals, hold_release,
+                      lock_release, previous_release, publish, SUMS, refuse_existing, release_locks, release_tag,
+                      render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -52,6 +53,7 @@ from .roundtrip import check_base_loaded, round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
 from .scratch import ScratchEngine, SeededEngine
 from .smoke import run_gates
+from .threads import Background
 
 
 # ---------------------------------------------------------------------------------------------
@@ -701,14 +703,14 @@ def _export(run: Run) -> tuple:
     name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
-    preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
-        if base is not None and fresh is not None else None
-    before = None
-    if preload is not None:
-        _forget_after(run, fresh, base.manifest.image_id)
-        before = fresh.list_images()  # what a base that loads as another image brought is taken out again
-    loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
+    before = loading = None
     try:
+        if base is not None and fresh is not None:
+            _forget_after(run, fresh, base.manifest.image_id)
+            before = fresh.list_images()  # what a base that loads as another image brought is taken out again
+            stream = _base_release_stream(run, base, held)
+            with held_signals():  # started and recorded as one step: an interrupt lands once the finally waits for it
+                loading = Background(partial(fresh.load, stream), name="base-release-load")
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
             try:
                 done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
@@ -725,9 +727,10 @@ def _export(run: Run) -> tuple:
             check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded,
                               base_tag=base.manifest.tag)
     finally:
-        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
-            # a --verify-engine's is waited for, so that what it loaded is there to be removed
-            preload.shutdown(wait=loading.done() or bool(request.verify_engine))
+        if loading is not None and request.verify_engine:  # on a failure the load may still run: stopping the
+            # scratch engine ends it, a --verify-engine's is waited for, so that what it loaded is there to be
+            # removed (a daemon thread: a third interrupt, cutting this wait short, leaves an exit that waits for none)
+            loading.wait()
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
