@@ -1273,8 +1273,10 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     on_warning = on_warning or on_line
     start = time.monotonic()
     tag = target.tag or manifest.release
-    spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
-    try:
+    spool = None
+    try:  # made and recorded as one step: an interrupt as it is made lands inside the try that removes it (it stayed)
+        with held_signals():
+            spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
         on_line(f"compressing the layers of {manifest.archive.name} in {spool.parent} ({compression}; a layer it holds "
                 "compressed goes as it is), then uploading those the registry lacks")
         shown = progress or (lambda what, total: nullcontext(lambda n: None))
@@ -1318,7 +1320,8 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                        f"it while this one ran; this release is stored as {target.repository}@{digest}, which is "
                        "recorded (pull it by that); push again to point the tag at it")
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
                             digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -1349,13 +1352,16 @@ def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression:
     the layers are compressed the same way every time, so it names exactly the release's blobs.
     ``progress`` (the reporter's) shows that compression: the whole archive's, minutes for a big one."""
     shown = progress or (lambda what, total: nullcontext(lambda n: None))
-    spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
-    try:
+    spool = None
+    try:  # made and recorded as one step: an interrupt as it is made lands inside the try that removes it (it stayed)
+        with held_signals():
+            spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
         with shown(f"compress {manifest.tag} ({compression}, as a push would)",
                    manifest.archive.uncompressed_bytes) as advance:
             saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
     config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
     return "sha256:" + hashlib.sha256(image_manifest(config, [blob for blob, _ in layers])).hexdigest()
 

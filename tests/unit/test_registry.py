@@ -2548,3 +2548,41 @@ def test_an_interrupt_inside_popen_as_a_credential_helper_starts_still_ends_the_
                 os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+
+@pytest.mark.parametrize("spooled", ["push", "digest check"])
+def test_an_interrupt_as_the_push_s_spool_folder_is_made_leaves_no_folder(tmp_path, monkeypatch, spooled):
+    # (before: the spool folder was made before the try that removes it: a Ctrl-C or SIGTERM as mkdtemp returned left
+    # an empty unibake-push-* / unibake-check-* folder in the temporary folder)
+    import signal
+    import tempfile
+
+    from unibake import cli as cli_module
+    from unibake import registry
+    from unibake.registry import pushed_manifest_digest
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    real = tempfile.mkdtemp
+
+    def made_then_interrupted(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the folder is there; the signal lands as mkdtemp returns it
+        return made
+
+    monkeypatch.setattr(registry.tempfile, "mkdtemp", made_then_interrupted)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if spooled == "push":
+                push_release(folder, manifest, target, RecordingClient(), temp_dir=spool)
+            else:
+                pushed_manifest_digest(folder, manifest, "gzip", temp_dir=spool)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(spool) == []
