@@ -452,8 +452,9 @@ def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:
 
 
 def _temp_folder(run: Run) -> tuple:
-    folder = TempFolder()
-    run.stack.callback(folder.remove)
+    with held_signals():  # made and handed to the clean-up as one step: an interrupt between left the folder
+        folder = TempFolder()
+        run.stack.callback(folder.remove)
     return _one(folder)
 
 
