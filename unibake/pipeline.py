@@ -574,17 +574,25 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
         return run.connect(run.request.verify_engine), None, run.request.verify_engine, None, None
     if seed is not None:
         try:
-            seeded = run.stack.enter_context(SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
-                                                          on_line=run.reporter.info, progress=run.reporter.progress))
+            seeded = _started(run, SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
+                                                on_line=run.reporter.info, progress=run.reporter.progress))
         except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:
             run.after("smoke gates", seeded.stop_in_background)
             return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed,
                     seeded.folder)
-    scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
+    scratch = _started(run, ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
     run.after("smoke gates", scratch.stop_in_background)
     return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}", None, scratch.folder
+
+
+def _started(run: Run, scratch: ScratchEngine) -> ScratchEngine:
+    """``scratch`` started, its exit handed to the run's clean-up first: with ``enter_context`` an interrupt as the
+    start returned, before the exit was recorded, left its dockerd running and its folder. (Its exit after a start
+    that failed finds nothing: the start stops what it began, and the exit does nothing twice.)"""
+    run.stack.push(scratch.__exit__)
+    return scratch.__enter__()
 
 
 @contextmanager
