@@ -398,7 +398,7 @@ def _folder(run: Run) -> tuple:
     if run.request.force:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
-    folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
+    folder = _entered(run, ReleaseFolder(run.request.out, target.release, force=run.request.force))
     if folder.first_release_problem:  # ranked by it for ever: taken only from a folder that checks out
         run.reporter.warn(f"{folder.final}: when the release it replaces was first published is not carried over "
                           f"({folder.first_release_problem}); the new release counts as first published now")
@@ -574,7 +574,7 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
         return run.connect(run.request.verify_engine), None, run.request.verify_engine, None, None
     if seed is not None:
         try:
-            seeded = _started(run, SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
+            seeded = _entered(run, SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
                                                 on_line=run.reporter.info, progress=run.reporter.progress))
         except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
@@ -582,17 +582,18 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
             run.after("smoke gates", seeded.stop_in_background)
             return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed,
                     seeded.folder)
-    scratch = _started(run, ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
+    scratch = _entered(run, ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
     run.after("smoke gates", scratch.stop_in_background)
     return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}", None, scratch.folder
 
 
-def _started(run: Run, scratch: ScratchEngine) -> ScratchEngine:
-    """``scratch`` started, its exit handed to the run's clean-up first: with ``enter_context`` an interrupt as the
-    start returned, before the exit was recorded, left its dockerd running and its folder. (Its exit after a start
-    that failed finds nothing: the start stops what it began, and the exit does nothing twice.)"""
-    run.stack.push(scratch.__exit__)
-    return scratch.__enter__()
+def _entered(run: Run, held):
+    """``held`` entered (a scratch engine started, a release folder locked and staged), its exit handed to the run's
+    clean-up first: with ``enter_context`` an interrupt as the enter returned, before the exit was recorded, left a
+    dockerd running and its folder, or a staging folder. (Each exit does nothing after an enter that failed, which
+    lets go of what it took, nor when it has run already.)"""
+    run.stack.push(held.__exit__)
+    return held.__enter__()
 
 
 @contextmanager
