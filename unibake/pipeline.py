@@ -458,29 +458,31 @@ def _temp_folder(run: Run) -> tuple:
     return _one(folder)
 
 
-def _release_tag_on_failure(run: Run, plan: ReleasePlan, built: BuiltImage):
+def _release_tag_on_failure(run: Run, plan: ReleasePlan, replaced: str | None, built: list[BuiltImage]):
     """The build tags the release's tag at once. When the run ends well, or once its release folder
-    is published, the image the tag named before is let go (unless something else needs it). When
-    it fails before that (a check, the smoke gates, an interrupt), the tag must not name an image
-    that was never released: what it names is kept as build cache (``...-failed``, per platform) and
-    the tag goes back to the image it named before, or away."""
+    is published, the image the tag named before (``replaced``) is let go (unless something else needs
+    it). When it fails before that (a check, the smoke gates, an interrupt), the tag must not name an
+    image that was never released: what it names is kept as build cache (``...-failed``, per platform)
+    and the tag goes back to the image it named before, or away. Pushed before the build, so that an
+    interrupt as the build ends (the engine's tag set, ``built`` not yet given) is put back too."""
     def on_exit(exc_type, exc, tb) -> bool:
         folder: ReleaseFolder | None = run.get("folder")
         try:
             now = run.engine.inspect_image(plan.tag)
             if exc_type is None or (folder is not None and folder.committed):
-                if built.replaced and built.replaced != built.image_id and (now is None or now.id != built.replaced):
-                    run.engine.remove_if_unused(built.replaced)
+                if built and replaced and replaced != built[0].image_id and (now is None or now.id != replaced):
+                    run.engine.remove_if_unused(replaced)
                 return False
-            if now is not None and now.id != built.replaced:
+            if now is not None and now.id != replaced:
                 role = f"failed{plan.platform.suffix}"
                 keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, role), now.id)
-                if built.replaced and run.engine.inspect_image(built.replaced) is not None:
-                    run.engine.tag(built.replaced, plan.tag)
+                if replaced and run.engine.inspect_image(replaced) is not None:
+                    run.engine.tag(replaced, plan.tag)
                 else:
                     run.engine.remove_image(plan.tag)
         except UnibakeError as err:  # the run's own error is the one to report
-            run.reporter.warn(f"{plan.tag} may still name the image of this failed run: {err}")
+            if built:  # (a build that failed, or was cut short, before it ended most likely tagged nothing)
+                run.reporter.warn(f"{plan.tag} may still name the image of this failed run: {err}")
         return False
     return on_exit
 
@@ -532,19 +534,24 @@ def _build(run: Run) -> tuple:
     memo = None if run.request.hold else plan.project_root / ".cache" / "build-memo"
     # each memo signed with a key of the user's own: a memo file a checkout brought is not taken
     memo_key = buildmemo.secret(run.request.env) if memo is not None else None
+    # the tag's clean-up pushed before the build: an interrupt as the build ends (the engine's tag set, the
+    # build's last look at it under way) put the tag on an image never released, for good
+    given: list[BuiltImage] = []
+    if not run.request.hold:
+        before = run.engine.inspect_image(plan.tag)
+        run.stack.push(_release_tag_on_failure(run, plan, before.id if before is not None else None, given))
+    else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
+        run.stack.push(_repro_tag_on_failure(run, ref))
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
                         platform=plan.platform.name, memo=memo if memo_key else None, memo_key=memo_key)
+    given.append(built)
     if built.replaced and built.replaced != built.image_id:
         # no release folder of this tag under --out (that is refused before the build), but the engine's
         # tag named another image: released under another --out, perhaps; said, not silently let go
         run.reporter.warn(f"{plan.tag} named {built.replaced[:19]} before this build; it names the new image now, "
                           f"and {built.replaced[:19]} is removed when the run ends well, unless another tag names it "
                           f"(to keep it: docker tag {built.replaced[:19]} NAME, before the run ends)")
-    if not run.request.hold:
-        run.stack.push(_release_tag_on_failure(run, plan, built))
-    else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
-        run.stack.push(_repro_tag_on_failure(run, ref))
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache{memoised}")
     return _one(built)
