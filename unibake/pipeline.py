@@ -691,6 +691,23 @@ def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
     run.stack.callback(forget)
 
 
+def _forget_the_export_load(run: Run, engine: Engine, tag: str) -> None:
+    """What the one-pass export loads into a --verify-engine (its image, under ``tag``) is removed again when the
+    run ends, well or not: said before the export, as its image ID is known only once the stream has passed (said
+    after it, an error or an interrupt once the load was done left the image there, under the release's tag); not
+    an image the tag named before."""
+    before = engine.inspect_image(tag)
+
+    def forget() -> None:
+        try:
+            now = engine.inspect_image(tag)
+            if now is not None and (before is None or now.id != before.id):
+                engine.remove_image(now.id)
+        except UnibakeError as exc:  # the run's own error, if it failed, is the one to report
+            run.reporter.warn(f"{tag} may still be in the verify engine at {engine.address}: {exc}")
+    run.stack.callback(forget)
+
+
 def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:
     """A hotfix's base release as its fresh engine loads it: the whole archive, or, when that engine
     is seeded with the base image and the release's layers start with the base image's, without the
@@ -721,6 +738,8 @@ def _export(run: Run) -> tuple:
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
     before = loading = None
+    if request.verify_engine and fresh is not None and base is None:
+        _forget_the_export_load(run, fresh, built.tag)
     try:
         if base is not None and fresh is not None:
             _forget_after(run, fresh, base.manifest.image_id)
@@ -764,8 +783,6 @@ def _export(run: Run) -> tuple:
             trip, back = round_trip(archive, fresh)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
-    if request.verify_engine and fresh is not None and base is None:
-        run.stack.callback(fresh.remove_image, archive.image.image_id)
     return image, archive, proof
 
 
