@@ -103,32 +103,33 @@ def _keep_stages(engine: Engine, product: str, selection: str, stage_images: tup
         keep_as_cache(engine, cache_ref(product, selection, f"stage{n}"), stage_image)
 
 
-def _hold(engine: Engine, product: str, selection: str, image_ids: tuple[str, ...]) -> tuple[str, ...] | None:
+def _hold(engine: Engine, product: str, selection: str, image_ids: tuple[str, ...], held: list[str]) -> bool:
     """Tag the build memo's images for the time of one build, so that another run of the same selection,
     whose build cache replaces (and removes) the images this one builds FROM, cannot take them away
-    mid-build (an untagged image is removed; a tagged one is kept). None, with nothing left tagged, when
-    one is gone already. The tags are build cache (``unibake-cache/...``): ``prune`` removes any a killed
-    run left."""
+    mid-build (an untagged image is removed; a tagged one is kept). False, with nothing left tagged, when
+    one is gone already. Each tag is put in ``held`` before it is asked for, so that the caller's clean-up
+    (its ``finally``) removes it even when an interrupt lands while it is put or right after. The tags are
+    build cache (``unibake-cache/...``): ``prune`` removes any a killed run left."""
     token = f"hold{os.getpid()}x{secrets.token_hex(3)}"
-    held: list[str] = []
     for n, image_id in enumerate(image_ids):
         ref = cache_ref(product, selection, f"{token}-{n}")
+        held.append(ref)
         try:
             engine.tag(image_id, ref)
         except EngineError:
             if engine.inspect_image(image_id) is not None:
-                _release(engine, tuple(held))
                 raise
-            _release(engine, tuple(held))
-            return None
-        held.append(ref)
-    return tuple(held)
+            _release(engine, held)
+            return False
+    return True
 
 
-def _release(engine: Engine, held: tuple[str, ...] | None) -> None:
-    """Remove the tags :func:`_hold` put (each image stays while the build made from it, or a tag, needs it)."""
-    for ref in held or ():
-        engine.untag(ref)
+def _release(engine: Engine, held: list[str]) -> None:
+    """Remove the tags :func:`_hold` put (each image stays while the build made from it, or a tag, needs it);
+    ``held`` is emptied as they go."""
+    while held:
+        engine.untag(held[-1])
+        held.pop()
 
 
 def build_image(context: BuildContext, engine: Engine, *, product: str, revision: str, epoch: int,
@@ -150,23 +151,25 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
     key = buildmemo.inputs_digest(context, cut, engine, platform) if cut is not None else None
     hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine, memo_key) \
         if key is not None and not nocache else None
-    held = _hold(engine, product, context.selection, (hit.lower, *hit.stages)) if hit is not None else None
-    if hit is not None and held is None:
-        on_line("the build memo's images went from the engine since they were looked up (another run's build "
-                "cache replaced them): building everything")
-        hit = None
+    held: list[str] = []  # the hold's tags, removed by the finally however the build ends (an interrupt too)
+    try:
+        if hit is not None and not _hold(engine, product, context.selection, (hit.lower, *hit.stages), held):
+            on_line("the build memo's images went from the engine since they were looked up (another run's build "
+                    "cache replaced them): building everything")
+            hit = None
+        if hit is not None:
+            on_line(f"the {cut.lower_steps} steps above the build memo's marker are unchanged (inputs "
+                    f"sha256:{key[:12]}): building FROM {hit.lower[:19]}, without their context")
+            offset = cut.lower_steps - 1  # the upper Dockerfile's FROM stands for the steps above the marker
+            try:
+                outcome = _build(buildmemo.upper_context(context, cut, hit), engine, tag=tag, product=product,
+                                 revision=revision, epoch=epoch, nocache=False, platform=platform,
+                                 on_line=lambda line: on_line(_renumbered(line, offset)))
+            except BuildFailed as exc:
+                raise _renumbered_failure(exc, offset) from None
+    finally:
+        _release(engine, held)
     if hit is not None:
-        on_line(f"the {cut.lower_steps} steps above the build memo's marker are unchanged (inputs "
-                f"sha256:{key[:12]}): building FROM {hit.lower[:19]}, without their context")
-        offset = cut.lower_steps - 1  # the upper Dockerfile's FROM stands for the steps above the marker
-        try:
-            outcome = _build(buildmemo.upper_context(context, cut, hit), engine, tag=tag, product=product,
-                             revision=revision, epoch=epoch, nocache=False, platform=platform,
-                             on_line=lambda line: on_line(_renumbered(line, offset)))
-        except BuildFailed as exc:
-            raise _renumbered_failure(exc, offset) from None
-        finally:
-            _release(engine, held)
         lower = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
                  for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
         upper = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]  # its FROM: the memo

@@ -260,8 +260,11 @@ def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o64
         else:  # (a long name's own would pass 255 bytes: a hash of it stands in)
             raw = os.fsencode(name)
             prefix = f".{name}." if len(raw) <= 200 else f".{hashlib.sha256(raw).hexdigest()[:16]}."
-            fd, made = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)  # O_EXCL: never through a link
-            path = Path(made)
+            from .publish import held_signals  # (here: publish imports this module)
+
+            with held_signals():  # made and recorded as one step: an interrupt as it was made left the file
+                fd, made = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)  # O_EXCL: never through a link
+                path = Path(made)
             fh = os.fdopen(fd, "wb")
         with fh:
             fh.write(data)

@@ -60,6 +60,7 @@ from .inputs import LOCK_FILE, sha256_file
 from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
 from .plan import INSTALL_ROOT, ReleasePlan
+from .publish import held_signals
 from .render import BuildContext, write_context_tar
 from .schema import IMAGE_REF_RE, SHA256_RE as HEX64_RE
 from .sbom import BaseImage
@@ -245,7 +246,8 @@ class KitDraft:
             raise InputError(f"{target}: a folder where the kit would be written; move it away or write the kit "
                              "elsewhere")
         self._hold_folder()
-        self._fh = open_new(self.temp)  # never through a link planted under its name in --out
+        with held_signals():  # made and recorded as one step: an interrupt as it was made left .KIT.tmp in --out
+            self._fh = open_new(self.temp)  # never through a link planted under its name in --out
         self._counted = _Hashing(self._fh, self._stop)
         self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
         self._tar = tarfile.open(fileobj=self._zw, mode="w|", format=tarfile.PAX_FORMAT)

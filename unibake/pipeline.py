@@ -21,9 +21,9 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from . import buildmemo, supply
@@ -43,8 +43,9 @@ from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Va
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
 from .platforms import parse as parse_platforms
-from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, hold_release, lock_release,
-                      previous_release, publish, SUMS, refuse_existing, release_locks, release_tag, render_files)
+from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, held_signals, hold_release,
+                      lock_release, previous_release, publish, SUMS, refuse_existing, release_locks, release_tag,
+                      render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
@@ -52,6 +53,7 @@ from .roundtrip import check_base_loaded, round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts
 from .scratch import ScratchEngine, SeededEngine
 from .smoke import run_gates
+from .threads import Background
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,7 +403,7 @@ def _folder(run: Run) -> tuple:
     if run.request.force:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
-    folder = run.stack.enter_context(ReleaseFolder(run.request.out, target.release, force=run.request.force))
+    folder = _entered(run, ReleaseFolder(run.request.out, target.release, force=run.request.force))
     if folder.first_release_problem:  # ranked by it for ever: taken only from a folder that checks out
         run.reporter.warn(f"{folder.final}: when the release it replaces was first published is not carried over "
                           f"({folder.first_release_problem}); the new release counts as first published now")
@@ -455,34 +457,37 @@ def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:
 
 
 def _temp_folder(run: Run) -> tuple:
-    folder = TempFolder()
-    run.stack.callback(folder.remove)
+    with held_signals():  # made and handed to the clean-up as one step: an interrupt between left the folder
+        folder = TempFolder()
+        run.stack.callback(folder.remove)
     return _one(folder)
 
 
-def _release_tag_on_failure(run: Run, plan: ReleasePlan, built: BuiltImage):
+def _release_tag_on_failure(run: Run, plan: ReleasePlan, replaced: str | None, built: list[BuiltImage]):
     """The build tags the release's tag at once. When the run ends well, or once its release folder
-    is published, the image the tag named before is let go (unless something else needs it). When
-    it fails before that (a check, the smoke gates, an interrupt), the tag must not name an image
-    that was never released: what it names is kept as build cache (``...-failed``, per platform) and
-    the tag goes back to the image it named before, or away."""
+    is published, the image the tag named before (``replaced``) is let go (unless something else needs
+    it). When it fails before that (a check, the smoke gates, an interrupt), the tag must not name an
+    image that was never released: what it names is kept as build cache (``...-failed``, per platform)
+    and the tag goes back to the image it named before, or away. Pushed before the build, so that an
+    interrupt as the build ends (the engine's tag set, ``built`` not yet given) is put back too."""
     def on_exit(exc_type, exc, tb) -> bool:
         folder: ReleaseFolder | None = run.get("folder")
         try:
             now = run.engine.inspect_image(plan.tag)
             if exc_type is None or (folder is not None and folder.committed):
-                if built.replaced and built.replaced != built.image_id and (now is None or now.id != built.replaced):
-                    run.engine.remove_if_unused(built.replaced)
+                if built and replaced and replaced != built[0].image_id and (now is None or now.id != replaced):
+                    run.engine.remove_if_unused(replaced)
                 return False
-            if now is not None and now.id != built.replaced:
+            if now is not None and now.id != replaced:
                 role = f"failed{plan.platform.suffix}"
                 keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, role), now.id)
-                if built.replaced and run.engine.inspect_image(built.replaced) is not None:
-                    run.engine.tag(built.replaced, plan.tag)
+                if replaced and run.engine.inspect_image(replaced) is not None:
+                    run.engine.tag(replaced, plan.tag)
                 else:
                     run.engine.remove_image(plan.tag)
         except UnibakeError as err:  # the run's own error is the one to report
-            run.reporter.warn(f"{plan.tag} may still name the image of this failed run: {err}")
+            if built:  # (a build that failed, or was cut short, before it ended most likely tagged nothing)
+                run.reporter.warn(f"{plan.tag} may still name the image of this failed run: {err}")
         return False
     return on_exit
 
@@ -534,19 +539,24 @@ def _build(run: Run) -> tuple:
     memo = None if run.request.hold else plan.project_root / BUILD_MEMO
     # each memo signed with a key of the user's own: a memo file a checkout brought is not taken
     memo_key = buildmemo.secret(run.request.env) if memo is not None else None
+    # the tag's clean-up pushed before the build: an interrupt as the build ends (the engine's tag set, the
+    # build's last look at it under way) put the tag on an image never released, for good
+    given: list[BuiltImage] = []
+    if not run.request.hold:
+        before = run.engine.inspect_image(plan.tag)
+        run.stack.push(_release_tag_on_failure(run, plan, before.id if before is not None else None, given))
+    else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
+        run.stack.push(_repro_tag_on_failure(run, ref))
     built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
                         epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
                         platform=plan.platform.name, memo=memo if memo_key else None, memo_key=memo_key)
+    given.append(built)
     if built.replaced and built.replaced != built.image_id:
         # no release folder of this tag under --out (that is refused before the build), but the engine's
         # tag named another image: released under another --out, perhaps; said, not silently let go
         run.reporter.warn(f"{plan.tag} named {built.replaced[:19]} before this build; it names the new image now, "
                           f"and {built.replaced[:19]} is removed when the run ends well, unless another tag names it "
                           f"(to keep it: docker tag {built.replaced[:19]} NAME, before the run ends)")
-    if not run.request.hold:
-        run.stack.push(_release_tag_on_failure(run, plan, built))
-    else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
-        run.stack.push(_repro_tag_on_failure(run, ref))
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache{memoised}")
     return _one(built)
@@ -576,17 +586,26 @@ def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None
         return run.connect(run.request.verify_engine), None, run.request.verify_engine, None, None
     if seed is not None:
         try:
-            seeded = run.stack.enter_context(SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
-                                                          on_line=run.reporter.info, progress=run.reporter.progress))
+            seeded = _entered(run, SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
+                                                on_line=run.reporter.info, progress=run.reporter.progress))
         except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:
             run.after("smoke gates", seeded.stop_in_background)
             return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed,
                     seeded.folder)
-    scratch = run.stack.enter_context(ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
+    scratch = _entered(run, ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
     run.after("smoke gates", scratch.stop_in_background)
     return scratch.engine, scratch.pid, f"scratch dockerd {scratch.folder}", None, scratch.folder
+
+
+def _entered(run: Run, held):
+    """``held`` entered (a scratch engine started, a release folder locked and staged), its exit handed to the run's
+    clean-up first: with ``enter_context`` an interrupt as the enter returned, before the exit was recorded, left a
+    dockerd running and its folder, or a staging folder. (Each exit does nothing after an enter that failed, which
+    lets go of what it took, nor when it has run already.)"""
+    run.stack.push(held.__exit__)
+    return held.__enter__()
 
 
 @contextmanager
@@ -677,6 +696,23 @@ def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
     run.stack.callback(forget)
 
 
+def _forget_the_export_load(run: Run, engine: Engine, tag: str) -> None:
+    """What the one-pass export loads into a --verify-engine (its image, under ``tag``) is removed again when the
+    run ends, well or not: said before the export, as its image ID is known only once the stream has passed (said
+    after it, an error or an interrupt once the load was done left the image there, under the release's tag); not
+    an image the tag named before."""
+    before = engine.inspect_image(tag)
+
+    def forget() -> None:
+        try:
+            now = engine.inspect_image(tag)
+            if now is not None and (before is None or now.id != before.id):
+                engine.remove_image(now.id)
+        except UnibakeError as exc:  # the run's own error, if it failed, is the one to report
+            run.reporter.warn(f"{tag} may still be in the verify engine at {engine.address}: {exc}")
+    run.stack.callback(forget)
+
+
 def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:
     """A hotfix's base release as its fresh engine loads it: the whole archive, or, when that engine
     is seeded with the base image and the release's layers start with the base image's, without the
@@ -706,14 +742,16 @@ def _export(run: Run) -> tuple:
     name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
-    preload = ThreadPoolExecutor(max_workers=1, thread_name_prefix="base-release-load") \
-        if base is not None and fresh is not None else None
-    before = None
-    if preload is not None:
-        _forget_after(run, fresh, base.manifest.image_id)
-        before = fresh.list_images()  # what a base that loads as another image brought is taken out again
-    loading = preload.submit(fresh.load, _base_release_stream(run, base, held)) if preload else None
+    before = loading = None
+    if request.verify_engine and fresh is not None and base is None:
+        _forget_the_export_load(run, fresh, built.tag)
     try:
+        if base is not None and fresh is not None:
+            _forget_after(run, fresh, base.manifest.image_id)
+            before = fresh.list_images()  # what a base that loads as another image brought is taken out again
+            stream = _base_release_stream(run, base, held)
+            with held_signals():  # started and recorded as one step: an interrupt lands once the finally waits for it
+                loading = Background(partial(fresh.load, stream), name="base-release-load")
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
             try:
                 done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
@@ -730,9 +768,10 @@ def _export(run: Run) -> tuple:
             check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded,
                               base_tag=base.manifest.tag)
     finally:
-        if preload is not None:  # on a failure the load may still run: stopping the scratch engine ends it,
-            # a --verify-engine's is waited for, so that what it loaded is there to be removed
-            preload.shutdown(wait=loading.done() or bool(request.verify_engine))
+        if loading is not None and request.verify_engine:  # on a failure the load may still run: stopping the
+            # scratch engine ends it, a --verify-engine's is waited for, so that what it loaded is there to be
+            # removed (a daemon thread: a third interrupt, cutting this wait short, leaves an exit that waits for none)
+            loading.wait()
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
@@ -749,8 +788,6 @@ def _export(run: Run) -> tuple:
             trip, back = round_trip(archive, fresh)
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
-    if request.verify_engine and fresh is not None and base is None:
-        run.stack.callback(fresh.remove_image, archive.image.image_id)
     return image, archive, proof
 
 

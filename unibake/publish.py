@@ -164,8 +164,14 @@ class ReleaseFolder:
         self.first_release, self.first_release_problem, self.first_release_sums = self._replaced_first_release()
         try:
             fresh_folder(self.staging, "a release's staging folder")
-        except BaseException:
+        except UnibakeError:  # (a link, a file, a folder it cannot remove: no run's, left as it is, and said)
             self._unlock()
+            raise
+        except BaseException:  # an interrupt as it was made: this run's, removed (it was left, empty)
+            try:
+                remove_tree(self.staging, ignore_errors=True)
+            finally:
+                self._unlock()
             raise
         return self
 
@@ -268,6 +274,8 @@ class ReleaseFolder:
             self._lock = None
 
     def __exit__(self, *exc) -> None:
+        if self._lock is None:  # never entered (an enter that failed let go of all it took), or exited already:
+            return  # the staging folder is not this run's to remove
         try:
             remove_tree(self.staging, ignore_errors=True)
         except RecursionError:  # the staging folder swapped for a tree nested too deep while the run went on:

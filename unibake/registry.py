@@ -72,7 +72,7 @@ from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against,
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
 from .platforms import of_config
-
+from .publish import held_signals
 from .signing import SECRETS
 
 # ---------------------------------------------------------------------------------------------
@@ -251,22 +251,25 @@ class _TimedStore(docker.credentials.Store):
     def _execute(self, subcmd, data_input):
         if self.exe is None:  # (docker-py's own error: not installed)
             return super()._execute(subcmd, data_input)
+        proc = None
         try:
-            proc = subprocess.Popen([self.exe, subcmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    env=docker.credentials.utils.create_environment_dict(self.environment))
-        except OSError as exc:
-            raise docker.credentials.StoreError(f"{self.program} could not be run ({exc.strerror})") from None
-        try:
+            try:  # started and recorded as one step: an interrupt inside Popen (the helper made, the object never
+                with held_signals():  # returned) lands once proc names it, for the finally to end it (it ran on)
+                    proc = subprocess.Popen([self.exe, subcmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            env=docker.credentials.utils.create_environment_dict(self.environment))
+            except OSError as exc:
+                raise docker.credentials.StoreError(f"{self.program} could not be run ({exc.strerror})") from None
             answer = _bounded_answer(proc, data_input, time.monotonic() + HELPER_TIMEOUT)
         finally:
-            if proc.poll() is None:
-                _end_with_its_children(proc.pid)
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                try:  # (a helper gone before it read what it was sent: its stdin is a broken pipe)
-                    pipe.close()
-                except OSError:
-                    pass
+            if proc is not None:
+                if proc.poll() is None:
+                    _end_with_its_children(proc.pid)
+                proc.wait()
+                for pipe in (proc.stdin, proc.stdout):
+                    try:  # (a helper gone before it read what it was sent: its stdin is a broken pipe)
+                        pipe.close()
+                    except OSError:
+                        pass
         if proc.returncode:
             # (docker-py decoded it as UTF-8 strictly: other bytes were 'its auth must be base64')
             message = one_line(answer.decode("utf-8", "replace"))[:200]
@@ -1276,8 +1279,10 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     on_warning = on_warning or on_line
     start = time.monotonic()
     tag = index_tag or target.tag or manifest.release
-    spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
-    try:
+    spool = None
+    try:  # made and recorded as one step: an interrupt as it is made lands inside the try that removes it (it stayed)
+        with held_signals():
+            spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
         on_line(f"compressing the layers of {manifest.archive.name} in {spool.parent} ({compression}; a layer it holds "
                 "compressed goes as it is), then uploading those the registry lacks")
         shown = progress or (lambda what, total: nullcontext(lambda n: None))
@@ -1321,7 +1326,8 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
                        f"it while this one ran; this release is stored as {target.repository}@{digest}, which is "
                        "recorded (pull it by that); push again to point the tag at it")
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
                             digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -1380,13 +1386,16 @@ def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression:
     the layers are compressed the same way every time, so it names exactly the release's blobs.
     ``progress`` (the reporter's) shows that compression: the whole archive's, minutes for a big one."""
     shown = progress or (lambda what, total: nullcontext(lambda n: None))
-    spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
-    try:
+    spool = None
+    try:  # made and recorded as one step: an interrupt as it is made lands inside the try that removes it (it stayed)
+        with held_signals():
+            spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
         with shown(f"compress {manifest.tag} ({compression}, as a push would)",
                    manifest.archive.uncompressed_bytes) as advance:
             saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)
     finally:
-        shutil.rmtree(spool, ignore_errors=True)
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
     config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
     return "sha256:" + hashlib.sha256(image_manifest(config, [blob for blob, _ in layers])).hexdigest()
 

@@ -35,6 +35,7 @@ import requests
 
 from .docker_engine import TIMEOUT, DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
+from .publish import held_signals
 from .schema import IMAGE_ID_RE
 from .threads import Thread, counted
 
@@ -357,8 +358,13 @@ class ScratchEngine:
 
     def __enter__(self) -> "ScratchEngine":
         self._prepare_base()
-        self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
-        (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        try:  # an interrupt from the folder's making on is cleaned up by the exit (it left an empty folder)
+            with held_signals():  # made and recorded as one step: a signal lands once self.folder names it
+                self.folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.base))  # 0700, this user's
+            (self.folder / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         self._start()
         return self
 
@@ -400,12 +406,15 @@ class ScratchEngine:
                "-H", f"unix://{sock}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
                "--userland-proxy=false"]
         try:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            # started and recorded as one step: an interrupt inside Popen (the child made, the object never
+            # returned) lands once self.process names the child, for the exit to stop it (it ran on, in its session)
+            with held_signals():
+                self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True)
         except OSError as exc:
-            log.close()
             raise RoundTripUnavailable(f"cannot start a scratch dockerd: {exc}") from None
-        log.close()
+        finally:
+            log.close()
         self._wait_ready(sock)
 
     def _wait_ready(self, sock: Path) -> None:

@@ -26,6 +26,7 @@ from .engine import ContainerStatus, Engine
 from .errors import EngineError, NameInUse, RunTimedOut
 from .manifest import ChatCheck, GateResult, GateStep
 from .metadata import ImageMetadata, ProfileMetadata, SmokePrompt
+from .publish import held_signals
 from .schema import shm_bytes
 from .smoke_client import MAX_TOKENS, MIN_WAIT
 
@@ -319,9 +320,11 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a timed-out wait writes no more to a pipe)
             prompts.write(_probe_input(checks).encode())
             prompts.seek(0)
-            probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
-                                     stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+            with held_signals():  # started and recorded as one step: an interrupt inside Popen (the client made,
+                # the object never returned) lands once probe names it, for the finally to end it (it ran on)
+                probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
+                                         stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
         probe_start = time.monotonic()
         # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
         # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a

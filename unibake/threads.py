@@ -181,6 +181,39 @@ class Consumer(Generic[T, R]):
             self.abort()
 
 
+class Background(Generic[R]):
+    """``function()`` run in a daemon :class:`Thread` (what a ``ThreadPoolExecutor`` of one worker gave):
+    ``wait()`` and ``result()`` wait for it as :class:`Thread` waits (an interrupt cannot fool them), and
+    the interpreter's exit never waits for it. A ``ThreadPoolExecutor``'s worker is joined at the exit:
+    a run whose clean-up an interrupt had cut short waited there, signals ignored, for a load into an
+    engine that never ended it (a Ctrl-C with Python's own handler there printed a traceback)."""
+
+    def __init__(self, function: Callable[[], R], name: str):
+        self._result: R | None = None
+        self._error: BaseException | None = None
+        self._thread = Thread(target=self._run, args=(function,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, function: Callable[[], R]) -> None:
+        try:
+            self._result = function()
+        except BaseException as exc:  # raised in the caller's thread, by result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> R:
+        """What ``function`` returned, once it has; or what it raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
 def consume_in_thread(consume: Callable[[Iterator[T]], R], depth: int = 8, name: str = "consumer") \
         -> Consumer[T, R]:
     """Run ``consume(items)`` in a thread; ``put`` items, then ``close()`` for its result."""

@@ -374,3 +374,43 @@ def test_a_memo_key_others_can_read_or_replace_is_not_used(tmp_path):
     if os.geteuid() == 0:
         os.chown(path.parent, 4242, -1)
         assert secret(env) is None
+
+
+@pytest.mark.parametrize("where", ["as a hold tag is put", "as the memo build is said"])
+def test_an_interrupt_just_after_the_memo_s_images_are_held_leaves_no_hold_tag(busybox_product, tmp_path, where):
+    """The hold's tags were put before the try whose finally removes them: Ctrl-C (or SIGTERM) as a tag was put, or
+    as the line saying the build goes FROM the memo was printed, left ``unibake-cache/...:...-holdPIDx...`` in the
+    engine for good (only ``prune`` removed it)."""
+    import os
+    import signal
+
+    from unibake import cli as cli_module
+
+    class InterruptedEngine(BuildingEngine):
+        armed = False
+
+        def tag(self, image, ref):
+            super().tag(image, ref)
+            if self.armed and "-hold" in ref:  # the engine tagged it; the signal lands before the answer is used
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def said(line):
+        if where == "as the memo build is said" and "building FROM" in line:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    engine = InterruptedEngine()
+    engine.add({"architecture": "amd64", "os": "linux"}, [b"base"], tag="localhost/unibake-busybox:1")
+    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=tmp_path / "memo",
+                 memo_key=KEY)
+    context = render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path))
+    assert build_image(context, **build).memoised == 0  # the memo recorded
+    engine.armed = where == "as a hold tag is put"
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build_image(context, on_line=said, **build)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert [t for t in engine.tags if "-hold" in t] == []

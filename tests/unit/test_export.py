@@ -181,3 +181,53 @@ def test_a_base_layer_under_the_install_root_is_refused_naming_it_not_rewritten(
                                          r"/opt/unibake"):
         export(engine, image, tmp_path) if path == "export" else normalise(engine, image)
     assert engine.inspect_image("demo:1").id == image_id  # the tag still names the build
+
+
+@pytest.mark.parametrize("ends", ["interrupted", "well"])
+def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_the_run_ends(
+        engine, tmp_path, ends):  # noqa: F811
+    # its removal was handed to the clean-up only once the export had returned: an interrupt (or an error) after the
+    # load was done, as its result was checked, left the image in the --verify-engine under the release's tag
+    import os
+    import signal
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    from unibake import cli as cli_module
+    from unibake.pipeline import Request, Run, _export
+
+    from .test_supply_chain import Quiet
+
+    class InterruptedAfterTheLoad(FakeEngine):
+        fired: bool = False
+
+        def inspect_image(self, ref):  # the export's look at what the load brought
+            if self.loads and not self.fired and ends == "interrupted":
+                self.fired = True
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().inspect_image(ref)
+
+    verify = InterruptedAfterTheLoad(address="fake://verify")
+    image = built(engine, "demo:1", 1111, "x")
+    engines = {None: engine, "fake://verify": verify}
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", verify_engine="fake://verify")
+    (tmp_path / "staging").mkdir()
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with ExitStack() as stack:
+            run = Run(request, Quiet(), stack, engines.__getitem__)
+            run.results.update(plan=SimpleNamespace(base_image="base:1", platform=None, product="demo"), built=image,
+                               target=SimpleNamespace(archive_name="demo.tar.zst"),
+                               folder=SimpleNamespace(staging=tmp_path / "staging"),
+                               context=SimpleNamespace(selection="all"))
+            if ends == "interrupted":
+                with pytest.raises(KeyboardInterrupt):
+                    _export(run)
+            else:
+                _export(run)
+                assert verify.inspect_image("demo:1") is not None  # there while the run goes on (its smoke gates)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})

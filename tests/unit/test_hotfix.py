@@ -740,3 +740,96 @@ def test_a_hotfix_shows_its_base_release_s_archive_checked_before_the_build(engi
     hotfix_run(engines, out, reporter)
     assert read[0][0] == "check 1.0 (the base)" and read[0][1] == read[0][2] > 0, read
     assert "check 1.0 (the base): " in reporter.stream.getvalue()
+
+
+# a child that runs the export of a hotfix whose base release loads into a fresh engine that never ends the load (a
+# scratch engine whose stop a third interrupt cut short: the exit does not wait for that load); the export itself is
+# interrupted by a SIGTERM
+_STUCK_PRELOAD = """
+import os, signal, sys, threading
+from contextlib import ExitStack
+from pathlib import Path
+from types import SimpleNamespace
+sys.path.insert(0, {repo!r})
+from unibake import cli, pipeline
+from unibake.builder import BuiltImage
+from unibake.errors import UnibakeError
+from unibake.hotfix import load_base
+from tests.fake_engine import FakeEngine
+from tests.unit.test_supply_chain import Quiet
+
+class NeverEnding(FakeEngine):
+    def load(self, chunks):
+        Path({mark!r}).write_text("")
+        threading.Event().wait()
+
+class Exporting(FakeEngine):
+    def inspect_image(self, ref):
+        Path({exporting!r}).write_text("")
+        threading.Event().wait()  # until the interrupt
+
+fresh = NeverEnding(address="fake://scratch")
+pipeline._fresh_engine = lambda run, seed=None: (fresh, None, "a scratch engine", None, None)
+out = Path({out!r})
+engines = {{None: Exporting(address="fake://source")}}
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, cli._terminate)
+request = pipeline.Request(env={{}}, cwd=out.parent, out=out, image="demo:1.1", base="1.0", seed=False)
+code = 0
+try:
+    with ExitStack() as stack:
+        run = pipeline.Run(request, Quiet(), stack, engines.__getitem__)
+        run.results.update(
+            plan=SimpleNamespace(base_image="base:1", platform=None, product="demo"),
+            built=BuiltImage(image_id="sha256:" + "1" * 64, tag="demo:1.1", diff_ids=(), steps=(), stage_images=(),
+                             seconds=0.0),
+            target=SimpleNamespace(archive_name="demo-1.1.tar.zst"), base=load_base(out, "1.0"),
+            folder=SimpleNamespace(staging=Path({staging!r})), context=SimpleNamespace(selection="tp1"))
+        pipeline._export(run)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    code = 130
+except UnibakeError as exc:
+    print(f"error: {{exc}}", flush=True)
+    code = 1
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # as build.py, once main() has returned
+    signal.signal(sig, signal.SIG_IGN)
+sys.exit(code)
+"""
+
+
+def test_an_interrupted_hotfix_export_exits_without_waiting_for_a_base_release_load_that_never_ends(
+        engines, tmp_path):  # noqa: F811
+    # the load of the base release ran in a ThreadPoolExecutor's worker, which the interpreter joins at its exit: a
+    # run interrupted while that load could not end (a scratch engine whose stop a third Ctrl-C cut short) said
+    # "interrupted", then never exited (its signals ignored by then: only SIGKILL ended it; with Python's own
+    # handler a Ctrl-C there printed a traceback)
+    import signal
+    import sys
+    import time
+
+    from ..conftest import REPO
+
+    out = tmp_path / "release"
+    release(engines, out)
+    (tmp_path / "staging").mkdir()
+    mark, exporting = tmp_path / "loading", tmp_path / "exporting"
+    script = _STUCK_PRELOAD.format(repo=str(REPO), mark=str(mark), exporting=str(exporting), out=str(out),
+                                   staging=str(tmp_path / "staging"))
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not (mark.exists() and exporting.exists()) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists() and exporting.exists(), child.communicate(timeout=10)
+        child.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = child.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the run did not exit: its exit waited for the base release's load")
+        assert child.returncode == 130 and stdout == "interrupted\n" and "Traceback" not in stderr, (stdout, stderr)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()

@@ -636,3 +636,102 @@ def test_an_interrupt_while_importing_with_stderr_closed_is_still_130(tmp_path, 
     ran = subprocess.run([sys.executable, "-c", hook], stdout=subprocess.PIPE, text=True, timeout=60,
                          env={**os.environ, "CI": "true"}, preexec_fn=lambda: os.close(2))
     assert ran.returncode == 130
+
+
+def test_an_interrupt_as_the_staging_folder_is_made_leaves_no_staging_folder(tmp_path, monkeypatch):
+    # (before: the lock was let go, and the empty .TAG.partial left until the next run of that tag removed it)
+    from unibake import publish
+
+    real = publish.fresh_folder
+
+    def made_then_interrupted(path, what, **kwargs):
+        real(path, what, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the folder is there; the signal lands as it is returned
+
+    out = tmp_path / "release"
+    monkeypatch.setattr(publish, "fresh_folder", made_then_interrupted)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ReleaseFolder(out, "1.0", force=False):
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert sorted(os.listdir(out)) == [".1.0.lock"]
+    monkeypatch.setattr(publish, "fresh_folder", real)
+    with ReleaseFolder(out, "1.0", force=False):  # the lock was let go
+        pass
+
+
+def test_an_interrupt_as_the_release_folder_stage_returns_from_its_enter_leaves_no_staging_folder(
+        engines, tmp_path, monkeypatch):  # noqa: F811
+    # entered with ExitStack.enter_context, the release folder's exit was recorded only once its enter had returned:
+    # an interrupt in between (locked and staged, the exit not yet recorded) left .TAG.partial behind
+    from unibake import pipeline
+    from unibake.pipeline import Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    class InterruptedAsItReturns(ReleaseFolder):
+        def __enter__(self):
+            entered = super().__enter__()
+            os.kill(os.getpid(), signal.SIGTERM)  # locked and staged; the signal lands as the enter returns
+            return entered
+
+    monkeypatch.setattr(pipeline, "ReleaseFolder", InterruptedAsItReturns)
+    out = tmp_path / "release"
+    request = Request(env={}, cwd=tmp_path, out=out, image="demo:1.0", verify_engine="fake://verify")
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_stages(selection(("inspect", "scan inspected", "folder")), request, Quiet(),
+                       connect=engines.__getitem__)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert sorted(os.listdir(out)) == [".1.0.lock"]
+    with ReleaseFolder(out, "1.0", force=False):  # the lock was let go
+        pass
+
+
+def test_an_interrupt_as_the_build_ends_puts_the_release_tag_back(busybox_product, tmp_path):
+    # the tag's clean-up was pushed once build_image had returned: an interrupt as the build ended (the engine's tag
+    # set, build_image's last look at it under way) left the release's tag on an image never released, for good
+    from unibake.pipeline import BUILD, Request, run_stages, selection
+
+    from .test_buildmemo import BuildingEngine
+    from .test_supply_chain import Quiet
+
+    class InterruptedAsTheBuildEnds(BuildingEngine):
+        built = False
+
+        def build(self, *args, **kwargs):
+            outcome = super().build(*args, **kwargs)
+            self.built = True
+            return outcome
+
+        def inspect_image(self, ref):
+            if self.built and ref == "unibake-test:0.1.0":  # build_image's last look at the tag it set
+                self.built = False
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().inspect_image(ref)
+
+    engine = InterruptedAsTheBuildEnds()
+    engine.add({"architecture": "amd64", "os": "linux"}, [b"base"], tag="localhost/unibake-busybox:1")
+    before = engine.add({"architecture": "amd64", "os": "linux", "before": 1}, [b"before"], tag="unibake-test:0.1.0")
+    request = Request(env={}, cwd=tmp_path, config=busybox_product, out=tmp_path / "release", require_lock=False,
+                      write_rendered=False)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_stages(selection(BUILD, stop_after="build"), request, Quiet(), connect=lambda address: engine)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert engine.tags["unibake-test:0.1.0"] == before
+    failed = [ref for ref in engine.tags if ref.endswith("-failed")]
+    assert len(failed) == 1 and engine.tags[failed[0]] != before  # the build kept as build cache, named

@@ -1425,3 +1425,30 @@ def test_a_kit_is_written_where_the_file_system_cannot_lock_a_folder(busybox_pro
     made, _ = make_kit(busybox_product, tmp_path / "nfs")
     monkeypatch.undo()
     assert made.read_bytes() == whole.read_bytes() and os.listdir(tmp_path / "nfs") == [whole.name]
+
+
+def test_an_interrupt_as_the_kit_s_temporary_file_is_made_leaves_nothing_in_out(busybox_product, tmp_path, monkeypatch):
+    # (before: the file was made before the draft recorded it: its abandon, which removes only a file of its own,
+    # left .NAME.tmp in --out)
+    import signal
+
+    from unibake import cli as cli_module
+    from unibake import kit
+
+    real = kit.open_new
+
+    def made_then_interrupted(path, *args):
+        made = real(path, *args)
+        os.kill(os.getpid(), signal.SIGTERM)  # the file is there; the signal lands as it is returned
+        return made
+
+    monkeypatch.setattr(kit, "open_new", made_then_interrupted)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            make_kit(busybox_product, tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(tmp_path / "out") == []

@@ -261,7 +261,7 @@ def test_the_release_tag_never_names_an_image_that_was_not_released(tmp_path, ca
     folder = SimpleNamespace(committed="published" in case)
     run = _Run(engine, {"folder": folder, "context": SimpleNamespace(selection="all")})
     plan = SimpleNamespace(tag="demo:1.0", product="demo", platform=KNOWN["linux/arm64"])
-    hook = _release_tag_on_failure(run, plan, SimpleNamespace(image_id=new, replaced=old))
+    hook = _release_tag_on_failure(run, plan, old, [SimpleNamespace(image_id=new, replaced=old)])
     failed = case.startswith("failed")
     hook(RuntimeError if failed else None, RuntimeError("smoke gate failed") if failed else None, None)
     tag = engine.inspect_image("demo:1.0")

@@ -2576,3 +2576,84 @@ def test_a_checksums_record_that_cannot_be_written_after_the_push_is_recorded_sa
         f"({os.strerror(getattr(errno, errno_))}): copy {folder / 'SHA256SUMS'} there"), failed.value
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
     assert record_path.read_bytes() == old_record and os.listdir(tmp_path / "checksums") == ["1.3.1.SHA256SUMS"]
+
+
+def test_an_interrupt_inside_popen_as_a_credential_helper_starts_still_ends_the_helper(tmp_path, credential_helper,
+                                                                                     monkeypatch):
+    # an interrupt inside subprocess.Popen's __init__, once the helper is made: the Popen object is never returned,
+    # so nothing ended it (before: a helper waiting on a keyring or a pinentry ran on after the run had ended)
+    import signal
+    import subprocess as real_subprocess
+
+    from unibake import cli as cli_module
+    from unibake import registry
+
+    env = credential_helper("exec sleep 300", 60.0)
+    started: list[int] = []
+
+    class InterruptedPopen(real_subprocess.Popen):
+        def _execute_child(self, args, *rest, **kwargs):
+            super()._execute_child(args, *rest, **kwargs)
+            if not started and str(args[0]).endswith("docker-credential-unibake-test"):
+                started.append(self.pid)
+                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the helper running
+
+    monkeypatch.setattr(registry.subprocess, "Popen", InterruptedPopen)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            load_credentials("reg.example:5000", env, None)
+        assert len(started) == 1
+        try:
+            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
+        except ChildProcessError:  # ended and reaped
+            ended = True
+        assert ended, "the credential helper runs on"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+@pytest.mark.parametrize("spooled", ["push", "digest check"])
+def test_an_interrupt_as_the_push_s_spool_folder_is_made_leaves_no_folder(tmp_path, monkeypatch, spooled):
+    # (before: the spool folder was made before the try that removes it: a Ctrl-C or SIGTERM as mkdtemp returned left
+    # an empty unibake-push-* / unibake-check-* folder in the temporary folder)
+    import signal
+    import tempfile
+
+    from unibake import cli as cli_module
+    from unibake import registry
+    from unibake.registry import pushed_manifest_digest
+
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    target = parse_reference("reg.example:5000/team/demo-llm", what="--to", digest=False)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    real = tempfile.mkdtemp
+
+    def made_then_interrupted(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the folder is there; the signal lands as mkdtemp returns it
+        return made
+
+    monkeypatch.setattr(registry.tempfile, "mkdtemp", made_then_interrupted)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if spooled == "push":
+                push_release(folder, manifest, target, RecordingClient(), temp_dir=spool)
+            else:
+                pushed_manifest_digest(folder, manifest, "gzip", temp_dir=spool)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(spool) == []

@@ -73,3 +73,39 @@ def test_a_holding_tag_that_cannot_be_removed_is_warned_of_and_the_runs_own_erro
     assert engine.tried == ["unibake-repro/demo:1"]
     assert "unibake-repro/demo:1 is left in the engine: cannot reach the Docker engine at fake://engine" in \
         reporter.stream.getvalue()
+
+
+def test_an_interrupt_as_repro_s_temporary_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    # (before: the folder was made before its removal was handed to the clean-up: a Ctrl-C or SIGTERM as mkdtemp
+    # returned left an empty unibake-repro-* folder in the temporary folder)
+    import os
+    import signal
+    import tempfile
+    from contextlib import ExitStack
+
+    from unibake import cli as cli_module
+    from unibake.pipeline import Request, Run, _temp_folder
+
+    from .test_supply_chain import Quiet
+
+    real = tempfile.mkdtemp
+
+    def made_then_interrupted(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the folder is there; the signal lands as mkdtemp returns it
+        return made
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "mkdtemp", made_then_interrupted)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ExitStack() as stack:
+                _temp_folder(Run(Request(env={}, cwd=tmp_path, out=tmp_path / "release"), Quiet(), stack,
+                                 lambda address: None))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(tmp_path / "tmp") == []

@@ -224,3 +224,150 @@ def test_an_interrupt_while_the_scratch_engine_stops_waits_for_its_one_stop_and_
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_an_interrupt_as_the_scratch_engine_s_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    # (before: the folder was made before the try whose clean-up removes it: a Ctrl-C or SIGTERM between mkdtemp and
+    # the daemon's start left an empty ub-scratch-* folder, until the next run with that --scratch-dir removed it)
+    import signal
+    import tempfile
+
+    from unibake import cli as cli_module
+    from unibake import scratch as scratch_module
+    from unibake.scratch import ScratchEngine
+
+    if ScratchEngine.unavailable_reason():
+        pytest.skip(ScratchEngine.unavailable_reason())
+    real = tempfile.mkdtemp
+
+    def made_then_interrupted(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the folder is there; the signal lands as mkdtemp returns it
+        return folder
+
+    monkeypatch.setattr(scratch_module.tempfile, "mkdtemp", made_then_interrupted)
+    base = tmp_path / "scratch"
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ScratchEngine(base):
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(base) == []
+
+
+def test_an_interrupt_inside_popen_as_the_scratch_dockerd_starts_still_stops_it(tmp_path, monkeypatch):
+    # an interrupt inside subprocess.Popen's __init__, once the child is made: the Popen object is never returned,
+    # so nothing knew the child (before: it ran on, in its own session; a real dockerd re-made its removed data
+    # root); a stand-in dockerd that is no daemon executable, so that only the PID recorded can stop it
+    import signal
+    import subprocess as real_subprocess
+
+    from unibake import cli as cli_module
+    from unibake import scratch as scratch_module
+    from unibake.scratch import ScratchEngine
+
+    if ScratchEngine.unavailable_reason():
+        pytest.skip(ScratchEngine.unavailable_reason())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dockerd").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "dockerd").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    started: list[int] = []
+
+    class InterruptedPopen(real_subprocess.Popen):
+        def _execute_child(self, args, *rest, **kwargs):
+            super()._execute_child(args, *rest, **kwargs)
+            if not started and str(args[0]).endswith("unshare"):  # (the daemon's start alone: not a umount)
+                started.append(self.pid)
+                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the child running
+
+    monkeypatch.setattr(scratch_module.subprocess, "Popen", InterruptedPopen)
+    base = tmp_path / "scratch"
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ScratchEngine(base):
+                pass
+        assert len(started) == 1
+        try:
+            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
+        except ChildProcessError:  # stopped and reaped by the exit
+            ended = True
+        assert ended, "the scratch dockerd was left running"
+        assert os.listdir(base) == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def test_an_interrupt_as_the_scratch_engine_s_start_returns_still_stops_it(tmp_path, monkeypatch):
+    # entered with ExitStack.enter_context, the engine's exit was recorded only once its start had returned: an
+    # interrupt in between (its start done, the exit not yet recorded) left the dockerd running and its folder
+    import signal
+    from contextlib import ExitStack
+
+    from unibake import cli as cli_module
+    from unibake import pipeline
+    from unibake.pipeline import Request, Run
+    from unibake.scratch import ScratchEngine, remove_scratch_dir
+
+    from .test_supply_chain import Quiet
+
+    if ScratchEngine.unavailable_reason():
+        pytest.skip(ScratchEngine.unavailable_reason())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dockerd").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "dockerd").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    started: list[int] = []
+
+    class InterruptedAsItReturns(ScratchEngine):
+        def _wait_ready(self, sock):  # (a unit test reaches no engine: the stand-in daemon is taken as ready)
+            pass
+
+        def __enter__(self):
+            engine = super().__enter__()
+            started.append(self.pid)
+            os.kill(os.getpid(), signal.SIGTERM)  # the engine answers; the signal lands as its start returns
+            return engine
+
+    monkeypatch.setattr(pipeline, "ScratchEngine", InterruptedAsItReturns)
+    base = tmp_path / "scratch"
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", scratch_dir=base)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ExitStack() as stack:
+                pipeline._fresh_engine(Run(request, Quiet(), stack, lambda address: None))
+        assert len(started) == 1
+        try:
+            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
+        except ChildProcessError:  # stopped and reaped by the exit
+            ended = True
+        assert ended, "the scratch dockerd was left running"
+        assert os.listdir(base) == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        for folder in base.glob("ub-scratch-*"):  # (its runtime folder too, in the user's scratch place)
+            remove_scratch_dir(folder)

@@ -285,3 +285,32 @@ def test_an_output_path_is_tried_where_access_cannot_tell_and_nothing_is_left(tm
     assert sorted(os.listdir(tmp_path)) == ["there"] and os.listdir(tmp_path / "there") == []
     assert unwritable_reason(Path("/proc/unibake-kit"), folder=True).startswith("/proc ")
     assert unwritable_reason(Path("/proc/x.json")).startswith("/proc ")
+
+
+def test_an_interrupt_as_an_atomic_write_s_temporary_file_is_made_leaves_no_file(tmp_path, monkeypatch):
+    # (before: the temporary file was made before its name was known to the clean-up: a Ctrl-C or SIGTERM as mkstemp
+    # returned left .NAME.XXXXXXXX.tmp beside the file, in the project too: dockerfiles/rendered/, the build memo)
+    import os
+    import signal
+    import tempfile
+
+    from unibake import cli as cli_module
+    from unibake import files
+
+    real = tempfile.mkstemp
+
+    def made_then_interrupted(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the file is there; the signal lands as mkstemp returns it
+        return made
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", made_then_interrupted)
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(tmp_path, "Dockerfile.tp1", "FROM scratch\n")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+    assert os.listdir(tmp_path) == []
