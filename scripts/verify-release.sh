@@ -1058,6 +1058,10 @@ if [ -n "$(supply '"sbom"')" ]; then
     listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
     [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as the release's $what)"
     [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
+    # its size too, as the archive's files' (the record's bytes an integer: the schema's check above)
+    size=$(supply "\"$what\"/\"bytes\"")
+    has=$(ls -ln -- "$name" | awk '{ print $5 }')
+    [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
     eval "${what}_name=\$name"
   done
   # shellcheck disable=SC2154  # set by the eval above

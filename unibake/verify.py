@@ -347,6 +347,15 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
         if sums.get(f.name) != f.sha256:
             checks.add("sha256", f.name, False, "not listed in SHA256SUMS" if f.name not in sums else
                        "SHA256SUMS and manifest.json disagree")
+            continue
+        # its size too, as the archive's files' (a record whose sha256 is the file's and whose bytes are not
+        # is not the file's record); a file missing or not a regular one failed its sha256 check above
+        try:
+            info = os.lstat(folder / f.name)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_size != f.bytes:
+            checks.add("size", f.name, False, f"{info.st_size} bytes, but {MANIFEST} records {f.bytes}")
     texts = {}
     for f, limit in ((record.sbom, SBOM_LIMIT), (record.provenance, PROVENANCE_LIMIT)):
         what = "sbom" if f is record.sbom else "provenance"

@@ -295,6 +295,46 @@ def test_a_supply_chain_record_that_is_not_the_folder_s_is_refused_by_both(cli, 
     assert says in python_err and says in shell_err, python_err + shell_err
 
 
+def with_kit(folder, data: bytes | None = None, name: str = "demo-1.0-kit.tar.zst") -> dict:
+    """The release given a kit as unibake records one (a zstd stream here: the verifiers do not unpack it):
+    the file, its supply_chain record, the provenance's subject; returns the record."""
+    import zstandard
+
+    data = zstandard.ZstdCompressor(write_checksum=True).compress(b"kit\n" * 64) if data is None else data
+    (folder / name).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["supply_chain"]
+    record["kit"] = {"name": name, "bytes": len(data), "sha256": sha(data)}
+    provenance = folder / record["provenance"]["name"]
+    statement = json.loads(provenance.read_text())
+    statement["subject"].append({"name": name, "digest": {"sha256": sha(data)}})
+    provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+    record["provenance"].update(bytes=provenance.stat().st_size, sha256=sha(provenance.read_bytes()))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    return record["kit"]
+
+
+def test_a_release_with_its_kit_passes_both(cli, whole):
+    with_kit(whole)
+    assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("what, name", [("sbom", "sbom.cdx.json"), ("provenance", "provenance.intoto.json"),
+                                        ("kit", "demo-1.0-kit.tar.zst")])
+@pytest.mark.parametrize("off", [1, -1])
+def test_a_supply_chain_record_whose_bytes_are_not_the_file_s_is_refused_by_both_naming_both_sizes(
+        cli, whole, what, name, off):
+    # its sha256 is the file's; its size was not compared (a record made of another file's size passed both)
+    if what == "kit":
+        with_kit(whole)
+    size = (whole / name).stat().st_size
+    record_change(whole, lambda r: r[what].update(bytes=size + off))
+    says = f"{size} bytes, but manifest.json records {size + off}"
+    assert_same(cli, whole, passes=False, python_says=f"{name}: size check failed: {says}",
+                shell_says=f"/{name}: {says}")
+
+
 def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
     (whole / "SHA256SUMS.minisig").write_text("untrusted comment: x\n")
     record_change(whole, lambda r: r["signatures"].append(
@@ -411,7 +451,8 @@ def test_an_sbom_swapped_after_its_sums_check_is_not_parsed_unchecked(whole, mon
     report = verify.verify_folder(whole)
     assert sbom.read_text() == forged
     failed = [c for c in report.failures if c.target == sbom.name]
-    assert failed and "changed after its sha256 was checked" in failed[0].detail, report.checks
+    # (its size, compared with the record since, differs too: the bytes parsed are still the ones checked)
+    assert any("changed after its sha256 was checked" in c.detail for c in failed), report.checks
 
 
 def test_a_profile_released_without_its_smoke_gate_is_warned_of_by_both(cli, folder):
