@@ -1050,11 +1050,23 @@ says ${named:-none}: refused before any load"
 LC_ALL=C awk -v q='"' "$json_paths" "$work/manifest.json" > "$work/manifest.paths"
 supply() { awk -F '\t' -v p="\"supply_chain\"/$1" '$1 == p { print $2; exit }' "$work/manifest.paths"; }
 if [ -n "$(supply '"sbom"')" ]; then
+  # each entry holds its own file, as unibake names it (build.py verify checks the same): another listed
+  # file recorded there (the SBOM or the archive as the kit) would pass every check below
+  product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  kit_name=
   for what in sbom provenance kit; do
     [ "$what" != kit ] || [ "$(awk -F '\t' '$1 == "\"supply_chain\"/\"kit\"" { print $2; exit }' "$work/manifest.paths")" != null ] || continue
     name=$(supply "\"$what\"/\"name\"" | sed -n "s/^\"\\($NAME\\)\"\$/\\1/p")
     sha=$(supply "\"$what\"/\"sha256\"" | sed -n 's/^"\([0-9a-f]\{64\}\)"$/\1/p')
     [ -n "$name" ] && [ -n "$sha" ] || fail "$dir/manifest.json: its supply_chain record of the $what is not a file's name and sha256"
+    case "$what" in
+      sbom) own=sbom.cdx.json label=SBOM ;;
+      provenance) own=provenance.intoto.json label=provenance ;;
+      *) own=$product-$release-kit.tar.zst label=kit ;;
+    esac
+    [ "$name" = "$own" ] \
+      || fail "$dir/manifest.json: its supply_chain.$what names $name, not the release's $label ($own)"
     listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
     [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as the release's $what)"
     [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
@@ -1064,6 +1076,15 @@ if [ -n "$(supply '"sbom"')" ]; then
     [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
     eval "${what}_name=\$name"
   done
+  # the kit is a kit: a zstd stream, not a copy of another file the release lists
+  if [ -n "$kit_name" ]; then
+    kit_sha=$(awk -v n="$kit_name" '$1 == n { print $2; exit }' "$work/listed")
+    same=$(awk -v n="$kit_name" -v s="$kit_sha" '$2 == s && $1 != n { print $1 }' "$work/listed" |
+      LC_ALL=C sort | head -n 1)
+    [ -z "$same" ] || fail "$dir/$kit_name: the same bytes as $same (SHA256SUMS): not the release's kit"
+    [ "$(head -c 4 -- "$kit_name" | od -An -tx1 | tr -d ' \n')" = 28b52ffd ] \
+      || fail "$dir/$kit_name: does not start as a zstd stream, as the release's kit does: not its kit"
+  fi
   # shellcheck disable=SC2154  # set by the eval above
   for what in sbom provenance; do
     eval "name=\$${what}_name"

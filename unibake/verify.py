@@ -22,7 +22,7 @@ from .archive_reader import ArchiveReader
 from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import decode_text, read_small_file, read_small_text, visible_name
-from .imagetar import check_against, check_release_form, interpret, read_members
+from .imagetar import ZSTD_MAGIC, check_against, check_release_form, interpret, read_members
 from .manifest import (FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, NOT_IN_FORM, ReleaseManifest, off_form,
                        parse_manifest, read_json)
 from .platforms import recorded_by
@@ -343,6 +343,7 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
     if record is None:
         return
     files = [record.sbom, record.provenance] + ([record.kit] if record.kit else [])
+    _check_supply_names(folder, manifest, sums, checks)
     for f in files:
         if sums.get(f.name) != f.sha256:
             checks.add("sha256", f.name, False, "not listed in SHA256SUMS" if f.name not in sums else
@@ -400,6 +401,43 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
             present = (folder / name).is_file() and not (folder / name).is_symlink()
             if not present:
                 checks.add("signature", name, False, f"missing ({signature.kind} signature by {signature.key})")
+
+
+def _check_supply_names(folder: Path, manifest: ReleaseManifest, sums: Mapping[str, str], checks: _Checks) -> None:
+    """Each supply_chain entry holds its own file, as unibake names and writes it (verify-release.sh checks
+    the same): the SBOM, the provenance, the kit of this product and release (a zstd stream, not a copy of
+    another listed file). Another listed file recorded there (the SBOM as the kit, the archive as the kit)
+    passed every other check."""
+    from .kit import kit_name
+    from .provenance import PROVENANCE
+    from .sbom import SBOM
+
+    record = manifest.supply_chain
+    assert record is not None
+    wanted = [("sbom", "SBOM", record.sbom, SBOM), ("provenance", "provenance", record.provenance, PROVENANCE)]
+    if record.kit is not None:
+        wanted.append(("kit", "kit", record.kit, kit_name(manifest.product, manifest.release)))
+    for what, label, f, want in wanted:
+        if f.name != want:
+            checks.add(what, MANIFEST, False, f"its supply_chain.{what} names {f.name}, not the release's {label} "
+                       f"({want})")
+    kit = record.kit
+    if kit is not None and kit.name == wanted[-1][3]:
+        same = sorted(n for n, d in sums.items() if d == kit.sha256 and n != kit.name)
+        head = None  # missing, or not a regular file: its sha256 check says so
+        try:
+            fd = os.open(folder / kit.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            pass
+        else:
+            with os.fdopen(fd, "rb") as fh:
+                if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    head = fh.read(len(ZSTD_MAGIC))
+        if same:
+            checks.add("kit", kit.name, False, f"the same bytes as {same[0]} (SHA256SUMS): not the release's kit")
+        elif head is not None and head != ZSTD_MAGIC:
+            checks.add("kit", kit.name, False, "does not start as a zstd stream, as the release's kit does: not its "
+                       "kit")
 
 
 def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> Report:

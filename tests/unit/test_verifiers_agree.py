@@ -282,7 +282,8 @@ def record_change(folder, change) -> None:
 
 @pytest.mark.parametrize("change, says", [
     pytest.param(lambda r: r["sbom"].update(sha256="0" * 64), "SHA256SUMS and manifest.json disagree", id="sbom sha256"),
-    pytest.param(lambda r: r["provenance"].update(name="VALIDATION.json"), "disagree", id="another file"),
+    pytest.param(lambda r: r["provenance"].update(name="VALIDATION.json"), "its supply_chain.provenance names "
+                 "VALIDATION.json, not the release's provenance (provenance.intoto.json)", id="another file"),
     pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}),
                  "SHA256SUMS.minisig", id="a signature missing"),
     pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["../x"]}),
@@ -333,6 +334,71 @@ def test_a_supply_chain_record_whose_bytes_are_not_the_file_s_is_refused_by_both
     says = f"{size} bytes, but manifest.json records {size + off}"
     assert_same(cli, whole, passes=False, python_says=f"{name}: size check failed: {says}",
                 shell_says=f"/{name}: {says}")
+
+
+def as_record(folder, name: str) -> dict:
+    data = (folder / name).read_bytes()
+    return {"name": name, "bytes": len(data), "sha256": sha(data)}
+
+
+def renamed(folder, old: str, new: str, key: str) -> None:
+    """A supply-chain file renamed, its record, the provenance's subject and SHA256SUMS made to agree."""
+    (folder / old).rename(folder / new)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    provenance = folder / (new if key == "provenance" else manifest["supply_chain"]["provenance"]["name"])
+    statement = json.loads(provenance.read_text())
+    for entry in statement["subject"]:
+        if entry.get("name") == old:
+            entry["name"] = new
+    provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+    manifest["supply_chain"][key] = as_record(folder, new)
+    manifest["supply_chain"]["provenance"] = as_record(folder, provenance.name)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+@pytest.mark.parametrize("what, name, says", [
+    ("kit", "sbom.cdx.json", "its supply_chain.kit names sbom.cdx.json, not the release's kit (demo-1.0-kit.tar.zst)"),
+    ("kit", "demo-1.0.tar.zst", "its supply_chain.kit names demo-1.0.tar.zst, not the release's kit "
+     "(demo-1.0-kit.tar.zst)"),
+    ("sbom", "provenance.intoto.json", "its supply_chain.sbom names provenance.intoto.json, not the release's SBOM "
+     "(sbom.cdx.json)"),
+    ("provenance", "sbom.cdx.json", "its supply_chain.provenance names sbom.cdx.json, not the release's provenance "
+     "(provenance.intoto.json)"),
+])
+def test_a_supply_chain_entry_naming_another_listed_file_is_refused_by_both(cli, whole, what, name, says):
+    # its record made of that file's own name, size and sha256: the kit's passed both (the provenance names it)
+    with_kit(whole)
+    record_change(whole, lambda r: r.update({what: as_record(whole, name)}))
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
+@pytest.mark.parametrize("old, new, key, says", [
+    ("demo-1.0-kit.tar.zst", "other-2.0-kit.tar.zst", "kit", "its supply_chain.kit names other-2.0-kit.tar.zst, not "
+     "the release's kit (demo-1.0-kit.tar.zst)"),
+    ("sbom.cdx.json", "bom.json", "sbom", "its supply_chain.sbom names bom.json, not the release's SBOM "
+     "(sbom.cdx.json)"),
+    ("provenance.intoto.json", "prov.json", "provenance", "its supply_chain.provenance names prov.json, not the "
+     "release's provenance (provenance.intoto.json)"),
+])
+def test_a_supply_chain_file_renamed_everywhere_is_refused_by_both(cli, whole, old, new, key, says):
+    with_kit(whole)
+    renamed(whole, old, new, key)
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
+@pytest.mark.parametrize("data, says", [
+    pytest.param(lambda folder: (folder / "demo-1.0.tar.zst").read_bytes(), "the same bytes as demo-1.0.tar.zst "
+                 "(SHA256SUMS): not the release's kit", id="a copy of the archive"),
+    pytest.param(lambda folder: (folder / "sbom.cdx.json").read_bytes(), "the same bytes as sbom.cdx.json "
+                 "(SHA256SUMS): not the release's kit", id="a copy of the SBOM"),
+    pytest.param(lambda folder: b"PK\x03\x04 a zip", "does not start as a zstd stream, as the release's kit does: "
+                 "not its kit", id="a zip"),
+])
+def test_a_kit_that_is_a_copy_of_another_file_or_no_zstd_stream_is_refused_by_both(cli, whole, data, says):
+    with_kit(whole, data(whole))
+    assert_same(cli, whole, passes=False, python_says=f"demo-1.0-kit.tar.zst: kit check failed: {says}",
+                shell_says=f"/demo-1.0-kit.tar.zst: {says}")
 
 
 def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
