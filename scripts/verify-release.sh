@@ -1085,6 +1085,22 @@ if [ -n "$(supply '"sbom"')" ]; then
     [ "$(head -c 4 -- "$kit_name" | od -An -tx1 | tr -d ' \n')" = 28b52ffd ] \
       || fail "$dir/$kit_name: does not start as a zstd stream, as the release's kit does: not its kit"
   fi
+  # each kind's signatures are of SHA256SUMS and the provenance, as unibake writes them, one record a kind
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  bad=$(awk -F '\t' 'function plain(s) { return substr(s, 2, length(s) - 2) }
+    $1 ~ /^"supply_chain"\/"signatures"\/[0-9]+$/ { split($1, at, "/"); n = at[3] + 1 }
+    $1 ~ /^"supply_chain"\/"signatures"\/[0-9]+\/"kind"$/ { split($1, at, "/"); kind[at[3]] = plain($2) }
+    $1 ~ /^"supply_chain"\/"signatures"\/[0-9]+\/"files"\/[0-9]+$/ { split($1, at, "/"); i = at[3]
+      files[i] = files[i] (count[i]++ ? ", " : "") plain($2); file[i, count[i]] = plain($2) }
+    END { for (i = 0; i < n; i++) {
+        record = "its supply_chain.signatures." i; suffix = kind[i] == "openpgp" ? ".asc" : ".minisig"
+        if (seen[kind[i]]++) { print record " is a second " kind[i] " record (unibake signs with one key of each kind)"
+          exit }
+        if (count[i] != 2 || file[i, 1] != "SHA256SUMS" suffix || file[i, 2] != "provenance.intoto.json" suffix) {
+          print record " (" kind[i] ") names " (count[i] ? files[i] : "no file") ", not SHA256SUMS" suffix \
+            " and provenance.intoto.json" suffix; exit } } }' \
+    "$work/manifest.paths")
+  [ -z "$bad" ] || fail "$dir/manifest.json: $bad"
   # shellcheck disable=SC2154  # set by the eval above
   for what in sbom provenance; do
     eval "name=\$${what}_name"

@@ -406,11 +406,12 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
 def _check_supply_names(folder: Path, manifest: ReleaseManifest, sums: Mapping[str, str], checks: _Checks) -> None:
     """Each supply_chain entry holds its own file, as unibake names and writes it (verify-release.sh checks
     the same): the SBOM, the provenance, the kit of this product and release (a zstd stream, not a copy of
-    another listed file). Another listed file recorded there (the SBOM as the kit, the archive as the kit)
-    passed every other check."""
+    another listed file), and each kind's signatures of SHA256SUMS and the provenance, one record a kind.
+    Another listed file recorded there (the SBOM as the kit, the archive as the kit) passed every other check."""
     from .kit import kit_name
     from .provenance import PROVENANCE
     from .sbom import SBOM
+    from .signing import ASC, MINISIG
 
     record = manifest.supply_chain
     assert record is not None
@@ -438,6 +439,17 @@ def _check_supply_names(folder: Path, manifest: ReleaseManifest, sums: Mapping[s
         elif head is not None and head != ZSTD_MAGIC:
             checks.add("kit", kit.name, False, "does not start as a zstd stream, as the release's kit does: not its "
                        "kit")
+    kinds: set[str] = set()
+    for n, signature in enumerate(record.signatures):
+        suffix = ASC if signature.kind == "openpgp" else MINISIG
+        want = (SUMS + suffix, PROVENANCE + suffix)
+        if signature.kind in kinds:
+            checks.add("signature", MANIFEST, False, f"its supply_chain.signatures.{n} is a second {signature.kind} "
+                       "record (unibake signs with one key of each kind)")
+        elif signature.files != want:
+            checks.add("signature", MANIFEST, False, f"its supply_chain.signatures.{n} ({signature.kind}) names "
+                       f"{', '.join(signature.files) or 'no file'}, not {want[0]} and {want[1]}")
+        kinds.add(signature.kind)
 
 
 def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> Report:

@@ -273,6 +273,9 @@ def test_an_sbom_written_twice_with_the_subject_key_is_refused_by_both(cli, whol
     assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
 
 
+MINISIGS = ["SHA256SUMS.minisig", "provenance.intoto.json.minisig"]
+
+
 def record_change(folder, change) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     change(manifest["supply_chain"])
@@ -284,7 +287,7 @@ def record_change(folder, change) -> None:
     pytest.param(lambda r: r["sbom"].update(sha256="0" * 64), "SHA256SUMS and manifest.json disagree", id="sbom sha256"),
     pytest.param(lambda r: r["provenance"].update(name="VALIDATION.json"), "its supply_chain.provenance names "
                  "VALIDATION.json, not the release's provenance (provenance.intoto.json)", id="another file"),
-    pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}),
+    pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": MINISIGS}),
                  "SHA256SUMS.minisig", id="a signature missing"),
     pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["../x"]}),
                  "", id="a signature outside the folder"),
@@ -402,10 +405,33 @@ def test_a_kit_that_is_a_copy_of_another_file_or_no_zstd_stream_is_refused_by_bo
 
 
 def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
-    (whole / "SHA256SUMS.minisig").write_text("untrusted comment: x\n")
-    record_change(whole, lambda r: r["signatures"].append(
-        {"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}))
+    for name in MINISIGS:
+        (whole / name).write_text("untrusted comment: x\n")
+    record_change(whole, lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": MINISIGS}))
     assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("records, says", [
+    ([{"kind": "minisign", "key": "ABCD", "files": ["manifest.json"]}],
+     "its supply_chain.signatures.0 (minisign) names manifest.json, not SHA256SUMS.minisig and "
+     "provenance.intoto.json.minisig"),
+    ([{"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.asc", "provenance.intoto.json.asc"]}],
+     "its supply_chain.signatures.0 (minisign) names SHA256SUMS.asc, provenance.intoto.json.asc, not "
+     "SHA256SUMS.minisig and provenance.intoto.json.minisig"),
+    ([{"kind": "openpgp", "key": "ABCD", "files": ["sbom.cdx.json", "provenance.intoto.json.asc"]}],
+     "its supply_chain.signatures.0 (openpgp) names sbom.cdx.json, provenance.intoto.json.asc, not SHA256SUMS.asc "
+     "and provenance.intoto.json.asc"),
+    ([{"kind": "openpgp", "key": "ABCD", "files": []}],
+     "its supply_chain.signatures.0 (openpgp) names no file, not SHA256SUMS.asc and provenance.intoto.json.asc"),
+    ([{"kind": "minisign", "key": "ABCD", "files": MINISIGS}, {"kind": "minisign", "key": "EF01", "files": MINISIGS}],
+     "its supply_chain.signatures.1 is a second minisign record (unibake signs with one key of each kind)"),
+])
+def test_a_signature_record_naming_other_files_than_its_kind_s_is_refused_by_both(cli, whole, records, says):
+    # each file there (a release's own: manifest.json, the SBOM; or written here): they all passed both
+    for name in ("SHA256SUMS.asc", "provenance.intoto.json.asc", *MINISIGS):
+        (whole / name).write_text("a signature\n")
+    record_change(whole, lambda r: r.update(signatures=records))
+    assert_same(cli, whole, passes=False, python_says=f"manifest.json: signature check failed: {says}", shell_says=says)
 
 
 # --- the provenance's own signature, with --key ---------------------------------------------------
