@@ -165,23 +165,28 @@ if [ -n "$key" ]; then
   elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
     # returns trimmed from its end, as minisign reads it), as build.py verify reads it
+    # each file minisign checks is a copy under the release's own name, checked there: minisign's own
+    # messages ("Signature key id in SHA256SUMS.minisig is ...") name the release's files, not the copies
+    mkdir "$work/minisign"
+    minisign_checked() {  # $1 (SHA256SUMS, the provenance) against $1.minisig, both copied into $work/minisign
+      (cd "$work/minisign" && minisign -V -p "$work/key" -m "$1" -x "$1.minisig") > "$work/minisign.out" \
+        || { cat "$work/minisign.out"; fail "$dir: $1.minisig is not a good signature of $1 by $key"; }
+      cat "$work/minisign.out"
+    }
     echo "== minisign -Vm SHA256SUMS"
-    copy SHA256SUMS.minisig "$work/sums.minisig" || { ! here SHA256SUMS.minisig || fail "$dir/SHA256SUMS.minisig: not a regular file (a link?): not a signature"
+    cp "$work/sums" "$work/minisign/SHA256SUMS"
+    copy SHA256SUMS.minisig "$work/minisign/SHA256SUMS.minisig" || { ! here SHA256SUMS.minisig || fail "$dir/SHA256SUMS.minisig: not a regular file (a link?): not a signature"
       [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
-    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" > "$work/minisign.out" \
-      || { cat "$work/minisign.out"; fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"; }
-    cat "$work/minisign.out"
+    minisign_checked SHA256SUMS
     # its trusted comment, compared with manifest.json below when it is in unibake's form
     sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
     # a provenance the key signed too is checked as build.py verify checks it (its trusted comment too)
     if [ -f provenance.intoto.json.minisig ]; then
       echo "== minisign -Vm provenance.intoto.json"
-      copy provenance.intoto.json.minisig "$work/provenance.minisig" || fail "$dir/provenance.intoto.json.minisig: not a regular file (a link?): not a signature"
-      copy provenance.intoto.json "$work/provenance.signed" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.minisig signs"
-      minisign -V -p "$work/key" -m "$work/provenance.signed" -x "$work/provenance.minisig" > "$work/minisign.out" \
-        || { cat "$work/minisign.out"; fail "$dir: provenance.intoto.json.minisig is not a good signature of provenance.intoto.json by $key"; }
-      cat "$work/minisign.out"
+      copy provenance.intoto.json.minisig "$work/minisign/provenance.intoto.json.minisig" || fail "$dir/provenance.intoto.json.minisig: not a regular file (a link?): not a signature"
+      copy provenance.intoto.json "$work/minisign/provenance.intoto.json" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.minisig signs"
+      minisign_checked provenance.intoto.json
       sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/provenance.comment"
     fi
   else  # a file that is no public key is bad usage, not a bad signature of the release
