@@ -1053,6 +1053,34 @@ says ${named:-none}: refused before any load"
 # signature file it records there. Both are read as unibake writes them (json.dumps, indent 2), as
 # build.py verify reads them too: a copy of each, its sha256 checked again, read line by line.
 LC_ALL=C awk -v q='"' "$json_paths" "$work/manifest.json" > "$work/manifest.paths"
+# each attachment it records (a file of the project copied into the release, which the notes list): a file
+# SHA256SUMS lists with its sha256, of its size, named as unibake lets an attachment be named (not a file of
+# the release itself, a signature of one or a .tar.zst; one name once, letter case aside), as build.py verify checks
+# shellcheck disable=SC2016  # awk's, not the shell's
+awk -F '\t' '$1 ~ /^"attachments"\/[0-9]+$/ { split($1, at, "/"); n = at[2] + 1 }
+  $1 ~ /^"attachments"\/[0-9]+\/"(name|bytes|sha256)"$/ {
+    split($1, at, "/"); v = $2; gsub(/"/, "", v); r[at[2], at[3]] = v }
+  END { for (i = 0; i < n; i++) print i, r[i, "\"name\""], r[i, "\"bytes\""], r[i, "\"sha256\""] }' \
+  "$work/manifest.paths" > "$work/attachments"
+: > "$work/attached"
+while read -r n name size sha; do
+  lower=$(printf '%s\n' "$name" | tr A-Z a-z)
+  for own in manifest.json validation.json sha256sums release_notes.md image_id run.sh apply.sh readme-dist.md \
+      sbom.cdx.json provenance.intoto.json; do
+    case "$lower" in "$own"|"$own".*) fail "$dir/manifest.json: its attachments.$n names $name, which an attachment \
+cannot be named (a file of the release itself, a signature or a .tar.zst)" ;; esac
+  done
+  case "$lower" in *.tar.zst*) fail "$dir/manifest.json: its attachments.$n names $name, which an attachment cannot be \
+named (a file of the release itself, a signature or a .tar.zst)" ;; esac
+  ! grep -qxF -- "$lower" "$work/attached" \
+    || fail "$dir/manifest.json: its attachments.$n names $name, as another attachment does (letter case aside)"
+  printf '%s\n' "$lower" >> "$work/attached"
+  listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
+  [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as an attachment)"
+  [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
+  has=$(ls -ln -- "$name" | awk '{ print $5 }')
+  [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
+done < "$work/attachments"
 supply() { awk -F '\t' -v p="\"supply_chain\"/$1" '$1 == p { print $2; exit }' "$work/manifest.paths"; }
 if [ -n "$(supply '"sbom"')" ]; then
   # each entry holds its own file, as unibake names it (build.py verify checks the same): another listed

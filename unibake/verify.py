@@ -329,8 +329,38 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     if zstd_ok:
         checks.add("structure", archive.name, not structure, structure or
                    f"config {manifest.image_id[:19]}... and {len(manifest.diff_ids)} diffIDs recomputed")
+    check_attachments(folder, manifest, sums, checks)
     check_supply_chain(folder, manifest, sums, checks)
     return Report(folder=folder, checks=tuple(checks), manifest=manifest)
+
+
+def check_attachments(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checks: _Checks) -> None:
+    """Each attachment manifest.json records (a file of the project copied into the release, which the notes
+    list) is a file SHA256SUMS lists with its sha256, of its size, named as unibake lets an attachment be
+    named (not a file of the release itself, its signature or a .tar.zst; one name once, letter case aside).
+    verify-release.sh checks the same. (A record of a file not there, or of the SBOM, passed both.)"""
+    from .notes import _taken
+
+    seen: set[str] = set()
+    for n, a in enumerate(manifest.attachments):
+        if _taken(a.name) or a.name.casefold() in seen:
+            if a.name.casefold() in seen:
+                why = "as another attachment does (letter case aside)"
+            else:
+                why = "which an attachment cannot be named (a file of the release itself, a signature or a .tar.zst)"
+            checks.add("attachment", MANIFEST, False, f"its attachments.{n} names {a.name}, {why}")
+            continue
+        seen.add(a.name.casefold())
+        if sums.get(a.name) != a.sha256:
+            checks.add("sha256", a.name, False, f"not listed in SHA256SUMS ({MANIFEST} records it as an attachment)"
+                       if a.name not in sums else f"SHA256SUMS and {MANIFEST} disagree")
+            continue
+        try:
+            info = os.lstat(folder / a.name)
+        except OSError:
+            continue  # its sha256 check said so
+        if stat.S_ISREG(info.st_mode) and info.st_size != a.bytes:
+            checks.add("size", a.name, False, f"{info.st_size} bytes, but {MANIFEST} records {a.bytes}")
 
 
 def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checks: _Checks) -> None:

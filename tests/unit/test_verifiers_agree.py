@@ -404,6 +404,49 @@ def test_a_kit_that_is_a_copy_of_another_file_or_no_zstd_stream_is_refused_by_bo
                 shell_says=f"/demo-1.0-kit.tar.zst: {says}")
 
 
+def attached(folder, records) -> None:
+    """results.json copied into the release as an attachment, and manifest.json's attachments made ``records``."""
+    (folder / "results.json").write_text('{"tokens_per_second": 812}\n')
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["attachments"] = records(as_record(folder, "results.json"))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+def test_a_release_with_an_attachment_passes_both(cli, whole):
+    attached(whole, lambda record: [record])
+    assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("records, python_says, shell_says", [
+    pytest.param(lambda r: [r, {**r, "name": "results.txt"}],
+                 "results.txt: sha256 check failed: not listed in SHA256SUMS (manifest.json records it as an "
+                 "attachment)",
+                 "/results.txt: not listed in SHA256SUMS (manifest.json records it as an attachment)", id="missing"),
+    pytest.param(lambda r: [{**r, "bytes": r["bytes"] + 1}], "results.json: size check failed: 27 bytes, but "
+                 "manifest.json records 28", "/results.json: 27 bytes, but manifest.json records 28", id="bytes"),
+    pytest.param(lambda r: [{**r, "sha256": "0" * 64}], "results.json: sha256 check failed: SHA256SUMS and "
+                 "manifest.json disagree", "/results.json: SHA256SUMS and manifest.json disagree", id="sha256"),
+    pytest.param(lambda r: [r, {**r, "name": "sbom.cdx.json"}], "its attachments.1 names sbom.cdx.json, which an "
+                 "attachment cannot be named", "its attachments.1 names sbom.cdx.json, which an attachment cannot be "
+                 "named", id="the SBOM"),
+    pytest.param(lambda r: [{**r, "name": "demo-1.0.tar.zst"}], "its attachments.0 names demo-1.0.tar.zst, which an "
+                 "attachment cannot be named", "its attachments.0 names demo-1.0.tar.zst, which an attachment cannot "
+                 "be named", id="the archive"),
+    pytest.param(lambda r: [{**r, "name": "IMAGE_ID"}], "its attachments.0 names IMAGE_ID, which", "its attachments.0 "
+                 "names IMAGE_ID, which", id="IMAGE_ID"),
+    pytest.param(lambda r: [r, {**r, "name": "Results.JSON"}], "its attachments.1 names Results.JSON, as another "
+                 "attachment does (letter case aside)", "its attachments.1 names Results.JSON, as another attachment "
+                 "does (letter case aside)", id="twice"),
+])
+def test_an_attachment_record_that_is_not_a_file_of_the_folder_is_refused_by_both(
+        cli, whole, records, python_says, shell_says):
+    # manifest.json's attachments were read by neither verifier: a record of a file not there, or of another
+    # file of the release, passed both
+    attached(whole, records)
+    assert_same(cli, whole, passes=False, python_says=python_says, shell_says=shell_says)
+
+
 def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
     for name in MINISIGS:
         (whole / name).write_text("untrusted comment: x\n")
