@@ -1198,6 +1198,21 @@ if [ -n "$(supply '"sbom"')" ]; then
 elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit }' "$work/manifest.paths")" ]; then
   fail "$dir/manifest.json: its supply_chain record names no SBOM"
 fi
+# a supply-chain file SHA256SUMS lists that the record leaves out would be checked by nothing (its record,
+# null or dropped, and SHA256SUMS re-summed: an SBOM of another image shipped as the release's)
+product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+for what in sbom provenance kit; do
+  case "$what" in
+    sbom) own=sbom.cdx.json label=SBOM ;;
+    provenance) own=provenance.intoto.json label=provenance ;;
+    *) own=$product-$release-kit.tar.zst label=kit ;;
+  esac
+  if grep -qxF -- "$own" "$work/names" && [ -z "$(supply "\"$what\"/\"name\"")" ]; then
+    fail "$dir/$own: listed in SHA256SUMS, but manifest.json records no $label (supply_chain.$what): nothing checks \
+it against the release"
+  fi
+done
 
 # a profile released without its smoke gate (its smoke.skip in manifest.json, the gate SKIPPED in
 # VALIDATION.json; or every profile when no gate ran, --no-smoke or --no-roundtrip: the "smoke_skipped"

@@ -366,10 +366,19 @@ def check_attachments(folder: Path, manifest: ReleaseManifest, sums: dict[str, s
 def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checks: _Checks) -> None:
     """The SBOM's and the provenance's subjects against the release; their files against the
     manifest. (Their bytes are checked against SHA256SUMS with every other file.)"""
-    from .provenance import PROVENANCE_LIMIT, check_subjects, parse_provenance
-    from .sbom import SBOM_LIMIT, check_sbom
+    from .kit import kit_name
+    from .provenance import PROVENANCE, PROVENANCE_LIMIT, check_subjects, parse_provenance
+    from .sbom import SBOM, SBOM_LIMIT, check_sbom
 
     record = manifest.supply_chain
+    # a supply-chain file SHA256SUMS lists that the record leaves out would be checked by nothing (its
+    # record, null or dropped, and SHA256SUMS re-summed: an SBOM of another image shipped as the release's)
+    recorded = {"sbom": record.sbom, "provenance": record.provenance, "kit": record.kit} if record else {}
+    for what, label, name in (("sbom", "SBOM", SBOM), ("provenance", "provenance", PROVENANCE),
+                              ("kit", "kit", kit_name(manifest.product, manifest.release))):
+        if name in sums and recorded.get(what) is None:
+            checks.add(what, name, False, f"listed in SHA256SUMS, but {MANIFEST} records no {label} "
+                       f"(supply_chain.{what}): nothing checks it against the release")
     if record is None:
         return
     files = [record.sbom, record.provenance] + ([record.kit] if record.kit else [])

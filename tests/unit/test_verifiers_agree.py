@@ -404,6 +404,24 @@ def test_a_kit_that_is_a_copy_of_another_file_or_no_zstd_stream_is_refused_by_bo
                 shell_says=f"/demo-1.0-kit.tar.zst: {says}")
 
 
+@pytest.mark.parametrize("change, name, label", [
+    pytest.param(lambda m: m.update(supply_chain=None), "sbom.cdx.json", "SBOM (supply_chain.sbom)", id="null"),
+    pytest.param(lambda m: m.pop("supply_chain"), "sbom.cdx.json", "SBOM (supply_chain.sbom)", id="dropped"),
+    pytest.param(lambda m: m["supply_chain"].update(kit=None), "demo-1.0-kit.tar.zst", "kit (supply_chain.kit)",
+                 id="the kit's null"),
+])
+def test_a_supply_chain_file_listed_but_left_out_of_the_record_is_refused_by_both(cli, whole, change, name, label):
+    # nothing read it then: an SBOM of another image, shipped as the release's, passed both
+    with_kit(whole)
+    manifest = json.loads((whole / "manifest.json").read_text())
+    change(manifest)
+    (whole / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(whole)
+    says = f"listed in SHA256SUMS, but manifest.json records no {label}: nothing checks it against the release"
+    assert_same(cli, whole, passes=False, python_says=f"{name}: ", shell_says=f"/{name}: {says}")
+    assert says in cli("verify", str(whole)).err
+
+
 def attached(folder, records) -> None:
     """results.json copied into the release as an attachment, and manifest.json's attachments made ``records``."""
     (folder / "results.json").write_text('{"tokens_per_second": 812}\n')
