@@ -602,6 +602,12 @@ fi
 archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' "$work/manifest.json" |
   sed -n 's/^    "name": "\([^"\\]*\)",$/\1/p')
 printf '%s\n' "$archive" | grep -qx "$NAME\\.tar\\.zst" || fail "$dir/manifest.json: no archive name ending in .tar.zst"
+# named as unibake names a release's archive, as its notes and README-DIST load it (build.py verify checks it)
+release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+own_archive=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")-$release.tar.zst
+[ "$archive" = "$own_archive" ] \
+  || fail "$dir/manifest.json: its archive is named $archive, not $own_archive, as unibake names the archive of \
+release $release"
 # (in the order of their numbers: NAME.part-1000 after NAME.part-999, not after NAME.part-100)
 awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1 { print length($0) " " $0 }' "$work/names" |
   LC_ALL=C sort -k 1,1n -k 2 | cut -d ' ' -f 2- > "$work/parts"

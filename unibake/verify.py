@@ -254,6 +254,11 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
+    # named as unibake names a release's archive, as its notes and README-DIST load it (the shell verifier checks it)
+    named = f"{manifest.product}-{manifest.release}.tar.zst"
+    if archive.name != named:
+        checks.add("archive", MANIFEST, False, f"its archive is named {archive.name}, not {named}, as unibake names "
+                   f"the archive of release {manifest.release}")
     _check_unlisted(folder, sums, archive.name, checks)
     for name in sorted(sums):
         if (name == archive.name or name.startswith(archive.name + ".part-")) and name not in parts:

@@ -422,6 +422,25 @@ def test_a_supply_chain_file_listed_but_left_out_of_the_record_is_refused_by_bot
     assert says in cli("verify", str(whole)).err
 
 
+def test_an_archive_renamed_everywhere_is_refused_by_both(cli, whole):
+    # its file, manifest.json's archive, the provenance's subject and SHA256SUMS: the notes and README-DIST load
+    # demo-1.0.tar.zst, which was not there; both passed
+    (whole / "demo-1.0.tar.zst").rename(whole / "other.tar.zst")
+    manifest = json.loads((whole / "manifest.json").read_text())
+    manifest["archive"]["name"] = manifest["archive"]["files"][0]["name"] = "other.tar.zst"
+    provenance = whole / "provenance.intoto.json"
+    statement = json.loads(provenance.read_text())
+    for entry in statement["subject"]:
+        if entry.get("name") == "demo-1.0.tar.zst":
+            entry["name"] = "other.tar.zst"
+    provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+    manifest["supply_chain"]["provenance"] = as_record(whole, provenance.name)
+    (whole / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(whole)
+    says = "its archive is named other.tar.zst, not demo-1.0.tar.zst, as unibake names the archive of release 1.0"
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
 def attached(folder, records) -> None:
     """results.json copied into the release as an attachment, and manifest.json's attachments made ``records``."""
     (folder / "results.json").write_text('{"tokens_per_second": 812}\n')
