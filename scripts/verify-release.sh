@@ -165,23 +165,28 @@ if [ -n "$key" ]; then
   elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
       | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
     # returns trimmed from its end, as minisign reads it), as build.py verify reads it
+    # each file minisign checks is a copy under the release's own name, checked there: minisign's own
+    # messages ("Signature key id in SHA256SUMS.minisig is ...") name the release's files, not the copies
+    mkdir "$work/minisign"
+    minisign_checked() {  # $1 (SHA256SUMS, the provenance) against $1.minisig, both copied into $work/minisign
+      (cd "$work/minisign" && minisign -V -p "$work/key" -m "$1" -x "$1.minisig") > "$work/minisign.out" \
+        || { cat "$work/minisign.out"; fail "$dir: $1.minisig is not a good signature of $1 by $key"; }
+      cat "$work/minisign.out"
+    }
     echo "== minisign -Vm SHA256SUMS"
-    copy SHA256SUMS.minisig "$work/sums.minisig" || { ! here SHA256SUMS.minisig || fail "$dir/SHA256SUMS.minisig: not a regular file (a link?): not a signature"
+    cp "$work/sums" "$work/minisign/SHA256SUMS"
+    copy SHA256SUMS.minisig "$work/minisign/SHA256SUMS.minisig" || { ! here SHA256SUMS.minisig || fail "$dir/SHA256SUMS.minisig: not a regular file (a link?): not a signature"
       [ ! -e SHA256SUMS.asc ] || fail "$dir: SHA256SUMS has no SHA256SUMS.minisig; it has SHA256SUMS.asc: give the publisher's OpenPGP public key"
       fail "$dir: SHA256SUMS is not signed (no SHA256SUMS.minisig)"; }
-    minisign -V -p "$work/key" -m "$work/sums" -x "$work/sums.minisig" > "$work/minisign.out" \
-      || { cat "$work/minisign.out"; fail "$dir: SHA256SUMS.minisig is not a good signature of SHA256SUMS by $key"; }
-    cat "$work/minisign.out"
+    minisign_checked SHA256SUMS
     # its trusted comment, compared with manifest.json below when it is in unibake's form
     sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/comment"
     # a provenance the key signed too is checked as build.py verify checks it (its trusted comment too)
     if [ -f provenance.intoto.json.minisig ]; then
       echo "== minisign -Vm provenance.intoto.json"
-      copy provenance.intoto.json.minisig "$work/provenance.minisig" || fail "$dir/provenance.intoto.json.minisig: not a regular file (a link?): not a signature"
-      copy provenance.intoto.json "$work/provenance.signed" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.minisig signs"
-      minisign -V -p "$work/key" -m "$work/provenance.signed" -x "$work/provenance.minisig" > "$work/minisign.out" \
-        || { cat "$work/minisign.out"; fail "$dir: provenance.intoto.json.minisig is not a good signature of provenance.intoto.json by $key"; }
-      cat "$work/minisign.out"
+      copy provenance.intoto.json.minisig "$work/minisign/provenance.intoto.json.minisig" || fail "$dir/provenance.intoto.json.minisig: not a regular file (a link?): not a signature"
+      copy provenance.intoto.json "$work/minisign/provenance.intoto.json" 67108864 || fail "$dir/provenance.intoto.json: not a regular file, which its signature provenance.intoto.json.minisig signs"
+      minisign_checked provenance.intoto.json
       sed -n 's/^Trusted comment: //p' "$work/minisign.out" | head -n 1 > "$work/provenance.comment"
     fi
   else  # a file that is no public key is bad usage, not a bad signature of the release
@@ -598,6 +603,12 @@ fi
 archive=$(awk '/^  "archive": \{$/ { inside = 1; next } inside && /^    "name": "/ { print; exit }' "$work/manifest.json" |
   sed -n 's/^    "name": "\([^"\\]*\)",$/\1/p')
 printf '%s\n' "$archive" | grep -qx "$NAME\\.tar\\.zst" || fail "$dir/manifest.json: no archive name ending in .tar.zst"
+# named as unibake names a release's archive, as its notes and README-DIST load it (build.py verify checks it)
+release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+own_archive=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")-$release.tar.zst
+[ "$archive" = "$own_archive" ] \
+  || fail "$dir/manifest.json: its archive is named $archive, not $own_archive, as unibake names the archive of \
+release $release"
 # (in the order of their numbers: NAME.part-1000 after NAME.part-999, not after NAME.part-100)
 awk -v a="$archive" '$0 == a || index($0, a ".part-") == 1 { print length($0) " " $0 }' "$work/names" |
   LC_ALL=C sort -k 1,1n -k 2 | cut -d ' ' -f 2- > "$work/parts"
@@ -1049,18 +1060,87 @@ says ${named:-none}: refused before any load"
 # signature file it records there. Both are read as unibake writes them (json.dumps, indent 2), as
 # build.py verify reads them too: a copy of each, its sha256 checked again, read line by line.
 LC_ALL=C awk -v q='"' "$json_paths" "$work/manifest.json" > "$work/manifest.paths"
+# each attachment it records (a file of the project copied into the release, which the notes list): a file
+# SHA256SUMS lists with its sha256, of its size, named as unibake lets an attachment be named (not a file of
+# the release itself, a signature of one or a .tar.zst; one name once, letter case aside), as build.py verify checks
+# shellcheck disable=SC2016  # awk's, not the shell's
+awk -F '\t' '$1 ~ /^"attachments"\/[0-9]+$/ { split($1, at, "/"); n = at[2] + 1 }
+  $1 ~ /^"attachments"\/[0-9]+\/"(name|bytes|sha256)"$/ {
+    split($1, at, "/"); v = $2; gsub(/"/, "", v); r[at[2], at[3]] = v }
+  END { for (i = 0; i < n; i++) print i, r[i, "\"name\""], r[i, "\"bytes\""], r[i, "\"sha256\""] }' \
+  "$work/manifest.paths" > "$work/attachments"
+: > "$work/attached"
+while read -r n name size sha; do
+  lower=$(printf '%s\n' "$name" | tr A-Z a-z)
+  for own in manifest.json validation.json sha256sums release_notes.md image_id run.sh apply.sh readme-dist.md \
+      sbom.cdx.json provenance.intoto.json; do
+    case "$lower" in "$own"|"$own".*) fail "$dir/manifest.json: its attachments.$n names $name, which an attachment \
+cannot be named (a file of the release itself, a signature or a .tar.zst)" ;; esac
+  done
+  case "$lower" in *.tar.zst*) fail "$dir/manifest.json: its attachments.$n names $name, which an attachment cannot be \
+named (a file of the release itself, a signature or a .tar.zst)" ;; esac
+  ! grep -qxF -- "$lower" "$work/attached" \
+    || fail "$dir/manifest.json: its attachments.$n names $name, as another attachment does (letter case aside)"
+  printf '%s\n' "$lower" >> "$work/attached"
+  listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
+  [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as an attachment)"
+  [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
+  has=$(ls -ln -- "$name" | awk '{ print $5 }')
+  [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
+done < "$work/attachments"
 supply() { awk -F '\t' -v p="\"supply_chain\"/$1" '$1 == p { print $2; exit }' "$work/manifest.paths"; }
 if [ -n "$(supply '"sbom"')" ]; then
+  # each entry holds its own file, as unibake names it (build.py verify checks the same): another listed
+  # file recorded there (the SBOM or the archive as the kit) would pass every check below
+  product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+  kit_name=
   for what in sbom provenance kit; do
     [ "$what" != kit ] || [ "$(awk -F '\t' '$1 == "\"supply_chain\"/\"kit\"" { print $2; exit }' "$work/manifest.paths")" != null ] || continue
     name=$(supply "\"$what\"/\"name\"" | sed -n "s/^\"\\($NAME\\)\"\$/\\1/p")
     sha=$(supply "\"$what\"/\"sha256\"" | sed -n 's/^"\([0-9a-f]\{64\}\)"$/\1/p')
     [ -n "$name" ] && [ -n "$sha" ] || fail "$dir/manifest.json: its supply_chain record of the $what is not a file's name and sha256"
+    case "$what" in
+      sbom) own=sbom.cdx.json label=SBOM ;;
+      provenance) own=provenance.intoto.json label=provenance ;;
+      *) own=$product-$release-kit.tar.zst label=kit ;;
+    esac
+    [ "$name" = "$own" ] \
+      || fail "$dir/manifest.json: its supply_chain.$what names $name, not the release's $label ($own)"
     listed=$(awk -v n="$name" '$1 == n { print $2; exit }' "$work/listed")
     [ -n "$listed" ] || fail "$dir/$name: not listed in SHA256SUMS (manifest.json records it as the release's $what)"
     [ "$listed" = "$sha" ] || fail "$dir/$name: SHA256SUMS and manifest.json disagree on its sha256"
+    # its size too, as the archive's files' (the record's bytes an integer: the schema's check above)
+    size=$(supply "\"$what\"/\"bytes\"")
+    has=$(ls -ln -- "$name" | awk '{ print $5 }')
+    [ "$size" = "$has" ] || fail "$dir/$name: $has bytes, but manifest.json records $size"
     eval "${what}_name=\$name"
   done
+  # the kit is a kit: a zstd stream, not a copy of another file the release lists
+  if [ -n "$kit_name" ]; then
+    kit_sha=$(awk -v n="$kit_name" '$1 == n { print $2; exit }' "$work/listed")
+    same=$(awk -v n="$kit_name" -v s="$kit_sha" '$2 == s && $1 != n { print $1 }' "$work/listed" |
+      LC_ALL=C sort | head -n 1)
+    [ -z "$same" ] || fail "$dir/$kit_name: the same bytes as $same (SHA256SUMS): not the release's kit"
+    [ "$(head -c 4 -- "$kit_name" | od -An -tx1 | tr -d ' \n')" = 28b52ffd ] \
+      || fail "$dir/$kit_name: does not start as a zstd stream, as the release's kit does: not its kit"
+  fi
+  # each kind's signatures are of SHA256SUMS and the provenance, as unibake writes them, one record a kind
+  # shellcheck disable=SC2016  # awk's, not the shell's
+  bad=$(awk -F '\t' 'function plain(s) { return substr(s, 2, length(s) - 2) }
+    $1 ~ /^"supply_chain"\/"signatures"\/[0-9]+$/ { split($1, at, "/"); n = at[3] + 1 }
+    $1 ~ /^"supply_chain"\/"signatures"\/[0-9]+\/"kind"$/ { split($1, at, "/"); kind[at[3]] = plain($2) }
+    $1 ~ /^"supply_chain"\/"signatures"\/[0-9]+\/"files"\/[0-9]+$/ { split($1, at, "/"); i = at[3]
+      files[i] = files[i] (count[i]++ ? ", " : "") plain($2); file[i, count[i]] = plain($2) }
+    END { for (i = 0; i < n; i++) {
+        record = "its supply_chain.signatures." i; suffix = kind[i] == "openpgp" ? ".asc" : ".minisig"
+        if (seen[kind[i]]++) { print record " is a second " kind[i] " record (unibake signs with one key of each kind)"
+          exit }
+        if (count[i] != 2 || file[i, 1] != "SHA256SUMS" suffix || file[i, 2] != "provenance.intoto.json" suffix) {
+          print record " (" kind[i] ") names " (count[i] ? files[i] : "no file") ", not SHA256SUMS" suffix \
+            " and provenance.intoto.json" suffix; exit } } }' \
+    "$work/manifest.paths")
+  [ -z "$bad" ] || fail "$dir/manifest.json: $bad"
   # shellcheck disable=SC2154  # set by the eval above
   for what in sbom provenance; do
     eval "name=\$${what}_name"
@@ -1125,6 +1205,21 @@ if [ -n "$(supply '"sbom"')" ]; then
 elif [ -n "$(awk -F '\t' '$1 == "\"supply_chain\"" && $2 != "null" { print; exit }' "$work/manifest.paths")" ]; then
   fail "$dir/manifest.json: its supply_chain record names no SBOM"
 fi
+# a supply-chain file SHA256SUMS lists that the record leaves out would be checked by nothing (its record,
+# null or dropped, and SHA256SUMS re-summed: an SBOM of another image shipped as the release's)
+product=$(sed -n 's/^  "product": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+release=$(sed -n 's/^  "release": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
+for what in sbom provenance kit; do
+  case "$what" in
+    sbom) own=sbom.cdx.json label=SBOM ;;
+    provenance) own=provenance.intoto.json label=provenance ;;
+    *) own=$product-$release-kit.tar.zst label=kit ;;
+  esac
+  if grep -qxF -- "$own" "$work/names" && [ -z "$(supply "\"$what\"/\"name\"")" ]; then
+    fail "$dir/$own: listed in SHA256SUMS, but manifest.json records no $label (supply_chain.$what): nothing checks \
+it against the release"
+  fi
+done
 
 # a profile released without its smoke gate (its smoke.skip in manifest.json, the gate SKIPPED in
 # VALIDATION.json; or every profile when no gate ran, --no-smoke or --no-roundtrip: the "smoke_skipped"

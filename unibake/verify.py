@@ -22,7 +22,7 @@ from .archive_reader import ArchiveReader
 from .engine import Engine, LoadOutcome
 from .errors import ArchiveError, InputError, VerificationError, ZstdDecodeError
 from .files import decode_text, read_small_file, read_small_text, visible_name
-from .imagetar import check_against, check_release_form, interpret, read_members
+from .imagetar import ZSTD_MAGIC, check_against, check_release_form, interpret, read_members
 from .manifest import (FILE_NAME_PATTERN, MANIFEST, MAX_MANIFEST_BYTES, NOT_IN_FORM, ReleaseManifest, off_form,
                        parse_manifest, read_json)
 from .platforms import recorded_by
@@ -254,6 +254,11 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
+    # named as unibake names a release's archive, as its notes and README-DIST load it (the shell verifier checks it)
+    named = f"{manifest.product}-{manifest.release}.tar.zst"
+    if archive.name != named:
+        checks.add("archive", MANIFEST, False, f"its archive is named {archive.name}, not {named}, as unibake names "
+                   f"the archive of release {manifest.release}")
     _check_unlisted(folder, sums, archive.name, checks)
     for name in sorted(sums):
         if (name == archive.name or name.startswith(archive.name + ".part-")) and name not in parts:
@@ -329,24 +334,73 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     if zstd_ok:
         checks.add("structure", archive.name, not structure, structure or
                    f"config {manifest.image_id[:19]}... and {len(manifest.diff_ids)} diffIDs recomputed")
+    check_attachments(folder, manifest, sums, checks)
     check_supply_chain(folder, manifest, sums, checks)
     return Report(folder=folder, checks=tuple(checks), manifest=manifest)
+
+
+def check_attachments(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checks: _Checks) -> None:
+    """Each attachment manifest.json records (a file of the project copied into the release, which the notes
+    list) is a file SHA256SUMS lists with its sha256, of its size, named as unibake lets an attachment be
+    named (not a file of the release itself, its signature or a .tar.zst; one name once, letter case aside).
+    verify-release.sh checks the same. (A record of a file not there, or of the SBOM, passed both.)"""
+    from .notes import _taken
+
+    seen: set[str] = set()
+    for n, a in enumerate(manifest.attachments):
+        if _taken(a.name) or a.name.casefold() in seen:
+            if a.name.casefold() in seen:
+                why = "as another attachment does (letter case aside)"
+            else:
+                why = "which an attachment cannot be named (a file of the release itself, a signature or a .tar.zst)"
+            checks.add("attachment", MANIFEST, False, f"its attachments.{n} names {a.name}, {why}")
+            continue
+        seen.add(a.name.casefold())
+        if sums.get(a.name) != a.sha256:
+            checks.add("sha256", a.name, False, f"not listed in SHA256SUMS ({MANIFEST} records it as an attachment)"
+                       if a.name not in sums else f"SHA256SUMS and {MANIFEST} disagree")
+            continue
+        try:
+            info = os.lstat(folder / a.name)
+        except OSError:
+            continue  # its sha256 check said so
+        if stat.S_ISREG(info.st_mode) and info.st_size != a.bytes:
+            checks.add("size", a.name, False, f"{info.st_size} bytes, but {MANIFEST} records {a.bytes}")
 
 
 def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checks: _Checks) -> None:
     """The SBOM's and the provenance's subjects against the release; their files against the
     manifest. (Their bytes are checked against SHA256SUMS with every other file.)"""
-    from .provenance import PROVENANCE_LIMIT, check_subjects, parse_provenance
-    from .sbom import SBOM_LIMIT, check_sbom
+    from .kit import kit_name
+    from .provenance import PROVENANCE, PROVENANCE_LIMIT, check_subjects, parse_provenance
+    from .sbom import SBOM, SBOM_LIMIT, check_sbom
 
     record = manifest.supply_chain
+    # a supply-chain file SHA256SUMS lists that the record leaves out would be checked by nothing (its
+    # record, null or dropped, and SHA256SUMS re-summed: an SBOM of another image shipped as the release's)
+    recorded = {"sbom": record.sbom, "provenance": record.provenance, "kit": record.kit} if record else {}
+    for what, label, name in (("sbom", "SBOM", SBOM), ("provenance", "provenance", PROVENANCE),
+                              ("kit", "kit", kit_name(manifest.product, manifest.release))):
+        if name in sums and recorded.get(what) is None:
+            checks.add(what, name, False, f"listed in SHA256SUMS, but {MANIFEST} records no {label} "
+                       f"(supply_chain.{what}): nothing checks it against the release")
     if record is None:
         return
     files = [record.sbom, record.provenance] + ([record.kit] if record.kit else [])
+    _check_supply_names(folder, manifest, sums, checks)
     for f in files:
         if sums.get(f.name) != f.sha256:
             checks.add("sha256", f.name, False, "not listed in SHA256SUMS" if f.name not in sums else
                        "SHA256SUMS and manifest.json disagree")
+            continue
+        # its size too, as the archive's files' (a record whose sha256 is the file's and whose bytes are not
+        # is not the file's record); a file missing or not a regular one failed its sha256 check above
+        try:
+            info = os.lstat(folder / f.name)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_size != f.bytes:
+            checks.add("size", f.name, False, f"{info.st_size} bytes, but {MANIFEST} records {f.bytes}")
     texts = {}
     for f, limit in ((record.sbom, SBOM_LIMIT), (record.provenance, PROVENANCE_LIMIT)):
         what = "sbom" if f is record.sbom else "provenance"
@@ -391,6 +445,55 @@ def check_supply_chain(folder: Path, manifest: ReleaseManifest, sums: dict[str, 
             present = (folder / name).is_file() and not (folder / name).is_symlink()
             if not present:
                 checks.add("signature", name, False, f"missing ({signature.kind} signature by {signature.key})")
+
+
+def _check_supply_names(folder: Path, manifest: ReleaseManifest, sums: Mapping[str, str], checks: _Checks) -> None:
+    """Each supply_chain entry holds its own file, as unibake names and writes it (verify-release.sh checks
+    the same): the SBOM, the provenance, the kit of this product and release (a zstd stream, not a copy of
+    another listed file), and each kind's signatures of SHA256SUMS and the provenance, one record a kind.
+    Another listed file recorded there (the SBOM as the kit, the archive as the kit) passed every other check."""
+    from .kit import kit_name
+    from .provenance import PROVENANCE
+    from .sbom import SBOM
+    from .signing import ASC, MINISIG
+
+    record = manifest.supply_chain
+    assert record is not None
+    wanted = [("sbom", "SBOM", record.sbom, SBOM), ("provenance", "provenance", record.provenance, PROVENANCE)]
+    if record.kit is not None:
+        wanted.append(("kit", "kit", record.kit, kit_name(manifest.product, manifest.release)))
+    for what, label, f, want in wanted:
+        if f.name != want:
+            checks.add(what, MANIFEST, False, f"its supply_chain.{what} names {f.name}, not the release's {label} "
+                       f"({want})")
+    kit = record.kit
+    if kit is not None and kit.name == wanted[-1][3]:
+        same = sorted(n for n, d in sums.items() if d == kit.sha256 and n != kit.name)
+        head = None  # missing, or not a regular file: its sha256 check says so
+        try:
+            fd = os.open(folder / kit.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            pass
+        else:
+            with os.fdopen(fd, "rb") as fh:
+                if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    head = fh.read(len(ZSTD_MAGIC))
+        if same:
+            checks.add("kit", kit.name, False, f"the same bytes as {same[0]} (SHA256SUMS): not the release's kit")
+        elif head is not None and head != ZSTD_MAGIC:
+            checks.add("kit", kit.name, False, "does not start as a zstd stream, as the release's kit does: not its "
+                       "kit")
+    kinds: set[str] = set()
+    for n, signature in enumerate(record.signatures):
+        suffix = ASC if signature.kind == "openpgp" else MINISIG
+        want = (SUMS + suffix, PROVENANCE + suffix)
+        if signature.kind in kinds:
+            checks.add("signature", MANIFEST, False, f"its supply_chain.signatures.{n} is a second {signature.kind} "
+                       "record (unibake signs with one key of each kind)")
+        elif signature.files != want:
+            checks.add("signature", MANIFEST, False, f"its supply_chain.signatures.{n} ({signature.kind}) names "
+                       f"{', '.join(signature.files) or 'no file'}, not {want[0]} and {want[1]}")
+        kinds.add(signature.kind)
 
 
 def verify_signatures(folder: Path, key_path: Path, env: Mapping[str, str]) -> Report:

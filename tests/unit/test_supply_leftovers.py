@@ -537,6 +537,33 @@ def test_verify_key_with_another_minisign_key_names_the_release_s_signature_not_
     assert "(Signature key id in SHA256SUMS.minisig is " in line and "; but the key id in the public key is " in line
 
 
+@pytest.mark.parametrize("signed", ["SHA256SUMS", "provenance.intoto.json"])
+def test_verify_release_sh_key_with_another_minisign_key_names_the_release_s_signature_not_a_temporary_copy(
+        engines, tmp_path, minisign_key, signed):  # noqa: F811
+    # (before: minisign's own lines named the work folder's copy, "Signature key id in /tmp/tmp.X/sums.minisig")
+    secret, public = minisign_key
+    folder = release(engines, tmp_path / "release", sign_minisign=secret)["release"].folder
+    other = tmp_path / "other.key"
+    made = run("minisign", "-G", "-W", "-p", str(tmp_path / "other.pub"), "-s", str(other))
+    assert made.returncode == 0, made.stderr
+    if signed == "SHA256SUMS":
+        key = tmp_path / "other.pub"
+    else:  # the provenance signed by another key, SHA256SUMS (listing that signature) by the release's
+        key = public
+        resign_minisign(other, folder / signed, f"demo 1.0 {signed}")
+        resum(folder)
+        resign_minisign(secret, folder / "SHA256SUMS", "demo 1.0 SHA256SUMS")
+    refused = shell(folder, "--key", str(key))
+    assert refused.returncode == 3, refused.stderr
+    lines = refused.stderr.splitlines()
+    said = next(n for n, line in enumerate(lines) if line.startswith("Signature key id in "))
+    # minisign's verdict, in its words, naming the release's file; then the one error line
+    assert lines[said].startswith(f"Signature key id in {signed}.minisig is "), refused.stderr
+    assert lines[said + 1].startswith("but the key id in the public key is "), refused.stderr
+    assert lines[-1] == f"error: {folder}: {signed}.minisig is not a good signature of {signed} by {key}", lines
+    assert "/sums.minisig" not in refused.stderr and "/provenance.minisig" not in refused.stderr, refused.stderr
+
+
 def _unlabelled(server, created):  # noqa: F811
     """archive IMAGE's engines, the image without io.unibake.source-date-epoch and with its config's ``created``."""
     from unibake.metadata import METADATA_LABEL, PROFILES_LABEL

@@ -273,6 +273,9 @@ def test_an_sbom_written_twice_with_the_subject_key_is_refused_by_both(cli, whol
     assert python == 3 and shells == [3] * len(SHELLS), python_err + shell_err
 
 
+MINISIGS = ["SHA256SUMS.minisig", "provenance.intoto.json.minisig"]
+
+
 def record_change(folder, change) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     change(manifest["supply_chain"])
@@ -282,8 +285,9 @@ def record_change(folder, change) -> None:
 
 @pytest.mark.parametrize("change, says", [
     pytest.param(lambda r: r["sbom"].update(sha256="0" * 64), "SHA256SUMS and manifest.json disagree", id="sbom sha256"),
-    pytest.param(lambda r: r["provenance"].update(name="VALIDATION.json"), "disagree", id="another file"),
-    pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}),
+    pytest.param(lambda r: r["provenance"].update(name="VALIDATION.json"), "its supply_chain.provenance names "
+                 "VALIDATION.json, not the release's provenance (provenance.intoto.json)", id="another file"),
+    pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": MINISIGS}),
                  "SHA256SUMS.minisig", id="a signature missing"),
     pytest.param(lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": ["../x"]}),
                  "", id="a signature outside the folder"),
@@ -295,11 +299,219 @@ def test_a_supply_chain_record_that_is_not_the_folder_s_is_refused_by_both(cli, 
     assert says in python_err and says in shell_err, python_err + shell_err
 
 
-def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
-    (whole / "SHA256SUMS.minisig").write_text("untrusted comment: x\n")
-    record_change(whole, lambda r: r["signatures"].append(
-        {"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.minisig"]}))
+def with_kit(folder, data: bytes | None = None, name: str = "demo-1.0-kit.tar.zst") -> dict:
+    """The release given a kit as unibake records one (a zstd stream here: the verifiers do not unpack it):
+    the file, its supply_chain record, the provenance's subject; returns the record."""
+    import zstandard
+
+    data = zstandard.ZstdCompressor(write_checksum=True).compress(b"kit\n" * 64) if data is None else data
+    (folder / name).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    record = manifest["supply_chain"]
+    record["kit"] = {"name": name, "bytes": len(data), "sha256": sha(data)}
+    provenance = folder / record["provenance"]["name"]
+    statement = json.loads(provenance.read_text())
+    statement["subject"].append({"name": name, "digest": {"sha256": sha(data)}})
+    provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+    record["provenance"].update(bytes=provenance.stat().st_size, sha256=sha(provenance.read_bytes()))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    return record["kit"]
+
+
+def test_a_release_with_its_kit_passes_both(cli, whole):
+    with_kit(whole)
     assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("what, name", [("sbom", "sbom.cdx.json"), ("provenance", "provenance.intoto.json"),
+                                        ("kit", "demo-1.0-kit.tar.zst")])
+@pytest.mark.parametrize("off", [1, -1])
+def test_a_supply_chain_record_whose_bytes_are_not_the_file_s_is_refused_by_both_naming_both_sizes(
+        cli, whole, what, name, off):
+    # its sha256 is the file's; its size was not compared (a record made of another file's size passed both)
+    if what == "kit":
+        with_kit(whole)
+    size = (whole / name).stat().st_size
+    record_change(whole, lambda r: r[what].update(bytes=size + off))
+    says = f"{size} bytes, but manifest.json records {size + off}"
+    assert_same(cli, whole, passes=False, python_says=f"{name}: size check failed: {says}",
+                shell_says=f"/{name}: {says}")
+
+
+def as_record(folder, name: str) -> dict:
+    data = (folder / name).read_bytes()
+    return {"name": name, "bytes": len(data), "sha256": sha(data)}
+
+
+def renamed(folder, old: str, new: str, key: str) -> None:
+    """A supply-chain file renamed, its record, the provenance's subject and SHA256SUMS made to agree."""
+    (folder / old).rename(folder / new)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    provenance = folder / (new if key == "provenance" else manifest["supply_chain"]["provenance"]["name"])
+    statement = json.loads(provenance.read_text())
+    for entry in statement["subject"]:
+        if entry.get("name") == old:
+            entry["name"] = new
+    provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+    manifest["supply_chain"][key] = as_record(folder, new)
+    manifest["supply_chain"]["provenance"] = as_record(folder, provenance.name)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+@pytest.mark.parametrize("what, name, says", [
+    ("kit", "sbom.cdx.json", "its supply_chain.kit names sbom.cdx.json, not the release's kit (demo-1.0-kit.tar.zst)"),
+    ("kit", "demo-1.0.tar.zst", "its supply_chain.kit names demo-1.0.tar.zst, not the release's kit "
+     "(demo-1.0-kit.tar.zst)"),
+    ("sbom", "provenance.intoto.json", "its supply_chain.sbom names provenance.intoto.json, not the release's SBOM "
+     "(sbom.cdx.json)"),
+    ("provenance", "sbom.cdx.json", "its supply_chain.provenance names sbom.cdx.json, not the release's provenance "
+     "(provenance.intoto.json)"),
+])
+def test_a_supply_chain_entry_naming_another_listed_file_is_refused_by_both(cli, whole, what, name, says):
+    # its record made of that file's own name, size and sha256: the kit's passed both (the provenance names it)
+    with_kit(whole)
+    record_change(whole, lambda r: r.update({what: as_record(whole, name)}))
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
+@pytest.mark.parametrize("old, new, key, says", [
+    ("demo-1.0-kit.tar.zst", "other-2.0-kit.tar.zst", "kit", "its supply_chain.kit names other-2.0-kit.tar.zst, not "
+     "the release's kit (demo-1.0-kit.tar.zst)"),
+    ("sbom.cdx.json", "bom.json", "sbom", "its supply_chain.sbom names bom.json, not the release's SBOM "
+     "(sbom.cdx.json)"),
+    ("provenance.intoto.json", "prov.json", "provenance", "its supply_chain.provenance names prov.json, not the "
+     "release's provenance (provenance.intoto.json)"),
+])
+def test_a_supply_chain_file_renamed_everywhere_is_refused_by_both(cli, whole, old, new, key, says):
+    with_kit(whole)
+    renamed(whole, old, new, key)
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
+@pytest.mark.parametrize("data, says", [
+    pytest.param(lambda folder: (folder / "demo-1.0.tar.zst").read_bytes(), "the same bytes as demo-1.0.tar.zst "
+                 "(SHA256SUMS): not the release's kit", id="a copy of the archive"),
+    pytest.param(lambda folder: (folder / "sbom.cdx.json").read_bytes(), "the same bytes as sbom.cdx.json "
+                 "(SHA256SUMS): not the release's kit", id="a copy of the SBOM"),
+    pytest.param(lambda folder: b"PK\x03\x04 a zip", "does not start as a zstd stream, as the release's kit does: "
+                 "not its kit", id="a zip"),
+])
+def test_a_kit_that_is_a_copy_of_another_file_or_no_zstd_stream_is_refused_by_both(cli, whole, data, says):
+    with_kit(whole, data(whole))
+    assert_same(cli, whole, passes=False, python_says=f"demo-1.0-kit.tar.zst: kit check failed: {says}",
+                shell_says=f"/demo-1.0-kit.tar.zst: {says}")
+
+
+@pytest.mark.parametrize("change, name, label", [
+    pytest.param(lambda m: m.update(supply_chain=None), "sbom.cdx.json", "SBOM (supply_chain.sbom)", id="null"),
+    pytest.param(lambda m: m.pop("supply_chain"), "sbom.cdx.json", "SBOM (supply_chain.sbom)", id="dropped"),
+    pytest.param(lambda m: m["supply_chain"].update(kit=None), "demo-1.0-kit.tar.zst", "kit (supply_chain.kit)",
+                 id="the kit's null"),
+])
+def test_a_supply_chain_file_listed_but_left_out_of_the_record_is_refused_by_both(cli, whole, change, name, label):
+    # nothing read it then: an SBOM of another image, shipped as the release's, passed both
+    with_kit(whole)
+    manifest = json.loads((whole / "manifest.json").read_text())
+    change(manifest)
+    (whole / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(whole)
+    says = f"listed in SHA256SUMS, but manifest.json records no {label}: nothing checks it against the release"
+    assert_same(cli, whole, passes=False, python_says=f"{name}: ", shell_says=f"/{name}: {says}")
+    assert says in cli("verify", str(whole)).err
+
+
+def test_an_archive_renamed_everywhere_is_refused_by_both(cli, whole):
+    # its file, manifest.json's archive, the provenance's subject and SHA256SUMS: the notes and README-DIST load
+    # demo-1.0.tar.zst, which was not there; both passed
+    (whole / "demo-1.0.tar.zst").rename(whole / "other.tar.zst")
+    manifest = json.loads((whole / "manifest.json").read_text())
+    manifest["archive"]["name"] = manifest["archive"]["files"][0]["name"] = "other.tar.zst"
+    provenance = whole / "provenance.intoto.json"
+    statement = json.loads(provenance.read_text())
+    for entry in statement["subject"]:
+        if entry.get("name") == "demo-1.0.tar.zst":
+            entry["name"] = "other.tar.zst"
+    provenance.write_text(json.dumps(statement, indent=2, sort_keys=True) + "\n")
+    manifest["supply_chain"]["provenance"] = as_record(whole, provenance.name)
+    (whole / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(whole)
+    says = "its archive is named other.tar.zst, not demo-1.0.tar.zst, as unibake names the archive of release 1.0"
+    assert_same(cli, whole, passes=False, python_says=says, shell_says=says)
+
+
+def attached(folder, records) -> None:
+    """results.json copied into the release as an attachment, and manifest.json's attachments made ``records``."""
+    (folder / "results.json").write_text('{"tokens_per_second": 812}\n')
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["attachments"] = records(as_record(folder, "results.json"))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+def test_a_release_with_an_attachment_passes_both(cli, whole):
+    attached(whole, lambda record: [record])
+    assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("records, python_says, shell_says", [
+    pytest.param(lambda r: [r, {**r, "name": "results.txt"}],
+                 "results.txt: sha256 check failed: not listed in SHA256SUMS (manifest.json records it as an "
+                 "attachment)",
+                 "/results.txt: not listed in SHA256SUMS (manifest.json records it as an attachment)", id="missing"),
+    pytest.param(lambda r: [{**r, "bytes": r["bytes"] + 1}], "results.json: size check failed: 27 bytes, but "
+                 "manifest.json records 28", "/results.json: 27 bytes, but manifest.json records 28", id="bytes"),
+    pytest.param(lambda r: [{**r, "sha256": "0" * 64}], "results.json: sha256 check failed: SHA256SUMS and "
+                 "manifest.json disagree", "/results.json: SHA256SUMS and manifest.json disagree", id="sha256"),
+    pytest.param(lambda r: [r, {**r, "name": "sbom.cdx.json"}], "its attachments.1 names sbom.cdx.json, which an "
+                 "attachment cannot be named", "its attachments.1 names sbom.cdx.json, which an attachment cannot be "
+                 "named", id="the SBOM"),
+    pytest.param(lambda r: [{**r, "name": "demo-1.0.tar.zst"}], "its attachments.0 names demo-1.0.tar.zst, which an "
+                 "attachment cannot be named", "its attachments.0 names demo-1.0.tar.zst, which an attachment cannot "
+                 "be named", id="the archive"),
+    pytest.param(lambda r: [{**r, "name": "IMAGE_ID"}], "its attachments.0 names IMAGE_ID, which", "its attachments.0 "
+                 "names IMAGE_ID, which", id="IMAGE_ID"),
+    pytest.param(lambda r: [r, {**r, "name": "Results.JSON"}], "its attachments.1 names Results.JSON, as another "
+                 "attachment does (letter case aside)", "its attachments.1 names Results.JSON, as another attachment "
+                 "does (letter case aside)", id="twice"),
+])
+def test_an_attachment_record_that_is_not_a_file_of_the_folder_is_refused_by_both(
+        cli, whole, records, python_says, shell_says):
+    # manifest.json's attachments were read by neither verifier: a record of a file not there, or of another
+    # file of the release, passed both
+    attached(whole, records)
+    assert_same(cli, whole, passes=False, python_says=python_says, shell_says=shell_says)
+
+
+def test_a_signature_file_the_record_names_passes_both_when_it_is_there(cli, whole):
+    for name in MINISIGS:
+        (whole / name).write_text("untrusted comment: x\n")
+    record_change(whole, lambda r: r["signatures"].append({"kind": "minisign", "key": "ABCD", "files": MINISIGS}))
+    assert_same(cli, whole, passes=True)
+
+
+@pytest.mark.parametrize("records, says", [
+    ([{"kind": "minisign", "key": "ABCD", "files": ["manifest.json"]}],
+     "its supply_chain.signatures.0 (minisign) names manifest.json, not SHA256SUMS.minisig and "
+     "provenance.intoto.json.minisig"),
+    ([{"kind": "minisign", "key": "ABCD", "files": ["SHA256SUMS.asc", "provenance.intoto.json.asc"]}],
+     "its supply_chain.signatures.0 (minisign) names SHA256SUMS.asc, provenance.intoto.json.asc, not "
+     "SHA256SUMS.minisig and provenance.intoto.json.minisig"),
+    ([{"kind": "openpgp", "key": "ABCD", "files": ["sbom.cdx.json", "provenance.intoto.json.asc"]}],
+     "its supply_chain.signatures.0 (openpgp) names sbom.cdx.json, provenance.intoto.json.asc, not SHA256SUMS.asc "
+     "and provenance.intoto.json.asc"),
+    ([{"kind": "openpgp", "key": "ABCD", "files": []}],
+     "its supply_chain.signatures.0 (openpgp) names no file, not SHA256SUMS.asc and provenance.intoto.json.asc"),
+    ([{"kind": "minisign", "key": "ABCD", "files": MINISIGS}, {"kind": "minisign", "key": "EF01", "files": MINISIGS}],
+     "its supply_chain.signatures.1 is a second minisign record (unibake signs with one key of each kind)"),
+])
+def test_a_signature_record_naming_other_files_than_its_kind_s_is_refused_by_both(cli, whole, records, says):
+    # each file there (a release's own: manifest.json, the SBOM; or written here): they all passed both
+    for name in ("SHA256SUMS.asc", "provenance.intoto.json.asc", *MINISIGS):
+        (whole / name).write_text("a signature\n")
+    record_change(whole, lambda r: r.update(signatures=records))
+    assert_same(cli, whole, passes=False, python_says=f"manifest.json: signature check failed: {says}", shell_says=says)
 
 
 # --- the provenance's own signature, with --key ---------------------------------------------------
@@ -411,7 +623,8 @@ def test_an_sbom_swapped_after_its_sums_check_is_not_parsed_unchecked(whole, mon
     report = verify.verify_folder(whole)
     assert sbom.read_text() == forged
     failed = [c for c in report.failures if c.target == sbom.name]
-    assert failed and "changed after its sha256 was checked" in failed[0].detail, report.checks
+    # (its size, compared with the record since, differs too: the bytes parsed are still the ones checked)
+    assert any("changed after its sha256 was checked" in c.detail for c in failed), report.checks
 
 
 def test_a_profile_released_without_its_smoke_gate_is_warned_of_by_both(cli, folder):
