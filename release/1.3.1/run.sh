@@ -16,7 +16,7 @@
 #   PPID, PWD, OPTIND, SHLVL, _, LINENO, PS1, PS2, PS4, OLDPWD, which the image's shell sets, nor HOME,
 #   HOSTNAME, which docker sets, nor NVIDIA_VISIBLE_DEVICES: use GPUS; CUDA_VISIBLE_DEVICES,
 #   ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL number the container's GPUs from 0, as the
-#   engine sees them)
+#   engine sees them, and name as many as the profile needs)
 # Environment (each value is checked; a bad one stops here with exit 2):
 #   GPUS=2,3        which GPUs: numbers, NVIDIA GPU-/MIG- UUIDs, or all (default: the first N the profile needs)
 #   PORT, MODEL_NAME  passed to the engine (defaults 30000, demo-llm)
@@ -149,9 +149,12 @@ own_env() {
 # numbering copied from a docker run that gave every GPU (CUDA_VISIBLE_DEVICES=4,5,6,7 for 4 GPUs) hides every
 # GPU from the engine, and an empty value or a negative number hides them too (as the plan checks a profile's
 # env). The highest number is kept in vis_max (plus one; with what set it, vis_what) until the profile's
-# count is known
+# count is known, and so is the fewest GPUs a value names (vis_few, with vis_few_what): CUDA_VISIBLE_DEVICES=0 on a
+# profile of 2 started its engine on one GPU
 vis_max=0
 vis_what=""
+vis_few=""
+vis_few_what=""
 vd_where_CUDA=""; vd_where_ROCR=""; vd_where_HIP=""; vd_where_GPU=""; vd_e_CUDA=""; vd_e_ROCR=""; vd_e_HIP=""; vd_e_GPU=""
 # Only the value that reaches the container is checked: docker reads the files in order, then each -e, and the
 # last value of a name wins (so a -e overrides a file's line, wherever it stands among run.sh's arguments)
@@ -164,9 +167,12 @@ visible_devices() {  # $1 where (-e, --env-file FILE), $2 the name, $3 its value
 check_visible() {  # $1 where, $2 the name, $3 its value: the value that wins
   case "$3" in *[![:space:]]*) ;; *) die "$1 sets $2='$3', which hides every GPU from the engine; remove it" ;; esac
   vd_rest="$3,"
+  vd_seen=","
+  vd_count=0
   while [ -n "$vd_rest" ]; do
     vd_item=${vd_rest%%,*}; vd_rest=${vd_rest#*,}
     vd_item=$(printf '%s' "$vd_item" | sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//')
+    vd_id=$vd_item
     case "$vd_item" in
       -|-*[!0-9]*) ;;
       -*) die "$1 sets $2='$3': '$vd_item' hides the GPUs after it from the engine; remove it" ;;
@@ -174,9 +180,18 @@ check_visible() {  # $1 where, $2 the name, $3 its value: the value that wins
       *[!0-9]*) ;;  # a UUID
       *) vd_n=$(printf '%s' "$vd_item" | sed -e 's/^0*//' -e 's/^$/0/')
          [ "${#vd_n}" -le 5 ] || vd_n=99999
+         vd_id=$vd_n
          if [ "$vd_n" -ge "$vis_max" ]; then vis_max=$((vd_n + 1)); vis_what="$1 sets $2='$3', which names GPU $vd_n"; fi ;;
     esac
+    # each GPU counted once (0,00 names GPU 0)
+    case "$vd_seen" in
+      *",$vd_id,"*) ;;
+      *) [ -z "$vd_id" ] || { vd_seen="$vd_seen$vd_id,"; vd_count=$((vd_count + 1)); } ;;
+    esac
   done
+  if [ -z "$vis_few" ] || [ "$vd_count" -lt "$vis_few" ]; then
+    vis_few=$vd_count; vis_few_what="$1 sets $2='$3', which names $vd_count GPU$([ "$vd_count" -eq 1 ] || echo s)"
+  fi
 }
 # (a name starting with '-', which printenv would take as its option, by env's lines too: busybox's printenv takes
 # no "--", it would look that up as a name)
@@ -428,6 +443,10 @@ if [ "$gpus" != all ]; then
   if [ "$vis_max" -gt "$need" ]; then
     die "$vis_what, but the container of profile $profile sees only the GPUs of GPUS ($need), numbered from 0 to $((need - 1)): remove it, or number them from 0"
   fi
+fi
+# (GPUS=all too: the engine sees only the GPUs named, however many the container has)
+if [ -n "$vis_few" ] && [ "$vis_few" -lt "$need" ]; then
+  die "$vis_few_what, but profile $profile needs $need: the engine would see only those; remove it, or name $need, numbered from 0"
 fi
 
 # groups by their number on this host: the engine reads a name in the image's /etc/group, where it may be
