@@ -117,7 +117,9 @@ class Releases:
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.unlink(missing_ok=True)
         cmd = [sys.executable, str(ROOT / "build.py"), *args, "--config", str(self.profiles),
-               "--metadata-file", str(meta), "--scratch-dir", str(self.scratch)]
+               "--metadata-file", str(meta)]
+        if "--stage" not in args:  # (a --stage build runs no round trip: --scratch-dir there is refused)
+            cmd += ["--scratch-dir", str(self.scratch)]
         start = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=self.work)
         seconds = time.monotonic() - start
