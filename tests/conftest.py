@@ -124,3 +124,59 @@ def minisign_key(tmp_path_factory):
     made = run("minisign", "-G", "-W", "-p", str(folder / "publisher.pub"), "-s", str(folder / "secret.key"))
     assert made.returncode == 0, made.stderr
     return folder / "secret.key", folder / "publisher.pub"
+
+
+@contextmanager
+def terminated_as_the_cli():
+    """SIGTERM handled as the command line handles it (``unibake.cli._terminate``: a KeyboardInterrupt where the
+    signal lands), the count of interrupts cleared before and after, the handler before it put back."""
+    import signal
+
+    from unibake import cli as cli_module
+
+    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
+    cli_module._interrupts.clear()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        cli_module._interrupts.clear()
+
+
+def signal_inside_popen(monkeypatch, module, wanted) -> list[int]:
+    """``module.subprocess.Popen`` replaced by one that sends this process SIGTERM inside ``Popen.__init__``, once
+    the first child whose argument list ``wanted(args)`` accepts is running: the Popen object is never returned, so
+    only what the code under test recorded can end the child. Returns the list that child's PID goes into."""
+    import signal
+
+    started: list[int] = []
+
+    class InterruptedPopen(subprocess.Popen):
+        def _execute_child(self, args, *rest, **kwargs):
+            super()._execute_child(args, *rest, **kwargs)
+            if not started and wanted([str(a) for a in args]):
+                started.append(self.pid)
+                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the child running
+
+    monkeypatch.setattr(module.subprocess, "Popen", InterruptedPopen)
+    return started
+
+
+def child_ended(pid: int) -> bool:
+    """Whether a child of this process has ended (reaped here if it has, or already reaped)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG) != (0, 0)
+    except ChildProcessError:  # ended and reaped by the code under test
+        return True
+
+
+def kill_children(pids) -> None:
+    """Children a test started and lost: killed and reaped, whatever the test found."""
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass

@@ -17,7 +17,7 @@ from unibake.errors import InputError
 from unibake.plan import make_plan
 from unibake.render import render
 
-from ..conftest import REPO
+from ..conftest import REPO, terminated_as_the_cli
 from ..fake_engine import FakeEngine
 
 LOWER = "sha256:" + "a" * 64
@@ -384,7 +384,6 @@ def test_an_interrupt_just_after_the_memo_s_images_are_held_leaves_no_hold_tag(b
     import os
     import signal
 
-    from unibake import cli as cli_module
 
     class InterruptedEngine(BuildingEngine):
         armed = False
@@ -405,12 +404,7 @@ def test_an_interrupt_just_after_the_memo_s_images_are_held_leaves_no_hold_tag(b
     context = render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path))
     assert build_image(context, **build).memoised == 0  # the memo recorded
     engine.armed = where == "as a hold tag is put"
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             build_image(context, on_line=said, **build)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert [t for t in engine.tags if "-hold" in t] == []

@@ -14,6 +14,7 @@ from unibake.errors import VerificationError
 from unibake.export import export_once
 from unibake.normalise import normalise_image
 
+from ..conftest import terminated_as_the_cli
 from ..fake_engine import FakeEngine
 from .test_normalise import EPOCH, built, engine, layer  # noqa: F401 - the fixture is used by name
 
@@ -193,7 +194,6 @@ def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_
     from contextlib import ExitStack
     from types import SimpleNamespace
 
-    from unibake import cli as cli_module
     from unibake.pipeline import Request, Run, _export
 
     from .test_supply_chain import Quiet
@@ -212,9 +212,7 @@ def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_
     engines = {None: engine, "fake://verify": verify}
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", verify_engine="fake://verify")
     (tmp_path / "staging").mkdir()
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with ExitStack() as stack:
             run = Run(request, Quiet(), stack, engines.__getitem__)
             run.results.update(plan=SimpleNamespace(base_image="base:1", platform=None, product="demo"), built=image,
@@ -227,7 +225,4 @@ def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_
             else:
                 _export(run)
                 assert verify.inspect_image("demo:1") is not None  # there while the run goes on (its smoke gates)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})

@@ -14,6 +14,7 @@ from unibake.errors import InputError
 from unibake.publish import ReleaseFolder
 from unibake.scratch import private_base, runtime_of
 
+from ..conftest import terminated_as_the_cli
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
 from .test_supply_chain import engines  # noqa: F401 - the fixture is used by name
 
@@ -54,20 +55,17 @@ def test_an_interrupt_between_the_commit_s_renames_lands_after_them_even_with_an
             for _ in range(100):  # let the handler run, if it is going to, before the second rename
                 threading.Event().wait(0.001)
 
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
     monkeypatch.setattr(publish.os, "replace", replace_then_signal)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            with ReleaseFolder(out, "1.0", force=True) as folder:
-                (folder.staging / "new").write_text("y")
-                folder.commit()
-        assert folder.committed and sorted(os.listdir(out / "1.0")) == ["new"]
-        assert not (out / ".1.0.old").exists()  # set aside, then removed before the interrupt is let in
+        with terminated_as_the_cli():
+            with pytest.raises(KeyboardInterrupt):
+                with ReleaseFolder(out, "1.0", force=True) as folder:
+                    (folder.staging / "new").write_text("y")
+                    folder.commit()
+            assert folder.committed and sorted(os.listdir(out / "1.0")) == ["new"]
+            assert not (out / ".1.0.old").exists()  # set aside, then removed before the interrupt is let in
     finally:
         stop.set()
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
 
 
 def test_a_second_interrupt_does_not_cut_the_clean_up_short(capsys):
@@ -328,18 +326,15 @@ def test_an_interrupt_during_a_group_commit_lands_after_every_folder_is_publishe
         if len(renamed) == 1 and str(src).endswith(".partial"):  # the first platform's folder in place, not the second
             os.kill(os.getpid(), signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
     publish.COMMITTED.clear()
     monkeypatch.setattr(publish.os, "replace", replace_then_signal)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            _two_platforms(tmp_path)
-        assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == ["1.0", "1.0-arm64"]
-        assert publish.COMMITTED == [out / "1.0", out / "1.0-arm64"]
+        with terminated_as_the_cli():
+            with pytest.raises(KeyboardInterrupt):
+                _two_platforms(tmp_path)
+            assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == ["1.0", "1.0-arm64"]
+            assert publish.COMMITTED == [out / "1.0", out / "1.0-arm64"]
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
         publish.COMMITTED.clear()
 
 
@@ -650,15 +645,10 @@ def test_an_interrupt_as_the_staging_folder_is_made_leaves_no_staging_folder(tmp
 
     out = tmp_path / "release"
     monkeypatch.setattr(publish, "fresh_folder", made_then_interrupted)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             with ReleaseFolder(out, "1.0", force=False):
                 pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert sorted(os.listdir(out)) == [".1.0.lock"]
     monkeypatch.setattr(publish, "fresh_folder", real)
     with ReleaseFolder(out, "1.0", force=False):  # the lock was let go
@@ -683,15 +673,10 @@ def test_an_interrupt_as_the_release_folder_stage_returns_from_its_enter_leaves_
     monkeypatch.setattr(pipeline, "ReleaseFolder", InterruptedAsItReturns)
     out = tmp_path / "release"
     request = Request(env={}, cwd=tmp_path, out=out, image="demo:1.0", verify_engine="fake://verify")
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             run_stages(selection(("inspect", "scan inspected", "folder")), request, Quiet(),
                        connect=engines.__getitem__)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert sorted(os.listdir(out)) == [".1.0.lock"]
     with ReleaseFolder(out, "1.0", force=False):  # the lock was let go
         pass
@@ -724,14 +709,9 @@ def test_an_interrupt_as_the_build_ends_puts_the_release_tag_back(busybox_produc
     before = engine.add({"architecture": "amd64", "os": "linux", "before": 1}, [b"before"], tag="unibake-test:0.1.0")
     request = Request(env={}, cwd=tmp_path, config=busybox_product, out=tmp_path / "release", require_lock=False,
                       write_rendered=False)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             run_stages(selection(BUILD, stop_after="build"), request, Quiet(), connect=lambda address: engine)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert engine.tags["unibake-test:0.1.0"] == before
     failed = [ref for ref in engine.tags if ref.endswith("-failed")]
     assert len(failed) == 1 and engine.tags[failed[0]] != before  # the build kept as build cache, named

@@ -27,7 +27,7 @@ from unibake.plan import make_plan
 from unibake.render import render, write_context_tar
 from unibake.sbom import BaseImage
 
-from ..conftest import REPO
+from ..conftest import REPO, terminated_as_the_cli
 from ..fake_engine import FakeEngine
 from ..forge import resum
 from .test_smoke import server  # noqa: F401 - the fixture is used by name
@@ -1432,7 +1432,6 @@ def test_an_interrupt_as_the_kit_s_temporary_file_is_made_leaves_nothing_in_out(
     # left .NAME.tmp in --out)
     import signal
 
-    from unibake import cli as cli_module
     from unibake import kit
 
     real = kit.open_new
@@ -1443,12 +1442,7 @@ def test_an_interrupt_as_the_kit_s_temporary_file_is_made_leaves_nothing_in_out(
         return made
 
     monkeypatch.setattr(kit, "open_new", made_then_interrupted)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             make_kit(busybox_product, tmp_path / "out")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert os.listdir(tmp_path / "out") == []

@@ -34,6 +34,7 @@ from unibake.verify import read_sums, verify_folder
 
 from dxf import exceptions as dxf_errors
 
+from ..conftest import child_ended, kill_children, signal_inside_popen, terminated_as_the_cli
 from ..savefixtures import docker_layout, layer_tar
 from .test_publish import METADATA, PASSED, make_release
 
@@ -2582,43 +2583,18 @@ def test_an_interrupt_inside_popen_as_a_credential_helper_starts_still_ends_the_
                                                                                      monkeypatch):
     # an interrupt inside subprocess.Popen's __init__, once the helper is made: the Popen object is never returned,
     # so nothing ended it (before: a helper waiting on a keyring or a pinentry ran on after the run had ended)
-    import signal
-    import subprocess as real_subprocess
-
-    from unibake import cli as cli_module
     from unibake import registry
 
     env = credential_helper("exec sleep 300", 60.0)
-    started: list[int] = []
-
-    class InterruptedPopen(real_subprocess.Popen):
-        def _execute_child(self, args, *rest, **kwargs):
-            super()._execute_child(args, *rest, **kwargs)
-            if not started and str(args[0]).endswith("docker-credential-unibake-test"):
-                started.append(self.pid)
-                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the helper running
-
-    monkeypatch.setattr(registry.subprocess, "Popen", InterruptedPopen)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
+    started = signal_inside_popen(monkeypatch, registry, lambda args: args[0].endswith("docker-credential-unibake-test"))
     try:
-        with pytest.raises(KeyboardInterrupt):
-            load_credentials("reg.example:5000", env, None)
-        assert len(started) == 1
-        try:
-            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
-        except ChildProcessError:  # ended and reaped
-            ended = True
-        assert ended, "the credential helper runs on"
+        with terminated_as_the_cli():
+            with pytest.raises(KeyboardInterrupt):
+                load_credentials("reg.example:5000", env, None)
+            assert len(started) == 1
+            assert child_ended(started[0]), "the credential helper runs on"
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
-        for pid in started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        kill_children(started)
 
 
 @pytest.mark.parametrize("spooled", ["push", "digest check"])
@@ -2628,7 +2604,6 @@ def test_an_interrupt_as_the_push_s_spool_folder_is_made_leaves_no_folder(tmp_pa
     import signal
     import tempfile
 
-    from unibake import cli as cli_module
     from unibake import registry
     from unibake.registry import pushed_manifest_digest
 
@@ -2645,15 +2620,10 @@ def test_an_interrupt_as_the_push_s_spool_folder_is_made_leaves_no_folder(tmp_pa
         return made
 
     monkeypatch.setattr(registry.tempfile, "mkdtemp", made_then_interrupted)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             if spooled == "push":
                 push_release(folder, manifest, target, RecordingClient(), temp_dir=spool)
             else:
                 pushed_manifest_digest(folder, manifest, "gzip", temp_dir=spool)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert os.listdir(spool) == []

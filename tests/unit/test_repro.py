@@ -7,6 +7,7 @@ import pytest
 from unibake.errors import VerificationError
 from unibake.repro import ReproBuild, compare
 
+from ..conftest import terminated_as_the_cli
 from ..fake_engine import FakeEngine
 from .test_normalise import layer
 
@@ -83,7 +84,6 @@ def test_an_interrupt_as_repro_s_temporary_folder_is_made_leaves_no_folder(tmp_p
     import tempfile
     from contextlib import ExitStack
 
-    from unibake import cli as cli_module
     from unibake.pipeline import Request, Run, _temp_folder
 
     from .test_supply_chain import Quiet
@@ -98,14 +98,9 @@ def test_an_interrupt_as_repro_s_temporary_folder_is_made_leaves_no_folder(tmp_p
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "mkdtemp", made_then_interrupted)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             with ExitStack() as stack:
                 _temp_folder(Run(Request(env={}, cwd=tmp_path, out=tmp_path / "release"), Quiet(), stack,
                                  lambda address: None))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert os.listdir(tmp_path / "tmp") == []

@@ -14,6 +14,8 @@ from unibake.scratch import (SEED_PREFIX, SEEDS_KEPT, _evict_seeds, _processes_o
                              prune_seeds,
                              private_base, runtime_of)
 
+from ..conftest import child_ended, kill_children, signal_inside_popen, terminated_as_the_cli
+
 
 def test_a_planted_scratch_folder_cannot_make_a_run_kill_or_delete_what_is_not_its_own(tmp_path):
     base = tmp_path / "scratch"
@@ -232,7 +234,6 @@ def test_an_interrupt_as_the_scratch_engine_s_folder_is_made_leaves_no_folder(tm
     import signal
     import tempfile
 
-    from unibake import cli as cli_module
     from unibake import scratch as scratch_module
     from unibake.scratch import ScratchEngine
 
@@ -247,15 +248,10 @@ def test_an_interrupt_as_the_scratch_engine_s_folder_is_made_leaves_no_folder(tm
 
     monkeypatch.setattr(scratch_module.tempfile, "mkdtemp", made_then_interrupted)
     base = tmp_path / "scratch"
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             with ScratchEngine(base):
                 pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert os.listdir(base) == []
 
 
@@ -263,10 +259,6 @@ def test_an_interrupt_inside_popen_as_the_scratch_dockerd_starts_still_stops_it(
     # an interrupt inside subprocess.Popen's __init__, once the child is made: the Popen object is never returned,
     # so nothing knew the child (before: it ran on, in its own session; a real dockerd re-made its removed data
     # root); a stand-in dockerd that is no daemon executable, so that only the PID recorded can stop it
-    import signal
-    import subprocess as real_subprocess
-
-    from unibake import cli as cli_module
     from unibake import scratch as scratch_module
     from unibake.scratch import ScratchEngine
 
@@ -277,39 +269,18 @@ def test_an_interrupt_inside_popen_as_the_scratch_dockerd_starts_still_stops_it(
     (bin_dir / "dockerd").write_text("#!/bin/sh\nexec sleep 600\n")
     (bin_dir / "dockerd").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    started: list[int] = []
-
-    class InterruptedPopen(real_subprocess.Popen):
-        def _execute_child(self, args, *rest, **kwargs):
-            super()._execute_child(args, *rest, **kwargs)
-            if not started and str(args[0]).endswith("unshare"):  # (the daemon's start alone: not a umount)
-                started.append(self.pid)
-                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the child running
-
-    monkeypatch.setattr(scratch_module.subprocess, "Popen", InterruptedPopen)
+    started = signal_inside_popen(monkeypatch, scratch_module, lambda args: args[0].endswith("unshare"))  # (the daemon's start alone: not a umount)
     base = tmp_path / "scratch"
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            with ScratchEngine(base):
-                pass
-        assert len(started) == 1
-        try:
-            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
-        except ChildProcessError:  # stopped and reaped by the exit
-            ended = True
-        assert ended, "the scratch dockerd was left running"
-        assert os.listdir(base) == []
+        with terminated_as_the_cli():
+            with pytest.raises(KeyboardInterrupt):
+                with ScratchEngine(base):
+                    pass
+            assert len(started) == 1
+            assert child_ended(started[0]), "the scratch dockerd was left running"
+            assert os.listdir(base) == []
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
-        for pid in started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        kill_children(started)
 
 
 def test_an_interrupt_as_the_scratch_engine_s_start_returns_still_stops_it(tmp_path, monkeypatch):
@@ -318,7 +289,6 @@ def test_an_interrupt_as_the_scratch_engine_s_start_returns_still_stops_it(tmp_p
     import signal
     from contextlib import ExitStack
 
-    from unibake import cli as cli_module
     from unibake import pipeline
     from unibake.pipeline import Request, Run
     from unibake.scratch import ScratchEngine, remove_scratch_dir
@@ -347,27 +317,15 @@ def test_an_interrupt_as_the_scratch_engine_s_start_returns_still_stops_it(tmp_p
     monkeypatch.setattr(pipeline, "ScratchEngine", InterruptedAsItReturns)
     base = tmp_path / "scratch"
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", scratch_dir=base)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            with ExitStack() as stack:
-                pipeline._fresh_engine(Run(request, Quiet(), stack, lambda address: None))
-        assert len(started) == 1
-        try:
-            ended = os.waitpid(started[0], os.WNOHANG) != (0, 0)
-        except ChildProcessError:  # stopped and reaped by the exit
-            ended = True
-        assert ended, "the scratch dockerd was left running"
-        assert os.listdir(base) == []
+        with terminated_as_the_cli():
+            with pytest.raises(KeyboardInterrupt):
+                with ExitStack() as stack:
+                    pipeline._fresh_engine(Run(request, Quiet(), stack, lambda address: None))
+            assert len(started) == 1
+            assert child_ended(started[0]), "the scratch dockerd was left running"
+            assert os.listdir(base) == []
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
-        for pid in started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        kill_children(started)
         for folder in base.glob("ub-scratch-*"):  # (its runtime folder too, in the user's scratch place)
             remove_scratch_dir(folder)

@@ -14,6 +14,7 @@ from unibake.engine import RunOutcome
 from unibake.metadata import ImageMetadata
 from unibake.smoke import run_gates
 
+from ..conftest import signal_inside_popen, terminated_as_the_cli
 from ..fake_engine import FakeEngine
 
 
@@ -468,31 +469,12 @@ def test_an_interrupt_just_as_the_smoke_client_starts_leaves_no_smoke_client_beh
 def test_an_interrupt_inside_popen_as_the_smoke_client_starts_leaves_no_smoke_client_behind(engine, monkeypatch):
     # (before: an interrupt inside subprocess.Popen's __init__, once the client was made, never returned the Popen
     # object: nothing ended the client, which polled the removed container for up to smoke.timeout)
-    import os
-    import signal
-    import subprocess as real_subprocess
-
-    from unibake import cli as cli_module
     from unibake import smoke
 
-    started = []
-
-    class InterruptedPopen(real_subprocess.Popen):
-        def _execute_child(self, args, *rest, **kwargs):
-            super()._execute_child(args, *rest, **kwargs)
-            if not started and "unibake.smoke_client" in " ".join(map(str, args)):
-                started.append(self.pid)
-                os.kill(os.getpid(), signal.SIGTERM)  # lands inside __init__, the client running
-
-    monkeypatch.setattr(smoke.subprocess, "Popen", InterruptedPopen)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    started = signal_inside_popen(monkeypatch, smoke, lambda args: "unibake.smoke_client" in " ".join(args))
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             run_gates(engine, "demo:1", metadata(1, timeout=60), netns_pid=None)  # nothing listens on port 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert len(started) == 1
     _assert_no_smoke_client_left(engine)
 

@@ -14,6 +14,8 @@ from unibake.files import read_small_text, write_atomic
 from unibake.sums import parse_sums, render_sums
 from unibake.threads import consume_in_thread, read_ahead
 
+from ..conftest import terminated_as_the_cli
+
 A, B = "a" * 64, "b" * 64
 
 
@@ -294,7 +296,6 @@ def test_an_interrupt_as_an_atomic_write_s_temporary_file_is_made_leaves_no_file
     import signal
     import tempfile
 
-    from unibake import cli as cli_module
     from unibake import files
 
     real = tempfile.mkstemp
@@ -305,12 +306,7 @@ def test_an_interrupt_as_an_atomic_write_s_temporary_file_is_made_leaves_no_file
         return made
 
     monkeypatch.setattr(files.tempfile, "mkstemp", made_then_interrupted)
-    previous = signal.signal(signal.SIGTERM, cli_module._terminate)
-    cli_module._interrupts.clear()
-    try:
+    with terminated_as_the_cli():
         with pytest.raises(KeyboardInterrupt):
             write_atomic(tmp_path, "Dockerfile.tp1", "FROM scratch\n")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        cli_module._interrupts.clear()
     assert os.listdir(tmp_path) == []
