@@ -177,7 +177,8 @@ class FakeEngine(Engine):
         messages = tuple(f"Loaded image: {t}" for t in loaded_tags) or tuple(f"Loaded image ID: {i}" for i in loaded_ids)
         return LoadOutcome(image_ids=tuple(loaded_ids), tags=tuple(loaded_tags), messages=messages)
 
-    def run(self, image: str, args: list[str], *, env=None, timeout: int = 120, entrypoint=None) -> RunOutcome:
+    def run(self, image: str, args: list[str], *, env=None, timeout: int = 120, entrypoint=None,
+            changes: bool = False) -> RunOutcome:
         if self._find(image) is None:
             raise EngineError(f"running {image} failed: no such image (engine at {self.address})")
         return self.runner(image, list(args), dict(env or {}))

@@ -44,6 +44,8 @@ class BuiltImage:
     size: int = 0  # the engine's size of the image (its layers' content)
     replaced: str | None = None  # the image the tag named before this build, if another
     memoised: int = 0  # steps not sent to the engine: the build memo held their image
+    memo_lower: str | None = None  # the build memo's image of the steps above its marker, this image's bottom
+    assembled: object | None = None  # a hotfix assembled from a small build (unibake.assemble.Assembly)
 
     @property
     def cacheable_steps(self) -> tuple[BuildStep, ...]:
@@ -152,6 +154,7 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
     hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine, memo_key) \
         if key is not None and not nocache else None
     held: list[str] = []  # the hold's tags, removed by the finally however the build ends (an interrupt too)
+    made_memo = None
     try:
         if hit is not None and not _hold(engine, product, context.selection, (hit.lower, *hit.stages), held):
             on_line("the build memo's images went from the engine since they were looked up (another run's build "
@@ -180,8 +183,8 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
                          nocache=nocache, on_line=on_line, platform=platform)
         memoised = 0
         if key is not None:
-            buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps, outcome.stage_images, engine,
-                             memo_key)
+            made_memo = buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps,
+                                        outcome.stage_images, engine, memo_key)
     _keep_stages(engine, product, context.selection, outcome.stage_images)
     info = engine.inspect_image(tag)
     if info is None or info.id != outcome.image_id:
@@ -189,7 +192,7 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
     return BuiltImage(image_id=info.id, tag=tag, diff_ids=info.diff_ids, steps=outcome.steps,
                       stage_images=outcome.stage_images, seconds=time.monotonic() - start, size=info.size,
                       replaced=before.id if before is not None and before.id != info.id else None,
-                      memoised=memoised)
+                      memoised=memoised, memo_lower=hit.lower if hit is not None else made_memo.lower if made_memo else None)
 
 
 _STEP_LINE = re.compile(r"^Step ([0-9]+)/([0-9]+) : ")

@@ -275,3 +275,55 @@ def upper_context(context: BuildContext, cut: Split, memo: Memo) -> BuildContext
     files = [f for f in context.files if _reads(f, cut.upper_sources)]
     files.append(ContextFile(name="Dockerfile", mode=0o644, sha256=hashlib.sha256(data).hexdigest(), data=data))
     return replace(context, dockerfile=dockerfile, files=tuple(sorted(files, key=lambda f: f.name)))
+
+
+LOWER_RECORDS = 16  # the (image, epoch) pairs a selection's record of normalised lower layers keeps, newest first
+
+
+def _lower_file(folder: Path, selection: str, platform: str | None) -> Path:
+    path = _file(folder, selection, platform)
+    return path.with_name(path.stem + ".lower.json")
+
+
+def _lower_mac(secret_key: bytes, lower: str, epoch: int, diff_ids: tuple[str, ...]) -> str:
+    text = json.dumps({"lower": lower, "epoch": epoch, "diff_ids": list(diff_ids)}, sort_keys=True)
+    return hmac.new(secret_key, f"unibake normalised lower {VERSION}\n{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _lower_entries(path: Path) -> list[dict]:
+    try:
+        raw = json.loads(read_small_file(path, UnibakeError, limit=1 << 20, follow=False).decode("utf-8"))
+        entries = raw["entries"] if raw.get("version") == VERSION else []
+        return [e for e in entries if isinstance(e, dict)][:LOWER_RECORDS] if isinstance(entries, list) else []
+    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def remember_lower(folder: Path, selection: str, platform: str | None, lower: str, epoch: int,
+                   diff_ids: tuple[str, ...], secret_key: bytes) -> None:
+    """After an image built FROM the memo's ``lower`` image was normalised with ``epoch``: the diffIDs its
+    layers got (the first ``len(diff_ids)`` of the release), so that a hotfix can tell, without exporting
+    anything, whether an earlier release's bottom layers are what this memo's image gives (see
+    :mod:`unibake.assemble`). Signed like the memo: a record a checkout brought is not taken."""
+    path = _lower_file(folder, selection, platform)
+    entry = {"lower": lower, "epoch": epoch, "diff_ids": list(diff_ids),
+             "mac": _lower_mac(secret_key, lower, epoch, diff_ids)}
+    kept = [e for e in _lower_entries(path) if (e.get("lower"), e.get("epoch")) != (lower, epoch)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path.parent, path.name, json.dumps({"version": VERSION, "entries": [entry, *kept][:LOWER_RECORDS]},
+                                                    indent=2) + "\n")
+
+
+def remembered_lower(folder: Path, selection: str, platform: str | None, lower: str, epoch: int,
+                     secret_key: bytes) -> tuple[str, ...] | None:
+    """The diffIDs :func:`remember_lower` recorded for ``lower`` normalised with ``epoch``, if this user's
+    key signed them; None otherwise."""
+    for e in _lower_entries(_lower_file(folder, selection, platform)):
+        diff_ids = e.get("diff_ids")
+        if e.get("lower") != lower or e.get("epoch") != epoch or not isinstance(diff_ids, list) \
+                or not all(isinstance(d, str) and _ID.fullmatch(d) for d in diff_ids):
+            continue
+        mac = e.get("mac")
+        if isinstance(mac, str) and hmac.compare_digest(mac, _lower_mac(secret_key, lower, epoch, tuple(diff_ids))):
+            return tuple(diff_ids)
+    return None

@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
     h.add_argument("--sequential", action="store_true",
                    help="normalise, archive and round trip in three passes (two exports) instead of one")
+    h.add_argument("--full-build", action="store_true",
+                   help="build and export the whole image, as a release does, instead of assembling it from the "
+                        "steps below the build memo's marker on top of the base release (the default when the "
+                        "build memo and this user's records allow it)")
     _release_options(h)
 
     a = command("archive", "release an image the engine already has",
@@ -675,7 +679,7 @@ def _built_outcome(args: argparse.Namespace, results) -> Outcome:
 def cmd_hotfix(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .pipeline import HOTFIX, HOTFIX_SEQUENTIAL, run_stages, selection
 
-    request = _request(args, ctx, base=args.base, sequential=args.sequential)
+    request = _request(args, ctx, base=args.base, sequential=args.sequential, assemble=not args.full_build)
     results = run_stages(selection(HOTFIX_SEQUENTIAL if args.sequential else HOTFIX), request, ctx.reporter)
     return _release_outcome(results, "unibake: hotfix released")
 

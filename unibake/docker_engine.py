@@ -60,6 +60,7 @@ CONNECT_TIMEOUT = 60
 # CPU-seconds on that image (measured: benchmarks/NOTES.md); pieces of 1 MiB save no more CPU and
 # raise peak memory by about 30 MiB (zstd's workers queue more at once).
 SAVE_PIECE = 256 << 10
+BLOCK_READ = 4096  # folder_header: what is read of a folder's archive (its first header, and an extended one)
 # What is kept of a container run to its end (a self-check): its start and its last lines (the engine's
 # log holds a line in pieces of at most 16 KiB, so the lines asked for are bounded too).
 RUN_OUTPUT_HEAD = 64 << 10
@@ -195,6 +196,41 @@ class _TimedPipe:
 # docker-py makes its ssh:// sockets by this module-level name (in SSHConnection.connect): every ssh
 # engine unibake reaches gets the timed one
 docker.transport.sshconn.SSHSocket = _TimedSSHSocket
+
+
+def _first_folder(head: bytes) -> tuple[int, int, int] | None:
+    """(permission bits, uid, gid) of the first entry of a tar stream's start ``head`` when it is a folder
+    (a PAX header before it may give its uid and gid); None otherwise."""
+    import tarfile
+
+    from .errors import ArchiveError
+    from .imagetar import pax_records
+
+    pax: dict[str, str] = {}
+    at = 0
+    while at + 512 <= len(head):
+        try:
+            info = tarfile.TarInfo.frombuf(head[at:at + 512], "utf-8", "surrogateescape")
+        except tarfile.HeaderError:
+            return None
+        size = -(-info.size // 512) * 512
+        if info.type in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME):
+            if info.type == tarfile.XHDTYPE:
+                if at + 512 + size > len(head):
+                    return None
+                try:
+                    pax = pax_records(head[at + 512:at + 512 + info.size], "a folder's header")
+                except ArchiveError:
+                    return None
+            at += 512 + size
+            continue
+        if info.type != tarfile.DIRTYPE:
+            return None
+        try:
+            return info.mode & 0o7777, int(pax.get("uid", info.uid)), int(pax.get("gid", info.gid))
+        except ValueError:
+            return None
+    return None
 
 
 def _shown(ref: str) -> str:
@@ -490,7 +526,7 @@ class DockerEngine(Engine):
         return event
 
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
-            timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
+            timeout: int = 120, entrypoint: list[str] | None = None, changes: bool = False) -> RunOutcome:
         container = None
         # by a name of its own: one the engine created as an interrupt came (its ID never answered) is removed
         # too, by that name (it was left, "Created", in docker ps -a)
@@ -524,7 +560,11 @@ class DockerEngine(Engine):
                     raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
                                       output=output) from None
             output = self._bounded_logs(container)
-            return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output)
+            changed = ()
+            if changes:
+                kinds = {0: "C", 1: "A", 2: "D"}
+                changed = tuple(f"{kinds.get(c.get('Kind'), '?')} {c.get('Path')}" for c in self.api.diff(container) or ())
+            return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output, changes=changed)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"running {image} failed", exc) from None
         finally:
@@ -535,6 +575,64 @@ class DockerEngine(Engine):
                     pass
                 except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
                     # (not raised: what the run found, or the failure that ended it, is the one passed on)
+                    ref = _shown(str(container.get("Id") or ""))
+                    print(f"warning: {one_line(str(self._fail(f'cannot remove container {ref}', exc)))}; it is left "
+                          f"in the engine: remove it with docker rm -f {ref}", file=sys.stderr)
+
+    def image_config(self, ref: str) -> dict | None:
+        try:
+            raw = self.api.inspect_image(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot inspect {ref}", exc) from None
+        found = {"config": raw.get("Config") or {}, "architecture": raw.get("Architecture") or "",
+                 "os": raw.get("Os") or ""}
+        for key, name in (("Author", "author"), ("Variant", "variant"), ("OsVersion", "os.version")):
+            if raw.get(key):
+                found[name] = raw[key]
+        return found
+
+    def folder_header(self, image: str, path: str) -> tuple[int, int, int] | str | None:
+        # the first header of the engine's archive of the folder (a created container's, never started):
+        # the folder itself; the rest of the stream (the folder's whole tree) is never read
+        name = f"unibake-stat-{secrets.token_hex(6)}"
+        container = None
+        try:
+            try:
+                container = self.api.create_container(image, command=["true"], name=name, entrypoint=[],
+                                                      host_config=self.api.create_host_config(network_mode="none"))
+            except BaseException as exc:
+                if not isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
+                    container = {"Id": name}
+                raise
+            try:
+                response = self.api._get(self.api._url("/containers/{0}/archive", container["Id"]),
+                                         params={"path": path}, stream=True)
+            except requests.exceptions.RequestException as exc:
+                raise self._fail(f"cannot read {path} in {image}", exc) from None
+            try:
+                if response.status_code == 404:
+                    return None
+                self.api._raise_for_status(response)
+                head = b""
+                for piece in response.iter_content(BLOCK_READ):
+                    head += piece
+                    if len(head) >= 3 * 512:
+                        break
+            finally:
+                response.close()
+            found = _first_folder(head)
+            return found if found is not None else "not a folder (a link, a file, or a header not read)"
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"cannot read {path} in {image}", exc) from None
+        finally:
+            if container is not None:
+                try:
+                    self.api.remove_container(container, force=True)
+                except docker.errors.NotFound:
+                    pass
+                except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
                     ref = _shown(str(container.get("Id") or ""))
                     print(f"warning: {one_line(str(self._fail(f'cannot remove container {ref}', exc)))}; it is left "
                           f"in the engine: remove it with docker rm -f {ref}", file=sys.stderr)

@@ -60,6 +60,7 @@ class ImageSummary:
 class RunOutcome:
     exit_code: int
     output: str
+    changes: tuple[str, ...] = ()  # with ``run(changes=True)``: what the container changed (``docker diff``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,10 +118,23 @@ class Engine(ABC):
 
     @abstractmethod
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
-            timeout: int = 120, entrypoint: list[str] | None = None) -> RunOutcome:
+            timeout: int = 120, entrypoint: list[str] | None = None, changes: bool = False) -> RunOutcome:
         """Run a container to completion and remove it (one the engine cannot remove is named in a
         warning); returns its exit code and output. ``entrypoint``: run instead of the image's own
-        ENTRYPOINT (``args`` after it)."""
+        ENTRYPOINT (``args`` after it). ``changes``: what it changed in its file system is read too
+        (``docker diff``: ``C /tmp``, ``A /tmp/x``)."""
+
+    def image_config(self, ref: str) -> dict | None:
+        """An image's own settings as the engine keeps them: ``config`` (Env, Labels, Cmd, Shell, ...),
+        ``author``, ``architecture``, ``os``, ``variant``; None when the engine cannot say (an engine
+        that does not offer it: callers then do without)."""
+        return None
+
+    def folder_header(self, image: str, path: str) -> tuple[int, int, int] | str | None:
+        """(permission bits, uid, gid) of the folder ``path`` in ``image``'s file system, as a layer's
+        tar header would give them; None when it is not there; why it cannot tell, when it is no folder
+        or the engine cannot say."""
+        return "this engine does not tell"
 
     @abstractmethod
     def start(self, image: str, args: list[str], *, env: dict[str, str] | None = None, restarts: int = 0,

@@ -25,9 +25,10 @@ import hashlib
 import json
 import posixpath
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _disk_error, _Spool, canonical_entries,
@@ -227,7 +228,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
                 inspector: LayerInspector | None = None, fresh_holds: str | None = None,
-                base_release: str | None = None) -> Exported:
+                base_release: str | None = None, source: Iterable[bytes] | None = None,
+                shared: frozenset[str] = frozenset()) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -240,6 +242,10 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     takes an archive whose manifest names layers it already holds without their files).
     ``base_release``: a hotfix's base release by image ID: when the local engine holds it, the layers
     the hotfix shares with it are not loaded back into the local engine (it has them), only the others.
+    ``source``: the image's save stream, when it is not the engine's (an assembled hotfix's,
+    :func:`unibake.assemble.assembled_stream`); it is read as the engine's would be. ``shared``: the
+    members of ``source`` that are layers of the base release (a hotfix's): never compressed or kept,
+    only read (hashed, the SBOM's reader); one whose diffID turns out not to be the base release's fails.
     """
     start = time.monotonic()
     tag = built.tag
@@ -264,8 +270,12 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
         spools.append(_Spool(staging, len(spools), compressor(level, long_distance, threads)))
         return spools[-1]
 
-    def new_spool(ours: bool) -> _Spool | _Raw | _Discard:
-        if omit_base is not None and ours:
+    shared_out = frozenset(n if n.endswith("/layer.tar") else f"{posixpath.basename(n)}/layer.tar" for n in shared)
+
+    def new_spool(ours: bool, member: str = "") -> _Spool | _Raw | _Discard:
+        if member in shared:
+            spools.append(_Discard(staging / f".member-{len(spools):04d}.discarded"))
+        elif omit_base is not None and ours:
             spools.append(_Raw(staging, len(spools)))
         elif base_shipped:
             spools.append(_Discard(staging / f".member-{len(spools):04d}.discarded"))
@@ -279,7 +289,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
         if omitted:
             return layer
         if isinstance(layer.spool, _Discard):  # _finish holds the base's layers to the base image's diffIDs
-            raise VerificationError(f"the base image's layer {layer.out_name} is not one the base release holds")
+            raise VerificationError(f"the base image's layer {layer.out_name} is not one the base release holds"
+                                    if layer.out_name not in shared_out else
+                                    f"the base release's layer {layer.out_name} is not one it holds")
         raw = layer.spool if isinstance(layer.spool, _Raw) else None
         to_local = defer_local and layer.ours
         if raw is None and not to_local:
@@ -312,11 +324,13 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                     if not looks_like_layer(member, head):
                         return None
                     return _Layer(member, size, epoch=epoch, owned=owned, local=local, fresh=remote, hasher=hasher,
-                                  spool=new_spool, inspector=inspector, fresh_has_base=fresh_holds is not None,
+                                  spool=partial(new_spool, member=member), inspector=inspector,
+                                  fresh_has_base=fresh_holds is not None,
                                   defer_local=defer_local)
 
                 try:
-                    members = read_members(counted(read_ahead(engine.save(tag), name="save"), advance), route=route)
+                    stream = engine.save(tag) if source is None else source
+                    members = read_members(counted(read_ahead(stream, name="save"), advance), route=route)
                 except LayerFormatError as exc:
                     raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
                 hasher.close()

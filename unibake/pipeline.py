@@ -93,6 +93,7 @@ class Request:
     require_lock: bool = True  # False for --stage render: a missing inputs.lock is no error
     hold: str | None = None  # repro: build under unibake-repro/<product>:<hold>, never the release's tag
     sequential: bool = False  # normalise, archive and round trip as three passes instead of one
+    assemble: bool = True  # hotfix: assembled from a small build when it can be (False: --full-build)
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
     sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
     sign_minisign: Path | None = None  # --sign-minisign: the minisign secret key file
@@ -547,9 +548,11 @@ def _build(run: Run) -> tuple:
         run.stack.push(_release_tag_on_failure(run, plan, before.id if before is not None else None, given))
     else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
         run.stack.push(_repro_tag_on_failure(run, ref))
-    built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
-                        epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
-                        platform=plan.platform.name, memo=memo if memo_key else None, memo_key=memo_key)
+    built = _assembled(run, plan, memo, memo_key)
+    if built is None:
+        built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
+                            epoch=run.epoch, nocache=run.request.nocache, on_line=run.reporter.build_line, ref=ref,
+                            platform=plan.platform.name, memo=memo if memo_key else None, memo_key=memo_key)
     given.append(built)
     if built.replaced and built.replaced != built.image_id:
         # no release folder of this tag under --out (that is refused before the build), but the engine's
@@ -560,6 +563,47 @@ def _build(run: Run) -> tuple:
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
     run.reporter.info(f"    {built.cached_steps} of {len(built.cacheable_steps)} steps from the build cache{memoised}")
     return _one(built)
+
+
+def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes | None) -> BuiltImage | None:
+    """A hotfix's small build, when it can be assembled (:mod:`unibake.assemble`); None, the reason said, when
+    the whole image is to be built."""
+    from .assemble import try_assemble
+
+    base: HotfixBase | None = run.get("base")
+    request = run.request
+    if base is None:
+        return None
+    if not request.assemble or request.sequential or request.nocache:
+        reason = "--full-build" if not request.assemble else "--sequential" if request.sequential else "--no-cache"
+    elif memo is None or memo_key is None:
+        reason = "no build memo key for this user"
+    else:
+        found = try_assemble(run["context"], run.engine, product=plan.product, tag=plan.tag, base=base, memo=memo,
+                             memo_key=memo_key, epoch=run.epoch, revision=request.revision,
+                             platform=plan.platform.name, owned=INSTALL_ROOT, on_line=run.reporter.build_line)
+        if not isinstance(found, str):
+            run.reporter.info(f"    assembled: the steps below the build memo's marker built alone "
+                              f"({found.seconds:.1f} s), the rest is release {base.manifest.release}'s")
+            return found
+        reason = found
+    run.reporter.info(f"    the whole image is built and exported (not assembled): {reason}")
+    return None
+
+
+def _remember_lower(run: Run, plan: ReleasePlan, built: BuiltImage, diff_ids: tuple[str, ...]) -> None:
+    """After the whole image built FROM the build memo's image was normalised: which diffIDs that image's
+    layers got with this epoch (what a later hotfix's assembly checks its base release against)."""
+    from . import buildmemo
+
+    if built.memo_lower is None or built.assembled is not None or run.request.hold:
+        return
+    key = buildmemo.secret(run.request.env)
+    lower = run.engine.inspect_image(built.memo_lower)
+    if key is None or lower is None or len(lower.diff_ids) > len(diff_ids):
+        return
+    buildmemo.remember_lower(plan.project_root / BUILD_MEMO, run["context"].selection, plan.platform.name,
+                             built.memo_lower, run.epoch, tuple(diff_ids[:len(lower.diff_ids)]), key)
 
 
 def _normalise(run: Run) -> tuple:
@@ -574,6 +618,7 @@ def _normalise(run: Run) -> tuple:
                                 progress=advance, platform=plan.platform)
     if image.image_id != built.image_id:  # the image the engine built is build cache now, not dangling
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
+    _remember_lower(run, plan, built, image.diff_ids)
     return _one(image)
 
 
@@ -752,6 +797,12 @@ def _export(run: Run) -> tuple:
             stream = _base_release_stream(run, base, held)
             with held_signals():  # started and recorded as one step: an interrupt lands once the finally waits for it
                 loading = Background(partial(fresh.load, stream), name="base-release-load")
+        source, shared = None, frozenset()
+        if built.assembled is not None:
+            from .assemble import assembled_stream, bottom_members
+
+            source = assembled_stream(run.engine, built.assembled, base, run["folder"].staging, built.tag)
+            shared = bottom_members(built.assembled, base)
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
             try:
                 done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
@@ -759,7 +810,8 @@ def _export(run: Run) -> tuple:
                                    long_distance=request.long_distance, split=request.split,
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                    platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT),
-                                   fresh_holds=held, base_release=base.manifest.image_id if base else None)
+                                   fresh_holds=held, base_release=base.manifest.image_id if base else None,
+                                   source=source, shared=shared)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
@@ -774,7 +826,15 @@ def _export(run: Run) -> tuple:
             loading.wait()
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
-    keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
+    if built.assembled is not None:
+        from .assemble import run_checks
+
+        run_checks(run.engine, image.ref, built.assembled)  # before the round trip: a failure releases nothing
+        run.reporter.info(f"    in-image checks of {', '.join(plan.profile_names)} passed on the assembled image, "
+                          "which they left unchanged")
+    else:  # (an assembled hotfix's small image keeps its own name: the whole build's image stays the build cache)
+        keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
+        _remember_lower(run, plan, built, image.diff_ids)
     shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base else ""
     run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{len(archive.image.diff_ids)} diffIDs "
                       "and the config recomputed from the archive read back")

@@ -82,6 +82,9 @@ def hotfix_pair(cli, demo_product, version, images, tmp_path):
     assert cli("lock", "--config", str(demo_product)).code == 0
     result = cli("hotfix", "--from", base, "--version", fix, "--config", str(demo_product), "--out", str(out))
     assert result.code == 0, result.err
+    # assembled: the steps below the build memo's marker built alone, on the base release's bottom layers
+    assert "assembled: the steps below the build memo's marker built alone" in result.err, result.err
+    assert "in-image checks of tp1, tp2, tp4 passed on the assembled image" in result.err
     return out / base, out / fix
 
 
@@ -199,3 +202,36 @@ def test_a_repro_that_fails_after_its_build_leaves_no_repro_tag(cli, engine, bus
     assert result.code == 1 and "No space left" in result.error_lines[-1], result.err
     assert "==> normalise" in result.err
     assert engine.inspect_image("unibake-repro/unibake-test:1") is None
+
+
+def test_a_hotfix_on_a_base_whose_lower_steps_changed_since_is_built_whole_not_assembled(cli, engine, busybox_product,
+                                                                                         version, images, tmp_path):
+    """The build memo holds the steps above its marker as they are now (the engine changed since the
+    base release, and a first hotfix built them): a second hotfix on that base is built and exported
+    whole, not assembled on the base release's bottom layers (which hold the old engine), and equals a
+    cold build of its inputs."""
+    out = tmp_path / "release"
+    first, second, third = f"{version}a", f"{version}b", f"{version}c"
+    for v in (first, second, third):
+        images(f"unibake-test:{v}")
+    assert release(cli, busybox_product, first, out, "--no-smoke").code == 0
+    served = busybox_product.parent / "images/engine/serve.sh"
+    served.write_text(served.read_text() + "\n# changed since the base release\n")
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    hotfix = ("--config", str(busybox_product), "--out", str(out), "--no-smoke")
+    made = cli("hotfix", "--from", first, "--version", second, *hotfix)
+    assert made.code == 0, made.err
+    assert "(not assembled): the build memo holds no image of the steps above its marker" in made.err
+    tune = busybox_product.parent / "images/tune/tp1/cache-1.json"
+    tune.write_text(tune.read_text().replace("{", '{"retuned": true, ', 1))
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    made = cli("hotfix", "--from", first, "--version", third, *hotfix)
+    assert made.code == 0, made.err
+    assert f"(not assembled): the steps above the build memo's marker changed since release {first}" in made.err
+    manifest = json.loads((out / third / "manifest.json").read_text())
+    base = json.loads((out / first / "manifest.json").read_text())
+    assert manifest["diff_ids"][1] != base["diff_ids"][1] and manifest["diff_ids"][1] in manifest["hotfix"][
+        "shipped_diff_ids"]  # the changed engine's layer ships
+    engine.remove_image(manifest["tag"])
+    assert release(cli, busybox_product, third, tmp_path / "full", "--no-cache", "--no-roundtrip", "--no-smoke").code == 0
+    assert json.loads((tmp_path / "full" / third / "manifest.json").read_text())["image_id"] == manifest["image_id"]

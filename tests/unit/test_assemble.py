@@ -1,0 +1,178 @@
+"""The assembled hotfix's parts that need no engine: the record of the memo image's normalised layers,
+the base release's archive read for its bottom layers, the small base, the in-image checks' verdict.
+(That an assembled hotfix is the image a whole build gives is held on the real engine:
+tests/engine/test_hotfix_repro.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from unibake import buildmemo
+from unibake.assemble import Assembly, _members, _small_base, run_checks
+from unibake.docker_engine import _first_folder
+from unibake.engine import RunOutcome
+from unibake.errors import ArchiveError, CheckFailed, VerificationError
+
+from ..fake_engine import FakeEngine
+
+KEY = b"k" * 32
+LOWER = "sha256:" + "a" * 64
+IDS = ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
+
+
+def test_the_normalised_lower_record_is_found_for_its_image_and_epoch_alone(tmp_path):
+    buildmemo.remember_lower(tmp_path, "all", "linux/amd64", LOWER, 1700, IDS, KEY)
+    assert buildmemo.remembered_lower(tmp_path, "all", "linux/amd64", LOWER, 1700, KEY) == IDS
+    assert buildmemo.remembered_lower(tmp_path, "all", "linux/amd64", LOWER, 1701, KEY) is None  # another epoch
+    assert buildmemo.remembered_lower(tmp_path, "all", "linux/amd64", "sha256:" + "b" * 64, 1700, KEY) is None
+    assert buildmemo.remembered_lower(tmp_path, "all", "linux/arm64", LOWER, 1700, KEY) is None  # another platform
+    # another epoch recorded keeps the first (a hotfix takes its base release's)
+    buildmemo.remember_lower(tmp_path, "all", "linux/amd64", LOWER, 1800, IDS[:1], KEY)
+    assert buildmemo.remembered_lower(tmp_path, "all", "linux/amd64", LOWER, 1700, KEY) == IDS
+    assert buildmemo.remembered_lower(tmp_path, "all", "linux/amd64", LOWER, 1800, KEY) == IDS[:1]
+
+
+def test_a_normalised_lower_record_not_signed_with_this_user_s_key_is_not_taken(tmp_path):
+    # a record a checkout brought (or one edited: the diffIDs of another image's layers) would have a hotfix
+    # assembled on layers the memo's image does not give
+    buildmemo.remember_lower(tmp_path, "all", None, LOWER, 1700, IDS, b"x" * 32)
+    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
+    buildmemo.remember_lower(tmp_path, "all", None, LOWER, 1700, IDS, KEY)
+    path = next(tmp_path.glob("*.lower.json"))
+    record = json.loads(path.read_text())
+    record["entries"][0]["diff_ids"] = list(reversed(IDS))
+    path.write_text(json.dumps(record))
+    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
+    path.write_text("not json")
+    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
+    buildmemo.remember_lower(tmp_path, "all", None, LOWER, 1700, IDS, KEY)  # written over the junk
+    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) == IDS
+
+
+def test_the_normalised_lower_record_keeps_its_latest_entries_only(tmp_path):
+    for epoch in range(buildmemo.LOWER_RECORDS + 5):
+        buildmemo.remember_lower(tmp_path, "all", None, LOWER, epoch, IDS, KEY)
+    entries = json.loads(next(tmp_path.glob("*.lower.json")).read_text())["entries"]
+    assert len(entries) == buildmemo.LOWER_RECORDS and entries[0]["epoch"] == buildmemo.LOWER_RECORDS + 4
+    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 0, KEY) is None
+
+
+def _tar(members: list[tuple[str, bytes]], *, fmt=tarfile.USTAR_FORMAT, pax: dict | None = None) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            if pax:
+                info.pax_headers = pax
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _chunks(data: bytes, size: int = 700):
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def test_the_base_release_s_archive_gives_its_bottom_layers_as_they_are_and_its_config():
+    layer = b"L" * 1300
+    archive = _tar([("blobs/sha256/aa", layer), ("blobs/sha256/bb", b"other" * 200),
+                    ("blobs/sha256/cc", b'{"config": 1}'), ("manifest.json", b"[]")])
+    captured: dict[str, bytes] = {}
+    out = b"".join(_members(_chunks(archive), frozenset({"blobs/sha256/aa"}), "blobs/sha256/cc", captured))
+    assert captured == {"blobs/sha256/cc": b'{"config": 1}'}
+    with tarfile.open(fileobj=io.BytesIO(out + bytes(1024))) as tar:  # (the end blocks are the caller's)
+        assert tar.getnames() == ["blobs/sha256/aa"]
+        assert tar.extractfile("blobs/sha256/aa").read() == layer
+    assert len(out) == 512 + 1536  # header, content, padding: nothing else, no end-of-archive blocks
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda a: a[:1024], "ends without its end-of-archive blocks"),  # the member, then nothing
+    (lambda a: _tar([("blobs/sha256/aa", b"x")], fmt=tarfile.PAX_FORMAT, pax={"path": "blobs/sha256/zz"}),
+     "which is no file or folder"),
+    (lambda a: b"\x01" * 512 + a, "does not parse"),
+])
+def test_a_base_release_archive_that_is_not_the_canonical_form_is_an_error(damage, says):
+    archive = _tar([("blobs/sha256/aa", b"L" * 100)])
+    with pytest.raises(ArchiveError, match=says):
+        list(_members(_chunks(damage(archive)), frozenset({"blobs/sha256/aa"}), "none", {}))
+
+
+def test_the_small_base_holds_the_folders_as_given_and_the_memo_image_s_settings():
+    settings = {"config": {"Env": ["PATH=/bin"], "Shell": ["/bin/bash", "-c"]}, "architecture": "amd64", "os": "linux"}
+    raw, archive = _small_base([("/opt", (0o750, 7, 8)), ("/opt/unibake", (0o755, 0, 0))], settings,
+                               ["FROM x", "RUN a", "COPY b"], 1700000000, "unibake-cache/p:all-assembled-base")
+    config = json.loads(raw)
+    assert config["config"] == settings["config"] and config["architecture"] == "amd64"
+    # Engine 20.10 refuses more non-empty history entries than layers: one layer, the last entry alone non-empty
+    assert [h.get("empty_layer", False) for h in config["history"]] == [True, True, False]
+    assert [h["created_by"] for h in config["history"]] == ["FROM x", "RUN a", "COPY b"]
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+        assert manifest[0]["RepoTags"] == ["unibake-cache/p:all-assembled-base"]
+        layer = tarfile.open(fileobj=io.BytesIO(tar.extractfile(manifest[0]["Layers"][0]).read()))
+        assert [(m.name, m.isdir(), m.mode, m.uid, m.gid, m.mtime) for m in layer.getmembers()] == [
+            ("opt", True, 0o750, 7, 8, 1700000000), ("opt/unibake", True, 0o755, 0, 0, 1700000000)]
+
+
+def test_a_folder_s_header_is_read_from_the_start_of_its_archive():
+    def folder(name, **fields):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=fields.pop("fmt", tarfile.USTAR_FORMAT)) as tar:
+            info = tarfile.TarInfo(name)
+            info.type = fields.pop("type", tarfile.DIRTYPE)
+            for key, value in fields.items():
+                setattr(info, key, value)
+            tar.addfile(info)
+        return out.getvalue()
+
+    assert _first_folder(folder("opt/", mode=0o2775, uid=1000, gid=50)) == (0o2775, 1000, 50)
+    # a uid too big for the header's field comes in a PAX header before it
+    assert _first_folder(folder("opt/", mode=0o755, uid=3_000_000, gid=0, fmt=tarfile.PAX_FORMAT)) == \
+        (0o755, 3_000_000, 0)
+    assert _first_folder(folder("opt", type=tarfile.SYMTYPE, linkname="usr/opt")) is None  # a link, not a folder
+    assert _first_folder(b"") is None
+
+
+def _assembly() -> Assembly:
+    return Assembly(small="sha256:" + "5" * 64, lower=LOWER, lower_layers=2, lower_history=("FROM x",),
+                    checks="for p in tp1; do check; done", shell=("/bin/sh", "-c"),
+                    checks_created_by="/bin/sh -c for p in tp1; do check; done", checks_at=4,
+                    base_release="sha256:" + "6" * 64)
+
+
+def _engine_running(outcome: RunOutcome) -> tuple[FakeEngine, list]:
+    ran = []
+
+    def runner(image, args, env):
+        ran.append((image, args))
+        return outcome
+
+    engine = FakeEngine(runner=runner)
+    engine.add({"architecture": "amd64", "os": "linux"}, [b"l"], tag="demo:1.1")
+    return engine, ran
+
+
+def test_the_in_image_checks_run_on_the_assembled_image_as_its_build_would_run_them():
+    engine, ran = _engine_running(RunOutcome(exit_code=0, output="ok"))
+    run_checks(engine, "demo:1.1", _assembly())
+    assert ran == [("demo:1.1", ["for p in tp1; do check; done"])]
+
+
+def test_a_failing_in_image_check_on_the_assembled_image_names_the_check():
+    engine, _ = _engine_running(RunOutcome(exit_code=1, output="x\nerror: self-check[tp1]: tune cache missing\n"))
+    with pytest.raises(CheckFailed, match=r"in-image check failed on the assembled hotfix, so demo:1.1 was not "
+                                          r"released: self-check\[tp1\]: tune cache missing"):
+        run_checks(engine, "demo:1.1", _assembly())
+
+
+def test_in_image_checks_that_change_the_image_fail_the_assembled_hotfix():
+    # the whole build records what its RUN changed as a layer: the assembled image would not be that image
+    engine, _ = _engine_running(RunOutcome(exit_code=0, output="", changes=("C /tmp", "A /tmp/cache")))
+    with pytest.raises(VerificationError, match=r"the in-image checks changed the assembled hotfix \(C /tmp, A /tmp/"
+                                                r"cache\).*--full-build"):
+        run_checks(engine, "demo:1.1", _assembly())

@@ -1,0 +1,356 @@
+"""A hotfix assembled from the layers that changed: the whole image is neither built nor exported.
+
+A hotfix changes what lies below the build memo's marker (tune caches, overlays, the metadata); the
+steps above it are the memo's image, whose layers, normalised, the base release already holds. When
+every condition below holds, the hotfix is made so:
+
+1. a small base is loaded into the engine: one layer holding the install root's parent folders
+   (``opt/``, ``opt/unibake/``) as the memo's image has them (mode and owner: a COPY writes its
+   destination's parents as they are below it), with the memo image's own settings (env, labels,
+   shell, user, ...) and as many history entries as it has (all but the last marked empty: Engine
+   20.10 refuses a config naming more non-empty history entries than layers);
+2. the steps below the marker are built FROM it by the classic builder, from the same context and
+   build arguments, the in-image checks' RUN left out: the small image (small layers, built in a
+   second or two, from the build cache after the first);
+3. the export reads, instead of the engine's save stream of the whole image, a stream assembled from
+   the base release's archive (the bottom layers: the memo image's, as the base release shipped them)
+   and the small image's save (its top layers), with the config the whole build writes: the small
+   build's, with the base release's history of the bottom steps and the in-image checks' entry put
+   back. The export does with it what it does for any hotfix: every layer rewritten and hashed (the
+   bottom ones come out as they went in), the config normalised, only the layers the base release
+   lacks compressed and loaded into the local engine (which holds the base release), the rest left out;
+4. the in-image checks run as a container of the image, which must change nothing in it: as their
+   RUN step in the whole build, which then records no layer.
+
+The image is the one the whole build gives (its ID): the engine test
+``tests/engine/test_assembled_hotfix.py`` holds an assembled hotfix to a cold build of the same
+inputs. Conditions, each said when it fails (the whole image is then built and exported, as before):
+the build memo holds the steps above the marker; this user's record (made by every run that
+exports a whole image built FROM the memo's image) says which diffIDs that image's layers got with
+the base release's SOURCE_DATE_EPOCH, and they are the base release's bottom layers; the engine holds
+the base release's image; the part below the marker runs nothing but the checks; the engine tells
+the install root's parent folders and the memo image's settings. ``hotfix --full-build`` builds and
+exports the whole image instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from . import buildmemo
+from .archive_reader import read_archive
+from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_ref, iso_time
+from .engine import BuildStep, Engine
+from .errors import ArchiveError, CheckFailed, EngineError, VerificationError
+from .hotfix import HotfixBase
+from .imagetar import BLOCK, parse_header, tar_header, tar_padding
+from .render import BuildContext, ContextFile
+
+CHECKS_PREFIX = "for p in "  # the in-image checks' RUN, as unibake renders it (templates/Dockerfile.j2)
+CONFIG_LIMIT = 64 << 20  # the base release's config, read from its archive
+PIECE = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assembly:
+    """What the export needs to assemble the hotfix's save stream."""
+
+    small: str  # the small image's ID
+    lower: str  # the build memo's image of the steps above the marker
+    lower_layers: int  # its layers: the base release's bottom ones
+    lower_history: tuple[str, ...]  # the created_by of its history entries
+    checks: str  # the in-image checks' command (the RUN's, as rendered)
+    shell: tuple[str, ...]  # what runs it (the memo image's SHELL, else /bin/sh -c)
+    checks_created_by: str  # their history entry's created_by, as the whole build records it
+    checks_at: int  # that entry's place in the image's history
+    base_release: str  # the base release's image ID
+
+
+def _parents(root: str) -> list[str]:
+    parts = root.strip("/").split("/")
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _small_base(folders: list[tuple[str, tuple[int, int, int]]], settings: dict, history: list[str],
+                epoch: int, ref: str) -> tuple[bytes, bytes]:
+    """(the small base's config, the docker-save tar that loads it as ``ref``)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for path, (mode, uid, gid) in folders:
+            info = tarfile.TarInfo(path.strip("/") + "/")
+            info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, mode, uid, gid, epoch
+            tar.addfile(info)
+    data = layer.getvalue()
+    stamp = iso_time(epoch)
+    config = {key: value for key, value in settings.items() if key != "config"}
+    config.update(config=settings["config"], created=stamp,
+                  history=[{"created": stamp, "created_by": c, "empty_layer": True} for c in history[:-1]]
+                  + [{"created": stamp, "created_by": history[-1]}],
+                  rootfs={"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(data).hexdigest()}"]})
+    raw = json.dumps(config, sort_keys=True).encode()
+    name = f"{hashlib.sha256(raw).hexdigest()}.json"
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, content in ((name, raw), ("layer/layer.tar", data), ("manifest.json", json.dumps(
+                [{"Config": name, "RepoTags": [ref], "Layers": ["layer/layer.tar"]}]).encode())):
+            info = tarfile.TarInfo(member)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return raw, archive.getvalue()
+
+
+def _small_context(context: BuildContext, cut: buildmemo.Split, memo: buildmemo.Memo, base_id: str,
+                   checks_line: str) -> BuildContext | None:
+    """The memo's context of the part below the marker, FROM the small base, the checks' RUN left out."""
+    upper = buildmemo.upper_context(context, cut, memo)
+    lines = upper.dockerfile.split("\n")
+    froms = [i for i, line in enumerate(lines) if line == f"FROM {memo.lower}"]
+    runs = [i for i, line in enumerate(lines) if line.strip() == checks_line]
+    if len(froms) != 1 or len(runs) != 1:
+        return None
+    lines[froms[0]] = f"FROM {base_id}"
+    del lines[runs[0]]
+    dockerfile = "\n".join(lines)
+    data = dockerfile.encode()
+    files = tuple(ContextFile(name="Dockerfile", mode=0o644, sha256=hashlib.sha256(data).hexdigest(), data=data)
+                  if f.name == "Dockerfile" else f for f in upper.files)
+    return replace(upper, dockerfile=dockerfile, files=files)
+
+
+def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: str, base: HotfixBase, memo: Path,
+                 memo_key: bytes, epoch: int, revision: str, platform: str | None, owned: str,
+                 on_line: Callable[[str], None]) -> BuiltImage | str:
+    """The hotfix's small image, ready for :func:`assembled_stream`; or why it cannot be assembled."""
+    start = time.monotonic()
+    release = base.manifest.release
+    cut = buildmemo.split(context.dockerfile)
+    if cut is None:
+        return "the Dockerfile has no build memo marker"
+    key = buildmemo.inputs_digest(context, cut, engine, platform)
+    if key is None:
+        return "an image a FROM above the build memo's marker names is not in the engine"
+    hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine, memo_key)
+    if hit is None:
+        return "the build memo holds no image of the steps above its marker for these inputs"
+    held = engine.inspect_image(base.manifest.image_id)
+    if held is None or tuple(held.diff_ids) != tuple(base.manifest.diff_ids):
+        return f"the engine does not hold release {release}'s image {base.manifest.image_id[:19]}"
+    lower = engine.inspect_image(hit.lower)
+    if lower is None:
+        return "the build memo's image went from the engine"
+    count = len(lower.diff_ids)
+    known = buildmemo.remembered_lower(memo, context.selection, platform, hit.lower, epoch, memo_key)
+    if known is None or len(known) != count:
+        return (f"no record here of the diffIDs the build memo's image gets with SOURCE_DATE_EPOCH={epoch} (every "
+                "release that builds and exports the whole image records it)")
+    if known != tuple(base.manifest.diff_ids[:count]) or count >= len(base.manifest.diff_ids):
+        return f"the steps above the build memo's marker changed since release {release}"
+    steps = buildmemo.instructions(cut.upper)
+    runs = [i for i, s in enumerate(steps) if s.split(None, 1)[0].upper() in ("RUN", "ADD", "ONBUILD", "SHELL")]
+    if len(runs) != 1 or not steps[runs[0]].startswith("RUN " + CHECKS_PREFIX):
+        return "the part of the Dockerfile below the build memo's marker runs more than the in-image checks"
+    checks = steps[runs[0]][len("RUN "):]
+    settings = engine.image_config(hit.lower)
+    history = engine.history(hit.lower)
+    if settings is None or not history:
+        return "the engine does not give the build memo image's settings and history"
+    shell = settings["config"].get("Shell") or ["/bin/sh", "-c"]
+    folders = []
+    for path in _parents(owned):
+        header = engine.folder_header(hit.lower, path)
+        if isinstance(header, str):
+            return f"{path} in the build memo's image: {header}"
+        if header is not None:
+            folders.append((path, header))
+    base_ref = cache_ref(product, context.selection, "assembled-base")
+    small_ref = cache_ref(product, context.selection, "assembled")
+    raw, archive = _small_base(folders, settings, history, epoch, base_ref)
+    before = engine.inspect_image(small_ref)
+    pinned: list[str] = []
+    try:  # the small base's name removed however this ends (the small image holds its base)
+        engine.load([archive])
+        base_info = engine.inspect_image(base_ref)
+        if base_info is None or base_info.id != f"sha256:{hashlib.sha256(raw).hexdigest()}":
+            raise EngineError(f"the small base of the assembled hotfix did not load as {base_ref}")
+        small_context = _small_context(context, cut, hit, base_info.id, "RUN " + checks)
+        if small_context is None:
+            return "the Dockerfile below the build memo's marker is not the one unibake renders"
+        # the memo's stage images (COPY --from) held while the small build reads them
+        if not _hold(engine, product, context.selection, hit.stages, pinned):
+            return "the build memo's images went from the engine"
+        on_line(f"assembling the hotfix: the steps below the build memo's marker built FROM a small base "
+                f"({len(folders)} folder(s), the settings of {hit.lower[:19]}), the in-image checks run after")
+        outcome = _build(small_context, engine, tag=small_ref, product=product, revision=revision, epoch=epoch,
+                         nocache=False, on_line=on_line, platform=platform)
+    finally:
+        _release(engine, pinned)
+        engine.untag(base_ref)
+    if before is not None and before.id != outcome.image_id:
+        engine.remove_if_unused(before.id)
+    lower_steps = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
+                   for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
+    upper_steps = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]
+    now = engine.inspect_image(tag)
+    assembly = Assembly(small=outcome.image_id, lower=hit.lower, lower_layers=count, lower_history=tuple(history),
+                        checks=checks, shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
+                        checks_at=len(history) + runs[0], base_release=base.manifest.image_id)
+    return BuiltImage(image_id=outcome.image_id, tag=tag, diff_ids=(), steps=(*lower_steps, *upper_steps),
+                      stage_images=hit.stages, seconds=time.monotonic() - start, size=base.manifest.image_size,
+                      replaced=now.id if now is not None else None,
+                      memoised=sum(1 for s in lower_steps if s.cached), memo_lower=hit.lower, assembled=assembly)
+
+
+def _members(source: Iterable[bytes], keep: frozenset[str], capture: str,
+             captured: dict[str, bytes]) -> Iterator[bytes]:
+    """The members of the tar stream ``source`` named in ``keep``, as they are (header, content, padding);
+    the content of the one named ``capture`` put in ``captured``; nothing else, and never the end-of-archive
+    blocks. Hand-written for the canonical archive unibake writes (plain headers, no links): ``tarfile``
+    cannot pass a member on without holding or re-reading it."""
+    buf = bytearray()
+    todo = size = 0  # bytes of the current member still to pass on or skip; its content's size
+    passing = grabbing = False
+    grabbed = bytearray()
+    for chunk in source:
+        buf += chunk
+        out = bytearray()
+        while True:
+            if todo:
+                n = min(todo, len(buf))
+                if passing:
+                    out += buf[:n]
+                if grabbing:
+                    grabbed += buf[:n]
+                del buf[:n]
+                todo -= n
+                if todo:
+                    break
+                if grabbing:
+                    captured[capture], grabbing = bytes(grabbed[:size]), False
+                continue
+            if len(buf) < BLOCK:
+                break
+            block = bytes(buf[:BLOCK])
+            if not any(block):
+                if out:
+                    yield bytes(out)
+                return  # the end of the archive
+            try:
+                header = parse_header(block)
+            except tarfile.HeaderError:
+                raise ArchiveError("the base release's archive has a header that does not parse") from None
+            if header.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE):
+                raise ArchiveError(f"the base release's archive holds {header.name!r}, which is no file or folder")
+            size = header.size if header.type != tarfile.DIRTYPE else 0
+            passing, grabbing = header.name in keep, header.name == capture
+            if grabbing and size > CONFIG_LIMIT:
+                raise ArchiveError(f"the base release's config {header.name} is over {CONFIG_LIMIT} bytes")
+            grabbed = bytearray()
+            if passing:
+                out += block
+            del buf[:BLOCK]
+            todo = size + -size % BLOCK
+            if grabbing and not todo:
+                captured[capture], grabbing = b"", False
+        if out:
+            yield bytes(out)
+    raise ArchiveError("the base release's archive ends without its end-of-archive blocks")
+
+
+def bottom_members(assembly: Assembly, base: HotfixBase) -> frozenset[str]:
+    """The names :func:`assembled_stream` gives the base release's bottom layers."""
+    return frozenset(f"blobs/sha256/{d.removeprefix('sha256:')}" for d in base.manifest.diff_ids[:assembly.lower_layers])
+
+
+def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, staging: Path, tag: str) -> Iterator[bytes]:
+    """The save stream of the hotfix's image as the whole build would give it (``tag`` in its manifest):
+    the base release's bottom layers, the small image's top layers, the config assembled."""
+    manifest = base.manifest
+    bottom = tuple(manifest.diff_ids[:assembly.lower_layers])
+    names = [f"blobs/sha256/{d.removeprefix('sha256:')}" for d in bottom]
+    config_name = f"blobs/sha256/{manifest.image_id.removeprefix('sha256:')}"
+    spool = staging / ".assembled-small.tar.tmp"
+    try:
+        with open(spool, "wb") as fh:
+            for piece in engine.save(assembly.small):
+                fh.write(piece)
+        with tarfile.open(spool, "r:") as small:
+            try:
+                entry = json.load(small.extractfile("manifest.json"))[0]
+                small_config = json.loads(small.extractfile(entry["Config"]).read())
+                top = list(entry["Layers"])[1:]
+                small_diff_ids = list(small_config["rootfs"]["diff_ids"])[1:]
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError, tarfile.TarError) as exc:
+                raise ArchiveError(f"the small image's save stream is not one the engine writes: {exc}") from None
+            if len(top) != len(small_diff_ids) or not top:
+                raise ArchiveError("the small image's save stream names other layers than its config")
+            captured: dict[str, bytes] = {}
+            for piece in _members(read_archive(base.folder, base.archive_files), frozenset(names), config_name,
+                                  captured):
+                yield piece
+            # (a bottom layer the archive lacks fails the export, whose manifest names it; the config, here)
+            raw = captured.get(config_name)
+            if raw is None or f"sha256:{hashlib.sha256(raw).hexdigest()}" != manifest.image_id:
+                raise VerificationError(f"release {manifest.release}'s archive does not hold its config "
+                                        f"{manifest.image_id[:19]}")
+            base_config = json.loads(raw)
+            history = list(base_config.get("history") or [])
+            bottom_history = history[:len(assembly.lower_history)]
+            if [h.get("created_by", "") for h in bottom_history] != list(assembly.lower_history):
+                raise VerificationError(f"release {manifest.release}'s history of the steps above the build memo's "
+                                        "marker is not the memo image's: make the hotfix with --full-build")
+            at = assembly.checks_at
+            if at >= len(history) or history[at].get("created_by") != assembly.checks_created_by \
+                    or not history[at].get("empty_layer"):
+                raise VerificationError(f"release {manifest.release}'s in-image checks are not recorded as a step that "
+                                        "changed nothing: make the hotfix with --full-build")
+            for n, name in enumerate(top):
+                member = small.getmember(name)
+                reader = small.extractfile(member)
+                if reader is None:
+                    raise ArchiveError(f"the small image's layer {name} is no file")
+                size = member.size
+                yield tar_header(f"top{n}/layer.tar", size)
+                while piece := reader.read(PIECE):
+                    yield piece
+                yield tar_padding(size)
+        config = copy.deepcopy(small_config)
+        stamp = history[at].get("created", "")
+        config["history"] = bottom_history + list(small_config.get("history") or [])[len(bottom_history):]
+        config["history"].insert(at, {"created": stamp, "created_by": assembly.checks_created_by, "empty_layer": True})
+        config["rootfs"] = {"type": "layers", "diff_ids": [*bottom, *small_diff_ids]}
+        data = json.dumps(config).encode()
+        name = f"{hashlib.sha256(data).hexdigest()}.json"
+        layers = [*names, *(f"top{n}/layer.tar" for n in range(len(top)))]
+        index = json.dumps([{"Config": name, "RepoTags": [tag], "Layers": layers}]).encode()
+        for member, content in ((name, data), ("manifest.json", index)):
+            yield tar_header(member, len(content)) + content + tar_padding(len(content))
+        yield bytes(2 * BLOCK)
+    finally:
+        spool.unlink(missing_ok=True)
+
+
+def run_checks(engine: Engine, tag: str, assembly: Assembly) -> None:
+    """The in-image checks of every profile, as a container of the assembled image: they must pass and
+    change nothing (the whole build runs them as a step that records no layer)."""
+    outcome = engine.run(tag, [assembly.checks], entrypoint=list(assembly.shell), changes=True, timeout=3600)
+    lines = tuple(outcome.output.splitlines())
+    if outcome.exit_code != 0:
+        checks = [m.group(0) for line in lines for m in [CHECK_ERROR_RE.search(line)] if m]
+        said = checks[0].removeprefix("error: ") if checks else f"exit {outcome.exit_code}: {' '.join(lines[-3:])}"
+        raise CheckFailed(f"in-image check failed on the assembled hotfix, so {tag} was not released: {said}",
+                          output=lines)
+    if outcome.changes:
+        shown = ", ".join(outcome.changes[:5]) + (" ..." if len(outcome.changes) > 5 else "")
+        raise VerificationError(f"the in-image checks changed the assembled hotfix ({shown}): the whole build records "
+                                f"that as a layer, so {tag} would not be the image it gives; make the hotfix with "
+                                "--full-build")
+
+
