@@ -184,7 +184,7 @@ def _kernel_fields() -> dict[str, Key]:
                          "id": _str("that builder image pinned by image ID", pattern=IMAGE_ID_RE,
                                     pattern_doc=IMAGE_ID_DOC),
                          "run": _str("shell command that writes the outputs into $OUT"),
-                         "make": _str("Makefile target (make -C $SRC TARGET OUT=... CFLAGS=...)",
+                         "make": _str("Makefile target (make -C $SRC TARGET OUT=..., CFLAGS=... with cflags)",
                                       pattern=MAKE_TARGET_RE, pattern_doc="a make target like all or kernels"),
                      }),
         "outputs": Key(type="list", doc="the .so files it gives, relative to its folder (default lib<name>.so; "
