@@ -847,6 +847,9 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         if not SO_RE.search(out) or out.endswith("/"):
             raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is not a shared library "
                              "(.so or .so.N)")
+        if out in outputs[:i]:  # (it was loaded, counted and listed twice)
+            raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is listed twice; "
+                             "list each library once")
     if "source" not in data:  # prebuilt: the file of platforms: for this platform, else prebuilt:
         for key in ("build", "cflags"):
             if key in data:
