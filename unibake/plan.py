@@ -31,8 +31,8 @@ from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
-from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV,
-                     VERSION_RE, default_of, shm_bytes)
+from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, RESERVED_LABELS,
+                     TOPOLOGY_ENV, VERSION_RE, default_of, shm_bytes)
 
 INSTALL_ROOT = "/opt/unibake"
 # what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
@@ -618,7 +618,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_name!r} is given by tag, but "
                          f"base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or {local}")
     for key in data.get("labels", {}):
-        if key.startswith(RESERVED_LABEL_PREFIXES):
+        if key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABELS:
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
     for key in data.get("env", {}):
         _check_env_key(key, where(("env", key)))

@@ -69,8 +69,10 @@ IMAGE_REF_RE = re.compile(
 )
 # A compiler flag: no shell metacharacters, no spaces.
 CFLAG_RE = re.compile(r"^-[A-Za-z0-9_=.,+:/-]{1,100}$")
-# Set by the image itself: a YAML value may not take them over.
-RESERVED_LABEL_PREFIXES = ("org.opencontainers.image.", "io.unibake.")
+# Set by the image itself: a YAML value may not take them over. Of the OCI keys, only the four the Dockerfile
+# sets: a product's own org.opencontainers.image.source, .licenses, .vendor, ... are its to give.
+RESERVED_LABEL_PREFIXES = ("io.unibake.",)
+RESERVED_LABELS = frozenset(f"org.opencontainers.image.{k}" for k in ("title", "version", "revision", "created"))
 RESERVED_ENV = frozenset({"PROFILE", "PORT", "MODEL_NAME", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH",
                           "PYTHONDONTWRITEBYTECODE", "HOME", "HOSTNAME"})
 RESERVED_ENV_PREFIX = "UNIBAKE_"
