@@ -308,6 +308,20 @@ class ReleasePlan:
                 out.append(f"{e.display}:{e.lines[key]}: {key}={e.values[key][:60]} keeps {what}{others}, as "
                            "docker run --env-file does (a shell or docker compose would strip it): the engine "
                            "gets it as part of the value; remove it unless the engine needs it")
+        # two kernels a profile loads that give one library file name: LD_LIBRARY_PATH lists their folders in
+        # order, so a library linked against it, or an engine's dlopen of it by name, gets the first one alone
+        # (a sidecar of a shared kernel's name replaces it instead, as meant)
+        clashes: dict[tuple[str, str, str], list[str]] = {}
+        for p in self.profiles:
+            first: dict[str, str] = {}
+            for k in p.kernels(self.kernels):
+                for lib in dict.fromkeys(posixpath.basename(o) for o in k.outputs):
+                    if first.setdefault(lib, k.name) != k.name:
+                        clashes.setdefault((lib, first[lib], k.name), []).append(p.name)
+        for (lib, one, other), names in clashes.items():
+            out.append(f"kernels '{one}' and '{other}' both give {lib} (profile {', '.join(names)}): LD_LIBRARY_PATH "
+                       f"lists {one}'s folder first, so a library or engine that loads {lib} by name gets {one}'s "
+                       f"alone; give each library its own name, or drop one kernel")
         # the engine starts in the base image's working directory, its bare names looked up on PATH: an engine
         # file named as the source folder shows it (serve.sh, ./serve.sh) was not found at every smoke gate
         # (python3 serve.py, sh serve.sh: a script's name is relative to it too)

@@ -214,6 +214,26 @@ def test_a_make_kernel_without_cflags_keeps_its_makefile_s_own_cflags(busybox_pr
         assert (out / "libflags.so").read_text() == flags + "\n", name
 
 
+def test_two_kernels_giving_one_library_name_are_warned_once_naming_both(busybox_product, cli):
+    # a built kernel and a vendor's prebuilt copy of it under another kernel name both gave libq.so: accepted
+    # without a word, though LD_LIBRARY_PATH let the engine's dlopen("libq.so") find only the first
+    root = busybox_product.parent
+    for name in ("a", "b"):
+        (root / f"images/{name}").mkdir(parents=True)
+        (root / f"images/{name}/q.c").write_text("int q(void) { return 1; }\n")
+    append(busybox_product / "product.yaml",
+           "builder: {image: 'localhost/unibake-demo-builder:bookworm'}\n"
+           "kernels:\n  - {name: quant, version: '1', source: images/a, outputs: [libq.so]}\n"
+           "  - {name: quant_vendor, version: '1', source: images/b, outputs: [lib/libq.so]}\n")
+    lock(cli, busybox_product)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err.splitlines() if line.startswith("warning:") and "libq.so" in line]
+    assert warnings == ["warning: kernels 'quant' and 'quant_vendor' both give libq.so (profile tp1, tp2): "
+                        "LD_LIBRARY_PATH lists quant's folder first, so a library or engine that loads libq.so by "
+                        "name gets quant's alone; give each library its own name, or drop one kernel"]
+
+
 @pytest.mark.parametrize("member,message", [
     ("../evil.so", "would leave the kernel's folder"),
     ("/abs.so", "would leave the kernel's folder"),
