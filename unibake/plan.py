@@ -491,7 +491,10 @@ def select_profiles(requested: list[str], known: list[str]) -> list[str]:
         raise InputError("--profile all cannot be combined with other profile names")
     for name in requested:
         if name not in known:
-            raise InputError(f"unknown profile '{name}' (--profile); known: {', '.join(sorted(known))}")
+            parts = [n.strip() for n in name.split(",")]  # as --platform takes them
+            hint = (f"; --profile takes one name: repeat it ({' '.join('--profile ' + n for n in parts)})"
+                    if len(parts) > 1 and all(n in known for n in parts) else "")
+            raise InputError(f"unknown profile '{name}' (--profile); known: {', '.join(sorted(known))}{hint}")
     return sorted(set(requested))
 
 
