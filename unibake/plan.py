@@ -31,8 +31,8 @@ from .profiles import MergedProfile, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
-from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, TOPOLOGY_ENV,
-                     VERSION_RE, default_of, shm_bytes)
+from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, RESERVED_LABELS,
+                     TOPOLOGY_ENV, VERSION_RE, default_of, shm_bytes)
 
 INSTALL_ROOT = "/opt/unibake"
 # what the entrypoint sets before it starts the engine (templates/entrypoint.sh.j2), besides the profile's env
@@ -308,6 +308,20 @@ class ReleasePlan:
                 out.append(f"{e.display}:{e.lines[key]}: {key}={e.values[key][:60]} keeps {what}{others}, as "
                            "docker run --env-file does (a shell or docker compose would strip it): the engine "
                            "gets it as part of the value; remove it unless the engine needs it")
+        # two kernels a profile loads that give one library file name: LD_LIBRARY_PATH lists their folders in
+        # order, so a library linked against it, or an engine's dlopen of it by name, gets the first one alone
+        # (a sidecar of a shared kernel's name replaces it instead, as meant)
+        clashes: dict[tuple[str, str, str], list[str]] = {}
+        for p in self.profiles:
+            first: dict[str, str] = {}
+            for k in p.kernels(self.kernels):
+                for lib in dict.fromkeys(posixpath.basename(o) for o in k.outputs):
+                    if first.setdefault(lib, k.name) != k.name:
+                        clashes.setdefault((lib, first[lib], k.name), []).append(p.name)
+        for (lib, one, other), names in clashes.items():
+            out.append(f"kernels '{one}' and '{other}' both give {lib} (profile {', '.join(names)}): LD_LIBRARY_PATH "
+                       f"lists {one}'s folder first, so a library or engine that loads {lib} by name gets {one}'s "
+                       f"alone; give each library its own name, or drop one kernel")
         # the engine starts in the base image's working directory, its bare names looked up on PATH: an engine
         # file named as the source folder shows it (serve.sh, ./serve.sh) was not found at every smoke gate
         # (python3 serve.py, sh serve.sh: a script's name is relative to it too)
@@ -477,7 +491,10 @@ def select_profiles(requested: list[str], known: list[str]) -> list[str]:
         raise InputError("--profile all cannot be combined with other profile names")
     for name in requested:
         if name not in known:
-            raise InputError(f"unknown profile '{name}' (--profile); known: {', '.join(sorted(known))}")
+            parts = [n.strip() for n in name.split(",")]  # as --platform takes them
+            hint = (f"; --profile takes one name: repeat it ({' '.join('--profile ' + n for n in parts)})"
+                    if len(parts) > 1 and all(n in known for n in parts) else "")
+            raise InputError(f"unknown profile '{name}' (--profile); known: {', '.join(sorted(known))}{hint}")
     return sorted(set(requested))
 
 
@@ -618,7 +635,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
         raise InputError(f"{where(base_key)}: {'.'.join(base_key)} {base_name!r} is given by tag, but "
                          f"base.require_digest is set: pin it as name@sha256:<digest> (a registry image) or {local}")
     for key in data.get("labels", {}):
-        if key.startswith(RESERVED_LABEL_PREFIXES):
+        if key.startswith(RESERVED_LABEL_PREFIXES) or key in RESERVED_LABELS:
             raise InputError(f"{where(('labels', key))}: label '{key}' is set by unibake; choose another key")
     for key in data.get("env", {}):
         _check_env_key(key, where(("env", key)))
@@ -847,6 +864,9 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         if not SO_RE.search(out) or out.endswith("/"):
             raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is not a shared library "
                              "(.so or .so.N)")
+        if out in outputs[:i]:  # (it was loaded, counted and listed twice)
+            raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is listed twice; "
+                             "list each library once")
     if "source" not in data:  # prebuilt: the file of platforms: for this platform, else prebuilt:
         for key in ("build", "cflags"):
             if key in data:

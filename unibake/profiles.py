@@ -474,13 +474,17 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     # is refused in a path); a named parent lies beside the file that names it
     parent_name = doc.data.get("extends")
     named = config_dir / PRODUCT_FILE if parent_name is None else file.parent / parent_name
+    if parent_name == PRODUCT_FILE and file.parent != config_dir and not os.path.lexists(named):
+        named = config_dir / PRODUCT_FILE  # a fragment spelling out its default: the product file (no '..' needed)
     parent_name = parent_name or PRODUCT_FILE
     parent = real_path(named, parent_name, doc.where(("extends",))) if os.path.lexists(named) else named.resolve()
     if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
         raise InputError(f"{doc.where(('extends',))}: 'extends' must name a .yaml file in "
                          f"{_display(config_dir, display_root)}/, not {parent_name!r}")
     if not parent.is_file():
-        raise InputError(f"{doc.where(('extends',))}: 'extends' names {parent_name!r}, which does not exist")
+        raise InputError(f"{doc.where(('extends',))}: 'extends' names {parent_name!r}, which does not exist"
+                         + ("" if file.parent == config_dir else
+                            f" beside {file.name} (a named parent lies beside the file that names it)"))
     p_data, p_origins, p_chain, p_env = resolve(config_dir, parent, display_root, cache, stack + (file,), env_cache)
     return (merge(p_data, data), _merge_origins(p_origins, origins, p_data, data),
             p_chain + (doc.display,), p_env + env_files)

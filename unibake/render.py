@@ -130,7 +130,10 @@ def _build_script(kernel: Kernel, out: str, src: str) -> str:
                    f"-DUNIBAKE_KERNEL_VERSION={sh(chr(34) + version + chr(34))} -o \"$out\"/{sh(kernel.library)} "
                    f"{c_files} -lm")
     elif kernel.build.make is not None:
-        command = (f"make -C {sh(src)} {sh(kernel.build.make)} OUT=\"$out\" CFLAGS={sh(flags)} "
+        # CFLAGS on make's command line overrides every assignment of it in the Makefile (CFLAGS ?= -O3,
+        # CFLAGS += -fPIC): given only when the kernel has cflags, so a Makefile's own flags stand otherwise
+        cflags = f" CFLAGS={sh(flags)}" if kernel.cflags else ""
+        command = (f"make -C {sh(src)} {sh(kernel.build.make)} OUT=\"$out\"{cflags} "
                    f"UNIBAKE_KERNEL_NAME={sh(name)} UNIBAKE_KERNEL_VERSION={sh(version)}")
     else:
         command = (f"env OUT=\"$out\" SRC={sh(src)} CFLAGS={sh(flags)} UNIBAKE_KERNEL_NAME={sh(name)} "

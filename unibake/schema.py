@@ -69,8 +69,10 @@ IMAGE_REF_RE = re.compile(
 )
 # A compiler flag: no shell metacharacters, no spaces.
 CFLAG_RE = re.compile(r"^-[A-Za-z0-9_=.,+:/-]{1,100}$")
-# Set by the image itself: a YAML value may not take them over.
-RESERVED_LABEL_PREFIXES = ("org.opencontainers.image.", "io.unibake.")
+# Set by the image itself: a YAML value may not take them over. Of the OCI keys, only the four the Dockerfile
+# sets: a product's own org.opencontainers.image.source, .licenses, .vendor, ... are its to give.
+RESERVED_LABEL_PREFIXES = ("io.unibake.",)
+RESERVED_LABELS = frozenset(f"org.opencontainers.image.{k}" for k in ("title", "version", "revision", "created"))
 RESERVED_ENV = frozenset({"PROFILE", "PORT", "MODEL_NAME", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH",
                           "PYTHONDONTWRITEBYTECODE", "HOME", "HOSTNAME"})
 RESERVED_ENV_PREFIX = "UNIBAKE_"
@@ -147,11 +149,11 @@ def _str(doc: str, **kw) -> Key:
 
 # what PATH_RE takes, in words: a folder named with a space is inside the repository all the same
 PATH_DOC = ("a relative path inside the repository, each part of letters, digits, '.', '_', '+' and '-' "
-            "(no spaces, no '..')")
+            "(no spaces, no '.' or '..' parts)")
 
 
-def _path(doc: str, **kw) -> Key:
-    return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc=PATH_DOC, **kw)
+def _path(doc: str, pattern_doc: str = PATH_DOC, **kw) -> Key:
+    return Key(type="str", doc=doc, pattern=PATH_RE, pattern_doc=pattern_doc, **kw)
 
 
 PREBUILT_DOC = ("a path like images/prebuilt/x.whl or /srv/big/x.whl, each part of letters, digits, '.', '_', "
@@ -184,12 +186,15 @@ def _kernel_fields() -> dict[str, Key]:
                          "id": _str("that builder image pinned by image ID", pattern=IMAGE_ID_RE,
                                     pattern_doc=IMAGE_ID_DOC),
                          "run": _str("shell command that writes the outputs into $OUT"),
-                         "make": _str("Makefile target (make -C $SRC TARGET OUT=... CFLAGS=...)",
+                         "make": _str("Makefile target (make -C $SRC TARGET OUT=..., CFLAGS=... with cflags)",
                                       pattern=MAKE_TARGET_RE, pattern_doc="a make target like all or kernels"),
                      }),
         "outputs": Key(type="list", doc="the .so files it gives, relative to its folder (default lib<name>.so; "
                        "for a prebuilt archive: every .so in it)",
-                       item=_path("a .so path like lib/libfoo.so")),
+                       item=_path("a .so path like lib/libfoo.so",
+                                  pattern_doc="a path inside the kernel's folder like lib/libfoo.so, each part of "
+                                              "letters, digits, '.', '_', '+' and '-' (no spaces, no '.' or '..' "
+                                              "parts, not absolute)")),
         "prebuilt": _str("a prebuilt .so, tarball or wheel taken as it is: a path in the repository, or an "
                          "absolute path outside it for large binaries; pinned by sha256 in inputs.lock",
                          pattern=PREBUILT_RE, pattern_doc=PREBUILT_DOC),
@@ -204,7 +209,9 @@ def _kernel_fields() -> dict[str, Key]:
 SCHEMA: dict[str, Key] = {
     "profile": _str("this file's profile name (never inherited)", pattern=NAME_RE,
                     pattern_doc="lower-case letters, digits, '.', '_' and '-'"),
-    "extends": _path("the file this one extends, relative to this file's folder (never inherited)"),
+    "extends": _path("the file this one extends, relative to this file's folder (never inherited)",
+                     pattern_doc="a .yaml file beside this one or in a subfolder of its folder, like tp2.yaml or "
+                                 "shared/rocm.yaml (no spaces, no '.' or '..' parts, not absolute)"),
     "product": _str("product name: the image repository and the archive file name", required=True,
                     scope="product", pattern=PRODUCT_RE,
                     pattern_doc="lower-case letters and digits, with one '.', '_' or '-' between them (an image "

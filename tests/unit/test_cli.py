@@ -36,6 +36,16 @@ def test_a_missing_profiles_folder_is_named(cli, tmp_path):
     assert result.error_lines == [f"error: {tmp_path / 'nowhere'}: the profiles folder does not exist"]
 
 
+@pytest.mark.parametrize("value", ["tp2,tp1", "tp2, tp1"])
+def test_profiles_given_comma_separated_as_platforms_are_told_to_repeat_the_option(cli, busybox_product, value):
+    # --platform takes a comma-separated list, --profile one name: 'tp2,tp1' was only "unknown profile"
+    result = cli("--stage", "render", "--config", str(busybox_product), "--profile", value)
+    assert result.code == 2
+    assert result.error_lines == [f"error: unknown profile '{value}' (--profile); known: tp1, tp2; --profile takes one "
+                                  "name: repeat it (--profile tp2 --profile tp1)"]
+    assert not (busybox_product.parent / "dockerfiles").exists()
+
+
 def test_render_stage_writes_the_reviewable_files(cli, busybox_product):
     result = cli("--stage", "render", "--config", str(busybox_product), "--profile", "tp2")
     assert result.code == 0, result.err

@@ -160,6 +160,35 @@ def test_profiles_share_keys_through_a_fragment_in_a_subfolder(busybox_product):
     assert any(f.endswith("profiles/shared/ring.yaml") for f in plan.config_files)  # kit and provenance carry it
 
 
+def test_a_fragment_that_spells_out_extends_product_yaml_extends_the_product_file(busybox_product):
+    # the README: a fragment "extends product.yaml unless it names a file beside it"; written out, `extends:
+    # product.yaml` was refused as "names 'product.yaml', which does not exist" (it looked in shared/)
+    write(busybox_product / "shared" / "ring.yaml", "extends: product.yaml\nenv: {NCCL_ALGO: Ring}\n")
+    write(busybox_product / "tp2.yaml", "profile: tp2\nextends: shared/ring.yaml\ngpus: 2\n")
+    assert make_plan(busybox_product).profile("tp2").env == {"SHARED_SETTING": "on", "NCCL_ALGO": "Ring"}
+    # another name is still looked for beside the fragment, and the error says where it looked
+    write(busybox_product / "shared" / "ring.yaml", "extends: tp1.yaml\nenv: {NCCL_ALGO: Ring}\n")
+    with pytest.raises(InputError, match=r"ring\.yaml:1: 'extends' names 'tp1\.yaml', which does not exist beside "
+                                         r"ring\.yaml \(a named parent lies beside the file that names it\)$"):
+        make_plan(busybox_product)
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("extends", "./tp1.yaml", "expected a .yaml file beside this one or in a subfolder of its folder, like tp2.yaml"),
+    ("extends", "/abs/tp1.yaml", "(no spaces, no '.' or '..' parts, not absolute)"),
+    ("sidecars", "[{name: x, version: '1', source: images/k, outputs: [./libx.so]}]",
+     "expected a path inside the kernel's folder like lib/libfoo.so"),
+    ("sidecars", "[{name: x, version: '1', source: ./images/k}]", "(no spaces, no '.' or '..' parts)"),
+])
+def test_a_path_refused_by_its_pattern_is_explained_as_what_that_key_takes(busybox_product, key, value, says):
+    # './tp2.yaml' in extends was "expected a relative path inside the repository ... (no '..')": it is one, and
+    # has no '..'; an output path was said to be one "inside the repository", where it is one of the kernel's folder
+    write(busybox_product / "tp2.yaml", f"profile: tp2\ngpus: 2\n{key}: {value}\n")
+    with pytest.raises(InputError) as raised:
+        make_plan(busybox_product)
+    assert says in str(raised.value), str(raised.value)
+
+
 def test_a_fragment_that_names_a_profile_is_refused(busybox_product):
     write(busybox_product / "shared" / "ring.yaml", "profile: ring\nenv: {NCCL_ALGO: Ring}\n")
     write(busybox_product / "tp2.yaml", "profile: tp2\nextends: shared/ring.yaml\ngpus: 2\n")

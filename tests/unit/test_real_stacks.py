@@ -189,6 +189,51 @@ def test_a_make_target_and_a_prebuilt_tarball_with_a_link_render_as_they_should(
         assert tar.extractfile("ctx/prebuilt/kernels/vendor/include/v.h").read() == b"int v(void);\n"
 
 
+def test_a_make_kernel_without_cflags_keeps_its_makefile_s_own_cflags(busybox_product, cli, tmp_path):
+    # `make ... CFLAGS=''` was rendered for a kernel without cflags: a value on make's command line overrides
+    # every assignment in the Makefile, so `CFLAGS ?= -O3` and `CFLAGS += -fPIC` were dropped and the kernel was
+    # built unoptimised (or, without -fPIC, failed to link as a shared object)
+    root = busybox_product.parent
+    (root / "images/k").mkdir(parents=True)
+    (root / "images/k/Makefile").write_text(
+        "CFLAGS ?= -O3\nCFLAGS += -fPIC\nall:\n\tprintf '%s\\n' '$(CFLAGS)' > $(OUT)/libflags.so\n")
+    append(busybox_product / "product.yaml",
+           "builder: {image: 'localhost/unibake-demo-builder:bookworm'}\n"
+           "kernels:\n  - {name: alpha, version: '1.0', source: images/k, build: {make: all}, outputs: [libflags.so]}\n"
+           "  - {name: beta, version: '1.0', source: images/k, build: {make: all}, outputs: [libflags.so],"
+           " cflags: [-O1]}\n")
+    lock(cli, busybox_product)
+    dockerfile = render(make_plan(busybox_product)).dockerfile
+    for name, flags in (("alpha", "-O3 -fPIC"), ("beta", "-O1")):  # given cflags replace the Makefile's, as documented
+        command = next(line for line in dockerfile.splitlines() if f"make -C /src/kernels/{name} " in line)
+        command = command.split("if ! ", 1)[1].split(" >/tmp/", 1)[0].replace(f"/src/kernels/{name}", str(root / "images/k"))
+        out = tmp_path / name
+        out.mkdir()
+        subprocess.run(["sh", "-c", command], env={"out": str(out), "PATH": os.environ["PATH"]}, check=True,
+                       capture_output=True)
+        assert (out / "libflags.so").read_text() == flags + "\n", name
+
+
+def test_two_kernels_giving_one_library_name_are_warned_once_naming_both(busybox_product, cli):
+    # a built kernel and a vendor's prebuilt copy of it under another kernel name both gave libq.so: accepted
+    # without a word, though LD_LIBRARY_PATH let the engine's dlopen("libq.so") find only the first
+    root = busybox_product.parent
+    for name in ("a", "b"):
+        (root / f"images/{name}").mkdir(parents=True)
+        (root / f"images/{name}/q.c").write_text("int q(void) { return 1; }\n")
+    append(busybox_product / "product.yaml",
+           "builder: {image: 'localhost/unibake-demo-builder:bookworm'}\n"
+           "kernels:\n  - {name: quant, version: '1', source: images/a, outputs: [libq.so]}\n"
+           "  - {name: quant_vendor, version: '1', source: images/b, outputs: [lib/libq.so]}\n")
+    lock(cli, busybox_product)
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err.splitlines() if line.startswith("warning:") and "libq.so" in line]
+    assert warnings == ["warning: kernels 'quant' and 'quant_vendor' both give libq.so (profile tp1, tp2): "
+                        "LD_LIBRARY_PATH lists quant's folder first, so a library or engine that loads libq.so by "
+                        "name gets quant's alone; give each library its own name, or drop one kernel"]
+
+
 @pytest.mark.parametrize("member,message", [
     ("../evil.so", "would leave the kernel's folder"),
     ("/abs.so", "would leave the kernel's folder"),

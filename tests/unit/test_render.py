@@ -141,6 +141,7 @@ def test_the_entrypoint_refuses_an_unknown_profile_naming_the_known_ones(busybox
 @pytest.mark.parametrize("where,text,message", [
     ("product.yaml", "labels: {io.unibake.tag: mine}\n", r"label 'io\.unibake\.tag' is set by unibake"),
     ("product.yaml", "labels: {org.opencontainers.image.version: '9'}\n", r"is set by unibake"),
+    ("product.yaml", "labels: {org.opencontainers.image.created: '2020'}\n", r"is set by unibake"),
     ("tp2.yaml", "env: {PORT: '1'}\n", r"env key 'PORT' is set by the image itself"),
     ("tp2.yaml", "env: {UNIBAKE_KERNELS: x}\n", r"env key 'UNIBAKE_KERNELS' is set by the image itself"),
 ])
@@ -152,6 +153,20 @@ def test_keys_the_image_sets_itself_cannot_be_taken_over(busybox_product, where,
     path.write_text(content + text)
     with pytest.raises(InputError, match=message):
         make_plan(busybox_product, verify_lock=False)
+
+
+def test_an_oci_label_unibake_does_not_set_is_the_products_to_give(busybox_product, cli):
+    # org.opencontainers.image.source (which links a registry's package to its repository), .licenses, .vendor were
+    # refused as "set by unibake", which sets only title, version, revision and created
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "labels: {org.opencontainers.image.source: 'https://git.example/acme', "
+                                             "org.opencontainers.image.licenses: Apache-2.0}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    dockerfile = (busybox_product.parent / "dockerfiles/rendered/all/Dockerfile").read_text()
+    assert 'org.opencontainers.image.source="https://git.example/acme"' in dockerfile
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in dockerfile
+    assert dockerfile.count("org.opencontainers.image.title=") == 1  # still the product's name, once
 
 
 def context_tar(context, mtime=1700000000) -> bytes:
