@@ -486,6 +486,19 @@ def _origin(url: str) -> tuple[str, str, int]:
     return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
 
+def _redirected_to(exc: BaseException, asked: str) -> str | None:
+    """The ``host:port`` a request that failed with ``exc`` had gone to, when a redirect took it to another
+    server than ``asked`` (the URL it began with; each read as https, as it is asked); else None."""
+    url = getattr(getattr(exc, "request", None), "url", None)
+    if not isinstance(url, str):
+        return None
+    went, began = (urllib3.util.parse_url(u)._replace(scheme="https").url for u in (url, asked))
+    if _origin(went) == _origin(began):
+        return None
+    _, host, port = _origin(went)
+    return one_line(f"{host}:{port}")[:100]
+
+
 def _challenge_realm(challenge: str, host: str, path: str) -> str | None:
     """The token server's URL that a 401's ``WWW-Authenticate`` names (None for a Basic challenge), or
     one error naming what the challenge lacks: python-dxf read a missing header, a bare ``Bearer`` or an
@@ -810,7 +823,9 @@ class RegistryClient:
                 # python-dxf asks a realm named http:// over https all the same (a proxy that names its own
                 # https URL http:// still works): a token server that speaks plain HTTP only was 'the
                 # registry answered the TLS handshake with something that is not TLS', naming the registry
+                elsewhere = _redirected_to(exc, realm)
                 raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
+                                    f"{f'redirected to {elsewhere}, which ' if elsewhere else ''}"
                                     "answered the TLS handshake with something that is not TLS (a token server "
                                     "that speaks plain HTTP?): unibake sends no credentials and takes no token "
                                     "unencrypted (TLS is never turned off); serve the token server over HTTPS") \
@@ -879,6 +894,11 @@ class RegistryClient:
             response.close()
             raise RegistryError(f"the registry {self.ref.host} answered {path} with a redirect to "
                                 f"{one_line(location)[:200]!r}, whose scheme {scheme[:20]!r} is neither https nor http")
+        if scheme == "http":
+            # followed over https, as python-dxf asks an upload Location or a token realm named http:// (a proxy
+            # that lost the forwarded scheme names its own https URL so): a redirect to http:// was followed in
+            # the clear, a token server's sending the token (push access) and an upload's the whole layer
+            response.headers["Location"] = "https" + location.lstrip(" ")[len("http"):]
 
     def __exit__(self, *exc) -> None:
         self.dxf.__exit__(*exc)
@@ -938,6 +958,11 @@ class RegistryClient:
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
+        if _not_tls(exc) and _redirected_to(exc, self.dxf._base_url):
+            return RegistryError(f"the registry {host} redirected to {_redirected_to(exc, self.dxf._base_url)}, which "
+                                 f"answered the TLS handshake with something that is not TLS while {what} (a server "
+                                 "that speaks plain HTTP?): unibake follows a redirect to http:// over HTTPS and sends "
+                                 "nothing unencrypted (TLS is never turned off)")
         if _not_tls(exc):
             return RegistryError(f"the registry {host} answered the TLS handshake with something that is not TLS while "
                                  f"{what} (a registry that speaks plain HTTP?): unibake reaches a registry over HTTPS "

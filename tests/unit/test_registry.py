@@ -2000,6 +2000,100 @@ def test_a_3xx_answer_without_a_location_to_follow_is_an_error_not_the_answer(tm
                                      "Location to follow: not an answer to that request")
 
 
+@pytest.mark.parametrize("redirected", ["a manifest", "a blob's upload", "a token", "to a server over TLS"])
+def test_a_redirect_to_plain_http_is_followed_over_https_never_in_the_clear(tmp_path, redirected):
+    """A redirect to http:// was followed in the clear, though a token realm or an upload Location named
+    http:// is asked over https: a token server's redirect gave the token (push access) unencrypted, an
+    upload's 307 sent the whole layer so, a manifest's read it so. A redirect to http:// is now followed
+    over https, as those are: a server there that speaks plain HTTP hears no request (the error names it),
+    and one that speaks TLS (a proxy that lost the forwarded scheme, naming its own https URL http://)
+    answers as it should."""
+    import http.server
+    import threading
+
+    heard = []
+
+    class Clear(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            heard.append((self.command, self.path, self.headers.get("Authorization")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"token": "t"}' if self.path.startswith("/token") else b"{}"
+            self.send_response(200 if self.command != "PUT" else 201)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = answer  # noqa: N815 - http.server's names
+
+        def log_message(self, *args):
+            pass
+
+    clear = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Clear)
+    threading.Thread(target=clear.serve_forever, daemon=True).start()
+    layer = b"layer"
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            own = self.server.server_port
+            if self.path.startswith("/token"):  # the token server sends the client on to plain http
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{clear.server_port}/token")
+            elif redirected == "a token" and self.headers.get("Authorization") != "Bearer t":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{own}/token",service="r"')
+            elif self.path.startswith("/served/"):  # what the redirect over TLS finds
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            elif self.command == "POST":
+                self.send_response(202)
+                self.send_header("Location", f"https://127.0.0.1:{own}/v2/team/a/blobs/uploads/1")
+            else:
+                self.send_response(307)
+                port = own if redirected == "to a server over TLS" else clear.server_port
+                self.send_header("Location", f"http://127.0.0.1:{port}/served/{self.command}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_PUT = answer  # noqa: N815 - http.server's names
+
+    try:
+        with tls_server(tmp_path, Registry) as port:
+            ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+            credentials = Credentials(username="u", password="pw-never-sent", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                if redirected == "to a server over TLS":
+                    with pytest.raises(DigestMismatch, match="with a document whose digest is sha256:44136fa3"):
+                        c.manifest(DIGEST)  # ('{}', read over https from the registry the redirect named)
+                else:
+                    with pytest.raises(RegistryError) as caught:
+                        if redirected == "a blob's upload":
+                            c.upload(layer_digest, lambda: layer, "layer 1 of 1")
+                        else:
+                            c.manifest(DIGEST)
+    finally:
+        clear.shutdown()
+        clear.server_close()
+    assert heard == []  # nothing was sent in the clear: no request, no token, no layer
+    if redirected == "a token":
+        assert str(caught.value) == (f"the token server https://127.0.0.1:{port}/token named by the registry "
+                                     f"127.0.0.1:{port} redirected to 127.0.0.1:{clear.server_port}, which answered "
+                                     "the TLS handshake with something that is not TLS (a token server that speaks "
+                                     "plain HTTP?): unibake sends no credentials and takes no token unencrypted (TLS "
+                                     "is never turned off); serve the token server over HTTPS")
+    elif redirected != "to a server over TLS":
+        what = "uploading layer 1 of 1" if redirected == "a blob's upload" else f"reading manifest {DIGEST[:19]}"
+        assert str(caught.value) == (f"the registry 127.0.0.1:{port} redirected to 127.0.0.1:{clear.server_port}, "
+                                     "which answered the TLS handshake with something that is not TLS while "
+                                     f"{what} (a server that speaks plain HTTP?): unibake follows a redirect to "
+                                     "http:// over HTTPS and sends nothing unencrypted (TLS is never turned off)")
+
+
 def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(tmp_path):
     """The answer to a blob's upload names what the registry stored (Docker-Content-Digest): one that
     names another blob than the one sent was taken as done, and the push went on to a manifest naming a
