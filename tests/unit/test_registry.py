@@ -2094,6 +2094,50 @@ def test_a_redirect_to_plain_http_is_followed_over_https_never_in_the_clear(tmp_
                                      "http:// over HTTPS and sends nothing unencrypted (TLS is never turned off)")
 
 
+@pytest.mark.parametrize("asked", ["a blob's HEAD", "a blob's upload", "a manifest"])
+def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_path, asked):
+    """HTTP statuses run from 100 to 599, but the HTTP client takes any three digits, and requests and
+    python-dxf count all but 4xx and 5xx as success: a proxy's '999 Request denied' to a blob's HEAD was
+    'already in the registry' (its upload skipped), to the blob's upload 'stored', and to a manifest's
+    GET a document read as the manifest (exit 3, as if tampered with). Each is now one error line naming
+    the status, not retried."""
+    import http.server
+
+    layer = b"layer"
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+
+    class Denying(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "POST":
+                self.send_response(202)
+                self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            else:
+                self.send_response(999, "Request denied")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = do_POST = do_PUT = answer  # noqa: N815 - http.server's names
+
+    waits = []
+    with tls_server(tmp_path, Denying) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", push=True,
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                if asked == "a blob's HEAD":
+                    c.blob_exists(layer_digest, len(layer))
+                elif asked == "a blob's upload":
+                    c.upload(layer_digest, lambda: layer, "layer 1 of 1")
+                else:
+                    c.manifest(DIGEST)
+    path = {"a blob's HEAD": f"/v2/team/a/blobs/{layer_digest}", "a blob's upload": "/v2/team/a/blobs/uploads/1",
+            "a manifest": f"/v2/team/a/manifests/{DIGEST}"}[asked]
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with HTTP 999, which is no HTTP "
+                                 "status (they run from 100 to 599): not an answer to that request")
+    assert waits == []
+
+
 def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(tmp_path):
     """The answer to a blob's upload names what the registry stored (Docker-Content-Digest): one that
     names another blob than the one sent was taken as done, and the push went on to a manifest naming a
