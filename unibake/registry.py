@@ -686,11 +686,52 @@ def _watched(sock: socket.socket | None) -> None:
         watch.watch(sock)
 
 
+def _connect_watched(watch: _Watch, address: tuple[str, int], timeout, source_address, options) -> socket.socket:
+    """urllib3's ``create_connection``, each address's socket watched from before its connect: a connect
+    waits up to the connect timeout (30 s) for each address the host's name gives, and a name of many
+    addresses that do not answer (a broken IPv6 route, a CDN's hosts behind a redirect) held an attempt
+    for that many times 30 s, past its time limits, as the watch knew no socket to shut yet."""
+    host, port = address
+    host = host.strip("[]") if host.startswith("[") else host
+    error: OSError | None = None
+    for family, kind, proto, _, where in socket.getaddrinfo(host, port, urllib3.util.connection.allowed_gai_family(),
+                                                            socket.SOCK_STREAM):
+        if watch.expired:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            watch.watch(sock)  # (shut past the attempt's limits: a connect blocked on it returns)
+            for option in options or ():
+                sock.setsockopt(*option)
+            if timeout is not urllib3.util.timeout._DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            if watch.expired:  # (expired as it was watched: shut before its connect, which shutting does not stop)
+                raise OSError(errno.ETIMEDOUT, "the attempt's time ran out")
+            sock.connect(where)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error or OSError(f"no address to connect to {host}:{port}")
+
+
 class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
-    def _new_conn(self):  # (a new connection's socket: before its TLS handshake, which may trickle too)
-        sock = super()._new_conn()
-        _watched(sock)
-        return sock
+    def _new_conn(self):  # (a new connection's socket: before its connect and its TLS handshake, which may trickle)
+        watch = getattr(_WATCHING, "current", None)
+        if watch is None:
+            return super()._new_conn()
+        try:  # (urllib3's _new_conn, connecting through _connect_watched; its errors made as urllib3 makes them)
+            return _connect_watched(watch, (self._dns_host, self.port), self.timeout, self.source_address,
+                                    self.socket_options)
+        except socket.gaierror as exc:
+            raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc
+        except socket.timeout as exc:
+            raise urllib3.exceptions.ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})") from exc
+        except OSError as exc:
+            raise urllib3.exceptions.NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
 
     def request(self, *args, **kwargs):  # (a connection kept from an earlier request)
         _watched(self.sock)

@@ -1371,6 +1371,50 @@ def test_a_registry_that_sends_a_byte_at_a_time_is_given_up_on_as_too_slow(tmp_p
                        "run the command again when the registry is back")
 
 
+def test_a_registry_whose_connect_never_completes_is_given_up_on_within_the_attempt_s_time(monkeypatch):
+    """A connect waits up to the connect timeout (30 s) for each address a host's name gives, and the
+    attempt's watch, which shuts a slow attempt's sockets, learnt of a socket only once it was connected:
+    a name of many addresses that take no connection (a broken IPv6 route, a CDN's hosts behind a
+    redirect) held an attempt for that many times 30 s, past the 2 minutes a small answer has. The socket
+    is now watched from before its connect. Here one address whose listener's queue is full (it drops
+    the connection's SYN), a connect timeout of 5 s and 1 s for a whole answer: given up on at 1 s."""
+    import socket
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "ANSWER_TIMEOUT", (5, 5), raising=False)
+    monkeypatch.setattr(registry, "ANSWER_DEADLINE", 1.0, raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted: once its queue is full, a connect waits for an answer that never comes
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        queued.append(sock)
+    time.sleep(0.3)
+    try:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=None, retry=Retry(attempts=1)) as c:
+                c.manifest(DIGEST)
+
+        start = time.monotonic()
+        outcome = _asked_in_a_thread(ask, seconds=20)
+        took = time.monotonic() - start
+    finally:
+        for sock in [listener, *queued]:
+            sock.close()
+    assert outcome == (f"the registry 127.0.0.1:{port} did not answer while reading manifest sha256:abababababab "
+                       "(too slow: no whole answer in 1 s) after 1 attempt; nothing was pulled, tagged or changed; "
+                       "run the command again when the registry is back")
+    assert took < 4  # not the connect timeout's 5 s
+
+
 def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slow(tmp_path, monkeypatch):
     """A registry that reads an upload's body slowly (8 KiB a second: each write still goes through
     within the per-write timeout) held a push for as long as the blob took at that pace (a 64 MiB layer:
