@@ -432,8 +432,8 @@ def _not_tls(exc: BaseException) -> bool:
 
 def _header_refusal(exc: BaseException) -> str | None:
     """What the HTTP client refused in an answer (more than 100 header lines, a header line over 64 KiB,
-    a chunk length that is no number, or whose line is over 64 KiB), which requests reports as a failed or
-    broken connection; None for any other error. The same answer comes again on every try: it is not
+    a chunk length that is no number, or whose line is over 64 KiB, a trailer line over 64 KiB), which
+    requests reports as a failed or broken connection; None for any other error. The same answer comes again on every try: it is not
     worth a retry."""
     seen: list[BaseException] = []
     todo: list[object] = [exc]
@@ -448,6 +448,9 @@ def _header_refusal(exc: BaseException) -> str | None:
             return f"more than the {http.client._MAXHEADERS} header lines an HTTP client reads"
         if isinstance(found, urllib3.exceptions.ProtocolError) and "chunk size line exceeded" in str(found):
             return ("a chunked body whose chunk length line is longer than the "
+                    f"{urllib3.response._MAX_CHUNK_LINE_LENGTH} bytes an HTTP client reads")
+        if isinstance(found, urllib3.exceptions.ProtocolError) and "chunk trailer line exceeded" in str(found):
+            return ("a chunked body whose trailer line (after its last chunk) is longer than the "
                     f"{urllib3.response._MAX_CHUNK_LINE_LENGTH} bytes an HTTP client reads")
         length = getattr(found, "length", b"") if isinstance(found, urllib3.exceptions.InvalidChunkLength) else b""
         if isinstance(length, bytes) and length.strip():  # (an empty one: the connection ended there)

@@ -2488,6 +2488,34 @@ def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_re
     assert waits == []
 
 
+def test_a_chunked_answer_whose_trailer_line_never_ends_is_one_error_not_retried(tmp_path):
+    """After a chunked body's last chunk come its trailer lines, each read up to 64 KiB: a longer one (a
+    manifest whole, then 'X-T: ' and 70 kB) is the same answer on every try, and it was retried as a
+    broken connection, then 'did not answer ... (connection broken)'. It is now one error saying what came."""
+    import http.server
+
+    class Trailing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                                 b"2\r\n{}\r\n0\r\nX-T: " + b"t" * 70000 + b"\r\n\r\n")
+            except OSError:
+                pass
+
+    waits = []
+    with tls_server(tmp_path, Trailing) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST)
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose trailer line (after "
+                                 f"its last chunk) is longer than the {1 << 16} bytes an HTTP client reads while reading "
+                                 f"manifest {DIGEST[:19]}: that answer cannot be read, and would come again on another "
+                                 "try")
+    assert waits == []
+
+
 def test_a_registry_that_speaks_plain_http_is_named_as_such_not_retried_as_one_that_is_down(tmp_path):
     """A registry served over plain HTTP (registry:2 without TLS, on localhost:5000): the TLS handshake
     gets an HTTP answer, which was retried as a broken connection, then 'did not answer ... (connection
