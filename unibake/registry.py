@@ -31,6 +31,7 @@ import selectors
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -433,8 +434,8 @@ def _not_tls(exc: BaseException) -> bool:
 def _header_refusal(exc: BaseException) -> str | None:
     """What the HTTP client refused in an answer (more than 100 header lines, a header line over 64 KiB,
     a chunk length that is no number, or whose line is over 64 KiB, a trailer line over 64 KiB), which
-    requests reports as a failed or broken connection; None for any other error. The same answer comes again on every try: it is not
-    worth a retry."""
+    requests reports as a failed or broken connection; None for any other error. The same answer comes
+    again on every try: it is not worth a retry."""
     seen: list[BaseException] = []
     todo: list[object] = [exc]
     while todo and len(seen) < 20:
@@ -757,7 +758,20 @@ _WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
 
 
 class _WatchedAdapter(requests.adapters.HTTPAdapter):
-    """requests' adapter, whose connections tell the attempt that uses them (:class:`_Watch`)."""
+    """requests' adapter, whose connections tell the attempt that uses them (:class:`_Watch`), and which
+    checks certificates with ``trust`` (:func:`_trust`) where a CA file is given."""
+
+    def __init__(self, trust: ssl.SSLContext | None = None) -> None:
+        self.trust = trust
+        super().__init__()
+
+    def build_connection_pool_key_attributes(self, request, verify, cert=None):
+        host, pool = super().build_connection_pool_key_attributes(request, verify, cert)
+        if self.trust is not None and isinstance(verify, str):  # (requests' way to give its own SSL context)
+            pool.pop("ca_certs", None)
+            pool.pop("ca_cert_dir", None)
+            pool["ssl_context"] = self.trust
+        return host, pool
 
     def init_poolmanager(self, *args, **kwargs):
         super().init_poolmanager(*args, **kwargs)
@@ -768,6 +782,31 @@ class _WatchedAdapter(requests.adapters.HTTPAdapter):
         if not proxy.lower().startswith("socks"):  # (a SOCKS proxy has connections of its own)
             manager.pool_classes_by_scheme = _WATCHED_POOLS
         return manager
+
+
+def _trust(ca_file: Path) -> ssl.SSLContext:
+    """The CAs a certificate is checked with given ``--ca-file``: those a registry is checked with without
+    it (requests': ``$REQUESTS_CA_BUNDLE``, else ``$CURL_CA_BUNDLE``, else certifi's), and the file's, as
+    docker adds ``certs.d``'s CA to the system's. The file alone (requests' ``verify=FILE``) was every
+    host's only CA: a registry that sends blob requests on to its storage (S3, a CDN: a 307 to a host of a
+    public CA) failed as soon as a blob was there, 'the CA certificate in --ca-file does not vouch for the
+    TLS certificate of the registry'."""
+    context = urllib3.util.ssl_.create_urllib3_context()
+    defaults = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or \
+        requests.utils.DEFAULT_CA_BUNDLE_PATH
+    try:
+        if os.path.isdir(defaults):
+            context.load_verify_locations(capath=defaults)
+        else:
+            context.load_verify_locations(cafile=defaults)
+    except (OSError, ssl.SSLError):  # (no default CAs to be had: the file's alone, as before)
+        pass
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as exc:  # (checked before, by the command line: changed since)
+        raise InputError(f"--ca-file {ca_file}: no CA certificate can be read from it ({exc.__class__.__name__})") \
+            from None
+    return context
 
 
 class _Counted:
@@ -896,8 +935,9 @@ class RegistryClient:
         self.dxf.__enter__()
         session = self.dxf._sessions[0]
         session.hooks["response"].append(self._bounded)
+        trust = _trust(self.ca_file) if self.ca_file else None
         for prefix in ("https://", "http://"):
-            session.mount(prefix, _WatchedAdapter())
+            session.mount(prefix, _WatchedAdapter(trust))
         return self
 
     def _bounded(self, response, *args, stream: bool = False, **kwargs):
@@ -1000,6 +1040,14 @@ class RegistryClient:
         host, repo = self.ref.host, self.ref.repository
         creds = self.credentials
         where = f"the credentials from {creds.source}" if creds else "no credentials (none found for it)"
+        elsewhere = _redirected_to(exc, self.dxf._base_url)
+        if _certificate_refused(exc) and elsewhere:
+            why = re.search(r"certificate verify failed: ([^(']{1,120})", str(exc))
+            trusted = f"neither the default CAs nor --ca-file {self.ca_file} vouch" if self.ca_file else \
+                "none of the default CAs vouches"
+            return RegistryError(f"the registry {host} redirected to {elsewhere}, whose TLS certificate {trusted} for, "
+                                 f"while {what}{f' ({why.group(1).strip()})' if why else ''}: give that host's CA with "
+                                 "--ca-file (it may hold several, the registry's too; TLS is never turned off)")
         if _certificate_refused(exc) and self.ca_file:
             why = re.search(r"certificate verify failed: ([^(']{1,120})", str(exc))
             return RegistryError(f"the CA certificate in --ca-file {self.ca_file} does not vouch for the TLS certificate "

@@ -2182,6 +2182,60 @@ def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_
     assert waits == []
 
 
+@pytest.mark.parametrize("storage_ca", ["among the default CAs", "in no CA given"])
+def test_a_ca_file_adds_to_the_default_cas_so_a_registry_may_send_blobs_on_to_its_storage(tmp_path, monkeypatch,
+                                                                                          storage_ca):
+    """A private registry (its CA given with --ca-file) whose blob requests it sends on to its storage (S3, a
+    CDN: a 307 to a host whose certificate a public CA signed, as registry:2 does with S3): the --ca-file was
+    every host's only CA, so the first blob that was there failed the push, 'the CA certificate in --ca-file
+    does not vouch for the TLS certificate of the registry', naming the registry, whose certificate it did
+    vouch for. The file now adds to the default CAs (requests': here $REQUESTS_CA_BUNDLE, holding the
+    storage's CA), as docker adds certs.d's to the system's; a storage host that neither vouches for is
+    named, not the registry."""
+    import http.server
+
+    stored = b"layer"
+    digest = "sha256:" + hashlib.sha256(stored).hexdigest()
+    heard = []
+
+    class Storage(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's name
+            heard.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(stored)))
+            self.end_headers()
+
+    (tmp_path / "registry").mkdir()
+    (tmp_path / "storage").mkdir()
+    with tls_server(tmp_path / "storage", Storage) as storage:
+        class Registry(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self):  # noqa: N802 - http.server's name
+                self.send_response(307)
+                self.send_header("Location", f"https://127.0.0.1:{storage}/bucket/blob?signature=s")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with tls_server(tmp_path / "registry", Registry) as port:
+            if storage_ca == "among the default CAs":
+                monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "storage/cert.pem"))
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "registry/cert.pem",
+                                retry=Retry(attempts=1)) as c:
+                if storage_ca == "among the default CAs":
+                    assert c.blob_exists(digest, len(stored))
+                else:
+                    with pytest.raises(RegistryError) as caught:
+                        c.blob_exists(digest, len(stored))
+    if storage_ca == "among the default CAs":
+        assert heard == ["/bucket/blob?signature=s"]
+    else:
+        assert str(caught.value) == (f"the registry 127.0.0.1:{port} redirected to 127.0.0.1:{storage}, whose TLS "
+                                     f"certificate neither the default CAs nor --ca-file {tmp_path}/registry/cert.pem "
+                                     f"vouch for, while looking for blob {digest[:19]} (self-signed certificate): give "
+                                     "that host's CA with --ca-file (it may hold several, the registry's too; TLS is "
+                                     "never turned off)")
+
+
 def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(tmp_path):
     """The answer to a blob's upload names what the registry stored (Docker-Content-Digest): one that
     names another blob than the one sent was taken as done, and the push went on to a manifest naming a
