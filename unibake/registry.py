@@ -945,13 +945,14 @@ class RegistryClient:
         endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error
         or a redirect (whose body requests reads whole before it follows it)."""
         self._last_type = response.headers.get("Content-Type") or ""
-        if not 100 <= response.status_code <= 599:
-            # (the HTTP client takes any three digits; requests and python-dxf count all but 4xx/5xx as success: a
-            # proxy's "999 Request denied" to a blob's HEAD was "already in the registry", to its upload "stored")
+        if not 200 <= response.status_code <= 599:
+            # (the HTTP client takes any three digits, and a 1xx but 100 Continue as the answer, bodiless; requests and
+            # python-dxf count all but 4xx/5xx as success: a proxy's "999 Request denied" or a "103 Early Hints" to a
+            # blob's HEAD was "already in the registry", to its upload "stored", to a manifest's GET an empty manifest)
             response.close()
             raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} with HTTP "
-                                f"{response.status_code}, which is no HTTP status (they run from 100 to 599): not an "
-                                "answer to that request")
+                                f"{response.status_code}, which is no final HTTP status (they run from 200 to 599): not "
+                                "an answer to that request")
         if 300 <= response.status_code < 400:
             self._followable(response)
         passing = response.ok and not response.is_redirect

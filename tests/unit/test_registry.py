@@ -2138,10 +2138,12 @@ def test_a_redirect_to_plain_http_is_followed_over_https_never_in_the_clear(tmp_
                                      "http:// over HTTPS and sends nothing unencrypted (TLS is never turned off)")
 
 
+@pytest.mark.parametrize("status", [999, 103])
 @pytest.mark.parametrize("asked", ["a blob's HEAD", "a blob's upload", "a manifest"])
-def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_path, asked):
-    """HTTP statuses run from 100 to 599, but the HTTP client takes any three digits, and requests and
-    python-dxf count all but 4xx and 5xx as success: a proxy's '999 Request denied' to a blob's HEAD was
+def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_path, asked, status):
+    """An answer's status runs from 200 to 599 (a 1xx is interim, and the HTTP client skips only 100
+    Continue), but the HTTP client takes any three digits, and requests and python-dxf count all but 4xx
+    and 5xx as success: a proxy's '999 Request denied' or a '103 Early Hints' to a blob's HEAD was
     'already in the registry' (its upload skipped), to the blob's upload 'stored', and to a manifest's
     GET a document read as the manifest (exit 3, as if tampered with). Each is now one error line naming
     the status, not retried."""
@@ -2157,7 +2159,7 @@ def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_
                 self.send_response(202)
                 self.send_header("Location", "/v2/team/a/blobs/uploads/1")
             else:
-                self.send_response(999, "Request denied")
+                self.send_response(status, "Request denied")
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -2177,8 +2179,8 @@ def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_
                     c.manifest(DIGEST)
     path = {"a blob's HEAD": f"/v2/team/a/blobs/{layer_digest}", "a blob's upload": "/v2/team/a/blobs/uploads/1",
             "a manifest": f"/v2/team/a/manifests/{DIGEST}"}[asked]
-    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with HTTP 999, which is no HTTP "
-                                 "status (they run from 100 to 599): not an answer to that request")
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with HTTP {status}, which is no "
+                                 "final HTTP status (they run from 200 to 599): not an answer to that request")
     assert waits == []
 
 
