@@ -31,6 +31,7 @@ import selectors
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -432,9 +433,9 @@ def _not_tls(exc: BaseException) -> bool:
 
 def _header_refusal(exc: BaseException) -> str | None:
     """What the HTTP client refused in an answer (more than 100 header lines, a header line over 64 KiB,
-    a chunk length that is no number, or whose line is over 64 KiB), which requests reports as a failed or
-    broken connection; None for any other error. The same answer comes again on every try: it is not
-    worth a retry."""
+    a chunk length that is no number, or whose line is over 64 KiB, a trailer line over 64 KiB), which
+    requests reports as a failed or broken connection; None for any other error. The same answer comes
+    again on every try: it is not worth a retry."""
     seen: list[BaseException] = []
     todo: list[object] = [exc]
     while todo and len(seen) < 20:
@@ -448,6 +449,9 @@ def _header_refusal(exc: BaseException) -> str | None:
             return f"more than the {http.client._MAXHEADERS} header lines an HTTP client reads"
         if isinstance(found, urllib3.exceptions.ProtocolError) and "chunk size line exceeded" in str(found):
             return ("a chunked body whose chunk length line is longer than the "
+                    f"{urllib3.response._MAX_CHUNK_LINE_LENGTH} bytes an HTTP client reads")
+        if isinstance(found, urllib3.exceptions.ProtocolError) and "chunk trailer line exceeded" in str(found):
+            return ("a chunked body whose trailer line (after its last chunk) is longer than the "
                     f"{urllib3.response._MAX_CHUNK_LINE_LENGTH} bytes an HTTP client reads")
         length = getattr(found, "length", b"") if isinstance(found, urllib3.exceptions.InvalidChunkLength) else b""
         if isinstance(length, bytes) and length.strip():  # (an empty one: the connection ended there)
@@ -484,6 +488,19 @@ def _origin(url: str) -> tuple[str, str, int]:
     parts = urllib3.util.parse_url(url)
     scheme = (parts.scheme or "").lower()
     return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
+
+
+def _redirected_to(exc: BaseException, asked: str) -> str | None:
+    """The ``host:port`` a request that failed with ``exc`` had gone to, when a redirect took it to another
+    server than ``asked`` (the URL it began with; each read as https, as it is asked); else None."""
+    url = getattr(getattr(exc, "request", None), "url", None)
+    if not isinstance(url, str):
+        return None
+    went, began = (urllib3.util.parse_url(u)._replace(scheme="https").url for u in (url, asked))
+    if _origin(went) == _origin(began):
+        return None
+    _, host, port = _origin(went)
+    return one_line(f"{host}:{port}")[:100]
 
 
 def _challenge_realm(challenge: str, host: str, path: str) -> str | None:
@@ -673,11 +690,52 @@ def _watched(sock: socket.socket | None) -> None:
         watch.watch(sock)
 
 
+def _connect_watched(watch: _Watch, address: tuple[str, int], timeout, source_address, options) -> socket.socket:
+    """urllib3's ``create_connection``, each address's socket watched from before its connect: a connect
+    waits up to the connect timeout (30 s) for each address the host's name gives, and a name of many
+    addresses that do not answer (a broken IPv6 route, a CDN's hosts behind a redirect) held an attempt
+    for that many times 30 s, past its time limits, as the watch knew no socket to shut yet."""
+    host, port = address
+    host = host.strip("[]") if host.startswith("[") else host
+    error: OSError | None = None
+    for family, kind, proto, _, where in socket.getaddrinfo(host, port, urllib3.util.connection.allowed_gai_family(),
+                                                            socket.SOCK_STREAM):
+        if watch.expired:
+            break
+        sock = socket.socket(family, kind, proto)
+        try:
+            watch.watch(sock)  # (shut past the attempt's limits: a connect blocked on it returns)
+            for option in options or ():
+                sock.setsockopt(*option)
+            if timeout is not urllib3.util.timeout._DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            if watch.expired:  # (expired as it was watched: shut before its connect, which shutting does not stop)
+                raise OSError(errno.ETIMEDOUT, "the attempt's time ran out")
+            sock.connect(where)
+            return sock
+        except OSError as exc:
+            error = exc
+            sock.close()
+    raise error or OSError(f"no address to connect to {host}:{port}")
+
+
 class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
-    def _new_conn(self):  # (a new connection's socket: before its TLS handshake, which may trickle too)
-        sock = super()._new_conn()
-        _watched(sock)
-        return sock
+    def _new_conn(self):  # (a new connection's socket: before its connect and its TLS handshake, which may trickle)
+        watch = getattr(_WATCHING, "current", None)
+        if watch is None:
+            return super()._new_conn()
+        try:  # (urllib3's _new_conn, connecting through _connect_watched; its errors made as urllib3 makes them)
+            return _connect_watched(watch, (self._dns_host, self.port), self.timeout, self.source_address,
+                                    self.socket_options)
+        except socket.gaierror as exc:
+            raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc
+        except socket.timeout as exc:
+            raise urllib3.exceptions.ConnectTimeoutError(
+                self, f"Connection to {self.host} timed out. (connect timeout={self.timeout})") from exc
+        except OSError as exc:
+            raise urllib3.exceptions.NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
 
     def request(self, *args, **kwargs):  # (a connection kept from an earlier request)
         _watched(self.sock)
@@ -700,7 +758,20 @@ _WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
 
 
 class _WatchedAdapter(requests.adapters.HTTPAdapter):
-    """requests' adapter, whose connections tell the attempt that uses them (:class:`_Watch`)."""
+    """requests' adapter, whose connections tell the attempt that uses them (:class:`_Watch`), and which
+    checks certificates with ``trust`` (:func:`_trust`) where a CA file is given."""
+
+    def __init__(self, trust: ssl.SSLContext | None = None) -> None:
+        self.trust = trust
+        super().__init__()
+
+    def build_connection_pool_key_attributes(self, request, verify, cert=None):
+        host, pool = super().build_connection_pool_key_attributes(request, verify, cert)
+        if self.trust is not None and isinstance(verify, str):  # (requests' way to give its own SSL context)
+            pool.pop("ca_certs", None)
+            pool.pop("ca_cert_dir", None)
+            pool["ssl_context"] = self.trust
+        return host, pool
 
     def init_poolmanager(self, *args, **kwargs):
         super().init_poolmanager(*args, **kwargs)
@@ -711,6 +782,31 @@ class _WatchedAdapter(requests.adapters.HTTPAdapter):
         if not proxy.lower().startswith("socks"):  # (a SOCKS proxy has connections of its own)
             manager.pool_classes_by_scheme = _WATCHED_POOLS
         return manager
+
+
+def _trust(ca_file: Path) -> ssl.SSLContext:
+    """The CAs a certificate is checked with given ``--ca-file``: those a registry is checked with without
+    it (requests': ``$REQUESTS_CA_BUNDLE``, else ``$CURL_CA_BUNDLE``, else certifi's), and the file's, as
+    docker adds ``certs.d``'s CA to the system's. The file alone (requests' ``verify=FILE``) was every
+    host's only CA: a registry that sends blob requests on to its storage (S3, a CDN: a 307 to a host of a
+    public CA) failed as soon as a blob was there, 'the CA certificate in --ca-file does not vouch for the
+    TLS certificate of the registry'."""
+    context = urllib3.util.ssl_.create_urllib3_context()
+    defaults = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or \
+        requests.utils.DEFAULT_CA_BUNDLE_PATH
+    try:
+        if os.path.isdir(defaults):
+            context.load_verify_locations(capath=defaults)
+        else:
+            context.load_verify_locations(cafile=defaults)
+    except (OSError, ssl.SSLError):  # (no default CAs to be had: the file's alone, as before)
+        pass
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as exc:  # (checked before, by the command line: changed since)
+        raise InputError(f"--ca-file {ca_file}: no CA certificate can be read from it ({exc.__class__.__name__})") \
+            from None
+    return context
 
 
 class _Counted:
@@ -810,7 +906,9 @@ class RegistryClient:
                 # python-dxf asks a realm named http:// over https all the same (a proxy that names its own
                 # https URL http:// still works): a token server that speaks plain HTTP only was 'the
                 # registry answered the TLS handshake with something that is not TLS', naming the registry
+                elsewhere = _redirected_to(exc, realm)
                 raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
+                                    f"{f'redirected to {elsewhere}, which ' if elsewhere else ''}"
                                     "answered the TLS handshake with something that is not TLS (a token server "
                                     "that speaks plain HTTP?): unibake sends no credentials and takes no token "
                                     "unencrypted (TLS is never turned off); serve the token server over HTTPS") \
@@ -837,8 +935,9 @@ class RegistryClient:
         self.dxf.__enter__()
         session = self.dxf._sessions[0]
         session.hooks["response"].append(self._bounded)
+        trust = _trust(self.ca_file) if self.ca_file else None
         for prefix in ("https://", "http://"):
-            session.mount(prefix, _WatchedAdapter())
+            session.mount(prefix, _WatchedAdapter(trust))
         return self
 
     def _bounded(self, response, *args, stream: bool = False, **kwargs):
@@ -846,6 +945,14 @@ class RegistryClient:
         endless one without end): a streamed one (a manifest) is read by its reader, unless it is an error
         or a redirect (whose body requests reads whole before it follows it)."""
         self._last_type = response.headers.get("Content-Type") or ""
+        if not 200 <= response.status_code <= 599:
+            # (the HTTP client takes any three digits, and a 1xx but 100 Continue as the answer, bodiless; requests and
+            # python-dxf count all but 4xx/5xx as success: a proxy's "999 Request denied" or a "103 Early Hints" to a
+            # blob's HEAD was "already in the registry", to its upload "stored", to a manifest's GET an empty manifest)
+            response.close()
+            raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} with HTTP "
+                                f"{response.status_code}, which is no final HTTP status (they run from 200 to 599): not "
+                                "an answer to that request")
         if 300 <= response.status_code < 400:
             self._followable(response)
         passing = response.ok and not response.is_redirect
@@ -879,6 +986,11 @@ class RegistryClient:
             response.close()
             raise RegistryError(f"the registry {self.ref.host} answered {path} with a redirect to "
                                 f"{one_line(location)[:200]!r}, whose scheme {scheme[:20]!r} is neither https nor http")
+        if scheme == "http":
+            # followed over https, as python-dxf asks an upload Location or a token realm named http:// (a proxy
+            # that lost the forwarded scheme names its own https URL so): a redirect to http:// was followed in
+            # the clear, a token server's sending the token (push access) and an upload's the whole layer
+            response.headers["Location"] = "https" + location.lstrip(" ")[len("http"):]
 
     def __exit__(self, *exc) -> None:
         self.dxf.__exit__(*exc)
@@ -929,6 +1041,14 @@ class RegistryClient:
         host, repo = self.ref.host, self.ref.repository
         creds = self.credentials
         where = f"the credentials from {creds.source}" if creds else "no credentials (none found for it)"
+        elsewhere = _redirected_to(exc, self.dxf._base_url)
+        if _certificate_refused(exc) and elsewhere:
+            why = re.search(r"certificate verify failed: ([^(']{1,120})", str(exc))
+            trusted = f"neither the default CAs nor --ca-file {self.ca_file} vouch" if self.ca_file else \
+                "none of the default CAs vouches"
+            return RegistryError(f"the registry {host} redirected to {elsewhere}, whose TLS certificate {trusted} for, "
+                                 f"while {what}{f' ({why.group(1).strip()})' if why else ''}: give that host's CA with "
+                                 "--ca-file (it may hold several, the registry's too; TLS is never turned off)")
         if _certificate_refused(exc) and self.ca_file:
             why = re.search(r"certificate verify failed: ([^(']{1,120})", str(exc))
             return RegistryError(f"the CA certificate in --ca-file {self.ca_file} does not vouch for the TLS certificate "
@@ -938,6 +1058,11 @@ class RegistryClient:
         if _certificate_refused(exc):
             return RegistryError(f"cannot verify the TLS certificate of the registry {host} while {what}: give its "
                                  "CA certificate with --ca-file (TLS is never turned off)")
+        if _not_tls(exc) and _redirected_to(exc, self.dxf._base_url):
+            return RegistryError(f"the registry {host} redirected to {_redirected_to(exc, self.dxf._base_url)}, which "
+                                 f"answered the TLS handshake with something that is not TLS while {what} (a server "
+                                 "that speaks plain HTTP?): unibake follows a redirect to http:// over HTTPS and sends "
+                                 "nothing unencrypted (TLS is never turned off)")
         if _not_tls(exc):
             return RegistryError(f"the registry {host} answered the TLS handshake with something that is not TLS while "
                                  f"{what} (a registry that speaks plain HTTP?): unibake reaches a registry over HTTPS "

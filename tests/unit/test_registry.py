@@ -1372,6 +1372,50 @@ def test_a_registry_that_sends_a_byte_at_a_time_is_given_up_on_as_too_slow(tmp_p
                        "run the command again when the registry is back")
 
 
+def test_a_registry_whose_connect_never_completes_is_given_up_on_within_the_attempt_s_time(monkeypatch):
+    """A connect waits up to the connect timeout (30 s) for each address a host's name gives, and the
+    attempt's watch, which shuts a slow attempt's sockets, learnt of a socket only once it was connected:
+    a name of many addresses that take no connection (a broken IPv6 route, a CDN's hosts behind a
+    redirect) held an attempt for that many times 30 s, past the 2 minutes a small answer has. The socket
+    is now watched from before its connect. Here one address whose listener's queue is full (it drops
+    the connection's SYN), a connect timeout of 5 s and 1 s for a whole answer: given up on at 1 s."""
+    import socket
+
+    from unibake import registry
+
+    monkeypatch.setattr(registry, "ANSWER_TIMEOUT", (5, 5), raising=False)
+    monkeypatch.setattr(registry, "ANSWER_DEADLINE", 1.0, raising=False)
+    monkeypatch.setattr(registry, "WATCH_TICK", 0.1, raising=False)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted: once its queue is full, a connect waits for an answer that never comes
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        queued.append(sock)
+    time.sleep(0.3)
+    try:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+
+        def ask():
+            with RegistryClient(ref, credentials=None, ca_file=None, retry=Retry(attempts=1)) as c:
+                c.manifest(DIGEST)
+
+        start = time.monotonic()
+        outcome = _asked_in_a_thread(ask, seconds=20)
+        took = time.monotonic() - start
+    finally:
+        for sock in [listener, *queued]:
+            sock.close()
+    assert outcome == (f"the registry 127.0.0.1:{port} did not answer while reading manifest sha256:abababababab "
+                       "(too slow: no whole answer in 1 s) after 1 attempt; nothing was pulled, tagged or changed; "
+                       "run the command again when the registry is back")
+    assert took < 4  # not the connect timeout's 5 s
+
+
 def test_a_blob_upload_the_registry_takes_in_a_trickle_is_given_up_on_as_too_slow(tmp_path, monkeypatch):
     """A registry that reads an upload's body slowly (8 KiB a second: each write still goes through
     within the per-write timeout) held a push for as long as the blob took at that pace (a 64 MiB layer:
@@ -2001,6 +2045,200 @@ def test_a_3xx_answer_without_a_location_to_follow_is_an_error_not_the_answer(tm
                                      "Location to follow: not an answer to that request")
 
 
+@pytest.mark.parametrize("redirected", ["a manifest", "a blob's upload", "a token", "to a server over TLS"])
+def test_a_redirect_to_plain_http_is_followed_over_https_never_in_the_clear(tmp_path, redirected):
+    """A redirect to http:// was followed in the clear, though a token realm or an upload Location named
+    http:// is asked over https: a token server's redirect gave the token (push access) unencrypted, an
+    upload's 307 sent the whole layer so, a manifest's read it so. A redirect to http:// is now followed
+    over https, as those are: a server there that speaks plain HTTP hears no request (the error names it),
+    and one that speaks TLS (a proxy that lost the forwarded scheme, naming its own https URL http://)
+    answers as it should."""
+    import http.server
+    import threading
+
+    heard = []
+
+    class Clear(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            heard.append((self.command, self.path, self.headers.get("Authorization")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"token": "t"}' if self.path.startswith("/token") else b"{}"
+            self.send_response(200 if self.command != "PUT" else 201)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = answer  # noqa: N815 - http.server's names
+
+        def log_message(self, *args):
+            pass
+
+    clear = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Clear)
+    threading.Thread(target=clear.serve_forever, daemon=True).start()
+    layer = b"layer"
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            own = self.server.server_port
+            if self.path.startswith("/token"):  # the token server sends the client on to plain http
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.1:{clear.server_port}/token")
+            elif redirected == "a token" and self.headers.get("Authorization") != "Bearer t":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="https://127.0.0.1:{own}/token",service="r"')
+            elif self.path.startswith("/served/"):  # what the redirect over TLS finds
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            elif self.command == "POST":
+                self.send_response(202)
+                self.send_header("Location", f"https://127.0.0.1:{own}/v2/team/a/blobs/uploads/1")
+            else:
+                self.send_response(307)
+                port = own if redirected == "to a server over TLS" else clear.server_port
+                self.send_header("Location", f"http://127.0.0.1:{port}/served/{self.command}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_PUT = answer  # noqa: N815 - http.server's names
+
+    try:
+        with tls_server(tmp_path, Registry) as port:
+            ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+            credentials = Credentials(username="u", password="pw-never-sent", source="/x/config.json")
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                                push=True) as c:
+                if redirected == "to a server over TLS":
+                    with pytest.raises(DigestMismatch, match="with a document whose digest is sha256:44136fa3"):
+                        c.manifest(DIGEST)  # ('{}', read over https from the registry the redirect named)
+                else:
+                    with pytest.raises(RegistryError) as caught:
+                        if redirected == "a blob's upload":
+                            c.upload(layer_digest, lambda: layer, "layer 1 of 1")
+                        else:
+                            c.manifest(DIGEST)
+    finally:
+        clear.shutdown()
+        clear.server_close()
+    assert heard == []  # nothing was sent in the clear: no request, no token, no layer
+    if redirected == "a token":
+        assert str(caught.value) == (f"the token server https://127.0.0.1:{port}/token named by the registry "
+                                     f"127.0.0.1:{port} redirected to 127.0.0.1:{clear.server_port}, which answered "
+                                     "the TLS handshake with something that is not TLS (a token server that speaks "
+                                     "plain HTTP?): unibake sends no credentials and takes no token unencrypted (TLS "
+                                     "is never turned off); serve the token server over HTTPS")
+    elif redirected != "to a server over TLS":
+        what = "uploading layer 1 of 1" if redirected == "a blob's upload" else f"reading manifest {DIGEST[:19]}"
+        assert str(caught.value) == (f"the registry 127.0.0.1:{port} redirected to 127.0.0.1:{clear.server_port}, "
+                                     "which answered the TLS handshake with something that is not TLS while "
+                                     f"{what} (a server that speaks plain HTTP?): unibake follows a redirect to "
+                                     "http:// over HTTPS and sends nothing unencrypted (TLS is never turned off)")
+
+
+@pytest.mark.parametrize("status", [999, 103])
+@pytest.mark.parametrize("asked", ["a blob's HEAD", "a blob's upload", "a manifest"])
+def test_an_answer_whose_status_is_no_http_status_is_an_error_not_a_success(tmp_path, asked, status):
+    """An answer's status runs from 200 to 599 (a 1xx is interim, and the HTTP client skips only 100
+    Continue), but the HTTP client takes any three digits, and requests and python-dxf count all but 4xx
+    and 5xx as success: a proxy's '999 Request denied' or a '103 Early Hints' to a blob's HEAD was
+    'already in the registry' (its upload skipped), to the blob's upload 'stored', and to a manifest's
+    GET a document read as the manifest (exit 3, as if tampered with). Each is now one error line naming
+    the status, not retried."""
+    import http.server
+
+    layer = b"layer"
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+
+    class Denying(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.command == "POST":
+                self.send_response(202)
+                self.send_header("Location", "/v2/team/a/blobs/uploads/1")
+            else:
+                self.send_response(status, "Request denied")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = do_POST = do_PUT = answer  # noqa: N815 - http.server's names
+
+    waits = []
+    with tls_server(tmp_path, Denying) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem", push=True,
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                if asked == "a blob's HEAD":
+                    c.blob_exists(layer_digest, len(layer))
+                elif asked == "a blob's upload":
+                    c.upload(layer_digest, lambda: layer, "layer 1 of 1")
+                else:
+                    c.manifest(DIGEST)
+    path = {"a blob's HEAD": f"/v2/team/a/blobs/{layer_digest}", "a blob's upload": "/v2/team/a/blobs/uploads/1",
+            "a manifest": f"/v2/team/a/manifests/{DIGEST}"}[asked]
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered {path} with HTTP {status}, which is no "
+                                 "final HTTP status (they run from 200 to 599): not an answer to that request")
+    assert waits == []
+
+
+@pytest.mark.parametrize("storage_ca", ["among the default CAs", "in no CA given"])
+def test_a_ca_file_adds_to_the_default_cas_so_a_registry_may_send_blobs_on_to_its_storage(tmp_path, monkeypatch,
+                                                                                          storage_ca):
+    """A private registry (its CA given with --ca-file) whose blob requests it sends on to its storage (S3, a
+    CDN: a 307 to a host whose certificate a public CA signed, as registry:2 does with S3): the --ca-file was
+    every host's only CA, so the first blob that was there failed the push, 'the CA certificate in --ca-file
+    does not vouch for the TLS certificate of the registry', naming the registry, whose certificate it did
+    vouch for. The file now adds to the default CAs (requests': here $REQUESTS_CA_BUNDLE, holding the
+    storage's CA), as docker adds certs.d's to the system's; a storage host that neither vouches for is
+    named, not the registry."""
+    import http.server
+
+    stored = b"layer"
+    digest = "sha256:" + hashlib.sha256(stored).hexdigest()
+    heard = []
+
+    class Storage(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's name
+            heard.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(stored)))
+            self.end_headers()
+
+    (tmp_path / "registry").mkdir()
+    (tmp_path / "storage").mkdir()
+    with tls_server(tmp_path / "storage", Storage) as storage:
+        class Registry(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self):  # noqa: N802 - http.server's name
+                self.send_response(307)
+                self.send_header("Location", f"https://127.0.0.1:{storage}/bucket/blob?signature=s")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        with tls_server(tmp_path / "registry", Registry) as port:
+            if storage_ca == "among the default CAs":
+                monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "storage/cert.pem"))
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            with RegistryClient(ref, credentials=None, ca_file=tmp_path / "registry/cert.pem",
+                                retry=Retry(attempts=1)) as c:
+                if storage_ca == "among the default CAs":
+                    assert c.blob_exists(digest, len(stored))
+                else:
+                    with pytest.raises(RegistryError) as caught:
+                        c.blob_exists(digest, len(stored))
+    if storage_ca == "among the default CAs":
+        assert heard == ["/bucket/blob?signature=s"]
+    else:
+        assert str(caught.value) == (f"the registry 127.0.0.1:{port} redirected to 127.0.0.1:{storage}, whose TLS "
+                                     f"certificate neither the default CAs nor --ca-file {tmp_path}/registry/cert.pem "
+                                     f"vouch for, while looking for blob {digest[:19]} (self-signed certificate): give "
+                                     "that host's CA with --ca-file (it may hold several, the registry's too; TLS is "
+                                     "never turned off)")
+
+
 def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(tmp_path):
     """The answer to a blob's upload names what the registry stored (Docker-Content-Digest): one that
     names another blob than the one sent was taken as done, and the push went on to a manifest naming a
@@ -2304,6 +2542,34 @@ def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_re
     assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length line "
                                  f"is longer than the {1 << 16} bytes an HTTP client reads while reading manifest "
                                  f"{DIGEST[:19]}: that answer cannot be read, and would come again on another try")
+    assert waits == []
+
+
+def test_a_chunked_answer_whose_trailer_line_never_ends_is_one_error_not_retried(tmp_path):
+    """After a chunked body's last chunk come its trailer lines, each read up to 64 KiB: a longer one (a
+    manifest whole, then 'X-T: ' and 70 kB) is the same answer on every try, and it was retried as a
+    broken connection, then 'did not answer ... (connection broken)'. It is now one error saying what came."""
+    import http.server
+
+    class Trailing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                                 b"2\r\n{}\r\n0\r\nX-T: " + b"t" * 70000 + b"\r\n\r\n")
+            except OSError:
+                pass
+
+    waits = []
+    with tls_server(tmp_path, Trailing) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST)
+    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose trailer line (after "
+                                 f"its last chunk) is longer than the {1 << 16} bytes an HTTP client reads while reading "
+                                 f"manifest {DIGEST[:19]}: that answer cannot be read, and would come again on another "
+                                 "try")
     assert waits == []
 
 
