@@ -278,49 +278,28 @@ def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, stagi
     config_name = f"blobs/sha256/{manifest.image_id.removeprefix('sha256:')}"
     spool = staging / ".assembled-small.tar.tmp"
     try:
-        with open(spool, "wb") as fh:
-            for piece in engine.save(assembly.small):
-                fh.write(piece)
-        with tarfile.open(spool, "r:") as small:
-            try:
-                entry = json.load(small.extractfile("manifest.json"))[0]
-                small_config = json.loads(small.extractfile(entry["Config"]).read())
-                top = list(entry["Layers"])[1:]
-                small_diff_ids = list(small_config["rootfs"]["diff_ids"])[1:]
-            except (KeyError, IndexError, TypeError, ValueError, AttributeError, tarfile.TarError) as exc:
-                raise ArchiveError(f"the small image's save stream is not one the engine writes: {exc}") from None
-            if len(top) != len(small_diff_ids) or not top:
-                raise ArchiveError("the small image's save stream names other layers than its config")
-            captured: dict[str, bytes] = {}
-            for piece in _members(read_archive(base.folder, base.archive_files), frozenset(names), config_name,
-                                  captured):
-                yield piece
-            # (a bottom layer the archive lacks fails the export, whose manifest names it; the config, here)
-            raw = captured.get(config_name)
-            if raw is None or f"sha256:{hashlib.sha256(raw).hexdigest()}" != manifest.image_id:
-                raise VerificationError(f"release {manifest.release}'s archive does not hold its config "
-                                        f"{manifest.image_id[:19]}")
-            base_config = json.loads(raw)
-            history = list(base_config.get("history") or [])
-            bottom_history = history[:len(assembly.lower_history)]
-            if [h.get("created_by", "") for h in bottom_history] != list(assembly.lower_history):
-                raise VerificationError(f"release {manifest.release}'s history of the steps above the build memo's "
-                                        "marker is not the memo image's: make the hotfix with --full-build")
-            at = assembly.checks_at
-            if at >= len(history) or history[at].get("created_by") != assembly.checks_created_by \
-                    or not history[at].get("empty_layer"):
-                raise VerificationError(f"release {manifest.release}'s in-image checks are not recorded as a step that "
-                                        "changed nothing: make the hotfix with --full-build")
-            for n, name in enumerate(top):
-                member = small.getmember(name)
-                reader = small.extractfile(member)
-                if reader is None:
-                    raise ArchiveError(f"the small image's layer {name} is no file")
-                size = member.size
-                yield tar_header(f"top{n}/layer.tar", size)
-                while piece := reader.read(PIECE):
-                    yield piece
-                yield tar_padding(size)
+        small_config, layers, diff_ids = _spooled_save(engine, assembly.small, spool)
+        small_diff_ids = diff_ids[1:]
+        captured: dict[str, bytes] = {}
+        yield from _members(read_archive(base.folder, base.archive_files), frozenset(names), config_name, captured)
+        # (a bottom layer the archive lacks fails the export, whose manifest names it; the config, here)
+        raw = captured.get(config_name)
+        if raw is None or f"sha256:{hashlib.sha256(raw).hexdigest()}" != manifest.image_id:
+            raise VerificationError(f"release {manifest.release}'s archive does not hold its config "
+                                    f"{manifest.image_id[:19]}")
+        base_config = json.loads(raw)
+        history = list(base_config.get("history") or [])
+        bottom_history = history[:len(assembly.lower_history)]
+        if [h.get("created_by", "") for h in bottom_history] != list(assembly.lower_history):
+            raise VerificationError(f"release {manifest.release}'s history of the steps above the build memo's "
+                                    "marker is not the memo image's: make the hotfix with --full-build")
+        at = assembly.checks_at
+        if at >= len(history) or history[at].get("created_by") != assembly.checks_created_by \
+                or not history[at].get("empty_layer"):
+            raise VerificationError(f"release {manifest.release}'s in-image checks are not recorded as a step that "
+                                    "changed nothing: make the hotfix with --full-build")
+        yield from _layer_members(spool, layers[1:])
+        top = layers[1:]
         config = copy.deepcopy(small_config)
         stamp = history[at].get("created", "")
         config["history"] = bottom_history + list(small_config.get("history") or [])[len(bottom_history):]
@@ -337,6 +316,70 @@ def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, stagi
         spool.unlink(missing_ok=True)
 
 
+def _spooled_save(engine: Engine, image: str, spool: Path) -> tuple[dict, list[str], list[str]]:
+    """``image``'s save stream in the file ``spool``; (its config, its layers' member names, their diffIDs)."""
+    with open(spool, "wb") as fh:
+        for piece in engine.save(image):
+            fh.write(piece)
+    with tarfile.open(spool, "r:") as saved:
+        try:
+            entry = json.load(saved.extractfile("manifest.json"))[0]
+            config = json.loads(saved.extractfile(entry["Config"]).read())
+            layers, diff_ids = list(entry["Layers"]), list(config["rootfs"]["diff_ids"])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, tarfile.TarError) as exc:
+            raise ArchiveError(f"the small image's save stream is not one the engine writes: {exc}") from None
+    if len(layers) != len(diff_ids) or len(layers) < 2:
+        raise ArchiveError("the small image's save stream names other layers than its config")
+    return config, layers, diff_ids
+
+
+def _layer_members(spool: Path, names: list[str]) -> Iterator[bytes]:
+    """The layers ``names`` of a spooled save stream, as members ``top0/layer.tar``, ``top1/layer.tar``, ..."""
+    with tarfile.open(spool, "r:") as saved:
+        for n, name in enumerate(names):
+            member = saved.getmember(name)
+            reader = saved.extractfile(member)
+            if reader is None:
+                raise ArchiveError(f"the small image's layer {name} is no file")
+            yield tar_header(f"top{n}/layer.tar", member.size)
+            while piece := reader.read(PIECE):
+                yield piece
+            yield tar_padding(member.size)
+
+
+def check_early(engine: Engine, assembly: Assembly, base: HotfixBase, staging: Path) -> None:
+    """The in-image checks, run beside the export: on an image of the same files and settings loaded
+    into the local engine at once (the base release's bottom layers, which the engine holds, and the
+    small image's top layers, not yet normalised: the checks read files' contents, not their times),
+    removed again after. The released image differs from it only in file times and its history."""
+    spool = staging / ".assembled-checks.tar.tmp"
+    image = None
+    try:
+        config, layers, diff_ids = _spooled_save(engine, assembly.small, spool)
+        bottom = list(base.manifest.diff_ids[:assembly.lower_layers])
+        config = dict(config, history=[], rootfs={"type": "layers", "diff_ids": [*bottom, *diff_ids[1:]]})
+        data = json.dumps(config).encode()
+        image = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        names = [f"bottom{n}/layer.tar" for n in range(len(bottom))] + [f"top{n}/layer.tar" for n in range(len(layers) - 1)]
+        index = json.dumps([{"Config": f"{image[7:]}.json", "RepoTags": [], "Layers": names}]).encode()
+
+        def stream() -> Iterator[bytes]:  # the bottom layers' files left out: the engine holds them
+            yield from _layer_members(spool, layers[1:])
+            for member, content in ((f"{image[7:]}.json", data), ("manifest.json", index)):
+                yield tar_header(member, len(content)) + content + tar_padding(len(content))
+            yield bytes(2 * BLOCK)
+
+        engine.load(stream())
+        found = engine.inspect_image(image)
+        if found is None or tuple(found.diff_ids) != (*bottom, *diff_ids[1:]):
+            raise EngineError(f"the image the in-image checks run on did not load as {image[:19]}")
+        run_checks(engine, image, assembly)
+    finally:
+        spool.unlink(missing_ok=True)
+        if image is not None:
+            engine.remove_image(image)
+
+
 def run_checks(engine: Engine, tag: str, assembly: Assembly) -> None:
     """The in-image checks of every profile, as a container of the assembled image: they must pass and
     change nothing (the whole build runs them as a step that records no layer)."""
@@ -345,12 +388,12 @@ def run_checks(engine: Engine, tag: str, assembly: Assembly) -> None:
     if outcome.exit_code != 0:
         checks = [m.group(0) for line in lines for m in [CHECK_ERROR_RE.search(line)] if m]
         said = checks[0].removeprefix("error: ") if checks else f"exit {outcome.exit_code}: {' '.join(lines[-3:])}"
-        raise CheckFailed(f"in-image check failed on the assembled hotfix, so {tag} was not released: {said}",
+        raise CheckFailed(f"in-image check failed on the assembled hotfix, so it was not released: {said}",
                           output=lines)
     if outcome.changes:
         shown = ", ".join(outcome.changes[:5]) + (" ..." if len(outcome.changes) > 5 else "")
         raise VerificationError(f"the in-image checks changed the assembled hotfix ({shown}): the whole build records "
-                                f"that as a layer, so {tag} would not be the image it gives; make the hotfix with "
+                                "that as a layer, so the hotfix would not be the image it gives; make it with "
                                 "--full-build")
 
 

@@ -787,7 +787,7 @@ def _export(run: Run) -> tuple:
     name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
-    before = loading = None
+    before = loading = checks = None
     if request.verify_engine and fresh is not None and base is None:
         _forget_the_export_load(run, fresh, built.tag)
     try:
@@ -799,10 +799,13 @@ def _export(run: Run) -> tuple:
                 loading = Background(partial(fresh.load, stream), name="base-release-load")
         source, shared = None, frozenset()
         if built.assembled is not None:
-            from .assemble import assembled_stream, bottom_members
+            from .assemble import assembled_stream, bottom_members, check_early
 
             source = assembled_stream(run.engine, built.assembled, base, run["folder"].staging, built.tag)
             shared = bottom_members(built.assembled, base)
+            with held_signals():  # beside the export; started and recorded as one step: a failure waits for it
+                checks = Background(partial(check_early, run.engine, built.assembled, base, run["folder"].staging),
+                                    name="in-image-checks")
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
             try:
                 done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
@@ -819,6 +822,10 @@ def _export(run: Run) -> tuple:
                 loaded = loading.result()  # its error, if the base release did not load
             check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded,
                               base_tag=base.manifest.tag)
+    except BaseException:
+        if checks is not None:  # its container removed by its own run before the run's clean-up goes on
+            checks.wait()
+        raise
     finally:
         if loading is not None and request.verify_engine:  # on a failure the load may still run: stopping the
             # scratch engine ends it, a --verify-engine's is waited for, so that what it loaded is there to be
@@ -826,13 +833,7 @@ def _export(run: Run) -> tuple:
             loading.wait()
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
-    if built.assembled is not None:
-        from .assemble import run_checks
-
-        run_checks(run.engine, image.ref, built.assembled)  # before the round trip: a failure releases nothing
-        run.reporter.info(f"    in-image checks of {', '.join(plan.profile_names)} passed on the assembled image, "
-                          "which they left unchanged")
-    else:  # (an assembled hotfix's small image keeps its own name: the whole build's image stays the build cache)
+    if built.assembled is None:  # (an assembled hotfix's small image keeps its own name: the whole build's stays)
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
         _remember_lower(run, plan, built, image.diff_ids)
     shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base else ""
@@ -844,10 +845,19 @@ def _export(run: Run) -> tuple:
         proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
     else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
         _forget_after(run, fresh, archive.image.image_id)
-        with _scratch_room(fresh, room, archive.uncompressed_bytes):
-            trip, back = round_trip(archive, fresh)
+        try:
+            with _scratch_room(fresh, room, archive.uncompressed_bytes):
+                trip, back = round_trip(archive, fresh)
+        except BaseException:
+            if checks is not None:
+                checks.wait()
+            raise
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    if checks is not None:
+        checks.result()  # a failure (a check, or a change the checks made) releases nothing
+        run.reporter.info(f"    in-image checks of {', '.join(plan.profile_names)} passed on the assembled image, "
+                          "which they left unchanged")
     return image, archive, proof
 
 

@@ -165,7 +165,7 @@ def test_the_in_image_checks_run_on_the_assembled_image_as_its_build_would_run_t
 
 def test_a_failing_in_image_check_on_the_assembled_image_names_the_check():
     engine, _ = _engine_running(RunOutcome(exit_code=1, output="x\nerror: self-check[tp1]: tune cache missing\n"))
-    with pytest.raises(CheckFailed, match=r"in-image check failed on the assembled hotfix, so demo:1.1 was not "
+    with pytest.raises(CheckFailed, match=r"in-image check failed on the assembled hotfix, so it was not "
                                           r"released: self-check\[tp1\]: tune cache missing"):
         run_checks(engine, "demo:1.1", _assembly())
 
