@@ -896,3 +896,44 @@ def test_a_folder_given_with_trailing_slashes_is_named_once_slashed_in_the_shell
         assert run.returncode == 3, run.stderr
         [error] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
         assert error.startswith(f"error: {folder}/IMAGE_ID names sha256:abab"), error
+
+
+# --- the archive's zstd frames -------------------------------------------------------------------
+
+
+def skippable(data: bytes) -> bytes:
+    return (0x184D2A50).to_bytes(4, "little") + len(data).to_bytes(4, "little") + data
+
+
+def reframed(folder, frames) -> None:
+    """The archive's tar compressed again as ``frames(compress, tar)`` makes it, everything re-summed."""
+    from ..forge import forge, read_entries, write_tar
+    import zstandard
+
+    tar = write_tar(read_entries(folder))
+    data = frames(zstandard.ZstdCompressor(write_checksum=True).compress, tar)
+    forge(folder, compressed=(data, len(tar), hashlib.sha256(tar).hexdigest()))
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: z(tar) + z(b"more")[:7], id="a frame cut after its header"),
+    pytest.param(lambda z, tar: z(tar) + z(b"")[:4], id="a magic number alone"),
+    pytest.param(lambda z, tar: z(tar)[:-1], id="the checksum cut"),
+    pytest.param(lambda z, tar: z(tar) + skippable(b"padding")[:-1], id="a skippable frame cut"),
+])
+def test_an_archive_ending_inside_a_zstd_frame_is_refused_by_both(cli, folder, frames):
+    """zstandard's reader took a stream ending inside a frame (its rest cut off, or a frame's first bytes
+    after the last whole one) as ended, where the zstd tool (the shell verifier, the guide's zstd -dc)
+    refuses it as truncated: build.py verify passed such a folder, re-summed."""
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=False, python_says="ends inside a zstd frame",
+                shell_says="does not decompress")
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: skippable(b"x" * 9) + z(tar[:4000]) + z(tar[4000:]) + z(b"") + skippable(b""),
+                 id="skippable frames, an empty one, the tar in two"),
+])
+def test_an_archive_of_whole_zstd_frames_passes_both(cli, folder, frames):
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=True)
