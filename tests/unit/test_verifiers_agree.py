@@ -937,3 +937,14 @@ def test_an_archive_ending_inside_a_zstd_frame_is_refused_by_both(cli, folder, f
 def test_an_archive_of_whole_zstd_frames_passes_both(cli, folder, frames):
     reframed(folder, frames)
     assert_same(cli, folder, passes=True)
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: __import__("gzip").compress(tar, mtime=0), id="gzip"),
+    pytest.param(lambda z, tar: __import__("lzma").compress(tar), id="xz"),
+])
+def test_an_archive_that_is_another_format_s_stream_is_refused_by_both(cli, folder, frames):
+    """The zstd tool decodes gzip, xz, lzma and lz4 streams too: the shell verifier passed a .tar.zst that is a
+    .tar.gz (re-summed), said "zstd ... ok", where build.py verify refuses it."""
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=False, python_says="Unknown frame descriptor", shell_says="not a zstd stream")
