@@ -948,3 +948,16 @@ def test_an_archive_that_is_another_format_s_stream_is_refused_by_both(cli, fold
     .tar.gz (re-summed), said "zstd ... ok", where build.py verify refuses it."""
     reframed(folder, frames)
     assert_same(cli, folder, passes=False, python_says="Unknown frame descriptor", shell_says="not a zstd stream")
+
+
+def test_a_validation_json_past_16_mib_is_refused_by_both(cli, folder):
+    """A VALIDATION.json saying no gate ran, padded past the 16 MiB both read, re-summed: the shell verifier
+    refused it, build.py verify passed the folder without reading it (its skipped-gate warning unsaid)."""
+    path = folder / "VALIDATION.json"
+    text = path.read_text().replace('  "smoke_skipped": null,', '  "smoke_skipped": "skipped with --no-smoke",\n'
+                                    f'  "padding": "{"x" * (16 << 20)}",')
+    assert '"padding"' in text
+    path.write_text(text)
+    resum(folder)
+    assert_same(cli, folder, passes=False, python_says="VALIDATION.json: size check failed",
+                shell_says="VALIDATION.json: more than 16777216 bytes")
