@@ -728,6 +728,16 @@ twice=$(cut -d' ' -f2 "$work/members" | sort | uniq -d | head -n 1)
 for meta in index.json manifest.json oci-layout; do
   grep -qx -e "- $meta" "$work/members" || fail "$dir: the archive lacks $meta: not a release archive"
 done
+# not many more entries than an image of the layers manifest.json records has (the two folders, the three metadata
+# files, its config, its image manifest, a blob a layer): each entry costs the header walk below a few processes,
+# and a tiny archive of a million empty blobs would keep it busy for hours before the check that names a blob
+# nothing refers to (below) refuses it (build.py verify refuses more than 65536 entries, and any such blob)
+layers_recorded=$(awk '/^  "diff_ids": \[$/ { inside = 1; next } inside && /^  \]/ { exit } inside { n++ }
+  END { print n + 0 }' "$work/manifest.json")
+entries=$(($(wc -l < "$work/members")))
+[ "$entries" -le $((layers_recorded + 7 + 64)) ] || fail "$dir: the archive holds $entries entries, far more than an \
+image of $layers_recorded layers has (its folders, metadata files, config, image manifest and layers): entries which \
+nothing refers to; refused before any load"
 # Our writer emits plain ustar entries and two zero blocks: each header is where the listing puts it,
 # and the tar is exactly as long as its listing. An extended header (a PAX 'x' or global 'g' size, a
 # GNU long name) is read by one tar and skipped by another (busybox ignores a PAX size, Go a global

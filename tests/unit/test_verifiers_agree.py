@@ -961,3 +961,15 @@ def test_a_validation_json_past_16_mib_is_refused_by_both(cli, folder):
     resum(folder)
     assert_same(cli, folder, passes=False, python_says="VALIDATION.json: size check failed",
                 shell_says="VALIDATION.json: more than 16777216 bytes")
+
+
+def test_an_archive_of_thousands_of_empty_blobs_is_refused_by_both_in_seconds(cli, folder):
+    """Each entry cost the shell verifier's header walk a few processes before its check of blobs nothing
+    refers to: 5000 empty blobs (a 200 KB archive) kept it busy for half a minute, a million for hours."""
+    from ..forge import forge, member
+
+    forge(folder, lambda entries: entries + [member(f"blobs/sha256/{os.urandom(32).hex()}", b"") for _ in range(5000)])
+    assert cli("verify", str(folder)).code == 3
+    for sh in SHELLS:
+        run = shell(folder, sh, timeout=20)
+        assert run.returncode == 3 and "which nothing refers to" in run.stderr.splitlines()[-1], run.stderr
