@@ -328,6 +328,22 @@ odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/manifest.json" | head -n 1)
 [ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
 [ "$(tail -c 1 "$work/manifest.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
   || fail "$dir/manifest.json: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+# a \ud800-\udfff escape is half of a character written as two (json.dumps writes a high one, then its low one):
+# one alone is no character, which build.py verify's schema reader refuses as invalid JSON
+# shellcheck disable=SC2016  # awk's, not the shell's
+lone=$(LC_ALL=C awk 'function lone(s,   i, c, h, high) {
+    for (i = 1; i <= length(s); i++) {
+      c = substr(s, i, 1)
+      if (c == "\\") { c = substr(s, ++i, 1); h = c == "u" ? substr(s, i + 1, 4) : ""; if (c == "u") i += 4 } else h = ""
+      if (h ~ /^d[c-f]/ && high) { high = 0; continue }
+      if (high || h ~ /^d[c-f]/) return 1
+      high = h ~ /^d[89ab]/
+    }
+    return high
+  }
+  lone($0) { print NR; exit }' "$work/manifest.json")
+[ -z "$lone" ] || fail "$dir/manifest.json:$lone: not a valid release manifest: a string holds half of a character \
+(a \\ud800-\\udfff escape without its pair), which is invalid JSON"
 # and it is what its schema takes, as far as sh and awk can tell (build.py verify parses it against the
 # schema itself): no key the schema does not have, none it requires left out, each value of a type it
 # takes (a size a whole number, not negative), an integer within its bounds, a string within its length,

@@ -973,3 +973,21 @@ def test_an_archive_of_thousands_of_empty_blobs_is_refused_by_both_in_seconds(cl
     for sh in SHELLS:
         run = shell(folder, sh, timeout=20)
         assert run.returncode == 3 and "which nothing refers to" in run.stderr.splitlines()[-1], run.stderr
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("1.3.1\ud800", id="a high half alone"),
+    pytest.param("\udc00 1.3.1", id="a low half alone"),
+    pytest.param("\ude00\ud83d", id="the halves reversed"),
+    pytest.param("\ud83d\\ude00", id="a high half, then an escaped backslash"),
+])
+def test_a_manifest_holding_half_a_character_is_refused_by_both(cli, folder, text):
+    """json.dumps writes a str holding a lone surrogate as a \\ud800 escape; no character is that, and
+    build.py verify's schema reader refuses it as invalid JSON: the shell verifier passed it."""
+    def labelled(data: bytes) -> bytes:
+        manifest = json.loads(data)
+        manifest["labels"]["org.opencontainers.image.version"] = text
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, labelled)
+    assert_same(cli, folder, passes=False, python_says="not a valid release manifest", shell_says="half of a character")
