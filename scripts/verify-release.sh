@@ -328,6 +328,22 @@ odd=$(LC_ALL=C awk -v q='"' "$json_form" "$work/manifest.json" | head -n 1)
 [ -z "$odd" ] || fail "$dir/manifest.json:$odd: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
 [ "$(tail -c 1 "$work/manifest.json" | od -An -tu1 | tr -d ' ')" = 10 ] \
   || fail "$dir/manifest.json: its end: not written as unibake writes it (json.dumps, indent 2, every value in one form): its lines could be read otherwise than its JSON"
+# a \ud800-\udfff escape is half of a character written as two (json.dumps writes a high one, then its low one):
+# one alone is no character, which build.py verify's schema reader refuses as invalid JSON
+# shellcheck disable=SC2016  # awk's, not the shell's
+lone=$(LC_ALL=C awk 'function lone(s,   i, c, h, high) {
+    for (i = 1; i <= length(s); i++) {
+      c = substr(s, i, 1)
+      if (c == "\\") { c = substr(s, ++i, 1); h = c == "u" ? substr(s, i + 1, 4) : ""; if (c == "u") i += 4 } else h = ""
+      if (h ~ /^d[c-f]/ && high) { high = 0; continue }
+      if (high || h ~ /^d[c-f]/) return 1
+      high = h ~ /^d[89ab]/
+    }
+    return high
+  }
+  lone($0) { print NR; exit }' "$work/manifest.json")
+[ -z "$lone" ] || fail "$dir/manifest.json:$lone: not a valid release manifest: a string holds half of a character \
+(a \\ud800-\\udfff escape without its pair), which is invalid JSON"
 # and it is what its schema takes, as far as sh and awk can tell (build.py verify parses it against the
 # schema itself): no key the schema does not have, none it requires left out, each value of a type it
 # takes (a size a whole number, not negative), an integer within its bounds, a string within its length,
@@ -696,14 +712,23 @@ done
 echo "== its structure (zstd -dc $(tr '\n' ' ' < "$work/parts")| tar -tv)"
 # (tar stops reading at the end-of-archive blocks; what follows them is drained, so zstd reads to its end)
 # (and the sha256 of the whole compressed stream and of the tar, as manifest.json records them, taken on the way)
-rm -f "$work/whole.fifo" "$work/tar.fifo" && mkfifo "$work/whole.fifo" "$work/tar.fifo"
-sha256sum < "$work/whole.fifo" | cut -c 1-64 > "$work/whole.sha256" &
+# (and its first 4 bytes: the zstd tool also decodes gzip, xz, lzma and lz4 streams and zstd's legacy formats,
+# which build.py verify and the release's own reader do not)
+rm -f "$work/whole.fifo" "$work/tar.fifo" "$work/magic.fifo" && mkfifo "$work/whole.fifo" "$work/tar.fifo" "$work/magic.fifo"
+{ head -c 4 > "$work/magic"; cat > /dev/null; } < "$work/magic.fifo" &
+tee "$work/magic.fifo" < "$work/whole.fifo" | sha256sum | cut -c 1-64 > "$work/whole.sha256" &
 sha256sum < "$work/tar.fifo" | cut -c 1-64 > "$work/tar.sha256" &
 { stream | tee "$work/whole.fifo" | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | tee "$work/tar.fifo" | {
   if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
 wait
 unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
+# a zstd frame first (or a skippable one), as build.py verify decodes it; another format's stream after a zstd
+# frame still passes here (build.py verify refuses it: see docs/RELIABILITY.md)
+case "$(od -An -tx1 "$work/magic" | tr -d ' \n')" in
+  28b52ffd|5[0-9a-f]2a4d18) ;;
+  *) fail "$dir: the archive is not a zstd stream: it does not start with a zstd frame (gzip, xz or another format?)" ;;
+esac
 [ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
 [ "$(cat "$work/whole.sha256")" = "$(record sha256)" ] || fail "$dir/manifest.json records the archive's sha256 \
 (all its files in order) as $(record sha256); it is $(cat "$work/whole.sha256")"
@@ -719,6 +744,16 @@ twice=$(cut -d' ' -f2 "$work/members" | sort | uniq -d | head -n 1)
 for meta in index.json manifest.json oci-layout; do
   grep -qx -e "- $meta" "$work/members" || fail "$dir: the archive lacks $meta: not a release archive"
 done
+# not many more entries than an image of the layers manifest.json records has (the two folders, the three metadata
+# files, its config, its image manifest, a blob a layer): each entry costs the header walk below a few processes,
+# and a tiny archive of a million empty blobs would keep it busy for hours before the check that names a blob
+# nothing refers to (below) refuses it (build.py verify refuses more than 65536 entries, and any such blob)
+layers_recorded=$(awk '/^  "diff_ids": \[$/ { inside = 1; next } inside && /^  \]/ { exit } inside { n++ }
+  END { print n + 0 }' "$work/manifest.json")
+entries=$(($(wc -l < "$work/members")))
+[ "$entries" -le $((layers_recorded + 7 + 64)) ] || fail "$dir: the archive holds $entries entries, far more than an \
+image of $layers_recorded layers has (its folders, metadata files, config, image manifest and layers): entries which \
+nothing refers to; refused before any load"
 # Our writer emits plain ustar entries and two zero blocks: each header is where the listing puts it,
 # and the tar is exactly as long as its listing. An extended header (a PAX 'x' or global 'g' size, a
 # GNU long name) is read by one tar and skipped by another (busybox ignores a PAX size, Go a global

@@ -156,6 +156,23 @@ def _check_image_id_file(folder: Path, sums: dict[str, str], image_id: str, chec
                f"names {named[:80]!r}, but {MANIFEST} says {image_id}")
 
 
+def _check_validation_size(folder: Path, sums: Mapping[str, str], checks: _Checks) -> None:
+    """A listed ``VALIDATION.json`` is read (whether its smoke gates ran, warned of) up to the limit the
+    manifest's read has, as the shell verifier reads it: one past it is no release's, and would go unread
+    (its warning unsaid) here while the shell verifier refuses it."""
+    from .manifest import VALIDATION
+
+    if VALIDATION not in sums:
+        return
+    try:
+        info = os.lstat(folder / VALIDATION)
+    except OSError:
+        return  # missing: its sha256 check said so
+    if stat.S_ISREG(info.st_mode) and info.st_size > MAX_MANIFEST_BYTES:
+        checks.add("size", VALIDATION, False, f"{info.st_size} bytes, more than the {MAX_MANIFEST_BYTES} a "
+                   f"release's {VALIDATION} may be: not read")
+
+
 def _check_unlisted(folder: Path, sums: Mapping[str, str], archive_name: str, checks: _Checks) -> None:
     """Files of the folder that SHA256SUMS does not list. One named like the archive (a part added
     after the release was signed: ``NAME.part-+``) fails: whoever loads the parts by a pattern would
@@ -254,6 +271,7 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     parts = [f.name for f in archive.files]
     check_sums(folder, {n: d for n, d in sums.items() if n not in parts and n != MANIFEST}, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
+    _check_validation_size(folder, sums, checks)
     # named as unibake names a release's archive, as its notes and README-DIST load it (the shell verifier checks it)
     named = f"{manifest.product}-{manifest.release}.tar.zst"
     if archive.name != named:

@@ -896,3 +896,98 @@ def test_a_folder_given_with_trailing_slashes_is_named_once_slashed_in_the_shell
         assert run.returncode == 3, run.stderr
         [error] = [line for line in run.stderr.splitlines() if line.startswith("error:")]
         assert error.startswith(f"error: {folder}/IMAGE_ID names sha256:abab"), error
+
+
+# --- the archive's zstd frames -------------------------------------------------------------------
+
+
+def skippable(data: bytes) -> bytes:
+    return (0x184D2A50).to_bytes(4, "little") + len(data).to_bytes(4, "little") + data
+
+
+def reframed(folder, frames) -> None:
+    """The archive's tar compressed again as ``frames(compress, tar)`` makes it, everything re-summed."""
+    from ..forge import forge, read_entries, write_tar
+    import zstandard
+
+    tar = write_tar(read_entries(folder))
+    data = frames(zstandard.ZstdCompressor(write_checksum=True).compress, tar)
+    forge(folder, compressed=(data, len(tar), hashlib.sha256(tar).hexdigest()))
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: z(tar) + z(b"more")[:7], id="a frame cut after its header"),
+    pytest.param(lambda z, tar: z(tar) + z(b"")[:4], id="a magic number alone"),
+    pytest.param(lambda z, tar: z(tar)[:-1], id="the checksum cut"),
+    pytest.param(lambda z, tar: z(tar) + skippable(b"padding")[:-1], id="a skippable frame cut"),
+])
+def test_an_archive_ending_inside_a_zstd_frame_is_refused_by_both(cli, folder, frames):
+    """zstandard's reader took a stream ending inside a frame (its rest cut off, or a frame's first bytes
+    after the last whole one) as ended, where the zstd tool (the shell verifier, the guide's zstd -dc)
+    refuses it as truncated: build.py verify passed such a folder, re-summed."""
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=False, python_says="ends inside a zstd frame",
+                shell_says="does not decompress")
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: skippable(b"x" * 9) + z(tar[:4000]) + z(tar[4000:]) + z(b"") + skippable(b""),
+                 id="skippable frames, an empty one, the tar in two"),
+])
+def test_an_archive_of_whole_zstd_frames_passes_both(cli, folder, frames):
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=True)
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: __import__("gzip").compress(tar, mtime=0), id="gzip"),
+    pytest.param(lambda z, tar: __import__("lzma").compress(tar), id="xz"),
+])
+def test_an_archive_that_is_another_format_s_stream_is_refused_by_both(cli, folder, frames):
+    """The zstd tool decodes gzip, xz, lzma and lz4 streams too: the shell verifier passed a .tar.zst that is a
+    .tar.gz (re-summed), said "zstd ... ok", where build.py verify refuses it."""
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=False, python_says="Unknown frame descriptor", shell_says="not a zstd stream")
+
+
+def test_a_validation_json_past_16_mib_is_refused_by_both(cli, folder):
+    """A VALIDATION.json saying no gate ran, padded past the 16 MiB both read, re-summed: the shell verifier
+    refused it, build.py verify passed the folder without reading it (its skipped-gate warning unsaid)."""
+    path = folder / "VALIDATION.json"
+    text = path.read_text().replace('  "smoke_skipped": null,', '  "smoke_skipped": "skipped with --no-smoke",\n'
+                                    f'  "padding": "{"x" * (16 << 20)}",')
+    assert '"padding"' in text
+    path.write_text(text)
+    resum(folder)
+    assert_same(cli, folder, passes=False, python_says="VALIDATION.json: size check failed",
+                shell_says="VALIDATION.json: more than 16777216 bytes")
+
+
+def test_an_archive_of_thousands_of_empty_blobs_is_refused_by_both_in_seconds(cli, folder):
+    """Each entry cost the shell verifier's header walk a few processes before its check of blobs nothing
+    refers to: 5000 empty blobs (a 200 KB archive) kept it busy for half a minute, a million for hours."""
+    from ..forge import forge, member
+
+    forge(folder, lambda entries: entries + [member(f"blobs/sha256/{os.urandom(32).hex()}", b"") for _ in range(5000)])
+    assert cli("verify", str(folder)).code == 3
+    for sh in SHELLS:
+        run = shell(folder, sh, timeout=20)
+        assert run.returncode == 3 and "which nothing refers to" in run.stderr.splitlines()[-1], run.stderr
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("1.3.1\ud800", id="a high half alone"),
+    pytest.param("\udc00 1.3.1", id="a low half alone"),
+    pytest.param("\ude00\ud83d", id="the halves reversed"),
+    pytest.param("\ud83d\\ude00", id="a high half, then an escaped backslash"),
+])
+def test_a_manifest_holding_half_a_character_is_refused_by_both(cli, folder, text):
+    """json.dumps writes a str holding a lone surrogate as a \\ud800 escape; no character is that, and
+    build.py verify's schema reader refuses it as invalid JSON: the shell verifier passed it."""
+    def labelled(data: bytes) -> bytes:
+        manifest = json.loads(data)
+        manifest["labels"]["org.opencontainers.image.version"] = text
+        return json.dumps(manifest, indent=2).encode() + b"\n"
+
+    edit_manifest(folder, labelled)
+    assert_same(cli, folder, passes=False, python_says="not a valid release manifest", shell_says="half of a character")
