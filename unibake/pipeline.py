@@ -182,6 +182,7 @@ class Run:
         self.builds = False  # whether this run's stages build: the build then says the unset ${NAME}s
         self.publishes = False  # whether they make a release folder (and so a kit, which carries the context)
         self._after: dict[str, list[Callable[[], None]]] = {}
+        self.seed: SeededEngine | None = None  # the round trip's seeded verify engine, when it has one
 
     def after(self, stage: str, let_go: Callable[[], None]) -> None:
         """Call ``let_go`` once ``stage`` has run or been skipped in this run (what only that stage
@@ -622,22 +623,26 @@ def _normalise(run: Run) -> tuple:
     return _one(image)
 
 
-def _fresh_engine(run: Run, seed: str | None = None) -> tuple[Engine, int | None, str, str | None, Path | None]:
+def _fresh_engine(run: Run, seed: str | None = None,
+                  keep: str | None = None) -> tuple[Engine, int | None, str, str | None, Path | None]:
     """The engine that never saw the image: the one --verify-engine names, a scratch dockerd, or
     (``seed``, the base image's ID) a scratch dockerd kept between runs that holds only the base
-    image. Its network namespace's PID, where it is, the image it held (None: nothing) and its data
-    folder (a scratch engine's) come with it."""
+    image (and ``keep``, a hotfix's base release, when an earlier run kept it there: ``run.seed.kept``).
+    Its network namespace's PID, where it is, the image it held (None: nothing) and its data folder
+    (a scratch engine's) come with it."""
     if run.request.verify_engine:
         return run.connect(run.request.verify_engine), None, run.request.verify_engine, None, None
     if seed is not None:
         try:
             seeded = _entered(run, SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
-                                                on_line=run.reporter.info, progress=run.reporter.progress))
+                                                on_line=run.reporter.info, progress=run.reporter.progress, keep=keep))
         except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:
             run.after("smoke gates", seeded.stop_in_background)
-            return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding only the base image", seed,
+            run.seed = seeded
+            holds = f"only the base image and the release {seeded.kept[:19]}" if seeded.kept else "only the base image"
+            return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding {holds}", seed,
                     seeded.folder)
     scratch = _entered(run, ScratchEngine(run.request.scratch_dir, on_line=run.reporter.info))
     run.after("smoke gates", scratch.stop_in_background)
@@ -778,12 +783,16 @@ def _export(run: Run) -> tuple:
     base: HotfixBase | None = run.get("base")
     request = run.request
     fresh = netns_pid = held = room = None
+    kept = False  # a hotfix's base release already in the seeded verify engine (an earlier run kept it)
     if request.roundtrip:
         if base is not None:
             _check_base_archive(base)
-        fresh, netns_pid, where, held, room = _fresh_engine(run, _seed_of(run, plan.base_image))
-        run.reporter.info(f"    loading into {where}" + (" (the previous release during the pass, the hotfix after)"
-                                                         if base else " as the save stream is read"))
+        fresh, netns_pid, where, held, room = _fresh_engine(run, _seed_of(run, plan.base_image),
+                                                            keep=base.manifest.image_id if base else None)
+        kept = base is not None and run.seed is not None and run.seed.kept == base.manifest.image_id
+        run.reporter.info(f"    loading into {where}" + (
+            " (the hotfix after the pass; an earlier run kept its base release there)" if kept else
+            " (the previous release during the pass, the hotfix after)" if base else " as the save stream is read"))
     name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
@@ -791,7 +800,7 @@ def _export(run: Run) -> tuple:
     if request.verify_engine and fresh is not None and base is None:
         _forget_the_export_load(run, fresh, built.tag)
     try:
-        if base is not None and fresh is not None:
+        if base is not None and fresh is not None and not kept:
             _forget_after(run, fresh, base.manifest.image_id)
             before = fresh.list_images()  # what a base that loads as another image brought is taken out again
             stream = _base_release_stream(run, base, held)
@@ -858,6 +867,8 @@ def _export(run: Run) -> tuple:
         checks.result()  # a failure (a check, or a change the checks made) releases nothing
         run.reporter.info(f"    in-image checks of {', '.join(plan.profile_names)} passed on the assembled image, "
                           "which they left unchanged")
+    if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix on it: this release, or
+        run.seed.keep_after(base.manifest.image_id if base is not None else image.image_id)  # this hotfix's base
     return image, archive, proof
 
 

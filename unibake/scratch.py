@@ -10,7 +10,12 @@ is kept between runs and holds ONE image, the base image the product is built FR
 every start: that image and nothing else, no container; anything else and it is wiped and seeded
 again). The round trip then loads only the layers the release adds and its config: the engine
 never saw the release's image, and the base layers it holds carry the same diffIDs the archive's
-read back recomputed. Each run removes what it loaded before the engine stops.
+read back recomputed. Each run removes what it loaded before the engine stops, but for ONE release
+image it may keep (:meth:`SeededEngine.keep_after`: the release it made, or the base release of the
+hotfix it made), named in the folder's ``kept`` mark: a hotfix on that release then finds its base
+release there and loads only itself (the engine held the base release and the base image, nothing
+else). A run that wants another kept image (or none: a release's round trip starts from the base
+image alone) has the kept one removed as the engine starts.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from .threads import Thread, counted
 SCRATCH_PREFIX = "ub-scratch-"
 SEED_PREFIX = "ub-seed-"
 SEEDED_MARK = "seeded"  # written once the base image is loaded: the base image ID it holds
+KEPT_MARK = "kept"  # the one release image a seeded engine keeps besides its base image, if any
 SEED_DIGITS = 16  # of the base image ID, in a seeded engine's folder name
 _SEED_DIGITS = re.compile(f"[0-9a-f]{{{SEED_DIGITS}}}")
-_SEED_CONTENTS = frozenset({"root", "dockerd.log", SEEDED_MARK})  # all a seeded engine's folder holds
+_SEED_CONTENTS = frozenset({"root", "dockerd.log", SEEDED_MARK, KEPT_MARK})  # all a seeded engine's folder holds
 SEEDS_KEPT = 2  # seeded engines kept per scratch folder (each holds a copy of one base image)
 RUNTIME_PREFIX = "ubx-"
 START_TIMEOUT = 90
@@ -277,11 +283,11 @@ def _evict_seeds(base: Path, keep: Path) -> list[Path]:
     return [f for f, busy in _remove_seeds(others[SEEDS_KEPT - 1:]) if not busy]
 
 
-def _read_mark(folder: Path) -> str:
-    """The base image ID a seeded engine's mark names; "" when it has none (never seeded to the end)
-    or it names no image ID."""
+def _read_mark(folder: Path, name: str = SEEDED_MARK) -> str:
+    """The base image ID a seeded engine's mark names (``name``: the kept release's, KEPT_MARK); "" when
+    it has none (never seeded to the end) or it names no image ID."""
     try:
-        mark = (folder / SEEDED_MARK).read_text(encoding="ascii").strip()
+        mark = (folder / name).read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return ""
     return mark if IMAGE_ID_RE.fullmatch(mark) else ""
@@ -505,14 +511,18 @@ class SeededEngine(ScratchEngine):
     holding anything else, gets :class:`SeedBusy`, or a wiped and newly seeded engine."""
 
     def __init__(self, base: Path | None = None, *, source, base_id: str, on_line=lambda line: None,
-                 progress: Callable[[str, int | None], AbstractContextManager] | None = None):
+                 progress: Callable[[str, int | None], AbstractContextManager] | None = None,
+                 keep: str | None = None):
         super().__init__(base, on_line=on_line)
         self.progress = progress or (lambda description, total: nullcontext(lambda n: None))
-        if not IMAGE_ID_RE.fullmatch(base_id):
+        if not IMAGE_ID_RE.fullmatch(base_id) or (keep is not None and not IMAGE_ID_RE.fullmatch(keep)):
             raise EngineError(f"the base image ID {base_id!r} is not a sha256 digest")
         self.source, self.base_id = source, base_id
         self.seeded_now = False
         self._lock: int | None = None
+        self.wanted = keep  # the release image the run would find kept here (a hotfix's base release)
+        self.kept: str | None = None  # ``wanted``, when the engine holds it as the run starts
+        self._keep_after: str | None = None
 
     def __enter__(self) -> "SeededEngine":
         self._prepare_base()
@@ -532,6 +542,7 @@ class SeededEngine(ScratchEngine):
             if _read_mark(self.folder) != self.base_id:
                 self._wipe()
             self._start()
+            self._settle_kept()
             if not self._holds_only_base():
                 if _read_mark(self.folder) == self.base_id:
                     self.on_line(f"    the seeded verify engine {folder} held more than its base image: seeded again")
@@ -550,16 +561,43 @@ class SeededEngine(ScratchEngine):
     def _wipe(self) -> None:
         """The data root removed (the engine must be stopped): the next start is an empty engine."""
         (self.folder / SEEDED_MARK).unlink(missing_ok=True)
+        (self.folder / KEPT_MARK).unlink(missing_ok=True)
+        self.kept = None
         _unmount_under(self.folder)
         shutil.rmtree(self.folder / "root", ignore_errors=True)
 
     def _holds_only_base(self) -> bool:
-        """The base image and nothing else: no other image, no container."""
+        """The base image and nothing else (but the kept release, when the run wants it): no other image,
+        no container."""
+        wanted = {self.base_id} | ({self.kept} if self.kept else set())
         try:
             api = self.engine.api
-            return {i["Id"] for i in api.images(all=True)} == {self.base_id} and not api.containers(all=True)
+            return {i["Id"] for i in api.images(all=True)} == wanted and not api.containers(all=True)
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return False
+
+    def _settle_kept(self) -> None:
+        """The kept release (the ``kept`` mark) stays when the run wants it (``self.kept``), else it is
+        removed; an engine holding anything else is then seeded again, as before."""
+        kept = _read_mark(self.folder, KEPT_MARK)
+        (self.folder / KEPT_MARK).unlink(missing_ok=True)  # written again at the end, if kept then
+        if not kept:
+            return
+        try:
+            api = self.engine.api
+            found = {i["Id"] for i in api.images(all=True)}
+            if kept == self.wanted and found == {self.base_id, kept} and not api.containers(all=True):
+                self.kept = kept
+                return
+            if kept in found:
+                api.remove_image(kept, force=True)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            pass  # (then it holds more than its base: seeded again)
+
+    def keep_after(self, image_id: str | None) -> None:
+        """The release image to keep when the engine stops (besides the base image), for a hotfix on
+        it: it must be in the engine then, or nothing is kept."""
+        self._keep_after = image_id if image_id and IMAGE_ID_RE.fullmatch(image_id) else None
 
     def _seed(self) -> None:
         """Load the base image from the engine that built on it (by ID: a tag moved meanwhile cannot
@@ -576,18 +614,28 @@ class SeededEngine(ScratchEngine):
         self.seeded_now = True
 
     def _forget_loaded(self) -> None:
-        """Every container and every image but the base removed: the engine is as the next run expects.
-        If that fails, the mark goes, and the next run seeds it again."""
+        """Every container and every image but the base (and the release :meth:`keep_after` named)
+        removed: the engine is as the next run expects. If that fails, the mark goes, and the next run
+        seeds it again."""
+        (self.folder / KEPT_MARK).unlink(missing_ok=True)
         try:
             api = self.engine.api
             for container in api.containers(all=True):
                 api.remove_container(container["Id"], force=True, v=True)
-            for image in api.images(all=True):
-                if image["Id"] != self.base_id:
-                    api.remove_image(image["Id"], force=True)
+            found = {i["Id"] for i in api.images(all=True)}
+            keep = self._keep_after if self._keep_after in found else None
+            for image in found - {self.base_id, keep}:
+                try:
+                    api.remove_image(image, force=True)
+                except docker.errors.NotFound:
+                    pass  # (a parent removed with its child)
+            self.kept = keep
             if not self._holds_only_base():
                 raise EngineError("it still holds more than its base image")
+            if keep:  # (the tags the loads gave it stay: a kept release is found by its image ID)
+                (self.folder / KEPT_MARK).write_text(keep + "\n", encoding="ascii")
         except (docker.errors.DockerException, requests.exceptions.RequestException, EngineError):
+            (self.folder / KEPT_MARK).unlink(missing_ok=True)
             (self.folder / SEEDED_MARK).unlink(missing_ok=True)
 
     def _stop_all(self) -> None:

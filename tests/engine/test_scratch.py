@@ -103,6 +103,30 @@ def test_a_seeded_verify_engine_holds_only_its_base_image_and_is_seeded_once(eng
     assert running_from(folder) == []
 
 
+def test_a_seeded_verify_engine_keeps_one_release_for_a_hotfix_on_it_and_no_other(engine, tmp_path):
+    """keep_after: the release a run made (or a hotfix's base) stays for the next run that wants it (a
+    hotfix on it then loads only itself); a run that wants another, or none, has it removed at start."""
+    from unibake.scratch import KEPT_MARK
+
+    base_id = engine.inspect_image(BASE).id
+    release = engine.inspect_image("localhost/unibake-busybox:1-arm64").id  # (an image standing for a release)
+    scratch = tmp_path / "scratch"
+    with SeededEngine(scratch, source=engine, base_id=base_id) as seeded:
+        folder = seeded.folder
+        seeded.engine.load(engine.save("localhost/unibake-busybox:1-arm64"))
+        seeded.keep_after(release)
+    assert (folder / KEPT_MARK).read_text().strip() == release
+    with SeededEngine(scratch, source=engine, base_id=base_id, keep=release) as hotfix:
+        assert hotfix.kept == release and not hotfix.seeded_now and _images(hotfix) == {base_id, release}
+        hotfix.keep_after(release)  # (its own image, loaded meanwhile, goes)
+    with SeededEngine(scratch, source=engine, base_id=base_id) as cold:  # a release: the base image alone
+        assert cold.kept is None and not cold.seeded_now and _images(cold) == {base_id}
+        cold.keep_after("sha256:" + "0" * 64)  # not in the engine: nothing kept
+    assert not (folder / KEPT_MARK).exists()
+    with SeededEngine(scratch, source=engine, base_id=base_id, keep=release) as other:
+        assert other.kept is None and _images(other) == {base_id}  # not kept: the run loads its base release itself
+
+
 def test_a_seed_folder_that_is_not_the_users_own_is_refused(engine, tmp_path):
     base_id = engine.inspect_image(BASE).id
     shared = tmp_path / "shared"

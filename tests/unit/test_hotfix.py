@@ -769,7 +769,7 @@ class Exporting(FakeEngine):
         threading.Event().wait()  # until the interrupt
 
 fresh = NeverEnding(address="fake://scratch")
-pipeline._fresh_engine = lambda run, seed=None: (fresh, None, "a scratch engine", None, None)
+pipeline._fresh_engine = lambda run, seed=None, keep=None: (fresh, None, "a scratch engine", None, None)
 out = Path({out!r})
 engines = {{None: Exporting(address="fake://source")}}
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
