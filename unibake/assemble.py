@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import io
 import json
+import os
 import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -48,8 +50,10 @@ from pathlib import Path
 from . import buildmemo
 from .archive_reader import read_archive
 from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_ref, iso_time
+from .contents import found_from_json, found_to_json
 from .engine import BuildStep, Engine
-from .errors import ArchiveError, CheckFailed, EngineError, VerificationError
+from .errors import ArchiveError, CheckFailed, EngineError, UnibakeError, VerificationError
+from .files import read_small_file, write_atomic
 from .hotfix import HotfixBase
 from .imagetar import BLOCK, parse_header, tar_header, tar_padding
 from .render import BuildContext, ContextFile
@@ -264,26 +268,134 @@ def _members(source: Iterable[bytes], keep: frozenset[str], capture: str,
     raise ArchiveError("the base release's archive ends without its end-of-archive blocks")
 
 
+RECORDS = "layers"  # under the build memo's folder: what each layer a release's pass read holds, by diffID
+CONFIGS = "configs"  # and the configs of the images it released, by digest
+LAYER_RECORDS_KEPT = 64
+CONFIGS_KEPT = 16
+RECORD_LIMIT = 1 << 30
+
+
+def _record_mac(secret_key: bytes, diff_id: str, size: int, found: dict) -> str:
+    text = json.dumps({"diff_id": diff_id, "size": size, "found": found}, sort_keys=True)
+    return hmac.new(secret_key, f"unibake layer record {buildmemo.VERSION}\n{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def _evict(folder: Path, kept: int) -> None:
+    try:
+        files = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for old in files[kept:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass  # (a record that stays is only disk)
+
+
+def remember_layers(folder: Path, secret_key: bytes, layers: Iterable[tuple[str, int, object]]) -> None:
+    """After a pass that read them: each layer's size and what it holds of interest (the SBOM's reader's
+    record of it), by diffID, signed with this user's key: a later assembled hotfix takes its base
+    release's bottom layers from these instead of reading them again. The newest LAYER_RECORDS_KEPT kept."""
+    where = folder / RECORDS
+    made = False
+    for diff_id, size, found in layers:
+        path = where / f"{diff_id.removeprefix('sha256:')}.json"
+        if path.exists():
+            os.utime(path)  # (in use: the newest)
+            continue
+        body = found_to_json(found)
+        where.mkdir(parents=True, exist_ok=True)
+        write_atomic(where, path.name, json.dumps({"version": buildmemo.VERSION, "diff_id": diff_id, "size": size,
+                                                   "found": body, "mac": _record_mac(secret_key, diff_id, size, body)}))
+        made = True
+    if made:
+        _evict(where, LAYER_RECORDS_KEPT)
+
+
+def remembered_layer(folder: Path, secret_key: bytes, diff_id: str) -> tuple[int, object] | None:
+    """(size, what it holds) of the layer ``diff_id`` as :func:`remember_layers` recorded it with this user's
+    key; None otherwise (missing, not signed so, not readable)."""
+    try:
+        path = folder / RECORDS / f"{diff_id.removeprefix('sha256:')}.json"
+        raw = json.loads(read_small_file(path, UnibakeError, limit=RECORD_LIMIT, follow=False).decode("utf-8"))
+        size, body, mac = raw["size"], raw["found"], raw["mac"]
+        if raw.get("version") != buildmemo.VERSION or raw.get("diff_id") != diff_id or type(size) is not int \
+                or size < 0 or not isinstance(mac, str) \
+                or not hmac.compare_digest(mac, _record_mac(secret_key, diff_id, size, body)):
+            return None
+        return size, found_from_json(body)
+    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def remember_config(folder: Path, config: bytes) -> None:
+    """A released image's config, by its digest (its image ID: it proves itself)."""
+    where = folder / CONFIGS
+    name = f"{hashlib.sha256(config).hexdigest()}.json"
+    if (where / name).exists():
+        return
+    where.mkdir(parents=True, exist_ok=True)
+    write_atomic(where, name, config)
+    _evict(where, CONFIGS_KEPT)
+
+
+def remembered_config(folder: Path, image_id: str) -> bytes | None:
+    try:
+        data = read_small_file(folder / CONFIGS / f"{image_id.removeprefix('sha256:')}.json", UnibakeError,
+                               limit=CONFIG_LIMIT, follow=False)
+    except UnibakeError:
+        return None
+    return data if f"sha256:{hashlib.sha256(data).hexdigest()}" == image_id else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held:
+    """A hotfix's bottom layers as earlier passes recorded them: not read again."""
+
+    config: bytes  # the base release's config
+    layers: tuple[tuple[str, int, str, int, object], ...]  # (member name, place, diffID, size, what it holds)
+
+
+def held_bottom(folder: Path, secret_key: bytes | None, assembly: Assembly, base: HotfixBase) -> Held | None:
+    """The base release's config and its bottom layers' records, when this user's records hold them all;
+    None otherwise (the base release's archive is then read for them)."""
+    if secret_key is None:
+        return None
+    config = remembered_config(folder, base.manifest.image_id)
+    if config is None:
+        return None
+    layers = []
+    for place, diff_id in enumerate(base.manifest.diff_ids[:assembly.lower_layers]):
+        record = remembered_layer(folder, secret_key, diff_id)
+        if record is None:
+            return None
+        layers.append((f"held{place}/layer.tar", place, diff_id, record[0], record[1]))
+    return Held(config=config, layers=tuple(layers))
+
+
 def bottom_members(assembly: Assembly, base: HotfixBase) -> frozenset[str]:
     """The names :func:`assembled_stream` gives the base release's bottom layers."""
     return frozenset(f"blobs/sha256/{d.removeprefix('sha256:')}" for d in base.manifest.diff_ids[:assembly.lower_layers])
 
 
-def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, staging: Path, tag: str) -> Iterator[bytes]:
+def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, staging: Path, tag: str,
+                     held: Held | None = None) -> Iterator[bytes]:
     """The save stream of the hotfix's image as the whole build would give it (``tag`` in its manifest):
-    the base release's bottom layers, the small image's top layers, the config assembled."""
+    the base release's bottom layers (read from its archive; with ``held``, named but not carried), the
+    small image's top layers, the config assembled."""
     manifest = base.manifest
     bottom = tuple(manifest.diff_ids[:assembly.lower_layers])
-    names = [f"blobs/sha256/{d.removeprefix('sha256:')}" for d in bottom]
+    names = [f"blobs/sha256/{d.removeprefix('sha256:')}" for d in bottom] if held is None else \
+        [name for name, *_ in held.layers]
     config_name = f"blobs/sha256/{manifest.image_id.removeprefix('sha256:')}"
     spool = staging / ".assembled-small.tar.tmp"
     try:
         small_config, layers, diff_ids = _spooled_save(engine, assembly.small, spool)
         small_diff_ids = diff_ids[1:]
-        captured: dict[str, bytes] = {}
-        yield from _members(read_archive(base.folder, base.archive_files), frozenset(names), config_name, captured)
-        # (a bottom layer the archive lacks fails the export, whose manifest names it; the config, here)
-        raw = captured.get(config_name)
+        if held is None:
+            captured: dict[str, bytes] = {}
+            yield from _members(read_archive(base.folder, base.archive_files), frozenset(names), config_name, captured)
+            # (a bottom layer the archive lacks fails the export, whose manifest names it; the config, here)
+            raw = captured.get(config_name)
+        else:
+            raw = held.config
         if raw is None or f"sha256:{hashlib.sha256(raw).hexdigest()}" != manifest.image_id:
             raise VerificationError(f"release {manifest.release}'s archive does not hold its config "
                                     f"{manifest.image_id[:19]}")

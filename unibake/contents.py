@@ -22,6 +22,8 @@ earlier one; ``.wh.`` whiteouts and opaque folders remove what lies below) and p
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import itertools
 import posixpath
@@ -140,6 +142,47 @@ class _Found:
     hidden: list[str] = field(default_factory=list)  # tracked names this layer makes something else
     replaced: list[str] = field(default_factory=list)  # folders that could hold tracked files, made not a folder
     problems: _Said = field(default_factory=_Said)
+
+
+def found_to_json(found: _Found) -> dict:
+    """What a layer holds of interest as JSON (texts in base64), for :func:`found_from_json`."""
+    files = []
+    for path, (kind, value) in found.files.items():
+        if isinstance(value, bytes):
+            files.append([path, kind, base64.b64encode(value).decode("ascii")])
+        else:
+            files.append([path, kind, list(value)])
+    return {"files": files, "whiteouts": list(found.whiteouts), "opaque": list(found.opaque),
+            "hidden": list(found.hidden), "replaced": list(found.replaced), "problems": list(found.problems),
+            "more_problems": found.problems.more}
+
+
+def found_from_json(data: object) -> _Found:
+    """:func:`found_to_json`'s output read back; ValueError when it is not that."""
+    try:
+        found = _Found()
+        for path, kind, value in data["files"]:
+            if not isinstance(path, str) or not isinstance(kind, str):
+                raise ValueError("a file of the record is not (path, kind, value)")
+            if isinstance(value, str):
+                found.files[path] = (kind, base64.b64decode(value.encode("ascii"), validate=True))
+            elif isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and type(value[1]) is int:
+                found.files[path] = (kind, (value[0], value[1]))
+            else:
+                raise ValueError("a file's value is neither a text nor a digest and a size")
+        for key in ("whiteouts", "opaque", "hidden", "replaced"):
+            values = data[key]
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise ValueError(f"{key} is not a list of paths")
+            getattr(found, key).extend(values)
+        if not isinstance(data["problems"], list) or type(data["more_problems"]) is not int:
+            raise ValueError("problems is not a list")
+        for problem in data["problems"]:
+            found.problems.append(str(problem))
+        found.problems.more += data["more_problems"]
+        return found
+    except (KeyError, TypeError, binascii.Error) as exc:
+        raise ValueError(f"not a layer's record: {exc}") from None
 
 
 def _engine_name(entry: TarEntry) -> str:
@@ -375,6 +418,17 @@ class LayerInspector:
         reader.close()
         return None if reader.failed else reader.found
 
+    def preload(self, name: str, found: _Found) -> None:
+        """What an earlier pass found in the layer that is member ``name`` of this stream (its bytes not
+        in the stream: a hotfix's bottom layers, :mod:`unibake.assemble`); its kept texts count as read."""
+        self._found[name] = found
+        self._kept[0] += sum(len(value) for kind, value in found.files.values() if isinstance(value, bytes))
+
+    def found(self, name: str) -> _Found | None:
+        """What the layer that is member ``name`` holds of interest, once :meth:`finish` has run; None when
+        it could not be read."""
+        return self._found.get(name)
+
     def finish(self, saved: SavedImage) -> ImageContents:
         """The layers stacked in the image's order, and the texts parsed."""
         layers: list[tuple[str, _Found]] = []
@@ -384,7 +438,7 @@ class LayerInspector:
             if member is not None:
                 found = self._found.get(member.name)
                 if found is None and member.name not in self._found and member.data is not None:
-                    found = self._read_small(member.name, member.data)
+                    found = self._found[member.name] = self._read_small(member.name, member.data)
             if found is None:
                 missing.append(diff_id)
             else:

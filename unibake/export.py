@@ -25,7 +25,7 @@ import hashlib
 import json
 import posixpath
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
@@ -190,6 +190,16 @@ class _Layer:
                            spool=self.spool, data=b"".join(self.kept) if self.kept is not None else None)
 
 
+class _Known:
+    """A layer's digest, known (a held layer's, as its release recorded it), where a hash object would be."""
+
+    def __init__(self, digest: str):
+        self._digest = digest
+
+    def hexdigest(self) -> str:
+        return self._digest
+
+
 @dataclass(frozen=True, kw_only=True)
 class Exported:
     """What the one pass established: the normalised image, its archive, and the read back."""
@@ -229,7 +239,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
                 inspector: LayerInspector | None = None, fresh_holds: str | None = None,
                 base_release: str | None = None, source: Iterable[bytes] | None = None,
-                shared: frozenset[str] = frozenset()) -> Exported:
+                shared: frozenset[str] = frozenset(),
+                held_layers: Mapping[str, tuple[int, str, int]] | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -246,6 +257,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     :func:`unibake.assemble.assembled_stream`); it is read as the engine's would be. ``shared``: the
     members of ``source`` that are layers of the base release (a hotfix's): never compressed or kept,
     only read (hashed, the SBOM's reader); one whose diffID turns out not to be the base release's fails.
+    ``held_layers``: the members ``source``'s manifest names that it does not carry, by name: (their place in
+    the image, diffID, size): layers of the base release the engine holds, taken as the base release
+    recorded them (their contents from ``inspector``'s preload); they must be left out of the archive.
     """
     start = time.monotonic()
     tag = built.tag
@@ -290,7 +304,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
             return layer
         if isinstance(layer.spool, _Discard):  # _finish holds the base's layers to the base image's diffIDs
             raise VerificationError(f"the base image's layer {layer.out_name} is not one the base release holds"
-                                    if layer.out_name not in shared_out else
+                                    if layer.out_name not in shared_out and layer.out_name not in (held_layers or {}) else
                                     f"the base release's layer {layer.out_name} is not one it holds")
         raw = layer.spool if isinstance(layer.spool, _Raw) else None
         to_local = defer_local and layer.ours
@@ -334,6 +348,15 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 except LayerFormatError as exc:
                     raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
                 hasher.close()
+                for member, (place, diff_id, size) in (held_layers or {}).items():
+                    if member in members:
+                        raise ArchiveError(f"the save stream carries {member}, which it was to leave out")
+                    digest = diff_id.removeprefix("sha256:")
+                    spools.append(_Discard(staging / f".member-{len(spools):04d}.discarded"))
+                    members[member] = Member(name=member, size=size, sha256=digest, content_sha256=digest, data=None,
+                                             routed=PassedLayer(out_name=member, size=size,
+                                                                ours=place >= len(base.diff_ids),
+                                                                sha256=_Known(digest), spool=spools[-1], data=None))
                 config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
                 omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
                 layers = [settled(layer, d in omit, local) for layer, d in zip(layers, diff_ids)]

@@ -607,6 +607,25 @@ def _remember_lower(run: Run, plan: ReleasePlan, built: BuiltImage, diff_ids: tu
                              built.memo_lower, run.epoch, tuple(diff_ids[:len(lower.diff_ids)]), key)
 
 
+def _remember_contents(run: Run, plan: ReleasePlan, inspector: LayerInspector, archive: Archive) -> None:
+    """What each layer the pass read holds (the SBOM's reader's record), and the image's config, kept for a
+    later assembled hotfix on this release (:func:`unibake.assemble.held_bottom`). A record that cannot be
+    written costs that hotfix a read of the archive, nothing else."""
+    from .assemble import remember_config, remember_layers
+
+    key = buildmemo.secret(run.request.env)
+    if key is None or run.request.hold:
+        return
+    image = archive.image
+    folder = plan.project_root / BUILD_MEMO
+    try:
+        remember_layers(folder, key, [(d, m.size, found) for m, d in zip(image.layer_members, image.diff_ids)
+                                      for found in [inspector.found(m.name)] if found is not None])
+        remember_config(folder, image.config_bytes)
+    except (OSError, UnibakeError) as exc:
+        run.reporter.info(f"    the layers' records were not kept ({exc}): a hotfix on this release reads its archive")
+
+
 def _normalise(run: Run) -> tuple:
     from .normalise import normalise_image
 
@@ -806,12 +825,23 @@ def _export(run: Run) -> tuple:
             stream = _base_release_stream(run, base, held)
             with held_signals():  # started and recorded as one step: an interrupt lands once the finally waits for it
                 loading = Background(partial(fresh.load, stream), name="base-release-load")
-        source, shared = None, frozenset()
+        source, shared, held_layers = None, frozenset(), None
+        inspector = LayerInspector(INSTALL_ROOT)
         if built.assembled is not None:
-            from .assemble import assembled_stream, bottom_members, check_early
+            from .assemble import assembled_stream, bottom_members, check_early, held_bottom
 
-            source = assembled_stream(run.engine, built.assembled, base, run["folder"].staging, built.tag)
-            shared = bottom_members(built.assembled, base)
+            # the bottom layers as earlier passes recorded them, when this user's records hold them all: not
+            # read again (their diffIDs are the base release's, checked against its SHA256SUMS); else read
+            recorded = held_bottom(plan.project_root / BUILD_MEMO, buildmemo.secret(request.env), built.assembled, base)
+            source = assembled_stream(run.engine, built.assembled, base, run["folder"].staging, built.tag, held=recorded)
+            if recorded is None:
+                shared = bottom_members(built.assembled, base)
+            else:
+                held_layers = {layer: (place, diff_id, size) for layer, place, diff_id, size, _ in recorded.layers}
+                for layer, _, _, _, found in recorded.layers:
+                    inspector.preload(layer, found)
+                run.reporter.info(f"    the {len(recorded.layers)} bottom layers of release {base.manifest.release} as "
+                                  "its pass recorded them (not read again)")
             with held_signals():  # beside the export; started and recorded as one step: a failure waits for it
                 checks = Background(partial(check_early, run.engine, built.assembled, base, run["folder"].staging),
                                     name="in-image-checks")
@@ -821,9 +851,9 @@ def _export(run: Run) -> tuple:
                                    owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
                                    long_distance=request.long_distance, split=request.split,
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
-                                   platform=plan.platform, inspector=LayerInspector(INSTALL_ROOT),
+                                   platform=plan.platform, inspector=inspector,
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
-                                   source=source, shared=shared)
+                                   source=source, shared=shared, held_layers=held_layers)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
@@ -842,6 +872,7 @@ def _export(run: Run) -> tuple:
             loading.wait()
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
+    _remember_contents(run, plan, inspector, archive)
     if built.assembled is None:  # (an assembled hotfix's small image keeps its own name: the whole build's stays)
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
         _remember_lower(run, plan, built, image.diff_ids)

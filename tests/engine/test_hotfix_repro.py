@@ -85,6 +85,10 @@ def hotfix_pair(cli, demo_product, version, images, tmp_path):
     # assembled: the steps below the build memo's marker built alone, on the base release's bottom layers
     assert "assembled: the steps below the build memo's marker built alone" in result.err, result.err
     assert "in-image checks of tp1, tp2, tp4 passed on the assembled image" in result.err
+    # the base release's pass recorded its layers: they are not read again, and its verify engine kept it
+    assert f"bottom layers of release {base} as its pass recorded them (not read again)" in result.err
+    assert f"holding only the base image and the release {json.loads((out / base / 'manifest.json').read_text())['image_id'][:19]}" \
+        in result.err
     return out / base, out / fix
 
 
@@ -122,6 +126,13 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
     engine.remove_image(manifest["tag"])
     assert release(cli, demo_product, fix.name, out, "--no-cache", "--no-roundtrip").code == 0
     assert json.loads((out / fix.name / "manifest.json").read_text())["image_id"] == manifest["image_id"]
+    # and the same SBOM (its serial number and time aside): the assembled hotfix's bottom layers, taken from
+    # the base release's records, list what reading them lists
+    sboms = [json.loads((folder / "sbom.cdx.json").read_text()) for folder in (fix, out / fix.name)]
+    for sbom in sboms:
+        sbom.pop("serialNumber", None)
+        sbom.get("metadata", {}).pop("timestamp", None)
+    assert sboms[0] == sboms[1] and len(sboms[0]["components"]) > 50
     assert cli("verify", str(fix)).code == 0
 
 

@@ -176,3 +176,47 @@ def test_in_image_checks_that_change_the_image_fail_the_assembled_hotfix():
     with pytest.raises(VerificationError, match=r"the in-image checks changed the assembled hotfix \(C /tmp, A /tmp/"
                                                 r"cache\).*--full-build"):
         run_checks(engine, "demo:1.1", _assembly())
+
+
+def _found():
+    from unibake.contents import _Found
+
+    found = _Found()
+    found.files["var/lib/dpkg/status"] = ("text", b"Package: a\nStatus: install ok installed\n")
+    found.files["opt/unibake/kernels/libk.so"] = ("library", ("ab" * 32, 1234))
+    found.whiteouts.append("etc/old")
+    found.problems.append("/x is a link")
+    return found
+
+
+def test_a_layer_s_record_is_taken_back_only_as_this_user_signed_it(tmp_path):
+    from unibake.assemble import remember_layers, remembered_layer
+
+    diff_id = "sha256:" + "d" * 64
+    remember_layers(tmp_path, KEY, [(diff_id, 4096, _found())])
+    size, found = remembered_layer(tmp_path, KEY, diff_id)
+    assert size == 4096 and dict(found.files) == dict(_found().files)
+    assert found.whiteouts == ["etc/old"] and list(found.problems) == ["/x is a link"]
+    assert remembered_layer(tmp_path, b"x" * 32, diff_id) is None  # another user's key (a checkout brought it)
+    assert remembered_layer(tmp_path, KEY, "sha256:" + "e" * 64) is None
+    path = next((tmp_path / "layers").glob("*.json"))
+    record = json.loads(path.read_text())
+    record["found"]["files"][0][2] = "UGFja2FnZTogZXZpbA=="  # another package list, the signature as it was
+    path.write_text(json.dumps(record))
+    assert remembered_layer(tmp_path, KEY, diff_id) is None
+    path.write_text("{")
+    assert remembered_layer(tmp_path, KEY, diff_id) is None
+
+
+def test_a_released_config_is_taken_back_only_when_its_digest_is_the_image_id(tmp_path):
+    import hashlib
+
+    from unibake.assemble import remember_config, remembered_config
+
+    config = b'{"rootfs": {"type": "layers", "diff_ids": []}}'
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    remember_config(tmp_path, config)
+    assert remembered_config(tmp_path, image_id) == config
+    (tmp_path / "configs" / f"{image_id[7:]}.json").write_bytes(config + b" ")  # changed: not that image's
+    assert remembered_config(tmp_path, image_id) is None
+    assert remembered_config(tmp_path, "sha256:" + "f" * 64) is None

@@ -215,7 +215,8 @@ def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_
     with terminated_as_the_cli():
         with ExitStack() as stack:
             run = Run(request, Quiet(), stack, engines.__getitem__)
-            run.results.update(plan=SimpleNamespace(base_image="base:1", platform=None, product="demo"), built=image,
+            run.results.update(plan=SimpleNamespace(base_image="base:1", platform=None, product="demo",
+                                                    project_root=tmp_path), built=image,
                                target=SimpleNamespace(archive_name="demo.tar.zst"),
                                folder=SimpleNamespace(staging=tmp_path / "staging"),
                                context=SimpleNamespace(selection="all"))
@@ -226,3 +227,47 @@ def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_
                 _export(run)
                 assert verify.inspect_image("demo:1") is not None  # there while the run goes on (its smoke gates)
     assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})
+
+
+def test_a_hotfix_s_bottom_layers_held_as_recorded_give_the_very_archive_and_contents_of_reading_them(engine,  # noqa: F811
+                                                                                                     tmp_path):
+    # an assembled hotfix takes its base release's bottom layers from what that release's pass recorded of
+    # them (their sizes, what the SBOM's reader found), not from its archive: the same archive, image and SBOM
+    from unibake.contents import LayerInspector, found_from_json, found_to_json
+    from unibake.imagetar import member_json, read_members, without_members
+
+    recorder = LayerInspector("/opt/unibake")
+    base = engine.images[engine.tags["base:1"]].layers
+    kernels = layer([("opt", None, 5), ("opt/unibake", None, 5), ("opt/unibake/kernels", None, 5),
+                     ("opt/unibake/kernels/libk.so", b"\x7fELF kernel" * 100, 5)])
+    demo = engine.add(json.loads(engine.images[engine.tags["base:1"]].config), base + [kernels, layer(
+        [("opt/unibake/profiles/tp1/tune/a.json", b'{"t": 1}\n', 5)])], tag="demo:1")
+    first = export(engine, BuiltImage(image_id=demo, tag="demo:1", diff_ids=(), steps=(), stage_images=(), seconds=0),
+                   tmp_path / "a", inspector=recorder)
+    shipped = engine.images[first.image.image_id].layers  # the base release's layers, as it shipped them
+    records = [(d, m.size, found_from_json(json.loads(json.dumps(found_to_json(recorder.found(m.name))))))
+               for m, d in zip(first.archive.image.layer_members[:2], first.image.diff_ids[:2])]
+    tune = layer([("opt/unibake/profiles/tp1/tune/a.json", b'{"t": 9}\n', 3333)])
+    raw = dict(json.loads(engine.images[first.image.image_id].config), container="c3")
+    hot = BuiltImage(image_id=engine.add(raw, shipped[:2] + [tune], tag="demo:2"), tag="demo:2", diff_ids=(), steps=(),
+                     stage_images=(), seconds=0.0)
+
+    whole = export(engine, hot, tmp_path / "whole", omit_base=first.image.diff_ids,
+                   inspector=LayerInspector("/opt/unibake"))
+    names = member_json(read_members(engine.save("demo:2")), "manifest.json")[0]["Layers"]
+    preloaded = LayerInspector("/opt/unibake")
+    for name, (_, _, found) in zip(names, records):
+        preloaded.preload(name, found)
+    held = export(engine, hot, tmp_path / "held", omit_base=first.image.diff_ids, inspector=preloaded,
+                  source=without_members(engine.save("demo:2"), frozenset(names[:2])),
+                  held_layers={name: (i, d, size) for i, (name, (d, size, _)) in enumerate(zip(names, records))})
+    assert held.image.image_id == whole.image.image_id and held.archive.omitted == first.image.diff_ids[:2]
+    assert [(tmp_path / "held" / "staging" / f.name).read_bytes() for f in held.archive.files] == \
+        [(tmp_path / "whole" / "staging" / f.name).read_bytes() for f in whole.archive.files]
+    assert held.archive.contents == whole.archive.contents and held.archive.contents.libraries  # (the SBOM's)
+    assert engine.inspect_image("demo:2").id == held.image.image_id  # loaded: its bottom layers the engine's own
+
+    wrong = {name: (i, "sha256:" + "9" * 64, size) for i, (name, (d, size, _)) in enumerate(zip(names, records))}
+    with pytest.raises(VerificationError):  # a held layer that is not the base release's: refused
+        export(engine, hot, tmp_path / "wrong", omit_base=first.image.diff_ids, inspector=LayerInspector("/opt/unibake"),
+               source=without_members(engine.save("demo:2"), frozenset(names[:2])), held_layers=wrong)
