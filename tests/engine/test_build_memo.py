@@ -19,7 +19,9 @@ def build(cli, profiles: Path, version: str, *extra: str):
 
 
 def memo_file(profiles: Path) -> Path:
-    found = sorted((profiles.parent / ".cache" / "build-memo").glob("*.json"))
+    # (beside it: the record of the diffIDs its image gets, NAME.lower.json, for an assembled hotfix)
+    found = sorted(p for p in (profiles.parent / ".cache" / "build-memo").glob("*.json")
+                   if not p.name.endswith(".lower.json"))
     assert len(found) == 1, found
     return found[0]
 

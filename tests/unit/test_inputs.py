@@ -31,7 +31,7 @@ def test_a_source_folder_named_with_a_space_is_refused_saying_why(busybox_produc
     (busybox_product.parent / "images/tune/tp one").mkdir()
     set_tune_source(busybox_product, '"images/tune/tp one"')
     with pytest.raises(InputError, match=r"tp1\.yaml:\d+: key 'tune_caches.source' has an invalid value "
-                                         r"'images/tune/tp one': .*\(no spaces, no '\.\.'\)$"):
+                                         r"'images/tune/tp one': .*\(no spaces, no '\.' or '\.\.' parts\)$"):
         make_plan(busybox_product, verify_lock=False)
 
 
