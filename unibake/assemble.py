@@ -55,7 +55,8 @@ from .engine import BuildStep, Engine
 from .errors import ArchiveError, CheckFailed, EngineError, UnibakeError, VerificationError
 from .files import read_small_file, write_atomic
 from .hotfix import HotfixBase
-from .imagetar import BLOCK, parse_header, tar_header, tar_padding
+from .export import SaveSource
+from .imagetar import BLOCK, CAPTURE, DROP, PASS, filter_members, tar_header, tar_padding
 from .render import BuildContext, ContextFile
 
 CHECKS_PREFIX = "for p in "  # the in-image checks' RUN, as unibake renders it (templates/Dockerfile.j2)
@@ -68,14 +69,12 @@ class Assembly:
     """What the export needs to assemble the hotfix's save stream."""
 
     small: str  # the small image's ID
-    lower: str  # the build memo's image of the steps above the marker
     lower_layers: int  # its layers: the base release's bottom ones
     lower_history: tuple[str, ...]  # the created_by of its history entries
     checks: str  # the in-image checks' command (the RUN's, as rendered)
     shell: tuple[str, ...]  # what runs it (the memo image's SHELL, else /bin/sh -c)
     checks_created_by: str  # their history entry's created_by, as the whole build records it
     checks_at: int  # that entry's place in the image's history
-    base_release: str  # the base release's image ID
 
 
 def _parents(root: str) -> list[str]:
@@ -203,69 +202,13 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
                    for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
     upper_steps = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]
     now = engine.inspect_image(tag)
-    assembly = Assembly(small=outcome.image_id, lower=hit.lower, lower_layers=count, lower_history=tuple(history),
-                        checks=checks, shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
-                        checks_at=len(history) + runs[0], base_release=base.manifest.image_id)
+    assembly = Assembly(small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks,
+                        shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
+                        checks_at=len(history) + runs[0])
     return BuiltImage(image_id=outcome.image_id, tag=tag, diff_ids=(), steps=(*lower_steps, *upper_steps),
                       stage_images=hit.stages, seconds=time.monotonic() - start, size=base.manifest.image_size,
                       replaced=now.id if now is not None else None,
                       memoised=sum(1 for s in lower_steps if s.cached), memo_lower=hit.lower, assembled=assembly)
-
-
-def _members(source: Iterable[bytes], keep: frozenset[str], capture: str,
-             captured: dict[str, bytes]) -> Iterator[bytes]:
-    """The members of the tar stream ``source`` named in ``keep``, as they are (header, content, padding);
-    the content of the one named ``capture`` put in ``captured``; nothing else, and never the end-of-archive
-    blocks. Hand-written for the canonical archive unibake writes (plain headers, no links): ``tarfile``
-    cannot pass a member on without holding or re-reading it."""
-    buf = bytearray()
-    todo = size = 0  # bytes of the current member still to pass on or skip; its content's size
-    passing = grabbing = False
-    grabbed = bytearray()
-    for chunk in source:
-        buf += chunk
-        out = bytearray()
-        while True:
-            if todo:
-                n = min(todo, len(buf))
-                if passing:
-                    out += buf[:n]
-                if grabbing:
-                    grabbed += buf[:n]
-                del buf[:n]
-                todo -= n
-                if todo:
-                    break
-                if grabbing:
-                    captured[capture], grabbing = bytes(grabbed[:size]), False
-                continue
-            if len(buf) < BLOCK:
-                break
-            block = bytes(buf[:BLOCK])
-            if not any(block):
-                if out:
-                    yield bytes(out)
-                return  # the end of the archive
-            try:
-                header = parse_header(block)
-            except tarfile.HeaderError:
-                raise ArchiveError("the base release's archive has a header that does not parse") from None
-            if header.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE):
-                raise ArchiveError(f"the base release's archive holds {header.name!r}, which is no file or folder")
-            size = header.size if header.type != tarfile.DIRTYPE else 0
-            passing, grabbing = header.name in keep, header.name == capture
-            if grabbing and size > CONFIG_LIMIT:
-                raise ArchiveError(f"the base release's config {header.name} is over {CONFIG_LIMIT} bytes")
-            grabbed = bytearray()
-            if passing:
-                out += block
-            del buf[:BLOCK]
-            todo = size + -size % BLOCK
-            if grabbing and not todo:
-                captured[capture], grabbing = b"", False
-        if out:
-            yield bytes(out)
-    raise ArchiveError("the base release's archive ends without its end-of-archive blocks")
 
 
 RECORDS = "layers"  # under the build memo's folder: what each layer a release's pass read holds, by diffID
@@ -370,28 +313,76 @@ def held_bottom(folder: Path, secret_key: bytes | None, assembly: Assembly, base
     return Held(config=config, layers=tuple(layers))
 
 
-def bottom_members(assembly: Assembly, base: HotfixBase) -> frozenset[str]:
-    """The names :func:`assembled_stream` gives the base release's bottom layers."""
-    return frozenset(f"blobs/sha256/{d.removeprefix('sha256:')}" for d in base.manifest.diff_ids[:assembly.lower_layers])
+@dataclass(frozen=True, kw_only=True)
+class SmallSave:
+    """The small image's save stream, spooled once for both the export and the checks."""
+
+    path: Path
+    config: dict
+    layers: tuple[str, ...]  # its layers' member names
+    diff_ids: tuple[str, ...]
+
+    def linked(self, name: str) -> SmallSave:
+        """The same spool under a second name (a hard link, no copy): for a reader that removes its own name
+        when it is done, whenever the other is."""
+        other = self.path.with_name(name)
+        other.unlink(missing_ok=True)
+        os.link(self.path, other)
+        return replace(self, path=other)
 
 
-def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, staging: Path, tag: str,
+def save_small(engine: Engine, assembly: Assembly, staging: Path) -> SmallSave:
+    """The small image's save stream in a file of ``staging`` (the caller removes it)."""
+    spool = staging / ".assembled-small.tar.tmp"
+    try:
+        with open(spool, "wb") as fh:
+            for piece in engine.save(assembly.small):
+                fh.write(piece)
+        with tarfile.open(spool, "r:") as saved:
+            try:
+                entry = json.load(saved.extractfile("manifest.json"))[0]
+                config = json.loads(saved.extractfile(entry["Config"]).read())
+                layers, diff_ids = tuple(entry["Layers"]), tuple(config["rootfs"]["diff_ids"])
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError, tarfile.TarError) as exc:
+                raise ArchiveError(f"the small image's save stream is not one the engine writes: {exc}") from None
+        if len(layers) != len(diff_ids) or len(layers) < 2:
+            raise ArchiveError("the small image's save stream names other layers than its config")
+    except BaseException:
+        spool.unlink(missing_ok=True)
+        raise
+    return SmallSave(path=spool, config=config, layers=layers, diff_ids=diff_ids)
+
+
+def assembled_source(assembly: Assembly, base: HotfixBase, small: SmallSave, tag: str,
+                     held: Held | None = None) -> SaveSource:
+    """What the export reads for the hotfix's image: the save stream the whole build would give
+    (:func:`assembled_stream`), with the base release's bottom layers named in it: read from its
+    archive (only hashed and walked, never compressed), or with ``held`` carried by name alone."""
+    stream = assembled_stream(assembly, base, small, tag, held)
+    if held is None:
+        return SaveSource(stream=stream, shared=frozenset(
+            f"blobs/sha256/{d.removeprefix('sha256:')}" for d in base.manifest.diff_ids[:assembly.lower_layers]))
+    return SaveSource(stream=stream, held={layer: (place, diff_id, size) for layer, place, diff_id, size, _ in held.layers})
+
+
+def assembled_stream(assembly: Assembly, base: HotfixBase, small: SmallSave, tag: str,
                      held: Held | None = None) -> Iterator[bytes]:
     """The save stream of the hotfix's image as the whole build would give it (``tag`` in its manifest):
     the base release's bottom layers (read from its archive; with ``held``, named but not carried), the
-    small image's top layers, the config assembled."""
+    small image's top layers, the config assembled. ``small``'s spool is removed as it ends."""
     manifest = base.manifest
     bottom = tuple(manifest.diff_ids[:assembly.lower_layers])
     names = [f"blobs/sha256/{d.removeprefix('sha256:')}" for d in bottom] if held is None else \
         [name for name, *_ in held.layers]
     config_name = f"blobs/sha256/{manifest.image_id.removeprefix('sha256:')}"
-    spool = staging / ".assembled-small.tar.tmp"
     try:
-        small_config, layers, diff_ids = _spooled_save(engine, assembly.small, spool)
-        small_diff_ids = diff_ids[1:]
         if held is None:
             captured: dict[str, bytes] = {}
-            yield from _members(read_archive(base.folder, base.archive_files), frozenset(names), config_name, captured)
+            wanted = frozenset(names)
+            yield from filter_members(read_archive(base.folder, base.archive_files),
+                                      lambda n: PASS if n in wanted else CAPTURE if n == config_name else DROP,
+                                      strict="the base release's archive", captured=captured,
+                                      capture_limit=CONFIG_LIMIT)
             # (a bottom layer the archive lacks fails the export, whose manifest names it; the config, here)
             raw = captured.get(config_name)
         else:
@@ -410,13 +401,13 @@ def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, stagi
                 or not history[at].get("empty_layer"):
             raise VerificationError(f"release {manifest.release}'s in-image checks are not recorded as a step that "
                                     "changed nothing: make the hotfix with --full-build")
-        yield from _layer_members(spool, layers[1:])
-        top = layers[1:]
-        config = copy.deepcopy(small_config)
+        top = small.layers[1:]
+        yield from _layer_members(small.path, top)
+        config = copy.deepcopy(small.config)
         stamp = history[at].get("created", "")
-        config["history"] = bottom_history + list(small_config.get("history") or [])[len(bottom_history):]
+        config["history"] = bottom_history + list(small.config.get("history") or [])[len(bottom_history):]
         config["history"].insert(at, {"created": stamp, "created_by": assembly.checks_created_by, "empty_layer": True})
-        config["rootfs"] = {"type": "layers", "diff_ids": [*bottom, *small_diff_ids]}
+        config["rootfs"] = {"type": "layers", "diff_ids": [*bottom, *small.diff_ids[1:]]}
         data = json.dumps(config).encode()
         name = f"{hashlib.sha256(data).hexdigest()}.json"
         layers = [*names, *(f"top{n}/layer.tar" for n in range(len(top)))]
@@ -425,27 +416,10 @@ def assembled_stream(engine: Engine, assembly: Assembly, base: HotfixBase, stagi
             yield tar_header(member, len(content)) + content + tar_padding(len(content))
         yield bytes(2 * BLOCK)
     finally:
-        spool.unlink(missing_ok=True)
+        small.path.unlink(missing_ok=True)
 
 
-def _spooled_save(engine: Engine, image: str, spool: Path) -> tuple[dict, list[str], list[str]]:
-    """``image``'s save stream in the file ``spool``; (its config, its layers' member names, their diffIDs)."""
-    with open(spool, "wb") as fh:
-        for piece in engine.save(image):
-            fh.write(piece)
-    with tarfile.open(spool, "r:") as saved:
-        try:
-            entry = json.load(saved.extractfile("manifest.json"))[0]
-            config = json.loads(saved.extractfile(entry["Config"]).read())
-            layers, diff_ids = list(entry["Layers"]), list(config["rootfs"]["diff_ids"])
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, tarfile.TarError) as exc:
-            raise ArchiveError(f"the small image's save stream is not one the engine writes: {exc}") from None
-    if len(layers) != len(diff_ids) or len(layers) < 2:
-        raise ArchiveError("the small image's save stream names other layers than its config")
-    return config, layers, diff_ids
-
-
-def _layer_members(spool: Path, names: list[str]) -> Iterator[bytes]:
+def _layer_members(spool: Path, names: Iterable[str]) -> Iterator[bytes]:
     """The layers ``names`` of a spooled save stream, as members ``top0/layer.tar``, ``top1/layer.tar``, ..."""
     with tarfile.open(spool, "r:") as saved:
         for n, name in enumerate(names):
@@ -459,35 +433,36 @@ def _layer_members(spool: Path, names: list[str]) -> Iterator[bytes]:
             yield tar_padding(member.size)
 
 
-def check_early(engine: Engine, assembly: Assembly, base: HotfixBase, staging: Path) -> None:
+def check_early(engine: Engine, assembly: Assembly, base: HotfixBase, small: SmallSave) -> None:
     """The in-image checks, run beside the export: on an image of the same files and settings loaded
     into the local engine at once (the base release's bottom layers, which the engine holds, and the
     small image's top layers, not yet normalised: the checks read files' contents, not their times),
-    removed again after. The released image differs from it only in file times and its history."""
-    spool = staging / ".assembled-checks.tar.tmp"
+    removed again after. The released image differs from it only in file times and its history.
+    ``small``'s spool is removed as it ends."""
     image = None
     try:
-        config, layers, diff_ids = _spooled_save(engine, assembly.small, spool)
         bottom = list(base.manifest.diff_ids[:assembly.lower_layers])
-        config = dict(config, history=[], rootfs={"type": "layers", "diff_ids": [*bottom, *diff_ids[1:]]})
+        diff_ids = (*bottom, *small.diff_ids[1:])
+        config = dict(small.config, history=[], rootfs={"type": "layers", "diff_ids": list(diff_ids)})
         data = json.dumps(config).encode()
         image = f"sha256:{hashlib.sha256(data).hexdigest()}"
-        names = [f"bottom{n}/layer.tar" for n in range(len(bottom))] + [f"top{n}/layer.tar" for n in range(len(layers) - 1)]
+        top = small.layers[1:]
+        names = [f"bottom{n}/layer.tar" for n in range(len(bottom))] + [f"top{n}/layer.tar" for n in range(len(top))]
         index = json.dumps([{"Config": f"{image[7:]}.json", "RepoTags": [], "Layers": names}]).encode()
 
         def stream() -> Iterator[bytes]:  # the bottom layers' files left out: the engine holds them
-            yield from _layer_members(spool, layers[1:])
+            yield from _layer_members(small.path, top)
             for member, content in ((f"{image[7:]}.json", data), ("manifest.json", index)):
                 yield tar_header(member, len(content)) + content + tar_padding(len(content))
             yield bytes(2 * BLOCK)
 
         engine.load(stream())
         found = engine.inspect_image(image)
-        if found is None or tuple(found.diff_ids) != (*bottom, *diff_ids[1:]):
+        if found is None or tuple(found.diff_ids) != diff_ids:
             raise EngineError(f"the image the in-image checks run on did not load as {image[:19]}")
         run_checks(engine, image, assembly)
     finally:
-        spool.unlink(missing_ok=True)
+        small.path.unlink(missing_ok=True)
         if image is not None:
             engine.remove_image(image)
 

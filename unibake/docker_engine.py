@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -527,13 +528,47 @@ class DockerEngine(Engine):
 
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,
             timeout: int = 120, entrypoint: list[str] | None = None, changes: bool = False) -> RunOutcome:
+        try:
+            with self._container(image, args, kind="run", env=env, entrypoint=entrypoint) as container:
+                self.api.start(container)
+                try:
+                    result = self.api.wait(container, timeout=timeout)
+                except requests.exceptions.RequestException as exc:
+                    if not _read_timed_out(exc):
+                        raise
+                    try:
+                        self.api.kill(container)
+                    except docker.errors.APIError as refused:
+                        if refused.status_code != 409:
+                            raise
+                        # (409, not running: it ended by itself as the wait gave up; that end is its outcome, not
+                        # the engine error "Cannot kill container: ... is not running")
+                        result = self.api.wait(container, timeout=RUN_ENDED_WAIT)
+                    else:
+                        output = self._bounded_logs(container)
+                        raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
+                                          output=output) from None
+                output = self._bounded_logs(container)
+                changed = ()
+                if changes:
+                    kinds = {0: "C", 1: "A", 2: "D"}
+                    changed = tuple(f"{kinds.get(c.get('Kind'), '?')} {c.get('Path')}"
+                                    for c in self.api.diff(container) or ())
+                return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output, changes=changed)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail(f"running {image} failed", exc) from None
+
+    @contextlib.contextmanager
+    def _container(self, image: str, command: list[str], *, kind: str, env: dict[str, str] | None = None,
+                   entrypoint: list[str] | None = None) -> Iterator[dict]:
+        """A created container of `image`, with no network, removed (forced) as the block ends however it
+        ends. It has a name of its own: one the engine created as an interrupt came (its ID never
+        answered) is removed too, by that name (else it stays, "Created", in docker ps -a)."""
+        name = f"unibake-{kind}-{secrets.token_hex(6)}"
         container = None
-        # by a name of its own: one the engine created as an interrupt came (its ID never answered) is removed
-        # too, by that name (it was left, "Created", in docker ps -a)
-        name = f"unibake-run-{secrets.token_hex(6)}"
         try:
             try:
-                container = self.api.create_container(image, command=args, environment=env or {},
+                container = self.api.create_container(image, command=command, environment=env or {},
                                                       entrypoint=entrypoint, name=name,
                                                       host_config=self.api.create_host_config(network_mode="none"))
             except BaseException as exc:
@@ -541,32 +576,7 @@ class DockerEngine(Engine):
                 if not isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
                     container = {"Id": name}  # removed below by its name, if the engine made it
                 raise
-            self.api.start(container)
-            try:
-                result = self.api.wait(container, timeout=timeout)
-            except requests.exceptions.RequestException as exc:
-                if not _read_timed_out(exc):
-                    raise
-                try:
-                    self.api.kill(container)
-                except docker.errors.APIError as refused:
-                    if refused.status_code != 409:
-                        raise
-                    # (409, not running: it ended by itself as the wait gave up; that end is its outcome, not
-                    # the engine error "Cannot kill container: ... is not running")
-                    result = self.api.wait(container, timeout=RUN_ENDED_WAIT)
-                else:
-                    output = self._bounded_logs(container)
-                    raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
-                                      output=output) from None
-            output = self._bounded_logs(container)
-            changed = ()
-            if changes:
-                kinds = {0: "C", 1: "A", 2: "D"}
-                changed = tuple(f"{kinds.get(c.get('Kind'), '?')} {c.get('Path')}" for c in self.api.diff(container) or ())
-            return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output, changes=changed)
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise self._fail(f"running {image} failed", exc) from None
+            yield container
         finally:
             if container is not None:
                 try:
@@ -574,7 +584,7 @@ class DockerEngine(Engine):
                 except docker.errors.NotFound:
                     pass
                 except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-                    # (not raised: what the run found, or the failure that ended it, is the one passed on)
+                    # (not raised: what the block found, or the failure that ended it, is the one passed on)
                     ref = _shown(str(container.get("Id") or ""))
                     print(f"warning: {one_line(str(self._fail(f'cannot remove container {ref}', exc)))}; it is left "
                           f"in the engine: remove it with docker rm -f {ref}", file=sys.stderr)
@@ -596,46 +606,28 @@ class DockerEngine(Engine):
     def folder_header(self, image: str, path: str) -> tuple[int, int, int] | str | None:
         # the first header of the engine's archive of the folder (a created container's, never started):
         # the folder itself; the rest of the stream (the folder's whole tree) is never read
-        name = f"unibake-stat-{secrets.token_hex(6)}"
-        container = None
         try:
-            try:
-                container = self.api.create_container(image, command=["true"], name=name, entrypoint=[],
-                                                      host_config=self.api.create_host_config(network_mode="none"))
-            except BaseException as exc:
-                if not isinstance(exc, (docker.errors.DockerException, requests.exceptions.RequestException)):
-                    container = {"Id": name}
-                raise
-            try:
-                response = self.api._get(self.api._url("/containers/{0}/archive", container["Id"]),
-                                         params={"path": path}, stream=True)
-            except requests.exceptions.RequestException as exc:
-                raise self._fail(f"cannot read {path} in {image}", exc) from None
-            try:
-                if response.status_code == 404:
-                    return None
-                self.api._raise_for_status(response)
-                head = b""
-                for piece in response.iter_content(BLOCK_READ):
-                    head += piece
-                    if len(head) >= 3 * 512:
-                        break
-            finally:
-                response.close()
+            with self._container(image, ["true"], kind="stat", entrypoint=[]) as container:
+                try:
+                    response = self.api._get(self.api._url("/containers/{0}/archive", container["Id"]),
+                                             params={"path": path}, stream=True)
+                except requests.exceptions.RequestException as exc:
+                    raise self._fail(f"cannot read {path} in {image}", exc) from None
+                try:
+                    if response.status_code == 404:
+                        return None
+                    self.api._raise_for_status(response)
+                    head = b""
+                    for piece in response.iter_content(BLOCK_READ):
+                        head += piece
+                        if len(head) >= 3 * 512:
+                            break
+                finally:
+                    response.close()
             found = _first_folder(head)
             return found if found is not None else "not a folder (a link, a file, or a header not read)"
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"cannot read {path} in {image}", exc) from None
-        finally:
-            if container is not None:
-                try:
-                    self.api.remove_container(container, force=True)
-                except docker.errors.NotFound:
-                    pass
-                except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-                    ref = _shown(str(container.get("Id") or ""))
-                    print(f"warning: {one_line(str(self._fail(f'cannot remove container {ref}', exc)))}; it is left "
-                          f"in the engine: remove it with docker rm -f {ref}", file=sys.stderr)
 
     def _bounded_logs(self, container) -> str:
         """What a container run to its end printed (stdout and stderr), kept to RUN_OUTPUT_HEAD bytes of

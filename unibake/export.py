@@ -27,7 +27,7 @@ import posixpath
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -233,14 +233,27 @@ def _layer_members(layers: list[PassedLayer], diff_ids: tuple[str, ...]) -> tupl
                  for layer, d in zip(layers, diff_ids))
 
 
+@dataclass(frozen=True, kw_only=True)
+class SaveSource:
+    """A save stream :func:`export_once` reads instead of the engine's, as the engine's would be read (an
+    assembled hotfix's, :func:`unibake.assemble.assembled_source`)."""
+
+    stream: Iterable[bytes]
+    # members that are layers of the base release (a hotfix's): never compressed or kept, only read (hashed,
+    # the SBOM's reader); one whose diffID turns out not to be the base release's fails
+    shared: frozenset[str] = frozenset()
+    # members the stream's manifest names but does not carry, by name: (their place in the image, diffID,
+    # size): layers of the base release the engine holds, taken as the base release recorded them (their
+    # contents from the inspector's preload); they are left out of the archive
+    held: Mapping[str, tuple[int, str, int]] = field(default_factory=dict)
+
+
 def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, epoch: int, owned: str,
                 base_image: str, fresh: Engine | None, level: int = DEFAULT_LEVEL, long_distance: bool = False,
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
                 inspector: LayerInspector | None = None, fresh_holds: str | None = None,
-                base_release: str | None = None, source: Iterable[bytes] | None = None,
-                shared: frozenset[str] = frozenset(),
-                held_layers: Mapping[str, tuple[int, str, int]] | None = None) -> Exported:
+                base_release: str | None = None, source: SaveSource | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -253,13 +266,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     takes an archive whose manifest names layers it already holds without their files).
     ``base_release``: a hotfix's base release by image ID: when the local engine holds it, the layers
     the hotfix shares with it are not loaded back into the local engine (it has them), only the others.
-    ``source``: the image's save stream, when it is not the engine's (an assembled hotfix's,
-    :func:`unibake.assemble.assembled_stream`); it is read as the engine's would be. ``shared``: the
-    members of ``source`` that are layers of the base release (a hotfix's): never compressed or kept,
-    only read (hashed, the SBOM's reader); one whose diffID turns out not to be the base release's fails.
-    ``held_layers``: the members ``source``'s manifest names that it does not carry, by name: (their place in
-    the image, diffID, size): layers of the base release the engine holds, taken as the base release
-    recorded them (their contents from ``inspector``'s preload); they must be left out of the archive.
+    ``source``: the image's save stream, when it is not the engine's (:class:`SaveSource`).
     """
     start = time.monotonic()
     tag = built.tag
@@ -284,6 +291,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
         spools.append(_Spool(staging, len(spools), compressor(level, long_distance, threads)))
         return spools[-1]
 
+    shared = source.shared if source is not None else frozenset()
+    held_layers = source.held if source is not None else {}
     shared_out = frozenset(n if n.endswith("/layer.tar") else f"{posixpath.basename(n)}/layer.tar" for n in shared)
 
     def new_spool(ours: bool, member: str = "") -> _Spool | _Raw | _Discard:
@@ -304,7 +313,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
             return layer
         if isinstance(layer.spool, _Discard):  # _finish holds the base's layers to the base image's diffIDs
             raise VerificationError(f"the base image's layer {layer.out_name} is not one the base release holds"
-                                    if layer.out_name not in shared_out and layer.out_name not in (held_layers or {}) else
+                                    if layer.out_name not in shared_out and layer.out_name not in held_layers else
                                     f"the base release's layer {layer.out_name} is not one it holds")
         raw = layer.spool if isinstance(layer.spool, _Raw) else None
         to_local = defer_local and layer.ours
@@ -343,12 +352,12 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                   defer_local=defer_local)
 
                 try:
-                    stream = engine.save(tag) if source is None else source
+                    stream = engine.save(tag) if source is None else source.stream
                     members = read_members(counted(read_ahead(stream, name="save"), advance), route=route)
                 except LayerFormatError as exc:
                     raise ArchiveError(f"cannot normalise the image's save stream: {exc}") from None
                 hasher.close()
-                for member, (place, diff_id, size) in (held_layers or {}).items():
+                for member, (place, diff_id, size) in held_layers.items():
                     if member in members:
                         raise ArchiveError(f"the save stream carries {member}, which it was to leave out")
                     digest = diff_id.removeprefix("sha256:")

@@ -350,14 +350,35 @@ def without_members(source: Iterable[bytes], drop: frozenset[str]) -> Iterator[b
     """The tar stream ``source`` less the regular files named in ``drop`` (header, content, padding).
 
     For a load into an engine that already holds those files' layers (a manifest may name a layer
-    the engine holds without carrying it). Only plain headers are read: at the first extended header
-    (PAX, GNU long name), a header that does not parse, or the end-of-archive blocks, everything
-    from there on passes as it is, so the stream stays a valid tar and at worst leaves out less.
-    Hand-written: ``tarfile`` cannot write a member it reads without holding or re-reading it.
+    the engine holds without carrying it). At the first header it does not read, everything from
+    there on passes as it is (:func:`filter_members`), so the stream stays a valid tar and at worst
+    leaves out less.
+    """
+    return filter_members(source, lambda name: DROP if name in drop else PASS)
+
+
+PASS, DROP, CAPTURE = "pass", "drop", "capture"
+
+
+def filter_members(source: Iterable[bytes], choose: Callable[[str], str], *, strict: str = "",
+                   captured: dict[str, bytes] | None = None, capture_limit: int = 0) -> Iterator[bytes]:
+    """The tar stream ``source`` with each file, folder or link passed on as it is (header, content,
+    padding), left out, or left out with its content put in ``captured``, as ``choose(name)`` says
+    (PASS, DROP, CAPTURE; a capture over ``capture_limit`` bytes is an error).
+
+    Only plain headers are read. Without ``strict``: at the first extended header (PAX, GNU long
+    name), a header that does not parse, or the end-of-archive blocks, everything from there on passes
+    as it is. With ``strict`` (what the stream is, for the error): those are errors, as are links; the
+    end-of-archive blocks end the stream without being passed on (the caller writes more members after),
+    and a stream that ends without them fails.
+    Hand-written: ``tarfile`` cannot pass on a member it reads without holding or re-reading it.
     """
     buf = bytearray()
-    skip = keep = 0  # bytes of the current member still to leave out / to pass on
+    todo = size = 0  # bytes of the current member still to pass on or skip; its content's size
+    choice, name = PASS, ""
+    grabbed = bytearray()
     filtering = True
+    plain = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE) + (() if strict else (tarfile.SYMTYPE, tarfile.LNKTYPE))
     for chunk in source:
         if not filtering:
             yield chunk
@@ -365,39 +386,56 @@ def without_members(source: Iterable[bytes], drop: frozenset[str]) -> Iterator[b
         buf += chunk
         out = bytearray()
         while True:
-            if skip:
-                n = min(skip, len(buf))
+            if todo:
+                n = min(todo, len(buf))
+                if choice == PASS:
+                    out += buf[:n]
+                elif choice == CAPTURE:
+                    grabbed += buf[:n]
                 del buf[:n]
-                skip -= n
-                if skip:
+                todo -= n
+                if todo:
                     break
-            if keep:
-                n = min(keep, len(buf))
-                out += buf[:n]
-                del buf[:n]
-                keep -= n
-                if keep:
-                    break
+                if choice == CAPTURE:
+                    captured[name] = bytes(grabbed[:size])
+                continue
             if len(buf) < BLOCK:
                 break
             block = bytes(buf[:BLOCK])
             try:
                 header = parse_header(block) if any(block) else None
             except tarfile.HeaderError:
+                if strict:
+                    raise ArchiveError(f"{strict} has a header that does not parse") from None
                 header = None
-            if header is None or header.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE,
-                                                     tarfile.SYMTYPE, tarfile.LNKTYPE):
+            if header is None and strict:
+                if out:
+                    yield bytes(out)
+                return  # the end of the archive
+            if header is None or header.type not in plain:
+                if strict:
+                    raise ArchiveError(f"{strict} holds {header.name!r}, which is no file or folder")
                 filtering = False
                 out += buf
                 buf.clear()
                 break
-            length = BLOCK + (header.size + -header.size % BLOCK if _has_content(header.type) else 0)
-            if header.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and header.name in drop:
-                skip = length
-            else:
-                keep = length
+            name = header.name
+            size = header.size if _has_content(header.type) else 0
+            choice = choose(name)
+            if choice == CAPTURE:
+                if size > capture_limit:
+                    raise ArchiveError(f"{strict or 'the stream'}'s {name} is over {capture_limit} bytes")
+                grabbed = bytearray()
+            elif choice == PASS:
+                out += block
+            del buf[:BLOCK]
+            todo = size + -size % BLOCK
+            if choice == CAPTURE and not todo:
+                captured[name] = b""
         if out:
             yield bytes(out)
+    if strict:
+        raise ArchiveError(f"{strict} ends without its end-of-archive blocks")
     if buf:
         yield bytes(buf)
 

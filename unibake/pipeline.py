@@ -595,8 +595,6 @@ def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes |
 def _remember_lower(run: Run, plan: ReleasePlan, built: BuiltImage, diff_ids: tuple[str, ...]) -> None:
     """After the whole image built FROM the build memo's image was normalised: which diffIDs that image's
     layers got with this epoch (what a later hotfix's assembly checks its base release against)."""
-    from . import buildmemo
-
     if built.memo_lower is None or built.assembled is not None or run.request.hold:
         return
     key = buildmemo.secret(run.request.env)
@@ -815,7 +813,7 @@ def _export(run: Run) -> tuple:
     name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
-    before = loading = checks = None
+    before = loading = checks = small = None
     if request.verify_engine and fresh is not None and base is None:
         _forget_the_export_load(run, fresh, built.tag)
     try:
@@ -825,26 +823,24 @@ def _export(run: Run) -> tuple:
             stream = _base_release_stream(run, base, held)
             with held_signals():  # started and recorded as one step: an interrupt lands once the finally waits for it
                 loading = Background(partial(fresh.load, stream), name="base-release-load")
-        source, shared, held_layers = None, frozenset(), None
+        source = None
         inspector = LayerInspector(INSTALL_ROOT)
         if built.assembled is not None:
-            from .assemble import assembled_stream, bottom_members, check_early, held_bottom
+            from .assemble import assembled_source, check_early, held_bottom, save_small
 
             # the bottom layers as earlier passes recorded them, when this user's records hold them all: not
             # read again (their diffIDs are the base release's, checked against its SHA256SUMS); else read
             recorded = held_bottom(plan.project_root / BUILD_MEMO, buildmemo.secret(request.env), built.assembled, base)
-            source = assembled_stream(run.engine, built.assembled, base, run["folder"].staging, built.tag, held=recorded)
-            if recorded is None:
-                shared = bottom_members(built.assembled, base)
-            else:
-                held_layers = {layer: (place, diff_id, size) for layer, place, diff_id, size, _ in recorded.layers}
+            small = save_small(run.engine, built.assembled, run["folder"].staging)  # read by the export and the checks
+            source = assembled_source(built.assembled, base, small, built.tag, held=recorded)
+            if recorded is not None:
                 for layer, _, _, _, found in recorded.layers:
                     inspector.preload(layer, found)
                 run.reporter.info(f"    the {len(recorded.layers)} bottom layers of release {base.manifest.release} as "
                                   "its pass recorded them (not read again)")
             with held_signals():  # beside the export; started and recorded as one step: a failure waits for it
-                checks = Background(partial(check_early, run.engine, built.assembled, base, run["folder"].staging),
-                                    name="in-image-checks")
+                checks = Background(partial(check_early, run.engine, built.assembled, base,
+                                            small.linked(".assembled-checks.tar.tmp")), name="in-image-checks")
         with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
             try:
                 done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
@@ -853,7 +849,7 @@ def _export(run: Run) -> tuple:
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                    platform=plan.platform, inspector=inspector,
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
-                                   source=source, shared=shared, held_layers=held_layers)
+                                   source=source)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
@@ -864,6 +860,9 @@ def _export(run: Run) -> tuple:
     except BaseException:
         if checks is not None:  # its container removed by its own run before the run's clean-up goes on
             checks.wait()
+        if small is not None:  # (each reader removes its name of the spool as it ends; one never started, here)
+            for spool in (small.path, small.path.with_name(".assembled-checks.tar.tmp")):
+                spool.unlink(missing_ok=True)
         raise
     finally:
         if loading is not None and request.verify_engine:  # on a failure the load may still run: stopping the

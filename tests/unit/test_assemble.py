@@ -12,10 +12,11 @@ import tarfile
 import pytest
 
 from unibake import buildmemo
-from unibake.assemble import Assembly, _members, _small_base, run_checks
+from unibake.assemble import Assembly, _small_base, run_checks
 from unibake.docker_engine import _first_folder
 from unibake.engine import RunOutcome
 from unibake.errors import ArchiveError, CheckFailed, VerificationError
+from unibake.imagetar import CAPTURE, DROP, PASS, filter_members
 
 from ..fake_engine import FakeEngine
 
@@ -77,12 +78,19 @@ def _chunks(data: bytes, size: int = 700):
     return [data[i:i + size] for i in range(0, len(data), size)]
 
 
+def _bottom(archive: bytes, captured: dict[str, bytes]):
+    # as the assembled stream reads the base release's archive: its bottom layer "aa" passed on, its config
+    # "cc" captured, the rest left out
+    return filter_members(_chunks(archive), lambda n: {"blobs/sha256/aa": PASS, "blobs/sha256/cc": CAPTURE}.get(n, DROP),
+                          strict="the base release's archive", captured=captured, capture_limit=1 << 20)
+
+
 def test_the_base_release_s_archive_gives_its_bottom_layers_as_they_are_and_its_config():
     layer = b"L" * 1300
     archive = _tar([("blobs/sha256/aa", layer), ("blobs/sha256/bb", b"other" * 200),
                     ("blobs/sha256/cc", b'{"config": 1}'), ("manifest.json", b"[]")])
     captured: dict[str, bytes] = {}
-    out = b"".join(_members(_chunks(archive), frozenset({"blobs/sha256/aa"}), "blobs/sha256/cc", captured))
+    out = b"".join(_bottom(archive, captured))
     assert captured == {"blobs/sha256/cc": b'{"config": 1}'}
     with tarfile.open(fileobj=io.BytesIO(out + bytes(1024))) as tar:  # (the end blocks are the caller's)
         assert tar.getnames() == ["blobs/sha256/aa"]
@@ -99,7 +107,14 @@ def test_the_base_release_s_archive_gives_its_bottom_layers_as_they_are_and_its_
 def test_a_base_release_archive_that_is_not_the_canonical_form_is_an_error(damage, says):
     archive = _tar([("blobs/sha256/aa", b"L" * 100)])
     with pytest.raises(ArchiveError, match=says):
-        list(_members(_chunks(damage(archive)), frozenset({"blobs/sha256/aa"}), "none", {}))
+        list(_bottom(damage(archive), {}))
+
+
+def test_a_base_release_config_over_the_bound_is_an_error_not_held_in_memory():
+    archive = _tar([("blobs/sha256/cc", b"{" + b" " * 4000 + b"}")])
+    with pytest.raises(ArchiveError, match="blobs/sha256/cc is over 1024 bytes"):
+        list(filter_members(_chunks(archive), lambda n: CAPTURE, strict="the base release's archive", captured={},
+                            capture_limit=1024))
 
 
 def test_the_small_base_holds_the_folders_as_given_and_the_memo_image_s_settings():
@@ -139,10 +154,9 @@ def test_a_folder_s_header_is_read_from_the_start_of_its_archive():
 
 
 def _assembly() -> Assembly:
-    return Assembly(small="sha256:" + "5" * 64, lower=LOWER, lower_layers=2, lower_history=("FROM x",),
+    return Assembly(small="sha256:" + "5" * 64, lower_layers=2, lower_history=("FROM x",),
                     checks="for p in tp1; do check; done", shell=("/bin/sh", "-c"),
-                    checks_created_by="/bin/sh -c for p in tp1; do check; done", checks_at=4,
-                    base_release="sha256:" + "6" * 64)
+                    checks_created_by="/bin/sh -c for p in tp1; do check; done", checks_at=4)
 
 
 def _engine_running(outcome: RunOutcome) -> tuple[FakeEngine, list]:

@@ -234,6 +234,7 @@ def test_a_hotfix_s_bottom_layers_held_as_recorded_give_the_very_archive_and_con
     # an assembled hotfix takes its base release's bottom layers from what that release's pass recorded of
     # them (their sizes, what the SBOM's reader found), not from its archive: the same archive, image and SBOM
     from unibake.contents import LayerInspector, found_from_json, found_to_json
+    from unibake.export import SaveSource
     from unibake.imagetar import member_json, read_members, without_members
 
     recorder = LayerInspector("/opt/unibake")
@@ -259,8 +260,8 @@ def test_a_hotfix_s_bottom_layers_held_as_recorded_give_the_very_archive_and_con
     for name, (_, _, found) in zip(names, records):
         preloaded.preload(name, found)
     held = export(engine, hot, tmp_path / "held", omit_base=first.image.diff_ids, inspector=preloaded,
-                  source=without_members(engine.save("demo:2"), frozenset(names[:2])),
-                  held_layers={name: (i, d, size) for i, (name, (d, size, _)) in enumerate(zip(names, records))})
+                  source=SaveSource(stream=without_members(engine.save("demo:2"), frozenset(names[:2])), held={
+                      name: (i, d, size) for i, (name, (d, size, _)) in enumerate(zip(names, records))}))
     assert held.image.image_id == whole.image.image_id and held.archive.omitted == first.image.diff_ids[:2]
     assert [(tmp_path / "held" / "staging" / f.name).read_bytes() for f in held.archive.files] == \
         [(tmp_path / "whole" / "staging" / f.name).read_bytes() for f in whole.archive.files]
@@ -270,4 +271,4 @@ def test_a_hotfix_s_bottom_layers_held_as_recorded_give_the_very_archive_and_con
     wrong = {name: (i, "sha256:" + "9" * 64, size) for i, (name, (d, size, _)) in enumerate(zip(names, records))}
     with pytest.raises(VerificationError):  # a held layer that is not the base release's: refused
         export(engine, hot, tmp_path / "wrong", omit_base=first.image.diff_ids, inspector=LayerInspector("/opt/unibake"),
-               source=without_members(engine.save("demo:2"), frozenset(names[:2])), held_layers=wrong)
+               source=SaveSource(stream=without_members(engine.save("demo:2"), frozenset(names[:2])), held=wrong))

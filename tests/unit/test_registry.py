@@ -2513,6 +2513,19 @@ def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_name
     assert time.monotonic() - started < 50
 
 
+def _reading_a_manifest_fails(tmp_path, handler) -> tuple[int, str, list]:
+    """(the port of a TLS server answering with ``handler``, the one RegistryError reading a manifest
+    from it gave, the waits before each retry)."""
+    waits = []
+    with tls_server(tmp_path, handler) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST)
+    return port, str(caught.value), waits
+
+
 def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_retried(tmp_path):
     """A chunk length line longer than the HTTP client reads (64 KiB: ``1;`` and an endless extension)
     is the same answer on every try: it was retried as a broken connection, five attempts, then 'did
@@ -2532,14 +2545,8 @@ def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_re
             except OSError:
                 pass
 
-    waits = []
-    with tls_server(tmp_path, Endless) as port:
-        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
-        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
-                            retry=Retry(attempts=3, sleep=waits.append)) as c:
-            with pytest.raises(RegistryError) as caught:
-                c.manifest(DIGEST)
-    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length line "
+    port, said, waits = _reading_a_manifest_fails(tmp_path, Endless)
+    assert said == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length line "
                                  f"is longer than the {1 << 16} bytes an HTTP client reads while reading manifest "
                                  f"{DIGEST[:19]}: that answer cannot be read, and would come again on another try")
     assert waits == []
@@ -2559,14 +2566,8 @@ def test_a_chunked_answer_whose_trailer_line_never_ends_is_one_error_not_retried
             except OSError:
                 pass
 
-    waits = []
-    with tls_server(tmp_path, Trailing) as port:
-        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
-        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
-                            retry=Retry(attempts=3, sleep=waits.append)) as c:
-            with pytest.raises(RegistryError) as caught:
-                c.manifest(DIGEST)
-    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose trailer line (after "
+    port, said, waits = _reading_a_manifest_fails(tmp_path, Trailing)
+    assert said == (f"the registry 127.0.0.1:{port} answered with a chunked body whose trailer line (after "
                                  f"its last chunk) is longer than the {1 << 16} bytes an HTTP client reads while reading "
                                  f"manifest {DIGEST[:19]}: that answer cannot be read, and would come again on another "
                                  "try")
