@@ -605,7 +605,10 @@ class DockerEngine(Engine):
 
     def folder_header(self, image: str, path: str) -> tuple[int, int, int] | str | None:
         # the first header of the engine's archive of the folder (a created container's, never started):
-        # the folder itself; the rest of the stream (the folder's whole tree) is never read
+        # the folder itself; the rest of the stream (the folder's whole tree) is never read. By docker-py's
+        # request helpers, not its get_archive: that one gives no handle to close the answer once its first
+        # blocks are read (the connection would stay busy until the engine had sent the whole tree), and
+        # lifts the socket's timeout
         try:
             with self._container(image, ["true"], kind="stat", entrypoint=[]) as container:
                 try:

@@ -64,6 +64,33 @@ def test_an_arm64_release_carries_its_platform_and_passes_its_gates_under_emulat
     assert run.exit_code == 0 and "ok: platform linux/arm64 (uname -m: aarch64)" in run.output, run.output
 
 
+def test_an_arm64_hotfix_is_assembled_under_emulation_and_is_the_image_a_whole_build_gives(cli, engine, busybox_product,
+                                                                                            version, images, tmp_path):
+    # (the small build's RUN steps run under emulation like the whole build's; the assembled config must
+    # record linux/arm64/v8 as the whole build's does, or the image ID differs)
+    base, fix = version, f"{version}h"
+    for v in (base, fix):
+        images(f"unibake-test:{v}-arm64")
+    out = tmp_path / "release"
+    profiles = with_arm64_base(busybox_product)
+    common = ("--config", str(profiles), "--out", str(out), "--no-smoke")
+    made = cli("--version", base, "--platform", "linux/arm64", *common)
+    assert made.code == 0, made.err
+    tune = busybox_product.parent / "images/tune/tp1/cache-1.json"
+    tune.write_text(tune.read_text().replace("{", '{"retuned": true, ', 1))
+    assert cli("lock", "--config", str(profiles)).code == 0
+    made = cli("hotfix", "--from", f"{base}-arm64", "--version", fix, *common)
+    assert made.code == 0, made.err
+    assert "assembled: the steps below the build memo's marker built alone" in made.err, made.err
+    folder = out / f"{fix}-arm64"
+    manifest = assert_arm64_release(cli, engine, folder, f"unibake-test:{fix}-arm64",
+                                    f"unibake-test-{fix}-arm64.tar.zst", [])
+    whole = cli("hotfix", "--from", f"{base}-arm64", "--version", fix, "--full-build", "--force", *common)
+    assert whole.code == 0, whole.err
+    assert "(not assembled): --full-build" in whole.err
+    assert json.loads((folder / "manifest.json").read_text())["image_id"] == manifest["image_id"]
+
+
 def without_variant(engine, source: str, tag: str) -> str:
     """``source`` loaded again as ``tag`` with a config that records no CPU variant (``arm64``, as many
     published arm64 images do), its layers unchanged."""
