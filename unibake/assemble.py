@@ -41,6 +41,7 @@ import hmac
 import io
 import json
 import os
+import shutil
 import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -323,11 +324,18 @@ class SmallSave:
     diff_ids: tuple[str, ...]
 
     def linked(self, name: str) -> SmallSave:
-        """The same spool under a second name (a hard link, no copy): for a reader that removes its own name
-        when it is done, whenever the other is."""
+        """The same spool under a second name, for a reader that removes its own name when it is done,
+        whenever the other is: a hard link (no copy), or a copy where the folder's file system has none."""
         other = self.path.with_name(name)
         other.unlink(missing_ok=True)
-        os.link(self.path, other)
+        try:
+            os.link(self.path, other)
+        except OSError:
+            try:
+                shutil.copyfile(self.path, other)
+            except BaseException:
+                other.unlink(missing_ok=True)
+                raise
         return replace(self, path=other)
 
 

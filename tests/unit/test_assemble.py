@@ -234,3 +234,23 @@ def test_a_released_config_is_taken_back_only_when_its_digest_is_the_image_id(tm
     (tmp_path / "configs" / f"{image_id[7:]}.json").write_bytes(config + b" ")  # changed: not that image's
     assert remembered_config(tmp_path, image_id) is None
     assert remembered_config(tmp_path, "sha256:" + "f" * 64) is None
+
+
+def test_the_small_save_gets_a_second_name_for_the_checks_even_where_hard_links_are_refused(tmp_path, monkeypatch):
+    from unibake import assemble
+
+    spool = tmp_path / ".assembled-small.tar.tmp"
+    spool.write_bytes(b"layers" * 100)
+    small = assemble.SmallSave(path=spool, config={}, layers=("a", "b"), diff_ids=("x", "y"))
+    linked = small.linked(".assembled-checks.tar.tmp")
+    assert linked.path.read_bytes() == spool.read_bytes() and linked.path.stat().st_ino == spool.stat().st_ino
+    linked.path.unlink()
+
+    def refused(*args):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(assemble.os, "link", refused)  # (a file system without hard links: vfat, some shares)
+    copied = small.linked(".assembled-checks.tar.tmp")
+    assert copied.path.read_bytes() == spool.read_bytes() and copied.layers == small.layers
+    spool.unlink()  # each reader removes its own name: the other stays whole
+    assert copied.path.read_bytes() == b"layers" * 100
