@@ -723,12 +723,19 @@ sha256sum < "$work/tar.fifo" | cut -c 1-64 > "$work/tar.sha256" &
 wait
 unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
-# a zstd frame first (or a skippable one), as build.py verify decodes it; another format's stream after a zstd
-# frame still passes here (build.py verify refuses it: see docs/RELIABILITY.md)
+# a zstd frame first (or a skippable one), as build.py verify decodes it
 case "$(od -An -tx1 "$work/magic" | tr -d ' \n')" in
   28b52ffd|5[0-9a-f]2a4d18) ;;
   *) fail "$dir: the archive is not a zstd stream: it does not start with a zstd frame (gzip, xz or another format?)" ;;
 esac
+# and nothing but zstd frames after it: zstd -l walks the frames' headers (no decoding) and refuses another
+# format's stream after them, which zstd -dc decodes. It reads a file only: an archive in parts (whose frames
+# may cross the parts' ends) is not walked here (build.py verify refuses such a stream: docs/RELIABILITY.md)
+if [ "$(wc -l < "$work/parts")" -eq 1 ] && ! zstd -q -l -- "./$(cat "$work/parts")" > /dev/null 2>&1; then
+  stream > /dev/null
+  unchanged  # (an archive gone or changed since it was read is said as such; this read is the failure's only)
+  fail "$dir: the archive holds something other than zstd frames after its first (another format's stream?)"
+fi
 [ "$(cat "$work/tar.rc")" = 0 ] || fail "$dir: the archive is not a valid tar: $(head -n 1 "$work/tar.err")"
 [ "$(cat "$work/whole.sha256")" = "$(record sha256)" ] || fail "$dir/manifest.json records the archive's sha256 \
 (all its files in order) as $(record sha256); it is $(cat "$work/whole.sha256")"

@@ -860,6 +860,9 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         raise InputError(f"{where(('platforms',))}: kernel '{name}' is built here, for the platform it is built "
                          "on; platforms names prebuilt files of other platforms")
     outputs = tuple(data.get("outputs", []))
+    if "outputs" in data and not outputs:  # (it was taken as the default: a key that says nothing is a slip)
+        raise InputError(f"{where(('outputs',))}: kernel '{name}' lists no outputs; name the libraries it gives, "
+                         "or leave outputs out for the default (the library the build names, or the prebuilt's)")
     for i, out in enumerate(outputs):
         if not SO_RE.search(out) or out.endswith("/"):
             raise InputError(f"{where(('outputs', i))}: output {out!r} of kernel '{name}' is not a shared library "

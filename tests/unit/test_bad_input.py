@@ -531,6 +531,11 @@ def case_kernel_output_listed_twice(p):  # was loaded, counted and listed twice
     (p / "product.yaml").write_text((p / "product.yaml").read_text() + f"kernels: [{kernel}]\n")
 
 
+def case_kernel_outputs_empty(p):  # was taken as the default, lib<name>.so
+    kernel = "{name: k, version: '1', source: images/engine, build: {make: all}, outputs: []}"
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + f"kernels: [{kernel}]\n")
+
+
 def case_platforms_key_twice_by_variant(p):  # both name linux/arm64: which base was meant?
     edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}',
          'base: {image: "localhost/unibake-busybox:1", platforms: {linux/arm64: "a:1", linux/arm64/v8: "b:1"}}')
@@ -644,6 +649,7 @@ SAYS = {
     "mount_named_name": "would be MODEL_NAME in run.sh",
     "fragment_names_a_profile": "shared/nccl.yaml:1: a file in a subfolder of the profiles folder is a fragment",
     "kernel_output_listed_twice": "output 'libk.so' of kernel 'k' is listed twice; list each library once",
+    "kernel_outputs_empty": "product.yaml:13: kernel 'k' lists no outputs; name the libraries it gives",
     "port_written_as_another_number": "tp1.yaml:3: --port 8000 of profile 'tp1' is not launch.port 30000",
     "base_of_a_platform_by_tag": "or as base.platforms.linux/arm64: sha256:<image ID> (a local image; base.id pins "
                                  "base.image only)",

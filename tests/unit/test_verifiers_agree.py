@@ -950,6 +950,17 @@ def test_an_archive_that_is_another_format_s_stream_is_refused_by_both(cli, fold
     assert_same(cli, folder, passes=False, python_says="Unknown frame descriptor", shell_says="not a zstd stream")
 
 
+@pytest.mark.parametrize("frames", [
+    pytest.param(lambda z, tar: z(tar[:4000]) + __import__("gzip").compress(tar[4000:], mtime=0), id="the rest gzip"),
+    pytest.param(lambda z, tar: z(tar) + __import__("gzip").compress(b"", mtime=0), id="an empty gzip after"),
+])
+def test_another_format_s_stream_after_the_first_zstd_frame_is_refused_by_both(cli, folder, frames):
+    """The zstd tool decodes a gzip stream after zstd frames too: the shell verifier passed such an archive
+    (re-summed), where build.py verify refuses it."""
+    reframed(folder, frames)
+    assert_same(cli, folder, passes=False, shell_says="holds something other than zstd frames after its first")
+
+
 def test_a_validation_json_past_16_mib_is_refused_by_both(cli, folder):
     """A VALIDATION.json saying no gate ran, padded past the 16 MiB both read, re-summed: the shell verifier
     refused it, build.py verify passed the folder without reading it (its skipped-gate warning unsaid)."""
