@@ -2284,6 +2284,19 @@ def test_a_blob_upload_the_registry_says_it_stored_as_another_digest_is_exit_3(t
     assert waits == []
 
 
+def _reading_a_manifest_fails(tmp_path, handler) -> tuple[int, str, list]:
+    """(the port of a TLS server answering with ``handler``, the one RegistryError reading a manifest
+    from it gave, the waits before each retry)."""
+    waits = []
+    with tls_server(tmp_path, handler) as port:
+        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
+        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
+                            retry=Retry(attempts=3, sleep=waits.append)) as c:
+            with pytest.raises(RegistryError) as caught:
+                c.manifest(DIGEST)
+    return port, str(caught.value), waits
+
+
 def test_a_chunked_answer_whose_chunk_length_is_no_number_is_one_error_not_retried(tmp_path):
     """A chunked answer whose chunk length is no hex number is the same answer on every try: it was retried
     as a broken connection, then 'did not answer ... (connection broken)'. It is now one error saying
@@ -2300,14 +2313,8 @@ def test_a_chunked_answer_whose_chunk_length_is_no_number_is_one_error_not_retri
             self.end_headers()
             self.wfile.write(b"zz\r\n{}\r\n0\r\n\r\n")
 
-    waits = []
-    with tls_server(tmp_path, Lying) as port:
-        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
-        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
-                            retry=Retry(attempts=3, sleep=waits.append)) as c:
-            with pytest.raises(RegistryError) as caught:
-                c.manifest(DIGEST)
-    assert str(caught.value) == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length is "
+    port, said, waits = _reading_a_manifest_fails(tmp_path, Lying)
+    assert said == (f"the registry 127.0.0.1:{port} answered with a chunked body whose chunk length is "
                                  f"no number ('zz') while reading manifest {DIGEST[:19]}: that answer cannot be read, "
                                  "and would come again on another try")
     assert waits == []
@@ -2511,19 +2518,6 @@ def test_a_credential_helper_that_never_answers_or_answers_no_credential_is_name
                                            f"docker-credential-unibake-test, {message}"):
         load_credentials("reg.example:5000", env, None)
     assert time.monotonic() - started < 50
-
-
-def _reading_a_manifest_fails(tmp_path, handler) -> tuple[int, str, list]:
-    """(the port of a TLS server answering with ``handler``, the one RegistryError reading a manifest
-    from it gave, the waits before each retry)."""
-    waits = []
-    with tls_server(tmp_path, handler) as port:
-        ref = parse_reference(f"127.0.0.1:{port}/team/a@{DIGEST}", what="ref", digest=True)
-        with RegistryClient(ref, credentials=None, ca_file=tmp_path / "cert.pem",
-                            retry=Retry(attempts=3, sleep=waits.append)) as c:
-            with pytest.raises(RegistryError) as caught:
-                c.manifest(DIGEST)
-    return port, str(caught.value), waits
 
 
 def test_a_chunked_answer_whose_chunk_length_line_never_ends_is_one_error_not_retried(tmp_path):
