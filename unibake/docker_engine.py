@@ -549,14 +549,58 @@ class DockerEngine(Engine):
                         raise RunTimedOut(f"{image} {' '.join(args)} did not finish within {timeout} s",
                                           output=output) from None
                 output = self._bounded_logs(container)
-                changed = ()
-                if changes:
-                    kinds = {0: "C", 1: "A", 2: "D"}
-                    changed = tuple(f"{kinds.get(c.get('Kind'), '?')} {c.get('Path')}"
-                                    for c in self.api.diff(container) or ())
+                changed = self._changes(container) if changes else ()
                 return RunOutcome(exit_code=int(result.get("StatusCode", -1)), output=output, changes=changed)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"running {image} failed", exc) from None
+
+    def _changes(self, container: dict) -> tuple[str, ...]:
+        """What a stopped container changed in its image's files, as ``docker diff`` says it ("C /tmp", "A /x",
+        "D /y"), or, where the engine's diff says nothing but the container's upper folder holds something (a
+        folder whose entry was made and removed again: a build records that folder as a layer all the same),
+        that folder's entries as changed."""
+        upper = self._upper_folder(container)
+        if upper == ():
+            return ()  # nothing written: the engine's diff, about a second for a 1.3 GB image, is not asked
+        kinds = {0: "C", 1: "A", 2: "D"}
+        said = tuple(f"{kinds.get(c.get('Kind'), '?')} {c.get('Path')}" for c in self.api.diff(container) or ())
+        return said or tuple(f"C {path}" for path in upper or ())
+
+    def _upper_folder(self, container: dict) -> tuple[str, ...] | None:
+        """The paths in a stopped container's upper folder, when its engine is overlay2 on this host: where
+        overlayfs puts every write, removal and change of mode, and what the engine's own diff walks (Engine
+        20.10's diff took about a second for a 1.3 GB image even so: it walks the whole tree). None when it
+        cannot be seen as the engine's own (another storage driver, an engine elsewhere, a folder that is
+        not this container's)."""
+        try:
+            driver = self.api.inspect_container(container).get("GraphDriver") or {}
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return None
+        data = driver.get("Data") or {}
+        if driver.get("Name") != "overlay2" or not isinstance(data.get("UpperDir"), str) \
+                or not isinstance(data.get("LowerDir"), str):
+            return None
+        upper = Path(data["UpperDir"])
+        layer = upper.parent
+        init = Path(data["LowerDir"].split(":")[0]).parent
+        # the engine's own folder, not one of the same name elsewhere: its layer ID is 64 random hex digits and its
+        # init layer, named after it, is the first of its lower folders (another engine's store holds neither)
+        if not (upper.is_absolute() and upper.name == "diff" and re.fullmatch(r"[0-9a-f]{64}", layer.name)
+                and init.name == f"{layer.name}-init" and init.parent == layer.parent):
+            return None
+        try:
+            if not (init / "diff").is_dir() or not (layer / "link").is_file() or not upper.is_dir():
+                return None
+            found: list[str] = []
+            for folder, dirs, files in os.walk(upper, onerror=_raise):
+                dirs.sort()
+                rel = "/" + os.path.relpath(folder, upper).removeprefix(".").lstrip("/")
+                found += [os.path.join(rel, name) for name in (*dirs, *sorted(files))]
+                if len(found) >= UPPER_SHOWN:
+                    break
+            return tuple(found[:UPPER_SHOWN])
+        except OSError:
+            return None
 
     @contextlib.contextmanager
     def _container(self, image: str, command: list[str], *, kind: str, env: dict[str, str] | None = None,
@@ -941,6 +985,11 @@ class _Breaker:
 
 
 RUN_ENDED_WAIT = 60  # s for the engine to give the exit code of a run's container that has ended
+UPPER_SHOWN = 20  # paths of a container's upper folder said, at most, when the engine's diff says none
+
+
+def _raise(error: OSError) -> None:
+    raise error
 
 
 def _read_timed_out(exc: Exception) -> bool:

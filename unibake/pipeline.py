@@ -549,6 +549,10 @@ def _build(run: Run) -> tuple:
         run.stack.push(_release_tag_on_failure(run, plan, before.id if before is not None else None, given))
     else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
         run.stack.push(_repro_tag_on_failure(run, ref))
+    if run.get("base") is not None and run.get("folder") is not None and not run.request.hold:
+        # a hotfix's build is short (assembled, it builds a few steps): its kit, which writes, hashes and
+        # compresses the whole build context, begins with it, not after it (the kit begin stage takes it)
+        run.results["kit_draft"] = supply.begin_kit(run)
     built = _assembled(run, plan, memo, memo_key)
     if built is None:
         built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,
@@ -893,12 +897,14 @@ def _export(run: Run) -> tuple:
             raise
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix on it: this release, or
+        run.seed.keep_after(base.manifest.image_id if base is not None else image.image_id)  # this hotfix's base
     if checks is not None:
+        if not request.smoke:  # no gate will run in the verify engine: it stops while the checks end, not after
+            run.stage_done("smoke gates")
         checks.result()  # a failure (a check, or a change the checks made) releases nothing
         run.reporter.info(f"    in-image checks of {', '.join(plan.profile_names)} passed on the assembled image, "
                           "which they left unchanged")
-    if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix on it: this release, or
-        run.seed.keep_after(base.manifest.image_id if base is not None else image.image_id)  # this hotfix's base
     return image, archive, proof
 
 

@@ -109,6 +109,20 @@ def test_a_folder_s_header_is_read_from_a_container_that_is_then_removed(engine,
     assert {c["Id"] for c in engine.api.containers(all=True)} <= before
 
 
+@pytest.mark.parametrize("command,changed", [
+    ("true", ()),
+    ("cat /bin/sh > /dev/null; ls -R / > /dev/null", ()),  # reads change nothing
+    ("mkdir /tmp/made; rmdir /tmp/made", ("C /tmp",)),  # undone, but the folder changed: a layer in a build
+    ("touch /made", ("A /made",)),
+    ("rm /bin/true", ("C /bin", "D /bin/true")),
+    ("chmod 700 /tmp", ("C /tmp",)),
+])
+def test_a_run_says_what_it_changed_in_the_image_and_nothing_when_it_only_read(engine, command, changed):
+    # (the assembled hotfix's in-image checks must change nothing: the whole build records any change as a layer)
+    outcome = engine.run(BUSYBOX, ["sh", "-c", command], changes=True)
+    assert (outcome.exit_code, tuple(sorted(outcome.changes))) == (0, changed)
+
+
 def test_a_started_container_reports_its_exit_and_restarts(engine):
     container = engine.start(BUSYBOX, ["sh", "-c", "exit 3"], restarts=2)
     try:

@@ -26,23 +26,47 @@ case "${2:-}" in
   *) fail "unknown option $2 (self-check [--skip-ledgers])"; exit 1 ;;
 esac
 if [ "${2:-}" != --skip-ledgers ]; then
+# A first look with the image's python3, if it has one: its hashlib (OpenSSL) hashes a big library several
+# times faster than coreutils' sha256sum, which uses no SHA instructions. It only ever answers "every file
+# matches", and only for a ledger of plain lines ("HASH  PATH": lowercase hex, no backslash, no CR, not "-",
+# the last line ended); on anything else it answers no and sha256sum -c gives the verdict and the message.
+sha256_all_match() {
+  command -v python3 >/dev/null 2>&1 || return 1
+  python3 -c '
+import hashlib, re, sys
+count = 0
+with open(sys.argv[1], "rb") as ledger:
+    for line in ledger:
+        plain = re.fullmatch(rb"([0-9a-f]{64})  ([^\\\r\n]+)\n", line)
+        if plain is None or plain.group(2) == b"-":
+            sys.exit(1)
+        digest = hashlib.sha256()
+        with open(plain.group(2), "rb") as data:
+            for block in iter(lambda: data.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest().encode() != plain.group(1):
+            sys.exit(1)
+        count += 1
+sys.exit(0 if count else 1)
+' "$1" >/dev/null 2>&1
+}
 if [ ! -f meta/files.sha256 ]; then
   fail "ledger meta/files.sha256 is missing"
-elif out=$(sha256sum -c meta/files.sha256 2>&1); then
+elif sha256_all_match meta/files.sha256 || out=$(sha256sum -c meta/files.sha256 2>&1); then
   pass "$(grep -c . meta/files.sha256) files match meta/files.sha256"
 else
   fail "files differ from meta/files.sha256: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"
 fi
 if [ ! -f meta/kernels.sha256 ]; then
   fail "ledger meta/kernels.sha256 is missing"
-elif out=$(sha256sum -c meta/kernels.sha256 2>&1); then
+elif sha256_all_match meta/kernels.sha256 || out=$(sha256sum -c meta/kernels.sha256 2>&1); then
   pass "$(grep -c . meta/kernels.sha256) files match meta/kernels.sha256"
 else
   fail "files differ from meta/kernels.sha256: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"
 fi
 if [ ! -f meta/overlays.sha256 ]; then
   fail "ledger meta/overlays.sha256 is missing"
-elif out=$(sha256sum -c meta/overlays.sha256 2>&1); then
+elif sha256_all_match meta/overlays.sha256 || out=$(sha256sum -c meta/overlays.sha256 2>&1); then
   pass "$(grep -c . meta/overlays.sha256) files match meta/overlays.sha256"
 else
   fail "files differ from meta/overlays.sha256: $(printf '%s\n' "$out" | grep -v ': OK$' | head -n 5 | tr '\n' ' ')"

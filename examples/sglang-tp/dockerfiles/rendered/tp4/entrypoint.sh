@@ -2,10 +2,12 @@
 # Rendered by unibake for sglang-tp:0.4.6.post1-r1-tp4: do not edit by hand.
 # PROFILE selects the layout (tp4; default tp4).
 #   (no arguments) or serve [ARGS...]   start the engine with the profile's arguments
-#   self-check                          run the profile's fail-closed checks; exit 0 only if all pass
+#   self-check [--skip-ledgers]         run the profile's fail-closed checks; exit 0 only if all pass
+#                                       (--skip-ledgers: not the file ledgers, checked for another profile)
 #   COMMAND [ARGS...]                   run COMMAND in the profile's environment
 set -eu
 UNIBAKE_ROOT=/opt/unibake
+UNIBAKE_PYTHON_DIRS=""
 PROFILE="${PROFILE:-tp4}"
 case "$PROFILE" in
   tp4)
@@ -14,7 +16,7 @@ case "$PROFILE" in
     UNIBAKE_KERNEL_DIRS=/opt/unibake/kernels/sgl_kernel:/opt/unibake/kernels/flash_attn:/opt/unibake/kernels/deep_gemm
     UNIBAKE_TUNE_DIR=/opt/unibake/profiles/tp4/tune
     UNIBAKE_TUNE_EXPECT=3
-    start_engine() { exec python3 -m sglang.launch_server --host 0.0.0.0 --tp-size 4 --enable-torch-compile "$@"; }
+    start_engine() { exec python3 -m sglang.launch_server --host 0.0.0.0 --port "${PORT}" --model-path "${UNIBAKE_MOUNT_TARGET}" --served-model-name "${MODEL_NAME}" --tp-size 4 --enable-torch-compile "$@"; }
     ;;
   *)
     printf "error: unknown PROFILE '%s'; known profiles: %s\n" "$PROFILE" tp4 >&2
@@ -25,10 +27,10 @@ export PROFILE UNIBAKE_ROOT UNIBAKE_GPUS UNIBAKE_KERNELS UNIBAKE_TUNE_DIR UNIBAK
 if [ -n "$UNIBAKE_KERNEL_DIRS" ]; then
   export LD_LIBRARY_PATH="$UNIBAKE_KERNEL_DIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export PYTHONPATH="$UNIBAKE_ROOT/engine${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$UNIBAKE_ROOT/engine${UNIBAKE_PYTHON_DIRS:+:$UNIBAKE_PYTHON_DIRS}${PYTHONPATH:+:$PYTHONPATH}"
 
 case "${1:-serve}" in
   serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;
-  self-check) exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" ;;
+  self-check) shift; exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" "$@" ;;
   *) exec "$@" ;;
 esac
