@@ -549,10 +549,6 @@ def _build(run: Run) -> tuple:
         run.stack.push(_release_tag_on_failure(run, plan, before.id if before is not None else None, given))
     else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here
         run.stack.push(_repro_tag_on_failure(run, ref))
-    if run.get("base") is not None and run.get("folder") is not None and not run.request.hold:
-        # a hotfix's build is short (assembled, it builds a few steps): its kit, which writes, hashes and
-        # compresses the whole build context, begins with it, not after it (the kit begin stage takes it)
-        run.results["kit_draft"] = supply.begin_kit(run)
     built = _assembled(run, plan, memo, memo_key)
     if built is None:
         built = build_image(run["context"], run.engine, product=plan.product, revision=run.request.revision,

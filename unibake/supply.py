@@ -166,14 +166,7 @@ def kit_skip(run: Run) -> str | None:
 
 def kit_begin_stage(run: Run) -> tuple:
     """The kit begun in a thread (its context tar written, hashed and compressed) while the image is
-    exported: the export waits on the engine for most of its time, with a core to spare. A hotfix's
-    began with its build (:func:`begin_kit`)."""
-    draft = run.get("kit_draft")
-    return (draft if draft is not None else begin_kit(run),)
-
-
-def begin_kit(run: Run):
-    """The kit's draft, begun in a thread; abandoned (stopped, its file removed) if the run fails."""
+    exported: the export waits on the engine for most of its time, with a core to spare."""
     from .kit import KitDraft, kit_name
 
     target = run["target"]
@@ -181,7 +174,7 @@ def begin_kit(run: Run):
                      context=run["context"], release=target.release, epoch=run.epoch)
     run.stack.callback(draft.abandon)  # after a failure: stopped, its file removed (nothing once finished)
     draft.begin_in_thread()
-    return draft
+    return (draft,)
 
 
 def kit_stage(run: Run) -> tuple:
