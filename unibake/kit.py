@@ -51,12 +51,12 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from . import __version__
-from .archive import DEFAULT_LEVEL, compressor
 from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
 from .errors import BuildFailed, BuildInterrupted, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, open_new, read_small_file, read_small_text, visible_name
 from .inputs import LOCK_FILE, sha256_file
+from .kitframes import FRAME_MIN, Cut, Framer, Reusable, open_reusable
 from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
 from .plan import INSTALL_ROOT, ReleasePlan
@@ -178,22 +178,21 @@ def _tool_files() -> dict[str, tuple[bytes | Path, int]]:
     return out
 
 
-class _Hashing(io.RawIOBase):
-    """A write-only file that hashes and counts what passes to ``fh``; once ``stop`` is set, every
-    write raises (a kit abandoned while its context is compressed stops at the next block)."""
+class _HashingSpool(io.RawIOBase):
+    """The context tar's spool, hashed as it is written (no second read to hash it)."""
 
-    def __init__(self, fh, stop: threading.Event):
-        self.fh, self.sha, self.bytes, self.stop = fh, hashlib.sha256(), 0, stop
+    def __init__(self, fh):
+        self.fh, self.sha = fh, hashlib.sha256()
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:
-        if self.stop.is_set():
-            raise HandoffAborted()
         self.sha.update(data)
-        self.bytes += len(data)
         return self.fh.write(data)
+
+    def tell(self) -> int:
+        return self.fh.tell()
 
 
 # Written first, after the folders: they depend on the build context alone, so a kit can be begun
@@ -210,8 +209,11 @@ class KitDraft:
     The bytes are the same whichever way it is written: one zstd stream of one tar."""
 
     def __init__(self, out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, epoch: int,
-                 expect_context: str | None = None):
+                 expect_context: str | None = None, reuse: tuple[Path, str] | None = None):
         self.out, self.name, self.plan, self.context, self.epoch = out, name, plan, context, epoch
+        # an earlier kit (its path and recorded sha256) whose frames of the same large files are copied
+        self.reuse = reuse
+        self.reuse_note = ""  # what came of it, for the kit stage's line
         self.release = release
         self.expect_context = expect_context
         self.top = name.removesuffix(".tar.zst")
@@ -221,7 +223,8 @@ class KitDraft:
         self._stop = threading.Event()
         self._thread: Thread | None = None
         self._error: BaseException | None = None
-        self._spool = self._fh = self._zw = self._tar = self._counted = None
+        self._spool = self._fh = self._framer = self._tar = None
+        self._lender: Reusable | None = None
         self._folder: int | None = None  # the folder's descriptor, flock-ed while the kit is written
         self._begun = self._done = False
 
@@ -232,9 +235,9 @@ class KitDraft:
     def begin(self) -> None:
         check_context_sizes(self.context)
         self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
-        write_context_tar(self.context, self._spool, mtime=self.epoch)  # the build stage's call: the same bytes
-        self._spool.seek(0)
-        self.context_sha = hashlib.file_digest(self._spool, "sha256").hexdigest()
+        hashed = _HashingSpool(self._spool)
+        write_context_tar(self.context, hashed, mtime=self.epoch)  # the build stage's call: the same bytes
+        self.context_sha = hashed.sha.hexdigest()
         if self.expect_context is not None and self.context_sha != self.expect_context:
             raise VerificationError(f"the build context of {self.plan.tag} rendered here (sha256 "
                                     f"{self.context_sha[:16]}...) differs from the one release {self.release} was "
@@ -248,9 +251,8 @@ class KitDraft:
         self._hold_folder()
         with held_signals():  # made and recorded as one step: an interrupt as it was made left .KIT.tmp in --out
             self._fh = open_new(self.temp)  # never through a link planted under its name in --out
-        self._counted = _Hashing(self._fh, self._stop)
-        self._zw = compressor(DEFAULT_LEVEL, False, threads=-1).stream_writer(self._counted, closefd=False)
-        self._tar = tarfile.open(fileobj=self._zw, mode="w|", format=tarfile.PAX_FORMAT)
+        self._framer = Framer(self._fh, self._stop)
+        self._tar = tarfile.open(fileobj=self._framer, mode="w|", format=tarfile.PAX_FORMAT)
         folders = {self.top}
         for rel in self.names():
             parts = rel.split("/")[:-1]
@@ -260,8 +262,39 @@ class KitDraft:
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, self.epoch
             self._tar.addfile(info)
         _add(self._tar, f"{self.top}/Dockerfile", self.context.dockerfile.encode(), 0o644, self.epoch)
+        info = _info(f"{self.top}/{CONTEXT}", 0o644, self.epoch, self._spool.seek(0, os.SEEK_END))
+        cuts = self._cuts(self._tar.offset + len(info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors)))
+        self._framer.cut(cuts, self._lend(cuts))
         _add(self._tar, f"{self.top}/{CONTEXT}", self._spool, 0o644, self.epoch)
         self._begun = True
+
+    def _cuts(self, at: int) -> list[Cut]:
+        """Each large context file's bytes in the kit's tar stream (a frame of its own): ``at``, where
+        context.tar's data begins, plus where the file's data lies in context.tar (its headers read back
+        from the spool)."""
+        shas = {f.name: f.sha256 for f in self.context.files}
+        self._spool.seek(0)
+        cuts = []
+        with tarfile.open(fileobj=self._spool, mode="r:") as inner:
+            for member in inner:
+                if member.isfile() and member.size >= FRAME_MIN and member.name in shas:
+                    cuts.append(Cut(start=at + member.offset_data, size=member.size, sha256=shas[member.name]))
+        return cuts
+
+    def _lend(self, cuts: list[Cut]) -> int | None:
+        """The earlier kit (``reuse``) opened and checked, each cut given its frame of the same bytes;
+        its descriptor, or None (and why not, in ``reuse_note``)."""
+        if self.reuse is None or not cuts:
+            return None
+        path, sha = self.reuse
+        lender = open_reusable(path, sha)
+        if isinstance(lender, str):
+            self.reuse_note = f"large context files compressed anew, none copied from {path.name}: {lender}"
+            return None
+        self._lender = lender
+        for cut in cuts:
+            cut.reuse = lender.frames.get((cut.sha256, cut.size))
+        return lender.fd
 
     def _hold_folder(self) -> None:
         """The folder held (``flock`` on the folder itself, no file left in it) while the kit is written: a
@@ -348,11 +381,15 @@ class KitDraft:
             content, mode = later[rel]
             _add(self._tar, f"{self.top}/{rel}", content, mode, self.epoch)
         self._tar.close()
-        self._zw.close()
+        self._framer.close_stream()
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
-        sha = self._counted.sha.hexdigest()
+        out = self._framer.out
+        sha = out.sha.hexdigest()
+        if self.reuse is not None and not self.reuse_note and self._framer.cuts:
+            self.reuse_note = (f"{self._framer.reused} of {len(self._framer.cuts)} large context files copied from the "
+                               f"frames of {self.reuse[0].name} (not compressed again)")
         # compared before the rename: the published kit may be the very file at out/name (--out the release)
         if expect_sha256 is not None and sha != expect_sha256:
             raise VerificationError(f"the kit written from this checkout is sha256:{sha}, not the "
@@ -362,8 +399,7 @@ class KitDraft:
         fsync_dir(self.out)
         self._done = True
         self._release()
-        return WrittenKit(file=SupplyFile(name=self.name, bytes=self._counted.bytes,
-                                          sha256=self._counted.sha.hexdigest()),
+        return WrittenKit(file=SupplyFile(name=self.name, bytes=out.bytes, sha256=sha),
                           context_sha256=self.context_sha, dockerfile_sha256=record.dockerfile_sha256,
                           files=len(digests))
 
@@ -378,9 +414,10 @@ class KitDraft:
             self.temp.unlink(missing_ok=True)
 
     def _release(self) -> None:
-        for fh in (self._fh, self._spool):
+        for fh in (self._fh, self._spool, self._lender):
             if fh is not None:
                 fh.close()
+        self._lender = None
         if self._folder is not None:
             os.close(self._folder)  # (its flock goes with it)
             self._folder = None
@@ -402,10 +439,15 @@ def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext,
         draft.abandon()
 
 
+def _info(name: str, mode: int, epoch: int, size: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mode, info.mtime, info.size = mode, epoch, size
+    return info
+
+
 def _add(tar: tarfile.TarFile, name: str, content, mode: int, epoch: int) -> None:
     """One file of the kit's tar: root-owned, its time the epoch."""
-    info = tarfile.TarInfo(name)
-    info.mode, info.mtime = mode, epoch
+    info = _info(name, mode, epoch)
     if isinstance(content, bytes):
         info.size = len(content)
         tar.addfile(info, io.BytesIO(content))

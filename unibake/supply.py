@@ -171,10 +171,23 @@ def kit_begin_stage(run: Run) -> tuple:
 
     target = run["target"]
     draft = KitDraft(run["folder"].staging, kit_name(target.product, target.release), plan=run["plan"],
-                     context=run["context"], release=target.release, epoch=run.epoch)
+                     context=run["context"], release=target.release, epoch=run.epoch, reuse=_base_kit(run))
     run.stack.callback(draft.abandon)  # after a failure: stopped, its file removed (nothing once finished)
     draft.begin_in_thread()
     return (draft,)
+
+
+def _base_kit(run: Run) -> tuple[Path, str] | None:
+    """A hotfix's base release's kit, as its manifest records it (name and sha256): the frames of the large
+    files that did not change are copied from it, not compressed again (the same bytes)."""
+    from .kit import kit_name
+
+    base = run.get("base")
+    supply = base.manifest.supply_chain if base is not None else None
+    kit = supply.kit if supply is not None else None
+    if kit is None or kit.name != kit_name(base.manifest.product, base.manifest.release):
+        return None
+    return base.folder / kit.name, kit.sha256
 
 
 def kit_stage(run: Run) -> tuple:
@@ -207,6 +220,8 @@ def kit_stage(run: Run) -> tuple:
         raise UnibakeError(f"cannot write the reconstruct kit {name} in {where} ({exc.strerror}); nothing was "
                            "published") from None
     run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
+    if draft.reuse_note:
+        run.reporter.info(f"    {draft.reuse_note}")
     return (Kit(file=written.file, context_sha256=written.context_sha256,
                 dockerfile_sha256=written.dockerfile_sha256),)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 from pathlib import Path
 
@@ -76,6 +77,11 @@ def hotfix_pair(cli, demo_product, version, images, tmp_path):
     base, fix = f"{version}a", f"{version}b"
     images(f"demo-llm:{base}")
     images(f"demo-llm:{fix}")
+    # a file of 4 MiB or more (an engine's library, weights): a zstd frame of its own in the kit, which the
+    # hotfix's kit copies from the base release's
+    weights = demo_product.parent / "images/engine/demo_engine/weights.bin"
+    weights.write_bytes(random.Random(7).randbytes(1 << 20) * 5)
+    assert cli("lock", "--config", str(demo_product)).code == 0
     assert release(cli, demo_product, base, out).code == 0
     tune = demo_product.parent / "images/tune/tp2/E=8,N=3584,device_name=NVIDIA_H100_80GB_HBM3.json"
     tune.write_text(tune.read_text().replace("{", '{"retuned": true, ', 1))
@@ -87,6 +93,7 @@ def hotfix_pair(cli, demo_product, version, images, tmp_path):
     assert "in-image checks of tp1, tp2, tp4 passed on the assembled image" in result.err
     # the base release's pass recorded its layers: they are not read again, and its verify engine kept it
     assert f"bottom layers of release {base} as its pass recorded them (not read again)" in result.err
+    assert f"1 of 1 large context files copied from the frames of demo-llm-{base}-kit.tar.zst" in result.err
     assert f"holding only the base image and the release {json.loads((out / base / 'manifest.json').read_text())['image_id'][:19]}" \
         in result.err
     return out / base, out / fix
@@ -134,6 +141,12 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
         sbom.get("metadata", {}).pop("timestamp", None)
     assert sboms[0] == sboms[1] and len(sboms[0]["components"]) > 50
     assert cli("verify", str(fix)).code == 0
+    # its kit, whose large file's frame was copied from the base release's kit, is the kit written from the
+    # checkout with everything compressed anew, byte for byte
+    kit = f"demo-llm-{fix.name}-kit.tar.zst"
+    again = cli("kit", str(fix), "--out", str(tmp_path / "kit"), "--config", str(demo_product))
+    assert again.code == 0, again.err
+    assert (tmp_path / "kit" / kit).read_bytes() == (fix / kit).read_bytes()
 
 
 def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(cli, hotfix_pair):

@@ -49,7 +49,7 @@ def make_kit(profiles: Path, out: Path) -> tuple[Path, object]:
 
 def unpack(kit: Path, into: Path) -> Path:
     into.mkdir()
-    data = zstandard.ZstdDecompressor().stream_reader(open(kit, "rb")).read()
+    data = zstandard.ZstdDecompressor().stream_reader(open(kit, "rb"), read_across_frames=True).read()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(into, filter="tar")
     (folder,) = into.iterdir()
@@ -96,7 +96,7 @@ def test_a_kit_begun_in_a_thread_before_the_image_is_known_is_the_same_file(busy
     assert sorted(p.name for p in out.iterdir()) == [whole.name]
     assert (out / whole.name).read_bytes() == whole.read_bytes()
     assert written.file.sha256 == hashlib.sha256(whole.read_bytes()).hexdigest()
-    data = zstandard.ZstdDecompressor().stream_reader(open(whole, "rb")).read()
+    data = zstandard.ZstdDecompressor().stream_reader(open(whole, "rb"), read_across_frames=True).read()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         files = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()]
     assert files[:2] == ["Dockerfile", "context.tar"] and files[2:] == sorted(files[2:])

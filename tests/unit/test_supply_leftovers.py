@@ -172,7 +172,7 @@ def test_kit_key_checks_the_release_s_signature_before_trusting_its_sums(cli, tm
 
 def read_kit_json(out):
     (kit,) = out.iterdir()
-    data = zstandard.ZstdDecompressor().stream_reader(open(kit, "rb")).read()
+    data = zstandard.ZstdDecompressor().stream_reader(open(kit, "rb"), read_across_frames=True).read()
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         (member,) = [m for m in tar.getmembers() if m.name.endswith("/kit.json")]
         return json.loads(tar.extractfile(member).read())

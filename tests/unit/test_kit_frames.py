@@ -1,0 +1,189 @@
+"""The kit's frames: each large context file a zstd frame of its own, indexed at the end in a skippable
+frame; a hotfix's kit copies the base release's frames of the files that did not change, and its bytes
+are those of a kit compressed anew; an earlier kit that does not check out lends nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from unibake.archive import SKIPPABLE_MAGIC
+from unibake.kit import KitDraft
+from unibake.kitframes import COMPRESSOR, FRAME_MIN, INDEX_TAG, read_index
+from unibake.plan import make_plan
+from unibake.render import render, write_context_tar
+from unibake.sbom import BaseImage
+
+BASE = BaseImage(ref="localhost/unibake-busybox:1", image_id="sha256:" + "b" * 64)
+WEIGHTS = random.Random(7).randbytes(1 << 20) * 5  # 5 MiB: a frame of its own (compressible: repeated)
+
+
+def kit(profiles: Path, out: Path, reuse: tuple[Path, str] | None = None) -> tuple[Path, str]:
+    plan = make_plan(profiles, cwd=profiles.parent)
+    out.mkdir()
+    draft = KitDraft(out, "k.tar.zst", plan=plan, context=render(plan), release="0.1.0", epoch=1700000000,
+                     reuse=reuse)
+    try:
+        draft.finish(image_id="sha256:" + "e" * 64, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE,
+                     builder=None)
+    finally:
+        draft.abandon()
+    return out / "k.tar.zst", draft.reuse_note
+
+
+def index_frame(index: dict) -> bytes:
+    body = json.dumps(index).encode()
+    body += struct.pack("<I", len(body)) + INDEX_TAG
+    return SKIPPABLE_MAGIC + struct.pack("<I", len(body)) + body
+
+
+def frames_end(data: bytes) -> int:
+    """Where the index's skippable frame begins."""
+    length = struct.unpack("<I", data[-len(INDEX_TAG) - 4:-len(INDEX_TAG)])[0]
+    return len(data) - (8 + length + 4 + len(INDEX_TAG))
+
+
+def unpacked(data: bytes) -> dict[str, bytes]:
+    whole = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+@pytest.fixture
+def product(busybox_product, cli):
+    (busybox_product.parent / "images/engine/weights.bin").write_bytes(WEIGHTS)
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    return busybox_product
+
+
+def retune(profiles: Path, cli) -> None:
+    tune = profiles.parent / "images/tune/tp1/cache-1.json"
+    tune.write_text(tune.read_text().replace("{", '{"retuned": true, ', 1))
+    assert cli("lock", "--config", str(profiles)).code == 0
+
+
+def test_a_large_file_is_a_frame_of_its_own_indexed_at_the_end_which_any_zstd_passes_over(product, tmp_path):
+    path, note = kit(product, tmp_path / "a")
+    assert note == ""  # nothing to copy from: compressed
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        index = read_index(fd)
+    finally:
+        os.close(fd)
+    assert not isinstance(index, str), index
+    assert index.compressor == COMPRESSOR
+    (frame,) = index.frames  # the tune caches and scripts are small: in the frames between
+    assert (frame.size, frame.sha256) == (len(WEIGHTS), hashlib.sha256(WEIGHTS).hexdigest()) and frame.size >= FRAME_MIN
+    alone = data[frame.offset:frame.offset + frame.length]
+    assert hashlib.sha256(alone).hexdigest() == frame.zsha256
+    assert zstandard.ZstdDecompressor().decompress(alone, max_output_size=len(WEIGHTS)) == WEIGHTS
+    # the zstd command reads the kit whole (the index is a skippable frame), and context.tar is the build's
+    plain = subprocess.run(["zstd", "-dc"], input=data, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(plain)) as tar:
+        context = tar.extractfile("k/context.tar").read()
+    plan = make_plan(product, cwd=product.parent)
+    expected = io.BytesIO()
+    write_context_tar(render(plan), expected, mtime=1700000000)
+    assert context == expected.getvalue()
+
+
+def test_a_later_kit_copies_the_frame_of_an_unchanged_large_file_and_is_the_kit_compressed_anew(product, tmp_path,
+                                                                                                cli):
+    first, _ = kit(product, tmp_path / "first")
+    retune(product, cli)
+    fresh, _ = kit(product, tmp_path / "fresh")
+    sha = hashlib.sha256(first.read_bytes()).hexdigest()
+    copied, note = kit(product, tmp_path / "copied", reuse=(first, sha))
+    assert note == "1 of 1 large context files copied from the frames of k.tar.zst (not compressed again)"
+    assert copied.read_bytes() == fresh.read_bytes() != first.read_bytes()
+
+    # copied, not compressed again: a lender whose frame of the same bytes was made otherwise (level 19)
+    # lends exactly those bytes; the kit unpacks to the same files, and its index records that frame
+    other = zstandard.ZstdCompressor(level=19, write_checksum=True).compress(WEIGHTS)
+    lender = other + index_frame({"compressor": COMPRESSOR, "frames": [
+        {"offset": 0, "length": len(other), "size": len(WEIGHTS), "sha256": hashlib.sha256(WEIGHTS).hexdigest(),
+         "zsha256": hashlib.sha256(other).hexdigest()}]})
+    (tmp_path / "lender.zst").write_bytes(lender)
+    spliced, note = kit(product, tmp_path / "spliced",
+                        reuse=(tmp_path / "lender.zst", hashlib.sha256(lender).hexdigest()))
+    assert note.startswith("1 of 1 large context files copied")
+    data = spliced.read_bytes()
+    assert other in data and data != fresh.read_bytes()
+    assert unpacked(data) == unpacked(fresh.read_bytes())
+    fd = os.open(spliced, os.O_RDONLY)
+    try:
+        assert read_index(fd).frames[0].zsha256 == hashlib.sha256(other).hexdigest()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("case, said", [
+    ("another sha256", "its sha256 is not the one its release records"),
+    ("no index", "it ends without a frame index (made before kits had one)"),
+    ("index not valid", "its frame index is not valid (frames: "),
+    ("index past the frames", "its frame index names bytes past the frames"),
+    ("another compressor", "its frames were made by zstandard 0.1, not"),
+    ("a link", "cannot open it"),
+    ("a frame changed after the check", "0 of 1 large context files copied"),
+])
+def test_an_earlier_kit_that_does_not_check_out_lends_nothing_and_the_kit_is_the_same(product, tmp_path, cli, case,
+                                                                                      said):
+    first, _ = kit(product, tmp_path / "first")
+    retune(product, cli)
+    fresh, _ = kit(product, tmp_path / "fresh")
+    data = bytearray(first.read_bytes())
+    fd = os.open(first, os.O_RDONLY)
+    index = read_index(fd)
+    os.close(fd)
+    frames = [f.model_dump() for f in index.frames]
+    tail = frames_end(bytes(data))
+    lender = tmp_path / "lender"
+    if case == "no index":
+        data = data[:tail]
+    elif case == "index not valid":
+        data = data[:tail] + index_frame({"compressor": COMPRESSOR, "frames": "all"})
+    elif case == "index past the frames":
+        frames[0]["length"] = tail
+        data = data[:tail] + index_frame({"compressor": COMPRESSOR, "frames": frames})
+    elif case == "another compressor":
+        data = data[:tail] + index_frame({"compressor": "zstandard 0.1", "frames": frames})
+    elif case == "a frame changed after the check":  # (the index's own record of the frame's bytes disagrees)
+        frames[0]["zsha256"] = "0" * 64
+        data = data[:tail] + index_frame({"compressor": COMPRESSOR, "frames": frames})
+    lender.write_bytes(bytes(data))
+    sha = hashlib.sha256(bytes(data)).hexdigest()
+    if case == "another sha256":
+        sha = "0" * 64
+    if case == "a link":
+        lender.unlink()
+        lender.symlink_to(first)
+    copied, note = kit(product, tmp_path / "copied", reuse=(lender, sha))
+    assert said in note, note
+    assert copied.read_bytes() == fresh.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "copied").iterdir()) == ["k.tar.zst"]
+
+
+def test_a_kit_without_a_large_file_is_one_frame_and_its_index(busybox_product, tmp_path):
+    path, _ = kit(busybox_product, tmp_path / "small")
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        index = read_index(fd)
+    finally:
+        os.close(fd)
+    assert index.frames == ()
+    body = data[:frames_end(data)]
+    # one zstd frame: read whole by a reader that stops after the first frame
+    assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)).read() == \
+        zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True).read()
