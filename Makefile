@@ -37,6 +37,8 @@ render:
 	$(PY) build.py --quiet --stage render --platform linux/amd64 --profile tp4
 	$(PY) build.py --quiet --stage render --platform linux/amd64 --config tests/fixtures/busybox-product/profiles
 	for d in examples/*/profiles; do $(PY) build.py --quiet --stage render --platform linux/amd64 --config $$d; done
+	for d in examples/*/profiles; do if [ -d $$d/../dockerfiles/rendered/tp4 ]; then \
+	  $(PY) build.py --quiet --stage render --platform linux/amd64 --profile tp4 --config $$d; fi; done
 	$(PY) -m unibake.manifest > docs/manifest.schema.json
 
 # Remove old release images and unibake's build cache from the engine (release folders stay).

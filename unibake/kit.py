@@ -24,7 +24,9 @@ on; the rebuild refuses before building when they are not.
 
 The kit is deterministic (the folders, then ``Dockerfile`` and ``context.tar``, then the rest sorted;
 fixed owners, times set to the epoch, zstd with workers, whose frames are the same bytes for any
-number of workers from 1 up), so ``build.py kit RELEASE_DIR --out DIR`` writes, from the checkout,
+number of workers from 1 up; each context file of 4 MiB or more a frame of its own, indexed at the
+end in a skippable frame: ``kitframes.py``, through which a hotfix's kit copies its base release's
+frames of the large files that did not change), so ``build.py kit RELEASE_DIR --out DIR`` writes, from the checkout,
 a kit byte for byte equal to the one published, after checking the checkout's inputs and profiles
 against the release's provenance.
 """
@@ -35,12 +37,10 @@ import errno
 import fcntl
 import hashlib
 import importlib.metadata
-import io
 import os
 import posixpath
 import re
 import tarfile
-import tempfile
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -61,7 +61,8 @@ from .manifest import TAG_PATTERN, Tool
 from .metadata import DIGEST, HEX64, Digest, Document, Record, first_error
 from .plan import INSTALL_ROOT, ReleasePlan
 from .publish import held_signals
-from .render import BuildContext, write_context_tar
+from .render import (BuildContext, context_file_chunks, context_tar_layout, tar_header, tar_info, tar_padding,
+                     tar_end)
 from .schema import IMAGE_REF_RE, SHA256_RE as HEX64_RE
 from .sbom import BaseImage
 from .sums import parse_sums, render_sums
@@ -178,21 +179,40 @@ def _tool_files() -> dict[str, tuple[bytes | Path, int]]:
     return out
 
 
-class _HashingSpool(io.RawIOBase):
-    """The context tar's spool, hashed as it is written (no second read to hash it)."""
+class _TarOut:
+    """The kit's tar as tarfile writes one (render's headers, padding and end), into the framer."""
 
-    def __init__(self, fh):
-        self.fh, self.sha = fh, hashlib.sha256()
+    def __init__(self, sink: Framer):
+        self.sink, self.offset = sink, 0
 
-    def writable(self) -> bool:
-        return True
+    def write(self, data) -> None:
+        self.sink.write(data)
+        self.offset += len(data)
 
-    def write(self, data) -> int:
-        self.sha.update(data)
-        return self.fh.write(data)
+    def folder(self, name: str, epoch: int) -> None:
+        self.write(tar_header(tar_info(name, 0o755, epoch, folder=True)))
 
-    def tell(self) -> int:
-        return self.fh.tell()
+    def file(self, name: str, content: bytes | Path, mode: int, epoch: int) -> None:
+        """One file: root-owned, its time the epoch."""
+        if isinstance(content, bytes):
+            self.write(tar_header(tar_info(name, mode, epoch, len(content))))
+            self.write(content)
+            self.write(tar_padding(len(content)))
+            return
+        with open(content, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            self.write(tar_header(tar_info(name, mode, epoch, size)))
+            left = size
+            while left:
+                chunk = fh.read(min(1 << 20, left))
+                if not chunk:
+                    raise UnibakeError(f"{content}: shorter than its size while the kit was written; run again")
+                self.write(chunk)
+                left -= len(chunk)
+        self.write(tar_padding(size))
+
+    def close(self) -> None:
+        self.write(tar_end(self.offset))
 
 
 # Written first, after the folders: they depend on the build context alone, so a kit can be begun
@@ -223,7 +243,7 @@ class KitDraft:
         self._stop = threading.Event()
         self._thread: Thread | None = None
         self._error: BaseException | None = None
-        self._spool = self._fh = self._framer = self._tar = None
+        self._fh = self._framer = self._tar = None
         self._lender: Reusable | None = None
         self._folder: int | None = None  # the folder's descriptor, flock-ed while the kit is written
         self._begun = self._done = False
@@ -234,14 +254,13 @@ class KitDraft:
 
     def begin(self) -> None:
         check_context_sizes(self.context)
-        self._spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)
-        hashed = _HashingSpool(self._spool)
-        write_context_tar(self.context, hashed, mtime=self.epoch)  # the build stage's call: the same bytes
-        self.context_sha = hashed.sha.hexdigest()
-        if self.expect_context is not None and self.context_sha != self.expect_context:
-            raise VerificationError(f"the build context of {self.plan.tag} rendered here (sha256 "
-                                    f"{self.context_sha[:16]}...) differs from the one release {self.release} was "
-                                    f"built from ({self.expect_context[:16]}...); no kit was written")
+        pieces, size = context_tar_layout(self.context, mtime=self.epoch)  # the build stage's: the same bytes
+        if self.expect_context is not None:  # (build.py kit) refused before anything is written in --out
+            self.context_sha = _context_sha(pieces)
+            if self.context_sha != self.expect_context:
+                raise VerificationError(f"the build context of {self.plan.tag} rendered here (sha256 "
+                                        f"{self.context_sha[:16]}...) differs from the one release {self.release} "
+                                        f"was built from ({self.expect_context[:16]}...); no kit was written")
         if self._stop.is_set():
             raise HandoffAborted()
         target = self.out / self.name
@@ -252,34 +271,35 @@ class KitDraft:
         with held_signals():  # made and recorded as one step: an interrupt as it was made left .KIT.tmp in --out
             self._fh = open_new(self.temp)  # never through a link planted under its name in --out
         self._framer = Framer(self._fh, self._stop)
-        self._tar = tarfile.open(fileobj=self._framer, mode="w|", format=tarfile.PAX_FORMAT)
+        self._tar = tar = _TarOut(self._framer)
         folders = {self.top}
         for rel in self.names():
             parts = rel.split("/")[:-1]
             folders.update(f"{self.top}/{'/'.join(parts[:i])}" for i in range(1, len(parts) + 1))
         for folder in sorted(folders):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, self.epoch
-            self._tar.addfile(info)
-        _add(self._tar, f"{self.top}/Dockerfile", self.context.dockerfile.encode(), 0o644, self.epoch)
-        info = _info(f"{self.top}/{CONTEXT}", 0o644, self.epoch, self._spool.seek(0, os.SEEK_END))
-        cuts = self._cuts(self._tar.offset + len(info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors)))
+            tar.folder(folder, self.epoch)
+        tar.file(f"{self.top}/Dockerfile", self.context.dockerfile.encode(), 0o644, self.epoch)
+        tar.write(tar_header(tar_info(f"{self.top}/{CONTEXT}", 0o644, self.epoch, size)))
+        cuts = _cuts(pieces, tar.offset)
         self._framer.cut(cuts, self._lend(cuts))
-        _add(self._tar, f"{self.top}/{CONTEXT}", self._spool, 0o644, self.epoch)
+        sha = hashlib.sha256()  # context.tar's, from the bytes written
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                sha.update(piece)
+                tar.write(piece)
+                continue
+            f, length = piece
+            for chunk in context_file_chunks(f, length):
+                sha.update(chunk)
+                tar.write(chunk)
+            sha.update(tar_padding(length))
+            tar.write(tar_padding(length))
+        if self.expect_context is not None and sha.hexdigest() != self.expect_context:
+            raise VerificationError(f"the build context of {self.plan.tag} changed while its kit was written; "
+                                    "no kit was written")
+        self.context_sha = sha.hexdigest()
+        tar.write(tar_padding(size))
         self._begun = True
-
-    def _cuts(self, at: int) -> list[Cut]:
-        """Each large context file's bytes in the kit's tar stream (a frame of its own): ``at``, where
-        context.tar's data begins, plus where the file's data lies in context.tar (its headers read back
-        from the spool)."""
-        shas = {f.name: f.sha256 for f in self.context.files}
-        self._spool.seek(0)
-        cuts = []
-        with tarfile.open(fileobj=self._spool, mode="r:") as inner:
-            for member in inner:
-                if member.isfile() and member.size >= FRAME_MIN and member.name in shas:
-                    cuts.append(Cut(start=at + member.offset_data, size=member.size, sha256=shas[member.name]))
-        return cuts
 
     def _lend(self, cuts: list[Cut]) -> int | None:
         """The earlier kit (``reuse``) opened and checked, each cut given its frame of the same bytes;
@@ -379,7 +399,7 @@ class KitDraft:
         later[LEDGER] = (render_sums(digests).encode(), 0o644)
         for rel in sorted(later):
             content, mode = later[rel]
-            _add(self._tar, f"{self.top}/{rel}", content, mode, self.epoch)
+            self._tar.file(f"{self.top}/{rel}", content, mode, self.epoch)
         self._tar.close()
         self._framer.close_stream()
         self._fh.flush()
@@ -414,7 +434,7 @@ class KitDraft:
             self.temp.unlink(missing_ok=True)
 
     def _release(self) -> None:
-        for fh in (self._fh, self._spool, self._lender):
+        for fh in (self._fh, self._lender):
             if fh is not None:
                 fh.close()
         self._lender = None
@@ -439,27 +459,32 @@ def write_kit(out: Path, name: str, *, plan: ReleasePlan, context: BuildContext,
         draft.abandon()
 
 
-def _info(name: str, mode: int, epoch: int, size: int = 0) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.mode, info.mtime, info.size = mode, epoch, size
-    return info
+def _cuts(pieces: list, at: int) -> list[Cut]:
+    """Each large context file's bytes in the kit's tar stream (a frame of its own): ``at``, where
+    context.tar's data begins, plus where the file's data lies in context.tar."""
+    cuts = []
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            at += len(piece)
+            continue
+        f, size = piece
+        if size >= FRAME_MIN:
+            cuts.append(Cut(start=at, size=size, sha256=f.sha256))
+        at += size + len(tar_padding(size))
+    return cuts
 
 
-def _add(tar: tarfile.TarFile, name: str, content, mode: int, epoch: int) -> None:
-    """One file of the kit's tar: root-owned, its time the epoch."""
-    info = _info(name, mode, epoch)
-    if isinstance(content, bytes):
-        info.size = len(content)
-        tar.addfile(info, io.BytesIO(content))
-    elif isinstance(content, Path):
-        with open(content, "rb") as fh:
-            info.size = os.fstat(fh.fileno()).st_size
-            tar.addfile(info, fh)
-    else:
-        content.seek(0, os.SEEK_END)
-        info.size = content.tell()
-        content.seek(0)
-        tar.addfile(info, content)
+def _context_sha(pieces: list) -> str:
+    sha = hashlib.sha256()
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            sha.update(piece)
+            continue
+        f, size = piece
+        for chunk in context_file_chunks(f, size):
+            sha.update(chunk)
+        sha.update(tar_padding(size))
+    return sha.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ caches, overlays, environment + launcher + metadata, the in-image checks, labels
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import tarfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from .errors import InputError
@@ -333,57 +333,106 @@ def context_files(context: BuildContext, root: Path):
                    partial(open_member, f.prebuilt, f.member), f.sha256)
 
 
+# Why tar by hand: the kit needs the build context's tar laid out (every header, every file's place and
+# the whole size) before any file is read, and its bytes streamed in large pieces; tarfile gives neither
+# (its stream writer re-slices a large write 10 kB at a time). Headers are tarfile's own (``tobuf``), the
+# padding and the end are as tarfile writes them, so the bytes are the ones ``tarfile.open(mode="w")`` gives
+# (a test holds them equal).
+BLOCK = tarfile.BLOCKSIZE
+CHUNK = 1 << 20
+
+
+def tar_header(info: tarfile.TarInfo) -> bytes:
+    """A member's header as ``TarFile.addfile`` writes it in PAX format."""
+    return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+def tar_padding(size: int) -> bytes:
+    """What follows ``size`` bytes of a member's data: up to the next 512-byte block."""
+    return bytes(-size % BLOCK)
+
+
+def tar_end(offset: int) -> bytes:
+    """The end of a tar whose members take ``offset`` bytes: two zero blocks, then up to a 10 kB record."""
+    return bytes(2 * BLOCK + -(offset + 2 * BLOCK) % tarfile.RECORDSIZE)
+
+
+def tar_info(name: str, mode: int, mtime: int, size: int = 0, folder: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mode, info.mtime, info.size = mode, mtime, size
+    if folder:
+        info.type = tarfile.DIRTYPE
+    return info
+
+
+def _size(f: ContextFile) -> int:
+    if f.data is not None:
+        return len(f.data)
+    if f.member is not None:
+        return f.member.size
+    assert f.source is not None
+    with open_regular(f.source) as fh:
+        return os.fstat(fh.fileno()).st_size
+
+
+def context_tar_layout(context: BuildContext, *, mtime: int) -> tuple[list[bytes | tuple[ContextFile, int]], int]:
+    """The build context as a reproducible tar (sorted, root-owned, one fixed mtime), laid out before any
+    file is read: its pieces in order (a header's or the end's bytes, or a context file and its size, whose
+    data and padding come there), and the tar's whole size."""
+    pieces: list[bytes | tuple[ContextFile, int]] = []
+    at = 0
+    dirs: set[str] = set()
+    for f in context.files:
+        parts = f.name.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if d not in dirs:
+                dirs.add(d)
+                pieces.append(tar_header(tar_info(d, 0o755, mtime, folder=True)))
+                at += len(pieces[-1])
+        size = _size(f)
+        pieces.append(tar_header(tar_info(f.name, f.mode, mtime, size)))
+        pieces.append((f, size))
+        at += len(pieces[-2]) + size + len(tar_padding(size))
+    pieces.append(tar_end(at))
+    return pieces, at + len(pieces[-1])
+
+
+def context_file_chunks(f: ContextFile, size: int) -> Iterator[bytes]:
+    """A context file's bytes as laid out (``size`` of them), in pieces of up to 1 MiB; InputError when
+    they are not the bytes the plan hashed (the file changed since)."""
+    if f.data is not None:
+        yield f.data
+        return
+    sha = hashlib.sha256()
+    opened = open_member(f.prebuilt, f.member) if f.member is not None else open_regular(f.source)  # type: ignore[arg-type]
+    with opened as fh:
+        left = size
+        while left:
+            chunk = fh.read(min(CHUNK, left))
+            if not chunk:
+                break
+            sha.update(chunk)
+            left -= len(chunk)
+            yield chunk
+    if left or sha.hexdigest() != f.sha256:
+        if f.member is not None:
+            raise InputError(f"{f.prebuilt.file.path}: {f.member.source} changed while the build context "  # type: ignore[union-attr]
+                             "was written; run the build again")
+        raise InputError(f"{f.source}: changed while the build context was written; run the build again")
+
+
 def write_context_tar(context: BuildContext, fileobj: BinaryIO, *, mtime: int) -> None:
     """The build context as a reproducible tar: sorted, root-owned, one fixed mtime."""
-    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        dirs: set[str] = set()
-        for f in context.files:
-            parts = f.name.split("/")[:-1]
-            for i in range(1, len(parts) + 1):
-                d = "/".join(parts[:i])
-                if d not in dirs:
-                    dirs.add(d)
-                    info = tarfile.TarInfo(d)
-                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, mtime
-                    tar.addfile(info)
-            info = tarfile.TarInfo(f.name)
-            info.mode, info.mtime = f.mode, mtime
-            if f.data is not None:
-                info.size = len(f.data)
-                tar.addfile(info, io.BytesIO(f.data))
-            elif f.member is not None:
-                with open_member(f.prebuilt, f.member) as fh:  # type: ignore[arg-type]
-                    info.size = f.member.size
-                    reader = _HashingReader(fh)
-                    tar.addfile(info, reader)
-                if reader.hexdigest() != f.sha256:
-                    raise InputError(f"{f.prebuilt.file.path}: {f.member.source} changed while the build context "
-                                     "was written; run the build again")
-            else:
-                assert f.source is not None
-                with open_regular(f.source) as fh:
-                    info.size = fh.seek(0, 2)
-                    fh.seek(0)
-                    reader = _HashingReader(fh)
-                    tar.addfile(info, reader)
-                if reader.hexdigest() != f.sha256:
-                    raise InputError(f"{f.source}: changed while the build context was written; "
-                                     "run the build again")
-
-
-class _HashingReader:
-    """A file wrapper that hashes what it hands out, to catch an input edited mid-build."""
-
-    def __init__(self, fh: BinaryIO):
-        self._fh, self._h = fh, hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._fh.read(size)
-        self._h.update(data)
-        return data
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
+    pieces, _ = context_tar_layout(context, mtime=mtime)
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            fileobj.write(piece)
+            continue
+        f, size = piece
+        for chunk in context_file_chunks(f, size):
+            fileobj.write(chunk)
+        fileobj.write(tar_padding(size))
 
 
 RENDERED_FILES = ("Dockerfile", "entrypoint.sh", "self-check.sh")  # in each folder under RENDERED

@@ -18,6 +18,7 @@ import pytest
 import zstandard
 
 from unibake.archive import SKIPPABLE_MAGIC
+from unibake.errors import InputError
 from unibake.kit import KitDraft
 from unibake.kitframes import COMPRESSOR, FRAME_MIN, INDEX_TAG, read_index
 from unibake.plan import make_plan
@@ -187,3 +188,53 @@ def test_a_kit_without_a_large_file_is_one_frame_and_its_index(busybox_product, 
     # one zstd frame: read whole by a reader that stops after the first frame
     assert zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)).read() == \
         zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body), read_across_frames=True).read()
+
+
+def tarfile_copy(data: bytes) -> bytes:
+    """The same members written again by tarfile itself (PAX, as unibake's tar claims to write)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(data)) as src, tarfile.open(fileobj=out, mode="w",
+                                                                     format=tarfile.PAX_FORMAT) as dst:
+        for member in src.getmembers():
+            info = tarfile.TarInfo(member.name)
+            info.mode, info.mtime, info.size, info.type = member.mode, member.mtime, member.size, member.type
+            dst.addfile(info, src.extractfile(member) if member.isfile() else None)
+    return out.getvalue()
+
+
+def test_the_context_tar_and_the_kit_are_the_bytes_tarfile_writes_long_and_non_ascii_names_included(tmp_path,
+                                                                                                    product):
+    from dataclasses import replace
+
+    from unibake.render import ContextFile
+
+    plan = make_plan(product, cwd=product.parent)
+    context = render(plan)
+    odd = (ContextFile(name="x/" + "long-name-" * 15 + ".json", mode=0o644, sha256="0" * 64, data=b"{}"),
+           ContextFile(name="x/caché/ünïcode.bin", mode=0o755, sha256="0" * 64, data=bytes(range(256)) * 3),
+           ContextFile(name="x/empty", mode=0o644, sha256="0" * 64, data=b""))
+    context = replace(context, files=context.files + odd)
+    written = io.BytesIO()
+    write_context_tar(context, written, mtime=1700000000)
+    data = written.getvalue()
+    assert data == tarfile_copy(data) and len(data) % tarfile.RECORDSIZE == 0
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.extractfile("x/" + "long-name-" * 15 + ".json").read() == b"{}"
+        assert tar.extractfile("x/caché/ünïcode.bin").read() == bytes(range(256)) * 3
+        assert tar.extractfile("ctx/engine/weights.bin").read() == WEIGHTS
+    path, _ = kit(product, tmp_path / "k")
+    whole = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(path.read_bytes()), read_across_frames=True).read()
+    assert whole == tarfile_copy(whole)
+
+
+def test_a_context_file_changed_since_the_plan_stops_the_kit_and_leaves_nothing(product, tmp_path):
+    plan = make_plan(product, cwd=product.parent)
+    context = render(plan)
+    (product.parent / "images/engine/weights.bin").write_bytes(WEIGHTS[:-1] + b"!")
+    out = tmp_path / "k"
+    out.mkdir()
+    draft = KitDraft(out, "k.tar.zst", plan=plan, context=context, release="0.1.0", epoch=1700000000)
+    with pytest.raises(InputError, match=r"images/engine/weights\.bin: changed while the build context was written"):
+        draft.begin()
+    draft.abandon()
+    assert list(out.iterdir()) == []
