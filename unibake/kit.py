@@ -229,9 +229,9 @@ class KitDraft:
     The bytes are the same whichever way it is written: one zstd stream of one tar."""
 
     def __init__(self, out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, epoch: int,
-                 expect_context: str | None = None, reuse: tuple[Path, str] | None = None):
+                 expect_context: str | None = None, reuse: tuple[Path, str, int] | None = None):
         self.out, self.name, self.plan, self.context, self.epoch = out, name, plan, context, epoch
-        # an earlier kit (its path and recorded sha256) whose frames of the same large files are copied
+        # an earlier kit (its path, recorded sha256 and size) whose frames of the same large files are copied
         self.reuse = reuse
         self.reuse_note = ""  # what came of it, for the kit stage's line
         self.release = release
@@ -306,8 +306,8 @@ class KitDraft:
         its descriptor, or None (and why not, in ``reuse_note``)."""
         if self.reuse is None or not cuts:
             return None
-        path, sha = self.reuse
-        lender = open_reusable(path, sha)
+        path, sha, size = self.reuse
+        lender = open_reusable(path, sha, size)
         if isinstance(lender, str):
             self.reuse_note = f"large context files compressed anew, none copied from {path.name}: {lender}"
             return None

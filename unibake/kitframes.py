@@ -164,7 +164,10 @@ class Framer(io.RawIOBase):
         saved, check = self.out.sha.copy(), hashlib.sha256()
         done = 0
         while done < frame.length:
-            chunk = os.pread(self.source, min(COPY_CHUNK, frame.length - done), frame.offset + done)
+            try:
+                chunk = os.pread(self.source, min(COPY_CHUNK, frame.length - done), frame.offset + done)
+            except OSError:  # (a read error of the earlier kit: its frame is compressed anew, as below)
+                break
             if not chunk:
                 break
             check.update(chunk)
@@ -234,17 +237,20 @@ class Reusable:
         os.close(self.fd)
 
 
-def open_reusable(path, sha256: str) -> Reusable | str:
-    """The kit at ``path`` ready to lend its frames, when its bytes have ``sha256`` (the base release's
-    manifest records it) and it ends with an index of frames made with this compressor; otherwise why
-    not (its frames are then compressed again: the same bytes, only slower)."""
+def open_reusable(path, sha256: str, size: int) -> Reusable | str:
+    """The kit at ``path`` ready to lend its frames, when it is ``size`` bytes whose sha256 is ``sha256``
+    (the base release's manifest records both) and it ends with an index of frames made with this
+    compressor; otherwise why not (its frames are then compressed again: the same bytes, only slower)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         return f"cannot open it ({exc.strerror})"
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise ValueError("not a file")
+        if st.st_size != size:  # (never hashed when it is not the size recorded)
+            raise ValueError(f"it is {st.st_size} bytes, not the {size} its release records")
         with open(fd, "rb", closefd=False) as fh:
             if hashlib.file_digest(fh, "sha256").hexdigest() != sha256:
                 raise ValueError("its sha256 is not the one its release records")

@@ -177,7 +177,7 @@ def kit_begin_stage(run: Run) -> tuple:
     return (draft,)
 
 
-def _base_kit(run: Run) -> tuple[Path, str] | None:
+def _base_kit(run: Run) -> tuple[Path, str, int] | None:
     """A hotfix's base release's kit, as its manifest records it (name and sha256): the frames of the large
     files that did not change are copied from it, not compressed again (the same bytes)."""
     from .kit import kit_name
@@ -187,7 +187,7 @@ def _base_kit(run: Run) -> tuple[Path, str] | None:
     kit = supply.kit if supply is not None else None
     if kit is None or kit.name != kit_name(base.manifest.product, base.manifest.release):
         return None
-    return base.folder / kit.name, kit.sha256
+    return base.folder / kit.name, kit.sha256, kit.bytes
 
 
 def kit_stage(run: Run) -> tuple:

@@ -29,11 +29,14 @@ BASE = BaseImage(ref="localhost/unibake-busybox:1", image_id="sha256:" + "b" * 6
 WEIGHTS = random.Random(7).randbytes(1 << 20) * 5  # 5 MiB: a frame of its own (compressible: repeated)
 
 
-def kit(profiles: Path, out: Path, reuse: tuple[Path, str] | None = None) -> tuple[Path, str]:
+def kit(profiles: Path, out: Path, reuse: tuple | None = None) -> tuple[Path, str]:
+    """A kit of ``profiles`` in ``out``; ``reuse``: an earlier kit, its sha256 and its size (taken as it is
+    when not given)."""
     plan = make_plan(profiles, cwd=profiles.parent)
     out.mkdir()
+    lender = (*reuse, os.lstat(reuse[0]).st_size) if reuse and len(reuse) == 2 else reuse
     draft = KitDraft(out, "k.tar.zst", plan=plan, context=render(plan), release="0.1.0", epoch=1700000000,
-                     reuse=reuse)
+                     reuse=lender)
     try:
         draft.finish(image_id="sha256:" + "e" * 64, diff_ids=("sha256:" + "1" * 64,), revision="abc", base=BASE,
                      builder=None)
@@ -136,6 +139,7 @@ def test_a_later_kit_copies_the_frame_of_an_unchanged_large_file_and_is_the_kit_
     ("index past the frames", "its frame index names bytes past the frames"),
     ("another compressor", "its frames were made by zstandard 0.1, not"),
     ("a link", "cannot open it"),
+    ("another size", "it is 1 bytes, not the"),
     ("a frame changed after the check", "0 of 1 large context files copied"),
 ])
 def test_an_earlier_kit_that_does_not_check_out_lends_nothing_and_the_kit_is_the_same(product, tmp_path, cli, case,
@@ -166,10 +170,12 @@ def test_an_earlier_kit_that_does_not_check_out_lends_nothing_and_the_kit_is_the
     sha = hashlib.sha256(bytes(data)).hexdigest()
     if case == "another sha256":
         sha = "0" * 64
+    if case == "another size":
+        lender.write_bytes(b"x")
     if case == "a link":
         lender.unlink()
         lender.symlink_to(first)
-    copied, note = kit(product, tmp_path / "copied", reuse=(lender, sha))
+    copied, note = kit(product, tmp_path / "copied", reuse=(lender, sha, len(data)))
     assert said in note, note
     assert copied.read_bytes() == fresh.read_bytes()
     assert sorted(p.name for p in (tmp_path / "copied").iterdir()) == ["k.tar.zst"]
