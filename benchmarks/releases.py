@@ -5,7 +5,8 @@ of both sides (``--no-smoke``: the round trip still runs):
              against the same work by hand: ``docker build`` + ``docker save | zstd -T0 -3 | tee FILE |
              sha256sum`` + ``zstd -dc FILE | docker load`` into a fresh engine (the issue's sum; the
              fresh engine's start and stop are timed apart)
-    tune     after one tune-cache JSON change and ``build.py lock``, a release of a new version
+    tune     after one tune-cache JSON change and ``build.py lock``, a release of a new version made
+             ``--from`` the cold release (once, too, without ``--from``)
     hotfix   after another such change, ``build.py hotfix --from`` the tune release
 
 Every round starts from the same engine (the bases only: each round's images are removed first, so
@@ -160,10 +161,12 @@ class Releases:
     def seed_dirs(self) -> list[Path]:
         return sorted(p for p in self.scratch.glob("ub-seed-*") if p.is_dir()) if self.scratch.is_dir() else []
 
-    def tune(self, r: int) -> Measured:
+    def tune(self, r: int | str, *, on: str | None = "cold") -> Measured:
+        """A release after one tune-cache JSON change: made ``--from`` the cold release (``on``), or, with
+        ``on=None``, as any release is (built and exported whole)."""
         realistic.set_tune(self.profiles, f"r{r}a")
         return self.ours(f"tune-{r}", "build", "--profile", "all", "--version", f"tune{r}", "--out", str(self.out),
-                         "--no-smoke")
+                         "--no-smoke", *(("--from", on) if on else ()))
 
     def hotfix(self, r: int) -> Measured:
         realistic.set_tune(self.profiles, f"r{r}b")

@@ -33,12 +33,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import stat
 import zstandard
+from pydantic import Field, ValidationError
 
 from .contents import ImageContents, LayerInspector
 from .errors import ArchiveError, DiskFull, UnibakeError
 from .imagetar import (BLOCK, OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, SavedImage, full_reference, interpret,
                        read_members, tar_header, tar_padding)
+from .metadata import Record, first_error
 from .platforms import of_config
 from .threads import read_ahead
 
@@ -143,20 +146,24 @@ class PartWriter:
     def copy_from(self, path: Path, offset: int = 0) -> None:
         """Append ``path`` from ``offset`` on, copied by the kernel (no pass through Python)."""
         with open(path, "rb") as src:
-            left = os.fstat(src.fileno()).st_size - offset
-            while left > 0:
-                room = self._room(left)
-                self._fh.flush()
-                try:
-                    copied = os.copy_file_range(src.fileno(), self._fh.fileno(), room, offset)
-                except OSError as exc:
-                    raise _disk_error(exc, self.folder) from None
-                if copied <= 0:
-                    raise UnibakeError(f"cannot copy {path} into the archive")
-                self._fh.seek(0, os.SEEK_END)
-                offset += copied
-                left -= copied
-                self._advance(copied)
+            self.copy_fd(src.fileno(), offset, os.fstat(src.fileno()).st_size - offset, str(path))
+
+    def copy_fd(self, fd: int, offset: int, length: int, what: str) -> None:
+        """Append ``length`` bytes of the open file ``fd`` from ``offset`` on, copied by the kernel."""
+        left = length
+        while left > 0:
+            room = self._room(left)
+            self._fh.flush()
+            try:
+                copied = os.copy_file_range(fd, self._fh.fileno(), room, offset)
+            except OSError as exc:
+                raise _disk_error(exc, self.folder) from None
+            if copied <= 0:
+                raise UnibakeError(f"cannot copy {what} into the archive (it ended early)")
+            self._fh.seek(0, os.SEEK_END)
+            offset += copied
+            left -= copied
+            self._advance(copied)
 
     def _close_part(self) -> None:
         fh, self._fh = self._fh, None
@@ -211,6 +218,137 @@ RESERVE = 4096  # room kept at the head of each spool for the frame of the tar h
 def skippable(size: int) -> bytes:
     """A skippable frame of exactly ``size`` bytes (at least 8)."""
     return SKIPPABLE_MAGIC + struct.pack("<I", size - 8) + bytes(size - 8)
+
+
+FRAMES_TAG = b"unibake-archive-frames-1"  # the archive's last bytes: its frame index's length (4 bytes, LE), this tag
+INDEX_LIMIT = 1 << 20  # a trailing index larger than this is refused unread
+SMALL_FRAME_LIMIT = 64 << 20  # a lender's frame of small entries decompressing to more is not read
+
+
+def compressor_id(level: int, long_distance: bool) -> str:
+    """What a frame's bytes depend on besides its content: a frame made under another is compressed again."""
+    ldm = f", long distance matching, window log {LDM_WINDOW_LOG}" if long_distance else ""
+    return (f"zstandard {zstandard.__version__}, libzstd {'.'.join(map(str, zstandard.ZSTD_VERSION))}, "
+            f"level {level}{ldm}, checksum")
+
+
+def index_frame(index: bytes, tag: bytes) -> bytes:
+    """A skippable frame holding ``index`` (JSON), ending with its length and ``tag``: what a reader finds
+    from the file's end (:func:`trailing_index`), and every zstd decoder passes over."""
+    body = index + struct.pack("<I", len(index)) + tag
+    return SKIPPABLE_MAGIC + struct.pack("<I", len(body)) + body
+
+
+def trailing_index(fd: int, tag: bytes, what: str) -> tuple[bytes, int] | str:
+    """The JSON of the index frame ending the file open at ``fd`` and where that frame begins; a reason (a
+    string) when there is none. ``what``: the files' kind, for the reason (made before ``what`` had one)."""
+    size = os.fstat(fd).st_size
+    tail = len(tag) + 4
+    if size < tail + 8:
+        return "too short to end with a frame index"
+    end = os.pread(fd, tail, size - tail)
+    if end[4:] != tag:
+        return f"it ends without a frame index (made before {what} had one)"
+    length = struct.unpack("<I", end[:4])[0]
+    if length > INDEX_LIMIT or length + tail + 8 > size:
+        return "its frame index is out of bounds"
+    start = size - tail - length - 8
+    head = os.pread(fd, 8 + length, start)
+    if head[:4] != SKIPPABLE_MAGIC or struct.unpack("<I", head[4:8])[0] != length + tail:
+        return "its frame index is not a skippable frame"
+    return head[8:], start
+
+
+class BlobFrame(Record):
+    """Where one blob of an archive lies: the zstd frame holding it, and its place in what that frame holds."""
+
+    name: str = Field(pattern=r"^blobs/sha256/[0-9a-f]{64}$")
+    offset: int = Field(ge=0)  # of the frame, in the archive (its parts as one)
+    length: int = Field(gt=0)  # of the frame, compressed
+    own: bool  # the frame holds this blob alone (a big one); else small entries and headers too
+    inner: int = Field(ge=0)  # where the blob begins in what the frame decompresses to
+    size: int = Field(ge=0)
+
+
+class ArchiveFrames(Record):
+    compressor: str
+    blobs: tuple[BlobFrame, ...]
+
+
+class _Lent:
+    """A big layer's frame in an earlier release's archive, copied into this one by the kernel: the bytes a
+    fresh compression of the layer gives (a frame depends only on its content and the compressor's settings),
+    without compressing it. What the archive decodes to is checked by its read back, as every archive's."""
+
+    def __init__(self, fd: int, offset: int, length: int, what: str):
+        self.fd, self.offset, self.length, self.what = fd, offset, length, what
+
+    def copy_into(self, out: "PartWriter") -> None:
+        out.copy_fd(self.fd, self.offset, self.length, self.what)
+
+
+@dataclass
+class Lender:
+    """An earlier release's archive, open, whose index says where each of its blobs lies."""
+
+    fd: int
+    what: str
+    blobs: dict[str, BlobFrame]
+
+    def lend(self, digest: str, size: int) -> _Lent | bytes | None:
+        """The layer ``digest`` of ``size`` bytes as this archive's canonical form lays it out: a big one's frame
+        (to copy), a small one's bytes (checked against its digest); None when the archive does not hold it so."""
+        blob = self.blobs.get(f"blobs/sha256/{digest}")
+        if blob is None or blob.size != size:
+            return None
+        if size > SPOOL_THRESHOLD:
+            return _Lent(self.fd, blob.offset, blob.length, self.what) if blob.own else None
+        if blob.own:
+            return None
+        try:
+            frame = os.pread(self.fd, blob.length, blob.offset)
+            content = zstandard.frame_content_size(frame)
+            if len(frame) != blob.length or not 0 <= content <= SMALL_FRAME_LIMIT:
+                return None
+            data = zstandard.ZstdDecompressor().decompress(frame)[blob.inner:blob.inner + size]
+        except (OSError, zstandard.ZstdError):
+            return None
+        return data if len(data) == size and hashlib.sha256(data).hexdigest() == digest else None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def open_lender(path: Path, size: int, *, level: int, long_distance: bool, what: str) -> Lender | str:
+    """The archive at ``path``, when it is the ``size`` bytes its release records (its sha256 is checked against
+    that release's SHA256SUMS before this) and ends with an index of frames made by this compressor at this
+    ``level``; otherwise why not (a reason, a string)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        return f"cannot open it ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a file")
+        if st.st_size != size:
+            raise ValueError(f"it is {st.st_size} bytes, not the {size} its release records")
+        found = trailing_index(fd, FRAMES_TAG, "archives")
+        if isinstance(found, str):
+            raise ValueError(found)
+        try:
+            index = ArchiveFrames.model_validate_json(found[0])
+        except ValidationError as exc:
+            raise ValueError(f"its frame index is not valid ({first_error(exc)})") from None
+        wanted = compressor_id(level, long_distance)
+        if index.compressor != wanted:
+            raise ValueError(f"its frames were made by {index.compressor}, not {wanted}")
+        if any(b.offset + b.length > found[1] for b in index.blobs):
+            raise ValueError("its frame index names bytes past the frames")
+        return Lender(fd=fd, what=what, blobs={b.name: b for b in index.blobs})
+    except (ValueError, OSError) as exc:
+        os.close(fd)
+        return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 class _Tee:
@@ -313,7 +451,7 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
     blobs = layers + [(f"blobs/sha256/{config_hex}", config, len(config)),
                       (f"blobs/sha256/{manifest_hex}", oci_manifest, len(oci_manifest))]
     blobs = sorted({name: (name, data, size) for name, data, size in blobs}.values())
-    spooled = [b for b in blobs if isinstance(b[1], _Spool)]
+    spooled = [b for b in blobs if isinstance(b[1], (_Spool, _Lent))]
     if spooled:
         biggest = max(spooled, key=lambda b: (b[2], b[0]))
         blobs = [biggest] + [b for b in blobs if b is not biggest]
@@ -322,49 +460,77 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
              ("oci-layout", OCI_LAYOUT, len(OCI_LAYOUT))])
 
 
-def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstandard.ZstdCompressor) \
-        -> tuple[PartWriter, int]:
+def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstandard.ZstdCompressor,
+              frames_id: str) -> tuple[PartWriter, int]:
     """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames
-    copied by the kernel; the first spool, when nothing big precedes it, is not copied at all."""
-    first = entries[2][1] if len(entries) > 2 and isinstance(entries[2][1], _Spool) else None
+    copied by the kernel (an earlier archive's, :class:`_Lent`, too); the first spool, when nothing big
+    precedes it, is not copied at all. The last frame is a skippable one: the index of where every blob
+    lies (``frames_id``, the compressor's settings, in it), through which a later release copies frames."""
+    first = entries[2][1] if len(entries) > 2 and isinstance(entries[2][1], (_Spool, _Lent)) else None
     head = b"".join(tar_header(n, s, directory=c is None) for n, c, s in entries[:3]) if first else b""
     head_frame = cctx.compress(head) if first else b""
     if first and len(head_frame) + 8 > RESERVE:
         first = None  # never with two folders and one header; kept for safety
     total = 0
-    if first is not None:
+    index: list[BlobFrame] = []
+    if isinstance(first, _Spool):
         with open(first.path, "r+b") as fh:  # the headers go into the room kept at its head
             fh.write(head_frame + skippable(RESERVE - len(head_frame)))
         out = PartWriter(folder, name, split, adopt=None if split else first.path)
         if split:
             out.copy_from(first.path)
-        entries, total = [(None, first, entries[2][2])] + entries[3:], len(head)
     else:
         out = PartWriter(folder, name, split)
+    if first is not None:
+        if isinstance(first, _Lent):  # laid out as an adopted spool is: the same bytes
+            out.write(head_frame + skippable(RESERVE - len(head_frame)))
+            first.copy_into(out)
+        index.append(BlobFrame(name=entries[2][0], offset=RESERVE, length=out.total - RESERVE, own=True, inner=0,
+                               size=entries[2][2]))
+        entries, total = [(None, first, entries[2][2])] + entries[3:], len(head)
     pending: list[bytes] = []
+    held = {"bytes": 0, "blobs": []}  # what the pending frame holds so far, and the blobs in it
+
+    def gather(data: bytes, blob: tuple[str, int] | None = None) -> None:
+        if blob is not None:
+            held["blobs"].append((blob[0], held["bytes"], blob[1]))
+        pending.append(data)
+        held["bytes"] += len(data)
 
     def flush() -> None:
         if pending:
-            out.write(cctx.compress(b"".join(pending)))
+            frame = cctx.compress(b"".join(pending))
+            index.extend(BlobFrame(name=n, offset=out.total, length=len(frame), own=False, inner=inner, size=size)
+                         for n, inner, size in held["blobs"])
+            out.write(frame)
             pending.clear()
+            held["bytes"], held["blobs"] = 0, []
 
     for entry_name, content, size in entries:
         if entry_name is not None:  # (the adopted spool's header is already written)
             header = tar_header(entry_name, size, directory=content is None)
-            pending.append(header)
+            gather(header)
             total += len(header)
             if content is None:
                 continue
             if isinstance(content, (bytes, bytearray)):
-                pending.append(bytes(content))
+                gather(bytes(content), (entry_name, size) if entry_name.startswith("blobs/sha256/") else None)
             else:
                 flush()
-                out.copy_from(content.path, RESERVE)
-        pending.append(tar_padding(size))
+                at = out.total
+                if isinstance(content, _Lent):
+                    content.copy_into(out)
+                else:
+                    out.copy_from(content.path, RESERVE)
+                index.append(BlobFrame(name=entry_name, offset=at, length=out.total - at, own=True, inner=0,
+                                       size=size))
+        gather(tar_padding(size))
         total += size + len(tar_padding(size))
-    pending.append(bytes(2 * BLOCK))
+    gather(bytes(2 * BLOCK))
     total += 2 * BLOCK
     flush()
+    out.write(index_frame(_json_bytes(ArchiveFrames(compressor=frames_id, blobs=tuple(index)).model_dump()),
+                          FRAMES_TAG))
     return out, total
 
 
@@ -402,7 +568,8 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
         saved = interpret(members)
         contents = inspector.finish(saved) if inspector is not None else None
         omit_set = frozenset(omit)
-        out, uncompressed = _assemble(canonical_entries(saved, tag, omit_set), folder, name, split, cctx)
+        out, uncompressed = _assemble(canonical_entries(saved, tag, omit_set), folder, name, split, cctx,
+                                      compressor_id(level, long_distance))
         files = out.finish()
     except BaseException:
         if out is not None:

@@ -193,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cache", action="store_true", help="build without the engine's layer cache")
     b.add_argument("--sequential", action="store_true",
                    help="normalise, archive and round trip in three passes (two exports) instead of one")
+    b.add_argument("--from", dest="base", metavar="RELEASE",
+                   help="make this release on an earlier one under --out (1.3.1, or its tag demo-llm:1.3.1): built "
+                        "with its SOURCE_DATE_EPOCH and its profiles (unless --profile names others), so that unchanged "
+                        "layers stay identical; assembled on its layers when the build memo allows, as a hotfix is, "
+                        "and its archive's frames copied for the layers the two share instead of compressed again. "
+                        "The release is whole (every layer shipped, no base needed), the same bytes a release "
+                        "without --from gives with that SOURCE_DATE_EPOCH")
     _release_options(b)
 
     h = command("hotfix", "a release that ships only the layers that changed since an earlier one",
@@ -628,6 +635,15 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
     names = SEQUENTIAL if args.sequential else BUILD
     lock = args.stage != "render"  # rendering needs no lock yet
     platforms = parse_options(args.platform)
+    if args.base:  # a whole release made on an earlier one: that one is checked and read first
+        if args.stage != "release":
+            raise InputError(f"--from makes a release on an earlier one; it goes with --stage release, not "
+                             f"--stage {args.stage}")
+        if len(platforms) > 1:
+            raise InputError("--from makes one release on an earlier one of the same platform; give one --platform "
+                             "(or none: the earlier release's)")
+        request = _request(args, ctx, base=args.base, whole=True, sequential=args.sequential, require_lock=lock)
+        return _built_outcome(args, run_stages(selection(("hotfix base",) + names), request, ctx.reporter))
     if not platforms:
         try:
             platforms = product_platforms(resolved(ctx.cwd / args.config), ctx.cwd)

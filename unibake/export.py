@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, _assemble, _disk_error, _Spool, canonical_entries,
-                      compressor)
+from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, Lender, _assemble, _disk_error, _Lent, _Spool,
+                      canonical_entries, compressor, compressor_id)
 from .archive_reader import ReadBack, read_back
 from .builder import BuiltImage, Image, image_platform
 from .contents import LayerInspector
@@ -55,7 +55,7 @@ class PassedLayer:
     size: int
     ours: bool
     sha256: object
-    spool: _Spool | _Raw | _Discard | None
+    spool: _Spool | _Raw | _Discard | _Lent | None
     data: bytes | None
 
 
@@ -253,7 +253,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 split: int | None = None, omit_base: tuple[str, ...] | None = None, threads: int = -1,
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
                 inspector: LayerInspector | None = None, fresh_holds: str | None = None,
-                base_release: str | None = None, source: SaveSource | None = None) -> Exported:
+                base_release: str | None = None, source: SaveSource | None = None,
+                lender: Lender | None = None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -267,6 +268,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     ``base_release``: a hotfix's base release by image ID: when the local engine holds it, the layers
     the hotfix shares with it are not loaded back into the local engine (it has them), only the others.
     ``source``: the image's save stream, when it is not the engine's (:class:`SaveSource`).
+    ``lender``: with ``omit_base``, a whole release on an earlier one (``build --from``): the layers it shares
+    with that release are not compressed but copied from its archive's frames, and the archive is whole;
+    ``fresh`` holds that release already and is fed here, as for a cold release.
     """
     start = time.monotonic()
     tag = built.tag
@@ -277,7 +281,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
         raise VerificationError(f"the base image {base_image} is {base.id} now, not the {fresh_holds} the verify "
                                 "engine was seeded with")
     spools: list[_Spool | _Raw | _Discard] = []
-    feed_fresh = fresh is not None and omit_base is None
+    feed_fresh = fresh is not None and (omit_base is None or lender is not None)
     # a hotfix compresses only what it ships: its base release shipped the base image's layers when it
     # holds them at its bottom (they are then omitted), and a layer of ours waits for its diffID
     base_shipped = omit_base is not None and tuple(omit_base[:len(base.diff_ids)]) == tuple(base.diff_ids)
@@ -369,6 +373,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 config, diff_ids, layers, names = _finish(members, epoch, base.diff_ids, owned, platform)
                 omit = _shared_prefix(omit_base, diff_ids) if omit_base is not None else ()
                 layers = [settled(layer, d in omit, local) for layer, d in zip(layers, diff_ids)]
+                if lender is not None:  # a whole release: what it shares with the earlier one, from that one's frames
+                    layers = [_lent(lender, layer, d) if d in omit else layer for layer, d in zip(layers, diff_ids)]
+                    omit = ()
                 end_of_load(local, config, tag, names)
                 if remote is not None:
                     end_of_load(remote, config, tag, names)
@@ -381,7 +388,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                    layer_members=_layer_members(layers, diff_ids))
                 contents = inspector.finish(saved) if inspector is not None else None
                 out, uncompressed = _assemble(canonical_entries(saved, tag, frozenset(omit)), staging, name, split,
-                                              cctx)
+                                              cctx, compressor_id(level, long_distance))
                 files = out.finish()
                 archive = Archive(folder=staging, name=name, files=files, compressed_bytes=out.total,
                                   uncompressed_bytes=uncompressed, level=level, long_distance=long_distance,
@@ -424,6 +431,18 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                held_before=(fresh_holds,) if fresh_holds else (),
                                seconds=round(time.monotonic() - start, 3))
     return Exported(image=image, archive=archive, back=back, round_trip=trip)
+
+
+def _lent(lender: Lender, layer: PassedLayer, diff_id: str) -> PassedLayer:
+    """A layer the earlier release shipped, as this archive lays it out: that archive's frame of it (copied
+    when the archive is assembled), or a small one's bytes."""
+    found = lender.lend(diff_id.removeprefix("sha256:"), layer.size)
+    if found is None:
+        raise ArchiveError(f"{lender.what} does not hold the layer {diff_id} ({layer.size} bytes) as its frame "
+                           "index says it shipped it; release with --full-build")
+    if isinstance(found, _Lent):
+        return replace(layer, spool=found, data=None)
+    return replace(layer, spool=None, data=found)
 
 
 def _shared_prefix(base_diff_ids: tuple[str, ...], diff_ids: tuple[str, ...]) -> tuple[str, ...]:

@@ -23,23 +23,20 @@ import io
 import json
 import os
 import stat
-import struct
 from dataclasses import dataclass, field
 
 import zstandard
 from pydantic import Field, ValidationError
 
-from .archive import DEFAULT_LEVEL, SKIPPABLE_MAGIC, compressor
+from .archive import DEFAULT_LEVEL, compressor, compressor_id, index_frame, trailing_index
 from .errors import HandoffAborted
 from .metadata import HEX64, Record, first_error
 
 FRAME_MIN = 4 << 20  # a context file this big gets a frame of its own
 INDEX_TAG = b"unibake-kit-frames-1"  # the skippable frame's last bytes: its JSON's length (4 bytes, LE), this tag
-INDEX_LIMIT = 1 << 20  # an index larger than this is refused unread
 COPY_CHUNK = 1 << 20
 # what a frame's bytes depend on besides its content: a frame made under another is compressed again
-COMPRESSOR = (f"zstandard {zstandard.__version__}, libzstd {'.'.join(map(str, zstandard.ZSTD_VERSION))}, "
-              f"level {DEFAULT_LEVEL}, checksum")
+COMPRESSOR = compressor_id(DEFAULT_LEVEL, False)
 
 
 class Frame(Record):
@@ -197,31 +194,19 @@ class Framer(io.RawIOBase):
         self._end_frame()
         index = json.dumps(FrameIndex(compressor=COMPRESSOR, frames=tuple(self.frames)).model_dump(),
                            sort_keys=True, separators=(",", ":")).encode()
-        body = index + struct.pack("<I", len(index)) + INDEX_TAG
-        self.out.write(SKIPPABLE_MAGIC + struct.pack("<I", len(body)) + body)
+        self.out.write(index_frame(index, INDEX_TAG))
 
 
 def read_index(fd: int) -> FrameIndex | str:
     """The frame index at the end of the kit open at ``fd``; a reason (a string) when there is none to use."""
-    size = os.fstat(fd).st_size
-    tail = len(INDEX_TAG) + 4
-    if size < tail + 8:
-        return "too short to end with a frame index"
-    end = os.pread(fd, tail, size - tail)
-    if end[4:] != INDEX_TAG:
-        return "it ends without a frame index (made before kits had one)"
-    length = struct.unpack("<I", end[:4])[0]
-    if length > INDEX_LIMIT or length + tail + 8 > size:
-        return "its frame index is out of bounds"
-    head = os.pread(fd, 8 + length, size - tail - length - 8)
-    if head[:4] != SKIPPABLE_MAGIC or struct.unpack("<I", head[4:8])[0] != length + tail:
-        return "its frame index is not a skippable frame"
+    found = trailing_index(fd, INDEX_TAG, "kits")
+    if isinstance(found, str):
+        return found
     try:
-        index = FrameIndex.model_validate_json(head[8:])
+        index = FrameIndex.model_validate_json(found[0])
     except ValidationError as exc:
         return f"its frame index is not valid ({first_error(exc)})"
-    limit = size - tail - length - 8
-    if any(f.offset + f.length > limit for f in index.frames):
+    if any(f.offset + f.length > found[1] for f in index.frames):
         return "its frame index names bytes past the frames"
     return index
 

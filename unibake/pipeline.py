@@ -94,6 +94,7 @@ class Request:
     hold: str | None = None  # repro: build under unibake-repro/<product>:<hold>, never the release's tag
     sequential: bool = False  # normalise, archive and round trip as three passes instead of one
     assemble: bool = True  # hotfix: assembled from a small build when it can be (False: --full-build)
+    whole: bool = False  # build --from: a whole release on the base's epoch, its archive's frames copied
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
     sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
     sign_minisign: Path | None = None  # --sign-minisign: the minisign secret key file
@@ -251,13 +252,15 @@ def _hotfix_base(run: Run) -> tuple:
             run.stack.callback(hold_release(real.parent, real.name).close)
 
     base = load_base(run.request.out, run.request.base or "", hold=hold)
-    if run.request.roundtrip:  # checked again at the round trip; here, before anything is built
+    # a whole release on it copies its archive's frames: the archive checked as the round trip's load needs it
+    with_archive = run.request.roundtrip or run.request.whole
+    if with_archive:  # checked again at the round trip; here, before anything is built
         _check_base_archive(base)
-    _check_base_sums(base, with_archive=run.request.roundtrip, progress=run.reporter.progress)
+    _check_base_sums(base, with_archive=with_archive, progress=run.reporter.progress)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
     if env_epoch not in (None, str(base.epoch)):
-        run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: the hotfix uses {base.epoch}, the epoch of "
-                          f"{base.manifest.release}, so that unchanged layers stay identical")
+        run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: {'this release' if run.request.whole else 'the hotfix'} "
+                          f"uses {base.epoch}, the epoch of {base.manifest.release}, so that unchanged layers stay identical")
     return _one(base)
 
 
@@ -579,7 +582,11 @@ def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes |
         reason = "--full-build" if not request.assemble else "--sequential" if request.sequential else "--no-cache"
     elif memo is None or memo_key is None:
         reason = "no build memo key for this user"
+    elif request.whole and isinstance(lends := _lender(base, request), str):
+        reason = lends
     else:
+        if request.whole:
+            lends.close()  # (opened again by the export, which copies the frames)
         found = try_assemble(run["context"], run.engine, product=plan.product, tag=plan.tag, base=base, memo=memo,
                              memo_key=memo_key, epoch=run.epoch, revision=request.revision,
                              platform=plan.platform.name, owned=INSTALL_ROOT, on_line=run.reporter.build_line)
@@ -590,6 +597,25 @@ def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes |
         reason = found
     run.reporter.info(f"    the whole image is built and exported (not assembled): {reason}")
     return None
+
+
+def _lender(base: HotfixBase, request: Request):
+    """The base release's archive, open to lend its frames to a whole release on it (``build --from``); a reason
+    (a string) when it cannot: the release is then built and exported whole."""
+    from .archive import open_lender
+
+    files = base.manifest.archive.files
+    what = f"release {base.manifest.release}'s archive"
+    if len(files) != 1:
+        return f"{what} is in {len(files)} parts, and frames are copied from an archive of one file"
+    found = open_lender(base.folder / files[0].name, files[0].bytes, level=request.level,
+                        long_distance=request.long_distance, what=what)
+    return f"{what} cannot lend its frames: {found}" if isinstance(found, str) else found
+
+
+def _delta_base(run: Run) -> HotfixBase | None:
+    """A hotfix's base release, whose layers its archive leaves out (a whole release on a base: None)."""
+    return None if run.request.whole else run.get("base")
 
 
 def _remember_lower(run: Run, plan: ReleasePlan, built: BuiltImage, diff_ids: tuple[str, ...]) -> None:
@@ -799,6 +825,11 @@ def _export(run: Run) -> tuple:
     target: Target = run["target"]
     base: HotfixBase | None = run.get("base")
     request = run.request
+    # a whole release on a base (build --from): assembled, it is exported as a hotfix is, its archive completed
+    # with the base release's frames; built whole, it is exported as any release (only the base's epoch kept)
+    whole = base is not None and request.whole
+    if whole and built.assembled is None:
+        base = whole = None
     fresh = netns_pid = held = room = None
     kept = False  # a hotfix's base release already in the seeded verify engine (an earlier run kept it)
     if request.roundtrip:
@@ -808,13 +839,16 @@ def _export(run: Run) -> tuple:
                                                             keep=base.manifest.image_id if base else None)
         kept = base is not None and run.seed is not None and run.seed.kept == base.manifest.image_id
         run.reporter.info(f"    loading into {where}" + (
+            " (what this release adds, as the save stream is read; an earlier run kept the release it is made on "
+            "there)" if whole and kept else
+            " (the release it is made on first, then what this release adds, as the save stream is read)" if whole else
             " (the hotfix after the pass; an earlier run kept its base release there)" if kept else
             " (the previous release during the pass, the hotfix after)" if base else " as the save stream is read"))
     name = target.archive_name
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
-    before = loading = checks = small = None
-    if request.verify_engine and fresh is not None and base is None:
+    before = loading = checks = small = lender = None
+    if request.verify_engine and fresh is not None and (base is None or whole):
         _forget_the_export_load(run, fresh, built.tag)
     try:
         if base is not None and fresh is not None and not kept:
@@ -823,6 +857,17 @@ def _export(run: Run) -> tuple:
             stream = _base_release_stream(run, base, held)
             with held_signals():  # started and recorded as one step: an interrupt lands once the finally waits for it
                 loading = Background(partial(fresh.load, stream), name="base-release-load")
+            if whole:  # the pass's load names the base release's layers without their files: they must be there
+                with _scratch_room(fresh, room, built.size):
+                    loaded = loading.result()
+                check_base_loaded(fresh, base.folder, base.manifest.image_id, before=before, loaded=loaded,
+                                  base_tag=base.manifest.tag)
+                loading = None
+        if whole:
+            lender = _lender(base, request)
+            if isinstance(lender, str):  # (it could lend before the build: the archive changed since)
+                raise VerificationError(f"{lender}; it could before the build")
+            run.stack.callback(lender.close)
         source = None
         inspector = LayerInspector(INSTALL_ROOT)
         if built.assembled is not None:
@@ -849,7 +894,7 @@ def _export(run: Run) -> tuple:
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                    platform=plan.platform, inspector=inspector,
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
-                                   source=source)
+                                   source=source, lender=lender)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
@@ -875,13 +920,20 @@ def _export(run: Run) -> tuple:
     if built.assembled is None:  # (an assembled hotfix's small image keeps its own name: the whole build's stays)
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
         _remember_lower(run, plan, built, image.diff_ids)
-    shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base else ""
+    shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if base and not whole else ""
+    if whole:
+        lent = len(omitted_layers(base.manifest.diff_ids, image.diff_ids))
+        shipped = (f"all {len(archive.image.diff_ids)} layers shipped, {lent} of them as release "
+                   f"{base.manifest.release}'s archive compressed them (its frames copied, not compressed again), ")
     run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{len(archive.image.diff_ids)} diffIDs "
                       "and the config recomputed from the archive read back")
     if not request.roundtrip:
         proof = Proof(back=done.back, round_trip=None, skipped="skipped with --no-roundtrip")
-    elif base is None:
-        proof = Proof(back=done.back, round_trip=done.round_trip, skipped="", engine=fresh, netns_pid=netns_pid)
+    elif base is None or whole:
+        trip = done.round_trip
+        if whole:  # the engine held the release it is made on, whose layers the pass's load named without files
+            trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
+        proof = Proof(back=done.back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
     else:  # a hotfix: the fresh engine holds its base release now; its small archive is loaded as it is
         _forget_after(run, fresh, archive.image.image_id)
         try:
@@ -894,7 +946,8 @@ def _export(run: Run) -> tuple:
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
     if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix on it: this release, or
-        run.seed.keep_after(base.manifest.image_id if base is not None else image.image_id)  # this hotfix's base
+        # this hotfix's base; a whole release, for a release made on it next
+        run.seed.keep_after(base.manifest.image_id if base is not None and not whole else image.image_id)
     if checks is not None:
         if not request.smoke:  # no gate will run in the verify engine: it stops while the checks end, not after
             run.stage_done("smoke gates")
@@ -923,7 +976,7 @@ def _disk_full(exc: DiskFull, staging: Path, out: Path, size: int | None) -> Dis
 def _archive(run: Run) -> tuple:
     target: Target = run["target"]
     image: Image = run["image"]
-    base: HotfixBase | None = run.get("base")
+    base = _delta_base(run)
     request = run.request
     omit = omitted_layers(base.manifest.diff_ids, image.diff_ids) if base else ()
     name = target.archive_name
@@ -944,7 +997,7 @@ def _archive(run: Run) -> tuple:
 
 def _read_back(run: Run) -> tuple:
     archive: Archive = run["archive"]
-    base: HotfixBase | None = run.get("base")
+    base = _delta_base(run)
     request = run.request
     omitted = frozenset(archive.omitted)
     if not request.roundtrip:
@@ -1034,7 +1087,8 @@ def _publish(run: Run) -> tuple:
                 else previous_release(request.out, target.product, target.release, target.metadata,
                                       first_release=first_release))
     hotfix = base.manifest if base is not None and archive.omitted else None
-    if base is not None and hotfix is None:  # apply.sh, the verifiers and deploy would ask for a base it does not need
+    if base is not None and hotfix is None and not request.whole:  # apply.sh, the verifiers and deploy would ask for a
+        # base it does not need
         run.reporter.warn(f"the image shares no layer with release {base.manifest.release} (its bottom layer changed: "
                           "another base image?): its archive is whole, so it is released as a full release, which "
                           "needs no base in the engine")
@@ -1054,7 +1108,8 @@ def _publish(run: Run) -> tuple:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage(name="hotfix base", about="the published release a hotfix builds on, and its SOURCE_DATE_EPOCH",
+    Stage(name="hotfix base", about="the published release a hotfix (or a release made --from it) builds on, and "
+                                    "its SOURCE_DATE_EPOCH",
           needs=("request",), gives=("base",), run=_hotfix_base,
           detail=lambda run: f"release {run.request.base}"),
     Stage(name="inspect", about="an image the engine already has: its identity and its own metadata",

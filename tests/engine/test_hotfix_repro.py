@@ -149,6 +149,42 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
     assert (tmp_path / "kit" / kit).read_bytes() == (fix / kit).read_bytes()
 
 
+def test_a_release_made_on_an_earlier_one_copies_its_frames_and_is_the_archive_a_cold_release_writes(
+        cli, engine, demo_product, hotfix_pair, version, images, tmp_path):
+    """build --from: after one tune-cache change, a whole release assembled on the earlier release's layers (as
+    a hotfix is), its archive completed with that release's frames instead of compressing them again: the very
+    archive a cold --no-cache release of the same inputs writes, byte for byte, and no hotfix."""
+    base, _ = hotfix_pair
+    whole = f"{version}w"
+    images(f"demo-llm:{whole}")
+    previous = json.loads((base / "manifest.json").read_text())
+    result = cli("--from", base.name, "--version", whole, "--config", str(demo_product), "--out", str(base.parent))
+    assert result.code == 0, result.err
+    assert "assembled: the steps below the build memo's marker built alone" in result.err, result.err
+    manifest = json.loads((base.parent / whole / "manifest.json").read_text())
+    assert manifest["hotfix"] is None and manifest["source_date_epoch"] == int(EPOCH)
+    lent = next(i for i, (a, b) in enumerate(zip(manifest["diff_ids"], previous["diff_ids"])) if a != b)
+    assert 0 < lent < len(manifest["diff_ids"])
+    assert (f"all {len(manifest['diff_ids'])} layers shipped, {lent} of them as release {base.name}'s archive "
+            "compressed them (its frames copied, not compressed again)") in result.err
+    assert not (base.parent / whole / "apply.sh").exists()
+    validation = json.loads((base.parent / whole / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["image_id"] == manifest["image_id"] and validation["round_trip"]["method"] == "stream"
+    base_image = engine.inspect_image("localhost/unibake-demo-base:bookworm")
+    assert validation["round_trip"]["held_before"] == [previous["image_id"], base_image.id]
+    assert all(g["passed"] for g in validation["smoke"])
+    assert cli("verify", str(base.parent / whole)).code == 0
+
+    # The same inputs released from cold, without --from, at the same SOURCE_DATE_EPOCH: the same archive.
+    out = tmp_path / "cold"
+    engine.remove_image(manifest["tag"])
+    assert release(cli, demo_product, whole, out, "--no-cache", "--no-roundtrip").code == 0
+    cold = json.loads((out / whole / "manifest.json").read_text())
+    assert cold["image_id"] == manifest["image_id"]
+    assert (out / whole / cold["archive"]["name"]).read_bytes() == \
+        (base.parent / whole / manifest["archive"]["name"]).read_bytes()
+
+
 def test_a_hotfix_is_refused_where_its_base_is_missing_and_applies_where_it_is(cli, hotfix_pair):
     base, fix = hotfix_pair
     manifest = json.loads((fix / "manifest.json").read_text())

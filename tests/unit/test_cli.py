@@ -923,3 +923,19 @@ def test_every_option_that_takes_a_value_is_known_to_the_default_commands_finder
               for command in sub.choices.values() for action in command._actions if action.nargs != 0
               for name in action.option_strings if name.startswith("--")}
     assert taking - VALUE_OPTIONS == set()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stage", "build"], "error: --from makes a release on an earlier one; it goes with --stage release, not "
+                           "--stage build"),
+    (["--platform", "linux/amd64,linux/arm64"], "error: --from makes one release on an earlier one of the same "
+                                                "platform; give one --platform"),
+    ([], "error: --from 9.9: "),  # no such release: named before anything is built
+])
+def test_a_release_on_an_earlier_one_is_refused_up_front_where_it_cannot_be(cli, busybox_product, tmp_path, args,
+                                                                             message):
+    result = cli("--from", "9.9", "--version", "2.0", "--config", str(busybox_product), "--out", str(tmp_path / "r"),
+                 *args)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(message), result.error_lines
+    assert not (tmp_path / "r" / "2.0").exists()
