@@ -15,7 +15,7 @@ the layers the previous release already shipped.
 
 The order is fixed by the image alone (the biggest layer first, then the rest sorted), so that the
 biggest layer's frames, written while the engine's stream arrived, become the archive in place and
-are never copied; the other spooled frames are copied by the kernel. The digests of what was
+are never copied; the other spooled frames are copied. The digests of what was
 written, compressed and uncompressed, come from the pass that reads the finished archive back
 (:mod:`unibake.archive_reader`: the round trip's load, or a check without one), which every
 release makes; they are its result, not this one's.
@@ -49,6 +49,7 @@ DEFAULT_LEVEL = 3
 SPOOL_THRESHOLD = 64 << 10  # members above this that are not JSON get a zstd frame of their own
 # zstd's decoders accept a window up to 2^27 without --long; keep long-distance matching within it.
 LDM_WINDOW_LOG = 27
+COPY_PIECE = 1 << 20  # frames copied from a spool or an earlier archive in pieces of this size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,26 +145,24 @@ class PartWriter:
         return len(data)
 
     def copy_from(self, path: Path, offset: int = 0) -> None:
-        """Append ``path`` from ``offset`` on, copied by the kernel (no pass through Python)."""
+        """Append ``path`` from ``offset`` on."""
         with open(path, "rb") as src:
             self.copy_fd(src.fileno(), offset, os.fstat(src.fileno()).st_size - offset, str(path))
 
     def copy_fd(self, fd: int, offset: int, length: int, what: str) -> None:
-        """Append ``length`` bytes of the open file ``fd`` from ``offset`` on, copied by the kernel."""
+        """Append ``length`` bytes of the open file ``fd`` from ``offset`` on. Read and written in 1 MiB pieces:
+        ``os.copy_file_range`` took 0.3-1.1 s for 312 MB here (ext4, page cache warm), these 0.1 s."""
         left = length
         while left > 0:
-            room = self._room(left)
-            self._fh.flush()
             try:
-                copied = os.copy_file_range(fd, self._fh.fileno(), room, offset)
+                data = os.pread(fd, min(left, COPY_PIECE), offset)
             except OSError as exc:
-                raise _disk_error(exc, self.folder) from None
-            if copied <= 0:
+                raise UnibakeError(f"cannot read {what}: {exc.strerror}") from None
+            if not data:
                 raise UnibakeError(f"cannot copy {what} into the archive (it ended early)")
-            self._fh.seek(0, os.SEEK_END)
-            offset += copied
-            left -= copied
-            self._advance(copied)
+            self.write(data)
+            offset += len(data)
+            left -= len(data)
 
     def _close_part(self) -> None:
         fh, self._fh = self._fh, None
@@ -276,7 +275,7 @@ class ArchiveFrames(Record):
 
 
 class _Lent:
-    """A big layer's frame in an earlier release's archive, copied into this one by the kernel: the bytes a
+    """A big layer's frame in an earlier release's archive, copied into this one: the bytes a
     fresh compression of the layer gives (a frame depends only on its content and the compressor's settings),
     without compressing it. What the archive decodes to is checked by its read back, as every archive's."""
 
@@ -463,7 +462,7 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
 def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstandard.ZstdCompressor,
               frames_id: str) -> tuple[PartWriter, int]:
     """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames
-    copied by the kernel (an earlier archive's, :class:`_Lent`, too); the first spool, when nothing big
+    copied (an earlier archive's, :class:`_Lent`, too); the first spool, when nothing big
     precedes it, is not copied at all. The last frame is a skippable one: the index of where every blob
     lies (``frames_id``, the compressor's settings, in it), through which a later release copies frames."""
     first = entries[2][1] if len(entries) > 2 and isinstance(entries[2][1], (_Spool, _Lent)) else None

@@ -254,7 +254,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
                 inspector: LayerInspector | None = None, fresh_holds: str | None = None,
                 base_release: str | None = None, source: SaveSource | None = None,
-                lender: Lender | None = None) -> Exported:
+                lender: Lender | None = None, fresh_done: Callable[[str], object] = lambda image_id: None) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -270,7 +270,9 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     ``source``: the image's save stream, when it is not the engine's (:class:`SaveSource`).
     ``lender``: with ``omit_base``, a whole release on an earlier one (``build --from``): the layers it shares
     with that release are not compressed but copied from its archive's frames, and the archive is whole;
-    ``fresh`` holds that release already and is fed here, as for a cold release.
+    ``fresh`` holds that release already and is fed here, as for a cold release; what it was sent (what this
+    release adds) is loaded by the time the archive is assembled, so its round trip is checked then and
+    ``fresh_done(image_id)`` called (the pipeline lets go of the engine: stopped while the archive is read back).
     """
     start = time.monotonic()
     tag = built.tag
@@ -289,7 +291,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     defer_local = held is not None and tuple(held.diff_ids) == tuple(omit_base)
     cctx = compressor(level, long_distance, threads)
     save_count = {"bytes": 0}
-    out = None
+    out = trip = None
 
     def real_spool() -> _Spool:
         spools.append(_Spool(staging, len(spools), compressor(level, long_distance, threads)))
@@ -377,8 +379,10 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                     layers = [_lent(lender, layer, d) if d in omit else layer for layer, d in zip(layers, diff_ids)]
                     omit = ()
                 end_of_load(local, config, tag, names)
+                local.end()  # the load's request ends here, so each engine stores what it was sent meanwhile
                 if remote is not None:
                     end_of_load(remote, config, tag, names)
+                    remote.end()
                 # Both engines now take in what they were sent (Engine 20.10 unpacks a load only once
                 # its stream has ended: seconds for a big image); the archive is assembled and read
                 # back meanwhile, and the loads are waited for after.
@@ -396,8 +400,11 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                   shipped=tuple(d for d in diff_ids if d not in omit),
                                   omitted=tuple(d for d in diff_ids if d in omit),
                                   contents=contents)
+                if remote is not None and lender is not None:  # (small: loaded while the archive was assembled)
+                    trip = _fresh_trip(fresh, remote.close(), image_id, diff_ids, tag, fresh_holds, start)
+                    fresh_done(image_id)
                 back = read_back(archive, omitted=frozenset(archive.omitted))
-                if remote is not None:
+                if remote is not None and trip is None:
                     loaded: LoadOutcome = remote.close()
                 local.close()
         info = engine.inspect_image(tag)
@@ -417,20 +424,24 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
             s.path.unlink(missing_ok=True)
     image = Image(ref=tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                   save_bytes=save_count["bytes"], platform=image_platform(info))
-    trip = None
-    if feed_fresh:
-        held = fresh.inspect_image(image_id)
-        if held is None or tuple(held.diff_ids) != diff_ids:
-            raise VerificationError(f"the fresh engine at {fresh.address} does not hold {image_id} after the load "
-                                    f"(it said: {'; '.join(loaded.messages[-3:])})")
-        tagged = fresh.inspect_image(tag)
-        if tagged is None or tagged.id != image_id:
-            raise VerificationError(f"after the load, {tag} does not name {image_id} in the fresh engine")
-        trip = RoundTripRecord(engine=fresh.address, engine_version=fresh.version(), method="stream",
-                               image_id=held.id, diff_ids=held.diff_ids, tags=loaded.tags,
-                               held_before=(fresh_holds,) if fresh_holds else (),
-                               seconds=round(time.monotonic() - start, 3))
+    if feed_fresh and trip is None:
+        trip = _fresh_trip(fresh, loaded, image_id, diff_ids, tag, fresh_holds, start)
     return Exported(image=image, archive=archive, back=back, round_trip=trip)
+
+
+def _fresh_trip(fresh: Engine, loaded: LoadOutcome, image_id: str, diff_ids: tuple[str, ...], tag: str,
+                fresh_holds: str | None, start: float) -> RoundTripRecord:
+    """The fresh engine's load checked: it holds the image, by ID and diffIDs, under its tag."""
+    held = fresh.inspect_image(image_id)
+    if held is None or tuple(held.diff_ids) != diff_ids:
+        raise VerificationError(f"the fresh engine at {fresh.address} does not hold {image_id} after the load "
+                                f"(it said: {'; '.join(loaded.messages[-3:])})")
+    tagged = fresh.inspect_image(tag)
+    if tagged is None or tagged.id != image_id:
+        raise VerificationError(f"after the load, {tag} does not name {image_id} in the fresh engine")
+    return RoundTripRecord(engine=fresh.address, engine_version=fresh.version(), method="stream",
+                           image_id=held.id, diff_ids=held.diff_ids, tags=loaded.tags,
+                           held_before=(fresh_holds,) if fresh_holds else (), seconds=round(time.monotonic() - start, 3))
 
 
 def _lent(lender: Lender, layer: PassedLayer, diff_id: str) -> PassedLayer:

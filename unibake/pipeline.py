@@ -806,6 +806,16 @@ def _forget_the_export_load(run: Run, engine: Engine, tag: str) -> None:
     run.stack.callback(forget)
 
 
+def _fresh_done(run: Run, fresh: Engine, image_id: str) -> None:
+    """A whole release on an earlier one: its round trip is checked before its archive is read back, so the
+    seeded verify engine keeps the new release (for a release made on it next) and, when no smoke gate will
+    run there, is stopped while the read back goes on."""
+    if run.seed is not None and fresh is run.seed.engine:
+        run.seed.keep_after(image_id)
+    if not run.request.smoke:
+        run.stage_done("smoke gates")
+
+
 def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterator[bytes]:
     """A hotfix's base release as its fresh engine loads it: the whole archive, or, when that engine
     is seeded with the base image and the release's layers start with the base image's, without the
@@ -894,7 +904,8 @@ def _export(run: Run) -> tuple:
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                    platform=plan.platform, inspector=inspector,
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
-                                   source=source, lender=lender)
+                                   source=source, lender=lender,
+                                   fresh_done=partial(_fresh_done, run, fresh) if whole else lambda image_id: None)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:

@@ -154,11 +154,15 @@ class Consumer(Generic[T, R]):
         if not self._handoff.put(item) and self._error is not None:
             raise self._error
 
-    def close(self) -> R:
-        """End the items, wait for the consumer; its result, or what it raised."""
+    def end(self) -> None:
+        """End the items without waiting: the consumer finishes while the caller goes on (``close`` waits)."""
         if not self._ended:
             self._handoff.end()
             self._ended = True  # (only once handed: an interrupt inside the hand-over leaves it to abort())
+
+    def close(self) -> R:
+        """End the items, wait for the consumer; its result, or what it raised."""
+        self.end()
         self._thread.join()
         if self._error is not None:
             raise self._error
