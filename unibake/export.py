@@ -450,7 +450,7 @@ def _lent(lender: Lender, layer: PassedLayer, diff_id: str) -> PassedLayer:
     found = lender.lend(diff_id.removeprefix("sha256:"), layer.size)
     if found is None:
         raise ArchiveError(f"{lender.what} does not hold the layer {diff_id} ({layer.size} bytes) as its frame "
-                           "index says it shipped it; release with --full-build")
+                           "index says it shipped it; make the release without --from")
     if isinstance(found, _Lent):
         return replace(layer, spool=found, data=None)
     return replace(layer, spool=None, data=found)
