@@ -360,7 +360,8 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         f"{gb(archive_bytes)} archive (ratio {saved / archive_bytes:.2f}). Made by `benchmarks/realistic.py`.", "",
         "Before the rounds, once: the first cold release, which seeds the verify engine (the round trip's "
         "scratch engine, kept in the benchmark's own scratch folder, holding only the base image), and a cold "
-        "release with `--no-seed`. "
+        "release with `--no-seed`. `build.py` keeps its Python bytecode between runs, as a user's Python "
+        "does (the first release compiles it). "
         "Each round: the engine back to the bases alone (the last round's images removed, so the cold run is "
         "cold) and the inputs to the cold release's; then the cold release and the same work by hand, "
         "alternating which goes first; then one tune-cache JSON of tp2 changed, `build.py lock` and a release of "
