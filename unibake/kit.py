@@ -42,7 +42,7 @@ import posixpath
 import re
 import tarfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,17 +283,9 @@ class KitDraft:
         cuts = _cuts(pieces, tar.offset)
         self._framer.cut(cuts, self._lend(cuts))
         sha = hashlib.sha256()  # context.tar's, from the bytes written
-        for piece in pieces:
-            if isinstance(piece, bytes):
-                sha.update(piece)
-                tar.write(piece)
-                continue
-            f, length = piece
-            for chunk in context_file_chunks(f, length):
-                sha.update(chunk)
-                tar.write(chunk)
-            sha.update(tar_padding(length))
-            tar.write(tar_padding(length))
+        for chunk in _context_bytes(pieces):
+            sha.update(chunk)
+            tar.write(chunk)
         if self.expect_context is not None and sha.hexdigest() != self.expect_context:
             raise VerificationError(f"the build context of {self.plan.tag} changed while its kit was written; "
                                     "no kit was written")
@@ -474,16 +466,21 @@ def _cuts(pieces: list, at: int) -> list[Cut]:
     return cuts
 
 
-def _context_sha(pieces: list) -> str:
-    sha = hashlib.sha256()
+def _context_bytes(pieces: list) -> Iterator[bytes]:
+    """context.tar's bytes, from its layout: headers as laid out, each file's bytes and their padding."""
     for piece in pieces:
         if isinstance(piece, bytes):
-            sha.update(piece)
+            yield piece
             continue
         f, size = piece
-        for chunk in context_file_chunks(f, size):
-            sha.update(chunk)
-        sha.update(tar_padding(size))
+        yield from context_file_chunks(f, size)
+        yield tar_padding(size)
+
+
+def _context_sha(pieces: list) -> str:
+    sha = hashlib.sha256()
+    for chunk in _context_bytes(pieces):
+        sha.update(chunk)
     return sha.hexdigest()
 
 
