@@ -1145,14 +1145,14 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="signing keys", about="the --sign and --sign-minisign keys checked: each signs a probe before any work",
           needs=("request",), gives=("signer",), run=supply.signing_keys, skip=supply.signing_keys_skip,
           on_skip=lambda reason: (None,)),
+    Stage(name="kit begin", about="the reconstruct kit begun in a thread, its build context written, hashed and "
+                                  "compressed: after the build (beside the export), or at once on a base release",
+          needs=("plan", "context", "target", "folder"),
+          gives=("kit_draft",), run=supply.kit_begin_stage, skip=supply.kit_skip, on_skip=lambda reason: (None,)),
     Stage(name="build", about="the image built; the in-image checks run as its last steps, so a failure tags nothing",
           needs=("plan", "context"), uses=("base",), gives=("built",), run=_build,
           detail=lambda run: f"{run['plan'].tag} ({run['plan'].platform.name}) on engine {run.engine.version()} at "
                              f"{run.engine.address}"),
-    Stage(name="kit begin", about="the reconstruct kit begun in a thread while the image is exported: its "
-                                  "build context written, hashed and compressed",
-          needs=("plan", "context", "target", "folder"),
-          gives=("kit_draft",), run=supply.kit_begin_stage, skip=supply.kit_skip, on_skip=lambda reason: (None,)),
     Stage(name="normalise", about="times set to SOURCE_DATE_EPOCH in the layers unibake adds: the same inputs, "
                                   "the same image ID", needs=("plan", "context", "built"), uses=("base",),
           gives=("image",), run=_normalise, detail=lambda run: f"times set to SOURCE_DATE_EPOCH={run.epoch}"),
@@ -1193,10 +1193,10 @@ STAGES: tuple[Stage, ...] = (
           run=_publish, detail=lambda run: str(run.request.out / run["target"].release)),
 )
 BY_NAME = {s.name: s for s in STAGES}
-BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build", "kit begin",
+BUILD = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "kit begin", "build",
          "export", "scan image", "smoke gates", "sbom", "kit", "provenance", "publish")
-SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "build",
-              "kit begin", "normalise", "scan image", "archive", "round trip", "smoke gates", "sbom", "kit",
+SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "folder", "signing keys", "kit begin",
+              "build", "normalise", "scan image", "archive", "round trip", "smoke gates", "sbom", "kit",
               "provenance", "publish")
 ARCHIVE = ("inspect", "scan inspected", "folder", "signing keys", "archive", "round trip", "smoke gates", "sbom",
            "provenance", "publish")

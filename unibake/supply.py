@@ -165,15 +165,22 @@ def kit_skip(run: Run) -> str | None:
 
 
 def kit_begin_stage(run: Run) -> tuple:
-    """The kit begun in a thread (its context tar written, hashed and compressed) while the image is
-    exported: the export waits on the engine for most of its time, with a core to spare."""
+    """The kit begun in a thread (its context tar written, hashed and compressed). Its thread starts once
+    the build has ended, beside the export, which waits on the engine for most of its time with a core to
+    spare (a cold build keeps both busy); on a base release (a hotfix, a release made ``--from`` one) at once,
+    beside a build that is mostly steps from the build memo, waiting on the engine: on the realistic
+    product, a ``--from`` release took 6.0-6.2 s so, 6.3-7.7 s with the kit beside the frames' copy and the
+    read back."""
     from .kit import KitDraft, kit_name
 
     target = run["target"]
     draft = KitDraft(run["folder"].staging, kit_name(target.product, target.release), plan=run["plan"],
                      context=run["context"], release=target.release, epoch=run.epoch, reuse=_base_kit(run))
     run.stack.callback(draft.abandon)  # after a failure: stopped, its file removed (nothing once finished)
-    draft.begin_in_thread()
+    if run.get("base") is not None:
+        draft.begin_in_thread()
+    else:
+        run.after("build", draft.begin_in_thread)
     return (draft,)
 
 
