@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -35,8 +36,8 @@ from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .engine import Engine
 from .files import read_small_file, resolved, unwritable_reason
-from .errors import (DiskFull, EngineError, InputError, PipelineError, RoundTripUnavailable, UnibakeError,
-                     VerificationError)
+from .errors import (DiskFull, EngineError, HandoffAborted, InputError, PipelineError, RoundTripUnavailable,
+                     UnibakeError, VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
 from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
@@ -184,6 +185,7 @@ class Run:
         self.publishes = False  # whether they make a release folder (and so a kit, which carries the context)
         self._after: dict[str, list[Callable[[], None]]] = {}
         self.seed: SeededEngine | None = None  # the round trip's seeded verify engine, when it has one
+        self.base_check: _BaseArchiveCheck | None = None  # a base release's archive, read beside the build
 
     def after(self, stage: str, let_go: Callable[[], None]) -> None:
         """Call ``let_go`` once ``stage`` has run or been skipped in this run (what only that stage
@@ -256,7 +258,9 @@ def _hotfix_base(run: Run) -> tuple:
     with_archive = run.request.roundtrip or run.request.whole
     if with_archive:  # checked again at the round trip; here, before anything is built
         _check_base_archive(base)
-    _check_base_sums(base, with_archive=with_archive, progress=run.reporter.progress)
+    _check_base_sums(base, with_archive=with_archive)
+    if with_archive:  # its bytes read in a thread beside the plan and the build, waited for before it is used
+        run.base_check = _BaseArchiveCheck(run, base)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
     if env_epoch not in (None, str(base.epoch)):
         run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: {'this release' if run.request.whole else 'the hotfix'} "
@@ -738,30 +742,22 @@ def _check_base_archive(base: HotfixBase) -> None:
                          f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
 
 
-def _check_base_sums(base: HotfixBase, *, with_archive: bool, progress: Callable | None = None) -> None:
-    """The base release as ``sha256sum -c SHA256SUMS`` sees it, before anything is built: the
-    manifest whose diffIDs decide what the hotfix leaves out, and (when the round trip will load it)
-    the archive. A folder that does not verify is exit 3, naming it, not an engine's refusal later
-    or, with --no-roundtrip, a hotfix published on layers no base has. ``progress(description, total)``
-    (the reporter's) shows the archive's read: a whole release's, minutes for a big one."""
+def _check_base_sums(base: HotfixBase, *, with_archive: bool, names: Sequence[str] = (MANIFEST,),
+                     advance: Callable[[int], object] = lambda n: None) -> None:
+    """The base release as ``sha256sum -c SHA256SUMS`` sees it: the files ``names`` (before anything is built:
+    the manifest, whose diffIDs decide what the hotfix leaves out; beside the build, :class:`_BaseArchiveCheck`:
+    the archive), and with ``with_archive`` (the round trip will load it, or a release made on it copies its
+    frames) the archive listed, under the sha256 its manifest records. A folder that does not verify is exit 3,
+    naming it, not an engine's refusal later or, with --no-roundtrip, a hotfix published on layers no base has.
+    ``advance`` is told the bytes read."""
     from .verify import check_sums, read_sums
 
     sums = read_sums(base.folder)
-    names = [MANIFEST, *(base.archive_files if with_archive else ())]
-    unlisted = [n for n in names if n not in sums]
+    unlisted = [n for n in (*names, *(base.archive_files if with_archive else ())) if n not in sums]
     if unlisted:
         raise VerificationError(f"the base release {base.folder}: {unlisted[0]} is not listed in its SHA256SUMS; "
                                 f"check it with: python build.py verify {base.folder}")
-    on_disk = sum(f.bytes for f in base.manifest.archive.files) if with_archive else 0
-    if on_disk:
-        try:  # (read too, and counted)
-            on_disk += os.lstat(base.folder / MANIFEST).st_size
-        except OSError:
-            pass  # (said by the check below)
-    shown = progress(f"check {base.manifest.release} (the base)", on_disk) if progress and on_disk else \
-        nullcontext(lambda n: None)
-    with shown as advance:
-        bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}, advance=advance) if not c.passed]
+    bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}, advance=advance) if not c.passed]
     if bad:
         raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
                                 f"made on a release that verifies (python build.py verify {base.folder})")
@@ -771,6 +767,43 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool, progress: Callable
         raise VerificationError(f"the base release {base.folder}: {other[0]} is not the archive its manifest.json "
                                 f"records (their sha256 differ); a hotfix is made on a release that verifies "
                                 f"(python build.py verify {base.folder})")
+
+
+class _BaseArchiveCheck:
+    """The base release's archive read against its SHA256SUMS in a thread, beside the plan and the build (a
+    whole release's archive: minutes for a big one, where an assembled build takes seconds); :meth:`result`
+    waits for it before the archive is used (the export, the archive and round trip stages, publish) and raises
+    what it found. The run's clean-up stops it at its next block. Its counter is
+    ``check RELEASE (the base)``."""
+
+    def __init__(self, run: Run, base: HotfixBase):
+        self._stop = threading.Event()
+        total = sum(f.bytes for f in base.manifest.archive.files)
+        shown = run.reporter.counter(f"check {base.manifest.release} (the base)", total)
+
+        def advance(n: int) -> None:
+            if self._stop.is_set():
+                raise HandoffAborted()
+            shown(n)
+
+        self._task = Background(partial(_check_base_sums, base, with_archive=True, names=base.archive_files,
+                                        advance=advance), name="base-check")
+        run.stack.callback(self.abandon)
+
+    def result(self) -> None:
+        self._task.result()
+
+    def abandon(self) -> None:
+        self._stop.set()
+        self._task.wait()
+
+
+def _base_checked(run: Run) -> None:
+    """The base release's archive, read beside the build, found as its SHA256SUMS lists it (or the error)."""
+    if run.base_check is not None:
+        if not run.base_check._task.done():
+            run.reporter.info("    waiting for the base release's archive to be checked against its SHA256SUMS")
+        run.base_check.result()
 
 
 def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
@@ -829,6 +862,7 @@ def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterat
 
 def _export(run: Run) -> tuple:
     from .export import export_once
+    _base_checked(run)
 
     plan: ReleasePlan = run["plan"]
     built: BuiltImage = run["built"]
@@ -985,6 +1019,7 @@ def _disk_full(exc: DiskFull, staging: Path, out: Path, size: int | None) -> Dis
 
 
 def _archive(run: Run) -> tuple:
+    _base_checked(run)
     target: Target = run["target"]
     image: Image = run["image"]
     base = _delta_base(run)
@@ -1007,6 +1042,7 @@ def _archive(run: Run) -> tuple:
 
 
 def _read_back(run: Run) -> tuple:
+    _base_checked(run)
     archive: Archive = run["archive"]
     base = _delta_base(run)
     request = run.request
@@ -1082,6 +1118,7 @@ def _smoke(run: Run) -> tuple:
 
 
 def _publish(run: Run) -> tuple:
+    _base_checked(run)
     target: Target = run["target"]
     image: Image = run["image"]
     archive: Archive = run["archive"]

@@ -61,15 +61,24 @@ def test_a_base_whose_manifest_no_longer_matches_its_sums_is_refused_before_the_
             base_stage(tmp_path, roundtrip=roundtrip)
 
 
-def test_a_base_archive_with_a_flipped_byte_is_refused_before_the_build_when_the_round_trip_loads_it(
-        engines, tmp_path):  # noqa: F811
-    folder = release(engines, tmp_path / "release")["release"].folder
+def test_a_base_archive_with_a_flipped_byte_is_refused_before_it_is_used_when_the_round_trip_loads_it(
+        engines, tmp_path, server):  # noqa: F811
+    # The archive is read against SHA256SUMS in a thread beside the plan and the build (a whole release's archive:
+    # minutes for a big one, where an assembled hotfix builds in seconds), and waited for before it is used: the
+    # run fails there, naming it, and nothing is published or left in the verify engine.
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
     archive = folder / "demo-1.0.tar.zst"
     data = bytearray(archive.read_bytes())
     data[len(data) // 2] ^= 0x01
     archive.write_bytes(bytes(data))
-    with pytest.raises(VerificationError, match=r"the base release .*: demo-1\.0\.tar\.zst "):
-        base_stage(tmp_path)
+    hotfix_image(engines, server.server_port)
+    held = set(engines["fake://verify"].images)
+    with pytest.raises(VerificationError, match=r"the base release .*: demo-1\.0\.tar\.zst differs from "
+                                                r"SHA256SUMS; a hotfix is made on a release that verifies"):
+        hotfix_run(engines, out)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.0"]
+    assert set(engines["fake://verify"].images) == held
     assert base_stage(tmp_path, roundtrip=False)["base"].manifest.release == "1.0"  # the archive is not needed
 
 
@@ -711,10 +720,11 @@ def test_a_hotfix_round_trip_shows_its_base_release_loading_under_its_own_counte
     assert lines.index(based[0]) < first  # (the base first, then the hotfix's own load)
 
 
-def test_a_hotfix_shows_its_base_release_s_archive_checked_before_the_build(engines, tmp_path, server,  # noqa: F811
-                                                                           monkeypatch):
+def test_a_hotfix_shows_its_base_release_s_archive_checked_beside_the_build(engines, tmp_path, server,  # noqa: F811
+                                                                            monkeypatch):
     # "==> hotfix base" read the base release's whole archive against its SHA256SUMS (minutes for 30 GiB) with no
-    # progress; it now has a counter of its own, whose total is what it reads (the archive and the manifest)
+    # progress; it has a counter of its own, whose total is what it reads (the archive), and it reads in a thread
+    # beside the plan and the build
     import itertools
 
     from unibake.console import Reporter
