@@ -40,8 +40,15 @@ class HotfixBase:
 
 
 def base_folder_name(name: str) -> str:
-    """``--from`` takes a release folder's name (1.3.1) or an image reference (demo-llm:1.3.1)."""
-    return release_tag(name) if ":" in name else name
+    """``--from`` takes a release folder's name (1.3.1) or an image reference with its tag (demo-llm:1.3.1);
+    anything else gives a name no release folder has. A reference whose last ``:`` is not its tag's
+    (``demo-llm:../../x``, ``host:5000/demo-llm``) was read as ``latest``, the tag a reference without one
+    means: such a ``--from`` took the release a ``latest`` link under ``--out`` names."""
+    if ":" not in name:
+        return name
+    if "/" in name.rsplit(":", 1)[1]:
+        return name  # (refused by the caller, naming it: not a release folder's name)
+    return release_tag(name)
 
 
 def _such_as(out: Path) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import replace
@@ -843,3 +844,19 @@ def test_an_interrupted_hotfix_export_exits_without_waiting_for_a_base_release_l
         if child.poll() is None:
             child.kill()
             child.communicate()
+
+
+def test_a_reference_whose_last_colon_is_not_its_tag_s_is_refused_not_read_as_latest(engines, tmp_path):  # noqa: F811
+    # (before: --from demo:../../x, or host:5000/demo, was read as a reference without a tag, so as "latest": with
+    # a latest link under --out, the hotfix was made on the release it names, without a word)
+    out = tmp_path / "release"
+    release(engines, out)
+    (out / "latest").symlink_to("1.0")
+    for name in ("demo:../../x", "localhost:5000/demo", "demo:1.0/"):
+        request = Request(env={}, cwd=tmp_path, out=out, base=name, version="1.0.1")
+        if name == "demo:1.0/":  # (a trailing slash, as a shell completes a folder's name, is still 1.0)
+            assert run_stages([BY_NAME["hotfix base"]], request, Quiet())["base"].manifest.release == "1.0"
+            continue
+        with pytest.raises(InputError, match=rf"^--from '{re.escape(name)}': not the name of a release folder under "
+                                             r"--out"):
+            run_stages([BY_NAME["hotfix base"]], request, Quiet())
