@@ -167,13 +167,9 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
     if settings is None or not history:
         return "the engine does not give the build memo image's settings and history"
     shell = settings["config"].get("Shell") or ["/bin/sh", "-c"]
-    folders = []
-    for path in _parents(owned):
-        header = engine.folder_header(hit.lower, path)
-        if isinstance(header, str):
-            return f"{path} in the build memo's image: {header}"
-        if header is not None:
-            folders.append((path, header))
+    folders = _folders_of(engine, memo, memo_key, hit.lower, _parents(owned))
+    if isinstance(folders, str):
+        return folders
     base_ref = cache_ref(product, context.selection, "assembled-base")
     small_ref = cache_ref(product, context.selection, "assembled")
     raw, archive = _small_base(folders, settings, history, epoch, base_ref)
@@ -214,9 +210,54 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
 
 RECORDS = "layers"  # under the build memo's folder: what each layer a release's pass read holds, by diffID
 CONFIGS = "configs"  # and the configs of the images it released, by digest
+FOLDERS = "folders"  # and the headers of the folders above the install root in each build memo image, by image ID
 LAYER_RECORDS_KEPT = 64
 CONFIGS_KEPT = 16
 RECORD_LIMIT = 1 << 30
+
+
+def _folders_mac(secret_key: bytes, image_id: str, paths: list[str], folders: list) -> str:
+    text = json.dumps({"image": image_id, "paths": paths, "folders": folders}, sort_keys=True)
+    return hmac.new(secret_key, f"unibake folders record {buildmemo.VERSION}\n{text}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def _folders_of(engine: Engine, memo: Path, secret_key: bytes, image_id: str,
+                paths: list[str]) -> list[tuple[str, tuple[int, int, int]]] | str:
+    """The header (mode, owner, group) of each of ``paths`` that the image ``image_id`` holds, as the small base
+    lays them out; or why not. Each is read through a container the engine creates (about 0.1 s a folder); an
+    image ID names its files for ever, so what was read is kept, signed with this user's key (a record a checkout
+    brings would set the folders' modes of the hotfix's layers), under the build memo's folder."""
+    where = memo / FOLDERS
+    path = where / f"{image_id.removeprefix('sha256:')}.json"
+    try:
+        raw = json.loads(read_small_file(path, UnibakeError, limit=1 << 16, follow=False).decode("utf-8"))
+        kept = raw["folders"]
+        if raw.get("version") == buildmemo.VERSION and raw.get("image") == image_id and raw.get("paths") == paths \
+                and isinstance(raw.get("mac"), str) \
+                and hmac.compare_digest(raw["mac"], _folders_mac(secret_key, image_id, paths, kept)):
+            folders = [(p, tuple(h)) for p, h in kept]
+            if all(p in paths and len(h) == 3 and all(type(v) is int for v in h) for p, h in folders):
+                return folders
+    except (UnibakeError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    folders = []
+    for folder in paths:
+        header = engine.folder_header(image_id, folder)
+        if isinstance(header, str):
+            return f"{folder} in the build memo's image: {header}"
+        if header is not None:
+            folders.append((folder, tuple(header)))
+    body = [[p, list(h)] for p, h in folders]
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        write_atomic(where, path.name, json.dumps({"version": buildmemo.VERSION, "image": image_id, "paths": paths,
+                                                   "folders": body,
+                                                   "mac": _folders_mac(secret_key, image_id, paths, body)}))
+        _evict(where, CONFIGS_KEPT)
+    except (OSError, UnibakeError):  # (not kept: the next hotfix reads them again)
+        pass
+    return folders
 
 
 def _record_mac(secret_key: bytes, diff_id: str, size: int, found: dict) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .digestmemo import file_sha256
 from .errors import InputError, UnibakeError
 from .files import decode_text, open_regular, read_small_file, visible_name
 from .schema import describe_character, hidden_character
@@ -289,7 +290,7 @@ def _input_file(root: Path, path: Path, where: str, limit: int | None = None) ->
     mode = 0o755 if st.st_mode & 0o111 else 0o644
     check_size(rel, st.st_size, where, limit)
     try:
-        sha256 = sha256_file(real)
+        sha256 = file_sha256(real, st, sha256_file)  # (unchanged since an earlier plan: that plan's, unibake.digestmemo)
     except PermissionError as exc:  # was exit 1 naming only the path, as if the disk had failed
         raise InputError(f"{where}: cannot read '{rel}' ({exc.strerror}); make it readable to this user, or move it "
                          "out of the source") from None

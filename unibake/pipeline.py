@@ -34,6 +34,7 @@ from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, 
 from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
+from .digestmemo import DigestMemo, remembering
 from .engine import Engine
 from .files import read_small_file, resolved, unwritable_reason
 from .errors import (DiskFull, EngineError, HandoffAborted, InputError, PipelineError, RoundTripUnavailable,
@@ -268,6 +269,27 @@ def _hotfix_base(run: Run) -> tuple:
     return _one(base)
 
 
+def _digest_memo(run: Run, root: Path) -> DigestMemo | None:
+    """The record of the inputs' sha256 by their stat (:mod:`unibake.digestmemo`): read unless --no-cache; none
+    without this user's key or for a repro build (which writes nothing in the project)."""
+    key = buildmemo.secret(run.request.env)
+    if key is None or run.request.hold:
+        return None
+    return DigestMemo(root / BUILD_MEMO, key, read=not run.request.nocache)
+
+
+def _save_digests(run: Run, memo: DigestMemo | None) -> None:
+    if memo is None:
+        return
+    if memo.remembered:
+        run.reporter.info(f"    {memo.remembered} input file(s), {memo.remembered_bytes} bytes, not read again: unchanged "
+                          "since an earlier plan hashed them (by their inode, size and times)")
+    try:
+        memo.save()
+    except (OSError, UnibakeError) as exc:
+        run.reporter.info(f"    the inputs' digests were not kept ({exc}): the next plan hashes every input")
+
+
 def _plan(run: Run) -> tuple:
     request = run.request
     base: HotfixBase | None = run.get("base")
@@ -275,18 +297,22 @@ def _plan(run: Run) -> tuple:
     platform = request.platform or (base.manifest.platform if base else None)
     from .kit import CONTEXT_FILE_LIMIT  # a release's kit carries the context: a file it cannot is refused unread
 
+    config = (request.cwd / request.config).resolve()
+    memo = _digest_memo(run, config.parent)
     try:
-        plan = make_plan((request.cwd / request.config).resolve(), profiles=profiles or ["all"],
-                         version=request.version, cwd=request.cwd, require_lock=request.require_lock,
-                         allow=request.allow, identity=request.identity,
-                         platform=parse_platforms(platform, "--platform")[0] if platform else None,
-                         context_limit=CONTEXT_FILE_LIMIT if run.publishes else None)
+        with remembering(memo):
+            plan = make_plan(config, profiles=profiles or ["all"],
+                             version=request.version, cwd=request.cwd, require_lock=request.require_lock,
+                             allow=request.allow, identity=request.identity,
+                             platform=parse_platforms(platform, "--platform")[0] if platform else None,
+                             context_limit=CONTEXT_FILE_LIMIT if run.publishes else None)
     except InputError as exc:
         if request.profiles or base is None or not str(exc).startswith("unknown profile"):
             raise
         # no --profile was given: the names are the base release's, a profile since renamed or removed
         raise InputError(f"{str(exc).replace(' (--profile)', '')}: a hotfix builds the profiles of release "
                          f"{base.manifest.release} ({', '.join(profiles)}) unless --profile names others") from None
+    _save_digests(run, memo)
     # an unset ${NAME} is said by the build, which reads the base image's ENV; a run that does not build says
     # it here, for every base
     for warning in plan.source_warnings if run.builds else plan.warnings:

@@ -254,3 +254,39 @@ def test_the_small_save_gets_a_second_name_for_the_checks_even_where_hard_links_
     assert copied.path.read_bytes() == spool.read_bytes() and copied.layers == small.layers
     spool.unlink()  # each reader removes its own name: the other stays whole
     assert copied.path.read_bytes() == b"layers" * 100
+
+
+class _Folders:
+    """An engine that answers only folder_header, from a table, counting what it was asked."""
+
+    def __init__(self, table: dict[str, tuple[int, int, int] | None]):
+        self.table, self.asked = table, []
+
+    def folder_header(self, image: str, path: str):
+        self.asked.append((image, path))
+        return self.table[path]
+
+
+def test_the_memo_image_s_folders_are_read_once_then_taken_from_a_record_signed_with_this_user_s_key(tmp_path):
+    from unibake.assemble import FOLDERS, _folders_of
+
+    paths = ["/opt", "/opt/unibake"]
+    engine = _Folders({"/opt": (0o755, 0, 0), "/opt/unibake": None})
+    found = _folders_of(engine, tmp_path, KEY, LOWER, paths)
+    assert found == [("/opt", (0o755, 0, 0))] and len(engine.asked) == 2
+    assert _folders_of(engine, tmp_path, KEY, LOWER, paths) == found and len(engine.asked) == 2  # not asked again
+    # another image, or other folders asked for: read from the engine
+    assert _folders_of(engine, tmp_path, KEY, "sha256:" + "b" * 64, paths) == found and len(engine.asked) == 4
+    assert _folders_of(engine, tmp_path, KEY, LOWER, paths[:1]) == found and len(engine.asked) == 5
+    # a record a checkout brings (its mode changed, its MAC not this user's): not taken, the engine asked
+    record = tmp_path / FOLDERS / f"{LOWER.removeprefix('sha256:')}.json"
+    raw = json.loads(record.read_text())
+    raw["folders"][0][1][0] = 0o777
+    record.write_text(json.dumps(raw))
+    assert _folders_of(engine, tmp_path, KEY, LOWER, paths) == found and len(engine.asked) == 7
+    # signed with another key: not taken either
+    assert _folders_of(engine, tmp_path, b"o" * 32, LOWER, paths) == found and len(engine.asked) == 9
+    # what the engine says is not a folder is the reason not to assemble, and is not recorded
+    engine.table["/opt/unibake"] = "not a folder (a link, a file, or a header not read)"
+    assert _folders_of(engine, tmp_path, KEY, "sha256:" + "c" * 64, paths).startswith("/opt/unibake in the build")
+    assert not (tmp_path / FOLDERS / f"{'c' * 64}.json").exists()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import pytest
 
@@ -283,3 +285,62 @@ def test_a_hard_link_inside_the_project_is_baked_one_to_a_file_outside_is_refuse
         read_source(root, "engine", "product.yaml:9")
     with pytest.raises(InputError, match=r"'engine/same\.json' is a hard link to a file outside"):
         read_source(root, "engine/same.json", "product.yaml:9", want="file")
+
+
+def test_an_input_unchanged_since_the_last_plan_is_not_read_again_and_one_rewritten_in_place_is(
+        busybox_product, cli, tmp_path, monkeypatch):
+    from unibake import digestmemo
+
+    monkeypatch.setattr(digestmemo, "SETTLE_NS", 0)  # the files were copied a moment ago (see the test below)
+    env = {"CI": "true", "XDG_CACHE_HOME": str(tmp_path / "cache")}  # this user's key of the record
+    first = cli("--stage", "render", "--config", str(busybox_product), env=env)
+    assert first.code == 0 and "not read again" not in first.err
+    again = cli("--stage", "render", "--config", str(busybox_product), env=env)
+    assert again.code == 0
+    assert re.search(r"\b[1-9][0-9]* input file\(s\), [0-9]+ bytes, not read again: unchanged since an earlier "
+                     r"plan hashed them", again.err)
+    # the same size, the same modification time (touch -d, a checkout's restored times): hashed again all the same
+    changed = busybox_product.parent / "images/tune/tp2/cache-2.json"
+    before = changed.stat()
+    text = changed.read_text()
+    changed.write_text(text.replace("2", "3", 1) if "2" in text else text.upper())
+    os.utime(changed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert changed.stat().st_size == before.st_size and changed.read_text() != text
+    refused = cli("--stage", "render", "--config", str(busybox_product), env=env)
+    assert refused.code == 2 and "input 'images/tune/tp2/cache-2.json' differs from" in refused.err
+    # a record this user's key did not sign (a checkout's) is not taken: every input hashed
+    changed.write_text(text)
+    record = busybox_product.parent / ".cache/build-memo" / digestmemo.FILE
+    raw = json.loads(record.read_text())
+    raw["mac"] = "0" * 64
+    record.write_text(json.dumps(raw))
+    assert "not read again" not in cli("--stage", "render", "--config", str(busybox_product), env=env).err
+    # --no-cache hashes every input
+    assert "not read again" not in cli("--stage", "render", "--no-cache", "--config", str(busybox_product), env=env).err
+
+
+def test_an_input_changed_just_before_it_was_hashed_is_not_remembered(tmp_path):
+    from unibake.digestmemo import DigestMemo
+    from unibake.inputs import sha256_file
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    read = []
+
+    def hashed(p):
+        read.append(p)
+        return sha256_file(p)
+
+    for _ in range(2):  # written a moment ago: it could change again within the same tick of the clock
+        memo = DigestMemo(tmp_path / "memo", b"k" * 32)
+        assert memo.sha256(path, os.stat(path), hashed) == sha256_file(path)
+        memo.save()
+    assert len(read) == 2
+    # two seconds later it is remembered, and then answered from the record
+    later = [DigestMemo(tmp_path / "memo", b"k" * 32, now=lambda: os.stat(path).st_ctime_ns + 3_000_000_000)
+             for _ in range(2)]
+    later[0].sha256(path, os.stat(path), hashed)
+    later[0].save()
+    later[1] = DigestMemo(tmp_path / "memo", b"k" * 32)
+    assert later[1].sha256(path, os.stat(path), hashed) == sha256_file(path) and len(read) == 3
+    assert later[1].remembered == 1
