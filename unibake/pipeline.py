@@ -768,31 +768,37 @@ def _check_base_archive(base: HotfixBase) -> None:
                          f"{base.folder / missing[0]} is missing; restore it or use --no-roundtrip")
 
 
-def _check_base_sums(base: HotfixBase, *, with_archive: bool, names: Sequence[str] = (MANIFEST,),
-                     advance: Callable[[int], object] = lambda n: None) -> None:
-    """The base release as ``sha256sum -c SHA256SUMS`` sees it: the files ``names`` (before anything is built:
-    the manifest, whose diffIDs decide what the hotfix leaves out; beside the build, :class:`_BaseArchiveCheck`:
-    the archive), and with ``with_archive`` (the round trip will load it, or a release made on it copies its
-    frames) the archive listed, under the sha256 its manifest records. A folder that does not verify is exit 3,
-    naming it, not an engine's refusal later or, with --no-roundtrip, a hotfix published on layers no base has.
-    ``advance`` is told the bytes read."""
-    from .verify import check_sums, read_sums
+def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
+    """The base release as ``sha256sum -c SHA256SUMS`` sees it, before anything is built: the manifest (whose
+    diffIDs decide what the hotfix leaves out), and with ``with_archive`` (the round trip will load it, or a
+    release made on it copies its frames) the archive listed, under the sha256 its manifest records (its bytes
+    are read beside the build: :class:`_BaseArchiveCheck`). A folder that does not verify is exit 3, naming it,
+    not an engine's refusal later or, with --no-roundtrip, a hotfix published on layers no base has."""
+    from .verify import read_sums
 
     sums = read_sums(base.folder)
-    unlisted = [n for n in (*names, *(base.archive_files if with_archive else ())) if n not in sums]
+    unlisted = [n for n in (MANIFEST, *(base.archive_files if with_archive else ())) if n not in sums]
     if unlisted:
         raise VerificationError(f"the base release {base.folder}: {unlisted[0]} is not listed in its SHA256SUMS; "
                                 f"check it with: python build.py verify {base.folder}")
-    bad = [c for c in check_sums(base.folder, {n: sums[n] for n in names}, advance=advance) if not c.passed]
-    if bad:
-        raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
-                                f"made on a release that verifies (python build.py verify {base.folder})")
+    _check_base_files(base, {MANIFEST: sums[MANIFEST]})
     # SHA256SUMS rewritten over another archive: its own sums pass, the manifest's record does not
     other = [f.name for f in base.manifest.archive.files if with_archive and sums[f.name].lower() != f.sha256]
     if other:
         raise VerificationError(f"the base release {base.folder}: {other[0]} is not the archive its manifest.json "
                                 f"records (their sha256 differ); a hotfix is made on a release that verifies "
                                 f"(python build.py verify {base.folder})")
+
+
+def _check_base_files(base: HotfixBase, expected: Mapping[str, str], *,
+                      advance: Callable[[int], object] = lambda n: None) -> None:
+    """The base release's files ``expected`` (name -> sha256) read and found so; exit 3 naming the first that is not."""
+    from .verify import check_sums
+
+    bad = [c for c in check_sums(base.folder, expected, advance=advance) if not c.passed]
+    if bad:
+        raise VerificationError(f"the base release {base.folder}: {bad[0].target} {bad[0].detail}; a hotfix is "
+                                f"made on a release that verifies (python build.py verify {base.folder})")
 
 
 class _BaseArchiveCheck:
@@ -812,11 +818,17 @@ class _BaseArchiveCheck:
                 raise HandoffAborted()
             shown(n)
 
-        self._task = Background(partial(_check_base_sums, base, with_archive=True, names=base.archive_files,
-                                        advance=advance), name="base-check")
+        # against the sha256 the manifest records, which SHA256SUMS was found to list before the build (not read again)
+        expected = {f.name: f.sha256 for f in base.manifest.archive.files}
+        self._task = Background(partial(_check_base_files, base, expected, advance=advance), name="base-check")
+        self._waiting = partial(run.reporter.info, "    waiting for the base release's archive to be checked "
+                                                   "against its SHA256SUMS")
         run.stack.callback(self.abandon)
 
     def result(self) -> None:
+        """Its verdict: waited for (and said so) when the check is still reading."""
+        if not self._task.done():
+            self._waiting()
         self._task.result()
 
     def abandon(self) -> None:
@@ -827,8 +839,6 @@ class _BaseArchiveCheck:
 def _base_checked(run: Run) -> None:
     """The base release's archive, read beside the build, found as its SHA256SUMS lists it (or the error)."""
     if run.base_check is not None:
-        if not run.base_check._task.done():
-            run.reporter.info("    waiting for the base release's archive to be checked against its SHA256SUMS")
         run.base_check.result()
 
 
