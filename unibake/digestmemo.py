@@ -11,7 +11,7 @@ A file changed in the two seconds before it was hashed is not remembered (``SETT
 the same tick of the file system's clock could leave its times as they were hashed ("racily clean",
 in git's words). Nothing is remembered of a file that changed while it was read.
 
-The record lives in the project (``.cache/build-memo/``), which a checkout could bring too: one that
+The record lives in the project (``.cache/build-memo/inputs/digests.json``), which a checkout could bring too: one that
 says a changed file is unchanged would have a release built from inputs its notes do not describe.
 So the record carries an HMAC under this user's key (the build memo's, :func:`buildmemo.secret`);
 one without it is ignored, and the files are hashed. ``--no-cache`` reads no record (every input is
@@ -37,7 +37,8 @@ from pathlib import Path
 from .errors import UnibakeError
 from .files import read_small_file, write_atomic
 
-FILE = "input-digests.json"
+FOLDER = "inputs"  # under the build memo's folder
+FILE = "digests.json"
 VERSION = 1
 LIMIT = 32 << 20  # the record's own size
 KEPT = 50_000  # entries: a project's inputs, and those of its other configurations

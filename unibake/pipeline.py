@@ -34,7 +34,7 @@ from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, 
 from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
-from .digestmemo import DigestMemo, remembering
+from .digestmemo import FOLDER as DIGESTS, DigestMemo, remembering
 from .engine import Engine
 from .files import read_small_file, resolved, unwritable_reason
 from .errors import (DiskFull, EngineError, HandoffAborted, InputError, PipelineError, RoundTripUnavailable,
@@ -275,7 +275,7 @@ def _digest_memo(run: Run, root: Path) -> DigestMemo | None:
     key = buildmemo.secret(run.request.env)
     if key is None or run.request.hold:
         return None
-    return DigestMemo(root / BUILD_MEMO, key, read=not run.request.nocache)
+    return DigestMemo(root / BUILD_MEMO / DIGESTS, key, read=not run.request.nocache)
 
 
 def _save_digests(run: Run, memo: DigestMemo | None) -> None:

@@ -310,7 +310,7 @@ def test_an_input_unchanged_since_the_last_plan_is_not_read_again_and_one_rewrit
     assert refused.code == 2 and "input 'images/tune/tp2/cache-2.json' differs from" in refused.err
     # a record this user's key did not sign (a checkout's) is not taken: every input hashed
     changed.write_text(text)
-    record = busybox_product.parent / ".cache/build-memo" / digestmemo.FILE
+    record = busybox_product.parent / ".cache/build-memo" / digestmemo.FOLDER / digestmemo.FILE
     raw = json.loads(record.read_text())
     raw["mac"] = "0" * 64
     record.write_text(json.dumps(raw))
