@@ -114,6 +114,9 @@ class DigestMemo:
         """The record written (through a temporary file, signed), when this plan changed it."""
         if not self.changed:
             return
+        linked = next((f for f in (self.folder, *list(self.folder.parents)[:2]) if f.is_symlink()), None)
+        if linked is not None:  # (a checkout's link would have it written wherever the link points)
+            raise UnibakeError(f"{linked} is a symlink")
         entries = dict(self.seen)
         for name, entry in self.old.items():
             if len(entries) >= KEPT:

@@ -344,3 +344,21 @@ def test_an_input_changed_just_before_it_was_hashed_is_not_remembered(tmp_path):
     later[1] = DigestMemo(tmp_path / "memo", b"k" * 32)
     assert later[1].sha256(path, os.stat(path), hashed) == sha256_file(path) and len(read) == 3
     assert later[1].remembered == 1
+
+
+def test_the_digest_record_is_not_written_through_a_link_a_checkout_brought(tmp_path):
+    from unibake.digestmemo import FILE, DigestMemo
+    from unibake.errors import UnibakeError
+    from unibake.inputs import sha256_file
+
+    path, elsewhere = tmp_path / "f", tmp_path / "elsewhere"
+    path.write_bytes(b"x")
+    elsewhere.mkdir()
+    (tmp_path / "project" / ".cache").mkdir(parents=True)
+    (tmp_path / "project" / ".cache" / "build-memo").symlink_to(elsewhere)
+    memo = DigestMemo(tmp_path / "project" / ".cache" / "build-memo" / "inputs", b"k" * 32,
+                      now=lambda: os.stat(path).st_ctime_ns + 3_000_000_000)
+    memo.sha256(path, os.stat(path), sha256_file)
+    with pytest.raises(UnibakeError, match=r"build-memo is a symlink"):
+        memo.save()
+    assert list(elsewhere.iterdir()) == [] and not (elsewhere / "inputs" / FILE).exists()
