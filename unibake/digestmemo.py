@@ -11,12 +11,13 @@ A file changed in the two seconds before it was hashed is not remembered (``SETT
 the same tick of the file system's clock could leave its times as they were hashed ("racily clean",
 in git's words). Nothing is remembered of a file that changed while it was read.
 
-The record lives in the project (``.cache/build-memo/inputs/digests.json``), which a checkout could bring too: one that
-says a changed file is unchanged would have a release built from inputs its notes do not describe.
-So the record carries an HMAC under this user's key (the build memo's, :func:`buildmemo.secret`);
-one without it is ignored, and the files are hashed. ``--no-cache`` reads no record (every input is
-hashed) and writes what it hashed. What the plan's digests are trusted for is checked again where the
-bytes are read: the kit hashes the context as it writes it and refuses one that differs from the plan.
+The record lives in the project (``.cache/build-memo/inputs/digests.json``), which a checkout could
+bring too: one that says a changed file is unchanged would have a release built from inputs its notes do
+not describe. So the record carries an HMAC under this user's key (the build memo's,
+:func:`buildmemo.secret`); one without it is ignored, and the files are hashed. Nothing else stands behind
+a file not read again but its times: a change that leaves the change time as it was (the clock set back
+by root, a file system that does not keep times) is not seen, as git would not see it. ``--no-cache``
+reads no record (every input is hashed) and writes what it hashed.
 
 No library keeps a stat-keyed digest cache for arbitrary files (hashlib hashes, nothing remembers), so
 this one is written here: a JSON object of at most ``KEPT`` entries.
