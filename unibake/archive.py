@@ -75,6 +75,7 @@ class Archive:
     shipped: tuple[str, ...]  # diffIDs whose layers the archive carries
     omitted: tuple[str, ...]  # diffIDs left out (a hotfix: the previous release has them)
     contents: ImageContents | None = None  # what the layers hold, when an inspector read them (the SBOM)
+    frames: tuple[BlobFrame, ...] = ()  # where each blob lies, as the archive's frame index says
 
     @property
     def names(self) -> list[str]:
@@ -101,6 +102,7 @@ class PartWriter:
         self.folder, self.name, self.split = folder, name, split
         self.total = 0
         self.done: list[ArchiveFile] = []
+        self.frames: tuple[BlobFrame, ...] = ()  # where each blob lies, as the archive's frame index says
         self._temps: list[Path] = []
         self._fh = None
         self._part_bytes = 0
@@ -530,6 +532,7 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
     flush()
     out.write(index_frame(_json_bytes(ArchiveFrames(compressor=frames_id, blobs=tuple(index)).model_dump()),
                           FRAMES_TAG))
+    out.frames = tuple(index)
     return out, total
 
 
@@ -585,4 +588,4 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
                    uncompressed_bytes=uncompressed, level=level,
                    long_distance=long_distance, image=saved, seconds=time.monotonic() - start, tag=tag,
                    shipped=tuple(d for d in saved.diff_ids if d not in omit_set),
-                   omitted=tuple(d for d in saved.diff_ids if d in omit_set), contents=contents)
+                   omitted=tuple(d for d in saved.diff_ids if d in omit_set), contents=contents, frames=out.frames)

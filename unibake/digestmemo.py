@@ -25,9 +25,6 @@ this one is written here: a JSON object of at most ``KEPT`` entries.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -35,8 +32,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
-from .errors import UnibakeError
-from .files import read_small_file, write_atomic
+from .signed import read_signed, write_signed
 
 FOLDER = "inputs"  # under the build memo's folder
 FILE = "digests.json"
@@ -51,11 +47,6 @@ Signature = tuple[int, int, int, int, int]
 
 def signature(info: os.stat_result) -> Signature:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-
-
-def _mac(key: bytes, entries: dict) -> str:
-    text = json.dumps({"version": VERSION, "entries": entries}, sort_keys=True, separators=(",", ":"))
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 def _valid(entry) -> bool:
@@ -76,15 +67,8 @@ class DigestMemo:
         self.changed = not read
 
     def _load(self) -> dict[str, list]:
-        try:
-            raw = json.loads(read_small_file(self.folder / FILE, UnibakeError, limit=LIMIT, follow=False))
-            entries, mac = raw["entries"], raw["mac"]
-            if raw.get("version") != VERSION or not isinstance(entries, dict) or not isinstance(mac, str) \
-                    or not hmac.compare_digest(mac, _mac(self.key, entries)):
-                return {}
-            return {path: entry for path, entry in entries.items() if _valid(entry)}
-        except (UnibakeError, OSError, ValueError, KeyError, TypeError):  # none yet, unreadable or not signed
-            return {}
+        entries = read_signed(self.folder, FILE, self.key, VERSION, limit=LIMIT)
+        return {path: entry for path, entry in entries.items() if _valid(entry)}
 
     def sha256(self, path: Path, info: os.stat_result, hash_file: Callable[[Path], str]) -> str:
         """The sha256 of the file at ``path`` (a real path), which ``info`` describes: the record's when
@@ -115,17 +99,12 @@ class DigestMemo:
         """The record written (through a temporary file, signed), when this plan changed it."""
         if not self.changed:
             return
-        linked = next((f for f in (self.folder, *list(self.folder.parents)[:2]) if f.is_symlink()), None)
-        if linked is not None:  # (a checkout's link would have it written wherever the link points)
-            raise UnibakeError(f"{linked} is a symlink")
         entries = dict(self.seen)
         for name, entry in self.old.items():
             if len(entries) >= KEPT:
                 break
             entries.setdefault(name, entry)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.folder, FILE, json.dumps({"version": VERSION, "entries": entries,
-                                                    "mac": _mac(self.key, entries)}, sort_keys=True))
+        write_signed(self.folder, FILE, self.key, VERSION, entries)
 
 
 _ACTIVE: ContextVar[DigestMemo | None] = ContextVar("digest memo", default=None)

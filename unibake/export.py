@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .archive import (DEFAULT_LEVEL, SPOOL_THRESHOLD, Archive, Lender, _assemble, _disk_error, _Lent, _Spool,
                       canonical_entries, compressor, compressor_id)
-from .archive_reader import ReadBack, read_back
+from .archive_reader import FrameSeen, ReadBack, read_back
 from .builder import BuiltImage, Image, image_platform
 from .contents import LayerInspector
 from .engine import Engine, LoadOutcome
@@ -254,7 +254,8 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 progress: Callable[[int], object] = lambda n: None, platform: Platform | None = None,
                 inspector: LayerInspector | None = None, fresh_holds: str | None = None,
                 base_release: str | None = None, source: SaveSource | None = None,
-                lender: Lender | None = None, fresh_done: Callable[[str], object] = lambda image_id: None) -> Exported:
+                lender: Lender | None = None, fresh_done: Callable[[str], object] = lambda image_id: None,
+                vouched: Mapping[str, FrameSeen] = {}) -> Exported:
     """Normalise ``built``, write its archive into ``staging``, and load it into ``fresh`` (an engine
     that never saw it; None: no round trip), reading the engine's save stream once.
 
@@ -273,6 +274,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
     ``fresh`` holds that release already and is fed here, as for a cold release; what it was sent (what this
     release adds) is loaded by the time the archive is assembled, so its round trip is checked then and
     ``fresh_done(image_id)`` called (the pipeline lets go of the engine: stopped while the archive is read back).
+    ``vouched``: frames an earlier read back decoded (:mod:`unibake.framememo`), for the read back.
     """
     start = time.monotonic()
     tag = built.tag
@@ -399,11 +401,11 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                                   image=saved, seconds=time.monotonic() - start, tag=tag,
                                   shipped=tuple(d for d in diff_ids if d not in omit),
                                   omitted=tuple(d for d in diff_ids if d in omit),
-                                  contents=contents)
+                                  contents=contents, frames=out.frames)
                 if remote is not None and lender is not None:  # (small: loaded while the archive was assembled)
                     trip = _fresh_trip(fresh, remote.close(), image_id, diff_ids, tag, fresh_holds, start)
                     fresh_done(image_id)
-                back = read_back(archive, omitted=frozenset(archive.omitted))
+                back = read_back(archive, omitted=frozenset(archive.omitted), vouched=vouched)
                 if remote is not None and trip is None:
                     loaded: LoadOutcome = remote.close()
                 local.close()

@@ -24,7 +24,7 @@ import posixpath
 import re
 import tarfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -202,10 +202,18 @@ class TarWalker:
         self._in_entry = False
         self._zeros = False  # past the first end-of-archive block: only zeros may follow
         self.headers = 0
+        self.fed = 0  # bytes fed before the current piece
+        self.content_at = 0  # where in the stream the content of the entry last begun begins
 
     def feed(self, chunk) -> None:
         view = chunk if isinstance(chunk, memoryview) else memoryview(chunk)
         pos, end = 0, len(view)
+        try:
+            self._walk(view, pos, end)
+        finally:
+            self.fed += end
+
+    def _walk(self, view: memoryview, pos: int, end: int) -> None:
         visitor = self.visitor
         while pos < end:
             if self._remaining:
@@ -239,6 +247,7 @@ class TarWalker:
                 pos += n
                 if len(self._header) == BLOCK:
                     block, self._header = bytes(self._header), bytearray()
+                    self.content_at = self.fed + pos
                     self._on_header(block)
 
     def _on_header(self, block: bytes) -> None:
@@ -700,13 +709,16 @@ class _Open:
     head: bytearray = field(default_factory=bytearray)
     started: bool = False
     zstd: bool = False
+    at: int = 0  # where its content begins in the stream
+    hashed: bool = True
 
 
 class _MemberReader:
     """The visitor behind :func:`read_members`."""
 
-    def __init__(self, route: Route | None, keep: Keep, hasher):
-        self.route, self.keep, self.hasher = route, keep, hasher
+    def __init__(self, route: Route | None, keep: Keep, hasher, unhashed: Mapping[str, str]):
+        self.route, self.keep, self.hasher, self.unhashed = route, keep, hasher, unhashed
+        self.walker: TarWalker | None = None
         self.done: list[tuple[_Open, object]] = []
         self.links: dict[str, str] = {}
         self.seen: set[str] = set()
@@ -772,7 +784,7 @@ class _MemberReader:
             return
         if entry.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):  # docker load refuses a contiguous file ('7') too
             raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
-        self.current = _Open(name=name, size=entry.size)
+        self.current = _Open(name=name, size=entry.size, at=self.walker.content_at if self.walker else -1)
 
     def data(self, piece: memoryview) -> None:
         m = self.current
@@ -798,6 +810,8 @@ class _MemberReader:
                 raise ArchiveError(f"the archive's metadata members add up to more than {KEEP_TOTAL >> 20} MiB: "
                                    "not an image archive")
             m.kept = []
+        # a member the caller vouches for is not hashed, when it is what it can vouch for: a plain tar
+        m.hashed = m.name not in self.unhashed or first.startswith((GZIP_MAGIC, ZSTD_MAGIC))
         if first.startswith(GZIP_MAGIC):
             m.content = hashlib.sha256()
             m.decomp = _Gunzip(m.content)
@@ -808,7 +822,8 @@ class _MemberReader:
                 _Updating(m.content), write_size=CHUNK, write_return_read=True)
 
     def _deliver(self, m: _Open, piece: memoryview) -> None:
-        self.hasher.put((m.raw, piece))
+        if m.hashed:
+            self.hasher.put((m.raw, piece))
         if m.sink is not None:
             m.sink.write(piece)
         if m.kept is not None:
@@ -893,17 +908,25 @@ class Members(dict):
     directories: frozenset[str] = frozenset()
     # the first header not in the plain form our writer gives every entry, as check_release_form names it
     odd: str = ""
+    offsets: Mapping[str, int] = {}  # where each file member's content begins in the stream
+    unhashed: frozenset[str] = frozenset()  # members given the sha256 the caller vouched for, not hashed
 
 
-def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json) -> Members:
+def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep = keep_json, *,
+                 unhashed: Mapping[str, str] = {}) -> Members:
     """Every member of a tar stream (an iterable of chunks), hashed; refuses unsafe names, links
     that escape and names that appear twice. Small members that ``keep`` accepts (by default what
     can be JSON metadata; at most 64 MiB in all) are kept. ``route(name, size, first_block)`` may
     return a sink for a member: its bytes go there instead of being kept, and what its ``close()``
-    returns is the member's ``routed``. The hashing runs in its own thread."""
+    returns is the member's ``routed``. The hashing runs in its own thread.
+
+    ``unhashed``: members (by name) given the sha256 there instead of hashing their bytes, unless they
+    begin as a compressed stream: the caller checks by other means that their bytes are those
+    (``Members.offsets`` says where each began; ``Members.unhashed`` names those not hashed)."""
     hasher = hashing_thread()
-    reader = _MemberReader(route, keep, hasher)
+    reader = _MemberReader(route, keep, hasher, unhashed)
     walker = TarWalker(reader)
+    reader.walker = walker
     try:
         for chunk in source:
             walker.feed(chunk)
@@ -915,8 +938,10 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
     members = Members()
     members.directories = frozenset(reader.directories)
     members.odd = reader.odd or reader.end_form()
+    members.offsets = {m.name: m.at for m, _ in reader.done}
+    members.unhashed = frozenset(m.name for m, _ in reader.done if not m.hashed)
     for m, routed in reader.done:
-        raw = m.raw.hexdigest()
+        raw = m.raw.hexdigest() if m.hashed else unhashed[m.name]
         members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
                                  content_sha256=m.content.hexdigest() if m.content is not None else raw,
                                  data=b"".join(m.kept) if m.kept is not None else None, routed=routed, zstd=m.zstd)

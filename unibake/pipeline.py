@@ -680,6 +680,31 @@ def _remember_contents(run: Run, plan: ReleasePlan, inspector: LayerInspector, a
         run.reporter.info(f"    the layers' records were not kept ({exc}): a hotfix on this release reads its archive")
 
 
+def _known_frames(run: Run, plan: ReleasePlan) -> dict:
+    """The frames earlier read backs decoded (:mod:`unibake.framememo`), for a release made ``--from`` another,
+    whose archive copies that one's frames; none with --no-cache or without this user's key."""
+    from .framememo import FOLDER, known_frames
+
+    key = buildmemo.secret(run.request.env)
+    if key is None or run.request.nocache:
+        return {}
+    return known_frames(plan.project_root / BUILD_MEMO / FOLDER, key)
+
+
+def _remember_frames(run: Run, plan: ReleasePlan, back: ReadBack) -> None:
+    """What the read back found of the big layers' frames, kept for a release made ``--from`` this one. A record
+    that cannot be written costs that release the hashing of the layers it copies, nothing else."""
+    from .framememo import FOLDER, remember_frames
+
+    key = buildmemo.secret(run.request.env)
+    if key is None or run.request.hold or not back.frames:
+        return
+    try:
+        remember_frames(plan.project_root / BUILD_MEMO / FOLDER, key, back.frames)
+    except (OSError, UnibakeError) as exc:
+        run.reporter.info(f"    the frames' record was not kept ({exc}): a release made --from this one hashes every layer")
+
+
 def _normalise(run: Run) -> tuple:
     from .normalise import normalise_image
 
@@ -928,6 +953,7 @@ def _export(run: Run) -> tuple:
     # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
     # spends most of its time writing its temporary folder, with a core to spare.
     before = loading = checks = small = lender = None
+    vouched = {}
     if request.verify_engine and fresh is not None and (base is None or whole):
         _forget_the_export_load(run, fresh, built.tag)
     try:
@@ -948,6 +974,7 @@ def _export(run: Run) -> tuple:
             if isinstance(lender, str):  # (it could lend before the build: the archive changed since)
                 raise VerificationError(f"{lender}; it could before the build")
             run.stack.callback(lender.close)
+            vouched = _known_frames(run, plan)
         source = None
         inspector = LayerInspector(INSTALL_ROOT)
         if built.assembled is not None:
@@ -974,7 +1001,7 @@ def _export(run: Run) -> tuple:
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
                                    platform=plan.platform, inspector=inspector,
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
-                                   source=source, lender=lender,
+                                   source=source, lender=lender, vouched=vouched,
                                    fresh_done=partial(_fresh_done, run, fresh) if whole else lambda image_id: None)
             except DiskFull as exc:
                 raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
@@ -998,6 +1025,7 @@ def _export(run: Run) -> tuple:
     image, archive = done.image, done.archive
     context: BuildContext = run["context"]
     _remember_contents(run, plan, inspector, archive)
+    _remember_frames(run, plan, done.back)
     if built.assembled is None:  # (an assembled hotfix's small image keeps its own name: the whole build's stays)
         keep_as_cache(run.engine, cache_ref(plan.product, context.selection, "build"), built.image_id)
         _remember_lower(run, plan, built, image.diff_ids)
@@ -1006,8 +1034,12 @@ def _export(run: Run) -> tuple:
         lent = len(omitted_layers(base.manifest.diff_ids, image.diff_ids))
         shipped = (f"all {len(archive.image.diff_ids)} layers shipped, {lent} of them as release "
                    f"{base.manifest.release}'s archive compressed them (its frames copied, not compressed again), ")
-    run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{len(archive.image.diff_ids)} diffIDs "
-                      "and the config recomputed from the archive read back")
+    vouched_layers = len(done.back.vouched)
+    recomputed = f"{len(archive.image.diff_ids) - vouched_layers} diffIDs and the config recomputed from the archive read back"
+    if vouched_layers:
+        recomputed += (f", {vouched_layers} taken from this user's record of an earlier read back that decoded the same "
+                       "frames (each copied frame's sha256 matched, every frame decoded)")
+    run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{recomputed}")
     if not request.roundtrip:
         proof = Proof(back=done.back, round_trip=None, skipped="skipped with --no-roundtrip")
     elif base is None or whole:

@@ -167,6 +167,9 @@ def test_a_release_made_on_an_earlier_one_copies_its_frames_and_is_the_archive_a
     assert 0 < lent < len(manifest["diff_ids"])
     assert (f"all {len(manifest['diff_ids'])} layers shipped, {lent} of them as release {base.name}'s archive "
             "compressed them (its frames copied, not compressed again)") in result.err
+    # the copied big layers' diffIDs from this user's record of the base release's read back, which decoded those
+    # very frames (each frame's sha256 matched); every frame still decoded, the other layers hashed
+    assert "taken from this user's record of an earlier read back that decoded the same frames" in result.err, result.err
     assert not (base.parent / whole / "apply.sh").exists()
     validation = json.loads((base.parent / whole / "VALIDATION.json").read_text())
     assert validation["round_trip"]["image_id"] == manifest["image_id"] and validation["round_trip"]["method"] == "stream"

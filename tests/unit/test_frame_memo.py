@@ -1,0 +1,145 @@
+"""A read back binds each big layer's own zstd frame to the layer it decodes to; this user's signed record of
+that lets a later read back (a release made ``--from`` one whose frames it copied) take the layer's diffID
+without hashing it again, and only where the frame it finds is that very frame."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+import pytest
+
+from unibake.archive import write_archive
+from unibake.archive_reader import FrameSeen, read_back
+from unibake.errors import UnibakeError, VerificationError, ZstdDecodeError
+from unibake.framememo import FILE, known_frames, remember_frames
+
+from ..savefixtures import docker_layout, layer_tar
+
+KEY = b"k" * 32
+
+
+def chunks(data: bytes, size: int = 1 << 16):
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+@pytest.fixture
+def archive(tmp_path):
+    """Two big layers (each its own frame) and a small one (in a shared frame)."""
+    layers = [layer_tar({"lib.so": os.urandom(1 << 19) * 4}), layer_tar({"a.json": b'{"a": 1}'}),
+              layer_tar({"weights.bin": os.urandom(3 << 20)})]
+    data, _, _ = docker_layout(layers)
+    folder = tmp_path / "release"
+    folder.mkdir()
+    return write_archive(chunks(data), folder, "demo-1.tar.zst", tag="demo:1")
+
+
+def test_a_read_back_binds_each_big_layer_s_frame_to_its_digest(archive):
+    back = read_back(archive)
+    data = (archive.folder / archive.name).read_bytes()
+    own = {b.name.rsplit("/", 1)[1]: b for b in archive.frames if b.own}
+    layers = {d[7:] for d in archive.image.diff_ids}
+    assert {f.blob for f in back.frames} == set(own) and len(set(own) & layers) == 2  # the two big layers
+    for seen in back.frames:
+        frame = own[seen.blob]
+        assert seen.frame_sha256 == hashlib.sha256(data[frame.offset:frame.offset + frame.length]).hexdigest()
+        assert (seen.length, seen.size) == (frame.length, frame.size)
+    assert back.vouched == ()
+
+
+def test_a_later_read_back_takes_a_recorded_frame_s_layer_unhashed_and_finds_the_same_image(archive):
+    first = read_back(archive)
+    again = read_back(archive, vouched={f.blob: f for f in first.frames})
+    assert sorted(again.vouched) == sorted(f"blobs/sha256/{f.blob}" for f in first.frames)
+    assert again.image.image_id == first.image.image_id and again.image.diff_ids == first.image.diff_ids
+    assert (again.compressed_sha256, again.uncompressed_sha256) == (first.compressed_sha256, first.uncompressed_sha256)
+    assert again.frames == ()  # nothing new to record: the recorded frames were not hashed as layers
+
+
+def test_a_frame_other_than_the_recorded_one_is_refused(archive):
+    """The record says which frame decodes to the layer: a copy that is another frame is not taken on trust."""
+    first = read_back(archive)
+    other = {f.blob: dataclasses.replace(f, frame_sha256="0" * 64) for f in first.frames}
+    with pytest.raises(VerificationError, match="does not hold, at byte .*, the frame of blobs/sha256/"):
+        read_back(archive, vouched=other)
+
+
+def test_a_changed_byte_in_a_recorded_frame_fails_the_read_back(archive):
+    first = read_back(archive)
+    frame = max((b for b in archive.frames if b.own), key=lambda b: b.size)
+    path = archive.folder / archive.name
+    data = bytearray(path.read_bytes())
+    data[frame.offset + frame.length // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises((VerificationError, ZstdDecodeError)):
+        read_back(archive, vouched={f.blob: f for f in first.frames})
+
+
+def test_a_record_of_other_settings_or_size_is_not_used(archive):
+    first = read_back(archive)
+    for change in ({"compressor": "zstandard 0.1, level 19"}, {"length": 1}, {"size": 1}):
+        back = read_back(archive, vouched={f.blob: dataclasses.replace(f, **change) for f in first.frames})
+        assert back.vouched == () and len(back.frames) == 2  # every layer hashed again
+
+
+def test_an_index_that_places_a_frame_inside_another_is_refused(archive):
+    frame = next(b for b in archive.frames if b.own)
+    moved = dataclasses.replace(archive, frames=tuple(b.model_copy(update={"offset": b.offset + 1}) if b is frame else b
+                                                      for b in archive.frames))
+    with pytest.raises(ZstdDecodeError, match=f"a zstd frame runs across byte {frame.offset + 1}"):
+        read_back(moved)
+
+
+def test_the_record_is_read_only_under_this_user_s_key_and_not_written_through_a_link(archive, tmp_path):
+    seen = read_back(archive).frames
+    folder = tmp_path / "project" / ".cache" / "build-memo" / "frames"
+    assert remember_frames(folder, KEY, seen) == 2
+    assert remember_frames(folder, KEY, seen) == 0  # nothing new: not written again
+    assert known_frames(folder, KEY) == {f.blob: f for f in seen}
+    assert known_frames(folder, b"another user's key".ljust(32)) == {}
+    planted = (folder / FILE).read_text().replace(seen[0].frame_sha256, "1" * 64)
+    (folder / FILE).write_text(planted)  # a record changed by hand: its MAC no longer holds
+    assert known_frames(folder, KEY) == {}
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "checkout" / ".cache"
+    linked.parent.mkdir()
+    linked.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnibakeError, match="is a symlink"):
+        remember_frames(linked / "build-memo" / "frames", KEY, seen)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_malformed_entry_is_left_out_and_the_others_kept(tmp_path):
+    good = FrameSeen(blob="a" * 64, frame_sha256="b" * 64, length=10, size=20, compressor="c")
+    folder = tmp_path / "frames"
+    remember_frames(folder, KEY, [good])
+    from unibake.signed import read_signed, write_signed
+
+    entries = read_signed(folder, FILE, KEY, 1, limit=1 << 20)
+    entries["not-hex"] = ["b" * 64, 10, 20, "c"]
+    entries["c" * 64] = ["b" * 64, -1, 20, "c"]
+    write_signed(folder, FILE, KEY, 1, entries)
+    assert known_frames(folder, KEY) == {good.blob: good}
+
+
+def test_a_recorded_frame_that_lies_elsewhere_than_its_layer_is_refused(tmp_path):
+    """Two layers of one size: a record (and an index) that puts one layer's frame where the other's lies
+    names a whole frame of the right size and sha256, but not where that layer's bytes begin."""
+    layers = [layer_tar({"a.bin": os.urandom(1 << 20)}), layer_tar({"b.bin": os.urandom(1 << 20)})]
+    data, _, _ = docker_layout(layers)
+    folder = tmp_path / "release"
+    folder.mkdir()
+    archive = write_archive(chunks(data), folder, "demo-1.tar.zst", tag="demo:1")
+    first = read_back(archive)
+    x, y = sorted((b for b in archive.frames if b.own), key=lambda b: b.offset)
+    assert x.size == y.size
+    at_y = x.model_copy(update={"offset": y.offset, "length": y.length})
+    swapped = dataclasses.replace(archive, frames=tuple(at_y if b is x else b for b in archive.frames))
+    of_y = next(f for f in first.frames if f"blobs/sha256/{f.blob}" == y.name)
+    lie = {x.name.rsplit("/", 1)[1]: dataclasses.replace(of_y, blob=x.name.rsplit("/", 1)[1])}
+    with pytest.raises(VerificationError, match=f"the frame of {x.name}"):
+        read_back(swapped, vouched=lie)

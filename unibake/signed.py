@@ -1,0 +1,49 @@
+"""Small JSON records this user's runs keep in the project's build memo (``.cache/build-memo``), each
+signed with an HMAC under this user's key (:func:`unibake.buildmemo.secret`).
+
+A checkout can bring a ``.cache`` folder too: a record it planted must not make a run skip work it
+owes (hash an input, decode a frame). So a record is a JSON object ``{"version", "entries", "mac"}``
+whose ``mac`` is the HMAC-SHA256 of its version and entries; one without a valid MAC reads as empty,
+and nothing is written through a symlinked folder the record lives in (or the two above it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+from .errors import UnibakeError
+from .files import read_small_file, write_atomic
+
+
+def mac(key: bytes, version: int, entries: dict) -> str:
+    text = json.dumps({"version": version, "entries": entries}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def read_signed(folder: Path, name: str, key: bytes, version: int, *, limit: int) -> dict:
+    """The entries of the record ``folder/name``; empty when there is none, or it is unreadable, of
+    another version or not signed with ``key``."""
+    try:
+        raw = json.loads(read_small_file(folder / name, UnibakeError, limit=limit, follow=False))
+        entries, signature = raw["entries"], raw["mac"]
+        if raw.get("version") != version or not isinstance(entries, dict) or not isinstance(signature, str) \
+                or not hmac.compare_digest(signature, mac(key, version, entries)):
+            return {}
+        return entries
+    except (UnibakeError, OSError, ValueError, KeyError, TypeError):  # none yet, unreadable or not signed
+        return {}
+
+
+def write_signed(folder: Path, name: str, key: bytes, version: int, entries: dict) -> None:
+    """The record ``folder/name`` written, signed, through a temporary file; refused (``UnibakeError``) when
+    ``folder`` or one of the two folders above it is a symlink (a checkout's link would have it written
+    wherever the link points)."""
+    linked = next((f for f in (folder, *list(folder.parents)[:2]) if f.is_symlink()), None)
+    if linked is not None:
+        raise UnibakeError(f"{linked} is a symlink")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder, name, json.dumps({"version": version, "entries": entries,
+                                           "mac": mac(key, version, entries)}, sort_keys=True))
