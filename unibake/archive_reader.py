@@ -240,21 +240,21 @@ class ReadBack:
 
 def read_back(archive: Archive, *, load: Callable[[Iterable[bytes]], LoadOutcome] | None = None,
               omitted: frozenset[str] = frozenset(), progress: Callable[[int], object] = lambda n: None,
-              vouched: Mapping[str, FrameSeen] = {}) -> ReadBack:
+              bind_frames: bool = False, vouched: Mapping[str, FrameSeen] = {}) -> ReadBack:
     """Read the finished archive once: the sha256 of every file and of the whole compressed stream,
     the zstd frames decoded, the sha256 of the decoded stream; and either its structure parsed
     and checked (every diffID and the config digest recomputed) or, with ``load``, the same stream
     fed to an engine's load in a second thread, which recomputes them itself and is compared with
     the archive afterwards.
 
-    Parsed, each big blob's own frame (``archive.frames``) is hashed as compressed bytes too, and bound to
-    the blob: the decoded stream's length where the frame begins is where the blob's content begins, and
+    ``bind_frames`` (parsed only): each big blob's own frame (``archive.frames``) is hashed as compressed
+    bytes too, and bound to the blob: the decoded stream's length where the frame begins is where the blob's content begins, and
     the frame decodes to exactly the blob's bytes. ``frames`` in the result are those frames, with the
     sha256 the blob's bytes were hashed to. ``vouched`` (by blob digest): frames an earlier read back
     decoded (this user's signed record): a blob whose frame has that length and size is not hashed again
     but must be bound to a frame of that sha256, or the archive is refused."""
     start = time.monotonic()
-    watched = [b for b in archive.frames if b.own] if load is None else []
+    watched = [b for b in archive.frames if b.own] if load is None and (bind_frames or vouched) else []
     reader = ArchiveReader(archive.folder, archive.names, ranges=[(b.offset, b.length) for b in watched])
     made_by = compressor_id(archive.level, archive.long_distance)
     unhashed = {b.name: seen.blob for b in watched

@@ -405,7 +405,7 @@ def export_once(engine: Engine, built: BuiltImage, *, staging: Path, name: str, 
                 if remote is not None and lender is not None:  # (small: loaded while the archive was assembled)
                     trip = _fresh_trip(fresh, remote.close(), image_id, diff_ids, tag, fresh_holds, start)
                     fresh_done(image_id)
-                back = read_back(archive, omitted=frozenset(archive.omitted), vouched=vouched)
+                back = read_back(archive, omitted=frozenset(archive.omitted), bind_frames=True, vouched=vouched)
                 if remote is not None and trip is None:
                     loaded: LoadOutcome = remote.close()
                 local.close()
