@@ -3,8 +3,9 @@ signed with an HMAC under this user's key (:func:`unibake.buildmemo.secret`).
 
 A checkout can bring a ``.cache`` folder too: a record it planted must not make a run skip work it
 owes (hash an input, decode a frame). So a record is a JSON object ``{"version", "entries", "mac"}``
-whose ``mac`` is the HMAC-SHA256 of its version and entries; one without a valid MAC reads as empty,
-and nothing is written through a symlinked folder the record lives in (or the two above it).
+whose ``mac`` is the HMAC-SHA256 of its file name, version and entries (a record signed as one kind is
+no record of another); one without a valid MAC reads as empty, and nothing is written through a
+symlinked folder the record lives in (or the two above it).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from .errors import UnibakeError
 from .files import read_small_file, write_atomic
 
 
-def mac(key: bytes, version: int, entries: dict) -> str:
-    text = json.dumps({"version": version, "entries": entries}, sort_keys=True, separators=(",", ":"))
+def mac(key: bytes, name: str, version: int, entries: dict) -> str:
+    text = json.dumps({"record": name, "version": version, "entries": entries}, sort_keys=True, separators=(",", ":"))
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
@@ -30,7 +31,7 @@ def read_signed(folder: Path, name: str, key: bytes, version: int, *, limit: int
         raw = json.loads(read_small_file(folder / name, UnibakeError, limit=limit, follow=False))
         entries, signature = raw["entries"], raw["mac"]
         if raw.get("version") != version or not isinstance(entries, dict) or not isinstance(signature, str) \
-                or not hmac.compare_digest(signature, mac(key, version, entries)):
+                or not hmac.compare_digest(signature, mac(key, name, version, entries)):
             return {}
         return entries
     except (UnibakeError, OSError, ValueError, KeyError, TypeError):  # none yet, unreadable or not signed
@@ -46,4 +47,4 @@ def write_signed(folder: Path, name: str, key: bytes, version: int, entries: dic
         raise UnibakeError(f"{linked} is a symlink")
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder, name, json.dumps({"version": version, "entries": entries,
-                                           "mac": mac(key, version, entries)}, sort_keys=True))
+                                           "mac": mac(key, name, version, entries)}, sort_keys=True))

@@ -148,3 +148,16 @@ def test_a_recorded_frame_that_lies_elsewhere_than_its_layer_is_refused(tmp_path
 def test_a_read_back_not_asked_to_bind_frames_hashes_no_range(archive):
     """The sequential path's read back and the round trip's load record nothing: no compressed range is hashed."""
     assert read_back(archive).frames == ()
+
+
+def test_a_record_signed_as_another_kind_is_no_frames_record(tmp_path):
+    """The MAC covers the record's name: this user's signed record of another kind, copied over, reads as empty."""
+    from unibake.signed import write_signed
+
+    good = FrameSeen(blob="a" * 64, frame_sha256="b" * 64, length=10, size=20, compressor="c")
+    folder = tmp_path / "frames"
+    remember_frames(folder, KEY, [good])
+    entries = {good.blob: [good.frame_sha256, good.length, good.size, good.compressor]}
+    write_signed(folder, "digests.json", KEY, 1, entries)
+    (folder / "digests.json").replace(folder / FILE)
+    assert known_frames(folder, KEY) == {}
