@@ -9,7 +9,9 @@ loads use the same reader.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -21,7 +23,8 @@ from .archive import LDM_WINDOW_LOG, Archive, compressor_id
 from .engine import LoadOutcome
 from .errors import VerificationError, ZstdDecodeError
 from .files import open_regular
-from .imagetar import CHUNK, SavedImage, interpret, read_members
+from .imagetar import CHUNK, SavedImage, Skipped, interpret, read_members
+from .sha256state import AVAILABLE as RESUMABLE, Sha256, StateError
 from .threads import consume_in_thread, hashing_thread
 
 
@@ -85,6 +88,44 @@ class FrameWalker:
         return self.other or (self._kind == "magic" and not self._buf and not self._skip)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Resume:
+    """Where a big blob's own frame ended in an archive an earlier read back decoded, and where that read back
+    stood there. A read back whose compressed bytes before the frame are the same (``prefix``) decodes to the
+    same bytes up to the frame's end: it may pass over the frame without decoding it, and resume the decoded
+    stream's sha256 from ``state``; its compressed bytes up to the frame's end must then hash to ``through``."""
+
+    prefix: str  # sha256 of the compressed bytes before the frame (the archive's parts as one)
+    through: str  # sha256 of the compressed bytes up to the frame's end
+    decoded_end: int  # the decoded stream's length at the frame's end
+    state: str  # hex: the decoded stream's sha256 state there (:meth:`unibake.sha256state.Sha256.state`)
+
+
+class _Snapshot:
+    """An item for the hashing thread: ``take()`` runs once every item put before it is hashed."""
+
+    def __init__(self, take: Callable[[], object]):
+        self.take, self.value, self.done = take, None, threading.Event()
+
+    def update(self, _data) -> None:
+        self.value = self.take()
+        self.done.set()
+
+
+class _Restore:
+    """An item for the hashing thread: the decoded stream's sha256 put in the state a record gives, where the
+    bytes it follows (not decoded here) end."""
+
+    def __init__(self, hasher: Sha256, state: bytes, length: int):
+        self.hasher, self.state, self.length = hasher, state, length
+
+    def update(self, _data) -> None:
+        try:
+            self.hasher.restore(self.state, self.length)
+        except StateError as exc:
+            raise VerificationError(f"the record of an earlier read back gives {exc}") from None
+
+
 class ArchiveReader:
     """One read of an archive's file(s), in order: with ``hashed``, the sha256 of each file, of the
     whole compressed stream and of the decoded stream, taken in a second thread as the bytes pass.
@@ -94,19 +135,31 @@ class ArchiveReader:
     """
 
     def __init__(self, folder: Path, names: list[str], *, hashed: bool = True,
-                 progress: Callable[[int], object] = lambda n: None, ranges: Iterable[tuple[int, int]] = ()):
+                 progress: Callable[[int], object] = lambda n: None, ranges: Iterable[tuple[int, int]] = (),
+                 skips: Mapping[int, tuple[int, int, Resume, str]] = {}):
         self.folder, self.names, self.progress = folder, list(names), progress
         # ``ranges``: (offset, length) of compressed bytes (the parts as one) each hashed on its own, where a zstd
-        # frame must begin and end; the decoded stream's length at each of those places is kept (``decoded_at``)
+        # frame must begin and end; the decoded stream's length at each of those places is kept (``decoded_at``),
+        # and (hashed) the sha256 of the compressed bytes before it (``prefix_at``) and the decoded stream's
+        # sha256 state there (``state_at``)
         self.ranges = sorted(set(ranges))
         self.range_sha256 = {r: hashlib.sha256() for r in self.ranges}
         self._stops = sorted({at for offset, length in self.ranges for at in (offset, offset + length)})
         self._next_range = 0
         self.decoded_at: dict[int, int] = {}
+        self.prefix_at: dict[int, str] = {}
+        self.state_at: dict[int, bytes] = {}
+        self._snapshots: dict[int, _Snapshot] = {}
         self.hasher = hashing_thread() if hashed else None
         self.whole = hashlib.sha256()
         self.per_file = [hashlib.sha256() if len(self.names) > 1 else self.whole for _ in self.names]
-        self.decoded = hashlib.sha256()
+        self.decoded = Sha256() if RESUMABLE and hashed else hashlib.sha256()
+        # ``skips``: by a range's offset, (its length, the size it decodes to, the record of an earlier read back
+        # that decoded it, the member it holds): passed over undecoded where the compressed bytes before it are the
+        # recorded ones
+        self._skips = dict(skips) if isinstance(self.decoded, Sha256) else {}
+        self.skipped: list[int] = []  # the offsets of the frames passed over
+        self._skipping = False
         self.decoded_bytes = 0
         self.compressed_bytes = 0
         self.frames = FrameWalker()
@@ -137,7 +190,7 @@ class ArchiveReader:
                     self.hasher.put((self.per_file[self._index], data))
                     if len(self.names) > 1:
                         self.hasher.put((self.whole, data))
-                    if inside is not None:
+                    if inside is not None and not self._skipping:  # (a frame passed over: bound by ``through``)
                         self.hasher.put((inside, data))
                 return data
             self._fh.close()
@@ -152,25 +205,15 @@ class ArchiveReader:
             return self.range_sha256[ranges[self._next_range]]
         return None
 
-    def chunks(self) -> Iterator[bytes]:
+    def chunks(self) -> Iterator[bytes | Skipped]:
+        """The decoded stream, in pieces; a frame passed over (``skips``) comes as one :class:`Skipped`."""
         dctx = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
         while True:  # one decoder per stretch between two stops: the decoded length at a stop is exact
-            with dctx.stream_reader(self, read_across_frames=True, read_size=CHUNK, closefd=False) as reader:
-                while True:
-                    try:
-                        chunk = reader.read(CHUNK)
-                    except zstandard.ZstdError as exc:
-                        reason = str(exc)
-                        if "too much memory" in reason:
-                            reason = (f"a zstd frame declares a window over {1 << LDM_WINDOW_LOG >> 20} MiB, more "
-                                      "memory than a release archive may ask of its decoder")
-                        raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: {reason}") from None
-                    if not chunk:
-                        break
-                    if self.hasher is not None:
-                        self.hasher.put((self.decoded, chunk))
-                    self.decoded_bytes += len(chunk)
-                    yield chunk
+            skip = self._skips.get(self.compressed_bytes) if self._skips else None
+            if skip is not None and self._may_skip(*skip):
+                yield self._pass_over(*skip)
+            else:
+                yield from self._decode_stretch(dctx)
             stop = self._stops[0] if self._stops and self._stops[0] == self.compressed_bytes else None
             if not self.frames.ended:  # (zstandard's reader stops there without a word)
                 raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: " + (
@@ -179,7 +222,68 @@ class ArchiveReader:
                     "it ends inside a zstd frame (truncated, or bytes after its last frame)"))
             if stop is None:
                 return
-            self.decoded_at[self._stops.pop(0)] = self.decoded_bytes
+            self._stopped(self._stops.pop(0))
+
+    def _stopped(self, at: int) -> None:
+        """At a stop: the decoded length there, and (hashed) the compressed bytes' sha256 and the decoded
+        stream's sha256 state there, taken by the hashing thread in its turn."""
+        self.decoded_at[at] = self.decoded_bytes
+        if self.hasher is not None:
+            whole, decoded = self.whole, self.decoded
+            snapshot = _Snapshot(lambda: (whole.copy().hexdigest(),
+                                          decoded.state() if isinstance(decoded, Sha256) else None))
+            self.hasher.put((snapshot, b""))
+            self._snapshots[at] = snapshot
+
+    def _may_skip(self, length: int, size: int, resume: Resume, name: str) -> bool:
+        """Whether the frame beginning here may be passed over: it ends at the next stop, the decoded stream
+        stands where the record's did, and the compressed bytes before it are the record's."""
+        at = self.compressed_bytes
+        snapshot = self._snapshots.get(at)
+        if snapshot is None or not self._stops or self._stops[0] != at + length \
+                or self.decoded_bytes + size != resume.decoded_end:
+            return False
+        while not snapshot.done.wait(0.05):  # the hashing thread catches up with the bytes read (a few MiB)
+            if not self.hasher.alive():
+                self.hasher.close()  # raises what the hashing raised
+                return False
+        return snapshot.value[0] == resume.prefix
+
+    def _pass_over(self, length: int, size: int, resume: Resume, name: str) -> Skipped:
+        """Read a frame's compressed bytes (hashed, its block headers followed) without decoding them; the
+        decoded stream's sha256 resumes from the record's state after the ``size`` bytes they decode to."""
+        at = self.compressed_bytes
+        self._skipping = True
+        try:
+            while self.read(CHUNK):
+                pass
+        finally:
+            self._skipping = False
+        if self.compressed_bytes != at + length:
+            raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: it ends inside a zstd frame (truncated, "
+                                  "or bytes after its last frame)")
+        self.decoded_bytes += size
+        self.hasher.put((_Restore(self.decoded, bytes.fromhex(resume.state), self.decoded_bytes), b""))
+        self.skipped.append(at)
+        return Skipped(size, name, at)
+
+    def _decode_stretch(self, dctx) -> Iterator[bytes]:
+        with dctx.stream_reader(self, read_across_frames=True, read_size=CHUNK, closefd=False) as reader:
+            while True:
+                try:
+                    chunk = reader.read(CHUNK)
+                except zstandard.ZstdError as exc:
+                    reason = str(exc)
+                    if "too much memory" in reason:
+                        reason = (f"a zstd frame declares a window over {1 << LDM_WINDOW_LOG >> 20} MiB, more "
+                                  "memory than a release archive may ask of its decoder")
+                    raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: {reason}") from None
+                if not chunk:
+                    break
+                if self.hasher is not None:
+                    self.hasher.put((self.decoded, chunk))
+                self.decoded_bytes += len(chunk)
+                yield chunk
 
     def finish(self) -> None:
         """Read to the end (after a failure midway) and wait for the hashing."""
@@ -192,6 +296,11 @@ class ArchiveReader:
         if self.hasher is not None:
             self.hasher.close()
             self.hasher = None
+        for at, snapshot in self._snapshots.items():
+            if snapshot.value is not None:
+                self.prefix_at[at], state = snapshot.value
+                if state is not None:
+                    self.state_at[at] = state
 
     def abort(self) -> None:
         """Stop without reading the rest: the digests are then incomplete."""
@@ -221,6 +330,7 @@ class FrameSeen:
     length: int
     size: int
     compressor: str  # the settings that made it (archive.compressor_id): under others the frame is another
+    resume: Resume | None = None  # where it ended in the archive read, for a read back that may pass over it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,8 +344,9 @@ class ReadBack:
     image: SavedImage | None  # parsed when nothing was loaded; a load checks the structure itself
     loaded: LoadOutcome | None
     seconds: float
-    frames: tuple[FrameSeen, ...] = ()  # the blobs' own frames it decoded and hashed
+    frames: tuple[FrameSeen, ...] = ()  # the blobs' own frames it found bound to their blobs
     vouched: tuple[str, ...] = ()  # blobs not hashed: their frames are ones an earlier read back decoded
+    passed_over: tuple[str, ...] = ()  # of those, the ones whose frames it did not decode either
 
 
 def read_back(archive: Archive, *, load: Callable[[Iterable[bytes]], LoadOutcome] | None = None,
@@ -252,14 +363,19 @@ def read_back(archive: Archive, *, load: Callable[[Iterable[bytes]], LoadOutcome
     the frame decodes to exactly the blob's bytes. ``frames`` in the result are those frames, with the
     sha256 the blob's bytes were hashed to. ``vouched`` (by blob digest): frames an earlier read back
     decoded (this user's signed record): a blob whose frame has that length and size is not hashed again
-    but must be bound to a frame of that sha256, or the archive is refused."""
+    but must be bound to a frame of that sha256, or the archive is refused. Where the record also says where
+    that frame ended in the archive it read (``FrameSeen.resume``) and the compressed bytes before the frame
+    are the same here, the frame is not decoded either (``passed_over``): the decoded stream's sha256 resumes
+    from the recorded state after it, and the compressed bytes up to its end must hash as recorded."""
     start = time.monotonic()
     watched = [b for b in archive.frames if b.own] if load is None and (bind_frames or vouched) else []
-    reader = ArchiveReader(archive.folder, archive.names, ranges=[(b.offset, b.length) for b in watched])
     made_by = compressor_id(archive.level, archive.long_distance)
     unhashed = {b.name: seen.blob for b in watched
                 if (seen := vouched.get(b.name.rsplit("/", 1)[-1])) is not None and seen.length == b.length
                 and seen.size == b.size and seen.compressor == made_by and b.name == f"blobs/sha256/{seen.blob}"}
+    skips = {b.offset: (b.length, b.size, resume, b.name) for b in watched if b.name in unhashed
+             and (resume := vouched[unhashed[b.name]].resume) is not None}
+    reader = ArchiveReader(archive.folder, archive.names, ranges=[(b.offset, b.length) for b in watched], skips=skips)
     image = outcome = members = None
 
     def decoded() -> Iterator[bytes]:
@@ -280,21 +396,37 @@ def read_back(archive: Archive, *, load: Callable[[Iterable[bytes]], LoadOutcome
         reader.abort()
         raise
     reader.finish()
-    seen, vouched_names = [], []
+    seen, vouched_names, passed = [], [], set(reader.skipped)
+
+    def resume(b, member) -> Resume | None:
+        """Where the frame ended here, for a later read back that may pass over it: a plain layer no read back
+        keeps, whose place and decoded sha256 state were taken."""
+        end = b.offset + b.length
+        if member.data is not None or member.zstd or member.content_sha256 != member.sha256 \
+                or end not in reader.state_at or b.offset not in reader.prefix_at:
+            return None
+        return Resume(prefix=reader.prefix_at[b.offset], through=reader.prefix_at[end],
+                      decoded_end=reader.decoded_at[end], state=reader.state_at[end].hex())
+
     for b in watched:
         begins, ends = reader.decoded_at.get(b.offset), reader.decoded_at.get(b.offset + b.length)
         member = members.get(b.name)
         bound = (member is not None and begins is not None and ends is not None and members.offsets.get(b.name) == begins
                  and ends - begins == b.size == member.size)
-        frame_sha256 = reader.range_sha256[(b.offset, b.length)].hexdigest()
         if b.name in members.unhashed:
-            if not bound or frame_sha256 != vouched[unhashed[b.name]].frame_sha256:
+            recorded = vouched[unhashed[b.name]]
+            if b.offset in passed:  # not decoded: the compressed bytes up to its end are the record's
+                held = reader.prefix_at.get(b.offset + b.length) == recorded.resume.through
+            else:
+                held = reader.range_sha256[(b.offset, b.length)].hexdigest() == recorded.frame_sha256
+            if not bound or not held:
                 raise VerificationError(f"the archive written does not hold, at byte {b.offset}, the frame of {b.name} "
                                         "an earlier read back decoded (its bytes were copied from another archive)")
             vouched_names.append(b.name)
+            seen.append(dataclasses.replace(recorded, resume=resume(b, member)))
         elif bound and member.sha256 == b.name.rsplit("/", 1)[-1]:
-            seen.append(FrameSeen(blob=member.sha256, frame_sha256=frame_sha256, length=b.length, size=b.size,
-                                  compressor=made_by))
+            seen.append(FrameSeen(blob=member.sha256, frame_sha256=reader.range_sha256[(b.offset, b.length)].hexdigest(),
+                                  length=b.length, size=b.size, compressor=made_by, resume=resume(b, member)))
     if image is not None and (image.image_id != archive.image.image_id or image.diff_ids != archive.image.diff_ids):
         raise VerificationError(f"the archive written reads back as {image.image_id}, not {archive.image.image_id}")
     if reader.decoded_bytes != archive.uncompressed_bytes:
@@ -303,4 +435,5 @@ def read_back(archive: Archive, *, load: Callable[[Iterable[bytes]], LoadOutcome
     return ReadBack(file_sha256=reader.file_sha256(), compressed_sha256=reader.whole.hexdigest(),
                     uncompressed_sha256=reader.decoded.hexdigest(), uncompressed_bytes=reader.decoded_bytes,
                     image=image, loaded=outcome, seconds=time.monotonic() - start, frames=tuple(seen),
-                    vouched=tuple(vouched_names))
+                    vouched=tuple(vouched_names),
+                    passed_over=tuple(b.name for b in watched if b.offset in passed))

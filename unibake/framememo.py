@@ -8,6 +8,12 @@ frames for the layers the two share; its read back still decodes them (the decod
 covers every byte), but takes a copied layer's diffID from this record when the frame it finds there
 has the recorded sha256, instead of hashing the layer again (about 0.7 CPU-seconds a GB).
 
+Each frame's entry also says where the frame ended in the archive read, where the libcrypto the
+resumable sha256 needs is there (:mod:`unibake.sha256state`): the sha256 of the compressed bytes before
+it and up to its end, the decoded stream's length there and its sha256 state. A release whose archive
+begins with the same compressed bytes up to that frame (the biggest layer comes first, after the same
+headers) passes over it without decoding it (``ReadBack.passed_over``).
+
 The record (``.cache/build-memo/frames/frames.json``) is signed with this user's key
 (:mod:`unibake.signed`): a checkout's planted record reads as empty, and every layer is hashed.
 ``--no-cache`` reads none; every read back of the one-pass export writes what it found.
@@ -18,12 +24,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .archive_reader import FrameSeen
+from .archive_reader import FrameSeen, Resume
+from .sha256state import STATE_SIZE
 from .signed import read_signed, write_signed
 
 FOLDER = "frames"  # under the build memo's folder
 FILE = "frames.json"
-VERSION = 1
+VERSION = 2  # (1: without where each frame ended)
 LIMIT = 8 << 20
 KEPT = 20_000  # frames: every big layer of a product's recent releases
 _HEX = frozenset("0123456789abcdef")
@@ -33,11 +40,30 @@ def _hex(value) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
+def _resume(value) -> Resume | None:
+    if not (isinstance(value, list) and len(value) == 4 and _hex(value[0]) and _hex(value[1])
+            and type(value[2]) is int and value[2] > 0 and isinstance(value[3], str)
+            and len(value[3]) == 2 * STATE_SIZE and set(value[3]) <= _HEX):
+        raise ValueError("not where a frame ended")
+    return Resume(prefix=value[0], through=value[1], decoded_end=value[2], state=value[3])
+
+
 def _entry(blob: str, value) -> FrameSeen | None:
-    if not (_hex(blob) and isinstance(value, list) and len(value) == 4 and _hex(value[0])
+    if not (_hex(blob) and isinstance(value, list) and len(value) == 5 and _hex(value[0])
             and all(type(v) is int and v > 0 for v in value[1:3]) and isinstance(value[3], str)):
         return None
-    return FrameSeen(blob=blob, frame_sha256=value[0], length=value[1], size=value[2], compressor=value[3])
+    try:
+        resume = None if value[4] is None else _resume(value[4])
+    except ValueError:
+        return None
+    return FrameSeen(blob=blob, frame_sha256=value[0], length=value[1], size=value[2], compressor=value[3],
+                     resume=resume)
+
+
+def _value(f: FrameSeen) -> list:
+    r = f.resume
+    return [f.frame_sha256, f.length, f.size, f.compressor,
+            None if r is None else [r.prefix, r.through, r.decoded_end, r.state]]
 
 
 def known_frames(folder: Path, key: bytes) -> dict[str, FrameSeen]:
@@ -48,7 +74,7 @@ def known_frames(folder: Path, key: bytes) -> dict[str, FrameSeen]:
 
 def remember_frames(folder: Path, key: bytes, seen: Iterable[FrameSeen]) -> int:
     """``seen`` added to the record (the newest first, at most ``KEPT`` in all); how many were new."""
-    new = {f.blob: [f.frame_sha256, f.length, f.size, f.compressor] for f in seen}
+    new = {f.blob: _value(f) for f in seen}
     old = read_signed(folder, FILE, key, VERSION, limit=LIMIT)
     added = sum(1 for blob, value in new.items() if old.get(blob) != value)
     if not added:

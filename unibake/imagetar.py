@@ -30,7 +30,7 @@ from typing import Protocol
 
 import zstandard
 
-from .errors import ArchiveError, LayerFormatError
+from .errors import ArchiveError, LayerFormatError, VerificationError
 from .threads import hashing_thread
 
 BLOCK = tarfile.BLOCKSIZE
@@ -184,6 +184,19 @@ def _has_content(kind: bytes) -> bool:
     return kind in tarfile.REGULAR_TYPES or kind not in tarfile.SUPPORTED_TYPES
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Bytes of a tar stream not given, only counted: the rest of one member's content, which the reader
+    knows by other means (a frame an earlier read back decoded: :mod:`unibake.archive_reader`)."""
+
+    size: int
+    name: str = ""  # the member whose content they are said to be
+    at: int = 0  # where they lie in the compressed archive (for the error that they are not)
+
+    def __len__(self) -> int:
+        return self.size
+
+
 class TarWalker:
     """Feed a tar stream's bytes in pieces of any size; the visitor hears every entry."""
 
@@ -212,6 +225,16 @@ class TarWalker:
             self._walk(view, pos, end)
         finally:
             self.fed += end
+
+    def skip(self, skipped: Skipped) -> None:
+        """Pass over bytes not given: the whole content of the entry whose header was just read, none of it
+        fed yet. The visitor's ``skipped`` hears it instead of ``data`` (and refuses what it cannot take)."""
+        size = skipped.size
+        whole = bool(self._remaining) and size == self._remaining and self.fed == self.content_at
+        self.visitor.skipped(skipped if whole else None)
+        self._remaining = 0
+        self.fed += size
+        self._finish_entry()
 
     def _walk(self, view: memoryview, pos: int, end: int) -> None:
         visitor = self.visitor
@@ -786,6 +809,18 @@ class _MemberReader:
             raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
         self.current = _Open(name=name, size=entry.size, at=self.walker.content_at if self.walker else -1)
 
+    def skipped(self, skipped: Skipped | None) -> None:
+        """The current member's whole content passed over (None: bytes that are not one member's whole
+        content): the member the caller vouched for there, neither routed nor kept (the record it vouches by is
+        of a plain layer that no read back keeps)."""
+        m = self.current
+        if skipped is None or m is None or m.started or m.name != skipped.name or m.name not in self.unhashed \
+                or self.route is not None or m.size != skipped.size:
+            where = f"at byte {skipped.at}, the frame of {skipped.name}" if skipped else "the frame"
+            raise VerificationError(f"the archive written does not hold, {where} an earlier read back decoded (the "
+                                    "member there is another, or its content begins elsewhere)")
+        m.started, m.hashed = True, False
+
     def data(self, piece: memoryview) -> None:
         m = self.current
         if m is None:
@@ -922,14 +957,18 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
 
     ``unhashed``: members (by name) given the sha256 there instead of hashing their bytes, unless they
     begin as a compressed stream: the caller checks by other means that their bytes are those
-    (``Members.offsets`` says where each began; ``Members.unhashed`` names those not hashed)."""
+    (``Members.offsets`` says where each began; ``Members.unhashed`` names those not hashed). The source may
+    give such a member's whole content as one :class:`Skipped` instead of its bytes."""
     hasher = hashing_thread()
     reader = _MemberReader(route, keep, hasher, unhashed)
     walker = TarWalker(reader)
     reader.walker = walker
     try:
         for chunk in source:
-            walker.feed(chunk)
+            if isinstance(chunk, Skipped):
+                walker.skip(chunk)
+            else:
+                walker.feed(chunk)
         walker.close()
     except BaseException:
         hasher.abort()

@@ -1036,9 +1036,13 @@ def _export(run: Run) -> tuple:
                    f"{base.manifest.release}'s archive compressed them (its frames copied, not compressed again), ")
     vouched_layers = len(done.back.vouched)
     recomputed = f"{len(archive.image.diff_ids) - vouched_layers} diffIDs and the config recomputed from the archive read back"
+    passed_over = len(done.back.passed_over)
     if vouched_layers:
         recomputed += (f", {vouched_layers} taken from this user's record of an earlier read back that decoded the same "
-                       "frames (each copied frame's sha256 matched, every frame decoded)")
+                       "frames (each copied frame's sha256 matched; " + (
+                           f"{passed_over} of them not decoded again: the archive's bytes up to their ends are the ones "
+                           "that read back read, the decoded stream's sha256 resumed after them)" if passed_over else
+                           "every frame decoded)"))
     run.reporter.info(f"    {archive.compressed_bytes} bytes compressed; {shipped}{recomputed}")
     if not request.roundtrip:
         proof = Proof(back=done.back, round_trip=None, skipped="skipped with --no-roundtrip")

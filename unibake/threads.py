@@ -154,6 +154,10 @@ class Consumer(Generic[T, R]):
         if not self._handoff.put(item) and self._error is not None:
             raise self._error
 
+    def alive(self) -> bool:
+        """The consumer still runs (it has neither ended nor failed)."""
+        return self._thread.is_alive()
+
     def end(self) -> None:
         """End the items without waiting: the consumer finishes while the caller goes on (``close`` waits)."""
         if not self._ended:

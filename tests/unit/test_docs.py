@@ -47,7 +47,7 @@ def test_the_design_s_stage_table_is_the_pipeline_s_wiring():
 
 def test_the_design_names_every_module_of_the_package():
     modules = DESIGN.split("## Modules", 1)[1].split("\n## ", 1)[0]
-    named = set(re.findall(r"`([A-Za-z_]+\.py)`", modules))
+    named = set(re.findall(r"`([A-Za-z0-9_]+\.py)`", modules))
     present = {p.name for p in (REPO / "unibake").glob("*.py")}
     assert present - named == set(), "modules DESIGN.md's table does not name"
     assert named - present == set(), "modules DESIGN.md's table names that do not exist"

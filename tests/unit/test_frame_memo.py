@@ -13,7 +13,8 @@ import pytest
 from unibake.archive import write_archive
 from unibake.archive_reader import FrameSeen, read_back
 from unibake.errors import UnibakeError, VerificationError, ZstdDecodeError
-from unibake.framememo import FILE, known_frames, remember_frames
+from unibake.framememo import FILE, VERSION, known_frames, remember_frames
+from unibake.sha256state import AVAILABLE as RESUMABLE
 
 from ..savefixtures import docker_layout, layer_tar
 
@@ -51,30 +52,81 @@ def test_a_read_back_binds_each_big_layer_s_frame_to_its_digest(archive):
 
 def test_a_later_read_back_takes_a_recorded_frame_s_layer_unhashed_and_finds_the_same_image(archive):
     first = read_back(archive, bind_frames=True)
-    again = read_back(archive, vouched={f.blob: f for f in first.frames})
+    unresumed = {f.blob: dataclasses.replace(f, resume=None) for f in first.frames}
+    again = read_back(archive, vouched=unresumed)
     assert sorted(again.vouched) == sorted(f"blobs/sha256/{f.blob}" for f in first.frames)
+    assert again.passed_over == ()  # every frame decoded: the record says not where they ended
     assert again.image.image_id == first.image.image_id and again.image.diff_ids == first.image.diff_ids
     assert (again.compressed_sha256, again.uncompressed_sha256) == (first.compressed_sha256, first.uncompressed_sha256)
-    assert again.frames == ()  # nothing new to record: the recorded frames were not hashed as layers
+    assert again.frames == first.frames  # recorded again, with where each ended in this archive
 
 
-def test_a_frame_other_than_the_recorded_one_is_refused(archive):
-    """The record says which frame decodes to the layer: a copy that is another frame is not taken on trust."""
+@pytest.mark.skipif(not RESUMABLE, reason="no libcrypto with SHA256_Init on this machine")
+def test_a_read_back_passes_over_recorded_frames_after_the_same_bytes_and_finds_the_same_digests(archive):
+    """Where the compressed bytes before a recorded frame are the ones the record's read back read, the frame is
+    not decoded: the decoded stream's sha256 resumes from the recorded state, and every digest is the same."""
     first = read_back(archive, bind_frames=True)
-    other = {f.blob: dataclasses.replace(f, frame_sha256="0" * 64) for f in first.frames}
+    own = sorted((b for b in archive.frames if b.own), key=lambda b: b.offset)
+    assert all(f.resume is not None for f in first.frames) and len(own) == 2
+    again = read_back(archive, vouched={f.blob: f for f in first.frames})
+    assert list(again.passed_over) == [b.name for b in own] and sorted(again.vouched) == sorted(again.passed_over)
+    assert (again.compressed_sha256, again.uncompressed_sha256, again.uncompressed_bytes, again.file_sha256) == \
+        (first.compressed_sha256, first.uncompressed_sha256, first.uncompressed_bytes, first.file_sha256)
+    assert again.image.image_id == first.image.image_id and again.image.diff_ids == first.image.diff_ids
+    assert again.frames == first.frames
+
+
+@pytest.mark.skipif(not RESUMABLE, reason="no libcrypto with SHA256_Init on this machine")
+def test_a_frame_recorded_after_other_bytes_is_decoded(archive):
+    """A record of the frame where another archive's bytes came before it: its state is not this stream's."""
+    first = read_back(archive, bind_frames=True)
+    elsewhere = {f.blob: dataclasses.replace(f, resume=dataclasses.replace(f.resume, prefix="0" * 64))
+                 for f in first.frames}
+    again = read_back(archive, vouched=elsewhere)
+    assert again.passed_over == () and len(again.vouched) == 2
+    assert again.uncompressed_sha256 == first.uncompressed_sha256
+
+
+@pytest.mark.parametrize("lie", ["frame", "through"])
+def test_a_frame_other_than_the_recorded_one_is_refused(archive, lie):
+    """The record says which frame decodes to the layer: a copy that is another frame is not taken on trust,
+    whether it is decoded (held to the frame's sha256) or passed over (held to the sha256 up to its end)."""
+    first = read_back(archive, bind_frames=True)
+    if lie == "frame":
+        other = {f.blob: dataclasses.replace(f, frame_sha256="0" * 64, resume=None) for f in first.frames}
+    else:
+        if not RESUMABLE:
+            pytest.skip("no libcrypto with SHA256_Init on this machine")
+        other = {f.blob: dataclasses.replace(f, resume=dataclasses.replace(f.resume, through="0" * 64))
+                 for f in first.frames}
     with pytest.raises(VerificationError, match="does not hold, at byte .*, the frame of blobs/sha256/"):
         read_back(archive, vouched=other)
 
 
-def test_a_changed_byte_in_a_recorded_frame_fails_the_read_back(archive):
+@pytest.mark.skipif(not RESUMABLE, reason="no libcrypto with SHA256_Init on this machine")
+def test_a_recorded_state_not_after_the_recorded_length_is_refused(archive):
+    """A state whose counters say another length than the record's (OpenSSL would be handed a block offset
+    out of its buffer otherwise) fails the read back: it is never given to OpenSSL."""
+    first = read_back(archive, bind_frames=True)
+    f = first.frames[0]
+    state = bytearray(bytes.fromhex(f.resume.state))
+    state[104] = 63 - state[104]  # ``num``: the bytes waiting in the block
+    bad = {f.blob: dataclasses.replace(f, resume=dataclasses.replace(f.resume, state=state.hex()))}
+    with pytest.raises(VerificationError, match="the sha256 state is not one after"):
+        read_back(archive, vouched=bad)
+
+
+@pytest.mark.parametrize("resumed", [True, False])
+def test_a_changed_byte_in_a_recorded_frame_fails_the_read_back(archive, resumed):
     first = read_back(archive, bind_frames=True)
     frame = max((b for b in archive.frames if b.own), key=lambda b: b.size)
     path = archive.folder / archive.name
     data = bytearray(path.read_bytes())
     data[frame.offset + frame.length // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+    vouched = {f.blob: f if resumed else dataclasses.replace(f, resume=None) for f in first.frames}
     with pytest.raises((VerificationError, ZstdDecodeError)):
-        read_back(archive, vouched={f.blob: f for f in first.frames})
+        read_back(archive, vouched=vouched)
 
 
 def test_a_record_of_other_settings_or_size_is_not_used(archive):
@@ -119,10 +171,11 @@ def test_a_malformed_entry_is_left_out_and_the_others_kept(tmp_path):
     remember_frames(folder, KEY, [good])
     from unibake.signed import read_signed, write_signed
 
-    entries = read_signed(folder, FILE, KEY, 1, limit=1 << 20)
-    entries["not-hex"] = ["b" * 64, 10, 20, "c"]
-    entries["c" * 64] = ["b" * 64, -1, 20, "c"]
-    write_signed(folder, FILE, KEY, 1, entries)
+    entries = read_signed(folder, FILE, KEY, VERSION, limit=1 << 20)
+    entries["not-hex"] = ["b" * 64, 10, 20, "c", None]
+    entries["c" * 64] = ["b" * 64, -1, 20, "c", None]
+    entries["d" * 64] = ["b" * 64, 10, 20, "c", ["e" * 64, "f" * 64, 30, "not a state"]]
+    write_signed(folder, FILE, KEY, VERSION, entries)
     assert known_frames(folder, KEY) == {good.blob: good}
 
 
@@ -157,7 +210,7 @@ def test_a_record_signed_as_another_kind_is_no_frames_record(tmp_path):
     good = FrameSeen(blob="a" * 64, frame_sha256="b" * 64, length=10, size=20, compressor="c")
     folder = tmp_path / "frames"
     remember_frames(folder, KEY, [good])
-    entries = {good.blob: [good.frame_sha256, good.length, good.size, good.compressor]}
-    write_signed(folder, "digests.json", KEY, 1, entries)
+    entries = {good.blob: [good.frame_sha256, good.length, good.size, good.compressor, None]}
+    write_signed(folder, "digests.json", KEY, VERSION, entries)
     (folder / "digests.json").replace(folder / FILE)
     assert known_frames(folder, KEY) == {}
