@@ -4,14 +4,15 @@ earlier one leave the layers it copied from that one's archive unhashed.
 A release's read back decodes its whole archive, hashes every layer for its diffID, and hashes each
 big layer's own frame as compressed bytes too (:func:`unibake.archive_reader.read_back`): a frame of
 those compressed bytes decodes to that layer, wherever it lies. A release made ``--from`` R copies R's
-frames for the layers the two share; its read back still decodes them (the decoded stream's sha256
-covers every byte), but takes a copied layer's diffID from this record when the frame it finds there
-has the recorded sha256, instead of hashing the layer again (about 0.7 CPU-seconds a GB).
+frames for the layers the two share; its read back takes a copied layer's diffID from this record when
+the frame it finds there has the recorded sha256, instead of hashing the layer again (about 0.7
+CPU-seconds a GB), and decodes the frame only for the decoded stream's sha256 (covering every byte) where
+it cannot resume that sha256 after the frame (below).
 
 Each frame's entry also says where the frame ended in the archive read, where the libcrypto the
 resumable sha256 needs is there (:mod:`unibake.sha256state`): the sha256 of the compressed bytes before
 it and up to its end, the decoded stream's length there and its sha256 state. A release whose archive
-begins with the same compressed bytes up to that frame (the biggest layer comes first, after the same
+begins with the same compressed bytes up to that frame (the big layers come first, after the same
 headers) passes over it without decoding it (``ReadBack.passed_over``).
 
 The record (``.cache/build-memo/frames/frames.json``) is signed with this user's key

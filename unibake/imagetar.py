@@ -231,7 +231,7 @@ class TarWalker:
         fed yet. The visitor's ``skipped`` hears it instead of ``data`` (and refuses what it cannot take)."""
         size = skipped.size
         whole = bool(self._remaining) and size == self._remaining and self.fed == self.content_at
-        self.visitor.skipped(skipped if whole else None)
+        self.visitor.skipped(skipped, whole)
         self._remaining = 0
         self.fed += size
         self._finish_entry()
@@ -809,16 +809,16 @@ class _MemberReader:
             raise ArchiveError(f"archive member {name!r} is not a regular file, folder or link")
         self.current = _Open(name=name, size=entry.size, at=self.walker.content_at if self.walker else -1)
 
-    def skipped(self, skipped: Skipped | None) -> None:
-        """The current member's whole content passed over (None: bytes that are not one member's whole
-        content): the member the caller vouched for there, neither routed nor kept (the record it vouches by is
-        of a plain layer that no read back keeps)."""
+    def skipped(self, skipped: Skipped, whole: bool) -> None:
+        """The current member's content passed over (``whole``: all of it, none fed before): it must be the
+        member the caller vouched for there, neither routed nor kept (the record it vouches by is of a plain
+        layer that no read back keeps)."""
         m = self.current
-        if skipped is None or m is None or m.started or m.name != skipped.name or m.name not in self.unhashed \
+        if not whole or m is None or m.started or m.name != skipped.name or m.name not in self.unhashed \
                 or self.route is not None or m.size != skipped.size:
-            where = f"at byte {skipped.at}, the frame of {skipped.name}" if skipped else "the frame"
-            raise VerificationError(f"the archive written does not hold, {where} an earlier read back decoded (the "
-                                    "member there is another, or its content begins elsewhere)")
+            raise VerificationError(f"the archive written does not hold, at byte {skipped.at}, the frame of "
+                                    f"{skipped.name} an earlier read back decoded (the member there is another, or its "
+                                    "content begins elsewhere)")
         m.started, m.hashed = True, False
 
     def data(self, piece: memoryview) -> None:

@@ -214,3 +214,41 @@ def test_a_record_signed_as_another_kind_is_no_frames_record(tmp_path):
     write_signed(folder, "digests.json", KEY, VERSION, entries)
     (folder / "digests.json").replace(folder / FILE)
     assert known_frames(folder, KEY) == {}
+
+
+@pytest.mark.skipif(not RESUMABLE, reason="no libcrypto with SHA256_Init on this machine")
+def test_an_archive_in_parts_is_passed_over_across_its_files_with_every_part_s_digest(tmp_path):
+    """The offsets are the parts' bytes as one: a frame split across two files is read through both, each file
+    still hashed whole, and the decoded stream's sha256 the one decoding everything gives."""
+    layers = [layer_tar({"lib.so": os.urandom(3 << 20)}), layer_tar({"w.bin": os.urandom(2 << 20)})]
+    data, _, _ = docker_layout(layers)
+    folder = tmp_path / "release"
+    folder.mkdir()
+    archive = write_archive(chunks(data), folder, "demo-1.tar.zst", tag="demo:1", split=1 << 20)
+    assert len(archive.names) > 3
+    first = read_back(archive, bind_frames=True)
+    again = read_back(archive, vouched={f.blob: f for f in first.frames})
+    assert len(again.passed_over) == 2
+    assert (again.file_sha256, again.compressed_sha256, again.uncompressed_sha256) == \
+        (first.file_sha256, first.compressed_sha256, first.uncompressed_sha256)
+    assert again.file_sha256 == {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in archive.names}
+
+
+def test_the_tar_walk_takes_a_passed_over_stretch_only_as_a_vouched_member_s_whole_content():
+    """What the read back hands the tar walk for a frame it did not decode: the whole content of the member whose
+    header was just read, one the caller vouched for; anything else fails, naming the frame."""
+    from unibake.imagetar import Skipped, read_members
+
+    content = os.urandom(4096)
+    stream = layer_tar({"big.bin": content})
+    at = stream.index(content)
+    name = "big.bin"
+    whole = [stream[:at], Skipped(len(content), name, 99), stream[at + len(content):]]
+    members = read_members(whole, unhashed={name: "a" * 64})
+    assert members[name].sha256 == "a" * 64 and members.unhashed == {name}
+    for source, unhashed in (
+            (whole, {}),  # not vouched for
+            ([stream[:at + 1], Skipped(len(content) - 1, name, 99), stream[at + len(content):]], {name: "a" * 64}),
+            ([stream[:at], Skipped(len(content), "other.bin", 99), stream[at + len(content):]], {name: "a" * 64})):
+        with pytest.raises(VerificationError, match="does not hold, at byte 99, the frame of"):
+            read_members(source, unhashed=unhashed)
