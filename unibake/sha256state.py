@@ -26,15 +26,27 @@ class _Ctx(ctypes.Structure):
                 ("data", ctypes.c_uint32 * 16), ("num", ctypes.c_uint32), ("md_len", ctypes.c_uint32)]
 
 
+def _library():
+    """libcrypto: first by the names OpenSSL 3 and 1.1 give it (the one hashlib loaded is then found at once),
+    else as ctypes searches (which runs ``ldconfig``, some 20-40 ms)."""
+    for name in ("libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.3.dylib", "libcrypto.1.1.dylib"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    name = ctypes.util.find_library("crypto")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
 def _load():
     """libcrypto's SHA256 functions, checked against hashlib once; None where they are missing or differ."""
-    name = ctypes.util.find_library("crypto")
-    if name is None:
-        return None
+    lib = _library()
     try:
-        lib = ctypes.CDLL(name)
         init, update, final = lib.SHA256_Init, lib.SHA256_Update, lib.SHA256_Final
-    except (OSError, AttributeError):
+    except AttributeError:  # (no library: None has none of them either)
         return None
     init.argtypes, init.restype = [ctypes.POINTER(_Ctx)], ctypes.c_int
     update.argtypes, update.restype = [ctypes.POINTER(_Ctx), ctypes.c_char_p, ctypes.c_size_t], ctypes.c_int
