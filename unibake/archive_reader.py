@@ -235,7 +235,7 @@ class ArchiveReader:
             self.hasher.put((snapshot, b""))
             self._snapshots[at] = snapshot
 
-    def _may_skip(self, length: int, size: int, resume: Resume, name: str) -> bool:
+    def _may_skip(self, length: int, size: int, resume: Resume, _name: str) -> bool:
         """Whether the frame beginning here may be passed over: it ends at the next stop, the decoded stream
         stands where the record's did, and the compressed bytes before it are the record's."""
         at = self.compressed_bytes

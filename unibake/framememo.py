@@ -41,7 +41,7 @@ def _hex(value) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
-def _resume(value) -> Resume | None:
+def _resume(value) -> Resume:
     if not (isinstance(value, list) and len(value) == 4 and _hex(value[0]) and _hex(value[1])
             and type(value[2]) is int and value[2] > 0 and isinstance(value[3], str)
             and len(value[3]) == 2 * STATE_SIZE and set(value[3]) <= _HEX):
