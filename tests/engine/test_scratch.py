@@ -31,11 +31,22 @@ def test_a_scratch_engine_let_go_early_is_gone_by_the_exit(tmp_path):
     assert os.listdir(tmp_path / "scratch") == []
 
 
-def test_an_interrupt_while_it_stops_still_leaves_nothing_behind(tmp_path):
+def test_an_interrupt_while_it_stops_still_leaves_nothing_behind(tmp_path, monkeypatch):
     # Ctrl-C right after "publish done" landed in the join of the stopping thread: the run exited
     # 130 at once and left the scratch dockerd running and its folders behind
     import signal
     import threading
+    import time
+
+    from unibake import scratch as module
+
+    stop = module._stop_dockerd
+
+    def slow_stop(pid, timeout):  # its stop takes 50 ms: held up, so that the Ctrl-C lands while it runs
+        time.sleep(0.5)
+        stop(pid, timeout)
+
+    monkeypatch.setattr(module, "_stop_dockerd", slow_stop)
 
     scratch_dir = tmp_path / "scratch"
     with pytest.raises(KeyboardInterrupt):
@@ -89,6 +100,8 @@ def test_a_seeded_verify_engine_holds_only_its_base_image_and_is_seeded_once(eng
         seeded.stop_in_background()
     assert running_from(folder) == [] and not runtime_of(folder).exists()
     assert (folder / "root").is_dir()  # the data stays for the next run
+    # its daemon shut down by itself before it was killed in its last sleep (below: it starts again on that data)
+    assert "Daemon shutdown complete" in (folder / "dockerd.log").read_text()
 
     with SeededEngine(scratch, source=engine, base_id=base_id, progress=progress) as again:
         assert not again.seeded_now and _images(again) == {base_id} and len(seen) == 1  # no seeding, no bar

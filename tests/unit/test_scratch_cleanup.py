@@ -329,3 +329,60 @@ def test_an_interrupt_as_the_scratch_engine_s_start_returns_still_stops_it(tmp_p
         kill_children(started)
         for folder in base.glob("ub-scratch-*"):  # (its runtime folder too, in the user's scratch place)
             remove_scratch_dir(folder)
+
+
+# a stand-in for Engine 20.10's dockerd: it starts its "containerd" (a child); told to stop, it shuts down
+# (noted in its log), asks its child to stop, and then, as dockerd does, sleeps before it ends (here 20 s)
+_DOCKERD = """
+import pathlib, signal, subprocess, sys, time
+log = pathlib.Path(sys.argv[1])
+child = subprocess.Popen([sys.executable, "-c", sys.argv[3]])
+def stop(signum, frame):
+    with log.open("a") as out:
+        out.write("shutdown complete\\n")
+    child.terminate()
+    child.wait()
+    with log.open("a") as out:
+        out.write("containerd gone\\n")
+    time.sleep(20)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[2]).write_text(str(child.pid))
+while True:
+    time.sleep(1)
+"""
+# its containerd: ends a while after it is asked to
+_CONTAINERD = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda signum, frame: (time.sleep(0.5), sys.exit(0)))
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_scratch_dockerd_is_stopped_once_its_containerd_is_gone_not_after_its_sleep(tmp_path):
+    # Engine 20.10 looks once a second whether the containerd it stopped is gone: every run waited a
+    # whole second at its end for a scratch engine whose data was closed in milliseconds
+    import sys
+
+    from unibake.scratch import _alive, _stop_dockerd
+
+    log, ready = tmp_path / "log", tmp_path / "ready"
+    daemon = subprocess.Popen([sys.executable, "-c", _DOCKERD, str(log), str(ready), _CONTAINERD])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # (the child's handler in place)
+        child = int(ready.read_text())
+        start = time.monotonic()
+        _stop_dockerd(daemon.pid, 60)
+        took = time.monotonic() - start
+        assert not _alive(daemon.pid) and not _alive(child)
+        lines = log.read_text().splitlines()
+        assert lines[0] == "shutdown complete" and lines[1] == "containerd gone"  # its own stop ran first
+        assert 0.5 <= took < 10, took  # the child's half second waited for, not the daemon's 20 s
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
