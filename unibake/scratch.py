@@ -102,12 +102,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command's name (state, parent PID, ...); [] when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _start_time(pid: int) -> str:
     """The process's start time (in clock ticks since boot): a PID that was reused has another."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else ""
 
 
 def _processes_of(places: list[Path]) -> list[int]:
@@ -157,11 +163,8 @@ def _children(pid: int) -> list[tuple[int, str]]:
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[1] == str(pid):
+            fields = _stat(entry.name)
+            if len(fields) > 19 and fields[1] == str(pid):
                 found.append((int(entry.name), fields[19]))
     return found
 
