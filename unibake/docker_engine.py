@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -12,17 +14,51 @@ import socket
 import sys
 import threading
 import time
+import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-import docker
-import docker.errors
-import docker.transport.sshconn
-import requests.exceptions
-import urllib3.exceptions
+
+class _Deferred(types.ModuleType):
+    """Stands in sys.modules for a module whose import is put off until one of its names is used."""
+
+    def __getattr__(self, name: str):
+        real = self.__dict__.get("_deferred_real")
+        if real is None:
+            if sys.modules.get(self.__name__) is self:
+                del sys.modules[self.__name__]
+            real = importlib.import_module(self.__name__)
+            self.__dict__["_deferred_real"] = real
+        return getattr(real, name)
+
+
+def _defer_paramiko() -> None:
+    """docker-py imports paramiko (and with it cryptography), about 0.13 s, only for an ssh:// engine's own SSH
+    client, which is never made here: an ssh:// engine goes through the system's ssh client (use_ssh_client
+    below), and docker-py uses paramiko's names only inside the methods that would make its own. So paramiko
+    is imported on the first use of one of its names, i.e. never, and every command starts sooner (a
+    `--from` release or a hotfix takes 3-4 s in all). By hand: the standard library's LazyLoader cannot do it
+    on Python 3.11, whose import statement reads the module's __spec__ and so loads it at once."""
+    if "paramiko" in sys.modules:
+        return
+    spec = importlib.util.find_spec("paramiko")
+    if spec is None:
+        return  # not installed: docker-py's own try/except leaves its SSH adapter out
+    stub = _Deferred("paramiko")
+    stub.__spec__ = spec
+    sys.modules["paramiko"] = stub
+
+
+_defer_paramiko()
+
+import docker  # noqa: E402 (after the deferral above)
+import docker.errors  # noqa: E402
+import docker.transport.sshconn  # noqa: E402
+import requests.exceptions  # noqa: E402
+import urllib3.exceptions  # noqa: E402
 
 from .console import one_line
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,

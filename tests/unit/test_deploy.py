@@ -1193,3 +1193,31 @@ def test_a_pull_counts_a_layer_the_engine_holds_already_so_its_total_is_reached(
         DockerEngine(address, {}).pull("r.example/a", "sha256:" + "1" * 64, None, progress=told.append,
                                        sizes=dict(zip(info.layers, info.layer_sizes)))
     assert told == [5000, 100, 200] and sum(told) == info.layer_bytes == 5300
+
+
+def test_an_ssh_engine_is_reached_without_importing_paramiko(tmp_path):
+    """docker-py imported paramiko and cryptography (0.13 s of every command's start) for an SSH client of its
+    own that is never made: an ssh:// engine goes through the system's ssh. They are now imported on first use
+    only; a fresh interpreter running the CLI's and the pipeline's imports reaches an ssh:// engine (here a
+    fake ssh joined to a fake API) without either being loaded."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ssh").write_text(FAKE_SSH.format(python=sys.executable))
+    (tmp_path / "bin" / "ssh").chmod(0o755)
+    script = ("import sys, unibake.cli, unibake.pipeline\n"
+              "from unibake.docker_engine import DockerEngine\n"
+              "engine = DockerEngine('ssh://unibake@fake-node', {}, timeout=10)\n"
+              "print(engine.api.version()['ApiVersion'])\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paramiko', 'cryptography')))\n"
+              "import docker.transport.sshconn as sshconn\n"
+              "print(sshconn.paramiko.SSHClient.__module__)\n")
+    with docker_api() as (address, _):
+        env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+               "UNIBAKE_FAKE_ENGINE_PORT": address.rsplit(":", 1)[1]}
+        env.pop("DOCKER_HOST", None)
+        done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 0, done.stderr
+    version, loaded, client = done.stdout.splitlines()
+    assert version.startswith("1."), version
+    assert loaded == "['paramiko']", loaded  # the stand-in alone, until a name of paramiko's is used
+    assert client == "paramiko.client"  # and then paramiko itself, as before
