@@ -125,26 +125,32 @@ class Reporter:
         threads at once (one engine's load each), whose lines say each one's name, as bars would not."""
         if self.quiet:
             return lambda n: None
-        state = {"done": 0, "last": time.monotonic(), "start": time.monotonic()}
+        start = time.monotonic()
+        state = {"done": 0, "last": start, "first": None, "head": 0}
         lock = threading.Lock()
 
         def advance(n: int) -> None:
             with lock:
-                state["done"] += n
                 now = time.monotonic()
+                if state["first"] is None:
+                    # the rate is counted from the first bytes on: the wait for them (an engine's export writes its
+                    # whole temporary folder before its first byte) made a rate of 0 MiB/s and "about 35846 s left"
+                    state["first"], state["head"] = now, n
+                state["done"] += n
                 if now - state["last"] < 5:
                     return
                 state["last"] = now
-                done = state["done"]
-            rate = done / max(now - state["start"], 1e-6)
+                done, first, head = state["done"], state["first"], state["head"]
+            span = now - first
+            rate = (done - head) / span if span >= 1 else 0.0
             # a total is what the work was expected to be (an image's size, for a save stream a little longer):
             # past it, the line says so, not "6.10 GiB of 6.00 GiB, about 0 s left"
             within = bool(total) and done <= total
             eta = f", about {max(total - done, 0) / rate:.0f} s left" if within and rate else ""
             share = f" of {total / 2**30:.2f} GiB" if within else \
                 f" (more than the {total / 2**30:.2f} GiB expected)" if total else ""
-            self.console.print(f"    {description}: {done / 2**30:.2f} GiB{share}, {rate / 2**20:.0f} MiB/s{eta}",
-                               markup=False)
+            speed = f", {rate / 2**20:.0f} MiB/s" if rate else f", the first bytes after {first - start:.0f} s"
+            self.console.print(f"    {description}: {done / 2**30:.2f} GiB{share}{speed}{eta}", markup=False)
 
         return advance
 
