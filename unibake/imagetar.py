@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import posixpath
 import re
 import tarfile
@@ -129,12 +130,55 @@ NUMBERS = (("mode", 100, 8), ("uid", 108, 8), ("gid", 116, 8), ("size", 124, 12)
            ("checksum", 148, 8), ("devmajor", 329, 8), ("devminor", 337, 8))
 
 
-def _engine_number(field: bytes) -> bool:
-    """Whether Go's archive/tar (the engine's) reads ``field`` as a number: base-256, or octal digits once
-    blanks and NULs are trimmed from both ends, up to a NUL. ``tarfile`` reads more ("\\0junk", "+7", a tab)."""
+def _go_number(field: bytes) -> int | None:
+    """The number Go's archive/tar (the engine's, GNU tar's alike) reads from a header field, as its
+    ``parseNumeric`` does: base-256 when the first byte's high bit is set; else octal digits once blanks
+    and NULs are trimmed from both ends, up to a NUL. None where it reads none (the engine then refuses the
+    whole tar). ``tarfile`` reads otherwise: it cuts the field at its first NUL, so b"\\0" + b"0000001000"
+    is 0 to it and 512 to the engine, and it reads more ("+7", "0o7", a tab)."""
     if field[:1] and field[0] & 0x80:
-        return True
-    return all(0x30 <= c <= 0x37 for c in field.strip(b" \0").split(b"\0", 1)[0])
+        inverse = 0xFF if field[0] & 0x40 else 0
+        value = 0
+        for i, c in enumerate(field):
+            c ^= inverse
+            if i == 0:
+                c &= 0x7F
+            if value >> 56:
+                return None
+            value = value << 8 | c
+        if value >> 63:
+            return None
+        return ~value if inverse else value
+    digits = field.strip(b" \0").split(b"\0", 1)[0]
+    if not all(0x30 <= c <= 0x37 for c in digits):
+        return None
+    return int(digits or b"0", 8)
+
+
+_FIRST_BYTES = operator.itemgetter(*(at for _, at, _ in NUMBERS))
+
+
+def engine_reads_otherwise(block: bytes) -> str:
+    """Which number field of a header block the engine reads as another number than ``tarfile`` (and so
+    :func:`parse_header`) does, or reads as none: a header whose size is 0 to us and 512 to the engine hides
+    the members it takes as that content from every check, and shows the engine members no check saw. ""
+    when it reads every one alike. Every field beginning with an octal digit (as every writer's do) is read
+    alike, so only other headers are read twice."""
+    firsts = _FIRST_BYTES(block)
+    if 0x30 <= min(firsts) and max(firsts) <= 0x37:
+        return ""
+    for what, at, length in NUMBERS:
+        field = block[at:at + length]
+        try:
+            ours: int | None = tarfile.nti(field)
+        except (tarfile.HeaderError, ValueError):
+            ours = None
+        theirs = _go_number(field)
+        if theirs != ours:
+            return (f"its {what} field {field!r}, which the engine reads as "
+                    f"{'no number' if theirs is None else theirs} and Python's tarfile as "
+                    f"{'no number' if ours is None else ours}")
+    return ""
 
 
 def parse_header(block: bytes) -> Header:
@@ -291,6 +335,11 @@ class TarWalker:
         if info.size < 0:  # tarfile reads "-12" (and base-256) as negative: the walk would go backwards
             raise ArchiveError(f"{self.what} has a member header with a negative size ({info.size}) after "
                                f"{self.headers} headers: corrupted archive")
+        otherwise = engine_reads_otherwise(block)
+        if otherwise:  # the engine would walk another way: other members than every check here saw
+            raise ArchiveError(f"{self.what} has a member header (after {self.headers} headers) whose fields the "
+                               f"engine reads otherwise: {otherwise}; refused, as the engine would unpack "
+                               "other members than those checked")
         self.headers += 1
         if info.type in EXTENDED_TYPES:
             if info.size > KEEP_LIMIT:
@@ -760,7 +809,7 @@ class _MemberReader:
             return "an extended header (PAX or GNU)"
         block = entry.header
         for what, at, length in NUMBERS:
-            if not _engine_number(block[at:at + length]):
+            if _go_number(block[at:at + length]) is None:
                 return f"a header whose {what} field {block[at:at + length]!r} is no number the engine reads"
         if entry.type == tarfile.DIRTYPE and tarfile.nti(block[124:136]):  # (content the engine reads as headers
             # after a '\0' kind, which GNU and busybox tar skip)

@@ -137,6 +137,23 @@ def test_a_layer_the_inspector_cannot_parse_is_reported_and_the_archive_is_still
     assert (tmp_path / "y.tar.zst").stat().st_size == archive.compressed_bytes
 
 
+def test_a_layer_whose_header_the_engine_reads_otherwise_is_reported_not_listed_as_python_reads_it(tmp_path):
+    # a size field NUL + octal is 0 to Python's tarfile and 512 to the engine (Go trims NULs first), as to GNU tar:
+    # the engine takes the package list's header below as a.bin's content, and the SBOM listed a package the image
+    # does not hold (or, laid out the other way, left out one it holds)
+    import subprocess
+
+    layer = bytearray(tar_of([("a.bin", b"", None), ("var/lib/dpkg/status", STATUS, None)]))
+    layer[124:136] = b"\x000000001000\x00"
+    layer[148:156] = b" " * 8
+    layer[148:155] = b"%06o\0" % sum(layer[:512])
+    listed = subprocess.run(["tar", "-t"], input=bytes(layer), capture_output=True).stdout.decode().split()
+    assert listed[0] == "a.bin" and "var/lib/dpkg/status" not in listed  # what the engine's reader sees
+    data, _, diff_ids = oci_layout([bytes(layer)])
+    archive = write_archive(chunks(data), tmp_path, "y.tar.zst", tag="demo:1", inspector=LayerInspector("/opt/x"))
+    assert archive.contents.not_inspected == (diff_ids[0],) and archive.contents.packages == ()
+
+
 def test_a_package_list_behind_a_hard_link_or_a_symlink_is_said_not_silently_left_out(tmp_path):
     # a base image's author could otherwise keep its packages out of the SBOM (and out of its scanners)
     layer = tar_of([("aaa/status", STATUS, None),

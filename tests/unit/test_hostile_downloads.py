@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ..conftest import REPO
 from ..forge import (compact, forge, json_member, link, member, read_entries, replace_config, replace_member, resum,
-                     write_tar)
+                     smuggle, write_tar)
 from ..savefixtures import DEFAULT_LAYERS, layer_tar, tar_of
 from .test_publish import make_release
 
@@ -1604,3 +1604,18 @@ def test_the_shell_verifier_reads_any_config_as_unibake_s_verifier_does(data, ch
         at %= len(data) + 1
         data[at:at + drop] = new
     assert _read_by_the_shell(bytes(data), _shell_config_reader()) == _read_by_unibake(bytes(data)), bytes(data)
+
+
+def test_a_header_whose_size_the_engine_reads_otherwise_cannot_smuggle_another_image_past_verify(cli, folder):
+    # found by probing: a size field NUL + "0000001000" + NUL is 0 to Python's tarfile (it cuts at the first NUL)
+    # and 512 to Go's archive/tar (it trims NULs first), as to GNU tar. verify checked image A, every digest
+    # right, and said "verified"; the engine would load image B, named in members verify never saw
+    checked, loaded = smuggle(folder)
+    tar = subprocess.run(f"zstd -dc '{folder / 'demo-llm-1.3.1.tar.zst'}' | tar -t", shell=True, capture_output=True,
+                         text=True)
+    assert f"blobs/sha256/{loaded.removeprefix('sha256:')}" in tar.stdout.split()  # what GNU tar (as Go) reads
+    assert "index.json" not in tar.stdout.split() and checked != loaded
+    both_refuse(cli, folder, "whose fields the engine reads otherwise: its size field b'\\x000000001000\\x00', which "
+                "the engine reads as 512 and Python's tarfile as 0", "index.json")
+    listed = cli("releases", "--out", str(folder.parent), "--deep")
+    assert "verifies" not in listed.out + listed.err, listed.out + listed.err
