@@ -1580,6 +1580,36 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
     if problem:
         args.metadata_file = None  # the failure's document is not tried there either
         raise InputError(f"--metadata-file {value}: cannot write it there ({problem})")
+    kept = _not_a_document(resolved(cwd / value)) if value else None
+    if kept:
+        args.metadata_file = None
+        raise InputError(f"--metadata-file {value}: {kept}")
+
+
+DOCUMENT_LIMIT = 64 << 20
+
+
+def _not_a_document(path: Path) -> str | None:
+    """Why the file at ``path`` is not replaced by the run's document, or None: a file there is replaced only
+    when empty or an earlier document (a JSON object). `--metadata-file profiles/tp1.yaml` replaced the
+    profile with the run's document (a failed run's error too), as it did the inputs lock or a baked source."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # none there (or unreadable: written, or said as it fails)
+    if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+        return None
+    try:
+        if info.st_size > DOCUMENT_LIMIT:
+            raise ValueError
+        with open(path, "rb") as f:
+            document = json.loads(f.read(DOCUMENT_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):
+        document = None
+    if isinstance(document, dict):
+        return None
+    return ("a file there holds no JSON document, so it is no earlier run's document and is not replaced "
+            "(an input, a profile or a lock would be lost); give another path, or remove that file first")
 
 
 def _a_stream(path: Path) -> bool:
@@ -1604,6 +1634,9 @@ def _write_metadata(value: str, text: str, cwd: Path) -> None:
                 out.write(text)
         else:
             path = resolved(cwd / value)
+            kept = _not_a_document(path)  # (the file may have come since the run's start)
+            if kept:
+                raise UnibakeError(f"--metadata-file {value}: {kept}")
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path.parent, path.name, text)
     except OSError as exc:

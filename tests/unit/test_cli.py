@@ -297,6 +297,32 @@ def test_a_metadata_file_that_cannot_be_written_is_refused_before_any_work(cli, 
     assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == []
 
 
+@pytest.mark.parametrize("target", ["profiles/tp1.yaml", "profiles/inputs.lock", "images/engine/serve.sh",
+                                    "dockerfiles/rendered/all/Dockerfile"])
+def test_a_metadata_file_naming_an_input_is_refused_and_the_input_kept(cli, busybox_product, target):
+    # found by probing: `--metadata-file profiles/tp1.yaml` replaced the profile with the run's document, a failed
+    # run's error too (a `gpus: x` in that very file), as it did the inputs lock or a source the image bakes
+    root = busybox_product.parent
+    path = root / target
+    if not path.exists():  # (a copy of the product has no rendered files: an earlier render's)
+        path.parent.mkdir(parents=True)
+        path.write_text("FROM localhost/unibake-busybox:1\n")
+    before = path.read_bytes()
+    result = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", str(path), cwd=root)
+    assert result.code == 2 and result.error_lines == [
+        f"error: --metadata-file {path}: a file there holds no JSON document, so it is no earlier run's document "
+        "and is not replaced (an input, a profile or a lock would be lost); give another path, or remove that "
+        "file first"], result.err
+    assert path.read_bytes() == before
+    assert not (root / "dockerfiles" / "rendered" / "all" / "entrypoint.sh").exists(), "the run went on"
+    # an earlier run's document (a JSON object), or an empty file, is replaced as before
+    earlier = root / "meta.json"
+    earlier.write_text('{"error": "an earlier run", "exit_code": 2}\n')
+    assert cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", str(earlier),
+               cwd=root).code == 0
+    assert "image" in json.loads(earlier.read_text())
+
+
 def test_a_metadata_file_that_fails_at_the_end_leaves_one_json_document(cli, monkeypatch, tmp_path):
     """Checked before the work, the place can still be taken while it runs: stdout then holds the
     error's document only, never the run's and then the error's."""
