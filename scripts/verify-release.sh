@@ -914,6 +914,8 @@ grep -qx "${want#sha256:}" "$work/blobs" || fail "$dir: the archive lacks its im
 # the names checked above mean nothing until then, and an engine told of a mismatch may have tagged
 # the image already
 echo "== the sha256 of every blob (zstd -dc | tar --to-command sha256sum)"
+# A blob that starts as bzip2 or xz does (moby's DetectCompression: "BZh", or the six bytes of xz's magic) gets
+# a third field naming it: the engine would load it decompressed, and it is refused below.
 # A blob that starts as gzip (an engine's containerd store can save layers so) gets a third field, the
 # digest of what it decompresses to ("-" if it does not), which is its diffID: the engines and
 # unibake's reader go by those bytes, the "+gzip" media type only says so. The decompressor drains
@@ -921,8 +923,14 @@ echo "== the sha256 of every blob (zstd -dc | tar --to-command sha256sum)"
 # shellcheck disable=SC2016  # expanded by the sh that tar starts for each member, not here
 hash_blob='case $TAR_FILENAME in
   blobs/sha256/*)
-    dd bs=1 count=2 of="$W/head" 2>/dev/null || exit 1
-    if [ "$(od -An -tx1 "$W/head" | tr -d " \n")" = 1f8b ]; then
+    dd bs=1 count=6 of="$W/head" 2>/dev/null || exit 1
+    magic=$(od -An -tx1 "$W/head" | tr -d " \n")
+    case $magic in
+      425a68*) other=bzip2 ;; fd377a585a00) other=xz ;; *) other= ;;
+    esac
+    if [ -n "$other" ]; then
+      printf "%s %s %s\n" "$TAR_FILENAME" "$(cat "$W/head" - | sha256sum | cut -c 1-64)" "$other"
+    elif [ "${magic#1f8b}" != "$magic" ]; then
       rm -f "$W/fifo" "$W/gzbad" && mkfifo "$W/fifo" || exit 1
       { { gzip -dc 2>/dev/null || echo 1 > "$W/gzbad"; } | sha256sum | cut -c 1-64 > "$W/gunzipped"
         cat > /dev/null; } < "$W/fifo" &
@@ -968,6 +976,7 @@ bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
     print FNR " (blobs/sha256/" $1 ") is not in it, and manifest.json does not record it as left out by a hotfix"; exit }
   { got = un["blobs/sha256/" $1] }
   got == "-" { print FNR " (blobs/sha256/" $1 ") starts as gzip but does not decompress"; exit }
+  got == "xz" || got == "bzip2" { print FNR " (blobs/sha256/" $1 ") starts as " got " does: Engine 20.10 loads it " got "-compressed, which unibake neither writes nor reads (a layer is a tar, or gzip)"; exit }
   got != rec[FNR] { print FNR " has diffID sha256:" got ", but manifest.json records sha256:" rec[FNR]; exit }' \
   "$work/omitted" "$work/hashed" "$work/diff-ids" "$work/layers")
 [ -z "$bad" ] || fail "$dir: the archive's layer $bad: refused before any load"

@@ -49,6 +49,9 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 MAX_ENTRIES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# what Engine 20.10's load also decompresses a layer from (moby's archive.DetectCompression: bzip2 by its first
+# three bytes alone, xz by six), and unibake neither writes nor reads
+OTHER_COMPRESSION = ((b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
 EXTENDED_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 PAX_TIME_KEYS = ("mtime", "atime", "ctime")
 DIGITS_RE = re.compile(r"^[0-9]{1,20}$")
@@ -732,6 +735,7 @@ class Member:
     link: str | None = None  # for a symlink or hard link: the member it points at
     routed: object = None  # what the route's sink returned when the member was complete
     zstd: bool = False  # a zstd stream, as far as it was read (its content_sha256 what that decompresses to)
+    compression: str = ""  # another format an engine decompresses a layer from, by its first bytes ("xz", "bzip2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -781,6 +785,7 @@ class _Open:
     head: bytearray = field(default_factory=bytearray)
     started: bool = False
     zstd: bool = False
+    compression: str = ""
     at: int = 0  # where its content begins in the stream
     hashed: bool = True
 
@@ -904,6 +909,8 @@ class _MemberReader:
             m.content = hashlib.sha256()
             m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
                 _Updating(m.content), write_size=CHUNK, write_return_read=True)
+        else:
+            m.compression = next((name for magic, name in OTHER_COMPRESSION if first.startswith(magic)), "")
 
     def _deliver(self, m: _Open, piece: memoryview) -> None:
         if m.hashed:
@@ -1032,7 +1039,8 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
         raw = m.raw.hexdigest() if m.hashed else unhashed[m.name]
         members[m.name] = Member(name=m.name, size=m.size, sha256=raw,
                                  content_sha256=m.content.hexdigest() if m.content is not None else raw,
-                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed, zstd=m.zstd)
+                                 data=b"".join(m.kept) if m.kept is not None else None, routed=routed, zstd=m.zstd,
+                                 compression=m.compression)
     for name, target in reader.links.items():
         members[name] = Member(name=name, size=0, sha256="", content_sha256="", data=None, link=target)
     return members
@@ -1244,6 +1252,10 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
             layer_members.append(None)
             continue
         member = resolve(members, name)
+        if member.compression:  # the engine's diffID is of what it decompresses: another layer than the one checked
+            raise ArchiveError(f"layer {i + 1} ({name}) begins as {member.compression} does: Engine 20.10 loads it "
+                               f"{member.compression}-compressed, which unibake neither writes nor reads (a layer is "
+                               "a tar, or gzip); refused before any load")
         got = f"sha256:{member.content_sha256}"
         if got != declared[i]:
             raise ArchiveError(f"layer {i + 1} ({name}) has diffID {got}, but the image config says "
