@@ -845,7 +845,7 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         if m is None:
             rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}", ""])
             # every row has every key (a script reads r["image_id"] of each): null where unreadable
-            document.append({"release": found.folder.name, "product": None, "tag": None, "published": None,
+            document.append({"release": found.folder.name, "folder": found.folder.name, "product": None, "tag": None, "published": None,
                              "first_published": None, "image_id": None, "archive_bytes": None, "previous": None,
                              "state": "unreadable", "smoke_skipped": {}, "problem": found.problem})
             continue
@@ -875,9 +875,17 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         for name, reason in skipped.items():
             ctx.reporter.warn(f"release {m.release}: profile {name} was released without its smoke gate "
                               f"({'no gate ran: ' if not_run else 'smoke.skip: '}{reason})")
-        rows.append([m.release, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
+        named = m.release
+        if found.folder.name != m.release:  # a folder copied or renamed: two rows of one release, or a name that
+            # --from, push and kit take for another release
+            named = f"{m.release} (in {found.folder.name}/)"
+            ctx.reporter.warn(f"release folder {found.folder.name}/ holds release {m.release} (its manifest.json): "
+                              f"what takes a release by its folder's name (--from {found.folder.name}) takes "
+                              f"{m.release}; name the folder {m.release}, or remove it")
+        rows.append([named, m.product, m.published, m.image_id[:19], gib(m.archive.bytes),
                      m.previous or "", state, ", ".join(skipped)])
-        document.append({"release": m.release, "product": m.product, "tag": m.tag, "published": m.published,
+        document.append({"release": m.release, "folder": found.folder.name, "product": m.product, "tag": m.tag,
+                         "published": m.published,
                          "first_published": m.first_release, "image_id": m.image_id,
                          "archive_bytes": m.archive.bytes, "previous": m.previous, "state": state,
                          "smoke_skipped": skipped, "problem": None})

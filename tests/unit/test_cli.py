@@ -428,8 +428,8 @@ def test_every_row_of_releases_json_has_the_same_keys_an_unreadable_one_nulls(cl
     (out / "2.0/manifest.json").write_text("{")
     result = cli("--json", "releases", "--out", str(out))
     good, bad = json.loads(result.out)["releases"]
-    assert list(good) == list(bad) == ["release", "product", "tag", "published", "first_published", "image_id",
-                                       "archive_bytes", "previous", "state", "smoke_skipped", "problem"]
+    assert list(good) == list(bad) == ["release", "folder", "product", "tag", "published", "first_published",
+                                       "image_id", "archive_bytes", "previous", "state", "smoke_skipped", "problem"]
     assert (good["problem"], bad["state"], bad["image_id"], bad["smoke_skipped"]) == (None, "unreadable", None, {})
     assert result.err.splitlines()[1].split() == ["release", "published", "image", "ID", "archive", "previous", "state"]
 

@@ -1650,3 +1650,18 @@ def test_a_layer_stored_xz_or_bzip2_compressed_is_refused_by_both_before_any_loa
     resum(folder)
     both_refuse(cli, folder, f"layer 1 (blobs/sha256/{diff_id[7:]}) begins as {kind} does: Engine 20.10 loads it "
                 f"{kind}-compressed", f"starts as {kind} does: Engine 20.10 loads it {kind}-compressed")
+
+
+def test_releases_names_a_folder_that_holds_another_release_than_its_name(cli, tmp_path):
+    # found by probing: release 1.3.1 copied into a folder 1.3.2 listed as two rows "1.3.1", both "verifies", and
+    # neither the table nor --json said which folder was which
+    out = tmp_path / "release"
+    make_release(out, "1.3.1")
+    shutil.copytree(out / "1.3.1", out / "1.3.2")
+    result = cli("releases", "--out", str(out), "--json")
+    assert result.code == 0, result.err
+    assert "warning: release folder 1.3.2/ holds release 1.3.1 (its manifest.json): what takes a release by its " \
+           "folder's name (--from 1.3.2) takes 1.3.1; name the folder 1.3.1, or remove it" in result.err
+    assert "1.3.1 (in 1.3.2/)" in result.err
+    rows = json.loads(result.out)["releases"]
+    assert sorted((r["folder"], r["release"]) for r in rows) == [("1.3.1", "1.3.1"), ("1.3.2", "1.3.1")]
