@@ -21,7 +21,7 @@ import unidiff
 
 from .errors import InputError
 from .files import decode_text, open_regular
-from .inputs import InputFile, Source, read_hashed, read_source
+from .inputs import SKIPPED_DIRS, SKIPPED_SUFFIXES, InputFile, Source, read_hashed, read_source
 from .schema import PATH_RE, default_of
 
 MAX_PATCH = 16 << 20
@@ -64,6 +64,13 @@ def _strip(path: str, n: int, where: str) -> str:
     out = "/".join(parts[n:])
     if not PATH_RE.fullmatch(out):
         raise InputError(f"{where}: the patched path {out!r} is not a relative path inside the engine folder")
+    # what a folder source leaves out, written by a patch instead (a hook under .git/hooks, a stale .pyc)
+    folders, name = out.split("/")[:-1], out.split("/")[-1]
+    skipped = next((part for part in folders if part in SKIPPED_DIRS), None)
+    if skipped is not None or name.endswith(SKIPPED_SUFFIXES):
+        what = f"a file inside a {skipped} folder" if skipped else f"a compiled Python file ({Path(name).suffix})"
+        raise InputError(f"{where}: patches {out}, {what}, which is never baked (a folder source leaves .git and "
+                         "__pycache__ folders and *.pyc files out); patch the source files only")
     return out
 
 

@@ -19,15 +19,15 @@ from pathlib import Path
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
 from .files import open_regular, read_small_text
-from .inputs import (LOCK_FILE, InputFile, Source, check_lock, file_and_folder, read_external, read_lock,
-                     read_source)
+from .inputs import (LOCK_FILE, SKIPPED_DIRS, InputFile, Source, check_lock, file_and_folder, read_external,
+                     read_lock, read_source)
 from .metadata import Component
 from .notes import MAX_TEXT, Notes, read_notes
 from .patches import Patch, PatchedFile, apply_patches, read_patch
 from .prebuilt import SO_RE, Prebuilt, check_libraries, kind_of, read_prebuilt
 from .platforms import (KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platform, host, key_for,
                         parse as parse_platforms)
-from .profiles import MergedProfile, load_profiles
+from .profiles import MergedProfile, dotted, load_profiles
 from .regexsafe import check_regex
 from .sanitise import check_allow, enforce, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
@@ -911,6 +911,11 @@ def _kernel(root: Path, data: dict, where, default_builder: str | None, platform
         if ("run" in spec) == ("make" in spec):
             raise InputError(f"{where(('build',))}: kernel '{name}' is built by build.run (a command) or "
                              "build.make (a Makefile target): give exactly one")
+        if "run" in spec and not spec["run"].strip():
+            # sh -c '' exits 0: a build that runs nothing (an unset CI variable templated in), as checks[].run is
+            raise InputError(f"{where(('build', 'run'))}: kernel '{name}' is built by a command that runs nothing (its "
+                             f"build.run is {'empty' if not spec['run'] else 'blank'}); give the command that writes "
+                             "its outputs into $OUT, or leave build out to compile its .c files with cc")
         if "make" in spec and not any(Path(f.path).name in ("Makefile", "makefile", "GNUmakefile")
                                       for f in source.files if "/" not in source.relative(f)):
             raise InputError(f"{where(('build', 'make'))}: kernel '{name}' is built by make, but "
@@ -941,6 +946,11 @@ def _overlay(root: Path, data: dict, where, engine_files: frozenset[str], limit:
                          f"{target}{Path(source.path).name}, not a folder")
     # the engine folder's own layout: a file cannot become a folder, nor a folder a file
     parts = [] if target in (".", "./") else target.rstrip("/").split("/")
+    # what a folder source leaves out, put there by an overlay instead (a hook under .git/hooks)
+    skipped = next((part for part in (parts if source.is_dir else parts[:-1]) if part in SKIPPED_DIRS), None)
+    if skipped is not None:
+        raise InputError(f"{where(('target',))}: the overlay's target {target} is inside a {skipped} folder, which is "
+                         "never baked (a folder source leaves .git and __pycache__ folders out); choose another target")
     engine_dirs = {"/".join(f.split("/")[:i]) for f in engine_files for i in range(1, f.count("/") + 1)}
     for i in range(1, len(parts) + 1):
         prefix = "/".join(parts[:i])
@@ -1340,6 +1350,7 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
         raise InputError(f"{m.where(('topology', 'master_port'))}: topology.master_port {port} is launch.port too: on "
                          f"{topology.nodes} nodes the container shares the host's network, where the engine and the "
                          "ranks' rendezvous cannot both listen on one port; choose another master_port")
+    _check_flag_spellings(d, m.where)
     served = _literal_port(d, m.where)
     if served is not None and served[1] != port:
         # the smoke gate asks launch.port, run.sh publishes PORT: the gate waited out its timeout for a port
@@ -1371,6 +1382,41 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
 # ranks on, across every node
 TENSOR_PARALLEL = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
 PIPELINE_PARALLEL = ("--pipeline-parallel-size", "-pp", "--pp-size", "--pp")
+
+
+CHECKED_FLAGS = ("--port",) + TENSOR_PARALLEL + PIPELINE_PARALLEL  # the flags whose numbers the plan checks
+
+
+def _check_flag_spellings(d: dict, where) -> None:
+    """The flags the plan checks, written only as the plan reads them. An argparse engine also takes a long option
+    cut short (``--por 8080`` is ``--port 8080`` when no other option begins so; ``--t 4`` is the demo engine's
+    ``--tp 4``) and, for ``type=int``, any number Python's int() takes (``+8080``, `` 8080``, ``8_080``, other
+    scripts' digits like ``８０８０``): each passed the checks of --port and --tp unread."""
+    words = [(w, ("engine", "command", i)) for i, w in enumerate(d["engine"]["command"])]
+    words += [(w, ("args", i)) for i, w in enumerate(d.get("args", []))]
+    for n, (word, path) in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name.startswith("--") and len(name) > 2 and name not in CHECKED_FLAGS:
+            full = [f for f in CHECKED_FLAGS if f.startswith(name)]
+            if full:
+                raise InputError(f"{where(path)}: key '{dotted(path)}' is {name}, which an engine's argument parser "
+                                 f"(Python's argparse) takes for {' or '.join(full)} when no other option of the "
+                                 f"engine begins so; write the option in full")
+        if name not in CHECKED_FLAGS:
+            continue
+        if not eq:
+            if n + 1 >= len(words):
+                continue
+            value, path = words[n + 1]
+        try:
+            int(value)
+        except ValueError:  # not a number to the engine either (${PORT}, expanded when the container starts)
+            continue
+        if not (value.isascii() and value.isdigit()):
+            raise InputError(f"{where(path)}: key '{dotted(path)}' gives {name} the value {value[:40]!r}, which an "
+                             "engine reads as a number (Python's int() takes a sign, spaces, '_' and other scripts' "
+                             "digits) but the plan checks only numbers in plain digits; write it in the digits 0-9 "
+                             "alone")
 
 
 def _literal_flag(d: dict, where, names: tuple[str, ...]) -> tuple[str, str, int] | None:

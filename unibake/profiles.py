@@ -106,21 +106,68 @@ _YAML = "tag:yaml.org,2002:"
 PLAIN_KEY_TAGS = frozenset(_YAML + t for t in ("str", "int", "float", "bool", "null", "timestamp", "value", "merge"))
 
 
+def _tag_refused(tag: str, line: int, display: str) -> InputError:
+    shown = "!!" + tag[len(_YAML):] if tag.startswith(_YAML) else tag
+    return InputError(f"{display}:{line}: the YAML tag {shown!r} is not supported; a profile holds plain mappings, "
+                      "lists, strings, numbers and true/false: remove the tag")
+
+
 def _refuse_tag(node: yaml.Node, plain: str | frozenset[str], display: str) -> None:
     """A mapping, list or key with an explicit tag (``!!python/object:os.system {...}``, ``!!set``,
     ``!!omap``, ``!custom``) was read as if it had none: the tag was dropped without a word, so the file
     meant one thing to YAML and another to unibake. Refused, naming the tag."""
     if node.tag == plain or node.tag in plain:
         return
-    shown = "!!" + node.tag[len(_YAML):] if node.tag.startswith(_YAML) else node.tag
-    raise InputError(f"{display}:{node.start_mark.line + 1}: the YAML tag {shown!r} is not supported; a profile "
-                     "holds plain mappings, lists, strings, numbers and true/false: remove the tag")
+    raise _tag_refused(node.tag, node.start_mark.line + 1, display)
+
+
+class _ProfileLoader(yaml.SafeLoader):
+    """PyYAML's safe composer, which refuses any tag written in the file and counts the values as it goes.
+
+    A node keeps only its resolved tag, so a standard tag written out (``gpus: !!int "1"``, ``!!str``) could
+    not be told from none once composed: it is refused here, where the parser still says it was written. The
+    values written (not through aliases, which :func:`_construct` counts) are counted while the file is read:
+    a map of 200,000 keys was composed whole (seconds) before the count refused it."""
+
+    display = ""
+    written = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if not isinstance(event, yaml.AliasEvent):
+            if event.tag is not None:
+                raise _tag_refused(event.tag, event.start_mark.line + 1, self.display)
+            if not (isinstance(parent, yaml.MappingNode) and index is None):  # (a key is no value)
+                self.written += 1
+                if self.written > MAX_VALUES:
+                    raise InputError(f"{self.display}:{event.start_mark.line + 1}: more than {MAX_VALUES} values; "
+                                     "a profile holds hundreds")
+        return super().compose_node(parent, index)
+
+
+def _refuse_many_values(text: str, display: str) -> None:
+    """A file of far more values than a profile holds, refused before PyYAML's pure-Python composer reads it
+    whole (a map of 200,000 keys: seconds, once per read). libyaml's parser counts the nodes written (a key is
+    one too, so over twice the limit means over the limit of values); a file it cannot parse is left to the
+    composer, whose errors name the problem."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return  # (_ProfileLoader counts them as it goes)
+    nodes = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.CSafeLoader):
+            if isinstance(event, (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                nodes += 1
+                if nodes > 2 * MAX_VALUES + 1:
+                    raise InputError(f"{display}:{event.start_mark.line + 1}: more than {MAX_VALUES} values; a "
+                                     "profile holds hundreds")
+    except yaml.YAMLError:
+        return
 
 
 def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: str, count: list[int]) -> Any:
     count[0] += 1
     if count[0] > MAX_VALUES:
-        raise InputError(f"{display}: more than {MAX_VALUES} values once aliases are expanded (nested aliases?)")
+        raise InputError(f"{display}: more than {MAX_VALUES} values once its aliases are expanded (nested aliases?)")
     if isinstance(node, yaml.MappingNode):
         _refuse_tag(node, _YAML + "map", display)
         out: dict[str, Any] = {}
@@ -211,7 +258,13 @@ def read_document(file: Path, display: str) -> Document:
                          "followed by a line feed, which YAML reads as a line break and git, grep and a terminal do "
                          "not; save the file with \\n (or \\r\\n) line ends")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _refuse_many_values(text, display)
+        loader = _ProfileLoader(text)
+        loader.display = display
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
         lines: dict[Path_, int] = {}
         data = {} if node is None else _construct(node, (), lines, display, [0, 0])
     except yaml.MarkedYAMLError as exc:
@@ -367,8 +420,8 @@ def validate_document(doc: Document, *, is_product: bool, is_fragment: bool = Fa
     elif is_fragment:
         if "profile" in doc.data:
             raise InputError(f"{doc.where(('profile',))}: a file in a subfolder of the profiles folder is a fragment "
-                             "that profiles extend, not a profile: remove 'profile' (a profile is a file at the "
-                             "folder's top)")
+                             "that profiles extend, not a profile: remove 'profile', or move the file to the top of "
+                             "the profiles folder to make it a profile")
     elif "profile" not in doc.data:
         raise InputError(f"{doc.display}:1: required key 'profile' is missing (the profile's name)")
 
@@ -502,6 +555,30 @@ def _check_profile_file(file: Path, config_dir: Path, display_root: Path) -> Non
                          f"(to {real}); profiles must live in the folder")
 
 
+def _check_fragments(config_dir: Path, display_root: Path, cache: dict[Path, Document],
+                     env_cache: dict[str, EnvFile]) -> None:
+    """Every YAML file in a subfolder of the profiles folder is a fragment, read and checked whether a profile
+    extends it or not: one that set ``profile:`` (a profile put in a subfolder), or did not parse, was skipped
+    without a word, and the image had one profile fewer than the folder showed."""
+    for folder, dirs, names in os.walk(config_dir):  # (a linked folder is not entered: extends refuses it anyway)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # an editor's or git's, as at the top
+        if Path(folder) == config_dir:
+            continue  # the profiles and product.yaml: read above
+        for name in sorted(names):
+            file = Path(folder) / name
+            if name.startswith(".") or file.suffix.lower() not in (".yaml", ".yml"):
+                continue
+            if file.suffix not in (".yaml", ".yml"):
+                raise InputError(f"{_display(file, display_root)}: fragments end in .yaml (or .yml), in lower case; "
+                                 f"rename it to {file.stem}.yaml, or move it out of the profiles folder")
+            real = real_path(file, "", _display(file, display_root))
+            if not real.is_relative_to(config_dir):
+                raise InputError(f"{_display(file, display_root)}: a symlink that points outside the profiles folder "
+                                 f"(to {real}); fragments must live in the folder")
+            if real not in cache:
+                resolve(config_dir, file, display_root, cache, env_cache=env_cache)
+
+
 def _display(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
@@ -583,6 +660,7 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
                                env_files=env_files, raw={f: parsed[f] for f in chain})
         _check_required(SCHEMA, data, (), lambda p, m=merged: m.where(p) if p else m.file)
         profiles[name] = merged
+    _check_fragments(config_dir, display_root, cache, env_cache)
     if not profiles:
         raise InputError(f"{_display(config_dir, display_root)}: no profile files (*.yaml besides "
                          f"{PRODUCT_FILE})")

@@ -18,6 +18,7 @@ import os
 import pwd
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 
 from .errors import InputError, UnibakeError, VerificationError
 from .files import open_regular, read_small_text, write_atomic
+from .regexsafe import backtracks
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
 # TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets; nor TOKENIZER(S):
@@ -360,13 +362,18 @@ def scan_added(engine, image: str, base: str | None, identity: tuple[str, ...]) 
 
 
 def check_allow(pattern: str, where: str) -> None:
-    """An allow pattern (``--allow``, ``sanitise.allow``), refused when it is not a regular expression
-    or matches an empty value: such a pattern (``''``, ``.*``, ``x?``, an unset CI variable) is
+    """An allow pattern (``--allow``, ``sanitise.allow``), refused when it is not a regular expression,
+    could backtrack without end (it is searched in every finding, in this process: ``(\\w+)+!`` would hang
+    the plan) or matches an empty value: such a pattern (``''``, ``.*``, ``x?``, an unset CI variable) is
     found in every value, so it would let every finding through."""
     try:
         compiled = re.compile(pattern)
-    except re.error as exc:
+        found = backtracks(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
         raise InputError(f"{where} {pattern[:80]!r} is not a regular expression: {exc}") from None
+    if found:
+        raise InputError(f"{where} {pattern[:80]!r} could backtrack without end ({found}); write it without "
+                         "nesting or back-references, e.g. '^hf_[A-Za-z0-9]{30,}$' instead of '^hf_([A-Za-z0-9]+)+$'")
     if compiled.search("") is not None:
         raise InputError(f"{where} {pattern[:80]!r} matches an empty value, so it would let every value through the "
                          "sanitisation gate; write what the deliberate value looks like, e.g. '^hf_A.*Ij$'")
@@ -379,9 +386,36 @@ def check_allow(pattern: str, where: str) -> None:
                          "e.g. '^hf_A.*Ij$'")
 
 
+ALLOW_SECONDS = 10.0  # every allow pattern searched in every value found: far longer than any search that ends takes
+# the search, in a child process that can be stopped: ``re`` cannot be interrupted, and the plan refuses only the
+# patterns that could backtrack without end; polynomial ones (^.*.*.*.*=$) took hours on a value of 4,000 blanks
+_SEARCH = ("import json, re, sys; ps, vs = json.load(sys.stdin); "
+           "print(json.dumps([any(re.search(p, v) for p in ps) for v in vs]))")
+
+
 def allowed(findings: list[Finding], allow: Iterable[str]) -> list[Finding]:
-    patterns = [re.compile(p) for p in allow]
-    return [f for f in findings if not any(p.search(f.value) for p in patterns)]
+    """The findings no allow pattern is found in."""
+    patterns = list(allow)
+    if not findings or not patterns:
+        return list(findings)
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _SEARCH],
+                              input=json.dumps([patterns, [f.value for f in findings]]), capture_output=True,
+                              text=True, timeout=ALLOW_SECONDS)
+    except subprocess.TimeoutExpired:
+        shown = ", ".join(repr(p[:60]) for p in patterns[:3]) + (", ..." if len(patterns) > 3 else "")
+        raise InputError(f"sanitise.allow / --allow: the allow patterns ({shown}) took longer than "
+                         f"{ALLOW_SECONDS:g} s to search in the {len(findings)} value(s) the sanitisation gate found "
+                         f"(the longest of {max(len(f.value) for f in findings)} characters); write them with fewer "
+                         "unbounded repeats such as .*, e.g. '^hf_[A-Za-z0-9]{30,}$'") from None
+    try:
+        verdicts = json.loads(done.stdout) if done.returncode == 0 else None
+    except ValueError:
+        verdicts = None
+    if not isinstance(verdicts, list) or len(verdicts) != len(findings):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UnibakeError(f"sanitise.allow / --allow: the allow patterns could not be searched: {tail[:200]}")
+    return [f for f, allowed_ in zip(findings, verdicts) if not allowed_]
 
 
 def enforce(findings: list[Finding], allow: Iterable[str], what: str) -> None:

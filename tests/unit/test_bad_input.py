@@ -50,6 +50,16 @@ def case_fragment_names_a_profile(p):
     edit(p / "tp2.yaml", "extends: tp1.yaml", "extends: shared/nccl.yaml")
 
 
+def case_profile_in_a_subfolder(p):  # was no profile, without a word: the image had one profile fewer
+    (p / "sub").mkdir()
+    (p / "sub" / "tp5.yaml").write_text((p / "tp1.yaml").read_text().replace("profile: tp1", "profile: tp5"))
+
+
+def case_fragment_nothing_extends_does_not_parse(p):  # was never read, so never refused
+    (p / "shared").mkdir()
+    (p / "shared" / "broken.yaml").write_text("env: {NCCL_ALGO: [Ring\n")
+
+
 def case_missing_parent(p):
     edit(p / "tp2.yaml", "extends: tp1.yaml", "extends: tp0.yaml")
 
@@ -152,6 +162,26 @@ def case_port_written_as_another_number(p):  # the smoke gate asks launch.port, 
     edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--port, '8000']")
 
 
+def case_port_written_with_a_sign(p):  # argparse's type=int reads '+8000' as 8000: the check above passed it
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--port, '+8000']")
+
+
+def case_port_in_full_width_digits(p):  # int('８０００') is 8000 too
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: ['--port=\uff18\uff10\uff10\uff10']")
+
+
+def case_port_option_cut_short(p):  # argparse takes --por for --port when no other option begins so
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--por, '8000']")
+
+
+def case_tensor_parallel_with_a_space(p):  # int(' 4') is 4: the engine starts 4 ranks on 1 GPU
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--tp, ' 4']")
+
+
+def case_tensor_parallel_option_cut_short(p):  # the demo engine's argparse takes --t for --tp
+    edit(p / "tp1.yaml", "gpus: 1", "gpus: 1\nargs: [--t, '4']")
+
+
 def case_base_with_dot_segments(p):  # not a registry host: ".." would walk the engine API's URL
     edit(p / "product.yaml", 'base: {image: "localhost/unibake-busybox:1"}', 'base: {image: "../containers/x"}')
 
@@ -162,6 +192,10 @@ def case_bad_allow_regex(p):
 
 def case_allow_matches_everything(p):  # found in every value: the gate would let every secret through
     edit(p / "product.yaml", "env:", "sanitise: {allow: ['^hf_A.*Ij$', 'x*']}\nenv:")
+
+
+def case_allow_that_could_backtrack_without_end(p):  # searched in each finding: 2**40 ways on a 40-letter token
+    edit(p / "product.yaml", "env:", "sanitise: {allow: ['^hf_([a-zA-Z0-9]+)+!$']}\nenv:")
 
 
 def case_smoke_expects_nothing(p):  # every reply contains "": the gate would pass any engine
@@ -219,6 +253,23 @@ def case_patches_one_label(p):
     lock_also(p, "images/a/fix.patch", "images/b/fix.patch")
     (p / "product.yaml").write_text((p / "product.yaml").read_text() +
                                     "patches: [{file: images/a/fix.patch}, {file: images/b/fix.patch}]\n")
+
+
+def case_patch_writes_into_the_git_folder(p):  # baked ctx/engine/.git/hooks/x, which no source may bake
+    (p.parent / "images/x.patch").write_text("--- /dev/null\n+++ b/.git/hooks/x\n@@ -0,0 +1 @@\n+#!/bin/sh\n")
+    lock_also(p, "images/x.patch")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
+
+
+def case_patch_writes_a_pycache_file(p):
+    (p.parent / "images/x.patch").write_text("--- /dev/null\n+++ b/lib/__pycache__/x.pyc\n@@ -0,0 +1 @@\n+x\n")
+    lock_also(p, "images/x.patch")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
+
+
+def case_overlay_into_the_git_folder(p):
+    (p / "product.yaml").write_text((p / "product.yaml").read_text()
+                                    + "overlays: [{source: images/engine/handle.sh, target: .git/hooks/pre-commit}]\n")
 
 
 def case_profile_named_all(p):
@@ -389,6 +440,14 @@ def case_yaml_set(p):  # a set is a mapping of nulls to YAML; !!omap and !!pairs
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: !!set {NCCL_ALGO, B}")
 
 
+def case_yaml_standard_tag_on_a_value(p):  # the tag was dropped without a word, as on a mapping it is not
+    edit(p / "tp1.yaml", "gpus: 1", 'gpus: !!int "1"')
+
+
+def case_yaml_str_tag_on_a_value(p):
+    edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: !!str Tree}")
+
+
 def case_yaml_special_character(p):  # PyYAML's reader refuses it: its message named "<unicode string>", no line
     edit(p / "tp1.yaml", "env: {NCCL_ALGO: Tree}", 'env: {NCCL_ALGO: "Tree\x9b"}')
 
@@ -460,6 +519,11 @@ def case_source_inside_a_git_folder(p):
 def case_check_that_runs_nothing(p):  # sh -c '' exits 0: it passed every self-check
     (p / "product.yaml").write_text((p / "product.yaml").read_text()
                                     + "checks: [{name: a, run: 'true'}, {name: b, run: ' '}]\n")
+
+
+def case_kernel_build_runs_nothing(p):  # sh -c '' exits 0: a kernel build that runs nothing, as that check
+    kernel = "{name: k, version: '1', source: images/engine, build: {run: ''}}"
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + f"kernels: [{kernel}]\n")
 
 
 def case_check_named_twice(p):  # self-check's "check a failed" could not say which
@@ -626,6 +690,7 @@ YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.sta
 SAYS = {
     "yaml_control_character": "tp2.yaml:3: holds the character U+000C, which YAML does not allow in a file",
     "allow_matches_everything": "sanitise.allow[1] 'x*' matches an empty value, so it would let every value through",
+    "allow_that_could_backtrack_without_end": "sanitise.allow[0] '^hf_([a-zA-Z0-9]+)+!$' could backtrack without end",
     "env_file_form_feed": "images/tp1.env:1: the value of A contains a control character ('\\x0c')",
     "mounts_one_path": "both mount at /models/x",
     "topology_env_on_several_nodes": "tp2.yaml:5: env key 'MASTER_PORT' would never take effect: on 2 nodes it is "
@@ -648,9 +713,29 @@ SAYS = {
     "aliases_expand_a_long_string": "characters once aliases are expanded",
     "mount_named_name": "would be MODEL_NAME in run.sh",
     "fragment_names_a_profile": "shared/nccl.yaml:1: a file in a subfolder of the profiles folder is a fragment",
+    "profile_in_a_subfolder": "profiles/sub/tp5.yaml:1: a file in a subfolder of the profiles folder is a fragment "
+                              "that profiles extend, not a profile: remove 'profile', or move the file to the top of "
+                              "the profiles folder to make it a profile",
+    "fragment_nothing_extends_does_not_parse": "profiles/shared/broken.yaml:2: YAML syntax error",
     "kernel_output_listed_twice": "output 'libk.so' of kernel 'k' is listed twice; list each library once",
     "kernel_outputs_empty": "product.yaml:13: kernel 'k' lists no outputs; name the libraries it gives",
     "port_written_as_another_number": "tp1.yaml:3: --port 8000 of profile 'tp1' is not launch.port 30000",
+    "port_written_with_a_sign": "tp1.yaml:3: key 'args[1]' gives --port the value '+8000', which an engine reads as "
+                                "a number",
+    "port_in_full_width_digits": "tp1.yaml:3: key 'args[0]' gives --port the value '\uff18\uff10\uff10\uff10'",
+    "port_option_cut_short": "tp1.yaml:3: key 'args[0]' is --por, which an engine's argument parser (Python's "
+                             "argparse) takes for --port when no other option of the engine begins so; write the "
+                             "option in full",
+    "tensor_parallel_with_a_space": "tp1.yaml:3: key 'args[1]' gives --tp the value ' 4'",
+    "tensor_parallel_option_cut_short": "tp1.yaml:3: key 'args[0]' is --t, which an engine's argument parser",
+    "patch_writes_into_the_git_folder": "images/x.patch: patches .git/hooks/x, a file inside a .git folder, which is "
+                                        "never baked",
+    "patch_writes_a_pycache_file": "images/x.patch: patches lib/__pycache__/x.pyc, a file inside a __pycache__ folder",
+    "overlay_into_the_git_folder": "product.yaml:13: the overlay's target .git/hooks/pre-commit is inside a .git folder",
+    "yaml_standard_tag_on_a_value": "tp1.yaml:2: the YAML tag '!!int' is not supported",
+    "yaml_str_tag_on_a_value": "tp1.yaml:4: the YAML tag '!!str' is not supported",
+    "kernel_build_runs_nothing": "product.yaml:13: kernel 'k' is built by a command that runs nothing (its build.run "
+                                 "is empty)",
     "base_of_a_platform_by_tag": "or as base.platforms.linux/arm64: sha256:<image ID> (a local image; base.id pins "
                                  "base.image only)",
     "profile_file_is_a_symlink_loop": "profiles/tp3.yaml: a symlink loop; point it at a file",
@@ -770,6 +855,7 @@ ARGUMENT_CASES = {
     "allow-empty": ["--allow", ""],  # an unset CI variable
     "allow-matching-everything": ["--allow", ".*"],
     "allow-matching-an-empty-value": ["--allow", "|hf_x"],
+    "allow-that-could-backtrack-without-end": ["--allow", "^hf_([a-zA-Z0-9]+)+!$"],
     "sign-empty": ["--sign", ""],  # else an unsigned release, exit 0
     "sign-minisign-empty": ["--sign-minisign", ""],
     "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0

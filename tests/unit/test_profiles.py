@@ -95,13 +95,55 @@ def test_a_value_yaml_reads_as_a_boolean_is_refused_with_the_hint_to_quote_it(bu
         make_plan(busybox_product)
 
 
-@pytest.mark.parametrize("written,read", [("010", 8), ("1:30", 90), ("0x10", 16), ("1_0", 10), ("!!int '07'", 7)])
+@pytest.mark.parametrize("written,read", [("010", 8), ("1:30", 90), ("0x10", 16), ("1_0", 10)])
 def test_a_number_yaml_reads_as_another_is_refused(busybox_product, written, read):
     # YAML 1.1: a leading zero is octal, a colon base 60; gpus: 010 gave an image of 8 GPUs
     tp1 = busybox_product / "tp1.yaml"
     write(tp1, tp1.read_text().replace("gpus: 1", f"gpus: {written}"))
     with pytest.raises(InputError, match=rf"tp1\.yaml:\d+: key 'gpus' is written '[^']+', which YAML reads as the "
                                          rf"number {read}; write {read} in plain decimal digits, or quote it"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("old,new,tag", [
+    ("gpus: 1", 'gpus: !!int "1"', "!!int"), ("gpus: 1", "gpus: !!int '07'", "!!int"), ("gpus: 1", "gpus: ! 1", "!"),
+    ("env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: !!str Tree}", "!!str"),
+    ("env: {NCCL_ALGO: Tree}", "env: !!map {NCCL_ALGO: Tree}", "!!map"),
+    ("gpus: 1", "!!str gpus: 1", "!!str")])
+def test_any_yaml_tag_written_is_refused_the_standard_ones_too(busybox_product, old, new, tag):
+    # the README: no tags. A standard tag on a value (gpus: !!int "1") was read as the value it makes, while
+    # !!set or !!python/... on a mapping was refused: a node keeps only its resolved tag, so it is refused as read
+    tp1 = busybox_product / "tp1.yaml"
+    write(tp1, tp1.read_text().replace(old, new))
+    with pytest.raises(InputError, match=rf"tp1\.yaml:\d+: the YAML tag '{re.escape(tag)}' is not supported; a profile "
+                                         r"holds plain mappings, lists, strings, numbers and true/false: remove the "
+                                         r"tag$"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_file_of_more_values_than_the_limit_is_refused_quickly_without_blaming_aliases(busybox_product):
+    # a map of 200,000 keys and no alias said 'more than 100000 values once aliases are expanded (nested
+    # aliases?)', after PyYAML's pure-Python composer had read it whole (about 25 s for the CLI, which reads it twice)
+    import time
+
+    tp1 = busybox_product / "tp1.yaml"
+    write(tp1, tp1.read_text().replace("env: {NCCL_ALGO: Tree}",
+                                       "env:\n" + "".join(f"  K{i}: v\n" for i in range(200_000))))
+    start = time.monotonic()
+    with pytest.raises(InputError, match=r"tp1\.yaml:\d+: more than 100000 values; a profile holds hundreds$"):
+        make_plan(busybox_product, verify_lock=False)
+    assert time.monotonic() - start < 5  # (about 0.2 s: libyaml's parser counts them first)
+
+
+def test_values_past_the_limit_are_counted_as_read_without_libyaml_too(busybox_product, monkeypatch):
+    # 110,000 values and few keys: under the twice-the-limit nodes libyaml's count refuses, so the composer's own
+    # count (the only one without libyaml) refuses them as it reads, with the same words
+    import yaml
+
+    monkeypatch.setattr(yaml, "__with_libyaml__", False)
+    tp1 = busybox_product / "tp1.yaml"
+    write(tp1, tp1.read_text() + "x:\n" + "  - [v, v, v, v, v, v, v, v, v, v]\n" * 10_000)
+    with pytest.raises(InputError, match=r"tp1\.yaml:\d+: more than 100000 values; a profile holds hundreds$"):
         make_plan(busybox_product, verify_lock=False)
 
 
@@ -194,6 +236,31 @@ def test_a_fragment_that_names_a_profile_is_refused(busybox_product):
     write(busybox_product / "tp2.yaml", "profile: tp2\nextends: shared/ring.yaml\ngpus: 2\n")
     with pytest.raises(InputError, match=r"shared/ring\.yaml:1: a file in a subfolder of the profiles folder is a "
                                          r"fragment that profiles extend, not a profile: remove 'profile'"):
+        make_plan(busybox_product)
+
+
+def test_every_yaml_file_in_a_subfolder_is_read_as_a_fragment_whether_a_profile_extends_it_or_not(busybox_product):
+    # the README: a fragment "is no profile (it sets no profile:; one that does is refused)". One that nothing
+    # extends was never read: a profile put in a subfolder was left out without a word (the image had one profile
+    # fewer than the folder showed, and --profile NAME said unknown), and one that did not parse was never refused
+    write(busybox_product / "shared" / "amd" / "rocm.yaml", "devices: {vendor: amd}\n")  # nothing extends it: fine
+    write(busybox_product / ".hidden" / "notes.yaml", "not: [a fragment\n")  # an editor's or a tool's: not read
+    plan = make_plan(busybox_product)
+    assert sorted(plan.known_profiles) == ["tp1", "tp2"]
+    assert not any("rocm.yaml" in f for f in plan.config_files)  # the kit carries what a profile extends only
+    tp1 = (busybox_product / "tp1.yaml").read_text()
+    write(busybox_product / "sub" / "tp5.yaml", tp1.replace("profile: tp1", "profile: tp5"))
+    with pytest.raises(InputError, match=r"sub/tp5\.yaml:1: a file in a subfolder of the profiles folder is a fragment "
+                                         r"that profiles extend, not a profile: remove 'profile', or move the file to "
+                                         r"the top of the profiles folder to make it a profile$"):
+        make_plan(busybox_product)
+    (busybox_product / "sub" / "tp5.yaml").unlink()
+    write(busybox_product / "shared" / "amd" / "broken.yml", "env: {A: [1\n")
+    with pytest.raises(InputError, match=r"shared/amd/broken\.yml:2: YAML syntax error"):
+        make_plan(busybox_product)
+    (busybox_product / "shared" / "amd" / "broken.yml").unlink()
+    write(busybox_product / "shared" / "ring.YAML", "env: {NCCL_ALGO: Ring}\n")
+    with pytest.raises(InputError, match=r"shared/ring\.YAML: fragments end in \.yaml \(or \.yml\), in lower case"):
         make_plan(busybox_product)
 
 

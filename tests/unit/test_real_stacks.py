@@ -629,6 +629,38 @@ def test_a_tensor_parallel_size_needing_more_gpus_than_the_profile_has_is_refuse
         make_plan(busybox_product, verify_lock=False)
 
 
+@pytest.mark.parametrize("args, message", [
+    # argparse's type=int is Python's int(): a sign, spaces, '_' and other scripts' digits are a number to the engine
+    ('[--port, "+8080"]', "key 'args[1]' gives --port the value '+8080', which an engine reads as a number"),
+    ('[--port, " 8080"]', "key 'args[1]' gives --port the value ' 8080'"),
+    ('[--port, "8_080"]', "key 'args[1]' gives --port the value '8_080'"),
+    ('[--port, "\uff18\uff10\uff18\uff10"]', "key 'args[1]' gives --port the value '\uff18\uff10\uff18\uff10'"),
+    ('[--port=+8080]', "key 'args[0]' gives --port the value '+8080'"),
+    ('[--tp, "+4"]', "key 'args[1]' gives --tp the value '+4'"), ('[--tp, " 4"]', "gives --tp the value ' 4'"),
+    ('[--tp=+4]', "gives --tp the value '+4'"), ('[--tensor-parallel-size, "-1"]', "the value '-1'"),
+    # argparse takes a long option cut short for the one it begins (the demo engine's --t for its --tp)
+    ('[--por, "8080"]', "key 'args[0]' is --por, which an engine's argument parser (Python's argparse) takes for "
+                        "--port when no other option of the engine begins so; write the option in full"),
+    ('[--po=8080]', "is --po, which"), ('[--t, "4"]', "is --t, which an engine's argument parser (Python's argparse) "
+                                                      "takes for --tensor-parallel-size or --tp-size or --tp"),
+    ('[--tensor-parallel, "4"]', "takes for --tensor-parallel-size when"),
+    ('[--tp-s, "4"]', "takes for --tp-size when"), ('[--pipeline-p, "4"]', "takes for --pipeline-parallel-size"),
+])
+def test_a_port_or_parallel_size_spelt_past_the_plans_checks_is_refused(busybox_product, args, message):
+    # the checks of --port (launch.port) and --tp (the profile's GPUs) read plain digits after the option in full:
+    # --port +8080, --port 8_080, --por 8080 and --tp ' 4' on one GPU passed them, and the engine read them all
+    text = (busybox_product / "tp1.yaml").read_text()
+    (busybox_product / "tp1.yaml").write_text(f"{text}args: {args}\n")
+    with pytest.raises(InputError, match="tp1.yaml:6: ") as refused:
+        make_plan(busybox_product, verify_lock=False)
+    assert message in str(refused.value)
+    # what the plan reads, or leaves to the start: plain digits, ${NAME}, and options that only begin alike
+    for fine in ('[--port, "30000"]', '["--port=${PORT}"]', '[--tp, "1", --pp, "1"]', '[--tp, "${TP}"]',
+                 '[--p2p-check, --tokenizer, x, --port-range, "1-2", "--"]'):
+        (busybox_product / "tp1.yaml").write_text(f"{text}args: {fine}\n")
+        make_plan(busybox_product, verify_lock=False)
+
+
 @pytest.mark.parametrize("path, message", [
     ("/usr", "would hide the image's /usr, its programs and libraries"),
     ("/usr/local/cuda", "would hide the image's /usr/local/cuda, its programs and libraries"),

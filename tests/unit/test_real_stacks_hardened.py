@@ -32,7 +32,10 @@ BACKTRACKS, MATCHES_EMPTY = "could backtrack without end", "matches an empty rep
 @pytest.mark.parametrize("regex,says", [
     *((r, BACKTRACKS) for r in ("(a+)+$", r"UNIFIED_(\w*)*OK", r"(x+y?)+", r"(TP)\1",
                                 # overlapping alternatives: 0.2 s at 20 characters, doubling with each more
-                                "UNIFIED_TP1_OK (a|a)*", "UNIFIED_TP1_OK (?:a|aa)*!")),
+                                "UNIFIED_TP1_OK (a|a)*", "UNIFIED_TP1_OK (?:a|aa)*!",
+                                # bounded, but of optional or alternative parts: 2**30 ways, 37 s on 30 a's
+                                "(a?){30}a{30}", "a?" * 30 + "a" * 30, "UNIFIED_TP1_OK (a|aa){30}!",
+                                "UNIFIED_TP1_OK (?:a{1,2}){30}!", r"UNIFIED_TP1_OK (?:\w+ ?){3}!")),
     *((r, MATCHES_EMPTY) for r in (".*", "(?s).*", "x?", "(UNIFIED_TP1_OK)?")),  # an empty reply is refused too
 ])
 def test_a_smoke_regex_that_could_backtrack_without_end_or_matches_an_empty_reply_is_refused(cli, busybox_product,
@@ -46,11 +49,19 @@ def test_a_smoke_regex_that_could_backtrack_without_end_or_matches_an_empty_repl
     assert "Traceback" not in result.err
 
 
-def test_a_smoke_regex_without_nesting_is_accepted(busybox_product):
+@pytest.mark.parametrize("regex", [r"UNIFIED_TP1_OK (?:\d{1,3}\.){3}[0-9.]+ .*",
+                                   # what people write: the example profiles' own, an address, a version, a score
+                                   r"UNIFIED_TP2_OK .* score=[0-9.]+",
+                                   r"UNIFIED_TP2_OK model=demo-llm tp=2 kernels=\[flash_attn@260602 .*\] "
+                                   r"tune_caches=7 score=[0-9.]+",
+                                   "SGLANG_ROCE_OK profile=tp16 .* transport=roce adapter=87",
+                                   r"^UNIFIED_TP1_OK (?:\d+\.){3}\d+$", r"UNIFIED_TP1_OK v[0-9]+(?:\.[0-9]+)*",
+                                   r"UNIFIED_TP1_OK (sk|pk)-[a-z0-9]+", r"(?i)unified_tp1_ok\s*", "UNIFIED_TP1_OK a?b?c?",
+                                   r"UNIFIED_TP1_OK [0-9a-f]{64}", r"UNIFIED_TP1_OK (?:[0-9a-f]{2}:){5}[0-9a-f]{2}"])
+def test_a_smoke_regex_without_nesting_is_accepted(busybox_product, regex):
     tp1 = busybox_product / "tp1.yaml"
     tp1.write_text(tp1.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}",
-                                           r"smoke: {expect_reply: 'UNIFIED_TP1_OK (?:\d{1,3}\.){3}[0-9.]+ .*', "
-                                           "match: regex}"))
+                                           f"smoke: {{expect_reply: '{regex}', match: regex}}"))
     assert make_plan(busybox_product, verify_lock=False).profile("tp1").smoke.prompts[0].match == "regex"
 
 

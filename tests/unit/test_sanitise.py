@@ -250,3 +250,71 @@ def test_an_allow_pattern_that_matches_an_empty_value_is_refused_and_the_suggest
     for pattern in (".", r"\w", "[a-z]", "x|hf_AbCd"):  # not empty, but found in almost every value
         with pytest.raises(InputError, match="matches the one-character value '.', so it would let almost every"):
             check_allow(pattern, "--allow")
+
+
+@pytest.mark.parametrize("pattern", [r"^hf_([a-zA-Z0-9]+)+!$", r"(\w+\s?)+$", r"^(a|aa)+$", r"(a?){30}a{30}",
+                                     "a?" * 30 + "a" * 30, r"(hf_\w*)*x", r"(x)\1"])
+def test_an_allow_pattern_that_could_backtrack_without_end_is_refused(pattern):
+    """Searched in every finding in this process, with no bound: (a?){30}a{30} alone takes 37 s."""
+    from unibake.sanitise import check_allow
+
+    with pytest.raises(InputError, match=r"^--allow .* could backtrack without end \("):
+        check_allow(pattern, "--allow")
+
+
+@pytest.mark.parametrize("pattern", [r"^hf_[A-Za-z0-9]{30,}$", r"^(sk|pk)-[a-z0-9]+$", r"^hf_A.*Ij$", r"^hf_AbCd",
+                                     r"^10\.0\.0\.5:50051$", r"^/home/[a-z]+/\.cache(?:/[a-z0-9._-]+)*$",
+                                     r"^https://[a-z]+:[^@]+@pypi\.example\.com/simple$", r"^(?:\d{1,3}\.){3}\d{1,3}$",
+                                     r"^ghp_[A-Za-z0-9]{36}$", r"\bAKIA[0-9A-Z]{16}\b"])
+def test_the_allow_patterns_people_write_are_accepted(pattern):
+    from unibake.sanitise import check_allow
+
+    check_allow(pattern, "--allow")
+
+
+def test_an_allow_pattern_that_would_hang_on_a_token_is_refused_at_the_plan_in_bounded_time(busybox_product):
+    """The plan searched '^hf_([a-zA-Z0-9]+)+!$' in the profile's 40-letter token: 6 s at 25 letters, doubling
+    with each more, so it never ended. Run as a process of its own, so that a hang fails this test, not the suite."""
+    import os
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    product = busybox_product / "product.yaml"
+    text = product.read_text()
+    assert 'env: {SHARED_SETTING: "on"}' in text
+    product.write_text(text.replace('env: {SHARED_SETTING: "on"}', 'sanitise: {allow: ["^hf_([a-zA-Z0-9]+)+!$"]}\n'
+                                    'env: {SHARED_SETTING: "on", HF_TOKEN: hf_' + "a" * 40 + "}"))
+    done = subprocess.run([sys.executable, str(REPO / "build.py"), "build", "--stage", "render", "--config",
+                           str(busybox_product)], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**os.environ, "CI": "true"})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and errors == done.stderr.strip().splitlines()[-1:], done.stderr
+    assert "product.yaml:" in errors[0] and "sanitise.allow[0] '^hf_([a-zA-Z0-9]+)+!$' could backtrack without end" \
+        in errors[0]
+    assert "Traceback" not in done.stderr and not (busybox_product / "dockerfiles").exists()
+
+
+def test_an_allow_pattern_the_plan_accepts_that_is_slow_on_a_long_value_is_stopped_not_a_hang(monkeypatch):
+    # a polynomial pattern (^.*.*.*.*=$: no nesting, so the plan takes it) searched in a secret-named value of
+    # 4,000 blanks ran for hours in the run's own process, which re cannot interrupt: it is searched now in a
+    # child process, stopped after ALLOW_SECONDS
+    import time
+
+    from unibake import sanitise
+    from unibake.errors import InputError
+    from unibake.sanitise import Finding, check_allow
+
+    check_allow(r"^.*.*.*.*=$", "sanitise.allow[0]")  # (taken at the plan)
+    monkeypatch.setattr(sanitise, "ALLOW_SECONDS", 1.0)
+    start = time.monotonic()
+    with pytest.raises(InputError, match=r"took longer than 1 s to search in the 1 value\(s\) the sanitisation gate "
+                                         r"found \(the longest of 4000 characters\)"):
+        sanitise.allowed([Finding(where="tp1.yaml: env.API_TOKEN", kind="a secret-named variable",
+                                  value=" " * 4000)],
+                         [r"^.*.*.*.*=$"])
+    assert time.monotonic() - start < 8
+    token = Finding(where="tp1.yaml: env.HF_TOKEN", kind="a Hugging Face token", value="hf_" + "a" * 30)
+    other = Finding(where="tp1.yaml: env.API_KEY", kind="a secret-named variable", value="s3cr3t-value")
+    assert sanitise.allowed([token, other], [r"^hf_[a-z]{30}$"]) == [other]  # a pattern that ends: as before
