@@ -845,9 +845,10 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         if m is None:
             rows.append([found.folder.name, "", "", "", "", "", f"UNREADABLE: {found.problem}", ""])
             # every row has every key (a script reads r["image_id"] of each): null where unreadable
-            document.append({"release": found.folder.name, "folder": found.folder.name, "product": None, "tag": None, "published": None,
-                             "first_published": None, "image_id": None, "archive_bytes": None, "previous": None,
-                             "state": "unreadable", "smoke_skipped": {}, "problem": found.problem})
+            document.append({"release": found.folder.name, "folder": found.folder.name, "product": None,
+                             "tag": None, "published": None, "first_published": None, "image_id": None,
+                             "archive_bytes": None, "previous": None, "state": "unreadable", "smoke_skipped": {},
+                             "problem": found.problem})
             continue
         state = states[found.folder]
         if state == "verifies" and m.hotfix is not None:

@@ -36,7 +36,7 @@ class _Deferred(types.ModuleType):
 
 
 def _defer_paramiko() -> None:
-    """docker-py imports paramiko (and with it cryptography), about 0.13 s, only for an ssh:// engine's own SSH
+    """docker-py imports paramiko (and with it cryptography: 152 modules, about 0.08 s), only for an ssh:// engine's own SSH
     client, which is never made here: an ssh:// engine goes through the system's ssh client (use_ssh_client
     below), and docker-py uses paramiko's names only inside the methods that would make its own. So paramiko
     is imported on the first use of one of its names, i.e. never, and every command starts sooner (a

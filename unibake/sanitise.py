@@ -363,9 +363,9 @@ def scan_added(engine, image: str, base: str | None, identity: tuple[str, ...]) 
 
 def check_allow(pattern: str, where: str) -> None:
     """An allow pattern (``--allow``, ``sanitise.allow``), refused when it is not a regular expression,
-    could backtrack without end (it is searched in every finding, in this process: ``(\\w+)+!`` would hang
-    the plan) or matches an empty value: such a pattern (``''``, ``.*``, ``x?``, an unset CI variable) is
-    found in every value, so it would let every finding through."""
+    could backtrack without end (it is searched in every finding: ``(\\w+)+!`` would take the child process
+    that searches it past its time, :func:`allowed`) or matches an empty value: such a pattern (``''``, ``.*``,
+    ``x?``, an unset CI variable) is found in every value, so it would let every finding through."""
     try:
         compiled = re.compile(pattern)
         found = backtracks(pattern)
