@@ -170,8 +170,12 @@ def engine_reads_otherwise(block: bytes) -> str:
     firsts = _FIRST_BYTES(block)
     if 0x30 <= min(firsts) and max(firsts) <= 0x37:
         return ""
-    for what, at, length in NUMBERS:
+    for (what, at, length), first in zip(NUMBERS, firsts):
+        if 0x30 <= first <= 0x37:
+            continue
         field = block[at:at + length]
+        if not field.strip(b" \0"):
+            continue  # blanks and NULs alone (Python's tarfile writes a file's devmajor so): 0 to both
         try:
             ours: int | None = tarfile.nti(field)
         except (tarfile.HeaderError, ValueError):
