@@ -53,8 +53,12 @@ usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key P
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 # A line that may hold what the folder says (a file name, a manifest.json value) is printed with printf,
 # not echo (dash's reads '\033' and '\c' in it), and each control byte as '?': an escape sequence would
-# reach the terminal (hide the lines after it), a newline would print a line the script never wrote
-shown() { printf '%s' "$*" | tr '\001-\037\177' '?'; echo; }
+# reach the terminal (hide the lines after it), a newline would print a line the script never wrote; so is
+# each character a terminal shows as nothing or as another order of the text around it (UTF-8's C1
+# controls, the bidi embeddings, overrides, isolates and marks, the line separators, the zero-width ones,
+# the byte-order mark, the tag characters): a name "run<U+202E>hs.txt" would read "runtxt.sh"
+hidden=$(printf 's/\302[\200-\237\255]/?/g; s/\330\234/?/g; s/\341\240\216/?/g; s/\342\200[\213\216\217\250-\256]/?/g; s/\342\201[\240-\244\246-\257]/?/g; s/\357\273\277/?/g; s/\357\277[\271-\273]/?/g; s/\363\240[\200\201][\200-\277]/?/g')
+shown() { { printf '%s' "$*" | tr '\001-\037\177' '?'; echo; } | LC_ALL=C sed "$hidden"; }
 fail() { shown "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage
@@ -195,7 +199,9 @@ if [ -n "$key" ]; then
       printf '%s\n' "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
       exit 2
     fi
-    if grep -q -e "PRIVATE KEY" -e "secret key" "$work/key"; then
+    # a secret key by its armour line or minisign's comment line (not by the words anywhere: a README)
+    if grep -q '^-----BEGIN \([A-Z0-9]\{1,\} \)*PRIVATE KEY\( BLOCK\)\{0,1\}-----'"$(printf '\r')"'\{0,1\}$' "$work/key" \
+        || head -n 1 "$work/key" | grep -q '^untrusted comment:.*secret key'; then
       printf '%s\n' "error: --key $key: this is a secret key; give the public one" >&2
       exit 2
     fi

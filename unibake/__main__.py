@@ -2,10 +2,28 @@
 as build.py does, a Ctrl-C or a SIGTERM while unibake is imported is one error line and 130, and a signal
 once main() has returned leaves its exit code (SIGTERM's default would make it 143)."""
 
+import os
 import signal
 import sys
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _without(package: str) -> int:
+    """A dependency is not importable: from a checkout with its ``.venv``, run the same command there, as
+    build.py does (re-executing build.py itself, since the checkout need not be the working folder);
+    otherwise one error line, as build.py says it (before: a ModuleNotFoundError traceback)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    venv_python, build = os.path.join(root, ".venv", "bin", "python"), os.path.join(root, "build.py")
+    in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(root, ".venv"))
+    if os.path.exists(venv_python) and os.path.isfile(build) and not in_venv and not os.environ.get("UNIBAKE_REEXEC"):
+        os.environ["UNIBAKE_REEXEC"] = "1"
+        os.execv(venv_python, [venv_python, build, *sys.argv[1:]])
+    if sys.stderr is not None:
+        sys.stderr.write(f"error: the Python package {package!r} is not installed for {sys.executable}: run "
+                         "scripts/setup.sh (it makes .venv with every pinned dependency), or pip install the "
+                         "unibake package, then run it again\n")
+    return 1
 
 
 def _interrupted(signum, frame):
@@ -21,6 +39,11 @@ def run() -> int:
         if sys.stderr is not None:
             sys.stderr.write("error: interrupted\n")
         return 130
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if not missing or missing == __package__:
+            raise
+        return _without(missing)
     for sig in _SIGNALS:  # main() holds them while it runs and puts this back: a signal after it changes nothing
         signal.signal(sig, signal.SIG_IGN)
     return main()

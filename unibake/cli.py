@@ -1589,7 +1589,8 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
     if problem:
         args.metadata_file = None  # the failure's document is not tried there either
         raise InputError(f"--metadata-file {value}: cannot write it there ({problem})")
-    kept = _not_a_document(resolved(cwd / value)) if value else None
+    kept = _not_a_document(resolved(cwd / value), resolved(cwd / getattr(args, "config", "profiles"))) \
+        if value else None
     if kept:
         args.metadata_file = None
         raise InputError(f"--metadata-file {value}: {kept}")
@@ -1598,10 +1599,13 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
 DOCUMENT_LIMIT = 64 << 20
 
 
-def _not_a_document(path: Path) -> str | None:
+def _not_a_document(path: Path, config: Path | None = None) -> str | None:
     """Why the file at ``path`` is not replaced by the run's document, or None: a file there is replaced only
     when empty or an earlier document (a JSON object). `--metadata-file profiles/tp1.yaml` replaced the
-    profile with the run's document (a failed run's error too), as it did the inputs lock or a baked source."""
+    profile with the run's document (a failed run's error too), as it did the inputs lock or a baked source.
+    A JSON object is no earlier document either where it is a release's file (listed in the ``SHA256SUMS``
+    beside it: the release's manifest.json) or an input the lock of ``config`` (the profiles folder) pins
+    (a tune cache)."""
     try:
         info = os.stat(path)
     except OSError:
@@ -1615,10 +1619,40 @@ def _not_a_document(path: Path) -> str | None:
             document = json.loads(f.read(DOCUMENT_LIMIT + 1))
     except (OSError, ValueError, RecursionError):
         document = None
-    if isinstance(document, dict):
-        return None
-    return ("a file there holds no JSON document, so it is no earlier run's document and is not replaced "
-            "(an input, a profile or a lock would be lost); give another path, or remove that file first")
+    if not isinstance(document, dict):
+        return ("a file there holds no JSON document, so it is no earlier run's document and is not replaced "
+                "(an input, a profile or a lock would be lost); give another path, or remove that file first")
+    if _listed_in_sums(path):
+        return ("a file there is a release's file (listed in the SHA256SUMS beside it), so it is no earlier run's "
+                "document and is not replaced (the release would no longer verify); give another path")
+    pinned = _pinned_input(path, config) if config is not None else None
+    if pinned:
+        return (f"a file there is an input {pinned} pins (baked into the image), so it is no earlier run's document "
+                "and is not replaced; give another path")
+    return None
+
+
+def _listed_in_sums(path: Path) -> bool:
+    """Whether a ``SHA256SUMS`` beside ``path`` lists it (read as sha256sum reads it; one that does not read
+    lists nothing)."""
+    from .sums import parse_sums
+    try:
+        with open(path.parent / "SHA256SUMS", "rb") as f:
+            text = f.read(DOCUMENT_LIMIT).decode("utf-8")
+        return any(e.name == path.name for e in parse_sums(text, "SHA256SUMS", UnibakeError))
+    except (OSError, ValueError, UnibakeError):
+        return False
+
+
+def _pinned_input(path: Path, config: Path) -> str | None:
+    """The inputs lock of ``config`` (shown as the user would name it), when it pins ``path``; else None."""
+    from .inputs import LOCK_FILE, read_lock
+    try:
+        rel = path.relative_to(config.parent).as_posix()
+        digests = read_lock(config / LOCK_FILE, LOCK_FILE).digests
+    except (ValueError, OSError, UnibakeError):
+        return None  # outside the project, or no lock that reads: nothing it pins
+    return f"{config.name}/{LOCK_FILE}" if rel in digests else None
 
 
 def _a_stream(path: Path) -> bool:

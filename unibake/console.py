@@ -45,10 +45,26 @@ WIDTH = 80  # the summary stays readable in a terminal this wide
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 
 
+# Characters a terminal shows as nothing, or as another order of the text around them: the bidi embeddings,
+# overrides, isolates and marks ("Trojan Source", CVE-2021-42574: a file name "run\u202ehs.txt" reads
+# "runtxt.sh"), the line and paragraph separators, the zero-width space and word joiners, the byte-order
+# mark, the interlinear annotations and the tag characters (invisible "ASCII" an LLM reads). Each is shown as
+# its escape, as repr shows it. The joiners U+200C and U+200D stay: scripts and emoji need them.
+_HIDDEN = re.compile("[\u00ad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f"
+                     "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"
+
+
 def one_line(text: str) -> str:
     """``text`` as one printable line (a name that is not UTF-8 written visibly: ``caf\\xe9``, never a
-    lone surrogate, which a terminal's strict encoding refuses)."""
-    return visible_name(text).translate(_CONTROLS)
+    lone surrogate, which a terminal's strict encoding refuses), with no character that hides or reorders
+    what is around it (``\\u202e``)."""
+    text = visible_name(text).translate(_CONTROLS)
+    return text if text.isascii() else _HIDDEN.sub(_escaped, text)
 
 
 class Reporter:

@@ -366,7 +366,7 @@ def _rendered_skip(run: Run) -> str | None:
     if not run.request.write_rendered:
         return "this command keeps no copies"
     if run.request.version is not None:  # the tracked copies follow the YAML, not a --version given here
-        return "--version differs from the YAML's"
+        return "--version given; copies keep the YAML's"
     return None
 
 

@@ -597,8 +597,14 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
             raise InputError(f"{where(('checks', i, 'run'))}: check '{c['name']}' runs nothing (its run is "
                              f"{'empty' if not c['run'] else 'blank'}), so it would pass every self-check; give the "
                              "command that checks, or remove the check")
-    # one overlay's file where another's (or the engine's) folder goes: the build's COPY cannot make both
-    owners = {rel: "the engine" for rel in engine_files}
+    # one overlay's file where another's (or the engine's, or a patch's new file's) folder goes: the build's
+    # COPY cannot make both (a patch's file under an engine file's path made that file a folder: the engine's
+    # file was lost, and only the in-image check said so, naming no patch)
+    owners = {rel: "the engine" for rel in engine_files if rel not in patched or patched[rel].data is not None}
+    for rel, pf in patched.items():
+        if pf.data is not None and rel not in engine_files:
+            x = next(x for x in reversed(patches) if rel in x.files)
+            owners[rel] = f"the patch {x.name} ({x.where})"
     for i, o in enumerate(overlays):
         owners.update({rel: f"overlay '{o.name}' ({where(('overlays', i))})" for rel, _ in o.files()})
     clash = file_and_folder(owners)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -292,6 +293,9 @@ def _minisign_key_line(line: str) -> bool:
     return len(raw) == 42 and raw[:2] == b"Ed"
 
 
+SECRET_ARMOUR_RE = re.compile(r"^-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----\r?$", re.M)
+
+
 def read_public_key(path: Path) -> PublicKey:
     """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
     data = read_small_file(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
@@ -313,7 +317,9 @@ def read_public_key(path: Path) -> PublicKey:
         if _minisign_key_line(lines[1].strip()):
             raise InputError(f"--key {path}: its key line (line 2) has blanks around it, which minisign does not "
                              "take: remove them")
-    if "PRIVATE KEY" in text or "secret key" in text:
+    # a secret key by its armour line or minisign's comment line, not by the words anywhere (a README that
+    # mentions secret keys was said to be one)
+    if SECRET_ARMOUR_RE.search(text) or lines[0].startswith("untrusted comment:") and "secret key" in lines[0]:
         raise InputError(f"--key {path}: this is a secret key; give the public one")
     raise InputError(f"--key {path}: neither an armoured OpenPGP public key (gpg --armor --export) nor a "
                      "minisign public key")

@@ -123,7 +123,7 @@ def test_a_failing_build_step_shows_the_instruction_and_its_output(cli, engine, 
     result = build(cli, busybox_product, version)
     assert result.code == 3
     assert "the-check-said-this" in result.err
-    assert "RUN for p in tp1 tp2" in result.err
+    assert "RUN skip=; for p in tp1 tp2" in result.err
     assert engine.inspect_image(f"unibake-test:{version}") is None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from unibake.pipeline import source_date_epoch
@@ -321,6 +323,33 @@ def test_a_metadata_file_naming_an_input_is_refused_and_the_input_kept(cli, busy
     assert cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", str(earlier),
                cwd=root).code == 0
     assert "image" in json.loads(earlier.read_text())
+
+
+def test_a_metadata_file_naming_a_json_input_or_a_releases_json_file_is_refused_and_the_file_kept(cli, busybox_product,
+                                                                                                  tmp_path):
+    # found by probing: a tune cache (a JSON object the lock pins, baked into the image) or a release's
+    # manifest.json was taken for an earlier run's document and replaced: the next build refused the input, the
+    # release no longer verified
+    root = busybox_product.parent
+    cache = root / "images/tune/tp1/cache-1.json"
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "manifest.json").write_text('{"schema": 2}\n')
+    (release / "SHA256SUMS").write_text(hashlib.sha256(b'{"schema": 2}\n').hexdigest() + "  manifest.json\n")
+    for path, why in ((cache, f"an input {busybox_product.name}/inputs.lock pins (baked into the image)"),
+                      (release / "manifest.json", "a release's file (listed in the SHA256SUMS beside it)")):
+        before = path.read_bytes()
+        result = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", str(path), cwd=root)
+        assert result.code == 2 and result.error_lines == [
+            f"error: --metadata-file {path}: a file there is {why}, so it is no earlier run's document and is not "
+            "replaced" + (" (the release would no longer verify)" if "release" in why else "") + "; give another path"
+        ], result.err
+        assert path.read_bytes() == before
+    # an earlier document in the release folder, which SHA256SUMS does not list, is replaced as before
+    (release / "build.json").write_text('{"error": "an earlier run", "exit_code": 2}\n')
+    assert cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", str(release / "build.json"),
+               cwd=root).code == 0
+    assert "image" in json.loads((release / "build.json").read_text())
 
 
 def test_a_metadata_file_that_fails_at_the_end_leaves_one_json_document(cli, monkeypatch, tmp_path):

@@ -80,6 +80,15 @@ def test_a_table_cell_from_outside_cannot_forge_a_line_drive_the_terminal_or_car
     assert "[bold red]z[/] [oops]" in shown and "\x1b[2J" not in shown  # markup shown as text, not obeyed
 
 
+def test_a_line_from_outside_shows_no_character_that_reorders_or_hides_the_text_around_it():
+    # a bidi override shows "run<U+202E>hs.txt" as "runtxt.sh"; a byte-order mark, a zero-width space, a line
+    # separator or a tag character show as nothing; the joiners emoji and scripts need stay, as do accents
+    out = Terminal()
+    Reporter(env={"CI": "1"}, stream=out).warn("run\u202ehs.txt \ufeff\u200b\u2028\U000e0041 \U0001f469\u200d\U0001f52c caf\u00e9")
+    assert out.getvalue() == ("warning: run\\u202ehs.txt \\ufeff\\u200b\\u2028\\U000e0041 "
+                              "\U0001f469\u200d\U0001f52c caf\u00e9\n")
+
+
 def test_a_lone_surrogate_no_file_name_could_hold_is_shown_escaped_not_a_traceback():
     # "\ud800" (from a JSON "\\ud800") is no byte a file system gave: surrogateescape cannot write it, and
     # visible_name raised UnicodeEncodeError, a traceback wherever one_line showed it

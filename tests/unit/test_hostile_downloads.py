@@ -710,6 +710,21 @@ def test_what_a_shell_verifier_prints_of_the_folder_is_one_line_without_control_
                                   "value in one form): its lines could be read otherwise than its JSON\n"), result.stderr
 
 
+def test_a_name_beside_the_release_cannot_show_itself_reordered_or_hide_characters_in_either_verifier(cli, folder):
+    # a forger's file "run<U+202E>hs.txt" beside the release: a terminal shows "runtxt.sh"; a tag character
+    # or a zero-width space shows as nothing (before: both verifiers printed them as they are)
+    name = "run\u202ehs.txt \u2066x\u2069\u200b\U000e0041 caf\u00e9"
+    (folder / name).write_text("")
+    result = cli("verify", str(folder))
+    assert result.code == 0, result.err
+    assert "run\\u202ehs.txt \\u2066x\\u2069\\u200b\\U000e0041 caf\u00e9" in result.err, result.err
+    assert not any(c in result.err for c in "\u202e\u2066\u2069\u200b\U000e0041")
+    result = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], capture_output=True, timeout=120)
+    out = result.stdout.decode("utf-8")
+    assert result.returncode == 0, out + result.stderr.decode()
+    assert "note: run?hs.txt ?x??? caf\u00e9 is not listed in SHA256SUMS: not part of the release, not read" in out, out
+
+
 @pytest.mark.parametrize("options", ["-v", "--quoting-style=c"])
 def test_a_shell_verifier_reads_the_archive_as_it_calls_tar_whatever_tar_options_says(folder, options):
     # GNU tar's TAR_OPTIONS, set for the user's own archives (before: a good release refused, exit 3:

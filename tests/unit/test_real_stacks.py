@@ -475,6 +475,26 @@ def test_an_overlay_that_replaces_a_file_a_patch_changes_is_refused(busybox_prod
     make_plan(busybox_product, verify_lock=False)
 
 
+@pytest.mark.parametrize("target", ["serve.sh/extra.py", "sub"])
+def test_a_patch_that_adds_a_file_where_the_engine_has_a_file_or_folder_is_refused_naming_it(busybox_product, target):
+    # (before: planned and rendered; the build context made the engine's serve.sh a folder, the engine's file
+    # was lost, and the build failed only at its in-image check, "serve.sh: Is a directory", naming no patch)
+    root = busybox_product.parent
+    (root / "images/engine/sub").mkdir(exist_ok=True)
+    (root / "images/engine/sub/inner.txt").write_text("x\n")
+    (root / "images/patches").mkdir()
+    (root / "images/patches/add.patch").write_text(f"--- /dev/null\n+++ b/{target}\n@@ -0,0 +1 @@\n+X = 1\n")
+    append(busybox_product / "product.yaml", "patches:\n  - {file: images/patches/add.patch}\n")
+    if target == "sub":
+        message = (r"the engine puts engine/sub/inner\.txt, so engine/sub must be a folder, but the patch add\.patch "
+                   r"\(images/patches/add\.patch\) puts a file there")
+    else:
+        message = (r"the patch add\.patch \(images/patches/add\.patch\) puts engine/serve\.sh/extra\.py, so "
+                   r"engine/serve\.sh must be a folder, but the engine puts a file there")
+    with pytest.raises(InputError, match=message):
+        make_plan(busybox_product, verify_lock=False)
+
+
 GIT_MODE_PATCH = """\
 diff --git a/handle.sh b/handle.sh
 old mode 100755

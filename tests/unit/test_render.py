@@ -124,6 +124,23 @@ def test_a_hostile_profile_env_value_reaches_the_engine_unchanged(busybox_produc
     assert overridden == "mine\n"  # docker run -e wins over the profile's default
 
 
+def test_no_env_value_turns_the_builds_ledger_check_off(busybox_product, tmp_path):
+    # the checks' RUN gave the first profile ${skip:-}: product.yaml's env (or the base image's ENV)
+    # "skip: --skip-ledgers" made every profile skip the file ledgers, and a patched-away engine file passed
+    path = busybox_product / "product.yaml"
+    path.write_text(path.read_text().replace("env: {", 'env: {skip: "--skip-ledgers", ', 1))
+    dockerfile = render(make_plan(busybox_product, verify_lock=False)).dockerfile
+    checks = next(line for line in dockerfile.splitlines() if "self-check" in line and line.startswith("RUN "))
+    assert 'skip: "--skip-ledgers"' in path.read_text() and "skip=" in dockerfile.split(checks)[0]
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta/entrypoint.sh").write_text('#!/bin/sh\necho "$PROFILE: $*"\n')
+    (tmp_path / "meta/entrypoint.sh").chmod(0o755)
+    out = subprocess.run(["sh", "-c", checks[len("RUN "):].replace("/opt/unibake", str(tmp_path))],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "skip": "--skip-ledgers"},
+                         check=True).stdout
+    assert out == "tp1: self-check\ntp2: self-check --skip-ledgers\n"
+
+
 def test_a_hostile_label_value_is_escaped(busybox_product):
     product = busybox_product / "product.yaml"
     product.write_text(product.read_text() + "labels: {com.example.note: 'x\" \\\\ $PATH'}\n")

@@ -403,7 +403,8 @@ def test_a_key_of_the_other_kind_than_the_release_s_signature_is_said_so_not_uns
         script.stderr
 
 
-@pytest.mark.parametrize("case", ["minisign secret key", "damaged minisign key"])
+@pytest.mark.parametrize("case", ["minisign secret key", "damaged minisign key", "openpgp secret key",
+                                  "a text about secret keys"])
 def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_bad_signature(
         engines, tmp_path, minisign_key, cli, case):  # noqa: F811
     secret, public = minisign_key
@@ -412,6 +413,12 @@ def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_b
     if case == "minisign secret key":  # the wrong file of the pair
         key.write_bytes(secret.read_bytes())
         says = "this is a secret key; give the public one"
+    elif case == "openpgp secret key":  # gpg --armor --export-secret-keys
+        key.write_text("-----BEGIN PGP PRIVATE KEY BLOCK-----\r\n\r\nlQOYBGXyz\r\n-----END PGP PRIVATE KEY BLOCK-----\r\n")
+        says = "this is a secret key; give the public one"
+    elif case == "a text about secret keys":  # (before: said to be a secret key, by these words in it)
+        key.write_text("# Signing\n\nKeep the secret key offline; a PRIVATE KEY never leaves the host.\n")
+        says = "neither an armoured OpenPGP public key"
     else:  # its key line cut short
         comment, line = public.read_text().splitlines()[:2]
         key.write_text(f"{comment}\n{line[:-4]}\n")

@@ -345,6 +345,32 @@ def test_a_python_without_unidiff_is_told_so_in_one_line_and_the_kit_asks_for_wh
     assert needs.split(", ") == list(namespace["NEEDED"])
 
 
+def test_python_m_unibake_without_a_dependency_runs_in_the_checkouts_venv_or_says_so_in_one_line(tmp_path):
+    import site
+    import sys
+
+    # found by probing: `python -m unibake` with a python3 lacking the packages ended in a ModuleNotFoundError
+    # traceback, where `python build.py` goes on in .venv (README: "python -m unibake is it too")
+    hidden = tmp_path / "site"
+    hidden.mkdir()
+    for folder in site.getsitepackages():
+        for entry in Path(folder).iterdir():
+            if not entry.name.lower().startswith("zstandard") and not (hidden / entry.name).exists():
+                (hidden / entry.name).symlink_to(entry)
+    result = subprocess.run([sys.executable, "-S", "-m", "unibake", "-V"], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(hidden), "UNIBAKE_REEXEC": "1"})  # not .venv
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        f"error: the Python package 'zstandard' is not installed for {sys.executable}: run scripts/setup.sh (it makes "
+        ".venv with every pinned dependency), or pip install the unibake package, then run it again"], result.stderr
+    # the interpreter the checkout's .venv was made from has none of them: the command goes on in .venv
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "UNIBAKE_REEXEC", "VIRTUAL_ENV")}
+    assert subprocess.run([str(base), "-c", "import zstandard"], capture_output=True, env=env).returncode == 1
+    result = subprocess.run([str(base), "-m", "unibake", "-V"], capture_output=True, text=True, timeout=120, cwd=REPO,
+                            env=env)
+    assert result.returncode == 0 and result.stdout.startswith("unibake "), result.stdout + result.stderr
+
+
 def test_the_guides_say_which_trusted_comment_the_minisign_check_prints_for_this_release(engines, tmp_path,  # noqa: F811
                                                                                          minisign_key):
     secret, public = minisign_key
