@@ -4,8 +4,9 @@ compiled, and refused when they could backtrack catastrophically.
 Python's ``re`` backtracks: ``(a+)+$`` against a reply of thirty ``a`` and a ``b`` tries 2**30 ways,
 and the release would hang. The time goes to the ways one pattern can match one text, so each part of a
 pattern is measured by them: a repeated part that can match a text in more than one way (a quantifier
-inside it, ``(a+)+``, ``(x+y?)+``, ``(\\w*)*``; alternatives that can start alike, ``(a|aa)*``; an
-optional part, ``(a?){30}``) multiplies them at each repeat, and varying parts in a row that can take
+inside it, ``(a+)+``, ``(x+y?)+``, ``(\\w*)*``; alternatives that can start alike, ``(a|aa)*``, alike
+meaning that no place among their first characters tells them apart: ``tp1|tp2`` differ at the third, so
+``(?:tp1|tp2)+`` is taken; an optional part, ``(a?){30}``) multiplies them at each repeat, and varying parts in a row that can take
 each other's characters (``a?a?a?aaa``) multiply them too. A pattern whose parts could match one text
 in more than ``MAX_WAYS`` ways, or that repeats without bound a part that can match in more than one
 (or repeats at all one with an unbounded quantifier of its own), is refused before anything is built,
@@ -62,6 +63,15 @@ class _Shape:
     # rest of it matches one text in one way, bounded (as \.[0-9]+ does, so (?:\.[0-9]+)* splits one way)
     tail: tuple | None | bool = False
     settled: bool = False
+    # the characters of every match's first few characters, one set each (a sound superset): two alternatives
+    # whose sets differ at some place cannot both match past it, as (?:bar|baz) cannot
+    prefix: tuple = ()
+
+
+def _distinct(a: _Shape, b: _Shape) -> bool:
+    """Whether no text starts with what both ``a`` and ``b`` match: at one of the first places, their
+    characters differ."""
+    return any(not _overlap(x, y) for x, y in zip(a.prefix, b.prefix))
 
 
 def _overlap(a, b) -> bool:
@@ -113,25 +123,35 @@ def _seq(items, fold: bool) -> _Shape:
             first = _union(first, s.first)
         nullable = nullable and s.nullable
     alone = [s for s in shapes if not s.empty_only]
+    prefix: tuple = ()
+    for s in alone:  # the single characters it starts with, then the first part's own prefix
+        if not s.single:
+            prefix += s.prefix
+            break
+        prefix += (s.first,)
     return _Shape(ways=ways, unbounded=unbounded, alternation=any(s.alternation for s in shapes), nullable=nullable,
                   empty_only=not alone, first=first,
                   single=len(alone) == 1 and alone[0].single,
                   spread=alone[0].spread if len(alone) == 1 and len(shapes) == 1 else False,
-                  tail=tail, settled=settled)
+                  tail=tail, settled=settled, prefix=prefix)
 
 
 def _alternatives(branches: list[_Shape]) -> _Shape:
-    # alternatives no two of which can start alike: at most one of them gets past its first character
-    alike = any(a.nullable or b.nullable or _overlap(a.first, b.first)
+    # alternatives no two of which can start alike: at most one of them gets past its first character (or
+    # past the first place where their characters differ: bar|baz)
+    alike = any(a.nullable or b.nullable or _overlap(a.first, b.first) and not _distinct(a, b)
                 for i, a in enumerate(branches) for b in branches[i + 1:])
     first: tuple | None = ()
     for b in branches:
         first = _union(first, b.first)
+    prefix = tuple(branches[0].prefix)[:min(len(b.prefix) for b in branches)]
+    for b in branches[1:]:
+        prefix = tuple(_union(x, y) for x, y in zip(prefix, b.prefix))
     return _Shape(ways=_cap(sum(b.ways for b in branches) if alike else max(b.ways for b in branches)),
                   unbounded=any(b.unbounded for b in branches),
                   alternation=alike or any(b.alternation for b in branches),
                   nullable=any(b.nullable for b in branches), empty_only=all(b.empty_only for b in branches),
-                  first=first, single=all(b.single for b in branches))
+                  first=first, single=all(b.single for b in branches), prefix=prefix)
 
 
 def _repeat(lo: int, hi: int, body: _Shape) -> _Shape:
@@ -165,11 +185,11 @@ def _repeat(lo: int, hi: int, body: _Shape) -> _Shape:
 
 def _node(op, av, fold: bool) -> _Shape:
     if op == C.LITERAL:
-        return _Shape(first=ANY if fold else ((av, av),), single=True)
+        return _Shape(first=ANY if fold else ((av, av),), single=True, prefix=(ANY if fold else ((av, av),),))
     if op == C.IN:
-        return _Shape(first=_charset(av, fold), single=True)
+        return _Shape(first=_charset(av, fold), single=True, prefix=(_charset(av, fold),))
     if op in (C.ANY, C.NOT_LITERAL):
-        return _Shape(first=ANY, single=True)
+        return _Shape(first=ANY, single=True, prefix=(ANY,))
     if op == C.AT:
         return _Shape(nullable=True, empty_only=True)
     if op in (C.ASSERT, C.ASSERT_NOT):
