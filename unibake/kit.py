@@ -540,6 +540,30 @@ def check_kit(folder: Path) -> KitRecord:
     return record
 
 
+PAX_LIMIT = 1 << 16  # a pax header of a build context: one long name's record
+_PAX_PATH = re.compile(rb"([1-9][0-9]{0,5}) path=")
+
+
+def pax_as_unibake_writes(data: bytes) -> bool:
+    """Whether a pax header's data holds only the records unibake writes, each ``LENGTH path=NAME\\n`` with its
+    length exact and in plain digits. Written by hand because the readers differ on anything else: Go's
+    archive/tar (the engine) reads a length of ``+20`` or ``020`` as 20, and a ``path`` record then renames the
+    member, where Python's ``tarfile`` stops reading the header and keeps the member's own name, and GNU and
+    busybox tar say "malformed" and go on with it: a second Dockerfile would pass for another file."""
+    at = 0
+    if not data or len(data) > PAX_LIMIT:
+        return False
+    while at < len(data):
+        m = _PAX_PATH.match(data, at)
+        if m is None:
+            return False
+        end = at + int(m[1])
+        if end > len(data) or data[end - 1:end] != b"\n" or b"\0" in data[m.end():end]:
+            return False
+        at = end
+    return True
+
+
 def _check_dockerfile(folder: Path, record: KitRecord) -> None:
     """The Dockerfile a reader of the kit checks is the one the engine builds: kit.json's, and the one
     file of ``context.tar`` the engine reads as its Dockerfile (the context holds no links, as
@@ -598,9 +622,15 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
                     tar.fileobj.seek(first + 124)
                     size = tar.fileobj.read(12).strip(b"\0 ")
                     if not set(size) <= set(b"01234567") or \
-                            first + tarfile.BLOCKSIZE * (2 + (int(size or b"0", 8) + 511) // 512) != own:
+                            first + tarfile.BLOCKSIZE * (1 + (int(size or b"0", 8) + 511) // 512) != own:
                         raise VerificationError(f"{folder / CONTEXT}: {visible_name(name)!r} has more than one "
                                                 "pax header; a build context unibake writes has one at most")
+                    tar.fileobj.seek(first + tarfile.BLOCKSIZE)
+                    if not pax_as_unibake_writes(tar.fileobj.read(min(int(size, 8), PAX_LIMIT + 1))):
+                        raise VerificationError(f"{folder / CONTEXT}: {visible_name(name)!r} has a pax header that is "
+                                                "not one unibake writes (each record 'LENGTH path=NAME', its length "
+                                                "exact, in plain digits): the engine and tar programs read its name "
+                                                "differently")
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise VerificationError(f"{folder / CONTEXT}: not a readable tar ({exc})") from None
     if inside != [dockerfile]:

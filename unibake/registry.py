@@ -485,7 +485,10 @@ def _origin(url: str) -> tuple[str, str, int]:
     """Scheme, host and port of ``url``: what one server is (a port left out is the scheme's). Read by
     urllib3, which makes the connection: Python's urlsplit reads ``https://OTHER\\@REGISTRY/`` as
     REGISTRY, and the connection goes to OTHER."""
-    parts = urllib3.util.parse_url(url)
+    try:
+        parts = urllib3.util.parse_url(url)
+    except ValueError:  # (LocationParseError: a port past 65535, say) no server: unlike every one, the registry too
+        return "", one_line(url)[:100], -1
     scheme = (parts.scheme or "").lower()
     return scheme, (parts.host or "").lower(), parts.port or (443 if scheme == "https" else 80)
 
@@ -496,7 +499,10 @@ def _redirected_to(exc: BaseException, asked: str) -> str | None:
     url = getattr(getattr(exc, "request", None), "url", None)
     if not isinstance(url, str):
         return None
-    went, began = (urllib3.util.parse_url(u)._replace(scheme="https").url for u in (url, asked))
+    try:
+        went, began = (urllib3.util.parse_url(u)._replace(scheme="https").url for u in (url, asked))
+    except ValueError:  # a Location no URL reader takes (a port past 65535): a server it cannot be
+        return f"{one_line(url)[:100]!r} (an address that cannot be read)"
     if _origin(went) == _origin(began):
         return None
     _, host, port = _origin(went)
@@ -981,7 +987,14 @@ class RegistryClient:
             response.close()
             raise RegistryError(f"the registry {self.ref.host} answered {path} with HTTP {response.status_code} and "
                                 "no Location to follow: not an answer to that request")
-        scheme = urlsplit(location).scheme.lower() if location.isprintable() else "?"
+        try:
+            scheme = urlsplit(location).scheme.lower() if location.isprintable() else "?"
+            urllib3.util.parse_url(urljoin(response.url, location))  # (as requests reads it to follow it)
+        except ValueError:  # a port past 65535, an unclosed "[": was a traceback (LocationParseError)
+            response.close()
+            raise RegistryError(f"the registry {self.ref.host} answered {path} with a redirect to "
+                                f"{one_line(location)[:200]!r}, an address that cannot be read: nothing was sent "
+                                "there") from None
         if scheme not in ("", "http", "https"):
             response.close()
             raise RegistryError(f"the registry {self.ref.host} answered {path} with a redirect to "

@@ -22,7 +22,7 @@ import zstandard
 
 from unibake import __version__
 from unibake.errors import InputError, UnibakeError, VerificationError
-from unibake.kit import KitDraft, check_ledger, kit_name, read_kit, rebuild, write_kit
+from unibake.kit import KitDraft, check_kit, check_ledger, kit_name, read_kit, rebuild, write_kit
 from unibake.plan import make_plan
 from unibake.render import render, write_context_tar
 from unibake.sbom import BaseImage
@@ -597,6 +597,7 @@ def test_a_second_dockerfile_renamed_by_a_global_header_the_engine_ignores_is_re
     # long and non-ASCII names get a pax header of their own ('x'), as unibake writes them: they pass
     rewrite_context(folder, [entry("a/" + "b" * 120 + "/f", b"x" * 1000), entry("na\u00efve", b"y")])
     assert verify_sh(folder, shell).returncode == 0
+    check_kit(folder)  # the rebuild's check too (before: "'na\u00efve' has more than one pax header", exit 3)
     # Python's tarfile and GNU tar list the second Dockerfile as "zzz"; Engine 20.10 ignores the global
     # header and builds EVIL (busybox's tar ignores it too: it always saw two Dockerfiles)
     rewrite_context(folder, [entry("pax_global_header", pax_record("path", "zzz"), type=tarfile.XGLTYPE),
@@ -638,7 +639,7 @@ def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refuse
 
 @pytest.mark.parametrize("shell", SHELLS)
 @pytest.mark.parametrize("form", ["gnu magic and a prefix", "star trailer", "GNU.sparse.name", "two pax headers",
-                                  "checksum after a NUL"])
+                                  "checksum after a NUL", "a pax length with a plus sign"])
 def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_python_is_refused(busybox_product,
                                                                                              tmp_path, shell, form):
     # each builds EVIL on Engine 20.10 (tried): Go reads the GNU-magic header's prefix "0" as an access time
@@ -647,7 +648,9 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
     # GNU.sparse.name only for a sparse file (Python and GNU tar rename the member "zzz"); of two pax headers
     # Go takes the second's path, Python the first's; a checksum written "\0NNNNNN " Go reads, while Python
     # (and busybox) stop there as at the end. Python passed all five, verify.sh the star form (and busybox's
-    # the last)
+    # the last). A pax record "+20 path=Dockerfile": Go reads the length with its sign and renames the member,
+    # Python stops reading the header and keeps "notes.txt", GNU and busybox tar call it malformed and go on
+    # (found by probing: verify.sh passed it)
     folder, end = context_end(busybox_product, tmp_path)
     info = tarfile.TarInfo("Dockerfile")
     info.size = len(EVIL)
@@ -664,6 +667,7 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
         header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
     else:
         records = [pax_record("GNU.sparse.name", "zzz")] if form == "GNU.sparse.name" else \
+            [b"+20 path=Dockerfile\n"] if form == "a pax length with a plus sign" else \
             [pax_record("path", "zzz"), pax_record("path", "Dockerfile")]
         for record in records:
             extended = tarfile.TarInfo("PaxHeaders/Dockerfile")
@@ -671,6 +675,8 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
             extra += extended.tobuf(tarfile.USTAR_FORMAT) + record + b"\0" * (-len(record) % 512)
         if form == "two pax headers":
             info.name = "q"
+        elif form == "a pax length with a plus sign":
+            info.name = "notes.txt"
         header = bytearray(info.tobuf(tarfile.USTAR_FORMAT))
     header[148:156] = b" " * 8
     header[148:156] = (b"\0%06o " if form == "checksum after a NUL" else b"%06o\0 ") % sum(header)
@@ -683,8 +689,28 @@ def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_pyt
     shown = verify_sh(folder, shell)
     assert shown.returncode == 3 and "error: context.tar: " in shown.stderr, (shown.stdout, shown.stderr)
     assert "ok:" not in shown.stdout
-    with pytest.raises(VerificationError, match="context.tar: .*(not POSIX ustar|GNU sparse field|more than one pax|cannot read)"):
+    with pytest.raises(VerificationError, match="context.tar: .*(not POSIX ustar|GNU sparse field|more than one pax|cannot read|"
+                                                "not one unibake writes)"):
         rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_file_whose_name_is_not_utf8_is_unlisted_for_verify_sh_in_a_utf8_locale_too(busybox_product, tmp_path, shell):
+    # found by probing: under LANG=C.UTF-8, grep left out such names ("binary file matches"), so a folder
+    # "tool/\xff-hidden/" passed verify.sh unlisted, where the rebuild refused it
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    os.makedirs(os.path.join(os.fsencode(folder), b"tool/\xff-hidden"))
+    with open(os.path.join(os.fsencode(folder), b"tool/\xff-hidden/payload.py"), "wb") as f:
+        f.write(b"print(1)\n")
+    # a second one, whose name would drive the terminal: shown with '?' for its control bytes, one line
+    (folder / "x\x1b[2J\u202ey").write_text("")
+    shown = subprocess.run([*(["busybox", "sh"] if shell == "busybox" else ["sh"]), "./verify.sh"], cwd=folder,
+                           capture_output=True, timeout=60, env={**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})
+    assert shown.returncode == 3 and shown.stderr == \
+        b"error: not listed in kit.sha256: tool/\xff-hidden/payload.py x?[2J?y\n", shown.stderr
+    with pytest.raises(VerificationError, match="not listed in kit.sha256"):
+        check_kit(folder)
 
 
 @pytest.mark.parametrize("shell", SHELLS)
