@@ -370,7 +370,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "version"	string	1	-	128	-	-	-
 "tag"	string	1	-	255	-	^(([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?)$	-
 "image_id"	string	1	-	-	-	^(sha256:[0-9a-f]{64})$	-
-"image_size"	integer	1	0	-	-	-	-
+"image_size"	integer	1	0	9223372036854775807	-	-	-
 "diff_ids"	array	1	-	-	-	-	-
 "diff_ids"/*	string	0	-	-	-	^(sha256:[0-9a-f]{64})$	-
 "save_layout"	string	1	-	-	"docker"|"oci"	-	-
@@ -433,11 +433,11 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "archive"/"files"	array	1	1	-	-	-	-
 "archive"/"files"/*	object	0	-	-	-	-	-
 "archive"/"files"/*/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
-"archive"/"files"/*/"bytes"	integer	1	0	-	-	-	-
+"archive"/"files"/*/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "archive"/"files"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
-"archive"/"bytes"	integer	1	0	-	-	-	-
+"archive"/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "archive"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
-"archive"/"uncompressed_bytes"	integer	1	0	-	-	-	-
+"archive"/"uncompressed_bytes"	integer	1	0	9223372036854775807	-	-	-
 "archive"/"uncompressed_sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "archive"/"compression"	object	1	-	-	-	-	-
 "archive"/"compression"/"algorithm"	string	1	-	-	"zstd"	-	-
@@ -447,7 +447,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "labels"/*	string	0	-	-	-	-	-
 "revision"	string	1	-	256	-	-	-
 "created"	string	1	-	64	-	-	-
-"source_date_epoch"	integer,null	1	0	-	-	-	-
+"source_date_epoch"	integer,null	1	0	253402300799	-	-	-
 "published"	string	1	-	-	-	^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$	-
 "first_published"	string,null	0	-	-	-	^([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$	-
 "previous"	string,null	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
@@ -455,7 +455,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "hotfix"/"base_release"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
 "hotfix"/"base_tag"	string	1	-	255	-	^(([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?)$	-
 "hotfix"/"base_image_id"	string	1	-	-	-	^(sha256:[0-9a-f]{64})$	-
-"hotfix"/"base_archive_bytes"	integer	1	1	-	-	-	-
+"hotfix"/"base_archive_bytes"	integer	1	1	9223372036854775807	-	-	-
 "hotfix"/"omitted_diff_ids"	array	1	-	-	-	-	-
 "hotfix"/"omitted_diff_ids"/*	string	0	-	-	-	^(sha256:[0-9a-f]{64})$	-
 "hotfix"/"shipped_diff_ids"	array	1	-	-	-	-	-
@@ -463,12 +463,12 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "attachments"	array	0	-	-	-	-	-
 "attachments"/*	object	0	-	-	-	-	-
 "attachments"/*/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
-"attachments"/*/"bytes"	integer	1	0	-	-	-	-
+"attachments"/*/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "attachments"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "external"	array	0	-	-	-	-	-
 "external"/*	object	0	-	-	-	-	-
 "external"/*/"name"	string	1	-	1024	-	^([A-Za-z0-9_.][A-Za-z0-9._+-]*(/[A-Za-z0-9_.][A-Za-z0-9._+-]*)*)$	(^|/)\.{1,2}(/|$)
-"external"/*/"bytes"	integer	1	0	-	-	-	-
+"external"/*/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "external"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "registry"	array	0	-	-	-	-	-
 "registry"/*	object	0	-	-	-	-	-
@@ -484,15 +484,15 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "supply_chain"	object,null	0	-	-	-	-	-
 "supply_chain"/"sbom"	object	1	-	-	-	-	-
 "supply_chain"/"sbom"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
-"supply_chain"/"sbom"/"bytes"	integer	1	0	-	-	-	-
+"supply_chain"/"sbom"/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "supply_chain"/"sbom"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "supply_chain"/"provenance"	object	1	-	-	-	-	-
 "supply_chain"/"provenance"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
-"supply_chain"/"provenance"/"bytes"	integer	1	0	-	-	-	-
+"supply_chain"/"provenance"/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "supply_chain"/"provenance"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "supply_chain"/"kit"	object,null	1	-	-	-	-	-
 "supply_chain"/"kit"/"name"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.+-]{0,254})$	-
-"supply_chain"/"kit"/"bytes"	integer	1	0	-	-	-	-
+"supply_chain"/"kit"/"bytes"	integer	1	0	9223372036854775807	-	-	-
 "supply_chain"/"kit"/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "supply_chain"/"signatures"	array	1	-	-	-	-	-
 "supply_chain"/"signatures"/*	object	0	-	-	-	-	-
@@ -724,9 +724,13 @@ rm -f "$work/whole.fifo" "$work/tar.fifo" "$work/magic.fifo" && mkfifo "$work/wh
 { head -c 4 > "$work/magic"; cat > /dev/null; } < "$work/magic.fifo" &
 tee "$work/magic.fifo" < "$work/whole.fifo" | sha256sum | cut -c 1-64 > "$work/whole.sha256" &
 sha256sum < "$work/tar.fifo" | cut -c 1-64 > "$work/tar.sha256" &
+# (what follows the end is read up to 1 MiB: gigabytes of zeros compress to almost nothing, and every pass
+# below would decode them all; a tar program pads its end to 10 kB)
 { stream | tee "$work/whole.fifo" | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | tee "$work/tar.fifo" | {
-  if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"; cat > /dev/null; }
+  if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"
+  [ "$(head -c 1048577 | wc -c)" -le 1048576 ] || echo 1 > "$work/after.rc"; }
 wait
+[ ! -s "$work/after.rc" ] || fail "$dir: the archive's tar is followed by more than 1 MiB after its end: no tar unibake (or a tar program) writes; refused before any load"
 unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"
 # a zstd frame first (or a skippable one), as build.py verify decodes it

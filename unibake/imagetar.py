@@ -36,6 +36,8 @@ from .threads import hashing_thread
 
 BLOCK = tarfile.BLOCKSIZE
 CHUNK = 1 << 20
+MAX_TRAILING = 1 << 20  # zeros after a tar's first end-of-archive block
+ZSTD_MAX_RATIO = 1100  # gzip's is 1032: a zstd member decompressing to more is no layer (and no zstd layer loads)
 KEEP_LIMIT = 16 << 20  # metadata files (configs, manifests) and extended headers are kept up to this size
 KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metadata" members stays cheap
 # how deep a metadata file's arrays and objects may nest: Go's encoding/json (the engine's) reads 10000
@@ -265,6 +267,7 @@ class TarWalker:
         self._pad = 0  # padding still to pass
         self._in_entry = False
         self._zeros = False  # past the first end-of-archive block: only zeros may follow
+        self._trailing = 0  # and how many, after the block that began them
         self.headers = 0
         self.fed = 0  # bytes fed before the current piece
         self.content_at = 0  # where in the stream the content of the entry last begun begins
@@ -313,6 +316,12 @@ class TarWalker:
                 if bytes(rest).strip(b"\0"):
                     raise ArchiveError(f"{self.what} has a damaged member header after {self.headers} headers "
                                        "(or data past its end): corrupted archive")
+                # a few kB of zeros end a tar (tar programs pad to 10 kB); gigabytes of them, which compress to
+                # almost nothing, would be decompressed and read whole before any refusal
+                self._trailing += len(rest)
+                if self._trailing > MAX_TRAILING:
+                    raise ArchiveError(f"{self.what} has more than {MAX_TRAILING >> 20} MiB of zeros after its end: "
+                                       "no tar an engine or a tar program writes")
                 visitor.raw(rest)
                 pos = end
             else:
@@ -792,6 +801,7 @@ class _Open:
     compression: str = ""
     at: int = 0  # where its content begins in the stream
     hashed: bool = True
+    fed: int = 0  # bytes given to the decompressor
 
 
 class _MemberReader:
@@ -912,7 +922,7 @@ class _MemberReader:
             m.zstd = True
             m.content = hashlib.sha256()
             m.decomp = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
-                _Updating(m.content), write_size=CHUNK, write_return_read=True)
+                _Updating(m.content, m), write_size=CHUNK, write_return_read=True)
         else:
             m.compression = next((name for magic, name in OTHER_COMPRESSION if first.startswith(magic)), "")
 
@@ -924,6 +934,7 @@ class _MemberReader:
         if m.kept is not None:
             m.kept.append(bytes(piece))
         if m.decomp is not None:
+            m.fed += len(piece)
             try:
                 m.decomp.write(piece)  # decompressed into m.content a bounded piece at a time
             except (zlib.error, zstandard.ZstdError):
@@ -949,13 +960,23 @@ class _MemberReader:
 
 
 class _Updating:
-    """The file a zstd stream writer writes to: each piece it decompresses goes to a hash."""
+    """The file a zstd stream writer writes to: each piece it decompresses goes to a hash (``written``: how
+    many bytes)."""
 
-    def __init__(self, sink):
-        self.sink = sink
+    def __init__(self, sink, member: _Open | None = None):
+        self.sink, self.member = sink, member
+        self.written = 0
 
     def write(self, data) -> int:
         self.sink.update(data)
+        self.written += len(data)
+        # zstd frames of zeros: a few hundred bytes decompress to hundreds of GiB, all in one write of them,
+        # decoded for nothing (a zstd member is refused as a layer, and unreferenced): refused once past what
+        # any layer compresses to
+        m = self.member
+        if m is not None and self.written > ZSTD_MAX_RATIO * m.fed + CHUNK:
+            raise ArchiveError(f"the archive's member {m.name!r} is zstd that decompresses to more than "
+                               f"{ZSTD_MAX_RATIO} times its size: no layer (Engine 20.10 loads no zstd layer)")
         return len(data)
 
 
@@ -987,7 +1008,9 @@ class _Gunzip:
                     raise zlib.error("data after the gzip stream that is not another gzip member")
                 self.member = zlib.decompressobj(wbits=31)
             self.sink.update(self.member.decompress(data, CHUNK))
-            while self.member.unconsumed_tail:
+            # until the member's end: after it, zlib keeps the bytes that follow in unconsumed_tail (and adds them
+            # to unused_data at each call), so a member of more than CHUNK with bytes after it looped for ever
+            while self.member.unconsumed_tail and not self.member.eof:
                 self.sink.update(self.member.decompress(self.member.unconsumed_tail, CHUNK))
             data = b""
             if self.member.eof:

@@ -39,9 +39,15 @@ RELEASE_FILES = frozenset({MANIFEST, VALIDATION, "SHA256SUMS", "RELEASE_NOTES.md
                            "README-DIST.md"})
 
 
+
+# a size is a Go int64 where an engine reads it, and a time one Python can write (9999-12-31T23:59:59Z): a
+# manifest saying more (10**400 bytes) was a traceback in releases, kit and the notes (found by probing)
+MAX_BYTES = 2**63 - 1
+MAX_EPOCH = 253402300799
+
 class ArchiveFile(Record):
     name: str = Field(pattern=FILE_NAME_PATTERN)
-    bytes: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=MAX_BYTES)
     sha256: str = Field(pattern=HEX64)
 
 
@@ -56,9 +62,9 @@ class ArchiveRecord(Record):
 
     name: str = Field(pattern=FILE_NAME_PATTERN)
     files: tuple[ArchiveFile, ...] = Field(min_length=1)
-    bytes: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=MAX_BYTES)
     sha256: str = Field(pattern=HEX64)  # of the whole compressed stream (all parts in order)
-    uncompressed_bytes: int = Field(ge=0)
+    uncompressed_bytes: int = Field(ge=0, le=MAX_BYTES)
     uncompressed_sha256: str = Field(pattern=HEX64)
     compression: Compression
 
@@ -79,7 +85,7 @@ class HotfixRecord(Record):
     base_release: str = Field(pattern=TAG_PATTERN)
     base_tag: str = Field(pattern=IMAGE_REF_RE.pattern, max_length=255)
     base_image_id: str = Field(pattern=DIGEST)
-    base_archive_bytes: int = Field(ge=1)
+    base_archive_bytes: int = Field(ge=1, le=MAX_BYTES)
     omitted_diff_ids: tuple[Digest, ...]
     shipped_diff_ids: tuple[Digest, ...]
 
@@ -88,7 +94,7 @@ class AttachmentRecord(Record):
     """A file of the project copied into the release (results, tables), listed in SHA256SUMS."""
 
     name: str = Field(pattern=FILE_NAME_PATTERN)
-    bytes: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=MAX_BYTES)
     sha256: str = Field(pattern=HEX64)
 
 
@@ -97,7 +103,7 @@ class ExternalRecord(Record):
     ``build.py verify DIR --external PATH``."""
 
     name: str = Field(max_length=1024, pattern=EXTERNAL_NAME_RE.pattern)
-    bytes: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=MAX_BYTES)
     sha256: str = Field(pattern=HEX64)
 
 
@@ -125,7 +131,7 @@ class SupplyFile(Record):
     """A supply-chain file of the release folder (SBOM, provenance, kit)."""
 
     name: str = Field(pattern=FILE_NAME_PATTERN)
-    bytes: int = Field(ge=0)
+    bytes: int = Field(ge=0, le=MAX_BYTES)
     sha256: str = Field(pattern=HEX64)
 
 
@@ -156,7 +162,7 @@ class ReleaseManifest(Document):
     version: str = Field(max_length=128)
     tag: str = Field(pattern=IMAGE_REF_RE.pattern, max_length=255)
     image_id: str = Field(pattern=DIGEST)
-    image_size: int = Field(ge=0)
+    image_size: int = Field(ge=0, le=MAX_BYTES)
     diff_ids: tuple[Digest, ...]
     save_layout: Literal["docker", "oci"]
     default_profile: str | None = Field(pattern=NAME_RE.pattern)
@@ -167,7 +173,7 @@ class ReleaseManifest(Document):
     labels: dict[str, str]
     revision: str = Field(max_length=256)
     created: str = Field(max_length=64)
-    source_date_epoch: int | None = Field(ge=0)
+    source_date_epoch: int | None = Field(ge=0, le=MAX_EPOCH)
     # what releases are ranked by (``first_published`` aside), compared as text: a UTC time in one form
     published: str = Field(pattern=TIME_PATTERN)
     # when this release was first published: ``published`` but for a --force re-release, which carries

@@ -431,6 +431,19 @@ def test_releases_does_not_call_a_folder_whose_sums_leave_out_its_archive_verifi
     assert row["state"].startswith("FAILS") and name in row["state"], row
 
 
+def test_releases_does_not_call_a_folder_whose_archive_was_swapped_and_re_summed_verified(cli, tmp_path):
+    # found by probing: another archive (67 bytes), SHA256SUMS alone re-summed, passed sha256sum -c, and the row
+    # said "verifies" (--check exit 0), where manifest.json, which SHA256SUMS holds, records the archive's sha256
+    release = make_release(tmp_path / "release")[0]
+    name = json.loads((release / "manifest.json").read_text())["archive"]["name"]
+    (release / name).write_bytes(os.urandom(67))
+    resum(release)
+    result = cli("--json", "releases", "--out", str(tmp_path / "release"))
+    [row] = json.loads(result.out)["releases"]
+    assert row["state"].startswith("FAILS") and name in row["state"], row
+    assert cli("releases", "--check", "--out", str(tmp_path / "release")).code == 3
+
+
 def test_releases_check_is_exit_3_naming_the_releases_that_do_not_verify_after_the_list(cli, tmp_path):
     # for a CI script: the listing alone is exit 0 whatever the states (rows saying FAILS); --check is exit 3
     good = make_release(tmp_path / "release", "1.3.0")[0]
@@ -1131,6 +1144,47 @@ def test_a_header_gnu_tar_lists_otherwise_than_the_engine_reads_it_is_refused_by
     result = cli("verify", str(folder))
     assert result.code == 3 and "Traceback" not in result.err, result.err
     refused_by_the_shell(folder, tar_env, shell_says if tar_env is None else "")
+
+
+@pytest.mark.parametrize("key", ["archive.bytes", "source_date_epoch"])
+def test_a_manifest_number_past_what_a_size_or_time_can_be_is_refused_in_one_line_not_a_traceback(cli, folder, key):
+    # found by probing: archive.bytes 10**400 passed the schema, and releases (each row, --json too) ended in an
+    # OverflowError; a source_date_epoch of 10**20 did so in build.py kit
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if key == "archive.bytes":
+        manifest["archive"]["bytes"] = 10**400
+    else:
+        manifest["source_date_epoch"] = 10**20
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    both_refuse(cli, folder, "less than or equal to", "")
+    listed = cli("releases", "--out", str(folder.parent))
+    assert listed.code == 0 and "Traceback" not in listed.err and "UNREADABLE" in listed.err, listed.err
+
+
+def test_gigabytes_of_zeros_after_the_tar_are_refused_by_both_before_they_are_decoded(cli, folder):
+    # found by probing: 145 kB of archive per 4 GiB of zeros after the tar's end, which each verifier decoded
+    # whole (every pass of the shell's), 8 and 16 s per 4 GiB, before refusing the form; both now stop 1 MiB in
+    forge(folder, stream=plain_tar(folder, end=bytes(9 << 20)))
+    result = cli("verify", str(folder))
+    assert result.code == 3 and result.error_lines[-1].endswith(
+        "the archive has more than 1 MiB of zeros after its end: no tar an engine or a tar program writes"), result.err
+    refused_by_the_shell(folder, None, "the archive's tar is followed by more than 1 MiB after its end")
+
+
+def test_a_blob_of_zstd_frames_that_decompress_without_end_is_refused_in_its_first_bytes(cli, folder):
+    # found by probing: a few hundred bytes of zstd frames of zeros, a blob nothing refers to, which build.py
+    # verify decompressed whole (256 GiB in 208 s) before refusing it; the shell refuses it unread
+    frame = zstandard.ZstdCompressor(level=19).compress(bytes(64 << 20))
+    entries = [(info, data) for info, data in read_entries(folder)]
+    info = tarfile.TarInfo("blobs/sha256/" + hashlib.sha256(frame * 4).hexdigest())
+    info.size = len(frame) * 4
+    tar = b"".join(i.tobuf(format=tarfile.USTAR_FORMAT) + (d or b"") + bytes(-len(d or b"") % 512)
+                   for i, d in [*entries[:2], (info, frame * 4), *entries[2:]])
+    forge(folder, stream=tar + bytes(1024))
+    result = cli("verify", str(folder))
+    assert result.code == 3 and "is zstd that decompresses to more than 1100 times its size" in result.error_lines[-1], \
+        result.err
 
 
 def test_a_folder_whose_content_the_engine_reads_as_members_is_refused_by_both(cli, folder):

@@ -261,3 +261,24 @@ def test_without_members_passes_everything_from_the_first_header_it_does_not_rea
         assert [m.name for m in tar.getmembers()] == ["keep", long_name, "drop"]
     garbage = b"\x01" * 2048
     assert b"".join(without_members([garbage], frozenset({"x"}))) == garbage
+
+
+def test_a_gzip_layer_whose_first_member_is_bigger_than_a_piece_is_read_to_its_end_not_for_ever():
+    # found by probing: a layer stored as two gzip members (which the engine loads), the first more than a
+    # piece (1 MiB) decompressed and bytes after it in the same write: zlib keeps those bytes in
+    # unconsumed_tail once the member ends, and the loop that drains it never ended (memory growing)
+    import gzip
+    import threading
+
+    from unibake.imagetar import CHUNK, _Gunzip
+
+    raw = bytes(range(256)) * (8 << 10)  # 2 MiB
+    stored = gzip.compress(raw[:CHUNK + (CHUNK >> 1)], mtime=0) + gzip.compress(raw[CHUNK + (CHUNK >> 1):], mtime=0)
+    for after in (b"", bytes(512)):  # zero bytes after the last member, which the engine takes too
+        sink, done = hashlib.sha256(), []
+        reader = _Gunzip(sink)
+        worker = threading.Thread(target=lambda: done.append(reader.write(stored + after)), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert done, "the first member's end was never found"
+        assert reader.whole() and sink.hexdigest() == hashlib.sha256(raw).hexdigest()

@@ -346,19 +346,17 @@ def test_a_python_without_unidiff_is_told_so_in_one_line_and_the_kit_asks_for_wh
 
 
 def test_python_m_unibake_without_a_dependency_runs_in_the_checkouts_venv_or_says_so_in_one_line(tmp_path):
-    import site
     import sys
 
     # found by probing: `python -m unibake` with a python3 lacking the packages ended in a ModuleNotFoundError
     # traceback, where `python build.py` goes on in .venv (README: "python -m unibake is it too")
-    hidden = tmp_path / "site"
-    hidden.mkdir()
-    for folder in site.getsitepackages():
-        for entry in Path(folder).iterdir():
-            if not entry.name.lower().startswith("zstandard") and not (hidden / entry.name).exists():
-                (hidden / entry.name).symlink_to(entry)
-    result = subprocess.run([sys.executable, "-S", "-m", "unibake", "-V"], capture_output=True, text=True, timeout=120,
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(hidden), "UNIBAKE_REEXEC": "1"})  # not .venv
+    # a python3 whose zstandard cannot be imported (one found first on its path says so, as a missing one does;
+    # the interpreter is otherwise this one, so that coverage follows it)
+    hidden = tmp_path / "site" / "zstandard"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'zstandard\'", name="zstandard")\n')
+    result = subprocess.run([sys.executable, "-m", "unibake", "-V"], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(hidden.parent), "UNIBAKE_REEXEC": "1"})
     assert result.returncode == 1 and result.stderr.splitlines() == [
         f"error: the Python package 'zstandard' is not installed for {sys.executable}: run scripts/setup.sh (it makes "
         ".venv with every pinned dependency), or pip install the unibake package, then run it again"], result.stderr
@@ -369,6 +367,18 @@ def test_python_m_unibake_without_a_dependency_runs_in_the_checkouts_venv_or_say
     result = subprocess.run([str(base), "-m", "unibake", "-V"], capture_output=True, text=True, timeout=120, cwd=REPO,
                             env=env)
     assert result.returncode == 0 and result.stdout.startswith("unibake "), result.stdout + result.stderr
+
+
+def test_the_one_line_python_m_unibake_says_without_a_dependency_outside_a_checkouts_venv(monkeypatch, capsys):
+    import sys
+
+    from unibake import __main__ as entry
+
+    monkeypatch.setenv("UNIBAKE_REEXEC", "1")  # (as after the re-run into .venv: it is not run again)
+    assert entry._without("zstandard") == 1
+    assert capsys.readouterr().err == (
+        f"error: the Python package 'zstandard' is not installed for {sys.executable}: run scripts/setup.sh (it makes "
+        ".venv with every pinned dependency), or pip install the unibake package, then run it again\n")
 
 
 def test_the_guides_say_which_trusted_comment_the_minisign_check_prints_for_this_release(engines, tmp_path,  # noqa: F811

@@ -707,6 +707,9 @@ SCHEMA_CASES = [
      "archive.uncompressed_bytes"),
     ("a compression level over 19", lambda m: m["archive"]["compression"].update(level=20),
      "archive.compression.level"),
+    ("a size past an engine's int64", lambda m: m.update(image_size=2 ** 63), "image_size"),
+    ("a size of 41 digits", lambda m: m.update(image_size=10 ** 40), "image_size"),
+    ("a time past 9999", lambda m: m.update(source_date_epoch=253402300800), "source_date_epoch"),
     ("a value it may not take", lambda m: m.update(save_layout="tarball"), "save_layout"),
     ("a vendor it does not know", lambda m: first_profile(m).update(vendor="intel"), "vendor"),
     ("a hotfix record that is empty", lambda m: m.update(hotfix={}), "hotfix"),
@@ -755,7 +758,7 @@ def test_a_manifest_that_breaks_its_schema_is_refused_by_both(cli, folder, chang
 @pytest.mark.parametrize("change", [
     pytest.param(lambda m: m["labels"].update(x="a\nb\u0007"), id="a control character in a label"),
     pytest.param(lambda m: m.update(version="\U0001f600" * 128), id="128 characters written as 256 escapes"),
-    pytest.param(lambda m: m.update(image_size=10 ** 40), id="a size of 41 digits"),
+    pytest.param(lambda m: m.update(image_size=2 ** 63 - 1), id="the most a size can be"),
     pytest.param(lambda m: m.update(first_published="2000-01-01T00:00:00Z"), id="first published before published"),
     pytest.param(lambda m: first_profile(m)["smoke"].update(skip=" why "), id="a smoke.skip with blanks around it"),
     pytest.param(lambda m: first_profile(m)["devices"].update(extra=["/dev/.hidden/x..y"], groups=["video", "44"]),
