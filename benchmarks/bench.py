@@ -270,9 +270,13 @@ def stage_table(rel: ReleaseRuns) -> list[str]:
     return lines
 
 
-def build_seconds(m: Measured) -> float:
-    """The build and normalise stages of a release: what `--stage build` costs, less start-up and planning."""
-    return m.stages.get("build", 0.0) + m.stages.get("normalise", 0.0)
+def build_seconds(m: Measured, normalise: float | None = None) -> float:
+    """The build and normalise stages of a release: what `--stage build` costs, less start-up and planning.
+    A one-pass release has no normalise stage (its export rewrites, hashes, compresses and loads at once):
+    ``normalise`` then stands for it; None: its export does (more than a normalise: a numerator's choice)."""
+    if "normalise" in m.stages:
+        return m.stages.get("build", 0.0) + m.stages["normalise"]
+    return m.stages.get("build", 0.0) + (m.stages.get("export", 0.0) if normalise is None else normalise)
 
 
 def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, Series], comp: dict,
@@ -317,6 +321,10 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
          rel.reproducible),
     ]
     save, whole = big.save.median, big.ours.median + rt_ours.median
+    # the cold build and normalise: the cold releases' build, and a whole image's normalise, measured in the first
+    # whole build of the last hotfix's inputs (the cold releases' one-pass export has no normalise stage of its own)
+    cold_build = statistics.median(build_seconds(m, rel.noop_first.stages.get("normalise", 0.0)) for m in rel.cold)
+    tune_build = statistics.median(build_seconds(m) for m in rel.tune)
     earlier = [
         ("archive stage <= 1.3 x `docker save > /dev/null`, today's payload", big.ours.median / save,
          big.ours.median <= 1.3 * save),
@@ -324,13 +332,10 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
          libs.ours.median / libs.save.median, libs.ours.median <= 1.3 * libs.save.median),
         ("our round trip <= 1.05 x the shell round trip", rt_ours.median / rt_shell.median,
          rt_ours.median <= 1.05 * rt_shell.median),
-        ("build + normalise after one tune-cache change <= 10 % of the cold build + normalise (realistic product)",
-         statistics.median(build_seconds(m) for m in rel.tune) / statistics.median(build_seconds(m) for m in rel.cold),
-         statistics.median(build_seconds(m) for m in rel.tune) <= 0.10 * statistics.median(
-             build_seconds(m) for m in rel.cold)),
+        ("build + normalise after one tune-cache change (its build and one-pass export) <= 10 % of the cold build "
+         "+ normalise (realistic product)", tune_build / cold_build, tune_build <= 0.10 * cold_build),
         ("no-op rebuild (`--stage build`, whole command) <= 5 % of the cold build + normalise (realistic product)",
-         rel.noop.seconds / statistics.median(build_seconds(m) for m in rel.cold),
-         rel.noop.seconds <= 0.05 * statistics.median(build_seconds(m) for m in rel.cold)),
+         rel.noop.seconds / cold_build, rel.noop.seconds <= 0.05 * cold_build),
         ("compressed size at the default level <= the peer's, today's payload", comp["default_bytes"] /
          big.info["peer_bytes"], comp["default_bytes"] <= big.info["peer_bytes"]),
         ("stretch: archive + round trip <= 2.0 x bare export, today's payload", whole / save, whole <= 2.0 * save),
