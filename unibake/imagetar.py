@@ -963,7 +963,7 @@ class _Updating:
     """The file a zstd stream writer writes to: each piece it decompresses goes to a hash (``written``: how
     many bytes)."""
 
-    def __init__(self, sink, member: _Open | None = None):
+    def __init__(self, sink, member: _Open):
         self.sink, self.member = sink, member
         self.written = 0
 
@@ -974,7 +974,7 @@ class _Updating:
         # decoded for nothing (a zstd member is refused as a layer, and unreferenced): refused once past what
         # any layer compresses to
         m = self.member
-        if m is not None and self.written > ZSTD_MAX_RATIO * m.fed + CHUNK:
+        if self.written > ZSTD_MAX_RATIO * m.fed + CHUNK:
             raise ArchiveError(f"the archive's member {m.name!r} is zstd that decompresses to more than "
                                f"{ZSTD_MAX_RATIO} times its size: no layer (Engine 20.10 loads no zstd layer)")
         return len(data)

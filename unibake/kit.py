@@ -621,12 +621,12 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
                 if first != own:
                     tar.fileobj.seek(first + 124)
                     size = tar.fileobj.read(12).strip(b"\0 ")
-                    if not set(size) <= set(b"01234567") or \
-                            first + tarfile.BLOCKSIZE * (1 + (int(size or b"0", 8) + 511) // 512) != own:
+                    length = int(size or b"0", 8) if set(size) <= set(b"01234567") else -1
+                    if length < 0 or first + tarfile.BLOCKSIZE * (1 + (length + 511) // 512) != own:
                         raise VerificationError(f"{folder / CONTEXT}: {visible_name(name)!r} has more than one "
                                                 "pax header; a build context unibake writes has one at most")
                     tar.fileobj.seek(first + tarfile.BLOCKSIZE)
-                    if not pax_as_unibake_writes(tar.fileobj.read(min(int(size, 8), PAX_LIMIT + 1))):
+                    if not pax_as_unibake_writes(tar.fileobj.read(min(length, PAX_LIMIT + 1))):
                         raise VerificationError(f"{folder / CONTEXT}: {visible_name(name)!r} has a pax header that is "
                                                 "not one unibake writes (each record 'LENGTH path=NAME', its length "
                                                 "exact, in plain digits): the engine and tar programs read its name "

@@ -144,7 +144,7 @@ def _alternatives(branches: list[_Shape]) -> _Shape:
     first: tuple | None = ()
     for b in branches:
         first = _union(first, b.first)
-    prefix = tuple(branches[0].prefix)[:min(len(b.prefix) for b in branches)]
+    prefix = branches[0].prefix[:min(len(b.prefix) for b in branches)]
     for b in branches[1:]:
         prefix = tuple(_union(x, y) for x, y in zip(prefix, b.prefix))
     return _Shape(ways=_cap(sum(b.ways for b in branches) if alike else max(b.ways for b in branches)),

@@ -240,21 +240,27 @@ def gates_not_run(folder: Path, signed_sums: bytes | None = None) -> str | None:
     return " ".join(json.loads(found.group(1)).split())[:300] or None
 
 
+def _check_listed_as_recorded(f, sums: Mapping[str, str], checks: _Checks) -> None:
+    """A file of the archive (``ArchiveFile``) is listed in SHA256SUMS with the sha256 manifest.json, which
+    SHA256SUMS holds, records for it."""
+    if f.name not in sums:
+        checks.add("sha256", f.name, False, "not listed in SHA256SUMS")
+    elif sums[f.name] != f.sha256:
+        checks.add("sha256", f.name, False, f"{MANIFEST} records the sha256 {f.sha256}; SHA256SUMS lists "
+                   f"{sums[f.name]}")
+
+
 def sums_report(folder: Path, manifest: ReleaseManifest) -> Report:
     """``releases``' quick look: what ``sha256sum -c SHA256SUMS`` checks, and that SHA256SUMS lists
     what makes the release (``manifest.json``, every file of the archive, ``IMAGE_ID`` naming its
     image): a folder whose sums leave the archive out does not verify, even at a glance."""
     sums = read_sums(folder)
     checks = check_sums(folder, sums)
-    for name in (MANIFEST, *(f.name for f in manifest.archive.files)):
-        if name not in sums:
-            checks.add("sha256", name, False, "not listed in SHA256SUMS")
+    if MANIFEST not in sums:
+        checks.add("sha256", MANIFEST, False, "not listed in SHA256SUMS")
     for f in manifest.archive.files:
-        # another archive, re-summed in SHA256SUMS alone, passed sha256sum -c: the manifest (which SHA256SUMS
-        # holds) records the archive's own sha256, as verify compares them (found by probing: "verifies")
-        if f.name in sums and sums[f.name] != f.sha256:
-            checks.add("sha256", f.name, False, f"{MANIFEST} records the sha256 {f.sha256}; SHA256SUMS lists "
-                       f"{sums[f.name]}")
+        # (another archive, re-summed in SHA256SUMS alone, passed sha256sum -c here: "verifies")
+        _check_listed_as_recorded(f, sums, checks)
     _check_image_id_file(folder, sums, manifest.image_id, checks)
     _check_unlisted(folder, sums, manifest.archive.name, checks)
     return Report(folder=folder, checks=tuple(checks), manifest=None)
@@ -293,11 +299,7 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     readable, on_disk = True, 0
     for f in archive.files:
         path = folder / f.name
-        if f.name not in sums:
-            checks.add("sha256", f.name, False, "not listed in SHA256SUMS")
-        elif sums[f.name] != f.sha256:  # (the file is read against SHA256SUMS's below)
-            checks.add("sha256", f.name, False, f"{MANIFEST} records the sha256 {f.sha256}; SHA256SUMS lists "
-                       f"{sums[f.name]}")
+        _check_listed_as_recorded(f, sums, checks)  # (the file is read against SHA256SUMS's below)
         if not path.is_file() or path.is_symlink():
             part = " part" if len(parts) > 1 else ""
             what = f"missing{part}" if not os.path.lexists(path) else f"a{part or ' file'} that is not a regular file"
