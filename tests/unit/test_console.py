@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from unibake.console import Reporter
 
@@ -177,3 +182,24 @@ def test_a_counter_past_its_expected_total_says_so_not_a_share_over_the_whole(mo
             advance(60)
             totals.append([(t.description, t.completed, t.total) for t in made[0].tasks])
     assert totals == [[("normalise", 60, 100)], [("normalise (more than expected)", 120, 120)]], totals
+
+
+@pytest.mark.parametrize("script", ["scripts/verify-release.sh", "unibake/templates/kit-verify.sh.j2"])
+def test_each_shell_verifier_hides_exactly_the_characters_one_line_escapes_and_the_c1_controls(script):
+    # the shell verifiers stand alone, so each writes its own sed program (`hidden`) of what one_line escapes:
+    # a character added to one list and not to the others would show reordered text in one verifier only
+    from unibake.console import _HIDDEN
+
+    text = (Path(__file__).resolve().parents[2] / script).read_text()
+    line = re.search(r"^hidden=\$\(printf '[^'\n]*'\)$", text, re.M)
+    assert line, f"{script}: no hidden=$(printf '...') line"
+    points = [c for c in [*range(0x80, 0x3000), *range(0xFE00, 0x10000), *range(0xE0000, 0xE0100)]
+              if not 0xD800 <= c <= 0xDFFF]
+    lines = "".join(f"a{chr(c)}b\n" for c in points).encode()
+    shown = subprocess.run(["sh", "-c", line.group() + '\nLC_ALL=C sed "$hidden"'], input=lines,
+                           capture_output=True, check=True, timeout=60).stdout.decode().splitlines()
+    assert len(shown) == len(points)
+    hidden = {c for c, out in zip(points, shown) if out == "a?b"}
+    assert {c for c, out in zip(points, shown) if out not in ("a?b", f"a{chr(c)}b")} == set()
+    expected = {c for c in points if 0x80 <= c <= 0x9F or _HIDDEN.match(chr(c))}
+    assert sorted(map(hex, hidden ^ expected)) == []
