@@ -83,7 +83,8 @@ done
 while :; do case "$dir" in */) [ "$dir" != / ] || break; dir=${dir%/} ;; *) break ;; esac; done
 case "$dir" in -*) dir=./$dir ;; esac  # cd takes "-" for $OLDPWD, "-P" for an option
 if [ -n "$key" ]; then
-  [ -f "$key" ] || { printf '%s\n' "error: --key $key: no such file" >&2; exit 2; }
+  [ -f "$key" ] || { if [ -e "$key" ]; then what="not a regular file; give the publisher's public key"; else what="no such file"; fi
+    printf '%s\n' "error: --key $key: $what" >&2; exit 2; }
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
 # every tool first: one missing would otherwise read as a corrupted release ("does not decompress")
@@ -123,7 +124,10 @@ if [ -n "$key" ]; then
   # head would read a sparse one for hours)
   head -c $((LIMIT + 1)) -- "$key" > "$work/key"
   [ "$(wc -c < "$work/key")" -le "$LIMIT" ] || { printf '%s\n' "error: --key $key: more than $LIMIT bytes; not a public key" >&2; exit 2; }
+  secret='^-----BEGIN \([A-Z0-9]\{1,\} \)*PRIVATE KEY\( BLOCK\)\{0,1\}-----'"$(printf '\r')"'\{0,1\}$'
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$work/key"; then
+    # (gpg --dearmor takes a secret block as a key too; gpgv then refuses every signature, in its own words)
+    ! grep -q "$secret" "$work/key" || { printf '%s\n' "error: --key $key: holds a secret key besides the public one; give the public key alone" >&2; exit 2; }
     echo "== gpgv SHA256SUMS.asc SHA256SUMS"
     copy SHA256SUMS.asc "$work/sums.asc" || { ! here SHA256SUMS.asc || fail "$dir/SHA256SUMS.asc: not a regular file (a link?): not a signature"
       [ ! -e SHA256SUMS.minisig ] || fail "$dir: SHA256SUMS has no SHA256SUMS.asc; it has SHA256SUMS.minisig: give the publisher's minisign public key"
@@ -200,7 +204,7 @@ if [ -n "$key" ]; then
       exit 2
     fi
     # a secret key by its armour line or minisign's comment line (not by the words anywhere: a README)
-    if grep -q '^-----BEGIN \([A-Z0-9]\{1,\} \)*PRIVATE KEY\( BLOCK\)\{0,1\}-----'"$(printf '\r')"'\{0,1\}$' "$work/key" \
+    if grep -q "$secret" "$work/key" \
         || head -n 1 "$work/key" | grep -q '^untrusted comment:.*secret key'; then
       printf '%s\n' "error: --key $key: this is a secret key; give the public one" >&2
       exit 2
@@ -726,10 +730,16 @@ tee "$work/magic.fifo" < "$work/whole.fifo" | sha256sum | cut -c 1-64 > "$work/w
 sha256sum < "$work/tar.fifo" | cut -c 1-64 > "$work/tar.sha256" &
 # (what follows the end is read up to 1 MiB: gigabytes of zeros compress to almost nothing, and every pass
 # below would decode them all; a tar program pads its end to 10 kB)
-{ stream | tee "$work/whole.fifo" | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | tee "$work/tar.fifo" | {
+# (and the tar no longer than manifest.json records: decoding stops one byte past it, so zstd frames of
+# zeros cost the recorded length, not theirs)
+tar_recorded=$(record uncompressed_bytes)
+{ stream | tee "$work/whole.fifo" | zstd -q -dc 2>/dev/null || echo 1 > "$work/zstd.rc"; } | {
+  head -c "$tar_recorded"; [ "$(head -c 1 | wc -c)" -eq 0 ] || echo 1 > "$work/over.rc"; } | tee "$work/tar.fifo" | {
   if tar -tvf - > "$work/list" 2>"$work/tar.err"; then echo 0; else echo 1; fi > "$work/tar.rc"
   [ "$(head -c 1048577 | wc -c)" -le 1048576 ] || echo 1 > "$work/after.rc"; }
 wait
+[ ! -s "$work/over.rc" ] || fail "$dir: the archive decompresses to more than the $tar_recorded bytes its manifest.json \
+records: refused there, not decompressed further, before any load"
 [ ! -s "$work/after.rc" ] || fail "$dir: the archive's tar is followed by more than 1 MiB after its end: no tar unibake (or a tar program) writes; refused before any load"
 unchanged
 [ ! -s "$work/zstd.rc" ] || fail "$dir: the archive does not decompress (corrupted or truncated)"

@@ -21,7 +21,7 @@ import zstandard
 
 from .archive import LDM_WINDOW_LOG, Archive, compressor_id
 from .engine import LoadOutcome
-from .errors import VerificationError, ZstdDecodeError
+from .errors import ArchiveError, VerificationError, ZstdDecodeError
 from .files import open_regular
 from .imagetar import CHUNK, SavedImage, Skipped, interpret, read_members
 from .sha256state import AVAILABLE as RESUMABLE, Sha256, StateError
@@ -132,12 +132,14 @@ class ArchiveReader:
 
     Iterate :meth:`chunks` for the decoded stream; after a failure, :meth:`finish` reads what is
     left so that every file's digest is still complete (a downloader wants to know which part is bad).
+    ``limit``: the decoded stream's length the manifest records; a stream that decodes to more is refused as
+    soon as it does (a zstd bomb, or a tar member of zeros, then costs the recorded length, not its own).
     """
 
     def __init__(self, folder: Path, names: list[str], *, hashed: bool = True,
                  progress: Callable[[int], object] = lambda n: None, ranges: Iterable[tuple[int, int]] = (),
-                 skips: Mapping[int, tuple[int, int, Resume, str]] = {}):
-        self.folder, self.names, self.progress = folder, list(names), progress
+                 skips: Mapping[int, tuple[int, int, Resume, str]] = {}, limit: int | None = None):
+        self.folder, self.names, self.progress, self.limit = folder, list(names), progress, limit
         # ``ranges``: (offset, length) of compressed bytes (the parts as one) each hashed on its own, where a zstd
         # frame must begin and end; the decoded stream's length at each of those places is kept (``decoded_at``),
         # and (hashed) the sha256 of the compressed bytes before it (``prefix_at``) and the decoded stream's
@@ -263,6 +265,7 @@ class ArchiveReader:
             raise ZstdDecodeError(f"zstd cannot decode {self.names[0]}: it ends inside a zstd frame (truncated, "
                                   "or bytes after its last frame)")
         self.decoded_bytes += size
+        self._within_limit()
         self.hasher.put((_Restore(self.decoded, bytes.fromhex(resume.state), self.decoded_bytes), b""))
         self.skipped.append(at)
         return Skipped(size, name, at)
@@ -283,7 +286,13 @@ class ArchiveReader:
                 if self.hasher is not None:
                     self.hasher.put((self.decoded, chunk))
                 self.decoded_bytes += len(chunk)
+                self._within_limit()
                 yield chunk
+
+    def _within_limit(self) -> None:
+        if self.limit is not None and self.decoded_bytes > self.limit:
+            raise ArchiveError(f"{self.names[0]} decompresses to more than the {self.limit} bytes manifest.json "
+                               "records: refused there, not decompressed further")
 
     def finish(self) -> None:
         """Read to the end (after a failure midway) and wait for the hashing."""

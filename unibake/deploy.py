@@ -50,6 +50,11 @@ def check_address(address: str, where: str) -> str:
 
     well_formed = ADDRESS_RE.fullmatch(address) and all(c.isprintable() for c in address)
     problem = parse_address(address) if well_formed else None
+    if well_formed and not problem:
+        try:
+            same_engine(address)
+        except ValueError as exc:  # (ssh://h:0, unix://@: a traceback in deploy before)
+            problem = str(exc)[:200]
     if not well_formed or problem:
         raise InputError(f"{where}: {address[:100]!r} is not an engine address (unix:///path, tcp://host:port or "
                          f"ssh://user@host){': ' + problem if problem else ''}")
@@ -61,7 +66,9 @@ def read_hosts(path: Path) -> list[str]:
     text = read_small_text(path, InputError, limit=HOSTS_LIMIT, what="a list of engine addresses, one a line")
     found: list[str] = []
     lines: dict[str, tuple[int, str]] = {}  # an engine (as same_engine tells them apart): its first line
-    for n, line in enumerate(text.splitlines(), 1):
+    # lines ended by "\n" alone (a "\r" before it dropped by strip): str.splitlines() also ends one at a form
+    # feed, \x1c-\x1e, \x85 or U+2028, which put two engines on one line and every later line's number off
+    for n, line in enumerate(text.removesuffix("\n").split("\n"), 1):
         line = line.split("#", 1)[0].strip()
         if line:
             found.append(check_address(line, f"{path}:{n}"))
@@ -83,10 +90,20 @@ def same_engine(address: str) -> str:
     import docker
 
     parsed = docker.utils.parse_host(address, False, False)
+    if parsed.startswith("http+unix:"):
+        # the socket docker-py connects to (its UnixHTTPAdapter: what follows "http+unix://", a '/' put before it):
+        # unix://tmp/x.sock is /tmp/x.sock, not the engine "tmp"; its case kept, '//' and links (/var/run) resolved
+        path = parsed.removeprefix("http+unix:").removeprefix("//")
+        if not path:
+            raise ValueError("it names no socket")
+        return "unix://" + os.path.realpath(path if path.startswith("/") else "/" + path)
     parts = urlsplit(parsed)
-    if not parts.hostname:  # unix://: the socket's path, its case kept, '//' and links (/var/run) resolved
-        return "unix://" + os.path.realpath(parsed.split("://", 1)[1])
-    port = parts.port  # a number: 02375 is 2375
+    try:
+        port = parts.port  # a number: 02375 is 2375
+    except ValueError:  # (what docker-py made of ssh://h:0: "h:0:22")
+        port = 0
+    if not parts.hostname or port == 0:
+        raise ValueError("it names no host, or a port no connection can use")
     if parts.scheme == "ssh" and port == 22:
         port = None
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # (hostname is lower-case)

@@ -85,6 +85,10 @@ STDERR_COLOUR_RE = re.compile("\x1b\\[(?:91|0)m")
 DEFAULT_ADDRESS = "unix:///var/run/docker.sock"
 # Long steps (a compile, a big COPY) may print nothing for minutes.
 TIMEOUT = 3600
+# an answer the client reads whole (an image's or a container's inspect, the image list, a diff, the last lines of a
+# log): 128 MiB is hundreds of times the biggest a real engine gives; an engine that sends without end (a hostile one
+# in a deploy's hosts file, or whatever answers at its address) filled the client's memory, never timing out
+MAX_ANSWER = 128 << 20
 # The first request, the engine's API version: an address that takes the connection and never answers
 # (a wrong port, a hung daemon, a proxy) is said within this, not after TIMEOUT.
 CONNECT_TIMEOUT = 60
@@ -346,6 +350,7 @@ class DockerEngine(Engine):
                 kwargs.setdefault("base_url", self.address)
                 self.api = docker.APIClient(version="auto", timeout=probe, use_ssh_client=ssh, **kwargs)
             self.api.timeout = timeout  # every request after the version's
+            self.api.hooks["response"].append(_bounded_answer)
         except docker.errors.DockerException as exc:
             raise EngineError(f"cannot reach the Docker engine at {self.address}: {_unreachable(self.address, exc)}") \
                 from None
@@ -1042,6 +1047,28 @@ def _write_timed_out(exc: Exception) -> bool:
     return isinstance(exc, requests.exceptions.ConnectionError) and any(
         isinstance(arg, urllib3.exceptions.ProtocolError) and any(isinstance(a, TimeoutError) for a in arg.args)
         for arg in exc.args)
+
+
+class AnswerTooLong(requests.exceptions.RequestException):
+    """An engine's answer longer than :data:`MAX_ANSWER`, which the client stopped reading."""
+
+
+def _bounded_answer(response, *args, stream: bool = False, **kwargs):
+    """The body of an answer the client reads whole (not streamed: an export, a load's or a build's events are read
+    piece by piece by their readers), read here up to :data:`MAX_ANSWER` (requests would read it whole, and an
+    endless one without end)."""
+    if stream:
+        return response
+    body = bytearray()
+    for chunk in response.iter_content(1 << 16):
+        body += chunk
+        if len(body) > MAX_ANSWER:
+            response.close()  # the rest is never read
+            path = one_line(response.request.path_url.split("?", 1)[0])[:100] if response.request else "a request"
+            raise AnswerTooLong(f"its answer to {path} is longer than {MAX_ANSWER >> 20} MiB, more than any engine "
+                                "gives there: not read further")
+    response._content, response._content_consumed = bytes(body), True
+    return response
 
 
 def _reason(exc: Exception) -> str:

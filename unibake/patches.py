@@ -142,10 +142,19 @@ def _sides(hunk: unidiff.Hunk) -> tuple[list[str], list[str]]:
 
 def _apply_hunks(lines: list[str], pf: unidiff.PatchedFile, patch: Patch, path: str) -> list[str]:
     out = list(lines)
-    delta = 0
+    delta = after = 0
     for number, hunk in enumerate(pf, 1):
         old, new = _sides(hunk)
-        start = (hunk.source_start if hunk.source_length == 0 else hunk.source_start - 1) + delta
+        first = hunk.source_start if hunk.source_length == 0 else hunk.source_start - 1
+        if first < after:
+            # each hunk's place is counted after the ones above it are applied (``delta``): one listed after a
+            # hunk below it, or overlapping it, would land elsewhere than it says where lines repeat (GNU patch:
+            # "misordered hunks")
+            raise InputError(f"{patch.where}: hunk #{number} (@@ -{hunk.source_start},{hunk.source_length} @@) of "
+                             f"{path} starts inside or above the hunk before it (which ends at line {after}): "
+                             "hunks must be in the file's order and must not overlap")
+        after = first + len(old)
+        start = first + delta
         found = out[start:start + len(old)]
         if found != old:
             header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
@@ -199,7 +208,13 @@ def apply_patches(engine: Source, patches: tuple[Patch, ...]) -> dict[str, Patch
                 text = before.decode("utf-8")
             except UnicodeDecodeError:
                 raise InputError(f"{patch.where}: {path} is not UTF-8 text; patch text files only") from None
-            lines = _apply_hunks(_lines(text), pf, patch, path)
+            original = _lines(text)
+            lines = _apply_hunks(original, pf, patch, path)
+            if pf.is_removed_file and lines:
+                # (GNU patch: "Not deleting file ... as content differs from patch"): a deletion shows the whole
+                # file, so whoever reviews it sees every line that goes
+                raise InputError(f"{patch.where}: deletes {path}, but its hunks show {len(original) - len(lines)} "
+                                 f"of its {len(original)} lines: a deletion must show the whole file")
             mode = _git_mode(pf, patch.where) or mode  # git's "new mode 100755": the file is executable now
             current[path] = PatchedFile(path=path, data=None if pf.is_removed_file else "".join(lines).encode(),
                                         mode=mode)

@@ -153,6 +153,7 @@ class Profile:
     sidecars: tuple[Kernel, ...]
     tune: TuneCaches | None
     smoke: Smoke
+    env_where: dict[str, str] = field(default_factory=dict, compare=False, repr=False)  # each key's FILE:LINE
 
     @property
     def vendor(self) -> str:
@@ -308,6 +309,18 @@ class ReleasePlan:
                 out.append(f"{e.display}:{e.lines[key]}: {key}={e.values[key][:60]} keeps {what}{others}, as "
                            "docker run --env-file does (a shell or docker compose would strip it): the engine "
                            "gets it as part of the value; remove it unless the engine needs it")
+        # an env value is baked as written (the entrypoint's export of a quoted word, the image's ENV escaped): a
+        # $NAME, ${NAME} or $(...) in it reaches the engine as these characters, where a shell, a compose file and
+        # the args (for ${NAME}) would expand it
+        expanded: dict[tuple[str, str], str] = {}
+        for p in self.profiles:
+            for key, value in p.env.items():
+                if not SHELL_EXPANSION_RE.search(value):
+                    continue
+                expanded.setdefault((p.env_where.get(key, p.file), key), value)
+        for (where, key), value in expanded.items():
+            out.append(f"{where}: env {key}={value[:60]} is passed as it is written: env values are never expanded "
+                       "($NAME, ${NAME} and $(...) reach the engine as these characters); write the value itself")
         # two kernels a profile loads that give one library file name: LD_LIBRARY_PATH lists their folders in
         # order, so a library linked against it, or an engine's dlopen of it by name, gets the first one alone
         # (a sidecar of a shared kernel's name replaces it instead, as meant)
@@ -1381,7 +1394,8 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
                          f"{GATE_NODES}): use at most {GATE_NODES} nodes, or give smoke.skip with the reason")
     return Profile(name=m.name, file=m.file, gpus=d["gpus"], devices=devices, topology=topology,
                    env=dict(d.get("env", {})), env_files=m.env_files, args=tuple(d.get("args", [])),
-                   sidecars=sidecars, tune=tune, smoke=smoke)
+                   sidecars=sidecars, tune=tune, smoke=smoke,
+                   env_where={k: m.where(("env", k)) for k in d.get("env", {})})
 
 
 # An engine's tensor- and pipeline-parallel sizes (vLLM's, SGLang's, the demo engine's spellings): the GPUs it starts

@@ -1375,7 +1375,8 @@ def _read_image(folder: Path, manifest: ReleaseManifest, spool: Path, compressio
             advance(len(chunk))
             yield chunk
 
-    reader = ArchiveReader(folder, [f.name for f in manifest.archive.files], hashed=False)
+    reader = ArchiveReader(folder, [f.name for f in manifest.archive.files], hashed=False,
+                           limit=manifest.archive.uncompressed_bytes)
     omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
     return interpret(read_members(counted(reader.chunks()), route), omitted)
 

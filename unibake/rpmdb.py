@@ -70,11 +70,21 @@ def packages(db: bytes, wal: bytes = b"") -> tuple[list[RpmPackage], str]:
 
 
 def _read(con) -> tuple[list[RpmPackage], str]:
+    import sqlite3  # (imported by packages, which calls this)
+
     con.execute("PRAGMA trusted_schema=OFF")
     con.execute("PRAGMA query_only=ON")
     kind = con.execute("SELECT type FROM sqlite_master WHERE name = 'Packages'").fetchone()
     if kind is None or kind[0] != "table":
         return [], "it has no Packages table, as rpm writes it"
+    # untrusted as the schema is, SQLite still computes a generated column, with its built-in functions: a blob
+    # of zeroblob(400000000) per row made an 8 kB file cost 4 GB of memory; so the table must be rpm's two plain
+    # columns, and no value may be longer than a header may be
+    columns = [(name.lower(), (kind or "").upper(), pk, hidden)
+               for _cid, name, kind, _notnull, _default, pk, hidden in con.execute("PRAGMA table_xinfo(Packages)")]
+    if sorted(columns) != [("blob", "BLOB", 0, 0), ("hnum", "INTEGER", 1, 0)]:
+        return [], "its Packages table is not rpm's (hnum INTEGER PRIMARY KEY, blob BLOB; no other column)"
+    con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_BLOB)
     return _listed(blob for (blob,) in con.execute("SELECT blob FROM Packages ORDER BY hnum"))
 
 
@@ -116,14 +126,16 @@ def _header(blob: bytes) -> dict[int, object] | None:
         tag, kind, offset, count = struct.unpack_from(">IIII", blob, 8 + 16 * i)
         if tag not in (NAME, VERSION, RELEASE, EPOCH, ARCH, SOURCERPM) or tag in tags or offset >= size:
             continue
-        if kind in (STRING, STRING_ARRAY, I18NSTRING):
+        # each tag only of the type rpm writes it in (a name stored as a number reached the SBOM's names, which
+        # are text: a TypeError traceback in the archive stage)
+        if kind in (STRING, STRING_ARRAY, I18NSTRING) and tag != EPOCH:
             end = data.find(b"\0", offset, offset + MAX_STRING + 1)
             if end < 0:
                 continue
             text = data[offset:end].decode("utf-8", "replace")
             if _PRINTABLE.fullmatch(text):  # a control character would reach the SBOM and the build log
                 tags[tag] = text
-        elif kind == INT32 and count >= 1 and offset + 4 <= size:
+        elif kind == INT32 and tag == EPOCH and count >= 1 and offset + 4 <= size:
             tags[tag] = struct.unpack_from(">i", data, offset)[0]
     return tags
 

@@ -63,10 +63,14 @@ DAEMON_EXECUTABLES = frozenset({"dockerd", "containerd", "containerd-shim", "con
                                 "docker-proxy", "runc"})
 
 
+def _default_base() -> Path:
+    return Path("/var/tmp") / f"unibake-{os.geteuid()}"
+
+
 def private_base() -> Path:
     """``/var/tmp/unibake-<uid>``: the default scratch place, on disk (a scratch engine holds a whole
     image), created 0700 and refused unless it is this user's own folder."""
-    base = Path("/var/tmp") / f"unibake-{os.geteuid()}"
+    base = _default_base()
     try:
         base.mkdir(mode=0o700, exist_ok=True)
     except OSError as exc:
@@ -215,10 +219,10 @@ def _unmount_under(folder: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
-def runtime_of(folder: Path) -> Path:
+def runtime_of(folder: Path, base: Path | None = None) -> Path:
     """The short folder of a scratch engine's sockets (Unix socket paths are limited to 107 bytes),
-    named after its data folder, never read from a file."""
-    base = private_base()
+    named after its data folder, never read from a file; under ``base``, else the private base (made)."""
+    base = private_base() if base is None else base
     name = RUNTIME_PREFIX + folder.name.removeprefix(SCRATCH_PREFIX)
     parent = os.path.abspath(folder.parent)
     if parent != str(base):  # a --scratch-dir: its seed of the same base image is another engine, another runtime
@@ -229,7 +233,11 @@ def runtime_of(folder: Path) -> Path:
 def remove_scratch_dir(folder: Path) -> None:
     """Stop what still runs from ``folder`` and its runtime folder (verified processes, by PID),
     unmount, delete both: only folders this user made."""
-    places = [p for p in (folder, runtime_of(folder)) if _ours(p)]
+    # the runtime folder only where the default base is already this user's private folder: prune of a
+    # --scratch-dir neither makes that base nor fails on one it does not own (after removing images, before)
+    base = _default_base()
+    places = [p for p in (folder, runtime_of(folder, base) if _ours(base) else None)
+              if p is not None and _ours(p)]
     for pid in _processes_of(places):
         _stop(pid, STOP_TIMEOUT)
     for place in places:

@@ -306,6 +306,8 @@ def read_public_key(path: Path) -> PublicKey:
                          "public key (a binary OpenPGP key, as gpg --export writes it without --armor: import it "
                          "and give gpg --armor --export KEYID)") from None
     if "-----BEGIN PGP PUBLIC KEY BLOCK-----" in text:
+        if SECRET_ARMOUR_RE.search(text):  # (gpg --dearmor takes a secret block as a key too)
+            raise InputError(f"--key {path}: holds a secret key besides the public one; give the public key alone")
         return PublicKey(kind="openpgp", path=path, text=text)
     # minisign reads the first two lines (a comment, the key) and nothing after: so does this, and so
     # does verify-release.sh, so that both take and refuse the same files

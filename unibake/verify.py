@@ -326,7 +326,7 @@ def verify_folder(folder: Path, signed_sums: bytes | None = None, progress: Call
     # as the files are read, so that a file zstd refuses at once (read to its end for its digest) shows too
     shown = progress("read archive", on_disk) if progress is not None else nullcontext(lambda n: None)
     with shown as advance:
-        reader = ArchiveReader(folder, parts, progress=advance)
+        reader = ArchiveReader(folder, parts, progress=advance, limit=archive.uncompressed_bytes)
         zstd_ok, structure = True, ""
         try:
             omitted = frozenset(manifest.hotfix.omitted_diff_ids) if manifest.hotfix else frozenset()
@@ -627,7 +627,8 @@ def checked_load(engine: Engine, folder: Path, manifest: ReleaseManifest,
     more than the release's tag, undone. Returns "" when the engine holds the release's image under
     its tag, else what it loaded instead (put back). ``feed`` wraps the stream (progress, an interrupt)."""
     before = {tag: i.id for i in engine.list_images() for tag in i.tags}
-    reader = ArchiveReader(folder, [f.name for f in manifest.archive.files])
+    reader = ArchiveReader(folder, [f.name for f in manifest.archive.files],
+                           limit=manifest.archive.uncompressed_bytes)
     outcome = engine.load(feed(_as_checked(reader, manifest.archive.sha256)))
     loaded = engine.inspect_image(manifest.tag)
     if loaded is not None and loaded.id == manifest.image_id and set(outcome.tags) <= {manifest.tag}:

@@ -155,6 +155,73 @@ def test_an_engine_that_does_not_listen_is_named(tmp_path):
         str(caught.value).startswith("the Docker engine does not answer: no engine listens there")
 
 
+def test_an_engine_whose_answer_never_ends_is_one_error_after_a_bounded_read(tmp_path):
+    # found by probing: an address of a deploy's hosts file answering an image's inspect with endless bytes grew the
+    # client to 9.8 GB in 16 s, --engine-timeout no help (bytes kept coming); no real engine is needed, so none is
+    # reached: a server on a socket here answers as Engine 20.10 would, but without end for the image
+    import http.server
+    import socketserver
+    import threading
+
+    from unibake.docker_engine import MAX_ANSWER
+
+    sent = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            if not self.path.startswith("/v1.41/images/"):
+                body = b'{"ApiVersion": "1.41", "Version": "20.10.24", "Os": "linux", "Arch": "amd64"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Api-Version", "1.41")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(1 << 40))
+            self.end_headers()
+            piece, total = b"a" * (1 << 20), 0
+            try:
+                self.wfile.write(b'{"Id": "')
+                while total < 4 * MAX_ANSWER:
+                    self.wfile.write(piece)
+                    total += len(piece)
+            except OSError:
+                pass  # the client went
+            sent.append(total)
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+        def get_request(self):
+            request, _ = super().get_request()
+            return request, ("local", 0)
+
+    sock = tmp_path / "endless.sock"
+    server = Server(str(sock), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        engine = DockerEngine(f"unix://{sock}", timeout=30)
+        with pytest.raises(EngineError, match=rf"its answer to /v1\.41/images/x:1/json is longer than 128 MiB, "
+                                              rf"more than any engine gives there: not read further \(engine at "
+                                              rf"unix://{sock}\)"):
+            engine.inspect_image("x:1")
+        deadline = time.monotonic() + 30  # (a hang guard: the server sees the client go at its next write)
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sent and sent[0] < 2 * MAX_ANSWER  # the client stopped reading, not the server sending
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_pull_from_a_registry_nobody_serves_says_so(engine):
     digest = "sha256:" + "1" * 64
     with pytest.raises(EngineError, match=r"the engine could not pull 127\.0\.0\.1:9/nothing@sha256:1{64}|"

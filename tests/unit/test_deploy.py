@@ -234,6 +234,40 @@ def test_the_hosts_file_and_the_engines_given(tmp_path):
         engines_of([], [])
 
 
+def test_a_unix_address_of_two_slashes_is_the_socket_docker_py_connects_to_and_odd_ones_are_refused(cli, tmp_path):
+    # found by probing: unix://tmp/a.sock is /tmp/a.sock to docker-py, but was told apart by "tmp" alone: a second
+    # engine under /tmp was dropped without a word, and unix:///x and unix://x were two engines, each loaded; port 0
+    # over ssh and a unix address naming no socket were a traceback (exit 1)
+    a, b = tmp_path / "a.sock", tmp_path / "b.sock"
+    assert len(engines_of([f"unix:/{a}", f"unix:/{b}"], [])) == 2
+    with pytest.raises(InputError, match=rf"engine unix:/{re.escape(str(a))} is named twice \(as unix://{a}\)"):
+        engines_of([f"unix://{a}", f"unix:/{a}"], [])
+    folder, _ = make_release(tmp_path / "release")
+    for address in ("ssh://u@h:0", "ssh://h:00", "unix://@", "unix://:1", "unix:///"):
+        result = cli("deploy", str(folder), "--engine", address)
+        assert result.code == 2 and len(result.error_lines) == 1 and "Traceback" not in result.err, result.err
+        assert result.error_lines[0].startswith(f"error: --engine: '{address}' is not an engine address"), result.err
+    hosts = tmp_path / "hosts"
+    hosts.write_text("ssh://h:0\n")
+    result = cli("deploy", str(folder), "--hosts", str(hosts))
+    assert result.code == 2 and result.error_lines == [
+        f"error: {hosts}:1: 'ssh://h:0' is not an engine address (unix:///path, tcp://host:port or ssh://user@host): "
+        "it names no host, or a port no connection can use"], result.err
+
+
+def test_a_hosts_file_s_lines_are_those_newlines_end_as_an_editor_counts_them(tmp_path):
+    # found by probing: str.splitlines() also ends a line at a form feed or U+2028: two engines on one line, and the
+    # line numbers of every error after it off
+    hosts = tmp_path / "hosts"
+    hosts.write_bytes(b"unix:///tmp/a\xe2\x80\xa8tcp://x:1\r\nunix:///tmp/b\x0cunix:///tmp/a\n")
+    with pytest.raises(InputError, match=rf"^{re.escape(str(hosts))}:1: 'unix:///tmp/a\\u2028tcp://x:1' is not an "
+                                         "engine address"):
+        read_hosts(hosts)
+    hosts.write_text("tcp://x:1\r\ntcp://y:1\r\n\r\ntcp://x:1\r\n")
+    with pytest.raises(InputError, match=rf"^{re.escape(str(hosts))}:4: engine tcp://x:1 is named twice \(line 1\)"):
+        read_hosts(hosts)
+
+
 def test_an_engine_a_hosts_file_names_twice_is_refused_naming_the_file_and_its_lines(cli, tmp_path):
     # "error: engine tcp://Node2:2375 is named twice (as tcp://node2:2375)": no word of the hosts file, nor of
     # which of its hundred lines to fix

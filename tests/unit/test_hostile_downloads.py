@@ -23,6 +23,9 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from unibake.archive_reader import ArchiveReader
+from unibake.errors import ArchiveError
+
 from ..conftest import REPO
 from ..forge import (compact, forge, json_member, link, member, read_entries, replace_config, replace_member, resum,
                      smuggle, write_tar)
@@ -1170,6 +1173,27 @@ def test_gigabytes_of_zeros_after_the_tar_are_refused_by_both_before_they_are_de
     assert result.code == 3 and result.error_lines[-1].endswith(
         "the archive has more than 1 MiB of zeros after its end: no tar an engine or a tar program writes"), result.err
     refused_by_the_shell(folder, None, "the archive's tar is followed by more than 1 MiB after its end")
+
+
+def test_an_archive_that_decompresses_to_more_than_its_manifest_records_is_refused_there_by_both(cli, folder):
+    # a signed manifest vouches for the tar's length before the archive's sha256 can be known (one read): a swapped
+    # archive of a few kB that decompresses to gigabytes was decoded whole (every pass of the shell's) before its
+    # sha256 refused it; both now stop one byte past the recorded length
+    recorded = json.loads((folder / "manifest.json").read_text())["archive"]["uncompressed_bytes"]
+    zeros = bytes(64 << 20)
+    forge(folder, lambda entries: entries + [member(f"blobs/sha256/{hashlib.sha256(zeros).hexdigest()}", zeros)],
+          manifest_change=lambda m: m["archive"].update(uncompressed_bytes=recorded))
+    says = f"decompresses to more than the {recorded} bytes its manifest.json records: refused there"
+    result = cli("verify", str(folder))
+    assert result.code == 3 and says.replace("its ", "") in result.err and "Traceback" not in result.err, result.err
+    refused_by_the_shell(folder, None, says)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    reader = ArchiveReader(folder, [manifest["archive"]["name"]], limit=recorded)
+    with pytest.raises(ArchiveError, match="decompresses to more than"):
+        for _ in reader.chunks():
+            pass
+    reader.finish()
+    assert recorded < reader.decoded_bytes < recorded + (4 << 20)  # not the 64 MiB
 
 
 def test_a_blob_of_zstd_frames_that_decompress_without_end_is_refused_in_its_first_bytes(cli, folder):

@@ -435,6 +435,53 @@ def test_patches_change_the_engine_files_and_a_failing_hunk_is_named(busybox_pro
 
 
 
+def test_hunks_out_of_order_or_overlapping_are_refused_not_applied_at_another_line(busybox_product):
+    # found by probing: the second hunk of a patch (for line 1) listed after one for line 6 was moved by the first's
+    # added line, and where lines repeat its context matched there: line 2 changed, a line the patch never names
+    # (GNU patch: "misordered hunks! output would be garbled")
+    from unibake.inputs import read_source
+    from unibake.patches import apply_patches, read_patch
+
+    root = busybox_product.parent
+    (root / "images/engine/cfg.py").write_text("x = 0\n" * 7)
+    (root / "images/patches").mkdir()
+    hunks = {"low": "@@ -6,2 +6,3 @@\n x = 0\n x = 0\n+e = 5\n", "top": "@@ -1,2 +1,2 @@\n-x = 0\n+x = 9\n x = 0\n",
+             "over": "@@ -2,1 +2,1 @@\n-x = 0\n+x = 8\n"}
+
+    def applied(*order):
+        (root / "images/patches/fix.patch").write_text("--- a/cfg.py\n+++ b/cfg.py\n" + "".join(hunks[h] for h in order))
+        patch = read_patch(root, {"file": "images/patches/fix.patch"}, lambda path: "product.yaml:12")
+        return apply_patches(read_source(root, "images/engine", "product.yaml:9"), (patch,))["cfg.py"].data.decode()
+
+    assert applied("top", "low") == "x = 9\n" + "x = 0\n" * 6 + "e = 5\n"  # in order: where each says
+    for order in (("low", "top"), ("top", "over")):
+        with pytest.raises(InputError, match=r"^images/patches/fix\.patch: hunk #2 \(@@ -[12],[12] @@\) of cfg\.py "
+                                             r"starts inside or above the hunk before it \(which ends at line [27]\): "
+                                             r"hunks must be in the file's order and must not overlap"):
+            applied(*order)
+
+
+def test_a_patch_that_deletes_a_file_must_show_all_of_it(busybox_product):
+    # found by probing: "+++ /dev/null" with a hunk of 2 of the file's 4 lines deleted all 4, 2 of them unseen by
+    # whoever reviewed the patch (GNU patch: "Not deleting file ... as content differs from patch")
+    from unibake.inputs import read_source
+    from unibake.patches import apply_patches, read_patch
+
+    root = busybox_product.parent
+    (root / "images/engine/cfg.py").write_text("x = 0\ny = 1\nz = 2\nw = 3\n")
+    (root / "images/patches").mkdir()
+
+    def applied(hunk):
+        (root / "images/patches/rm.patch").write_text("--- a/cfg.py\n+++ /dev/null\n" + hunk)
+        patch = read_patch(root, {"file": "images/patches/rm.patch"}, lambda path: "product.yaml:12")
+        return apply_patches(read_source(root, "images/engine", "product.yaml:9"), (patch,))["cfg.py"].data
+
+    assert applied("@@ -1,4 +0,0 @@\n-x = 0\n-y = 1\n-z = 2\n-w = 3\n") is None
+    with pytest.raises(InputError, match=r"^images/patches/rm\.patch: deletes cfg\.py, but its hunks show 2 of its 4 "
+                                         r"lines: a deletion must show the whole file$"):
+        applied("@@ -1,2 +0,0 @@\n-x = 0\n-y = 1\n")
+
+
 def test_an_engine_file_edited_between_its_hash_and_its_patch_or_too_big_to_patch_is_refused(busybox_product):
     # the plan hashes the engine folder, then reads the file a patch changes again: an edit in between was
     # patched and baked unchecked, under the digest of the file as it was hashed
@@ -1756,3 +1803,23 @@ def test_an_env_file_or_patch_edited_between_its_hash_and_its_read_is_refused(bu
     monkeypatch.setattr(module, "read_source", an_editor_meanwhile)
     with pytest.raises(InputError, match=rf"^input '{rel}' changed while it was read \(after it was hashed\); run again"):
         make_plan(busybox_product, verify_lock=False)
+
+
+def test_an_env_value_a_shell_would_expand_is_warned_once_naming_where_it_is_written(busybox_product, cli):
+    # found by probing: env {HF_HOME: "${UNIBAKE_MOUNT_TARGET}/hf"} reached the engine as these characters, without a
+    # word, where args expand ${NAME} and a compose or shell env file would expand it too
+    root = busybox_product.parent
+    (root / "images/stack.env").write_text("A=1\nLD_PRELOAD=$UNIBAKE_ROOT/x.so\n")
+    append(busybox_product / "tp2.yaml", "env_file: images/stack.env\n")
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text().replace("env: {NCCL_ALGO: Tree}",
+                                           'env: {NCCL_ALGO: Tree, HF_HOME: "${UNIBAKE_MOUNT_TARGET}/hf", B: "a $ b"}'))
+    lock(cli, busybox_product)
+    assert make_plan(busybox_product).profile("tp1").env["HF_HOME"] == "${UNIBAKE_MOUNT_TARGET}/hf"  # as written
+    result = cli("--stage", "render", "--config", str(busybox_product))
+    assert result.code == 0, result.err
+    assert [line for line in result.err.splitlines() if "env values are never expanded" in line] == [
+        f"warning: {busybox_product}/tp1.yaml:4: env HF_HOME=${{UNIBAKE_MOUNT_TARGET}}/hf is passed as it is written: "
+        "env values are never expanded ($NAME, ${NAME} and $(...) reach the engine as these characters); write the value itself",
+        "warning: images/stack.env:2: env LD_PRELOAD=$UNIBAKE_ROOT/x.so is passed as it is written: "
+        "env values are never expanded ($NAME, ${NAME} and $(...) reach the engine as these characters); write the value itself"], result.err

@@ -155,6 +155,13 @@ def test_the_entrypoint_refuses_an_unknown_profile_naming_the_known_ones(busybox
                             env={"PROFILE": "tp3; rm -rf /", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
     assert result.stderr == "error: unknown PROFILE 'tp3; rm -rf /'; known profiles: tp1, tp2\n"
+    # found by probing: PROFILE set but empty (docker run -e PROFILE=$P, $P empty) started the default layout
+    empty = subprocess.run(["sh", str(entrypoint), "true"], capture_output=True, text=True,
+                           env={"PROFILE": "", "PATH": "/usr/bin:/bin"})
+    assert (empty.returncode, empty.stderr) == (2, "error: unknown PROFILE ''; known profiles: tp1, tp2\n")
+    unset = subprocess.run(["sh", str(entrypoint), "sh", "-c", "echo $PROFILE"], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert (unset.returncode, unset.stdout) == (0, "tp1\n"), unset.stderr  # unset: the default
 
 
 @pytest.mark.parametrize("where,text,message", [

@@ -179,3 +179,46 @@ def test_a_damaged_or_hostile_berkeley_db_is_said_not_a_failure(tmp_path):
     assert len(contents.packages) == 199 and contents.problems == (
         f"/var/lib/rpm/Packages was read in part: page {start // size}: a value of {1 << 31} bytes (more than "
         f"{64 << 20}); the 199 packages read are in the SBOM, the others it lists are not",)
+
+
+def test_a_package_name_stored_as_a_number_is_counted_as_naming_none_not_a_traceback(tmp_path):
+    # found by probing: a header whose NAME tag is an INT32 gave the SBOM an int for a name, and the archive stage
+    # ended in a TypeError traceback (exit 1); each tag is now read only in the type rpm writes it in
+    evil = tmp_path / "evil.sqlite"
+    evil.write_bytes(real_db())
+    con = sqlite3.connect(evil)
+    con.execute("PRAGMA journal_mode=DELETE")
+    number = struct.pack(">II", 2, 8) + struct.pack(">IIII", 1000, 4, 0, 1) + struct.pack(">IIII", 1001, 6, 4, 1) \
+        + struct.pack(">i", 7) + b"1.0\0"
+    epoch_as_text = struct.pack(">II", 3, 10) + struct.pack(">IIII", 1000, 6, 0, 1) \
+        + struct.pack(">IIII", 1001, 6, 2, 1) + struct.pack(">IIII", 1003, 6, 6, 1) + b"a\x001.0\x002\0\0\0"
+    for blob in (number, epoch_as_text):
+        con.execute("INSERT INTO Packages (blob) VALUES (?)", (blob,))
+    con.commit()
+    con.close()
+    found, problem = rpmdb.packages(evil.read_bytes())
+    assert sorted((p.name, p.version) for p in found) == [("a", "1.0"), ("demo-cuda-runtime", "2:12.4.1-1.el9"),
+                                                          ("libnccl", "2.21.5-1+cuda12.4")]
+    assert problem == "1 of its headers name no package and version"
+    layer = tar_of([("etc/os-release", UBI, None), ("var/lib/rpm/rpmdb.sqlite", evil.read_bytes(), None)])
+    (tmp_path / "sbom").mkdir()
+    contents, document = document_of([layer], tmp_path / "sbom")
+    assert sorted(p.name for p in contents.packages) == ["a", "demo-cuda-runtime", "libnccl"]
+
+
+def test_a_packages_table_whose_blobs_sqlite_computes_is_refused_unread(tmp_path):
+    # found by probing: an 8 kB database whose Packages.blob is a generated column, zeroblob(400000000), cost the
+    # archive stage 4 GB of memory (trusted_schema=OFF leaves SQLite's own functions to generated columns)
+    for schema in ("hnum INTEGER, n INTEGER, blob BLOB GENERATED ALWAYS AS (zeroblob(n)) VIRTUAL",
+                   "hnum INTEGER PRIMARY KEY, n INTEGER, blob BLOB AS (zeroblob(n)) STORED",
+                   "hnum TEXT PRIMARY KEY, blob BLOB", "hnum INTEGER PRIMARY KEY, blob BLOB, extra TEXT"):
+        path = tmp_path / "bomb.sqlite"
+        path.unlink(missing_ok=True)
+        con = sqlite3.connect(path)
+        con.execute(f"CREATE TABLE Packages ({schema})")
+        if " n " in schema:
+            con.executemany("INSERT INTO Packages (hnum, n) VALUES (?, ?)", [(i, 1000) for i in range(6)])
+        con.commit()
+        con.close()
+        assert rpmdb.packages(path.read_bytes()) == (
+            [], "its Packages table is not rpm's (hnum INTEGER PRIMARY KEY, blob BLOB; no other column)"), schema

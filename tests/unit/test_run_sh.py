@@ -742,6 +742,17 @@ def test_run_sh_names_each_profile_s_container_apart_whatever_name_the_environme
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_a_profile_set_but_empty_is_refused_not_the_default_one(folder, shell):
+    # found by probing: PROFILE=$P with $P empty ran the default profile (4 GPUs in the demo) without a word
+    empty = run_sh(shell, folder, "--dry-run", env={"PROFILE": ""})
+    assert (empty.returncode, empty.stdout) == (2, b"") and empty.stderr.startswith(b"error: unknown profile ''"), empty
+    unset = run_sh(shell, folder, "--dry-run")
+    assert unset.returncode == 0 and b" PROFILE=tp4 " in unset.stdout, unset  # unset: the default
+    given = run_sh(shell, folder, "--dry-run", "tp1", env={"PROFILE": ""})
+    assert given.returncode == 0 and b" PROFILE=tp1 " in given.stdout, given  # the argument names it
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
 def test_an_env_file_line_naming_a_variable_sh_cannot_read_has_its_value_checked_too(tmp_path, shell):
     # an env file's line `A.B` (no '=') takes A.B from the environment, which bash passes on to docker: run.sh did not
     # check that value (sh cannot read such a name), so one that is not UTF-8 reached the container changed; dash and

@@ -386,3 +386,23 @@ def test_a_scratch_dockerd_is_stopped_once_its_containerd_is_gone_not_after_its_
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+@pytest.mark.parametrize("base_state", ["open to others", "missing"])
+def test_removing_a_scratch_dir_s_folder_neither_makes_nor_fails_on_the_default_scratch_place(tmp_path, monkeypatch,
+                                                                                              base_state):
+    # found by probing: prune --scratch-dir removed the engine's images, then failed (exit 1) on /var/tmp/unibake-UID
+    # being open to others, the --scratch-dir's seed left; with that place missing, it made it
+    from unibake import scratch
+
+    base = tmp_path / "var-tmp-unibake"
+    if base_state == "open to others":
+        base.mkdir(mode=0o755)
+        base.chmod(0o755)
+    monkeypatch.setattr(scratch, "_default_base", lambda: base)  # the place, not what is done there
+    folder = tmp_path / "mine" / "ub-seed-abc"
+    (folder / "root").mkdir(parents=True)
+    folder.chmod(0o700)
+    scratch.remove_scratch_dir(folder)
+    assert not folder.exists()
+    assert base.exists() == (base_state == "open to others")

@@ -404,7 +404,7 @@ def test_a_key_of_the_other_kind_than_the_release_s_signature_is_said_so_not_uns
 
 
 @pytest.mark.parametrize("case", ["minisign secret key", "damaged minisign key", "openpgp secret key",
-                                  "a text about secret keys"])
+                                  "a text about secret keys", "openpgp public and secret keys", "a folder"])
 def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_bad_signature(
         engines, tmp_path, minisign_key, cli, case):  # noqa: F811
     secret, public = minisign_key
@@ -416,6 +416,13 @@ def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_b
     elif case == "openpgp secret key":  # gpg --armor --export-secret-keys
         key.write_text("-----BEGIN PGP PRIVATE KEY BLOCK-----\r\n\r\nlQOYBGXyz\r\n-----END PGP PRIVATE KEY BLOCK-----\r\n")
         says = "this is a secret key; give the public one"
+    elif case == "openpgp public and secret keys":  # found by probing: taken as one key (gpgv then refused all)
+        key.write_text("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGXyz\n-----END PGP PUBLIC KEY BLOCK-----\n"
+                       "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBGXyz\n-----END PGP PRIVATE KEY BLOCK-----\n")
+        says = "holds a secret key besides the public one; give the public key alone"
+    elif case == "a folder":  # found by probing: the shell said "no such file"
+        key.mkdir()
+        says = "not a regular file; give the publisher's public key"
     elif case == "a text about secret keys":  # (before: said to be a secret key, by these words in it)
         key.write_text("# Signing\n\nKeep the secret key offline; a PRIVATE KEY never leaves the host.\n")
         says = "neither an armoured OpenPGP public key"

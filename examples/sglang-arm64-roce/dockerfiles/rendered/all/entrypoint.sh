@@ -8,7 +8,7 @@
 set -eu
 UNIBAKE_ROOT=/opt/unibake
 UNIBAKE_PYTHON_DIRS=""
-PROFILE="${PROFILE:-tp16}"
+PROFILE="${PROFILE-tp16}"  # (set but empty: refused below, not the default)
 case "$PROFILE" in
   tp16)
     UNIBAKE_GPUS=4

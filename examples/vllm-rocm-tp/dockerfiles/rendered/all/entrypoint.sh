@@ -8,7 +8,7 @@
 set -eu
 UNIBAKE_ROOT=/opt/unibake
 UNIBAKE_PYTHON_DIRS=""
-PROFILE="${PROFILE:-tp4}"
+PROFILE="${PROFILE-tp4}"  # (set but empty: refused below, not the default)
 case "$PROFILE" in
   tp1)
     UNIBAKE_GPUS=1
