@@ -64,7 +64,7 @@ from .console import one_line
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
 from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
-from .files import read_small_file
+from .files import bounded_body, read_small_file
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -1059,15 +1059,10 @@ def _bounded_answer(response, *args, stream: bool = False, **kwargs):
     endless one without end)."""
     if stream:
         return response
-    body = bytearray()
-    for chunk in response.iter_content(1 << 16):
-        body += chunk
-        if len(body) > MAX_ANSWER:
-            response.close()  # the rest is never read
-            path = one_line(response.request.path_url.split("?", 1)[0])[:100] if response.request else "a request"
-            raise AnswerTooLong(f"its answer to {path} is longer than {MAX_ANSWER >> 20} MiB, more than any engine "
-                                "gives there: not read further")
-    response._content, response._content_consumed = bytes(body), True
+    if bounded_body(response, MAX_ANSWER)[1]:
+        path = one_line(response.request.path_url.split("?", 1)[0])[:100] if response.request else "a request"
+        raise AnswerTooLong(f"its answer to {path} is longer than {MAX_ANSWER >> 20} MiB, more than any engine "
+                            "gives there: not read further")
     return response
 
 

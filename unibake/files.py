@@ -118,6 +118,22 @@ def decode_text(data: bytes, path: Path, error: type[UnibakeError]) -> str:
         raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}){utf16}") from None
 
 
+def bounded_body(response, limit: int) -> tuple[bytes, bool]:
+    """An HTTP answer's body (a ``requests`` response not yet read) read up to ``limit`` bytes, and whether it
+    was longer: then the connection is closed and the rest never read (requests would read it whole, and an
+    endless one without end). Set as the response's content, so that ``.content`` and ``.json()`` read it."""
+    body, cut = bytearray(), False
+    for chunk in response.iter_content(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            response.close()
+            del body[limit:]
+            cut = True
+            break
+    response._content, response._content_consumed = bytes(body), True
+    return response._content, cut
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

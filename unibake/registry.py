@@ -68,7 +68,7 @@ from .console import one_line
 from .engine import Engine
 from .errors import (DigestMismatch, DiskFull, EngineError, HandoffAborted, InputError, RegistryAuthError,
                      RegistryError, UnibakeError, VerificationError)
-from .files import read_small_text
+from .files import bounded_body, read_small_text
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
@@ -964,17 +964,10 @@ class RegistryClient:
         passing = response.ok and not response.is_redirect
         if stream and passing:
             return response
-        body = bytearray()
-        for chunk in response.iter_content(1 << 16):
-            body += chunk
-            if len(body) > MAX_ANSWER:
-                response.close()  # the rest is never read
-                if passing:
-                    raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} "
-                                        f"with more than the {MAX_ANSWER} bytes such an answer may be")
-                del body[MAX_ANSWER:]  # an error's body is only its message; a redirect's is not read
-                break
-        response._content, response._content_consumed = bytes(body), True
+        # (an error's body is only its message, kept cut; a redirect's is not read)
+        if bounded_body(response, MAX_ANSWER)[1] and passing:
+            raise RegistryError(f"the registry {self.ref.host} answered {urlsplit(response.url).path[:100]} "
+                                f"with more than the {MAX_ANSWER} bytes such an answer may be")
         return response
 
     def _followable(self, response) -> None:
