@@ -50,7 +50,7 @@ unset CDPATH  # which would take "cd RELEASE_DIR" (a relative name) to a folder 
 unset TAR_OPTIONS GREP_OPTIONS GZIP
 
 usage() { echo "error: usage: verify-release.sh RELEASE_DIR [--no-load] [--key PUBKEY]" >&2; exit 2; }
-case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' < "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;; esac
 # A line that may hold what the folder says (a file name, a manifest.json value) is printed with printf,
 # not echo (dash's reads '\033' and '\c' in it), and each control byte as '?': an escape sequence would
 # reach the terminal (hide the lines after it), a newline would print a line the script never wrote; so is
@@ -66,6 +66,9 @@ dir=$1
 shift
 load=1
 key=
+# the release a hotfix's apply.sh was written for, set by its engine checks (run in this shell, after the
+# signature's): another release's folder, in whole and consistent, is refused before anything is loaded
+expect_image= expect_tag=
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --no-load) load=0; shift ;;
@@ -609,6 +612,9 @@ recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manife
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
 printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
+if [ -n "$expect_image" ] && { [ "$want" != "$expect_image" ] || [ "$tag" != "$expect_tag" ]; }; then
+  fail "$dir holds release $tag ($want), not the one this apply.sh is for: $expect_tag ($expect_image); nothing was loaded"
+fi
 # a minisign trusted comment unibake wrote ("PRODUCT RELEASE SHA256SUMS") names this release: a
 # signature made for another release with the same key would otherwise be shown as that release's
 if [ -s "$work/comment" ] && grep -qxE '[a-z0-9][a-z0-9._-]{0,63} [A-Za-z0-9_][A-Za-z0-9_.-]{0,127} (SHA256SUMS|provenance\.intoto\.json)' "$work/comment"; then

@@ -948,7 +948,14 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
                # a file made (not) executable changed too, when the old lock recorded modes
                "changed": sorted(p for p in set(after) & set(before)
                                  if after[p] != before[p] or old.mode_differs(inputs[p]))}
-    write_atomic(config, LOCK_FILE, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
+    folder, name = config, LOCK_FILE
+    if lock_path.is_symlink():  # a lock kept elsewhere in the folder and linked: written there, the link kept
+        real = lock_path.resolve()
+        if not real.is_relative_to(config.resolve()):
+            raise InputError(f"{display}: a symlink that points outside the profiles folder (to {real}); the lock "
+                             "must live in the folder")
+        folder, name = real.parent, real.name
+    write_atomic(folder, name, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
     for label in ("added", "changed", "removed"):
         for path in changed[label]:
             ctx.reporter.info(f"  {label}: {path}")

@@ -451,3 +451,36 @@ def test_apply_sh_shows_a_key_path_s_control_characters_as_question_marks_on_one
     assert (result.returncode, result.stdout, result.stderr) == (
         2, "", "error: --key k?[2J?error: forged?: no such file\n")
     assert not loaded(env)
+
+
+@pytest.mark.parametrize("other_tag", ["1.1", "0.9"])
+def test_apply_sh_beside_another_release_refuses_it_before_any_load(hotfix, tmp_path, other_tag):
+    # found by probing: a whole, consistent release (apply.sh not in its sums) given the hotfix's apply.sh was
+    # checked and loaded, and only then compared: demo-llm:1.1 moved to another image and was left so (exit 3,
+    # "nothing loaded, or the load undone" says its header); of another tag, docker's raw error and exit 1
+    from ..savefixtures import layer_tar
+    from .test_publish import make_release
+
+    folder, env = hotfix
+    other, _ = make_release(tmp_path / "other", other_tag, layers=[layer_tar({"other": b"other" * 100})])
+    shutil.copy(folder / "apply.sh", other / "apply.sh")
+    want = (folder / "IMAGE_ID").read_text().strip()
+    got = (other / "IMAGE_ID").read_text().strip()
+    refused(other, env, f"holds release demo-llm:{other_tag} ({got}), not the one this apply.sh is for: demo-llm:1.1 "
+                        f"({want}); nothing was loaded")
+
+
+def test_apply_sh_help_from_a_folder_named_like_an_option_prints_its_help(hotfix, tmp_path):
+    # found by probing: sed read the folder "-n" as its option and printed its own usage (exit 0)
+    folder, env = hotfix
+    named = tmp_path / "-n"
+    shutil.copytree(folder, named)
+    for script in ("apply.sh", "run.sh"):
+        shown = subprocess.run(["sh", "--", f"-n/{script}", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=60, env=env)
+        assert shown.returncode == 0 and shown.stderr == "" and shown.stdout.startswith(
+            "Apply hotfix" if script == "apply.sh" else ""), shown.stdout + shown.stderr
+    (named / "verify-release.sh").write_bytes((REPO / "scripts/verify-release.sh").read_bytes())
+    shown = subprocess.run(["sh", "--", "-n/verify-release.sh", "--help"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60, env=env)
+    assert shown.returncode == 0 and shown.stderr == "" and "Usage: scripts/verify-release.sh" in shown.stdout, shown

@@ -190,6 +190,9 @@ def test_lock_names_the_lock_even_when_it_is_a_symlink(busybox_product, cli):
     locked = cli("lock", "--config", str(busybox_product))
     assert locked.code == 0, locked.err
     assert locked.err.strip().splitlines()[-1].startswith(f"{lock_file}: 7 inputs")  # not current.lock's name
+    # found by probing: the link was replaced by a file, and the file it named (a team's locks/ folder) left stale
+    assert lock_file.is_symlink() and os.readlink(lock_file) == "current.lock"
+    assert len((busybox_product / "current.lock").read_text().split("\n")) > 7
 
     lock_file.unlink()
     lock_file.symlink_to("inputs.lock")  # a loop: named, exit 2, never a traceback
@@ -362,3 +365,19 @@ def test_the_digest_record_is_not_written_through_a_link_a_checkout_brought(tmp_
     with pytest.raises(UnibakeError, match=r"build-memo is a symlink"):
         memo.save()
     assert list(elsewhere.iterdir()) == [] and not (elsewhere / "inputs" / FILE).exists()
+
+
+def test_a_lock_line_naming_what_no_input_can_be_is_refused_at_the_plan(busybox_product, cli):
+    # found by probing: '<sha>  ../../../etc/passwd' added to the lock by hand passed every build without a word (an
+    # entry outside every source is not checked), where a reviewer reads the lock as the list of what is baked
+    lock_file = busybox_product / "inputs.lock"
+    for name in ("../../../etc/passwd", "/opt/../etc/passwd", "images/./engine/serve.sh", "images//engine/x"):
+        lock_file.write_text(lock_file.read_text().split(f"{'0' * 64}  ")[0] + f"{'0' * 64}  {name}\n")
+        with pytest.raises(InputError, match=rf"^{re.escape(str(lock_file))} names '{re.escape(name)}', which no input "
+                                             r"can be \(a path with '\.\.', or not written as the lock writes "
+                                             r"it\); review the change, then run: python build.py lock"):
+            make_plan(busybox_product)
+    assert cli("lock", "--config", str(busybox_product)).code == 0  # the way out drops it
+    assert "etc/passwd" not in lock_file.read_text() and "images/./" not in lock_file.read_text()
+    make_plan(busybox_product)
+
