@@ -111,7 +111,7 @@ has_c1() {  # $1 a value: whether it holds a C1 control character (U+0080 to U+0
 }
 not_utf8="is not UTF-8: docker would pass it changed (each byte that is no UTF-8 as U+FFFD)"
 usage() {
-  sed -n '2,/^set -eu$/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  sed -n '2,/^set -eu$/p' < "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
   echo "Profiles: tp1, tp2, tp4"
 }
 number() {  # $1 name, $2 value, $3 lowest, $4 highest: a whole number in range, or exit 2
@@ -350,7 +350,7 @@ done
 if [ -n "${PROFILE:-}" ] && [ -n "$profile" ] && [ "$PROFILE" != "$profile" ]; then
   die "PROFILE=$PROFILE and the profile argument '$profile' disagree; give one"
 fi
-profile="${profile:-${PROFILE:-tp4}}"
+profile="${profile:-${PROFILE-tp4}}"  # (PROFILE set but empty: refused below, not the default)
 case "$profile" in
   tp1) need=1; vendor=nvidia; nodes=1; network=bridge; ipc=host; shm=''; rdma=0; master_port=29500
     extra_devices=''; extra_groups='' ;;
