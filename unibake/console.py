@@ -227,17 +227,20 @@ class Reporter:
         """The closing summary: stages with their times, then the facts (size, SHA256, where), then
         one final line; ``--quiet`` keeps only the final line. Fits 80 columns: a value too long for
         its line goes on the next one, whole (digests are copied from here)."""
+        # every word of it through one_line, as every other line: a stage's detail and a row's value hold what the
+        # image or its metadata says (a smoke.skip reason: a bidi override or a CSI reached the terminal as it was)
         if not self.quiet:
-            self.console.print(title, markup=False)
+            self.console.print(one_line(title), markup=False)
             for st in self.stages:
-                detail = f" ({st.detail})" if st.detail else ""
-                line = f"  {st.name:<16} {st.seconds:7.1f} s  {st.status}{detail}"
+                detail = f" ({one_line(st.detail)})" if st.detail else ""
+                line = f"  {one_line(st.name):<16} {st.seconds:7.1f} s  {st.status}{detail}"
                 self.console.print(line if len(line) <= WIDTH else line[:WIDTH - 1] + "…", markup=False)
             for key, value in rows:
+                key, value = one_line(key), one_line(value)
                 line = f"  {key + ':':<17} {value}"
                 if len(line) <= WIDTH:
                     self.console.print(line, markup=False)
                 else:
                     self.console.print(f"  {key}:", markup=False)
                     self.console.print(f"    {value}", markup=False)
-        self.console.print(final, markup=False)
+        self.console.print(one_line(final), markup=False)

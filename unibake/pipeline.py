@@ -17,6 +17,7 @@ and keeps every result frozen. The commands are selections of :data:`STAGES`:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,11 +45,12 @@ from .imagetar import blob_name, check_against, without_members
 from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
-from .platforms import parse as parse_platforms
+from .platforms import RECORD_PATTERN as PLATFORM_RECORD, parse as parse_platforms
 from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, held_signals, hold_release,
                       lock_release, previous_release, publish, SUMS, refuse_existing, release_locks, release_tag,
                       render_files)
 from .released import refuse_another_release, refuse_moving_a_released_tag, repro_ref
+from .schema import NAME_RE
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import check_base_loaded, round_trip
@@ -420,11 +422,20 @@ def _inspect(run: Run) -> tuple:
     repo = request.product if by_digest else ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
     metadata = ImageMetadata.from_labels(info.labels, ref)
     product = request.product or (metadata.product if metadata else None) or repo.rsplit("/", 1)[-1]
+    # said now, as what to give, not by the manifest's schema after the export, the read-back and the SBOM
+    if not NAME_RE.fullmatch(product):
+        raise InputError(f"the image's repository name gives the product name {product[:100]!r}, which is not one "
+                         "(lower-case letters, digits, '.', '_' and '-', at most 64): give --product NAME")
+    platform = image_platform(info)
+    if platform and not re.fullmatch(PLATFORM_RECORD, platform):
+        raise InputError(f"the image {ref} records the platform {platform[:100]!r} (its config's architecture "
+                         f"{info.architecture[:40]!r}, os {info.os[:40]!r}): not one a release can record, like "
+                         "linux/amd64; fix the image's config")
     release = check_tag(request.tag or release_tag(ref))
     if not request.force:  # said now, not after the image is scanned (the folder stage says it again)
         refuse_existing(request.out / release)
     image = Image(ref=ref, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
-                  platform=image_platform(info), created=info.created, repo_digests=info.repo_digests)
+                  platform=platform, created=info.created, repo_digests=info.repo_digests)
     return Target(product=product, release=release, ref=ref, metadata=metadata, base_image=None), image
 
 
