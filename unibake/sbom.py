@@ -268,8 +268,9 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
         else:
             purl = PackageURL("pypi", None, _pypi_name(p.name), p.version)
             ref = f"pypi:{p.path}"
-        # every package found is listed, as the build log counts them: one listed twice (two versions in
-        # a status file, or in status and status.d) gets a numbered reference instead of being dropped
+        # every package found (up to MAX_PACKAGES, the rest counted on the subject) is listed, as the build log
+        # counts them: one listed twice (two versions in a status file, or in status and status.d) gets a numbered
+        # reference instead of being dropped
         if ref in seen:
             n = numbered.get(ref, 2)
             while f"{ref}#{n}" in seen:
