@@ -362,8 +362,8 @@ lone=$(LC_ALL=C awk 'function lone(s,   i, c, h, high) {
 # takes (a size a whole number, not negative), an integer within its bounds, a string within its length,
 # a list of at least its items, one of the values it may take; no control character in a string (the
 # labels aside); each string of a pattern matching it (grep -E: awk may read no {m,n}), the env and mount
-# names too; first_published not later than published. Not checked here: the regexes of a smoke gate
-# (build.py verify compiles them).
+# names too; first_published not later than published; a push's reference its repository@digest. Not checked
+# here: the regexes of a smoke gate (build.py verify compiles them).
 # The shape, one line a key path, from the schema itself (a unit test keeps it so: unibake.manifest.shell_shape):
 # its JSON key path ("*" each list item or map value), its types, 1 if required, the least and the most
 # (an integer's value, a string's length, a list's items; "-" none), the values it may take ("|" between),
@@ -389,7 +389,7 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "profiles"/*/"vendor"	string	1	-	-	"nvidia"|"amd"|"hygon"	-	-
 "profiles"/*/"kernels"	array	1	-	-	-	-	-
 "profiles"/*/"kernels"/*	string	0	-	-	-	-	-
-"profiles"/*/"tune_caches"	integer	1	0	-	-	-	-
+"profiles"/*/"tune_caches"	integer	1	0	2147483648	-	-	-
 "profiles"/*/"sidecars"	array	1	-	-	-	-	-
 "profiles"/*/"sidecars"/*	object	0	-	-	-	-	-
 "profiles"/*/"sidecars"/*/"name"	string	1	-	-	-	^([A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9_])?)$	-
@@ -479,8 +479,8 @@ manifest_shape='"schema"	integer	1	-	-	2	-	-
 "external"/*/"sha256"	string	1	-	-	-	^([0-9a-f]{64})$	-
 "registry"	array	0	-	-	-	-	-
 "registry"/*	object	0	-	-	-	-	-
-"registry"/*/"reference"	string	1	-	512	-	-	-
-"registry"/*/"repository"	string	1	-	255	-	-	-
+"registry"/*/"reference"	string	1	-	512	-	^((([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*|[[][0-9a-fA-F:]+[]])(:[0-9]{1,5})?/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*@sha256:[0-9a-f]{64})$	-
+"registry"/*/"repository"	string	1	-	255	-	^((([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*|[[][0-9a-fA-F:]+[]])(:[0-9]{1,5})?/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*)$	-
 "registry"/*/"tag"	string	1	-	-	-	^([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$	-
 "registry"/*/"digest"	string	1	-	-	-	^(sha256:[0-9a-f]{64})$	-
 "registry"/*/"media_type"	string	1	-	128	-	-	-
@@ -546,6 +546,11 @@ json_shape='function more(a, b) {  # whether the whole number a is more than b (
       if (least[pat[d]] != "-" && count[d] < least[pat[d]] + 0) refuse(where[d] ": " count[d] " items, fewer than " least[pat[d]])
       if (most[pat[d]] != "-" && count[d] > most[pat[d]] + 0) refuse(where[d] ": " count[d] " items, more than " most[pat[d]])
     }
+    # the record of a push: pulled by its reference, which must be its repository at its digest (the escapes
+    # of the three no pattern takes; the pattern check names them)
+    if (pat[d] == q "registry" q "/*" && (id[d], "reference") in pushed && pushed[id[d], "reference"] != \
+        substr(pushed[id[d], "repository"], 1, length(pushed[id[d], "repository"]) - 1) "@" substr(pushed[id[d], "digest"], 2))
+      refuse(where[d] ".reference: " substr(shown(pushed[id[d], "reference"]), 1, 300) " is not repository@digest")
   }
   BEGIN { x = "[0-9a-fA-F]"; str = q "([^" q "\\\\]|\\\\[" q "\\\\/bfnrt]|\\\\u" x x x x ")*" q }
   FILENAME == ARGV[1] { split($0, f, "\t"); types[f[1]] = "," f[2] ","; least[f[1]] = f[4]; most[f[1]] = f[5]; values[f[1]] = f[6]
@@ -583,7 +588,8 @@ json_shape='function more(a, b) {  # whether the whole number a is more than b (
       if (pattern[p] != "-") print p "\t" at "\t" substr(body, 2, length(body) - 2) > strings  # (its escapes no pattern takes)
       if (p ~ /\/"smoke"\/"skip"$/ && body ~ /^"( |\\u(0085|00a0|1680|200[0-9a]|202[89f]|205f|3000))*"$/) refuse(at ": blank (a skipped gate needs its reason)")
       if (p == q "published" q) published = body
-      if (p == q "first_published" q) first = body }
+      if (p == q "first_published" q) first = body
+      if (pat[k] == q "registry" q "/*") pushed[id[k], shown(key)] = body }
     if (body == "{" || body == "[") { pat[d] = p; kind[d] = t; id[d] = NR; count[d] = 0; where[d] = at; unlabelled[d] = free }
     else if (body == "{}" || body == "[]") { pat[d] = p; kind[d] = t; id[d] = NR; count[d] = 0; where[d] = at; shut(d) } }
   END { if (!refused && first != "" && published != "" && (first "") > (published "")) print "first_published " shown(first) " is later than published " shown(published) }'

@@ -24,7 +24,7 @@ from .files import read_small_text
 from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
                        Record, first_error)
 from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
-from .schema import EXTERNAL_NAME_RE, IMAGE_REF_RE, NAME_RE
+from .schema import EXTERNAL_NAME_RE, IMAGE_REF_RE, NAME_RE, REPOSITORY_RE
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
@@ -115,8 +115,8 @@ class Tool(Record):
 class RegistryRecord(Record):
     """Where ``build.py push`` put the image: pull ``reference`` (by digest) to get exactly this release."""
 
-    reference: str = Field(max_length=512)  # REGISTRY/REPO@sha256:...
-    repository: str = Field(max_length=255)  # REGISTRY/REPO
+    reference: str = Field(max_length=512, pattern=REPOSITORY_RE.pattern[:-1] + r"@sha256:[0-9a-f]{64}$")
+    repository: str = Field(max_length=255, pattern=REPOSITORY_RE.pattern)  # REGISTRY/REPO
     tag: str = Field(pattern=TAG_PATTERN)
     digest: str = Field(pattern=DIGEST)  # of this release's image manifest
     media_type: str = Field(max_length=128)
@@ -124,6 +124,14 @@ class RegistryRecord(Record):
     pushed: str = Field(max_length=64)
     # pushed with the releases of its other platforms: the image index ``tag`` names, which lists them all
     index: str = Field(default="", pattern=r"^(sha256:[0-9a-f]{64})?$")
+
+    @model_validator(mode="after")
+    def _pulled_by_its_digest(self) -> "RegistryRecord":
+        # `pull` and the notes' pull line take the reference: one of another repository or image would be
+        # pulled and shown as this push
+        if self.reference != f"{self.repository}@{self.digest}":
+            raise ValueError(f"reference {self.reference[:300]!r} is not repository@digest")
+        return self
 
 
 
@@ -407,7 +415,8 @@ def _posix_pattern(pattern: str) -> tuple[str, str]:
     unlike = "-"
     if _NO_DOT_COMPONENT in pattern:
         pattern, unlike = pattern.replace(_NO_DOT_COMPONENT, ""), r"(^|/)\.{1,2}(/|$)"
-    ere = pattern.replace("(?:", "(")
+    # (a bracket: a class of one in the ERE, as '\]' is not one there)
+    ere = pattern.replace("(?:", "(").replace("\\[", "[[]").replace("\\]", "[]]")
     # what an ERE reads as Python does: no other group syntax, class escape or shorthand; anchored whole
     assert "(?" not in ere and not re.search(r"\\[^.]", ere) and ere.startswith("^") and ere.endswith("$"), pattern
     return "^(" + ere[1:-1] + ")$", unlike

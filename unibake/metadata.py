@@ -173,7 +173,7 @@ class ProfileMetadata(Record):
     gpus: int = Field(ge=1, le=MAX_GPUS)
     vendor: Vendor
     kernels: tuple[str, ...]
-    tune_caches: int = Field(ge=0)
+    tune_caches: int = Field(ge=0, le=1 << 31)  # how many JSON files: a count, not a number of any size
     sidecars: tuple[Sidecar, ...]
     args: tuple[str, ...]
     smoke: SmokeSpec

@@ -74,17 +74,16 @@ from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against,
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
 from .platforms import of_config
 from .publish import held_signals
+from .schema import REGISTRY_HOST, REGISTRY_PATH
 from .signing import SECRETS
 
 # ---------------------------------------------------------------------------------------------
 # References: REGISTRY/REPO[:TAG][@sha256:...], the grammar of the distribution project's
 # reference package (only what a registry path needs; written here to give exact errors).
 
-_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::(?P<port>[0-9]{{1,5}}))?"
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = rf"{REGISTRY_HOST}(?::(?P<port>[0-9]{{1,5}}))?"
 # re.ASCII: the grammar is ASCII (a tag is manifest.TAG_PATTERN); without it \w takes any letter or digit
-REFERENCE_RE = re.compile(rf"^(?P<host>{_HOST})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
+REFERENCE_RE = re.compile(rf"^(?P<host>{_HOST})/(?P<path>{REGISTRY_PATH})"
                           r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$",
                           re.ASCII)
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")

@@ -67,6 +67,13 @@ IMAGE_REF_RE = re.compile(
     r"^(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
 )
+# A registry's repository, REGISTRY/REPO: the grammar of the distribution project's reference package, as
+# registry.py reads `--to` and a pull's reference, and as a release's manifest records a push (a POSIX ERE too:
+# verify-release.sh checks the record with it). REGISTRY_HOST is the host without its port.
+_REGISTRY_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+REGISTRY_HOST = rf"(?:{_REGISTRY_LABEL}(?:\.{_REGISTRY_LABEL})*|\[[0-9a-fA-F:]+\])"
+REGISTRY_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+REPOSITORY_RE = re.compile(rf"^{REGISTRY_HOST}(?::[0-9]{{1,5}})?/{REGISTRY_PATH}$")
 # A compiler flag: no shell metacharacters, no spaces.
 CFLAG_RE = re.compile(r"^-[A-Za-z0-9_=.,+:/-]{1,100}$")
 # Set by the image itself: a YAML value may not take them over. Of the OCI keys, only the four the Dockerfile

@@ -446,10 +446,11 @@ def test_apply_sh_shows_a_key_path_s_control_characters_as_question_marks_on_one
     # `--key $'k\e[2J\nerror: ...'` that is no file was printed raw: the escape drove the terminal and the newline
     # made a second error line apply.sh never wrote
     folder, env = hotfix
-    result = subprocess.run(["sh", "./apply.sh", "--key", "k\x1b[2J\nerror: forged\x7f"], cwd=folder,
+    # (and a bidirectional override or a C1 control, which reorder or hide what follows, as verify-release.sh hides them)
+    result = subprocess.run(["sh", "./apply.sh", "--key", "k\x1b[2J\nerror: forged\x7f\u202egp.\x9b"], cwd=folder,
                             capture_output=True, text=True, timeout=60, env=env)
     assert (result.returncode, result.stdout, result.stderr) == (
-        2, "", "error: --key k?[2J?error: forged?: no such file\n")
+        2, "", "error: --key k?[2J?error: forged??gp.?: no such file\n")
     assert not loaded(env)
 
 

@@ -184,10 +184,11 @@ def test_a_counter_past_its_expected_total_says_so_not_a_share_over_the_whole(mo
     assert totals == [[("normalise", 60, 100)], [("normalise (more than expected)", 120, 120)]], totals
 
 
-@pytest.mark.parametrize("script", ["scripts/verify-release.sh", "unibake/templates/kit-verify.sh.j2"])
+@pytest.mark.parametrize("script", ["scripts/verify-release.sh", "unibake/templates/kit-verify.sh.j2",
+                                    "unibake/templates/apply.sh.j2"])
 def test_each_shell_verifier_hides_exactly_the_characters_one_line_escapes_and_the_c1_controls(script):
-    # the shell verifiers stand alone, so each writes its own sed program (`hidden`) of what one_line escapes:
-    # a character added to one list and not to the others would show reordered text in one verifier only
+    # the shell verifiers (and apply.sh) stand alone, so each writes its own sed program (`hidden`) of what
+    # one_line escapes: a character added to one list and not to the others would show reordered text in one verifier only
     from unibake.console import _HIDDEN
 
     text = (Path(__file__).resolve().parents[2] / script).read_text()

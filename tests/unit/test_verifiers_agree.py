@@ -694,6 +694,14 @@ def renamed_profile(manifest, name: str) -> None:
     manifest["profiles"][name] = manifest["profiles"].pop(sorted(manifest["profiles"])[0])
 
 
+def pushed(**change) -> dict:
+    """A push's record (``build.py push``), changed."""
+    digest = "sha256:" + "a" * 64
+    return {"reference": f"localhost:5000/team/demo-llm@{digest}", "repository": "localhost:5000/team/demo-llm",
+            "tag": "1.0", "digest": digest, "media_type": "application/vnd.oci.image.manifest.v1+json",
+            "layers": "gzip", "pushed": "2026-12-05T12:00:00Z", "index": "", **change}
+
+
 SCHEMA_CASES = [
     ("a negative image size", lambda m: m.update(image_size=-1), "image_size"),
     ("an unknown top-level key", lambda m: m.update(extra="x"), "extra"),
@@ -744,6 +752,16 @@ SCHEMA_CASES = [
     ("a profile name in upper case", lambda m: renamed_profile(m, "TP1"), "TP1"),
     ("a profile name with a leading dash", lambda m: renamed_profile(m, "-tp1"), "-tp1"),
     ("a profile name not ascii", lambda m: renamed_profile(m, "tp\u00e91"), "tp"),
+    # a push's record (before: only its length was checked; `pull` and the notes' pull line use its reference)
+    ("tune caches past any count", lambda m: first_profile(m).update(tune_caches=2 ** 40), "tune_caches"),
+    ("a pushed repository that is no registry's", lambda m: m.update(registry=[pushed(
+        repository="Registry Host/x", reference="Registry Host/x@sha256:" + "a" * 64)]), "registry.0.reference"),
+    ("a pull reference of another repository", lambda m: m.update(registry=[pushed(
+        reference="evil.example/team/demo-llm@sha256:" + "a" * 64)]), "registry.0"),
+    ("a pull reference of another digest", lambda m: m.update(registry=[pushed(
+        reference="localhost:5000/team/demo-llm@sha256:" + "b" * 64)]), "registry.0"),
+    ("a pull reference by tag", lambda m: m.update(registry=[pushed(reference="localhost:5000/team/demo-llm:1.0")]),
+     "registry.0.reference"),
 ]
 
 
@@ -765,6 +783,9 @@ def test_a_manifest_that_breaks_its_schema_is_refused_by_both(cli, folder, chang
                  id="a device whose names start with a dot"),
     pytest.param(lambda m: m.update(external=[{"name": "w/.x/model.bin", "bytes": 1, "sha256": "0" * 64}]),
                  id="an external artifact in a dot folder"),
+    pytest.param(lambda m: m.update(registry=[pushed(), pushed(
+        repository="[::1]:5000/a__b/c-d", reference="[::1]:5000/a__b/c-d@sha256:" + "a" * 64, tag="1.0-x")]),
+        id="pushes to a named host and to an IPv6 one"),
 ])
 def test_a_manifest_the_schema_takes_passes_both(cli, folder, change):
     edit_manifest(folder, schema_change(change))
