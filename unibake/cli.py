@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 from . import __version__
 from .archive import DEFAULT_LEVEL
 from .console import Reporter, one_line
-from .errors import BuildFailed, CheckFailed, InputError, RoundTripUnavailable, UnibakeError, VerificationError
+from .errors import (BuildFailed, CheckFailed, DocumentPlaceRefused, InputError, RoundTripUnavailable, UnibakeError,
+                     VerificationError)
 from .files import ATOMIC_TEMP_AGE, resolved, unwritable_reason, visible_name, write_atomic
 from .schema import IMAGE_REF_RE, PRODUCT_RE
 
@@ -562,7 +563,8 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         # what runs write: the releases, their sums and the rendered copies (the build renders its own)
         revision=git_revision(root, outputs=(out, out.parent / "checksums", root / RENDERED)),
         platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
-        sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None)
+        sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None,
+        metadata_file=_document_file(args, ctx.cwd))
     if args.command in ("build", "repro") and request.revision == "unknown" and "SOURCE_DATE_EPOCH" not in ctx.env:
         ctx.reporter.warn(f"{root} is not in a git checkout: the image records the time 1970-01-01 "
                           "(SOURCE_DATE_EPOCH=0) and the revision 'unknown'; commit the product to git, or set "
@@ -584,6 +586,14 @@ def _check_scratch_dir(path: Path, value: str) -> None:
     problem = unwritable_reason(path, folder=True)
     if problem:
         raise InputError(f"--scratch-dir {value}: cannot make it there ({problem})")
+
+
+def _document_file(args: argparse.Namespace, cwd: Path) -> Path | None:
+    """The file ``--metadata-file`` names, resolved (None: none, stdout, or a stream written in place)."""
+    value = getattr(args, "metadata_file", None)
+    if not value or value == "-" or _a_stream(cwd / value):
+        return None
+    return resolved(cwd / value)
 
 
 def _one_platform(args: argparse.Namespace) -> str | None:
@@ -1523,33 +1533,39 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-def _refused_line_options() -> tuple[bool, str | None]:
-    """``--json`` and a well-formed ``--metadata-file`` of a command line the parser refused, read
-    from the options themselves (after "--", a value, not an option; the last one counts, as
+def _refused_line_options() -> tuple[bool, str | None, str]:
+    """``--json``, a well-formed ``--metadata-file`` and ``--config`` of a command line the parser refused,
+    read from the options themselves (after "--", a value, not an option; the last one counts, as
     argparse has it)."""
     options = _argv[:_argv.index("--")] if "--" in _argv else _argv
-    metadata = None
+    given: dict[str, str | None] = {"--metadata-file": None, "--config": None}
     for i, token in enumerate(options):
-        if token == "--metadata-file":
-            metadata = options[i + 1] if i + 1 < len(options) else None
-        elif token.startswith("--metadata-file="):
-            metadata = token.split("=", 1)[1]
+        for option in given:
+            if token == option:
+                given[option] = options[i + 1] if i + 1 < len(options) else None
+            elif token.startswith(f"{option}="):
+                given[option] = token.split("=", 1)[1]
+    metadata, config = given["--metadata-file"], given["--config"]
     if metadata is not None and (not metadata or metadata.startswith("-") and metadata != "-"):
         metadata = None  # missing or an option in its place: what the parser refused, not a path to write
-    return "--json" in options, metadata
+    return "--json" in options, metadata, config if config and not config.startswith("-") else "profiles"
 
 
 def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: Path) -> None:
     """A failed run's document, ``{"error": ..., "exit_code": ...}``: on stdout with ``--json``, in
     the ``--metadata-file`` too (never a failure of its own: the run's error is the one to report)."""
     if args is None:  # the command line itself was refused: its --json and --metadata-file still count
-        as_json, metadata_file = _refused_line_options()
+        as_json, metadata_file, config = _refused_line_options()
     else:
         as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
+        config = getattr(args, "config", None) or "profiles"
     text = json.dumps({"error": visible_name(message), "exit_code": code}, indent=2) + "\n"
-    if metadata_file and not (metadata_file == "-" and as_json):  # (stdout holds one document)
+    if metadata_file and not (metadata_file == "-" and as_json) and \
+            not (as_json and _is_stdout(cwd / metadata_file)):  # (stdout holds one document)
         try:
-            _write_metadata(metadata_file, text, cwd)
+            # an error said before the file was checked (a refused option, an engine address): a tune cache the
+            # lock pins, given for it, was replaced by the error's document, and the next build refused
+            _write_metadata(metadata_file, text, cwd, resolved(cwd / config))
         except (UnibakeError, BrokenPipeError):
             pass
     if as_json:
@@ -1590,13 +1606,17 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
                          "them")
     if value == "-":
         return  # stdout, as docker buildx --metadata-file - has it
+    if value and getattr(args, "json", False) and _is_stdout(cwd / value):  # /dev/stdout, /dev/fd/1: the same
+        args.metadata_file = None
+        raise InputError(f"--metadata-file {value} is stdout, where --json writes the document too: give one of "
+                         "them")
     if value and _a_stream(cwd / value):
         return  # /dev/stdout, a pipe: written as it is, at the end
     problem = unwritable_reason(resolved(cwd / value)) if value else None
     if problem:
         args.metadata_file = None  # the failure's document is not tried there either
         raise InputError(f"--metadata-file {value}: cannot write it there ({problem})")
-    kept = _not_a_document(resolved(cwd / value), resolved(cwd / getattr(args, "config", "profiles"))) \
+    kept = _not_a_document(resolved(cwd / value), resolved(cwd / (getattr(args, "config", None) or "profiles"))) \
         if value else None
     if kept:
         args.metadata_file = None
@@ -1662,6 +1682,16 @@ def _pinned_input(path: Path, config: Path) -> str | None:
     return f"{config.name}/{LOCK_FILE}" if rel in digests else None
 
 
+def _is_stdout(path: Path) -> bool:
+    """Whether ``path`` is the file stdout writes to (``/dev/stdout``, ``/dev/fd/1``, the pipe or the file
+    stdout is)."""
+    try:
+        here, out = os.stat(path), os.fstat(1)
+    except (OSError, ValueError):
+        return False
+    return (here.st_dev, here.st_ino) == (out.st_dev, out.st_ino)
+
+
 def _a_stream(path: Path) -> bool:
     """Whether ``path`` is a character device or a pipe (``/dev/stdout``, ``/dev/stderr``, a FIFO):
     written in place, not replaced by a file."""
@@ -1672,7 +1702,7 @@ def _a_stream(path: Path) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
-def _write_metadata(value: str, text: str, cwd: Path) -> None:
+def _write_metadata(value: str, text: str, cwd: Path, config: Path | None = None) -> None:
     if value == "-":  # stdout (a file named "-" is ./-)
         problem = _write_stdout(text)
         if problem:
@@ -1684,7 +1714,7 @@ def _write_metadata(value: str, text: str, cwd: Path) -> None:
                 out.write(text)
         else:
             path = resolved(cwd / value)
-            kept = _not_a_document(path)  # (the file may have come since the run's start)
+            kept = _not_a_document(path, config)  # (the file may have come since the run's start)
             if kept:
                 raise UnibakeError(f"--metadata-file {value}: {kept}")
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -1711,7 +1741,7 @@ def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
     with only the error's document (one JSON document, always)."""
     text = json.dumps(_visible(document), indent=2, sort_keys=False) + "\n"
     if getattr(args, "metadata_file", None):
-        _write_metadata(args.metadata_file, text, cwd)
+        _write_metadata(args.metadata_file, text, cwd, resolved(cwd / (getattr(args, "config", None) or "profiles")))
     if getattr(args, "json", False):
         problem = _write_stdout(text)
         if problem:
@@ -1950,6 +1980,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             reporter.final(outcome.final)
         try:
             _emit_document(args, outcome.document, cwd)
+        except BrokenPipeError:  # stdout's reader has gone (head): not an error of ours, and the verdict stands
+            sys.stdout = open(os.devnull, "w")
         except UnibakeError as exc:  # the work is done (a release published, a push recorded): said, not left unsaid
             if len(COMMITTED) == 1:
                 done = f"{COMMITTED[0]} was published whole (check it: python build.py verify {COMMITTED[0]})"
@@ -1973,6 +2005,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 not reporter.quiet and not reporter.plain:
             print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
         print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        if isinstance(exc, DocumentPlaceRefused):
+            args.metadata_file = None  # (the file it names is one the run must not replace: the failure's neither)
         _emit_error(args, str(exc), exc.exit_code, cwd)
         return exc.exit_code
     except KeyboardInterrupt as exc:

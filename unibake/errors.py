@@ -19,6 +19,11 @@ class InputError(UnibakeError):
     exit_code = 2
 
 
+class DocumentPlaceRefused(InputError):
+    """``--metadata-file`` names a file the run must not replace (found once the plan or the release is known):
+    the failure's document is not written there either."""
+
+
 class VerificationError(UnibakeError):
     """A check failed: checksum, structure, image ID, self-check, smoke gate."""
 

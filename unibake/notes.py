@@ -59,6 +59,7 @@ class Notes:
     known_limits: str | None = None
     attachments: tuple[Attachment, ...] = ()
     external: tuple[External, ...] = ()
+    sources: tuple[Path, ...] = ()  # the files read: the changelog, the known limits, the attachments
 
 
 def _taken(name: str) -> bool:
@@ -74,10 +75,11 @@ def _taken(name: str) -> bool:
 
 def read_notes(root: Path, data: dict, where) -> Notes:
     """``notes:`` of product.yaml, read and checked; ``where(path)`` locates its keys."""
-    texts = {}
+    texts, sources = {}, []
     for key in ("changelog", "known_limits"):
         if key in data:
             f = read_source(root, data[key], where((key,)), want="file").files[0]
+            sources.append(f.absolute)
             texts[key] = decode_text(read_hashed(f, MAX_TEXT), f.absolute, InputError).strip() + "\n"
     attachments: list[Attachment] = []
     for i, rel in enumerate(data.get("attachments", [])):
@@ -102,4 +104,5 @@ def read_notes(root: Path, data: dict, where) -> Notes:
     if len(set(names)) != len(names):
         raise InputError(f"{where(('external',))}: an external artifact is listed twice")
     return Notes(changelog=texts.get("changelog"), known_limits=texts.get("known_limits"),
-                 attachments=tuple(attachments), external=external)
+                 attachments=tuple(attachments), external=external,
+                 sources=(*sources, *(a.file.absolute for a in attachments)))

@@ -38,8 +38,8 @@ from .docker_engine import DockerEngine
 from .digestmemo import FOLDER as DIGESTS, DigestMemo, remembering
 from .engine import Engine
 from .files import read_small_file, resolved, unwritable_reason
-from .errors import (DiskFull, EngineError, HandoffAborted, InputError, PipelineError, RoundTripUnavailable,
-                     UnibakeError, VerificationError)
+from .errors import (DiskFull, DocumentPlaceRefused, EngineError, HandoffAborted, InputError, PipelineError,
+                     RoundTripUnavailable, UnibakeError, VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
 from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
@@ -102,6 +102,7 @@ class Request:
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
     sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
     sign_minisign: Path | None = None  # --sign-minisign: the minisign secret key file
+    metadata_file: Path | None = None  # --metadata-file, a file (resolved): never one the run reads or publishes
 
     @property
     def checksums(self) -> Path:
@@ -332,7 +333,33 @@ def _plan(run: Run) -> tuple:
         _say_new_profiles(run, plan, base)
     if run.publishes:
         _refuse_out_among_inputs(request, plan)
+    _refuse_the_document_over_a_file_read(request, plan)
     return _one(plan)
+
+
+def _refuse_the_document_over_a_file_read(request: Request, plan: ReleasePlan) -> None:
+    """``--metadata-file`` naming a file the plan reads (a YAML, the lock, a baked input, a notes file): the run's
+    document would replace it. A JSON attachment (an eval's results) passed the early check, which knows only
+    what the lock pins, and the next release published the last run's manifest as those results."""
+    document = request.metadata_file
+    try:
+        here = os.stat(document) if document is not None else None
+    except OSError:
+        return  # none there yet: no file is lost
+    if here is None:
+        return
+    read = [plan.project_root / rel for rel in plan.config_files] + [f.absolute for f in plan.inputs] + \
+        list(plan.notes.sources)
+    for path in read:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) == (here.st_dev, here.st_ino):
+            shown, read_as = display_path(document, request.cwd), display_path(path, request.cwd)
+            raise DocumentPlaceRefused(f"--metadata-file {shown}: a file this release is made from"
+                             f"{f' ({read_as})' if read_as != shown else ''}, which the run's document would "
+                             "replace; give another path")
 
 
 def _refuse_out_among_inputs(request: Request, plan: ReleasePlan) -> None:
@@ -446,6 +473,8 @@ def _folder(run: Run) -> tuple:
         from .kit import check_context_sizes
 
         check_context_sizes(context)
+    _refuse_the_document_in_the_release(run.request, run.request.out / target.release,
+                                        run.request.checksums / f"{target.release}.{SUMS}")
     if run.request.force:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
@@ -462,6 +491,20 @@ def _folder(run: Run) -> tuple:
         raise UnibakeError(f"cannot write the checksums record folder {record} ({problem}); it sits beside --out")
     _refuse_another_products_record(record / f"{target.release}.{SUMS}", target, force=run.request.force)
     return _one(folder)
+
+
+def _refuse_the_document_in_the_release(request: Request, folder: Path, record: Path) -> None:
+    """``--metadata-file`` inside the release folder this run publishes, or its checksums record: found at the end,
+    after the work (the folder itself: exit 1, the run's document lost; a file in it: one the release does not
+    list; its manifest or its record: replaced). Said now, before the build."""
+    document = request.metadata_file
+    if document is None:
+        return
+    if document == folder or folder in document.parents or document == record:
+        raise DocumentPlaceRefused(f"--metadata-file {display_path(document, request.cwd)}: it is "
+                         f"{'the checksums record' if document == record else 'inside the release folder'} this "
+                         f"run publishes ({display_path(folder if document != record else record, request.cwd)}); "
+                         "give a path outside it")
 
 
 def _refuse_another_products_record(record: Path, target: Target, *, force: bool) -> None:

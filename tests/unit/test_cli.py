@@ -766,6 +766,69 @@ def test_a_json_document_stdout_cannot_take_is_one_error_line_not_a_traceback(tm
         assert run.stderr.strip().splitlines()[-1] == said or said is None
 
 
+def test_a_failed_verify_whose_stdout_reader_has_gone_keeps_its_verdict_and_exit_code(tmp_path):
+    # found by probing: `verify DIR --json | head -c0` of a folder that fails was exit 0 with no error line (the
+    # BrokenPipeError of its document went to "not an error of ours" and skipped the verdict)
+    from .test_publish import make_release
+
+    folder, _ = make_release(tmp_path / "release", "1.0")
+    with open(folder / "run.sh", "a") as f:
+        f.write("echo x\n")
+    run = subprocess.run(["bash", "-c", '"$0" "$@" | (exec 0<&-; sleep 3); exit "${PIPESTATUS[0]}"', sys.executable,
+                          str(REPO / "build.py"), "--json", "verify", str(folder)],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "CI": "1"})
+    assert run.returncode == 3 and "Traceback" not in run.stderr, run.stderr
+    assert [line for line in run.stderr.splitlines() if line.startswith("error:")] == [
+        "error: run.sh: sha256 check failed: differs from SHA256SUMS"], run.stderr
+
+
+@pytest.mark.parametrize("line", [["--bogus"], ["--out", "a", "--out", "b"], ["--engine", "unix:///nowhere.sock"],
+                                  ["--no-seed"]], ids=["refused by the parser", "an option twice",
+                                                       "an engine to a command that reaches none", "an unused option"])
+def test_a_run_refused_before_its_metadata_file_was_checked_keeps_the_input_the_lock_pins(cli, busybox_product, line):
+    # found by probing: the error's document was written without the check the run's gets: `--stage render --bogus
+    # --metadata-file images/tune/.../x.json` replaced the tune cache, and the next build refused the changed input
+    root = busybox_product.parent
+    cache = root / "images/tune/tp1/cache-1.json"
+    before = cache.read_bytes()
+    result = cli("--stage", "render", "--config", str(busybox_product), *line, "--metadata-file", str(cache), cwd=root)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert cache.read_bytes() == before
+    assert cli("--stage", "render", "--config", str(busybox_product), cwd=root).code == 0
+
+
+def test_a_metadata_file_naming_a_notes_attachment_is_refused_at_the_plan_and_the_file_kept(cli, busybox_product):
+    # found by probing: a JSON attachment (an eval's results), which the lock does not pin, was replaced by the
+    # run's manifest, and the next release published that as its results
+    root = busybox_product.parent
+    results = root / "notes" / "gsm8k.json"
+    results.parent.mkdir()
+    results.write_text('{"accuracy": 0.81}\n')
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "notes: {attachments: [notes/gsm8k.json]}\n")
+    for given in (str(results), "notes/../notes/gsm8k.json"):
+        result = cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", given, cwd=root)
+        assert result.code == 2 and result.error_lines == [
+            "error: --metadata-file notes/gsm8k.json: a file this release is made from, which the run's document "
+            "would replace; give another path"], result.err
+        assert results.read_text() == '{"accuracy": 0.81}\n'
+    assert cli("--stage", "render", "--config", str(busybox_product), "--metadata-file", "notes/run.json",
+               cwd=root).code == 0
+
+
+def test_json_with_a_metadata_file_that_is_stdout_is_refused_as_two_documents_on_stdout(tmp_path):
+    # found by probing: `--json --metadata-file /dev/stdout` wrote the document twice (not one JSON document), a
+    # failure's too
+    for args, said in ((["releases", "--out", "."], "error: --metadata-file /dev/stdout is stdout, where --json "
+                        "writes the document too: give one of them"),
+                       (["releases", "--bogus"], "error: unrecognized arguments: --bogus (see: python build.py "
+                        "releases --help)")):
+        run = subprocess.run([sys.executable, str(REPO / "build.py"), "--json", "--metadata-file", "/dev/stdout",
+                              *args], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "CI": "1"})
+        assert run.returncode == 2 and [line for line in run.stderr.splitlines() if line.startswith("error:")] == [said]
+        assert json.loads(run.stdout)["exit_code"] == 2  # one document
+
+
 @pytest.mark.parametrize("command", [["verify", "{folder}", "--load"], ["pull", "{ref}", "--release", "{folder}",
                                                                       "--retries", "0"],
                                      ["prune", "--dry-run", "--out", "{out}"]])

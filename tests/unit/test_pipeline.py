@@ -12,7 +12,7 @@ import pytest
 
 from unibake.console import Reporter
 from unibake.engine import RunOutcome
-from unibake.errors import PipelineError, VerificationError
+from unibake.errors import DocumentPlaceRefused, PipelineError, VerificationError
 from unibake.manifest import load_manifest
 from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
 from unibake.pipeline import (ARCHIVE, BUILD, HOTFIX, REPRO, STAGES, STOP_AFTER, Request, Stage, check_wiring,
@@ -96,6 +96,22 @@ def engines(server):  # noqa: F811
 def release(engines, out: Path, reporter: Reporter | None = None, **kw):
     request = Request(env={}, cwd=out.parent, out=out, image="demo:1.0", verify_engine="fake://verify", **kw)
     return run_stages(selection(ARCHIVE), request, reporter or Quiet(), connect=engines.__getitem__)
+
+
+@pytest.mark.parametrize("where, said", [
+    ("1.0", "inside the release folder"), ("1.0/build.json", "inside the release folder"),
+    ("1.0/manifest.json", "inside the release folder"), ("../checksums/1.0.SHA256SUMS", "the checksums record")])
+def test_a_metadata_file_in_the_release_folder_the_run_publishes_is_refused_before_the_engine_is_asked(
+        engines, tmp_path, where, said):
+    # found by probing: `--out OUT --metadata-file OUT/TAG` (or its manifest.json) passed the early check, then
+    # failed after the release was published (exit 1, the run's document lost); OUT/TAG/x.json put a file the
+    # release does not list into the published folder
+    out = tmp_path / "release"
+    with pytest.raises(DocumentPlaceRefused, match=f"--metadata-file .*: it is {said} this run publishes"):
+        release(engines, out, metadata_file=(out / where).resolve())
+    assert not out.exists() and not (tmp_path / "checksums").exists()
+    assert engines["fake://verify"].inspect_image("demo:1.0") is None
+    assert release(engines, out, metadata_file=out / "build.json")["release"].folder == out / "1.0"
 
 
 def rewrite_manifest(folder: Path, document: dict) -> None:
