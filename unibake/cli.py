@@ -1168,6 +1168,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     if several:
         _refuse_a_folder_twice_or_another_release(args, ctx)
     found = [_push_folder(given, signer, ctx) for given in args.folder]
+    _temp_dir_outside(temp_dir, args.temp_dir, [f.folder for f in found])
     if several:
         _same_product_other_platforms(found, args)
     index_tag = (target.tag or found[0].manifest.version) if several else None
@@ -1267,6 +1268,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
                               f"releases of its other platforms: pulling its {m.platform} image {record.digest}")
             ref = parse_reference(record.reference, what=f"release {m.release}'s record", digest=True)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
+    _temp_dir_outside(temp_dir, args.temp_dir, [folder])
     settings = _registry_settings(args, ctx, ref.host)
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
@@ -1338,6 +1340,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "REGISTRY/REPO' first, or deploy --from archive")
         settings = _registry_settings(args, ctx, ref.host)
         temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
+        _temp_dir_outside(temp_dir, args.temp_dir, [folder])
         with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
             with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
                 # one it did not record: as pull
@@ -1383,6 +1386,15 @@ def _existing_dir(cwd: Path, value: str | None, option: str) -> Path | None:
     return path
 
 
+def _temp_dir_outside(temp_dir: Path | None, value: str | None, folders: Sequence[Path]) -> None:
+    """A ``--temp-dir`` in a release folder the command reads is refused: the compressed layers waited in it, and
+    after a kill they stayed there, a folder the release does not list, which every later push refused."""
+    for folder in folders:
+        if temp_dir is not None and (temp_dir == folder or folder in temp_dir.parents):
+            raise InputError(f"--temp-dir {value}: inside the release folder {folder}, which holds only the "
+                             "release's files; give a folder outside it")
+
+
 def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dict:
     """The credentials, CA and retries for one registry host, from the command line and the Docker config."""
     from .registry import Retry, load_credentials
@@ -1401,6 +1413,14 @@ def _registry_settings(args: argparse.Namespace, ctx: Context, host: str) -> dic
         except (ssl.SSLError, ValueError) as exc:
             raise InputError(f"--ca-file {args.ca_file}: no CA certificate in it (PEM, what 'openssl x509' writes): "
                              f"{one_line(str(getattr(exc, 'reason', None) or exc))[:100]}") from None
+    # without --ca-file, requests takes the CA bundle these name (the first set): one that is not there was said
+    # only after the compression, as 'a file: Could not find a suitable TLS CA certificate bundle'
+    variable = next((v for v in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE") if os.environ.get(v)), None)
+    if ca_file is None and variable is not None:
+        bundle = os.environ[variable]
+        if not os.path.isfile(bundle) and not os.path.isdir(bundle):
+            raise InputError(f"{variable}={one_line(bundle)[:200]} (from the environment): no such file or folder; "
+                             f"unset it, or give --ca-file")
     return {"credentials": load_credentials(host, ctx.env, auth_file), "ca_file": ca_file,
             "retry": Retry(attempts=1 + args.retries)}  # --retries counts the tries after the first
 

@@ -20,6 +20,7 @@ are made in one place: :func:`image_manifest` and :func:`manifest_config_digest`
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import http.client
@@ -406,15 +407,16 @@ def _resolve(config: dict, text: str, host: str, helper_env: Mapping[str, str]) 
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 
-def _registry_message(response) -> str:
-    """The registry's own error code and message (its JSON ``errors``), short and printable."""
+def _registry_message(response, hide: Callable[[str], str] = lambda text: text) -> str:
+    """The registry's own error code and message (its JSON ``errors``), short and printable; ``hide`` takes the
+    credentials out of it first (a registry or proxy that echoes the Authorization it was sent)."""
     try:
         errors = response.json().get("errors") or []
         first = errors[0]
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
     except (ValueError, AttributeError, IndexError, TypeError, RecursionError):  # (JSON nested past the stack)
         text = ""
-    text = "".join(c if c.isprintable() else "?" for c in text)[:200]
+    text = "".join(c if c.isprintable() else "?" for c in hide(text[:4096]))[:200]
     return f"HTTP {response.status_code}" + (f" {text}" if text else "")
 
 
@@ -460,7 +462,7 @@ def _header_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def _transient(exc: BaseException) -> str | None:
+def _transient(exc: BaseException, hide: Callable[[str], str] = lambda text: text) -> str | None:
     """Why ``exc`` is worth another try, or None when it is not."""
     if isinstance(exc, _TooSlow):
         return f"too slow: {exc}"
@@ -468,6 +470,8 @@ def _transient(exc: BaseException) -> str | None:
         return None
     if isinstance(exc, requests.exceptions.SSLError):  # the registry went away during TLS
         return "connection broken"
+    if _no_such_host(exc):  # (a name the resolver says does not exist: another try says the same)
+        return None
     if isinstance(exc, requests.exceptions.ConnectionError):
         return "connection refused" if "refused" in str(exc).lower() else "connection failed"
     if isinstance(exc, requests.exceptions.Timeout):
@@ -476,8 +480,22 @@ def _transient(exc: BaseException) -> str | None:
         return "connection broken"
     if isinstance(exc, requests.exceptions.HTTPError) and exc.response is not None \
             and exc.response.status_code in TRANSIENT_STATUS:
-        return _registry_message(exc.response)
+        return _registry_message(exc.response, hide)
     return None
+
+
+def _no_such_host(exc: BaseException) -> bool:
+    """Whether ``exc`` comes of a host name the resolver says does not exist (not one it could not ask about
+    now: that is worth another try)."""
+    seen: list[BaseException] = []
+    found: object = exc
+    while isinstance(found, BaseException) and len(seen) < 20 and not any(found is s for s in seen):
+        seen.append(found)
+        if isinstance(found, socket.gaierror):
+            return found.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+        found = getattr(found, "reason", None) or found.__cause__ or found.__context__ or \
+            next((a for a in found.args if isinstance(a, BaseException)), None)
+    return False
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -577,6 +595,17 @@ class _DXF(DXF):
             return super()._base_request(method, path, **kwargs)
         finally:
             self._headers, self._auth = headers, auth
+
+
+def _no_auth(request):
+    """A session's own auth that adds nothing: set, requests looks for none in ``~/.netrc``."""
+    return request
+
+
+def _strip_auth(session: requests.Session, prepared, response) -> None:
+    """``Session.rebuild_auth`` without its netrc: a redirect to another host drops the Authorization header."""
+    if "Authorization" in prepared.headers and session.should_strip_auth(response.request.url, prepared.url):
+        del prepared.headers["Authorization"]
 
 
 def _upload_location(response):
@@ -927,6 +956,10 @@ class RegistryClient:
                                     f"answered with no token ({type(exc).__name__}): a token answer is a JSON "
                                     f"object with a 'token' or 'access_token' string{self._page()}") from None
             token = client.token if realm is not None else None
+            if realm is not None and not token:  # ({"token": ""}: sent as 'Bearer ', refused as the user's credentials)
+                raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
+                                    "answered with an empty token: a token answer is a JSON object with a 'token' "
+                                    f"or 'access_token' string{self._page()}")
             if isinstance(token, str) and not (token.isascii() and token.isprintable() and token == token.strip()):
                 # (sent as it is, requests refused the header: '(InvalidHeader)', or a header split in two)
                 raise RegistryError(f"the token server {one_line(realm)[:200]} named by the registry {ref.host} "
@@ -939,6 +972,11 @@ class RegistryClient:
     def __enter__(self) -> "RegistryClient":
         self.dxf.__enter__()
         session = self.dxf._sessions[0]
+        # credentials come from the Docker config or --auth-file alone, as docker has them: requests added those
+        # of ~/.netrc (a `default` entry too) to every request without an Authorization header of its own, and
+        # to every redirect, whatever host it pointed at; its environment's proxies and CA bundle still count
+        session.auth = _no_auth
+        session.rebuild_auth = _strip_auth.__get__(session)
         session.hooks["response"].append(self._bounded)
         trust = _trust(self.ca_file) if self.ca_file else None
         for prefix in ("https://", "http://"):
@@ -1018,7 +1056,7 @@ class RegistryClient:
                         raise _TooSlow(watch.expired)
                 return result
             except Exception as exc:  # classified below; anything unknown is re-raised as it is
-                reason = _transient(exc)
+                reason = _transient(exc, self._hidden)
                 if reason is None:
                     raise self._translate(exc, what) from None
                 if attempt == retry.attempts:
@@ -1034,6 +1072,18 @@ class RegistryClient:
                               f"(attempt {attempt + 1} of {retry.attempts})")
                 retry.sleep(wait)
         raise AssertionError("unreachable")
+
+    def _hidden(self, text: str) -> str:
+        """``text`` (what the registry or its token server said) with the credentials and the token taken out,
+        also as the Basic header carries them: they never appear in output or errors, also where the other side
+        echoes what it was sent."""
+        secrets = [getattr(self.dxf, "_token", None) or ""]
+        if self.credentials is not None:
+            pair = f"{self.credentials.username}:{self.credentials.password}"
+            secrets += [pair, base64.b64encode(pair.encode()).decode(), self.credentials.password]
+        for secret in sorted((s for s in secrets if isinstance(s, str) and len(s) >= 3), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     def _page(self) -> str:
         """What to say of an answer that was an HTML page (a login page, a proxy's), or nothing."""
@@ -1072,6 +1122,11 @@ class RegistryClient:
             return RegistryError(f"the registry {host} answered the TLS handshake with something that is not TLS while "
                                  f"{what} (a registry that speaks plain HTTP?): unibake reaches a registry over HTTPS "
                                  "only (TLS is never turned off); serve it over TLS (a private CA: --ca-file)")
+        if _no_such_host(exc):
+            named = _redirected_to(exc, self.dxf._base_url) or host
+            return RegistryError(f"the host name of {'the registry ' if named == host else ''}{named}"
+                                 f"{f' (where the registry {host} redirected)' if named != host else ''} does not "
+                                 f"resolve (no such host) while {what}: check the name given")
         refused = _header_refusal(exc)
         if refused:
             return RegistryError(f"the registry {host} answered with {refused} while {what}: that answer cannot be "
@@ -1087,8 +1142,8 @@ class RegistryClient:
             status = exc.response.status_code
             if status == 403:
                 return RegistryAuthError(f"the registry {host} denied {where} access to {repo} while {what} "
-                                         f"({_registry_message(exc.response)})")
-            return RegistryError(f"the registry {host} refused {what}: {_registry_message(exc.response)}")
+                                         f"({_registry_message(exc.response, self._hidden)})")
+            return RegistryError(f"the registry {host} refused {what}: {_registry_message(exc.response, self._hidden)}")
         if isinstance(exc, (requests.exceptions.RequestException, dxf_errors.DXFError)):
             return RegistryError(f"the registry {host} failed while {what} ({type(exc).__name__}){self._page()}")
         if isinstance(exc, UnibakeError):
@@ -1412,6 +1467,9 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     tag = index_tag or target.tag or manifest.release
     spool = None
     try:  # made and recorded as one step: an interrupt as it is made lands inside the try that removes it (it stayed)
+        # the registry reached, and the credentials taken, before minutes of compression: a typo in its name, a
+        # registry that is down or a wrong password is said in seconds (the answer itself is asked again below)
+        client.blob_exists(manifest.image_id)
         with held_signals():
             spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
         on_line(f"compressing the layers of {manifest.archive.name} in {spool.parent} ({compression}; a layer it holds "

@@ -1573,12 +1573,16 @@ def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, os.path.join(repo, "build.py"), "push", str(folder), "--to",
-                           "127.0.0.1:1/team/a", "--temp-dir", str(tmp_path / "spool"), "--retries", "0"],
-                          capture_output=True, text=True, preexec_fn=small_files, cwd=tmp_path, timeout=120,
-                          # not measured by pytest-cov: its data file, written at exit, would meet the limit too
-                          env={**{k: v for k, v in os.environ.items() if not k.startswith(("COV_CORE", "COVERAGE_"))}, "CI": "1"})
-    assert done.returncode == 1
+    # (a registry that lacks every blob: the push asks it before it compresses)
+    with tls_server(tmp_path, _heard_server(tmp_path, [], lambda handler: _answer(handler, 404))) as port:
+        done = subprocess.run([sys.executable, os.path.join(repo, "build.py"), "push", str(folder), "--to",
+                               f"127.0.0.1:{port}/team/a", "--ca-file", str(tmp_path / "cert.pem"), "--temp-dir",
+                               str(tmp_path / "spool"), "--retries", "0"],
+                              capture_output=True, text=True, preexec_fn=small_files, cwd=tmp_path, timeout=120,
+                              # not measured by pytest-cov: its data file, written at exit, would meet the limit too
+                              env={**{k: v for k, v in os.environ.items() if not k.startswith(("COV_CORE", "COVERAGE_"))},
+                                   "CI": "1"})
+    assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1] == (
         f"error: cannot write in {tmp_path / 'spool'} (--temp-dir; default $TMPDIR) while the release's layers are "
         "compressed for the registry (File too large): give another --temp-dir; nothing was sent")
@@ -2893,3 +2897,159 @@ def test_an_interrupt_as_the_push_s_spool_folder_is_made_leaves_no_folder(tmp_pa
             else:
                 pushed_manifest_digest(folder, manifest, "gzip", temp_dir=spool)
     assert os.listdir(spool) == []
+
+
+def _heard_server(tmp_path, heard, answer):
+    """A registry (an http.server handler class) that keeps each request's method, path and Authorization in
+    ``heard`` and answers with ``answer(handler)``."""
+    import http.server
+
+    class Heard(http.server.BaseHTTPRequestHandler):
+        def handle_one(self):
+            heard.append((self.command, self.path.split("?")[0], self.headers.get("Authorization")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            answer(self)
+
+        do_GET = do_HEAD = do_POST = do_PUT = handle_one  # noqa: N815 - http.server's names
+
+    return Heard
+
+
+def _answer(handler, status, body=b"", **headers):
+    handler.send_response(status)
+    for name, value in headers.items():
+        handler.send_header(name.replace("_", "-"), value)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@pytest.mark.parametrize("given", [None, "an auth file"])
+def test_the_credentials_of_netrc_go_to_no_registry_and_no_host_it_redirects_to(tmp_path, monkeypatch, given):
+    # found by probing: requests added ~/.netrc's login (a `default` entry too) to every request, before any 401,
+    # and to every redirect whatever host it named; it also replaced the auth file's Basic header with its own.
+    # docker reads no netrc: unibake's credentials come from the Docker config or --auth-file alone
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login netrcuser password netrc-secret\n"
+                     "default login netrcuser password netrc-default-secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    heard_elsewhere, heard = [], []
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    wanted = "Basic " + base64.b64encode(b"u:pw").decode()
+    with tls_server(tmp_path / "b", _heard_server(tmp_path, heard_elsewhere, lambda h: _answer(h, 200))) as other:
+        def registry(handler):
+            if given and handler.headers.get("Authorization") != wanted:
+                return _answer(handler, 401, WWW_Authenticate='Basic realm="registry"')
+            _answer(handler, 307, Location=f"https://127.0.0.1:{other}/elsewhere")
+
+        with tls_server(tmp_path / "a", _heard_server(tmp_path, heard, registry)) as port:
+            (tmp_path / "ca.pem").write_bytes((tmp_path / "a/cert.pem").read_bytes() +
+                                              (tmp_path / "b/cert.pem").read_bytes())
+            ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+            credentials = Credentials(username="u", password="pw", source="/x/auth.json") if given else None
+            with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "ca.pem",
+                                retry=Retry(attempts=1)) as c:
+                c.blob_exists(DIGEST)
+    sent = [auth for _, _, auth in heard + heard_elsewhere]
+    assert not any(auth and "netrc" in base64.b64decode(auth.split()[-1]).decode() for auth in sent), sent
+    assert [auth for _, _, auth in heard] == ([None, wanted] if given else [None])
+    assert [(command, path, auth) for command, path, auth in heard_elsewhere] == [("HEAD", "/elsewhere", None)]
+
+
+@pytest.mark.parametrize("realm", ["Basic", "Bearer"])
+def test_a_registry_that_echoes_the_credentials_in_its_error_gets_them_shown_as_stars(tmp_path, realm):
+    # found by probing: a registry (or its token server) that put the Authorization it was sent into its error
+    # message had it printed, the password in CI logs and in the --json error
+    heard = []
+
+    def registry(handler):
+        sent = handler.headers.get("Authorization") or ""
+        if handler.path.startswith("/token"):
+            decoded = base64.b64decode(sent.split()[-1]).decode() if sent else ""
+            return _answer(handler, 400, json.dumps({"errors": [{"code": "DENIED", "message":
+                           f"bad credentials {decoded} ({sent})"}]}).encode())
+        if not sent:
+            if realm == "Bearer":
+                return ask_for_a_token(handler)
+            return _answer(handler, 401, WWW_Authenticate='Basic realm="registry"')
+        decoded = base64.b64decode(sent.split()[-1]).decode()
+        _answer(handler, 400, json.dumps({"errors": [{"code": "DENIED", "message":
+                f"bad credentials {decoded} ({sent}); pw s3cret-pw"}]}).encode())
+
+    with tls_server(tmp_path, _heard_server(tmp_path, heard, registry)) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        credentials = Credentials(username="u", password="s3cret-pw", source="/x/auth.json")
+        with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1),
+                            push=True) as c:
+            with pytest.raises(RegistryError) as raised:
+                c.manifest(DIGEST)  # (a GET: an answer to a HEAD has no body to say anything in)
+    said = str(raised.value)
+    assert "s3cret" not in said and base64.b64encode(b"u:s3cret-pw").decode() not in said, said
+    assert "bad credentials *** (Basic ***)" in said, said
+
+
+def test_an_empty_token_is_said_to_be_the_token_server_s_not_the_user_s_credentials(tmp_path):
+    # found by probing: {"token": ""} was sent as 'Bearer ' and ended as "refused the credentials ...; log in
+    # with 'docker login'", sending the user to log in again for the token server's fault
+    heard = []
+
+    def registry(handler):
+        if handler.path.startswith("/token"):
+            return _answer(handler, 200, b'{"token": ""}', Content_Type="application/json")
+        ask_for_a_token(handler)
+
+    with tls_server(tmp_path, _heard_server(tmp_path, heard, registry)) as port:
+        ref = Reference(host=f"127.0.0.1:{port}", path="team/a")
+        credentials = Credentials(username="u", password="pw", source="/x/auth.json")
+        with RegistryClient(ref, credentials=credentials, ca_file=tmp_path / "cert.pem", retry=Retry(attempts=1)) as c:
+            with pytest.raises(RegistryError, match=f"the token server https://127.0.0.1:{port}/token named by the "
+                                                    "registry 127.0.0.1:.* answered with an empty token") as raised:
+                c.blob_exists(DIGEST)
+    assert not isinstance(raised.value, RegistryAuthError)
+    assert [auth for _, path, auth in heard if not path.startswith("/token")] == [None]  # no 'Bearer ' sent
+
+
+def test_a_push_reaches_the_registry_before_it_compresses_and_an_unknown_host_is_not_retried(cli, tmp_path):
+    # found by probing: every layer was compressed first (minutes for a big image), then a typo in the host was
+    # retried and said as "did not answer ... run the command again when the registry is back"
+    folder, _ = make_release(tmp_path / "release")
+    (tmp_path / "spool").mkdir()
+    down = cli("push", str(folder), "--to", "127.0.0.1:1/team/a", "--retries", "0", "--temp-dir",
+               str(tmp_path / "spool"))
+    assert down.code == 1 and "compressing the layers" not in down.err, down.err
+    assert "did not answer while looking for blob" in down.error_lines[-1]
+    unknown = cli("push", str(folder), "--to", "unibake-no-such-host.invalid:5000/team/a", "--retries", "3")
+    assert unknown.code == 1 and "retrying" not in unknown.err and "compressing the layers" not in unknown.err
+    assert unknown.error_lines == ["error: the host name of the registry unibake-no-such-host.invalid:5000 does not "
+                                  f"resolve (no such host) while looking for blob {load_manifest(folder).image_id[:19]}"
+                                  ": check the name given"], unknown.err
+    assert os.listdir(tmp_path / "spool") == []
+
+
+@pytest.mark.parametrize("command", ["push", "pull"])
+def test_a_temp_dir_inside_the_release_folder_is_refused_before_anything_is_sent(cli, tmp_path, command):
+    # found by probing: `push REL --temp-dir REL` spooled the layers into the release folder; killed, they stayed
+    # there, a folder the release does not list, and every later push refused the folder
+    folder, _ = make_release(tmp_path / "release")
+    if command == "pull":  # (a push refuses a folder holding one, before its --temp-dir is looked at)
+        (folder / "spool").mkdir()
+    ref = "127.0.0.1:1/team/a" + ("@" + DIGEST if command == "pull" else "")
+    args = [str(folder), "--to", ref] if command == "push" else [ref, "--release", str(folder)]
+    for temp in (folder, folder / "spool") if command == "pull" else (folder,):
+        result = cli(command, *args, "--temp-dir", str(temp), "--retries", "0")
+        assert result.code == 2 and result.error_lines == [
+            f"error: --temp-dir {temp}: inside the release folder {folder}, which holds only the release's files; give "
+            "a folder outside it"], result.err
+
+
+def test_a_ca_bundle_variable_naming_no_file_is_said_before_the_push(cli, tmp_path, monkeypatch):
+    # found by probing: REQUESTS_CA_BUNDLE=/nonexistent was 'error: a file: Could not find a suitable TLS CA
+    # certificate bundle', after every layer was compressed
+    folder, _ = make_release(tmp_path / "release")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "nonexistent.pem"))
+    result = cli("push", str(folder), "--to", "127.0.0.1:1/team/a", "--retries", "0")
+    assert result.code == 2 and result.error_lines == [
+        f"error: REQUESTS_CA_BUNDLE={tmp_path}/nonexistent.pem (from the environment): no such file or folder; unset "
+        "it, or give --ca-file"], result.err
