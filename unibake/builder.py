@@ -78,6 +78,9 @@ def image_platform(info: ImageInfo) -> str:
     return recorded(info.architecture, info.os, info.variant)
 
 
+MAX_EPOCH = 8 ** 11 - 1  # what a tar header's 11 octal digits hold (the year 2242): the most SOURCE_DATE_EPOCH can be
+
+
 def iso_time(epoch: int) -> str:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -40,18 +40,19 @@ import importlib.metadata
 import os
 import posixpath
 import re
+import secrets
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError
 
 from . import __version__
-from .builder import BuiltImage, Image, cache_ref, iso_time, keep_as_cache
+from .builder import MAX_EPOCH, BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
 from .errors import BuildFailed, BuildInterrupted, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
 from .files import fsync_dir, open_new, read_small_file, read_small_text, visible_name
@@ -123,12 +124,12 @@ class KitRecord(Document):
     profiles: tuple[str, ...]
     image_id: str = Field(pattern=DIGEST)
     diff_ids: tuple[Digest, ...]
-    source_date_epoch: int = Field(ge=0)
+    source_date_epoch: int = Field(ge=0, le=MAX_EPOCH)  # (past it: a traceback, or a build no tar header can hold)
     revision: str = Field(max_length=256)
     base: KitImage
     builder: KitImage | None
     tool: Tool
-    install_root: str = Field(pattern=r"^/[A-Za-z0-9_./-]+$")
+    install_root: Literal[INSTALL_ROOT]  # (the one this unibake builds: "/." was refused only after the build)
     context_sha256: str = Field(pattern=HEX64)
     dockerfile_sha256: str = Field(pattern=HEX64)
     # the target the release was built for (linux/arm64): the rebuild tells the engine and records it
@@ -573,7 +574,9 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
         raise VerificationError(f"{folder / 'Dockerfile'}: its sha256 differs from kit.json's dockerfile_sha256")
     inside = []
     try:
-        with tarfile.open(folder / CONTEXT) as tar:  # "r:*", as the engine takes a compressed context too
+        # a plain tar, as unibake writes it and verify.sh reads it (the engine takes a compressed context too: one
+        # was built here, and refused by verify.sh)
+        with tarfile.open(folder / CONTEXT, "r:") as tar:
             headers = []
             for member in tar:
                 # its pax header (when it has one) and its own
@@ -657,13 +660,10 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     return the result for comparison; tags it ``unibake-kit/<product>:<release>``. ``progress`` (the
     reporter's) shows the normalise step, a save and a load of the whole image (minutes for an image
     of many gigabytes)."""
-    from .normalise import normalise_image
-
-    from .platforms import EXEC_FORMAT, KNOWN, emulation_hint
+    from .platforms import KNOWN
     from .provenance import TOOLCHAIN_ROLE
 
     record = check_kit(folder)
-    context = folder / CONTEXT
     platform = KNOWN.get(record.platform) if record.platform else None
     if record.platform and platform is None:
         raise InputError(f"{folder / KIT_JSON}: platform {record.platform} is not one this unibake builds for "
@@ -680,9 +680,32 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
                              f"{record.release} was built on {image.image_id}: load that image, then rebuild")
     ref = f"{KIT_REPOSITORY}/{record.product}:{record.release}"
     selection = f"kit-{record.release}"
+    # built, checked and normalised under a tag of this run's own, and only then named ref: another rebuild of
+    # the release on the engine moved ref meanwhile, and the image it named was judged (and called identical)
+    building = cache_ref(record.product, selection, f"rebuild{os.getpid()}x{secrets.token_hex(3)}")
+    try:
+        return _rebuild_as(building, ref, record, folder, engine, platform, on_line, progress)
+    finally:
+        try:  # (the image goes with it, unless it is kept: the release's kit tag, or build cache)
+            engine.untag(building)
+        except UnibakeError as err:
+            on_line(f"warning: the rebuild's own tag {building} was not removed: {err}")
+
+
+def _rebuild_as(building: str, ref: str, record: KitRecord, folder: Path, engine: Engine, platform,
+                on_line: Callable[[str], None],
+                progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None
+                ) -> Rebuilt:
+    """:func:`rebuild`'s build and normalise under the tag ``building``, the result then tagged ``ref``; the build
+    before its normalise kept as build cache when the normalise fails or is interrupted."""
+    from .normalise import normalise_image
+    from .platforms import EXEC_FORMAT, emulation_hint
+
+    context = folder / CONTEXT
+    selection = f"kit-{record.release}"
     with open(context, "rb") as fh:
         try:
-            outcome = engine.build(fh, tag=ref, buildargs=record.build_args, nocache=True, on_line=on_line,
+            outcome = engine.build(fh, tag=building, buildargs=record.build_args, nocache=True, on_line=on_line,
                                    platform=record.platform)
         except BuildInterrupted as exc:  # what finished stays as build cache, named, as a failed build's, not dangling
             try:
@@ -704,19 +727,27 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     for n, stage in enumerate(outcome.stage_images, 1):  # as the build stage keeps them: cache, never dangling
         keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
         cached.append(cache_ref(record.product, selection, f"stage{n}"))
-    info = engine.inspect_image(ref)
-    if info is None:
-        raise UnibakeError(f"the rebuild finished but {ref} is not in the engine")
-    built = BuiltImage(image_id=info.id, tag=ref, diff_ids=info.diff_ids, steps=outcome.steps,
+    info = engine.inspect_image(building)
+    if info is None or info.id != outcome.image_id:
+        raise UnibakeError(f"the rebuild finished but {building} does not point at {outcome.image_id}")
+    built = BuiltImage(image_id=info.id, tag=building, diff_ids=info.diff_ids, steps=outcome.steps,
                        stage_images=outcome.stage_images, seconds=0.0, size=info.size)
     shown = progress or (lambda what, total: nullcontext(lambda n: None))
-    with shown("normalise", built.size or None) as advance:
-        image = normalise_image(engine, built, epoch=record.source_date_epoch, base_image=record.base.ref,
-                                owned=record.install_root, cache=None, progress=advance, platform=platform)
+    try:
+        with shown("normalise", built.size or None) as advance:
+            image = normalise_image(engine, built, epoch=record.source_date_epoch, base_image=record.base.ref,
+                                    owned=record.install_root, cache=None, progress=advance, platform=platform)
+    except BaseException:  # (an interrupt too) the build is kept as build cache, named, as a failed build's is
+        try:
+            keep_as_cache(engine, cache_ref(record.product, selection, "failed"), built.image_id)
+        except UnibakeError as err:
+            on_line(f"warning: the rebuilt image before its normalise was not kept as cache: {err}")
+        raise
     if image.image_id != built.image_id:
         keep_as_cache(engine, cache_ref(record.product, selection, "build"), built.image_id)
         cached.append(cache_ref(record.product, selection, "build"))
-    return Rebuilt(record=record, image=image, ref=ref, cached=tuple(cached))
+    keep_as_cache(engine, ref, image.image_id)  # (the image ref named before is removed, unless still needed)
+    return Rebuilt(record=record, image=replace(image, ref=ref), ref=ref, cached=tuple(cached))
 
 
 def check_kit_of_release(kit: Path, record: KitRecord, release: Path, manifest, signed_sums: bytes | None) -> None:
@@ -725,7 +756,7 @@ def check_kit_of_release(kit: Path, record: KitRecord, release: Path, manifest, 
     checked against the release's SHA256SUMS, as its signature was checked). A kit whose files, ledger and
     kit.json were rewritten alike around another context (``FROM`` the release's own image) could otherwise
     rebuild to the release's image ID and be called identical. VerificationError otherwise."""
-    from .provenance import PROVENANCE_LIMIT, byproducts_of, parse_provenance
+    from .provenance import PROVENANCE_LIMIT, byproducts_of, materials_of, parse_provenance
     from .verify import read_sums
 
     supply = manifest.supply_chain
@@ -740,7 +771,8 @@ def check_kit_of_release(kit: Path, record: KitRecord, release: Path, manifest, 
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise VerificationError(f"{path}: not UTF-8 text") from None
-    recorded = byproducts_of(parse_provenance(text, str(path)))
+    document = parse_provenance(text, str(path))
+    recorded = byproducts_of(document)
     for name, have in ((CONTEXT, record.context_sha256), ("Dockerfile", record.dockerfile_sha256)):
         want = recorded.get(name)
         if want != have:
@@ -748,6 +780,22 @@ def check_kit_of_release(kit: Path, record: KitRecord, release: Path, manifest, 
             raise VerificationError(f"{kit}: its {name} (sha256 {have[:16]}..., {KIT_JSON}) is not the one release "
                                     f"{manifest.release} was built from ({said} in its {supply.provenance.name}): "
                                     "not its kit")
+    # the kit's record of what was baked (its lock) and of the profiles, which a reader of the kit reviews: the
+    # ones the provenance records as the release's materials (a forged lock or profile passed, the image identical)
+    ledger = {e.name: e.sha256 for e in parse_sums(read_small_text(kit / LEDGER, VerificationError, limit=16 << 20,
+                                                                   follow=False), str(kit / LEDGER), VerificationError)}
+    locks = list(materials_of(document, "lock").values())
+    profiles = materials_of(document, "profile")
+    kept = [(LOCK_FILE, ledger.get(LOCK_FILE), locks[0] if len(locks) == 1 else None)]
+    kept += [(name, ledger.get(name), sha) for name, sha in sorted(profiles.items())]
+    kept += [(name, sha, None) for name, sha in sorted(ledger.items())  # a YAML the release was not made from
+             if name.endswith((".yaml", ".yml")) and not name.startswith("tool/") and name not in profiles]
+    for name, have, want in kept:
+        if have != want:
+            said = f"sha256 {want[:16]}..." if want else "none recorded"
+            held = f"sha256 {have[:16]}..." if have else "none"
+            raise VerificationError(f"{kit}: its {name} ({held}) is not the one release {manifest.release} was made "
+                                    f"from ({said} in its {supply.provenance.name}): not its kit")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .errors import InputError
 from .files import decode_text, read_small_file
 from .inputs import InputFile, read_hashed, read_source
 from .manifest import FILE_NAME_PATTERN, RELEASE_FILES
+from .schema import describe_character, hidden_character
 
 MAX_TEXT = 1 << 20
 MAX_ATTACHMENT = 64 << 20
@@ -73,6 +74,17 @@ def _taken(name: str) -> bool:
     return ".tar.zst" in folded
 
 
+def _refuse_hidden(text: str, path: str, where: str) -> None:
+    """A changelog or known-limits file goes into RELEASE_NOTES.md as it is: a control character (an escape
+    sequence clears the screen of whoever cats the notes, a bare CR overwrites a line) or a character that
+    hides or reorders the text around it ("Trojan Source") is refused, as in the YAML, naming its line."""
+    for number, line in enumerate(text.split("\n"), 1):
+        bad = hidden_character(line.removesuffix("\r").replace("\t", " "))  # (a CRLF file's line ends are fine)
+        if bad is not None:
+            raise InputError(f"{path}:{number}: holds {describe_character(bad)}, which would show the release's "
+                             f"readers another text than the one written ({where}); remove it")
+
+
 def read_notes(root: Path, data: dict, where) -> Notes:
     """``notes:`` of product.yaml, read and checked; ``where(path)`` locates its keys."""
     texts, sources = {}, []
@@ -81,6 +93,7 @@ def read_notes(root: Path, data: dict, where) -> Notes:
             f = read_source(root, data[key], where((key,)), want="file").files[0]
             sources.append(f.absolute)
             texts[key] = decode_text(read_hashed(f, MAX_TEXT), f.absolute, InputError).strip() + "\n"
+            _refuse_hidden(texts[key], f.path, where((key,)))
     attachments: list[Attachment] = []
     for i, rel in enumerate(data.get("attachments", [])):
         f = read_source(root, rel, where(("attachments", i)), want="file").files[0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +32,7 @@ from pathlib import Path
 from . import buildmemo, supply
 from .archive import DEFAULT_LEVEL, Archive, write_archive
 from .archive_reader import ReadBack, read_archive, read_back
-from .builder import BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
+from .builder import MAX_EPOCH, BuiltImage, Image, build_image, cache_ref, image_platform, keep_as_cache
 from .console import Reporter
 from .contents import LayerInspector
 from .docker_engine import DockerEngine
@@ -556,7 +557,7 @@ def _release_tag_on_failure(run: Run, plan: ReleasePlan, replaced: str | None, b
     """The build tags the release's tag at once. When the run ends well, or once its release folder
     is published, the image the tag named before (``replaced``) is let go (unless something else needs
     it). When it fails before that (a check, the smoke gates, an interrupt), the tag must not name an
-    image that was never released: what it names is kept as build cache (``...-failed``, per platform)
+    image that was never released: what it names is kept as build cache (``...-failed``, its selection's)
     and the tag goes back to the image it named before, or away. Pushed before the build, so that an
     interrupt as the build ends (the engine's tag set, ``built`` not yet given) is put back too."""
     def on_exit(exc_type, exc, tb) -> bool:
@@ -568,8 +569,9 @@ def _release_tag_on_failure(run: Run, plan: ReleasePlan, replaced: str | None, b
                     run.engine.remove_if_unused(replaced)
                 return False
             if now is not None and now.id != replaced:
-                role = f"failed{plan.platform.suffix}"
-                keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, role), now.id)
+                # (the selection names the platform already, all-arm64: as the builder's failed build is kept, one
+                # name for one role, not all-arm64-failed-arm64 beside all-arm64-failed)
+                keep_as_cache(run.engine, cache_ref(plan.product, run["context"].selection, "failed"), now.id)
                 if replaced and run.engine.inspect_image(replaced) is not None:
                     run.engine.tag(replaced, plan.tag)
                 else:
@@ -645,7 +647,7 @@ def _build(run: Run) -> tuple:
     if built.replaced and built.replaced != built.image_id:
         # no release folder of this tag under --out (that is refused before the build), but the engine's
         # tag named another image: released under another --out, perhaps; said, not silently let go
-        run.reporter.warn(f"{plan.tag} named {built.replaced[:19]} before this build; it names the new image now, "
+        run.reporter.warn(f"{ref} named {built.replaced[:19]} before this build; it names the new image now, "
                           f"and {built.replaced[:19]} is removed when the run ends well, unless another tag names it "
                           f"(to keep it: docker tag {built.replaced[:19]} NAME, before the run ends)")
     memoised = f" ({built.memoised} of them from the build memo: their context was not sent)" if built.memoised else ""
@@ -1450,7 +1452,7 @@ def run_stages(stages: Sequence[Stage], request: Request, reporter: Reporter, *,
 def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None = None):
     """Two cold builds of the same inputs, each archived as a release would be, compared.
 
-    Each build is made under its own tag, ``unibake-repro/<product>:<n>`` (a released tag never
+    Each build is made under its own tag, ``unibake-repro/<product>:<n>-<run>`` (a released tag never
     moves), and held there until the comparison is done; the archives name the release's tag, as
     the release would; the holding tags are removed after."""
     from .repro import compare
@@ -1458,10 +1460,13 @@ def reproduce(request: Request, reporter: Reporter, *, connect: Connect | None =
     connect = connect or docker_engines(request)
     engine = connect(request.engine)
     builds, held = [], []
+    token = f"{os.getpid()}x{secrets.token_hex(3)}"
     try:
         for n in (1, 2):
             reporter.info(f"==> cold build {n} of 2")
-            results = run_stages(selection(REPRO), replace(request, hold=str(n)), reporter, connect=connect)
+            # a tag of this run's own: two repros at once took each other's (and a warning named the release's)
+            hold = f"{n}-{token}"
+            results = run_stages(selection(REPRO), replace(request, hold=hold), reporter, connect=connect)
             image: Image = results["image"]
             proof: Proof = results["proof"]
             held.append(image.ref)
@@ -1503,9 +1508,6 @@ def git_revision(root: Path, outputs: Sequence[Path] = ()) -> str:
                 changed.append(top / next(entries, ""))
     dirty = [p for p in changed if not any(p == o or o in p.parents for o in skip)]
     return rev + ("-dirty" if dirty else "")
-
-
-MAX_EPOCH = 8 ** 11 - 1  # what a tar header's 11 octal digits hold (the year 2242)
 
 
 def source_date_epoch(root: Path, env: Mapping[str, str]) -> int:

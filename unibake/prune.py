@@ -266,7 +266,8 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
                                         releases=folders[image.id]))
         elif _built_by_unibake(engine, image):
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
-    return removals
+    # each once: copies of one release folder under --out named its tag once per copy (listed and counted so)
+    return list({removal.ref: removal for removal in reversed(removals)}.values())[::-1]
 
 
 def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:

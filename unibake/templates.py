@@ -57,17 +57,30 @@ def sh_runtime(value: object) -> str:
 MD_SPECIAL_RE = re.compile(r"([\\`*\[\]|])")  # what can make a link, code, emphasis or a new table cell
 
 
+_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but tab and newline), DEL and C1 controls
+
+
+def inline_text(value: object) -> str:
+    """``value`` as text for one line of the notes: a line break or tab as a space (it would end the table row),
+    any other control character (an escape sequence drives the terminal that cats the notes), and every
+    character that hides or reorders what is around it (``\\u202e``, as the console hides them), as U+FFFD."""
+    from .console import _HIDDEN
+
+    text = str(value).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
+    return _HIDDEN.sub("\ufffd", _UNSHOWN.sub("\ufffd", text))
+
+
 def md(value: object) -> str:
     """Text from outside (an image's labels, an engine's version) as inline Markdown: no markup, no
-    HTML, no table cell it could break out of."""
-    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    HTML, no table cell it could break out of, no control or bidirectional character."""
+    text = inline_text(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return MD_SPECIAL_RE.sub(r"\\\1", text)
 
 
 def code(value: object) -> str:
     """A value as a Markdown code span whatever it holds: a fence longer than its own backticks,
     pipes escaped so it stays in its table cell, and no HTML even for renderers that are not CommonMark."""
-    text = " ".join(str(value).split("\n")).replace("\r", " ")  # a line break would end the table row
+    text = inline_text(value)  # a line break would end the table row
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)

@@ -816,6 +816,24 @@ def test_a_metadata_file_naming_a_notes_attachment_is_refused_at_the_plan_and_th
                cwd=root).code == 0
 
 
+@pytest.mark.parametrize("text, shown", [("clear \x1b[2J\x1b[31mred", "'\\x1b'"), ("a\u202eb", "U+202E"),
+                                         ("over\rwritten", "'\\r'")], ids=["an escape", "a bidi override",
+                                                                           "a bare CR"])
+def test_a_changelog_holding_a_control_or_bidi_character_is_refused_naming_its_line(cli, busybox_product, text, shown):
+    # found by probing: notes.changelog was copied into RELEASE_NOTES.md byte for byte: `cat` of the notes ran the
+    # escape, a bare CR overwrote its line; the YAML refuses the same characters
+    root = busybox_product.parent
+    (root / "notes").mkdir()
+    (root / "notes" / "CHANGELOG.md").write_bytes(f"# Changes\n\n- fine\r\n- {text}\n".encode())
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "notes: {changelog: notes/CHANGELOG.md}\n")
+    result = cli("--stage", "render", "--config", str(busybox_product), cwd=root)
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f"error: notes/CHANGELOG.md:4: holds {shown}"), result.err
+    (root / "notes" / "CHANGELOG.md").write_bytes(b"# Changes\r\n\r\n- fine\tand tabbed\r\n")  # CRLF lines pass
+    assert cli("--stage", "render", "--config", str(busybox_product), cwd=root).code == 0
+
+
 def test_json_with_a_metadata_file_that_is_stdout_is_refused_as_two_documents_on_stdout(tmp_path):
     # found by probing: `--json --metadata-file /dev/stdout` wrote the document twice (not one JSON document), a
     # failure's too

@@ -1519,3 +1519,130 @@ def test_the_kit_s_thread_waits_for_a_cold_build_and_starts_at_once_on_a_base_re
         draft.wait()
         assert [p.name for p in draft.out.iterdir()] == [draft.temp.name]
     assert left() == []  # abandoned with the run: nothing left
+
+
+def test_a_rebuild_judges_the_image_it_built_though_another_run_moves_the_kit_tag_meanwhile(busybox_product,
+                                                                                            tmp_path):
+    # found by probing: the rebuild read its result back by the tag unibake-kit/PRODUCT:RELEASE, which a second
+    # rebuild of the release on the same engine moved meanwhile: the other run's image was normalised and judged
+    # ("identical"), this run's left dangling. It builds under a tag of its own now, and names the result at the end
+    from .test_normalise import config, ours
+
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "raced").mkdir()
+    clean_folder, clean_engine = kit_on_a_building_engine(busybox_product, tmp_path / "clean")
+    clean = rebuild(clean_folder, clean_engine)
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path / "raced")
+    base = engine.images[engine.tags[BASE.ref]].layers
+    other = engine.add(config("2026-01-01T00:00:00Z", "other"), base + ours(1, tune=b'{"t": 2}\n'))
+    building = engine.build
+
+    def build_while_another_run_tags(context, **kw):
+        outcome = building(context, **kw)
+        engine.tags["unibake-kit/unibake-test:0.1.0"] = other  # the other rebuild's result, meanwhile
+        return outcome
+
+    engine.build = build_while_another_run_tags
+    result = rebuild(folder, engine)
+    assert result.image.image_id == clean.image.image_id != other
+    assert engine.tags[result.ref] == result.image.image_id
+    assert not [t for t in engine.tags if "rebuild" in t]  # its own tag gone
+    assert not [i for i in engine.list_images(dangling=True) if i.id != other]  # nothing of its own left untagged
+
+
+def test_a_rebuild_to_another_image_leaves_no_earlier_rebuild_dangling_and_a_failed_normalise_keeps_its_build(
+        busybox_product, tmp_path):
+    # found by probing: a rebuild moved unibake-kit/PRODUCT:RELEASE and left the image it named before dangling;
+    # an interrupted or failed normalise left the tag on the image before normalising, and no build cache named it
+    from unibake.builder import cache_ref
+
+    from .test_normalise import config, ours
+
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
+    first = rebuild(folder, engine)
+    base = engine.images[engine.tags[BASE.ref]].layers
+
+    def build_another(context, *, tag, buildargs, nocache, on_line, platform=None):
+        from unibake.engine import BuildOutcome
+        return BuildOutcome(image_id=engine.add(config("2026-01-01T00:00:00Z", "c2"),
+                                                base + ours(1, tune=b'{"t": 2}\n'), tag=tag), steps=())
+
+    engine.build = build_another
+    second = rebuild(folder, engine)
+    assert second.image.image_id != first.image.image_id
+    assert first.image.image_id not in engine.images  # (removed, not dangling)
+    assert engine.list_images(dangling=True) == []
+    # a normalise that fails: the kit tag stays where it was, the build is kept as named cache
+    import unibake.normalise
+
+    def failing(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    original, unibake.normalise.normalise_image = unibake.normalise.normalise_image, failing
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            rebuild(folder, engine)
+    finally:
+        unibake.normalise.normalise_image = original
+    assert engine.tags["unibake-kit/unibake-test:0.1.0"] == second.image.image_id
+    assert cache_ref("unibake-test", "kit-0.1.0", "failed") in engine.tags
+    assert engine.list_images(dangling=True) == [] and not [t for t in engine.tags if "rebuild" in t]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("source_date_epoch", 253402300800, "source_date_epoch"), ("source_date_epoch", 10 ** 20, "source_date_epoch"),
+    ("install_root", "/.", "install_root")])
+def test_a_kit_json_epoch_past_a_tar_header_or_another_install_root_is_refused_before_the_engine_is_asked(
+        busybox_product, tmp_path, field, value, says):
+    # found by probing: an epoch past the year 9999 was a traceback (ValueError), one past 8**11 a whole build then
+    # "rewritten to 24584 bytes"; install_root "/." was refused only after the build
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    forge_kit_json(folder, lambda record: record.update({field: value}))
+    with pytest.raises(VerificationError, match=f"kit.json: not a valid kit record: .*{says}"):
+        rebuild(folder, FakeEngine())
+
+
+def test_a_gzip_compressed_context_is_refused_by_the_rebuild_as_by_verify_sh(busybox_product, tmp_path):
+    # found by probing: verify.sh refused it ("a header at block 0 without an octal size"), build.py rebuild built
+    # it (tarfile's "r:*" read it) and said "identical"
+    import gzip
+
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    (folder / "context.tar").write_bytes(gzip.compress((folder / "context.tar").read_bytes(), mtime=0))
+    sha = hashlib.sha256((folder / "context.tar").read_bytes()).hexdigest()
+    forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
+    relist_file(folder, "context.tar")
+    with pytest.raises(VerificationError, match="context.tar: not a readable tar"):
+        rebuild(folder, FakeEngine())
+    assert verify_sh(folder, "sh").returncode == 3
+
+
+@pytest.mark.parametrize("change", ["a lock entry", "a profile", "a profile added"])
+def test_rebuild_release_refuses_a_kit_whose_lock_or_profiles_are_not_the_releases(cli, tmp_path, change):
+    # found by probing: `rebuild KIT --release DIR` compared only the context and the Dockerfile with the
+    # provenance: a kit whose inputs.lock or profiles were rewritten (ledger redone) rebuilt "identical"
+    release = tmp_path / "release" / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", release, ignore=shutil.ignore_patterns("*.tar.zst*"))
+    assert cli("kit", str(release), "--out", str(tmp_path / "written")).code == 0  # (the published one, again)
+    folder = unpack(tmp_path / "written" / "demo-llm-1.3.1-kit.tar.zst", tmp_path / "kit")
+    name = {"a lock entry": "inputs.lock", "a profile": "profiles/tp1.yaml", "a profile added": "profiles/tp8.yaml"}[
+        change]
+    path = folder / name
+    if change == "a lock entry":
+        path.write_text(re.sub(r"^[0-9a-f]{64}", "0" * 64, path.read_text(), count=1, flags=re.M))
+    else:
+        with open(path, "a") as f:
+            f.write("# reviewed\n")
+    lines = (folder / "kit.sha256").read_text().splitlines()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    relist(folder, [line for line in lines if not line.endswith(f"  {name}")] + [f"{digest}  {name}"])
+    assert check_ledger(folder) == []
+    result = cli("rebuild", str(folder), "--release", str(release), "--engine", "unix:///nowhere.sock")
+    recorded = "none recorded" if change == "a profile added" else "sha256 "
+    assert result.code == 3 and len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(
+        f"error: {folder}: its {name} (sha256 {digest[:16]}...) is not the one release 1.3.1 was made from "
+        f"({recorded}"), result.err
+    assert result.error_lines[0].endswith("in its provenance.intoto.json): not its kit"), result.err

@@ -114,6 +114,28 @@ def test_a_metadata_file_in_the_release_folder_the_run_publishes_is_refused_befo
     assert release(engines, out, metadata_file=out / "build.json")["release"].folder == out / "1.0"
 
 
+def test_labels_holding_bidi_or_c1_characters_reach_the_notes_and_the_manifest_as_replacement_characters(
+        server, tmp_path):  # noqa: F811
+    # found by probing: an image's version, revision and created labels (archive IMAGE) went into RELEASE_NOTES.md
+    # with U+202E and U+0085 as they were, and into manifest.json with C1 controls: C0 alone was replaced
+    source = FakeEngine(address="fake://source")
+    labels = {METADATA_LABEL: metadata(server.server_port).to_json(), PROFILES_LABEL: "tp1",
+              "org.opencontainers.image.version": "1.0\u202efed\u009b2J",
+              "org.opencontainers.image.revision": "abc\u202efed\u0085x",
+              "org.opencontainers.image.created": "2026\u2066x\u200b", "io.unibake.source-date-epoch": "1700000000"}
+    source.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"], "Labels": labels},
+                "history": [{"created_by": "x"}] * 3}, DEFAULT_LAYERS, tag="demo:1.0")
+    folder = release({None: source, "fake://verify": FakeEngine(address="fake://verify")},
+                     tmp_path / "release")["release"].folder
+    notes = (folder / "RELEASE_NOTES.md").read_text()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    fields = json.dumps({k: v for k, v in manifest.items() if k != "labels"}, ensure_ascii=False)  # (kept as given)
+    for hidden in ("\u202e", "\u2066", "\u200b", "\u0085", "\u009b"):
+        assert hidden not in notes and hidden not in fields, repr(hidden)
+    assert manifest["version"] == "1.0\ufffdfed\ufffd2J" and "abc\ufffdfed\ufffdx" in notes
+    assert not verify_folder(folder).failures
+
+
 def rewrite_manifest(folder: Path, document: dict) -> None:
     """``folder``'s manifest.json written as ``document``, its SHA256SUMS line to match: a folder as
     another unibake (or another time) published it, whole."""
@@ -275,7 +297,9 @@ def test_the_release_tag_never_names_an_image_that_was_not_released(tmp_path, ca
     old = engine.add({"created": "old"}, [b"old"], tag="demo:1.0") if "named nothing" not in case else None
     new = engine.add({"created": "new"}, [b"new"], tag="demo:1.0")  # the build moved the tag
     folder = SimpleNamespace(committed="published" in case)
-    run = _Run(engine, {"folder": folder, "context": SimpleNamespace(selection="all")})
+    # (an arm64 selection's name holds its platform: the failed build is kept as all-arm64-failed, as the builder
+    # keeps one, not all-arm64-failed-arm64 beside it)
+    run = _Run(engine, {"folder": folder, "context": SimpleNamespace(selection="all-arm64")})
     plan = SimpleNamespace(tag="demo:1.0", product="demo", platform=KNOWN["linux/arm64"])
     hook = _release_tag_on_failure(run, plan, old, [SimpleNamespace(image_id=new, replaced=old)])
     failed = case.startswith("failed")
@@ -283,12 +307,12 @@ def test_the_release_tag_never_names_an_image_that_was_not_released(tmp_path, ca
     tag = engine.inspect_image("demo:1.0")
     if case == "failed, the tag named an image before":  # the old release's tag and image, as they were
         assert tag.id == old
-        assert engine.inspect_image(cache_ref("demo", "all", "failed-arm64")).id == new
+        assert engine.inspect_image(cache_ref("demo", "all-arm64", "failed")).id == new
     elif case == "failed, the tag named nothing":
-        assert tag is None and engine.inspect_image(cache_ref("demo", "all", "failed-arm64")).id == new
+        assert tag is None and engine.inspect_image(cache_ref("demo", "all-arm64", "failed")).id == new
     else:  # published (even if clean-up failed after) or succeeded: the tag stays, the image it replaced goes
         assert tag.id == new and engine.inspect_image(old) is None
-        assert engine.inspect_image(cache_ref("demo", "all", "failed-arm64")) is None
+        assert engine.inspect_image(cache_ref("demo", "all-arm64", "failed")) is None
 
 
 def test_the_rendered_copies_a_build_rewrote_do_not_make_the_next_run_of_the_same_commit_dirty(busybox_product):

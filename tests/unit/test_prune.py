@@ -56,6 +56,22 @@ def test_prune_keeps_the_newest_releases_and_removes_the_rest(tmp_path):
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.3.0", "1.3.1", "1.3.2"]
 
 
+def test_copies_of_one_release_folder_name_its_image_once(tmp_path):
+    # found by probing: a release folder copied under --out twice (1.3.0, and copies named otherwise) listed
+    # `would remove demo-llm:1.3.0` three times, and counted it three times
+    import shutil
+
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    for n, tag in enumerate(("1.3.0", "1.3.1", "1.3.2")):
+        folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag))
+        engine.load(read_archive(folder, [f"demo-llm-{tag}.tar.zst"]))
+    for copy in ("1.3.0-copy", "1.3.0-old"):
+        shutil.copytree(out / "1.3.0", out / copy)
+    planned = prune(engine, out, keep=2, dry_run=True)
+    assert [r.ref for r in planned] == ["demo-llm:1.3.0"], planned
+
+
 def test_keeping_a_cache_role_replaces_and_removes_the_image_it_named():
     engine = FakeEngine()
     old, new = engine.add({"config": {}}, [b"old"]), engine.add({"config": {}}, [b"new"])
