@@ -49,11 +49,10 @@ SECRET = "build-memo.key"
 SECRET_BYTES = 32
 
 
-def secret(env) -> bytes | None:
-    """This user's key of the memos' HMAC, in the user's own cache folder (``$XDG_CACHE_HOME``, else
-    ``$HOME/.cache``, else the home the user database gives, then ``unibake/build-memo.key``), made on
-    first use; None (no memo used or recorded) when there is no such folder or the key can be neither
-    read nor made."""
+def user_folder(env) -> Path | None:
+    """This user's own unibake folder in their cache folder (``$XDG_CACHE_HOME``, else ``$HOME/.cache``, else the
+    home the user database gives, then ``unibake/``), made on first use; None when there is none, or it is
+    another user's or anyone may write in it (they could put files of theirs there)."""
     homes = [env.get("XDG_CACHE_HOME") or "", f"{env['HOME']}/.cache" if env.get("HOME") else ""]
     try:
         homes.append(f"{pwd.getpwuid(os.getuid()).pw_dir}/.cache")
@@ -69,7 +68,16 @@ def secret(env) -> bytes | None:
     except OSError:
         return None
     if info.st_uid != os.geteuid() or info.st_mode & 0o002:
-        return None  # a folder another user owns, or anyone may write: they could put a key of theirs there
+        return None
+    return folder
+
+
+def secret(env) -> bytes | None:
+    """This user's key of the memos' HMAC, ``build-memo.key`` in :func:`user_folder`, made on first use; None (no
+    memo used or recorded) when there is no such folder or the key can be neither read nor made."""
+    folder = user_folder(env)
+    if folder is None:
+        return None
     key = _own_key(folder / SECRET)
     if key is not None:
         return key

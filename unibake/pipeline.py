@@ -553,6 +553,35 @@ def _temp_folder(run: Run) -> tuple:
     return _one(folder)
 
 
+def _hold_the_tag_on_the_engine(run: Run, tag: str) -> None:
+    """The release's tag is the engine's, not one --out's: two runs of one tag under two --out (each holding its
+    own release folder's lock) moved it under each other, and both failed their checks with images left
+    dangling. A lock of this user's (``tags/`` in :func:`buildmemo.user_folder`, by engine and tag) is held from
+    the build to the run's end; a second run is refused, exit 1. No such folder: not held (said by nothing)."""
+    import fcntl
+    import hashlib
+
+    folder = buildmemo.user_folder(run.request.env)
+    if folder is None:
+        return
+    name = hashlib.sha256(f"{run.engine.address}\0{tag}".encode()).hexdigest()[:32]
+    try:
+        (folder / "tags").mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(folder / "tags" / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    run.stack.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        raise UnibakeError(f"another run is building {tag} on the engine at {run.engine.address}"
+                           f"{f' (pid {holder})' if holder.isdigit() else ''}, into another --out: the tag is the "
+                           "engine's; wait for it, then run again") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
 def _release_tag_on_failure(run: Run, plan: ReleasePlan, replaced: str | None, built: list[BuiltImage]):
     """The build tags the release's tag at once. When the run ends well, or once its release folder
     is published, the image the tag named before (``replaced``) is let go (unless something else needs
@@ -634,6 +663,7 @@ def _build(run: Run) -> tuple:
     # build's last look at it under way) put the tag on an image never released, for good
     given: list[BuiltImage] = []
     if not run.request.hold:
+        _hold_the_tag_on_the_engine(run, plan.tag)
         before = run.engine.inspect_image(plan.tag)
         run.stack.push(_release_tag_on_failure(run, plan, before.id if before is not None else None, given))
     else:  # repro holds its build only once the run is whole: a failed or interrupted one lets go of it here

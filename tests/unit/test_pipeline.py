@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -134,6 +135,42 @@ def test_labels_holding_bidi_or_c1_characters_reach_the_notes_and_the_manifest_a
         assert hidden not in notes and hidden not in fields, repr(hidden)
     assert manifest["version"] == "1.0\ufffdfed\ufffd2J" and "abc\ufffdfed\ufffdx" in notes
     assert not verify_folder(folder).failures
+
+
+def test_a_build_of_a_tag_another_run_builds_on_the_same_engine_into_another_out_is_refused(busybox_product,
+                                                                                            tmp_path):
+    # found by probing: two runs of one tag under two --out (each holding its own release folder's lock) moved the
+    # engine's tag under each other; both failed their checks (exit 3) and left images dangling
+    import fcntl
+    import hashlib
+
+    from unibake.errors import UnibakeError
+    from unibake.plan import make_plan
+
+    from .test_supply_chain import Quiet
+
+    plan = make_plan(busybox_product, cwd=busybox_product.parent)
+    engine = FakeEngine(address="fake://shared")
+    engine.add({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}, "history": []}, [],
+               tag=plan.base_image)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    folder = tmp_path / "cache" / "unibake" / "tags"
+    folder.mkdir(parents=True)
+    lock = folder / (hashlib.sha256(f"fake://shared\0{plan.tag}".encode()).hexdigest()[:32] + ".lock")
+    with open(lock, "w") as held:  # the other run, under --out elsewhere
+        held.write("4242\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        request = Request(env=env, cwd=tmp_path, out=tmp_path / "release", config=str(busybox_product),
+                          require_lock=False)
+        with pytest.raises(UnibakeError, match=f"^another run is building {re.escape(plan.tag)} on the engine at "
+                                               r"fake://shared \(pid 4242\), into another --out"):
+            run_stages(selection(BUILD), request, Quiet(), connect=lambda address: engine)
+    assert engine.inspect_image(plan.tag) is None  # nothing built, nothing tagged
+    assert [p.name for p in (tmp_path / "release").iterdir()] == [".0.1.0.lock"]  # (no staging folder left)
+    # let go: the next run takes the lock (and gets as far as the fake engine's build)
+    with pytest.raises(UnibakeError, match="the fake engine does not build"):
+        run_stages(selection(BUILD), request, Quiet(), connect=lambda address: engine)
 
 
 def rewrite_manifest(folder: Path, document: dict) -> None:
