@@ -66,6 +66,20 @@ class Cut:
     zsha: object = field(default=None, repr=False)  # the frame's compressed bytes, hashed
 
 
+class _Decoded:
+    """Where a reused frame is decoded to: its bytes hashed and counted, never more than ``limit`` of them."""
+
+    def __init__(self, limit: int):
+        self.limit, self.size, self.sha = limit, 0, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise ValueError("the frame decodes to more bytes than its cut holds")
+        self.sha.update(data)
+        return len(data)
+
+
 class _Out(io.RawIOBase):
     """The kit file being written: every byte hashed and counted; once ``stop`` is set, every write raises
     (a kit abandoned while its context is compressed stops at the next block)."""
@@ -159,18 +173,26 @@ class Framer(io.RawIOBase):
         frame = cut.reuse
         fh, at = self.out.fh, self.out.bytes
         saved, check = self.out.sha.copy(), hashlib.sha256()
+        # the frame decoded as it is copied, against the bytes this cut is (its size and sha256): the index that
+        # names the frame comes from the earlier kit, and vouches for its compressed bytes alone (a frame of as
+        # many zero bytes under the file's sha256 was copied, and the kit's context.tar was another)
+        content = _Decoded(cut.size)
+        decoder = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
+            content, write_size=COPY_CHUNK, write_return_read=True)
         done = 0
         while done < frame.length:
             try:
                 chunk = os.pread(self.source, min(COPY_CHUNK, frame.length - done), frame.offset + done)
-            except OSError:  # (a read error of the earlier kit: its frame is compressed anew, as below)
+                decoder.write(chunk)
+            except (OSError, zstandard.ZstdError, ValueError):  # (compressed anew, as below)
                 break
             if not chunk:
                 break
             check.update(chunk)
             self.out.write(chunk)
             done += len(chunk)
-        if done == frame.length and check.hexdigest() == frame.zsha256:
+        if done == frame.length and check.hexdigest() == frame.zsha256 and content.size == cut.size and \
+                content.sha.hexdigest() == cut.sha256:
             self.reused += 1
             cut.zsha = check
             return True

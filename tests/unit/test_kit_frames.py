@@ -181,6 +181,23 @@ def test_an_earlier_kit_that_does_not_check_out_lends_nothing_and_the_kit_is_the
     assert sorted(p.name for p in (tmp_path / "copied").iterdir()) == ["k.tar.zst"]
 
 
+@pytest.mark.parametrize("lent", ["as many zero bytes", "more bytes than the file"])
+def test_a_lent_frame_whose_bytes_are_not_the_file_s_is_compressed_anew_not_copied(product, tmp_path, lent):
+    # found by probing: a lender's index named the file's sha256 over a frame of as many zero bytes (its zsha256
+    # right): the frame was copied, and the kit's context.tar was another than its ledger says (its own verify.sh
+    # failed); only the compressed bytes were checked, against the lender's own index
+    fresh, _ = kit(product, tmp_path / "fresh")
+    content = bytes(len(WEIGHTS)) if lent == "as many zero bytes" else WEIGHTS + b"x" * (1 << 20)
+    other = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(content)
+    lender = other + index_frame({"compressor": COMPRESSOR, "frames": [
+        {"offset": 0, "length": len(other), "size": len(WEIGHTS), "sha256": hashlib.sha256(WEIGHTS).hexdigest(),
+         "zsha256": hashlib.sha256(other).hexdigest()}]})
+    (tmp_path / "lender.zst").write_bytes(lender)
+    made, note = kit(product, tmp_path / "made", reuse=(tmp_path / "lender.zst", hashlib.sha256(lender).hexdigest()))
+    assert note.startswith("0 of 1 large context files copied"), note
+    assert made.read_bytes() == fresh.read_bytes()
+
+
 def test_a_kit_without_a_large_file_is_one_frame_and_its_index(busybox_product, tmp_path):
     path, _ = kit(busybox_product, tmp_path / "small")
     data = path.read_bytes()
