@@ -402,6 +402,16 @@ def release_of_kit(kit: Path, releases: Path, secret: Path, byproducts: bool = T
     provenance["predicate"]["runDetails"]["byproducts"] = [
         {"digest": {"sha256": record["context_sha256"]}, "name": "context.tar"},
         {"digest": {"sha256": record["dockerfile_sha256"]}, "name": "Dockerfile"}] if byproducts else []
+    # its materials: the kit's profiles and lock, as the release's provenance records them
+    lines = (kit / "kit.sha256").read_text().splitlines()
+    ledger = {name: sha for sha, name in (line.split("  ", 1) for line in lines)}
+    definition = provenance["predicate"]["buildDefinition"]
+    definition["resolvedDependencies"] = [
+        *(d for d in definition["resolvedDependencies"]
+          if d.get("annotations", {}).get("role") not in ("profile", "lock")),
+        *({"annotations": {"role": "profile"}, "digest": {"sha256": sha}, "name": name} for name, sha in ledger.items()
+          if name.endswith((".yaml", ".yml")) and not name.startswith("tool/")),
+        {"annotations": {"role": "lock"}, "digest": {"sha256": ledger["inputs.lock"]}, "name": "profiles/inputs.lock"}]
     (folder / "provenance.intoto.json").write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
     data = (folder / "provenance.intoto.json").read_bytes()
     manifest = json.loads((folder / "manifest.json").read_text())
