@@ -359,8 +359,8 @@ def _refuse_the_document_over_a_file_read(request: Request, plan: ReleasePlan) -
         if (info.st_dev, info.st_ino) == (here.st_dev, here.st_ino):
             shown, read_as = display_path(document, request.cwd), display_path(path, request.cwd)
             raise DocumentPlaceRefused(f"--metadata-file {shown}: a file this release is made from"
-                             f"{f' ({read_as})' if read_as != shown else ''}, which the run's document would "
-                             "replace; give another path")
+                                       f"{f' ({read_as})' if read_as != shown else ''}, which the run's document "
+                                       "would replace; give another path")
 
 
 def _refuse_out_among_inputs(request: Request, plan: ReleasePlan) -> None:
@@ -502,10 +502,10 @@ def _refuse_the_document_in_the_release(request: Request, folder: Path, record: 
     if document is None:
         return
     if document == folder or folder in document.parents or document == record:
-        raise DocumentPlaceRefused(f"--metadata-file {display_path(document, request.cwd)}: it is "
-                         f"{'the checksums record' if document == record else 'inside the release folder'} this "
-                         f"run publishes ({display_path(folder if document != record else record, request.cwd)}); "
-                         "give a path outside it")
+        where = "the checksums record" if document == record else "inside the release folder"
+        raise DocumentPlaceRefused(f"--metadata-file {display_path(document, request.cwd)}: it is {where} this run "
+                                   f"publishes ({display_path(record if document == record else folder, request.cwd)});"
+                                   " give a path outside it")
 
 
 def _refuse_another_products_record(record: Path, target: Target, *, force: bool) -> None:

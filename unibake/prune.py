@@ -40,6 +40,7 @@ from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
 from .publish import SUMS, check_tag, find_releases, lock_release, record_temp, release_locks
+from .released import REPRO_REPOSITORY
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
 # records them: the classic builder prefixes "/bin/sh -c #(nop)  ", BuildKit does not.
@@ -233,8 +234,8 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
     if len(manifests) < len(releases):
-        return [Removal(ref=tag, why="build cache") for image in engine.list_images() for tag in image.tags
-                if tag.startswith(f"{CACHE_REPOSITORY}/")]
+        return [Removal(ref=tag, why=_leftover(tag)) for image in engine.list_images() for tag in image.tags
+                if _leftover(tag)]
     folders: dict[str, tuple[str, ...]] = {}  # an image ID: the folders that released it
     for found in releases:
         folders[found.manifest.image_id] = (*folders.get(found.manifest.image_id, ()), found.folder.name)
@@ -252,8 +253,8 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
                                                      f"older than the newest {keep}", releases=folders[m.image_id]))
     for image in engine.list_images():
         for tag in image.tags:
-            if tag.startswith(f"{CACHE_REPOSITORY}/"):
-                removals.append(Removal(ref=tag, why="build cache"))
+            if _leftover(tag):
+                removals.append(Removal(ref=tag, why=_leftover(tag)))
     released = {m.image_id: m for m in manifests}
     for image in engine.list_images(dangling=True):
         if image.id in needed:
@@ -268,6 +269,16 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     # each once: copies of one release folder under --out named its tag once per copy (listed and counted so)
     return list({removal.ref: removal for removal in reversed(removals)}.values())[::-1]
+
+
+def _leftover(tag: str) -> str:
+    """Why ``tag`` is a run's leftover prune removes (build cache; a repro build's tag, which a run removes when it
+    ends, one killed left, each run's its own), or "" when it is not one."""
+    if tag.startswith(f"{CACHE_REPOSITORY}/"):
+        return "build cache"
+    if tag.startswith(f"{REPRO_REPOSITORY}/"):
+        return "a repro build's tag (a repro run removes its own: a killed one left it)"
+    return ""
 
 
 def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:

@@ -40,12 +40,15 @@ def test_prune_keeps_the_newest_releases_and_removes_the_rest(tmp_path):
     cache = engine.add({"config": {}}, [b"cache"])
     keep_as_cache(engine, cache_ref("demo-llm", "all", "build"), cache)
     foreign = engine.add({"config": {}}, [b"not ours"], tag="someone/else:1")
+    # a killed repro's build tag (each run's its own since they no longer share unibake-repro/P:1)
+    engine.add({"config": {}}, [b"repro"], tag="unibake-repro/demo-llm:1-4242xabcdef")
 
     # more to keep than there are versions (the default --keep 3 of 3, or 5): every release stays
     for keep in (3, 5):
         assert not any(r.ref.startswith("demo-llm:") for r in prune(engine, out, keep=keep, dry_run=True))
     planned = prune(engine, out, keep=2, dry_run=True)
-    assert {r.ref for r in planned} == {"demo-llm:1.3.0", "unibake-cache/demo-llm:all-build", dangling}
+    assert {r.ref for r in planned} == {"demo-llm:1.3.0", "unibake-cache/demo-llm:all-build", dangling,
+                                        "unibake-repro/demo-llm:1-4242xabcdef"}
     assert engine.inspect_image("demo-llm:1.3.0") is not None  # a dry run removes nothing
 
     prune(engine, out, keep=2)
