@@ -1578,7 +1578,7 @@ def _emit_error(args: argparse.Namespace | None, message: str, code: int, cwd: P
         as_json, metadata_file, config = _refused_line_options()
     else:
         as_json, metadata_file = getattr(args, "json", False), getattr(args, "metadata_file", None)
-        config = getattr(args, "config", None) or "profiles"
+        config = getattr(args, "config", None) or "profiles"  # (resolved where a failure is caught)
     text = json.dumps({"error": visible_name(message), "exit_code": code}, indent=2) + "\n"
     if metadata_file and not (metadata_file == "-" and as_json) and \
             not (as_json and _is_stdout(cwd / metadata_file)):  # (stdout holds one document)
@@ -1636,8 +1636,7 @@ def _check_metadata_file(args: argparse.Namespace, cwd: Path) -> None:
     if problem:
         args.metadata_file = None  # the failure's document is not tried there either
         raise InputError(f"--metadata-file {value}: cannot write it there ({problem})")
-    kept = _not_a_document(resolved(cwd / value), resolved(cwd / (getattr(args, "config", None) or "profiles"))) \
-        if value else None
+    kept = _not_a_document(resolved(cwd / value), _config_folder(args, cwd)) if value else None
     if kept:
         args.metadata_file = None
         raise InputError(f"--metadata-file {value}: {kept}")
@@ -1702,6 +1701,11 @@ def _pinned_input(path: Path, config: Path) -> str | None:
     return f"{config.name}/{LOCK_FILE}" if rel in digests else None
 
 
+def _config_folder(args: argparse.Namespace, cwd: Path) -> Path:
+    """The profiles folder a command names (``--config``; default ``profiles``), resolved."""
+    return resolved(cwd / (getattr(args, "config", None) or "profiles"))
+
+
 def _is_stdout(path: Path) -> bool:
     """Whether ``path`` is the file stdout writes to (``/dev/stdout``, ``/dev/fd/1``, the pipe or the file
     stdout is)."""
@@ -1761,7 +1765,7 @@ def _emit_document(args: argparse.Namespace, document: dict, cwd: Path) -> None:
     with only the error's document (one JSON document, always)."""
     text = json.dumps(_visible(document), indent=2, sort_keys=False) + "\n"
     if getattr(args, "metadata_file", None):
-        _write_metadata(args.metadata_file, text, cwd, resolved(cwd / (getattr(args, "config", None) or "profiles")))
+        _write_metadata(args.metadata_file, text, cwd, _config_folder(args, cwd))
     if getattr(args, "json", False):
         problem = _write_stdout(text)
         if problem:

@@ -54,6 +54,15 @@ _HIDDEN = re.compile("[\u00ad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\
                      "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]")
 
 
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1 controls
+
+
+def replaced(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1) and every character :data:`_HIDDEN` names as U+FFFD:
+    for text that is written where a reader sees it (the notes, the manifest's fields), not escaped as a line."""
+    return _HIDDEN.sub("\ufffd", _UNSHOWN.sub("\ufffd", text))
+
+
 def _escaped(m: re.Match[str]) -> str:
     c = ord(m.group())
     return f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}"

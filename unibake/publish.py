@@ -546,10 +546,9 @@ def env_changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> 
 def _text(value: str, limit: int) -> str:
     """A label's value as a manifest field: control characters (C0, DEL, C1) and characters that hide or reorder
     what is around them (``\\u202e``: the notes show the field) replaced, cut to ``limit``."""
-    from .console import _HIDDEN
+    from .console import replaced
 
-    return _HIDDEN.sub("\ufffd", "".join("\ufffd" if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F else c
-                                          for c in value))[:limit]
+    return replaced(value)[:limit]
 
 
 def build_manifest(*, product: str, tag: str, image_ref: str, archive: Archive, digests: ReadBack,

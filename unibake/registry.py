@@ -437,13 +437,7 @@ def _header_refusal(exc: BaseException) -> str | None:
     a chunk length that is no number, or whose line is over 64 KiB, a trailer line over 64 KiB), which
     requests reports as a failed or broken connection; None for any other error. The same answer comes
     again on every try: it is not worth a retry."""
-    seen: list[BaseException] = []
-    todo: list[object] = [exc]
-    while todo and len(seen) < 20:
-        found = todo.pop()
-        if not isinstance(found, BaseException) or any(found is s for s in seen):
-            continue
-        seen.append(found)
+    for found in _chain(exc):
         if isinstance(found, http.client.LineTooLong):
             return f"a header line longer than the {http.client._MAXLINE} bytes an HTTP client reads"
         if type(found) is http.client.HTTPException and "more than" in str(found) and "headers" in str(found):
@@ -458,8 +452,21 @@ def _header_refusal(exc: BaseException) -> str | None:
         if isinstance(length, bytes) and length.strip():  # (an empty one: the connection ended there)
             shown = length.strip()[:40].decode("ascii", "replace")
             return f"a chunked body whose chunk length is no number ({one_line(shown)!r})"
-        todo += [*found.args, found.__cause__, found.__context__]
     return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from or holds (its args, cause and context, as requests wraps
+    urllib3's, which wraps the socket's), each once, at most 20."""
+    seen: list[BaseException] = []
+    todo: list[object] = [exc]
+    while todo and len(seen) < 20:
+        found = todo.pop()
+        if not isinstance(found, BaseException) or any(found is s for s in seen):
+            continue
+        seen.append(found)
+        yield found
+        todo += [*found.args, found.__cause__, found.__context__]
 
 
 def _transient(exc: BaseException, hide: Callable[[str], str] = lambda text: text) -> str | None:
@@ -487,15 +494,8 @@ def _transient(exc: BaseException, hide: Callable[[str], str] = lambda text: tex
 def _no_such_host(exc: BaseException) -> bool:
     """Whether ``exc`` comes of a host name the resolver says does not exist (not one it could not ask about
     now: that is worth another try)."""
-    seen: list[BaseException] = []
-    found: object = exc
-    while isinstance(found, BaseException) and len(seen) < 20 and not any(found is s for s in seen):
-        seen.append(found)
-        if isinstance(found, socket.gaierror):
-            return found.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
-        found = getattr(found, "reason", None) or found.__cause__ or found.__context__ or \
-            next((a for a in found.args if isinstance(a, BaseException)), None)
-    return False
+    unknown = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+    return any(isinstance(found, socket.gaierror) and found.errno in unknown for found in _chain(exc))
 
 
 def _origin(url: str) -> tuple[str, str, int]:

@@ -57,17 +57,13 @@ def sh_runtime(value: object) -> str:
 MD_SPECIAL_RE = re.compile(r"([\\`*\[\]|])")  # what can make a link, code, emphasis or a new table cell
 
 
-_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but tab and newline), DEL and C1 controls
-
-
 def inline_text(value: object) -> str:
     """``value`` as text for one line of the notes: a line break or tab as a space (it would end the table row),
     any other control character (an escape sequence drives the terminal that cats the notes), and every
     character that hides or reorders what is around it (``\\u202e``, as the console hides them), as U+FFFD."""
-    from .console import _HIDDEN
+    from .console import replaced
 
-    text = str(value).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " ")
-    return _HIDDEN.sub("\ufffd", _UNSHOWN.sub("\ufffd", text))
+    return replaced(str(value).replace("\r\n", " ").replace("\n", " ").replace("\r", " ").replace("\t", " "))
 
 
 def md(value: object) -> str:
