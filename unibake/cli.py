@@ -1506,9 +1506,10 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):
-        result = rebuild(folder, engine, on_line=ctx.reporter.build_line, progress=ctx.reporter.progress)
+        result = rebuild(folder, engine, record=kit, on_line=ctx.reporter.build_line,
+                         progress=ctx.reporter.progress)
     record = result.record
-    expected = released.image_id if released is not None else record.image_id  # (kit.json read again by rebuild)
+    expected = released.image_id if released is not None else record.image_id
     matches = result.matches and result.image.image_id == expected
     error = None if matches else VerificationError(
         f"the kit of {record.tag} rebuilt to {result.image.image_id}, not the released {expected}")

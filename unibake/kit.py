@@ -41,13 +41,14 @@ import os
 import posixpath
 import re
 import secrets
+import stat
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from pydantic import Field, ValidationError
 
@@ -500,6 +501,12 @@ def read_kit(folder: Path) -> KitRecord:
 
 def check_ledger(folder: Path) -> list[str]:
     """Every file against ``kit.sha256``: what differs, is missing, or is not listed."""
+    return _ledger(folder)[0]
+
+
+def _ledger(folder: Path) -> tuple[list[str], dict[str, str]]:
+    """:func:`check_ledger`'s problems, and the sha256 the ledger lists for each file (each file's own, when
+    there are none)."""
     text = read_small_text(folder / LEDGER, VerificationError, limit=16 << 20, what="not a reconstruct kit folder",
                            follow=False)
     listed = {e.name: e.sha256 for e in parse_sums(text, str(folder / LEDGER), VerificationError)}
@@ -525,20 +532,87 @@ def check_ledger(folder: Path) -> list[str]:
         rel = path.relative_to(folder).as_posix()
         if rel != LEDGER and (path.is_symlink() or not path.is_dir()) and rel not in listed:
             problems.append(f"{rel}: not listed in {LEDGER}")
-    return problems
+    # nothing another user can write: each file is checked here, then read again (tool/ runs as you, context.tar
+    # is built), and one who can write a file or a folder of the kit could change it in between
+    for path in [folder, *sorted(folder.rglob("*"))]:
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISLNK(mode) and mode & 0o022:
+            rel = path.relative_to(folder).as_posix()
+            problems.append(f"{'the kit folder' if rel == '.' else rel}: writable by other users (its group or "
+                            "everyone), who could change it between its check and its use; `chmod -R go-w` the kit")
+    return problems, listed
 
 
 def check_kit(folder: Path) -> KitRecord:
     """An unpacked kit, checked against its ledger and its record; VerificationError otherwise."""
-    problems = check_ledger(folder)
+    problems, listed = _ledger(folder)
     if problems:
         raise VerificationError(f"{folder}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1
                                                                else ""))
     record = read_kit(folder)
-    if sha256_file(folder / CONTEXT, VerificationError) != record.context_sha256:
+    # (the ledger has just hashed context.tar: its sha256 is the one listed; rebuild hashes the file it builds)
+    if listed[CONTEXT] != record.context_sha256:
         raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
-    _check_dockerfile(folder, record)
+    with _open_context(folder) as context:
+        _check_dockerfile(folder, context, record)
     return record
+
+
+def _open_context(folder: Path) -> BinaryIO:
+    """``context.tar``, opened once for its checks and its build: the file checked is the file built (one
+    opened again by name could have been replaced in between). A link or a FIFO is refused without waiting."""
+    path = folder / CONTEXT
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        reason = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise VerificationError(f"{path}: cannot be read ({reason})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise VerificationError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _check_context(folder: Path, context: BinaryIO, record: KitRecord) -> None:
+    """The open ``context.tar``: kit.json's (its sha256), and building the kit's Dockerfile alone."""
+    sha = hashlib.sha256()
+    for block in iter(lambda: context.read(1 << 20), b""):
+        sha.update(block)
+    if sha.hexdigest() != record.context_sha256:
+        raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
+    context.seek(0)
+    _check_dockerfile(folder, context, record)
+    context.seek(0)
+
+
+class _SentAsChecked:
+    """``context.tar`` as it is sent to the engine, hashed on the way: its owner could still rewrite it in place
+    after its checks (the same file, the same descriptor). Its last bytes are handed over only once the bytes
+    before them are kit.json's, so the engine never has all of another context and never builds it. ``__len__``
+    gives the request its length, as the file's own would."""
+
+    def __init__(self, fh: BinaryIO, path: Path, sha256: str):
+        self.fh, self.path, self.expected = fh, path, sha256
+        self.size = os.fstat(fh.fileno()).st_size
+        self.sha = hashlib.sha256()
+        self.sent = 0
+        self.verified = False
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, n: int = -1) -> bytes:
+        left = self.size - self.sent
+        block = self.fh.read(left if n is None or n < 0 else min(n, left))
+        self.sha.update(block)
+        self.sent += len(block)
+        if (self.sent == self.size or not block) and not self.verified:
+            if self.sent != self.size or self.sha.hexdigest() != self.expected:
+                raise VerificationError(f"{self.path}: changed while it was sent to the engine (its bytes are no "
+                                        "longer kit.json's context_sha256); nothing was built from it")
+            self.verified = True
+        return block
 
 
 PAX_LIMIT = 1 << 16  # a pax header of a build context: one long name's record
@@ -565,7 +639,7 @@ def pax_as_unibake_writes(data: bytes) -> bool:
     return True
 
 
-def _check_dockerfile(folder: Path, record: KitRecord) -> None:
+def _check_dockerfile(folder: Path, context: BinaryIO, record: KitRecord) -> None:
     """The Dockerfile a reader of the kit checks is the one the engine builds: kit.json's, and the one
     file of ``context.tar`` the engine reads as its Dockerfile (the context holds no links, as
     unibake writes it, so no other entry can land there)."""
@@ -576,7 +650,7 @@ def _check_dockerfile(folder: Path, record: KitRecord) -> None:
     try:
         # a plain tar, as unibake writes it and verify.sh reads it (the engine takes a compressed context too: one
         # was built here, and refused by verify.sh)
-        with tarfile.open(folder / CONTEXT, "r:") as tar:
+        with tarfile.open(fileobj=context, mode="r:") as tar:
             headers = []
             for member in tar:
                 # its pax header (when it has one) and its own
@@ -653,17 +727,19 @@ class Rebuilt:
         return self.image.image_id == self.record.image_id
 
 
-def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = lambda line: None,
+def rebuild(folder: Path, engine: Engine, *, record: KitRecord | None = None,
+            on_line: Callable[[str], None] = lambda line: None,
             progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
             ) -> Rebuilt:
     """Build the kit's context on ``engine`` as the release was built (no cache), normalise it, and
     return the result for comparison; tags it ``unibake-kit/<product>:<release>``. ``progress`` (the
     reporter's) shows the normalise step, a save and a load of the whole image (minutes for an image
-    of many gigabytes)."""
+    of many gigabytes). ``record``: the kit's, from :func:`check_kit` (run here when not given); context.tar is
+    checked again where it is opened to be built, once."""
     from .platforms import KNOWN
     from .provenance import TOOLCHAIN_ROLE
 
-    record = check_kit(folder)
+    record = record or check_kit(folder)
     platform = KNOWN.get(record.platform) if record.platform else None
     if record.platform and platform is None:
         raise InputError(f"{folder / KIT_JSON}: platform {record.platform} is not one this unibake builds for "
@@ -683,16 +759,20 @@ def rebuild(folder: Path, engine: Engine, *, on_line: Callable[[str], None] = la
     # built, checked and normalised under a tag of this run's own, and only then named ref: another rebuild of
     # the release on the engine moved ref meanwhile, and the image it named was judged (and called identical)
     building = cache_ref(record.product, selection, f"rebuild{os.getpid()}x{secrets.token_hex(3)}")
-    try:
-        return _rebuild_as(building, ref, record, folder, engine, platform, on_line, progress)
-    finally:
-        try:  # (the image goes with it, unless it is kept: the release's kit tag, or build cache)
-            engine.untag(building)
-        except UnibakeError as err:
-            on_line(f"warning: the rebuild's own tag {building} was not removed: {err}")
+    # one descriptor for the checks and the build: a context.tar replaced after its check is not the one built
+    with _open_context(folder) as context:
+        _check_context(folder, context, record)
+        try:
+            return _rebuild_as(building, ref, record, _SentAsChecked(context, folder / CONTEXT, record.context_sha256),
+                               engine, platform, on_line, progress)
+        finally:
+            try:  # (the image goes with it, unless it is kept: the release's kit tag, or build cache)
+                engine.untag(building)
+            except UnibakeError as err:
+                on_line(f"warning: the rebuild's own tag {building} was not removed: {err}")
 
 
-def _rebuild_as(building: str, ref: str, record: KitRecord, folder: Path, engine: Engine, platform,
+def _rebuild_as(building: str, ref: str, record: KitRecord, context: _SentAsChecked, engine: Engine, platform,
                 on_line: Callable[[str], None],
                 progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None
                 ) -> Rebuilt:
@@ -701,28 +781,29 @@ def _rebuild_as(building: str, ref: str, record: KitRecord, folder: Path, engine
     from .normalise import normalise_image
     from .platforms import EXEC_FORMAT, emulation_hint
 
-    context = folder / CONTEXT
     selection = f"kit-{record.release}"
-    with open(context, "rb") as fh:
+    try:
+        outcome = engine.build(context, tag=building, buildargs=record.build_args, nocache=True, on_line=on_line,
+                               platform=record.platform)
+    except BuildInterrupted as exc:  # what finished stays as build cache, named, as a failed build's, not dangling
         try:
-            outcome = engine.build(fh, tag=building, buildargs=record.build_args, nocache=True, on_line=on_line,
-                                   platform=record.platform)
-        except BuildInterrupted as exc:  # what finished stays as build cache, named, as a failed build's, not dangling
-            try:
-                for n, stage in enumerate(exc.stage_images, 1):
-                    keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
-                keep_as_cache(engine, cache_ref(record.product, selection, "failed"), exc.last_image)
-            except UnibakeError as err:  # the engine going down with us: the interrupt is what to report
-                on_line(f"warning: the interrupted rebuild's finished steps were not kept as cache: {err}")
-            raise
-        except BuildFailed as exc:
             for n, stage in enumerate(exc.stage_images, 1):
                 keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
             keep_as_cache(engine, cache_ref(record.product, selection, "failed"), exc.last_image)
-            if record.platform and any(EXEC_FORMAT in text for text in (str(exc), *exc.output)):
-                raise BuildFailed(f"{exc}; {emulation_hint(record.platform)}", step=exc.step, output=exc.output,
-                                  last_image=exc.last_image, stage_images=exc.stage_images) from None
-            raise
+        except UnibakeError as err:  # the engine going down with us: the interrupt is what to report
+            on_line(f"warning: the interrupted rebuild's finished steps were not kept as cache: {err}")
+        raise
+    except BuildFailed as exc:
+        for n, stage in enumerate(exc.stage_images, 1):
+            keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)
+        keep_as_cache(engine, cache_ref(record.product, selection, "failed"), exc.last_image)
+        if record.platform and any(EXEC_FORMAT in text for text in (str(exc), *exc.output)):
+            raise BuildFailed(f"{exc}; {emulation_hint(record.platform)}", step=exc.step, output=exc.output,
+                              last_image=exc.last_image, stage_images=exc.stage_images) from None
+        raise
+    if not context.verified:  # (an engine that built before reading the whole context: not the kit's build)
+        raise VerificationError(f"{context.path}: the engine built {outcome.image_id} before it had read the "
+                                "whole build context; its bytes were not checked")
     cached = []
     for n, stage in enumerate(outcome.stage_images, 1):  # as the build stage keeps them: cache, never dangling
         keep_as_cache(engine, cache_ref(record.product, selection, f"stage{n}"), stage)

@@ -287,7 +287,8 @@ def relist(folder: Path, lines: list[str]) -> None:
 
 
 @pytest.mark.parametrize("case", ["outside", "absolute", "twice", "blank line", "bsd line", "fifo", "linked file",
-                                  "bytecode", "venv"])
+                                  "bytecode", "venv", "group-writable file", "world-writable folder",
+                                  "world-writable kit folder"])
 def test_verify_sh_and_the_rebuild_refuse_the_same_ledgers_and_leftovers(busybox_product, tmp_path, case):
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
@@ -316,9 +317,15 @@ def test_verify_sh_and_the_rebuild_refuse_the_same_ledgers_and_leftovers(busybox
     elif case == "bytecode":  # an unlisted .pyc is what Python runs instead of the listed source
         (folder / "tool/unibake/__pycache__").mkdir()
         (folder / "tool/unibake/__pycache__/__init__.cpython-311.pyc").write_bytes(b"\0" * 16)
-    else:  # a planted interpreter the rebuild would pick up
+    elif case == "venv":  # a planted interpreter the rebuild would pick up
         (folder / ".venv/bin").mkdir(parents=True)
         (folder / ".venv/bin/python").write_text("#!/bin/sh\nexit 0\n")
+    elif case == "group-writable file":  # found by probing: another user could change it after its check
+        (folder / "tool/build.py").chmod(0o775)
+    elif case == "world-writable folder":
+        (folder / "tool/unibake").chmod(0o777)
+    else:
+        folder.chmod(0o1777)
     shell = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True, timeout=60)
     assert shell.returncode == 3 and "error:" in shell.stderr, (shell.stdout, shell.stderr)
     # each refused for its own reason, the one verify.sh gives (before: any VerificationError passed)
@@ -327,9 +334,14 @@ def test_verify_sh_and_the_rebuild_refuse_the_same_ledgers_and_leftovers(busybox
             "bsd line": r"kit\.sha256:\d+: not 'SHA256  PATH'", "fifo": r"pipe: not a regular file",
             "linked file": r"kit\.json: not a regular file",
             "bytecode": r"tool/unibake/__pycache__/__init__\.cpython-311\.pyc: not listed in kit\.sha256",
-            "venv": r"\.venv/bin/python: not listed in kit\.sha256"}
+            "venv": r"\.venv/bin/python: not listed in kit\.sha256",
+            "group-writable file": r"tool/build\.py: writable by other users \(its group or everyone\)",
+            "world-writable folder": r"tool/unibake: writable by other users",
+            "world-writable kit folder": r"the kit folder: writable by other users"}
     with pytest.raises(VerificationError, match=says[case]):
         rebuild(folder, FakeEngine())
+    if "writable" in case:  # the same words from both
+        assert re.search(f"^error: {says[case]}.*`chmod -R go-w` the kit$", shell.stderr, re.M), shell.stderr
 
 
 def test_the_kits_tool_writes_no_bytecode_into_the_kit(busybox_product, tmp_path):
@@ -1327,6 +1339,14 @@ def test_a_build_whose_context_holds_a_file_the_kit_cannot_carry_is_refused_befo
     assert not (tmp_path / "release").exists() or list((tmp_path / "release").iterdir()) == []
 
 
+def sent_whole(context) -> bytes:
+    """What an engine reads of a build context before it builds: all of it, as the request sends it."""
+    data = b""
+    while block := context.read(1 << 16):
+        data += block
+    return data
+
+
 def kit_on_a_building_engine(busybox_product, tmp_path):
     """An unpacked kit of the busybox product, and a fake engine whose build gives the base image's
     layers and two of ours (the kit's base is that engine's)."""
@@ -1336,6 +1356,7 @@ def kit_on_a_building_engine(busybox_product, tmp_path):
 
     class Builder(FakeEngine):
         def build(self, context, *, tag, buildargs, nocache, on_line, platform=None):
+            sent_whole(context)  # as the engine does, before it builds
             on_line("Step 1/1 : COPY . /opt/unibake")
             base = self.images[self.tags[BASE.ref]].layers
             return BuildOutcome(image_id=self.add(config("2026-01-01T00:00:00Z", "c1"), base + ours(1), tag=tag),
@@ -1567,6 +1588,7 @@ def test_a_rebuild_to_another_image_leaves_no_earlier_rebuild_dangling_and_a_fai
 
     def build_another(context, *, tag, buildargs, nocache, on_line, platform=None):
         from unibake.engine import BuildOutcome
+        sent_whole(context)
         return BuildOutcome(image_id=engine.add(config("2026-01-01T00:00:00Z", "c2"),
                                                 base + ours(1, tune=b'{"t": 2}\n'), tag=tag), steps=())
 
@@ -1620,6 +1642,64 @@ def test_a_gzip_compressed_context_is_refused_by_the_rebuild_as_by_verify_sh(bus
     with pytest.raises(VerificationError, match="context.tar: not a readable tar"):
         rebuild(folder, FakeEngine())
     assert verify_sh(folder, "sh").returncode == 3
+
+
+def test_the_context_a_rebuild_builds_is_the_one_it_checked_though_the_file_is_replaced_or_rewritten(
+        busybox_product, tmp_path):
+    # found by probing: the rebuild checked context.tar by name (twice), then opened it again by name to send it:
+    # a file put in its place in between (here while the engine is asked for the base image) was built unchecked.
+    # It is now checked and sent through one descriptor, hashed again on its way to the engine
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path)
+    checked = (folder / "context.tar").read_bytes()
+    other = tmp_path / "other.tar"
+    other.write_bytes(checked.replace(b"unibake-test", b"unibake-TEST"))
+    received = []
+    building, inspect = engine.build, engine.inspect_image
+
+    def swap_then_inspect(ref):  # after the kit's checks, before the context is opened to be built
+        if other.exists():
+            os.replace(other, folder / "context.tar")
+        return inspect(ref)
+
+    engine.inspect_image = swap_then_inspect
+    with pytest.raises(VerificationError, match="context.tar: its sha256 differs from kit.json's"):
+        rebuild(folder, engine)
+    assert not [t for t in engine.tags if t.startswith("unibake-kit/")]
+
+    # replaced once opened: the engine gets the bytes checked, from the file opened
+    (folder / "context.tar").write_bytes(checked)
+    engine.inspect_image = inspect
+
+    def swap_then_build(context, **kw):
+        replaced = tmp_path / "replaced.tar"
+        replaced.write_bytes(checked.replace(b"unibake-test", b"unibake-TEST"))
+        os.replace(replaced, folder / "context.tar")
+        received.append(sent_whole(context))
+        context.read = lambda n=-1: b""  # (read: Builder's build reads nothing more)
+        return building(context, **kw)
+
+    engine.build = swap_then_build
+    result = rebuild(folder, engine)
+    assert received == [checked] and result.image.image_id
+
+    # rewritten in place while it is sent (its owner, the same inode): refused before its last bytes reach the engine
+    (tmp_path / "again").mkdir()
+    folder, engine = kit_on_a_building_engine(busybox_product, tmp_path / "again")
+    sent = []
+
+    def rewrite_while_sending(context, **kw):
+        sent.append(context.read(1024))
+        with open(folder / "context.tar", "r+b") as fh:
+            fh.seek(len(checked) - 2048)
+            fh.write(b"x" * 512)
+        while block := context.read(1024):
+            sent.append(block)
+        raise AssertionError("the whole context was sent")
+
+    engine.build = rewrite_while_sending
+    with pytest.raises(VerificationError, match="context.tar: changed while it was sent to the engine"):
+        rebuild(folder, engine)
+    assert sum(map(len, sent)) < len(checked)  # its end never sent: the engine never builds it
 
 
 @pytest.mark.parametrize("change", ["a lock entry", "a profile", "a profile added"])
