@@ -64,7 +64,7 @@ from .console import one_line
 from .engine import (BuildOutcome, BuildStep, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome,
                      RunOutcome)
 from .errors import BuildFailed, BuildInterrupted, EngineError, HandoffAborted, InputError, NameInUse, RunTimedOut
-from .files import bounded_body, read_small_file
+from .files import bounded_body, no_auth, read_small_file, strip_auth
 
 STEP_RE = re.compile(r"^Step ([0-9]+)/([0-9]+) : (.*)$")
 STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
@@ -135,6 +135,23 @@ def parse_address(address: str) -> str | None:
     except (ValueError, docker.errors.DockerException) as exc:
         return str(exc)[:200]
     return None
+
+
+class _EngineClient(docker.APIClient):
+    """docker-py's client without requests' ``~/.netrc``: a tcp:// engine was sent the netrc's login for its host
+    (a ``default`` entry's for any host), from the first request on (docker-py asks the version as it is made,
+    before an auth could be set on it); the docker CLI sends none. Proxies and TLS settings still count."""
+
+    @property
+    def auth(self):
+        return no_auth
+
+    @auth.setter
+    def auth(self, value) -> None:  # (requests' Session sets None as it is made)
+        pass
+
+    def rebuild_auth(self, prepared, response) -> None:
+        strip_auth(self, prepared, response)
 
 
 class _TimedSSHSocket(docker.transport.sshconn.SSHSocket):
@@ -343,12 +360,12 @@ class DockerEngine(Engine):
                 # engine behind TLS (port 2376), which every --engine of a deploy may be, could not be reached at all
                 tls = docker.utils.kwargs_from_env(environment=dict(env)).get("tls") \
                     if address.startswith("tcp://") else None
-                self.api = docker.APIClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh,
+                self.api = _EngineClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh,
                                             **({"tls": tls} if tls else {}))
             else:
                 kwargs = docker.utils.kwargs_from_env(environment=dict(env))
                 kwargs.setdefault("base_url", self.address)
-                self.api = docker.APIClient(version="auto", timeout=probe, use_ssh_client=ssh, **kwargs)
+                self.api = _EngineClient(version="auto", timeout=probe, use_ssh_client=ssh, **kwargs)
             self.api.timeout = timeout  # every request after the version's
             self.api.hooks["response"].append(_bounded_answer)
         except docker.errors.DockerException as exc:

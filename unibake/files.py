@@ -134,6 +134,19 @@ def bounded_body(response, limit: int) -> tuple[bytes, bool]:
     return response._content, cut
 
 
+def no_auth(request):
+    """A ``requests`` session's own auth that adds nothing: set, requests looks for none in ``~/.netrc`` (which
+    it adds, a ``default`` entry too, to every request without an Authorization header of its own; docker and
+    its registries read no netrc)."""
+    return request
+
+
+def strip_auth(session, prepared, response) -> None:
+    """``Session.rebuild_auth`` without its netrc: a redirect to another host drops the Authorization header."""
+    if "Authorization" in prepared.headers and session.should_strip_auth(response.request.url, prepared.url):
+        del prepared.headers["Authorization"]
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -69,7 +69,7 @@ from .console import one_line
 from .engine import Engine
 from .errors import (DigestMismatch, DiskFull, EngineError, HandoffAborted, InputError, RegistryAuthError,
                      RegistryError, UnibakeError, VerificationError)
-from .files import bounded_body, read_small_text
+from .files import bounded_body, no_auth, read_small_text, strip_auth
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
@@ -597,17 +597,6 @@ class _DXF(DXF):
             self._headers, self._auth = headers, auth
 
 
-def _no_auth(request):
-    """A session's own auth that adds nothing: set, requests looks for none in ``~/.netrc``."""
-    return request
-
-
-def _strip_auth(session: requests.Session, prepared, response) -> None:
-    """``Session.rebuild_auth`` without its netrc: a redirect to another host drops the Authorization header."""
-    if "Authorization" in prepared.headers and session.should_strip_auth(response.request.url, prepared.url):
-        del prepared.headers["Authorization"]
-
-
 def _upload_location(response):
     """The answer to an upload's start, whose ``Location`` is where the blob goes: python-dxf sends it
     there over https whatever its scheme (``ftp://HOST/`` was tried as ``https://HOST/``, and its failure
@@ -975,8 +964,8 @@ class RegistryClient:
         # credentials come from the Docker config or --auth-file alone, as docker has them: requests added those
         # of ~/.netrc (a `default` entry too) to every request without an Authorization header of its own, and
         # to every redirect, whatever host it pointed at; its environment's proxies and CA bundle still count
-        session.auth = _no_auth
-        session.rebuild_auth = _strip_auth.__get__(session)
+        session.auth = no_auth
+        session.rebuild_auth = strip_auth.__get__(session)
         session.hooks["response"].append(self._bounded)
         trust = _trust(self.ca_file) if self.ca_file else None
         for prefix in ("https://", "http://"):

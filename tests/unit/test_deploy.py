@@ -1255,3 +1255,36 @@ def test_an_ssh_engine_is_reached_without_importing_paramiko(tmp_path):
     assert version.startswith("1."), version
     assert loaded == "['paramiko']", loaded  # the stand-in alone, until a name of paramiko's is used
     assert client == "paramiko.client"  # and then paramiko itself, as before
+
+
+def test_the_credentials_of_netrc_go_to_no_tcp_engine(tmp_path, monkeypatch, fake_api_only):
+    # found by probing: docker-py's client is a requests session, which added ~/.netrc's login (a `default`
+    # entry's for any host) to every request to a tcp:// engine, its first (the version) included; the docker
+    # CLI sends none
+    import http.server
+
+    from unibake.docker_engine import DockerEngine
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("default login netrcuser password netrc-secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    seen = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path.endswith("/version"):
+                return _version_reply(self)
+            _json_reply(self, 404, {"message": "No such image"})
+
+    with _serving(Engine) as address:
+        engine = DockerEngine(address, {})
+        assert engine.version() == "20.10.24"
+        assert engine.inspect_image("unibake-test:0.1.0") is None
+    assert len(seen) >= 3 and [auth for _, auth in seen] == [None] * len(seen), seen
