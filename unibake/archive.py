@@ -277,6 +277,95 @@ class ArchiveFrames(Record):
     blobs: tuple[BlobFrame, ...]
 
 
+class FrameWalker:
+    """The zstd frames of a compressed stream followed by their headers alone (a frame's header, each
+    block's 3-byte header, its checksum; a skippable frame's size), fed the bytes as they are read:
+    whether the stream ends where a frame ends. zstandard's reader takes a stream that ends inside a
+    frame (its last block, its checksum, a frame's first bytes after the last whole one) as ended,
+    where the zstd tool (verify-release.sh, the guide's ``zstd -dc``) refuses it as truncated."""
+
+    def __init__(self) -> None:
+        self._need, self._kind, self._buf = 4, "magic", b""  # the header being read: its size and kind
+        self._skip = 0  # bytes of a block, a header's rest or a skippable frame to pass over first
+        self._checksum = False  # the current frame ends with a 4-byte checksum
+        self.other = False  # a frame of another format here (the decoder refuses it, naming it)
+        self.frames = self.skippable = 0  # the frames begun so far: zstd's, skippable ones
+
+    def feed(self, data: bytes) -> None:
+        view, at, end = memoryview(data), 0, len(data)
+        while at < end and not self.other:
+            if self._skip:
+                taken = min(self._skip, end - at)
+                at += taken
+                self._skip -= taken
+                continue
+            taken = min(self._need - len(self._buf), end - at)
+            self._buf += bytes(view[at:at + taken])
+            at += taken
+            if len(self._buf) == self._need:
+                header, self._buf = self._buf, b""
+                self._header(header)
+
+    def _header(self, header: bytes) -> None:
+        kind = self._kind
+        if kind == "magic":
+            magic = int.from_bytes(header, "little")
+            if magic == 0xFD2FB528:
+                self._kind, self._need = "frame", 1
+                self.frames += 1
+            elif magic & 0xFFFFFFF0 == 0x184D2A50:
+                self._kind, self._need = "skippable", 4
+                self.skippable += 1
+            else:
+                self.other = True
+        elif kind == "skippable":
+            self._skip = int.from_bytes(header, "little")
+            self._kind, self._need = "magic", 4
+        elif kind == "frame":  # the frame header descriptor: the size of the header's rest
+            descriptor = header[0]
+            single = descriptor >> 5 & 1
+            self._checksum = bool(descriptor >> 2 & 1)
+            self._skip = (0 if single else 1) + (0, 1, 2, 4)[descriptor & 3] + (single, 2, 4, 8)[descriptor >> 6]
+            self._kind, self._need = "block", 3
+        else:  # a block: its content (one byte for a run of one byte), then the next block or the frame's end
+            value = int.from_bytes(header, "little")
+            self._skip = 1 if value >> 1 & 3 == 1 else value >> 3
+            if value & 1:
+                self._skip += 4 if self._checksum else 0
+                self._kind, self._need = "magic", 4
+
+    @property
+    def ended(self) -> bool:
+        """The stream read so far ends where a frame ends (or holds a frame of another format)."""
+        return self.other or (self._kind == "magic" and not self._buf and not self._skip)
+
+
+
+
+def one_frame(fd: int, offset: int, length: int) -> bool:
+    """Whether the ``length`` bytes at ``offset`` in ``fd`` are exactly one zstd frame, nothing before or after it:
+    no skippable frame (which decoders pass over, so that a frame index and the read back would take a copied range
+    holding one, and its bytes of anyone's choosing, for the frame alone). Only the headers are read (``pread``,
+    a block's content passed over): the frame is copied without being read here. zstandard tells a frame's
+    content size, not where its compressed bytes end, hence the walk by hand."""
+    walker, at, end = FrameWalker(), offset, offset + length
+    while at < end:
+        if walker._skip:  # (the walker's own bookkeeping, driven from here: its bytes are not read)
+            at, walker._skip = at + walker._skip, 0
+            continue
+        try:
+            data = os.pread(fd, min(walker._need - len(walker._buf), end - at), at)
+        except OSError:
+            return False
+        if not data:
+            return False
+        walker.feed(data)
+        at += len(data)
+        if walker.other or walker.skippable or walker.frames > 1:
+            return False
+    return at == end and walker.frames == 1 and walker.ended
+
+
 class _Lent:
     """A big layer's frame in an earlier release's archive, copied into this one: the bytes a
     fresh compression of the layer gives (a frame depends only on its content and the compressor's settings),
@@ -303,8 +392,9 @@ class Lender:
         blob = self.blobs.get(f"blobs/sha256/{digest}")
         if blob is None or blob.size != size:
             return None
-        if size > SPOOL_THRESHOLD:
-            return _Lent(self.fd, blob.offset, blob.length, self.what) if blob.own else None
+        if size > SPOOL_THRESHOLD:  # one frame and nothing else, as this compressor writes a big layer's
+            own = blob.own and one_frame(self.fd, blob.offset, blob.length)
+            return _Lent(self.fd, blob.offset, blob.length, self.what) if own else None
         if blob.own:
             return None
         try:

@@ -565,7 +565,9 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         platform=_one_platform(args), sign=getattr(args, "sign", None) or None,
         sign_minisign=(ctx.cwd / args.sign_minisign) if getattr(args, "sign_minisign", None) else None,
         metadata_file=_document_file(args, ctx.cwd))
-    if args.command in ("build", "repro") and request.revision == "unknown" and "SOURCE_DATE_EPOCH" not in ctx.env:
+    # (a release made --from an earlier one records that one's epoch, as a hotfix does: no 1970 to warn of)
+    if args.command in ("build", "repro") and request.revision == "unknown" and "SOURCE_DATE_EPOCH" not in ctx.env \
+            and not extra.get("base"):
         ctx.reporter.warn(f"{root} is not in a git checkout: the image records the time 1970-01-01 "
                           "(SOURCE_DATE_EPOCH=0) and the revision 'unknown'; commit the product to git, or set "
                           "SOURCE_DATE_EPOCH")

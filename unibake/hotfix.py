@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from .errors import InputError, VerificationError
 from .manifest import TAG_PATTERN, ReleaseManifest, load_manifest
 from .publish import release_tag, repository
 
@@ -78,7 +78,17 @@ def load_base(out: Path, name: str, *, hold: Callable[[str], object] = lambda re
     if not (folder / "manifest.json").exists():
         raise InputError(f"--from {name}: {folder / 'manifest.json'} does not exist; name a published release")
     hold(release)
-    manifest = load_manifest(folder, InputError)
+    # against its SHA256SUMS first, the bytes hashed being the bytes parsed: a base that does not verify is exit 3,
+    # as the README says (a manifest.json that was a link, or not JSON, was exit 2, one re-summed then exit 3)
+    from .verify import trusted_manifest
+
+    try:
+        manifest = trusted_manifest(folder)
+    except VerificationError as exc:
+        said = str(exc).removeprefix(f"{folder}/").replace("manifest.json: ", "manifest.json ", 1)
+        said = said.removesuffix("; the folder cannot be trusted")
+        raise VerificationError(f"the base release {folder}: {said}; a hotfix is made on a release that verifies "
+                                f"(python build.py verify {folder})") from None
     if ":" in name and repository(name.rstrip("/")) != repository(manifest.tag):
         # the folder is named by the tag alone: other:1.0 would take this product's 1.0 without a word
         raise InputError(f"--from {name}: {folder} is the release of {manifest.tag}, not of {repository(name)}: "

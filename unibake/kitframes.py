@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import zstandard
 from pydantic import Field, ValidationError
 
-from .archive import DEFAULT_LEVEL, compressor, compressor_id, index_frame, trailing_index
+from .archive import DEFAULT_LEVEL, compressor, compressor_id, index_frame, one_frame, trailing_index
 from .errors import HandoffAborted
 from .metadata import HEX64, Record, first_error
 
@@ -176,6 +176,8 @@ class Framer(io.RawIOBase):
         # the frame decoded as it is copied, against the bytes this cut is (its size and sha256): the index that
         # names the frame comes from the earlier kit, and vouches for its compressed bytes alone (a frame of as
         # many zero bytes under the file's sha256 was copied, and the kit's context.tar was another)
+        if not one_frame(self.source, frame.offset, frame.length):  # (a skippable frame in it: bytes not decoded)
+            return False
         content = _Decoded(cut.size)
         decoder = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_writer(
             content, write_size=COPY_CHUNK, write_return_read=True)

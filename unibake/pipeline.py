@@ -899,6 +899,23 @@ def _check_base_sums(base: HotfixBase, *, with_archive: bool) -> None:
         raise VerificationError(f"the base release {base.folder}: {other[0]} is not the archive its manifest.json "
                                 f"records (their sha256 differ); a hotfix is made on a release that verifies "
                                 f"(python build.py verify {base.folder})")
+    # and every other file it lists, as `sha256sum -c` reads them (found by probing: a changed run.sh, SBOM or
+    # kit, or a deleted provenance, passed); the archive and the kit, the big ones, are read beside the build
+    # when the archive is needed (:class:`_BaseArchiveCheck`), each under the sha256 its manifest records
+    kit = _base_kit(base) if with_archive else None
+    if kit is not None and sums.get(kit.name, "").lower() != kit.sha256:
+        raise VerificationError(f"the base release {base.folder}: {kit.name} is not the kit its manifest.json records "
+                                f"(SHA256SUMS lists {'another sha256' if kit.name in sums else 'none'}); a hotfix is "
+                                f"made on a release that verifies (python build.py verify {base.folder})")
+    # (without a round trip and not lending its frames, the archive is not read at all)
+    beside = {MANIFEST, *base.archive_files, *((kit.name,) if kit else ())}
+    _check_base_files(base, {n: sha for n, sha in sums.items() if n not in beside})
+
+
+def _base_kit(base: HotfixBase):
+    """The base release's reconstruct kit as its manifest records it (a SupplyFile), if it has one."""
+    chain = base.manifest.supply_chain
+    return chain.kit if chain is not None else None
 
 
 def _check_base_files(base: HotfixBase, expected: Mapping[str, str], *,
@@ -913,7 +930,7 @@ def _check_base_files(base: HotfixBase, expected: Mapping[str, str], *,
 
 
 class _BaseArchiveCheck:
-    """The base release's archive read against its SHA256SUMS in a thread, beside the plan and the build (a
+    """The base release's archive (and its kit) read against its SHA256SUMS in a thread, beside the plan and the build (a
     whole release's archive: minutes for a big one, where an assembled build takes seconds); :meth:`result`
     waits for it before the archive is used (the export, the archive and round trip stages, publish) and raises
     what it found. The run's clean-up stops it at its next block. Its counter is
@@ -921,7 +938,8 @@ class _BaseArchiveCheck:
 
     def __init__(self, run: Run, base: HotfixBase):
         self._stop = threading.Event()
-        total = sum(f.bytes for f in base.manifest.archive.files)
+        kit = _base_kit(base)
+        total = sum(f.bytes for f in base.manifest.archive.files) + (kit.bytes if kit else 0)
         shown = run.reporter.counter(f"check {base.manifest.release} (the base)", total)
 
         def advance(n: int) -> None:
@@ -930,7 +948,7 @@ class _BaseArchiveCheck:
             shown(n)
 
         # against the sha256 the manifest records, which SHA256SUMS was found to list before the build (not read again)
-        expected = {f.name: f.sha256 for f in base.manifest.archive.files}
+        expected = {f.name: f.sha256 for f in base.manifest.archive.files} | ({kit.name: kit.sha256} if kit else {})
         self._task = Background(partial(_check_base_files, base, expected, advance=advance), name="base-check")
         self._waiting = partial(run.reporter.info, "    waiting for the base release's archive to be checked "
                                                    "against its SHA256SUMS")

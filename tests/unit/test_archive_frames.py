@@ -13,7 +13,8 @@ import pytest
 import zstandard
 
 from unibake.archive import (FRAMES_TAG, RESERVE, SPOOL_THRESHOLD, ArchiveFrames, _assemble, _Lent, canonical_entries,
-                             compressor, compressor_id, index_frame, open_lender, trailing_index, write_archive)
+                             compressor, compressor_id, index_frame, one_frame, open_lender, skippable, trailing_index,
+                             write_archive)
 from unibake.archive_reader import read_archive
 
 from ..savefixtures import docker_layout, layer_tar
@@ -113,6 +114,59 @@ def test_a_small_layer_the_index_misplaces_is_not_lent(earlier):
         assert lender.lend(small.name.rsplit("/", 1)[1], small.size + 1) is None  # nor at another size
     finally:
         lender.close()
+
+
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_a_big_layer_s_range_holding_a_skippable_frame_is_not_lent(earlier, tmp_path, where):
+    """Found by probing: a skippable frame (anyone's bytes; decoders pass over it) put beside a big layer's frame,
+    the earlier archive's index, manifest and sums redone to cover it, was copied into the release made on it,
+    which was then signed. A big layer's range must be one zstd frame and nothing else."""
+    _, path = earlier
+    index, start = index_of(path)
+    big = max((b for b in index.blobs if b.own), key=lambda b: b.offset)
+    data = path.read_bytes()
+    payload = skippable(1024)[:8] + b"ATTACKER PAYLOAD".ljust(1016, b"!")
+    at = big.offset + big.length if where == "after" else big.offset
+    forged = data[:at] + payload + data[at:start]
+    body = json.loads(index.model_dump_json())
+    for blob in body["blobs"]:  # the big layer's range takes the payload in, the frames after it move
+        if blob["name"] == big.name:
+            blob["length"] += len(payload)
+        elif blob["offset"] >= at:
+            blob["offset"] += len(payload)
+    forged += index_frame(json.dumps(body).encode(), FRAMES_TAG)
+    lender_path = tmp_path / "forged.tar.zst"
+    lender_path.write_bytes(forged)
+    assert subprocess.run(["zstd", "-dc", str(lender_path)], capture_output=True).stdout == \
+        subprocess.run(["zstd", "-dc", str(path)], capture_output=True).stdout  # decodes as the archive did
+    lender = open_lender(lender_path, len(forged), level=3, long_distance=False, what="release 1's archive")
+    assert not isinstance(lender, str), lender
+    try:
+        assert lender.lend(big.name.rsplit("/", 1)[1], big.size) is None  # compressed anew, not copied
+        others = [b for b in index.blobs if b.own and b.name != big.name]
+        assert all(isinstance(lender.lend(b.name.rsplit("/", 1)[1], b.size), _Lent) for b in others) and others
+    finally:
+        lender.close()
+
+
+def test_one_frame_is_one_zstd_frame_and_nothing_else(tmp_path):
+    frame = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(os.urandom(300000) * 2)
+    plain = zstandard.ZstdCompressor(level=1).compress(b"x" * 1000)  # no checksum, a run-length block
+    cases = {"frame": (frame, True), "without checksum": (plain, True),
+             "frame, skippable": (frame + skippable(64), False), "skippable, frame": (skippable(64) + frame, False),
+             "two frames": (frame + plain, False),
+             "cut short": (frame[:-1], False), "a byte more": (frame + b"\0", False), "not zstd": (b"x" * 64, False),
+             "empty": (b"", False)}
+    path = tmp_path / "frames"
+    path.write_bytes(b"".join(data for data, _ in cases.values()))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at = 0
+        for name, (data, expected) in cases.items():
+            assert one_frame(fd, at, len(data)) is expected, name
+            at += len(data)
+    finally:
+        os.close(fd)
 
 
 def _without_index(path) -> None:

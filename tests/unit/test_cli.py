@@ -121,6 +121,10 @@ def test_a_product_outside_git_is_warned_that_its_image_records_1970(cli, busybo
     assert warned.code == 0 and "is not in a git checkout: the image records the time 1970-01-01" in warned.err
     quiet = cli("--stage", "render", "--config", str(busybox_product), env={"CI": "true", "SOURCE_DATE_EPOCH": "1"})
     assert quiet.code == 0 and "git checkout" not in quiet.err
+    # found by probing: a release made --from an earlier one was warned too, though it records that one's epoch
+    made_on = cli("--from", "0.1.0", "--version", "0.2.0", "--config", str(busybox_product), "--out",
+                  str(busybox_product.parent / "out"))
+    assert made_on.code == 2 and "0.1.0/manifest.json does not exist" in made_on.err and "git checkout" not in made_on.err
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

@@ -4,6 +4,7 @@ name; a hotfix whose base is gone says so; its guide lists the apply.sh it tells
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -60,6 +61,73 @@ def test_a_base_whose_manifest_no_longer_matches_its_sums_is_refused_before_the_
         with pytest.raises(VerificationError, match=r"the base release .*/1\.0: manifest\.json .*a hotfix is made "
                                                     r"on a release that verifies"):
             base_stage(tmp_path, roundtrip=roundtrip)
+
+
+@pytest.mark.parametrize("case", ["a link", "not JSON", "not JSON, re-summed"])
+def test_a_base_manifest_that_cannot_be_trusted_is_exit_3_whatever_is_wrong_with_it(engines, tmp_path, case):  # noqa: F811
+    # found by probing: a manifest.json that was a link, or not JSON, was exit 2 (read before its sums were checked);
+    # the README says a base that does not verify is exit 3
+    folder = release(engines, tmp_path / "release")["release"].folder
+    manifest = folder / "manifest.json"
+    if case == "a link":
+        (tmp_path / "elsewhere.json").write_bytes(manifest.read_bytes())
+        manifest.unlink()
+        manifest.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        manifest.write_text("{")
+        if case == "not JSON, re-summed":
+            resum(folder)
+    with pytest.raises(VerificationError, match=r"^the base release .*/1\.0: manifest\.json .*a hotfix is made on "
+                                                r"a release that verifies"):
+        base_stage(tmp_path)
+
+
+@pytest.mark.parametrize("change", ["run.sh changed", "sbom changed", "provenance deleted", "guide changed"])
+def test_a_base_whose_other_files_no_longer_match_its_sums_is_refused(engines, tmp_path, change):  # noqa: F811
+    # found by probing: only the manifest and the archive were checked; a base with a changed run.sh, SBOM or kit,
+    # or without its provenance, was taken, though the README says it must verify against its SHA256SUMS
+    folder = release(engines, tmp_path / "release")["release"].folder
+    name = {"run.sh changed": "run.sh", "sbom changed": "sbom.cdx.json", "provenance deleted": "provenance.intoto.json",
+            "guide changed": "README-DIST.md"}[change]
+    path = folder / name
+    assert name in (folder / "SHA256SUMS").read_text(), sorted(p.name for p in folder.iterdir())
+    if change == "provenance deleted":
+        path.unlink()
+    else:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    said = r"missing \(listed in SHA256SUMS\)" if change == "provenance deleted" else "differs from SHA256SUMS"
+    for roundtrip in (False, True):  # (with the round trip, the kit is read beside the build, with the archive)
+        with pytest.raises(VerificationError, match=rf"the base release .*/1\.0: {re.escape(name)} {said}; a hotfix "
+                                                    r"is made on a release that verifies"):
+            given = base_stage(tmp_path, roundtrip=roundtrip)
+            if given.run.base_check is not None:
+                given.run.base_check.result()
+
+
+def test_a_base_kit_is_read_beside_the_build_and_must_be_the_one_its_manifest_records(engines, tmp_path,
+                                                                                    server):  # noqa: F811
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    kit = folder / "demo-1.0-kit.tar.zst"
+    kit.write_bytes(b"(a kit)" * 1000)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["supply_chain"]["kit"] = {"name": kit.name, "bytes": 7000,
+                                       "sha256": hashlib.sha256(kit.read_bytes()).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    base_stage(tmp_path, roundtrip=True)  # a base that verifies: taken
+    kit.write_bytes(b"(a kit)" * 999 + b"(a kiT)")  # changed, SHA256SUMS left: found by the check beside the build
+    hotfix_image(engines, server.server_port)
+    with pytest.raises(VerificationError, match=r"the base release .*/1\.0: demo-1\.0-kit\.tar\.zst differs from "
+                                                r"SHA256SUMS; a hotfix is made on a release that verifies"):
+        hotfix_run(engines, out)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.0"]
+    resum(folder)  # and re-summed: SHA256SUMS no longer lists the kit the manifest records
+    with pytest.raises(VerificationError, match=r"demo-1\.0-kit\.tar\.zst is not the kit its manifest\.json "
+                                                r"records \(SHA256SUMS lists another sha256\)"):
+        base_stage(tmp_path, roundtrip=True)
 
 
 def test_a_base_archive_with_a_flipped_byte_is_refused_before_it_is_used_when_the_round_trip_loads_it(

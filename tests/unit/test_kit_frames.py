@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from unibake.archive import SKIPPABLE_MAGIC
+from unibake.archive import SKIPPABLE_MAGIC, skippable
 from unibake.errors import InputError
 from unibake.kit import KitDraft
 from unibake.kitframes import COMPRESSOR, FRAME_MIN, INDEX_TAG, read_index
@@ -181,14 +181,21 @@ def test_an_earlier_kit_that_does_not_check_out_lends_nothing_and_the_kit_is_the
     assert sorted(p.name for p in (tmp_path / "copied").iterdir()) == ["k.tar.zst"]
 
 
-@pytest.mark.parametrize("lent", ["as many zero bytes", "more bytes than the file"])
+@pytest.mark.parametrize("lent", ["as many zero bytes", "more bytes than the file", "a skippable frame after it",
+                                  "a skippable frame before it"])
 def test_a_lent_frame_whose_bytes_are_not_the_file_s_is_compressed_anew_not_copied(product, tmp_path, lent):
     # found by probing: a lender's index named the file's sha256 over a frame of as many zero bytes (its zsha256
     # right): the frame was copied, and the kit's context.tar was another than its ledger says (its own verify.sh
     # failed); only the compressed bytes were checked, against the lender's own index
     fresh, _ = kit(product, tmp_path / "fresh")
-    content = bytes(len(WEIGHTS)) if lent == "as many zero bytes" else WEIGHTS + b"x" * (1 << 20)
+    # found by probing too: a skippable frame of anyone's bytes in the range the index names, which decoders pass
+    # over (the range decodes to the file), was copied into the kit
+    content = {"as many zero bytes": bytes(len(WEIGHTS)), "more bytes than the file": WEIGHTS + b"x" * (1 << 20)}.get(
+        lent, WEIGHTS)
     other = zstandard.ZstdCompressor(level=3, write_checksum=True).compress(content)
+    payload = skippable(1024)[:8] + b"ATTACKER PAYLOAD".ljust(1016, b"!")
+    other = {"a skippable frame after it": other + payload, "a skippable frame before it": payload + other}.get(
+        lent, other)
     lender = other + index_frame({"compressor": COMPRESSOR, "frames": [
         {"offset": 0, "length": len(other), "size": len(WEIGHTS), "sha256": hashlib.sha256(WEIGHTS).hexdigest(),
          "zsha256": hashlib.sha256(other).hexdigest()}]})
