@@ -22,7 +22,7 @@ import unidiff
 from .errors import InputError
 from .files import decode_text, open_regular
 from .inputs import SKIPPED_DIRS, SKIPPED_SUFFIXES, InputFile, Source, read_hashed, read_source
-from .schema import PATH_RE, default_of
+from .schema import FILE_PATH_RE, default_of
 
 MAX_PATCH = 16 << 20
 GIT_MODE_RE = re.compile(r"^(?:new file mode|new mode) ([0-7]{6})$")  # git's header of a new or changed mode
@@ -62,8 +62,11 @@ def _strip(path: str, n: int, where: str) -> str:
     if len(parts) <= n:
         raise InputError(f"{where}: the path {path!r} has fewer than {n + 1} components (strip: {n})")
     out = "/".join(parts[n:])
-    if not PATH_RE.fullmatch(out):
-        raise InputError(f"{where}: the patched path {out!r} is not a relative path inside the engine folder")
+    # a file's path: one ending in '/' (a folder's) passed here and failed the build, the engine unable to put it
+    # in the context ("filename may not have trailing slash"), naming no patch
+    if not FILE_PATH_RE.fullmatch(out):
+        raise InputError(f"{where}: the patched path {out!r} is not the relative path of a file inside the engine "
+                         "folder")
     # what a folder source leaves out, written by a patch instead (a hook under .git/hooks, a stale .pyc)
     folders, name = out.split("/")[:-1], out.split("/")[-1]
     skipped = next((part for part in folders if part in SKIPPED_DIRS), None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import posixpath
 import re
@@ -1266,6 +1267,15 @@ def _int_length(text: str) -> int:
     return len(text)
 
 
+def _float_length(text: str) -> int:
+    """A float of a tune cache, checked and dropped (its length kept): one too large for a double (1e999999) is
+    read by Python's json as Infinity, which it then writes back as ``Infinity``, not JSON."""
+    if math.isinf(float(text)):
+        raise _NotStrictJSON(f"holds {text[:40]}, a number too large for a double: Python's json reads it as "
+                             "Infinity (and writes it back so, which is not JSON); write a smaller number")
+    return len(text)
+
+
 def _not_finite(name: str) -> None:
     raise _NotFinite(f"holds {name}, which is not JSON (Python writes it for a float that is not a number; a "
                          "strict reader refuses the file); write a number, or null")
@@ -1294,8 +1304,8 @@ def _check_tune_json(tune: TuneCaches, profile: str) -> None:
                                  "without one")
             # no value is kept: an object is None once its keys are checked, a number its length (a small int
             # Python shares: a list of a million numbers holds pointers, not a million floats)
-            json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite, parse_float=len,
-                       parse_int=_int_length)
+            json.loads(text, object_pairs_hook=_once_each, parse_constant=_not_finite,
+                       parse_float=_float_length, parse_int=_int_length)
         except json.JSONDecodeError as exc:
             raise InputError(f"{f.path}:{exc.lineno}: tune cache of profile '{profile}' is not JSON ({exc.msg}, "
                              f"column {exc.colno}); fix it, or keep it out of tune_caches.source") from None

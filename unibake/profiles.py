@@ -371,8 +371,13 @@ def _check_record(fields: dict[str, Key], data: dict, path: Path_, where, *, req
     for key, value in data.items():
         spec = fields.get(key) if isinstance(key, str) else None
         if spec is None:
+            # a key of a record one level down, written at this one (nodes: 2 for topology.nodes), is pointed to
+            # there, before any key of a close spelling here (nodes was "did you mean 'notes'?")
+            below = sorted(f"{dotted(path + (name, key))}" for name, inner in fields.items()
+                           if inner.type == "record" and inner.fields and key in inner.fields)
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(sorted(fields))}"
+            hint = (f"; it belongs under {' or '.join(below)}" if below else f"; did you mean '{close[0]}'?"
+                    if close else f"; valid keys: {', '.join(sorted(fields))}")
             raise InputError(f"{where(path + (key,))}: unknown key '{dotted(path + (key,))}'{hint}")
         _check_value(spec, value, path + (key,), where)
     if required:
@@ -531,6 +536,13 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
         named = config_dir / PRODUCT_FILE  # a fragment spelling out its default: the product file (no '..' needed)
     parent_name = parent_name or PRODUCT_FILE
     parent = real_path(named, parent_name, doc.where(("extends",))) if os.path.lexists(named) else named.resolve()
+    linked = _linked_part(file.parent, named)
+    if linked is not None and parent.is_relative_to(config_dir):
+        # found by probing: a fragment that was a link to a profile was read as that profile, and the kit, which
+        # carries files, lost the link
+        raise InputError(f"{doc.where(('extends',))}: 'extends' names {parent_name!r}, and "
+                         f"{_display(linked, display_root)} is a symlink; extends names files and folders themselves, "
+                         "as the release's reconstruct kit carries them (files, not links)")
     if not parent.is_relative_to(config_dir) or parent.suffix not in (".yaml", ".yml"):
         raise InputError(f"{doc.where(('extends',))}: 'extends' must name a .yaml file in "
                          f"{_display(config_dir, display_root)}/, not {parent_name!r}")
@@ -541,6 +553,20 @@ def resolve(config_dir: Path, file: Path, display_root: Path, cache: dict[Path, 
     p_data, p_origins, p_chain, p_env = resolve(config_dir, parent, display_root, cache, stack + (file,), env_cache)
     return (merge(p_data, data), _merge_origins(p_origins, origins, p_data, data),
             p_chain + (doc.display,), p_env + env_files)
+
+
+def _linked_part(start: Path, named: Path) -> Path | None:
+    """The first of ``named``'s parts below ``start`` (a real folder) that is a symlink, if any."""
+    try:
+        parts = named.relative_to(start).parts
+    except ValueError:
+        return None
+    at = start
+    for part in parts:
+        at = at / part
+        if at.is_symlink():
+            return at
+    return None
 
 
 def _check_profile_file(file: Path, config_dir: Path, display_root: Path) -> None:
@@ -560,7 +586,7 @@ def _check_fragments(config_dir: Path, display_root: Path, cache: dict[Path, Doc
     """Every YAML file in a subfolder of the profiles folder is a fragment, read and checked whether a profile
     extends it or not: one that set ``profile:`` (a profile put in a subfolder), or did not parse, was skipped
     without a word, and the image had one profile fewer than the folder showed."""
-    for folder, dirs, names in os.walk(config_dir):  # (a linked folder is not entered: extends refuses it anyway)
+    for folder, dirs, names in os.walk(config_dir):  # (a linked folder is not entered: extends refuses it)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # an editor's or git's, as at the top
         if Path(folder) == config_dir:
             continue  # the profiles and product.yaml: read above
@@ -575,6 +601,10 @@ def _check_fragments(config_dir: Path, display_root: Path, cache: dict[Path, Doc
             if not real.is_relative_to(config_dir):
                 raise InputError(f"{_display(file, display_root)}: a symlink that points outside the profiles folder "
                                  f"(to {real}); fragments must live in the folder")
+            if file.is_symlink():  # read as the file it names (a profile, skipping the fragments' rules)
+                raise InputError(f"{_display(file, display_root)}: a symlink (to {_display(real, display_root)}); a "
+                                 "fragment must be the file itself, as the release's reconstruct kit carries files, "
+                                 "not links")
             if real not in cache:
                 resolve(config_dir, file, display_root, cache, env_cache=env_cache)
 

@@ -55,6 +55,7 @@ def shm_bytes(size: str) -> int:
     return int(number) << {"b": 0, "k": 10, "m": 20, "g": 30}[unit]
 # A file named in a release's notes but not shipped (weights, a patch set): a relative name.
 EXTERNAL_NAME_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+FILE_PATH_RE = EXTERNAL_NAME_RE  # a file's relative path (a patched one): PATH_RE without a folder's trailing '/'
 # An absolute path inside the image (mount points).
 IMAGE_PATH_RE = re.compile(r"^/[A-Za-z0-9_][A-Za-z0-9._+-]*(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)*$")
 # An overlay's target: a relative path inside the engine folder, or '.' for the folder itself.
@@ -155,8 +156,8 @@ def _str(doc: str, **kw) -> Key:
 
 
 # what PATH_RE takes, in words: a folder named with a space is inside the repository all the same
-PATH_DOC = ("a relative path inside the repository, each part of letters, digits, '.', '_', '+' and '-' "
-            "(no spaces, no '.' or '..' parts)")
+PATH_DOC = ("a relative path inside the repository, each part of letters, digits, '.', '_', '+' and '-', not "
+            "beginning with '+' or '-' (no spaces, no '.' or '..' parts)")
 
 
 def _path(doc: str, pattern_doc: str = PATH_DOC, **kw) -> Key:
@@ -164,7 +165,7 @@ def _path(doc: str, pattern_doc: str = PATH_DOC, **kw) -> Key:
 
 
 PREBUILT_DOC = ("a path like images/prebuilt/x.whl or /srv/big/x.whl, each part of letters, digits, '.', '_', "
-                "'+' and '-' (no spaces, no '..')")
+                "'+' and '-', not beginning with '+' or '-' (no spaces, no '..')")
 UPSTREAM_NAME_DOC = ("letters, digits, '.', '_' and '-', as upstream spells it, starting with a letter or digit and "
                      "ending with a letter, digit or '_'")
 COMPONENT_VERSION_DOC = "letters, digits, '.', '_', '-', '+', '~' and ':', as the package spells it"
@@ -200,8 +201,8 @@ def _kernel_fields() -> dict[str, Key]:
                        "for a prebuilt archive: every .so in it)",
                        item=_path("a .so path like lib/libfoo.so",
                                   pattern_doc="a path inside the kernel's folder like lib/libfoo.so, each part of "
-                                              "letters, digits, '.', '_', '+' and '-' (no spaces, no '.' or '..' "
-                                              "parts, not absolute)")),
+                                              "letters, digits, '.', '_', '+' and '-', not beginning with '+' or "
+                                              "'-' (no spaces, no '.' or '..' parts, not absolute)")),
         "prebuilt": _str("a prebuilt .so, tarball or wheel taken as it is: a path in the repository, or an "
                          "absolute path outside it for large binaries; pinned by sha256 in inputs.lock",
                          pattern=PREBUILT_RE, pattern_doc=PREBUILT_DOC),

@@ -653,6 +653,40 @@ def case_tune_cache_with_infinity(p):
     (p.parent / "images/tune/tp2/cache-3.json").write_text('[1.5,\n "Infinity",\n -Infinity]\n')
 
 
+def case_tune_cache_with_a_number_too_large(p):  # found by probing: Python's json reads it as Infinity
+    (p.parent / "images/tune/tp1/cache-2.json").write_text('{"block": 64,\n "score": 1e999999}\n')
+
+
+def case_patch_makes_a_folder_path(p):  # found by probing: passed the plan, then the engine refused the context
+    (p.parent / "images/x.patch").write_text("--- /dev/null\n+++ b/newdir/\n@@ -0,0 +1 @@\n+x = 1\n")
+    lock_also(p, "images/x.patch")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
+
+
+def case_fragment_that_is_a_symlink_to_a_profile(p):  # found by probing: tp1 became tp2, fragment rules skipped
+    (p / "shared").mkdir()
+    os.symlink("../tp2.yaml", p / "shared/x.yaml")
+    edit(p / "tp1.yaml", "profile: tp1\n", "profile: tp1\nextends: shared/x.yaml\n")
+
+
+def case_fragment_linked_into_another_subfolder(p):  # the kit carried the file, not the link: its tp1 did not render
+    (p / "frag").mkdir()
+    (p / "frag/y.yaml").write_text("env: {NCCL_ALGO: Ring}\n")
+    (p / "shared").mkdir()
+    os.symlink("../frag/y.yaml", p / "shared/x.yaml")
+
+
+def case_extends_through_a_linked_folder(p):
+    (p / "shared").mkdir()
+    (p / "shared/x.yaml").write_text("env: {NCCL_ALGO: Ring}\n")
+    os.symlink("shared", p / "sh2")
+    edit(p / "tp1.yaml", "profile: tp1\n", "profile: tp1\nextends: sh2/x.yaml\n")
+
+
+def case_key_of_topology_at_the_top(p):  # found by probing: "did you mean 'notes'?", a product-only key
+    (p / "tp2.yaml").write_text((p / "tp2.yaml").read_text() + "nodes: 2\n")
+
+
 def case_tune_cache_with_a_key_twice(p):  # a merge that kept both sides' line: Python keeps the last, C++ the first
     (p.parent / "images/tune/tp1/cache-2.json").write_text('{"64": {"num_warps": 4, "num_warps": 8}}\n')
 
@@ -804,6 +838,14 @@ SAYS = {
     "tune_cache_with_nan": "images/tune/tp1/cache-2.json:2: tune cache of profile 'tp1' holds NaN, which is not JSON",
     "tune_cache_with_infinity": "images/tune/tp2/cache-3.json:3: tune cache of profile 'tp2' holds -Infinity, which is "
                                 "not JSON",
+    "tune_cache_with_a_number_too_large": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' holds 1e999999, a "
+                                          "number too large for a double",
+    "patch_makes_a_folder_path": "images/x.patch: the patched path 'newdir/' is not the relative path of a file",
+    "fragment_that_is_a_symlink_to_a_profile": "profiles/shared/x.yaml is a symlink; extends names files and folders "
+                                               "themselves",
+    "fragment_linked_into_another_subfolder": "profiles/frag/y.yaml); a fragment must be the file itself",
+    "extends_through_a_linked_folder": "profiles/sh2 is a symlink; extends names files and folders themselves",
+    "key_of_topology_at_the_top": "unknown key 'nodes'; it belongs under topology.nodes",
     "tune_cache_with_a_key_twice": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' sets the key "
                                    "\"num_warps\" twice in one object",
     "tune_cache_with_a_byte_order_mark": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' starts with a "
