@@ -143,7 +143,7 @@ class FakeEngine(Engine):
         for i in range(0, len(data), 1 << 16):
             yield data[i:i + (1 << 16)]
 
-    def load(self, chunks: Iterable[bytes]) -> LoadOutcome:
+    def load(self, chunks: Iterable[bytes], stop=None) -> LoadOutcome:
         self.loads += 1
         data = b"".join(chunks)
         try:

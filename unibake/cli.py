@@ -1302,7 +1302,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     if not 1 <= args.engine_timeout <= 86400:
         raise InputError(f"--engine-timeout {args.engine_timeout} is out of range 1..86400 (seconds)")
     deadline = _check_pull_deadline(args)
-    hosts = read_hosts(resolved(ctx.cwd / args.hosts)) if args.hosts else []
+    # (as given: resolved, `--hosts <(...)`'s /dev/fd/63 became /proc/PID/fd/pipe:[N], said to be missing)
+    hosts = read_hosts(ctx.cwd / args.hosts) if args.hosts else []
     # every engine named is a target: an --engine before the command (the global option) as well as
     # those after it, the same engine once (tcp://h:1 and tcp://h:1/ are one); DOCKER_HOST, as for
     # every command, only when none is named

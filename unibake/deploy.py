@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -63,6 +64,13 @@ def check_address(address: str, where: str) -> str:
 
 def read_hosts(path: Path) -> list[str]:
     """``--hosts FILE``: one engine address per line; blank lines and ``#`` comments are skipped."""
+    try:
+        piped = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        piped = False  # (said by the read below)
+    if piped:  # read_small_text says "not a regular file", which names no way out
+        raise InputError(f"{path}: a pipe (like <(...) or /dev/stdin), not a file: save the list of engines to a "
+                         "file and give that (--hosts FILE)")
     text = read_small_text(path, InputError, limit=HOSTS_LIMIT, what="a list of engine addresses, one a line")
     found: list[str] = []
     lines: dict[str, tuple[int, str]] = {}  # an engine (as same_engine tells them apart): its first line
@@ -208,10 +216,19 @@ def _deploy_one(plan: Plan, address: str, connect: Callable[[str], Engine],
                 raise
             result = "pulled"
         else:
+            sent = []  # (once the engine has the whole archive, an interrupt finds it storing the image)
+
+            def feed(chunks: Iterable[bytes]) -> Iterator[bytes]:
+                yield from _until(stop, chunks, advance)
+                sent.append(True)
+
             try:  # as verify --load: the stream hashed, its end held back till it matches; another image undone
                 advance = plan.counter(f"{address}: load", m.archive.uncompressed_bytes)
-                problem = checked_load(engine, plan.folder, m, lambda chunks: _until(stop, chunks, advance))
+                problem = checked_load(engine, plan.folder, m, feed, stop=stop)
             except Exception:
+                if stop.is_set() and sent:  # the engine's answer broken off: it may still add the image
+                    return done("stopped", f"the interrupt broke its load off once the engine had the whole archive: "
+                                           f"it may still add the image (unchecked; docker image inspect {m.tag})")
                 if stop.is_set():  # however the engine's client put the broken-off stream
                     return done("stopped", "the interrupt broke its load off: the engine did not take the image")
                 raise
@@ -247,10 +264,14 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
     todo = iter(range(len(addresses)))
     lock = threading.Lock()
 
+    begun: set[int] = set()
+
     def work() -> None:
         while not stop.is_set():
             with lock:
                 i = next(todo, None)
+                if i is not None:
+                    begun.add(i)
             if i is None:
                 return
             results[i] = _deploy_one(plan, addresses[i], connect, stop)
@@ -265,22 +286,28 @@ def deploy(plan: Plan, addresses: list[str], connect: Callable[[str], Engine], *
             on_result(results[finished.get()])
     except KeyboardInterrupt:
         stop.set()
-        for worker in workers:  # a second interrupt is let be while this waits; a third ends it
-            worker.join()
-        raise KeyboardInterrupt(interrupted_note(addresses, results)) from None
+        try:
+            for worker in workers:  # a second interrupt is let be while this waits; a third ends it
+                worker.join()
+        except KeyboardInterrupt:  # (said all the same: the engines let go are still under way)
+            raise KeyboardInterrupt(interrupted_note(addresses, results, begun)) from None
+        raise KeyboardInterrupt(interrupted_note(addresses, results, begun)) from None
     return results
 
 
-def interrupted_note(addresses: list[str], results: list[NodeResult | None]) -> str:
+def interrupted_note(addresses: list[str], results: list[NodeResult | None], begun: set[int] | None = None) -> str:
     """Which engines hold the release after an interrupt (loaded or already holding it, checked), and
-    which do not, and why: a load or a pull broken off, a failure, or not begun."""
+    which do not, and why: a load or a pull broken off, a failure, not begun, or (``begun``, its row not in:
+    let go by a third interrupt) still under way."""
     got = [r.engine for r in results if r is not None and not r.failed and r.result != "stopped"]
     why = {}
-    for address, r in zip(addresses, results):
+    for n, (address, r) in enumerate(zip(addresses, results)):
         if r is None:
-            why[address] = "not begun"
+            why[address] = "still under way, let go" if begun and n in begun else "not begun"
         elif r.result == "stopped":
-            why[address] = f"its {'pull' if 'pull' in r.detail else 'load'} was broken off"
+            why[address] = f"its {'pull' if 'pull' in r.detail else 'load'} was broken off" + (
+                " once the engine had the whole archive: it may still add the image" if "may still add" in r.detail
+                else "")
         elif r.failed:
             why[address] = "failed"
     missing = [a for a in addresses if a not in got]

@@ -89,6 +89,11 @@ TIMEOUT = 3600
 # log): 128 MiB is hundreds of times the biggest a real engine gives; an engine that sends without end (a hostile one
 # in a deploy's hosts file, or whatever answers at its address) filled the client's memory, never timing out
 MAX_ANSWER = 128 << 20
+# a load's streamed answer: each event at most this (the engine's are a few hundred bytes), its messages kept to the
+# last LOAD_MESSAGES (what an error quotes), and the images it names at most LOAD_NAMES
+LOAD_EVENT_LIMIT = 1 << 20
+LOAD_MESSAGES = 20
+LOAD_NAMES = 1000
 # The first request, the engine's API version: an address that takes the connection and never answers
 # (a wrong port, a hung daemon, a proxy) is said within this, not after TIMEOUT.
 CONNECT_TIMEOUT = 60
@@ -541,34 +546,57 @@ class DockerEngine(Engine):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail(f"saving {ref} failed", exc) from None
 
-    def load(self, chunks: Iterable[bytes]) -> LoadOutcome:
+    def load(self, chunks: Iterable[bytes], stop: threading.Event | None = None) -> LoadOutcome:
+        """docker-py's load, read here: its answer's events each at most :data:`LOAD_EVENT_LIMIT` bytes and its
+        messages kept to the last :data:`LOAD_MESSAGES` (an engine whose answer never ended, its events each
+        60 kB, filled the client's memory: 7 GB in 15 s, --engine-timeout never reached as the engine kept
+        talking), and ``stop`` set breaks it off, while it is sent and while the engine stores what it was sent
+        (its connection shut), raising :class:`HandoffAborted`."""
         ids: list[str] = []
         tags: list[str] = []
-        messages: list[str] = []
+        messages: deque[str] = deque(maxlen=LOAD_MESSAGES)
+        response = None
         try:
             # quiet=False: the engine's progress while it stores the layers (its default, quiet, says nothing
             # until the end, minutes for a large image, which --engine-timeout took for an engine that stopped)
-            for event in self.api.load_image(iter(chunks), quiet=False):  # requests streams an iterator, not a list
-                event = self._load_event(event)
-                if "error" in event or "errorDetail" in event:
-                    detail = event.get("errorDetail")
-                    message = ((detail.get("message") if isinstance(detail, dict) else None) or event.get("error")
-                               or "no reason given")
-                    raise EngineError(f"the engine refused the image: {message} (engine at {self.address})")
-                text = event.get("stream")
-                text = text.strip() if isinstance(text, str) else ""
-                if text:
-                    messages.append(text)
+            # (requests streams an iterator, not a list)
+            response = _answer_unless_stopped(stop, lambda: self.api._post(
+                self.api._url("/images/load"), data=iter(chunks), params={"quiet": False}, stream=True))
+            self.api._raise_for_status(response)
+            with _Breaker(stop, response):
+                for event in _answer_lines(response, LOAD_EVENT_LIMIT, self.address):
+                    event = self._load_event(event)
+                    if "error" in event or "errorDetail" in event:
+                        detail = event.get("errorDetail")
+                        message = ((detail.get("message") if isinstance(detail, dict) else None) or event.get("error")
+                                   or "no reason given")
+                        raise EngineError(f"the engine refused the image: {message} (engine at {self.address})")
+                    text = event.get("stream")
+                    text = text.strip() if isinstance(text, str) else ""
+                    if not text:
+                        continue
+                    messages.append(text[:1000])
                     if text.startswith("Loaded image ID: "):
                         ids.append(text.removeprefix("Loaded image ID: "))
                     elif text.startswith("Loaded image: "):
                         tags.append(text.removeprefix("Loaded image: "))
-        except docker.errors.StreamParseError:  # (docker-py's decoder, on the answer's last piece)
-            raise EngineError(f"the engine answered the load with something that is not its progress (JSON "
-                              f"events) (engine at {self.address})") from None
+                    if len(ids) + len(tags) > LOAD_NAMES:
+                        raise EngineError(f"the engine's answer to the load names more than {LOAD_NAMES} images; a "
+                                          f"release holds one (engine at {self.address})")
         except (docker.errors.DockerException, requests.exceptions.RequestException,
                 urllib3.exceptions.HTTPError) as exc:  # (a read of the answer's stream raises urllib3's own)
+            if stop is not None and stop.is_set():
+                raise HandoffAborted("interrupted") from None
             raise self._fail("loading the image failed", exc) from None
+        except OSError:  # (the connection shut by the interrupt; else what the stream's reader raised, as it is)
+            if stop is not None and stop.is_set():
+                raise HandoffAborted("interrupted") from None
+            raise
+        finally:
+            if response is not None:
+                response.close()
+        if stop is not None and stop.is_set():  # (the answer ended as the interrupt came)
+            raise HandoffAborted("interrupted")
         return LoadOutcome(image_ids=tuple(ids), tags=tuple(tags), messages=tuple(messages))
 
     def _load_event(self, event) -> dict:
@@ -972,6 +1000,24 @@ class DockerEngine(Engine):
                 response.close()
         if stop is not None and stop.is_set():  # (the stream ended as the interrupt came)
             raise HandoffAborted("interrupted")
+
+
+def _answer_lines(response, limit: int, address: str) -> Iterator[bytes]:
+    """A streamed answer's events, one a line (the engine ends each with CRLF), each at most ``limit`` bytes: read
+    by hand because docker-py's decoder keeps what it has read until it parses as JSON, without bound (an engine
+    that never closed its object filled the client's memory). A last event without its line end is given too."""
+    buffered = b""
+    for piece in response.iter_content(1 << 16):
+        buffered += piece
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+        if len(buffered) > limit:
+            raise EngineError(f"the engine's answer holds an event longer than {limit >> 20} MiB, which no engine "
+                              f"sends (engine at {address})")
+    if buffered.strip():
+        yield buffered
 
 
 def _answer_unless_stopped(stop: threading.Event | None, post: Callable[[], requests.Response]) -> requests.Response:

@@ -113,8 +113,9 @@ class Engine(ABC):
         """The ``docker save`` tar stream of one image, in chunks."""
 
     @abstractmethod
-    def load(self, chunks: Iterable[bytes]) -> LoadOutcome:
-        """Load a ``docker save`` tar stream; raises EngineError on any error the engine reports."""
+    def load(self, chunks: Iterable[bytes], stop: threading.Event | None = None) -> LoadOutcome:
+        """Load a ``docker save`` tar stream; raises EngineError on any error the engine reports, and
+        HandoffAborted once ``stop`` is set (the load broken off, its answer too)."""
 
     @abstractmethod
     def run(self, image: str, args: list[str], *, env: dict[str, str] | None = None,

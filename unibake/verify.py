@@ -13,6 +13,7 @@ import json
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -620,16 +621,19 @@ def load_and_compare(report: Report, engine: Engine, progress: Callable[[int], o
 
 
 def checked_load(engine: Engine, folder: Path, manifest: ReleaseManifest,
-                 feed: Callable[[Iterator[bytes]], Iterable[bytes]] = lambda chunks: chunks) -> str:
+                 feed: Callable[[Iterator[bytes]], Iterable[bytes]] = lambda chunks: chunks,
+                 stop: threading.Event | None = None) -> str:
     """Load the release's archive (checked before) into ``engine``: its stream hashed as it goes and
     its last piece held back until the hash is the manifest's (raises VerificationError, the engine
     refusing the load cut short, when it is not), and a load that brought another image, or tagged
     more than the release's tag, undone. Returns "" when the engine holds the release's image under
-    its tag, else what it loaded instead (put back). ``feed`` wraps the stream (progress, an interrupt)."""
+    its tag, else what it loaded instead (put back). ``feed`` wraps the stream (progress, an interrupt); ``stop``
+    set breaks the load off, its answer too (HandoffAborted)."""
     before = {tag: i.id for i in engine.list_images() for tag in i.tags}
     reader = ArchiveReader(folder, [f.name for f in manifest.archive.files],
                            limit=manifest.archive.uncompressed_bytes)
-    outcome = engine.load(feed(_as_checked(reader, manifest.archive.sha256)))
+    stream = feed(_as_checked(reader, manifest.archive.sha256))
+    outcome = engine.load(stream, stop=stop) if stop is not None else engine.load(stream)
     loaded = engine.inspect_image(manifest.tag)
     if loaded is not None and loaded.id == manifest.image_id and set(outcome.tags) <= {manifest.tag}:
         return ""

@@ -88,7 +88,7 @@ class SlowEngine(FakeEngine):
         super().__init__(*args, **kwargs)
         self.pause, self.taken = pause, 0
 
-    def load(self, chunks):
+    def load(self, chunks, stop=None):
         def slowly():
             for chunk in chunks:
                 self.taken += 1
@@ -202,7 +202,8 @@ def test_a_deploy_stuck_on_an_engine_that_never_answers_ends_at_the_third_interr
         reader.join(10)
         err = "".join(lines)
     assert code == 130, err
-    assert err.splitlines()[-1] == "error: interrupted"
+    # found by probing: it said no more than "error: interrupted"; the engine let go is named as under way
+    assert err.splitlines()[-1] == "error: interrupted: no engine got the release (still under way, let go)", err
 
 
 def test_the_hosts_file_and_the_engines_given(tmp_path):
@@ -393,7 +394,7 @@ def test_a_deploy_load_that_brings_another_image_leaves_that_engine_as_it_was(tm
     (folder / m.archive.name).write_bytes(original)
 
     class Rogue(FakeEngine):
-        def load(self, chunks):
+        def load(self, chunks, stop=None):
             list(chunks)
             data = docker_layout([layer_tar({"o": b"other\n"})], tag=m.tag)[0]
             first = super().load([data])
@@ -693,11 +694,13 @@ def test_breaking_off_a_pull_over_ssh_ends_its_ssh_client_without_a_thread_s_tra
 
 
 @contextmanager
-def loading_engine(*, storing, last=b'{"stream":"Loaded image: demo-llm:1.3.1\\n"}\r\n'):
+def loading_engine(*, storing, last=b'{"stream":"Loaded image: demo-llm:1.3.1\\n"}\r\n',
+                   event=b'{"status":"Loading layer","progressDetail":{"current":1,"total":2},"id":"0123"}\r\n',
+                   every=0.2):
     """A Docker Engine 20.10's image load on loopback: it reads the whole archive sent, then stores its
     layers for ``storing`` seconds; asked for its progress (quiet=0, as the docker CLI asks) it says how
     far it is every 0.2 s meanwhile, otherwise (no quiet given: the engine's default is quiet) nothing
-    until the end. Yields (address, the quiet values asked for)."""
+    until the end (``event``, every ``every`` s, is what it says). Yields (address, the quiet values asked for)."""
     import http.server
     import urllib.parse
 
@@ -730,10 +733,9 @@ def loading_engine(*, storing, last=b'{"stream":"Loaded image: demo-llm:1.3.1\\n
             try:
                 while time.monotonic() - start < storing:
                     if progress:
-                        event = b'{"status":"Loading layer","progressDetail":{"current":1,"total":2},"id":"0123"}\r\n'
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                         self.wfile.flush()
-                    time.sleep(0.2)
+                    time.sleep(every)
                 if not progress:
                     self.end_headers()
                 self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
@@ -755,6 +757,39 @@ def test_a_load_whose_engine_stores_layers_for_longer_than_the_engine_timeout_is
         outcome = _within(30, lambda: DockerEngine(address, {}, timeout=1).load(iter([b"x" * 1000, b"y" * 10])))
     assert not isinstance(outcome, BaseException), outcome
     assert outcome.tags == ("demo-llm:1.3.1",) and asked == ["False"]  # (the engine lower-cases it)
+
+
+def test_a_load_whose_engine_talks_without_end_is_held_in_bounded_memory(fake_api_only):
+    """Found by probing: the load kept every message of its answer; an engine that sent 60 kB events without end
+    filled the client's memory (7 GB in 15 s), --engine-timeout never reached as the engine kept talking. The
+    last messages alone are kept; an event without end is refused past 1 MiB."""
+    from unibake.docker_engine import LOAD_MESSAGES, DockerEngine
+    from unibake.errors import EngineError
+
+    chatty = b'{"stream": "%s"}\r\n' % (b"x" * 60000)
+    with loading_engine(storing=2, event=chatty, every=0.002) as (address, _):
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=5).load(iter([b"x" * 1000])))
+    assert not isinstance(outcome, BaseException), outcome
+    assert outcome.tags == ("demo-llm:1.3.1",) and len(outcome.messages) == LOAD_MESSAGES
+    endless = b'{"stream": "' + b"y" * (2 << 20)  # one event, never closed
+    with loading_engine(storing=0, last=endless) as (address, _):
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=5).load(iter([b"x" * 1000])))
+    assert isinstance(outcome, EngineError) and "an event longer than 1 MiB" in str(outcome), outcome
+
+
+def test_an_interrupt_breaks_off_a_load_while_the_engine_stores_what_it_was_sent(fake_api_only):
+    """Found by probing: the interrupt was seen only as the archive was sent; once the engine had it all, the
+    deploy waited out the engine's storing (two interrupts did nothing, the third ended it with no word of the
+    engines). The answer's connection is now shut at once."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import HandoffAborted
+
+    stop = threading.Event()
+    with loading_engine(storing=60) as (address, _):
+        threading.Timer(1.0, stop.set).start()
+        began = time.monotonic()
+        outcome = _within(20, lambda: DockerEngine(address, {}, timeout=30).load(iter([b"x" * 1000]), stop=stop))
+    assert isinstance(outcome, HandoffAborted) and time.monotonic() - began < 10, outcome
 
 
 @pytest.mark.parametrize("last", [b"not json at all\r\n", b"[1, 2]\r\n", b'"text"\r\n', b"7\r\n",
@@ -1288,3 +1323,26 @@ def test_the_credentials_of_netrc_go_to_no_tcp_engine(tmp_path, monkeypatch, fak
         assert engine.version() == "20.10.24"
         assert engine.inspect_image("unibake-test:0.1.0") is None
     assert len(seen) >= 3 and [auth for _, auth in seen] == [None] * len(seen), seen
+
+
+def test_the_interrupt_s_note_says_which_engines_may_still_add_the_image_and_which_were_let_go():
+    from unibake.deploy import NodeResult, interrupted_note
+
+    results = [NodeResult(engine="a", result="loaded", seconds=1.0),
+               NodeResult(engine="b", result="stopped", seconds=1.0,
+                          detail="the interrupt broke its load off once the engine had the whole archive: it may "
+                                 "still add the image (unchecked; docker image inspect demo-llm:1.3.1)"),
+               None, None]
+    assert interrupted_note(["a", "b", "c", "d"], results, begun={0, 1, 2}) == (
+        "a holds the release (checked); b, c, d do not (b: its load was broken off once the engine had the whole "
+        "archive: it may still add the image; c: still under way, let go; d: not begun)")
+
+
+def test_a_hosts_list_given_as_a_pipe_is_named_as_one_with_what_to_do(cli, tmp_path):
+    # found by probing: `--hosts <(...)` said "/proc/PID/fd/pipe:[N]: missing" (the path resolved through the link)
+    folder, _ = make_release(tmp_path / "release")
+    ran = subprocess.run(["bash", "-c", f"{sys.executable} {REPO / 'build.py'} deploy {folder} --hosts "
+                                        "<(echo unix:///tmp/x.sock)"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2, ran.stderr
+    assert re.fullmatch(r"error: /dev/fd/\d+: a pipe \(like <\(\.\.\.\) or /dev/stdin\), not a file: save the list "
+                        r"of engines to a file and give that \(--hosts FILE\)", ran.stderr.splitlines()[-1]), ran.stderr

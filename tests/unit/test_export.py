@@ -86,7 +86,7 @@ def test_a_layer_outside_the_install_root_is_refused_and_nothing_is_left(engine,
 class RecordingEngine(FakeEngine):
     """Remembers the names of the files of every load stream it took."""
 
-    def load(self, chunks):
+    def load(self, chunks, stop=None):
         import io
         import tarfile
         data = b"".join(chunks)

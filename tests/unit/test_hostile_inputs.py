@@ -171,7 +171,7 @@ def test_a_checksums_record_that_cannot_be_written_publishes_nothing(tmp_path):
 
 def test_a_run_that_fails_leaves_no_checksums_folder_behind(tmp_path):
     class Unloadable(FakeEngine):
-        def load(self, chunks):
+        def load(self, chunks, stop=None):
             raise EngineError("the verify engine refused the load (test)")
 
     with pytest.raises(EngineError, match="refused the load"):

@@ -281,7 +281,7 @@ def test_a_hotfix_round_trip_that_fails_leaves_nothing_in_the_verify_engine(engi
     from ..fake_engine import FakeEngine
 
     class RefusingTheHotfix(FakeEngine):  # takes in the base release, then runs out of room
-        def load(self, chunks):
+        def load(self, chunks, stop=None):
             if self.loads:
                 raise EngineError("the engine refused the image: no space left on device (engine at fake://verify)")
             return super().load(chunks)
@@ -838,7 +838,7 @@ from tests.fake_engine import FakeEngine
 from tests.unit.test_supply_chain import Quiet
 
 class NeverEnding(FakeEngine):
-    def load(self, chunks):
+    def load(self, chunks, stop=None):
         Path({mark!r}).write_text("")
         threading.Event().wait()
 

@@ -235,7 +235,7 @@ def test_verify_load_undoes_a_load_that_brought_another_image(folder, tmp_path):
     from ..savefixtures import docker_layout, layer_tar
 
     class Rogue(FakeEngine):
-        def load(self, chunks):
+        def load(self, chunks, stop=None):
             list(chunks)
             data = docker_layout([layer_tar({"o": b"other\n"})], tag="demo-llm:1.3.1")[0]
             first = super().load([data])
