@@ -3,6 +3,7 @@ the hosts file and the command line's bad input."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
@@ -450,6 +451,15 @@ def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
     assert len(warned) == 1  # already the release's image: nothing to say
 
 
+class EngineAPI(http.server.BaseHTTPRequestHandler):
+    """A fake engine's API handler: HTTP/1.1 (docker-py keeps its connection), nothing logged."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+
 REAL_API_CLIENT = docker.APIClient.__init__  # (taken before the unit tests' guard replaces it)
 
 
@@ -516,15 +526,10 @@ def docker_api(*, inspect="404", pull="progress"):
     a pull (POST /images/create): "progress" (an event every 0.1 s, as a long pull), "silent" after its
     first event, or "late": nothing at all, not even its headers (an engine still reaching the registry).
     Yields (address, what it saw: "pull broken off" once a pull's client went away)."""
-    import http.server
 
     seen, ended = [], threading.Event()
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def do_GET(self):  # noqa: N802 - http.server's names
             if self.path.endswith("/version"):
@@ -701,16 +706,11 @@ def loading_engine(*, storing, last=b'{"stream":"Loaded image: demo-llm:1.3.1\\n
     layers for ``storing`` seconds; asked for its progress (quiet=0, as the docker CLI asks) it says how
     far it is every 0.2 s meanwhile, otherwise (no quiet given: the engine's default is quiet) nothing
     until the end (``event``, every ``every`` s, is what it says). Yields (address, the quiet values asked for)."""
-    import http.server
     import urllib.parse
 
     asked = []
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def do_GET(self):  # noqa: N802 - http.server's names
             _version_reply(self)
@@ -994,16 +994,11 @@ def test_a_pull_answered_with_something_that_is_not_its_progress_is_one_engine_e
     """An engine (or what answers in its place) whose pull answer is a JSON number, or whose error's
     errorDetail is no object or whose message is no text: a traceback (TypeError, AttributeError) out of
     pull and deploy's row; it is one error naming the engine, as a load's is."""
-    import http.server
 
     from unibake.docker_engine import DockerEngine
     from unibake.errors import EngineError
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def do_GET(self):  # noqa: N802 - http.server's names
             _version_reply(self)
@@ -1058,16 +1053,11 @@ def test_an_ssh_engine_slow_but_live_is_not_cut_off_by_its_timeout(tmp_path, mon
 def test_an_engine_error_on_a_named_container_or_network_names_it_whole(fake_api_only):
     """A multi-node gate's ranks are removed by name: cut to 12 characters ("unibake-smok") the error
     named no container the adopter could find and remove; an ID is still shown by its first 12."""
-    import http.server
 
     from unibake.docker_engine import DockerEngine
     from unibake.errors import EngineError
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def reply(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -1128,7 +1118,6 @@ def test_a_docker_context_docker_would_use_is_refused_not_passed_over_for_the_lo
 def test_a_pull_tells_its_progress_the_bytes_each_layer_downloads(fake_api_only):
     # `pull` of a release of many gigabytes said "==> pull" and then nothing until the engine had it all: the
     # engine's events carry each layer's progress, which were read and dropped
-    import http.server
 
     from unibake.docker_engine import DockerEngine
 
@@ -1142,11 +1131,7 @@ def test_a_pull_tells_its_progress_the_bytes_each_layer_downloads(fake_api_only)
               {"status": "Downloading", "progressDetail": {"current": "x"}, "id": "ccc"},  # (junk: not counted)
               {"status": "Already exists", "id": "ddd"}, {"status": "Pull complete", "id": "aaa"}]
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def do_GET(self):  # noqa: N802 - http.server's names
             body = json.dumps({"ApiVersion": "1.41", "Version": "20.10.24", "MinAPIVersion": "1.12"}).encode()
@@ -1232,7 +1217,6 @@ def test_a_pull_counts_a_layer_the_engine_holds_already_so_its_total_is_reached(
     # already ("Already exists": no bytes said) was never counted, so a hotfix's pull, most of whose layers an
     # engine holds, ended at "0.20 GiB of 30.00 GiB, about 900 s left". Its size is now counted when the engine
     # says so, from the manifest
-    import http.server
 
     from unibake.docker_engine import DockerEngine
     from unibake.registry import manifest_config_digest
@@ -1245,11 +1229,7 @@ def test_a_pull_counts_a_layer_the_engine_holds_already_so_its_total_is_reached(
               {"status": "Downloading", "progressDetail": {"current": 100, "total": 300}, "id": new[7:19]},
               {"status": "Download complete", "id": new[7:19]}, {"status": "Pull complete", "id": new[7:19]}]
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def do_GET(self):  # noqa: N802 - http.server's names
             _version_reply(self)
@@ -1296,7 +1276,6 @@ def test_the_credentials_of_netrc_go_to_no_tcp_engine(tmp_path, monkeypatch, fak
     # found by probing: docker-py's client is a requests session, which added ~/.netrc's login (a `default`
     # entry's for any host) to every request to a tcp:// engine, its first (the version) included; the docker
     # CLI sends none
-    import http.server
 
     from unibake.docker_engine import DockerEngine
 
@@ -1306,11 +1285,7 @@ def test_the_credentials_of_netrc_go_to_no_tcp_engine(tmp_path, monkeypatch, fak
     monkeypatch.setenv("NETRC", str(netrc))
     seen = []
 
-    class Engine(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
+    class Engine(EngineAPI):
 
         def do_GET(self):  # noqa: N802 - http.server's names
             seen.append((self.path, self.headers.get("Authorization")))
