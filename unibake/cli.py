@@ -966,6 +966,10 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
         if not real.is_relative_to(config.resolve()):
             raise InputError(f"{display}: a symlink that points outside the profiles folder (to {real}); the lock "
                              "must live in the folder")
+        # found by probing: a link to tp1.yaml (which reads as no lock) had the lock written over the profile
+        if old is None or real.suffix.lower() in (".yaml", ".yml"):
+            raise InputError(f"{display}: a symlink to {display_path(real, ctx.cwd)}, which is not a lock (it does "
+                             "not read as one); nothing written: remove the link, then run build.py lock again")
         folder, name = real.parent, real.name
     write_atomic(folder, name, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
     for label in ("added", "changed", "removed"):

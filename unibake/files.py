@@ -304,7 +304,9 @@ def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o64
     except OSError as exc:
         if path is not None:
             path.unlink(missing_ok=True)
-        if exc.filename is None:  # a write or fsync that failed (a full disk): name what was being written
+        # a write or fsync that failed (a full disk), or the rename (an immutable file or folder), named as what was
+        # being written: the temporary file it named is gone (found by probing: ".inputs.lock.lvi1kt3f.tmp")
+        if exc.filename is None or (path is not None and exc.filename in (str(path), os.fspath(path))):
             raise OSError(exc.errno, exc.strerror, str(folder / name)) from None
         raise
     except BaseException:

@@ -200,6 +200,23 @@ def test_lock_names_the_lock_even_when_it_is_a_symlink(busybox_product, cli):
     assert refused.code == 2 and refused.error_lines == [f"error: {lock_file}: a symlink loop; point it at a file"]
 
 
+@pytest.mark.parametrize("target", ["tp1.yaml", "product.yaml", "notes.txt"])
+def test_lock_writes_nothing_through_a_link_to_a_file_that_is_not_a_lock(busybox_product, cli, target):
+    # found by probing: inputs.lock linked to tp1.yaml: "the old lock cannot be read, so it is written anew", and the
+    # lock was written over the profile, exit 0
+    lock_file = busybox_product / "inputs.lock"
+    lock_file.rename(busybox_product.parent / "saved.lock")
+    if target == "notes.txt":
+        (busybox_product / target).write_text("a team's notes\n")
+    before = (busybox_product / target).read_bytes()
+    lock_file.symlink_to(target)
+    refused = cli("lock", "--config", str(busybox_product))
+    assert refused.code == 2 and refused.error_lines == [
+        f"error: {lock_file}: a symlink to {busybox_product / target}, which is not a lock (it does not read as one); "
+        "nothing written: remove the link, then run build.py lock again"], refused.err
+    assert (busybox_product / target).read_bytes() == before and lock_file.is_symlink()
+
+
 def test_pycache_is_never_baked(busybox_product):
     cache = busybox_product.parent / "images/engine/__pycache__"
     cache.mkdir()

@@ -1040,9 +1040,9 @@ def test_run_sh_passes_other_variables_and_env_files_to_the_container_each_one_w
     (b"A=1\n\xc2\xa0MODEL_NAME=x\n", "sets MODEL_NAME, which run.sh"),  # and Unicode white space before a name
     (b"\xe2\x80\x80\xe3\x80\x80UNIBAKE_X=1\r\n", "sets UNIBAKE_X, which run.sh"),
     (b"\x0b\x0cPORT\r\n", "sets PORT, which run.sh"),
-    (b"export A=1\n", "'export A' is no variable name (docker reads NAME=VALUE lines"),  # docker: exit 125
+    (b"export A=1\n", "(it begins 'export'), so no variable name (docker reads NAME=VALUE lines"),  # docker: exit 125
     (b"A=1\n=2\n", "a line has no name before its '='"),
-    (b"A\tB=1\n", "is no variable name"),
+    (b"A\tB=1\n", "a line whose name holds a space or a tab (it begins 'A'), so no variable name"),
 ])
 def test_run_sh_reads_an_env_file_s_names_as_docker_reads_them(tmp_path, text, message):
     # the names were read with ASCII white space only: a byte-order mark or a no-break space before UNIBAKE_GPUS

@@ -692,7 +692,9 @@ def test_run_sh_refuses_a_value_docker_would_pass_changed_as_it_is_not_utf8(tmp_
         (["tp1"], {"MODEL_NAME": latin1}, f"MODEL_NAME {not_utf8}; give it in UTF-8"),
         (["tp1"], {"MODEL_DRAFT": f"/w/{latin1}"},
          f"MODEL_DRAFT {not_utf8}, so the engine would look for another folder; got '/w/caf\\xe9'"),
-        (["tp1", "--served-model-name", latin1], {}, f"the engine's argument 'caf\\xe9' {not_utf8}; give it in UTF-8"),
+        # (named by its place: its value may be a secret, which --dry-run hides; found by probing)
+        (["tp1", "--served-model-name", latin1], {}, f"the engine's argument 2 (counted after the profile) {not_utf8}; "
+                                                      "give it in UTF-8"),
     ):
         environ = {"PATH": "/usr/bin:/bin", **{k: v.encode("utf-8", "surrogateescape") for k, v in env.items()}}
         argv = [a.encode("utf-8", "surrogateescape") for a in args]
@@ -970,3 +972,32 @@ def test_run_sh_runs_grep_as_it_calls_it_whatever_grep_options_says(folder, tmp_
     run = run_sh(shell, folder, "--dry-run", "--env-file", str(bad), "tp2", env={**env, "GREP_OPTIONS": "-v"})
     assert (run.returncode, run.stderr.decode()) == (
         2, f"error: --env-file {bad}: line 2 is not UTF-8, which docker reads (save the file as UTF-8)\n"), run.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_refuses_a_variable_set_empty_a_one_letter_name_and_shows_no_secret_of_a_bad_env_file_line(
+        tmp_path, shell):
+    # found by probing: MODEL_DRAFT= started the engine without its weights (taken as unset), GPUS=, PORT= and IMAGE=
+    # fell back to their defaults; --name a passed run.sh and docker refused it (exit 125); a line "HF_TOKEN hf_..."
+    # of an env file was printed whole in the error
+    metadata = json.loads(json.dumps(METADATA))
+    metadata["launch"]["mounts"] = {"draft": "/models/draft"}
+    folder, _ = make_release(tmp_path / "release", metadata=metadata)
+    for name in ("GPUS", "PORT", "IMAGE", "MODEL_NAME", "MODEL_DRAFT"):
+        run = run_sh(shell, folder, "--dry-run", "tp1", env={name: ""})
+        assert (run.returncode, run.stderr.decode()) == (
+            2, f"error: {name} is set but empty (an unset variable?): give it a value, or unset it for its default\n")
+    run = run_sh(shell, folder, "--dry-run", "tp1", env={"MODEL_DRAFT": "/w/draft", "MODEL_DRAF": "/w/x"})
+    assert run.returncode == 0 and run.stderr.decode() == (
+        "warning: MODEL_DRAF is set, but no mount of this release is called that (its mounts: MODEL_DRAFT); it is "
+        "not used\n"), run.stderr
+    run = run_sh(shell, folder, "--dry-run", "--name", "a", "tp1")
+    assert (run.returncode, run.stderr.decode()) == (
+        2, "error: the container name must be at least 2 characters (docker refuses one of 1); got 'a'\n")
+    assert run_sh(shell, folder, "--dry-run", "--name", "ab", "tp1").returncode == 0
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text("A=1\nHF_TOKEN hf_abcdefSECRET\n")
+    run = run_sh(shell, folder, "--dry-run", "--env-file", str(env_file), "tp1")
+    assert (run.returncode, run.stderr.decode()) == (
+        2, f"error: --env-file {env_file}: a line whose name holds a space or a tab (it begins 'HF_TOKEN'), so no "
+           "variable name (docker reads NAME=VALUE lines: no export, no space)\n")

@@ -70,6 +70,14 @@ def test_an_atomic_write_leaves_nothing_on_failure(tmp_path):
     with pytest.raises(TypeError):
         write_atomic(tmp_path, "g", 42)  # not text: fails before anything is written
     assert sorted(os.listdir(tmp_path)) == ["f"]
+    # a rename that fails (an immutable file or folder; here a folder in the file's place) names the file being
+    # written, not the temporary one it removed (found by probing: ".inputs.lock.lvi1kt3f.tmp: Operation not permitted")
+    (tmp_path / "inputs.lock").mkdir()
+    (tmp_path / "inputs.lock" / "x").write_text("")
+    with pytest.raises(OSError) as failed:
+        write_atomic(tmp_path, "inputs.lock", "data")
+    assert failed.value.filename == str(tmp_path / "inputs.lock")
+    assert sorted(os.listdir(tmp_path)) == ["f", "inputs.lock"]
 
 
 def test_read_ahead_passes_the_producers_error_and_stops_it_when_the_reader_leaves():
