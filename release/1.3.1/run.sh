@@ -260,7 +260,10 @@ t s
   # docker refuses a line whose name is empty or holds a space or a tab ("export A=1"), after run.sh's checks
   ef_bad=$(printf '%s\n' "$ef_names" | LC_ALL=C sed -n "/^=\$/p; /[$(printf ' \t')]/p" | head -n 1)
   [ "$ef_bad" != "=" ] || die "--env-file $1: a line has no name before its '='"
-  [ -z "$ef_bad" ] || die "--env-file $1: '${ef_bad#?}' is no variable name (docker reads NAME=VALUE lines: no export, no space)"
+  # (its first word alone shown: "HF_TOKEN hf_..." lacks its '=', and what follows may be a secret)
+  ef_word=${ef_bad#?}
+  ef_word=${ef_word%%[$(printf ' \t')]*}
+  [ -z "$ef_bad" ] || die "--env-file $1: a line whose name holds a space or a tab (it begins '$ef_word'), so no variable name (docker reads NAME=VALUE lines: no export, no space)"
   # a name run.sh sets; a line without '=' whose variable this environment lacks (docker would drop it
   # without a word, as run.sh refuses -e NAME of one)
   ef_own=$(printf '%s\n' "$ef_names" | while IFS= read -r ef_name; do
@@ -350,6 +353,17 @@ done
 if [ -n "${PROFILE:-}" ] && [ -n "$profile" ] && [ "$PROFILE" != "$profile" ]; then
   die "PROFILE=$PROFILE and the profile argument '$profile' disagree; give one"
 fi
+# a variable set but empty (an unset one expanded, a fix half made) is refused, not taken as unset: MODEL_X= would
+# start the engine without its weights, GPUS= on the first GPUs; a MODEL_ variable no mount is called is said
+for ev_name in GPUS PORT IMAGE MODEL_NAME MODEL_DRAFT MODEL_TARGET; do
+  eval "[ -z \"\${$ev_name+x}\" ] || [ -n \"\$$ev_name\" ]" \
+    || die "$ev_name is set but empty (an unset variable?): give it a value, or unset it for its default"
+done
+for ev_name in $(env | LC_ALL=C sed -n 's/^\(MODEL_[A-Za-z0-9_]*\)=.*/\1/p'); do
+  case " MODEL_NAME MODEL_DRAFT MODEL_TARGET " in *" $ev_name "*) ;; *)
+    echo "warning: $ev_name is set, but no mount of this release is called that (its mounts: MODEL_DRAFT MODEL_TARGET); it is not used" >&2 ;;
+  esac
+done
 profile="${profile:-${PROFILE-tp4}}"  # (PROFILE set but empty: refused below, not the default)
 case "$profile" in
   tp1) need=1; vendor=nvidia; nodes=1; network=bridge; ipc=host; shm=''; rdma=0; master_port=29500
@@ -369,6 +383,7 @@ fi
 
 if [ -z "$name" ]; then name="demo-llm-$profile"; fi
 case "$name" in
+  ?) die "the container name must be at least 2 characters (docker refuses one of 1); got '$name'" ;;
   [A-Za-z0-9]*) case "$name" in *[!A-Za-z0-9_.-]*) die "the container name must be letters, digits, '_', '.' and '-'; got '$name'" ;; esac ;;
   *) die "the container name must start with a letter or digit; got '$name'" ;;
 esac
@@ -658,7 +673,9 @@ if [ -n "$engine_args" ]; then eval "set -- \"\$@\" serve $engine_args"; fi
 ea_i=0
 for word in "$@"; do  # (the engine's arguments; run.sh checked its own words above)
   ea_i=$((ea_i + 1))
-  [ "$ea_i" -le "$image_at" ] || is_utf8 "$word" || die "the engine's argument '$word' $not_utf8; give it in UTF-8"
+  # (named by its place, not shown: it may be a secret, --api-key's, which --dry-run hides)
+  [ "$ea_i" -le "$image_at" ] || is_utf8 "$word" \
+    || die "the engine's argument $((ea_i - image_at - 1)) (counted after the profile) $not_utf8; give it in UTF-8"
 done
 
 if [ "$dry_run" -eq 1 ]; then
