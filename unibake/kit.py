@@ -505,8 +505,8 @@ def check_ledger(folder: Path) -> list[str]:
 
 
 def _ledger(folder: Path) -> tuple[list[str], dict[str, str]]:
-    """:func:`check_ledger`'s problems, and the sha256 the ledger lists for each file (each file's own, when
-    there are none)."""
+    """:func:`check_ledger`'s problems, and the sha256 the ledger lists for each file (with no problems, each the
+    sha256 of the file as it was just read)."""
     text = read_small_text(folder / LEDGER, VerificationError, limit=16 << 20, what="not a reconstruct kit folder",
                            follow=False)
     listed = {e.name: e.sha256 for e in parse_sums(text, str(folder / LEDGER), VerificationError)}
