@@ -359,7 +359,8 @@ for ev_name in GPUS PORT IMAGE MODEL_NAME MODEL_DRAFT MODEL_TARGET; do
   eval "[ -z \"\${$ev_name+x}\" ] || [ -n \"\$$ev_name\" ]" \
     || die "$ev_name is set but empty (an unset variable?): give it a value, or unset it for its default"
 done
-for ev_name in $(env | LC_ALL=C sed -n 's/^\(MODEL_[A-Za-z0-9_]*\)=.*/\1/p'); do
+# (`set`, the shell's own, lists them: a host's PATH may lack env)
+for ev_name in $(set | LC_ALL=C sed -n 's/^\(MODEL_[A-Za-z0-9_]*\)=.*/\1/p'); do
   case " MODEL_NAME MODEL_DRAFT MODEL_TARGET " in *" $ev_name "*) ;; *)
     echo "warning: $ev_name is set, but no mount of this release is called that (its mounts: MODEL_DRAFT MODEL_TARGET); it is not used" >&2 ;;
   esac
