@@ -339,7 +339,23 @@ class FrameWalker:
         """The stream read so far ends where a frame ends (or holds a frame of another format)."""
         return self.other or (self._kind == "magic" and not self._buf and not self._skip)
 
-
+    def walk_file(self, fd: int, at: int, end: int, stop=lambda walker: False) -> int:
+        """Feeds the headers among the bytes ``at``..``end`` of ``fd`` (``pread``), passing over what lies between
+        them unread; ends early when ``stop(self)`` holds or a read fails or comes up short. Returns where it
+        stopped."""
+        while at < end and not stop(self):
+            if self._skip:
+                at, self._skip = min(at + self._skip, end), max(0, self._skip - (end - at))
+                continue
+            try:
+                data = os.pread(fd, min(self._need - len(self._buf), end - at), at)
+            except OSError:
+                return at
+            if not data:
+                return at
+            self.feed(data)
+            at += len(data)
+        return at
 
 
 def one_frame(fd: int, offset: int, length: int) -> bool:
@@ -348,22 +364,9 @@ def one_frame(fd: int, offset: int, length: int) -> bool:
     holding one, and its bytes of anyone's choosing, for the frame alone). Only the headers are read (``pread``,
     a block's content passed over): the frame is copied without being read here. zstandard tells a frame's
     content size, not where its compressed bytes end, hence the walk by hand."""
-    walker, at, end = FrameWalker(), offset, offset + length
-    while at < end:
-        if walker._skip:  # (the walker's own bookkeeping, driven from here: its bytes are not read)
-            at, walker._skip = at + walker._skip, 0
-            continue
-        try:
-            data = os.pread(fd, min(walker._need - len(walker._buf), end - at), at)
-        except OSError:
-            return False
-        if not data:
-            return False
-        walker.feed(data)
-        at += len(data)
-        if walker.other or walker.skippable or walker.frames > 1:
-            return False
-    return at == end and walker.frames == 1 and walker.ended
+    walker, end = FrameWalker(), offset + length
+    at = walker.walk_file(fd, offset, end, stop=lambda w: w.other or w.skippable or w.frames > 1)
+    return at == end and not walker.other and not walker.skippable and walker.frames == 1 and walker.ended
 
 
 class _Lent:

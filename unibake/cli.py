@@ -843,8 +843,11 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         m = found.manifest
         if m is None:
             continue
-        if not all((found.folder / f.name).is_file() for f in m.archive.files):
+        odd = [f.name for f in m.archive.files if not (found.folder / f.name).is_file()]
+        if odd and not all(os.path.lexists(found.folder / name) for name in odd):
             states[found.folder] = "archive absent"
+        elif odd:  # a FIFO, a folder, a dangling link in its place: there, and not an archive (never opened)
+            states[found.folder] = f"FAILS: {odd[0]} is not a regular file"
         else:
             try:
                 report = verify_folder(found.folder) if args.deep else sums_report(found.folder, m)
@@ -913,7 +916,9 @@ def cmd_releases(args: argparse.Namespace, ctx: Context) -> Outcome:
         rows = [row[:1] + row[2:] for row in rows]
     if rows:
         ctx.reporter.table(f"releases in {where}", columns, rows)
-    failing = [r["release"] for r in document if r["state"] != "verifies"]
+    # (named as the table names them: two folders of one release are told apart)
+    failing = [r["release"] if r["folder"] == r["release"] else f"{r['release']} (in {r['folder']}/)"
+               for r in document if r["state"] != "verifies"]
     final = f"no releases under {where}" if not rows else \
         f"{counted(len(rows), 'release')} under {where}; {len(rows) - len(failing)} " \
         f"{'verifies' if len(rows) - len(failing) == 1 else 'verify'}"
@@ -971,7 +976,11 @@ def cmd_lock(args: argparse.Namespace, ctx: Context) -> Outcome:
             raise InputError(f"{display}: a symlink to {display_path(real, ctx.cwd)}, which is not a lock (it does "
                              "not read as one); nothing written: remove the link, then run build.py lock again")
         folder, name = real.parent, real.name
-    write_atomic(folder, name, render_lock(sorted(inputs.values(), key=lambda f: f.path)))
+    try:  # the lock's own mode kept (a read-only lock stays read-only); a new one is 0644
+        mode = os.stat(folder / name).st_mode & 0o777 if old is not None else 0o644
+    except OSError:
+        mode = 0o644
+    write_atomic(folder, name, render_lock(sorted(inputs.values(), key=lambda f: f.path)), mode=mode)
     for label in ("added", "changed", "removed"):
         for path in changed[label]:
             ctx.reporter.info(f"  {label}: {path}")

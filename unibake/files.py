@@ -61,15 +61,17 @@ def open_lock(path: Path, *, create: bool = True, write: bool = True):
 
 
 def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: str = "",
-                    follow: bool = True) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; ``error`` (naming ``path``) otherwise.
+                    follow: bool = True, shown: str | None = None) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``error`` (naming ``path``, or ``shown``) otherwise.
 
     ``follow=False`` refuses a symlink as the last component.
     """
     suffix = f"; {what}" if what else ""
+    path_ = path
+    path = shown or path_  # (the name the messages give)
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path_, flags)
     except FileNotFoundError:
         raise error(f"{path}: missing{suffix}") from None
     except OSError as exc:
@@ -107,15 +109,17 @@ def read_small_text(path: Path, error: type[UnibakeError], *, limit: int, what: 
     return decode_text(read_small_file(path, error, limit=limit, what=what, follow=follow), path, error)
 
 
-def decode_text(data: bytes, path: Path, error: type[UnibakeError]) -> str:
-    """``data`` (read from ``path``) as UTF-8 text; ``error`` naming the file and the byte otherwise."""
+def decode_text(data: bytes, path: Path, error: type[UnibakeError], shown: str | None = None) -> str:
+    """``data`` (read from ``path``) as UTF-8 text; ``error`` naming the file and the byte otherwise. ``shown``:
+    the file's name as the user gave it, and then the line is named too (as a YAML error names it)."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         # a Windows editor's "Unicode" is UTF-16, marked by its byte-order mark: said, not just "byte 0"
         utf16 = "; it is UTF-16 (its first bytes are a UTF-16 byte-order mark): save it as UTF-8" \
             if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}){utf16}") from None
+        where = f"{shown}:{data.count(10, 0, exc.start) + 1}" if shown else str(path)  # (10: a line feed)
+        raise error(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}){utf16}") from None
 
 
 def bounded_body(response, limit: int) -> tuple[bytes, bool]:

@@ -575,13 +575,10 @@ def _open_context(folder: Path) -> BinaryIO:
 
 
 def _check_context(folder: Path, context: BinaryIO, record: KitRecord) -> None:
-    """The open ``context.tar``: kit.json's (its sha256), and building the kit's Dockerfile alone."""
-    sha = hashlib.sha256()
-    for block in iter(lambda: context.read(1 << 20), b""):
-        sha.update(block)
-    if sha.hexdigest() != record.context_sha256:
-        raise VerificationError(f"{folder / CONTEXT}: its sha256 differs from kit.json's context_sha256")
-    context.seek(0)
+    """The open ``context.tar``: building the kit's Dockerfile alone. Its sha256 is not taken here: the ledger's
+    check took it by name, and the bytes sent are hashed as they go (:class:`_SentAsChecked`), so that a file put in
+    its place after the ledger's check is refused before the engine has all of it, at one read fewer of a context
+    that may be gigabytes."""
     _check_dockerfile(folder, context, record)
     context.seek(0)
 
@@ -609,8 +606,8 @@ class _SentAsChecked:
         self.sent += len(block)
         if (self.sent == self.size or not block) and not self.verified:
             if self.sent != self.size or self.sha.hexdigest() != self.expected:
-                raise VerificationError(f"{self.path}: changed while it was sent to the engine (its bytes are no "
-                                        "longer kit.json's context_sha256); nothing was built from it")
+                raise VerificationError(f"{self.path}: changed since its check (the bytes sent to the engine are "
+                                        "not kit.json's context_sha256); nothing was built from it")
             self.verified = True
         return block
 
@@ -735,7 +732,7 @@ def rebuild(folder: Path, engine: Engine, *, record: KitRecord | None = None,
     return the result for comparison; tags it ``unibake-kit/<product>:<release>``. ``progress`` (the
     reporter's) shows the normalise step, a save and a load of the whole image (minutes for an image
     of many gigabytes). ``record``: the kit's, from :func:`check_kit` (run here when not given); context.tar is
-    checked again where it is opened to be built, once."""
+    hashed again as it is sent to be built."""
     from .platforms import KNOWN
     from .provenance import TOOLCHAIN_ROLE
 

@@ -1392,9 +1392,9 @@ def _profile(root: Path, m: MergedProfile, builder: str | None, platform: Platfo
     if topology.nodes > 1:
         for key in d.get("env", {}):
             if key in TOPOLOGY_ENV:
-                raise InputError(f"{m.where(('env', key))}: env key '{key}' would never take effect: on "
-                                 f"{topology.nodes} nodes it is set from topology: (use {TOPOLOGY_ENV[key]}); "
-                                 "remove it")
+                raise InputError(f"{m.where(('env', key))}: env key '{key}' would never take effect: profile "
+                                 f"'{m.name}' runs on {topology.nodes} nodes, where it is set from topology: (use "
+                                 f"{TOPOLOGY_ENV[key]}); remove it")
     smoke = _smoke(d, m.where, m.chain)
     if topology.nodes > GATE_NODES and smoke.skip is None:
         # the gate starts every rank on one bridge network of the verify engine: its last rank failed there,

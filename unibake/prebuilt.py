@@ -73,9 +73,11 @@ def _clean(name: str, where: str) -> str:
     """A member name as a relative path inside the kernel's folder; refused when it would leave it."""
     path = name.removeprefix("./").rstrip("/")
     parts = path.split("/")
-    if (not path or name.startswith("/") or any(p in ("", ".", "..") for p in parts)
-            or any(ord(c) < 0x20 or c in "\\\x7f" for c in path)):
+    if not path or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise InputError(f"{where}: the archive member {name[:120]!r} would leave the kernel's folder")
+    if any(ord(c) < 0x20 or c in "\\\x7f" for c in path):  # (inside the folder, and no name to bake)
+        raise InputError(f"{where}: the archive member {name[:120]!r} holds a control character or a backslash, which "
+                         "no file name the image bakes may hold; rename it in the archive")
     return path
 
 

@@ -237,8 +237,8 @@ def read_document(file: Path, display: str) -> Document:
     """Parse one YAML file into a :class:`Document`; syntax errors name the file and line."""
     if not os.path.lexists(file):
         raise InputError(f"{display}: no such file")
-    raw = read_small_file(file, InputError, limit=MAX_YAML_BYTES)  # a FIFO or a device is refused unread
-    text = decode_text(raw, file, InputError)
+    raw = read_small_file(file, InputError, limit=MAX_YAML_BYTES, shown=display)  # a FIFO, a device: refused unread
+    text = decode_text(raw, file, InputError, shown=display)
     if "\x00" in text:
         raise InputError(f"{display}: contains a NUL character")
     # YAML 1.1 breaks lines at these too (PyYAML does), editors and diffs at "\n" alone: a key after one is read

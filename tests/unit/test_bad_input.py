@@ -136,6 +136,11 @@ def case_topology_env_on_several_nodes(p):  # run.sh passes -e MASTER_PORT from 
     edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring, MASTER_PORT: '1234'}\ntopology: {nodes: 2}")
 
 
+def case_topology_env_in_the_product(p):  # found by probing: the product's line was named, not the profile of 2 nodes
+    edit(p / "product.yaml", 'env: {SHARED_SETTING: "on"}', 'env: {SHARED_SETTING: "on", MASTER_ADDR: 10.0.0.1}')
+    edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring}\ntopology: {nodes: 2}")
+
+
 def case_topology_more_nodes_than_the_gate_can_start(p):  # its gate failed at the last rank, after the build
     edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring}\ntopology: {nodes: 1024, master_port: 29501}")
 
@@ -297,6 +302,10 @@ def case_overlay_under_an_engine_file(p):
 def case_lock_is_a_folder(p):
     (p / "inputs.lock").unlink()
     (p / "inputs.lock").mkdir()
+
+
+def case_profile_not_utf8(p):  # found by probing: named by its absolute path and a byte offset alone, no line
+    (p / "tp2.yaml").write_bytes((p / "tp2.yaml").read_bytes() + b"# caf\xe9\n")
 
 
 def case_string_lone_surrogate(p):  # "\ud800": valid YAML, not text; no UTF-8 carries it
@@ -727,8 +736,10 @@ SAYS = {
     "allow_that_could_backtrack_without_end": "sanitise.allow[0] '^hf_([a-zA-Z0-9]+)+!$' could backtrack without end",
     "env_file_form_feed": "images/tp1.env:1: the value of A contains a control character ('\\x0c')",
     "mounts_one_path": "both mount at /models/x",
-    "topology_env_on_several_nodes": "tp2.yaml:5: env key 'MASTER_PORT' would never take effect: on 2 nodes it is "
-                                     "set from topology: (use topology.master_port)",
+    "topology_env_on_several_nodes": "tp2.yaml:5: env key 'MASTER_PORT' would never take effect: profile 'tp2' runs "
+                                     "on 2 nodes, where it is set from topology: (use topology.master_port)",
+    "topology_env_in_the_product": "product.yaml:11: env key 'MASTER_ADDR' would never take effect: profile 'tp2' "
+                                   "runs on 2 nodes, where it is set from topology:",
     "topology_more_nodes_than_the_gate_can_start": "tp2.yaml:6: key 'topology.nodes' is 1024, more ranks than the "
                                                    "smoke gate can start",
     "topology_env_in_an_env_file": "images/tp2.env:2: env key 'NNODES' would never take effect",
@@ -736,6 +747,7 @@ SAYS = {
     "yaml_merge_key": "YAML merge keys ('<<') are not supported",
     "file_overlay_into_a_folder_name": "a file overlay's target is the file it becomes",
     "overlay_under_an_engine_file": "'serve.sh' is a file of the engine",
+    "profile_not_utf8": "tp2.yaml:7: not UTF-8 text (invalid continuation byte at byte ",
     "file_name_not_utf8": "'images/tune/tp1/cache-\\xff.json' is not UTF-8",
     "lock_is_a_folder": "inputs.lock: not a regular file",
     "smoke_expects_nothing": "the expected reply is empty",

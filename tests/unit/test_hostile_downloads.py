@@ -10,13 +10,12 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import threading
 import time
-
-import shutil
 
 import pytest
 import zstandard
@@ -458,6 +457,22 @@ def test_releases_check_is_exit_3_naming_the_releases_that_do_not_verify_after_t
     checked = cli("--json", "releases", "--check", "--out", str(good.parent))
     assert checked.code == 3 and json.loads(checked.out) == json.loads(plain.out)  # the list first, whole
     assert checked.error_lines == [f"error: 1 release under {good.parent} does not verify: 1.3.1"]
+
+
+def test_releases_check_names_a_copied_folder_as_the_table_does_and_an_archive_that_is_a_fifo_as_no_file(cli, tmp_path):
+    # found by probing: a copy of 1.3.1 in another folder that failed was named "1.3.1, 1.3.1" by the error line,
+    # where the table says which folder; an archive that was a FIFO (or a folder) was called "archive absent"
+    good = make_release(tmp_path / "release", "1.3.1")[0]
+    copy = good.parent / "1.3.1-copy"
+    shutil.copytree(good, copy)
+    name = json.loads((copy / "manifest.json").read_text())["archive"]["name"]
+    (copy / name).unlink()
+    os.mkfifo(copy / name)
+    checked = cli("--json", "releases", "--check", "--out", str(good.parent))
+    states = {r["folder"]: r["state"] for r in json.loads(checked.out)["releases"]}
+    assert states == {"1.3.1": "verifies", "1.3.1-copy": f"FAILS: {name} is not a regular file"}, states
+    assert checked.code == 3 and checked.error_lines == [
+        f"error: 1 release under {good.parent} does not verify: 1.3.1 (in 1.3.1-copy/)"]
 
 
 def test_a_provenance_of_many_subjects_is_checked_in_linear_time():

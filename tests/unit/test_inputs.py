@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 
 import pytest
 
@@ -215,6 +216,19 @@ def test_lock_writes_nothing_through_a_link_to_a_file_that_is_not_a_lock(busybox
         f"error: {lock_file}: a symlink to {busybox_product / target}, which is not a lock (it does not read as one); "
         "nothing written: remove the link, then run build.py lock again"], refused.err
     assert (busybox_product / target).read_bytes() == before and lock_file.is_symlink()
+
+
+def test_lock_keeps_the_lock_file_s_own_mode(busybox_product, cli):
+    # found by probing: a lock a team keeps read-only (0444) was made 0644 again by every `lock` run, without a word
+    lock_file = busybox_product / "inputs.lock"
+    lock_file.chmod(0o444)
+    (busybox_product.parent / "images/engine/new.txt").write_text("one more input\n")
+    locked = cli("lock", "--config", str(busybox_product))
+    assert locked.code == 0 and "new.txt" in lock_file.read_text(), locked.err
+    assert stat.S_IMODE(lock_file.stat().st_mode) == 0o444
+    lock_file.unlink()  # and a new one is 0644
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    assert stat.S_IMODE(lock_file.stat().st_mode) == 0o644
 
 
 def test_pycache_is_never_baked(busybox_product):

@@ -356,6 +356,7 @@ def test_run_sh_takes_the_profile_from_profile_as_the_image_does(tmp_path):
 @pytest.mark.parametrize("args,env,message", [
     (["tp8"], {}, "error: unknown profile 'tp8'; known: tp1, tp2, tp4"),
     (["tp2"], {"GPUS": "0"}, "error: profile tp2 needs 2 GPUs; GPUS=0 names 1"),
+    (["tp1"], {"GPUS": "0,1"}, "error: profile tp1 needs 1 GPU; GPUS=0,1 names 2"),  # (was "1 GPUs")
     (["tp1"], {"GPUS": "a"}, "error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got 'a'"),
     # a space, a newline or a glob would be split or expanded into GPUs the count never saw
     (["tp1"], {"MODEL_TARGET": '/w/a"b'},

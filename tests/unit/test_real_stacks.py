@@ -237,6 +237,8 @@ def test_two_kernels_giving_one_library_name_are_warned_once_naming_both(busybox
 @pytest.mark.parametrize("member,message", [
     ("../evil.so", "would leave the kernel's folder"),
     ("/abs.so", "would leave the kernel's folder"),
+    # found by probing: called "would leave the kernel's folder", which it would not
+    ("lib/a\nb.so", r"'lib/a\\nb.so' holds a control character or a backslash, which no file name the image bakes"),
 ])
 def test_a_prebuilt_archive_cannot_write_outside_its_folder(busybox_product, member, message):
     root = busybox_product.parent
@@ -1022,8 +1024,8 @@ def test_run_sh_passes_other_variables_and_env_files_to_the_container_each_one_w
                           (["-e", "1A=1"], "got '1A'"), (["-e", "=1"], "got ''"),
                           (["-e", "A=1", "-e", "A=2"], "-e gives A twice"),
                           (["-e", "MISSING"], "-e MISSING: MISSING is not set in this environment"),
-                          (["--env-file", str(tmp_path / "none")], "no such readable file"),
-                          (["--env-file", str(tmp_path)], "no such readable file"),
+                          (["--env-file", str(tmp_path / "none")], "none: no such file"),
+                          (["--env-file", str(tmp_path)], "a folder, not a file of NAME=VALUE lines"),
                           (["--env-file", str(tmp_path / "own.env")], "own.env sets PORT, which run.sh")):
         bad = run("--dry-run", *args, "tp1")
         assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr, (args, bad.stderr)
@@ -1192,6 +1194,11 @@ def test_run_sh_says_an_env_file_that_is_a_pipe_is_one_not_that_it_does_not_exis
                 "(like <(...)) would reach docker empty; save it as a file\n"), run.stderr
     finally:
         os.close(read)
+    # found by probing: /dev/null was called a pipe
+    run = subprocess.run(["sh", str(folder / "run.sh"), "--dry-run", "--env-file", "/dev/null", "tp1"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert run.returncode == 2 and run.stderr == (
+        "error: --env-file /dev/null: not a regular file (a device or a socket): save the variables as a file\n"), run
 
 
 def test_run_sh_passes_a_variable_by_name_on_a_host_without_printenv(tmp_path):
@@ -1686,7 +1693,7 @@ def test_an_env_file_or_profile_saved_as_utf16_says_so(busybox_product, cli, bom
     (busybox_product / "tp3.yaml").write_bytes(bom + "profile: tp3\ngpus: 1\n".encode(codec))
     (root / "images/win.env").write_text("NCCL_DEBUG=INFO\r\n")
     result = cli("lock", "--config", str(busybox_product))
-    assert result.code == 2 and len(result.error_lines) == 1 and "tp3.yaml: not UTF-8 text" in result.err
+    assert result.code == 2 and len(result.error_lines) == 1 and "tp3.yaml:1: not UTF-8 text" in result.err
     assert result.error_lines[0].endswith("; it is UTF-16 (its first bytes are a UTF-16 byte-order mark): save it as "
                                           "UTF-8"), result.err
 

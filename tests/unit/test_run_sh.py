@@ -50,7 +50,7 @@ def test_an_error_line_shows_control_characters_of_what_it_quotes_as_escapes_one
     # sequence, and a newline made a second line that could pass for another message
     cases = [
         ((["--env-file", "e\x1b[2J\x9b\n\terror: forged"], {}),
-         b"error: --env-file e\\x1b[2J\\x9b\\n\\terror: forged: no such readable file\n"),
+         b"error: --env-file e\\x1b[2J\\x9b\\n\\terror: forged: no such file\n"),
         ((["-e", "A\x07\r=1"], {}), b"error: -e needs NAME=VALUE with NAME like HF_HOME; got 'A\\x07\\r'\n"),
         ((["tp2"], {"GPUS": "0\n1"}), b"error: GPUS must be GPU numbers like 0,1, UUIDs, or all; got '0\\n1'\n"),
         ((["tp1"], {"IMAGE": "demo\x1b]0;x\x07:1"}),
@@ -991,6 +991,11 @@ def test_run_sh_refuses_a_variable_set_empty_a_one_letter_name_and_shows_no_secr
     assert run.returncode == 0 and run.stderr.decode() == (
         "warning: MODEL_DRAF is set, but no mount of this release is called that (its mounts: MODEL_DRAFT); it is "
         "not used\n"), run.stderr
+    metadata["launch"]["mounts"] = {}
+    bare, _ = make_release(tmp_path / "bare", metadata=metadata)
+    run = run_sh(shell, bare, "--dry-run", "tp1", env={"MODEL_X": "/w/x", "MODEL_NAME": "m"})
+    assert run.returncode == 0 and run.stderr.decode() == (
+        "warning: MODEL_X is set, but no mount of this release is called that (it has none); it is not used\n"), run
     run = run_sh(shell, folder, "--dry-run", "--name", "a", "tp1")
     assert (run.returncode, run.stderr.decode()) == (
         2, "error: the container name must be at least 2 characters (docker refuses one of 1); got 'a'\n")
