@@ -225,10 +225,15 @@ env_arg() {  # $1: NAME=VALUE or NAME, from -e
 }
 env_file() {  # $1: FILE, from --env-file
   [ -n "$1" ] || die "--env-file needs a file"
-  if [ -e "$1" ] && [ ! -f "$1" ] && [ ! -d "$1" ]; then
+  [ ! -d "$1" ] || die "--env-file $1: a folder, not a file of NAME=VALUE lines"
+  if [ -p "$1" ]; then
     die "--env-file $1: not a regular file: run.sh reads it to check its names, so a pipe (like <(...)) would reach docker empty; save it as a file"
   fi
-  [ -f "$1" ] && [ -r "$1" ] || die "--env-file $1: no such readable file"
+  if [ -e "$1" ] && [ ! -f "$1" ]; then
+    die "--env-file $1: not a regular file (a device or a socket): save the variables as a file"
+  fi
+  [ -f "$1" ] || die "--env-file $1: no such file"
+  [ -r "$1" ] || die "--env-file $1: not readable by this user"
   # docker refuses a file with a line longer than 65535 bytes or not UTF-8 (exit 125, after run.sh said yes)
   # (a NUL byte read as any other, here: docker takes it in a '#' line)
   # (by cut, not awk, which a host may lack: a line's bytes past the 65535th)
@@ -355,14 +360,15 @@ if [ -n "${PROFILE:-}" ] && [ -n "$profile" ] && [ "$PROFILE" != "$profile" ]; t
 fi
 # a variable set but empty (an unset one expanded, a fix half made) is refused, not taken as unset: MODEL_X= would
 # start the engine without its weights, GPUS= on the first GPUs; a MODEL_ variable no mount is called is said
-for ev_name in GPUS PORT IMAGE MODEL_NAME MODEL_DRAFT MODEL_TARGET; do
+mount_vars=" MODEL_DRAFT MODEL_TARGET"  # (each a plain name)
+for ev_name in GPUS PORT IMAGE MODEL_NAME $mount_vars; do
   eval "[ -z \"\${$ev_name+x}\" ] || [ -n \"\$$ev_name\" ]" \
     || die "$ev_name is set but empty (an unset variable?): give it a value, or unset it for its default"
 done
 # (`set`, the shell's own, lists them: a host's PATH may lack env)
 for ev_name in $(set | LC_ALL=C sed -n 's/^\(MODEL_[A-Za-z0-9_]*\)=.*/\1/p'); do
-  case " MODEL_NAME MODEL_DRAFT MODEL_TARGET " in *" $ev_name "*) ;; *)
-    echo "warning: $ev_name is set, but no mount of this release is called that (its mounts: MODEL_DRAFT MODEL_TARGET); it is not used" >&2 ;;
+  case " MODEL_NAME$mount_vars " in *" $ev_name "*) ;; *)
+    echo "warning: $ev_name is set, but no mount of this release is called that (${mount_vars:+its mounts:}${mount_vars:-it has none}); it is not used" >&2 ;;
   esac
 done
 profile="${profile:-${PROFILE-tp4}}"  # (PROFILE set but empty: refused below, not the default)
@@ -455,7 +461,7 @@ if [ "$gpus" != all ]; then
   twice=$(printf '%s\n' "$gpus" | tr ',' '\n' | sort | uniq -d | head -n 1)
   [ -z "$twice" ] || die "GPUS names GPU '$twice' twice; each GPU once"
   count=$(printf '%s\n' "$gpus" | tr ',' '\n' | grep -c .)
-  [ "$count" -eq "$need" ] || die "profile $profile needs $need GPUs; GPUS=$gpus names $count"
+  [ "$count" -eq "$need" ] || die "profile $profile needs $need GPU$( [ "$need" -eq 1 ] || echo s); GPUS=$gpus names $count"
   if [ "$vis_max" -gt "$need" ]; then
     die "$vis_what, but the container of profile $profile sees only the GPUs of GPUS ($need), numbered from 0 to $((need - 1)): remove it, or number them from 0"
   fi
