@@ -1285,9 +1285,15 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     _temp_dir_outside(temp_dir, args.temp_dir, [folder])
     settings = _registry_settings(args, ctx, ref.host)
+
+    def engine_first() -> None:  # an engine that is not there is said before minutes of compression, not after
+        nonlocal engine
+        engine = engine or DockerEngine(args.engine, ctx.env)
+
     with ctx.reporter.stage("check", f"{ref.pinned} against release {m.release}"):
         with RegistryClient(ref, on_retry=ctx.reporter.warn, **settings) as client:
-            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress)
+            info = check_remote(ref, m, client, folder=folder, temp_dir=temp_dir, progress=ctx.reporter.progress,
+                                before_recompress=engine_first)
     engine = engine or DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
             ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:

@@ -1661,13 +1661,14 @@ def find_release_by_index(out: Path, ref: Reference, engine: Callable[[], tuple[
 
 def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClient, *, folder: Path | None = None,
                  temp_dir: Path | None = None,
-                 progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None
-                 ) -> ManifestInfo:
+                 progress: Callable[[str, int | None], AbstractContextManager[Callable[[int], None]]] | None = None,
+                 before_recompress: Callable[[], None] | None = None) -> ManifestInfo:
     """The registry's manifest for ``ref``'s digest: its bytes match the digest, it names the
     release's image ID, and its layers are the release's (exit 3 otherwise), before any engine pulls
     anything. The layers are the release's when the digest is one the release recorded at its push
     (that manifest was made here from the archive); any other digest is compared with what a push of
-    ``folder``'s archive gives, and without ``folder`` it is refused."""
+    ``folder``'s archive gives, and without ``folder`` it is refused. ``before_recompress``: called before that
+    compression (minutes for a big archive), to find first what would make it wasted (an engine that is not there)."""
     body = client.manifest(ref.digest)
     info = manifest_config_digest(body, ref.pinned)
     if info.config_digest != manifest.image_id:
@@ -1683,6 +1684,8 @@ def check_remote(ref: Reference, manifest: ReleaseManifest, client: RegistryClie
                              f"lists {', '.join(r.digest for r in manifest.registry) or 'none'}); pull a digest it "
                              "records, or push the release to record this one")
     # (a push of the folder's archive made again: every layer compressed, shown through ``progress``)
+    if before_recompress is not None:
+        before_recompress()
     expected = {c: pushed_manifest_digest(folder, manifest, c, temp_dir, progress) for c in sorted(info.compressions)}
     if ref.digest not in expected.values():
         raise DigestMismatch(f"{ref.pinned} names release {manifest.release}'s image ID but layers that are not its "

@@ -1626,6 +1626,42 @@ def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull
     assert archive.code == 2 and archive.error_lines[-1] == "error: --temp-dir goes with --from registry"
 
 
+def test_a_pull_of_a_push_the_release_does_not_record_asks_the_engine_before_it_compresses(cli, tmp_path,
+                                                                                             monkeypatch):
+    # found by probing: the whole archive was compressed again (minutes for a big one) before the engine the pull
+    # is for was asked, which may not be there
+    import http.server
+
+    from unibake import registry as module
+
+    compressed = []
+    original = module.pushed_manifest_digest
+    monkeypatch.setattr(module, "pushed_manifest_digest", lambda *a, **kw: compressed.append(1) or original(*a, **kw))
+
+    folder, _ = make_release(tmp_path / "release")
+    registry = RecordingClient()
+    push_release(folder, load_manifest(folder), parse_reference("r.example/a", what="--to", digest=False), registry,
+                 temp_dir=tmp_path)
+    body = registry.manifests["1.3.1"]  # a genuine push, which the release does not record
+
+    class Serving(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", OCI_MANIFEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    (tmp_path / "spool").mkdir()
+    (tmp_path / "tls").mkdir()
+    with tls_server(tmp_path / "tls", Serving) as port:
+        ref = f"127.0.0.1:{port}/team/a@sha256:{hashlib.sha256(body).hexdigest()}"
+        with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
+            cli("--engine", "tcp://127.0.0.1:1", "pull", ref, "--release", str(folder), "--ca-file",
+                str(tmp_path / "tls/cert.pem"), "--temp-dir", str(tmp_path / "spool"))
+    assert compressed == [] and os.listdir(tmp_path / "spool") == []  # the engine asked first: nothing compressed
+
+
 def test_an_attempt_s_watch_expiring_as_the_attempt_ends_never_shuts_a_connection_after_it(monkeypatch):
     """An attempt that ends as its time runs out: its watch had found it overdue and was about to shut
     its connections when the attempt ended and gave them back to the pool; it shut them after, under
