@@ -174,7 +174,7 @@ if [ -n "$key" ]; then
       gpg_checked provenance.intoto.json "$work/provenance.signed" "$work/provenance.asc"
     fi
   elif head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n "2{s/$(printf '\r')*\$//;p;}" "$work/key" \
-      | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64 (only carriage
+      | grep -qx 'RW[QRST][A-Za-z0-9+/]\{53\}'; then  # a comment, then an Ed25519 key: 42 bytes in base64, from "Ed" (only carriage
     # returns trimmed from its end, as minisign reads it), as build.py verify reads it
     # each file minisign checks is a copy under the release's own name, checked there: minisign's own
     # messages ("Signature key id in SHA256SUMS.minisig is ...") name the release's files, not the copies
@@ -202,7 +202,7 @@ if [ -n "$key" ]; then
     fi
   else  # a file that is no public key is bad usage, not a bad signature of the release
     if head -n 1 "$work/key" | grep -q "^untrusted comment:" && sed -n '2{s/^[[:space:]]*//;s/[[:space:]]*$//;p;}' "$work/key" \
-        | grep -qx 'RW[A-Za-z0-9+/]\{54\}'; then
+        | grep -qx 'RW[QRST][A-Za-z0-9+/]\{53\}'; then
       printf '%s\n' "error: --key $key: its key line (line 2) has blanks around it, which minisign does not take: remove them" >&2
       exit 2
     fi

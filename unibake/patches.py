@@ -64,6 +64,9 @@ def _strip(path: str, n: int, where: str) -> str:
     out = "/".join(parts[n:])
     # a file's path: one ending in '/' (a folder's) passed here and failed the build, the engine unable to put it
     # in the context ("filename may not have trailing slash"), naming no patch
+    if out.endswith("\r") and FILE_PATH_RE.fullmatch(out[:-1]):  # (its lines end in \r\n: a Windows editor's)
+        raise InputError(f"{where}: the patched path {out!r} ends in a carriage return: the patch's lines end in "
+                         "\\r\\n (a Windows editor's); save it with \\n line ends")
     if not FILE_PATH_RE.fullmatch(out):
         raise InputError(f"{where}: the patched path {out!r} is not the relative path of a file inside the engine "
                          "folder")

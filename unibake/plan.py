@@ -583,6 +583,11 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if not engine_data["command"][0].strip():  # the container failed to start, found only at the smoke gate
         raise InputError(f"{where(('engine', 'command', 0))}: engine.command[0] is {engine_data['command'][0]!r}: "
                          "the first word is the program to run; name it")
+    if engine_data["command"][0].startswith("-"):  # the entrypoint's `exec` takes it as its own option
+        raise InputError(f"{where(('engine', 'command', 0))}: engine.command[0] is {engine_data['command'][0]!r}: the "
+                         "first word is the program to run, and the entrypoint's exec would read this one as an "
+                         "option of its own (bash and busybox refuse it, or run something else); name the program, "
+                         "like /bin/sh or ./serve.sh")
     engine = EngineSpec(name=engine_data["name"], version=engine_data["version"],
                         source=read_source(root, engine_data["source"], where(("engine", "source")),
                                            want="dir", limit=context_limit),
@@ -837,13 +842,24 @@ def _described(c: Component) -> str:
 
 def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[str, ...],
                  identity: tuple[str, ...]) -> None:
-    """Env, labels, args, checks and run-time names are baked into the image: a secret there is
-    refused now, naming the YAML key, before anything is rendered or built."""
+    """Env, labels, args, checks, the engine's command, the smoke gate's prompts and replies, build commands and
+    run-time names are baked into the image: a secret there is refused now, naming the YAML key, before anything is
+    rendered or built."""
     values = [(f"{where(('env', k))}: env.{k}", k, v) for k, v in data.get("env", {}).items()]
     values += [(f"{where(('labels', k))}: labels.{k}", "", v) for k, v in data.get("labels", {}).items()]
     values += [(f"{where(('checks', i, 'run'))}: checks[{i}].run", "", c.get("run", ""))
                for i, c in enumerate(data.get("checks", []))]
     values += [(f"{where(('launch', 'model_name'))}: launch.model_name", "", data.get("launch", {}).get("model_name", ""))]
+    # (found by probing: these were caught only in the rendered files, named as Dockerfile:38 or entrypoint.sh:20)
+    values += [(f"{where(('engine', 'command', i))}: engine.command[{i}]", "", w)
+               for i, w in enumerate(data.get("engine", {}).get("command", []))]
+    values += [(f"{where(('launch', 'mounts', k))}: launch.mounts.{k}", "", v)
+               for k, v in data.get("launch", {}).get("mounts", {}).items()]
+    for at, smoke in [(where, data.get("smoke", {}))] + [(m.where, m.data.get("smoke", {})) for m in chosen]:
+        values += [(f"{at(('smoke', k))}: smoke.{k}", "", smoke.get(k, "")) for k in ("prompt", "expect_reply")]
+        for j, p in enumerate(smoke.get("prompts", [])):
+            values += [(f"{at(('smoke', 'prompts', j, k))}: smoke.prompts[{j}].{k}", "", p.get(k, ""))
+                       for k in ("prompt", "expect")]
     for m in chosen:
         values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
         values += [(f"{m.where(('args', i))}: args[{i}]", "", a) for i, a in enumerate(m.data.get("args", []))]
@@ -856,6 +872,9 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
         files = [((key, i, "prebuilt"), f"{key}[{i}].prebuilt", k.get("prebuilt"))]
         files += [((key, i, "platforms", p), f"{key}[{i}].platforms.{p}", f) for p, f in k.get("platforms", {}).items()]
         values += [(f"{at(path)}: {name}", "", f) for path, name, f in files if f]
+        run = k.get("build", {}).get("run")
+        if run:
+            values.append((f"{at((key, i, 'build', 'run'))}: {key}[{i}].build.run", "", run))
     enforce(scan_values((v for v in values if isinstance(v[2], str)), identity), allow, "the profiles")
 
 
@@ -991,8 +1010,14 @@ def _overlay(root: Path, data: dict, where, engine_files: frozenset[str], limit:
 # in a working container holds PWD)
 SHELL_ENV = frozenset({"IFS", "PPID", "PWD", "OPTIND"})
 # Set, changed or dropped by some shells as /bin/sh (bash drops PS1, PS2, OLDPWD and _, sets LINENO and PS4;
-# busybox counts SHLVL up): an env file written by `env` holds SHLVL and _
-SOME_SHELLS_ENV = frozenset({"PS1", "PS2", "PS4", "LINENO", "SHLVL", "_", "OLDPWD"})
+# busybox counts SHLVL up): an env file written by `env` holds SHLVL and _. Bash as /bin/sh (the sh of RHEL, UBI,
+# Fedora and Amazon Linux bases) also sets or drops its own variables, whatever the environment held (measured:
+# `env -i NAME=x sh -c 'exec env'` with sh a link to bash 5.2). (POSIXLY_CORRECT is left: bash sets it to "y",
+# and what reads it looks only at whether it is set.)
+BASH_ENV_OWN = ("SHELLOPTS", "BASHOPTS", "RANDOM", "SRANDOM", "OPTERR", "BASHPID", "BASH_VERSION", "BASH_ARGV0",
+                "HISTCMD", "EPOCHSECONDS", "EPOCHREALTIME", "BASH_COMMAND", "BASH_SUBSHELL", "BASH", "BASH_VERSINFO",
+                "COMP_WORDBREAKS")
+SOME_SHELLS_ENV = frozenset({"PS1", "PS2", "PS4", "LINENO", "SHLVL", "_", "OLDPWD", *BASH_ENV_OWN})
 
 
 def _run_sh_refuses(name: str, vendor: str) -> str:

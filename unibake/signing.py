@@ -299,12 +299,9 @@ SECRET_ARMOUR_RE = re.compile(r"^-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)
 def read_public_key(path: Path) -> PublicKey:
     """An armoured OpenPGP public key or a minisign public key; anything else is bad input."""
     data = read_small_file(path, InputError, limit=KEY_LIMIT, what="give the publisher's public key (--key)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:  # gpg --export without --armor, a .gpg keyring: said so, not "not UTF-8"
-        raise InputError(f"--key {path}: not text, so neither an armoured OpenPGP public key nor a minisign "
-                         "public key (a binary OpenPGP key, as gpg --export writes it without --armor: import it "
-                         "and give gpg --armor --export KEYID)") from None
+    # only ASCII is read of it (the armour lines, minisign's key line): a comment in Latin-1 (an armour's
+    # "Comment:", minisign's first line) is gpg's and minisign's to take, and they take it
+    text = data.decode("utf-8", "replace")
     if "-----BEGIN PGP PUBLIC KEY BLOCK-----" in text:
         if SECRET_ARMOUR_RE.search(text):  # (gpg --dearmor takes a secret block as a key too)
             raise InputError(f"--key {path}: holds a secret key besides the public one; give the public key alone")
@@ -323,6 +320,10 @@ def read_public_key(path: Path) -> PublicKey:
     # mentions secret keys was said to be one)
     if SECRET_ARMOUR_RE.search(text) or lines[0].startswith("untrusted comment:") and "secret key" in lines[0]:
         raise InputError(f"--key {path}: this is a secret key; give the public one")
+    if data[:1] and data[0] & 0x80:  # an OpenPGP packet's first byte: gpg --export without --armor, a .gpg keyring
+        raise InputError(f"--key {path}: not text, so neither an armoured OpenPGP public key nor a minisign "
+                         "public key (a binary OpenPGP key, as gpg --export writes it without --armor: import it "
+                         "and give gpg --armor --export KEYID)")
     raise InputError(f"--key {path}: neither an armoured OpenPGP public key (gpg --armor --export) nor a "
                      "minisign public key")
 
@@ -386,7 +387,10 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
     bytes, which the check hands back (``data``) so that what is verified is what is then read."""
     signature = folder / (name + key.suffix)
     target = signature.name
-    if signature.is_symlink() or not signature.is_file():
+    if os.path.lexists(signature) and (signature.is_symlink() or not signature.is_file()):
+        # (as verify-release.sh says it: there, and no signature to read; a FIFO is never opened)
+        return SignatureCheck(target=target, passed=False, detail="not a regular file (a link?): not a signature")
+    if not os.path.lexists(signature):
         other = name + (MINISIG if key.kind == "openpgp" else ASC)
         if os.path.lexists(folder / other):  # signed, with the other kind of key: said so, not "not signed"
             kind = "minisign" if key.kind == "openpgp" else "OpenPGP"

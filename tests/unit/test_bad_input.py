@@ -141,6 +141,10 @@ def case_topology_env_in_the_product(p):  # found by probing: the product's line
     edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring}\ntopology: {nodes: 2}")
 
 
+def case_engine_command_an_option(p):  # found by probing: `exec -x /bin/sh`: bash and busybox refuse it at start
+    edit(p / "product.yaml", "command: [/bin/sh,", "command: [-x, /bin/sh,")
+
+
 def case_topology_more_nodes_than_the_gate_can_start(p):  # its gate failed at the last rank, after the build
     edit(p / "tp2.yaml", "env: {NCCL_ALGO: Ring}", "env: {NCCL_ALGO: Ring}\ntopology: {nodes: 1024, master_port: 29501}")
 
@@ -672,6 +676,13 @@ def case_patch_makes_a_folder_path(p):  # found by probing: passed the plan, the
     (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
 
 
+def case_patch_with_crlf_line_ends(p):  # found by probing: "'serve.sh\r' is not the relative path of a file"
+    (p.parent / "images/x.patch").write_bytes(b"--- a/handle.sh\r\n+++ b/handle.sh\r\n@@ -1 +1 @@\r\n-#!/bin/sh\r\n"
+                                              b"+#!/bin/sh -e\r\n")
+    lock_also(p, "images/x.patch")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
+
+
 def case_fragment_that_is_a_symlink_to_a_profile(p):  # found by probing: tp1 became tp2, fragment rules skipped
     (p / "shared").mkdir()
     os.symlink("../tp2.yaml", p / "shared/x.yaml")
@@ -738,6 +749,8 @@ SAYS = {
     "mounts_one_path": "both mount at /models/x",
     "topology_env_on_several_nodes": "tp2.yaml:5: env key 'MASTER_PORT' would never take effect: profile 'tp2' runs "
                                      "on 2 nodes, where it is set from topology: (use topology.master_port)",
+    "engine_command_an_option": "product.yaml:10: engine.command[0] is '-x': the first word is the program to run, "
+                                "and the entrypoint's exec would read this one as an option of its own",
     "topology_env_in_the_product": "product.yaml:11: env key 'MASTER_ADDR' would never take effect: profile 'tp2' "
                                    "runs on 2 nodes, where it is set from topology:",
     "topology_more_nodes_than_the_gate_can_start": "tp2.yaml:6: key 'topology.nodes' is 1024, more ranks than the "
@@ -852,6 +865,8 @@ SAYS = {
                                 "not JSON",
     "tune_cache_with_a_number_too_large": "images/tune/tp1/cache-2.json: tune cache of profile 'tp1' holds 1e999999, a "
                                           "number too large for a double",
+    "patch_with_crlf_line_ends": "the patched path 'handle.sh\\r' ends in a carriage return: the patch's lines end "
+                                 "in \\r\\n (a Windows editor's); save it with \\n line ends",
     "patch_makes_a_folder_path": "images/x.patch: the patched path 'newdir/' is not the relative path of a file",
     "fragment_that_is_a_symlink_to_a_profile": "profiles/shared/x.yaml is a symlink; extends names files and folders "
                                                "themselves",

@@ -786,7 +786,8 @@ def test_the_last_name_of_sums_without_a_final_newline_is_checked_as_every_other
 
 
 @pytest.mark.parametrize("name", ["SHA256SUMS", "SHA256SUMS.minisig"])
-def test_sums_or_a_signature_that_is_a_link_is_named_as_a_link_not_as_missing(folder, tmp_path, minisign_key, name):
+def test_sums_or_a_signature_that_is_a_link_is_named_as_a_link_not_as_missing(folder, tmp_path, minisign_key, name,
+                                                                             cli):
     # (before: "SHA256SUMS is missing", "SHA256SUMS is not signed (no SHA256SUMS.minisig)" of a file the user sees there)
     secret, public = minisign_key
     made = subprocess.run(["minisign", "-S", "-s", str(secret), "-m", str(folder / "SHA256SUMS")], capture_output=True,
@@ -799,6 +800,10 @@ def test_sums_or_a_signature_that_is_a_link_is_named_as_a_link_not_as_missing(fo
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 3 and errors == [f"error: {folder}/{name}: not a regular file (a link?): not a "
                                                  + ("release's SHA256SUMS" if name == "SHA256SUMS" else "signature")]
+    if name != "SHA256SUMS":  # found by probing: build.py verify called it "SHA256SUMS is not signed"
+        checked = cli("verify", str(folder), "--key", str(public))
+        assert checked.code == 3 and "not a regular file (a link?): not a signature" in checked.out + checked.err
+        assert "is not signed" not in checked.out + checked.err, checked.out + checked.err
 
 
 def test_a_relative_tmpdir_is_read_where_the_verifier_was_started_not_in_the_release_folder(folder, tmp_path):

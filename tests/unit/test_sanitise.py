@@ -119,6 +119,39 @@ def test_a_secret_in_a_yaml_env_value_is_caught_at_plan_time_naming_the_key(cli,
     assert not (busybox_product.parent / "dockerfiles").exists()  # before anything was rendered
 
 
+@pytest.mark.parametrize("where, said", [
+    ("engine.command", "product.yaml:10: engine.command[2]"),
+    ("launch.mounts", "product.yaml:12: launch.mounts.target"),
+    ("smoke.prompt", "tp1.yaml:5: smoke.prompt"),
+    ("smoke.prompts", "tp1.yaml:5: smoke.prompts[0].prompt"),
+    ("build.run", "product.yaml:16: kernels[0].build.run"),
+])
+def test_a_secret_in_the_command_the_mounts_or_a_smoke_prompt_is_named_by_its_yaml_key(cli, busybox_product, where,
+                                                                                      said):
+    # found by probing: caught only in the rendered files, named "Dockerfile:38" or "ctx/meta/entrypoint.sh:20",
+    # files the user never wrote and that are not on disk after the failed render
+    token = "hf_aB3dEaB3dEaB3dEaB3dEaB3dEaB3dEaB3dE"
+    product, tp1 = busybox_product / "product.yaml", busybox_product / "tp1.yaml"
+    if where == "engine.command":
+        product.write_text(product.read_text().replace("/opt/unibake/engine/serve.sh]",
+                                                       f'/opt/unibake/engine/serve.sh, "{token}"]'))
+    elif where == "launch.mounts":
+        product.write_text(product.read_text().replace("target: /models/target", f"target: /models/{token}"))
+    elif where == "smoke.prompt":
+        tp1.write_text(tp1.read_text().replace("smoke: {", f'smoke: {{prompt: "use {token}", '))
+    elif where == "build.run":
+        product.write_text(product.read_text() + "builder: {image: 'localhost/unibake-demo-builder:bookworm'}\n"
+                           "kernels:\n  - {name: quant, version: '1', source: images/engine,\n"
+                           f"     build: {{run: 'HF_HUB_TOKEN={token} cc -shared -o $OUT/libquant.so x.c'}}}}\n")
+    else:
+        tp1.write_text(tp1.read_text().replace("smoke: {expect_reply: UNIFIED_TP1_OK,",
+                                               f'smoke: {{prompts: [{{prompt: "use {token}", expect: UNIFIED_TP1_OK}}],'))
+    result = cli("--config", str(busybox_product))
+    assert result.code == 3 and len(result.error_lines) == 1, result.err
+    assert f"{busybox_product}/{said}: Hugging Face token" in result.error_lines[0], result.error_lines[0]
+    assert not (busybox_product.parent / "dockerfiles").exists()  # before anything was rendered
+
+
 def test_a_deliberate_value_allowlisted_in_product_yaml_passes(cli, busybox_product):
     product = busybox_product / "product.yaml"
     product.write_text(product.read_text().replace(

@@ -404,7 +404,8 @@ def test_a_key_of_the_other_kind_than_the_release_s_signature_is_said_so_not_uns
 
 
 @pytest.mark.parametrize("case", ["minisign secret key", "damaged minisign key", "openpgp secret key",
-                                  "a text about secret keys", "openpgp public and secret keys", "a folder"])
+                                  "a text about secret keys", "openpgp public and secret keys", "a folder",
+                                  "minisign key of another algorithm"])
 def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_bad_signature(
         engines, tmp_path, minisign_key, cli, case):  # noqa: F811
     secret, public = minisign_key
@@ -426,6 +427,10 @@ def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_b
     elif case == "a text about secret keys":  # (before: said to be a secret key, by these words in it)
         key.write_text("# Signing\n\nKeep the secret key offline; a PRIVATE KEY never leaves the host.\n")
         says = "neither an armoured OpenPGP public key"
+    elif case == "minisign key of another algorithm":  # found by probing: the shell blamed the release, exit 3
+        comment, line = public.read_text().splitlines()[:2]
+        key.write_text(f"{comment}\nRWA{line[3:]}\n")  # 42 bytes in base64, not beginning "Ed"
+        says = "neither an armoured OpenPGP public key"
     else:  # its key line cut short
         comment, line = public.read_text().splitlines()[:2]
         key.write_text(f"{comment}\n{line[:-4]}\n")
@@ -436,6 +441,25 @@ def test_a_key_file_that_is_no_public_key_is_bad_usage_in_both_verifiers_not_a_b
     script = shell(folder, "--key", str(key))
     assert script.returncode == 2 and says in script.stderr and "not a good signature" not in script.stderr, \
         script.stdout + script.stderr
+
+
+def test_a_public_key_whose_comment_is_latin1_is_taken_by_both_verifiers(engines, tmp_path, gpg_home, minisign_key,  # noqa: F811
+                                                                         cli):
+    # found by probing: build.py verify read the whole key file as UTF-8 and called a key whose armour "Comment:" or
+    # minisign comment line was in Latin-1 "a binary OpenPGP key" (exit 2), where gpg, minisign and the shell take it
+    env, public_asc = gpg_home
+    _, public = minisign_key
+    folder = signed(engines, tmp_path, gpg_home, minisign_key)
+    armoured = public_asc.read_bytes().split(b"\n")
+    keys = {"publisher.asc": b"\n".join([armoured[0], b"Comment: Ren\xe9 the publisher", *armoured[1:]]),
+            "publisher.pub": b"untrusted comment: cl\xe9 minisign\n" + public.read_bytes().split(b"\n", 1)[1]}
+    for name, data in keys.items():
+        key = tmp_path / name
+        key.write_bytes(data)
+        python = cli("verify", str(folder), "--key", str(key))
+        assert python.code == 0, (name, python.err)
+        script = shell(folder, "--key", str(key))
+        assert script.returncode == 0, (name, script.stdout + script.stderr)
 
 
 def test_a_huge_key_file_is_refused_by_both_verifiers_after_reading_a_bounded_part(engines, tmp_path, minisign_key,  # noqa: F811
