@@ -13,7 +13,8 @@
 #   PROFILE, PORT, MODEL_NAME, UNIBAKE_*, on a hygon profile HIP_VISIBLE_DEVICES and, on a profile of several
 #   nodes, NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT are set by run.sh or the image, not by -e or a file: use the
 #   variables below (nor PATH, LD_LIBRARY_PATH, PYTHONPATH, PYTHONDONTWRITEBYTECODE, the image's, nor IFS,
-#   PPID, PWD, OPTIND, SHLVL, _, LINENO, PS1, PS2, PS4, OLDPWD, which the image's shell sets, nor HOME,
+#   PPID, PWD, OPTIND, SHLVL, _, LINENO, PS1, PS2, PS4, OLDPWD, nor bash's own (SHELLOPTS, RANDOM, BASH_VERSION
+#   ...), which the image's shell sets, nor HOME,
 #   HOSTNAME, which docker sets, nor NVIDIA_VISIBLE_DEVICES: use GPUS; CUDA_VISIBLE_DEVICES,
 #   ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL number the container's GPUs from 0, as the
 #   engine sees them, and name as many as the profile needs)
@@ -138,7 +139,8 @@ own_env() {
     die "$2 sets $1, which the image sets: the value would replace the image's, where the engine finds its libraries and modules" ;;
   IFS|PPID|PWD|OPTIND)  # (as the plan refuses them in a profile's env)
     die "$2 sets $1, which the image's /bin/sh sets itself: the value would not reach the engine" ;;
-  PS1|PS2|PS4|LINENO|SHLVL|_|OLDPWD)  # (an env file written by `env` holds SHLVL and _)
+  PS1|PS2|PS4|LINENO|SHLVL|_|OLDPWD|\
+  SHELLOPTS|BASHOPTS|RANDOM|SRANDOM|OPTERR|BASHPID|BASH_VERSION|BASH_ARGV0|HISTCMD|EPOCHSECONDS|EPOCHREALTIME|BASH_COMMAND|BASH_SUBSHELL|BASH|BASH_VERSINFO|COMP_WORDBREAKS)  # (an env file written by `env` holds SHLVL and _; bash sets or drops its own)
     die "$2 sets $1, which bash or busybox as the image's /bin/sh sets or drops: the value may not reach the engine" ;;
   HOME) die "$2 sets HOME, the home of the image's user, which docker sets (as the plan refuses it in a profile's env); set the tool's own variable, like HF_HOME" ;;
   HOSTNAME) die "$2 sets HOSTNAME, which docker sets to the container's host name: the two would disagree" ;;
@@ -274,6 +276,7 @@ t s
   ef_own=$(printf '%s\n' "$ef_names" | while IFS= read -r ef_name; do
     case "${ef_name#?}" in PROFILE|PORT|MODEL_NAME|UNIBAKE_*|\
                            PATH|LD_LIBRARY_PATH|PYTHONPATH|PYTHONDONTWRITEBYTECODE|IFS|PPID|PWD|OPTIND|PS1|PS2|PS4|LINENO|SHLVL|_|OLDPWD|HOME|HOSTNAME|\
+                           SHELLOPTS|BASHOPTS|RANDOM|SRANDOM|OPTERR|BASHPID|BASH_VERSION|BASH_ARGV0|HISTCMD|EPOCHSECONDS|EPOCHREALTIME|BASH_COMMAND|BASH_SUBSHELL|BASH|BASH_VERSINFO|COMP_WORDBREAKS|\
                            NVIDIA_VISIBLE_DEVICES)
       printf '%s\n' "${ef_name#?}"; break ;;
     esac
