@@ -1589,20 +1589,9 @@ def test_a_temp_dir_that_cannot_take_the_compressed_layers_is_named(tmp_path):
     assert os.listdir(tmp_path / "spool") == []
 
 
-def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull_does(cli, tmp_path):
-    """``deploy --from registry --ref`` of a push the release does not record compresses the release's
-    layers again, as ``pull`` does; pull takes --temp-dir for that (a big image does not fit every
-    $TMPDIR), deploy had none ('unrecognized arguments'). Now it takes one, and refuses it without
-    --from registry."""
+def serving_manifest(body: bytes):
+    """A request handler answering every GET with ``body`` as an OCI manifest (for :func:`tls_server`)."""
     import http.server
-
-    folder, _ = make_release(tmp_path / "release")
-    registry = RecordingClient()
-    record = push_release(folder, load_manifest(folder), parse_reference("r.example/a", what="--to", digest=False),
-                          registry, temp_dir=tmp_path).record
-    document = json.loads(registry.manifests["1.3.1"])
-    body = json.dumps({**document, "layers": [*document["layers"][:-1],
-                                              dict(document["layers"][-1], digest="sha256:" + "ee" * 32)]}).encode()
 
     class Serving(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
@@ -1612,9 +1601,25 @@ def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull
             self.end_headers()
             self.wfile.write(body)
 
+    return Serving
+
+
+def test_deploy_from_a_push_the_release_does_not_record_takes_a_temp_dir_as_pull_does(cli, tmp_path):
+    """``deploy --from registry --ref`` of a push the release does not record compresses the release's
+    layers again, as ``pull`` does; pull takes --temp-dir for that (a big image does not fit every
+    $TMPDIR), deploy had none ('unrecognized arguments'). Now it takes one, and refuses it without
+    --from registry."""
+    folder, _ = make_release(tmp_path / "release")
+    registry = RecordingClient()
+    record = push_release(folder, load_manifest(folder), parse_reference("r.example/a", what="--to", digest=False),
+                          registry, temp_dir=tmp_path).record
+    document = json.loads(registry.manifests["1.3.1"])
+    body = json.dumps({**document, "layers": [*document["layers"][:-1],
+                                              dict(document["layers"][-1], digest="sha256:" + "ee" * 32)]}).encode()
+
     (tmp_path / "spool").mkdir()
     (tmp_path / "tls").mkdir()
-    with tls_server(tmp_path / "tls", Serving) as port:
+    with tls_server(tmp_path / "tls", serving_manifest(body)) as port:
         ref = f"127.0.0.1:{port}/team/a@sha256:{hashlib.sha256(body).hexdigest()}"
         result = cli("deploy", str(folder), "--engine", "tcp://127.0.0.1:1", "--from", "registry", "--ref", ref,
                      "--ca-file", str(tmp_path / "tls/cert.pem"), "--temp-dir", str(tmp_path / "spool"))
@@ -1630,8 +1635,6 @@ def test_a_pull_of_a_push_the_release_does_not_record_asks_the_engine_before_it_
                                                                                              monkeypatch):
     # found by probing: the whole archive was compressed again (minutes for a big one) before the engine the pull
     # is for was asked, which may not be there
-    import http.server
-
     from unibake import registry as module
 
     compressed = []
@@ -1644,17 +1647,9 @@ def test_a_pull_of_a_push_the_release_does_not_record_asks_the_engine_before_it_
                  temp_dir=tmp_path)
     body = registry.manifests["1.3.1"]  # a genuine push, which the release does not record
 
-    class Serving(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            self.send_response(200)
-            self.send_header("Content-Type", OCI_MANIFEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
     (tmp_path / "spool").mkdir()
     (tmp_path / "tls").mkdir()
-    with tls_server(tmp_path / "tls", Serving) as port:
+    with tls_server(tmp_path / "tls", serving_manifest(body)) as port:
         ref = f"127.0.0.1:{port}/team/a@sha256:{hashlib.sha256(body).hexdigest()}"
         with pytest.raises(AssertionError, match="a unit test tried to reach a container engine"):
             cli("--engine", "tcp://127.0.0.1:1", "pull", ref, "--release", str(folder), "--ca-file",
