@@ -67,26 +67,25 @@ def read_small_file(path: Path, error: type[UnibakeError], *, limit: int, what: 
     ``follow=False`` refuses a symlink as the last component.
     """
     suffix = f"; {what}" if what else ""
-    path_ = path
-    path = shown or path_  # (the name the messages give)
+    named = shown or path  # (the name the messages give)
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path_, flags)
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        raise error(f"{path}: missing{suffix}") from None
+        raise error(f"{named}: missing{suffix}") from None
     except OSError as exc:
         reason = "a symlink" if exc.errno == 40 else exc.strerror  # ELOOP: O_NOFOLLOW met a link
-        raise error(f"{path}: cannot be read ({reason}){suffix}") from None
+        raise error(f"{named}: cannot be read ({reason}){suffix}") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):  # before fdopen: it refuses a folder with an error naming no file
         os.close(fd)
-        raise error(f"{path}: not a regular file{suffix}")
+        raise error(f"{named}: not a regular file{suffix}")
     with os.fdopen(fd, "rb") as fh:
         if info.st_size > limit:
-            raise error(f"{path}: {info.st_size} bytes, more than the {limit} it may hold{suffix}")
+            raise error(f"{named}: {info.st_size} bytes, more than the {limit} it may hold{suffix}")
         data = fh.read(limit + 1)
     if len(data) > limit:
-        raise error(f"{path}: more than the {limit} bytes it may hold{suffix}")
+        raise error(f"{named}: more than the {limit} bytes it may hold{suffix}")
     return data
 
 
