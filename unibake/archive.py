@@ -365,8 +365,12 @@ def one_frame(fd: int, offset: int, length: int) -> bool:
     a block's content passed over): the frame is copied without being read here. zstandard tells a frame's
     content size, not where its compressed bytes end, hence the walk by hand."""
     walker, end = FrameWalker(), offset + length
-    at = walker.walk_file(fd, offset, end, stop=lambda w: w.other or w.skippable or w.frames > 1)
-    return at == end and not walker.other and not walker.skippable and walker.frames == 1 and walker.ended
+
+    def more(w: FrameWalker) -> bool:  # anything besides one zstd frame
+        return w.other or bool(w.skippable) or w.frames > 1
+
+    at = walker.walk_file(fd, offset, end, stop=more)
+    return at == end and not more(walker) and walker.frames == 1 and walker.ended
 
 
 class _Lent:

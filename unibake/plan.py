@@ -855,7 +855,7 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
                for i, w in enumerate(data.get("engine", {}).get("command", []))]
     values += [(f"{where(('launch', 'mounts', k))}: launch.mounts.{k}", "", v)
                for k, v in data.get("launch", {}).get("mounts", {}).items()]
-    for at, smoke in [(where, data.get("smoke", {}))] + [(m.where, m.data.get("smoke", {})) for m in chosen]:
+    for at, smoke in [(m.where, m.data.get("smoke", {})) for m in chosen]:  # (product.yaml's merged into each)
         values += [(f"{at(('smoke', k))}: smoke.{k}", "", smoke.get(k, "")) for k in ("prompt", "expect_reply")]
         for j, p in enumerate(smoke.get("prompts", [])):
             values += [(f"{at(('smoke', 'prompts', j, k))}: smoke.prompts[{j}].{k}", "", p.get(k, ""))
@@ -875,7 +875,8 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
         run = k.get("build", {}).get("run")
         if run:
             values.append((f"{at((key, i, 'build', 'run'))}: {key}[{i}].build.run", "", run))
-    enforce(scan_values((v for v in values if isinstance(v[2], str)), identity), allow, "the profiles")
+    # each value once: one that profiles share from product.yaml (its smoke) is one finding, not one a profile
+    enforce(scan_values(dict.fromkeys(v for v in values if isinstance(v[2], str)), identity), allow, "the profiles")
 
 
 def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) -> None:

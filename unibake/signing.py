@@ -387,9 +387,6 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
     bytes, which the check hands back (``data``) so that what is verified is what is then read."""
     signature = folder / (name + key.suffix)
     target = signature.name
-    if os.path.lexists(signature) and (signature.is_symlink() or not signature.is_file()):
-        # (as verify-release.sh says it: there, and no signature to read; a FIFO is never opened)
-        return SignatureCheck(target=target, passed=False, detail="not a regular file (a link?): not a signature")
     if not os.path.lexists(signature):
         other = name + (MINISIG if key.kind == "openpgp" else ASC)
         if os.path.lexists(folder / other):  # signed, with the other kind of key: said so, not "not signed"
@@ -399,6 +396,9 @@ def verify_signature(folder: Path, name: str, key: PublicKey, env: Mapping[str, 
                                          f"given); it has {other}: give the publisher's {kind} public key")
         return SignatureCheck(target=target, passed=False,
                               detail=f"missing: {name} is not signed ({key.kind} key {key.path.name} given)")
+    if signature.is_symlink() or not signature.is_file():
+        # (as verify-release.sh says it: there, and no signature to read; a FIFO is never opened)
+        return SignatureCheck(target=target, passed=False, detail="not a regular file (a link?): not a signature")
     with tempfile.TemporaryDirectory(prefix="unibake-verify-") as temp:
         home = Path(temp)
         try:

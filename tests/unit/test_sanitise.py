@@ -125,6 +125,7 @@ def test_a_secret_in_a_yaml_env_value_is_caught_at_plan_time_naming_the_key(cli,
     ("smoke.prompt", "tp1.yaml:5: smoke.prompt"),
     ("smoke.prompts", "tp1.yaml:5: smoke.prompts[0].prompt"),
     ("build.run", "product.yaml:16: kernels[0].build.run"),
+    ("product smoke", "product.yaml:13: smoke.prompt"),  # shared by both profiles: one finding
 ])
 def test_a_secret_in_the_command_the_mounts_or_a_smoke_prompt_is_named_by_its_yaml_key(cli, busybox_product, where,
                                                                                       said):
@@ -139,6 +140,8 @@ def test_a_secret_in_the_command_the_mounts_or_a_smoke_prompt_is_named_by_its_ya
         product.write_text(product.read_text().replace("target: /models/target", f"target: /models/{token}"))
     elif where == "smoke.prompt":
         tp1.write_text(tp1.read_text().replace("smoke: {", f'smoke: {{prompt: "use {token}", '))
+    elif where == "product smoke":
+        product.write_text(product.read_text() + f'smoke: {{prompt: "use {token}"}}\n')
     elif where == "build.run":
         product.write_text(product.read_text() + "builder: {image: 'localhost/unibake-demo-builder:bookworm'}\n"
                            "kernels:\n  - {name: quant, version: '1', source: images/engine,\n"
@@ -149,6 +152,7 @@ def test_a_secret_in_the_command_the_mounts_or_a_smoke_prompt_is_named_by_its_ya
     result = cli("--config", str(busybox_product))
     assert result.code == 3 and len(result.error_lines) == 1, result.err
     assert f"{busybox_product}/{said}: Hugging Face token" in result.error_lines[0], result.error_lines[0]
+    assert "more)" not in result.error_lines[0], result.error_lines[0]  # each value found once
     assert not (busybox_product.parent / "dockerfiles").exists()  # before anything was rendered
 
 
