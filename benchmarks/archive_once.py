@@ -1,9 +1,12 @@
 """One run of our archive stage on an image, for the benchmark (run as a child, so its peak RSS is its own).
 
-    python -m benchmarks.archive_once IMAGE FOLDER [--long] [--no-inspect | --inspect-root DIR]
-Prints JSON: compressed and uncompressed bytes, the stage's own seconds, its peak RSS, and how many
-libraries it inspected. As in the pipeline, the layers are read for the SBOM in the same pass
-(libraries hashed under /opt/unibake, or DIR); --no-inspect leaves that out, to measure what it costs.
+    python -m benchmarks.archive_once IMAGE FOLDER [--long] [--no-inspect | --inspect-root DIR] [--engine-save]
+Prints JSON: compressed and uncompressed bytes, the stage's own seconds, its peak RSS, how many
+libraries it inspected, and where the image was read ("store": the engine's storage; "save": its
+``docker save``). As in the pipeline, the image is read from the engine's storage where this process
+can read it (unibake.layerstore), else through the save; --engine-save always reads the save (the
+release option of that name). The layers are read for the SBOM in the same pass (libraries hashed
+under /opt/unibake, or DIR); --no-inspect leaves that out, to measure what it costs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from unibake.archive import write_archive
 from unibake.contents import LayerInspector
 from unibake.docker_engine import DockerEngine
+from unibake.layerstore import FROM_STORE, archive_image
 
 
 def peak_rss_mib() -> int:
@@ -30,13 +34,22 @@ def peak_rss_mib() -> int:
 def main(argv: list[str]) -> int:
     image, folder = argv[0], Path(argv[1])
     root = argv[argv.index("--inspect-root") + 1] if "--inspect-root" in argv else "/opt/unibake"
-    inspector = None if "--no-inspect" in argv else LayerInspector(root)
-    archive = write_archive(DockerEngine().save(image), folder, "image.tar.zst", tag=image,
-                            long_distance="--long" in argv, inspector=inspector)
+    engine = DockerEngine()
+    info = engine.inspect_image(image)
+    if info is None:
+        raise SystemExit(f"error: the engine has no image {image}")
+    source = ["save"]
+    archive = archive_image(
+        engine, image, image_id=info.id, use_store="--engine-save" not in argv,
+        on_source=lambda where: source.__setitem__(0, "store" if where.startswith(FROM_STORE) else "save"),
+        on_fallback=lambda why: (source.__setitem__(0, "save"), print(f"warning: {why}", file=sys.stderr)),
+        write=lambda chunks: write_archive(chunks, folder, "image.tar.zst", tag=image, long_distance="--long" in argv,
+                                           inspector=None if "--no-inspect" in argv else LayerInspector(root)))
     (folder / "archive.pickle").write_bytes(pickle.dumps(archive))
     print(json.dumps({"bytes": archive.compressed_bytes, "uncompressed": archive.uncompressed_bytes,
                       "seconds": archive.seconds, "peak_rss_mib": peak_rss_mib(),
-                      "libraries": len(archive.contents.libraries) if archive.contents else None}))
+                      "libraries": len(archive.contents.libraries) if archive.contents else None,
+                      "source": source[0]}))
     return 0
 
 

@@ -144,6 +144,10 @@ def _release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level", type=int, default=DEFAULT_LEVEL, help=f"zstd level, 1 to 19 (default {DEFAULT_LEVEL})")
     p.add_argument("--long", action="store_true", help="zstd long-distance matching (window 128 MiB)")
     p.add_argument("--split", metavar="SIZE", help="write the archive in parts of SIZE (e.g. 1900MiB)")
+    p.add_argument("--engine-save", action="store_true",
+                   help="read the image through the engine's save (docker save) even where its storage can be read "
+                        "directly (the default there: the same bytes, checked against the same digests, without the "
+                        "save's wait before its first byte)")
     p.add_argument("--no-roundtrip", action="store_true",
                    help="skip the load into a fresh engine and the smoke gates (the notes say so)")
     p.add_argument("--no-smoke", action="store_true",
@@ -557,6 +561,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
         # made absolute from the run's folder: dockerd given a relative --data-root never answers
         scratch_dir=scratch_dir,
         seed=not getattr(args, "no_seed", False),
+        engine_save=getattr(args, "engine_save", False),
         allow=tuple(getattr(args, "allow", ())), identity=builder_identity(dict(ctx.env)),
         nocache=getattr(args, "no_cache", False), engine=args.engine,
         epoch=source_date_epoch(root, ctx.env),
@@ -1859,6 +1864,7 @@ RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the rel
                 "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
                 "--verify-engine": "chooses the round trip's engine",
                 "--sequential": "chooses how the release's archive and round trip are made",
+                "--engine-save": "chooses how the release's archive reads the image",
                 "--scratch-dir": "is where the round trip's scratch engine keeps its data"}
 BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's",
               "--engine": "names the engine that builds the image",

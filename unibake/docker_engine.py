@@ -394,6 +394,25 @@ class DockerEngine(Engine):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail("the Docker engine does not answer", exc) from None
 
+    def storage(self) -> tuple[str, str] | str:
+        """(data root, storage driver) as the engine reports them (``docker info``), for
+        :mod:`unibake.layerstore`; why not, for an engine on the containerd image store (its images are
+        not in the graph driver's folders) or one that does not say."""
+        if not self.address.startswith("unix://"):  # (its data root, if this host has one, is another engine's)
+            return f"the engine is reached over the network ({self.address}), not on this host"
+        try:
+            info = self.api.info()
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise self._fail("the Docker engine does not answer", exc) from None
+        status = info.get("DriverStatus") if isinstance(info, dict) else None
+        if any(isinstance(pair, list) and pair[:1] == ["driver-type"] and "containerd" in str(pair[1:])
+               for pair in status or ()):
+            return "the engine keeps its images in containerd's store"
+        root, driver = (info.get("DockerRootDir"), info.get("Driver")) if isinstance(info, dict) else (None, None)
+        if not isinstance(root, str) or not root.startswith("/") or not isinstance(driver, str):
+            return "the engine does not say where it keeps its images"
+        return root, driver
+
     def platform(self) -> str:
         from .platforms import recorded
 

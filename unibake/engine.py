@@ -94,6 +94,11 @@ class Engine(ABC):
         """The engine's own os/architecture (``linux/amd64``); "" when it does not say."""
         return ""
 
+    def storage(self) -> tuple[str, str] | str:
+        """(data root, storage driver) where the engine keeps its images on this host's file system, for
+        :mod:`unibake.layerstore`; else why not (an engine that does not say)."""
+        return "the engine does not say where it keeps its images"
+
     @abstractmethod
     def build(self, context: BinaryIO, *, tag: str, buildargs: dict[str, str], nocache: bool,
               on_line: Callable[[str], None], platform: str | None = None) -> BuildOutcome:

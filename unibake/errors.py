@@ -119,3 +119,8 @@ class PipelineError(UnibakeError):
 class HandoffAborted(Exception):
     """Ends a thread's items when the side that produced them failed (``unibake.threads``); it is
     caught there and never reaches the user."""
+
+
+class StoreMismatch(UnibakeError):
+    """The engine's storage did not give an image's own bytes (:mod:`unibake.layerstore`): the archive is
+    written from the engine's save instead; never the end of a run by itself."""

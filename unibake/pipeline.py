@@ -43,6 +43,7 @@ from .errors import (DiskFull, DocumentPlaceRefused, EngineError, HandoffAborted
                      RoundTripUnavailable, UnibakeError, VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
+from .layerstore import archive_image
 from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
@@ -98,6 +99,7 @@ class Request:
     require_lock: bool = True  # False for --stage render: a missing inputs.lock is no error
     hold: str | None = None  # repro: build under unibake-repro/<product>:<hold>, never the release's tag
     sequential: bool = False  # normalise, archive and round trip as three passes instead of one
+    engine_save: bool = False  # --engine-save: the image read through the engine's save, never from its storage
     assemble: bool = True  # hotfix: assembled from a small build when it can be (False: --full-build)
     whole: bool = False  # build --from: a whole release on the base's epoch, its archive's frames copied
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
@@ -1026,7 +1028,7 @@ def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterat
 
 
 def _export(run: Run) -> tuple:
-    from .export import export_once
+    from .export import Exported, SaveSource, export_once
     _base_checked(run)
 
     plan: ReleasePlan = run["plan"]
@@ -1097,9 +1099,10 @@ def _export(run: Run) -> tuple:
             with held_signals():  # beside the export; started and recorded as one step: a failure waits for it
                 checks = Background(partial(check_early, run.engine, built.assembled, base,
                                             small.linked(".assembled-checks.tar.tmp")), name="in-image-checks")
-        with run.reporter.progress("export", built.size or None) as advance, _scratch_room(fresh, room, built.size):
-            try:
-                done = export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
+        def export(source: SaveSource | None, inspector: LayerInspector) -> Exported:
+            with run.reporter.progress("export", built.size or None) as advance, \
+                    _scratch_room(fresh, room, built.size):
+                return export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
                                    owned=INSTALL_ROOT, base_image=plan.base_image, fresh=fresh, level=request.level,
                                    long_distance=request.long_distance, split=request.split,
                                    omit_base=base.manifest.diff_ids if base else None, progress=advance,
@@ -1107,8 +1110,17 @@ def _export(run: Run) -> tuple:
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
                                    source=source, lender=lender, vouched=vouched,
                                    fresh_done=partial(_fresh_done, run, fresh) if whole else lambda image_id: None)
-            except DiskFull as exc:
-                raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
+
+        try:
+            if source is not None:  # (an assembled hotfix's stream)
+                done = export(source, inspector)
+            else:  # the engine's storage where it can be read (unibake.layerstore), else its save
+                done = archive_image(run.engine, built.tag, image_id=built.image_id,
+                                     write=lambda chunks: export(SaveSource(stream=chunks), LayerInspector(INSTALL_ROOT)),
+                                     use_store=not request.engine_save, on_source=_said(run, built.tag),
+                                     on_fallback=run.reporter.warn)
+        except DiskFull as exc:
+            raise _disk_full(exc, run["folder"].staging, request.out, built.size) from None
         if loading is not None:
             with _scratch_room(fresh, room, built.size):
                 loaded = loading.result()  # its error, if the base release did not load
@@ -1194,6 +1206,11 @@ def _disk_full(exc: DiskFull, staging: Path, out: Path, size: int | None) -> Dis
                     "free space or choose another --out (the partial files were removed)")
 
 
+def _said(run: Run, ref: str) -> Callable[[str], None]:
+    """Where the image's bytes were read (:func:`unibake.layerstore.archive_image`), as an info line."""
+    return lambda where: run.reporter.info(f"    {ref}: {where}")
+
+
 def _archive(run: Run) -> tuple:
     _base_checked(run)
     target: Target = run["target"]
@@ -1203,13 +1220,18 @@ def _archive(run: Run) -> tuple:
     omit = omitted_layers(base.manifest.diff_ids, image.diff_ids) if base else ()
     name = target.archive_name
     staging = run["folder"].staging
-    with run.reporter.progress("archive", image.save_bytes or image.size) as advance:
-        try:
-            archive = write_archive(run.engine.save(image.ref), staging, name, tag=target.ref, level=request.level,
-                                    long_distance=request.long_distance, split=request.split, omit=omit,
-                                    progress=advance, inspector=LayerInspector(INSTALL_ROOT))
-        except DiskFull as exc:
-            raise _disk_full(exc, staging, request.out, image.size) from None
+    def write(chunks) -> Archive:
+        with run.reporter.progress("archive", image.save_bytes or image.size) as advance:
+            return write_archive(chunks, staging, name, tag=target.ref, level=request.level,
+                                 long_distance=request.long_distance, split=request.split, omit=omit,
+                                 progress=advance, inspector=LayerInspector(INSTALL_ROOT))
+
+    try:
+        archive = archive_image(run.engine, image.ref, image_id=image.image_id, write=write,
+                                use_store=not request.engine_save, on_source=_said(run, image.ref),
+                                on_fallback=run.reporter.warn)
+    except DiskFull as exc:
+        raise _disk_full(exc, staging, request.out, image.size) from None
     check_against(archive.image, image_id=image.image_id, diff_ids=image.diff_ids, what=f"the engine's {image.ref}")
     shipped = f"{len(archive.shipped)} of {len(archive.image.diff_ids)} layers shipped, " if omit else ""
     run.reporter.info(f"    {archive.compressed_bytes} bytes compressed in {archive.seconds:.1f} s; {shipped}config "
