@@ -1056,8 +1056,8 @@ def _export(run: Run) -> tuple:
             " (the hotfix after the pass; an earlier run kept its base release there)" if kept else
             " (the previous release during the pass, the hotfix after)" if base else " as the save stream is read"))
     name = target.archive_name
-    # A hotfix's fresh engine takes in its base release while the pass runs: the engine's export
-    # spends most of its time writing its temporary folder, with a core to spare.
+    # A hotfix's fresh engine takes in its base release while the pass runs (read through the save, the
+    # engine's export spends most of its time writing its temporary folder, with a core to spare).
     before = loading = checks = small = lender = None
     vouched = {}
     if request.verify_engine and fresh is not None and (base is None or whole):
@@ -1099,7 +1099,11 @@ def _export(run: Run) -> tuple:
             with held_signals():  # beside the export; started and recorded as one step: a failure waits for it
                 checks = Background(partial(check_early, run.engine, built.assembled, base,
                                             small.linked(".assembled-checks.tar.tmp")), name="in-image-checks")
-        def export(source: SaveSource | None, inspector: LayerInspector) -> Exported:
+
+        def export(source: SaveSource, fresh_inspector: bool) -> Exported:
+            nonlocal inspector  # the one that read the pass that made the release, for _remember_contents
+            if fresh_inspector:  # (a second pass: the first one's reader saw bytes that were not the image's)
+                inspector = LayerInspector(INSTALL_ROOT)
             with run.reporter.progress("export", built.size or None) as advance, \
                     _scratch_room(fresh, room, built.size):
                 return export_once(run.engine, built, staging=run["folder"].staging, name=name, epoch=run.epoch,
@@ -1113,10 +1117,11 @@ def _export(run: Run) -> tuple:
 
         try:
             if source is not None:  # (an assembled hotfix's stream)
-                done = export(source, inspector)
+                done = export(source, False)
             else:  # the engine's storage where it can be read (unibake.layerstore), else its save
+                passes = [False, True]  # a second pass reads with a reader of its own
                 done = archive_image(run.engine, built.tag, image_id=built.image_id,
-                                     write=lambda chunks: export(SaveSource(stream=chunks), LayerInspector(INSTALL_ROOT)),
+                                     write=lambda chunks: export(SaveSource(stream=chunks), passes.pop(0)),
                                      use_store=not request.engine_save, on_source=_said(run, built.tag),
                                      on_fallback=run.reporter.warn)
         except DiskFull as exc:
