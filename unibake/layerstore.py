@@ -218,10 +218,12 @@ def _layer_bytes(layer: StoredLayer, size: int) -> Iterator[bytes]:
     held = bytearray()
     given = 0
     files = os.fspath(layer.files)
+    folders = {""}  # the layer's folders a file was found under: each step a folder, never a link
     for kind, value, length in _entries(layer):
         if kind == _SEGMENT:
             held += value
         else:
+            _under_folders(files, value, folders, layer)
             path = os.path.join(files, value)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -264,6 +266,27 @@ def _layer_bytes(layer: StoredLayer, size: int) -> Iterator[bytes]:
                             "counted")
     if held:
         yield bytes(held)
+
+
+def _under_folders(files: str, name: str, folders: set[str], layer: StoredLayer) -> None:
+    """Every step above the file ``name`` is a folder of the layer, not a link (the engine's own save would
+    follow one, to a file outside the layer, and fail on its checksum; here it is never opened). Each folder is
+    looked at once (``folders``, the ones seen)."""
+    parent = name.rpartition("/")[0]
+    missing = []
+    while parent not in folders:
+        missing.append(parent)
+        parent = parent.rpartition("/")[0]
+    for folder in reversed(missing):
+        try:
+            kind = os.lstat(os.path.join(files, folder)).st_mode
+        except OSError as exc:
+            raise StoreMismatch(f"layer {layer.diff_id}'s folder {folder[:120]!r} cannot be read: {exc.strerror}") \
+                from None
+        if not stat.S_ISDIR(kind):
+            raise StoreMismatch(f"layer {layer.diff_id}'s file {name[:120]!r} lies under {folder[:120]!r}, which is "
+                                "not a folder of the layer (a link?)")
+        folders.add(folder)
 
 
 def stored_image(engine, image_id: str) -> StoredImage | str:

@@ -107,6 +107,7 @@ def test_a_changed_file_of_the_same_size_is_found_by_its_diffid_and_the_save_is_
     ("grown", "is not the regular file of 3004 bytes its tar-split record names"),
     ("missing", "cannot be read: No such file or directory"),
     ("link", "cannot be read: Too many levels of symbolic links"),
+    ("folder link", "lies under 'bin', which is not a folder of the layer (a link?)"),
     ("record", "names a file outside the layer ('../../../../secret')"),
     ("garbled", "tar-split record cannot be read"),
     ("reordered", "has an entry out of its place"),
@@ -126,6 +127,12 @@ def test_a_storage_that_does_not_hold_the_layer_as_recorded_is_left_for_the_save
     elif change == "link":  # a file of the layer turned into a link to one outside it: never followed
         tool.unlink()
         tool.symlink_to(secret)
+    elif change == "folder link":  # its folder turned into a link to a folder outside it: never followed
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "tool").write_bytes(SECRET.ljust(3004, b"!"))  # (of the recorded size: read, were it followed)
+        os.rename(files / "bin", tmp_path / "bin-was")
+        (files / "bin").symlink_to(outside)
     else:
         lines = gzip.decompress(split.read_bytes()).decode().splitlines()
         if change == "record":
