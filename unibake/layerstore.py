@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ArchiveError, StoreMismatch
+from .files import read_small_file
 from .imagetar import BLOCK, KEEP_LIMIT, tar_header, tar_padding
 
 DRIVER = "overlay2"
@@ -140,21 +141,12 @@ def _is(path: Path, kind: Callable[[int], bool]) -> bool:
 
 
 def _small_file(path: Path, limit: int) -> bytes | None:
-    """A regular file's bytes, not through a link; None if it is not one, unreadable, or over ``limit``."""
+    """A regular file's bytes, not through a link at its last step; None if it is not one, unreadable, or
+    over ``limit``: the storage is then read through the save."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        return read_small_file(path, StoreMismatch, limit=limit, follow=False)
+    except (StoreMismatch, OSError):
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        data = os.read(fd, limit + 1)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _entries(layer: StoredLayer) -> Iterator[tuple[int, bytes | str, int]]:
@@ -207,7 +199,8 @@ def _name(name: object, what: str) -> str:
 
 def _tar_size(layer: StoredLayer) -> int:
     """How many bytes the layer's tar holds: its segments and its files, by the record (a first pass over it;
-    a second one streams the bytes: held in memory, the headers of a layer of 50,000 files took some 50 MB)."""
+    a second one streams the bytes: the headers of a layer of 50,000 files held in memory instead would be tens
+    of MB, more than the stage's whole peak memory target allows to grow with image size)."""
     return sum(size for _, _, size in _entries(layer))
 
 

@@ -225,6 +225,6 @@ def test_the_one_pass_export_from_a_storage_that_lies_runs_again_from_the_save(t
 
 def other_with(other: FakeEngine, engine: FakeEngine, image) -> FakeEngine:
     """A second fake engine holding the base and the built image as ``engine`` held them before its export."""
-    other.images = {k: v for k, v in engine.images.items()}
+    other.images = dict(engine.images)
     other.tags = {"base:1": engine.tags["base:1"], "demo:1": image.image_id}
     return other
