@@ -166,6 +166,12 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
     history = engine.history(hit.lower)
     if settings is None or not history:
         return "the engine does not give the build memo image's settings and history"
+    # the base release's image must record the memo image's steps below its own (the history the assembled
+    # config takes from it, checked again as the export reads it): a release made before the Dockerfile's
+    # layout changed (another unibake) holds the same layers under other steps, and is built on whole
+    if engine.history(base.manifest.image_id)[:len(history)] != history:
+        return (f"release {release}'s history of the steps above the build memo's marker is not the memo image's "
+                "(a Dockerfile laid out otherwise, by another unibake?)")
     shell = settings["config"].get("Shell") or ["/bin/sh", "-c"]
     folders = _folders_of(engine, memo, memo_key, hit.lower, _parents(owned))
     if isinstance(folders, str):

@@ -6,11 +6,13 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from unibake import templates
 from unibake.repro import list_layer
 from unibake.scratch import ScratchEngine
 from unibake.sha256state import AVAILABLE as RESUMABLE
@@ -302,6 +304,44 @@ def test_a_hotfix_on_a_base_whose_lower_steps_changed_since_is_built_whole_not_a
     base = json.loads((out / first / "manifest.json").read_text())
     assert manifest["diff_ids"][1] != base["diff_ids"][1] and manifest["diff_ids"][1] in manifest["hotfix"][
         "shipped_diff_ids"]  # the changed engine's layer ships
+    engine.remove_image(manifest["tag"])
+    assert release(cli, busybox_product, third, tmp_path / "full", "--no-cache", "--no-roundtrip", "--no-smoke").code == 0
+    assert json.loads((tmp_path / "full" / third / "manifest.json").read_text())["image_id"] == manifest["image_id"]
+
+
+def test_a_hotfix_on_a_release_whose_dockerfile_laid_its_steps_out_otherwise_is_built_whole(
+        cli, engine, busybox_product, version, images, tmp_path, monkeypatch):
+    """A release rendered with ENTRYPOINT and CMD at the Dockerfile's end, as unibake did before they moved
+    above the build memo's marker: the same layers under other steps. A hotfix on it, once the build memo
+    holds the new layout's image, is built and exported whole, the reason said (not assembled on a history
+    that is not the memo image's, which the export would refuse), and its image is the one a cold build gives."""
+    old = tmp_path / "templates"
+    shutil.copytree(templates.TEMPLATES, old)
+    text = (old / "Dockerfile.j2").read_text()
+    launcher = 'ENTRYPOINT ["{{ root }}/meta/entrypoint.sh"]\nCMD ["serve"]\n'
+    assert text.count(launcher) == 1 and text.endswith('io.unibake.schema="1"\n')
+    (old / "Dockerfile.j2").write_text(text.replace(launcher, "") + launcher)
+    out = tmp_path / "release"
+    first, second, third = f"{version}a", f"{version}b", f"{version}c"
+    for v in (first, second, third):
+        images(f"unibake-test:{v}")
+    with monkeypatch.context() as patched:
+        patched.setattr(templates, "TEMPLATES", old)
+        patched.setattr(templates, "environment", templates.environment.__wrapped__)
+        assert release(cli, busybox_product, first, out, "--no-smoke").code == 0
+    assert 'CMD ["serve"]' in engine.history(f"unibake-test:{first}")[-1]  # (the old layout: the launcher last)
+    hotfix = ("--config", str(busybox_product), "--out", str(out), "--no-smoke")
+    tune = busybox_product.parent / "images/tune/tp1/cache-1.json"
+    for v, mark in ((second, "1"), (third, "2")):
+        tune.write_text(tune.read_text().replace("{", f'{{"retuned{mark}": true, ', 1))
+        assert cli("lock", "--config", str(busybox_product)).code == 0
+        made = cli("hotfix", "--from", first, "--version", v, *hotfix)
+        assert made.code == 0, made.err
+    assert "(not assembled): the build memo holds no image of the steps above its marker" not in made.err
+    assert (f"(not assembled): release {first}'s history of the steps above the build memo's marker is not the memo "
+            "image's") in made.err
+    manifest = json.loads((out / third / "manifest.json").read_text())
+    assert manifest["diff_ids"][:2] == json.loads((out / first / "manifest.json").read_text())["diff_ids"][:2]
     engine.remove_image(manifest["tag"])
     assert release(cli, busybox_product, third, tmp_path / "full", "--no-cache", "--no-roundtrip", "--no-smoke").code == 0
     assert json.loads((tmp_path / "full" / third / "manifest.json").read_text())["image_id"] == manifest["image_id"]

@@ -10,7 +10,7 @@ import pytest
 
 from unibake.archive import write_archive
 from unibake.docker_engine import DockerEngine
-from unibake.layerstore import FROM_STORE, archive_image, stored_image
+from unibake.layerstore import FROM_STORE, archive_image, folder_header, stored_image
 
 from .conftest import build_dockerfile
 
@@ -20,6 +20,7 @@ RUN mkdir -p /opt/a/sub && echo one > /opt/a/sub/f && echo gone > /opt/a/gone \\
 RUN rm /opt/a/gone && rm -rf /opt/a/sub && mkdir /opt/a/sub && echo two > /opt/a/sub/g \\
  && touch "/opt/$(printf 'caf\\351')" && ln -s big /opt/a/link && ln /opt/a/big /opt/a/hard \\
  && mkdir -p "/opt/$(printf 'd%.0s' $(seq 1 120))/x" && : > /opt/a/empty && chmod 4755 /opt/a/big
+RUN chmod 2750 /opt && chown 7:9 /opt/a && mkdir -p /srv/b && chown 3:4 /srv/b && rm -rf /tmp
 """
 
 
@@ -59,3 +60,23 @@ def test_a_release_says_where_it_read_the_image_and_engine_save_gives_the_same_a
         sums[option] = [line for line in (out / "bb-1" / "SHA256SUMS").read_text().splitlines()
                         if line.endswith(".tar.zst")]
     assert len(sums[()]) == 1 and sums[()] == sums[("--engine-save",)]
+
+
+def test_a_folder_s_header_from_the_storage_is_the_one_the_engine_s_archive_gives(engine, odd_image):
+    # (what an assembled hotfix's small base copies: the folders above the install root, as the memo image has them)
+    stored = stored_image(engine, engine.inspect_image(odd_image).id)
+    assert not isinstance(stored, str)
+    before = {c["Id"] for c in engine.api.containers(all=True)}
+    for path in ("/opt", "/opt/a", "/opt/a/sub", "/srv", "/srv/b", "/bin", "/no/such", "/tmp", "/tmp/x"):
+        archived = engine.archived_folder_header(odd_image, path)
+        assert folder_header(stored, path) == archived, path
+        assert engine.folder_header(odd_image, path) == archived, path
+    assert folder_header(stored, "/opt")[0] == 0o2750 and folder_header(stored, "/opt/a")[1:] == (7, 9)
+    assert folder_header(stored, "/tmp") is None  # removed by the top layer (a whiteout)
+    # a folder made opaque (removed and made again): its own header, nothing of the lower layers' beneath it
+    assert folder_header(stored, "/opt/a/sub") == engine.archived_folder_header(odd_image, "/opt/a/sub") != None
+    assert folder_header(stored, "/opt/a/sub/f") is None is engine.archived_folder_header(odd_image, "/opt/a/sub/f")
+    # a file where a folder is, or above it: the engine is asked instead
+    assert "not a folder" in folder_header(stored, "/opt/a/big")
+    assert folder_header(stored, "/opt/a/big/x").startswith("/opt/a/big is no folder")
+    assert {c["Id"] for c in engine.api.containers(all=True)} <= before

@@ -35,7 +35,8 @@ def test_the_cut_falls_below_the_prebuilt_kernels_and_above_the_tune_caches():
     assert cut is not None and cut.stages == ("kernels",)
     assert cut.bases == ("localhost/unibake-demo-builder:bookworm", "localhost/unibake-demo-base:bookworm")
     low = instructions(cut.lower)
-    assert low[-1] == "COPY ctx/prebuilt/ /opt/unibake/" and len(low) == cut.lower_steps
+    assert low[-3:] == ["COPY ctx/prebuilt/ /opt/unibake/", 'ENTRYPOINT ["/opt/unibake/meta/entrypoint.sh"]',
+                        'CMD ["serve"]'] and len(low) == cut.lower_steps
     assert "ctx/engine/" in cut.lower_sources and "ctx/prebuilt/" in cut.lower_sources
     assert cut.upper_sources == ("ctx/profiles/", "ctx/overlays/", "ctx/meta/")
     # every instruction of the whole Dockerfile is on one side or the other
@@ -96,7 +97,7 @@ def test_a_memo_build_counts_as_memoised_only_steps_it_counts_as_cached(busybox_
     assert first.memoised == 0 and first.cached_steps == 0
     (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
     second = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
-    assert second.memoised == second.cached_steps == 1  # the engine's COPY above the marker; not its FROM
+    assert second.memoised == second.cached_steps == 3  # the engine's COPY, ENTRYPOINT, CMD above the marker; not FROM
 
 
 def test_a_line_separator_in_a_value_does_not_move_the_cut(demo_product):
@@ -253,7 +254,7 @@ def test_a_base_with_onbuild_triggers_makes_the_memo_digest_every_context_file(b
     first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
     assert first.memoised == 0
     again = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
-    assert again.memoised == 1  # nothing changed: the memo still serves
+    assert again.memoised == 3  # nothing changed: the memo still serves (the COPY, ENTRYPOINT and CMD)
     (busybox_product / "tp1.yaml").write_text((busybox_product / "tp1.yaml").read_text().replace("Tree", "Ring"))
     changed = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
     assert changed.memoised == 0  # the trigger's COPY read the changed profile: the whole Dockerfile is built
@@ -284,7 +285,7 @@ def test_a_memo_file_a_checkout_brought_naming_an_image_of_its_choice_is_not_bui
         assert built.memoised == 0  # the whole Dockerfile built, not FROM the planted image
     again = build_image(context, engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo,
                         memo_key=KEY)
-    assert again.memoised == 1  # the memo this user recorded serves
+    assert again.memoised == 3  # the memo this user recorded serves
 
 
 def test_the_memo_key_is_the_users_own_made_once_and_private(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -16,7 +17,7 @@ import pytest
 
 from unibake.archive import write_archive
 from unibake.export import SaveSource, export_once
-from unibake.layerstore import FROM_STORE, PIECE, archive_image, chain_ids, find_image
+from unibake.layerstore import FROM_STORE, PIECE, archive_image, chain_ids, find_image, folder_header
 from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
 from unibake.normalise import normalise_image
 from unibake.pipeline import ARCHIVE, Request, run_stages, selection
@@ -228,3 +229,24 @@ def other_with(other: FakeEngine, engine: FakeEngine, image) -> FakeEngine:
     other.images = dict(engine.images)
     other.tags = {"base:1": engine.tags["base:1"], "demo:1": image.image_id}
     return other
+
+
+def test_a_folder_s_header_is_the_top_layer_s_that_holds_it_as_the_layers_tars_give_it(stored):
+    engine, image_id, _ = stored
+    image = find_image(engine.root, "overlay2", image_id)
+    layers = image_layers()
+
+    def header(n: int, name: str) -> tuple[int, int, int]:  # read from the layer's tar by tarfile itself
+        with tarfile.open(fileobj=io.BytesIO(layers[n]), mode="r:") as tar:
+            m = tar.getmember(name)
+            return m.mode & 0o7777, m.uid, m.gid
+
+    assert folder_header(image, "/opt") == header(2, "opt") and folder_header(image, "/bin/") == header(0, "bin")
+    assert folder_header(image, "/opt/old.txt") is None  # removed by layer 2 (its whiteout) before layer 1 is read
+    assert folder_header(image, "/srv") is None  # in no layer
+    assert folder_header(image, "/bin/sh").startswith("not a folder")  # a link: the engine is asked
+    assert folder_header(image, "/bin/sh/x").startswith("/bin/sh is no folder")
+    assert "not a folder's absolute path" in folder_header(image, "/opt/../etc")
+    # a record that cannot be read is a reason to ask the engine, never a header
+    image.layers[-1].split.write_bytes(b"not gzip")
+    assert "tar-split record is not read so" in folder_header(image, "/opt")

@@ -77,7 +77,8 @@ def test_layers_go_from_least_to_most_often_changed():
     dockerfile = render(make_plan(REPO / "profiles", cwd=REPO)).dockerfile
     order = [
         "COPY ctx/engine/", "COPY --from=kernels /out/kernels/", "COPY --from=kernels /out/profiles/",
-        "COPY ctx/profiles/", "COPY ctx/overlays/", "ENV ", "COPY ctx/meta/", "RUN ", "LABEL ", "ENTRYPOINT",
+        "ENTRYPOINT", "CMD ", "COPY ctx/profiles/", "COPY ctx/overlays/", "ENV ", "COPY ctx/meta/", "RUN ", "ARG ",
+        "LABEL ",
     ]
     lines = runtime_instructions(dockerfile)
     positions = [next(i for i, line in enumerate(lines) if line.startswith(prefix)) for prefix in order]
