@@ -53,11 +53,12 @@ from .archive_reader import read_archive
 from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_ref, iso_time
 from .contents import found_from_json, found_to_json
 from .engine import BuildStep, Engine
-from .errors import ArchiveError, CheckFailed, EngineError, UnibakeError, VerificationError
+from .errors import ArchiveError, CheckFailed, EngineError, StoreMismatch, UnibakeError, VerificationError
 from .files import read_small_file, write_atomic
 from .hotfix import HotfixBase
 from .export import SaveSource
 from .imagetar import BLOCK, CAPTURE, DROP, PASS, filter_members, tar_header, tar_padding
+from .layerstore import StoredImage, layer_tar, stored_image
 from .render import BuildContext, ContextFile
 
 CHECKS_PREFIX = "skip=; for p in "  # the in-image checks' RUN, as unibake renders it (templates/Dockerfile.j2)
@@ -76,6 +77,7 @@ class Assembly:
     shell: tuple[str, ...]  # what runs it (the memo image's SHELL, else /bin/sh -c)
     checks_created_by: str  # their history entry's created_by, as the whole build records it
     checks_at: int  # that entry's place in the image's history
+    below: int = 1  # the small image's layers under its top ones: the small base's one, or the memo image's
 
 
 def _parents(root: str) -> list[str]:
@@ -111,16 +113,18 @@ def _small_base(folders: list[tuple[str, tuple[int, int, int]]], settings: dict,
     return raw, archive.getvalue()
 
 
-def _small_context(context: BuildContext, cut: buildmemo.Split, memo: buildmemo.Memo, base_id: str,
+def _small_context(context: BuildContext, cut: buildmemo.Split, memo: buildmemo.Memo, base_id: str | None,
                    checks_line: str) -> BuildContext | None:
-    """The memo's context of the part below the marker, FROM the small base, the checks' RUN left out."""
+    """The memo's context of the part below the marker, FROM the small base (``base_id``; None: FROM the
+    memo's image itself), the checks' RUN left out."""
     upper = buildmemo.upper_context(context, cut, memo)
     lines = upper.dockerfile.split("\n")
     froms = [i for i, line in enumerate(lines) if line == f"FROM {memo.lower}"]
     runs = [i for i, line in enumerate(lines) if line.strip() == checks_line]
     if len(froms) != 1 or len(runs) != 1:
         return None
-    lines[froms[0]] = f"FROM {base_id}"
+    if base_id is not None:
+        lines[froms[0]] = f"FROM {base_id}"
     del lines[runs[0]]
     dockerfile = "\n".join(lines)
     data = dockerfile.encode()
@@ -131,8 +135,9 @@ def _small_context(context: BuildContext, cut: buildmemo.Split, memo: buildmemo.
 
 def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: str, base: HotfixBase, memo: Path,
                  memo_key: bytes, epoch: int, revision: str, platform: str | None, owned: str,
-                 on_line: Callable[[str], None]) -> BuiltImage | str:
-    """The hotfix's small image, ready for :func:`assembled_stream`; or why it cannot be assembled."""
+                 on_line: Callable[[str], None], use_store: bool = True) -> BuiltImage | str:
+    """The hotfix's small image, ready for :func:`assembled_stream`; or why it cannot be assembled. Where the
+    engine's storage can be read (and ``use_store``), built on the memo's image itself; else on a small base."""
     start = time.monotonic()
     release = base.manifest.release
     cut = buildmemo.split(context.dockerfile)
@@ -173,11 +178,15 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
         return (f"release {release}'s history of the steps above the build memo's marker is not the memo image's "
                 "(a Dockerfile laid out otherwise, by another unibake?)")
     shell = settings["config"].get("Shell") or ["/bin/sh", "-c"]
+    small_ref = cache_ref(product, context.selection, "assembled")
+    if use_store and not isinstance(stored_image(engine, hit.lower), str):
+        return _assemble_on_memo(context, engine, cut=cut, hit=hit, history=history, runs=runs, checks=checks,
+                                 shell=shell, count=count, small_ref=small_ref, product=product, tag=tag, base=base,
+                                 epoch=epoch, revision=revision, platform=platform, on_line=on_line, start=start)
     folders = _folders_of(engine, memo, memo_key, hit.lower, _parents(owned))
     if isinstance(folders, str):
         return folders
     base_ref = cache_ref(product, context.selection, "assembled-base")
-    small_ref = cache_ref(product, context.selection, "assembled")
     raw, archive = _small_base(folders, settings, history, epoch, base_ref)
     before = engine.inspect_image(small_ref)
     pinned: list[str] = []
@@ -208,6 +217,49 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
     assembly = Assembly(small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks,
                         shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
                         checks_at=len(history) + runs[0])
+    return BuiltImage(image_id=outcome.image_id, tag=tag, diff_ids=(), steps=(*lower_steps, *upper_steps),
+                      stage_images=hit.stages, seconds=time.monotonic() - start, size=base.manifest.image_size,
+                      replaced=now.id if now is not None else None,
+                      memoised=sum(1 for s in lower_steps if s.cached), memo_lower=hit.lower, assembled=assembly)
+
+
+def _assemble_on_memo(context: BuildContext, engine: Engine, *, cut: buildmemo.Split, hit: buildmemo.Memo,
+                      history: list[str], runs: list[int], checks: str, shell: list[str], count: int, small_ref: str,
+                      product: str, tag: str, base: HotfixBase, epoch: int, revision: str, platform: str | None,
+                      on_line: Callable[[str], None], start: float) -> BuiltImage | str:
+    """:func:`try_assemble` where the engine's storage can be read: the steps below the marker built ``FROM``
+    the build memo's image itself (no small base, no folders to read: the image's own), the checks' RUN left
+    out. The export takes only its top layers, from the storage (:func:`save_small`), and the checks run in a
+    container of it as it is (:func:`check_early`): no image loaded for them."""
+    small_context = _small_context(context, cut, hit, None, "RUN " + checks)
+    if small_context is None:
+        return "the Dockerfile below the build memo's marker is not the one unibake renders"
+    before = engine.inspect_image(small_ref)
+    pinned: list[str] = []
+    try:  # the memo's image and its stage images held while the small build reads them
+        if not _hold(engine, product, context.selection, (hit.lower, *hit.stages), pinned):
+            return "the build memo's images went from the engine"
+        on_line(f"assembling the hotfix: the steps below the build memo's marker built FROM its image "
+                f"{hit.lower[:19]}, the in-image checks run after")
+        outcome = _build(small_context, engine, tag=small_ref, product=product, revision=revision, epoch=epoch,
+                         nocache=False, on_line=on_line, platform=platform)
+    finally:
+        _release(engine, pinned)
+    if before is not None and before.id != outcome.image_id:
+        engine.remove_if_unused(before.id)
+    small = engine.inspect_image(outcome.image_id)
+    lower = engine.inspect_image(hit.lower)
+    if small is None or lower is None or tuple(small.diff_ids[:count]) != tuple(lower.diff_ids) \
+            or len(small.diff_ids) <= count:
+        raise EngineError(f"the small image {outcome.image_id[:19]} does not lie on the build memo's image "
+                          f"{hit.lower[:19]}")
+    lower_steps = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
+                   for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
+    upper_steps = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]
+    now = engine.inspect_image(tag)
+    assembly = Assembly(small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks,
+                        shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
+                        checks_at=len(history) + runs[0], below=count)
     return BuiltImage(image_id=outcome.image_id, tag=tag, diff_ids=(), steps=(*lower_steps, *upper_steps),
                       stage_images=hit.stages, seconds=time.monotonic() - start, size=base.manifest.image_size,
                       replaced=now.id if now is not None else None,
@@ -386,13 +438,26 @@ class SmallSave:
         return replace(self, path=other)
 
 
-def save_small(engine: Engine, assembly: Assembly, staging: Path) -> SmallSave:
-    """The small image's save stream in a file of ``staging`` (the caller removes it)."""
+def save_small(engine: Engine, assembly: Assembly, staging: Path,
+               on_fallback: Callable[[str], object] = lambda message: None) -> SmallSave:
+    """The small image's save stream in a file of ``staging`` (the caller removes it). Built on the memo's
+    image (``assembly.below`` > 1), only its top layers are wanted: read from the engine's storage, each
+    hashed against its diffID as it is written; where they are not the image's (``on_fallback`` told why),
+    or cannot be read there, from the engine's save of the whole image."""
     spool = staging / ".assembled-small.tar.tmp"
     try:
-        with open(spool, "wb") as fh:
-            for piece in engine.save(assembly.small):
-                fh.write(piece)
+        stored = stored_image(engine, assembly.small) if assembly.below > 1 else None
+        if isinstance(stored, StoredImage):
+            try:
+                _spool_top(stored, assembly.below, spool)
+            except (StoreMismatch, ArchiveError) as exc:
+                on_fallback(f"the engine's storage did not give the small image's own top layers ({exc}); they are "
+                            "read from the engine's save of the whole image instead")
+                stored = None
+        if not isinstance(stored, StoredImage):
+            with open(spool, "wb") as fh:
+                for piece in engine.save(assembly.small):
+                    fh.write(piece)
         with tarfile.open(spool, "r:") as saved:
             try:
                 entry = json.load(saved.extractfile("manifest.json"))[0]
@@ -400,12 +465,34 @@ def save_small(engine: Engine, assembly: Assembly, staging: Path) -> SmallSave:
                 layers, diff_ids = tuple(entry["Layers"]), tuple(config["rootfs"]["diff_ids"])
             except (KeyError, IndexError, TypeError, ValueError, AttributeError, tarfile.TarError) as exc:
                 raise ArchiveError(f"the small image's save stream is not one the engine writes: {exc}") from None
-        if len(layers) != len(diff_ids) or len(layers) < 2:
+        if len(layers) != len(diff_ids) or len(layers) <= assembly.below:
             raise ArchiveError("the small image's save stream names other layers than its config")
     except BaseException:
         spool.unlink(missing_ok=True)
         raise
     return SmallSave(path=spool, config=config, layers=layers, diff_ids=diff_ids)
+
+
+def _spool_top(stored: StoredImage, below: int, spool: Path) -> None:
+    """A save stream of the stored image in ``spool`` with only its layers from ``below`` on (the manifest names
+    them all; the ones under them, which the base release holds, are left out, as in an archive that carries
+    only what an engine lacks), each layer's bytes hashed against its diffID as they are written."""
+    names = [f"{layer.chain}/layer.tar" for layer in stored.layers]
+    config_name = f"{stored.image_id.removeprefix('sha256:')}.json"
+    with open(spool, "wb") as fh:
+        fh.write(tar_header(config_name, len(stored.config)) + stored.config + tar_padding(len(stored.config)))
+        for name, layer in zip(names[below:], stored.layers[below:]):
+            digest = hashlib.sha256()
+            size = 0
+            for piece in layer_tar(layer, lambda size: fh.write(tar_header(name, size))):
+                digest.update(piece)
+                size += len(piece)
+                fh.write(piece)
+            fh.write(tar_padding(size))
+            if f"sha256:{digest.hexdigest()}" != layer.diff_id:
+                raise StoreMismatch(f"layer {layer.diff_id}'s bytes hash to sha256:{digest.hexdigest()}")
+        index = json.dumps([{"Config": config_name, "RepoTags": [], "Layers": names}]).encode()
+        fh.write(tar_header("manifest.json", len(index)) + index + tar_padding(len(index)) + bytes(2 * BLOCK))
 
 
 def assembled_source(assembly: Assembly, base: HotfixBase, small: SmallSave, tag: str,
@@ -456,13 +543,13 @@ def assembled_stream(assembly: Assembly, base: HotfixBase, small: SmallSave, tag
                 or not history[at].get("empty_layer"):
             raise VerificationError(f"release {manifest.release}'s in-image checks are not recorded as a step that "
                                     "changed nothing: make the hotfix with --full-build")
-        top = small.layers[1:]
+        top = small.layers[assembly.below:]
         yield from _layer_members(small.path, top)
         config = copy.deepcopy(small.config)
         stamp = history[at].get("created", "")
         config["history"] = bottom_history + list(small.config.get("history") or [])[len(bottom_history):]
         config["history"].insert(at, {"created": stamp, "created_by": assembly.checks_created_by, "empty_layer": True})
-        config["rootfs"] = {"type": "layers", "diff_ids": [*bottom, *small.diff_ids[1:]]}
+        config["rootfs"] = {"type": "layers", "diff_ids": [*bottom, *small.diff_ids[assembly.below:]]}
         data = json.dumps(config).encode()
         name = f"{hashlib.sha256(data).hexdigest()}.json"
         layers = [*names, *(f"top{n}/layer.tar" for n in range(len(top)))]
@@ -493,15 +580,19 @@ def check_early(engine: Engine, assembly: Assembly, base: HotfixBase, small: Sma
     into the local engine at once (the base release's bottom layers, which the engine holds, and the
     small image's top layers, not yet normalised: the checks read files' contents, not their times),
     removed again after. The released image differs from it only in file times and its history.
-    ``small``'s spool is removed as it ends."""
+    A small image built on the memo's image (``assembly.below`` > 1) holds those files itself: the checks
+    run in a container of it, nothing loaded. ``small``'s spool is removed as it ends."""
     image = None
     try:
+        if assembly.below > 1:
+            run_checks(engine, assembly.small, assembly)
+            return
         bottom = list(base.manifest.diff_ids[:assembly.lower_layers])
-        diff_ids = (*bottom, *small.diff_ids[1:])
+        diff_ids = (*bottom, *small.diff_ids[assembly.below:])
         config = dict(small.config, history=[], rootfs={"type": "layers", "diff_ids": list(diff_ids)})
         data = json.dumps(config).encode()
         image = f"sha256:{hashlib.sha256(data).hexdigest()}"
-        top = small.layers[1:]
+        top = small.layers[assembly.below:]
         names = [f"bottom{n}/layer.tar" for n in range(len(bottom))] + [f"top{n}/layer.tar" for n in range(len(top))]
         index = json.dumps([{"Config": f"{image[7:]}.json", "RepoTags": [], "Layers": names}]).encode()
 

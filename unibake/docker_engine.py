@@ -753,18 +753,6 @@ class DockerEngine(Engine):
         return found
 
     def folder_header(self, image: str, path: str) -> tuple[int, int, int] | str | None:
-        # from the headers of the image's layers in the engine's storage where this process can read them (a
-        # few milliseconds: the created container below takes 0.1-0.4 s); else, or when they show anything
-        # but a plain folder, from the engine's archive of the path
-        from .layerstore import folder_header as stored_header, stored_image
-
-        info = self.inspect_image(image)
-        stored = stored_image(self, info.id) if info is not None else "no such image"
-        found = stored_header(stored, path) if not isinstance(stored, str) else stored
-        return found if not isinstance(found, str) else self.archived_folder_header(image, path)
-
-    def archived_folder_header(self, image: str, path: str) -> tuple[int, int, int] | str | None:
-        """:meth:`folder_header` from the engine's archive of the path in a created container."""
         # the first header of the engine's archive of the folder (a created container's, never started):
         # the folder itself; the rest of the stream (the folder's whole tree) is never read. By docker-py's
         # request helpers, not its get_archive: that one gives no handle to close the answer once its first

@@ -30,14 +30,12 @@ Go code only); the format is small and every byte it yields is checked against t
 from __future__ import annotations
 
 import base64
-import bisect
 import gzip
 import hashlib
 import json
 import os
 import re
 import stat
-import tarfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -206,6 +204,14 @@ def _tar_size(layer: StoredLayer) -> int:
     return sum(size for _, _, size in _entries(layer))
 
 
+def layer_tar(layer: StoredLayer, on_size: Callable[[int], object] = lambda size: None) -> Iterator[bytes]:
+    """The layer's tar as the engine's save gives it (``on_size`` told its length first, as a tar header
+    needs it), or StoreMismatch."""
+    size = _tar_size(layer)
+    on_size(size)
+    yield from _layer_bytes(layer, size)
+
+
 def _layer_bytes(layer: StoredLayer, size: int) -> Iterator[bytes]:
     """The layer's tar, as the engine's save assembles it: each segment as it is, each file's bytes read
     (through no link at its last step: a file of a layer is one; at the steps before it the layer's own
@@ -282,97 +288,6 @@ def _under_folders(files: str, name: str, folders: set[str], layer: StoredLayer)
             raise StoreMismatch(f"layer {layer.diff_id}'s file {name[:120]!r} lies under {folder[:120]!r}, which is "
                                 "not a folder of the layer (a link?)")
         folders.add(folder)
-
-
-HEADERS_LIMIT = 16 << 20  # folder_header: a layer's headers (its record's segments) held to walk them
-
-
-class _Headers:
-    """A layer's tar as its tar-split record gives it, each file's bytes a hole of zeros never made: what
-    :mod:`tarfile` reads to walk the headers (it seeks over a file's bytes). Read-only, seekable."""
-
-    def __init__(self, layer: StoredLayer) -> None:
-        self.parts: list[tuple[int, bytes | int]] = []  # (where it starts, its bytes or a hole's length)
-        at = held = 0
-        for kind, value, size in _entries(layer):
-            if kind == _SEGMENT:
-                held += size
-                if held > HEADERS_LIMIT:
-                    raise StoreMismatch(f"layer {layer.diff_id}'s headers are over {HEADERS_LIMIT} bytes")
-                self.parts.append((at, value))
-            else:
-                self.parts.append((at, size))
-            at += size
-        self.starts = [start for start, _ in self.parts]
-        self.size, self.at = at, 0
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.at
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        self.at = max(0, offset if whence == os.SEEK_SET else self.at + offset if whence == os.SEEK_CUR
-                      else self.size + offset)
-        return self.at
-
-    def read(self, n: int = -1) -> bytes:
-        end = self.size if n is None or n < 0 else min(self.size, self.at + n)
-        out = bytearray()
-        i = max(0, bisect.bisect_right(self.starts, self.at) - 1)
-        while self.at < end and i < len(self.parts):
-            start, part = self.parts[i]
-            length = part if isinstance(part, int) else len(part)
-            take = min(end, start + length) - self.at
-            if take > 0:
-                out += bytes(take) if isinstance(part, int) else part[self.at - start:self.at - start + take]
-                self.at += take
-            i += 1
-        return bytes(out)
-
-
-def folder_header(image: StoredImage, path: str) -> tuple[int, int, int] | str | None:
-    """(permission bits, uid, gid) of the folder ``path`` in the image's file system, from the headers of
-    its layers' tar-split records (the tars the layers came in), the top layer first, as the engine lays the
-    layers over each other: the first layer whose tar holds the folder gives it, as the engine's own archive
-    of the path would (the same tar headers: no owner is read from the storage's files, which an engine
-    remapping users keeps under other numbers); None when no layer holds it, or a layer above removes it (a
-    whiteout) or hides what lies below (an opaque folder above it). A link or a file where a folder is, or a
-    layer that both removes and holds it, is a reason to ask the engine instead, said as a string."""
-    parts = [p for p in path.strip("/").split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
-        return f"{path!r} is not a folder's absolute path"
-    target = "/".join(parts)
-    above = {"/".join(parts[:i]) for i in range(len(parts))}  # ("" the root)
-    for layer in reversed(image.layers):
-        found = None
-        removed = hidden = False  # the folder removed here (a whiteout), what lies below hidden (an opaque folder)
-        try:
-            with tarfile.open(fileobj=_Headers(layer), mode="r:") as tar:  # type: ignore[arg-type]
-                for member in tar:
-                    name = "/".join(p for p in member.name.split("/") if p not in ("", "."))
-                    folder, _, base = name.rpartition("/")
-                    if base == ".wh..wh..opq":  # a folder whose lower layers' files are hidden
-                        hidden = hidden or folder in above
-                    elif base.startswith(".wh."):  # a whiteout: the file or folder removed
-                        gone = "/".join(filter(None, (folder, base[4:])))
-                        removed = removed or gone == target or gone in above
-                    elif name in above and name and not member.isdir():
-                        return f"/{name} is no folder in layer {layer.diff_id}"
-                    elif name == target:
-                        if not member.isdir():
-                            return f"not a folder in layer {layer.diff_id}"
-                        found = (member.mode & 0o7777, member.uid, member.gid)
-        except (tarfile.TarError, StoreMismatch, OSError, ValueError) as exc:
-            return f"layer {layer.diff_id}'s tar-split record is not read so: {exc}"
-        if found is not None and removed:
-            return f"layer {layer.diff_id} both removes and holds it"
-        if found is not None:
-            return found
-        if removed or hidden:
-            return None
-    return None
 
 
 def stored_image(engine, image_id: str) -> StoredImage | str:

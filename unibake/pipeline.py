@@ -707,7 +707,8 @@ def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes |
             lends.close()  # (opened again by the export, which copies the frames)
         found = try_assemble(run["context"], run.engine, product=plan.product, tag=plan.tag, base=base, memo=memo,
                              memo_key=memo_key, epoch=run.epoch, revision=request.revision,
-                             platform=plan.platform.name, owned=INSTALL_ROOT, on_line=run.reporter.build_line)
+                             platform=plan.platform.name, owned=INSTALL_ROOT, on_line=run.reporter.build_line,
+                             use_store=not request.engine_save)
         if not isinstance(found, str):
             run.reporter.info(f"    assembled: the steps below the build memo's marker built alone "
                               f"({found.seconds:.1f} s), the rest is release {base.manifest.release}'s")
@@ -1089,7 +1090,8 @@ def _export(run: Run) -> tuple:
             # the bottom layers as earlier passes recorded them, when this user's records hold them all: not
             # read again (their diffIDs are the base release's, checked against its SHA256SUMS); else read
             recorded = held_bottom(plan.project_root / BUILD_MEMO, buildmemo.secret(request.env), built.assembled, base)
-            small = save_small(run.engine, built.assembled, run["folder"].staging)  # read by the export and the checks
+            small = save_small(run.engine, built.assembled, run["folder"].staging,  # read by the export and the checks
+                               on_fallback=run.reporter.warn)
             source = assembled_source(built.assembled, base, small, built.tag, held=recorded)
             if recorded is not None:
                 for layer, _, _, _, found in recorded.layers:

@@ -94,6 +94,8 @@ def hotfix_pair(cli, demo_product, version, images, tmp_path):
     assert result.code == 0, result.err
     # assembled: the steps below the build memo's marker built alone, on the base release's bottom layers
     assert "assembled: the steps below the build memo's marker built alone" in result.err, result.err
+    # on the memo's image itself (CI reads the engine's storage: the top layers taken from there, no small base)
+    assert "the steps below the build memo's marker built FROM its image" in result.err
     assert "in-image checks of tp1, tp2, tp4 passed on the assembled image" in result.err
     # the base release's pass recorded its layers: they are not read again, and its verify engine kept it
     assert f"bottom layers of release {base} as its pass recorded them (not read again)" in result.err
@@ -151,6 +153,15 @@ def test_a_hotfix_ships_only_what_changed_and_equals_a_full_build(cli, engine, d
     again = cli("kit", str(fix), "--out", str(tmp_path / "kit"), "--config", str(demo_product))
     assert again.code == 0, again.err
     assert (tmp_path / "kit" / kit).read_bytes() == (fix / kit).read_bytes()
+
+    # The same hotfix made as one who cannot read the engine's storage makes it (--engine-save): assembled on a
+    # small base, the checks run on an image loaded for them: the same image again.
+    small = cli("hotfix", "--from", base.name, "--version", fix.name, "--config", str(demo_product),
+                "--out", str(fix.parent), "--engine-save", "--force", "--no-smoke")
+    assert small.code == 0, small.err
+    assert "the steps below the build memo's marker built FROM a small base" in small.err
+    assert "in-image checks of tp1, tp2, tp4 passed on the assembled image" in small.err
+    assert json.loads((fix / "manifest.json").read_text())["image_id"] == manifest["image_id"]
 
 
 def test_a_release_made_on_an_earlier_one_copies_its_frames_and_is_the_archive_a_cold_release_writes(

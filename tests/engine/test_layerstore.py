@@ -10,7 +10,7 @@ import pytest
 
 from unibake.archive import write_archive
 from unibake.docker_engine import DockerEngine
-from unibake.layerstore import FROM_STORE, archive_image, folder_header, stored_image
+from unibake.layerstore import FROM_STORE, archive_image, stored_image
 
 from .conftest import build_dockerfile
 
@@ -61,22 +61,3 @@ def test_a_release_says_where_it_read_the_image_and_engine_save_gives_the_same_a
                         if line.endswith(".tar.zst")]
     assert len(sums[()]) == 1 and sums[()] == sums[("--engine-save",)]
 
-
-def test_a_folder_s_header_from_the_storage_is_the_one_the_engine_s_archive_gives(engine, odd_image):
-    # (what an assembled hotfix's small base copies: the folders above the install root, as the memo image has them)
-    stored = stored_image(engine, engine.inspect_image(odd_image).id)
-    assert not isinstance(stored, str)
-    before = {c["Id"] for c in engine.api.containers(all=True)}
-    for path in ("/opt", "/opt/a", "/opt/a/sub", "/srv", "/srv/b", "/bin", "/no/such", "/tmp", "/tmp/x"):
-        archived = engine.archived_folder_header(odd_image, path)
-        assert folder_header(stored, path) == archived, path
-        assert engine.folder_header(odd_image, path) == archived, path
-    assert folder_header(stored, "/opt")[0] == 0o2750 and folder_header(stored, "/opt/a")[1:] == (7, 9)
-    assert folder_header(stored, "/tmp") is None  # removed by the top layer (a whiteout)
-    # a folder made opaque (removed and made again): its own header, nothing of the lower layers' beneath it
-    assert folder_header(stored, "/opt/a/sub") == engine.archived_folder_header(odd_image, "/opt/a/sub") != None
-    assert folder_header(stored, "/opt/a/sub/f") is None is engine.archived_folder_header(odd_image, "/opt/a/sub/f")
-    # a file where a folder is, or above it: the engine is asked instead
-    assert "not a folder" in folder_header(stored, "/opt/a/big")
-    assert folder_header(stored, "/opt/a/big/x").startswith("/opt/a/big is no folder")
-    assert {c["Id"] for c in engine.api.containers(all=True)} <= before

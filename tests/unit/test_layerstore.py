@@ -17,7 +17,7 @@ import pytest
 
 from unibake.archive import write_archive
 from unibake.export import SaveSource, export_once
-from unibake.layerstore import FROM_STORE, PIECE, archive_image, chain_ids, find_image, folder_header
+from unibake.layerstore import FROM_STORE, PIECE, archive_image, chain_ids, find_image
 from unibake.metadata import METADATA_LABEL, PROFILES_LABEL
 from unibake.normalise import normalise_image
 from unibake.pipeline import ARCHIVE, Request, run_stages, selection
@@ -231,22 +231,33 @@ def other_with(other: FakeEngine, engine: FakeEngine, image) -> FakeEngine:
     return other
 
 
-def test_a_folder_s_header_is_the_top_layer_s_that_holds_it_as_the_layers_tars_give_it(stored):
-    engine, image_id, _ = stored
-    image = find_image(engine.root, "overlay2", image_id)
-    layers = image_layers()
+def _top_layers(small) -> list[bytes]:
+    from unibake.assemble import _layer_members
 
-    def header(n: int, name: str) -> tuple[int, int, int]:  # read from the layer's tar by tarfile itself
-        with tarfile.open(fileobj=io.BytesIO(layers[n]), mode="r:") as tar:
-            m = tar.getmember(name)
-            return m.mode & 0o7777, m.uid, m.gid
+    stream = b"".join(_layer_members(small.path, small.layers[2:]))
+    with tarfile.open(fileobj=io.BytesIO(stream + bytes(1024)), mode="r:") as tar:
+        return [tar.extractfile(m).read() for m in tar]
 
-    assert folder_header(image, "/opt") == header(2, "opt") and folder_header(image, "/bin/") == header(0, "bin")
-    assert folder_header(image, "/opt/old.txt") is None  # removed by layer 2 (its whiteout) before layer 1 is read
-    assert folder_header(image, "/srv") is None  # in no layer
-    assert folder_header(image, "/bin/sh").startswith("not a folder")  # a link: the engine is asked
-    assert folder_header(image, "/bin/sh/x").startswith("/bin/sh is no folder")
-    assert "not a folder's absolute path" in folder_header(image, "/opt/../etc")
-    # a record that cannot be read is a reason to ask the engine, never a header
-    image.layers[-1].split.write_bytes(b"not gzip")
-    assert "tar-split record is not read so" in folder_header(image, "/opt")
+
+def test_an_assembled_release_on_the_memo_image_takes_only_its_top_layers_from_the_storage(stored, tmp_path):
+    from unibake.assemble import Assembly, save_small
+
+    engine, image_id, diff_ids = stored
+    assembly = Assembly(small=image_id, lower_layers=2, lower_history=(), checks="true", shell=("/bin/sh", "-c"),
+                        checks_created_by="/bin/sh -c true", checks_at=2, below=2)
+    warned: list[str] = []
+    saved = []
+    engine.save = lambda ref, _save=engine.save: saved.append(ref) or _save(ref)  # (counted: never asked here)
+    small = save_small(engine, assembly, tmp_path, on_fallback=warned.append)
+    assert saved == [] and warned == [] and small.diff_ids == tuple(diff_ids) and len(small.layers) == 3
+    with tarfile.open(small.path, "r:") as spool:  # the manifest names every layer; only the top one is carried
+        assert [m.name for m in spool if m.name.endswith("layer.tar")] == [small.layers[2]]
+    assert _top_layers(small) == [image_layers()[2]]
+    small.path.unlink()
+    # a top layer's file changed at the same size: its diffID tells, and the whole image's save is read instead
+    (layer_files(engine.root, list(diff_ids), 2) / "opt" / "tune.json").write_bytes(b"[]\n")
+    small = save_small(engine, assembly, tmp_path, on_fallback=warned.append)
+    assert saved == [image_id] and len(warned) == 1 and "did not give the small image's own top layers" in warned[0]
+    assert _top_layers(small) == [image_layers()[2]] and small.diff_ids == tuple(diff_ids)
+    # nothing else left in the staging folder: the first try's spool was written over
+    assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == [small.path.name]
