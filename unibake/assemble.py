@@ -52,7 +52,7 @@ from . import buildmemo
 from .archive_reader import read_archive
 from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_ref, iso_time
 from .contents import found_from_json, found_to_json
-from .engine import BuildStep, Engine
+from .engine import BuildOutcome, BuildStep, Engine
 from .errors import ArchiveError, CheckFailed, EngineError, StoreMismatch, UnibakeError, VerificationError
 from .files import read_small_file, write_atomic
 from .hotfix import HotfixBase
@@ -210,13 +210,19 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
         engine.untag(base_ref)
     if before is not None and before.id != outcome.image_id:
         engine.remove_if_unused(before.id)
+    return _built(engine, outcome, cut=cut, hit=hit, tag=tag, base=base, start=start, assembly=Assembly(
+        small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks, shell=tuple(shell),
+        checks_created_by=" ".join([*shell, checks]), checks_at=len(history) + runs[0]))
+
+
+def _built(engine: Engine, outcome: BuildOutcome, *, cut: buildmemo.Split, hit: buildmemo.Memo, tag: str, base: HotfixBase,
+           start: float, assembly: Assembly) -> BuiltImage:
+    """The build stage's report of an assembled image: the steps above the marker as memoised, the small
+    build's below them with the whole Dockerfile's numbers."""
     lower_steps = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
                    for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
     upper_steps = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]
     now = engine.inspect_image(tag)
-    assembly = Assembly(small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks,
-                        shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
-                        checks_at=len(history) + runs[0])
     return BuiltImage(image_id=outcome.image_id, tag=tag, diff_ids=(), steps=(*lower_steps, *upper_steps),
                       stage_images=hit.stages, seconds=time.monotonic() - start, size=base.manifest.image_size,
                       replaced=now.id if now is not None else None,
@@ -253,17 +259,9 @@ def _assemble_on_memo(context: BuildContext, engine: Engine, *, cut: buildmemo.S
             or len(small.diff_ids) <= count:
         raise EngineError(f"the small image {outcome.image_id[:19]} does not lie on the build memo's image "
                           f"{hit.lower[:19]}")
-    lower_steps = [BuildStep(number=n, instruction=text, cached=not text.upper().startswith("FROM "))
-                   for n, text in enumerate(buildmemo.instructions(cut.lower), 1)]
-    upper_steps = [replace(s, number=s.number - 1 + cut.lower_steps) for s in outcome.steps[1:]]
-    now = engine.inspect_image(tag)
-    assembly = Assembly(small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks,
-                        shell=tuple(shell), checks_created_by=" ".join([*shell, checks]),
-                        checks_at=len(history) + runs[0], below=count)
-    return BuiltImage(image_id=outcome.image_id, tag=tag, diff_ids=(), steps=(*lower_steps, *upper_steps),
-                      stage_images=hit.stages, seconds=time.monotonic() - start, size=base.manifest.image_size,
-                      replaced=now.id if now is not None else None,
-                      memoised=sum(1 for s in lower_steps if s.cached), memo_lower=hit.lower, assembled=assembly)
+    return _built(engine, outcome, cut=cut, hit=hit, tag=tag, base=base, start=start, assembly=Assembly(
+        small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks, shell=tuple(shell),
+        checks_created_by=" ".join([*shell, checks]), checks_at=len(history) + runs[0], below=count))
 
 
 RECORDS = "layers"  # under the build memo's folder: what each layer a release's pass read holds, by diffID
