@@ -22,8 +22,14 @@ every condition below holds, the hotfix is made so:
 4. the in-image checks run as a container of the image, which must change nothing in it: as their
    RUN step in the whole build, which then records no layer.
 
+Where the engine's storage can be read (and not with ``--engine-save``), steps 1-4 are simpler
+(:func:`_assemble_on_memo`): the steps below the marker are built FROM the memo's image itself (no small
+base, no folders read), only the small image's top layers are taken, from the storage (each hashed
+against its diffID; else the engine's save), and the checks run in a container of the small image,
+which holds every file.
+
 The image is the one the whole build gives (its ID): the engine test
-``tests/engine/test_assembled_hotfix.py`` holds an assembled hotfix to a cold build of the same
+``tests/engine/test_hotfix_repro.py`` holds an assembled hotfix (both ways) to a cold build of the same
 inputs. Conditions, each said when it fails (the whole image is then built and exported, as before):
 the build memo holds the steps above the marker; this user's record (made by every run that
 exports a whole image built FROM the memo's image) says which diffIDs that image's layers got with
@@ -77,7 +83,12 @@ class Assembly:
     shell: tuple[str, ...]  # what runs it (the memo image's SHELL, else /bin/sh -c)
     checks_created_by: str  # their history entry's created_by, as the whole build records it
     checks_at: int  # that entry's place in the image's history
-    below: int = 1  # the small image's layers under its top ones: the small base's one, or the memo image's
+    on_memo: bool = False  # the small image built FROM the memo's image itself (else FROM a small base)
+
+    @property
+    def below(self) -> int:
+        """The small image's layers under its top ones: the memo image's, or the small base's one."""
+        return self.lower_layers if self.on_memo else 1
 
 
 def _parents(root: str) -> list[str]:
@@ -261,7 +272,7 @@ def _assemble_on_memo(context: BuildContext, engine: Engine, *, cut: buildmemo.S
                           f"{hit.lower[:19]}")
     return _built(engine, outcome, cut=cut, hit=hit, tag=tag, base=base, start=start, assembly=Assembly(
         small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks, shell=tuple(shell),
-        checks_created_by=" ".join([*shell, checks]), checks_at=len(history) + runs[0], below=count))
+        checks_created_by=" ".join([*shell, checks]), checks_at=len(history) + runs[0], on_memo=True))
 
 
 RECORDS = "layers"  # under the build memo's folder: what each layer a release's pass read holds, by diffID
@@ -439,16 +450,16 @@ class SmallSave:
 def save_small(engine: Engine, assembly: Assembly, staging: Path,
                on_fallback: Callable[[str], object] = lambda message: None) -> SmallSave:
     """The small image's save stream in a file of ``staging`` (the caller removes it). Built on the memo's
-    image (``assembly.below`` > 1), only its top layers are wanted: read from the engine's storage, each
+    image (``assembly.on_memo``), only its top layers are wanted: read from the engine's storage, each
     hashed against its diffID as it is written; where they are not the image's (``on_fallback`` told why),
     or cannot be read there, from the engine's save of the whole image."""
     spool = staging / ".assembled-small.tar.tmp"
     try:
-        stored = stored_image(engine, assembly.small) if assembly.below > 1 else None
+        stored = stored_image(engine, assembly.small) if assembly.on_memo else None
         if isinstance(stored, StoredImage):
             try:
                 _spool_top(stored, assembly.below, spool)
-            except (StoreMismatch, ArchiveError) as exc:
+            except StoreMismatch as exc:
                 on_fallback(f"the engine's storage did not give the small image's own top layers ({exc}); they are "
                             "read from the engine's save of the whole image instead")
                 stored = None
@@ -482,7 +493,7 @@ def _spool_top(stored: StoredImage, below: int, spool: Path) -> None:
         for name, layer in zip(names[below:], stored.layers[below:]):
             digest = hashlib.sha256()
             size = 0
-            for piece in layer_tar(layer, lambda size: fh.write(tar_header(name, size))):
+            for piece in layer_tar(layer, lambda length: fh.write(tar_header(name, length))):
                 digest.update(piece)
                 size += len(piece)
                 fh.write(piece)
@@ -578,11 +589,11 @@ def check_early(engine: Engine, assembly: Assembly, base: HotfixBase, small: Sma
     into the local engine at once (the base release's bottom layers, which the engine holds, and the
     small image's top layers, not yet normalised: the checks read files' contents, not their times),
     removed again after. The released image differs from it only in file times and its history.
-    A small image built on the memo's image (``assembly.below`` > 1) holds those files itself: the checks
+    A small image built on the memo's image (``assembly.on_memo``) holds those files itself: the checks
     run in a container of it, nothing loaded. ``small``'s spool is removed as it ends."""
     image = None
     try:
-        if assembly.below > 1:
+        if assembly.on_memo:
             run_checks(engine, assembly.small, assembly)
             return
         bottom = list(base.manifest.diff_ids[:assembly.lower_layers])

@@ -244,7 +244,7 @@ def test_an_assembled_release_on_the_memo_image_takes_only_its_top_layers_from_t
 
     engine, image_id, diff_ids = stored
     assembly = Assembly(small=image_id, lower_layers=2, lower_history=(), checks="true", shell=("/bin/sh", "-c"),
-                        checks_created_by="/bin/sh -c true", checks_at=2, below=2)
+                        checks_created_by="/bin/sh -c true", checks_at=2, on_memo=True)
     warned: list[str] = []
     saved = []
     engine.save = lambda ref, _save=engine.save: saved.append(ref) or _save(ref)  # (counted: never asked here)
