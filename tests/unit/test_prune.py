@@ -421,16 +421,23 @@ def test_an_older_release_rebuilt_from_its_kit_loses_the_kit_tag_too(tmp_path):
     assert engine.inspect_image("demo-llm:1.3.1") is not None
 
 
-def _killed_writing(*args: str, cwd, env=None) -> int:
+def _killed_writing(*args: str, cwd, env=None, at: str | None = None) -> int:
     """``build.py ARGS`` (or, with ``args[0] == "write"``, write_atomic(FOLDER, NAME)) SIGKILLed as its first
-    write_atomic renames its temporary file: what a kill at that moment leaves."""
+    write_atomic (or, with ``at``, its first of a file named ``at``) renames its temporary file: what a kill at that
+    moment leaves. (The writes before ``at``'s go through: a render writes the inputs' digest memo first when the
+    inputs are older than its settling time, which on a slow machine they may be.)"""
     import subprocess
     import sys
 
     from ..conftest import REPO
 
     script = ("import os, signal, sys\n"
-              "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "_replace, _at = os.replace, os.environ.pop('KILL_AT', '')\n"
+              "def _kill(src, dst, **kw):\n"
+              "    if _at and os.path.basename(dst) != _at:\n"
+              "        return _replace(src, dst, **kw)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "os.replace = _kill\n"
               "if sys.argv[1] == 'write':\n"
               "    from pathlib import Path\n"
               "    from unibake.files import write_atomic\n"
@@ -438,7 +445,8 @@ def _killed_writing(*args: str, cwd, env=None) -> int:
               "from unibake.cli import main\n"
               "sys.exit(main(sys.argv[1:]))\n")
     return subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, capture_output=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", **(env or {})}).returncode
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CI": "1", **(env or {}),
+                               **({"KILL_AT": at} if at else {})}).returncode
 
 
 def test_prune_removes_the_temporary_files_killed_writes_left_and_nothing_else(tmp_path, busybox_product):
@@ -453,11 +461,10 @@ def test_prune_removes_the_temporary_files_killed_writes_left_and_nothing_else(t
 
     root, cache = busybox_product.parent, tmp_path / "home/.cache"
     env = {"XDG_CACHE_HOME": str(cache)}
-    assert _killed_writing("lock", "--config", str(busybox_product), cwd=root) == -signal.SIGKILL
-    # (no sanitisation memo: its write in the user's cache, when that holds none for these files yet, would be
-    # the render's first)
+    assert _killed_writing("lock", "--config", str(busybox_product), cwd=root, at="inputs.lock") == -signal.SIGKILL
+    # (killed at the Dockerfile: the memos' writes before it, in the user's cache or the project's, go through)
     assert _killed_writing("--stage", "render", "--config", str(busybox_product), cwd=root,
-                           env={"XDG_CACHE_HOME": "relative-is-none"}) == -signal.SIGKILL
+                           env={"XDG_CACHE_HOME": "relative-is-none"}, at="Dockerfile") == -signal.SIGKILL
     for folder, name in ((root / ".cache/normalised", "v2-" + "a" * 64 + "-0"),
                          (root / ".cache/build-memo", "all-native.json"),
                          (root / ".cache/build-memo/layers", "c" * 64 + ".json"),  # (an assembled hotfix's records)
