@@ -147,7 +147,8 @@ def _release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-save", action="store_true",
                    help="read the image through the engine's save (docker save) even where its storage can be read "
                         "directly (the default there: the same bytes, checked against the same digests, without the "
-                        "save's wait before its first byte)")
+                        "save's wait before its first byte), and build an assembled release on a small base, not on "
+                        "the build memo's image")
     p.add_argument("--no-roundtrip", action="store_true",
                    help="skip the load into a fresh engine and the smoke gates (the notes say so)")
     p.add_argument("--no-smoke", action="store_true",
