@@ -25,7 +25,7 @@ unit:
 	scripts/setup.sh --venv
 	$(PY) -m pytest tests/unit --no-cov
 
-# The performance benchmark (about 40 minutes, under the engine lock): prints a table, writes docs/BENCHMARKS.md.
+# The performance benchmark (about 20 minutes, under the engine lock): prints a table, writes docs/BENCHMARKS.md.
 bench: setup
 	$(PY) benchmarks/bench.py
 

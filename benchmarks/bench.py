@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The performance benchmark: one command, a table, and docs/BENCHMARKS.md.
 
-    .venv/bin/python benchmarks/bench.py              # the full run, about 40 minutes, the engine to itself
+    .venv/bin/python benchmarks/bench.py              # the full run, about 20 minutes, the engine to itself
     .venv/bin/python benchmarks/bench.py --quick      # tiny sizes, 1 round: the test suite's check (about a minute)
 
 What it measures, in one run:
@@ -171,6 +171,8 @@ class ReleaseRuns:
     noop_first: Measured | None = None  # the hotfix's inputs built whole the first time (the hotfix was assembled)
     noop: Measured | None = None  # the same command again: a true no-op
     tune_plain: Measured | None = None  # once: a release after one tune-cache JSON change, without --from
+    fan_first: Measured | None = None  # once: a release --from the cold release, which the verify engine no longer kept
+    fan: Measured | None = None  # then a second one --from the cold release: kept with the first, as the engine started
     first: Measured | None = None  # the first cold release on this base: it seeds the verify engine
     no_seed: Measured | None = None  # a cold release with --no-seed: the round trip in an empty engine
     reproducible: bool = False
@@ -209,6 +211,13 @@ def measure_releases(engine, work: Path, wheel: Path, rounds: int, made: set[str
     out.noop_first = releases.noop(rounds - 1, "noop-first")
     out.noop = releases.noop(rounds - 1)
     out.tune_plain = releases.tune("plain", on=None)
+    # Two more releases made --from the cold release (each after one more change): the first finds it no longer kept
+    # (the verify engine kept the release plain made), the second finds it kept with the first, and loads only itself
+    out.fan_first = releases.tune("fan1")
+    out.fan = releases.tune("fan2")
+    if out.fan_first.kept or not out.fan.kept:
+        raise SystemExit("error: the second release made --from the cold release did not find it kept in the verify "
+                         f"engine, or the first did (kept: {out.fan_first.kept}, then {out.fan.kept})")
     out.reproducible = releases.reproducible
     return out
 
@@ -332,7 +341,7 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         ("1, 2", "every release measured kept its guarantees: round trip into an engine that never saw the image "
               "(holding only the base image; a hotfix's, or a release's made `--from` another, also that release) "
               "with the image ID compared, the engine's image ID released, cold archives byte-identical in every round",
-         f"{len(rel.cold) + len(rel.tune) + len(rel.hotfix) + 1} releases", None,
+         f"{len(rel.cold) + len(rel.tune) + len(rel.hotfix) + 5} releases", None,
          rel.reproducible),
     ]
     save, whole = big.save.median, big.ours.median + rt_ours.median
@@ -388,7 +397,10 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         "cold) and the inputs to the cold release's; then the cold release and the same work by hand, "
         "alternating which goes first; then one tune-cache JSON of tp2 changed, `build.py lock` and a release of "
         "a new version made `--from` the cold release; then another such change and `build.py hotfix --from` that "
-        "release. Once, after the rounds: one more such change and a release without `--from`.", "",
+        "release. Once, after the rounds: one more such change and a release without `--from`; then two releases "
+        "made `--from` the cold release, each after one more such change (the first finds the cold release no "
+        "longer kept in the verify engine, which kept the last release, and loads it; the second finds it kept "
+        "with the first).", "",
         "| run | time |", "|---|---|",
         f"| ours, cold: `build.py --profile all --no-cache --no-smoke --version cold --force` | {cold.cell()} |",
         f"| ours, cold, the first release on this base (once, before the rounds: the verify engine seeded with the "
@@ -409,6 +421,10 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         f"| ours, after one tune-cache JSON change, without `--from` (once): `build.py --profile all --no-smoke "
         f"--version tuneplain` | {rel.tune_plain.seconds:.2f} s |",
         f"| ours, `build.py hotfix --from tuneN --no-smoke` after one more such change | {hotfix.cell()} |",
+        f"| ours, after one tune-cache JSON change, `--from` the cold release when the verify engine no longer kept it "
+        f"(once): its round trip loads the cold release first | {rel.fan_first.seconds:.2f} s |",
+        f"| ours, a second release made `--from` the cold release (once, right after the one above): the verify "
+        f"engine kept the cold release with the first, so it loads only itself | {rel.fan.seconds:.2f} s |",
         f"| ours, the last hotfix's inputs built whole (`build.py --stage build`), the first time: the assembled "
         f"hotfix built only a small image, so the steps above the memo's marker run | {rel.noop_first.seconds:.2f} s |",
         f"| ours, no-op rebuild: the same `build.py --stage build` again, on unchanged inputs | "

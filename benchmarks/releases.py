@@ -43,6 +43,7 @@ PEER_TAG = f"{realistic.PRODUCT}-peer:cold"
 STAGE_RE = re.compile(r"^  (?P<name>\S.*?)\s+(?P<seconds>\d+\.\d) s  (?P<status>ok|failed|skipped)\b")
 CACHE_RE = re.compile(r"(\d+) of (\d+) steps from the build cache")
 NO_SMOKE = "skipped with --no-smoke"
+KEPT = "an earlier run kept the release it is made on there"  # (the export's line, as build.py prints it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,7 @@ class Measured:
     stages: dict[str, float]
     cached: str = ""  # "N of M" build steps from the build cache
     manifest: dict = field(default_factory=dict)
+    kept: bool = False  # its round trip found the release it is made on kept in the verify engine (its own line)
 
 
 def sh(cmd: str, env: dict | None = None) -> float:
@@ -137,7 +139,7 @@ class Releases:
             self._check_release(name, manifest)
         stages = parse_summary(run.stderr)
         self.log(f"    {name}: {seconds:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in stages.items() if v >= 0.1) + ")")
-        return Measured(seconds=seconds, stages=stages, manifest=manifest,
+        return Measured(seconds=seconds, stages=stages, manifest=manifest, kept=KEPT in run.stderr,
                         cached=f"{cached[1]} of {cached[2]}" if cached else "")
 
     def _check_release(self, name: str, manifest: dict) -> None:

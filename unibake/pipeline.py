@@ -1007,12 +1007,12 @@ def _forget_the_export_load(run: Run, engine: Engine, tag: str) -> None:
     run.stack.callback(forget)
 
 
-def _fresh_done(run: Run, fresh: Engine, image_id: str) -> None:
+def _fresh_done(run: Run, fresh: Engine, base_id: str, image_id: str) -> None:
     """A whole release on an earlier one: its round trip is checked before its archive is read back, so the
-    seeded verify engine keeps the new release (for a release made on it next) and, when no smoke gate will
-    run there, is stopped while the read back goes on."""
+    seeded verify engine keeps the new release and the one it was made on (for a release made on either
+    next) and, when no smoke gate will run there, is stopped while the read back goes on."""
     if run.seed is not None and fresh is run.seed.engine:
-        run.seed.keep_after(image_id)
+        run.seed.keep_after(image_id, base_id)
     if not run.request.smoke:
         run.stage_done("smoke gates")
 
@@ -1115,7 +1115,8 @@ def _export(run: Run) -> tuple:
                                    platform=plan.platform, inspector=inspector,
                                    fresh_holds=held, base_release=base.manifest.image_id if base else None,
                                    source=source, lender=lender, vouched=vouched,
-                                   fresh_done=partial(_fresh_done, run, fresh) if whole else lambda image_id: None)
+                                   fresh_done=partial(_fresh_done, run, fresh, base.manifest.image_id) if whole
+                                   else lambda image_id: None)
 
         try:
             if source is not None:  # (an assembled hotfix's stream)
@@ -1185,9 +1186,11 @@ def _export(run: Run) -> tuple:
             raise
         trip = trip.model_copy(update={"held_before": (base.manifest.image_id,) + ((held,) if held else ())})
         proof = Proof(back=back, round_trip=trip, skipped="", engine=fresh, netns_pid=netns_pid)
-    if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix on it: this release, or
-        # this hotfix's base; a whole release, for a release made on it next
-        run.seed.keep_after(base.manifest.image_id if base is not None and not whole else image.image_id)
+    if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix or a --from release on it:
+        # this release, and the one it was made on (a second release made on that one loads only itself); a hotfix
+        # only its base release (no release is made on a hotfix)
+        run.seed.keep_after(*((base.manifest.image_id,) if base is not None and not whole else
+                              (image.image_id, base.manifest.image_id if whole else None)))
     if checks is not None:
         if not request.smoke:  # no gate will run in the verify engine: it stops while the checks end, not after
             run.stage_done("smoke gates")

@@ -10,12 +10,14 @@ is kept between runs and holds ONE image, the base image the product is built FR
 every start: that image and nothing else, no container; anything else and it is wiped and seeded
 again). The round trip then loads only the layers the release adds and its config: the engine
 never saw the release's image, and the base layers it holds carry the same diffIDs the archive's
-read back recomputed. Each run removes what it loaded before the engine stops, but for ONE release
-image it may keep (:meth:`SeededEngine.keep_after`: the release it made, or the base release of the
-hotfix it made), named in the folder's ``kept`` mark: a hotfix on that release then finds its base
-release there and loads only itself (the engine held the base release and the base image, nothing
-else). A run that wants another kept image (or none: a release's round trip starts from the base
-image alone) has the kept one removed as the engine starts.
+read back recomputed. Each run removes what it loaded before the engine stops, but for the release
+images it may keep (:meth:`SeededEngine.keep_after`, at most KEPT_MAX: the release it made and, made
+``--from`` another, that one too; a hotfix keeps its base release, as no release is made on a hotfix),
+named in the folder's ``kept`` mark: a hotfix or a ``--from`` release on one of them then finds its
+base release there and loads only itself (the engine held that release and the base image, nothing
+else: the other kept one is removed as the engine starts). So a second release made on the same
+release, as well as a release made on the last one, loads only what it adds. A run that wants none
+(a release's round trip starts from the base image alone) has every kept one removed as it starts.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from .threads import Thread, counted
 SCRATCH_PREFIX = "ub-scratch-"
 SEED_PREFIX = "ub-seed-"
 SEEDED_MARK = "seeded"  # written once the base image is loaded: the base image ID it holds
-KEPT_MARK = "kept"  # the one release image a seeded engine keeps besides its base image, if any
+KEPT_MARK = "kept"  # the release images a seeded engine keeps besides its base image, one per line, if any
+KEPT_MAX = 2  # the release a run made and the one it was made on
 SEED_DIGITS = 16  # of the base image ID, in a seeded engine's folder name
 _SEED_DIGITS = re.compile(f"[0-9a-f]{{{SEED_DIGITS}}}")
 _SEED_CONTENTS = frozenset({"root", "dockerd.log", SEEDED_MARK, KEPT_MARK})  # all a seeded engine's folder holds
@@ -342,13 +345,26 @@ def _evict_seeds(base: Path, keep: Path) -> list[Path]:
 
 
 def _read_mark(folder: Path, name: str = SEEDED_MARK) -> str:
-    """The base image ID a seeded engine's mark names (``name``: the kept release's, KEPT_MARK); "" when
-    it has none (never seeded to the end) or it names no image ID."""
+    """The base image ID a seeded engine's mark names; "" when it has none (never seeded to the end) or
+    it names no image ID."""
     try:
         mark = (folder / name).read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return ""
     return mark if IMAGE_ID_RE.fullmatch(mark) else ""
+
+
+def _read_kept(folder: Path) -> tuple[str, ...]:
+    """The release image IDs the ``kept`` mark names (at most KEPT_MAX, one per line); none when it is
+    missing, or names anything but image IDs, or more of them (then every kept image goes: the engine
+    holding more than its base, it is seeded again)."""
+    try:
+        lines = (folder / KEPT_MARK).read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return ()
+    if len(lines) > KEPT_MAX or not all(IMAGE_ID_RE.fullmatch(x) for x in lines):
+        return ()
+    return tuple(dict.fromkeys(lines))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -582,7 +598,7 @@ class SeededEngine(ScratchEngine):
         self._lock: int | None = None
         self.wanted = keep  # the release image the run would find kept here (a hotfix's base release)
         self.kept: str | None = None  # ``wanted``, when the engine holds it as the run starts
-        self._keep_after: str | None = None
+        self._keep_after: tuple[str, ...] = ()
 
     def __enter__(self) -> "SeededEngine":
         self._prepare_base()
@@ -626,10 +642,10 @@ class SeededEngine(ScratchEngine):
         _unmount_under(self.folder)
         shutil.rmtree(self.folder / "root", ignore_errors=True)
 
-    def _holds_only_base(self) -> bool:
-        """The base image and nothing else (but the kept release, when the run wants it): no other image,
-        no container."""
-        wanted = {self.base_id} | ({self.kept} if self.kept else set())
+    def _holds_only_base(self, kept: frozenset[str] | None = None) -> bool:
+        """The base image and nothing else (but the kept release, when the run wants it; ``kept``: these
+        instead): no other image, no container."""
+        wanted = {self.base_id} | (kept if kept is not None else {self.kept} if self.kept else set())
         try:
             api = self.engine.api
             return {i["Id"] for i in api.images(all=True)} == wanted and not api.containers(all=True)
@@ -637,27 +653,35 @@ class SeededEngine(ScratchEngine):
             return False
 
     def _settle_kept(self) -> None:
-        """The kept release (the ``kept`` mark) stays when the run wants it (``self.kept``), else it is
-        removed; an engine holding anything else is then seeded again, as before."""
-        kept = _read_mark(self.folder, KEPT_MARK)
+        """The kept release the run wants (``self.wanted``, one the ``kept`` mark names) stays (``self.kept``),
+        when the engine holds the base image, the kept releases and nothing else; every other kept release
+        is removed. An engine holding anything else is then seeded again, as before."""
+        kept = _read_kept(self.folder)
         (self.folder / KEPT_MARK).unlink(missing_ok=True)  # written again at the end, if kept then
         if not kept:
             return
         try:
             api = self.engine.api
             found = {i["Id"] for i in api.images(all=True)}
-            if kept == self.wanted and found == {self.base_id, kept} and not api.containers(all=True):
-                self.kept = kept
-                return
-            if kept in found:
-                api.remove_image(kept, force=True)
+            stays = (self.wanted if self.wanted in kept and found <= {self.base_id, *kept} and self.wanted in found
+                     and not api.containers(all=True) else None)
+            for image in kept:
+                if image in found and image != stays:
+                    try:
+                        api.remove_image(image, force=True)
+                    except docker.errors.NotFound:
+                        pass
+            self.kept = stays
         except (docker.errors.DockerException, requests.exceptions.RequestException):
-            pass  # (then it holds more than its base: seeded again)
+            self.kept = None  # (then it holds more than its base: seeded again)
 
-    def keep_after(self, image_id: str | None) -> None:
-        """The release image to keep when the engine stops (besides the base image), for a hotfix on
-        it: it must be in the engine then, or nothing is kept."""
-        self._keep_after = image_id if image_id and IMAGE_ID_RE.fullmatch(image_id) else None
+    def keep_after(self, *image_ids: str | None) -> None:
+        """The release images to keep when the engine stops (besides the base image; at most KEPT_MAX), for
+        a hotfix or a ``--from`` release on one of them: each must be in the engine then, or it is not kept."""
+        ids = tuple(dict.fromkeys(i for i in image_ids if i and IMAGE_ID_RE.fullmatch(i)))
+        if len(ids) > KEPT_MAX:
+            raise ValueError(f"a seeded verify engine keeps at most {KEPT_MAX} releases, not {len(ids)}")
+        self._keep_after = ids
 
     def _seed(self) -> None:
         """Load the base image from the engine that built on it (by ID: a tag moved meanwhile cannot
@@ -683,17 +707,16 @@ class SeededEngine(ScratchEngine):
             for container in api.containers(all=True):
                 api.remove_container(container["Id"], force=True, v=True)
             found = {i["Id"] for i in api.images(all=True)}
-            keep = self._keep_after if self._keep_after in found else None
-            for image in found - {self.base_id, keep}:
+            keep = [i for i in self._keep_after if i in found]
+            for image in found - {self.base_id, *keep}:
                 try:
                     api.remove_image(image, force=True)
                 except docker.errors.NotFound:
                     pass  # (a parent removed with its child)
-            self.kept = keep
-            if not self._holds_only_base():
+            if not self._holds_only_base(frozenset(keep)):
                 raise EngineError("it still holds more than its base image")
             if keep:  # (the tags the loads gave it stay: a kept release is found by its image ID)
-                (self.folder / KEPT_MARK).write_text(keep + "\n", encoding="ascii")
+                (self.folder / KEPT_MARK).write_text("".join(i + "\n" for i in keep), encoding="ascii")
         except (docker.errors.DockerException, requests.exceptions.RequestException, EngineError):
             (self.folder / KEPT_MARK).unlink(missing_ok=True)
             (self.folder / SEEDED_MARK).unlink(missing_ok=True)

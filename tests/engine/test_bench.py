@@ -29,6 +29,7 @@ def test_the_benchmark_runs_every_scenario_reports_every_goal_and_leaves_the_eng
     for row in ("cold release, build to published folder, <= 1.0 x the same work by hand",
                 "release after one tune-cache JSON change (`--from` the cold release) <= 15 % of the cold release",
                 "after one tune-cache JSON change, without `--from` (once)",
+                "a second release made `--from` the cold release (once", "when the verify engine no longer kept it",
                 "`hotfix --from` after one tune-cache JSON change <= 15 % of the cold release",
                 "archive stage <= 0.9 x the peer, today's payload", "archive stage <= 0.9 x the peer, compressible",
                 "peak RSS of the archive stage <= 256 MiB", "peak RSS flat in image size",
