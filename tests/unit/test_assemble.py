@@ -236,6 +236,38 @@ def test_a_released_config_is_taken_back_only_when_its_digest_is_the_image_id(tm
     assert remembered_config(tmp_path, "sha256:" + "f" * 64) is None
 
 
+def test_the_records_of_a_release_every_later_one_is_made_on_outlive_any_number_of_later_releases(tmp_path):
+    """The configs and layer records are evicted oldest first, and one taken back counts as new: release 1.0's
+    config and layers stay however many releases are made on it since (before: its config went after 16 of them,
+    and every later hotfix or --from release on 1.0 read its archive whole again, 7-10 s against 3 s)."""
+    import hashlib
+    import time
+    from types import SimpleNamespace
+
+    from unibake.assemble import CONFIGS_KEPT, LAYER_RECORDS_KEPT, held_bottom, remember_config, remember_layers
+
+    def config(n: int) -> bytes:
+        return json.dumps({"rootfs": {"type": "layers", "diff_ids": [f"sha256:{n:064x}"]}}).encode()
+
+    bottom = ["sha256:" + "b" * 64, "sha256:" + "c" * 64]
+    remember_config(tmp_path, config(0))
+    remember_layers(tmp_path, KEY, [(d, 4096, _found()) for d in bottom])
+    base = SimpleNamespace(manifest=SimpleNamespace(image_id="sha256:" + hashlib.sha256(config(0)).hexdigest(),
+                                                    diff_ids=bottom))
+    per_release = 4  # layer records a release made on 1.0 writes (its own top layers)
+    releases = max(CONFIGS_KEPT, LAYER_RECORDS_KEPT // per_release) + 2
+    for n in range(1, releases + 1):
+        assert held_bottom(tmp_path, KEY, SimpleNamespace(lower_layers=2), base) is not None, \
+            f"1.0's records went after {n - 1} releases made on it"
+        time.sleep(0.005)  # (file times: the kernel's clock moves in steps of a few milliseconds)
+        remember_config(tmp_path, config(n))
+        remember_layers(tmp_path, KEY, [(f"sha256:{n * 100 + i:064x}", 10, _found()) for i in range(per_release)])
+        time.sleep(0.005)
+    assert len(list((tmp_path / "configs").glob("*.json"))) == CONFIGS_KEPT  # the others were evicted
+    assert len(list((tmp_path / "layers").glob("*.json"))) == LAYER_RECORDS_KEPT
+    assert held_bottom(tmp_path, KEY, SimpleNamespace(lower_layers=2), base) is not None
+
+
 def test_the_small_save_gets_a_second_name_for_the_checks_even_where_hard_links_are_refused(tmp_path, monkeypatch):
     from unibake import assemble
 
