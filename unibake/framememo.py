@@ -73,6 +73,36 @@ def known_frames(folder: Path, key: bytes) -> dict[str, FrameSeen]:
     return {blob: seen for blob, value in entries.items() if (seen := _entry(blob, value)) is not None}
 
 
+KIT_FILE = "kit-frames.json"  # the reconstruct kits' frames of large context files, beside the archives'
+KIT_KEPT = 2_000
+
+
+def known_kit_frames(folder: Path, key: bytes) -> dict[str, tuple[str, int, int]]:
+    """The kit frames recorded in ``folder`` under ``key``: by the sha256 of the bytes each decodes to, (the sha256
+    of its compressed bytes, its length, that size)."""
+    entries = read_signed(folder, KIT_FILE, key, VERSION, limit=LIMIT)
+    return {sha: (v[0], v[1], v[2]) for sha, v in entries.items()
+            if _hex(sha) and isinstance(v, list) and len(v) == 3 and _hex(v[0])
+            and all(type(x) is int and x > 0 for x in v[1:])}
+
+
+def remember_kit_frames(folder: Path, key: bytes, frames: Iterable[tuple[str, str, int, int]]) -> int:
+    """A finished kit's frames (:meth:`unibake.kit.KitDraft.made_frames`) added to the record (the newest first, at
+    most ``KIT_KEPT``); how many were new. A kit decodes a copied frame only when this record lacks it."""
+    new = {sha: [zsha, length, size] for sha, zsha, length, size in frames}
+    old = read_signed(folder, KIT_FILE, key, VERSION, limit=LIMIT)
+    added = sum(1 for sha, value in new.items() if old.get(sha) != value)
+    if not added:
+        return 0
+    entries = dict(new)
+    for sha, value in old.items():
+        if len(entries) >= KIT_KEPT:
+            break
+        entries.setdefault(sha, value)
+    write_signed(folder, KIT_FILE, key, VERSION, entries)
+    return added
+
+
 def remember_frames(folder: Path, key: bytes, seen: Iterable[FrameSeen]) -> int:
     """``seen`` added to the record (the newest first, at most ``KEPT`` in all); how many were new."""
     new = {f.blob: _value(f) for f in seen}

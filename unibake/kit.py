@@ -231,10 +231,12 @@ class KitDraft:
     The bytes are the same whichever way it is written: one zstd stream of one tar."""
 
     def __init__(self, out: Path, name: str, *, plan: ReleasePlan, context: BuildContext, release: str, epoch: int,
-                 expect_context: str | None = None, reuse: tuple[Path, str, int] | None = None):
+                 expect_context: str | None = None, reuse: tuple[Path, str, int] | None = None,
+                 vouched: dict[str, tuple[str, int, int]] | None = None):
         self.out, self.name, self.plan, self.context, self.epoch = out, name, plan, context, epoch
         # an earlier kit (its path, recorded sha256 and size) whose frames of the same large files are copied
         self.reuse = reuse
+        self.vouched = vouched  # the frames this user's kits made or decoded (:meth:`made_frames`), signed
         self.reuse_note = ""  # what came of it, for the kit stage's line
         self.release = release
         self.expect_context = expect_context
@@ -272,7 +274,7 @@ class KitDraft:
         self._hold_folder()
         with held_signals():  # made and recorded as one step: an interrupt as it was made left .KIT.tmp in --out
             self._fh = open_new(self.temp)  # never through a link planted under its name in --out
-        self._framer = Framer(self._fh, self._stop)
+        self._framer = Framer(self._fh, self._stop, self.vouched)
         self._tar = tar = _TarOut(self._framer)
         folders = {self.top}
         for rel in self.names():
@@ -402,8 +404,11 @@ class KitDraft:
         out = self._framer.out
         sha = out.sha.hexdigest()
         if self.reuse is not None and not self.reuse_note and self._framer.cuts:
+            trusted = self._framer.trusted
             self.reuse_note = (f"{self._framer.reused} of {len(self._framer.cuts)} large context files copied from the "
-                               f"frames of {self.reuse[0].name} (not compressed again)")
+                               f"frames of {self.reuse[0].name} (not compressed again" + (
+                                   f"; {trusted} of them not decoded either: their compressed bytes are the ones this "
+                                   "user's record of earlier kits names)" if trusted else ")"))
         # compared before the rename: the published kit may be the very file at out/name (--out the release)
         if expect_sha256 is not None and sha != expect_sha256:
             raise VerificationError(f"the kit written from this checkout is sha256:{sha}, not the "
@@ -416,6 +421,15 @@ class KitDraft:
         return WrittenKit(file=SupplyFile(name=self.name, bytes=out.bytes, sha256=sha),
                           context_sha256=self.context_sha, dockerfile_sha256=record.dockerfile_sha256,
                           files=len(digests))
+
+    def made_frames(self) -> list[tuple[str, str, int, int]]:
+        """Once finished: each large file's frame in the kit as (the sha256 of the bytes it decodes to, its compressed
+        bytes' sha256, its length, their size), every one of them compressed from the file's bytes read and found
+        to be the plan's, or decoded and found so, or copied under the same record: what :mod:`unibake.framememo`
+        keeps for the next kit (``vouched``)."""
+        if not self._done or self._framer is None:
+            return []
+        return [(f.sha256, f.zsha256, f.length, f.size) for f in self._framer.frames]
 
     def abandon(self) -> None:
         """Stop (the release failed, or the draft cannot be used): the thread waited for, the

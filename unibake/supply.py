@@ -174,14 +174,50 @@ def kit_begin_stage(run: Run) -> tuple:
     from .kit import KitDraft, kit_name
 
     target = run["target"]
+    reuse = _base_kit(run)
     draft = KitDraft(run["folder"].staging, kit_name(target.product, target.release), plan=run["plan"],
-                     context=run["context"], release=target.release, epoch=run.epoch, reuse=_base_kit(run))
+                     context=run["context"], release=target.release, epoch=run.epoch, reuse=reuse,
+                     vouched=_kit_frames_known(run) if reuse is not None else None)
     run.stack.callback(draft.abandon)  # after a failure: stopped, its file removed (nothing once finished)
     if run.get("base") is not None:
         draft.begin_in_thread()
     else:
         run.after("build", draft.begin_in_thread)
     return (draft,)
+
+
+def _kit_frames(run: Run) -> tuple[Path, bytes] | None:
+    """Where this user's record of kit frames lies, and the key it is signed with (:mod:`unibake.framememo`);
+    None without the key (then every copied frame is decoded, and nothing is recorded)."""
+    from . import buildmemo
+    from .framememo import FOLDER
+    from .pipeline import BUILD_MEMO
+
+    key = buildmemo.secret(run.request.env)
+    return None if key is None else (run["plan"].project_root / BUILD_MEMO / FOLDER, key)
+
+
+def _kit_frames_known(run: Run) -> dict[str, tuple[str, int, int]]:
+    """The frames this user's kits made or decoded; none with --no-cache (every copied frame decoded)."""
+    from .framememo import known_kit_frames
+
+    where = _kit_frames(run)
+    return {} if where is None or run.request.nocache else known_kit_frames(*where)
+
+
+def _remember_kit_frames(run: Run, draft) -> None:
+    """A finished kit's frames kept for the next kit made on this release. A record that cannot be written costs that
+    kit the decoding of the frames it copies, nothing else."""
+    from .framememo import remember_kit_frames
+
+    where = _kit_frames(run)
+    if where is None or run.request.hold:
+        return
+    try:
+        remember_kit_frames(*where, draft.made_frames())
+    except (OSError, UnibakeError) as exc:
+        run.reporter.info(f"    the kit frames' record was not kept ({exc}): a kit made on this release decodes "
+                          "the frames it copies")
 
 
 def _base_kit(run: Run) -> tuple[Path, str, int] | None:
@@ -226,6 +262,7 @@ def kit_stage(run: Run) -> tuple:
                            "published") from None
         raise UnibakeError(f"cannot write the reconstruct kit {name} in {where} ({exc.strerror}); nothing was "
                            "published") from None
+    _remember_kit_frames(run, draft)
     run.reporter.info(f"    {name}: {written.file.bytes} bytes, {written.files} files in its ledger")
     if draft.reuse_note:
         run.reporter.info(f"    {draft.reuse_note}")
