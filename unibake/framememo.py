@@ -86,35 +86,31 @@ def known_kit_frames(folder: Path, key: bytes) -> dict[str, tuple[str, int, int]
             and all(type(x) is int and x > 0 for x in v[1:])}
 
 
-def remember_kit_frames(folder: Path, key: bytes, frames: Iterable[tuple[str, str, int, int]]) -> int:
-    """A finished kit's frames (:meth:`unibake.kit.KitDraft.made_frames`) added to the record (the newest first, at
-    most ``KIT_KEPT``); how many were new. A kit decodes a copied frame only when this record lacks it."""
-    new = {sha: [zsha, length, size] for sha, zsha, length, size in frames}
-    old = read_signed(folder, KIT_FILE, key, VERSION, limit=LIMIT)
-    added = sum(1 for sha, value in new.items() if old.get(sha) != value)
+def _merged(folder: Path, key: bytes, name: str, new: dict, kept: int, valid) -> int:
+    """``new`` entries added to the signed record ``name`` (the newest first, then the older ones ``valid`` keeps,
+    at most ``kept`` in all), written only when one of them is new or changed; how many were."""
+    old = read_signed(folder, name, key, VERSION, limit=LIMIT)
+    added = sum(1 for k, value in new.items() if old.get(k) != value)
     if not added:
         return 0
     entries = dict(new)
-    for sha, value in old.items():
-        if len(entries) >= KIT_KEPT:
+    for k, value in old.items():
+        if len(entries) >= kept:
             break
-        entries.setdefault(sha, value)
-    write_signed(folder, KIT_FILE, key, VERSION, entries)
+        if valid(k, value):
+            entries.setdefault(k, value)
+    write_signed(folder, name, key, VERSION, entries)
     return added
+
+
+def remember_kit_frames(folder: Path, key: bytes, frames: Iterable[tuple[str, str, int, int]]) -> int:
+    """A finished kit's frames (:meth:`unibake.kit.KitDraft.made_frames`) added to the record (the newest first, at
+    most ``KIT_KEPT``); how many were new. A kit decodes a copied frame only when this record lacks it."""
+    return _merged(folder, key, KIT_FILE, {sha: [zsha, length, size] for sha, zsha, length, size in frames}, KIT_KEPT,
+                   lambda sha, value: True)  # (an entry that is not one is dropped when read: known_kit_frames)
 
 
 def remember_frames(folder: Path, key: bytes, seen: Iterable[FrameSeen]) -> int:
     """``seen`` added to the record (the newest first, at most ``KEPT`` in all); how many were new."""
-    new = {f.blob: _value(f) for f in seen}
-    old = read_signed(folder, FILE, key, VERSION, limit=LIMIT)
-    added = sum(1 for blob, value in new.items() if old.get(blob) != value)
-    if not added:
-        return 0
-    entries = dict(new)
-    for blob, value in old.items():
-        if len(entries) >= KEPT:
-            break
-        if _entry(blob, value) is not None:
-            entries.setdefault(blob, value)
-    write_signed(folder, FILE, key, VERSION, entries)
-    return added
+    return _merged(folder, key, FILE, {f.blob: _value(f) for f in seen}, KEPT,
+                   lambda blob, value: _entry(blob, value) is not None)
