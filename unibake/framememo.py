@@ -81,9 +81,12 @@ def known_kit_frames(folder: Path, key: bytes) -> dict[str, tuple[str, int, int]
     """The kit frames recorded in ``folder`` under ``key``: by the sha256 of the bytes each decodes to, (the sha256
     of its compressed bytes, its length, that size)."""
     entries = read_signed(folder, KIT_FILE, key, VERSION, limit=LIMIT)
-    return {sha: (v[0], v[1], v[2]) for sha, v in entries.items()
-            if _hex(sha) and isinstance(v, list) and len(v) == 3 and _hex(v[0])
-            and all(type(x) is int and x > 0 for x in v[1:])}
+    return {sha: (v[0], v[1], v[2]) for sha, v in entries.items() if _kit_entry(sha, v)}
+
+
+def _kit_entry(sha, value) -> bool:
+    return (_hex(sha) and isinstance(value, list) and len(value) == 3 and _hex(value[0])
+            and all(type(x) is int and x > 0 for x in value[1:]))
 
 
 def _merged(folder: Path, key: bytes, name: str, new: dict, kept: int, valid) -> int:
@@ -107,7 +110,7 @@ def remember_kit_frames(folder: Path, key: bytes, frames: Iterable[tuple[str, st
     """A finished kit's frames (:meth:`unibake.kit.KitDraft.made_frames`) added to the record (the newest first, at
     most ``KIT_KEPT``); how many were new. A kit decodes a copied frame only when this record lacks it."""
     return _merged(folder, key, KIT_FILE, {sha: [zsha, length, size] for sha, zsha, length, size in frames}, KIT_KEPT,
-                   lambda sha, value: True)  # (an entry that is not one is dropped when read: known_kit_frames)
+                   _kit_entry)
 
 
 def remember_frames(folder: Path, key: bytes, seen: Iterable[FrameSeen]) -> int:

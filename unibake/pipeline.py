@@ -1189,8 +1189,9 @@ def _export(run: Run) -> tuple:
     if run.seed is not None and fresh is run.seed.engine:  # kept there for a hotfix or a --from release on it:
         # this release, and the one it was made on (a second release made on that one loads only itself); a hotfix
         # only its base release (no release is made on a hotfix)
-        run.seed.keep_after(*((base.manifest.image_id,) if base is not None and not whole else
-                              (image.image_id, base.manifest.image_id if whole else None)))
+        hotfix = base is not None and not whole
+        run.seed.keep_after(*((base.manifest.image_id,) if hotfix else
+                              (image.image_id, base.manifest.image_id if base is not None else None)))
     if checks is not None:
         if not request.smoke:  # no gate will run in the verify engine: it stops while the checks end, not after
             run.stage_done("smoke gates")
