@@ -5,8 +5,9 @@ of both sides (``--no-smoke``: the round trip still runs):
              against the same work by hand: ``docker build`` + ``docker save | zstd -T0 -3 | tee FILE |
              sha256sum`` + ``zstd -dc FILE | docker load`` into a fresh engine (the issue's sum; the
              fresh engine's start and stop are timed apart)
-    tune     after one tune-cache JSON change and ``build.py lock``, a release of a new version made
-             ``--from`` the cold release (once, too, without ``--from``)
+    tune     after one tune-cache JSON change and ``build.py lock``, a release of a new version, as a user
+             makes one (no ``--from``): made on the newest release at its SOURCE_DATE_EPOCH, the cold release
+             (once, too, with ``--no-from``: made alone)
     hotfix   after another such change, ``build.py hotfix --from`` the tune release
 
 Every round starts from the same engine (the bases only: each round's images are removed first, so
@@ -44,6 +45,7 @@ STAGE_RE = re.compile(r"^  (?P<name>\S.*?)\s+(?P<seconds>\d+\.\d) s  (?P<status>
 CACHE_RE = re.compile(r"(\d+) of (\d+) steps from the build cache")
 NO_SMOKE = "skipped with --no-smoke"
 KEPT = "an earlier run kept the release it is made on there"  # (the export's line, as build.py prints it)
+MADE_ON = re.compile(r"made on release (\S+), the newest under --out")  # (the earlier release stage's line)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +57,7 @@ class Measured:
     cached: str = ""  # "N of M" build steps from the build cache
     manifest: dict = field(default_factory=dict)
     kept: bool = False  # its round trip found the release it is made on kept in the verify engine (its own line)
+    made_on: str = ""  # made without --from: the earlier release it was made on (its own line)
 
 
 def sh(cmd: str, env: dict | None = None) -> float:
@@ -139,7 +142,9 @@ class Releases:
             self._check_release(name, manifest)
         stages = parse_summary(run.stderr)
         self.log(f"    {name}: {seconds:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in stages.items() if v >= 0.1) + ")")
+        made_on = MADE_ON.search(run.stderr)
         return Measured(seconds=seconds, stages=stages, manifest=manifest, kept=KEPT in run.stderr,
+                        made_on=made_on[1] if made_on else "",
                         cached=f"{cached[1]} of {cached[2]}" if cached else "")
 
     def _check_release(self, name: str, manifest: dict) -> None:
@@ -167,12 +172,16 @@ class Releases:
     def seed_dirs(self) -> list[Path]:
         return sorted(p for p in self.scratch.glob("ub-seed-*") if p.is_dir()) if self.scratch.is_dir() else []
 
-    def tune(self, r: int | str, *, on: str | None = "cold") -> Measured:
-        """A release after one tune-cache JSON change: made ``--from`` the cold release (``on``), or, with
-        ``on=None``, as any release is (built and exported whole)."""
+    def tune(self, r: int | str, *extra: str) -> Measured:
+        """A release after one tune-cache JSON change, as a user makes one; ``extra``: ``--from cold``, ``--no-from``.
+        Without either it must have been made on the cold release (the newest at its epoch), else the run stops."""
         realistic.set_tune(self.profiles, f"r{r}a")
-        return self.ours(f"tune-{r}", "build", "--profile", "all", "--version", f"tune{r}", "--out", str(self.out),
-                         "--no-smoke", *(("--from", on) if on else ()))
+        m = self.ours(f"tune-{r}", "build", "--profile", "all", "--version", f"tune{r}", "--out", str(self.out),
+                      "--no-smoke", *extra)
+        if not extra and m.made_on != "cold":
+            raise SystemExit(f"error: tune-{r}: made on {m.made_on or 'no release'}, not on the cold release, the "
+                             "newest under --out at its SOURCE_DATE_EPOCH")
+        return m
 
     def hotfix(self, r: int) -> Measured:
         realistic.set_tune(self.profiles, f"r{r}b")

@@ -206,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "and its archive's frames copied for the layers the two share instead of compressed again. "
                         "The release is whole (every layer shipped, no base needed), the same bytes a release "
                         "without --from gives with that SOURCE_DATE_EPOCH")
+    b.add_argument("--no-from", action="store_true",
+                   help="make the release alone: by default a release is made on the newest release under --out of "
+                        "the same product and platform at its SOURCE_DATE_EPOCH (as --from it would be, the same "
+                        "bytes: its layers and archive frames reused, the round trip's verify engine holding it), "
+                        "unless --no-cache, --sequential, --no-seed, --verify-engine or --no-roundtrip")
     _release_options(b)
 
     h = command("hotfix", "a release that ships only the layers that changed since an earlier one",
@@ -645,7 +650,7 @@ def _release_outcome(results, title: str) -> Outcome:
 
 
 def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .pipeline import BUILD, SEQUENTIAL, run_stages, selection
+    from .pipeline import BUILD, SEQUENTIAL, on_earlier, run_stages, selection
     from .plan import product_platforms
     from .platforms import parse_options
     from .targets import run_platforms
@@ -672,6 +677,8 @@ def cmd_build(args: argparse.Namespace, ctx: Context) -> Outcome:
                              _request(args, ctx, sequential=args.sequential, require_lock=lock), platforms, ctx.reporter)
         return _several(args, [_built_outcome(args, results) for results in runs])
     request = _request(args, ctx, sequential=args.sequential, require_lock=lock)
+    if args.stage == "release" and not args.no_from:
+        request, names = on_earlier(request, names)
     return _built_outcome(args, run_stages(selection(names, args.stage), request, ctx.reporter))
 
 
@@ -1865,6 +1872,7 @@ RELEASE_ONLY = {"--sign": "signs the release", "--sign-minisign": "signs the rel
                 "--no-smoke": "skips the release's smoke gates", "--no-seed": "chooses the round trip's engine",
                 "--verify-engine": "chooses the round trip's engine",
                 "--sequential": "chooses how the release's archive and round trip are made",
+                "--no-from": "chooses what the release is made on",
                 "--engine-save": "chooses how the release's archive reads the image",
                 "--scratch-dir": "is where the round trip's scratch engine keeps its data"}
 BUILD_ONLY = {"--force": "lets a run replace a release or move a released tag", "--no-cache": "is the build's",
@@ -1894,6 +1902,9 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
             what = "writes no release" if args.stage == "build" else "builds nothing"
             raise InputError(f"{name} with --stage {args.stage}: {name} {unused[name]}, and --stage {args.stage} "
                              f"{what}; leave out one of them")
+    if getattr(args, "no_from", False) and args.base:
+        raise InputError(f"--no-from with --from {args.base}: --from names the release this one is made on, --no-from "
+                         "makes it on none; leave out one of them")
     if getattr(args, "no_seed", False):  # the seeded verify engine is the one-pass round trip's (export) alone
         if args.command == "archive":
             raise InputError("--no-seed with archive: archive's round trip always loads the archive into an empty "

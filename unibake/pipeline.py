@@ -47,7 +47,7 @@ from .layerstore import archive_image
 from .manifest import MANIFEST, GateResult, ReleaseManifest, RoundTripRecord, Validation
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT, ReleasePlan, display_path, make_plan
-from .platforms import RECORD_PATTERN as PLATFORM_RECORD, parse as parse_platforms
+from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_RECORD, parse as parse_platforms
 from .publish import (ReleaseFolder, build_manifest, check_tag, find_releases, held_signals, hold_release,
                       lock_release, previous_release, publish, SUMS, refuse_existing, release_locks, release_tag,
                       render_files)
@@ -102,6 +102,7 @@ class Request:
     engine_save: bool = False  # --engine-save: the image read through the engine's save, never from its storage
     assemble: bool = True  # hotfix: assembled from a small build when it can be (False: --full-build)
     whole: bool = False  # build --from: a whole release on the base's epoch, its archive's frames copied
+    earlier: bool = False  # build without --from: made on the newest release at its epoch, when one is found
     platform: str | None = None  # the one to build for (linux/arm64); None: product.yaml's, else the host's
     sign: str | None = None  # --sign: the OpenPGP key (in GNUPGHOME) that signs SHA256SUMS and the provenance
     sign_minisign: Path | None = None  # --sign-minisign: the minisign secret key file
@@ -250,6 +251,12 @@ def _one(value) -> tuple:
 
 
 def _hotfix_base(run: Run) -> tuple:
+    return _one(_open_base(run, run.request.base or ""))
+
+
+def _open_base(run: Run, name: str) -> HotfixBase:
+    """The release ``name`` under --out, held till the run ends, checked against its SHA256SUMS (its archive, when
+    the round trip loads it or its frames are lent, read in a thread)."""
     def hold(release: str) -> None:  # until the run ends: a --force run of the base is refused meanwhile
         run.stack.callback(hold_release(run.request.out, release).close)
         if os.path.islink(run.request.out / release):  # --from latest (-> 1.3.1): the release it names, too
@@ -260,7 +267,7 @@ def _hotfix_base(run: Run) -> tuple:
                 return  # a folder no run can write (not a release's name): nothing to hold it against
             run.stack.callback(hold_release(real.parent, real.name).close)
 
-    base = load_base(run.request.out, run.request.base or "", hold=hold)
+    base = load_base(run.request.out, name, hold=hold)
     # a whole release on it copies its archive's frames: the archive checked as the round trip's load needs it
     with_archive = run.request.roundtrip or run.request.whole
     if with_archive:  # checked again at the round trip; here, before anything is built
@@ -269,9 +276,46 @@ def _hotfix_base(run: Run) -> tuple:
     if with_archive:  # its bytes read in a thread beside the plan and the build, waited for before it is used
         run.base_check = _BaseArchiveCheck(run, base)
     env_epoch = run.request.env.get("SOURCE_DATE_EPOCH")
-    if env_epoch not in (None, str(base.epoch)):
+    if run.request.base and env_epoch not in (None, str(base.epoch)):
         run.reporter.warn(f"SOURCE_DATE_EPOCH={env_epoch} is ignored: {'this release' if run.request.whole else 'the hotfix'} "
                           f"uses {base.epoch}, the epoch of {base.manifest.release}, so that unchanged layers stay identical")
+    return base
+
+
+def _earlier_release(run: Run) -> tuple:
+    """``build`` without ``--from`` (one platform, the one-pass export into the seeded verify engine, the build
+    memo): the release made on the newest earlier release under --out of the same product and platform at this
+    run's SOURCE_DATE_EPOCH, as ``--from`` it would be (its frames lent, assembled on its layers, the verify engine
+    holding it): the same bytes, since that release's layers of unchanged inputs are the ones this build gives.
+    None (the release made alone, as before) when there is none, or the one found does not verify (said)."""
+    from .hotfix import earlier_releases
+
+    request, plan, target = run.request, run["plan"], run["target"]
+    names = earlier_releases(request.out, product=plan.product, platform=plan.platform.name, epoch=request.epoch,
+                             release=target.release)
+    if not names:
+        others = earlier_releases(request.out, product=plan.product, platform=plan.platform.name, epoch=None,
+                                  release=target.release)
+        run.reporter.info(f"    no release under --out at SOURCE_DATE_EPOCH={request.epoch}: this release is made alone"
+                          + (f" (--from {others[0]} makes it on release {others[0]}, with that one's SOURCE_DATE_EPOCH, "
+                             "reusing its layers)" if others else ""))
+        return (None,)
+    name = names[0]
+    try:
+        base = _open_base(run, name)
+    except (OSError, UnibakeError) as exc:  # (a hostile or broken folder: said, and this release made without it)
+        run.reporter.warn(f"release {name} under --out is not used to make this release on: {exc}")
+        return (None,)
+    m = base.manifest  # (as checked against its SHA256SUMS: the epoch decides every layer's bytes)
+    if (base.epoch, m.product, m.platform or DEFAULT_PLATFORM) != (request.epoch, plan.product, plan.platform.name):
+        run.reporter.warn(f"release {name} under --out is not used to make this release on: its manifest.json "
+                          f"changed while it was read (now {m.product}, {m.platform}, SOURCE_DATE_EPOCH={base.epoch})")
+        if run.base_check is not None:
+            run.base_check.abandon()
+            run.base_check = None
+        return (None,)
+    run.reporter.info(f"    made on release {name}, the newest under --out at SOURCE_DATE_EPOCH={request.epoch} "
+                      "(its layers and frames reused; the same bytes; --no-from makes it alone)")
     return _one(base)
 
 
@@ -971,7 +1015,13 @@ class _BaseArchiveCheck:
 def _base_checked(run: Run) -> None:
     """The base release's archive, read beside the build, found as its SHA256SUMS lists it (or the error)."""
     if run.base_check is not None:
-        run.base_check.result()
+        try:
+            run.base_check.result()
+        except VerificationError as exc:
+            if not run.request.earlier:
+                raise
+            raise VerificationError(f"{exc}; this release was being made on it, the newest release under --out at "
+                                    "its SOURCE_DATE_EPOCH (--no-from makes a release without it)") from None
 
 
 def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
@@ -1030,6 +1080,12 @@ def _base_release_stream(run: Run, base: HotfixBase, held: str | None) -> Iterat
 
 def _export(run: Run) -> tuple:
     from .export import Exported, SaveSource, export_once
+    if run.request.earlier and run.base_check is not None and run["built"].assembled is None:
+        # built whole after all (the reason said): the earlier release lends nothing and is not loaded, so its
+        # archive is neither waited for nor read further (a release made alone; the kit checks each frame it copied)
+        run.base_check.abandon()
+        run.base_check = None
+        run.reporter.info(f"    release {run['base'].manifest.release} is not used after all: this release is made alone")
     _base_checked(run)
 
     plan: ReleasePlan = run["plan"]
@@ -1388,6 +1444,10 @@ STAGES: tuple[Stage, ...] = (
     Stage(name="folder", about="the release folder, locked and staged; an existing release refused before any work",
           needs=("target",), gives=("folder",), run=_folder,
           detail=lambda run: str(run.request.out / run["target"].release)),
+    Stage(name="earlier release", about="build without --from: the newest release under --out of this product and "
+                                        "platform at this SOURCE_DATE_EPOCH, made on as --from would (the same bytes)",
+          needs=("plan", "target", "folder"), gives=("base",), run=_earlier_release,
+          detail=lambda run: f"SOURCE_DATE_EPOCH={run.request.epoch}"),
     Stage(name="signing keys", about="the --sign and --sign-minisign keys checked: each signs a probe before any work",
           needs=("request",), gives=("signer",), run=supply.signing_keys, skip=supply.signing_keys_skip,
           on_skip=lambda reason: (None,)),
@@ -1447,6 +1507,19 @@ SEQUENTIAL = ("plan", "render", "scan context", "rendered copies", "target", "fo
 ARCHIVE = ("inspect", "scan inspected", "folder", "signing keys", "archive", "round trip", "smoke gates", "sbom",
            "provenance", "publish")
 HOTFIX = ("hotfix base",) + BUILD
+
+
+def on_earlier(request: Request, names: Sequence[str]) -> tuple[Request, tuple[str, ...]]:
+    """A release's request and stages, made on the newest earlier release at its SOURCE_DATE_EPOCH when one is
+    found (the "earlier release" stage), where that gives the same bytes and the same proof: the one-pass export
+    (not ``--sequential``) with the build memo (not ``--no-cache``: a cold release stays cold), its round trip in
+    the seeded verify engine (not ``--no-seed`` or ``--verify-engine``, which ask for an engine holding nothing of
+    this product). Otherwise both unchanged."""
+    if "folder" not in names or "export" not in names or request.base or request.nocache or not request.seed \
+            or request.verify_engine or not request.roundtrip or request.hold:
+        return request, tuple(names)
+    at = list(names).index("folder") + 1
+    return replace(request, whole=True, earlier=True), (*names[:at], "earlier release", *names[at:])
 HOTFIX_SEQUENTIAL = ("hotfix base",) + SEQUENTIAL
 REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
          "round trip")

@@ -309,6 +309,8 @@ def build_parameters(run: Run) -> dict[str, object]:
                    config=display_path(plan.config_dir, plan.project_root), nocache=request.nocache)
     if request.base:
         out["hotfix_from"] = request.base
+    if request.earlier and run.get("base") is not None:  # (build without --from: the release it was made on)
+        out["made_on"] = run["base"].manifest.release
     if request.image:
         out["image"] = request.image
     return {k: v for k, v in out.items() if v is not None}

@@ -356,3 +356,91 @@ def test_a_hotfix_on_a_release_whose_dockerfile_laid_its_steps_out_otherwise_is_
     engine.remove_image(manifest["tag"])
     assert release(cli, busybox_product, third, tmp_path / "full", "--no-cache", "--no-roundtrip", "--no-smoke").code == 0
     assert json.loads((tmp_path / "full" / third / "manifest.json").read_text())["image_id"] == manifest["image_id"]
+
+
+def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_is_the_same_bytes(
+        cli, engine, busybox_product, version, images, tmp_path):
+    """build without --from, after one tune-cache change: made on the newest earlier release under --out at the
+    same SOURCE_DATE_EPOCH, as --from it would be (its verify engine holding it), and the very release --no-from
+    makes; one at another epoch, or an earlier release that does not verify, leaves the release made alone."""
+    out = tmp_path / "release"
+    first, second, third, fourth, fifth, sixth = (f"{version}{s}" for s in "abcdef")
+    for v in (first, second, third, fourth, fifth, sixth):
+        images(f"unibake-test:{v}")
+    base_id = engine.inspect_image("localhost/unibake-busybox:1").id
+    tune = busybox_product.parent / "images/tune/tp2/cache-1.json"
+
+    def change(text: str) -> None:
+        tune.write_text(json.dumps({"tp2_cache": text}))
+        assert cli("lock", "--config", str(busybox_product)).code == 0
+
+    def validation(v: str) -> dict:
+        return json.loads((out / v / "VALIDATION.json").read_text())
+
+    made = release(cli, busybox_product, first, out, "--no-smoke")
+    assert made.code == 0, made.err
+    assert f"no release under --out at SOURCE_DATE_EPOCH={EPOCH}: this release is made alone" in made.err
+    first_id = json.loads((out / first / "manifest.json").read_text())["image_id"]
+
+    change("retuned")
+    made = release(cli, busybox_product, second, out, "--no-smoke")
+    assert made.code == 0, made.err
+    assert f"made on release {first}, the newest under --out at SOURCE_DATE_EPOCH={EPOCH}" in made.err
+    assert validation(second)["round_trip"]["held_before"] == [first_id, base_id]
+    provenance = json.loads((out / second / "provenance.intoto.json").read_text())
+    assert provenance["predicate"]["buildDefinition"]["externalParameters"]["made_on"] == first
+    on_first = json.loads((out / second / "manifest.json").read_text())
+    assert on_first["hotfix"] is None and not (out / second / "apply.sh").exists()
+    assert cli("verify", str(out / second)).code == 0
+
+    alone = release(cli, busybox_product, second, out, "--no-smoke", "--force", "--no-from")
+    assert alone.code == 0, alone.err
+    assert "made on release" not in alone.err and validation(second)["round_trip"]["held_before"] == [base_id]
+    manifest = json.loads((out / second / "manifest.json").read_text())
+    assert (manifest["image_id"], manifest["archive"]) == (on_first["image_id"], on_first["archive"])
+    assert "made_on" not in json.loads((out / second / "provenance.intoto.json").read_text())[
+        "predicate"]["buildDefinition"]["externalParameters"]
+
+    # another SOURCE_DATE_EPOCH (a commit since): every layer of ours differs; made alone, --from said
+    change("again")
+    made = release(cli, busybox_product, third, out, "--no-smoke", epoch=str(int(EPOCH) + 60))
+    assert made.code == 0, made.err
+    assert (f"no release under --out at SOURCE_DATE_EPOCH={int(EPOCH) + 60}: this release is made alone (--from "
+            f"{second} makes it on release {second}") in made.err
+    assert validation(third)["round_trip"]["held_before"] == [base_id]
+
+    # the newest at the epoch does not verify: said, and the release made alone
+    sums = out / second / "SHA256SUMS"
+    sums.write_text(sums.read_text().replace("  manifest.json", "  manifest.json\n" + "0" * 64 + "  run.sh", 1))
+    made = release(cli, busybox_product, fourth, out, "--no-smoke")
+    assert made.code == 0, made.err
+    assert f"warning: release {second} under --out is not used to make this release on: " in made.err
+    assert validation(fourth)["round_trip"]["held_before"] == [base_id]
+
+    # its archive found changed only as it is read, beside the build: exit 3 naming it, and --no-from
+    archive = out / fourth / json.loads((out / fourth / "manifest.json").read_text())["archive"]["files"][0]["name"]
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    change("once more")
+    made = release(cli, busybox_product, fifth, out, "--no-smoke")
+    assert made.code == 3 and made.error_lines[-1].startswith(f"error: the base release {out / fourth}: "), made.err
+    assert made.error_lines[-1].endswith("this release was being made on it, the newest release under --out at its "
+                                         "SOURCE_DATE_EPOCH (--no-from makes a release without it)")
+    assert not (out / fifth).exists()
+    made = release(cli, busybox_product, fifth, out, "--no-smoke", "--no-from")
+    assert made.code == 0, made.err
+    assert validation(fifth)["round_trip"]["held_before"] == [base_id]
+
+    # the newest no longer in the engine: built whole, and its archive (changed here) not waited for nor read
+    engine.remove_image(f"unibake-test:{fifth}")
+    archive = out / fifth / json.loads((out / fifth / "manifest.json").read_text())["archive"]["files"][0]["name"]
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    change("and again")
+    made = release(cli, busybox_product, sixth, out, "--no-smoke")
+    assert made.code == 0, made.err
+    assert f"the engine does not hold release {fifth}'s image" in made.err
+    assert f"release {fifth} is not used after all: this release is made alone" in made.err
+    assert validation(sixth)["round_trip"]["held_before"] == [base_id]

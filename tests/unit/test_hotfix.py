@@ -20,7 +20,7 @@ from unibake.archive_reader import read_back
 from unibake.errors import InputError, VerificationError
 from unibake.manifest import load_manifest
 from unibake.metadata import ImageMetadata
-from unibake.pipeline import BY_NAME, Request, _refuse_replacing_a_hotfix_base, run_stages
+from unibake.pipeline import BY_NAME, Request, _refuse_replacing_a_hotfix_base, run_stages, selection
 from unibake.publish import ReleaseFolder, build_manifest, publish, render_files
 
 from ..conftest import as_nobody
@@ -928,3 +928,71 @@ def test_a_reference_whose_last_colon_is_not_its_tag_s_is_refused_not_read_as_la
         with pytest.raises(InputError, match=rf"^--from '{re.escape(name)}': not the name of a release folder under "
                                              r"--out"):
             run_stages([BY_NAME["hotfix base"]], request, Quiet())
+
+
+def test_build_without_from_finds_the_newest_full_release_of_its_product_platform_and_epoch(engines, tmp_path):  # noqa: F811
+    """The releases a release made without --from is made on: of the same product and platform at its epoch,
+    full, in one archive file, not itself; newest published first; links and broken folders passed over."""
+    from unibake.hotfix import earlier_releases
+
+    out = tmp_path / "release"
+    made = release(engines, out)["release"].folder
+    record = json.loads((made / "manifest.json").read_text())
+    shutil.rmtree(made)
+
+    def folder(name: str, published: str, **changed) -> None:
+        (out / name).mkdir()
+        doc = {**record, "release": name, "version": name, "tag": f"demo:{name}", "published": published,
+               "first_published": None, "source_date_epoch": 1700000000, **changed}
+        (out / name / "manifest.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+    two_parts = {**record["archive"], "files": record["archive"]["files"] * 2}
+    folder("1.0", "2026-12-01T00:00:00Z")
+    folder("1.1", "2026-12-03T00:00:00Z")
+    folder("1.2", "2026-12-02T00:00:00Z")
+    folder("other", "2026-12-05T00:00:00Z", product="other")
+    folder("arm", "2026-12-05T00:00:00Z", platform="linux/arm64")
+    folder("later", "2026-12-05T00:00:00Z", source_date_epoch=1700000060)
+    folder("old", "2026-12-05T00:00:00Z", source_date_epoch=None)
+    folder("parts", "2026-12-05T00:00:00Z", archive=two_parts)
+    folder("misnamed", "2026-12-05T00:00:00Z", release="1.9")
+    folder("broken", "2026-12-05T00:00:00Z")
+    (out / "broken" / "manifest.json").write_text("{")
+    (out / "latest").symlink_to("1.1")
+
+    def found(epoch=1700000000, release="2.0"):
+        return earlier_releases(out, product="demo", platform="linux/amd64", epoch=epoch, release=release)
+
+    assert found() == ["1.1", "1.2", "1.0"]
+    assert found(release="1.1") == ["1.2", "1.0"]  # (the release a --force run replaces is never its own base)
+    assert found(epoch=1700000060) == ["later"]
+    assert found(epoch=None) == ["later", "1.1", "1.2", "1.0"]
+    assert earlier_releases(tmp_path / "none", product="demo", platform="linux/amd64", epoch=None, release="2.0") == []
+
+
+@pytest.mark.parametrize("asked, made_on", [
+    ({}, True), ({"nocache": True}, False), ({"sequential": True}, False), ({"seed": False}, False),
+    ({"verify_engine": "fake://verify"}, False), ({"roundtrip": False}, False), ({"base": "1.0"}, False)])
+def test_a_release_is_made_on_an_earlier_one_only_where_that_gives_the_same_proof(asked, made_on, tmp_path):
+    """A cold --no-cache release stays cold; --sequential, --no-seed, --verify-engine and --no-roundtrip ask for a
+    round trip that holds nothing of this product (or none); --from names the release itself."""
+    from unibake.pipeline import BUILD, SEQUENTIAL, on_earlier
+
+    request = Request(env={}, cwd=tmp_path, **asked)
+    names = SEQUENTIAL if asked.get("sequential") else BUILD
+    got, stages = on_earlier(request, names)
+    assert ("earlier release" in stages) is made_on and (got.earlier, got.whole) == (made_on, made_on)
+    assert [s for s in stages if s != "earlier release"] == list(names)
+    if made_on:
+        assert stages.index("earlier release") == stages.index("folder") + 1
+        selection(stages)  # (in the stages' order)
+
+
+def test_no_from_goes_with_neither_from_nor_a_stage_that_writes_no_release(cli, busybox_product):
+    both = cli("--config", str(busybox_product), "--version", "1.1", "--from", "1.0", "--no-from")
+    assert both.code == 2 and both.error_lines == [
+        "error: --no-from with --from 1.0: --from names the release this one is made on, --no-from makes it on "
+        "none; leave out one of them"]
+    staged = cli("--config", str(busybox_product), "--version", "1.1", "--stage", "build", "--no-from")
+    assert staged.code == 2 and staged.error_lines[-1].startswith("error: --no-from with --stage build: --no-from "
+                                                                 "chooses what the release is made on")
