@@ -125,11 +125,11 @@ def earlier_releases(out: Path, *, product: str, platform: str, epoch: int | Non
     SOURCE_DATE_EPOCH ``epoch`` (None: at any), other than ``release`` itself (the one a --force run replaces).
     Their layers of the same inputs are the ones this release's build gives, so made on one of them, as --from
     does, the release is the same bytes. Read as found: the one taken is then loaded as --from loads it, against
-    its SHA256SUMS. A link (``latest``), a folder whose manifest does not parse or names another release are
-    passed over."""
+    its SHA256SUMS. A link (``latest``), a folder whose manifest does not parse or names another release, and one
+    without its archive (a fresh clone's: archives are not tracked) are passed over."""
     found = [r.manifest for r in find_releases(out)
              if r.manifest is not None and not r.folder.is_symlink() and r.folder.name == r.manifest.release]
     return [m.release for m in sorted(found, key=lambda m: (m.published, m.release), reverse=True)
             if m.release != release and m.product == product and (m.platform or DEFAULT_PLATFORM) == platform
             and m.source_date_epoch is not None and epoch in (None, m.source_date_epoch) and m.hotfix is None
-            and len(m.archive.files) == 1]
+            and len(m.archive.files) == 1 and (out / m.release / m.archive.files[0].name).is_file()]

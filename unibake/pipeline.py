@@ -1508,6 +1508,11 @@ ARCHIVE = ("inspect", "scan inspected", "folder", "signing keys", "archive", "ro
            "provenance", "publish")
 HOTFIX = ("hotfix base",) + BUILD
 
+HOTFIX_SEQUENTIAL = ("hotfix base",) + SEQUENTIAL
+REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
+         "round trip")
+STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "publish"}
+
 
 def on_earlier(request: Request, names: Sequence[str]) -> tuple[Request, tuple[str, ...]]:
     """A release's request and stages, made on the newest earlier release at its SOURCE_DATE_EPOCH when one is
@@ -1520,10 +1525,6 @@ def on_earlier(request: Request, names: Sequence[str]) -> tuple[Request, tuple[s
         return request, tuple(names)
     at = list(names).index("folder") + 1
     return replace(request, whole=True, earlier=True), (*names[:at], "earlier release", *names[at:])
-HOTFIX_SEQUENTIAL = ("hotfix base",) + SEQUENTIAL
-REPRO = ("plan", "render", "scan context", "target", "build", "normalise", "scan image", "temp folder", "archive",
-         "round trip")
-STOP_AFTER = {"render": "rendered copies", "build": "scan image", "release": "publish"}
 
 
 def selection(names: Sequence[str], stop_after: str = "release") -> tuple[Stage, ...]:

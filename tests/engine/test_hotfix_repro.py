@@ -377,6 +377,12 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
     def validation(v: str) -> dict:
         return json.loads((out / v / "VALIDATION.json").read_text())
 
+    def flip_a_byte_of_the_archive(v: str) -> None:
+        archive = out / v / json.loads((out / v / "manifest.json").read_text())["archive"]["files"][0]["name"]
+        data = bytearray(archive.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        archive.write_bytes(bytes(data))
+
     made = release(cli, busybox_product, first, out, "--no-smoke")
     assert made.code == 0, made.err
     assert f"no release under --out at SOURCE_DATE_EPOCH={EPOCH}: this release is made alone" in made.err
@@ -418,10 +424,7 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
     assert validation(fourth)["round_trip"]["held_before"] == [base_id]
 
     # its archive found changed only as it is read, beside the build: exit 3 naming it, and --no-from
-    archive = out / fourth / json.loads((out / fourth / "manifest.json").read_text())["archive"]["files"][0]["name"]
-    data = bytearray(archive.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    archive.write_bytes(bytes(data))
+    flip_a_byte_of_the_archive(fourth)
     change("once more")
     made = release(cli, busybox_product, fifth, out, "--no-smoke")
     assert made.code == 3 and made.error_lines[-1].startswith(f"error: the base release {out / fourth}: "), made.err
@@ -434,10 +437,7 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
 
     # the newest no longer in the engine: built whole, and its archive (changed here) not waited for nor read
     engine.remove_image(f"unibake-test:{fifth}")
-    archive = out / fifth / json.loads((out / fifth / "manifest.json").read_text())["archive"]["files"][0]["name"]
-    data = bytearray(archive.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    archive.write_bytes(bytes(data))
+    flip_a_byte_of_the_archive(fifth)
     change("and again")
     made = release(cli, busybox_product, sixth, out, "--no-smoke")
     assert made.code == 0, made.err

@@ -932,7 +932,8 @@ def test_a_reference_whose_last_colon_is_not_its_tag_s_is_refused_not_read_as_la
 
 def test_build_without_from_finds_the_newest_full_release_of_its_product_platform_and_epoch(engines, tmp_path):  # noqa: F811
     """The releases a release made without --from is made on: of the same product and platform at its epoch,
-    full, in one archive file, not itself; newest published first; links and broken folders passed over."""
+    full, in one archive file that is there, not itself; newest published first; links and broken folders passed
+    over."""
     from unibake.hotfix import earlier_releases
 
     out = tmp_path / "release"
@@ -940,11 +941,13 @@ def test_build_without_from_finds_the_newest_full_release_of_its_product_platfor
     record = json.loads((made / "manifest.json").read_text())
     shutil.rmtree(made)
 
-    def folder(name: str, published: str, **changed) -> None:
+    def folder(name: str, published: str, with_archive: bool = True, **changed) -> None:
         (out / name).mkdir()
         doc = {**record, "release": name, "version": name, "tag": f"demo:{name}", "published": published,
                "first_published": None, "source_date_epoch": 1700000000, **changed}
         (out / name / "manifest.json").write_text(json.dumps(doc, indent=2) + "\n")
+        if with_archive:  # (a fresh clone's release folder lacks it: archives are not tracked)
+            (out / name / doc["archive"]["files"][0]["name"]).write_bytes(b"")
 
     two_parts = {**record["archive"], "files": record["archive"]["files"] * 2}
     folder("1.0", "2026-12-01T00:00:00Z")
@@ -956,6 +959,7 @@ def test_build_without_from_finds_the_newest_full_release_of_its_product_platfor
     folder("old", "2026-12-05T00:00:00Z", source_date_epoch=None)
     folder("parts", "2026-12-05T00:00:00Z", archive=two_parts)
     folder("misnamed", "2026-12-05T00:00:00Z", release="1.9")
+    folder("cloned", "2026-12-05T00:00:00Z", with_archive=False)
     folder("broken", "2026-12-05T00:00:00Z")
     (out / "broken" / "manifest.json").write_text("{")
     (out / "latest").symlink_to("1.1")
