@@ -119,17 +119,17 @@ def omitted_layers(base_diff_ids: tuple[str, ...], diff_ids: tuple[str, ...]) ->
     return tuple(diff_ids[:shared])
 
 
-def earlier_releases(out: Path, *, product: str, platform: str, epoch: int | None, release: str) -> list[str]:
-    """The releases under ``out`` that ``build`` without ``--from`` makes its release on, newest published first:
-    full releases (no hotfix; the archive one file, as frames are lent from one) of ``product`` for ``platform`` at
-    SOURCE_DATE_EPOCH ``epoch`` (None: at any), other than ``release`` itself (the one a --force run replaces).
-    Their layers of the same inputs are the ones this release's build gives, so made on one of them, as --from
-    does, the release is the same bytes. Read as found: the one taken is then loaded as --from loads it, against
-    its SHA256SUMS. A link (``latest``), a folder whose manifest does not parse or names another release, and one
-    without its archive (a fresh clone's: archives are not tracked) are passed over."""
+def earlier_releases(out: Path, *, product: str, platform: str, release: str) -> list[ReleaseManifest]:
+    """The releases under ``out`` that ``build`` without ``--from`` may make its release on, newest published first:
+    full releases (no hotfix; the archive one file, as frames are lent from one) of ``product`` for ``platform``
+    that record a SOURCE_DATE_EPOCH, other than ``release`` itself (the one a --force run replaces). Those at the
+    run's epoch hold its layers of the same inputs, so made on one of them, as --from does, the release is the same
+    bytes. Read as found: the one taken is then loaded as --from loads it, against its SHA256SUMS. A link
+    (``latest``), a folder whose manifest does not parse or names another release, and one without its archive
+    (a fresh clone's: archives are not tracked) are passed over."""
     found = [r.manifest for r in find_releases(out)
              if r.manifest is not None and not r.folder.is_symlink() and r.folder.name == r.manifest.release]
-    return [m.release for m in sorted(found, key=lambda m: (m.published, m.release), reverse=True)
+    return [m for m in sorted(found, key=lambda m: (m.published, m.release), reverse=True)
             if m.release != release and m.product == product and (m.platform or DEFAULT_PLATFORM) == platform
-            and m.source_date_epoch is not None and epoch in (None, m.source_date_epoch) and m.hotfix is None
-            and len(m.archive.files) == 1 and (out / m.release / m.archive.files[0].name).is_file()]
+            and m.source_date_epoch is not None and m.hotfix is None and len(m.archive.files) == 1
+            and (out / m.release / m.archive.files[0].name).is_file()]

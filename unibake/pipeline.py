@@ -291,14 +291,12 @@ def _earlier_release(run: Run) -> tuple:
     from .hotfix import earlier_releases
 
     request, plan, target = run.request, run["plan"], run["target"]
-    names = earlier_releases(request.out, product=plan.product, platform=plan.platform.name, epoch=request.epoch,
-                             release=target.release)
+    found = earlier_releases(request.out, product=plan.product, platform=plan.platform.name, release=target.release)
+    names = [m.release for m in found if m.source_date_epoch == request.epoch]
     if not names:
-        others = earlier_releases(request.out, product=plan.product, platform=plan.platform.name, epoch=None,
-                                  release=target.release)
         run.reporter.info(f"    no release under --out at SOURCE_DATE_EPOCH={request.epoch}: this release is made alone"
-                          + (f" (--from {others[0]} makes it on release {others[0]}, with that one's SOURCE_DATE_EPOCH, "
-                             "reusing its layers)" if others else ""))
+                          + (f" (--from {found[0].release} makes it on release {found[0].release}, with that one's "
+                             "SOURCE_DATE_EPOCH, reusing its layers)" if found else ""))
         return (None,)
     name = names[0]
     try:
