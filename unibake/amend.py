@@ -102,9 +102,9 @@ class _Lock:
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            try:  # only a hotfix made on this release holds its lock shared
+            try:  # only a run making a release on this one (a hotfix, --from, the newest at its epoch) holds it shared
                 fcntl.flock(self.fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                what = "a hotfix is being made on the release"
+                what = "a hotfix or another release is being made on the release"
             except BlockingIOError:
                 what = "another run is writing the release"
             holder = _holder(self.fh)

@@ -70,6 +70,8 @@ from .render import BuildContext, ContextFile
 CHECKS_PREFIX = "skip=; for p in "  # the in-image checks' RUN, as unibake renders it (templates/Dockerfile.j2)
 CONFIG_LIMIT = 64 << 20  # the base release's config, read from its archive
 PIECE = 1 << 20
+# how to have an image built whole instead, said where one assembled on an earlier release cannot be made
+WHOLE = "build it whole: a hotfix with --full-build, a release without --from (or with --no-from)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,10 +187,17 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
     # the base release's image must record the memo image's steps below its own (the history the assembled
     # config takes from it, checked again as the export reads it): a release made before the Dockerfile's
     # layout changed (another unibake) holds the same layers under other steps, and is built on whole
-    if engine.history(base.manifest.image_id)[:len(history)] != history:
+    base_history = engine.history(base.manifest.image_id)
+    if base_history[:len(history)] != history:
         return (f"release {release}'s history of the steps above the build memo's marker is not the memo image's "
                 "(a Dockerfile laid out otherwise, by another unibake?)")
     shell = settings["config"].get("Shell") or ["/bin/sh", "-c"]
+    # its in-image checks must be this build's step too (the assembled config takes that step's entry from it,
+    # checked again as the export reads it): another selection of profiles checks others, and is built on whole
+    at = len(history) + runs[0]
+    if at >= len(base_history) or base_history[at] != " ".join([*shell, checks]):
+        return (f"release {release}'s in-image checks are another step than this build's (another selection of "
+                "profiles?)")
     small_ref = cache_ref(product, context.selection, "assembled")
     if use_store and not isinstance(stored_image(engine, hit.lower), str):
         return _assemble_on_memo(context, engine, cut=cut, hit=hit, history=history, runs=runs, checks=checks,
@@ -212,7 +221,7 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
         # the memo's stage images (COPY --from) held while the small build reads them
         if not _hold(engine, product, context.selection, hit.stages, pinned):
             return "the build memo's images went from the engine"
-        on_line(f"assembling the hotfix: the steps below the build memo's marker built FROM a small base "
+        on_line(f"assembling the image: the steps below the build memo's marker built FROM a small base "
                 f"({len(folders)} folder(s), the settings of {hit.lower[:19]}), the in-image checks run after")
         outcome = _build(small_context, engine, tag=small_ref, product=product, revision=revision, epoch=epoch,
                          nocache=False, on_line=on_line, platform=platform)
@@ -256,7 +265,7 @@ def _assemble_on_memo(context: BuildContext, engine: Engine, *, cut: buildmemo.S
     try:  # the memo's image and its stage images held while the small build reads them
         if not _hold(engine, product, context.selection, (hit.lower, *hit.stages), pinned):
             return "the build memo's images went from the engine"
-        on_line(f"assembling the hotfix: the steps below the build memo's marker built FROM its image "
+        on_line(f"assembling the image: the steps below the build memo's marker built FROM its image "
                 f"{hit.lower[:19]}, the in-image checks run after")
         outcome = _build(small_context, engine, tag=small_ref, product=product, revision=revision, epoch=epoch,
                          nocache=False, on_line=on_line, platform=platform)
@@ -563,12 +572,12 @@ def assembled_stream(assembly: Assembly, base: HotfixBase, small: SmallSave, tag
         bottom_history = history[:len(assembly.lower_history)]
         if [h.get("created_by", "") for h in bottom_history] != list(assembly.lower_history):
             raise VerificationError(f"release {manifest.release}'s history of the steps above the build memo's "
-                                    "marker is not the memo image's: make the hotfix with --full-build")
+                                    "marker is not the memo image's: " + WHOLE)
         at = assembly.checks_at
         if at >= len(history) or history[at].get("created_by") != assembly.checks_created_by \
                 or not history[at].get("empty_layer"):
             raise VerificationError(f"release {manifest.release}'s in-image checks are not recorded as a step that "
-                                    "changed nothing: make the hotfix with --full-build")
+                                    "changed nothing: " + WHOLE)
         top = small.layers[assembly.below:]
         yield from _layer_members(small.path, top)
         config = copy.deepcopy(small.config)

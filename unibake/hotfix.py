@@ -8,7 +8,7 @@ layers out, and its round trip loads the base release first.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,17 +119,20 @@ def omitted_layers(base_diff_ids: tuple[str, ...], diff_ids: tuple[str, ...]) ->
     return tuple(diff_ids[:shared])
 
 
-def earlier_releases(out: Path, *, product: str, platform: str, release: str) -> list[ReleaseManifest]:
+def earlier_releases(out: Path, *, product: str, platform: str, profiles: Collection[str],
+                     release: str) -> list[ReleaseManifest]:
     """The releases under ``out`` that ``build`` without ``--from`` may make its release on, newest published first:
     full releases (no hotfix; the archive one file, as frames are lent from one) of ``product`` for ``platform``
-    that record a SOURCE_DATE_EPOCH, other than ``release`` itself (the one a --force run replaces). Those at the
-    run's epoch hold its layers of the same inputs, so made on one of them, as --from does, the release is the same
-    bytes. Read as found: the one taken is then loaded as --from loads it, against its SHA256SUMS. A link
+    and the same selection of ``profiles`` (the in-image checks of another selection are another step: a release of
+    tp1 never assembles one of tp4) that record a SOURCE_DATE_EPOCH, other than ``release`` itself (the one a
+    --force run replaces). Those at the run's epoch hold its layers of the same inputs, so made on one of them, as
+    --from does, the release is the same bytes. Read as found: the one taken is then loaded as --from loads it, against its SHA256SUMS. A link
     (``latest``), a folder whose manifest does not parse or names another release, and one without its archive
     (a fresh clone's: archives are not tracked) are passed over."""
     found = [r.manifest for r in find_releases(out)
              if r.manifest is not None and not r.folder.is_symlink() and r.folder.name == r.manifest.release]
     return [m for m in sorted(found, key=lambda m: (m.published, m.release), reverse=True)
             if m.release != release and m.product == product and (m.platform or DEFAULT_PLATFORM) == platform
+            and set(m.profiles) == set(profiles)
             and m.source_date_epoch is not None and m.hotfix is None and len(m.archive.files) == 1
             and (out / m.release / m.archive.files[0].name).is_file()]

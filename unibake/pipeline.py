@@ -291,10 +291,12 @@ def _earlier_release(run: Run) -> tuple:
     from .hotfix import earlier_releases
 
     request, plan, target = run.request, run["plan"], run["target"]
-    found = earlier_releases(request.out, product=plan.product, platform=plan.platform.name, release=target.release)
+    found = earlier_releases(request.out, product=plan.product, platform=plan.platform.name,
+                             profiles=plan.profile_names, release=target.release)
     names = [m.release for m in found if m.source_date_epoch == request.epoch]
     if not names:
-        run.reporter.info(f"    no release under --out at SOURCE_DATE_EPOCH={request.epoch}: this release is made alone"
+        run.reporter.info(f"    no release of {', '.join(plan.profile_names)} under --out at SOURCE_DATE_EPOCH="
+                          f"{request.epoch}: this release is made alone"
                           + (f" (--from {found[0].release} makes it on release {found[0].release}, with that one's "
                              "SOURCE_DATE_EPOCH, reusing its layers)" if found else ""))
         return (None,)

@@ -130,14 +130,14 @@ class ReleaseFolder:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder(lock)
-            try:  # only a hotfix made on this release holds its lock shared
+            try:  # only a run making a release on this one (a hotfix, --from, the newest at its epoch) holds it shared
                 fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 reading = True
             except BlockingIOError:
                 reading = False
             lock.close()
             if reading:
-                raise UnibakeError(f"a hotfix is being made on release {self.final} (pid {holder}): it needs that "
+                raise UnibakeError(f"a hotfix or another release is being made on release {self.final} (pid {holder}): it needs that "
                                    "release as it is until it ends; wait for it or choose another version") from None
             raise UnibakeError(f"another run is writing release {self.final} (pid {holder}); wait for it or "
                                "choose another version") from None

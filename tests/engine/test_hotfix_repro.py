@@ -385,7 +385,7 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
 
     made = release(cli, busybox_product, first, out, "--no-smoke")
     assert made.code == 0, made.err
-    assert f"no release under --out at SOURCE_DATE_EPOCH={EPOCH}: this release is made alone" in made.err
+    assert f"no release of tp1, tp2 under --out at SOURCE_DATE_EPOCH={EPOCH}: this release is made alone" in made.err
     first_id = json.loads((out / first / "manifest.json").read_text())["image_id"]
 
     change("retuned")
@@ -411,7 +411,8 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
     change("again")
     made = release(cli, busybox_product, third, out, "--no-smoke", epoch=str(int(EPOCH) + 60))
     assert made.code == 0, made.err
-    assert (f"no release under --out at SOURCE_DATE_EPOCH={int(EPOCH) + 60}: this release is made alone (--from "
+    assert (f"no release of tp1, tp2 under --out at SOURCE_DATE_EPOCH={int(EPOCH) + 60}: this release is made alone "
+            f"(--from "
             f"{second} makes it on release {second}") in made.err
     assert validation(third)["round_trip"]["held_before"] == [base_id]
 
@@ -444,3 +445,37 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
     assert f"the engine does not hold release {fifth}'s image" in made.err
     assert f"release {fifth} is not used after all: this release is made alone" in made.err
     assert validation(sixth)["round_trip"]["held_before"] == [base_id]
+
+
+def test_a_release_of_one_profile_is_made_on_an_earlier_release_of_that_profile_never_on_another_selection(
+        cli, engine, busybox_product, version, images, tmp_path):
+    """The in-image checks of another selection of profiles are another step: a tp2 release at the epoch of a newer
+    release of tp1 and tp2 is made on the earlier tp2 release, and one of tp1 and tp2 is not made on a tp2 one.
+    Asked for with --from, a release of another selection is built whole on it (before: made on the newest at the
+    epoch whatever its profiles, a tp2 release after a tp1 one failed, exit 3, "make the hotfix with --full-build")."""
+    out = tmp_path / "release"
+    first, second, third, fourth = (f"{version}{s}" for s in "abcd")
+    for tag in (f"{first}-tp2", second, f"{third}-tp2", f"{fourth}-tp2"):
+        images(f"unibake-test:{tag}")
+    tune = busybox_product.parent / "images/tune/tp2/cache-1.json"
+
+    def change(text: str) -> None:
+        tune.write_text(json.dumps({"tp2_cache": text}))
+        assert cli("lock", "--config", str(busybox_product)).code == 0
+
+    made = release(cli, busybox_product, first, out, "--no-smoke", "--profile", "tp2")
+    assert made.code == 0, made.err
+    change("retuned")
+    made = release(cli, busybox_product, second, out, "--no-smoke")
+    assert made.code == 0, made.err
+    assert f"no release of tp1, tp2 under --out at SOURCE_DATE_EPOCH={EPOCH}: this release is made alone" in made.err
+    change("again")
+    made = release(cli, busybox_product, third, out, "--no-smoke", "--profile", "tp2")
+    assert made.code == 0, made.err
+    assert f"made on release {first}-tp2, the newest under --out at SOURCE_DATE_EPOCH={EPOCH}" in made.err
+    assert "assembling the image: " in made.err and "the whole image is built" not in made.err
+    made = release(cli, busybox_product, fourth, out, "--no-smoke", "--profile", "tp2", "--from", second)
+    assert made.code == 0, made.err
+    assert (f"the whole image is built and exported (not assembled): release {second}'s in-image checks are another "
+            "step than this build's") in made.err
+    assert cli("verify", str(out / f"{fourth}-tp2")).code == 0

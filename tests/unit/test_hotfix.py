@@ -376,11 +376,11 @@ def test_a_hotfix_holds_its_base_release_so_a_force_run_of_it_is_refused_until_t
     request = Request(env={}, cwd=tmp_path, out=out, base="1.0", version="1.0.1")
     with ExitStack() as hotfix:  # the hotfix's run, from its first stage to its end
         run_stages([BY_NAME["hotfix base"]], request, Quiet(), stack=hotfix)
-        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on release {out / '1.0'} \(pid {os.getpid()}\): "
+        with pytest.raises(UnibakeError, match=rf"a hotfix or another release is being made on release {out / '1.0'} \(pid {os.getpid()}\): "
                                                "it needs that release as it is until it ends; wait for it"):
             release(engines, out, force=True)  # build --version 1.0 --force, archive --tag 1.0 --force
         from unibake.amend import _Lock
-        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on the release beside {out / '.1.0.lock'} "
+        with pytest.raises(UnibakeError, match=rf"a hotfix or another release is being made on the release beside {out / '.1.0.lock'} "
                                                rf"\(pid {os.getpid()}\); wait for it"):
             _Lock(out, "1.0").__enter__()  # push 1.0, recording its digest in the folder
         with ExitStack() as second:  # another hotfix on the same base may run beside it
@@ -576,7 +576,7 @@ def test_a_hotfix_from_a_link_to_a_release_holds_the_release_it_names(engines, t
     request = Request(env={}, cwd=tmp_path, out=out, base="latest", version="1.0.1")
     with ExitStack() as hotfix:
         run_stages([BY_NAME["hotfix base"]], request, Quiet(), stack=hotfix)
-        with pytest.raises(UnibakeError, match=rf"a hotfix is being made on release {out / '1.0'} \(pid {os.getpid()}\)"):
+        with pytest.raises(UnibakeError, match=rf"a hotfix or another release is being made on release {out / '1.0'} \(pid {os.getpid()}\)"):
             release(engines, out, force=True)
     release(engines, out, force=True)  # the hotfix ended: let go
 
@@ -931,8 +931,8 @@ def test_a_reference_whose_last_colon_is_not_its_tag_s_is_refused_not_read_as_la
 
 
 def test_build_without_from_finds_the_newest_full_release_of_its_product_platform_and_epoch(engines, tmp_path):  # noqa: F811
-    """The releases a release made without --from is made on: of the same product and platform at its epoch,
-    full, in one archive file that is there, not itself; newest published first; links and broken folders passed
+    """The releases a release made without --from is made on: of the same product, platform and profiles at its
+    epoch, full, in one archive file that is there, not itself; newest published first; links and broken folders passed
     over."""
     from unibake.hotfix import earlier_releases
 
@@ -959,20 +959,27 @@ def test_build_without_from_finds_the_newest_full_release_of_its_product_platfor
     folder("old", "2026-12-05T00:00:00Z", source_date_epoch=None)
     folder("parts", "2026-12-05T00:00:00Z", archive=two_parts)
     folder("misnamed", "2026-12-05T00:00:00Z", release="1.9")
+    one = next(iter(record["profiles"].values()))
+    folder("selection", "2026-12-05T00:00:00Z", profiles={**record["profiles"], "tp8": one})  # (its checks: another step)
+    folder("another", "2026-12-05T00:00:00Z", profiles={"tp9": one})
     folder("cloned", "2026-12-05T00:00:00Z", with_archive=False)
     folder("broken", "2026-12-05T00:00:00Z")
     (out / "broken" / "manifest.json").write_text("{")
     (out / "latest").symlink_to("1.1")
 
     def found(epoch=1700000000, release="2.0"):  # (None: at any epoch)
-        return [m.release for m in earlier_releases(out, product="demo", platform="linux/amd64", release=release)
+        return [m.release for m in earlier_releases(out, product="demo", platform="linux/amd64",
+                                                     profiles=list(record["profiles"]), release=release)
                 if epoch in (None, m.source_date_epoch)]
 
     assert found() == ["1.1", "1.2", "1.0"]
     assert found(release="1.1") == ["1.2", "1.0"]  # (the release a --force run replaces is never its own base)
     assert found(epoch=1700000060) == ["later"]
     assert found(epoch=None) == ["later", "1.1", "1.2", "1.0"]
-    assert earlier_releases(tmp_path / "none", product="demo", platform="linux/amd64", release="2.0") == []
+    assert [m.release for m in earlier_releases(out, product="demo", platform="linux/amd64",
+                                                profiles=[*record["profiles"], "tp8"], release="2.0")] == ["selection"]
+    assert earlier_releases(tmp_path / "none", product="demo", platform="linux/amd64", profiles=["tp1"],
+                            release="2.0") == []
 
 
 @pytest.mark.parametrize("asked, made_on", [

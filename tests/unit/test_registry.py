@@ -1713,7 +1713,7 @@ def test_a_push_of_a_release_folder_that_is_a_link_locks_and_records_the_name_gi
         refused = cli("push", "release/1.3.1", "--to", "reg.example/team/demo-llm", cwd=tmp_path / "repo")
     finally:
         hold.close()
-    assert refused.code == 1 and "a hotfix is being made on the release" in refused.err, refused.err
+    assert refused.code == 1 and "a hotfix or another release is being made on the release" in refused.err, refused.err
     assert load_manifest(real).registry == ()
 
     assert cli("push", "release/1.3.1", "--to", "reg.example/team/demo-llm", cwd=tmp_path / "repo").code == 0
