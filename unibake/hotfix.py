@@ -126,9 +126,9 @@ def earlier_releases(out: Path, *, product: str, platform: str, profiles: Collec
     and the same selection of ``profiles`` (the in-image checks of another selection are another step: a release of
     tp1 never assembles one of tp4) that record a SOURCE_DATE_EPOCH, other than ``release`` itself (the one a
     --force run replaces). Those at the run's epoch hold its layers of the same inputs, so made on one of them, as
-    --from does, the release is the same bytes. Read as found: the one taken is then loaded as --from loads it, against its SHA256SUMS. A link
-    (``latest``), a folder whose manifest does not parse or names another release, and one without its archive
-    (a fresh clone's: archives are not tracked) are passed over."""
+    --from does, the release is the same bytes. Read as found: the one taken is then loaded as --from loads it,
+    against its SHA256SUMS. A link (``latest``), a folder whose manifest does not parse or names another release,
+    and one without its archive (a fresh clone's: archives are not tracked) are passed over."""
     found = [r.manifest for r in find_releases(out)
              if r.manifest is not None and not r.folder.is_symlink() and r.folder.name == r.manifest.release]
     return [m for m in sorted(found, key=lambda m: (m.published, m.release), reverse=True)

@@ -137,8 +137,9 @@ class ReleaseFolder:
                 reading = False
             lock.close()
             if reading:
-                raise UnibakeError(f"a hotfix or another release is being made on release {self.final} (pid {holder}): it needs that "
-                                   "release as it is until it ends; wait for it or choose another version") from None
+                raise UnibakeError(f"a hotfix or another release is being made on release {self.final} (pid "
+                                   f"{holder}): it needs that release as it is until it ends; wait for it or choose "
+                                   "another version") from None
             raise UnibakeError(f"another run is writing release {self.final} (pid {holder}); wait for it or "
                                "choose another version") from None
         _sign(lock)
