@@ -150,6 +150,15 @@ def strip_auth(session, prepared, response) -> None:
         del prepared.headers["Authorization"]
 
 
+def private_folder(path: Path) -> bool:
+    """``path`` is a real folder (not a link) of this user's that no one else may enter or write."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -287,8 +287,8 @@ def _earlier_release(run: Run) -> tuple:
     memo): the release made on the newest earlier release under --out of the same product, platform and profiles
     at this run's SOURCE_DATE_EPOCH, as ``--from`` it would be (its frames lent, assembled on its layers, the
     verify engine holding it): the same bytes, since that release's layers of unchanged inputs are the ones this
-    build gives.
-    None (the release made alone, as before) when there is none, or the one found does not verify (said)."""
+    build gives. None (the release made alone, as before) when there is none, or the one found does not verify
+    (said)."""
     from .hotfix import earlier_releases
 
     request, plan, target = run.request, run["plan"], run["target"]

@@ -42,6 +42,7 @@ import requests
 
 from .docker_engine import TIMEOUT, DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
+from .files import private_folder
 from .publish import held_signals
 from .schema import IMAGE_ID_RE
 from .threads import Thread, counted
@@ -92,11 +93,7 @@ def check_private(folder: Path) -> None:
 
 def _ours(folder: Path) -> bool:
     """A folder this user made for a scratch engine: a real folder, its own, private."""
-    try:
-        info = os.lstat(folder)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+    return private_folder(folder)
 
 
 def _alive(pid: int) -> bool:

@@ -30,7 +30,7 @@ import jinja2
 from jinja2.bccache import bc_magic
 
 from .errors import UnibakeError
-from .files import write_atomic
+from .files import private_folder, write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 RUNTIME_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -200,12 +200,9 @@ def _compiled_templates() -> _CompiledTemplates | None:
     folder = home / COMPILED
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(folder)
     except OSError:
         return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        return None
-    return _CompiledTemplates(folder)
+    return _CompiledTemplates(folder) if private_folder(folder) else None
 
 
 @cache
