@@ -13,10 +13,11 @@ in a fixed order, every header fixed (root, no owner names, mtime 0), each piece
 ``manifest.json``, the containerd one ``index.json``. A hotfix archive is the same form without
 the layers the previous release already shipped.
 
-The order is fixed by the image alone (the biggest layer first, then the other big ones, then the rest,
-each sorted by name), so that the biggest layer's frames, written while the engine's stream arrived,
-become the archive in place and are never copied; the other spooled frames are copied. A release that
-changes only small blobs leaves the archive's bytes up to the last big frame as they were. The digests of what was
+The order is fixed by the image alone (the biggest layer first, then the other big ones in the image's
+order of layers, bottom up, then the rest sorted by name), so that the biggest layer's frames, written while
+the engine's stream arrived, become the archive in place and are never copied; the other spooled frames are
+copied. A release that changes only small blobs leaves the archive's bytes up to the last big frame as they
+were; one that changes its top layers, those up to the last frame of the layers below them. The digests of what was
 written, compressed and uncompressed, come from the pass that reads the finished archive back
 (:mod:`unibake.archive_reader`: the round trip's load, or a check without one), which every
 release makes; they are its result, not this one's.
@@ -513,8 +514,9 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
     """(name, content, size) of every entry of the canonical tar; content is bytes or a spooled Member.
 
     The order is fixed by the image alone: the two folders, the biggest layer (so that its frames
-    can stay where they were written), the other big blobs (each in a frame of its own) sorted by name,
-    then every other blob sorted by name, then ``index.json``, ``manifest.json`` and ``oci-layout``.
+    can stay where they were written), the other big blobs (each in a frame of its own) in the image's
+    order of layers, bottom up, then every other blob sorted by name, then ``index.json``, ``manifest.json``
+    and ``oci-layout``.
     """
     layers, seen = [], set()
     descriptors = []
@@ -550,9 +552,11 @@ def canonical_entries(image: SavedImage, tag: str, omit: frozenset[str]) -> list
     blobs = layers + [(f"blobs/sha256/{config_hex}", config, len(config)),
                       (f"blobs/sha256/{manifest_hex}", oci_manifest, len(oci_manifest))]
     blobs = sorted({name: (name, data, size) for name, data, size in blobs}.values())
-    spooled = [b for b in blobs if isinstance(b[1], (_Spool, _Lent))]
-    if spooled:  # every big blob before the small ones: a release that changes small ones only leaves the bytes up
-        # to the big ones' last frame as they were, and its read back passes over those frames (archive_reader)
+    # (``layers`` holds each blob once, in the image's order)
+    spooled = [b for b in layers if isinstance(b[1], (_Spool, _Lent))]
+    if spooled:  # every big blob before the small ones, and the big ones after the biggest from the image's bottom
+        # layer up: a release that changes its top layers (tune caches, metadata) leaves the bytes up to the last
+        # frame of the layers below them as they were, and its read back passes over those frames (archive_reader)
         biggest = max(spooled, key=lambda b: (b[2], b[0]))
         big = {b[0] for b in spooled}
         blobs = [biggest] + [b for b in spooled if b is not biggest] + [b for b in blobs if b[0] not in big]

@@ -30,6 +30,9 @@ from .plan import INSTALL_ROOT, Kernel, Profile, ReleasePlan
 from .prebuilt import Member, Prebuilt, open_member
 from .templates import render_template, sh
 
+# the context folder of what every release changes, laid out as under the install root (profiles/NAME/tune/,
+# meta/): one COPY below the build memo's marker, so one container and one layer a release builds
+UPPER = "ctx/upper"
 BUILD_LOG = "/tmp/unibake-kernel-build.log"
 # the compiler's own first error line, else the last line of what the build printed
 FIRST_ERROR = f"grep -m 1 -i -E 'error|undefined reference|fatal' {BUILD_LOG} || tail -n 1 {BUILD_LOG}"
@@ -216,7 +219,7 @@ def render(plan: ReleasePlan) -> BuildContext:
         if p.tune:
             for f in p.tune.source.files:
                 rel = p.tune.source.relative(f)
-                add_input(f"ctx/profiles/{p.name}/tune/{rel}", f, f"profiles/{p.name}/tune/{rel}")
+                add_input(f"{UPPER}/profiles/{p.name}/tune/{rel}", f, f"profiles/{p.name}/tune/{rel}")
     overlaid: dict[str, tuple[InputFile, bool]] = {}
     for o in plan.overlays:
         for rel, f in o.files():
@@ -249,13 +252,13 @@ def render(plan: ReleasePlan) -> BuildContext:
         ledgers.append(("meta/overlays.md5", "md5sum"))
     values = dict(plan=plan, root=INSTALL_ROOT, profiles=profiles, shared_env=shared_env,
                   has_kernels=has_kernels, stages=stages, engine_py=engine_py, has_prebuilt=bool(prebuilt),
-                  has_tune=any(p.tune for p in plan.profiles), components=plan.components, ledgers=ledgers,
+                  upper=UPPER, components=plan.components, ledgers=ledgers,
                   names=",".join(plan.profile_names), metadata_label=METADATA_LABEL, metadata=metadata.to_json())
     entrypoint = render_template("entrypoint.sh.j2", **values)
     self_check = render_template("self-check.sh.j2", **values)
 
     def add_meta(name: str, data: bytes, mode: int = 0o644) -> None:
-        files[f"ctx/meta/{name}"] = ContextFile(name=f"ctx/meta/{name}", mode=mode, sha256=_sha(data), data=data)
+        files[f"{UPPER}/meta/{name}"] = ContextFile(name=f"{UPPER}/meta/{name}", mode=mode, sha256=_sha(data), data=data)
 
     for name, text in (("entrypoint.sh", entrypoint), ("self-check.sh", self_check)):
         add_meta(name, text.encode(), 0o755)

@@ -38,7 +38,7 @@ def test_the_cut_falls_below_the_prebuilt_kernels_and_above_the_tune_caches():
     assert low[-3:] == ["COPY ctx/prebuilt/ /opt/unibake/", 'ENTRYPOINT ["/opt/unibake/meta/entrypoint.sh"]',
                         'CMD ["serve"]'] and len(low) == cut.lower_steps
     assert "ctx/engine/" in cut.lower_sources and "ctx/prebuilt/" in cut.lower_sources
-    assert cut.upper_sources == ("ctx/profiles/", "ctx/overlays/", "ctx/meta/")
+    assert cut.upper_sources == ("ctx/overlays/", "ctx/upper/")
     # every instruction of the whole Dockerfile is on one side or the other
     assert instructions(cut.lower) + instructions(cut.upper) == instructions(context.dockerfile)
 
@@ -51,7 +51,7 @@ def test_the_upper_context_builds_from_the_recorded_images_with_only_what_it_rea
     assert steps[0] == f"FROM {LOWER}" and steps[1:] == [
         s.replace("--from=kernels ", f"--from={STAGE} ") for s in instructions(cut.upper)]
     names = {f.name for f in upper.files}
-    assert "Dockerfile" in names and any(n.startswith("ctx/profiles/") for n in names)
+    assert "Dockerfile" in names and any(n.startswith("ctx/upper/profiles/") for n in names)
     assert not any(n.startswith(("ctx/engine/", "ctx/kernels/", "ctx/prebuilt/", "ctx/sidecars/")) for n in names)
     dockerfile = next(f for f in upper.files if f.name == "Dockerfile")
     assert dockerfile.read().decode() == upper.dockerfile

@@ -184,7 +184,7 @@ def test_an_arm64_render_has_its_own_name_base_and_machine_check(busybox_product
     assert "FROM localhost/unibake-busybox:1-arm64\n" in arm64.dockerfile
     assert 'if [ "$machine" = aarch64 ]; then' in arm64.self_check
     assert 'if [ "$machine" = x86_64 ]; then' in amd64.self_check
-    assert json.loads(next(f.data for f in arm64.files if f.name == "ctx/meta/release.json"))["platform"] == \
+    assert json.loads(next(f.data for f in arm64.files if f.name == "ctx/upper/meta/release.json"))["platform"] == \
         "linux/arm64"
 
 

@@ -392,10 +392,10 @@ def test_a_folder_overlay_with_dot_files_gets_a_sha256_and_an_md5_ledger(busybox
     lock(cli, busybox_product)
     context = render(make_plan(busybox_product))
     files = {f.name: f for f in context.files}
-    md5 = files["ctx/meta/overlays.md5"].data.decode()
+    md5 = files["ctx/upper/meta/overlays.md5"].data.decode()
     names = (".version", "sub/b.json")  # a.py is the later overlay's now, which keeps no md5
     assert md5 == "".join(f"{hashlib.md5((n + chr(10)).encode()).hexdigest()}  engine/pkg/adapter/{n}\n" for n in names)
-    assert "engine/pkg/adapter/.version" in files["ctx/meta/overlays.sha256"].data.decode()
+    assert "engine/pkg/adapter/.version" in files["ctx/upper/meta/overlays.sha256"].data.decode()
     assert "md5sum -c meta/overlays.md5" in context.self_check
     names = [c.name for c in make_plan(busybox_product).components if c.kind == "overlay"]
     assert names == ["pkg/adapter", "hotfix-a"]  # compared by name in the notes, never by position

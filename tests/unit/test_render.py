@@ -77,8 +77,8 @@ def test_layers_go_from_least_to_most_often_changed():
     dockerfile = render(make_plan(REPO / "profiles", cwd=REPO)).dockerfile
     order = [
         "COPY ctx/engine/", "COPY --from=kernels /out/kernels/", "COPY --from=kernels /out/profiles/",
-        "ENTRYPOINT", "CMD ", "COPY ctx/profiles/", "COPY ctx/overlays/", "ENV ", "COPY ctx/meta/", "RUN ", "ARG ",
-        "LABEL ",
+        "ENTRYPOINT", "CMD ", "COPY ctx/overlays/", "ENV ", "COPY --from=kernels /out/kernels.sha256",
+        "COPY ctx/upper/ /opt/unibake/", "RUN ", "ARG ", "LABEL ",
     ]
     lines = runtime_instructions(dockerfile)
     positions = [next(i for i, line in enumerate(lines) if line.startswith(prefix)) for prefix in order]
@@ -213,7 +213,7 @@ def test_the_build_context_tar_is_reproducible_and_root_owned(busybox_product):
         names = [m.name for m in members]
         assert "Dockerfile" in names and "ctx/engine/serve.sh" in names
         assert tar.getmember("ctx/engine/serve.sh").mode == 0o755
-        assert tar.getmember("ctx/profiles/tp2/tune/cache-1.json").mode == 0o644
+        assert tar.getmember("ctx/upper/profiles/tp2/tune/cache-1.json").mode == 0o644
 
 
 def test_an_input_edited_after_planning_is_caught_while_tarring(busybox_product):
@@ -225,7 +225,7 @@ def test_an_input_edited_after_planning_is_caught_while_tarring(busybox_product)
 
 def test_the_image_manifest_lists_every_baked_file_with_its_digest(busybox_product):
     context = render(make_plan(busybox_product))
-    manifest = next(f.data for f in context.files if f.name == "ctx/meta/files.sha256").decode()
+    manifest = next(f.data for f in context.files if f.name == "ctx/upper/meta/files.sha256").decode()
     paths = [line.split("  ", 1)[1] for line in manifest.splitlines()]
     assert paths == sorted(paths)
     assert {"engine/serve.sh", "engine/handle.sh", "profiles/tp1/tune/cache-1.json",
