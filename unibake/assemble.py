@@ -193,11 +193,12 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
                 "(a Dockerfile laid out otherwise, by another unibake?)")
     shell = settings["config"].get("Shell") or ["/bin/sh", "-c"]
     # its in-image checks must be this build's step too (the assembled config takes that step's entry from it,
-    # checked again as the export reads it): another selection of profiles checks others, and is built on whole
+    # checked again as the export reads it): another selection of profiles checks others, and a release whose steps
+    # below the marker lie otherwise (made by an earlier unibake) has them at another place; either is built on whole
     at = len(history) + runs[0]
     if at >= len(base_history) or base_history[at] != " ".join([*shell, checks]):
         return (f"release {release}'s in-image checks are another step than this build's (another selection of "
-                "profiles?)")
+                "profiles, or steps below the build memo's marker laid out otherwise, by another unibake?)")
     small_ref = cache_ref(product, context.selection, "assembled")
     if use_store and not isinstance(stored_image(engine, hit.lower), str):
         return _assemble_on_memo(context, engine, cut=cut, hit=hit, history=history, runs=runs, checks=checks,
