@@ -258,7 +258,8 @@ def render(plan: ReleasePlan) -> BuildContext:
     self_check = render_template("self-check.sh.j2", **values)
 
     def add_meta(name: str, data: bytes, mode: int = 0o644) -> None:
-        files[f"{UPPER}/meta/{name}"] = ContextFile(name=f"{UPPER}/meta/{name}", mode=mode, sha256=_sha(data), data=data)
+        path = f"{UPPER}/meta/{name}"
+        files[path] = ContextFile(name=path, mode=mode, sha256=_sha(data), data=data)
 
     for name, text in (("entrypoint.sh", entrypoint), ("self-check.sh", self_check)):
         add_meta(name, text.encode(), 0o755)

@@ -186,7 +186,7 @@ def test_a_release_made_on_an_earlier_one_copies_its_frames_and_is_the_archive_a
     # very frames (each frame's sha256 matched); every frame still decoded, the other layers hashed
     assert "taken from this user's record of an earlier read back that decoded the same frames" in result.err, result.err
     # the copied frames come first, after the same headers (the biggest layer, then the others bottom up, before
-    # the new top layers' whatever their digests): none of them decoded at all, the decoded stream's sha256 resumed
+    # the new top layers, whatever their digests): none of them decoded at all, the decoded stream's sha256 resumed
     # after each from the record (the cold release below publishes the same one, decoded whole)
     if RESUMABLE:
         said = re.search(r"(\d+) taken from this user's record of an earlier read back that decoded the same frames "
