@@ -91,11 +91,6 @@ def check_private(folder: Path) -> None:
                                    "open to others); remove it or choose --scratch-dir")
 
 
-def _ours(folder: Path) -> bool:
-    """A folder this user made for a scratch engine: a real folder, its own, private."""
-    return private_folder(folder)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -236,8 +231,8 @@ def remove_scratch_dir(folder: Path) -> None:
     # the runtime folder only where the default base is already this user's private folder: prune of a
     # --scratch-dir neither makes that base nor fails on one it does not own (after removing images, before)
     base = _default_base()
-    places = [p for p in (folder, runtime_of(folder, base) if _ours(base) else None)
-              if p is not None and _ours(p)]
+    places = [p for p in (folder, runtime_of(folder, base) if private_folder(base) else None)
+              if p is not None and private_folder(p)]
     for pid in _processes_of(places):
         _stop(pid, STOP_TIMEOUT)
     for place in places:
@@ -260,7 +255,7 @@ def clean_stale_scratch(base: Path) -> list[Path]:
     them. A seeded engine's daemon left running by such a run is stopped; its data folder stays."""
     removed = []
     for folder in sorted(base.glob(f"{SCRATCH_PREFIX}*")):
-        if not _ours(folder) or _owner_alive(folder):
+        if not private_folder(folder) or _owner_alive(folder):
             continue
         remove_scratch_dir(folder)
         removed.append(folder)
@@ -308,7 +303,7 @@ def _seed_folders(base: Path) -> list[Path]:
     found = []
     for folder in sorted(base.glob(f"{SEED_PREFIX}*")):
         digits = folder.name.removeprefix(SEED_PREFIX)
-        if not (_SEED_DIGITS.fullmatch(digits) and _ours(folder)):
+        if not (_SEED_DIGITS.fullmatch(digits) and private_folder(folder)):
             continue
         try:
             names = set(os.listdir(folder))
@@ -324,12 +319,12 @@ def _stop_seed_processes(folder: Path) -> None:
     """Stop a seeded engine's daemon (verified processes, by PID) and remove its runtime folder; the
     data folder stays."""
     runtime = runtime_of(folder)
-    for pid in _processes_of([p for p in (folder, runtime) if _ours(p)]):
+    for pid in _processes_of([p for p in (folder, runtime) if private_folder(p)]):
         _stop(pid, STOP_TIMEOUT)
     for place in (folder, runtime):
-        if _ours(place):
+        if private_folder(place):
             _unmount_under(place)
-    if _ours(runtime):
+    if private_folder(runtime):
         shutil.rmtree(runtime, ignore_errors=True)
 
 
