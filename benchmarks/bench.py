@@ -173,7 +173,7 @@ class ReleaseRuns:
     tune_alone: Measured | None = None  # once: a release after one tune-cache JSON change, made alone (--no-from)
     fan_first: Measured | None = None  # once: a release --from the cold release, which the verify engine no longer kept
     fan: Measured | None = None  # then a second one --from the cold release: kept with the first, as the engine started
-    first: Measured | None = None  # the first cold release on this base: it seeds the verify engine
+    first: Measured | None = None  # the first cold release on this base: the verify engine keeps its base image
     no_seed: Measured | None = None  # a cold release with --no-seed: the round trip in an empty engine
     reproducible: bool = False
     base: str = ""
@@ -189,12 +189,13 @@ def measure_releases(engine, work: Path, wheel: Path, rounds: int, made: set[str
     made.add(releases.base)
     out = ReleaseRuns(base=releases.base, base_size=engine.inspect_image(releases.base).size)
     clean = snapshot(engine)  # the bases only: what every round starts from
-    # Once, before the rounds: the first release on this base seeds the verify engine (kept in the work
-    # folder's scratch folder for the rounds: one copy of the base image, made once per base image).
+    # Once, before the rounds: the first release on this base loads its whole image into the verify engine,
+    # empty, which keeps the base image from it (in the work folder's scratch folder, for the rounds).
     releases.reset()
     out.first = releases.cold("first")
-    if not releases.seed_dirs():
-        raise SystemExit("error: the first cold release left no seeded verify engine in the scratch folder")
+    if not releases.seeded(out.first):
+        raise SystemExit("error: the first cold release did not start the verify engine empty and leave it seeded "
+                         "with its base image in the scratch folder")
     _restore(engine, clean)
     out.no_seed = releases.cold("no-seed", "--no-seed")
     for r in range(rounds):
@@ -313,7 +314,8 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         ("1", "cold release, build to published folder, <= 1.0 x the same work by hand",
          f"{cold.median:.1f} s against {peer.median:.1f} s ({with_engine.median:.1f} s counting the fresh engine's "
          f"start and stop: {cold.median / with_engine.median:.3f}); the round trip in the seeded verify engine. "
-         f"Once per base image, the first release seeds it: {rel.first.seconds:.1f} s "
+         f"Once per base image, the first release (its round trip loads the whole image into that engine, empty, "
+         f"which keeps the base image from it): {rel.first.seconds:.1f} s "
          f"({rel.first.seconds / peer.median:.3f}); with `--no-seed` (an empty engine, as by hand): "
          f"{rel.no_seed.seconds:.1f} s ({rel.no_seed.seconds / peer.median:.3f})", cold.median / peer.median,
          cold.median <= peer.median),
@@ -390,8 +392,9 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         f"`{args.wheel_name}` in `{realistic.SITE}`), and the wheel's `{realistic.LIB}` added to its engine folder "
         f"(`{realistic.ENGINE_LIB}`), then `build.py lock`: a {gb(image_size)} image ({gb(saved)} as saved), a "
         f"{gb(archive_bytes)} archive (ratio {saved / archive_bytes:.2f}). Made by `benchmarks/realistic.py`.", "",
-        "Before the rounds, once: the first cold release, which seeds the verify engine (the round trip's "
-        "scratch engine, kept in the benchmark's own scratch folder, holding only the base image), and a cold "
+        "Before the rounds, once: the first cold release, whose round trip loads the whole image into the verify "
+        "engine, empty (the round trip's scratch engine, kept in the benchmark's own scratch folder), which keeps "
+        "the base image from it and holds only that for the rounds, and a cold "
         "release with `--no-seed`. `build.py` keeps its Python bytecode between runs, as a user's Python "
         "does (the first release compiles it). "
         "Each round: the engine back to the bases alone (the last round's images removed, so the cold run is "
@@ -405,8 +408,8 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
         "engine, which kept the last release, and loads it; the second finds it kept with the first).", "",
         "| run | time |", "|---|---|",
         f"| ours, cold: `build.py --profile all --no-cache --no-smoke --version cold --force` | {cold.cell()} |",
-        f"| ours, cold, the first release on this base (once, before the rounds: the verify engine seeded with the "
-        f"base image) | {rel.first.seconds:.2f} s |",
+        f"| ours, cold, the first release on this base (once, before the rounds: the round trip into the verify "
+        f"engine, empty, which keeps the base image from it) | {rel.first.seconds:.2f} s |",
         f"| ours, cold, `--no-seed` (once: the round trip in an empty scratch engine, as by hand) | "
         f"{rel.no_seed.seconds:.2f} s |",
         f"| by hand: `docker build --no-cache` (classic builder, as ours) of the context unibake renders, unpacked "

@@ -169,8 +169,14 @@ class Releases:
         self.cold_sha256.add(m.manifest["archive"]["sha256"])
         return m
 
-    def seed_dirs(self) -> list[Path]:
-        return sorted(p for p in self.scratch.glob("ub-seed-*") if p.is_dir()) if self.scratch.is_dir() else []
+    def seeded(self, first: Measured) -> bool:
+        """The first release on the base started the verify engine empty (its round trip loaded the whole image)
+        and left it seeded with the base image."""
+        base_id = self.engine.inspect_image(self.base).id
+        folders = sorted(self.scratch.glob("ub-seed-*")) if self.scratch.is_dir() else []
+        validation = json.loads((self.out / first.manifest["release"] / "VALIDATION.json").read_text())
+        return validation["round_trip"]["held_before"] == [] and any(
+            (f / "seeded").is_file() and (f / "seeded").read_text().strip() == base_id for f in folders)
 
     def tune(self, r: int | str, *extra: str) -> Measured:
         """A release after one tune-cache JSON change, as a user makes one; ``extra``: ``--from cold``, ``--no-from``.

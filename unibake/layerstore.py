@@ -73,18 +73,35 @@ class StoredImage:
 
     def stream(self, repo_tags: tuple[str, ...] = ()) -> Iterator[bytes]:
         """The image as a ``docker save`` stream (classic layout), in pieces of about :data:`PIECE`."""
-        config_name = f"{self.image_id.removeprefix('sha256:')}.json"
-        yield tar_header(config_name, len(self.config)) + self.config + tar_padding(len(self.config))
-        names = []
+        yield self._config_member()
         for layer in self.layers:
-            name = f"{layer.chain}/layer.tar"
-            names.append(name)
             size = _tar_size(layer)
-            yield tar_header(name, size)
+            yield tar_header(_layer_name(layer), size)
             yield from _layer_bytes(layer, size)
             yield tar_padding(size)
-        manifest = json.dumps([{"Config": config_name, "RepoTags": list(repo_tags), "Layers": names}]).encode()
-        yield tar_header("manifest.json", len(manifest)) + manifest + tar_padding(len(manifest)) + bytes(2 * BLOCK)
+        yield self._manifest_member(repo_tags)
+
+    def config_archive(self) -> bytes:
+        """The image as a ``docker save`` archive of its config alone: its manifest names every layer and it
+        carries none of their files. An engine that holds the layers already (by their chain IDs) loads it as the
+        image: Engine 20.10's load looks each layer up by its chain ID first and opens its file only when it lacks
+        the layer (so one that lacks a layer refuses the archive)."""
+        return self._config_member() + self._manifest_member(())
+
+    def _config_member(self) -> bytes:
+        return tar_header(self._config_name(), len(self.config)) + self.config + tar_padding(len(self.config))
+
+    def _config_name(self) -> str:
+        return f"{self.image_id.removeprefix('sha256:')}.json"
+
+    def _manifest_member(self, repo_tags: tuple[str, ...]) -> bytes:
+        manifest = json.dumps([{"Config": self._config_name(), "RepoTags": list(repo_tags),
+                                "Layers": [_layer_name(layer) for layer in self.layers]}]).encode()
+        return tar_header("manifest.json", len(manifest)) + manifest + tar_padding(len(manifest)) + bytes(2 * BLOCK)
+
+
+def _layer_name(layer: StoredLayer) -> str:
+    return f"{layer.chain}/layer.tar"
 
 
 def chain_ids(diff_ids: tuple[str, ...] | list[str]) -> list[str]:

@@ -859,7 +859,8 @@ def _fresh_engine(run: Run, seed: str | None = None,
                   keep: str | None = None) -> tuple[Engine, int | None, str, str | None, Path | None]:
     """The engine that never saw the image: the one --verify-engine names, a scratch dockerd, or
     (``seed``, the base image's ID) a scratch dockerd kept between runs that holds only the base
-    image (and ``keep``, a hotfix's base release, when an earlier run kept it there: ``run.seed.kept``).
+    image (and ``keep``, a hotfix's base release, when an earlier run kept it there: ``run.seed.kept``), or
+    nothing yet (it keeps the base image from this run's round trip: :class:`SeededEngine`'s ``defer``).
     Its network namespace's PID, where it is, the image it held (None: nothing) and its data folder
     (a scratch engine's) come with it."""
     if run.request.verify_engine:
@@ -867,12 +868,15 @@ def _fresh_engine(run: Run, seed: str | None = None,
     if seed is not None:
         try:
             seeded = _entered(run, SeededEngine(run.request.scratch_dir, source=run.engine, base_id=seed,
-                                                on_line=run.reporter.info, progress=run.reporter.progress, keep=keep))
+                                                on_line=run.reporter.info, progress=run.reporter.progress, keep=keep,
+                                                defer=True))
         except RoundTripUnavailable as exc:  # in use by another run, or its folder refused: an empty engine
             run.reporter.info(f"    {exc}: an empty scratch engine instead")
         else:
             run.after("smoke gates", seeded.stop_in_background)
             run.seed = seeded
+            if seeded.deferred is not None:  # empty: seeded from this round trip as it stops
+                return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, empty", None, seeded.folder)
             holds = f"only the base image and the release {seeded.kept[:19]}" if seeded.kept else "only the base image"
             return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding {holds}", seed,
                     seeded.folder)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from unibake.builder import cache_ref
-from unibake.scratch import SEED_PREFIX, _try_lock, private_base
+from unibake.scratch import SEED_PREFIX, SEEDED_MARK, _try_lock, private_base
 
 from ..conftest import REPO
 
@@ -30,6 +30,7 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
                                                                          images, tmp_path):
     images(f"unibake-test:{version}")
     out = tmp_path / "release"
+    seeded_before = _seeded_with(private_base(), engine.inspect_image("localhost/unibake-busybox:1").id)
     result = release(cli, busybox_product, version, out)
     assert result.code == 0, result.err
     folder = out / version
@@ -54,10 +55,15 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     assert "| `tp2` |" in notes and "passed" in notes
     # the default one-pass export loads the stream it reads; the notes say so, and what the sequential path does
     assert validation["round_trip"]["method"] == "stream" and "Round trip (one pass)" in notes
-    # ... into the verify engine kept holding only the base image: only the layers above it were loaded
+    # ... into the verify engine kept holding only the base image, when an earlier release seeded it (only the
+    # layers above it were loaded), else empty (the whole image loaded; the engine keeps its base image from it:
+    # test_a_first_release_on_a_base_seeds_the_verify_engine_from_its_round_trip)
     base_id = engine.inspect_image("localhost/unibake-busybox:1").id
-    assert validation["round_trip"]["held_before"] == [base_id]
-    assert f"held only the base image `{base_id}`" in notes
+    if seeded_before:
+        assert validation["round_trip"]["held_before"] == [base_id]
+        assert f"held only the base image `{base_id}`" in notes
+    else:
+        assert validation["round_trip"]["held_before"] == [] and "held only" not in notes
     assert "release:" in result.err and "SHA256:" in result.err  # the closing summary
     assert scratch_leftovers() == []
 
@@ -66,6 +72,35 @@ def test_a_release_folder_that_verifies_and_a_flipped_byte_that_does_not(cli, en
     archive.write_bytes(bytes(data))
     bad = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True, text=True)
     assert bad.returncode != 0 and f"{archive.name}: FAILED" in bad.stdout
+
+
+def _seeded_with(scratch: Path, base_id: str) -> bool:
+    """Whether the verify engine of ``base_id`` under ``scratch`` is seeded (its mark names the base image)."""
+    mark = scratch / f"{SEED_PREFIX}{base_id.removeprefix('sha256:')[:16]}" / SEEDED_MARK
+    return mark.is_file() and mark.read_text().strip() == base_id
+
+
+def test_a_first_release_on_a_base_seeds_the_verify_engine_from_its_round_trip(cli, engine, busybox_product,
+                                                                              version, images, tmp_path):
+    """The first release on a base loads its whole image into the verify engine, empty (as --no-seed; the base
+    image is not loaded first on its own), and the engine keeps the base image from it: the next release loads only
+    the layers above the base image."""
+    images(f"unibake-test:{version}")
+    out, scratch = tmp_path / "release", tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    base_id = engine.inspect_image("localhost/unibake-busybox:1").id
+    first = release(cli, busybox_product, version, out, "--no-smoke", "--scratch-dir", str(scratch))
+    assert first.code == 0, first.err
+    assert "starts empty: it keeps the base image" in first.err and "seeding the verify engine" not in first.err
+    validation = json.loads((out / version / "VALIDATION.json").read_text())
+    assert validation["round_trip"]["held_before"] == [] and validation["round_trip"]["image_id"]
+    assert _seeded_with(scratch, base_id)
+
+    again = release(cli, busybox_product, version, out, "--no-smoke", "--scratch-dir", str(scratch), "--force")
+    assert again.code == 0, again.err
+    assert "starts empty" not in again.err and "seeding the verify engine" not in again.err
+    assert json.loads((out / version / "VALIDATION.json").read_text())["round_trip"]["held_before"] == [base_id]
+    assert f"held only the base image `{base_id}`" in (out / version / "RELEASE_NOTES.md").read_text()
 
 
 def test_the_round_trip_starts_empty_with_no_seed_or_while_another_run_uses_the_seed(cli, engine, busybox_product,

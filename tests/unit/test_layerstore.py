@@ -93,6 +93,24 @@ def test_the_storage_gives_the_archive_the_save_gives_byte_for_byte(stored, tmp_
     assert from_store == from_save
 
 
+def test_the_config_archive_is_the_stream_without_its_layer_files(stored):
+    """What a seeded verify engine is given to make the base image from layers its round trip loaded: the
+    image's own config and manifest, each layer named by its chain ID (as the engine looks it up), no layer file."""
+    engine, image_id, diff_ids = stored
+    image = find_image(engine.root, "overlay2", image_id)
+
+    def members(data: bytes) -> dict[str, bytes]:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+    whole, alone = members(b"".join(image.stream())), members(image.config_archive())
+    assert sorted(alone) == sorted(name for name in whole if not name.endswith("/layer.tar"))
+    assert alone == {name: whole[name] for name in alone}
+    assert "sha256:" + hashlib.sha256(alone[image_id.removeprefix("sha256:") + ".json"]).hexdigest() == image_id
+    (entry,) = json.loads(alone["manifest.json"])
+    assert entry["Layers"] == [f"{c.removeprefix('sha256:')}/layer.tar" for c in chain_ids(diff_ids)]
+
+
 def test_a_changed_file_of_the_same_size_is_found_by_its_diffid_and_the_save_is_read(stored, tmp_path):
     engine, image_id, diff_ids = stored
     tool = layer_files(engine.root, list(diff_ids), 0) / "bin" / "tool"
