@@ -876,7 +876,7 @@ def _fresh_engine(run: Run, seed: str | None = None,
             run.after("smoke gates", seeded.stop_in_background)
             run.seed = seeded
             if seeded.deferred is not None:  # empty: seeded from this round trip as it stops
-                return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, empty", None, seeded.folder)
+                return seeded.engine, seeded.pid, f"the empty verify engine {seeded.folder}", None, seeded.folder
             holds = f"only the base image and the release {seeded.kept[:19]}" if seeded.kept else "only the base image"
             return (seeded.engine, seeded.pid, f"the verify engine {seeded.folder}, holding {holds}", seed,
                     seeded.folder)

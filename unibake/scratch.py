@@ -685,8 +685,8 @@ class SeededEngine(ScratchEngine):
         """The engine, empty, seeded now; or, ``defer``, left empty for the run's round trip, which loads the whole
         image, the base image's layers at its bottom: the base image is then made from those layers as the run stops
         (:meth:`_seed_from_loaded`), by loading its config alone. The first release on a base then costs one load of
-        the whole image, no more: seeding first loaded the base image and then the release's own layers, 16-19 s
-        more on the benchmark's 0.86 GB base (docs/BENCHMARKS.md). Its config is read from the source engine's
+        the whole image, no more: seeding first loaded the base image on its own (16-23 s on the benchmark's 0.86 GB
+        base, benchmarks/NOTES.md) and then the release's own layers. Its config is read from the source engine's
         storage (checked against the base image's ID); where it cannot be read, the engine is seeded now."""
         if self.defer:
             stored = stored_image(self.source, self.base_id)

@@ -92,6 +92,7 @@ def test_a_first_release_on_a_base_seeds_the_verify_engine_from_its_round_trip(c
     first = release(cli, busybox_product, version, out, "--no-smoke", "--scratch-dir", str(scratch))
     assert first.code == 0, first.err
     assert "starts empty: it keeps the base image" in first.err and "seeding the verify engine" not in first.err
+    assert f"loading into the empty verify engine {scratch}/{SEED_PREFIX}" in first.err
     validation = json.loads((out / version / "VALIDATION.json").read_text())
     assert validation["round_trip"]["held_before"] == [] and validation["round_trip"]["image_id"]
     assert _seeded_with(scratch, base_id)

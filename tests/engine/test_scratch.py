@@ -122,7 +122,7 @@ def test_a_verify_engine_to_seed_starts_empty_and_keeps_the_base_image_its_round
                                                                                               tmp_path):
     """``defer`` (a release's round trip): the first release on a base loads its whole image into an empty engine,
     as ``--no-seed`` does, and the base image is made there from the layers it loaded, by its config alone, as the
-    run stops; the base image is never loaded first on its own (on the benchmark's 0.86 GB base, 16-19 s more)."""
+    run stops; the base image is never loaded first on its own (16-23 s on the benchmark's 0.86 GB base)."""
     from unibake.scratch import KEPT_MARK, SEEDED_MARK
 
     from .conftest import build_dockerfile
