@@ -643,10 +643,13 @@ class SeededEngine(ScratchEngine):
     def _holds_only_base(self, kept: frozenset[str] | None = None) -> bool:
         """The base image and nothing else (but the kept release, when the run wants it; ``kept``: these
         instead): no other image, no container."""
-        wanted = {self.base_id} | (kept if kept is not None else {self.kept} if self.kept else set())
+        return self._holds({self.base_id} | (kept if kept is not None else {self.kept} if self.kept else set()))
+
+    def _holds(self, images: set[str]) -> bool:
+        """The engine holds these images (by ID) and nothing else: no other image, no container."""
         try:
             api = self.engine.api
-            return {i["Id"] for i in api.images(all=True)} == wanted and not api.containers(all=True)
+            return {i["Id"] for i in api.images(all=True)} == images and not api.containers(all=True)
         except (docker.errors.DockerException, requests.exceptions.RequestException):
             return False
 
@@ -690,18 +693,12 @@ class SeededEngine(ScratchEngine):
         storage (checked against the base image's ID); where it cannot be read, the engine is seeded now."""
         if self.defer:
             stored = stored_image(self.source, self.base_id)
-            if isinstance(stored, StoredImage) and self._empty():
+            if isinstance(stored, StoredImage) and self._holds(set()):
                 self.deferred = stored.config_archive()
                 self.on_line(f"    the verify engine {self.folder} starts empty: it keeps the base image "
                              f"{self.base_id[:19]} from this run's round trip (once per base image)")
                 return
         self._seed()
-
-    def _empty(self) -> bool:
-        try:
-            return not self.engine.api.images(all=True) and not self.engine.api.containers(all=True)
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return False
 
     def _seed_from_loaded(self) -> bool:
         """The base image made in the engine from the layers the run's round trip loaded: its config alone (the
@@ -726,6 +723,10 @@ class SeededEngine(ScratchEngine):
         if not self._holds_only_base():
             raise VerificationError(f"the verify engine {self.folder} does not hold exactly the base image "
                                     f"{self.base_id} after seeding it")
+        self._mark_seeded()
+
+    def _mark_seeded(self) -> None:
+        """The folder's mark: the engine holds the base image (the next run checks it holds nothing else)."""
         (self.folder / SEEDED_MARK).write_text(self.base_id + "\n", encoding="ascii")
         self.seeded_now = True
 
@@ -749,8 +750,7 @@ class SeededEngine(ScratchEngine):
             if not self._holds_only_base(frozenset(keep)):
                 raise EngineError("it still holds more than its base image")
             if seeded:
-                (self.folder / SEEDED_MARK).write_text(self.base_id + "\n", encoding="ascii")
-                self.seeded_now = True
+                self._mark_seeded()
             if keep:  # (the tags the loads gave it stay: a kept release is found by its image ID)
                 (self.folder / KEPT_MARK).write_text("".join(i + "\n" for i in keep), encoding="ascii")
         except (docker.errors.DockerException, requests.exceptions.RequestException, EngineError):
