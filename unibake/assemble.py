@@ -317,8 +317,8 @@ def _folders_of(engine: Engine, memo: Path, secret_key: bytes, image_id: str,
             if all(p in paths and len(h) == 3 and all(type(v) is int for v in h) for p, h in folders):
                 _used(path)
                 return folders
-    except (UnibakeError, OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
+    except (UnibakeError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        pass  # (RecursionError: JSON nested deeper than the stack)
     folders = []
     for folder in paths:
         header = engine.folder_header(image_id, folder)
@@ -396,8 +396,8 @@ def remembered_layer(folder: Path, secret_key: bytes, diff_id: str) -> tuple[int
             return None
         _used(path)
         return size, found_from_json(body)
-    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None  # (RecursionError: JSON nested deeper than the stack)
 
 
 def remember_config(folder: Path, config: bytes) -> None:
@@ -568,8 +568,13 @@ def assembled_stream(assembly: Assembly, base: HotfixBase, small: SmallSave, tag
         if raw is None or f"sha256:{hashlib.sha256(raw).hexdigest()}" != manifest.image_id:
             raise VerificationError(f"release {manifest.release}'s archive does not hold its config "
                                     f"{manifest.image_id[:19]}")
-        base_config = json.loads(raw)
-        history = list(base_config.get("history") or [])
+        try:  # (the config proves its ID, but a release folder under --out is anyone's: its config too)
+            history = list(json.loads(raw).get("history") or [])
+            if not all(isinstance(h, dict) for h in history):
+                raise TypeError("a history entry is not an object")
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            raise VerificationError(f"release {manifest.release}'s config {manifest.image_id[:19]} is not an "
+                                    "image config") from None
         bottom_history = history[:len(assembly.lower_history)]
         if [h.get("created_by", "") for h in bottom_history] != list(assembly.lower_history):
             raise VerificationError(f"release {manifest.release}'s history of the steps above the build memo's "

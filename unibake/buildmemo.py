@@ -239,8 +239,8 @@ def lookup(folder: Path, selection: str, platform: str | None, key: str, cut: Sp
         if not isinstance(raw.get("mac"), str) or \
                 not hmac.compare_digest(raw["mac"], _mac(secret_key, memo.key, memo.lower, memo.stages)):
             return None  # not this user's: a memo a checkout brought
-    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None  # (RecursionError: JSON nested deeper than the stack)
     for image_id in (memo.lower, *memo.stages):
         info = engine.inspect_image(image_id)
         if info is None or info.id != image_id:
@@ -303,8 +303,8 @@ def _lower_entries(path: Path) -> list[dict]:
         raw = json.loads(read_small_file(path, UnibakeError, limit=1 << 20, follow=False).decode("utf-8"))
         entries = raw["entries"] if raw.get("version") == VERSION else []
         return [e for e in entries if isinstance(e, dict)][:LOWER_RECORDS] if isinstance(entries, list) else []
-    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError):
-        return []
+    except (UnibakeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return []  # (RecursionError: JSON nested deeper than the stack)
 
 
 def remember_lower(folder: Path, selection: str, platform: str | None, lower: str, epoch: int,

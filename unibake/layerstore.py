@@ -130,7 +130,7 @@ def find_image(root: str | Path, driver: str, image_id: str) -> StoredImage | st
         return f"the engine's storage ({root}) holds no config that hashes to {image_id}"
     try:  # (the archive writer reads the config again, as an engine does, and refuses what an engine would)
         diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         diff_ids = None
     if not isinstance(diff_ids, list) or not all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in diff_ids):
         return f"the config of {image_id} lists no diffIDs as the engine's storage keeps them"

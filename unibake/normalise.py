@@ -164,7 +164,7 @@ def walk_layers(members: dict[str, Member], base_diff_ids: tuple[str, ...], owne
     config_member = resolve(members, where.config_name)
     try:
         raw_diff_ids = json.loads(config_member.data or b"")["rootfs"]["diff_ids"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise ArchiveError(f"the save stream's config {where.config_name} has no rootfs.diff_ids") from None
     walked: list[tuple[str, Member, str]] = []
     for i, name in enumerate(where.layer_names):

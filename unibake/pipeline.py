@@ -784,15 +784,20 @@ def _delta_base(run: Run) -> HotfixBase | None:
 
 def _remember_lower(run: Run, plan: ReleasePlan, built: BuiltImage, diff_ids: tuple[str, ...]) -> None:
     """After the whole image built FROM the build memo's image was normalised: which diffIDs that image's
-    layers got with this epoch (what a later hotfix's assembly checks its base release against)."""
+    layers got with this epoch (what a later hotfix's assembly checks its base release against). A record that
+    cannot be written (a full disk, a read-only .cache) costs that hotfix its assembly, nothing else."""
     if built.memo_lower is None or built.assembled is not None or run.request.hold:
         return
     key = buildmemo.secret(run.request.env)
     lower = run.engine.inspect_image(built.memo_lower)
     if key is None or lower is None or len(lower.diff_ids) > len(diff_ids):
         return
-    buildmemo.remember_lower(plan.project_root / BUILD_MEMO, run["context"].selection, plan.platform.name,
-                             built.memo_lower, run.epoch, tuple(diff_ids[:len(lower.diff_ids)]), key)
+    try:
+        buildmemo.remember_lower(plan.project_root / BUILD_MEMO, run["context"].selection, plan.platform.name,
+                                 built.memo_lower, run.epoch, tuple(diff_ids[:len(lower.diff_ids)]), key)
+    except (OSError, UnibakeError) as exc:
+        run.reporter.info(f"    the build memo's layer record was not kept ({exc}): a hotfix on this release is built "
+                          "whole")
 
 
 def _remember_contents(run: Run, plan: ReleasePlan, inspector: LayerInspector, archive: Archive) -> None:
@@ -1045,21 +1050,37 @@ def _forget_after(run: Run, engine: Engine, image_id: str) -> None:
     run.stack.callback(forget)
 
 
-def _forget_the_export_load(run: Run, engine: Engine, tag: str) -> None:
+def _forget_the_export_load(run: Run, engine: Engine, tag: str) -> frozenset[str]:
     """What the one-pass export loads into a --verify-engine (its image, under ``tag``) is removed again when the
     run ends, well or not: said before the export, as its image ID is known only once the stream has passed (said
     after it, an error or an interrupt once the load was done left the image there, under the release's tag); not
-    an image the tag named before."""
+    an image the tag named before, nor one the engine held before under other names (only ``tag`` is taken off
+    it). The IDs of the images the engine held before, for :func:`_check_not_held_before`."""
     before = engine.inspect_image(tag)
+    held = frozenset(i.id for i in engine.list_images())
 
     def forget() -> None:
         try:
             now = engine.inspect_image(tag)
-            if now is not None and (before is None or now.id != before.id):
+            if now is None or (before is not None and now.id == before.id):
+                return
+            if now.id in held:
+                engine.untag(tag)
+            else:
                 engine.remove_image(now.id)
         except UnibakeError as exc:  # the run's own error, if it failed, is the one to report
             run.reporter.warn(f"{tag} may still be in the verify engine at {engine.address}: {exc}")
     run.stack.callback(forget)
+    return held
+
+
+def _check_not_held_before(engine: Engine, image_id: str, held: frozenset[str]) -> None:
+    """A --verify-engine that held the release's image before the one-pass export's load (an earlier run's, under
+    another name, or the build engine itself) proves nothing by holding it after: refused, as the round trip of the
+    sequential path refuses it (its image ID is known before its load there, only after the pass here)."""
+    if image_id in held:
+        raise VerificationError(f"the verify engine at {engine.address} already held {image_id} before the load: "
+                                "a load there proves nothing; remove the image from it or use the scratch engine")
 
 
 def _fresh_done(run: Run, fresh: Engine, base_id: str, image_id: str) -> None:
@@ -1091,6 +1112,7 @@ def _export(run: Run) -> tuple:
         run.base_check.abandon()
         run.base_check = None
         run.reporter.info(f"    release {run['base'].manifest.release} is not used after all: this release is made alone")
+        run.results["base"] = None  # (so the provenance records no made_on: its image and archive were made alone)
     _base_checked(run)
 
     plan: ReleasePlan = run["plan"]
@@ -1122,8 +1144,9 @@ def _export(run: Run) -> tuple:
     # engine's export spends most of its time writing its temporary folder, with a core to spare).
     before = loading = checks = small = lender = None
     vouched = {}
+    verify_held = None  # the images a --verify-engine held before the one-pass export's load
     if request.verify_engine and fresh is not None and (base is None or whole):
-        _forget_the_export_load(run, fresh, built.tag)
+        verify_held = _forget_the_export_load(run, fresh, built.tag)
     try:
         if base is not None and fresh is not None and not kept:
             _forget_after(run, fresh, base.manifest.image_id)
@@ -1208,6 +1231,8 @@ def _export(run: Run) -> tuple:
             # removed (a daemon thread: a third interrupt, cutting this wait short, leaves an exit that waits for none)
             loading.wait()
     image, archive = done.image, done.archive
+    if verify_held is not None and done.round_trip is not None:
+        _check_not_held_before(fresh, done.round_trip.image_id, verify_held)
     context: BuildContext = run["context"]
     _remember_contents(run, plan, inspector, archive)
     _remember_frames(run, plan, done.back)
@@ -1401,7 +1426,9 @@ def _publish(run: Run) -> tuple:
     notes = plan.notes if plan is not None else None
     attachments = {a.name: a.read() for a in notes.attachments} if notes else {}
     first_release = supply.carried_first_release(run, folder)
-    previous = (base.manifest if base
+    # (the release an implicit earlier release was made on is an optimisation: the release it follows is the one
+    # --no-from names, a hotfix made on that one since included; an explicit --from or a hotfix names its own)
+    previous = (base.manifest if base and not request.earlier
                 else previous_release(request.out, target.product, target.release, target.metadata,
                                       first_release=first_release))
     hotfix = base.manifest if base is not None and archive.omitted else None

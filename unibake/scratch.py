@@ -46,7 +46,7 @@ import requests
 from .docker_engine import TIMEOUT, DockerEngine
 from .errors import EngineError, RoundTripUnavailable, VerificationError
 from .files import private_folder
-from .layerstore import StoredImage, stored_image
+from .layerstore import StoredImage, chain_ids, stored_image
 from .publish import held_signals
 from .schema import IMAGE_ID_RE
 from .threads import Thread, counted
@@ -64,6 +64,7 @@ RUNTIME_PREFIX = "ubx-"
 START_TIMEOUT = 90
 PROBE_TIMEOUT = 5  # one readiness probe of a starting scratch dockerd
 STOP_TIMEOUT = 30
+OWNERLESS_SECONDS = 60  # a scratch folder with no owner file yet is a starting run's for this long
 # What a scratch engine runs: only processes of these executables, of this user, whose arguments
 # name one of its folders, are ever stopped; a file in a folder (which anyone may have planted) is
 # never enough.
@@ -206,13 +207,16 @@ def _stop_dockerd(pid: int, timeout: float) -> None:
 
 
 def _unmount_under(folder: Path) -> None:
+    """Every mount at or under ``folder``, unmounted (lazily): a killed daemon's. mountinfo's mount points are bytes
+    with space, tab, newline and backslash as octal escapes (read as bytes: a UTF-8 --scratch-dir's is its own)."""
     mounts = []
+    here = os.fsencode(str(folder))
     try:
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].encode().decode("unicode_escape")
-            if point == str(folder) or point.startswith(str(folder) + "/"):
+        for line in Path("/proc/self/mountinfo").read_bytes().splitlines():
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8) & 0xFF]), line.split()[4])
+            if point == here or point.startswith(here + b"/"):
                 mounts.append(point)
-    except OSError:
+    except (OSError, IndexError):
         return
     for point in sorted(mounts, key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
@@ -245,12 +249,18 @@ def remove_scratch_dir(folder: Path) -> None:
 
 
 def _owner_alive(folder: Path) -> bool:
-    """Whether the run that made ``folder`` still runs (its PID and that process's start time)."""
+    """Whether the run that made ``folder`` still runs (its PID and that process's start time). A folder with no
+    owner yet, made less than OWNERLESS_SECONDS ago, counts as a live run's: a run writes its owner a moment after
+    it makes the folder, and another run's clean-up in that moment removed it (one a run killed in that moment left
+    is removed by a run after that)."""
     try:
         pid, started = (folder / "owner").read_text().split()
         pid_number = int(pid)
     except (OSError, ValueError):
-        return False
+        try:
+            return time.time() - folder.stat().st_mtime < OWNERLESS_SECONDS
+        except OSError:
+            return False
     return _alive(pid_number) and _start_time(pid_number) == started  # this process's other engines too
 
 
@@ -646,12 +656,24 @@ class SeededEngine(ScratchEngine):
         return self._holds({self.base_id} | (kept if kept is not None else {self.kept} if self.kept else set()))
 
     def _holds(self, images: set[str]) -> bool:
-        """The engine holds these images (by ID) and nothing else: no other image, no container."""
+        """The engine holds these images (by ID) and nothing else: no other image, no container, and no layer but
+        theirs in its store. A load the daemon was stopped or killed in (a run's failure while a base release still
+        loaded, a crash) leaves layers no image names; a later load finds such a layer by its chain ID and takes it
+        as it is, without unpacking the archive's bytes of it: the engine would not be one that never saw them."""
         try:
             api = self.engine.api
-            return {i["Id"] for i in api.images(all=True)} == images and not api.containers(all=True)
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            if {i["Id"] for i in api.images(all=True)} != images or api.containers(all=True):
+                return False
+            chains = {c for image in images for c in chain_ids(api.inspect_image(image)["RootFS"]["Layers"] or [])}
+            return self._layers() == chains
+        except (docker.errors.DockerException, requests.exceptions.RequestException, KeyError, TypeError, OSError):
             return False
+
+    def _layers(self) -> set[str]:
+        """The chain IDs of the layers the engine's store holds (``image/<driver>/layerdb/sha256/`` of its data
+        root, which this run's daemon owns: read here, as the engine's API lists no layer that no image names)."""
+        return {f"sha256:{entry.name}" for db in (self.folder / "root" / "image").glob("*/layerdb/sha256")
+                for entry in db.iterdir()}
 
     def _settle_kept(self) -> None:
         """The kept release the run wants (``self.wanted``, one the ``kept`` mark names) stays (``self.kept``),

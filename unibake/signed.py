@@ -34,7 +34,8 @@ def read_signed(folder: Path, name: str, key: bytes, version: int, *, limit: int
                 or not hmac.compare_digest(signature, mac(key, name, version, entries)):
             return {}
         return entries
-    except (UnibakeError, OSError, ValueError, KeyError, TypeError):  # none yet, unreadable or not signed
+    except (UnibakeError, OSError, ValueError, KeyError, TypeError, RecursionError):  # none yet, unreadable, not signed
+        # (RecursionError: JSON nested deeper than the stack, which json.loads raises before any check)
         return {}
 
 
@@ -46,5 +47,6 @@ def write_signed(folder: Path, name: str, key: bytes, version: int, entries: dic
     if linked is not None:
         raise UnibakeError(f"{linked} is a symlink")
     folder.mkdir(parents=True, exist_ok=True)
+    # (the entries in their order, the newest first where a record keeps so many: its MAC is of their sorted form)
     write_atomic(folder, name, json.dumps({"version": version, "entries": entries,
-                                           "mac": mac(key, name, version, entries)}, sort_keys=True))
+                                           "mac": mac(key, name, version, entries)}))

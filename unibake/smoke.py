@@ -411,7 +411,7 @@ def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:
                 answer["chats"].append(step["chat"])
             else:
                 answer.update(step)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # (RecursionError: a line nested deeper than the stack)
         answer = {}
     if complete and not answer.get("error") and (not answer.get("health") or len(answer["chats"]) != prompts):
         raise EngineError(f"the smoke probe failed: {err.strip()[-300:] or out.strip()[-300:] or 'no output'}")

@@ -448,6 +448,23 @@ def test_a_release_without_from_is_made_on_the_newest_release_at_its_epoch_and_i
     assert f"the engine does not hold release {fifth}'s image" in made.err
     assert f"release {fifth} is not used after all: this release is made alone" in made.err
     assert validation(sixth)["round_trip"]["held_before"] == [base_id]
+    assert "made_on" not in json.loads((out / sixth / "provenance.intoto.json").read_text())[
+        "predicate"]["buildDefinition"]["externalParameters"]  # (made alone after all: on no release)
+
+    # a hotfix made on the newest since: the next release is made on that one (never on a hotfix), and follows the
+    # hotfix all the same, as the release made alone (--no-from) does; what it is made on changes none of its files
+    hot, after = f"{version}g", f"{version}h"
+    for v in (hot, after):
+        images(f"unibake-test:{v}")
+    change("hot")
+    made = cli("hotfix", "--from", sixth, "--version", hot, "--config", str(busybox_product), "--out", str(out),
+               "--no-smoke", env={"CI": "true"})
+    assert made.code == 0, made.err
+    change("after the hotfix")
+    made = release(cli, busybox_product, after, out, "--no-smoke")
+    assert made.code == 0, made.err
+    assert f"made on release {sixth}, the newest under --out at SOURCE_DATE_EPOCH={EPOCH}" in made.err
+    assert json.loads((out / after / "manifest.json").read_text())["previous"] == hot
 
 
 def test_a_release_of_one_profile_is_made_on_an_earlier_release_of_that_profile_never_on_another_selection(

@@ -207,6 +207,36 @@ def test_a_seeded_verify_engine_keeps_one_release_for_a_hotfix_on_it_and_no_othe
         assert other.kept is None and _images(other) == {base_id}  # not kept: the run loads its base release itself
 
 
+def test_layers_no_image_names_in_a_seeded_verify_engine_have_it_seeded_again(engine, tmp_path):
+    """A load the daemon was stopped or killed in (a run's failure while its base release still loaded, a crash)
+    leaves layers that no image names: the engine lists only its base image, and a later load would take such a
+    layer as it is, without unpacking the archive's bytes of it. The layer store is checked too: seeded again."""
+    import shutil
+
+    from unibake.layerstore import chain_ids
+    from unibake.scratch import KEPT_MARK
+
+    base_id = engine.inspect_image(BASE).id
+    scratch = tmp_path / "scratch"
+    with SeededEngine(scratch, source=engine, base_id=base_id) as seeded:
+        folder = seeded.folder
+        driver = seeded.engine.api.info()["Driver"]
+        made = _made(seeded, "left-behind")
+        seeded.keep_after(made)
+    # as the killed load leaves it: the layer registered, no image record naming it
+    imagedb = folder / "root" / "image" / driver / "imagedb"
+    (imagedb / "content" / "sha256" / made.removeprefix("sha256:")).unlink()
+    shutil.rmtree(imagedb / "metadata" / "sha256" / made.removeprefix("sha256:"), ignore_errors=True)
+    (folder / KEPT_MARK).unlink()
+    lines: list[str] = []
+    with SeededEngine(scratch, source=engine, base_id=base_id, on_line=lines.append) as again:
+        assert again.seeded_now and _images(again) == {base_id}
+        assert any("held more than its base image: seeded again" in line for line in lines)
+        assert again._layers() == set(chain_ids(engine.inspect_image(BASE).diff_ids))
+    with SeededEngine(scratch, source=engine, base_id=base_id) as third:  # (the next finds it as it should be)
+        assert not third.seeded_now
+
+
 def _made(seeded, name: str) -> str:
     """A one-file image made in the seeded engine (standing for a release a run loaded there): its ID."""
     before = _images(seeded)

@@ -5,6 +5,7 @@ tests/engine/test_hotfix_repro.py.)"""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -12,7 +13,7 @@ import tarfile
 import pytest
 
 from unibake import buildmemo
-from unibake.assemble import Assembly, _small_base, run_checks
+from unibake.assemble import Assembly, _small_base, assembled_stream, run_checks
 from unibake.docker_engine import _first_folder
 from unibake.engine import RunOutcome
 from unibake.errors import ArchiveError, CheckFailed, VerificationError
@@ -48,8 +49,9 @@ def test_a_normalised_lower_record_not_signed_with_this_user_s_key_is_not_taken(
     record["entries"][0]["diff_ids"] = list(reversed(IDS))
     path.write_text(json.dumps(record))
     assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
-    path.write_text("not json")
-    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
+    for junk in ("not json", "[" * 100_000):  # (nested deeper than the stack: a RecursionError, no ValueError)
+        path.write_text(junk)
+        assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
     buildmemo.remember_lower(tmp_path, "all", None, LOWER, 1700, IDS, KEY)  # written over the junk
     assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) == IDS
 
@@ -108,6 +110,23 @@ def test_a_base_release_archive_that_is_not_the_canonical_form_is_an_error(damag
     archive = _tar([("blobs/sha256/aa", b"L" * 100)])
     with pytest.raises(ArchiveError, match=says):
         list(_bottom(damage(archive), {}))
+
+
+@pytest.mark.parametrize("config", [b"[" * 100_000, b"[]", b'{"history": [1]}'])
+def test_a_base_release_config_that_proves_its_id_but_is_no_image_config_is_an_error(config, tmp_path):
+    """A release folder under --out is anyone's: its config hashes to the ID its manifest names, and may still be
+    nested deeper than the stack, or not an object; the assembly refuses it in one error, its spool removed."""
+    from types import SimpleNamespace as NS
+
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    base = NS(manifest=NS(diff_ids=IDS, image_id=image_id, release="1.0"))
+    assembly = NS(lower_layers=1, lower_history=("RUN x",), checks_at=1, checks_created_by="RUN checks")
+    spool = tmp_path / "small.tar"
+    spool.write_bytes(b"")
+    stream = assembled_stream(assembly, base, NS(path=spool), "t:1", NS(layers=[("blobs/sha256/aa",)], config=config))
+    with pytest.raises(VerificationError, match=r"release 1\.0's config sha256:[0-9a-f]{12} is not an image config"):
+        list(stream)
+    assert not spool.exists()
 
 
 def test_a_base_release_config_over_the_bound_is_an_error_not_held_in_memory():
@@ -322,3 +341,35 @@ def test_the_memo_image_s_folders_are_read_once_then_taken_from_a_record_signed_
     engine.table["/opt/unibake"] = "not a folder (a link, a file, or a header not read)"
     assert _folders_of(engine, tmp_path, KEY, "sha256:" + "c" * 64, paths).startswith("/opt/unibake in the build")
     assert not (tmp_path / FOLDERS / f"{'c' * 64}.json").exists()
+
+
+def test_a_lower_record_that_cannot_be_written_is_said_and_the_release_goes_on(tmp_path):
+    """The record a later hotfix's assembly checks its base release against is a cache: a full disk or a read-only
+    .cache/build-memo once ended a release, its archive made and checked, with that OSError."""
+    from types import SimpleNamespace as NS
+
+    from unibake.builder import BuiltImage
+    from unibake.pipeline import BUILD_MEMO, _remember_lower
+
+    engine = FakeEngine()
+    lower = engine.add({"architecture": "amd64", "os": "linux"}, [b"base"])
+    said: list[str] = []
+
+    class FakeRun(dict):
+        request = NS(hold=False, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+        reporter = NS(info=said.append)
+        epoch = 1700
+
+    run = FakeRun(context=NS(selection="all"))
+    run.engine = engine
+    plan = NS(project_root=tmp_path, platform=NS(name="linux/amd64"))
+    built = BuiltImage(image_id=lower, tag="demo:1", diff_ids=(), steps=(), stage_images=(), seconds=0,
+                       memo_lower=lower)
+    record = buildmemo._lower_file(tmp_path / BUILD_MEMO, "all", "linux/amd64")
+    record.mkdir(parents=True)  # where the record goes, a folder: its write fails
+    _remember_lower(run, plan, built, IDS)
+    assert said and said[0].startswith("    the build memo's layer record was not kept (")
+    record.rmdir()
+    _remember_lower(run, plan, built, IDS)
+    assert buildmemo.remembered_lower(tmp_path / BUILD_MEMO, "all", "linux/amd64", lower, 1700,
+                                      buildmemo.secret(run.request.env)) == IDS[:1]

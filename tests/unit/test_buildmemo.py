@@ -283,6 +283,9 @@ def test_a_memo_file_a_checkout_brought_naming_an_image_of_its_choice_is_not_bui
         built = build_image(context, engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo,
                             memo_key=KEY)
         assert built.memoised == 0  # the whole Dockerfile built, not FROM the planted image
+    (memo / f"{context.selection}-native.json").write_text("[" * 100_000)  # nested deeper than the stack: no memo
+    assert build_image(context, engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo,
+                       memo_key=KEY).memoised == 0
     again = build_image(context, engine, product="unibake-test", revision="r", epoch=1700000000, memo=memo,
                         memo_key=KEY)
     assert again.memoised == 3  # the memo this user recorded serves

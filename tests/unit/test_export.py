@@ -229,6 +229,43 @@ def test_what_the_one_pass_export_loads_into_a_verify_engine_is_removed_however_
     assert verify.loads == 1 and (verify.images, verify.tags) == ({}, {})
 
 
+def test_a_verify_engine_that_held_the_image_before_the_one_pass_load_is_refused_and_keeps_it(engine, tmp_path):  # noqa: F811
+    # the sequential round trip refuses a --verify-engine holding the image (its ID known before the load); the one
+    # pass knows it only after, and took the image's presence there as the proof, then removed the engine's own image
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    from unibake.pipeline import Request, Run, _export
+
+    from .test_supply_chain import Quiet
+
+    image = built(engine, "demo:1", 1111, "x")
+
+    def export_into(verify: FakeEngine, out: str):
+        (tmp_path / out).mkdir()
+        request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", verify_engine="fake://verify")
+        with ExitStack() as stack:
+            run = Run(request, Quiet(), stack, {None: engine, "fake://verify": verify}.__getitem__)
+            run.results.update(plan=SimpleNamespace(base_image="base:1", platform=None, product="demo",
+                                                    project_root=tmp_path), built=image,
+                               target=SimpleNamespace(archive_name="demo.tar.zst"),
+                               folder=SimpleNamespace(staging=tmp_path / out),
+                               context=SimpleNamespace(selection="all"))
+            _export(run)
+            return verify.inspect_image("demo:1").id, dict(verify.images)
+
+    first = FakeEngine(address="fake://verify")
+    image_id, images = export_into(first, "a")
+    assert first.images == {}  # (removed as the run ended)
+    verify = FakeEngine(address="fake://verify")
+    verify.images.update(images)
+    verify.tags["theirs:1"] = image_id  # an earlier run's, or its own
+    with pytest.raises(VerificationError, match=r"the verify engine at fake://verify already held sha256:[0-9a-f]+ "
+                                                r"before the load: a load there proves nothing"):
+        export_into(verify, "b")
+    assert verify.tags == {"theirs:1": image_id} and image_id in verify.images  # its image, and its name, kept
+
+
 def test_a_hotfix_s_bottom_layers_held_as_recorded_give_the_very_archive_and_contents_of_reading_them(engine,  # noqa: F811
                                                                                                      tmp_path):
     # an assembled hotfix takes its base release's bottom layers from what that release's pass recorded of

@@ -177,6 +177,23 @@ def test_a_malformed_entry_is_left_out_and_the_others_kept(tmp_path):
     entries["d" * 64] = ["b" * 64, 10, 20, "c", ["e" * 64, "f" * 64, 30, "not a state"]]
     write_signed(folder, FILE, KEY, VERSION, entries)
     assert known_frames(folder, KEY) == {good.blob: good}
+    # a record nested deeper than the stack is no record, and the next one written replaces it
+    (folder / FILE).write_text("[" * 100_000)
+    assert known_frames(folder, KEY) == {}
+    remember_frames(folder, KEY, [good])
+    assert known_frames(folder, KEY) == {good.blob: good}
+
+
+def test_a_full_record_keeps_its_newest_entries(tmp_path):
+    # written with sorted keys, the record lost its order: once full, it kept the entries of the lowest digests,
+    # and dropped the newest of the older ones
+    from unibake.framememo import _merged
+    from unibake.signed import read_signed
+
+    folder = tmp_path / "frames"
+    for n in range(5):
+        _merged(folder, KEY, "t.json", {f"{n:x}" * 64: [n]}, 3, lambda k, v: True)
+    assert list(read_signed(folder, "t.json", KEY, VERSION, limit=1 << 20).values()) == [[4], [3], [2]]
 
 
 def test_a_recorded_frame_that_lies_elsewhere_than_its_layer_is_refused(tmp_path):

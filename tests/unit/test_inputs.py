@@ -349,6 +349,11 @@ def test_an_input_unchanged_since_the_last_plan_is_not_read_again_and_one_rewrit
     raw["mac"] = "0" * 64
     record.write_text(json.dumps(raw))
     assert "not read again" not in cli("--stage", "render", "--config", str(busybox_product), env=env).err
+    # nor a record nested deeper than the stack (json.loads raises RecursionError, no ValueError): no traceback
+    record.write_text("[" * 100_000)
+    nested = cli("--stage", "render", "--config", str(busybox_product), env=env)
+    assert nested.code == 0 and "Traceback" not in nested.err and "not read again" not in nested.err
+    assert "not read again" in cli("--stage", "render", "--config", str(busybox_product), env=env).err
     # --no-cache hashes every input
     assert "not read again" not in cli("--stage", "render", "--no-cache", "--config", str(busybox_product), env=env).err
 

@@ -53,6 +53,17 @@ def test_a_live_runs_folder_is_left_alone(tmp_path):
     assert clean_stale_scratch(tmp_path) == [] and folder.exists()
 
 
+def test_a_folder_a_run_made_a_moment_ago_and_has_not_yet_named_itself_in_is_left_alone(tmp_path):
+    # a run makes its folder, then writes its owner: another run's clean-up in between removed it (and stopped the
+    # daemon starting there); with no owner for a minute, it was a run killed in that moment, and it goes
+    starting = tmp_path / "ub-scratch-starting"
+    starting.mkdir(mode=0o700)
+    assert clean_stale_scratch(tmp_path) == [] and starting.exists()
+    old = time.time() - 120
+    os.utime(starting, (old, old))
+    assert clean_stale_scratch(tmp_path) == [starting] and not starting.exists()
+
+
 def test_only_daemon_executables_naming_the_folder_count_as_its_processes(tmp_path):
     sleeper = subprocess.Popen(["sleep", "30", str(tmp_path / "root")])
     try:
@@ -406,3 +417,21 @@ def test_removing_a_scratch_dir_s_folder_neither_makes_nor_fails_on_the_default_
     scratch.remove_scratch_dir(folder)
     assert not folder.exists()
     assert base.exists() == (base_state == "open to others")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root (CI runs as root)")
+def test_a_mount_under_a_scratch_dir_named_in_utf_8_and_with_a_space_is_unmounted(tmp_path):
+    # mountinfo escapes a space as \040 and gives a UTF-8 name as its bytes: decoded as unicode_escape, "é" was
+    # "Ã©", no mount matched, and a killed daemon's mounts stayed (its folder, then, could not be removed)
+    from unibake.scratch import _unmount_under
+
+    folder = tmp_path / "scratché dir"
+    point = folder / "root" / "overlay"
+    point.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], check=True)
+    try:
+        assert os.path.ismount(point)
+        _unmount_under(folder)
+        assert not os.path.ismount(point)
+    finally:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
