@@ -1,6 +1,6 @@
 #!/bin/sh
 # Verify a downloaded release with nothing but POSIX sh, coreutils, grep, sed, awk, tar (GNU or busybox:
-# --to-command), zstd and docker (gpgv or minisign for --key; gzip for layers saved gzip-compressed).
+# --to-command), gzip (for layers saved gzip-compressed), zstd and docker (gpgv or minisign for --key).
 # What is loaded is exactly what was checked:
 #   1. SHA256SUMS is well formed (plain file names of this folder, each once) and every file it
 #      lists is a regular file here; nothing it does not list is read, and a file named like the
@@ -91,7 +91,7 @@ if [ -n "$key" ]; then
   key=$(cd -- "$(dirname -- "$key")" && pwd)/$(basename -- "$key")
 fi
 # every tool first: one missing would otherwise read as a corrupted release ("does not decompress")
-need="awk cat cmp comm cut dd grep head mkdir mkfifo mktemp od paste rm sed sha256sum sort tail tar tee tr uniq wc zstd"
+need="awk cat cmp comm cut dd grep gzip head mkdir mkfifo mktemp od paste rm sed sha256sum sort tail tar tee tr uniq wc zstd"
 [ "$load" = 0 ] || need="$need docker"
 if [ -n "$key" ]; then
   if grep -q -- "-----BEGIN PGP PUBLIC KEY BLOCK-----" "$key"; then need="$need gpg gpgv"
@@ -1004,8 +1004,10 @@ fi
 bad=$(awk 'FILENAME == ARGV[1] { left[$1] = 1; next }
   FILENAME == ARGV[2] { raw[$1] = $2; un[$1] = (NF == 3 ? $3 : $2); next }
   FILENAME == ARGV[3] { rec[FNR] = $1; next }
-  !(("blobs/sha256/" $1) in raw) { if (rec[FNR] in left) next
+  !(("blobs/sha256/" $1) in raw) { if (rec[FNR] in left && !carried) next
+    if (rec[FNR] in left) { print FNR " (blobs/sha256/" $1 ") is left out above layer " carried ", which it carries: a hotfix leaves out only a bottom run of layers, and a load needs every one above them"; exit }
     print FNR " (blobs/sha256/" $1 ") is not in it, and manifest.json does not record it as left out by a hotfix"; exit }
+  !carried { carried = FNR }
   { got = un["blobs/sha256/" $1] }
   got == "-" { print FNR " (blobs/sha256/" $1 ") starts as gzip but does not decompress"; exit }
   got == "xz" || got == "bzip2" { print FNR " (blobs/sha256/" $1 ") starts as " got " does: Engine 20.10 loads it " got "-compressed, which unibake neither writes nor reads (a layer is a tar, or gzip)"; exit }

@@ -109,13 +109,18 @@ def omitted_layers(base_diff_ids: tuple[str, ...], diff_ids: tuple[str, ...]) ->
     """The layers a hotfix leaves out: the longest run, from the bottom, shared with the base release.
 
     An engine reuses a layer it has only when everything below it is the same too (its chain ID),
-    so a layer above the first changed one ships again even when its content did not change.
+    so a layer above the first changed one ships again even when its content did not change. The archive
+    holds one blob per diffID: a layer of the run that the image has again above it (the same content: an
+    empty layer, a file written back) ships, so the run stops below it (the verifiers take left-out layers
+    only as a bottom run).
     """
     shared = 0
     for mine, theirs in zip(diff_ids, base_diff_ids):
         if mine != theirs:
             break
         shared += 1
+    while shared and not set(diff_ids[:shared]).isdisjoint(diff_ids[shared:]):
+        shared -= 1
     return tuple(diff_ids[:shared])
 
 

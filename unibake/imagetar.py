@@ -1289,6 +1289,12 @@ def interpret(members: dict[str, Member], omitted: frozenset[str] = frozenset())
                                f"{declared[i]}: corrupted archive")
         diff_ids.append(got)
         layer_members.append(member)
+    carried = next((i for i, m in enumerate(layer_members) if m is not None), len(layer_members))
+    above = next((i for i in range(carried, len(layer_members)) if layer_members[i] is None), None)
+    if above is not None:  # (an engine takes from the base only a bottom run of its layers, by their chain IDs)
+        raise ArchiveError(f"layer {above + 1} ({where.layer_names[above]}) is left out of the archive above layer "
+                           f"{carried + 1}, which it carries: a hotfix leaves out only a bottom run of layers, and a "
+                           "load needs every one above them")
     return SavedImage(layout=where.layout, image_id=image_id, diff_ids=tuple(diff_ids), repo_tags=where.repo_tags,
                       config=config, members=len(members), config_bytes=config_member.data or b"",
                       layer_members=tuple(layer_members))

@@ -606,6 +606,28 @@ def test_a_hotfix_may_leave_out_the_layers_it_lists_and_no_other(folder):
     refused_by_the_shell(folder, None, "does not record it as left out by a hotfix")
 
 
+def test_a_hotfix_that_leaves_out_a_layer_above_one_it_carries_is_refused_by_both(cli, folder):
+    # an engine takes from its base only a bottom run of layers (by their chain IDs): a layer left out above one the
+    # archive carries was listed as left out and passed both verifiers, and the load failed on the missing file
+    diff_ids = json.loads((folder / "manifest.json").read_text())["diff_ids"]
+    assert len(diff_ids) >= 2
+
+    def hotfix(manifest):
+        manifest["hotfix"] = {"base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": "sha256:" + "a" * 64,
+                              "base_archive_bytes": 1000, "omitted_diff_ids": [diff_ids[-1]],
+                              "shipped_diff_ids": diff_ids[:-1]}
+
+    forge(folder, without_its_top_layer, manifest_change=hotfix)
+    both_refuse(cli, folder, f"layer {len(diff_ids)} (blobs/sha256/{diff_ids[-1][7:]}) is left out of the archive above "
+                             "layer 1, which it carries",
+                f"layer {len(diff_ids)} (blobs/sha256/{diff_ids[-1][7:]}) is left out above layer 1, which it carries")
+
+
+def without_its_top_layer(entries):
+    layer = json_member(entries, "manifest.json")[0]["Layers"][-1]
+    return [(i, d) for i, d in entries if i.name != layer]
+
+
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
 
 
@@ -983,12 +1005,20 @@ def test_a_tool_the_shell_verifier_lacks_is_named_not_blamed_on_the_release(fold
     # busybox's sha256sum, which takes no --strict, as "files differ from SHA256SUMS")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sh", "awk", "cat", "cmp", "comm", "cut", "dd", "grep", "head", "mkdir", "mkfifo", "mktemp", "od",
+    for tool in ("sh", "awk", "cat", "cmp", "comm", "cut", "dd", "grep", "gzip", "head", "mkdir", "mkfifo", "mktemp", "od",
                  "paste", "rm", "sed", "sha256sum", "sort", "tail", "tar", "tee", "tr", "uniq", "wc"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     result = shell(folder, {"PATH": str(bin_dir)})
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr == "error: zstd is not installed here; verify-release.sh needs it (see its --help)\n"
+    # nor gzip, which decompresses a layer an engine saved gzip-compressed (before: its shell's "not found" was
+    # swallowed, and such a layer read as one that "does not decompress", exit 3)
+    (bin_dir / "gzip").unlink()
+    (bin_dir / "zstd").symlink_to(shutil.which("zstd"))
+    result = shell(folder, {"PATH": str(bin_dir)})
+    assert result.stderr == "error: gzip is not installed here; verify-release.sh needs it (see its --help)\n"
+    (bin_dir / "gzip").symlink_to(shutil.which("gzip"))
+    (bin_dir / "zstd").unlink()
     busybox = shutil.which("busybox")
     if busybox is None:
         pytest.skip("no busybox here")

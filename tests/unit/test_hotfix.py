@@ -47,6 +47,18 @@ def hotfix_of(out, base_folder, tag="1.1", metadata=None):
         return publish(staged, archive, back, render_files(manifest, PASSED, base), out.parent / "checksums")
 
 
+def test_a_hotfix_leaves_out_only_a_bottom_run_the_image_has_nowhere_above_it():
+    from unibake.hotfix import omitted_layers
+
+    a, e, b, c, d = (f"sha256:{x * 64}" for x in "aebcd")
+    assert omitted_layers((a, e, b), (a, e, c)) == (a, e)
+    # one blob per diffID: the same content again above the run (an empty layer) ships, and the run stops below it
+    assert omitted_layers((a, e, b), (a, e, c, e)) == (a,)
+    assert omitted_layers((a, e, b), (a, e, b, c, a)) == ()
+    assert omitted_layers((a, a, b), (a, a, c)) == (a, a)
+    assert omitted_layers((d,), (a,)) == ()
+
+
 def base_stage(tmp_path, **kw):
     request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", base="1.0", version="1.0.1", **kw)
     return run_stages([BY_NAME["hotfix base"]], request, Quiet())
