@@ -664,9 +664,11 @@ class SeededEngine(ScratchEngine):
             api = self.engine.api
             if {i["Id"] for i in api.images(all=True)} != images or api.containers(all=True):
                 return False
-            chains = {c for image in images for c in chain_ids(api.inspect_image(image)["RootFS"]["Layers"] or [])}
-            return self._layers() == chains
-        except (docker.errors.DockerException, requests.exceptions.RequestException, KeyError, TypeError, OSError):
+            infos = [self.engine.inspect_image(image) for image in images]
+            if any(info is None for info in infos):
+                return False
+            return self._layers() == {c for info in infos for c in chain_ids(info.diff_ids)}
+        except (docker.errors.DockerException, requests.exceptions.RequestException, EngineError, OSError):
             return False
 
     def _layers(self) -> set[str]:
