@@ -47,6 +47,7 @@ import hmac
 import io
 import json
 import os
+import secrets
 import shutil
 import tarfile
 import time
@@ -56,7 +57,7 @@ from pathlib import Path
 
 from . import buildmemo
 from .archive_reader import read_archive
-from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_ref, iso_time
+from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_ref, iso_time, keep_as_cache
 from .contents import found_from_json, found_to_json
 from .engine import BuildOutcome, BuildStep, Engine
 from .errors import ArchiveError, CheckFailed, EngineError, StoreMismatch, UnibakeError, VerificationError
@@ -148,9 +149,13 @@ def _small_context(context: BuildContext, cut: buildmemo.Split, memo: buildmemo.
 
 def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: str, base: HotfixBase, memo: Path,
                  memo_key: bytes, epoch: int, revision: str, platform: str | None, owned: str,
-                 on_line: Callable[[str], None], use_store: bool = True) -> BuiltImage | str:
+                 on_line: Callable[[str], None], tags: list[str], use_store: bool = True) -> BuiltImage | str:
     """The hotfix's small image, ready for :func:`assembled_stream`; or why it cannot be assembled. Where the
-    engine's storage can be read (and ``use_store``), built on the memo's image itself; else on a small base."""
+    engine's storage can be read (and ``use_store``), built on the memo's image itself; else on a small base.
+    ``tags``: the caller's list of tags to remove as its run ends (:func:`unibake.builder._release`); the small
+    image is built under a tag of this run's own, put there, so that another run of the same selection (whose
+    small build moves the selection's cache tag to its own image and removes the one it named) cannot take it
+    away before the export has read it."""
     start = time.monotonic()
     release = base.manifest.release
     cut = buildmemo.split(context.dockerfile)
@@ -162,8 +167,8 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
     hit = buildmemo.lookup(memo, context.selection, platform, key, cut, engine, memo_key)
     if hit is None:
         return "the build memo holds no image of the steps above its marker for these inputs"
-    held = engine.inspect_image(base.manifest.image_id)
-    if held is None or tuple(held.diff_ids) != tuple(base.manifest.diff_ids):
+    released = engine.inspect_image(base.manifest.image_id)
+    if released is None or tuple(released.diff_ids) != tuple(base.manifest.diff_ids):
         return f"the engine does not hold release {release}'s image {base.manifest.image_id[:19]}"
     lower = engine.inspect_image(hit.lower)
     if lower is None:
@@ -200,16 +205,18 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
         return (f"release {release}'s in-image checks are another step than this build's (another selection of "
                 "profiles, or steps below the build memo's marker laid out otherwise, by another unibake?)")
     small_ref = cache_ref(product, context.selection, "assembled")
+    token = f"{os.getpid()}x{secrets.token_hex(3)}"
+    own_ref = cache_ref(product, context.selection, f"assembled-{token}")
+    tags.append(own_ref)  # (before the build puts it: an interrupt as the build ends leaves no tag behind)
     if use_store and not isinstance(stored_image(engine, hit.lower), str):
         return _assemble_on_memo(context, engine, cut=cut, hit=hit, history=history, runs=runs, checks=checks,
-                                 shell=shell, count=count, small_ref=small_ref, product=product, tag=tag, base=base,
+                                 shell=shell, count=count, small_ref=small_ref, own_ref=own_ref, product=product, tag=tag, base=base,
                                  epoch=epoch, revision=revision, platform=platform, on_line=on_line, start=start)
     folders = _folders_of(engine, memo, memo_key, hit.lower, _parents(owned))
     if isinstance(folders, str):
         return folders
-    base_ref = cache_ref(product, context.selection, "assembled-base")
+    base_ref = cache_ref(product, context.selection, f"assembled-base-{token}")  # (another run's is another)
     raw, archive = _small_base(folders, settings, history, epoch, base_ref)
-    before = engine.inspect_image(small_ref)
     pinned: list[str] = []
     try:  # the small base's name removed however this ends (the small image holds its base)
         engine.load([archive])
@@ -224,13 +231,14 @@ def try_assemble(context: BuildContext, engine: Engine, *, product: str, tag: st
             return "the build memo's images went from the engine"
         on_line(f"assembling the image: the steps below the build memo's marker built FROM a small base "
                 f"({len(folders)} folder(s), the settings of {hit.lower[:19]}), the in-image checks run after")
-        outcome = _build(small_context, engine, tag=small_ref, product=product, revision=revision, epoch=epoch,
+        outcome = _build(small_context, engine, tag=own_ref, product=product, revision=revision, epoch=epoch,
                          nocache=False, on_line=on_line, platform=platform)
     finally:
         _release(engine, pinned)
         engine.untag(base_ref)
-    if before is not None and before.id != outcome.image_id:
-        engine.remove_if_unused(before.id)
+    # the selection's cache tag (the next small build's cache) moved to it; the image it named is removed unless
+    # a tag still names it (another run's own, while that run reads it)
+    keep_as_cache(engine, small_ref, outcome.image_id)
     return _built(engine, outcome, cut=cut, hit=hit, tag=tag, base=base, start=start, assembly=Assembly(
         small=outcome.image_id, lower_layers=count, lower_history=tuple(history), checks=checks, shell=tuple(shell),
         checks_created_by=" ".join([*shell, checks]), checks_at=len(history) + runs[0]))
@@ -251,7 +259,7 @@ def _built(engine: Engine, outcome: BuildOutcome, *, cut: buildmemo.Split, hit: 
 
 
 def _assemble_on_memo(context: BuildContext, engine: Engine, *, cut: buildmemo.Split, hit: buildmemo.Memo,
-                      history: list[str], runs: list[int], checks: str, shell: list[str], count: int, small_ref: str,
+                      history: list[str], runs: list[int], checks: str, shell: list[str], count: int, small_ref: str, own_ref: str,
                       product: str, tag: str, base: HotfixBase, epoch: int, revision: str, platform: str | None,
                       on_line: Callable[[str], None], start: float) -> BuiltImage | str:
     """:func:`try_assemble` where the engine's storage can be read: the steps below the marker built ``FROM``
@@ -261,19 +269,17 @@ def _assemble_on_memo(context: BuildContext, engine: Engine, *, cut: buildmemo.S
     small_context = _small_context(context, cut, hit, None, "RUN " + checks)
     if small_context is None:
         return "the Dockerfile below the build memo's marker is not the one unibake renders"
-    before = engine.inspect_image(small_ref)
     pinned: list[str] = []
     try:  # the memo's image and its stage images held while the small build reads them
         if not _hold(engine, product, context.selection, (hit.lower, *hit.stages), pinned):
             return "the build memo's images went from the engine"
         on_line(f"assembling the image: the steps below the build memo's marker built FROM its image "
                 f"{hit.lower[:19]}, the in-image checks run after")
-        outcome = _build(small_context, engine, tag=small_ref, product=product, revision=revision, epoch=epoch,
+        outcome = _build(small_context, engine, tag=own_ref, product=product, revision=revision, epoch=epoch,
                          nocache=False, on_line=on_line, platform=platform)
     finally:
         _release(engine, pinned)
-    if before is not None and before.id != outcome.image_id:
-        engine.remove_if_unused(before.id)
+    keep_as_cache(engine, small_ref, outcome.image_id)  # (as on a small base, above)
     small = engine.inspect_image(outcome.image_id)
     lower = engine.inspect_image(hit.lower)
     if small is None or lower is None or tuple(small.diff_ids[:count]) != tuple(lower.diff_ids) \

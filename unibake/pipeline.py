@@ -736,6 +736,7 @@ def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes |
     """A hotfix's small build, when it can be assembled (:mod:`unibake.assemble`); None, the reason said, when
     the whole image is to be built."""
     from .assemble import try_assemble
+    from .builder import _release
 
     base: HotfixBase | None = run.get("base")
     request = run.request
@@ -750,10 +751,12 @@ def _assembled(run: Run, plan: ReleasePlan, memo: Path | None, memo_key: bytes |
     else:
         if request.whole:
             lends.close()  # (opened again by the export, which copies the frames)
+        held: list[str] = []  # the small image's tag of this run's own, removed as the run ends
+        run.stack.callback(_release, run.engine, held)
         found = try_assemble(run["context"], run.engine, product=plan.product, tag=plan.tag, base=base, memo=memo,
                              memo_key=memo_key, epoch=run.epoch, revision=request.revision,
                              platform=plan.platform.name, owned=INSTALL_ROOT, on_line=run.reporter.build_line,
-                             use_store=not request.engine_save)
+                             tags=held, use_store=not request.engine_save)
         if not isinstance(found, str):
             run.reporter.info(f"    assembled: the steps below the build memo's marker built alone "
                               f"({found.seconds:.1f} s), the rest is release {base.manifest.release}'s")

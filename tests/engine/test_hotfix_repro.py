@@ -323,6 +323,48 @@ def test_a_hotfix_on_a_base_whose_lower_steps_changed_since_is_built_whole_not_a
     assert json.loads((tmp_path / "full" / third / "manifest.json").read_text())["image_id"] == manifest["image_id"]
 
 
+def test_an_assembled_hotfix_keeps_its_small_image_when_another_run_of_its_selection_replaces_it(
+        cli, engine, busybox_product, version, images, tmp_path, monkeypatch):
+    """Two CI jobs of one selection on one engine: the other job's small build moves the selection's cache tag
+    to its own image and removes the image the tag named, just after this job's small build and before its
+    export read it (before: the small image went with the tag, and the hotfix failed "No such image"). The
+    small image is held by a tag of the run's own, and the run leaves none behind."""
+    from unibake import pipeline
+    from unibake.builder import CACHE_REPOSITORY, cache_ref
+
+    out = tmp_path / "release"
+    first, second = f"{version}a", f"{version}b"
+    for v in (first, second):
+        images(f"unibake-test:{v}")
+    assert release(cli, busybox_product, first, out, "--no-smoke").code == 0
+    tune = busybox_product.parent / "images/tune/tp1/cache-1.json"
+    tune.write_text(tune.read_text().replace("{", '{"retuned": true, ', 1))
+    assert cli("lock", "--config", str(busybox_product)).code == 0
+    assembled, other_run = pipeline._assembled, []
+
+    def then_another_run(run, plan, *args):
+        built = assembled(run, plan, *args)
+        if built is not None and built.assembled is not None:
+            small_ref = cache_ref(plan.product, run["context"].selection, "assembled")
+            assert engine.inspect_image(small_ref).id == built.assembled.small
+            engine.tag(f"unibake-test:{first}", small_ref)  # (any other image: the other job's small one)
+            other_run.append((small_ref, built.assembled.small, engine.remove_if_unused(built.assembled.small)))
+        return built
+
+    monkeypatch.setattr(pipeline, "_assembled", then_another_run)
+    made = cli("hotfix", "--from", first, "--version", second, "--config", str(busybox_product), "--out", str(out),
+               "--no-smoke")
+    assert made.code == 0, made.err
+    [(small_ref, small, removed)] = other_run
+    assert not removed  # the run's own tag kept it
+    assert (out / second / "manifest.json").is_file()
+    # the run's own tags (the small image's, the small base's) are gone with it, and so is its small image, which
+    # no tag names now
+    own = [t for i in engine.list_images() for t in i.tags
+           if t.startswith(f"{CACHE_REPOSITORY}/unibake-test:") and "-assembled" in t and t != small_ref]
+    assert not own and engine.inspect_image(small) is None
+    engine.untag(small_ref)
+
 def test_a_hotfix_on_a_release_whose_dockerfile_laid_its_steps_out_otherwise_is_built_whole(
         cli, engine, busybox_product, version, images, tmp_path, monkeypatch):
     """A release rendered with ENTRYPOINT and CMD at the Dockerfile's end, as unibake did before they moved
