@@ -130,7 +130,7 @@ class Reporter:
         if self.plain:
             yield self.counter(description, total)
             return
-        with Progress(TextColumn("    {task.description}"), BarColumn(), DownloadColumn(),
+        with Progress(TextColumn("    {task.description}", markup=False), BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
                       transient=True) as bar:
             task = bar.add_task(description, total=total)
@@ -192,8 +192,9 @@ class Reporter:
             self.console.print(f"    {line[:WIDTH * 2]}", markup=False, style="bold")
             done, total = int(step.group(1)) - 1, int(step.group(2))
             if self._steps is None:
-                bar = Progress(TextColumn("    build"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
-                               console=self.console, transient=True)
+                # (the build's own text shown as it is: rich markup in it, "[/opt/lib]", is neither obeyed nor an error)
+                bar = Progress(TextColumn("    build"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("{task.fields[now]}", markup=False), console=self.console, transient=True)
                 self._steps = (bar, bar.add_task("build", total=total, now=""))
                 bar.start()
             bar, task = self._steps

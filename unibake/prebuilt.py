@@ -11,11 +11,13 @@ archive is baked as a copy of what it points to.
 from __future__ import annotations
 
 import hashlib
+import lzma
 import posixpath
 import re
 import stat
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +26,9 @@ from typing import BinaryIO
 from .errors import InputError
 from .files import open_regular
 from .inputs import InputFile, file_and_folder
+
+# what a damaged deflate or xz stream raises as it is read (neither is an OSError, as a damaged gzip one is)
+DAMAGED = (zlib.error, lzma.LZMAError)
 
 SO_RE = re.compile(r"\.so(?:\.[0-9]+)*$")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
@@ -140,7 +145,7 @@ def read_prebuilt(file: InputFile, where: str, machine: str | None = None) -> Pr
                                                                size=file.size, mode=file.mode),))
     try:
         members = _tar_members(file, where) if kind == "tar" else _zip_members(file, where)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, *DAMAGED) as exc:
         raise InputError(f"{where}: prebuilt {file.path} is not a readable {kind} archive: {exc}") from None
     if not members:
         raise InputError(f"{where}: prebuilt {file.path} holds no files")
@@ -229,4 +234,8 @@ def open_member(prebuilt: Prebuilt, member: Member) -> Iterator[BinaryIO]:
             raise InputError(f"{prebuilt.file.absolute}: no longer holds {member.source!r} as it did when it was "
                              "hashed (the archive was replaced); run again") from None
         with archive, stream:
-            yield stream
+            try:
+                yield stream
+            except (tarfile.TarError, zipfile.BadZipFile, EOFError, *DAMAGED) as exc:  # (read by the caller)
+                raise InputError(f"{prebuilt.file.absolute}: {member.source!r} no longer reads as it did when it "
+                                 f"was hashed (the archive was replaced: {exc}); run again") from None

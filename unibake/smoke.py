@@ -32,6 +32,7 @@ from .smoke_client import MAX_TOKENS, MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
 RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
+TAIL_CHARS = 300  # of each line of the image's output an error line quotes (its end: where the error is)
 
 
 def _warn(message: str) -> None:
@@ -147,7 +148,7 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
         exit_code, output = None, exc.output
     # what failed: the checks go on after one fails, so its "error:" lines, not the last "ok:" ones
     lines = output.strip().splitlines()
-    tail = " ".join([line for line in lines if line.startswith("error:")][:2] or lines[-2:])
+    tail = " ".join(_short(line) for line in [line for line in lines if line.startswith("error:")][:2] or lines[-2:])
     failure = f"did not finish within {bound} s: {tail or 'no output'}" if exit_code is None \
         else f"exit {exit_code}: {tail}"
     steps.append(GateStep(name="self-check", passed=exit_code == 0, seconds=time.monotonic() - start,
@@ -421,8 +422,15 @@ def _answer(out: str, err: str, *, complete: bool, prompts: int) -> dict:
 def _tail(logs: str) -> str:
     """The last three different lines: an engine the restart policy started again says the same
     thing each time, and its one error must not fill the line three times."""
-    lines = [line for line in logs.strip().splitlines() if line.strip()]
+    lines = [_short(line.strip()) for line in logs.strip().splitlines() if line.strip()]
     return " | ".join(list(dict.fromkeys(reversed(lines)))[:3][::-1]) or "no output"
+
+
+def _short(line: str) -> str:
+    """One line of the image's output as the gate's error line quotes it: its end, at most TAIL_CHARS (an
+    engine that writes a megabyte without a newline must not make the error line, and the --json
+    document, a megabyte long)."""
+    return line if len(line) <= TAIL_CHARS else "…" + line[-TAIL_CHARS:]
 
 
 def _exited(status, logs: str) -> str:

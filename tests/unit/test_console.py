@@ -71,6 +71,21 @@ def test_a_terminal_gets_bars_and_colour_unless_no_color():
     assert Reporter(env={"NO_COLOR": "1"}, stream=Terminal()).console.no_color
 
 
+@pytest.mark.parametrize("said", ["ld: cannot find [/opt/lib/libfoo.so]", "[/]", "[link=http://x.invalid]here[/link]"])
+def test_a_build_line_holding_rich_markup_is_shown_as_text_and_the_build_error_stays_the_error(said):
+    # on a terminal the build's last line is the bar's text: read as markup, "[/opt/lib]" was a MarkupError as the
+    # stage ended, which took the place of the build's own error (a traceback, not "error: ... Step N")
+    screen = Terminal()
+    reporter = Reporter(env={}, stream=screen)
+    with pytest.raises(LookupError, match="the build failed at Step 2"):
+        with reporter.stage("build"):
+            reporter.build_line("Step 2/3 : RUN make")
+            reporter.build_line(said)
+            with reporter.progress(said, 10) as advance:
+                advance(5)
+            raise LookupError("the build failed at Step 2")
+    assert "x.invalid" not in screen.getvalue().replace(said, "") and "MarkupError" not in screen.getvalue()
+
 def test_a_table_cell_from_outside_cannot_forge_a_line_drive_the_terminal_or_carry_markup(cli, tmp_path):
     # releases lists folders by name: a name is anyone's to choose
     out = tmp_path / "release"

@@ -343,3 +343,49 @@ def test_a_prebuilt_archive_replaced_after_the_plan_by_one_without_the_member_is
         zf.writestr("other.txt", "x")
     with pytest.raises(InputError, match=r"demo_quant-1\.0\.0\+cpu-py3-none-linux_x86_64\.whl: no longer holds "):
         write_context_tar(context, io.BytesIO(), mtime=0)
+
+
+def _damaged_wheel(wheel: Path) -> None:
+    """``wheel`` written again deflated, with the same members, its largest member's deflate stream damaged
+    (its first block of a type that does not exist): zlib.error as it is read, not BadZipFile or OSError."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        members = [(info.filename, zf.read(info)) for info in zf.infolist()]
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members:
+            zf.writestr(name, data)
+    with zipfile.ZipFile(wheel) as zf:
+        largest = max(zf.infolist(), key=lambda info: info.compress_size)
+    raw = bytearray(wheel.read_bytes())
+    at = largest.header_offset + 30 + int.from_bytes(raw[largest.header_offset + 26:largest.header_offset + 28], "little") \
+        + int.from_bytes(raw[largest.header_offset + 28:largest.header_offset + 30], "little")
+    raw[at] = 0xFF
+    wheel.write_bytes(bytes(raw))
+
+
+def test_a_prebuilt_wheel_whose_deflate_stream_is_damaged_is_one_error_line_at_the_plan(cli, demo_product):
+    """A partial download of a kernel's prebuilt wheel: zlib.error, which is neither an OSError nor BadZipFile,
+    was a traceback."""
+    wheel = demo_product.parent / "images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl"
+    _damaged_wheel(wheel)
+    result = cli("lock", "--config", str(demo_product))
+    assert result.code == 2 and "Traceback" not in result.err, result.err
+    [line] = [x for x in result.err.splitlines() if x.startswith("error:")]
+    assert "prebuilt images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl is not a readable zip archive" \
+        in line and "profiles/product.yaml:" in line, line
+
+
+def test_a_prebuilt_wheel_damaged_after_the_plan_is_named_when_the_context_reads_it(demo_product):
+    import io
+
+    from unibake.errors import InputError
+    from unibake.plan import make_plan
+    from unibake.render import render, write_context_tar
+
+    context = render(make_plan(demo_product))
+    wheel = demo_product.parent / "images/prebuilt/demo_quant-1.0.0+cpu-py3-none-linux_x86_64.whl"
+    _damaged_wheel(wheel)
+    with pytest.raises(InputError, match=r"demo_quant-1\.0\.0\+cpu-py3-none-linux_x86_64\.whl: .* no longer reads as it "
+                                         r"did when it was hashed"):
+        write_context_tar(context, io.BytesIO(), mtime=0)

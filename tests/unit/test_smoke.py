@@ -178,6 +178,21 @@ def test_an_engine_that_exits_at_once_fails_the_start_step(engine, server):
     assert result.failed.name == "start" and "bad flag" in result.failed.detail
 
 
+def test_an_image_that_writes_a_megabyte_without_a_newline_gives_an_error_line_of_its_end_only(engine, server):
+    # the gate's detail is the run's one error: line (and the --json document): it quotes the end of each line
+    flood = "x" * (1 << 20)
+    engine.runner = lambda image, args, env: RunOutcome(exit_code=1, output=f"error: {flood}kernel missing\n")
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.detail.endswith("xxkernel missing") and len(result.failed.detail) < 400
+
+    def crash(container):
+        container.running, container.logs = False, f"{flood}bad flag\nsecond {flood}\n"
+
+    engine.runner, engine.starter = (lambda image, args, env: RunOutcome(exit_code=0, output="ok")), crash
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.failed.name == "start" and "xxbad flag | …" in result.failed.detail
+    assert len(result.failed.detail) < 1000
+
 def test_an_engine_that_never_answers_fails_the_health_step(engine):
     result = run_gates(engine, "demo:1", metadata(1, timeout=1), netns_pid=None)[0]  # nothing listens on port 1
     assert result.failed.name == "health" and "did not answer" in result.failed.detail
