@@ -234,8 +234,7 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
     if len(manifests) < len(releases):
-        return [Removal(ref=tag, why=_leftover(tag)) for image in engine.list_images() for tag in image.tags
-                if _leftover(tag)]
+        return [_leftover_removal(tag) for image in engine.list_images() for tag in image.tags if _leftover(tag)]
     folders: dict[str, tuple[str, ...]] = {}  # an image ID: the folders that released it
     for found in releases:
         folders[found.manifest.image_id] = (*folders.get(found.manifest.image_id, ()), found.folder.name)
@@ -254,7 +253,7 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     for image in engine.list_images():
         for tag in image.tags:
             if _leftover(tag):
-                removals.append(Removal(ref=tag, why=_leftover(tag)))
+                removals.append(_leftover_removal(tag))
     released = {m.image_id: m for m in manifests}
     for image in engine.list_images(dangling=True):
         if image.id in needed:
@@ -269,6 +268,28 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     # each once: copies of one release folder under --out named its tag once per copy (listed and counted so)
     return list({removal.ref: removal for removal in reversed(removals)}.values())[::-1]
+
+
+# the token of a run's own tag (builder._hold's, an assembled hotfix's, a kit rebuild's, repro's): its process ID,
+# "x", 6 hex digits, and (a hold's) the image's place
+_RUN_TOKEN_RE = re.compile(r"(?<![0-9])([0-9]{1,9})x[0-9a-f]{6}(?:-[0-9]+)?$")
+
+
+def _leftover_removal(tag: str) -> Removal:
+    """``tag``'s removal; kept, and said, when it is the own tag of a run still going on this machine (it holds an
+    image that run is reading: a hold's, a small image an assembled hotfix exports, a repro's build). A run
+    elsewhere (an engine that another machine uses too) cannot be told: its tags go, as before."""
+    found = _RUN_TOKEN_RE.search(tag.rpartition(":")[2])
+    kept = ""
+    if found is not None and int(found.group(1)) not in (0, os.getpid()):
+        try:
+            os.kill(int(found.group(1)), 0)
+            kept = f"the run of process {found.group(1)} holds it, and that process is running"
+        except PermissionError:  # (another user's)
+            kept = f"the run of process {found.group(1)} holds it, and that process is running"
+        except (ProcessLookupError, OverflowError, OSError):
+            pass
+    return Removal(ref=tag, why=_leftover(tag), kept=kept)
 
 
 def _leftover(tag: str) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -41,14 +43,15 @@ def test_prune_keeps_the_newest_releases_and_removes_the_rest(tmp_path):
     keep_as_cache(engine, cache_ref("demo-llm", "all", "build"), cache)
     foreign = engine.add({"config": {}}, [b"not ours"], tag="someone/else:1")
     # a killed repro's build tag (each run's its own since they no longer share unibake-repro/P:1)
-    engine.add({"config": {}}, [b"repro"], tag="unibake-repro/demo-llm:1-4242xabcdef")
+    dead = f"unibake-repro/demo-llm:1-{_ended_pid()}xabcdef"
+    engine.add({"config": {}}, [b"repro"], tag=dead)
 
     # more to keep than there are versions (the default --keep 3 of 3, or 5): every release stays
     for keep in (3, 5):
         assert not any(r.ref.startswith("demo-llm:") for r in prune(engine, out, keep=keep, dry_run=True))
     planned = prune(engine, out, keep=2, dry_run=True)
     assert {r.ref for r in planned} == {"demo-llm:1.3.0", "unibake-cache/demo-llm:all-build", dangling,
-                                        "unibake-repro/demo-llm:1-4242xabcdef"}
+                                        dead}
     assert engine.inspect_image("demo-llm:1.3.0") is not None  # a dry run removes nothing
 
     prune(engine, out, keep=2)
@@ -57,6 +60,40 @@ def test_prune_keeps_the_newest_releases_and_removes_the_rest(tmp_path):
     assert engine.inspect_image(cache_ref("demo-llm", "all", "build")) is None
     assert engine.inspect_image(foreign) is not None
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["1.3.0", "1.3.1", "1.3.2"]
+
+
+def _ended_pid() -> int:
+    """The ID of a process that has ended (not reused in the moment a test takes)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_prune_keeps_the_own_tags_of_a_run_still_going_and_removes_a_killed_one_s(tmp_path):
+    # a run's own tags hold what it reads (the memo's images, an assembled hotfix's small image, a kit rebuild,
+    # a repro's build): prune while it runs untagged them, and the last tag took a leaf image with it
+    engine = FakeEngine()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = [f"unibake-cache/demo-llm:all-hold{running.pid}xabcdef-0",
+                f"unibake-cache/demo-llm:all-assembled-{running.pid}x0a1b2c",
+                f"unibake-cache/demo-llm:all-assembled-base-{running.pid}x0a1b2c",
+                f"unibake-cache/demo-llm:kit-1.3.1-rebuild{running.pid}xfedcba",
+                f"unibake-repro/demo-llm:2-{running.pid}xabcdef"]
+        ended = f"unibake-cache/demo-llm:all-hold{_ended_pid()}xabcdef-0"
+        for n, tag in enumerate([*live, ended]):
+            engine.add({"config": {}}, [b"image %d" % n], tag=tag)
+        done = {r.ref: r for r in prune(engine, tmp_path / "release", keep=2)}
+        assert set(done) == {*live, ended}
+        for tag in live:
+            assert done[tag].kept == f"the run of process {running.pid} holds it, and that process is running"
+            assert engine.inspect_image(tag) is not None
+        assert not done[ended].kept and engine.inspect_image(ended) is None
+    finally:
+        running.kill()
+        running.wait()
+    assert not any(r.kept for r in prune(engine, tmp_path / "release", keep=2))  # its run ended: they go
+    assert not any(engine.inspect_image(tag) for tag in live)
 
 
 def test_copies_of_one_release_folder_name_its_image_once(tmp_path):
