@@ -94,6 +94,8 @@ MAX_ANSWER = 128 << 20
 LOAD_EVENT_LIMIT = 1 << 20
 LOAD_MESSAGES = 20
 LOAD_NAMES = 1000
+# an error's answer to a streamed request (a pull, a load, an archive read): its body read at most this far
+ERROR_LIMIT = 1 << 20
 # The first request, the engine's API version: an address that takes the connection and never answers
 # (a wrong port, a hung daemon, a proxy) is said within this, not after TIMEOUT.
 CONNECT_TIMEOUT = 60
@@ -581,7 +583,7 @@ class DockerEngine(Engine):
             # (requests streams an iterator, not a list)
             response = _answer_unless_stopped(stop, lambda: self.api._post(
                 self.api._url("/images/load"), data=iter(chunks), params={"quiet": False}, stream=True))
-            self.api._raise_for_status(response)
+            _raise_for_status(self.api, response, self.address)
             with _Breaker(stop, response):
                 for event in _answer_lines(response, LOAD_EVENT_LIMIT, self.address):
                     event = self._load_event(event)
@@ -624,7 +626,7 @@ class DockerEngine(Engine):
         if isinstance(event, (bytes, str)):
             try:
                 event = json.loads(event)
-            except ValueError:
+            except (ValueError, RecursionError):  # (RecursionError: nested deeper than the stack)
                 event = None
         if not isinstance(event, dict):
             raise EngineError(f"the engine answered the load with something that is not its progress (JSON "
@@ -768,7 +770,7 @@ class DockerEngine(Engine):
                 try:
                     if response.status_code == 404:
                         return None
-                    self.api._raise_for_status(response)
+                    _raise_for_status(self.api, response, self.address)
                     head = b""
                     for piece in response.iter_content(BLOCK_READ):
                         head += piece
@@ -992,9 +994,14 @@ class DockerEngine(Engine):
             response = _answer_unless_stopped(stop, lambda: self.api._post(
                 self.api._url("/images/create"), params={"fromImage": repository, "tag": digest},
                 headers={"X-Registry-Auth": header} if header else {}, stream=True, timeout=self.timeout))
-            self.api._raise_for_status(response)
+            _raise_for_status(self.api, response, self.address)
             with _Breaker(stop, response):
-                for event in self.api._stream_helper(response, decode=True):
+                for line in _answer_lines(response, LOAD_EVENT_LIMIT, self.address):
+                    # (by hand, as a load's: docker-py's decoder kept all it read until it parsed, without bound)
+                    try:
+                        event = json.loads(line)
+                    except (ValueError, RecursionError):  # (RecursionError: nested deeper than the stack)
+                        event = None
                     if not isinstance(event, dict):  # (a number was a TypeError's traceback)
                         raise EngineError(f"the engine answered the pull of {repository}@{digest} with something "
                                           f"that is not its progress (JSON events) (engine at {self.address})")
@@ -1019,6 +1026,16 @@ class DockerEngine(Engine):
                 response.close()
         if stop is not None and stop.is_set():  # (the stream ended as the interrupt came)
             raise HandoffAborted("interrupted")
+
+
+def _raise_for_status(api, response, address: str) -> None:
+    """docker-py's check of a streamed answer's status, its error's body read first up to :data:`ERROR_LIMIT`
+    (docker-py reads it whole to build the error: an engine that answered an error without end filled the
+    client's memory)."""
+    if response.status_code >= 400 and bounded_body(response, ERROR_LIMIT)[1]:
+        raise EngineError(f"the engine answered {response.status_code} with an error longer than "
+                          f"{ERROR_LIMIT >> 20} MiB, which no engine sends: not read further (engine at {address})")
+    api._raise_for_status(response)
 
 
 def _answer_lines(response, limit: int, address: str) -> Iterator[bytes]:

@@ -1020,6 +1020,42 @@ def test_a_pull_answered_with_something_that_is_not_its_progress_is_one_engine_e
     assert re.search(message, str(outcome)) and str(outcome).endswith(f"(engine at {address})"), str(outcome)
 
 
+@pytest.mark.parametrize("status, opening", [(200, b'{"status": "'), (500, b'{"message": "'), (200, b"[" * 4096)])
+def test_a_pull_answered_without_end_is_held_in_bounded_memory_and_is_one_engine_error(fake_api_only, status,
+                                                                                        opening):
+    """Found by review: the pull's events were docker-py's decoder's, which keeps all it read until it parses (an
+    event never closed grew without bound, each piece parsing the whole again: quadratic), and an error status's
+    body was read whole to build the error; neither ever timed out, as the engine kept talking. Each is cut off
+    at 1 MiB, as a load's answer is."""
+    from unibake.docker_engine import DockerEngine
+    from unibake.errors import EngineError
+
+    class Engine(EngineAPI):
+
+        def do_GET(self):  # noqa: N802 - http.server's names
+            _version_reply(self)
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                piece = opening + b"x" * (1 << 16)
+                while True:  # never ends: the client must stop reading
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    piece = (b"[" if opening.startswith(b"[") else b"x") * (1 << 16)
+            except OSError:  # the client went away
+                pass
+
+    digest = "sha256:" + "ab" * 32
+    with _serving(Engine) as address:
+        outcome = _within(30, lambda: DockerEngine(address, {}, timeout=5).pull("team/a", digest, None))
+    assert isinstance(outcome, EngineError), repr(outcome)
+    assert ("longer than 1 MiB" in str(outcome)) and str(outcome).endswith(f"(engine at {address})"), str(outcome)
+    assert len(str(outcome)) < 500
+
 @pytest.mark.parametrize("what", ["load", "pull"])
 def test_an_ssh_engine_slow_but_live_is_not_cut_off_by_its_timeout(tmp_path, monkeypatch, what):
     """Over ssh:// each read is held to the timeout, not the whole answer: a load whose engine stores
