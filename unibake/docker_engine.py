@@ -365,14 +365,13 @@ class DockerEngine(Engine):
             if address:
                 # a tcp:// engine takes DOCKER_TLS_VERIFY and DOCKER_CERT_PATH as `docker -H` does: without them an
                 # engine behind TLS (port 2376), which every --engine of a deploy may be, could not be reached at all
-                tls = docker.utils.kwargs_from_env(environment=dict(env)).get("tls") \
-                    if address.startswith("tcp://") else None
+                tls = _tls_from_env(env) if address.startswith("tcp://") else None
                 self.api = _EngineClient(base_url=address, version="auto", timeout=probe, use_ssh_client=ssh,
                                             **({"tls": tls} if tls else {}))
             else:
-                kwargs = docker.utils.kwargs_from_env(environment=dict(env))
-                kwargs.setdefault("base_url", self.address)
-                self.api = _EngineClient(version="auto", timeout=probe, use_ssh_client=ssh, **kwargs)
+                tls = _tls_from_env(env)
+                self.api = _EngineClient(base_url=self.address, version="auto", timeout=probe, use_ssh_client=ssh,
+                                            **({"tls": tls} if tls else {}))
             self.api.timeout = timeout  # every request after the version's
             self.api.hooks["response"].append(_bounded_answer)
         except docker.errors.DockerException as exc:
@@ -1026,6 +1025,19 @@ class DockerEngine(Engine):
                 response.close()
         if stop is not None and stop.is_set():  # (the stream ended as the interrupt came)
             raise HandoffAborted("interrupted")
+
+
+def _tls_from_env(env: Mapping[str, str]):
+    """The TLS settings the docker CLI takes from the environment: TLS, the engine's certificate verified against
+    ``$DOCKER_CERT_PATH/ca.pem`` (default ``~/.docker``), only when DOCKER_TLS_VERIFY is set and not empty; else
+    none. (docker-py's ``kwargs_from_env`` turns TLS on WITHOUT verifying for DOCKER_CERT_PATH alone: the
+    registry's credentials a pull hands the engine went over a connection anyone between could read.)"""
+    if not env.get("DOCKER_TLS_VERIFY"):
+        return None
+    tls = docker.utils.kwargs_from_env(environment=dict(env)).get("tls")
+    if tls is None or tls.verify is not True:  # (docker-py's rules changed under us: refused, never unverified)
+        raise InputError("DOCKER_TLS_VERIFY is set, but docker-py gave TLS settings that do not verify the engine")
+    return tls
 
 
 def _raise_for_status(api, response, address: str) -> None:

@@ -1219,6 +1219,18 @@ def test_an_engine_named_by_tcp_address_takes_the_tls_settings_docker_takes(monk
     assert isinstance(tls, docker.tls.TLSConfig) and tls.verify is True and tls.ca_cert == str(tmp_path / "ca.pem")
     assert tls.cert == (str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"))
     assert [("tls" in kwargs) for kwargs in given[1:]] == [False, False, False]  # ssh, plain tcp, a socket: as docker
+    # DOCKER_CERT_PATH without DOCKER_TLS_VERIFY (or with it empty): docker uses no TLS; docker-py turned TLS on
+    # without verifying the engine, and a pull handed the registry's credentials over that connection
+    given.clear()
+    for env in ({"DOCKER_CERT_PATH": str(tmp_path)}, {"DOCKER_TLS_VERIFY": "", "DOCKER_CERT_PATH": str(tmp_path)}):
+        for address in ("tcp://node1.example:2376", None):
+            with pytest.raises(EngineError, match="cannot reach the Docker engine at tcp://node1.example:2376"):
+                DockerEngine(address, {**env, "DOCKER_HOST": "tcp://node1.example:2376"})
+    assert len(given) == 4 and not any(kwargs.get("tls") for kwargs in given)
+    given.clear()
+    with pytest.raises(EngineError):  # DOCKER_HOST's engine with DOCKER_TLS_VERIFY: verified, as --engine's
+        DockerEngine(None, {**tls_env, "DOCKER_HOST": "tcp://node1.example:2376"})
+    assert given[0]["tls"].verify is True and given[0]["base_url"] == "tcp://node1.example:2376"
 
 
 def test_each_engine_s_load_is_counted_as_it_goes_under_its_own_name(tmp_path):
