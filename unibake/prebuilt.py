@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .errors import InputError
-from .files import open_regular
+from .files import open_regular, visible_name
 from .inputs import InputFile, file_and_folder
+from .schema import describe_character, hidden_character
 
 # what a damaged deflate or xz stream raises as it is read (neither is an OSError, as a damaged gzip one is)
 DAMAGED = (zlib.error, lzma.LZMAError)
@@ -83,6 +84,14 @@ def _clean(name: str, where: str) -> str:
     if any(ord(c) < 0x20 or c in "\\\x7f" for c in path):  # (inside the folder, and no name to bake)
         raise InputError(f"{where}: the archive member {name[:120]!r} holds a control character or a backslash, which "
                          "no file name the image bakes may hold; rename it in the archive")
+    shown = visible_name(path)
+    if shown != path:  # (a tar's name that is not UTF-8: no ledger can name it, and the render's write failed)
+        raise InputError(f"{where}: the archive member '{shown[:120]}' is not a UTF-8 name; rename it in the archive")
+    bad = hidden_character(path)
+    if bad is not None:  # (held to the rule of every other file the image bakes: inputs._check_hidden_name)
+        raise InputError(f"{where}: the archive member {path[:120]!r} holds {describe_character(bad)}, a control or "
+                         "invisible format character that shows the name otherwise in the lock and the ledgers; "
+                         "rename it in the archive")
     return path
 
 

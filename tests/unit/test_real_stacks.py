@@ -239,6 +239,9 @@ def test_two_kernels_giving_one_library_name_are_warned_once_naming_both(busybox
     ("/abs.so", "would leave the kernel's folder"),
     # found by probing: called "would leave the kernel's folder", which it would not
     ("lib/a\nb.so", r"'lib/a\\nb.so' holds a control character or a backslash, which no file name the image bakes"),
+    # found by review: passed, and baked into the ledgers, where every other file the image bakes is refused
+    ("lib/\u202etxt.so", r"'lib/\\u202etxt.so' holds .*U\+202E.*, a control or invisible format character"),
+    ("lib/a\u0085b.so", r"'lib/a\\x85b.so' holds '\\x85', a control or invisible format character"),
 ])
 def test_a_prebuilt_archive_cannot_write_outside_its_folder(busybox_product, member, message):
     root = busybox_product.parent
@@ -247,6 +250,20 @@ def test_a_prebuilt_archive_cannot_write_outside_its_folder(busybox_product, mem
     with pytest.raises(InputError, match=message):
         make_plan(busybox_product, verify_lock=False)
 
+
+def test_a_prebuilt_tarball_member_whose_name_is_not_utf8_is_refused_at_the_plan_not_a_traceback_at_render(
+        busybox_product):
+    # found by review: the plan took it, and the render's ledger (files.sha256) could not write it: a traceback
+    root = busybox_product.parent
+    with tarfile.open(root / "images/x.tar", "w", encoding="utf-8", errors="surrogateescape") as tar:
+        for name in ("k/libk.so", "k/notes-\udcff.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"\x7fELF"))
+    append(busybox_product / "product.yaml", "kernels:\n  - {name: x, version: '1', prebuilt: images/x.tar}\n")
+    with pytest.raises(InputError, match=r"product\.yaml:\d+: the archive member 'k/notes-\\xff\.txt' is not a UTF-8 "
+                                         "name; rename it in the archive"):
+        make_plan(busybox_product, verify_lock=False)
 
 @pytest.mark.parametrize("kind", ["whl", "tar"])
 def test_a_prebuilt_archive_holding_a_file_and_a_folder_of_one_name_is_refused(busybox_product, kind):
