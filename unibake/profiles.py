@@ -674,6 +674,11 @@ def load_profiles(config_dir: Path, display_root: Path) -> tuple[Document, dict[
             raise InputError(f"{_display(link, display_root)}: a symlink to {_display(other, display_root)}, so the "
                              "same file twice; a profile file is a file of its own: share keys with extends: FILE")
         reals[real] = file
+    for file in files:  # a link to a file that is no profile of the folder (tp8.yaml -> tp8.txt, -> .tp8.yaml):
+        if file.is_symlink():  # the plan named the target, and the kit, carrying that, knew no profile tp8
+            raise InputError(f"{_display(file, display_root)}: a symlink (to {_display(file.resolve(), display_root)}); "
+                             "a profile file must be the file itself, as product.yaml: the release's reconstruct kit "
+                             "carries files, not links")
     for file in files:
         data, origins, chain, env_files = resolve(config_dir, file, display_root, cache, env_cache=env_cache)
         doc = cache[file.resolve()]

@@ -356,6 +356,11 @@ def case_product_yaml_linked_into_a_subfolder(p):  # was "key 'product' can only
     (p / "product.yaml").symlink_to("products/demo.yaml")
 
 
+def case_profile_file_linked_to_a_file_that_is_no_profile(p):  # the kit carried tp8.txt: "unknown profile"
+    (p / "tp8.txt").write_text((p / "tp1.yaml").read_text().replace("profile: tp1", "profile: tp8"))
+    (p / "tp8.yaml").symlink_to("tp8.txt")
+
+
 def case_profile_file_is_a_symlink_loop(p):  # Path.resolve(): a RuntimeError traceback
     os.symlink("tp3.yaml", p / "tp3.yaml")
 
@@ -803,6 +808,7 @@ SAYS = {
     "product_yaml_linked_into_a_subfolder": "product.yaml: a symlink (to ",
     "profile_file_linked_to_product_yaml": "profiles/product.yaml, so the same file twice",
     "profile_file_linked_to_another": "/profiles/tp1.yaml, so the same file twice",
+    "profile_file_linked_to_a_file_that_is_no_profile": "profiles/tp8.yaml: a symlink (to ",
     "overlay_target_name_too_long": "key 'overlays[0].target' names a file or folder of 303 bytes",
     "mount_path_name_too_long": "key 'launch.mounts.target' names a file or folder of 256 bytes",
     "number_yaml_reads_as_another": "key 'gpus' is written '010', which YAML reads as the number 8",
