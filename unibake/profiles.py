@@ -454,12 +454,18 @@ def merge(parent: dict, child: dict, fields: dict[str, Key] = SCHEMA) -> dict:
 
 
 def merge_by_name(parent: list, child: list) -> list:
-    """Named records: the child's replace the parent's of the same name in place; new ones follow."""
+    """Named records: the child's replace the parent's of the same name in place; new ones follow. A name the
+    child lists twice is kept twice, for the plan to refuse as it does without a parent (the second replaced
+    the first without a word when the parent listed records too)."""
     names = [item.get("name") if isinstance(item, dict) else None for item in parent]
     out = list(parent)
+    own: set = set()
     for item in child:
         name = item.get("name") if isinstance(item, dict) else None
-        if name is not None and name in names:
+        twice = isinstance(name, str) and name in own
+        if isinstance(name, str):
+            own.add(name)
+        if name is not None and name in names and not twice:
             out[names.index(name)] = item
         else:
             out.append(item)
@@ -586,7 +592,22 @@ def _check_fragments(config_dir: Path, display_root: Path, cache: dict[Path, Doc
     """Every YAML file in a subfolder of the profiles folder is a fragment, read and checked whether a profile
     extends it or not: one that set ``profile:`` (a profile put in a subfolder), or did not parse, was skipped
     without a word, and the image had one profile fewer than the folder showed."""
-    for folder, dirs, names in os.walk(config_dir):  # (a linked folder is not entered: extends refuses it)
+    try:
+        _walk_fragments(config_dir, display_root, cache, env_cache)
+    except RecursionError:  # (os.walk recurses once a folder: a tree deeper than the stack was a traceback)
+        raise InputError(f"{_display(config_dir, display_root)}: its subfolders are nested deeper than any profiles "
+                         "folder needs (hundreds of levels); flatten them") from None
+
+
+def _unreadable(exc: OSError) -> None:
+    """os.walk's onerror: a subfolder that cannot be listed is named (skipped, its fragments went unchecked)."""
+    raise InputError(f"{exc.filename}: a folder in the profiles folder that cannot be read ({exc.strerror}); its "
+                     "fragments cannot be checked: fix its permissions, or move it out of the profiles folder")
+
+
+def _walk_fragments(config_dir: Path, display_root: Path, cache: dict[Path, Document],
+                    env_cache: dict[str, EnvFile]) -> None:
+    for folder, dirs, names in os.walk(config_dir, onerror=_unreadable):  # (a linked folder is not entered)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # an editor's or git's, as at the top
         if Path(folder) == config_dir:
             continue  # the profiles and product.yaml: read above

@@ -467,6 +467,26 @@ def test_a_profile_replaces_an_inherited_sidecar_by_name(demo_product):
     assert [k.version for k in tp4.kernels(plan.kernels)] == ["260700", "2.1.0", "3.0.1", "1.0.0+cpu"]
 
 
+def test_a_sidecar_a_profile_lists_twice_is_refused_when_its_parent_lists_sidecars_too(demo_product):
+    # found by review: merged by name, the second replaced the first without a word (without a parent's sidecars
+    # the plan refused it), and the image baked version 260701 alone
+    (demo_product / "tp4.yaml").write_text(
+        "profile: tp4\nextends: tp2.yaml\ngpus: 4\nargs: [--tp, '4']\n"
+        "tune_caches: {source: images/tune/tp4, expect: 5}\n"
+        "sidecars:\n  - {name: flash_attn, version: '260700', source: images/kernels/flash_attn}\n"
+        "  - {name: flash_attn, version: '260701', source: images/kernels/flash_attn}\n")
+    with pytest.raises(InputError, match=r"tp4\.yaml:\d+: sidecar 'flash_attn' is listed twice"):
+        make_plan(demo_product)
+
+def test_a_profiles_folder_nested_deeper_than_the_stack_is_one_error_not_a_traceback(busybox_product):
+    at = busybox_product
+    for _ in range(1200):  # (os.walk recurses once a folder: RecursionError; and so does os.makedirs)
+        at = at / "d"
+        at.mkdir()
+    with pytest.raises(InputError, match=r"profiles: its subfolders are nested deeper than any profiles folder needs"):
+        make_plan(busybox_product, verify_lock=False)
+
+
 def test_a_profiles_smoke_skip_reaches_the_images_metadata_and_no_skip_leaves_the_label_as_it_was(busybox_product):
     from unibake.metadata import ImageMetadata
 

@@ -234,6 +234,19 @@ def test_two_kernels_giving_one_library_name_are_warned_once_naming_both(busybox
                         "name gets quant's alone; give each library its own name, or drop one kernel"]
 
 
+def test_kernels_whose_names_differ_only_in_case_each_have_their_folder_on_the_library_path(busybox_product):
+    # found by review: Jinja's unique ignores case by default, so RMSNorm's folder was left off LD_LIBRARY_PATH
+    # while UNIBAKE_KERNELS listed its library: an engine that loads it by name failed on the GPU machine
+    root = busybox_product.parent
+    for name in ("k", "K"):
+        (root / f"images/lib{name}.so").write_bytes(elf())
+    append(busybox_product / "product.yaml", "kernels:\n  - {name: rmsnorm, version: '1', prebuilt: images/libk.so}\n"
+                                             "  - {name: RMSNorm, version: '1', prebuilt: images/libK.so}\n")
+    entrypoint = render(make_plan(busybox_product, verify_lock=False)).entrypoint
+    dirs = [line for line in entrypoint.splitlines() if "UNIBAKE_KERNEL_DIRS=" in line]
+    assert dirs and all("/opt/unibake/kernels/rmsnorm:/opt/unibake/kernels/RMSNorm" in line or
+                        "/opt/unibake/kernels/RMSNorm:/opt/unibake/kernels/rmsnorm" in line for line in dirs), dirs
+
 @pytest.mark.parametrize("member,message", [
     ("../evil.so", "would leave the kernel's folder"),
     ("/abs.so", "would leave the kernel's folder"),
