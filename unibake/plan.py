@@ -518,18 +518,33 @@ def _same_suffix(selected: list[str], known: list[str]) -> list[str] | None:
     parts = "-".join(selected).split("-")
     names = set(known)
 
-    def walk(start: int, chosen: list[str]) -> list[str] | None:
-        if start == len(parts):
-            return chosen if chosen not in (selected, known) else None
-        for end in range(start + 1, len(parts) + 1):
-            name = "-".join(parts[start:end])
-            if name in names and (not chosen or name > chosen[-1]):  # a selection is sorted, each name once
-                found = walk(end, [*chosen, name])
-                if found is not None:
-                    return found
-        return None
-
-    return walk(0, [])
+    # Each way to spell parts[at:] with names after ``last`` (a selection is sorted, each name once), at most three,
+    # built from the end (no recursion: a long selection passed the stack): two spellings are refused (``selected``
+    # and ``known``), so three hold one that is not, whatever came before. (Tried every way, profiles a, a-a,
+    # a-a-a, ... took exponential time: 20 of them, 75 s.)
+    longest = max(name.count("-") + 1 for name in names)
+    count = len(parts)
+    starting: list[list[tuple[int, str]]] = [[] for _ in range(count)]  # the names that begin at each part
+    ending: list[set[str]] = [set() for _ in range(count + 1)]  # and those that end before it
+    for at in range(count):
+        for end in range(at + 1, min(count, at + longest) + 1):
+            name = "-".join(parts[at:end])
+            if name in names:
+                starting[at].append((end, name))
+                ending[end].add(name)
+    ending[0].add("")
+    ways: list[dict[str, list[tuple[str, ...]]]] = [{} for _ in range(count + 1)]
+    ways[count] = {last: [()] for last in ending[count]}
+    for at in range(count - 1, -1, -1):
+        for last in ending[at]:
+            found: list[tuple[str, ...]] = []
+            for end, name in starting[at]:
+                if name > last:
+                    found += [(name, *rest) for rest in ways[end].get(name, [])][:3 - len(found)]
+                if len(found) == 3:
+                    break
+            ways[at][last] = found
+    return next((list(way) for way in ways[0].get("", []) if list(way) not in (selected, known)), None)
 
 
 def product_platforms(config_dir: Path, cwd: Path | None = None, *, declared: bool = False) -> tuple[Platform, ...]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unibake.errors import InputError
 from unibake.plan import make_plan
@@ -414,6 +417,57 @@ def test_base_by_tag_is_refused_when_a_digest_is_required(busybox_product):
         make_plan(busybox_product, verify_lock=False)
 
 
+def _same_suffix_every_way(selected: list[str], known: list[str]) -> list[str] | None:
+    """The check as it was, trying every way to spell the selection (exponential): the reference."""
+    parts = "-".join(selected).split("-")
+
+    def walk(start, chosen):
+        if start == len(parts):
+            return chosen if chosen not in (selected, known) else None
+        for end in range(start + 1, len(parts) + 1):
+            name = "-".join(parts[start:end])
+            if name in known and (not chosen or name > chosen[-1]):
+                found = walk(end, [*chosen, name])
+                if found is not None:
+                    return found
+        return None
+    return walk(0, [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.lists(st.sampled_from("ab"), min_size=1, max_size=3).map("-".join), min_size=1, max_size=7),
+       st.data())
+def test_the_tag_check_finds_another_spelling_exactly_when_trying_every_way_does(names, data):
+    from unibake.plan import _same_suffix
+
+    known = sorted(names)
+    selected = sorted(data.draw(st.sets(st.sampled_from(known), min_size=1)))
+    found, reference = _same_suffix(selected, known), _same_suffix_every_way(selected, known)
+    assert (found is None) == (reference is None)
+    if found is not None:  # another sorted selection of known names, spelling the same suffix
+        assert found not in (selected, known) and found == sorted(set(found)) and set(found) <= names
+        assert "-".join(found) == "-".join(selected)
+
+
+def test_the_tag_check_of_many_profiles_named_alike_is_quick():
+    # found by review: profiles a, a-a, a-a-a, ... every one but a selected: 20 of them took 75 s, each one more
+    # 2.3 times as long (every way to spell the suffix was tried)
+    from unibake.plan import _same_suffix
+
+    known = sorted("-".join(["a"] * n) for n in range(1, 41))
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append([_same_suffix(known[1:], known),
+                                                             _same_suffix(known[1:-2] + known[-1:], known)]),
+                              daemon=True)
+    worker.start()
+    worker.join(20)
+    assert outcome, "still trying after 20 s"
+    # every one but a: no other spelling (the lengths 2..40 alone add up to 819); every one but a, and the
+    # names of 38 and 39 parts: the 1 + 37 + 38 parts of a, then the names of 37 and 38 parts, spell it too
+    none, other = outcome[0]
+    assert none is None
+    assert other is not None and "-".join(other) == "-".join(known[1:-2] + known[-1:]) and other[0] == "a"
+
 def test_profile_selection_decides_the_tag(busybox_product):
     assert make_plan(busybox_product).tag == "unibake-test:0.1.0"
     assert make_plan(busybox_product, profiles=["all"]).tag == "unibake-test:0.1.0"
@@ -479,12 +533,17 @@ def test_a_sidecar_a_profile_lists_twice_is_refused_when_its_parent_lists_sideca
         make_plan(demo_product)
 
 def test_a_profiles_folder_nested_deeper_than_the_stack_is_one_error_not_a_traceback(busybox_product):
-    at = busybox_product
-    for _ in range(1200):  # (os.walk recurses once a folder: RecursionError; and so does os.makedirs)
-        at = at / "d"
-        at.mkdir()
-    with pytest.raises(InputError, match=r"profiles: its subfolders are nested deeper than any profiles folder needs"):
-        make_plan(busybox_product, verify_lock=False)
+    made = [busybox_product]
+    for _ in range(1200):  # (os.walk recurses once a folder: RecursionError; and so do os.makedirs and rmtree)
+        made.append(made[-1] / "d")
+        made[-1].mkdir()
+    try:
+        with pytest.raises(InputError, match=r"profiles: its subfolders are nested deeper than any profiles folder "
+                                             "needs"):
+            make_plan(busybox_product, verify_lock=False)
+    finally:  # removed here, from the bottom up: pytest's clean-up of old temporary folders (rmtree) could not
+        for folder in reversed(made[1:]):
+            folder.rmdir()
 
 
 def test_a_profiles_smoke_skip_reaches_the_images_metadata_and_no_skip_leaves_the_label_as_it_was(busybox_product):
