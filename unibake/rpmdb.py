@@ -168,6 +168,7 @@ def bdb_packages(db: bytes) -> tuple[list[RpmPackage], str]:
     pages = len(db) // page_size
     blobs: list[bytes] = []
     problems: list[str] = []
+    used: set[int] = set()  # the overflow pages read: each value's own (so all the values together fit in the file)
     for number in range(1, pages):
         page = memoryview(db)[number * page_size:(number + 1) * page_size]
         if page[25] not in (P_HASH, P_HASH_UNSORTED):
@@ -184,7 +185,7 @@ def bdb_packages(db: bytes) -> tuple[list[RpmPackage], str]:
                 continue
             if key[0] == H_KEYDATA and bytes(key[1:]) == bytes(4):
                 continue  # rpm's record of the next header number
-            blob = _value(db, order, page_size, pages, value)
+            blob = _value(db, order, page_size, pages, value, used)
             if isinstance(blob, str):
                 problems.append(f"page {number}: {blob}")
             else:
@@ -205,8 +206,11 @@ def _item(page: memoryview, offsets: tuple[int, ...], i: int, page_size: int) ->
     return page[start:end]
 
 
-def _value(db: bytes, order: str, page_size: int, pages: int, item: memoryview) -> bytes | str:
-    """A value item's bytes: held on the page, or gathered along its chain of overflow pages."""
+def _value(db: bytes, order: str, page_size: int, pages: int, item: memoryview, used: set[int]) -> bytes | str:
+    """A value item's bytes: held on the page, or gathered along its chain of overflow pages, none of which an
+    earlier value's chain (``used``, to which this one's are added) held: Berkeley DB gives each value its own,
+    and a hostile file whose many small items all named one long chain made a copy of it for each (memory
+    growing with the square of the file's size, gigabytes from a file of 600 kB)."""
     if item[0] == H_KEYDATA:
         return bytes(item[1:])
     if item[0] != H_OFFPAGE or len(item) < 12:
@@ -218,6 +222,8 @@ def _value(db: bytes, order: str, page_size: int, pages: int, item: memoryview) 
     while held < total:
         if not 0 < number < pages or number in seen:
             return "an overflow chain that leaves the file or runs in a circle"
+        if number in used:
+            return "an overflow chain through a page another value's chain holds (each value has its own)"
         seen.add(number)
         page = memoryview(db)[number * page_size:(number + 1) * page_size]
         length = struct.unpack_from(order + "H", page, 22)[0]  # an overflow page's hf_offset: the bytes it holds
@@ -228,4 +234,5 @@ def _value(db: bytes, order: str, page_size: int, pages: int, item: memoryview) 
         number = struct.unpack_from(order + "I", page, 16)[0]
     if held != total:
         return f"an overflow chain of {held} bytes for a value of {total}"
+    used.update(seen)
     return b"".join(parts)

@@ -181,6 +181,28 @@ def test_a_damaged_or_hostile_berkeley_db_is_said_not_a_failure(tmp_path):
         f"{64 << 20}); the 199 packages read are in the SBOM, the others it lists are not",)
 
 
+def test_values_that_name_one_overflow_chain_are_read_once_not_copied_for_each():
+    # found by review: many small items naming one long chain were each a copy of it (600 kB of file, gigabytes
+    # of memory); Berkeley DB gives each value its own chain, so a second value on a chain is a problem said
+    good = bdb("Packages-be512.gz")
+    size = struct.unpack_from(">I", good, 20)[0]
+    pages = [n for n in range(1, len(good) // size) if good[_page(good, n) + 25] == 13]
+    offpage = []  # every value held on overflow pages: where its (first page, length) lie
+    for n in pages:
+        start = _page(good, n)
+        for i in range(1, struct.unpack_from(">H", good, start + 20)[0], 2):
+            item = start + struct.unpack_from(">H", good, start + 26 + 2 * i)[0]
+            if good[item] == 3:
+                offpage.append(item)
+    assert len(offpage) > 100
+    shared = bytearray(good)
+    for item in offpage[1:]:  # every value names the first one's chain
+        shared[item + 4:item + 12] = good[offpage[0] + 4:offpage[0] + 12]
+    found, problem = rpmdb.bdb_packages(bytes(shared))
+    assert len(found) == 200 - len(offpage) + 1, len(found)
+    assert "an overflow chain through a page another value's chain holds" in problem
+    assert f"{len(offpage) - 1} items in all could not be read" in problem
+
 def test_a_package_name_stored_as_a_number_is_counted_as_naming_none_not_a_traceback(tmp_path):
     # found by probing: a header whose NAME tag is an INT32 gave the SBOM an int for a name, and the archive stage
     # ended in a TypeError traceback (exit 1); each tag is now read only in the type rpm writes it in
