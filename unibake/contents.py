@@ -29,6 +29,7 @@ import itertools
 import posixpath
 import shlex
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 
@@ -56,6 +57,9 @@ PY_METADATA = (".dist-info/METADATA", ".egg-info/PKG-INFO", ".egg/EGG-INFO/PKG-I
 EGG_INFO = ".egg-info"  # a file of that name (distutils' install_egg_info) is the PKG-INFO itself
 EGG = ".egg"  # a zipped egg in site-packages: NAME-VERSION-pyX.Y[-PLATFORM].egg, known by its name alone
 TEXT_LIMIT = 64 << 20  # a dpkg status of a large distribution is a few MB
+# the packages a status file (dpkg's, status.d's, apk's) adds, up to this many in all: a 64 MiB status of 3-line
+# stanzas listed 2.9 million (a minute, 1 GB), where the SBOM lists 20 000 (sbom.MAX_PACKAGES)
+PACKAGES_READ = 200_000
 HEADER_LIMIT = 64 << 10  # a METADATA file's headers come first; its long description is not needed
 UNTRACKED_LIMIT = 100_000  # digests kept of other files under the install root, for the hard links to them
 # the texts kept of all layers together until they are stacked: each file is bounded, their number is not (a
@@ -525,10 +529,15 @@ def _stack(layers: list[tuple[str, _Found]], count: int, missing: tuple[str, ...
                     packages.append(package)
             else:
                 problems.append(f"/{path} is not named NAME-VERSION-pyX.Y.egg, as setuptools names an egg: left out")
-        elif path == APK_INSTALLED:
-            packages += [p for p in _apk_packages(value, path, diff_id) if _nameable(p, problems)]
-        else:
-            packages += [p for p in _dpkg_packages(value, path, diff_id) if _nameable(p, problems)]
+        else:  # (a dpkg status file, status.d's, or apk's database: read up to what the image may list in all)
+            read = _apk_packages if path == APK_INSTALLED else _dpkg_packages
+            room = max(0, PACKAGES_READ - len(packages))
+            found = list(itertools.islice(read(value, path, diff_id), room + 1))
+            if len(found) > room:
+                problems.append(f"/{path} lists more packages than the {PACKAGES_READ} an image's are read up to "
+                                f"(a distribution installs a few thousand): the first {room} it lists are in the "
+                                "SBOM, the others are not")
+            packages += [p for p in found[:room] if _nameable(p, problems)]
     packages.sort(key=lambda p: (p.kind, p.name.lower(), p.version, p.path))
     return ImageContents(packages=tuple(packages), libraries=tuple(libraries), os=os_release, layers=count,
                          not_inspected=missing, problems=tuple(problems) + (
@@ -554,12 +563,21 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _dpkg_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
+def _stanzas(text: str) -> Iterator[str]:
+    """The stanzas of ``text`` (separated by an empty line), one at a time: a 64 MiB file is not split whole."""
+    at = 0
+    while at < len(text):
+        end = text.find("\n\n", at)
+        end = len(text) if end < 0 else end
+        yield text[at:end]
+        at = end + 2
+
+
+def _dpkg_packages(data: bytes, path: str, diff_id: str) -> Iterator[Package]:
     """The installed packages of a dpkg status file: RFC 822 stanzas, read by the standard library's
-    header parser (continuation lines included), one stanza at a time."""
-    out = []
+    header parser (continuation lines included), one stanza at a time, as they are asked for."""
     parser = HeaderParser()
-    for stanza in _text(data).split("\n\n"):
+    for stanza in _stanzas(_text(data)):
         if not stanza.strip():
             continue
         fields = parser.parsestr(stanza.strip("\n") + "\n")
@@ -571,16 +589,14 @@ def _dpkg_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
         if not name or not version or status[-1:] in (["config-files"], ["not-installed"]):
             continue
         source = (fields.get("Source") or "").split(" ")[0].strip()
-        out.append(Package(kind="deb", name=name, version=version, arch=(fields.get("Architecture") or "").strip(),
-                           source=source if source != name else "", path="/" + path, layer=diff_id))
-    return out
+        yield Package(kind="deb", name=name, version=version, arch=(fields.get("Architecture") or "").strip(),
+                      source=source if source != name else "", path="/" + path, layer=diff_id)
 
 
-def _apk_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
+def _apk_packages(data: bytes, path: str, diff_id: str) -> Iterator[Package]:
     """The installed packages of Alpine's ``lib/apk/db/installed``: stanzas of ``X:value`` lines, one
     a package (``P`` its name, ``V`` its version, ``A`` its architecture, ``o`` its origin)."""
-    out = []
-    for stanza in _text(data).split("\n\n"):
+    for stanza in _stanzas(_text(data)):
         fields: dict[str, str] = {}
         for line in stanza.splitlines():
             key, sep, value = line.partition(":")
@@ -589,9 +605,8 @@ def _apk_packages(data: bytes, path: str, diff_id: str) -> list[Package]:
         name, version = fields.get("P", ""), fields.get("V", "")
         if name and version:
             origin = fields.get("o", "")
-            out.append(Package(kind="apk", name=name, version=version, arch=fields.get("A", ""),
-                               source=origin if origin != name else "", path="/" + path, layer=diff_id))
-    return out
+            yield Package(kind="apk", name=name, version=version, arch=fields.get("A", ""),
+                          source=origin if origin != name else "", path="/" + path, layer=diff_id)
 
 
 def _conda_package(path: str, diff_id: str) -> Package | None:
