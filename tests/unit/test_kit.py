@@ -271,6 +271,31 @@ def test_kit_trusts_no_manifest_that_differs_from_the_sums_and_writes_no_kit_tha
     assert not (tmp_path / "kit").exists()  # nor the folder --out named
 
 
+def test_a_listed_file_under_a_link_in_the_kit_is_refused_before_it_is_read(busybox_product, tmp_path):
+    # found by review: p -> /proc/self with p/pagemap listed: both checks hashed the file through the link
+    # (256 GB, "regular", read for hours) before the walk for unlisted files refused the link
+    import threading
+
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    lines = (folder / "kit.sha256").read_text().splitlines()
+    (folder / "p").symlink_to("/proc/self")
+    relist(folder, sorted(lines + [f"{'0' * 64}  p/pagemap"], key=lambda line: line[66:]))
+    shell = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert shell.returncode == 3 and "error: not listed in kit.sha256: p" in shell.stderr, shell.stderr
+    outcome = []
+
+    def check():
+        try:
+            rebuild(folder, FakeEngine())
+        except VerificationError as exc:
+            outcome.append(exc)
+    worker = threading.Thread(target=check, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert outcome, "still reading after 30 s"
+    assert "p/pagemap: lies under a link in the kit, which the kit does not hold" in str(outcome[0])
+
 @pytest.mark.parametrize("field", ["release", "product"])
 def test_a_kit_json_value_ending_in_a_newline_is_refused_before_the_engine_is_asked(busybox_product, tmp_path, field):
     # the models' patterns end in "$", which a final "\n" passes: the tag built from it would not be the release's
