@@ -119,6 +119,42 @@ def test_signatures_present_but_not_checked_are_said_so(engines, tmp_path, gpg_h
     assert "(demo:1.0, image sha256:" in result.err  # which release this folder is, whatever its folder's name
 
 
+def _packet(tag: int, body: bytes) -> bytes:
+    """An OpenPGP packet in the new format, its length in 5 bytes (RFC 4880 4.2.2.3)."""
+    return bytes([0xC0 | tag, 255]) + len(body).to_bytes(4, "big") + body
+
+
+def test_a_signature_file_packing_many_signatures_is_refused_by_both_before_gpgv_checks_them(
+        engines, tmp_path, gpg_home, minisign_key, cli):  # noqa: F811
+    # found by review: the good signature 2 000 times over, compressed into one packet (a few kB): gpgv checked
+    # every copy (2.5 ms each; a 1 MiB file of them, hours), build.py verify said "gpgv did not finish in 120 s"
+    # (exit 1, the tool blamed) and verify-release.sh, with no time limit, printed "ok" when it ended
+    import zlib
+
+    env, public = gpg_home
+    folder = signed(engines, tmp_path, gpg_home, minisign_key)
+    made = subprocess.run(["gpg", "--batch", "--dearmor"], input=(folder / "SHA256SUMS.asc").read_bytes(),
+                          capture_output=True, env={**os.environ, **env})
+    assert made.returncode == 0 and made.stdout[0] & 0x80
+    one = made.stdout
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    packed = deflate.compress(one * 2000) + deflate.flush()
+    cases = {"compressed": (_packet(8, b"\x01" + packed), "a packet of type 8"),
+             "many": (one * 17, "more than 16 signatures")}
+    for case, (data, said) in cases.items():
+        (folder / "SHA256SUMS.asc").write_bytes(data)
+        began = time.monotonic()
+        result = cli("verify", str(folder), "--key", str(public))
+        assert result.code == 3 and "not a detached signature" in result.error_lines[-1] \
+            and said in result.error_lines[-1], (case, result.err)
+        script = shell(folder, "--key", str(public))
+        assert script.returncode == 3 and f"SHA256SUMS.asc is not a detached signature: {said}" in script.stderr, \
+            (case, script.stderr)
+        assert time.monotonic() - began < 30, case
+    (folder / "SHA256SUMS.asc").write_bytes(one * 2)  # two copies of the good one: a file two signers signed
+    assert cli("verify", str(folder), "--key", str(public)).code == 0
+    assert shell(folder, "--key", str(public)).returncode == 0
+
 def test_sums_too_big_or_holding_a_nul_are_refused_before_any_signature_tool_runs(
         engines, tmp_path, gpg_home, minisign_key, cli):  # noqa: F811
     _, public = gpg_home
