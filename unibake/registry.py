@@ -25,6 +25,7 @@ import errno
 import hashlib
 import http.client
 import io
+import ipaddress
 import json
 import os
 import re
@@ -150,6 +151,12 @@ def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
         raise InputError(f"{what} {shown!r} names no registry host: {host!r} is not one (a host has a '.' or a "
                          f"':PORT', or is localhost; docker would read docker.io here, unibake needs the registry "
                          f"named): give REGISTRY/REPOSITORY, e.g. registry.example:5000/{host}/{path}")
+    if host.startswith("["):  # the grammar takes hex digits and colons: an address is checked as one
+        try:
+            ipaddress.IPv6Address(host[1:host.index("]")])
+        except ValueError:
+            raise InputError(f"{what} {shown!r}: {host[:host.index(']') + 1]} is not an IPv6 address (in brackets, "
+                             "e.g. [::1]:5000)") from None
     port = match.group("port")
     if port is not None and not 1 <= int(port) <= 65535:
         raise InputError(f"{what} {shown!r}: port {port} of the registry host is out of range 1..65535")

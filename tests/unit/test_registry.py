@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -77,6 +78,12 @@ def test_a_pull_reference_names_its_registry_host_too():
         parse_reference(f"team/demo-llm@{DIGEST}", what="the reference", digest=True)
     assert parse_reference(f"localhost/demo-llm@{DIGEST}", what="ref", digest=True).host == "localhost"
     assert parse_reference(f"[::1]:5000/demo-llm@{DIGEST}", what="ref", digest=True).host == "[::1]:5000"
+    # found by review: any hex digits and colons passed, and the push verified the whole archive before its first
+    # request failed, blaming the registry ("an answer that cannot be read")
+    for bad in ("[:::]:5000", "[1:2:3]:5000", "[12345::1]"):
+        with pytest.raises(InputError, match=rf"{re.escape(bad[:bad.index(']') + 1])} is not an IPv6 address"):
+            parse_reference(f"{bad}/demo-llm@{DIGEST}", what="ref", digest=True)
+    assert parse_reference("[fd00::5]:443/team/a:1", what="--to", digest=False).host == "[fd00::5]:443"
 
 
 def test_pull_references_need_a_digest():
