@@ -68,8 +68,16 @@ def _strip(path: str, n: int, where: str) -> str:
         raise InputError(f"{where}: the patched path {out!r} ends in a carriage return: the patch's lines end in "
                          "\\r\\n (a Windows editor's); save it with \\n line ends")
     if not FILE_PATH_RE.fullmatch(out):
-        raise InputError(f"{where}: the patched path {out!r} is not the relative path of a file inside the engine "
-                         "folder")
+        parts = out.split("/")
+        if out.startswith("/") or out.endswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise InputError(f"{where}: the patched path {out!r} is not the relative path of a file inside the engine "
+                             "folder")
+        # inside the folder, of characters a patched path may not hold (an adopter's file with a space, or one git
+        # names in quotes, "a/caf\303\251.py", was said to be outside the folder)
+        quoted = " (git writes a name of other characters in quotes, with octal escapes)" if '"' in path else ""
+        raise InputError(f"{where}: the patched path {out!r} holds a character a patched path may not: each of its "
+                         f"parts is letters, digits and . _ + - (no spaces, ASCII only){quoted}; rename the file, or "
+                         "bake its new version with an overlay")
     # what a folder source leaves out, written by a patch instead (a hook under .git/hooks, a stale .pyc)
     folders, name = out.split("/")[:-1], out.split("/")[-1]
     skipped = next((part for part in folders if part in SKIPPED_DIRS), None)

@@ -14,6 +14,7 @@ Every error names the file and line and, for an unknown key, the closest valid o
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import os
 import re
@@ -200,9 +201,15 @@ def _construct(node: yaml.Node, path: Path_, lines: dict[Path_, int], display: s
             items.append(_construct(item, path + (i,), lines, display, count))
         return items
     line = node.start_mark.line + 1
+    if node.tag == _YAML + "value":  # a bare "=" (YAML 1.1's value key): text, as it reads, not a constructor error
+        return node.value
     try:
         value = yaml.SafeLoader("").construct_object(node, deep=True)
-    except ValueError:  # an integer of more digits than Python converts (int_max_str_digits)
+    except ValueError as exc:
+        if node.tag == _YAML + "timestamp":  # 2024-02-30: YAML reads a date, and there is none
+            raise InputError(f"{display}:{line}: {node.value!r} reads as a date, and there is no such date ({exc}); "
+                             "put it in quotes if it is text") from None
+        # an integer of more digits than Python converts (int_max_str_digits)
         raise InputError(f"{display}:{line}: a number too large to be a value") from None
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 63:
         # no key takes one; even printing it in an error can fail past 4300 digits
@@ -311,6 +318,8 @@ def _check_value(spec: Key, value: Any, path: Path_, where) -> None:
         hint = ""
         if spec.type == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
             hint = f"; put it in quotes, or YAML reads it as the number {value!r}"
+        if spec.type == "str" and isinstance(value, datetime.date):  # version: 2024-06-01 said 'not date'
+            hint = "; put it in quotes: YAML reads an unquoted YYYY-MM-DD as a date"
         if spec.type == "str" and isinstance(value, bool):  # env: {FLAG: on} said 'not bool' and no more
             hint = (f"; put it in quotes: YAML reads an unquoted {'true, yes or on' if value else 'false, no or off'} "
                     "as a boolean")

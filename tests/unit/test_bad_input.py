@@ -361,6 +361,14 @@ def case_profile_file_linked_to_a_file_that_is_no_profile(p):  # the kit carried
     (p / "tp8.yaml").symlink_to("tp8.txt")
 
 
+def case_version_a_date_that_does_not_exist(p):  # was "a number too large to be a value"
+    edit(p / "product.yaml", "version: 0.1.0", "version: 2024-02-30")
+
+
+def case_version_a_date(p):  # was "must be a string, not date", with no word of the quotes
+    edit(p / "product.yaml", "version: 0.1.0", "version: 2024-06-01")
+
+
 def case_profile_file_is_a_symlink_loop(p):  # Path.resolve(): a RuntimeError traceback
     os.symlink("tp3.yaml", p / "tp3.yaml")
 
@@ -681,6 +689,12 @@ def case_patch_makes_a_folder_path(p):  # found by probing: passed the plan, the
     (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
 
 
+def case_patch_of_a_name_git_quotes(p):  # was "... is not the relative path of a file inside the engine folder"
+    (p.parent / "images/x.patch").write_text('--- /dev/null\n+++ "b/caf\\303\\251.sh"\n@@ -0,0 +1 @@\n+x = 1\n')
+    lock_also(p, "images/x.patch")
+    (p / "product.yaml").write_text((p / "product.yaml").read_text() + "patches: [{file: images/x.patch}]\n")
+
+
 def case_patch_with_crlf_line_ends(p):  # found by probing: "'serve.sh\r' is not the relative path of a file"
     (p.parent / "images/x.patch").write_bytes(b"--- a/handle.sh\r\n+++ b/handle.sh\r\n@@ -1 +1 @@\r\n-#!/bin/sh\r\n"
                                               b"+#!/bin/sh -e\r\n")
@@ -747,6 +761,11 @@ def case_engine_program_misspelt(p):
 YAML_CASES = {name[5:]: fn for name, fn in sorted(globals().items()) if name.startswith("case_")}
 # what the error line must say, where an earlier check could refuse the same input for another reason
 SAYS = {
+    "patch_of_a_name_git_quotes": "holds a character a patched path may not: each of its parts is letters, digits and "
+                                  ". _ + - (no spaces, ASCII only) (git writes a name of other characters in quotes",
+    "version_a_date_that_does_not_exist": "product.yaml:3: '2024-02-30' reads as a date, and there is no such date (",
+    "version_a_date": "product.yaml:3: key 'version' must be a string, not date; put it in quotes: YAML reads an "
+                      "unquoted YYYY-MM-DD as a date",
     "yaml_control_character": "tp2.yaml:3: holds the character U+000C, which YAML does not allow in a file",
     "allow_matches_everything": "sanitise.allow[1] 'x*' matches an empty value, so it would let every value through",
     "allow_that_could_backtrack_without_end": "sanitise.allow[0] '^hf_([a-zA-Z0-9]+)+!$' could backtrack without end",

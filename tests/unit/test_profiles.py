@@ -468,6 +468,13 @@ def test_the_tag_check_of_many_profiles_named_alike_is_quick():
     assert none is None
     assert other is not None and "-".join(other) == "-".join(known[1:-2] + known[-1:]) and other[0] == "a"
 
+def test_a_bare_equals_sign_is_the_text_it_reads_as_not_a_yaml_error(busybox_product):
+    # found by review: PyYAML resolves a plain "=" to YAML 1.1's value tag, which it cannot construct: a valid
+    # file was "YAML syntax error: could not determine a constructor for the tag 'tag:yaml.org,2002:value'"
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text().replace("env: {NCCL_ALGO: Tree}", "env: {NCCL_ALGO: Tree, SEP: =}"))
+    assert make_plan(busybox_product, verify_lock=False).profile("tp1").env["SEP"] == "="
+
 def test_profile_selection_decides_the_tag(busybox_product):
     assert make_plan(busybox_product).tag == "unibake-test:0.1.0"
     assert make_plan(busybox_product, profiles=["all"]).tag == "unibake-test:0.1.0"
