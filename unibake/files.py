@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -354,3 +355,43 @@ def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
     except OSError as exc:
         return f"{existing} takes no new {'folder' if makes_folder else 'file'}: {exc.strerror}"
     return None
+
+
+def _host_token() -> str:
+    """This machine's name, as 8 hex digits: a process ID names a process of this machine (of this container) only."""
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, OSError):  # (another user's process: running)
+        return False
+    return False
+
+
+def work_folder(prefix: str, parent: Path | str | None = None) -> Path:
+    """A new private temporary folder (``tempfile.mkdtemp``) named ``PREFIX<host>-<pid>-XXXXXXXX``, for a run's
+    large temporary files (a push's compressed layers, repro's two archives: the size of the image). Those a run
+    of this user on this machine left when it was killed (SIGKILL, the OOM killer, a power cut: no clean-up ran),
+    whose process is gone, are removed first: each was as large as the image, and nothing else removed it."""
+    where = Path(parent if parent is not None else tempfile.gettempdir())
+    mine = f"{prefix}{_host_token()}-"
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        entries = []
+    for entry in entries:
+        pid = entry.name[len(mine):].partition("-")[0]
+        if not entry.name.startswith(mine) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if entry.is_symlink() or not entry.is_dir() or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if _process_gone(int(pid)):
+            remove_tree(Path(entry.path), ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=where))

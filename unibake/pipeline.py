@@ -21,7 +21,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -38,7 +37,7 @@ from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .digestmemo import FOLDER as DIGESTS, DigestMemo, remembering
 from .engine import Engine
-from .files import read_small_file, resolved, unwritable_reason
+from .files import read_small_file, resolved, unwritable_reason, work_folder
 from .errors import (DiskFull, DocumentPlaceRefused, EngineError, HandoffAborted, InputError, PipelineError,
                      RoundTripUnavailable, UnibakeError, VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
@@ -169,7 +168,7 @@ class TempFolder:
     """Where repro writes the archives it compares: a temporary folder, removed at the end."""
 
     def __init__(self) -> None:
-        self.staging = Path(tempfile.mkdtemp(prefix="unibake-repro-"))
+        self.staging = work_folder("unibake-repro-")
 
     def remove(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)

@@ -70,7 +70,7 @@ from .console import one_line
 from .engine import Engine
 from .errors import (DigestMismatch, DiskFull, EngineError, HandoffAborted, InputError, RegistryAuthError,
                      RegistryError, UnibakeError, VerificationError)
-from .files import bounded_body, no_auth, read_small_text, strip_auth
+from .files import bounded_body, no_auth, read_small_text, strip_auth, work_folder
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
@@ -1467,7 +1467,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
         # registry that is down or a wrong password is said in seconds (the answer itself is asked again below)
         client.blob_exists(manifest.image_id)
         with held_signals():
-            spool = Path(tempfile.mkdtemp(prefix="unibake-push-", dir=temp_dir))
+            spool = work_folder("unibake-push-", temp_dir)
         on_line(f"compressing the layers of {manifest.archive.name} in {spool.parent} ({compression}; a layer it holds "
                 "compressed goes as it is), then uploading those the registry lacks")
         shown = progress or (lambda what, total: nullcontext(lambda n: None))
@@ -1574,7 +1574,7 @@ def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression:
     spool = None
     try:  # made and recorded as one step: an interrupt as it is made lands inside the try that removes it (it stayed)
         with held_signals():
-            spool = Path(tempfile.mkdtemp(prefix="unibake-check-", dir=temp_dir))
+            spool = work_folder("unibake-check-", temp_dir)
         with shown(f"compress {manifest.tag} ({compression}, as a push would)",
                    manifest.archive.uncompressed_bytes) as advance:
             saved, layers = _release_blobs(folder, manifest, spool, compression, advance, progress)

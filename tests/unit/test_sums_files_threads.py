@@ -318,3 +318,31 @@ def test_an_interrupt_as_an_atomic_write_s_temporary_file_is_made_leaves_no_file
         with pytest.raises(KeyboardInterrupt):
             write_atomic(tmp_path, "Dockerfile.tp1", "FROM scratch\n")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_work_folder_a_killed_run_left_is_removed_by_the_next_and_no_other_one(tmp_path):
+    # found by review: a push or repro killed outright (SIGKILL, the OOM killer) left its folder of compressed
+    # layers, the size of the image, in the temporary folder, and nothing removed it
+    import sys
+
+    from unibake.files import _host_token, work_folder
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = _host_token()
+        left = tmp_path / f"unibake-push-{host}-{ended.pid}-abcd1234"
+        live = tmp_path / f"unibake-push-{host}-{running.pid}-abcd1234"
+        elsewhere = tmp_path / f"unibake-push-{'0' * 8 if host != '0' * 8 else '1' * 8}-{ended.pid}-abcd1234"
+        other_kind = tmp_path / f"unibake-check-{host}-{ended.pid}-abcd1234"
+        for folder in (left, live, elsewhere, other_kind):
+            (folder / "blobs").mkdir(parents=True)
+            (folder / "blobs" / "layer").write_bytes(b"x" * 1024)
+        made = work_folder("unibake-push-", tmp_path)
+        assert made.is_dir() and made.name.startswith(f"unibake-push-{host}-{os.getpid()}-")
+        assert not left.exists()  # its process is gone: the run was killed
+        assert live.is_dir() and elsewhere.is_dir() and other_kind.is_dir()  # a run's going on; another machine's
+    finally:
+        running.kill()
+        running.wait()
