@@ -39,7 +39,8 @@ from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import SUMS, check_tag, find_releases, lock_release, record_temp, release_locks
+from .publish import (SUMS, check_tag, find_releases, lock_release, record_temp, release_locks,
+                      vouched_manifest)
 from .released import REPRO_REPOSITORY
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
@@ -59,9 +60,16 @@ class Removal:
     releases: tuple[str, ...] = ()  # the release folders whose image it is: their locks are held while it goes
 
 
-def unreadable_releases(out: Path) -> list[Path]:
-    """The release folders under ``out`` whose manifest.json cannot be read: what they need is unknown."""
-    return [found.folder for found in find_releases(out) if found.manifest is None]
+def unreadable_releases(out: Path) -> list[tuple[Path, str]]:
+    """The release folders under ``out`` whose manifest.json cannot be read, or is not the one their SHA256SUMS
+    lists (its date may be forged, to rank it the newest and have a real release's image removed): what they
+    need is unknown. Each with what is wrong."""
+    found = []
+    for release in find_releases(out):
+        vouched = vouched_manifest(release.folder) if release.manifest is not None else release.problem
+        if isinstance(vouched, str):
+            found.append((release.folder, vouched))
+    return found
 
 
 # what a run leaves under --out while it writes release TAG, until it ends: the staged release, the
@@ -230,7 +238,9 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     cannot be read, only build cache: that release may be the newest, or a hotfix whose base image
     (an older release's, or a dangling one) no other folder says is needed."""
     releases = find_releases(out)
-    manifests = [found.manifest for found in releases if found.manifest is not None]
+    # (one its SHA256SUMS does not vouch for counts as unreadable: its first_published may be forged)
+    manifests = [found.manifest for found in releases
+                 if found.manifest is not None and not isinstance(vouched_manifest(found.folder), str)]
     needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
     if len(manifests) < len(releases):
@@ -355,10 +365,10 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
           on_warning: Callable[[str], None] = lambda line: None) -> list[Removal]:
     """The removals planned, each removed (unless ``dry_run``) without force: one the engine keeps
     because a container uses it comes back with ``kept`` saying so."""
-    for folder in unreadable_releases(out):
-        on_warning(f"the release folder {folder} has a manifest.json that cannot be read: prune cannot tell which "
-                   "images it needs, so it removes build cache only; check it with python build.py verify "
-                   f"{folder}, then fix or move it")
+    for folder, why in unreadable_releases(out):
+        on_warning(f"the release folder {folder} has a manifest.json that cannot be read, or that its SHA256SUMS does "
+                   f"not list: prune cannot tell which images it needs, so it removes build cache only; check it with "
+                   f"python build.py verify {folder}, then fix or move it ({why[:300]})")
     done = []
     held: set[tuple[Path, str]] = set()
     with ExitStack() as locks:

@@ -185,18 +185,10 @@ class ReleaseFolder:
         (:func:`carried_first_release`)."""
         if not self.force or not os.path.lexists(self.final / MANIFEST):
             return None, "", b""
-        path, sums = self.final / MANIFEST, self.final / SUMS
-        try:
-            data = read_small_file(path, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
-            manifest = parse_manifest(decode_text(data, path, VerificationError), str(path))
-            listing = read_small_file(sums, VerificationError, limit=SUMS_LIMIT, follow=False)
-            listed = {e.name: e.sha256 for e in parse_sums(decode_text(listing, sums, VerificationError), str(sums),
-                                                           VerificationError)}
-        except UnibakeError as exc:
-            return None, str(exc), b""
-        if listed.get(MANIFEST) != hashlib.sha256(data).hexdigest():
-            return None, (f"{sums} does not list {MANIFEST} as it is" if MANIFEST in listed
-                          else f"{sums} does not list {MANIFEST}") + " (the folder was changed after it was published)", b""
+        found = vouched_manifest(self.final)
+        if isinstance(found, str):
+            return None, found, b""
+        manifest, listing = found
         return manifest.first_release, "", listing
 
     def _restore_old(self) -> None:
@@ -455,7 +447,18 @@ def find_releases(out: Path) -> list[PublishedRelease]:
     good, bad = [], []
     if not out.is_dir():
         return []
-    entries = sorted(e for e in out.iterdir() if not e.name.startswith(".") and e.is_dir())
+    entries, hidden = [], []
+    for e in sorted(out.iterdir()):
+        if e.name.startswith("."):
+            continue
+        try:
+            if e.is_dir():
+                entries.append(e)
+        except PermissionError:  # a link into a folder this user cannot enter (Path.is_dir raises it): said below
+            hidden.append(e)
+    for e in hidden:  # as a folder this user cannot enter: never taken as no release (prune)
+        if set(e.name) <= TAG_CHARS and not e.name.startswith("-"):
+            bad.append(PublishedRelease(folder=e, manifest=None, problem=f"{e}: cannot read it (Permission denied)"))
     seen = {os.path.realpath(e) for e in entries if not e.is_symlink()}
     for folder in entries:
         if folder.is_symlink():
@@ -481,6 +484,26 @@ def find_releases(out: Path) -> list[PublishedRelease]:
     return good + bad
 
 
+def vouched_manifest(folder: Path) -> tuple[ReleaseManifest, bytes] | str:
+    """``folder``'s manifest and the bytes of its ``SHA256SUMS``, when those list that very manifest; else why
+    not: it cannot be read, or the folder was changed after it was published (a well-formed but forged
+    ``first_published`` would rank it as the newest release for ever: the one the next release follows, the one
+    prune keeps in place of a real one)."""
+    path, sums = folder / MANIFEST, folder / SUMS
+    try:
+        data = read_small_file(path, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
+        manifest = parse_manifest(decode_text(data, path, VerificationError), str(path))
+        listing = read_small_file(sums, VerificationError, limit=SUMS_LIMIT, follow=False)
+        listed = {e.name: e.sha256 for e in parse_sums(decode_text(listing, sums, VerificationError), str(sums),
+                                                       VerificationError)}
+    except UnibakeError as exc:
+        return str(exc)
+    if listed.get(MANIFEST) != hashlib.sha256(data).hexdigest():
+        return (f"{sums} does not list {MANIFEST} as it is" if MANIFEST in listed
+                else f"{sums} does not list {MANIFEST}") + " (the folder was changed after it was published)"
+    return manifest, listing
+
+
 def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata | None = None,
                      first_release: str | None = None) -> ReleaseManifest | None:
     """The release under ``out`` this one follows: the newest of the same product (another tag) and,
@@ -490,9 +513,11 @@ def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata 
     ``first_release``: when the release a --force run replaces was first published
     (:attr:`ReleaseFolder.first_release`); it keeps its place, following one first released before it
     (1.0 made again after 2.0 follows 0.9, not 2.0)."""
+    # (a folder whose SHA256SUMS does not vouch for its manifest is none: its date may be forged)
     candidates = [r.manifest for r in find_releases(out)
                   if r.manifest is not None and r.manifest.product == product and r.manifest.release != tag
-                  and (first_release is None or r.manifest.first_release < first_release)]
+                  and (first_release is None or r.manifest.first_release < first_release)
+                  and not isinstance(vouched_manifest(r.folder), str)]
     if metadata is not None:
         candidates = [m for m in candidates if m.platform == metadata.platform
                       and metadata.default_profile in m.profiles]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from unibake.prune import prune
 from unibake.publish import find_releases
 
 from ..fake_engine import FakeEngine
+from ..forge import resum
 from ..savefixtures import layer_tar
 from .test_publish import METADATA, make_release
 
@@ -136,6 +138,7 @@ def test_a_folder_naming_an_image_unibake_did_not_make_removes_nothing(tmp_path)
     manifest.update(tag="postgres:15", image_id=foreign, published="1970-01-01T00:00:00Z",
                     first_published="1970-01-01T00:00:00Z")
     (forged / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(forged)  # (its SHA256SUMS lists it: one that did not would be an unreadable folder, keeping every image)
     planned = prune(engine, out, keep=1)
     assert "postgres:15" not in {r.ref for r in planned} and engine.inspect_image("postgres:15") is not None
     assert engine.inspect_image("demo-llm:1.0") is None  # the real old release still goes
@@ -152,6 +155,7 @@ def _release(out, engine, tag, n, force=False, **fields):
         fields.setdefault("first_published", fields["published"])
     manifest.update(fields)
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)  # (as a release whose manifest says so was published: its SHA256SUMS lists it)
     return manifest
 
 
@@ -221,6 +225,7 @@ def test_a_force_re_release_of_an_older_version_keeps_its_place_by_its_first_rel
     old = _release(out, engine, "hk0", 0, published="2026-01-01T00:00:00Z")
     del old["first_published"]  # a release made before the first release's time was recorded
     (out / "hk0" / "manifest.json").write_text(json.dumps(old, indent=2) + "\n")
+    resum(out / "hk0")
     _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
     _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
     _release(out, engine, "hk1", 11, force=True, published="2026-01-01T00:00:03Z",
@@ -250,10 +255,33 @@ def test_a_release_folder_that_cannot_be_read_keeps_every_release_image_and_is_s
     done = prune(engine, out, keep=1, on_warning=warnings.append)
     assert {r.ref for r in done} == {"unibake-cache/demo-llm:all-build"}  # build cache still goes
     assert engine.inspect_image(base["image_id"]) is not None and engine.inspect_image("demo-llm:hk2") is not None
-    assert warnings == [f"the release folder {out / 'hk5'} has a manifest.json that cannot be read: prune cannot tell "
-                        "which images it needs, so it removes build cache only; check it with python build.py "
-                        f"verify {out / 'hk5'}, then fix or move it"]
+    [warning] = warnings
+    assert warning.startswith(f"the release folder {out / 'hk5'} has a manifest.json that cannot be read, or that its "
+                              "SHA256SUMS does not list: prune cannot tell which images it needs, so it removes build "
+                              f"cache only; check it with python build.py verify {out / 'hk5'}, then fix or move it ("), \
+        warning
 
+
+def test_a_folder_whose_sums_do_not_list_its_manifest_is_neither_the_previous_release_nor_ranked_by_prune(tmp_path):
+    # found by review: a copy of a release with first_published 2099 (not summed again) was the newest: the next
+    # release's notes and roll-back named it, and prune --keep 1 removed the real newest release's image
+    from unibake.publish import previous_release
+
+    out = tmp_path / "release"
+    engine = FakeEngine()
+    _release(out, engine, "hk1", 1, published="2026-01-01T00:00:01Z")
+    _release(out, engine, "hk2", 2, published="2026-01-01T00:00:02Z")
+    shutil.copytree(out / "hk1", out / "hk0")
+    manifest = json.loads((out / "hk0" / "manifest.json").read_text())
+    manifest.update(release="hk0", published="2099-01-01T00:00:00Z", first_published="2099-01-01T00:00:00Z")
+    (out / "hk0" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    assert previous_release(out, "demo-llm", "hk3").release == "hk2"
+    warnings = []
+    done = prune(engine, out, keep=1, on_warning=warnings.append)
+    assert not [r for r in done if r.ref.startswith("demo-llm:")]  # nothing of a release, as for an unreadable one
+    assert engine.inspect_image("demo-llm:hk2") is not None and engine.inspect_image("demo-llm:hk1") is not None
+    assert [f"{out / 'hk0'} has a manifest.json that cannot be read, or that its SHA256SUMS does not list" in w
+            and "does not list manifest.json as it is" in w for w in warnings] == [True], warnings
 
 @pytest.mark.parametrize("published", ["zzz", "2026-01-01T00:00:09+05:00", "9999"])
 def test_a_hand_edited_published_that_is_no_utc_time_is_an_unreadable_folder_not_ranked_as_text(tmp_path, cli,
@@ -270,7 +298,8 @@ def test_a_hand_edited_published_that_is_no_utc_time_is_an_unreadable_folder_not
     done = prune(engine, out, keep=1, on_warning=warnings.append)
     assert done == [] and engine.inspect_image("demo-llm:hk2") is not None
     assert engine.inspect_image("demo-llm:hk1") is not None
-    assert [f"{out / 'hk1'} has a manifest.json that cannot be read" in w for w in warnings] == [True]
+    assert [f"{out / 'hk1'} has a manifest.json that cannot be read, or that its SHA256SUMS does not list" in w
+            for w in warnings] == [True]
     assert [r.folder.name for r in find_releases(out) if r.manifest is None] == ["hk1"]
     assert "published" in find_releases(out)[-1].problem
     listed = cli("releases", "--out", str(out))
