@@ -554,14 +554,15 @@ def _refuse_the_document_in_the_release(request: Request, folder: Path, record: 
                                    " give a path outside it")
 
 
-def _refuse_another_products_record(record: Path, target: Target, *, force: bool) -> None:
+def _refuse_another_products_record(record: Path, target: Target, *, force: bool,
+                                    ending: str = "nothing was built") -> None:
     """checksums/<tag>.SHA256SUMS is named by the tag alone, and every --out of one parent shares it:
     another product's release of the same version under a sibling --out (release/a, release/b, as
     each product needs its own --out) would replace that product's record without a word. Refused
     unless --force; the same product's release of the tag made again elsewhere replaces it as before."""
     if os.path.isdir(record) and not os.path.islink(record):  # publish could not rename the record over it
         raise InputError(f"{record} is a folder where this release's checksums record goes (a file): no run makes "
-                         "one; remove it, then run again; nothing was built")
+                         f"one; remove it, then run again; {ending}")
     try:  # a FIFO planted as the record is not waited on: not a record (publish renames over it)
         held = read_small_file(record, UnibakeError, limit=16 << 20).decode("utf-8", "replace")
     except UnibakeError:
@@ -574,7 +575,7 @@ def _refuse_another_products_record(record: Path, target: Target, *, force: bool
     raise InputError(f"{record} is the record of another product's release {target.release} (its archive "
                      f"{archive!r}, not {ours!r}): every --out beside {record.parent.parent} shares "
                      f"{record.parent}; give each product its own parent folder (e.g. --out "
-                     f"releases/{target.product}/release), or --force to replace that record; nothing was built")
+                     f"releases/{target.product}/release), or --force to replace that record; {ending}")
 
 
 def _refuse_replacing_a_hotfix_base(out: Path, release: str) -> None:
@@ -1449,8 +1450,10 @@ def _publish(run: Run) -> tuple:
     files: dict[str, str | bytes] = {**render_files(manifest, validation, previous, notes,
                                                     kit_images=supply.kit_images(run)), **attachments}
     enforce(scan_release_texts(files, request.identity), run.allow, f"release {target.release}")
+    # checked again as the record takes its place (another product's run of this version may have written it since)
     final = publish(folder, archive, proof.back, files, request.checksums, extra=supply.extra_files(run),
-                    sign=supply.sign_sums(run))
+                    sign=supply.sign_sums(run), check_record=lambda record: _refuse_another_products_record(
+                        record, target, force=request.force, ending="nothing was published"))
     return _one(Release(folder=final, manifest=manifest, validation=validation, archive=archive))
 
 

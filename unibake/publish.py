@@ -675,13 +675,18 @@ def record_temp(record: Path, folder: Path) -> Path:
 
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
             checksums_dir: Path, extra: Mapping[str, str] | None = None,
-            sign: Callable[[Path], object] | None = None) -> Path:
+            sign: Callable[[Path], object] | None = None,
+            check_record: Callable[[Path], object] | None = None) -> Path:
     """Write the text files and attachments, then SHA256SUMS (last) and its signatures, and the
     checksums/ record under a temporary name; only then give the folder its final name: nothing is
     committed until everything that can fail (a full disk, a read-only folder, a signature) has run.
 
     ``extra``: files earlier stages wrote into the staging folder (name -> sha256), listed too;
-    ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit."""
+    ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit.
+    ``check_record``: called on the checksums record's path just before the commit, under a lock on the records'
+    folder (``checksums/`` itself), which is held until the record is in place: every --out of one parent
+    shares the record, and two products' runs of one version (each holding its own --out's lock) both passed the
+    check made before their builds, the later commit replacing the other's record without a word."""
     sums = {f.name: digests.file_sha256[f.name] for f in archive.files}
     sums.update(extra or {})
     final_record = checksums_dir / f"{folder.tag}.{SUMS}"
@@ -725,4 +730,23 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
         except OSError:
             pass  # the record is in place; only its durability across a power cut is not certain
 
-    return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))
+    try:  # the folder itself locked (flock takes a folder too): no lock file beside the records
+        lock = os.open(checksums_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        record.unlink(missing_ok=True)
+        raise UnibakeError(f"cannot open {checksums_dir} to lock it ({exc.strerror}); nothing was published") from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (held for a commit's renames: moments)
+        except OSError as exc:
+            record.unlink(missing_ok=True)
+            raise UnibakeError(f"cannot lock {checksums_dir} ({exc.strerror}); nothing was published") from None
+        if check_record is not None:
+            try:
+                check_record(final_record)
+            except BaseException:
+                record.unlink(missing_ok=True)
+                raise
+        return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))
+    finally:
+        os.close(lock)

@@ -149,6 +149,32 @@ def test_another_products_release_of_the_same_tag_does_not_replace_its_checksums
     assert record.read_text() == (tmp_path / "b/1.0/SHA256SUMS").read_text()
 
 
+def test_another_products_record_written_while_a_run_built_is_not_replaced_by_its_commit(engines, tmp_path,  # noqa: F811
+                                                                                          monkeypatch):
+    # found by review: two products' runs of 1.0 at once (release/a, release/b, a CI matrix) both passed the check
+    # made before their builds; the later commit replaced the other's record without a word. The record is checked
+    # again under a lock on it, as the release takes its name.
+    from unibake import pipeline
+
+    from .test_supply_chain import release
+
+    release(engines, tmp_path / "a")
+    record = tmp_path / "checksums/1.0.SHA256SUMS"
+    kept = record.read_text()
+    record.unlink()  # b's run begins with no record there: its early check passes
+    published = pipeline.publish
+
+    def a_commits_meanwhile(*args, **kwargs):
+        record.write_text(kept)  # a's run committed while b's built
+        return published(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "publish", a_commits_meanwhile)
+    with pytest.raises(InputError, match=rf"{record} is the record of another product's release 1\.0 .*; nothing was "
+                                         "published$"):
+        release(engines, tmp_path / "b", product="other")
+    assert record.read_text() == kept and not (tmp_path / "b/1.0").exists()
+    assert sorted(p.name for p in record.parent.iterdir()) == ["1.0.SHA256SUMS"]  # (no temporary record)
+
 def test_a_fifo_planted_as_the_checksums_record_is_not_waited_on(engines, tmp_path):  # noqa: F811
     # (before: the check for another product's record opened it to read and waited for a writer for ever)
     import threading
