@@ -1200,6 +1200,15 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     if several:
         _same_product_other_platforms(found, args)
     index_tag = (target.tag or found[0].manifest.version) if several else None
+    # where a push cannot be recorded (a read-only share, another user's folder): said now, and the push goes on
+    # without its record (it uploaded first, then failed to record, naming only a lock file)
+    # (the real folder's parent: its lock and the new folder made beside it, then exchanged; a link's own folder, a
+    # shared link farm, may be another user's)
+    unrecordable = {f.folder: why for f in found if (why := unwritable_reason(f.folder.parent, folder=True))}
+    for f in found:
+        if f.folder in unrecordable:
+            ctx.reporter.warn(f"release {f.manifest.release}: the push cannot be recorded in {f.named} "
+                              f"({unrecordable[f.folder]}); it is pushed, and its reference said, without its record")
     results, index = [], ""
     with RegistryClient(target, push=True, on_retry=ctx.reporter.warn, **settings) as client:
         for f in found:
@@ -1225,6 +1234,10 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                               f"so its SHA256SUMS and signatures stay valid; pull it by {record.reference} (to record "
                               "it, push again with the keys it was signed with: --sign / --sign-minisign)")
             updated = None
+        if updated is not None and f.folder in unrecordable:
+            updated = None
+            ctx.reporter.warn(f"release {m.release}: not recorded ({unrecordable[f.folder]}); pull it by "
+                              f"{record.reference}")
         if updated is not None:
             sign = (lambda path, m=m: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
             if sign and f.cosigners:  # they signed the old SHA256SUMS: the new one is signed by the keys given alone
@@ -1233,9 +1246,13 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                                   "only, so that co-signature is dropped; ask its holder to sign the new one again")
             with ctx.reporter.stage("record", f"the digest in {m.release}'s manifest.json, notes and SHA256SUMS" +
                                     (", signed again" if sign else "")):
-                amend_release(f.folder, updated, read_sums(f.folder, f.signed_sums if signer else None),
-                              f.named.parent.parent / "checksums", sign=sign, was=m, named=f.named,
-                              on_warning=ctx.reporter.warn)
+                try:
+                    amend_release(f.folder, updated, read_sums(f.folder, f.signed_sums if signer else None),
+                                  f.named.parent.parent / "checksums", sign=sign, was=m, named=f.named,
+                                  on_warning=ctx.reporter.warn)
+                except OSError as exc:  # (the upload is done: what to pull it by is said with the failure)
+                    raise UnibakeError(f"pushed as {record.reference}, but not recorded in {f.named}: "
+                                       f"{exc.filename or f.named}: {exc.strerror}") from None
         else:
             ctx.reporter.skipped("record", f"release {m.release} already records this push")
         rows += [("image", m.tag), ("image ID", m.image_id), ("pushed to", f"{record.repository}:{record.tag}"

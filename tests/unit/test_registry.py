@@ -14,6 +14,7 @@ import stat
 import subprocess
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import requests
@@ -1076,6 +1077,50 @@ def test_a_push_recorded_while_another_uploaded_is_not_dropped_by_it(cli, tmp_pa
     assert [r.repository for r in load_manifest(folder).registry] == ["other.example/team/demo-llm",
                                                                       "reg.example/team/demo-llm"]
 
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder another user cannot write, as root can")
+def test_a_push_from_a_folder_this_user_cannot_write_is_pushed_and_said_unrecorded_not_failed_after(tmp_path,
+                                                                                                     monkeypatch):
+    # found by review: the push uploaded, then failed to record ("error: .../.1.3.1.lock: Permission denied",
+    # exit 1), naming neither the reference it was pushed as nor that it was pushed
+    import contextlib
+    import io
+    import tempfile
+
+    from unibake import registry
+    from unibake.cli import main
+
+    from ..conftest import as_nobody
+
+    shared = Path(tempfile.mkdtemp(prefix="unibake-readonly-"))
+    try:
+        shared.chmod(0o755)
+        folder, _ = make_release(shared / "release")
+        spool = shared / "spool"
+        spool.mkdir(mode=0o777)
+        spool.chmod(0o777)
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        real_push, uploads = registry.push_release, RecordingClient()
+        monkeypatch.setattr(registry, "push_release", lambda folder, manifest, target, client, **kwargs:
+                            real_push(folder, manifest, target, uploads, **kwargs))
+
+        def push():
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = main(["push", str(folder), "--to", "reg.example/team/demo-llm", "--temp-dir", str(spool)],
+                            env={"CI": "1"}, cwd=shared)
+            return code, [line for line in err.getvalue().splitlines() if line.startswith(("warning:", "error:"))]
+
+        warm, _ = make_release(tmp_path / "warm")  # as root first: every module a push loads is loaded (nobody
+        assert main(["push", str(warm), "--to", "reg.example/team/demo-llm", "--temp-dir", str(spool)],  # cannot
+                    env={"CI": "1"}, cwd=tmp_path) == 0  # read them where the tests run)
+        said = as_nobody(push)
+        assert said.startswith("ok: (0, "), said
+        assert "release 1.3.1: the push cannot be recorded in " in said and "it is pushed, and its reference said" \
+            in said and "not recorded (" in said and "pull it by reg.example/team/demo-llm@sha256:" in said, said
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # the folder as it was
+    finally:
+        shutil.rmtree(shared)
 
 @pytest.mark.parametrize("answer", ["an error", "a busy registry", "a token", "a manifest"])
 def test_json_nested_past_the_stack_is_one_error_line_not_a_traceback(tmp_path, answer):
