@@ -44,7 +44,10 @@ KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metad
 # levels, Python's json fewer (its recursion limit, which depends on the caller); both verifiers refuse more
 # than this, which no image's metadata comes near
 MAX_NESTING = 256
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+# a JSON string, or one that never closes (then to the end: the text is no JSON anyway, and json.loads says so);
+# without that end, each '"' of an unclosed string began a match that scanned to the end: quadratic (a 100 kB
+# manifest of '\\"' took 30 s, 1 MB an hour)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 # entries of an image archive (a layer is 4 in the docker layout: 127 layers make about 520): each one read
 # is remembered (about 1 KiB), so a tiny archive of a million empty entries would take a GiB

@@ -1808,3 +1808,16 @@ def test_releases_names_a_folder_that_holds_another_release_than_its_name(cli, t
     assert "1.3.1 (in 1.3.2/)" in result.err
     rows = json.loads(result.out)["releases"]
     assert sorted((r["folder"], r["release"]) for r in rows) == [("1.3.1", "1.3.1"), ("1.3.2", "1.3.1")]
+
+
+def test_a_manifest_of_one_string_that_never_closes_is_refused_in_moments_not_hours(cli, folder):
+    # found by review: the depth check's string pattern scanned to the end from each '"' of a string that never
+    # closes: quadratic (a 100 kB manifest.json of '\"' took 30 s, 1 MB an hour) before anything else was checked
+    (folder / "manifest.json").write_text("[" * 257 + '"' + '\\"' * 300_000)
+    resum(folder)
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(cli("verify", str(folder))), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert outcome, "still checking after 30 s"
+    assert outcome[0].code == 3 and "manifest.json" in outcome[0].error_lines[-1], outcome[0].err
