@@ -44,6 +44,7 @@ KEEP_TOTAL = 64 << 20  # and all of them together: a tiny archive of many "metad
 # levels, Python's json fewer (its recursion limit, which depends on the caller); both verifiers refuse more
 # than this, which no image's metadata comes near
 MAX_NESTING = 256
+MAX_EXTENDED = 16  # extended headers (PAX, GNU long names) before one member: writers make one to three
 # a JSON string, or one that never closes (then to the end: the text is no JSON anyway, and json.loads says so);
 # without that end, each '"' of an unclosed string began a match that scanned to the end: quadratic (a 100 kB
 # manifest of '\\"' took 30 s, 1 MB an hour)
@@ -363,6 +364,12 @@ class TarWalker:
         if info.type in EXTENDED_TYPES:
             if info.size > KEEP_LIMIT:
                 raise ArchiveError(f"{self.what} has an oversized extended header: corrupted archive")
+            # each is kept until the member it describes: stacked without end, they were all held (64 of 16 MiB,
+            # 37 kB compressed, took a GiB); a member has a PAX header, a global one, a GNU long name and link
+            if len(self._extended) >= MAX_EXTENDED or sum(len(d) for _, d in self._extended) + info.size > KEEP_LIMIT:
+                raise ArchiveError(f"{self.what} has more than {MAX_EXTENDED} extended headers, or more than "
+                                   f"{KEEP_LIMIT >> 20} MiB of them, before one member (after {self.headers} headers), "
+                                   "which no tar writer makes: corrupted archive")
             self._meta, self._meta_header, self._meta_size = bytearray(), block, info.size
             self._meta_total = info.size + (-info.size % BLOCK)
             if not info.size:

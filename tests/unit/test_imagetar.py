@@ -87,6 +87,30 @@ def test_a_pax_size_that_is_not_a_number_is_refused():
         walker.feed(data)
 
 
+@pytest.mark.parametrize("count, size, refused", [(3, 100, False), (17, 100, True), (2, 9 << 20, True)])
+def test_extended_headers_stacked_before_one_member_are_refused_past_a_few_or_16_mib(count, size, refused):
+    # found by review: each was held until the member it describes, without a bound (64 of 16 MiB, 37 kB as zstd,
+    # took a GiB of memory in build.py verify)
+    def extended(n: int) -> bytes:
+        body = b" comment=" + b"a" * size + b"\n"  # a PAX record: its own length (digits included) first
+        length = len(body) + 1
+        while len(str(length)) + len(body) != length:
+            length = len(str(length)) + len(body)
+        record = b"%d" % length + body
+        header = tarfile.TarInfo(f"pax{n}")
+        header.type, header.size = tarfile.XHDTYPE, len(record)
+        return header.tobuf(format=tarfile.USTAR_FORMAT) + record + bytes(-len(record) % BLOCK)
+
+    data = b"".join(extended(n) for n in range(count)) + tar_header("x", 0) + bytes(2 * BLOCK)
+    walker = TarWalker(Collect())
+    if refused:
+        with pytest.raises(ArchiveError, match=r"more than 16 extended headers, or more than 16 MiB of them, before "
+                                               "one member"):
+            walker.feed(data)
+    else:
+        walker.feed(data)
+        walker.close()
+
 @pytest.mark.parametrize("field", [b"-0000000012\0", b"\xff" + b"\xff" * 10 + b"\xf6"])
 def test_a_negative_member_size_is_refused_before_the_walk_goes_backwards(field):
     """tarfile reads "-12" in octal, and base-256 starting with 0xff, as a negative size; the walker
