@@ -27,6 +27,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ ENGINE_TIMEOUT = 600
 
 STAGES = ("render", "build", "release")
 SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) *(B|KB|MB|GB|KiB|MiB|GiB|K|M|G)?$", re.IGNORECASE)  # ASCII: \d takes ٣
+MAX_SPLIT = 1 << 50
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "k": 2**10, "m": 2**20, "g": 2**30,
          "kib": 2**10, "mib": 2**20, "gib": 2**30}
 OUT_HELP = "the folder that holds the releases (default: release/ beside the profiles folder, i.e. ./release)"
@@ -460,9 +462,14 @@ def parse_size(text: str) -> int:
     match = SIZE_RE.match(text.strip())
     if not match:
         raise InputError(f"--split {text!r} is not a size like 1900MiB, 2GiB or 500MB")
-    size = int(float(match.group(1)) * UNITS[(match.group(2) or "b").lower()])
+    # (Decimal: float() made a number of 400 digits infinity, and int() of it an OverflowError's traceback)
+    size = int(Decimal(match.group(1)) * UNITS[(match.group(2) or "b").lower()]) if len(match.group(1)) <= 24 \
+        else MAX_SPLIT + 1
     if size < 1 << 20:
         raise InputError(f"--split {text!r} is below 1 MiB")
+    if size > MAX_SPLIT:
+        raise InputError(f"--split {text[:40]!r} is more than 1 PiB, past any archive's size: leave --split out for "
+                         "one file")
     return size
 
 

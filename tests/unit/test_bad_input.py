@@ -955,9 +955,14 @@ ARGUMENT_CASES = {
     "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0
     "version-ending-like-a-platform": ["--version", "1.0-arm64"],
     "split-in-other-digits": ["--split", "\u0663GiB"],  # an Arabic-Indic three: Python's \\d takes it
+    "split-of-400-digits": ["--split", "9" * 400],  # float() made it infinity: an OverflowError's traceback
+    "split-past-a-pib": ["--split", "2000000GiB"],
     # reached only at the round trip: refused there, after the build and the export, naming --engine
     "verify-engine-not-an-address": ["--verify-engine", "foo://x"],
     "verify-engine-port-out-of-range": ["--verify-engine", "tcp://host:99999"],
+    # found by review: docker-py reads them as the local default engine, not the one a variable left unset named
+    "engine-of-no-socket": ["--engine", "unix://"],
+    "verify-engine-of-no-host": ["--verify-engine", "tcp://:2375"],
     "verify-engine-with-no-roundtrip": ["--verify-engine", "tcp://verify:2375", "--no-roundtrip"],  # none loaded there
     # first used at the round trip: refused there, exit 1, after the build and the export
     "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
