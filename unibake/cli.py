@@ -2067,8 +2067,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             reporter.summary(outcome.title, outcome.rows, outcome.final)
         elif outcome.error is None:
             reporter.final(outcome.final)
+        document = outcome.document
+        if outcome.error is not None:  # a failed check's report, with what every failure's document holds
+            document = {**document, "error": one_line(str(outcome.error)), "exit_code": outcome.error.exit_code}
         try:
-            _emit_document(args, outcome.document, cwd)
+            _emit_document(args, document, cwd)
         except BrokenPipeError:  # stdout's reader has gone (head): not an error of ours, and the verdict stands
             sys.stdout = open(os.devnull, "w")
         except UnibakeError as exc:  # the work is done (a release published, a push recorded): said, not left unsaid

@@ -166,6 +166,21 @@ def test_a_failure_with_json_is_still_one_json_document(cli, busybox_product):
     assert document["exit_code"] == 2 and "key 'gpus' must be an integer" in document["error"]
 
 
+def test_a_failed_check_with_json_is_its_report_with_the_error_and_exit_code_every_failure_has(cli, tmp_path):
+    # found by review: a failed verify's document was its report alone; a script testing has("error") passed it
+    import shutil
+
+    folder = tmp_path / "1.3.1"
+    shutil.copytree(REPO / "release/1.3.1", folder)
+    with open(folder / "RELEASE_NOTES.md", "a") as notes:
+        notes.write("changed\n")
+    result = cli("--json", "verify", str(folder))
+    document = json.loads(result.out)
+    assert result.code == 3 and document["exit_code"] == 3 and document["passed"] is False
+    assert "RELEASE_NOTES.md" in document["error"] and document["checks"]  # the report kept whole
+    listed = json.loads(cli("--json", "releases", "--out", str(tmp_path), "--check").out)
+    assert listed["exit_code"] == 3 and listed["releases"] and "error" in listed
+
 def test_build_py_reexecutes_itself_with_the_project_venv(tmp_path):
     """`python build.py` with a Python that lacks the dependencies (-S: no site-packages)."""
     run = subprocess.run([sys.executable, "-S", str(REPO / "build.py"), "-V"], capture_output=True, text=True,
