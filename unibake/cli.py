@@ -143,7 +143,7 @@ def _profile_options(p: argparse.ArgumentParser, *, version_required: bool = Fal
 def _release_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help=OUT_HELP)
     p.add_argument("--force", action="store_true", help="replace a finished release of the same tag")
-    p.add_argument("--level", type=int, default=DEFAULT_LEVEL, help=f"zstd level, 1 to 19 (default {DEFAULT_LEVEL})")
+    p.add_argument("--level", type=whole_number, default=DEFAULT_LEVEL, help=f"zstd level, 1 to 19 (default {DEFAULT_LEVEL})")
     p.add_argument("--long", action="store_true", help="zstd long-distance matching (window 128 MiB)")
     p.add_argument("--split", metavar="SIZE", help="write the archive in parts of SIZE (e.g. 1900MiB)")
     p.add_argument("--engine-save", action="store_true",
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "temporary files of writes a killed run left (.inputs.lock.XXXXXXXX.tmp in the profiles folder, "
                  "the rendered copies', the memos' in .cache/ and the user's cache), this user's, unchanged for "
                  f"{ATOMIC_TEMP_AGE // 60} minutes. Release folders are never touched.")
-    pr.add_argument("--keep", type=int, default=3, metavar="N", help="versions to keep per product (default 3)")
+    pr.add_argument("--keep", type=whole_number, default=3, metavar="N", help="versions to keep per product (default 3)")
     pr.add_argument("--out", metavar="DIR", help=OUT_HELP)
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     pr.add_argument("--scratch-dir", metavar="DIR",
@@ -355,8 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load the archive (the default) or pull the digest the release recorded at its push")
     d.add_argument("--ref", metavar="REF@sha256:DIGEST",
                    help="with --from registry: which push to pull (default: the release's latest)")
-    d.add_argument("--jobs", type=int, default=4, metavar="N", help="engines worked on at once (default 4)")
-    d.add_argument("--engine-timeout", type=int, default=ENGINE_TIMEOUT, metavar="SECONDS",
+    d.add_argument("--jobs", type=whole_number, default=4, metavar="N", help="engines worked on at once (default 4)")
+    d.add_argument("--engine-timeout", type=whole_number, default=ENGINE_TIMEOUT, metavar="SECONDS",
                    help="how long an engine may say nothing (its answer to a request, the next piece of a load's or "
                         f"a pull's progress) before its row fails (default {ENGINE_TIMEOUT})")
     d.add_argument("--temp-dir", metavar="DIR",
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _pull_deadline_option(p: argparse.ArgumentParser, then: str) -> None:
     """``--pull-deadline``: an engine's pull held to a time in all (a registry that trickles keeps each of
     its reads within any per-read timeout)."""
-    p.add_argument("--pull-deadline", type=int, metavar="SECONDS",
+    p.add_argument("--pull-deadline", type=whole_number, metavar="SECONDS",
                    help="how long an engine's pull from the registry may take in all (default: no limit; each "
                         "wait for the engine's next word is limited anyway); past it the pull is broken off, nothing "
                         f"is tagged, and {then}")
@@ -395,7 +395,7 @@ def _registry_options(p: argparse.ArgumentParser) -> None:
                    help="registry credentials in a Docker config file (default: $DOCKER_CONFIG/config.json, else "
                         "~/.docker/config.json, with its credential helpers)")
     p.add_argument("--ca-file", metavar="FILE", help="the CA certificate of a private registry (TLS is always verified)")
-    p.add_argument("--retries", type=int, default=4, metavar="N",
+    p.add_argument("--retries", type=whole_number, default=4, metavar="N",
                    help="retries of a registry request after its first attempt, on a connection error, a timeout or a "
                         "5xx answer, waiting 1, 2, 4 ... s before each (default 4: 5 attempts in all; 0: none)")
 
@@ -455,6 +455,14 @@ def check_command_options_after_it(argv: list[str], parser: argparse.ArgumentPar
                     raise InputError(f"{known[0]} is an option of '{token}', given before the command: write it "
                                      f"after it, as in: build.py {token} {known[0]} ...")
             return
+
+
+def whole_number(text: str) -> int:
+    """argparse's type for a number option: ASCII digits, perhaps a minus (int() took ' 2 ', '1_0' and an
+    Arabic-Indic three; the ranges are each option's own check)."""
+    if not re.fullmatch(r"-?[0-9]{1,18}", text):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number in digits 0-9")
+    return int(text)
 
 
 def parse_size(text: str) -> int:
@@ -1440,8 +1448,8 @@ def _existing_dir(cwd: Path, value: str | None, option: str) -> Path | None:
     if not value:
         return None
     path = resolved(cwd / value)
-    if not path.is_dir():
-        raise InputError(f"{option} {value}: not a folder")
+    if not os.path.isdir(path):  # (Path.is_dir raised a name too long: exit 1, "File name too long")
+        raise InputError(f"{option} {value[:200]}: not a folder")
     return path
 
 

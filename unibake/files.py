@@ -342,6 +342,19 @@ def unwritable_reason(path: Path, *, folder: bool = False) -> str | None:
         existing = existing.parent
     if not os.path.isdir(existing):
         return f"{existing} is not a folder"
+    # a name or a path too long for the file system: the probe below, of a short name, did not tell (found at the
+    # end, after the work: "File name too long", exit 1)
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    made = path.relative_to(existing).parts if path != existing else ()
+    longest = max(made, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > name_max:
+        return f"{path}: the name {longest[:40]}... is {len(os.fsencode(longest))} bytes, more than the {name_max} a " \
+               "name may have there"
+    if len(os.fsencode(str(path))) >= path_max:
+        return f"{str(path)[:60]}...: the path is {len(os.fsencode(str(path)))} bytes, more than a path may have"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
     makes_folder = existing != (path if folder else path.parent)  # the first step: a folder made, or a file

@@ -955,6 +955,12 @@ ARGUMENT_CASES = {
     "version-ending-like-a-profile": ["--version", "1.0-tp1"],  # the tag of --profile tp1 --version 1.0
     "version-ending-like-a-platform": ["--version", "1.0-arm64"],
     "split-in-other-digits": ["--split", "\u0663GiB"],  # an Arabic-Indic three: Python's \\d takes it
+    # found by review: a name too long for the file system passed the checks made before the work (a probe of a
+    # short name), and failed at the end, "File name too long", exit 1
+    "metadata-file-name-too-long": ["--metadata-file", "m" * 300],
+    "out-name-too-long": ["--out", "o" * 300],
+    "level-in-other-digits": ["--level", "\u0661\u0669"],  # int() took an Arabic-Indic 19, and '1_9', and ' 9 '
+    "level-with-an-underscore": ["--level", "1_9"],
     "split-of-400-digits": ["--split", "9" * 400],  # float() made it infinity: an OverflowError's traceback
     "split-past-a-pib": ["--split", "2000000GiB"],
     # reached only at the round trip: refused there, after the build and the export, naming --engine
