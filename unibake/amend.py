@@ -110,6 +110,10 @@ class _Lock:
             holder = _holder(self.fh)
             self.fh.close()
             raise UnibakeError(f"{what} beside {self.path} (pid {holder}); wait for it and run again") from None
+        except OSError as exc:  # (ENOLCK: a file system that takes no locks)
+            self.fh.close()
+            raise UnibakeError(f"cannot lock {self.path} ({exc.strerror}): the release folder must be on a file "
+                               "system that takes locks (flock)") from None
         if self.fh.writable():  # a run refused meanwhile names this one, not the last that wrote the release
             _sign(self.fh)
         return self

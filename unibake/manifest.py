@@ -389,7 +389,10 @@ def parse_manifest(text: str, where: str, error: type[UnibakeError] = Verificati
     except (ValueError, RecursionError) as exc:
         raise error(f"{where}: not valid JSON ({str(exc)[:100]})") from None
     if isinstance(raw, dict) and raw.get("schema") != SCHEMA_VERSION:
-        raise error(f"{where}: manifest schema {str(raw.get('schema'))[:20]!r}, not {SCHEMA_VERSION}: not a release "
+        found = raw.get("schema")
+        shown = "a number written with a fraction or an exponent" if isinstance(found, _NotWhole) \
+            else repr(str(found)[:20])
+        raise error(f"{where}: manifest schema {shown}, not {SCHEMA_VERSION}: not a release "
                     "of this unibake (a foreign folder, or one made by another version)")
     if odd := off_form(text, raw):
         raise error(f"{where}: {odd}: {NOT_IN_FORM}")

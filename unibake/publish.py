@@ -142,6 +142,10 @@ class ReleaseFolder:
                                    "another version") from None
             raise UnibakeError(f"another run is writing release {self.final} (pid {holder}); wait for it or "
                                "choose another version") from None
+        except OSError as exc:  # (ENOLCK: a file system that takes no locks; it said "a file: No locks available")
+            lock.close()
+            raise UnibakeError(f"cannot lock {self.out / f'.{self.tag}.lock'} ({exc.strerror}): --out must be on a "
+                               "file system that takes locks (flock)") from None
         _sign(lock)
         self._lock = lock
         try:
@@ -371,6 +375,10 @@ def lock_release(out: Path, name: str, *, create: bool = True):
         holder = _holder(lock)
         lock.close()
         raise UnibakeError(f"a run is using release {out / name} (pid {holder})") from None
+    except OSError as exc:
+        lock.close()
+        raise UnibakeError(f"cannot lock {path} ({exc.strerror}): the release folder must be on a file system that "
+                           "takes locks (flock)") from None
     if lock.writable():  # a run it refuses meanwhile names this one
         _sign(lock)
     return lock

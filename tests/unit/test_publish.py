@@ -817,3 +817,28 @@ def test_a_signal_as_the_commit_s_handlers_are_swapped_or_put_back_leaves_every_
     assert done.returncode == 0, done.stderr
     ran = "['interrupted']" if when == "swapped" else "['block', 'interrupted']"
     assert done.stdout == f"{ran} [True, True, True]\n", done.stdout
+
+
+def test_a_file_system_that_takes_no_locks_is_named_with_the_lock_file(tmp_path, monkeypatch, cli):
+    # found by review: flock's ENOLCK (an NFS mount without lockd) was "error: a file: No locks available", exit 1
+    import errno
+    import fcntl
+
+    from unibake import amend, publish
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    made, _ = make_release(tmp_path / "release", "1.0")
+    monkeypatch.setattr(fcntl, "flock", no_locks)  # (the module publish and amend both call)
+    with pytest.raises(UnibakeError, match=rf"cannot lock {tmp_path / 'release' / '.1.1.lock'} \(No locks available\): "
+                                           r"--out must be on a file system that takes locks"):
+        with ReleaseFolder(tmp_path / "release", "1.1", force=False):
+            pass
+    with pytest.raises(UnibakeError, match=r"cannot lock .*\.1\.0\.lock \(No locks available\): the release folder "
+                                           "must be on a file system that takes locks"):
+        publish.lock_release(tmp_path / "release", "1.0")
+    with pytest.raises(UnibakeError, match=r"cannot lock .*\.1\.0\.lock \(No locks available\)"):
+        with amend._Lock(tmp_path / "release", "1.0"):
+            pass
+    assert not os.path.exists(tmp_path / "release" / "1.1")

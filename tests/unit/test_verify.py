@@ -155,6 +155,8 @@ def test_a_zstd_stream_with_a_huge_window_is_refused(cli, folder):
     (lambda m: m.update(diff_ids="sha256:x"), "diff_ids: Input should be a valid array"),
     (lambda m: m["archive"]["files"][0].update(name="../../etc/passwd"), "archive.files.0.name: String should match"),
     (lambda m: m.update(schema=1), "manifest schema '1', not 2"),
+    # (was "manifest schema '<unibake.manifest._N', not 2")
+    (lambda m: m.update(schema=2.0), "manifest schema a number written with a fraction or an exponent, not 2"),
     (lambda m: m.update(extra="x"), "extra: Extra inputs are not permitted"),
 ])
 def test_a_malformed_manifest_is_refused_with_one_line(cli, folder, change, message):
