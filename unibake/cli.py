@@ -1550,6 +1550,9 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
             raise InputError(f"{args.folder}: holds the kit's tarball, not an unpacked kit: unpack it (`zstd -dc "
                              f"{shlex.quote(tarball)} | tar -x -C {shlex.quote(args.folder)}`) and rebuild "
                              f"{shlex.quote(inside)}")
+        if not os.path.lexists(folder / "kit.sha256"):  # no kit at all (an empty folder, a typo): the wrong argument,
+            raise InputError(f"{args.folder}: not a kit (it holds neither kit.json nor kit.sha256); give the folder "
+                             "an unpacked kit is (<product>-<release>-kit/)")  # not a kit that fails its check
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
     released, signed_sums = None, None

@@ -205,8 +205,9 @@ def test_kit_and_rebuild_refuse_what_they_cannot_trust_with_one_error_line(cli, 
         f"error: release 1.3.1 ({old}) has no provenance (it was made before unibake wrote one): its inputs cannot be "
         "checked, so no kit is written"]
     assert not (tmp_path / "kit").exists()
-    not_a_kit = cli("rebuild", str(tmp_path))
-    assert not_a_kit.code == 3 and not_a_kit.error_lines[-1].startswith(f"error: {tmp_path}/kit.sha256: missing")
+    not_a_kit = cli("rebuild", str(tmp_path))  # no kit at all: the wrong argument, exit 2 (it was 3, a failed check)
+    assert not_a_kit.code == 2 and not_a_kit.error_lines[-1].startswith(f"error: {tmp_path}: not a kit (it holds "
+                                                                        "neither kit.json nor kit.sha256)")
 
 
 def forge_kit_json(folder: Path, change) -> None:
