@@ -448,12 +448,19 @@ def check_command_options_after_it(argv: list[str], parser: argparse.ArgumentPar
                 before.append(name)
         else:
             if token in COMMANDS and before:
-                ours = {name for sub in parser._actions if isinstance(sub, argparse._SubParsersAction)
-                        for action in sub.choices[token]._actions for name in action.option_strings}
+                options = {command: {name for action in choice._actions for name in action.option_strings}
+                           for sub in parser._actions if isinstance(sub, argparse._SubParsersAction)
+                           for command, choice in sub.choices.items()}
+                ours = options.get(token, set())
                 known = [name for name in before if name in ours]
                 if known:
                     raise InputError(f"{known[0]} is an option of '{token}', given before the command: write it "
                                      f"after it, as in: build.py {token} {known[0]} ...")
+                # another command's (argparse said "invalid choice: '2'", the option's value taken for the command)
+                owners = sorted(command for command, names in options.items() if before[0] in names)
+                if owners:
+                    raise InputError(f"{before[0]} is not an option of '{token}' (it is an option of "
+                                     f"{', '.join(repr(o) for o in owners[:4])}{', ...' if len(owners) > 4 else ''})")
             return
 
 

@@ -1078,6 +1078,17 @@ def test_a_commands_option_given_before_the_command_is_named_as_such(cli, tmp_pa
         f"build.py {command} {option} ..."], result.err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--keep", "2", "releases"], "--keep is not an option of 'releases' (it is an option of 'prune')"),
+    (["--stage", "render", "lock"], "--stage is not an option of 'lock' (it is an option of 'build')"),
+    (["--profile", "tp1", "verify", "x"], "--profile is not an option of 'verify' (it is an option of 'build', "),
+])
+def test_another_commands_option_given_before_a_command_is_named_not_its_value(cli, tmp_path, args, said):
+    # found by review: argparse took the option's value for the command ("invalid choice: '2'")
+    result = cli(*args, cwd=tmp_path)
+    assert result.code == 2 and len(result.error_lines) == 1 and result.error_lines[0].startswith(f"error: {said}"), \
+        result.err
+
 def test_every_option_that_takes_a_value_is_known_to_the_default_commands_finder():
     # with_command skips an option's value to find the command; one it does not know takes its value for
     # the command (before: --engine-timeout and --pull-deadline were missing)
