@@ -61,6 +61,13 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         if sys.stderr is not None:  # (started with 2>&-: the exit code still says it)
             sys.stderr.write("error: interrupted\n")
+        _given = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
+        if "--json" in _given and sys.stdout is not None:  # the failure's document, as main() writes it
+            try:
+                sys.stdout.write('{\n  "error": "interrupted",\n  "exit_code": 130\n}\n')
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
         sys.exit(130)
     # main() holds them while it runs and puts this back: a signal once its result is out changes nothing
     for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -38,6 +38,13 @@ def run() -> int:
     except KeyboardInterrupt:
         if sys.stderr is not None:
             sys.stderr.write("error: interrupted\n")
+        given = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else sys.argv[1:]
+        if "--json" in given and sys.stdout is not None:  # the failure's document, as main() writes it
+            try:
+                sys.stdout.write('{\n  "error": "interrupted",\n  "exit_code": 130\n}\n')
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
         return 130
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]

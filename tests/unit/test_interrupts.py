@@ -615,6 +615,23 @@ def test_an_interrupt_while_the_unibake_command_imports_is_one_error_line_and_13
     assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
 
 
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS) + ["build.py"])
+def test_an_interrupt_while_importing_with_json_writes_the_failure_s_document(tmp_path, entry):
+    # found by review: exit 130 and the error line, but stdout empty: a script reading --json got no document
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+
+    start = _interrupted_at_import("SIGINT", tmp_path).replace("['unibake', 'releases',",
+                                                                "['unibake', '--json', 'releases',")
+    run = f"runpy.run_path({str(REPO / 'build.py')!r}, run_name='__main__')\n" if entry == "build.py" \
+        else ENTRY_POINTS[entry]
+    ran = subprocess.run([sys.executable, "-c", start + run], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CI": "true"})
+    assert (ran.returncode, ran.stderr) == (130, "error: interrupted\n")
+    assert json.loads(ran.stdout) == {"error": "interrupted", "exit_code": 130}
+
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 @pytest.mark.parametrize("signals", [["SIGTERM"], ["SIGTERM", "SIGTERM", "SIGTERM"], ["SIGINT"]])
 def test_signals_once_the_unibake_command_has_ended_leave_its_exit_code(tmp_path, signals, entry):
