@@ -14,7 +14,7 @@ import hashlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -392,8 +392,17 @@ class CommitGroup:
 
     def __init__(self) -> None:
         self.pending: list[tuple[ReleaseFolder, Callable[[], object] | None]] = []
+        # each folder's checksums folder, and the check of its record made again as they commit (publish)
+        self.checks: list[tuple[Path, Callable[[], object] | None]] = []
 
     def commit(self) -> list[Path]:
+        with records_locked(folder for folder, _ in self.checks):
+            for _, check in self.checks:  # (a refusal: nothing renamed; each temporary record goes with its folder)
+                if check is not None:
+                    check()
+            return self._commit()
+
+    def _commit(self) -> list[Path]:
         with held_signals():
             swapped: list[ReleaseFolder] = []
             try:
@@ -738,23 +747,39 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
         except OSError:
             pass  # the record is in place; only its durability across a power cut is not certain
 
-    try:  # the folder itself locked (flock takes a folder too): no lock file beside the records
-        lock = os.open(checksums_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        record.unlink(missing_ok=True)
-        raise UnibakeError(f"cannot open {checksums_dir} to lock it ({exc.strerror}); nothing was published") from None
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # (held for a commit's renames: moments)
-        except OSError as exc:
-            record.unlink(missing_ok=True)
-            raise UnibakeError(f"cannot lock {checksums_dir} ({exc.strerror}); nothing was published") from None
-        if check_record is not None:
+    check = (lambda: check_record(final_record)) if check_record is not None else None
+    if folder.group is not None:  # checked as the group commits, under the lock, with the other platforms'
+        folder.group.checks.append((checksums_dir, check))
+        return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))
+    with records_locked([checksums_dir]):
+        if check is not None:
             try:
-                check_record(final_record)
+                check()
             except BaseException:
                 record.unlink(missing_ok=True)
                 raise
         return folder.commit(then=put_in_place, abandon=lambda: record.unlink(missing_ok=True))
+
+
+@contextmanager
+def records_locked(folders: Iterable[Path]) -> Iterator[None]:
+    """Each checksums folder locked (``flock`` on the folder itself: no lock file beside the records) while a
+    release's record is checked and put in place. A folder that cannot be locked so (NFS refuses a lock on a
+    folder opened to read; one this user cannot read) is used unlocked, as before: the check still runs."""
+    held: list[int] = []
+    try:
+        for folder in dict.fromkeys(folders):
+            try:
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a commit's renames: moments)
+            except OSError:
+                os.close(fd)
+                continue
+            held.append(fd)
+        yield
     finally:
-        os.close(lock)
+        for fd in held:
+            os.close(fd)

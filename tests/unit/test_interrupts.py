@@ -412,6 +412,40 @@ def test_a_checksums_record_that_cannot_be_put_in_place_in_a_group_commit_stops_
         publish.COMMITTED.clear()
 
 
+def test_a_record_written_while_a_group_of_platforms_published_is_checked_again_as_the_group_commits(tmp_path,
+                                                                                                     monkeypatch):
+    # found by review: a folder of a group only joins it at publish; the check ran then, and the group's renames
+    # and records came later, unchecked: another product's record written meanwhile was replaced
+    from unibake import publish
+    from unibake.errors import InputError
+
+    from . import test_publish
+
+    record = tmp_path / "checksums" / "1.0.SHA256SUMS"
+    real = publish.publish
+
+    def refuse_another(path):
+        if path.exists() and "other-1.0.tar.zst" in path.read_text():
+            raise InputError(f"{path} is the record of another product's release 1.0; nothing was published")
+
+    def with_the_check(folder, *args, **kwargs):
+        if folder.tag == "1.0-arm64":  # as the second platform publishes, another product's run commits 1.0
+            record.parent.mkdir(exist_ok=True)
+            record.write_text(f"{'0' * 64}  other-1.0.tar.zst\n")
+        return real(folder, *args, check_record=refuse_another, **kwargs)
+
+    monkeypatch.setattr(test_publish, "publish", with_the_check)
+    publish.COMMITTED.clear()
+    try:
+        with pytest.raises(InputError, match="is the record of another product's release 1.0"):
+            _two_platforms(tmp_path)
+        assert publish.COMMITTED == []
+    finally:
+        publish.COMMITTED.clear()
+    assert record.read_text() == f"{'0' * 64}  other-1.0.tar.zst\n"  # kept
+    assert sorted(os.listdir(tmp_path / "checksums")) == ["1.0.SHA256SUMS"]  # no temporary record left
+    assert not (tmp_path / "release" / "1.0").exists() and not (tmp_path / "release" / "1.0-arm64").exists()
+
 def test_a_group_commit_whose_undo_fails_names_the_folder_it_left_published(tmp_path, monkeypatch):
     # (before: the error named only the rename that failed, as if nothing was published, while 1.0 was)
     from unibake import publish
