@@ -4,11 +4,13 @@ huge file), and a file only ever appears under its name complete and fsynced."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import socket
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
@@ -385,11 +387,42 @@ def _process_gone(pid: int) -> bool:
     return False
 
 
+_WORK_LOCKS: dict[Path, int] = {}  # each work folder this process made: the open folder it holds a lock on
+STALE_SECONDS = 24 * 3600  # a work folder that cannot be locked (NFS) is another's until unchanged for this long
+
+
+def _left_by_a_killed_run(path: str) -> bool:
+    """Whether no run holds the work folder ``path`` (its process gone, as the caller saw): its lock is taken
+    now (a run holds it while the folder is its; a process ID alone is another PID namespace's too, a container
+    sharing the host's name and temporary folder), or, where a folder cannot be locked, it is a day old."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return time.time() - os.fstat(fd).st_mtime > STALE_SECONDS
+    finally:
+        os.close(fd)
+
+
+def work_folder_done(folder: Path) -> None:
+    """The lock :func:`work_folder` holds on ``folder`` let go (as it is removed)."""
+    fd = _WORK_LOCKS.pop(folder, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def work_folder(prefix: str, parent: Path | str | None = None) -> Path:
     """A new private temporary folder (``tempfile.mkdtemp``) named ``PREFIX<host>-<pid>-XXXXXXXX``, for a run's
-    large temporary files (a push's compressed layers, repro's two archives: the size of the image). Those a run
-    of this user on this machine left when it was killed (SIGKILL, the OOM killer, a power cut: no clean-up ran),
-    whose process is gone, are removed first: each was as large as the image, and nothing else removed it."""
+    large temporary files (a push's compressed layers, repro's two archives: the size of the image), locked
+    (``flock``) until :func:`work_folder_done`. Those a run of this user on this machine left when it was killed (SIGKILL,
+    the OOM killer, a power cut: no clean-up ran), its process gone and its lock free, are removed first: each
+    was as large as the image, and nothing else removed it."""
     where = Path(parent if parent is not None else tempfile.gettempdir())
     mine = f"{prefix}{_host_token()}-"
     try:
@@ -405,6 +438,17 @@ def work_folder(prefix: str, parent: Path | str | None = None) -> Path:
                 continue
         except OSError:
             continue
-        if _process_gone(int(pid)):
+        if _process_gone(int(pid)) and _left_by_a_killed_run(entry.path):
             remove_tree(Path(entry.path), ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=where))
+    made = Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=where))
+    try:
+        fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return made
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # (a file system that takes no lock on a folder: its age tells instead)
+        os.close(fd)
+        return made
+    _WORK_LOCKS[made] = fd
+    return made

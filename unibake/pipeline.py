@@ -37,7 +37,7 @@ from .contents import LayerInspector
 from .docker_engine import DockerEngine
 from .digestmemo import FOLDER as DIGESTS, DigestMemo, remembering
 from .engine import Engine
-from .files import read_small_file, resolved, unwritable_reason, work_folder
+from .files import read_small_file, resolved, unwritable_reason, work_folder, work_folder_done
 from .errors import (DiskFull, DocumentPlaceRefused, EngineError, HandoffAborted, InputError, PipelineError,
                      RoundTripUnavailable, UnibakeError, VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
@@ -172,6 +172,7 @@ class TempFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
+        work_folder_done(self.staging)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ from .console import one_line
 from .engine import Engine
 from .errors import (DigestMismatch, DiskFull, EngineError, HandoffAborted, InputError, RegistryAuthError,
                      RegistryError, UnibakeError, VerificationError)
-from .files import bounded_body, no_auth, read_small_text, strip_auth, work_folder
+from .files import bounded_body, no_auth, read_small_text, strip_auth, work_folder, work_folder_done
 from .imagetar import GZIP_MAGIC, ZSTD_MAGIC, Member, SavedImage, check_against, interpret, looks_like_layer, \
     read_members
 from .manifest import ReleaseManifest, RegistryRecord, load_manifest
@@ -1513,6 +1513,7 @@ def push_release(folder: Path, manifest: ReleaseManifest, target: Reference, cli
     finally:
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
+            work_folder_done(spool)
     record = RegistryRecord(reference=f"{target.repository}@{digest}", repository=target.repository, tag=tag,
                             digest=digest, media_type=OCI_MANIFEST, layers=used,
                             pushed=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -1581,6 +1582,7 @@ def pushed_manifest_digest(folder: Path, manifest: ReleaseManifest, compression:
     finally:
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
+            work_folder_done(spool)
     config = Blob(digest=saved.image_id, size=len(saved.config_bytes), media_type=OCI_CONFIG)
     return "sha256:" + hashlib.sha256(image_manifest(config, [blob for blob, _ in layers])).hexdigest()
 

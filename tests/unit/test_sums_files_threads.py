@@ -14,7 +14,7 @@ from unibake.files import read_small_text, write_atomic
 from unibake.sums import parse_sums, render_sums
 from unibake.threads import consume_in_thread, read_ahead
 
-from ..conftest import terminated_as_the_cli
+from ..conftest import REPO, terminated_as_the_cli
 
 A, B = "a" * 64, "b" * 64
 
@@ -336,13 +336,35 @@ def test_a_work_folder_a_killed_run_left_is_removed_by_the_next_and_no_other_one
         live = tmp_path / f"unibake-push-{host}-{running.pid}-abcd1234"
         elsewhere = tmp_path / f"unibake-push-{'0' * 8 if host != '0' * 8 else '1' * 8}-{ended.pid}-abcd1234"
         other_kind = tmp_path / f"unibake-check-{host}-{ended.pid}-abcd1234"
-        for folder in (left, live, elsewhere, other_kind):
+        # a run of another PID namespace (a container sharing this machine's name and /tmp): its process ID reads
+        # as gone here, but it holds its folder's lock
+        namespace = tmp_path / f"unibake-push-{host}-{ended.pid}-ffff0000"
+        for folder in (left, live, elsewhere, other_kind, namespace):
             (folder / "blobs").mkdir(parents=True)
             (folder / "blobs" / "layer").write_bytes(b"x" * 1024)
-        made = work_folder("unibake-push-", tmp_path)
+        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                                   f"fd = os.open({str(namespace)!r}, os.O_RDONLY)\n"
+                                   "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n"],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline() == "held\n"
+            made = work_folder("unibake-push-", tmp_path)
+        finally:
+            holder.kill()
+            holder.wait()
         assert made.is_dir() and made.name.startswith(f"unibake-push-{host}-{os.getpid()}-")
-        assert not left.exists()  # its process is gone: the run was killed
+        assert not left.exists()  # its process is gone and its lock free: the run was killed
         assert live.is_dir() and elsewhere.is_dir() and other_kind.is_dir()  # a run's going on; another machine's
+        assert namespace.is_dir()
+        # this process's own folder is locked as long as it is its: another process finds it held
+        from unibake.files import _left_by_a_killed_run, work_folder_done
+        probe = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[2])\n"
+                                "from unibake.files import _left_by_a_killed_run\n"
+                                "print(_left_by_a_killed_run(sys.argv[1]))", str(made), str(REPO)],
+                               capture_output=True, text=True)
+        assert probe.stdout.strip() == "False", probe.stderr
+        work_folder_done(made)
+        assert _left_by_a_killed_run(str(made))
     finally:
         running.kill()
         running.wait()
