@@ -477,15 +477,15 @@ def parse_size(text: str) -> int:
     match = SIZE_RE.match(text.strip())
     if not match:
         raise InputError(f"--split {text!r} is not a size like 1900MiB, 2GiB or 500MB")
-    # (Decimal: float() made a number of 400 digits infinity, and int() of it an OverflowError's traceback)
-    size = int(Decimal(match.group(1)) * UNITS[(match.group(2) or "b").lower()]) if len(match.group(1)) <= 24 \
-        else MAX_SPLIT + 1
+    # (Decimal, compared before it is made a whole number: float() made a number of 400 digits infinity, and int()
+    # of it an OverflowError's traceback)
+    size = Decimal(match.group(1)) * UNITS[(match.group(2) or "b").lower()]
     if size < 1 << 20:
-        raise InputError(f"--split {text!r} is below 1 MiB")
+        raise InputError(f"--split {text[:40]!r} is below 1 MiB")
     if size > MAX_SPLIT:
         raise InputError(f"--split {text[:40]!r} is more than 1 PiB, past any archive's size: leave --split out for "
                          "one file")
-    return size
+    return int(size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1980,10 +1980,15 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
 
 
 def _check_engine_address(address: str) -> None:
-    """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
+    """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made); and
+    ``unix://`` with no socket (``--engine "unix://$SOCK"``, the variable unset), which docker-py read as the
+    local default engine the user did not name, is refused, as deploy's ``--engine`` and ``--verify-engine``
+    refuse it."""
     from .docker_engine import parse_address
 
     problem = parse_address(address)
+    if not problem and address.startswith("unix://") and not address[len("unix://"):].strip("/"):
+        problem = "it names no socket (nothing after unix://: a variable left unset?)"
     if problem:
         raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
 

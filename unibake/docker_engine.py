@@ -136,14 +136,7 @@ def coalesced(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
 
 def parse_address(address: str) -> str | None:
     """What is wrong with an engine address as docker-py would read it (a port out of range, a
-    broken IPv6 host), or None; docker-py raises a bare ValueError for these. An address that names no socket or
-    no host (``unix://``, ``tcp://:2375``: a variable left unset, ``--engine "unix://$SOCK"``) is refused too:
-    docker-py reads them as the local default engine, which the user did not name."""
-    scheme, sep, rest = address.partition("://")
-    if sep and scheme == "unix" and not rest.strip("/"):
-        return "it names no socket (nothing after unix://: a variable left unset?)"
-    if sep and scheme in ("tcp", "http", "https", "ssh") and (not rest or rest[0] in ":/"):
-        return f"it names no host (nothing between {scheme}:// and its port or path: a variable left unset?)"
+    broken IPv6 host), or None; docker-py raises a bare ValueError for these."""
     try:
         docker.utils.parse_host(address, False, False)
     except (ValueError, docker.errors.DockerException) as exc:

@@ -963,12 +963,12 @@ ARGUMENT_CASES = {
     "level-with-an-underscore": ["--level", "1_9"],
     "split-of-400-digits": ["--split", "9" * 400],  # float() made it infinity: an OverflowError's traceback
     "split-past-a-pib": ["--split", "2000000GiB"],
+    "split-of-many-zeros-below-a-mib": ["--split", "0." + "0" * 30 + "1GiB"],
     # reached only at the round trip: refused there, after the build and the export, naming --engine
     "verify-engine-not-an-address": ["--verify-engine", "foo://x"],
     "verify-engine-port-out-of-range": ["--verify-engine", "tcp://host:99999"],
     # found by review: docker-py reads them as the local default engine, not the one a variable left unset named
     "engine-of-no-socket": ["--engine", "unix://"],
-    "verify-engine-of-no-host": ["--verify-engine", "tcp://:2375"],
     "verify-engine-with-no-roundtrip": ["--verify-engine", "tcp://verify:2375", "--no-roundtrip"],  # none loaded there
     # first used at the round trip: refused there, exit 1, after the build and the export
     "scratch-dir-a-file": ["--scratch-dir", "/etc/passwd"],
