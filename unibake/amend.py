@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import InputError, UnibakeError
+from .errors import InputError, NoLocks, UnibakeError
 from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS, SUMS_LIMIT, _holder, _sign, held_signals, record_temp
@@ -112,8 +112,8 @@ class _Lock:
             raise UnibakeError(f"{what} beside {self.path} (pid {holder}); wait for it and run again") from None
         except OSError as exc:  # (ENOLCK: a file system that takes no locks)
             self.fh.close()
-            raise UnibakeError(f"cannot lock {self.path} ({exc.strerror}): the release folder must be on a file "
-                               "system that takes locks (flock)") from None
+            raise NoLocks(f"cannot lock {self.path} ({exc.strerror}): the release folder must be on a file "
+                          "system that takes locks (flock)") from None
         if self.fh.writable():  # a run refused meanwhile names this one, not the last that wrote the release
             _sign(self.fh)
         return self

@@ -457,10 +457,11 @@ def check_command_options_after_it(argv: list[str], parser: argparse.ArgumentPar
                     raise InputError(f"{known[0]} is an option of '{token}', given before the command: write it "
                                      f"after it, as in: build.py {token} {known[0]} ...")
                 # another command's (argparse said "invalid choice: '2'", the option's value taken for the command)
-                owners = sorted(command for command, names in options.items() if before[0] in names)
-                if owners:
-                    raise InputError(f"{before[0]} is not an option of '{token}' (it is an option of "
-                                     f"{', '.join(repr(o) for o in owners[:4])}{', ...' if len(owners) > 4 else ''})")
+                for name in before:
+                    owners = sorted(command for command, names in options.items() if name in names)
+                    if owners:
+                        raise InputError(f"{name} is not an option of '{token}' (it is an option of "
+                                         f"{', '.join(repr(o) for o in owners[:4])}{', ...' if len(owners) > 4 else ''})")
             return
 
 
@@ -1559,7 +1560,7 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
                              f"{shlex.quote(inside)}")
         if not os.path.lexists(folder / "kit.sha256"):  # no kit at all (an empty folder, a typo): the wrong argument,
             raise InputError(f"{args.folder}: not a kit (it holds neither kit.json nor kit.sha256); give the folder "
-                             "an unpacked kit is (<product>-<release>-kit/)")  # not a kit that fails its check
+                             "of an unpacked kit (<product>-<release>-kit/)")  # not a kit that fails its check
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
     released, signed_sums = None, None
@@ -1980,15 +1981,10 @@ def _check_unused_options(args: argparse.Namespace, given: list[tuple[str, argpa
 
 
 def _check_engine_address(address: str) -> None:
-    """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made); and
-    ``unix://`` with no socket (``--engine "unix://$SOCK"``, the variable unset), which docker-py read as the
-    local default engine the user did not name, is refused, as deploy's ``--engine`` and ``--verify-engine``
-    refuse it."""
+    """The global ``--engine``, as docker-py would read it (what :class:`DockerEngine` checks when made)."""
     from .docker_engine import parse_address
 
     problem = parse_address(address)
-    if not problem and address.startswith("unix://") and not address[len("unix://"):].strip("/"):
-        problem = "it names no socket (nothing after unix://: a variable left unset?)"
     if problem:
         raise InputError(f"--engine {address[:100]!r} is not an engine address: {problem}")
 

@@ -136,7 +136,15 @@ def coalesced(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
 
 def parse_address(address: str) -> str | None:
     """What is wrong with an engine address as docker-py would read it (a port out of range, a
-    broken IPv6 host), or None; docker-py raises a bare ValueError for these."""
+    broken IPv6 host), or None; docker-py raises a bare ValueError for these. ``unix://`` with no socket and
+    ``ssh://`` with no host (a variable left unset: ``--engine "unix://$SOCK"``) are refused too: docker-py read the
+    first as an empty socket path or the default one, and gave the second to ssh as the host ''. (``tcp://:2375`` is
+    localhost's port 2375, to docker as to docker-py: taken.)"""
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() == "unix" and not rest.strip("/"):
+        return "it names no socket (nothing after unix://: a variable left unset?)"
+    if sep and scheme.lower() == "ssh" and not rest.rpartition("@")[2].split(":", 1)[0].strip("/"):
+        return "it names no host (nothing after ssh://USER@: a variable left unset?)"
     try:
         docker.utils.parse_host(address, False, False)
     except (ValueError, docker.errors.DockerException) as exc:

@@ -96,6 +96,10 @@ class DiskFull(UnibakeError):
     """The output folder ran out of space; partial files are removed."""
 
 
+class NoLocks(UnibakeError):
+    """A lock file on a file system that takes no locks (ENOLCK): said as that, never as a run holding it."""
+
+
 class RoundTripUnavailable(EngineError):
     """No engine that has never seen the image can be had here."""
 

@@ -391,23 +391,26 @@ _WORK_LOCKS: dict[Path, int] = {}  # each work folder this process made: the ope
 STALE_SECONDS = 24 * 3600  # a work folder that cannot be locked (NFS) is another's until unchanged for this long
 
 
-def _left_by_a_killed_run(path: str) -> bool:
-    """Whether no run holds the work folder ``path`` (its process gone, as the caller saw): its lock is taken
-    now (a run holds it while the folder is its; a process ID alone is another PID namespace's too, a container
-    sharing the host's name and temporary folder), or, where a folder cannot be locked, it is a day old."""
+def _left_by_a_killed_run(path: str) -> int | None:
+    """The work folder ``path`` opened and locked, when no run holds it (its process gone, as the caller saw): its
+    lock is free (a run holds it while the folder is its; a process ID alone is another PID namespace's too, a
+    container sharing the host's name and temporary folder), or, where a folder cannot be locked, it is a day old.
+    None when a run may hold it. The caller removes the folder, then closes what this gave (held till then: a run
+    that took the lock in between would lose the folder it just locked)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
+        return fd
     except BlockingIOError:
-        return False
+        pass
     except OSError:
-        return time.time() - os.fstat(fd).st_mtime > STALE_SECONDS
-    finally:
-        os.close(fd)
+        if time.time() - os.fstat(fd).st_mtime > STALE_SECONDS:
+            return fd
+    os.close(fd)
+    return None
 
 
 def work_folder_done(folder: Path) -> None:
@@ -438,17 +441,26 @@ def work_folder(prefix: str, parent: Path | str | None = None) -> Path:
                 continue
         except OSError:
             continue
-        if _process_gone(int(pid)) and _left_by_a_killed_run(entry.path):
-            remove_tree(Path(entry.path), ignore_errors=True)
-    made = Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=where))
-    try:
-        fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return made
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # (a file system that takes no lock on a folder: its age tells instead)
+        held = _left_by_a_killed_run(entry.path) if _process_gone(int(pid)) else None
+        if held is not None:
+            try:
+                remove_tree(Path(entry.path), ignore_errors=True)
+            finally:
+                os.close(held)
+    for _ in range(3):
+        made = Path(tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=where))
+        try:
+            fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return made
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # (a file system that takes no lock on a folder: its age tells instead)
+            os.close(fd)
+            return made
+        if os.fstat(fd).st_nlink:  # (0: another run's clean-up removed it before the lock was taken: made anew)
+            _WORK_LOCKS[made] = fd
+            return made
         os.close(fd)
-        return made
-    _WORK_LOCKS[made] = fd
-    return made
+    raise UnibakeError(f"cannot keep a work folder in {where}: each one made was removed at once (another run's "
+                       "clean-up?)")

@@ -38,7 +38,7 @@ from .docker_engine import DockerEngine
 from .digestmemo import FOLDER as DIGESTS, DigestMemo, remembering
 from .engine import Engine
 from .files import read_small_file, resolved, unwritable_reason, work_folder, work_folder_done
-from .errors import (DiskFull, DocumentPlaceRefused, EngineError, HandoffAborted, InputError, PipelineError,
+from .errors import (DiskFull, DocumentPlaceRefused, EngineError, HandoffAborted, InputError, NoLocks, PipelineError,
                      RoundTripUnavailable, UnibakeError, VerificationError)
 from .hotfix import HotfixBase, load_base, omitted_layers
 from .imagetar import blob_name, check_against, without_members
@@ -626,6 +626,8 @@ def _hold_the_tag_on_the_engine(run: Run, tag: str) -> None:
         raise UnibakeError(f"another run is building {tag} on the engine at {run.engine.address}"
                            f"{f' (pid {holder})' if holder.isdigit() else ''}, into another --out: the tag is the "
                            "engine's; wait for it, then run again") from None
+    except OSError:  # (a home on a file system that takes no locks: held as a lock file that cannot be opened is)
+        return
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
@@ -684,6 +686,8 @@ def _hold_a_released_tag(run: Run, tag: str) -> None:
         released = os.path.lexists(where / release / MANIFEST)
         try:
             lock = lock_release(where, release, create=released)
+        except NoLocks:
+            raise
         except UnibakeError as exc:
             raise UnibakeError(f"{exc}: a hotfix made on it, or a run writing it, needs its image as it is; the "
                                f"build would move {tag}; wait for it (nothing was built)") from None

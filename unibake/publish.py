@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from . import __version__
 from .archive import Archive
 from .archive_reader import ReadBack
-from .errors import DiskFull, InputError, UnibakeError, VerificationError
+from .errors import DiskFull, InputError, NoLocks, UnibakeError, VerificationError
 from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, remove_tree,
                     write_atomic)
 from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
@@ -144,8 +144,8 @@ class ReleaseFolder:
                                "choose another version") from None
         except OSError as exc:  # (ENOLCK: a file system that takes no locks; it said "a file: No locks available")
             lock.close()
-            raise UnibakeError(f"cannot lock {self.out / f'.{self.tag}.lock'} ({exc.strerror}): --out must be on a "
-                               "file system that takes locks (flock)") from None
+            raise NoLocks(f"cannot lock {self.out / f'.{self.tag}.lock'} ({exc.strerror}): --out must be on a "
+                          "file system that takes locks (flock)") from None
         _sign(lock)
         self._lock = lock
         try:
@@ -328,6 +328,10 @@ def hold_release(out: Path, tag: str):
         lock.close()
         raise UnibakeError(f"another run is writing release {out / tag} (pid {holder}); wait for it, then make "
                            "the hotfix") from None
+    except OSError as exc:  # (ENOLCK: a file system that takes no locks)
+        lock.close()
+        raise NoLocks(f"cannot lock {path} ({exc.strerror}): the release folder must be on a file system that takes "
+                      "locks (flock)") from None
     if lock.writable():
         _sign(lock)
     return lock
@@ -377,8 +381,8 @@ def lock_release(out: Path, name: str, *, create: bool = True):
         raise UnibakeError(f"a run is using release {out / name} (pid {holder})") from None
     except OSError as exc:
         lock.close()
-        raise UnibakeError(f"cannot lock {path} ({exc.strerror}): the release folder must be on a file system that "
-                           "takes locks (flock)") from None
+        raise NoLocks(f"cannot lock {path} ({exc.strerror}): the release folder must be on a file system that "
+                      "takes locks (flock)") from None
     if lock.writable():  # a run it refuses meanwhile names this one
         _sign(lock)
     return lock

@@ -301,6 +301,10 @@ def _try_lock(folder: Path, *, create: bool = True) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError as exc:  # (ENOLCK: a --scratch-dir on a file system that takes no locks)
+        os.close(fd)
+        raise RoundTripUnavailable(f"cannot lock {_lock_path(folder)} ({exc.strerror}): --scratch-dir must be on a "
+                                   "file system that takes locks (flock)") from None
     return fd
 
 

@@ -841,4 +841,6 @@ def test_a_file_system_that_takes_no_locks_is_named_with_the_lock_file(tmp_path,
     with pytest.raises(UnibakeError, match=r"cannot lock .*\.1\.0\.lock \(No locks available\)"):
         with amend._Lock(tmp_path / "release", "1.0"):
             pass
+    with pytest.raises(UnibakeError, match=r"cannot lock .*\.1\.0\.lock \(No locks available\): the release folder"):
+        publish.hold_release(tmp_path / "release", "1.0")  # (a hotfix's hold on its base release)
     assert not os.path.exists(tmp_path / "release" / "1.1")

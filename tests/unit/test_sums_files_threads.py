@@ -360,11 +360,13 @@ def test_a_work_folder_a_killed_run_left_is_removed_by_the_next_and_no_other_one
         from unibake.files import _left_by_a_killed_run, work_folder_done
         probe = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[2])\n"
                                 "from unibake.files import _left_by_a_killed_run\n"
-                                "print(_left_by_a_killed_run(sys.argv[1]))", str(made), str(REPO)],
+                                "print(_left_by_a_killed_run(sys.argv[1]) is not None)", str(made), str(REPO)],
                                capture_output=True, text=True)
         assert probe.stdout.strip() == "False", probe.stderr
         work_folder_done(made)
-        assert _left_by_a_killed_run(str(made))
+        held = _left_by_a_killed_run(str(made))
+        assert held is not None
+        os.close(held)
     finally:
         running.kill()
         running.wait()
