@@ -455,7 +455,9 @@ def test_releases_check_is_exit_3_naming_the_releases_that_do_not_verify_after_t
     plain = cli("--json", "releases", "--out", str(good.parent))
     assert plain.code == 0 and [r["state"][:5] for r in json.loads(plain.out)["releases"]] == ["verif", "FAILS"]
     checked = cli("--json", "releases", "--check", "--out", str(good.parent))
-    assert checked.code == 3 and json.loads(checked.out) == json.loads(plain.out)  # the list first, whole
+    # the list whole, with the error and exit code every failure's document has
+    assert checked.code == 3 and json.loads(checked.out) == {
+        **json.loads(plain.out), "error": f"1 release under {good.parent} does not verify: 1.3.1", "exit_code": 3}
     assert checked.error_lines == [f"error: 1 release under {good.parent} does not verify: 1.3.1"]
 
 
