@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from .archive import part_name
 from .errors import UnibakeError, VerificationError
-from .files import read_small_text
+from .files import decode_text, read_small_file
 from .metadata import (DIGEST, HEX64, Component, Digest, Document, ImageMetadata, LaunchMetadata, ProfileMetadata,
                        Record, first_error)
 from .platforms import DEFAULT as DEFAULT_PLATFORM, RECORD_PATTERN as PLATFORM_PATTERN
@@ -313,10 +313,16 @@ class Validation(Record):
 
 def load_manifest(folder: Path, error: type[UnibakeError] = VerificationError) -> ReleaseManifest:
     """A release folder's ``manifest.json``, parsed against the schema; ``error`` for anything else."""
+    return read_manifest(folder, error)[0]
+
+
+def read_manifest(folder: Path, error: type[UnibakeError] = VerificationError) -> tuple[ReleaseManifest, bytes]:
+    """:func:`load_manifest`, with the very bytes it was parsed from (to be checked against the folder's
+    ``SHA256SUMS``: read once, so no other manifest can take its place between the parse and the check)."""
     path = folder / MANIFEST
-    text = read_small_text(path, error, limit=MAX_MANIFEST_BYTES, what="this is not a complete release folder",
+    data = read_small_file(path, error, limit=MAX_MANIFEST_BYTES, what="this is not a complete release folder",
                            follow=False)
-    return parse_manifest(text, str(path), error)
+    return parse_manifest(decode_text(data, path, error), str(path), error), data
 
 
 def _once_each(pairs: list[tuple[str, object]]) -> dict:

@@ -39,8 +39,7 @@ from .kit import KIT_REPOSITORY
 from .manifest import ReleaseManifest
 from .metadata import ImageMetadata
 from .plan import INSTALL_ROOT
-from .publish import (SUMS, check_tag, find_releases, lock_release, record_temp, release_locks,
-                      vouched_manifest)
+from .publish import SUMS, check_tag, find_releases, lock_release, record_temp, release_locks
 from .released import REPRO_REPOSITORY
 
 # The last three steps of unibake's Dockerfile (templates/Dockerfile.j2), as an engine's history
@@ -66,9 +65,9 @@ def unreadable_releases(out: Path) -> list[tuple[Path, str]]:
     need is unknown. Each with what is wrong."""
     found = []
     for release in find_releases(out):
-        vouched = vouched_manifest(release.folder) if release.manifest is not None else release.problem
-        if isinstance(vouched, str):
-            found.append((release.folder, vouched))
+        why = release.unvouched if release.manifest is not None else release.problem
+        if why:
+            found.append((release.folder, why))
     return found
 
 
@@ -240,7 +239,7 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     releases = find_releases(out)
     # (one its SHA256SUMS does not vouch for counts as unreadable: its first_published may be forged)
     manifests = [found.manifest for found in releases
-                 if found.manifest is not None and not isinstance(vouched_manifest(found.folder), str)]
+                 if found.manifest is not None and not found.unvouched]
     needed = _needed_images(manifests, keep)
     removals: list[Removal] = []
     if len(manifests) < len(releases):

@@ -28,9 +28,9 @@ from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, NoLocks, UnibakeError, VerificationError
 from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, remove_tree,
                     write_atomic)
-from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
+from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
                        AttachmentRecord, Compression, ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool,
-                       Validation, load_manifest, parse_manifest)
+                       Validation, read_manifest)
 from .metadata import ImageMetadata, first_error
 from .notes import Notes
 from .platforms import recorded_by
@@ -457,6 +457,10 @@ class PublishedRelease:
     folder: Path
     manifest: ReleaseManifest | None
     problem: str = ""
+    # set when the folder's SHA256SUMS does not list that very manifest (or cannot be read): the folder was
+    # changed after it was published, and a well-formed but forged ``first_published`` would rank it the
+    # newest release for ever (the one the next release follows, the one prune keeps in place of a real one)
+    unvouched: str = ""
 
 
 def find_releases(out: Path) -> list[PublishedRelease]:
@@ -498,7 +502,8 @@ def find_releases(out: Path) -> list[PublishedRelease]:
         except OSError:
             continue
         try:
-            good.append(PublishedRelease(folder=folder, manifest=load_manifest(folder)))
+            manifest, data = read_manifest(folder)
+            good.append(PublishedRelease(folder=folder, manifest=manifest, unvouched=_unvouched(folder, data)))
         except VerificationError as exc:
             bad.append(PublishedRelease(folder=folder, manifest=None, problem=str(exc)))
     good.sort(key=lambda r: r.manifest.first_release)  # a --force re-release keeps its place
@@ -510,19 +515,35 @@ def vouched_manifest(folder: Path) -> tuple[ReleaseManifest, bytes] | str:
     not: it cannot be read, or the folder was changed after it was published (a well-formed but forged
     ``first_published`` would rank it as the newest release for ever: the one the next release follows, the one
     prune keeps in place of a real one)."""
-    path, sums = folder / MANIFEST, folder / SUMS
     try:
-        data = read_small_file(path, VerificationError, limit=MAX_MANIFEST_BYTES, follow=False)
-        manifest = parse_manifest(decode_text(data, path, VerificationError), str(path))
-        listing = read_small_file(sums, VerificationError, limit=SUMS_LIMIT, follow=False)
-        listed = {e.name: e.sha256 for e in parse_sums(decode_text(listing, sums, VerificationError), str(sums),
-                                                       VerificationError)}
+        manifest, data = read_manifest(folder)
+        listing = _vouching_sums(folder, data)
     except UnibakeError as exc:
         return str(exc)
-    if listed.get(MANIFEST) != hashlib.sha256(data).hexdigest():
-        return (f"{sums} does not list {MANIFEST} as it is" if MANIFEST in listed
-                else f"{sums} does not list {MANIFEST}") + " (the folder was changed after it was published)"
     return manifest, listing
+
+
+def _unvouched(folder: Path, manifest: bytes) -> str:
+    """Why ``folder``'s ``SHA256SUMS`` does not vouch for the ``manifest`` bytes read from it; "" when it does."""
+    try:
+        _vouching_sums(folder, manifest)
+    except UnibakeError as exc:
+        return str(exc)
+    return ""
+
+
+def _vouching_sums(folder: Path, manifest: bytes) -> bytes:
+    """The bytes of ``folder``'s ``SHA256SUMS``, which list the ``manifest`` bytes read from it as they are;
+    VerificationError saying what is wrong otherwise."""
+    sums = folder / SUMS
+    listing = read_small_file(sums, VerificationError, limit=SUMS_LIMIT, follow=False)
+    listed = {e.name: e.sha256 for e in parse_sums(decode_text(listing, sums, VerificationError), str(sums),
+                                                   VerificationError)}
+    if listed.get(MANIFEST) != hashlib.sha256(manifest).hexdigest():
+        raise VerificationError((f"{sums} does not list {MANIFEST} as it is" if MANIFEST in listed
+                                 else f"{sums} does not list {MANIFEST}")
+                                + " (the folder was changed after it was published)")
+    return listing
 
 
 def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata | None = None,
@@ -538,7 +559,7 @@ def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata 
     candidates = [r.manifest for r in find_releases(out)
                   if r.manifest is not None and r.manifest.product == product and r.manifest.release != tag
                   and (first_release is None or r.manifest.first_release < first_release)
-                  and not isinstance(vouched_manifest(r.folder), str)]
+                  and not r.unvouched]
     if metadata is not None:
         candidates = [m for m in candidates if m.platform == metadata.platform
                       and metadata.default_profile in m.profiles]
@@ -772,7 +793,8 @@ def records_locked(folders: Iterable[Path]) -> Iterator[None]:
     folder opened to read; one this user cannot read) is used unlocked, as before: the check still runs."""
     held: list[int] = []
     try:
-        for folder in dict.fromkeys(folders):
+        # once each folder, however spelled: a second flock on another open of one folder waits on the first for ever
+        for folder in {os.path.realpath(f): f for f in folders}.values():
             try:
                 fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:

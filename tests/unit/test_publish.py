@@ -260,6 +260,27 @@ def test_two_sibling_outs_publishing_one_version_at_once_each_commit_their_own_c
     assert os.listdir(tmp_path / "checksums") == ["1.0.SHA256SUMS"]
 
 
+def test_a_group_whose_checksums_folder_is_spelled_two_ways_commits(tmp_path):
+    # (before: each spelling was locked in turn, and a second flock on another open of the one folder waited
+    # on the first for ever: the commit hung)
+    from unibake.publish import CommitGroup
+
+    (tmp_path / "checksums").mkdir()
+    (tmp_path / "also").symlink_to("checksums")
+    group = CommitGroup()
+    with ReleaseFolder(tmp_path / "a", "1.0", force=False) as a, \
+            ReleaseFolder(tmp_path / "b", "1.0-arm64", force=False) as b:
+        a.group = b.group = group
+        publish_into(a, tmp_path / "checksums")
+        publish_into(b, tmp_path / "also")
+        done = threading.Thread(target=group.commit, daemon=True)
+        done.start()
+        done.join(timeout=20)
+        assert not done.is_alive(), "the group's commit hung"
+    assert sorted(os.listdir(tmp_path / "checksums")) == ["1.0-arm64.SHA256SUMS", "1.0.SHA256SUMS"]
+    assert (tmp_path / "checksums/1.0.SHA256SUMS").read_text() == (tmp_path / "a/1.0/SHA256SUMS").read_text()
+
+
 def test_a_second_run_on_the_same_tag_is_refused_while_the_first_holds_it(tmp_path):
     out = tmp_path / "release"
     with ReleaseFolder(out, "1.3.1", force=False):
