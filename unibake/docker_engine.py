@@ -471,14 +471,22 @@ class DockerEngine(Engine):
                                     nocache=nocache, rm=True, forcerm=True, pull=False, decode=True,
                                     **({"platform": platform} if platform else {}))
             for event in events:
-                if "error" in event:
-                    message = event.get("errorDetail", {}).get("message") or event["error"]
+                if not isinstance(event, dict):  # (a number, a list: was a TypeError's traceback)
+                    raise EngineError(f"the engine answered the build of {tag} with something that is not its "
+                                      f"progress (JSON events) (engine at {self.address})")
+                if "error" in event or "errorDetail" in event:
+                    # (an errorDetail that is no object, or an error that is no text, was a traceback)
+                    detail = event.get("errorDetail")
+                    message = str((detail.get("message") if isinstance(detail, dict) else None)
+                                  or event.get("error") or "no reason given")
                     raise BuildFailed(f"the build failed at {where()}: {message.strip()}",
                                       step=where(), output=tuple(tail), last_image=last_image,
                                       stage_images=tuple(stage_images))
-                if "aux" in event and "ID" in event["aux"]:
-                    image_id = event["aux"]["ID"]
-                text = STDERR_COLOUR_RE.sub("", event.get("stream", ""))
+                aux = event.get("aux")
+                if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+                    image_id = aux["ID"]
+                text = event.get("stream")
+                text = STDERR_COLOUR_RE.sub("", text) if isinstance(text, str) else ""
                 for line in STREAM_LINE_END_RE.split(text):
                     match = None if running else STEP_RE.match(line)
                     removing = REMOVING_RE.match(line)
@@ -529,6 +537,9 @@ class DockerEngine(Engine):
                         on_line(line)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise self._fail("the build could not run", exc) from None
+        except (docker.errors.StreamParseError, RecursionError):  # (docker-py's decoder: a cut or too deep event)
+            raise EngineError(f"the engine's answer to the build of {tag} ended in the middle of an event, or held "
+                              f"one nested too deep to read (engine at {self.address})") from None
         except KeyboardInterrupt:
             raise BuildInterrupted(last_image=last_image, stage_images=tuple(stage_images)) from None
         close_step()

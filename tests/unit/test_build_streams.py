@@ -230,3 +230,40 @@ def test_a_run_printing_a_failed_removal_then_using_cache_is_refused_not_counted
     forged = [{"stream": "Error removing intermediate container 58f2e7d969ff: x\n ---> Using cache\n"}]
     with pytest.raises(EngineError, match=r"imitated the engine's own lines \(' ---> Using cache'\)"):
         parse(events[:at] + forged + events[at:])
+
+
+@pytest.mark.parametrize("events", [
+    [5], [["stream"]], [{"stream": 7}, "x"],
+], ids=["a number", "a list", "a string after an odd stream"])
+def test_an_engine_answering_a_build_with_other_than_events_is_one_error_not_a_traceback(events):
+    from unibake.errors import EngineError
+
+    with pytest.raises(EngineError, match=r"^the engine answered the build of stream2-probe:1 with something that "
+                                          r"is not its progress \(JSON events\) \(engine at fake://\)$"):
+        parse(events)
+
+
+@pytest.mark.parametrize("event, said", [
+    ({"errorDetail": "no object", "error": "the step failed"}, "the step failed"),
+    ({"errorDetail": {"message": 3}}, "3"),
+    ({"error": None}, "no reason given"),
+])
+def test_an_odd_error_event_fails_the_build_with_what_it_says(event, said):
+    with pytest.raises(BuildFailed, match=rf"^the build failed at before the first step: {said}$"):
+        parse([{"aux": "ID"}, {"aux": {"ID": 4}}, event])
+
+
+def test_a_build_answer_cut_in_the_middle_of_an_event_is_one_error_not_a_traceback():
+    from docker.utils.json_stream import json_stream
+
+    from unibake.errors import EngineError
+
+    class API:  # docker-py's own decoder (decode=True) over an answer whose last event the engine never finished
+        def build(self, **kwargs):
+            return json_stream(iter(['{"stream": "Step 1/1 : FROM x"}\r\n', '{"stream": "\\n"}\r\n{"str']))
+
+    engine = DockerEngine.__new__(DockerEngine)
+    engine.address, engine.api = "fake://", API()
+    with pytest.raises(EngineError, match=r"^the engine's answer to the build of stream2-probe:1 ended in the middle "
+                                          r"of an event"):
+        engine.build(None, tag="stream2-probe:1", buildargs={}, nocache=False, on_line=lambda line: None)
