@@ -15,12 +15,13 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import InputError, NoLocks, UnibakeError
+from .errors import InputError, NoLocks, UnibakeError, VerificationError
 from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS, SUMS_LIMIT, _holder, _sign, held_signals, record_temp
@@ -138,10 +139,17 @@ def check_keepable(folder: Path) -> None:
             _read_notes(folder / name)
 
 
-def _read_notes(path: Path) -> str:
-    """A release's notes as text, which recording a push rewrites; InputError naming the file otherwise."""
+def _read_notes(path: Path, listed: str | None = None) -> str:
+    """A release's notes as text, which recording a push rewrites; InputError naming the file otherwise, and
+    VerificationError when they are not the bytes ``listed`` (if given) (their sha256 in the folder's checked ``SHA256SUMS``):
+    the new ``SHA256SUMS``, signed again by the publisher's key, would vouch for notes nobody checked."""
     what = "recording the push rewrites its registry section: fix it, then push again"
     data = read_small_file(path, InputError, limit=NOTES_LIMIT, follow=False, what=what)
+    if listed is not None and hashlib.sha256(data).hexdigest() != listed:
+        raise VerificationError(f"{path} is not the file {SUMS} lists (it changed after the release was checked): "
+                                f"nothing was recorded, so the new {SUMS} vouches for no file that was not checked; "
+                                "put back the published file, then push again (the blobs are in the registry: "
+                                "nothing is uploaded again)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -186,13 +194,6 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
     ``on_warning``: told of a record that is no file a run writes (a link, a FIFO, one of megabytes)."""
     out, tag = folder.parent, folder.name
     check_keepable(folder)
-    texts = {MANIFEST: manifest.to_json()}
-    has_section = bool(load_manifest(folder).registry)  # the notes end with a registry section iff it records a push
-    for name in NOTES:
-        path = folder / name
-        if path.is_file() and name in sums:
-            texts[name] = splice(_read_notes(path), registry_section(manifest, name),
-                                 has_section=has_section)
     old_listing = read_small_file(folder / SUMS, UnibakeError, limit=SUMS_LIMIT, follow=False)
     with contextlib.ExitStack() as locks:
         if named is not None and named != folder:
@@ -202,6 +203,13 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
             raise UnibakeError(f"{folder} changed while this push ran (another push recorded itself in it): nothing "
                                "was recorded, so as not to drop what that one wrote; push again (the blobs are in "
                                "the registry: nothing is uploaded again)")
+        texts = {MANIFEST: manifest.to_json()}
+        has_section = bool(load_manifest(folder).registry)  # the notes end with a registry section iff it records one
+        for name in NOTES:  # read under the locks, as they are when the new SHA256SUMS lists them
+            path = folder / name
+            if path.is_file() and name in sums:
+                texts[name] = splice(_read_notes(path, sums[name]), registry_section(manifest, name),
+                                     has_section=has_section)
         staging = out / f".{tag}.amend"
         # private while it is made; the folder's own mode and group at the end
         fresh_folder(staging, "a push's copy of a release", mode=0o700)

@@ -22,7 +22,8 @@ import requests
 from unibake import amend
 from unibake.archive import write_archive
 from unibake.archive_reader import read_back
-from unibake.errors import DigestMismatch, InputError, RegistryAuthError, RegistryError, UnibakeError
+from unibake.errors import (DigestMismatch, InputError, RegistryAuthError, RegistryError, UnibakeError,
+                            VerificationError)
 from unibake.manifest import Signature, load_manifest
 from unibake.metadata import ImageMetadata
 from unibake.notes import Notes
@@ -535,6 +536,25 @@ def test_notes_that_cannot_be_read_as_text_are_refused_before_the_push_not_a_tra
     assert pushed.code == 2 and len(pushed.error_lines) == 1 and "Traceback" not in pushed.err
     assert pushed.error_lines[0].startswith(f"error: {path}: ") and "registry section" in pushed.error_lines[0]
     assert sums.read_bytes() == before
+
+
+def test_notes_changed_after_the_release_was_checked_are_not_vouched_for_by_the_recorded_push(tmp_path):
+    # (before: recording read the notes as they were then, and the new SHA256SUMS, signed again by the
+    # publisher's key when --sign was given, listed notes someone changed during the upload)
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    sums = read_sums(folder)  # as checked before the upload
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    notes = folder / "RELEASE_NOTES.md"
+    notes.write_text(notes.read_text() + "\nDownload the fixed build from https://evil.example/x\n")
+    with pytest.raises(VerificationError, match=rf"^{re.escape(str(notes))} is not the file SHA256SUMS lists \(it "
+                                                r"changed after the release was checked\): nothing was recorded"):
+        amend.amend_release(folder, merge_record(manifest, record), sums, tmp_path / "checksums")
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert after == {**before, "RELEASE_NOTES.md": notes.read_bytes()}  # nothing recorded, nothing signed
+    assert not (tmp_path / "release/.1.3.1.amend").exists()  # no copy left behind
 
 
 @pytest.mark.parametrize("where", ["changelog", "known_limits"])
