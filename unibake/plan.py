@@ -17,6 +17,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from .envfile import EnvFile, fingerprint
 from .errors import InputError
 from .files import open_regular, read_small_text
@@ -30,7 +32,7 @@ from .platforms import (KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platfor
                         parse as parse_platforms)
 from .profiles import MergedProfile, dotted, load_profiles
 from .regexsafe import check_regex
-from .sanitise import check_allow, enforce, scan_release_texts, scan_values
+from .sanitise import Finding, check_allow, enforce, scan_bytes, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
 from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, RESERVED_LABELS,
                      TOPOLOGY_ENV, VERSION_RE, default_of, shm_bytes)
@@ -763,6 +765,10 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     held = dict(parsed)
     if held_lock is not None:
         held[(config_dir / LOCK_FILE).relative_to(root).as_posix()] = held_lock
+    # the release's kit carries these files whole, comments and keys no value scan reads included
+    found = [f for rel, data in held.items()
+             for f in (_scan_yaml(rel, data, allow_yaml) if rel in parsed else scan_bytes(data, rel, addresses=True))]
+    enforce(found, allow + allow_yaml, "the profile files (the release's reconstruct kit carries them as they are)")
     plan = ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
@@ -892,6 +898,29 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
             values.append((f"{at((key, i, 'build', 'run'))}: {key}[{i}].build.run", "", run))
     # each value once: one that profiles share from product.yaml (its smoke) is one finding, not one a profile
     enforce(scan_values(dict.fromkeys(v for v in values if isinstance(v[2], str)), identity), allow, "the profiles")
+
+
+def _scan_yaml(rel: str, data: bytes, allow_patterns: tuple[str, ...]) -> list[Finding]:
+    """A profile file as the reconstruct kit carries it: every scalar (a key or a value, as parsed: no quote, brace
+    or comma of the YAML is part of a finding, so an allow pattern written for the value scan's finding fits it
+    here too; the ``sanitise.allow`` patterns themselves are not scanned) and, with the scalars blanked out, what
+    lies between them: the comments. Each finding named by the file and line."""
+    text = data.decode("utf-8", "surrogateescape")
+    try:  # (PyYAML's scanner drops comments, but gives each token's place: the rest is comments and syntax)
+        tokens = [t for t in yaml.scan(text, Loader=yaml.SafeLoader) if isinstance(t, yaml.ScalarToken)]
+    except yaml.YAMLError:  # (parsed already: never here; scanned whole, as any file)
+        return scan_bytes(data, rel, addresses=True)
+    rest, found = list(text), []
+    for token in tokens:
+        start, end = token.start_mark.index, token.end_mark.index
+        rest[start:end] = [c if c == "\n" else " " for c in text[start:end]]
+        if token.value in allow_patterns:
+            continue
+        for f in scan_bytes(token.value.encode("utf-8", "surrogateescape"), rel, addresses=True):
+            line = token.start_mark.line + int(f.where.rsplit(":", 1)[1])
+            found.append(Finding(where=f"{rel}:{line}", kind=f.kind, value=f.value))
+    found += scan_bytes("".join(rest).encode("utf-8", "surrogateescape"), rel, addresses=True)
+    return found
 
 
 def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) -> None:

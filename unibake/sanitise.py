@@ -32,8 +32,10 @@ from .regexsafe import backtracks
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
 # TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets; nor TOKENIZER(S):
 # TOKENIZERS_PARALLELISM=false and TOKENIZER_MODE=auto are settings every Hugging Face stack has
+# (PASS, PAT only as the name's last word: SMTP_PASS, GH_PAT, not BYPASS_CACHE or PATH)
 SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S|I[SZ])|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
-                            r"(^|_)PWD$|(^|_)AUTH($|_)|_KEY$)", re.I)
+                            r"(^|_)PWD$|(^|_)PASS$|(^|_)PAT$|(^|_)AUTH($|_)|AUTHORI[SZ]ATION|CONN(ECTION)?_?STR(ING)?|"
+                            r"_KEY$)", re.I)
 # Each rule: what it finds, the literal anchors every match contains (found first, at memory
 # speed: Python's regex engine would otherwise try the whole pattern at every byte of a 400 MB
 # library), and the pattern, searched only around an anchor.
@@ -62,6 +64,14 @@ TEXT_LIMIT = 16 << 20  # files up to this size are read whole (line numbers); bi
 NEWLINE = b"\n"
 
 
+# a value whose name says secret shows its first 4 and last 2 characters (an allow pattern's hint) only when it is
+# this long: 6 of a 9-character password, shown on stderr and in a CI log, left little to guess; a shorter one
+# shows its first 2. (What a rule finds shows them from 9 characters: a token's are its kind's prefix, a home
+# folder's or an address's are no secret.)
+SHOWN_FROM = 20
+BY_NAME = "secret in the environment"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Finding:
     where: str  # file:line, file at byte N, a YAML key, or "image config: env"
@@ -71,7 +81,11 @@ class Finding:
     @property
     def masked(self) -> str:
         v = self.value
-        return v[:4] + "…" + v[-2:] if len(v) > 8 else v[:2] + "…"
+        return v[:4] + "…" + v[-2:] if self.shows_ends else v[:2] + "…"
+
+    @property
+    def shows_ends(self) -> bool:
+        return len(self.value) >= (SHOWN_FROM if self.kind == BY_NAME else 9)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.kind} ({self.masked}, {len(self.value)} characters)"
@@ -312,7 +326,7 @@ def _all_anchors(identity: tuple[str, ...]) -> list[bytes]:
 def scan_env(pairs: Iterable[tuple[str, str]], where: str | Callable[[str], str]) -> list[Finding]:
     """Variables whose name says secret and whose value is set (PASSWORD=..., HF_TOKEN=..., MYSQL_PWD=...)."""
     place = where if callable(where) else (lambda key: f"{where} {key}")
-    return [Finding(where=place(key), kind="secret in the environment", value=value)
+    return [Finding(where=place(key), kind=BY_NAME, value=value)
             for key, value in pairs if SECRET_NAME_RE.search(key) and value]
 
 
@@ -322,7 +336,7 @@ def scan_values(pairs: Iterable[tuple[str, str, str]], identity: tuple[str, ...]
     findings = []
     for where, name, value in pairs:
         if name and SECRET_NAME_RE.search(name) and value:
-            findings.append(Finding(where=where, kind="secret in the environment", value=value))
+            findings.append(Finding(where=where, kind=BY_NAME, value=value))
         findings += [Finding(where=where, kind=f.kind, value=f.value)
                      for f in scan_bytes(value.encode("utf-8", "surrogateescape"), where, addresses=True,
                                          identity=identity)]
@@ -426,7 +440,7 @@ def enforce(findings: list[Finding], allow: Iterable[str], what: str) -> None:
         v = first.value
         # an allow pattern is searched in what was found (an address inside a value, a token inside a
         # line), not in the whole value: a pattern for the whole MASTER=10.0.0.5:50051 never matched
-        hint = (f"'^{re.escape(v[:4])}.*{re.escape(v[-2:])}$'" if len(v) > 8 else
+        hint = (f"'^{re.escape(v[:4])}.*{re.escape(v[-2:])}$'" if first.shows_ends else
                 f"a regular expression for the {len(v)} characters found, not the whole value")
         raise VerificationError(f"sanitisation: {first}{more} in {what}; remove it, or if it is deliberate, allow "
                                 f"it in product.yaml under sanitise.allow (e.g. {hint}) or with --allow")
@@ -495,11 +509,15 @@ def _read_memo(memo: Path) -> list[tuple[str, str]] | None:
 
 
 def scan_release_texts(texts: dict[str, str | bytes], identity: tuple[str, ...]) -> list[Finding]:
-    """The release's files (notes, manifest, attachments): binary attachments are skipped."""
+    """The release's files (notes, manifest, attachments): a binary attachment (a NUL in its first 8 KiB: a
+    database, UTF-16 text, an archive) is scanned as bytes, each finding named by its byte offset."""
     findings = []
     for name, text in texts.items():
         if isinstance(text, bytes):
             if b"\0" in text[:8192]:
+                findings += scan_bytes(text, name, addresses=True, identity=identity, lines=False)
+                if text[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 text (a spreadsheet's export): read as such
+                    findings += scan_text(text.decode("utf-16", "replace"), name, addresses=True, identity=identity)
                 continue
             text = text.decode("utf-8", "replace")
         findings += scan_text(text, name, addresses=True, identity=identity)

@@ -71,6 +71,17 @@ def test_a_short_finding_says_the_allow_pattern_is_for_what_was_found_not_the_wh
     enforce(findings, [r"^10\.0\.0\.5$"], "the profiles")
 
 
+def test_a_short_secret_shows_two_of_its_characters_not_six():
+    # (before: DB_PASSWORD: Tr0ub4dr! was shown as Tr0u…r!, 6 of its 9 characters, on stderr and in CI logs,
+    # and the allow hint repeated them)
+    findings = scan_values([("product.yaml:9: env.DB_PASSWORD", "DB_PASSWORD", "Tr0ub4dr!")])
+    assert [str(f) for f in findings] == ["product.yaml:9: env.DB_PASSWORD: secret in the environment (Tr…, 9 characters)"]
+    with pytest.raises(VerificationError) as caught:
+        enforce(findings, [], "the profiles")
+    assert "0ub4dr" not in str(caught.value) and "r!" not in str(caught.value)
+    assert "a regular expression for the 9 characters found" in str(caught.value)
+
+
 def test_build_arguments_in_history_are_found():
     history = ["|2 HF_TOKEN=abc123 MODE=fast /bin/sh -c make", "/bin/sh -c #(nop) COPY dir:abc in /opt"]
     findings = scan_image([], {}, history, "image config")
@@ -355,3 +366,52 @@ def test_an_allow_pattern_the_plan_accepts_that_is_slow_on_a_long_value_is_stopp
     token = Finding(where="tp1.yaml: env.HF_TOKEN", kind="a Hugging Face token", value="hf_" + "a" * 30)
     other = Finding(where="tp1.yaml: env.API_KEY", kind="a secret-named variable", value="s3cr3t-value")
     assert sanitise.allowed([token, other], [r"^hf_[a-z]{30}$"]) == [other]  # a pattern that ends: as before
+
+
+HF_SAMPLE = "hf_" + "AbCdEfGh12" * 3 + "Ij"
+
+
+def test_a_token_in_a_profile_comment_is_refused_at_the_plan_as_the_kit_carries_the_file(busybox_product):
+    # (before: only parsed values were scanned; the reconstruct kit of every release carries the YAML whole)
+    from unibake.plan import make_plan
+
+    tp1 = busybox_product / "tp1.yaml"
+    lines = tp1.read_text().splitlines(keepends=True)
+    tp1.write_text("".join(lines[:1]) + f"# old: HF_TOKEN={HF_SAMPLE} (see /home/alice/notes)\n" + "".join(lines[1:]))
+    with pytest.raises(VerificationError, match=r"^sanitisation: profiles/tp1\.yaml:2: Hugging Face token \(hf_A…Ij, "
+                                                r"35 characters\) \(and 1 more\) in the profile files \(the release's "
+                                                r"reconstruct kit carries them as they are\)"):
+        make_plan(busybox_product, verify_lock=False)
+    product = busybox_product / "product.yaml"  # allowed, as a value found by the value scan is
+    product.write_text(product.read_text() + "sanitise: {allow: ['^hf_AbCd', '^/home/alice$']}\n")
+    make_plan(busybox_product, verify_lock=False)
+
+
+def test_a_binary_attachment_is_scanned_as_bytes(busybox_product):
+    # (before: an attachment with a NUL in its first 8 KiB, a results database, was published unscanned)
+    from unibake.plan import make_plan
+
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    (notes / "results.db").write_bytes(b"SQLite format 3\0" + b"\0" * 5000 + f"token={HF_SAMPLE}".encode() + b"\0" * 99)
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "notes: {attachments: [notes/results.db]}\n")
+    with pytest.raises(VerificationError, match=r"^sanitisation: notes/results\.db at byte 5022: Hugging Face token "
+                                                r"\(hf_A…Ij, 35 characters\) in the notes' files"):
+        make_plan(busybox_product, verify_lock=False)
+
+
+@pytest.mark.parametrize("name", ["SMTP_PASS", "DB_PASS", "RABBITMQ_DEFAULT_PASS", "AUTHORIZATION",
+                                  "AZURE_STORAGE_CONNECTION_STRING", "GH_PAT", "db_conn_str"])
+def test_more_names_that_mean_a_secret_are_found(name):
+    assert [f.where for f in scan_env([(name, "v4lue")], "env")] == [f"env {name}"]
+
+
+@pytest.mark.parametrize("name", ["BYPASS_CACHE", "PATH", "PASS_THROUGH", "COMPASS", "PATCH_LEVEL", "AUTHOR"])
+def test_names_that_only_look_like_a_secret_s_are_not(name):
+    assert scan_env([(name, "v")], "env") == []
+
+
+def test_a_utf16_attachment_is_read_as_text():
+    found = scan_release_texts({"results.csv": f"name,key\r\nrun,{HF_SAMPLE}\r\n".encode("utf-16")}, ())
+    assert [(f.where, f.kind) for f in found] == [("results.csv:2", "Hugging Face token")]
