@@ -120,10 +120,20 @@ def _start_time(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
-def _processes_of(places: list[Path]) -> list[int]:
+def _mount_namespace(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return ""
+
+
+def _processes_of(places: list[Path]) -> list[tuple[int, str]]:
     """The scratch engine's processes: this user's dockerd/containerd/shims whose arguments name one
-    of ``places`` (the data root, the exec root, the socket)."""
+    of ``places`` (the data root, the exec root, the socket), each with its start time (a PID reused
+    later has another). Only those that see the files this process sees: a run in a container (its own
+    mount namespace, the host's PIDs visible from the host) names the same paths, and they are its own."""
     prefixes = [str(p) for p in places]
+    ours = _mount_namespace("self")
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -135,26 +145,31 @@ def _processes_of(places: list[Path]) -> list[int]:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if exe not in DAEMON_EXECUTABLES:
+        if exe not in DAEMON_EXECUTABLES or not ours or _mount_namespace(entry.name) != ours:
             continue
         words = [a.decode("utf-8", "replace").removeprefix("unix://") for a in args]
         if any(w == p or w.startswith(p + "/") for w in words for p in prefixes):
-            found.append(int(entry.name))
+            when = _start_time(int(entry.name))
+            if when:
+                found.append((int(entry.name), when))
     return found
 
 
-def _stop(pid: int, timeout: float) -> None:
-    if not _alive(pid):
+def _stop(pid: int, started: str, timeout: float) -> None:
+    """Stop the process ``pid`` that started at ``started`` (clock ticks since boot): each signal is sent only while
+    that PID is still that process (a dockerd's containerd and shims end with it, and their PIDs may then be
+    another's by the time this one is reached)."""
+    if _start_time(pid) != started:
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while _start_time(pid) == started and time.monotonic() < deadline:
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
         time.sleep(0.1)
-    if _alive(pid):
+    if _start_time(pid) == started:
         os.kill(pid, signal.SIGKILL)
         try:
             os.waitpid(pid, 0)
@@ -241,8 +256,8 @@ def remove_scratch_dir(folder: Path) -> None:
     base = _default_base()
     places = [p for p in (folder, runtime_of(folder, base) if private_folder(base) else None)
               if p is not None and private_folder(p)]
-    for pid in _processes_of(places):
-        _stop(pid, STOP_TIMEOUT)
+    for pid, started in _processes_of(places):
+        _stop(pid, started, STOP_TIMEOUT)
     for place in places:
         _unmount_under(place)
         shutil.rmtree(place, ignore_errors=True)
@@ -337,8 +352,8 @@ def _stop_seed_processes(folder: Path) -> None:
     """Stop a seeded engine's daemon (verified processes, by PID) and remove its runtime folder; the
     data folder stays."""
     runtime = runtime_of(folder)
-    for pid in _processes_of([p for p in (folder, runtime) if private_folder(p)]):
-        _stop(pid, STOP_TIMEOUT)
+    for pid, started in _processes_of([p for p in (folder, runtime) if private_folder(p)]):
+        _stop(pid, started, STOP_TIMEOUT)
     for place in (folder, runtime):
         if private_folder(place):
             _unmount_under(place)
@@ -583,7 +598,8 @@ class ScratchEngine:
             self.engine.api.close()
             self.engine = None
         if self.process is not None:
-            _stop_dockerd(self.process.pid, STOP_TIMEOUT)
+            if self.process.poll() is None:  # (one that ended was reaped: its PID may be another process's now)
+                _stop_dockerd(self.process.pid, STOP_TIMEOUT)
             self.process = None
 
 

@@ -4,6 +4,8 @@ only processes that are this user's dockerd/containerd naming those folders are 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -72,6 +74,34 @@ def test_only_daemon_executables_naming_the_folder_count_as_its_processes(tmp_pa
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own needs root (CI runs as root)")
+def test_a_daemon_in_another_mount_namespace_naming_the_same_folder_is_not_ours(tmp_path):
+    # (before: a run in a privileged container, the same --scratch-dir path in its own mount namespace, had its
+    # seeded dockerd stopped by every run on the host: the host sees the container's processes)
+    from unibake.scratch import _stop
+
+    fake = tmp_path / "docker-proxy"  # a daemon's name, as the clean-up knows them
+    shutil.copy("/bin/sh", fake)  # (a shell waiting on its sleep, the folder in its arguments)
+    here = subprocess.Popen([str(fake), "-c", "sleep 30; :", str(tmp_path / "root")], start_new_session=True)
+    there = subprocess.Popen(["unshare", "--mount", str(fake), "-c", "sleep 30; :", str(tmp_path / "root")],
+                             start_new_session=True)
+    try:
+        time.sleep(0.3)
+        found = _processes_of([tmp_path])
+        assert [pid for pid, _ in found] == [here.pid]
+        _stop(here.pid, str(int(found[0][1]) + 1), 1)  # the same PID, another start: another process by now
+        assert here.poll() is None
+        _stop(here.pid, found[0][1], 5)  # (it reaps its own child: the Popen learns no exit code)
+        assert not os.path.exists(f"/proc/{here.pid}") and there.poll() is None
+    finally:
+        for process in (here, there):
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # the shell and its sleep
+            except ProcessLookupError:
+                pass
+            process.wait()
 
 
 def test_the_default_scratch_place_is_private_and_the_sockets_live_there():
