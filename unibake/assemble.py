@@ -61,7 +61,7 @@ from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_
 from .contents import found_from_json, found_to_json
 from .engine import BuildOutcome, BuildStep, Engine
 from .errors import ArchiveError, CheckFailed, EngineError, StoreMismatch, UnibakeError, VerificationError
-from .files import read_small_file, write_atomic
+from .files import linked_above, read_small_file, write_atomic
 from .hotfix import HotfixBase
 from .export import SaveSource
 from .imagetar import BLOCK, CAPTURE, DROP, PASS, filter_members, tar_header, tar_padding
@@ -334,6 +334,8 @@ def _folders_of(engine: Engine, memo: Path, secret_key: bytes, image_id: str,
             folders.append((folder, tuple(header)))
     body = [[p, list(h)] for p, h in folders]
     try:
+        if linked_above(where):
+            return folders  # (not kept: written, and the older ones evicted, wherever the link points)
         where.mkdir(parents=True, exist_ok=True)
         write_atomic(where, path.name, json.dumps({"version": buildmemo.VERSION, "image": image_id, "paths": paths,
                                                    "folders": body,
@@ -355,7 +357,7 @@ def _used(path: Path) -> None:
     later releases however often it was used, and every hotfix or ``--from`` release on it then read its archive
     whole again, 7-10 s against 3 s on the benchmark's product)."""
     try:
-        os.utime(path)
+        os.utime(path, follow_symlinks=False)
     except OSError:
         pass  # (only its place in the eviction order)
 
@@ -374,11 +376,12 @@ def remember_layers(folder: Path, secret_key: bytes, layers: Iterable[tuple[str,
     record of it), by diffID, signed with this user's key: a later assembled hotfix takes its base
     release's bottom layers from these instead of reading them again. The newest LAYER_RECORDS_KEPT kept."""
     where = folder / RECORDS
+    if linked_above(where):
+        return  # (not kept: written, and the older ones evicted, wherever the link points)
     made = False
     for diff_id, size, found in layers:
         path = where / f"{diff_id.removeprefix('sha256:')}.json"
-        if path.exists():
-            _used(path)
+        if remembered_layer(folder, secret_key, diff_id) is not None:  # (taken as used; one not signed so is replaced)
             continue
         body = found_to_json(found)
         where.mkdir(parents=True, exist_ok=True)
@@ -409,9 +412,9 @@ def remembered_layer(folder: Path, secret_key: bytes, diff_id: str) -> tuple[int
 def remember_config(folder: Path, config: bytes) -> None:
     """A released image's config, by its digest (its image ID: it proves itself)."""
     where = folder / CONFIGS
-    name = f"{hashlib.sha256(config).hexdigest()}.json"
-    if (where / name).exists():
-        _used(where / name)
+    digest = hashlib.sha256(config).hexdigest()
+    name = f"{digest}.json"
+    if linked_above(where) or remembered_config(folder, f"sha256:{digest}") is not None:  # (used; another replaced)
         return
     where.mkdir(parents=True, exist_ok=True)
     write_atomic(where, name, config)

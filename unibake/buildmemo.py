@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .engine import BuildStep, Engine
 from .errors import UnibakeError
-from .files import open_new, read_small_file, write_atomic
+from .files import linked_above, open_new, read_small_file, write_atomic
 from .render import BuildContext, ContextFile
 
 MARKER = "# --- unibake: the steps above are memoised by the digest of their inputs; those below run every build ---"
@@ -266,10 +266,15 @@ def record(folder: Path, selection: str, platform: str | None, key: str, cut: Sp
         ids.append(info.id)
     memo = Memo(key=key, lower=ids[0], stages=tuple(ids[1:]))
     path = _file(folder, selection, platform)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path.parent, path.name, json.dumps({"version": VERSION, "key": key, "lower": memo.lower,
-                                         "stages": list(memo.stages),
-                                         "mac": _mac(secret_key, key, memo.lower, memo.stages)}, indent=2) + "\n")
+    try:  # (a memo not kept costs the next build its steps, never this one: a folder left root's by a sudo run)
+        if not linked_above(path.parent, 1):  # (.cache or its build-memo a checkout linked elsewhere)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path.parent, path.name, json.dumps({"version": VERSION, "key": key, "lower": memo.lower,
+                                                             "stages": list(memo.stages),
+                                                             "mac": _mac(secret_key, key, memo.lower, memo.stages)},
+                                                            indent=2) + "\n")
+    except (OSError, UnibakeError):
+        pass
     return memo
 
 
@@ -317,6 +322,8 @@ def remember_lower(folder: Path, selection: str, platform: str | None, lower: st
     entry = {"lower": lower, "epoch": epoch, "diff_ids": list(diff_ids),
              "mac": _lower_mac(secret_key, lower, epoch, diff_ids)}
     kept = [e for e in _lower_entries(path) if (e.get("lower"), e.get("epoch")) != (lower, epoch)]
+    if linked_above(path.parent, 1):  # (.cache or its build-memo: the project's own folder may be a link)
+        return  # (not kept: written wherever a checkout's link points)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path.parent, path.name, json.dumps({"version": VERSION, "entries": [entry, *kept][:LOWER_RECORDS]},
                                                     indent=2) + "\n")

@@ -290,6 +290,13 @@ def fresh_folder(path: Path, what: str, *, mode: int = 0o777) -> None:
 ATOMIC_TEMP_AGE = 15 * 60
 
 
+def linked_above(folder: Path, depth: int = 2) -> Path | None:
+    """``folder``, or one of the ``depth`` folders above it, when it is a symbolic link; else None. A record written
+    there (and the older ones evicted) would land wherever a checkout's link points: a ``.cache`` linked to a
+    folder of the user's had its ``*.json`` files removed."""
+    return next((f for f in (folder, *list(folder.parents)[:depth]) if f.is_symlink()), None)
+
+
 def write_atomic(folder: Path, name: str, text: str | bytes, *, mode: int = 0o644, temp: str = "") -> str:
     """Write ``folder/name`` via a temporary file of this writer's own in ``folder`` (``.NAME.XXXXXXXX.tmp``,
     made by tempfile; ``temp``: that name instead), fsynced; returns its sha256. Two runs writing one file

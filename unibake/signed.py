@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from .errors import UnibakeError
-from .files import read_small_file, write_atomic
+from .files import linked_above, read_small_file, write_atomic
 
 
 def mac(key: bytes, name: str, version: int, entries: dict) -> str:
@@ -43,7 +43,7 @@ def write_signed(folder: Path, name: str, key: bytes, version: int, entries: dic
     """The record ``folder/name`` written, signed, through a temporary file; refused (``UnibakeError``) when
     ``folder`` or one of the two folders above it is a symlink (a checkout's link would have it written
     wherever the link points)."""
-    linked = next((f for f in (folder, *list(folder.parents)[:2]) if f.is_symlink()), None)
+    linked = linked_above(folder)
     if linked is not None:
         raise UnibakeError(f"{linked} is a symlink")
     folder.mkdir(parents=True, exist_ok=True)

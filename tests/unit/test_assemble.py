@@ -255,6 +255,49 @@ def test_a_released_config_is_taken_back_only_when_its_digest_is_the_image_id(tm
     assert remembered_config(tmp_path, "sha256:" + "f" * 64) is None
 
 
+@pytest.mark.parametrize("linked", [".cache", ".cache/build-memo", ".cache/build-memo/configs"])
+def test_records_are_neither_written_nor_evicted_through_a_link_a_checkout_brought(tmp_path, linked):
+    # (before: a .cache linked to a folder of the user's got the records written there, and every *.json in it
+    # but the newest 16 was removed by the eviction)
+    from unibake.assemble import remember_config, remember_layers
+
+    victim = tmp_path / "victim"
+    (victim / "build-memo" / "configs").mkdir(parents=True)
+    mine = victim / "build-memo" / "configs" if linked.endswith("configs") else \
+        victim / "build-memo" if linked.endswith("memo") else victim
+    for n in range(20):
+        (mine / f"notes-{n}.json").write_text("{}")
+    project = tmp_path / "project"
+    (project / linked).parent.mkdir(parents=True, exist_ok=True)
+    (project / linked).symlink_to(mine)
+    memo = project / ".cache" / "build-memo"
+    for n in range(20):
+        remember_config(memo, json.dumps({"n": n}).encode())
+    remember_layers(memo, KEY, [(f"sha256:{n:064x}", 10, _found()) for n in range(80)])
+    assert sorted(p.name for p in mine.glob("*.json")) == sorted(f"notes-{n}.json" for n in range(20))
+    assert not list(victim.rglob("layers")) and len(list(victim.rglob("*.json"))) == 20
+
+
+def test_a_record_not_signed_so_or_not_of_its_digest_is_replaced_not_kept_as_used(tmp_path):
+    # (before: a record a checkout planted, or one signed with an old key, was found to exist and only touched:
+    # newest for ever, never rewritten, and every hotfix on that base read its archive whole again)
+    import hashlib
+
+    from unibake.assemble import remember_config, remember_layers, remembered_config, remembered_layer
+
+    diff_id = "sha256:" + "d" * 64
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / f"{'d' * 64}.json").write_text('{"planted": true}')
+    remember_layers(tmp_path, KEY, [(diff_id, 4096, _found())])
+    assert remembered_layer(tmp_path, KEY, diff_id)[0] == 4096
+    config = b'{"rootfs": {"type": "layers", "diff_ids": []}}'
+    digest = hashlib.sha256(config).hexdigest()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / f"{digest}.json").write_bytes(b"{}")
+    remember_config(tmp_path, config)
+    assert remembered_config(tmp_path, f"sha256:{digest}") == config
+
+
 def test_the_records_of_a_release_every_later_one_is_made_on_outlive_any_number_of_later_releases(tmp_path):
     """The configs and layer records are evicted oldest first, and one taken back counts as new: release 1.0's
     config and layers stay however many releases are made on it since (before: its config went after 16 of them,

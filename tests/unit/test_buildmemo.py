@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 import tarfile
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -412,3 +416,35 @@ def test_an_interrupt_just_after_the_memo_s_images_are_held_leaves_no_hold_tag(b
         with pytest.raises(KeyboardInterrupt):
             build_image(context, on_line=said, **build)
     assert [t for t in engine.tags if "-hold" in t] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a folder root owns, as a sudo run leaves it, needs root to make")
+def test_a_memo_folder_this_user_cannot_write_costs_the_memo_not_the_build(tmp_path):
+    # (before: a .cache/build-memo left root's by an earlier sudo run failed every run after its whole build,
+    # exit 1, as the memo could never be written)
+    from types import SimpleNamespace
+
+    from unibake.buildmemo import Split, record
+
+    from ..conftest import as_nobody
+
+    image = "sha256:" + "a" * 64
+    engine = SimpleNamespace(inspect_image=lambda ref: SimpleNamespace(id=image))  # (what the build reported)
+    cut = Split(lower="FROM x\n", upper="", lower_steps=1, stages=(), bases=("x",), lower_sources=(),
+                upper_sources=())
+    steps = (SimpleNamespace(number=1, image="aaaaaaaaaaaa"),)
+    top = Path(tempfile.mkdtemp())
+    try:
+        top.chmod(0o755)
+        memo = top / "build-memo"
+        memo.mkdir(mode=0o755)  # root's, as a sudo run left it
+        found = as_nobody(lambda: record(memo, "tp1", None, "k" * 64, cut, steps, (), engine, b"k" * 32).lower)
+        assert found == f"ok: {image}"
+        assert list(memo.iterdir()) == []
+        linked = top / "linked-memo"
+        linked.symlink_to(top / "elsewhere")
+        (top / "elsewhere").mkdir()
+        assert record(linked, "tp1", None, "k" * 64, cut, steps, (), engine, b"k" * 32).lower == image
+        assert list((top / "elsewhere").iterdir()) == []  # nothing written through a checkout's link
+    finally:
+        shutil.rmtree(top)
