@@ -55,7 +55,7 @@ from .schema import NAME_RE
 from .render import BuildContext, context_files, render, write_rendered
 from .repro import ReproBuild
 from .roundtrip import check_base_loaded, round_trip
-from .sanitise import enforce, scan_added, scan_context, scan_release_texts
+from .sanitise import enforce, scan_added, scan_context, scan_release_texts, scan_values
 from .scratch import ScratchEngine, SeededEngine
 from .smoke import run_gates
 from .threads import Background
@@ -364,6 +364,11 @@ def _plan(run: Run) -> tuple:
         raise InputError(f"{str(exc).replace(' (--profile)', '')}: a hotfix builds the profiles of release "
                          f"{base.manifest.release} ({', '.join(profiles)}) unless --profile names others") from None
     _save_digests(run, memo)
+    if request.verify_engine and run.publishes:  # VALIDATION.json and the notes record which engine loaded it: their
+        # scan at publish refused an address on a private network, or the builder's name, after every stage had run
+        enforce(scan_values([("--verify-engine", "", request.verify_engine)], request.identity),
+                plan.sanitise_allow + request.allow,
+                "the --verify-engine address (the release's VALIDATION.json and notes record the engine of its round trip)")
     # an unset ${NAME} is said by the build, which reads the base image's ENV; a run that does not build says
     # it here, for every base
     for warning in plan.source_warnings if run.builds else plan.warnings:

@@ -415,3 +415,26 @@ def test_names_that_only_look_like_a_secret_s_are_not(name):
 def test_a_utf16_attachment_is_read_as_text():
     found = scan_release_texts({"results.csv": f"name,key\r\nrun,{HF_SAMPLE}\r\n".encode("utf-16")}, ())
     assert [(f.where, f.kind) for f in found] == [("results.csv:2", "Hugging Face token")]
+
+
+def test_a_verify_engine_on_a_private_network_is_refused_at_the_plan_not_after_every_stage(tmp_path, busybox_product):
+    # (before: the build, the export, the round trip and the gates ran, then publish refused VALIDATION.json and
+    # the notes, which record the engine of the round trip)
+    from unibake.pipeline import BUILD, Request, run_stages, selection
+
+    from .test_supply_chain import Quiet
+
+    def connect(address):
+        raise AssertionError(f"reached the engine {address}")
+
+    request = Request(env={}, cwd=tmp_path, out=tmp_path / "release", version="1.0", config=str(busybox_product),
+                      require_lock=False, verify_engine="tcp://10.0.0.7:2376")
+    with pytest.raises(VerificationError, match=r"^sanitisation: --verify-engine: private network address \(10…, 8 "
+                                                r"characters\) in the --verify-engine address \(the release's "
+                                                r"VALIDATION\.json and notes record the engine of its round trip\)"):
+        run_stages(selection(BUILD), request, Quiet(), connect=connect)
+    assert not (tmp_path / "release").exists()
+    allowed = Request(env={}, cwd=tmp_path, out=tmp_path / "release", version="1.0", config=str(busybox_product),
+                      require_lock=False, verify_engine="tcp://10.0.0.7:2376", allow=(r"^10\.0\.0\.7$",))
+    with pytest.raises(AssertionError, match="reached the engine"):  # past the plan, as the user allowed
+        run_stages(selection(BUILD), allowed, Quiet(), connect=connect)
