@@ -103,7 +103,9 @@ def _small_base(folders: list[tuple[str, tuple[int, int, int]]], settings: dict,
                 epoch: int, ref: str) -> tuple[bytes, bytes]:
     """(the small base's config, the docker-save tar that loads it as ``ref``)."""
     layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    # (PAX: a folder an OpenShift-style owner holds, uid 1000650000, is past what ustar's header holds, 2097151, and
+    # was a ValueError's traceback; an owner that fits is written as ustar writes it, with no extended header)
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, (mode, uid, gid) in folders:
             info = tarfile.TarInfo(path.strip("/") + "/")
             info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, mode, uid, gid, epoch

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from .builder import MAX_EPOCH
 from .errors import InputError, VerificationError
 from .manifest import DEFAULT_PLATFORM, TAG_PATTERN, ReleaseManifest, load_manifest
 from .publish import find_releases, release_tag, repository
@@ -96,6 +97,10 @@ def load_base(out: Path, name: str, *, hold: Callable[[str], object] = lambda re
     if manifest.source_date_epoch is None:
         raise InputError(f"--from {name}: that release records no SOURCE_DATE_EPOCH (made before normalising "
                          "existed); a hotfix needs it to rebuild identical layers")
+    if manifest.source_date_epoch > MAX_EPOCH:  # (the manifest's own bound is the year 9999's: a JSON time's)
+        raise VerificationError(f"the base release {folder}: its manifest.json records SOURCE_DATE_EPOCH "
+                                f"{manifest.source_date_epoch}, past what a tar header holds ({MAX_EPOCH}), which no "
+                                "release unibake made records: a hotfix on it would write layers no engine reads alike")
     if manifest.hotfix is not None:
         # its archive lacks the layers its own base shipped: the round trip, apply.sh and push would each
         # need the whole chain of folders; a hotfix is made on a full release

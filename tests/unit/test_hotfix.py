@@ -94,6 +94,37 @@ def test_a_base_manifest_that_cannot_be_trusted_is_exit_3_whatever_is_wrong_with
         base_stage(tmp_path)
 
 
+def test_a_base_recording_an_epoch_past_what_a_tar_header_holds_is_refused(engines, tmp_path):  # noqa: F811
+    # (before: the manifest's bound is the year 9999; the hotfix took the epoch as its own, its small base was a
+    # ValueError's traceback, and its rewritten headers grew a byte each, found only after the whole build)
+    folder = release(engines, tmp_path / "release")["release"].folder
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["source_date_epoch"] = 8 ** 11
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+    with pytest.raises(VerificationError, match=r"^the base release .*/1\.0: its manifest\.json records "
+                                                r"SOURCE_DATE_EPOCH 8589934592, past what a tar header holds "
+                                                r"\(8589934591\)"):
+        base_stage(tmp_path)
+
+
+def test_a_small_base_of_folders_an_owner_past_ustar_holds_is_written():
+    # (before: ustar's uid field holds 2097151; an OpenShift-style owner was a ValueError's traceback)
+    import io
+    import tarfile
+
+    from unibake.assemble import _small_base
+
+    settings = {"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]}}
+    _, archive = _small_base([("/opt", (0o755, 1000650000, 1000650000)), ("/opt/unibake", (0o755, 0, 0))],
+                             settings, ["/bin/sh -c #(nop) ADD x"], 1700000000, "small:1")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as outer:
+        layer = outer.extractfile("layer/layer.tar").read()
+    with tarfile.open(fileobj=io.BytesIO(layer)) as inner:
+        assert [(m.name, m.uid, m.gid, m.mtime) for m in inner] == [("opt", 1000650000, 1000650000, 1700000000),
+                                                                    ("opt/unibake", 0, 0, 1700000000)]
+
+
 @pytest.mark.parametrize("change", ["run.sh changed", "sbom changed", "provenance deleted", "guide changed"])
 def test_a_base_whose_other_files_no_longer_match_its_sums_is_refused(engines, tmp_path, change):  # noqa: F811
     # found by probing: only the manifest and the archive were checked; a base with a changed run.sh, SBOM or kit,
