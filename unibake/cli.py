@@ -611,7 +611,7 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
 def _check_scratch_dir(path: Path, value: str) -> None:
     """``--scratch-dir`` is first used at the round trip, after the build and the export: a file, a
     folder that is not this user's private one (``/tmp``) or one that cannot be made is said now."""
-    from .scratch import check_private
+    from .scratch import check_private, open_above
 
     if os.path.lexists(path):
         try:
@@ -622,6 +622,12 @@ def _check_scratch_dir(path: Path, value: str) -> None:
     problem = unwritable_reason(path, folder=True)
     if problem:
         raise InputError(f"--scratch-dir {value}: cannot make it there ({problem})")
+    above = open_above(path)
+    if above is not None:
+        raise InputError(f"--scratch-dir {value}: it would lie under {above}, which another user may write (neither "
+                         "this user's nor root's, or open to others without the sticky bit): they could put a folder "
+                         "of theirs in its place, where the scratch engine (root's daemon) then writes; choose one "
+                         "under folders only this user and root can write")
 
 
 def _document_file(args: argparse.Namespace, cwd: Path) -> Path | None:

@@ -94,6 +94,30 @@ def check_private(folder: Path) -> None:
             or info.st_mode & 0o077:
         raise RoundTripUnavailable(f"{folder} is not a private folder of this user (a symlink, another owner, or "
                                    "open to others); remove it or choose --scratch-dir")
+    above = open_above(folder)
+    if above is not None:
+        raise RoundTripUnavailable(f"{folder} lies under {above}, which another user may write (neither this "
+                                   "user's nor root's, or open to others without the sticky bit): they could put a "
+                                   "folder of theirs in its place, where the scratch engine (root's daemon) then "
+                                   "writes; choose --scratch-dir under folders only this user and root can write")
+
+
+def open_above(folder: Path) -> str | None:
+    """The first folder above ``folder`` (as given, and as its links lead) that another user may write: owned by
+    another user than this one or root, or writable by group or others without the sticky bit (``/var/tmp``'s is
+    set: no one may rename another's folder there). None: only this user and root can move what lies there."""
+    given = Path(os.path.abspath(folder))
+    real = Path(os.path.realpath(folder))
+    for above in dict.fromkeys([*given.parents, *real.parents]):
+        try:
+            info = os.stat(above)
+        except FileNotFoundError:  # (made by this run, this user's)
+            continue
+        except OSError:
+            return str(above)
+        if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            return str(above)
+    return None
 
 
 def _alive(pid: int) -> bool:

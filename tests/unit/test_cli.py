@@ -248,6 +248,27 @@ def test_a_scratch_dir_is_checked_before_any_work_only_where_the_round_trip_uses
             assert _request(args, ctx).scratch_dir == tmp_path / given
 
 
+@pytest.mark.parametrize("made", [True, False], ids=["there", "to be made"])
+def test_a_scratch_dir_under_a_folder_another_user_may_write_is_refused(tmp_path, made):
+    # (before: only the scratch folder itself was checked: a user who could write its parent could rename it and put
+    # a tree of theirs in its place, where root's dockerd then kept its data)
+    from unibake.cli import Context, _request, build_parser
+    from unibake.console import Reporter
+
+    ctx = Context(env={"SOURCE_DATE_EPOCH": "0"}, cwd=tmp_path, reporter=Reporter(env={"CI": "1"}))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # open to all, no sticky bit
+    if made:
+        (shared / "scratch").mkdir(mode=0o700)
+    with pytest.raises(InputError, match=rf"^--scratch-dir shared/scratch: .*under {re.escape(str(shared))}, which "
+                                         r"another user may write"):
+        _request(build_parser().parse_args(["build", "--scratch-dir", "shared/scratch"]), ctx)
+    shared.chmod(0o1777)  # as /var/tmp: no one may rename another's folder there
+    assert _request(build_parser().parse_args(["build", "--scratch-dir", "shared/scratch"]), ctx).scratch_dir == \
+        shared / "scratch"
+
+
 def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_terminal(cli, tmp_path):
     # a path, an image's output, a file name in a layer: printed with its control characters escaped
     hostile = str(tmp_path / "a\nerror: everything is fine\x1b[2J\x1b]0;PWNED\x07")
