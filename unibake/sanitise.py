@@ -455,6 +455,7 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
     findings: list[Finding] = []
     todo: list[tuple[str, Any, Path | None, str]] = []
     rules_key = hashlib.sha256(repr((RULES, PRIVATE_ADDRESS, identity)).encode()).hexdigest()[:16]
+    writable = cache is not None and _cache_folder(cache)  # (made private, or made so again, before a memo is read)
     for where, content, sha256 in files:
         if isinstance(content, (bytes, bytearray)):
             if hashlib.sha256(content).hexdigest() != sha256:  # a prebuilt archive's member, read from it again
@@ -471,8 +472,9 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
         found = scan_stream(path, where, identity, sha256) if callable(path) else \
             scan_file(path, where, identity=identity, sha256=sha256)
         findings += found
-        if memo is not None and _cache_folder(memo.parent):
-            write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]))
+        if memo is not None and writable:
+            # (0600: a memo holds what it found whole, a token as it is, for the allow patterns to match)
+            write_atomic(memo.parent, memo.name, json.dumps([[f.kind, f.value] for f in found]), mode=0o600)
     return findings
 
 
@@ -486,8 +488,12 @@ def _cache_folder(folder: Path) -> bool:
     link or not a folder: the memos are not written somewhere else."""
     if _linked(folder) or any(part.exists() and not part.is_dir() for part in (folder.parent, folder)):
         return False
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
+    try:  # (private: made here first, the user's unibake folder was 0755 and the memos readable by all)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:  # one an earlier version made 0755: its memos too
+            os.chmod(folder, 0o700)
     except OSError:
         return False
     return True

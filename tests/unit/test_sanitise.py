@@ -184,10 +184,15 @@ def test_the_gate_remembers_a_big_files_findings_and_a_damaged_or_foreign_memo_i
     import hashlib
 
     sha = hashlib.sha256(lib.read_bytes()).hexdigest()
-    cache = tmp_path / "cache"
+    cache = tmp_path / "unibake" / "sanitise"  # (as the user folder's, made here first)
     first = scan_context([("lib.so", lib, sha)], (), cache=cache)
     [memo] = cache.iterdir()
     assert [f.value for f in first] == [token]
+    # the memo holds the token whole: private, as the folders made for it (before: 0644 in a 0755 folder)
+    assert [oct(p.stat().st_mode & 0o777) for p in (memo, cache, cache.parent)] == ["0o600", "0o700", "0o700"]
+    cache.chmod(0o755)  # as an earlier version left it: private again at its next use
+    scan_context([("lib.so", lib, sha)], (), cache=cache)
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
     for damaged in ("", "{", '[["not a kind", "x"]]', "[[1, 2]]"):
         memo.write_text(damaged)
         assert [f.value for f in scan_context([("lib.so", lib, sha)], (), cache=cache)] == [token]  # no traceback
