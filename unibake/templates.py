@@ -81,10 +81,11 @@ def md(value: object) -> str:
 
 
 def code(value: object) -> str:
-    """A value as a Markdown code span whatever it holds: a fence longer than its own backticks,
-    pipes escaped so it stays in its table cell, and no HTML even for renderers that are not CommonMark."""
-    text = inline_text(value)  # a line break would end the table row
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    """A value as a Markdown code span whatever it holds: a fence longer than its own backticks, pipes
+    escaped so it stays in its table cell. ``&``, ``<`` and ``>`` are left as they are: inside a code span no
+    renderer reads HTML or an entity (CommonMark, GitHub's, Markdown.pl encode them themselves), and encoded here
+    they were shown as written, ``a&amp;b`` for the env value ``a&b`` (copied from the notes: the wrong value)."""
+    text = inline_text(value).replace("|", "\\|")  # a line break would end the table row
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html as _html
 import marshal
 import os
+import re
 
 import jinja2
 import pytest
@@ -78,3 +80,16 @@ def test_a_kept_compiled_template_anyone_else_could_have_written_is_never_run(co
         kept.write_bytes(data.replace(checksum if how == "another source" else made_by, b"0" * len(
             checksum if how == "another source" else made_by), 1))
     assert render() == first
+
+
+@pytest.mark.parametrize("value", ["a&b", "x<y>z", "&amp;", "p|q", "`tick`", "a`b", "<script>alert(1)</script>"])
+def test_a_code_span_in_a_table_cell_shows_the_value_as_it_is(value):
+    # (before: & < > were written as entities inside the span, which a code span shows as written: the notes gave
+    # the env value a&b as a&amp;b, and a reader copying it took the wrong value)
+    from markdown_it import MarkdownIt
+
+    from unibake.templates import code
+
+    html = MarkdownIt("commonmark").enable("table").render(f"| v |\n|---|\n| {code(value)} |\n")
+    [cell] = re.findall(r"<td><code>(.*?)</code></td>", html, re.S)
+    assert _html.unescape(cell) == value and "<script>" not in html
