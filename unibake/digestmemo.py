@@ -25,6 +25,7 @@ this one is written here: a JSON object of at most ``KEPT`` entries.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -99,12 +100,12 @@ class DigestMemo:
         """The record written (through a temporary file, signed), when this plan changed it."""
         if not self.changed:
             return
-        entries = dict(self.seen)
+        entries = dict(itertools.islice(self.seen.items(), KEPT))  # (a plan of more inputs keeps KEPT of them)
         for name, entry in self.old.items():
             if len(entries) >= KEPT:
                 break
             entries.setdefault(name, entry)
-        write_signed(self.folder, FILE, self.key, VERSION, entries)
+        write_signed(self.folder, FILE, self.key, VERSION, entries, limit=LIMIT)
 
 
 _ACTIVE: ContextVar[DigestMemo | None] = ContextVar("digest memo", default=None)

@@ -32,7 +32,7 @@ from .signed import read_signed, write_signed
 FOLDER = "frames"  # under the build memo's folder
 FILE = "frames.json"
 VERSION = 2  # (1: without where each frame ended)
-LIMIT = 8 << 20
+LIMIT = 16 << 20  # (20 000 frames of about 620 bytes each: 12 MB)
 KEPT = 20_000  # frames: every big layer of a product's recent releases
 _HEX = frozenset("0123456789abcdef")
 
@@ -102,7 +102,7 @@ def _merged(folder: Path, key: bytes, name: str, new: dict, kept: int, valid) ->
             break
         if valid(k, value):
             entries.setdefault(k, value)
-    write_signed(folder, name, key, VERSION, entries)
+    write_signed(folder, name, key, VERSION, entries, limit=LIMIT)
     return added
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 from pathlib import Path
 
@@ -39,14 +40,25 @@ def read_signed(folder: Path, name: str, key: bytes, version: int, *, limit: int
         return {}
 
 
-def write_signed(folder: Path, name: str, key: bytes, version: int, entries: dict) -> None:
+def write_signed(folder: Path, name: str, key: bytes, version: int, entries: dict, *, limit: int) -> None:
     """The record ``folder/name`` written, signed, through a temporary file; refused (``UnibakeError``) when
     ``folder`` or one of the two folders above it is a symlink (a checkout's link would have it written
-    wherever the link points)."""
+    wherever the link points). ``entries`` in their order, the newest first: as many of them as the record can
+    hold within ``limit`` bytes, the size :func:`read_signed` reads (past it, the whole record was read as none)."""
     linked = linked_above(folder)
     if linked is not None:
         raise UnibakeError(f"{linked} is a symlink")
     folder.mkdir(parents=True, exist_ok=True)
-    # (the entries in their order, the newest first where a record keeps so many: its MAC is of their sorted form)
-    write_atomic(folder, name, json.dumps({"version": version, "entries": entries,
-                                           "mac": mac(key, name, version, entries)}))
+
+    def text(count: int) -> str:  # (its MAC is of the entries' sorted form)
+        kept = dict(itertools.islice(entries.items(), count))
+        return json.dumps({"version": version, "entries": kept, "mac": mac(key, name, version, kept)})
+
+    written = text(len(entries))
+    if len(written.encode()) > limit:  # the most of the newest that fit, found by halving
+        low, high = 0, len(entries)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if len(text(middle).encode()) <= limit else (low, middle - 1)
+        written = text(low)
+    write_atomic(folder, name, written)

@@ -175,7 +175,7 @@ def test_a_malformed_entry_is_left_out_and_the_others_kept(tmp_path):
     entries["not-hex"] = ["b" * 64, 10, 20, "c", None]
     entries["c" * 64] = ["b" * 64, -1, 20, "c", None]
     entries["d" * 64] = ["b" * 64, 10, 20, "c", ["e" * 64, "f" * 64, 30, "not a state"]]
-    write_signed(folder, FILE, KEY, VERSION, entries)
+    write_signed(folder, FILE, KEY, VERSION, entries, limit=1 << 20)
     assert known_frames(folder, KEY) == {good.blob: good}
     # a record nested deeper than the stack is no record, and the next one written replaces it
     (folder / FILE).write_text("[" * 100_000)
@@ -194,6 +194,33 @@ def test_a_full_record_keeps_its_newest_entries(tmp_path):
     for n in range(5):
         _merged(folder, KEY, "t.json", {f"{n:x}" * 64: [n]}, 3, lambda k, v: True)
     assert list(read_signed(folder, "t.json", KEY, VERSION, limit=1 << 20).values()) == [[4], [3], [2]]
+
+
+def test_as_many_frames_as_the_record_keeps_are_read_back(tmp_path):
+    # (before: 8 MiB held about 13 500 of the 20 000 frames it keeps: 15 000 were written, 9 MiB, and read back as
+    # no record at all)
+    from unibake.archive_reader import Resume
+    from unibake.framememo import KEPT
+    from unibake.sha256state import STATE_SIZE
+
+    resume = Resume(prefix="e" * 64, through="f" * 64, decoded_end=1 << 30, state="0" * (2 * STATE_SIZE))
+    seen = [FrameSeen(blob=f"{n:064x}", frame_sha256="b" * 64, length=1 << 24, size=1 << 26,
+                      compressor="zstd 1.5.5 level 3 long 27 checksum", resume=resume) for n in range(KEPT)]
+    folder = tmp_path / "frames"
+    remember_frames(folder, KEY, seen)
+    assert (folder / FILE).stat().st_size > 8 << 20
+    assert len(known_frames(folder, KEY)) == KEPT
+
+
+def test_a_signed_record_larger_than_its_limit_keeps_the_newest_entries_that_fit(tmp_path):
+    # (before: written whole, it was read back as no record, and every plan hashed every input again)
+    from unibake.signed import read_signed, write_signed
+
+    entries = {f"input-{n}": "x" * 100 for n in range(1000)}  # the newest first
+    write_signed(tmp_path, "t.json", KEY, VERSION, entries, limit=50_000)
+    assert (tmp_path / "t.json").stat().st_size <= 50_000
+    kept = read_signed(tmp_path, "t.json", KEY, VERSION, limit=50_000)
+    assert 300 < len(kept) < 1000 and list(kept) == [f"input-{n}" for n in range(len(kept))]
 
 
 def test_a_recorded_frame_that_lies_elsewhere_than_its_layer_is_refused(tmp_path):
@@ -228,7 +255,7 @@ def test_a_record_signed_as_another_kind_is_no_frames_record(tmp_path):
     folder = tmp_path / "frames"
     remember_frames(folder, KEY, [good])
     entries = {good.blob: [good.frame_sha256, good.length, good.size, good.compressor, None]}
-    write_signed(folder, "digests.json", KEY, VERSION, entries)
+    write_signed(folder, "digests.json", KEY, VERSION, entries, limit=1 << 20)
     (folder / "digests.json").replace(folder / FILE)
     assert known_frames(folder, KEY) == {}
 
