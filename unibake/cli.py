@@ -1036,6 +1036,7 @@ def _temporary_places(config: Path, given: bool, env: Mapping[str, str]):
     ``config`` is a profiles folder; one ``given`` that is not is exit 2) and the user's cache."""
     from .assemble import CONFIGS, FOLDERS, RECORDS
     from .digestmemo import FOLDER as DIGESTS
+    from .framememo import FOLDER as FRAMES
     from .inputs import LOCK_FILE
     from .pipeline import BUILD_MEMO, NORMALISED, sanitise_cache
     from .profiles import PRODUCT_FILE
@@ -1054,7 +1055,8 @@ def _temporary_places(config: Path, given: bool, env: Mapping[str, str]):
                    for name in selections]
         places += [Place(folder=root / memo, top=root) for memo in (BUILD_MEMO, NORMALISED)]
         # (the layers' records and the configs an assembled hotfix takes: unibake.assemble)
-        places += [Place(folder=root / BUILD_MEMO / records, top=root) for records in (RECORDS, CONFIGS, FOLDERS, DIGESTS)]
+        places += [Place(folder=root / BUILD_MEMO / records, top=root)
+                   for records in (RECORDS, CONFIGS, FOLDERS, DIGESTS, FRAMES)]
     elif given:
         raise InputError(f"--config {config}: no {PRODUCT_FILE} there: give the profiles folder of the project")
     cache = sanitise_cache(env)

@@ -535,12 +535,14 @@ def test_prune_removes_the_temporary_files_killed_writes_left_and_nothing_else(t
                          (root / ".cache/build-memo", "all-native.json"),
                          (root / ".cache/build-memo/layers", "c" * 64 + ".json"),  # (an assembled hotfix's records)
                          (root / ".cache/build-memo/configs", "d" * 64 + ".json"),
+                         (root / ".cache/build-memo/frames", "frames.json"),  # (before: left for good, up to 16 MiB)
                          (cache / "unibake/sanitise", "r1-" + "b" * 64 + ".json")):
         folder.mkdir(parents=True, exist_ok=True)
         assert _killed_writing("write", str(folder), name, cwd=root) == -signal.SIGKILL
     left = sorted(p for p in [*root.rglob(".*.tmp"), *cache.rglob(".*.tmp")])
     assert sorted(p.name.split(".")[1] for p in left) == sorted(["v2-" + "a" * 64 + "-0", "all-native", "Dockerfile",
-                                                                 "inputs", "r1-" + "b" * 64, "c" * 64, "d" * 64]), left
+                                                                 "inputs", "r1-" + "b" * 64, "c" * 64, "d" * 64,
+                                                                 "frames"]), left
     # what is not a killed write's: a user's file of a name no writer there writes, a link, another user's file
     mine = [busybox_product / ".notes.abcdefgh.tmp", root / "dockerfiles/rendered/all/.README.abcdefgh.tmp",
             root / "dockerfiles/.Dockerfile.abcdefgh.tmp", busybox_product / ".inputs.lock.tmp"]
