@@ -9,6 +9,7 @@ diffoci does (:func:`diff_layer`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from .engine import Engine
@@ -48,12 +49,15 @@ class ReproReport:
 
     @property
     def differing_layers(self) -> list[int]:
-        return [i for i, (x, y) in enumerate(zip(self.first.diff_ids, self.second.diff_ids)) if x != y]
+        """Each place whose layers differ, one build's missing layer included (a build of more layers)."""
+        return [i for i, (x, y) in enumerate(itertools.zip_longest(self.first.diff_ids, self.second.diff_ids))
+                if x != y]
 
     def rows(self) -> list[list[str]]:
         a, b = self.first, self.second
         rows = [["image ID", a.image_id, b.image_id, _same(a.image_id, b.image_id)]]
-        rows += [[f"layer {i + 1}", x, y, _same(x, y)] for i, (x, y) in enumerate(zip(a.diff_ids, b.diff_ids))]
+        rows += [[f"layer {i + 1}", x, y, _same(x, y)]
+                 for i, (x, y) in enumerate(itertools.zip_longest(a.diff_ids, b.diff_ids, fillvalue="(none)"))]
         rows.append(["archive sha256", a.archive_sha256, b.archive_sha256, _same(a.archive_sha256, b.archive_sha256)])
         return rows
 
@@ -68,9 +72,19 @@ class ReproReport:
     def raise_if_different(self) -> None:
         if self.reproducible:
             return
+        a, b = self.first, self.second
+        if a.image_id == b.image_id:  # the same image, written to two archives of other bytes
+            raise VerificationError(f"the builds are the same image ({a.image_id}), but its archives differ "
+                                    f"(sha256 {a.archive_sha256} against {b.archive_sha256}): the archive is not "
+                                    "written alike from one image")
+        if len(a.diff_ids) != len(b.diff_ids):
+            count = len(a.diff_ids)
+            raise VerificationError(f"not reproducible: the first build has {count} layer{'s' * (count != 1)}, the "
+                                    f"second {len(b.diff_ids)}" + (f"; layer {self.differing_layers[0] + 1} is the first that "
+                                                            "differs" if self.differing_layers else ""))
         if not self.differing_layers:
-            raise VerificationError(f"the builds differ only in their config ({self.first.image_id} against "
-                                    f"{self.second.image_id}): labels, environment or history")
+            raise VerificationError(f"the builds differ only in their config ({a.image_id} against "
+                                    f"{b.image_id}): labels, environment or history")
         diff = self.layer
         assert diff is not None
         first = diff.entries[0] if diff.entries else ("(no entry)", "the layer tars differ in order or padding")
@@ -117,5 +131,7 @@ def compare(engine: Engine, tag: str, first: ReproBuild, second: ReproBuild) -> 
     if report.reproducible or not report.differing_layers:
         return report
     i = report.differing_layers[0]
+    if i >= min(len(first.diff_ids), len(second.diff_ids)):  # one build's extra layer: nothing to list it against
+        return report
     layer = diff_layer(engine, first.image_id, second.image_id, i, (first.diff_ids[i], second.diff_ids[i]))
     return ReproReport(tag=tag, first=first, second=second, layer=layer)

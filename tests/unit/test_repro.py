@@ -31,6 +31,27 @@ def test_builds_that_differ_only_in_their_config_say_so():
         compare(FakeEngine(), "demo:1", a, b).raise_if_different()
 
 
+def test_one_image_in_two_archives_of_other_bytes_is_said_as_such():
+    # (before: "differ only in their config (sha256:1... against sha256:1...)", the same ID twice)
+    a = ReproBuild(image_id=D1, diff_ids=(D2,), archive_sha256="a" * 64)
+    b = ReproBuild(image_id=D1, diff_ids=(D2,), archive_sha256="b" * 64)
+    with pytest.raises(VerificationError, match=rf"^the builds are the same image \({D1}\), but its archives differ "
+                                                rf"\(sha256 {'a' * 64} against {'b' * 64}\)"):
+        compare(FakeEngine(), "demo:1", a, b).raise_if_different()
+
+
+def test_builds_of_other_layer_counts_say_so_and_show_every_layer():
+    # (before: the layers were paired with zip: the extra one was left out, and the report said "config only")
+    a = ReproBuild(image_id=D1, diff_ids=(D2,), archive_sha256="a" * 64)
+    b = ReproBuild(image_id=D3, diff_ids=(D2, D3), archive_sha256="b" * 64)
+    report = compare(FakeEngine(), "demo:1", a, b)
+    assert [row[0] for row in report.rows()] == ["image ID", "layer 1", "layer 2", "archive sha256"]
+    assert report.rows()[2] == ["layer 2", "(none)", D3, "DIFFERENT"]
+    with pytest.raises(VerificationError, match=r"^not reproducible: the first build has 1 layer, the second 2; "
+                                                r"layer 2 is the first that differs$"):
+        report.raise_if_different()
+
+
 def test_the_first_differing_layer_is_listed_entry_by_entry():
     engine = FakeEngine()
     base = layer([("bin/sh", b"sh", 1)])
