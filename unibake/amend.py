@@ -25,10 +25,12 @@ from .errors import InputError, NoLocks, UnibakeError, VerificationError
 from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS, SUMS_LIMIT, _holder, _sign, held_signals, record_temp
+from .signing import ASC, MINISIG
 from .sums import render_sums
 from .templates import render_template
 
 MARKER = "<!-- unibake: registry -->"
+SUMS_SIGNATURES = (SUMS + ASC, SUMS + MINISIG)  # a release's signatures, of its SHA256SUMS
 NOTES = ("RELEASE_NOTES.md", "README-DIST.md")
 NOTES_LIMIT = 16 << 20  # a release's notes are kilobytes
 RENAME_EXCHANGE = 2
@@ -215,14 +217,21 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
         fresh_folder(staging, "a push's copy of a release", mode=0o700)
         try:
             new_sums = dict(sums)
+            old_signatures = []  # the old SHA256SUMS's: each kind signed again goes with the new one, any other is stale
             for entry in os.scandir(folder):
-                if entry.name not in texts and entry.name != SUMS and entry.is_file(follow_symlinks=False):
+                if entry.name in SUMS_SIGNATURES:
+                    old_signatures.append(entry.name)
+                elif entry.name not in texts and entry.name != SUMS and entry.is_file(follow_symlinks=False):
                     os.link(entry.path, staging / entry.name)
             for name, text in texts.items():
                 new_sums[name] = write_atomic(staging, name, text)
             listing = render_sums(new_sums)
             write_atomic(staging, SUMS, listing)
             signatures = list(sign(staging / SUMS)) if sign is not None else []
+            stale = sorted(set(old_signatures) - set(signatures))
+            for name in stale:  # (before: linked into the new folder, a signature that no longer matched, unsaid)
+                on_warning(f"{folder / name} signed the old {SUMS}, and no key of its kind signed the new one: it is "
+                           "left out of the release folder (sign the release again with that key to have one)")
             for name in [*texts, SUMS, *signatures]:  # each new file as the one it replaces
                 old = _old_stat(folder / name)
                 if old is not None:
@@ -238,6 +247,8 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
             else:  # one file at a time, SHA256SUMS last
                 for name in [*texts, SUMS, *signatures]:
                     os.replace(staging / name, folder / name)
+                for name in stale:
+                    (folder / name).unlink(missing_ok=True)
                 fsync_dir(folder)
         finally:
             remove_tree(staging, ignore_errors=True)

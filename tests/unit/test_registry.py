@@ -660,6 +660,31 @@ def test_an_amend_signs_the_new_sums_again_and_moves_the_signature_in_with_them(
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
 
 
+@pytest.mark.parametrize("atomic", [True, False])
+def test_a_signature_of_a_kind_not_signed_again_is_dropped_with_a_warning_not_left_stale(tmp_path, monkeypatch,
+                                                                                          minisign_key, atomic):
+    # (before: a SHA256SUMS.asc put beside the release by hand was linked into the new folder, a signature that no
+    # longer matched its SHA256SUMS, and nothing said so)
+    secret, _ = minisign_key
+    folder, _ = make_release(tmp_path / "release")
+    signer = check_keys(None, secret, {})
+    signer.sign(folder / "SHA256SUMS")
+    (folder / "SHA256SUMS.asc").write_text("-----BEGIN PGP SIGNATURE-----\nby hand\n-----END PGP SIGNATURE-----\n")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    if not atomic:
+        monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
+    warnings = []
+    amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
+                        sign=signer.sign, on_warning=warnings.append)
+    assert not (folder / "SHA256SUMS.asc").exists() and (folder / "SHA256SUMS.minisig").exists()
+    assert warnings == [f"{folder / 'SHA256SUMS.asc'} signed the old SHA256SUMS, and no key of its kind signed the "
+                        "new one: it is left out of the release folder (sign the release again with that key to have "
+                        "one)"]
+    assert not verify_folder(folder).failures
+
+
 def _hotfix_release(out, shared, old, new):
     """Release 1.0 of the layers ``shared`` and ``old``, and its hotfix 1.1 of ``shared`` and ``new`` (``shared``
     omitted from its archive); returns the hotfix's folder, the base's manifest, the omitted diffID and the image ID."""
