@@ -181,6 +181,13 @@ def test_verify_sh_and_the_rebuild_check_the_ledger_and_the_base_image_before_bu
     extra = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True)
     assert extra.returncode == 3 and "not listed in kit.sha256: stray.txt" in extra.stderr
     (folder / "stray.txt").unlink()
+    # names that the shell would read as a pattern or an option are named as they are (before: * listed the folder)
+    for name in ("*", "-n"):
+        (folder / name).write_text("x")
+    extra = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True)
+    assert extra.returncode == 3 and "not listed in kit.sha256: * -n\n" in extra.stderr, extra.stderr
+    for name in ("*", "-n"):
+        (folder / name).unlink()
     with open(folder / "context.tar", "ab") as fh:
         fh.write(b"\0" * 512)
     changed = subprocess.run(["sh", "./verify.sh"], cwd=folder, capture_output=True, text=True)
