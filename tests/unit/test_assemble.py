@@ -233,12 +233,29 @@ def test_a_layer_s_record_is_taken_back_only_as_this_user_signed_it(tmp_path):
     assert remembered_layer(tmp_path, b"x" * 32, diff_id) is None  # another user's key (a checkout brought it)
     assert remembered_layer(tmp_path, KEY, "sha256:" + "e" * 64) is None
     path = next((tmp_path / "layers").glob("*.json"))
-    record = json.loads(path.read_text())
+    mac, body = path.read_bytes().split(b"\n", 1)
+    record = json.loads(body)
     record["found"]["files"][0][2] = "UGFja2FnZTogZXZpbA=="  # another package list, the signature as it was
-    path.write_text(json.dumps(record))
+    path.write_bytes(mac + b"\n" + json.dumps(record).encode())
     assert remembered_layer(tmp_path, KEY, diff_id) is None
     path.write_text("{")
     assert remembered_layer(tmp_path, KEY, diff_id) is None
+
+
+def test_a_layer_record_is_checked_before_it_is_parsed(tmp_path, monkeypatch):
+    # (before: a record a checkout planted was parsed first, up to a GiB, six times that in memory, then refused)
+    from unibake import assemble
+
+    diff_id = "sha256:" + "d" * 64
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / f"{'d' * 64}.json").write_text('{"version": 1, "found": [' + "0, " * 100_000 + '0]}')
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(assemble.json, "loads", lambda text, *a, **k: parsed.append(len(text)) or real_loads(text))
+    assert assemble.remembered_layer(tmp_path, KEY, diff_id) is None
+    assert parsed == []  # never parsed
+    assemble.remember_layers(tmp_path, KEY, [(diff_id, 4096, _found())])
+    assert assemble.remembered_layer(tmp_path, KEY, diff_id)[0] == 4096 and len(parsed) == 1
 
 
 def test_a_released_config_is_taken_back_only_when_its_digest_is_the_image_id(tmp_path):
