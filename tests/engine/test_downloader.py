@@ -118,25 +118,27 @@ def test_verify_release_script_refuses_a_corrupt_part_before_loading(split_relea
 
 
 def run_guide(markdown: str, folder: Path, engine_address: str, *, skip: tuple[str, ...],
-              variables: dict[str, str] | None = None) -> list[str]:
-    """Run every command of a guide's code blocks in ``folder``, in order, as one script."""
+              variables: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """Run every command of a guide's code blocks in ``folder``, in order, as one script; the lines run, and
+    what the script printed (a check written ``test ... && echo ok`` does not stop a ``set -e`` script when it
+    fails: what it printed says whether it passed)."""
     # the registry's and the many engines' lines run in tests/engine/test_registry.py and test_deploy.py
     lines = code_lines(markdown, skip + ("# needs GPUs", "# from a registry", "# several engines"))
     script = "set -e\n" + "".join(f"{k}={v}\n" for k, v in (variables or {}).items())
     script += "".join(line + "\n" for line in lines if not re.match(r"^[A-Z]+=\S+\s+#", line))
     result = sh(["sh", "-c", script], folder, DOCKER_HOST=engine_address)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    return lines
+    return lines, result.stdout
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["single-file", "parts"])
 def test_every_command_of_the_release_guide_works(cli, busybox_product, version, images, tmp_path, scratch, split):
     images(f"unibake-test:{version}")
     folder = make_release(cli, busybox_product, version, tmp_path / "release", split)
-    lines = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=())
+    lines, printed = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=())
     assert any("zstd -dc | docker load" in line or "| docker load" in line for line in lines)
     assert any(".part-000 " in line for line in lines) == split and not any(".part-*" in line for line in lines)
-    assert any("image ID ok" in line for line in lines)
+    assert "image ID ok\n" in printed, printed  # (printed: the check ran and passed)
     assert sum(1 for line in lines if line.startswith("./run.sh --dry-run")) == 2
 
 
@@ -149,6 +151,7 @@ def test_every_command_of_the_top_level_guide_works(cli, busybox_product, versio
     # the guide's signature lines are for the kinds the publisher signs with, and fail where there is
     # none (test_signatures_hardened runs them): this release is unsigned
     skip += ("# signed with",)
-    lines = run_guide(guide, folder, scratch.engine.address, skip=skip,
-                      variables={"ARCHIVE": f"unibake-test-{version}.tar.zst", "TAG": f"unibake-test:{version}"})
+    variables = {"ARCHIVE": f"unibake-test-{version}.tar.zst", "TAG": f"unibake-test:{version}"}
+    lines, printed = run_guide(guide, folder, scratch.engine.address, skip=skip, variables=variables)
     assert any("docker load" in line for line in lines) and any("self-check" in line for line in lines)
+    assert "image ID ok\n" in printed, printed

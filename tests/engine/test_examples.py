@@ -78,8 +78,9 @@ def test_the_example_is_built_released_and_verified_as_a_downloader_would(cli, e
         # every command of the release's own guide, multi-node dry runs and the in-image self-check included
         # (run.sh looks the profile's groups up on the host: this one has video, not render)
         fake_bin = _fake_getent(tmp_path, {"video": 44, "render": 109})
-        lines = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=(),
-                          variables={"PATH": f"{fake_bin}:$PATH"})
+        lines, printed = run_guide((folder / "README-DIST.md").read_text(), folder, scratch.engine.address, skip=(),
+                                   variables={"PATH": f"{fake_bin}:$PATH"})
+        assert "image ID ok\n" in printed, printed
         assert any(line.startswith("NODE_RANK=0 MASTER_ADDR=") for line in lines) == (example == "sglang-arm64-roce")
 
     # What the stack itself needs, in the image.

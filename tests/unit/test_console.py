@@ -68,6 +68,7 @@ def test_a_terminal_gets_bars_and_colour_unless_no_color():
     reporter.table("releases", ["release", "state"], [["1.3.1", "verifies"]])
     reporter.summary("unibake: built", [("image", "demo:1")], "built demo:1")
     assert "Step 2/3 : RUN make" in screen.getvalue() and "verifies" in screen.getvalue()
+    assert "\x1b[" in screen.getvalue() and "━" in screen.getvalue()  # colour, and the progress bar drawn
     assert Reporter(env={"NO_COLOR": "1"}, stream=Terminal()).console.no_color
 
 

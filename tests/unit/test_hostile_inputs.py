@@ -50,8 +50,12 @@ def test_hostile_labels_of_a_foreign_image_reach_the_notes_escaped(tmp_path, val
               "org.opencontainers.image.version": text, "com.example.note": text + "\nsecond line"}
     folder = release_foreign(tmp_path, labels)["release"].folder
     notes = (folder / "RELEASE_NOTES.md").read_text()
-    outside_code = re.sub(r"(`+).*?\1", "", notes)  # inside a code span nothing is markup
-    assert "<script>" not in notes and "[link](javascript" not in outside_code
+    outside_code = re.sub(r"(`+).*?\1", "", notes)  # inside a code span nothing is markup (CommonMark: shown as is)
+    assert "<script>" not in outside_code and "[link](javascript" not in outside_code
+    from markdown_it import MarkdownIt
+
+    shown = MarkdownIt("commonmark").enable("table").render(notes)  # as a viewer renders it: no element of theirs
+    assert "<script" not in shown and 'href="javascript' not in shown
     assert "\nsecond line" not in notes
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["labels"]["com.example.note"] == text + "\nsecond line"  # kept as data, where it is inert
@@ -84,6 +88,10 @@ def test_hostile_image_metadata_is_refused_or_inert(tmp_path, server, field, val
     assert not canary.exists()
 
 
+NOTES_ELEMENTS = {"h1", "h2", "h3", "p", "code", "pre", "table", "thead", "tbody", "tr", "th", "td", "strong", "em",
+                  "ul", "ol", "li", "br", "hr"}
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=st.text(min_size=1, max_size=60))
 def test_any_label_text_gives_a_release_or_one_clear_error(tmp_path_factory, value):
@@ -95,7 +103,13 @@ def test_any_label_text_gives_a_release_or_one_clear_error(tmp_path_factory, val
         assert str(exc) and "\n" not in str(exc)
         return
     notes = (folder / "RELEASE_NOTES.md").read_text()
-    assert "<" not in notes.split("## Verify")[0].replace("<none>", "")  # no HTML from a label above the fold
+    above = notes.split("## Verify")[0].replace("<none>", "")
+    assert "<" not in re.sub(r"(`+).*?\1", "", above)  # no HTML from a label above the fold, outside a code span
+    from markdown_it import MarkdownIt
+
+    # rendered as a viewer renders it (CommonMark: a code span shows its text as it is), no element but the notes' own
+    shown = MarkdownIt("commonmark").enable("table").render(above)
+    assert set(re.findall(r"</?([A-Za-z][\w-]*)", shown)) <= NOTES_ELEMENTS, shown
 
 
 def test_a_profile_file_name_holding_a_newline_is_refused(cli, busybox_product):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -230,6 +231,15 @@ def test_the_image_manifest_lists_every_baked_file_with_its_digest(busybox_produ
     assert paths == sorted(paths)
     assert {"engine/serve.sh", "engine/handle.sh", "profiles/tp1/tune/cache-1.json",
             "profiles/tp2/tune/cache-3.json", "meta/entrypoint.sh", "meta/self-check.sh"} <= set(paths)
+    # every file the context bakes (under the install root: ctx/, its upper part ctx/upper/), with its sha256, and
+    # no other (the list itself and the Dockerfile are not baked files)
+    listed = {line.split("  ", 1)[1]: line.split("  ", 1)[0] for line in manifest.splitlines()}
+    baked = {re.sub(r"^ctx/(upper/)?", "", f.name): f.sha256 for f in context.files
+             if f.name not in ("Dockerfile", "ctx/upper/meta/files.sha256")}
+    assert listed == baked
+    for f in context.files:  # each digest the very bytes'
+        if f.data is not None and f.name != "Dockerfile" and f.name != "ctx/upper/meta/files.sha256":
+            assert hashlib.sha256(f.data).hexdigest() == listed[re.sub(r"^ctx/(upper/)?", "", f.name)]
 
 
 def test_engine_words_expand_only_braced_variables_at_start(busybox_product, tmp_path):

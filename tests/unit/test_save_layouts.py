@@ -130,4 +130,6 @@ def _members(data: bytes):
 def test_a_big_layer_is_hashed_not_kept():
     big = layer_tar({"weights.bin": bytes(range(256)) * (80 * 1024)})  # 20 MiB, above the keep limit
     data, image_id, diff_ids = docker_layout([big])
-    assert list(inspect(data).diff_ids) == diff_ids
+    saved = inspect(data)
+    assert list(saved.diff_ids) == diff_ids
+    assert saved.layer_members[0].size == len(big) and saved.layer_members[0].data is None  # hashed, not held
