@@ -717,7 +717,7 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     if len(tag.split(":", 1)[1]) > 128:
         raise InputError(f"the tag {tag!r} is longer than 128 characters; select fewer profiles")
     notes = read_notes(root, data.get("notes", {}), lambda p: where(("notes",) + p))
-    _scan_notes(root, data.get("notes", {}), notes, allow + allow_yaml)
+    _scan_notes(root, data.get("notes", {}), notes, allow + allow_yaml, identity)
 
     inputs = list(engine.source.files) + [x.file for x in patches]
     for k in kernels:
@@ -768,7 +768,8 @@ def make_plan(config_dir: Path, *, profiles: list[str] | None = None, version: s
     # the release's kit carries these files whole, comments and keys no value scan reads included
     found = [f for rel, data in held.items()
              for f in (_scan_yaml(rel, data, allow_yaml) if rel in parsed else scan_bytes(data, rel, addresses=True))]
-    enforce(found, allow + allow_yaml, "the profile files (the release's reconstruct kit carries them as they are)")
+    enforce(found, allow + allow_yaml, "the profile files (the release's reconstruct kit carries every profile file of "
+            "the product as it is, comments too)")
     plan = ReleasePlan(
         product=data["product"], version=version, tag=tag, default_profile=default,
         profiles=tuple(chosen), known_profiles=tuple(sorted(merged)),
@@ -923,13 +924,14 @@ def _scan_yaml(rel: str, data: bytes, allow_patterns: tuple[str, ...]) -> list[F
     return found
 
 
-def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...]) -> None:
+def _scan_notes(root: Path, data: dict, notes: Notes, allow: tuple[str, ...], identity: tuple[str, ...]) -> None:
     """The notes' files go into the release's texts, whose scan (at publish, after the build, the export
-    and the gates) named RELEASE_NOTES.md: scanned now, by their repository file and line."""
+    and the gates) named RELEASE_NOTES.md: scanned now, by their repository file and line, with the same rules
+    (the builder's home and name too: found only at publish, they failed the release after every stage)."""
     texts: dict[str, str | bytes] = {data[key]: read_small_text(root / data[key], InputError, limit=MAX_TEXT)
                                      for key in ("changelog", "known_limits") if key in data}
     texts.update({a.file.path: a.read() for a in notes.attachments})
-    enforce(scan_release_texts(texts, ()), allow, "the notes' files")
+    enforce(scan_release_texts(texts, identity), allow, "the notes' files")
 
 
 def _kernel(root: Path, data: dict, where, default_builder: str | None, platform: Platform,

@@ -32,10 +32,19 @@ from .regexsafe import backtracks
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
 # TOKEN, not TOKENS: MAX_TOKENS and ..._TOKENS_PER_RANK are counts, not secrets; nor TOKENIZER(S):
 # TOKENIZERS_PARALLELISM=false and TOKENIZER_MODE=auto are settings every Hugging Face stack has
-# (PASS, PAT only as the name's last word: SMTP_PASS, GH_PAT, not BYPASS_CACHE or PATH)
+# (PASS, AUTHORIZATION and a connection string only as the name's last word: SMTP_PASS, HTTP_AUTHORIZATION,
+# AZURE_STORAGE_CONNECTION_STRING; not BYPASS_CACHE, AUTHORIZATION_MODE or KAFKA_CONNECTION_STRATEGY. A personal
+# access token is found by its form, ghp_/github_pat_, not by a name: URL_PAT and LOG_PAT are patterns)
 SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S|I[SZ])|CREDENTIAL|API_?KEY|PRIVATE_?KEY|"
-                            r"(^|_)PWD$|(^|_)PASS$|(^|_)PAT$|(^|_)AUTH($|_)|AUTHORI[SZ]ATION|CONN(ECTION)?_?STR(ING)?|"
+                            r"(^|_)PWD$|(^|_)PASS$|(^|_)AUTH($|_)|AUTHORI[SZ]ATION$|CONN(ECTION)?_?STR(ING)?$|"
                             r"_KEY$)", re.I)
+# a value no secret is, whatever its name says: a switch or a small count (TWO_PASS=1, ENABLE_AUTH=true)
+NOT_A_SECRET_RE = re.compile(r"(true|false|yes|no|on|off|none|null|\d{1,3})", re.I)
+
+
+def secret_by_name(name: str, value: str) -> bool:
+    """Whether ``name`` says secret and ``value`` may be one."""
+    return bool(value) and bool(SECRET_NAME_RE.search(name)) and not NOT_A_SECRET_RE.fullmatch(value.strip())
 # Each rule: what it finds, the literal anchors every match contains (found first, at memory
 # speed: Python's regex engine would otherwise try the whole pattern at every byte of a 400 MB
 # library), and the pattern, searched only around an anchor.
@@ -327,7 +336,7 @@ def scan_env(pairs: Iterable[tuple[str, str]], where: str | Callable[[str], str]
     """Variables whose name says secret and whose value is set (PASSWORD=..., HF_TOKEN=..., MYSQL_PWD=...)."""
     place = where if callable(where) else (lambda key: f"{where} {key}")
     return [Finding(where=place(key), kind=BY_NAME, value=value)
-            for key, value in pairs if SECRET_NAME_RE.search(key) and value]
+            for key, value in pairs if secret_by_name(key, value)]
 
 
 def scan_values(pairs: Iterable[tuple[str, str, str]], identity: tuple[str, ...] = ()) -> list[Finding]:
@@ -335,7 +344,7 @@ def scan_values(pairs: Iterable[tuple[str, str, str]], identity: tuple[str, ...]
     value against every rule, private addresses and the builder's ``identity`` included."""
     findings = []
     for where, name, value in pairs:
-        if name and SECRET_NAME_RE.search(name) and value:
+        if name and secret_by_name(name, value):
             findings.append(Finding(where=where, kind=BY_NAME, value=value))
         findings += [Finding(where=where, kind=f.kind, value=f.value)
                      for f in scan_bytes(value.encode("utf-8", "surrogateescape"), where, addresses=True,

@@ -110,10 +110,13 @@ def open_above(folder: Path) -> str | None:
     real = Path(os.path.realpath(folder))
     for above in dict.fromkeys([*given.parents, *real.parents]):
         try:
+            link = os.lstat(above)
             info = os.stat(above)
         except FileNotFoundError:  # (made by this run, this user's)
             continue
         except OSError:
+            return str(above)
+        if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):  # its owner may point it elsewhere
             return str(above)
         if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
             return str(above)
@@ -169,7 +172,8 @@ def _processes_of(places: list[Path]) -> list[tuple[int, str]]:
             args = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if exe not in DAEMON_EXECUTABLES or not ours or _mount_namespace(entry.name) != ours:
+        # (where this process's own namespace cannot be read, a sandbox's /proc: every one is taken as its own)
+        if exe not in DAEMON_EXECUTABLES or (ours and _mount_namespace(entry.name) != ours):
             continue
         words = [a.decode("utf-8", "replace").removeprefix("unix://") for a in args]
         if any(w == p or w.startswith(p + "/") for w in words for p in prefixes):

@@ -272,6 +272,24 @@ def test_a_scratch_dir_under_a_folder_another_user_may_write_is_refused(tmp_path
         shared / "scratch"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another user's needs root to make")
+def test_a_scratch_dir_through_a_link_another_user_owns_is_refused(tmp_path):
+    # (the link's target was checked, not the link: its owner could point it elsewhere, in a sticky /tmp too)
+    from unibake.cli import Context, _request, build_parser
+    from unibake.console import Reporter
+
+    ctx = Context(env={"SOURCE_DATE_EPOCH": "0"}, cwd=tmp_path, reporter=Reporter(env={"CI": "1"}))
+    (tmp_path / "target" / "scratch").mkdir(parents=True, mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    os.lchown(tmp_path / "link", 65534, 65534)
+    with pytest.raises(InputError, match=rf"^--scratch-dir link/scratch: .*under {re.escape(str(tmp_path / 'link'))}, "
+                                         r"which another user may write"):
+        _request(build_parser().parse_args(["build", "--scratch-dir", "link/scratch"]), ctx)
+    os.lchown(tmp_path / "link", 0, 0)
+    assert _request(build_parser().parse_args(["build", "--scratch-dir", "link/scratch"]), ctx).scratch_dir == \
+        tmp_path / "link/scratch"
+
+
 def test_text_from_outside_cannot_forge_a_second_error_line_or_drive_the_terminal(cli, tmp_path):
     # a path, an image's output, a file name in a layer: printed with its control characters escaped
     hostile = str(tmp_path / "a\nerror: everything is fine\x1b[2J\x1b]0;PWNED\x07")

@@ -592,7 +592,9 @@ def test_dry_run_hides_the_value_of_an_e_whose_name_says_secret_as_unibake_s_san
     names = ["HF_TOKEN", "hf_token", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "WANDB_APIKEY", "AWS_SECRET_ACCESS_KEY",
              "DB_PASSWORD", "PGPASSWD", "GPG_PASSPHRASE", "MYSQL_PWD", "PWD_X", "NPM_AUTH", "AUTH_X", "SSH_KEY",
              "GCP_CREDENTIALS", "MY_PRIVATE_KEY", "TOKENTOKENS", "TOKENIZERS_PARALLELISM", "MAX_TOKENS", "TOKENISE",
-             "KEYS_DIR", "KEY", "KEY_X", "PWDX", "AUTHOR", "MONKEY", "HF_HOME", "NCCL_DEBUG", "X_AUTH_Y"]
+             "KEYS_DIR", "KEY", "KEY_X", "PWDX", "AUTHOR", "MONKEY", "HF_HOME", "NCCL_DEBUG", "X_AUTH_Y", "SMTP_PASS",
+             "BYPASS_CACHE", "HTTP_AUTHORIZATION", "AUTHORIZATION_MODE", "AZURE_STORAGE_CONNECTION_STRING", "DB_CONN_STR",
+             "KAFKA_CONNECTION_STRATEGY"]
     args = [w for n in names for w in ("-e", f"{n}=v@l ue")]
     run = run_sh(shell, folder, "--dry-run", "-e", "EMPTY_TOKEN=", *args, "tp1", "-e", "HF_TOKEN=engine")
     assert run.returncode == 0 and run.stderr == b"", run.stderr

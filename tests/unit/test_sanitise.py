@@ -385,7 +385,8 @@ def test_a_token_in_a_profile_comment_is_refused_at_the_plan_as_the_kit_carries_
     tp1.write_text("".join(lines[:1]) + f"# old: HF_TOKEN={HF_SAMPLE} (see /home/alice/notes)\n" + "".join(lines[1:]))
     with pytest.raises(VerificationError, match=r"^sanitisation: profiles/tp1\.yaml:2: Hugging Face token \(hf_A…Ij, "
                                                 r"35 characters\) \(and 1 more\) in the profile files \(the release's "
-                                                r"reconstruct kit carries them as they are\)"):
+                                                r"reconstruct kit carries every profile file of the product as it is, "
+                                                r"comments too\)"):
         make_plan(busybox_product, verify_lock=False)
     product = busybox_product / "product.yaml"  # allowed, as a value found by the value scan is
     product.write_text(product.read_text() + "sanitise: {allow: ['^hf_AbCd', '^/home/alice$']}\n")
@@ -406,15 +407,41 @@ def test_a_binary_attachment_is_scanned_as_bytes(busybox_product):
         make_plan(busybox_product, verify_lock=False)
 
 
-@pytest.mark.parametrize("name", ["SMTP_PASS", "DB_PASS", "RABBITMQ_DEFAULT_PASS", "AUTHORIZATION",
-                                  "AZURE_STORAGE_CONNECTION_STRING", "GH_PAT", "db_conn_str"])
+def test_the_builder_s_name_in_an_attachment_is_refused_at_the_plan_as_at_publish(busybox_product):
+    # (before: the plan scanned the notes' files without the builder's name and home; publish, with them, refused
+    # the release after the build, the export, the round trip and the gates)
+    from unibake.plan import make_plan
+
+    notes = busybox_product.parent / "notes"
+    notes.mkdir()
+    (notes / "results.db").write_bytes(b"SQLite format 3\0" + b"\0" * 100 + b"run by runner on ci\0")
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + "notes: {attachments: [notes/results.db]}\n")
+    with pytest.raises(VerificationError, match=r"^sanitisation: notes/results\.db at byte 123: the builder's home or "
+                                                r"user name \(ru…, 6 characters\) in the notes' files"):
+        make_plan(busybox_product, verify_lock=False, identity=("runner",))
+    make_plan(busybox_product, verify_lock=False, identity=("alice",))
+
+
+@pytest.mark.parametrize("name", ["SMTP_PASS", "DB_PASS", "RABBITMQ_DEFAULT_PASS", "AUTHORIZATION", "HTTP_AUTHORIZATION",
+                                  "AZURE_STORAGE_CONNECTION_STRING", "db_conn_str"])
 def test_more_names_that_mean_a_secret_are_found(name):
     assert [f.where for f in scan_env([(name, "v4lue")], "env")] == [f"env {name}"]
 
 
-@pytest.mark.parametrize("name", ["BYPASS_CACHE", "PATH", "PASS_THROUGH", "COMPASS", "PATCH_LEVEL", "AUTHOR"])
+@pytest.mark.parametrize("name", ["BYPASS_CACHE", "PATH", "PASS_THROUGH", "COMPASS", "PATCH_LEVEL", "AUTHOR",
+                                  "AUTHORIZATION_MODE", "KAFKA_CONNECTION_STRATEGY", "GRPC_MAX_CONNECTION_STREAMS",
+                                  "DB_CONNECTION_STRICT", "URL_PAT", "LOG_PAT"])
 def test_names_that_only_look_like_a_secret_s_are_not(name):
     assert scan_env([(name, "v")], "env") == []
+
+
+@pytest.mark.parametrize("value", ["1", "true", "False", "on", "none", "256"])
+def test_a_switch_or_a_small_count_is_no_secret_whatever_its_name(value):
+    # TWO_PASS=1 or ENABLE_AUTH=true is a setting: refused, it needed an allow pattern for a value of one character
+    assert scan_env([("TWO_PASS", value), ("NCCL_AUTH", value)], "env") == []
+    assert [f.where for f in scan_env([("TWO_PASS", "1234"), ("DB_PASSWORD", "hunter2")], "env")] == \
+        ["env TWO_PASS", "env DB_PASSWORD"]
 
 
 def test_a_utf16_attachment_is_read_as_text():

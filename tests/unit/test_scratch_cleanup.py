@@ -104,6 +104,23 @@ def test_a_daemon_in_another_mount_namespace_naming_the_same_folder_is_not_ours(
             process.wait()
 
 
+def test_where_no_mount_namespace_can_be_read_the_daemons_are_still_found(tmp_path, monkeypatch):
+    # (a sandbox whose /proc has no ns/mnt: the check of the namespace left every daemon running, and its folder was
+    # removed under it)
+    from unibake import scratch
+
+    monkeypatch.setattr(scratch, "_mount_namespace", lambda pid: "")
+    fake = tmp_path / "docker-proxy"
+    shutil.copy("/bin/sh", fake)
+    here = subprocess.Popen([str(fake), "-c", "sleep 30; :", str(tmp_path / "root")], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        assert [pid for pid, _ in _processes_of([tmp_path])] == [here.pid]
+    finally:
+        os.killpg(here.pid, signal.SIGKILL)
+        here.wait()
+
+
 def test_the_default_scratch_place_is_private_and_the_sockets_live_there():
     base = private_base()
     info = os.lstat(base)
