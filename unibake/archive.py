@@ -42,7 +42,7 @@ from pydantic import Field, ValidationError
 from .contents import ImageContents, LayerInspector
 from .errors import ArchiveError, DiskFull, UnibakeError
 from .imagetar import (BLOCK, OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, SavedImage, full_reference, interpret,
-                       read_members, tar_header, tar_padding)
+                       looks_like_layer, read_members, tar_header, tar_padding)
 from .metadata import Record, first_error
 from .platforms import of_config
 from .threads import read_ahead
@@ -170,8 +170,15 @@ class PartWriter:
 
     def _close_part(self) -> None:
         fh, self._fh = self._fh, None
-        fh.flush()
-        os.fsync(fh.fileno())
+        try:  # (the last frames wait in the buffer: a full disk is said here, as at a write)
+            fh.flush()
+            os.fsync(fh.fileno())
+        except OSError as exc:
+            try:
+                fh.close()
+            except OSError:
+                pass
+            raise _disk_error(exc, self.folder) from None
         fh.close()
         final = self._final_name(len(self.done))
         os.replace(self._temps[-1], self.folder / final)
@@ -185,6 +192,8 @@ class PartWriter:
         fd = os.open(self.folder, os.O_RDONLY)
         try:
             os.fsync(fd)
+        except OSError as exc:
+            raise _disk_error(exc, self.folder) from None
         finally:
             os.close(fd)
         return tuple(self.done)
@@ -570,7 +579,20 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
     """Write the canonical tar as zstd frames: small pieces gathered in one frame, spooled frames
     copied (an earlier archive's, :class:`_Lent`, too); the first spool, when nothing big
     precedes it, is not copied at all. The last frame is a skippable one: the index of where every blob
-    lies (``frames_id``, the compressor's settings, in it), through which a later release copies frames."""
+    lies (``frames_id``, the compressor's settings, in it), through which a later release copies frames.
+    On a failure, what it wrote is removed (the caller has no writer to abort yet): the temporary file, the
+    adopted spool in it, the parts already named."""
+    made: list[PartWriter] = []
+    try:
+        return _assemble_into(made, entries, folder, name, split, cctx, frames_id)
+    except BaseException:
+        for out in made:
+            out.abort()
+        raise
+
+
+def _assemble_into(made: list[PartWriter], entries, folder: Path, name: str, split: int | None,
+                   cctx: zstandard.ZstdCompressor, frames_id: str) -> tuple[PartWriter, int]:
     first = entries[2][1] if len(entries) > 2 and isinstance(entries[2][1], (_Spool, _Lent)) else None
     head = b"".join(tar_header(n, s, directory=c is None) for n, c, s in entries[:3]) if first else b""
     head_frame = cctx.compress(head) if first else b""
@@ -582,10 +604,12 @@ def _assemble(entries, folder: Path, name: str, split: int | None, cctx: zstanda
         with open(first.path, "r+b") as fh:  # the headers go into the room kept at its head
             fh.write(head_frame + skippable(RESERVE - len(head_frame)))
         out = PartWriter(folder, name, split, adopt=None if split else first.path)
+        made.append(out)
         if split:
             out.copy_from(first.path)
     else:
         out = PartWriter(folder, name, split)
+        made.append(out)
     if first is not None:
         if isinstance(first, _Lent):  # laid out as an adopted spool is: the same bytes
             out.write(head_frame + skippable(RESERVE - len(head_frame)))
@@ -655,8 +679,10 @@ def write_archive(chunks: Iterable[bytes], folder: Path, name: str, *, tag: str,
     spools: list[_Spool] = []
 
     def spool(member_name: str, size: int, head: bytes) -> _Spool | None:
-        """Big members that are not JSON (the layers) are compressed into frames of their own."""
-        if size <= SPOOL_THRESHOLD or head[:1] in (b"{", b"["):
+        """Big members that are not JSON (the layers) are compressed into frames of their own. A layer whose first
+        entry is named ``{x}`` or ``[data]`` starts as JSON does: told by its tar header (it was taken for JSON, kept
+        by no one, and written as a folder: the release failed naming the blob as missing)."""
+        if size <= SPOOL_THRESHOLD or (head[:1] in (b"{", b"[") and not looks_like_layer(member_name, head)):
             return None  # kept in memory: the inspector reads it after the pass
         spools.append(_Spool(folder, len(spools), compressor(level, long_distance, threads)))
         look = inspector.sink(member_name, size, head) if inspector is not None else None

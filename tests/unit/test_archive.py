@@ -224,3 +224,70 @@ def test_a_plain_tar_layer_whose_first_name_begins_like_a_zstd_stream_is_archive
     assert not archive.image.layer_members[0].zstd
     back = read_back(archive)
     assert back.image.image_id == image_id
+
+
+@pytest.mark.parametrize("layout", [docker_layout, oci_layout], ids=["docker", "oci"])
+@pytest.mark.parametrize("first", ["{weights}", "[data]"])
+def test_a_big_layer_whose_first_name_begins_like_json_is_archived_as_the_layer_it_is(tmp_path, layout, first):
+    # (before: its first byte taken for JSON, it was neither spooled nor kept, and written as a folder: the read back
+    # said the archive had no such blob, naming the wrong cause, and no release could be made of that image)
+    layer = layer_tar({first: os.urandom(17 << 20)})
+    assert layer[:1] in (b"{", b"[")
+    data, image_id, diff_ids = layout([layer, DEFAULT_LAYERS[1]])
+    archive = write_archive(chunks(data, 1 << 20), tmp_path, "x.tar.zst", tag=TAG)
+    back = read_back(archive)
+    assert back.image.image_id == image_id and list(back.image.diff_ids) == diff_ids
+    stream = subprocess.run(["zstd", "-dc", str(tmp_path / "x.tar.zst")], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(stream)) as tar:
+        assert all(m.isfile() for m in tar.getmembers() if m.size > 1 << 20)  # the layer, as a file, not a folder
+
+
+@pytest.mark.parametrize("split", [None, 1 << 20], ids=["one file", "parts"])
+def test_a_full_disk_while_the_archive_is_assembled_leaves_nothing(tmp_path, monkeypatch, split):
+    # (before: a failure inside the assembly left the temporary file, the whole biggest layer's frame in it, or the
+    # parts already named, and the free space the run then reported was short by as much)
+    from unibake import archive as archive_module
+    from unibake.errors import DiskFull
+
+    data, _, _ = docker_layout(big_layers())
+    real, calls = archive_module.PartWriter.write, []
+
+    def counted(self, piece):
+        calls.append(len(piece))
+        return real(self, piece)
+
+    monkeypatch.setattr(archive_module.PartWriter, "write", counted)
+    (tmp_path / "whole").mkdir()
+    write_archive(chunks(data, 1 << 16), tmp_path / "whole", "x.tar.zst", tag=TAG, split=split)
+    last, calls[:] = len(calls), []  # the last write (the index frame): everything else already written
+
+    def full_at_the_last(self, piece):
+        calls.append(len(piece))
+        if len(calls) == last:
+            raise DiskFull(f"no space left in {tmp_path} while writing the archive")
+        return real(self, piece)
+
+    monkeypatch.setattr(archive_module.PartWriter, "write", full_at_the_last)
+    folder = tmp_path / "full"
+    folder.mkdir()
+    with pytest.raises(DiskFull):
+        write_archive(chunks(data, 1 << 16), folder, "x.tar.zst", tag=TAG, split=split)
+    assert len(calls) == last >= 2 and os.listdir(folder) == []
+
+
+def test_a_full_disk_as_the_last_frames_are_flushed_is_a_disk_full_error_and_leaves_nothing(tmp_path, monkeypatch):
+    # (before: the flush's OSError passed as it was: "error: a file: No space left on device", no folder named, no
+    # advice, and the file handle left open)
+    import errno
+
+    from unibake import archive as archive_module
+    from unibake.errors import DiskFull
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    data, _, _ = docker_layout(big_layers())
+    monkeypatch.setattr(archive_module.os, "fsync", full)
+    with pytest.raises(DiskFull, match=rf"^no space left in {tmp_path} while writing the archive$"):
+        write_archive(chunks(data, 1 << 16), tmp_path, "x.tar.zst", tag=TAG)
+    assert os.listdir(tmp_path) == []
