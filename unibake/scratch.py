@@ -533,11 +533,7 @@ class ScratchEngine:
         check_private(runtime)
         sock = runtime / "sock"
         log = open(self.folder / "dockerd.log", "wb")
-        # Its own network namespace: its bridge can never touch the host engine's docker0.
-        cmd = ["unshare", "--net", "--", shutil.which("dockerd"), "--data-root", str(self.folder / "root"),
-               "--exec-root", str(runtime / "exec"), "--pidfile", str(runtime / "pid"),
-               "-H", f"unix://{sock}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
-               "--userland-proxy=false"]
+        cmd = daemon_command(self.folder, runtime)
         try:
             # started and recorded as one step: an interrupt inside Popen (the child made, the object never
             # returned) lands once self.process names the child, for the exit to stop it (it ran on, in its session)
@@ -629,6 +625,22 @@ class ScratchEngine:
             if self.process.poll() is None:  # (one that ended was reaped: its PID may be another process's now)
                 _stop_dockerd(self.process.pid, STOP_TIMEOUT)
             self.process = None
+
+
+def daemon_command(folder: Path, runtime: Path) -> list[str]:
+    """The scratch dockerd's command line: its data in ``folder``, its sockets in ``runtime``.
+
+    Its own network namespace: its bridge can never touch the host engine's docker0. Its own containerd
+    namespaces, named after its folder: Engine 20.10 uses the system's containerd where
+    ``/run/containerd/containerd.sock`` is (Docker CE's layout) instead of starting its own, and in the host
+    engine's namespace ("moby") each daemon got the other's containers' events, and the scratch engine's
+    containers (the smoke gates') sat among the host engine's (moby#41640)."""
+    namespace = "unibake-" + hashlib.sha256(os.fsencode(str(folder))).hexdigest()[:16]
+    return ["unshare", "--net", "--", shutil.which("dockerd") or "dockerd", "--data-root", str(folder / "root"),
+            "--exec-root", str(runtime / "exec"), "--pidfile", str(runtime / "pid"),
+            "-H", f"unix://{runtime / 'sock'}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
+            "--userland-proxy=false", "--containerd-namespace", namespace,
+            "--containerd-plugins-namespace", f"{namespace}-plugins"]
 
 
 class SeedBusy(RoundTripUnavailable):

@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -482,3 +483,24 @@ def test_a_mount_under_a_scratch_dir_named_in_utf_8_and_with_a_space_is_unmounte
         assert not os.path.ismount(point)
     finally:
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def test_each_scratch_engine_has_containerd_namespaces_of_its_own():
+    # (Engine 20.10 uses the system's containerd where /run/containerd/containerd.sock is, Docker CE's layout: with
+    # no namespace given, the scratch engine's containers sat in the host engine's, "moby", and each daemon got the
+    # other's events)
+    import re
+
+    from unibake.scratch import daemon_command
+
+    def namespaces(folder: str) -> tuple[str, str]:
+        cmd = daemon_command(Path(folder), Path("/run/x"))
+        return cmd[cmd.index("--containerd-namespace") + 1], cmd[cmd.index("--containerd-plugins-namespace") + 1]
+
+    one, two = namespaces("/var/tmp/unibake-0/ub-seed-0123456789abcdef"), namespaces("/srv/s/ub-scratch-_a_b")
+    assert one == namespaces("/var/tmp/unibake-0/ub-seed-0123456789abcdef")  # a kept seed keeps its namespace
+    assert len({*one, *two, "moby", "plugins.moby"}) == 6
+    for name in (*one, *two):  # containerd's form of a namespace's name
+        assert re.fullmatch(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*", name) and len(name) <= 76, name
+    cmd = daemon_command(Path("/d"), Path("/r"))
+    assert cmd[:3] == ["unshare", "--net", "--"] and "--bridge=none" not in cmd  # never on the host's network
