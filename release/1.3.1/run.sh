@@ -696,7 +696,9 @@ if [ "$dry_run" -eq 1 ]; then
     sn_name=$(printf '%s' "$1" | tr '[:lower:]-' '[:upper:]_' | sed -e 's/TOKENS/#/g' -e 's/TOKENI[SZ]/#/g')
     case "$sn_name" in
       *PASSWORD*|*PASSWD*|*PASSPHRASE*|*SECRET*|*TOKEN*|*CREDENTIAL*|*APIKEY*|*API_KEY*|*PRIVATEKEY*|\
-      *PRIVATE_KEY*|PWD|*_PWD|AUTH|AUTH_*|*_AUTH|*_AUTH_*|*_KEY) return 0 ;;
+      *PRIVATE_KEY*|PWD|*_PWD|PASS|*_PASS|AUTH|AUTH_*|*_AUTH|*_AUTH_*|*AUTHORIZATION|*AUTHORISATION|*_KEY|\
+      *CONNSTR|*CONN_STR|*CONNSTRING|*CONN_STRING|*CONNECTIONSTR|*CONNECTION_STR|*CONNECTIONSTRING|\
+      *CONNECTION_STRING) return 0 ;;
     esac
     return 1
   }
