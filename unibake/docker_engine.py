@@ -474,11 +474,8 @@ class DockerEngine(Engine):
                 if not isinstance(event, dict):  # (a number, a list: was a TypeError's traceback)
                     raise EngineError(f"the engine answered the build of {tag} with something that is not its "
                                       f"progress (JSON events) (engine at {self.address})")
-                if "error" in event or "errorDetail" in event:
-                    # (an errorDetail that is no object, or an error that is no text, was a traceback)
-                    detail = event.get("errorDetail")
-                    message = str((detail.get("message") if isinstance(detail, dict) else None)
-                                  or event.get("error") or "no reason given")
+                message = _event_error(event)
+                if message is not None:
                     raise BuildFailed(f"the build failed at {where()}: {message.strip()}",
                                       step=where(), output=tuple(tail), last_image=last_image,
                                       stage_images=tuple(stage_images))
@@ -605,10 +602,8 @@ class DockerEngine(Engine):
             with _Breaker(stop, response):
                 for event in _answer_lines(response, LOAD_EVENT_LIMIT, self.address):
                     event = self._load_event(event)
-                    if "error" in event or "errorDetail" in event:
-                        detail = event.get("errorDetail")
-                        message = ((detail.get("message") if isinstance(detail, dict) else None) or event.get("error")
-                                   or "no reason given")
+                    message = _event_error(event)
+                    if message is not None:
                         raise EngineError(f"the engine refused the image: {message} (engine at {self.address})")
                     text = event.get("stream")
                     text = text.strip() if isinstance(text, str) else ""
@@ -1023,11 +1018,8 @@ class DockerEngine(Engine):
                     if not isinstance(event, dict):  # (a number was a TypeError's traceback)
                         raise EngineError(f"the engine answered the pull of {repository}@{digest} with something "
                                           f"that is not its progress (JSON events) (engine at {self.address})")
-                    if "error" in event or "errorDetail" in event:
-                        # (an errorDetail that is no object, or an error that is no text, was a traceback)
-                        detail = event.get("errorDetail")
-                        message = str((detail.get("message") if isinstance(detail, dict) else None)
-                                      or event.get("error") or "no reason given")
+                    message = _event_error(event)
+                    if message is not None:
                         raise EngineError(f"the engine could not pull {repository}@{digest}: {_pull_hint(message)} "
                                           f"(engine at {self.address})")
                     count(event)
@@ -1067,6 +1059,16 @@ def _raise_for_status(api, response, address: str) -> None:
         raise EngineError(f"the engine answered {response.status_code} with an error longer than "
                           f"{ERROR_LIMIT >> 20} MiB, which no engine sends: not read further (engine at {address})")
     api._raise_for_status(response)
+
+
+def _event_error(event: dict) -> str | None:
+    """What an engine's progress event (a build's, a load's, a pull's) says went wrong, or None when it says nothing
+    did; ``no reason given`` for an error with no text (an errorDetail that is no object, or an error that is no text,
+    was a traceback)."""
+    if "error" not in event and "errorDetail" not in event:
+        return None
+    detail = event.get("errorDetail")
+    return str((detail.get("message") if isinstance(detail, dict) else None) or event.get("error") or "no reason given")
 
 
 def _answer_lines(response, limit: int, address: str) -> Iterator[bytes]:
