@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, UnibakeError, VerificationError
-from .files import open_regular, read_small_text, write_atomic
+from .files import linked_above, open_regular, read_small_text, write_atomic
 from .regexsafe import backtracks
 
 # Names that mean a secret: their literal values must not be baked (mount a file at run time).
@@ -487,15 +487,10 @@ def scan_context(files: Iterable[tuple[str, object, str]], identity: tuple[str, 
     return findings
 
 
-def _linked(folder: Path) -> bool:
-    """The memo folder, or the folder above it, is a link: its memos are neither read nor written."""
-    return folder.is_symlink() or folder.parent.is_symlink()
-
-
 def _cache_folder(folder: Path) -> bool:
     """The memo folder made if need be; False (no memo written) when it, or the folder above it, is a
     link or not a folder: the memos are not written somewhere else."""
-    if _linked(folder) or any(part.exists() and not part.is_dir() for part in (folder.parent, folder)):
+    if linked_above(folder, 1) or any(part.exists() and not part.is_dir() for part in (folder.parent, folder)):
         return False
     try:  # (private: made here first, the user's unibake folder was 0755 and the memos readable by all)
         folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -511,7 +506,7 @@ def _cache_folder(folder: Path) -> bool:
 def _read_memo(memo: Path) -> list[tuple[str, str]] | None:
     """A file's remembered findings; None (the file is scanned again) for anything that is not a
     memo this code wrote: a missing, linked, truncated or malformed file never stops a run."""
-    if _linked(memo.parent):
+    if linked_above(memo.parent, 1):  # (a memo folder, or the one above it, linked: not read)
         return None
     try:
         found = json.loads(read_small_text(memo, UnibakeError, limit=MEMO_LIMIT, follow=False))
