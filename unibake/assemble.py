@@ -61,7 +61,7 @@ from .builder import CHECK_ERROR_RE, BuiltImage, _build, _hold, _release, cache_
 from .contents import found_from_json, found_to_json
 from .engine import BuildOutcome, BuildStep, Engine
 from .errors import ArchiveError, CheckFailed, EngineError, StoreMismatch, UnibakeError, VerificationError
-from .files import linked_above, read_small_file, write_atomic
+from .files import evict_oldest, linked_above, read_small_file, touch, write_atomic
 from .hotfix import HotfixBase
 from .export import SaveSource
 from .imagetar import BLOCK, CAPTURE, DROP, PASS, filter_members, tar_header, tar_padding
@@ -323,7 +323,7 @@ def _folders_of(engine: Engine, memo: Path, secret_key: bytes, image_id: str,
                 and hmac.compare_digest(raw["mac"], _folders_mac(secret_key, image_id, paths, kept)):
             folders = [(p, tuple(h)) for p, h in kept]
             if all(p in paths and len(h) == 3 and all(type(v) is int for v in h) for p, h in folders):
-                _used(path)
+                touch(path)
                 return folders
     except (UnibakeError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         pass  # (RecursionError: JSON nested deeper than the stack)
@@ -342,7 +342,7 @@ def _folders_of(engine: Engine, memo: Path, secret_key: bytes, image_id: str,
         write_atomic(where, path.name, json.dumps({"version": buildmemo.VERSION, "image": image_id, "paths": paths,
                                                    "folders": body,
                                                    "mac": _folders_mac(secret_key, image_id, paths, body)}))
-        _evict(where, CONFIGS_KEPT)
+        evict_oldest(where, "*.json", CONFIGS_KEPT)
     except (OSError, UnibakeError):  # (not kept: the next hotfix reads them again)
         pass
     return folders
@@ -353,26 +353,6 @@ def _record_mac(secret_key: bytes, body: bytes) -> str:
     a checkout planted, parsed first, took six times that in memory)."""
     return hmac.new(secret_key, f"unibake layer record {buildmemo.VERSION}\n".encode() + body,
                     hashlib.sha256).hexdigest()
-
-
-def _used(path: Path) -> None:
-    """A record taken back or found already written: the newest, so that eviction (by time, the oldest first) never
-    drops the record of a release every later one is made on (before: a release's config went after CONFIGS_KEPT
-    later releases however often it was used, and every hotfix or ``--from`` release on it then read its archive
-    whole again, 7-10 s against 3 s on the benchmark's product)."""
-    try:
-        os.utime(path, follow_symlinks=False)
-    except OSError:
-        pass  # (only its place in the eviction order)
-
-
-def _evict(folder: Path, kept: int) -> None:
-    try:
-        files = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)
-        for old in files[kept:]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass  # (a record that stays is only disk)
 
 
 def remember_layers(folder: Path, secret_key: bytes, layers: Iterable[tuple[str, int, object]]) -> None:
@@ -394,7 +374,7 @@ def remember_layers(folder: Path, secret_key: bytes, layers: Iterable[tuple[str,
         write_atomic(where, path.name, _record_mac(secret_key, body).encode() + b"\n" + body)
         made = True
     if made:
-        _evict(where, LAYER_RECORDS_KEPT)
+        evict_oldest(where, "*.json", LAYER_RECORDS_KEPT)
 
 
 def remembered_layer(folder: Path, secret_key: bytes, diff_id: str) -> tuple[int, object] | None:
@@ -410,7 +390,7 @@ def remembered_layer(folder: Path, secret_key: bytes, diff_id: str) -> tuple[int
         if raw.get("version") != buildmemo.VERSION or raw.get("diff_id") != diff_id or type(size) is not int \
                 or size < 0:
             return None
-        _used(path)
+        touch(path)
         return size, found_from_json(found)
     except (UnibakeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None  # (RecursionError: JSON nested deeper than the stack)
@@ -425,7 +405,7 @@ def remember_config(folder: Path, config: bytes) -> None:
         return
     where.mkdir(parents=True, exist_ok=True)
     write_atomic(where, name, config)
-    _evict(where, CONFIGS_KEPT)
+    evict_oldest(where, "*.json", CONFIGS_KEPT)
 
 
 def remembered_config(folder: Path, image_id: str) -> bytes | None:
@@ -436,7 +416,7 @@ def remembered_config(folder: Path, image_id: str) -> bytes | None:
         return None
     if f"sha256:{hashlib.sha256(data).hexdigest()}" != image_id:
         return None
-    _used(path)
+    touch(path)
     return data
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from .builder import BuiltImage, Image, image_platform, iso_time
 from .engine import Engine
 from .errors import ArchiveError, EngineError, InputError, LayerFormatError, UnibakeError, VerificationError
-from .files import read_small_text, write_atomic
+from .files import evict_oldest, linked_above, read_small_text, touch, write_atomic
 from .imagetar import (BLOCK, LayerRewriter, Member, locate, looks_like_layer, read_members, resolve, tar_header,
                        tar_padding)
 from .platforms import Platform, apply as apply_platform
@@ -40,6 +40,7 @@ from .threads import Consumer, consume_in_thread, counted, hashing_thread, read_
 
 EPOCH_LABEL = "io.unibake.source-date-epoch"
 VERSION = 2  # of the rewrite: a change to it must not reuse images normalised before
+MEMOS_KEPT = 64  # memos of which image each build was normalised to: the newest (a memo used is made the newest)
 DROPPED_CONFIG_KEYS = ("container", "container_config", "docker_version")
 
 
@@ -242,6 +243,7 @@ def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image
         raise EngineError(f"the base image {base_image} is gone from the engine")
     known = _remembered(engine, memo, built, base.diff_ids, epoch) if reuse and memo is not None else None
     if known is not None:
+        touch(memo)
         engine.tag(known.id, built.tag)
         return Image(ref=built.tag, image_id=known.id, diff_ids=known.diff_ids, labels=known.labels,
                      size=known.size, save_bytes=0, platform=image_platform(known))
@@ -251,11 +253,12 @@ def normalise_image(engine: Engine, built: BuiltImage, *, epoch: int, base_image
     if info is None or info.id != rewrite.image_id or tuple(info.diff_ids) != rewrite.diff_ids:
         raise VerificationError(f"after normalising, {built.tag} is {info.id if info else 'missing'}, not the "
                                 f"{rewrite.image_id} the rewritten config describes")
-    if memo is not None and not memo.parent.is_symlink():
+    if memo is not None and not linked_above(memo.parent, 1):
         try:  # a memo saves the next run a rewrite; one that cannot be written costs only that
             memo.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(memo.parent, memo.name, rewrite.image_id + "\n")
         except OSError:
             pass
+        evict_oldest(memo.parent, "v*", MEMOS_KEPT)  # (one per build otherwise, for ever)
     return Image(ref=built.tag, image_id=info.id, diff_ids=info.diff_ids, labels=info.labels, size=info.size,
                  save_bytes=rewrite.save_bytes, platform=image_platform(info))

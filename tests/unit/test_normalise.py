@@ -4,6 +4,7 @@ the base image is untouched, and what it cannot normalise is refused."""
 from __future__ import annotations
 
 import io
+import os
 import json
 import tarfile
 
@@ -11,6 +12,7 @@ import pytest
 
 from unibake.builder import BuiltImage
 from unibake.errors import ArchiveError, EngineError, VerificationError
+from unibake import normalise as normalise_module
 from unibake.normalise import EPOCH_LABEL, normalise_image
 
 from ..fake_engine import FakeEngine
@@ -111,6 +113,24 @@ def test_a_build_taken_wholly_from_the_cache_is_not_rewritten_again(engine, tmp_
     cold = normalise(engine, image, cache=tmp_path, reuse=False)  # a cold build looks again
     assert cold.image_id == first.image_id and engine.loads == loads + 1
 
+
+
+def test_the_normalise_memos_keep_the_newest_and_the_ones_in_use(engine, tmp_path, monkeypatch):
+    """One memo per build, for ever, before: the folder now keeps MEMOS_KEPT, a memo used again counting as new."""
+    monkeypatch.setattr(normalise_module, "MEMOS_KEPT", 2)
+    a, b = built(engine, "demo:1", 1111, "x"), built(engine, "demo:2", 2222, "x", tune=b'{"t": 2}\n')
+    normalise(engine, a, cache=tmp_path)
+    normalise(engine, b, cache=tmp_path)
+    memo_a, memo_b = (next(tmp_path.glob(f"*{i.image_id.removeprefix('sha256:')}*")) for i in (a, b))
+    os.utime(memo_a, (1000, 1000))
+    os.utime(memo_b, (2000, 2000))
+    loads = engine.loads
+    normalise(engine, a, cache=tmp_path)  # taken back: now the newest
+    assert engine.loads == loads
+    c = built(engine, "demo:3", 3333, "x", tune=b'{"t": 3}\n')
+    normalise(engine, c, cache=tmp_path)
+    assert {m.name for m in tmp_path.iterdir()} == \
+        {memo_a.name, next(tmp_path.glob(f"*{c.image_id.removeprefix('sha256:')}*")).name}
 
 
 @pytest.mark.parametrize("planted", ["another image", "garbage", "empty", "a folder"])
