@@ -45,6 +45,8 @@ NOT_A_SECRET_RE = re.compile(r"(true|false|yes|no|on|off|none|null|\d{1,3})", re
 def secret_by_name(name: str, value: str) -> bool:
     """Whether ``name`` says secret and ``value`` may be one."""
     return bool(value) and bool(SECRET_NAME_RE.search(name)) and not NOT_A_SECRET_RE.fullmatch(value.strip())
+
+
 # Each rule: what it finds, the literal anchors every match contains (found first, at memory
 # speed: Python's regex engine would otherwise try the whole pattern at every byte of a 400 MB
 # library), and the pattern, searched only around an anchor.
