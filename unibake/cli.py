@@ -1192,7 +1192,19 @@ def _same_product_other_platforms(found: list[_PushFolder], args: argparse.Names
         raise InputError(f"{named[0]} and {named[1]} are both {twice}: an image index holds one image per platform")
 
 
-def _refuse_a_folder_twice_or_another_release(args: argparse.Namespace, ctx: Context) -> None:
+def _index_tag(target, found: list[_PushFolder]) -> str:
+    """The tag of the image index several folders make: ``--to``'s, else the releases' version, which must then be a
+    tag (a version from an image's label is free text: ``1.0 beta`` was refused by the record, after the upload)."""
+    from .manifest import TAG_PATTERN
+
+    tag = target.tag or found[0].manifest.version
+    if not re.fullmatch(TAG_PATTERN, tag):
+        raise InputError(f"the image index would be tagged {tag!r}, the releases' version, which is no registry tag: "
+                         f"give one, as --to {target.repository}:TAG")
+    return tag
+
+
+def _refuse_a_folder_twice_or_another_release(args: argparse.Namespace, ctx: Context, target) -> None:
     """Before the folders are verified (minutes for big archives): one given twice, and, as their manifests say
     before they are checked, another product, version or the same platform (checked again once they verify)."""
     from .manifest import load_manifest
@@ -1208,8 +1220,9 @@ def _refuse_a_folder_twice_or_another_release(args: argparse.Namespace, ctx: Con
         manifests = [load_manifest(folder) for folder in seen]
     except (UnibakeError, ValueError, OSError):
         return  # (the verify that follows says what is wrong with it)
-    _same_product_other_platforms([_PushFolder(folder=f, named=f, manifest=m, signed=[])
-                                   for f, m in zip(seen, manifests)], args)
+    unchecked = [_PushFolder(folder=f, named=f, manifest=m, signed=[]) for f, m in zip(seen, manifests)]
+    _same_product_other_platforms(unchecked, args)
+    _index_tag(target, unchecked)
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
@@ -1225,12 +1238,12 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
     signer = check_keys(args.sign, (ctx.cwd / args.sign_minisign) if args.sign_minisign else None, ctx.env)
     several = len(args.folder) > 1
     if several:
-        _refuse_a_folder_twice_or_another_release(args, ctx)
+        _refuse_a_folder_twice_or_another_release(args, ctx, target)
     found = [_push_folder(given, signer, ctx) for given in args.folder]
     _temp_dir_outside(temp_dir, args.temp_dir, [f.folder for f in found])
     if several:
         _same_product_other_platforms(found, args)
-    index_tag = (target.tag or found[0].manifest.version) if several else None
+    index_tag = _index_tag(target, found) if several else None
     # where a push cannot be recorded (a read-only share, another user's folder): said now, and the push goes on
     # without its record (it uploaded first, then failed to record, naming only a lock file)
     # (the real folder's parent: its lock and the new folder made beside it, then exchanged; a link's own folder, a

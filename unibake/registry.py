@@ -423,7 +423,8 @@ def _registry_message(response, hide: Callable[[str], str] = lambda text: text) 
         text = f"{first.get('code', '')}: {first.get('message', '')}".strip(": ")
     except (ValueError, AttributeError, IndexError, TypeError, RecursionError):  # (JSON nested past the stack)
         text = ""
-    text = "".join(c if c.isprintable() else "?" for c in hide(text[:4096]))[:200]
+    # (hidden first, then cut: a credential cut through at 4096 characters no longer matched, and its head was shown)
+    text = "".join(c if c.isprintable() else "?" for c in hide(text)[:4096])[:200]
     return f"HTTP {response.status_code}" + (f" {text}" if text else "")
 
 
