@@ -1323,6 +1323,21 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
                          f"(image index {index})")
 
 
+def _own_platform(ref, m, ctx: Context):
+    """``ref``, or, where it is the image index ``m``'s release was pushed under with the releases of its other
+    platforms, the digest of ``m``'s own image in it (``pull`` and ``deploy --from registry --ref``)."""
+    from .registry import parse_reference
+
+    if any(r.digest == ref.digest for r in m.registry):
+        return ref
+    record = next((r for r in reversed(m.registry) if r.index == ref.digest and r.repository == ref.repository), None)
+    if record is None:
+        return ref
+    ctx.reporter.info(f"{ref.pinned} is the image index release {m.release} was pushed under with the releases of its "
+                      f"other platforms: pulling its {m.platform} image {record.digest}")
+    return parse_reference(record.reference, what=f"release {m.release}'s record", digest=True)
+
+
 def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine, refuse_docker_context
     from .registry import (RegistryClient, check_remote, find_release_by_digest, find_release_by_index,
@@ -1349,13 +1364,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
             raise InputError(f"no release under {out} records a push of {ref.digest}; name the release it should be "
                              "with --release DIR")
     m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
-    if not any(r.digest == ref.digest for r in m.registry):
-        record = next((r for r in reversed(m.registry) if r.index == ref.digest and r.repository == ref.repository),
-                      None)
-        if record is not None:  # the index names this release's image among others: that image is pulled
-            ctx.reporter.info(f"{ref.pinned} is the image index release {m.release} was pushed under with the "
-                              f"releases of its other platforms: pulling its {m.platform} image {record.digest}")
-            ref = parse_reference(record.reference, what=f"release {m.release}'s record", digest=True)
+    ref = _own_platform(ref, m, ctx)
     temp_dir = _existing_dir(ctx.cwd, args.temp_dir, "--temp-dir")
     _temp_dir_outside(temp_dir, args.temp_dir, [folder])
     settings = _registry_settings(args, ctx, ref.host)
@@ -1427,7 +1436,7 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
     else:
         m = check_signed(folder, ctx.cwd / args.key, ctx.env)[1] if args.key else trusted_manifest(folder)
         if args.ref:
-            ref = parse_reference(args.ref, what="--ref", digest=True)
+            ref = _own_platform(parse_reference(args.ref, what="--ref", digest=True), m, ctx)
         elif m.registry:
             last = m.registry[-1]
             ref = parse_reference(last.reference, what=f"{folder}/manifest.json registry", digest=True)

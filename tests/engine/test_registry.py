@@ -312,6 +312,12 @@ def test_releases_of_two_platforms_are_one_tag_from_which_each_engine_pulls_its_
         assert by_index.code == 0, by_index.err
         assert json.loads(by_index.out)["reference"] == records[amd][0]["reference"]
         assert "is the image index release bb-2 was pushed under" in by_index.err
+        # deploy --ref by the index's digest: that folder's own image, as pull takes it (before: refused as an index)
+        deployed = cli("--json", "deploy", str(amd), "--from", "registry", "--ref", f"{repo}@{index}", "--engine",
+                       scratch.engine.address, *registry_args(reg))
+        assert deployed.code == 0, deployed.err
+        assert "is the image index release bb-2 was pushed under" in deployed.err
+        assert [e["image_id"] for e in json.loads(deployed.out)["engines"]] == [ids[amd]]
         other = cli("pull", f"{repo}@{index}", "--engine", scratch.engine.address, "--out", str(arm.parent),
                     *registry_args(reg))
         assert other.code == 2 and "is the image index of the releases linux/arm64 (bb-2)" in other.error_lines[-1]
