@@ -6,6 +6,8 @@ it re-executes itself with the project's ``.venv`` (made by ``scripts/setup.sh``
 says how to get them, in one ``error:`` line.
 """
 
+from __future__ import annotations  # (annotations as text: an older python3 reaches the version check)
+
 import os
 import sys
 
@@ -25,19 +27,26 @@ def _missing() -> str | None:
     return None
 
 
+def _in_venv() -> None:
+    """Run this command again with the project's ``.venv`` (made by ``scripts/setup.sh``), when it is not the
+    interpreter already; returns only when it cannot."""
+    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(ROOT, ".venv"))
+    if os.path.exists(venv_python) and not in_venv and not os.environ.get("UNIBAKE_REEXEC"):
+        os.environ["UNIBAKE_REEXEC"] = "1"
+        os.execv(venv_python, [venv_python, os.path.abspath(__file__), *sys.argv[1:]])
+
+
 def _ensure_environment() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # (an older python3 first on PATH: the .venv's is 3.11 or newer)
+        _in_venv()
         sys.stderr.write(f"error: unibake needs Python 3.11 or newer; this is {sys.version.split()[0]} "
                          f"({sys.executable}); run scripts/setup.sh, then .venv/bin/python build.py\n")
         sys.exit(1)
     missing = _missing()
     if missing is None:
         return
-    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
-    in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(ROOT, ".venv"))
-    if os.path.exists(venv_python) and not in_venv and not os.environ.get("UNIBAKE_REEXEC"):
-        os.environ["UNIBAKE_REEXEC"] = "1"
-        os.execv(venv_python, [venv_python, os.path.abspath(__file__), *sys.argv[1:]])
+    _in_venv()
     sys.stderr.write(f"error: the Python package {missing!r} is not installed for {sys.executable}: run "
                      "scripts/setup.sh (it makes .venv with every pinned dependency), then python build.py again\n")
     sys.exit(1)

@@ -49,6 +49,9 @@ setup_venv() {
     return 0
   fi
   say "creating the Python environment in $VENV"
+  # (a .venv of an older python3 would be refused by build.py, which would send the user back here)
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "unibake needs Python 3.11 or newer; python3 here is $(python3 --version 2>&1): put a newer one first on PATH"
   python3 -m venv "$VENV" || die "python3 -m venv failed (install python3-venv)"
   "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements.txt" \
     || die "pip install -r requirements.txt failed"

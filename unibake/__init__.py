@@ -5,16 +5,19 @@ from __future__ import annotations
 
 def _version(pyproject=None) -> str:
     """The package version: ``pyproject.toml``'s in a source checkout, the installed one otherwise."""
-    import tomllib
     from importlib import metadata
     from pathlib import Path
 
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # (a Python before 3.11: python -m unibake says so, not this import's traceback)
+        tomllib = None
     pyproject = pyproject or Path(__file__).resolve().parent.parent / "pyproject.toml"
     try:
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}) if tomllib else {}
         if project.get("name") == "unibake":
             return str(project["version"])
-    except (OSError, tomllib.TOMLDecodeError, KeyError):
+    except (OSError, ValueError, KeyError):  # (tomllib.TOMLDecodeError is a ValueError)
         pass
     try:
         return metadata.version("unibake")

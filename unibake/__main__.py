@@ -9,20 +9,34 @@ import sys
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _without(package: str) -> int:
-    """A dependency is not importable: from a checkout with its ``.venv``, run the same command there, as
-    build.py does (re-executing build.py itself, since the checkout need not be the working folder);
-    otherwise one error line, as build.py says it (before: a ModuleNotFoundError traceback)."""
+def _in_venv() -> None:
+    """From a checkout with its ``.venv``, run the same command there, as build.py does (re-executing build.py
+    itself, since the checkout need not be the working folder); returns only when it cannot."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     venv_python, build = os.path.join(root, ".venv", "bin", "python"), os.path.join(root, "build.py")
     in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(root, ".venv"))
     if os.path.exists(venv_python) and os.path.isfile(build) and not in_venv and not os.environ.get("UNIBAKE_REEXEC"):
         os.environ["UNIBAKE_REEXEC"] = "1"
         os.execv(venv_python, [venv_python, build, *sys.argv[1:]])
+
+
+def _without(package: str) -> int:
+    """A dependency is not importable: the checkout's ``.venv``, or one error line, as build.py says it (before: a
+    ModuleNotFoundError traceback)."""
+    _in_venv()
     if sys.stderr is not None:
         sys.stderr.write(f"error: the Python package {package!r} is not installed for {sys.executable}: run "
                          "scripts/setup.sh (it makes .venv with every pinned dependency), or pip install the "
                          "unibake package, then run it again\n")
+    return 1
+
+
+def _too_old() -> int:
+    """A Python before 3.11 (the first python3 on PATH): the checkout's ``.venv``, or one error line."""
+    _in_venv()
+    if sys.stderr is not None:
+        sys.stderr.write(f"error: unibake needs Python 3.11 or newer; this is {sys.version.split()[0]} "
+                         f"({sys.executable}); run scripts/setup.sh, then .venv/bin/python build.py\n")
     return 1
 
 
@@ -31,6 +45,8 @@ def _interrupted(signum, frame):
 
 
 def run() -> int:
+    if sys.version_info < (3, 11):
+        return _too_old()
     for sig in _SIGNALS:  # until main() sets its own: an interrupt during the import (a second or so)
         signal.signal(sig, _interrupted)
     try:

@@ -369,6 +369,34 @@ def test_python_m_unibake_without_a_dependency_runs_in_the_checkouts_venv_or_say
     assert result.returncode == 0 and result.stdout.startswith("unibake "), result.stdout + result.stderr
 
 
+def _older_python() -> Path:
+    """A Python before 3.11 on this machine kind (pyenv keeps 3.6 to 3.13 beside the 3.11 the project runs on)."""
+    found = sorted(Path.home().glob(".pyenv/versions/3.1[0]*/bin/python3")) + \
+        sorted(Path.home().glob(".pyenv/versions/3.[89].*/bin/python3"))
+    if not found:
+        pytest.skip("no Python before 3.11 on this machine")
+    return found[0]
+
+
+def test_an_older_python3_first_on_path_goes_on_in_the_venv_or_says_what_it_needs_in_one_line(tmp_path):
+    # found by an adopter's review: README says `python build.py` works with whatever python3 is first on PATH, but
+    # Python 3.9 read build.py's `str | None` and ended in a TypeError traceback, 3.10 said "needs 3.11" though
+    # .venv was there, and `python -m unibake` on 3.10 ended in a tomllib ModuleNotFoundError traceback
+    old = _older_python()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "UNIBAKE_REEXEC", "VIRTUAL_ENV")}
+    for command, cwd in (([str(old), str(REPO / "build.py"), "-V"], tmp_path), ([str(old), "-m", "unibake", "-V"], REPO)):
+        went = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+        assert went.returncode == 0 and went.stdout.startswith("unibake "), went.stdout + went.stderr
+        # without the checkout's .venv (UNIBAKE_REEXEC: as if it had been tried): one line, exit 1
+        said = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd,
+                              env={**env, "UNIBAKE_REEXEC": "1"})
+        version = subprocess.run([str(old), "-c", "import sys; print(sys.version.split()[0])"], capture_output=True,
+                                 text=True).stdout.strip()
+        assert said.returncode == 1 and said.stderr.splitlines() == [
+            f"error: unibake needs Python 3.11 or newer; this is {version} ({old}); run scripts/setup.sh, then "
+            ".venv/bin/python build.py"], said.stderr
+
+
 def test_the_one_line_python_m_unibake_says_without_a_dependency_outside_a_checkouts_venv(monkeypatch, capsys):
     import sys
 
