@@ -561,6 +561,9 @@ def _request(args: argparse.Namespace, ctx: Context, **extra):
     for pattern in getattr(args, "allow", []):
         check_allow(pattern, "--allow")
     builder_id(ctx.env)  # what the provenance will name as its builder: a URI, checked before any work
+    if getattr(args, "stage", "release") != "render":  # (the engine is reached first at the build, after the plan)
+        from .docker_engine import refuse_docker_context
+        refuse_docker_context(getattr(args, "engine", None), ctx.env)
     if getattr(args, "verify_engine", None):  # reached only at the round trip, after the build and the export
         from .deploy import check_address
         check_address(args.verify_engine, "--verify-engine")
@@ -1556,7 +1559,7 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
 
 
 def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
-    from .docker_engine import DockerEngine
+    from .docker_engine import DockerEngine, refuse_docker_context
     from .errors import VerificationError
     from .kit import check_kit, check_kit_of_release, rebuild
     from .plan import display_path
@@ -1593,6 +1596,7 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
                              "of an unpacked kit (<product>-<release>-kit/)")  # not a kit that fails its check
     if args.key and not args.release:
         raise InputError("--key goes with --release DIR: a kit is not signed, its release's SHA256SUMS is")
+    refuse_docker_context(args.engine, ctx.env)  # (before the kit is hashed whole)
     released, signed_sums = None, None
     if args.release:  # what the kit says it rebuilds must be the release's image, by the release's own word
         where = check_folder_arg(resolved(ctx.cwd / args.release))

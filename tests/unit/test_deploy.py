@@ -1126,12 +1126,21 @@ def test_a_docker_context_docker_would_use_is_refused_not_passed_over_for_the_lo
     config = tmp_path / "docker-config"
     config.mkdir()
     (config / "config.json").write_text(json.dumps({"auths": {}, "currentContext": "gpu1"}))
+    kit = tmp_path / "demo-llm-1.3.1-kit"
+    kit.mkdir()
+    (kit / "kit.json").write_text("{}")
     for env, says in (({"DOCKER_CONTEXT": "gpu1"}, "DOCKER_CONTEXT=gpu1"),
                       ({"DOCKER_CONFIG": str(config)}, f"the docker context 'gpu1' ({config / 'config.json'}'s "
                                                        "currentContext, set by docker context use)")):
+        # (and before any other work: build, hotfix, repro and archive planned, rendered and read the earlier release
+        # first, rebuild hashed the whole kit)
         for args in (["prune", "--dry-run", "--out", str(tmp_path / "release")],
                      ["pull", "r.example/a@sha256:" + "0" * 64, "--release", str(folder)],
-                     ["verify", str(folder), "--load"]):
+                     ["verify", str(folder), "--load"], ["build", "--config", str(tmp_path / "none")],
+                     ["build", "--stage", "build", "--config", str(tmp_path / "none")],
+                     ["hotfix", "--from", str(folder), "--version", "1.3.2", "--config", str(tmp_path / "none")],
+                     ["repro", "--config", str(tmp_path / "none")], ["archive", "localhost/x:1"],
+                     ["rebuild", str(kit)]):
             result = cli(*args, env={"CI": "true", **env})
             assert result.code == 2 and result.error_lines == [
                 f"error: {says}: unibake reads no docker contexts, so it would reach unix:///var/run/docker.sock, not "
