@@ -161,9 +161,11 @@ def _release_options(p: argparse.ArgumentParser) -> None:
                    help="where the scratch engine keeps its data (default: /var/tmp/unibake-UID)")
     p.add_argument("--no-seed", action="store_true",
                    help="start the one-pass round trip's scratch engine empty, instead of the verify engine kept in "
-                        "the scratch folder that holds only the base image (slower: the whole image is loaded)")
+                        "the scratch folder that holds only the base image (slower: the whole image is loaded); build "
+                        "and hotfix only: archive's round trip never uses that engine")
     p.add_argument("--allow", action="append", default=[], metavar="REGEX",
-                   help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow)")
+                   help="let the sanitisation gate pass values matching REGEX (besides product.yaml's sanitise.allow); "
+                        "repeat for several")
     _signing_options(p, "sign SHA256SUMS and the provenance with")
 
 
@@ -210,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "without --from gives with that SOURCE_DATE_EPOCH")
     b.add_argument("--no-from", action="store_true",
                    help="make the release alone: by default a release is made on the newest release under --out of "
-                        "the same product and platform at its SOURCE_DATE_EPOCH (as --from it would be, the same "
+                        "the same product, platform and profiles at its SOURCE_DATE_EPOCH (for one platform at a "
+                        "time; as --from it would be, the same "
                         "bytes: its layers and archive frames reused, the round trip's verify engine holding it), "
                         "unless --no-cache, --sequential, --no-seed, --verify-engine or --no-roundtrip")
     _release_options(b)

@@ -1,7 +1,10 @@
 """Every error class of the package, in one hierarchy; each carries the exit code the CLI returns.
 
 Only ``unibake.cli.main`` catches these. Messages name the file, key or artifact and, where there
-is one, the fix. Nothing else in the package defines an exception.
+is one, the fix. Nothing else in the package defines an exception a command can end with: the few
+private ones elsewhere (registry.py's ``_HelperTrouble``, ``_BadLocation`` and ``_TooSlow``;
+``plan._NotStrictJSON``, ``regexsafe._Refused``, ``docker_engine.AnswerTooLong``,
+``sha256state.StateError``) are caught where they are raised, or turned into one of these.
 """
 
 from __future__ import annotations
