@@ -1083,17 +1083,26 @@ def read_members(source: Iterable[bytes], route: Route | None = None, keep: Keep
     return members
 
 
-def resolve(members: dict[str, Member], name: str, seen: tuple[str, ...] = ()) -> Member:
-    """The member ``name`` refers to, links followed."""
-    name = safe_name(name)
-    member = members.get(name)
-    if member is None:
-        raise ArchiveError(f"the archive has no {name!r}, which its manifest names")
-    if member.link is not None:
+MAX_LINKS = 40  # links followed for one name, as Linux's path lookup follows at most 40
+
+
+def resolve(members: dict[str, Member], name: str) -> Member:
+    """The member ``name`` refers to, links followed (a loop, or a chain longer than MAX_LINKS, refused: a chain of
+    1500 was a RecursionError traceback in verify, before the release form refused any link)."""
+    seen: set[str] = set()
+    while True:
+        name = safe_name(name)
+        member = members.get(name)
+        if member is None:
+            raise ArchiveError(f"the archive has no {name!r}, which its manifest names")
+        if member.link is None:
+            return member
         if name in seen:
             raise ArchiveError(f"archive member {name!r} is part of a link loop")
-        return resolve(members, member.link, seen + (name,))
-    return member
+        if len(seen) >= MAX_LINKS:
+            raise ArchiveError(f"archive member {name!r} is reached through more than {MAX_LINKS} links")
+        seen.add(name)
+        name = member.link
 
 
 def member_json(members: dict[str, Member], name: str, object_pairs_hook=None) -> object:

@@ -95,6 +95,21 @@ def test_a_link_in_place_of_metadata_is_refused(cli, folder):
     both_refuse(cli, folder, "holds a link", "a link")
 
 
+def test_a_long_chain_of_links_to_the_metadata_is_refused_by_both_not_a_traceback(cli, folder):
+    # found by review: manifest.json a link to l0, l0 to l1, ... l1500 to the file: Python's link walk recursed once
+    # per link, a RecursionError traceback before the release form refused any link
+    def chain(entries):
+        real = next(e for e in entries if e[0].name == "manifest.json")
+        rest = [e for e in entries if e[0].name != "manifest.json"]
+        links = [link("manifest.json", "l0")] + [link(f"l{i}", f"l{i + 1}") for i in range(1500)]
+        info = copy.copy(real[0])
+        info.name = "l1500"
+        return rest + links + [(info, real[1])]
+
+    forge(folder, chain)
+    both_refuse(cli, folder, "through more than 40 links", "a link")
+
+
 def test_a_member_nothing_refers_to_is_refused_before_any_load(cli, folder):
     extra = layer_tar({"etc/cron.d/x": b"* * * * * root sh\n"})
     forge(folder, lambda entries: entries + [member(f"blobs/sha256/{hashlib.sha256(extra).hexdigest()}", extra)])
