@@ -654,7 +654,7 @@ recorded=$(sed -n 's/^  "image_id": "\(sha256:[0-9a-f]*\)",$/\1/p' "$work/manife
 [ "$recorded" = "$want" ] || fail "$dir/IMAGE_ID names $want, but manifest.json records ${recorded:-no single image ID}"
 tag=$(sed -n 's/^  "tag": "\([^"\\]*\)",$/\1/p' "$work/manifest.json")
 [ "$(printf '%s\n' "$tag" | grep -c .)" -eq 1 ] || fail "$dir/manifest.json: no single tag"
-printf '%s\n' "$tag" | grep -qx '[a-z0-9][a-z0-9._/:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
+printf '%s\n' "$tag" | grep -qx '[a-z0-9][A-Za-z0-9_./:@-]*' || fail "$dir/manifest.json: tag '$tag' is not an image reference"
 if [ -n "$expect_image" ] && { [ "$want" != "$expect_image" ] || [ "$tag" != "$expect_tag" ]; }; then
   fail "$dir holds release $tag ($want), not the one this apply.sh is for: $expect_tag ($expect_image); nothing was loaded"
 fi

@@ -29,7 +29,7 @@ from ..conftest import REPO
 from ..forge import (compact, forge, json_member, link, member, read_entries, replace_config, replace_member, resum,
                      smuggle, write_tar)
 from ..savefixtures import DEFAULT_LAYERS, layer_tar, tar_of
-from .test_publish import make_release
+from .test_publish import METADATA, make_release
 
 SCRIPT = REPO / "scripts" / "verify-release.sh"
 EXAMPLES = int(os.environ.get("UNIBAKE_FUZZ_EXAMPLES", "150"))
@@ -58,6 +58,16 @@ def both_refuse(cli, folder, python_says: str, shell_says: str) -> None:
 def test_a_good_release_passes_both_verifiers(cli, folder):
     assert cli("verify", str(folder)).code == 0
     assert shell(folder).returncode == 0
+
+
+def test_a_release_whose_tag_has_capitals_or_an_underscore_passes_both_verifiers(cli, tmp_path):
+    # found by review: version 1.3.1-RC_1 is a valid release (and tag); the shell verifier, and so a hotfix's
+    # apply.sh, refused it as "not an image reference" (its pattern took lower-case letters only)
+    folder = make_release(tmp_path / "release", "1.3.1-RC_1", metadata={**METADATA, "version": "1.3.1-RC_1",
+                                                                         "tag": "demo-llm:1.3.1-RC_1"})[0]
+    assert cli("verify", str(folder)).code == 0
+    script = shell(folder)
+    assert script.returncode == 0 and "demo-llm:1.3.1-RC_1" in script.stdout + script.stderr, script.stderr
 
 
 # --- class 1: what is loaded is exactly what was checked ---------------------------------------
