@@ -675,6 +675,9 @@ def _check_dockerfile(folder: Path, context: BinaryIO, record: KitRecord) -> Non
                 if any(key == "size" or key.startswith("GNU.sparse") for key in member.pax_headers):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} has a pax header that "
                                             "sets a size or a GNU sparse field; a build context unibake writes has none")
+                if member.isdir() and member.size:  # (its "content": headers to the engine, skipped by verify.sh)
+                    raise VerificationError(f"{folder / CONTEXT}: the folder {visible_name(member.name)!r} has a size "
+                                            "in its header; a build context unibake writes has none")
                 if not (member.isfile() or member.isdir()):
                     raise VerificationError(f"{folder / CONTEXT}: {visible_name(member.name)!r} is a link or a "
                                             "special file; a build context unibake writes holds files and folders")

@@ -686,6 +686,38 @@ def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refuse
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_hidden_as_a_folder_s_content_is_refused(busybox_product, tmp_path, shell):
+    # found by review: a folder "d/" whose header says 2048 bytes: verify.sh skipped them as its content, where the
+    # engine, GNU tar and Python read them as headers: a global header renaming the next member for GNU tar (which
+    # the engine ignores), then EVIL as a second Dockerfile. verify.sh said "ok"
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+
+    def header(info: tarfile.TarInfo) -> bytes:
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+    def padded(data: bytes) -> bytes:
+        return data + b"\0" * (-len(data) % 512)
+
+    forged = b"".join(header(info) + padded(data) for info, data in entries)
+    rename = pax_record("path", "foo")
+    hider, glob, evil = tarfile.TarInfo("d/"), tarfile.TarInfo("pax_global_header"), tarfile.TarInfo("Dockerfile")
+    glob.type, glob.size, evil.size = tarfile.XGLTYPE, len(rename), len(EVIL)
+    hidden = header(glob) + padded(rename) + header(evil) + padded(EVIL)
+    hider.type, hider.size = tarfile.DIRTYPE, len(hidden)
+    forged += header(hider) + hidden + b"\0" * 1024
+    (folder / "context.tar").write_bytes(forged)
+    agree_with_context(folder)
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: a folder's header at block" in shown.stderr, \
+        (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="the folder 'd' has a size in its header"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 @pytest.mark.parametrize("form", ["gnu magic and a prefix", "star trailer", "GNU.sparse.name", "two pax headers",
                                   "checksum after a NUL", "a pax length with a plus sign", "an empty pax header"])
 def test_a_second_dockerfile_named_otherwise_for_the_engine_than_for_tar_and_python_is_refused(busybox_product,
