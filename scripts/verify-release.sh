@@ -58,7 +58,16 @@ case "${1:-}" in -h|--help) sed -n '2,/^set -eu$/p' < "$0" | sed -e '$d' -e 's/^
 # controls, the bidi embeddings, overrides, isolates and marks, the line separators, the zero-width ones,
 # the byte-order mark, the tag characters): a name "run<U+202E>hs.txt" would read "runtxt.sh"
 hidden=$(printf 's/\302[\200-\237\255]/?/g; s/\330\234/?/g; s/\341\240\216/?/g; s/\342\200[\213\216\217\250-\256]/?/g; s/\342\201[\240-\244\246-\257]/?/g; s/\357\273\277/?/g; s/\357\277[\271-\273]/?/g; s/\363\240[\200\201][\200-\277]/?/g')
-shown() { { printf '%s' "$*" | tr '\001-\037\177' '?'; echo; } | LC_ALL=C sed "$hidden"; }
+# Text that is not UTF-8 has each byte above 127 shown as '?' too: a lone 0x9b byte is CSI to a terminal that
+# takes 8-bit controls (a name "x<9b>2Jy" cleared the screen); no iconv to tell: always so
+utf8_only() {
+  t=$(cat; echo .); t=${t%.}
+  if printf '%s' "$t" | iconv -f UTF-8 -t UTF-8 >/dev/null 2>&1; then printf '%s' "$t"
+  else printf '%s' "$t" | LC_ALL=C tr '\200-\377' '?'; fi
+}
+shown() { { printf '%s' "$*" | tr '\001-\037\177' '?'; echo; } | LC_ALL=C sed "$hidden" | utf8_only; }
+# a file of lines another program wrote (gpgv's, minisign's: a key's user ID, a trusted comment), shown alike
+shown_lines() { tr '\001-\011\013-\037\177' '?' < "$1" | LC_ALL=C sed "$hidden" | utf8_only; }
 fail() { shown "error: $*" >&2; exit 3; }
 
 [ "$#" -ge 1 ] || usage
@@ -184,7 +193,8 @@ if [ -n "$key" ]; then
       # a good signature (GOODSIG, or EXPKEYSIG: by a key that has expired (a warning: gpgv cannot tell whether it signed before or after)) and VALIDSIG;
       # gpgv exits 0 for a revoked key's signature too, so REVKEYSIG is looked for, not the exit status
       gpgv --homedir "$work" --status-fd 3 --keyring "$work/publisher.gpg" "$3" "$2" \
-        3> "$work/gpgv.status" && gpgv=0 || gpgv=$?
+        3> "$work/gpgv.status" 2> "$work/gpgv.err" && gpgv=0 || gpgv=$?
+      shown_lines "$work/gpgv.err" >&2  # (a co-signer's user ID is the folder's to choose)
       if grep -q '^\[GNUPG:\] REVKEYSIG ' "$work/gpgv.status"; then
         fail "$dir: $1.asc was made by a key that has been revoked ($key)"
       fi
@@ -218,8 +228,8 @@ if [ -n "$key" ]; then
     mkdir "$work/minisign"
     minisign_checked() {  # $1 (SHA256SUMS, the provenance) against $1.minisig, both copied into $work/minisign
       (cd "$work/minisign" && minisign -V -p "$work/key" -m "$1" -x "$1.minisig") > "$work/minisign.out" \
-        || { cat "$work/minisign.out"; fail "$dir: $1.minisig is not a good signature of $1 by $key"; }
-      cat "$work/minisign.out"
+        || { shown_lines "$work/minisign.out"; fail "$dir: $1.minisig is not a good signature of $1 by $key"; }
+      shown_lines "$work/minisign.out"
     }
     echo "== minisign -Vm SHA256SUMS"
     cp "$work/sums" "$work/minisign/SHA256SUMS"

@@ -546,19 +546,33 @@ def _ledger(folder: Path) -> tuple[list[str], dict[str, str]]:
             problems.append(f"{rel}: differs from {LEDGER}")
     # nothing skipped: a __pycache__ or a .venv in the kit holds code the rebuild would run (the kit's
     # verify.sh makes its venv in the user's cache folder, and the tool writes no bytecode in a kit)
-    for path in sorted(folder.rglob("*")):
+    tree = sorted(_tree(folder))
+    for path in tree:
         rel = path.relative_to(folder).as_posix()
         if rel != LEDGER and (path.is_symlink() or not path.is_dir()) and rel not in listed:
             problems.append(f"{rel}: not listed in {LEDGER}")
     # nothing another user can write: each file is checked here, then read again (tool/ runs as you, context.tar
     # is built), and one who can write a file or a folder of the kit could change it in between
-    for path in [folder, *sorted(folder.rglob("*"))]:
+    for path in [folder, *tree]:
         mode = os.lstat(path).st_mode
         if not stat.S_ISLNK(mode) and mode & 0o022:
             rel = path.relative_to(folder).as_posix()
             problems.append(f"{'the kit folder' if rel == '.' else rel}: writable by other users (its group or "
                             "everyone), who could change it between its check and its use; `chmod -R go-w` the kit")
     return problems, listed
+
+
+def _tree(folder: Path) -> list[Path]:
+    """Everything under ``folder``, links not followed, walked with a list of its own (pathlib's rglob and os.walk
+    recurse once per folder: 1500 folders nested in a kit were a RecursionError traceback)."""
+    found, todo = [], [folder]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                found.append(Path(entry.path))
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(Path(entry.path))
+    return found
 
 
 def check_kit(folder: Path) -> KitRecord:

@@ -804,6 +804,14 @@ def test_a_name_beside_the_release_cannot_show_itself_reordered_or_hide_characte
     out = result.stdout.decode("utf-8")
     assert result.returncode == 0, out + result.stderr.decode()
     assert "note: run?hs.txt ?x??? caf\u00e9 is not listed in SHA256SUMS: not part of the release, not read" in out, out
+    # a name that is not UTF-8 with a lone 0x9b, CSI to a terminal that takes 8-bit controls ("x<CSI>2Jy" cleared
+    # the screen): each byte above 127 as '?' (before: printed as it is)
+    with open(os.path.join(os.fsencode(folder), b"x\x9b2Jy"), "wb"):
+        pass
+    result = subprocess.run(["sh", str(SCRIPT), str(folder), "--no-load"], capture_output=True, timeout=120)
+    assert result.returncode == 0 and b"\x9b" not in result.stdout + result.stderr, result.stdout
+    assert b"note: x?2Jy is not listed in SHA256SUMS" in result.stdout, result.stdout
+    assert "note: run?hs.txt ?x??? caf\u00e9 is not listed".encode() in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("options", ["-v", "--quoting-style=c"])

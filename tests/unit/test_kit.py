@@ -785,12 +785,13 @@ def test_a_file_whose_name_is_not_utf8_is_unlisted_for_verify_sh_in_a_utf8_local
     os.makedirs(os.path.join(os.fsencode(folder), b"tool/\xff-hidden"))
     with open(os.path.join(os.fsencode(folder), b"tool/\xff-hidden/payload.py"), "wb") as f:
         f.write(b"print(1)\n")
-    # a second one, whose name would drive the terminal: shown with '?' for its control bytes, one line
+    # a second one, whose name would drive the terminal: shown with '?' for its control bytes, one line; as the
+    # text is not UTF-8, each byte above 127 as '?' too (a lone 0x9b is CSI to a terminal that takes 8-bit controls)
     (folder / "x\x1b[2J\u202ey").write_text("")
     shown = subprocess.run([*(["busybox", "sh"] if shell == "busybox" else ["sh"]), "./verify.sh"], cwd=folder,
                            capture_output=True, timeout=60, env={**os.environ, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"})
     assert shown.returncode == 3 and shown.stderr == \
-        b"error: not listed in kit.sha256: tool/\xff-hidden/payload.py x?[2J?y\n", shown.stderr
+        b"error: not listed in kit.sha256: tool/?-hidden/payload.py x?[2J?y\n", shown.stderr
     with pytest.raises(VerificationError, match="not listed in kit.sha256"):
         check_kit(folder)
 
@@ -868,6 +869,21 @@ def test_verify_sh_interrupted_exits_130_and_leaves_no_temporary_file(busybox_pr
             proc.wait()
     # before: ended by the signal itself, its two lists left in TMPDIR
     assert proc.returncode == 130 and list(temp.iterdir()) == [], (proc.returncode, list(temp.iterdir()))
+
+
+def test_a_kit_with_folders_nested_1500_deep_is_checked_not_a_traceback(busybox_product, tmp_path):
+    # found by review: pathlib's rglob recursed once per folder, a RecursionError traceback from `rebuild`
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    deep = folder
+    for _ in range(1500):  # (one at a time: Path.mkdir's parents=True recurses too)
+        deep = deep / "a"
+        deep.mkdir()
+    check_kit(folder)  # empty folders: nothing unlisted, as verify.sh finds
+    assert verify_sh(folder, "sh").returncode == 0
+    (deep / "payload.py").write_text("print(1)\n")
+    with pytest.raises(VerificationError, match=r"a/a/a/.*/payload\.py: not listed in kit\.sha256"):
+        check_kit(folder)
 
 
 @pytest.mark.parametrize("shell", SHELLS)

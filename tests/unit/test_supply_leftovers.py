@@ -126,6 +126,29 @@ def test_a_sums_signature_co_signed_by_a_key_not_given_passes_and_a_bad_or_forei
         assert both(other)[:2] == (3, 3)
 
 
+def test_a_co_signer_s_user_id_reaches_the_terminal_from_neither_verifier_as_it_is(engines, tmp_path, cli):  # noqa: F811
+    # found by review: a mirror co-signs SHA256SUMS with a key whose mailbox holds a bidi override and a C1 CSI;
+    # gpgv prints it (`issuer "x<U+202E>y<U+009B>2jz@..."`) and the shell verifier passed gpgv's stderr on as it was
+    evil = "x\u202ey\u009b2Jz@example.invalid"
+    with throwaway_gpg_home() as (env, public):
+        made = run("gpg", "--batch", "--passphrase", "", "--quick-gen-key", evil, "ed25519", "sign", "never", env=env)
+        assert made.returncode == 0, made.stderr
+        folder = release(engines, tmp_path / "release", env=env, sign="signer@example.invalid")["release"].folder
+        out = tmp_path / "sig.asc"
+        signed = run("gpg", "--batch", "--yes", "--armor", "--detach-sign", "--local-user=signer@example.invalid",
+                     f"--local-user={evil}", "--output", str(out), str(folder / "SHA256SUMS"), env=env)
+        assert signed.returncode == 0, signed.stderr
+        (folder / "SHA256SUMS.asc").write_bytes(out.read_bytes())
+        python = cli("verify", str(folder), "--key", str(public))
+        script = subprocess.run(["sh", str(REPO / "scripts" / "verify-release.sh"), str(folder), "--no-load", "--key",
+                                 str(public)], capture_output=True, timeout=120)
+        assert python.code == 0 and script.returncode == 0, python.err + script.stderr.decode()
+        said = script.stdout + script.stderr
+        assert "\u202e".encode() not in said and "\u009b".encode() not in said and b"\x9b" not in said, said
+        assert b"x?y?2jz@example.invalid" in said.lower(), said  # (shown, as '?' where it would drive the terminal)
+        assert "\u202e" not in python.err and "\u009b" not in python.err
+
+
 def test_kit_key_checks_the_release_s_signature_before_trusting_its_sums(cli, tmp_path, minisign_key):  # noqa: F811
     secret, public = minisign_key
     folder = tmp_path / "out" / "1.3.1"
