@@ -365,8 +365,13 @@ def _check_text(value: str, path: Path_, where) -> None:
     """Values end up in a Dockerfile and a shell script: refuse what no escaping makes safe."""
     bad = hidden_character(value)
     if bad is not None and unicodedata.category(bad) == "Cc":
+        # (a YAML block scalar, '>' or '|', keeps a newline at its end, and '|' one per line: the usual way to
+        # write a long prompt or a build step, so said with the YAML that writes it on one line)
+        hint = ("; a YAML block scalar ('>' or '|') keeps a newline at its end: write '>-' or '|-'"
+                if bad == "\n" and value.count("\n") == 1 and value.endswith("\n") else
+                "; a YAML '>-' block folds its lines into one line (join commands with &&)" if bad == "\n" else "")
         raise InputError(f"{where(path)}: key '{dotted(path)}' contains a control character "
-                         f"({bad!r}); newlines, tabs and NUL are not allowed in values")
+                         f"({bad!r}); newlines, tabs and NUL are not allowed in values{hint}")
     if bad is not None:  # a bidi override: the Dockerfile and labels a reviewer reads show a reordered line
         raise InputError(f"{where(path)}: key '{dotted(path)}' contains {describe_character(bad)}, an invisible "
                          "format character that reorders or hides text where the value is shown (the Dockerfile, "

@@ -111,6 +111,8 @@ def _seq(items, fold: bool) -> _Shape:
         after = next((t for t in shapes[k + 1:] if not t.empty_only), None)
         if k == last and s.spread is not False:
             tail, settled = s.spread, ways == 1 and not unbounded
+        elif k == last:  # a group last (a capturing one is not unwrapped): its own last run, as the group says it
+            tail, settled = s.tail, s.settled and ways == 1 and not unbounded
         # a varying run of one character set, then a part that cannot start with one of them: the run ends
         # where that part starts, whatever it tried first, so its choices add time but multiply no ways
         if s.spread is not False and after is not None and not after.nullable and not _overlap(s.spread, after.first):
@@ -155,8 +157,10 @@ def _alternatives(branches: list[_Shape]) -> _Shape:
 
 
 def _repeat(lo: int, hi: int, body: _Shape) -> _Shape:
-    if hi == 0 or body.empty_only:
+    if hi == 0:
         return _Shape(nullable=True, empty_only=True)
+    if body.empty_only:  # a lookaround or an anchor made optional: taken or not, two ways to match the same text
+        return _Shape(ways=1 if lo else 2, nullable=True, empty_only=True)
     unbounded = hi == C.MAXREPEAT
     if hi == 1:
         ways = body.ways if lo == 1 else _cap(body.ways + 1)

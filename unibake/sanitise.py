@@ -40,10 +40,16 @@ SECRET_NAME_RE = re.compile(r"(PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN(?!S|I[SZ]
                             r"_KEY$)", re.I)
 # a value no secret is, whatever its name says: a switch or a small count (TWO_PASS=1, ENABLE_AUTH=true)
 NOT_A_SECRET_RE = re.compile(r"(true|false|yes|no|on|off|none|null|\d{1,3})", re.I)
+# where a secret is mounted at run time, as the gate's own message asks (HF_TOKEN_PATH=/run/secrets/hf_token,
+# DB_PASSWORD_FILE=/run/secrets/db): a name that says so, and an absolute path as its value
+SECRET_PLACE_NAME_RE = re.compile(r"_(FILE|PATH|DIR)$", re.I)
+SECRET_PLACE_RE = re.compile(r"/[A-Za-z0-9._/-]+")
 
 
 def secret_by_name(name: str, value: str) -> bool:
     """Whether ``name`` says secret and ``value`` may be one."""
+    if SECRET_PLACE_NAME_RE.search(name) and SECRET_PLACE_RE.fullmatch(value.strip()):
+        return False
     return bool(value) and bool(SECRET_NAME_RE.search(name)) and not NOT_A_SECRET_RE.fullmatch(value.strip())
 
 

@@ -75,7 +75,7 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
                     f"form, {ascii(text)[:300]})")
         return f"expected exactly {check.expect!r}"
     if check.match == "contains":
-        # trimmed as exact trims it (a YAML block scalar's newline, a stray space): the expected text is
+        # trimmed as exact trims it (a stray space; a newline an image's own metadata holds): the expected text is
         # the words, wherever they stand in the reply
         expected = check.expect.strip()
         if expected in text:

@@ -379,6 +379,10 @@ def test_a_tune_cache_count_that_counted_a_subfolder_says_only_the_top_level_cou
     ("env", '{"A B": x}', r"key 'A B' in 'env' is not valid"),
     ("env", "{A: " + "x" * 5000 + "}", r"key 'env.A' is 5000 characters long"),
     ("args", '["--a\\rb"]', r"key 'args\[0\]' contains a control character"),
+    # a block scalar: the message says how YAML writes it on one line (before: only that newlines are refused)
+    ("smoke", "\n  expect_reply: >\n    UNIFIED_TP2_OK\n", r"key 'smoke.expect_reply' contains a control character "
+                                                         r"\('\\n'\); .*: write '>-' or '\|-'$"),
+    ("args", "\n  - |\n    --a\n    --b\n", r"key 'args\[0\]' contains .*; a YAML '>-' block folds its lines into one"),
 ])
 def test_hostile_values_are_refused(busybox_product, field, value, message):
     write(busybox_product / "tp2.yaml", f"profile: tp2\ngpus: 2\n{field}: {value}\n")
