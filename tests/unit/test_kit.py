@@ -876,14 +876,20 @@ def test_a_kit_with_folders_nested_1500_deep_is_checked_not_a_traceback(busybox_
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
     deep = folder
-    for _ in range(1500):  # (one at a time: Path.mkdir's parents=True recurses too)
-        deep = deep / "a"
-        deep.mkdir()
-    check_kit(folder)  # empty folders: nothing unlisted, as verify.sh finds
-    assert verify_sh(folder, "sh").returncode == 0
-    (deep / "payload.py").write_text("print(1)\n")
-    with pytest.raises(VerificationError, match=r"a/a/a/.*/payload\.py: not listed in kit\.sha256"):
-        check_kit(folder)
+    try:
+        for _ in range(1500):  # (one at a time: Path.mkdir's parents=True recurses too)
+            deep = deep / "a"
+            deep.mkdir()
+        check_kit(folder)  # empty folders: nothing unlisted, as verify.sh finds
+        assert verify_sh(folder, "sh").returncode == 0
+        (deep / "payload.py").write_text("print(1)\n")
+        with pytest.raises(VerificationError, match=r"a/a/a/.*/payload\.py: not listed in kit\.sha256"):
+            check_kit(folder)
+    finally:  # removed here, one folder at a time: pytest's clean-up of old temporary folders recurses (shutil.rmtree)
+        (deep / "payload.py").unlink(missing_ok=True)
+        while deep != folder:
+            deep.rmdir()
+            deep = deep.parent
 
 
 @pytest.mark.parametrize("shell", SHELLS)
