@@ -1387,7 +1387,7 @@ def cmd_pull(args: argparse.Namespace, ctx: Context) -> Outcome:
     with ctx.reporter.stage("pull", f"into the engine at {engine.address}"), \
             ctx.reporter.progress(f"pull {m.tag}", info.layer_bytes or None) as advance:
         image_id = pull_into(engine, ref, m, info, settings["credentials"], warn=ctx.reporter.warn,
-                             deadline=deadline, progress=advance)
+                             deadline=deadline, progress=advance, on_clear=ctx.reporter.warn)
     return Outcome(document={"reference": ref.pinned, "release": m.release, "folder": str(folder), "image_id": image_id,
                              "tag": m.tag, "engine": engine.address},
                    title="unibake: pulled", rows=[("pulled", ref.pinned), ("engine", engine.address),
@@ -1459,7 +1459,8 @@ def cmd_deploy(args: argparse.Namespace, ctx: Context) -> Outcome:
         plan = Plan(folder=folder, manifest=m, source="registry", counter=ctx.reporter.counter,
                     pull_bytes=info.layer_bytes or None,
                     pull=lambda engine, stop, advance: pull_into(engine, ref, m, info, settings["credentials"],
-                                                                 stop=stop, deadline=deadline, progress=advance))
+                                                                 stop=stop, deadline=deadline, progress=advance,
+                                                                 on_clear=ctx.reporter.warn))
     m = plan.manifest
     with ctx.reporter.stage("deploy", f"{m.tag} to {counted(len(addresses), 'engine')} from the {args.source}"):
         # DOCKER_HOST's engine is reached with its TLS settings (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) too

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import ipaddress
 import json
 import os
 import re
@@ -150,6 +151,23 @@ def parse_address(address: str) -> str | None:
     except (ValueError, docker.errors.DockerException) as exc:
         return str(exc)[:200]
     return None
+
+
+def in_the_clear(address: str, tls: object) -> bool:
+    """Whether an engine at ``address`` is reached over the network without TLS (``tcp://`` or ``http://`` to
+    another host, no DOCKER_TLS_VERIFY): what it is sent, a registry's credentials for a pull, anyone between reads."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or scheme.lower() not in ("tcp", "http") or tls:
+        return False
+    host = rest.split("/", 1)[0].rpartition("@")[2]
+    host = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0] if host.count(":") == 1 \
+        else host
+    if host in ("", "localhost"):  # (tcp://:2375 is this host's port 2375)
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # (a host name: another machine, as far as can be told)
 
 
 class _EngineClient(docker.APIClient):
@@ -380,6 +398,7 @@ class DockerEngine(Engine):
                 tls = _tls_from_env(env)
                 self.api = _EngineClient(base_url=self.address, version="auto", timeout=probe, use_ssh_client=ssh,
                                             **({"tls": tls} if tls else {}))
+            self.in_the_clear = in_the_clear(self.address, tls)
             self.api.timeout = timeout  # every request after the version's
             self.api.hooks["response"].append(_bounded_answer)
         except docker.errors.DockerException as exc:

@@ -85,6 +85,7 @@ class Engine(ABC):
     """A container engine. Errors are :class:`unibake.errors.EngineError` (or its subclasses)."""
 
     address: str
+    in_the_clear: bool = False  # reached over the network without TLS (docker_engine.in_the_clear)
 
     @abstractmethod
     def version(self) -> str:

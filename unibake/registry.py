@@ -1730,10 +1730,11 @@ class _PullClock(threading.Event):
 def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: ManifestInfo,
               credentials: Credentials | None, warn: Callable[[str], None] | None = None,
               stop: threading.Event | None = None, deadline: float | None = None,
-              progress: Callable[[int], None] | None = None) -> str:
+              progress: Callable[[int], None] | None = None, on_clear: Callable[[str], None] | None = None) -> str:
     """Let ``engine`` pull ``ref`` by digest, compare the image ID with the release's, and tag it as the
     release's tag (as a load of the archive would); returns the image ID. A tag that named another image
-    before is moved, and said through ``warn`` (as deploy's row says it). ``stop`` set breaks the pull
+    before is moved, and said through ``warn`` (as deploy's row says it); credentials handed to an engine reached
+    without TLS are said through ``on_clear``. ``stop`` set breaks the pull
     off (:class:`unibake.errors.HandoffAborted`), and nothing is tagged. A pull still under way
     ``deadline`` s after it began (``--pull-deadline``: an engine whose registry trickles) is broken off
     too, an :class:`EngineError` that says so."""
@@ -1742,6 +1743,10 @@ def pull_into(engine: Engine, ref: Reference, manifest: ReleaseManifest, info: M
                           f"Docker {ZSTD_ENGINE_MAJOR} or later can; push the release with --compression gzip "
                           "(the default) for this engine")
     auth = {"username": credentials.username, "password": credentials.password} if credentials else None
+    if auth and engine.in_the_clear and on_clear is not None:  # (as docker pull -H would send them: said, not refused)
+        on_clear(f"the engine at {engine.address} is reached without TLS: the registry credentials it is given for "
+                 f"the pull (from {credentials.source}) cross the network as they are; set DOCKER_TLS_VERIFY (and "
+                 "DOCKER_CERT_PATH) for a tcp:// engine on port 2376, or give it a pull-only account")
     before = engine.inspect_image(manifest.tag)
     clock = _PullClock(stop, deadline) if deadline is not None else None
     try:

@@ -451,6 +451,39 @@ def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
     assert len(warned) == 1  # already the release's image: nothing to say
 
 
+def test_credentials_handed_to_an_engine_reached_without_tls_are_said_to_cross_the_network(tmp_path):
+    # found by review: pull and deploy --from registry gave every engine the registry password, tcp:// engines
+    # without TLS too, and nothing said that it crossed the network as it is
+    from unibake.docker_engine import in_the_clear
+    from unibake.registry import Credentials, ManifestInfo, parse_reference, pull_into
+
+    for address in ("tcp://10.0.0.7:2375", "http://gpu01:2375", "tcp://[fd00::7]:2375", "tcp://user@gpu01:2375/"):
+        assert in_the_clear(address, None), address
+    for address, tls in (("tcp://10.0.0.7:2376", object()), ("tcp://127.0.0.1:2375", None), ("tcp://:2375", None),
+                         ("tcp://localhost:2375", None), ("tcp://[::1]:2375", None), ("unix:///run/docker.sock", None),
+                         ("ssh://me@gpu01", None)):
+        assert not in_the_clear(address, tls), address
+    folder, image_id = make_release(tmp_path / "release")
+    m = load_manifest(folder)
+    engines, connect = fleet("a", "b")
+    deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)
+    ref = parse_reference(f"r.example/demo-llm@sha256:{'1' * 64}", what="ref", digest=True)
+    engine = engines["tcp://b:2375"]
+    engine.remote = {ref.pinned: engines["tcp://a:2375"].images[image_id]}
+    info = ManifestInfo(media_type="", config_digest=image_id, compressions=frozenset({"gzip"}))
+    login = Credentials(username="ci", password="s3cret", source="/home/ci/.docker/config.json")
+    said = []
+    engine.in_the_clear = True
+    assert pull_into(engine, ref, m, info, login, on_clear=said.append) == image_id
+    assert said == ["the engine at tcp://b:2375 is reached without TLS: the registry credentials it is given for the "
+                    "pull (from /home/ci/.docker/config.json) cross the network as they are; set DOCKER_TLS_VERIFY "
+                    "(and DOCKER_CERT_PATH) for a tcp:// engine on port 2376, or give it a pull-only account"]
+    pull_into(engine, ref, m, info, None, on_clear=said.append)  # no credentials handed: nothing to say
+    engine.in_the_clear = False
+    pull_into(engine, ref, m, info, login, on_clear=said.append)
+    assert len(said) == 1 and "s3cret" not in said[0]
+
+
 class EngineAPI(http.server.BaseHTTPRequestHandler):
     """A fake engine's API handler: HTTP/1.1 (docker-py keeps its connection), nothing logged."""
 
