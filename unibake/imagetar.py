@@ -32,6 +32,7 @@ from typing import Protocol
 import zstandard
 
 from .errors import ArchiveError, LayerFormatError, VerificationError
+from .platforms import of_config
 from .threads import hashing_thread
 
 BLOCK = tarfile.BLOCKSIZE
@@ -1390,6 +1391,15 @@ def check_release_form(members: Members, tag: str) -> None:
                 isinstance(platform, dict) and set(platform) in ({"architecture", "os"}, {"architecture", "os", "variant"})
                 and all(isinstance(v, str) for v in platform.values()))):
         raise ArchiveError("the archive's index.json is not in the form unibake writes: refused before any load")
+    # the platform it names is the image config's, as the writer takes it (another would have an engine that picks
+    # by the index, containerd's store, take or refuse the image for a platform it is not for)
+    recorded = of_config(member_json(members, where.config_name))
+    if platform != recorded:
+        def shown(p: dict | None) -> str:
+            return "/".join(p[k] for k in ("os", "architecture", "variant") if k in p)[:100] if p else "none"
+
+        raise ArchiveError(f"the archive's index.json names the platform {shown(platform)!r}, but its image config is "
+                           f"for {shown(recorded)!r}: refused before any load")
     written = {"manifest.json": [{"Config": where.config_name, "Layers": list(where.layer_names), "RepoTags": [tag]}],
                "index.json": {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{
                    "mediaType": OCI_MANIFEST, "digest": descriptor["digest"], "size": descriptor["size"],

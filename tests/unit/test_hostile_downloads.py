@@ -95,6 +95,26 @@ def test_an_index_naming_another_image_is_refused(cli, folder):
     both_refuse(cli, folder, "index.json names", "index.json does not name the release's tag")
 
 
+@pytest.mark.parametrize("platform", [{"architecture": "arm64", "os": "windows"}, None,
+                                      {"architecture": "amd64", "os": "linux", "variant": "v3"}])
+def test_an_index_naming_another_platform_than_the_image_config_is_refused_by_both(cli, folder, platform):
+    # found by review: index.json's platform was never compared with the config's (both verifiers took windows/arm64
+    # for a linux/amd64 image): an engine that picks by the index (containerd's store) takes or refuses it for that
+    def replatform(entries):
+        index = json_member(entries, "index.json")
+        if platform is None:
+            del index["manifests"][0]["platform"]
+        else:
+            index["manifests"][0]["platform"] = platform
+        return replace_member(entries, "index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
+
+    forge(folder, replatform)
+    shown = {None: "none", "windows": "windows/arm64", "v3": "linux/amd64/v3"}[
+        None if platform is None else platform.get("variant", platform["os"])]
+    said = f"index.json names the platform '{shown}', but its image config is for 'linux/amd64': refused before any load"
+    both_refuse(cli, folder, said, said)
+
+
 def test_a_link_and_a_file_of_the_same_name_are_refused(cli, folder):
     forge(folder, lambda entries: entries + [link("manifest.json", "index.json")])
     both_refuse(cli, folder, "'manifest.json' appears twice", "holds")
