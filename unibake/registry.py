@@ -137,6 +137,9 @@ class Reference:
         return f"{self.repository}@{self.digest}"
 
 
+DOCKER_HUB = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
+
+
 def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
     """A registry reference from the command line; ``digest``: one is required (pull) or refused (push)."""
     shown = text[:300]
@@ -151,6 +154,12 @@ def parse_reference(text: str, *, what: str, digest: bool) -> Reference:
         raise InputError(f"{what} {shown!r} names no registry host: {host!r} is not one (a host has a '.' or a "
                          f"':PORT', or is localhost; docker would read docker.io here, unibake needs the registry "
                          f"named): give REGISTRY/REPOSITORY, e.g. registry.example:5000/{host}/{path}")
+    if host.lower() in DOCKER_HUB:
+        # (Docker Hub's API is not at the host its names give, and its credentials are kept under another; neither
+        # mapping can be tried here, so it is refused by name rather than sent where it fails in a registry's words)
+        raise InputError(f"{what} {shown!r} names Docker Hub ({host}), which unibake does not push to or pull from: "
+                         "its API is registry-1.docker.io and its logins are kept under index.docker.io; use another "
+                         "registry (a self-hosted one, or your cloud's)")
     if host.startswith("["):  # the grammar takes hex digits and colons: an address is checked as one
         try:
             ipaddress.IPv6Address(host[1:host.index("]")])

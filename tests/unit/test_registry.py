@@ -70,6 +70,9 @@ def test_push_references(text, host, path, tag):
     ("localhost:5000/t/bb:\u0663", "is not REGISTRY/REPOSITORY"),
     ("localhost:99999/t/bb", "port 99999 of the registry host is out of range 1..65535"),
     ("localhost:0/t/bb", "port 0 of the registry host"),
+    # Docker Hub: its API and its logins are kept under other hosts than its names (before: sent to docker.io/v2/)
+    ("docker.io/team/demo-llm:1.3.1", "names Docker Hub \\(docker.io\\), which unibake does not push to or pull from"),
+    ("Index.Docker.io/team/demo-llm", "names Docker Hub"),
 ])
 def test_bad_push_references_are_exit_2(text, message):
     with pytest.raises(InputError, match=message):
