@@ -427,10 +427,10 @@ def test_a_deploy_that_moves_the_release_tag_off_another_image_says_so(tmp_path)
     assert all(e.inspect_image(m.tag).id == image_id for e in engines.values())
 
 
-def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
-    # pull tagged the pulled image as the release without a word, where deploy's row said
-    # "TAG named X before"
-    from unibake.registry import ManifestInfo, parse_reference, pull_into
+def pullable(tmp_path):
+    """An engine (b) that can pull a release's image by a registry reference (engine a holds it): the engine, the
+    reference, the release's manifest, what the registry would say of it, and the image ID."""
+    from unibake.registry import ManifestInfo, parse_reference
 
     folder, image_id = make_release(tmp_path / "release")
     m = load_manifest(folder)
@@ -439,7 +439,16 @@ def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
     ref = parse_reference(f"r.example/demo-llm@sha256:{'1' * 64}", what="ref", digest=True)
     engine = engines["tcp://b:2375"]
     engine.remote = {ref.pinned: engines["tcp://a:2375"].images[image_id]}
-    info = ManifestInfo(media_type="", config_digest=image_id, compressions=frozenset({"gzip"}))
+    return engine, ref, m, ManifestInfo(media_type="", config_digest=image_id, compressions=frozenset({"gzip"})), \
+        image_id
+
+
+def test_a_pull_that_moves_the_release_tag_off_another_image_says_so(tmp_path):
+    # pull tagged the pulled image as the release without a word, where deploy's row said
+    # "TAG named X before"
+    from unibake.registry import pull_into
+
+    engine, ref, m, info, image_id = pullable(tmp_path)
     warned = []
     assert pull_into(engine, ref, m, info, None, warn=warned.append) == image_id
     assert warned == []  # the tag named nothing before
@@ -455,7 +464,7 @@ def test_credentials_handed_to_an_engine_reached_without_tls_are_said_to_cross_t
     # found by review: pull and deploy --from registry gave every engine the registry password, tcp:// engines
     # without TLS too, and nothing said that it crossed the network as it is
     from unibake.docker_engine import in_the_clear
-    from unibake.registry import Credentials, ManifestInfo, parse_reference, pull_into
+    from unibake.registry import Credentials, pull_into
 
     for address in ("tcp://10.0.0.7:2375", "http://gpu01:2375", "tcp://[fd00::7]:2375", "tcp://user@gpu01:2375/"):
         assert in_the_clear(address, None), address
@@ -463,14 +472,7 @@ def test_credentials_handed_to_an_engine_reached_without_tls_are_said_to_cross_t
                          ("tcp://localhost:2375", None), ("tcp://[::1]:2375", None), ("unix:///run/docker.sock", None),
                          ("ssh://me@gpu01", None)):
         assert not in_the_clear(address, tls), address
-    folder, image_id = make_release(tmp_path / "release")
-    m = load_manifest(folder)
-    engines, connect = fleet("a", "b")
-    deploy(Plan(folder=folder, manifest=m, source="archive"), ["tcp://a:2375"], connect)
-    ref = parse_reference(f"r.example/demo-llm@sha256:{'1' * 64}", what="ref", digest=True)
-    engine = engines["tcp://b:2375"]
-    engine.remote = {ref.pinned: engines["tcp://a:2375"].images[image_id]}
-    info = ManifestInfo(media_type="", config_digest=image_id, compressions=frozenset({"gzip"}))
+    engine, ref, m, info, image_id = pullable(tmp_path)
     login = Credentials(username="ci", password="s3cret", source="/home/ci/.docker/config.json")
     said = []
     engine.in_the_clear = True

@@ -656,20 +656,27 @@ def test_a_second_dockerfile_renamed_by_a_global_header_the_engine_ignores_is_re
         rebuild(folder, FakeEngine())
 
 
-@pytest.mark.parametrize("shell", SHELLS)
-def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refused(busybox_product, tmp_path, shell):
-    kit, _ = make_kit(busybox_product, tmp_path / "out")
+def header(info: tarfile.TarInfo) -> bytes:
+    """A member's header as ustar writes it, for a context forged block by block."""
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+
+
+def padded(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 512)
+
+
+def unpacked_context(product: Path, tmp_path: Path) -> tuple[Path, bytes]:
+    """A kit unpacked, and its context.tar's members written again as ustar, without the end blocks."""
+    kit, _ = make_kit(product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
     with tarfile.open(folder / "context.tar") as tar:
         entries = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+    return folder, b"".join(header(info) + padded(data) for info, data in entries)
 
-    def header(info: tarfile.TarInfo) -> bytes:
-        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
 
-    def padded(data: bytes) -> bytes:
-        return data + b"\0" * (-len(data) % 512)
-
-    forged = b"".join(header(info) + padded(data) for info, data in entries)
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_second_dockerfile_hidden_by_a_pax_size_that_busybox_ignores_is_refused(busybox_product, tmp_path, shell):
+    folder, forged = unpacked_context(busybox_product, tmp_path)
     # "pad": 0 bytes by its header, 512 by its pax header. The engine (and GNU tar, and Python) skip 512
     # bytes and read EVIL as the last Dockerfile; busybox's tar reads those bytes as the header of
     # "cover", 1024 bytes long, which hides EVIL from its listing
@@ -690,18 +697,7 @@ def test_a_second_dockerfile_hidden_as_a_folder_s_content_is_refused(busybox_pro
     # found by review: a folder "d/" whose header says 2048 bytes: verify.sh skipped them as its content, where the
     # engine, GNU tar and Python read them as headers: a global header renaming the next member for GNU tar (which
     # the engine ignores), then EVIL as a second Dockerfile. verify.sh said "ok"
-    kit, _ = make_kit(busybox_product, tmp_path / "out")
-    folder = unpack(kit, tmp_path / "unpacked")
-    with tarfile.open(folder / "context.tar") as tar:
-        entries = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
-
-    def header(info: tarfile.TarInfo) -> bytes:
-        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
-
-    def padded(data: bytes) -> bytes:
-        return data + b"\0" * (-len(data) % 512)
-
-    forged = b"".join(header(info) + padded(data) for info, data in entries)
+    folder, forged = unpacked_context(busybox_product, tmp_path)
     rename = pax_record("path", "foo")
     hider, glob, evil = tarfile.TarInfo("d/"), tarfile.TarInfo("pax_global_header"), tarfile.TarInfo("Dockerfile")
     glob.type, glob.size, evil.size = tarfile.XGLTYPE, len(rename), len(EVIL)
