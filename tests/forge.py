@@ -13,6 +13,8 @@ from pathlib import Path
 
 import zstandard
 
+from unibake.platforms import of_config
+
 Entry = tuple[tarfile.TarInfo, bytes | None]
 
 
@@ -128,6 +130,13 @@ def replace_config(folder: Path, make: Callable[[dict], bytes]) -> str:
         oci_data = compact(oci)
         new_oci = hashlib.sha256(oci_data).hexdigest()
         index["manifests"][0].update(digest=f"sha256:{new_oci}", size=len(oci_data))
+        try:  # the index names the new config's platform, as the writer takes it (a config no JSON reader takes: as it was)
+            platform = of_config(json.loads(data))
+        except (ValueError, RecursionError):
+            pass
+        else:
+            index["manifests"][0].pop("platform", None)
+            index["manifests"][0].update({"platform": platform} if platform else {})
         entries = [(i, d) for i, d in entries if i.name != f"blobs/sha256/{old_oci}"]
         return replace_member(entries + [member(f"blobs/sha256/{new_oci}", oci_data)], "index.json", compact(index))
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InputError, NoLocks, UnibakeError, VerificationError
-from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, write_atomic
+from .files import fresh_folder, fsync_dir, open_lock, read_small_file, remove_tree, same_file, write_atomic
 from .manifest import MANIFEST, ReleaseManifest, load_manifest
 from .publish import SUMS, SUMS_LIMIT, _holder, _sign, held_signals, record_temp
 from .signing import ASC, MINISIG
@@ -76,7 +76,13 @@ def _keep_access(path: Path, like: os.stat_result) -> None:
             os.chown(path, -1, like.st_gid, follow_symlinks=False)
         except PermissionError:
             pass  # a group this user is not in: the group stays this user's own
-    os.chmod(path, stat.S_IMODE(like.st_mode))
+    # (through a descriptor opened without following a link: a staging folder someone else can write (a shared --out)
+    # could hold a link planted there, and a chmod by name gave the file it names the release file's mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, stat.S_IMODE(like.st_mode))
+    finally:
+        os.close(fd)
 
 
 def _old_stat(path: Path) -> os.stat_result | None:
@@ -182,7 +188,7 @@ def _is_record_of(record: Path, listing: bytes) -> tuple[bool, str]:
 
 
 def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str], checksums_dir: Path,
-                  sign: Callable[[Path], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None,
+                  sign: Callable[[Path, bytes], dict[str, str]] | None = None, *, was: ReleaseManifest | None = None,
                   named: Path | None = None, on_warning: Callable[[str], None] = lambda line: None) -> None:
     """Replace ``manifest.json`` and the notes' registry section of the published ``folder``, then
     ``SHA256SUMS`` (and ``checksums/<tag>.SHA256SUMS`` when it is the folder's record); ``sums`` is the
@@ -215,6 +221,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
         staging = out / f".{tag}.amend"
         # private while it is made; the folder's own mode and group at the end
         fresh_folder(staging, "a push's copy of a release", mode=0o700)
+        made = os.lstat(staging)
         try:
             new_sums = dict(sums)
             old_signatures = []  # the old SHA256SUMS's: each kind signed again goes with the new one, any other is stale
@@ -227,7 +234,7 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                 new_sums[name] = write_atomic(staging, name, text)
             listing = render_sums(new_sums)
             write_atomic(staging, SUMS, listing)
-            signatures = list(sign(staging / SUMS)) if sign is not None else []
+            signatures = list(sign(staging / SUMS, listing.encode("utf-8"))) if sign is not None else []
             stale = sorted(set(old_signatures) - set(signatures))
             for name in stale:  # (before: linked into the new folder, a signature that no longer matched, unsaid)
                 on_warning(f"{folder / name} signed the old {SUMS}, and no key of its kind signed the new one: it is "
@@ -238,6 +245,9 @@ def amend_release(folder: Path, manifest: ReleaseManifest, sums: dict[str, str],
                     _keep_access(staging / name, old)
             _keep_access(staging, folder.stat())
             fsync_dir(staging)
+            if not same_file(staging, made):  # (--out writable by others: their folder would take the release's place)
+                raise UnibakeError(f"{staging} was replaced while this push made it (someone else can write {out}): "
+                                   "nothing was recorded; make --out writable by you alone, then push again")
             # an interrupt lands before the folder changes or once it and its checksums records are all new:
             # the renames one by one would leave manifest.json new and SHA256SUMS old, and a record left old
             # is never updated by a later push (the folder records the push already)

@@ -1289,7 +1289,8 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> Outcome:
             ctx.reporter.warn(f"release {m.release}: not recorded ({unrecordable[f.folder]}); pull it by "
                               f"{record.reference}")
         if updated is not None:
-            sign = (lambda path, m=m: signer.sign(path, f"{m.product} {m.release} {path.name}")) if signer else None
+            sign = (lambda path, data, m=m: signer.sign(path, f"{m.product} {m.release} {path.name}", data)) \
+                if signer else None
             if sign and f.cosigners:  # they signed the old SHA256SUMS: the new one is signed by the keys given alone
                 ctx.reporter.warn(f"{SUMS}{ASC} of release {m.release} is co-signed by {', '.join(f.cosigners)}, whose "
                                   f"key was not given: recording the push signs the new {SUMS} with the keys given "

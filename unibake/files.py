@@ -297,6 +297,15 @@ def linked_above(folder: Path, depth: int = 2) -> Path | None:
     return next((f for f in (folder, *list(folder.parents)[:depth]) if f.is_symlink()), None)
 
 
+def same_file(path: Path, made: os.stat_result) -> bool:
+    """``path`` is still the file or folder ``made`` was taken of (not one put in its place, not through a link)."""
+    try:
+        now = os.lstat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino)
+
+
 def evict_oldest(folder: Path, pattern: str, kept: int) -> None:
     """Of ``folder``'s files matching ``pattern``, all but the newest ``kept`` (by mtime) removed: a memo folder
     that would otherwise grow by one file per build for ever. Best effort: a file that stays is only disk."""

@@ -27,7 +27,7 @@ from .archive import Archive
 from .archive_reader import ReadBack
 from .errors import DiskFull, InputError, NoLocks, UnibakeError, VerificationError
 from .files import (decode_text, fresh_folder, fsync_dir, open_lock, open_new, read_small_file, remove_tree,
-                    write_atomic)
+                    same_file, write_atomic)
 from .manifest import (MANIFEST, SCHEMA_VERSION, VALIDATION, ArchiveFile, ArchiveRecord,
                        AttachmentRecord, Compression, ExternalRecord, HotfixRecord, ReleaseManifest, SupplyChain, Tool,
                        Validation, read_manifest)
@@ -111,6 +111,7 @@ class ReleaseFolder:
         self.final = out / tag
         self.staging = out / f".{tag}.partial"
         self.committed = False  # the release is published (the run may still fail after, at clean-up)
+        self.made: os.stat_result | None = None  # the staging folder as this run made it (set on enter)
         self.first_release: str | None = None  # set on enter: when the release --force replaces was first published
         self.first_release_problem = ""  # set on enter: why the replaced release's first_published is not carried over
         self.first_release_sums = b""  # set on enter: the replaced release's SHA256SUMS that listed its manifest
@@ -169,6 +170,7 @@ class ReleaseFolder:
         self.first_release, self.first_release_problem, self.first_release_sums = self._replaced_first_release()
         try:
             fresh_folder(self.staging, "a release's staging folder")
+            self.made = os.lstat(self.staging)
         except UnibakeError:  # (a link, a file, a folder it cannot remove: no run's, left as it is, and said)
             self._unlock()
             raise
@@ -235,6 +237,10 @@ class ReleaseFolder:
 
     def _swap(self) -> None:
         """The old release set aside, the staged one in its place; on a failure, the old one back."""
+        if self.made is not None and not same_file(self.staging, self.made):
+            # (an --out others can write: their folder, put in its place during the build, would be published)
+            raise UnibakeError(f"{self.staging} was replaced while this run made it (someone else can write "
+                               f"{self.out}): nothing was published; make --out writable by you alone, then run again")
         if self.final.exists():
             os.replace(self.final, self.out / f".{self.tag}.old")
         try:
@@ -717,14 +723,14 @@ def record_temp(record: Path, folder: Path) -> Path:
 
 def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: dict[str, str | bytes],
             checksums_dir: Path, extra: Mapping[str, str] | None = None,
-            sign: Callable[[Path], object] | None = None,
+            sign: Callable[[Path, bytes], object] | None = None,
             check_record: Callable[[Path], object] | None = None) -> Path:
     """Write the text files and attachments, then SHA256SUMS (last) and its signatures, and the
     checksums/ record under a temporary name; only then give the folder its final name: nothing is
     committed until everything that can fail (a full disk, a read-only folder, a signature) has run.
 
     ``extra``: files earlier stages wrote into the staging folder (name -> sha256), listed too;
-    ``sign``: called on SHA256SUMS once written, so that its signatures exist before the commit.
+    ``sign``: called on SHA256SUMS once written (its path and bytes), so that its signatures exist before the commit.
     ``check_record``: called on the checksums record's path just before the commit, under a lock on the records'
     folder (``checksums/`` itself), which is held until the record is in place: every --out of one parent
     shares the record, and two products' runs of one version (each holding its own --out's lock) both passed the
@@ -739,7 +745,7 @@ def publish(folder: ReleaseFolder, archive: Archive, digests: ReadBack, files: d
         listing = render_sums(sums)
         write_atomic(folder.staging, SUMS, listing)
         if sign is not None:
-            sign(folder.staging / SUMS)
+            sign(folder.staging / SUMS, listing.encode("utf-8"))  # (the bytes written, not the file by name)
         fsync_dir(folder.staging)
         checksums_dir.mkdir(parents=True, exist_ok=True)
         with open_new(record) as fh:  # checksums/ may be others' to write: a link planted there is not followed

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, UnibakeError
-from .files import read_small_file
+from .files import read_small_file, write_atomic
 
 GPG_PASSPHRASE = "UNIBAKE_GPG_PASSPHRASE"
 MINISIGN_PASSWORD = "UNIBAKE_MINISIGN_PASSWORD"
@@ -89,14 +89,23 @@ class Signer:
             out.append(SignatureRecord(kind="minisign", key=self.minisign_id, suffix=MINISIG))
         return tuple(out)
 
-    def sign(self, path: Path, comment: str = "") -> dict[str, str]:
-        """Detached signatures of ``path`` beside it, each written under a temporary name first;
-        returns {file name: its text}."""
+    def sign(self, path: Path, comment: str = "", data: bytes | None = None) -> dict[str, str]:
+        """Detached signatures of ``data`` (the bytes the caller wrote to ``path``; None: ``path``'s, read once,
+        not through a link) beside ``path``; returns {file name: its text}. The tools sign a copy in a private
+        folder of this process's, and write their signatures there: a staging folder someone else can write (a
+        shared ``--out``) swapped while gpg ran had the key sign whatever file then had the name."""
+        if data is None:
+            data = read_small_file(path, UnibakeError, limit=64 << 20, follow=False)
         written = {}
-        if self.openpgp:
-            written[path.name + ASC] = self._gpg(path)
-        if self.minisign:
-            written[path.name + MINISIG] = self._minisign(path, comment or path.name)[0]
+        with tempfile.TemporaryDirectory(prefix="unibake-sign.") as private:  # (0700, made by this process)
+            copy = Path(private) / path.name
+            copy.write_bytes(data)
+            if self.openpgp:
+                written[path.name + ASC] = self._gpg(copy)
+            if self.minisign:
+                written[path.name + MINISIG] = self._minisign(copy, comment or path.name)[0]
+        for name, text in written.items():  # (beside path, under a temporary name of its own first: no link followed)
+            write_atomic(path.parent, name, text)
         return written
 
     def forget_passphrase(self) -> None:

@@ -342,7 +342,7 @@ def provenance_stage(run: Run) -> tuple:
     sha = write_atomic(staging, PROVENANCE, text)
     signatures = {}
     if signer is not None:
-        for name in signer.sign(staging / PROVENANCE, f"{target.product} {target.release} {PROVENANCE}"):
+        for name in signer.sign(staging / PROVENANCE, f"{target.product} {target.release} {PROVENANCE}", text.encode()):
             signatures[name] = sha256_file(staging / name)
     run.reporter.info(f"    {len(subjects) + 1} subjects" + (f", signed: {', '.join(signatures)}" if signatures else ""))
     return (Provenance(file=SupplyFile(name=PROVENANCE, bytes=len(text.encode()), sha256=sha), signatures=signatures),)
@@ -383,7 +383,7 @@ def sign_sums(run: Run):
     if signer is None:
         return None
     target = run["target"]
-    return lambda path: signer.sign(path, f"{target.product} {target.release} {path.name}")
+    return lambda path, data: signer.sign(path, f"{target.product} {target.release} {path.name}", data)
 
 
 def carried_first_release(run: Run, folder: ReleaseFolder) -> str | None:

@@ -668,11 +668,68 @@ def test_an_amend_signs_the_new_sums_again_and_moves_the_signature_in_with_them(
         monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
     old = (folder / "SHA256SUMS.minisig").read_bytes()
     amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
-                        sign=signer.sign)
+                        sign=lambda path, data: signer.sign(path, data=data))
     assert (folder / "SHA256SUMS.minisig").read_bytes() != old
     checked = subprocess.run(["minisign", "-Vm", "SHA256SUMS", "-p", str(public)], cwd=folder, capture_output=True)
     assert checked.returncode == 0, checked.stderr
     assert not verify_folder(folder).failures and load_manifest(folder).registry == (record,)
+
+
+def test_the_key_signs_the_bytes_written_not_whatever_file_then_has_the_name(tmp_path, minisign_key):
+    # found by review: gpg and minisign signed the staging SHA256SUMS by its name; someone who can write a shared
+    # --out swapped the staging folder while they ran, and the key signed their file
+    secret, public = minisign_key
+    signer = check_keys(None, secret, {})
+    (tmp_path / "SHA256SUMS").write_bytes(b"0" * 64 + b"  theirs\n")  # what the name holds by the time the tool runs
+    written = signer.sign(tmp_path / "SHA256SUMS", "demo 1.0 SHA256SUMS", data=b"1" * 64 + b"  ours\n")
+    assert list(written) == ["SHA256SUMS.minisig"] and (tmp_path / "SHA256SUMS.minisig").read_text() == \
+        written["SHA256SUMS.minisig"]
+    theirs = subprocess.run(["minisign", "-Vm", "SHA256SUMS", "-p", str(public)], cwd=tmp_path, capture_output=True)
+    assert theirs.returncode != 0
+    (tmp_path / "SHA256SUMS").write_bytes(b"1" * 64 + b"  ours\n")
+    ours = subprocess.run(["minisign", "-Vm", "SHA256SUMS", "-p", str(public)], cwd=tmp_path, capture_output=True)
+    assert ours.returncode == 0, ours.stderr
+
+
+@pytest.mark.parametrize("planted", ["a folder", "a folder with a link"])
+def test_a_push_s_staging_folder_replaced_while_it_records_itself_is_never_put_in_place(tmp_path, planted):
+    # found by review: with --out writable by someone else, the push's .TAG.amend folder could be swapped for theirs
+    # while gpg ran: theirs was exchanged in as the release, and a link in it had its target chmod-ed to the release
+    # file's mode
+    folder, _ = make_release(tmp_path / "release")
+    manifest = load_manifest(folder)
+    record = push_release(folder, manifest, parse_reference("r.example/a", what="--to", digest=False),
+                          RecordingClient(), temp_dir=tmp_path).record
+    victim = tmp_path / "victim"
+    victim.write_text("private\n")
+    victim.chmod(0o600)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def swap(path, data):
+        staging = path.parent
+        staging.rename(tmp_path / "moved")
+        staging.mkdir()
+        if planted == "a folder with a link":
+            (staging / "manifest.json").symlink_to(victim)
+        return {}
+
+    with pytest.raises((UnibakeError, OSError)):
+        amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
+                            sign=swap)
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before and not folder.is_symlink()
+
+
+def test_a_release_folder_whose_staging_folder_was_replaced_during_the_build_is_never_published(tmp_path):
+    out = tmp_path / "release"
+    with ReleaseFolder(out, "1.0", force=False) as folder:
+        folder.staging.rename(tmp_path / "moved")
+        folder.staging.mkdir()
+        (folder.staging / "manifest.json").write_text("{}")
+        with pytest.raises(UnibakeError, match=r"\.1\.0\.partial was replaced while this run made it \(someone else "
+                                               r"can write .*\): nothing was published"):
+            folder.commit()
+    assert not (out / "1.0").exists()
 
 
 @pytest.mark.parametrize("atomic", [True, False])
@@ -692,7 +749,7 @@ def test_a_signature_of_a_kind_not_signed_again_is_dropped_with_a_warning_not_le
         monkeypatch.setattr(amend, "_exchange", lambda a, b: False)
     warnings = []
     amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
-                        sign=signer.sign, on_warning=warnings.append)
+                        sign=lambda path, data: signer.sign(path, data=data), on_warning=warnings.append)
     assert not (folder / "SHA256SUMS.asc").exists() and (folder / "SHA256SUMS.minisig").exists()
     assert warnings == [f"{folder / 'SHA256SUMS.asc'} signed the old SHA256SUMS, and no key of its kind signed the "
                         "new one: it is left out of the release folder (sign the release again with that key to have "
@@ -1844,7 +1901,7 @@ def test_a_run_refused_while_a_push_records_itself_names_the_push_not_an_older_r
                           RecordingClient(), temp_dir=tmp_path).record
     said = []
 
-    def meanwhile(path):  # while the push holds the lock: a build --force of 1.3.1
+    def meanwhile(path, data):  # while the push holds the lock: a build --force of 1.3.1
         with pytest.raises(UnibakeError) as refused:
             ReleaseFolder(tmp_path / "release", "1.3.1", force=True).__enter__()
         said.append(str(refused.value))
