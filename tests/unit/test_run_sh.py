@@ -1010,3 +1010,40 @@ def test_run_sh_refuses_a_variable_set_empty_a_one_letter_name_and_shows_no_secr
     assert (run.returncode, run.stderr.decode()) == (
         2, f"error: --env-file {env_file}: a line whose name holds a space or a tab (it begins 'HF_TOKEN'), so no "
            "variable name (docker reads NAME=VALUE lines: no export, no space)\n")
+
+
+def test_the_entrypoint_gives_options_first_on_the_command_line_to_the_engine(busybox_product, tmp_path):
+    # found by review: `docker run -e PROFILE=tp1 IMAGE --port 9000`, as inference images take options, ran
+    # "--port" as a command: "exec: --port: not found", exit 127, no error line
+    from unibake.plan import make_plan
+    from unibake.render import render
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("command: [/bin/sh, /opt/unibake/engine/serve.sh]",
+                                                   "command: [echo, serving]"))
+    entrypoint = tmp_path / "entrypoint.sh"
+    entrypoint.write_text(render(make_plan(busybox_product)).entrypoint)
+    for args in (["--port", "9000"], ["serve", "--port", "9000"]):
+        run = subprocess.run(["sh", str(entrypoint), *args], capture_output=True, text=True, cwd=tmp_path,
+                             env={"PROFILE": "tp1", "PATH": "/usr/bin:/bin"})
+        assert run.returncode == 0 and run.stdout.split()[0] == "serving" and run.stdout.split()[-2:] == \
+            ["--port", "9000"], run
+    run = subprocess.run(["sh", str(entrypoint), "echo", "mine"], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PROFILE": "tp1", "PATH": "/usr/bin:/bin"})
+    assert run.stdout == "mine\n"  # a command of the user's, as before
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_run_sh_runs_no_program_of_the_current_folder_through_an_empty_or_relative_path_entry(folder, tmp_path, shell):
+    # found by review: PATH=":$PATH" (PATH=$EXTRA:$PATH with EXTRA unset) and a 'sed' in the folder run.sh was run
+    # from: run.sh ran it, as apply.sh (which keeps absolute entries only) did not
+    here = tmp_path / "here"
+    here.mkdir()
+    for tool in ("sed", "awk", "grep", "docker"):
+        (here / tool).write_text(f"#!/bin/sh\necho PLANTED-{tool} >&2\nexit 0\n")
+        (here / tool).chmod(0o755)
+    docker = fake_tools(tmp_path, docker=ECHO_DOCKER).split(":")[0]
+    for path in (f":{docker}:/usr/bin:/bin", f".:{docker}:/usr/bin:/bin", f"{docker}:/usr/bin:/bin:"):
+        done = subprocess.run([*shell, str(folder / "run.sh"), "--dry-run", "tp1"], capture_output=True, cwd=here,
+                              env={"PATH": path})
+        assert b"PLANTED" not in done.stdout + done.stderr, (path, done.stderr)
+        assert done.returncode == 0 and b"docker run" in done.stdout, (path, done.stdout, done.stderr)
