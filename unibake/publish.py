@@ -574,6 +574,19 @@ def previous_release(out: Path, product: str, tag: str, metadata: ImageMetadata 
     return candidates[-1] if candidates else None
 
 
+def runs_alike(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> bool:
+    """Whether this release's ``run.sh`` starts ``previous``'s image of the default profile as that release's own
+    would: the same GPUs, vendor, devices and nodes, the same port, model name and mounts. Otherwise the roll-back
+    (``IMAGE=previous ./run.sh``) gave the old image the new layout: 8 NVIDIA GPUs for an AMD image of 4, its
+    weights mounted where the old engine does not look."""
+    name = manifest.default_profile
+    if previous is None or name not in manifest.profiles or name not in previous.profiles:
+        return False
+    new, old = manifest.profiles[name], previous.profiles[name]
+    return (old.gpus, old.vendor, old.devices, old.topology, previous.launch) == \
+        (new.gpus, new.vendor, new.devices, new.topology, manifest.launch)
+
+
 def changes(previous: ReleaseManifest | None, manifest: ReleaseManifest) -> list[dict]:
     """Components that differ from the previous release, by kind, profile and name (overlays and env
     files by their names, never by position): added, removed or changed."""
@@ -692,6 +705,7 @@ def render_files(manifest: ReleaseManifest, validation: Validation, previous: Re
     v = validation.document()
     p = previous.model_dump(mode="json", by_alias=True) if previous else None
     values = dict(m=m, v=v, previous=p, changes=changes(previous, manifest), env=env_changes(previous, manifest),
+                  runs_alike=runs_alike(previous, manifest),
                   kit_images=kit_images,
                   notes=notes or Notes(), env_of={name: {"count": x.env_count, "sha256": x.env_sha256}
                                                   for name, x in manifest.profiles.items()},

@@ -141,6 +141,28 @@ def test_the_next_release_names_the_previous_one_and_how_to_roll_back(tmp_path):
     assert json.loads((folder / "manifest.json").read_text())["previous"] == "1.3.0"
 
 
+@pytest.mark.parametrize("change", ["gpus and vendor", "a mount renamed", "nothing run.sh reads"])
+def test_a_roll_back_to_a_release_that_runs_otherwise_names_its_own_run_sh_not_image_with_this_one(tmp_path, change):
+    # found by review: 1.3.0's tp4 was AMD on 4 GPUs with its weights at /models/target; 1.3.1's, NVIDIA on 8 with a
+    # mount "weights": the guide's IMAGE=demo-llm:1.3.0 ./run.sh tp4 gave the old image 8 NVIDIA GPUs, no /dev/kfd,
+    # and its weights where the old engine does not look
+    make_release(tmp_path / "release", "1.3.0")
+    changed = json.loads(json.dumps(METADATA))
+    if change == "gpus and vendor":
+        changed["profiles"]["tp4"].update(gpus=8, vendor="amd")
+    elif change == "a mount renamed":
+        changed["launch"]["mounts"] = {"weights": "/models/target", "draft": "/models/draft"}
+    else:
+        changed["components"][1]["digest"] = "c" * 64
+    folder, _ = make_release(tmp_path / "release", "1.3.1", changed)
+    notes, guide = ((folder / name).read_text() for name in ("RELEASE_NOTES.md", "README-DIST.md"))
+    alike = change == "nothing run.sh reads"
+    assert ("IMAGE=demo-llm:1.3.0 ./run.sh tp4" in notes) == alike and ("IMAGE=demo-llm:1.3.0 ./run.sh" in guide) == alike
+    if not alike:
+        assert "with its own `run.sh` (`release/1.3.0/run.sh tp4`: its\n`tp4` runs otherwise than this release's" in notes
+        assert "roll back with 1.3.0's own\n`run.sh`, in its release folder" in guide, guide
+
+
 def _selection(names, default, platform="linux/amd64", tp8=False):
     """METADATA cut to the profiles ``names`` (tp8 added when asked), with ``default`` as default."""
     meta = json.loads(json.dumps(METADATA))
