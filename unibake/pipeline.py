@@ -698,6 +698,8 @@ def _hold_a_released_tag(run: Run, tag: str) -> None:
                                f"build would move {tag}; wait for it (nothing was built)") from None
         if lock is not None:
             run.stack.callback(lock.close)
+        if released:  # (as a whole --force is refused: the base image of a hotfix would be let go at the end)
+            _refuse_replacing_a_hotfix_base(where, release)
 
 
 def _build(run: Run) -> tuple:

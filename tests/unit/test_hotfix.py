@@ -580,6 +580,26 @@ def test_stage_build_force_of_a_released_version_waits_for_a_hotfix_made_on_it(e
     assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
 
 
+def test_stage_build_force_of_the_base_of_a_published_hotfix_is_refused_as_a_whole_force_run_is(
+        engines, tmp_path, busybox_product):  # noqa: F811
+    # found by review: the folder stage refuses a --force on a hotfix's base, but --stage build skips it: the build
+    # moved the base's tag and let its image go at the end, and the hotfix's apply.sh and verify --load then failed
+    from unibake.pipeline import BUILD, selection
+
+    out = tmp_path / "release"
+    folder, _ = make_release(out, "1.0")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(product="unibake-test", tag="unibake-test:1.0")  # the busybox product's release 1.0
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    hotfix_of(out, folder)
+    request = Request(env={}, cwd=tmp_path, out=out, version="1.0", force=True, config=str(busybox_product),
+                      require_lock=False)
+    with pytest.raises(InputError, match=r"release 1.0 is the base of the hotfix 1.1 under .*: --force would "
+                                         r"replace its image sha256:"):
+        run_stages(selection(BUILD, "build"), request, Quiet(), connect=engines.__getitem__)
+    assert engines[None].loads == 0 and "unibake-test:1.0" not in engines[None].tags
+
+
 def test_stage_build_force_through_a_linked_release_waits_for_a_hotfix_made_under_the_target_s_out(
         engines, tmp_path, busybox_product):  # noqa: F811
     # (before: release/1.0 -> /mnt/big/1.0: --out release held release/.1.0.lock only, while a hotfix made
