@@ -57,6 +57,7 @@ class Removal:
     why: str
     kept: str = ""  # set when the engine refused to let it go without force: why it stays
     releases: tuple[str, ...] = ()  # the release folders whose image it is: their locks are held while it goes
+    image_id: str = ""  # the release's image it removes (its tag, or the image itself): checked again under the locks
 
 
 def unreadable_releases(out: Path) -> list[tuple[Path, str]]:
@@ -68,6 +69,19 @@ def unreadable_releases(out: Path) -> list[tuple[Path, str]]:
         why = release.unvouched if release.manifest is not None else release.problem
         if why:
             found.append((release.folder, why))
+    return found + _set_aside(out)
+
+
+def _set_aside(out: Path) -> list[tuple[Path, str]]:
+    """Releases a --force commit set aside, whose replacement never took the name (a run killed between the two
+    renames): the last whole release of that tag, which the next run puts back. ``find_releases`` does not see
+    them (a hidden name), so what they need is unknown to prune (before: a hotfix's base it needed was removed)."""
+    found = []
+    for entry in sorted(out.iterdir()) if out.is_dir() else ():
+        tag = entry.name[1:-len(".old")] if entry.name.startswith(".") and entry.name.endswith(".old") else ""
+        if tag and entry.is_dir() and not entry.is_symlink() and not os.path.lexists(out / tag):
+            found.append((entry, f"release {tag} set aside by a --force run that was killed before its new release "
+                                 f"took the name; the next run of {tag} puts it back"))
     return found
 
 
@@ -237,13 +251,11 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
     cannot be read, only build cache: that release may be the newest, or a hotfix whose base image
     (an older release's, or a dangling one) no other folder says is needed."""
     releases = find_releases(out)
-    # (one its SHA256SUMS does not vouch for counts as unreadable: its first_published may be forged)
-    manifests = [found.manifest for found in releases
-                 if found.manifest is not None and not found.unvouched]
-    needed = _needed_images(manifests, keep)
+    needed = _needed_now(out, keep, releases)
     removals: list[Removal] = []
-    if len(manifests) < len(releases):
+    if needed is None:
         return [_leftover_removal(tag) for image in engine.list_images() for tag in image.tags if _leftover(tag)]
+    manifests = [found.manifest for found in releases]
     folders: dict[str, tuple[str, ...]] = {}  # an image ID: the folders that released it
     for found in releases:
         folders[found.manifest.image_id] = (*folders.get(found.manifest.image_id, ()), found.folder.name)
@@ -253,12 +265,13 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
         info = engine.inspect_image(m.tag)
         if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
             removals.append(Removal(ref=m.tag, why=f"release {m.release} of {m.product}, older than the "
-                                                   f"newest {keep}", releases=folders[m.image_id]))
+                                                   f"newest {keep}", releases=folders[m.image_id], image_id=m.image_id))
         kit_ref = f"{KIT_REPOSITORY}/{m.product}:{m.release}"  # build.py rebuild's tag would keep the image
         info = engine.inspect_image(kit_ref)
         if info is not None and info.id == m.image_id and _made_by_unibake(info.labels, m):
             removals.append(Removal(ref=kit_ref, why=f"the kit's rebuild of release {m.release} of {m.product}, "
-                                                     f"older than the newest {keep}", releases=folders[m.image_id]))
+                                                     f"older than the newest {keep}", releases=folders[m.image_id],
+                                    image_id=m.image_id))
     for image in engine.list_images():
         for tag in image.tags:
             if _leftover(tag):
@@ -272,7 +285,7 @@ def plan_removals(engine: Engine, out: Path, *, keep: int) -> list[Removal]:
             if _made_by_unibake(image.labels, m):
                 removals.append(Removal(ref=image.id, why=f"the image of release {m.release} of {m.product}, "
                                                           f"older than the newest {keep}; no tag names it",
-                                        releases=folders[image.id]))
+                                        releases=folders[image.id], image_id=image.id))
         elif _built_by_unibake(engine, image):
             removals.append(Removal(ref=image.id, why="a dangling image unibake built"))
     # each once: copies of one release folder under --out named its tag once per copy (listed and counted so)
@@ -309,6 +322,31 @@ def _leftover(tag: str) -> str:
     if tag.startswith(f"{REPRO_REPOSITORY}/"):
         return "a repro build's tag (a repro run removes its own: a killed one left it)"
     return ""
+
+
+def _needed_now(out: Path, keep: int, releases: list | None = None) -> set[str] | None:
+    """The image IDs the releases under ``out`` need now (:func:`_needed_images`); None when one cannot be read (or is
+    not vouched for by its SHA256SUMS, or was set aside by a killed --force run): what it needs is unknown.
+    Only this user's release folders rank: a folder another user put under a shared ``--out`` (a newer release, or
+    an old one naming another product's image) keeps its image and its base, and never has one removed."""
+    releases = find_releases(out) if releases is None else releases
+    if _set_aside(out) or any(found.manifest is None or found.unvouched for found in releases):
+        return None
+    own, others = [], []
+    for found in releases:
+        try:
+            mine = found.folder.stat().st_uid == os.geteuid()
+        except OSError:
+            mine = False
+        (own if mine else others).append(found.manifest)
+    kept = _needed_images(own, keep)
+    bases = [m.image_id for m in others]
+    while bases:  # (theirs, and the bases of hotfixes among them, transitively)
+        image = bases.pop()
+        if image not in kept:
+            kept.add(image)
+            bases += [m.hotfix.base_image_id for m in [*own, *others] if m.hotfix and m.image_id == image]
+    return kept
 
 
 def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
@@ -382,6 +420,10 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
                     held.add((where, release))
             except UnibakeError as exc:
                 r = replace(r, kept=str(exc))
+            if not r.kept and r.image_id:  # the releases read again under the locks: a hotfix that ended meanwhile
+                needed = _needed_now(out, keep)  # (published on this release) needs its image now
+                if needed is None or r.image_id in needed:
+                    r = replace(r, kept="a release published, or changed, while prune ran needs it")
             if r.kept:
                 on_line(f"    kept {r.ref} ({r.why}; {r.kept})")
             elif dry_run:

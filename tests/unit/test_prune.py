@@ -586,3 +586,67 @@ def test_prune_looks_into_no_linked_folder_and_refuses_a_config_that_is_no_profi
     result = cli("prune", "--dry-run", "--config", str(tmp_path), "--engine", "unix:///nowhere.sock")
     assert result.code == 2 and result.error_lines == [
         f"error: --config {tmp_path}: no product.yaml there: give the profiles folder of the project"], result.err
+
+
+def _three_releases(tmp_path, engine, tags=("1.3.0", "1.3.1", "1.3.2")):
+    out = tmp_path / "release"
+    for n, tag in enumerate(tags):
+        folder, _ = make_release(out, tag, layers=[layer_tar({"v": b"%d" % n})], image_labels=built_by_unibake(tag))
+        engine.load(read_archive(folder, [f"demo-llm-{tag}.tar.zst"]))
+    return out
+
+
+def test_release_folders_another_user_put_under_a_shared_out_never_have_an_image_removed(tmp_path):
+    # found by review: folders planted under a shared --out (a newer release, vouched for by its own SHA256SUMS)
+    # ranked as releases: prune --keep 1 removed this user's real releases, and could remove another product's
+    engine = FakeEngine()
+    out = _three_releases(tmp_path, engine, ("1.3.0", "1.3.1"))
+    planted, _ = make_release(out, "9.9", layers=[layer_tar({"v": b"planted"})], image_labels=built_by_unibake("9.9"))
+    engine.load(read_archive(planted, ["demo-llm-9.9.tar.zst"]))
+    os.chown(planted, 65534, 65534)  # (the test runs as root, as CI does: the folder made another user's)
+    for path in planted.iterdir():
+        os.chown(path, 65534, 65534)
+    removed = {r.ref for r in prune(engine, out, keep=1) if not r.kept}
+    assert removed == {"demo-llm:1.3.0"}  # 1.3.1 is this user's newest; 9.9 is kept, and ranks nothing
+    assert engine.inspect_image("demo-llm:1.3.1") is not None and engine.inspect_image("demo-llm:9.9") is not None
+
+
+def test_a_release_set_aside_by_a_killed_force_commit_keeps_prune_to_build_cache(tmp_path):
+    # found by review: a SIGKILL between the renames of a --force commit leaves only .1.3.2.old, which find_releases
+    # does not see: prune ranked the others and removed what that release (a hotfix's base, say) needs
+    engine = FakeEngine()
+    out = _three_releases(tmp_path, engine)
+    (out / "1.3.2").rename(out / ".1.3.2.old")
+    planned = prune(engine, out, keep=1, dry_run=True)
+    assert not any(r.ref.startswith("demo-llm:") for r in planned), planned
+    warned = []
+    prune(engine, out, keep=1, dry_run=True, on_warning=warned.append)
+    assert any(".1.3.2.old" in w and "the next run of 1.3.2 puts it back" in w for w in warned), warned
+
+
+def test_a_release_published_while_prune_waits_for_a_lock_keeps_the_image_it_needs(tmp_path, monkeypatch):
+    # found by review: prune planned its removals, then took each release's lock; a hotfix on 1.3.0 that held that
+    # lock published meanwhile, and prune removed its base all the same
+    from unibake import prune as prune_module
+    engine = FakeEngine()
+    out = _three_releases(tmp_path, engine)
+    taken = prune_module.lock_release
+
+    def lock_and_publish(where, release, **kw):  # as the hotfix ends and lets the lock go: 1.4.0, newer, on 1.3.0
+        lock = taken(where, release, **kw)
+        if release == "1.3.0" and not (out / "1.4.0").exists():
+            base = json.loads((out / "1.3.0" / "manifest.json").read_text())["image_id"]
+            folder, _ = make_release(out, "1.4.0", layers=[layer_tar({"v": b"hotfix"})],
+                                     image_labels=built_by_unibake("1.4.0"))
+            manifest = json.loads((folder / "manifest.json").read_text())
+            manifest["hotfix"] = {"base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": base,
+                                  "omitted_diff_ids": []}
+            (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            resum(folder)
+        return lock
+
+    monkeypatch.setattr(prune_module, "lock_release", lock_and_publish)
+    done = prune(engine, out, keep=1)
+    assert engine.inspect_image("demo-llm:1.3.0") is not None, done
+    assert [r.kept for r in done if r.ref == "demo-llm:1.3.0"] == [
+        "a release published, or changed, while prune ran needs it"]
