@@ -1185,12 +1185,13 @@ else named=linux/amd64; fi
 [ "$platform" = "$named" ] || fail "$dir: the archive's image config is for ${platform:-no platform}, but manifest.json \
 says ${named:-none}: refused before any load"
 # and the archive's index.json names the config's platform (none where it records none), as its writer takes it:
-# an engine that picks by the index (containerd's store) would take or refuse the image for another platform
+# an engine that picks by the index (containerd's store) would take or refuse the image for another platform. An
+# index that names none is a release's from before the index named one: read, as ever, by the config's platform
 indexed=$(printf '%s\n' "$index" | sed -n 's/.*"platform":{"architecture":"\([^"\\]*\)","os":"\([^"\\]*\)"\(,"variant":"\([^"\\]*\)"\)\{0,1\}}.*/\2\/\1\/\4/p')
 configured=
 if [ -n "$(top architecture)" ] && [ -n "$(top os)" ]; then configured="$(top os)/$(top architecture)/$(top variant)"; fi
 indexed=${indexed%/} configured=${configured%/}
-[ "$indexed" = "$configured" ] || fail "$dir: the archive's index.json names the platform '${indexed:-none}', but its \
+[ -z "$indexed" ] || [ "$indexed" = "$configured" ] || fail "$dir: the archive's index.json names the platform '${indexed:-none}', but its \
 image config is for '${configured:-none}': refused before any load"
 
 # --- the SBOM's and the provenance's subjects: this release (build.py verify checks the same) ---------

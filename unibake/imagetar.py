@@ -1392,8 +1392,9 @@ def check_release_form(members: Members, tag: str) -> None:
                 and all(isinstance(v, str) for v in platform.values()))):
         raise ArchiveError("the archive's index.json is not in the form unibake writes: refused before any load")
     # the platform it names is the image config's, as the writer takes it (another would have an engine that picks
-    # by the index, containerd's store, take or refuse the image for a platform it is not for)
-    recorded = of_config(member_json(members, where.config_name))
+    # by the index, containerd's store, take or refuse the image for a platform it is not for); an index that names
+    # none is a release's from before the index named one (read, as ever, by the config's platform)
+    recorded = of_config(member_json(members, where.config_name)) if "platform" in descriptor else None
     if platform != recorded:
         def shown(p: dict | None) -> str:
             return "/".join(p[k] for k in ("os", "architecture", "variant") if k in p)[:100] if p else "none"

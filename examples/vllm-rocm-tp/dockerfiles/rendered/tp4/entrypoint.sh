@@ -31,6 +31,7 @@ export PYTHONPATH="$UNIBAKE_ROOT/engine${UNIBAKE_PYTHON_DIRS:+:$UNIBAKE_PYTHON_D
 
 case "${1:-serve}" in
   serve) [ "$#" -eq 0 ] || shift; start_engine "$@" ;;
+  -*) start_engine "$@" ;;  # (docker run IMAGE --port 9000, as inference images take it: options for the engine)
   self-check) shift; exec /bin/sh "$UNIBAKE_ROOT/meta/self-check.sh" "$PROFILE" "$@" ;;
   *) exec "$@" ;;
 esac
