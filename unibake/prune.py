@@ -332,21 +332,24 @@ def _needed_now(out: Path, keep: int, releases: list | None = None) -> set[str] 
     releases = find_releases(out) if releases is None else releases
     if _set_aside(out) or any(found.manifest is None or found.unvouched for found in releases):
         return None
-    own, others = [], []
-    for found in releases:
-        try:
-            mine = found.folder.stat().st_uid == os.geteuid()
-        except OSError:
-            mine = False
-        (own if mine else others).append(found.manifest)
-    kept = _needed_images(own, keep)
-    bases = [m.image_id for m in others]
-    while bases:  # (theirs, and the bases of hotfixes among them, transitively)
-        image = bases.pop()
-        if image not in kept:
-            kept.add(image)
-            bases += [m.hotfix.base_image_id for m in [*own, *others] if m.hotfix and m.image_id == image]
+    own = [found.manifest for found in releases if _owner(found.folder) == os.geteuid()]
+    others = [found.manifest for found in releases if _owner(found.folder) != os.geteuid()]
+    kept = _needed_images(own, keep) | {m.image_id for m in others}
+    todo = list(kept)
+    while todo:  # the base of every hotfix kept, transitively, through anyone's folders (theirs on ours, ours on theirs)
+        image = todo.pop()
+        for m in [*own, *others]:
+            if m.hotfix and m.image_id == image and m.hotfix.base_image_id not in kept:
+                kept.add(m.hotfix.base_image_id)
+                todo.append(m.hotfix.base_image_id)
     return kept
+
+
+def _owner(folder: Path) -> int | None:
+    try:
+        return folder.stat().st_uid
+    except OSError:
+        return None
 
 
 def _needed_images(manifests: list[ReleaseManifest], keep: int) -> set[str]:
@@ -406,9 +409,15 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
         on_warning(f"the release folder {folder} has a manifest.json that cannot be read, or that its SHA256SUMS does "
                    f"not list: prune cannot tell which images it needs, so it removes build cache only; check it with "
                    f"python build.py verify {folder}, then fix or move it ({why[:300]})")
+    for found in find_releases(out):
+        owner = _owner(found.folder)
+        if owner is not None and owner != os.geteuid():
+            on_warning(f"the release folder {found.folder} is another user's (uid {owner}): its image and its base are "
+                       "kept, and it counts toward no --keep here; that user's prune removes what it no longer needs")
     done = []
     held: set[tuple[Path, str]] = set()
     with ExitStack() as locks:
+        planned = []
         for r in plan_removals(engine, out, keep=keep):
             try:  # a run writing that release (--force), or a hotfix made on it, needs its image till it ends
                 for where, release in [lock for name in sorted(r.releases) for lock in release_locks(out, name)]:
@@ -420,10 +429,13 @@ def prune(engine: Engine, out: Path, *, keep: int, dry_run: bool = False,
                     held.add((where, release))
             except UnibakeError as exc:
                 r = replace(r, kept=str(exc))
-            if not r.kept and r.image_id:  # the releases read again under the locks: a hotfix that ended meanwhile
-                needed = _needed_now(out, keep)  # (published on this release) needs its image now
-                if needed is None or r.image_id in needed:
-                    r = replace(r, kept="a release published, or changed, while prune ran needs it")
+            planned.append(r)
+        # the releases read again once every lock is held: a hotfix that ended meanwhile (it published on a release
+        # whose lock prune waited for) needs its base now
+        needed = _needed_now(out, keep) if any(r.image_id and not r.kept for r in planned) else set()
+        for r in planned:
+            if not r.kept and r.image_id and (needed is None or r.image_id in needed):
+                r = replace(r, kept="a release published, or changed, while prune ran needs it")
             if r.kept:
                 on_line(f"    kept {r.ref} ({r.why}; {r.kept})")
             elif dry_run:

@@ -596,6 +596,40 @@ def _three_releases(tmp_path, engine, tags=("1.3.0", "1.3.1", "1.3.2")):
     return out
 
 
+def _as_hotfix_of(folder, base_folder):
+    """``folder``'s manifest made to record a hotfix on ``base_folder``'s release, SHA256SUMS made to match."""
+    base = json.loads((base_folder / "manifest.json").read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["hotfix"] = {"base_release": base["release"], "base_tag": base["tag"], "base_image_id": base["image_id"],
+                          "base_archive_bytes": 1, "omitted_diff_ids": [], "shipped_diff_ids": manifest["diff_ids"]}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    resum(folder)
+
+
+def _give_away(folder):
+    os.chown(folder, 65534, 65534)  # (the test runs as root, as CI does: the folder made another user's)
+    for path in folder.iterdir():
+        os.chown(path, 65534, 65534)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a folder to another user: root only (CI runs as root)")
+def test_a_hotfix_of_this_user_s_on_another_user_s_hotfix_keeps_the_first_base_too(tmp_path):
+    # found by review: 1.0 (this user's) <- 1.0.1 (another user's hotfix) <- 1.0.2 (this user's hotfix): the closure
+    # over the bases stopped at 1.0.1, already kept as another user's, and prune --keep 1 removed 1.0
+    engine = FakeEngine()
+    out = _three_releases(tmp_path, engine, ("1.0", "1.0.1", "1.0.2"))
+    _as_hotfix_of(out / "1.0.1", out / "1.0")
+    _as_hotfix_of(out / "1.0.2", out / "1.0.1")
+    _give_away(out / "1.0.1")
+    warned = []
+    done = prune(engine, out, keep=1, on_warning=warned.append)
+    assert not [r.ref for r in done if not r.kept and r.ref.startswith("demo-llm:")], done
+    assert all(engine.inspect_image(f"demo-llm:{t}") is not None for t in ("1.0", "1.0.1", "1.0.2"))
+    assert warned == [f"the release folder {out / '1.0.1'} is another user's (uid 65534): its image and its base are "
+                      "kept, and it counts toward no --keep here; that user's prune removes what it no longer needs"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a folder to another user: root only (CI runs as root)")
 def test_release_folders_another_user_put_under_a_shared_out_never_have_an_image_removed(tmp_path):
     # found by review: folders planted under a shared --out (a newer release, vouched for by its own SHA256SUMS)
     # ranked as releases: prune --keep 1 removed this user's real releases, and could remove another product's
@@ -603,9 +637,7 @@ def test_release_folders_another_user_put_under_a_shared_out_never_have_an_image
     out = _three_releases(tmp_path, engine, ("1.3.0", "1.3.1"))
     planted, _ = make_release(out, "9.9", layers=[layer_tar({"v": b"planted"})], image_labels=built_by_unibake("9.9"))
     engine.load(read_archive(planted, ["demo-llm-9.9.tar.zst"]))
-    os.chown(planted, 65534, 65534)  # (the test runs as root, as CI does: the folder made another user's)
-    for path in planted.iterdir():
-        os.chown(path, 65534, 65534)
+    _give_away(planted)
     removed = {r.ref for r in prune(engine, out, keep=1) if not r.kept}
     assert removed == {"demo-llm:1.3.0"}  # 1.3.1 is this user's newest; 9.9 is kept, and ranks nothing
     assert engine.inspect_image("demo-llm:1.3.1") is not None and engine.inspect_image("demo-llm:9.9") is not None
@@ -635,18 +667,15 @@ def test_a_release_published_while_prune_waits_for_a_lock_keeps_the_image_it_nee
     def lock_and_publish(where, release, **kw):  # as the hotfix ends and lets the lock go: 1.4.0, newer, on 1.3.0
         lock = taken(where, release, **kw)
         if release == "1.3.0" and not (out / "1.4.0").exists():
-            base = json.loads((out / "1.3.0" / "manifest.json").read_text())["image_id"]
             folder, _ = make_release(out, "1.4.0", layers=[layer_tar({"v": b"hotfix"})],
                                      image_labels=built_by_unibake("1.4.0"))
-            manifest = json.loads((folder / "manifest.json").read_text())
-            manifest["hotfix"] = {"base_release": "1.3.0", "base_tag": "demo-llm:1.3.0", "base_image_id": base,
-                                  "omitted_diff_ids": []}
-            (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            resum(folder)
+            _as_hotfix_of(folder, out / "1.3.0")
         return lock
 
     monkeypatch.setattr(prune_module, "lock_release", lock_and_publish)
-    done = prune(engine, out, keep=1)
+    warned = []
+    done = prune(engine, out, keep=1, on_warning=warned.append)
+    assert not warned and find_releases(out)[-1].manifest.hotfix is not None  # (a release that reads, not one unread)
     assert engine.inspect_image("demo-llm:1.3.0") is not None, done
     assert [r.kept for r in done if r.ref == "demo-llm:1.3.0"] == [
         "a release published, or changed, while prune ran needs it"]
