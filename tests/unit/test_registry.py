@@ -705,15 +705,17 @@ def test_a_push_s_staging_folder_replaced_while_it_records_itself_is_never_put_i
     victim.chmod(0o600)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
-    def swap(path, data):
+    def swap(path, data):  # theirs: a copy of the push's folder (its files as they are), or with a link in it
         staging = path.parent
         staging.rename(tmp_path / "moved")
-        staging.mkdir()
+        shutil.copytree(tmp_path / "moved", staging)
         if planted == "a folder with a link":
+            (staging / "manifest.json").unlink()
             (staging / "manifest.json").symlink_to(victim)
         return {}
 
-    with pytest.raises((UnibakeError, OSError)):
+    said = r"\.1\.3\.1\.amend was replaced while this push made it" if planted == "a folder" else "Too many levels"
+    with pytest.raises((UnibakeError, OSError), match=said):
         amend.amend_release(folder, merge_record(manifest, record), read_sums(folder), tmp_path / "checksums",
                             sign=swap)
     assert stat.S_IMODE(victim.stat().st_mode) == 0o600
