@@ -1047,3 +1047,13 @@ def test_run_sh_runs_no_program_of_the_current_folder_through_an_empty_or_relati
                               env={"PATH": path})
         assert b"PLANTED" not in done.stdout + done.stderr, (path, done.stderr)
         assert done.returncode == 0 and b"docker run" in done.stdout, (path, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=" ".join)
+def test_a_variable_of_the_user_s_named_path_reaches_docker_as_it_was(folder, tmp_path, shell):
+    # found by review: the PATH filter used a variable "path" before the environment was saved: a user's exported
+    # path went to docker as '' (run.sh's own variables must not replace the user's of one name)
+    docker = fake_tools(tmp_path, docker='#!/bin/sh\nprintf "path=%s\\n" "${path-unset}"\n')
+    done = subprocess.run([*shell, str(folder / "run.sh"), "-e", "path", "tp1"], capture_output=True,
+                          env={"PATH": docker, "path": "/opt/mine"})
+    assert done.returncode == 0 and done.stdout == b"path=/opt/mine\n", (done.stdout, done.stderr)
