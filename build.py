@@ -6,8 +6,6 @@ it re-executes itself with the project's ``.venv`` (made by ``scripts/setup.sh``
 says how to get them, in one ``error:`` line.
 """
 
-from __future__ import annotations  # (annotations as text: an older python3 reaches the version check)
-
 import os
 import sys
 
@@ -18,7 +16,7 @@ NEEDED = ("docker", "zstandard", "yaml", "jinja2", "rich", "pydantic", "unidiff"
           "dxf")
 
 
-def _missing() -> str | None:
+def _missing() -> "str | None":  # (as text: a python3 before 3.10 reaches the version check; 3.6 has no __future__ one)
     import importlib.util
 
     for name in NEEDED:

@@ -1,12 +1,17 @@
 """unibake: declarative profile YAMLs to one unified, verified, released inference image."""
 
-from __future__ import annotations
+# (no ``from __future__ import annotations`` here, nor a newer import at the top: ``python -m unibake`` imports this
+# first, and a python3 before 3.11 must reach __main__'s version check, not a SyntaxError or an ImportError)
 
 
 def _version(pyproject=None) -> str:
     """The package version: ``pyproject.toml``'s in a source checkout, the installed one otherwise."""
-    from importlib import metadata
     from pathlib import Path
+
+    try:
+        from importlib import metadata
+    except ImportError:  # (Python 3.7 and before)
+        return "0+unknown"
 
     try:
         import tomllib
