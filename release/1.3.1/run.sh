@@ -24,10 +24,23 @@
 #   MODEL_DRAFT=/host/dir   mounted read-only at /models/draft
 #   MODEL_TARGET=/host/dir   mounted read-only at /models/target
 #   PROFILE         the profile, as the image takes it (the argument and PROFILE must agree when both are given)
-#   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back)
+#   IMAGE           the image to run (default demo-llm:1.3.1; set it to an older tag to roll back, when that release
+#                   runs alike: the release notes say when it does not, and its own run.sh is then the one)
 #   (the container is named demo-llm-PROFILE, or by --name; no variable names it: WSL and some logins set NAME
 #   to the computer's name, CONTAINER_NAME is set in some containers, and either would give every profile one name)
 set -eu
+# only absolute PATH entries (as apply.sh keeps): an empty one (PATH=$EXTRA:$PATH with EXTRA unset), '.' or another
+# relative one would run the current folder's own files (a 'sed', a 'docker'); docker gets this PATH too
+# (a name of run.sh's own, unset after: a user's exported "path" reaches docker as it was)
+if [ -n "${PATH+set}" ]; then
+  unibake_path_=$PATH:
+  PATH=
+  while [ -n "$unibake_path_" ]; do
+    case "${unibake_path_%%:*}" in /*) PATH=${PATH:+$PATH:}${unibake_path_%%:*} ;; esac
+    unibake_path_=${unibake_path_#*:}
+  done
+  unset unibake_path_
+fi
 # the environment as run.sh was started, put back before docker starts: run.sh's own variables (name, port,
 # gpus, ...) must not reach docker for the user's of one name ("-e name" or an env file's "name" line)
 env_at_start=$(export -p)
