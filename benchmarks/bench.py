@@ -97,11 +97,17 @@ class ArchiveRun:
     image: str
     save: Series = field(default_factory=lambda: Series("save"))
     peer: Series = field(default_factory=lambda: Series("peer"))
-    ours: Series = field(default_factory=lambda: Series("ours"))
+    ours: Series = field(default_factory=lambda: Series("ours"))  # the stage and a sha256 of its archive
+    stage: Series = field(default_factory=lambda: Series("stage"))  # the stage alone, as inside a release
     via_save: Series = field(default_factory=lambda: Series("ours, --engine-save"))
     rss: Series = field(default_factory=lambda: Series("rss"))
     small_rss: Series = field(default_factory=lambda: Series("rss"))
     info: dict = field(default_factory=dict)
+
+
+# both payloads lie under /opt/payload: the stage hashes their libraries for the SBOM, as a release's does
+# those under /opt/unibake
+INSPECT = ("--inspect-root", "/opt/payload")
 
 
 def measure_archive(image: str, small: str, work: Path, rounds: int) -> ArchiveRun:
@@ -117,26 +123,29 @@ def measure_archive(image: str, small: str, work: Path, rounds: int) -> ArchiveR
                 run.peer.values.append(sh(f"docker save {image} | zstd -T0 -3 -q | tee {peer_file} | sha256sum"))
                 run.info["peer_bytes"] = peer_file.stat().st_size
             elif who == "via_save":  # the same stage made to read the engine's save (--engine-save)
-                _, _, out = ours_archive(image, work / "ours", "--engine-save")
+                _, _, out = ours_archive(image, work / "ours", "--engine-save", *INSPECT)
                 if out["source"] != "save" or out["bytes"] != run.info.get("bytes", out["bytes"]):
                     raise SystemExit(f"error: --engine-save on {image} read {out['source']} or wrote another archive")
-                run.via_save.values.append(out["seconds"])
+                run.via_save.values.append(out["seconds"] + out["digest_seconds"])
             else:
-                _, mib, out = ours_archive(image, work / "ours")
+                _, mib, out = ours_archive(image, work / "ours", *INSPECT)
                 if out["bytes"] != run.info.get("bytes", out["bytes"]):
                     raise SystemExit(f"error: the archive stage on {image} wrote another archive than before")
-                run.ours.values.append(out["seconds"])  # the stage itself, as it runs inside a release
+                # the peer hashes its archive (`| sha256sum`); the stage does not (a release's round trip
+                # reads the archive back and hashes it): the comparison adds that digest to the stage
+                run.ours.values.append(out["seconds"] + out["digest_seconds"])
+                run.stage.values.append(out["seconds"])
                 run.rss.values.append(mib)
                 run.info.update(out)
     for _ in range(rounds):
-        run.small_rss.values.append(ours_archive(small, work / "small")[1])
+        run.small_rss.values.append(ours_archive(small, work / "small", *INSPECT)[1])
     shutil.rmtree(work / "small", ignore_errors=True)
     return run
 
 
-def measure_round_trip(work: Path, rounds: int) -> tuple[Series, Series]:
+def measure_round_trip(work: Path, rounds: int) -> tuple[Series, Series, Series]:
     """Both round trips of the archives ``measure_archive`` left in ``work``, each into a fresh engine."""
-    shell, ours = Series("shell"), Series("ours")
+    shell, ours, wall = Series("shell"), Series("ours"), Series("ours, whole command")
     for r in range(rounds):
         for who in (["shell", "ours"] if r % 2 == 0 else ["ours", "shell"]):
             with ScratchEngine() as scratch:
@@ -144,14 +153,16 @@ def measure_round_trip(work: Path, rounds: int) -> tuple[Series, Series]:
                     shell.values.append(sh(f"zstd -dc {work / 'peer.tar.zst'} | docker load",
                                            {"DOCKER_HOST": scratch.engine.address}))
                 else:
-                    _, out = child(["-m", "benchmarks.roundtrip_once", str(work / "ours"), scratch.engine.address])
+                    seconds, out = child(["-m", "benchmarks.roundtrip_once", str(work / "ours"),
+                                          scratch.engine.address])
                     ours.values.append(out["seconds"])
-    return shell, ours
+                    wall.values.append(seconds)  # with the interpreter's start, as the shell's is timed
+    return shell, ours, wall
 
 
 def measure_compression(image: str, work: Path) -> dict:
-    _, _, default = ours_archive(image, work / "c3")
-    _, _, long = ours_archive(image, work / "c3long", "--long")
+    _, _, default = ours_archive(image, work / "c3", *INSPECT)
+    _, _, long = ours_archive(image, work / "c3long", "--long", *INSPECT)
     shutil.rmtree(work / "c3", ignore_errors=True)
     shutil.rmtree(work / "c3long", ignore_errors=True)
     return {"default_s": default["seconds"], "long_s": long["seconds"], "default_bytes": default["bytes"],
@@ -300,9 +311,9 @@ def build_seconds(m: Measured, normalise: float | None = None) -> float:
 READ = {"store": "from the engine's storage", "save": "through the engine's save: this user cannot read its storage"}
 
 
-def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, Series], comp: dict,
+def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, Series, Series], comp: dict,
            rel: ReleaseRuns, wall: float) -> str:
-    rt_shell, rt_ours = trip
+    rt_shell, rt_ours, rt_wall = trip
     cold, peer = series("cold", (m.seconds for m in rel.cold)), series("peer", (p["total"] for p in rel.peer))
     with_engine = series("peer", (p["with engine"] for p in rel.peer))
     tune, hotfix = series("tune", (m.seconds for m in rel.tune)), series("hotfix", (m.seconds for m in rel.hotfix))
@@ -347,18 +358,18 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
          f"{len(rel.cold) + len(rel.tune) + len(rel.hotfix) + 5} releases", None,
          rel.reproducible),
     ]
-    save, whole = big.save.median, big.ours.median + rt_ours.median
+    save, whole = big.save.median, big.stage.median + rt_ours.median
     # the cold build and normalise: the cold releases' build, and a whole image's normalise, measured in the first
     # whole build of the last hotfix's inputs (the cold releases' one-pass export has no normalise stage of its own)
     cold_build = statistics.median(build_seconds(m, rel.noop_first.stages.get("normalise", 0.0)) for m in rel.cold)
     tune_build = statistics.median(build_seconds(m) for m in rel.tune)
     earlier = [
-        ("archive stage <= 1.3 x `docker save > /dev/null`, today's payload", big.ours.median / save,
-         big.ours.median <= 1.3 * save),
+        ("archive stage <= 1.3 x `docker save > /dev/null`, today's payload", big.stage.median / save,
+         big.stage.median <= 1.3 * save),
         ("archive stage <= 1.3 x `docker save > /dev/null`, compressible payload",
-         libs.ours.median / libs.save.median, libs.ours.median <= 1.3 * libs.save.median),
-        ("our round trip <= 1.05 x the shell round trip", rt_ours.median / rt_shell.median,
-         rt_ours.median <= 1.05 * rt_shell.median),
+         libs.stage.median / libs.save.median, libs.stage.median <= 1.3 * libs.save.median),
+        ("our round trip (the whole command, as the shell's is timed) <= 1.05 x the shell round trip",
+         rt_wall.median / rt_shell.median, rt_wall.median <= 1.05 * rt_shell.median),
         ("build + normalise after one tune-cache change (its build and one-pass export) <= 10 % of the cold build "
          "+ normalise (realistic product)", tune_build / cold_build, tune_build <= 0.10 * cold_build),
         ("no-op rebuild (`--stage build`, whole command) <= 5 % of the cold build + normalise (realistic product)",
@@ -449,17 +460,23 @@ def report(args, engine, big: ArchiveRun, libs: ArchiveRun, trip: tuple[Series, 
                   "| measurement | time / size |", "|---|---|",
                   f"| `docker save IMAGE > /dev/null` (the engine's export) | {run.save.cell()} |",
                   f"| peer: `docker save \\| zstd -T0 -3 \\| tee FILE \\| sha256sum` | {run.peer.cell()} |",
-                  f"| ours: archive stage (compress, diffIDs, canonical writer; the stage's own time), the image "
-                  f"read {READ[run.info['source']]} (`unibake.layerstore`: the storage is the default where it can be "
-                  "read) | "
+                  f"| ours: archive stage (compress, diffIDs, canonical writer, the SBOM's reader: "
+                  f"{run.info['libraries']} libraries hashed; the stage's own time) and a sha256 of the archive it "
+                  f"wrote (the peer's `sha256sum`), the image read {READ[run.info['source']]} (`unibake.layerstore`: "
+                  "the storage is the default where it can be read) | "
                   f"{run.ours.cell()} |",
-                  f"| ours: the same stage through the engine's save (`--engine-save`) | {run.via_save.cell()} |",
+                  f"| ours: the stage alone (a release's round trip reads the archive back and hashes it) | "
+                  f"{run.stage.cell()} |",
+                  f"| ours: the same stage and sha256 through the engine's save (`--engine-save`) | "
+                  f"{run.via_save.cell()} |",
                   f"| peak RSS of our archive stage, {args.size:g} GB | {run.rss.cell('MiB')} |",
                   f"| peak RSS of our archive stage, {args.small:g} GB | {run.small_rss.cell('MiB')} |", ""]
     lines += ["## Other measurements, today's payload", "", "| measurement | time / size |", "|---|---|",
               f"| round trip, shell: `zstd -dc FILE \\| docker load` (fresh engine) | {rt_shell.cell()} |",
               f"| round trip, ours: load + sha256 of both streams, one read (the stage's own time) | "
               f"{rt_ours.cell()} |",
+              f"| round trip, ours: the whole command (`python -m benchmarks.roundtrip_once`, with the interpreter's "
+              f"start) | {rt_wall.cell()} |",
               f"| compression, level 3 | {comp['default_s']:.2f} s, {comp['default_bytes']:,} bytes "
               f"(ratio {comp['uncompressed'] / comp['default_bytes']:.3f}); peer {big.info['peer_bytes']:,} bytes |",
               f"| compression, level 3 + long-distance matching | {comp['long_s']:.2f} s, {comp['long_bytes']:,} bytes "

@@ -668,6 +668,12 @@ def pax_as_unibake_writes(data: bytes) -> bool:
     return True
 
 
+# what the engine's build takes as a compressed context, by its first bytes (moby's pkg/archive
+# DetectCompression: gzip, bzip2, xz, zstd, and a zstd skippable frame on newer engines)
+COMPRESSED_MAGIC = (b"\x1f\x8b\x08", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+ZSTD_SKIPPABLE = re.compile(rb"[\x50-\x5f]\x2a\x4d\x18")
+
+
 def _check_dockerfile(folder: Path, context: BinaryIO, record: KitRecord) -> None:
     """The Dockerfile a reader of the kit checks is the one the engine builds: kit.json's, and the one
     file of ``context.tar`` the engine reads as its Dockerfile (the context holds no links, as
@@ -678,7 +684,15 @@ def _check_dockerfile(folder: Path, context: BinaryIO, record: KitRecord) -> Non
     inside = []
     try:
         # a plain tar, as unibake writes it and verify.sh reads it (the engine takes a compressed context too: one
-        # was built here, and refused by verify.sh)
+        # was built here, and refused by verify.sh). The engine goes by the first bytes: a tar whose first name
+        # begins as a compressed stream would be decompressed, and what that gives built (a gzip header's extra
+        # field can cover a whole plain tar, read here, and a deflate stream of another context follow it)
+        start = context.read(len(max(COMPRESSED_MAGIC, key=len)))
+        if any(start.startswith(magic) for magic in COMPRESSED_MAGIC) or ZSTD_SKIPPABLE.match(start):
+            raise VerificationError(f"{folder / CONTEXT}: it begins as a compressed stream ({start[:6].hex()}), "
+                                    "which the engine would decompress and build instead of the tar read here; a "
+                                    "build context unibake writes begins with a plain tar header")
+        context.seek(0)
         with tarfile.open(fileobj=context, mode="r:") as tar:
             headers = []
             for member in tar:
@@ -711,6 +725,14 @@ def _check_dockerfile(folder: Path, context: BinaryIO, record: KitRecord) -> Non
             if tar.fileobj.read(2 * tarfile.BLOCKSIZE) != bytes(2 * tarfile.BLOCKSIZE):
                 raise VerificationError(f"{folder / CONTEXT}: a header at byte {tar.offset} that this reader cannot "
                                         "read (not its end-of-archive blocks); a build context unibake writes has none")
+            # after them at most the zeros up to the end of a 10 kB record, as unibake writes: bytes there are read by
+            # no reader here, and may be what a decompressing reader takes (the rest of a compressed stream)
+            most = len(tar_end(tar.offset)) - 2 * tarfile.BLOCKSIZE
+            rest = tar.fileobj.read(most + 1)
+            if len(rest) > most or rest.strip(b"\0"):
+                raise VerificationError(f"{folder / CONTEXT}: bytes after its end-of-archive blocks (at byte "
+                                        f"{tar.offset + 2 * tarfile.BLOCKSIZE}), which a build context unibake writes "
+                                        "does not have: zeros to the end of its last 10 kB record at most")
             # every header POSIX ustar with nothing after its magic but names (no prefix: unibake puts a long
             # name in a pax header): readers differ on the fields there. Under GNU magic the engine (and GNU
             # tar) read a name without the prefix field when that field reads as a time, this reader with it;

@@ -1816,3 +1816,66 @@ def test_rebuild_release_refuses_a_kit_whose_lock_or_profiles_are_not_the_releas
         f"error: {folder}: its {name} (sha256 {digest[:16]}...) is not the one release 1.3.1 was made from "
         f"({recorded}"), result.err
     assert result.error_lines[0].endswith("in its provenance.intoto.json): not its kit"), result.err
+
+
+def gzip_polyglot(folder: Path) -> bytes:
+    """The kit's context.tar rewritten as a tar that is also a gzip stream: its first header a folder whose name
+    is a gzip header with an extra field that covers the whole tar (the kit's Dockerfile, the end blocks), then a
+    deflate stream of another context whose Dockerfile is EVIL. Read as a tar it is the kit's; the engine goes by
+    its first bytes and would decompress it."""
+    import struct
+    import zlib
+
+    with tarfile.open(folder / "context.tar") as tar:
+        entries = [(m, tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]
+    other = tarfile.TarInfo("Dockerfile")
+    other.size = len(EVIL)
+    inner = header(other) + padded(EVIL) + bytes(8192)
+
+    def outer(extra: int) -> bytes:
+        folder_header = tarfile.TarInfo("\x1f\x8b\x08\x04\x01\x01\x01\x01\x00\x03" + struct.pack("<H", extra).decode(
+            "latin-1"))
+        folder_header.type, folder_header.mode = tarfile.DIRTYPE, 0o755
+        named = folder_header.tobuf(tarfile.USTAR_FORMAT, "latin-1", "surrogateescape")
+        return named + b"".join(header(info) + padded(data) for info, data in entries) + bytes(1024)
+
+    extra = len(outer(0)) - 12
+    compress = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return (outer(extra) + compress.compress(inner) + compress.flush()
+            + struct.pack("<II", zlib.crc32(inner), len(inner)))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_context_that_is_also_a_gzip_stream_of_another_dockerfile_is_refused(busybox_product, tmp_path, shell):
+    # found by review: a tar whose first name is a gzip header, its extra field covering the kit's whole context; a
+    # deflate stream of another context after the end blocks. Both checks read the tar (and the kit's Dockerfile in
+    # it) and passed it; the engine decompresses a context that begins as gzip, and would have built EVIL
+    import gzip
+
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    polyglot = gzip_polyglot(folder)
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(polyglot))) as tar:  # what a decompressing reader builds
+        assert tar.extractfile("Dockerfile").read() == EVIL
+    (folder / "context.tar").write_bytes(polyglot)
+    agree_with_context(folder)
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: it begins as a compressed stream" in shown.stderr, \
+        (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="context.tar: it begins as a compressed stream"):
+        rebuild(folder, FakeEngine())
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("after", [b"x", bytes(10240) + b"\0"], ids=["a byte", "zeros past the record"])
+def test_bytes_after_a_context_s_end_blocks_are_refused(busybox_product, tmp_path, shell, after):
+    # found by review: nothing after the end blocks was read, by either check: a stream another reader takes
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    (folder / "context.tar").write_bytes((folder / "context.tar").read_bytes() + after)
+    agree_with_context(folder)
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and "error: context.tar: bytes after its end-of-archive blocks" in shown.stderr, \
+        (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match="context.tar: bytes after its end-of-archive blocks"):
+        rebuild(folder, FakeEngine())
