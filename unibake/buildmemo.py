@@ -339,6 +339,8 @@ def remembered_lower(folder: Path, selection: str, platform: str | None, lower: 
                 or not all(isinstance(d, str) and _ID.fullmatch(d) for d in diff_ids):
             continue
         mac = e.get("mac")
-        if isinstance(mac, str) and hmac.compare_digest(mac, _lower_mac(secret_key, lower, epoch, tuple(diff_ids))):
+        # (compare_digest takes ASCII text alone: a mac of other text is a TypeError, so no record of this key)
+        if isinstance(mac, str) and mac.isascii() \
+                and hmac.compare_digest(mac, _lower_mac(secret_key, lower, epoch, tuple(diff_ids))):
             return tuple(diff_ids)
     return None

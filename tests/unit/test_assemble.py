@@ -52,6 +52,11 @@ def test_a_normalised_lower_record_not_signed_with_this_user_s_key_is_not_taken(
     for junk in ("not json", "[" * 100_000):  # (nested deeper than the stack: a RecursionError, no ValueError)
         path.write_text(junk)
         assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
+    # found by review: a mac of non-ASCII text was a TypeError from compare_digest, a traceback in every build
+    # assembled on that memo image
+    path.write_text(json.dumps({"version": buildmemo.VERSION, "entries": [
+        {"lower": LOWER, "epoch": 1700, "diff_ids": list(IDS), "mac": "\u00e9" * 64}]}))
+    assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) is None
     buildmemo.remember_lower(tmp_path, "all", None, LOWER, 1700, IDS, KEY)  # written over the junk
     assert buildmemo.remembered_lower(tmp_path, "all", None, LOWER, 1700, KEY) == IDS
 
