@@ -1200,6 +1200,10 @@ def _export(run: Run) -> tuple:
             with held_signals():  # beside the export; started and recorded as one step: a failure waits for it
                 checks = Background(partial(check_early, run.engine, built.assembled, base,
                                             small.linked(".assembled-checks.tar.tmp")), name="in-image-checks")
+                # however the run ends after this function (an interrupt while the checks are waited for, an error
+                # after the export): their container and image are removed by their own run before the run's
+                # clean-up goes on, not left as the interpreter exits (a daemon thread is not waited for)
+                run.stack.callback(checks.wait)
 
         def export(source: SaveSource, fresh_inspector: bool) -> Exported:
             nonlocal inspector  # the one that read the pass that made the release, for _remember_contents

@@ -44,6 +44,8 @@ class Thread(threading.Thread):
             self._ended.set()
 
     def join(self, timeout: float | None = None) -> None:
+        if self.ident is None:  # never started (an interrupt between its making and its start): nothing to wait for
+            return
         if self._ended.wait(timeout):  # (an interrupt in the wait leaves the event as it was)
             super().join()  # its last moments, its work done
 

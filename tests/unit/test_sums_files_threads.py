@@ -370,3 +370,15 @@ def test_a_work_folder_a_killed_run_left_is_removed_by_the_next_and_no_other_one
     finally:
         running.kill()
         running.wait()
+
+
+def test_a_thread_never_started_is_not_waited_for():
+    # found by review: an interrupt between a thread's making and its start (the kit draft's) left join() waiting for
+    # an event nobody would set: the run's clean-up hung until a third Ctrl-C
+    from unibake.threads import Thread
+
+    never = Thread(target=lambda: None)
+    ended = threading.Event()
+    waiter = threading.Thread(target=lambda: (never.join(), ended.set()), daemon=True)
+    waiter.start()
+    assert ended.wait(5) and not never.is_alive()
