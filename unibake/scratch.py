@@ -276,6 +276,19 @@ def runtime_of(folder: Path, base: Path | None = None) -> Path:
     return base / name
 
 
+def _remove(place: Path) -> None:
+    """A scratch engine's folder removed, whatever it holds (errors ignored, as the folder is private). An image
+    whose files nest about a thousand folders deep (its layers are unpacked here) is past shutil.rmtree, which
+    recurses once per level (a RecursionError, which ignore_errors does not cover: a traceback, the folder
+    left, and every later run's clean-up failing on it): coreutils' rm walks any depth, and stays on the file
+    system (a mount left under it is not followed)."""
+    try:
+        shutil.rmtree(place, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(place)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+
+
 def remove_scratch_dir(folder: Path) -> None:
     """Stop what still runs from ``folder`` and its runtime folder (verified processes, by PID),
     unmount, delete both: only folders this user made."""
@@ -288,7 +301,7 @@ def remove_scratch_dir(folder: Path) -> None:
         _stop(pid, started, STOP_TIMEOUT)
     for place in places:
         _unmount_under(place)
-        shutil.rmtree(place, ignore_errors=True)
+        _remove(place)
 
 
 def _owner_alive(folder: Path) -> bool:
@@ -386,7 +399,7 @@ def _stop_seed_processes(folder: Path) -> None:
         if private_folder(place):
             _unmount_under(place)
     if private_folder(runtime):
-        shutil.rmtree(runtime, ignore_errors=True)
+        _remove(runtime)
 
 
 def _evict_seeds(base: Path, keep: Path) -> list[Path]:
@@ -708,7 +721,7 @@ class SeededEngine(ScratchEngine):
         (self.folder / KEPT_MARK).unlink(missing_ok=True)
         self.kept = None
         _unmount_under(self.folder)
-        shutil.rmtree(self.folder / "root", ignore_errors=True)
+        _remove(self.folder / "root")
 
     def _holds_only_base(self, kept: frozenset[str] | None = None) -> bool:
         """The base image and nothing else (but the kept release, when the run wants it; ``kept``: these

@@ -504,3 +504,24 @@ def test_each_scratch_engine_has_containerd_namespaces_of_its_own():
         assert re.fullmatch(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*", name) and len(name) <= 76, name
     cmd = daemon_command(Path("/d"), Path("/r"))
     assert cmd[:3] == ["unshare", "--net", "--"] and "--bridge=none" not in cmd  # never on the host's network
+
+
+def test_a_scratch_folder_nested_deeper_than_python_recurses_is_removed(tmp_path, monkeypatch):
+    # found by review: a release image whose files nest about 1100 folders deep, unpacked in a scratch engine's data
+    # root: shutil.rmtree's RecursionError (not covered by ignore_errors) was a traceback, and the folder was left
+    from unibake import scratch
+
+    monkeypatch.setattr(scratch, "_default_base", lambda: tmp_path / "var-tmp-unibake")
+    folder = tmp_path / "mine" / "ub-seed-abc"
+    deepest = folder / "root"
+    deepest.mkdir(parents=True)
+    folder.chmod(0o700)
+    for _ in range(1100):  # (one mkdir a level: os.makedirs recurses too)
+        deepest = deepest / "d"
+        deepest.mkdir()
+    (deepest / "file").write_bytes(b"x")
+    try:
+        scratch.remove_scratch_dir(folder)
+        assert not folder.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp_path / "mine")], check=False)  # (pytest's own clean-up recurses)
