@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from unibake.engine import BuildOutcome, ContainerStatus, Engine, ImageInfo, ImageSummary, LoadOutcome, RunOutcome
 from unibake.errors import EngineError, NameInUse
 
+# the containers started and not yet removed, in every fake engine, and those removed: the stand-in server of the
+# smoke tests (tests/unit/test_smoke.py) does not answer once one was removed and none runs, as an engine's server
+# goes with its container (a gate asked from this host checks that nothing answers once its container is removed)
+LIVE: set[str] = set()
+REMOVED: set[str] = set()
+
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -195,6 +201,7 @@ class FakeEngine(Engine):
         self.starter(container)
         cid = sha(f"{len(self.containers)}{image}{name}".encode())
         self.containers[cid] = container
+        LIVE.add(cid)
         return cid
 
     def _container(self, container: str) -> str | None:
@@ -213,7 +220,11 @@ class FakeEngine(Engine):
                                exit_code=c.exit_code)
 
     def remove_container(self, container: str) -> None:
-        self.containers.pop(self._container(container), None)
+        cid = self._container(container)
+        self.containers.pop(cid, None)
+        if cid in LIVE:
+            LIVE.discard(cid)
+            REMOVED.add(cid)
 
     def create_network(self, name: str) -> str:
         if name in self.networks.values():

@@ -763,7 +763,7 @@ class DockerEngine(Engine):
         finally:
             if container is not None:
                 try:
-                    self.api.remove_container(container, force=True)
+                    self.api.remove_container(container, force=True, v=True)
                 except docker.errors.NotFound:
                     pass
                 except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -869,7 +869,7 @@ class DockerEngine(Engine):
         except BaseException as exc:
             if container is not None:  # created, never started (its command cannot run, an interrupt): not left
                 try:
-                    self.api.remove_container(container, force=True)
+                    self.api.remove_container(container, force=True, v=True)
                 except (docker.errors.DockerException, requests.exceptions.RequestException):
                     pass
             if container is None and isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
@@ -886,7 +886,8 @@ class DockerEngine(Engine):
         state = info.get("State") or {}
         return ContainerStatus(running=bool(state.get("Running")), restarting=bool(state.get("Restarting")),
                                restart_count=int(info.get("RestartCount") or 0),
-                               oom_killed=bool(state.get("OOMKilled")), exit_code=int(state.get("ExitCode") or 0))
+                               oom_killed=bool(state.get("OOMKilled")), exit_code=int(state.get("ExitCode") or 0),
+                               pid=int(state.get("Pid") or 0), id=str(info.get("Id") or ""))
 
     def container_state(self, container: str) -> tuple[bool, str, str]:
         try:
@@ -907,8 +908,8 @@ class DockerEngine(Engine):
         return bool(info["State"]["Running"]), address, logs
 
     def remove_container(self, container: str) -> None:
-        try:
-            self.api.remove_container(container, force=True)
+        try:  # with its anonymous volumes (an image's VOLUME): left, each run would add some to the engine
+            self.api.remove_container(container, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:

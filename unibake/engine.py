@@ -72,6 +72,8 @@ class ContainerStatus:
     restart_count: int
     oom_killed: bool
     exit_code: int
+    pid: int = 0  # its main process, as the engine's host numbers it (0: not running)
+    id: str = ""  # its whole ID
 
 
 @dataclass(frozen=True, kw_only=True)

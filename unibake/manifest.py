@@ -251,7 +251,7 @@ class RoundTripRecord(Record):
 
 
 class GateStep(Record):
-    name: str  # self-check | start | health | chat | stability
+    name: str  # self-check | start | health | chat | stability | address (a --verify-engine's container asked from here)
     passed: bool
     seconds: float
     detail: str = ""

@@ -57,7 +57,7 @@ from .repro import ReproBuild
 from .roundtrip import check_base_loaded, round_trip
 from .sanitise import enforce, scan_added, scan_context, scan_release_texts, scan_values
 from .scratch import ScratchEngine, SeededEngine
-from .smoke import run_gates
+from .smoke import OWN_NAMESPACE, run_gates
 from .threads import Background
 
 
@@ -1421,7 +1421,10 @@ def _smoke(run: Run) -> tuple:
         given = _gate_given(target.metadata.profiles[result.profile])
         run.reporter.info(f"    {result.profile}: {'passed' if result.passed else 'FAILED'} ({steps}); {given}")
 
-    results = run_gates(proof.engine, run["image"].ref, target.metadata, netns_pid=proof.netns_pid, on_result=line,
+    # an engine not ours (--verify-engine): each gate container's own network namespace, or its address asked from
+    # here and confirmed free once it is removed (another engine's container can hold the same address)
+    netns = proof.netns_pid if proof.netns_pid is not None else OWN_NAMESPACE
+    results = run_gates(proof.engine, run["image"].ref, target.metadata, netns_pid=netns, on_result=line,
                         warn=run.reporter.warn)
     failed = [g for g in results if g.skipped is None and not g.passed]
     if failed:

@@ -345,7 +345,7 @@ SCHEMA: dict[str, Key] = {
                       "subfolders are baked, not counted)", minimum=0, maximum=1_000_000),
     }),
     "smoke": Key(type="record", doc="the smoke gate", merge="merge", fields={
-        "expect_reply": _str("the reply the chat completion must give (surrounding whitespace trimmed)"),
+        "expect_reply": _str("the reply the chat completion must give (surrounding spaces, tabs and line ends trimmed)"),
         "match": _str("how the reply is compared: exact, contains, or regex (the whole trimmed reply)",
                       choices=MATCHES, default="exact"),
         "prompt": _str("prompt sent to the engine", default="Say the smoke-test phrase."),

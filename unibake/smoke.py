@@ -4,15 +4,19 @@ For each profile: ``self-check`` passes; the engine starts with that ``PROFILE``
 policy, so that a crash the engine recovers from is counted, not hidden); ``/health`` answers;
 every prompt gets the reply the profile expects: the exact reply unless the profile asks for
 ``contains`` or a regular expression (which must match the whole trimmed reply); the reply and an
-exact or contained expected text are compared with their surrounding whitespace trimmed; then the container must still be running, never restarted and never OOM-killed.
+exact or contained expected text are compared with their surrounding spaces, tabs and line ends trimmed; then the container must still be running, never restarted and never OOM-killed.
 The HTTP client runs in the verify engine's network namespace (the scratch engine's bridge is
-invisible from here otherwise).
+invisible from here otherwise); in an engine not ours (``--verify-engine``: :data:`OWN_NAMESPACE`), in
+the gate container's own namespace where its process is on this host, so that the address it asks is
+that container's and no other's; where it is not, the container's address is asked from here, and once
+the container is removed nothing may answer there any more (else the replies were another server's).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -31,6 +35,11 @@ from .schema import shm_bytes
 from .smoke_client import MAX_TOKENS, MIN_WAIT
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # what makes ``unibake`` importable
+# run_gates' netns_pid for an engine not ours (--verify-engine): each gate container's own network namespace
+OWN_NAMESPACE = -1
+GONE_WAIT = 2  # seconds the client asks a removed container's address for /health: nothing may answer
+WHITESPACE = " \t\r\n"  # what a reply and an expected text are trimmed of (str.strip() also takes \x1c-\x1f,
+# U+0085, U+00A0, U+3000: an exact reply with a control character or a no-break space at its end passed)
 RESTARTS = 2  # the restart policy of a gate's container: enough to count a crash, not to loop on one
 TAIL_CHARS = 300  # of each line of the image's output an error line quotes (its end: where the error is)
 
@@ -60,13 +69,13 @@ def _regex_mismatch(pattern: str, text: str) -> str | None:
 
 def mismatch(reply: str, check: SmokePrompt) -> str | None:
     """Why ``reply`` is not what ``check`` expects; None when it is (no expectation: any non-empty reply)."""
-    text = reply.strip()
+    text = reply.strip(WHITESPACE)
     # as a blank expectation is refused: an engine that answers nothing fails (an image's own metadata may
     # hold a blank one, which "contains" found in every reply, an empty one too)
-    if check.expect is None or (check.match != "regex" and not check.expect.strip()):
+    if check.expect is None or (check.match != "regex" and not check.expect.strip(WHITESPACE)):
         return None if text else "expected a non-empty reply"
     if check.match == "exact":
-        expected = check.expect.strip()
+        expected = check.expect.strip(WHITESPACE)
         if text == expected:
             return None
         if unicodedata.normalize("NFC", text) == unicodedata.normalize("NFC", expected):
@@ -77,7 +86,7 @@ def mismatch(reply: str, check: SmokePrompt) -> str | None:
     if check.match == "contains":
         # trimmed as exact trims it (a stray space; a newline an image's own metadata holds): the expected text is
         # the words, wherever they stand in the reply
-        expected = check.expect.strip()
+        expected = check.expect.strip(WHITESPACE)
         if expected in text:
             return None
         if unicodedata.normalize("NFC", expected) in unicodedata.normalize("NFC", text):
@@ -93,12 +102,59 @@ def max_tokens(check: SmokePrompt) -> int:
     return MAX_TOKENS + len((check.expect or "").encode("utf-8"))
 
 
-def _probe_command(url: str, model: str, timeout: int, netns_pid: int | None) -> list[str]:
-    """The client's command line; its prompts go on its standard input (:func:`_probe_input`)."""
-    cmd = [sys.executable, "-m", "unibake.smoke_client", url, model, str(timeout)]
-    if netns_pid is not None:
-        cmd = ["nsenter", f"--net=/proc/{netns_pid}/ns/net", "--"] + cmd
+def _probe_command(url: str, model: str, timeout: int, netns: int | str | None) -> list[str]:
+    """The client's command line; its prompts go on its standard input (:func:`_probe_input`). ``netns``: the
+    PID whose network namespace it runs in, or a path to one (None: this process's). -P: the working folder is
+    not put before the package on its path (a json.py there would have answered for the client)."""
+    cmd = [sys.executable, "-P", "-m", "unibake.smoke_client", url, model, str(timeout)]
+    if netns is not None:
+        cmd = ["nsenter", f"--net={netns if isinstance(netns, str) else f'/proc/{netns}/ns/net'}", "--"] + cmd
     return cmd
+
+
+def _own_namespace(engine: Engine, container: str) -> int | None:
+    """A descriptor of ``container``'s own network namespace, where its process is on this host (the cgroup of
+    the PID the engine gives names the container) and this user may enter it (root; a rootless engine's
+    owner); None otherwise (an engine on another host, or this process in a container beside the engine's).
+    Held open, it is that namespace however the PID is used after."""
+    status = engine.container_status(container)
+    if status.pid <= 0 or not re.fullmatch(r"[0-9a-f]{64}", status.id):
+        return None
+    try:
+        fd = os.open(f"/proc/{status.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:  # read after the open: the namespace held is that process's, which the cgroup says is the container's
+        if status.id in Path(f"/proc/{status.pid}/cgroup").read_text(errors="replace"):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _nobody_else(url: str) -> GateStep:
+    """After the gate's containers are removed: nothing answers ``url``/health from here any more. The client
+    asked the container's address from this host's network namespace, where another engine's container can
+    hold the same address (every engine's default bridge is 172.17.0.0/16): that one's replies would have
+    passed for the image's."""
+    start = time.monotonic()
+    try:
+        done = subprocess.run(_probe_command(url, "-", GONE_WAIT, None), input="[]", capture_output=True, text=True,
+                              timeout=GONE_WAIT + PROBE_MARGIN, env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+        answer = _answer(done.stdout, done.stderr, complete=True, prompts=0)
+    except (subprocess.TimeoutExpired, EngineError) as exc:
+        detail = f"could not make sure nothing else answers at {url} once the gate's container was removed: {exc}"
+        return GateStep(name="address", passed=False, seconds=time.monotonic() - start, detail=one_line(detail)[:500])
+    seconds = time.monotonic() - start
+    if answer.get("health"):
+        return GateStep(name="address", passed=False, seconds=seconds, detail=(
+            f"{url}/health still answered once the gate's container was removed: the client on this host asked "
+            "another server at the container's address (the verify engine is not on this host, or this runs in a "
+            "container beside it), so the replies above are not the image's; use the scratch verify engine (no "
+            "--verify-engine), or --no-smoke"))
+    return GateStep(name="address", passed=True, seconds=seconds,
+                    detail=f"asked from this host; nothing answers at {url} once the gate's container is removed")
 
 
 def _probe_input(checks: tuple[SmokePrompt, ...]) -> str:
@@ -171,9 +227,10 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     except BaseException:
         _clean_up_after_failure(profile, lambda: engine.remove_container(name), warn)
         raise
+    asked_here: list[str] = []
     try:
         stability = _serve(engine, container, checks, steps, chats, start=start, port=port, model=model,
-                           timeout=timeout, netns_pid=netns_pid)
+                           timeout=timeout, netns_pid=netns_pid, asked_here=asked_here)
         status = engine.container_status(container)  # recorded for every gate that started, passed or not
     except BaseException:
         _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn)
@@ -181,8 +238,16 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn, ended="ended")
     if stability:
         steps.append(_stability(status))
+    _confirm_address(steps, asked_here)
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats), restart_count=status.restart_count,
                       oom_killed=status.oom_killed)
+
+
+def _confirm_address(steps: list[GateStep], asked_here: list[str]) -> None:
+    """A gate that passed with its client asking from this host (:func:`_serve`'s ``asked_here``): its
+    container's address answers no more now that the container is removed (:func:`_nobody_else`)."""
+    if asked_here and steps and all(step.passed for step in steps):
+        steps.append(_nobody_else(asked_here[0]))
 
 
 def rank_env(profile: str, topology, rank: int, master: str) -> dict[str, str]:
@@ -203,6 +268,7 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     names = [f"{network}-rank{rank}" for rank in range(topology.nodes)]
     started: list[str] = []  # names, not IDs: one started as an interrupt came is removed too
     statuses: list[ContainerStatus] = []
+    asked_here: list[str] = []
     stability = False
     made = True  # the network: removed by name however the gate ends, unless that name was another's
     try:
@@ -224,7 +290,8 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
                 _start_rank(engine, started, image, env=rank_env(profile, topology, rank, names[0]), network=network,
                             name=names[rank], hosts={names[0]: address}, **container_options(spec))
         stability = _serve(engine, master, spec.smoke.checks, steps, chats, start=start, port=port, model=model,
-                           timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]))
+                           timeout=spec.smoke.timeout, netns_pid=netns_pid, peers=tuple(started[1:]),
+                           asked_here=asked_here)
         statuses = [engine.container_status(name) for name in started]
     except BaseException:
         _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn)
@@ -233,6 +300,7 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
                             ended="ended")
     if stability:
         steps.append(_stability_of_ranks(statuses))
+    _confirm_address(steps, asked_here)
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
                       restart_count=sum(s.restart_count for s in statuses),
                       oom_killed=any(s.oom_killed for s in statuses))
@@ -295,10 +363,12 @@ PROBE_MARGIN = 10.0  # seconds over the probe's own bounds before it is stopped
 
 def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], steps: list[GateStep],
            chats: list[ChatCheck], *, start: float, port: int, model: str, timeout: int,
-           netns_pid: int | None, peers: tuple[str, ...] = ()) -> bool:
+           netns_pid: int | None, peers: tuple[str, ...] = (), asked_here: list[str] | None = None) -> bool:
     """The steps on a started container: start, health, every prompt. True when it got to the prompts.
     ``peers``: the other ranks' containers (rank 1 on) of a multi-node gate: one that exits for good
-    stops the wait (rank 0 would wait for it until the bound)."""
+    stops the wait (rank 0 would wait for it until the bound). ``asked_here`` is given the URL the client
+    asked from this host's network namespace, under :data:`OWN_NAMESPACE`, where the container's own could
+    not be entered (:func:`_nobody_else` then asks it once the container is gone)."""
     running, address, logs = engine.container_state(container)
     for _ in range(50):
         if address or not running:
@@ -317,15 +387,24 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
 
     probe = None
     stopped = ""  # why the client was stopped before it ended: the step it was on never finished
+    url = f"http://{_host(address)}:{port}"
+    netns: int | str | None = netns_pid
+    held = None  # the container's own network namespace, open
+    if netns_pid == OWN_NAMESPACE:
+        held = _own_namespace(engine, container)
+        netns = f"/proc/self/fd/{held}" if held is not None else None
+        if held is None and asked_here is not None:
+            asked_here.append(url)
     try:  # (from the client's start: an interrupt as its prompts' file is closed ends it too)
         with tempfile.TemporaryFile() as prompts:  # (a file, not a pipe: a timed-out wait writes no more to a pipe)
             prompts.write(_probe_input(checks).encode())
             prompts.seek(0)
             with held_signals():  # started and recorded as one step: an interrupt inside Popen (the client made,
                 # the object never returned) lands once probe names it, for the finally to end it (it ran on)
-                probe = subprocess.Popen(_probe_command(f"http://{_host(address)}:{port}", model, timeout, netns_pid),
+                probe = subprocess.Popen(_probe_command(url, model, timeout, netns),
                                          stdin=prompts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                         env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)})
+                                         env={**os.environ, "PYTHONPATH": str(PACKAGE_PARENT)},
+                                         pass_fds=() if held is None else (held,))
         probe_start = time.monotonic()
         # the client bounds each wait, not a reply that trickles in for ever: the whole probe is bounded here
         # (the health wait, each prompt's own bound, and a margin), and its output read as it comes (a
@@ -358,6 +437,8 @@ def _serve(engine: Engine, container: str, checks: tuple[SmokePrompt, ...], step
         if probe is not None and probe.poll() is None:
             probe.kill()
             probe.communicate()
+        if held is not None:
+            os.close(held)
     answer = _answer(out, err, complete=not stopped, prompts=len(checks))
     health = answer.get("health")
     if not health:
@@ -449,7 +530,9 @@ def run_gates(engine: Engine, image: str, metadata: ImageMetadata, *, netns_pid:
               on_result=lambda result: None, warn=_warn) -> tuple[GateResult, ...]:
     """Every profile's gate, in order; all run, so the notes show each result (a profile with
     ``smoke.skip`` gets a skipped result with its reason, no step). ``warn`` is given what could not
-    be cleaned up after a gate that failed (the failure itself is raised)."""
+    be cleaned up after a gate that failed (the failure itself is raised). ``netns_pid``: the scratch
+    engine's daemon, whose network namespace the client runs in; :data:`OWN_NAMESPACE` for an engine not
+    ours (each container's own, see :func:`_serve`); None: the client asks from here, as it is."""
     results = []
     for profile, spec in sorted(metadata.profiles.items()):
         if spec.smoke.skip is not None:  # the profile says why its gate cannot run here: recorded, never passed

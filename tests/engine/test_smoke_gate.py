@@ -14,7 +14,7 @@ import pytest
 
 from unibake.metadata import ImageMetadata
 from unibake.scratch import ScratchEngine
-from unibake.smoke import container_options, run_gates
+from unibake.smoke import OWN_NAMESPACE, container_options, run_gates
 
 GATE_SH = b"""# a distributed engine in busybox: rank 0 answers once every peer came to MASTER_ADDR:MASTER_PORT
 case "${1:-serve}" in self-check) echo "self-check[$PROFILE]: ok"; exit 0 ;; esac
@@ -125,3 +125,70 @@ def test_a_gate_container_gets_the_profiles_ipc_mode_and_shm_size_from_the_engin
     finally:
         engine.remove_container(container)
     assert state(engine) == before
+
+
+ONE_SH = b"""case "${1:-serve}" in self-check) echo "self-check[$PROFILE]: ok"; exit 0 ;; esac
+echo "serving $REPLY"
+exec nc -ll -p "$PORT" -e /bin/sh /reply.sh
+"""
+ONE_DOCKERFILE = b"""FROM localhost/unibake-busybox:1
+COPY one.sh reply.sh /
+ENV PORT=8000 REPLY=REAL_OK NODE_RANK=0 NNODES=1
+VOLUME /data
+ENTRYPOINT ["/bin/sh", "/one.sh"]
+"""
+
+
+@pytest.fixture(scope="module")
+def single(engine):
+    """A one-node engine that answers REPLY (its env), with an anonymous volume (VOLUME /data)."""
+    tag = f"unibake-test-smoke-one:{uuid.uuid4().hex[:10]}"
+    reply = REPLY_SH.split(b"if [", 1)[0] + b"""if [ "$path" = /health ]; then
+  body='{"status": "ok"}'
+else
+  body="{\\"choices\\": [{\\"message\\": {\\"content\\": \\"$REPLY\\"}}]}"
+fi
+printf 'HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: %s\\r\\nConnection: close\\r\\n\\r\\n%s' \\
+  "${#body}" "$body"
+"""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("Dockerfile", ONE_DOCKERFILE), ("one.sh", ONE_SH), ("reply.sh", reply)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    engine.build(buf, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
+    yield tag
+    engine.remove_image(tag)
+
+
+def one_node(expect: str) -> ImageMetadata:
+    document = metadata(1).model_dump()
+    document["profiles"]["tp8"]["topology"] = {}
+    document["profiles"]["tp8"]["smoke"] = {"timeout": 30, "prompts": [{"prompt": "Say it.", "expect": expect}]}
+    return ImageMetadata.model_validate(document, strict=False)
+
+
+def test_a_verify_engine_s_gate_asks_its_own_container_not_another_engine_s_at_the_same_address(engine, single,
+                                                                                                 tmp_path):
+    # found by review: with --verify-engine the client asked the gate container's bridge address from this host's
+    # network namespace. A scratch engine's bridge is 172.17.0.0/16 as this host's docker0 is: its first container
+    # and the host engine's first container both get 172.17.0.2, and the host engine's (here a decoy answering
+    # DECOY_OK) answered for the image. The client now runs in the gate container's own namespace
+    decoy = engine.start(single, [], env={"REPLY": "DECOY_OK"}, name=f"unibake-test-decoy-{uuid.uuid4().hex[:10]}")
+    try:
+        with ScratchEngine(tmp_path / "scratch") as scratch:
+            scratch.engine.load(engine.save(single))
+            volumes = len(scratch.engine.api.volumes().get("Volumes") or [])
+            result = run_gates(scratch.engine, single, one_node("DECOY_OK"), netns_pid=OWN_NAMESPACE)[0]
+            assert not result.passed and result.failed.name == "chat", result.steps
+            assert result.failed.detail == "expected exactly 'DECOY_OK', got 'REAL_OK'"  # its own reply, not the decoy's
+            result = run_gates(scratch.engine, single, one_node("REAL_OK"), netns_pid=OWN_NAMESPACE)[0]
+            assert result.passed, result.steps
+            assert [s.name for s in result.steps] == ["self-check", "start", "health", "chat", "stability"]
+            # nothing left there, its anonymous volumes neither (before: two a gate, the self-check's and the server's)
+            assert state(scratch.engine)[0] == set()
+            assert len(scratch.engine.api.volumes().get("Volumes") or []) == volumes
+    finally:
+        engine.remove_container(decoy)

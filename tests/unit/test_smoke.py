@@ -14,6 +14,7 @@ from unibake.engine import RunOutcome
 from unibake.metadata import ImageMetadata
 from unibake.smoke import run_gates
 
+from .. import fake_engine
 from ..conftest import signal_inside_popen, terminated_as_the_cli
 from ..fake_engine import FakeEngine
 
@@ -31,8 +32,13 @@ class Engine(BaseHTTPRequestHandler):
     health_thinking = 0.0  # seconds before /health is answered (one that runs the model to say it is up)
 
     health_redirect: str | None = None  # where /health sends the client instead of answering (a Location)
+    # answering with no container of a fake engine running: another server at the container's address
+    answers_when_gone = False
 
     def do_GET(self):  # noqa: N802 - the handler's name is http.server's
+        if fake_engine.REMOVED and not fake_engine.LIVE and not self.answers_when_gone:  # gone with its container
+            self.close_connection = True
+            return
         if self.health_redirect is not None and self.path == "/health":
             self.send_response(302)
             self.send_header("Location", self.health_redirect)
@@ -93,6 +99,8 @@ class Engine(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
+    fake_engine.LIVE.clear()
+    fake_engine.REMOVED.clear()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -102,7 +110,9 @@ def server():
         None, False
     Engine.wire, Engine.health_wire, Engine.health_body = None, [], b'{"status": "ok"}'
     Engine.ready_at, Engine.thinking, Engine.chat_status, Engine.cut_at_max_tokens = 0.0, 0.0, 200, False
-    Engine.health_redirect, Engine.health_thinking = None, 0.0
+    Engine.health_redirect, Engine.health_thinking, Engine.answers_when_gone = None, 0.0, False
+    fake_engine.LIVE.clear()
+    fake_engine.REMOVED.clear()
 
 
 def metadata(port: int, expect: str | None = "UNIFIED_TP1_OK", timeout: int = 5) -> ImageMetadata:
@@ -1035,7 +1045,7 @@ def test_a_self_check_container_the_engine_cannot_remove_is_named_in_a_warning(c
         def logs(self, container, **kwargs):
             return Logs([b"ok: kernels present\n"])
 
-        def remove_container(self, container, force):
+        def remove_container(self, container, force, v=False):
             raise docker.errors.APIError("driver \"overlay2\" failed to remove root filesystem: device or resource busy")
 
     docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
@@ -1065,7 +1075,7 @@ def test_a_self_check_container_created_as_an_interrupt_came_is_removed_by_its_n
             self.made.append(name)  # the engine made it; its answer never came
             raise KeyboardInterrupt
 
-        def remove_container(self, container, force):
+        def remove_container(self, container, force, v=False):
             if container["Id"] not in self.made:
                 raise docker.errors.NotFound("no such container")
             self.made.remove(container["Id"])
@@ -1147,7 +1157,7 @@ def test_a_self_check_that_ends_just_as_its_wait_gives_up_is_its_own_outcome_not
         def logs(self, container, **kwargs):
             return Logs([b"error: self-check[tp1]: tune caches: expected 3 JSON files, found 2\n"])
 
-        def remove_container(self, container, force):
+        def remove_container(self, container, force, v=False):
             pass
 
     docker_engine = DockerEngine.__new__(DockerEngine)  # no engine is reached: its API is the one above
@@ -1175,3 +1185,56 @@ def test_a_gate_that_ended_keeps_its_result_when_its_clean_up_fails_which_is_a_w
     assert len(warnings) == 1 and warnings[0].startswith("after the smoke gate of profile tp1 ended: cannot remove "
                                                          "container "), warnings
     assert warnings[0].endswith(": device or resource busy")
+
+
+def test_a_verify_engine_s_container_asked_from_here_must_not_answer_once_removed(engine, server):
+    # found by review: with --verify-engine the client asked the container's bridge address from this host, where
+    # another engine's container can hold the same address (every default bridge is 172.17.0.0/16) and answer for
+    # the image: a gate passed on another server's replies. A container whose own network namespace this host
+    # cannot enter (the fake's: no process here) is asked from here, and then nothing may answer there any more
+    from unibake.smoke import OWN_NAMESPACE
+
+    Engine.answers_when_gone = True  # another server, at the address the container had
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=OWN_NAMESPACE)[0]
+    assert not result.passed and result.failed.name == "address"
+    assert result.failed.detail.startswith(f"http://127.0.0.1:{server.server_port}/health still answered once the "
+                                           "gate's container was removed: the client on this host asked another "
+                                           "server"), result.failed.detail
+    assert engine.containers == {}
+
+    # the server is the container's: gone with it, the gate passes, and says how its address was asked
+    Engine.answers_when_gone = False
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=OWN_NAMESPACE)[0]
+    assert result.passed, result.steps
+    assert [s.name for s in result.steps][-2:] == ["stability", "address"]
+    assert result.steps[-1].detail == (f"asked from this host; nothing answers at http://127.0.0.1:{server.server_port} "
+                                       "once the gate's container is removed")
+
+
+def test_a_gate_that_failed_is_not_asked_again_at_its_address(engine, server):
+    from unibake.smoke import OWN_NAMESPACE
+
+    Engine.reply = "WRONG"
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=OWN_NAMESPACE)[0]
+    assert result.failed.name == "chat" and "address" not in [s.name for s in result.steps]
+
+
+def test_the_client_takes_nothing_from_the_working_folder(engine, server, tmp_path, monkeypatch):
+    # found by review: `python -m unibake.smoke_client` put the working folder first on its path: a json.py there ran
+    # in place of the standard library's, and could print the steps of a gate that passed
+    (tmp_path / "json.py").write_text("raise SystemExit('a json.py of the working folder ran')\n")
+    monkeypatch.chdir(tmp_path)
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=None)[0]
+    assert result.passed, result.steps
+
+
+@pytest.mark.parametrize("reply", ["UNIFIED_TP1_OK\x1e", "\xa0UNIFIED_TP1_OK", "UNIFIED_TP1_OK\u3000", "\x85UNIFIED_TP1_OK"])
+def test_an_exact_reply_is_trimmed_of_spaces_tabs_and_line_ends_alone(reply):
+    # found by review: str.strip() also took control separators, U+0085, no-break and ideographic spaces: such a
+    # reply passed as exactly the expected text
+    from unibake.metadata import SmokePrompt
+    from unibake.smoke import mismatch
+
+    check = SmokePrompt(prompt="Say it.", expect="UNIFIED_TP1_OK", match="exact")
+    assert mismatch(reply, check) == "expected exactly 'UNIFIED_TP1_OK'"
+    assert mismatch(" \t\r\nUNIFIED_TP1_OK\r\n", check) is None
