@@ -324,6 +324,18 @@ class ReleasePlan:
         for (where, key), value in expanded.items():
             out.append(f"{where}: env {key}={value[:60]} is passed as it is written: env values are never expanded "
                        "($NAME, ${NAME} and $(...) reach the engine as these characters); write the value itself")
+        # a prompt its own check passes (contains or a regex, the expected text in the prompt: "Reply with exactly:
+        # X_OK", match contains X_OK): an engine that echoes the prompt, or an error that quotes it, passes the gate
+        echoed: dict[tuple[str, str, str], str] = {}
+        for p in self.profiles:
+            for n, check in enumerate(p.smoke.prompts, 1):
+                if check.expect is not None and check.match != "exact" and _passes_itself(check):
+                    echoed.setdefault((check.prompt, check.match, check.expect),
+                                      f"{p.file}: smoke prompt {n}" if len(p.smoke.prompts) > 1 else f"{p.file}: smoke")
+        for (prompt, match, expect), where in echoed.items():
+            out.append(f"{where}: the prompt itself passes its check (match: {match} {expect[:60]!r}): an engine that "
+                       "echoes the prompt, or an error message that quotes it, would pass the gate; use match: exact, "
+                       "or an expected text the prompt does not hold")
         # two kernels a profile loads that give one library file name: LD_LIBRARY_PATH lists their folders in
         # order, so a library linked against it, or an engine's dlopen of it by name, gets the first one alone
         # (a sidecar of a shared kernel's name replaces it instead, as meant)
@@ -1275,6 +1287,19 @@ def _smoke(d: dict, where, chain: tuple[str, ...] = ()) -> Smoke:
                              "characters (it is shown in the notes' table of gates)")
         skip = " ".join(skip.split())
     return Smoke(prompts=prompts, timeout=smoke.get("timeout", default_of("smoke", "timeout")), skip=skip)
+
+
+def _passes_itself(check: SmokePrompt) -> bool:
+    """Whether the prompt, as a reply, passes its own ``contains`` or regex check (trimmed as a reply is: the
+    gate's own comparison, :func:`smoke.mismatch`; a regex here in this process: check_regex refused one that
+    could backtrack without end at the plan)."""
+    text = check.prompt.strip(" \t\r\n")
+    if check.match == "contains":
+        return check.expect.strip(" \t\r\n") in text
+    try:
+        return re.fullmatch(check.expect, text) is not None
+    except re.error:
+        return False
 
 
 SKIP_REASON_MAX = 300  # characters of smoke.skip: a reason, shown in a table row

@@ -595,3 +595,22 @@ def test_a_ledger_that_is_not_plain_lines_gets_sha256sum_s_verdict(busybox_produ
     else:
         assert done.returncode == 1
         assert "error: self-check[tp1]: files differ from meta/files.sha256: " in done.stderr
+
+
+def test_a_smoke_prompt_its_own_check_passes_is_warned_at_the_plan(busybox_product):
+    # found by review: prompt "Reply with exactly: UNIFIED_TP1_OK" with match contains UNIFIED_TP1_OK: an engine that
+    # echoes the prompt (or an error that quotes it) passes the gate, without a word
+    tp1 = busybox_product / "tp1.yaml"
+    tp1.write_text(tp1.read_text().replace(
+        "smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}",
+        "smoke: {timeout: 20, prompts: [{prompt: 'Say it.', expect: UNIFIED_TP1_OK},\n"
+        "  {prompt: 'Reply with exactly: UNIFIED_TP1_OK', expect: UNIFIED_TP1_OK, match: contains},\n"
+        "  {prompt: 'Answer UNIFIED_TP1_OK', expect: 'Answer \\w+', match: regex}]}"))
+    warnings = tuple(w.replace(f"{busybox_product}/", "") for w in make_plan(busybox_product).warnings)
+    assert warnings == (
+        "tp1.yaml: smoke prompt 2: the prompt itself passes its check (match: contains 'UNIFIED_TP1_OK'): an engine "
+        "that echoes the prompt, or an error message that quotes it, would pass the gate; use match: exact, or an "
+        "expected text the prompt does not hold",
+        "tp1.yaml: smoke prompt 3: the prompt itself passes its check (match: regex 'Answer \\\\w+'): an engine that "
+        "echoes the prompt, or an error message that quotes it, would pass the gate; use match: exact, or an expected "
+        "text the prompt does not hold"), warnings
