@@ -25,7 +25,8 @@ unit:
 	scripts/setup.sh --venv
 	$(PY) -m pytest tests/unit --no-cov
 
-# The performance benchmark (about 20 minutes, under the engine lock): prints a table, writes docs/BENCHMARKS.md.
+# The performance benchmark (about 20 minutes, the engine to itself: it removes every tag and dangling image that
+# appears while it runs): prints a table, writes docs/BENCHMARKS.md.
 bench: setup
 	$(PY) benchmarks/bench.py
 

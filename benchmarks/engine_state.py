@@ -1,7 +1,8 @@
 """What the benchmark made in the engine, found by comparing with what was there before, and removed.
 
-The engine is shared: the benchmark removes only the tags and dangling images that appeared since
-its snapshot (it runs under the engine lock, so nobody else adds any meanwhile).
+The benchmark removes the tags and dangling images that appeared since its snapshot: what it made, on an
+engine it has to itself while it runs (bench.py says so; nothing here can tell another user's image
+made meanwhile from its own).
 """
 
 from __future__ import annotations

@@ -160,7 +160,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, required=True, help="a folder for the product copy and the releases")
     args = parser.parse_args()
     work = args.work.resolve()
-    shutil.rmtree(work, ignore_errors=True)
+    if work.exists() and (not work.is_dir() or any(work.iterdir())):  # (it is removed at the start: never a folder
+        # of the user's that holds anything)
+        raise SystemExit(f"error: --work {work}: give a folder that does not exist, or an empty one")
     (work / "demo").mkdir(parents=True)
     for name in ("profiles", "images"):
         shutil.copytree(REPO / name, work / "demo" / name, ignore=shutil.ignore_patterns("__pycache__"))
