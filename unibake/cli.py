@@ -1563,10 +1563,17 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
                    final=f"wrote {path}: {verdict}")
 
 
+def _other_version(folder: str, made_by: str) -> InputError:
+    """A kit another unibake made: its normalise is not this one's, so another image ID would say nothing of the
+    release."""
+    return InputError(f"{folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with its own copy "
+                      "(./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's version too")
+
+
 def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
     from .docker_engine import DockerEngine, refuse_docker_context
     from .errors import VerificationError
-    from .kit import check_kit, check_kit_of_release, rebuild
+    from .kit import check_kit, check_kit_of_release, read_kit, rebuild
     from .plan import display_path
 
     from .verify import check_folder_arg, check_signed, trusted_manifest
@@ -1607,6 +1614,12 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
         where = check_folder_arg(resolved(ctx.cwd / args.release))
         signed_sums, released = check_signed(where, ctx.cwd / args.key, ctx.env) if args.key else \
             (None, trusted_manifest(where))
+    try:  # refused before its files are hashed (a context of many GB): kit.json alone says which tool made it
+        made_by = read_kit(folder).tool.version
+    except UnibakeError:
+        made_by = __version__  # (what is wrong with it, check_kit says)
+    if made_by != __version__:
+        raise _other_version(args.folder, made_by)
     kit = check_kit(folder)
     if released is not None and (kit.product, kit.release, kit.image_id) != \
             (released.product, released.release, released.image_id):
@@ -1615,11 +1628,8 @@ def cmd_rebuild(args: argparse.Namespace, ctx: Context) -> Outcome:
                                 f"{released.image_id}: not its kit")
     if released is not None:  # and built from the release's own context, as its provenance records it
         check_kit_of_release(folder, kit, where, released, signed_sums)
-    made_by = kit.tool.version  # before reaching for an engine
-    if made_by != __version__:  # normalise differs between versions: another ID would say nothing of the release
-        raise InputError(f"{args.folder}: a kit made by unibake {made_by}, this is {__version__}: rebuild it with "
-                         "its own copy (./verify.sh --rebuild runs tool/), as `build.py kit` needs the release's "
-                         "version too")
+    if kit.tool.version != __version__:  # (checked: the kit.json read above may have changed since)
+        raise _other_version(args.folder, kit.tool.version)
     engine = DockerEngine(args.engine, ctx.env)
     with ctx.reporter.stage("rebuild", f"{display_path(folder, ctx.cwd)} on engine {engine.version()} at "
                                        f"{engine.address}"):

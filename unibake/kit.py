@@ -37,6 +37,7 @@ import errno
 import fcntl
 import hashlib
 import importlib.metadata
+import io
 import os
 import posixpath
 import re
@@ -50,9 +51,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+import zstandard
 from pydantic import Field, ValidationError
 
 from . import __version__
+from .archive import LDM_WINDOW_LOG
 from .builder import MAX_EPOCH, BuiltImage, Image, cache_ref, iso_time, keep_as_cache
 from .engine import Engine
 from .errors import BuildFailed, BuildInterrupted, DiskFull, HandoffAborted, InputError, UnibakeError, VerificationError
@@ -161,16 +164,18 @@ def kit_name(product: str, release: str) -> str:
 
 
 def _tool_files() -> dict[str, tuple[bytes | Path, int]]:
-    """unibake as it runs now: its package, build.py, pyproject.toml and pins (``tool/...``)."""
+    """unibake as it runs now: its package, build.py, pyproject.toml and pins (``tool/...``), read once, as the
+    draft begins (read at its end, and again after they were hashed, a checkout changed during a long build put
+    other sources in the kit than the ones that made the image, or files its ledger does not describe)."""
     out: dict[str, tuple[bytes | Path, int]] = {}
     for path in sorted(PACKAGE.rglob("*")):
         rel = path.relative_to(PACKAGE)
         if path.is_file() and not any(part in SKIPPED for part in rel.parts) and path.suffix in (".py", ".j2"):
-            out[f"tool/unibake/{rel.as_posix()}"] = (path, 0o644)
+            out[f"tool/unibake/{rel.as_posix()}"] = (path.read_bytes(), 0o644)
     checkout = PACKAGE.parent
     for name in ("build.py", "pyproject.toml", "requirements.txt"):
         if (checkout / name).is_file():
-            out[f"tool/{name}"] = (checkout / name, 0o755 if name == "build.py" else 0o644)
+            out[f"tool/{name}"] = ((checkout / name).read_bytes(), 0o755 if name == "build.py" else 0o644)
     if "tool/requirements.txt" not in out:  # installed from a wheel: pin what runs now
         pins = sorted({f"{d.metadata['Name']}=={d.version}\n" for d in importlib.metadata.distributions()
                        if d.metadata["Name"] and d.metadata["Name"].lower() != "unibake"})
@@ -931,6 +936,65 @@ def check_kit_of_release(kit: Path, record: KitRecord, release: Path, manifest, 
             held = f"sha256 {have[:16]}..." if have else "none"
             raise VerificationError(f"{kit}: its {name} ({held}) is not the one release {manifest.release} was made "
                                     f"from ({said} in its {supply.provenance.name}): not its kit")
+    # the rest of the kit (its tool/, which ./verify.sh --rebuild runs, verify.sh, README, kit.json's images): its
+    # ledger is the one in the release's kit tarball, which SHA256SUMS lists (a kit whose tool was rewritten, its
+    # ledger redone, was "identical", and its --rebuild ran that tool)
+    if supply.kit is not None:
+        published = release / supply.kit.name
+        sums = read_sums(release, signed_sums)
+        if supply.kit.name not in sums:
+            raise VerificationError(f"{release}: SHA256SUMS does not list {supply.kit.name}, the release's kit")
+        if read_small_file(kit / LEDGER, VerificationError, limit=16 << 20, follow=False) \
+                != _published_ledger(published, sums[supply.kit.name]):
+            raise VerificationError(f"{kit}: its files are not those of the release's kit {supply.kit.name} (its "
+                                    f"{LEDGER} differs from the one in that tarball: its tool, verify.sh, README or "
+                                    f"{KIT_JSON} were changed): not its kit")
+
+
+class _Hashing(io.RawIOBase):
+    """A file read through, its bytes hashed as they are read."""
+
+    def __init__(self, fh: BinaryIO):
+        self.fh, self.sha = fh, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.fh.read(len(buffer))
+        self.sha.update(data)
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _published_ledger(path: Path, sha256: str) -> bytes:
+    """The ledger in a release's kit tarball, read in one pass that hashes the whole file: its sha256 must be
+    ``sha256`` (SHA256SUMS's), else nothing in it is trusted. VerificationError otherwise."""
+    ledger = None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            hashed = _Hashing(fh)
+            decoder = zstandard.ZstdDecompressor(max_window_size=1 << LDM_WINDOW_LOG)
+            with decoder.stream_reader(hashed, read_across_frames=True, closefd=False) as stream:
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                    for member in tar:
+                        if member.isfile() and member.name.count("/") == 1 and member.name.endswith(f"/{LEDGER}") \
+                                and member.size <= 16 << 20 and ledger is None:
+                            ledger = tar.extractfile(member).read()
+                while stream.read(1 << 20):  # (past the tar's end)
+                    pass
+            while hashed.read(1 << 20):  # (past the last frame: hashed, as sha256sum hashes the file)
+                pass
+    except FileNotFoundError:
+        raise VerificationError(f"{path}: missing: the release's kit, whose files a kit must be") from None
+    except (OSError, tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+        raise VerificationError(f"{path}: cannot be read as the release's kit ({exc})") from None
+    if hashed.sha.hexdigest() != sha256:
+        raise VerificationError(f"{path}: differs from SHA256SUMS; the release cannot be trusted")
+    if ledger is None:
+        raise VerificationError(f"{path}: holds no {LEDGER}: not a reconstruct kit")
+    return ledger
 
 
 # ---------------------------------------------------------------------------------------------

@@ -512,6 +512,10 @@ def test_rebuild_of_a_kit_made_by_another_unibake_version_is_refused_before_the_
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
     forge_kit_json(folder, lambda record: record["tool"].update(version="0.0.1"))
+    # said before the kit's files are hashed (found by review: a context of many GB was hashed first): a context
+    # that differs from its ledger is not reached
+    with open(folder / "context.tar", "ab") as context:
+        context.write(b"x")
     refused = cli("rebuild", str(folder))
     assert refused.code == 2 and refused.error_lines == [
         f"error: {folder}: a kit made by unibake 0.0.1, this is {__version__}: rebuild it with its own copy "
@@ -1879,3 +1883,18 @@ def test_bytes_after_a_context_s_end_blocks_are_refused(busybox_product, tmp_pat
         (shown.stdout, shown.stderr)
     with pytest.raises(VerificationError, match="context.tar: bytes after its end-of-archive blocks"):
         rebuild(folder, FakeEngine())
+
+
+def test_the_kit_s_tool_is_read_as_the_draft_begins_not_when_it_is_written(tmp_path, monkeypatch):
+    # found by review: the tool's files were named as the draft began (before the build) and read at its end, twice
+    # (hashed, then written): a checkout changed during a long build put other sources in the kit than the ones
+    # that made the image, or files its ledger did not describe
+    from unibake import kit as kit_module
+
+    package = tmp_path / "checkout" / "unibake"
+    shutil.copytree(kit_module.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(kit_module, "PACKAGE", package)
+    tool = kit_module._tool_files()
+    before = (package / "cli.py").read_bytes()
+    (package / "cli.py").write_bytes(before + b"# changed during the build\n")
+    assert tool["tool/unibake/cli.py"][0] == before

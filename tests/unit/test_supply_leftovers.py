@@ -443,12 +443,14 @@ def test_the_guides_say_which_trusted_comment_the_minisign_check_prints_for_this
             "release\n" in (folder / guide).read_text()
 
 
-def release_of_kit(kit: Path, releases: Path, secret: Path, byproducts: bool = True) -> Path:
+def release_of_kit(kit: Path, releases: Path, secret: Path, byproducts: bool = True,
+                   tarball: Path | None = None) -> Path:
     """The release an unpacked kit was written for, signed by its publisher: the example release with
-    the kit's product, release and image, its provenance recording the kit's build context and Dockerfile."""
+    the kit's product, release and image, its provenance recording the kit's build context and Dockerfile,
+    and ``tarball`` (the kit as written, unpacked at ``kit``) as its kit."""
     record = json.loads((kit / "kit.json").read_text())
     folder = releases / record["release"]
-    shutil.copytree(REPO / "release/1.3.1", folder)
+    shutil.copytree(REPO / "release/1.3.1", folder, ignore=shutil.ignore_patterns("*-kit.tar.zst"))
     provenance = json.loads((folder / "provenance.intoto.json").read_text())
     provenance["predicate"]["runDetails"]["byproducts"] = [
         {"digest": {"sha256": record["context_sha256"]}, "name": "context.tar"},
@@ -468,6 +470,10 @@ def release_of_kit(kit: Path, releases: Path, secret: Path, byproducts: bool = T
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest.update(product=record["product"], release=record["release"], image_id=record["image_id"])
     manifest["supply_chain"]["provenance"].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    if tarball is not None:
+        shutil.copyfile(tarball, folder / tarball.name)
+        data = tarball.read_bytes()
+        manifest["supply_chain"]["kit"].update(name=tarball.name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (folder / "IMAGE_ID").write_text(record["image_id"] + "\n")
     resum(folder)
@@ -481,9 +487,10 @@ def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_sig
     from .test_kit import forge_kit_json, make_kit, unpack
 
     secret, public = minisign_key
-    kit = unpack(make_kit(busybox_product, tmp_path / "out")[0], tmp_path / "unpacked")
+    tarball = make_kit(busybox_product, tmp_path / "out")[0]
+    kit = unpack(tarball, tmp_path / "unpacked")
     record = json.loads((kit / "kit.json").read_text())
-    folder = release_of_kit(kit, tmp_path / "releases", secret)
+    folder = release_of_kit(kit, tmp_path / "releases", secret, tarball=tarball)
     manifest = json.loads((folder / "manifest.json").read_text())
 
     def rebuild(*more):
@@ -495,6 +502,21 @@ def test_rebuild_release_key_refuses_a_kit_that_names_another_image_than_the_sig
         return True
 
     assert reaches_the_engine("--release", str(folder), "--key", str(public))  # the kit is the release's
+    # found by review: a file of its tool (which ./verify.sh --rebuild runs) rewritten, the ledger redone: the kit
+    # checks against itself, and --release compared only its context, Dockerfile, lock and profiles ("identical")
+    tool = kit / "tool" / "unibake" / "cli.py"
+    kept = tool.read_bytes()
+    tool.write_bytes(kept + b"\nimport os; os.system('id')  # a trojan\n")
+    from .test_kit import relist_file
+    ledger = (kit / "kit.sha256").read_bytes()
+    relist_file(kit, "tool/unibake/cli.py")
+    assert reaches_the_engine()
+    trojan = rebuild("--release", str(folder), "--key", str(public))
+    assert trojan.code == 3 and trojan.error_lines == [
+        f"error: {kit}: its files are not those of the release's kit {tarball.name} (its kit.sha256 differs from the "
+        "one in that tarball: its tool, verify.sh, README or kit.json were changed): not its kit"], trojan.err
+    tool.write_bytes(kept)
+    (kit / "kit.sha256").write_bytes(ledger)
     # the kit's files, ledger and kit.json rewritten alike (another image): the kit alone cannot tell
     forge_kit_json(kit, lambda r: r.update(image_id="sha256:" + "f" * 64))
     assert reaches_the_engine()
