@@ -1563,6 +1563,19 @@ def cmd_kit(args: argparse.Namespace, ctx: Context) -> Outcome:
                    final=f"wrote {path}: {verdict}")
 
 
+def _published_after() -> str:
+    """What an error after the commit adds to its line: the release published whole stands (a clean-up that
+    failed after it, a scratch engine's stop, is no failure of the release). Empty when nothing was committed."""
+    from .publish import COMMITTED
+
+    if not COMMITTED:
+        return ""
+    if len(COMMITTED) == 1:
+        return f" after {COMMITTED[0]} was published whole (check it: python build.py verify {COMMITTED[0]})"
+    return (f" after {' and '.join(str(path) for path in COMMITTED)} were published whole (check them: "
+            f"{'; '.join(f'python build.py verify {path}' for path in COMMITTED)})")
+
+
 def _other_version(folder: str, made_by: str) -> InputError:
     """A kit another unibake made: its normalise is not this one's, so another image ID would say nothing of the
     release."""
@@ -2153,6 +2166,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 done = f"the {args.command} command itself succeeded (said above)"
             error = UnibakeError(f"{exc}; {done}")
             error.exit_code = outcome.error.exit_code if outcome.error is not None else exc.exit_code
+            error.said_published = True  # (the line below adds it once)
             raise error from None
         if outcome.error is not None:  # the document (a failed verify's report) is out; then the verdict
             print(f"error: {one_line(str(outcome.error))}", file=sys.stderr)
@@ -2164,20 +2178,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if isinstance(exc, (BuildFailed, CheckFailed)) and exc.output and reporter is not None and \
                 not reporter.quiet and not reporter.plain:
             print("    " + "\n    ".join(one_line(line) for line in exc.output), file=sys.stderr)
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
+        # a clean-up's error after the commit (a scratch engine's stop): the release stands, said
+        message = str(exc) + ("" if getattr(exc, "said_published", False) else _published_after())
+        print(f"error: {one_line(message)}", file=sys.stderr)
         if isinstance(exc, DocumentPlaceRefused):
             args.metadata_file = None  # (the file it names is one the run must not replace: the failure's neither)
-        _emit_error(args, str(exc), exc.exit_code, cwd)
+        _emit_error(args, message, exc.exit_code, cwd)
         return exc.exit_code
     except KeyboardInterrupt as exc:
         message = "interrupted" + (f": {exc}" if str(exc) else "")  # what it had done (deploy says so)
-        if COMMITTED:  # the commit held the signal until it was whole: the release stands, say so
-            if len(COMMITTED) == 1:
-                message += (f" after {COMMITTED[0]} was published whole (check it: python build.py verify "
-                            f"{COMMITTED[0]})")
-            else:  # several platforms, published together
-                message += (f" after {' and '.join(str(path) for path in COMMITTED)} were published whole (check "
-                            f"them: {'; '.join(f'python build.py verify {path}' for path in COMMITTED)})")
+        # the commit held the signal until it was whole: the release stands, say so
+        message += _published_after()
         print(f"error: {one_line(message)}", file=sys.stderr)
         _emit_error(args, message, 130, cwd)
         return 130
@@ -2185,7 +2196,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         sys.stdout = open(os.devnull, "w")
         return 0
     except OSError as exc:  # a file or folder the stages did not expect to fail: named, never a traceback
-        message = f"{exc.filename or 'a file'}: {exc.strerror or exc}"
+        message = f"{exc.filename or 'a file'}: {exc.strerror or exc}" + _published_after()
         print(f"error: {one_line(message)}", file=sys.stderr)
         _emit_error(args, message, 1, cwd)
         return 1

@@ -33,6 +33,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -189,7 +190,10 @@ def _stop(pid: int, started: str, timeout: float) -> None:
     another's by the time this one is reached)."""
     if _start_time(pid) != started:
         return
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:  # it ended (and was reaped) since its start time was read: stopped
+        return
     deadline = time.monotonic() + timeout
     while _start_time(pid) == started and time.monotonic() < deadline:
         try:
@@ -198,10 +202,10 @@ def _stop(pid: int, started: str, timeout: float) -> None:
             pass
         time.sleep(0.1)
     if _start_time(pid) == started:
-        os.kill(pid, signal.SIGKILL)
         try:
+            os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        except ChildProcessError:
+        except (ProcessLookupError, ChildProcessError):
             pass
 
 
@@ -624,6 +628,9 @@ class ScratchEngine:
         if interrupted is not None:
             raise interrupted
         if error is not None:
+            if exc[0] is not None:  # the run's own failure is the one passed on; the stop's is said beside it
+                print(f"warning: stopping the scratch engine: {error}", file=sys.stderr)
+                return
             raise error
 
     def _stop_all(self) -> None:

@@ -792,3 +792,25 @@ def test_an_interrupt_as_the_build_ends_puts_the_release_tag_back(busybox_produc
     assert engine.tags["unibake-test:0.1.0"] == before
     failed = [ref for ref in engine.tags if ref.endswith("-failed")]
     assert len(failed) == 1 and engine.tags[failed[0]] != before  # the build kept as build cache, named
+
+
+@pytest.mark.parametrize("failure", ["an engine error", "a file error"])
+def test_an_error_after_the_commit_says_the_release_was_published(cli, tmp_path, monkeypatch, failure):
+    # found by review: a clean-up that failed after the release was published whole (the scratch engine's stop,
+    # raised as the run ends) was "error: ..." and exit 1, as if nothing had been published
+    from unibake.errors import EngineError
+
+    def publish_then_fail(args, ctx):
+        with ReleaseFolder(tmp_path / "release", "1.0", force=False) as folder:
+            (folder.staging / "manifest.json").write_text("{}\n")
+            folder.commit()
+        if failure == "an engine error":
+            raise EngineError("cannot stop the scratch engine")
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setitem(cli_module.HANDLERS, "releases", publish_then_fail)
+    result = cli("releases")
+    folder = tmp_path / "release" / "1.0"
+    said = "cannot stop the scratch engine" if failure == "an engine error" else "a file: No such process"
+    assert result.code == 1 and result.error_lines == [
+        f"error: {said} after {folder} was published whole (check it: python build.py verify {folder})"], result.err

@@ -525,3 +525,20 @@ def test_a_scratch_folder_nested_deeper_than_python_recurses_is_removed(tmp_path
         assert not folder.exists()
     finally:
         subprocess.run(["rm", "-rf", str(tmp_path / "mine")], check=False)  # (pytest's own clean-up recurses)
+
+
+def test_a_scratch_engine_s_stop_error_does_not_replace_the_run_s_own(capsys):
+    # found by review: the stop's error (raised by the exit) took the place of the run's own failure (an exit 3
+    # verification failure became exit 1, naming the stop)
+    from unibake.errors import EngineError, VerificationError
+    from unibake.scratch import ScratchEngine
+
+    scratch = ScratchEngine()
+    scratch._stop_all = lambda: None  # (nothing started: the stop's outcome is set as its thread would set it)
+    scratch._stop_error = EngineError("cannot remove the scratch folder")
+    failure = VerificationError("the gate failed")  # (the exit as a with block calls it: no engine started here)
+    assert scratch.__exit__(VerificationError, failure, None) is None  # the run's own failure goes on
+    assert capsys.readouterr().err == "warning: stopping the scratch engine: cannot remove the scratch folder\n"
+    scratch._stop_error = EngineError("cannot remove the scratch folder")
+    with pytest.raises(EngineError, match="cannot remove the scratch folder"):  # alone, it is the run's error
+        scratch.__exit__(None, None, None)
