@@ -199,11 +199,15 @@ class PartWriter:
         return tuple(self.done)
 
     def abort(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-        for path in self._temps + [self.folder / f.name for f in self.done]:
-            path.unlink(missing_ok=True)
+        try:
+            if self._fh is not None:
+                fh, self._fh = self._fh, None
+                fh.close()  # (bytes still buffered are written as it closes: a full disk fails it again)
+        except OSError:
+            pass  # (the failure that stopped the writer is the one passed on)
+        finally:
+            for path in self._temps + [self.folder / f.name for f in self.done]:
+                path.unlink(missing_ok=True)
 
 
 def compressor(level: int, long_distance: bool, threads: int = -1) -> zstandard.ZstdCompressor:

@@ -449,7 +449,11 @@ class KitDraft:
     def _release(self) -> None:
         for fh in (self._fh, self._lender):
             if fh is not None:
-                fh.close()
+                try:
+                    fh.close()  # (bytes still buffered are written as it closes: a full disk fails it again)
+                except OSError:
+                    if self._done:  # (a kit that was written whole closed its file before: nothing buffered)
+                        raise
         self._lender = None
         if self._folder is not None:
             os.close(self._folder)  # (its flock goes with it)

@@ -291,3 +291,19 @@ def test_a_full_disk_as_the_last_frames_are_flushed_is_a_disk_full_error_and_lea
     with pytest.raises(DiskFull, match=rf"^no space left in {tmp_path} while writing the archive$"):
         write_archive(chunks(data, 1 << 16), tmp_path, "x.tar.zst", tag=TAG)
     assert os.listdir(tmp_path) == []
+
+
+def test_an_aborted_writer_whose_buffered_bytes_cannot_be_written_still_removes_its_files(tmp_path):
+    # found by review: abort() closed the file first, which writes what is still buffered: on a full disk that
+    # raised again (an OSError in place of the DiskFull said before it), and the temporary files were left
+    from unibake.archive import PartWriter
+
+    writer = PartWriter(tmp_path, "image.tar.zst")
+    writer.write(b"x" * 100)  # buffered
+    temps = list(tmp_path.iterdir())
+    assert temps
+    writer._fh.close()
+    writer._fh = open("/dev/full", "wb")  # (where its buffered bytes go: a disk with no room left)
+    writer._fh.write(b"x" * 100)
+    writer.abort()
+    assert list(tmp_path.iterdir()) == []
