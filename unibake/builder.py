@@ -185,9 +185,14 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
         outcome = _build(context, engine, tag=tag, product=product, revision=revision, epoch=epoch,
                          nocache=nocache, on_line=on_line, platform=platform)
         memoised = 0
-        if key is not None:
+        # recorded only when the FROM images are still the ones the digest named: a tag moved during the build (a
+        # pull) had the engine build on the new image, which would be recorded under the old one's digest (and
+        # built on whenever the tag named that old image again)
+        if key is not None and buildmemo.inputs_digest(context, cut, engine, platform) == key:
             made_memo = buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps,
                                         outcome.stage_images, engine, memo_key)
+        elif key is not None:
+            on_line("a FROM image's tag moved during the build: the build memo is not recorded for it")
     _keep_stages(engine, product, context.selection, outcome.stage_images)
     info = engine.inspect_image(tag)
     if info is None or info.id != outcome.image_id:

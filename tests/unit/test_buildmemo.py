@@ -448,3 +448,23 @@ def test_a_memo_folder_this_user_cannot_write_costs_the_memo_not_the_build(tmp_p
         assert list((top / "elsewhere").iterdir()) == []  # nothing written through a checkout's link
     finally:
         shutil.rmtree(top)
+
+
+def test_a_base_tag_moved_during_the_build_records_no_memo_under_the_old_base(busybox_product, tmp_path):
+    # found by review: the memo's digest names the FROM images as the build began; a pull that moved the base's tag
+    # during the build had the engine build on the new base, recorded under the old one's digest: built on again
+    # whenever the tag named the old base, a release shipping steps made on another image than its records say
+    class MovingEngine(BuildingEngine):
+        def build(self, context, **kw):
+            self.tags["localhost/unibake-busybox:1"] = self.moved_to  # a pull, while the engine builds
+            return super().build(context, **kw)
+
+    engine = MovingEngine()
+    engine.add({"architecture": "amd64", "os": "linux"}, [b"base"], tag="localhost/unibake-busybox:1")
+    engine.moved_to = engine.add({"architecture": "amd64", "os": "linux", "pulled": 1}, [b"newer base"])
+    lines = []
+    build = dict(engine=engine, product="unibake-test", revision="r", epoch=1700000000, memo=tmp_path / "memo",
+                 memo_key=KEY, on_line=lines.append)
+    first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
+    assert first.memoised == 0 and not (tmp_path / "memo").exists()
+    assert "a FROM image's tag moved during the build: the build memo is not recorded for it" in lines
