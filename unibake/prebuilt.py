@@ -153,7 +153,15 @@ def read_prebuilt(file: InputFile, where: str, machine: str | None = None) -> Pr
         return Prebuilt(file=file, kind=kind, members=(Member(path=name, source=name, sha256=file.sha256,
                                                                size=file.size, mode=file.mode),))
     try:
-        members = _tar_members(file, where) if kind == "tar" else _zip_members(file, where)
+        # listed from the bytes the plan hashed (inputs.lock's sha256, which the release records for it): one
+        # replaced since, or that the file digests' memo took for unchanged, would give the image another
+        # archive's files under this one's name; hashed again (a raw read, cheaper than the listing's decoding)
+        with open_regular(file.absolute) as fh:
+            if hashlib.file_digest(fh, "sha256").hexdigest() != file.sha256:
+                raise InputError(f"input '{file.path}' changed since it was hashed (its sha256 is no longer the one "
+                                 "the plan took for it); run again")
+            fh.seek(0)
+            members = _tar_members(fh, file, where) if kind == "tar" else _zip_members(fh, file, where)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError, *DAMAGED) as exc:
         raise InputError(f"{where}: prebuilt {file.path} is not a readable {kind} archive: {exc}") from None
     if not members:
@@ -171,9 +179,9 @@ def _check_counts(count: int, total: int, file: InputFile, where: str) -> None:
                          f"{MAX_BYTES >> 30} GiB")
 
 
-def _tar_members(file: InputFile, where: str) -> list[Member]:
+def _tar_members(fh: BinaryIO, file: InputFile, where: str) -> list[Member]:
     out: dict[str, Member] = {}
-    with tarfile.open(file.absolute, "r:*") as tar:
+    with tarfile.open(fileobj=fh, mode="r:*") as tar:
         infos = tar.getmembers()
         by_name = {_clean(i.name, where): i for i in infos if not i.isdir()}
         total = 0
@@ -201,10 +209,10 @@ def _tar_members(file: InputFile, where: str) -> list[Member]:
     return list(out.values())
 
 
-def _zip_members(file: InputFile, where: str) -> list[Member]:
+def _zip_members(fh: BinaryIO, file: InputFile, where: str) -> list[Member]:
     out: dict[str, Member] = {}
     total = 0
-    with zipfile.ZipFile(file.absolute) as zf:
+    with zipfile.ZipFile(fh) as zf:
         for info in zf.infolist():
             if info.is_dir():
                 continue

@@ -190,3 +190,28 @@ def test_the_sbom_lists_kernels_of_several_libraries_patches_and_env_files():
     assert by_ref["patch:fix.patch"]["hashes"][0]["content"] == "cd" * 32
     assert by_ref["env_file:images/env/tp4.env"]["version"] == "56 keys"
     assert by_ref["overlay:sglang/adapter"]["name"] == "overlay-sglang/adapter"
+
+
+def test_a_prebuilt_archive_is_listed_from_the_bytes_the_plan_hashed(tmp_path):
+    # found by review: the archive's sha256 (inputs.lock's, the release's records) was never compared with the bytes
+    # its members were listed from: one replaced between the hash and the listing, or taken for unchanged by the
+    # file digests' memo, gave the image another archive's files under this one's name
+    import hashlib
+    import zipfile
+
+    from unibake.errors import InputError
+    from unibake.inputs import InputFile
+    from unibake.prebuilt import read_prebuilt
+
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo/__init__.py", "print('demo')\n")
+    data = wheel.read_bytes()
+    hashed = InputFile(path="images/demo-1.0-py3-none-any.whl", absolute=wheel,
+                       sha256=hashlib.sha256(data).hexdigest(), size=len(data), mode=0o644)
+    assert [m.path for m in read_prebuilt(hashed, "product.yaml: kernels.demo.prebuilt").members] == \
+        ["demo/__init__.py"]
+    with zipfile.ZipFile(wheel, "w") as zf:  # another wheel in its place since the plan hashed it
+        zf.writestr("demo/__init__.py", "import os; os.system('id')\n")
+    with pytest.raises(InputError, match=r"^input 'images/demo-1.0-py3-none-any.whl' changed since it was hashed"):
+        read_prebuilt(hashed, "product.yaml: kernels.demo.prebuilt")
