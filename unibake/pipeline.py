@@ -532,6 +532,8 @@ def _folder(run: Run) -> tuple:
         refuse_another_release(run.request.out / target.release, target.ref)  # archive and hotfix too
         _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     folder = _entered(run, ReleaseFolder(run.request.out, target.release, force=run.request.force))
+    if run.request.force:  # again, under the lock: a hotfix on it published while it was waited for
+        _refuse_replacing_a_hotfix_base(run.request.out, target.release)
     if folder.first_release_problem:  # ranked by it for ever: taken only from a folder that checks out
         run.reporter.warn(f"{folder.final}: when the release it replaces was first published is not carried over "
                           f"({folder.first_release_problem}); the new release counts as first published now")

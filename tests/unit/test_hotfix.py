@@ -1071,3 +1071,27 @@ def test_no_from_goes_with_neither_from_nor_a_stage_that_writes_no_release(cli, 
     staged = cli("--config", str(busybox_product), "--version", "1.1", "--stage", "build", "--no-from")
     assert staged.code == 2 and staged.error_lines[-1].startswith("error: --no-from with --stage build: --no-from "
                                                                  "chooses what the release is made on")
+
+
+def test_a_hotfix_published_while_a_force_run_waited_for_its_base_s_lock_keeps_its_base(engines, tmp_path,  # noqa: F811
+                                                                                       monkeypatch):
+    # found by review: --force checked for hotfixes on the release it replaces before taking its lock, not after: a
+    # hotfix published in between (here, as the lock is taken) lost its base
+    from unibake import pipeline
+
+    out = tmp_path / "release"
+    folder = release(engines, out)["release"].folder
+    before = (folder / "SHA256SUMS").read_bytes()
+    real = pipeline.ReleaseFolder
+
+    class HotfixPublishedMeanwhile(real):
+        def __enter__(self):
+            hotfix_of(out, folder)
+            return super().__enter__()
+
+    monkeypatch.setattr(pipeline, "ReleaseFolder", HotfixPublishedMeanwhile)
+    with pytest.raises(InputError, match=r"release 1.0 is the base of the hotfix 1.1 under .*: --force would "
+                                         r"replace its image sha256:"):
+        release(engines, out, force=True)
+    assert (folder / "SHA256SUMS").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".lock")) == ["1.0", "1.1"]
