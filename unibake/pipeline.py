@@ -635,8 +635,11 @@ def _hold_the_tag_on_the_engine(run: Run, tag: str) -> None:
                            "engine's; wait for it, then run again") from None
     except OSError:  # (a home on a file system that takes no locks: held as a lock file that cannot be opened is)
         return
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:  # the holder's pid, for the message of a run it refuses; on a full disk left out (the lock is held)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
 
 
 def _release_tag_on_failure(run: Run, plan: ReleasePlan, replaced: str | None, built: list[BuiltImage]):

@@ -171,6 +171,21 @@ def test_a_build_of_a_tag_another_run_builds_on_the_same_engine_into_another_out
     # let go: the next run takes the lock (and gets as far as the fake engine's build)
     with pytest.raises(UnibakeError, match="the fake engine does not build"):
         run_stages(selection(BUILD), request, Quiet(), connect=lambda address: engine)
+    # found by review: on a full disk the holder's pid could not be written: "a file: No space left on device" in
+    # place of the run (the lock is held all the same, its pid left out)
+    import errno
+
+    real_pwrite = os.pwrite
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    os.pwrite = full
+    try:
+        with pytest.raises(UnibakeError, match="the fake engine does not build"):
+            run_stages(selection(BUILD), request, Quiet(), connect=lambda address: engine)
+    finally:
+        os.pwrite = real_pwrite
 
 
 def rewrite_manifest(folder: Path, document: dict) -> None:
