@@ -1898,3 +1898,22 @@ def test_the_kit_s_tool_is_read_as_the_draft_begins_not_when_it_is_written(tmp_p
     before = (package / "cli.py").read_bytes()
     (package / "cli.py").write_bytes(before + b"# changed during the build\n")
     assert tool["tool/unibake/cli.py"][0] == before
+
+
+def test_verify_sh_on_a_machine_without_sha256sum_says_so_with_exit_2(busybox_product, tmp_path):
+    # found by review: sha256sum missing (macOS) read as "files of the kit differ from kit.sha256", exit 3: a check
+    # that failed, pointing at the kit, for a tool this machine lacks
+    kit, _ = make_kit(busybox_product, tmp_path / "out")
+    folder = unpack(kit, tmp_path / "unpacked")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("od", "tar", "find", "sort", "comm", "uniq", "cut", "sed", "grep", "awk", "tr", "mktemp", "dd",
+                 "head", "wc", "paste", "readlink", "cat", "iconv", "rm"):
+        found = shutil.which(tool)
+        if found:
+            (tools / tool).symlink_to(found)
+    shown = subprocess.run(["/bin/sh", "./verify.sh"], cwd=folder, capture_output=True, text=True, timeout=60,
+                           env={"PATH": str(tools)})
+    assert (shown.returncode, shown.stderr) == (2, "error: verify.sh needs sha256sum, which this machine lacks "
+                                                   "(coreutils, findutils, tar)\n"), (shown.stdout, shown.stderr)
+    assert verify_sh(folder, "sh").returncode == 0  # with it, the kit verifies
