@@ -65,6 +65,15 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("OpenAI key", ("sk-",), r"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}\b"),
     ("Slack token", ("xox",), r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"),
     ("Google API key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}\b"),
+    ("GitLab token", ("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    ("Docker Hub token", ("dckr_pat_",), r"\bdckr_pat_[A-Za-z0-9_-]{20,}"),
+    ("npm token", ("npm_",), r"\bnpm_[A-Za-z0-9]{36}\b"),
+    ("PyPI token", ("pypi-AgE",), r"\bpypi-AgE[A-Za-z0-9_-]{50,}"),
+    ("Slack webhook", ("hooks.slack.com/",), r"hooks\.slack\.com/services/T[A-Za-z0-9]+/B[A-Za-z0-9]+/[A-Za-z0-9]+"),
+    ("credentials in an Authorization header", ("uthorization:",),
+     r"[Aa]uthorization:[ \t]*(?:Basic|Bearer|Token)[ \t]+[A-Za-z0-9+/=._~-]{16,}"),
+    ("registry credentials (a docker config's auth)", ('"auth"',), r'"auth"[ \t]*:[ \t]*"[A-Za-z0-9+/]{8,}={0,2}"'),
+    ("password in a netrc", ("machine ",), r"\bmachine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+password[ \t]+\S+"),
     ("JSON web token", ("eyJ",), r"\beyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
     # no backslash in the host: a URL inside escaped JSON (a label) ends at its \"
     ("password in a URL", ("://",), r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@\"'<>]*:[^\s/@\"'<>]+@[^\s/\"'<>\\]+"),
@@ -87,6 +96,7 @@ NEWLINE = b"\n"
 # folder's or an address's are no secret.)
 SHOWN_FROM = 20
 BY_NAME = "secret in the environment"
+BY_OPTION = "secret given to an option"  # (--api-key VALUE, --api-key=VALUE in a command line)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +112,7 @@ class Finding:
 
     @property
     def shows_ends(self) -> bool:
-        return len(self.value) >= (SHOWN_FROM if self.kind == BY_NAME else 9)
+        return len(self.value) >= (SHOWN_FROM if self.kind in (BY_NAME, BY_OPTION) else 9)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.kind} ({self.masked}, {len(self.value)} characters)"
@@ -352,8 +362,10 @@ def scan_values(pairs: Iterable[tuple[str, str, str]], identity: tuple[str, ...]
     value against every rule, private addresses and the builder's ``identity`` included."""
     findings = []
     for where, name, value in pairs:
-        if name and secret_by_name(name, value):
-            findings.append(Finding(where=where, kind=BY_NAME, value=value))
+        option = name.startswith("-")  # an option's name (--api-key), read as an env key's (API_KEY)
+        key = re.sub(r"[^A-Za-z0-9]", "_", name.lstrip("-")).upper() if option else name
+        if key and secret_by_name(key, value):
+            findings.append(Finding(where=where, kind=BY_OPTION if option else BY_NAME, value=value))
         findings += [Finding(where=where, kind=f.kind, value=f.value)
                      for f in scan_bytes(value.encode("utf-8", "surrogateescape"), where, addresses=True,
                                          identity=identity)]
@@ -371,8 +383,9 @@ def scan_image(env: list[str], labels: dict[str, str], history: list[str], where
         findings += scan_text(f"{key}={value}", f"{where}: label {key}", identity=identity)
     for i, text in enumerate(history):
         findings += scan_text(text, f"{where}: history[{i}]", identity=identity)
-        # build arguments show as "|2 NAME=value NAME=value /bin/sh -c ..."
-        args = text.split("/bin/sh -c", 1)[0] if text.startswith("|") else ""
+        # build arguments show as "|2 NAME=value NAME=value /bin/sh -c ..." (the classic builder's), "RUN |2
+        # NAME=value ... /bin/sh -c ... # buildkit" (BuildKit's, the docker CLI's default since 23.0)
+        args = text.split("/bin/sh -c", 1)[0] if re.match(r"(?:RUN )?\|\d+ ", text) else ""
         for match in re.finditer(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)", args):
             findings += scan_env([(match.group(1), match.group(2))], f"{where}: history[{i}] build argument")
     return findings

@@ -21,6 +21,15 @@ SECRETS = {
     "JSON web token": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlc2lnbmF0dXJl",
     "password in a URL": "https://deploy:hunter2@pypi.example.com/simple",
     "home folder": "/home/alice",
+    # found by review: none of these was found (an .npmrc, a .pypirc, a .netrc, a docker config in an engine folder)
+    "GitLab token": "glpat-" + "aB3dE" * 4,
+    "Docker Hub token": "dckr_pat_" + "aB3dE" * 5,
+    "npm token": "npm_" + "aB3dEfGh1J" * 3 + "aB3dEf",
+    "PyPI token": "pypi-AgEIcHlwaS5vcmc" + "aB3dE" * 10,
+    "Slack webhook": "https://hooks.slack.com/services/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",
+    "credentials in an Authorization header": "Authorization: Bearer aB3dEaB3dEaB3dEaB3dE",
+    "registry credentials (a docker config's auth)": '"auth": "ZGVwbG95Omh1bnRlcjI="',
+    "password in a netrc": "machine pypi.example.com login deploy password hunter2",
 }
 
 
@@ -484,3 +493,54 @@ def test_a_verify_engine_on_a_private_network_is_refused_at_the_plan_not_after_e
                       require_lock=False, verify_engine="tcp://10.0.0.7:2376", allow=(r"^10\.0\.0\.7$",))
     with pytest.raises(AssertionError, match="reached the engine"):  # past the plan, as the user allowed
         run_stages(selection(BUILD), allowed, Quiet(), connect=connect)
+
+
+@pytest.mark.parametrize("text", ['headers = {"Authorization": f"Bearer {token}"}',
+                                  'curl -H "Authorization: Bearer $TOKEN" https://api.example/v1',
+                                  '{"auth": "none"}', "the machine learns: login with your password"])
+def test_code_that_only_mentions_credentials_is_no_finding(text):
+    assert scan_text(text + "\n", "engine/client.py") == []
+
+
+def test_build_arguments_in_buildkit_s_history_are_found_by_name():
+    # found by review: BuildKit (the docker CLI's default since 23.0) writes "RUN |1 NAME=value ... # buildkit"; only
+    # the classic builder's "|1 NAME=value" was read for build arguments
+    from unibake.sanitise import scan_image
+
+    for line in ("RUN |1 DB_PASSWORD=correct-horse-battery /bin/sh -c make # buildkit",
+                 "|1 DB_PASSWORD=correct-horse-battery /bin/sh -c make"):
+        findings = scan_image([], {}, [line], "image config of demo:1")
+        assert [(f.where, f.kind) for f in findings] == [
+            ("image config of demo:1: history[0] build argument DB_PASSWORD", "secret in the environment")], line
+
+
+@pytest.mark.parametrize("words, where", [
+    ('"--api-key", "team-key-7f3a9c21"', "engine.command[3]"), ('"--api-key=team-key-7f3a9c21"', "engine.command[2]"),
+    ('"--hf-token", "my-hub-secret-value"', "engine.command[3]")])
+def test_a_secret_given_to_an_engine_option_is_refused_as_one_in_its_env(cli, busybox_product, words, where):
+    # found by review: engine.command [vllm, serve, --api-key, VALUE]: the word was checked by its form alone, and a
+    # team key of no known form was baked into the image's command and the kit
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("/opt/unibake/engine/serve.sh]",
+                                                   f"/opt/unibake/engine/serve.sh, {words}]"))
+    result = cli("--config", str(busybox_product), "--stage", "render")
+    assert result.code == 3 and len(result.error_lines) == 1, result.err
+    assert f"product.yaml:10: {where}: secret given to an option (" in result.error_lines[0], result.error_lines[0]
+
+
+@pytest.mark.parametrize("words", ['"--api-key", "${API_KEY}"', '"--api-key=$API_KEY"',
+                                   '"--max-num-batched-tokens", "8192"', '"--tokenizer", "hf-internal/llama"',
+                                   '"--password-file", "/run/secrets/db"', '"--api-key", "--other"'])
+def test_an_option_given_a_reference_a_count_or_a_secret_s_place_passes(cli, busybox_product, words):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text().replace("/opt/unibake/engine/serve.sh]",
+                                                   f"/opt/unibake/engine/serve.sh, {words}]"))
+    result = cli("--config", str(busybox_product), "--stage", "render")
+    assert result.code == 0, result.err
+
+
+def test_a_secret_in_a_label_is_refused_by_its_key(cli, busybox_product):
+    product = busybox_product / "product.yaml"
+    product.write_text(product.read_text() + 'labels: {api_token: "team-key-7f3a9c21", org.example.team: ml}\n')
+    result = cli("--config", str(busybox_product), "--stage", "render")
+    assert result.code == 3 and "labels.api_token: secret in the environment (" in result.error_lines[0], result.err
