@@ -192,7 +192,8 @@ def build_image(context: BuildContext, engine: Engine, *, product: str, revision
             made_memo = buildmemo.record(memo, context.selection, platform, key, cut, outcome.steps,
                                         outcome.stage_images, engine, memo_key)
         elif key is not None:
-            on_line("a FROM image's tag moved during the build: the build memo is not recorded for it")
+            on_line("a FROM image's tag moved (or the image went) during the build: the build memo is not recorded "
+                    "for it")
     _keep_stages(engine, product, context.selection, outcome.stage_images)
     info = engine.inspect_image(tag)
     if info is None or info.id != outcome.image_id:

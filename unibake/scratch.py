@@ -624,7 +624,12 @@ class ScratchEngine:
                     interrupted = stop
             self._stopping = None
         error, self._stop_error = self._stop_error, None
-        self._stop_all()
+        try:
+            self._stop_all()
+        except Exception as again:  # (what the stop in its thread left undone, tried once more)
+            if exc[0] is None and error is None:
+                raise
+            print(f"warning: stopping the scratch engine: {again}", file=sys.stderr)  # the first error goes on
         if interrupted is not None:
             raise interrupted
         if error is not None:

@@ -114,9 +114,10 @@ def _probe_command(url: str, model: str, timeout: int, netns: int | str | None) 
 
 def _own_namespace(engine: Engine, container: str) -> int | None:
     """A descriptor of ``container``'s own network namespace, where its process is on this host (the cgroup of
-    the PID the engine gives names the container) and this user may enter it (root; a rootless engine's
-    owner); None otherwise (an engine on another host, or this process in a container beside the engine's).
-    Held open, it is that namespace however the PID is used after."""
+    the PID the engine gives names the container) and this process may enter it (nsenter, tried: root with
+    CAP_SYS_ADMIN); None otherwise (an engine on another host, this process in a container beside the
+    engine's, a user who may open the namespace but not enter it, no nsenter). Held open, it is that
+    namespace however the PID is used after."""
     status = engine.container_status(container)
     if status.pid <= 0 or not re.fullmatch(r"[0-9a-f]{64}", status.id):
         return None
@@ -125,12 +126,22 @@ def _own_namespace(engine: Engine, container: str) -> int | None:
     except OSError:
         return None
     try:  # read after the open: the namespace held is that process's, which the cgroup says is the container's
-        if status.id in Path(f"/proc/{status.pid}/cgroup").read_text(errors="replace"):
+        if status.id in Path(f"/proc/{status.pid}/cgroup").read_text(errors="replace") and _enters(fd):
             return fd
     except OSError:
         pass
     os.close(fd)
     return None
+
+
+def _enters(fd: int) -> bool:
+    """Whether nsenter can enter the network namespace open as ``fd`` (opening it needs less than entering it:
+    a user of the docker group opens a container's that runs as that user, and cannot enter it)."""
+    try:
+        return subprocess.run(["nsenter", f"--net=/proc/self/fd/{fd}", "--", "true"], pass_fds=(fd,),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):  # (no nsenter)
+        return False
 
 
 def _nobody_else(url: str) -> GateStep:
@@ -235,19 +246,23 @@ def run_gate(engine: Engine, image: str, profile: str, spec: ProfileMetadata, *,
     except BaseException:
         _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn)
         raise
-    _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn, ended="ended")
+    removed = _clean_up_after_failure(profile, lambda: engine.remove_container(container), warn, ended="ended")
     if stability:
         steps.append(_stability(status))
-    _confirm_address(steps, asked_here)
+    _confirm_address(steps, asked_here, removed)
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats), restart_count=status.restart_count,
                       oom_killed=status.oom_killed)
 
 
-def _confirm_address(steps: list[GateStep], asked_here: list[str]) -> None:
+def _confirm_address(steps: list[GateStep], asked_here: list[str], removed: bool) -> None:
     """A gate that passed with its client asking from this host (:func:`_serve`'s ``asked_here``): its
-    container's address answers no more now that the container is removed (:func:`_nobody_else`)."""
+    container's address answers no more now that the container is removed (:func:`_nobody_else`). One the
+    engine would not remove (warned) may still answer there: nothing can be confirmed, the gate fails."""
     if asked_here and steps and all(step.passed for step in steps):
-        steps.append(_nobody_else(asked_here[0]))
+        steps.append(_nobody_else(asked_here[0]) if removed else GateStep(
+            name="address", passed=False, seconds=0.0,
+            detail=f"the client asked {asked_here[0]} from this host, and the gate's container could not be removed "
+                   "(said above), so whether its replies were its own cannot be confirmed; remove it and run again"))
 
 
 def rank_env(profile: str, topology, rank: int, master: str) -> dict[str, str]:
@@ -296,11 +311,11 @@ def _multi_node(engine: Engine, image: str, profile: str, spec: ProfileMetadata,
     except BaseException:
         _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn)
         raise
-    _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn,
-                            ended="ended")
+    removed = _clean_up_after_failure(profile, lambda: _remove_all(engine, started, network if made else None), warn,
+                                      ended="ended")
     if stability:
         steps.append(_stability_of_ranks(statuses))
-    _confirm_address(steps, asked_here)
+    _confirm_address(steps, asked_here, removed)
     return GateResult(profile=profile, steps=tuple(steps), chats=tuple(chats),
                       restart_count=sum(s.restart_count for s in statuses),
                       oom_killed=any(s.oom_killed for s in statuses))
@@ -335,7 +350,7 @@ def _remove_all(engine: Engine, containers: list[str], network: str | None) -> N
         raise failure
 
 
-def _clean_up_after_failure(profile: str, clean_up, warn, *, ended: str = "stopped") -> None:
+def _clean_up_after_failure(profile: str, clean_up, warn, *, ended: str = "stopped") -> bool:
     """The clean-up of a gate that is failing already (an interrupt, an engine error), or that ended
     (``ended="ended"``): one of its own errors is a warning, never raised, so that the first failure
     is the one passed on (Ctrl-C ends the run with 130, not with the clean-up's exit 1), and a gate
@@ -345,6 +360,8 @@ def _clean_up_after_failure(profile: str, clean_up, warn, *, ended: str = "stopp
         clean_up()
     except EngineError as exc:
         warn(f"after the smoke gate of profile {profile} {ended}: {exc}")
+        return False
+    return True
 
 
 def _stability_of_ranks(statuses: list[ContainerStatus]) -> GateStep:

@@ -467,4 +467,5 @@ def test_a_base_tag_moved_during_the_build_records_no_memo_under_the_old_base(bu
                  memo_key=KEY, on_line=lines.append)
     first = build_image(render(make_plan(busybox_product, profiles=["all"], cwd=tmp_path)), **build)
     assert first.memoised == 0 and not (tmp_path / "memo").exists()
-    assert "a FROM image's tag moved during the build: the build memo is not recorded for it" in lines
+    assert "a FROM image's tag moved (or the image went) during the build: the build memo is not recorded for it" \
+        in lines

@@ -605,7 +605,8 @@ def test_a_smoke_prompt_its_own_check_passes_is_warned_at_the_plan(busybox_produ
         "smoke: {expect_reply: UNIFIED_TP1_OK, timeout: 20}",
         "smoke: {timeout: 20, prompts: [{prompt: 'Say it.', expect: UNIFIED_TP1_OK},\n"
         "  {prompt: 'Reply with exactly: UNIFIED_TP1_OK', expect: UNIFIED_TP1_OK, match: contains},\n"
-        "  {prompt: 'Answer UNIFIED_TP1_OK', expect: 'Answer \\w+', match: regex}]}"))
+        "  {prompt: 'Answer UNIFIED_TP1_OK', expect: 'Answer \\w+', match: regex},\n"
+        "  {prompt: ' UNIFIED_TP1_OK', expect: UNIFIED_TP1_OK}]}"))
     warnings = tuple(w.replace(f"{busybox_product}/", "") for w in make_plan(busybox_product).warnings)
     assert warnings == (
         "tp1.yaml: smoke prompt 2: the prompt itself passes its check (match: contains 'UNIFIED_TP1_OK'): an engine "
@@ -613,4 +614,7 @@ def test_a_smoke_prompt_its_own_check_passes_is_warned_at_the_plan(busybox_produ
         "expected text the prompt does not hold",
         "tp1.yaml: smoke prompt 3: the prompt itself passes its check (match: regex 'Answer \\\\w+'): an engine that "
         "echoes the prompt, or an error message that quotes it, would pass the gate; use match: exact, or an expected "
-        "text the prompt does not hold"), warnings
+        "text the prompt does not hold",
+        "tp1.yaml: smoke prompt 4: the prompt itself passes its check (match: exact 'UNIFIED_TP1_OK'): an engine that "
+        "echoes the prompt, or an error message that quotes it, would pass the gate; ask for a reply the prompt does "
+        "not hold"), warnings

@@ -1238,3 +1238,40 @@ def test_an_exact_reply_is_trimmed_of_spaces_tabs_and_line_ends_alone(reply):
     check = SmokePrompt(prompt="Say it.", expect="UNIFIED_TP1_OK", match="exact")
     assert mismatch(reply, check) == "expected exactly 'UNIFIED_TP1_OK'"
     assert mismatch(" \t\r\nUNIFIED_TP1_OK\r\n", check) is None
+
+
+def test_a_namespace_is_entered_only_where_nsenter_can_enter_it(tmp_path):
+    # found by review: opening a container's namespace was taken for leave to enter it (a docker-group user opens
+    # one of a container that runs as that user, and cannot setns into it): nsenter failed, and the gate with it
+    import os
+
+    from unibake.smoke import _enters
+
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        assert _enters(fd) == (os.geteuid() == 0)  # (setns needs CAP_SYS_ADMIN: CI runs as root)
+        real_path = os.environ["PATH"]
+        os.environ["PATH"] = str(tmp_path)  # no nsenter here: asked from this host instead
+        try:
+            assert _enters(fd) is False
+        finally:
+            os.environ["PATH"] = real_path
+    finally:
+        os.close(fd)
+
+
+def test_a_verify_engine_s_container_that_could_not_be_removed_confirms_nothing(engine, server):
+    # its server may still answer at its address: that nothing else answers there cannot be shown
+    from unibake.errors import EngineError
+    from unibake.smoke import OWN_NAMESPACE
+
+    def cannot_remove(container):
+        raise EngineError(f"cannot remove container {container[:12]}: the engine timed out")
+
+    engine.remove_container = cannot_remove
+    warnings = []
+    result = run_gates(engine, "demo:1", metadata(server.server_port), netns_pid=OWN_NAMESPACE,
+                       warn=warnings.append)[0]
+    assert not result.passed and result.failed.name == "address", result.steps
+    assert "the gate's container could not be removed (said above)" in result.failed.detail
+    assert len(warnings) == 1 and "the engine timed out" in warnings[0]
