@@ -1727,7 +1727,7 @@ def test_a_gzip_compressed_context_is_refused_by_the_rebuild_as_by_verify_sh(bus
     sha = hashlib.sha256((folder / "context.tar").read_bytes()).hexdigest()
     forge_kit_json(folder, lambda record: record.update(context_sha256=sha))
     relist_file(folder, "context.tar")
-    with pytest.raises(VerificationError, match="context.tar: not a readable tar"):
+    with pytest.raises(VerificationError, match="context.tar: it begins as a compressed stream"):
         rebuild(folder, FakeEngine())
     assert verify_sh(folder, "sh").returncode == 3
 
