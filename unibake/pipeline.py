@@ -1316,7 +1316,8 @@ def _scan_image(run: Run) -> tuple:
     image: Image = run["image"]
     findings = scan_added(run.engine, image.ref, target.base_image, run.request.identity)
     enforce(findings, run.allow, f"the image {image.ref}")
-    return _one(Scan(what="what the image config adds: env, labels, history", allowed=len(findings)))
+    return _one(Scan(what="what the image config adds: env, labels, history, command, entrypoint, author",
+                     allowed=len(findings)))
 
 
 def _disk_full(exc: DiskFull, staging: Path, out: Path, size: int | None) -> DiskFull:

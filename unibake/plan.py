@@ -34,7 +34,7 @@ from .platforms import (KNOWN as PLATFORMS, DEFAULT as DEFAULT_PLATFORM, Platfor
                         parse as parse_platforms)
 from .profiles import MergedProfile, dotted, load_profiles
 from .regexsafe import check_regex
-from .sanitise import Finding, check_allow, enforce, scan_bytes, scan_release_texts, scan_values
+from .sanitise import Finding, check_allow, command_words, enforce, scan_bytes, scan_release_texts, scan_values
 from .templates import RUNTIME_VAR_RE, mount_var
 from .schema import (IMAGE_ID_RE, PATH_RE, RESERVED_ENV, RESERVED_ENV_PREFIX, RESERVED_LABEL_PREFIXES, RESERVED_LABELS,
                      TOPOLOGY_ENV, VERSION_RE, default_of, shm_bytes)
@@ -889,7 +889,7 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
                for i, c in enumerate(data.get("checks", []))]
     values += [(f"{where(('launch', 'model_name'))}: launch.model_name", "", data.get("launch", {}).get("model_name", ""))]
     # (found by probing: these were caught only in the rendered files, named as Dockerfile:38 or entrypoint.sh:20)
-    values += _words(data.get("engine", {}).get("command", []),
+    values += command_words(data.get("engine", {}).get("command", []),
                      lambda i: f"{where(('engine', 'command', i))}: engine.command[{i}]")
     values += [(f"{where(('launch', 'mounts', k))}: launch.mounts.{k}", "", v)
                for k, v in data.get("launch", {}).get("mounts", {}).items()]
@@ -900,7 +900,7 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
                        for k in ("prompt", "expect")]
     for m in chosen:
         values += [(f"{m.where(('env', k))}: env.{k}", k, v) for k, v in m.data.get("env", {}).items()]
-        values += _words(m.data.get("args", []), lambda i, m=m: f"{m.where(('args', i))}: args[{i}]")
+        values += command_words(m.data.get("args", []), lambda i, m=m: f"{m.where(('args', i))}: args[{i}]")
     # a prebuilt file outside the project is a material of the provenance by its absolute path: one in a
     # home folder (/home/..., /root/..., or the builder's own: HOME=/srv/ci) failed the release's last
     # scan, after the build and the gates
@@ -915,31 +915,6 @@ def _scan_values(data: dict, where, chosen: list[MergedProfile], allow: tuple[st
             values.append((f"{at((key, i, 'build', 'run'))}: {key}[{i}].build.run", "", run))
     # each value once: one that profiles share from product.yaml (its smoke) is one finding, not one a profile
     enforce(scan_values(dict.fromkeys(v for v in values if isinstance(v[2], str)), identity), allow, "the profiles")
-
-
-OPTION_RE = re.compile(r"--?([A-Za-z][A-Za-z0-9_.-]*)")
-REFERENCE_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _words(words: list, where) -> list[tuple[str, str, str]]:
-    """A command line's words as (where, name, value): each word as it is, with no name; and a word an option
-    names (``--api-key VALUE``, ``--api-key=VALUE``) with the option (read as the env key API_KEY), so that a
-    secret given to an engine's option is refused as one in its env is. A ``${NAME}`` alone is no secret: it is
-    expanded from the container's environment at start."""
-    out = []
-    for i, word in enumerate(words):
-        if not isinstance(word, str):
-            continue
-        out.append((where(i), "", word))
-        option, value = None, None
-        if "=" in word and OPTION_RE.fullmatch(word.split("=", 1)[0]):
-            option, value = word.split("=", 1)
-        elif i > 0 and isinstance(words[i - 1], str) and OPTION_RE.fullmatch(words[i - 1]) \
-                and not OPTION_RE.fullmatch(word):
-            option, value = words[i - 1], word
-        if option is not None and not REFERENCE_RE.fullmatch(value):
-            out.append((where(i), option, value))  # (scan_values reads --api-key as API_KEY)
-    return out
 
 
 def _scan_yaml(rel: str, data: bytes, allow_patterns: tuple[str, ...]) -> list[Finding]:

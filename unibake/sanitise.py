@@ -372,6 +372,31 @@ def scan_values(pairs: Iterable[tuple[str, str, str]], identity: tuple[str, ...]
     return findings
 
 
+OPTION_RE = re.compile(r"--?([A-Za-z][A-Za-z0-9_.-]*)")
+REFERENCE_RE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}|\$[A-Za-z_][A-Za-z0-9_]*")
+
+
+def command_words(words: list, where) -> list[tuple[str, str, str]]:
+    """A command line's words as (where, name, value): each word as it is, with no name; and a word an option
+    names (``--api-key VALUE``, ``--api-key=VALUE``) with the option (read as the env key API_KEY), so that a
+    secret given to an engine's option is refused as one in its env is. A ``${NAME}`` alone is no secret: it is
+    expanded from the container's environment at start."""
+    out = []
+    for i, word in enumerate(words):
+        if not isinstance(word, str):
+            continue
+        out.append((where(i), "", word))
+        option, value = None, None
+        if "=" in word and OPTION_RE.fullmatch(word.split("=", 1)[0]):
+            option, value = word.split("=", 1)
+        elif i > 0 and isinstance(words[i - 1], str) and OPTION_RE.fullmatch(words[i - 1]) \
+                and not OPTION_RE.fullmatch(word):
+            option, value = words[i - 1], word
+        if option is not None and not REFERENCE_RE.fullmatch(value):
+            out.append((where(i), option, value))  # (scan_values reads --api-key as API_KEY)
+    return out
+
+
 def scan_image(env: list[str], labels: dict[str, str], history: list[str], where: str,
                identity: tuple[str, ...] = ()) -> list[Finding]:
     """What an image's config holds: environment, labels and history (where build arguments end up)."""
@@ -391,18 +416,42 @@ def scan_image(env: list[str], labels: dict[str, str], history: list[str], where
     return findings
 
 
+# the image config's settings besides env and labels that a release carries as they are (found by review: an
+# image made with `docker commit -c 'CMD ["serve", "--hf-token", "..."]' -a "Alice <...>"` shipped its command and
+# author unread). WorkingDir, User and the like are left out: a /root/app there is the image's, not the builder's
+SETTINGS = ("Cmd", "Entrypoint", "Healthcheck", "OnBuild", "Shell")
+
+
 def scan_added(engine, image: str, base: str | None, identity: tuple[str, ...]) -> list[Finding]:
-    """What an image adds to its base (or all of it, without a base): env, labels, history."""
+    """What an image adds to its base (or all of it, without a base): env, labels, history, its command,
+    entrypoint, health check, ONBUILD triggers, shell and author."""
     info = engine.inspect_image(image)
     history = engine.history(image)
     env, labels = list(info.env), dict(info.labels)
+    config = engine.image_config(image) or {}
+    base_config: dict = {}
     if base is not None:
         base_info = engine.inspect_image(base)
         if base_info is not None:
             env = [e for e in env if e not in base_info.env]
             labels = {k: v for k, v in labels.items() if base_info.labels.get(k) != v}
             history = history[len(engine.history(base)):]
-    return scan_image(env, labels, history, f"image config of {image}", identity)
+            base_config = engine.image_config(base) or {}
+    where = f"image config of {image}"
+    findings = scan_image(env, labels, history, where, identity)
+    settings, base_settings = config.get("config") or {}, base_config.get("config") or {}
+    for key in SETTINGS:
+        value = settings.get(key)
+        if not value or value == base_settings.get(key):
+            continue
+        findings += scan_text(json.dumps(value, ensure_ascii=False), f"{where}: {key}", identity=identity)
+        if key in ("Cmd", "Entrypoint") and isinstance(value, list):  # (--api-key VALUE, as in the profiles)
+            findings += [f for f in scan_values(command_words(value, lambda i, key=key: f"{where}: {key}[{i}]"))
+                         if f.kind in (BY_NAME, BY_OPTION)]
+    author = config.get("author")
+    if isinstance(author, str) and author and author != base_config.get("author"):
+        findings += scan_text(author, f"{where}: author", identity=identity)
+    return findings
 
 
 def check_allow(pattern: str, where: str) -> None:

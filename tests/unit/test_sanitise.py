@@ -544,3 +544,32 @@ def test_a_secret_in_a_label_is_refused_by_its_key(cli, busybox_product):
     product.write_text(product.read_text() + 'labels: {api_token: "team-key-7f3a9c21", org.example.team: ml}\n')
     result = cli("--config", str(busybox_product), "--stage", "render")
     assert result.code == 3 and "labels.api_token: secret in the environment (" in result.error_lines[0], result.err
+
+
+def test_an_image_s_command_entrypoint_health_check_and_author_are_scanned_beside_env_labels_and_history():
+    # found by review: `archive IMAGE` of an image made with docker commit -c 'CMD [..., "--hf-token", ...]' -a ...:
+    # only Env, Labels and history were read; its command and author shipped unread
+    from unibake.sanitise import scan_added
+
+    from ..fake_engine import FakeEngine
+
+    class Configured(FakeEngine):  # an engine that gives an image's settings, as the real one does
+        def image_config(self, ref):
+            image = self._find(ref)
+            return {"config": image.parsed.get("config") or {}, "author": image.parsed.get("author", "")}
+
+    engine = Configured()
+    shared = {"Cmd": ["sh"], "Healthcheck": {"Test": ["CMD", "true"]}}
+    engine.add({"config": shared, "author": "base maintainers", "rootfs": {"diff_ids": []}}, [], tag="base:1")
+    token = SECRETS["Hugging Face token"]
+    engine.add({"config": {**shared, "Cmd": ["serve", "--api-key", "team-key-7f3a9c21"],
+                           "Entrypoint": ["/entry.sh", f"--token={token}"], "OnBuild": ["RUN echo /home/alice"]},
+                "author": "built in /home/alice", "rootfs": {"diff_ids": []}}, [], tag="demo:1")
+    found = {(f.where, f.kind) for f in scan_added(engine, "demo:1", "base:1", ())}
+    assert found == {
+        ("image config of demo:1: Cmd[2]", "secret given to an option"),
+        ("image config of demo:1: Entrypoint:1", "Hugging Face token"),
+        ("image config of demo:1: Entrypoint[1]", "secret given to an option"),
+        ("image config of demo:1: OnBuild:1", "home folder"),
+        ("image config of demo:1: author:1", "home folder")}, found
+    assert scan_added(engine, "base:1", None, ()) == []  # the base's own settings: nothing
