@@ -111,6 +111,13 @@ def _sha(hexdigest: str) -> list[HashType]:
     return [HashType(alg=HashAlgorithm.SHA_256, content=hexdigest.removeprefix("sha256:"))]
 
 
+# what the hash of a patch, an env file or an overlay is (found by review: read as the file's own sha256, which it is
+# not, it could not be reproduced): the sha256 of its files' sha256sum listing, as `sha256sum` prints it
+LISTED = ("sha256 of the sha256sum listing of its files (\"HASH  PATH\" lines sorted by path, each path relative to "
+          "the folder; a file's own name for a file): `sha256sum NAME | sha256sum` beside the file, `find . -type f "
+          "-print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sed 's|  \\./|  |' | sha256sum` in the folder")
+
+
 def _props(**values: object) -> list[Property]:
     return [Property(name=f"unibake:{k.replace('_', '-')}", value=str(v)) for k, v in values.items() if v not in ("", None)]
 
@@ -233,13 +240,14 @@ def sbom_document(*, product: str, release: str, tag: str, version: str, image_i
                              properties=_props(**props, path=f"{install_root}/profiles/{c.profile or c.name}/tune")))
         elif c.kind == "patch":  # a patch applied to the engine's files at build time
             add(CdxComponent(type=ComponentType.FILE, name=f"patch-{c.name}", version=c.version, bom_ref=ref,
-                             hashes=_sha(c.digest), properties=_props(**props, path=f"{install_root}/engine")))
+                             hashes=_sha(c.digest),
+                             properties=_props(**props, path=f"{install_root}/engine", hash_of=LISTED)))
         elif c.kind == "env_file":  # its KEY=VALUE lines are baked as the profiles' environment
             add(CdxComponent(type=ComponentType.DATA, name=f"env-file-{c.name}", version=c.version, bom_ref=ref,
-                             hashes=_sha(c.digest), properties=_props(**props)))
+                             hashes=_sha(c.digest), properties=_props(**props, hash_of=LISTED)))
         else:  # an overlay: a file or a folder laid over the engine (its version: how many files)
             add(CdxComponent(type=ComponentType.FILE, name=f"overlay-{c.name}", version=c.version, bom_ref=ref,
-                             hashes=_sha(c.digest), properties=_props(**props)))
+                             hashes=_sha(c.digest), properties=_props(**props, hash_of=LISTED)))
     for lib in contents.libraries:
         if lib.path not in claimed:
             add(CdxComponent(type=ComponentType.FILE, name=lib.path, bom_ref=f"file:{lib.path}", hashes=_sha(lib.sha256),

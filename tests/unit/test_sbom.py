@@ -253,3 +253,24 @@ def test_a_base_made_locally_is_recorded_by_id_and_said_to_have_no_repository_di
     base, component, dependency = _records(LOCAL, pinned)
     assert base.repo_digests == (pinned,) and dependency["uri"] == component["purl"] == (
         f"pkg:oci/unibake-demo-base@sha256:{'5' * 64}?repository_url=localhost/unibake-demo-base")
+
+
+def test_the_hash_of_an_overlay_patch_or_env_file_is_reproduced_by_the_recipe_the_sbom_gives(tmp_path):
+    # found by review: an overlay's hash read as a file's sha256, which it is not (the sha256 of unibake's listing of
+    # its files): nobody could reproduce it. The SBOM says how it is made; the recipe it gives makes it
+    import subprocess
+
+    from unibake.inputs import read_source
+    from unibake.sbom import LISTED
+
+    folder = tmp_path / "overlays" / "fix"
+    (folder / "sub dir").mkdir(parents=True)
+    (folder / "b.py").write_text("b\n")
+    (folder / "sub dir" / "a.py").write_text("a\n")
+    (folder / "Z.txt").write_text("z\n")
+    made = read_source(tmp_path, "overlays/fix", "overlays[0]").digest
+    in_folder = LISTED.split("`")[3]
+    assert subprocess.run(in_folder, shell=True, cwd=folder, capture_output=True, text=True).stdout.split()[0] == made
+    beside = LISTED.split("`")[1].replace("NAME", "b.py")
+    assert subprocess.run(beside, shell=True, cwd=folder, capture_output=True, text=True).stdout.split()[0] == \
+        read_source(tmp_path, "overlays/fix/b.py", "overlays[0]").digest
