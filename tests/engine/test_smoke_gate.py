@@ -54,20 +54,25 @@ ENTRYPOINT ["/bin/sh", "/gate.sh"]
 """
 
 
-@pytest.fixture(scope="module")
-def distributed(engine):
-    tag = f"unibake-test-smoke-nodes:{uuid.uuid4().hex[:10]}"
+def built(engine, name: str, files: tuple[tuple[str, bytes], ...]):
+    """An image built from ``files`` (its Dockerfile among them) under a tag of its own, removed after."""
+    tag = f"{name}:{uuid.uuid4().hex[:10]}"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("Dockerfile", DOCKERFILE), ("gate.sh", GATE_SH), ("peer.sh", PEER_SH),
-                           ("reply.sh", REPLY_SH)):
-            info = tarfile.TarInfo(name)
+        for path, data in files:
+            info = tarfile.TarInfo(path)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
     engine.build(buf, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
     yield tag
     engine.remove_image(tag)
+
+
+@pytest.fixture(scope="module")
+def distributed(engine):
+    yield from built(engine, "unibake-test-smoke-nodes", (("Dockerfile", DOCKERFILE), ("gate.sh", GATE_SH),
+                                                          ("peer.sh", PEER_SH), ("reply.sh", REPLY_SH)))
 
 
 def metadata(nodes: int) -> ImageMetadata:
@@ -142,7 +147,6 @@ ENTRYPOINT ["/bin/sh", "/one.sh"]
 @pytest.fixture(scope="module")
 def single(engine):
     """A one-node engine that answers REPLY (its env), with an anonymous volume (VOLUME /data)."""
-    tag = f"unibake-test-smoke-one:{uuid.uuid4().hex[:10]}"
     reply = REPLY_SH.split(b"if [", 1)[0] + b"""if [ "$path" = /health ]; then
   body='{"status": "ok"}'
 else
@@ -151,16 +155,8 @@ fi
 printf 'HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: %s\\r\\nConnection: close\\r\\n\\r\\n%s' \\
   "${#body}" "$body"
 """
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("Dockerfile", ONE_DOCKERFILE), ("one.sh", ONE_SH), ("reply.sh", reply)):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buf.seek(0)
-    engine.build(buf, tag=tag, buildargs={}, nocache=False, on_line=lambda line: None)
-    yield tag
-    engine.remove_image(tag)
+    yield from built(engine, "unibake-test-smoke-one", (("Dockerfile", ONE_DOCKERFILE), ("one.sh", ONE_SH),
+                                                        ("reply.sh", reply)))
 
 
 def one_node(expect: str) -> ImageMetadata:

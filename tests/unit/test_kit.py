@@ -567,6 +567,16 @@ def agree_with_context(folder: Path) -> None:
     relist_file(folder, "context.tar")
 
 
+def refused_by_both(folder: Path, shell: str, said: str, rebuild_says: str | None = None) -> None:
+    """The forged context.tar (kit.json and the ledger made to agree): verify.sh fails (exit 3) saying
+    ``context.tar: said``, and rebuild refuses it saying ``rebuild_says`` (by default the same)."""
+    agree_with_context(folder)
+    shown = verify_sh(folder, shell)
+    assert shown.returncode == 3 and f"error: context.tar: {said}" in shown.stderr, (shown.stdout, shown.stderr)
+    with pytest.raises(VerificationError, match=re.escape(rebuild_says or f"context.tar: {said}")):
+        rebuild(folder, FakeEngine())
+
+
 def context_end(product: Path, tmp_path: Path) -> tuple[Path, int]:
     """A kit unpacked, and where its context.tar's end blocks begin (after its last member)."""
     kit, _ = make_kit(product, tmp_path / "out")
@@ -709,12 +719,7 @@ def test_a_second_dockerfile_hidden_as_a_folder_s_content_is_refused(busybox_pro
     hider.type, hider.size = tarfile.DIRTYPE, len(hidden)
     forged += header(hider) + hidden + b"\0" * 1024
     (folder / "context.tar").write_bytes(forged)
-    agree_with_context(folder)
-    shown = verify_sh(folder, shell)
-    assert shown.returncode == 3 and "error: context.tar: a folder's header at block" in shown.stderr, \
-        (shown.stdout, shown.stderr)
-    with pytest.raises(VerificationError, match="the folder 'd' has a size in its header"):
-        rebuild(folder, FakeEngine())
+    refused_by_both(folder, shell, "a folder's header at block", "the folder 'd' has a size in its header")
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -1862,12 +1867,7 @@ def test_a_context_that_is_also_a_gzip_stream_of_another_dockerfile_is_refused(b
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(polyglot))) as tar:  # what a decompressing reader builds
         assert tar.extractfile("Dockerfile").read() == EVIL
     (folder / "context.tar").write_bytes(polyglot)
-    agree_with_context(folder)
-    shown = verify_sh(folder, shell)
-    assert shown.returncode == 3 and "error: context.tar: it begins as a compressed stream" in shown.stderr, \
-        (shown.stdout, shown.stderr)
-    with pytest.raises(VerificationError, match="context.tar: it begins as a compressed stream"):
-        rebuild(folder, FakeEngine())
+    refused_by_both(folder, shell, "it begins as a compressed stream")
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -1877,12 +1877,7 @@ def test_bytes_after_a_context_s_end_blocks_are_refused(busybox_product, tmp_pat
     kit, _ = make_kit(busybox_product, tmp_path / "out")
     folder = unpack(kit, tmp_path / "unpacked")
     (folder / "context.tar").write_bytes((folder / "context.tar").read_bytes() + after)
-    agree_with_context(folder)
-    shown = verify_sh(folder, shell)
-    assert shown.returncode == 3 and "error: context.tar: bytes after its end-of-archive blocks" in shown.stderr, \
-        (shown.stdout, shown.stderr)
-    with pytest.raises(VerificationError, match="context.tar: bytes after its end-of-archive blocks"):
-        rebuild(folder, FakeEngine())
+    refused_by_both(folder, shell, "bytes after its end-of-archive blocks")
 
 
 def test_the_kit_s_tool_is_read_as_the_draft_begins_not_when_it_is_written(tmp_path, monkeypatch):
